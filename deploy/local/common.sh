@@ -1,0 +1,44 @@
+# Shared helpers for the deploy/local service scripts. Sourced, never run.
+# State (pids, data, "we started it" markers) lives in $PIPELINE_STATE_DIR, default .services/.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+STATE_DIR="${PIPELINE_STATE_DIR:-$ROOT/.services}"
+CACHE_DIR="${PIPELINE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pipeline}"
+mkdir -p "$STATE_DIR" "$CACHE_DIR"
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
+
+# port_open HOST PORT: true when something accepts TCP connections there.
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+# wait_until SECONDS DESCRIPTION CMD...: polls CMD every 0.2 s until it succeeds or time runs out.
+# Readiness is always checked by asking the service, never assumed after a fixed sleep.
+wait_until() {
+  local limit_s=$1 what=$2; shift 2
+  local deadline=$((SECONDS + limit_s))
+  until "$@" >/dev/null 2>&1; do
+    if (( SECONDS >= deadline )); then die "$what not ready after ${limit_s}s"; fi
+    sleep 0.2
+  done
+}
+
+APT_UPDATED="$STATE_DIR/.apt-updated"
+apt_install() {
+  command -v apt-get >/dev/null || die "apt-get not found: install $* by hand"
+  [ "$(id -u)" = 0 ] || die "installing $* needs root (or install it yourself and re-run)"
+  if [ ! -f "$APT_UPDATED" ]; then
+    log "apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    touch "$APT_UPDATED"
+  fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# mark_started NAME / started_by_us NAME / clear_started NAME: services-down stops only what
+# services-up started, never a service that was already running.
+mark_started() { touch "$STATE_DIR/$1.started"; }
+started_by_us() { [ -f "$STATE_DIR/$1.started" ]; }
+clear_started() { rm -f "$STATE_DIR/$1.started"; }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Apache Kafka 4.x, single node, KRaft combined mode, from the Maven Central artifact
+# org.apache.kafka:kafka_2.13 on 127.0.0.1:9092 (override with KAFKA_PORT).
+# Usage: kafka.sh up|down|status
+source "$(dirname "$0")/common.sh"
+HERE="$ROOT/deploy/local/kafka"
+PORT="${KAFKA_PORT:-9092}"
+CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+VERSION="$(grep -o '<kafka.version>[^<]*' "$HERE/pom.xml" | cut -d'>' -f2)"
+LIBS="$CACHE_DIR/kafka-$VERSION/libs"
+DIR="$STATE_DIR/kafka"
+
+fetch_libs() {
+  [ -f "$LIBS/kafka_2.13-$VERSION.jar" ] && return
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  command -v mvn >/dev/null || apt_install maven
+  log "fetching kafka_2.13 $VERSION and its dependencies from Maven Central into $LIBS"
+  local tmp="$LIBS.tmp"
+  rm -rf "$tmp"
+  mvn -q -B -f "$HERE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$tmp" >"$CACHE_DIR/kafka-mvn.log" 2>&1 \
+    || die "maven could not fetch Kafka (see $CACHE_DIR/kafka-mvn.log)"
+  mv "$tmp" "$LIBS"
+}
+
+java_cp() { java -Xms64m -Xmx256m -cp "$LIBS/*" "$@"; }
+
+ready() { [ -f "$DIR/broker.ready" ] || grep -q "Kafka Server started" "$DIR/logs/server.log" 2>/dev/null; }
+
+up() {
+  if port_open 127.0.0.1 "$PORT"; then
+    log "kafka already running on 127.0.0.1:$PORT (left as it is)"
+    return
+  fi
+  fetch_libs
+  mkdir -p "$DIR/logs"
+  sed -e "s#@DATA_DIR@#$DIR/data#" -e "s#@PORT@#$PORT#g" -e "s#@CONTROLLER_PORT@#$CONTROLLER_PORT#g" \
+    "$HERE/server.properties.in" >"$DIR/server.properties"
+  if [ ! -f "$DIR/data/meta.properties" ]; then
+    local cluster_id
+    cluster_id="$(java_cp kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+    log "formatting $DIR/data (cluster $cluster_id)"
+    java_cp kafka.tools.StorageTool format --standalone -t "$cluster_id" \
+      -c "$DIR/server.properties" >"$DIR/logs/format.log" 2>&1 \
+      || die "kafka storage format failed (see $DIR/logs/format.log)"
+  fi
+  : >"$DIR/logs/server.log"
+  # A 512 MiB heap is plenty for one loopback broker and leaves the 2-core box its memory.
+  nohup java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dkafka.logs.dir="$DIR/logs" -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
+    -cp "$LIBS/*" kafka.Kafka "$DIR/server.properties" >"$DIR/logs/stdout.log" 2>&1 &
+  echo $! >"$DIR/kafka.pid"
+  mark_started kafka
+  local deadline=$((SECONDS + 120))
+  until port_open 127.0.0.1 "$PORT" && ready; do
+    kill -0 "$(cat "$DIR/kafka.pid")" 2>/dev/null || die "kafka exited at start (see $DIR/logs/stdout.log and server.log)"
+    (( SECONDS < deadline )) || die "kafka not ready after 120s (see $DIR/logs/server.log)"
+    sleep 0.25
+  done
+  log "kafka $VERSION ready on 127.0.0.1:$PORT (KRaft, data $DIR/data)"
+}
+
+down() {
+  if started_by_us kafka && [ -f "$DIR/kafka.pid" ]; then
+    local pid
+    pid="$(cat "$DIR/kafka.pid")"
+    kill "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 60))
+    while kill -0 "$pid" 2>/dev/null; do
+      (( SECONDS < deadline )) || { kill -9 "$pid" 2>/dev/null || true; break; }
+      sleep 0.2
+    done
+    clear_started kafka
+    log "kafka stopped"
+  else
+    log "kafka: not started by these scripts, left running"
+  fi
+}
+
+status() { if port_open 127.0.0.1 "$PORT"; then echo "kafka     127.0.0.1:$PORT"; else echo "kafka     down"; fi; }
+
+"${1:-up}"

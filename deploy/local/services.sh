@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Starts (up), stops (down) or lists (status) the local services the pipeline and its tests use.
+# Usage: services.sh up|down|status [redis] [postgres] [kafka]   (default: all three)
+source "$(dirname "$0")/common.sh"
+action="${1:-up}"; shift || true
+names=("$@"); [ ${#names[@]} -gt 0 ] || names=(redis postgres kafka)
+for n in "${names[@]}"; do
+  case "$n" in
+    redis|postgres|kafka) bash "$ROOT/deploy/local/$n.sh" "$action" ;;
+    *) die "unknown service '$n' (expected redis, postgres or kafka)" ;;
+  esac
+done
+if [ "$action" = up ]; then
+  printf '\nservices:\n'
+  for n in "${names[@]}"; do printf '  '; bash "$ROOT/deploy/local/$n.sh" status; done
+  cat <<EOT
+
+point the pipeline at them with (these are also the defaults):
+  PIPELINE_REDIS__URL=redis://127.0.0.1:6379/0
+  PIPELINE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092
+  PIPELINE_POSTGRES__URL=postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline
+EOT
+fi

@@ -1,0 +1,111 @@
+"""Settings, read once at the edge (CLI, service entry point) and passed down.
+
+Environment variables use the ``PIPELINE_`` prefix and ``__`` between nested sections::
+
+    PIPELINE_TRANSPORT=kafka|redis
+    PIPELINE_REDIS__URL=redis://127.0.0.1:6379/0
+    PIPELINE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092
+    PIPELINE_POSTGRES__URL=postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline
+
+Invalid values fail at start with a :class:`~pipeline.errors.ConfigError` naming the environment
+variable and the expected form.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.errors import ConfigError
+
+ENV_PREFIX = "PIPELINE_"
+_DEFAULT_MAX_MESSAGE_BYTES = 1_048_576 + 65_536  # 1 MiB payloads plus room for key and headers
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RedisSettings(_Section):
+    """Redis connection and Redis Streams consumer-group tuning."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field(default="pl", pattern=r"^[A-Za-z0-9_.-]+$")
+    lease_ms: int = Field(default=10_000, ge=100)
+    """How long a member owns its partitions without renewing; a dead member's go after this."""
+    heartbeat_ms: int = Field(default=1_000, ge=10)
+    """How often a member renews its leases and rebalances; keep well below ``lease_ms``."""
+    max_len: int = Field(default=1_000_000, ge=1)
+    """Default approximate entries kept per partition stream (``XADD MAXLEN ~``)."""
+    socket_timeout_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected redis://host:port/db, rediss://... or unix:///path")
+        return value
+
+
+class KafkaSettings(_Section):
+    """Kafka connection; ``client`` passes further librdkafka properties through."""
+
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$")
+    client_id: str = "pipeline"
+    session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    request_timeout_ms: int = Field(default=10_000, ge=100)
+    client: dict[str, str] = Field(default_factory=dict)
+
+
+class PostgresSettings(_Section):
+    """PostgreSQL connection for the log store and registry when they are not on SQLite."""
+
+    url: str = "postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline"
+
+    @field_validator("url")
+    @classmethod
+    def _pg_scheme(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("expected postgresql://user:password@host:port/database")
+        return value
+
+
+class Settings(BaseSettings):
+    """The root of all configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    transport: Literal["kafka", "redis"] = "redis"
+    topics_dir: Path = Path("topics")
+    max_message_bytes: int = Field(default=_DEFAULT_MAX_MESSAGE_BYTES, ge=1_024, le=64 * 1_048_576)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+
+
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    return ENV_PREFIX + "__".join(str(part).upper() for part in loc)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build :class:`Settings` from the environment plus ``overrides``.
+
+    Raises:
+        ConfigError: a setting is invalid; the message names each variable at fault.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = [
+            f"{_env_name(err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+            for err in exc.errors()
+        ]
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -1,0 +1,74 @@
+"""The message as every stage sees it, whatever the transport.
+
+A :class:`Message` is what a consumer receives; :class:`Delivered` is the broker's receipt for a
+produced message; :class:`TopicPartition` and :class:`Position` address partitions and committed
+positions. Offsets are integers on both transports: Kafka's own offsets, and on Redis Streams a
+per-partition sequence assigned atomically at produce time, so "commit offset N" means the same
+thing everywhere: every message of that partition below N is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    """One partition of one topic."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A committed position: the next offset to consume in a partition.
+
+    Committing ``Position(tp, 42)`` declares every message of ``tp`` with an offset below 42 done.
+    ``metadata`` travels with the commit (Kafka commit metadata; stored beside the position on
+    Redis) and is where the runtime records completed offsets above the position.
+    """
+
+    tp: TopicPartition
+    offset: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """The broker's acknowledgement of one produced message."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One consumed message.
+
+    Attributes:
+        topic: topic name.
+        partition: partition number.
+        offset: position in the partition (see the module docstring).
+        key: the partitioning key, or None.
+        value: the payload bytes.
+        headers: header name to raw bytes; names are unique (last one wins).
+        timestamp_ms: broker or producer timestamp in milliseconds since the epoch.
+        delivery_count: how many times this message has been delivered to the group, this
+            delivery included (Redis Streams tracks it exactly; Kafka reports 1).
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes] = field(default_factory=dict)
+    timestamp_ms: int = 0
+    delivery_count: int = 1
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The message's topic-partition."""
+        return TopicPartition(self.topic, self.partition)

@@ -1,0 +1,1 @@
+"""Topic declarations (``topics/*.yaml``) and the planner that applies them to a broker."""

@@ -1,0 +1,357 @@
+"""One ``topics/*.yaml`` file per topic, validated into a :class:`TopicSpec`.
+
+A declaration names the main topic; the retry tier topics (``<name>.retry.<delay>``) and the
+dead-letter topic (``<name>.dlq`` unless set) are derived from it, so every topic has a DLQ and
+the retry path has the main topic's partition count (per-key order survives a retry). The file
+format is documented field by field in ``docs/topics.md``.
+
+:func:`load_specs` turns every problem in a directory of declarations into one
+:class:`~pipeline.errors.TopicSpecError` whose lines read ``<file>: <field path>: <problem>``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Annotated, Any
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from pipeline.errors import TopicSpecError
+from pipeline.transport.protocol import TopicConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from pydantic_core import ErrorDetails
+
+__all__ = [
+    "DLQ_MIN_RETENTION_MS",
+    "RetryPolicy",
+    "TopicSpec",
+    "format_duration_ms",
+    "load_spec",
+    "load_specs",
+    "parse_duration_ms",
+]
+
+DURATION_HINT = "expected a duration like 500ms, 30s, 5m, 2h, 7d"
+DLQ_MIN_RETENTION_MS = 14 * 86_400_000
+"""Dead letters wait for a human; keep them at least two weeks whatever the main retention."""
+MAX_NAME_LENGTH = 200
+MAX_PARTITIONS = 10_000
+
+# Largest unit first, so format_duration_ms picks the coarsest exact label.
+_UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+_LANE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_duration_ms(value: str | int) -> int:
+    """Parse a duration such as ``"500ms"``, ``"30s"``, ``"5m"``, ``"2h"``, ``"7d"`` or ``1500``.
+
+    Args:
+        value: a whole number with one unit (``ms``, ``s``, ``m``, ``h``, ``d``), or an int of
+            milliseconds.
+
+    Returns:
+        The duration in milliseconds, always greater than zero.
+
+    Raises:
+        ValueError: the value has another form, or is zero or negative.
+    """
+    # YAML can hand over anything, and bool is an int subclass: `retention: yes` is a mistake,
+    # not one millisecond. ValueError, not TypeError, because pydantic reports only ValueError.
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{DURATION_HINT} (got {value!r})")  # noqa: TRY004
+    if isinstance(value, int):
+        duration_ms = value
+    else:
+        match = _DURATION.fullmatch(value.strip())
+        if match is None:
+            raise ValueError(f"{DURATION_HINT} (got {value!r})")
+        duration_ms = int(match[1]) * _UNITS_MS[match[2]]
+    if duration_ms <= 0:
+        raise ValueError(f"a duration must be longer than zero (got {value!r})")
+    return duration_ms
+
+
+def format_duration_ms(duration_ms: int) -> str:
+    """Write a duration with the coarsest unit that divides it exactly (``60000`` -> ``"1m"``).
+
+    The label is canonical: ``"60s"``, ``"1m"`` and ``60000`` all give ``"1m"``, which is what
+    makes retry topic names stable however the tier was written.
+    """
+    for unit, unit_ms in _UNITS_MS.items():
+        if duration_ms % unit_ms == 0 and duration_ms >= unit_ms:
+            return f"{duration_ms // unit_ms}{unit}"
+    return f"{duration_ms}ms"
+
+
+def _topic_name(value: str) -> str:
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"at most {MAX_NAME_LENGTH} characters (got {len(value)})")
+    if not _TOPIC_NAME.fullmatch(value) or value in {".", ".."}:
+        raise ValueError(f"expected letters, digits, '.', '_' or '-' (got {value!r})")
+    if ".retry." in value:
+        raise ValueError(f"'.retry.' is reserved for retry tier topics (got {value!r})")
+    return value
+
+
+def _main_topic_name(value: str) -> str:
+    if value.endswith(".dlq"):
+        raise ValueError(f"'.dlq' at the end is reserved for dead-letter topics (got {value!r})")
+    return value
+
+
+def _config_values(value: Any) -> Any:
+    """Write YAML ints, floats and bools as Kafka expects them; leave other input to validation."""
+    if not isinstance(value, dict):
+        return value
+    return {key: _config_value(item) for key, item in value.items()}
+
+
+def _config_value(item: Any) -> Any:
+    if isinstance(item, bool):  # before int: bool is an int subclass, and Kafka wants lowercase
+        return "true" if item else "false"
+    if isinstance(item, int | float):
+        return str(item)
+    return item
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration_ms)]
+TopicName = Annotated[StrictStr, AfterValidator(_topic_name)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetryPolicy(_Spec):
+    """How a failed message is retried before it goes to the dead-letter topic.
+
+    Attributes:
+        tiers_ms: delay before each retry, strictly increasing (YAML key ``tiers``); each tier
+            has its own topic, ``<name>.retry.<delay>``.
+        max_attempts: deliveries in all, the first included, before the message is dead-lettered;
+            defaults to one more than the number of tiers.
+    """
+
+    tiers_ms: tuple[Duration, ...] = Field(default=(), alias="tiers")
+    max_attempts: int = Field(
+        default_factory=lambda data: len(data["tiers_ms"]) + 1, ge=1, strict=True
+    )
+
+    @field_validator("tiers_ms")
+    @classmethod
+    def _strictly_increasing(cls, tiers_ms: tuple[int, ...]) -> tuple[int, ...]:
+        for index in range(1, len(tiers_ms)):
+            if tiers_ms[index] <= tiers_ms[index - 1]:
+                later = format_duration_ms(tiers_ms[index])
+                earlier = format_duration_ms(tiers_ms[index - 1])
+                raise ValueError(
+                    f"must be strictly increasing: tiers[{index}] ({later}) is not longer than "
+                    f"tiers[{index - 1}] ({earlier})"
+                )
+        return tiers_ms
+
+
+class TopicSpec(_Spec):
+    """One topic declaration: the main topic, its retry tiers and its dead-letter topic.
+
+    Attributes:
+        name: the main topic's name.
+        partitions: partition count of the main, retry and dead-letter topics.
+        retention_ms: how long messages are kept (YAML key ``retention``); None keeps the
+            broker's default.
+        lane: the admission lane the topic's traffic is counted in; defaults to ``name``.
+        ordered: whether messages of one key are handled one at a time, in order.
+        max_len: Redis Streams only: approximate entries kept per partition stream; None uses
+            the transport's default.
+        retry: the retry tiers and attempt limit.
+        dead_letter: the dead-letter topic's name; defaults to ``<name>.dlq``.
+        configs: further Kafka topic configs, passed through to every derived topic.
+        throttle: kept as written for the throttling stage.
+        debounce: kept as written for the debouncing stage.
+    """
+
+    name: Annotated[TopicName, AfterValidator(_main_topic_name)]
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS, strict=True)
+    retention_ms: Duration | None = Field(default=None, alias="retention")
+    lane: StrictStr = Field(default_factory=lambda data: data["name"], validate_default=True)
+    ordered: bool = True
+    max_len: int | None = Field(default=None, ge=1, strict=True)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    dead_letter: TopicName = Field(
+        default_factory=lambda data: f"{data['name']}.dlq",
+        validate_default=True,
+    )
+    configs: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_config_values)] = Field(
+        default_factory=dict
+    )
+    throttle: dict[str, Any] | None = None
+    debounce: dict[str, Any] | None = None
+
+    @field_validator("lane")
+    @classmethod
+    def _identifier_like(cls, lane: str) -> str:
+        if not _LANE.fullmatch(lane):
+            raise ValueError(
+                f"expected an identifier such as ai_turns (got {lane!r}); the default is the "
+                "topic name, so set lane when the name has '.' or '-'"
+            )
+        return lane
+
+    @field_validator("dead_letter", mode="before")
+    @classmethod
+    def _required_dead_letter(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None or value is False:
+            raise ValueError("every topic has a dead-letter topic; omit the field for <name>.dlq")
+        if value == info.data.get("name"):
+            raise ValueError(f"must differ from the topic name (got {value!r})")
+        return value
+
+    @field_validator("configs")
+    @classmethod
+    def _no_retention_config(cls, configs: dict[str, str]) -> dict[str, str]:
+        if "retention.ms" in configs:
+            raise ValueError("set retention with the retention field, not retention.ms")
+        return configs
+
+    def retry_topic_names(self) -> list[str]:
+        """Names of the retry tier topics, shortest delay first (``messages.retry.5s``, ...)."""
+        return [f"{self.name}.retry.{format_duration_ms(t)}" for t in self.retry.tiers_ms]
+
+    def topic_names(self) -> list[str]:
+        """Every topic this declaration owns: main, retry tiers, then dead letter."""
+        return [self.name, *self.retry_topic_names(), self.dead_letter]
+
+    def topic_configs(self, default_max_len: int) -> list[TopicConfig]:
+        """What the broker needs for the main, each retry tier and the dead-letter topic.
+
+        All have the main topic's partition count, so a key maps to the same partition number
+        on every hop. Retry topics keep the main retention; the dead-letter topic keeps at least
+        :data:`DLQ_MIN_RETENTION_MS`, or the main retention if that is longer.
+
+        Args:
+            default_max_len: entries kept per Redis stream partition when ``max_len`` is unset.
+        """
+        max_len = self.max_len if self.max_len is not None else default_max_len
+
+        def config(name: str, retention_ms: int | None) -> TopicConfig:
+            return TopicConfig(
+                name=name,
+                partitions=self.partitions,
+                retention_ms=retention_ms,
+                max_len=max_len,
+                configs=dict(self.configs),
+            )
+
+        dlq_retention_ms = max(DLQ_MIN_RETENTION_MS, self.retention_ms or 0)
+        return [
+            config(self.name, self.retention_ms),
+            *(config(name, self.retention_ms) for name in self.retry_topic_names()),
+            config(self.dead_letter, dlq_retention_ms),
+        ]
+
+
+def load_specs(directory: Path) -> list[TopicSpec]:
+    """Load every ``*.yaml`` and ``*.yml`` declaration in ``directory``, sorted by file name.
+
+    Raises:
+        TopicSpecError: the directory is missing or has no declarations, a file is invalid
+            (the message names the file and the field), or two files declare the same topic
+            (including derived retry and dead-letter topics; the message names both files).
+    """
+    if not directory.is_dir():
+        raise TopicSpecError(f"{directory}: topic directory not found")
+    paths = sorted(
+        (path for path in directory.iterdir() if path.suffix in {".yaml", ".yml"}),
+        key=lambda path: path.name,
+    )
+    if not paths:
+        raise TopicSpecError(f"{directory}: no topic declarations (*.yaml, *.yml) found")
+    specs = [load_spec(path) for path in paths]
+    _check_unique(paths, specs)
+    return specs
+
+
+def load_spec(path: Path) -> TopicSpec:
+    """Load one declaration file.
+
+    Raises:
+        TopicSpecError: the file cannot be read, is not YAML (the message gives the line), is
+            not a mapping, or fails validation; every line names the file and the field.
+    """
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopicSpecError(f"{path}: cannot read: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise TopicSpecError(f"{path}: {_describe_yaml_error(exc)}") from exc
+    if not isinstance(document, dict):
+        found = "an empty document" if document is None else f"a {type(document).__name__}"
+        raise TopicSpecError(f"{path}: expected a mapping such as 'name: ...', got {found}")
+    try:
+        return TopicSpec.model_validate(document)
+    except ValidationError as exc:
+        # A default computed from other fields (lane, dead_letter, max_attempts) is skipped when
+        # any field failed; pydantic reports that as an error of its own, which is only noise.
+        problems = [e for e in exc.errors() if e["type"] != "default_factory_not_called"]
+        raise TopicSpecError("\n".join(f"{path}: {_describe(e)}" for e in problems)) from None
+
+
+def _describe_yaml_error(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: invalid YAML: {exc.problem}"
+    return f"invalid YAML: {exc}"
+
+
+def _describe(error: ErrorDetails) -> str:
+    loc = error["loc"]
+    if error["type"] == "missing":
+        problem = "required field is missing"
+    elif error["type"] == "extra_forbidden":
+        model = RetryPolicy if loc[:1] == ("retry",) and len(loc) == 2 else TopicSpec  # noqa: PLR2004
+        fields = ", ".join(field.alias or name for name, field in model.model_fields.items())
+        problem = f"unknown field (expected one of: {fields})"
+    elif error["type"] == "value_error":
+        problem = str(error.get("ctx", {}).get("error", error["msg"]))
+    else:
+        problem = f"{error['msg'][:1].lower()}{error['msg'][1:]} (got {error['input']!r})"
+    return f"{_field_path(loc)}: {problem}" if loc else problem
+
+
+def _field_path(loc: Sequence[int | str]) -> str:
+    """``("retry", "tiers", 1)`` -> ``"retry.tiers[1]"``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
+    return path
+
+
+def _check_unique(paths: Sequence[Path], specs: Sequence[TopicSpec]) -> None:
+    owners: dict[str, tuple[Path, str]] = {}
+    for path, spec in zip(paths, specs, strict=True):
+        fields = ["name"] + [f"retry.tiers[{i}]" for i in range(len(spec.retry.tiers_ms))]
+        for topic, field in zip(spec.topic_names(), [*fields, "dead_letter"], strict=True):
+            if topic in owners:
+                other_path, other_field = owners[topic]
+                raise TopicSpecError(
+                    f"{path}: {field}: duplicate topic {topic!r}, "
+                    f"already declared by {other_path} ({other_field})"
+                )
+            owners[topic] = (path, field)

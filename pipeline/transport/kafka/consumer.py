@@ -1,0 +1,183 @@
+"""A Kafka consumer-group member with manual commits and cooperative rebalancing.
+
+Every call into librdkafka's consumer runs on one dedicated thread, so blocking fetches never
+stall the event loop and the client is never used from two threads at once. Rebalance callbacks
+fire on that thread inside :meth:`KafkaConsumer.poll`, which lets a listener commit in
+``on_revoked`` before its partitions move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer as _RawConsumer
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as _RawTP
+
+from pipeline.config import KafkaSettings
+from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.transport.kafka.errors import translate
+from pipeline.transport.protocol import RebalanceListener
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_IGNORED = {KafkaError._PARTITION_EOF}  # noqa: SLF001 - librdkafka's local error code
+_FATAL_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}  # noqa: SLF001
+
+
+def consumer_config(settings: KafkaSettings, group: str, member_id: str) -> dict[str, Any]:
+    """librdkafka properties of a group member (settings.client overrides them)."""
+    return {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": f"{settings.client_id}-{member_id}",
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": settings.session_timeout_ms,
+        "heartbeat.interval.ms": max(settings.session_timeout_ms // 5, 100),
+        "socket.timeout.ms": settings.request_timeout_ms,
+        "enable.partition.eof": False,
+        "logger": logging.getLogger("pipeline.librdkafka"),
+        **settings.client,
+    }
+
+
+def _to_message(raw: Any) -> Message:
+    headers = raw.headers()
+    return Message(
+        topic=raw.topic(),
+        partition=raw.partition(),
+        offset=raw.offset(),
+        key=raw.key(),
+        value=raw.value() or b"",
+        headers={k: v or b"" for k, v in headers} if headers else {},
+        timestamp_ms=raw.timestamp()[1],
+    )
+
+
+def _tps(raw: Sequence[Any]) -> list[TopicPartition]:
+    return [TopicPartition(p.topic, p.partition) for p in raw]
+
+
+class KafkaConsumer:
+    """A :class:`~pipeline.transport.protocol.Consumer` on confluent-kafka."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        group: str,
+        topics: Sequence[str],
+        *,
+        listener: RebalanceListener | None = None,
+        member_id: str | None = None,
+    ) -> None:
+        """Create the member; it joins the group on the first poll."""
+        self.member_id = member_id or uuid.uuid4().hex[:12]
+        self._settings = settings
+        self._topics = list(topics)
+        self._listener = listener
+        self._assigned: set[TopicPartition] = set()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-consumer-{group}")
+        self._raw = _RawConsumer(consumer_config(settings, group, self.member_id))
+        self._subscribed = False
+        self._closed = False
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _on_assign(self, _raw: Any, partitions: list[Any]) -> None:
+        tps = _tps(partitions)
+        self._assigned.update(tps)
+        if self._listener and tps:
+            self._listener.on_assigned(tps)
+
+    def _on_revoke(self, _raw: Any, partitions: list[Any]) -> None:
+        tps = _tps(partitions)
+        if self._listener and tps:
+            self._listener.on_revoked(tps)
+        self._assigned.difference_update(tps)
+
+    def _subscribe(self) -> None:
+        self._raw.subscribe(
+            self._topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+        self._subscribed = True
+
+    def _consume(self, max_messages: int, timeout_s: float) -> list[Any]:
+        if not self._subscribed:
+            self._subscribe()
+        try:
+            return list(self._raw.consume(max_messages, timeout_s))
+        except KafkaException as exc:
+            raise translate(exc, "consume") from exc
+
+    async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
+        """Fetch up to ``max_messages``; rebalance callbacks run inside this call."""
+        raw = await self._call(self._consume, max_messages, timeout_s)
+        out: list[Message] = []
+        for item in raw:
+            err = item.error()
+            if err is None:
+                out.append(_to_message(item))
+            elif err.code() in _FATAL_TOPIC:
+                raise translate(err, f"consume {self._topics}")
+            elif err.code() not in _IGNORED:
+                log.warning("consumer error: %s", err.str())
+        return out
+
+    def _commit(self, positions: Sequence[Position]) -> None:
+        offsets = [
+            _RawTP(p.tp.topic, p.tp.partition, p.offset, p.metadata)
+            if p.metadata else _RawTP(p.tp.topic, p.tp.partition, p.offset)
+            for p in positions
+        ]
+        try:
+            self._raw.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError._NO_OFFSET:  # noqa: SLF001
+                return
+            raise translate(exc, "commit") from exc
+
+    async def commit(self, positions: Sequence[Position]) -> None:
+        """Synchronously commit each position (with its metadata) to the group coordinator."""
+        if positions:
+            await self._call(self._commit, positions)
+
+    def pause(self, partitions: Sequence[TopicPartition]) -> None:
+        """Stop fetching these partitions (librdkafka ``pause``)."""
+        self._raw.pause([_RawTP(tp.topic, tp.partition) for tp in partitions])
+
+    def resume(self, partitions: Sequence[TopicPartition]) -> None:
+        """Fetch again from these partitions (librdkafka ``resume``)."""
+        self._raw.resume([_RawTP(tp.topic, tp.partition) for tp in partitions])
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this member owns now."""
+        return set(self._assigned)
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Make the next fetch of ``tp`` start at ``offset``."""
+        try:
+            await self._call(self._raw.seek, _RawTP(tp.topic, tp.partition, offset))
+        except KafkaException as exc:
+            raise translate(exc, f"seek {tp}") from exc
+
+    async def close(self) -> None:
+        """Leave the group (revoking partitions through the listener) and free the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._call(self._raw.close)
+        finally:
+            self._executor.shutdown(wait=False)

@@ -1,0 +1,47 @@
+"""Translation of confluent-kafka errors into :mod:`pipeline.errors` at the boundary."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+
+from pipeline.errors import (
+    BrokerUnavailable,
+    DeliveryFailed,
+    MessageTooLarge,
+    TransportError,
+    UnknownTopic,
+)
+
+_UNAVAILABLE = {
+    KafkaError._TRANSPORT,  # noqa: SLF001 - librdkafka's local error codes are "private" names
+    KafkaError._ALL_BROKERS_DOWN,  # noqa: SLF001
+    KafkaError._TIMED_OUT,  # noqa: SLF001
+    KafkaError._MSG_TIMED_OUT,  # noqa: SLF001
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+}
+_UNKNOWN_TOPIC = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,  # noqa: SLF001
+    KafkaError._UNKNOWN_PARTITION,  # noqa: SLF001
+}
+_TOO_LARGE = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+}
+
+
+def translate(error: KafkaError | KafkaException, context: str) -> TransportError:
+    """Map a confluent-kafka error to the matching :class:`~pipeline.errors.TransportError`."""
+    err = error.args[0] if isinstance(error, KafkaException) else error
+    if not isinstance(err, KafkaError):
+        return TransportError(f"{context}: {error}")
+    code = err.code()
+    text = f"{context}: {err.str()}"
+    if code in _UNAVAILABLE:
+        return BrokerUnavailable(text)
+    if code in _UNKNOWN_TOPIC:
+        return UnknownTopic(f"{text} (declare it in topics/ and run `pipeline topics apply`)")
+    if code in _TOO_LARGE:
+        return MessageTooLarge(text)
+    return DeliveryFailed(text) if context.startswith("produce") else TransportError(text)

@@ -1,0 +1,44 @@
+"""The Kafka :class:`~pipeline.transport.protocol.Transport`: factory of producers and members."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.config import Settings
+from pipeline.transport.kafka.admin import KafkaAdmin
+from pipeline.transport.kafka.consumer import KafkaConsumer
+from pipeline.transport.kafka.producer import KafkaProducer
+from pipeline.transport.protocol import RebalanceListener
+
+
+class KafkaTransport:
+    """Apache Kafka through confluent-kafka (librdkafka)."""
+
+    name = "kafka"
+
+    def __init__(self, settings: Settings) -> None:
+        """Keep the settings; clients are created on demand."""
+        self._settings = settings
+
+    def producer(self) -> KafkaProducer:
+        """A new idempotent producer."""
+        return KafkaProducer(self._settings.kafka, self._settings.max_message_bytes)
+
+    def consumer(
+        self,
+        group: str,
+        topics: Sequence[str],
+        *,
+        listener: RebalanceListener | None = None,
+        member_id: str | None = None,
+    ) -> KafkaConsumer:
+        """A new member of ``group``."""
+        return KafkaConsumer(self._settings.kafka, group, topics, listener=listener,
+                             member_id=member_id)
+
+    def admin(self) -> KafkaAdmin:
+        """A new admin client."""
+        return KafkaAdmin(self._settings.kafka)
+
+    async def close(self) -> None:
+        """Nothing shared to release."""

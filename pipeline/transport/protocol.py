@@ -1,0 +1,214 @@
+"""The transport interface every stage talks to, and the value types it exchanges.
+
+Two implementations exist, with the same file names in each package: ``transport/kafka/``
+(confluent-kafka) and ``transport/redis_streams/`` (redis-py). Both
+
+* map a key to a partition with Java-compatible murmur2 (:mod:`pipeline.transport.partitioner`);
+* keep per-partition order and give each partition to one group member at a time;
+* deliver at least once: a message is redelivered until a commit covers it;
+* translate client-library errors into :mod:`pipeline.errors` at the boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from pipeline.envelope import Delivered, Message, Position, TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """What a broker needs to create or update one topic.
+
+    Attributes:
+        name: topic name.
+        partitions: partition count (never decreased by an update).
+        retention_ms: how long messages are kept (Kafka ``retention.ms``); None keeps the default.
+        max_len: Redis Streams only: approximate number of entries kept per partition stream.
+        configs: further broker configs (Kafka topic configs such as ``cleanup.policy``).
+    """
+
+    name: str
+    partitions: int
+    retention_ms: int | None = None
+    max_len: int | None = None
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic as the broker has it."""
+
+    name: str
+    partitions: int
+    retention_ms: int | None
+    message_counts: tuple[int, ...]
+
+    @property
+    def message_count(self) -> int:
+        """Messages currently retained, all partitions together."""
+        return sum(self.message_counts)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """How far a consumer group is behind in one partition.
+
+    Attributes:
+        tp: the partition.
+        committed: the group's committed position (next offset to consume), or None if none.
+        end: the offset the next produced message will get.
+        oldest_unconsumed_ms: timestamp of the oldest message not yet committed by the group,
+            or None when the group is caught up.
+    """
+
+    tp: TopicPartition
+    committed: int | None
+    end: int
+    oldest_unconsumed_ms: int | None
+
+    @property
+    def lag(self) -> int:
+        """Messages produced but not yet committed by the group."""
+        return self.end - (self.committed or 0)
+
+
+class RebalanceListener(Protocol):
+    """Told when partitions move to or away from a group member.
+
+    Both are called from inside :meth:`Consumer.poll`, so a listener may commit in
+    ``on_revoked`` before the partitions are handed to another member.
+    """
+
+    def on_assigned(self, partitions: Sequence[TopicPartition]) -> None:
+        """Partitions were given to this member."""
+
+    def on_revoked(self, partitions: Sequence[TopicPartition]) -> None:
+        """Partitions are about to leave this member (rebalance or shutdown)."""
+
+
+@runtime_checkable
+class Producer(Protocol):
+    """Produces keyed messages; each send resolves once the broker has acknowledged it."""
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        partition: int | None = None,
+    ) -> Delivered:
+        """Produce one message and wait for the broker's acknowledgement.
+
+        Raises:
+            UnknownTopic: the topic does not exist.
+            MessageTooLarge: the message exceeds ``max_message_bytes``.
+            BrokerUnavailable: the broker could not be reached in time.
+            DeliveryFailed: the broker refused the message.
+        """
+        ...
+
+    async def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every message sent so far is acknowledged."""
+        ...
+
+    async def close(self) -> None:
+        """Flush and release the connection."""
+        ...
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """One member of a consumer group reading a set of topics."""
+
+    async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
+        """Return up to ``max_messages`` messages, waiting at most ``timeout_s`` for the first.
+
+        Messages of one partition come in offset order. Paused partitions yield nothing.
+        """
+        ...
+
+    async def commit(self, positions: Sequence[Position]) -> None:
+        """Declare every message below each position done; they are not redelivered."""
+        ...
+
+    def pause(self, partitions: Sequence[TopicPartition]) -> None:
+        """Stop fetching from these partitions until :meth:`resume`."""
+        ...
+
+    def resume(self, partitions: Sequence[TopicPartition]) -> None:
+        """Fetch again from paused partitions."""
+        ...
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this member owns now."""
+        ...
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Make the next poll of ``tp`` start at ``offset``."""
+        ...
+
+    async def close(self) -> None:
+        """Leave the group; owned partitions move to the other members."""
+        ...
+
+
+class Admin(Protocol):
+    """Creates and inspects topics and consumer-group positions."""
+
+    async def list_topics(self) -> dict[str, TopicInfo]:
+        """Every topic the broker has, by name."""
+        ...
+
+    async def create_topic(self, config: TopicConfig) -> None:
+        """Create a topic; raises TransportError if it exists."""
+        ...
+
+    async def update_topic(self, config: TopicConfig) -> None:
+        """Grow partitions to ``config.partitions`` and apply retention and configs."""
+        ...
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic and its messages."""
+        ...
+
+    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
+        """The group's position, lag and oldest unconsumed timestamp per partition."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+class Transport(Protocol):
+    """A broker: the factory for producers, group consumers and the admin client."""
+
+    name: str
+
+    def producer(self) -> Producer:
+        """A new producer."""
+        ...
+
+    def consumer(
+        self,
+        group: str,
+        topics: Sequence[str],
+        *,
+        listener: RebalanceListener | None = None,
+        member_id: str | None = None,
+    ) -> Consumer:
+        """A new member of ``group`` subscribed to ``topics``."""
+        ...
+
+    def admin(self) -> Admin:
+        """A new admin client."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections shared by the clients this transport made."""
+        ...

@@ -1,0 +1,141 @@
+"""Topic metadata, lag and oldest-unconsumed age for the Redis Streams transport.
+
+A topic is declared in the ``P:topics`` hash (partitions, max_len, retention); its partitions are
+the streams ``{P:T:p}:s``. Retention on Redis is by length (``XADD MAXLEN ~``): ``retention_ms``
+is kept for display only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline.envelope import TopicPartition
+from pipeline.errors import TransportError, UnknownTopic
+from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
+from pipeline.transport.redis_streams.errors import translate
+from pipeline.transport.redis_streams.keys import Keys, entry_id, partition_id
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMeta:
+    """What the transport stores about a topic."""
+
+    partitions: int
+    max_len: int
+    retention_ms: int | None
+
+
+async def read_meta(client: Redis, keys: Keys, topic: str, default_max_len: int) -> TopicMeta:
+    """The stored metadata of ``topic``.
+
+    Raises:
+        UnknownTopic: the topic was never created.
+        BrokerUnavailable: Redis cannot be reached.
+    """
+    try:
+        raw = await client.hget(keys.topics, topic)
+    except rexc.RedisError as exc:
+        raise translate(exc, f"read topic {topic!r}") from exc
+    if raw is None:
+        raise UnknownTopic(
+            f"topic {topic!r} does not exist (declare it in topics/ and run `pipeline topics apply`)"
+        )
+    data = json.loads(raw)
+    return TopicMeta(int(data["partitions"]), int(data.get("max_len") or default_max_len),
+                     data.get("retention_ms"))
+
+
+def _encode(config: TopicConfig, default_max_len: int) -> str:
+    return json.dumps({"partitions": config.partitions, "max_len": config.max_len or default_max_len,
+                       "retention_ms": config.retention_ms})
+
+
+class RedisStreamsAdmin:
+    """An :class:`~pipeline.transport.protocol.Admin` for Redis Streams."""
+
+    def __init__(self, client: Redis, keys: Keys, default_max_len: int) -> None:
+        """Use the transport's shared client."""
+        self._client = client
+        self._keys = keys
+        self._default_max_len = default_max_len
+
+    async def list_topics(self) -> dict[str, TopicInfo]:
+        """Every declared topic with its partition count and retained message counts."""
+        try:
+            raw = await self._client.hgetall(self._keys.topics)
+            out = {}
+            for name_b in sorted(raw):
+                name = name_b.decode()
+                meta = json.loads(raw[name_b])
+                pipe = self._client.pipeline(transaction=False)
+                for p in range(meta["partitions"]):
+                    pipe.xlen(self._keys.stream(name, p))
+                counts = tuple(int(c) for c in await pipe.execute())
+                out[name] = TopicInfo(name, meta["partitions"], meta.get("retention_ms"), counts)
+        except rexc.RedisError as exc:
+            raise translate(exc, "list topics") from exc
+        return out
+
+    async def create_topic(self, config: TopicConfig) -> None:
+        """Declare the topic; its streams appear with the first message or group."""
+        try:
+            created = await self._client.hsetnx(
+                self._keys.topics, config.name, _encode(config, self._default_max_len))
+        except rexc.RedisError as exc:
+            raise translate(exc, f"create topic {config.name!r}") from exc
+        if not created:
+            raise TransportError(f"create topic {config.name!r}: topic already exists")
+
+    async def update_topic(self, config: TopicConfig) -> None:
+        """Grow partitions (never shrink) and update max_len and retention."""
+        meta = await read_meta(self._client, self._keys, config.name, self._default_max_len)
+        if config.partitions < meta.partitions:
+            raise TransportError(
+                f"topic {config.name!r} has {meta.partitions} partitions; "
+                f"it cannot shrink to {config.partitions}"
+            )
+        try:
+            await self._client.hset(self._keys.topics, config.name,
+                                    _encode(config, self._default_max_len))
+        except rexc.RedisError as exc:
+            raise translate(exc, f"update topic {config.name!r}") from exc
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete the topic's streams, offset counters and metadata."""
+        meta = await read_meta(self._client, self._keys, name, self._default_max_len)
+        try:
+            for p in range(meta.partitions):
+                await self._client.delete(self._keys.stream(name, p), self._keys.sequence(name, p))
+            await self._client.hdel(self._keys.topics, name)
+        except rexc.RedisError as exc:
+            raise translate(exc, f"delete topic {name!r}") from exc
+
+    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
+        """Committed position, end offset and oldest unconsumed timestamp per partition."""
+        meta = await read_meta(self._client, self._keys, topic, self._default_max_len)
+        out = []
+        try:
+            for p in range(meta.partitions):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.get(self._keys.sequence(topic, p))
+                pipe.hget(self._keys.positions(group), partition_id(topic, p))
+                end_raw, committed_raw = await pipe.execute()
+                end = int(end_raw or 0)
+                committed = int(committed_raw) if committed_raw is not None else None
+                oldest = None
+                if (committed or 0) < end:
+                    first = await self._client.xrange(
+                        self._keys.stream(topic, p), min=entry_id(committed or 0), count=1)
+                    if first:
+                        oldest = int(first[0][1][b"t"])
+                out.append(PartitionLag(TopicPartition(topic, p), committed, end, oldest))
+        except rexc.RedisError as exc:
+            raise translate(exc, f"lag of {topic!r}") from exc
+        return out
+
+    async def close(self) -> None:
+        """The client belongs to the transport; nothing to release here."""

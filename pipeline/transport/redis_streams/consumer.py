@@ -1,0 +1,295 @@
+"""A Redis Streams consumer-group member that owns whole partitions through leases.
+
+Every topic partition is one stream. Members of a group share the partitions round-robin; a
+partition belongs to one member at a time through a lease in ``{P:g:G}:owners`` renewed by a
+heartbeat (``pl_heartbeat``), so per-key order holds with several members. Hand-over is
+cooperative: when a member joins, the current owner is asked to release the partitions that move,
+revokes them through the listener (which may commit) and releases them; the new owner claims them
+at its next heartbeat. A member that dies stops renewing; after ``lease_ms`` its partitions go to
+the others, which first reclaim its pending entries in id order (``XAUTOCLAIM``) before reading
+new ones. Heartbeats are jittered, and the lease spans many heartbeats, so one slow tick never
+moves a partition away from a live member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline.config import RedisSettings
+from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.transport.protocol import RebalanceListener
+from pipeline.transport.redis_streams.admin import read_meta
+from pipeline.transport.redis_streams.errors import translate
+from pipeline.transport.redis_streams.functions import Functions
+from pipeline.transport.redis_streams.keys import (
+    Keys,
+    entry_id,
+    offset_of,
+    parse_partition_id,
+    partition_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+def decode_entry(tp: TopicPartition, entry_id_raw: bytes, fields: dict[bytes, bytes],
+                 delivery_count: int = 1) -> Message:
+    """Build a :class:`Message` from one stream entry."""
+    headers = {k[2:].decode(): v for k, v in fields.items() if k.startswith(b"h.")}
+    return Message(
+        topic=tp.topic,
+        partition=tp.partition,
+        offset=offset_of(entry_id_raw),
+        key=fields.get(b"k"),
+        value=fields.get(b"v", b""),
+        headers=headers,
+        timestamp_ms=int(fields.get(b"t", 0)),
+        delivery_count=delivery_count,
+    )
+
+
+class RedisStreamsConsumer:
+    """A :class:`~pipeline.transport.protocol.Consumer` on Redis Streams."""
+
+    def __init__(
+        self,
+        client: Redis,
+        keys: Keys,
+        functions: Functions,
+        settings: RedisSettings,
+        group: str,
+        topics: Sequence[str],
+        *,
+        listener: RebalanceListener | None = None,
+        member_id: str | None = None,
+    ) -> None:
+        """Create the member; it joins the group on the first poll."""
+        self.member_id = member_id or uuid.uuid4().hex[:12]
+        self._client = client
+        self._keys = keys
+        self._functions = functions
+        self._settings = settings
+        self._group = group
+        self._topics = list(topics)
+        self._listener = listener
+        self._partition_ids: list[str] = []
+        self._owned: set[TopicPartition] = set()
+        self._paused: set[TopicPartition] = set()
+        self._reclaim: dict[TopicPartition, str] = {}  # partition -> XAUTOCLAIM cursor
+        self._unacked: dict[TopicPartition, deque[int]] = {}
+        self._target_owned: set[TopicPartition] = set()
+        self._to_release: set[TopicPartition] = set()
+        self._changed = asyncio.Event()
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._last_renewed = 0.0
+        self._closed = False
+
+    # -- membership -------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        ids = []
+        for topic in self._topics:
+            meta = await read_meta(self._client, self._keys, topic, self._settings.max_len)
+            ids += [partition_id(topic, p) for p in range(meta.partitions)]
+        self._partition_ids = sorted(ids)
+        await self._heartbeat()
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_forever())
+
+    async def _heartbeat(self) -> None:
+        owned, release = await self._functions.heartbeat(
+            self._keys.members(self._group), self._keys.owners(self._group), self.member_id,
+            self._settings.lease_ms, self._partition_ids)
+        self._last_renewed = time.monotonic()
+        target = {TopicPartition(*parse_partition_id(p)) for p in owned}
+        to_release = {TopicPartition(*parse_partition_id(p)) for p in release}
+        if target != self._target_owned or to_release != self._to_release:
+            self._target_owned, self._to_release = target, to_release
+            self._changed.set()
+
+    async def _heartbeat_forever(self) -> None:
+        interval_s = self._settings.heartbeat_ms / 1000
+        lease_s = self._settings.lease_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))  # jitter spreads renewals
+            try:
+                await self._heartbeat()
+            except (rexc.RedisError, OSError) as exc:
+                log.warning("heartbeat of %s failed: %s", self.member_id, exc)
+                if time.monotonic() - self._last_renewed > lease_s and self._target_owned:
+                    # Our leases have expired: the partitions may already be someone else's.
+                    self._target_owned = set()
+                    self._changed.set()
+
+    async def _apply_changes(self) -> None:
+        """Run rebalance callbacks for what the last heartbeat decided (inside poll)."""
+        self._changed.clear()
+        lost = self._owned - self._target_owned
+        releasing = self._owned & self._to_release
+        gone = lost | releasing
+        if gone:
+            if self._listener:
+                self._listener.on_revoked(sorted(gone))
+            self._owned -= gone
+            for tp in gone:
+                self._unacked.pop(tp, None)
+                self._reclaim.pop(tp, None)
+                self._paused.discard(tp)
+        if releasing:
+            await self._functions.release(
+                self._keys.members(self._group), self._keys.owners(self._group), self.member_id,
+                [partition_id(tp.topic, tp.partition) for tp in releasing], leave=False)
+        new = self._target_owned - self._to_release - self._owned
+        if new:
+            for tp in sorted(new):
+                await self._ensure_group(tp)
+                self._reclaim[tp] = "0-0"
+                self._unacked[tp] = deque()
+            self._owned |= new
+            if self._listener:
+                self._listener.on_assigned(sorted(new))
+
+    async def _ensure_group(self, tp: TopicPartition) -> None:
+        with contextlib.suppress(rexc.ResponseError):  # BUSYGROUP: it exists already
+            await self._client.xgroup_create(
+                self._keys.stream(tp.topic, tp.partition), self._group, id="0", mkstream=True)
+
+    # -- fetching -----------------------------------------------------------------------------
+
+    async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
+        """Reclaimed entries of a previous owner first (in order), then new entries."""
+        try:
+            if self._heartbeat_task is None:
+                await self._start()
+            if self._changed.is_set():
+                await self._apply_changes()
+            out = await self._reclaim_some(max_messages)
+            if out:
+                return out
+            return await self._read_new(max_messages, timeout_s)
+        except rexc.RedisError as exc:
+            raise translate(exc, f"consume {self._topics}") from exc
+
+    async def _reclaim_some(self, max_messages: int) -> list[Message]:
+        out: list[Message] = []
+        for tp in sorted(self._reclaim):
+            if tp in self._paused or len(out) >= max_messages:
+                continue
+            stream = self._keys.stream(tp.topic, tp.partition)
+            cursor, entries, *_ = await self._client.xautoclaim(
+                stream, self._group, self.member_id, min_idle_time=0,
+                start_id=self._reclaim[tp], count=max_messages - len(out))
+            cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
+            if cursor == "0-0":
+                del self._reclaim[tp]
+            else:
+                self._reclaim[tp] = cursor
+            live = [(eid, fields) for eid, fields in entries if fields]
+            if not live:
+                continue
+            counts = await self._delivery_counts(stream, live[0][0], live[-1][0], len(live))
+            for eid, fields in live:
+                msg = decode_entry(tp, eid, fields, counts.get(eid, 1))
+                self._unacked[tp].append(msg.offset)
+                out.append(msg)
+        return out
+
+    async def _delivery_counts(self, stream: str, first: bytes, last: bytes, n: int) -> dict[bytes, int]:
+        """Delivery counts from the pending entries list (``XPENDING`` extended form)."""
+        rows = await self._client.xpending_range(stream, self._group, min=first, max=last, count=n)
+        return {row["message_id"]: int(row["times_delivered"]) for row in rows}
+
+    async def _read_new(self, max_messages: int, timeout_s: float) -> list[Message]:
+        active = sorted(self._owned - self._paused - set(self._reclaim))
+        if not active:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+            return []
+        block_ms = max(1, int(min(timeout_s, self._settings.socket_timeout_s / 2) * 1000))
+        streams = {self._keys.stream(tp.topic, tp.partition): ">" for tp in active}
+        by_stream = {self._keys.stream(tp.topic, tp.partition): tp for tp in active}
+        reply: Any = await self._client.xreadgroup(
+            self._group, self.member_id, streams, count=max(1, max_messages // len(active)),
+            block=block_ms)
+        out: list[Message] = []
+        for stream_raw, entries in reply or []:
+            tp = by_stream[stream_raw.decode()]
+            for eid, fields in entries:
+                msg = decode_entry(tp, eid, fields)
+                self._unacked.setdefault(tp, deque()).append(msg.offset)
+                out.append(msg)
+        return out
+
+    # -- positions ----------------------------------------------------------------------------
+
+    async def commit(self, positions: Sequence[Position]) -> None:
+        """XACK every delivered entry below each position and record the position."""
+        if not positions:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for pos in positions:
+            pending = self._unacked.get(pos.tp, deque())
+            ids = []
+            while pending and pending[0] < pos.offset:
+                ids.append(entry_id(pending.popleft()))
+            if ids:
+                pipe.xack(self._keys.stream(pos.tp.topic, pos.tp.partition), self._group, *ids)
+            field = partition_id(pos.tp.topic, pos.tp.partition)
+            pipe.hset(self._keys.positions(self._group), mapping={
+                field: pos.offset, f"{field}:meta": pos.metadata})
+        try:
+            await pipe.execute()
+        except rexc.RedisError as exc:
+            raise translate(exc, "commit") from exc
+
+    def pause(self, partitions: Sequence[TopicPartition]) -> None:
+        """Stop fetching these partitions."""
+        self._paused.update(partitions)
+
+    def resume(self, partitions: Sequence[TopicPartition]) -> None:
+        """Fetch again from these partitions."""
+        self._paused.difference_update(partitions)
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this member owns now."""
+        return set(self._owned)
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Move the group's read position of ``tp`` (``XGROUP SETID``) to ``offset``."""
+        try:
+            await self._client.xgroup_setid(
+                self._keys.stream(tp.topic, tp.partition), self._group, f"{offset}-0")
+        except rexc.RedisError as exc:
+            raise translate(exc, f"seek {tp}") from exc
+        pending = self._unacked.get(tp)
+        if pending is not None:
+            self._unacked[tp] = deque(o for o in pending if o < offset)
+        self._reclaim.pop(tp, None)
+
+    async def close(self) -> None:
+        """Revoke owned partitions through the listener, release them and leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        owned = sorted(self._owned)
+        if owned and self._listener:
+            self._listener.on_revoked(owned)
+        self._owned.clear()
+        with contextlib.suppress(rexc.RedisError, OSError):
+            await self._functions.release(
+                self._keys.members(self._group), self._keys.owners(self._group), self.member_id,
+                [partition_id(tp.topic, tp.partition) for tp in owned], leave=True)

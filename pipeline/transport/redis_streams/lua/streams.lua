@@ -1,0 +1,80 @@
+#!lua name=pipeline_streams
+-- The Redis Streams transport's server-side steps, loaded once per process with FUNCTION LOAD
+-- REPLACE (pipeline/transport/redis_streams/functions.py). Time always comes from the Redis
+-- server (TIME), so members on hosts with skewed clocks agree on lease expiry.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- pl_produce: append one message with the partition's next offset.
+-- KEYS[1] stream {P:T:p}:s      KEYS[2] offset counter {P:T:p}:n
+-- ARGV[1] max_len (approximate entries kept, XADD MAXLEN ~)
+-- ARGV[2..] field, value pairs: k (key), v (value), h.<name> (headers)
+-- Returns {offset, timestamp_ms}. The entry id is (offset + 1)-0, so offsets start at 0.
+local function produce(keys, args)
+  local offset = redis.call('INCR', keys[2]) - 1
+  local ts = now_ms()
+  redis.call('XADD', keys[1], 'MAXLEN', '~', args[1], (offset + 1) .. '-0', 't', ts,
+             unpack(args, 2))
+  return {offset, ts}
+end
+
+-- pl_heartbeat: renew a member's lease, drop dead members and move partitions.
+-- KEYS[1] members zset {P:g:G}:members     KEYS[2] owners hash {P:g:G}:owners
+-- ARGV[1] member id   ARGV[2] lease_ms   ARGV[3..] every partition id "T:p" of the group, sorted
+-- Live members (sorted by id) share the partitions round-robin. A member keeps renewing a
+-- partition it owns even when the target assignment gives it to someone else, until it
+-- releases it (pl_release) after draining: the hand-over is cooperative. A partition whose
+-- owner's lease expired (a dead member) goes straight to its target.
+-- Returns {owned partition ids, ids to release}.
+local function heartbeat(keys, args)
+  local me, lease = args[1], tonumber(args[2])
+  local now = now_ms()
+  redis.call('ZADD', keys[1], now + lease, me)
+  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', now)
+  local live = redis.call('ZRANGE', keys[1], 0, -1)
+  table.sort(live)
+  local owned, release = {}, {}
+  for i = 3, #args do
+    local pid = args[i]
+    local target = live[((i - 3) % #live) + 1]
+    local cur = redis.call('HGET', keys[2], pid)
+    local owner, expiry = nil, 0
+    if cur then
+      local sep = string.find(cur, '|', 1, true)
+      owner, expiry = string.sub(cur, 1, sep - 1), tonumber(string.sub(cur, sep + 1))
+    end
+    if owner == me and expiry >= now then
+      redis.call('HSET', keys[2], pid, me .. '|' .. (now + lease))
+      owned[#owned + 1] = pid
+      if target ~= me then release[#release + 1] = pid end
+    elseif target == me and (owner == nil or owner == me or expiry < now) then
+      redis.call('HSET', keys[2], pid, me .. '|' .. (now + lease))
+      owned[#owned + 1] = pid
+    end
+  end
+  return {owned, release}
+end
+
+-- pl_release: give partitions up (after draining them) or leave the group.
+-- KEYS[1] members zset   KEYS[2] owners hash
+-- ARGV[1] member id   ARGV[2] "1" to leave the group   ARGV[3..] partition ids to release
+-- Only partitions this member still owns are released. Returns how many were.
+local function release(keys, args)
+  local me, n = args[1], 0
+  if args[2] == '1' then redis.call('ZREM', keys[1], me) end
+  for i = 3, #args do
+    local cur = redis.call('HGET', keys[2], args[i])
+    if cur and string.sub(cur, 1, #me + 1) == me .. '|' then
+      redis.call('HDEL', keys[2], args[i])
+      n = n + 1
+    end
+  end
+  return n
+end
+
+redis.register_function('pl_produce', produce)
+redis.register_function('pl_heartbeat', heartbeat)
+redis.register_function('pl_release', release)

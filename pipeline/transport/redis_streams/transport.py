@@ -1,0 +1,55 @@
+"""The Redis Streams :class:`~pipeline.transport.protocol.Transport`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from pipeline.config import Settings
+from pipeline.transport.protocol import RebalanceListener
+from pipeline.transport.redis_streams.admin import RedisStreamsAdmin
+from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
+from pipeline.transport.redis_streams.functions import Functions
+from pipeline.transport.redis_streams.keys import Keys
+from pipeline.transport.redis_streams.producer import RedisStreamsProducer
+
+
+class RedisStreamsTransport:
+    """Redis Streams: a topic is N streams (its partitions), keyed with Java-compatible murmur2."""
+
+    name = "redis"
+
+    def __init__(self, settings: Settings) -> None:
+        """Create the shared client (connections open lazily)."""
+        self._settings = settings
+        self._keys = Keys(settings.redis.key_prefix)
+        self.client: Redis = Redis.from_url(
+            settings.redis.url, socket_timeout=settings.redis.socket_timeout_s,
+            socket_connect_timeout=settings.redis.socket_timeout_s, decode_responses=False)
+        self._functions = Functions(self.client)
+
+    def producer(self) -> RedisStreamsProducer:
+        """A new producer."""
+        return RedisStreamsProducer(self.client, self._keys, self._functions,
+                                    self._settings.max_message_bytes, self._settings.redis.max_len)
+
+    def consumer(
+        self,
+        group: str,
+        topics: Sequence[str],
+        *,
+        listener: RebalanceListener | None = None,
+        member_id: str | None = None,
+    ) -> RedisStreamsConsumer:
+        """A new member of ``group``."""
+        return RedisStreamsConsumer(self.client, self._keys, self._functions, self._settings.redis,
+                                    group, topics, listener=listener, member_id=member_id)
+
+    def admin(self) -> RedisStreamsAdmin:
+        """A new admin client."""
+        return RedisStreamsAdmin(self.client, self._keys, self._settings.redis.max_len)
+
+    async def close(self) -> None:
+        """Close the shared connection pool."""
+        await self.client.aclose()

@@ -1,0 +1,89 @@
+"""Shared fixtures: real services found by URL, skipped locally when absent, required in CI."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from urllib.parse import urlparse
+
+import pytest
+
+from pipeline.config import Settings, load_settings
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (under CI=true) when a service does not answer."""
+    if _reachable(host, port):
+        return
+    message = f"{name} is not reachable on {host}:{port}; start it with `make services`"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def test_settings(**overrides: object) -> Settings:
+    """Settings for tests: the environment's service URLs with fast group timings."""
+    base = load_settings()
+    kafka = {"bootstrap_servers": base.kafka.bootstrap_servers, "session_timeout_ms": 3000,
+             "request_timeout_ms": 5000}
+    redis = {"url": base.redis.url, "heartbeat_ms": 100, "lease_ms": 1500}
+    return load_settings(kafka=kafka, redis=redis, **overrides)
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    """Test settings (see :func:`test_settings`)."""
+    return test_settings()
+
+
+@pytest.fixture
+def redis_service(settings: Settings) -> str:
+    """The Redis URL, once Redis answers."""
+    url = urlparse(settings.redis.url)
+    require_service("redis", url.hostname or "127.0.0.1", url.port or 6379)
+    return settings.redis.url
+
+
+@pytest.fixture
+def kafka_service(settings: Settings) -> str:
+    """The Kafka bootstrap servers, once the broker answers."""
+    host, _, port = settings.kafka.bootstrap_servers.split(",")[0].rpartition(":")
+    require_service("kafka", host, int(port))
+    return settings.kafka.bootstrap_servers
+
+
+@pytest.fixture
+def postgres_service(settings: Settings) -> str:
+    """The PostgreSQL URL, once the server answers."""
+    url = urlparse(settings.postgres.url)
+    require_service("postgres", url.hostname or "127.0.0.1", url.port or 5432)
+    return settings.postgres.url
+
+
+@pytest.fixture(params=["kafka", "redis"])
+async def transport(request: pytest.FixtureRequest, settings: Settings) -> AsyncIterator[Transport]:
+    """Each real transport in turn, for contract tests."""
+    request.getfixturevalue(f"{request.param}_service")
+    t = create_transport(settings, request.param)
+    yield t
+    await t.close()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topic, group and key names."""
+    return uuid.uuid4().hex[:10]

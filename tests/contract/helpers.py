@@ -1,0 +1,52 @@
+"""Helpers shared by the transport contract tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.transport.protocol import Consumer, TopicConfig, Transport
+
+
+async def make_topic(transport: Transport, name: str, partitions: int) -> None:
+    """Create a fresh topic for one test."""
+    await transport.admin().create_topic(TopicConfig(name, partitions))
+
+
+async def consume_until(
+    consumer: Consumer,
+    done: Callable[[list[Message]], bool],
+    *,
+    timeout_s: float = 60.0,
+    commit: bool = True,
+) -> list[Message]:
+    """Poll until ``done(received)`` holds, committing each batch; fail after ``timeout_s``."""
+    received: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while not done(received):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met after {timeout_s}s; got {len(received)} msgs")
+        batch = await consumer.poll(500, 0.5)
+        received += batch
+        if commit and batch:
+            await consumer.commit(positions_after(batch))
+    return received
+
+
+def positions_after(batch: list[Message]) -> list[Position]:
+    """The commit positions just past the last message of each partition in ``batch``."""
+    last: dict[TopicPartition, int] = {}
+    for msg in batch:
+        last[msg.tp] = max(last.get(msg.tp, -1), msg.offset)
+    return [Position(tp, offset + 1) for tp, offset in last.items()]
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
+    """Re-check ``predicate`` until it is true; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met after {timeout_s}s")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,65 @@
+"""A group member in its own process, so tests can kill -9 it.
+
+Usage: python member_proc.py TRANSPORT GROUP TOPIC MODE
+  MODE=commit: print each message as a JSON line, then commit it (before the next poll).
+  MODE=hold:   consume until EXPECT (env) messages arrived, commit the first half of every
+               partition, print "holding" and wait to be killed.
+Settings come from the environment (PIPELINE_*), as for any pipeline process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conftest import test_settings  # noqa: E402
+from contract.helpers import positions_after  # noqa: E402
+
+from pipeline.envelope import Position  # noqa: E402
+from pipeline.transport import create_transport  # noqa: E402
+
+
+def emit(obj: object) -> None:
+    """One JSON line on stdout, flushed at once so the parent sees it before a kill."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def main(transport_name: str, group: str, topic: str, mode: str) -> None:
+    """Run the member until killed."""
+    transport = create_transport(test_settings(), transport_name)
+    consumer = transport.consumer(group, [topic])
+    received = []
+    expect = int(os.environ.get("EXPECT", "0"))
+    while True:
+        batch = await consumer.poll(100, 0.5)
+        if mode == "commit":
+            for msg in batch:
+                emit({"p": msg.partition, "o": msg.offset})
+            if batch:
+                await consumer.commit(positions_after(batch))
+            continue
+        received += batch
+        if len(received) >= expect:
+            break
+    by_partition: dict[int, list[int]] = {}
+    for msg in received:
+        by_partition.setdefault(msg.partition, []).append(msg.offset)
+    committed = {}
+    positions = []
+    for partition, offsets in by_partition.items():
+        half = sorted(offsets)[len(offsets) // 2]
+        committed[partition] = half
+        positions.append(Position(received[0].tp.__class__(topic, partition), half))
+    await consumer.commit(positions)
+    emit({"holding": committed})
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:5]))

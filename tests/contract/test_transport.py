@@ -1,0 +1,288 @@
+"""One contract suite, run against every transport on its real broker (Kafka and Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from contract.helpers import consume_until, make_topic, wait_for
+
+from pipeline.config import Settings
+from pipeline.envelope import Delivered, Message, TopicPartition
+from pipeline.errors import BrokerUnavailable, MessageTooLarge, UnknownTopic
+from pipeline.transport import create_transport
+from pipeline.transport.partitioner import partition_for
+from pipeline.transport.protocol import Consumer, TopicConfig, Transport
+
+MEMBER = Path(__file__).with_name("member_proc.py")
+
+
+async def produce_keyed(
+    transport: Transport, topic: str, n: int, keys: int
+) -> list[tuple[bytes, bytes, Delivered]]:
+    """Produce ``n`` messages over ``keys`` keys; returns (key, value, receipt) in produce order."""
+    producer = transport.producer()
+    sent = [(f"key-{i % keys}".encode(), f"{i}".encode()) for i in range(n)]
+    receipts = await asyncio.gather(*(producer.send(topic, v, key=k) for k, v in sent))
+    await producer.close()
+    return [(k, v, d) for (k, v), d in zip(sent, receipts, strict=True)]
+
+
+async def test_keyed_messages_land_on_the_java_partition(transport: Transport, unique: str) -> None:
+    """Each keyed message lands on toPositive(murmur2(key)) % partitions, as a Java client would."""
+    topic = f"t-{unique}"
+    await make_topic(transport, topic, 7)
+    producer = transport.producer()
+    for i in range(40):
+        key = f"customer-{i}".encode()
+        delivered = await producer.send(topic, b"x", key=key)
+        assert delivered.partition == partition_for(key, 7)
+        assert delivered.topic == topic
+    await producer.close()
+
+
+async def test_per_key_order_is_kept(transport: Transport, unique: str) -> None:
+    """Messages of one key are consumed in the order they were produced."""
+    topic = f"t-{unique}"
+    await make_topic(transport, topic, 4)
+    sent = await produce_keyed(transport, topic, 400, keys=25)
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    got = await consume_until(consumer, lambda r: len(r) >= len(sent))
+    await consumer.close()
+    by_key: dict[bytes | None, list[bytes]] = defaultdict(list)
+    offsets: dict[int, list[int]] = defaultdict(list)
+    for msg in got:
+        by_key[msg.key].append(msg.value)
+        offsets[msg.partition].append(msg.offset)
+    expected: dict[bytes, list[bytes]] = defaultdict(list)
+    for key, value, _ in sent:
+        expected[key].append(value)
+    assert by_key == expected
+    assert all(o == sorted(o) for o in offsets.values())
+
+
+async def test_two_members_split_the_partitions(transport: Transport, unique: str) -> None:
+    """A group of two shares the partitions: disjoint assignments that cover every partition."""
+    topic, group = f"t-{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 6)
+    await produce_keyed(transport, topic, 300, keys=60)
+    a = transport.consumer(group, [topic])
+    b = transport.consumer(group, [topic])
+    received: dict[str, list[Message]] = {"a": [], "b": []}
+
+    async def both_hold_partitions() -> bool:
+        received["a"] += await a.poll(100, 0.2)
+        received["b"] += await b.poll(100, 0.2)
+        return bool(a.assignment()) and bool(b.assignment()) and (
+            len(a.assignment() | b.assignment()) == 6)
+
+    await wait_for(both_hold_partitions, timeout_s=60)
+    assert not a.assignment() & b.assignment()
+    assert {tp.partition for tp in a.assignment() | b.assignment()} == set(range(6))
+    await a.close()
+    await b.close()
+
+
+def _member(transport: Transport, group: str, topic: str, mode: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(MEMBER), transport.name, group, topic, mode],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, **env},
+    )
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """kill -9 the member if it still runs, and close its pipe."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
+async def _read_line(proc: subprocess.Popen[str]) -> dict[str, object]:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 90)
+    assert line, f"member exited early with {proc.poll()}"
+    return json.loads(line)
+
+
+async def test_killed_member_is_replaced_and_nothing_is_lost(
+    transport: Transport, unique: str
+) -> None:
+    """After kill -9 of one member the other takes over and every message arrives at least once."""
+    topic, group = f"t-{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 4)
+    victim = _member(transport, group, topic, "commit")
+    survivor = transport.consumer(group, [topic])
+    try:
+        # Both members must hold partitions before the load, so the victim really has work.
+        await wait_for(lambda: _polls_until_assigned(survivor), timeout_s=60)
+        sent = await produce_keyed(transport, topic, 600, keys=40)
+        produced = {(d.partition, d.offset) for _, _, d in sent}
+        seen_by_victim: set[tuple[int, int]] = set()
+        first = await _read_line(victim)
+        seen_by_victim.add((int(first["p"]), int(first["o"])))
+        victim.send_signal(signal.SIGKILL)
+        rest, _ = await asyncio.to_thread(victim.communicate)
+        for line in rest.splitlines():
+            row = json.loads(line)
+            seen_by_victim.add((row["p"], row["o"]))
+        # Messages produced after the kill can only reach the survivor once it has taken over.
+        later = await produce_keyed(transport, topic, 200, keys=40)
+        produced |= {(d.partition, d.offset) for _, _, d in later}
+        got = await consume_until(
+            survivor,
+            lambda r: seen_by_victim | {(m.partition, m.offset) for m in r} >= produced,
+            timeout_s=90,
+        )
+        assert survivor.assignment() == {TopicPartition(topic, p) for p in range(4)}
+        assert {(m.partition, m.offset) for m in got} | seen_by_victim == produced
+    finally:
+        _reap(victim)
+        await survivor.close()
+
+
+async def _polls_until_assigned(consumer: Consumer) -> bool:
+    await consumer.poll(10, 0.2)
+    return 0 < len(consumer.assignment()) < 4  # noqa: PLR2004 - shared with the other member
+
+
+async def test_uncommitted_messages_are_redelivered_after_a_crash(
+    transport: Transport, unique: str
+) -> None:
+    """A crashed member's committed messages are not redelivered and all the others are."""
+    topic, group = f"t-{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 3)
+    sent = await produce_keyed(transport, topic, 300, keys=30)
+    produced = {(d.partition, d.offset) for _, _, d in sent}
+    victim = _member(transport, group, topic, "hold", EXPECT=str(len(sent)))
+    try:
+        holding = await _read_line(victim)
+        committed = {int(p): o for p, o in holding["holding"].items()}  # type: ignore[union-attr]
+    finally:
+        _reap(victim)
+    expected = {(p, o) for p, o in produced if o >= committed[p]}
+    successor = transport.consumer(group, [topic])
+    got = await consume_until(
+        successor, lambda r: {(m.partition, m.offset) for m in r} >= expected, timeout_s=90)
+    await successor.close()
+    assert {(m.partition, m.offset) for m in got} == expected
+    if transport.name == "redis":
+        assert all(m.delivery_count == 2 for m in got), "reclaimed entries count both deliveries"
+
+
+async def test_pause_and_resume(transport: Transport, unique: str) -> None:
+    """A paused partition yields nothing until it is resumed; the others keep flowing."""
+    topic = f"t-{unique}"
+    await make_topic(transport, topic, 2)
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    await wait_for(lambda: _polls_until_owning(consumer, 2), timeout_s=60)
+    paused = TopicPartition(topic, 0)
+    consumer.pause([paused])
+    producer = transport.producer()
+    for p in (0, 1):
+        for i in range(20):
+            await producer.send(topic, f"{p}-{i}".encode(), partition=p)
+    await producer.close()
+    flowing = await consume_until(consumer, lambda r: len(r) >= 20)  # noqa: PLR2004
+    assert {m.partition for m in flowing} == {1}
+    consumer.resume([paused])
+    resumed = await consume_until(consumer, lambda r: len(r) >= 20)  # noqa: PLR2004
+    assert {m.partition for m in resumed} == {0}
+    assert [m.value for m in resumed] == [f"0-{i}".encode() for i in range(20)]
+    await consumer.close()
+
+
+async def _polls_until_owning(consumer: Consumer, n: int) -> bool:
+    await consumer.poll(10, 0.2)
+    return len(consumer.assignment()) == n
+
+
+async def test_headers_and_a_one_mebibyte_payload_survive(transport: Transport, unique: str) -> None:
+    """A 1 MiB value and its headers come back byte for byte."""
+    topic = f"t-{unique}"
+    await make_topic(transport, topic, 1)
+    value = os.urandom(1_048_576)
+    headers = {"tenant": b"acme", "event-id": b"evt-1", "binary": bytes(range(256))}
+    producer = transport.producer()
+    await producer.send(topic, value, key=b"k", headers=headers)
+    await producer.close()
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    (msg,) = await consume_until(consumer, lambda r: len(r) >= 1)
+    await consumer.close()
+    assert msg.value == value
+    assert msg.headers == headers
+    assert msg.key == b"k"
+    assert msg.timestamp_ms > 0
+
+
+async def test_oversized_message_is_refused(transport: Transport, unique: str) -> None:
+    """A message above max_message_bytes fails with MessageTooLarge."""
+    topic = f"t-{unique}"
+    await make_topic(transport, topic, 1)
+    producer = transport.producer()
+    with pytest.raises(MessageTooLarge, match="exceeds max_message_bytes"):
+        await producer.send(topic, b"x" * 3_000_000)
+    await producer.close()
+
+
+async def test_unknown_topic_is_a_clear_error(transport: Transport, unique: str) -> None:
+    """Producing to or consuming from an undeclared topic raises UnknownTopic."""
+    producer = transport.producer()
+    with pytest.raises(UnknownTopic, match="topics apply"):
+        await producer.send(f"missing-{unique}", b"x")
+    await producer.close()
+    consumer = transport.consumer(f"g-{unique}", [f"missing-{unique}"])
+    with pytest.raises(UnknownTopic):
+        for _ in range(20):
+            await consumer.poll(1, 0.5)
+    await consumer.close()
+
+
+async def test_unreachable_broker_fails_fast(settings: Settings, request: pytest.FixtureRequest,
+                                             transport: Transport) -> None:
+    """A broker that does not answer gives BrokerUnavailable within the request timeout."""
+    dead = settings.model_copy(update={
+        "kafka": settings.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:1",
+                                                   "request_timeout_ms": 1000}),
+        "redis": settings.redis.model_copy(update={"url": "redis://127.0.0.1:1/0",
+                                                   "socket_timeout_s": 1.0}),
+    })
+    broken = create_transport(dead, transport.name)
+    producer = broken.producer()
+    with pytest.raises(BrokerUnavailable):
+        await asyncio.wait_for(producer.send("anything", b"x"), 30)
+    await broken.close()
+
+
+async def test_admin_reports_topics_and_group_lag(transport: Transport, unique: str) -> None:
+    """Admin lists partitions and counts, grows partitions and reports lag and oldest age."""
+    topic, group = f"t-{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 2)
+    admin = transport.admin()
+    sent = await produce_keyed(transport, topic, 50, keys=10)
+    info = (await admin.list_topics())[topic]
+    assert info.partitions == 2
+    assert info.message_count == 50
+    lag = await admin.group_lag(group, topic)
+    assert sum(p.lag for p in lag) == 50
+    first_ts = {p.tp: p.oldest_unconsumed_ms for p in lag if p.end}
+    assert all(ts is not None and ts > 0 for ts in first_ts.values())
+    consumer = transport.consumer(group, [topic])
+    await consume_until(consumer, lambda r: len(r) >= len(sent))
+    await consumer.close()
+    lag = await admin.group_lag(group, topic)
+    assert sum(p.lag for p in lag) == 0
+    assert all(p.oldest_unconsumed_ms is None for p in lag)
+    await admin.update_topic(TopicConfig(topic, 3, retention_ms=3_600_000))
+    grown = (await admin.list_topics())[topic]
+    assert grown.partitions == 3
+    assert grown.retention_ms == 3_600_000
+    await admin.delete_topic(topic)
+    assert topic not in await admin.list_topics()
