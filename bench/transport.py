@@ -158,9 +158,12 @@ async def _join(consumer: Consumer) -> None:
 
 async def _produce_ours(producer: Producer, topic: str, n: int) -> None:
     for start in range(0, n, WINDOW):
-        await asyncio.gather(*(
-            producer.send(topic, VALUE, key=_key(i)) for i in range(start, min(n, start + WINDOW))
-        ))
+        await asyncio.gather(
+            *(
+                producer.send(topic, VALUE, key=_key(i))
+                for i in range(start, min(n, start + WINDOW))
+            )
+        )
 
 
 async def _consume_ours(consumer: Consumer, n: int) -> None:
@@ -244,8 +247,12 @@ class KafkaBench:
         deadline = time.monotonic() + PHASE_TIMEOUT_S
         while time.monotonic() < deadline:
             found = self._raw_admin.list_topics(topic, PROBE_TIMEOUT_S).topics.get(topic)
-            if (found is not None and found.error is None and len(found.partitions) == PARTITIONS
-                    and all(p.leader >= 0 for p in found.partitions.values())):
+            if (
+                found is not None
+                and found.error is None
+                and len(found.partitions) == PARTITIONS
+                and all(p.leader >= 0 for p in found.partitions.values())
+            ):
                 return
             time.sleep(0.05)
         raise BenchError(f"topic {topic} has no leaders")
@@ -253,12 +260,14 @@ class KafkaBench:
     async def ours(self, n: int) -> Run:
         """Our producer and consumer."""
         return await self._with_topic(
-            lambda topic, group: run_ours(self._transport, topic, group, n))
+            lambda topic, group: run_ours(self._transport, topic, group, n)
+        )
 
     async def raw(self, n: int) -> Run:
         """confluent-kafka directly (blocking; run on a worker thread)."""
         return await self._with_topic(
-            lambda topic, group: asyncio.to_thread(self._raw_sync, topic, group, n))
+            lambda topic, group: asyncio.to_thread(self._raw_sync, topic, group, n)
+        )
 
     def _raw_sync(self, topic: str, group: str, n: int) -> Run:
         failed: list[Any] = []
@@ -267,21 +276,25 @@ class KafkaBench:
             if err is not None:
                 failed.append(err)
 
-        producer = RawKafkaProducer({
-            "bootstrap.servers": self._bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "partitioner": "murmur2_random",
-            "on_delivery": on_delivery,
-        })
-        consumer = RawKafkaConsumer({
-            "bootstrap.servers": self._bootstrap,
-            "group.id": group,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-        })
+        producer = RawKafkaProducer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+                "partitioner": "murmur2_random",
+                "on_delivery": on_delivery,
+            }
+        )
+        consumer = RawKafkaConsumer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            }
+        )
         try:
             _raw_join(consumer, topic)
             clock = Clock()
@@ -331,7 +344,8 @@ def _raw_consume(consumer: RawKafkaConsumer, topic: str, n: int) -> None:
         if last:
             consumer.commit(
                 offsets=[RawTopicPartition(topic, p, o + 1) for p, o in last.items()],
-                asynchronous=False)
+                asynchronous=False,
+            )
         received += len(batch)
         if not batch and time.monotonic() > deadline:
             raise BenchError(f"raw kafka: received {received} of {n} messages")
@@ -351,8 +365,9 @@ class RedisBench:
         self._url = settings.redis.url
         self._keys = Keys(settings.redis.key_prefix)
         self._transport = create_transport(settings, "redis")
-        self._client = Redis.from_url(self._url, socket_connect_timeout=PROBE_TIMEOUT_S,
-                                      socket_timeout=PHASE_TIMEOUT_S)
+        self._client = Redis.from_url(
+            self._url, socket_connect_timeout=PROBE_TIMEOUT_S, socket_timeout=PHASE_TIMEOUT_S
+        )
 
     async def probe(self) -> None:
         """Raise BenchError if Redis cannot be reached."""
@@ -360,7 +375,8 @@ class RedisBench:
             await self._client.ping()
         except (redis_errors.RedisError, OSError) as exc:
             raise BenchError(
-                f"Redis unreachable at {self._url} (PIPELINE_REDIS__URL): {exc}") from exc
+                f"Redis unreachable at {self._url} (PIPELINE_REDIS__URL): {exc}"
+            ) from exc
 
     async def ours(self, n: int) -> Run:
         """Our producer and consumer on a fresh topic, deleted afterwards with its group keys."""
@@ -372,8 +388,9 @@ class RedisBench:
         finally:
             await admin.delete_topic(topic)
             await admin.close()
-            await self._client.delete(self._keys.members(group), self._keys.owners(group),
-                                      self._keys.positions(group))
+            await self._client.delete(
+                self._keys.members(group), self._keys.owners(group), self._keys.positions(group)
+            )
 
     async def raw(self, n: int) -> Run:
         """Pipelined XADD, then XREADGROUP + XACK, on uuid-named streams deleted afterwards."""
@@ -399,7 +416,8 @@ class RedisBench:
             block_ms = int(POLL_TIMEOUT_S * 1000)
             while received < n:
                 reply: Any = await client.xreadgroup(
-                    group, member, dict.fromkeys(streams, ">"), count=POLL_MAX, block=block_ms)
+                    group, member, dict.fromkeys(streams, ">"), count=POLL_MAX, block=block_ms
+                )
                 if not reply:
                     if time.monotonic() > deadline:
                         raise BenchError(f"raw redis: received {received} of {n} messages")
@@ -450,8 +468,12 @@ async def bench_pairs(bench: KafkaBench | RedisBench, pairs: int, messages: int)
     for i in range(pairs):
         ours.append(await bench.ours(messages))
         raw.append(await bench.raw(messages))
-        print(f"  {bench.name} pair {i + 1}/{pairs}: ours {ours[-1].msgs_s:,.0f} msgs/s, "
-              f"raw {raw[-1].msgs_s:,.0f} msgs/s", file=sys.stderr, flush=True)
+        print(
+            f"  {bench.name} pair {i + 1}/{pairs}: ours {ours[-1].msgs_s:,.0f} msgs/s, "
+            f"raw {raw[-1].msgs_s:,.0f} msgs/s",
+            file=sys.stderr,
+            flush=True,
+        )
     return Result(bench.name, ours, raw)
 
 
@@ -459,25 +481,46 @@ def _median(runs: Sequence[Run], metric: Callable[[Run], float]) -> float:
     return statistics.median(metric(r) for r in runs)
 
 
+_COLUMNS = (
+    "ours",
+    "raw",
+    "ratio",
+    "prod ours",
+    "prod raw",
+    "cons ours",
+    "cons raw",
+    "cpu ours",
+    "cpu raw",
+)
+
+
+def _row(label: str, ours: Sequence[Run], raw: Sequence[Run], ratio: float) -> str:
+    cells = [
+        f"{_median(ours, lambda r: r.msgs_s):,.0f}",
+        f"{_median(raw, lambda r: r.msgs_s):,.0f}",
+        f"{ratio:.2f}",
+        f"{_median(ours, lambda r: r.messages / r.produce_s):,.0f}",
+        f"{_median(raw, lambda r: r.messages / r.produce_s):,.0f}",
+        f"{_median(ours, lambda r: r.messages / r.consume_s):,.0f}",
+        f"{_median(raw, lambda r: r.messages / r.consume_s):,.0f}",
+        f"{_median(ours, lambda r: r.cpu_per_10k):.2f}",
+        f"{_median(raw, lambda r: r.cpu_per_10k):.2f}",
+    ]
+    return f"{label:>6}" + "".join(f"{cell:>10}" for cell in cells)
+
+
 def print_table(result: Result) -> None:
-    """A small human-readable table of one transport's pairs."""
-    print(f"\n{result.transport}: produce+consume of 1 KiB messages (msgs/s)")
-    print(f"{'pair':>6} {'ours':>10} {'raw':>10} {'ratio':>7}   "
-          f"{'produce o/r':>17} {'consume o/r':>17} {'CPU-s/10k o/r':>14}")
+    """A small human-readable table of one transport's pairs.
+
+    ``ours``/``raw``: end-to-end msgs/s; ``prod``/``cons``: msgs/s of each phase alone;
+    ``cpu``: process CPU-seconds per 10k messages.
+    """
+    print(f"\n{result.transport}: produce+consume, {result.ours[0].messages:,} x 1 KiB messages")
+    print(f"{'pair':>6}" + "".join(f"{col:>10}" for col in _COLUMNS))
     rows = zip(result.ours, result.raw, result.ratios, strict=True)
-    for i, (o, r, ratio) in enumerate(rows, 1):
-        print(f"{i:>6} {o.msgs_s:>10,.0f} {r.msgs_s:>10,.0f} {ratio:>7.2f}   "
-              f"{o.messages / o.produce_s:>8,.0f}/{r.messages / r.produce_s:<8,.0f} "
-              f"{o.messages / o.consume_s:>8,.0f}/{r.messages / r.consume_s:<8,.0f} "
-              f"{o.cpu_per_10k:>6.2f}/{r.cpu_per_10k:<6.2f}")
-    print(f"{'median':>6} {_median(result.ours, lambda r: r.msgs_s):>10,.0f} "
-          f"{_median(result.raw, lambda r: r.msgs_s):>10,.0f} {result.ratio:>7.2f}   "
-          f"{_median(result.ours, lambda r: r.messages / r.produce_s):>8,.0f}/"
-          f"{_median(result.raw, lambda r: r.messages / r.produce_s):<8,.0f} "
-          f"{_median(result.ours, lambda r: r.messages / r.consume_s):>8,.0f}/"
-          f"{_median(result.raw, lambda r: r.messages / r.consume_s):<8,.0f} "
-          f"{_median(result.ours, lambda r: r.cpu_per_10k):>6.2f}/"
-          f"{_median(result.raw, lambda r: r.cpu_per_10k):<6.2f}")
+    for i, (ours, raw, ratio) in enumerate(rows, 1):
+        print(_row(str(i), [ours], [raw], ratio))
+    print(_row("median", result.ours, result.raw, result.ratio))
 
 
 def summary(results: Sequence[Result], pairs: int, messages: int) -> dict[str, Any]:
@@ -491,8 +534,12 @@ def summary(results: Sequence[Result], pairs: int, messages: int) -> dict[str, A
         out[f"{t}_raw_msgs_s"] = round(_median(res.raw, lambda r: r.msgs_s))
         out[f"{t}_ours_cpu_s_per_10k"] = round(_median(res.ours, lambda r: r.cpu_per_10k), 3)
         out[f"{t}_raw_cpu_s_per_10k"] = round(_median(res.raw, lambda r: r.cpu_per_10k), 3)
-    out |= {"pairs": pairs, "messages": messages, "message_bytes": len(VALUE),
-            "partitions": PARTITIONS}
+    out |= {
+        "pairs": pairs,
+        "messages": messages,
+        "message_bytes": len(VALUE),
+        "partitions": PARTITIONS,
+    }
     return out
 
 
@@ -503,7 +550,8 @@ async def run(transports: Sequence[str], pairs: int, messages: int) -> list[Resu
     try:
         for name in transports:
             bench: KafkaBench | RedisBench = (
-                KafkaBench(settings) if name == "kafka" else RedisBench(settings))
+                KafkaBench(settings) if name == "kafka" else RedisBench(settings)
+            )
             benches.append(bench)
             await bench.probe()
         return [await bench_pairs(bench, pairs, messages) for bench in benches]
@@ -524,8 +572,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--transport", choices=["kafka", "redis", "both"], default="both")
     parser.add_argument("--pairs", type=_positive, default=3, help="interleaved (ours, raw) pairs")
-    parser.add_argument("--messages", type=_positive, default=20_000,
-                        help="messages per run (each side)")
+    parser.add_argument(
+        "--messages", type=_positive, default=20_000, help="messages per run (each side)"
+    )
     args = parser.parse_args(argv)
     transports = ["kafka", "redis"] if args.transport == "both" else [args.transport]
     try:

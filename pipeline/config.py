@@ -53,7 +53,9 @@ class RedisSettings(_Section):
 class KafkaSettings(_Section):
     """Kafka connection; ``client`` passes further librdkafka properties through."""
 
-    bootstrap_servers: str = Field(default="127.0.0.1:9092", pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$")
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092", pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$"
+    )
     client_id: str = "pipeline"
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     request_timeout_ms: int = Field(default=10_000, ge=100)

@@ -38,8 +38,11 @@ def require_service(name: str, host: str, port: int) -> None:
 def test_settings(**overrides: object) -> Settings:
     """Settings for tests: the environment's service URLs with fast group timings."""
     base = load_settings()
-    kafka = {"bootstrap_servers": base.kafka.bootstrap_servers, "session_timeout_ms": 3000,
-             "request_timeout_ms": 5000}
+    kafka = {
+        "bootstrap_servers": base.kafka.bootstrap_servers,
+        "session_timeout_ms": 3000,
+        "request_timeout_ms": 5000,
+    }
     redis = {"url": base.redis.url, "heartbeat_ms": 100, "lease_ms": 1500}
     return load_settings(kafka=kafka, redis=redis, **overrides)
 

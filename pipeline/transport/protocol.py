@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pipeline.envelope import Delivered, Message, Position, TopicPartition
 
@@ -73,6 +73,9 @@ class PartitionLag:
     def lag(self) -> int:
         """Messages produced but not yet committed by the group."""
         return self.end - (self.committed or 0)
+
+
+StartAt = Literal["earliest", "latest"]
 
 
 class RebalanceListener(Protocol):
@@ -180,6 +183,10 @@ class Admin(Protocol):
         """The group's position, lag and oldest unconsumed timestamp per partition."""
         ...
 
+    async def delete_group(self, group: str, topics: Sequence[str]) -> None:
+        """Forget a consumer group that has no members left (its positions on ``topics``)."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...
@@ -201,8 +208,13 @@ class Transport(Protocol):
         *,
         listener: RebalanceListener | None = None,
         member_id: str | None = None,
+        start_at: StartAt = "earliest",
     ) -> Consumer:
-        """A new member of ``group`` subscribed to ``topics``."""
+        """A new member of ``group`` subscribed to ``topics``.
+
+        ``start_at`` says where a group with no committed position starts reading: the oldest
+        retained message (``earliest``) or only messages produced from now on (``latest``).
+        """
         ...
 
     def admin(self) -> Admin:

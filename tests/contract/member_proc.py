@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conftest import test_settings  # noqa: E402
-from contract.helpers import positions_after  # noqa: E402
+from conftest import test_settings
+from contract.helpers import positions_after
 
-from pipeline.envelope import Position  # noqa: E402
-from pipeline.transport import create_transport  # noqa: E402
+from pipeline.envelope import Position
+from pipeline.transport import create_transport
 
 
 def emit(obj: object) -> None:

@@ -80,8 +80,11 @@ async def test_two_members_split_the_partitions(transport: Transport, unique: st
     async def both_hold_partitions() -> bool:
         received["a"] += await a.poll(100, 0.2)
         received["b"] += await b.poll(100, 0.2)
-        return bool(a.assignment()) and bool(b.assignment()) and (
-            len(a.assignment() | b.assignment()) == 6)
+        return (
+            bool(a.assignment())
+            and bool(b.assignment())
+            and (len(a.assignment() | b.assignment()) == 6)
+        )
 
     await wait_for(both_hold_partitions, timeout_s=60)
     assert not a.assignment() & b.assignment()
@@ -90,15 +93,19 @@ async def test_two_members_split_the_partitions(transport: Transport, unique: st
     await b.close()
 
 
-def _member(transport: Transport, group: str, topic: str, mode: str, **env: str) -> subprocess.Popen[str]:
+def _member(
+    transport: Transport, group: str, topic: str, mode: str, **env: str
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(MEMBER), transport.name, group, topic, mode],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
     )
 
 
 def _reap(proc: subprocess.Popen[str]) -> None:
-    """kill -9 the member if it still runs, and close its pipe."""
+    """Kill -9 the member if it still runs, and close its pipe."""
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     if proc.stdout:
@@ -150,7 +157,7 @@ async def test_killed_member_is_replaced_and_nothing_is_lost(
 
 async def _polls_until_assigned(consumer: Consumer) -> bool:
     await consumer.poll(10, 0.2)
-    return 0 < len(consumer.assignment()) < 4  # noqa: PLR2004 - shared with the other member
+    return 0 < len(consumer.assignment()) < 4
 
 
 async def test_uncommitted_messages_are_redelivered_after_a_crash(
@@ -170,7 +177,8 @@ async def test_uncommitted_messages_are_redelivered_after_a_crash(
     expected = {(p, o) for p, o in produced if o >= committed[p]}
     successor = transport.consumer(group, [topic])
     got = await consume_until(
-        successor, lambda r: {(m.partition, m.offset) for m in r} >= expected, timeout_s=90)
+        successor, lambda r: {(m.partition, m.offset) for m in r} >= expected, timeout_s=90
+    )
     await successor.close()
     assert {(m.partition, m.offset) for m in got} == expected
     if transport.name == "redis":
@@ -190,10 +198,10 @@ async def test_pause_and_resume(transport: Transport, unique: str) -> None:
         for i in range(20):
             await producer.send(topic, f"{p}-{i}".encode(), partition=p)
     await producer.close()
-    flowing = await consume_until(consumer, lambda r: len(r) >= 20)  # noqa: PLR2004
+    flowing = await consume_until(consumer, lambda r: len(r) >= 20)
     assert {m.partition for m in flowing} == {1}
     consumer.resume([paused])
-    resumed = await consume_until(consumer, lambda r: len(r) >= 20)  # noqa: PLR2004
+    resumed = await consume_until(consumer, lambda r: len(r) >= 20)
     assert {m.partition for m in resumed} == {0}
     assert [m.value for m in resumed] == [f"0-{i}".encode() for i in range(20)]
     await consumer.close()
@@ -204,7 +212,9 @@ async def _polls_until_owning(consumer: Consumer, n: int) -> bool:
     return len(consumer.assignment()) == n
 
 
-async def test_headers_and_a_one_mebibyte_payload_survive(transport: Transport, unique: str) -> None:
+async def test_headers_and_a_one_mebibyte_payload_survive(
+    transport: Transport, unique: str
+) -> None:
     """A 1 MiB value and its headers come back byte for byte."""
     topic = f"t-{unique}"
     await make_topic(transport, topic, 1)
@@ -240,20 +250,29 @@ async def test_unknown_topic_is_a_clear_error(transport: Transport, unique: str)
     await producer.close()
     consumer = transport.consumer(f"g-{unique}", [f"missing-{unique}"])
     with pytest.raises(UnknownTopic):
-        for _ in range(20):
-            await consumer.poll(1, 0.5)
+        await _poll_repeatedly(consumer, times=20)
     await consumer.close()
 
 
-async def test_unreachable_broker_fails_fast(settings: Settings, request: pytest.FixtureRequest,
-                                             transport: Transport) -> None:
+async def _poll_repeatedly(consumer: Consumer, times: int) -> None:
+    for _ in range(times):
+        await consumer.poll(1, 0.5)
+
+
+async def test_unreachable_broker_fails_fast(
+    settings: Settings, request: pytest.FixtureRequest, transport: Transport
+) -> None:
     """A broker that does not answer gives BrokerUnavailable within the request timeout."""
-    dead = settings.model_copy(update={
-        "kafka": settings.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:1",
-                                                   "request_timeout_ms": 1000}),
-        "redis": settings.redis.model_copy(update={"url": "redis://127.0.0.1:1/0",
-                                                   "socket_timeout_s": 1.0}),
-    })
+    dead = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={"bootstrap_servers": "127.0.0.1:1", "request_timeout_ms": 1000}
+            ),
+            "redis": settings.redis.model_copy(
+                update={"url": "redis://127.0.0.1:1/0", "socket_timeout_s": 1.0}
+            ),
+        }
+    )
     broken = create_transport(dead, transport.name)
     producer = broken.producer()
     with pytest.raises(BrokerUnavailable):

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
-from confluent_kafka import ConsumerGroupTopicPartitions
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as _RawTP
 from confluent_kafka.admin import (
     AdminClient,
@@ -46,13 +45,14 @@ class KafkaAdmin:
         """Create the client; no request is made until a method is called."""
         self._settings = settings
         self._timeout_s = settings.request_timeout_ms / 1000
-        self._raw = AdminClient({
+        conf: dict[str, Any] = {
             "bootstrap.servers": settings.bootstrap_servers,
             "client.id": f"{settings.client_id}-admin",
             "socket.timeout.ms": settings.request_timeout_ms,
             "logger": logging.getLogger("pipeline.librdkafka"),
             **settings.client,
-        })
+        }
+        self._raw = AdminClient(conf)
 
     async def _wait(self, future: Future[T], context: str) -> T:
         try:
@@ -61,7 +61,7 @@ class KafkaAdmin:
             raise translate(exc, context) from exc
 
     async def _offsets(self, tps: Iterable[_RawTP], spec: OffsetSpec) -> dict[TopicPartition, int]:
-        request = {tp: spec for tp in tps}
+        request = dict.fromkeys(tps, spec)
         if not request:
             return {}
         futures = self._raw.list_offsets(request, request_timeout=self._timeout_s)
@@ -98,9 +98,9 @@ class KafkaAdmin:
         if not names:
             return {}
         resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in names]
-        futures = self._raw.describe_configs(resources, request_timeout=self._timeout_s)
+        described = self._raw.describe_configs(resources, request_timeout=self._timeout_s)
         out: dict[str, int | None] = {}
-        for resource, fut in futures.items():
+        for resource, fut in described.items():
             entries = await self._wait(fut, f"describe {resource.name}")
             value = entries.get("retention.ms")
             out[resource.name] = int(value.value) if value and value.value else None
@@ -108,8 +108,12 @@ class KafkaAdmin:
 
     async def create_topic(self, config: TopicConfig) -> None:
         """Create the topic with replication factor 1 per broker default (``-1``)."""
-        topic = NewTopic(config.name, num_partitions=config.partitions,
-                         replication_factor=-1, config=_broker_configs(config))
+        topic = NewTopic(
+            config.name,
+            num_partitions=config.partitions,
+            replication_factor=-1,
+            config=_broker_configs(config),
+        )
         futures = self._raw.create_topics([topic], request_timeout=self._timeout_s)
         await self._wait(futures[config.name], f"create topic {config.name!r}")
 
@@ -126,16 +130,20 @@ class KafkaAdmin:
             )
         if config.partitions > len(current.partitions):
             futures = self._raw.create_partitions(
-                [NewPartitions(config.name, config.partitions)], request_timeout=self._timeout_s)
+                [NewPartitions(config.name, config.partitions)], request_timeout=self._timeout_s
+            )
             await self._wait(futures[config.name], f"add partitions to {config.name!r}")
         configs = _broker_configs(config)
         if configs:
-            entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-                       for k, v in configs.items()]
-            resource = ConfigResource(ConfigResource.Type.TOPIC, config.name,
-                                      incremental_configs=entries)
-            futures = self._raw.incremental_alter_configs([resource])
-            await self._wait(futures[resource], f"alter configs of {config.name!r}")
+            entries = [
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in configs.items()
+            ]
+            resource = ConfigResource(
+                ConfigResource.Type.TOPIC, config.name, incremental_configs=entries
+            )
+            altered = self._raw.incremental_alter_configs([resource])
+            await self._wait(altered[resource], f"alter configs of {config.name!r}")
 
     async def delete_topic(self, name: str) -> None:
         """Delete the topic."""
@@ -160,32 +168,37 @@ class KafkaAdmin:
         start = await self._offsets(tps, OffsetSpec.earliest())
         first_unconsumed = {
             tp: max(committed.get(tp) or 0, start[tp])
-            for tp in end if max(committed.get(tp) or 0, start[tp]) < end[tp]
+            for tp in end
+            if max(committed.get(tp) or 0, start[tp]) < end[tp]
         }
         oldest = await asyncio.to_thread(self._timestamps_at, first_unconsumed)
-        return [
-            PartitionLag(tp, committed.get(tp), end[tp], oldest.get(tp))
-            for tp in sorted(end)
-        ]
+        return [PartitionLag(tp, committed.get(tp), end[tp], oldest.get(tp)) for tp in sorted(end)]
+
+    async def delete_group(self, group: str, topics: Sequence[str]) -> None:  # noqa: ARG002
+        """Delete the group and its committed offsets (it must have no members)."""
+        futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
+        await self._wait(futures[group], f"delete group {group!r}")
 
     def _timestamps_at(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Read one message at each offset with a group-less consumer to learn its timestamp."""
         if not offsets:
             return {}
-        raw = _RawConsumer({
-            "bootstrap.servers": self._settings.bootstrap_servers,
-            "group.id": "pipeline-admin-probe",
-            "enable.auto.commit": False,
-            "logger": logging.getLogger("pipeline.librdkafka"),
-            **self._settings.client,
-        })
+        raw = _RawConsumer(
+            {
+                "bootstrap.servers": self._settings.bootstrap_servers,
+                "group.id": "pipeline-admin-probe",
+                "enable.auto.commit": False,
+                "logger": logging.getLogger("pipeline.librdkafka"),
+                **self._settings.client,
+            }
+        )
         out: dict[TopicPartition, int] = {}
         try:
             raw.assign([_RawTP(tp.topic, tp.partition, off) for tp, off in offsets.items()])
             deadline = time.monotonic() + self._timeout_s
             while len(out) < len(offsets) and time.monotonic() < deadline:
                 for msg in raw.consume(100, 0.2):
-                    tp = TopicPartition(msg.topic(), msg.partition())
+                    tp = TopicPartition(str(msg.topic()), int(msg.partition() or 0))
                     if msg.error() is None and tp not in out:
                         out[tp] = msg.timestamp()[1]
                         raw.pause([_RawTP(tp.topic, tp.partition)])  # one message is enough

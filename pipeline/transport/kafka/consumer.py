@@ -22,7 +22,7 @@ from confluent_kafka import TopicPartition as _RawTP
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.transport.kafka.errors import translate
-from pipeline.transport.protocol import RebalanceListener
+from pipeline.transport.protocol import RebalanceListener, StartAt
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,7 +32,7 @@ _FATAL_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}  # 
 
 
 def consumer_config(settings: KafkaSettings, group: str, member_id: str) -> dict[str, Any]:
-    """librdkafka properties of a group member (settings.client overrides them)."""
+    """Librdkafka properties of a group member (settings.client overrides them)."""
     return {
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": f"{settings.client_id}-{member_id}",
@@ -78,6 +78,7 @@ class KafkaConsumer:
         *,
         listener: RebalanceListener | None = None,
         member_id: str | None = None,
+        start_at: StartAt = "earliest",
     ) -> None:
         """Create the member; it joins the group on the first poll."""
         self.member_id = member_id or uuid.uuid4().hex[:12]
@@ -86,7 +87,9 @@ class KafkaConsumer:
         self._listener = listener
         self._assigned: set[TopicPartition] = set()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-consumer-{group}")
-        self._raw = _RawConsumer(consumer_config(settings, group, self.member_id))
+        self._raw = _RawConsumer(
+            {**consumer_config(settings, group, self.member_id), "auto.offset.reset": start_at}
+        )
         self._subscribed = False
         self._closed = False
 
@@ -107,7 +110,9 @@ class KafkaConsumer:
 
     def _subscribe(self) -> None:
         self._raw.subscribe(
-            self._topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+            self._topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
         self._subscribed = True
@@ -137,7 +142,8 @@ class KafkaConsumer:
     def _commit(self, positions: Sequence[Position]) -> None:
         offsets = [
             _RawTP(p.tp.topic, p.tp.partition, p.offset, p.metadata)
-            if p.metadata else _RawTP(p.tp.topic, p.tp.partition, p.offset)
+            if p.metadata
+            else _RawTP(p.tp.topic, p.tp.partition, p.offset)
             for p in positions
         ]
         try:

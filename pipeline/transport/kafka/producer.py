@@ -26,7 +26,7 @@ _Report = tuple[asyncio.Future[Delivered], KafkaError | None, Any]
 
 
 def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str, Any]:
-    """librdkafka properties of the pipeline's producer (settings.client overrides them)."""
+    """Librdkafka properties of the pipeline's producer (settings.client overrides them)."""
     return {
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": settings.client_id,
@@ -55,7 +55,9 @@ class KafkaProducer:
         self._pending: list[_Report] = []
         self._closed = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._poller = threading.Thread(target=self._poll_forever, name="kafka-producer", daemon=True)
+        self._poller = threading.Thread(
+            target=self._poll_forever, name="kafka-producer", daemon=True
+        )
         self._poller.start()
 
     def _poll_forever(self) -> None:
@@ -78,8 +80,10 @@ class KafkaProducer:
             raise translate(exc, f"produce to {topic!r}") from exc
         found = meta.topics.get(topic)
         if found is None or found.error is not None:
-            raise translate(found.error if found else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
-                            f"produce to {topic!r}")
+            raise translate(
+                found.error if found else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+                f"produce to {topic!r}",
+            )
         self._known_topics.add(topic)
 
     async def send(
@@ -92,7 +96,9 @@ class KafkaProducer:
         partition: int | None = None,
     ) -> Delivered:
         """Produce one message and wait for the broker's acknowledgement (``acks=all``)."""
-        size = len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in (headers or {}).items())
+        size = (
+            len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in (headers or {}).items())
+        )
         if size > self._max_message_bytes:
             raise MessageTooLarge(
                 f"message of {size} bytes exceeds max_message_bytes={self._max_message_bytes}"
@@ -107,8 +113,11 @@ class KafkaProducer:
             with self._lock:
                 self._pending.append((future, err, msg))
 
-        kwargs: dict[str, Any] = {"key": key, "headers": list((headers or {}).items()),
-                                  "on_delivery": on_delivery}
+        kwargs: dict[str, Any] = {
+            "key": key,
+            "headers": list((headers or {}).items()),
+            "on_delivery": on_delivery,
+        }
         if partition is not None:
             kwargs["partition"] = partition
         while True:

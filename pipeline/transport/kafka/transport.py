@@ -8,7 +8,7 @@ from pipeline.config import Settings
 from pipeline.transport.kafka.admin import KafkaAdmin
 from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.producer import KafkaProducer
-from pipeline.transport.protocol import RebalanceListener
+from pipeline.transport.protocol import RebalanceListener, StartAt
 
 
 class KafkaTransport:
@@ -31,10 +31,17 @@ class KafkaTransport:
         *,
         listener: RebalanceListener | None = None,
         member_id: str | None = None,
+        start_at: StartAt = "earliest",
     ) -> KafkaConsumer:
         """A new member of ``group``."""
-        return KafkaConsumer(self._settings.kafka, group, topics, listener=listener,
-                             member_id=member_id)
+        return KafkaConsumer(
+            self._settings.kafka,
+            group,
+            topics,
+            listener=listener,
+            member_id=member_id,
+            start_at=start_at,
+        )
 
     def admin(self) -> KafkaAdmin:
         """A new admin client."""

@@ -7,8 +7,11 @@ is kept for display only.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -42,16 +45,25 @@ async def read_meta(client: Redis, keys: Keys, topic: str, default_max_len: int)
         raise translate(exc, f"read topic {topic!r}") from exc
     if raw is None:
         raise UnknownTopic(
-            f"topic {topic!r} does not exist (declare it in topics/ and run `pipeline topics apply`)"
+            f"topic {topic!r} does not exist "
+            "(declare it in topics/ and run `pipeline topics apply`)"
         )
     data = json.loads(raw)
-    return TopicMeta(int(data["partitions"]), int(data.get("max_len") or default_max_len),
-                     data.get("retention_ms"))
+    return TopicMeta(
+        int(data["partitions"]),
+        int(data.get("max_len") or default_max_len),
+        data.get("retention_ms"),
+    )
 
 
 def _encode(config: TopicConfig, default_max_len: int) -> str:
-    return json.dumps({"partitions": config.partitions, "max_len": config.max_len or default_max_len,
-                       "retention_ms": config.retention_ms})
+    return json.dumps(
+        {
+            "partitions": config.partitions,
+            "max_len": config.max_len or default_max_len,
+            "retention_ms": config.retention_ms,
+        }
+    )
 
 
 class RedisStreamsAdmin:
@@ -66,7 +78,7 @@ class RedisStreamsAdmin:
     async def list_topics(self) -> dict[str, TopicInfo]:
         """Every declared topic with its partition count and retained message counts."""
         try:
-            raw = await self._client.hgetall(self._keys.topics)
+            raw: dict[bytes, bytes] = await self._client.hgetall(self._keys.topics)  # type: ignore[assignment]
             out = {}
             for name_b in sorted(raw):
                 name = name_b.decode()
@@ -84,7 +96,8 @@ class RedisStreamsAdmin:
         """Declare the topic; its streams appear with the first message or group."""
         try:
             created = await self._client.hsetnx(
-                self._keys.topics, config.name, _encode(config, self._default_max_len))
+                self._keys.topics, config.name, _encode(config, self._default_max_len)
+            )
         except rexc.RedisError as exc:
             raise translate(exc, f"create topic {config.name!r}") from exc
         if not created:
@@ -99,8 +112,9 @@ class RedisStreamsAdmin:
                 f"it cannot shrink to {config.partitions}"
             )
         try:
-            await self._client.hset(self._keys.topics, config.name,
-                                    _encode(config, self._default_max_len))
+            await self._client.hset(
+                self._keys.topics, config.name, _encode(config, self._default_max_len)
+            )
         except rexc.RedisError as exc:
             raise translate(exc, f"update topic {config.name!r}") from exc
 
@@ -128,14 +142,29 @@ class RedisStreamsAdmin:
                 committed = int(committed_raw) if committed_raw is not None else None
                 oldest = None
                 if (committed or 0) < end:
-                    first = await self._client.xrange(
-                        self._keys.stream(topic, p), min=entry_id(committed or 0), count=1)
+                    first: Any = await self._client.xrange(
+                        self._keys.stream(topic, p), min=entry_id(committed or 0), count=1
+                    )
                     if first:
                         oldest = int(first[0][1][b"t"])
                 out.append(PartitionLag(TopicPartition(topic, p), committed, end, oldest))
         except rexc.RedisError as exc:
             raise translate(exc, f"lag of {topic!r}") from exc
         return out
+
+    async def delete_group(self, group: str, topics: Sequence[str]) -> None:
+        """Destroy the group on every partition stream of ``topics`` and drop its state keys."""
+        try:
+            for topic in topics:
+                meta = await read_meta(self._client, self._keys, topic, self._default_max_len)
+                for p in range(meta.partitions):
+                    with contextlib.suppress(rexc.ResponseError):  # stream never created
+                        await self._client.xgroup_destroy(self._keys.stream(topic, p), group)
+            await self._client.delete(
+                self._keys.members(group), self._keys.owners(group), self._keys.positions(group)
+            )
+        except rexc.RedisError as exc:
+            raise translate(exc, f"delete group {group!r}") from exc
 
     async def close(self) -> None:
         """The client belongs to the transport; nothing to release here."""

@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 
 from pipeline.config import RedisSettings
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.transport.protocol import RebalanceListener
+from pipeline.transport.protocol import RebalanceListener, StartAt
 from pipeline.transport.redis_streams.admin import read_meta
 from pipeline.transport.redis_streams.errors import translate
 from pipeline.transport.redis_streams.functions import Functions
@@ -43,8 +43,9 @@ from pipeline.transport.redis_streams.keys import (
 log = logging.getLogger(__name__)
 
 
-def decode_entry(tp: TopicPartition, entry_id_raw: bytes, fields: dict[bytes, bytes],
-                 delivery_count: int = 1) -> Message:
+def decode_entry(
+    tp: TopicPartition, entry_id_raw: bytes, fields: dict[bytes, bytes], delivery_count: int = 1
+) -> Message:
     """Build a :class:`Message` from one stream entry."""
     headers = {k[2:].decode(): v for k, v in fields.items() if k.startswith(b"h.")}
     return Message(
@@ -73,6 +74,7 @@ class RedisStreamsConsumer:
         *,
         listener: RebalanceListener | None = None,
         member_id: str | None = None,
+        start_at: StartAt = "earliest",
     ) -> None:
         """Create the member; it joins the group on the first poll."""
         self.member_id = member_id or uuid.uuid4().hex[:12]
@@ -83,6 +85,7 @@ class RedisStreamsConsumer:
         self._group = group
         self._topics = list(topics)
         self._listener = listener
+        self._start_id = "0" if start_at == "earliest" else "$"
         self._partition_ids: list[str] = []
         self._owned: set[TopicPartition] = set()
         self._paused: set[TopicPartition] = set()
@@ -108,8 +111,12 @@ class RedisStreamsConsumer:
 
     async def _heartbeat(self) -> None:
         owned, release = await self._functions.heartbeat(
-            self._keys.members(self._group), self._keys.owners(self._group), self.member_id,
-            self._settings.lease_ms, self._partition_ids)
+            self._keys.members(self._group),
+            self._keys.owners(self._group),
+            self.member_id,
+            self._settings.lease_ms,
+            self._partition_ids,
+        )
         self._last_renewed = time.monotonic()
         target = {TopicPartition(*parse_partition_id(p)) for p in owned}
         to_release = {TopicPartition(*parse_partition_id(p)) for p in release}
@@ -147,8 +154,12 @@ class RedisStreamsConsumer:
                 self._paused.discard(tp)
         if releasing:
             await self._functions.release(
-                self._keys.members(self._group), self._keys.owners(self._group), self.member_id,
-                [partition_id(tp.topic, tp.partition) for tp in releasing], leave=False)
+                self._keys.members(self._group),
+                self._keys.owners(self._group),
+                self.member_id,
+                [partition_id(tp.topic, tp.partition) for tp in releasing],
+                leave=False,
+            )
         new = self._target_owned - self._to_release - self._owned
         if new:
             for tp in sorted(new):
@@ -162,7 +173,11 @@ class RedisStreamsConsumer:
     async def _ensure_group(self, tp: TopicPartition) -> None:
         with contextlib.suppress(rexc.ResponseError):  # BUSYGROUP: it exists already
             await self._client.xgroup_create(
-                self._keys.stream(tp.topic, tp.partition), self._group, id="0", mkstream=True)
+                self._keys.stream(tp.topic, tp.partition),
+                self._group,
+                id=self._start_id,
+                mkstream=True,
+            )
 
     # -- fetching -----------------------------------------------------------------------------
 
@@ -187,8 +202,13 @@ class RedisStreamsConsumer:
                 continue
             stream = self._keys.stream(tp.topic, tp.partition)
             cursor, entries, *_ = await self._client.xautoclaim(
-                stream, self._group, self.member_id, min_idle_time=0,
-                start_id=self._reclaim[tp], count=max_messages - len(out))
+                stream,
+                self._group,
+                self.member_id,
+                min_idle_time=0,
+                start_id=self._reclaim[tp],
+                count=max_messages - len(out),
+            )
             cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
             if cursor == "0-0":
                 del self._reclaim[tp]
@@ -204,9 +224,13 @@ class RedisStreamsConsumer:
                 out.append(msg)
         return out
 
-    async def _delivery_counts(self, stream: str, first: bytes, last: bytes, n: int) -> dict[bytes, int]:
+    async def _delivery_counts(
+        self, stream: str, first: bytes, last: bytes, n: int
+    ) -> dict[bytes, int]:
         """Delivery counts from the pending entries list (``XPENDING`` extended form)."""
-        rows = await self._client.xpending_range(stream, self._group, min=first, max=last, count=n)
+        rows: Any = await self._client.xpending_range(
+            stream, self._group, min=first, max=last, count=n
+        )
         return {row["message_id"]: int(row["times_delivered"]) for row in rows}
 
     async def _read_new(self, max_messages: int, timeout_s: float) -> list[Message]:
@@ -216,11 +240,15 @@ class RedisStreamsConsumer:
                 await asyncio.wait_for(self._changed.wait(), timeout_s)
             return []
         block_ms = max(1, int(min(timeout_s, self._settings.socket_timeout_s / 2) * 1000))
-        streams = {self._keys.stream(tp.topic, tp.partition): ">" for tp in active}
+        streams: dict[Any, Any] = {self._keys.stream(tp.topic, tp.partition): ">" for tp in active}
         by_stream = {self._keys.stream(tp.topic, tp.partition): tp for tp in active}
         reply: Any = await self._client.xreadgroup(
-            self._group, self.member_id, streams, count=max(1, max_messages // len(active)),
-            block=block_ms)
+            self._group,
+            self.member_id,
+            streams,
+            count=max(1, max_messages // len(active)),
+            block=block_ms,
+        )
         out: list[Message] = []
         for stream_raw, entries in reply or []:
             tp = by_stream[stream_raw.decode()]
@@ -245,8 +273,10 @@ class RedisStreamsConsumer:
             if ids:
                 pipe.xack(self._keys.stream(pos.tp.topic, pos.tp.partition), self._group, *ids)
             field = partition_id(pos.tp.topic, pos.tp.partition)
-            pipe.hset(self._keys.positions(self._group), mapping={
-                field: pos.offset, f"{field}:meta": pos.metadata})
+            pipe.hset(
+                self._keys.positions(self._group),
+                mapping={field: pos.offset, f"{field}:meta": pos.metadata},
+            )
         try:
             await pipe.execute()
         except rexc.RedisError as exc:
@@ -268,7 +298,8 @@ class RedisStreamsConsumer:
         """Move the group's read position of ``tp`` (``XGROUP SETID``) to ``offset``."""
         try:
             await self._client.xgroup_setid(
-                self._keys.stream(tp.topic, tp.partition), self._group, f"{offset}-0")
+                self._keys.stream(tp.topic, tp.partition), self._group, f"{offset}-0"
+            )
         except rexc.RedisError as exc:
             raise translate(exc, f"seek {tp}") from exc
         pending = self._unacked.get(tp)
@@ -291,5 +322,9 @@ class RedisStreamsConsumer:
         self._owned.clear()
         with contextlib.suppress(rexc.RedisError, OSError):
             await self._functions.release(
-                self._keys.members(self._group), self._keys.owners(self._group), self.member_id,
-                [partition_id(tp.topic, tp.partition) for tp in owned], leave=True)
+                self._keys.members(self._group),
+                self._keys.owners(self._group),
+                self.member_id,
+                [partition_id(tp.topic, tp.partition) for tp in owned],
+                leave=True,
+            )

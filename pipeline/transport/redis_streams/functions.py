@@ -14,7 +14,9 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-LIBRARY = resources.files("pipeline.transport.redis_streams").joinpath("lua/streams.lua").read_text()
+LIBRARY = (
+    resources.files("pipeline.transport.redis_streams").joinpath("lua/streams.lua").read_text()
+)
 
 
 def _missing(error: BaseException) -> bool:
@@ -45,7 +47,9 @@ class Functions:
             await self.load()
             return await self._client.fcall(name, len(keys), *keys, *args)
 
-    async def produce_batch(self, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    async def produce_batch(
+        self, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
         """Run several ``pl_produce`` calls in one pipeline, in order; errors come back in place.
 
         If the library is missing, no call in the batch ran (each fails the same way), so the
@@ -69,7 +73,8 @@ class Functions:
     ) -> tuple[list[str], list[str]]:
         """Renew this member's lease; returns (owned partition ids, ids to release)."""
         owned, release = await self._fcall(
-            "pl_heartbeat", [members, owners], [member, lease_ms, *partitions])
+            "pl_heartbeat", [members, owners], [member, lease_ms, *partitions]
+        )
         return [_text(p) for p in owned], [_text(p) for p in release]
 
     async def release(
@@ -77,7 +82,8 @@ class Functions:
     ) -> int:
         """Release partitions this member owns; ``leave`` also removes it from the group."""
         released = await self._fcall(
-            "pl_release", [members, owners], [member, "1" if leave else "0", *partitions])
+            "pl_release", [members, owners], [member, "1" if leave else "0", *partitions]
+        )
         return int(released)
 
 

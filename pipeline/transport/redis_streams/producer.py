@@ -29,7 +29,9 @@ _META_TTL_S = 5.0
 _Pending = tuple[str, int, list[Any], asyncio.Future[Delivered]]
 
 
-def encode_fields(key: bytes | None, value: bytes, headers: Mapping[str, bytes] | None) -> list[Any]:
+def encode_fields(
+    key: bytes | None, value: bytes, headers: Mapping[str, bytes] | None
+) -> list[Any]:
     """Stream entry fields: ``k`` key (absent for None), ``v`` value, ``h.<name>`` headers."""
     fields: list[Any] = [] if key is None else ["k", key]
     fields += ["v", value]
@@ -42,7 +44,11 @@ class RedisStreamsProducer:
     """A :class:`~pipeline.transport.protocol.Producer` on Redis Streams."""
 
     def __init__(
-        self, client: Redis, keys: Keys, functions: Functions, max_message_bytes: int,
+        self,
+        client: Redis,
+        keys: Keys,
+        functions: Functions,
+        max_message_bytes: int,
         default_max_len: int,
     ) -> None:
         """Use the transport's shared client."""
@@ -64,7 +70,8 @@ class RedisStreamsProducer:
         lookup = self._lookups.get(topic)
         if lookup is None:
             lookup = asyncio.ensure_future(
-                read_meta(self._client, self._keys, topic, self._default_max_len))
+                read_meta(self._client, self._keys, topic, self._default_max_len)
+            )
             self._lookups[topic] = lookup
             lookup.add_done_callback(lambda _: self._lookups.pop(topic, None))
         meta = await asyncio.shield(lookup)
@@ -81,15 +88,20 @@ class RedisStreamsProducer:
         partition: int | None = None,
     ) -> Delivered:
         """Append one message to its partition's stream and wait for Redis to acknowledge it."""
-        size = len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in (headers or {}).items())
+        size = (
+            len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in (headers or {}).items())
+        )
         if size > self._max_message_bytes:
             raise MessageTooLarge(
                 f"message of {size} bytes exceeds max_message_bytes={self._max_message_bytes}"
             )
         meta = await self._topic(topic)
         if partition is None:
-            partition = partition_for(key, meta.partitions) if key is not None else random.randrange(
-                meta.partitions)
+            partition = (
+                partition_for(key, meta.partitions)
+                if key is not None
+                else random.randrange(meta.partitions)
+            )
         elif not 0 <= partition < meta.partitions:
             raise DeliveryFailed(f"topic {topic!r} has no partition {partition}")
         future: asyncio.Future[Delivered] = asyncio.get_running_loop().create_future()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 
 from pipeline.config import Settings
-from pipeline.transport.protocol import RebalanceListener
+from pipeline.transport.protocol import RebalanceListener, StartAt
 from pipeline.transport.redis_streams.admin import RedisStreamsAdmin
 from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
 from pipeline.transport.redis_streams.functions import Functions
@@ -25,14 +25,22 @@ class RedisStreamsTransport:
         self._settings = settings
         self._keys = Keys(settings.redis.key_prefix)
         self.client: Redis = Redis.from_url(
-            settings.redis.url, socket_timeout=settings.redis.socket_timeout_s,
-            socket_connect_timeout=settings.redis.socket_timeout_s, decode_responses=False)
+            settings.redis.url,
+            socket_timeout=settings.redis.socket_timeout_s,
+            socket_connect_timeout=settings.redis.socket_timeout_s,
+            decode_responses=False,
+        )
         self._functions = Functions(self.client)
 
     def producer(self) -> RedisStreamsProducer:
         """A new producer."""
-        return RedisStreamsProducer(self.client, self._keys, self._functions,
-                                    self._settings.max_message_bytes, self._settings.redis.max_len)
+        return RedisStreamsProducer(
+            self.client,
+            self._keys,
+            self._functions,
+            self._settings.max_message_bytes,
+            self._settings.redis.max_len,
+        )
 
     def consumer(
         self,
@@ -41,10 +49,20 @@ class RedisStreamsTransport:
         *,
         listener: RebalanceListener | None = None,
         member_id: str | None = None,
+        start_at: StartAt = "earliest",
     ) -> RedisStreamsConsumer:
         """A new member of ``group``."""
-        return RedisStreamsConsumer(self.client, self._keys, self._functions, self._settings.redis,
-                                    group, topics, listener=listener, member_id=member_id)
+        return RedisStreamsConsumer(
+            self.client,
+            self._keys,
+            self._functions,
+            self._settings.redis,
+            group,
+            topics,
+            listener=listener,
+            member_id=member_id,
+            start_at=start_at,
+        )
 
     def admin(self) -> RedisStreamsAdmin:
         """A new admin client."""

@@ -1,0 +1,55 @@
+# One task runner for people and CI (.ci/run calls `make lint test`).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+TRANSPORT ?= redis
+
+.PHONY: setup services services-down services-status test test-only lint bench bench-transport demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+## setup: create .venv and install the project with its dev extras
+setup: $(STAMP)
+
+## services: install (if missing) and start Redis, PostgreSQL and Kafka on loopback
+services:
+	bash deploy/local/services.sh up
+
+## services-down: stop the services that `make services` started (and nothing else)
+services-down:
+	bash deploy/local/services.sh down
+
+services-status:
+	bash deploy/local/services.sh status
+
+## test: start the services, then run the whole suite against them
+test: setup services test-only
+
+## test-only: run the suite against services that are already running (missing ones skip)
+test-only: setup
+	$(BIN)/pytest
+
+## lint: ruff, mypy --strict and the import contracts
+lint: setup
+	$(BIN)/ruff check pipeline tests bench consumers
+	$(BIN)/mypy pipeline
+	$(BIN)/lint-imports
+
+## bench: every benchmark; bench-<name>: one of them
+bench: bench-transport
+
+bench-transport: setup services
+	$(BIN)/python bench/transport.py
+
+## demo: Redis only (the embedded default): declare topics, produce and tail events
+demo: setup
+	bash deploy/local/services.sh up redis
+	TRANSPORT=$(TRANSPORT) bash deploy/local/demo.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
