@@ -60,14 +60,13 @@ from redis.asyncio import Redis
 
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Position, TopicPartition
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, TransportError
 from pipeline.transport import create_transport
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import Consumer, Producer, TopicConfig, Transport
-from pipeline.transport.redis_streams.keys import Keys
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 VALUE = b"x" * 1024
 KEYS = [f"k{i}".encode() for i in range(1000)]
@@ -198,10 +197,25 @@ async def run_ours(transport: Transport, topic: str, group: str, n: int) -> Run:
         await producer.close()
 
 
-async def _close_transport(transport: Transport) -> None:
-    close: Callable[[], Awaitable[None]] | None = getattr(transport, "close", None)
-    if close is not None:
-        await close()
+@contextlib.asynccontextmanager
+async def fresh_topic(
+    transport: Transport, ready: Callable[[str], Awaitable[None]] | None = None
+) -> AsyncIterator[tuple[str, str]]:
+    """A new uuid-named topic of PARTITIONS partitions and a group name; both deleted after."""
+    topic, group = _name(transport.name), _name("group")
+    admin = transport.admin()
+    await admin.create_topic(TopicConfig(topic, PARTITIONS))
+    try:
+        if ready is not None:
+            await ready(topic)
+        yield topic, group
+    finally:
+        try:
+            await admin.delete_group(group, [topic])
+        except TransportError as exc:  # cleanup only: report, do not fail the run
+            print(f"warning: could not delete group {group}: {exc}", file=sys.stderr)
+        await admin.delete_topic(topic)
+        await admin.close()
 
 
 # -- Kafka ---------------------------------------------------------------------------------------
@@ -214,7 +228,6 @@ class KafkaBench:
 
     def __init__(self, settings: Settings) -> None:
         """Use the broker of ``settings.kafka``."""
-        self._settings = settings
         self._bootstrap = settings.kafka.bootstrap_servers
         self._transport = create_transport(settings, "kafka")
         self._raw_admin = AdminClient({"bootstrap.servers": self._bootstrap, "log_level": 0})
@@ -229,19 +242,8 @@ class KafkaBench:
                 f"(PIPELINE_KAFKA__BOOTSTRAP_SERVERS): {exc.args[0]}"
             ) from exc
 
-    async def _with_topic(self, side: Callable[[str, str], Awaitable[Run]]) -> Run:
-        topic, group = _name("kafka"), _name("group")
-        admin = self._transport.admin()
-        await admin.create_topic(TopicConfig(topic, PARTITIONS))
-        try:
-            await asyncio.to_thread(self._wait_leaders, topic)
-            return await side(topic, group)
-        finally:
-            await admin.delete_topic(topic)
-            await admin.close()
-            with contextlib.suppress(KafkaException):
-                futures = self._raw_admin.delete_consumer_groups([group], request_timeout=10)
-                await asyncio.wrap_future(futures[group])
+    async def _ready(self, topic: str) -> None:
+        await asyncio.to_thread(self._wait_leaders, topic)
 
     def _wait_leaders(self, topic: str) -> None:
         deadline = time.monotonic() + PHASE_TIMEOUT_S
@@ -259,15 +261,13 @@ class KafkaBench:
 
     async def ours(self, n: int) -> Run:
         """Our producer and consumer."""
-        return await self._with_topic(
-            lambda topic, group: run_ours(self._transport, topic, group, n)
-        )
+        async with fresh_topic(self._transport, self._ready) as (topic, group):
+            return await run_ours(self._transport, topic, group, n)
 
     async def raw(self, n: int) -> Run:
         """confluent-kafka directly (blocking; run on a worker thread)."""
-        return await self._with_topic(
-            lambda topic, group: asyncio.to_thread(self._raw_sync, topic, group, n)
-        )
+        async with fresh_topic(self._transport, self._ready) as (topic, group):
+            return await asyncio.to_thread(self._raw_sync, topic, group, n)
 
     def _raw_sync(self, topic: str, group: str, n: int) -> Run:
         failed: list[Any] = []
@@ -316,7 +316,7 @@ class KafkaBench:
 
     async def close(self) -> None:
         """Release the transport."""
-        await _close_transport(self._transport)
+        await self._transport.close()
 
 
 def _raw_join(consumer: RawKafkaConsumer, topic: str) -> None:
@@ -361,9 +361,7 @@ class RedisBench:
 
     def __init__(self, settings: Settings) -> None:
         """Use the server of ``settings.redis``."""
-        self._settings = settings
         self._url = settings.redis.url
-        self._keys = Keys(settings.redis.key_prefix)
         self._transport = create_transport(settings, "redis")
         self._client = Redis.from_url(
             self._url, socket_connect_timeout=PROBE_TIMEOUT_S, socket_timeout=PHASE_TIMEOUT_S
@@ -379,18 +377,9 @@ class RedisBench:
             ) from exc
 
     async def ours(self, n: int) -> Run:
-        """Our producer and consumer on a fresh topic, deleted afterwards with its group keys."""
-        topic, group = _name("redis"), _name("group")
-        admin = self._transport.admin()
-        await admin.create_topic(TopicConfig(topic, PARTITIONS))
-        try:
+        """Our producer and consumer on a fresh topic, deleted afterwards with its group."""
+        async with fresh_topic(self._transport) as (topic, group):
             return await run_ours(self._transport, topic, group, n)
-        finally:
-            await admin.delete_topic(topic)
-            await admin.close()
-            await self._client.delete(
-                self._keys.members(group), self._keys.owners(group), self._keys.positions(group)
-            )
 
     async def raw(self, n: int) -> Run:
         """Pipelined XADD, then XREADGROUP + XACK, on uuid-named streams deleted afterwards."""
@@ -433,7 +422,7 @@ class RedisBench:
 
     async def close(self) -> None:
         """Release the transport and the raw client."""
-        await _close_transport(self._transport)
+        await self._transport.close()
         await self._client.aclose()
 
 
