@@ -8,8 +8,9 @@ warm-up pair of 2,000 messages. Every run moves ``--messages`` (default 20,000) 
 (constant bytes) with keys ``k0..k999`` through a fresh, uuid-named topic of 4 partitions, created
 through our Admin and deleted afterwards (the raw Redis run uses its own uuid-named stream keys).
 
-* **ours**: ``transport.producer().send(...)`` issued concurrently in windows of 1,000
-  (``asyncio.gather`` per window, the way a caller bursts), then one
+* **ours**: windows of 1,000 messages, each produced with one ``producer.send_many(...)``
+  (``--produce-api send_many``, the default, the batch API a bursting caller uses) or as an
+  ``asyncio.gather`` of 1,000 ``producer.send(...)`` (``--produce-api send``), then one
   ``transport.consumer(group, [topic])`` polling ``poll(500, 1.0)`` and committing
   ``Position(tp, last_offset + 1)`` per partition after every batch, until all are received.
 * **raw Kafka**: ``confluent_kafka.Producer`` with the producer's important settings (acks=all,
@@ -59,7 +60,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from pipeline.config import Settings, load_settings
-from pipeline.envelope import Position, TopicPartition
+from pipeline.envelope import Position, Record, TopicPartition
 from pipeline.errors import PipelineError, TransportError
 from pipeline.transport import create_transport
 from pipeline.transport.partitioner import partition_for
@@ -155,14 +156,16 @@ async def _join(consumer: Consumer) -> None:
             raise BenchError("consumer got no partitions")
 
 
+PRODUCE_API = {"api": "send_many"}  # set from --produce-api
+
+
 async def _produce_ours(producer: Producer, topic: str, n: int) -> None:
     for start in range(0, n, WINDOW):
-        await asyncio.gather(
-            *(
-                producer.send(topic, VALUE, key=_key(i))
-                for i in range(start, min(n, start + WINDOW))
-            )
-        )
+        window = range(start, min(n, start + WINDOW))
+        if PRODUCE_API["api"] == "send_many":
+            await producer.send_many(topic, [Record(VALUE, _key(i)) for i in window])
+        else:
+            await asyncio.gather(*(producer.send(topic, VALUE, key=_key(i)) for i in window))
 
 
 async def _consume_ours(consumer: Consumer, n: int) -> None:
@@ -526,6 +529,7 @@ def summary(results: Sequence[Result], pairs: int, messages: int) -> dict[str, A
     out |= {
         "pairs": pairs,
         "messages": messages,
+        "produce_api": PRODUCE_API["api"],
         "message_bytes": len(VALUE),
         "partitions": PARTITIONS,
     }
@@ -564,7 +568,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--messages", type=_positive, default=20_000, help="messages per run (each side)"
     )
+    parser.add_argument(
+        "--produce-api",
+        choices=["send_many", "send"],
+        default="send_many",
+        help="ours produces each window with one send_many (default) or a gather of sends",
+    )
     args = parser.parse_args(argv)
+    PRODUCE_API["api"] = args.produce_api
     transports = ["kafka", "redis"] if args.transport == "both" else [args.transport]
     try:
         results = asyncio.run(run(transports, args.pairs, args.messages))

@@ -25,6 +25,7 @@ from rich.table import Table
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+from pipeline.runtime.run import load_app, serve
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
 from pipeline.transport import create_transport
@@ -248,6 +249,30 @@ def tail(
             with contextlib.suppress(PipelineError):
                 await t.admin().delete_group(group, [topic])
             await t.close()
+
+    _run(main())
+
+
+@app.command()
+def consume(
+    target: Annotated[str, typer.Argument(help="MODULE:APP, e.g. consumers.messages:app")],
+    group: Annotated[str, typer.Option("--group", "-g", help="Consumer group name.")],
+    lane: Annotated[
+        list[str] | None, typer.Option("--lane", "-l", help="Only these lanes (repeatable).")
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", min=1, help="Handlers running at once.")
+    ] = None,
+    transport: TransportOpt = None,
+) -> None:
+    """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully."""
+
+    async def main() -> None:
+        settings = _settings(transport)
+        if concurrency:
+            runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
+            settings = settings.model_copy(update={"runtime": runtime})
+        await serve(load_app(target), settings, group, lanes=lane or None)
 
     _run(main())
 

@@ -75,6 +75,21 @@ class PostgresSettings(_Section):
         return value
 
 
+class RuntimeSettings(_Section):
+    """Consumer runtime limits of one group member."""
+
+    max_concurrency: int = Field(default=64, ge=1, le=10_000)
+    """Handlers running at once (different keys)."""
+    partition_high_water: int = Field(default=1_000, ge=2)
+    """Buffered messages of one partition above which it is paused."""
+    partition_low_water: int = Field(default=250, ge=0)
+    """Buffered messages of one partition at which a paused partition resumes."""
+    poll_max: int = Field(default=500, ge=1)
+    commit_interval_ms: int = Field(default=500, ge=10)
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    """How long in-flight handlers may finish on shutdown or revocation."""
+
+
 class Settings(BaseSettings):
     """The root of all configuration."""
 
@@ -91,6 +106,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:

@@ -9,6 +9,7 @@ thing everywhere: every message of that partition below N is done.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -34,7 +35,25 @@ class Position:
     metadata: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
+class Record:
+    """One message to produce (see :meth:`Producer.send_many`)."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: Mapping[str, bytes] | None = None
+    partition: int | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of value, key and headers together, as compared with max_message_bytes."""
+        extra = sum(len(k) + len(v) for k, v in self.headers.items()) if self.headers else 0
+        return len(self.value) + (len(self.key) if self.key else 0) + extra
+
+
+# Delivered and Message are built once per message on the hot path: plain slotted dataclasses
+# (no frozen=True, whose __init__ costs a setattr call per field). Treat them as read-only.
+@dataclass(slots=True)
 class Delivered:
     """The broker's acknowledgement of one produced message."""
 
@@ -43,7 +62,7 @@ class Delivered:
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
     """One consumed message.
 

@@ -7,11 +7,18 @@ callers never need to import a client library to handle a failure::
     PipelineError
     ├── ConfigError                 bad settings; names the setting and the expected form
     ├── TopicSpecError              a topics/*.yaml file is invalid; names the file and field
-    └── TransportError              a broker operation failed
-        ├── BrokerUnavailable       the broker (Kafka or Redis) cannot be reached
-        ├── UnknownTopic            the topic is not declared / does not exist on the broker
-        ├── MessageTooLarge         the message exceeds the configured maximum size
-        └── DeliveryFailed          the broker refused or lost a produced message
+    ├── TransportError              a broker operation failed
+    │   ├── BrokerUnavailable       the broker (Kafka or Redis) cannot be reached
+    │   ├── UnknownTopic            the topic is not declared / does not exist on the broker
+    │   ├── MessageTooLarge         the message exceeds the configured maximum size
+    │   └── DeliveryFailed          the broker refused or lost a produced message
+    └── HandlerOutcome              raised by a handler to choose what happens to its message
+        ├── Retry                   try again later, through the lane's next retry tier
+        ├── DeadLetter              never retry: straight to the lane's dead-letter topic
+        └── Skip                    done without doing anything (counted, not an error)
+
+Whether any other exception a handler raises is retried is decided by one function,
+:func:`pipeline.retry.policy.default_retryable` (or the one given to the :class:`App`).
 """
 
 from __future__ import annotations
@@ -47,3 +54,19 @@ class MessageTooLarge(TransportError):
 
 class DeliveryFailed(TransportError):
     """The broker did not acknowledge a produced message."""
+
+
+class HandlerOutcome(PipelineError):
+    """Raised by a handler to choose what happens to its message."""
+
+
+class Retry(HandlerOutcome):
+    """Try the message again later, through the lane's next retry tier."""
+
+
+class DeadLetter(HandlerOutcome):
+    """Do not retry: send the message to the lane's dead-letter topic with this reason."""
+
+
+class Skip(HandlerOutcome):
+    """The message needs no work; it counts as done."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from pipeline.envelope import Delivered, Message, Position, TopicPartition
+from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +81,28 @@ StartAt = Literal["earliest", "latest"]
 class RebalanceListener(Protocol):
     """Told when partitions move to or away from a group member.
 
-    Both are called from inside :meth:`Consumer.poll`, so a listener may commit in
-    ``on_revoked`` before the partitions are handed to another member.
+    Both run inside :meth:`Consumer.poll` (or :meth:`Consumer.close`) and are awaited before the
+    move completes, so a listener can finish in-flight work and hand back the positions to
+    commit while this member still owns the partitions.
     """
 
-    def on_assigned(self, partitions: Sequence[TopicPartition]) -> None:
-        """Partitions were given to this member."""
+    async def on_assigned(
+        self, partitions: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
+    ) -> None:
+        """Partitions were given to this member.
 
-    def on_revoked(self, partitions: Sequence[TopicPartition]) -> None:
-        """Partitions are about to leave this member (rebalance or shutdown)."""
+        ``committed`` has the group's stored positions (with metadata) of those that have one.
+        """
+
+    async def on_revoked(
+        self, partitions: Sequence[TopicPartition], *, lost: bool
+    ) -> Sequence[Position]:
+        """Partitions are leaving this member; returns the positions to commit first.
+
+        ``lost`` is true when ownership is already gone (the member was too slow to renew it):
+        nothing can be committed then, and the returned positions are ignored.
+        """
+        ...
 
 
 @runtime_checkable
@@ -115,6 +128,15 @@ class Producer(Protocol):
         """
         ...
 
+    async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
+        """Produce a batch in order and wait until the broker acknowledged all of it.
+
+        Cheaper per message than awaiting :meth:`send` for each. Returns the receipts in the
+        order of ``records``. If any message fails, raises the first error after the others
+        settled; the ones that succeeded stay produced (delivery is at least once).
+        """
+        ...
+
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every message sent so far is acknowledged."""
         ...
@@ -137,6 +159,12 @@ class Consumer(Protocol):
 
     async def commit(self, positions: Sequence[Position]) -> None:
         """Declare every message below each position done; they are not redelivered."""
+        ...
+
+    async def committed(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, Position]:
+        """The group's stored positions (with metadata) of those partitions that have one."""
         ...
 
     def pause(self, partitions: Sequence[TopicPartition]) -> None:

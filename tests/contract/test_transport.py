@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 from contract.helpers import consume_until, make_topic, wait_for
 
 from pipeline.config import Settings
-from pipeline.envelope import Delivered, Message, TopicPartition
+from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
 from pipeline.errors import BrokerUnavailable, MessageTooLarge, UnknownTopic
 from pipeline.transport import create_transport
 from pipeline.transport.partitioner import partition_for
@@ -277,6 +278,7 @@ async def test_unreachable_broker_fails_fast(
     producer = broken.producer()
     with pytest.raises(BrokerUnavailable):
         await asyncio.wait_for(producer.send("anything", b"x"), 30)
+    await producer.close()
     await broken.close()
 
 
@@ -305,3 +307,81 @@ async def test_admin_reports_topics_and_group_lag(transport: Transport, unique: 
     assert grown.retention_ms == 3_600_000
     await admin.delete_topic(topic)
     assert topic not in await admin.list_topics()
+
+
+async def test_send_many_keeps_order_and_returns_receipts(
+    transport: Transport, unique: str
+) -> None:
+    """A batch is produced in order, each record on its key's partition, one receipt each."""
+    topic = f"t-{unique}"
+    await make_topic(transport, topic, 3)
+    producer = transport.producer()
+    records = [Record(f"{i}".encode(), f"k{i % 7}".encode(), {"i": b"%d" % i}) for i in range(500)]
+    receipts = await producer.send_many(topic, records)
+    await producer.close()
+    assert [d.partition for d in receipts] == [partition_for(r.key or b"", 3) for r in records]
+    per_partition: dict[int, list[int]] = defaultdict(list)
+    for d in receipts:
+        per_partition[d.partition].append(d.offset)
+    assert all(offs == list(range(len(offs))) for offs in per_partition.values())
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    got = await consume_until(consumer, lambda r: len(r) >= len(records))
+    await consumer.close()
+    by_offset = {(m.partition, m.offset): m for m in got}
+    for record, receipt in zip(records, receipts, strict=True):
+        msg = by_offset[receipt.partition, receipt.offset]
+        assert (msg.key, msg.value, msg.headers) == (record.key, record.value, record.headers)
+
+
+class RecordingListener:
+    """Remembers what it was told and hands back fixed positions on revocation."""
+
+    def __init__(self, to_commit: list[Position] | None = None) -> None:
+        """Return ``to_commit`` (those of the revoked partitions) from on_revoked."""
+        self.assigned: list[TopicPartition] = []
+        self.committed: dict[TopicPartition, Position] = {}
+        self.revoked: list[tuple[TopicPartition, bool]] = []
+        self.to_commit = to_commit or []
+
+    async def on_assigned(
+        self, partitions: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
+    ) -> None:
+        """Record the partitions and their committed positions."""
+        self.assigned += partitions
+        self.committed.update(committed)
+
+    async def on_revoked(
+        self, partitions: Sequence[TopicPartition], *, lost: bool
+    ) -> Sequence[Position]:
+        """Record the revocation and return the positions to commit."""
+        self.revoked += [(tp, lost) for tp in partitions]
+        return [p for p in self.to_commit if p.tp in partitions]
+
+
+async def test_listener_commits_on_revocation_and_sees_metadata_on_assignment(
+    transport: Transport, unique: str
+) -> None:
+    """Positions returned by on_revoked are committed; the next member gets them with metadata."""
+    topic, group = f"t-{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 2)
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    for p in (0, 1):
+        producer = transport.producer()
+        await producer.send_many(topic, [Record(b"x", partition=p) for _ in range(10)])
+        await producer.close()
+    first = RecordingListener([Position(tp0, 4, "pl1:2"), Position(tp1, 7, "")])
+    consumer = transport.consumer(group, [topic], listener=first)
+    await consume_until(consumer, lambda r: len(r) >= 20, commit=False)
+    assert sorted(first.assigned) == [tp0, tp1]
+    await consumer.close()
+    assert sorted(first.revoked) == [(tp0, False), (tp1, False)]
+    second = RecordingListener()
+    successor = transport.consumer(group, [topic], listener=second)
+    rest = await consume_until(successor, lambda r: len(r) >= 6 + 3, commit=False)
+    await successor.close()
+    assert second.committed[tp0] == Position(tp0, 4, "pl1:2")
+    assert second.committed[tp1].offset == 7
+    assert sorted((m.partition, m.offset) for m in rest) == [
+        *((0, o) for o in range(4, 10)),
+        *((1, o) for o in range(7, 10)),
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -21,6 +21,7 @@ from confluent_kafka import TopicPartition as _RawTP
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.errors import TransportError
 from pipeline.transport.kafka.errors import translate
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
@@ -92,28 +93,60 @@ class KafkaConsumer:
         )
         self._subscribed = False
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a listener coroutine on the event loop and wait for it (consumer thread)."""
+        assert self._loop is not None  # noqa: S101 - set by poll/close before callbacks fire
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _committed_sync(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, Position]:
+        raw = self._raw.committed(
+            [_RawTP(tp.topic, tp.partition) for tp in tps],
+            timeout=self._settings.request_timeout_ms / 1000,
+        )
+        return {
+            TopicPartition(p.topic, p.partition): Position(
+                TopicPartition(p.topic, p.partition), p.offset, p.metadata or ""
+            )
+            for p in raw
+            if p.offset >= 0
+        }
 
     def _on_assign(self, _raw: Any, partitions: list[Any]) -> None:
         tps = _tps(partitions)
         self._assigned.update(tps)
         if self._listener and tps:
-            self._listener.on_assigned(tps)
+            try:
+                committed = self._committed_sync(tps)
+            except KafkaException as exc:
+                log.warning("could not read committed positions of %s: %s", tps, exc)
+                committed = {}
+            self._in_loop(self._listener.on_assigned(tps, committed))
 
-    def _on_revoke(self, _raw: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, _raw: Any, partitions: list[Any], *, lost: bool = False) -> None:
         tps = _tps(partitions)
         if self._listener and tps:
-            self._listener.on_revoked(tps)
+            positions = self._in_loop(self._listener.on_revoked(tps, lost=lost))
+            if positions and not lost:
+                try:
+                    self._commit(positions)
+                except TransportError as exc:
+                    log.warning("commit on revocation of %s failed: %s", tps, exc)
         self._assigned.difference_update(tps)
+
+    def _on_lost(self, raw: Any, partitions: list[Any]) -> None:
+        self._on_revoke(raw, partitions, lost=True)
 
     def _subscribe(self) -> None:
         self._raw.subscribe(
             self._topics,
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
-            on_lost=self._on_revoke,
+            on_lost=self._on_lost,
         )
         self._subscribed = True
 
@@ -127,6 +160,7 @@ class KafkaConsumer:
 
     async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
         """Fetch up to ``max_messages``; rebalance callbacks run inside this call."""
+        self._loop = asyncio.get_running_loop()
         raw = await self._call(self._consume, max_messages, timeout_s)
         out: list[Message] = []
         for item in raw:
@@ -159,6 +193,15 @@ class KafkaConsumer:
         if positions:
             await self._call(self._commit, positions)
 
+    async def committed(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, Position]:
+        """The group's committed positions with their metadata."""
+        try:
+            return await self._call(self._committed_sync, partitions)
+        except KafkaException as exc:
+            raise translate(exc, "committed") from exc
+
     def pause(self, partitions: Sequence[TopicPartition]) -> None:
         """Stop fetching these partitions (librdkafka ``pause``)."""
         self._raw.pause([_RawTP(tp.topic, tp.partition) for tp in partitions])
@@ -183,6 +226,7 @@ class KafkaConsumer:
         if self._closed:
             return
         self._closed = True
+        self._loop = asyncio.get_running_loop()
         try:
             await self._call(self._raw.close)
         finally:

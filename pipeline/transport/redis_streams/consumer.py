@@ -146,7 +146,12 @@ class RedisStreamsConsumer:
         gone = lost | releasing
         if gone:
             if self._listener:
-                self._listener.on_revoked(sorted(gone))
+                if lost - releasing:
+                    await self._listener.on_revoked(sorted(lost - releasing), lost=True)
+                if releasing:
+                    await self.commit(
+                        await self._listener.on_revoked(sorted(releasing), lost=False)
+                    )
             self._owned -= gone
             for tp in gone:
                 self._unacked.pop(tp, None)
@@ -168,7 +173,7 @@ class RedisStreamsConsumer:
                 self._unacked[tp] = deque()
             self._owned |= new
             if self._listener:
-                self._listener.on_assigned(sorted(new))
+                await self._listener.on_assigned(sorted(new), await self.committed(sorted(new)))
 
     async def _ensure_group(self, tp: TopicPartition) -> None:
         with contextlib.suppress(rexc.ResponseError):  # BUSYGROUP: it exists already
@@ -282,6 +287,27 @@ class RedisStreamsConsumer:
         except rexc.RedisError as exc:
             raise translate(exc, "commit") from exc
 
+    async def committed(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, Position]:
+        """The group's stored positions with their metadata (``HMGET`` of ``{P:g:G}:pos``)."""
+        fields = []
+        for tp in partitions:
+            field = partition_id(tp.topic, tp.partition)
+            fields += [field, f"{field}:meta"]
+        if not fields:
+            return {}
+        try:
+            values: list[Any] = await self._client.hmget(self._keys.positions(self._group), fields)
+        except rexc.RedisError as exc:
+            raise translate(exc, "committed") from exc
+        out = {}
+        for i, tp in enumerate(partitions):
+            offset, meta = values[2 * i], values[2 * i + 1]
+            if offset is not None:
+                out[tp] = Position(tp, int(offset), (meta or b"").decode())
+        return out
+
     def pause(self, partitions: Sequence[TopicPartition]) -> None:
         """Stop fetching these partitions."""
         self._paused.update(partitions)
@@ -318,7 +344,8 @@ class RedisStreamsConsumer:
                 await self._heartbeat_task
         owned = sorted(self._owned)
         if owned and self._listener:
-            self._listener.on_revoked(owned)
+            with contextlib.suppress(rexc.RedisError, OSError):
+                await self.commit(await self._listener.on_revoked(owned, lost=False))
         self._owned.clear()
         with contextlib.suppress(rexc.RedisError, OSError):
             await self._functions.release(

@@ -2,7 +2,8 @@
 
 Sends issued while a pipeline is in flight queue up and go out together in the next one, so a
 burst costs one round trip per batch while each ``send`` still resolves on its own
-acknowledgement. One pipeline is in flight at a time, so messages reach Redis in ``send`` order.
+acknowledgement. Consecutive messages for one partition travel in one ``pl_produce`` call. One
+pipeline is in flight at a time, so messages reach Redis in ``send`` order.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from pipeline.envelope import Delivered
-from pipeline.errors import DeliveryFailed, MessageTooLarge
+from pipeline.envelope import Delivered, Record
+from pipeline.errors import DeliveryFailed, MessageTooLarge, TransportError
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.redis_streams.admin import TopicMeta, read_meta
 from pipeline.transport.redis_streams.errors import translate
@@ -26,18 +28,27 @@ from pipeline.transport.redis_streams.keys import Keys
 
 _MAX_BATCH = 1_000
 _META_TTL_S = 5.0
-_Pending = tuple[str, int, list[Any], asyncio.Future[Delivered]]
 
 
-def encode_fields(
-    key: bytes | None, value: bytes, headers: Mapping[str, bytes] | None
-) -> list[Any]:
+def encode_fields(record: Record) -> list[Any]:
     """Stream entry fields: ``k`` key (absent for None), ``v`` value, ``h.<name>`` headers."""
-    fields: list[Any] = [] if key is None else ["k", key]
-    fields += ["v", value]
-    for name, raw in (headers or {}).items():
-        fields += [f"h.{name}", raw]
+    fields: list[Any] = [] if record.key is None else ["k", record.key]
+    fields += ["v", record.value]
+    if record.headers:
+        for name, raw in record.headers.items():
+            fields += [f"h.{name}", raw]
     return fields
+
+
+@dataclass(slots=True)
+class _Run:
+    """Consecutive messages of one partition, sent by one ``pl_produce`` call."""
+
+    topic: str
+    partition: int
+    max_len: int
+    fields: list[list[Any]]
+    future: asyncio.Future[int]  # resolves to the first offset
 
 
 class RedisStreamsProducer:
@@ -59,7 +70,7 @@ class RedisStreamsProducer:
         self._default_max_len = default_max_len
         self._meta: dict[str, tuple[float, TopicMeta]] = {}
         self._lookups: dict[str, asyncio.Future[TopicMeta]] = {}
-        self._queue: list[_Pending] = []
+        self._queue: list[_Run] = []
         self._drainer: asyncio.Task[None] | None = None
 
     async def _topic(self, topic: str) -> TopicMeta:
@@ -78,6 +89,15 @@ class RedisStreamsProducer:
         self._meta[topic] = (time.monotonic(), meta)
         return meta
 
+    def _partition(self, topic: str, meta: TopicMeta, record: Record) -> int:
+        if record.partition is None:
+            if record.key is None:
+                return random.randrange(meta.partitions)
+            return partition_for(record.key, meta.partitions)
+        if not 0 <= record.partition < meta.partitions:
+            raise DeliveryFailed(f"topic {topic!r} has no partition {record.partition}")
+        return record.partition
+
     async def send(
         self,
         topic: str,
@@ -88,51 +108,64 @@ class RedisStreamsProducer:
         partition: int | None = None,
     ) -> Delivered:
         """Append one message to its partition's stream and wait for Redis to acknowledge it."""
-        size = (
-            len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in (headers or {}).items())
-        )
-        if size > self._max_message_bytes:
-            raise MessageTooLarge(
-                f"message of {size} bytes exceeds max_message_bytes={self._max_message_bytes}"
-            )
+        (delivered,) = await self.send_many(topic, [Record(value, key, headers, partition)])
+        return delivered
+
+    async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
+        """Append ``records`` in order; one ``pl_produce`` per run of one partition."""
+        for record in records:
+            if record.size > self._max_message_bytes:
+                raise MessageTooLarge(
+                    f"message of {record.size} bytes exceeds "
+                    f"max_message_bytes={self._max_message_bytes}"
+                )
         meta = await self._topic(topic)
-        if partition is None:
-            partition = (
-                partition_for(key, meta.partitions)
-                if key is not None
-                else random.randrange(meta.partitions)
-            )
-        elif not 0 <= partition < meta.partitions:
-            raise DeliveryFailed(f"topic {topic!r} has no partition {partition}")
-        future: asyncio.Future[Delivered] = asyncio.get_running_loop().create_future()
-        self._queue.append((topic, partition, encode_fields(key, value, headers), future))
-        if self._drainer is None or self._drainer.done():
+        loop = asyncio.get_running_loop()
+        runs: list[_Run] = []
+        placed: list[tuple[_Run, int]] = []  # (run, index within the run) per record
+        open_runs: dict[int, _Run] = {}
+        for record in records:
+            partition = self._partition(topic, meta, record)
+            run = open_runs.get(partition)
+            if run is None or len(run.fields) >= _MAX_BATCH:
+                run = _Run(topic, partition, meta.max_len, [], loop.create_future())
+                open_runs[partition] = run
+                runs.append(run)
+            placed.append((run, len(run.fields)))
+            run.fields.append(encode_fields(record))
+        self._queue.extend(runs)
+        if runs and (self._drainer is None or self._drainer.done()):
             self._drainer = asyncio.create_task(self._drain())
-        return await future
+        firsts = await asyncio.gather(*(run.future for run in runs))
+        first_of = {id(run): first for run, first in zip(runs, firsts, strict=True)}
+        return [Delivered(topic, run.partition, first_of[id(run)] + i) for run, i in placed]
 
     async def _drain(self) -> None:
         while self._queue:
             batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
             calls = []
-            for topic, partition, fields, _ in batch:
-                meta = self._meta[topic][1]
-                keys = [self._keys.stream(topic, partition), self._keys.sequence(topic, partition)]
-                calls.append((keys, [meta.max_len, *fields]))
+            for run in batch:
+                args: list[Any] = [run.max_len, len(run.fields)]
+                for fields in run.fields:
+                    args.append(len(fields))
+                    args += fields
+                keys = [
+                    self._keys.stream(run.topic, run.partition),
+                    self._keys.sequence(run.topic, run.partition),
+                ]
+                calls.append((keys, args))
             try:
                 results = await self._functions.produce_batch(calls)
             except rexc.RedisError as exc:
-                error = translate(exc, "produce")
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(error)
+                _fail(batch, translate(exc, "produce"))
                 continue
-            for (topic, partition, _, future), result in zip(batch, results, strict=True):
-                if future.done():
+            for run, result in zip(batch, results, strict=True):
+                if run.future.done():
                     continue
                 if isinstance(result, Exception):
-                    future.set_exception(DeliveryFailed(f"produce to {topic!r}: {result}"))
+                    run.future.set_exception(DeliveryFailed(f"produce to {run.topic!r}: {result}"))
                 else:
-                    future.set_result(Delivered(topic, partition, int(result[0])))
+                    run.future.set_result(int(result[0]))
 
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every queued message is acknowledged."""
@@ -142,3 +175,9 @@ class RedisStreamsProducer:
     async def close(self) -> None:
         """Flush; the client belongs to the transport."""
         await self.flush()
+
+
+def _fail(runs: Sequence[_Run], error: TransportError) -> None:
+    for run in runs:
+        if not run.future.done():
+            run.future.set_exception(error)

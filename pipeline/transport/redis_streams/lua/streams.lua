@@ -8,17 +8,24 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- pl_produce: append one message with the partition's next offset.
+-- pl_produce: append a batch of messages to one partition, giving them consecutive offsets.
 -- KEYS[1] stream {P:T:p}:s      KEYS[2] offset counter {P:T:p}:n
--- ARGV[1] max_len (approximate entries kept, XADD MAXLEN ~)
--- ARGV[2..] field, value pairs: k (key), v (value), h.<name> (headers)
--- Returns {offset, timestamp_ms}. The entry id is (offset + 1)-0, so offsets start at 0.
+-- ARGV[1] max_len (approximate entries kept, XADD MAXLEN ~)   ARGV[2] n, the number of messages
+-- then per message: the count of the field/value arguments that follow, then those fields:
+--   k (key, absent for none), v (value), h.<name> (headers)
+-- Returns {first offset, timestamp_ms}. The entry id of offset o is (o + 1)-0 (ids start at 1-0).
 local function produce(keys, args)
-  local offset = redis.call('INCR', keys[2]) - 1
+  local n = tonumber(args[2])
+  local first = redis.call('INCRBY', keys[2], n) - n
   local ts = now_ms()
-  redis.call('XADD', keys[1], 'MAXLEN', '~', args[1], (offset + 1) .. '-0', 't', ts,
-             unpack(args, 2))
-  return {offset, ts}
+  local i = 3
+  for m = 0, n - 1 do
+    local nf = tonumber(args[i])
+    redis.call('XADD', keys[1], 'MAXLEN', '~', args[1], (first + m + 1) .. '-0', 't', ts,
+               unpack(args, i + 1, i + nf))
+    i = i + nf + 1
+  end
+  return {first, ts}
 end
 
 -- pl_heartbeat: renew a member's lease, drop dead members and move partitions.

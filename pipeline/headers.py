@@ -1,0 +1,42 @@
+"""Names of the message headers the pipeline reads and writes, in one place.
+
+Every header is raw bytes on the wire; numbers are ASCII decimal (times in milliseconds since the
+epoch), so any tool (kcat, redis-cli) can read them.
+"""
+
+from __future__ import annotations
+
+EVENT_ID = "pl-event-id"
+"""The provider's event id (dedupe key of the ingress and of the idempotency guard)."""
+TENANT = "pl-tenant"
+"""The tenant (organisation) the event belongs to."""
+DEADLINE_MS = "pl-deadline-ms"
+"""After this time the event is worthless: it is dropped (counted) instead of processed late."""
+ATTEMPT = "pl-attempt"
+"""Processing attempt this delivery is (1 for the first, absent means 1)."""
+DUE_MS = "pl-due-ms"
+"""A retry-tier message is not processed before this time."""
+ORIGIN_TOPIC = "pl-origin-topic"
+ORIGIN_PARTITION = "pl-origin-partition"
+ORIGIN_OFFSET = "pl-origin-offset"
+ERROR_CLASS = "pl-error-class"
+ERROR_MESSAGE = "pl-error-message"
+ERROR_DIGEST = "pl-error-digest"
+"""A short hash of the traceback's frames, to group failures with the same cause."""
+FIRST_FAILURE_MS = "pl-first-failure-ms"
+LAST_FAILURE_MS = "pl-last-failure-ms"
+DEAD_REASON = "pl-dead-reason"
+"""Why a message is in the dead-letter topic: fatal, exhausted, expired, poison."""
+REDRIVE_COUNT = "pl-redrive-count"
+REPLAY_COUNT = "pl-replay-count"
+
+
+def int_header(headers: dict[str, bytes], name: str, default: int = 0) -> int:
+    """An integer header, or ``default`` when absent or malformed."""
+    raw = headers.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        return default

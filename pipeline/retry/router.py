@@ -1,0 +1,89 @@
+"""Route a failed message to its next retry tier or to the dead-letter topic.
+
+A retry keeps the message's key and value and adds headers: the next attempt number, the due
+time, the origin (topic, partition, offset of the first delivery) and the error. A dead letter
+carries the same plus the reason (``fatal``, ``exhausted``, ``expired``, ``poison``) and first and
+last failure times, so a redrive can put it back where it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import traceback
+from dataclasses import dataclass
+
+from pipeline import headers as h
+from pipeline.envelope import Delivered, Message
+from pipeline.retry.policy import Backoff
+from pipeline.transport.protocol import Producer
+
+_MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRoutes:
+    """Where a lane's failures go."""
+
+    topic: str
+    retry_topics: tuple[str, ...]
+    dead_letter_topic: str
+    max_attempts: int
+    backoff: Backoff
+
+
+def error_digest(error: BaseException) -> str:
+    """A short stable hash of where ``error`` was raised (file, function of each frame)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    shape = "|".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.name}" for f in frames)
+    return hashlib.sha256(f"{type(error).__name__}|{shape}".encode()).hexdigest()[:12]
+
+
+def _failure_headers(
+    message: Message, error: BaseException | None, now_ms: int
+) -> dict[str, bytes]:
+    out = dict(message.headers)
+    out.setdefault(h.ORIGIN_TOPIC, message.topic.encode())
+    out.setdefault(h.ORIGIN_PARTITION, str(message.partition).encode())
+    out.setdefault(h.ORIGIN_OFFSET, str(message.offset).encode())
+    out.setdefault(h.FIRST_FAILURE_MS, str(now_ms).encode())
+    out[h.LAST_FAILURE_MS] = str(now_ms).encode()
+    if error is not None:
+        out[h.ERROR_CLASS] = f"{type(error).__module__}.{type(error).__qualname__}".encode()
+        out[h.ERROR_MESSAGE] = str(error)[:_MAX_ERROR_CHARS].encode(errors="replace")
+        out[h.ERROR_DIGEST] = error_digest(error).encode()
+    return out
+
+
+class Router:
+    """Produces failed messages to retry tiers and dead-letter topics."""
+
+    def __init__(self, producer: Producer) -> None:
+        """Use ``producer`` for every routed message."""
+        self._producer = producer
+
+    async def retry(
+        self, routes: LaneRoutes, message: Message, attempt: int, error: BaseException
+    ) -> Delivered:
+        """Send to the tier of ``attempt`` (1-based), or dead-letter it when none is left."""
+        if attempt >= routes.max_attempts or not routes.retry_topics:
+            return await self.dead_letter(routes, message, "exhausted", error)
+        tier = min(attempt, len(routes.retry_topics)) - 1
+        now_ms = int(time.time() * 1000)
+        out = _failure_headers(message, error, now_ms)
+        out[h.ATTEMPT] = str(attempt + 1).encode()
+        out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(tier)).encode()
+        return await self._producer.send(
+            routes.retry_topics[tier], message.value, key=message.key, headers=out
+        )
+
+    async def dead_letter(
+        self, routes: LaneRoutes, message: Message, reason: str, error: BaseException | None
+    ) -> Delivered:
+        """Send to the lane's dead-letter topic with the reason and the error."""
+        out = _failure_headers(message, error, int(time.time() * 1000))
+        out[h.DEAD_REASON] = reason.encode()
+        out.pop(h.DUE_MS, None)
+        return await self._producer.send(
+            routes.dead_letter_topic, message.value, key=message.key, headers=out
+        )

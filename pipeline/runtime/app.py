@@ -1,0 +1,118 @@
+"""Handlers registered per lane, and how a message of a lane's topics reaches its handler.
+
+::
+
+    app = App()                       # reads topics/*.yaml
+
+    @app.handler("messages")
+    async def handle(event: MessageReceived, ctx: Context) -> None:
+        ...
+
+The first parameter's annotation decides decoding: a pydantic model is validated from the JSON
+value (a validation error is not retried: the message goes to the dead-letter topic), ``bytes``
+gets the raw value, :class:`~pipeline.envelope.Message` the whole message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.envelope import Message
+from pipeline.errors import ConfigError
+from pipeline.retry.policy import Backoff, Retryable, default_retryable
+from pipeline.retry.router import LaneRoutes
+from pipeline.runtime.context import Context
+from pipeline.topics.spec import TopicSpec, load_specs
+
+Handler = Callable[[Any, Context], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """A lane's declaration, its handler and where its failures go."""
+
+    name: str
+    spec: TopicSpec
+    handler: Handler
+    decode: Callable[[Message], Any]
+    routes: LaneRoutes
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics a member of this lane consumes: the main topic and its retry tiers."""
+        return [self.spec.name, *self.spec.retry_topic_names()]
+
+
+def _decoder(handler: Handler) -> Callable[[Message], Any]:
+    params = list(inspect.signature(handler).parameters.values())
+    if len(params) != 2:  # noqa: PLR2004 - (event, ctx)
+        raise ConfigError(f"handler {handler.__qualname__} must take (event, ctx)")
+    hints = typing.get_type_hints(handler)
+    kind = hints.get(params[0].name, bytes)
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        model = kind
+        return lambda m: model.model_validate_json(m.value)
+    if kind is Message:
+        return lambda m: m
+    return lambda m: m.value
+
+
+class App:
+    """The set of lanes one consumer group serves."""
+
+    def __init__(
+        self,
+        topics: Path | str | Sequence[TopicSpec] = "topics",
+        *,
+        retryable: Retryable = default_retryable,
+    ) -> None:
+        """Read the lane declarations (a directory of yaml files, or specs directly)."""
+        specs = load_specs(Path(topics)) if isinstance(topics, (str, Path)) else list(topics)
+        self._specs = {spec.lane: spec for spec in specs}
+        self.retryable = retryable
+        self.lanes: dict[str, Lane] = {}
+        self._by_topic: dict[str, Lane] = {}
+
+    def handler(self, lane: str) -> Callable[[Handler], Handler]:
+        """Register the decorated ``async def handle(event, ctx)`` for ``lane``."""
+        spec = self._specs.get(lane)
+        if spec is None:
+            known = ", ".join(sorted(self._specs)) or "none"
+            raise ConfigError(f"no lane {lane!r} is declared in topics/ (declared: {known})")
+
+        def register(fn: Handler) -> Handler:
+            if not inspect.iscoroutinefunction(fn):
+                raise ConfigError(f"handler {fn.__qualname__} must be `async def`")
+            routes = LaneRoutes(
+                topic=spec.name,
+                retry_topics=tuple(spec.retry_topic_names()),
+                dead_letter_topic=spec.dead_letter,
+                max_attempts=spec.retry.max_attempts,
+                backoff=Backoff(spec.retry.tiers_ms),
+            )
+            entry = Lane(lane, spec, fn, _decoder(fn), routes)
+            self.lanes[lane] = entry
+            for topic in entry.topics:
+                self._by_topic[topic] = entry
+            return fn
+
+        return register
+
+    def lane_of(self, topic: str) -> Lane:
+        """The lane a topic (main or retry tier) belongs to."""
+        return self._by_topic[topic]
+
+    def topics(self, lanes: Sequence[str] | None = None) -> list[str]:
+        """Every topic to subscribe to for ``lanes`` (default: all registered lanes)."""
+        chosen = lanes or sorted(self.lanes)
+        missing = [lane for lane in chosen if lane not in self.lanes]
+        if missing:
+            raise ConfigError(f"no handler registered for lane(s) {', '.join(missing)}")
+        return [topic for lane in chosen for topic in self.lanes[lane].topics]

@@ -1,0 +1,82 @@
+"""Retry-tier messages wait for their due time with the partition paused, not on a sleeping task.
+
+A retry tier's partition holds messages in due order (within the tier's jitter). When the head is
+not due yet, the partition is paused and one timer is set for the head's due time; when it fires,
+every message now due is released in order, and the partition resumes once nothing is held. A
+message is never released before its due time; the cost is one timer per waiting partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+from pipeline import headers as h
+from pipeline.envelope import Message, TopicPartition
+from pipeline.runtime.flow import PauseBook
+
+
+def due_ms(message: Message) -> int:
+    """The message's due time in epoch milliseconds (0: due now)."""
+    return h.int_header(message.headers, h.DUE_MS)
+
+
+class DueGate:
+    """Holds messages of paused retry-tier partitions until they are due."""
+
+    def __init__(self, pauses: PauseBook, release: Callable[[Message], None]) -> None:
+        """Release due messages through ``release``; pause and resume through ``pauses``."""
+        self._pauses = pauses
+        self._release = release
+        self._held: dict[TopicPartition, deque[Message]] = {}
+        self._timers: dict[TopicPartition, asyncio.TimerHandle] = {}
+
+    def offer(self, message: Message) -> None:
+        """Release ``message`` now if due and nothing is held before it; otherwise hold it."""
+        held = self._held.get(message.tp)
+        if held is None and due_ms(message) <= time.time() * 1000:
+            self._release(message)
+            return
+        if held is None:
+            held = self._held[message.tp] = deque()
+            self._pauses.pause(message.tp, "due")
+        held.append(message)
+        if message.tp not in self._timers:
+            self._arm(message.tp)
+
+    def _arm(self, tp: TopicPartition) -> None:
+        head = self._held[tp][0]
+        delay_s = max(0.0, due_ms(head) / 1000 - time.time())
+        loop = asyncio.get_running_loop()
+        self._timers[tp] = loop.call_later(delay_s, self._fire, tp)
+
+    def _fire(self, tp: TopicPartition) -> None:
+        self._timers.pop(tp, None)
+        held = self._held.get(tp)
+        if not held:
+            return
+        now_ms = time.time() * 1000
+        while held and due_ms(held[0]) <= now_ms:
+            self._release(held.popleft())
+        if held:
+            self._arm(tp)
+        else:
+            del self._held[tp]
+            self._pauses.resume(tp, "due")
+
+    def drop(self, tps: set[TopicPartition]) -> list[Message]:
+        """Forget what is held for these partitions (they left this member); returns it."""
+        dropped: list[Message] = []
+        for tp in tps:
+            timer = self._timers.pop(tp, None)
+            if timer:
+                timer.cancel()
+            dropped += self._held.pop(tp, deque())
+        return dropped
+
+    @property
+    def held(self) -> int:
+        """Messages waiting for their due time."""
+        return sum(len(q) for q in self._held.values())

@@ -1,0 +1,283 @@
+"""One consumer-group member: fetch, fan out per key, run handlers, route failures, commit.
+
+The member is the glue between small collaborators: the transport's :class:`Consumer`,
+:class:`~pipeline.runtime.lanes.KeyLanes` (per-key order, bounded concurrency),
+:class:`~pipeline.runtime.offsets.PartitionOffsets` (what to commit),
+:class:`~pipeline.runtime.flow.FlowControl` (pause above the high-water mark),
+:class:`~pipeline.runtime.due.DueGate` (retry tiers wait for their due time) and
+:class:`~pipeline.retry.router.Router` (retry tiers and dead letters).
+
+Delivery guarantee: a message's offset is committed only after its handler returned, skipped it,
+or its failure was durably routed to a retry tier or the dead-letter topic. Everything else is
+redelivered after a crash or rebalance (at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pipeline import headers as h
+from pipeline.config import RuntimeSettings
+from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.errors import Skip, TransportError
+from pipeline.retry.router import Router
+from pipeline.runtime.app import App, Lane
+from pipeline.runtime.context import Context
+from pipeline.runtime.due import DueGate
+from pipeline.runtime.flow import FlowControl, PauseBook
+from pipeline.runtime.lanes import KeyLanes
+from pipeline.runtime.offsets import PartitionOffsets
+from pipeline.transport.protocol import Consumer, Transport
+
+log = logging.getLogger(__name__)
+_ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class Stats:
+    """Counts of what happened to the messages this member delivered."""
+
+    handled: int = 0
+    skipped: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    already_done: int = 0
+
+
+class Member:
+    """Runs an :class:`App`'s lanes as one member of a consumer group."""
+
+    def __init__(
+        self,
+        app: App,
+        transport: Transport,
+        group: str,
+        settings: RuntimeSettings,
+        *,
+        lanes: Sequence[str] | None = None,
+    ) -> None:
+        """Prepare the member; :meth:`run` joins the group."""
+        self.app = app
+        self.group = group
+        self.stats = Stats()
+        self._transport = transport
+        self._settings = settings
+        self._topics = app.topics(lanes)
+        self._offsets: dict[TopicPartition, PartitionOffsets] = {}
+        self._lanes = KeyLanes(self._process, settings.max_concurrency)
+        self._producer = transport.producer()
+        self._router = Router(self._producer)
+        self._consumer: Consumer | None = None
+        self._flow: FlowControl | None = None
+        self._pauses: PauseBook | None = None
+        self._due: DueGate | None = None
+        self._stopping = False
+        self._committed: dict[TopicPartition, Position] = {}
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set, then shut down gracefully."""
+        consumer = self._transport.consumer(self.group, self._topics, listener=self)
+        self._consumer = consumer
+        self._pauses = PauseBook(consumer)
+        self._flow = FlowControl(
+            self._pauses, self._settings.partition_high_water, self._settings.partition_low_water
+        )
+        self._due = DueGate(self._pauses, self._submit)
+        self._lanes.start()
+        committer = asyncio.create_task(self._commit_forever())
+        try:
+            while not stop.is_set():
+                for message in await consumer.poll(self._settings.poll_max, 0.5):
+                    self._dispatch(message)
+        finally:
+            await self._shutdown(committer)
+
+    async def _shutdown(self, committer: asyncio.Task[None]) -> None:
+        """Stop fetching, let in-flight work finish within the grace period, commit, leave."""
+        self._stopping = True
+        consumer = self._consumer
+        assert consumer is not None  # noqa: S101 - run() set it
+        consumer.pause(sorted(self._offsets))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._lanes.wait_idle(), self._settings.shutdown_grace_s)
+        committer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await committer
+        with contextlib.suppress(TransportError):
+            await self._commit(consumer)
+        await consumer.close()  # revokes what is left through on_revoked
+        await self._lanes.close()
+        with contextlib.suppress(TransportError):
+            await self._producer.close()
+
+    def _dispatch(self, message: Message) -> None:
+        offsets = self._offsets.get(message.tp)
+        if offsets is None:  # fetched before its partition was revoked
+            return
+        if offsets.already_done(message.offset):
+            offsets.skipped(message.offset)
+            self.stats.already_done += 1
+            return
+        offsets.started(message.offset)
+        assert self._flow is not None  # noqa: S101 - set in run()
+        self._flow.added(message.tp)
+        if h.DUE_MS in message.headers:
+            assert self._due is not None  # noqa: S101
+            self._due.offer(message)
+        else:
+            self._submit(message)
+
+    def _submit(self, message: Message) -> None:
+        lane = self.app.lane_of(message.topic)
+        self._lanes.submit(message, ordered=lane.spec.ordered)
+
+    # -- processing ---------------------------------------------------------------------------
+
+    async def _process(self, message: Message) -> None:
+        lane = self.app.lane_of(message.topic)
+        attempt = h.int_header(message.headers, h.ATTEMPT, 1)
+        started = time.perf_counter()
+        outcome = await self._handle(lane, message, attempt)
+        if outcome is not None:  # None: it could not be routed; leave it for redelivery
+            offsets = self._offsets.get(message.tp)
+            if offsets is not None:
+                offsets.finished(message.offset)
+        if self._flow is not None:
+            self._flow.removed(message.tp)
+        log.debug(
+            "delivery",
+            extra={
+                "topic": message.topic,
+                "partition": message.partition,
+                "offset": message.offset,
+                "key": message.key,
+                "attempt": attempt,
+                "outcome": outcome,
+                "duration_s": time.perf_counter() - started,
+            },
+        )
+
+    async def _handle(self, lane: Lane, message: Message, attempt: int) -> str | None:
+        deadline_ms = h.int_header(message.headers, h.DEADLINE_MS)
+        if deadline_ms and time.time() * 1000 > deadline_ms:
+            self.stats.expired += 1
+            log.info(
+                "dropped expired message %s@%d (deadline %d)",
+                message.tp,
+                message.offset,
+                deadline_ms,
+            )
+            return "expired"
+        try:
+            await lane.handler(lane.decode(message), Context(message, lane.name, attempt))
+        except Skip:
+            self.stats.skipped += 1
+            return "skipped"
+        except Exception as exc:  # every handler failure is routed, none escapes
+            return await self._route_failure(lane, message, attempt, exc)
+        self.stats.handled += 1
+        return "handled"
+
+    async def _route_failure(
+        self, lane: Lane, message: Message, attempt: int, error: Exception
+    ) -> str | None:
+        retryable = self.app.retryable(error)
+        for pause_s in (*_ROUTE_RETRY_S, None):
+            try:
+                outcome = await self._route_once(lane, message, attempt, error, retryable=retryable)
+            except TransportError as exc:
+                if pause_s is None or self._stopping:
+                    log.error(  # noqa: TRY400 - the broker error is the whole story
+                        "could not route failed %s@%d: %s", message.tp, message.offset, exc
+                    )
+                    return None
+                await asyncio.sleep(pause_s)  # back off while the broker is unavailable
+            else:
+                if outcome == "retried":
+                    self.stats.retried += 1
+                else:
+                    self.stats.dead_lettered += 1
+                return outcome
+        return None
+
+    async def _route_once(
+        self, lane: Lane, message: Message, attempt: int, error: Exception, *, retryable: bool
+    ) -> str:
+        routes = lane.routes
+        if not retryable:
+            await self._router.dead_letter(routes, message, "fatal", error)
+            return "dead_lettered"
+        await self._router.retry(routes, message, attempt, error)
+        exhausted = attempt >= routes.max_attempts or not routes.retry_topics
+        return "dead_lettered" if exhausted else "retried"
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    async def _commit_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.commit_interval_ms / 1000)
+            if self._consumer is not None:
+                try:
+                    await self._commit(self._consumer)
+                except TransportError as exc:
+                    log.warning("periodic commit failed: %s", exc)
+
+    def _positions(self, tps: Sequence[TopicPartition]) -> list[Position]:
+        out = []
+        for tp in tps:
+            offsets = self._offsets.get(tp)
+            if offsets is None:
+                continue
+            position = offsets.position()
+            if self._committed.get(tp) != position:
+                out.append(position)
+        return out
+
+    async def _commit(self, consumer: Consumer) -> None:
+        positions = self._positions(sorted(self._offsets))
+        if positions:
+            await consumer.commit(positions)
+            for position in positions:
+                self._committed[position.tp] = position
+
+    # -- rebalance listener ---------------------------------------------------------------------
+
+    async def on_assigned(
+        self, partitions: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
+    ) -> None:
+        """Start tracking new partitions from the group's committed positions."""
+        for tp in partitions:
+            self._offsets[tp] = PartitionOffsets(tp, committed.get(tp))
+            if tp in committed:
+                self._committed[tp] = committed[tp]
+        log.info("%s assigned %s", self.group, [f"{tp.topic}[{tp.partition}]" for tp in partitions])
+
+    async def on_revoked(
+        self, partitions: Sequence[TopicPartition], *, lost: bool
+    ) -> Sequence[Position]:
+        """Drop queued work of leaving partitions, let running work finish, return positions."""
+        tps = set(partitions)
+        self._lanes.drop(tps)
+        if self._due is not None:
+            self._due.drop(tps)
+        if not lost:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lanes.wait_idle(tps), self._settings.shutdown_grace_s)
+        positions = [] if lost else self._positions(sorted(tps))
+        for tp in tps:
+            self._offsets.pop(tp, None)
+            self._committed.pop(tp, None)
+            if self._flow is not None:
+                self._flow.forget(tp)
+            if self._pauses is not None:
+                self._pauses.forget(tp)
+        log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
+        return positions

@@ -1,0 +1,48 @@
+"""Helpers for runtime tests: declare lanes on the real broker and run members in the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pipeline.config import RuntimeSettings
+from pipeline.runtime.member import Member
+from pipeline.topics.admin import apply
+from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import Transport
+
+FAST = RuntimeSettings(commit_interval_ms=100, shutdown_grace_s=5.0)
+
+
+def lane_spec(name: str, partitions: int = 3, **fields: Any) -> TopicSpec:
+    """A lane declaration as a topics/*.yaml file would give it."""
+    return TopicSpec.model_validate({"name": name, "partitions": partitions, **fields})
+
+
+async def declare(transport: Transport, *specs: TopicSpec) -> None:
+    """Create the lanes' topics (main, retry tiers, dead letter) on the broker."""
+    await apply(transport.admin(), list(specs), 100_000, dry_run=False)
+
+
+@asynccontextmanager
+async def running(member: Member) -> AsyncIterator[Member]:
+    """Run ``member`` in the background; stop it gracefully on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(member.run(stop))
+    try:
+        yield member
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Wait until ``predicate()`` holds (re-checked every 20 ms); fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met after {timeout_s}s")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,132 @@
+"""Key lanes: per-key order, no overlap per key, concurrency across keys, bounded workers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+
+import pytest
+
+from pipeline.envelope import Message, TopicPartition
+from pipeline.runtime.lanes import KeyLanes
+
+TP = TopicPartition("t", 0)
+
+
+def msg(offset: int, key: bytes) -> Message:
+    """A message of partition t/0."""
+    return Message("t", 0, offset, key, b"")
+
+
+async def test_same_key_runs_in_order_and_never_overlaps() -> None:
+    """Per key, processing order equals submission order and two never run together."""
+    running: set[bytes] = set()
+    order: dict[bytes, list[int]] = defaultdict(list)
+    overlaps = 0
+
+    async def process(m: Message) -> None:
+        nonlocal overlaps
+        assert m.key is not None
+        if m.key in running:
+            overlaps += 1
+        running.add(m.key)
+        await asyncio.sleep(random.uniform(0, 0.002))  # simulated handler latency
+        order[m.key].append(m.offset)
+        running.discard(m.key)
+
+    lanes = KeyLanes(process, max_concurrency=16)
+    lanes.start()
+    for i in range(600):
+        lanes.submit(msg(i, f"k{i % 30}".encode()), ordered=True)
+    await asyncio.wait_for(lanes.wait_idle(), 30)
+    await lanes.close()
+    assert overlaps == 0
+    assert sum(len(v) for v in order.values()) == 600
+    assert all(v == sorted(v) for v in order.values())
+
+
+async def test_different_keys_run_concurrently_up_to_the_limit() -> None:
+    """With more keys than workers, exactly max_concurrency messages run at once."""
+    peak = 0
+    now = 0
+    gate, full = asyncio.Event(), asyncio.Event()
+
+    async def process(_m: Message) -> None:
+        nonlocal peak, now
+        now += 1
+        peak = max(peak, now)
+        if now == 5:
+            full.set()
+        await gate.wait()
+        now -= 1
+
+    lanes = KeyLanes(process, max_concurrency=5)
+    lanes.start()
+    for i in range(20):
+        lanes.submit(msg(i, f"k{i}".encode()), ordered=True)
+    await asyncio.wait_for(full.wait(), 10)
+    assert lanes.buffered == 20
+    gate.set()
+    await asyncio.wait_for(lanes.wait_idle(), 10)
+    await lanes.close()
+    assert peak == 5
+
+
+async def test_unordered_messages_of_one_key_run_concurrently() -> None:
+    """On an unordered lane one key's messages do not wait for each other."""
+    peak = 0
+    now = 0
+    gate, full = asyncio.Event(), asyncio.Event()
+
+    async def process(_m: Message) -> None:
+        nonlocal peak, now
+        now += 1
+        peak = max(peak, now)
+        if now == 4:
+            full.set()
+        await gate.wait()
+        now -= 1
+
+    lanes = KeyLanes(process, max_concurrency=4)
+    lanes.start()
+    for i in range(4):
+        lanes.submit(msg(i, b"same"), ordered=False)
+    await asyncio.wait_for(full.wait(), 10)
+    gate.set()
+    await asyncio.wait_for(lanes.wait_idle(), 10)
+    await lanes.close()
+    assert peak == 4
+
+
+async def test_drop_forgets_queued_messages_but_keeps_running_ones() -> None:
+    """Dropping a partition returns its queued messages; the running head still finishes."""
+    gate, started = asyncio.Event(), asyncio.Event()
+    done: list[int] = []
+
+    async def process(m: Message) -> None:
+        started.set()
+        await gate.wait()
+        done.append(m.offset)
+
+    lanes = KeyLanes(process, max_concurrency=1)
+    lanes.start()
+    for i in range(3):
+        lanes.submit(msg(i, b"k"), ordered=True)
+    await asyncio.wait_for(started.wait(), 10)
+    assert lanes.running_on([TP]) == 1
+    dropped = lanes.drop([TP])
+    assert [m.offset for m in dropped] == [1, 2]
+    gate.set()
+    await asyncio.wait_for(lanes.wait_idle([TP]), 10)
+    await lanes.close()
+    assert done == [0]
+
+
+def test_concurrency_must_be_positive() -> None:
+    """Zero workers is refused with a clear error."""
+
+    async def noop(_m: Message) -> None: ...
+
+    with pytest.raises(ValueError, match="max_concurrency"):
+        KeyLanes(noop, max_concurrency=0)
