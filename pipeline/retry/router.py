@@ -77,6 +77,22 @@ class Router:
             routes.retry_topics[tier], message.value, key=message.key, headers=out
         )
 
+    async def divert(self, routes: LaneRoutes, message: Message) -> Delivered:
+        """Send a message of a parked key behind its head, through the first retry tier.
+
+        Not a failure: the attempt count stays, and the message is due after the first tier's
+        delay, when it checks again whether it is the key's head.
+        """
+        now_ms = int(time.time() * 1000)
+        out = dict(message.headers)
+        out.setdefault(h.ORIGIN_TOPIC, message.topic.encode())
+        out.setdefault(h.ORIGIN_PARTITION, str(message.partition).encode())
+        out.setdefault(h.ORIGIN_OFFSET, str(message.offset).encode())
+        out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(0)).encode()
+        return await self._producer.send(
+            routes.retry_topics[0], message.value, key=message.key, headers=out
+        )
+
     async def dead_letter(
         self, routes: LaneRoutes, message: Message, reason: str, error: BaseException | None
     ) -> Delivered:

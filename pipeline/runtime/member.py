@@ -18,14 +18,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from redis.asyncio import Redis
 
 from pipeline import headers as h
 from pipeline.config import RuntimeSettings
-from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.envelope import Delivered, Message, Position, TopicPartition
 from pipeline.errors import Skip, TransportError
-from pipeline.retry.router import Router
+from pipeline.retry.parking import Ending, Parking
+from pipeline.retry.router import LaneRoutes, Router
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.due import DueGate
@@ -36,6 +39,7 @@ from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
 _ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+_ENDINGS: dict[str, Ending] = {"retried": "parked", "dead_lettered": "dead"}
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Stats:
     dead_lettered: int = 0
     expired: int = 0
     already_done: int = 0
+    parked: int = 0
 
 
 class Member:
@@ -61,8 +66,14 @@ class Member:
         settings: RuntimeSettings,
         *,
         lanes: Sequence[str] | None = None,
+        redis: Redis | None = None,
+        redis_prefix: str = "pl",
     ) -> None:
-        """Prepare the member; :meth:`run` joins the group."""
+        """Prepare the member; :meth:`run` joins the group.
+
+        ``redis`` holds parking (per-key order across retries) and poison counters; without
+        it neither is kept.
+        """
         self.app = app
         self.group = group
         self.stats = Stats()
@@ -79,6 +90,12 @@ class Member:
         self._due: DueGate | None = None
         self._stopping = False
         self._committed: dict[TopicPartition, Position] = {}
+        self._parking: dict[str, Parking] = {}
+        if redis is not None:
+            for name in lanes or sorted(app.lanes):
+                spec = app.lanes[name].spec
+                ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
+                self._parking[name] = Parking(redis, redis_prefix, name, ttl_ms=ttl_ms + 3_600_000)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -166,6 +183,42 @@ class Member:
         )
 
     async def _handle(self, lane: Lane, message: Message, attempt: int) -> str | None:
+        parking = self._parking.get(lane.name)
+        if parking is None:
+            return await self._run_handler(lane, message, attempt)
+        ordered = lane.spec.ordered and bool(lane.routes.retry_topics)
+        follow = lane.spec.retry.after_dead_letter == "follow"
+        decision, starts = await parking.begin(
+            message, ordered=ordered, poison_after=lane.spec.retry.poison_after
+        )
+        if decision == "divert":
+            # Still parked behind its head: no end is recorded.
+            return await self._route(lane, message, "parked", self._router.divert)
+        if decision in ("sequenced", "poison"):
+            log.warning(
+                "dead-lettering %s@%d: %s (started %d times)",
+                message.tp,
+                message.offset,
+                decision,
+                starts,
+            )
+            outcome = await self._route(
+                lane,
+                message,
+                "dead_lettered",
+                lambda routes, m: self._router.dead_letter(routes, m, decision, None),
+            )
+            ending: Ending = "dead" if decision == "poison" else "done"
+        else:
+            outcome = await self._run_handler(lane, message, attempt)
+            ending = _ENDINGS.get(outcome or "", "done")
+            if ending == "parked" and not ordered:
+                ending = "done"
+        if outcome is not None:
+            await parking.end(message, ending, follow_dead=follow)
+        return outcome
+
+    async def _run_handler(self, lane: Lane, message: Message, attempt: int) -> str | None:
         deadline_ms = h.int_header(message.headers, h.DEADLINE_MS)
         if deadline_ms and time.time() * 1000 > deadline_ms:
             self.stats.expired += 1
@@ -189,35 +242,53 @@ class Member:
     async def _route_failure(
         self, lane: Lane, message: Message, attempt: int, error: Exception
     ) -> str | None:
-        retryable = self.app.retryable(error)
+        routes = lane.routes
+        if not self.app.retryable(error):
+            return await self._route(
+                lane,
+                message,
+                "dead_lettered",
+                lambda r, m: self._router.dead_letter(r, m, "fatal", error),
+            )
+        exhausted = attempt >= routes.max_attempts or not routes.retry_topics
+        return await self._route(
+            lane,
+            message,
+            "dead_lettered" if exhausted else "retried",
+            lambda r, m: self._router.retry(r, m, attempt, error),
+        )
+
+    async def _route(
+        self,
+        lane: Lane,
+        message: Message,
+        outcome: str,
+        send: Callable[[LaneRoutes, Message], Awaitable[Delivered]],
+    ) -> str | None:
+        """Produce a routed message, retrying while the broker is unavailable.
+
+        Returns ``outcome``, or None if it could not be produced (the message is then left
+        unfinished, so it is redelivered rather than lost).
+        """
         for pause_s in (*_ROUTE_RETRY_S, None):
             try:
-                outcome = await self._route_once(lane, message, attempt, error, retryable=retryable)
+                await send(lane.routes, message)
             except TransportError as exc:
                 if pause_s is None or self._stopping:
                     log.error(  # noqa: TRY400 - the broker error is the whole story
-                        "could not route failed %s@%d: %s", message.tp, message.offset, exc
+                        "could not route %s@%d: %s", message.tp, message.offset, exc
                     )
                     return None
                 await asyncio.sleep(pause_s)  # back off while the broker is unavailable
             else:
                 if outcome == "retried":
                     self.stats.retried += 1
-                else:
+                elif outcome == "dead_lettered":
                     self.stats.dead_lettered += 1
+                else:
+                    self.stats.parked += 1
                 return outcome
         return None
-
-    async def _route_once(
-        self, lane: Lane, message: Message, attempt: int, error: Exception, *, retryable: bool
-    ) -> str:
-        routes = lane.routes
-        if not retryable:
-            await self._router.dead_letter(routes, message, "fatal", error)
-            return "dead_lettered"
-        await self._router.retry(routes, message, attempt, error)
-        exhausted = attempt >= routes.max_attempts or not routes.retry_topics
-        return "dead_lettered" if exhausted else "retried"
 
     # -- offsets ------------------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from redis.asyncio import Redis
+
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
 from pipeline.runtime.app import App
@@ -42,9 +44,20 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     transport = create_transport(settings)
+    redis = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
+    member = Member(
+        app,
+        transport,
+        group,
+        settings.runtime,
+        lanes=lanes,
+        redis=redis,
+        redis_prefix=settings.redis.key_prefix,
+    )
     try:
-        await Member(app, transport, group, settings.runtime, lanes=lanes).run(stop)
+        await member.run(stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await transport.close()
+        await redis.aclose()

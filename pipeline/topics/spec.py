@@ -12,7 +12,7 @@ format is documented field by field in ``docs/topics.md``.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -147,12 +147,19 @@ class RetryPolicy(_Spec):
             has its own topic, ``<name>.retry.<delay>``.
         max_attempts: deliveries in all, the first included, before the message is dead-lettered;
             defaults to one more than the number of tiers.
+        after_dead_letter: on an ordered lane, what happens to the messages of a key parked
+            behind a message that is dead-lettered: ``follow`` it into the dead-letter topic in
+            order (a sequenced dead letter, the default) or ``proceed`` to their handler.
+        poison_after: a message whose processing was interrupted (its worker killed) this many
+            times is dead-lettered with reason ``poison`` instead of being run again.
     """
 
     tiers_ms: tuple[Duration, ...] = Field(default=(), alias="tiers")
     max_attempts: int = Field(
         default_factory=lambda data: len(data["tiers_ms"]) + 1, ge=1, strict=True
     )
+    after_dead_letter: Literal["follow", "proceed"] = "follow"
+    poison_after: int = Field(default=3, ge=1, strict=True)
 
     @field_validator("tiers_ms")
     @classmethod

@@ -228,7 +228,7 @@ def test_custom_dead_letter_name_is_used():
         (
             "name: m\npartitions: 1\nretry: {delay: 5s}\n",
             "retry.delay",
-            "unknown field (expected one of: tiers, max_attempts)",
+            "unknown field (expected one of: tiers, max_attempts, after_dead_letter, poison_after)",
         ),
         ("name: m\npartitions: 1\ndead_letter: null\n", "dead_letter", "every topic has"),
         ("name: m\npartitions: 1\ndead_letter: false\n", "dead_letter", "every topic has"),

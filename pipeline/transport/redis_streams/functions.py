@@ -10,42 +10,22 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+
+from pipeline.redis_functions import FunctionLibrary, is_missing
 
 LIBRARY = (
     resources.files("pipeline.transport.redis_streams").joinpath("lua/streams.lua").read_text()
 )
 
 
-def _missing(error: BaseException) -> bool:
-    return isinstance(error, rexc.ResponseError) and "Function not found" in str(error)
-
-
-class Functions:
+class Functions(FunctionLibrary):
     """Calls into the ``pipeline_streams`` library for one Redis client."""
 
     def __init__(self, client: Redis) -> None:
         """Bind to ``client``; the library is loaded on first use."""
-        self._client = client
-        self._loaded = False
-
-    async def load(self) -> None:
-        """``FUNCTION LOAD REPLACE`` the library."""
-        await self._client.function_load(LIBRARY, replace=True)
-        self._loaded = True
-
-    async def _fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if not self._loaded:
-            await self.load()
-        try:
-            return await self._client.fcall(name, len(keys), *keys, *args)
-        except rexc.ResponseError as exc:
-            if not _missing(exc):
-                raise
-            await self.load()
-            return await self._client.fcall(name, len(keys), *keys, *args)
+        super().__init__(client, LIBRARY)
 
     async def produce_batch(
         self, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
@@ -55,14 +35,13 @@ class Functions:
         If the library is missing, no call in the batch ran (each fails the same way), so the
         whole batch is retried once after reloading, keeping produce order.
         """
-        if not self._loaded:
-            await self.load()
+        await self.ensure_loaded()
         for attempt in (1, 2):
-            pipe: Pipeline = self._client.pipeline(transaction=False)
+            pipe: Pipeline = self.client.pipeline(transaction=False)
             for keys, args in calls:
                 pipe.fcall("pl_produce", len(keys), *keys, *args)
             results: list[Any] = await pipe.execute(raise_on_error=False)
-            if attempt == 1 and results and all(_missing(r) for r in results):
+            if attempt == 1 and results and all(is_missing(r) for r in results):
                 await self.load()
                 continue
             return results
@@ -72,7 +51,7 @@ class Functions:
         self, members: str, owners: str, member: str, lease_ms: int, partitions: Sequence[str]
     ) -> tuple[list[str], list[str]]:
         """Renew this member's lease; returns (owned partition ids, ids to release)."""
-        owned, release = await self._fcall(
+        owned, release = await self.fcall(
             "pl_heartbeat", [members, owners], [member, lease_ms, *partitions]
         )
         return [_text(p) for p in owned], [_text(p) for p in release]
@@ -81,7 +60,7 @@ class Functions:
         self, members: str, owners: str, member: str, partitions: Sequence[str], *, leave: bool
     ) -> int:
         """Release partitions this member owns; ``leave`` also removes it from the group."""
-        released = await self._fcall(
+        released = await self.fcall(
             "pl_release", [members, owners], [member, "1" if leave else "0", *partitions]
         )
         return int(released)

@@ -1,0 +1,163 @@
+"""Ordered retries keep per-key order (parking), sequenced dead letters and poison messages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from contract.helpers import consume_until
+from redis.asyncio import Redis
+from runtime.helpers import FAST, declare, eventually, lane_spec, running
+
+from pipeline import headers as h
+from pipeline.envelope import Record
+from pipeline.errors import Retry
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.transport.protocol import Transport
+
+
+@pytest.fixture
+async def redis(redis_service: str) -> AsyncIterator[Redis]:
+    """A Redis client for parking state."""
+    client = Redis.from_url(redis_service)
+    yield client
+    await client.aclose()
+
+
+async def test_a_failed_message_holds_back_the_rest_of_its_key(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """Later messages of a key wait behind its retrying head; other keys are not held back."""
+    spec = lane_spec(f"park_{unique}", 2, retry={"tiers": ["200ms", "300ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    completed: dict[bytes, list[bytes]] = defaultdict(list)
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"a1" and ctx.attempt < 3:
+            raise RuntimeError("flaky dependency")
+        completed[ctx.message.key or b""].append(event)
+
+    records = [
+        Record(b"a1", b"a"),
+        Record(b"b1", b"b"),
+        Record(b"a2", b"a"),
+        Record(b"b2", b"b"),
+        Record(b"a3", b"a"),
+    ]
+    producer = transport.producer()
+    await producer.send_many(spec.name, records)
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: len(completed[b"a"]) == 3 and len(completed[b"b"]) == 2)
+        # A key that arrives after the head recovered flows normally again.
+        await producer.send(spec.name, b"a4", key=b"a")
+        await eventually(lambda: len(completed[b"a"]) == 4)
+    await producer.close()
+    assert completed[b"a"] == [b"a1", b"a2", b"a3", b"a4"]
+    assert completed[b"b"] == [b"b1", b"b2"]
+    assert member.stats.retried == 2
+    assert member.stats.parked >= 2
+    assert await redis.keys(f"{{t{unique}:park:*") == []
+
+
+async def test_followers_of_a_dead_lettered_head_follow_it_in_order(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """An exhausted head is followed to the DLQ, in order, by those parked behind it."""
+    spec = lane_spec(f"seq_{unique}", 1, retry={"tiers": ["200ms"], "max_attempts": 2})
+    await declare(transport, spec)
+    app = App([spec])
+    ran: list[bytes] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        ran.append(event)
+        if event == b"k1":
+            raise Retry("never works")
+
+    producer = transport.producer()
+    await producer.send_many(
+        spec.name,
+        [Record(b"k1", b"k"), Record(b"k2", b"k"), Record(b"k3", b"k"), Record(b"other", b"o")],
+    )
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered == 3)
+    assert ran in ([b"k1", b"other", b"k1"], [b"other", b"k1", b"k1"])
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    dead = await consume_until(dlq, lambda r: len(r) >= 3)
+    await dlq.close()
+    assert [m.value for m in dead] == [b"k1", b"k2", b"k3"]
+    assert [m.headers[h.DEAD_REASON] for m in dead] == [b"exhausted", b"sequenced", b"sequenced"]
+
+
+async def test_a_message_that_kills_its_worker_is_dead_lettered_as_poison(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """After poison_after (3) crashed starts the message goes to the DLQ; the rest flows."""
+    spec = lane_spec(f"poison_{unique}", 1, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    producer = transport.producer()
+    await producer.send_many(
+        spec.name,
+        [
+            Record(b"m1", b"k"),
+            Record(b"poison", b"k"),
+            Record(b"m2", b"k"),
+            Record(b"m3", b"other"),
+        ],
+    )
+    await producer.close()
+    done_key = f"done-{unique}"
+    env = {
+        **os.environ,
+        "POISON_TOPIC": spec.name,
+        "POISON_DONE": done_key,
+        "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "50",
+        "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
+        "PIPELINE_REDIS__LEASE_MS": "1500",
+        "PIPELINE_REDIS__HEARTBEAT_MS": "100",
+    }
+    crashes = 0
+    for _ in range(6):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pipeline",
+            "consume",
+            "runtime.poison_app:app",
+            "--group",
+            f"g-{unique}",
+            "-t",
+            transport.name,
+            cwd=str(Path(__file__).parents[1]),
+            env=env,
+        )
+        finished = asyncio.create_task(proc.wait())
+        while not finished.done() and await redis.scard(done_key) < 3:
+            await asyncio.wait({finished}, timeout=0.1)
+        if finished.done():
+            assert proc.returncode == 17
+            crashes += 1
+            continue
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(finished, 60) == 0
+        break
+    assert crashes == 3
+    assert await redis.smembers(done_key) == {b"m1", b"m2", b"m3"}
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
+    await dlq.close()
+    assert dead.value == b"poison"
+    assert dead.headers[h.DEAD_REASON] == b"poison"
+    await redis.delete(done_key)
