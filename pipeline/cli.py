@@ -20,11 +20,14 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+from pipeline.redrive.redrive import Redrive, Report
+from pipeline.redrive.select import Selection, parse_time_ms
 from pipeline.runtime.run import load_app, serve
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
@@ -275,6 +278,87 @@ def consume(
         await serve(load_app(target), settings, group, lanes=lane or None)
 
     _run(main())
+
+
+@app.command()
+def redrive(
+    dlq: Annotated[str, typer.Argument(help="The dead-letter topic to take messages from.")],
+    to: Annotated[
+        str | None, typer.Option("--to", help="Target topic (default: each message's origin).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="ISO time or age (2h, 7d): DLQ arrival after.")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="ISO time or age: DLQ arrival before.")
+    ] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
+    error_class: Annotated[
+        str | None, typer.Option("--error-class", help="Error class (suffix match).")
+    ] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Only this message key.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Move at most N.")] = None,
+    rate: Annotated[
+        float | None, typer.Option("--rate", min=0.01, help="At most N messages per second.")
+    ] = None,
+    max_redrives: Annotated[
+        int, typer.Option("--max-redrives", min=1, help="Refuse messages redriven this often.")
+    ] = 3,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count and show failure reasons only.")
+    ] = False,
+    transport: TransportOpt = None,
+) -> None:
+    """Move dead letters back to their origin topic; run again to resume after an interruption."""
+    try:
+        selection = Selection(
+            since_ms=parse_time_ms(since) if since else None,
+            until_ms=parse_time_ms(until) if until else None,
+            tenant=tenant,
+            error_class=error_class,
+            key=key,
+        )
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+    async def main() -> None:
+        t = create_transport(_settings(transport))
+        job = Redrive(
+            t,
+            dlq,
+            selection,
+            to=to,
+            limit=limit,
+            rate_per_s=rate,
+            max_redrives=max_redrives,
+            dry_run=dry_run,
+        )
+        try:
+            total = await job.total()
+            with Progress(console=err, transient=True) as bar:
+                task = bar.add_task(f"{'scanning' if dry_run else 'redriving'} {dlq}", total=total)
+                report = await job.run(lambda n: bar.advance(task, n))
+        finally:
+            await t.close()
+        _print_redrive(report, dry_run=dry_run)
+
+    _run(main())
+
+
+def _print_redrive(report: Report, *, dry_run: bool) -> None:
+    table = Table("reason", "messages", title="selected dead letters by reason")
+    for why, count in report.reasons.most_common():
+        table.add_row(why, str(count))
+    Console().print(table)
+    verb = "would move" if dry_run else "moved"
+    moved = report.selected - report.refused_loops - report.no_origin if dry_run else report.moved
+    typer.echo(
+        f"scanned {report.scanned}, selected {report.selected}, {verb} {moved}, "
+        f"refused {report.refused_loops} (redriven too often), {report.no_origin} without origin"
+    )
+    for target, count in report.moved_to.items():
+        typer.echo(f"  -> {target}: {count}")
 
 
 def main() -> None:

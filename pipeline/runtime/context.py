@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pipeline import headers as h
 from pipeline.envelope import Message
+from pipeline.errors import ConfigError
+from pipeline.retry.parking import message_id
+from pipeline.runtime.idempotency import IdempotencyGuard
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +28,7 @@ class Context:
     message: Message
     lane: str
     attempt: int
+    guard: IdempotencyGuard | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str | None:
@@ -38,3 +46,15 @@ class Context:
         """The provider's event id header, if the producer set one."""
         raw = self.message.headers.get(h.EVENT_ID)
         return raw.decode(errors="replace") if raw else None
+
+    async def once(self, name: str, effect: Callable[[], Awaitable[T]]) -> T | None:
+        """Run ``effect`` once per event, across redeliveries and retries.
+
+        :mod:`pipeline.runtime.idempotency` says exactly what is guaranteed. The event is
+        identified by its event-id header, else by where it was first delivered.
+        Returns the effect's result, or None if an earlier delivery already ran it.
+        """
+        if self.guard is None:
+            raise ConfigError("ctx.once needs Redis: run the member with a Redis client")
+        event = self.event_id or message_id(self.message)
+        return await self.guard.once(self.lane, event, name, effect)

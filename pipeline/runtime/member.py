@@ -33,6 +33,7 @@ from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.due import DueGate
 from pipeline.runtime.flow import FlowControl, PauseBook
+from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.transport.protocol import Consumer, Transport
@@ -91,6 +92,7 @@ class Member:
         self._stopping = False
         self._committed: dict[TopicPartition, Position] = {}
         self._parking: dict[str, Parking] = {}
+        self._guard = IdempotencyGuard(redis, redis_prefix) if redis is not None else None
         if redis is not None:
             for name in lanes or sorted(app.lanes):
                 spec = app.lanes[name].spec
@@ -230,7 +232,8 @@ class Member:
             )
             return "expired"
         try:
-            await lane.handler(lane.decode(message), Context(message, lane.name, attempt))
+            context = Context(message, lane.name, attempt, self._guard)
+            await lane.handler(lane.decode(message), context)
         except Skip:
             self.stats.skipped += 1
             return "skipped"

@@ -1,0 +1,1 @@
+"""Redrive: put dead-lettered messages back on the topic they came from, selectively."""

@@ -1,0 +1,185 @@
+"""Move selected dead letters back to their origin topic, resumably and at a capped rate.
+
+The DLQ is read by a consumer group named after the DLQ, the target and the filters, up to the
+end offsets seen at start. A message that passes the filters is produced to ``--to`` or to its
+origin topic with its original key, value and event id, its failure headers removed and
+``pl-redrive-count`` raised by one; a message already redriven ``max_redrives`` times is refused
+(it would loop). Positions are committed after each produced batch, so an interrupted redrive run
+again with the same arguments continues where it stopped: nothing is moved twice, except the one
+batch in flight if the process was killed (not stopped) in the middle of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipeline import headers as h
+from pipeline.envelope import Message, Position, Record, TopicPartition
+from pipeline.redrive.select import Selection, reason
+from pipeline.transport.protocol import Producer, Transport
+
+_DROPPED_HEADERS = {
+    h.ATTEMPT,
+    h.DUE_MS,
+    h.ERROR_CLASS,
+    h.ERROR_MESSAGE,
+    h.ERROR_DIGEST,
+    h.FIRST_FAILURE_MS,
+    h.LAST_FAILURE_MS,
+    h.DEAD_REASON,
+    h.ORIGIN_TOPIC,
+    h.ORIGIN_PARTITION,
+    h.ORIGIN_OFFSET,
+}
+REDRIVEN_FROM = "pl-redriven-from"
+
+
+@dataclass
+class Report:
+    """What a redrive saw and did."""
+
+    scanned: int = 0
+    selected: int = 0
+    moved: int = 0
+    refused_loops: int = 0
+    no_origin: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    moved_to: Counter[str] = field(default_factory=Counter)
+
+
+def group_name(dlq: str, target: str | None, selection: Selection) -> str:
+    """The consumer group that remembers how far this redrive got."""
+    digest = hashlib.sha256(f"{target}|{selection.fingerprint()}".encode()).hexdigest()[:10]
+    return f"pipeline-redrive.{dlq}.{digest}"
+
+
+def redriven(message: Message, dlq_name: str) -> Record:
+    """The message as it goes back: same key and value, failure headers gone, count raised."""
+    out = {k: v for k, v in message.headers.items() if k not in _DROPPED_HEADERS}
+    out[h.REDRIVE_COUNT] = b"%d" % (h.int_header(message.headers, h.REDRIVE_COUNT) + 1)
+    out[REDRIVEN_FROM] = f"{dlq_name}:{message.partition}:{message.offset}".encode()
+    return Record(message.value, message.key, out)
+
+
+class Redrive:
+    """One redrive run over one dead-letter topic."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        dlq: str,
+        selection: Selection,
+        *,
+        to: str | None = None,
+        limit: int | None = None,
+        rate_per_s: float | None = None,
+        max_redrives: int = 3,
+        dry_run: bool = False,
+    ) -> None:
+        """Configure the run; :meth:`run` does it."""
+        self._transport = transport
+        self._dlq = dlq
+        self._selection = selection
+        self._to = to
+        self._limit = limit
+        self._interval_s = 1 / rate_per_s if rate_per_s else 0.0
+        self._max_redrives = max_redrives
+        self._dry_run = dry_run
+        self.report = Report()
+
+    async def total(self) -> int:
+        """Messages of the DLQ still ahead of this redrive's position (for a progress bar)."""
+        lag = await self._transport.admin().group_lag(self._group(), self._dlq)
+        return sum(p.lag for p in lag)
+
+    def _group(self) -> str:
+        base = group_name(self._dlq, self._to, self._selection)
+        return f"{base}.dry" if self._dry_run else base
+
+    async def run(self, progress: Callable[[int], None] | None = None) -> Report:
+        """Scan the DLQ up to its current end and move (or, dry, count) what is selected."""
+        admin = self._transport.admin()
+        group = self._group()
+        # Read each partition from this redrive's position up to the end seen now.
+        ends = {
+            p.tp: p.end
+            for p in await admin.group_lag(group, self._dlq)
+            if (p.committed or 0) < p.end
+        }
+        consumer = self._transport.consumer(group, [self._dlq])
+        producer = self._transport.producer()
+        reached: dict[TopicPartition, int] = {}
+        try:
+            while not self._finished(ends, reached):
+                batch = [m for m in await consumer.poll(200, 0.5) if m.offset < ends.get(m.tp, 0)]
+                if not batch:
+                    continue
+                stop_at = await self._move(batch, producer)
+                done = batch[:stop_at]
+                for message in done:
+                    reached[message.tp] = message.offset + 1
+                if not self._dry_run and done:
+                    last: dict[TopicPartition, int] = {}
+                    for message in done:
+                        last[message.tp] = message.offset + 1
+                    await consumer.commit([Position(tp, o) for tp, o in last.items()])
+                if progress:
+                    progress(len(done))
+                if stop_at < len(batch):
+                    break
+        finally:
+            await consumer.close()
+            await producer.close()
+            if self._dry_run:
+                await admin.delete_group(group, [self._dlq])
+        return self.report
+
+    def _finished(
+        self, ends: dict[TopicPartition, int], reached: dict[TopicPartition, int]
+    ) -> bool:
+        if self._limit is not None and self.report.selected >= self._limit:
+            return True
+        return all(reached.get(tp, -1) >= end for tp, end in ends.items())
+
+    async def _move(self, batch: list[Message], producer: Producer) -> int:
+        """Handle ``batch`` in order; returns how many were handled (all unless a limit hit)."""
+        by_target: dict[str, list[Record]] = {}
+        handled = 0
+        for message in batch:
+            if self._limit is not None and self.report.selected >= self._limit:
+                break
+            handled += 1
+            self.report.scanned += 1
+            if not self._selection.matches(message):
+                continue
+            self.report.selected += 1
+            self.report.reasons[reason(message)] += 1
+            if h.int_header(message.headers, h.REDRIVE_COUNT) >= self._max_redrives:
+                self.report.refused_loops += 1
+                continue
+            origin = message.headers.get(h.ORIGIN_TOPIC)
+            target = self._to or (origin.decode() if origin else None)
+            if target is None:
+                self.report.no_origin += 1
+                continue
+            by_target.setdefault(target, []).append(redriven(message, self._dlq))
+        if not self._dry_run:
+            for target, records in by_target.items():
+                await self._send_paced(producer, target, records)
+                self.report.moved += len(records)
+                self.report.moved_to[target] += len(records)
+        return handled
+
+    async def _send_paced(self, producer: Producer, target: str, records: list[Record]) -> None:
+        if not self._interval_s:
+            await producer.send_many(target, records)
+            return
+        for record in records:  # one at a time, spaced to the rate cap
+            started = time.monotonic()
+            await producer.send_many(target, [record])
+            await asyncio.sleep(max(0.0, self._interval_s - (time.monotonic() - started)))

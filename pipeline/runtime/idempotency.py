@@ -1,0 +1,69 @@
+"""The idempotency guard: run a side effect once per event, even when the event is redelivered.
+
+``await ctx.once("send-reply", send)`` runs ``send()`` unless a previous delivery of the same
+event (same event id, or same origin message) already ran it to success. What it guarantees:
+
+* after ``send()`` returned and its success was recorded, it never runs again for that event
+  (for ``ttl_s``, default 7 days);
+* two deliveries of one event never run it at the same time: the second gets ``Retry`` and comes
+  back later;
+* if ``send()`` raises, nothing is recorded and a retry may run it again;
+* if the process dies after ``send()`` finished but before the record (one Redis round trip),
+  the claim lapses after ``lease_ms`` and the next delivery runs it again. Side effects that must
+  never repeat even then need the receiving end's own idempotency key: pass ``ctx.event_id``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import TypeVar
+
+from redis.asyncio import Redis
+
+from pipeline.errors import Retry
+from pipeline.redis_functions import FunctionLibrary
+
+T = TypeVar("T")
+LIBRARY = resources.files("pipeline.runtime").joinpath("lua/once.lua").read_text()
+
+
+class IdempotencyGuard:
+    """Records side effects in Redis per (lane, event, name)."""
+
+    def __init__(
+        self, client: Redis, prefix: str, *, lease_ms: int = 60_000, ttl_s: int = 7 * 86_400
+    ) -> None:
+        """Keep records under ``prefix``; a claim lapses after ``lease_ms``."""
+        self._functions = FunctionLibrary(client, LIBRARY)
+        self._prefix = prefix
+        self._lease_ms = lease_ms
+        self._ttl_ms = ttl_s * 1000
+
+    def _key(self, lane: str, event: str, name: str) -> str:
+        return f"{{{self._prefix}:once:{lane}}}:{event}:{name}"
+
+    async def once(
+        self, lane: str, event: str, name: str, effect: Callable[[], Awaitable[T]]
+    ) -> T | None:
+        """Run ``effect`` unless it already succeeded for this event; returns its result or None.
+
+        Raises:
+            Retry: another delivery of the same event is running the effect right now.
+        """
+        key = self._key(lane, event, name)
+        token = uuid.uuid4().hex
+        state = await self._functions.fcall("pl_once_claim", [key], [token, self._lease_ms])
+        state = state.decode() if isinstance(state, bytes) else state
+        if state == "done":
+            return None
+        if state == "busy":
+            raise Retry(f"side effect {name!r} of {event} is running in another delivery")
+        try:
+            result = await effect()
+        except BaseException:
+            await self._functions.fcall("pl_once_settle", [key], [token, "abort", 0])
+            raise
+        await self._functions.fcall("pl_once_settle", [key], [token, "done", self._ttl_ms])
+        return result

@@ -1,0 +1,31 @@
+#!lua name=pipeline_once
+-- The idempotency guard's record of side effects (pipeline/runtime/idempotency.py).
+-- A record {P:once:LANE}:ID:NAME holds "run:<token>" while a holder runs the side effect (with
+-- a lease) and "done" once it succeeded (kept ttl_ms).
+
+-- pl_once_claim: take the right to run a side effect.
+-- KEYS[1] the record   ARGV[1] token   ARGV[2] lease_ms
+-- Returns "claimed", "done" (it already ran) or "busy" (another holder runs it now).
+local function claim(keys, args)
+  local cur = redis.call('GET', keys[1])
+  if cur == 'done' then return 'done' end
+  if cur then return 'busy' end
+  redis.call('SET', keys[1], 'run:' .. args[1], 'PX', args[2])
+  return 'claimed'
+end
+
+-- pl_once_settle: record the end of a claimed run, only if this holder still owns the claim.
+-- KEYS[1] the record   ARGV[1] token   ARGV[2] "done" or "abort"   ARGV[3] ttl_ms of "done"
+-- Returns 1 if recorded, 0 if the claim had expired and passed to someone else.
+local function settle(keys, args)
+  if redis.call('GET', keys[1]) ~= 'run:' .. args[1] then return 0 end
+  if args[2] == 'done' then
+    redis.call('SET', keys[1], 'done', 'PX', args[3])
+  else
+    redis.call('DEL', keys[1])
+  end
+  return 1
+end
+
+redis.register_function('pl_once_claim', claim)
+redis.register_function('pl_once_settle', settle)

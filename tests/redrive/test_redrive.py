@@ -1,0 +1,85 @@
+"""Redrive on both real brokers: dry run, filters, resume without duplicates, loop cap."""
+
+from __future__ import annotations
+
+from contract.helpers import consume_until
+from runtime.helpers import declare, lane_spec
+
+from pipeline import headers as h
+from pipeline.envelope import Message
+from pipeline.errors import DeadLetter
+from pipeline.redrive.redrive import Redrive
+from pipeline.redrive.select import Selection
+from pipeline.retry.policy import Backoff
+from pipeline.retry.router import LaneRoutes, Router
+from pipeline.transport.protocol import Transport
+
+
+class Timeout(Exception):  # noqa: N818 - named like the upstream error it stands for
+    """An upstream timeout, as a handler would see it."""
+
+
+async def _fill_dlq(transport: Transport, name: str) -> LaneRoutes:
+    """Dead-letter 6 messages: 4 timeouts (one already redriven 3 times), 2 fatal."""
+    spec = lane_spec(name, 2)
+    await declare(transport, spec)
+    routes = LaneRoutes(spec.name, (), spec.dead_letter, 1, Backoff(()))
+    router = Router(transport.producer())
+    for i in range(6):
+        headers = {h.EVENT_ID: b"evt-%d" % i, h.TENANT: b"acme" if i % 2 else b"globex"}
+        if i == 5:  # noqa: PLR2004 - the one that keeps coming back
+            headers[h.REDRIVE_COUNT] = b"3"
+        message = Message(spec.name, 0, 100 + i, b"k%d" % i, b"v%d" % i, headers)
+        error = DeadLetter("bad payload") if i in (1, 3) else Timeout("upstream")
+        await router.dead_letter(routes, message, "fatal", error)
+    return routes
+
+
+async def test_dry_run_counts_reasons_and_moves_nothing(transport: Transport, unique: str) -> None:
+    """A dry run reports selected messages by reason and leaves the origin topic empty."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    report = await Redrive(transport, routes.dead_letter_topic, Selection(), dry_run=True).run()
+    assert report.scanned == report.selected == 6
+    assert report.moved == 0
+    assert report.reasons["fatal: pipeline.errors.DeadLetter"] == 2
+    assert sum(report.reasons.values()) == 6
+    topics = await transport.admin().list_topics()
+    assert topics[routes.topic].message_count == 0
+
+
+async def test_redrive_moves_the_selection_back_once(transport: Transport, unique: str) -> None:
+    """Selected messages go back to their origin with key and event id; a rerun moves nothing."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    selection = Selection(error_class="Timeout")
+    first = await Redrive(transport, routes.dead_letter_topic, selection).run()
+    assert (first.selected, first.moved, first.refused_loops) == (4, 3, 1)
+    again = await Redrive(transport, routes.dead_letter_topic, selection).run()
+    assert again.scanned == 0
+    consumer = transport.consumer(f"check-{unique}", [routes.topic])
+    back = await consume_until(consumer, lambda r: len(r) >= 3)
+    await consumer.close()
+    assert sorted(m.value for m in back) == [b"v0", b"v2", b"v4"]
+    for message in back:
+        assert message.key == b"k" + message.value[1:]
+        assert message.headers[h.EVENT_ID] == b"evt-" + message.value[1:]
+        assert message.headers[h.REDRIVE_COUNT] == b"1"
+        assert h.ERROR_CLASS not in message.headers
+        assert h.DEAD_REASON not in message.headers
+
+
+async def test_an_interrupted_redrive_resumes_without_duplicates(
+    transport: Transport, unique: str
+) -> None:
+    """A run stopped after two messages, run again, moves each selected message exactly once."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    selection = Selection(tenant="globex")
+    partial = await Redrive(transport, routes.dead_letter_topic, selection, limit=2).run()
+    assert partial.moved == 2
+    rest = await Redrive(transport, routes.dead_letter_topic, selection).run()
+    assert rest.moved == 1
+    consumer = transport.consumer(f"check-{unique}", [routes.topic])
+    back = await consume_until(consumer, lambda r: len(r) >= 3)
+    await consumer.close()
+    assert sorted(m.value for m in back) == [b"v0", b"v2", b"v4"]
+    info = (await transport.admin().list_topics())[routes.topic]
+    assert info.message_count == 3
