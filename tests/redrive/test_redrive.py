@@ -15,7 +15,7 @@ from pipeline.retry.router import LaneRoutes, Router
 from pipeline.transport.protocol import Transport
 
 
-class Timeout(Exception):  # noqa: N818 - named like the upstream error it stands for
+class Timeout(Exception):
     """An upstream timeout, as a handler would see it."""
 
 
@@ -27,7 +27,7 @@ async def _fill_dlq(transport: Transport, name: str) -> LaneRoutes:
     router = Router(transport.producer())
     for i in range(6):
         headers = {h.EVENT_ID: b"evt-%d" % i, h.TENANT: b"acme" if i % 2 else b"globex"}
-        if i == 5:  # noqa: PLR2004 - the one that keeps coming back
+        if i == 5:
             headers[h.REDRIVE_COUNT] = b"3"
         message = Message(spec.name, 0, 100 + i, b"k%d" % i, b"v%d" % i, headers)
         error = DeadLetter("bad payload") if i in (1, 3) else Timeout("upstream")
