@@ -1,0 +1,50 @@
+"""Example consumer group for the ``messages`` lane (topics/messages.yaml).
+
+Run one or more members (they share the partitions):
+
+    pipeline topics apply
+    pipeline consume consumers.messages:app --group replies
+
+Each handler invocation gets a typed event; messages of one conversation arrive one at a time, in
+order, while different conversations run concurrently. A failure goes through the retry tiers
+(5s, 1m, 10m) and then to ``messages.dlq``; later messages of the same conversation wait behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel
+
+from pipeline.errors import DeadLetter, Retry
+from pipeline.runtime import App, Context
+
+log = logging.getLogger(__name__)
+app = App("topics")
+
+
+class MessageReceived(BaseModel):
+    """An inbound customer message, as the ingress produces it."""
+
+    conversation_id: str
+    text: str
+
+
+@app.handler("messages")
+async def handle(event: MessageReceived, ctx: Context) -> None:
+    """Acknowledge the message once per event, however often it is delivered."""
+    if not event.text.strip():
+        raise DeadLetter("empty message")
+    if "rate limited" in event.text:
+        raise Retry("provider asked us to slow down")
+
+    async def send_ack() -> None:
+        log.info(
+            "ack %s (tenant %s, attempt %d): %s",
+            event.conversation_id,
+            ctx.tenant,
+            ctx.attempt,
+            event.text,
+        )
+
+    await ctx.once("ack", send_ack)
