@@ -88,6 +88,8 @@ class RuntimeSettings(_Section):
     commit_interval_ms: int = Field(default=500, ge=10)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     """How long in-flight handlers may finish on shutdown or revocation."""
+    cpu_workers: int = Field(default=2, ge=1, le=256)
+    """Worker processes for CPU-bound handlers (``cpu=True``), started on first use."""
 
 
 class Settings(BaseSettings):

@@ -29,6 +29,7 @@ from pipeline.errors import ConfigError
 from pipeline.retry.policy import Backoff, Retryable, default_retryable
 from pipeline.retry.router import LaneRoutes
 from pipeline.runtime.context import Context
+from pipeline.runtime.cpu import function_ref
 from pipeline.topics.spec import TopicSpec, load_specs
 
 Handler = Callable[[Any, Context], Awaitable[None]]
@@ -43,6 +44,9 @@ class Lane:
     handler: Handler
     decode: Callable[[Message], Any]
     routes: LaneRoutes
+    cpu_ref: str | None = None
+    """For a CPU-bound handler, its ``module:qualname`` (it runs in the process pool)."""
+    time_limit_s: float = 30.0
 
     @property
     def topics(self) -> list[str]:
@@ -80,16 +84,28 @@ class App:
         self.lanes: dict[str, Lane] = {}
         self._by_topic: dict[str, Lane] = {}
 
-    def handler(self, lane: str) -> Callable[[Handler], Handler]:
-        """Register the decorated ``async def handle(event, ctx)`` for ``lane``."""
+    def handler(
+        self, lane: str, *, cpu: bool = False, time_limit_s: float = 30.0
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated ``async def handle(event, ctx)`` for ``lane``.
+
+        With ``cpu=True`` the handler is a plain module-level ``def handle(event, ctx)`` that
+        runs in a kill-able worker process (:mod:`pipeline.runtime.cpu`), killed and retried
+        when it runs longer than ``time_limit_s``.
+        """
         spec = self._specs.get(lane)
         if spec is None:
             known = ", ".join(sorted(self._specs)) or "none"
             raise ConfigError(f"no lane {lane!r} is declared in topics/ (declared: {known})")
 
         def register(fn: Handler) -> Handler:
-            if not inspect.iscoroutinefunction(fn):
-                raise ConfigError(f"handler {fn.__qualname__} must be `async def`")
+            if cpu == inspect.iscoroutinefunction(fn):
+                form = "a plain `def` (cpu=True)" if cpu else "`async def`"
+                raise ConfigError(f"handler {fn.__qualname__} must be {form}")
+            try:
+                cpu_ref = function_ref(fn) if cpu else None
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             routes = LaneRoutes(
                 topic=spec.name,
                 retry_topics=tuple(spec.retry_topic_names()),
@@ -97,7 +113,7 @@ class App:
                 max_attempts=spec.retry.max_attempts,
                 backoff=Backoff(spec.retry.tiers_ms),
             )
-            entry = Lane(lane, spec, fn, _decoder(fn), routes)
+            entry = Lane(lane, spec, fn, _decoder(fn), routes, cpu_ref, time_limit_s)
             self.lanes[lane] = entry
             for topic in entry.topics:
                 self._by_topic[topic] = entry

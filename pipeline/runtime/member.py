@@ -31,6 +31,7 @@ from pipeline.retry.parking import Ending, Parking
 from pipeline.retry.router import LaneRoutes, Router
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
+from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.due import DueGate
 from pipeline.runtime.flow import FlowControl, PauseBook
 from pipeline.runtime.idempotency import IdempotencyGuard
@@ -92,6 +93,7 @@ class Member:
         self._stopping = False
         self._committed: dict[TopicPartition, Position] = {}
         self._parking: dict[str, Parking] = {}
+        self._pool: ProcessPool | None = None
         self._guard = IdempotencyGuard(redis, redis_prefix) if redis is not None else None
         if redis is not None:
             for name in lanes or sorted(app.lanes):
@@ -134,6 +136,8 @@ class Member:
             await self._commit(consumer)
         await consumer.close()  # revokes what is left through on_revoked
         await self._lanes.close()
+        if self._pool is not None:
+            await self._pool.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
 
@@ -232,8 +236,12 @@ class Member:
             )
             return "expired"
         try:
-            context = Context(message, lane.name, attempt, self._guard)
-            await lane.handler(lane.decode(message), context)
+            event = lane.decode(message)
+            if lane.cpu_ref is None:
+                await lane.handler(event, Context(message, lane.name, attempt, self._guard))
+            else:
+                context = Context(message, lane.name, attempt)  # no Redis in the worker
+                await self._cpu_pool().run(lane.cpu_ref, (event, context), lane.time_limit_s)
         except Skip:
             self.stats.skipped += 1
             return "skipped"
@@ -292,6 +300,11 @@ class Member:
                     self.stats.parked += 1
                 return outcome
         return None
+
+    def _cpu_pool(self) -> ProcessPool:
+        if self._pool is None:
+            self._pool = ProcessPool(self._settings.cpu_workers)
+        return self._pool
 
     # -- offsets ------------------------------------------------------------------------------
 

@@ -1,0 +1,32 @@
+"""CPU-bound handlers for the process-pool test; they record results in a Redis set.
+
+The set is named after the lane (``cpu-done:<lane>``): workers are forked from a
+forkserver started once per test session, so they do not see environment set by a later test.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from pipeline.runtime import Context
+
+
+def _record(lane: str, value: str) -> None:
+    client = redis.Redis.from_url(os.environ.get("PIPELINE_REDIS__URL", "redis://127.0.0.1:6379/0"))
+    try:
+        client.sadd(f"cpu-done:{lane}", value)
+    finally:
+        client.close()
+
+
+def crunch(event: bytes, ctx: Context) -> None:
+    """Burn CPU in the worker, then record the result with the attempt number."""
+    if event == b"hang" and ctx.attempt == 1:
+        time.sleep(600)  # killed at the time limit long before this ends
+    if event == b"crash" and ctx.attempt == 1:
+        os._exit(9)  # the worker dies, as under the OOM killer
+    total = sum(i * i for i in range(200_000))
+    _record(ctx.lane, f"{event.decode()}:{ctx.attempt}:{total}")

@@ -1,0 +1,61 @@
+"""CPU-bound handlers run in kill-able worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from runtime import cpu_app
+from runtime.helpers import FAST, declare, eventually, lane_spec, running
+
+from pipeline.envelope import Record
+from pipeline.errors import ConfigError
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.transport.protocol import Transport
+
+
+@pytest.fixture
+async def done_set(redis_service: str, unique: str) -> AsyncIterator[tuple[Redis, str]]:
+    """The Redis set the workers write their results to (named after the test's lane)."""
+    client = Redis.from_url(redis_service)
+    key = f"cpu-done:cpu_{unique}"
+    yield client, key
+    await client.delete(key)
+    await client.aclose()
+
+
+async def test_hung_and_crashed_workers_are_replaced_and_retried(
+    transport: Transport, done_set: tuple[Redis, str], unique: str
+) -> None:
+    """A handler past its limit is killed, one that kills its worker is caught; both retry."""
+    redis, key = done_set
+    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=2.0)(cpu_app.crunch)
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"hang"), Record(b"crash"), Record(b"fine")])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST)
+    expected = sum(i * i for i in range(200_000))
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 3, timeout_s=90)
+    results = {v.decode() for v in await redis.smembers(key)}
+    assert results == {f"hang:2:{expected}", f"crash:2:{expected}", f"fine:1:{expected}"}
+    assert member.stats.retried == 2
+
+
+def test_cpu_handlers_must_be_plain_module_functions() -> None:
+    """A coroutine or a nested function cannot be a CPU-bound handler."""
+    app = App([lane_spec("cpu_rules")])
+
+    async def not_plain(event: bytes, ctx: Context) -> None: ...
+
+    def nested(event: bytes, ctx: Context) -> None: ...
+
+    with pytest.raises(ConfigError, match="plain `def`"):
+        app.handler("cpu_rules", cpu=True)(not_plain)
+    with pytest.raises(ConfigError, match="module-level"):
+        app.handler("cpu_rules", cpu=True)(nested)
