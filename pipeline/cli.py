@@ -11,6 +11,8 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
+import os
 import sys
 import uuid
 from collections.abc import Coroutine
@@ -28,6 +30,8 @@ from pipeline.envelope import Message
 from pipeline.errors import ConfigError, PipelineError, TopicSpecError
 from pipeline.redrive.redrive import Redrive, Report
 from pipeline.redrive.select import Selection, parse_time_ms
+from pipeline.registry.cli import app as registry_app
+from pipeline.registry.cli import schemas_app
 from pipeline.runtime.run import load_app, serve
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
@@ -43,6 +47,8 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(help="Declare and inspect topics.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
+app.add_typer(registry_app, name="registry")
+app.add_typer(schemas_app, name="schemas")
 err = Console(stderr=True, soft_wrap=True)
 
 TransportOpt = Annotated[
@@ -362,5 +368,9 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level."""
+    logging.basicConfig(
+        level=os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     app()

@@ -8,6 +8,10 @@ whichever tier each one sits in and whichever member sees it. When the head succ
 one becomes the head; when it is dead-lettered, the ones parked behind it follow it into the
 dead-letter topic (``after_dead_letter: follow``) or run normally (``proceed``).
 
+A copy of a parked message can reach a tier twice (a member killed after diverting it, before
+committing): when one copy has been handled, the other is recognised (its id is in the key's
+``gone`` set) and dropped, so a duplicate never runs out of order behind the key's later messages.
+
 Every start of a message is counted; a message started ``poison_after`` times without finishing
 (its worker died each time) is dead-lettered with reason ``poison`` instead of run again.
 
@@ -32,7 +36,7 @@ from pipeline.retry.keys import parking_keys
 log = logging.getLogger(__name__)
 
 LIBRARY = resources.files("pipeline.retry").joinpath("lua/parking.lua").read_text()
-Decision = Literal["process", "divert", "sequenced", "poison"]
+Decision = Literal["process", "divert", "sequenced", "poison", "stale"]
 Ending = Literal["done", "parked", "dead"]
 
 

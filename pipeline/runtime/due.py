@@ -9,6 +9,7 @@ message is never released before its due time; the cost is one timer per waiting
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from pipeline import headers as h
 from pipeline.envelope import Message, TopicPartition
 from pipeline.runtime.flow import PauseBook
+
+log = logging.getLogger(__name__)
 
 
 def due_ms(message: Message) -> int:
@@ -42,6 +45,7 @@ class DueGate:
         if held is None:
             held = self._held[message.tp] = deque()
             self._pauses.pause(message.tp, "due")
+            log.debug("holding %s until %d", message.tp, due_ms(message))
         held.append(message)
         if message.tp not in self._timers:
             self._arm(message.tp)
@@ -65,6 +69,7 @@ class DueGate:
         else:
             del self._held[tp]
             self._pauses.resume(tp, "due")
+            log.debug("released %s", tp)
 
     def drop(self, tps: set[TopicPartition]) -> list[Message]:
         """Forget what is held for these partitions (they left this member); returns it."""

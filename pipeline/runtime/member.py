@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from pipeline import headers as h
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Delivered, Message, Position, TopicPartition
-from pipeline.errors import Skip, TransportError
+from pipeline.errors import Skip, TransportError, UnknownTopic
 from pipeline.retry.parking import Ending, Parking
 from pipeline.retry.router import LaneRoutes, Router
 from pipeline.runtime.app import App, Lane
@@ -55,6 +55,7 @@ class Stats:
     expired: int = 0
     already_done: int = 0
     parked: int = 0
+    duplicates: int = 0
 
 
 class Member:
@@ -116,7 +117,16 @@ class Member:
         committer = asyncio.create_task(self._commit_forever())
         try:
             while not stop.is_set():
-                for message in await consumer.poll(self._settings.poll_max, 0.5):
+                try:
+                    batch = await consumer.poll(self._settings.poll_max, 0.5)
+                except UnknownTopic:
+                    raise  # a configuration error: `pipeline topics apply` was not run
+                except TransportError as exc:
+                    # A broker blip must not end the member: wait a moment and poll again.
+                    log.warning("poll failed, retrying: %s", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for message in batch:
                     self._dispatch(message)
         finally:
             await self._shutdown(committer)
@@ -197,6 +207,9 @@ class Member:
         decision, starts = await parking.begin(
             message, ordered=ordered, poison_after=lane.spec.retry.poison_after
         )
+        if decision == "stale":
+            self.stats.duplicates += 1
+            return "duplicate"
         if decision == "divert":
             # Still parked behind its head: no end is recorded.
             return await self._route(lane, message, "parked", self._router.divert)

@@ -40,6 +40,7 @@ async def _member(
         "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
         "PIPELINE_REDIS__LEASE_MS": "1500",
         "PIPELINE_REDIS__HEARTBEAT_MS": "100",
+        "PIPELINE_LOG_LEVEL": os.environ.get("CHAOS_LOG_LEVEL", "WARNING"),
     }
     return await asyncio.create_subprocess_exec(
         sys.executable,
@@ -85,7 +86,7 @@ async def test_every_event_ends_handled_or_dead_lettered_in_key_order(
     dead: list[Message] = []
     try:
         killed = False
-        deadline = asyncio.get_running_loop().time() + 150
+        deadline = asyncio.get_running_loop().time() + 90
         while True:
             handled = await _handled(redis, prefix)
             done = {f"{k}:{s}".encode() for k, seqs in handled.items() for s in seqs}
@@ -97,7 +98,8 @@ async def test_every_event_ends_handled_or_dead_lettered_in_key_order(
             dead += await dlq.poll(100, 0.2)
             if killed and done | {m.value for m in dead} >= set(values):
                 break
-            assert asyncio.get_running_loop().time() < deadline, f"{len(done)} handled"
+            missing = set(values) - done - {m.value for m in dead}
+            assert asyncio.get_running_loop().time() < deadline, f"missing {sorted(missing)}"
     finally:
         for proc in members:
             if proc.returncode is None:

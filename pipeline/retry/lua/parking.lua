@@ -7,34 +7,49 @@
 --   {..}:h     hash   seq (last sequence given), dead_until (followers up to this sequence
 --                     follow a dead-lettered head into the DLQ)
 --   {..}:r:ID  string how many times message ID started processing without finishing (poison)
+--   {..}:gone  set    ids that left the parked set (handled or dead-lettered): a copy of one
+--                     that shows up again (a redelivery after a crash) is stale and is dropped
 -- Every key expires (ARGV ttl_ms), so a key whose messages vanish frees itself.
 
 -- pl_begin: count a start and decide what to do with a message before its handler runs.
 -- KEYS[1] zset   KEYS[2] hash   KEYS[3] run counter of this message
+-- KEYS[4] gone set
 -- ARGV[1] message id   ARGV[2] ttl_ms   ARGV[3] poison_after   ARGV[4] "1" if the lane is ordered
 -- Returns {decision, starts}: decision is
+--   stale      this message already left the parked set: a duplicate copy, do not run it
 --   process    run the handler
 --   divert     the key has parked messages ahead of this one: send it behind them, do not run
 --   sequenced  this message follows a dead-lettered head: dead-letter it without running
 --   poison     it was started poison_after times without finishing: dead-letter it
 local function begin(keys, args)
   local id, ttl = args[1], tonumber(args[2])
+  if args[4] == '1' and redis.call('SISMEMBER', keys[4], id) == 1 then
+    return {'stale', 0}
+  end
   if args[4] == '1' and redis.call('EXISTS', keys[1]) == 1 then
+    -- A head that already finished (a duplicate copy re-parked it) must not block its key.
+    local head = redis.call('ZRANGE', keys[1], 0, 0)[1]
+    while head and redis.call('SISMEMBER', keys[4], head) == 1 do
+      redis.call('ZREM', keys[1], head)
+      head = redis.call('ZRANGE', keys[1], 0, 0)[1]
+    end
     local rank = redis.call('ZRANK', keys[1], id)
-    if not rank then
+    if not head then
+      redis.call('DEL', keys[1], keys[2])  -- nothing left parked: run normally
+    elseif not rank then
       local seq = redis.call('HINCRBY', keys[2], 'seq', 1)
       redis.call('ZADD', keys[1], seq, id)
       redis.call('PEXPIRE', keys[1], ttl)
       redis.call('PEXPIRE', keys[2], ttl)
       return {'divert', 0}
-    end
-    if rank > 0 then
+    elseif rank > 0 then
       return {'divert', 0}
-    end
-    local seq = tonumber(redis.call('ZSCORE', keys[1], id))
-    local dead_until = tonumber(redis.call('HGET', keys[2], 'dead_until') or '0')
-    if seq <= dead_until then
-      return {'sequenced', 0}
+    else
+      local seq = tonumber(redis.call('ZSCORE', keys[1], id))
+      local dead_until = tonumber(redis.call('HGET', keys[2], 'dead_until') or '0')
+      if seq <= dead_until then
+        return {'sequenced', 0}
+      end
     end
   end
   local starts = redis.call('INCR', keys[3])
@@ -46,7 +61,7 @@ local function begin(keys, args)
 end
 
 -- pl_end: record how a started (or sequenced) message ended.
--- KEYS[1] zset   KEYS[2] hash   KEYS[3] run counter of this message
+-- KEYS[1] zset   KEYS[2] hash   KEYS[3] run counter of this message   KEYS[4] gone set
 -- ARGV[1] message id   ARGV[2] ttl_ms   ARGV[3] outcome: done | parked | dead
 -- ARGV[4] "follow" if followers of a dead-lettered head follow it into the DLQ
 --   done    handled (or skipped, expired): it leaves the parked set
@@ -57,14 +72,18 @@ local function finish(keys, args)
   local id, ttl, outcome = args[1], tonumber(args[2]), args[3]
   redis.call('DEL', keys[3])
   if outcome == 'parked' then
-    if not redis.call('ZSCORE', keys[1], id) then
+    -- A duplicate copy that failed after another copy finished stays finished.
+    if not redis.call('ZSCORE', keys[1], id) and redis.call('SISMEMBER', keys[4], id) == 0 then
       local seq = redis.call('HINCRBY', keys[2], 'seq', 1)
       redis.call('ZADD', keys[1], seq, id)
     end
     redis.call('PEXPIRE', keys[1], ttl)
     redis.call('PEXPIRE', keys[2], ttl)
   else
-    redis.call('ZREM', keys[1], id)
+    if redis.call('ZREM', keys[1], id) == 1 then
+      redis.call('SADD', keys[4], id)
+      redis.call('PEXPIRE', keys[4], ttl)
+    end
     if outcome == 'dead' and args[4] == 'follow' then
       local last = redis.call('ZRANGE', keys[1], -1, -1, 'WITHSCORES')
       if last[2] then redis.call('HSET', keys[2], 'dead_until', last[2]) end

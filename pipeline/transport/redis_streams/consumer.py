@@ -171,6 +171,7 @@ class RedisStreamsConsumer:
                 await self._ensure_group(tp)
                 self._reclaim[tp] = "0-0"
                 self._unacked[tp] = deque()
+                self._paused.discard(tp)  # a new assignment starts flowing
             self._owned |= new
             if self._listener:
                 await self._listener.on_assigned(sorted(new), await self.committed(sorted(new)))
@@ -192,7 +193,11 @@ class RedisStreamsConsumer:
             if self._heartbeat_task is None:
                 await self._start()
             if self._changed.is_set():
-                await self._apply_changes()
+                try:
+                    await self._apply_changes()
+                except BaseException:
+                    self._changed.set()  # not applied: the next poll tries again
+                    raise
             out = await self._reclaim_some(max_messages)
             if out:
                 return out
