@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TRANSPORT ?= redis
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport demo clean
+.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,10 +41,16 @@ lint: setup
 	$(BIN)/lint-imports
 
 ## bench: every benchmark; bench-<name>: one of them
-bench: bench-transport
+bench: bench-transport bench-serde bench-ingress
 
 bench-transport: setup services
 	$(BIN)/python bench/transport.py
+
+bench-serde: setup
+	$(BIN)/python bench/serde.py
+
+bench-ingress: setup services
+	$(BIN)/python bench/ingress.py
 
 ## demo: Redis only (the embedded default): declare topics, produce and tail events
 demo: setup

@@ -28,6 +28,8 @@ from rich.table import Table
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+from pipeline.ingress.cli import app as ingress_app
+from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.redrive.redrive import Redrive, Report
 from pipeline.redrive.select import Selection, parse_time_ms
 from pipeline.registry.cli import app as registry_app
@@ -49,6 +51,8 @@ topics_app = typer.Typer(help="Declare and inspect topics.", no_args_is_help=Tru
 app.add_typer(topics_app, name="topics")
 app.add_typer(registry_app, name="registry")
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(ingress_app, name="ingress")
+app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 err = Console(stderr=True, soft_wrap=True)
 
 TransportOpt = Annotated[

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.errors import ConfigError
+from pipeline.ingress.settings import IngressSettings
+from pipeline.registry.settings import RegistrySettings
 
 ENV_PREFIX = "PIPELINE_"
 _DEFAULT_MAX_MESSAGE_BYTES = 1_048_576 + 65_536  # 1 MiB payloads plus room for key and headers
@@ -109,6 +111,8 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    ingress: IngressSettings = Field(default_factory=IngressSettings)
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:

@@ -7,6 +7,11 @@ callers never need to import a client library to handle a failure::
     PipelineError
     ├── ConfigError                 bad settings; names the setting and the expected form
     ├── TopicSpecError              a topics/*.yaml file is invalid; names the file and field
+    ├── IngressError                a webhook was refused (pipeline/ingress/errors.py):
+    │                               Rejected (401), Malformed (400)
+    ├── LogStoreError               the durable log failed (pipeline/logstore/errors.py)
+    ├── RegistryError               a schema registry request failed (pipeline/registry/errors.py,
+    │                               with Confluent error codes)
     ├── TransportError              a broker operation failed
     │   ├── BrokerUnavailable       the broker (Kafka or Redis) cannot be reached
     │   ├── UnknownTopic            the topic is not declared / does not exist on the broker

@@ -116,6 +116,27 @@ class KafkaAdmin:
         )
         futures = self._raw.create_topics([topic], request_timeout=self._timeout_s)
         await self._wait(futures[config.name], f"create topic {config.name!r}")
+        await self._until_visible(config.name, config.partitions)
+
+    async def _until_visible(self, name: str, partitions: int) -> None:
+        """Wait until the broker's metadata shows the topic with a leader for every partition.
+
+        A created topic takes a moment to propagate; returning before that makes the next
+        produce or offset lookup fail with "unknown topic".
+        """
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:
+            meta = await self._metadata()
+            found = meta.topics.get(name)
+            if (
+                found is not None
+                and found.error is None
+                and len(found.partitions) >= partitions
+                and all(p.leader >= 0 for p in found.partitions.values())
+            ):
+                return
+            await asyncio.sleep(0.05)  # metadata propagation: re-check shortly
+        raise TransportError(f"topic {name!r} created but not visible after {self._timeout_s}s")
 
     async def update_topic(self, config: TopicConfig) -> None:
         """Grow partitions to ``config.partitions`` and set retention and configs."""

@@ -119,6 +119,9 @@ class KafkaConsumer:
     def _on_assign(self, _raw: Any, partitions: list[Any]) -> None:
         tps = _tps(partitions)
         self._assigned.update(tps)
+        # librdkafka keeps a partition's pause flag across revoke and re-assign; a new
+        # assignment must start flowing, whatever was paused before it was revoked.
+        self._raw.resume(partitions)
         if self._listener and tps:
             try:
                 committed = self._committed_sync(tps)

@@ -1,0 +1,339 @@
+"""Ingress benchmark: durable accepts/s, vs durability off, vs a naive endpoint; p99 at 1k/s.
+
+Run: ``make bench-ingress`` (= ``.venv/bin/python bench/ingress.py``). Needs Redis (the embedded
+default transport; ``PIPELINE_REDIS__URL``). Method and results: ``docs/ingress.md``.
+
+Servers run as subprocesses on loopback, each on uvicorn with uvloop and httptools:
+
+* **durable**: ``pipeline ingress serve`` with SQLite ``synchronous=FULL`` (WAL fsync per group
+  commit) producing every event to Redis Streams;
+* **nondurable**: the same ingress with ``synchronous=OFF`` (no fsync at all);
+* **naive**: a FastAPI endpoint that verifies the same signature and commits one SQLite row per
+  request (WAL, ``synchronous=FULL``), with no produce at all.
+
+The load generator is open-loop: every request has an intended send time, and latency is
+measured from that time (so queueing in the client counts, no coordinated omission). Requests
+are pre-signed Meta deliveries with 1 KiB JSON bodies and distinct event ids, sent over 64
+keep-alive HTTP/1.1 connections. The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import uvloop
+import yaml
+
+SECRET = "bench-secret"  # noqa: S105 - the benchmark's own signing key
+CONNECTIONS = 64
+_CONTENT_LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
+
+
+def body_of(n: int, run: str) -> bytes:
+    """A 1 KiB Meta-like JSON body with a distinct event id."""
+    doc = {
+        "object": "whatsapp_business_account",
+        "entry": [
+            {
+                "id": f"biz-{n % 50}",
+                "changes": [
+                    {
+                        "field": "messages",
+                        "value": {
+                            "contacts": [{"wa_id": f"wa-{n % 1000}"}],
+                            "messages": [{"id": f"wamid.{run}.{n}", "text": {"body": ""}}],
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+    raw = json.dumps(doc)
+    doc["entry"][0]["changes"][0]["value"]["messages"][0]["text"]["body"] = "x" * (1024 - len(raw))
+    return json.dumps(doc).encode()
+
+
+def requests(count: int, run: str, path: str = "/hooks/bench") -> list[bytes]:
+    """``count`` pre-signed raw HTTP requests."""
+    out = []
+    for n in range(count):
+        body = body_of(n, run)
+        signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+            f"x-hub-signature-256: sha256={signature}\r\ncontent-length: {len(body)}\r\n\r\n"
+        )
+        out.append(head.encode() + body)
+    return out
+
+
+async def load(
+    port: int, raw: list[bytes], rate_per_s: float | None
+) -> tuple[int, float, list[float]]:
+    """Send ``raw`` open-loop at ``rate_per_s`` (None: at once): accepted, seconds, latencies."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+    latencies: list[float] = []
+    accepted = 0
+    start = loop.time() + 0.05
+    for i, request in enumerate(raw):
+        queue.put_nowait((start + (i / rate_per_s if rate_per_s else 0.0), request))
+
+    async def worker() -> None:
+        nonlocal accepted
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while True:
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                if item is None:
+                    return
+                intended, request = item
+                delay = intended - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                match = _CONTENT_LENGTH.search(head)
+                await reader.readexactly(int(match[1]) if match else 0)
+                latencies.append(loop.time() - intended)
+                if head[9:12] == b"200":
+                    accepted += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker() for _ in range(CONNECTIONS)))
+    return accepted, loop.time() - start, latencies
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            time.sleep(0.05)
+        else:
+            return
+    raise SystemExit(f"server on port {port} did not start")
+
+
+def start_ingress(workdir: Path, synchronous: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    db = workdir / f"ingress-{synchronous}-{uuid.uuid4().hex[:6]}.db"
+    env = {
+        **os.environ,
+        "PIPELINE_BENCH_SECRET": SECRET,
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_TOPICS_DIR": str(workdir / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(workdir / "sources.yaml"),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(db),
+        "PIPELINE_INGRESS__SQLITE_SYNCHRONOUS": synchronous,
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.ingress.cli", "ingress", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    wait_listening(port, proc)
+    return proc, port
+
+
+NAIVE_APP = """
+import hashlib, hmac, sqlite3, sys, uuid
+from fastapi import FastAPI, Request, Response
+db = sqlite3.connect(sys.argv[1], check_same_thread=False, isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL"); db.execute("PRAGMA synchronous=FULL")
+db.execute("CREATE TABLE IF NOT EXISTS log (id TEXT PRIMARY KEY, body BLOB, event TEXT UNIQUE)")
+app = FastAPI()
+@app.post("/hooks/bench")
+async def hook(request: Request) -> Response:
+    body = await request.body()
+    expected = "sha256=" + hmac.new(b"SECRET", body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, request.headers.get("x-hub-signature-256", "")):
+        return Response(status_code=401)
+    db.execute("BEGIN")
+    row = (uuid.uuid4().hex, body, uuid.uuid4().hex)
+    db.execute("INSERT OR IGNORE INTO log VALUES (?, ?, ?)", row)
+    db.execute("COMMIT")
+    return Response('{"status":"accepted"}', media_type="application/json")
+"""
+
+
+def start_naive(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    app_file = workdir / "naive_app.py"
+    app_file.write_text(NAIVE_APP.replace("SECRET", SECRET), encoding="utf-8")
+    db = workdir / f"naive-{uuid.uuid4().hex[:6]}.db"
+    code = (
+        "import sys, uvicorn; sys.argv=['naive', sys.argv[1]]; sys.path.insert(0, sys.argv[0]);"
+        f"import runpy; ns = runpy.run_path({str(app_file)!r});"
+        f"uvicorn.run(ns['app'], host='127.0.0.1', port={port}, loop='uvloop', http='httptools',"
+        " log_level='warning', access_log=False)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(db)], stdout=subprocess.DEVNULL)
+    wait_listening(port, proc)
+    return proc, port
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def cpu_s(proc: subprocess.Popen[bytes]) -> float:
+    times = psutil.Process(proc.pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def setup_topic(topic: str) -> None:
+    from pipeline.config import load_settings  # noqa: PLC0415
+    from pipeline.transport import create_transport  # noqa: PLC0415
+    from pipeline.transport.protocol import TopicConfig  # noqa: PLC0415
+
+    transport = create_transport(load_settings(), "redis")
+    try:
+        await transport.admin().create_topic(TopicConfig(topic, 4, max_len=20_000))
+    finally:
+        await transport.close()
+
+
+async def drop_topic(topic: str) -> None:
+    from pipeline.config import load_settings  # noqa: PLC0415
+    from pipeline.transport import create_transport  # noqa: PLC0415
+
+    transport = create_transport(load_settings(), "redis")
+    try:
+        await transport.admin().delete_topic(topic)
+    finally:
+        await transport.close()
+
+
+def measure_max(kind: str, workdir: Path, count: int, run: str) -> tuple[float, float]:
+    """(accepts/s, server CPU seconds per 10k accepts) at saturation."""
+    if kind == "naive":
+        proc, port = start_naive(workdir)
+    else:
+        proc, port = start_ingress(workdir, "FULL" if kind == "durable" else "OFF")
+    try:
+        uvloop.run(load(port, requests(500, f"warm-{run}"), None))
+        raw = requests(count, run)
+        before = cpu_s(proc)
+        accepted, seconds, _ = uvloop.run(load(port, raw, None))
+        used = cpu_s(proc) - before
+    finally:
+        stop(proc)
+    if accepted < count:
+        print(f"  {kind}: only {accepted}/{count} accepted", flush=True)
+    rps = accepted / seconds
+    print(
+        f"  {kind:<11} {rps:>8.0f} accepts/s  ({used / max(accepted, 1) * 10_000:.2f} cpu-s/10k)",
+        flush=True,
+    )
+    return rps, used / max(accepted, 1) * 10_000
+
+
+def measure_p99(workdir: Path, rate: int, seconds: int) -> float:
+    proc, port = start_ingress(workdir, "FULL")
+    try:
+        uvloop.run(load(port, requests(500, "warm-p99"), None))
+        accepted, _, latencies = uvloop.run(load(port, requests(rate * seconds, "p99"), rate))
+    finally:
+        stop(proc)
+    p50 = statistics.quantiles(latencies, n=100)[49] * 1000
+    p99 = statistics.quantiles(latencies, n=100)[98] * 1000
+    print(
+        f"  open loop {rate}/s for {seconds}s: {accepted} accepted, p50 {p50:.1f} ms, "
+        f"p99 {p99:.1f} ms",
+        flush=True,
+    )
+    return p99
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=15_000, help="per saturation run")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
+    parser.add_argument("--p99-seconds", type=int, default=10)
+    args = parser.parse_args()
+    topic = f"bench_ingress_{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory(prefix="bench-ingress-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "topics").mkdir()
+        (workdir / "topics" / "bench.yaml").write_text(
+            yaml.safe_dump({"name": topic, "partitions": 4, "lane": "bench"}), encoding="utf-8"
+        )
+        source = {
+            "scheme": "meta",
+            "secrets": ["env:PIPELINE_BENCH_SECRET"],
+            "tenant": {"pointer": "/entry/0/id"},
+            "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
+            "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
+            "topic": topic,
+        }
+        (workdir / "sources.yaml").write_text(
+            yaml.safe_dump({"sources": {"bench": source}}), encoding="utf-8"
+        )
+        asyncio.run(setup_topic(topic))
+        try:
+            results: dict[str, list[tuple[float, float]]] = {
+                "durable": [],
+                "nondurable": [],
+                "naive": [],
+            }
+            for r in range(args.rounds):
+                print(f"round {r + 1}/{args.rounds} ({args.requests} requests each)", flush=True)
+                for kind, runs in results.items():
+                    runs.append(measure_max(kind, workdir, args.requests, f"{kind}{r}"))
+            p99 = measure_p99(workdir, 1_000, args.p99_seconds)
+        finally:
+            asyncio.run(drop_topic(topic))
+    med = {kind: statistics.median(rps for rps, _ in runs) for kind, runs in results.items()}
+    cpu = statistics.median(c for _, c in results["durable"])
+    print(
+        json.dumps(
+            {
+                "bench": "ingress",
+                "durable_vs_nondurable": round(med["durable"] / med["nondurable"], 2),
+                "vs_naive": round(med["durable"] / med["naive"], 2),
+                "p99_ms_at_1k": round(p99, 1),
+                "max_durable_rps": round(med["durable"]),
+                "cpu_s_per_10k": round(cpu, 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

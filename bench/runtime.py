@@ -1,0 +1,1104 @@
+"""The consumer runtime (``Member``) on Kafka against the raw client loop, faust and FastStream.
+
+Three measurements, all against the same Kafka broker in one process run (``make bench-runtime``):
+
+1. **Throughput, no-op handler.** One topic of 12 partitions is created and ``--messages``
+   (default 50,000) messages of 1 KiB (constant bytes) with keys ``k0..k999`` are produced into it
+   once, untimed. Then, ``--repeats`` times (default 3), four consumers each read all of it with a
+   fresh consumer group, in interleaved order (rotated every repeat, so no runner always goes
+   first):
+
+   * **ours**: a :class:`~pipeline.runtime.member.Member` (default ``RuntimeSettings``: 64
+     concurrent keys, commits every 500 ms, no Redis) on an ordered lane with a no-op
+     ``async def handle(event: bytes, ctx)``;
+   * **raw**: a ``confluent_kafka.Consumer`` loop: ``consume(500, 1.0)``, a no-op call per message,
+     one synchronous ``commit()`` of the batch's offsets per batch (in this process, on a thread);
+   * **faust**: a faust-streaming agent with a no-op body, in a subprocess
+     (``bench/peers/faust_peer.py``);
+   * **faststream**: a FastStream ``KafkaBroker`` subscriber (aiokafka backend) with a no-op
+     handler, in a subprocess (``bench/peers/faststream_peer.py``).
+
+   The timed span is the same for all four: from the first message the handler receives to the
+   last message handled (for raw: to the end of the last batch's commit). Process start, imports
+   and the group join are outside it. Each reports the process CPU time (``getrusage``, every
+   thread, librdkafka's and aiokafka's included) over that span as CPU-seconds per 10k. After the
+   span each runner gets its commit covering every message (ours: the member's own periodic
+   commit; raw: already done; faust and FastStream: one explicit ``commit()``), reported as
+   ``commit_s`` and not in the ratio; the harness then checks the group's committed offsets
+   reached the end of every partition. The peers run from their own virtualenv,
+   ``bench/peers/.venv``, created on demand from ``bench/peers/requirements.txt`` so their pins
+   never touch the project's; if it cannot be built or a peer fails, that peer is reported as
+   null with a reason. Ratios (``vs_raw`` = ours/raw msgs/s, ...) are computed per repeat and the
+   median is reported.
+
+2. **Key parallelism** (Confluent Parallel Consumer's scenario): 10,000 messages, ONE partition,
+   100 keys, a handler that awaits ``asyncio.sleep(random.uniform(0, 0.005))``. Our ordered lane
+   with ``max_concurrency=100`` against the same member with ``max_concurrency=1``
+   (partition-serial), interleaved, ``--repeats`` times; ``key_parallel_speedup`` is the median
+   ratio of throughputs. Per-key order is checked in both. A third, diagnostic run per repeat
+   raises ``partition_high_water`` above the whole backlog, so flow control never pauses the
+   partition (``key_parallel_speedup_no_pause``); it shows what the pause/resume path costs.
+
+3. **Retries at 1 %**: a lane with retry tiers ``200ms, 1s``, a Redis client passed to the
+   member (parking on, so per-key order holds across retries), 12 partitions, 1,000 keys,
+   ``--retry-messages`` messages (default 20,000, not 50,000: with parking on, a run is ~20x
+   slower than in 1, and the whole benchmark has to stay under ten minutes), and a handler that
+   fails 1 % of the messages once (``crc32(value) % 100 == 0`` on attempt 1). Against the same
+   lane and member with a handler that never fails, interleaved, each run on a fresh lane (main,
+   retry tiers and DLQ topics created and deleted). The timed span is first handled to the last
+   message *succeeded* (so it includes the retry tiers' delay for the last failures).
+   ``retry_1pct_cost`` = 1 - (msgs/s with failures / without), median per pair. Every success
+   records (key, sequence): ``order_violations`` counts successes that came after a later message
+   of the same key, here and in 2 (must be 0).
+
+The last line printed is one JSON object::
+
+    {"bench": "runtime", "vs_raw": ..., "vs_faust": ..., "vs_faststream": ...,
+     "key_parallel_speedup": ..., "retry_1pct_cost": ..., "order_violations": ..., ...}
+
+Brokers come from the usual settings (``PIPELINE_KAFKA__BOOTSTRAP_SERVERS``,
+``PIPELINE_REDIS__URL``); the script exits non-zero with a message if one cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import confluent_kafka
+from confluent_kafka import Consumer as RawKafkaConsumer
+from confluent_kafka import KafkaException
+from confluent_kafka import TopicPartition as RawTopicPartition
+from confluent_kafka.admin import AdminClient
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from pipeline.config import RuntimeSettings, Settings, load_settings
+from pipeline.envelope import Position, Record, TopicPartition
+from pipeline.errors import PipelineError, TransportError
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.topics.admin import apply
+from pipeline.topics.spec import TopicSpec
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Consumer, TopicConfig, Transport
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+PAD = b"x" * 1024
+PARTITIONS = 12
+KEYS = 1000
+PRODUCE_WINDOW = 5000
+POLL_MAX = 500
+RUN_TIMEOUT_S = 180.0
+COMMIT_WAIT_S = 5.0
+PROBE_TIMEOUT_S = 5.0
+WARMUP_MESSAGES = 5000
+
+KP_MESSAGES = 10_000
+KP_KEYS = 100
+KP_MAX_SLEEP_S = 0.005
+KP_CONCURRENCY = 100
+# Diagnostic only: the high-water mark above the whole backlog, so flow control never pauses.
+KP_NO_PAUSE = RuntimeSettings(max_concurrency=KP_CONCURRENCY, partition_high_water=KP_MESSAGES * 2)
+RETRY_TIERS = ["200ms", "1s"]
+FAIL_MODULO = 100  # crc32(value) % 100 == 0: 1 % of the messages fail once
+
+PEERS_DIR = Path(__file__).resolve().parent / "peers"
+PEER_VENV = PEERS_DIR / ".venv"
+PEER_PYTHON = PEER_VENV / "bin" / "python"
+PEER_STAMP = PEER_VENV / ".requirements.sha256"
+PEER_SCRIPTS = {"faust": "faust_peer.py", "faststream": "faststream_peer.py"}
+PEER_PACKAGES = {
+    "faust": ["faust-streaming", "aiokafka"],
+    "faststream": ["faststream", "aiokafka"],
+}
+RUNNERS = ("ours", "raw", "faust", "faststream")
+TARGETS = {
+    "vs_raw": (">=", 0.3),
+    "vs_faust": (">=", 5.0),
+    "vs_faststream": (">=", 2.0),
+    "key_parallel_speedup": (">=", 10.0),
+    "retry_1pct_cost": ("<=", 0.10),
+    "order_violations": ("<=", 0),
+}
+
+
+class BenchError(Exception):
+    """The benchmark could not complete (timeout, lost or failed messages)."""
+
+
+class PeerError(Exception):
+    """A peer could not be installed or run; it is reported as null with this reason."""
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _name(kind: str) -> str:
+    return f"bench_{kind}_{uuid.uuid4().hex[:12]}"
+
+
+def _value(seq: int) -> bytes:
+    """1 KiB whose first 8 bytes are the produce sequence number (for order checks)."""
+    return b"%08d" % seq + PAD[8:]
+
+
+def _seq(value: bytes) -> int:
+    return int(value[:8])
+
+
+@dataclass(slots=True)
+class Span:
+    """One timed run: first message received to last message handled."""
+
+    messages: int
+    seconds: float
+    cpu_s: float
+    commit_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def msgs_s(self) -> float:
+        """Throughput over the span."""
+        return self.messages / self.seconds
+
+    @property
+    def cpu_per_10k(self) -> float:
+        """Process CPU-seconds per 10,000 messages."""
+        return self.cpu_s * 10_000 / self.messages
+
+
+class Stopwatch:
+    """Counts handled messages; the span runs from the first to the ``expected``-th."""
+
+    def __init__(self, expected: int) -> None:
+        """Expect ``expected`` messages."""
+        self.expected = expected
+        self.count = 0
+        self.t0 = self.t1 = self.cpu0 = self.cpu1 = 0.0
+        self.done = asyncio.Event()
+
+    def tick(self) -> None:
+        """One more message handled."""
+        if self.count == 0:
+            self.t0, self.cpu0 = time.perf_counter(), _cpu_s()
+        self.count += 1
+        if self.count == self.expected:
+            self.t1, self.cpu1 = time.perf_counter(), _cpu_s()
+            self.done.set()
+
+    def span(self) -> Span:
+        """The measured span."""
+        return Span(self.count, self.t1 - self.t0, self.cpu1 - self.cpu0)
+
+
+# -- the commit watch: when did our member's commits cover every message? ----------------------
+
+
+class _WatchedConsumer:
+    """Delegates to the real consumer; notes the time its commits first cover ``ends``."""
+
+    def __init__(self, inner: Consumer, watch: CommitWatch) -> None:
+        self._inner = inner
+        self._watch = watch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def commit(self, positions: Sequence[Position]) -> None:
+        await self._inner.commit(positions)
+        self._watch.committed(positions)
+
+
+class CommitWatch:
+    """A transport wrapper whose consumers report their commits (nothing else changes)."""
+
+    def __init__(self, transport: Transport, ends: dict[TopicPartition, int]) -> None:
+        """Watch for commits reaching ``ends`` (the partitions' end offsets)."""
+        self._transport = transport
+        self.name = transport.name
+        self._ends = ends
+        self._positions: dict[TopicPartition, int] = {}
+        self.covered_at: float | None = None
+        self.covered = asyncio.Event()
+
+    def producer(self) -> Any:
+        """The real producer."""
+        return self._transport.producer()
+
+    def admin(self) -> Any:
+        """The real admin."""
+        return self._transport.admin()
+
+    def consumer(self, group: str, topics: Sequence[str], **kwargs: Any) -> Consumer:
+        """The real consumer, watched."""
+        return _WatchedConsumer(self._transport.consumer(group, topics, **kwargs), self)  # type: ignore[return-value]
+
+    def committed(self, positions: Sequence[Position]) -> None:
+        """Note committed positions; set ``covered`` once every end is reached."""
+        for p in positions:
+            self._positions[p.tp] = p.offset
+        if self.covered_at is None and all(
+            self._positions.get(tp, 0) >= end for tp, end in self._ends.items()
+        ):
+            self.covered_at = time.perf_counter()
+            self.covered.set()
+
+    async def close(self) -> None:
+        """Nothing of its own to release."""
+
+
+# -- the harness ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Topic:
+    """A topic produced for the benchmark and its end offsets."""
+
+    name: str
+    messages: int
+    ends: dict[TopicPartition, int]
+
+
+class Harness:
+    """Owns the transport, the admin clients and Redis for all the measurements."""
+
+    def __init__(self, settings: Settings) -> None:
+        """Use the brokers of ``settings``."""
+        self.settings = settings
+        self.bootstrap = settings.kafka.bootstrap_servers
+        self.transport = create_transport(settings, "kafka")
+        self.admin = self.transport.admin()
+        self.raw_admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        self.redis = Redis.from_url(
+            settings.redis.url,
+            socket_connect_timeout=PROBE_TIMEOUT_S,
+            socket_timeout=settings.redis.socket_timeout_s,  # as `pipeline consume` has it
+        )
+        self.cleanup_warnings: list[str] = []
+
+    async def probe(self) -> None:
+        """Raise BenchError if Kafka or Redis cannot be reached."""
+        try:
+            await asyncio.to_thread(self.raw_admin.list_topics, None, PROBE_TIMEOUT_S)
+        except KafkaException as exc:
+            raise BenchError(
+                f"Kafka broker unreachable at {self.bootstrap} "
+                f"(PIPELINE_KAFKA__BOOTSTRAP_SERVERS): {exc.args[0]}"
+            ) from exc
+        try:
+            await self.redis.ping()
+        except (redis_errors.RedisError, OSError) as exc:
+            raise BenchError(
+                f"Redis unreachable at {self.settings.redis.url} (PIPELINE_REDIS__URL): {exc}"
+            ) from exc
+
+    async def close(self) -> None:
+        """Release every client."""
+        await self.admin.close()
+        await self.transport.close()
+        await self.redis.aclose()
+
+    # -- topics ---------------------------------------------------------------------------------
+
+    def _wait_leaders(self, topics: Sequence[str], partitions: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            meta = self.raw_admin.list_topics(None, PROBE_TIMEOUT_S).topics
+            if all(
+                (t := meta.get(name)) is not None
+                and t.error is None
+                and len(t.partitions) == partitions
+                and all(p.leader >= 0 for p in t.partitions.values())
+                for name in topics
+            ):
+                return
+            time.sleep(0.05)
+        raise BenchError(f"topics {list(topics)} have no leaders")
+
+    async def create_topic(self, name: str, partitions: int) -> None:
+        """A plain topic (no lane) with leaders ready."""
+        await self.admin.create_topic(TopicConfig(name, partitions))
+        await asyncio.to_thread(self._wait_leaders, [name], partitions)
+
+    async def declare(self, spec: TopicSpec) -> None:
+        """A lane's topics (main, retry tiers, dead letter), as ``pipeline topics apply`` would."""
+        for attempt in range(20):
+            try:
+                await apply(self.admin, [spec], 100_000, dry_run=False)
+                break
+            except TransportError:
+                # KafkaAdmin.list_topics lists offsets of every topic and fails while any topic
+                # of the cluster is being deleted; try again once the deletion is through.
+                if attempt == 19:
+                    raise
+                await asyncio.sleep(0.5)
+        await asyncio.to_thread(self._wait_leaders, spec.topic_names(), spec.partitions)
+
+    async def produce(self, name: str, n: int, keys: int) -> Topic:
+        """``n`` messages with sequence-numbered 1 KiB values and keys ``k<seq % keys>``."""
+        producer = self.transport.producer()
+        ends: dict[TopicPartition, int] = {}
+        try:
+            for start in range(0, n, PRODUCE_WINDOW):
+                window = range(start, min(n, start + PRODUCE_WINDOW))
+                receipts = await producer.send_many(
+                    name, [Record(_value(i), b"k%d" % (i % keys)) for i in window]
+                )
+                for r in receipts:
+                    tp = TopicPartition(r.topic, r.partition)
+                    ends[tp] = max(ends.get(tp, 0), r.offset + 1)
+        finally:
+            await producer.close()
+        return Topic(name, n, ends)
+
+    async def drop_topics(self, names: Sequence[str]) -> None:
+        """Delete topics and wait until they are gone; a failure is a warning, not an error."""
+        for name in names:
+            try:
+                await self.admin.delete_topic(name)
+            except TransportError as exc:
+                self.cleanup_warnings.append(f"topic {name}: {exc}")
+        await asyncio.to_thread(self._wait_gone, names)
+
+    def _wait_gone(self, names: Sequence[str]) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not set(names) & set(self.raw_admin.list_topics(None, PROBE_TIMEOUT_S).topics):
+                return
+            time.sleep(0.1)
+        self.cleanup_warnings.append(f"topics {list(names)} still listed 30 s after deletion")
+
+    def _topics_named(self, prefix: str) -> list[str]:
+        return [
+            t
+            for t in self.raw_admin.list_topics(None, PROBE_TIMEOUT_S).topics
+            if t.startswith(prefix)
+        ]
+
+    async def drop_group(self, group: str) -> None:
+        """Delete a consumer group (retrying while its last member is still leaving)."""
+        for _ in range(20):
+            try:
+                await self.admin.delete_group(group, [])
+            except TransportError as exc:
+                last = str(exc)
+                await asyncio.sleep(0.5)
+            else:
+                return
+        self.cleanup_warnings.append(f"group {group}: {last}")
+
+    async def fully_committed(self, group: str, topic: Topic) -> bool:
+        """True if the group's committed positions reached every partition's end."""
+        lags = await self.admin.group_lag(group, topic.name)
+        return all(lag.committed is not None and lag.committed >= lag.end for lag in lags)
+
+    # -- runners: ours --------------------------------------------------------------------------
+
+    async def run_member(
+        self,
+        spec: TopicSpec,
+        group: str,
+        watch: Stopwatch,
+        handler: Callable[[bytes, Context], Awaitable[None]],
+        settings: RuntimeSettings,
+        *,
+        ends: dict[TopicPartition, int] | None = None,
+        redis_prefix: str | None = None,
+    ) -> tuple[Span, Member]:
+        """Run a member over ``spec`` until ``watch`` is done; returns the span and the member."""
+        app = App([spec])
+        app.handler(spec.lane)(handler)
+        commits = CommitWatch(self.transport, ends or {})
+        member = Member(
+            app,
+            commits,  # type: ignore[arg-type]
+            group,
+            settings,
+            redis=self.redis if redis_prefix else None,
+            redis_prefix=redis_prefix or "pl",
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(member.run(stop))
+        try:
+            waiter = asyncio.create_task(watch.done.wait())
+            finished, _ = await asyncio.wait(
+                {task, waiter}, timeout=RUN_TIMEOUT_S, return_when="FIRST_COMPLETED"
+            )
+            waiter.cancel()
+            if task in finished:
+                task.result()  # raises what the member raised
+                raise BenchError("the member stopped by itself")
+            if not watch.done.is_set():
+                raise BenchError(f"ours: {watch.count} of {watch.expected} handled in time")
+            span = watch.span()
+            if ends:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(commits.covered.wait(), COMMIT_WAIT_S)
+                if commits.covered_at is not None:
+                    span.commit_s = max(0.0, commits.covered_at - watch.t1)
+            return span, member
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 60)
+
+    async def ours(self, topic: Topic, n: int) -> Span:
+        """Our member, no-op handler, default runtime settings, no Redis."""
+        spec = TopicSpec.model_validate(
+            {"name": topic.name, "partitions": PARTITIONS, "lane": "bench"}
+        )
+        group = _name("ours")
+        watch = Stopwatch(n)
+
+        async def handle(_event: bytes, _ctx: Context) -> None:
+            watch.tick()
+
+        try:
+            span, _ = await self.run_member(
+                spec,
+                group,
+                watch,
+                handle,
+                RuntimeSettings(),
+                ends=topic.ends if n == topic.messages else None,
+            )
+            if n == topic.messages:
+                span.extra["fully_committed"] = await self.fully_committed(group, topic)
+            return span
+        finally:
+            await self.drop_group(group)
+
+    # -- runners: raw ---------------------------------------------------------------------------
+
+    async def raw(self, topic: Topic, n: int) -> Span:
+        """confluent-kafka's consume loop with a synchronous commit per batch (on a thread)."""
+        group = _name("raw")
+        try:
+            span = await asyncio.to_thread(self._raw_sync, topic.name, group, n)
+            if n == topic.messages:
+                span.extra["fully_committed"] = await self.fully_committed(group, topic)
+            return span
+        finally:
+            await self.drop_group(group)
+
+    def _raw_sync(self, topic: str, group: str, n: int) -> Span:
+        consumer = RawKafkaConsumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            }
+        )
+
+        def noop(_value: bytes | None) -> None:
+            """The handler: does nothing."""
+
+        try:
+            consumer.subscribe([topic])
+            received = 0
+            t0 = cpu0 = t_handled = 0.0
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while received < n:
+                batch = consumer.consume(POLL_MAX, 1.0)
+                if not batch:
+                    if time.monotonic() > deadline:
+                        raise BenchError(f"raw: received {received} of {n}")
+                    continue
+                if received == 0:
+                    t0, cpu0 = time.perf_counter(), _cpu_s()
+                last: dict[int, int] = {}
+                for msg in batch:
+                    if msg.error() is not None:
+                        raise BenchError(f"raw consume: {msg.error()}")
+                    noop(msg.value())
+                    last[msg.partition()] = msg.offset()  # type: ignore[index]
+                    received += 1
+                    if received == n:
+                        break
+                t_handled = time.perf_counter()
+                consumer.commit(
+                    offsets=[RawTopicPartition(topic, p, o + 1) for p, o in last.items()],
+                    asynchronous=False,
+                )
+            t1, cpu1 = time.perf_counter(), _cpu_s()
+            span = Span(received, t1 - t0, cpu1 - cpu0, commit_s=0.0)
+            span.extra["handled_s"] = t_handled - t0
+            return span
+        finally:
+            consumer.close()
+
+    # -- runners: peers -------------------------------------------------------------------------
+
+    async def peer(self, name: str, topic: Topic, n: int) -> Span:
+        """Run a peer script in the peers' venv; raises PeerError if it fails."""
+        group = _name(name)
+        workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        cmd = [
+            str(PEER_PYTHON),
+            str(PEERS_DIR / PEER_SCRIPTS[name]),
+            "--bootstrap",
+            self.bootstrap,
+            "--topic",
+            topic.name,
+            "--group",
+            group,
+            "--messages",
+            str(n),
+            "--timeout",
+            str(RUN_TIMEOUT_S),
+        ]
+        started = time.perf_counter()
+        try:
+            return await self._peer_run(name, cmd, workdir, started, topic, group, n)
+        except subprocess.TimeoutExpired as exc:
+            raise PeerError(f"{name} did not finish within {exc.timeout:.0f} s") from exc
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            await self.drop_group(group)
+            own = await asyncio.to_thread(self._topics_named, group)
+            await self.drop_topics(own)  # faust's <app id>-__assignor-__leader
+
+    async def _peer_run(
+        self,
+        name: str,
+        cmd: list[str],
+        workdir: Path,
+        started: float,
+        topic: Topic,
+        group: str,
+        n: int,
+    ) -> Span:
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            cmd,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S + 60,
+            check=False,
+        )
+        process_s = time.perf_counter() - started
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if not lines:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise PeerError(f"{name} exited {proc.returncode} without a result: {' | '.join(tail)}")
+        result = json.loads(lines[-1].removeprefix("RESULT "))
+        if result["messages"] != n:
+            raise PeerError(f"{name} handled {result['messages']} of {n}")
+        span = Span(n, result["seconds"], result["cpu_s"], commit_s=result.get("commit_s"))
+        span.extra = {k: v for k, v in result.items() if k not in {"seconds", "cpu_s", "messages"}}
+        span.extra["process_s"] = process_s
+        if n == topic.messages:
+            span.extra["fully_committed"] = await self.fully_committed(group, topic)
+        return span
+
+
+# -- the peers' virtualenv -----------------------------------------------------------------------
+
+
+def ensure_peer_env() -> dict[str, str]:
+    """Create or update bench/peers/.venv from requirements.txt; returns package versions.
+
+    Raises PeerError with the reason if it cannot be built.
+    """
+    requirements = PEERS_DIR / "requirements.txt"
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()
+    fresh = PEER_STAMP.exists() and PEER_STAMP.read_text().strip() == digest
+    if not (PEER_PYTHON.exists() and fresh):
+        print("  building bench/peers/.venv (peers: faust-streaming, faststream)", file=sys.stderr)
+        steps = []
+        if not PEER_PYTHON.exists():
+            steps.append([sys.executable, "-m", "venv", str(PEER_VENV)])
+        steps.append(
+            [
+                str(PEER_PYTHON),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "-r",
+                str(requirements),
+            ]
+        )
+        for step in steps:
+            proc = subprocess.run(step, capture_output=True, text=True, timeout=600, check=False)
+            if proc.returncode != 0:
+                tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+                raise PeerError(
+                    f"could not build the peers' venv ({' '.join(step[:4])}...): {tail}"
+                )
+        PEER_STAMP.write_text(digest + "\n")
+    probe = (
+        "import importlib.metadata as m, json, sys; "
+        "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
+    )
+    packages = sorted({p for ps in PEER_PACKAGES.values() for p in ps})
+    proc = subprocess.run(
+        [str(PEER_PYTHON), "-c", probe, *packages], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise PeerError(f"the peers' venv is broken: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout)
+
+
+# -- the three measurements ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Throughput:
+    """Interleaved repeats of the four runners; a failed peer keeps its reason."""
+
+    runs: dict[str, list[Span]] = field(default_factory=lambda: {r: [] for r in RUNNERS})
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def ratios(self, peer: str) -> list[float] | None:
+        """ours/peer msgs/s per repeat (None if the peer failed)."""
+        if peer in self.errors or not self.runs[peer]:
+            return None
+        return [
+            o.msgs_s / p.msgs_s for o, p in zip(self.runs["ours"], self.runs[peer], strict=True)
+        ]
+
+
+async def bench_throughput(
+    h: Harness, n: int, repeats: int, peers: Sequence[str], errors: dict[str, str]
+) -> Throughput:
+    """Produce once, then ``repeats`` rounds of every runner in rotated order."""
+    result = Throughput(errors=dict(errors))
+    topic_name = _name("tput")
+    await h.create_topic(topic_name, PARTITIONS)
+    try:
+        topic = await h.produce(topic_name, n, KEYS)
+        runners: dict[str, Callable[[int], Awaitable[Span]]] = {
+            "ours": lambda m: h.ours(topic, m),
+            "raw": lambda m: h.raw(topic, m),
+        }
+        for peer in peers:
+            if peer not in result.errors:
+                runners[peer] = lambda m, p=peer: h.peer(p, topic, m)
+        # Warm-up (discarded): page cache, imports, the event loop's first allocations.
+        await h.ours(topic, min(n, WARMUP_MESSAGES))
+        await h.raw(topic, min(n, WARMUP_MESSAGES))
+        order = [r for r in RUNNERS if r in runners]
+        for i in range(repeats):
+            rotated = order[i % len(order) :] + order[: i % len(order)]
+            line = []
+            for name in rotated:
+                if name in result.errors:
+                    continue
+                try:
+                    span = await runners[name](n)
+                except PeerError as exc:
+                    result.errors[name] = str(exc)
+                    result.runs[name] = []
+                    print(f"  {name}: failed, reported as null: {exc}", file=sys.stderr)
+                    continue
+                result.runs[name].append(span)
+                line.append(f"{name} {span.msgs_s:,.0f}/s")
+            print(
+                f"  throughput {i + 1}/{repeats}: " + ", ".join(line), file=sys.stderr, flush=True
+            )
+    finally:
+        await h.drop_topics([topic_name])
+    return result
+
+
+@dataclass(slots=True)
+class KeyParallel:
+    """Interleaved (concurrency 100, concurrency 1) runs on one partition."""
+
+    parallel: list[Span] = field(default_factory=list)
+    serial: list[Span] = field(default_factory=list)
+    no_pause: list[Span] = field(default_factory=list)
+    order_violations: int = 0
+
+    @property
+    def speedups(self) -> list[float]:
+        """parallel/serial msgs/s per repeat."""
+        return [p.msgs_s / s.msgs_s for p, s in zip(self.parallel, self.serial, strict=True)]
+
+    @property
+    def speedups_no_pause(self) -> list[float]:
+        """Diagnostic: parallel with the high-water mark above the backlog / serial, per repeat."""
+        return [p.msgs_s / s.msgs_s for p, s in zip(self.no_pause, self.serial, strict=True)]
+
+
+def _order_violations(seen: dict[bytes, list[int]]) -> int:
+    """Successes that came after a later message of the same key."""
+    count = 0
+    for seqs in seen.values():
+        top = -1
+        for s in seqs:
+            if s < top:
+                count += 1
+            top = max(top, s)
+    return count
+
+
+async def _kp_run(
+    h: Harness, spec: TopicSpec, settings: RuntimeSettings, seed: int
+) -> tuple[Span, int]:
+    watch = Stopwatch(KP_MESSAGES)
+    seen: dict[bytes, list[int]] = defaultdict(list)
+    rng = random.Random(seed)
+
+    async def handle(event: bytes, ctx: Context) -> None:
+        await asyncio.sleep(rng.uniform(0, KP_MAX_SLEEP_S))
+        seen[ctx.message.key or b""].append(_seq(event))
+        watch.tick()
+
+    group = _name(f"kp{settings.max_concurrency}")
+    try:
+        span, _ = await h.run_member(spec, group, watch, handle, settings)
+    finally:
+        await h.drop_group(group)
+    return span, _order_violations(seen)
+
+
+async def bench_key_parallel(h: Harness, repeats: int) -> KeyParallel:
+    """10k messages, 1 partition, 100 keys, 0-5 ms async sleep: concurrency 100 vs 1."""
+    result = KeyParallel()
+    name = _name("kp")
+    spec = TopicSpec.model_validate({"name": name, "partitions": 1, "lane": "bench_kp"})
+    await h.declare(spec)
+    try:
+        await h.produce(name, KP_MESSAGES, KP_KEYS)
+        for i in range(repeats):
+            runs = [
+                (RuntimeSettings(max_concurrency=KP_CONCURRENCY), result.parallel),
+                (RuntimeSettings(max_concurrency=1), result.serial),
+                (KP_NO_PAUSE, result.no_pause),
+            ]
+            for settings, spans in runs if i % 2 == 0 else runs[::-1]:
+                span, violations = await _kp_run(h, spec, settings, seed=i)
+                result.order_violations += violations
+                spans.append(span)
+            print(
+                f"  key parallel {i + 1}/{repeats}: concurrency {KP_CONCURRENCY} "
+                f"{result.parallel[-1].msgs_s:,.0f}/s, concurrency 1 "
+                f"{result.serial[-1].msgs_s:,.0f}/s (diagnostic, never paused: "
+                f"{result.no_pause[-1].msgs_s:,.0f}/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        await h.drop_topics(spec.topic_names())
+    return result
+
+
+@dataclass(slots=True)
+class Retries:
+    """Interleaved (no failures, 1 % failures) runs on a lane with retry tiers and parking."""
+
+    clean: list[Span] = field(default_factory=list)
+    failing: list[Span] = field(default_factory=list)
+    order_violations: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+
+    @property
+    def costs(self) -> list[float]:
+        """1 - failing/clean msgs/s per pair."""
+        return [1 - f.msgs_s / c.msgs_s for c, f in zip(self.clean, self.failing, strict=True)]
+
+
+async def _retry_run(h: Harness, n: int, *, fail: bool) -> tuple[Span, int, int, int]:
+    """One fresh lane with retry tiers; returns (span, order violations, duplicates, dead)."""
+    name = _name("retry")
+    spec = TopicSpec.model_validate(
+        {
+            "name": name,
+            "partitions": PARTITIONS,
+            "lane": "bench_retry",
+            "retry": {"tiers": RETRY_TIERS},
+        }
+    )
+    await h.declare(spec)
+    prefix = f"bench-{uuid.uuid4().hex[:12]}"
+    group = _name("retry_g")
+    try:
+        await h.produce(name, n, KEYS)
+        watch = Stopwatch(n)
+        seen: dict[bytes, list[int]] = defaultdict(list)
+        done: set[int] = set()
+        duplicates = 0
+        injected = 0
+
+        async def handle(event: bytes, ctx: Context) -> None:
+            nonlocal duplicates, injected
+            if fail and ctx.attempt == 1 and zlib.crc32(event) % FAIL_MODULO == 0:
+                injected += 1
+                raise RuntimeError("injected failure (attempt 1)")
+            seq = _seq(event)
+            seen[ctx.message.key or b""].append(seq)
+            if seq in done:
+                duplicates += 1
+                return
+            done.add(seq)
+            watch.tick()
+
+        span, member = await h.run_member(
+            spec, group, watch, handle, RuntimeSettings(), redis_prefix=prefix
+        )
+        stats = member.stats
+        span.extra = {
+            "injected_failures": injected,
+            "retried": stats.retried,
+            "diverted": stats.parked,
+            "dead_lettered": stats.dead_lettered,
+        }
+        return span, _order_violations(seen), duplicates, stats.dead_lettered
+    finally:
+        await h.drop_group(group)
+        await h.drop_topics(spec.topic_names())
+        keys = [k async for k in h.redis.scan_iter(match=f"*{prefix}*", count=1000)]
+        if keys:
+            await h.redis.delete(*keys)
+
+
+async def bench_retries(h: Harness, n: int, repeats: int) -> Retries:
+    """Interleaved pairs: without failures, with 1 % failing once."""
+    result = Retries()
+    for i in range(repeats):
+        for fail in (False, True) if i % 2 == 0 else (True, False):
+            span, violations, dups, dead = await _retry_run(h, n, fail=fail)
+            result.order_violations += violations
+            result.duplicates += dups
+            result.dead_lettered += dead
+            (result.failing if fail else result.clean).append(span)
+        print(
+            f"  retries {i + 1}/{repeats}: clean {result.clean[-1].msgs_s:,.0f}/s, "
+            f"1% failing {result.failing[-1].msgs_s:,.0f}/s ({result.failing[-1].extra})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def _med(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _met(name: str, value: float | None) -> bool | None:
+    if value is None:
+        return None
+    op, target = TARGETS[name]
+    return value >= target if op == ">=" else value <= target
+
+
+def print_tables(tp: Throughput, kp: KeyParallel, rt: Retries, n: int, rt_n: int) -> None:
+    """Human-readable tables (medians over repeats)."""
+    print(f"\nthroughput: {n:,} x 1 KiB, {PARTITIONS} partitions, {KEYS} keys, no-op handler")
+    print(f"{'runner':>12}{'msgs/s':>10}{'cpu/10k':>10}{'commit s':>10}  runs (msgs/s)")
+    for name in RUNNERS:
+        runs = tp.runs[name]
+        if not runs:
+            print(f"{name:>12}{'null':>10}  {tp.errors.get(name, 'not run')}")
+            continue
+        commits = [r.commit_s for r in runs if r.commit_s is not None]
+        print(
+            f"{name:>12}{_med([r.msgs_s for r in runs]):>10,.0f}"
+            f"{_med([r.cpu_per_10k for r in runs]):>10.2f}"
+            f"{(_med(commits) if commits else float('nan')):>10.3f}  "
+            + ", ".join(f"{r.msgs_s:,.0f}" for r in runs)
+        )
+    for peer in RUNNERS[1:]:
+        ratios = tp.ratios(peer)
+        text = (
+            "null"
+            if ratios is None
+            else f"{_med(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})"
+        )
+        print(f"  ours/{peer}: {text}")
+    print(f"\nkey parallel: {KP_MESSAGES:,} msgs, 1 partition, {KP_KEYS} keys, sleep 0-5 ms")
+    print(
+        f"  concurrency 100: {_med([s.msgs_s for s in kp.parallel]):,.0f}/s; "
+        f"concurrency 1: {_med([s.msgs_s for s in kp.serial]):,.0f}/s; "
+        f"speedup {_med(kp.speedups):.1f} ({', '.join(f'{x:.1f}' for x in kp.speedups)})"
+    )
+    print(
+        f"  diagnostic, concurrency {KP_CONCURRENCY} never paused (partition_high_water "
+        f"{KP_NO_PAUSE.partition_high_water:,}): {_med([s.msgs_s for s in kp.no_pause]):,.0f}/s, "
+        f"speedup {_med(kp.speedups_no_pause):.1f}"
+    )
+    print(f"\nretries: {rt_n:,} msgs, tiers {RETRY_TIERS}, parking on, 1% failing once")
+    print(
+        f"  clean: {_med([s.msgs_s for s in rt.clean]):,.0f}/s; "
+        f"1% failing: {_med([s.msgs_s for s in rt.failing]):,.0f}/s; "
+        f"cost {_med(rt.costs):.3f} ({', '.join(f'{x:.3f}' for x in rt.costs)}); "
+        f"order violations {rt.order_violations}"
+    )
+
+
+def summary(
+    tp: Throughput, kp: KeyParallel, rt: Retries, args: argparse.Namespace, versions: dict[str, str]
+) -> dict[str, Any]:
+    """The machine-readable result (the last line of output)."""
+    out: dict[str, Any] = {"bench": "runtime"}
+    for peer in RUNNERS[1:]:
+        ratios = tp.ratios(peer)
+        out[f"vs_{peer}"] = _r(_med(ratios)) if ratios else None
+    out["key_parallel_speedup"] = _r(_med(kp.speedups), 2)
+    out["retry_1pct_cost"] = _r(_med(rt.costs))
+    out["order_violations"] = kp.order_violations + rt.order_violations
+    out["targets_met"] = {name: _met(name, out[name]) for name in TARGETS}
+    for peer in RUNNERS[1:]:
+        if peer in tp.errors:
+            out[f"{peer}_error"] = tp.errors[peer]
+        ratios = tp.ratios(peer)
+        out[f"vs_{peer}_ratios"] = [_r(x) for x in ratios] if ratios else None
+    for name in RUNNERS:
+        runs = tp.runs[name]
+        out[f"{name}_msgs_s"] = round(_med([r.msgs_s for r in runs])) if runs else None
+        out[f"{name}_cpu_s_per_10k"] = _r(_med([r.cpu_per_10k for r in runs])) if runs else None
+        commits = [r.commit_s for r in runs if r.commit_s is not None]
+        out[f"{name}_commit_s"] = _r(_med(commits)) if commits else None
+        out[f"{name}_fully_committed"] = (
+            all(r.extra.get("fully_committed", False) for r in runs) if runs else None
+        )
+    out["kp_parallel_msgs_s"] = round(_med([s.msgs_s for s in kp.parallel]))
+    out["kp_serial_msgs_s"] = round(_med([s.msgs_s for s in kp.serial]))
+    out["kp_speedups"] = [_r(x, 2) for x in kp.speedups]
+    out["kp_order_violations"] = kp.order_violations
+    out["kp_no_pause_msgs_s"] = round(_med([s.msgs_s for s in kp.no_pause]))
+    out["key_parallel_speedup_no_pause"] = _r(_med(kp.speedups_no_pause), 2)
+    out["retry_clean_msgs_s"] = round(_med([s.msgs_s for s in rt.clean]))
+    out["retry_failing_msgs_s"] = round(_med([s.msgs_s for s in rt.failing]))
+    out["retry_costs"] = [_r(x) for x in rt.costs]
+    out["retry_order_violations"] = rt.order_violations
+    out["retry_duplicates"] = rt.duplicates
+    out["retry_dead_lettered"] = rt.dead_lettered
+    out["retry_failing_runs"] = [s.extra for s in rt.failing]
+    out["retry_cpu_s_per_10k_clean"] = _r(_med([s.cpu_per_10k for s in rt.clean]))
+    out["retry_cpu_s_per_10k_failing"] = _r(_med([s.cpu_per_10k for s in rt.failing]))
+    out |= {
+        "messages": args.messages,
+        "retry_messages": args.retry_messages,
+        "repeats": args.repeats,
+        "partitions": PARTITIONS,
+        "keys": KEYS,
+        "message_bytes": len(PAD),
+        "faststream_backend": "aiokafka",
+        "versions": {
+            "python": platform.python_version(),
+            "confluent_kafka": version("confluent-kafka"),
+            "librdkafka": confluent_kafka.libversion()[0],
+            "redis_py": version("redis"),
+            **versions,
+        },
+        "git": _git_state(),
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    return out
+
+
+def _git_state() -> dict[str, Any]:
+    """HEAD and whether pipeline/ has uncommitted changes (read-only git calls)."""
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=False, cwd=PEERS_DIR.parent
+        )
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    return {
+        "head": git("rev-parse", "--short", "HEAD") or None,
+        "pipeline_dirty": bool(git("status", "--porcelain", "--", "../pipeline")),
+    }
+
+
+async def run(
+    args: argparse.Namespace,
+) -> tuple[Throughput, KeyParallel, Retries, dict[str, str], list[str]]:
+    """Probe, build the peers' venv, then the three measurements in order."""
+    peers = [p for p in ("faust", "faststream") if p not in args.skip]
+    errors: dict[str, str] = dict.fromkeys(args.skip, "skipped (--skip)")
+    versions: dict[str, str] = {}
+    if peers:
+        try:
+            versions = await asyncio.to_thread(ensure_peer_env)
+        except (PeerError, OSError, subprocess.SubprocessError) as exc:
+            errors |= {p: str(exc) for p in peers}
+    h = Harness(load_settings())
+    try:
+        await h.probe()
+        tp = await bench_throughput(h, args.messages, args.repeats, peers, errors)
+        kp = await bench_key_parallel(h, args.repeats)
+        rt = await bench_retries(h, args.retry_messages, args.repeats)
+        return tp, kp, rt, versions, h.cleanup_warnings
+    finally:
+        await h.close()
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run, print the tables and the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--messages", type=_positive, default=50_000, help="messages per run")
+    parser.add_argument("--repeats", type=_positive, default=3, help="interleaved repeats")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["faust", "faststream"], help="peers to leave out"
+    )
+    parser.add_argument(
+        "--retry-messages",
+        type=_positive,
+        default=20_000,
+        help="messages per retry run (parking makes these runs ~20x slower than --messages)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        tp, kp, rt, versions, warnings = asyncio.run(run(args))
+    except (BenchError, PipelineError, KafkaException, redis_errors.RedisError, OSError) as exc:
+        print(f"bench/runtime.py: error: {exc}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"warning: cleanup: {warning}", file=sys.stderr)
+    print_tables(tp, kp, rt, args.messages, args.retry_messages)
+    print()
+    print(json.dumps(summary(tp, kp, rt, args, versions)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The ingress ASGI application: ``POST /hooks/{source}`` and Meta's ``GET`` handshake.
+
+A plain ASGI callable (no framework routing: two routes do not need one, and the hot path stays
+a few function calls deep). Per POST, in this order:
+
+1. admission: a slot of the source, else **503** with Retry-After (counted as shed);
+2. the body, capped at ``max_body_bytes``, else **413** (Content-Length is checked first);
+3. verification of the raw bytes, else **401** (counted by reason; nothing stored);
+4. extraction of tenant, key, event id and the route, else **400**;
+5. insert into the log store, unique on (source, event id), group-committed and durable;
+   a redelivery inserts nothing and is answered **200** ``duplicate``;
+6. **200** ``accepted`` with the row id, then the event is produced in the background.
+
+A log store failure is answered 503: the row is not durable, so the provider must retry.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qs
+
+from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.errors import Malformed, Rejected
+from pipeline.ingress.source import Source
+from pipeline.logstore import IngressLog, LogStoreError
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_PREFIX = "/hooks/"
+_JSON = [(b"content-type", b"application/json")]
+
+
+class TooLarge(Exception):
+    """The body passed the source's cap."""
+
+
+class IngressApp:
+    """Serves every configured source; counts outcomes in :attr:`counters`."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, Source],
+        log_store: IngressLog,
+        dispatcher: Dispatcher | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        lifespan: Callable[[], Awaitable[None]] | None = None,
+        shutdown: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Serve ``sources``; rows go to ``log_store``, then to ``dispatcher`` (None: no produce).
+
+        ``lifespan`` and ``shutdown`` run on the ASGI lifespan startup and shutdown events.
+        """
+        self._sources = dict(sources)
+        self._log = log_store
+        self.dispatcher = dispatcher
+        """Where accepted rows go to be produced; None produces nothing (the sweeper will)."""
+        self._clock = clock
+        self._startup = lifespan
+        self._shutdown = shutdown
+        self.counters: Counter[tuple[str, str]] = Counter()
+        """Requests by (source, outcome): accepted, duplicate, rejected:<reason>, shed, ..."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry point."""
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        source = self._sources.get(path[len(_PREFIX) :]) if path.startswith(_PREFIX) else None
+        if source is None:
+            await _answer(send, 404, {"error": "unknown source"})
+        elif scope["method"] == "POST":
+            await self._post(source, scope, receive, send)
+        elif scope["method"] == "GET":
+            await self._handshake(source, scope, send)
+        else:
+            await _answer(send, 405, {"error": "method not allowed"}, [(b"allow", b"GET, POST")])
+
+    async def _post(self, source: Source, scope: Scope, receive: Receive, send: Send) -> None:
+        admission = source.admission
+        if not await admission.acquire():
+            self.counters[source.name, "shed"] += 1
+            retry_after = str(admission.retry_after_s()).encode()
+            await _answer(send, 503, {"error": "overloaded"}, [(b"retry-after", retry_after)])
+            return
+        try:
+            status, body, extra = await self._accept(source, scope, receive)
+        finally:
+            admission.release()
+        await _answer(send, status, body, extra)
+
+    async def _accept(  # noqa: PLR0911 - one return per outcome, in the documented order
+        self, source: Source, scope: Scope, receive: Receive
+    ) -> tuple[int, dict[str, str], list[tuple[bytes, bytes]]]:
+        headers = _headers(scope)
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > source.max_body_bytes:
+            self.counters[source.name, "too_large"] += 1
+            return 413, {"error": "body too large"}, []
+        try:
+            body = await _read_body(receive, source.max_body_bytes)
+        except TooLarge:
+            self.counters[source.name, "too_large"] += 1
+            return 413, {"error": "body too large"}, []
+        now_s = self._clock()
+        try:
+            source.verifier.verify(headers, body, now_s)
+        except Rejected as exc:
+            self.counters[source.name, f"rejected:{exc.reason}"] += 1
+            log.info("webhook rejected", extra={"source": source.name, "reason": exc.reason})
+            return 401, {"error": "unauthorized"}, []
+        except Exception:
+            # A verifier bug must never let a request through: fail closed.
+            self.counters[source.name, "rejected:verifier error"] += 1
+            log.exception("verifier failed", extra={"source": source.name})
+            return 401, {"error": "unauthorized"}, []
+        try:
+            row = source.build_row(headers, body, now_s)
+        except Malformed as exc:
+            self.counters[source.name, f"malformed:{exc.reason}"] += 1
+            return 400, {"error": exc.reason}, []
+        try:
+            inserted = await self._log.insert(row)
+        except LogStoreError:
+            self.counters[source.name, "store_error"] += 1
+            log.exception("log store insert failed", extra={"source": source.name})
+            return 503, {"error": "log store unavailable"}, [(b"retry-after", b"5")]
+        if not inserted:
+            self.counters[source.name, "duplicate"] += 1
+            return 200, {"status": "duplicate"}, []
+        self.counters[source.name, "accepted"] += 1
+        if self.dispatcher is not None:
+            self.dispatcher.submit(row)
+        return 200, {"status": "accepted", "id": row.id}, []
+
+    async def _handshake(self, source: Source, scope: Scope, send: Send) -> None:
+        """Meta's subscription check: echo ``hub.challenge`` when the verify token matches."""
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        mode = query.get("hub.mode", [""])[0]
+        token = query.get("hub.verify_token", [""])[0]
+        challenge = query.get("hub.challenge", [""])[0]
+        expected = source.verify_token
+        if expected is not None and mode == "subscribe" and challenge and _same(token, expected):
+            self.counters[source.name, "handshake"] += 1
+            await _send(send, 200, challenge.encode(), [(b"content-type", b"text/plain")])
+            return
+        self.counters[source.name, "handshake_refused"] += 1
+        await _answer(send, 403, {"error": "forbidden"})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    if self._startup is not None:
+                        await self._startup()
+                except Exception as exc:
+                    log.exception("ingress start failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._shutdown is not None:
+                    await self._shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _answer(
+    send: Send, status: int, body: Mapping[str, str], extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await _send(send, status, json.dumps(body).encode(), [*_JSON, *(extra or [])])
+
+
+async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

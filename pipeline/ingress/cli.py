@@ -1,0 +1,298 @@
+"""Command line of the ingress: ``ingress serve``, and ``sweep``, ``replay``, ``purge``.
+
+Two Typer apps: :data:`app` holds ``serve`` (registered as ``pipeline ingress``), and
+:data:`ops_app` holds the operational commands that sit at the top level (``pipeline sweep``,
+``pipeline replay``, ``pipeline purge``; merged with ``app.add_typer(ops_app)``, no name).
+Settings come from the environment (``PIPELINE_*``, ``PIPELINE_INGRESS__*``). Errors print one
+line to stderr and exit non-zero: 1 for a failed operation, 2 for bad input or configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import typer
+import uvloop
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pipeline.config import ENV_PREFIX, Settings, load_settings
+from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+from pipeline.ingress.replay import ReplaySummary, replay
+from pipeline.ingress.service import build_ingress, build_sweeper, create_log_store, serve
+from pipeline.ingress.settings import IngressSettings
+from pipeline.logstore import RowState, Selection
+from pipeline.topics.spec import load_specs, parse_duration_ms
+from pipeline.transport import create_transport
+
+T = TypeVar("T")
+
+app = typer.Typer(help="Webhook ingress.", no_args_is_help=True, pretty_exceptions_enable=False)
+ops_app = typer.Typer(help="Ingress log operations.", pretty_exceptions_enable=False)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+TransportOpt = Annotated[
+    Literal["kafka", "redis"] | None,
+    typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),
+]
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
+
+
+class _IngressEnv(BaseSettings):
+    """Reads ``PIPELINE_INGRESS__*`` until the root settings carry an ``ingress`` section."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore"
+    )
+    ingress: IngressSettings = Field(default_factory=IngressSettings)
+
+
+def _settings(transport: str | None) -> tuple[Settings, IngressSettings]:
+    settings = load_settings(**({"transport": transport} if transport else {}))
+    ingress = getattr(settings, "ingress", None)
+    if not isinstance(ingress, IngressSettings):
+        try:
+            ingress = _IngressEnv().ingress
+        except ValueError as exc:
+            raise ConfigError(f"invalid PIPELINE_INGRESS__* settings: {exc}") from None
+    return settings, ingress
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop; turn pipeline errors into one stderr line and an exit code."""
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    except (ConfigError, TopicSpecError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    except PipelineError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@app.command("serve")
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="Bind address (default: settings).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port; 0 picks a free one.")] = None,
+    sources: Annotated[Path | None, typer.Option(help="Sources file (default: settings).")] = None,
+    transport: TransportOpt = None,
+) -> None:
+    """Serve POST /hooks/{source} (and Meta's GET handshake) until interrupted."""
+
+    async def main() -> None:
+        settings, ingress = _settings(transport)
+        if sources is not None:
+            ingress = ingress.model_copy(update={"sources_file": sources})
+        built = build_ingress(settings, ingress)
+
+        def ready(bound_host: str, bound_port: int) -> None:
+            print(f"ingress listening on http://{bound_host}:{bound_port}", flush=True)  # noqa: T201
+
+        await serve(
+            built,
+            host or ingress.host,
+            ingress.port if port is None else port,
+            ready,
+        )
+
+    _run(main())
+
+
+@ops_app.command("sweep")
+def sweep_command(
+    loop: Annotated[bool, typer.Option("--loop", help="Keep sweeping every interval.")] = False,
+    transport: TransportOpt = None,
+) -> None:
+    """Produce rows the queue lost, replay unprocessed ones, abandon those past the limit."""
+
+    async def main() -> None:
+        settings, ingress = _settings(transport)
+        specs = load_specs(settings.topics_dir)
+        store = create_log_store(settings, ingress)
+        broker = create_transport(settings)
+        await store.open()
+        producer = broker.producer()
+        try:
+            sweeper = build_sweeper(store, producer, broker.admin(), specs, ingress)
+            if loop:
+                await sweeper.run(asyncio.Event())
+            report = await sweeper.sweep_once()
+            out.print(
+                f"produced {report.produced}, replayed {report.replayed}, "
+                f"abandoned {report.abandoned}, failed {report.failed}; patient lanes: "
+                f"{', '.join(report.patient_lanes) or 'none'}",
+                highlight=False,
+            )
+            if report.failed:
+                raise typer.Exit(1)
+        finally:
+            await producer.close()
+            await store.close()
+            await broker.close()
+
+    _run(main())
+
+
+def _when(value: str | None, option: str) -> int | None:
+    """Milliseconds since the epoch from ISO 8601 or a duration ago (``2h``, ``7d``)."""
+    if value is None:
+        return None
+    try:
+        return int(datetime.now(UTC).timestamp() * 1000) - parse_duration_ms(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"{option}: expected ISO 8601 (2026-11-29T10:00:00Z) or a duration ago (2h), "
+            f"got {value!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _rate(value: str | None) -> float | None:
+    if value is None:
+        return None
+    match = _RATE.match(value)
+    if match is None or float(match[1]) <= 0:
+        raise ConfigError(f"--rate: expected a positive rate such as 100/s, got {value!r}")
+    return float(match[1])
+
+
+@ops_app.command("replay")
+def replay_command(
+    source: Annotated[str | None, typer.Option(help="Only this source.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+    since: Annotated[str | None, typer.Option(help="Received at/after (ISO 8601 or 2h).")] = None,
+    until: Annotated[str | None, typer.Option(help="Received before (ISO 8601 or 2h).")] = None,
+    state: Annotated[list[RowState] | None, typer.Option(help="Only rows in this state.")] = None,
+    row_id: Annotated[list[str] | None, typer.Option("--id", help="Only this row id.")] = None,
+    rate: Annotated[str | None, typer.Option(help="Most rows per second, e.g. 100/s.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count only.")] = False,
+    transport: TransportOpt = None,
+) -> None:
+    """Produce the selected log rows again, with their original key and event id."""
+
+    async def main() -> ReplaySummary:
+        settings, ingress = _settings(transport)
+        selection = Selection(
+            source=source,
+            tenant=tenant,
+            since_ms=_when(since, "--since"),
+            until_ms=_when(until, "--until"),
+            states=tuple(state or ()),
+            ids=tuple(row_id or ()),
+        )
+        per_s = _rate(rate)
+        store = create_log_store(settings, ingress)
+        await store.open()
+        broker = None if dry_run else create_transport(settings)
+        producer = broker.producer() if broker is not None else None
+        try:
+            total = sum((await store.count_by_state(selection)).values())
+            with Progress(
+                TextColumn("replay"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=err,
+                disable=dry_run or not total,
+            ) as bar:
+                task = bar.add_task("replay", total=total)
+                advance: Callable[[int], None] = lambda n: bar.advance(task, n)  # noqa: E731
+                return await replay(
+                    store,
+                    producer,
+                    selection,
+                    rate_per_s=per_s,
+                    dry_run=dry_run,
+                    progress=advance,
+                )
+        finally:
+            if producer is not None:
+                await producer.close()
+            if broker is not None:
+                await broker.close()
+            await store.close()
+
+    summary = _run(main())
+    _print_summary(summary)
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+def _print_summary(summary: ReplaySummary) -> None:
+    table = Table(title="dry run: rows matched" if summary.dry_run else "replay")
+    table.add_column("state")
+    table.add_column("rows", justify="right")
+    for state in RowState:
+        if summary.matched.get(state):
+            table.add_row(str(state), str(summary.matched[state]))
+    table.add_row("total", str(summary.total), style="bold")
+    out.print(table)
+    if not summary.dry_run:
+        topics = ", ".join(f"{t}: {n}" for t, n in sorted(summary.by_topic.items())) or "none"
+        failed = ", ".join(f"{e}: {n}" for e, n in summary.failed.most_common()) or "none"
+        out.print(f"replayed {summary.replayed} ({topics}); failed: {failed}", highlight=False)
+
+
+@ops_app.command("purge")
+def purge_command(
+    older_than: Annotated[str, typer.Option(help="Received longer ago than this (30d).")] = "30d",
+    state: Annotated[
+        list[RowState] | None, typer.Option(help="States to purge (default: processed, abandoned).")
+    ] = None,
+    transport: TransportOpt = None,
+) -> None:
+    """Delete old log rows that are finished (retention)."""
+
+    async def main() -> int:
+        settings, ingress = _settings(transport)
+        chosen = set(state or (RowState.PROCESSED, RowState.ABANDONED))
+        unfinished = chosen - {RowState.PROCESSED, RowState.ABANDONED}
+        if unfinished:
+            err.print(
+                f"[yellow]warning:[/yellow] purging {', '.join(sorted(unfinished))} rows deletes "
+                "events that may never have been handled",
+                highlight=False,
+            )
+        cutoff = _when(older_than, "--older-than")
+        if cutoff is None:  # pragma: no cover - older_than always has a value
+            raise ConfigError("--older-than is required")
+        store = create_log_store(settings, ingress)
+        await store.open()
+        try:
+            return await store.purge(cutoff, chosen)
+        finally:
+            await store.close()
+
+    deleted = _run(main())
+    out.print(f"purged {deleted} rows", highlight=False)
+
+
+def main() -> None:  # pragma: no cover - for `python -m pipeline.ingress.cli`
+    """Run the ingress commands on their own (before they are registered in pipeline.cli)."""
+    root = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+    root.add_typer(app, name="ingress")
+    root.add_typer(ops_app)
+    root(sys.argv[1:])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,184 @@
+"""Wiring: settings in, a running ingress (app, log store, producer, sweeper) out.
+
+:func:`build_ingress` reads the topic declarations and the sources file first, so every
+configuration problem stops the process before it listens. :class:`Ingress` owns the
+collaborators' lifecycle; :func:`serve` runs it on uvicorn (uvloop, httptools).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pipeline.config import Settings
+from pipeline.ingress.app import IngressApp
+from pipeline.ingress.backlog import GroupLagBacklog
+from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.settings import IngressSettings, load_sources
+from pipeline.ingress.source import Source, build_sources
+from pipeline.ingress.sweeper import Sweeper
+from pipeline.logstore import LogStore
+from pipeline.logstore.postgres import PostgresLogStore
+from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.topics.spec import TopicSpec, load_specs
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Admin, Producer, Transport
+
+log = logging.getLogger(__name__)
+
+
+def create_log_store(
+    settings: Settings, ingress: IngressSettings, *, clock: Callable[[], float] = time.time
+) -> LogStore:
+    """The log store the settings choose (not yet opened)."""
+    if ingress.log_store == "postgres":
+        return PostgresLogStore(
+            settings.postgres.url,
+            schema=ingress.postgres_schema,
+            max_batch=ingress.group_commit_max_rows,
+            clock=clock,
+        )
+    return SqliteLogStore(
+        ingress.sqlite_path,
+        synchronous=ingress.sqlite_synchronous,
+        max_batch=ingress.group_commit_max_rows,
+        clock=clock,
+    )
+
+
+def lane_topics(specs: Sequence[TopicSpec]) -> dict[str, list[str]]:
+    """The main topics of each lane."""
+    lanes: dict[str, list[str]] = defaultdict(list)
+    for spec in specs:
+        lanes[spec.lane].append(spec.name)
+    return dict(lanes)
+
+
+def build_sweeper(
+    store: LogStore,
+    producer: Producer,
+    admin: Admin,
+    specs: Sequence[TopicSpec],
+    ingress: IngressSettings,
+) -> Sweeper:
+    """A sweeper over ``store`` that reads lane backlogs with ``admin``."""
+    lanes = lane_topics(specs)
+    s = ingress.sweeper
+    backlog = GroupLagBacklog(admin, lanes, s.lane_groups, s.backlog_threshold)
+    return Sweeper(store, producer, backlog, lanes, s)
+
+
+@dataclass
+class Ingress:
+    """A configured ingress; :meth:`start` and :meth:`stop` run on the server's event loop."""
+
+    settings: Settings
+    ingress: IngressSettings
+    specs: list[TopicSpec]
+    sources: dict[str, Source]
+    store: LogStore
+    transport: Transport
+    producer: Producer | None = None
+    dispatcher: Dispatcher | None = None
+    sweeper: Sweeper | None = None
+    app: IngressApp = field(init=False)
+    _stop: asyncio.Event | None = None
+    _sweeping: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        """Create the ASGI app; its lifespan events start and stop this ingress."""
+        self.app = IngressApp(
+            self.sources, self.store, None, lifespan=self.start, shutdown=self.stop
+        )
+
+    async def start(self) -> None:
+        """Open the log store, the producer and the dispatcher; start the sweeper task."""
+        await self.store.open()
+        self.producer = self.transport.producer()
+        self.dispatcher = Dispatcher(
+            self.producer,
+            self.store,
+            queue_max=self.ingress.produce_queue_max,
+            batch_max=self.ingress.produce_batch_max,
+        )
+        self.app.dispatcher = self.dispatcher
+        if self.ingress.sweeper.enabled:
+            self.sweeper = build_sweeper(
+                self.store, self.producer, self.transport.admin(), self.specs, self.ingress
+            )
+            self._stop = asyncio.Event()
+            self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))
+
+    async def stop(self) -> None:
+        """Stop the sweeper, let queued events go, then close everything."""
+        if self._stop is not None and self._sweeping is not None:
+            self._stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                await self.producer.close()  # unacknowledged events stay 'received'
+        await self.store.close()
+        await self.transport.close()
+
+
+def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
+    """Read topics and sources and build the ingress (ConfigError on any problem)."""
+    specs = load_specs(settings.topics_dir)
+    configs = load_sources(ingress.sources_file, {spec.name for spec in specs})
+    sources = build_sources(
+        configs,
+        specs,
+        admission=ingress.admission,
+        max_message_bytes=settings.max_message_bytes,
+    )
+    return Ingress(
+        settings=settings,
+        ingress=ingress,
+        specs=specs,
+        sources=sources,
+        store=create_log_store(settings, ingress),
+        transport=create_transport(settings),
+    )
+
+
+async def serve(
+    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
+) -> None:
+    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+    import uvicorn  # noqa: PLC0415 - the server is only needed by this command
+
+    config = uvicorn.Config(
+        built.app,
+        host=host,
+        port=port,
+        loop="none",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+    server = uvicorn.Server(config)
+
+    async def announce() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.01)
+        bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
+        if on_ready is not None:
+            on_ready(bound_host, bound_port)
+
+    announcing = asyncio.create_task(announce())
+    try:
+        await server.serve()
+    finally:
+        announcing.cancel()

@@ -1,0 +1,290 @@
+"""Ingress settings (environment, ``PIPELINE_INGRESS__*``) and the sources file (YAML).
+
+:class:`IngressSettings` is a section of the root settings (``PIPELINE_INGRESS__PORT=8080``,
+``PIPELINE_INGRESS__SOURCES_FILE=sources.yaml``, ``PIPELINE_INGRESS__SWEEPER__PATIENCE_S=300``).
+The sources file declares one entry per ``/hooks/{source}``; ``deploy/local/sources.example.yaml``
+documents every field. :func:`load_sources` turns every problem in it into one
+:class:`~pipeline.errors.ConfigError` whose lines read ``<file>: <field path>: <problem>``.
+
+Secrets are never written in the file: ``env:NAME`` reads the environment variable ``NAME`` at
+start, and a missing or empty one is an error (a misconfigured verifier fails closed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from pipeline.errors import ConfigError
+from pipeline.ingress.extract import parse_pointer
+
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_MIB = 1_048_576
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _secret(value: str) -> str:
+    if value.startswith("env:"):
+        name = value.removeprefix("env:")
+        resolved = os.environ.get(name, "")
+        if not resolved:
+            raise ValueError(f"environment variable {name} is not set or empty")
+        return resolved
+    if not value:
+        raise ValueError("a secret must not be empty")
+    return value
+
+
+def _pointer(value: str) -> str:
+    parse_pointer(value)
+    return value
+
+
+Secret = Annotated[StrictStr, AfterValidator(_secret)]
+"""A secret written as ``env:NAME`` (read from the environment at start) or literally."""
+Pointer = Annotated[StrictStr, AfterValidator(_pointer)]
+Scalar = StrictStr | int | float | StrictBool | None
+
+
+class ValueFrom(_Model):
+    """Where a value comes from: exactly one of a JSON pointer, a header, or a constant."""
+
+    pointer: Pointer | None = None
+    header: StrictStr | None = None
+    value: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ValueFrom:
+        if sum(x is not None for x in (self.pointer, self.header, self.value)) != 1:
+            raise ValueError("set exactly one of pointer, header, value")
+        return self
+
+
+class Condition(_Model):
+    """A routing test on the values found at ``pointer``: ``equals``, ``in`` or ``exists``."""
+
+    pointer: Pointer
+    equals: Scalar = None
+    in_: list[Scalar] | None = Field(default=None, alias="in")
+    exists: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Condition:
+        tests = [self.in_ is not None, self.exists is not None, "equals" in self.model_fields_set]
+        if sum(tests) != 1:
+            raise ValueError("set exactly one of equals, in, exists")
+        return self
+
+
+class RouteRule(_Model):
+    """Send the event to ``topic`` when ``when`` matches; the first matching rule wins."""
+
+    when: Condition
+    topic: StrictStr
+
+
+class HmacOptions(_Model):
+    """The form of a generic HMAC header (scheme ``hmac``)."""
+
+    header: StrictStr
+    algorithm: Literal["sha1", "sha256", "sha512"] = "sha256"
+    encoding: Literal["hex", "base64"] = "hex"
+    prefix: StrictStr = ""
+
+
+class AdmissionSettings(_Model):
+    """Bounded concurrent work at the edge; past it, 503 with Retry-After.
+
+    Attributes:
+        max_in_flight: requests of one source being worked on at once (body, verify, commit).
+        queue_timeout_ms: how long a request may wait for a slot before it is shed.
+        max_retry_after_s: the largest Retry-After sent.
+    """
+
+    max_in_flight: int = Field(default=512, ge=1)
+    queue_timeout_ms: int = Field(default=100, ge=0)
+    max_retry_after_s: int = Field(default=60, ge=1)
+
+
+Scheme = Literal["meta", "github", "stripe", "standard_webhooks", "hmac", "none"]
+
+
+class SourceConfig(_Model):
+    """One webhook source, served at ``/hooks/{name}``."""
+
+    scheme: Scheme
+    secrets: list[Secret] = Field(default_factory=list)
+    verify_token: Secret | None = None
+    tolerance_s: int = Field(default=300, ge=1)
+    max_body_bytes: int = Field(default=_MIB, ge=1, le=64 * _MIB)
+    tenant: ValueFrom | None = None
+    key: ValueFrom | None = None
+    event_id: ValueFrom | None = None
+    keep_headers: list[StrictStr] = Field(default_factory=list)
+    topic: StrictStr
+    routes: list[RouteRule] = Field(default_factory=list)
+    hmac: HmacOptions | None = None
+    admission: AdmissionSettings | None = None
+
+    @model_validator(mode="after")
+    def _scheme_needs(self) -> SourceConfig:
+        if self.scheme != "none" and not self.secrets:
+            raise ValueError(f"scheme {self.scheme!r} needs at least one secret in 'secrets'")
+        if self.scheme == "none" and self.secrets:
+            raise ValueError("scheme 'none' verifies nothing; remove 'secrets' or pick a scheme")
+        if (self.scheme == "hmac") != (self.hmac is not None):
+            raise ValueError("'hmac' options are required by, and only allowed with, scheme hmac")
+        return self
+
+
+class SourcesFile(_Model):
+    """The whole sources file."""
+
+    sources: dict[StrictStr, SourceConfig]
+
+
+class SweeperSettings(_Model):
+    """The sweeper: produce what the fast path lost, replay what nobody processed.
+
+    Attributes:
+        enabled: run the sweeper as a task of ``pipeline ingress serve``.
+        interval_s: pause between sweeps.
+        unproduced_after_s: a row still unproduced this long after receipt is produced.
+        patience_s: a produced row unprocessed this long is replayed if its lane has no backlog.
+        max_patience_s: past this it is replayed regardless (late is not lost, but bounded).
+        max_replays: replays before a row is abandoned (logged CRITICAL, counted).
+        batch_size: rows claimed per query.
+        lease_s: how long a claimed row is reserved for this sweeper.
+        lane_groups: the consumer group that consumes each lane, for its backlog (lag).
+        backlog_threshold: a lane is backed up when its group's lag exceeds this.
+    """
+
+    enabled: bool = True
+    interval_s: float = Field(default=30.0, gt=0)
+    unproduced_after_s: float = Field(default=60.0, gt=0)
+    patience_s: float = Field(default=300.0, gt=0)
+    max_patience_s: float = Field(default=900.0, gt=0)
+    max_replays: int = Field(default=3, ge=0)
+    batch_size: int = Field(default=500, ge=1)
+    lease_s: float = Field(default=60.0, gt=0)
+    lane_groups: dict[str, str] = Field(default_factory=dict)
+    backlog_threshold: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SweeperSettings:
+        if self.max_patience_s < self.patience_s:
+            raise ValueError("max_patience_s must be at least patience_s")
+        return self
+
+
+class IngressSettings(_Model):
+    """The ``ingress`` section of the root settings (``PIPELINE_INGRESS__*``).
+
+    Attributes:
+        sources_file: the YAML file declaring the sources.
+        host: address ``pipeline ingress serve`` binds.
+        port: its port.
+        log_store: ``sqlite`` (embedded default) or ``postgres`` (several replicas).
+        sqlite_path: the SQLite database file.
+        sqlite_synchronous: SQLite durability (``FULL``: survives power loss; ``NORMAL``:
+            survives a process crash only; see :mod:`pipeline.logstore.sqlite.store`).
+        postgres_schema: the schema of the PostgreSQL table (``PIPELINE_POSTGRES__URL``).
+        group_commit_max_rows: most rows committed in one transaction.
+        produce_queue_max: rows waiting for the fast produce path; past it the sweeper
+            produces them (nothing is lost, memory stays bounded).
+        produce_batch_max: most events handed to the producer in one call.
+        admission: the default admission of every source.
+        sweeper: the sweeper.
+    """
+
+    sources_file: Path = Path("sources.yaml")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    log_store: Literal["sqlite", "postgres"] = "sqlite"
+    sqlite_path: Path = Path("ingress.db")
+    sqlite_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"
+    postgres_schema: str = Field(default="public", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    group_commit_max_rows: int = Field(default=512, ge=1)
+    produce_queue_max: int = Field(default=10_000, ge=1)
+    produce_batch_max: int = Field(default=500, ge=1)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
+
+
+def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
+    """Read and validate the sources file against the declared topics.
+
+    Args:
+        path: the YAML file.
+        topics: the names of the topics declared in ``topics/*.yaml``.
+
+    Raises:
+        ConfigError: the file is missing or invalid, a secret is missing, or a source routes
+            to a topic that is not declared; every line names the file and the field.
+    """
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the sources file: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a mapping with a 'sources' key")
+    try:
+        parsed = SourcesFile.model_validate(document)
+    except ValidationError as exc:
+        lines = [f"{path}: {_field_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+        raise ConfigError("invalid sources file:\n  " + "\n  ".join(lines)) from None
+    problems = []
+    for name, source in parsed.sources.items():
+        if not _SOURCE_NAME.fullmatch(name):
+            problems.append(f"{path}: sources.{name}: expected letters, digits, '.', '_', '-'")
+        targets = [("topic", source.topic)]
+        targets += [(f"routes[{i}].topic", rule.topic) for i, rule in enumerate(source.routes)]
+        problems.extend(
+            f"{path}: sources.{name}.{field}: topic {topic!r} is not declared in the topics "
+            f"directory (declared: {', '.join(sorted(topics)) or 'none'})"
+            for field, topic in targets
+            if topic not in topics
+        )
+    if problems:
+        raise ConfigError("invalid sources file:\n  " + "\n  ".join(problems))
+    return dict(parsed.sources)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
+
+
+def _message(error: Any) -> str:
+    if error["type"] == "value_error":
+        return str(error.get("ctx", {}).get("error", error["msg"]))
+    if error["type"] == "missing":
+        return "required field is missing"
+    if error["type"] == "extra_forbidden":
+        return "unknown field (see deploy/local/sources.example.yaml)"
+    value = error.get("input")
+    secret = any(part in {"secrets", "verify_token"} for part in error["loc"])
+    if secret or not isinstance(value, str | int | float | bool | None):
+        return str(error["msg"])  # never echo a secret or a whole mapping
+    return f"{error['msg']} (got {value!r})"

@@ -1,0 +1,178 @@
+"""The sweeper: produces what the fast path lost, replays what nobody processed, abandons loudly.
+
+Each sweep, for rows it claims (leases) in the log store:
+
+1. **Unproduced**: rows still ``received`` ``unproduced_after_s`` after receipt (the ingress
+   died between commit and produce, or the broker was down) are produced. A failure only counts
+   an attempt: the broker being down is never a reason to give up on a row.
+2. **Unprocessed**: rows ``produced`` but not reported processed ``patience_s`` after their last
+   production are replayed, but only while their lane has no backlog (then they are most likely
+   queued, not lost), and regardless once ``max_patience_s`` has passed (late is not lost, yet a
+   lost event's wait stays bounded). Each replay increments the row's ``replay_count``, which
+   travels in the event's ``replay-count`` header.
+3. **Abandoned**: a row due for a replay that already had ``max_replays`` is abandoned instead:
+   something in it keeps its consumer from finishing, and replaying it would keep doing so. It
+   is logged at CRITICAL with the reason, and counted.
+
+The sweeper never consumes the lanes it watches, so a backed-up lane cannot hold it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pipeline.errors import MessageTooLarge, PipelineError
+from pipeline.ingress.backlog import Backlog
+from pipeline.ingress.republish import produce_rows
+from pipeline.ingress.settings import SweeperSettings
+from pipeline.logstore import LogRow, SweepLog
+from pipeline.transport.protocol import Producer
+
+log = logging.getLogger(__name__)
+
+_MAX_BATCHES_PER_SWEEP = 1_000  # bounds one sweep; the next one continues
+
+
+@dataclass(slots=True)
+class SweepReport:
+    """What one sweep (or, in :attr:`Sweeper.totals`, every sweep so far) did."""
+
+    produced: int = 0
+    replayed: int = 0
+    abandoned: int = 0
+    failed: int = 0
+    patient_lanes: tuple[str, ...] = ()
+
+    def add(self, other: SweepReport) -> None:
+        """Add ``other``'s counts to this report."""
+        self.produced += other.produced
+        self.replayed += other.replayed
+        self.abandoned += other.abandoned
+        self.failed += other.failed
+
+
+class Sweeper:
+    """Sweeps one log store; run :meth:`sweep_once` from a CLI or :meth:`run` as a task."""
+
+    def __init__(
+        self,
+        log_store: SweepLog,
+        producer: Producer,
+        backlog: Backlog,
+        lane_topics: Mapping[str, Sequence[str]],
+        settings: SweeperSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Sweep ``log_store``; ``lane_topics`` lists the topics of every lane it may replay."""
+        self._log = log_store
+        self._producer = producer
+        self._backlog = backlog
+        self._lane_topics = lane_topics
+        self._settings = settings
+        self._clock = clock
+        self.totals = SweepReport()
+
+    async def sweep_once(self) -> SweepReport:
+        """One full sweep: unproduced rows, then unprocessed ones past patience."""
+        report = SweepReport()
+        await self._produce_unproduced(report)
+        await self._replay_unprocessed(report)
+        self.totals.add(report)
+        if report.produced or report.replayed or report.abandoned or report.failed:
+            log.info(
+                "sweep: produced %d, replayed %d, abandoned %d, failed %d; patient lanes: %s",
+                report.produced,
+                report.replayed,
+                report.abandoned,
+                report.failed,
+                ", ".join(report.patient_lanes) or "none",
+            )
+        return report
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep every ``interval_s`` until ``stop`` is set; a failed sweep is logged, not fatal."""
+        while not stop.is_set():
+            try:
+                await self.sweep_once()
+            except PipelineError:
+                log.exception("sweep failed; retrying in %.0fs", self._settings.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._settings.interval_s)
+
+    def _ms(self, seconds_ago: float) -> int:
+        return int((self._clock() - seconds_ago) * 1000)
+
+    async def _produce_unproduced(self, report: SweepReport) -> None:
+        s = self._settings
+        for _ in range(_MAX_BATCHES_PER_SWEEP):
+            rows = await self._log.claim_unproduced(
+                self._ms(s.unproduced_after_s), s.batch_size, int(s.lease_s * 1000)
+            )
+            if rows:
+                outcome = await produce_rows(self._producer, rows, replay=False)
+                await self._log.mark_produced([row.id for row in outcome.delivered])
+                report.produced += len(outcome.delivered)
+                await self._failed(outcome.failed, report)
+            if len(rows) < s.batch_size:
+                return
+
+    async def _replay_unprocessed(self, report: SweepReport) -> None:
+        s = self._settings
+        patient = [lane for lane in self._lane_topics if await self._backlog.is_backlogged(lane)]
+        report.patient_lanes = tuple(patient)
+        patient_topics = {topic for lane in patient for topic in self._lane_topics[lane]}
+        for _ in range(_MAX_BATCHES_PER_SWEEP):
+            rows = await self._log.claim_unprocessed(
+                self._ms(s.patience_s),
+                s.batch_size,
+                int(s.lease_s * 1000),
+                patient_topics=patient_topics,
+                overdue_before_ms=self._ms(s.max_patience_s),
+            )
+            spent = [row for row in rows if row.replay_count >= s.max_replays]
+            for row in spent:
+                await self._abandon(
+                    row, f"abandoned after {row.replay_count} replays without being processed"
+                )
+            report.abandoned += len(spent)
+            due = [row for row in rows if row.replay_count < s.max_replays]
+            if due:
+                outcome = await produce_rows(self._producer, due, replay=True)
+                await self._log.mark_replayed([row.id for row in outcome.delivered])
+                report.replayed += len(outcome.delivered)
+                await self._failed(outcome.failed, report)
+            if len(rows) < s.batch_size:
+                return
+
+    async def _failed(
+        self, failed: list[tuple[LogRow, PipelineError]], report: SweepReport
+    ) -> None:
+        report.failed += len(failed)
+        for row, exc in failed:
+            if isinstance(exc, MessageTooLarge):
+                await self._abandon(row, f"unproducible: {exc}")
+                report.abandoned += 1
+            else:
+                await self._log.record_failure([row.id], f"{type(exc).__name__}: {exc}")
+
+    async def _abandon(self, row: LogRow, reason: str) -> None:
+        await self._log.abandon([row.id], reason)
+        log.critical(
+            "webhook abandoned: %s",
+            reason,
+            extra={
+                "row_id": row.id,
+                "source": row.source,
+                "tenant": row.tenant,
+                "event_id": row.event_id,
+                "lane": row.lane,
+                "topic": row.topic,
+                "replay_count": row.replay_count,
+            },
+        )

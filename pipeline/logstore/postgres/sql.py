@@ -1,0 +1,175 @@
+"""Every SQL statement of the PostgreSQL log store, composed with the configured schema.
+
+The table mirrors the SQLite one (see :mod:`pipeline.logstore.sqlite.sql`), with ``jsonb``
+headers and ``bytea`` bodies. Claims use ``FOR UPDATE SKIP LOCKED`` so several sweepers (one per
+ingress replica) take disjoint rows without waiting on each other.
+"""
+
+from __future__ import annotations
+
+from typing import LiteralString
+
+from psycopg import sql
+
+from pipeline.logstore.protocol import Selection
+
+COLUMNS = sql.SQL(
+    "id, source, tenant, key, topic, lane, event_id, received_at_ms, headers, body, state,"
+    " produce_attempts, replay_count, last_error, produced_at_ms"
+)
+
+_SCHEMA = """
+SELECT pg_advisory_xact_lock(hashtext('pipeline.logstore.migrate'));
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {table} (
+    id               text PRIMARY KEY,
+    source           text NOT NULL,
+    tenant           text NOT NULL,
+    key              text NOT NULL,
+    topic            text NOT NULL,
+    lane             text NOT NULL,
+    event_id         text NOT NULL,
+    received_at_ms   bigint NOT NULL,
+    headers          jsonb NOT NULL,
+    body             bytea NOT NULL,
+    state            text NOT NULL DEFAULT 'received',
+    produce_attempts integer NOT NULL DEFAULT 0,
+    replay_count     integer NOT NULL DEFAULT 0,
+    last_error       text NOT NULL DEFAULT '',
+    produced_at_ms   bigint,
+    lease_until_ms   bigint NOT NULL DEFAULT 0,
+    UNIQUE (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS ingress_log_unproduced ON {table} (received_at_ms)
+    WHERE state = 'received';
+CREATE INDEX IF NOT EXISTS ingress_log_unprocessed ON {table} (produced_at_ms)
+    WHERE state = 'produced';
+CREATE INDEX IF NOT EXISTS ingress_log_received ON {table} (received_at_ms);
+"""
+
+_INSERT = """
+INSERT INTO {table}
+    (id, source, tenant, key, topic, lane, event_id, received_at_ms, headers, body)
+SELECT id, source, tenant, key, topic, lane, event_id, received_at_ms, headers::jsonb, body
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+            %s::text[], %s::bigint[], %s::text[], %s::bytea[])
+    AS u(id, source, tenant, key, topic, lane, event_id, received_at_ms, headers, body)
+ON CONFLICT (source, event_id) DO NOTHING
+RETURNING id
+"""
+
+_MARK_PRODUCED = """
+UPDATE {table}
+SET state = CASE WHEN state = 'received' THEN 'produced' ELSE state END,
+    produced_at_ms = %s, produce_attempts = produce_attempts + 1, lease_until_ms = 0
+WHERE id = ANY(%s)
+"""
+
+_RECORD_FAILURE = """
+UPDATE {table} SET produce_attempts = produce_attempts + 1, last_error = %s
+WHERE id = ANY(%s)
+"""
+
+_MARK_PROCESSED = """
+UPDATE {table} SET state = 'processed', lease_until_ms = 0
+WHERE state IN ('received', 'produced') AND id = ANY(%s)
+"""
+
+_MARK_REPLAYED = """
+UPDATE {table}
+SET replay_count = replay_count + 1, produce_attempts = produce_attempts + 1,
+    produced_at_ms = %s, lease_until_ms = 0,
+    state = CASE WHEN state IN ('received', 'abandoned') THEN 'produced' ELSE state END
+WHERE id = ANY(%s)
+"""
+
+_ABANDON = """
+UPDATE {table} SET state = 'abandoned', last_error = %s, lease_until_ms = 0
+WHERE state IN ('received', 'produced') AND id = ANY(%s)
+"""
+
+_CLAIM_UNPRODUCED = """
+UPDATE {table} SET lease_until_ms = %(lease_until)s
+WHERE id IN (
+    SELECT id FROM {table}
+    WHERE state = 'received' AND received_at_ms < %(before)s AND lease_until_ms <= %(now)s
+    ORDER BY received_at_ms LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING {columns}
+"""
+
+_CLAIM_UNPROCESSED = """
+UPDATE {table} SET lease_until_ms = %(lease_until)s
+WHERE id IN (
+    SELECT id FROM {table}
+    WHERE state = 'produced' AND lease_until_ms <= %(now)s AND produced_at_ms < %(before)s
+      AND (NOT (topic = ANY(%(patient)s)) OR produced_at_ms < %(overdue)s)
+    ORDER BY produced_at_ms LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING {columns}
+"""
+
+_GET = "SELECT {columns} FROM {table} WHERE id = %s"
+
+_PURGE = "DELETE FROM {table} WHERE received_at_ms < %s AND state = ANY(%s)"
+
+
+class Statements:
+    """The statements for one schema, composed once."""
+
+    def __init__(self, schema: str) -> None:
+        """Compose every statement for ``schema``.``ingress_log``."""
+        self.table = sql.Identifier(schema, "ingress_log")
+        names = {"schema": sql.Identifier(schema), "table": self.table, "columns": COLUMNS}
+
+        def compose(text: LiteralString) -> sql.Composed:
+            return sql.SQL(text).format(**names)
+
+        self.schema = compose(_SCHEMA)
+        self.insert = compose(_INSERT)
+        self.mark_produced = compose(_MARK_PRODUCED)
+        self.record_failure = compose(_RECORD_FAILURE)
+        self.mark_processed = compose(_MARK_PROCESSED)
+        self.mark_replayed = compose(_MARK_REPLAYED)
+        self.abandon = compose(_ABANDON)
+        self.claim_unproduced = compose(_CLAIM_UNPRODUCED)
+        self.claim_unprocessed = compose(_CLAIM_UNPROCESSED)
+        self.get = compose(_GET)
+        self.purge = compose(_PURGE)
+
+    def select(self, selection: Selection) -> tuple[sql.Composed, list[object]]:
+        """A page of ``selection`` after an id; append params ``after_id`` and ``limit``."""
+        clause, params = _where(selection)
+        query = sql.SQL(
+            "SELECT {columns} FROM {table} WHERE {clause} AND id > %s ORDER BY id LIMIT %s"
+        ).format(columns=COLUMNS, table=self.table, clause=clause)
+        return query, params
+
+    def count_by_state(self, selection: Selection) -> tuple[sql.Composed, list[object]]:
+        """Row counts per state of ``selection``."""
+        clause, params = _where(selection)
+        query = sql.SQL("SELECT state, count(*) FROM {table} WHERE {clause} GROUP BY state")
+        return query.format(table=self.table, clause=clause), params
+
+
+def _where(selection: Selection) -> tuple[sql.Composable, list[object]]:
+    clauses: list[sql.Composable] = [sql.SQL("true")]
+    params: list[object] = []
+    for column, op, value in (
+        ("source", "=", selection.source),
+        ("tenant", "=", selection.tenant),
+        ("received_at_ms", ">=", selection.since_ms),
+        ("received_at_ms", "<", selection.until_ms),
+    ):
+        if value is not None:
+            clauses.append(sql.SQL("{} {} %s").format(sql.Identifier(column), sql.SQL(op)))
+            params.append(value)
+    if selection.states:
+        clauses.append(sql.SQL("state = ANY(%s)"))
+        params.append([str(state) for state in selection.states])
+    if selection.ids:
+        clauses.append(sql.SQL("id = ANY(%s)"))
+        params.append(list(selection.ids))
+    return sql.SQL(" AND ").join(clauses), params

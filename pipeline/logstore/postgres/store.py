@@ -1,0 +1,242 @@
+"""The PostgreSQL log store: psycopg 3 with an async connection pool, safe with several replicas.
+
+Inserts are group-committed like on SQLite (:class:`~pipeline.logstore.batch.Batcher`), here as
+one multi-row ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING id`` per
+batch: one round trip and one WAL flush for many webhooks. Each statement runs in autocommit
+mode, so it is durable when it returns (with the server's default ``synchronous_commit=on``).
+
+Several ingress replicas share the table: the unique ``(source, event_id)`` constraint dedupes
+across them, and the sweeper's claims use ``FOR UPDATE SKIP LOCKED`` plus a lease column.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from pipeline.logstore import LogStoreError
+from pipeline.logstore.batch import Batcher
+from pipeline.logstore.postgres.sql import Statements
+from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState, Selection
+
+Query = Any  # a composed psycopg query
+
+
+class PostgresLogStore:
+    """A :class:`~pipeline.logstore.protocol.LogStore` in a PostgreSQL table."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "public",
+        min_connections: int = 1,
+        max_connections: int = 10,
+        max_batch: int = 512,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Describe the store; nothing connects until :meth:`open`.
+
+        Args:
+            url: ``postgresql://user:password@host:port/database``.
+            schema: the schema holding ``ingress_log`` (created if missing); tests use one each.
+            min_connections: connections the pool keeps open.
+            max_connections: most connections the pool opens.
+            max_batch: most rows inserted by one statement.
+            clock: seconds since the epoch; tests pass a fake one.
+        """
+        self._url = url
+        self._schema = schema
+        self._sql = Statements(schema)
+        self._clock = clock
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
+            url,
+            min_size=min_connections,
+            max_size=max_connections,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        self._inserts: Batcher[NewRow, bool] = Batcher(self._insert_batch, max_batch)
+
+    def __repr__(self) -> str:
+        """Name the schema (never the URL, which may hold a password)."""
+        return f"PostgresLogStore(schema={self._schema!r})"
+
+    async def open(self) -> None:
+        """Open the pool and create the schema, table and indexes (idempotent, race-safe)."""
+        try:
+            await self._pool.open(wait=True, timeout=10.0)
+        except Exception as exc:  # psycopg.Error, or psycopg_pool.PoolTimeout which is not one
+            raise LogStoreError(f"cannot connect to the log database: {exc}") from exc
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql.schema)
+
+    async def close(self) -> None:
+        """Finish pending inserts and close the pool."""
+        await self._inserts.drain()
+        await self._pool.close()
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def _execute(self, query: Query, params: Sequence[object] | dict[str, object]) -> int:
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                return cur.rowcount
+        except psycopg.Error as exc:
+            raise LogStoreError(f"log database error: {exc}") from exc
+
+    async def _fetch(
+        self, query: Query, params: Sequence[object] | dict[str, object]
+    ) -> list[TupleRow]:
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                return await cur.fetchall()
+        except psycopg.Error as exc:
+            raise LogStoreError(f"log database error: {exc}") from exc
+
+    # IngressLog
+
+    async def insert(self, row: NewRow) -> bool:
+        """Store ``row``, committed with whatever else is pending; False if a duplicate."""
+        return await self._inserts.submit(row)
+
+    async def _insert_batch(self, rows: Sequence[NewRow]) -> list[bool]:
+        columns: list[list[Any]] = [[] for _ in range(10)]
+        for r in rows:
+            values = (
+                r.id,
+                r.source,
+                r.tenant,
+                r.key,
+                r.topic,
+                r.lane,
+                r.event_id,
+                r.received_at_ms,
+                json.dumps(dict(r.headers), separators=(",", ":")),
+                r.body,
+            )
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+        inserted = {found[0] for found in await self._fetch(self._sql.insert, columns)}
+        return [r.id in inserted for r in rows]
+
+    async def mark_produced(self, ids: Sequence[str]) -> None:
+        """``received -> produced`` (processed and abandoned rows stay as they are)."""
+        if ids:
+            await self._execute(self._sql.mark_produced, [self._now_ms(), list(ids)])
+
+    async def record_failure(self, ids: Sequence[str], error: str) -> None:
+        """Count a failed produce attempt and keep ``error``."""
+        if ids:
+            await self._execute(self._sql.record_failure, [error[:2000], list(ids)])
+
+    # ProcessedMarker
+
+    async def mark_processed(self, ids: Sequence[str]) -> int:
+        """Mark rows processed in one statement; returns how many changed state."""
+        if not ids:
+            return 0
+        return await self._execute(self._sql.mark_processed, [list(ids)])
+
+    # SweepLog
+
+    async def claim_unproduced(
+        self, received_before_ms: int, limit: int, lease_ms: int
+    ) -> list[LogRow]:
+        """Lease rows still ``received`` that arrived before ``received_before_ms``."""
+        now_ms = self._now_ms()
+        params: dict[str, object] = {
+            "lease_until": now_ms + lease_ms,
+            "before": received_before_ms,
+            "now": now_ms,
+            "limit": limit,
+        }
+        rows = await self._fetch(self._sql.claim_unproduced, params)
+        return sorted((_row(r) for r in rows), key=lambda row: row.received_at_ms)
+
+    async def claim_unprocessed(
+        self,
+        produced_before_ms: int,
+        limit: int,
+        lease_ms: int,
+        *,
+        patient_topics: Collection[str] = (),
+        overdue_before_ms: int = 0,
+    ) -> list[LogRow]:
+        """Lease produced rows past patience (patient topics only once overdue)."""
+        now_ms = self._now_ms()
+        params: dict[str, object] = {
+            "lease_until": now_ms + lease_ms,
+            "now": now_ms,
+            "before": produced_before_ms,
+            "patient": sorted(patient_topics),
+            "overdue": overdue_before_ms,
+            "limit": limit,
+        }
+        rows = await self._fetch(self._sql.claim_unprocessed, params)
+        return sorted((_row(r) for r in rows), key=lambda row: row.produced_at_ms or 0)
+
+    async def mark_replayed(self, ids: Sequence[str]) -> None:
+        """Count one more replay, acknowledged now."""
+        if ids:
+            await self._execute(self._sql.mark_replayed, [self._now_ms(), list(ids)])
+
+    async def abandon(self, ids: Sequence[str], reason: str) -> None:
+        """Give up on rows not yet processed."""
+        if ids:
+            await self._execute(self._sql.abandon, [reason[:2000], list(ids)])
+
+    # ReplayLog
+
+    async def select(self, selection: Selection, *, after_id: str = "", limit: int) -> list[LogRow]:
+        """A page of ``selection`` in id order."""
+        query, params = self._sql.select(selection)
+        return [_row(r) for r in await self._fetch(query, [*params, after_id, limit])]
+
+    async def count_by_state(self, selection: Selection) -> dict[RowState, int]:
+        """Rows of ``selection`` per state."""
+        query, params = self._sql.count_by_state(selection)
+        return {RowState(state): count for state, count in await self._fetch(query, params)}
+
+    async def get(self, row_id: str) -> LogRow | None:
+        """One row by id."""
+        rows = await self._fetch(self._sql.get, [row_id])
+        return _row(rows[0]) if rows else None
+
+    # LogStore
+
+    async def purge(
+        self, older_than_ms: int, states: Collection[RowState] = TERMINAL_STATES
+    ) -> int:
+        """Delete old rows in ``states``; returns how many."""
+        chosen = sorted(str(state) for state in states)
+        return await self._execute(self._sql.purge, [older_than_ms, chosen])
+
+
+def _row(r: Sequence[Any]) -> LogRow:
+    return LogRow(
+        id=r[0],
+        source=r[1],
+        tenant=r[2],
+        key=r[3],
+        topic=r[4],
+        lane=r[5],
+        event_id=r[6],
+        received_at_ms=r[7],
+        headers=r[8],
+        body=bytes(r[9]),
+        state=RowState(r[10]),
+        produce_attempts=r[11],
+        replay_count=r[12],
+        last_error=r[13],
+        produced_at_ms=r[14],
+    )

@@ -1,0 +1,225 @@
+"""The log row, its states, and the role protocols every log store implements.
+
+Each stage sees only the role it needs: the ingress writes rows (:class:`IngressLog`), the
+consumer runtime marks them handled (:class:`ProcessedMarker`), the sweeper claims the ones the
+queue lost (:class:`SweepLog`) and the replay CLI selects them (:class:`ReplayLog`).
+:class:`LogStore` is all of them plus lifecycle and retention; ``SqliteLogStore`` and
+``PostgresLogStore`` implement it and pass one contract suite (``tests/logstore/``).
+
+Guarantees every implementation keeps:
+
+* :meth:`IngressLog.insert` returns only after the row is durable (committed, and on SQLite
+  fsynced as ``synchronous`` says); ``(source, event_id)`` is unique, so a redelivery inserts
+  nothing and returns False.
+* Marking is idempotent and never moves a row backwards: a processed or abandoned row stays so
+  when a late produce acknowledgement marks it produced.
+* Claims are leases: a claimed row is not returned to another claimer until ``lease_ms`` has
+  passed, which keeps two sweepers (several ingress replicas) from producing the same row at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class RowState(StrEnum):
+    """Where a row is in its life (see the diagram in :mod:`pipeline.logstore`)."""
+
+    RECEIVED = "received"
+    """Committed and answered; not yet acknowledged by the broker."""
+    PRODUCED = "produced"
+    """The broker acknowledged the event; no consumer has reported it handled yet."""
+    PROCESSED = "processed"
+    """A consumer handled the event (terminal)."""
+    ABANDONED = "abandoned"
+    """Replayed too often without being processed, or unproducible (terminal, logged CRITICAL)."""
+
+
+TERMINAL_STATES = frozenset({RowState.PROCESSED, RowState.ABANDONED})
+
+
+@dataclass(frozen=True, slots=True)
+class NewRow:
+    """A verified webhook, as the ingress writes it before answering.
+
+    Attributes:
+        id: row id, unique across replicas (time-ordered hex, see ``pipeline.ingress.ids``).
+        source: the configured source name (``/hooks/{source}``).
+        tenant: the tenant extracted from the request, or "" when the source has none.
+        key: the partitioning key of the produced event, or "" for none.
+        topic: the topic the event is routed to.
+        lane: the admission lane of that topic.
+        event_id: the provider's event id; ``(source, event_id)`` is unique.
+        received_at_ms: receive time in milliseconds since the epoch.
+        headers: the request headers the source keeps (names lower-case).
+        body: the raw request body, byte for byte as signed.
+    """
+
+    id: str
+    source: str
+    tenant: str
+    key: str
+    topic: str
+    lane: str
+    event_id: str
+    received_at_ms: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogRow:
+    """A stored row: the :class:`NewRow` fields plus its delivery bookkeeping.
+
+    Attributes:
+        state: where the row is in its life.
+        produce_attempts: produce attempts so far (fast path, sweeps and replays), failed or not.
+        replay_count: how many times the row was produced again after its first production.
+        last_error: the last produce failure or the abandonment reason, or "".
+        produced_at_ms: when the broker last acknowledged it, or None if never.
+    """
+
+    id: str
+    source: str
+    tenant: str
+    key: str
+    topic: str
+    lane: str
+    event_id: str
+    received_at_ms: int
+    headers: Mapping[str, str]
+    body: bytes
+    state: RowState
+    produce_attempts: int = 0
+    replay_count: int = 0
+    last_error: str = ""
+    produced_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which rows a replay or a count looks at; empty fields match everything.
+
+    Attributes:
+        source: only rows of this source.
+        tenant: only rows of this tenant.
+        since_ms: only rows received at or after this time (ms since the epoch).
+        until_ms: only rows received before this time (ms since the epoch).
+        states: only rows in one of these states.
+        ids: only these row ids.
+    """
+
+    source: str | None = None
+    tenant: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+    states: tuple[RowState, ...] = ()
+    ids: tuple[str, ...] = field(default=())
+
+
+class IngressLog(Protocol):
+    """What the ingress needs: a durable, deduplicating insert and produce bookkeeping."""
+
+    async def insert(self, row: NewRow) -> bool:
+        """Store ``row`` durably; False when ``(source, event_id)`` is already stored.
+
+        Concurrent calls are committed together (group commit); each returns once its row is
+        durable. Raises :class:`~pipeline.logstore.LogStoreError` when the database fails.
+        """
+        ...
+
+    async def mark_produced(self, ids: Sequence[str]) -> None:
+        """Record that the broker acknowledged these rows (``received -> produced``)."""
+        ...
+
+    async def record_failure(self, ids: Sequence[str], error: str) -> None:
+        """Count a failed produce attempt on these rows and keep ``error`` as the last error."""
+        ...
+
+
+class ProcessedMarker(Protocol):
+    """What the consumer runtime needs: mark rows whose event was handled."""
+
+    async def mark_processed(self, ids: Sequence[str]) -> int:
+        """Mark these rows processed in one batch; returns how many changed state.
+
+        Idempotent; unknown ids and abandoned rows are left alone.
+        """
+        ...
+
+
+class SweepLog(IngressLog, Protocol):
+    """What the sweeper needs: claim overdue rows, produce and replay them, abandon loudly."""
+
+    async def claim_unproduced(
+        self, received_before_ms: int, limit: int, lease_ms: int
+    ) -> list[LogRow]:
+        """Lease up to ``limit`` rows still ``received`` that arrived before the given time."""
+        ...
+
+    async def claim_unprocessed(
+        self,
+        produced_before_ms: int,
+        limit: int,
+        lease_ms: int,
+        *,
+        patient_topics: Collection[str] = (),
+        overdue_before_ms: int = 0,
+    ) -> list[LogRow]:
+        """Lease up to ``limit`` ``produced`` rows last produced before ``produced_before_ms``.
+
+        Rows of ``patient_topics`` (lanes with a backlog) are claimed only when they were last
+        produced before ``overdue_before_ms`` (the maximum patience).
+        """
+        ...
+
+    async def mark_replayed(self, ids: Sequence[str]) -> None:
+        """Count one more replay on these rows, acknowledged by the broker just now.
+
+        A received or abandoned row becomes produced (a hand replay puts an abandoned row back
+        under the sweeper's watch); a processed row stays processed.
+        """
+        ...
+
+    async def abandon(self, ids: Sequence[str], reason: str) -> None:
+        """Give up on these rows (``-> abandoned``) and keep ``reason`` as their last error."""
+        ...
+
+
+class ReplayLog(Protocol):
+    """What the replay CLI needs: page through a selection and count it."""
+
+    async def select(self, selection: Selection, *, after_id: str = "", limit: int) -> list[LogRow]:
+        """Up to ``limit`` rows of ``selection`` with ids above ``after_id``, in id order."""
+        ...
+
+    async def count_by_state(self, selection: Selection) -> dict[RowState, int]:
+        """How many rows of ``selection`` are in each state (states with none are left out)."""
+        ...
+
+    async def get(self, row_id: str) -> LogRow | None:
+        """One row by id, or None."""
+        ...
+
+
+class LogStore(SweepLog, ProcessedMarker, ReplayLog, Protocol):
+    """A whole log store: every role (SweepLog includes IngressLog), lifecycle and retention."""
+
+    async def open(self) -> None:
+        """Connect and create the tables if they are missing (idempotent)."""
+        ...
+
+    async def close(self) -> None:
+        """Finish pending writes and release connections."""
+        ...
+
+    async def purge(
+        self,
+        older_than_ms: int,
+        states: Collection[RowState] = TERMINAL_STATES,
+    ) -> int:
+        """Delete rows received before ``older_than_ms`` in ``states``; returns how many."""
+        ...

@@ -1,0 +1,366 @@
+"""The embedded log store: one SQLite file in WAL mode, with group commit.
+
+Durability. Every write goes through one writer connection on one thread. Inserts are batched
+by :class:`~pipeline.logstore.batch.Batcher`: rows that arrive while a commit is in progress
+share the next transaction, so many answered webhooks cost one WAL fsync. ``synchronous``
+decides what "durable" means (https://www.sqlite.org/pragma.html#pragma_synchronous):
+
+* ``FULL`` (the default): the WAL is fsynced at every commit; an answered row survives
+  ``kill -9`` of the process and a power loss or kernel crash.
+* ``NORMAL``: no fsync at commit (only at checkpoints); an answered row survives ``kill -9`` of
+  the process, but the last commits may be lost on power loss. Use it only where the disk cache
+  is battery-backed or losing a few seconds on power loss is acceptable.
+* ``OFF``: for benchmarks only ("durability off").
+
+Reads for the replay CLI run on a second connection and thread, so they never wait behind the
+writer (WAL readers do not block the writer nor the writer them). Checkpoints (copying the WAL
+back into the database) run on a third connection and thread, in ``PASSIVE`` mode, after every
+``checkpoint_rows`` committed rows: SQLite's automatic checkpoint would run inside a commit and
+stall every webhook waiting on it for the whole copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from pipeline.logstore import LogStoreError
+from pipeline.logstore.batch import Batcher
+from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState, Selection
+from pipeline.logstore.sqlite import sql
+
+Synchronous = Literal["FULL", "NORMAL", "OFF"]
+P = ParamSpec("P")
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 500  # ids per UPDATE, well under SQLite's bound-parameter limit
+
+
+class SqliteLogStore:
+    """A :class:`~pipeline.logstore.protocol.LogStore` in one SQLite file.
+
+    One process should own the file for writing at a time (the ingress, with its sweeper task);
+    a second process (``pipeline sweep``, ``pipeline replay``) may open it too: SQLite's lock
+    serialises the writers and ``busy_timeout`` makes them wait instead of failing.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        synchronous: Synchronous = "FULL",
+        max_batch: int = 512,
+        clock: Callable[[], float] = time.time,
+        checkpoint_rows: int = 2_000,
+    ) -> None:
+        """Describe the store; nothing is opened until :meth:`open`.
+
+        Args:
+            path: the database file (created with its directory if missing).
+            synchronous: the durability setting (see the module docstring).
+            max_batch: most rows committed in one transaction.
+            clock: seconds since the epoch; tests pass a fake one.
+            checkpoint_rows: rows committed between two background checkpoints.
+        """
+        self._path = Path(path)
+        self._synchronous = synchronous
+        self._clock = clock
+        self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="logstore-sqlite-w")
+        self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="logstore-sqlite-r")
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._checkpoint_pool = ThreadPoolExecutor(1, thread_name_prefix="logstore-sqlite-c")
+        self._checkpointer: sqlite3.Connection | None = None
+        self._checkpoint_rows = checkpoint_rows
+        self._rows_since_checkpoint = 0
+        self._checkpointing: asyncio.Future[None] | None = None
+        self._inserts: Batcher[NewRow, bool] = Batcher(self._insert_batch, max_batch)
+
+    def __repr__(self) -> str:
+        """Name the file and durability setting."""
+        return f"SqliteLogStore({str(self._path)!r}, synchronous={self._synchronous})"
+
+    async def open(self) -> None:
+        """Open both connections, switch to WAL and create the table and indexes."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = await self._write(self._connect)
+        self._reader = await self._read(self._connect)
+        self._checkpointer = await self._on(self._checkpoint_pool, self._connect)
+        await self._write(self._w.execute, "PRAGMA wal_autocheckpoint=0")
+
+        def migrate() -> None:
+            for statement in sql.SCHEMA:
+                self._w.execute(statement)
+
+        await self._write(migrate)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            for pragma in sql.PRAGMAS:
+                conn.execute(pragma)
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        except sqlite3.Error as exc:
+            raise LogStoreError(f"cannot open the log database {self._path}: {exc}") from exc
+        return conn
+
+    async def close(self) -> None:
+        """Commit what is pending, checkpoint, then close every connection."""
+        await self._inserts.drain()
+        if self._checkpointing is not None:
+            await self._checkpointing
+        if self._checkpointer is not None:
+            await self._on(self._checkpoint_pool, self._checkpoint, "TRUNCATE")
+        for conn, pool in (
+            (self._writer, self._writer_pool),
+            (self._reader, self._reader_pool),
+            (self._checkpointer, self._checkpoint_pool),
+        ):
+            if conn is not None:
+                await asyncio.get_running_loop().run_in_executor(pool, conn.close)
+            pool.shutdown(wait=True)
+        self._writer = self._reader = self._checkpointer = None
+
+    def _checkpoint(self, mode: str) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})")
+
+    def _committed(self, rows: int) -> None:
+        """Count committed rows; start a background checkpoint every ``checkpoint_rows``."""
+        self._rows_since_checkpoint += rows
+        if self._rows_since_checkpoint < self._checkpoint_rows or self._checkpointing is not None:
+            return
+        self._rows_since_checkpoint = 0
+        loop = asyncio.get_running_loop()
+        self._checkpointing = loop.run_in_executor(
+            self._checkpoint_pool, self._checkpoint, "PASSIVE"
+        )
+
+        def done(future: asyncio.Future[None]) -> None:
+            self._checkpointing = None
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("WAL checkpoint failed: %s", future.exception())
+
+        self._checkpointing.add_done_callback(done)
+
+    @property
+    def _w(self) -> sqlite3.Connection:
+        if self._writer is None:
+            raise LogStoreError("the log store is not open (call open() first)")
+        return self._writer
+
+    @property
+    def _r(self) -> sqlite3.Connection:
+        if self._reader is None:
+            raise LogStoreError("the log store is not open (call open() first)")
+        return self._reader
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def _write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._on(self._writer_pool, fn, *args, **kwargs)
+
+    async def _read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._on(self._reader_pool, fn, *args, **kwargs)
+
+    @staticmethod
+    async def _on(
+        pool: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        def call() -> T:
+            try:
+                return fn(*args, **kwargs)
+            except sqlite3.Error as exc:
+                raise LogStoreError(f"log database error: {exc}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
+
+    def _transaction(self, body: Callable[[sqlite3.Cursor], T]) -> T:
+        """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction on the writer (writer thread)."""
+        cur = self._w.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            result = body(cur)
+            cur.execute("COMMIT")
+        except BaseException:
+            if self._w.in_transaction:
+                cur.execute("ROLLBACK")
+            raise
+        return result
+
+    # IngressLog
+
+    async def insert(self, row: NewRow) -> bool:
+        """Store ``row``, committed with whatever else is pending; False if a duplicate."""
+        return await self._inserts.submit(row)
+
+    async def _insert_batch(self, rows: Sequence[NewRow]) -> list[bool]:
+        params = [
+            (
+                r.id,
+                r.source,
+                r.tenant,
+                r.key,
+                r.topic,
+                r.lane,
+                r.event_id,
+                r.received_at_ms,
+                json.dumps(r.headers, separators=(",", ":")),
+                r.body,
+            )
+            for r in rows
+        ]
+
+        def body(cur: sqlite3.Cursor) -> list[bool]:
+            cur.executemany(sql.INSERT, params)
+            if cur.rowcount == len(rows):  # the common case: no redelivery in the batch
+                return [True] * len(rows)
+            # Some were duplicates: the fresh ids that now exist are the ones inserted.
+            ids = [r.id for r in rows]
+            found = {
+                found_id
+                for start in range(0, len(ids), _CHUNK)
+                for (found_id,) in cur.execute(
+                    sql.existing_ids(len(ids[start : start + _CHUNK])), ids[start : start + _CHUNK]
+                )
+            }
+            return [r.id in found for r in rows]
+
+        inserted = await self._write(self._transaction, body)
+        self._committed(len(rows))
+        return inserted
+
+    async def mark_produced(self, ids: Sequence[str]) -> None:
+        """``received -> produced`` (processed and abandoned rows stay as they are)."""
+        await self._update_ids(sql.mark_produced, ids, self._now_ms())
+
+    async def record_failure(self, ids: Sequence[str], error: str) -> None:
+        """Count a failed produce attempt and keep ``error``."""
+        await self._update_ids(sql.record_failure, ids, error[:2000])
+
+    # ProcessedMarker
+
+    async def mark_processed(self, ids: Sequence[str]) -> int:
+        """Mark rows processed in one transaction; returns how many changed state."""
+        return await self._update_ids(sql.mark_processed, ids)
+
+    # SweepLog
+
+    async def claim_unproduced(
+        self, received_before_ms: int, limit: int, lease_ms: int
+    ) -> list[LogRow]:
+        """Lease rows still ``received`` that arrived before ``received_before_ms``."""
+        now_ms = self._now_ms()
+        params = {
+            "lease_until": now_ms + lease_ms,
+            "before": received_before_ms,
+            "now": now_ms,
+            "limit": limit,
+        }
+        rows = await self._write(
+            self._transaction, lambda cur: cur.execute(sql.CLAIM_UNPRODUCED, params).fetchall()
+        )
+        return sorted((_row(r) for r in rows), key=lambda row: row.received_at_ms)
+
+    async def claim_unprocessed(
+        self,
+        produced_before_ms: int,
+        limit: int,
+        lease_ms: int,
+        *,
+        patient_topics: Collection[str] = (),
+        overdue_before_ms: int = 0,
+    ) -> list[LogRow]:
+        """Lease produced rows past patience (patient topics only once overdue)."""
+        now_ms = self._now_ms()
+        topics = sorted(patient_topics)
+        statement = sql.claim_unprocessed(len(topics))
+        params = [now_ms + lease_ms, now_ms, produced_before_ms, overdue_before_ms, *topics, limit]
+        rows = await self._write(
+            self._transaction, lambda cur: cur.execute(statement, params).fetchall()
+        )
+        return sorted((_row(r) for r in rows), key=lambda row: row.produced_at_ms or 0)
+
+    async def mark_replayed(self, ids: Sequence[str]) -> None:
+        """Count one more replay, acknowledged now."""
+        await self._update_ids(sql.mark_replayed, ids, self._now_ms())
+
+    async def abandon(self, ids: Sequence[str], reason: str) -> None:
+        """Give up on rows not yet processed."""
+        await self._update_ids(sql.abandon, ids, reason[:2000])
+
+    # ReplayLog
+
+    async def select(self, selection: Selection, *, after_id: str = "", limit: int) -> list[LogRow]:
+        """A page of ``selection`` in id order."""
+        statement, params = sql.select(selection)
+        rows = await self._read(lambda: self._r.execute(statement, [*params, after_id, limit]))
+        return [_row(r) for r in rows.fetchall()]
+
+    async def count_by_state(self, selection: Selection) -> dict[RowState, int]:
+        """Rows of ``selection`` per state."""
+        statement, params = sql.count_by_state(selection)
+        rows = await self._read(lambda: self._r.execute(statement, params).fetchall())
+        return {RowState(state): count for state, count in rows}
+
+    async def get(self, row_id: str) -> LogRow | None:
+        """One row by id."""
+        found = await self._read(lambda: self._r.execute(sql.GET, (row_id,)).fetchone())
+        return _row(found) if found is not None else None
+
+    # LogStore
+
+    async def purge(
+        self, older_than_ms: int, states: Collection[RowState] = TERMINAL_STATES
+    ) -> int:
+        """Delete old rows in ``states``; returns how many."""
+        chosen = sorted(str(state) for state in states)
+        statement = sql.purge(len(chosen))
+        return await self._write(
+            self._transaction, lambda cur: cur.execute(statement, [older_than_ms, *chosen]).rowcount
+        )
+
+    async def _update_ids(
+        self, statement: Callable[[int], str], ids: Sequence[str], *first: Any
+    ) -> int:
+        if not ids:
+            return 0
+
+        def body(cur: sqlite3.Cursor) -> int:
+            changed = 0
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                changed += cur.execute(statement(len(chunk)), [*first, *chunk]).rowcount
+            return changed
+
+        return await self._write(self._transaction, body)
+
+
+def _row(r: Sequence[Any]) -> LogRow:
+    return LogRow(
+        id=r[0],
+        source=r[1],
+        tenant=r[2],
+        key=r[3],
+        topic=r[4],
+        lane=r[5],
+        event_id=r[6],
+        received_at_ms=r[7],
+        headers=json.loads(r[8]),
+        body=bytes(r[9]),
+        state=RowState(r[10]),
+        produce_attempts=r[11],
+        replay_count=r[12],
+        last_error=r[13],
+        produced_at_ms=r[14],
+    )

@@ -1,0 +1,409 @@
+"""The Confluent-compatible REST API (Starlette), as ``confluent_kafka.schema_registry`` calls it.
+
+Routing is done on the raw request path, one percent-decoded segment at a time, because the
+client URL-encodes subjects (``a%2Fb`` must stay one segment) and servers decode ``%2F`` in
+``scope["path"]``. Every answer has the content type ``application/vnd.schemaregistry.v1+json``;
+every error the body ``{"error_code": ..., "message": ...}`` (see
+:mod:`pipeline.registry.errors`). Boolean query flags are case-insensitive (the client sends both
+``normalize=False`` and ``deleted=true``). Store calls run in the thread pool, never on the event
+loop. The endpoint list is in ``docs/registry.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from pipeline.registry.auth import CHALLENGE, Authenticator, AuthSettings
+from pipeline.registry.errors import (
+    InvalidSchema,
+    RegistryError,
+    SchemaNotFound,
+    SubjectNotFound,
+    Unauthorized,
+)
+from pipeline.registry.service import Registry, require_text
+from pipeline.registry.store import RegistryStore, SubjectVersion
+
+log = logging.getLogger(__name__)
+MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"
+Params = dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    """What a handler gets: the registry, the request and the path parameters."""
+
+    reg: Registry
+    req: Request
+    p: Params
+
+
+Handler = Callable[[_Ctx], Awaitable[Any]]
+
+
+class RegistryResponse(JSONResponse):
+    """JSON with the schema registry's content type."""
+
+    media_type = MEDIA_TYPE
+
+
+def _error(exc: RegistryError) -> Response:
+    headers = {"WWW-Authenticate": CHALLENGE} if isinstance(exc, Unauthorized) else None
+    body = {"error_code": exc.error_code, "message": str(exc)}
+    return RegistryResponse(body, status_code=exc.http_status, headers=headers)
+
+
+def _flag(request: Request, *names: str) -> bool:
+    return any(request.query_params.get(n, "").lower() == "true" for n in names)
+
+
+def _page(request: Request, items: list[Any]) -> list[Any]:
+    try:
+        offset = max(0, int(request.query_params.get("offset", "0")))
+        limit = int(request.query_params.get("limit", "-1"))
+    except ValueError:
+        return items
+    return items[offset : offset + limit if limit > 0 else None]
+
+
+async def _body(request: Request, max_bytes: int) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > max_bytes:
+        raise InvalidSchema(f"Invalid schema: request body over {max_bytes} bytes")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidSchema(f"Invalid request body: not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidSchema("Invalid request body: expected a JSON object")
+    return body
+
+
+def _schema_text(body: dict[str, Any]) -> str:
+    kind = body.get("schemaType") or "AVRO"
+    if kind != "AVRO":
+        raise InvalidSchema(f"Invalid schema: schema type {kind!r} is not supported (only AVRO)")
+    if body.get("references"):
+        raise InvalidSchema("Invalid schema: schema references are not supported")
+    if body.get("metadata") or body.get("ruleSet"):
+        raise InvalidSchema("Invalid schema: metadata and rule sets are not supported")
+    return require_text(body.get("schema"))
+
+
+def _int_field(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise InvalidSchema(f"Invalid request body: '{name}' must be a positive integer")
+
+
+def _version_body(v: SubjectVersion) -> dict[str, Any]:
+    return {"subject": v.subject, "version": v.version, "id": v.schema_id, "schema": v.schema}
+
+
+def _schema_id(raw: str) -> int:
+    if not raw.isdigit():
+        raise SchemaNotFound(f"Schema {raw} not found")
+    return int(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    method: str
+    pattern: tuple[str, ...]
+    handler: Handler
+    write: bool = False
+
+    def match(self, method: str, segments: list[str]) -> Params | None:
+        if method != self.method or len(segments) != len(self.pattern):
+            return None
+        params: Params = {}
+        for want, got in zip(self.pattern, segments, strict=True):
+            if want.startswith("{"):
+                if not got:
+                    return None
+                params[want[1:-1]] = got
+            elif want != got:
+                return None
+        return params
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+    return run_in_threadpool(fn, *args, **kwargs)
+
+
+# -- handlers ---------------------------------------------------------------------------------
+
+
+async def _root(_c: _Ctx) -> Any:
+    return {}
+
+
+async def _types(_c: _Ctx) -> Any:
+    return ["AVRO"]
+
+
+async def _contexts(_c: _Ctx) -> Any:
+    return ["."]
+
+
+async def _schema_by_id(c: _Ctx) -> Any:
+    stored = await _call(c.reg.schema, _schema_id(c.p["id"]))
+    return {"schema": stored.schema}
+
+
+async def _raw_schema_by_id(c: _Ctx) -> Any:
+    stored = await _call(c.reg.schema, _schema_id(c.p["id"]))
+    return PlainTextResponse(stored.schema, media_type=MEDIA_TYPE)
+
+
+async def _usages(c: _Ctx) -> list[SubjectVersion]:
+    schema_id = _schema_id(c.p["id"])
+    await _call(c.reg.schema, schema_id)
+    rows: list[SubjectVersion] = await _call(c.reg.store.usages, schema_id)
+    subject = c.req.query_params.get("subject")
+    deleted = _flag(c.req, "deleted")
+    return [r for r in rows if (deleted or not r.deleted) and subject in {None, r.subject}]
+
+
+async def _id_subjects(c: _Ctx) -> Any:
+    return _page(c.req, sorted({r.subject for r in await _usages(c)}))
+
+
+async def _id_versions(c: _Ctx) -> Any:
+    rows = await _usages(c)
+    return _page(c.req, [{"subject": r.subject, "version": r.version} for r in rows])
+
+
+async def _subjects(c: _Ctx) -> Any:
+    names = await _call(
+        c.reg.subjects,
+        deleted=_flag(c.req, "deleted"),
+        deleted_only=_flag(c.req, "deleted_only", "deletedOnly"),
+    )
+    prefix = c.req.query_params.get("subjectPrefix", "")
+    return _page(c.req, [n for n in names if n.startswith(prefix)])
+
+
+async def _versions(c: _Ctx) -> Any:
+    rows = await _call(
+        c.reg.versions,
+        c.p["subject"],
+        deleted=_flag(c.req, "deleted"),
+        deleted_only=_flag(c.req, "deleted_only", "deletedOnly"),
+    )
+    return _page(c.req, [v.version for v in rows])
+
+
+async def _register(c: _Ctx) -> Any:
+    body = await _body(c.req, c.req.app.state.max_body_bytes)
+    text = _schema_text(body)
+    registered = await _call(
+        c.reg.register,
+        c.p["subject"],
+        text,
+        schema_id=_int_field(body, "id"),
+        version=_int_field(body, "version"),
+    )
+    return {"id": registered.schema_id}
+
+
+async def _lookup(c: _Ctx) -> Any:
+    text = _schema_text(await _body(c.req, c.req.app.state.max_body_bytes))
+    found = await _call(c.reg.lookup, c.p["subject"], text, deleted=_flag(c.req, "deleted"))
+    return _version_body(found)
+
+
+async def _delete_subject(c: _Ctx) -> Any:
+    return await _call(c.reg.delete_subject, c.p["subject"], permanent=_flag(c.req, "permanent"))
+
+
+async def _get_version(c: _Ctx) -> Any:
+    found = await _call(
+        c.reg.version, c.p["subject"], c.p["version"], deleted=_flag(c.req, "deleted")
+    )
+    return _version_body(found)
+
+
+async def _get_version_schema(c: _Ctx) -> Any:
+    found = await _call(
+        c.reg.version, c.p["subject"], c.p["version"], deleted=_flag(c.req, "deleted")
+    )
+    return PlainTextResponse(found.schema, media_type=MEDIA_TYPE)
+
+
+async def _referenced_by(c: _Ctx) -> Any:
+    await _call(c.reg.version, c.p["subject"], c.p["version"], deleted=True)
+    return []  # schema references are not supported, so nothing can reference a version
+
+
+async def _delete_version(c: _Ctx) -> Any:
+    return await _call(
+        c.reg.delete_version, c.p["subject"], c.p["version"], permanent=_flag(c.req, "permanent")
+    )
+
+
+async def _test(c: _Ctx) -> Any:
+    text = _schema_text(await _body(c.req, c.req.app.state.max_body_bytes))
+    problems = await _call(c.reg.test, c.p["subject"], text, c.p.get("version"))
+    result: dict[str, Any] = {"is_compatible": not problems}
+    if _flag(c.req, "verbose"):
+        result["messages"] = problems
+    return result
+
+
+async def _get_config(c: _Ctx) -> Any:
+    if "subject" in c.p:
+        level = await _call(
+            c.reg.subject_compatibility,
+            c.p["subject"],
+            default_to_global=_flag(c.req, "defaultToGlobal"),
+        )
+    else:
+        level = await _call(c.reg.compatibility)
+    return {"compatibilityLevel": level.value}
+
+
+async def _put_config(c: _Ctx) -> Any:
+    body = await _body(c.req, c.req.app.state.max_body_bytes)
+    raw = body.get("compatibility", body.get("compatibilityLevel"))
+    level = await _call(c.reg.set_compatibility, c.p.get("subject"), raw)
+    return {"compatibility": level.value}
+
+
+async def _delete_config(c: _Ctx) -> Any:
+    level = await _call(c.reg.delete_compatibility, c.p.get("subject"))
+    return {"compatibilityLevel": level.value}
+
+
+async def _get_mode(c: _Ctx) -> Any:
+    if "subject" in c.p:
+        mode = await _call(
+            c.reg.subject_mode, c.p["subject"], default_to_global=_flag(c.req, "defaultToGlobal")
+        )
+    else:
+        mode = await _call(c.reg.mode)
+    return {"mode": mode.value}
+
+
+async def _put_mode(c: _Ctx) -> Any:
+    body = await _body(c.req, c.req.app.state.max_body_bytes)
+    mode = await _call(
+        c.reg.set_mode, c.p.get("subject"), body.get("mode"), force=_flag(c.req, "force")
+    )
+    return {"mode": mode.value}
+
+
+async def _delete_mode(c: _Ctx) -> Any:
+    return {"mode": (await _call(c.reg.delete_mode, c.p["subject"])).value}
+
+
+async def _no_associations(_c: _Ctx) -> Any:
+    # Answered 404 so the client's AssociatedNameStrategy falls back to "{topic}-value".
+    raise SubjectNotFound("Association not found: associations are not supported")
+
+
+_S = "{subject}"
+_V = "{version}"
+ROUTES: tuple[_Route, ...] = (
+    _Route("GET", (), _root),
+    _Route("GET", ("schemas", "types"), _types),
+    _Route("GET", ("contexts",), _contexts),
+    _Route("GET", ("schemas", "ids", "{id}"), _schema_by_id),
+    _Route("GET", ("schemas", "ids", "{id}", "schema"), _raw_schema_by_id),
+    _Route("GET", ("schemas", "ids", "{id}", "subjects"), _id_subjects),
+    _Route("GET", ("schemas", "ids", "{id}", "versions"), _id_versions),
+    _Route("GET", ("subjects",), _subjects),
+    _Route("POST", ("subjects", _S), _lookup),
+    _Route("DELETE", ("subjects", _S), _delete_subject, write=True),
+    _Route("GET", ("subjects", _S, "versions"), _versions),
+    _Route("POST", ("subjects", _S, "versions"), _register, write=True),
+    _Route("GET", ("subjects", _S, "versions", _V), _get_version),
+    _Route("GET", ("subjects", _S, "versions", _V, "schema"), _get_version_schema),
+    _Route("GET", ("subjects", _S, "versions", _V, "referencedby"), _referenced_by),
+    _Route("DELETE", ("subjects", _S, "versions", _V), _delete_version, write=True),
+    _Route("POST", ("compatibility", "subjects", _S, "versions", _V), _test),
+    _Route("POST", ("compatibility", "subjects", _S, "versions"), _test),
+    _Route("GET", ("config",), _get_config),
+    _Route("PUT", ("config",), _put_config, write=True),
+    _Route("DELETE", ("config",), _delete_config, write=True),
+    _Route("GET", ("config", _S), _get_config),
+    _Route("PUT", ("config", _S), _put_config, write=True),
+    _Route("DELETE", ("config", _S), _delete_config, write=True),
+    _Route("GET", ("mode",), _get_mode),
+    _Route("PUT", ("mode",), _put_mode, write=True),
+    _Route("GET", ("mode", _S), _get_mode),
+    _Route("PUT", ("mode", _S), _put_mode, write=True),
+    _Route("DELETE", ("mode", _S), _delete_mode, write=True),
+    _Route("GET", ("associations", "resources", "{ns}", "{name}"), _no_associations),
+)
+
+
+def _segments(request: Request) -> list[str]:
+    raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
+    path = raw.decode("latin-1").partition("?")[0].strip("/")
+    return [unquote(s) for s in path.split("/")] if path else []
+
+
+async def _dispatch(request: Request) -> Response:
+    registry: Registry = request.app.state.registry
+    segments = _segments(request)
+    try:
+        for route in ROUTES:
+            params = route.match(request.method, segments)
+            if params is None:
+                continue
+            request.app.state.auth.authorize(
+                request.headers.get("authorization"), write=route.write
+            )
+            result = await route.handler(_Ctx(registry, request, params))
+            return result if isinstance(result, Response) else RegistryResponse(result)
+        known = any(r.match(r.method, segments) is not None for r in ROUTES)
+        status = 405 if known else 404
+        message = "HTTP 405 Method Not Allowed" if known else "HTTP 404 Not Found"
+        return RegistryResponse({"error_code": status, "message": message}, status_code=status)
+    except RegistryError as exc:
+        return _error(exc)
+    except Exception:
+        log.exception("registry request failed: %s %s", request.method, request.url.path)
+        body = {"error_code": 50001, "message": "Error in the backend data store"}
+        return RegistryResponse(body, status_code=500)
+
+
+def create_app(
+    store: RegistryStore,
+    *,
+    registry: Registry | None = None,
+    auth: AuthSettings | None = None,
+    max_body_bytes: int = 1_048_576,
+) -> Starlette:
+    """The registry's ASGI application over ``store``.
+
+    Args:
+        store: where schemas live; the caller opens and closes it.
+        registry: the rules to serve (default: ``Registry(store)`` with BACKWARD, READWRITE).
+        auth: who may read and write (default: no authentication).
+        max_body_bytes: larger request bodies are refused with 42201.
+    """
+    methods = ["GET", "POST", "PUT", "DELETE"]
+    app = Starlette(
+        routes=[
+            Route("/", _dispatch, methods=methods),
+            Route("/{rest:path}", _dispatch, methods=methods),
+        ]
+    )
+    app.state.registry = registry or Registry(store)
+    app.state.auth = Authenticator(auth or AuthSettings())
+    app.state.max_body_bytes = max_body_bytes
+    return app

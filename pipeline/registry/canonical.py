@@ -1,0 +1,221 @@
+"""Avro schema parsing, normalisation and fingerprints.
+
+A schema string becomes a :class:`ParsedSchema` with two derived texts:
+
+* ``normalized``: the identity of a schema in the registry. Whitespace, attribute order and
+  namespaces are normalised away (every name is written in full, ``namespace`` is dropped,
+  ``{"type": "int"}`` becomes ``"int"``), but everything that changes meaning or intent is kept:
+  defaults, aliases, docs, ``order``, logical types and custom properties. Two schema strings
+  with the same normalised form get the same id; its SHA-256 is the store's unique
+  ``fingerprint``.
+* ``canonical``: the Avro *Parsing Canonical Form* (the specification's "Transforming into
+  Parsing Canonical Form"), which drops docs, defaults and aliases too. Its CRC-64-AVRO
+  fingerprint (``rabin_fingerprint``) is the one Avro single-object encoding uses.
+
+Parsing validates with fastavro (types, default values) plus the checks fastavro leaves out:
+name syntax, duplicate field names, duplicate or nested union branches, missing ``fields``.
+Every failure raises :class:`~pipeline.registry.errors.InvalidSchema` naming the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+from pipeline.registry.errors import InvalidSchema
+
+PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+NAMED = frozenset({"record", "error", "enum", "fixed"})
+_CONTAINERS = {"array": "items", "map": "values"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Attributes with a fixed place at the front of a normalised object; the rest follow sorted.
+_LEADING = ("name", "type", "fields", "symbols", "items", "values", "size")
+_HANDLED = frozenset({*_LEADING, "namespace", "aliases"})
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedSchema:
+    """A valid Avro schema with its normalised and canonical forms.
+
+    Attributes:
+        normalized: the normalised JSON text (the registry's identity of the schema).
+        canonical: the Avro Parsing Canonical Form.
+        fingerprint: SHA-256 hex of ``normalized``; unique per stored schema.
+        rabin_fingerprint: CRC-64-AVRO hex of ``canonical``.
+        tree: ``normalized`` as JSON values (full names everywhere), used by the compat checker.
+        parsed: the fastavro parsed schema, ready for ``schemaless_writer``/``reader``.
+    """
+
+    normalized: str
+    canonical: str
+    fingerprint: str
+    rabin_fingerprint: str
+    tree: Any = field(repr=False, compare=False)
+    parsed: Any = field(repr=False, compare=False)
+
+
+def parse(schema_text: str) -> ParsedSchema:
+    """Parse, validate and normalise one Avro schema given as JSON text.
+
+    Raises:
+        InvalidSchema: the text is not JSON, or not a valid Avro schema; the message says why.
+    """
+    try:
+        raw = json.loads(schema_text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise InvalidSchema(f"Invalid schema: not valid JSON: {exc}") from None
+    return parse_json(raw)
+
+
+def parse_json(raw: Any) -> ParsedSchema:
+    """Like :func:`parse` for a schema already decoded from JSON."""
+    try:
+        tree = _Normalizer().node(raw, "", "$")
+        parsed = parse_schema(tree)
+        canonical = to_parsing_canonical_form(parsed)
+        rabin = fingerprint(canonical, "CRC-64-AVRO")
+    except InvalidSchema:
+        raise
+    except Exception as exc:  # fastavro raises SchemaParseException, KeyError, TypeError, ...
+        reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        kind = "missing attribute" if isinstance(exc, KeyError) else type(exc).__name__
+        raise InvalidSchema(f"Invalid schema: {kind}: {reason}") from None
+    normalized = json.dumps(tree, separators=(",", ":"), ensure_ascii=False)
+    return ParsedSchema(
+        normalized=normalized,
+        canonical=canonical,
+        fingerprint=hashlib.sha256(normalized.encode()).hexdigest(),
+        rabin_fingerprint=rabin,
+        tree=tree,
+        parsed=parsed,
+    )
+
+
+def _full(name: str, namespace: str) -> str:
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _check_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not all(_NAME.fullmatch(p) for p in name.split(".")):
+        raise InvalidSchema(f"Invalid schema: invalid name {name!r} at {where}")
+    return name
+
+
+class _Normalizer:
+    """One pass over the schema JSON: validates names and writes the normalised tree."""
+
+    def __init__(self) -> None:
+        self.defined: set[str] = set()
+
+    def node(self, schema: Any, namespace: str, where: str) -> Any:
+        if isinstance(schema, str):
+            return self.reference(schema, namespace, where)
+        if isinstance(schema, list):
+            return self.union(schema, namespace, where)
+        if not isinstance(schema, dict):
+            raise InvalidSchema(f"Invalid schema: expected a type at {where}, got {schema!r}")
+        kind = schema.get("type")
+        if kind in NAMED:
+            return self.named(schema, namespace, where)
+        if kind in _CONTAINERS:
+            return self.wrap(schema, _CONTAINERS[kind], namespace, where)
+        if kind in PRIMITIVES and len(schema) > 1:
+            return {"type": kind, **_rest(schema, ())}
+        if "type" not in schema:
+            raise InvalidSchema(f"Invalid schema: missing 'type' at {where}")
+        return self.node(kind, namespace, f"{where}.type")  # "int", "com.x.Named" or nested
+
+    def reference(self, schema: str, namespace: str, where: str) -> str:
+        if schema in PRIMITIVES:
+            return schema
+        full = _full(_check_name(schema, where), namespace)
+        if full not in self.defined and schema not in self.defined:
+            raise InvalidSchema(f"Invalid schema: unknown type {schema!r} at {where}")
+        return full if full in self.defined else schema
+
+    def union(self, branches: list[Any], namespace: str, where: str) -> list[Any]:
+        if not branches:
+            raise InvalidSchema(f"Invalid schema: empty union at {where}")
+        out: list[Any] = []
+        seen: set[str] = set()
+        for i, branch in enumerate(branches):
+            if isinstance(branch, list):
+                raise InvalidSchema(f"Invalid schema: a union directly inside a union at {where}")
+            norm = self.node(branch, namespace, f"{where}[{i}]")
+            key = norm if isinstance(norm, str) else norm.get("name") or norm["type"]
+            if key in seen:
+                raise InvalidSchema(f"Invalid schema: duplicate union branch {key!r} at {where}")
+            seen.add(key)
+            out.append(norm)
+        return out
+
+    def wrap(self, schema: dict[str, Any], key: str, namespace: str, where: str) -> Any:
+        if key not in schema:
+            raise InvalidSchema(f"Invalid schema: {schema['type']} without '{key}' at {where}")
+        inner = self.node(schema[key], namespace, f"{where}.{key}")
+        return {"type": schema["type"], key: inner, **_rest(schema, (key,))}
+
+    def named(self, schema: dict[str, Any], namespace: str, where: str) -> dict[str, Any]:
+        name = _check_name(schema.get("name"), where)
+        space = schema.get("namespace")
+        if space is not None and not isinstance(space, str):
+            raise InvalidSchema(f"Invalid schema: namespace must be a string at {where}")
+        full = _full(name, space if space is not None else namespace)
+        if full in self.defined:
+            raise InvalidSchema(f"Invalid schema: type {full!r} is defined twice")
+        self.defined.add(full)
+        own_space = full.rpartition(".")[0]
+        out: dict[str, Any] = {"name": full, "type": schema["type"]}
+        kind = schema["type"]
+        if kind in {"record", "error"}:
+            out["fields"] = self.fields(schema, own_space, f"{where}<{full}>")
+        elif kind == "enum":
+            symbols = schema.get("symbols")
+            if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
+                raise InvalidSchema(f"Invalid schema: enum {full!r} needs a list of symbols")
+            out["symbols"] = symbols
+        else:
+            size = schema.get("size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidSchema(f"Invalid schema: fixed {full!r} needs a size >= 0")
+            out["size"] = size
+        aliases = schema.get("aliases")
+        if aliases is not None:
+            if not isinstance(aliases, list):
+                raise InvalidSchema(f"Invalid schema: aliases must be a list at {where}")
+            out["aliases"] = sorted(_full(_check_name(a, where), own_space) for a in aliases)
+        out.update(_rest(schema, ("symbols", "size", "fields")))
+        return out
+
+    def fields(self, schema: dict[str, Any], namespace: str, where: str) -> list[dict[str, Any]]:
+        fields = schema.get("fields")
+        if not isinstance(fields, list):
+            raise InvalidSchema(f"Invalid schema: record without a 'fields' list at {where}")
+        out: list[dict[str, Any]] = []
+        names: set[str] = set()
+        for f in fields:
+            if not isinstance(f, dict) or "type" not in f:
+                raise InvalidSchema(f"Invalid schema: field without a type at {where}")
+            name = _check_name(f.get("name"), where)
+            if "." in name or name in names:
+                raise InvalidSchema(f"Invalid schema: bad or duplicate field name {name!r}")
+            names.add(name)
+            entry: dict[str, Any] = {"name": name}
+            entry["type"] = self.node(f["type"], namespace, f"{where}.{name}")
+            if f.get("aliases") is not None:
+                entry["aliases"] = sorted(_check_name(a, where) for a in f["aliases"])
+            if f.get("order", "ascending") != "ascending":
+                entry["order"] = f["order"]
+            entry.update(_rest(f, ("order",)))
+            out.append(entry)
+        return out
+
+
+def _rest(schema: dict[str, Any], skip: tuple[str, ...]) -> dict[str, Any]:
+    """Attributes not normalised elsewhere, in sorted order (docs, defaults, custom props)."""
+    return {k: schema[k] for k in sorted(schema) if k not in _HANDLED and k not in skip}

@@ -1,0 +1,215 @@
+"""Commands: ``registry serve`` and ``schemas push/check/ls``.
+
+``app`` (to mount as ``pipeline registry``) runs the server; ``schemas_app`` (to mount as
+``pipeline schemas``) manages ``schemas/*.avsc`` against a running registry. Each schema file is
+registered under the full name of its top-level type (``pipeline.events.MessageReceived``: the
+record-name subject strategy), or under the file's stem for an unnamed type. Settings come from
+``PIPELINE_REGISTRY__*`` (see :mod:`pipeline.registry.settings`), options override them. Errors
+print one line to stderr: exit 1 for a failed operation or an incompatible schema, 2 for bad
+input or configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.registry.api import create_app
+from pipeline.registry.canonical import ParsedSchema, parse
+from pipeline.registry.client import RegistryClient
+from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
+from pipeline.registry.server import serve as serve_app
+from pipeline.registry.service import Registry
+from pipeline.registry.settings import RegistrySettings, load_registry_settings
+from pipeline.registry.store import open_store
+
+T = TypeVar("T")
+app = typer.Typer(help="The schema registry server.", no_args_is_help=True)
+schemas_app = typer.Typer(help="Register and check schemas/*.avsc.", no_args_is_help=True)
+err = Console(stderr=True, soft_wrap=True)
+
+UrlOpt = Annotated[
+    str | None, typer.Option("--url", help="Registry URL (default: PIPELINE_REGISTRY__URL).")
+]
+DirArg = Annotated[Path, typer.Argument(help="Folder of *.avsc files.")]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except (ConfigError, InvalidSchema) as exc:
+        raise _fail(str(exc), 2) from None
+    except PipelineError as exc:
+        raise _fail(str(exc), 1) from None
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password, fit for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Interface (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8081; 0 picks one).")] = None,
+    store: Annotated[
+        str | None, typer.Option(help="sqlite:///path or postgresql://... (default sqlite).")
+    ] = None,
+    compatibility: Annotated[
+        str | None, typer.Option(help="Default compatibility level (default BACKWARD).")
+    ] = None,
+) -> None:
+    """Serve the Confluent-compatible registry API until interrupted."""
+    given = {"host": host, "port": port, "store": store, "default_compatibility": compatibility}
+    settings = _guard(lambda: load_registry_settings(**{k: v for k, v in given.items() if v}))
+    if port == 0:
+        settings = settings.model_copy(update={"port": 0})
+    backing = _guard(lambda: open_store(settings.store, pool_max=settings.pool_max))
+    registry = Registry(backing, default_compatibility=settings.default_compatibility)
+    application = create_app(
+        backing, registry=registry, auth=settings.auth, max_body_bytes=settings.max_body_bytes
+    )
+
+    def ready(bound: int) -> None:
+        typer.echo(
+            f"registry listening on http://{settings.host}:{bound} "
+            f"(store {_redact(settings.store)}, auth {'on' if settings.auth.enabled else 'off'})"
+        )
+        sys.stdout.flush()
+
+    try:
+        serve_app(application, settings.host, settings.port, ready)
+    finally:
+        backing.close()
+
+
+def _client(url: str | None) -> tuple[RegistryClient, RegistrySettings]:
+    settings = _guard(lambda: load_registry_settings(**({"url": url} if url else {})))
+    return RegistryClient.from_settings(settings), settings
+
+
+def _load(directory: Path) -> list[tuple[Path, str, ParsedSchema]]:
+    files = sorted(directory.glob("*.avsc"))
+    if not files:
+        raise _fail(f"no *.avsc files in {directory}", 2)
+    loaded = []
+    for path in files:
+        try:
+            parsed = parse(path.read_text(encoding="utf-8"))
+        except InvalidSchema as exc:
+            raise _fail(f"{path}: {exc}", 2) from None
+        tree: Any = parsed.tree
+        subject = tree["name"] if isinstance(tree, dict) and "name" in tree else path.stem
+        loaded.append((path, subject, parsed))
+    return loaded
+
+
+def _plan(client: RegistryClient, subject: str, parsed: ParsedSchema) -> tuple[str, list[str]]:
+    """("unchanged" | "new subject" | "new version" | "incompatible", problems)."""
+    try:
+        client.lookup(subject, parsed.normalized)
+    except SubjectNotFound:
+        return "new subject", []
+    except SchemaNotFound:
+        problems = client.compatibility_problems(subject, parsed.normalized)
+        return ("incompatible" if problems else "new version"), problems
+    return "unchanged", []
+
+
+@schemas_app.command()
+def push(
+    directory: DirArg = Path("schemas"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
+    url: UrlOpt = None,
+) -> None:
+    """Register every schema file under its subject (idempotent); exit 1 if one is refused."""
+    client, _ = _client(url)
+    failed = 0
+    try:
+        for path, subject, parsed in _load(directory):
+            state, problems = _guard(partial(_plan, client, subject, parsed))
+            if state == "incompatible":
+                failed += 1
+                err.print(f"{path.name}: {subject}: incompatible", highlight=False)
+                for problem in problems:
+                    err.print(f"  {problem}", highlight=False)
+            elif dry_run:
+                typer.echo(f"(dry run) {path.name}: {subject}: {state}")
+            else:
+                schema_id = _guard(partial(client.register, subject, parsed.normalized))
+                typer.echo(f"{path.name}: {subject}: {state}, id {schema_id}")
+    finally:
+        client.close()
+    if failed:
+        raise typer.Exit(1)
+
+
+@schemas_app.command()
+def check(directory: DirArg = Path("schemas"), url: UrlOpt = None) -> None:
+    """Check every schema file against its subject; exit 1 on an incompatible change."""
+    client, _ = _client(url)
+    failed = 0
+    try:
+        for path, subject, parsed in _load(directory):
+            state, problems = _guard(partial(_plan, client, subject, parsed))
+            typer.echo(f"{path.name}: {subject}: {state}")
+            for problem in problems:
+                typer.echo(f"  {problem}")
+            failed += state == "incompatible"
+    finally:
+        client.close()
+    if failed:
+        raise typer.Exit(1)
+
+
+@schemas_app.command("ls")
+def list_subjects(
+    url: UrlOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per subject.")] = False,
+) -> None:
+    """List subjects with their latest version and schema id."""
+    client, settings = _client(url)
+    try:
+        rows = [_guard(partial(client.latest, s)) for s in _guard(client.subjects)]
+    finally:
+        client.close()
+    if as_json:
+        for r in rows:
+            typer.echo(json.dumps({"subject": r.subject, "version": r.version, "id": r.schema_id}))
+        return
+    table = Table("subject", "latest version", "id", title=f"subjects at {settings.url}")
+    for r in rows:
+        table.add_row(r.subject, str(r.version), str(r.schema_id))
+    Console().print(table)
+
+
+def standalone() -> typer.Typer:
+    """Both command groups under one root, as ``pipeline`` will mount them."""
+    root = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+    root.add_typer(app, name="registry")
+    root.add_typer(schemas_app, name="schemas")
+    return root
+
+
+def main() -> None:
+    """Entry point for ``python -m pipeline.registry``."""
+    standalone()()

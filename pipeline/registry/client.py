@@ -1,0 +1,145 @@
+"""A small synchronous HTTP client for a Confluent-compatible registry (ours or Confluent's).
+
+Used by :mod:`pipeline.registry.serde` and the ``schemas`` commands. Schema texts by id are
+cached for the life of the client (an id never changes meaning); everything else is asked for
+each time. Registry error bodies come back as the matching
+:class:`~pipeline.registry.errors.RegistryError` subclass; connection failures as
+:class:`~pipeline.registry.errors.SerdeError`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from pipeline.registry import errors
+from pipeline.registry.settings import RegistrySettings
+
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+_BY_CODE: dict[int, type[errors.RegistryError]] = {
+    cls.error_code: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type)
+    and issubclass(cls, errors.RegistryError)
+    and cls is not errors.SerdeError
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A subject version as the registry reports it."""
+
+    subject: str
+    version: int
+    schema_id: int
+    schema: str
+
+
+def _q(subject: str) -> str:
+    return quote(subject, safe="")
+
+
+class RegistryClient:
+    """Talks to a registry at ``url``; thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        """Prepare a keep-alive HTTP client; ``username``/``password`` or ``token`` if protected."""
+        headers = {"Accept": _CONTENT_TYPE, "Content-Type": _CONTENT_TYPE}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        auth = httpx.BasicAuth(username, password or "") if username else None
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, auth=auth, timeout=timeout_s
+        )
+        self._schemas: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: RegistrySettings) -> RegistryClient:
+        """A client for ``settings.url`` with the configured client credentials."""
+        return cls(
+            settings.url,
+            username=settings.client_username,
+            password=settings.client_password.get_secret_value()
+            if settings.client_password
+            else None,
+            token=settings.client_token.get_secret_value() if settings.client_token else None,
+            timeout_s=settings.timeout_s,
+        )
+
+    def _call(self, method: str, path: str, body: Any = None, **params: str) -> Any:
+        try:
+            response = self._http.request(method, path, json=body, params=params or None)
+        except httpx.HTTPError as exc:
+            raise errors.SerdeError(f"schema registry unreachable: {exc}") from exc
+        if response.is_success:
+            return response.json() if response.content else None
+        try:
+            payload = response.json()
+            code, message = int(payload["error_code"]), str(payload["message"])
+        except (ValueError, KeyError, TypeError):
+            code, message = 50001, response.text[:200]
+        cls = _BY_CODE.get(code, errors.RegistryError)
+        raise cls(f"{message} (HTTP {response.status_code}, code {code})")
+
+    def register(self, subject: str, schema: str) -> int:
+        """Register ``schema`` under ``subject`` (idempotent); its global id."""
+        result = self._call("POST", f"/subjects/{_q(subject)}/versions", {"schema": schema})
+        return int(result["id"])
+
+    def lookup(self, subject: str, schema: str) -> Registered:
+        """The version of ``subject`` holding ``schema``.
+
+        Raises:
+            SubjectNotFound, SchemaNotFound: it is not registered there.
+        """
+        got = self._call("POST", f"/subjects/{_q(subject)}", {"schema": schema})
+        return Registered(got["subject"], got["version"], got["id"], got["schema"])
+
+    def latest(self, subject: str) -> Registered:
+        """The subject's latest live version."""
+        got = self._call("GET", f"/subjects/{_q(subject)}/versions/latest")
+        return Registered(got["subject"], got["version"], got["id"], got["schema"])
+
+    def schema(self, schema_id: int) -> str:
+        """The schema text of ``schema_id`` (cached)."""
+        hit = self._schemas.get(schema_id)
+        if hit is None:
+            hit = str(self._call("GET", f"/schemas/ids/{schema_id}")["schema"])
+            with self._lock:
+                self._schemas[schema_id] = hit
+        return hit
+
+    def subjects(self) -> list[str]:
+        """Every live subject."""
+        return list(self._call("GET", "/subjects"))
+
+    def versions(self, subject: str) -> list[int]:
+        """The subject's live version numbers."""
+        return list(self._call("GET", f"/subjects/{_q(subject)}/versions"))
+
+    def compatibility_problems(self, subject: str, schema: str) -> list[str]:
+        """Why ``schema`` would be refused under ``subject``; empty if it would be accepted."""
+        result = self._call(
+            "POST",
+            f"/compatibility/subjects/{_q(subject)}/versions",
+            {"schema": schema},
+            verbose="true",
+        )
+        return [] if result["is_compatible"] else list(result.get("messages") or ["incompatible"])
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self._http.close()

@@ -1,0 +1,303 @@
+"""Schema compatibility: the Avro schema-resolution rules and the Confluent compatibility levels.
+
+fastavro parses and resolves schemas but has no compatibility checker, so this module applies
+the rules of the Avro specification ("Schema Resolution") the way Avro's Java
+``SchemaCompatibility`` does, on the normalised trees of :mod:`pipeline.registry.canonical`:
+
+* identical primitive types match; the promotions ``int -> long -> float -> double`` (writer to
+  reader) and ``string <-> bytes`` are allowed; logical types follow their underlying type;
+* records, enums and fixed match by unqualified name, or by a reader alias naming the writer's
+  full name; a reader field is found in the writer by name or by one of the field's aliases, and
+  a reader field the writer lacks needs a default; writer fields the reader lacks are skipped;
+* an enum reader must hold every writer symbol unless it declares an enum ``default``;
+* fixed sizes must be equal; arrays and maps compare their items and values;
+* a writer union needs every branch readable; a reader union needs one branch that reads the
+  (non-union) writer.
+
+A level says which directions are checked and against which earlier versions:
+
+============================  ====================================  ========================
+level                         check                                 against
+============================  ====================================  ========================
+BACKWARD                      new schema reads data of the old      the latest version
+FORWARD                       old schema reads data of the new      the latest version
+FULL                          both                                  the latest version
+BACKWARD/FORWARD/FULL         same directions                       every live version
+_TRANSITIVE
+NONE                          nothing                               -
+============================  ====================================  ========================
+
+Each broken rule is an :class:`Incompatibility` naming the rule (Java's names, such as
+``READER_FIELD_MISSING_DEFAULT_VALUE``), the field path (``Order.customer.address.zip``) and a
+JSON-pointer location in the reader schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pipeline.registry.canonical import NAMED, PRIMITIVES, ParsedSchema
+
+_PROMOTIONS: dict[str, frozenset[str]] = {
+    "long": frozenset({"int"}),
+    "float": frozenset({"int", "long"}),
+    "double": frozenset({"int", "long", "float"}),
+    "bytes": frozenset({"string"}),
+    "string": frozenset({"bytes"}),
+}
+
+
+class Compatibility(StrEnum):
+    """Confluent compatibility levels."""
+
+    BACKWARD = "BACKWARD"
+    BACKWARD_TRANSITIVE = "BACKWARD_TRANSITIVE"
+    FORWARD = "FORWARD"
+    FORWARD_TRANSITIVE = "FORWARD_TRANSITIVE"
+    FULL = "FULL"
+    FULL_TRANSITIVE = "FULL_TRANSITIVE"
+    NONE = "NONE"
+
+    @property
+    def transitive(self) -> bool:
+        """Whether every earlier version is checked, not only the latest."""
+        return self.value.endswith("_TRANSITIVE")
+
+    @property
+    def backward(self) -> bool:
+        """Whether the new schema must read data written with the old ones."""
+        return self.value.startswith(("BACKWARD", "FULL"))
+
+    @property
+    def forward(self) -> bool:
+        """Whether the old schemas must read data written with the new one."""
+        return self.value.startswith(("FORWARD", "FULL"))
+
+
+@dataclass(frozen=True, slots=True)
+class Incompatibility:
+    """One broken schema-resolution rule.
+
+    Attributes:
+        rule: the rule's name, e.g. ``READER_FIELD_MISSING_DEFAULT_VALUE``.
+        path: the field path from the top-level type, e.g. ``Order.items[].price``.
+        location: JSON pointer into the reader schema, e.g. ``/fields/1/type/items``.
+        detail: what is wrong, in words.
+    """
+
+    rule: str
+    path: str
+    location: str
+    detail: str
+
+    def __str__(self) -> str:
+        """One line: rule, field path, location and detail."""
+        return f"{self.rule} at '{self.path}' ({self.location}): {self.detail}"
+
+
+def _index(tree: Any, names: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    if isinstance(tree, list):
+        for branch in tree:
+            _index(branch, names)
+    elif isinstance(tree, dict):
+        if tree.get("type") in NAMED:
+            names[tree["name"]] = tree
+        for f in tree.get("fields", ()):
+            _index(f["type"], names)
+        for key in ("items", "values"):
+            if key in tree:
+                _index(tree[key], names)
+    return names
+
+
+def _short(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+def _type_name(schema: Any) -> str:
+    if isinstance(schema, list):
+        return "union"
+    if isinstance(schema, str):
+        return schema
+    return str(schema["type"])
+
+
+class _Checker:
+    """Whether a reader schema can read everything a writer schema writes."""
+
+    def __init__(self, reader: ParsedSchema, writer: ParsedSchema) -> None:
+        self.reader_names = _index(reader.tree, {})
+        self.writer_names = _index(writer.tree, {})
+        self.in_progress: set[tuple[str, str]] = set()
+
+    def resolve(self, schema: Any, names: dict[str, dict[str, Any]]) -> Any:
+        if isinstance(schema, str) and schema not in PRIMITIVES:
+            return names[schema]
+        return schema
+
+    def check(self, reader: Any, writer: Any, path: str, loc: str) -> Iterator[Incompatibility]:
+        reader = self.resolve(reader, self.reader_names)
+        writer = self.resolve(writer, self.writer_names)
+        r_type, w_type = _type_name(reader), _type_name(writer)
+        if "union" in {r_type, w_type}:
+            yield from self.union(reader, writer, path, loc)
+        elif r_type in PRIMITIVES or w_type in PRIMITIVES:
+            if r_type != w_type and w_type not in _PROMOTIONS.get(r_type, ()):
+                yield Incompatibility(
+                    "TYPE_MISMATCH", path, loc, f"reader type {r_type} cannot read writer {w_type}"
+                )
+        elif r_type != w_type and {r_type, w_type} != {"record", "error"}:
+            yield Incompatibility(
+                "TYPE_MISMATCH", path, loc, f"reader type {r_type} cannot read writer {w_type}"
+            )
+        elif r_type == "array":
+            yield from self.check(reader["items"], writer["items"], f"{path}[]", f"{loc}/items")
+        elif r_type == "map":
+            yield from self.check(
+                reader["values"], writer["values"], f"{path}{{}}", f"{loc}/values"
+            )
+        else:
+            yield from self.named(reader, writer, path, loc)
+
+    def union(self, reader: Any, writer: Any, path: str, loc: str) -> Iterator[Incompatibility]:
+        if isinstance(writer, list):  # every branch the writer may write must be readable
+            for i, branch in enumerate(writer):
+                problems = list(self.check(reader, branch, path, loc))
+                if problems and isinstance(reader, list):
+                    yield Incompatibility(
+                        "MISSING_UNION_BRANCH",
+                        path,
+                        loc,
+                        f"reader union lacks writer union branch {i} ({_describe(branch)})",
+                    )
+                else:
+                    yield from problems
+        elif not any(
+            not list(self.check(b, writer, path, f"{loc}/{i}")) for i, b in enumerate(reader)
+        ):
+            yield Incompatibility(
+                "MISSING_UNION_BRANCH",
+                path,
+                loc,
+                f"reader union has no branch that reads writer type {_describe(writer)}",
+            )
+
+    def named(
+        self, reader: dict[str, Any], writer: dict[str, Any], path: str, loc: str
+    ) -> Iterator[Incompatibility]:
+        if _short(reader["name"]) != _short(writer["name"]) and writer["name"] not in reader.get(
+            "aliases", ()
+        ):
+            yield Incompatibility(
+                "NAME_MISMATCH",
+                path,
+                f"{loc}/name",
+                f"reader name {reader['name']} matches neither writer name {writer['name']} "
+                "nor a reader alias",
+            )
+            return
+        kind = reader["type"]
+        if kind == "fixed" and reader["size"] != writer["size"]:
+            yield Incompatibility(
+                "FIXED_SIZE_MISMATCH",
+                path,
+                f"{loc}/size",
+                f"reader size {reader['size']}, writer size {writer['size']}",
+            )
+        elif kind == "enum":
+            missing = [s for s in writer["symbols"] if s not in reader["symbols"]]
+            if missing and "default" not in reader:
+                yield Incompatibility(
+                    "MISSING_ENUM_SYMBOLS",
+                    path,
+                    f"{loc}/symbols",
+                    f"reader enum lacks writer symbols {missing} and has no default",
+                )
+        elif kind in {"record", "error"}:
+            key = (reader["name"], writer["name"])
+            if key in self.in_progress:  # a recursive type: assume it holds while checking it
+                return
+            self.in_progress.add(key)
+            try:
+                yield from self.fields(reader, writer, path, loc)
+            finally:
+                self.in_progress.discard(key)
+
+    def fields(
+        self, reader: dict[str, Any], writer: dict[str, Any], path: str, loc: str
+    ) -> Iterator[Incompatibility]:
+        by_name = {f["name"]: f for f in writer["fields"]}
+        for i, r_field in enumerate(reader["fields"]):
+            field_path = f"{path}.{r_field['name']}" if path else r_field["name"]
+            field_loc = f"{loc}/fields/{i}"
+            w_field = next(
+                (
+                    by_name[n]
+                    for n in (r_field["name"], *r_field.get("aliases", ()))
+                    if n in by_name
+                ),
+                None,
+            )
+            if w_field is None:
+                if "default" not in r_field:
+                    yield Incompatibility(
+                        "READER_FIELD_MISSING_DEFAULT_VALUE",
+                        field_path,
+                        field_loc,
+                        f"reader field '{r_field['name']}' is missing in the writer schema "
+                        "and has no default value",
+                    )
+                continue
+            yield from self.check(r_field["type"], w_field["type"], field_path, f"{field_loc}/type")
+
+
+def _describe(schema: Any) -> str:
+    if isinstance(schema, dict) and "name" in schema:
+        return f"{schema['type']} {schema['name']}"
+    return _type_name(schema)
+
+
+def can_read(reader: ParsedSchema, writer: ParsedSchema) -> list[Incompatibility]:
+    """Every rule broken when ``reader`` reads data written with ``writer``; empty if none."""
+    top = reader.tree
+    root = _short(top["name"]) if isinstance(top, dict) and "name" in top else ""
+    return list(_Checker(reader, writer).check(reader.tree, writer.tree, root, ""))
+
+
+def check(
+    new: ParsedSchema,
+    previous: Sequence[tuple[int, ParsedSchema]],
+    level: Compatibility,
+) -> list[str]:
+    """Check ``new`` against the live earlier versions under ``level``.
+
+    Args:
+        new: the candidate schema.
+        previous: ``(version, schema)`` pairs of the subject's live versions, oldest first.
+        level: the compatibility level in force.
+
+    Returns:
+        One message per broken rule, naming the version, the direction, the rule and the field
+        path; empty when the schema is compatible.
+    """
+    if level is Compatibility.NONE or not previous:
+        return []
+    against = previous if level.transitive else previous[-1:]
+    messages: list[str] = []
+    for version, old in reversed(against):
+        if level.backward:
+            messages.extend(
+                f"version {version}: new schema cannot read data written with it "
+                f"({level.value} check): {problem}"
+                for problem in can_read(new, old)
+            )
+        if level.forward:
+            messages.extend(
+                f"version {version}: it cannot read data written with the new schema "
+                f"({level.value} check): {problem}"
+                for problem in can_read(old, new)
+            )
+    return messages

@@ -1,0 +1,106 @@
+"""Running the registry under uvicorn: in the foreground (CLI) or on a background thread.
+
+:class:`BackgroundServer` serves an app on an ephemeral loopback port in a thread and returns
+once the socket is bound and ``GET /`` answers, so tests and benchmarks never sleep to wait.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Self
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+from pipeline.registry.errors import RegistryError
+
+_POLL_S = 0.01
+_SERVER_ERROR = 500
+
+
+def uvicorn_config(app: Starlette, host: str, port: int) -> uvicorn.Config:
+    """The uvicorn settings for the registry: no websockets, no access log, no lifespan."""
+    return uvicorn.Config(
+        app, host=host, port=port, ws="none", lifespan="off", access_log=False, log_level="warning"
+    )
+
+
+def bound_port(server: uvicorn.Server) -> int:
+    """The port a started uvicorn server listens on (the real one when asked for port 0)."""
+    sockets = [s for srv in server.servers for s in srv.sockets]
+    return int(sockets[0].getsockname()[1])
+
+
+def serve(app: Starlette, host: str, port: int, on_ready: Callable[[int], None]) -> None:
+    """Serve ``app`` in the foreground until interrupted; ``on_ready(port)`` once listening."""
+    server = uvicorn.Server(uvicorn_config(app, host, port))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(_POLL_S)
+        if server.started:
+            on_ready(bound_port(server))
+
+    threading.Thread(target=announce, daemon=True).start()
+    server.run()
+
+
+class BackgroundServer:
+    """uvicorn serving ``app`` on a thread, on 127.0.0.1 and a free port."""
+
+    def __init__(
+        self, app: Starlette, *, host: str = "127.0.0.1", start_timeout_s: float = 30.0
+    ) -> None:
+        """Prepare (not start) the server."""
+        self._server = uvicorn.Server(uvicorn_config(app, host, 0))
+        self._host = host
+        self._timeout_s = start_timeout_s
+        self._thread = threading.Thread(target=self._server.run, name="registry", daemon=True)
+        self.url = ""
+
+    def start(self) -> str:
+        """Start serving and wait until ``GET /`` answers; return the base URL.
+
+        Raises:
+            RegistryError: the server did not come up within the start timeout.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + self._timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RegistryError("the registry server did not start")
+            time.sleep(_POLL_S)  # polling a readiness flag, not sleeping as synchronisation
+        self.url = f"http://{self._host}:{bound_port(self._server)}"
+        with httpx.Client(timeout=1.0) as client:
+            while True:
+                try:
+                    if client.get(self.url + "/").status_code < _SERVER_ERROR:
+                        return self.url
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RegistryError("the registry server did not answer")
+                time.sleep(_POLL_S)
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread to end."""
+        self._server.should_exit = True
+        self._thread.join(timeout=self._timeout_s)
+
+    def __enter__(self) -> Self:
+        """Start; see :meth:`start`."""
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop; see :meth:`stop`."""
+        self.stop()

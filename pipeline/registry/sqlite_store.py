@@ -1,0 +1,205 @@
+"""The embedded registry store: one SQLite file (WAL), every statement in this module.
+
+One connection serves every thread behind a lock; registrations take the database write lock
+(``BEGIN IMMEDIATE``) before reading the subject, so the compatibility check and the append are
+one atomic step even with several processes on the same file. Use
+:class:`~pipeline.registry.postgres_store.PostgresSchemaStore` for several registry replicas.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from pipeline.registry.canonical import ParsedSchema
+from pipeline.registry.errors import IdConflict, StoreError
+from pipeline.registry.store import Check, SettingKind, StoredSchema, SubjectVersion
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS registry_schemas (
+    id          INTEGER PRIMARY KEY,
+    fingerprint TEXT NOT NULL UNIQUE,
+    schema_type TEXT NOT NULL,
+    schema      TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS registry_versions (
+    subject   TEXT NOT NULL,
+    version   INTEGER NOT NULL,
+    schema_id INTEGER NOT NULL REFERENCES registry_schemas (id),
+    deleted   INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (subject, version)
+);
+CREATE INDEX IF NOT EXISTS registry_versions_by_schema ON registry_versions (schema_id);
+CREATE TABLE IF NOT EXISTS registry_settings (
+    kind    TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    value   TEXT NOT NULL,
+    PRIMARY KEY (kind, subject)
+);
+"""
+_VERSION_COLUMNS = """
+SELECT v.subject, v.version, v.schema_id, s.schema, s.fingerprint, v.deleted
+FROM registry_versions v JOIN registry_schemas s ON s.id = v.schema_id
+"""
+_VERSIONS = _VERSION_COLUMNS + "WHERE v.subject = ? ORDER BY v.version"
+_USAGES = _VERSION_COLUMNS + "WHERE v.schema_id = ? ORDER BY v.subject, v.version"
+_SCHEMA = "SELECT id, schema_type, schema FROM registry_schemas WHERE id = ?"
+_ID_BY_FINGERPRINT = "SELECT id FROM registry_schemas WHERE fingerprint = ?"
+_INSERT_SCHEMA = (
+    "INSERT INTO registry_schemas (fingerprint, schema_type, schema) VALUES (?, ?, ?) "
+    "ON CONFLICT (fingerprint) DO NOTHING RETURNING id"
+)
+_INSERT_SCHEMA_WITH_ID = (
+    "INSERT INTO registry_schemas (id, fingerprint, schema_type, schema) VALUES (?, ?, ?, ?)"
+)
+_INSERT_VERSION = (
+    "INSERT INTO registry_versions (subject, version, schema_id, deleted) VALUES (?, ?, ?, 0)"
+)
+_SUBJECTS = "SELECT subject, MIN(deleted) FROM registry_versions GROUP BY subject ORDER BY subject"
+_MARK_DELETED = "UPDATE registry_versions SET deleted = 1 WHERE subject = ? AND version = ?"
+_PURGE = "DELETE FROM registry_versions WHERE subject = ? AND version = ?"
+_GET_SETTING = "SELECT value FROM registry_settings WHERE kind = ? AND subject = ?"
+_SET_SETTING = (
+    "INSERT INTO registry_settings (kind, subject, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (kind, subject) DO UPDATE SET value = excluded.value"
+)
+_DELETE_SETTING = "DELETE FROM registry_settings WHERE kind = ? AND subject = ? RETURNING value"
+
+
+def _version(row: Sequence[Any]) -> SubjectVersion:
+    return SubjectVersion(row[0], row[1], row[2], row[3], row[4], bool(row[5]))
+
+
+class SqliteSchemaStore:
+    """Registry store in one SQLite file (``:memory:`` for a throwaway one)."""
+
+    def __init__(self, path: str, *, busy_timeout_s: float = 5.0) -> None:
+        """Open (and create if needed) the database at ``path``.
+
+        Raises:
+            StoreError: the file cannot be opened or initialised.
+        """
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_DDL)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the registry database {path!r}: {exc}") from exc
+
+    @contextmanager
+    def _tx(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"registry database error: {exc}") from exc
+
+    def register(
+        self,
+        subject: str,
+        schema: ParsedSchema,
+        check: Check,
+        *,
+        schema_id: int | None = None,
+        version: int | None = None,
+    ) -> SubjectVersion:
+        """Append ``schema`` to ``subject`` unless a live version holds it (see the protocol)."""
+        with self._tx(write=True) as db:
+            existing = [_version(r) for r in db.execute(_VERSIONS, (subject,))]
+            live = [v for v in existing if not v.deleted]
+            for v in live:
+                if v.fingerprint == schema.fingerprint:
+                    return v
+            check(live)
+            found = db.execute(_ID_BY_FINGERPRINT, (schema.fingerprint,)).fetchone()
+            if schema_id is not None:
+                if found is not None and found[0] != schema_id:
+                    raise IdConflict(f"the schema already has id {found[0]}, not {schema_id}")
+                holder = db.execute(_SCHEMA, (schema_id,)).fetchone()
+                if found is None and holder is not None:
+                    raise IdConflict(f"id {schema_id} already holds a different schema")
+                if found is None:
+                    db.execute(
+                        _INSERT_SCHEMA_WITH_ID,
+                        (schema_id, schema.fingerprint, "AVRO", schema.normalized),
+                    )
+                new_id = schema_id
+            elif found is not None:
+                new_id = found[0]
+            else:
+                new_id = db.execute(
+                    _INSERT_SCHEMA, (schema.fingerprint, "AVRO", schema.normalized)
+                ).fetchall()[0][0]
+            if version is not None and any(v.version == version for v in existing):
+                raise IdConflict(f"subject {subject!r} already has a version {version}")
+            number = version or max((v.version for v in existing), default=0) + 1
+            db.execute(_INSERT_VERSION, (subject, number, new_id))
+            return SubjectVersion(
+                subject, number, new_id, schema.normalized, schema.fingerprint, deleted=False
+            )
+
+    def schema(self, schema_id: int) -> StoredSchema | None:
+        """The schema with this global id, or None."""
+        with self._tx() as db:
+            row = db.execute(_SCHEMA, (schema_id,)).fetchone()
+        return StoredSchema(row[0], row[1], row[2]) if row else None
+
+    def versions(self, subject: str) -> list[SubjectVersion]:
+        """Every version of ``subject``, soft-deleted ones included, oldest first."""
+        with self._tx() as db:
+            return [_version(r) for r in db.execute(_VERSIONS, (subject,))]
+
+    def subjects(self) -> dict[str, bool]:
+        """Every subject with a version: name -> whether all its versions are soft-deleted."""
+        with self._tx() as db:
+            return {row[0]: bool(row[1]) for row in db.execute(_SUBJECTS)}
+
+    def usages(self, schema_id: int) -> list[SubjectVersion]:
+        """Every subject version holding the schema ``schema_id``."""
+        with self._tx() as db:
+            return [_version(r) for r in db.execute(_USAGES, (schema_id,))]
+
+    def mark_deleted(self, subject: str, versions: Sequence[int]) -> None:
+        """Soft-delete these versions."""
+        with self._tx(write=True) as db:
+            db.executemany(_MARK_DELETED, [(subject, v) for v in versions])
+
+    def purge(self, subject: str, versions: Sequence[int]) -> None:
+        """Remove these versions for good; their schema ids stay valid."""
+        with self._tx(write=True) as db:
+            db.executemany(_PURGE, [(subject, v) for v in versions])
+
+    def get_setting(self, kind: SettingKind, subject: str) -> str | None:
+        """The value set for ``subject`` (``""`` for global), or None."""
+        with self._tx() as db:
+            row = db.execute(_GET_SETTING, (kind, subject)).fetchone()
+        return str(row[0]) if row else None
+
+    def set_setting(self, kind: SettingKind, subject: str, value: str) -> None:
+        """Set (or replace) a value."""
+        with self._tx(write=True) as db:
+            db.execute(_SET_SETTING, (kind, subject, value))
+
+    def delete_setting(self, kind: SettingKind, subject: str) -> str | None:
+        """Remove a value; return the one removed, or None."""
+        with self._tx(write=True) as db:
+            rows = db.execute(_DELETE_SETTING, (kind, subject)).fetchall()
+        return str(rows[0][0]) if rows else None
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,94 @@
+"""Helpers shared by the ingress tests: topic and source files, and an app over a real store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from pipeline.ingress.app import IngressApp
+from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.settings import AdmissionSettings, load_sources
+from pipeline.ingress.source import Source, build_sources
+from pipeline.logstore import IngressLog
+from pipeline.topics.spec import load_specs
+
+MAX_MESSAGE_BYTES = 1_048_576 + 65_536
+
+
+def write_topics(directory: Path, topics: dict[str, str]) -> Path:
+    """Write one declaration per topic (name -> lane) into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, lane in topics.items():
+        (directory / f"{name}.yaml").write_text(
+            yaml.safe_dump({"name": name, "partitions": 2, "lane": lane}), encoding="utf-8"
+        )
+    return directory
+
+
+def write_sources(path: Path, sources: dict[str, Any]) -> Path:
+    """Write a sources file."""
+    path.write_text(yaml.safe_dump({"sources": sources}), encoding="utf-8")
+    return path
+
+
+def build(
+    tmp_path: Path,
+    sources: dict[str, Any],
+    topics: dict[str, str],
+    admission: AdmissionSettings | None = None,
+) -> dict[str, Source]:
+    """Sources built through the real configuration path (files, validation, compilation)."""
+    specs = load_specs(write_topics(tmp_path / "topics", topics))
+    configs = load_sources(
+        write_sources(tmp_path / "sources.yaml", sources), {s.name for s in specs}
+    )
+    return build_sources(
+        configs,
+        specs,
+        admission=admission or AdmissionSettings(),
+        max_message_bytes=MAX_MESSAGE_BYTES,
+    )
+
+
+def client(
+    sources: dict[str, Source], store: IngressLog, dispatcher: Dispatcher | None = None
+) -> tuple[IngressApp, httpx.AsyncClient]:
+    """The app and an HTTP client speaking ASGI to it in process."""
+    app = IngressApp(sources, store, dispatcher)
+    transport = httpx.ASGITransport(app=app)
+    return app, httpx.AsyncClient(transport=transport, base_url="http://ingress")
+
+
+META = {
+    "scheme": "meta",
+    "secrets": ["meta-app-secret"],
+    "verify_token": "let-me-in",
+    "tenant": {"pointer": "/entry/0/id"},
+    "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
+    "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
+    "topic": "messages",
+    "routes": [
+        {
+            "when": {"pointer": "/entry/*/changes/*/field", "in": ["comments", "feed"]},
+            "topic": "engagement",
+        },
+    ],
+}
+
+
+def meta_body(n: int, field: str = "messages", size: int = 0) -> bytes:
+    """A WhatsApp-like payload numbered ``n``, padded to about ``size`` bytes."""
+    change = {
+        "field": field,
+        "value": {
+            "contacts": [{"wa_id": f"wa-{n % 7}"}],
+            "messages": [{"id": f"wamid.{n}", "text": {"body": "x" * max(0, size - 200)}}],
+        },
+    }
+    return json.dumps(
+        {"object": "whatsapp_business_account", "entry": [{"id": "biz-1", "changes": [change]}]}
+    ).encode()

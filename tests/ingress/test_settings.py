@@ -1,0 +1,181 @@
+"""The sources file: clear errors naming file and field, and no silent strands or open doors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ingress.helpers import META, build, write_sources, write_topics
+
+from pipeline.errors import ConfigError
+from pipeline.ingress.settings import AdmissionSettings, IngressSettings, load_sources
+from pipeline.ingress.source import build_sources
+from pipeline.ingress.verify import HubSignatureVerifier, UnverifiedVerifier
+from pipeline.topics.spec import load_specs
+
+TOPICS = {"messages": "messages", "engagement": "engagement"}
+
+
+def load_error(tmp_path: Path, sources: dict[str, object]) -> str:
+    """The message of the ConfigError that loading ``sources`` raises."""
+    path = write_sources(tmp_path / "sources.yaml", sources)
+    with pytest.raises(ConfigError) as caught:
+        load_sources(path, set(TOPICS))
+    return str(caught.value)
+
+
+def test_a_valid_file_builds_every_source(tmp_path: Path) -> None:
+    """A Meta source with routes builds with its verifier and the lanes of its topics."""
+    sources = build(tmp_path, {"whatsapp": META}, TOPICS)
+    whatsapp = sources["whatsapp"]
+    assert isinstance(whatsapp.verifier, HubSignatureVerifier)
+    assert whatsapp.router.default.topic == "messages"
+    assert [route.topic for _, route in whatsapp.router.rules] == ["engagement"]
+    assert "x-hub-signature-256" in whatsapp.keep_headers
+
+
+def test_a_route_to_an_undeclared_topic_is_an_error_at_start(tmp_path: Path) -> None:
+    """A rule routing to a topic missing from topics/ names the file, the field and the topic."""
+    bad = {**META, "routes": [{"when": {"pointer": "/x", "exists": True}, "topic": "comments"}]}
+    message = load_error(tmp_path, {"whatsapp": bad})
+    assert f"{tmp_path / 'sources.yaml'}: sources.whatsapp.routes[0].topic" in message
+    assert "'comments' is not declared" in message
+
+
+def test_an_undeclared_default_topic_is_an_error(tmp_path: Path) -> None:
+    """The default topic is checked as well."""
+    message = load_error(tmp_path, {"whatsapp": {**META, "topic": "nope"}})
+    assert "sources.whatsapp.topic: topic 'nope' is not declared" in message
+
+
+def test_a_secret_from_a_missing_environment_variable_fails_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """env:NAME with NAME unset is an error naming the field, never an open door."""
+    monkeypatch.delenv("PIPELINE_TEST_NO_SUCH_SECRET", raising=False)
+    message = load_error(
+        tmp_path, {"whatsapp": {**META, "secrets": ["env:PIPELINE_TEST_NO_SUCH_SECRET"]}}
+    )
+    assert "sources.whatsapp.secrets[0]" in message
+    assert "PIPELINE_TEST_NO_SUCH_SECRET is not set" in message
+
+
+def test_a_secret_is_read_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """env:NAME resolves to the variable's value at start."""
+    monkeypatch.setenv("PIPELINE_TEST_META_SECRET", "from-env")
+    path = write_sources(
+        tmp_path / "s.yaml", {"w": {**META, "secrets": ["env:PIPELINE_TEST_META_SECRET"]}}
+    )
+    assert load_sources(path, set(TOPICS))["w"].secrets == ["from-env"]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"secrets": []}, "scheme 'meta' needs at least one secret"),
+        ({"scheme": "sha256"}, "sources.whatsapp.scheme"),
+        ({"scheme": "hmac"}, "'hmac' options are required"),
+        ({"tenant": {"pointer": "entry/0"}}, "a JSON pointer starts with '/'"),
+        ({"tenant": {"pointer": "/a", "header": "x"}}, "set exactly one of pointer"),
+        ({"routes": [{"when": {"pointer": "/a"}, "topic": "messages"}]}, "exactly one of equals"),
+        ({"max_body_bytes": 0}, "sources.whatsapp.max_body_bytes"),
+        ({"colour": "blue"}, "sources.whatsapp.colour: unknown field"),
+    ],
+    ids=[
+        "no-secret",
+        "bad-scheme",
+        "hmac-options",
+        "pointer",
+        "value-from",
+        "condition",
+        "body-cap",
+        "unknown-field",
+    ],
+)
+def test_invalid_sources_name_the_field(
+    tmp_path: Path, change: dict[str, object], expected: str
+) -> None:
+    """Each kind of mistake is reported with its field path."""
+    assert expected in load_error(tmp_path, {"whatsapp": {**META, **change}})
+
+
+def test_secrets_are_never_echoed_in_errors(tmp_path: Path) -> None:
+    """A wrongly typed secret is reported without its value."""
+    message = load_error(tmp_path, {"whatsapp": {**META, "secrets": [{"v": "topsecret"}]}})
+    assert "sources.whatsapp.secrets[0]" in message
+    assert "topsecret" not in message
+
+
+def test_the_none_scheme_must_be_explicit_and_secretless(tmp_path: Path) -> None:
+    """Scheme none builds an accept-all verifier; with secrets it is an error."""
+    plain = {"scheme": "none", "topic": "messages"}
+    assert isinstance(build(tmp_path, {"open": plain}, TOPICS)["open"].verifier, UnverifiedVerifier)
+    assert "scheme 'none' verifies nothing" in load_error(
+        tmp_path, {"open": {**plain, "secrets": ["x"]}}
+    )
+
+
+def test_missing_or_invalid_files_are_named(tmp_path: Path) -> None:
+    """A missing file, invalid YAML and a non-mapping each name the file."""
+    missing = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError, match=str(missing)):
+        load_sources(missing, set(TOPICS))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("sources: [unclosed", encoding="utf-8")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_sources(broken, set(TOPICS))
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_sources(listing, set(TOPICS))
+
+
+def test_a_body_cap_above_the_message_size_is_an_error(tmp_path: Path) -> None:
+    """A source whose bodies could not be produced is refused at start."""
+    write_topics(tmp_path / "topics", TOPICS)
+    with pytest.raises(ConfigError, match="max_body_bytes"):
+        build(tmp_path, {"big": {**META, "max_body_bytes": 8 * 1_048_576}}, TOPICS)
+
+
+def test_ingress_settings_have_documented_defaults() -> None:
+    """The sources file defaults to sources.yaml and SQLite to full durability."""
+    settings = IngressSettings()
+    assert settings.sources_file == Path("sources.yaml")
+    assert settings.log_store == "sqlite"
+    assert settings.sqlite_synchronous == "FULL"
+
+
+def test_ingress_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PIPELINE_INGRESS__* variables fill the section (as the CLI reads them)."""
+    from pipeline.ingress.cli import _settings  # noqa: PLC0415
+
+    monkeypatch.setenv("PIPELINE_INGRESS__SOURCES_FILE", "/etc/pipeline/sources.yaml")
+    monkeypatch.setenv("PIPELINE_INGRESS__SWEEPER__PATIENCE_S", "42")
+    _, ingress = _settings(None)
+    assert ingress.sources_file == Path("/etc/pipeline/sources.yaml")
+    assert ingress.sweeper.patience_s == 42
+
+
+def test_the_example_sources_file_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/local/sources.example.yaml builds against the project's own topics/."""
+    root = Path(__file__).resolve().parents[2]
+    for name in (
+        "META_APP_SECRET",
+        "META_VERIFY_TOKEN",
+        "GITHUB_WEBHOOK_SECRET",
+        "STRIPE_WEBHOOK_SECRET",
+        "PARTNER_SECRET",
+    ):
+        monkeypatch.setenv(name, "example")
+    for name in ("CLERK_WEBHOOK_SECRET", "CLERK_WEBHOOK_SECRET_PREVIOUS"):
+        monkeypatch.setenv(name, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    specs = load_specs(root / "topics")
+    configs = load_sources(
+        root / "deploy/local/sources.example.yaml", {spec.name for spec in specs}
+    )
+    built = build_sources(
+        configs, specs, admission=AdmissionSettings(), max_message_bytes=1_114_112
+    )
+    assert sorted(built) == ["clerk", "github", "partner", "stripe", "whatsapp"]

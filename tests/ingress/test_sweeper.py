@@ -1,0 +1,181 @@
+"""The sweeper on a real log store and Redis: produce the lost, be patient, abandon loudly."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from contract.helpers import consume_until, make_topic
+from logstore.helpers import FakeClock, new_row
+
+from pipeline.config import Settings
+from pipeline.envelope import Message
+from pipeline.ingress import headers as h
+from pipeline.ingress.backlog import GroupLagBacklog
+from pipeline.ingress.settings import SweeperSettings
+from pipeline.ingress.sweeper import Sweeper
+from pipeline.logstore import RowState, Selection
+from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
+
+SETTINGS = SweeperSettings(
+    unproduced_after_s=60, patience_s=300, max_patience_s=900, max_replays=2, lease_s=30
+)
+
+
+@pytest.fixture
+async def redis(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
+    """The real Redis Streams transport."""
+    transport = create_transport(settings, "redis")
+    yield transport
+    await transport.close()
+
+
+@pytest.fixture
+async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteLogStore]:
+    """A real SQLite log store on the fake clock."""
+    sqlite = SqliteLogStore(tmp_path / "log.db", clock=clock)
+    await sqlite.open()
+    yield sqlite
+    await sqlite.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock the test moves by hand."""
+    return FakeClock()
+
+
+async def drain(transport: Transport, topic: str, group: str, count: int) -> list[Message]:
+    """Consume exactly ``count`` messages of ``topic`` as ``group``, committing them."""
+    consumer = transport.consumer(group, [topic])
+    got = await consume_until(consumer, lambda r: len(r) >= count)
+    await consumer.close()
+    return got
+
+
+async def test_rows_never_produced_are_produced_after_the_delay(
+    store: SqliteLogStore, redis: Transport, clock: FakeClock, unique: str
+) -> None:
+    """Rows left received (the ingress died) are produced once older than the delay, no sooner."""
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 2)
+    old = [new_row(n, clock, topic=topic, lane="messages") for n in range(5)]
+    for row in old:
+        await store.insert(row)
+    clock.advance(61)
+    fresh = new_row(99, clock, topic=topic, lane="messages")
+    await store.insert(fresh)
+    backlog = GroupLagBacklog(redis.admin(), {"messages": [topic]}, {})
+    sweeper = Sweeper(
+        store, redis.producer(), backlog, {"messages": [topic]}, SETTINGS, clock=clock
+    )
+    report = await sweeper.sweep_once()
+    assert (report.produced, report.replayed, report.abandoned) == (5, 0, 0)
+    got = await drain(redis, topic, f"g-{unique}", 5)
+    assert sorted(m.headers[h.EVENT_ID].decode() for m in got) == [f"ev-{n}" for n in range(5)]
+    assert {m.headers[h.REPLAY_COUNT] for m in got} == {b"0"}
+    assert await store.count_by_state(Selection()) == {
+        RowState.PRODUCED: 5,
+        RowState.RECEIVED: 1,
+    }
+    assert (await sweeper.sweep_once()).produced == 0
+
+
+async def test_replay_waits_while_the_lane_is_backed_up(
+    store: SqliteLogStore, redis: Transport, clock: FakeClock, unique: str
+) -> None:
+    """Past patience a backed-up lane's rows wait, a calm lane's are replayed; past max, all are."""
+    busy, calm = f"messages-{unique}", f"engagement-{unique}"
+    for topic in (busy, calm):
+        await make_topic(redis, topic, 1)
+    lanes = {"messages": [busy], "engagement": [calm]}
+    groups = {"messages": f"busy-{unique}", "engagement": f"calm-{unique}"}
+    # The busy lane's group has a message it has not consumed: a backlog of one.
+    await redis.producer().send(busy, b"ahead of the replay", key=b"k")
+    waiting = new_row(1, clock, topic=busy, lane="messages")
+    idle = new_row(2, clock, topic=calm, lane="engagement")
+    for row in (waiting, idle):
+        await store.insert(row)
+    await store.mark_produced([waiting.id, idle.id])
+    backlog = GroupLagBacklog(redis.admin(), lanes, groups)
+    sweeper = Sweeper(store, redis.producer(), backlog, lanes, SETTINGS, clock=clock)
+
+    clock.advance(301)
+    report = await sweeper.sweep_once()
+    assert report.patient_lanes == ("messages",)
+    assert report.replayed == 1
+    calm_events = await drain(redis, calm, groups["engagement"], 1)
+    assert calm_events[0].headers[h.EVENT_ID] == b"ev-2"
+    assert calm_events[0].headers[h.REPLAY_COUNT] == b"1"
+    await store.mark_processed([idle.id])  # its consumer handled the replay
+    got = await store.get(waiting.id)
+    assert got is not None
+    assert got.replay_count == 0
+
+    clock.advance(600)  # 901 s after production: past the maximum patience
+    report = await sweeper.sweep_once()
+    assert report.patient_lanes == ("messages",)
+    assert report.replayed == 1
+    busy_events = await drain(redis, busy, groups["messages"], 2)
+    assert [m.headers.get(h.REPLAY_COUNT) for m in busy_events] == [None, b"1"]
+
+
+async def test_rows_past_the_replay_limit_are_abandoned_loudly(
+    store: SqliteLogStore,
+    redis: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After max_replays replays unprocessed, a row is abandoned, logged CRITICAL and counted."""
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 1)
+    poison, fine = (new_row(n, clock, topic=topic, lane="messages") for n in (1, 2))
+    for row in (poison, fine):
+        await store.insert(row)
+    await store.mark_produced([poison.id, fine.id])
+    await store.mark_processed([fine.id])
+    lanes = {"messages": [topic]}
+    backlog = GroupLagBacklog(redis.admin(), lanes, {"messages": f"g-{unique}"})
+    sweeper = Sweeper(store, redis.producer(), backlog, lanes, SETTINGS, clock=clock)
+    counts = []
+    with caplog.at_level(logging.CRITICAL, logger="pipeline.ingress.sweeper"):
+        for _ in range(3):
+            clock.advance(1_000)
+            report = await sweeper.sweep_once()
+            counts.append((report.replayed, report.abandoned))
+    assert counts == [(1, 0), (1, 0), (0, 1)]
+    assert sweeper.totals.abandoned == 1
+    got = await store.get(poison.id)
+    assert got is not None
+    assert (got.state, got.replay_count) == (RowState.ABANDONED, 2)
+    assert got.last_error == "abandoned after 2 replays without being processed"
+    critical = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert len(critical) == 1
+    assert "abandoned after 2 replays" in critical[0].getMessage()
+    assert critical[0].__dict__["row_id"] == poison.id
+    clock.advance(1_000)
+    assert (await sweeper.sweep_once()).abandoned == 0  # abandoned is terminal
+
+
+async def test_a_lane_without_a_known_group_counts_as_backed_up(
+    redis: Transport, unique: str
+) -> None:
+    """With no consumer group configured the sweeper is patient (replays only when overdue)."""
+    backlog = GroupLagBacklog(redis.admin(), {"messages": [f"t-{unique}"]}, {})
+    assert await backlog.is_backlogged("messages") is True
+
+
+async def test_a_caught_up_group_is_not_a_backlog(redis: Transport, unique: str) -> None:
+    """A lane whose group has consumed everything has no backlog."""
+    topic = f"t-{unique}"
+    await make_topic(redis, topic, 1)
+    await redis.producer().send(topic, b"x")
+    backlog = GroupLagBacklog(redis.admin(), {"messages": [topic]}, {"messages": f"g-{unique}"})
+    assert await backlog.is_backlogged("messages") is True
+    await drain(redis, topic, f"g-{unique}", 1)
+    assert await backlog.is_backlogged("messages") is False

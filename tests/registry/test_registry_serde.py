@@ -1,0 +1,171 @@
+"""Avro serdes against our registry: confluent-kafka's own and ours, in both directions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentDeserializer
+from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from pipeline.registry.canonical import parse
+from pipeline.registry.client import RegistryClient
+from pipeline.registry.errors import SerdeError, SubjectNotFound
+from pipeline.registry.events import SCHEMA_FILES, MessageReceived, model_mismatches
+from pipeline.registry.serde import AvroDeserializer, AvroSerializer, JsonSerializer
+from pipeline.registry.wire import header, schema_id_of
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+V1 = json.dumps(
+    {"type": "record", "name": "Ping", "namespace": "t", "fields": [{"name": "n", "type": "int"}]}
+)
+V2 = json.dumps(
+    {
+        "type": "record",
+        "name": "Ping",
+        "namespace": "t",
+        "fields": [
+            {"name": "n", "type": "long"},
+            {"name": "note", "type": "string", "default": "none"},
+        ],
+    }
+)
+CTX = SerializationContext("pings", MessageField.VALUE)
+
+
+@pytest.fixture
+def confluent(sqlite_registry_url: str) -> Iterator[SchemaRegistryClient]:
+    """confluent-kafka's registry client on our server."""
+    client = SchemaRegistryClient({"url": sqlite_registry_url, "max.retries": 0})
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def ours(sqlite_registry_url: str) -> Iterator[RegistryClient]:
+    """Our registry client on the same server."""
+    client = RegistryClient(sqlite_registry_url)
+    yield client
+    client.close()
+
+
+def message() -> MessageReceived:
+    """A sample inbound message."""
+    return MessageReceived(
+        event_id="evt-1",
+        tenant="acme",
+        source="meta",
+        conversation_id="conv-9",
+        text="hello",
+        received_at=datetime(2025, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC),
+        headers={"x-request-id": "r1"},
+    )
+
+
+def test_confluent_serializer_round_trip(confluent: SchemaRegistryClient) -> None:
+    """AvroSerializer auto-registers under {topic}-value; AvroDeserializer reads it back."""
+    data = ConfluentSerializer(confluent, V1)({"n": 7}, CTX)
+    assert data[:1] == b"\x00"
+    assert confluent.get_latest_version("pings-value").schema_id == schema_id_of(data)
+    assert ConfluentDeserializer(confluent)(data, CTX) == {"n": 7}
+
+
+def test_auto_register_false_needs_a_registered_schema(confluent: SchemaRegistryClient) -> None:
+    """With auto.register.schemas=False the serializer only looks the schema up."""
+    serializer = ConfluentSerializer(confluent, V1, conf={"auto.register.schemas": False})
+    with pytest.raises(SchemaRegistryError) as info:
+        serializer({"n": 1}, CTX)
+    assert info.value.error_code == 40401
+    schema_id = confluent.register_schema("pings-value", Schema(V1, "AVRO"))
+    fresh = ConfluentSerializer(confluent, V1, conf={"auto.register.schemas": False})
+    assert schema_id_of(fresh({"n": 1}, CTX)) == schema_id
+
+
+def test_use_latest_version(confluent: SchemaRegistryClient) -> None:
+    """use.latest.version writes with the subject's latest id; the reader resolves into it."""
+    confluent.register_schema("pings-value", Schema(V1, "AVRO"))
+    latest_id = confluent.register_schema("pings-value", Schema(V2, "AVRO"))
+    serializer = ConfluentSerializer(
+        confluent, V2, conf={"auto.register.schemas": False, "use.latest.version": True}
+    )
+    data = serializer({"n": 3, "note": "x"}, CTX)
+    assert schema_id_of(data) == latest_id
+    old = ConfluentSerializer(confluent, V1, conf={"auto.register.schemas": False})({"n": 5}, CTX)
+    reader = ConfluentDeserializer(confluent, conf={"use.latest.version": True})
+    assert reader(old, CTX) == {"n": 5, "note": "none"}
+    assert reader(data, CTX) == {"n": 3, "note": "x"}
+
+
+def test_our_serde_and_confluent_serde_interoperate(
+    confluent: SchemaRegistryClient, ours: RegistryClient
+) -> None:
+    """Our bytes equal confluent's for the same schema and record, and each reads the other."""
+    theirs = ConfluentSerializer(confluent, V1)({"n": 42}, CTX)
+    mine = AvroSerializer(ours, V1, "pings-value")({"n": 42})
+    assert mine == theirs
+    assert ConfluentDeserializer(confluent)(mine, CTX) == {"n": 42}
+    assert AvroDeserializer(ours)(theirs) == {"n": 42}
+
+
+def test_reader_schema_resolution(ours: RegistryClient) -> None:
+    """A deserializer with a newer reader schema promotes types and fills defaults."""
+    old = AvroSerializer(ours, V1, "pings-value")({"n": 9})
+    assert AvroDeserializer(ours, reader_schema=V2)(old) == {"n": 9, "note": "none"}
+
+
+def test_lookup_and_latest_modes(ours: RegistryClient) -> None:
+    """Without auto-register the schema must exist; use_latest writes with the latest id."""
+    with pytest.raises(SubjectNotFound):
+        AvroSerializer(ours, V1, "p-value", auto_register=False)({"n": 1})
+    first = ours.register("p-value", V1)
+    assert AvroSerializer(ours, V1, "p-value", auto_register=False).schema_id == first
+    second = ours.register("p-value", V2)
+    latest = AvroSerializer(ours, V2, "p-value", auto_register=False, use_latest=True)
+    assert schema_id_of(latest({"n": 1, "note": "y"})) == second
+
+
+def test_pydantic_model_round_trip(ours: RegistryClient) -> None:
+    """A MessageReceived model is written with its .avsc schema and read back equal."""
+    schema = (SCHEMAS / "message_received.avsc").read_text()
+    data = AvroSerializer(ours, schema, "pipeline.events.MessageReceived")(message())
+    back = AvroDeserializer(ours).to_model(data, MessageReceived)
+    assert back == message()
+    assert AvroDeserializer(ours).deserialize(data)["received_at"] == message().received_at
+
+
+def test_models_match_their_schema_files() -> None:
+    """Every event model maps field for field onto its schemas/*.avsc record."""
+    for model, filename in SCHEMA_FILES.items():
+        assert model_mismatches(model, parse((SCHEMAS / filename).read_text())) == []
+    wrong = parse(V1)
+    assert model_mismatches(MessageReceived, wrong)
+
+
+def test_json_mode_for_development(ours: RegistryClient) -> None:
+    """JSON messages need no registry and are read by a deserializer that allows them."""
+    data = JsonSerializer()(message())
+    assert data.startswith(b"{")
+    back = AvroDeserializer(ours, allow_json=True)(data)
+    assert MessageReceived.model_validate(back) == message()
+    assert JsonSerializer()({"a": 1}) == b'{"a":1}'
+
+
+def test_bad_frames_and_values_raise_serde_errors(ours: RegistryClient) -> None:
+    """Unframed data, a wrong magic byte, a short message or a bad value raise SerdeError."""
+    deserializer = AvroDeserializer(ours)
+    for bad in (b"", b"\x00\x00", b"\x01\x00\x00\x00\x01\x02", b'{"json": 1}'):
+        with pytest.raises(SerdeError):
+            deserializer(bad)
+    with pytest.raises(SerdeError):
+        AvroSerializer(ours, V1, "pings-value")({"n": "not an int"})
+    schema_id = ours.register("pings-value", V1)
+    with pytest.raises(SerdeError):
+        deserializer(header(schema_id))  # framed, but the body is missing
+    with pytest.raises(SerdeError):
+        header(2**32)
