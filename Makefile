@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TRANSPORT ?= redis
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress demo clean
+.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 ## bench: every benchmark; bench-<name>: one of them
-bench: bench-transport bench-serde bench-ingress
+bench: bench-transport bench-serde bench-ingress bench-runtime
 
 bench-transport: setup services
 	$(BIN)/python bench/transport.py
@@ -51,6 +51,9 @@ bench-serde: setup
 
 bench-ingress: setup services
 	$(BIN)/python bench/ingress.py
+
+bench-runtime: setup services
+	$(BIN)/python bench/runtime.py
 
 ## demo: Redis only (the embedded default): declare topics, produce and tail events
 demo: setup

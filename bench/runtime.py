@@ -608,10 +608,14 @@ class Harness:
         if not lines:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise PeerError(f"{name} exited {proc.returncode} without a result: {' | '.join(tail)}")
-        result = json.loads(lines[-1].removeprefix("RESULT "))
-        if result["messages"] != n:
-            raise PeerError(f"{name} handled {result['messages']} of {n}")
-        span = Span(n, result["seconds"], result["cpu_s"], commit_s=result.get("commit_s"))
+        try:
+            result = json.loads(lines[-1].removeprefix("RESULT "))
+            handled, seconds, cpu = result["messages"], result["seconds"], result["cpu_s"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PeerError(f"{name} printed an unreadable result: {lines[-1][:200]}") from exc
+        if handled != n:
+            raise PeerError(f"{name} handled {handled} of {n}")
+        span = Span(n, seconds, cpu, commit_s=result.get("commit_s"))
         span.extra = {k: v for k, v in result.items() if k not in {"seconds", "cpu_s", "messages"}}
         span.extra["process_s"] = process_s
         if n == topic.messages:

@@ -7,7 +7,6 @@ non-zero, never a traceback: 1 for a failed operation, 2 for bad input or config
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -25,9 +24,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
-from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+from pipeline.errors import PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.redrive.redrive import Redrive, Report
@@ -53,12 +53,6 @@ app.add_typer(registry_app, name="registry")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(ingress_app, name="ingress")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
-err = Console(stderr=True, soft_wrap=True)
-
-TransportOpt = Annotated[
-    TransportName | None,
-    typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),
-]
 
 
 def _settings(transport: str | None) -> Settings:
@@ -66,17 +60,7 @@ def _settings(transport: str | None) -> Settings:
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro``; turn pipeline errors into one stderr line and an exit code."""
-    try:
-        return asyncio.run(coro)
-    except (ConfigError, TopicSpecError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
-    except PipelineError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+    return run_command(coro)
 
 
 @topics_app.command("apply")

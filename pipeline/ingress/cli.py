@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 import uvloop
@@ -25,8 +25,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import ENV_PREFIX, Settings, load_settings
-from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+from pipeline.errors import ConfigError
 from pipeline.ingress.replay import ReplaySummary, replay
 from pipeline.ingress.service import build_ingress, build_sweeper, create_log_store, serve
 from pipeline.ingress.settings import IngressSettings
@@ -39,12 +40,7 @@ T = TypeVar("T")
 app = typer.Typer(help="Webhook ingress.", no_args_is_help=True, pretty_exceptions_enable=False)
 ops_app = typer.Typer(help="Ingress log operations.", pretty_exceptions_enable=False)
 out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
-TransportOpt = Annotated[
-    Literal["kafka", "redis"] | None,
-    typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),
-]
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
 
 
@@ -69,18 +65,8 @@ def _settings(transport: str | None) -> tuple[Settings, IngressSettings]:
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on uvloop; turn pipeline errors into one stderr line and an exit code."""
-    try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(coro)
-    except (ConfigError, TopicSpecError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
-    except PipelineError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+    """Run ``coro`` on uvloop (see :func:`pipeline.cli_support.run_command`)."""
+    return run_command(coro, loop_factory=uvloop.new_event_loop)
 
 
 @app.command("serve")

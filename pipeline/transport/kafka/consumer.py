@@ -12,7 +12,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
@@ -206,12 +206,37 @@ class KafkaConsumer:
             raise translate(exc, "committed") from exc
 
     def pause(self, partitions: Sequence[TopicPartition]) -> None:
-        """Stop fetching these partitions (librdkafka ``pause``)."""
-        self._raw.pause([_RawTP(tp.topic, tp.partition) for tp in partitions])
+        """Stop fetching these partitions (librdkafka ``pause``), without blocking the loop.
+
+        librdkafka's pause waits while another thread is inside ``consume``, so the call is
+        queued on the consumer's own thread; it takes effect before the next fetch.
+        """
+        raw = [_RawTP(tp.topic, tp.partition) for tp in partitions]
+        self._background(self._raw.pause, raw)
 
     def resume(self, partitions: Sequence[TopicPartition]) -> None:
-        """Fetch again from these partitions (librdkafka ``resume``)."""
-        self._raw.resume([_RawTP(tp.topic, tp.partition) for tp in partitions])
+        """Fetch again from these partitions, from where this member stopped consuming them.
+
+        A pause drops librdkafka's prefetched messages and the refetch would only start after
+        a fetch backoff; seeking to the current position makes it start at once.
+        """
+        raw = [_RawTP(tp.topic, tp.partition) for tp in partitions]
+        self._background(self._resume_and_seek, raw)
+
+    def _resume_and_seek(self, raw: list[Any]) -> None:
+        self._raw.resume(raw)
+        for position in self._raw.position(raw):
+            if position.offset >= 0:
+                try:
+                    self._raw.seek(position)
+                except KafkaException as exc:  # not yet fetching: the resume alone will do
+                    log.debug("seek after resume of %s skipped: %s", position, exc)
+
+    def _background(self, fn: Callable[..., object], *args: Any) -> None:
+        if self._closed:
+            return
+        future = self._executor.submit(fn, *args)
+        future.add_done_callback(_log_failure)
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this member owns now."""
@@ -234,3 +259,9 @@ class KafkaConsumer:
             await self._call(self._raw.close)
         finally:
             self._executor.shutdown(wait=False)
+
+
+def _log_failure(future: Future[object]) -> None:
+    error = future.exception()
+    if error is not None:
+        log.warning("consumer call failed: %s", error)

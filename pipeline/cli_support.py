@@ -1,0 +1,44 @@
+"""What every command-line module shares: the error console, --transport and the runner.
+
+The runner turns pipeline errors into one stderr line and an exit code (never a traceback):
+2 for bad input or configuration, 1 for a failed operation, 130 for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, Literal, TypeVar
+
+import typer
+from rich.console import Console
+
+from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+
+T = TypeVar("T")
+
+err = Console(stderr=True, soft_wrap=True)
+
+TransportOpt = Annotated[
+    Literal["kafka", "redis"] | None,
+    typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),
+]
+
+
+def run_command(
+    coro: Coroutine[Any, Any, T],
+    *,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
+    """Run ``coro`` to completion and map pipeline errors to exit codes."""
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(coro)
+    except (ConfigError, TopicSpecError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    except PipelineError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
