@@ -90,6 +90,10 @@ class RuntimeSettings(_Section):
     commit_interval_ms: int = Field(default=500, ge=10)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     """How long in-flight handlers may finish on shutdown or revocation."""
+    mark_processed: bool = False
+    """Mark the ingress log row of each finished event processed (``pl-row-id`` header), in
+    batches, in the log store the ingress settings choose; without it the sweeper replays
+    rows it never hears about."""
     cpu_workers: int = Field(default=2, ge=1, le=256)
     """Worker processes for CPU-bound handlers (``cpu=True``), started on first use."""
 

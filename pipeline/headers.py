@@ -6,6 +6,12 @@ epoch), so any tool (kcat, redis-cli) can read them.
 
 from __future__ import annotations
 
+ROW_ID = "pl-row-id"
+"""The ingress log row this event came from (the runtime marks it processed)."""
+SOURCE = "pl-source"
+"""The webhook source (provider) the event came from."""
+RECEIVED_AT_MS = "pl-received-at-ms"
+"""When the ingress accepted the webhook."""
 EVENT_ID = "pl-event-id"
 """The provider's event id (dedupe key of the ingress and of the idempotency guard)."""
 TENANT = "pl-tenant"

@@ -1,20 +1,22 @@
-"""Names of the headers every produced ingress event carries, and the function that fills them.
+"""The headers every produced ingress event carries, and the function that fills them.
 
-The consumer runtime reads ``row-id`` to mark the row processed
-(:meth:`pipeline.logstore.ProcessedMarker.mark_processed`) and ``event-id`` for idempotency;
-``replay-count`` is 0 on the first production and counts sweeper and CLI replays after it.
+The names come from :mod:`pipeline.headers`. The consumer runtime reads ``pl-row-id`` to mark
+the row processed (:meth:`pipeline.logstore.ProcessedMarker.mark_processed`) and
+``pl-event-id`` for idempotency; ``pl-replay-count`` is 0 on the first production and counts
+sweeper and CLI replays after it.
 """
 
 from __future__ import annotations
 
+from pipeline import headers as names
 from pipeline.logstore import LogRow, NewRow
 
-ROW_ID = "row-id"
-SOURCE = "source"
-TENANT = "tenant"
-EVENT_ID = "event-id"
-RECEIVED_AT_MS = "received-at-ms"
-REPLAY_COUNT = "replay-count"
+ROW_ID = names.ROW_ID
+SOURCE = names.SOURCE
+TENANT = names.TENANT
+EVENT_ID = names.EVENT_ID
+RECEIVED_AT_MS = names.RECEIVED_AT_MS
+REPLAY_COUNT = names.REPLAY_COUNT
 
 
 def event_headers(row: NewRow | LogRow, replay_count: int = 0) -> dict[str, bytes]:

@@ -26,7 +26,8 @@ from redis.asyncio import Redis
 from pipeline import headers as h
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Delivered, Message, Position, TopicPartition
-from pipeline.errors import Skip, TransportError, UnknownTopic
+from pipeline.errors import PipelineError, Skip, TransportError, UnknownTopic
+from pipeline.logstore import ProcessedMarker
 from pipeline.retry.parking import Ending, Parking
 from pipeline.retry.router import LaneRoutes, Router
 from pipeline.runtime.app import App, Lane
@@ -42,6 +43,8 @@ from pipeline.transport.protocol import Consumer, Transport
 log = logging.getLogger(__name__)
 _ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 _ENDINGS: dict[str, Ending] = {"retried": "parked", "dead_lettered": "dead"}
+# Outcomes after which an event's obligation is met (P1): its log row is processed.
+_SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate"})
 
 
 @dataclass
@@ -71,11 +74,13 @@ class Member:
         lanes: Sequence[str] | None = None,
         redis: Redis | None = None,
         redis_prefix: str = "pl",
+        processed: ProcessedMarker | None = None,
     ) -> None:
         """Prepare the member; :meth:`run` joins the group.
 
         ``redis`` holds parking (per-key order across retries) and poison counters; without
-        it neither is kept.
+        it neither is kept. ``processed`` (the ingress log store) is told, in batches, which
+        log rows' events are finished: handled, skipped, expired or dead-lettered.
         """
         self.app = app
         self.group = group
@@ -95,6 +100,8 @@ class Member:
         self._committed: dict[TopicPartition, Position] = {}
         self._parking: dict[str, Parking] = {}
         self._pool: ProcessPool | None = None
+        self._processed = processed
+        self._finished_rows: list[str] = []
         self._guard = IdempotencyGuard(redis, redis_prefix) if redis is not None else None
         if redis is not None:
             for name in lanes or sorted(app.lanes):
@@ -183,6 +190,9 @@ class Member:
             offsets = self._offsets.get(message.tp)
             if offsets is not None:
                 offsets.finished(message.offset)
+            row = message.headers.get(h.ROW_ID)
+            if row is not None and outcome in _SETTLED and self._processed is not None:
+                self._finished_rows.append(row.decode())
         if self._flow is not None:
             self._flow.removed(message.tp)
         log.debug(
@@ -341,7 +351,19 @@ class Member:
                 out.append(position)
         return out
 
+    async def _mark_processed(self) -> None:
+        """Tell the log store which rows are finished (one batch per commit tick)."""
+        if self._processed is None or not self._finished_rows:
+            return
+        rows, self._finished_rows = self._finished_rows, []
+        try:
+            await self._processed.mark_processed(rows)
+        except PipelineError as exc:
+            log.warning("could not mark %d log rows processed: %s", len(rows), exc)
+            self._finished_rows = rows + self._finished_rows
+
     async def _commit(self, consumer: Consumer) -> None:
+        await self._mark_processed()
         positions = self._positions(sorted(self._offsets))
         if positions:
             await consumer.commit(positions)

@@ -45,6 +45,12 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     transport = create_transport(settings)
     redis = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
+    store = None
+    if settings.runtime.mark_processed:
+        from pipeline.ingress.service import create_log_store  # noqa: PLC0415 - only when used
+
+        store = create_log_store(settings, settings.ingress)
+        await store.open()
     member = Member(
         app,
         transport,
@@ -53,10 +59,13 @@ async def serve(
         lanes=lanes,
         redis=redis,
         redis_prefix=settings.redis.key_prefix,
+        processed=store,
     )
     try:
         await member.run(stop)
     finally:
+        if store is not None:
+            await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await transport.close()

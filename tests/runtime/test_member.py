@@ -6,6 +6,7 @@ import asyncio
 import random
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 from contract.helpers import consume_until
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
@@ -190,3 +191,42 @@ async def test_a_full_partition_pauses_and_memory_stays_bounded(
         gate.set()
         await eventually(lambda: member.stats.handled == 2000)
     assert peak <= 100 + 50
+
+
+class RecordingMarker:
+    """Stands in for the ingress log store: remembers which rows it was told are processed."""
+
+    def __init__(self) -> None:
+        """Nothing marked yet."""
+        self.rows: list[str] = []
+
+    async def mark_processed(self, ids: Sequence[str]) -> int:
+        """Record the batch."""
+        self.rows += ids
+        return len(ids)
+
+
+async def test_finished_events_mark_their_log_rows_processed(
+    transport: Transport, unique: str
+) -> None:
+    """Handled and dead-lettered events mark their log rows; a retry waits for its outcome."""
+    spec = lane_spec(f"rows_{unique}", 1, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"bad":
+            raise DeadLetter("unprocessable")
+        if event == b"flaky" and ctx.attempt == 1:
+            raise RuntimeError("try again")
+
+    producer = transport.producer()
+    records = [Record(v, v, {h.ROW_ID: b"row-" + v}) for v in (b"ok", b"bad", b"flaky")]
+    await producer.send_many(spec.name, [*records, Record(b"no-row", b"x")])
+    await producer.close()
+    marker = RecordingMarker()
+    member = Member(app, transport, f"g-{unique}", FAST, processed=marker)
+    async with running(member):
+        await eventually(lambda: len(marker.rows) == 3)
+    assert sorted(marker.rows) == ["row-bad", "row-flaky", "row-ok"]
