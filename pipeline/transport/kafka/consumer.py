@@ -12,7 +12,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
@@ -23,6 +23,7 @@ from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.transport.kafka.errors import translate
+from pipeline.transport.kafka.worker import ConsumerThread
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class KafkaConsumer:
         self._topics = list(topics)
         self._listener = listener
         self._assigned: set[TopicPartition] = set()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-consumer-{group}")
+        self._worker = ConsumerThread(f"kafka-consumer-{group}")
         self._raw = _RawConsumer(
             {**consumer_config(settings, group, self.member_id), "auto.offset.reset": start_at}
         )
@@ -96,7 +97,7 @@ class KafkaConsumer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.wrap_future(self._worker.submit(fn, *args))
 
     def _in_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a listener coroutine on the event loop and wait for it (consumer thread)."""
@@ -235,7 +236,7 @@ class KafkaConsumer:
     def _background(self, fn: Callable[..., object], *args: Any) -> None:
         if self._closed:
             return
-        future = self._executor.submit(fn, *args)
+        future = self._worker.submit(fn, *args)
         future.add_done_callback(_log_failure)
 
     def assignment(self) -> set[TopicPartition]:
@@ -255,10 +256,15 @@ class KafkaConsumer:
             return
         self._closed = True
         self._loop = asyncio.get_running_loop()
+        # librdkafka's close can hang in a cooperative rebalance; the group then drops this
+        # member after its session timeout, which is what a bounded close waits for at most.
+        limit_s = self._settings.session_timeout_ms / 1000 + 5
         try:
-            await self._call(self._raw.close)
+            await asyncio.wait_for(self._call(self._raw.close), limit_s)
+        except TimeoutError:
+            log.warning("consumer close did not finish in %.0fs; the group will expire it", limit_s)
         finally:
-            self._executor.shutdown(wait=False)
+            self._worker.stop()
 
 
 def _log_failure(future: Future[object]) -> None:
