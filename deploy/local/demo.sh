@@ -12,7 +12,7 @@ printf '\n== declaring topics/*.yaml on %s\n' "$T"
 printf '\n== producing 12 webhook-like events for 3 conversations of 2 tenants\n'
 for i in $(seq 1 12); do
   conv="conv-$(( i % 3 ))"; tenant="tenant-$(( i % 2 ))"
-  "$PIPELINE" produce messages -t "$T" --key "$conv" -H "tenant=$tenant" -H "event-id=evt-$i" \
+  "$PIPELINE" produce messages -t "$T" --key "$conv" -H "pl-tenant=$tenant" -H "pl-event-id=evt-$i" \
     --value "{\"conversation_id\": \"$conv\", \"text\": \"message $i\"}"
 done
 
