@@ -39,13 +39,19 @@ def error_digest(error: BaseException) -> str:
     return hashlib.sha256(f"{type(error).__name__}|{shape}".encode()).hexdigest()[:12]
 
 
-def _failure_headers(
-    message: Message, error: BaseException | None, now_ms: int
-) -> dict[str, bytes]:
+def _with_origin(message: Message) -> dict[str, bytes]:
+    """The message's headers plus where it was first delivered (kept if already there)."""
     out = dict(message.headers)
     out.setdefault(h.ORIGIN_TOPIC, message.topic.encode())
     out.setdefault(h.ORIGIN_PARTITION, str(message.partition).encode())
     out.setdefault(h.ORIGIN_OFFSET, str(message.offset).encode())
+    return out
+
+
+def _failure_headers(
+    message: Message, error: BaseException | None, now_ms: int
+) -> dict[str, bytes]:
+    out = _with_origin(message)
     out.setdefault(h.FIRST_FAILURE_MS, str(now_ms).encode())
     out[h.LAST_FAILURE_MS] = str(now_ms).encode()
     if error is not None:
@@ -84,10 +90,7 @@ class Router:
         delay, when it checks again whether it is the key's head.
         """
         now_ms = int(time.time() * 1000)
-        out = dict(message.headers)
-        out.setdefault(h.ORIGIN_TOPIC, message.topic.encode())
-        out.setdefault(h.ORIGIN_PARTITION, str(message.partition).encode())
-        out.setdefault(h.ORIGIN_OFFSET, str(message.offset).encode())
+        out = _with_origin(message)
         out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(0)).encode()
         return await self._producer.send(
             routes.retry_topics[0], message.value, key=message.key, headers=out

@@ -80,8 +80,3 @@ class DueGate:
                 timer.cancel()
             dropped += self._held.pop(tp, deque())
         return dropped
-
-    @property
-    def held(self) -> int:
-        """Messages waiting for their due time."""
-        return sum(len(q) for q in self._held.values())

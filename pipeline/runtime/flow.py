@@ -45,10 +45,6 @@ class PauseBook:
         """The partition left this member: drop its reasons without calling the consumer."""
         self._reasons.pop(tp, None)
 
-    def is_paused(self, tp: TopicPartition) -> bool:
-        """True while any reason holds the partition."""
-        return bool(self._reasons.get(tp))
-
 
 class FlowControl:
     """Counts buffered messages per partition and pauses between the water marks."""
@@ -79,8 +75,3 @@ class FlowControl:
     def forget(self, tp: TopicPartition) -> None:
         """The partition left this member."""
         self._buffered.pop(tp, None)
-
-    @property
-    def total(self) -> int:
-        """Messages buffered across all partitions."""
-        return sum(self._buffered.values())

@@ -19,8 +19,9 @@ from confluent_kafka import Producer as _RawProducer
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Delivered, Record
-from pipeline.errors import MessageTooLarge, TransportError
+from pipeline.errors import TransportError
 from pipeline.transport.kafka.errors import translate
+from pipeline.transport.limits import check_sizes
 
 _POLL_S = 0.05
 
@@ -132,13 +133,6 @@ class KafkaProducer:
             raise translate(error, f"produce to {topic!r}")
         self._known_topics.add(topic)
 
-    def _check_size(self, record: Record) -> None:
-        if record.size > self._max_message_bytes:
-            raise MessageTooLarge(
-                f"message of {record.size} bytes exceeds "
-                f"max_message_bytes={self._max_message_bytes}"
-            )
-
     async def send(
         self,
         topic: str,
@@ -154,8 +148,7 @@ class KafkaProducer:
 
     async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
         """Produce ``records`` in order; resolves when every one is acknowledged."""
-        for record in records:
-            self._check_size(record)
+        check_sizes(records, self._max_message_bytes)
         if topic not in self._known_topics:
             await self._ensure_topic(topic)
         if not records:

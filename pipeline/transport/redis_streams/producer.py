@@ -19,7 +19,8 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.envelope import Delivered, Record
-from pipeline.errors import DeliveryFailed, MessageTooLarge, TransportError
+from pipeline.errors import DeliveryFailed, TransportError
+from pipeline.transport.limits import check_sizes
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.redis_streams.admin import TopicMeta, read_meta
 from pipeline.transport.redis_streams.errors import translate
@@ -113,12 +114,7 @@ class RedisStreamsProducer:
 
     async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
         """Append ``records`` in order; one ``pl_produce`` per run of one partition."""
-        for record in records:
-            if record.size > self._max_message_bytes:
-                raise MessageTooLarge(
-                    f"message of {record.size} bytes exceeds "
-                    f"max_message_bytes={self._max_message_bytes}"
-                )
+        check_sizes(records, self._max_message_bytes)
         meta = await self._topic(topic)
         loop = asyncio.get_running_loop()
         runs: list[_Run] = []
