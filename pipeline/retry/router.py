@@ -69,12 +69,23 @@ class Router:
         self._producer = producer
 
     async def retry(
-        self, routes: LaneRoutes, message: Message, attempt: int, error: BaseException
+        self,
+        routes: LaneRoutes,
+        message: Message,
+        attempt: int,
+        error: BaseException,
+        *,
+        longest: bool = False,
     ) -> Delivered:
-        """Send to the tier of ``attempt`` (1-based), or dead-letter it when none is left."""
+        """Send to the tier of ``attempt`` (1-based), or dead-letter it when none is left.
+
+        ``longest`` sends it to the longest tier whatever the attempt (the retry budget is
+        spent).
+        """
         if attempt >= routes.max_attempts or not routes.retry_topics:
             return await self.dead_letter(routes, message, "exhausted", error)
-        tier = min(attempt, len(routes.retry_topics)) - 1
+        last = len(routes.retry_topics)
+        tier = (last if longest else min(attempt, last)) - 1
         now_ms = int(time.time() * 1000)
         out = _failure_headers(message, error, now_ms)
         out[h.ATTEMPT] = str(attempt + 1).encode()

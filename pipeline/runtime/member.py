@@ -28,6 +28,7 @@ from pipeline.config import RuntimeSettings
 from pipeline.envelope import Delivered, Message, Position, TopicPartition
 from pipeline.errors import PipelineError, Skip, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
+from pipeline.retry.budget import RetryBudget
 from pipeline.retry.parking import Ending, Parking
 from pipeline.retry.router import LaneRoutes, Router
 from pipeline.runtime.app import App, Lane
@@ -38,6 +39,7 @@ from pipeline.runtime.flow import FlowControl, PauseBook
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
+from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
 from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class Stats:
     retried: int = 0
     dead_lettered: int = 0
     expired: int = 0
+    shed: int = 0
+    budget_exhausted: int = 0
     already_done: int = 0
     parked: int = 0
     duplicates: int = 0
@@ -103,11 +107,25 @@ class Member:
         self._processed = processed
         self._finished_rows: list[str] = []
         self._guard = IdempotencyGuard(redis, redis_prefix) if redis is not None else None
+        chosen = [app.lanes[name] for name in lanes or sorted(app.lanes)]
+        self._standing = {
+            lane.name: StandingQueue(lane.spec.sojourn) for lane in chosen if lane.spec.sojourn
+        }
+        self._budgets = {
+            lane.name: RetryBudget(lane.spec.retry.budget)
+            for lane in chosen
+            if lane.spec.retry.budget
+        }
         if redis is not None:
             for name in lanes or sorted(app.lanes):
                 spec = app.lanes[name].spec
                 ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
                 self._parking[name] = Parking(redis, redis_prefix, name, ttl_ms=ttl_ms + 3_600_000)
+
+    @property
+    def assignment(self) -> list[TopicPartition]:
+        """The partitions this member owns now (empty until it joined the group)."""
+        return sorted(self._offsets)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -247,17 +265,43 @@ class Member:
             await parking.end(message, ending, follow_dead=follow)
         return outcome
 
-    async def _run_handler(self, lane: Lane, message: Message, attempt: int) -> str | None:
-        deadline_ms = h.int_header(message.headers, h.DEADLINE_MS)
-        if deadline_ms and time.time() * 1000 > deadline_ms:
+    def _expired(self, lane: Lane, message: Message) -> str | None:
+        """Why ``message`` must not run now (``expired`` or ``shed``), or None to run it."""
+        now_ms = int(time.time() * 1000)
+        deadline = deadline_ms(message, lane.spec)
+        if deadline is not None and now_ms > deadline:
             self.stats.expired += 1
             log.info(
-                "dropped expired message %s@%d (deadline %d)",
+                "expired %s@%d (deadline %d, %d ms ago)",
                 message.tp,
                 message.offset,
-                deadline_ms,
+                deadline,
+                now_ms - deadline,
             )
             return "expired"
+        standing = self._standing.get(lane.name)
+        if standing is not None and not standing.admit(now_ms - due_since_ms(message), now_ms):
+            self.stats.shed += 1
+            log.info(
+                "shed %s@%d: lane %s has a standing queue", message.tp, message.offset, lane.name
+            )
+            return "shed"
+        return None
+
+    async def _run_handler(self, lane: Lane, message: Message, attempt: int) -> str | None:
+        reason = self._expired(lane, message)
+        if reason is not None:
+            if lane.spec.on_expiry == "drop":
+                return "expired"
+            return await self._route(
+                lane,
+                message,
+                "dead_lettered",
+                lambda r, m: self._router.dead_letter(r, m, reason, None),
+            )
+        budget = self._budgets.get(lane.name)
+        if budget is not None:
+            budget.processed()
         try:
             event = lane.decode(message)
             if lane.cpu_ref is None:
@@ -285,11 +329,15 @@ class Member:
                 lambda r, m: self._router.dead_letter(r, m, "fatal", error),
             )
         exhausted = attempt >= routes.max_attempts or not routes.retry_topics
+        budget = self._budgets.get(lane.name)
+        longest = not exhausted and budget is not None and not budget.try_spend()
+        if longest:
+            self.stats.budget_exhausted += 1
         return await self._route(
             lane,
             message,
             "dead_lettered" if exhausted else "retried",
-            lambda r, m: self._router.retry(r, m, attempt, error),
+            lambda r, m: self._router.retry(r, m, attempt, error, longest=longest),
         )
 
     async def _route(

@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DLQ_MIN_RETENTION_MS",
+    "DebouncePolicy",
+    "RetryBudgetPolicy",
     "RetryPolicy",
+    "SojournPolicy",
     "TopicSpec",
     "format_duration_ms",
     "load_spec",
@@ -51,6 +54,8 @@ DLQ_MIN_RETENTION_MS = 14 * 86_400_000
 """Dead letters wait for a human; keep them at least two weeks whatever the main retention."""
 MAX_NAME_LENGTH = 200
 MAX_PARTITIONS = 10_000
+DEFAULT_MAX_WAIT_S = 30.0
+"""A debounced lane's default maximum wait for a turn, when ``max_wait_s`` is not given."""
 
 # Largest unit first, so format_duration_ms picks the coarsest exact label.
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
@@ -139,6 +144,46 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RetryBudgetPolicy(_Spec):
+    """How many retries a lane may send, relative to its traffic, before retries back off hard.
+
+    A failure that finds the budget spent skips to the longest retry tier instead of the next
+    one, so a failing dependency is not hammered by a retry storm (seed 003, metastable
+    failures). The budget is kept by each member for the messages it processes.
+
+    Attributes:
+        ratio: retries allowed per message processed (``0.1``: at most one retry per ten).
+        min_per_s: retries always allowed per second, so a quiet lane can still retry.
+    """
+
+    ratio: float = Field(default=0.1, gt=0, le=1)
+    min_per_s: float = Field(default=1.0, ge=0)
+
+
+class SojournPolicy(_Spec):
+    """A CoDel-style limit on how long work may wait once a standing queue has formed.
+
+    While the lane's waiting time (a message's age when its handler would start) has not
+    dropped below ``target_ms`` at least once within ``interval_ms``, the queue is standing:
+    messages that have waited longer than ``brief_ms`` are shed (counted, logged and handled as
+    expired) until a message starts within the target again. Without a standing queue nothing
+    is shed, however long a single burst takes.
+
+    Attributes:
+        target_ms: acceptable waiting time (YAML key ``target``).
+        interval_ms: how long waiting must stay above the target to count as standing
+            (YAML key ``interval``).
+        brief_ms: how long newly arriving work may wait while the queue stands (YAML key
+            ``brief``); defaults to ``target_ms``.
+    """
+
+    target_ms: Duration = Field(alias="target")
+    interval_ms: Duration = Field(alias="interval")
+    brief_ms: Duration = Field(
+        default_factory=lambda data: data["target_ms"], alias="brief", validate_default=True
+    )
+
+
 class RetryPolicy(_Spec):
     """How a failed message is retried before it goes to the dead-letter topic.
 
@@ -152,6 +197,7 @@ class RetryPolicy(_Spec):
             order (a sequenced dead letter, the default) or ``proceed`` to their handler.
         poison_after: a message whose processing was interrupted (its worker killed) this many
             times is dead-lettered with reason ``poison`` instead of being run again.
+        budget: an optional retry budget (see :class:`RetryBudgetPolicy`).
     """
 
     tiers_ms: tuple[Duration, ...] = Field(default=(), alias="tiers")
@@ -160,6 +206,7 @@ class RetryPolicy(_Spec):
     )
     after_dead_letter: Literal["follow", "proceed"] = "follow"
     poison_after: int = Field(default=3, ge=1, strict=True)
+    budget: RetryBudgetPolicy | None = None
 
     @field_validator("tiers_ms")
     @classmethod
@@ -173,6 +220,34 @@ class RetryPolicy(_Spec):
                     f"tiers[{index - 1}] ({earlier})"
                 )
         return tiers_ms
+
+
+class DebouncePolicy(_Spec):
+    """How a lane coalesces a burst of one conversation's messages into one turn.
+
+    Attributes:
+        key: the event field naming the conversation (messages with the same value coalesce).
+        quiet_s: a turn is due this long after the conversation's last message.
+        max_wait_s: a turn is due at the latest this long after the burst's first message,
+            however long the chatter goes on; at least ``quiet_s`` (default 30 s, or ``quiet_s``
+            if that is longer).
+        max_batch: most messages in one turn; a buffer this full makes a turn due at once.
+    """
+
+    key: StrictStr = Field(min_length=1)
+    quiet_s: float = Field(gt=0)
+    max_wait_s: float = Field(
+        default_factory=lambda data: max(DEFAULT_MAX_WAIT_S, data["quiet_s"]), gt=0
+    )
+    max_batch: int = Field(default=100, ge=1, strict=True)
+
+    @field_validator("max_wait_s")
+    @classmethod
+    def _not_below_quiet(cls, max_wait_s: float, info: ValidationInfo) -> float:
+        quiet_s = info.data.get("quiet_s")
+        if quiet_s is not None and max_wait_s < quiet_s:
+            raise ValueError(f"must be at least quiet_s ({quiet_s}) (got {max_wait_s})")
+        return max_wait_s
 
 
 class TopicSpec(_Spec):
@@ -190,8 +265,14 @@ class TopicSpec(_Spec):
         retry: the retry tiers and attempt limit.
         dead_letter: the dead-letter topic's name; defaults to ``<name>.dlq``.
         configs: further Kafka topic configs, passed through to every derived topic.
+        max_age_ms: a message older than this (since it was produced, or since its retry was
+            due) is expired instead of handled (YAML key ``max_age``); a ``pl-deadline-ms``
+            header set by the producer or the ingress can only shorten it.
+        sojourn: an optional CoDel-style waiting limit (see :class:`SojournPolicy`).
+        on_expiry: what happens to an expired or shed message: ``drop`` (counted and logged)
+            or ``dead_letter`` (to the dead-letter topic with reason ``expired``).
         throttle: kept as written for the throttling stage.
-        debounce: kept as written for the debouncing stage.
+        debounce: the coalescing debouncer's policy (see :class:`DebouncePolicy`), or None.
     """
 
     name: Annotated[TopicName, AfterValidator(_main_topic_name)]
@@ -208,8 +289,11 @@ class TopicSpec(_Spec):
     configs: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_config_values)] = Field(
         default_factory=dict
     )
+    max_age_ms: Duration | None = Field(default=None, alias="max_age")
+    sojourn: SojournPolicy | None = None
+    on_expiry: Literal["drop", "dead_letter"] = "drop"
     throttle: dict[str, Any] | None = None
-    debounce: dict[str, Any] | None = None
+    debounce: DebouncePolicy | None = None
 
     @field_validator("lane")
     @classmethod
@@ -332,7 +416,11 @@ def _describe(error: ErrorDetails) -> str:
     if error["type"] == "missing":
         problem = "required field is missing"
     elif error["type"] == "extra_forbidden":
-        model = RetryPolicy if loc[:1] == ("retry",) and len(loc) == 2 else TopicSpec  # noqa: PLR2004
+        model: type[_Spec] = TopicSpec
+        if loc[:1] == ("retry",) and len(loc) == 2:  # noqa: PLR2004
+            model = RetryPolicy
+        if loc[:1] == ("debounce",) and len(loc) == 2:  # noqa: PLR2004
+            model = DebouncePolicy
         fields = ", ".join(field.alias or name for name, field in model.model_fields.items())
         problem = f"unknown field (expected one of: {fields})"
     elif error["type"] == "value_error":
