@@ -17,6 +17,8 @@ callers never need to import a client library to handle a failure::
     │   ├── UnknownTopic            the topic is not declared / does not exist on the broker
     │   ├── MessageTooLarge         the message exceeds the configured maximum size
     │   └── DeliveryFailed          the broker refused or lost a produced message
+    ├── DebounceUnavailable         the debouncer's Redis cannot be reached: the message is
+    │                               processed on its own (fail open)
     └── HandlerOutcome              raised by a handler to choose what happens to its message
         ├── Retry                   try again later, through the lane's next retry tier
         ├── DeadLetter              never retry: straight to the lane's dead-letter topic
@@ -59,6 +61,10 @@ class MessageTooLarge(TransportError):
 
 class DeliveryFailed(TransportError):
     """The broker did not acknowledge a produced message."""
+
+
+class DebounceUnavailable(PipelineError):
+    """The debouncer's Redis cannot be reached; process the message on its own (fail open)."""
 
 
 class HandlerOutcome(PipelineError):

@@ -11,6 +11,14 @@
 The first parameter's annotation decides decoding: a pydantic model is validated from the JSON
 value (a validation error is not retried: the message goes to the dead-letter topic), ``bytes``
 gets the raw value, :class:`~pipeline.envelope.Message` the whole message.
+
+A lane declared with ``debounce:`` hands its handler a *turn*: ``list[Model]`` (or
+``list[bytes]``, ``list[Message]``), every message of one conversation since its last turn, in
+order (:mod:`pipeline.runtime.turns`)::
+
+    @app.handler("ai_turns")
+    async def reply(events: list[MessageReceived], ctx: Context) -> None:
+        ...
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ class Lane:
     cpu_ref: str | None = None
     """For a CPU-bound handler, its ``module:qualname`` (it runs in the process pool)."""
     time_limit_s: float = 30.0
+    turns: bool = False
+    """The handler takes a turn (a list of events) of a debounced lane."""
 
     @property
     def topics(self) -> list[str]:
@@ -54,12 +64,19 @@ class Lane:
         return [self.spec.name, *self.spec.retry_topic_names()]
 
 
-def _decoder(handler: Handler) -> Callable[[Message], Any]:
+def _event_kind(handler: Handler) -> tuple[Any, bool]:
+    """The annotation of the handler's event parameter, and whether it takes a list (a turn)."""
     params = list(inspect.signature(handler).parameters.values())
     if len(params) != 2:  # noqa: PLR2004 - (event, ctx)
         raise ConfigError(f"handler {handler.__qualname__} must take (event, ctx)")
-    hints = typing.get_type_hints(handler)
-    kind = hints.get(params[0].name, bytes)
+    kind = typing.get_type_hints(handler).get(params[0].name, bytes)
+    if typing.get_origin(kind) is list:
+        (item,) = typing.get_args(kind) or (bytes,)
+        return item, True
+    return kind, False
+
+
+def _decoder(kind: Any) -> Callable[[Message], Any]:
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         model = kind
         return lambda m: model.model_validate_json(m.value)
@@ -106,6 +123,12 @@ class App:
                 cpu_ref = function_ref(fn) if cpu else None
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            kind, turns = _event_kind(fn)
+            if cpu and spec.debounce is not None:
+                raise ConfigError(f"lane {lane!r} is debounced: its handler cannot be cpu=True")
+            if turns != (spec.debounce is not None) and not cpu:
+                wants = "a list of events (it is debounced)" if spec.debounce else "one event"
+                raise ConfigError(f"handler {fn.__qualname__} of lane {lane!r} must take {wants}")
             routes = LaneRoutes(
                 topic=spec.name,
                 retry_topics=tuple(spec.retry_topic_names()),
@@ -113,7 +136,7 @@ class App:
                 max_attempts=spec.retry.max_attempts,
                 backoff=Backoff(spec.retry.tiers_ms),
             )
-            entry = Lane(lane, spec, fn, _decoder(fn), routes, cpu_ref, time_limit_s)
+            entry = Lane(lane, spec, fn, _decoder(kind), routes, cpu_ref, time_limit_s, turns)
             self.lanes[lane] = entry
             for topic in entry.topics:
                 self._by_topic[topic] = entry

@@ -20,13 +20,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
 from pipeline import headers as h
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Delivered, Message, Position, TopicPartition
-from pipeline.errors import PipelineError, Skip, TransportError, UnknownTopic
+from pipeline.errors import DebounceUnavailable, PipelineError, Skip, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
 from pipeline.retry.budget import RetryBudget
 from pipeline.retry.parking import Ending, Parking
@@ -40,6 +41,7 @@ from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
+from pipeline.runtime.turns import DebouncedLanes, TurnOutcome
 from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,9 @@ class Stats:
     already_done: int = 0
     parked: int = 0
     duplicates: int = 0
+    buffered: int = 0
+    turns: int = 0
+    turn_retries: int = 0
 
 
 class Member:
@@ -111,6 +116,18 @@ class Member:
         self._standing = {
             lane.name: StandingQueue(lane.spec.sojourn) for lane in chosen if lane.spec.sojourn
         }
+        debounced = [lane for lane in chosen if lane.turns]
+        self._turns: DebouncedLanes | None = None
+        if debounced and redis is not None:
+            self._turns = DebouncedLanes(
+                redis,
+                redis_prefix,
+                debounced,
+                self._settle_turn,
+                max_concurrency=settings.max_concurrency,
+            )
+        elif debounced:
+            log.warning("no Redis: debounced lanes run every message as a turn of its own")
         self._budgets = {
             lane.name: RetryBudget(lane.spec.retry.budget)
             for lane in chosen
@@ -140,6 +157,11 @@ class Member:
         self._due = DueGate(self._pauses, self._submit)
         self._lanes.start()
         committer = asyncio.create_task(self._commit_forever())
+        turns_stop = asyncio.Event()
+        runners = [
+            asyncio.create_task(runner.run(turns_stop))
+            for runner in (self._turns.runners.values() if self._turns else ())
+        ]
         try:
             while not stop.is_set():
                 try:
@@ -154,14 +176,21 @@ class Member:
                 for message in batch:
                     self._dispatch(message)
         finally:
-            await self._shutdown(committer)
+            turns_stop.set()
+            await self._shutdown(committer, runners)
 
-    async def _shutdown(self, committer: asyncio.Task[None]) -> None:
+    async def _shutdown(
+        self, committer: asyncio.Task[None], runners: Sequence[asyncio.Task[None]] = ()
+    ) -> None:
         """Stop fetching, let in-flight work finish within the grace period, commit, leave."""
         self._stopping = True
         consumer = self._consumer
         assert consumer is not None  # noqa: S101 - run() set it
         consumer.pause(sorted(self._offsets))
+        if runners:  # running turns finish within the grace period; unfinished ones run again
+            _, late = await asyncio.wait(runners, timeout=self._settings.shutdown_grace_s)
+            for task in late:
+                task.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._lanes.wait_idle(), self._settings.shutdown_grace_s)
         committer.cancel()
@@ -304,6 +333,8 @@ class Member:
             budget.processed()
         try:
             event = lane.decode(message)
+            if lane.turns:
+                return await self._buffer(lane, event, message, attempt)
             if lane.cpu_ref is None:
                 await lane.handler(event, Context(message, lane.name, attempt, self._guard))
             else:
@@ -316,6 +347,57 @@ class Member:
             return await self._route_failure(lane, message, attempt, exc)
         self.stats.handled += 1
         return "handled"
+
+    async def _buffer(self, lane: Lane, event: Any, message: Message, attempt: int) -> str:
+        """Record a debounced lane's message for its conversation's turn (fail open)."""
+        if self._turns is not None:
+            try:
+                await self._turns.record(lane, event, message)
+            except DebounceUnavailable:
+                pass  # logged and counted by the debouncer; the message is its own turn
+            else:
+                self.stats.buffered += 1
+                return "buffered"
+        await lane.handler([event], Context(message, lane.name, attempt, self._guard))
+        self.stats.handled += 1
+        self.stats.turns += 1
+        return "handled"
+
+    async def _settle_turn(self, lane: Lane, turn: TurnOutcome) -> bool:
+        """Count a finished turn, dead-letter it if it failed for good; False: run it again."""
+        if turn.outcome in ("handled", "skipped"):
+            self.stats.turns += 1
+            if turn.outcome == "handled":
+                self.stats.handled += len(turn.messages)
+            else:
+                self.stats.skipped += len(turn.messages)
+            self._finished(turn.messages)
+            return True
+        error = turn.error
+        fatal = error is not None and not self.app.retryable(error)
+        if turn.outcome == "failed" and not fatal:
+            self.stats.turn_retries += 1
+            return False
+        reason = "fatal" if fatal else "exhausted"
+        for message in turn.messages:  # in order: a sequenced dead letter
+            routed = await self._route(
+                lane,
+                message,
+                "dead_lettered",
+                lambda r, m: self._router.dead_letter(r, m, reason, error),
+            )
+            if routed is None:
+                return False
+        self._finished(turn.messages)
+        return True
+
+    def _finished(self, messages: Sequence[Message]) -> None:
+        if self._processed is None:
+            return
+        for message in messages:
+            row = message.headers.get(h.ROW_ID)
+            if row is not None:
+                self._finished_rows.append(row.decode())
 
     async def _route_failure(
         self, lane: Lane, message: Message, attempt: int, error: Exception

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
@@ -44,7 +46,14 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     transport = create_transport(settings)
-    redis = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
+    # One quick retry: admission, parking and debouncing fail open when Redis is down, so a
+    # call must fail fast rather than hold a message through seconds of client backoff.
+    redis = Redis.from_url(
+        settings.redis.url,
+        socket_timeout=settings.redis.socket_timeout_s,
+        socket_connect_timeout=settings.redis.socket_timeout_s,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+    )
     store = None
     if settings.runtime.mark_processed:
         from pipeline.ingress.service import create_log_store  # noqa: PLC0415 - only when used

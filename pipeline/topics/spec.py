@@ -42,6 +42,7 @@ __all__ = [
     "RetryBudgetPolicy",
     "RetryPolicy",
     "SojournPolicy",
+    "ThrottlePolicy",
     "TopicSpec",
     "format_duration_ms",
     "load_spec",
@@ -142,6 +143,44 @@ TopicName = Annotated[StrictStr, AfterValidator(_topic_name)]
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ThrottlePolicy(_Spec):
+    """Which throttle keys a lane's message must hold a slot on before its handler runs.
+
+    Attributes:
+        keys: key templates such as ``org:{tenant}`` or ``sub:{tenant}/{customer_id}``;
+            ``{tenant}`` is the ``pl-tenant`` header, ``{key}`` the message key, ``{lane}`` the
+            lane, and any other name a top-level field of the JSON event. A template naming
+            something the message does not have is left out (no sub-tenant given: only the org
+            is throttled).
+        priority: 0..1000; higher is served first when slots are contended.
+        lease_ms: how long a slot is held without renewal (YAML key ``lease``); a member that
+            dies frees its slots after this.
+        max_waiting: messages of the lane one member holds waiting for a slot; beyond it,
+            an over-limit message whose key has nothing waiting is deferred through the first
+            retry tier (its key parked behind it) instead of being held in memory.
+    """
+
+    keys: tuple[StrictStr, ...] = Field(min_length=1)
+    priority: int = Field(default=0, ge=0, le=1000, strict=True)
+    lease_ms: Duration = Field(default=60_000, alias="lease")
+    max_waiting: int = Field(default=1000, ge=1, strict=True)
+
+    @field_validator("keys")
+    @classmethod
+    def _templates(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for template in keys:
+            try:
+                template.format_map(_AnyField())
+            except (ValueError, IndexError) as exc:
+                raise ValueError(f"bad key template {template!r}: {exc}") from None
+        return keys
+
+
+class _AnyField(dict[str, str]):
+    def __missing__(self, name: str) -> str:
+        return name
 
 
 class RetryBudgetPolicy(_Spec):
@@ -271,7 +310,7 @@ class TopicSpec(_Spec):
         sojourn: an optional CoDel-style waiting limit (see :class:`SojournPolicy`).
         on_expiry: what happens to an expired or shed message: ``drop`` (counted and logged)
             or ``dead_letter`` (to the dead-letter topic with reason ``expired``).
-        throttle: kept as written for the throttling stage.
+        throttle: the lane's admission policy (see :class:`ThrottlePolicy`), or None.
         debounce: the coalescing debouncer's policy (see :class:`DebouncePolicy`), or None.
     """
 
@@ -292,7 +331,7 @@ class TopicSpec(_Spec):
     max_age_ms: Duration | None = Field(default=None, alias="max_age")
     sojourn: SojournPolicy | None = None
     on_expiry: Literal["drop", "dead_letter"] = "drop"
-    throttle: dict[str, Any] | None = None
+    throttle: ThrottlePolicy | None = None
     debounce: DebouncePolicy | None = None
 
     @field_validator("lane")

@@ -111,7 +111,7 @@ retry:
   max_attempts: 7
 dead_letter: orders.parked
 configs: {cleanup.policy: delete, min.insync.replicas: 2, preallocate: true}
-throttle: {per_tenant_per_s: 50}
+throttle: {keys: ["org:{tenant}", "sub:{tenant}/{customer_id}"], priority: 5, lease: 30s}
 debounce: {key: conversation_id, quiet_s: 4}
 """
     spec = load_spec(write(tmp_path, "orders.yaml", text))
@@ -129,8 +129,16 @@ debounce: {key: conversation_id, quiet_s: 4}
         "min.insync.replicas": "2",
         "preallocate": "true",
     }
-    assert spec.throttle == {"per_tenant_per_s": 50}
-    assert spec.debounce == {"key": "conversation_id", "quiet_s": 4}
+    assert spec.throttle is not None
+    assert spec.throttle.keys == ("org:{tenant}", "sub:{tenant}/{customer_id}")
+    assert (spec.throttle.priority, spec.throttle.lease_ms) == (5, 30_000)
+    assert spec.debounce is not None
+    assert spec.debounce.model_dump() == {
+        "key": "conversation_id",
+        "quiet_s": 4,
+        "max_wait_s": 30,
+        "max_batch": 100,
+    }
 
 
 def test_max_attempts_defaults_to_one_more_than_the_tiers():
@@ -228,7 +236,10 @@ def test_custom_dead_letter_name_is_used():
         (
             "name: m\npartitions: 1\nretry: {delay: 5s}\n",
             "retry.delay",
-            "unknown field (expected one of: tiers, max_attempts, after_dead_letter, poison_after)",
+            (
+                "unknown field (expected one of: tiers, max_attempts, after_dead_letter, "
+                "poison_after, budget)"
+            ),
         ),
         ("name: m\npartitions: 1\ndead_letter: null\n", "dead_letter", "every topic has"),
         ("name: m\npartitions: 1\ndead_letter: false\n", "dead_letter", "every topic has"),
@@ -237,6 +248,8 @@ def test_custom_dead_letter_name_is_used():
         ("name: m\npartitions: 1\nconfigs: {retention.ms: 5}\n", "configs", "retention field"),
         ("name: m\npartitions: 1\nconfigs: {a: null}\n", "configs.a", "valid string"),
         ("name: m\npartitions: 1\nthrottle: 5\n", "throttle", "valid dictionary"),
+        ("name: m\npartitions: 1\nthrottle: {keys: ['org:{x'] }\n", "throttle.keys", "bad key"),
+        ("name: m\npartitions: 1\nthrottle: {keys: []}\n", "throttle.keys", "at least 1"),
         ("name: m\npartitions: 1\ncolour: red\n", "colour", "unknown field"),
     ],
 )
@@ -327,7 +340,7 @@ def test_repository_declarations_load():
         "messages.retry.1m",
         "messages.retry.10m",
     ]
-    assert specs["ai_turns"].debounce == {
+    assert specs["ai_turns"].debounce.model_dump() == {
         "key": "conversation_id",
         "quiet_s": 4,
         "max_wait_s": 30,

@@ -1,0 +1,332 @@
+"""The coalescing debouncer: one turn per conversation burst, every message in order.
+
+People send "hi", then "is the shop open", then "on Sunday", seconds apart: three messages, one
+turn that sees all three. On a lane declared with ``debounce:`` (see
+:class:`~pipeline.topics.spec.DebouncePolicy`) the runtime hands every message to
+:meth:`Debouncer.record` instead of its handler; a :class:`~pipeline.admission.debounce_runner.
+TurnRunner` per member process later hands the handler a :class:`Turn`: every message of the
+conversation since its last turn, in the order they were recorded.
+
+How (all in Redis, one function call per step, ``lua/debounce.lua``):
+
+- ``record`` appends the message to the conversation's buffer, stamps the conversation's marker
+  with the message's id and (re)schedules its turn in the lane's sorted set of due times:
+  ``due = min(last_arrival + quiet, first_arrival + max_wait)``, or now when the buffer holds
+  ``max_batch`` messages. A newer message moves the due time: the scheduled turn is superseded
+  at no cost (nothing fires for it). Idle conversations cost nothing: there is no task or timer
+  per key, only sorted-set members for conversations with buffered messages.
+- ``claim`` leases up to N due conversations at once and returns their turns. While the lease
+  holds, no other member claims the key, so a key's turns never overlap; a member that dies
+  holding a lease leaves the key to be claimed again when the lease runs out (attempt + 1).
+- ``finish`` ends a turn: on success exactly the turn's messages leave the buffer; messages that
+  arrived during the turn stay, and their turn is scheduled by their own arrival times. On
+  failure every message stays and the turn is due again after a backoff, its attempt raised.
+
+Delivery guarantees: a buffered message is in exactly one turn that succeeds, unless a turn
+outlives its lease (renewed by the runner while it runs) or its ``finish`` is lost with Redis:
+then the turn runs again (a duplicate, never a drop). When Redis cannot be reached ``record``
+raises :class:`~pipeline.errors.DebounceUnavailable` and the runtime processes the message on
+its own (fail open: a possible extra turn, never a dropped message).
+
+All times (due, fired, arrival) are Redis server milliseconds (``TIME``), so members with
+skewed clocks agree. The Redis client must return bytes (``decode_responses=False``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Literal
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline.admission import debounce_keys as keys
+from pipeline.admission.debounce_codec import BufferedMessage, decode, encode
+from pipeline.envelope import Message
+from pipeline.errors import DebounceUnavailable
+from pipeline.redis_functions import FunctionLibrary
+from pipeline.topics.spec import DebouncePolicy
+
+__all__ = [
+    "BufferedMessage",
+    "Claim",
+    "DebounceStats",
+    "Debouncer",
+    "Finish",
+    "Turn",
+]
+
+log = logging.getLogger(__name__)
+
+LIBRARY = resources.files("pipeline.admission").joinpath("lua/debounce.lua").read_text()
+LATENESS_SAMPLES = 100_000
+"""How many lateness samples :class:`DebounceStats` keeps (the newest)."""
+
+Finish = Literal["done", "scheduled", "lost"]
+"""What ``finish`` did: nothing left buffered; a next turn scheduled; lease lost (no change)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One claimed turn of one conversation.
+
+    Attributes:
+        lane: the debounced lane.
+        key: the conversation key.
+        messages: every buffered message of the key since its last turn (at most ``max_batch``),
+            in the order they were recorded.
+        attempt: 1 for the first run of these messages; raised by each failed or abandoned run
+            (the caller dead-letters the turn after as many attempts as it allows).
+        due_ms: when the turn was due (Redis clock, ms since the epoch).
+        fired_ms: when it was claimed (Redis clock); ``fired_ms - due_ms`` is its lateness.
+        token: the lease token; ``finish`` and ``renew`` act only while it holds the lease.
+        arrivals_ms: when each message was recorded (Redis clock), for waiting-time metrics.
+    """
+
+    lane: str
+    key: str
+    messages: tuple[BufferedMessage, ...]
+    attempt: int
+    due_ms: int
+    fired_ms: int
+    token: str
+    arrivals_ms: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The result of one :meth:`Debouncer.claim` call.
+
+    Attributes:
+        turns: the claimed turns, earliest due first.
+        now_ms: Redis time of the claim.
+        next_due_ms: the earliest due time left in the lane (leases included), or None.
+    """
+
+    turns: tuple[Turn, ...]
+    now_ms: int
+    next_due_ms: int | None
+
+
+@dataclass
+class DebounceStats:
+    """Counters of one :class:`Debouncer` (and the runners that use it).
+
+    Attributes:
+        recorded: messages recorded.
+        superseded: scheduled turns replaced by a newer message's (they never fire on their own).
+        turns: turns claimed.
+        stale: due entries that had nothing left to run (a one-call no-op inside ``claim``).
+        messages_per_turn: turn size -> how many turns had it (a histogram).
+        lateness_ms: the newest samples of ``fired_ms - due_ms``, one per claimed turn.
+        failed_turns: turns finished with ``ok=False``.
+        lost_leases: ``finish`` calls whose lease had already passed to another member.
+        redis_calls: Redis calls made (every function call, the library load included).
+        fail_open: messages ``record`` could not buffer (processed on their own instead).
+    """
+
+    recorded: int = 0
+    superseded: int = 0
+    turns: int = 0
+    stale: int = 0
+    messages_per_turn: Counter[int] = field(default_factory=Counter)
+    lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
+    failed_turns: int = 0
+    lost_leases: int = 0
+    redis_calls: int = 0
+    fail_open: int = 0
+
+
+class Debouncer:
+    """Typed wrappers around the ``db_*`` functions for one lane; one per (lane, Redis client)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        lane: str,
+        policy: DebouncePolicy,
+        *,
+        lease_ms: int = 30_000,
+        idle_ttl_ms: int = 600_000,
+    ) -> None:
+        """Debounce ``lane`` with ``policy``, keeping its state under ``prefix``.
+
+        Args:
+            redis: a client returning bytes.
+            prefix: the key prefix (``Settings.redis.key_prefix``).
+            lane: the lane's name.
+            policy: quiet period, maximum wait and batch size.
+            lease_ms: how long a claimed turn holds its key before another member may claim it
+                (the runner renews it while the turn runs).
+            idle_ttl_ms: how long the state of a conversation with nothing buffered is kept.
+        """
+        self._functions = FunctionLibrary(redis, LIBRARY)
+        self._prefix = prefix
+        self.lane = lane
+        self.policy = policy
+        self.lease_ms = lease_ms
+        self._idle_ttl_ms = idle_ttl_ms
+        self._quiet_ms = round(policy.quiet_s * 1000)
+        self._max_wait_ms = round(policy.max_wait_s * 1000)
+        self._due_key = keys.due_key(prefix, lane)
+        self._token_prefix = uuid.uuid4().hex[:12]
+        self._claims = 0
+        self._listeners: list[Callable[[int], None]] = []
+        self.stats = DebounceStats()
+
+    def subscribe(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(due_ms)`` after each successful local ``record`` (wakes a runner)."""
+        self._listeners.append(listener)
+
+    async def record(self, key: str, message: Message | BufferedMessage) -> int:
+        """Buffer ``message`` for conversation ``key`` and schedule the key's turn.
+
+        One ``FCALL db_record``. Not idempotent: a message recorded twice is in its turn twice.
+
+        Returns:
+            When the key's turn is due (Redis clock, ms); while a turn of the key is running,
+            the end of its lease (the rest is scheduled when it finishes).
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached; process the message on its own.
+        """
+        buffered = message if isinstance(message, BufferedMessage) else BufferedMessage.of(message)
+        args = [
+            key,
+            buffered.message_id,
+            encode(buffered),
+            self._quiet_ms,
+            self._max_wait_ms,
+            self.policy.max_batch,
+        ]
+        try:
+            reply = await self._call(
+                "db_record", keys.conversation_keys(self._prefix, self.lane, key), args
+            )
+        except DebounceUnavailable:
+            self.stats.fail_open += 1
+            log.warning(
+                "debounce unavailable on lane %s: %s processed on its own",
+                self.lane,
+                buffered.message_id,
+            )
+            raise
+        due_ms, superseded = int(reply[0]), int(reply[1])
+        self.stats.recorded += 1
+        self.stats.superseded += superseded
+        for listener in self._listeners:
+            listener(due_ms)
+        return due_ms
+
+    async def claim(self, limit: int) -> Claim:
+        """Lease up to ``limit`` due conversations and return their turns (one ``FCALL db_claim``).
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached.
+        """
+        self._claims += 1
+        args = [
+            limit,
+            self.lease_ms,
+            self.policy.max_batch,
+            f"{self._token_prefix}:{self._claims}",
+            keys.key_prefix(self._prefix, self.lane),
+        ]
+        reply = await self._call("db_claim", [self._due_key], args)
+        now_ms, next_due_ms = int(reply[0]), int(reply[1])
+        self.stats.stale += int(reply[2])
+        turns = tuple(self._turn(raw, now_ms) for raw in reply[3:])
+        for turn in turns:
+            self.stats.turns += 1
+            self.stats.messages_per_turn[len(turn.messages)] += 1
+            self.stats.lateness_ms.append(max(0, turn.fired_ms - turn.due_ms))
+        return Claim(turns, now_ms, None if next_due_ms < 0 else next_due_ms)
+
+    async def finish(self, turn: Turn, *, ok: bool, retry_in_ms: int = 0) -> Finish:
+        """End ``turn`` (one ``FCALL db_finish``).
+
+        Args:
+            turn: a turn from :meth:`claim`.
+            ok: True if it succeeded: its messages leave the buffer. False: they stay, the
+                attempt count rises and the turn is due again in ``retry_in_ms``.
+            retry_in_ms: the backoff after a failure.
+
+        Returns:
+            ``done`` (nothing left), ``scheduled`` (a next turn is due) or ``lost`` (the lease
+            had passed to another member, which runs the messages again; nothing changed).
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached; the lease runs out and the turn
+                runs again.
+        """
+        args = [
+            turn.key,
+            turn.token,
+            "1" if ok else "0",
+            retry_in_ms,
+            self._quiet_ms,
+            self._max_wait_ms,
+            self.policy.max_batch,
+            self._idle_ttl_ms,
+        ]
+        reply = await self._call(
+            "db_finish", keys.conversation_keys(self._prefix, self.lane, turn.key), args
+        )
+        outcome: Finish = reply[0].decode()
+        if not ok:
+            self.stats.failed_turns += 1
+        if outcome == "lost":
+            self.stats.lost_leases += 1
+            log.warning(
+                "debounce lease of %s on lane %s lost before its turn finished", turn.key, self.lane
+            )
+        return outcome
+
+    async def renew(self, turn: Turn) -> bool:
+        """Extend the lease of a running ``turn`` by ``lease_ms``; False if it was lost.
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached.
+        """
+        keys_ = [self._due_key, keys.state_key(self._prefix, self.lane, turn.key)]
+        return bool(await self._call("db_renew", keys_, [turn.key, turn.token, self.lease_ms]))
+
+    async def next_due_ms(self) -> int | None:
+        """The lane's earliest due time (Redis clock, ms), or None when nothing is buffered.
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached.
+        """
+        reply = await self._call("db_next", [self._due_key], [])
+        due_ms = int(reply[1])
+        return None if due_ms < 0 else due_ms
+
+    async def _call(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+        self.stats.redis_calls += 1
+        try:
+            return await self._functions.fcall(name, keys_, args)
+        except (rexc.RedisError, OSError) as exc:  # any failure fails open, never drops
+            raise DebounceUnavailable(f"debounce on lane {self.lane}: {exc}") from exc
+
+    def _turn(self, raw: list[Any], now_ms: int) -> Turn:
+        messages, arrivals_ms = [], []
+        for element in raw[4:]:
+            arrival, _, data = bytes(element).partition(b":")
+            arrivals_ms.append(int(arrival))
+            messages.append(decode(data))
+        return Turn(
+            lane=self.lane,
+            key=raw[0].decode(),
+            messages=tuple(messages),
+            attempt=int(raw[2]),
+            due_ms=int(raw[3]),
+            fired_ms=now_ms,
+            token=raw[1].decode(),
+            arrivals_ms=tuple(arrivals_ms),
+        )

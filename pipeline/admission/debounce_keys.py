@@ -1,0 +1,49 @@
+"""Every Redis key the debouncer touches, in one place; ``lua/debounce.lua`` says what each holds.
+
+All keys of a lane share the hash tag ``{PREFIX:deb:LANE}``:
+
+- ``{PREFIX:deb:LANE}:due``: the lane's sorted set of due times, one member per conversation
+  key with buffered messages;
+- ``{PREFIX:deb:LANE}:b:KEY``: the conversation's buffer of messages;
+- ``{PREFIX:deb:LANE}:s:KEY``: the conversation's state (marker, lease, attempts).
+
+Cluster trade-off: one function call must stay in one Redis Cluster slot. ``record`` and
+``finish`` touch a conversation's keys *and* the lane's sorted set, and one ``claim`` leases many
+conversations at once, so a per-(lane, key) tag would put those keys in other slots than the
+sorted set. The tag is therefore per lane: every call is single-slot and atomic, and a lane's
+debounce state lives on one cluster shard (one primary carries a lane; a lane that outgrows it
+is split into several lanes). Conversation keys may hold any characters, braces included: only
+the first ``{...}`` of a name is its hash tag.
+"""
+
+from __future__ import annotations
+
+
+def lane_tag(prefix: str, lane: str) -> str:
+    """The hash tag shared by every debounce key of ``lane``."""
+    return f"{{{prefix}:deb:{lane}}}"
+
+
+def key_prefix(prefix: str, lane: str) -> str:
+    """The start of the lane's per-conversation key names (the Lua appends ``b:KEY``/``s:KEY``)."""
+    return f"{lane_tag(prefix, lane)}:"
+
+
+def due_key(prefix: str, lane: str) -> str:
+    """The lane's sorted set of due times (member: conversation key, score: due time in ms)."""
+    return f"{lane_tag(prefix, lane)}:due"
+
+
+def buffer_key(prefix: str, lane: str, key: str) -> str:
+    """The list of a conversation's buffered messages, oldest first."""
+    return f"{key_prefix(prefix, lane)}b:{key}"
+
+
+def state_key(prefix: str, lane: str, key: str) -> str:
+    """The hash with a conversation's marker, lease and attempt count."""
+    return f"{key_prefix(prefix, lane)}s:{key}"
+
+
+def conversation_keys(prefix: str, lane: str, key: str) -> list[str]:
+    """The due set, buffer and state of one conversation, in the order the Lua expects."""
+    return [due_key(prefix, lane), buffer_key(prefix, lane, key), state_key(prefix, lane, key)]

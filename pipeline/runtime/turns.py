@@ -1,0 +1,125 @@
+"""Debounced lanes in a member: buffer each message, then run one turn per conversation burst.
+
+A message of a debounced lane is decoded (a malformed one is dead-lettered at once), its
+conversation key read from the event field the lane's ``debounce.key`` names, and it is recorded
+in the lane's :class:`~pipeline.admission.debounce.Debouncer`. Once recorded it is durable in
+Redis, so its offset may be committed. A :class:`~pipeline.admission.debounce_runner.TurnRunner`
+per lane claims due turns and calls the handler with the turn's events in order.
+
+A turn whose handler fails with a retryable error runs again after a backoff, with the same
+messages plus any that arrived meanwhile; after the lane's ``retry.max_attempts`` (or at once
+for a fatal error) each of its messages is dead-lettered, in order. Redis being unreachable when
+a message arrives makes that message a turn of its own, run at once: a conversation may then see
+a duplicate turn, never a lost message.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from redis.asyncio import Redis
+
+from pipeline.admission.debounce import Debouncer, Turn
+from pipeline.admission.debounce_runner import TurnRunner
+from pipeline.envelope import Message
+from pipeline.errors import Skip
+from pipeline.runtime.app import Lane
+from pipeline.runtime.context import Context
+
+log = logging.getLogger(__name__)
+
+
+def conversation_key(event: Any, message: Message, field: str) -> str:
+    """The value of ``field`` in the event (a model attribute or a JSON member), else the key."""
+    value: Any = None
+    if isinstance(event, BaseModel):
+        value = getattr(event, field, None)
+    else:
+        try:
+            document = json.loads(message.value)
+        except ValueError:
+            document = None
+        if isinstance(document, dict):
+            value = document.get(field)
+    if value is None:
+        return message.key.decode(errors="replace") if message.key else ""
+    return str(value)
+
+
+def to_message(buffered: Any) -> Message:
+    """The consumed :class:`Message` a buffered one stands for."""
+    return Message(
+        buffered.topic,
+        buffered.partition,
+        buffered.offset,
+        buffered.key,
+        buffered.value,
+        dict(buffered.headers),
+        buffered.timestamp_ms,
+    )
+
+
+@dataclass
+class TurnOutcome:
+    """What became of a turn's messages (the member counts and routes them)."""
+
+    messages: list[Message]
+    outcome: str
+    error: Exception | None = None
+
+
+class DebouncedLanes:
+    """The debouncers and turn runners of one member's debounced lanes."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        lanes: Sequence[Lane],
+        settle: Callable[[Lane, TurnOutcome], Awaitable[bool]],
+        *,
+        max_concurrency: int,
+    ) -> None:
+        """Debounce ``lanes``; ``settle`` is told how each turn ended and routes failures.
+
+        ``settle`` returns False when the turn must run again (its failure could not be routed
+        or is to be retried).
+        """
+        self._lanes = {lane.name: lane for lane in lanes}
+        self._settle = settle
+        self.debouncers: dict[str, Debouncer] = {}
+        self.runners: dict[str, TurnRunner] = {}
+        for lane in lanes:
+            assert lane.spec.debounce is not None  # noqa: S101 - only debounced lanes
+            debouncer = Debouncer(redis, prefix, lane.name, lane.spec.debounce)
+            self.debouncers[lane.name] = debouncer
+            self.runners[lane.name] = TurnRunner(
+                debouncer,
+                functools.partial(self._run, lane),
+                max_concurrency=max_concurrency,
+            )
+
+    async def record(self, lane: Lane, event: Any, message: Message) -> None:
+        """Buffer ``message`` for its conversation's next turn (raises DebounceUnavailable)."""
+        assert lane.spec.debounce is not None  # noqa: S101
+        key = conversation_key(event, message, lane.spec.debounce.key)
+        await self.debouncers[lane.name].record(key, message)
+
+    async def _run(self, lane: Lane, turn: Turn) -> bool:
+        messages = [to_message(m) for m in turn.messages]
+        try:
+            events = [lane.decode(m) for m in messages]
+            await lane.handler(events, Context(messages[-1], lane.name, turn.attempt))
+        except Skip:
+            return await self._settle(lane, TurnOutcome(messages, "skipped"))
+        except Exception as exc:  # every turn failure is settled, none escapes
+            exhausted = turn.attempt >= lane.routes.max_attempts
+            outcome = "exhausted" if exhausted else "failed"
+            return await self._settle(lane, TurnOutcome(messages, outcome, exc))
+        return await self._settle(lane, TurnOutcome(messages, "handled"))

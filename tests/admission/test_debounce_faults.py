@@ -1,0 +1,129 @@
+"""The debouncer under faults: a member killed holding a turn, and Redis going away."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from ingress.redis_server import RedisServer
+from redis.asyncio import Redis
+from runtime.helpers import eventually
+
+from pipeline.admission.debounce import Debouncer, Turn
+from pipeline.admission.debounce_runner import TurnRunner
+from pipeline.envelope import Message
+from pipeline.errors import DebounceUnavailable
+from pipeline.topics.spec import DebouncePolicy
+
+pytestmark = pytest.mark.redis
+PREFIX = "pltest"
+POLICY = DebouncePolicy(key="conversation_id", quiet_s=0.1, max_wait_s=5.0, max_batch=100)
+
+# A member that claims the lane's turns and hangs in its callback until it is killed.
+MEMBER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from redis.asyncio import Redis
+    from pipeline.admission.debounce import Debouncer
+    from pipeline.admission.debounce_runner import TurnRunner
+    from pipeline.topics.spec import DebouncePolicy
+
+    async def main(url, lane):
+        policy = DebouncePolicy(key="c", quiet_s=0.1, max_wait_s=5.0)
+        debouncer = Debouncer(Redis.from_url(url), "pltest", lane, policy, lease_ms=1000)
+
+        async def hang(turn):
+            print("claimed", turn.key, len(turn.messages), flush=True)
+            await asyncio.Event().wait()
+            return True
+
+        await TurnRunner(debouncer, hang).run(asyncio.Event())
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    """
+)
+
+
+def message(offset: int) -> Message:
+    """A consumed message whose value is ``m<offset>``."""
+    return Message("chat", 0, offset, b"k", f"m{offset}".encode())
+
+
+@asynccontextmanager
+async def running(runner: TurnRunner) -> AsyncIterator[None]:
+    """Run ``runner`` in the background; stop it on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_turn_of_a_member_killed_after_claiming_still_fires(redis_service, unique):
+    """A member killed with SIGKILL while holding a turn: another member runs it after the lease."""
+    lane = f"deb_{unique}"
+    client = Redis.from_url(redis_service)
+    debouncer = Debouncer(client, PREFIX, lane, POLICY, lease_ms=1000)
+    for i in range(3):
+        await debouncer.record("conv", message(i))
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", MEMBER, redis_service, lane, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert line.split() == [b"claimed", b"conv", b"3"]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        await child.wait()
+    turns: list[Turn] = []
+
+    async def keep(turn: Turn) -> bool:
+        turns.append(turn)
+        return True
+
+    try:
+        async with running(TurnRunner(debouncer, keep)):
+            await eventually(lambda: turns)
+    finally:
+        await client.aclose()
+    assert [m.value for m in turns[0].messages] == [b"m0", b"m1", b"m2"]
+    assert turns[0].attempt == 2  # the killed member's run counts as an attempt
+
+
+async def test_redis_down_fails_open_and_buffered_messages_survive_a_restart(tmp_path, unique):
+    """With Redis stopped, record raises DebounceUnavailable; after a restart turns fire again."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    client = Redis.from_url(server.url, socket_connect_timeout=1, socket_timeout=1)
+    debouncer = Debouncer(client, PREFIX, f"deb_{unique}", POLICY)
+    turns: list[Turn] = []
+
+    async def keep(turn: Turn) -> bool:
+        turns.append(turn)
+        return True
+
+    runner = TurnRunner(debouncer, keep, error_backoff_ms=50)
+    try:
+        async with running(runner):
+            await debouncer.record("conv", message(0))
+            await eventually(lambda: turns)
+            await debouncer.record("conv", message(1))
+            server.stop()
+            with pytest.raises(DebounceUnavailable):
+                await debouncer.record("conv", message(2))
+            assert debouncer.stats.fail_open == 1
+            server.start()
+            await eventually(lambda: len(turns) == 2)  # the runner rode out the outage
+    finally:
+        await client.aclose()
+        server.stop()
+    assert [[m.value for m in t.messages] for t in turns] == [[b"m0"], [b"m1"]]

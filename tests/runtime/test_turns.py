@@ -1,0 +1,141 @@
+"""Debounced lanes on both brokers: one turn per conversation burst, retries, dead letters."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterator
+
+import pytest
+from contract.helpers import consume_until
+from pydantic import BaseModel
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry as ClientRetry
+from redis.backoff import NoBackoff
+from runtime.helpers import FAST, declare, eventually, lane_spec, running
+
+from pipeline import headers as h
+from pipeline.envelope import Record
+from pipeline.errors import ConfigError, DeadLetter, Retry
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.transport.protocol import Transport
+
+QUIET = {"key": "conversation_id", "quiet_s": 0.3, "max_wait_s": 5, "max_batch": 50}
+
+
+class Said(BaseModel):
+    """One message of a conversation."""
+
+    conversation_id: str
+    n: int
+
+
+def said(conversation: str, n: int) -> Record:
+    """A message of ``conversation`` numbered ``n``, keyed by its conversation."""
+    body = Said(conversation_id=conversation, n=n).model_dump_json().encode()
+    return Record(body, conversation.encode())
+
+
+@pytest.fixture
+async def redis(redis_service: str) -> AsyncIterator[Redis]:
+    """A Redis client for the debouncer."""
+    client = Redis.from_url(redis_service)
+    yield client
+    await client.aclose()
+
+
+def test_a_debounced_lane_needs_a_turn_handler() -> None:
+    """Registering a one-event handler on a debounced lane is a configuration error."""
+    app = App([lane_spec("turns_cfg", 1, debounce=QUIET)])
+    with pytest.raises(ConfigError, match="must take a list of events"):
+
+        @app.handler("turns_cfg")
+        async def handle(event: Said, ctx: Context) -> None:
+            """Takes one event: wrong for a debounced lane."""
+
+
+async def test_a_burst_is_one_turn_with_every_message_in_order(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """Two conversations' bursts give exactly one turn each, holding all their messages in order."""
+    spec = lane_spec(f"turns_{unique}", 2, debounce=QUIET)
+    await declare(transport, spec)
+    app = App([spec])
+    turns: dict[str, list[list[int]]] = defaultdict(list)
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        turns[events[0].conversation_id].append([e.n for e in events])
+
+    producer = transport.producer()
+    burst = [said("c1", n) for n in range(5)] + [said("c2", n) for n in range(3)]
+    await producer.send_many(spec.name, burst)
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 8)
+    assert turns == {"c1": [[0, 1, 2, 3, 4]], "c2": [[0, 1, 2]]}
+    assert member.stats.turns == 2
+    assert member.stats.buffered == 8
+
+
+async def test_a_failed_turn_runs_again_and_a_fatal_one_is_dead_lettered_in_order(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A retryable failure reruns the same turn; a fatal one sends its messages to the DLQ."""
+    spec = lane_spec(f"turnfail_{unique}", 1, debounce=QUIET, retry={"max_attempts": 3})
+    await declare(transport, spec)
+    app = App([spec])
+    attempts: dict[str, list[int]] = defaultdict(list)
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        conversation = events[0].conversation_id
+        attempts[conversation].append(ctx.attempt)
+        if conversation == "flaky" and ctx.attempt == 1:
+            raise Retry("model busy")
+        if conversation == "broken":
+            raise DeadLetter("cannot answer")
+
+    producer = transport.producer()
+    await producer.send_many(
+        spec.name, [said("flaky", 0), said("flaky", 1), said("broken", 0), said("broken", 1)]
+    )
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 2 and member.stats.dead_lettered == 2)
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    dead = await consume_until(dlq, lambda got: len(got) == 2)
+    await dlq.close()
+    await producer.close()
+    assert attempts["flaky"] == [1, 2]
+    assert attempts["broken"] == [1]
+    assert [Said.model_validate_json(m.value).n for m in dead] == [0, 1]
+    assert all(m.headers[h.DEAD_REASON] == b"fatal" for m in dead)
+
+
+async def test_without_redis_every_message_is_a_turn_of_its_own(
+    transport: Transport, unique: str
+) -> None:
+    """Redis unreachable: the debouncer fails open and no message is lost."""
+    spec = lane_spec(f"turnopen_{unique}", 1, debounce=QUIET)
+    await declare(transport, spec)
+    app = App([spec])
+    sizes: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        sizes.append(len(events))
+
+    producer = transport.producer()
+    await producer.send_many(spec.name, [said("c", n) for n in range(3)])
+    await producer.close()
+    # Nothing listens on port 1; no client-side retries, so each refusal is immediate.
+    dead = Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=ClientRetry(NoBackoff(), 0)
+    )
+    member = Member(app, transport, f"g-{unique}", FAST, redis=dead, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 3)
+    await dead.aclose()
+    assert sizes == [1, 1, 1]
