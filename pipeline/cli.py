@@ -24,12 +24,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from pipeline.admission.cli import app as throttle_app
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
 from pipeline.errors import PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
+from pipeline.observability.status_view import status_command
 from pipeline.redrive.redrive import Redrive, Report
 from pipeline.redrive.select import Selection, parse_time_ms
 from pipeline.registry.cli import app as registry_app
@@ -52,7 +54,9 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(registry_app, name="registry")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(ingress_app, name="ingress")
+app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
+app.command("status")(status_command)
 
 
 def _settings(transport: str | None) -> Settings:

@@ -96,6 +96,26 @@ class RuntimeSettings(_Section):
     rows it never hears about."""
     cpu_workers: int = Field(default=2, ge=1, le=256)
     """Worker processes for CPU-bound handlers (``cpu=True``), started on first use."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` of the member on this port (None: do
+    not serve; several members on one host need a port each)."""
+    metrics_host: str = "127.0.0.1"
+    """Interface of the member's metrics endpoint (``0.0.0.0`` in a container)."""
+    metrics_interval_s: float = Field(default=15.0, gt=0)
+    """How often the member's metrics snapshot (group lag and age) is refreshed."""
+
+
+class ThrottleSettings(_Section):
+    """Fair admission throttles (``pipeline.admission.throttle``); shared by the whole fleet."""
+
+    namespace: str = Field(default="default", pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Throttle keys acquired together must share a namespace (one Redis Cluster slot)."""
+    default_limit: int = Field(default=10, ge=0)
+    """Concurrency limit of a key that has none of its own."""
+    lease_ms: int = Field(default=30_000, ge=30)
+    """A permit's lease; renewed every third of it, a dead member's slots return after it."""
+    wake_block_s: float = Field(default=2.0, gt=0)
+    """How long one blocking read of a member's wake list lasts."""
 
 
 class Settings(BaseSettings):
@@ -115,6 +135,7 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     ingress: IngressSettings = Field(default_factory=IngressSettings)
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Starts (up), stops (down) or lists (status) the local services the pipeline and its tests use.
-# Usage: services.sh up|down|status [redis] [postgres] [kafka]   (default: all three)
+# Usage: services.sh up|down|status [redis] [postgres] [kafka] [redis-cluster]   (default: all)
 source "$(dirname "$0")/common.sh"
 action="${1:-up}"; shift || true
-names=("$@"); [ ${#names[@]} -gt 0 ] || names=(redis postgres kafka)
+names=("$@"); [ ${#names[@]} -gt 0 ] || names=(redis postgres kafka redis-cluster)
 for n in "${names[@]}"; do
   case "$n" in
-    redis|postgres|kafka) bash "$ROOT/deploy/local/$n.sh" "$action" ;;
-    *) die "unknown service '$n' (expected redis, postgres or kafka)" ;;
+    redis|postgres|kafka|redis-cluster) bash "$ROOT/deploy/local/$n.sh" "$action" ;;
+    *) die "unknown service '$n' (expected redis, postgres, kafka or redis-cluster)" ;;
   esac
 done
 if [ "$action" = up ]; then

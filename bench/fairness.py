@@ -1,0 +1,410 @@
+"""The noisy neighbour: 50 steady tenants and one flooder on a fixed pool of worker slots.
+
+Four phases in one run, each ``--phase-s`` seconds (``make bench-fairness``):
+
+1. **calm**: the 50 small tenants alone, through the throttle (their no-flood wait);
+2. **fifo**: the small tenants plus a flooder submitting at ``--flood-x`` times the pool's
+   capacity, all through one shared FIFO queue and ``--slots`` workers (no admission);
+3. **throttle**: the same load through :class:`~pipeline.admission.throttle.Throttle`;
+4. **subtenants**: the flood split across ``--subs`` sub-tenant keys of the flooder's org.
+
+A job's *wait* is from its submission to its handler's start; handlers sleep a lognormal time
+(median ``--median-ms``, sigma 0.5). With the throttle, every job takes its keys
+(``sub:FLOODER/N``, ``org:TENANT``, ``pool``) in one call; ``pool`` has the limit ``--slots``, so
+waiting work holds no worker. A tenant below its floor of in-flight work asks with priority 10,
+others with 0 (the batch-lane style gate); the flooder's org limit is what the others leave it,
+``slots - reserve``, where the reserve is the small tenants' earned ceiling
+(``pipeline.admission.limits``: base from their rate and duration, plus burst). The flooder keeps
+at most ``2 * slots`` acquisitions outstanding (``--subs`` variant: 2 per sub-tenant); the rest of
+its flood waits in its backlog, as the runtime defers over-limit messages instead of holding them.
+
+Figures (last line, one JSON object): ``isolation_p99`` small tenants' p99 wait under the flood
+/ without it; ``vs_fifo_p99`` FIFO's small p99 / the throttle's; ``jain`` Jain's index of the
+sub-tenants' throughput in phase 4 (all backlogged); ``stranded_slot_s`` idle slot-seconds while
+a waiting job's keys all had room (sampled every 5 ms); ``over_admissions`` times a key had more
+running jobs than its limit; ``flooder_share`` flooder throughput / (capacity - small
+throughput); ``roundtrips_per_admission``; ``wake_p99_ms`` hand-over in Redis to the waiter's
+wake read; ``admissions_per_s`` in phase 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+
+from pipeline.admission import keys
+from pipeline.admission.limits import ceiling, earned_base
+from pipeline.admission.throttle import Throttle
+from pipeline.config import load_settings
+
+T = TypeVar("T")
+SMALL = [f"s{i:02d}" for i in range(50)]
+FLOODER = "flood"
+HIGH, LOW = 10, 0
+
+
+@dataclass
+class Phase:
+    """What one phase measured."""
+
+    name: str
+    waits_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    done: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    busy_s: float = 0.0
+    stranded_slot_s: float = 0.0
+    over_admissions: int = 0
+    admissions: int = 0
+    roundtrips: int = 0
+    span_s: float = 0.0
+
+
+def p99(values: list[float]) -> float:
+    """The 99th percentile (nearest rank); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def jain(values: list[float]) -> float:
+    """Jain's fairness index: 1 when all equal, 1/n when one gets everything."""
+    total, squares = sum(values), sum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares else 1.0
+
+
+class Load:
+    """Arrivals and service times shared by all phases."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.mu = math.log(args.median_ms / 1000)
+        self.mean_s = math.exp(self.mu + 0.125)  # lognormal mean, sigma 0.5
+        self.capacity_per_s = args.slots / self.mean_s
+        self.small_rate_per_s = args.small_load * self.capacity_per_s
+
+    def service_s(self) -> float:
+        return self.rng.lognormvariate(self.mu, 0.5)
+
+    async def small_arrivals(
+        self, submit: Callable[[str, str | None], None], stop: asyncio.Event
+    ) -> None:
+        # Arrivals keep to their own clock, so a late event loop does not thin the load out.
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while not stop.is_set():
+            next_at += self.rng.expovariate(self.small_rate_per_s)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            submit(self.rng.choice(SMALL), None)
+
+
+async def run_fifo(load: Load, phase_s: float) -> Phase:
+    """Phase 2: one shared FIFO queue, ``slots`` workers, the flood enqueued as it comes."""
+    phase, queue = Phase("fifo"), asyncio.Queue[tuple[str, float]]()
+    stop = asyncio.Event()
+
+    def submit(tenant: str, _sub: str | None) -> None:
+        queue.put_nowait((tenant, time.monotonic()))
+
+    async def worker() -> None:
+        while not stop.is_set():
+            tenant, t0 = await queue.get()
+            started = time.monotonic()
+            phase.waits_s[tenant].append(started - t0)
+            service = load.service_s()
+            await asyncio.sleep(service)
+            phase.busy_s += service
+            phase.done[tenant] += 1
+
+    async def flood() -> None:
+        per_tick = load.args.flood_x * load.capacity_per_s / 100
+        carry = 0.0
+        while not stop.is_set():
+            carry += per_tick
+            for _ in range(int(carry)):
+                submit(FLOODER, None)
+            carry -= int(carry)
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(load.args.slots)]
+    tasks += [asyncio.create_task(load.small_arrivals(submit, stop)), asyncio.create_task(flood())]
+    await asyncio.sleep(phase_s)
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    phase.span_s = phase_s
+    return phase
+
+
+class ThrottledRun:
+    """Phases 1, 3 and 4: every job acquires its keys from the throttle before it runs."""
+
+    def __init__(self, load: Load, throttle: Throttle, name: str, *, flood: str) -> None:
+        self.load, self.throttle, self.flood = load, throttle, flood
+        self.phase = Phase(name)
+        self.limits: dict[str, int] = {}
+        self.running: dict[str, int] = defaultdict(int)
+        self.outstanding: dict[str, int] = defaultdict(int)  # per tenant: waiting + running
+        self.waiting: dict[int, tuple[str, ...]] = {}
+        self.stop = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def set_limits(self) -> None:
+        args, load = self.load.args, self.load
+        per_tenant_per_min = load.small_rate_per_s * 60 / len(SMALL)
+        small_base = earned_base(args.floor, per_tenant_per_min, load.mean_s)
+        small_total = load.small_rate_per_s * load.mean_s
+        reserve = args.reserve if args.reserve >= 0 else math.ceil(small_total)
+        self.limits = {"pool": args.slots, f"org:{FLOODER}": max(1, args.slots - reserve)}
+        for tenant in SMALL:
+            self.limits[f"org:{tenant}"] = ceiling(small_base, 2, 0.5)
+        for i in range(args.subs):
+            self.limits[f"sub:{FLOODER}/{i}"] = args.sub_limit
+        await asyncio.gather(*(self.throttle.set_limit(k, v) for k, v in self.limits.items()))
+
+    def keys_of(self, tenant: str, sub: str | None) -> list[str]:
+        keys = [f"org:{tenant}", "pool"]
+        return [*keys, f"sub:{tenant}/{sub}"] if sub is not None else keys
+
+    def submit(self, tenant: str, sub: str | None) -> None:
+        task = asyncio.create_task(self.job(tenant, sub))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def job(self, tenant: str, sub: str | None) -> None:
+        keys = self.keys_of(tenant, sub)
+        priority = HIGH if self.outstanding[tenant] < self.load.args.floor else LOW
+        self.outstanding[tenant] += 1
+        ident = id(asyncio.current_task())
+        self.waiting[ident] = tuple(keys)
+        t0 = time.monotonic()
+        try:
+            permit = await self.throttle.acquire(keys, priority=priority)
+        finally:
+            self.waiting.pop(ident, None)
+        self.phase.waits_s[tenant].append(time.monotonic() - t0)
+        self.phase.admissions += 1
+        for key in permit.keys:
+            self.running[key] += 1
+            if self.running[key] > self.limits.get(key, self.throttle.default_limit):
+                self.phase.over_admissions += 1
+        service = self.load.service_s()
+        await asyncio.sleep(service)
+        self.phase.busy_s += service
+        for key in permit.keys:
+            self.running[key] -= 1
+        await self.throttle.release(permit)
+        self.outstanding[tenant] -= 1
+        self.phase.done[tenant if sub is None else f"{tenant}/{sub}"] += 1
+
+    async def flood_pump(self) -> None:
+        """Keep the flooder's outstanding acquisitions at the per-member bound."""
+        args = self.load.args
+        subs = [str(i) for i in range(args.subs)] if self.flood == "subs" else [None]
+        bound = 2 if self.flood == "subs" else 2 * args.slots
+        per_sub: dict[str | None, int] = defaultdict(int)
+
+        async def one(sub: str | None) -> None:
+            try:
+                await self.job(FLOODER, sub)
+            finally:
+                per_sub[sub] -= 1
+                refill.set()
+
+        refill = asyncio.Event()
+        while not self.stop.is_set():
+            for sub in subs:
+                while per_sub[sub] < bound:
+                    per_sub[sub] += 1
+                    task = asyncio.create_task(one(sub))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+            refill.clear()
+            await refill.wait()
+
+    def admissible(self, keys: tuple[str, ...]) -> bool:
+        return all(self.running[k] < self.limits.get(k, 0) for k in keys)
+
+    async def sample(self) -> None:
+        slots, tick_s = self.load.args.slots, 0.005
+        while not self.stop.is_set():
+            await asyncio.sleep(tick_s)
+            idle = slots - self.running["pool"]
+            if idle > 0:
+                ready = sum(1 for keys in self.waiting.values() if self.admissible(keys))
+                self.phase.stranded_slot_s += min(idle, ready) * tick_s
+
+    async def run(self, phase_s: float) -> Phase:
+        await self.set_limits()
+        before = self.throttle.roundtrips
+        background = [
+            asyncio.create_task(self.load.small_arrivals(self.submit, self.stop)),
+            asyncio.create_task(self.sample()),
+        ]
+        if self.flood != "none":
+            background.append(asyncio.create_task(self.flood_pump()))
+        await asyncio.sleep(phase_s)
+        self.stop.set()
+        for task in [*background, *self.tasks]:
+            task.cancel()
+        await asyncio.gather(*background, *self.tasks, return_exceptions=True)
+        self.phase.roundtrips = self.throttle.roundtrips - before
+        self.phase.span_s = phase_s
+        return self.phase
+
+
+async def throttled(load: Load, client: Redis, name: str, flood: str) -> tuple[Phase, Throttle]:
+    """Run one throttled phase on a namespace of its own."""
+    settings = load_settings()
+    throttle = Throttle(
+        client,
+        prefix=settings.redis.key_prefix,
+        namespace=f"bench-{uuid.uuid4().hex[:8]}",
+        default_limit=0,
+    )
+    await throttle.start()
+    phase = await ThrottledRun(load, throttle, name, flood=flood).run(load.args.phase_s)
+    await throttle.close()
+    prefix, ns = throttle.prefix, throttle.namespace
+    await client.delete(keys.limits(prefix, ns), keys.meta(prefix, ns))
+    return phase, throttle
+
+
+def small_waits(phase: Phase) -> list[float]:
+    return [w for t in SMALL for w in phase.waits_s[t]]
+
+
+def report(
+    load: Load,
+    calm: Phase,
+    fifo: Phase,
+    thr: Phase,
+    subs: Phase,
+    thr_t: Throttle,
+    args: argparse.Namespace,
+) -> dict[str, object]:
+    calm_p99, fifo_p99, thr_p99 = (p99(small_waits(p)) for p in (calm, fifo, thr))
+    small_done = sum(thr.done[t] for t in SMALL) / thr.span_s
+    flood_done = thr.done[FLOODER] / thr.span_s
+    left_per_s = load.capacity_per_s - small_done
+    sub_rates = [subs.done[f"{FLOODER}/{i}"] / subs.span_s for i in range(args.subs)]
+    wake = sorted(thr_t.wake_delays_ms)
+    rows = {
+        "calm": calm,
+        "fifo": fifo,
+        "throttle": thr,
+        "subtenants": subs,
+    }
+    print(
+        f"{'phase':<11} {'small p50 ms':>12} {'small p99 ms':>12} {'small/s':>8} "
+        f"{'flood/s':>8} {'util':>5} {'stranded s':>10}"
+    )
+    for name, p in rows.items():
+        waits = sorted(small_waits(p))
+        p50 = waits[len(waits) // 2] * 1000 if waits else 0.0
+        flood = sum(v for k, v in p.done.items() if k.startswith(FLOODER)) / p.span_s
+        util = p.busy_s / (args.slots * p.span_s)
+        print(
+            f"{name:<11} {p50:>12.2f} {p99(waits) * 1000:>12.2f} "
+            f"{sum(p.done[t] for t in SMALL) / p.span_s:>8.1f} {flood:>8.1f} {util:>5.2f} "
+            f"{p.stranded_slot_s:>10.3f}"
+        )
+    return {
+        "bench": "fairness",
+        "isolation_p99": round(thr_p99 / calm_p99, 2) if calm_p99 else None,
+        "vs_fifo_p99": round(fifo_p99 / thr_p99, 1) if thr_p99 else None,
+        "jain": round(jain(sub_rates), 3),
+        "stranded_slot_s": round(thr.stranded_slot_s + subs.stranded_slot_s, 3),
+        "over_admissions": thr.over_admissions + subs.over_admissions + calm.over_admissions,
+        "flooder_share": round(flood_done / left_per_s, 3) if left_per_s > 0 else None,
+        "roundtrips_per_admission": round(thr.roundtrips / max(1, thr.admissions), 3),
+        "wake_p99_ms": round(p99(wake), 2) if wake else None,
+        "admissions_per_s": round(thr.admissions / thr.span_s, 1),
+        "small_p99_ms": {
+            "calm": round(calm_p99 * 1000, 2),
+            "fifo": round(fifo_p99 * 1000, 1),
+            "throttle": round(thr_p99 * 1000, 2),
+            "subtenants": round(p99(small_waits(subs)) * 1000, 2),
+        },
+        "slots": args.slots,
+        "phase_s": args.phase_s,
+        "flood_x": args.flood_x,
+    }
+
+
+async def watched(coro: Coroutine[Any, Any, T], name: str, limit_s: float) -> T:
+    """Run one phase; if it overruns, print every task's stack (to find what hangs) and fail."""
+    started = time.monotonic()
+    try:
+        result = await asyncio.wait_for(coro, limit_s)
+    except TimeoutError:
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=8, file=sys.stderr)
+        raise
+    print(f"phase {name} done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return result
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    load = Load(args)
+    settings = load_settings()
+    client = Redis.from_url(settings.redis.url)
+    try:
+        await client.ping()
+        print(
+            f"capacity {load.capacity_per_s:.0f} jobs/s ({args.slots} slots, mean "
+            f"{load.mean_s * 1000:.1f} ms); small tenants {load.small_rate_per_s:.0f} jobs/s; "
+            f"flood {args.flood_x}x capacity",
+            file=sys.stderr,
+        )
+        limit_s = 3 * args.phase_s + 60
+        calm, _ = await watched(throttled(load, client, "calm", "none"), "calm", limit_s)
+        fifo = await watched(run_fifo(load, args.phase_s), "fifo", limit_s)
+        thr, thr_t = await watched(throttled(load, client, "throttle", "org"), "throttle", limit_s)
+        subs, _ = await watched(throttled(load, client, "subtenants", "subs"), "subs", limit_s)
+    finally:
+        await client.aclose()
+    return report(load, calm, fifo, thr, subs, thr_t, args)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--slots", type=int, default=16, help="worker slots (the pool limit)")
+    parser.add_argument("--phase-s", type=float, default=20.0, help="seconds per phase")
+    parser.add_argument("--median-ms", type=float, default=50.0, help="handler median latency")
+    parser.add_argument(
+        "--small-load",
+        type=float,
+        default=0.25,
+        help="the 50 small tenants' load as a share of capacity",
+    )
+    parser.add_argument("--flood-x", type=float, default=20.0, help="flood rate / capacity")
+    parser.add_argument("--floor", type=int, default=2, help="per-tenant floor (priority gate)")
+    parser.add_argument("--subs", type=int, default=20, help="sub-tenant keys of the flood")
+    parser.add_argument("--sub-limit", type=int, default=2, help="limit of each sub-tenant key")
+    parser.add_argument(
+        "--reserve",
+        type=int,
+        default=-1,
+        help="slots kept from the flooder (default: the small tenants' mean in-flight work, R * D)",
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    result = asyncio.run(main(parse_args()))
+    print(json.dumps(result))

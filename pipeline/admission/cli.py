@@ -1,0 +1,110 @@
+"""Commands: ``pipeline throttle status [KEY]`` and ``pipeline throttle set-limit KEY LIMIT``.
+
+Settings come from ``PIPELINE_REDIS__*`` and ``PIPELINE_THROTTLE__*``; ``--namespace``
+overrides the namespace. Errors print one line to stderr and exit 1 (Redis unreachable).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.admission.status import ThrottleStatus, read_active_keys, read_status
+from pipeline.admission.throttle import Throttle
+from pipeline.cli_support import err, run_command
+from pipeline.config import Settings, load_settings
+
+app = typer.Typer(help="Inspect and tune the fair admission throttles.", no_args_is_help=True)
+
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", help="Namespace (default: PIPELINE_THROTTLE__NAMESPACE)."),
+]
+
+
+def _settings(namespace: str | None) -> Settings:
+    settings = load_settings()
+    if namespace:
+        throttle = settings.throttle.model_copy(update={"namespace": namespace})
+        settings = settings.model_copy(update={"throttle": throttle})
+    return settings
+
+
+def _client(settings: Settings) -> Redis:
+    return Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
+
+
+@app.command("status")
+def status(
+    key: Annotated[str | None, typer.Argument(help="One key (default: all active).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per key.")] = False,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Show limit, holders, waiters per priority and recent grants of throttle keys."""
+
+    async def main() -> list[ThrottleStatus]:
+        settings = _settings(namespace)
+        client = _client(settings)
+        prefix, ns = settings.redis.key_prefix, settings.throttle.namespace
+        try:
+            wanted = [key] if key else await read_active_keys(client, prefix, ns)
+            return [
+                await read_status(client, prefix, ns, k, settings.throttle.default_limit)
+                for k in wanted
+            ]
+        except (rexc.RedisError, OSError) as exc:
+            err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        finally:
+            await client.aclose()
+
+    statuses = run_command(main())
+    if as_json:
+        for s in statuses:
+            typer.echo(json.dumps(s.as_dict()))
+        return
+    if not statuses:
+        typer.echo("no active throttle keys")
+        return
+    now_ms = int(time.time() * 1000)
+    table = Table("key", "limit", "holders", "waiters by priority", "last grant")
+    for s in statuses:
+        waiting = " ".join(f"p{p}:{n}" for p, n in s.waiters_by_priority().items()) or "-"
+        last = f"{(now_ms - s.recent_grants[0][1]) / 1000:.1f}s ago" if s.recent_grants else "-"
+        table.add_row(s.key, str(s.limit), str(len(s.holders)), waiting, last)
+    Console().print(table)
+
+
+@app.command("set-limit")
+def set_limit(
+    key: Annotated[str, typer.Argument(help="Throttle key, e.g. org:acme.")],
+    limit: Annotated[int | None, typer.Argument(help="New limit; omit for the default.")] = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Set a key's concurrency limit now, for every member; new room goes to its waiters."""
+
+    async def main() -> None:
+        settings = _settings(namespace)
+        client = _client(settings)
+        throttle = Throttle.from_settings(client, settings)
+        try:
+            await throttle.set_limit(key, limit)
+        except (rexc.RedisError, OSError) as exc:
+            err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        finally:
+            await throttle.close()
+            await client.aclose()
+
+    if limit is not None and limit < 0:
+        err.print("[red]error:[/red] limit must be >= 0", highlight=False)
+        raise typer.Exit(2)
+    run_command(main())
+    typer.echo(f"{key}: limit {'default' if limit is None else limit}")

@@ -1,0 +1,70 @@
+"""Every Redis key the throttle touches, in one place (``lua/throttle.lua`` derives the same names).
+
+All keys of one namespace share the hash tag ``{PREFIX:thr:NAMESPACE}``, so acquiring a job's
+org, sub-tenant and document keys together is one call on one Redis Cluster slot. The price is
+that one namespace lives on one cluster node; a fleet that outgrows a node splits its throttles
+into namespaces (for example one per region or per product line), each its own slot, since the
+keys of one job never span two namespaces.
+"""
+
+from __future__ import annotations
+
+
+def tag(prefix: str, namespace: str) -> str:
+    """The hash tag shared by every key of ``namespace``."""
+    return f"{{{prefix}:thr:{namespace}}}"
+
+
+def meta(prefix: str, namespace: str) -> str:
+    """The namespace's anchor hash (``seq``); ``KEYS[1]`` of every throttle function."""
+    return f"{tag(prefix, namespace)}:meta"
+
+
+def limits(prefix: str, namespace: str) -> str:
+    """Hash: throttle key -> concurrency limit."""
+    return f"{tag(prefix, namespace)}:limits"
+
+
+def leases(prefix: str, namespace: str) -> str:
+    """Zset: holder -> lease expiry in ms, for every permit held or waiting."""
+    return f"{tag(prefix, namespace)}:leases"
+
+
+def active(prefix: str, namespace: str) -> str:
+    """Set: throttle keys that have holders or waiters."""
+    return f"{tag(prefix, namespace)}:active"
+
+
+def permit(prefix: str, namespace: str, holder: str) -> str:
+    """Hash: one permit's member, priority, lease, arrival sequence, keys and progress."""
+    return f"{tag(prefix, namespace)}:p:{holder}"
+
+
+def holders(prefix: str, namespace: str, key: str) -> str:
+    """Zset: holders of ``key`` -> lease expiry in ms."""
+    return f"{tag(prefix, namespace)}:h:{key}"
+
+
+def waiters(prefix: str, namespace: str, key: str) -> str:
+    """Zset: waiters of ``key`` -> rank ((1000 - priority) * 1e12 + arrival sequence)."""
+    return f"{tag(prefix, namespace)}:w:{key}"
+
+
+def grants(prefix: str, namespace: str, key: str) -> str:
+    """List: the last 20 grants of ``key`` as ``"HOLDER NOW_MS"``, newest first; 1 h TTL."""
+    return f"{tag(prefix, namespace)}:g:{key}"
+
+
+def wake(prefix: str, namespace: str, member: str) -> str:
+    """List: holders of ``member`` that a hand-over granted; the member ``BLPOP``s it."""
+    return f"{tag(prefix, namespace)}:wake:{member}"
+
+
+def limit_stats(prefix: str, org: str) -> str:
+    """Hash: an org's per-minute submission counts and duration sums (see ``limits.py``)."""
+    return f"{{{prefix}:lim:{org}}}:stats"
+
+
+def org_config(prefix: str) -> str:
+    """Hash: org -> JSON of its :class:`~pipeline.admission.limits.OrgLimits` overrides."""
+    return f"{{{prefix}:lim}}:orgs"

@@ -1,0 +1,201 @@
+"""Dynamic per-org concurrency limits: an earned base, a burst ceiling, and pressure sharing.
+
+The formulas (Little's law: R submissions a minute of D seconds each keep ``R * D / 60`` jobs in
+flight)::
+
+    base    = max(floor, ceil(R * D / 60))
+    ceiling = base + max(burst_floor, ceil(base * burst_pct))
+    factor  = clamp(pool_target / in_flight, f_min, f_max)      (f_max when nothing is in flight)
+    limit   = max(floor, floor(ceiling * factor)) + dedicated
+
+so every org keeps its floor, a steady org earns what its traffic needs plus burst room, and
+when the fleet is over-committed every ceiling shrinks by the same factor. Per-org floors, burst
+settings and dedicated capacity are :class:`OrgLimits`, loaded from YAML or from a Redis hash
+and so changed without a redeploy. :class:`LimitTracker` keeps each org's recent submissions and
+durations in a small per-minute Redis hash (one fixed-size read per org) and recomputes the
+limits off the hot path, writing them with :meth:`Throttle.set_limit`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+from pipeline.admission import keys as k
+from pipeline.admission.throttle import Throttle
+
+WINDOW_MIN = 5
+"""Minutes of history behind R and D."""
+_CLEANUP_SPAN_MIN = 10  # stale minutes deleted on each write; with the key TTL this bounds the hash
+
+
+class OrgLimits(BaseModel):
+    """One org's limit settings (or the defaults for orgs without their own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    floor: int = Field(default=2, ge=0)
+    """Concurrency the org can always count on, even under pressure."""
+    burst_floor: int = Field(default=2, ge=0)
+    """Least burst room above the earned base."""
+    burst_pct: float = Field(default=0.5, ge=0)
+    """Burst room as a share of the earned base."""
+    dedicated: int = Field(default=0, ge=0)
+    """Capacity reserved for this org, added on top of everything else."""
+
+
+class LimitPolicy(BaseModel):
+    """The fleet-wide factors and the per-org settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    defaults: OrgLimits = Field(default_factory=OrgLimits)
+    orgs: dict[str, OrgLimits] = Field(default_factory=dict)
+    f_min: float = Field(default=0.25, gt=0)
+    """Least pressure factor: how far ceilings shrink when the pool is over-committed."""
+    f_max: float = Field(default=2.0, gt=0)
+    """Greatest pressure factor: how far ceilings grow when the pool is idle."""
+
+    def for_org(self, org: str) -> OrgLimits:
+        """``org``'s settings, or the defaults."""
+        return self.orgs.get(org, self.defaults)
+
+
+def earned_base(floor: int, rate_per_min: float, duration_s: float) -> int:
+    """``max(floor, ceil(R * D / 60))``: the jobs in flight the org's recent traffic needs."""
+    return max(floor, math.ceil(max(rate_per_min, 0.0) * max(duration_s, 0.0) / 60.0))
+
+
+def ceiling(base: int, burst_floor: int, burst_pct: float) -> int:
+    """``base + max(burst_floor, ceil(base * burst_pct))``."""
+    return base + max(burst_floor, math.ceil(base * burst_pct))
+
+
+def pressure_factor(pool_target: int, in_flight: int, f_min: float, f_max: float) -> float:
+    """``clamp(pool_target / in_flight, f_min, f_max)``; ``f_max`` when nothing is in flight."""
+    if in_flight <= 0:
+        return f_max
+    return min(f_max, max(f_min, pool_target / in_flight))
+
+
+def dynamic_limit(
+    org: OrgLimits,
+    *,
+    rate_per_min: float,
+    duration_s: float,
+    pool_target: int,
+    in_flight: int,
+    f_min: float,
+    f_max: float,
+) -> int:
+    """The org's limit now: its floor at least, plus its dedicated capacity on top."""
+    base = earned_base(org.floor, rate_per_min, duration_s)
+    top = ceiling(base, org.burst_floor, org.burst_pct)
+    factor = pressure_factor(pool_target, in_flight, f_min, f_max)
+    return max(org.floor, math.floor(top * factor)) + org.dedicated
+
+
+def load_policy(path: Path) -> LimitPolicy:
+    """Read a :class:`LimitPolicy` from a YAML file."""
+    return LimitPolicy.model_validate(yaml.safe_load(path.read_text()) or {})
+
+
+async def load_org_overrides(client: Redis, prefix: str, policy: LimitPolicy) -> LimitPolicy:
+    """``policy`` with the per-org settings stored in Redis (org -> JSON) laid over it."""
+    raw = await client.hgetall(k.org_config(prefix))
+    orgs = dict(policy.orgs)
+    for org, value in raw.items():
+        name = org.decode() if isinstance(org, bytes) else str(org)
+        orgs[name] = OrgLimits.model_validate(json.loads(value))
+    return policy.model_copy(update={"orgs": orgs})
+
+
+async def store_org_override(client: Redis, prefix: str, org: str, limits: OrgLimits) -> None:
+    """Store ``org``'s settings in Redis; the next recompute everywhere picks them up."""
+    await client.hset(k.org_config(prefix), org, limits.model_dump_json())
+
+
+class LimitTracker:
+    """Recent submissions and durations per org, and the limits computed from them."""
+
+    def __init__(self, client: Redis, prefix: str, *, window_min: int = WINDOW_MIN) -> None:
+        """Keep ``window_min`` whole minutes of history per org under ``prefix``."""
+        self._client = client
+        self._prefix = prefix
+        self._window_min = window_min
+
+    async def record(
+        self,
+        org: str,
+        *,
+        submitted: int = 0,
+        durations_s: Iterable[float] = (),
+        now_s: float | None = None,
+    ) -> None:
+        """Count ``submitted`` new jobs and add finished jobs' durations, in one round trip."""
+        minute = int((time.time() if now_s is None else now_s) // 60)
+        key = k.limit_stats(self._prefix, org)
+        done = list(durations_s)
+        async with self._client.pipeline(transaction=True) as pipe:
+            if submitted:
+                pipe.hincrby(key, f"n:{minute}", submitted)
+            if done:
+                pipe.hincrby(key, f"c:{minute}", len(done))
+                pipe.hincrbyfloat(key, f"d:{minute}", sum(done))
+            stale = range(minute - self._window_min - _CLEANUP_SPAN_MIN, minute - self._window_min)
+            pipe.hdel(key, *(f"{kind}:{m}" for m in stale for kind in "ncd"))
+            pipe.pexpire(key, (self._window_min + 1) * 60_000)
+            await pipe.execute()
+
+    async def rates(self, org: str, *, now_s: float | None = None) -> tuple[float, float]:
+        """(submissions per minute, mean duration in s) over the last whole minutes; one read."""
+        minute = int((time.time() if now_s is None else now_s) // 60)
+        raw = await self._client.hgetall(k.limit_stats(self._prefix, org))
+        window = range(minute - self._window_min, minute + 1)
+        sums = {"n": 0.0, "c": 0.0, "d": 0.0}
+        for field, value in raw.items():
+            kind, _, at = (field.decode() if isinstance(field, bytes) else field).partition(":")
+            if kind in sums and int(at) in window:
+                sums[kind] += float(value)
+        # The current minute is partial: count it, but divide by the minutes actually covered.
+        rate = sums["n"] / (self._window_min + 1)
+        duration = sums["d"] / sums["c"] if sums["c"] else 0.0
+        return rate, duration
+
+    async def recompute(
+        self,
+        throttle: Throttle,
+        orgs: Iterable[str],
+        policy: LimitPolicy,
+        *,
+        pool_target: int,
+        in_flight: int,
+        now_s: float | None = None,
+    ) -> Mapping[str, int]:
+        """Compute each org's limit and set it on the throttle key ``org:ORG``; returns them.
+
+        Run it periodically off the hot path with the cached fleet size (``pool_target``) and the
+        fleet's current in-flight count.
+        """
+        computed: dict[str, int] = {}
+        for org in orgs:
+            rate, duration = await self.rates(org, now_s=now_s)
+            limit = dynamic_limit(
+                policy.for_org(org),
+                rate_per_min=rate,
+                duration_s=duration,
+                pool_target=pool_target,
+                in_flight=in_flight,
+                f_min=policy.f_min,
+                f_max=policy.f_max,
+            )
+            await throttle.set_limit(f"org:{org}", limit)
+            computed[org] = limit
+        return computed

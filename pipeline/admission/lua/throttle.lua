@@ -1,0 +1,283 @@
+#!lua name=pipeline_throttle
+-- Fair concurrency throttles: per-key limits, per-priority FIFO waiter queues, multi-key
+-- acquisition in canonical order, direct hand-over of freed slots, leases. Loaded once per process
+-- with FUNCTION LOAD REPLACE (pipeline/admission/throttle.py); key names come from
+-- pipeline/admission/keys.py.
+--
+-- Every key of one namespace shares the hash tag {PREFIX:thr:NAMESPACE} (written T below), so a
+-- multi-key decision stays in one Redis Cluster slot. KEYS[1] is always T:meta; the function
+-- derives every other key from its tag. They all hash to KEYS[1]'s slot, which is what Redis
+-- Cluster checks.
+--
+--   T:meta        hash   seq: the last arrival sequence handed out (FIFO order of waiters)
+--   T:limits      hash   throttle key -> concurrency limit (absent: ARGV default_limit)
+--   T:leases      zset   holder -> lease expiry (ms); every permit, holding or waiting, is here
+--   T:active      set    throttle keys that have holders or waiters (for status listings)
+--   T:p:HOLDER    hash   one permit: member, prio, lease_ms, seq, keys (JSON array, in order),
+--                        next (1-based index of the key it waits on or takes next),
+--                        state (waiting | granted)
+--   T:h:KEY       zset   holders of KEY -> lease expiry (ms); ZCARD is the slots in use
+--   T:w:KEY       zset   waiters of KEY -> rank: (1000 - prio) * 1e12 + seq, lowest first, so the
+--                        highest priority goes first and FIFO holds within a priority
+--   T:g:KEY       list   recent grants of KEY, "HOLDER NOW_MS", newest first, capped at 20,
+--                        expires an hour after the last grant
+--   T:wake:MEMBER list   "HOLDER NOW_MS" for each permit of MEMBER that a hand-over completed;
+--                        the member BLPOPs it
+--
+-- Invariant after every call: a key has waiters only while its holders fill its limit, so a
+-- newcomer queues behind them (no barging) and a freed slot never stays idle while one waits.
+-- A permit holds a prefix of its keys in the canonical order and waits on the next one: the
+-- waits-for graph only points to later keys, so it has no cycles (no deadlock), and a waiter is
+-- never bounced
+-- (no livelock). Every call first expires lapsed leases (at most 64 a call) and hands their
+-- slots on, so a killed holder's slots return within its lease.
+
+local MAX_PRIORITY = 1000
+local SEQ_SPAN = 1e12
+local GRANTS_KEPT = 20
+local GRANTS_TTL_MS = 3600000  -- the history of a key idle for an hour goes (per-document keys)
+local EXPIRE_BATCH = 64
+
+-- The calling member and the permits of it that this call completed: they are returned to the
+-- caller instead of pushed onto its own wake list (one round trip less, no wake latency).
+local call = {member = '', woken = {}}
+
+local function begin_call(member)
+  call.member = member
+  call.woken = {}
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function tag_of(meta)
+  return string.sub(meta, 1, -6)  -- strip ":meta"
+end
+
+local function limit_of(tag, key, default_limit)
+  local v = redis.call('HGET', tag .. ':limits', key)
+  if v then return tonumber(v) end
+  return default_limit
+end
+
+local function load_permit(tag, holder)
+  local flat = redis.call('HGETALL', tag .. ':p:' .. holder)
+  if #flat == 0 then return nil end
+  local p = {}
+  for i = 1, #flat, 2 do p[flat[i]] = flat[i + 1] end
+  p.keys = cjson.decode(p.keys)
+  p.next = tonumber(p.next)
+  p.lease_ms = tonumber(p.lease_ms)
+  return p
+end
+
+local function can_take(tag, key, default_limit)
+  if redis.call('ZCARD', tag .. ':w:' .. key) > 0 then return false end
+  return redis.call('ZCARD', tag .. ':h:' .. key) < limit_of(tag, key, default_limit)
+end
+
+local function grant_slot(tag, key, holder, expiry, now)
+  redis.call('ZADD', tag .. ':h:' .. key, expiry, holder)
+  redis.call('SADD', tag .. ':active', key)
+  local g = tag .. ':g:' .. key
+  redis.call('LPUSH', g, holder .. ' ' .. now)
+  redis.call('LTRIM', g, 0, GRANTS_KEPT - 1)
+  redis.call('PEXPIRE', g, GRANTS_TTL_MS)
+end
+
+-- Take the permit's keys from p.next on while they have room; queue on the first full one.
+-- Returns true when the permit holds all its keys.
+local function advance(tag, holder, p, now, default_limit)
+  local expiry = now + p.lease_ms
+  while p.next <= #p.keys do
+    local key = p.keys[p.next]
+    if not can_take(tag, key, default_limit) then
+      local rank = (MAX_PRIORITY - tonumber(p.prio)) * SEQ_SPAN + tonumber(p.seq)
+      redis.call('ZADD', tag .. ':w:' .. key, rank, holder)
+      redis.call('SADD', tag .. ':active', key)
+      redis.call('HSET', tag .. ':p:' .. holder, 'next', p.next, 'state', 'waiting')
+      return false
+    end
+    grant_slot(tag, key, holder, expiry, now)
+    p.next = p.next + 1
+  end
+  redis.call('HSET', tag .. ':p:' .. holder, 'next', p.next, 'state', 'granted')
+  return true
+end
+
+local function forget_if_idle(tag, key)
+  if redis.call('ZCARD', tag .. ':h:' .. key) == 0 and redis.call('ZCARD', tag .. ':w:' .. key) == 0 then
+    redis.call('SREM', tag .. ':active', key)
+  end
+end
+
+-- Hand free slots of KEY to its waiters, best rank first, continuing each one's acquisition.
+-- Returns how many waiters became fully granted (and were woken).
+local function pump(tag, key, now, default_limit)
+  local woken = 0
+  local holders, waiters = tag .. ':h:' .. key, tag .. ':w:' .. key
+  local limit = limit_of(tag, key, default_limit)
+  while redis.call('ZCARD', holders) < limit do
+    local head = redis.call('ZRANGE', waiters, 0, 0)[1]
+    if not head then break end
+    redis.call('ZREM', waiters, head)
+    local p = load_permit(tag, head)
+    if p then
+      grant_slot(tag, key, head, now + p.lease_ms, now)
+      p.next = p.next + 1
+      if advance(tag, head, p, now, default_limit) then
+        if p.member == call.member then
+          call.woken[#call.woken + 1] = head .. ' ' .. now
+        else
+          local wake = tag .. ':wake:' .. p.member
+          redis.call('LPUSH', wake, head .. ' ' .. now)
+          redis.call('PEXPIRE', wake, math.max(60000, 2 * p.lease_ms))
+        end
+        woken = woken + 1
+      end
+    end
+  end
+  forget_if_idle(tag, key)
+  return woken
+end
+
+-- Remove a permit (holding or waiting) and hand the slots it held on. Returns slots freed.
+local function drop(tag, holder, now, default_limit)
+  local p = load_permit(tag, holder)
+  redis.call('ZREM', tag .. ':leases', holder)
+  if not p then return 0 end
+  redis.call('DEL', tag .. ':p:' .. holder)
+  local held = p.next - 1
+  if p.state == 'waiting' and p.next <= #p.keys then
+    redis.call('ZREM', tag .. ':w:' .. p.keys[p.next], holder)
+    forget_if_idle(tag, p.keys[p.next])
+  end
+  for i = 1, held do
+    redis.call('ZREM', tag .. ':h:' .. p.keys[i], holder)
+  end
+  for i = 1, held do
+    pump(tag, p.keys[i], now, default_limit)
+  end
+  return held
+end
+
+local function expire_lapsed(tag, now, default_limit)
+  local lapsed = redis.call('ZRANGEBYSCORE', tag .. ':leases', '-inf', now, 'LIMIT', 0, EXPIRE_BATCH)
+  for _, holder in ipairs(lapsed) do
+    drop(tag, holder, now, default_limit)
+  end
+  return #lapsed
+end
+
+local function unique(list)
+  local out, seen = {}, {}
+  for _, k in ipairs(list) do
+    if not seen[k] then
+      seen[k] = true
+      out[#out + 1] = k
+    end
+  end
+  return out
+end
+
+-- thr_acquire: ask for a slot on every key of a job, in one step.
+-- KEYS[1] T:meta
+-- ARGV[1] holder id (unique per acquisition)   ARGV[2] member id   ARGV[3] priority 0..1000
+-- ARGV[4] lease_ms   ARGV[5] default_limit   ARGV[6] "1": try only (never queue)
+-- ARGV[7..] the throttle keys in the canonical order (throttle.py canonical_order: narrowest
+--           scope first, then by name), which every member uses; duplicates are dropped
+-- Returns {state, held, woken}: state is granted | waiting | busy (try only: nothing taken);
+-- held is how many keys the permit holds; woken lists "HOLDER NOW_MS" of the caller's permits
+-- that lapsed leases handed slots to (every function returns these). Calling again with the
+-- same holder returns its state.
+local function acquire(keys, args)
+  local tag = tag_of(keys[1])
+  local holder, member, prio = args[1], args[2], tonumber(args[3])
+  local lease_ms, default_limit, try_only = tonumber(args[4]), tonumber(args[5]), args[6] == '1'
+  begin_call(member)
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local existing = load_permit(tag, holder)
+  if existing then return {existing.state, existing.next - 1, call.woken} end
+  if prio < 0 or prio > MAX_PRIORITY then return redis.error_reply('priority must be 0..1000') end
+  local wanted = {}
+  for i = 7, #args do wanted[#wanted + 1] = args[i] end
+  wanted = unique(wanted)
+  if try_only then
+    for _, key in ipairs(wanted) do
+      if not can_take(tag, key, default_limit) then return {'busy', 0, call.woken} end
+    end
+  end
+  local seq = redis.call('HINCRBY', keys[1], 'seq', 1)
+  local p = {member = member, prio = prio, lease_ms = lease_ms, seq = seq, keys = wanted, next = 1}
+  redis.call('HSET', tag .. ':p:' .. holder, 'member', member, 'prio', prio,
+    'lease_ms', lease_ms, 'seq', seq, 'keys', cjson.encode(wanted), 'next', 1, 'state', 'waiting')
+  redis.call('ZADD', tag .. ':leases', now + lease_ms, holder)
+  local done = advance(tag, holder, p, now, default_limit)
+  return {done and 'granted' or 'waiting', p.next - 1, call.woken}
+end
+
+-- thr_release: give up a permit (held or still waiting); its slots go to the next waiters.
+-- KEYS[1] T:meta   ARGV[1] holder id   ARGV[2] default_limit   ARGV[3] calling member id
+-- Returns {freed, woken}: slots freed (0 if the permit was unknown: already expired or
+-- released) and the caller's own permits completed by the hand-over.
+local function release(keys, args)
+  local tag, default_limit = tag_of(keys[1]), tonumber(args[2])
+  begin_call(args[3])
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local freed = drop(tag, args[1], now, default_limit)
+  return {freed, call.woken}
+end
+
+-- thr_renew: extend the leases of a member's live permits (its heartbeat).
+-- KEYS[1] T:meta   ARGV[1] default_limit   ARGV[2] calling member id   ARGV[3..] holder ids
+-- Returns {letters, woken}: one letter per holder, g (granted) | w (waiting) | x (unknown:
+-- expired or state lost).
+local function renew(keys, args)
+  local tag, default_limit = tag_of(keys[1]), tonumber(args[1])
+  begin_call(args[2])
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local out = {}
+  for i = 3, #args do
+    local holder = args[i]
+    local p = load_permit(tag, holder)
+    if not p then
+      out[#out + 1] = 'x'
+    else
+      local expiry = now + p.lease_ms
+      redis.call('ZADD', tag .. ':leases', expiry, holder)
+      for j = 1, p.next - 1 do
+        redis.call('ZADD', tag .. ':h:' .. p.keys[j], 'XX', expiry, holder)
+      end
+      out[#out + 1] = (p.state == 'granted') and 'g' or 'w'
+    end
+  end
+  return {table.concat(out), call.woken}
+end
+
+-- thr_set_limit: set (or with an empty ARGV[2], clear) a key's limit and hand out new room.
+-- KEYS[1] T:meta   ARGV[1] throttle key   ARGV[2] limit or ""   ARGV[3] default_limit
+-- ARGV[4] calling member id
+-- Returns {woken_count, woken}: waiters completed, and those of them that are the caller's.
+local function set_limit(keys, args)
+  local tag, key, default_limit = tag_of(keys[1]), args[1], tonumber(args[3])
+  begin_call(args[4])
+  if args[2] == '' then
+    redis.call('HDEL', tag .. ':limits', key)
+  else
+    redis.call('HSET', tag .. ':limits', key, tonumber(args[2]))
+  end
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local count = pump(tag, key, now, default_limit)
+  return {count, call.woken}
+end
+
+redis.register_function('thr_acquire', acquire)
+redis.register_function('thr_release', release)
+redis.register_function('thr_renew', renew)
+redis.register_function('thr_set_limit', set_limit)

@@ -1,0 +1,78 @@
+"""Read-only snapshots of throttle keys, for ``pipeline throttle status`` and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from pipeline.admission import keys as k
+
+MAX_PRIORITY = 1000
+_SEQ_SPAN = 10**12  # waiter rank = (MAX_PRIORITY - priority) * _SEQ_SPAN + arrival sequence
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleStatus:
+    """A snapshot of one key: its limit, holders, waiters and recent grants."""
+
+    key: str
+    limit: int
+    holders: tuple[tuple[str, int], ...]
+    """(holder, lease expiry as Unix ms), soonest expiry first."""
+    waiters: tuple[tuple[str, int], ...]
+    """(holder, priority) in the order they will be served."""
+    recent_grants: tuple[tuple[str, int], ...]
+    """(holder, grant time as Unix ms), newest first, at most 20."""
+
+    def waiters_by_priority(self) -> dict[int, int]:
+        """Number of waiters per priority, highest priority first."""
+        counts: dict[int, int] = {}
+        for _, priority in self.waiters:
+            counts[priority] = counts.get(priority, 0) + 1
+        return dict(sorted(counts.items(), reverse=True))
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form."""
+        return {
+            "key": self.key,
+            "limit": self.limit,
+            "holders": [{"holder": h, "expires_ms": e} for h, e in self.holders],
+            "waiters": {str(p): n for p, n in self.waiters_by_priority().items()},
+            "recent_grants": [{"holder": h, "at_ms": t} for h, t in self.recent_grants],
+        }
+
+
+async def read_status(
+    client: Redis, prefix: str, namespace: str, key: str, default_limit: int
+) -> ThrottleStatus:
+    """Read ``key``'s state in one ``MULTI`` transaction (one round trip)."""
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.hget(k.limits(prefix, namespace), key)
+        pipe.zrange(k.holders(prefix, namespace, key), 0, -1, withscores=True)
+        pipe.zrange(k.waiters(prefix, namespace, key), 0, -1, withscores=True)
+        pipe.lrange(k.grants(prefix, namespace, key), 0, -1)
+        limit, holders, waiters, grants = await pipe.execute()
+    return ThrottleStatus(
+        key=key,
+        limit=default_limit if limit is None else int(limit),
+        holders=tuple((_text(h), int(s)) for h, s in holders),
+        waiters=tuple((_text(h), MAX_PRIORITY - int(s) // _SEQ_SPAN) for h, s in waiters),
+        recent_grants=tuple(_grant(g) for g in grants),
+    )
+
+
+async def read_active_keys(client: Redis, prefix: str, namespace: str) -> list[str]:
+    """Throttle keys of the namespace that have holders or waiters now, sorted."""
+    members = await client.smembers(k.active(prefix, namespace))
+    return sorted(_text(m) for m in members)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _grant(entry: Any) -> tuple[str, int]:
+    holder, _, at_ms = _text(entry).partition(" ")
+    return holder, int(at_ms or 0)

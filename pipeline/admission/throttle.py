@@ -1,0 +1,413 @@
+"""Fair concurrency throttles held in Redis: at most N holders per key, fair waiters, leases.
+
+A *key* (``org:acme``, ``sub:acme/t42``, ``job:doc-17``) has a concurrency limit. A job asks
+for all its keys at once with :meth:`Throttle.acquire`; one call of ``thr_acquire``
+(``lua/throttle.lua``) takes the keys in :func:`~pipeline.admission.order.canonical_order`
+while they have room and queues the job on the first full one, keeping what it took.
+:meth:`Throttle.release` frees the slots and, in the same atomic step, hands each to the next
+waiter (highest priority first, FIFO within a priority), which continues its own acquisition; a
+waiter that ends up holding all its keys is woken through its member's wake list
+(:mod:`pipeline.admission.wake`). So:
+
+* never more holders than the limit; a newcomer never takes a slot a waiter is owed;
+* no deadlock (canonical order) and no livelock (waiters are never bounced);
+* one round trip to acquire and one to release; a waiter costs nothing until it is woken;
+* every permit, held or waiting, has a lease that this member renews in one call per
+  ``lease_ms / 3`` for all its permits; a killed member's slots return within the lease and
+  go to the next waiters, and its waiters leave the queues.
+
+If Redis cannot be reached, :meth:`Throttle.acquire` fails open: it returns an unconditional
+permit (``Permit.unconditional``), logs a warning and counts it in ``fail_open``; waiting
+acquisitions are granted the same way once heartbeats have failed for a whole lease. If Redis
+comes back without the throttle state (a restart without persistence), the heartbeat finds this
+member's permits unknown: waiting ones are queued again in their original order, held ones keep
+running and are no longer counted (see ``docs/admission.md``).
+
+Usage::
+
+    throttle = Throttle(redis, prefix="pl", namespace="default", default_limit=8)
+    await throttle.start()
+    async with throttle.hold(["org:acme", "sub:acme/t42"], priority=5):
+        await handle(event)
+    await throttle.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from importlib import resources
+from typing import Any
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline.admission import keys as k
+from pipeline.admission.order import SCOPE_RANK, canonical_order
+from pipeline.admission.permit import Permit, default_member_id
+from pipeline.admission.status import MAX_PRIORITY, ThrottleStatus, read_active_keys, read_status
+from pipeline.admission.wake import WakeListener, dedicated_client
+from pipeline.config import Settings
+from pipeline.redis_functions import FunctionLibrary
+
+__all__ = [
+    "MAX_PRIORITY",
+    "SCOPE_RANK",
+    "Permit",
+    "Throttle",
+    "ThrottleStatus",
+    "canonical_order",
+    "default_member_id",
+]
+
+log = logging.getLogger(__name__)
+
+LIBRARY = resources.files("pipeline.admission").joinpath("lua/throttle.lua").read_text()
+_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, OSError)
+
+
+class Throttle:
+    """One member process's handle on the throttles of a namespace.
+
+    Attributes ``roundtrips``, ``acquired``, ``waited``, ``fail_open`` and ``lost`` are plain
+    counters for metrics: Redis calls made, permits granted (by Redis), acquisitions that had to
+    wait, permits granted unconditionally because Redis was unavailable, and permits whose state
+    Redis no longer had (expired or lost in a restart).
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str = "pl",
+        namespace: str = "default",
+        default_limit: int = 10,
+        lease_ms: int = 30_000,
+        wake_block_s: float = 2.0,
+        member: str | None = None,
+        wake_client: Redis | None = None,
+    ) -> None:
+        """Use ``client``; every member of a namespace must share ``default_limit``.
+
+        Args:
+            client: Redis client for the calls; the wake channel opens its own connection
+                from the same connection settings.
+            prefix: key prefix (``settings.redis.key_prefix``).
+            namespace: the set of throttle keys that may be acquired together (one hash tag).
+            default_limit: limit of a key that has none set with :meth:`set_limit`.
+            lease_ms: default lease of a permit; renewed every ``lease_ms / 3`` while live.
+            wake_block_s: how long one ``BLPOP`` on the wake list blocks (shutdown latency).
+            member: this process's id (default: host, pid and a random suffix).
+            wake_client: the client for the blocking wake read (default: a one-connection
+                copy of ``client``); pass one for clients without a connection pool, such as
+                ``redis.asyncio.RedisCluster``. The throttle closes it.
+        """
+        if default_limit < 0 or lease_ms < 30:  # noqa: PLR2004 - renewal needs >= 10 ms ticks
+            raise ValueError("default_limit must be >= 0 and lease_ms >= 30")
+        self.client = client
+        self.prefix = prefix
+        self.namespace = namespace
+        self.default_limit = default_limit
+        self.lease_ms = lease_ms
+        self.member = member or default_member_id()
+        self._functions = FunctionLibrary(client, LIBRARY)
+        self._meta = k.meta(prefix, namespace)
+        self._wake = WakeListener(
+            wake_client or dedicated_client(client, wake_block_s + 5.0),
+            k.wake(prefix, namespace, self.member),
+            self._on_wake,
+            block_s=wake_block_s,
+        )
+        self._live: dict[str, Permit] = {}
+        self._waiting: dict[str, asyncio.Future[Permit]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        self.roundtrips = 0
+        self.acquired = 0
+        self.waited = 0
+        self.fail_open = 0
+        self.lost = 0
+        self.wakes = 0
+        """Waiting permits completed by a hand-over (through the wake list or a reply)."""
+        self.wake_delays_ms: deque[float] = deque(maxlen=4096)
+        """Recent delays from a hand-over in Redis to this member reading its wake, in ms
+        (Redis clock to local clock, so only as good as their agreement)."""
+
+    @classmethod
+    def from_settings(cls, client: Redis, settings: Settings, **overrides: Any) -> Throttle:
+        """A throttle configured by ``settings.throttle`` and ``settings.redis.key_prefix``."""
+        t = settings.throttle
+        options: dict[str, Any] = {
+            "prefix": settings.redis.key_prefix,
+            "namespace": t.namespace,
+            "default_limit": t.default_limit,
+            "lease_ms": t.lease_ms,
+            "wake_block_s": t.wake_block_s,
+            **overrides,
+        }
+        return cls(client, **options)
+
+    async def start(self) -> None:
+        """Load the Lua library (if Redis is up) and start the wake listener and lease renewer."""
+        with contextlib.suppress(*_UNAVAILABLE):
+            await self._functions.ensure_loaded()
+        self._wake.start()
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_loop(), name="throttle renewer")
+
+    async def close(self) -> None:
+        """Stop the background tasks; waiting acquisitions are withdrawn and fail with an error.
+
+        Release held permits before closing: after it their leases are no longer renewed.
+        """
+        self._closed.set()
+        for holder, future in list(self._waiting.items()):
+            if not future.done():
+                future.set_exception(RuntimeError("throttle closed while waiting"))
+            await self._withdraw(holder)
+        if self._renewer is not None:
+            await self._renewer
+            self._renewer = None
+        await self._wake.close()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def acquire(
+        self, keys: Sequence[str], *, priority: int = 0, lease_ms: int | None = None
+    ) -> Permit:
+        """Wait until this job holds a slot on every key; one round trip, then no polling.
+
+        Args:
+            keys: throttle keys of the job, in any order (duplicates are ignored).
+            priority: 0..1000; a higher priority is served first, FIFO within a priority.
+            lease_ms: the permit's lease (default: the throttle's); it is renewed while live.
+
+        Returns:
+            The permit; pass it to :meth:`release` when the job ends. If Redis is unavailable
+            it is unconditional (fail open).
+
+        Raises:
+            ValueError: priority out of range or no keys.
+        """
+        permit = self._new_permit(keys, priority, lease_ms)
+        future: asyncio.Future[Permit] = asyncio.get_running_loop().create_future()
+        self._waiting[permit.holder] = future  # before the call: a wake may overtake its reply
+        self._live[permit.holder] = permit
+        try:
+            state = await self._call_acquire(permit, try_only=False)
+            if state == "granted":
+                self._waiting.pop(permit.holder, None)
+                self.acquired += 1
+                return permit
+            self.waited += 1
+            return await future
+        except _UNAVAILABLE as exc:
+            self._forget(permit.holder)
+            return self._fail_open(permit, exc)
+        except asyncio.CancelledError:
+            # Cancelled while queued (or while the call was in flight): leave the queue.
+            self._spawn(self._withdraw(permit.holder))
+            raise
+        except BaseException:
+            self._forget(permit.holder)
+            raise
+
+    async def try_acquire(
+        self, keys: Sequence[str], *, priority: int = 0, lease_ms: int | None = None
+    ) -> Permit | None:
+        """Take every key now if all have room and no waiters, else take nothing (one call).
+
+        Returns:
+            The permit, or ``None`` if a key is full or has waiters. Unconditional if Redis is
+            unavailable.
+        """
+        permit = self._new_permit(keys, priority, lease_ms)
+        try:
+            state = await self._call_acquire(permit, try_only=True)
+        except _UNAVAILABLE as exc:
+            return self._fail_open(permit, exc)
+        if state != "granted":
+            return None
+        self._live[permit.holder] = permit
+        self.acquired += 1
+        return permit
+
+    async def release(self, permit: Permit) -> None:
+        """Free the permit's slots; Redis hands them to the next waiters in the same step.
+
+        Idempotent; an unconditional permit needs nothing. If Redis is unavailable the slots
+        return when the lease lapses.
+        """
+        if permit.unconditional:
+            return
+        self._forget(permit.holder)
+        try:
+            _freed, woken = await self._fcall(
+                "thr_release", [permit.holder, self.default_limit, self.member]
+            )
+            self._woken(woken)
+        except _UNAVAILABLE as exc:
+            log.warning("throttle release of %s failed, lease will lapse: %s", permit.holder, exc)
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, keys: Sequence[str], *, priority: int = 0, lease_ms: int | None = None
+    ) -> AsyncIterator[Permit]:
+        """:meth:`acquire` on entry and :meth:`release` on exit."""
+        permit = await self.acquire(keys, priority=priority, lease_ms=lease_ms)
+        try:
+            yield permit
+        finally:
+            await self.release(permit)
+
+    async def set_limit(self, key: str, limit: int | None) -> None:
+        """Set ``key``'s limit (``None``: back to the default); new room goes to its waiters."""
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0")
+        value = "" if limit is None else limit
+        _count, woken = await self._fcall(
+            "thr_set_limit", [key, value, self.default_limit, self.member]
+        )
+        self._woken(woken)
+
+    async def status(self, key: str) -> ThrottleStatus:
+        """Read ``key``'s limit, holders, waiters and recent grants in one transaction."""
+        self.roundtrips += 1
+        return await read_status(self.client, self.prefix, self.namespace, key, self.default_limit)
+
+    async def active_keys(self) -> list[str]:
+        """Throttle keys of the namespace that have holders or waiters now, sorted."""
+        self.roundtrips += 1
+        return await read_active_keys(self.client, self.prefix, self.namespace)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _new_permit(self, keys: Sequence[str], priority: int, lease_ms: int | None) -> Permit:
+        if not keys:
+            raise ValueError("acquire needs at least one key")
+        if not 0 <= priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be 0..{MAX_PRIORITY}")
+        return Permit(
+            holder=uuid.uuid4().hex,
+            keys=canonical_order(keys),
+            priority=priority,
+            lease_ms=lease_ms or self.lease_ms,
+        )
+
+    async def _call_acquire(self, permit: Permit, *, try_only: bool) -> str:
+        args = [
+            permit.holder,
+            self.member,
+            permit.priority,
+            permit.lease_ms,
+            self.default_limit,
+            "1" if try_only else "0",
+            *permit.keys,
+        ]
+        state, _held, woken = await self._fcall("thr_acquire", args)
+        self._woken(woken)
+        return _text(state)
+
+    async def _fcall(self, name: str, args: Sequence[Any]) -> Any:
+        self.roundtrips += 1
+        return await self._functions.fcall(name, [self._meta], args)
+
+    def _fail_open(self, permit: Permit, exc: BaseException) -> Permit:
+        self.fail_open += 1
+        log.warning("throttle unavailable, admitting %s without it: %s", list(permit.keys), exc)
+        return Permit(
+            permit.holder, permit.keys, permit.priority, permit.lease_ms, unconditional=True
+        )
+
+    def _forget(self, holder: str) -> None:
+        self._live.pop(holder, None)
+        self._waiting.pop(holder, None)
+
+    def _grant(self, holder: str) -> None:
+        future = self._waiting.pop(holder, None)
+        permit = self._live.get(holder)
+        if future is not None and permit is not None and not future.done():
+            self.acquired += 1
+            future.set_result(permit)
+
+    def _woken(self, entries: Sequence[Any]) -> None:
+        """Complete this member's permits that a call's hand-over granted (no wake list)."""
+        for entry in entries:
+            self._on_wake(_text(entry))
+
+    def _on_wake(self, message: str) -> None:
+        holder, _, granted_ms = message.partition(" ")
+        self.wakes += 1
+        if granted_ms:
+            self.wake_delays_ms.append(time.time() * 1000 - int(granted_ms))
+        self._grant(holder)
+
+    async def _withdraw(self, holder: str) -> None:
+        self._forget(holder)
+        with contextlib.suppress(*_UNAVAILABLE):
+            _freed, woken = await self._fcall(
+                "thr_release", [holder, self.default_limit, self.member]
+            )
+            self._woken(woken)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _renew_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        down_since: float | None = None
+        while not self._closed.is_set():
+            leases = [p.lease_ms for p in self._live.values()] or [self.lease_ms]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), min(leases) / 3000)
+            if self._closed.is_set() or not self._live:
+                continue
+            try:
+                await self._renew_once()
+                down_since = None
+            except _UNAVAILABLE as exc:
+                # A blip shorter than the lease changes nothing: the permits are still in Redis.
+                now = loop.time()
+                down_since = now if down_since is None else down_since
+                if (now - down_since) * 1000 >= min(leases):
+                    self._fail_open_waiters(exc)
+
+    async def _renew_once(self) -> None:
+        holders = list(self._live)
+        letters, woken = await self._fcall("thr_renew", [self.default_limit, self.member, *holders])
+        self._woken(woken)
+        states = _text(letters)
+        for holder, state in zip(holders, states, strict=True):
+            permit = self._live.get(holder)
+            if permit is None:
+                continue  # released meanwhile
+            if state == "g":
+                self._grant(holder)  # a wake that was lost (or not read yet)
+            elif state == "x" and holder in self._waiting:
+                self.lost += 1
+                log.warning("throttle lost waiting permit %s; queueing it again", holder)
+                if await self._call_acquire(permit, try_only=False) == "granted":
+                    self._grant(holder)
+            elif state == "x":
+                self.lost += 1
+                self._live.pop(holder, None)
+                log.warning("throttle lost held permit %s (lease lapsed or state lost)", holder)
+
+    def _fail_open_waiters(self, exc: BaseException) -> None:
+        for holder, future in list(self._waiting.items()):
+            permit = self._live.pop(holder, None)
+            self._waiting.pop(holder, None)
+            if permit is not None and not future.done():
+                future.set_result(self._fail_open(permit, exc))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

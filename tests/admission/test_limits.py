@@ -1,0 +1,112 @@
+"""The dynamic limit formulas of seed 000, and their effect on a real throttle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from pipeline.admission.keys import org_config
+from pipeline.admission.limits import (
+    LimitPolicy,
+    LimitTracker,
+    OrgLimits,
+    ceiling,
+    dynamic_limit,
+    earned_base,
+    load_org_overrides,
+    load_policy,
+    pressure_factor,
+    store_org_override,
+)
+from pipeline.admission.throttle import Throttle
+
+
+def test_earned_base_is_littles_law_with_a_floor():
+    """The base is ceil(R * D / 60) but never below the floor."""
+    assert earned_base(2, 600, 3.0) == 30
+    assert earned_base(2, 10, 1.0) == 2
+    assert earned_base(0, 7, 10.0) == 2  # 70 / 60 rounds up
+    assert earned_base(5, 0, 0) == 5
+    assert earned_base(0, -3, 5) == 0  # nonsense rates count as none
+
+
+def test_ceiling_takes_the_larger_burst():
+    """The ceiling adds the larger of the burst floor and the burst share of the base."""
+    assert ceiling(10, 2, 0.5) == 15
+    assert ceiling(2, 4, 0.5) == 6
+    assert ceiling(3, 0, 0.5) == 5  # 1.5 rounds up
+
+
+@pytest.mark.parametrize(
+    ("pool_target", "in_flight", "expected"),
+    [
+        (100, 0, 2.0),
+        (100, 25, 2.0),
+        (100, 50, 2.0),
+        (100, 100, 1.0),
+        (100, 200, 0.5),
+        (100, 400, 0.25),
+        (100, 10_000, 0.25),
+    ],
+)
+def test_pressure_factor_is_clamped(pool_target, in_flight, expected):
+    """The factor is pool_target / in_flight clamped to [f_min, f_max], f_max when idle."""
+    assert pressure_factor(pool_target, in_flight, 0.25, 2.0) == expected
+
+
+def test_dynamic_limit_keeps_floor_and_adds_dedicated():
+    """Under heavy pressure the floor still holds, and dedicated capacity comes on top."""
+    org = OrgLimits(floor=3, burst_floor=2, burst_pct=0.5, dedicated=4)
+    relaxed = dynamic_limit(
+        org, rate_per_min=600, duration_s=3, pool_target=100, in_flight=50, f_min=0.25, f_max=2.0
+    )
+    assert relaxed == (30 + 15) * 2 + 4
+    squeezed = dynamic_limit(
+        org, rate_per_min=0, duration_s=0, pool_target=100, in_flight=10_000, f_min=0.25, f_max=2.0
+    )
+    assert squeezed == 3 + 4
+
+
+def test_policy_from_yaml(tmp_path: Path):
+    """A YAML file gives the defaults, the per-org settings and the factors."""
+    path = tmp_path / "limits.yaml"
+    path.write_text("f_min: 0.5\ndefaults: {floor: 1}\norgs:\n  acme: {floor: 8, dedicated: 2}\n")
+    policy = load_policy(path)
+    assert policy.f_min == 0.5
+    assert policy.for_org("acme").floor == 8
+    assert policy.for_org("other").floor == 1
+
+
+@pytest.mark.redis
+async def test_higher_submission_rate_raises_the_limit(redis_service, unique):
+    """An org submitting faster earns a higher limit on its throttle key, set without redeploy."""
+    client = Redis.from_url(redis_service)
+    throttle = Throttle(client, prefix=f"p{unique}", namespace="lim", default_limit=1)
+    await throttle.start()
+    tracker = LimitTracker(client, f"p{unique}")
+    now_s = 1_800_000_000.0
+    for minute in range(5):
+        at = now_s - 60 * minute
+        await tracker.record("busy", submitted=300, durations_s=[2.0] * 10, now_s=at)
+        await tracker.record("calm", submitted=6, durations_s=[2.0] * 10, now_s=at)
+    rate, duration = await tracker.rates("busy", now_s=now_s)
+    assert rate == pytest.approx(1500 / 6)
+    assert duration == pytest.approx(2.0)
+    policy = LimitPolicy()
+    limits = await tracker.recompute(
+        throttle, ["busy", "calm"], policy, pool_target=100, in_flight=100, now_s=now_s
+    )
+    assert limits["busy"] > limits["calm"] >= policy.defaults.floor
+    assert (await throttle.status("org:busy")).limit == limits["busy"]
+    # A per-org override stored in Redis applies at the next recompute.
+    await store_org_override(client, f"p{unique}", "calm", OrgLimits(floor=50))
+    policy = await load_org_overrides(client, f"p{unique}", policy)
+    limits = await tracker.recompute(
+        throttle, ["calm"], policy, pool_target=100, in_flight=100, now_s=now_s
+    )
+    assert (await throttle.status("org:calm")).limit == limits["calm"] >= 50
+    await client.delete(org_config(f"p{unique}"))
+    await throttle.close()
+    await client.aclose()

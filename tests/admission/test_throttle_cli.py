@@ -1,0 +1,65 @@
+"""``pipeline throttle status`` and ``set-limit`` against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import pytest
+from redis.asyncio import Redis
+from runtime.helpers import eventually
+
+from pipeline.admission.throttle import Throttle
+
+pytestmark = pytest.mark.redis
+
+
+async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pipeline",
+        "throttle",
+        *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def test_status_shows_holders_and_waiters_per_priority(redis_service, unique):
+    """Status lists the limit, holders, waiters per priority and grants; set-limit wakes one."""
+    env = {
+        "PIPELINE_REDIS__URL": redis_service,
+        "PIPELINE_THROTTLE__NAMESPACE": f"c{unique}",
+        "PIPELINE_THROTTLE__DEFAULT_LIMIT": "1",
+    }
+    client = Redis.from_url(redis_service)
+    throttle = Throttle(client, namespace=f"c{unique}", default_limit=1)
+    await throttle.start()
+    held = await throttle.acquire(["org:acme"])
+    waiting = [asyncio.create_task(throttle.acquire(["org:acme"], priority=p)) for p in (1, 5, 5)]
+    await eventually(lambda: throttle.waited == 3, 10)
+    code, out = await _cli("status", "--json", env=env)
+    assert code == 0
+    (line,) = out.splitlines()
+    shown = json.loads(line)
+    assert shown["key"] == "org:acme"
+    assert shown["limit"] == 1
+    assert [h["holder"] for h in shown["holders"]] == [held.holder]
+    assert shown["waiters"] == {"5": 2, "1": 1}
+    assert shown["recent_grants"][0]["holder"] == held.holder
+    code, _ = await _cli("set-limit", "org:acme", "3", env=env)
+    assert code == 0
+    done, _ = await asyncio.wait(waiting, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    assert {t.result().priority for t in done} == {5}
+    await eventually(lambda: sum(t.done() for t in waiting) == 2, 10)
+    assert not waiting[0].done()  # priority 1 still waits: 3 slots, 3 holders
+    for t in waiting:
+        t.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    await throttle.close()
+    await client.aclose()
