@@ -29,6 +29,7 @@ from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected
 from pipeline.ingress.source import Source
 from pipeline.logstore import IngressLog, LogStoreError
+from pipeline.observability.server import PATHS as OBSERVER_PATHS
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class IngressApp:
         self._shutdown = shutdown
         self.counters: Counter[tuple[str, str]] = Counter()
         """Requests by (source, outcome): accepted, duplicate, rejected:<reason>, shed, ..."""
+        self.observer: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
+        """Serves ``/metrics``, ``/healthz`` and ``/readyz`` when set (a ``MetricsServer``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -80,6 +83,9 @@ class IngressApp:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
+        if self.observer is not None and path in OBSERVER_PATHS:
+            await self.observer(scope, receive, send)
+            return
         source = self._sources.get(path[len(_PREFIX) :]) if path.startswith(_PREFIX) else None
         if source is None:
             await _answer(send, 404, {"error": "unknown source"})

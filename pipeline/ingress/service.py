@@ -25,6 +25,9 @@ from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
 from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.observability.metrics import Metrics
+from pipeline.observability.server import MetricsServer
+from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport
@@ -87,6 +90,7 @@ class Ingress:
     dispatcher: Dispatcher | None = None
     sweeper: Sweeper | None = None
     app: IngressApp = field(init=False)
+    observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
     _sweeping: asyncio.Task[None] | None = None
 
@@ -95,6 +99,8 @@ class Ingress:
         self.app = IngressApp(
             self.sources, self.store, None, lifespan=self.start, shutdown=self.stop
         )
+        self.observer = MetricsServer(Metrics())
+        self.app.observer = self.observer
 
     async def start(self) -> None:
         """Open the log store, the producer and the dispatcher; start the sweeper task."""
@@ -113,9 +119,22 @@ class Ingress:
             )
             self._stop = asyncio.Event()
             self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))
+            self.sweeper.on_sweep = sweeper_heartbeat(self.observer.metrics)
+        self.observer.sources = ingress_sources(
+            self.observer.metrics,
+            self.app,
+            self.store,
+            self.transport.admin(),
+            self.specs,
+            self.ingress.sweeper.lane_groups,
+        )
+        self.observer.start()
+        self.observer.ready = True
 
     async def stop(self) -> None:
         """Stop the sweeper, let queued events go, then close everything."""
+        self.observer.ready = False
+        await self.observer.close()
         if self._stop is not None and self._sweeping is not None:
             self._stop.set()
             with contextlib.suppress(asyncio.CancelledError):

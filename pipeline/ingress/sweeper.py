@@ -68,8 +68,13 @@ class Sweeper:
         settings: SweeperSettings,
         *,
         clock: Callable[[], float] = time.time,
+        on_sweep: Callable[[SweepReport], None] | None = None,
     ) -> None:
-        """Sweep ``log_store``; ``lane_topics`` lists the topics of every lane it may replay."""
+        """Sweep ``log_store``; ``lane_topics`` lists the topics of every lane it may replay.
+
+        ``on_sweep`` is told each finished sweep (the heartbeat metric that shows the sweeper
+        is alive).
+        """
         self._log = log_store
         self._producer = producer
         self._backlog = backlog
@@ -77,6 +82,7 @@ class Sweeper:
         self._settings = settings
         self._clock = clock
         self.totals = SweepReport()
+        self.on_sweep = on_sweep
 
     async def sweep_once(self) -> SweepReport:
         """One full sweep: unproduced rows, then unprocessed ones past patience."""
@@ -84,6 +90,8 @@ class Sweeper:
         await self._produce_unproduced(report)
         await self._replay_unprocessed(report)
         self.totals.add(report)
+        if self.on_sweep is not None:
+            self.on_sweep(report)
         if report.produced or report.replayed or report.abandoned or report.failed:
             log.info(
                 "sweep: produced %d, replayed %d, abandoned %d, failed %d; patient lanes: %s",

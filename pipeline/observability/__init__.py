@@ -1,0 +1,1 @@
+"""Beside the flow: Prometheus metrics, the cached ``/metrics`` endpoint and status reports."""

@@ -1,0 +1,238 @@
+"""Small typed facades the stages call; each writes the families of one stage.
+
+The runtime, admission, the debouncer, the ingress and the sweeper never import
+``prometheus_client``: they are handed one of these (or None to record nothing). Every method is
+cheap (a dictionary lookup and an add under a lock held by prometheus-client), safe to call from
+the event loop, and never raises for a label value it has not seen before. Label values must come
+from bounded sets (lane, tier, outcome, reason, source names), never from keys or tenants; the
+one exception, :meth:`AdmissionMetrics.throttled_tenants`, keeps only the top
+:data:`~pipeline.observability.metrics.TOP_TENANTS` per lane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from pipeline.observability import metrics as m
+from pipeline.observability.metrics import TOP_TENANTS, Metrics
+
+__all__ = [
+    "AdmissionMetrics",
+    "DebounceMetrics",
+    "IngressMetrics",
+    "LagMetrics",
+    "LogStoreMetrics",
+    "RuntimeMetrics",
+    "SweeperMetrics",
+]
+
+
+class RuntimeMetrics:
+    """What one consumer-group member reports about the messages it delivers."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._deliveries = metrics.counter(m.DELIVERIES)
+        self._duration = metrics.histogram(m.HANDLER_DURATION)
+        self._retries = metrics.counter(m.RETRIES)
+        self._dead = metrics.counter(m.DEAD_LETTERS)
+        self._expired = metrics.counter(m.EXPIRED)
+        self._parked = metrics.gauge(m.PARKED_KEYS)
+        self._busy = metrics.gauge(m.SLOTS_BUSY)
+        self._total = metrics.gauge(m.SLOTS_TOTAL)
+        self._utilisation = metrics.gauge(m.SLOT_UTILISATION)
+
+    def delivered(self, lane: str, outcome: str, duration_s: float) -> None:
+        """A handler finished one message with ``outcome`` after ``duration_s`` seconds.
+
+        ``outcome`` is one of handled, skipped, retried, dead_lettered, expired, shed,
+        duplicate.
+        """
+        self._deliveries.labels(lane, outcome).inc()
+        self._duration.labels(lane, outcome).observe(duration_s)
+
+    def retried(self, lane: str, tier: str) -> None:
+        """A message went to the retry tier ``tier`` (its delay label: ``5s``, ``1m``)."""
+        self._retries.labels(lane, tier).inc()
+
+    def dead_lettered(self, lane: str, reason: str) -> None:
+        """A message went to the dead-letter topic; ``reason`` is its ``pl-dead-reason``."""
+        self._dead.labels(lane, reason).inc()
+
+    def expired(self, lane: str) -> None:
+        """A message was dropped because its deadline had passed."""
+        self._expired.labels(lane).inc()
+
+    def parked(self, lane: str, delta: int) -> None:
+        """``delta`` keys were parked (positive) or unparked (negative) on ``lane``."""
+        self._parked.labels(lane).inc(delta)
+
+    def slots(self, busy: int, total: int) -> None:
+        """``busy`` of the member's ``total`` handler slots are in use."""
+        self._busy.set(busy)
+        self._total.set(total)
+        self._utilisation.set(busy / total if total > 0 else 0.0)
+
+
+class AdmissionMetrics:
+    """Throttle state of one member."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._waiting = metrics.gauge(m.THROTTLE_WAITING)
+        self._grants = metrics.counter(m.THROTTLE_GRANTS)
+        self._fail_open = metrics.counter(m.THROTTLE_FAIL_OPEN)
+        self._tenants = metrics.gauge(m.THROTTLED_TENANTS)
+        self._shown: dict[str, set[str]] = {}
+
+    def waiting(self, lane: str, count: int) -> None:
+        """``count`` messages of ``lane`` wait for a throttle slot now."""
+        self._waiting.labels(lane).set(count)
+
+    def granted(self, lane: str, count: int = 1) -> None:
+        """``count`` throttle slots were granted on ``lane``."""
+        self._grants.labels(lane).inc(count)
+
+    def failed_open(self, lane: str) -> None:
+        """Redis failed and an admission was let through without a decision."""
+        self._fail_open.labels(lane).inc()
+
+    def throttled_tenants(self, lane: str, waiting_by_tenant: Mapping[str, int]) -> None:
+        """Export the :data:`TOP_TENANTS` tenants with the most waiting messages on ``lane``.
+
+        Tenants that left the top are removed, so the series per lane stay bounded.
+        """
+        ranked = sorted(waiting_by_tenant.items(), key=lambda item: (-item[1], item[0]))
+        top = {tenant: count for tenant, count in ranked[:TOP_TENANTS] if count > 0}
+        for gone in self._shown.get(lane, set()) - top.keys():
+            self._tenants.remove(lane, gone)
+        for tenant, count in top.items():
+            self._tenants.labels(lane, tenant).set(count)
+        self._shown[lane] = set(top)
+
+
+class DebounceMetrics:
+    """What the debouncer did."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._turns = metrics.counter(m.DEBOUNCE_TURNS)
+        self._superseded = metrics.counter(m.DEBOUNCE_SUPERSEDED)
+        self._messages = metrics.histogram(m.DEBOUNCE_TURN_MESSAGES)
+        self._lateness = metrics.histogram(m.DEBOUNCE_LATENESS)
+
+    def turn(self, lane: str, messages: int, lateness_s: float) -> None:
+        """A turn ran with ``messages`` messages, ``lateness_s`` after its scheduled time."""
+        self._turns.labels(lane).inc()
+        self._messages.labels(lane).observe(messages)
+        self._lateness.labels(lane).observe(max(0.0, lateness_s))
+
+    def superseded(self, lane: str) -> None:
+        """A scheduled turn found a newer message and did nothing."""
+        self._superseded.labels(lane).inc()
+
+
+class IngressMetrics:
+    """Ingress outcomes, fed from the ingress's own counters at each snapshot refresh.
+
+    The ingress keeps plain counters on its hot path (``IngressApp.counters``,
+    ``Dispatcher.counters``); :meth:`sync` adds what changed since the last call, so a request
+    costs no Prometheus call at all.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._requests = metrics.counter(m.INGRESS_REQUESTS)
+        self._produced = metrics.counter(m.INGRESS_PRODUCED)
+        self._failed = metrics.counter(m.INGRESS_PRODUCE_FAILED)
+        self._overflowed = metrics.counter(m.INGRESS_OVERFLOWED)
+        self._seen: dict[object, int] = {}
+
+    def request(self, source: str, outcome: str, count: int = 1) -> None:
+        """``count`` requests of ``source`` ended with ``outcome`` (``rejected:<reason>`` too)."""
+        kind, _, reason = outcome.partition(":")
+        self._requests.labels(source, kind, reason).inc(count)
+
+    def sync(
+        self,
+        requests: Mapping[tuple[str, str], int],
+        *,
+        produced: int = 0,
+        failed: int = 0,
+        overflowed: int = 0,
+    ) -> None:
+        """Add the growth of the ingress's cumulative counters since the previous call."""
+        for (source, outcome), total in requests.items():
+            delta = self._delta(("request", source, outcome), total)
+            if delta:
+                self.request(source, outcome, delta)
+        self._produced.inc(self._delta("produced", produced))
+        self._failed.inc(self._delta("failed", failed))
+        self._overflowed.inc(self._delta("overflowed", overflowed))
+
+    def _delta(self, name: object, total: int) -> int:
+        previous = self._seen.get(name, 0)
+        self._seen[name] = total
+        return total - previous if total >= previous else total  # a restarted source
+
+
+class LogStoreMetrics:
+    """Ages and abandoned rows of the ingress log (set by the snapshot refresher)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._unproduced = metrics.gauge(m.LOG_UNPRODUCED_AGE)
+        self._unprocessed = metrics.gauge(m.LOG_UNPROCESSED_AGE)
+        self._abandoned = metrics.gauge(m.LOG_ABANDONED)
+
+    def observe(self, *, unproduced_age_s: float, unprocessed_age_s: float, abandoned: int) -> None:
+        """The oldest unproduced and unprocessed rows' ages (0: none) and the abandoned count."""
+        self._unproduced.set(unproduced_age_s)
+        self._unprocessed.set(unprocessed_age_s)
+        self._abandoned.set(abandoned)
+
+
+class SweeperMetrics:
+    """The sweeper's heartbeat and what it did; a silent sweeper is an alert."""
+
+    def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.time) -> None:
+        """Write into ``metrics``; ``clock`` gives Unix time in seconds."""
+        self._last_run = metrics.gauge(m.SWEEPER_LAST_RUN)
+        self._rows = metrics.counter(m.SWEEPER_ROWS)
+        self._clock = clock
+
+    def swept(self, *, produced: int, replayed: int, abandoned: int, failed: int) -> None:
+        """A sweep finished (successfully or not) having acted on these rows."""
+        for action, count in (
+            ("produced", produced),
+            ("replayed", replayed),
+            ("abandoned", abandoned),
+            ("failed", failed),
+        ):
+            self._rows.labels(action).inc(count)
+        self._last_run.set(self._clock())
+
+
+class LagMetrics:
+    """Lag, age, retry-tier and dead-letter depths (set by the group-lag collector)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._age = metrics.gauge(m.OLDEST_AGE)
+        self._lag = metrics.gauge(m.LAG)
+        self._tier = metrics.gauge(m.RETRY_DEPTH)
+        self._dlq = metrics.gauge(m.DLQ_DEPTH)
+
+    def lane(self, lane: str, group: str, *, lag: int, oldest_age_s: float) -> None:
+        """The group's lag and oldest waiting message's age on the lane's main topics."""
+        self._lag.labels(lane, group).set(lag)
+        self._age.labels(lane, group).set(oldest_age_s)
+
+    def retry_tier(self, lane: str, group: str, tier: str, depth: int) -> None:
+        """Messages waiting in retry tier ``tier`` of ``lane`` for ``group``."""
+        self._tier.labels(lane, group, tier).set(depth)
+
+    def dead_letters(self, lane: str, count: int) -> None:
+        """Messages retained in the lane's dead-letter topic."""
+        self._dlq.labels(lane).set(count)

@@ -1,0 +1,349 @@
+"""Every Prometheus metric family of the pipeline, defined once, in a registry per process.
+
+:data:`FAMILIES` is the single list of names, types, labels and units; ``docs/glossary.md``
+and ``deploy/prometheus/alerts.yaml`` are checked against it by the tests. :class:`Metrics`
+instantiates all of them in its own :class:`~prometheus_client.CollectorRegistry` (never the
+global default registry), so a process, or a test, can hold several independent sets.
+
+Conventions: base units (seconds, messages, rows) with Prometheus suffixes (``_seconds``,
+``_total``, ``_ratio``); labels are bounded (lane, group, tier, outcome, reason, source,
+action); a tenant appears only in :data:`THROTTLED_TENANTS`, which keeps at most
+:data:`TOP_TENANTS` series per lane. The stages never touch these objects directly; they call
+the small facades in :mod:`pipeline.observability.facades`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = [
+    "FAMILIES",
+    "TOP_TENANTS",
+    "Family",
+    "Kind",
+    "Metrics",
+    "family",
+]
+
+Kind = Literal["counter", "gauge", "histogram"]
+TOP_TENANTS = 10
+"""Most tenants per lane exported by :data:`THROTTLED_TENANTS` (bounded cardinality)."""
+
+DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+LATENESS_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+TURN_MESSAGES_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 100)
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family as exposed to Prometheus.
+
+    Attributes:
+        name: the exposed name (counters end in ``_total``).
+        kind: counter, gauge or histogram.
+        help: the HELP text: what one sample means.
+        labels: label names, each with a bounded set of values.
+        unit: the base unit of a sample (``seconds``, ``messages``, ``rows``, ``ratio``, ...).
+        buckets: histogram bucket upper bounds (histograms only).
+    """
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""
+    buckets: tuple[float, ...] = ()
+
+    def exposed_names(self) -> tuple[str, ...]:
+        """The sample names a scrape shows for this family (histograms add three)."""
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+LG = ("lane", "group")
+
+# -- the consumer runtime ---------------------------------------------------------------------
+DELIVERIES = Family(
+    "pipeline_deliveries_total",
+    "counter",
+    "Messages finished by this member, by outcome (handled, skipped, retried, dead_lettered, "
+    "expired, shed, duplicate).",
+    ("lane", "outcome"),
+    "messages",
+)
+HANDLER_DURATION = Family(
+    "pipeline_handler_duration_seconds",
+    "histogram",
+    "Time a handler ran for one message, by outcome.",
+    ("lane", "outcome"),
+    "seconds",
+    DURATION_BUCKETS_S,
+)
+RETRIES = Family(
+    "pipeline_retries_total",
+    "counter",
+    "Messages sent to a retry tier, by tier delay (5s, 1m, ...).",
+    ("lane", "tier"),
+    "messages",
+)
+DEAD_LETTERS = Family(
+    "pipeline_dead_letters_total",
+    "counter",
+    "Messages sent to the dead-letter topic, by reason (the pl-dead-reason header: fatal, "
+    "exhausted, expired, poison, ...).",
+    ("lane", "reason"),
+    "messages",
+)
+EXPIRED = Family(
+    "pipeline_expired_total",
+    "counter",
+    "Messages dropped unprocessed because their deadline had passed.",
+    ("lane",),
+    "messages",
+)
+PARKED_KEYS = Family(
+    "pipeline_parked_keys",
+    "gauge",
+    "Keys of an ordered lane parked behind a message in a retry tier (this member).",
+    ("lane",),
+    "keys",
+)
+SLOTS_BUSY = Family(
+    "pipeline_worker_slots_busy", "gauge", "Handler slots in use in this member.", (), "slots"
+)
+SLOTS_TOTAL = Family(
+    "pipeline_worker_slots",
+    "gauge",
+    "Handler slots of this member (max_concurrency).",
+    (),
+    "slots",
+)
+SLOT_UTILISATION = Family(
+    "pipeline_worker_slot_utilization_ratio",
+    "gauge",
+    "Busy slots over all slots of this member (0-1); an autoscaling signal.",
+    (),
+    "ratio",
+)
+# -- lag and age (the alarm signal), from the transport's group lag --------------------------
+OLDEST_AGE = Family(
+    "pipeline_oldest_message_age_seconds",
+    "gauge",
+    "Age of the oldest message the group has not processed yet in the lane's main topics "
+    "(0 when caught up).",
+    LG,
+    "seconds",
+)
+LAG = Family(
+    "pipeline_consumer_lag_messages",
+    "gauge",
+    "Messages produced to the lane's main topics and not yet committed by the group.",
+    LG,
+    "messages",
+)
+RETRY_DEPTH = Family(
+    "pipeline_retry_tier_messages",
+    "gauge",
+    "Messages waiting in one retry tier of the lane for the group.",
+    ("lane", "group", "tier"),
+    "messages",
+)
+DLQ_DEPTH = Family(
+    "pipeline_dead_letter_messages",
+    "gauge",
+    "Messages retained in the lane's dead-letter topic.",
+    ("lane",),
+    "messages",
+)
+REFRESH_TIMESTAMP = Family(
+    "pipeline_metrics_refresh_timestamp_seconds",
+    "gauge",
+    "When the /metrics snapshot was last refreshed completely (Unix time).",
+    (),
+    "seconds",
+)
+REFRESH_ERRORS = Family(
+    "pipeline_metrics_refresh_errors_total",
+    "counter",
+    "Refreshes of a snapshot source that failed or timed out, by source.",
+    ("source",),
+    "refreshes",
+)
+# -- admission: throttles and the debouncer --------------------------------------------------
+THROTTLE_WAITING = Family(
+    "pipeline_throttle_waiting",
+    "gauge",
+    "Messages of the lane waiting for a throttle slot (this member).",
+    ("lane",),
+    "messages",
+)
+THROTTLE_GRANTS = Family(
+    "pipeline_throttle_grants_total", "counter", "Throttle slots granted.", ("lane",), "grants"
+)
+THROTTLE_FAIL_OPEN = Family(
+    "pipeline_throttle_fail_open_total",
+    "counter",
+    "Admissions let through without a throttle decision because Redis failed.",
+    ("lane",),
+    "admissions",
+)
+THROTTLED_TENANTS = Family(
+    "pipeline_throttled_tenant_waiting",
+    "gauge",
+    f"Waiting messages of the {TOP_TENANTS} most throttled tenants of the lane.",
+    ("lane", "tenant"),
+    "messages",
+)
+DEBOUNCE_TURNS = Family(
+    "pipeline_debounce_turns_total", "counter", "Debounced turns that ran.", ("lane",), "turns"
+)
+DEBOUNCE_SUPERSEDED = Family(
+    "pipeline_debounce_superseded_total",
+    "counter",
+    "Scheduled turns that found a newer message and did nothing.",
+    ("lane",),
+    "turns",
+)
+DEBOUNCE_TURN_MESSAGES = Family(
+    "pipeline_debounce_turn_messages",
+    "histogram",
+    "Messages one debounced turn received.",
+    ("lane",),
+    "messages",
+    TURN_MESSAGES_BUCKETS,
+)
+DEBOUNCE_LATENESS = Family(
+    "pipeline_debounce_lateness_seconds",
+    "histogram",
+    "How long after its scheduled time a turn started.",
+    ("lane",),
+    "seconds",
+    LATENESS_BUCKETS_S,
+)
+# -- ingress ---------------------------------------------------------------------------------
+INGRESS_REQUESTS = Family(
+    "pipeline_ingress_requests_total",
+    "counter",
+    "Webhook requests by outcome (accepted, duplicate, rejected, shed, too_large, malformed, "
+    "store_error, handshake, handshake_refused) and reason.",
+    ("source", "outcome", "reason"),
+    "requests",
+)
+INGRESS_PRODUCED = Family(
+    "pipeline_ingress_produced_total",
+    "counter",
+    "Accepted webhooks the fast path produced.",
+    (),
+    "events",
+)
+INGRESS_PRODUCE_FAILED = Family(
+    "pipeline_ingress_produce_failures_total",
+    "counter",
+    "Accepted webhooks whose fast-path produce failed (the sweeper produces them).",
+    (),
+    "events",
+)
+INGRESS_OVERFLOWED = Family(
+    "pipeline_ingress_overflowed_total",
+    "counter",
+    "Accepted webhooks left to the sweeper because the produce queue was full.",
+    (),
+    "events",
+)
+# -- the log store and its sweeper -----------------------------------------------------------
+LOG_UNPRODUCED_AGE = Family(
+    "pipeline_log_oldest_unproduced_age_seconds",
+    "gauge",
+    "Age of the oldest accepted webhook not yet acknowledged by the broker (0: none).",
+    (),
+    "seconds",
+)
+LOG_UNPROCESSED_AGE = Family(
+    "pipeline_log_oldest_unprocessed_age_seconds",
+    "gauge",
+    "Age of the oldest produced webhook no consumer reported processed (0: none).",
+    (),
+    "seconds",
+)
+LOG_ABANDONED = Family(
+    "pipeline_log_abandoned_rows",
+    "gauge",
+    "Log rows the sweeper gave up on (abandoned), still retained.",
+    (),
+    "rows",
+)
+SWEEPER_LAST_RUN = Family(
+    "pipeline_sweeper_last_run_timestamp_seconds",
+    "gauge",
+    "When the sweeper last finished a sweep (Unix time).",
+    (),
+    "seconds",
+)
+SWEEPER_ROWS = Family(
+    "pipeline_sweeper_rows_total",
+    "counter",
+    "Rows the sweeper acted on, by action (produced, replayed, abandoned, failed).",
+    ("action",),
+    "rows",
+)
+
+FAMILIES: tuple[Family, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, Family)
+)
+"""Every family, in definition order."""
+
+
+def family(name: str) -> Family:
+    """The family called ``name`` (KeyError if there is none)."""
+    for item in FAMILIES:
+        if item.name == name:
+            return item
+    raise KeyError(name)
+
+
+Instrument = Counter | Gauge | Histogram
+
+
+class Metrics:
+    """All families instantiated in one registry; :attr:`registry` is what ``/metrics`` serves."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Create every family of :data:`FAMILIES` in ``registry`` (default: a new one)."""
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._instruments: dict[str, Instrument] = {}
+        for item in FAMILIES:
+            self._instruments[item.name] = self._create(item)
+
+    def _create(self, item: Family) -> Instrument:
+        if item.kind == "counter":
+            return Counter(item.name, item.help, item.labels, registry=self.registry)
+        if item.kind == "gauge":
+            return Gauge(item.name, item.help, item.labels, registry=self.registry)
+        return Histogram(
+            item.name, item.help, item.labels, registry=self.registry, buckets=item.buckets
+        )
+
+    def counter(self, item: Family) -> Counter:
+        """The counter of ``item``."""
+        instrument = self._instruments[item.name]
+        if not isinstance(instrument, Counter):
+            raise TypeError(f"{item.name} is a {item.kind}")
+        return instrument
+
+    def gauge(self, item: Family) -> Gauge:
+        """The gauge of ``item``."""
+        instrument = self._instruments[item.name]
+        if not isinstance(instrument, Gauge):
+            raise TypeError(f"{item.name} is a {item.kind}")
+        return instrument
+
+    def histogram(self, item: Family) -> Histogram:
+        """The histogram of ``item``."""
+        instrument = self._instruments[item.name]
+        if not isinstance(instrument, Histogram):
+            raise TypeError(f"{item.name} is a {item.kind}")
+        return instrument

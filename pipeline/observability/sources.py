@@ -1,0 +1,156 @@
+"""The expensive readings behind the ``/metrics`` snapshot, run only by its refresher.
+
+Each :class:`SnapshotSource` reads something that costs a round trip (the broker's group lag,
+the log store) or copies counters kept elsewhere, and writes the result into the metrics through
+a facade. :class:`~pipeline.observability.server.MetricsServer` calls :meth:`refresh` in the
+background with a timeout, so a scrape never waits on Redis, Kafka or the database.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from pipeline.logstore import ReplayLog, RowState, Selection
+from pipeline.observability.facades import IngressMetrics, LagMetrics, LogStoreMetrics
+from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane
+from pipeline.transport.protocol import Admin
+
+__all__ = [
+    "CountingApp",
+    "GroupLagSource",
+    "IngressSource",
+    "LogStoreSource",
+    "SnapshotSource",
+]
+
+
+class SnapshotSource(Protocol):
+    """Something the refresher reads before it renders a snapshot."""
+
+    name: str
+    """A short label for the refresh error counter (bounded: one per source kind)."""
+
+    async def refresh(self) -> None:
+        """Read and write the latest values into the metrics; may raise or hang."""
+        ...
+
+
+class GroupLagSource:
+    """Lag, oldest-message age, retry-tier depths and dead letters per (lane, group)."""
+
+    name = "group_lag"
+
+    def __init__(
+        self,
+        admin: Admin,
+        watches: Sequence[LaneWatch],
+        metrics: LagMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Read ``watches`` with ``admin`` and write into ``metrics``."""
+        self._admin = admin
+        self._watches = list(watches)
+        self._metrics = metrics
+        self._clock = clock
+        self.reports: list[LaneReport] = []
+        """What the last refresh found."""
+
+    async def refresh(self) -> None:
+        """Probe every watched lane and update the gauges."""
+        retained = {
+            name: info.message_count for name, info in (await self._admin.list_topics()).items()
+        }
+        reports = []
+        for watch in self._watches:
+            report = await probe_lane(self._admin, watch, retained, clock=self._clock)
+            self._metrics.lane(
+                report.lane, report.group, lag=report.lag, oldest_age_s=report.oldest_age_s
+            )
+            for tier, depth in report.retry_tiers.items():
+                self._metrics.retry_tier(report.lane, report.group, tier, depth)
+            self._metrics.dead_letters(report.lane, report.dead_letters)
+            reports.append(report)
+        self.reports = reports
+
+
+class LogStoreSource:
+    """Ages of the oldest unproduced and unprocessed rows, and the abandoned count."""
+
+    name = "log_store"
+
+    def __init__(
+        self,
+        store: ReplayLog,
+        metrics: LogStoreMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Read ``store`` and write into ``metrics``."""
+        self._store = store
+        self._metrics = metrics
+        self._clock = clock
+
+    async def refresh(self) -> None:
+        """Three small queries: the oldest received row, the oldest produced one, a count."""
+        now_ms = int(self._clock() * 1000)
+        counts = await self._store.count_by_state(Selection(states=(RowState.ABANDONED,)))
+        self._metrics.observe(
+            unproduced_age_s=await self._oldest_age_s(RowState.RECEIVED, now_ms),
+            unprocessed_age_s=await self._oldest_age_s(RowState.PRODUCED, now_ms),
+            abandoned=counts.get(RowState.ABANDONED, 0),
+        )
+
+    async def _oldest_age_s(self, state: RowState, now_ms: int) -> float:
+        # Row ids are time-ordered, so the first row in id order is the oldest received.
+        rows = await self._store.select(Selection(states=(state,)), limit=1)
+        return max(0.0, (now_ms - rows[0].received_at_ms) / 1000) if rows else 0.0
+
+
+class _DispatchCounters(Protocol):
+    produced: int
+    failed: int
+    overflowed: int
+
+
+class _Dispatcher(Protocol):
+    @property
+    def counters(self) -> _DispatchCounters: ...
+
+
+class CountingApp(Protocol):
+    """The ingress application's counters (``IngressApp``)."""
+
+    @property
+    def counters(self) -> Mapping[tuple[str, str], int]:
+        """Requests by (source, outcome)."""
+        ...
+
+    @property
+    def dispatcher(self) -> _Dispatcher | None:
+        """The fast produce path, once started."""
+        ...
+
+
+class IngressSource:
+    """Copies the ingress's hot-path counters into the Prometheus counters."""
+
+    name = "ingress"
+
+    def __init__(self, app: CountingApp, metrics: IngressMetrics) -> None:
+        """Read ``app``'s counters and write into ``metrics``."""
+        self._app = app
+        self._metrics = metrics
+
+    async def refresh(self) -> None:
+        """Add what the counters gained since the previous refresh."""
+        dispatcher = self._app.dispatcher
+        counters = dispatcher.counters if dispatcher is not None else None
+        self._metrics.sync(
+            dict(self._app.counters),
+            produced=counters.produced if counters else 0,
+            failed=counters.failed if counters else 0,
+            overflowed=counters.overflowed if counters else 0,
+        )

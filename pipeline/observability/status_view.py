@@ -1,0 +1,133 @@
+"""``pipeline status [--json] [--group G]``: one screen with a line per lane and group.
+
+Lanes come from ``topics/*.yaml``; the group of each lane from ``--group`` (every lane), else
+``PIPELINE_INGRESS__SWEEPER__LANE_GROUPS``, else a group named after the lane. The ingress log is
+read when it is configured and reachable (SQLite: only when its file exists, so a status never
+creates one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.cli_support import TransportOpt, run_command
+from pipeline.config import Settings, load_settings
+from pipeline.errors import PipelineError
+from pipeline.logstore import LogStore
+from pipeline.observability.lanes import lane_watches
+from pipeline.observability.status import Status, collect_status
+from pipeline.topics.spec import load_specs
+from pipeline.transport import create_transport
+
+__all__ = ["gather", "render", "status_command"]
+
+
+def _age(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    if seconds < 60:  # noqa: PLR2004 - one minute
+        return f"{seconds:.1f}s"
+    if seconds < 3600:  # noqa: PLR2004 - one hour
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def render(status: Status, console: Console) -> None:
+    """Print ``status`` as tables: lanes first, then the ingress log."""
+    table = Table(title=f"pipeline status ({status.transport})")
+    for column in ("lane", "group", "lag", "oldest", "in flight", "retry tiers", "DLQ"):
+        table.add_column(column, justify="left" if column in {"lane", "group"} else "right")
+    table.add_column("throttled tenants")
+    for lane in status.lanes:
+        r = lane.report
+        if lane.error:
+            table.add_row(r.lane, r.group, f"[red]{lane.error}[/red]", "", "", "", "", "")
+            continue
+        tiers = " ".join(f"{tier}:{depth}" for tier, depth in r.retry_tiers.items()) or "-"
+        oldest = _age(r.oldest_age_s)
+        if r.oldest_age_s >= 600:  # noqa: PLR2004 - the paging threshold of alerts.yaml
+            oldest = f"[red]{oldest}[/red]"
+        throttled = ", ".join(f"{t} ({n})" for t, n in lane.throttled) or "-"
+        table.add_row(
+            r.lane,
+            r.group,
+            str(r.lag),
+            oldest,
+            "-" if lane.in_flight is None else str(lane.in_flight),
+            tiers,
+            f"[red]{r.dead_letters}[/red]" if r.dead_letters else "0",
+            throttled,
+        )
+    console.print(table)
+    missing = sorted({t for lane in status.lanes for t in lane.report.missing_topics})
+    if missing:
+        console.print(
+            f"[yellow]missing topics[/yellow] (run `pipeline topics apply`): {', '.join(missing)}",
+            highlight=False,
+        )
+    if status.log is not None:
+        log = status.log
+        rows = ", ".join(f"{state} {count}" for state, count in sorted(log.rows.items())) or "none"
+        abandoned = f"[red]{log.abandoned}[/red]" if log.abandoned else "0"
+        console.print(
+            f"ingress log: {rows}; abandoned {abandoned}; oldest unproduced "
+            f"{_age(log.oldest_unproduced_age_s)}, oldest unprocessed "
+            f"{_age(log.oldest_unprocessed_age_s)}",
+            highlight=False,
+        )
+    elif status.log_error:
+        console.print(f"ingress log: [yellow]unavailable[/yellow] ({status.log_error})")
+
+
+def _log_store(settings: Settings) -> LogStore | None:
+    from pipeline.ingress.service import create_log_store  # noqa: PLC0415 - only when read
+
+    ingress = settings.ingress
+    if ingress.log_store == "sqlite" and not ingress.sqlite_path.exists():
+        return None
+    return create_log_store(settings, ingress)
+
+
+async def gather(settings: Settings, groups: list[str], *, with_log: bool = True) -> Status:
+    """Collect the status the settings describe (what the command prints)."""
+    specs = load_specs(settings.topics_dir)
+    lane_groups = {lane: [g] for lane, g in settings.ingress.sweeper.lane_groups.items()}
+    watches = lane_watches(specs, lane_groups, only_groups=groups)
+    transport = create_transport(settings)
+    store = _log_store(settings) if with_log else None
+    log_error = ""
+    if store is not None:
+        try:
+            await store.open()
+        except PipelineError as exc:
+            store, log_error = None, str(exc)
+    try:
+        status = await collect_status(transport.name, transport.admin(), watches, store=store)
+    finally:
+        if store is not None:
+            await store.close()
+        await transport.close()
+    return replace(status, log_error=log_error) if log_error else status
+
+
+def status_command(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+    group: Annotated[
+        list[str] | None, typer.Option("--group", "-g", help="Consumer group (repeatable).")
+    ] = None,
+    log: Annotated[bool, typer.Option("--log/--no-log", help="Read the ingress log.")] = True,
+    transport: TransportOpt = None,
+) -> None:
+    """Lag, oldest waiting message, retry tiers, dead letters and abandoned rows per lane."""
+    settings = load_settings(**({"transport": transport} if transport else {}))
+    status = run_command(gather(settings, group or [], with_log=log))
+    if as_json:
+        typer.echo(json.dumps(status.to_json()))
+        return
+    render(status, Console())

@@ -1,0 +1,63 @@
+"""The running ingress serves its counters, log-store ages and sweeper heartbeat at /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import yaml
+from conftest import test_settings as settings_for
+from helpers import drop, lane_spec
+
+from pipeline.ingress.service import build_ingress
+from pipeline.ingress.settings import IngressSettings, SweeperSettings
+from pipeline.topics.admin import apply
+from pipeline.transport import create_transport
+
+
+async def test_ingress_metrics_show_requests_and_the_sweeper_heartbeat(
+    redis_service, unique, tmp_path
+):
+    """After one webhook and the first sweep, /metrics shows both and /readyz follows start/stop."""
+    spec = lane_spec(f"obs-ingress-{unique}")
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    (topics / "t.yaml").write_text(
+        yaml.safe_dump({"name": spec.name, "partitions": 2, "lane": spec.lane}), encoding="utf-8"
+    )
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        yaml.safe_dump({"sources": {"plain": {"scheme": "none", "topic": spec.name}}}),
+        encoding="utf-8",
+    )
+    settings = settings_for(topics_dir=topics, transport="redis")
+    ingress = IngressSettings(
+        sources_file=sources,
+        sqlite_path=tmp_path / "ingress.db",
+        sweeper=SweeperSettings(interval_s=3600),
+    )
+    broker = create_transport(settings)
+    await apply(broker.admin(), [spec], 1000, dry_run=False)
+    built = build_ingress(settings, ingress)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=built.app), base_url="http://i")
+    try:
+        await built.start()
+        assert (await http.get("/readyz")).status_code == 200
+        assert (await http.post("/hooks/plain", content=b'{"a": 1}')).status_code == 200
+        deadline = time.monotonic() + 30
+        stamp = "pipeline_sweeper_last_run_timestamp_seconds"
+        while not built.observer.metrics.registry.get_sample_value(stamp):
+            assert time.monotonic() < deadline, "the first sweep did not finish in 30 s"
+            await asyncio.sleep(0.02)
+        assert await built.observer.refresh_once()
+        text = (await http.get("/metrics")).text
+        assert 'outcome="accepted",reason="",source="plain"} 1.0' in text
+        assert "pipeline_log_abandoned_rows 0.0" in text
+        assert f'pipeline_consumer_lag_messages{{group="{spec.lane}",lane="{spec.lane}"}}' in text
+    finally:
+        await built.stop()
+        assert (await http.get("/readyz")).status_code == 503
+        await http.aclose()
+        await drop(broker, spec)
+        await broker.close()

@@ -1,0 +1,52 @@
+"""The alarm signal: oldest-message age and lag per lane and group, from a real broker."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import drop, lane_spec, partly_consumed
+
+from pipeline.observability.facades import LagMetrics
+from pipeline.observability.lanes import lane_watches
+from pipeline.observability.metrics import Metrics
+from pipeline.observability.sources import GroupLagSource
+
+
+async def test_age_gauge_reads_the_oldest_uncommitted_message(transport, unique):
+    """Committing 3 of 6 shows lag 3 and the 4th message's age; committing all shows zeros."""
+    spec = lane_spec(f"obs-lag-{unique}")
+    group = f"g-{unique}"
+    labels = {"lane": spec.lane, "group": group}
+    try:
+        async with partly_consumed(transport, spec, group, produced=6, committed=3) as lane:
+            oldest_ms = lane.messages[3].timestamp_ms
+            metrics = Metrics()
+            value = metrics.registry.get_sample_value
+            source = GroupLagSource(
+                transport.admin(),
+                lane_watches([spec], only_groups=[group]),
+                LagMetrics(metrics),
+                clock=lambda: (oldest_ms + 42_000) / 1000,
+            )
+            await source.refresh()
+            assert value("pipeline_consumer_lag_messages", labels) == 3
+            assert value("pipeline_oldest_message_age_seconds", labels) == pytest.approx(42.0)
+            assert value("pipeline_retry_tier_messages", {**labels, "tier": "5s"}) == 1
+            assert value("pipeline_dead_letter_messages", {"lane": spec.lane}) == 1
+            assert source.reports[0].missing_topics == ()
+
+            await lane.commit(6)
+            await source.refresh()
+            assert value("pipeline_consumer_lag_messages", labels) == 0
+            assert value("pipeline_oldest_message_age_seconds", labels) == 0
+    finally:
+        await drop(transport, spec)
+
+
+async def test_missing_topics_are_reported_not_raised(transport, unique):
+    """A lane declared but never applied reads as missing topics instead of failing the refresh."""
+    spec = lane_spec(f"obs-missing-{unique}")
+    source = GroupLagSource(
+        transport.admin(), lane_watches([spec], only_groups=["g"]), LagMetrics(Metrics())
+    )
+    await source.refresh()
+    assert set(source.reports[0].missing_topics) == set(spec.topic_names())

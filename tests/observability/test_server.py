@@ -1,0 +1,147 @@
+"""The cached /metrics endpoint, /healthz and /readyz, alone and inside the ingress app."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import httpx
+
+from pipeline.ingress.app import IngressApp
+from pipeline.observability.facades import IngressMetrics, RuntimeMetrics
+from pipeline.observability.metrics import Metrics
+from pipeline.observability.server import MetricsServer, serve_metrics
+from pipeline.observability.sources import IngressSource
+
+
+class HangingSource:
+    """A source whose broker never answers."""
+
+    name = "hanging"
+
+    def __init__(self) -> None:
+        """Not started yet."""
+        self.started = asyncio.Event()
+
+    async def refresh(self) -> None:
+        """Wait forever."""
+        self.started.set()
+        await asyncio.Event().wait()
+
+
+class FailingSource:
+    """A source whose broker refuses every read."""
+
+    name = "failing"
+
+    async def refresh(self) -> None:
+        """Fail."""
+        raise ConnectionError("broker down")
+
+
+class CountingSource:
+    """A source that records one expired message per refresh."""
+
+    name = "counting"
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self.runtime = RuntimeMetrics(metrics)
+
+    async def refresh(self) -> None:
+        """Count one expired message."""
+        self.runtime.expired("messages")
+
+
+def client(app: object) -> httpx.AsyncClient:
+    """An HTTP client calling the ASGI app in process."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")  # type: ignore[arg-type]
+
+
+async def test_scrape_returns_the_snapshot_while_a_source_hangs():
+    """A scrape answers at once from the last snapshot although the refresher is stuck."""
+    metrics = Metrics()
+    hanging = HangingSource()
+    server = MetricsServer(metrics, [hanging], interval_s=3600, source_timeout_s=3600)
+    RuntimeMetrics(metrics).expired("messages")
+    server.start()
+    try:
+        await asyncio.wait_for(hanging.started.wait(), 10)
+        async with client(server) as http:
+            response = await asyncio.wait_for(http.get("/metrics"), 10)
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain")
+        assert b"pipeline_oldest_message_age_seconds" in response.content
+    finally:
+        await server.close()
+
+
+async def test_refresh_renders_new_values_only_after_it_ran():
+    """Values written by a source appear in the snapshot after the refresh, not before."""
+    metrics = Metrics()
+    server = MetricsServer(metrics, [CountingSource(metrics)])
+    line = b'pipeline_expired_total{lane="messages"} 1.0'
+    assert line not in server.snapshot
+    assert await server.refresh_once()
+    assert line in server.snapshot
+    assert metrics.registry.get_sample_value("pipeline_metrics_refresh_timestamp_seconds") > 0
+
+
+async def test_a_failing_or_slow_source_is_counted_and_keeps_the_timestamp_still():
+    """Errors and timeouts are counted per source; the refresh time moves only on success."""
+    metrics = Metrics()
+    server = MetricsServer(metrics, [FailingSource(), HangingSource()], source_timeout_s=0.05)
+    assert not await server.refresh_once()
+    errors = "pipeline_metrics_refresh_errors_total"
+    assert metrics.registry.get_sample_value(errors, {"source": "failing"}) == 1
+    assert metrics.registry.get_sample_value(errors, {"source": "hanging"}) == 1
+    assert metrics.registry.get_sample_value("pipeline_metrics_refresh_timestamp_seconds") == 0
+
+
+async def test_healthz_and_readyz_follow_the_ready_flag():
+    """/healthz is always 200; /readyz is 503 until the owner says ready; others are 404."""
+    server = MetricsServer(Metrics())
+    async with client(server) as http:
+        assert (await http.get("/healthz")).status_code == 200
+        assert (await http.get("/readyz")).status_code == 503
+        server.ready = True
+        assert (await http.get("/readyz")).status_code == 200
+        assert (await http.get("/nope")).status_code == 404
+        assert (await http.post("/metrics")).status_code == 405
+
+
+async def test_serve_metrics_listens_on_a_real_port():
+    """serve_metrics serves the snapshot over HTTP until stopped."""
+    server = MetricsServer(Metrics(), interval_s=3600)
+    stop = asyncio.Event()
+    bound: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        serve_metrics(server, "127.0.0.1", 0, stop, lambda h, p: bound.set_result((h, p)))
+    )
+    try:
+        host, port = await asyncio.wait_for(bound, 10)
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"http://{host}:{port}/metrics")
+        assert response.status_code == 200
+        assert b"pipeline_worker_slots" in response.content
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_ingress_app_serves_metrics_with_its_counters():
+    """The ingress answers /metrics beside its hooks, with its request counters exported."""
+    app = IngressApp({}, None, None)  # type: ignore[arg-type]
+    metrics = Metrics()
+    server = MetricsServer(metrics, [IngressSource(app, IngressMetrics(metrics))])
+    app.observer = server
+    app.counters.update(Counter({("github", "accepted"): 2, ("github", "shed"): 1}))
+    await server.refresh_once()
+    async with client(app) as http:
+        text = (await http.get("/metrics")).text
+        missing = await http.get("/hooks/unknown")
+    assert (
+        'pipeline_ingress_requests_total{outcome="accepted",reason="",source="github"} 2.0' in text
+    )
+    assert 'pipeline_ingress_requests_total{outcome="shed",reason="",source="github"} 1.0' in text
+    assert missing.status_code == 404
