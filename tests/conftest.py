@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlparse
 
 import pytest
+from redis.asyncio import Redis
 
 from pipeline.config import Settings, load_settings
 from pipeline.transport import create_transport
@@ -90,3 +91,11 @@ async def transport(request: pytest.FixtureRequest, settings: Settings) -> Async
 def unique() -> str:
     """A short unique suffix for topic, group and key names."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def redis(redis_service: str) -> AsyncIterator[Redis]:
+    """An asyncio client of the test Redis (tests isolate their keys with ``unique``)."""
+    client = Redis.from_url(redis_service)
+    yield client
+    await client.aclose()

@@ -56,6 +56,15 @@ class KeyLanes:
             queue.append(message)
 
     @property
+    def running(self) -> int:
+        """Messages running now (busy worker slots)."""
+        return len(self._running)
+
+    def busy(self, message: Message) -> bool:
+        """Whether ``message``'s key has messages queued or running (ordered lanes)."""
+        return (message.tp, message.key) in self._queues
+
+    @property
     def buffered(self) -> int:
         """Messages queued or running."""
         return sum(len(q) for q in self._queues.values())

@@ -4,8 +4,11 @@ The member is the glue between small collaborators: the transport's :class:`Cons
 :class:`~pipeline.runtime.lanes.KeyLanes` (per-key order, bounded concurrency),
 :class:`~pipeline.runtime.offsets.PartitionOffsets` (what to commit),
 :class:`~pipeline.runtime.flow.FlowControl` (pause above the high-water mark),
-:class:`~pipeline.runtime.due.DueGate` (retry tiers wait for their due time) and
-:class:`~pipeline.retry.router.Router` (retry tiers and dead letters).
+:class:`~pipeline.runtime.due.DueGate` (retry tiers wait for their due time),
+:class:`~pipeline.runtime.admit.AdmissionGate` (throttled lanes wait for their slots),
+:class:`~pipeline.runtime.turns.DebouncedLanes` (one turn per conversation burst),
+:mod:`~pipeline.runtime.sojourn` (deadlines and standing queues) and
+:class:`~pipeline.runtime.routing.Routing` (retry tiers, dead letters, deferrals).
 
 Delivery guarantee: a message's offset is committed only after its handler returned, skipped it,
 or its failure was durably routed to a retry tier or the dead-letter topic. Everything else is
@@ -18,20 +21,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 
 from pipeline import headers as h
 from pipeline.config import RuntimeSettings
-from pipeline.envelope import Delivered, Message, Position, TopicPartition
+from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import DebounceUnavailable, PipelineError, Skip, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
-from pipeline.retry.budget import RetryBudget
+from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
 from pipeline.retry.parking import Ending, Parking
-from pipeline.retry.router import LaneRoutes, Router
+from pipeline.retry.router import Router
+from pipeline.runtime.admit import AdmissionGate, Admitter
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
@@ -40,34 +43,16 @@ from pipeline.runtime.flow import FlowControl, PauseBook
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
+from pipeline.runtime.routing import Routing
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
+from pipeline.runtime.stats import Stats
 from pipeline.runtime.turns import DebouncedLanes, TurnOutcome
 from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
-_ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
-_ENDINGS: dict[str, Ending] = {"retried": "parked", "dead_lettered": "dead"}
+_ENDINGS: dict[str, Ending] = {"retried": "parked", "deferred": "parked", "dead_lettered": "dead"}
 # Outcomes after which an event's obligation is met (P1): its log row is processed.
 _SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate"})
-
-
-@dataclass
-class Stats:
-    """Counts of what happened to the messages this member delivered."""
-
-    handled: int = 0
-    skipped: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    expired: int = 0
-    shed: int = 0
-    budget_exhausted: int = 0
-    already_done: int = 0
-    parked: int = 0
-    duplicates: int = 0
-    buffered: int = 0
-    turns: int = 0
-    turn_retries: int = 0
 
 
 class Member:
@@ -84,12 +69,19 @@ class Member:
         redis: Redis | None = None,
         redis_prefix: str = "pl",
         processed: ProcessedMarker | None = None,
+        throttle: Admitter | None = None,
+        metrics: RuntimeMetrics | None = None,
+        turn_metrics: DebounceMetrics | None = None,
+        admission_metrics: AdmissionMetrics | None = None,
     ) -> None:
         """Prepare the member; :meth:`run` joins the group.
 
         ``redis`` holds parking (per-key order across retries) and poison counters; without
         it neither is kept. ``processed`` (the ingress log store) is told, in batches, which
         log rows' events are finished: handled, skipped, expired or dead-lettered.
+        ``throttle`` admits the messages of lanes with a ``throttle:`` policy (the caller
+        starts and closes it); without it those lanes run unthrottled. ``metrics`` and
+        ``turn_metrics`` receive every delivery and debounced turn (Prometheus facades).
         """
         self.app = app
         self.group = group
@@ -105,7 +97,6 @@ class Member:
         self._flow: FlowControl | None = None
         self._pauses: PauseBook | None = None
         self._due: DueGate | None = None
-        self._stopping = False
         self._committed: dict[TopicPartition, Position] = {}
         self._parking: dict[str, Parking] = {}
         self._pool: ProcessPool | None = None
@@ -128,11 +119,16 @@ class Member:
             )
         elif debounced:
             log.warning("no Redis: debounced lanes run every message as a turn of its own")
-        self._budgets = {
-            lane.name: RetryBudget(lane.spec.retry.budget)
-            for lane in chosen
-            if lane.spec.retry.budget
-        }
+        self._metrics = metrics
+        self._turn_metrics = turn_metrics
+        self._admission_metrics = admission_metrics
+        self.polling = asyncio.Event()
+        """Set once the member's first poll returned (it is in the group and fetching)."""
+        self._gate: AdmissionGate | None = None
+        self._deferring: set[tuple[TopicPartition, int]] = set()
+        if throttle is not None:
+            self._gate = AdmissionGate(throttle, self._admitted, self._defer)
+        self._routing = Routing(self._router, self.stats, app.retryable, chosen, metrics)
         if redis is not None:
             for name in lanes or sorted(app.lanes):
                 spec = app.lanes[name].spec
@@ -173,6 +169,7 @@ class Member:
                     log.warning("poll failed, retrying: %s", exc)
                     await asyncio.sleep(0.5)
                     continue
+                self.polling.set()
                 for message in batch:
                     self._dispatch(message)
         finally:
@@ -183,7 +180,7 @@ class Member:
         self, committer: asyncio.Task[None], runners: Sequence[asyncio.Task[None]] = ()
     ) -> None:
         """Stop fetching, let in-flight work finish within the grace period, commit, leave."""
-        self._stopping = True
+        self._routing.stopping = True
         consumer = self._consumer
         assert consumer is not None  # noqa: S101 - run() set it
         consumer.pause(sorted(self._offsets))
@@ -200,6 +197,8 @@ class Member:
             await self._commit(consumer)
         await consumer.close()  # revokes what is left through on_revoked
         await self._lanes.close()
+        if self._gate is not None:
+            await self._gate.close()
         if self._pool is not None:
             await self._pool.close()
         with contextlib.suppress(TransportError):
@@ -224,7 +223,26 @@ class Member:
 
     def _submit(self, message: Message) -> None:
         lane = self.app.lane_of(message.topic)
-        self._lanes.submit(message, ordered=lane.spec.ordered)
+        policy = lane.spec.throttle
+        if policy is None or self._gate is None:
+            self._lanes.submit(message, ordered=lane.spec.ordered)
+            return
+        self._gate.offer(
+            message,
+            policy,
+            lane.name,
+            ordered=lane.spec.ordered,
+            busy=lane.spec.ordered and self._lanes.busy(message),
+            can_defer=bool(lane.routes.retry_topics),
+        )
+
+    def _admitted(self, message: Message) -> None:
+        self._lanes.submit(message, ordered=self.app.lane_of(message.topic).spec.ordered)
+
+    def _defer(self, message: Message) -> None:
+        """Too many wait for admission: send ``message`` through the first tier, key parked."""
+        self._deferring.add((message.tp, message.offset))
+        self._admitted(message)
 
     # -- processing ---------------------------------------------------------------------------
 
@@ -242,6 +260,10 @@ class Member:
                 self._finished_rows.append(row.decode())
         if self._flow is not None:
             self._flow.removed(message.tp)
+        if self._gate is not None:
+            self._gate.finished(message)
+        if self._metrics is not None:
+            self._metrics.delivered(lane.name, outcome or "unrouted", time.perf_counter() - started)
         log.debug(
             "delivery",
             extra={
@@ -269,7 +291,7 @@ class Member:
             return "duplicate"
         if decision == "divert":
             # Still parked behind its head: no end is recorded.
-            return await self._route(lane, message, "parked", self._router.divert)
+            return await self._routing.divert(lane, message, "parked")
         if decision in ("sequenced", "poison"):
             log.warning(
                 "dead-lettering %s@%d: %s (started %d times)",
@@ -278,12 +300,7 @@ class Member:
                 decision,
                 starts,
             )
-            outcome = await self._route(
-                lane,
-                message,
-                "dead_lettered",
-                lambda routes, m: self._router.dead_letter(routes, m, decision, None),
-            )
+            outcome = await self._routing.dead_letter(lane, message, decision, None)
             ending: Ending = "dead" if decision == "poison" else "done"
         else:
             outcome = await self._run_handler(lane, message, attempt)
@@ -317,20 +334,25 @@ class Member:
             return "shed"
         return None
 
-    async def _run_handler(self, lane: Lane, message: Message, attempt: int) -> str | None:
+    async def _not_now(self, lane: Lane, message: Message) -> tuple[bool, str | None]:
+        """Whether ``message`` must not run now (deferred, expired or shed), and its outcome."""
+        if self._deferring and (message.tp, message.offset) in self._deferring:
+            self._deferring.discard((message.tp, message.offset))
+            return True, await self._routing.divert(lane, message, "deferred")
         reason = self._expired(lane, message)
-        if reason is not None:
-            if lane.spec.on_expiry == "drop":
-                return "expired"
-            return await self._route(
-                lane,
-                message,
-                "dead_lettered",
-                lambda r, m: self._router.dead_letter(r, m, reason, None),
-            )
-        budget = self._budgets.get(lane.name)
-        if budget is not None:
-            budget.processed()
+        if reason is None:
+            return False, None
+        if self._metrics is not None:
+            self._metrics.expired(lane.name)
+        if lane.spec.on_expiry == "drop":
+            return True, "expired"
+        return True, await self._routing.dead_letter(lane, message, reason, None)
+
+    async def _run_handler(self, lane: Lane, message: Message, attempt: int) -> str | None:
+        stop, outcome = await self._not_now(lane, message)
+        if stop:
+            return outcome
+        self._routing.processed(lane)
         try:
             event = lane.decode(message)
             if lane.turns:
@@ -344,7 +366,7 @@ class Member:
             self.stats.skipped += 1
             return "skipped"
         except Exception as exc:  # every handler failure is routed, none escapes
-            return await self._route_failure(lane, message, attempt, exc)
+            return await self._routing.failure(lane, message, attempt, exc)
         self.stats.handled += 1
         return "handled"
 
@@ -367,6 +389,8 @@ class Member:
         """Count a finished turn, dead-letter it if it failed for good; False: run it again."""
         if turn.outcome in ("handled", "skipped"):
             self.stats.turns += 1
+            if self._turn_metrics is not None:
+                self._turn_metrics.turn(lane.name, len(turn.messages), turn.lateness_s)
             if turn.outcome == "handled":
                 self.stats.handled += len(turn.messages)
             else:
@@ -380,12 +404,7 @@ class Member:
             return False
         reason = "fatal" if fatal else "exhausted"
         for message in turn.messages:  # in order: a sequenced dead letter
-            routed = await self._route(
-                lane,
-                message,
-                "dead_lettered",
-                lambda r, m: self._router.dead_letter(r, m, reason, error),
-            )
+            routed = await self._routing.dead_letter(lane, message, reason, error)
             if routed is None:
                 return False
         self._finished(turn.messages)
@@ -398,61 +417,6 @@ class Member:
             row = message.headers.get(h.ROW_ID)
             if row is not None:
                 self._finished_rows.append(row.decode())
-
-    async def _route_failure(
-        self, lane: Lane, message: Message, attempt: int, error: Exception
-    ) -> str | None:
-        routes = lane.routes
-        if not self.app.retryable(error):
-            return await self._route(
-                lane,
-                message,
-                "dead_lettered",
-                lambda r, m: self._router.dead_letter(r, m, "fatal", error),
-            )
-        exhausted = attempt >= routes.max_attempts or not routes.retry_topics
-        budget = self._budgets.get(lane.name)
-        longest = not exhausted and budget is not None and not budget.try_spend()
-        if longest:
-            self.stats.budget_exhausted += 1
-        return await self._route(
-            lane,
-            message,
-            "dead_lettered" if exhausted else "retried",
-            lambda r, m: self._router.retry(r, m, attempt, error, longest=longest),
-        )
-
-    async def _route(
-        self,
-        lane: Lane,
-        message: Message,
-        outcome: str,
-        send: Callable[[LaneRoutes, Message], Awaitable[Delivered]],
-    ) -> str | None:
-        """Produce a routed message, retrying while the broker is unavailable.
-
-        Returns ``outcome``, or None if it could not be produced (the message is then left
-        unfinished, so it is redelivered rather than lost).
-        """
-        for pause_s in (*_ROUTE_RETRY_S, None):
-            try:
-                await send(lane.routes, message)
-            except TransportError as exc:
-                if pause_s is None or self._stopping:
-                    log.error(  # noqa: TRY400 - the broker error is the whole story
-                        "could not route %s@%d: %s", message.tp, message.offset, exc
-                    )
-                    return None
-                await asyncio.sleep(pause_s)  # back off while the broker is unavailable
-            else:
-                if outcome == "retried":
-                    self.stats.retried += 1
-                elif outcome == "dead_lettered":
-                    self.stats.dead_lettered += 1
-                else:
-                    self.stats.parked += 1
-                return outcome
-        return None
 
     def _cpu_pool(self) -> ProcessPool:
         if self._pool is None:
@@ -481,6 +445,21 @@ class Member:
                 out.append(position)
         return out
 
+    def _report(self) -> None:
+        """Publish the gauges: busy slots, and who waits for admission per lane."""
+        if self._metrics is not None:
+            self._metrics.slots(self._lanes.running, self._settings.max_concurrency)
+        if self._admission_metrics is None or self._gate is None:
+            return
+        by_lane: dict[str, dict[str, int]] = {
+            name: {} for name, lane in self.app.lanes.items() if lane.spec.throttle
+        }
+        for (lane, tenant), count in self._gate.waiting_by.items():
+            by_lane.setdefault(lane, {})[tenant] = count
+        for lane, tenants in by_lane.items():
+            self._admission_metrics.waiting(lane, sum(tenants.values()))
+            self._admission_metrics.throttled_tenants(lane, tenants)
+
     async def _mark_processed(self) -> None:
         """Tell the log store which rows are finished (one batch per commit tick)."""
         if self._processed is None or not self._finished_rows:
@@ -493,6 +472,7 @@ class Member:
             self._finished_rows = rows + self._finished_rows
 
     async def _commit(self, consumer: Consumer) -> None:
+        self._report()
         await self._mark_processed()
         positions = self._positions(sorted(self._offsets))
         if positions:
@@ -523,6 +503,8 @@ class Member:
         if not lost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._lanes.wait_idle(tps), self._settings.shutdown_grace_s)
+        if self._gate is not None:
+            self._gate.drop(tps)
         positions = [] if lost else self._positions(sorted(tps))
         for tp in tps:
             self._offsets.pop(tp, None)

@@ -13,8 +13,11 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from pipeline.admission.throttle import Throttle
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
+from pipeline.observability.server import MetricsServer, serve_metrics
+from pipeline.observability.wiring import member_telemetry
 from pipeline.runtime.app import App
 from pipeline.runtime.member import Member
 from pipeline.transport import create_transport
@@ -35,6 +38,12 @@ def load_app(target: str) -> App:
     if not isinstance(app, App):
         raise ConfigError(f"{target!r} is not a pipeline App (got {type(app).__name__})")
     return app
+
+
+async def _ready_when_polling(member: Member, server: MetricsServer) -> None:
+    """``/readyz`` turns ready once the member is in its group and fetching."""
+    await member.polling.wait()
+    server.ready = True
 
 
 async def serve(
@@ -60,6 +69,15 @@ async def serve(
 
         store = create_log_store(settings, settings.ingress)
         await store.open()
+    chosen = lanes or sorted(app.lanes)
+    throttle = None
+    if any(app.lanes[name].spec.throttle for name in chosen if name in app.lanes):
+        throttle = Throttle.from_settings(redis, settings)
+        await throttle.start()
+    specs = [app.lanes[name].spec for name in chosen if name in app.lanes]
+    telemetry = member_telemetry(
+        transport.admin(), specs, group, interval_s=settings.runtime.metrics_interval_s
+    )
     member = Member(
         app,
         transport,
@@ -69,10 +87,27 @@ async def serve(
         redis=redis,
         redis_prefix=settings.redis.key_prefix,
         processed=store,
+        throttle=throttle,
+        metrics=telemetry.runtime,
+        turn_metrics=telemetry.debounce,
+        admission_metrics=telemetry.admission,
     )
+    endpoint = None
+    port = settings.runtime.metrics_port
+    if port is not None:
+        endpoint = asyncio.create_task(
+            serve_metrics(telemetry.server, settings.runtime.metrics_host, port, stop)
+        )
+    ready = asyncio.create_task(_ready_when_polling(member, telemetry.server))
     try:
         await member.run(stop)
     finally:
+        ready.cancel()
+        stop.set()  # also ends the metrics endpoint when the member failed
+        if endpoint is not None:
+            await endpoint
+        if throttle is not None:
+            await throttle.close()
         if store is not None:
             await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -72,6 +72,8 @@ class TurnOutcome:
     messages: list[Message]
     outcome: str
     error: Exception | None = None
+    lateness_s: float = 0.0
+    """How late the turn fired after it was due."""
 
 
 class DebouncedLanes:
@@ -113,13 +115,14 @@ class DebouncedLanes:
 
     async def _run(self, lane: Lane, turn: Turn) -> bool:
         messages = [to_message(m) for m in turn.messages]
+        late_s = max(0, turn.fired_ms - turn.due_ms) / 1000
         try:
             events = [lane.decode(m) for m in messages]
             await lane.handler(events, Context(messages[-1], lane.name, turn.attempt))
         except Skip:
-            return await self._settle(lane, TurnOutcome(messages, "skipped"))
+            return await self._settle(lane, TurnOutcome(messages, "skipped", None, late_s))
         except Exception as exc:  # every turn failure is settled, none escapes
             exhausted = turn.attempt >= lane.routes.max_attempts
             outcome = "exhausted" if exhausted else "failed"
-            return await self._settle(lane, TurnOutcome(messages, outcome, exc))
-        return await self._settle(lane, TurnOutcome(messages, "handled"))
+            return await self._settle(lane, TurnOutcome(messages, outcome, exc, late_s))
+        return await self._settle(lane, TurnOutcome(messages, "handled", None, late_s))

@@ -6,10 +6,8 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from redis.asyncio import Redis
 from runtime.chaos_fate import fate
 from runtime.helpers import declare, lane_spec
@@ -19,14 +17,6 @@ from pipeline.envelope import Message, Record
 from pipeline.transport.protocol import Transport
 
 N, KEYS = 600, 30
-
-
-@pytest.fixture
-async def redis(redis_service: str) -> AsyncIterator[Redis]:
-    """A Redis client to read what the members recorded."""
-    client = Redis.from_url(redis_service)
-    yield client
-    await client.aclose()
 
 
 async def _member(

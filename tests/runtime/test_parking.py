@@ -7,10 +7,8 @@ import os
 import signal
 import sys
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from contract.helpers import consume_until
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
@@ -21,14 +19,6 @@ from pipeline.errors import Retry
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
-
-
-@pytest.fixture
-async def redis(redis_service: str) -> AsyncIterator[Redis]:
-    """A Redis client for parking state."""
-    client = Redis.from_url(redis_service)
-    yield client
-    await client.aclose()
 
 
 async def test_a_failed_message_holds_back_the_rest_of_its_key(

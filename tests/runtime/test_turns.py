@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import AsyncIterator
 
 import pytest
 from contract.helpers import consume_until
@@ -34,14 +33,6 @@ def said(conversation: str, n: int) -> Record:
     """A message of ``conversation`` numbered ``n``, keyed by its conversation."""
     body = Said(conversation_id=conversation, n=n).model_dump_json().encode()
     return Record(body, conversation.encode())
-
-
-@pytest.fixture
-async def redis(redis_service: str) -> AsyncIterator[Redis]:
-    """A Redis client for the debouncer."""
-    client = Redis.from_url(redis_service)
-    yield client
-    await client.aclose()
 
 
 def test_a_debounced_lane_needs_a_turn_handler() -> None:

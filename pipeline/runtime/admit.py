@@ -1,0 +1,230 @@
+"""Throttled lanes in a member: a message waits for its slots without holding a worker.
+
+A message of a lane with a ``throttle:`` policy enters an :class:`AdmissionGate` before the key
+lanes. Per key (in its partition) the gate keeps a FIFO; only the head of each key asks the
+:class:`Admitter` (the Redis throttle) for its slots, so a waiting message blocks only its own
+key (per-key order holds) and waits as a pending future, not in a worker. Once granted, the head
+goes to the key lanes with its permit; when it finishes, the permit is released and the key's
+next message asks.
+
+Memory stays bounded: beyond ``max_waiting`` messages waiting in the gate, an over-limit message
+whose key has nothing else in this member is *deferred* (the member sends it through the first
+retry tier and parks its key behind it) instead of being held. Messages of a key that already
+waits stay in its FIFO (the partition's high-water mark bounds them), so deferral never lets a
+message overtake an earlier one of its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, Protocol
+
+from pipeline import headers as h
+from pipeline.envelope import Message, TopicPartition
+from pipeline.topics.spec import ThrottlePolicy
+
+log = logging.getLogger(__name__)
+
+GateKey = tuple[TopicPartition, Hashable]
+
+
+class Admitter(Protocol):
+    """Grants slots on throttle keys (:class:`pipeline.admission.throttle.Throttle`)."""
+
+    async def acquire(
+        self, keys: Sequence[str], *, priority: int = 0, lease_ms: int | None = None
+    ) -> Any:
+        """Wait until the job holds a slot on every key; return its permit."""
+        ...
+
+    async def release(self, permit: Any) -> None:
+        """Free the permit's slots (handing them to the next waiters)."""
+        ...
+
+
+class _Fields(dict[str, str]):
+    """Template values; a missing one raises KeyError, which leaves that key out."""
+
+
+def throttle_keys(policy: ThrottlePolicy, lane: str, message: Message) -> list[str]:
+    """The throttle keys ``message`` needs, from the policy's templates."""
+    values = _Fields(lane=lane)
+    if message.key is not None:
+        values["key"] = message.key.decode(errors="replace")
+    tenant = message.headers.get(h.TENANT)
+    if tenant is not None:
+        values["tenant"] = tenant.decode(errors="replace")
+    document: Any = None
+    out: list[str] = []
+    for template in policy.keys:
+        try:
+            out.append(template.format_map(values))
+            continue
+        except KeyError:
+            pass
+        if document is None:
+            try:
+                document = json.loads(message.value)
+            except ValueError:
+                document = {}
+            if isinstance(document, dict):
+                for name, value in document.items():
+                    if isinstance(value, str | int) and name not in values:
+                        values[name] = str(value)
+        with contextlib.suppress(KeyError):
+            out.append(template.format_map(values))
+    return out
+
+
+def _tenant(message: Message) -> str:
+    raw = message.headers.get(h.TENANT)
+    return raw.decode(errors="replace") if raw is not None else ""
+
+
+class AdmissionGate:
+    """Per-key FIFOs in front of the key lanes; each key's head waits for its slots."""
+
+    def __init__(
+        self,
+        admitter: Admitter,
+        admitted: Callable[[Message], None],
+        deferred: Callable[[Message], None],
+    ) -> None:
+        """``admitted(message)`` runs it (it holds its permit); ``deferred`` sends it away."""
+        self._admitter = admitter
+        self._admitted = admitted
+        self._deferred = deferred
+        self._queues: dict[GateKey, deque[tuple[Message, list[str], ThrottlePolicy]]] = {}
+        self._acquiring: dict[GateKey, asyncio.Task[None]] = {}
+        self._active: set[GateKey] = set()  # keys asking for or holding slots
+        self._permits: dict[tuple[TopicPartition, int], tuple[GateKey, Any]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self.waiting = 0
+        self._lane_of: dict[str, str] = {}
+        self.waiting_by: Counter[tuple[str, str]] = Counter()
+        """Messages waiting for admission per (lane, tenant), for metrics and status."""
+        self.deferrals = 0
+
+    def offer(
+        self,
+        message: Message,
+        policy: ThrottlePolicy,
+        lane: str,
+        *,
+        ordered: bool,
+        busy: bool,
+        can_defer: bool,
+    ) -> None:
+        """Queue ``message`` for admission.
+
+        Args:
+            message: the message.
+            policy: its lane's throttle policy.
+            lane: its lane's name.
+            ordered: whether the lane keeps per-key order.
+            busy: its key has work in the key lanes (it must not be deferred past it).
+            can_defer: the lane has a retry tier to defer through.
+        """
+        keys = throttle_keys(policy, lane, message)
+        if not keys:
+            self._admitted(message)
+            return
+        self._lane_of[message.topic] = lane
+        key: GateKey = (message.tp, message.key if ordered else ("offset", message.offset))
+        queue = self._queues.get(key)
+        if queue is None:
+            if can_defer and self.waiting >= policy.max_waiting and not busy:
+                self.deferrals += 1
+                self._deferred(message)
+                return
+            queue = self._queues[key] = deque()
+        queue.append((message, keys, policy))
+        self.waiting += 1
+        self.waiting_by[lane, _tenant(message)] += 1
+        if key not in self._active:
+            self._ask(key)
+
+    def _ask(self, key: GateKey) -> None:
+        self._active.add(key)
+        message, keys, policy = self._queues[key][0]
+        self._acquiring[key] = asyncio.create_task(self._acquire(key, message, keys, policy))
+
+    async def _acquire(
+        self, key: GateKey, message: Message, keys: list[str], policy: ThrottlePolicy
+    ) -> None:
+        try:
+            permit = await self._admitter.acquire(
+                keys, priority=policy.priority, lease_ms=policy.lease_ms
+            )
+        except Exception:  # the throttle failed unexpectedly: admit rather than strand the key
+            log.exception("admission of %s@%d failed; running it", message.tp, message.offset)
+            permit = None
+        self._acquiring.pop(key, None)
+        queue = self._queues.get(key)
+        if queue is None or queue[0][0] is not message:  # revoked while it waited
+            self._active.discard(key)
+            self._release(permit)
+            return
+        queue.popleft()
+        self._forget_waiting(message)
+        if not queue:
+            del self._queues[key]
+        self._permits[message.tp, message.offset] = (key, permit)
+        self._admitted(message)
+
+    def _forget_waiting(self, message: Message) -> None:
+        self.waiting -= 1
+        lane = self._lane_of.get(message.topic, message.topic)
+        counted = (lane, _tenant(message))
+        self.waiting_by[counted] -= 1
+        if self.waiting_by[counted] <= 0:
+            del self.waiting_by[counted]
+
+    def _release(self, permit: Any) -> None:
+        if permit is None:
+            return
+        task = asyncio.create_task(self._admitter.release(permit))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def finished(self, message: Message) -> None:
+        """``message`` is done: release its slots and let its key's next message ask."""
+        held = self._permits.pop((message.tp, message.offset), None)
+        if held is None:
+            return
+        key, permit = held
+        self._release(permit)
+        self._active.discard(key)
+        if key in self._queues:
+            self._ask(key)
+
+    def drop(self, partitions: Iterable[TopicPartition]) -> None:
+        """Forget waiting messages of revoked partitions (their acquisitions are withdrawn)."""
+        wanted = set(partitions)
+        for key in [k for k in self._queues if k[0] in wanted]:
+            for entry in self._queues.pop(key):
+                self._forget_waiting(entry[0])
+            self._active.discard(key)
+            task = self._acquiring.pop(key, None)
+            if task is not None:
+                task.cancel()
+        for ident in [i for i in self._permits if i[0] in wanted]:
+            key, permit = self._permits.pop(ident)
+            self._active.discard(key)
+            self._release(permit)
+
+    async def close(self) -> None:
+        """Withdraw every waiting acquisition and wait for pending releases."""
+        for task in list(self._acquiring.values()):
+            task.cancel()
+        for task in list(self._acquiring.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._acquiring.clear()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,142 @@
+"""Where a member sends what its handlers did not finish: retry tiers, the DLQ, a deferral.
+
+:class:`Routing` decides the destination of a failure (one explicit retriability function,
+the lane's attempt limit and retry budget) and produces it through the
+:class:`~pipeline.retry.router.Router`, retrying while the broker is unavailable, counting
+every outcome in :class:`~pipeline.runtime.stats.Stats` and the member's metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from pipeline.envelope import Delivered, Message
+from pipeline.errors import TransportError
+from pipeline.observability.facades import RuntimeMetrics
+from pipeline.retry.budget import RetryBudget
+from pipeline.retry.policy import Retryable
+from pipeline.retry.router import LaneRoutes, Router
+from pipeline.runtime.app import Lane
+from pipeline.runtime.stats import Stats
+
+log = logging.getLogger(__name__)
+_ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+class Routing:
+    """Sends failed, deferred and diverted messages on; None means it could not."""
+
+    def __init__(
+        self,
+        router: Router,
+        stats: Stats,
+        retryable: Retryable,
+        lanes: Sequence[Lane],
+        metrics: RuntimeMetrics | None = None,
+    ) -> None:
+        """Route through ``router``; lanes with a ``retry.budget`` get a budget each."""
+        self._router = router
+        self._stats = stats
+        self._retryable = retryable
+        self._metrics = metrics
+        self._budgets = {
+            lane.name: RetryBudget(lane.spec.retry.budget)
+            for lane in lanes
+            if lane.spec.retry.budget
+        }
+        self.stopping = False
+        """Set on shutdown: give up on an unavailable broker at once (redelivery covers it)."""
+
+    def processed(self, lane: Lane) -> None:
+        """A message of ``lane`` reached its handler: it earns the lane retry budget."""
+        budget = self._budgets.get(lane.name)
+        if budget is not None:
+            budget.processed()
+
+    async def failure(
+        self, lane: Lane, message: Message, attempt: int, error: Exception
+    ) -> str | None:
+        """Route a handler failure to a retry tier or the DLQ.
+
+        A fatal error, or one out of attempts, goes to the DLQ; a retryable one to the next
+        tier, or to the longest tier once the lane's retry budget is spent.
+        """
+        routes = lane.routes
+        if not self._retryable(error):
+            return await self.dead_letter(lane, message, "fatal", error)
+        if attempt >= routes.max_attempts or not routes.retry_topics:
+            return await self.dead_letter(lane, message, "exhausted", error)
+        budget = self._budgets.get(lane.name)
+        longest = budget is not None and not budget.try_spend()
+        if longest:
+            self._stats.budget_exhausted += 1
+        last = len(routes.retry_topics)
+        tier = last if longest else min(attempt, last)
+        label = routes.retry_topics[tier - 1].rsplit(".", 1)[-1]  # the delay, as in the name
+        return await self._send(
+            lane,
+            message,
+            "retried",
+            lambda r, m: self._router.retry(r, m, attempt, error, longest=longest),
+            label,
+        )
+
+    async def dead_letter(
+        self, lane: Lane, message: Message, reason: str, error: BaseException | None
+    ) -> str | None:
+        """Send ``message`` to the lane's DLQ with ``reason``."""
+        return await self._send(
+            lane,
+            message,
+            "dead_lettered",
+            lambda r, m: self._router.dead_letter(r, m, reason, error),
+            reason,
+        )
+
+    async def divert(self, lane: Lane, message: Message, outcome: str) -> str | None:
+        """Send ``message`` through the first tier, not as a failure (parked or deferred)."""
+        return await self._send(lane, message, outcome, self._router.divert)
+
+    async def _send(
+        self,
+        lane: Lane,
+        message: Message,
+        outcome: str,
+        send: Callable[[LaneRoutes, Message], Awaitable[Delivered]],
+        detail: str = "",
+    ) -> str | None:
+        """Produce a routed message, retrying while the broker is unavailable.
+
+        Returns ``outcome``, or None if it could not be produced (the message is then left
+        unfinished, so it is redelivered rather than lost).
+        """
+        for pause_s in (*_ROUTE_RETRY_S, None):
+            try:
+                await send(lane.routes, message)
+            except TransportError as exc:
+                if pause_s is None or self.stopping:
+                    log.error(  # noqa: TRY400 - the broker error is the whole story
+                        "could not route %s@%d: %s", message.tp, message.offset, exc
+                    )
+                    return None
+                await asyncio.sleep(pause_s)  # back off while the broker is unavailable
+            else:
+                self._count(lane, outcome, detail)
+                return outcome
+        return None
+
+    def _count(self, lane: Lane, outcome: str, detail: str) -> None:
+        if outcome == "retried":
+            self._stats.retried += 1
+            if self._metrics is not None:
+                self._metrics.retried(lane.name, detail)
+        elif outcome == "dead_lettered":
+            self._stats.dead_lettered += 1
+            if self._metrics is not None:
+                self._metrics.dead_lettered(lane.name, detail)
+        elif outcome == "deferred":
+            self._stats.deferred += 1
+        else:
+            self._stats.parked += 1

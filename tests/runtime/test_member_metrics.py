@@ -1,0 +1,46 @@
+"""A member reports its deliveries, retries and dead letters as Prometheus metrics."""
+
+from __future__ import annotations
+
+from runtime.helpers import FAST, declare, eventually, lane_spec, running
+
+from pipeline.envelope import Record
+from pipeline.errors import DeadLetter, Retry
+from pipeline.observability.facades import RuntimeMetrics
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.transport.protocol import Transport
+
+
+async def test_deliveries_retries_and_dead_letters_are_counted(
+    transport: Transport, unique: str
+) -> None:
+    """Each outcome, retry tier and dead-letter reason shows up in the member's registry."""
+    spec = lane_spec(f"metrics_{unique}", 1, ordered=False, retry={"tiers": ["100ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"flaky" and ctx.attempt == 1:
+            raise Retry("try again")
+        if event == b"bad":
+            raise DeadLetter("cannot be handled")
+
+    producer = transport.producer()
+    await producer.send_many(
+        spec.name, [Record(b"ok", b"a"), Record(b"flaky", b"b"), Record(b"bad", b"c")]
+    )
+    await producer.close()
+    metrics = Metrics()
+    member = Member(app, transport, f"g-{unique}", FAST, metrics=RuntimeMetrics(metrics))
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 2 and member.stats.dead_lettered == 1)
+    value = metrics.registry.get_sample_value
+    lane = spec.lane
+    assert value("pipeline_deliveries_total", {"lane": lane, "outcome": "handled"}) == 2
+    assert value("pipeline_deliveries_total", {"lane": lane, "outcome": "retried"}) == 1
+    assert value("pipeline_retries_total", {"lane": lane, "tier": "100ms"}) == 1
+    assert value("pipeline_dead_letters_total", {"lane": lane, "reason": "fatal"}) == 1
+    assert value("pipeline_worker_slots", {}) == FAST.max_concurrency
