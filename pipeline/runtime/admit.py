@@ -8,7 +8,8 @@ goes to the key lanes with its permit; when it finishes, the permit is released 
 next message asks.
 
 Memory stays bounded: beyond ``max_waiting`` messages waiting in the gate, an over-limit message
-whose key has nothing else in this member is *deferred* (the member sends it through the first
+of a tenant that waits at least its share of the gate, whose key has nothing else in this
+member, is *deferred* (the member sends it through the first
 retry tier and parks its key behind it) instead of being held. Messages of a key that already
 waits stay in its FIFO (the partition's high-water mark bounds them), so deferral never lets a
 message overtake an earlier one of its key.
@@ -138,7 +139,7 @@ class AdmissionGate:
         key: GateKey = (message.tp, message.key if ordered else ("offset", message.offset))
         queue = self._queues.get(key)
         if queue is None:
-            if can_defer and self.waiting >= policy.max_waiting and not busy:
+            if can_defer and not busy and self._over_share(message, lane, policy):
                 self.deferrals += 1
                 self._deferred(message)
                 return
@@ -148,6 +149,18 @@ class AdmissionGate:
         self.waiting_by[lane, _tenant(message)] += 1
         if key not in self._active:
             self._ask(key)
+
+    def _over_share(self, message: Message, lane: str, policy: ThrottlePolicy) -> bool:
+        """The gate is full and this message's tenant waits at least its share of it.
+
+        Deferring only the tenants that wait most keeps a flood's overflow in the delay tier
+        while the other tenants' messages still wait here, in memory and in order.
+        """
+        if self.waiting < policy.max_waiting:
+            return False
+        mine = self.waiting_by.get((lane, _tenant(message)), 0)
+        tenants = sum(1 for (name, _), count in self.waiting_by.items() if name == lane and count)
+        return mine * max(tenants, 1) >= self.waiting
 
     def _ask(self, key: GateKey) -> None:
         self._active.add(key)

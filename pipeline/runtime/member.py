@@ -473,8 +473,10 @@ class Member:
 
     async def _commit(self, consumer: Consumer) -> None:
         self._report()
-        await self._mark_processed()
+        # Positions first: every offset about to be committed has its log row in the batch
+        # marked now, so a crash after the commit cannot leave a handled row unmarked.
         positions = self._positions(sorted(self._offsets))
+        await self._mark_processed()
         if positions:
             await consumer.commit(positions)
             for position in positions:

@@ -115,10 +115,10 @@ async def test_a_throttled_ordered_lane_keeps_per_key_order(
     assert sum(len(v) for v in seen.values()) == 50
 
 
-async def test_beyond_max_waiting_new_keys_are_deferred_not_held(
+async def test_beyond_max_waiting_the_flooding_tenant_is_deferred_not_held(
     transport: Transport, throttle: Throttle, unique: str
 ) -> None:
-    """Past the waiting bound, over-limit messages go through the delay tier and still run."""
+    """Past the waiting bound, the tenant waiting most goes through the delay tier; others don't."""
     spec = lane_spec(
         f"thrdef_{unique}",
         1,
@@ -128,16 +128,20 @@ async def test_beyond_max_waiting_new_keys_are_deferred_not_held(
     )
     await declare(transport, spec)
     app = App([spec])
+    topics: dict[str, list[str]] = defaultdict(list)
 
     @app.handler(spec.lane)
     async def handle(event: Message, ctx: Context) -> None:
+        topics[ctx.tenant or ""].append(event.topic)
         await asyncio.sleep(0.01)
 
     await throttle.set_limit("org:acme", 1)
     producer = transport.producer()
-    await producer.send_many(spec.name, [record("acme", n) for n in range(20)])
+    flood = [record("acme", n) for n in range(20)]
+    await producer.send_many(spec.name, [*flood, record("beta", 0), record("beta", 1)])
     await producer.close()
     member = Member(app, transport, f"g-{unique}", FAST, throttle=throttle)
     async with running(member):
-        await eventually(lambda: member.stats.handled == 20)
+        await eventually(lambda: member.stats.handled == 22)
     assert member.stats.deferred >= 1
+    assert topics["beta"] == [spec.name, spec.name]  # never sent through the delay tier
