@@ -13,9 +13,11 @@ from dataclasses import replace
 from typing import Annotated
 
 import typer
+from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.admission.view import ThrottledTenants
 from pipeline.cli_support import TransportOpt, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.errors import PipelineError
@@ -107,12 +109,23 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
             await store.open()
         except PipelineError as exc:
             store, log_error = None, str(exc)
+    redis = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
+    throttles = ThrottledTenants(
+        redis,
+        specs,
+        prefix=settings.redis.key_prefix,
+        namespace=settings.throttle.namespace,
+        default_limit=settings.throttle.default_limit,
+    )
     try:
-        status = await collect_status(transport.name, transport.admin(), watches, store=store)
+        status = await collect_status(
+            transport.name, transport.admin(), watches, store=store, throttles=throttles
+        )
     finally:
         if store is not None:
             await store.close()
         await transport.close()
+        await redis.aclose()
     return replace(status, log_error=log_error) if log_error else status
 
 
