@@ -4,8 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TRANSPORT ?= redis
+DURATION ?= 3m
+HEADLESS ?= 0
+SOAK_MINUTES ?= 30
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime demo clean
+.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-peers soak demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +44,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 ## bench: every benchmark; bench-<name>: one of them
-bench: bench-transport bench-serde bench-ingress bench-runtime
+bench: bench-transport bench-serde bench-ingress bench-runtime bench-fairness
 
 bench-transport: setup services
 	$(BIN)/python bench/transport.py
@@ -55,10 +58,24 @@ bench-ingress: setup services
 bench-runtime: setup services
 	$(BIN)/python bench/runtime.py
 
-## demo: Redis only (the embedded default): declare topics, produce and tail events
+bench-fairness: setup services
+	$(BIN)/python bench/fairness.py
+
+bench-debounce: setup services
+	$(BIN)/python bench/debounce.py
+
+## bench-peers: pipeline against streaq, arq, saq, taskiq, Celery, FastStream, faust, quixstreams
+bench-peers: setup services
+	$(BIN)/python bench/peers_bench.py
+
+## soak: SOAK_MINUTES (default 30) of mixed load; RSS, fds and Redis keys must stay flat (not CI)
+soak: setup services
+	SOAK_MINUTES=$(SOAK_MINUTES) $(BIN)/python bench/soak.py
+
+## demo: the main job on Redis only (TRANSPORT=kafka, DURATION=20s, HEADLESS=1); docs/demo.md
 demo: setup
 	bash deploy/local/services.sh up redis
-	TRANSPORT=$(TRANSPORT) bash deploy/local/demo.sh
+	TRANSPORT=$(TRANSPORT) DURATION=$(DURATION) HEADLESS=$(HEADLESS) bash deploy/local/demo.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

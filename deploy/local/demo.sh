@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# The demo main job, first cut: declare the topics, produce keyed events through the real
-# transport and tail them back. TRANSPORT=redis (default, Redis Streams) or kafka.
+# The demo main job (docs/demo.md): ingress, registry, the example consumer groups, the sweeper
+# and a noisy-neighbour traffic generator, with a live dashboard, a summary and plots.
+# `make demo` starts Redis first; this script starts Kafka itself when TRANSPORT=kafka.
+# Environment: TRANSPORT=redis|kafka (default redis), DURATION (traffic time, default 3m),
+# HEADLESS=1 (no live dashboard; also without a TTY), DEMO_OUTPUT (default demo-output),
+# DEMO_PREFIX (Redis key prefix; default a fresh one per run), DRAIN_TIMEOUT (default 60s).
+# Ctrl-C stops everything the demo started.
 source "$(dirname "$0")/common.sh"
-PIPELINE="$ROOT/.venv/bin/pipeline"
+PY="$ROOT/.venv/bin/python"
 T="${TRANSPORT:-redis}"
-[ "$T" = kafka ] && bash "$ROOT/deploy/local/kafka.sh" up
+if [ "$T" = kafka ]; then bash "$ROOT/deploy/local/kafka.sh" up; fi
 
-printf '\n== declaring topics/*.yaml on %s\n' "$T"
-"$PIPELINE" topics apply "$ROOT/topics" -t "$T"
+# The plots need the optional `demo` extra (matplotlib); install it once.
+if ! "$PY" -c 'import matplotlib' >/dev/null 2>&1; then
+  log "installing the demo extra (matplotlib)"
+  "$ROOT/.venv/bin/pip" install -q -e "$ROOT[demo]"
+fi
 
-printf '\n== producing 12 webhook-like events for 3 conversations of 2 tenants\n'
-for i in $(seq 1 12); do
-  conv="conv-$(( i % 3 ))"; tenant="tenant-$(( i % 2 ))"
-  "$PIPELINE" produce messages -t "$T" --key "$conv" -H "pl-tenant=$tenant" -H "pl-event-id=evt-$i" \
-    --value "{\"conversation_id\": \"$conv\", \"text\": \"message $i\"}"
-done
-
-printf '\n== tailing them back (each conversation stays on one partition, in order)\n'
-"$PIPELINE" tail messages -t "$T" --from-beginning --limit 12
+args=(--transport "$T" --duration "${DURATION:-3m}" --output "${DEMO_OUTPUT:-demo-output}"
+      --drain-timeout "${DRAIN_TIMEOUT:-60s}")
+case "${HEADLESS:-0}" in 1|true|yes) args+=(--headless) ;; esac
+[ -n "${DEMO_PREFIX:-}" ] && args+=(--prefix "$DEMO_PREFIX")
+cd "$ROOT"
+exec "$PY" -m pipeline.demo "${args[@]}"

@@ -1,0 +1,67 @@
+"""The live terminal dashboard (rich): waits per tenant, counts, debounced turns."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.demo.stats import SMALL, Waits
+from pipeline.demo.summary import Snapshot
+from pipeline.demo.traffic import FLOODER
+
+
+def _ms(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _wait_row(table: Table, name: str, waits: Waits, style: str | None = None) -> None:
+    table.add_row(name, f"{waits.count:,}", _ms(waits.p(0.5)), _ms(waits.p(0.99)), style=style)
+
+
+def render(snapshot: Snapshot) -> RenderableType:
+    """One frame of the dashboard."""
+    c = snapshot.collector
+    head = Text.assemble(
+        ("pipeline demo", "bold"),
+        f"  {snapshot.transport}  {snapshot.phase}  ",
+        f"{snapshot.elapsed_s:5.1f}s / {snapshot.duration_s:.0f}s",
+        ("  (interrupted)" if snapshot.interrupted else "", "yellow"),
+    )
+    t = snapshot.traffic
+    flow = Table(
+        "sent", "accepted", "503 shed", "handled", "retries", "dead letters", "in retry", "waiting"
+    )
+    flow.add_row(
+        f"{t.get('sent', 0):,}",
+        f"{snapshot.accepted:,}",
+        f"{t.get('shed', 0):,}",
+        f"{snapshot.handled:,}",
+        f"{c.outcomes['retry']:,}",
+        f"{snapshot.dead_lettered:,}",
+        f"{snapshot.waiting_retry:,}",
+        f"{snapshot.waiting:,}",
+        style=None,
+    )
+    waits = Table("tenant", "events", "p50 wait ms", "p99 wait ms", title="wait before the handler")
+    _wait_row(waits, f"{FLOODER} (flooder)", c.flooder(), "red")
+    for name, tenant_waits in c.top_tenants():
+        _wait_row(waits, name, tenant_waits)
+    _wait_row(waits, SMALL, c.small, "bold green")
+    turns = Table(
+        "AI messages",
+        "turns",
+        "messages/turn",
+        "p50 turn wait ms",
+        "p99 turn wait ms",
+        title="debounced AI turns",
+    )
+    per_turn = c.messages_per_turn
+    turns.add_row(
+        f"{t.get('by_kind', {}).get('ai', 0):,}",
+        f"{c.turns:,}",
+        "-" if per_turn is None else f"{per_turn:.2f}",
+        _ms(c.turn_waits.p(0.5)),
+        _ms(c.turn_waits.p(0.99)),
+    )
+    return Group(head, flow, waits, turns)

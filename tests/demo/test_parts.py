@@ -1,0 +1,141 @@
+"""The demo's pieces on their own: signing, the traffic plan, observations and the statistics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from redis.asyncio import Redis
+from rich.console import Console
+
+from pipeline.demo.audit import Audit
+from pipeline.demo.dashboard import render
+from pipeline.demo.observe import Observation, RedisObservations
+from pipeline.demo.stats import SMALL, Collector, percentile
+from pipeline.demo.summary import Snapshot, summary
+from pipeline.demo.traffic import FLOODER, noisy_neighbour_plan, sign_hub
+from pipeline.ingress.errors import Rejected
+from pipeline.ingress.verify.hub import HubSignatureVerifier
+from pipeline.logstore import RowState
+
+
+def _obs(tenant: str, wait_ms: int, **fields: object) -> Observation:
+    base: dict[str, object] = {
+        "tenant": tenant,
+        "lane": "engagement",
+        "key": "c1",
+        "event_id": "e1",
+        "received_ms": 1_000,
+        "started_ms": 1_000 + wait_ms,
+        "finished_ms": 1_050 + wait_ms,
+        "outcome": "ok",
+        "size": 1,
+        "attempt": 1,
+    }
+    base.update(fields)
+    return Observation(**base)  # type: ignore[arg-type]
+
+
+def test_generator_signature_passes_the_ingress_verifier():
+    """A body signed by the generator is accepted by the Meta verifier and a changed one is not."""
+    body = json.dumps({"id": "1", "tenant": "t"}).encode()
+    verifier = HubSignatureVerifier(["s3cret"])
+    verifier.verify({"x-hub-signature-256": sign_hub("s3cret", body)}, body, 0.0)
+    with pytest.raises(Rejected):
+        verifier.verify({"x-hub-signature-256": sign_hub("s3cret", body)}, body + b" ", 0.0)
+
+
+def test_plan_has_fifty_steady_tenants_and_one_flooder_mid_run():
+    """The plan holds 50 steady tenants from the start and a flooder far busier in the middle."""
+    plan = noisy_neighbour_plan(100.0)
+    steady = [t for t in plan.tenants if t.name != FLOODER]
+    (flooder,) = [t for t in plan.tenants if t.name == FLOODER]
+    assert len(steady) == 50
+    assert all(t.start_s == 0 and t.end_s is None for t in steady)
+    assert flooder.rate_per_s > 10 * sum(t.rate_per_s for t in steady) / len(steady)
+    assert 0 < flooder.start_s < flooder.end_s < plan.duration_s  # type: ignore[operator]
+
+
+def test_percentile_is_nearest_rank():
+    """Percentiles use the nearest rank and are None for no samples."""
+    assert percentile([], 0.99) is None
+    assert percentile(list(range(1, 101)), 0.99) == 99
+    assert percentile([5], 0.5) == 5
+
+
+def test_collector_separates_flooder_small_tenants_turns_and_stale_events():
+    """Waits split into flooder and small tenants; turns and retried turns are counted apart."""
+    collector = Collector(start_ms=500)
+    collector.add_all(
+        [
+            _obs("tenant-01", 10),
+            _obs("tenant-02", 30),
+            _obs(FLOODER, 900),
+            _obs("tenant-03", 99_999, received_ms=100),  # before the run: ignored
+            _obs("tenant-01", 5_000, attempt=2),  # a retry's wait includes its tier delay
+            _obs("tenant-04", 4_000, lane="ai_turns", size=3),
+            _obs("tenant-05", 4_000, lane="ai_turns", key="c2", size=2, outcome="retry"),
+        ]
+    )
+    assert collector.small.samples == [10, 30]
+    assert collector.flooder().samples == [900]
+    assert collector.turns == 1
+    assert collector.messages_per_turn == 3
+    assert collector.turn_messages_in_retry == 2
+    collector.add(_obs("tenant-05", 10, lane="ai_turns", key="c2", size=3, attempt=2))
+    assert collector.turn_messages_in_retry == 0
+    assert collector.handled_messages == 4 + 3 + 3  # ok calls of this run, turns by size
+    assert collector.wait_series(SMALL, 0.99)[1] == [30]
+
+
+def test_summary_counts_lost_as_accepted_minus_every_known_fate():
+    """Lost is accepted minus handled, dead-lettered and waiting for a retry (pipeline counts)."""
+    collector = Collector(start_ms=0)
+    snapshot = Snapshot(
+        transport="redis",
+        elapsed_s=1.0,
+        duration_s=1.0,
+        phase="done",
+        traffic={"accepted": 100, "by_kind": {"ai": 10}},
+        rows={RowState.PROCESSED: 95, RowState.PRODUCED: 5},
+        dead_lettered=3,
+        retried=4,
+        in_retry=4,
+        collector=collector,
+    )
+    data = summary(snapshot)
+    assert (data["handled"], data["dead_lettered"], data["in_retry"], data["lost"]) == (92, 3, 4, 1)
+    snapshot.audit = Audit(unfinished=5, in_retry=3, waiting=2, complete=True)  # exact counts
+    assert (summary(snapshot)["in_retry"], summary(snapshot)["lost"]) == (3, 0)
+
+
+@pytest.mark.redis
+async def test_observations_round_trip_through_a_bounded_stream(redis_service, unique):
+    """Observations written with XADD MAXLEN ~ read back in order and the stream stays bounded."""
+    redis = Redis.from_url(redis_service)
+    sink = RedisObservations(redis, f"test{unique}", max_len=100)
+    try:
+        for i in range(500):
+            await sink.record(_obs("tenant-01", i))
+        last, first_batch = await sink.read("0", count=50)
+        _, rest = await sink.read(last, count=10_000)
+        waits = [o.wait_ms for o in first_batch + rest]
+        assert waits == sorted(waits)
+        assert waits[-1] == 499
+        assert len(waits) < 500  # trimmed, approximately to max_len
+        assert await redis.xlen(f"{{test{unique}:demo}}:obs") < 500
+    finally:
+        await redis.delete(f"{{test{unique}:demo}}:obs")
+        await redis.aclose()
+
+
+def test_dashboard_renders_every_section():
+    """One dashboard frame shows the flow, the tenants' waits and the debounced turns."""
+    collector = Collector(start_ms=500)
+    collector.add_all([_obs("tenant-01", 10), _obs(FLOODER, 900)])
+    snapshot = Snapshot("redis", 3.0, 20.0, "traffic", {"accepted": 2}, {}, 0, 0, 0, collector)
+    console = Console(record=True, width=120)
+    console.print(render(snapshot))
+    text = console.export_text()
+    for expected in ("accepted", "tenant-flood (flooder)", SMALL, "debounced AI turns", "900"):
+        assert expected in text
