@@ -2,50 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import urlparse
 
 import pytest
 from redis.asyncio import Redis
+from support import require_service, test_settings
 
-from pipeline.config import Settings, load_settings
+from pipeline.config import Settings
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
-
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def require_service(name: str, host: str, port: int) -> None:
-    """Skip (locally) or fail (under CI=true) when a service does not answer."""
-    if _reachable(host, port):
-        return
-    message = f"{name} is not reachable on {host}:{port}; start it with `make services`"
-    if IN_CI:
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def test_settings(**overrides: object) -> Settings:
-    """Settings for tests: the environment's service URLs with fast group timings."""
-    base = load_settings()
-    kafka = {
-        "bootstrap_servers": base.kafka.bootstrap_servers,
-        "session_timeout_ms": 3000,
-        "request_timeout_ms": 5000,
-    }
-    redis = {"url": base.redis.url, "heartbeat_ms": 100, "lease_ms": 1500}
-    return load_settings(kafka=kafka, redis=redis, **overrides)
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@
     async def handle(event: MessageReceived, ctx: Context) -> None:
         ...
 
-The first parameter's annotation decides decoding: a pydantic model is validated from the JSON
-value (a validation error is not retried: the message goes to the dead-letter topic), ``bytes``
-gets the raw value, :class:`~pipeline.envelope.Message` the whole message.
+The first parameter's annotation decides decoding: a pydantic model is validated from the
+value, Avro in the Confluent wire format (through the schema registry) or JSON (a validation
+error is not retried: the message goes to the dead-letter topic); ``bytes`` gets the raw value,
+:class:`~pipeline.envelope.Message` the whole message.
 
 A lane declared with ``debounce:`` hands its handler a *turn*: ``list[Model]`` (or
 ``list[bytes]``, ``list[Message]``), every message of one conversation since its last turn, in
@@ -28,12 +29,13 @@ import typing
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from pipeline.envelope import Message
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DeadLetter
+from pipeline.registry.errors import SerdeError
 from pipeline.retry.policy import Backoff, Retryable, default_retryable
 from pipeline.retry.router import LaneRoutes
 from pipeline.runtime.context import Context
@@ -41,6 +43,8 @@ from pipeline.runtime.cpu import function_ref
 from pipeline.topics.spec import TopicSpec, load_specs
 
 Handler = Callable[[Any, Context], Awaitable[None]]
+M = TypeVar("M", bound=BaseModel)
+_AVRO_MAGIC = b"\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +80,18 @@ def _event_kind(handler: Handler) -> tuple[Any, bool]:
     return kind, False
 
 
-def _decoder(kind: Any) -> Callable[[Message], Any]:
+class ModelDecoder(Protocol):
+    """Turns a framed Avro value into a model (``pipeline.registry.serde.AvroDeserializer``)."""
+
+    def to_model(self, data: bytes, model: type[M]) -> M:
+        """The record in ``data`` as ``model``."""
+        ...
+
+
+def _decoder(app: App, kind: Any) -> Callable[[Message], Any]:
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         model = kind
-        return lambda m: model.model_validate_json(m.value)
+        return lambda m: app.decode_model(m.value, model)
     if kind is Message:
         return lambda m: m
     return lambda m: m.value
@@ -98,6 +110,9 @@ class App:
         specs = load_specs(Path(topics)) if isinstance(topics, (str, Path)) else list(topics)
         self._specs = {spec.lane: spec for spec in specs}
         self.retryable = retryable
+        self.avro: ModelDecoder | None = None
+        """Decodes Avro values (Confluent wire format); ``pipeline consume`` sets it from the
+        registry settings. JSON values are always accepted."""
         self.lanes: dict[str, Lane] = {}
         self._by_topic: dict[str, Lane] = {}
 
@@ -136,13 +151,31 @@ class App:
                 max_attempts=spec.retry.max_attempts,
                 backoff=Backoff(spec.retry.tiers_ms),
             )
-            entry = Lane(lane, spec, fn, _decoder(kind), routes, cpu_ref, time_limit_s, turns)
+            decode = _decoder(self, kind)
+            entry = Lane(lane, spec, fn, decode, routes, cpu_ref, time_limit_s, turns)
             self.lanes[lane] = entry
             for topic in entry.topics:
                 self._by_topic[topic] = entry
             return fn
 
         return register
+
+    def decode_model(self, value: bytes, model: type[M]) -> M:
+        """``value`` as ``model``: Avro in the Confluent wire format (byte 0 first), else JSON.
+
+        Raises:
+            DeadLetter: an Avro value that does not fit its schema or the model, or an Avro
+                value with no registry configured (neither gets better on a retry).
+            pydantic.ValidationError: JSON that does not validate (dead-lettered as well).
+        """
+        if value[:1] != _AVRO_MAGIC:
+            return model.model_validate_json(value)
+        if self.avro is None:
+            raise DeadLetter("an Avro message, but no schema registry is configured")
+        try:
+            return self.avro.to_model(value, model)
+        except SerdeError as exc:
+            raise DeadLetter(str(exc)) from exc
 
     def lane_of(self, topic: str) -> Lane:
         """The lane a topic (main or retry tier) belongs to."""

@@ -18,6 +18,8 @@ from pipeline.config import Settings
 from pipeline.errors import ConfigError
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import member_telemetry
+from pipeline.registry.client import RegistryClient
+from pipeline.registry.serde import AvroDeserializer
 from pipeline.runtime.app import App
 from pipeline.runtime.member import Member
 from pipeline.transport import create_transport
@@ -69,6 +71,8 @@ async def serve(
 
         store = create_log_store(settings, settings.ingress)
         await store.open()
+    if app.avro is None:  # Avro values are read through the configured registry
+        app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
     throttle = None
     if any(app.lanes[name].spec.throttle for name in chosen if name in app.lanes):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import require_service
 from redis.asyncio.cluster import RedisCluster
 from runtime.helpers import eventually
+from support import require_service
 
 from pipeline.admission import keys as k
 from pipeline.admission.throttle import Throttle

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conftest import test_settings
 from contract.helpers import positions_after
+from support import test_settings
 
 from pipeline.envelope import Position
 from pipeline.transport import create_transport

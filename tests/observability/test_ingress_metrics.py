@@ -7,8 +7,8 @@ import time
 
 import httpx
 import yaml
-from conftest import test_settings as settings_for
 from helpers import drop, lane_spec
+from support import test_settings as settings_for
 
 from pipeline.ingress.service import build_ingress
 from pipeline.ingress.settings import IngressSettings, SweeperSettings

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import yaml
-from conftest import test_settings as settings_for
 from helpers import drop, lane_spec, partly_consumed
 from rich.console import Console
+from support import test_settings as settings_for
 from typer.testing import CliRunner
 
 from pipeline.cli import app as cli
