@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
-from pipeline.errors import TransportError
+from pipeline.errors import TransportError, UnknownTopic
 from pipeline.transport.kafka.errors import translate
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
@@ -36,6 +36,14 @@ def _broker_configs(config: TopicConfig) -> dict[str, str]:
     if config.retention_ms is not None:
         configs["retention.ms"] = str(config.retention_ms)
     return configs
+
+
+def _gone(error: TransportError) -> bool:
+    """The error says the topic does not exist (any more)."""
+    if isinstance(error, UnknownTopic):
+        return True
+    cause = error.__cause__
+    return isinstance(cause, KafkaException) and cause.args[0].code() == KafkaError._NOENT  # noqa: SLF001 - librdkafka's local error codes are spelled with an underscore
 
 
 class KafkaAdmin:
@@ -60,14 +68,22 @@ class KafkaAdmin:
         except KafkaException as exc:
             raise translate(exc, context) from exc
 
-    async def _offsets(self, tps: Iterable[_RawTP], spec: OffsetSpec) -> dict[TopicPartition, int]:
+    async def _offsets(
+        self, tps: Iterable[_RawTP], spec: OffsetSpec, *, skip_gone: bool = False
+    ) -> dict[TopicPartition, int]:
+        """Offsets per partition; with ``skip_gone`` a topic deleted meanwhile is left out."""
         request = dict.fromkeys(tps, spec)
         if not request:
             return {}
         futures = self._raw.list_offsets(request, request_timeout=self._timeout_s)
         out: dict[TopicPartition, int] = {}
         for tp, fut in futures.items():
-            info = await self._wait(fut, f"list offsets of {tp.topic}")
+            try:
+                info = await self._wait(fut, f"list offsets of {tp.topic}")
+            except TransportError as exc:
+                if not (skip_gone and _gone(exc)):
+                    raise
+                continue
             out[TopicPartition(tp.topic, tp.partition)] = info.offset
         return out
 
@@ -82,8 +98,18 @@ class KafkaAdmin:
         meta = await self._metadata()
         names = sorted(n for n in meta.topics if not n.startswith("__"))
         tps = [_RawTP(n, p) for n in names for p in meta.topics[n].partitions]
-        low = await self._offsets(tps, OffsetSpec.earliest())
-        high = await self._offsets(tps, OffsetSpec.latest())
+        # Another client may delete a topic between the metadata and these calls: such a topic
+        # is left out, as if the metadata had been read a moment later.
+        low = await self._offsets(tps, OffsetSpec.earliest(), skip_gone=True)
+        high = await self._offsets(tps, OffsetSpec.latest(), skip_gone=True)
+        names = [
+            n
+            for n in names
+            if all(
+                TopicPartition(n, p) in low and TopicPartition(n, p) in high
+                for p in meta.topics[n].partitions
+            )
+        ]
         retention = await self._retention(names)
         out = {}
         for name in names:
@@ -101,7 +127,10 @@ class KafkaAdmin:
         described = self._raw.describe_configs(resources, request_timeout=self._timeout_s)
         out: dict[str, int | None] = {}
         for resource, fut in described.items():
-            entries = await self._wait(fut, f"describe {resource.name}")
+            try:
+                entries = await self._wait(fut, f"describe {resource.name}")
+            except UnknownTopic:  # deleted meanwhile: no retention to report
+                continue
             value = entries.get("retention.ms")
             out[resource.name] = int(value.value) if value and value.value else None
         return out
