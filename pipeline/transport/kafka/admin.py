@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as _RawTP
 from confluent_kafka.admin import (
     AdminClient,
@@ -207,13 +207,7 @@ class KafkaAdmin:
         if info is None or info.error is not None:
             raise translate(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), f"lag of {topic!r}")
         tps = [_RawTP(topic, p) for p in sorted(info.partitions)]
-        request = [ConsumerGroupTopicPartitions(group, tps)]
-        futures = self._raw.list_consumer_group_offsets(request, request_timeout=self._timeout_s)
-        result = await self._wait(futures[group], f"offsets of group {group!r}")
-        committed = {
-            TopicPartition(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
-            for tp in result.topic_partitions
-        }
+        committed = await asyncio.to_thread(self._committed, group, tps)
         end = await self._offsets(tps, OffsetSpec.latest())
         start = await self._offsets(tps, OffsetSpec.earliest())
         first_unconsumed = {
@@ -229,19 +223,41 @@ class KafkaAdmin:
         futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
         await self._wait(futures[group], f"delete group {group!r}")
 
-    def _timestamps_at(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """Read one message at each offset with a group-less consumer to learn its timestamp."""
-        if not offsets:
-            return {}
-        raw = _RawConsumer(
+    def _committed(self, group: str, tps: list[_RawTP]) -> dict[TopicPartition, int | None]:
+        """The group's committed offsets, read by a consumer that never joins the group.
+
+        ``AdminClient.list_consumer_group_offsets`` can crash the process in librdkafka while
+        the group coordinator is still loading (confluentinc/librdkafka#5040); an OffsetFetch
+        from a consumer that is not subscribed reads the same offsets without that path.
+        """
+        raw = self._probe(group)
+        try:
+            result = raw.committed(tps, timeout=self._timeout_s)
+        except KafkaException as exc:
+            raise translate(exc, f"offsets of group {group!r}") from exc
+        finally:
+            raw.close()
+        return {
+            TopicPartition(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
+            for tp in result
+        }
+
+    def _probe(self, group: str) -> _RawConsumer:
+        return _RawConsumer(
             {
                 "bootstrap.servers": self._settings.bootstrap_servers,
-                "group.id": "pipeline-admin-probe",
+                "group.id": group,
                 "enable.auto.commit": False,
                 "logger": logging.getLogger("pipeline.librdkafka"),
                 **self._settings.client,
             }
         )
+
+    def _timestamps_at(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Read one message at each offset with a group-less consumer to learn its timestamp."""
+        if not offsets:
+            return {}
+        raw = self._probe("pipeline-admin-probe")
         out: dict[TopicPartition, int] = {}
         try:
             raw.assign([_RawTP(tp.topic, tp.partition, off) for tp, off in offsets.items()])
