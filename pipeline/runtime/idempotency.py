@@ -5,22 +5,28 @@ event (same event id, or same origin message) already ran it to success. What it
 
 * after ``send()`` returned and its success was recorded, it never runs again for that event
   (for ``ttl_s``, default 7 days);
-* two deliveries of one event never run it at the same time: the second gets ``Retry`` and comes
-  back later;
+* two deliveries of one event never run it at the same time: the second waits (backing off,
+  for at most about one lease) until the first recorded its end, then returns or runs it; only
+  if the claim is still held after that does it raise ``Retry`` and come back later;
 * if ``send()`` raises, nothing is recorded and a retry may run it again;
-* if the process dies after ``send()`` finished but before the record (one Redis round trip),
-  the claim lapses after ``lease_ms`` and the next delivery runs it again. Side effects that must
+* the claim is renewed every third of ``lease_ms`` while ``send()`` runs, so a long effect keeps
+  it; if the process dies, the claim lapses within ``lease_ms`` (default 15 s) and a redelivery
+  takes it over. If it dies after ``send()`` finished but before the record (one Redis round
+  trip), the next delivery runs it again. Side effects that must
   never repeat even then need the receiving end's own idempotency key: pass ``ctx.event_id``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import TypeVar
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from pipeline.errors import Retry
 from pipeline.redis_functions import FunctionLibrary
@@ -33,7 +39,7 @@ class IdempotencyGuard:
     """Records side effects in Redis per (lane, event, name)."""
 
     def __init__(
-        self, client: Redis, prefix: str, *, lease_ms: int = 60_000, ttl_s: int = 7 * 86_400
+        self, client: Redis, prefix: str, *, lease_ms: int = 15_000, ttl_s: int = 7 * 86_400
     ) -> None:
         """Keep records under ``prefix``; a claim lapses after ``lease_ms``."""
         self._functions = FunctionLibrary(client, LIBRARY)
@@ -54,16 +60,39 @@ class IdempotencyGuard:
         """
         key = self._key(lane, event, name)
         token = uuid.uuid4().hex
-        state = await self._functions.fcall("pl_once_claim", [key], [token, self._lease_ms])
-        state = state.decode() if isinstance(state, bytes) else state
+        state = await self._claim(key, token)
         if state == "done":
             return None
         if state == "busy":
             raise Retry(f"side effect {name!r} of {event} is running in another delivery")
+        renewer = asyncio.create_task(self._renew(key, token))
         try:
             result = await effect()
         except BaseException:
+            renewer.cancel()
             await self._functions.fcall("pl_once_settle", [key], [token, "abort", 0])
             raise
+        renewer.cancel()
         await self._functions.fcall("pl_once_settle", [key], [token, "done", self._ttl_ms])
         return result
+
+    async def _claim(self, key: str, token: str) -> str:
+        """Claim the record, waiting out a claim held by another delivery for about a lease."""
+        pause_s = 0.05
+        deadline = time.monotonic() + self._lease_ms / 1000 + 1.0
+        while True:
+            raw = await self._functions.fcall("pl_once_claim", [key], [token, self._lease_ms])
+            state = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if state != "busy" or time.monotonic() + pause_s > deadline:
+                return state
+            # Another delivery runs it (or died running it: its claim lapses within a lease).
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, 1.0)
+
+    async def _renew(self, key: str, token: str) -> None:
+        while True:
+            await asyncio.sleep(self._lease_ms / 3000)
+            try:
+                await self._functions.fcall("pl_once_renew", [key], [token, self._lease_ms])
+            except (RedisError, OSError):  # unreachable: the claim may lapse, as documented
+                return

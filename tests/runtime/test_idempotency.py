@@ -50,7 +50,7 @@ async def test_a_failed_effect_may_run_again(guard: IdempotencyGuard) -> None:
 
 
 async def test_two_deliveries_never_run_it_at_once(guard: IdempotencyGuard) -> None:
-    """While one delivery runs the effect, a concurrent one is told to retry later."""
+    """While one delivery keeps running the effect, a concurrent one is told to retry later."""
     inside, release = asyncio.Event(), asyncio.Event()
 
     async def slow() -> None:
@@ -63,3 +63,38 @@ async def test_two_deliveries_never_run_it_at_once(guard: IdempotencyGuard) -> N
         await guard.once("lane", "evt-1", "charge", slow)
     release.set()
     await first
+
+
+async def test_a_concurrent_delivery_waits_for_the_first_to_finish(guard: IdempotencyGuard) -> None:
+    """A second delivery waits out a short run and then skips the effect, with no retry."""
+    inside, release = asyncio.Event(), asyncio.Event()
+    calls: list[int] = []
+
+    async def effect() -> None:
+        calls.append(1)
+        inside.set()
+        await release.wait()
+
+    first = asyncio.create_task(guard.once("lane", "evt-1", "charge", effect))
+    await asyncio.wait_for(inside.wait(), 10)
+    second = asyncio.create_task(guard.once("lane", "evt-1", "charge", effect))
+    release.set()
+    await first
+    assert await second is None
+    assert calls == [1]
+
+
+async def test_a_dead_holders_claim_lapses_and_the_next_delivery_runs_it(
+    guard: IdempotencyGuard,
+) -> None:
+    """A claim whose holder died (never settled, never renewed) passes on within a lease."""
+    key = guard._key("lane", "evt-1", "charge")  # plant the claim of a holder that died
+    await guard._functions.fcall("pl_once_claim", [key], ["dead-holder", 500])
+    calls: list[int] = []
+
+    async def effect() -> str:
+        calls.append(1)
+        return "charged"
+
+    assert await guard.once("lane", "evt-1", "charge", effect) == "charged"
+    assert calls == [1]

@@ -27,5 +27,15 @@ local function settle(keys, args)
   return 1
 end
 
+-- pl_once_renew: extend a claim while its holder still runs the side effect.
+-- KEYS[1] the record   ARGV[1] token   ARGV[2] lease_ms
+-- Returns 1 if renewed, 0 if the claim is no longer this holder's.
+local function renew(keys, args)
+  if redis.call('GET', keys[1]) ~= 'run:' .. args[1] then return 0 end
+  redis.call('PEXPIRE', keys[1], args[2])
+  return 1
+end
+
 redis.register_function('pl_once_claim', claim)
+redis.register_function('pl_once_renew', renew)
 redis.register_function('pl_once_settle', settle)
