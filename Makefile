@@ -8,7 +8,7 @@ DURATION ?= 3m
 HEADLESS ?= 0
 SOAK_MINUTES ?= 30
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-peers soak demo clean
+.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers soak demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ bench-runtime: setup services
 
 bench-fairness: setup services
 	$(BIN)/python bench/fairness.py
+
+## bench-metastable: a retry storm after a spike, FIFO lane vs deadlines + shedding (docs/faults.md)
+bench-metastable: setup
+	$(BIN)/python bench/metastable.py
 
 bench-debounce: setup services
 	$(BIN)/python bench/debounce.py

@@ -1,0 +1,256 @@
+"""One scenario's pipeline as real processes: ingress, consumer-group members and the sweeper.
+
+Every process is ``python -m pipeline ...`` with the scenario's environment: a private Redis, the
+private Kafka (Kafka scenarios), an SQLite log store in the scenario's directory, one lane with
+short retry tiers, and fast group timings. A supervisor task restarts any member or sweeper that
+exits, and the ingress when it exits on its own, as an orchestrator would; exits that no fault
+caused are recorded as crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import yaml
+from faults.services import free_port, port_open
+
+from pipeline.config import Settings, load_settings
+from pipeline.topics.admin import apply
+from pipeline.topics.spec import TopicSpec
+from pipeline.transport import create_transport
+
+TESTS = Path(__file__).resolve().parents[1]
+SECRET = "faults-secret"  # noqa: S105 - a test secret
+INGRESS = ("ingress", "ingress", "serve", "--port")
+RETRY = {"tiers": ["300ms", "1s"], "max_attempts": 3, "after_dead_letter": "proceed"}
+
+
+class Cluster:
+    """The processes of one scenario, and how to kill and restart each of them."""
+
+    def __init__(
+        self,
+        directory: Path,
+        transport: str,
+        unique: str,
+        *,
+        redis_url: str,
+        bootstrap_servers: str | None,
+        members: int = 2,
+        partitions: int = 4,
+    ) -> None:
+        """Lay out the scenario in ``directory``; nothing runs until :meth:`start`."""
+        self.directory = directory
+        self.transport = transport
+        self.lane = f"faults_{unique}"
+        self.group = f"g-{unique}"
+        self.prefix = f"fx-{unique}"
+        self.redis_url = redis_url
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.spec = TopicSpec.model_validate(
+            {"name": self.lane, "partitions": partitions, "retry": RETRY}
+        )
+        self.member_count = members
+        self.members: list[asyncio.subprocess.Process | None] = [None] * members
+        self.sweeper: asyncio.subprocess.Process | None = None
+        self.ingress: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self.crashes: list[str] = []
+        self._killed: set[int] = set()
+        self._ingress_restarting = False
+        self._stopping = False
+        self._supervisor: asyncio.Task[None] | None = None
+        self._logs: list[IO[bytes]] = []
+        kafka = {"session_timeout_ms": 3000, "request_timeout_ms": 5000}
+        if bootstrap_servers is not None:
+            kafka["bootstrap_servers"] = bootstrap_servers  # type: ignore[assignment]
+        self.settings: Settings = load_settings(
+            transport=transport,
+            kafka=kafka,
+            redis={"url": redis_url, "heartbeat_ms": 100, "lease_ms": 1500},
+        )
+        self.env = self._environment(bootstrap_servers)
+
+    def _environment(self, bootstrap_servers: str | None) -> dict[str, str]:
+        topics = self.directory / "topics"
+        topics.mkdir(parents=True, exist_ok=True)
+        (topics / f"{self.lane}.yaml").write_text(
+            yaml.safe_dump({"name": self.lane, "partitions": self.spec.partitions, "retry": RETRY}),
+            encoding="utf-8",
+        )
+        source = {
+            "scheme": "meta",
+            "secrets": ["env:FAULTS_SECRET"],
+            "tenant": {"pointer": "/tenant"},
+            "key": {"pointer": "/key"},
+            "event_id": {"pointer": "/id"},
+            "topic": self.lane,
+        }
+        sources = self.directory / "sources.yaml"
+        sources.write_text(yaml.safe_dump({"sources": {"hooks": source}}), encoding="utf-8")
+        env = {
+            **os.environ,
+            "FAULTS_SECRET": SECRET,
+            "FAULTS_LANE": self.lane,
+            "FAULTS_PREFIX": self.prefix,
+            "PIPELINE_TRANSPORT": self.transport,
+            "PIPELINE_TOPICS_DIR": str(topics),
+            "PIPELINE_REDIS__URL": self.redis_url,
+            "PIPELINE_REDIS__LEASE_MS": "1500",
+            "PIPELINE_REDIS__HEARTBEAT_MS": "100",
+            "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
+            "PIPELINE_KAFKA__REQUEST_TIMEOUT_MS": "5000",
+            "PIPELINE_RUNTIME__MARK_PROCESSED": "true",
+            "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "100",
+            "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "2",
+            "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
+            "PIPELINE_INGRESS__SQLITE_PATH": str(self.directory / "ingress.db"),
+            # NORMAL survives kill -9 of any process (the faults here), not a power loss; FULL
+            # (the default) costs an fsync per commit that this suite does not exercise.
+            "PIPELINE_INGRESS__SQLITE_SYNCHRONOUS": "NORMAL",
+            "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+            "PIPELINE_INGRESS__SWEEPER__INTERVAL_S": "0.5",
+            "PIPELINE_INGRESS__SWEEPER__UNPRODUCED_AFTER_S": "1",
+            "PIPELINE_INGRESS__SWEEPER__PATIENCE_S": "30",
+            "PIPELINE_INGRESS__SWEEPER__MAX_PATIENCE_S": "60",
+            "PIPELINE_INGRESS__SWEEPER__LEASE_S": "2",
+            "PIPELINE_INGRESS__SWEEPER__LANE_GROUPS": json.dumps({self.lane: self.group}),
+            "PIPELINE_LOG_LEVEL": os.environ.get("FAULTS_LOG_LEVEL", "WARNING"),
+        }
+        if bootstrap_servers is not None:
+            env["PIPELINE_KAFKA__BOOTSTRAP_SERVERS"] = bootstrap_servers
+        return env
+
+    async def _spawn(self, name: str, *args: str) -> asyncio.subprocess.Process:
+        log = (self.directory / f"{name}.log").open("ab")
+        self._logs.append(log)
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pipeline",
+            *args,
+            cwd=str(TESTS),
+            env=self.env,
+            stdout=log,
+            stderr=log,
+        )
+
+    async def declare(self) -> None:
+        """Create the lane's topics (main, retry tiers, dead letter) on the scenario's broker."""
+        transport = create_transport(self.settings)
+        try:
+            await apply(transport.admin(), [self.spec], 100_000, dry_run=False)
+        finally:
+            await transport.close()
+
+    async def start(self) -> None:
+        """Declare the topics, start every process, and supervise the members and sweeper."""
+        await self.declare()
+        for slot in range(self.member_count):
+            self.members[slot] = await self._member()
+        self.sweeper = await self._spawn("sweeper", "sweep", "--loop")
+        await self.start_ingress()
+        self._supervisor = asyncio.create_task(self._supervise())
+
+    async def _member(self) -> asyncio.subprocess.Process:
+        return await self._spawn(
+            "members", "consume", "faults.app:app", "--group", self.group, "-t", self.transport
+        )
+
+    async def start_ingress(self, timeout_s: float = 60.0) -> None:
+        """Start ``pipeline ingress serve`` on the scenario's port and wait until it listens."""
+        self.ingress = await self._spawn(*INGRESS, str(self.port))
+        deadline = time.monotonic() + timeout_s
+        while not await asyncio.to_thread(port_open, self.port):
+            if self.ingress.returncode is not None:
+                raise AssertionError(f"ingress exited; see {self.directory}/ingress.log")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ingress not listening after {timeout_s}s")
+            await asyncio.sleep(0.05)
+
+    async def kill_ingress(self) -> None:
+        """``kill -9`` the ingress, then start a new one on the same port and log store."""
+        assert self.ingress is not None
+        self._ingress_restarting = True
+        try:
+            await self._kill(self.ingress)
+            await self.start_ingress()
+        finally:
+            self._ingress_restarting = False
+
+    async def kill_member(self, slot: int) -> None:
+        """``kill -9`` one member; wait until the supervisor has started its replacement."""
+        victim = self.members[slot]
+        assert victim is not None
+        await self._kill(victim)
+        await self._replaced(lambda: self.members[slot] is not victim)
+
+    async def kill_sweeper(self) -> None:
+        """``kill -9`` the sweeper; wait until the supervisor has started its replacement."""
+        victim = self.sweeper
+        assert victim is not None
+        await self._kill(victim)
+        await self._replaced(lambda: self.sweeper is not victim)
+
+    @staticmethod
+    async def _replaced(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, "the supervisor did not restart the process"
+            await asyncio.sleep(0.02)
+
+    async def _supervise(self) -> None:
+        while not self._stopping:
+            for slot, proc in enumerate(self.members):
+                if proc is not None and self._exited(proc, "member"):
+                    self.members[slot] = await self._member()
+                    self.restarts += 1
+            if self.sweeper is not None and self._exited(self.sweeper, "sweeper"):
+                self.sweeper = await self._spawn("sweeper", "sweep", "--loop")
+            ingress = self.ingress
+            restart = ingress is not None and not self._ingress_restarting
+            if restart and ingress is not None and self._exited(ingress, "ingress"):
+                self.ingress = await self._spawn(*INGRESS, str(self.port))
+            await asyncio.sleep(0.05)
+
+    def _exited(self, proc: asyncio.subprocess.Process, name: str) -> bool:
+        """Whether ``proc`` has exited (noting a crash: an exit nobody here caused)."""
+        if proc.returncode is None or self._stopping:
+            return False
+        if proc.pid not in self._killed:
+            self.crashes.append(f"{name} exit {proc.returncode}")
+        return True
+
+    def member_pids(self) -> list[int]:
+        """Process ids of the running members."""
+        return [p.pid for p in self.members if p is not None and p.returncode is None]
+
+    async def stop(self) -> None:
+        """Stop everything with SIGKILL: the scenario is over and its state is thrown away."""
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        for proc in [self.ingress, self.sweeper, *self.members]:
+            if proc is not None:
+                await self._kill(proc)
+        for log in self._logs:
+            log.close()
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        """``kill -9`` ``proc`` (remembered, so it does not count as a crash) and reap it."""
+        self._killed.add(proc.pid)
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+        await proc.wait()
