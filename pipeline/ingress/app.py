@@ -26,7 +26,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from pipeline.ingress.dispatch import Dispatcher
-from pipeline.ingress.errors import Malformed, Rejected
+from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch
+from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
 from pipeline.logstore import IngressLog, LogStoreError
 from pipeline.observability.server import PATHS as OBSERVER_PATHS
@@ -72,6 +73,8 @@ class IngressApp:
         self._shutdown = shutdown
         self.counters: Counter[tuple[str, str]] = Counter()
         """Requests by (source, outcome): accepted, duplicate, rejected:<reason>, shed, ..."""
+        self.schemas: LaneSchemas | None = None
+        """Checks payloads of lanes that require a registered schema, when set."""
         self.observer: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
         """Serves ``/metrics``, ``/healthz`` and ``/readyz`` when set (a ``MetricsServer``)."""
 
@@ -136,9 +139,11 @@ class IngressApp:
             return 401, {"error": "unauthorized"}, []
         try:
             row = source.build_row(headers, body, now_s)
+            if self.schemas is not None:
+                self.schemas.check(row.lane, body)
         except Malformed as exc:
             self.counters[source.name, f"malformed:{exc.reason}"] += 1
-            return 400, {"error": exc.reason}, []
+            return 400, _malformed(exc), []
         try:
             inserted = await self._log.insert(row)
         except LogStoreError:
@@ -209,6 +214,13 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
+
+
+def _malformed(exc: Malformed) -> dict[str, str]:
+    """The 400 body: the counted reason, and for a schema mismatch the field at fault."""
+    if isinstance(exc, SchemaMismatch):
+        return {"error": exc.reason, "detail": exc.detail}
+    return {"error": exc.reason}
 
 
 async def _answer(

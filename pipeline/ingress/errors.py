@@ -31,3 +31,12 @@ class Rejected(IngressError):
 
 class Malformed(IngressError):
     """The verified body or headers do not yield what the source needs (JSON, ids)."""
+
+
+class SchemaMismatch(Malformed):
+    """The payload does not match its lane's registered schema; ``detail`` names the field."""
+
+    def __init__(self, detail: str) -> None:
+        """Count as ``schema mismatch``; answer with ``detail`` too."""
+        super().__init__("schema mismatch")
+        self.detail = detail

@@ -19,6 +19,7 @@ from pipeline.config import Settings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import IngressSettings, load_sources
 from pipeline.ingress.source import Source, build_sources
 from pipeline.ingress.sweeper import Sweeper
@@ -28,6 +29,7 @@ from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
+from pipeline.registry.client import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport
@@ -113,6 +115,11 @@ class Ingress:
             batch_max=self.ingress.produce_batch_max,
         )
         self.app.dispatcher = self.dispatcher
+        subjects = {s.lane: s.schema_subject for s in self.specs if s.schema_subject}
+        if subjects:
+            client = RegistryClient.from_settings(self.settings.registry)
+            self.app.schemas = LaneSchemas(client, subjects)
+            await self.app.schemas.start()
         if self.ingress.sweeper.enabled:
             self.sweeper = build_sweeper(
                 self.store, self.producer, self.transport.admin(), self.specs, self.ingress
@@ -135,6 +142,8 @@ class Ingress:
         """Stop the sweeper, let queued events go, then close everything."""
         self.observer.ready = False
         await self.observer.close()
+        if self.app.schemas is not None:
+            await self.app.schemas.close()
         if self._stop is not None and self._sweeping is not None:
             self._stop.set()
             with contextlib.suppress(asyncio.CancelledError):

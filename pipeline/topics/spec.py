@@ -310,6 +310,8 @@ class TopicSpec(_Spec):
         sojourn: an optional CoDel-style waiting limit (see :class:`SojournPolicy`).
         on_expiry: what happens to an expired or shed message: ``drop`` (counted and logged)
             or ``dead_letter`` (to the dead-letter topic with reason ``expired``).
+        schema_subject: the registry subject whose latest Avro schema every webhook payload of
+            this lane must match at the ingress (YAML key ``schema``); None checks nothing.
         throttle: the lane's admission policy (see :class:`ThrottlePolicy`), or None.
         debounce: the coalescing debouncer's policy (see :class:`DebouncePolicy`), or None.
     """
@@ -331,6 +333,7 @@ class TopicSpec(_Spec):
     max_age_ms: Duration | None = Field(default=None, alias="max_age")
     sojourn: SojournPolicy | None = None
     on_expiry: Literal["drop", "dead_letter"] = "drop"
+    schema_subject: StrictStr | None = Field(default=None, alias="schema", min_length=1)
     throttle: ThrottlePolicy | None = None
     debounce: DebouncePolicy | None = None
 

@@ -1,0 +1,95 @@
+"""Validation at the door: a lane's payloads must match its registered schema, or get a 400."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ingress.helpers import META, build, client, meta_body
+from ingress.signing import hub_signature
+
+from pipeline.ingress.schemas import LaneSchemas
+from pipeline.logstore import Selection
+from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.registry.api import create_app
+from pipeline.registry.client import RegistryClient
+from pipeline.registry.server import BackgroundServer
+from pipeline.registry.sqlite_store import SqliteSchemaStore
+
+TOPICS = {"messages": "messages", "engagement": "engagement"}
+SECRET = "meta-app-secret"  # noqa: S105 - a test secret
+# The part of a WhatsApp payload the messages lane relies on.
+SCHEMA = {
+    "type": "record",
+    "name": "WhatsAppDelivery",
+    "namespace": "test.door",
+    "fields": [
+        {"name": "object", "type": "string"},
+        {
+            "name": "entry",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "Entry",
+                    "fields": [{"name": "id", "type": "string"}],
+                },
+            },
+        },
+    ],
+}
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[RegistryClient]:
+    """A client of a real registry server holding the messages lane's schema."""
+    store = SqliteSchemaStore(str(tmp_path / "registry.db"))
+    with BackgroundServer(create_app(store)) as server:
+        registry = RegistryClient(server.url)
+        registry.register("messages-value", json.dumps(SCHEMA))
+        yield registry
+        registry.close()
+    store.close()
+
+
+def signed(body: bytes) -> dict[str, str]:
+    """Headers of a Meta delivery of ``body``."""
+    return {"x-hub-signature-256": hub_signature(SECRET, body), "content-type": "application/json"}
+
+
+async def test_a_payload_that_does_not_match_is_refused_with_the_field_at_fault(
+    tmp_path: Path, sqlite_store: SqliteLogStore, registry: RegistryClient
+) -> None:
+    """A matching payload is accepted; one missing a required field gets 400 and is not stored."""
+    app, http = client(build(tmp_path, {"whatsapp": META}, TOPICS), sqlite_store)
+    app.schemas = LaneSchemas(registry, {"messages": "messages-value"})
+    await app.schemas.start()
+    good = meta_body(1)
+    document = json.loads(meta_body(2))
+    document["object"] = 7  # a number where the schema wants a string
+    bad = json.dumps(document).encode()
+    async with http:
+        accepted = await http.post("/hooks/whatsapp", content=good, headers=signed(good))
+        refused = await http.post("/hooks/whatsapp", content=bad, headers=signed(bad))
+    await app.schemas.close()
+    assert accepted.status_code == 200
+    assert refused.status_code == 400
+    assert refused.json()["error"] == "schema mismatch"
+    assert "object" in refused.json()["detail"]
+    assert len(await sqlite_store.select(Selection(), limit=10)) == 1
+
+
+async def test_an_unknown_subject_leaves_its_lane_unchecked(
+    tmp_path: Path, sqlite_store: SqliteLogStore, registry: RegistryClient
+) -> None:
+    """A subject the registry does not have is not enforced: webhooks are never lost to it."""
+    app, http = client(build(tmp_path, {"whatsapp": META}, TOPICS), sqlite_store)
+    app.schemas = LaneSchemas(registry, {"messages": "no-such-subject"})
+    await app.schemas.start()
+    body = meta_body(1)
+    async with http:
+        response = await http.post("/hooks/whatsapp", content=body, headers=signed(body))
+    await app.schemas.close()
+    assert response.status_code == 200
