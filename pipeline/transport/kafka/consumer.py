@@ -158,7 +158,15 @@ class KafkaConsumer:
         if not self._subscribed:
             self._subscribe()
         try:
-            return list(self._raw.consume(max_messages, timeout_s))
+            # consume(n, timeout) waits for n messages or the whole timeout, which would hold a
+            # lone message back for up to timeout_s: wait for the first, then take what is
+            # already fetched without waiting.
+            first = self._raw.poll(timeout_s)
+            if first is None:
+                return []
+            if max_messages <= 1:
+                return [first]
+            return [first, *self._raw.consume(max_messages - 1, 0)]
         except KafkaException as exc:
             raise translate(exc, "consume") from exc
 
