@@ -144,13 +144,15 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 
     raise SystemExit(f"server on port {port} did not start")
 
 
-def start_ingress(workdir: Path, synchronous: str) -> tuple[subprocess.Popen[bytes], int]:
+def start_ingress(
+    workdir: Path, synchronous: str, transport: str = "redis"
+) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     db = workdir / f"ingress-{synchronous}-{uuid.uuid4().hex[:6]}.db"
     env = {
         **os.environ,
         "PIPELINE_BENCH_SECRET": SECRET,
-        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_TRANSPORT": transport,
         "PIPELINE_TOPICS_DIR": str(workdir / "topics"),
         "PIPELINE_INGRESS__SOURCES_FILE": str(workdir / "sources.yaml"),
         "PIPELINE_INGRESS__SQLITE_PATH": str(db),
