@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
@@ -27,6 +28,7 @@ from pipeline.transport.kafka.worker import ConsumerThread
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 log = logging.getLogger(__name__)
+_POLL_SLICE_S = 0.05
 T = TypeVar("T")
 
 _IGNORED = {KafkaError._PARTITION_EOF}  # noqa: SLF001 - librdkafka's local error code
@@ -161,9 +163,16 @@ class KafkaConsumer:
             # consume(n, timeout) waits for n messages or the whole timeout, which would hold a
             # lone message back for up to timeout_s: wait for the first, then take what is
             # already fetched without waiting.
-            first = self._raw.poll(timeout_s)
-            if first is None:
-                return []
+            # Poll in short slices so a pause, resume or commit queued meanwhile runs at once
+            # instead of after the whole timeout (resuming a drained partition is on the hot
+            # path of flow control).
+            deadline = time.monotonic() + timeout_s
+            while True:
+                first = self._raw.poll(min(_POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
+                if first is not None:
+                    break
+                if time.monotonic() >= deadline or self._worker.pending():
+                    return []
             if max_messages <= 1:
                 return [first]
             return [first, *self._raw.consume(max_messages - 1, 0)]

@@ -32,6 +32,10 @@ class ConsumerThread:
         self._calls.put((future, fn, args))
         return future
 
+    def pending(self) -> bool:
+        """Whether calls wait behind the running one (a long poll should yield to them)."""
+        return not self._calls.empty()
+
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
             future, fn, args = call
