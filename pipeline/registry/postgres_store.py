@@ -19,7 +19,7 @@ the connection's ``search_path``; tests use a uuid-named one each.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,7 +28,8 @@ from psycopg_pool import ConnectionPool
 
 from pipeline.registry.canonical import ParsedSchema
 from pipeline.registry.errors import IdConflict, StoreError
-from pipeline.registry.store import Check, SettingKind, StoredSchema, SubjectVersion
+from pipeline.registry.sql_store import SqlRegistryStore, Statements, version_row
+from pipeline.registry.store import Check, SubjectVersion
 
 _LOCK_CLASS = 0x5C4E  # first key of every advisory lock this store takes ("SchEma")
 _DDL_LOCK = "SELECT pg_advisory_xact_lock(%s, 0)"
@@ -93,12 +94,20 @@ _DELETE_SETTING = "DELETE FROM registry_settings WHERE kind = %s AND subject = %
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
-def _version(row: Sequence[Any]) -> SubjectVersion:
-    return SubjectVersion(row[0], row[1], row[2], row[3], row[4], bool(row[5]))
-
-
-class PostgresSchemaStore:
+class PostgresSchemaStore(SqlRegistryStore):
     """Registry store on PostgreSQL, safe for several registry replicas."""
+
+    _sql = Statements(
+        schema=_SCHEMA,
+        versions=_VERSIONS,
+        usages=_USAGES,
+        subjects=_SUBJECTS,
+        mark_deleted=_MARK_DELETED,
+        purge=_PURGE,
+        get_setting=_GET_SETTING,
+        set_setting=_SET_SETTING,
+        delete_setting=_DELETE_SETTING,
+    )
 
     def __init__(
         self,
@@ -138,7 +147,7 @@ class PostgresSchemaStore:
             raise StoreError(f"cannot open the registry database: {exc}") from exc
 
     @contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
+    def _tx(self, *, write: bool = False) -> Iterator[psycopg.Connection[Any]]:  # noqa: ARG002 - every transaction may write
         try:
             with self._pool.connection() as conn, conn.transaction():
                 yield conn
@@ -157,7 +166,7 @@ class PostgresSchemaStore:
         """Append ``schema`` to ``subject`` unless a live version holds it (see the protocol)."""
         with self._tx() as conn:
             conn.execute(_SUBJECT_LOCK, (_LOCK_CLASS, subject))
-            existing = [_version(r) for r in conn.execute(_VERSIONS, (subject,))]
+            existing = [version_row(r) for r in conn.execute(_VERSIONS, (subject,))]
             live = [v for v in existing if not v.deleted]
             for v in live:
                 if v.fingerprint == schema.fingerprint:
@@ -196,54 +205,6 @@ class PostgresSchemaStore:
         if inserted is None:
             raise StoreError("schema row vanished while registering")
         return int(inserted[0])
-
-    def schema(self, schema_id: int) -> StoredSchema | None:
-        """The schema with this global id, or None."""
-        with self._tx() as conn:
-            row = conn.execute(_SCHEMA, (schema_id,)).fetchone()
-        return StoredSchema(int(row[0]), row[1], row[2]) if row else None
-
-    def versions(self, subject: str) -> list[SubjectVersion]:
-        """Every version of ``subject``, soft-deleted ones included, oldest first."""
-        with self._tx() as conn:
-            return [_version(r) for r in conn.execute(_VERSIONS, (subject,))]
-
-    def subjects(self) -> dict[str, bool]:
-        """Every subject with a version: name -> whether all its versions are soft-deleted."""
-        with self._tx() as conn:
-            return {row[0]: bool(row[1]) for row in conn.execute(_SUBJECTS)}
-
-    def usages(self, schema_id: int) -> list[SubjectVersion]:
-        """Every subject version holding the schema ``schema_id``."""
-        with self._tx() as conn:
-            return [_version(r) for r in conn.execute(_USAGES, (schema_id,))]
-
-    def mark_deleted(self, subject: str, versions: Sequence[int]) -> None:
-        """Soft-delete these versions."""
-        with self._tx() as conn, conn.cursor() as cur:
-            cur.executemany(_MARK_DELETED, [(subject, v) for v in versions])
-
-    def purge(self, subject: str, versions: Sequence[int]) -> None:
-        """Remove these versions for good; their schema ids stay valid."""
-        with self._tx() as conn, conn.cursor() as cur:
-            cur.executemany(_PURGE, [(subject, v) for v in versions])
-
-    def get_setting(self, kind: SettingKind, subject: str) -> str | None:
-        """The value set for ``subject`` (``""`` for global), or None."""
-        with self._tx() as conn:
-            row = conn.execute(_GET_SETTING, (kind, subject)).fetchone()
-        return str(row[0]) if row else None
-
-    def set_setting(self, kind: SettingKind, subject: str, value: str) -> None:
-        """Set (or replace) a value."""
-        with self._tx() as conn:
-            conn.execute(_SET_SETTING, (kind, subject, value))
-
-    def delete_setting(self, kind: SettingKind, subject: str) -> str | None:
-        """Remove a value; return the one removed, or None."""
-        with self._tx() as conn:
-            row = conn.execute(_DELETE_SETTING, (kind, subject)).fetchone()
-        return str(row[0]) if row else None
 
     def close(self) -> None:
         """Close every pooled connection."""

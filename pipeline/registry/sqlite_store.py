@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from pipeline.registry.canonical import ParsedSchema
 from pipeline.registry.errors import IdConflict, StoreError
-from pipeline.registry.store import Check, SettingKind, StoredSchema, SubjectVersion
+from pipeline.registry.sql_store import SqlRegistryStore, Statements, version_row
+from pipeline.registry.store import Check, SubjectVersion
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS registry_schemas (
@@ -69,12 +69,20 @@ _SET_SETTING = (
 _DELETE_SETTING = "DELETE FROM registry_settings WHERE kind = ? AND subject = ? RETURNING value"
 
 
-def _version(row: Sequence[Any]) -> SubjectVersion:
-    return SubjectVersion(row[0], row[1], row[2], row[3], row[4], bool(row[5]))
-
-
-class SqliteSchemaStore:
+class SqliteSchemaStore(SqlRegistryStore):
     """Registry store in one SQLite file (``:memory:`` for a throwaway one)."""
+
+    _sql = Statements(
+        schema=_SCHEMA,
+        versions=_VERSIONS,
+        usages=_USAGES,
+        subjects=_SUBJECTS,
+        mark_deleted=_MARK_DELETED,
+        purge=_PURGE,
+        get_setting=_GET_SETTING,
+        set_setting=_SET_SETTING,
+        delete_setting=_DELETE_SETTING,
+    )
 
     def __init__(self, path: str, *, busy_timeout_s: float = 5.0) -> None:
         """Open (and create if needed) the database at ``path``.
@@ -118,7 +126,7 @@ class SqliteSchemaStore:
     ) -> SubjectVersion:
         """Append ``schema`` to ``subject`` unless a live version holds it (see the protocol)."""
         with self._tx(write=True) as db:
-            existing = [_version(r) for r in db.execute(_VERSIONS, (subject,))]
+            existing = [version_row(r) for r in db.execute(_VERSIONS, (subject,))]
             live = [v for v in existing if not v.deleted]
             for v in live:
                 if v.fingerprint == schema.fingerprint:
@@ -150,54 +158,6 @@ class SqliteSchemaStore:
             return SubjectVersion(
                 subject, number, new_id, schema.normalized, schema.fingerprint, deleted=False
             )
-
-    def schema(self, schema_id: int) -> StoredSchema | None:
-        """The schema with this global id, or None."""
-        with self._tx() as db:
-            row = db.execute(_SCHEMA, (schema_id,)).fetchone()
-        return StoredSchema(row[0], row[1], row[2]) if row else None
-
-    def versions(self, subject: str) -> list[SubjectVersion]:
-        """Every version of ``subject``, soft-deleted ones included, oldest first."""
-        with self._tx() as db:
-            return [_version(r) for r in db.execute(_VERSIONS, (subject,))]
-
-    def subjects(self) -> dict[str, bool]:
-        """Every subject with a version: name -> whether all its versions are soft-deleted."""
-        with self._tx() as db:
-            return {row[0]: bool(row[1]) for row in db.execute(_SUBJECTS)}
-
-    def usages(self, schema_id: int) -> list[SubjectVersion]:
-        """Every subject version holding the schema ``schema_id``."""
-        with self._tx() as db:
-            return [_version(r) for r in db.execute(_USAGES, (schema_id,))]
-
-    def mark_deleted(self, subject: str, versions: Sequence[int]) -> None:
-        """Soft-delete these versions."""
-        with self._tx(write=True) as db:
-            db.executemany(_MARK_DELETED, [(subject, v) for v in versions])
-
-    def purge(self, subject: str, versions: Sequence[int]) -> None:
-        """Remove these versions for good; their schema ids stay valid."""
-        with self._tx(write=True) as db:
-            db.executemany(_PURGE, [(subject, v) for v in versions])
-
-    def get_setting(self, kind: SettingKind, subject: str) -> str | None:
-        """The value set for ``subject`` (``""`` for global), or None."""
-        with self._tx() as db:
-            row = db.execute(_GET_SETTING, (kind, subject)).fetchone()
-        return str(row[0]) if row else None
-
-    def set_setting(self, kind: SettingKind, subject: str, value: str) -> None:
-        """Set (or replace) a value."""
-        with self._tx(write=True) as db:
-            db.execute(_SET_SETTING, (kind, subject, value))
-
-    def delete_setting(self, kind: SettingKind, subject: str) -> str | None:
-        """Remove a value; return the one removed, or None."""
-        with self._tx(write=True) as db:
-            rows = db.execute(_DELETE_SETTING, (kind, subject)).fetchall()
-        return str(rows[0][0]) if rows else None
 
     def close(self) -> None:
         """Close the connection."""
