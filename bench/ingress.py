@@ -35,6 +35,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import uvloop
@@ -283,6 +284,25 @@ def measure_p99(workdir: Path, rate: int, seconds: int) -> float:
     return p99
 
 
+def write_config(workdir: Path, topic: str) -> dict[str, Any]:
+    """Write the ingress's ``topics/bench.yaml`` and ``sources.yaml``; returns the lane's doc."""
+    (workdir / "topics").mkdir(parents=True)
+    spec_doc = {"name": topic, "partitions": 4, "lane": "bench"}
+    (workdir / "topics" / "bench.yaml").write_text(yaml.safe_dump(spec_doc), encoding="utf-8")
+    source = {
+        "scheme": "meta",
+        "secrets": ["env:PIPELINE_BENCH_SECRET"],
+        "tenant": {"pointer": "/entry/0/id"},
+        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
+        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
+        "topic": topic,
+    }
+    (workdir / "sources.yaml").write_text(
+        yaml.safe_dump({"sources": {"bench": source}}), encoding="utf-8"
+    )
+    return spec_doc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=15_000, help="per saturation run")
@@ -292,21 +312,7 @@ def main() -> None:
     topic = f"bench_ingress_{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="bench-ingress-") as tmp:
         workdir = Path(tmp)
-        (workdir / "topics").mkdir()
-        (workdir / "topics" / "bench.yaml").write_text(
-            yaml.safe_dump({"name": topic, "partitions": 4, "lane": "bench"}), encoding="utf-8"
-        )
-        source = {
-            "scheme": "meta",
-            "secrets": ["env:PIPELINE_BENCH_SECRET"],
-            "tenant": {"pointer": "/entry/0/id"},
-            "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
-            "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
-            "topic": topic,
-        }
-        (workdir / "sources.yaml").write_text(
-            yaml.safe_dump({"sources": {"bench": source}}), encoding="utf-8"
-        )
+        write_config(workdir, topic)
         asyncio.run(setup_topic(topic))
         try:
             results: dict[str, list[tuple[float, float]]] = {

@@ -53,7 +53,7 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _tasks import RECORD, paced, payload, record, unpack
-from ingress import load, requests, start_ingress, stop
+from ingress import load, requests, start_ingress, stop, write_config
 from runtime import PEERS_DIR, BenchError, Harness, ensure_peer_env
 
 from pipeline.config import RuntimeSettings, load_settings
@@ -408,29 +408,11 @@ class Bench:
 # -- end to end: webhook to handler through the real ingress ------------------------------------
 
 
-def write_e2e_config(workdir: Path, topic: str) -> dict[str, Any]:
-    """The ingress's topics/bench.yaml and sources.yaml (JSON is YAML); returns the lane doc."""
-    (workdir / "topics").mkdir(parents=True)
-    spec_doc = {"name": topic, "partitions": 4, "lane": "bench"}
-    (workdir / "topics" / "bench.yaml").write_text(json.dumps(spec_doc), encoding="utf-8")
-    source = {
-        "scheme": "meta",
-        "secrets": ["env:PIPELINE_BENCH_SECRET"],
-        "tenant": {"pointer": "/entry/0/id"},
-        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
-        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
-        "topic": topic,
-    }
-    sources = {"sources": {"bench": source}}
-    (workdir / "sources.yaml").write_text(json.dumps(sources), encoding="utf-8")
-    return spec_doc
-
-
 async def e2e(bench: Bench, broker: str, rate: int, seconds: float) -> dict[str, Any]:
     """Signed webhooks at ``rate``/s into ``pipeline ingress serve``, handled by a member here."""
     tag = uuid.uuid4().hex[:10]
     topic = f"bench_peers_e2e_{tag}"
-    spec_doc = write_e2e_config(bench.workdir / f"e2e-{tag}", topic)
+    spec_doc = write_config(bench.workdir / f"e2e-{tag}", topic)
     workdir = bench.workdir / f"e2e-{tag}"
     spec = TopicSpec.model_validate(spec_doc)
     if broker == "kafka":
