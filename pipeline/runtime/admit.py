@@ -23,7 +23,7 @@ import json
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pipeline import headers as h
 from pipeline.envelope import Message, TopicPartition
@@ -82,6 +82,15 @@ def throttle_keys(policy: ThrottlePolicy, lane: str, message: Message) -> list[s
     return out
 
 
+class _Waiting(NamedTuple):
+    """A message in the gate, with what its admission needs."""
+
+    message: Message
+    keys: list[str]
+    policy: ThrottlePolicy
+    lane: str
+
+
 def _tenant(message: Message) -> str:
     raw = message.headers.get(h.TENANT)
     return raw.decode(errors="replace") if raw is not None else ""
@@ -100,13 +109,12 @@ class AdmissionGate:
         self._admitter = admitter
         self._admitted = admitted
         self._deferred = deferred
-        self._queues: dict[GateKey, deque[tuple[Message, list[str], ThrottlePolicy]]] = {}
+        self._queues: dict[GateKey, deque[_Waiting]] = {}
         self._acquiring: dict[GateKey, asyncio.Task[None]] = {}
         self._active: set[GateKey] = set()  # keys asking for or holding slots
         self._permits: dict[tuple[TopicPartition, int], tuple[GateKey, Any]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.waiting = 0
-        self._lane_of: dict[str, str] = {}
         self.waiting_by: Counter[tuple[str, str]] = Counter()
         """Messages waiting for admission per (lane, tenant), for metrics and status."""
         self.deferrals = 0
@@ -135,7 +143,6 @@ class AdmissionGate:
         if not keys:
             self._admitted(message)
             return
-        self._lane_of[message.topic] = lane
         key: GateKey = (message.tp, message.key if ordered else ("offset", message.offset))
         queue = self._queues.get(key)
         if queue is None:
@@ -144,7 +151,7 @@ class AdmissionGate:
                 self._deferred(message)
                 return
             queue = self._queues[key] = deque()
-        queue.append((message, keys, policy))
+        queue.append(_Waiting(message, keys, policy, lane))
         self.waiting += 1
         self.waiting_by[lane, _tenant(message)] += 1
         if key not in self._active:
@@ -164,12 +171,11 @@ class AdmissionGate:
 
     def _ask(self, key: GateKey) -> None:
         self._active.add(key)
-        message, keys, policy = self._queues[key][0]
-        self._acquiring[key] = asyncio.create_task(self._acquire(key, message, keys, policy))
+        waiting = self._queues[key][0]
+        self._acquiring[key] = asyncio.create_task(self._acquire(key, waiting))
 
-    async def _acquire(
-        self, key: GateKey, message: Message, keys: list[str], policy: ThrottlePolicy
-    ) -> None:
+    async def _acquire(self, key: GateKey, waiting: _Waiting) -> None:
+        message, keys, policy = waiting.message, waiting.keys, waiting.policy
         try:
             permit = await self._admitter.acquire(
                 keys, priority=policy.priority, lease_ms=policy.lease_ms
@@ -179,21 +185,20 @@ class AdmissionGate:
             permit = None
         self._acquiring.pop(key, None)
         queue = self._queues.get(key)
-        if queue is None or queue[0][0] is not message:  # revoked while it waited
+        if queue is None or queue[0] is not waiting:  # revoked while it waited
             self._active.discard(key)
             self._release(permit)
             return
         queue.popleft()
-        self._forget_waiting(message)
+        self._forget_waiting(waiting)
         if not queue:
             del self._queues[key]
         self._permits[message.tp, message.offset] = (key, permit)
         self._admitted(message)
 
-    def _forget_waiting(self, message: Message) -> None:
+    def _forget_waiting(self, waiting: _Waiting) -> None:
         self.waiting -= 1
-        lane = self._lane_of.get(message.topic, message.topic)
-        counted = (lane, _tenant(message))
+        counted = (waiting.lane, _tenant(waiting.message))
         self.waiting_by[counted] -= 1
         if self.waiting_by[counted] <= 0:
             del self.waiting_by[counted]
@@ -221,7 +226,7 @@ class AdmissionGate:
         wanted = set(partitions)
         for key in [k for k in self._queues if k[0] in wanted]:
             for entry in self._queues.pop(key):
-                self._forget_waiting(entry[0])
+                self._forget_waiting(entry)
             self._active.discard(key)
             task = self._acquiring.pop(key, None)
             if task is not None:

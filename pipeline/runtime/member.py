@@ -130,10 +130,12 @@ class Member:
             self._gate = AdmissionGate(throttle, self._admitted, self._defer)
         self._routing = Routing(self._router, self.stats, app.retryable, chosen, metrics)
         if redis is not None:
-            for name in lanes or sorted(app.lanes):
-                spec = app.lanes[name].spec
+            for lane in chosen:
+                spec = lane.spec
                 ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
-                self._parking[name] = Parking(redis, redis_prefix, name, ttl_ms=ttl_ms + 3_600_000)
+                self._parking[lane.name] = Parking(
+                    redis, redis_prefix, lane.name, ttl_ms=ttl_ms + 3_600_000
+                )
 
     @property
     def assignment(self) -> list[TopicPartition]:
@@ -262,6 +264,7 @@ class Member:
             self._flow.removed(message.tp)
         if self._gate is not None:
             self._gate.finished(message)
+            self._deferring.discard((message.tp, message.offset))  # whatever parking decided
         if self._metrics is not None:
             self._metrics.delivered(lane.name, outcome or "unrouted", time.perf_counter() - started)
         log.debug(
@@ -337,7 +340,6 @@ class Member:
     async def _not_now(self, lane: Lane, message: Message) -> tuple[bool, str | None]:
         """Whether ``message`` must not run now (deferred, expired or shed), and its outcome."""
         if self._deferring and (message.tp, message.offset) in self._deferring:
-            self._deferring.discard((message.tp, message.offset))
             return True, await self._routing.divert(lane, message, "deferred")
         reason = self._expired(lane, message)
         if reason is None:
