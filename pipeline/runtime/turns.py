@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from pipeline.admission.debounce import Debouncer, Turn
+from pipeline.admission.debounce_codec import BufferedMessage
 from pipeline.admission.debounce_runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.errors import Skip
@@ -52,7 +53,7 @@ def conversation_key(event: Any, message: Message, field: str) -> str:
     return str(value)
 
 
-def to_message(buffered: Any) -> Message:
+def to_message(buffered: BufferedMessage) -> Message:
     """The consumed :class:`Message` a buffered one stands for."""
     return Message(
         buffered.topic,
