@@ -249,7 +249,9 @@ async def run(cluster: Cluster, scenario: Scenario) -> dict[str, object]:
         deadline = time.monotonic() + scenario.deadline_s
         while not accepted <= observer.applied.keys() | observer.dead.keys():
             missing = sorted(accepted - observer.applied.keys() - observer.dead.keys())
-            assert time.monotonic() < deadline, f"not drained: {len(missing)} {missing[:10]}"
+            if time.monotonic() >= deadline:
+                state = await group_state(observer.redis) if cluster.transport == "redis" else ""
+                raise AssertionError(f"not drained: {len(missing)} {missing[:10]}{state}")
             await observer.refresh()
         drained = time.monotonic()
         order = await observer.order()
@@ -285,6 +287,28 @@ async def run(cluster: Cluster, scenario: Scenario) -> dict[str, object]:
     RESULTS.append(result)
     print(json.dumps(result))  # noqa: T201 - the figures are part of the test's output
     return {**result, "dead_by_id": dict(observer.dead)}
+
+
+async def group_state(redis: Redis) -> str:
+    """The Redis transport's group state, for a scenario that did not drain.
+
+    Leases, live members and, per stream, who holds how many pending entries.
+    """
+    lines = []
+    with contextlib.suppress(RedisError, OSError):
+        async for key in redis.scan_iter(match="*}:owners"):
+            leases = {k.decode(): v.decode() for k, v in (await redis.hgetall(key)).items()}
+            lines.append(f"{key.decode()} {dict(sorted(leases.items()))}")
+        lines += [
+            f"{key.decode()} {await redis.zrange(key, 0, -1, withscores=True)}"
+            async for key in redis.scan_iter(match="*}:members")
+        ]
+        async for key in redis.scan_iter(match="*}:s", _type="stream"):
+            for group in await redis.xinfo_groups(key):
+                pending = await redis.xpending(key, group["name"])
+                if pending["pending"]:
+                    lines.append(f"{key.decode()} pending {pending['consumers']}")
+    return "".join(f"\n  {line}" for line in lines)
 
 
 def check_exactly_once(

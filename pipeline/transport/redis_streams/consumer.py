@@ -157,12 +157,16 @@ class RedisStreamsConsumer:
                 self._unacked.pop(tp, None)
                 self._reclaim.pop(tp, None)
                 self._paused.discard(tp)
-        if releasing:
+        # A heartbeat may claim a dead member's partition for us and, before we took it up, a
+        # joining member becomes its target: we never owned it here, but its lease is ours.
+        # Give it up with the rest, or we would renew it forever and strand it.
+        unclaimed = self._to_release - self._owned - gone
+        if releasing or unclaimed:
             await self._functions.release(
                 self._keys.members(self._group),
                 self._keys.owners(self._group),
                 self.member_id,
-                [partition_id(tp.topic, tp.partition) for tp in releasing],
+                [partition_id(tp.topic, tp.partition) for tp in sorted(releasing | unclaimed)],
                 leave=False,
             )
         new = self._target_owned - self._to_release - self._owned
