@@ -94,6 +94,10 @@ class RuntimeSettings(_Section):
     """Mark the ingress log row of each finished event processed (``pl-row-id`` header), in
     batches, in the log store the ingress settings choose; without it the sweeper replays
     rows it never hears about."""
+    suspect_alone_s: float = Field(default=30.0, gt=0)
+    """A suspect (a message whose earlier start never finished, as when a crash took its
+    member) runs alone, so a poison message is told from its neighbours; other runs wait for
+    it at most this long."""
     cpu_workers: int = Field(default=2, ge=1, le=256)
     """Worker processes for CPU-bound handlers (``cpu=True``), started on first use."""
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)

@@ -16,6 +16,6 @@ def _tag(prefix: str, lane: str, key: bytes | None) -> str:
 
 
 def parking_keys(prefix: str, lane: str, key: bytes | None, message_id: str) -> list[str]:
-    """The parked zset, the parking hash, the message's run counter and the gone set."""
+    """The parked zset, parking hash, run counter, gone set and lone-start counter."""
     tag = _tag(prefix, lane, key)
-    return [f"{tag}:z", f"{tag}:h", f"{tag}:r:{message_id}", f"{tag}:gone"]
+    return [f"{tag}:z", f"{tag}:h", f"{tag}:r:{message_id}", f"{tag}:gone", f"{tag}:a:{message_id}"]

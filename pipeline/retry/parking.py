@@ -12,8 +12,11 @@ A copy of a parked message can reach a tier twice (a member killed after diverti
 committing): when one copy has been handled, the other is recognised (its id is in the key's
 ``gone`` set) and dropped, so a duplicate never runs out of order behind the key's later messages.
 
-Every start of a message is counted; a message started ``poison_after`` times without finishing
-(its worker died each time) is dead-lettered with reason ``poison`` instead of run again.
+Every start of a message is counted. A message started before without finishing (its member
+died, or lost it mid-run) is a *suspect*: the member runs it alone (``runtime/isolation.py``),
+so that a crash cannot be blamed on a neighbour that happened to run beside the culprit. Once
+its interruptions, the first plus its lone starts, reach ``poison_after``, it is dead-lettered
+with reason ``poison`` instead of run again.
 
 If Redis cannot be reached the runtime fails open: messages run (order across retries is not
 guarded for that time, and poison is not counted), and each such decision is logged.
@@ -36,7 +39,7 @@ from pipeline.retry.keys import parking_keys
 log = logging.getLogger(__name__)
 
 LIBRARY = resources.files("pipeline.retry").joinpath("lua/parking.lua").read_text()
-Decision = Literal["process", "divert", "sequenced", "poison", "stale"]
+Decision = Literal["process", "suspect", "divert", "sequenced", "stale"]
 Ending = Literal["done", "parked", "dead"]
 
 
@@ -61,21 +64,32 @@ class Parking:
         self._lane = lane
         self._ttl_ms = ttl_ms
 
-    async def begin(
-        self, message: Message, *, ordered: bool, poison_after: int
-    ) -> tuple[Decision, int]:
+    async def begin(self, message: Message, *, ordered: bool) -> tuple[Decision, int]:
         """Count a start and decide whether the handler runs; returns (decision, starts)."""
         ident = message_id(message)
         keys = parking_keys(self._prefix, self._lane, message.key, ident)
         try:
             decision, starts = await self._functions.fcall(
-                "pl_begin", keys, [ident, self._ttl_ms, poison_after, "1" if ordered else "0"]
+                "pl_begin", keys, [ident, self._ttl_ms, "1" if ordered else "0"]
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, processing %s without it: %s", ident, exc)
             return "process", 0
         text = decision.decode() if isinstance(decision, bytes) else str(decision)
         return text, int(starts)  # type: ignore[return-value]
+
+    async def solo(self, message: Message, *, poison_after: int) -> tuple[bool, int]:
+        """Count a suspect's lone start; returns (poison, lone starts so far)."""
+        ident = message_id(message)
+        keys = parking_keys(self._prefix, self._lane, message.key, ident)
+        try:
+            decision, alone = await self._functions.fcall(
+                "pl_solo", keys[4:], [self._ttl_ms, poison_after]
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, running suspect %s without counting: %s", ident, exc)
+            return False, 0
+        return decision in (b"poison", "poison"), int(alone)
 
     async def end(self, message: Message, ending: Ending, *, follow_dead: bool) -> None:
         """Record how the message ended (it leaves the parked set unless ``parked``)."""

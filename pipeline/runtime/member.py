@@ -41,6 +41,7 @@ from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.due import DueGate
 from pipeline.runtime.flow import FlowControl, PauseBook
 from pipeline.runtime.idempotency import IdempotencyGuard
+from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.routing import Routing
@@ -99,6 +100,7 @@ class Member:
         self._due: DueGate | None = None
         self._committed: dict[TopicPartition, Position] = {}
         self._parking: dict[str, Parking] = {}
+        self._isolation = Isolation(settings.suspect_alone_s)
         self._pool: ProcessPool | None = None
         self._processed = processed
         self._finished_rows: list[str] = []
@@ -286,33 +288,57 @@ class Member:
             return await self._run_handler(lane, message, attempt)
         ordered = lane.spec.ordered and bool(lane.routes.retry_topics)
         follow = lane.spec.retry.after_dead_letter == "follow"
-        decision, starts = await parking.begin(
-            message, ordered=ordered, poison_after=lane.spec.retry.poison_after
-        )
+        decision, starts = await parking.begin(message, ordered=ordered)
+        if decision == "suspect":
+            return await self._run_suspect(lane, message, attempt, parking, starts)
         if decision == "stale":
             self.stats.duplicates += 1
             return "duplicate"
         if decision == "divert":
             # Still parked behind its head: no end is recorded.
             return await self._routing.divert(lane, message, "parked")
-        if decision in ("sequenced", "poison"):
-            log.warning(
-                "dead-lettering %s@%d: %s (started %d times)",
-                message.tp,
-                message.offset,
-                decision,
-                starts,
-            )
+        if decision == "sequenced":
+            log.warning("dead-lettering %s@%d: sequenced", message.tp, message.offset)
             outcome = await self._routing.dead_letter(lane, message, decision, None)
-            ending: Ending = "dead" if decision == "poison" else "done"
+            ending: Ending = "done"
         else:
-            outcome = await self._run_handler(lane, message, attempt)
-            ending = _ENDINGS.get(outcome or "", "done")
-            if ending == "parked" and not ordered:
-                ending = "done"
+            async with self._isolation.shared():
+                outcome = await self._run_handler(lane, message, attempt)
+            ending = self._ending(lane, outcome)
         if outcome is not None:
             await parking.end(message, ending, follow_dead=follow)
         return outcome
+
+    async def _run_suspect(
+        self, lane: Lane, message: Message, attempt: int, parking: Parking, starts: int
+    ) -> str | None:
+        """Run a message whose earlier start never finished alone, or dead-letter it as poison."""
+        poison_after = lane.spec.retry.poison_after
+        async with self._isolation.alone():
+            poison, alone = await parking.solo(message, poison_after=poison_after)
+            if poison:
+                log.warning(
+                    "dead-lettering %s@%d: poison (started %d times, %d of them alone)",
+                    message.tp,
+                    message.offset,
+                    starts,
+                    alone,
+                )
+                outcome = await self._routing.dead_letter(lane, message, "poison", None)
+                ending: Ending = "dead"
+            else:
+                outcome = await self._run_handler(lane, message, attempt)
+                ending = self._ending(lane, outcome)
+        if outcome is not None:
+            follow = lane.spec.retry.after_dead_letter == "follow"
+            await parking.end(message, ending, follow_dead=follow)
+        return outcome
+
+    @staticmethod
+    def _ending(lane: Lane, outcome: str | None) -> Ending:
+        ending = _ENDINGS.get(outcome or "", "done")
+        ordered = lane.spec.ordered and bool(lane.routes.retry_topics)
+        return "done" if ending == "parked" and not ordered else ending
 
     def _expired(self, lane: Lane, message: Message) -> str | None:
         """Why ``message`` must not run now (``expired`` or ``shed``), or None to run it."""

@@ -235,7 +235,8 @@ class RetryPolicy(_Spec):
             behind a message that is dead-lettered: ``follow`` it into the dead-letter topic in
             order (a sequenced dead letter, the default) or ``proceed`` to their handler.
         poison_after: a message whose processing was interrupted (its worker killed) this many
-            times is dead-lettered with reason ``poison`` instead of being run again.
+            times is dead-lettered with reason ``poison`` instead of being run again; after the
+            first interruption it runs alone, so only its own crashes count.
         budget: an optional retry budget (see :class:`RetryBudgetPolicy`).
     """
 

@@ -18,6 +18,7 @@ from pipeline.envelope import Record
 from pipeline.errors import Retry
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
+from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
 
 
@@ -93,6 +94,72 @@ async def test_followers_of_a_dead_lettered_head_follow_it_in_order(
     assert [m.headers[h.DEAD_REASON] for m in dead] == [b"exhausted", b"sequenced", b"sequenced"]
 
 
+async def _crash_until_done(
+    transport: Transport, spec: TopicSpec, unique: str, done_key: str, want: int, **extra: str
+) -> int:
+    """Start ``poison_app`` members one after another until the poison is dead-lettered.
+
+    ``want`` values must be handled too. Returns how many of them crashed (exit 17, the
+    poison's doing) before that.
+    """
+    topic = spec.name
+    admin = transport.admin()
+
+    async def settled() -> bool:
+        if await redis.scard(done_key) < want:
+            return False
+        return sum(p.end for p in await admin.group_lag(f"none-{unique}", spec.dead_letter)) > 0
+
+    env = {
+        **os.environ,
+        "POISON_TOPIC": topic,
+        "POISON_DONE": done_key,
+        "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "50",
+        "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
+        "PIPELINE_REDIS__LEASE_MS": "1500",
+        "PIPELINE_REDIS__HEARTBEAT_MS": "100",
+        **extra,
+    }
+    redis = Redis.from_url(env.get("PIPELINE_REDIS__URL", "redis://127.0.0.1:6379/0"))
+    crashes = 0
+    try:
+        for _ in range(6):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "pipeline",
+                "consume",
+                "runtime.poison_app:app",
+                "--group",
+                f"g-{unique}",
+                "-t",
+                transport.name,
+                cwd=str(Path(__file__).parents[1]),
+                env=env,
+            )
+            finished = asyncio.create_task(proc.wait())
+            while not finished.done() and not await settled():
+                await asyncio.wait({finished}, timeout=0.1)
+            if finished.done():
+                assert proc.returncode == 17
+                crashes += 1
+                continue
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(finished, 60) == 0
+            break
+    finally:
+        await redis.aclose()
+    return crashes
+
+
+async def _dead_letters(transport: Transport, spec_dlq: str, unique: str) -> list[bytes]:
+    dlq = transport.consumer(f"dlq-{unique}", [spec_dlq])
+    (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
+    await dlq.close()
+    assert dead.headers[h.DEAD_REASON] == b"poison"
+    return [dead.value]
+
+
 async def test_a_message_that_kills_its_worker_is_dead_lettered_as_poison(
     transport: Transport, redis: Redis, unique: str
 ) -> None:
@@ -111,45 +178,28 @@ async def test_a_message_that_kills_its_worker_is_dead_lettered_as_poison(
     )
     await producer.close()
     done_key = f"done-{unique}"
-    env = {
-        **os.environ,
-        "POISON_TOPIC": spec.name,
-        "POISON_DONE": done_key,
-        "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "50",
-        "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
-        "PIPELINE_REDIS__LEASE_MS": "1500",
-        "PIPELINE_REDIS__HEARTBEAT_MS": "100",
-    }
-    crashes = 0
-    for _ in range(6):
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "pipeline",
-            "consume",
-            "runtime.poison_app:app",
-            "--group",
-            f"g-{unique}",
-            "-t",
-            transport.name,
-            cwd=str(Path(__file__).parents[1]),
-            env=env,
-        )
-        finished = asyncio.create_task(proc.wait())
-        while not finished.done() and await redis.scard(done_key) < 3:
-            await asyncio.wait({finished}, timeout=0.1)
-        if finished.done():
-            assert proc.returncode == 17
-            crashes += 1
-            continue
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(finished, 60) == 0
-        break
-    assert crashes == 3
+    assert await _crash_until_done(transport, spec, unique, done_key, 3) == 3
     assert await redis.smembers(done_key) == {b"m1", b"m2", b"m3"}
-    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-    (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
-    await dlq.close()
-    assert dead.value == b"poison"
-    assert dead.headers[h.DEAD_REASON] == b"poison"
+    assert await _dead_letters(transport, spec.dead_letter, unique) == [b"poison"]
     await redis.delete(done_key)
+
+
+async def test_a_neighbour_running_beside_a_poison_message_is_not_blamed(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A slow message of another key runs beside the poison when it first kills the member.
+
+    Both are suspects afterwards; each runs alone, so the slow one finishes and only the
+    poison is dead-lettered, after the same three crashes.
+    """
+    spec = lane_spec(f"poison_{unique}", 1, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"slow", b"a"), Record(b"poison", b"b")])
+    await producer.close()
+    done_key = f"done-{unique}"
+    crashes = await _crash_until_done(transport, spec, unique, done_key, 1, POISON_NEIGHBOUR="slow")
+    assert crashes == 3
+    assert await redis.smembers(done_key) == {b"slow"}
+    assert await _dead_letters(transport, spec.dead_letter, unique) == [b"poison"]
+    await redis.delete(done_key, f"{done_key}:poison", f"{done_key}:slow")
