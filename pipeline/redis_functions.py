@@ -1,13 +1,21 @@
 """Load a Redis Functions library once and call its functions, reloading it if Redis lost it.
 
 Each ``.lua`` library file lives beside the Python that owns it and starts with
-``#!lua name=<library>``; it is loaded with ``FUNCTION LOAD REPLACE`` on first use. A call that
-finds the function missing (a Redis restarted without persistence, or ``FUNCTION FLUSH``)
-reloads the library and retries once.
+``#!lua name=<library>``; it is loaded on first use. A call that finds the function missing (a
+Redis restarted without persistence, or ``FUNCTION FLUSH``) reloads the library and retries once.
+
+Libraries are versioned by their code: ``pl_begin`` of a library whose source hashes to
+``3f9a0c1e`` is loaded as ``pl_begin_3f9a0c1e`` in the library ``pipeline_retry_3f9a0c1e``.
+During a rolling deploy, members of the old and the new release share one Redis; under one name,
+each would ``FUNCTION LOAD REPLACE`` the other's code and call functions whose arguments changed
+under them. Side by side, each release calls its own. A library of a release no member runs any
+more stays loaded, a few kilobytes; ``FUNCTION DELETE`` removes it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,14 +28,31 @@ def is_missing(error: BaseException) -> bool:
     return isinstance(error, rexc.ResponseError) and "Function not found" in str(error)
 
 
+_LIBRARY_NAME = re.compile(r"^#!lua name=(\w+)", re.MULTILINE)
+_REGISTERED = re.compile(r"(redis\.register_function\s*[({]\s*(?:function_name\s*=\s*)?')(\w+)'")
+
+
+def versioned(source: str) -> tuple[str, str]:
+    """The library's code with its library and function names suffixed by its version."""
+    version = hashlib.sha256(source.encode()).hexdigest()[:8]
+    if not _LIBRARY_NAME.search(source):
+        raise ValueError("a Redis Functions library starts with '#!lua name=<library>'")
+    source = _LIBRARY_NAME.sub(rf"#!lua name=\1_{version}", source, count=1)
+    return _REGISTERED.sub(rf"\1\2_{version}'", source), version
+
+
 class FunctionLibrary:
-    """One Lua library on one Redis client."""
+    """One Lua library on one Redis client, under names that carry its version."""
 
     def __init__(self, client: Redis, source: str) -> None:
         """Bind ``source`` (the library's code) to ``client``; loading waits for first use."""
         self.client = client
-        self._source = source
+        self._source, self.version = versioned(source)
         self._loaded = False
+
+    def name(self, function: str) -> str:
+        """The loaded name of ``function`` (``pl_begin`` -> ``pl_begin_<version>``)."""
+        return f"{function}_{self.version}"
 
     async def load(self) -> None:
         """``FUNCTION LOAD REPLACE`` the library."""
@@ -42,10 +67,11 @@ class FunctionLibrary:
     async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """``FCALL name`` with ``keys`` and ``args``, reloading the library once if needed."""
         await self.ensure_loaded()
+        loaded = self.name(name)
         try:
-            return await self.client.fcall(name, len(keys), *keys, *args)
+            return await self.client.fcall(loaded, len(keys), *keys, *args)
         except rexc.ResponseError as exc:
             if not is_missing(exc):
                 raise
             await self.load()
-            return await self.client.fcall(name, len(keys), *keys, *args)
+            return await self.client.fcall(loaded, len(keys), *keys, *args)

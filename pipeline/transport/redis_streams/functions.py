@@ -1,7 +1,8 @@
 """The Redis Functions library ``lua/streams.lua`` and typed wrappers around its functions.
 
-The library is loaded once per client with ``FUNCTION LOAD REPLACE``; a call that finds it
-missing (a Redis that lost its data, or ``FUNCTION FLUSH``) reloads it and retries once.
+The library is loaded once per client under its versioned name (``pipeline.redis_functions``);
+a call that finds it missing (a Redis that lost its data, or ``FUNCTION FLUSH``) reloads it and
+retries once.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Functions(FunctionLibrary):
         for attempt in (1, 2):
             pipe: Pipeline = self.client.pipeline(transaction=False)
             for keys, args in calls:
-                pipe.fcall("pl_produce", len(keys), *keys, *args)
+                pipe.fcall(self.name("pl_produce"), len(keys), *keys, *args)
             results: list[Any] = await pipe.execute(raise_on_error=False)
             if attempt == 1 and results and all(is_missing(r) for r in results):
                 await self.load()
