@@ -77,6 +77,25 @@ class PostgresSettings(_Section):
         return value
 
 
+class PressureSettings(_Section):
+    """When a member runs fewer handlers at once (``pipeline.runtime.pressure``)."""
+
+    enabled: bool = True
+    """Shrink the member's concurrency under pressure and grow it back when it passes."""
+    interval_s: float = Field(default=2.0, gt=0)
+    """How often pressure is read."""
+    cpu_psi: float = Field(default=80.0, gt=0, le=100)
+    """CPU pressure (PSI ``some avg10``, percent of time some task waited for CPU) at or
+    above which concurrency shrinks."""
+    memory_psi: float = Field(default=10.0, gt=0, le=100)
+    """Memory pressure (PSI ``some avg10``, percent) at or above which concurrency shrinks."""
+    memory_used: float = Field(default=0.9, gt=0, le=1)
+    """Memory in use, as a fraction of the cgroup's (or the machine's) limit, at or above
+    which concurrency shrinks."""
+    min_concurrency: int = Field(default=4, ge=1)
+    """Concurrency never shrinks below this (nor above ``max_concurrency``)."""
+
+
 class RuntimeSettings(_Section):
     """Consumer runtime limits of one group member."""
 
@@ -94,6 +113,8 @@ class RuntimeSettings(_Section):
     """Mark the ingress log row of each finished event processed (``pl-row-id`` header), in
     batches, in the log store the ingress settings choose; without it the sweeper replays
     rows it never hears about."""
+    pressure: PressureSettings = Field(default_factory=PressureSettings)
+    """Concurrency under memory and CPU pressure."""
     suspect_alone_s: float = Field(default=30.0, gt=0)
     """A suspect (a message whose earlier start never finished, as when a crash took its
     member) runs alone, so a poison message is told from its neighbours; other runs wait for

@@ -118,7 +118,7 @@ SLOTS_BUSY = Family(
 SLOTS_TOTAL = Family(
     "pipeline_worker_slots",
     "gauge",
-    "Handler slots of this member (max_concurrency).",
+    "Handler slots of this member (max_concurrency, lowered under memory or CPU pressure).",
     (),
     "slots",
 )

@@ -37,13 +37,28 @@ class KeyLanes:
         self._running: dict[LaneKey, Message] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._changed = asyncio.Condition()
+        self._limit = max_concurrency
+        self._limit_raised = asyncio.Event()
 
     def start(self) -> None:
         """Start the worker pool."""
         self._workers = [
-            asyncio.create_task(self._work(), name=f"lane-worker-{i}")
+            asyncio.create_task(self._work(i), name=f"lane-worker-{i}")
             for i in range(self._max_concurrency)
         ]
+
+    @property
+    def limit(self) -> int:
+        """Messages that may run at once now (at most ``max_concurrency``)."""
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        """Lower or raise the limit: above it, workers finish their message, then rest."""
+        value = max(1, min(self._max_concurrency, value))
+        if value > self._limit:
+            self._limit_raised.set()
+        self._limit = value
 
     def submit(self, message: Message, *, ordered: bool) -> None:
         """Queue ``message`` behind earlier messages of its key (or alone if not ordered)."""
@@ -97,8 +112,11 @@ class KeyLanes:
                 lambda: not any(wanted is None or k[0] in wanted for k in self._queues)
             )
 
-    async def _work(self) -> None:
+    async def _work(self, index: int) -> None:
         while True:
+            while index >= self._limit:  # resting while the limit is lowered
+                self._limit_raised.clear()
+                await self._limit_raised.wait()
             key = await self._ready.get()
             queue = self._queues.get(key)
             if not queue:  # dropped while waiting

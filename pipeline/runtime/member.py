@@ -44,6 +44,7 @@ from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
+from pipeline.runtime.pressure import ConcurrencyGovernor
 from pipeline.runtime.routing import Routing
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
 from pipeline.runtime.stats import Stats
@@ -162,6 +163,11 @@ class Member:
             asyncio.create_task(runner.run(turns_stop))
             for runner in (self._turns.runners.values() if self._turns else ())
         ]
+        if self._settings.pressure.enabled:
+            governor = ConcurrencyGovernor(
+                self._settings.pressure, self._settings.max_concurrency, self._set_limit
+            )
+            runners.append(asyncio.create_task(governor.run(turns_stop)))
         try:
             while not stop.is_set():
                 try:
@@ -473,10 +479,13 @@ class Member:
                 out.append(position)
         return out
 
+    def _set_limit(self, limit: int) -> None:
+        self._lanes.limit = limit
+
     def _report(self) -> None:
         """Publish the gauges: busy slots, and who waits for admission per lane."""
         if self._metrics is not None:
-            self._metrics.slots(self._lanes.running, self._settings.max_concurrency)
+            self._metrics.slots(self._lanes.running, self._lanes.limit)
         if self._admission_metrics is None or self._gate is None:
             return
         by_lane: dict[str, dict[str, int]] = {
