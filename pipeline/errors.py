@@ -75,6 +75,29 @@ class Retry(HandlerOutcome):
     """Try the message again later, through the lane's next retry tier."""
 
 
+class Throttled(Retry):
+    """A downstream dependency refused the call for now (an HTTP 429, a quota error).
+
+    The message goes through the next retry tier like any :class:`Retry`; on a lane whose
+    throttle makes the dependency's key adaptive, its fleet-wide limit shrinks, and with
+    ``retry_after_s`` (the ``Retry-After`` the dependency sent) no new job takes that key
+    before then. ``dependency`` names the key (``vision-api`` or ``dep:vision-api``) when the
+    job holds several adaptive keys.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        retry_after_s: float | None = None,
+        dependency: str | None = None,
+    ) -> None:
+        """Record the dependency's Retry-After and which dependency it was."""
+        super().__init__(message or f"throttled by {dependency or 'a dependency'}")
+        self.retry_after_s = retry_after_s
+        self.dependency = dependency
+
+
 class DeadLetter(HandlerOutcome):
     """Do not retry: send the message to the lane's dead-letter topic with this reason."""
 

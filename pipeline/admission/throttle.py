@@ -48,6 +48,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
+from pipeline.admission.adaptive import Feedback, release_args
 from pipeline.admission.order import SCOPE_RANK, canonical_order
 from pipeline.admission.permit import Permit, default_member_id
 from pipeline.admission.status import MAX_PRIORITY, ThrottleStatus, read_active_keys, read_status
@@ -238,20 +239,25 @@ class Throttle:
         self.acquired += 1
         return permit
 
-    async def release(self, permit: Permit) -> None:
+    async def release(self, permit: Permit, feedback: Sequence[Feedback] = ()) -> None:
         """Free the permit's slots; Redis hands them to the next waiters in the same step.
 
-        Idempotent; an unconditional permit needs nothing. If Redis is unavailable the slots
-        return when the lease lapses.
+        ``feedback`` on adaptive keys (:mod:`pipeline.admission.adaptive`) is applied in the
+        same call, before the slots go out. Idempotent; an unconditional permit needs nothing.
+        If Redis is unavailable the slots return when the lease lapses.
         """
         if permit.unconditional:
             return
         self._forget(permit.holder)
         try:
             _freed, woken = await self._fcall(
-                "thr_release", [permit.holder, self.default_limit, self.member]
+                "thr_release",
+                [permit.holder, self.default_limit, self.member, *release_args(feedback)],
             )
             self._woken(woken)
+            closed_for_ms = max((f.retry_after_ms for f in feedback), default=0)
+            if closed_for_ms:
+                self._spawn(self._reopen_after(closed_for_ms / 1000 + 0.02))
         except _UNAVAILABLE as exc:
             log.warning("throttle release of %s failed, lease will lapse: %s", permit.holder, exc)
 
@@ -354,6 +360,19 @@ class Throttle:
             _freed, woken = await self._fcall(
                 "thr_release", [holder, self.default_limit, self.member]
             )
+            self._woken(woken)
+
+    async def _reopen_after(self, delay_s: float) -> None:
+        """Reopen keys a Retry-After closed once it passed: any throttle call reopens due keys.
+
+        Waiters do not wait for a heartbeat to do it; if this member is gone by then, the next
+        call of any other member (at the latest its heartbeat) does.
+        """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closed.wait(), delay_s)
+            return
+        with contextlib.suppress(*_UNAVAILABLE):
+            _letters, woken = await self._fcall("thr_renew", [self.default_limit, self.member])
             self._woken(woken)
 
     def _spawn(self, coro: Any) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from pipeline import headers as h
+from pipeline.admission.adaptive import Feedback
 from pipeline.envelope import Message, TopicPartition
 from pipeline.topics.spec import ThrottlePolicy
 
@@ -43,8 +44,8 @@ class Admitter(Protocol):
         """Wait until the job holds a slot on every key; return its permit."""
         ...
 
-    async def release(self, permit: Any) -> None:
-        """Free the permit's slots (handing them to the next waiters)."""
+    async def release(self, permit: Any, feedback: Sequence[Feedback] = ()) -> None:
+        """Free the permit's slots (handing them to the next waiters), with adaptive feedback."""
         ...
 
 
@@ -203,20 +204,26 @@ class AdmissionGate:
         if self.waiting_by[counted] <= 0:
             del self.waiting_by[counted]
 
-    def _release(self, permit: Any) -> None:
+    def _release(self, permit: Any, feedback: Sequence[Feedback] = ()) -> None:
         if permit is None:
             return
-        task = asyncio.create_task(self._admitter.release(permit))
+        task = asyncio.create_task(self._admitter.release(permit, feedback))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def finished(self, message: Message) -> None:
+    def held_keys(self, message: Message) -> tuple[str, ...]:
+        """The throttle keys ``message`` holds slots on (none if it holds no permit)."""
+        held = self._permits.get((message.tp, message.offset))
+        keys = getattr(held[1], "keys", ()) if held is not None else ()
+        return tuple(keys)
+
+    def finished(self, message: Message, feedback: Sequence[Feedback] = ()) -> None:
         """``message`` is done: release its slots and let its key's next message ask."""
         held = self._permits.pop((message.tp, message.offset), None)
         if held is None:
             return
         key, permit = held
-        self._release(permit)
+        self._release(permit, feedback)
         self._active.discard(key)
         if key in self._queues:
             self._ask(key)

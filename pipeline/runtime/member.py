@@ -27,9 +27,17 @@ from typing import Any
 from redis.asyncio import Redis
 
 from pipeline import headers as h
+from pipeline.admission.adaptive import Feedback, feedback_for
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.errors import DebounceUnavailable, PipelineError, Skip, TransportError, UnknownTopic
+from pipeline.errors import (
+    DebounceUnavailable,
+    PipelineError,
+    Skip,
+    Throttled,
+    TransportError,
+    UnknownTopic,
+)
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
 from pipeline.retry.parking import Ending, Parking
@@ -102,6 +110,8 @@ class Member:
         self._committed: dict[TopicPartition, Position] = {}
         self._parking: dict[str, Parking] = {}
         self._isolation = Isolation(settings.suspect_alone_s)
+        self._calls: dict[tuple[TopicPartition, int], tuple[float, Throttled | None]] = {}
+        """Duration and Throttled error of handler calls on adaptive lanes, until released."""
         self._pool: ProcessPool | None = None
         self._processed = processed
         self._finished_rows: list[str] = []
@@ -271,7 +281,7 @@ class Member:
         if self._flow is not None:
             self._flow.removed(message.tp)
         if self._gate is not None:
-            self._gate.finished(message)
+            self._gate.finished(message, self._feedback(lane, message))
             self._deferring.discard((message.tp, message.offset))  # whatever parking decided
         if self._metrics is not None:
             self._metrics.delivered(lane.name, outcome or "unrouted", time.perf_counter() - started)
@@ -387,6 +397,7 @@ class Member:
         if stop:
             return outcome
         self._routing.processed(lane)
+        called = time.perf_counter()
         try:
             event = lane.decode(message)
             if lane.turns:
@@ -400,7 +411,11 @@ class Member:
             self.stats.skipped += 1
             return "skipped"
         except Exception as exc:  # every handler failure is routed, none escapes
+            if isinstance(exc, Throttled):
+                self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
             return await self._routing.failure(lane, message, attempt, exc)
+        if lane.spec.throttle is not None and lane.spec.throttle.adaptive:
+            self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
         self.stats.handled += 1
         return "handled"
 
@@ -478,6 +493,22 @@ class Member:
             if self._committed.get(tp) != position:
                 out.append(position)
         return out
+
+    def _feedback(self, lane: Lane, message: Message) -> list[Feedback]:
+        """How the call went, for the adaptive keys ``message`` held (none if it made none)."""
+        call = self._calls.pop((message.tp, message.offset), None)
+        policy = lane.spec.throttle
+        if call is None or policy is None or not policy.adaptive or self._gate is None:
+            return []
+        duration_s, throttled = call
+        return feedback_for(
+            self._gate.held_keys(message),
+            policy.adaptive,
+            duration_s=duration_s,
+            throttled=throttled is not None,
+            retry_after_s=throttled.retry_after_s if throttled is not None else None,
+            dependency=throttled.dependency if throttled is not None else None,
+        )
 
     def _set_limit(self, limit: int) -> None:
         self._lanes.limit = limit

@@ -25,6 +25,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from pipeline.errors import TopicSpecError
@@ -145,6 +146,31 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class AdaptivePolicy(_Spec):
+    """An adaptive throttle key's AIMD window (``pipeline.admission.adaptive``).
+
+    Attributes:
+        min: the window never shrinks below this many slots.
+        max: nor grows above this many.
+        decrease: the factor a slow or throttled call shrinks the window by.
+        latency_ms: a call that takes longer counts as slow (YAML key ``latency``; none: only
+            ``Throttled`` shrinks the window).
+        cooldown_ms: at most one decrease per this long (YAML key ``cooldown``).
+    """
+
+    min: int = Field(default=1, ge=1, strict=True)
+    max: int = Field(ge=1, strict=True)
+    decrease: float = Field(default=0.5, gt=0, lt=1)
+    latency_ms: Duration | None = Field(default=None, alias="latency")
+    cooldown_ms: Duration = Field(default=1_000, alias="cooldown")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptivePolicy:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
 class ThrottlePolicy(_Spec):
     """Which throttle keys a lane's message must hold a slot on before its handler runs.
 
@@ -160,12 +186,25 @@ class ThrottlePolicy(_Spec):
         max_waiting: messages of the lane one member holds waiting for a slot; beyond it,
             an over-limit message whose key has nothing waiting is deferred through the first
             retry tier (its key parked behind it) instead of being held in memory.
+        adaptive: keys of ``keys`` that stand for a downstream dependency (``dep:vision-api``)
+            and whose limit adapts to its 429s and latency (see :class:`AdaptivePolicy`);
+            they must be plain keys, not templates.
     """
 
     keys: tuple[StrictStr, ...] = Field(min_length=1)
     priority: int = Field(default=0, ge=0, le=1000, strict=True)
     lease_ms: Duration = Field(default=60_000, alias="lease")
     max_waiting: int = Field(default=1000, ge=1, strict=True)
+    adaptive: dict[str, AdaptivePolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _adaptive_keys(self) -> ThrottlePolicy:
+        for key in self.adaptive:
+            if key not in self.keys or "{" in key:
+                raise ValueError(
+                    f"adaptive key {key!r} must be one of the plain (not templated) keys"
+                )
+        return self
 
     @field_validator("keys")
     @classmethod

@@ -13,6 +13,7 @@ from runtime.helpers import FAST, declare, eventually, lane_spec, running
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message, Record
+from pipeline.errors import Throttled
 from pipeline.observability.facades import AdmissionMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
@@ -145,3 +146,50 @@ async def test_beyond_max_waiting_the_flooding_tenant_is_deferred_not_held(
         await eventually(lambda: member.stats.handled == 22)
     assert member.stats.deferred >= 1
     assert topics["beta"] == [spec.name, spec.name]  # never sent through the delay tier
+
+
+async def test_a_dependency_that_answers_429_gets_fewer_calls_from_the_fleet(
+    transport: Transport, throttle: Throttle, unique: str
+) -> None:
+    """A 429 (``Throttled`` with a Retry-After) cuts the dependency key's limit.
+
+    The key is closed until the Retry-After passed, the message is retried, and successes grow
+    the limit back.
+    """
+    spec = lane_spec(
+        f"thrdep_{unique}",
+        1,
+        ordered=False,
+        retry={"tiers": ["200ms"], "max_attempts": 5},
+        throttle={
+            "keys": ["org:{tenant}", "dep:vision"],
+            "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
+        },
+    )
+    await declare(transport, spec)
+    app = App([spec])
+    calls: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        n = int(event.value.split(b":")[1].split(b",")[0])
+        calls.append(n)
+        if n == 0 and ctx.attempt == 1:
+            raise Throttled(retry_after_s=0.5, dependency="vision")
+
+    await throttle.set_limit("dep:vision", 4)
+    await throttle.set_limit("org:acme", 8)
+    producer = transport.producer()
+    await producer.send_many(spec.name, [record("acme", 0)])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST, throttle=throttle)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 1)  # the retry, once the key reopened
+        producer = transport.producer()
+        await producer.send_many(spec.name, [record("acme", n) for n in range(1, 9)])
+        await producer.close()
+        await eventually(lambda: member.stats.handled == 9)
+    assert calls.count(0) == 2
+    # Cut to 2 (4 * 0.5), then nine successes: 2.5, 2.9, 3.2, ... 4.8. Without the cut the
+    # window would have grown from 4 to 5.9.
+    assert (await throttle.status("dep:vision")).limit == 4

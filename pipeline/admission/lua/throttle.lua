@@ -23,6 +23,10 @@
 --                        expires an hour after the last grant
 --   T:wake:MEMBER list   "HOLDER NOW_MS" for each permit of MEMBER that a hand-over completed;
 --                        the member BLPOPs it
+--   T:aimd:KEY    hash   an adaptive key's state: limit (a float, the AIMD window), cut_ms (the
+--                        last decrease), until (closed by a Retry-After up to this time, ms)
+--   T:closed      zset   adaptive keys closed by a Retry-After -> reopening time (ms); their
+--                        limit is 0 meanwhile, and every call reopens those that are due
 --
 -- Invariant after every call: a key has waiters only while its holders fill its limit, so a
 -- newcomer queues behind them (no barging) and a freed slot never stays idle while one waits.
@@ -168,7 +172,52 @@ local function expire_lapsed(tag, now, default_limit)
   for _, holder in ipairs(lapsed) do
     drop(tag, holder, now, default_limit)
   end
+  -- Adaptive keys whose Retry-After has passed get their window back.
+  local due = redis.call('ZRANGEBYSCORE', tag .. ':closed', '-inf', now, 'LIMIT', 0, EXPIRE_BATCH)
+  for _, key in ipairs(due) do
+    redis.call('ZREM', tag .. ':closed', key)
+    local window = tonumber(redis.call('HGET', tag .. ':aimd:' .. key, 'limit') or '1')
+    redis.call('HSET', tag .. ':limits', key, math.max(1, math.floor(window)))
+    redis.call('HDEL', tag .. ':aimd:' .. key, 'until')
+    pump(tag, key, now, default_limit)
+  end
   return #lapsed
+end
+
+-- AIMD on an adaptive key (a downstream dependency), from one finished job's outcome:
+-- ok grows the window by 1/window (one slot per window of successes); slow or throttled shrink
+-- it by the factor, at most once per cooldown (one congestion event, not one per job in
+-- flight); a Retry-After closes the key (limit 0) until then. The whole fleet shares the state.
+-- f: {key, outcome, retry_after_ms, min, max, decrease (0..1), cooldown_ms}
+local function adapt(tag, f, now, default_limit)
+  local key, outcome = f[1], f[2]
+  local retry_after, lo, hi = tonumber(f[3]), tonumber(f[4]), tonumber(f[5])
+  local decrease, cooldown = tonumber(f[6]), tonumber(f[7])
+  local state = tag .. ':aimd:' .. key
+  local window = tonumber(redis.call('HGET', state, 'limit') or '0')
+  if window <= 0 then window = math.min(hi, math.max(lo, limit_of(tag, key, default_limit))) end
+  if outcome == 'ok' then
+    window = math.min(hi, window + 1 / window)
+  else
+    local cut = tonumber(redis.call('HGET', state, 'cut_ms') or '0')
+    if now - cut >= cooldown then
+      window = math.max(lo, window * decrease)
+      redis.call('HSET', state, 'cut_ms', now)
+    end
+  end
+  window = math.max(lo, math.min(hi, window))
+  redis.call('HSET', state, 'limit', tostring(window))
+  if outcome == 'throttled' and retry_after > 0 then
+    local until_ms = now + retry_after
+    local closed = tonumber(redis.call('ZSCORE', tag .. ':closed', key) or '0')
+    if until_ms > closed then
+      redis.call('ZADD', tag .. ':closed', until_ms, key)
+      redis.call('HSET', state, 'until', until_ms)
+    end
+    redis.call('HSET', tag .. ':limits', key, 0)
+  elseif not redis.call('ZSCORE', tag .. ':closed', key) then
+    redis.call('HSET', tag .. ':limits', key, math.floor(window))
+  end
 end
 
 local function unique(list)
@@ -221,6 +270,8 @@ end
 
 -- thr_release: give up a permit (held or still waiting); its slots go to the next waiters.
 -- KEYS[1] T:meta   ARGV[1] holder id   ARGV[2] default_limit   ARGV[3] calling member id
+-- ARGV[4..] feedback on adaptive keys, 7 values each (see adapt), applied first, so the freed
+--           slots go out under the new limits
 -- Returns {freed, woken}: slots freed (0 if the permit was unknown: already expired or
 -- released) and the caller's own permits completed by the hand-over.
 local function release(keys, args)
@@ -228,6 +279,9 @@ local function release(keys, args)
   begin_call(args[3])
   local now = now_ms()
   expire_lapsed(tag, now, default_limit)
+  for i = 4, #args, 7 do
+    adapt(tag, {unpack(args, i, i + 6)}, now, default_limit)
+  end
   local freed = drop(tag, args[1], now, default_limit)
   return {freed, call.woken}
 end
@@ -271,6 +325,9 @@ local function set_limit(keys, args)
   else
     redis.call('HSET', tag .. ':limits', key, tonumber(args[2]))
   end
+  -- An adaptive key starts its window again from what the operator set, and opens now.
+  redis.call('DEL', tag .. ':aimd:' .. key)
+  redis.call('ZREM', tag .. ':closed', key)
   local now = now_ms()
   expire_lapsed(tag, now, default_limit)
   local count = pump(tag, key, now, default_limit)
