@@ -42,6 +42,8 @@ class RuntimeMetrics:
         self._busy = metrics.gauge(m.SLOTS_BUSY)
         self._total = metrics.gauge(m.SLOTS_TOTAL)
         self._utilisation = metrics.gauge(m.SLOT_UTILISATION)
+        self._batch_waiting = metrics.gauge(m.BATCH_WAITING)
+        self._batch_sla = metrics.gauge(m.BATCH_SLA)
 
     def delivered(self, lane: str, outcome: str, duration_s: float) -> None:
         """A handler finished one message with ``outcome`` after ``duration_s`` seconds.
@@ -67,6 +69,11 @@ class RuntimeMetrics:
     def parked(self, lane: str, delta: int) -> None:
         """``delta`` keys were parked (positive) or unparked (negative) on ``lane``."""
         self._parked.labels(lane).inc(delta)
+
+    def batch_lane(self, lane: str, sla_s: float, waiting: int) -> None:
+        """A batch lane's SLA, and how many of its messages wait for idle capacity."""
+        self._batch_sla.labels(lane).set(sla_s)
+        self._batch_waiting.labels(lane).set(waiting)
 
     def slots(self, busy: int, total: int) -> None:
         """``busy`` of the member's ``total`` handler slots are in use."""

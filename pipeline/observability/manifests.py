@@ -117,6 +117,10 @@ def lane_manifests(
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
     }
     slots = max(1, math.floor(runtime.max_concurrency * SLOT_TARGET))
+    # A batch lane waits for idle capacity by design: it asks for members only once its
+    # work is old enough to be promoted (and its busy slots are never counted).
+    batch = next((spec.batch for spec in specs if spec.batch is not None), None)
+    age_target_s = batch.promote_after_ms / 1000 if batch is not None else AGE_TARGET_S
     scaled = {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -140,7 +144,7 @@ def lane_manifests(
             "triggers": [
                 _prometheus(
                     f'max(pipeline_oldest_message_age_seconds{{lane="{lane}",group="{lane}"}})',
-                    AGE_TARGET_S,
+                    age_target_s,
                 ),
                 _prometheus(f'sum(pipeline_worker_slots_busy{{pod=~"{name}-.*"}})', slots),
             ],

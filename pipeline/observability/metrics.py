@@ -113,7 +113,11 @@ PARKED_KEYS = Family(
     "keys",
 )
 SLOTS_BUSY = Family(
-    "pipeline_worker_slots_busy", "gauge", "Handler slots in use in this member.", (), "slots"
+    "pipeline_worker_slots_busy",
+    "gauge",
+    "Handler slots in use in this member by interactive work (batch lanes are left out).",
+    (),
+    "slots",
 )
 SLOTS_TOTAL = Family(
     "pipeline_worker_slots",
@@ -121,6 +125,21 @@ SLOTS_TOTAL = Family(
     "Handler slots of this member (max_concurrency, lowered under memory or CPU pressure).",
     (),
     "slots",
+)
+BATCH_WAITING = Family(
+    "pipeline_batch_waiting_messages",
+    "gauge",
+    "Messages of a batch lane this member holds back until it has idle capacity.",
+    ("lane",),
+    "messages",
+)
+BATCH_SLA = Family(
+    "pipeline_batch_sla_seconds",
+    "gauge",
+    "The SLA of a batch lane (its batch.sla); interactive lanes have none. Age alerts leave "
+    "batch lanes to PipelineBatchNearSla.",
+    ("lane",),
+    "seconds",
 )
 SLOT_UTILISATION = Family(
     "pipeline_worker_slot_utilization_ratio",

@@ -44,6 +44,7 @@ from pipeline.retry.parking import Ending, Parking
 from pipeline.retry.router import Router
 from pipeline.runtime.admit import AdmissionGate, Admitter
 from pipeline.runtime.app import App, Lane
+from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.due import DueGate
@@ -117,6 +118,8 @@ class Member:
         self._finished_rows: list[str] = []
         self._guard = IdempotencyGuard(redis, redis_prefix) if redis is not None else None
         chosen = [app.lanes[name] for name in lanes or sorted(app.lanes)]
+        self._batch = BatchGate(self._submit_now, self._load)
+        self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
         self._standing = {
             lane.name: StandingQueue(lane.spec.sojourn) for lane in chosen if lane.spec.sojourn
         }
@@ -149,6 +152,11 @@ class Member:
                 self._parking[lane.name] = Parking(
                     redis, redis_prefix, lane.name, ttl_ms=ttl_ms + 3_600_000
                 )
+
+    @property
+    def batch_waiting(self) -> int:
+        """Messages of batch lanes held back until there is idle capacity."""
+        return self._batch.waiting
 
     @property
     def assignment(self) -> list[TopicPartition]:
@@ -243,6 +251,13 @@ class Member:
 
     def _submit(self, message: Message) -> None:
         lane = self.app.lane_of(message.topic)
+        if lane.spec.batch is not None:
+            self._batch.offer(message, lane.name, lane.spec.batch)
+        else:
+            self._submit_now(message)
+
+    def _submit_now(self, message: Message) -> None:
+        lane = self.app.lane_of(message.topic)
         policy = lane.spec.throttle
         if policy is None or self._gate is None:
             self._lanes.submit(message, ordered=lane.spec.ordered)
@@ -282,6 +297,8 @@ class Member:
             self._flow.removed(message.tp)
         if self._gate is not None:
             self._gate.finished(message, self._feedback(lane, message))
+        if self._batch.waiting:
+            self._batch.pump()
             self._deferring.discard((message.tp, message.offset))  # whatever parking decided
         if self._metrics is not None:
             self._metrics.delivered(lane.name, outcome or "unrouted", time.perf_counter() - started)
@@ -513,10 +530,23 @@ class Member:
     def _set_limit(self, limit: int) -> None:
         self._lanes.limit = limit
 
+    def _load(self) -> tuple[int, int]:
+        """Handlers in use or queued in the key lanes, and the concurrency limit."""
+        return self._lanes.buffered, self._lanes.limit
+
     def _report(self) -> None:
         """Publish the gauges: busy slots, and who waits for admission per lane."""
+        if self._batch.waiting:
+            self._batch.pump()  # promotion is by age: look again on every tick
         if self._metrics is not None:
-            self._metrics.slots(self._lanes.running, self._lanes.limit)
+            batch = [tp for tp in self._offsets if tp.topic in self._batch_topics]
+            busy = self._lanes.running - (self._lanes.running_on(batch) if batch else 0)
+            self._metrics.slots(busy, self._lanes.limit)  # batch work never asks to scale up
+            for batch_lane in self.app.lanes.values():
+                policy = batch_lane.spec.batch
+                if policy is not None and batch_lane.topics[0] in self._batch_topics:
+                    waiting = self._batch.waiting_in(batch_lane.name)
+                    self._metrics.batch_lane(batch_lane.name, policy.sla_ms / 1000, waiting)
         if self._admission_metrics is None or self._gate is None:
             return
         by_lane: dict[str, dict[str, int]] = {
@@ -570,6 +600,7 @@ class Member:
         self._lanes.drop(tps)
         if self._due is not None:
             self._due.drop(tps)
+        self._batch.drop(tps)
         if not lost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._lanes.wait_idle(tps), self._settings.shutdown_grace_s)

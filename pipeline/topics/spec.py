@@ -329,6 +329,29 @@ class DebouncePolicy(_Spec):
         return max_wait_s
 
 
+class BatchPolicy(_Spec):
+    """A batch lane: its work runs on idle capacity only, and is promoted near its SLA.
+
+    Attributes:
+        idle_below: a batch message starts only while the member's handlers in use plus
+            those queued are below this fraction of its concurrency limit, so interactive
+            work always finds room and batch work yields to it.
+        sla_ms: how soon after it was produced a batch message must be done (YAML key
+            ``sla``).
+        promote_at: the fraction of the SLA after which a waiting batch message is promoted:
+            it starts like interactive work, so it still completes in time.
+    """
+
+    idle_below: float = Field(default=0.5, gt=0, le=1)
+    sla_ms: Duration = Field(default=12 * 3_600_000, alias="sla")
+    promote_at: float = Field(default=0.75, gt=0, lt=1)
+
+    @property
+    def promote_after_ms(self) -> int:
+        """Age at which a waiting batch message is promoted."""
+        return int(self.sla_ms * self.promote_at)
+
+
 class TopicSpec(_Spec):
     """One topic declaration: the main topic, its retry tiers and its dead-letter topic.
 
@@ -354,6 +377,7 @@ class TopicSpec(_Spec):
             this lane must match at the ingress (YAML key ``schema``); None checks nothing.
         throttle: the lane's admission policy (see :class:`ThrottlePolicy`), or None.
         debounce: the coalescing debouncer's policy (see :class:`DebouncePolicy`), or None.
+        batch: makes it a batch lane (see :class:`BatchPolicy`); None for interactive work.
     """
 
     name: Annotated[TopicName, AfterValidator(_main_topic_name)]
@@ -376,6 +400,7 @@ class TopicSpec(_Spec):
     schema_subject: StrictStr | None = Field(default=None, alias="schema", min_length=1)
     throttle: ThrottlePolicy | None = None
     debounce: DebouncePolicy | None = None
+    batch: BatchPolicy | None = None
 
     @field_validator("lane")
     @classmethod

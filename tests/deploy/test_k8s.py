@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from pipeline.config import RuntimeSettings
-from pipeline.topics.spec import load_specs
+from pipeline.observability.manifests import AGE_TARGET_S, lane_manifests
+from pipeline.topics.spec import TopicSpec, load_specs
 
 ROOT = Path(__file__).parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -154,3 +155,20 @@ def test_consumer_probes_and_deletion_cost_permissions():
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         env = {e["name"] for e in container["env"]}
         assert {"POD_NAME", "POD_NAMESPACE"} <= env
+
+
+def test_a_batch_lane_scales_on_age_only_past_its_promotion_point():
+    """Batch work waits for idle capacity by design: it asks for members near its SLA only."""
+    batch = TopicSpec.model_validate(
+        {"name": "reindex", "partitions": 4, "batch": {"sla": "12h", "promote_at": 0.75}}
+    )
+    interactive = TopicSpec.model_validate({"name": "replies", "partitions": 4})
+    runtime = RuntimeSettings()
+
+    def age_threshold(spec: TopicSpec) -> float:
+        *_, scaled = lane_manifests(spec.lane, [spec], runtime)
+        (age,) = [t for t in scaled["spec"]["triggers"] if "age" in t["metadata"]["query"]]
+        return float(age["metadata"]["threshold"])
+
+    assert age_threshold(batch) == 9 * 3600
+    assert age_threshold(interactive) == AGE_TARGET_S
