@@ -130,6 +130,21 @@ class RuntimeSettings(_Section):
     """How often the member's metrics snapshot (group lag and age) is refreshed."""
 
 
+class DynamicLimitSettings(_Section):
+    """Dynamic per-org limits applied by the fleet (``pipeline.admission.fleet``)."""
+
+    enabled: bool = False
+    """Recompute every ``org:<tenant>`` limit from the org's recent traffic and the fleet's
+    load (``docs/admission.md``, dynamic limits); off: the limits are what operators set."""
+    policy_file: Path | None = None
+    """YAML of the :class:`~pipeline.admission.limits.LimitPolicy` (floors, burst, factors);
+    none: the defaults. Per-org overrides stored in Redis are laid over it at each tick."""
+    interval_s: float = Field(default=10.0, gt=0)
+    """How often members report their load and one of them recomputes the limits."""
+    pool_ratio: float = Field(default=0.8, gt=0, le=1)
+    """Share of the fleet's handler slots the limits aim to fill (the pool target)."""
+
+
 class ThrottleSettings(_Section):
     """Fair admission throttles (``pipeline.admission.throttle``); shared by the whole fleet."""
 
@@ -141,6 +156,8 @@ class ThrottleSettings(_Section):
     """A permit's lease; renewed every third of it, a dead member's slots return after it."""
     wake_block_s: float = Field(default=2.0, gt=0)
     """How long one blocking read of a member's wake list lasts."""
+    dynamic: DynamicLimitSettings = Field(default_factory=DynamicLimitSettings)
+    """Dynamic per-org limits."""
 
 
 class Settings(BaseSettings):

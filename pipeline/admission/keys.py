@@ -68,3 +68,18 @@ def limit_stats(prefix: str, org: str) -> str:
 def org_config(prefix: str) -> str:
     """Hash: org -> JSON of its :class:`~pipeline.admission.limits.OrgLimits` overrides."""
     return f"{{{prefix}:lim}}:orgs"
+
+
+def fleet_load(prefix: str) -> str:
+    """Hash: member -> JSON of its running handlers and slots, for the dynamic limits."""
+    return f"{{{prefix}:lim}}:fleet"
+
+
+def orgs_seen(prefix: str) -> str:
+    """Zset: org -> when a member last saw work of it (ms), for the dynamic limits."""
+    return f"{{{prefix}:lim}}:seen"
+
+
+def limits_tick(prefix: str, tick: int) -> str:
+    """String: who recomputes the dynamic limits of one tick (``SET NX``)."""
+    return f"{{{prefix}:lim}}:tick:{tick}"

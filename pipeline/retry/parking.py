@@ -25,6 +25,7 @@ guarded for that time, and poison is not counted), and each such decision is log
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from importlib import resources
 from typing import Literal
 
@@ -35,6 +36,7 @@ from pipeline import headers as h
 from pipeline.envelope import Message
 from pipeline.redis_functions import FunctionLibrary
 from pipeline.retry.keys import parking_keys
+from pipeline.topics.spec import TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -101,3 +103,12 @@ class Parking:
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not record %s of %s: %s", ending, ident, exc)
+
+
+def lane_parking(client: Redis, prefix: str, specs: Sequence[TopicSpec]) -> dict[str, Parking]:
+    """Parking for each lane; its state outlives the lane's longest retry path plus an hour."""
+    out = {}
+    for spec in specs:
+        ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
+        out[spec.lane] = Parking(client, prefix, spec.lane, ttl_ms=ttl_ms + 3_600_000)
+    return out

@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from pipeline import headers as h
 from pipeline.admission.adaptive import Feedback, feedback_for
+from pipeline.admission.fleet import FleetLimits
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import (
@@ -40,7 +41,7 @@ from pipeline.errors import (
 )
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
-from pipeline.retry.parking import Ending, Parking
+from pipeline.retry.parking import Ending, Parking, lane_parking
 from pipeline.retry.router import Router
 from pipeline.runtime.admit import AdmissionGate, Admitter
 from pipeline.runtime.app import App, Lane
@@ -84,6 +85,7 @@ class Member:
         metrics: RuntimeMetrics | None = None,
         turn_metrics: DebounceMetrics | None = None,
         admission_metrics: AdmissionMetrics | None = None,
+        fleet: FleetLimits | None = None,
     ) -> None:
         """Prepare the member; :meth:`run` joins the group.
 
@@ -93,6 +95,8 @@ class Member:
         ``throttle`` admits the messages of lanes with a ``throttle:`` policy (the caller
         starts and closes it); without it those lanes run unthrottled. ``metrics`` and
         ``turn_metrics`` receive every delivery and debounced turn (Prometheus facades).
+        ``fleet`` (dynamic per-org limits) is told of every throttled job and ticks while the
+        member runs.
         """
         self.app = app
         self.group = group
@@ -118,6 +122,9 @@ class Member:
         self._finished_rows: list[str] = []
         self._guard = IdempotencyGuard(redis, redis_prefix) if redis is not None else None
         chosen = [app.lanes[name] for name in lanes or sorted(app.lanes)]
+        self._fleet = fleet
+        if fleet is not None:
+            fleet.bind(lambda: (self._lanes.running, self._lanes.limit))
         self._batch = BatchGate(self._submit_now, self._load)
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
         self._standing = {
@@ -146,12 +153,7 @@ class Member:
             self._gate = AdmissionGate(throttle, self._admitted, self._defer)
         self._routing = Routing(self._router, self.stats, app.retryable, chosen, metrics)
         if redis is not None:
-            for lane in chosen:
-                spec = lane.spec
-                ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
-                self._parking[lane.name] = Parking(
-                    redis, redis_prefix, lane.name, ttl_ms=ttl_ms + 3_600_000
-                )
+            self._parking = lane_parking(redis, redis_prefix, [lane.spec for lane in chosen])
 
     @property
     def batch_waiting(self) -> int:
@@ -186,6 +188,8 @@ class Member:
                 self._settings.pressure, self._settings.max_concurrency, self._set_limit
             )
             runners.append(asyncio.create_task(governor.run(turns_stop)))
+        if self._fleet is not None:
+            runners.append(asyncio.create_task(self._fleet.run(turns_stop)))
         try:
             while not stop.is_set():
                 try:
@@ -262,6 +266,8 @@ class Member:
         if policy is None or self._gate is None:
             self._lanes.submit(message, ordered=lane.spec.ordered)
             return
+        if self._fleet is not None:
+            self._fleet.submitted(_tenant(message))
         self._gate.offer(
             message,
             policy,
@@ -297,6 +303,8 @@ class Member:
             self._flow.removed(message.tp)
         if self._gate is not None:
             self._gate.finished(message, self._feedback(lane, message))
+            if self._fleet is not None and lane.spec.throttle is not None:
+                self._fleet.finished(_tenant(message), time.perf_counter() - started)
         if self._batch.waiting:
             self._batch.pump()
             self._deferring.discard((message.tp, message.offset))  # whatever parking decided
@@ -616,3 +624,8 @@ class Member:
                 self._pauses.forget(tp)
         log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
         return positions
+
+
+def _tenant(message: Message) -> str:
+    raw = message.headers.get(h.TENANT)
+    return raw.decode(errors="replace") if raw is not None else ""

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.throttle import Throttle
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
@@ -20,7 +21,7 @@ from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import member_telemetry
 from pipeline.registry.client import RegistryClient
 from pipeline.registry.serde import AvroDeserializer
-from pipeline.runtime.app import App
+from pipeline.runtime.app import App, Lane
 from pipeline.runtime.member import Member
 from pipeline.transport import create_transport
 
@@ -46,6 +47,19 @@ async def _ready_when_polling(member: Member, server: MetricsServer) -> None:
     """``/readyz`` turns ready once the member is in its group and fetching."""
     await member.polling.wait()
     server.ready = True
+
+
+async def _admission(
+    redis: Redis, settings: Settings, lanes: Sequence[Lane]
+) -> tuple[Throttle | None, FleetLimits | None]:
+    """The started throttle when a lane is throttled, and the dynamic limits if enabled."""
+    if not any(lane.spec.throttle for lane in lanes):
+        return None, None
+    throttle = Throttle.from_settings(redis, settings)
+    await throttle.start()
+    if not settings.throttle.dynamic.enabled:
+        return throttle, None
+    return throttle, FleetLimits.from_settings(redis, settings, throttle)
 
 
 async def serve(
@@ -74,11 +88,9 @@ async def serve(
     if app.avro is None:  # Avro values are read through the configured registry
         app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
-    throttle = None
-    if any(app.lanes[name].spec.throttle for name in chosen if name in app.lanes):
-        throttle = Throttle.from_settings(redis, settings)
-        await throttle.start()
-    specs = [app.lanes[name].spec for name in chosen if name in app.lanes]
+    chosen_lanes = [app.lanes[name] for name in chosen if name in app.lanes]
+    throttle, fleet = await _admission(redis, settings, chosen_lanes)
+    specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(
         transport.admin(), specs, group, interval_s=settings.runtime.metrics_interval_s
     )
@@ -95,6 +107,7 @@ async def serve(
         metrics=telemetry.runtime,
         turn_metrics=telemetry.debounce,
         admission_metrics=telemetry.admission,
+        fleet=fleet,
     )
     endpoint = None
     port = settings.runtime.metrics_port

@@ -11,6 +11,8 @@ from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
 from pipeline import headers as h
+from pipeline.admission.fleet import FleetLimits
+from pipeline.admission.limits import LimitPolicy, OrgLimits
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message, Record
 from pipeline.errors import Throttled
@@ -193,3 +195,36 @@ async def test_a_dependency_that_answers_429_gets_fewer_calls_from_the_fleet(
     # Cut to 2 (4 * 0.5), then nine successes: 2.5, 2.9, 3.2, ... 4.8. Without the cut the
     # window would have grown from 4 to 5.9.
     assert (await throttle.status("dep:vision")).limit == 4
+
+
+async def test_dynamic_limits_are_recomputed_from_the_members_traffic(
+    transport: Transport, throttle: Throttle, unique: str
+) -> None:
+    """With dynamic limits on, the member reports its tenants' traffic and sets org limits."""
+    spec = lane_spec(f"thrdyn_{unique}", 1, ordered=False, throttle={"keys": ["org:{tenant}"]})
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        pass
+
+    fleet = FleetLimits(
+        throttle.client,
+        throttle.prefix,
+        throttle,
+        LimitPolicy(defaults=OrgLimits(floor=3, burst_floor=1)),
+        member=throttle.member,
+        interval_s=0.2,
+    )
+    producer = transport.producer()
+    await producer.send_many(spec.name, [record("acme", n) for n in range(20)])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST, throttle=throttle, fleet=fleet)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 20)
+        await eventually(lambda: "acme" in fleet.last)
+    # 20 quick jobs: base is the floor (3), ceiling 3 + max(1, ceil(3 * 0.5)) = 5, and the
+    # factor is f_max (2) on an idle fleet.
+    assert fleet.last["acme"] == 10
+    assert (await throttle.status("org:acme")).limit == 10

@@ -1,0 +1,181 @@
+"""Dynamic per-org limits applied by the fleet: every member reports, one member recomputes.
+
+Every ``interval_s`` each member (``pipeline consume`` with ``throttle.dynamic.enabled``):
+
+1. adds the submissions and finished-job durations it counted per org since its last tick to
+   the org's per-minute stats (:class:`~pipeline.admission.limits.LimitTracker`, one round trip
+   per org it saw) and marks those orgs as seen;
+2. reports its own load, handlers running and its slot limit, in the fleet hash;
+3. tries to claim the tick (``SET NX`` on the tick's key): the one member that wins reads the
+   fleet hash (members silent for three intervals are dropped from it), so the fleet size is
+   read once per tick, off the hot path, and sets ``org:ORG`` of every org seen within the stats
+   window with :meth:`~pipeline.admission.limits.LimitTracker.recompute`: each org earns the
+   concurrency its recent traffic needs plus burst room, and when the fleet runs more than
+   ``pool_ratio`` of its slots every ceiling shrinks by the same factor.
+
+So a flooding org earns more only while the fleet has room for it; once the pool is full, its
+share shrinks with everyone's and its floor-protected neighbours keep theirs. Redis unavailable:
+the tick is skipped (logged); the limits last set stay in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline.admission import keys as k
+from pipeline.admission.limits import (
+    WINDOW_MIN,
+    LimitPolicy,
+    LimitTracker,
+    load_org_overrides,
+    load_policy,
+)
+from pipeline.admission.throttle import Throttle
+from pipeline.config import Settings
+
+log = logging.getLogger(__name__)
+
+STALE_TICKS = 3
+"""A member that has not reported for this many intervals no longer counts in the fleet."""
+
+
+class FleetLimits:
+    """One member's part in the dynamic limits of the fleet."""
+
+    def __init__(
+        self,
+        client: Redis,
+        prefix: str,
+        throttle: Throttle,
+        policy: LimitPolicy,
+        *,
+        member: str,
+        load: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        interval_s: float = 10.0,
+        pool_ratio: float = 0.8,
+    ) -> None:
+        """Report and recompute for ``member``; the member binds ``load`` (see :meth:`bind`)."""
+        self._client = client
+        self._prefix = prefix
+        self._throttle = throttle
+        self._policy = policy
+        self._member = member
+        self._load = load
+        self._interval_ms = round(interval_s * 1000)
+        self._pool_ratio = pool_ratio
+        self._tracker = LimitTracker(client, prefix)
+        self._submitted: Counter[str] = Counter()
+        self._finished: dict[str, list[float]] = {}
+        self.recomputed = 0
+        self.last: Mapping[str, int] = {}
+        """The limits this member set at the last tick it won."""
+
+    @classmethod
+    def from_settings(cls, client: Redis, settings: Settings, throttle: Throttle) -> FleetLimits:
+        """The fleet limits ``settings.throttle.dynamic`` configures, on ``throttle``'s keys."""
+        dynamic = settings.throttle.dynamic
+        policy = load_policy(dynamic.policy_file) if dynamic.policy_file else LimitPolicy()
+        return cls(
+            client,
+            settings.redis.key_prefix,
+            throttle,
+            policy,
+            member=throttle.member,
+            interval_s=dynamic.interval_s,
+            pool_ratio=dynamic.pool_ratio,
+        )
+
+    def bind(self, load: Callable[[], tuple[int, int]]) -> None:
+        """Read this member's (handlers running, slot limit) from ``load`` at each tick."""
+        self._load = load
+
+    def submitted(self, org: str) -> None:
+        """A job of ``org`` asked for admission."""
+        self._submitted[org] += 1
+
+    def finished(self, org: str, duration_s: float) -> None:
+        """A job of ``org`` finished after ``duration_s`` seconds."""
+        self._finished.setdefault(org, []).append(duration_s)
+
+    async def tick(self, now_s: float | None = None) -> Mapping[str, int] | None:
+        """Report, and recompute if this member wins the tick; returns the limits it set."""
+        now_s = time.time() if now_s is None else now_s
+        now_ms = int(now_s * 1000)
+        await self._report(now_s, now_ms)
+        tick = now_ms // self._interval_ms
+        claimed = await self._client.set(
+            k.limits_tick(self._prefix, tick), self._member, nx=True, px=self._interval_ms * 2
+        )
+        if not claimed:
+            return None
+        pool_target, in_flight = await self._fleet(now_ms)
+        window_ms = (WINDOW_MIN + 1) * 60_000
+        seen = k.orgs_seen(self._prefix)
+        await self._client.zremrangebyscore(seen, "-inf", now_ms - window_ms)
+        members: list[bytes] = await self._client.zrange(seen, 0, -1)  # type: ignore[assignment]
+        orgs = sorted(o.decode() for o in members)
+        policy = await load_org_overrides(self._client, self._prefix, self._policy)
+        self.last = await self._tracker.recompute(
+            self._throttle,
+            orgs,
+            policy,
+            pool_target=pool_target,
+            in_flight=in_flight,
+            now_s=now_s,
+        )
+        self.recomputed += 1
+        return self.last
+
+    async def _report(self, now_s: float, now_ms: int) -> None:
+        submitted, self._submitted = self._submitted, Counter()
+        finished, self._finished = self._finished, {}
+        for org in sorted(set(submitted) | set(finished)):
+            await self._tracker.record(
+                org, submitted=submitted[org], durations_s=finished.get(org, ()), now_s=now_s
+            )
+        running, slots = self._load()
+        report = json.dumps({"running": running, "slots": slots, "at_ms": now_ms})
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.hset(k.fleet_load(self._prefix), self._member, report)
+            pipe.pexpire(k.fleet_load(self._prefix), self._interval_ms * STALE_TICKS * 10)
+            if submitted or finished:
+                seen = dict.fromkeys(set(submitted) | set(finished), now_ms)
+                pipe.zadd(k.orgs_seen(self._prefix), seen)
+            await pipe.execute()
+
+    async def _fleet(self, now_ms: int) -> tuple[int, int]:
+        """(pool target, handlers in flight) over the members that reported lately."""
+        raw = await self._client.hgetall(k.fleet_load(self._prefix))
+        slots = running = 0
+        stale = []
+        for member, value in raw.items():
+            report = json.loads(value)
+            if now_ms - int(report["at_ms"]) > self._interval_ms * STALE_TICKS:
+                stale.append(member)
+                continue
+            slots += int(report["slots"])
+            running += int(report["running"])
+        if stale:
+            await self._client.hdel(k.fleet_load(self._prefix), *stale)
+        return max(1, math.floor(slots * self._pool_ratio)), running
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick every interval until ``stop`` is set; a Redis failure skips a tick."""
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except (rexc.RedisError, OSError) as exc:
+                log.warning("dynamic limits: tick skipped, Redis unavailable: %s", exc)
+            try:
+                await asyncio.wait_for(stop.wait(), self._interval_ms / 1000)
+            except TimeoutError:
+                continue

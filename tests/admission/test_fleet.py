@@ -1,0 +1,84 @@
+"""Dynamic per-org limits applied by the fleet (``pipeline.admission.fleet``) on a real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from pipeline.admission.fleet import FleetLimits
+from pipeline.admission.keys import fleet_load
+from pipeline.admission.limits import LimitPolicy, OrgLimits
+from pipeline.admission.throttle import Throttle
+
+pytestmark = pytest.mark.redis
+
+INTERVAL_S = 10.0
+POLICY = LimitPolicy(defaults=OrgLimits(floor=2, burst_floor=2, burst_pct=0.5), f_min=0.25)
+
+
+@pytest.fixture
+async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
+    """A started throttle whose keys and limit stats live under a prefix of their own."""
+    t = Throttle(Redis.from_url(redis_service), prefix=f"f{unique}", namespace="n")
+    await t.start()
+    yield t
+    await t.close()
+    await t.client.aclose()
+
+
+def _member(throttle: Throttle, name: str, running: int, slots: int) -> FleetLimits:
+    fleet = FleetLimits(
+        throttle.client, throttle.prefix, throttle, POLICY, member=name, interval_s=INTERVAL_S
+    )
+    fleet.bind(lambda: (running, slots))
+    return fleet
+
+
+async def test_one_member_recomputes_per_tick_from_every_members_reports(throttle) -> None:
+    """Each tick every member reports and exactly one recomputes, for the orgs all have seen."""
+    a, b = _member(throttle, "a", 10, 50), _member(throttle, "b", 10, 50)
+    for _ in range(120):  # a steady org: 120 jobs of 1 s
+        a.submitted("steady")
+        a.finished("steady", 1.0)
+    for _ in range(600):  # a flooding org, seen by the other member: 600 jobs of 3 s
+        b.submitted("flood")
+        b.finished("flood", 3.0)
+    now = 1_000_000.0
+    for tick in range(2):  # the first tick's winner may not have had the other's report yet
+        results = [await a.tick(now + tick * INTERVAL_S), await b.tick(now + tick * INTERVAL_S)]
+        assert sum(r is not None for r in results) == 1, "exactly one member recomputed"
+    limits = next(r for r in results if r is not None)
+    # R is averaged over the 6-minute stats window: flood 100/min of 3 s -> base 5, ceiling 8;
+    # steady 20/min of 1 s -> base 2 (the floor), ceiling 4. Fleet: 100 slots * 0.8 = 80
+    # target, 20 in flight: factor 4, clamped to f_max 2.
+    assert limits == {"flood": 16, "steady": 8}
+    assert (await throttle.status("org:flood")).limit == 16
+    assert (await throttle.status("org:steady")).limit == 8
+
+
+async def test_a_full_pool_shrinks_every_ceiling_down_to_the_floors(throttle) -> None:
+    """Over-committed (in flight far above the pool target): the factor falls to f_min."""
+    busy = _member(throttle, "busy", 400, 100)  # 400 running for a target of 80
+    for _ in range(600):
+        busy.submitted("flood")
+        busy.finished("flood", 3.0)
+    busy.submitted("quiet")
+    limits = await busy.tick(2_000_000.0)
+    assert limits is not None
+    assert limits["flood"] == 2  # floor(8 * 0.25) = 2, the floor
+    assert limits["quiet"] == 2  # floor(4 * 0.25) = 1, held at the floor
+
+
+async def test_members_that_stopped_reporting_leave_the_fleet(throttle) -> None:
+    """A member silent for three intervals no longer counts towards slots or work in flight."""
+    gone = _member(throttle, "gone", 0, 1000)
+    await gone.tick(3_000_000.0)
+    live = _member(throttle, "live", 90, 100)
+    live.submitted("acme")
+    limits = await live.tick(3_000_000.0 + 4 * INTERVAL_S)
+    assert limits is not None
+    # Without "gone": target 80, 90 in flight: factor 0.89; ceiling 4 -> 3.
+    assert limits["acme"] == 3
+    assert set(await throttle.client.hgetall(fleet_load(throttle.prefix))) == {b"live"}
