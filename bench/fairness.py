@@ -25,12 +25,19 @@ a waiting job's keys all had room (sampled every 5 ms); ``over_admissions`` time
 running jobs than its limit; ``flooder_share`` flooder throughput / (capacity - small
 throughput); ``roundtrips_per_admission``; ``wake_p99_ms`` hand-over in Redis to the waiter's
 wake read; ``admissions_per_s`` in phase 3.
+
+Each phase also records every started job's tenant class (small or flooder), submission and start
+time; from these, after the last phase, ``docs/fairness.csv`` (per phase, class and 1-second
+window of start time: jobs started and their p99 wait) and ``docs/fairness.png`` (the same p99
+waits over time, if matplotlib is installed). A flooder job's wait in phases 3 and 4 starts when
+it enters the throttle, not when it joined the flooder's backlog.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import math
 import random
@@ -40,6 +47,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
@@ -50,6 +58,7 @@ from pipeline.admission.throttle import Throttle
 from pipeline.config import load_settings
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = [f"s{i:02d}" for i in range(50)]
 FLOODER = "flood"
 HIGH, LOW = 10, 0
@@ -68,6 +77,9 @@ class Phase:
     admissions: int = 0
     roundtrips: int = 0
     span_s: float = 0.0
+    started_at: float = 0.0  # time.monotonic() when its load began
+    # Per started job: (tenant class, submitted, started), seconds since ``started_at``.
+    jobs: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 def p99(values: list[float]) -> float:
@@ -76,6 +88,11 @@ def p99(values: list[float]) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def tenant_class(tenant: str) -> str:
+    """``flooder`` or ``small``, the classes of the wait-over-time series."""
+    return "flooder" if tenant == FLOODER else "small"
 
 
 def jain(values: list[float]) -> float:
@@ -123,6 +140,8 @@ async def run_fifo(load: Load, phase_s: float) -> Phase:
             tenant, t0 = await queue.get()
             started = time.monotonic()
             phase.waits_s[tenant].append(started - t0)
+            at = phase.started_at
+            phase.jobs.append((tenant_class(tenant), t0 - at, started - at))
             service = load.service_s()
             await asyncio.sleep(service)
             phase.busy_s += service
@@ -138,6 +157,7 @@ async def run_fifo(load: Load, phase_s: float) -> Phase:
             carry -= int(carry)
             await asyncio.sleep(0.01)
 
+    phase.started_at = time.monotonic()
     tasks = [asyncio.create_task(worker()) for _ in range(load.args.slots)]
     tasks += [asyncio.create_task(load.small_arrivals(submit, stop)), asyncio.create_task(flood())]
     await asyncio.sleep(phase_s)
@@ -195,7 +215,10 @@ class ThrottledRun:
             permit = await self.throttle.acquire(keys, priority=priority)
         finally:
             self.waiting.pop(ident, None)
-        self.phase.waits_s[tenant].append(time.monotonic() - t0)
+        started = time.monotonic()
+        self.phase.waits_s[tenant].append(started - t0)
+        at = self.phase.started_at
+        self.phase.jobs.append((tenant_class(tenant), t0 - at, started - at))
         self.phase.admissions += 1
         for key in permit.keys:
             self.running[key] += 1
@@ -250,6 +273,7 @@ class ThrottledRun:
     async def run(self, phase_s: float) -> Phase:
         await self.set_limits()
         before = self.throttle.roundtrips
+        self.phase.started_at = time.monotonic()
         background = [
             asyncio.create_task(self.load.small_arrivals(self.submit, self.stop)),
             asyncio.create_task(self.sample()),
@@ -345,6 +369,93 @@ def report(
     }
 
 
+def wait_series(phases: list[Phase]) -> list[dict[str, Any]]:
+    """Per phase, tenant class and 1-second window of start time: jobs started, their p99 wait."""
+    rows: list[dict[str, Any]] = []
+    for phase in phases:
+        windows = max(1, math.ceil(phase.span_s))
+        waits: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for cls, submitted, started in phase.jobs:
+            waits[cls, min(windows - 1, int(started))].append(started - submitted)
+        present = {cls for cls, _ in waits}
+        for cls in (c for c in ("small", "flooder") if c in present):
+            for second in range(windows):
+                mine = waits.get((cls, second), [])
+                rows.append(
+                    {
+                        "phase": phase.name,
+                        "class": cls,
+                        "second": second,
+                        "jobs": len(mine),
+                        "p99_wait_ms": round(p99(mine) * 1000, 3) if mine else "",
+                    }
+                )
+    return rows
+
+
+def plot(args: argparse.Namespace, rows: list[dict[str, Any]], path: Path) -> bool:
+    """The p99 waits over time, one panel per phase, as a PNG; False without matplotlib."""
+    try:
+        import matplotlib as mpl  # noqa: PLC0415 - optional
+
+        mpl.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - optional
+    except ImportError:
+        return False
+    titles = {
+        "calm": "calm: throttle, no flood",
+        "fifo": "fifo: one shared FIFO queue, flood",
+        "throttle": "throttle: flood from one org",
+        "subtenants": f"subtenants: flood over {args.subs} sub-tenant keys",
+    }
+    values = [r["p99_wait_ms"] for r in rows if r["p99_wait_ms"] != "" and r["p99_wait_ms"] > 0]
+    log = bool(values) and max(values) / min(values) > 100
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True, sharey=True)
+    for ax, (phase, title) in zip(axes.flat, titles.items(), strict=True):
+        # The flooder first and wider, so the small tenants' line stays visible where they meet.
+        for cls, color, width, label in (
+            ("flooder", "tab:red", 3.0, "flooder"),
+            ("small", "tab:blue", 1.5, "small tenants (50)"),
+        ):
+            mine = [r for r in rows if r["phase"] == phase and r["class"] == cls]
+            if not mine:
+                continue
+            xs = [r["second"] + 0.5 for r in mine]
+            ys = [r["p99_wait_ms"] if r["p99_wait_ms"] != "" else math.nan for r in mine]
+            ax.plot(xs, ys, color=color, linewidth=width, marker=".", label=f"{label}: p99 wait")
+        ax.set_title(title, fontsize=10)
+        ax.grid(visible=True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    if log:
+        axes[0, 0].set_yscale("log")
+    for ax in axes[1]:
+        ax.set_xlabel("time since phase start (s; 1 s windows by job start)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("p99 wait, submission to start (ms)")
+    fig.suptitle(
+        f"Noisy neighbour: p99 wait per 1 s window ({args.slots} slots, 50 small tenants "
+        f"at {args.small_load:.0%} of capacity, flood {args.flood_x:g}x capacity)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write_series(args: argparse.Namespace, phases: list[Phase]) -> None:
+    """Write ``fairness.csv`` and ``fairness.png`` into ``--out`` (after all phases ran)."""
+    rows = wait_series(phases)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "fairness.csv").open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, ["phase", "class", "second", "jobs", "p99_wait_ms"])
+        writer.writeheader()
+        writer.writerows(rows)
+    png = args.out / "fairness.png"
+    wrote = plot(args, rows, png)
+    print(f"wrote {args.out / 'fairness.csv'}" + (f", {png}" if wrote else ""), file=sys.stderr)
+
+
 async def watched(coro: Coroutine[Any, Any, T], name: str, limit_s: float) -> T:
     """Run one phase; if it overruns, print every task's stack (to find what hangs) and fail."""
     started = time.monotonic()
@@ -377,7 +488,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         subs, _ = await watched(throttled(load, client, "subtenants", "subs"), "subs", limit_s)
     finally:
         await client.aclose()
-    return report(load, calm, fifo, thr, subs, thr_t, args)
+    result = report(load, calm, fifo, thr, subs, thr_t, args)
+    write_series(args, [calm, fifo, thr, subs])
+    return result
 
 
 def parse_args() -> argparse.Namespace:
@@ -402,6 +515,7 @@ def parse_args() -> argparse.Namespace:
         help="slots kept from the flooder (default: the small tenants' mean in-flight work, R * D)",
     )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where the CSV and PNG go")
     return parser.parse_args()
 
 
