@@ -41,7 +41,7 @@ from pipeline.errors import (
 )
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
-from pipeline.retry.parking import Ending, Parking, lane_parking
+from pipeline.retry.parking import lane_parking
 from pipeline.retry.router import Router
 from pipeline.runtime.admit import AdmissionGate, Admitter
 from pipeline.runtime.app import App, Lane
@@ -50,6 +50,7 @@ from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.due import DueGate
 from pipeline.runtime.flow import FlowControl, PauseBook
+from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.lanes import KeyLanes
@@ -62,7 +63,6 @@ from pipeline.runtime.turns import DebouncedLanes, TurnOutcome
 from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
-_ENDINGS: dict[str, Ending] = {"retried": "parked", "deferred": "parked", "dead_lettered": "dead"}
 # Outcomes after which an event's obligation is met (P1): its log row is processed.
 _SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate"})
 
@@ -113,8 +113,6 @@ class Member:
         self._pauses: PauseBook | None = None
         self._due: DueGate | None = None
         self._committed: dict[TopicPartition, Position] = {}
-        self._parking: dict[str, Parking] = {}
-        self._isolation = Isolation(settings.suspect_alone_s)
         self._calls: dict[tuple[TopicPartition, int], tuple[float, Throttled | None]] = {}
         """Duration and Throttled error of handler calls on adaptive lanes, until released."""
         self._pool: ProcessPool | None = None
@@ -152,8 +150,11 @@ class Member:
         if throttle is not None:
             self._gate = AdmissionGate(throttle, self._admitted, self._defer)
         self._routing = Routing(self._router, self.stats, app.retryable, chosen, metrics)
-        if redis is not None:
-            self._parking = lane_parking(redis, redis_prefix, [lane.spec for lane in chosen])
+        specs = [lane.spec for lane in chosen]
+        parking = lane_parking(redis, redis_prefix, specs) if redis is not None else {}
+        self._guard_runs = RunGuard(
+            parking, self._routing, self.stats, Isolation(settings.suspect_alone_s)
+        )
 
     @property
     def batch_waiting(self) -> int:
@@ -291,7 +292,9 @@ class Member:
         lane = self.app.lane_of(message.topic)
         attempt = h.int_header(message.headers, h.ATTEMPT, 1)
         started = time.perf_counter()
-        outcome = await self._handle(lane, message, attempt)
+        outcome = await self._guard_runs.run(
+            lane, message, lambda: self._run_handler(lane, message, attempt)
+        )
         if outcome is not None:  # None: it could not be routed; leave it for redelivery
             offsets = self._offsets.get(message.tp)
             if offsets is not None:
@@ -322,64 +325,6 @@ class Member:
                 "duration_s": time.perf_counter() - started,
             },
         )
-
-    async def _handle(self, lane: Lane, message: Message, attempt: int) -> str | None:
-        parking = self._parking.get(lane.name)
-        if parking is None:
-            return await self._run_handler(lane, message, attempt)
-        ordered = lane.spec.ordered and bool(lane.routes.retry_topics)
-        follow = lane.spec.retry.after_dead_letter == "follow"
-        decision, starts = await parking.begin(message, ordered=ordered)
-        if decision == "suspect":
-            return await self._run_suspect(lane, message, attempt, parking, starts)
-        if decision == "stale":
-            self.stats.duplicates += 1
-            return "duplicate"
-        if decision == "divert":
-            # Still parked behind its head: no end is recorded.
-            return await self._routing.divert(lane, message, "parked")
-        if decision == "sequenced":
-            log.warning("dead-lettering %s@%d: sequenced", message.tp, message.offset)
-            outcome = await self._routing.dead_letter(lane, message, decision, None)
-            ending: Ending = "done"
-        else:
-            async with self._isolation.shared():
-                outcome = await self._run_handler(lane, message, attempt)
-            ending = self._ending(lane, outcome)
-        if outcome is not None:
-            await parking.end(message, ending, follow_dead=follow)
-        return outcome
-
-    async def _run_suspect(
-        self, lane: Lane, message: Message, attempt: int, parking: Parking, starts: int
-    ) -> str | None:
-        """Run a message whose earlier start never finished alone, or dead-letter it as poison."""
-        poison_after = lane.spec.retry.poison_after
-        async with self._isolation.alone():
-            poison, alone = await parking.solo(message, poison_after=poison_after)
-            if poison:
-                log.warning(
-                    "dead-lettering %s@%d: poison (started %d times, %d of them alone)",
-                    message.tp,
-                    message.offset,
-                    starts,
-                    alone,
-                )
-                outcome = await self._routing.dead_letter(lane, message, "poison", None)
-                ending: Ending = "dead"
-            else:
-                outcome = await self._run_handler(lane, message, attempt)
-                ending = self._ending(lane, outcome)
-        if outcome is not None:
-            follow = lane.spec.retry.after_dead_letter == "follow"
-            await parking.end(message, ending, follow_dead=follow)
-        return outcome
-
-    @staticmethod
-    def _ending(lane: Lane, outcome: str | None) -> Ending:
-        ending = _ENDINGS.get(outcome or "", "done")
-        ordered = lane.spec.ordered and bool(lane.routes.retry_topics)
-        return "done" if ending == "parked" and not ordered else ending
 
     def _expired(self, lane: Lane, message: Message) -> str | None:
         """Why ``message`` must not run now (``expired`` or ``shed``), or None to run it."""
