@@ -10,7 +10,8 @@ the same round trip), how the call went:
   raised :class:`pipeline.errors.Throttled`, as on a 429): the window shrinks by ``decrease``, at
   most once per ``cooldown`` so one congestion event is not counted once per job in flight;
 * a ``Retry-After`` (``Throttled(retry_after_s=...)``) closes the key to new jobs until then;
-  the first throttle call after that time (any member's acquire, release or heartbeat) reopens it.
+  the first throttle call after that time (any member's acquire, release or heartbeat) reopens it;
+* any other failure says nothing about the dependency's quota: no feedback.
 
 The window stays between ``min`` and ``max``. ``pipeline throttle set-limit`` on an adaptive key
 restarts the window from the value set. See ``lua/throttle.lua`` (``adapt``).

@@ -381,10 +381,10 @@ class Member:
             self.stats.skipped += 1
             return "skipped"
         except Exception as exc:  # every handler failure is routed, none escapes
-            if isinstance(exc, Throttled):
+            if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
                 self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
             return await self._routing.failure(lane, message, attempt, exc)
-        if lane.spec.throttle is not None and lane.spec.throttle.adaptive:
+        if self._adaptive(lane):
             self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
         self.stats.handled += 1
         return "handled"
@@ -463,6 +463,11 @@ class Member:
             if self._committed.get(tp) != position:
                 out.append(position)
         return out
+
+    def _adaptive(self, lane: Lane) -> bool:
+        """Whether ``lane``'s calls are reported to adaptive throttle keys when released."""
+        policy = lane.spec.throttle
+        return self._gate is not None and policy is not None and bool(policy.adaptive)
 
     def _feedback(self, lane: Lane, message: Message) -> list[Feedback]:
         """How the call went, for the adaptive keys ``message`` held (none if it made none)."""
