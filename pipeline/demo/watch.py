@@ -112,7 +112,9 @@ class Watcher:
         return total
 
     async def _counts(self) -> dict[str, int]:
-        topics = await self._admin.list_topics()
+        # The demo's lanes keep the default dead-letter name, <main>.dlq.
+        wanted = {n for t in self._groups.values() for n in (*t.retry, f"{t.main}.dlq")}
+        topics = await self._admin.list_topics(wanted)
         return {
             name: info.message_count
             for name, info in topics.items()

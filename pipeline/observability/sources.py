@@ -60,8 +60,10 @@ class GroupLagSource:
 
     async def refresh(self) -> None:
         """Probe every watched lane and update the gauges."""
+        # Only the dead-letter topics' counts are needed: never list the whole broker here.
+        dead = {topic for watch in self._watches for topic in watch.dead_letters}
         retained = {
-            name: info.message_count for name, info in (await self._admin.list_topics()).items()
+            name: info.message_count for name, info in (await self._admin.list_topics(dead)).items()
         }
         reports = []
         for watch in self._watches:

@@ -125,7 +125,9 @@ async def collect_status(
     A lane that cannot be read carries the error instead of failing the whole report.
     """
     try:
-        retained = {name: info.message_count for name, info in (await admin.list_topics()).items()}
+        dead = {topic for watch in watches for topic in watch.dead_letters}
+        listed = await admin.list_topics(dead)
+        retained = {name: info.message_count for name, info in listed.items()}
     except PipelineError:
         retained = {}
     lanes = []

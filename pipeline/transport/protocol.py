@@ -11,7 +11,7 @@ Two implementations exist, with the same file names in each package: ``transport
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -191,8 +191,12 @@ class Consumer(Protocol):
 class Admin(Protocol):
     """Creates and inspects topics and consumer-group positions."""
 
-    async def list_topics(self) -> dict[str, TopicInfo]:
-        """Every topic the broker has, by name."""
+    async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
+        """Every topic the broker has, by name; with ``names``, only those of them that exist.
+
+        A periodic caller should name what it needs: on a broker with thousands of topics the
+        full listing (offsets and configs of every partition) costs seconds of CPU.
+        """
         ...
 
     async def create_topic(self, config: TopicConfig) -> None:

@@ -291,6 +291,7 @@ async def test_admin_reports_topics_and_group_lag(transport: Transport, unique: 
     info = (await admin.list_topics())[topic]
     assert info.partitions == 2
     assert info.message_count == 50
+    assert await admin.list_topics([topic, f"absent-{unique}"]) == {topic: info}
     lag = await admin.group_lag(group, topic)
     assert sum(p.lag for p in lag) == 50
     first_ts = {p.tp: p.oldest_unconsumed_ms for p in lag if p.end}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pytest
 
 from pipeline.errors import TopicSpecError
@@ -22,10 +24,10 @@ class RecordingAdmin:
         self.topics = dict(topics or {})
         self.calls: list[tuple[str, object]] = []
 
-    async def list_topics(self) -> dict[str, TopicInfo]:
-        """Report the fixed topics."""
+    async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
+        """Report the fixed topics (those of ``names``)."""
         self.calls.append(("list_topics", None))
-        return dict(self.topics)
+        return {n: t for n, t in self.topics.items() if names is None or n in names}
 
     async def create_topic(self, config: TopicConfig) -> None:
         """Record a creation."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -57,6 +57,8 @@ class KafkaAdmin:
             "bootstrap.servers": settings.bootstrap_servers,
             "client.id": f"{settings.client_id}-admin",
             "socket.timeout.ms": settings.request_timeout_ms,
+            # Metadata of one named topic must never create it on a broker that would.
+            "allow.auto.create.topics": False,
             "logger": logging.getLogger("pipeline.librdkafka"),
             **settings.client,
         }
@@ -87,16 +89,20 @@ class KafkaAdmin:
             out[TopicPartition(tp.topic, tp.partition)] = info.offset
         return out
 
-    async def _metadata(self) -> Any:
+    async def _metadata(self, topic: str | None = None) -> Any:
+        """The cluster's metadata, or only ``topic``'s (its cost does not grow with the cluster)."""
         try:
-            return await asyncio.to_thread(self._raw.list_topics, None, self._timeout_s)
+            return await asyncio.to_thread(self._raw.list_topics, topic, self._timeout_s)
         except KafkaException as exc:
             raise translate(exc, "list topics") from exc
 
-    async def list_topics(self) -> dict[str, TopicInfo]:
-        """Every non-internal topic with partitions, retention and retained message counts."""
+    async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
+        """Non-internal topics (all, or ``names``) with partitions, retention and counts."""
         meta = await self._metadata()
-        names = sorted(n for n in meta.topics if not n.startswith("__"))
+        wanted = None if names is None else set(names)
+        names = sorted(
+            n for n in meta.topics if not n.startswith("__") and (wanted is None or n in wanted)
+        )
         tps = [_RawTP(n, p) for n in names for p in meta.topics[n].partitions]
         # Another client may delete a topic between the metadata and these calls: such a topic
         # is left out, as if the metadata had been read a moment later.
@@ -202,7 +208,7 @@ class KafkaAdmin:
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
         """Committed position, end offset and oldest unconsumed timestamp per partition."""
-        meta = await self._metadata()
+        meta = await self._metadata(topic)
         info = meta.topics.get(topic)
         if info is None or info.error is not None:
             raise translate(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), f"lag of {topic!r}")

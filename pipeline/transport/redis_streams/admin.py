@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,13 +75,15 @@ class RedisStreamsAdmin:
         self._keys = keys
         self._default_max_len = default_max_len
 
-    async def list_topics(self) -> dict[str, TopicInfo]:
-        """Every declared topic with its partition count and retained message counts."""
+    async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
+        """Every declared topic (or those of ``names``) with partitions and retained counts."""
         try:
             raw: dict[bytes, bytes] = await self._client.hgetall(self._keys.topics)  # type: ignore[assignment]
             out = {}
             for name_b in sorted(raw):
                 name = name_b.decode()
+                if names is not None and name not in names:
+                    continue
                 meta = json.loads(raw[name_b])
                 pipe = self._client.pipeline(transaction=False)
                 for p in range(meta["partitions"]):
