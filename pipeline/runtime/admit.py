@@ -92,7 +92,8 @@ class _Waiting(NamedTuple):
     lane: str
 
 
-def _tenant(message: Message) -> str:
+def tenant_of(message: Message) -> str:
+    """The message's ``pl-tenant`` header as text (empty without one)."""
     raw = message.headers.get(h.TENANT)
     return raw.decode(errors="replace") if raw is not None else ""
 
@@ -154,7 +155,7 @@ class AdmissionGate:
             queue = self._queues[key] = deque()
         queue.append(_Waiting(message, keys, policy, lane))
         self.waiting += 1
-        self.waiting_by[lane, _tenant(message)] += 1
+        self.waiting_by[lane, tenant_of(message)] += 1
         if key not in self._active:
             self._ask(key)
 
@@ -166,7 +167,7 @@ class AdmissionGate:
         """
         if self.waiting < policy.max_waiting:
             return False
-        mine = self.waiting_by.get((lane, _tenant(message)), 0)
+        mine = self.waiting_by.get((lane, tenant_of(message)), 0)
         tenants = sum(1 for (name, _), count in self.waiting_by.items() if name == lane and count)
         return mine * max(tenants, 1) >= self.waiting
 
@@ -199,7 +200,7 @@ class AdmissionGate:
 
     def _forget_waiting(self, waiting: _Waiting) -> None:
         self.waiting -= 1
-        counted = (waiting.lane, _tenant(waiting.message))
+        counted = (waiting.lane, tenant_of(waiting.message))
         self.waiting_by[counted] -= 1
         if self.waiting_by[counted] <= 0:
             del self.waiting_by[counted]

@@ -43,7 +43,7 @@ from pipeline.logstore import ProcessedMarker
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
 from pipeline.retry.parking import lane_parking
 from pipeline.retry.router import Router
-from pipeline.runtime.admit import AdmissionGate, Admitter
+from pipeline.runtime.admit import AdmissionGate, Admitter, tenant_of
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.context import Context
@@ -124,6 +124,9 @@ class Member:
         if fleet is not None:
             fleet.bind(lambda: (self._lanes.running, self._lanes.limit))
         self._batch = BatchGate(self._submit_now, self._load)
+        self._batch_slas = {
+            lane.name: lane.spec.batch.sla_ms / 1000 for lane in chosen if lane.spec.batch
+        }
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
         self._standing = {
             lane.name: StandingQueue(lane.spec.sojourn) for lane in chosen if lane.spec.sojourn
@@ -268,7 +271,7 @@ class Member:
             self._lanes.submit(message, ordered=lane.spec.ordered)
             return
         if self._fleet is not None:
-            self._fleet.submitted(_tenant(message))
+            self._fleet.submitted(tenant_of(message))
         self._gate.offer(
             message,
             policy,
@@ -307,7 +310,7 @@ class Member:
         if self._gate is not None:
             self._gate.finished(message, self._feedback(lane, message))
             if self._fleet is not None and lane.spec.throttle is not None:
-                self._fleet.finished(_tenant(message), time.perf_counter() - started)
+                self._fleet.finished(tenant_of(message), time.perf_counter() - started)
         if self._batch.waiting:
             self._batch.pump()
             self._deferring.discard((message.tp, message.offset))  # whatever parking decided
@@ -500,11 +503,8 @@ class Member:
             batch = [tp for tp in self._offsets if tp.topic in self._batch_topics]
             busy = self._lanes.running - (self._lanes.running_on(batch) if batch else 0)
             self._metrics.slots(busy, self._lanes.limit)  # batch work never asks to scale up
-            for batch_lane in self.app.lanes.values():
-                policy = batch_lane.spec.batch
-                if policy is not None and batch_lane.topics[0] in self._batch_topics:
-                    waiting = self._batch.waiting_in(batch_lane.name)
-                    self._metrics.batch_lane(batch_lane.name, policy.sla_ms / 1000, waiting)
+            for name, sla_s in self._batch_slas.items():
+                self._metrics.batch_lane(name, sla_s, self._batch.waiting_in(name))
         if self._admission_metrics is None or self._gate is None:
             return
         by_lane: dict[str, dict[str, int]] = {
@@ -574,8 +574,3 @@ class Member:
                 self._pauses.forget(tp)
         log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
         return positions
-
-
-def _tenant(message: Message) -> str:
-    raw = message.headers.get(h.TENANT)
-    return raw.decode(errors="replace") if raw is not None else ""
