@@ -108,6 +108,15 @@ def oldest_age_s(partitions: Sequence[PartitionLag], now_ms: int) -> float:
     return max(0.0, (now_ms - min(stamps)) / 1000) if stamps else 0.0
 
 
+async def retained_dead_letters(admin: Admin, watches: Sequence[LaneWatch]) -> dict[str, int]:
+    """Messages retained per dead-letter topic of ``watches`` (for :func:`probe_lane`).
+
+    Only those topics are listed: a periodic full listing of a large broker costs seconds.
+    """
+    dead = {topic for watch in watches for topic in watch.dead_letters}
+    return {name: info.message_count for name, info in (await admin.list_topics(dead)).items()}
+
+
 async def probe_lane(
     admin: Admin,
     watch: LaneWatch,

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pipeline.logstore import ReplayLog, RowState, Selection
 from pipeline.observability.facades import IngressMetrics, LagMetrics, LogStoreMetrics
-from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane
+from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane, retained_dead_letters
 from pipeline.transport.protocol import Admin
 
 __all__ = [
@@ -60,11 +60,7 @@ class GroupLagSource:
 
     async def refresh(self) -> None:
         """Probe every watched lane and update the gauges."""
-        # Only the dead-letter topics' counts are needed: never list the whole broker here.
-        dead = {topic for watch in self._watches for topic in watch.dead_letters}
-        retained = {
-            name: info.message_count for name, info in (await self._admin.list_topics(dead)).items()
-        }
+        retained = await retained_dead_letters(self._admin, self._watches)
         reports = []
         for watch in self._watches:
             report = await probe_lane(self._admin, watch, retained, clock=self._clock)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from pipeline.errors import PipelineError
 from pipeline.logstore import ReplayLog, RowState, Selection
-from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane
+from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane, retained_dead_letters
 from pipeline.transport.protocol import Admin
 
 __all__ = ["LaneStatus", "LogStatus", "Status", "ThrottleView", "collect_status"]
@@ -125,9 +125,7 @@ async def collect_status(
     A lane that cannot be read carries the error instead of failing the whole report.
     """
     try:
-        dead = {topic for watch in watches for topic in watch.dead_letters}
-        listed = await admin.list_topics(dead)
-        retained = {name: info.message_count for name, info in listed.items()}
+        retained = await retained_dead_letters(admin, watches)
     except PipelineError:
         retained = {}
     lanes = []
