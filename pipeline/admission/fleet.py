@@ -21,6 +21,7 @@ the tick is skipped (logged); the limits last set stay in force.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -175,7 +176,5 @@ class FleetLimits:
                 await self.tick()
             except (rexc.RedisError, OSError) as exc:
                 log.warning("dynamic limits: tick skipped, Redis unavailable: %s", exc)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._interval_ms / 1000)
-            except TimeoutError:
-                continue

@@ -15,6 +15,7 @@ Where a reading is unavailable (no PSI on the kernel, no cgroup files) it is ign
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -180,7 +181,5 @@ class ConcurrencyGovernor:
                 self.step(self._probe.read())
             except Exception:  # a probe failure must never stop the member
                 log.exception("pressure reading failed")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._settings.interval_s)
-            except TimeoutError:
-                continue
