@@ -126,9 +126,19 @@ async def load(
 
 
 def free_port() -> int:
+    """A loopback port nobody listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_open(port: int, timeout_s: float = 0.5) -> bool:
+    """Whether something accepts connections on the loopback ``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
@@ -136,12 +146,9 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        except OSError:
-            time.sleep(0.05)
-        else:
+        if port_open(port, timeout_s=0.2):
             return
+        time.sleep(0.05)
     raise SystemExit(f"server on port {port} did not start")
 
 

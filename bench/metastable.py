@@ -33,7 +33,6 @@ import hmac
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from typing import Any
 
 import httpx
 import yaml
+from ingress import free_port, port_open
 from redis.asyncio import Redis
 
 from pipeline.config import load_settings
@@ -54,22 +54,6 @@ from pipeline.transport import create_transport
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "metastable-secret"  # noqa: S105 - a benchmark secret
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def port_open(port: int) -> bool:
-    """Whether something accepts connections on the loopback ``port``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 async def wait_port(port: int, proc: asyncio.subprocess.Process, what: str) -> None:
