@@ -115,37 +115,56 @@ class Overlaps:
     certain: int = 0
     uncertain: int = 0
     same_member: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
+
+
+def _kind(running: Span, finished: dict[str, int]) -> str:
+    """What the run that was found running is: a rerun of a finished event, or a first run."""
+    tier = ".retry." in running.where
+    if finished.get(running.event, running.enter) < running.enter:
+        return "stale copy from a retry tier" if tier else "finished message run again"
+    return "retried message" if tier else "first run"
+
+
+def _found_running(later: Span, earlier: list[Span], ends: Ends) -> tuple[Span | None, bool]:
+    """A run of ``earlier`` certainly running when ``later`` entered; else whether one may be."""
+    maybe = False
+    for run in earlier:
+        running_until, done_by = ends.bounds(run)
+        if running_until > later.enter:
+            return run, False
+        maybe = maybe or done_by > later.enter
+    return None, maybe
 
 
 def find_overlaps(spans: Iterable[Span], ends: Ends) -> Overlaps:
     """Count runs that entered while another run of their key was still running."""
     by_key: dict[str, list[Span]] = defaultdict(list)
+    finished: dict[str, int] = {}  # event -> when its first run to leave the handler left
     for span in spans:
         by_key[span.key].append(span)
+        if span.token in ends.left:
+            left = ends.left[span.token]
+            finished[span.event] = min(finished.get(span.event, left), left)
     found = Overlaps()
     for runs in by_key.values():
         runs.sort(key=lambda s: s.enter)
         for index, later in enumerate(runs):
-            certain = uncertain = None
-            for earlier in runs[:index]:
-                running_until, done_by = ends.bounds(earlier)
-                if running_until > later.enter:
-                    certain = earlier
-                    break
-                if done_by > later.enter and uncertain is None:
-                    uncertain = earlier
-            if certain is not None:
-                found.certain += 1
-                found.same_member += certain.pid == later.pid
-                if len(found.examples) < 10:
-                    found.examples.append(
-                        f"{later.key}: {later.event} (attempt {later.attempt}, {later.where}, "
-                        f"pid {later.pid}) entered while {certain.event} (attempt "
-                        f"{certain.attempt}, {certain.where}, pid {certain.pid}) ran"
-                    )
-            elif uncertain is not None:
-                found.uncertain += 1
+            running, maybe = _found_running(later, runs[:index], ends)
+            if running is None:
+                found.uncertain += maybe
+                continue
+            found.certain += 1
+            found.same_member += running.pid == later.pid
+            kind = _kind(running, finished)
+            found.kinds[kind] += 1
+            if len(found.examples) < 10:
+                found.examples.append(
+                    f"{later.key}: {later.event} (attempt {later.attempt}, {later.where}, "
+                    f"pid {later.pid}) entered while {running.event} (attempt "
+                    f"{running.attempt}, {running.where}, pid {running.pid}; {kind}) ran"
+                )
     return found
 
 
@@ -246,11 +265,18 @@ async def _spans(observer: Observer) -> tuple[list[Span], dict[str, int], Kills]
 
 
 def _keep(cluster: Cluster, spans: list[Span], ends: Ends) -> None:
-    """Write every run with its bounds to ``spans.txt`` in the scenario's directory."""
+    """Write every run with its bounds, and the kills, to ``spans.txt`` in the scenario's directory.
+
+    One line per run: entry, running until at least, done by at most, token, key, event,
+    attempt, copy (``topic:partition:offset``); then ``kill PID sent N reaped M``.
+    """
     lines = [
         f"{s.enter} {ends.bounds(s)[0]} {ends.bounds(s)[1]} {s.token} {s.key} {s.event} "
         f"{s.attempt} {s.where}"
         for s in sorted(spans, key=lambda s: (s.key, s.enter))
+    ]
+    lines += [
+        f"kill {pid} sent {sent} reaped {reaped}" for pid, (sent, reaped) in ends.killed.items()
     ]
     (cluster.directory / "spans.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -302,6 +328,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
         "overlaps": overlaps.certain,
         "overlaps_same_member": overlaps.same_member,
         "overlaps_uncertain": overlaps.uncertain,
+        "overlapped_runs": dict(overlaps.kinds),
         "applied": sum(1 for e in observer.applied if e in ids),
         "dead": dict(Counter(observer.dead.values())),
         "dead_errors": dict(observer.dead_errors),

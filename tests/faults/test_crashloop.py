@@ -10,16 +10,15 @@ from faults.crashloop import APP, RETRY, CrashLoop, run_crashloop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
+ENV = {
+    "PIPELINE_RUNTIME__MARK_PROCESSED": "false",  # no ingress: the events have no log rows
+    "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "500",  # the default, as deployed
+    "FAULTS_WORK_MS": "200",  # each run takes a downstream call's time, so runs can meet
+}
+
 
 @pytest.mark.parametrize("transport", ["redis", "kafka"])
 async def test_crash_loop(make_cluster: Callable[..., Cluster], transport: str) -> None:
     """Members killed (-9) every 3-5 s under retries: nothing lost, reordered or overlapping."""
-    cluster = make_cluster(
-        transport,
-        members=3,
-        partitions=6,
-        retry=RETRY,
-        app=APP,
-        env={"PIPELINE_RUNTIME__MARK_PROCESSED": "false", "FAULTS_WORK_MS": "200"},
-    )
+    cluster = make_cluster(transport, members=3, partitions=6, retry=RETRY, app=APP, env=ENV)
     await run_crashloop(cluster, CrashLoop())
