@@ -54,7 +54,7 @@ class CrashLoop:
     keys: int = 200
     flaky_per_mille: int = 20  # events whose first run fails, chosen by a hash of their id
     produce_s: float = 30.0
-    kills: int = 8
+    kills: int = 12
     kill_every_s: tuple[float, float] = (3.0, 5.0)
     seed: int = 31
     deadline_s: float = 90.0
