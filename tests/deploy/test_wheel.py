@@ -95,7 +95,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pat
     run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=base)
     python = venv / "bin" / "python"
     uv = (UV, "pip", "install", "-q", "--python", python, "--no-deps")
-    run(*uv, "--require-hashes", "-r", LOCK, cwd=base)
+    run(*uv, "--require-hashes", "--only-binary", ":all:", "-r", LOCK, cwd=base)  # as the image
     run(*uv, wheel, cwd=base)
     return wheel, venv, work
 
