@@ -53,7 +53,8 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _tasks import RECORD, paced, payload, record, unpack
-from ingress import load, requests, start_ingress, stop, write_config
+from ingress import free_port, load, requests, start_ingress, stop, write_config
+from lane_process import consume_cmd, write_lane
 from runtime import PEERS_DIR, BenchError, Harness, ensure_peer_env
 
 from pipeline.config import RuntimeSettings, load_settings
@@ -78,6 +79,7 @@ WINDOW = 2000
 RUN_TIMEOUT_S = 180.0
 CONCURRENCY = 32  # streaq's own benchmark workload: 20,000 no-op tasks, concurrency 32, 1 worker
 OURS_SETTINGS = RuntimeSettings(max_concurrency=CONCURRENCY)
+OURS_TIERS = ["1s", "5s"]  # ours is a lane with retry tiers, as users deploy it
 WARM = 20  # tasks a fresh worker must handle before the paced tasks start
 STOP_GRACE_S = 10.0
 
@@ -92,15 +94,23 @@ class Peer:
     python: Path = MAIN_PY
     worker: tuple[str, ...] = ()
 
+    @property
+    def ours(self) -> bool:
+        """Whether this runner is pipeline's (``ours`` or ``ours_bare``)."""
+        return self.name in {"ours", "ours_bare"}
+
     def worker_cmd(self, topic: str, group: str) -> list[str]:
         """The worker's command line."""
         if self.name == "ours":
+            return consume_cmd(group, "--concurrency", str(CONCURRENCY))
+        if self.name == "ours_bare":
             here = str(Path(__file__).resolve())
             return [sys.executable, here, "--ours-worker", self.broker, topic, group]
         return [str(self.python), *(self.worker or (str(PEERS_DIR / self.script), "worker"))]
 
 
 OURS = {b: Peer("ours", b) for b in ("redis", "kafka")}
+OURS_BARE = {b: Peer("ours_bare", b) for b in ("redis", "kafka")}
 PEERS = (
     Peer("streaq", "redis", "redis_streaq.py"),
     Peer("arq", "redis", "redis_arq.py", REDIS5_PY),
@@ -256,29 +266,59 @@ class Bench:
         await self.redis.aclose()
 
     async def create(self, peer: Peer, topic: str) -> TopicSpec:
-        """The run's topic: a lane for ours, a plain topic for the Kafka peers."""
-        spec = TopicSpec.model_validate(
-            {"name": topic, "partitions": PARTITIONS[peer.broker], "lane": "bench"}
-        )
+        """The run's topic: a lane for ours, a plain topic for the Kafka peers.
+
+        ``ours`` gets a lane with retry tiers named after the topic (so its parking keys hold
+        the topic's name and the cleanup finds them), written with the app module into the
+        directory ``pipeline consume`` runs in; ``ours_bare`` the plain lane of before.
+        """
+        doc: dict[str, Any] = {"name": topic, "partitions": PARTITIONS[peer.broker]}
+        if peer.name == "ours":
+            doc |= {"lane": topic, "retry": {"tiers": OURS_TIERS}}
+            write_lane(self.workdir / topic, doc)
+        else:
+            doc["lane"] = "bench"
+        spec = TopicSpec.model_validate(doc)
         if peer.broker == "kafka":
-            if peer.name == "ours":
+            if peer.ours:
                 await self.kafka.declare(spec)
             else:
                 await self.kafka.create_topic(topic, spec.partitions)
-        elif peer.name == "ours":
+        elif peer.ours:
             await apply(self.transports["redis"].admin(), [spec], 100_000, dry_run=False)
         return spec
+
+    def worker_env(
+        self, peer: Peer, topic: str, env: dict[str, str]
+    ) -> tuple[dict[str, str], Path]:
+        """The worker's environment and working directory.
+
+        ``pipeline consume`` gets the default settings but for the broker, the shared Redis
+        (parking, poison counting) and a metrics endpoint on a free port.
+        """
+        if peer.name != "ours":
+            return env, self.workdir
+        env = {
+            **env,
+            "PIPELINE_TRANSPORT": peer.broker,
+            "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": self.kafka.bootstrap,
+            "PIPELINE_REDIS__URL": self.settings.redis.url,
+            "PIPELINE_RUNTIME__METRICS_PORT": str(free_port()),
+            "BENCH_LANE": topic,
+            "BENCH_MODE": "record",
+        }
+        return env, self.workdir / topic
 
     async def cleanup(self, peer: Peer, spec: TopicSpec, group: str) -> None:
         """Delete the run's topics, group and Redis keys."""
         if peer.broker == "kafka":
             await self.kafka.drop_group(group)
             extra = await asyncio.to_thread(self.kafka._topics_named, group)  # noqa: SLF001 - faust's own topics
-            names = spec.topic_names() if peer.name == "ours" else [spec.name]
+            names = spec.topic_names() if peer.ours else [spec.name]
             await self.kafka.drop_topics(
                 [n for n in names if n in await self._kafka_topics()] + extra
             )
-        elif peer.name == "ours":
+        elif peer.ours:
             with contextlib.suppress(Exception):
                 for name in spec.topic_names():
                     await self.transports["redis"].admin().delete_topic(name)
@@ -295,7 +335,7 @@ class Bench:
     ) -> None:
         """Enqueue tasks ``start..start+n-1``: our producer, or the peer's own client."""
         spec = argparse.Namespace(count=n, rate=rate, start=start)
-        if peer.broker == "kafka" or peer.name == "ours":
+        if peer.broker == "kafka" or peer.ours:
             producer = self.transports[peer.broker].producer()
 
             def key(seq: int) -> bytes:
@@ -366,11 +406,12 @@ class Bench:
             spec = await self.create(peer, topic)
             if rate <= 0:
                 await self.enqueue(peer, topic, env, n, 0, 0)
+            worker_env, cwd = self.worker_env(peer, topic, env)
             with log.open("wb") as err:
                 worker = subprocess.Popen(  # noqa: ASYNC220 - returns at once
                     peer.worker_cmd(topic, group),
-                    env=env,
-                    cwd=self.workdir,
+                    env=worker_env,
+                    cwd=cwd,
                     stdout=subprocess.DEVNULL,
                     stderr=err,
                     start_new_session=True,
@@ -541,6 +582,8 @@ def versions() -> dict[str, str]:
         "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
     )
     for python, packages in VERSIONS.items():
+        if not python.exists():  # a venv not built because its peers were skipped
+            continue
         proc = subprocess.run(
             [str(python), "-c", probe, *packages], capture_output=True, text=True, check=False
         )
@@ -550,17 +593,21 @@ def versions() -> dict[str, str]:
     return out
 
 
-def prepare() -> dict[str, str]:
-    """Build the peers' venvs; returns {runner: reason} for every runner that cannot run."""
+def prepare(skip: Sequence[str] = ()) -> dict[str, str]:
+    """Build the peers' venvs that a runner not in ``skip`` needs; returns {runner: reason}
+    for every runner that cannot run."""
     broken: dict[str, str] = {}
-    try:
-        ensure_peer_env()
-    except Exception as exc:
-        broken |= {p.name: str(exc) for p in PEERS if p.python == MAIN_PY}
-    try:
-        ensure_redis5_env()
-    except (BenchError, OSError, subprocess.SubprocessError) as exc:
-        broken |= {p.name: str(exc) for p in PEERS if p.python == REDIS5_PY}
+    needed = {p.python for p in PEERS if p.name not in skip}
+    if MAIN_PY in needed:
+        try:
+            ensure_peer_env()
+        except Exception as exc:
+            broken |= {p.name: str(exc) for p in PEERS if p.python == MAIN_PY}
+    if REDIS5_PY in needed:
+        try:
+            ensure_redis5_env()
+        except (BenchError, OSError, subprocess.SubprocessError) as exc:
+            broken |= {p.name: str(exc) for p in PEERS if p.python == REDIS5_PY}
     return broken
 
 
@@ -586,10 +633,10 @@ def table(results: list[Result], ours: dict[str, float | None]) -> None:
 async def run_broker(
     bench: Bench, broker: str, args: argparse.Namespace, broken: dict[str, str]
 ) -> list[Result]:
-    """Ours, every peer of ``broker``, ours again."""
+    """Ours, every peer of ``broker``, the bare member, ours again."""
     peers = [p for p in PEERS if p.broker == broker]
     results = []
-    for peer in [OURS[broker], *peers, OURS[broker]]:
+    for peer in [OURS[broker], *peers, OURS_BARE[broker], OURS[broker]]:
         if peer.name in args.skip:
             results.append(Result(peer.name, broker, error="skipped (--skip)"))
             continue
@@ -621,7 +668,7 @@ async def run_e2e(bench: Bench, args: argparse.Namespace) -> dict[str, dict[str,
 
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every runner, Redis then Kafka (ours first and last on each), then the two e2e runs."""
-    broken = await asyncio.to_thread(prepare)
+    broken = await asyncio.to_thread(prepare, args.skip)
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         bench = Bench(Path(tmp))
@@ -642,7 +689,9 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         if r.name == "ours":
             continue
         base = ours_rate[r.broker]
-        out[f"vs_{r.name}"] = round(base / r.tasks_s, 2) if base and r.tasks_s else None
+        ratio = round(base / r.tasks_s, 2) if base and r.tasks_s else None
+        # ours (pipeline consume) ÷ the bare member, per broker; < 1 is the guard's cost
+        out[f"ours_vs_bare_{r.broker}" if r.name == "ours_bare" else f"vs_{r.name}"] = ratio
         if r.error:
             print(f"{r.name}: null, because: {r.error}")
     for broker in ("kafka", "redis"):
@@ -650,6 +699,8 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     out["details"] = {
         "runners": [vars_of(r) for r in results],
         "ours_tasks_s": {b: round(v) if v else None for b, v in ours_rate.items()},
+        "ours": f"pipeline consume, retry tiers {OURS_TIERS}, Redis, metrics on, concurrency "
+        f"{CONCURRENCY}; ours_bare: a Member without Redis or retry tiers",
         "e2e": e2e_runs,
         "tasks": args.tasks,
         "drain_cap_s": args.drain_cap_s,
@@ -695,7 +746,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="paced tasks per second")
     parser.add_argument("--e2e-rate", type=int, default=1_000, help="webhooks per second")
     parser.add_argument("--e2e-seconds", type=float, default=10.0)
-    parser.add_argument("--skip", nargs="*", default=[], choices=[p.name for p in PEERS])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=[p.name for p in PEERS] + ["ours_bare"]
+    )
     parser.add_argument(
         "--ours-worker", nargs=3, metavar=("BROKER", "TOPIC", "GROUP"), help=argparse.SUPPRESS
     )
