@@ -17,7 +17,10 @@ configured by the environment:
     (``duplicates``); with ``BENCH_FAIL_MODULO`` M > 0, a message whose ``crc32(value) % M == 0``
     fails on its first attempt (``injected_failures``). The handler holds its key for
     ``BENCH_HOLD_MS`` (default 1 ms) so a second run of the key has a window to overlap;
-  - ``record``: ``bench/peers/_tasks.py``'s 24-byte record per task (the peers' handler).
+  - ``record``: ``bench/peers/_tasks.py``'s 24-byte record per task (the peers' handler);
+  - ``e2e``: per webhook, a :data:`E2E` record (sequence, 1 if its event id ends in
+    ``.<BENCH_TAG>.<seq>`` else 0 for a warm-up one, handler start on the monotonic clock)
+    appended to the file ``BENCH_RECORDS``.
 
 * ``BENCH_STATS``: where the checked counters are written as JSON when the process exits.
 """
@@ -28,6 +31,8 @@ import asyncio
 import atexit
 import json
 import os
+import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -40,6 +45,7 @@ OUT_FD = int(os.environ.get("BENCH_OUT_FD", "-1"))
 FAIL_MODULO = int(os.environ.get("BENCH_FAIL_MODULO", "0"))
 HOLD_S = float(os.environ.get("BENCH_HOLD_MS", "1")) / 1000
 STATS_PATH = os.environ.get("BENCH_STATS", "")
+E2E = struct.Struct("<qqd")
 
 stats = {
     "successes": 0,
@@ -100,3 +106,14 @@ elif MODE == "record":
     async def recorded(event: bytes, _ctx: Context) -> None:
         """The peers' handler: one 24-byte record per task."""
         record(*unpack(event))
+
+elif MODE == "e2e":
+    _TAG = os.environ.get("BENCH_TAG", "")
+    _RECORDS = os.open(os.environ["BENCH_RECORDS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    @app.handler(LANE)
+    async def timed(_event: bytes, ctx: Context) -> None:
+        """One record of when the webhook's handler started."""
+        started = time.monotonic()
+        run, _, seq = (ctx.event_id or "").rpartition(".")
+        os.write(_RECORDS, E2E.pack(int(seq), run.endswith(f".{_TAG}"), started))

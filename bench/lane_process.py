@@ -166,8 +166,13 @@ def write_lane(directory: Path, spec: dict[str, Any]) -> Path:
     (directory / "topics").mkdir(parents=True, exist_ok=True)
     # JSON is YAML: the declaration as `pipeline topics apply` reads it.
     (directory / "topics" / f"{spec['name']}.yaml").write_text(json.dumps(spec), encoding="utf-8")
-    shutil.copyfile(APP_FILE, directory / f"{APP_MODULE}.py")
+    copy_app(directory)
     return directory
+
+
+def copy_app(directory: Path) -> None:
+    """Copy ``bench/lane_app.py`` into ``directory`` as the importable ``bench_lane_app``."""
+    shutil.copyfile(APP_FILE, directory / f"{APP_MODULE}.py")
 
 
 def consume_cmd(group: str, *extra: str) -> list[str]:

@@ -3,9 +3,13 @@
 Run: ``make bench-peers`` (= ``.venv/bin/python bench/peers_bench.py``; ``--quick`` for a short
 run). Method and results: ``docs/benchmarks.md`` (Peers). On the shared local brokers:
 
-* **Redis**: our member on Redis Streams against streaq, arq, saq, taskiq (taskiq-redis) and
-  Celery;
-* **Kafka**: our member on Kafka against FastStream (aiokafka), faust-streaming and quixstreams.
+* **Redis**: ours on Redis Streams against streaq, arq, saq, taskiq (taskiq-redis) and Celery;
+* **Kafka**: ours on Kafka against FastStream (aiokafka), faust-streaming and quixstreams.
+
+**Ours** is what users deploy: ``pipeline consume`` of a lane with retry tiers ``1s, 5s``, as its
+own process, with Redis (parking, poison counting) and the metrics endpoint on, started in a
+directory holding the lane's yaml and ``bench/lane_app.py`` (``bench/lane_process.py``). The
+bare member without Redis or retry tiers stays as the extra row ``ours_bare``.
 
 Every runner gets the same workload on a fresh uuid-named queue or topic. First ``--tasks``
 (default 20,000) tasks of about 1 KiB are enqueued with the runner's own client (ours and every
@@ -22,11 +26,13 @@ reported as null with the reason.
 
 Then the **end-to-end** latency: ``pipeline ingress serve`` (a subprocess; durable SQLite log)
 takes signed webhooks at a steady 1,000/s (``bench/ingress.py``'s requests and open-loop load) and
-a member in this process handles them; webhook-to-handler time runs from each request's intended
-send time to its handler start, on Kafka and on Redis.
+``pipeline consume`` of a lane with retry tiers handles them (and, as ``<broker>_bare``, a bare
+member in this process); webhook-to-handler time runs from each request's intended send time to
+its handler start, on Kafka and on Redis.
 
 The last line is one JSON object: ``{"bench": "peers", "vs_streaq": ..., ..., "e2e_p99_ms_kafka":
-..., "e2e_p99_ms_redis": ...}`` with vs_X = our tasks/s / X's on the same broker.
+..., "e2e_p99_ms_redis": ...}`` with vs_X = our tasks/s / X's on the same broker and
+ours_vs_bare_<broker> = ours / the bare member.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import json
 import os
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -54,7 +61,7 @@ from redis.asyncio import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _tasks import RECORD, paced, payload, record, unpack
 from ingress import free_port, load, requests, start_ingress, stop, write_config
-from lane_process import consume_cmd, write_lane
+from lane_process import consume_cmd, copy_app, write_lane
 from runtime import PEERS_DIR, BenchError, Harness, ensure_peer_env
 
 from pipeline.config import RuntimeSettings, load_settings
@@ -80,6 +87,7 @@ RUN_TIMEOUT_S = 180.0
 CONCURRENCY = 32  # streaq's own benchmark workload: 20,000 no-op tasks, concurrency 32, 1 worker
 OURS_SETTINGS = RuntimeSettings(max_concurrency=CONCURRENCY)
 OURS_TIERS = ["1s", "5s"]  # ours is a lane with retry tiers, as users deploy it
+E2E = struct.Struct("<qqd")  # bench/lane_app.py's e2e record: sequence, timed, handler start
 WARM = 20  # tasks a fresh worker must handle before the paced tasks start
 STOP_GRACE_S = 10.0
 
@@ -449,46 +457,123 @@ class Bench:
 # -- end to end: webhook to handler through the real ingress ------------------------------------
 
 
-async def e2e(bench: Bench, broker: str, rate: int, seconds: float) -> dict[str, Any]:
-    """Signed webhooks at ``rate``/s into ``pipeline ingress serve``, handled by a member here."""
+class _BareE2E:
+    """The bare member in this process (no Redis, no retry tiers): the ``_bare`` e2e runs."""
+
+    def __init__(self, bench: Bench, broker: str, spec: TopicSpec, group: str, tag: str) -> None:
+        """Handle ``spec``'s lane in ``group``; webhooks tagged ``tag`` are the timed run."""
+        self.handled: dict[str, list[tuple[int, float]]] = {"warm": [], "run": []}
+        loop = asyncio.get_running_loop()
+
+        async def handle(_event: bytes, ctx: Context) -> None:
+            started = loop.time()
+            run, _, seq = (ctx.event_id or "").rpartition(".")
+            self.handled["run" if run.endswith(f".{tag}") else "warm"].append((int(seq), started))
+
+        app = App([spec])
+        app.handler(spec.lane)(handle)
+        self._member = Member(app, bench.transports[broker], group, RuntimeSettings())
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._member.run(self._stop))
+
+    def check(self) -> None:
+        """Raise if the member stopped."""
+        if self._task.done():
+            self._task.result()
+            raise BenchError("e2e: the member stopped")
+
+    async def close(self) -> None:
+        """Stop the member."""
+        self._stop.set()
+        await asyncio.wait_for(self._task, 60)
+
+
+class _ConsumeE2E:
+    """``pipeline consume`` of the lane (retry tiers, Redis, metrics on) in its own process."""
+
+    def __init__(self, bench: Bench, broker: str, workdir: Path, group: str, tag: str) -> None:
+        """Start the consumer in ``workdir`` (the lane's yaml and the app module)."""
+        self._records = workdir / "e2e.rec"
+        self._log = workdir / "consumer.log"
+        spec = TopicSpec.model_validate(
+            json.loads((workdir / "topics" / "bench.yaml").read_text(encoding="utf-8"))
+        )
+        env, _ = bench.worker_env(OURS[broker], spec.lane, {**os.environ})
+        env |= {"BENCH_MODE": "e2e", "BENCH_TAG": tag, "BENCH_RECORDS": str(self._records)}
+        with self._log.open("wb") as err:
+            self._proc = subprocess.Popen(
+                consume_cmd(group),
+                env=env,
+                cwd=workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    @property
+    def handled(self) -> dict[str, list[tuple[int, float]]]:
+        """(sequence, handler start) of the warm-up and of the timed webhooks so far."""
+        data = self._records.read_bytes() if self._records.exists() else b""
+        out: dict[str, list[tuple[int, float]]] = {"warm": [], "run": []}
+        for i in range(0, len(data) - len(data) % E2E.size, E2E.size):
+            seq, timed, started = E2E.unpack_from(data, i)
+            out["run" if timed else "warm"].append((seq, started))
+        return out
+
+    def check(self) -> None:
+        """Raise if the consumer exited."""
+        if self._proc.poll() is not None:
+            lines = self._log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise BenchError(
+                f"e2e: pipeline consume exited {self._proc.returncode}: {' | '.join(lines)}"
+            )
+
+    async def close(self) -> None:
+        """Stop the consumer."""
+        await asyncio.to_thread(stop_worker, self._proc)
+
+
+async def e2e(
+    bench: Bench, broker: str, rate: int, seconds: float, *, bare: bool = False
+) -> dict[str, Any]:
+    """Signed webhooks at ``rate``/s into ``pipeline ingress serve``, handled by ``pipeline
+    consume`` of a lane with retry tiers (its own process), or with ``bare`` by a bare member in
+    this process."""
     tag = uuid.uuid4().hex[:10]
     topic = f"bench_peers_e2e_{tag}"
-    spec_doc = write_config(bench.workdir / f"e2e-{tag}", topic)
     workdir = bench.workdir / f"e2e-{tag}"
+    spec_doc = write_config(workdir, topic)
+    if not bare:  # lane named after the topic, so the cleanup finds its parking keys
+        spec_doc |= {"lane": topic, "retry": {"tiers": OURS_TIERS}}
+        (workdir / "topics" / "bench.yaml").write_text(json.dumps(spec_doc), encoding="utf-8")
+        copy_app(workdir)
     spec = TopicSpec.model_validate(spec_doc)
     if broker == "kafka":
         await bench.kafka.declare(spec)
     else:
         await apply(bench.transports["redis"].admin(), [spec], 100_000, dry_run=False)
     loop = asyncio.get_running_loop()
-    handled: dict[str, list[tuple[int, float]]] = {"warm": [], "run": []}
-
-    async def handle(_event: bytes, ctx: Context) -> None:
-        started = loop.time()
-        run, _, seq = (ctx.event_id or "").rpartition(".")
-        handled["run" if run.endswith(f".{tag}") else "warm"].append((int(seq), started))
-
-    app = App([spec])
-    app.handler("bench")(handle)
     group = f"{topic}_g"
-    member = Member(app, bench.transports[broker], group, RuntimeSettings())
-    stop_member = asyncio.Event()
-    task = asyncio.create_task(member.run(stop_member))
+    consumer: _BareE2E | _ConsumeE2E = (
+        _BareE2E(bench, broker, spec, group, tag)
+        if bare
+        else _ConsumeE2E(bench, broker, workdir, group, tag)
+    )
     proc: subprocess.Popen[bytes] | None = None
     try:
         proc, port = start_ingress(workdir, "FULL", transport=broker)
         warm, _, _ = await load(port, requests(200, f"w{tag}"), None)
-        await _until(lambda: len(handled["warm"]) >= warm, task, "warm-up")
+        await _until(lambda: len(consumer.handled["warm"]) >= warm, consumer, "warm-up")
         raw = requests(int(rate * seconds), tag)
-        before = loop.time()
+        before = loop.time()  # the monotonic clock, which the consumer's process shares
         accepted, _, http = await load(port, raw, rate)
         start = before + 0.05  # load() schedules request i at its start + i / rate
-        await _until(lambda: len(handled["run"]) >= accepted, task, "webhooks")
+        await _until(lambda: len(consumer.handled["run"]) >= accepted, consumer, "webhooks")
+        handled = consumer.handled["run"]
     finally:
         if proc is not None:
             stop(proc)
-        stop_member.set()
-        await asyncio.wait_for(task, 60)
+        await consumer.close()
         if broker == "kafka":
             await bench.kafka.drop_group(group)
             await bench.kafka.drop_topics(spec.topic_names())
@@ -498,23 +583,21 @@ async def e2e(bench: Bench, broker: str, rate: int, seconds: float) -> dict[str,
         keys = [k async for k in bench.redis.scan_iter(match=f"*{topic}*", count=1000)]
         if keys:
             await bench.redis.delete(*keys)
-    latencies = [(t - (start + seq / rate)) * 1000 for seq, t in handled["run"]]
+    latencies = [(t - (start + seq / rate)) * 1000 for seq, t in handled]
     return {
         "accepted": accepted,
         "sent": len(raw),
-        "handled": len(handled["run"]),
+        "handled": len(handled),
         "p50_ms": round(_pct(latencies, 50), 1),
         "p99_ms": round(_pct(latencies, 99), 1),
         "http_p99_ms": round(_pct(http, 99) * 1000, 1),
     }
 
 
-async def _until(predicate: Any, task: asyncio.Task[None], what: str) -> None:
+async def _until(predicate: Any, consumer: _BareE2E | _ConsumeE2E, what: str) -> None:
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not predicate():
-        if task.done():
-            task.result()
-            raise BenchError(f"e2e: the member stopped during the {what}")
+        consumer.check()
         if time.monotonic() > deadline:
             raise BenchError(f"e2e: the {what} were not all handled in {RUN_TIMEOUT_S:.0f} s")
         await asyncio.sleep(0.01)
@@ -658,11 +741,13 @@ async def run_e2e(bench: Bench, args: argparse.Namespace) -> dict[str, dict[str,
     """The webhook-to-handler runs, Kafka then Redis; a failure is kept as its reason."""
     runs: dict[str, dict[str, Any]] = {}
     for broker in ("kafka", "redis"):
-        try:
-            runs[broker] = await e2e(bench, broker, args.e2e_rate, args.e2e_seconds)
-        except (BenchError, OSError, SystemExit) as exc:
-            runs[broker] = {"error": str(exc)}
-        print(f"  e2e {broker}: {runs[broker]}", file=sys.stderr, flush=True)
+        for bare in (False, True):
+            name = f"{broker}_bare" if bare else broker
+            try:
+                runs[name] = await e2e(bench, broker, args.e2e_rate, args.e2e_seconds, bare=bare)
+            except (BenchError, OSError, SystemExit) as exc:
+                runs[name] = {"error": str(exc)}
+            print(f"  e2e {name}: {runs[name]}", file=sys.stderr, flush=True)
     return runs
 
 
@@ -696,6 +781,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{r.name}: null, because: {r.error}")
     for broker in ("kafka", "redis"):
         out[f"e2e_p99_ms_{broker}"] = e2e_runs[broker].get("p99_ms")
+        out[f"e2e_p99_ms_{broker}_bare"] = e2e_runs[f"{broker}_bare"].get("p99_ms")
     out["details"] = {
         "runners": [vars_of(r) for r in results],
         "ours_tasks_s": {b: round(v) if v else None for b, v in ours_rate.items()},
