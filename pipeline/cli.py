@@ -31,6 +31,7 @@ from pipeline.envelope import Message
 from pipeline.errors import PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
+from pipeline.ingress.send import send_command
 from pipeline.observability.status_view import status_command
 from pipeline.redrive.redrive import Redrive, Report
 from pipeline.redrive.select import Selection, parse_time_ms
@@ -57,6 +58,7 @@ app.add_typer(ingress_app, name="ingress")
 app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 app.command("status")(status_command)
+app.command("send")(send_command)
 
 
 def _settings(transport: str | None) -> Settings:
