@@ -32,6 +32,7 @@ from pipeline.errors import PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
+from pipeline.log_repeats import configure_logging
 from pipeline.observability.status_view import status_command
 from pipeline.redrive.redrive import Redrive, Report
 from pipeline.redrive.select import Selection, parse_time_ms
@@ -268,7 +269,12 @@ def consume(
     ] = None,
     transport: TransportOpt = None,
 ) -> None:
-    """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully."""
+    """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully.
+
+    Logs at INFO unless PIPELINE_LOG_LEVEL says otherwise: a start line, progress, dead letters.
+    """
+    if "PIPELINE_LOG_LEVEL" not in os.environ:
+        logging.getLogger().setLevel(logging.INFO)
 
     async def main() -> None:
         settings = _settings(transport)
@@ -363,8 +369,5 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
 
 def main() -> None:
     """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level."""
-    logging.basicConfig(
-        level=os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper())
     app()
