@@ -71,4 +71,3 @@ def test_password_is_not_printed() -> None:
     line = unreachable(settings, "redis", "timed out")
     assert "s3cret" not in line
     assert "redis://app:***@10.0.0.5:6380/2" in line
-
