@@ -235,16 +235,28 @@ def tail(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per message.")] = False,
     transport: TransportOpt = None,
 ) -> None:
-    """Print messages (partition, offset, key, headers, timestamp) as they arrive; Ctrl-C stops."""
+    """Print messages (partition, offset, key, headers, timestamp) as they arrive; Ctrl-C stops.
+
+    With --from-beginning and --limit it stops after the messages the topic held at start when
+    there are fewer than the limit.
+    """
 
     async def main() -> None:
         t = create_transport(_settings(transport))
+        wanted = limit
+        if from_beginning and limit is not None:
+            try:
+                held = await t.admin().list_topics([topic])
+            except PipelineError:
+                await t.close()
+                raise
+            wanted = min(limit, held[topic].message_count) if topic in held else limit
         group = f"pipeline-tail-{uuid.uuid4().hex[:8]}"
         consumer = t.consumer(group, [topic], start_at="earliest" if from_beginning else "latest")
         seen = 0
         try:
-            while limit is None or seen < limit:
-                for msg in await consumer.poll(limit - seen if limit else 500, 0.5):
+            while wanted is None or seen < wanted:
+                for msg in await consumer.poll(wanted - seen if wanted else 500, 0.5):
                     typer.echo(_render(msg, as_json=as_json))
                     seen += 1
                 sys.stdout.flush()

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -217,6 +220,66 @@ class Session:
         return {bg.command: bg.stop() for bg in reversed(self.running)}
 
 
-def copy_env(**extra: str) -> dict[str, str]:
-    """The test process's environment with ``extra`` set."""
-    return {**os.environ, **extra}
+ROOT = Path(__file__).resolve().parents[2]
+# `make setup` and `make services` are the suite's own preconditions (its venv and services);
+# `make demo` has its own test (tests/demo) and `make test` is the suite itself.
+SKIPPED = {
+    "make setup": "the test runs in the project's venv",
+    "make services": "the suite's services are already up",
+    "make demo": "tests/demo runs the demo",
+    "make test": "this is the suite",
+}
+LONG_RUNNING = ("pipeline ingress serve", "pipeline consume")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def workdir(tmp_path: Path) -> Path:
+    """A checkout as far as the pages read it: declarations, consumers, examples, the venv."""
+    for part in ("topics", "consumers", "deploy/local"):
+        shutil.copytree(ROOT / part, tmp_path / part)
+    venv = Path(sys.prefix)
+    if (venv / "bin" / "activate").exists():
+        (tmp_path / ".venv").symlink_to(venv)
+    else:  # not run from a venv: an activate that puts this interpreter's scripts first
+        (tmp_path / ".venv" / "bin").mkdir(parents=True)
+        bindir = Path(sys.executable).parent
+        (tmp_path / ".venv" / "bin" / "activate").write_text(f'export PATH="{bindir}:$PATH"\n')
+    return tmp_path
+
+
+def reader(tmp_path: Path, prefix: str, redis_url: str) -> Session:
+    """A reader's session on Redis under key prefix ``prefix``, the ingress on a free port.
+
+    The pages' ``127.0.0.1:8080`` and ``redis://127.0.0.1:6379/0`` are rewritten to this run's.
+    """
+    port = free_port()
+
+    def rewrite(text: str) -> str:
+        return text.replace("127.0.0.1:8080", f"127.0.0.1:{port}").replace(
+            "redis://127.0.0.1:6379/0", redis_url
+        )
+
+    def skip(command: str) -> str | None:
+        return next((why for start, why in SKIPPED.items() if command.startswith(start)), None)
+
+    env = {
+        **os.environ,
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_url,
+        "PIPELINE_REDIS__KEY_PREFIX": prefix,
+        "PIPELINE_INGRESS__PORT": str(port),
+    }
+    env.pop("PIPELINE_LOG_LEVEL", None)
+    return Session(
+        workdir(tmp_path),
+        env,
+        background=lambda command: command.startswith(LONG_RUNNING),
+        skip=skip,
+        rewrite=rewrite,
+    )
