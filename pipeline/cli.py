@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
+from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -28,7 +29,7 @@ from pipeline.admission.cli import app as throttle_app
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
@@ -380,6 +381,25 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level."""
+    """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level.
+
+    Errors raised before a command's runner (settings read at the edge, a client refusing its
+    configuration) get the same one line and exit code as inside it.
+    """
     configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper())
-    app()
+    try:
+        app()
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+    except PipelineError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
+    except KafkaException as exc:  # librdkafka refused its properties before any request
+        reason = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc
+        err.print(
+            f"[red]error:[/red] Kafka client: {reason} (check PIPELINE_KAFKA__CLIENT and the "
+            "other PIPELINE_KAFKA__* variables)",
+            highlight=False,
+        )
+        sys.exit(2)
