@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -60,6 +61,24 @@ app.add_typer(ingress_app, name="ingress")
 app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 app.command("status")(status_command)
+
+
+def _version(show: bool) -> None:
+    if show:
+        typer.echo(f"pipeline {importlib.metadata.version('pipeline')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """pipeline: webhook ingress to keyed, partitioned topics."""
+
+
 app.command("send")(send_command)
 
 
