@@ -84,4 +84,4 @@ async def handle(event: EngagementEvent, ctx: Context) -> None:
     """Moderate one engagement event; spam is dead-lettered for a person to look at."""
     if not await moderate(event.text):
         raise DeadLetter("flagged as spam")
-    log.debug("%s on %s (tenant %s) accepted", event.kind, event.conversation_id, ctx.tenant)
+    log.info("%s on %s (tenant %s) accepted", event.kind, event.conversation_id, ctx.tenant)

@@ -4,18 +4,22 @@ While a service is down the same warning comes from a retry loop several times a
 (``poll failed, retrying: ...``, librdkafka's ``Connect to ... failed``). :class:`RepeatFilter`
 lets the first through, then one after 1 s, 2 s, 4 s ... up to :data:`MAX_GAP_S`, each saying
 how many like it were held back; a message quiet for :data:`MAX_GAP_S` starts over. Records are
-alike when they share logger, level and format string (``record.msg``), whatever the arguments.
-Only WARNING and above are touched.
+alike when they share logger, level and text with every number blanked out (``after 0ms`` and
+``after 1ms`` are alike; ``lane messages`` and ``lane engagement`` are not). Only WARNING and
+above are touched.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["FIRST_GAP_S", "MAX_GAP_S", "RepeatFilter", "configure_logging"]
+
+_NUMBER = re.compile(r"\d+")
 
 FIRST_GAP_S = 1.0
 """Seconds after a warning before the first of its repeats is logged."""
@@ -44,7 +48,7 @@ class RepeatFilter(logging.Filter):
         """True to log ``record`` (with a held-back count appended), False to hold it back."""
         if record.levelno < logging.WARNING:
             return True
-        key = (record.name, record.levelno, str(record.msg))
+        key = (record.name, record.levelno, _NUMBER.sub("#", record.getMessage()))
         now = self._clock()
         seen = self._seen.get(key)
         if seen is None or now - seen.last_s >= MAX_GAP_S:

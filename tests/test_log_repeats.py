@@ -31,7 +31,7 @@ def test_repeats_back_off_and_say_how_many_were_held() -> None:
     logged = []
     for i in range(120):
         clock.now_s = i * 0.5
-        rec = record("poll failed, retrying: %s", arg=f"attempt {i}")
+        rec = record("poll failed, retrying: %s", arg=f"attempt {i}")  # alike but for a number
         if repeats.filter(rec):
             logged.append(rec.getMessage())
     assert len(logged) == 6  # at 0, 1, 3, 7, 15 and 31 s; the next is due at 63 s
@@ -54,7 +54,9 @@ def test_a_quiet_warning_starts_over_and_info_is_untouched() -> None:
 
 
 def test_different_messages_are_separate() -> None:
-    """Two different warnings do not hold each other back."""
+    """Warnings that differ in more than numbers do not hold each other back."""
     repeats = RepeatFilter(Clock())
     assert repeats.filter(record("poll failed: %s"))
     assert repeats.filter(record("commit failed: %s"))
+    assert repeats.filter(record("lane %s counts as backed up", arg="messages"))
+    assert repeats.filter(record("lane %s counts as backed up", arg="engagement"))
