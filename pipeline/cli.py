@@ -361,7 +361,9 @@ def redrive(
         raise typer.Exit(2) from None
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
+        settings = _settings(transport)
+        _require_dead_letter_topic(dlq, settings)
+        t = create_transport(settings)
         job = Redrive(
             t,
             dlq,
@@ -382,6 +384,19 @@ def redrive(
         _print_redrive(report, dry_run=dry_run)
 
     _run(main())
+
+
+def _require_dead_letter_topic(topic: str, settings: Settings) -> None:
+    """Refuse a declared main or retry-tier topic: redrive reads dead-letter topics only."""
+    if not settings.topics_dir.is_dir():
+        return
+    specs = load_specs(settings.topics_dir)
+    for spec in specs:
+        if topic == spec.name or topic in spec.retry_topic_names():
+            raise ConfigError(
+                f"{topic!r} is not a dead-letter topic; did you mean {spec.dead_letter!r}? "
+                f"(dead-letter topics: {', '.join(sorted(s.dead_letter for s in specs))})"
+            )
 
 
 def _print_redrive(report: Report, *, dry_run: bool) -> None:

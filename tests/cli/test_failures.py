@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,13 @@ def test_unreachable_broker_names_address_and_variable(
     assert lines[-1].startswith("error:")
     for text in named:
         assert text in lines[-1]
+
+
+def test_redrive_refuses_a_topic_that_is_not_a_dead_letter_topic() -> None:
+    """Redrive from a declared main or retry topic exits 2 and names the lane's DLQ instead."""
+    topics = str(Path(__file__).resolve().parents[2] / "topics")
+    for topic in ("messages", "messages.retry.5s"):
+        result = pipeline("redrive", topic, "--dry-run", env={"PIPELINE_TOPICS_DIR": topics})
+        assert result.returncode == 2
+        assert "Traceback" not in result.stderr
+        assert "did you mean 'messages.dlq'?" in result.stderr
