@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Coroutine
@@ -337,7 +338,8 @@ def redrive(
     key: Annotated[str | None, typer.Option("--key", help="Only this message key.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Move at most N.")] = None,
     rate: Annotated[
-        float | None, typer.Option("--rate", min=0.01, help="At most N messages per second.")
+        str | None,
+        typer.Option("--rate", help="At most N messages per second: 50 or 50/s, as replay."),
     ] = None,
     max_redrives: Annotated[
         int, typer.Option("--max-redrives", min=1, help="Refuse messages redriven this often.")
@@ -356,6 +358,7 @@ def redrive(
             error_class=error_class,
             key=key,
         )
+        rate_per_s = _per_s(rate)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
@@ -370,7 +373,7 @@ def redrive(
             selection,
             to=to,
             limit=limit,
-            rate_per_s=rate,
+            rate_per_s=rate_per_s,
             max_redrives=max_redrives,
             dry_run=dry_run,
         )
@@ -384,6 +387,19 @@ def redrive(
         _print_redrive(report, dry_run=dry_run)
 
     _run(main())
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
+
+
+def _per_s(value: str | None) -> float | None:
+    """``--rate`` as messages per second: ``50`` or ``50/s`` (the spelling replay takes)."""
+    if value is None:
+        return None
+    match = _RATE.match(value)
+    if match is None or float(match[1]) <= 0:
+        raise ValueError(f"--rate: expected a positive rate such as 50/s, got {value!r}")
+    return float(match[1])
 
 
 def _require_dead_letter_topic(topic: str, settings: Settings) -> None:

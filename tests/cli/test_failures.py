@@ -83,3 +83,12 @@ def test_redrive_refuses_a_topic_that_is_not_a_dead_letter_topic() -> None:
         assert result.returncode == 2
         assert "Traceback" not in result.stderr
         assert "did you mean 'messages.dlq'?" in result.stderr
+
+
+def test_redrive_rate_is_spelt_as_replay_spells_it() -> None:
+    """Redrive takes --rate 50/s as replay does, and a rate it cannot read is exit 2."""
+    bad = pipeline("redrive", "messages.dlq", "--rate", "fast", "--dry-run", env={})
+    assert bad.returncode == 2
+    assert "expected a positive rate such as 50/s" in bad.stderr
+    for command in (["redrive", "messages.dlq"], ["replay"]):
+        assert "/s" in pipeline(*command, "--help", env={"COLUMNS": "200"}).stdout
