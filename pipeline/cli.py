@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -18,6 +17,7 @@ import sys
 import uuid
 from collections.abc import Coroutine
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -64,17 +64,19 @@ app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 app.command("status")(status_command)
 
 
-def _version(show: bool) -> None:
-    if show:
-        typer.echo(f"pipeline {importlib.metadata.version('pipeline')}")
+def _print_version(given: bool) -> None:
+    if given:
+        typer.echo(f"pipeline {metadata.version('pipeline')}")
         raise typer.Exit
 
 
 @app.callback()
-def _options(
+def _root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
     ] = False,
 ) -> None:
     """pipeline: webhook ingress to keyed, partitioned topics."""
