@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Coroutine
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
+from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -29,9 +31,11 @@ from pipeline.admission.cli import app as throttle_app
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
+from pipeline.ingress.send import send_command
+from pipeline.log_repeats import configure_logging
 from pipeline.observability.status_view import status_command
 from pipeline.redrive.redrive import Redrive, Report
 from pipeline.redrive.select import Selection, parse_time_ms
@@ -76,6 +80,9 @@ def _root(
     ] = False,
 ) -> None:
     """pipeline: webhook ingress to keyed, partitioned topics."""
+
+
+app.command("send")(send_command)
 
 
 def _settings(transport: str | None) -> Settings:
@@ -251,16 +258,28 @@ def tail(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per message.")] = False,
     transport: TransportOpt = None,
 ) -> None:
-    """Print messages (partition, offset, key, headers, timestamp) as they arrive; Ctrl-C stops."""
+    """Print messages (partition, offset, key, headers, timestamp) as they arrive; Ctrl-C stops.
+
+    With --from-beginning and --limit it stops after the messages the topic held at start when
+    there are fewer than the limit.
+    """
 
     async def main() -> None:
         t = create_transport(_settings(transport))
+        wanted = limit
+        if from_beginning and limit is not None:
+            try:
+                held = await t.admin().list_topics([topic])
+            except PipelineError:
+                await t.close()
+                raise
+            wanted = min(limit, held[topic].message_count) if topic in held else limit
         group = f"pipeline-tail-{uuid.uuid4().hex[:8]}"
         consumer = t.consumer(group, [topic], start_at="earliest" if from_beginning else "latest")
         seen = 0
         try:
-            while limit is None or seen < limit:
-                for msg in await consumer.poll(limit - seen if limit else 500, 0.5):
+            while wanted is None or seen < wanted:
+                for msg in await consumer.poll(wanted - seen if wanted else 500, 0.5):
                     typer.echo(_render(msg, as_json=as_json))
                     seen += 1
                 sys.stdout.flush()
@@ -285,7 +304,12 @@ def consume(
     ] = None,
     transport: TransportOpt = None,
 ) -> None:
-    """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully."""
+    """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully.
+
+    Logs at INFO unless PIPELINE_LOG_LEVEL says otherwise: a start line, progress, dead letters.
+    """
+    if "PIPELINE_LOG_LEVEL" not in os.environ:
+        logging.getLogger().setLevel(logging.INFO)
 
     async def main() -> None:
         settings = _settings(transport)
@@ -316,7 +340,8 @@ def redrive(
     key: Annotated[str | None, typer.Option("--key", help="Only this message key.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Move at most N.")] = None,
     rate: Annotated[
-        float | None, typer.Option("--rate", min=0.01, help="At most N messages per second.")
+        str | None,
+        typer.Option("--rate", help="At most N messages per second: 50 or 50/s, as replay."),
     ] = None,
     max_redrives: Annotated[
         int, typer.Option("--max-redrives", min=1, help="Refuse messages redriven this often.")
@@ -335,19 +360,22 @@ def redrive(
             error_class=error_class,
             key=key,
         )
+        rate_per_s = _per_s(rate)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
+        settings = _settings(transport)
+        _require_dead_letter_topic(dlq, settings)
+        t = create_transport(settings)
         job = Redrive(
             t,
             dlq,
             selection,
             to=to,
             limit=limit,
-            rate_per_s=rate,
+            rate_per_s=rate_per_s,
             max_redrives=max_redrives,
             dry_run=dry_run,
         )
@@ -361,6 +389,32 @@ def redrive(
         _print_redrive(report, dry_run=dry_run)
 
     _run(main())
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
+
+
+def _per_s(value: str | None) -> float | None:
+    """``--rate`` as messages per second: ``50`` or ``50/s`` (the spelling replay takes)."""
+    if value is None:
+        return None
+    match = _RATE.match(value)
+    if match is None or float(match[1]) <= 0:
+        raise ValueError(f"--rate: expected a positive rate such as 50/s, got {value!r}")
+    return float(match[1])
+
+
+def _require_dead_letter_topic(topic: str, settings: Settings) -> None:
+    """Refuse a declared main or retry-tier topic: redrive reads dead-letter topics only."""
+    if not settings.topics_dir.is_dir():
+        return
+    specs = load_specs(settings.topics_dir)
+    for spec in specs:
+        if topic == spec.name or topic in spec.retry_topic_names():
+            raise ConfigError(
+                f"{topic!r} is not a dead-letter topic; did you mean {spec.dead_letter!r}? "
+                f"(dead-letter topics: {', '.join(sorted(s.dead_letter for s in specs))})"
+            )
 
 
 def _print_redrive(report: Report, *, dry_run: bool) -> None:
@@ -379,9 +433,25 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level."""
-    logging.basicConfig(
-        level=os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    app()
+    """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level.
+
+    Errors raised before a command's runner (settings read at the edge, a client refusing its
+    configuration) get the same one line and exit code as inside it.
+    """
+    configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper())
+    try:
+        app()
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+    except PipelineError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
+    except KafkaException as exc:  # librdkafka refused its properties before any request
+        reason = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc
+        err.print(
+            f"[red]error:[/red] Kafka client: {reason} (check PIPELINE_KAFKA__CLIENT and the "
+            "other PIPELINE_KAFKA__* variables)",
+            highlight=False,
+        )
+        sys.exit(2)

@@ -13,11 +13,16 @@ variable and the expected form.
 
 from __future__ import annotations
 
+import difflib
+import json
+import logging
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import IngressSettings
@@ -49,6 +54,10 @@ class RedisSettings(_Section):
     def _redis_scheme(cls, value: str) -> str:
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected redis://host:port/db, rediss://... or unix:///path")
+        try:
+            urlsplit(value).port  # noqa: B018 - parsing the port is the check
+        except ValueError as exc:
+            raise ValueError(f"expected redis://host:port/db, port 0-65535 ({exc})") from None
         return value
 
 
@@ -186,14 +195,68 @@ def _env_name(loc: tuple[int | str, ...]) -> str:
     return ENV_PREFIX + "__".join(str(part).upper() for part in loc)
 
 
+log = logging.getLogger(__name__)
+# Read directly, not through Settings: the log level, and the cache of downloaded Kafka jars.
+_OTHER_VARIABLES = frozenset({"PIPELINE_LOG_LEVEL", "PIPELINE_CACHE_DIR"})
+
+
+def _variables(model: type[BaseModel], prefix: str) -> dict[str, Any]:
+    """Every environment variable ``model`` reads, with the annotation of its field."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        env = f"{prefix}{name.upper()}"
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out[env] = annotation  # a whole section may be given as JSON too
+            out.update(_variables(annotation, env + "__"))
+        else:
+            out[env] = annotation
+    return out
+
+
+def _warn_unknown(known: dict[str, Any]) -> None:
+    """Warn of a variable that looks like a misspelt setting (others may be secrets' names)."""
+    for name in sorted(os.environ):
+        if not name.startswith(ENV_PREFIX) or name in known or name in _OTHER_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        if close:
+            log.warning("%s is not a setting and is ignored; did you mean %s?", name, close[0])
+        elif "__" in name and name.rsplit("__", 1)[0] in known:
+            log.warning(
+                "%s is not a setting and is ignored (docs/configuration.md lists them)", name
+            )
+
+
+def _not_json(known: dict[str, Any]) -> str:
+    """Which JSON-valued variable failed to parse, for pydantic-settings' SettingsError."""
+    for name, annotation in known.items():
+        is_json = get_origin(annotation) in {dict, list} or (
+            isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        )
+        if not is_json or name not in os.environ:
+            continue
+        try:
+            json.loads(os.environ[name])
+        except ValueError:
+            return f"{name}: expected JSON (got {os.environ[name]!r})"
+    return "a PIPELINE_* variable that holds JSON is not valid JSON"
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build :class:`Settings` from the environment plus ``overrides``.
+
+    A ``PIPELINE_*`` variable that is no setting is logged as a warning with the closest name.
 
     Raises:
         ConfigError: a setting is invalid; the message names each variable at fault.
     """
+    known = _variables(Settings, ENV_PREFIX)
+    _warn_unknown(known)
     try:
         return Settings(**overrides)
+    except SettingsError:
+        raise ConfigError(f"invalid configuration: {_not_json(known)}") from None
     except ValidationError as exc:
         problems = [
             f"{_env_name(err['loc'])}: {err['msg']} (got {err.get('input')!r})"
