@@ -19,6 +19,10 @@ from redis import exceptions as rexc
 from pipeline.retry.guard_store import Decision, GuardStore, Start
 
 log = logging.getLogger(__name__)
+_KEPT_ENDS = 10_000
+"""Ends kept for the next call while Redis cannot be reached (P4: bounded). An end dropped
+past this leaves a start mark that expires with its hash; the message, if read again, runs
+alone once."""
 
 
 class StartWindow:
@@ -58,7 +62,7 @@ class StartWindow:
             await self._store.begin_many(ended, [])
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not end %d starts: %s", len(ended), exc)
-            self._ended = ended + self._ended
+            self._ended = (ended + self._ended)[-_KEPT_ENDS:]
 
     async def _flush_starts(self) -> None:
         await asyncio.sleep(0)  # the starts made in this turn of the loop join the call
@@ -72,7 +76,7 @@ class StartWindow:
                 log.warning(
                     "parking unavailable, running %d messages without it: %s", len(batch), exc
                 )
-                self._ended = ended + self._ended
+                self._ended = (ended + self._ended)[-_KEPT_ENDS:]
                 results = [("process", 0)] * len(batch)
             except BaseException as exc:  # a bug must reach the waiting runs, not hang them
                 for _, future in batch:
