@@ -34,12 +34,16 @@ class StartWindow:
         self._waiting: list[tuple[Start, asyncio.Future[tuple[Decision, int]]]] = []
         self._ended: list[str] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.calls = 0
         """Calls made so far (for tests and the benchmark)."""
 
     async def begin(self, start: Start) -> tuple[Decision, int]:
         """Record ``start`` with the others of this turn; its decision and start count."""
-        future: asyncio.Future[tuple[Decision, int]] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[Decision, int]] = loop.create_future()
         self._waiting.append((start, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_starts())
