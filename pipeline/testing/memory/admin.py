@@ -35,7 +35,7 @@ class MemoryAdmin:
             raise TransportError(f"create topic {config.name!r}: topic already exists")
         partitions: list[list[Entry]] = [[] for _ in range(config.partitions)]
         self._broker.topics[config.name] = Topic(config.name, partitions, config.retention_ms)
-        self._broker.notify()
+        self._broker.changed()
 
     async def update_topic(self, config: TopicConfig) -> None:
         """Grow partitions (never shrink) and set retention."""
@@ -45,13 +45,13 @@ class MemoryAdmin:
             topic.partitions.append([])
         if config.retention_ms is not None:
             topic.retention_ms = config.retention_ms
-        self._broker.notify()
+        self._broker.changed()
 
     async def delete_topic(self, name: str) -> None:
         """Delete the topic and its messages."""
         self._broker.check(f"delete topic {name!r}")
         self._broker.topics.pop(name, None)
-        self._broker.notify()
+        self._broker.changed()
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
         """Committed position, end and oldest unconsumed timestamp of each partition."""

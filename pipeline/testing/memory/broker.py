@@ -60,6 +60,8 @@ class Group:
     deliveries: defaultdict[tuple[TopicPartition, int], int] = field(
         default_factory=lambda: defaultdict(int)
     )
+    targets: dict[str, tuple[int, set[TopicPartition]]] = field(default_factory=dict)
+    """Member id to its target partitions, computed at broker version N (a cache)."""
 
 
 class MemoryBroker:
@@ -74,6 +76,8 @@ class MemoryBroker:
         self.session_timeout_ms = session_timeout_ms
         self.available = available
         self.topics: dict[str, Topic] = {}
+        self.version = 0
+        """Bumped when topics or group memberships change (targets are cached per version)."""
         self.groups: dict[str, Group] = defaultdict(Group)
         self._waiters: set[asyncio.Event] = set()
 
@@ -93,6 +97,11 @@ class MemoryBroker:
     def forget(self, event: asyncio.Event) -> None:
         """Stop notifying ``event``."""
         self._waiters.discard(event)
+
+    def changed(self) -> None:
+        """Topics or memberships changed: targets must be computed again; wake the polls."""
+        self.version += 1
+        self.notify()
 
     def notify(self) -> None:
         """Wake every poll waiting for a change."""
@@ -125,7 +134,7 @@ class MemoryBroker:
         state = self.groups[group]
         if member not in state.members:
             state.members[member] = topics
-            self.notify()
+            self.changed()
         state.last_seen[member] = time.monotonic()
 
     def leave(self, group: str, member: str) -> None:
@@ -135,7 +144,7 @@ class MemoryBroker:
         state.last_seen.pop(member, None)
         for tp in [tp for tp, owner in state.owners.items() if owner == member]:
             del state.owners[tp]
-        self.notify()
+        self.changed()
 
     def expire(self, group: str) -> None:
         """Drop the members of ``group`` that have been silent longer than the session timeout."""
@@ -147,6 +156,9 @@ class MemoryBroker:
     def target(self, group: str, member: str) -> set[TopicPartition]:
         """The partitions ``member`` should own: round-robin over the members of each topic."""
         state = self.groups[group]
+        cached = state.targets.get(member)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
         out: set[TopicPartition] = set()
         for name in state.members.get(member, ()):
             topic = self.topics.get(name)
@@ -159,6 +171,7 @@ class MemoryBroker:
                 for p in range(len(topic.partitions))
                 if p % len(sharing) == index
             }
+        state.targets[member] = (self.version, out)
         return out
 
     def delivered(self, group: str, tp: TopicPartition, offset: int) -> int:

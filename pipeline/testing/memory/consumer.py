@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Sequence
 
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.testing.memory.broker import MemoryBroker
+from pipeline.testing.memory.broker import Entry, MemoryBroker
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 
@@ -34,6 +34,8 @@ class MemoryConsumer:
         self.member_id = member_id or uuid.uuid4().hex[:12]
         self._start_at = start_at
         self._owned: set[TopicPartition] = set()
+        self._order: list[tuple[TopicPartition, list[Entry]]] = []
+        """The owned partitions, sorted, with their logs (kept in step with ``_owned``)."""
         self._next: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._joined = False
@@ -106,6 +108,7 @@ class MemoryConsumer:
                 self._next[tp] = 0
             self._paused.discard(tp)  # a new assignment starts flowing
         self._owned.update(new)
+        self._reorder()
         if self._listener is not None:
             await self._listener.on_assigned(new, committed)
 
@@ -114,12 +117,20 @@ class MemoryConsumer:
             self._owned.discard(tp)
             self._next.pop(tp, None)
             self._paused.discard(tp)
+        self._reorder()
+
+    def _reorder(self) -> None:
+        topics = self._broker.topics
+        self._order = [
+            (tp, topics[tp.topic].partitions[tp.partition]) for tp in sorted(self._owned)
+        ]
 
     def _fetch(self, max_messages: int) -> list[Message]:
         out: list[Message] = []
-        for tp in sorted(self._owned - self._paused):
-            log = self._broker.topic(tp.topic).partitions[tp.partition]
+        for tp, log in self._order:
             start = self._next[tp]
+            if start >= len(log) or tp in self._paused:
+                continue
             for offset in range(start, min(len(log), start + max_messages - len(out))):
                 entry = log[offset]
                 count = self._broker.delivered(self._group, tp, offset)
