@@ -76,6 +76,8 @@ class MemoryBroker:
         self.session_timeout_ms = session_timeout_ms
         self.available = available
         self.topics: dict[str, Topic] = {}
+        self.appends = 0
+        """Messages appended so far, all topics (a poll with nothing new skips its scan)."""
         self.version = 0
         """Bumped when topics or group memberships change (targets are cached per version)."""
         self.groups: dict[str, Group] = defaultdict(Group)
@@ -124,6 +126,7 @@ class MemoryBroker:
         """Store ``entry`` at the end of the partition; returns its offset."""
         log = self.topic(name).partitions[partition]
         log.append(entry)
+        self.appends += 1
         self.notify()
         return len(log) - 1
 

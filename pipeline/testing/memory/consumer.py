@@ -39,6 +39,10 @@ class MemoryConsumer:
         self._next: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._joined = False
+        self._changes = 0
+        """Bumped by whatever may make a scan find more (take-up, seek, resume)."""
+        self._caught_up: tuple[int, int] | None = None
+        """(broker appends, changes) when a scan last found every partition read to its end."""
         self._closed = False
 
     async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
@@ -124,8 +128,17 @@ class MemoryConsumer:
         self._order = [
             (tp, topics[tp.topic].partitions[tp.partition]) for tp in sorted(self._owned)
         ]
+        self._changes += 1
 
     def _fetch(self, max_messages: int) -> list[Message]:
+        stamp = (self._broker.appends, self._changes)
+        if stamp == self._caught_up:
+            return []
+        out = self._scan(max_messages)
+        self._caught_up = stamp if len(out) < max_messages else None
+        return out
+
+    def _scan(self, max_messages: int) -> list[Message]:
         out: list[Message] = []
         for tp, log in self._order:
             start = self._next[tp]
@@ -175,6 +188,7 @@ class MemoryConsumer:
     def resume(self, partitions: Sequence[TopicPartition]) -> None:
         """Fetch again from these partitions."""
         self._paused.difference_update(partitions)
+        self._changes += 1
         self._broker.notify()
 
     def assignment(self) -> set[TopicPartition]:
@@ -184,6 +198,7 @@ class MemoryConsumer:
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         """Make the next poll of ``tp`` start at ``offset``."""
         self._next[tp] = offset
+        self._changes += 1
 
     async def close(self) -> None:
         """Revoke owned partitions through the listener (which may commit) and leave."""
