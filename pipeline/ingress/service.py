@@ -27,7 +27,7 @@ from pipeline.logstore import LogStore
 from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.metrics import Metrics
-from pipeline.observability.server import MetricsServer
+from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
 from pipeline.registry.client import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
@@ -195,6 +195,8 @@ async def serve(
         timeout_graceful_shutdown=10,
     )
     server = uvicorn.Server(config)
+    stop_metrics = asyncio.Event()
+    metrics = await _serve_metrics_apart(built, stop_metrics)
 
     async def announce() -> None:
         while not server.started:
@@ -210,3 +212,36 @@ async def serve(
         await server.serve()
     finally:
         announcing.cancel()
+        stop_metrics.set()
+        if metrics is not None:
+            await metrics
+
+
+async def _serve_metrics_apart(built: Ingress, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Serve the observer on ``metrics_port`` until ``stop`` (None when it has no own port).
+
+    The webhook app then no longer answers ``/metrics``, ``/healthz`` or ``/readyz``, so the
+    webhook port can be public while metrics stay inside the cluster.
+
+    Raises:
+        OSError: the metrics port cannot be bound.
+    """
+    if built.ingress.metrics_port is None:
+        return None
+    built.app.observer = None
+    listening = asyncio.Event()
+    task = asyncio.create_task(
+        serve_metrics(
+            built.observer,
+            built.ingress.metrics_host,
+            built.ingress.metrics_port,
+            stop,
+            lambda _host, _port: listening.set(),
+        )
+    )
+    waiting = asyncio.create_task(listening.wait())
+    await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if task.done():
+        task.result()  # raises why it could not listen
+    return task

@@ -201,6 +201,10 @@ class IngressSettings(_Model):
         sources_file: the YAML file declaring the sources.
         host: address ``pipeline ingress serve`` binds.
         port: its port.
+        metrics_port: serve ``/metrics``, ``/healthz`` and ``/readyz`` on this port instead
+            of the webhook port (None: on the webhook port), so the webhook port can be
+            public while metrics stay inside the cluster.
+        metrics_host: the address of that port.
         log_store: ``sqlite`` (embedded default) or ``postgres`` (several replicas).
         sqlite_path: the SQLite database file.
         sqlite_synchronous: SQLite durability (``FULL``: survives power loss; ``NORMAL``:
@@ -217,6 +221,8 @@ class IngressSettings(_Model):
     sources_file: Path = Path("sources.yaml")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     log_store: Literal["sqlite", "postgres"] = "sqlite"
     sqlite_path: Path = Path("ingress.db")
     sqlite_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"

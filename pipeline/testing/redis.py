@@ -1,9 +1,9 @@
 """A Redis in this process for tests: fakeredis running the project's own Lua Functions.
 
-Parking, throttles, the debouncer and ``ctx.once`` keep their state in Redis through Lua
-libraries (``FUNCTION LOAD`` + ``FCALL``). In tests they run unchanged on
+The run guard (parking), throttles, the debouncer and ``ctx.once`` keep their state in Redis
+through Lua libraries (``FUNCTION LOAD`` + ``FCALL``). In tests they run unchanged on
 `fakeredis <https://github.com/cunla/fakeredis-py>`_ with its Lua engine (lupa): the same
-scripts, not a re-implementation of them (``tests/testing/test_redis.py`` loads every library).
+scripts, not a re-implementation of them (``tests/testing/test_redis.py`` runs every library).
 Install it with the ``testing`` extra: ``pip install 'pipeline[testing]'``.
 """
 

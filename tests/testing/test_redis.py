@@ -1,7 +1,7 @@
 """fake_redis runs the project's own Lua libraries: each answers as only its Lua would.
 
-Parking, throttles and the debouncer fail open when Redis errs, so each test checks an answer
-that a failing (open) call cannot give.
+The run guard (parking), throttles and the debouncer fail open when Redis errs, so each test
+checks an answer that a failing (open) call cannot give.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from pipeline.admission.debounce import Debouncer
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message
-from pipeline.retry.parking import Parking
+from pipeline.retry.guard_store import GuardStore, start_of
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.testing import VirtualClock, fake_redis
 from pipeline.topics.spec import DebouncePolicy
@@ -37,14 +37,16 @@ def message(key: bytes, offset: int, value: bytes = b"{}") -> Message:
     return Message("t", 0, offset, key, value, {})
 
 
-async def test_parking_diverts_a_key_behind_its_parked_head(redis: Redis) -> None:
-    """After a key's head is parked in a retry tier, the key's next message is diverted."""
-    parking = Parking(redis, "pl", "lane", ttl_ms=60_000)
-    head, later = message(b"k", 0), message(b"k", 1)
-    assert (await parking.begin(head, ordered=True))[0] == "process"
-    await parking.end(head, "parked", follow_dead=True)
-    assert (await parking.begin(later, ordered=True))[0] == "divert"
-    assert (await parking.begin(message(b"other", 2), ordered=True))[0] == "process"
+async def test_a_parked_key_holds_its_next_message_behind_the_head(redis: Redis) -> None:
+    """Once a key's head goes to a retry tier, the key's next message is held, others run."""
+    guard = GuardStore(redis, "pl", "lane", ttl_ms=60_000)
+    head, later, other = message(b"k", 0), message(b"k", 1), message(b"other", 2)
+    (first,) = await guard.begin_many([], [start_of(head, ordered=True)])
+    assert first[0] == "process"
+    await guard.route(start_of(head, ordered=True), 2, park=True)
+    assert (await guard.begin_parked(later, start_of(later, ordered=True)))[0] == "held"
+    (unrelated,) = await guard.begin_many([], [start_of(other, ordered=True)])
+    assert unrelated[0] == "process"
 
 
 async def test_a_throttle_key_at_its_limit_makes_the_next_job_wait(redis: Redis) -> None:
