@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
+import yaml
 from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
 from rich.progress import Progress
@@ -42,6 +43,7 @@ from pipeline.redrive.select import Selection, parse_time_ms
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
 from pipeline.runtime.run import load_app, serve
+from pipeline.topics import asyncapi
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
 from pipeline.transport import create_transport
@@ -430,6 +432,49 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
     )
     for target, count in report.moved_to.items():
         typer.echo(f"  -> {target}: {count}")
+
+
+@app.command("asyncapi")
+def asyncapi_command(
+    directory: Annotated[
+        Path | None, typer.Argument(help="Declarations (default: topics/).")
+    ] = None,
+    fmt: Annotated[Literal["yaml", "json"], typer.Option("--format")] = "yaml",
+    schemas: Annotated[
+        Path, typer.Option(help="Avro records (*.avsc) for the declarations' schema: subjects.")
+    ] = Path("schemas"),
+    apps: Annotated[
+        list[str] | None,
+        typer.Option("--app", help="MODULE:APP whose handlers' pydantic models are payloads."),
+    ] = None,
+    groups: Annotated[
+        list[str] | None, typer.Option("--group", help="LANE=GROUP (default: the lane's name).")
+    ] = None,
+) -> None:
+    """Print an AsyncAPI 3.0 document of the declared topics, their messages and groups."""
+    try:
+        settings = load_settings()
+        models = {
+            name: model
+            for target in apps or []
+            for name, lane in load_app(target).lanes.items()
+            if (model := asyncapi.model_of(lane.handler)) is not None
+        }
+        doc = asyncapi.document(
+            load_specs(directory or settings.topics_dir),
+            kafka_bootstrap=settings.kafka.bootstrap_servers,
+            redis_url=settings.redis.url,
+            avro=asyncapi.avro_schemas(schemas),
+            models=models,
+            groups=dict(pair.partition("=")[::2] for pair in groups or []),
+        )
+    except PipelineError as exc:  # a bad declaration, schema or --app: exit 2, one line
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    if fmt == "json":
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        typer.echo(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), nl=False)
 
 
 def main() -> None:
