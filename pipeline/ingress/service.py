@@ -14,11 +14,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pipeline.config import Settings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.http import bounded_protocol
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import IngressSettings, load_sources
 from pipeline.ingress.source import Source, build_sources
@@ -27,12 +29,15 @@ from pipeline.logstore import LogStore
 from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.metrics import Metrics
-from pipeline.observability.server import MetricsServer
+from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
 from pipeline.registry.client import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +98,27 @@ class Ingress:
     sweeper: Sweeper | None = None
     app: IngressApp = field(init=False)
     observer: MetricsServer = field(init=False)
+    metrics_address: tuple[str, int] | None = None
+    """Where ``/metrics`` listens once started, when on its own port."""
     _stop: asyncio.Event | None = None
     _sweeping: asyncio.Task[None] | None = None
+    _metrics_stop: asyncio.Event | None = None
+    _metrics: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         """Create the ASGI app; its lifespan events start and stop this ingress."""
         self.app = IngressApp(
-            self.sources, self.store, None, lifespan=self.start, shutdown=self.stop
+            self.sources,
+            self.store,
+            None,
+            lifespan=self.start,
+            shutdown=self.stop,
+            body_timeout_s=self.ingress.body_timeout_s,
         )
         self.observer = MetricsServer(Metrics())
         self.app.observer = self.observer
+        if self.ingress.metrics_port is not None:
+            self.app.observer_paths = frozenset({"/healthz", "/readyz"})
 
     async def start(self) -> None:
         """Open the log store, the producer and the dispatcher; start the sweeper task."""
@@ -136,11 +152,34 @@ class Ingress:
             self.ingress.sweeper.lane_groups,
         )
         self.observer.start()
+        if self.ingress.metrics_port is not None:
+            await self._serve_metrics(self.ingress.metrics_host, self.ingress.metrics_port)
         self.observer.ready = True
+
+    async def _serve_metrics(self, host: str, port: int) -> None:
+        """Serve the observer on its own port; return once it listens."""
+        listening = asyncio.Event()
+
+        def ready(bound_host: str, bound_port: int) -> None:
+            self.metrics_address = (bound_host, bound_port)
+            listening.set()
+
+        self._metrics_stop = asyncio.Event()
+        self._metrics = asyncio.create_task(
+            serve_metrics(self.observer, host, port, self._metrics_stop, ready)
+        )
+        waiting = asyncio.create_task(listening.wait())
+        await asyncio.wait({waiting, self._metrics}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if self._metrics.done():
+            await self._metrics  # raises why it could not listen
 
     async def stop(self) -> None:
         """Stop the sweeper, let queued events go, then close everything."""
         self.observer.ready = False
+        if self._metrics_stop is not None and self._metrics is not None:
+            self._metrics_stop.set()
+            await self._metrics
         await self.observer.close()
         if self.app.schemas is not None:
             await self.app.schemas.close()
@@ -177,10 +216,8 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
     )
 
 
-async def serve(
-    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
-) -> None:
-    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
+    """The uvicorn server of ``built`` (httptools, with the request-head cap), not started."""
     import uvicorn  # noqa: PLC0415 - the server is only needed by this command
 
     config = uvicorn.Config(
@@ -188,13 +225,20 @@ async def serve(
         host=host,
         port=port,
         loop="none",
-        http="httptools",
+        http=bounded_protocol(built.ingress.max_head_bytes),
         lifespan="on",
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
+    return uvicorn.Server(config)
+
+
+async def serve(
+    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
+) -> None:
+    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+    server = http_server(built, host, port)
 
     async def announce() -> None:
         while not server.started:
