@@ -32,8 +32,8 @@ from pipeline.errors import PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.observability.status_view import status_command
-from pipeline.redrive.redrive import Redrive, Report
-from pipeline.redrive.select import Selection, parse_time_ms
+from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
+from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
 from pipeline.runtime.run import load_app, serve
@@ -309,19 +309,17 @@ def redrive(
 ) -> None:
     """Move dead letters back to their origin topic; run again to resume after an interruption."""
     try:
-        selection = Selection(
-            since_ms=parse_time_ms(since) if since else None,
-            until_ms=parse_time_ms(until) if until else None,
-            tenant=tenant,
-            error_class=error_class,
-            key=key,
+        selection = Selection.typed_as(
+            since=since, until=until, tenant=tenant, error_class=error_class, key=key
         )
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
+        settings = _settings(transport)
+        require_dead_letter_topic(dlq, load_specs(settings.topics_dir))
+        t = create_transport(settings)
         job = Redrive(
             t,
             dlq,
