@@ -8,7 +8,7 @@ DURATION ?= 3m
 HEADLESS ?= 0
 SOAK_MINUTES ?= 30
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers soak demo clean
+.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers bench-hostile soak demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,10 @@ bench-fairness: setup services
 ## bench-metastable: a retry storm after a spike, FIFO lane vs deadlines + shedding (docs/faults.md)
 bench-metastable: setup
 	$(BIN)/python bench/metastable.py
+
+## bench-hostile: each door under attack: slowloris, huge header/body, doubling schema, bad neighbours
+bench-hostile: setup services
+	$(BIN)/python bench/hostile.py
 
 bench-debounce: setup services
 	$(BIN)/python bench/debounce.py
