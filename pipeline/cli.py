@@ -82,7 +82,13 @@ def topics_apply(
         specs = load_specs(directory or settings.topics_dir)
         t = create_transport(settings)
         try:
-            actions = await apply(t.admin(), specs, settings.redis.max_len, dry_run=dry_run)
+            actions = await apply(
+                t.admin(),
+                specs,
+                settings.redis.max_len,
+                dry_run=dry_run,
+                max_message_bytes=settings.max_message_bytes,
+            )
         finally:
             await t.close()
         verb = "would apply" if dry_run else "applied"

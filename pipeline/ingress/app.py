@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch
 from pipeline.ingress.schemas import LaneSchemas
@@ -210,6 +211,10 @@ class IngressApp:
                 try:
                     if self._startup is not None:
                         await self._startup()
+                except ConfigError as exc:
+                    log.error("ingress start failed: %s", exc)  # noqa: TRY400 - one line, no traceback
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
                 except Exception as exc:
                     log.exception("ingress start failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})

@@ -23,7 +23,7 @@ from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.http import bounded_protocol
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import IngressSettings, load_sources
-from pipeline.ingress.source import Source, build_sources
+from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
 from pipeline.logstore.postgres import PostgresLogStore
@@ -121,7 +121,12 @@ class Ingress:
             self.app.observer_paths = frozenset({"/healthz", "/readyz"})
 
     async def start(self) -> None:
-        """Open the log store, the producer and the dispatcher; start the sweeper task."""
+        """Check the topics' size limits, open everything and start the sweeper task.
+
+        The log store, the producer and the dispatcher are opened; a source whose body cap is
+        above a topic's message limit stops the start (ConfigError).
+        """
+        await check_topic_limits(self.sources, self.transport.admin())
         await self.store.open()
         self.producer = self.transport.producer()
         self.dispatcher = Dispatcher(

@@ -8,6 +8,7 @@ request-time surprise. A source builds the log row of a verified request with
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -35,6 +36,7 @@ from pipeline.ingress.verify import (
 )
 from pipeline.logstore import NewRow
 from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import Admin
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ HEADROOM_BYTES = 16_384
 """Room for the produced event's key and headers beside the body."""
 
 _FORM = "application/x-www-form-urlencoded"
+_CHECK_TIMEOUT_S = 10.0
 
 # Unsigned, but useful to trace a delivery back to the provider's log.
 _KEEP_BY_SCHEME = {"github": ("x-github-delivery", "x-github-event")}
@@ -68,6 +71,11 @@ class Source:
     keep_headers: frozenset[str]
     max_body_bytes: int
     verify_token: str | None
+
+    @property
+    def topics(self) -> frozenset[str]:
+        """Every topic this source may route to."""
+        return frozenset([self.router.default.topic, *(r.topic for _, r in self.router.rules)])
 
     @property
     def needs_json(self) -> bool:
@@ -206,6 +214,41 @@ def _build(
         max_body_bytes=config.max_body_bytes,
         verify_token=config.verify_token,
     )
+
+
+async def check_topic_limits(sources: Mapping[str, Source], admin: Admin) -> None:
+    """Refuse to start when a source could accept a body its topics cannot take.
+
+    A 2xx must never be given for what cannot be produced: with a Kafka topic at the broker's
+    default ``max.message.bytes`` (1,048,588), a 1 MiB webhook would be accepted, then abandoned.
+
+    The broker being down must not stop the ingress (accepting works without it): then the
+    check is skipped with a warning, and the sweeper's produce reports any oversized row.
+
+    Raises:
+        ConfigError: a source's ``max_body_bytes`` plus room for key and headers is above the
+            ``max.message.bytes`` of a topic it routes to.
+    """
+    names = sorted({topic for source in sources.values() for topic in source.topics})
+    try:
+        async with asyncio.timeout(_CHECK_TIMEOUT_S):
+            infos = await admin.list_topics(names)
+    except Exception as exc:  # any broker failure only skips a best-effort check
+        log.warning("topic size limits not checked (broker unreachable): %s", exc)
+        return
+    problems = [
+        f"sources.{source.name}: max_body_bytes={source.max_body_bytes} plus {HEADROOM_BYTES} "
+        f"bytes of key and headers is above max.message.bytes={info.max_message_bytes} of topic "
+        f"{topic!r}: lower max_body_bytes, or raise the topic's limit (`pipeline topics apply` "
+        "sets it to PIPELINE_MAX_MESSAGE_BYTES)"
+        for source in sources.values()
+        for topic in sorted(source.topics)
+        if (info := infos.get(topic)) is not None
+        and info.max_message_bytes is not None
+        and source.max_body_bytes + HEADROOM_BYTES > info.max_message_bytes
+    ]
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def build_verifier(config: SourceConfig) -> Verifier:
