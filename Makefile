@@ -7,17 +7,32 @@ TRANSPORT ?= redis
 DURATION ?= 3m
 HEADLESS ?= 0
 SOAK_MINUTES ?= 30
+DIST ?= dist
+REQS ?= requirements
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers bench-hostile soak demo clean
+.PHONY: setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers bench-hostile soak demo clean
 
-$(STAMP): pyproject.toml
+# requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
+# installed editable on top, built by the locked hatchling without fetching anything else.
+$(STAMP): pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --require-hashes --no-deps -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-## setup: create .venv and install the project with its dev extras
+## setup: create .venv and install the project with its dev extras, from requirements/dev.txt
 setup: $(STAMP)
+
+## lock: re-resolve requirements/{dev,runtime}.txt after a change to pyproject.toml's
+## dependencies (keeps current pins where they still fit; UPGRADE=1 takes the newest of all)
+LOCK := $(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes -q
+lock: setup
+	$(LOCK) $(if $(UPGRADE),--upgrade) --extra dev -o $(REQS)/dev.txt
+	$(LOCK) -c $(REQS)/dev.txt -o $(REQS)/runtime.txt
+
+## wheel: build $(DIST)/pipeline-<version>-py3-none-any.whl (what deploy/image/Dockerfile installs)
+wheel: setup
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
 
 ## services: install (if missing) and start Redis, PostgreSQL and Kafka on loopback
 services:
@@ -86,4 +101,4 @@ demo: setup
 	TRANSPORT=$(TRANSPORT) DURATION=$(DURATION) HEADLESS=$(HEADLESS) bash deploy/local/demo.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache

@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Coroutine
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -57,6 +58,24 @@ app.add_typer(ingress_app, name="ingress")
 app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 app.command("status")(status_command)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        typer.echo(f"pipeline {metadata.version('pipeline')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """pipeline: webhook ingress to keyed, partitioned topics."""
 
 
 def _settings(transport: str | None) -> Settings:

@@ -104,7 +104,7 @@ class RuntimeSettings(_Section):
     """Handlers running at once (different keys)."""
     partition_high_water: int = Field(default=1_000, ge=2)
     """Buffered messages of one partition above which it is paused."""
-    partition_low_water: int = Field(default=250, ge=0)
+    partition_low_water: int = Field(default=500, ge=0)
     """Buffered messages of one partition at which a paused partition resumes."""
     poll_max: int = Field(default=500, ge=1)
     commit_interval_ms: int = Field(default=500, ge=10)

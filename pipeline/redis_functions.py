@@ -4,8 +4,8 @@ Each ``.lua`` library file lives beside the Python that owns it and starts with
 ``#!lua name=<library>``; it is loaded on first use. A call that finds the function missing (a
 Redis restarted without persistence, or ``FUNCTION FLUSH``) reloads the library and retries once.
 
-Libraries are versioned by their code: ``pl_begin`` of a library whose source hashes to
-``3f9a0c1e`` is loaded as ``pl_begin_3f9a0c1e`` in the library ``pipeline_retry_3f9a0c1e``.
+Libraries are versioned by their code: ``gd_begin`` of a library whose source hashes to
+``3f9a0c1e`` is loaded as ``gd_begin_3f9a0c1e`` in the library ``pipeline_guard_3f9a0c1e``.
 During a rolling deploy, members of the old and the new release share one Redis; under one name,
 each would ``FUNCTION LOAD REPLACE`` the other's code and call functions whose arguments changed
 under them. Side by side, each release calls its own. A library of a release no member runs any
@@ -51,7 +51,7 @@ class FunctionLibrary:
         self._loaded = False
 
     def name(self, function: str) -> str:
-        """The loaded name of ``function`` (``pl_begin`` -> ``pl_begin_<version>``)."""
+        """The loaded name of ``function`` (``gd_begin`` -> ``gd_begin_<version>``)."""
         return f"{function}_{self.version}"
 
     async def load(self) -> None:

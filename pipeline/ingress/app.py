@@ -96,8 +96,6 @@ class IngressApp:
         """Checks payloads of lanes that require a registered schema, when set."""
         self.observer: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
         """Serves ``/metrics``, ``/healthz`` and ``/readyz`` when set (a ``MetricsServer``)."""
-        self.observer_paths: frozenset[str] = OBSERVER_PATHS
-        """The observer's paths served on this port (``/metrics`` moves to its own port)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -107,7 +105,7 @@ class IngressApp:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
-        if self.observer is not None and path in self.observer_paths:
+        if self.observer is not None and path in OBSERVER_PATHS:
             await self.observer(scope, receive, send)
             return
         source = self._sources.get(path[len(_PREFIX) :]) if path.startswith(_PREFIX) else None

@@ -88,9 +88,6 @@ def serve_command(
 
         def ready(bound_host: str, bound_port: int) -> None:
             print(f"ingress listening on http://{bound_host}:{bound_port}", flush=True)  # noqa: T201
-            if built.metrics_address is not None:
-                metrics_host, metrics_port = built.metrics_address
-                print(f"metrics on http://{metrics_host}:{metrics_port}/metrics", flush=True)  # noqa: T201
 
         await serve(
             built,

@@ -98,12 +98,8 @@ class Ingress:
     sweeper: Sweeper | None = None
     app: IngressApp = field(init=False)
     observer: MetricsServer = field(init=False)
-    metrics_address: tuple[str, int] | None = None
-    """Where ``/metrics`` listens once started, when on its own port."""
     _stop: asyncio.Event | None = None
     _sweeping: asyncio.Task[None] | None = None
-    _metrics_stop: asyncio.Event | None = None
-    _metrics: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         """Create the ASGI app; its lifespan events start and stop this ingress."""
@@ -117,8 +113,6 @@ class Ingress:
         )
         self.observer = MetricsServer(Metrics())
         self.app.observer = self.observer
-        if self.ingress.metrics_port is not None:
-            self.app.observer_paths = frozenset({"/healthz", "/readyz"})
 
     async def start(self) -> None:
         """Check the topics' size limits, open everything and start the sweeper task.
@@ -157,34 +151,11 @@ class Ingress:
             self.ingress.sweeper.lane_groups,
         )
         self.observer.start()
-        if self.ingress.metrics_port is not None:
-            await self._serve_metrics(self.ingress.metrics_host, self.ingress.metrics_port)
         self.observer.ready = True
-
-    async def _serve_metrics(self, host: str, port: int) -> None:
-        """Serve the observer on its own port; return once it listens."""
-        listening = asyncio.Event()
-
-        def ready(bound_host: str, bound_port: int) -> None:
-            self.metrics_address = (bound_host, bound_port)
-            listening.set()
-
-        self._metrics_stop = asyncio.Event()
-        self._metrics = asyncio.create_task(
-            serve_metrics(self.observer, host, port, self._metrics_stop, ready)
-        )
-        waiting = asyncio.create_task(listening.wait())
-        await asyncio.wait({waiting, self._metrics}, return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
-        if self._metrics.done():
-            await self._metrics  # raises why it could not listen
 
     async def stop(self) -> None:
         """Stop the sweeper, let queued events go, then close everything."""
         self.observer.ready = False
-        if self._metrics_stop is not None and self._metrics is not None:
-            self._metrics_stop.set()
-            await self._metrics
         await self.observer.close()
         if self.app.schemas is not None:
             await self.app.schemas.close()
@@ -244,6 +215,8 @@ async def serve(
 ) -> None:
     """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
     server = http_server(built, host, port)
+    stop_metrics = asyncio.Event()
+    metrics = await _serve_metrics_apart(built, stop_metrics)
 
     async def announce() -> None:
         while not server.started:
@@ -259,3 +232,36 @@ async def serve(
         await server.serve()
     finally:
         announcing.cancel()
+        stop_metrics.set()
+        if metrics is not None:
+            await metrics
+
+
+async def _serve_metrics_apart(built: Ingress, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Serve the observer on ``metrics_port`` until ``stop`` (None when it has no own port).
+
+    The webhook app then no longer answers ``/metrics``, ``/healthz`` or ``/readyz``, so the
+    webhook port can be public while metrics stay inside the cluster.
+
+    Raises:
+        OSError: the metrics port cannot be bound.
+    """
+    if built.ingress.metrics_port is None:
+        return None
+    built.app.observer = None
+    listening = asyncio.Event()
+    task = asyncio.create_task(
+        serve_metrics(
+            built.observer,
+            built.ingress.metrics_host,
+            built.ingress.metrics_port,
+            stop,
+            lambda _host, _port: listening.set(),
+        )
+    )
+    waiting = asyncio.create_task(listening.wait())
+    await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if task.done():
+        task.result()  # raises why it could not listen
+    return task

@@ -201,6 +201,10 @@ class IngressSettings(_Model):
         sources_file: the YAML file declaring the sources.
         host: address ``pipeline ingress serve`` binds.
         port: its port.
+        metrics_port: serve ``/metrics``, ``/healthz`` and ``/readyz`` on this port instead
+            of the webhook port (None: on the webhook port), so the webhook port can be
+            public while metrics stay inside the cluster.
+        metrics_host: the address of that port.
         log_store: ``sqlite`` (embedded default) or ``postgres`` (several replicas).
         sqlite_path: the SQLite database file.
         sqlite_synchronous: SQLite durability (``FULL``: survives power loss; ``NORMAL``:
@@ -215,12 +219,6 @@ class IngressSettings(_Model):
         body_timeout_s: a request body not fully received this long after its head is
             answered 408 (no admission slot is held while a body arrives).
         max_head_bytes: a request line plus headers larger than this is answered 431.
-        metrics_port: a port of its own for ``/metrics`` (and ``/healthz``, ``/readyz``), so
-            the public webhook port does not expose it; 0 picks a free port. Unset (the
-            default for one local process), ``/metrics`` is served on the webhook port: set it
-            wherever the webhook port faces the internet (the Kubernetes manifests do). The
-            webhook port always answers ``/healthz`` and ``/readyz``.
-        metrics_host: the address the metrics port binds.
     """
 
     sources_file: Path = Path("sources.yaml")

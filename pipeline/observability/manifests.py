@@ -28,7 +28,20 @@ from pipeline.topics.spec import TopicSpec, load_specs
 __all__ = ["SHUTDOWN_MARGIN_S", "lane_manifests", "main", "render_all"]
 
 OUTPUT = Path("deploy/k8s/base/consumers")
-IMAGE = "pipeline:latest"
+IMAGE = "pipeline"
+"""A name only: deploy/k8s/kustomization.yaml pins it to a digest."""
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The Kubernetes "restricted" Pod Security Standard; 10001 is the image's user."""
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 METRICS_PORT = 9100
 SHUTDOWN_MARGIN_S = 20
 """Seconds beyond the handler grace: the final commit, leaving the group, closing clients."""
@@ -86,6 +99,8 @@ def lane_manifests(
             "requests": {"cpu": "250m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},
         },
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # noqa: S108 - a private emptyDir
     }
     deployment = {
         "apiVersion": "apps/v1",
@@ -105,7 +120,9 @@ def lane_manifests(
                 "spec": {
                     "serviceAccountName": "pipeline-consumer",
                     "terminationGracePeriodSeconds": grace_s + SHUTDOWN_MARGIN_S,
+                    "securityContext": POD_SECURITY,
                     "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
                 },
             },
         },

@@ -269,16 +269,3 @@ async def test_deeply_nested_json_is_a_400(tmp_path: Path) -> None:
     ):
         answer = await http.post("/hooks/plain", content=body)
     assert (answer.status_code, answer.json()) == (400, {"error": "body is nested too deeply"})
-
-
-async def test_metrics_can_leave_the_webhook_port(tmp_path: Path) -> None:
-    """With ``metrics_port`` set, /metrics is 404 on the webhook port and served on its own."""
-    async with running_ingress(tmp_path, PLAIN, metrics_port=0) as ingress:
-        async with httpx.AsyncClient(base_url=ingress.url) as http:
-            public = await http.get("/metrics")
-            ready = await http.get("/readyz")
-        assert ingress.built.metrics_address is not None
-        host, port = ingress.built.metrics_address
-        async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
-            private = await http.get("/metrics")
-    assert (public.status_code, ready.status_code, private.status_code) == (404, 200, 200)

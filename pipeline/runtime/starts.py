@@ -1,0 +1,88 @@
+"""Starts batched per turn of the event loop: one guard call for many messages (P5).
+
+Every message of a guarded lane asks the guard before it runs (``gd_begin``): is its key parked,
+is it a suspect, a stale copy? Asked one by one, that is a Redis round trip per message. A
+:class:`StartWindow` gathers the starts the member's workers make in one turn of the event loop
+and sends them in one call, together with the ends recorded since the previous call; each start
+waits for that call (its mark must be in Redis before its handler runs, or a crash in the
+handler would go uncounted). While a call is in flight the next starts gather for the next one,
+so under load a call carries about as many starts as the member has workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis import exceptions as rexc
+
+from pipeline.retry.guard_store import Decision, GuardStore, Start
+
+log = logging.getLogger(__name__)
+
+
+class StartWindow:
+    """Gathers one lane's starts and ends into batched ``gd_begin`` calls."""
+
+    def __init__(self, store: GuardStore) -> None:
+        """Batch the starts and ends of ``store``'s lane."""
+        self._store = store
+        self._waiting: list[tuple[Start, asyncio.Future[tuple[Decision, int]]]] = []
+        self._ended: list[str] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.calls = 0
+        """Calls made so far (for tests and the benchmark)."""
+
+    async def begin(self, start: Start) -> tuple[Decision, int]:
+        """Record ``start`` with the others of this turn; its decision and start count."""
+        future: asyncio.Future[tuple[Decision, int]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((start, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_starts())
+        return await future
+
+    def ended(self, start: Start) -> None:
+        """``start`` ended as usual (handled, skipped, expired, dead-lettered, not parked)."""
+        self._ended.append(start.end_line)
+
+    async def flush(self) -> None:
+        """Send the ends recorded so far (before a commit, so a committed message is ended)."""
+        flusher = self._flusher
+        if flusher is not None and not flusher.done():
+            await asyncio.wait({flusher})
+        if not self._ended:
+            return
+        ended, self._ended = self._ended, []
+        try:
+            self.calls += 1
+            await self._store.begin_many(ended, [])
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not end %d starts: %s", len(ended), exc)
+            self._ended = ended + self._ended
+
+    async def _flush_starts(self) -> None:
+        await asyncio.sleep(0)  # the starts made in this turn of the loop join the call
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            ended, self._ended = self._ended, []
+            try:
+                self.calls += 1
+                results = await self._store.begin_many(ended, [start for start, _ in batch])
+            except (rexc.RedisError, OSError) as exc:
+                log.warning(
+                    "parking unavailable, running %d messages without it: %s", len(batch), exc
+                )
+                self._ended = ended + self._ended
+                results = [("process", 0)] * len(batch)
+            except BaseException as exc:  # a bug must reach the waiting runs, not hang them
+                for _, future in batch:
+                    if future.done():
+                        continue
+                    if isinstance(exc, asyncio.CancelledError):
+                        future.cancel()
+                    else:
+                        future.set_exception(exc)
+                raise
+            for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
