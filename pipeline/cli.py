@@ -38,8 +38,8 @@ from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging
 from pipeline.observability.status_view import status_command
-from pipeline.redrive.redrive import Redrive, Report
-from pipeline.redrive.select import Selection, parse_time_ms
+from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
+from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
 from pipeline.runtime.run import load_app, serve
@@ -110,7 +110,13 @@ def topics_apply(
         specs = load_specs(directory or settings.topics_dir)
         t = create_transport(settings)
         try:
-            actions = await apply(t.admin(), specs, settings.redis.max_len, dry_run=dry_run)
+            actions = await apply(
+                t.admin(),
+                specs,
+                settings.redis.max_len,
+                dry_run=dry_run,
+                max_message_bytes=settings.max_message_bytes,
+            )
         finally:
             await t.close()
         verb = "would apply" if dry_run else "applied"
@@ -355,12 +361,8 @@ def redrive(
 ) -> None:
     """Move dead letters back to their origin topic; run again to resume after an interruption."""
     try:
-        selection = Selection(
-            since_ms=parse_time_ms(since) if since else None,
-            until_ms=parse_time_ms(until) if until else None,
-            tenant=tenant,
-            error_class=error_class,
-            key=key,
+        selection = Selection.typed_as(
+            since=since, until=until, tenant=tenant, error_class=error_class, key=key
         )
         rate_per_s = _per_s(rate)
     except ValueError as exc:
@@ -369,7 +371,7 @@ def redrive(
 
     async def main() -> None:
         settings = _settings(transport)
-        _require_dead_letter_topic(dlq, settings)
+        require_dead_letter_topic(dlq, load_specs(settings.topics_dir))
         t = create_transport(settings)
         job = Redrive(
             t,
@@ -404,19 +406,6 @@ def _per_s(value: str | None) -> float | None:
     if match is None or float(match[1]) <= 0:
         raise ValueError(f"--rate: expected a positive rate such as 50/s, got {value!r}")
     return float(match[1])
-
-
-def _require_dead_letter_topic(topic: str, settings: Settings) -> None:
-    """Refuse a declared main or retry-tier topic: redrive reads dead-letter topics only."""
-    if not settings.topics_dir.is_dir():
-        return
-    specs = load_specs(settings.topics_dir)
-    for spec in specs:
-        if topic == spec.name or topic in spec.retry_topic_names():
-            raise ConfigError(
-                f"{topic!r} is not a dead-letter topic; did you mean {spec.dead_letter!r}? "
-                f"(dead-letter topics: {', '.join(sorted(s.dead_letter for s in specs))})"
-            )
 
 
 def _print_redrive(report: Report, *, dry_run: bool) -> None:

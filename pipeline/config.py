@@ -17,6 +17,7 @@ import difflib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, get_origin
 from urllib.parse import urlsplit
@@ -258,8 +259,25 @@ def load_settings(**overrides: Any) -> Settings:
     except SettingsError:
         raise ConfigError(f"invalid configuration: {_not_json(known)}") from None
     except ValidationError as exc:
-        problems = [
-            f"{_env_name(err['loc'])}: {err['msg']} (got {err.get('input')!r})"
-            for err in exc.errors()
-        ]
+        problems = [f"{_env_name(err['loc'])}: {err['msg']}{_got(err)}" for err in exc.errors()]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+
+
+_SENSITIVE = re.compile(r"pas|pw|secret|token|auth|user|url|dsn|cred|key|store", re.IGNORECASE)
+_MAX_SHOWN_CHARS = 64
+
+
+def _got(err: Any) -> str:
+    """`` (got ...)`` for a value safe to echo; nothing for URLs, secrets or whole mappings.
+
+    A misspelt key under a secret (``pasword``) carries the secret as its value, so anything
+    under a sensitive-looking name, any URL and any mapping or list is left out.
+    """
+    value = err.get("input")
+    if any(_SENSITIVE.search(str(part)) for part in err["loc"]):
+        return ""
+    if isinstance(value, bool | int | float):
+        return f" (got {value!r})"
+    if isinstance(value, str) and len(value) <= _MAX_SHOWN_CHARS and "://" not in value:
+        return f" (got {value!r})"
+    return ""
