@@ -40,6 +40,7 @@ from pipeline.runtime.run import load_app, serve
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
 from pipeline.transport import create_transport
+from pipeline.transport.identity import claim_identity
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
@@ -264,6 +265,13 @@ def consume(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", "-c", min=1, help="Handlers running at once.")
     ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(
+            "--instance",
+            help="Stable member name, taken back on restart (default: pod or host name-slot).",
+        ),
+    ] = None,
     transport: TransportOpt = None,
 ) -> None:
     """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully."""
@@ -273,7 +281,13 @@ def consume(
         if concurrency:
             runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
             settings = settings.model_copy(update={"runtime": runtime})
-        await serve(load_app(target), settings, group, lanes=lane or None)
+        identity = claim_identity(group, instance or settings.membership.instance)
+        membership = settings.membership.model_copy(update={"instance": identity.name})
+        settings = settings.model_copy(update={"membership": membership})
+        try:
+            await serve(load_app(target), settings, group, lanes=lane or None)
+        finally:
+            identity.release()
 
     _run(main())
 

@@ -13,11 +13,13 @@ variable and the expected form.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import IngressSettings
@@ -61,7 +63,23 @@ class KafkaSettings(_Section):
     client_id: str = "pipeline"
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     request_timeout_ms: int = Field(default=10_000, ge=100)
+    group_protocol: Literal["auto", "consumer", "classic"] = "auto"
+    """Rebalance protocol of consumer groups: ``consumer`` (KIP-848, Kafka 4 brokers),
+    ``classic`` (cooperative-sticky), or ``auto``: ``consumer`` where the broker offers it.
+    ``session_timeout_ms`` applies to ``classic`` only (KIP-848 keeps it on the broker)."""
     client: dict[str, str] = Field(default_factory=dict)
+
+
+class MembershipSettings(_Section):
+    """A consumer-group member's identity (``pipeline.transport.identity``)."""
+
+    instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,200}$")
+    """Stable member name (Kafka ``group.instance.id``, the Redis Streams member): a restarted
+    member takes its own partitions back. None: the pod or host name and a free local slot."""
+    shutdown: Literal["hold", "leave"] = "hold"
+    """On SIGTERM, ``hold`` keeps the member's partitions for its replacement (Kafka: the
+    session timeout, Redis: ``lease_ms``); ``leave`` hands them over at once (and on Kafka
+    gives up static membership, so a crashed member's partitions wait for its session)."""
 
 
 class PostgresSettings(_Section):
@@ -175,6 +193,7 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=_DEFAULT_MAX_MESSAGE_BYTES, ge=1_024, le=64 * 1_048_576)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    membership: MembershipSettings = Field(default_factory=MembershipSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
@@ -194,9 +213,34 @@ def load_settings(**overrides: Any) -> Settings:
     """
     try:
         return Settings(**overrides)
+    except SettingsError as exc:
+        # A complex value (a dict such as PIPELINE_KAFKA__CLIENT) that is not JSON.
+        raise ConfigError(
+            f"{_settings_error_variable(exc)}: not valid JSON (expected an object such as "
+            '{"fetch.wait.max.ms": "50"})'
+        ) from None
     except ValidationError as exc:
         problems = [
             f"{_env_name(err['loc'])}: {err['msg']} (got {err.get('input')!r})"
             for err in exc.errors()
         ]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+
+
+def _settings_error_variable(exc: SettingsError) -> str:
+    """The environment variable a pydantic-settings parse error is about.
+
+    pydantic-settings names only the top-level field (``kafka``); the culprit is the variable
+    below it whose value is not JSON (a dict such as ``PIPELINE_KAFKA__CLIENT``).
+    """
+    text = str(exc)  # 'error parsing value for field "kafka" from source "EnvSettingsSource"'
+    field = text.split('field "', 1)[1].split('"', 1)[0] if 'field "' in text else ""
+    prefix = f"{ENV_PREFIX}{field.upper()}"
+    for name, value in sorted(os.environ.items()):
+        if name.upper() == prefix or name.upper().startswith(prefix + "__"):
+            try:
+                json.loads(value)
+            except ValueError:
+                if value.lstrip()[:1] in "{[" or name.upper().endswith("__CLIENT"):
+                    return name
+    return prefix if field else "a PIPELINE_ variable"

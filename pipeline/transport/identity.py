@@ -1,0 +1,95 @@
+"""A group member's stable identity: the name a restarted member comes back under.
+
+Kafka calls it ``group.instance.id`` (static membership), Redis Streams the member name. A
+member that restarts under the same name takes its own partitions back without moving anyone
+else's; a fresh random name on every start (the old default) made every crash a group-wide
+rebalance.
+
+The name is ``--instance`` when given, else ``<pod or host name>-<slot>``: Kubernetes gives a
+pod its name (``POD_NAME`` through the downward API, else ``HOSTNAME``), and the slot tells apart
+members of one group that share a host. A slot is held with an advisory lock on a file under
+the runtime directory, so the kernel frees it when its process dies, even by ``kill -9``, and a
+replacement started afterwards takes the same slot and so the same name. Two live processes
+never share a slot: that would let two members claim one name, which Kafka answers by fencing
+one of them and which would break per-key order on Redis Streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from pipeline.errors import ConfigError
+
+_MAX_SLOTS = 1_024
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+@dataclass
+class Identity:
+    """A member name, and the slot lock that keeps it this process's while it lives."""
+
+    name: str
+    lock: IO[bytes] | None = None
+
+    def release(self) -> None:
+        """Give the slot up (the process's exit does the same)."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+
+def host_name() -> str:
+    """The pod name (``POD_NAME``), else ``HOSTNAME``, else the machine's host name."""
+    raw = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
+    return _UNSAFE.sub("-", raw) or "member"
+
+
+def lock_dir() -> Path:
+    """Where slot locks live: ``$PIPELINE_RUNTIME_DIR``, ``$XDG_RUNTIME_DIR``, or the temp dir."""
+    base = os.environ.get("PIPELINE_RUNTIME_DIR") or os.environ.get("XDG_RUNTIME_DIR")
+    return Path(base or tempfile.gettempdir()) / "pipeline-members"
+
+
+def claim_identity(group: str, instance: str | None = None, *, host: str | None = None) -> Identity:
+    """The stable name of this process's member of ``group``.
+
+    Args:
+        group: the consumer group (slots are counted per group).
+        instance: an explicit name (``--instance``); used as it is, no slot is taken.
+        host: the host part of a derived name (default :func:`host_name`).
+
+    Raises:
+        ConfigError: the name has characters a member name cannot hold, or every slot is taken.
+    """
+    if instance is not None:
+        if not instance or _UNSAFE.search(instance):
+            raise ConfigError(f"--instance {instance!r}: use letters, digits and _ . : - only")
+        return Identity(instance)
+    prefix = host or host_name()
+    directory = lock_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    safe_group = _UNSAFE.sub("-", group)
+    for slot in range(_MAX_SLOTS):
+        handle = (directory / f"{safe_group}.{prefix}.{slot}.lock").open("ab")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        except OSError:
+            with contextlib.suppress(OSError):
+                handle.close()
+            raise
+        return Identity(f"{prefix}-{slot}", handle)
+    raise ConfigError(
+        f"every member slot of group {group!r} on {prefix} is taken ({_MAX_SLOTS} members);"
+        " pass --instance NAME"
+    )
