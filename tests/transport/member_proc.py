@@ -28,7 +28,10 @@ async def main(transport_name: str, group: str, topic: str, instance: str, count
     if "PIPELINE_KAFKA__SESSION_TIMEOUT_MS" in os.environ:  # test_settings fixes its own
         session_ms = int(os.environ["PIPELINE_KAFKA__SESSION_TIMEOUT_MS"])
         kafka = kafka.model_copy(update={"session_timeout_ms": session_ms})
-    configured = base.model_copy(update={"membership": membership, "kafka": kafka})
+    redis = base.redis
+    if "PIPELINE_REDIS__LEASE_MS" in os.environ:
+        redis = redis.model_copy(update={"lease_ms": int(os.environ["PIPELINE_REDIS__LEASE_MS"])})
+    configured = base.model_copy(update={"membership": membership, "kafka": kafka, "redis": redis})
     transport = create_transport(configured, transport_name)
     consumer = transport.consumer(group, [topic])
     announced = False

@@ -28,7 +28,7 @@ from pipeline.transport.kafka.group import (
     Protocol,
     apply_group_timeouts,
     choose_protocol,
-    client_config_error,
+    client_error,
     consumer_config,
 )
 from pipeline.transport.kafka.worker import ConsumerThread
@@ -125,7 +125,7 @@ class KafkaConsumer:
         try:
             raw = _RawConsumer({**config, "auto.offset.reset": self._start_at})
         except KafkaException as exc:
-            problem = client_config_error(exc, protocol)
+            problem = client_error(exc, protocol)
             if problem is not None:
                 raise problem from None
             raise translate(exc, "create consumer") from exc

@@ -31,11 +31,11 @@ from confluent_kafka.admin import (
 
 from pipeline.config import KafkaSettings
 from pipeline.errors import ConfigError
+from pipeline.transport.kafka.errors import CLIENT_VARIABLE, client_config_error
 
 log = logging.getLogger(__name__)
 
 Protocol = Literal["consumer", "classic"]
-CLIENT_VARIABLE = "PIPELINE_KAFKA__CLIENT"
 PROTOCOLS_CONFIG = "group.coordinator.rebalance.protocols"
 CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
 
@@ -196,16 +196,13 @@ def consumer_config(
     return {**config, **settings.client}
 
 
-def client_config_error(exc: KafkaException, protocol: Protocol) -> ConfigError | None:
-    """The one-line error for a client the properties could not build, if that is the cause."""
-    err = exc.args[0] if exc.args else None
-    if not isinstance(err, KafkaError) or err.code() != KafkaError._INVALID_ARG:  # noqa: SLF001
-        return None
-    reason = err.str().removeprefix("Failed to create consumer: ")
-    hint = "fix or remove it"
-    if protocol == "consumer" and any(p in reason for p in CLASSIC_ONLY):
+def client_error(exc: KafkaException, protocol: Protocol) -> ConfigError | None:
+    """The one-line error for a member its properties could not build, if that is the cause."""
+    text = str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc)
+    if protocol == "consumer" and any(p in text for p in CLASSIC_ONLY):
         hint = (
             "the consumer protocol (KIP-848) takes it from the broker: remove it, or set"
             " PIPELINE_KAFKA__GROUP_PROTOCOL=classic"
         )
-    return ConfigError(f"{CLIENT_VARIABLE}: {reason} ({hint})")
+        return client_config_error(exc, hint)
+    return client_config_error(exc)
