@@ -8,7 +8,7 @@ DURATION ?= 3m
 HEADLESS ?= 0
 SOAK_MINUTES ?= 30
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers soak demo clean
+.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-membership bench-peers soak demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ bench-metastable: setup
 
 bench-debounce: setup services
 	$(BIN)/python bench/debounce.py
+
+## bench-membership: 3 members, kill -9 every 4 s for 60 s, then a rolling restart, both transports
+bench-membership: setup services
+	$(BIN)/python bench/membership.py
 
 ## bench-peers: pipeline against streaq, arq, saq, taskiq, Celery, FastStream, faust, quixstreams
 bench-peers: setup services
