@@ -65,8 +65,10 @@ class KafkaSettings(_Section):
     request_timeout_ms: int = Field(default=10_000, ge=100)
     group_protocol: Literal["auto", "consumer", "classic"] = "auto"
     """Rebalance protocol of consumer groups: ``consumer`` (KIP-848, Kafka 4 brokers),
-    ``classic`` (cooperative-sticky), or ``auto``: ``consumer`` where the broker offers it.
-    ``session_timeout_ms`` applies to ``classic`` only (KIP-848 keeps it on the broker)."""
+    ``classic`` (cooperative-sticky), or ``auto``: ``consumer`` where the broker offers it,
+    except for static members (``pipeline consume``), which stay on ``classic`` where offered:
+    KIP-848 refuses a killed static member's name until its session ends. Under ``consumer``
+    ``session_timeout_ms`` is set on the group (``consumer.session.timeout.ms``)."""
     client: dict[str, str] = Field(default_factory=dict)
 
 

@@ -81,9 +81,11 @@ async def until_assigned(consumer: KafkaConsumer, count: int, timeout_s: float =
 
 
 def test_the_local_broker_offers_the_consumer_protocol(settings: Settings) -> None:
-    """The deploy/local Kafka 4.1 broker lists KIP-848, so ``auto`` picks the consumer protocol."""
+    """The local Kafka 4.1 offers KIP-848: ``auto`` picks it, but not for a static member."""
     assert "consumer" in broker_protocols(settings.kafka)
     assert choose_protocol(kafka_settings(settings, "auto").kafka) == "consumer"
+    assert choose_protocol(kafka_settings(settings, "auto").kafka, static=True) == "classic"
+    assert choose_protocol(kafka_settings(settings, "consumer").kafka, static=True) == "consumer"
     assert (
         choose_protocol(kafka_settings(settings, "consumer", **{"group.protocol": "classic"}).kafka)
         == "classic"

@@ -112,7 +112,7 @@ class KafkaConsumer:
 
     def _open(self) -> Any:
         """Choose the protocol and build the client; bad properties are a ConfigError."""
-        self.protocol = protocol = choose_protocol(self._settings)
+        self.protocol = protocol = choose_protocol(self._settings, static=self.instance is not None)
         if protocol == "consumer":
             apply_group_timeouts(self._settings, self._group)
         config = consumer_config(
