@@ -328,7 +328,7 @@ async def prepare(
         "PIPELINE_TRANSPORT": name,
         "PIPELINE_REDIS__URL": redis_url,
         "PIPELINE_TOPICS_DIR": str(topics),
-        "PIPELINE_RUNTIME_DIR": str(work / "slots"),
+        "PIPELINE_MEMBERSHIP__SLOT_DIR": str(work / "slots"),
         "PIPELINE_LOG_LEVEL": os.environ.get("MEMBERSHIP_LOG_LEVEL", "WARNING"),
         "MEMBERSHIP_LANE": lane,
         "MEMBERSHIP_RUNS": runs_key,

@@ -281,8 +281,11 @@ def consume(
         if concurrency:
             runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
             settings = settings.model_copy(update={"runtime": runtime})
-        identity = claim_identity(group, instance or settings.membership.instance)
-        membership = settings.membership.model_copy(update={"instance": identity.name})
+        membership = settings.membership
+        identity = claim_identity(
+            group, instance or membership.instance, slot_dir=membership.slot_dir
+        )
+        membership = membership.model_copy(update={"instance": identity.name})
         settings = settings.model_copy(update={"membership": membership})
         try:
             await serve(load_app(target), settings, group, lanes=lane or None)

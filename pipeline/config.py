@@ -78,6 +78,9 @@ class MembershipSettings(_Section):
     instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,200}$")
     """Stable member name (Kafka ``group.instance.id``, the Redis Streams member): a restarted
     member takes its own partitions back. None: the pod or host name and a free local slot."""
+    slot_dir: Path | None = None
+    """Where a derived name's slot locks live (None: ``$XDG_RUNTIME_DIR/pipeline-members``, else
+    the temp directory's)."""
     shutdown: Literal["hold", "leave"] = "hold"
     """On SIGTERM, ``hold`` keeps the member's partitions for its replacement (Kafka: the
     session timeout, Redis: ``lease_ms``); ``leave`` hands them over at once (and on Kafka

@@ -7,9 +7,10 @@ rebalance.
 
 The name is ``--instance`` when given, else ``<pod or host name>-<slot>``: Kubernetes gives a
 pod its name (``POD_NAME`` through the downward API, else ``HOSTNAME``), and the slot tells apart
-members of one group that share a host. A slot is held with an advisory lock on a file under
-the runtime directory, so the kernel frees it when its process dies, even by ``kill -9``, and a
-replacement started afterwards takes the same slot and so the same name. Two live processes
+members of one group that share a host. A slot is held with an advisory lock on a file in
+``membership.slot_dir`` (default: under ``$XDG_RUNTIME_DIR`` or the temp directory), so the
+kernel frees it when its process dies, even by ``kill -9``, and a replacement started
+afterwards takes the same slot and so the same name. Two live processes
 never share a slot: that would let two members claim one name, which Kafka answers by fencing
 one of them and which would break per-key order on Redis Streams.
 """
@@ -53,18 +54,25 @@ def host_name() -> str:
 
 
 def lock_dir() -> Path:
-    """Where slot locks live: ``$PIPELINE_RUNTIME_DIR``, ``$XDG_RUNTIME_DIR``, or the temp dir."""
-    base = os.environ.get("PIPELINE_RUNTIME_DIR") or os.environ.get("XDG_RUNTIME_DIR")
-    return Path(base or tempfile.gettempdir()) / "pipeline-members"
+    """The default home of slot locks: under ``$XDG_RUNTIME_DIR``, else the temp directory."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / "pipeline-members"
 
 
-def claim_identity(group: str, instance: str | None = None, *, host: str | None = None) -> Identity:
+def claim_identity(
+    group: str,
+    instance: str | None = None,
+    *,
+    host: str | None = None,
+    slot_dir: Path | None = None,
+) -> Identity:
     """The stable name of this process's member of ``group``.
 
     Args:
         group: the consumer group (slots are counted per group).
         instance: an explicit name (``--instance``); used as it is, no slot is taken.
         host: the host part of a derived name (default :func:`host_name`).
+        slot_dir: where slot locks live (default :func:`lock_dir`).
 
     Raises:
         ConfigError: the name has characters a member name cannot hold, or every slot is taken.
@@ -74,7 +82,7 @@ def claim_identity(group: str, instance: str | None = None, *, host: str | None 
             raise ConfigError(f"--instance {instance!r}: use letters, digits and _ . : - only")
         return Identity(instance)
     prefix = host or host_name()
-    directory = lock_dir()
+    directory = slot_dir or lock_dir()
     directory.mkdir(parents=True, exist_ok=True)
     safe_group = _UNSAFE.sub("-", group)
     for slot in range(_MAX_SLOTS):

@@ -22,8 +22,8 @@ time.sleep(120)
 
 @pytest.fixture(autouse=True)
 def private_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Slot locks of each test in its own directory."""
-    monkeypatch.setenv("PIPELINE_RUNTIME_DIR", str(tmp_path))
+    """Slot locks of each test in its own directory (the default when no slot_dir is given)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     return tmp_path
 
 
@@ -39,6 +39,14 @@ def test_an_instance_with_bad_characters_is_a_config_error(bad: str) -> None:
     """A name Kafka or Redis could not hold is refused with a one-line ConfigError."""
     with pytest.raises(ConfigError, match="--instance"):
         claim_identity("orders", bad)
+
+
+def test_slot_dir_holds_the_locks(tmp_path: Path) -> None:
+    """An explicit slot directory (membership.slot_dir) is where the slot's lock file goes."""
+    identity = claim_identity("orders", host="pod", slot_dir=tmp_path / "slots")
+    assert identity.name == "pod-0"
+    assert (tmp_path / "slots" / "orders.pod.0.lock").is_file()
+    identity.release()
 
 
 def test_members_on_one_host_get_distinct_slots_and_a_freed_slot_is_reused() -> None:
