@@ -39,10 +39,18 @@ class Identity:
 
     name: str
     lock: IO[bytes] | None = None
+    path: Path | None = None
 
     def release(self) -> None:
-        """Give the slot up (the process's exit does the same)."""
+        """Give the slot up and remove its lock file (the process's exit frees the slot too).
+
+        The file is removed while still locked; :func:`claim_identity` checks that the file it
+        locked is still the one at the path, so a claim racing this removal tries again.
+        """
         if self.lock is not None:
+            if self.path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
             self.lock.close()
             self.lock = None
 
@@ -86,18 +94,32 @@ def claim_identity(
     directory.mkdir(parents=True, exist_ok=True)
     safe_group = _UNSAFE.sub("-", group)
     for slot in range(_MAX_SLOTS):
-        handle = (directory / f"{safe_group}.{prefix}.{slot}.lock").open("ab")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        except OSError:
-            with contextlib.suppress(OSError):
-                handle.close()
-            raise
-        return Identity(f"{prefix}-{slot}", handle)
+        path = directory / f"{safe_group}.{prefix}.{slot}.lock"
+        handle = _lock(path)
+        if handle is not None:
+            return Identity(f"{prefix}-{slot}", handle, path)
     raise ConfigError(
         f"every member slot of group {group!r} on {prefix} is taken ({_MAX_SLOTS} members);"
         " pass --instance NAME"
     )
+
+
+def _lock(path: Path) -> IO[bytes] | None:
+    """The locked file at ``path``, or None when another live process holds it."""
+    while True:
+        handle = path.open("ab")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        except OSError:
+            handle.close()
+            raise
+        try:
+            same = path.stat().st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return handle
+        handle.close()  # removed by a releasing holder after we opened it: take the new file

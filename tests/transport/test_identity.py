@@ -47,6 +47,7 @@ def test_slot_dir_holds_the_locks(tmp_path: Path) -> None:
     assert identity.name == "pod-0"
     assert (tmp_path / "slots" / "orders.pod.0.lock").is_file()
     identity.release()
+    assert not (tmp_path / "slots" / "orders.pod.0.lock").exists()
 
 
 def test_members_on_one_host_get_distinct_slots_and_a_freed_slot_is_reused() -> None:
