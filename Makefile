@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers bench-hostile soak demo clean
+.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-membership bench-peers bench-hostile soak demo clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -96,6 +96,10 @@ bench-hostile: setup services
 
 bench-debounce: setup services
 	$(BIN)/python bench/debounce.py
+
+## bench-membership: 3 members, kill -9 every 4 s for 60 s, then a rolling restart, both transports
+bench-membership: setup services
+	$(BIN)/python bench/membership.py
 
 ## bench-peers: pipeline against streaq, arq, saq, taskiq, Celery, FastStream, faust, quixstreams
 bench-peers: setup services

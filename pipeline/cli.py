@@ -47,6 +47,7 @@ from pipeline.topics import asyncapi
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
 from pipeline.transport import create_transport
+from pipeline.transport.identity import claim_identity
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
@@ -310,6 +311,13 @@ def consume(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", "-c", min=1, help="Handlers running at once.")
     ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(
+            "--instance",
+            help="Stable member name, taken back on restart (default: pod or host name-slot).",
+        ),
+    ] = None,
     transport: TransportOpt = None,
 ) -> None:
     """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully.
@@ -324,7 +332,16 @@ def consume(
         if concurrency:
             runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
             settings = settings.model_copy(update={"runtime": runtime})
-        await serve(load_app(target), settings, group, lanes=lane or None)
+        membership = settings.membership
+        identity = claim_identity(
+            group, instance or membership.instance, slot_dir=membership.slot_dir
+        )
+        membership = membership.model_copy(update={"instance": identity.name})
+        settings = settings.model_copy(update={"membership": membership})
+        try:
+            await serve(load_app(target), settings, group, lanes=lane or None)
+        finally:
+            identity.release()
 
     _run(main())
 

@@ -71,7 +71,28 @@ class KafkaSettings(_Section):
     client_id: str = "pipeline"
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     request_timeout_ms: int = Field(default=10_000, ge=100)
+    group_protocol: Literal["auto", "consumer", "classic"] = "auto"
+    """Rebalance protocol of consumer groups: ``consumer`` (KIP-848, Kafka 4 brokers),
+    ``classic`` (cooperative-sticky), or ``auto``: ``consumer`` where the broker offers it,
+    except for static members (``pipeline consume``), which stay on ``classic`` where offered:
+    KIP-848 refuses a killed static member's name until its session ends. Under ``consumer``
+    ``session_timeout_ms`` is set on the group (``consumer.session.timeout.ms``)."""
     client: dict[str, str] = Field(default_factory=dict)
+
+
+class MembershipSettings(_Section):
+    """A consumer-group member's identity (``pipeline.transport.identity``)."""
+
+    instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,200}$")
+    """Stable member name (Kafka ``group.instance.id``, the Redis Streams member): a restarted
+    member takes its own partitions back. None: the pod or host name and a free local slot."""
+    slot_dir: Path | None = None
+    """Where a derived name's slot locks live (None: ``$XDG_RUNTIME_DIR/pipeline-members``, else
+    the temp directory's)."""
+    shutdown: Literal["hold", "leave"] = "hold"
+    """On SIGTERM, ``hold`` keeps the member's partitions for its replacement (Kafka: the
+    session timeout, Redis: ``lease_ms``); ``leave`` hands them over at once (and on Kafka
+    gives up static membership, so a crashed member's partitions wait for its session)."""
 
 
 class PostgresSettings(_Section):
@@ -185,6 +206,7 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=_DEFAULT_MAX_MESSAGE_BYTES, ge=1_024, le=64 * 1_048_576)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    membership: MembershipSettings = Field(default_factory=MembershipSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
@@ -240,7 +262,10 @@ def _not_json(known: dict[str, Any]) -> str:
         try:
             json.loads(os.environ[name])
         except ValueError:
-            return f"{name}: expected JSON (got {os.environ[name]!r})"
+            return (
+                f"{name}: not valid JSON (expected an object such as "
+                '{"fetch.wait.max.ms": "50"})'
+            )
     return "a PIPELINE_* variable that holds JSON is not valid JSON"
 
 
@@ -257,7 +282,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except SettingsError:
-        raise ConfigError(f"invalid configuration: {_not_json(known)}") from None
+        raise ConfigError(_not_json(known)) from None
     except ValidationError as exc:
         problems = [f"{_env_name(err['loc'])}: {err['msg']}{_got(err)}" for err in exc.errors()]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -25,7 +25,7 @@ from confluent_kafka.admin import (
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
 from pipeline.errors import TransportError, UnknownTopic
-from pipeline.transport.kafka.errors import translate
+from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
@@ -62,7 +62,10 @@ class KafkaAdmin:
             "logger": logging.getLogger("pipeline.librdkafka"),
             **settings.client,
         }
-        self._raw = AdminClient(conf)
+        try:
+            self._raw = AdminClient(conf)
+        except KafkaException as exc:
+            raise client_config_error(exc) or translate(exc, "create admin client") from None
 
     async def _wait(self, future: Future[T], context: str) -> T:
         try:
