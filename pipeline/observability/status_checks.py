@@ -15,7 +15,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.config import ENV_PREFIX, Settings
-from pipeline.errors import BrokerUnavailable, PipelineError
+from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError
 from pipeline.transport import create_transport
 
 __all__ = ["PROBE_TIMEOUT_MS", "reach_broker", "reach_redis", "unreachable", "where"]
@@ -63,6 +63,8 @@ async def reach_broker(settings: Settings) -> None:
     transport = create_transport(settings.model_copy(update={"kafka": capped}))
     try:
         await transport.admin().list_topics(())
+    except ConfigError:
+        raise  # a bad setting (a refused client property): exit 2 with it, not "unreachable"
     except PipelineError as exc:
         reason = str(exc).removeprefix("list topics: ").removeprefix("redis unreachable: ")
         raise BrokerUnavailable(unreachable(settings, transport.name, reason)) from exc
