@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.capacity.settings import CapacitySettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import IngressSettings
 from pipeline.registry.settings import RegistrySettings
@@ -180,6 +181,7 @@ class Settings(BaseSettings):
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     ingress: IngressSettings = Field(default_factory=IngressSettings)
+    capacity: CapacitySettings = Field(default_factory=CapacitySettings)
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:

@@ -1,0 +1,59 @@
+"""The ``/metrics`` source that exports each lane's forecast and desired member count.
+
+:class:`CapacitySource` is a :class:`~pipeline.observability.sources.SnapshotSource`: the
+metrics refresher calls it in the background (never a scrape), it plans every declared lane
+(:func:`~pipeline.capacity.plan.plan_lane`, two small Redis reads per lane) and sets
+``pipeline_forecast_arrivals_per_second`` and ``pipeline_desired_members``, which the consumer
+groups' KEDA ScaledObjects read beside slot utilisation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from pipeline.capacity.history import ArrivalHistory
+from pipeline.capacity.plan import LanePlan, plan_lane
+from pipeline.capacity.settings import CapacitySettings
+from pipeline.observability.facades import CapacityMetrics
+
+__all__ = ["CapacitySource"]
+
+
+class CapacitySource:
+    """Plans ``lanes`` at every refresh and writes the two capacity gauges."""
+
+    name = "capacity"
+
+    def __init__(
+        self,
+        history: ArrivalHistory,
+        lanes: Sequence[str],
+        settings: CapacitySettings,
+        metrics: CapacityMetrics,
+        *,
+        slots_per_member: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Read ``history`` for ``lanes``; size members of ``slots_per_member`` slots."""
+        self._history = history
+        self._lanes = sorted(set(lanes))
+        self._settings = settings
+        self._metrics = metrics
+        self._slots = slots_per_member
+        self._clock = clock
+        self.plans: list[LanePlan] = []
+        """What the last refresh planned."""
+
+    async def refresh(self) -> None:
+        """Plan every lane and update the gauges (a Redis error fails the whole refresh)."""
+        now_s = self._clock()
+        plans = [
+            await plan_lane(
+                self._history, lane, self._settings, slots_per_member=self._slots, now_s=now_s
+            )
+            for lane in self._lanes
+        ]
+        for plan in plans:
+            self._metrics.planned(plan.lane, plan.forecast.peak_per_s, plan.desired_members)
+        self.plans = plans
