@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers soak demo clean
+.PHONY: setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-peers soak demo clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -79,6 +79,10 @@ bench-fairness: setup services
 ## bench-metastable: a retry storm after a spike, FIFO lane vs deadlines + shedding (docs/faults.md)
 bench-metastable: setup
 	$(BIN)/python bench/metastable.py
+
+## bench-scaling: a simulated week under lag, utilisation and predictive scaling (docs/capacity.md)
+bench-scaling: setup
+	$(BIN)/python bench/scaling.py
 
 bench-debounce: setup services
 	$(BIN)/python bench/debounce.py

@@ -35,6 +35,7 @@ def as_dict(plan: LanePlan) -> dict[str, Any]:
         "arrivals_per_s": round(plan.rate_per_s, 3),
         "forecast_peak_per_s": round(plan.forecast.peak_per_s, 3),
         "forecast_trend": round(plan.forecast.trend, 3),
+        "planned_per_s": round(plan.planned_per_s, 3),
         "season": plan.season,
         "service_s": round(plan.service_s, 4),
         "service_source": plan.service_source,
@@ -60,10 +61,10 @@ def render(plan: LanePlan) -> str:
             (
                 f"  arrivals        {plan.rate_per_s:.2f}/s now, forecast peak "
                 f"{plan.forecast.peak_per_s:.2f}/s (seasons: {seasons}, "
-                f"trend x{plan.forecast.trend:.2f})"
+                f"trend x{plan.forecast.trend:.2f}), sized for {plan.planned_per_s:.2f}/s"
             ),
             f"  service time    {plan.service_s:.3f} s ({plan.service_source})",
-            f"  slots           {plan.slots} ({plan.members} members x {plan.slots_per_member})",
+            f"  slots           {plan.slots} ({plan.members} x {plan.slots_per_member} per member)",
             f"  utilisation     {plan.utilisation:.1%}",
             f"  expected wait   {shown_wait} (M/M/c)",
             (

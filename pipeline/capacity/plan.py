@@ -62,6 +62,11 @@ class LanePlan:
     target_wait_s: float
 
     @property
+    def planned_per_s(self) -> float:
+        """The rate the lane is sized for: the forecast peak, or the current rate if higher."""
+        return max(self.forecast.peak_per_s, self.rate_per_s)
+
+    @property
     def slots(self) -> int:
         """Slots of :attr:`members` members."""
         return self.members * self.slots_per_member

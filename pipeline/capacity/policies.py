@@ -48,15 +48,23 @@ class Spike:
 
 
 def week_rates(
-    peak_per_s: float, *, seed: int, noise: float = 0.08, spike: Spike | None = None
+    peak_per_s: float,
+    *,
+    seed: int,
+    noise: float = 0.08,
+    spike: Spike | None = None,
+    opening_min: float = 25.0,
 ) -> list[float]:
-    """Arrivals per second for each minute of a week (Monday 00:00 first)."""
+    """Arrivals per second for each minute of a week (Monday 00:00 first).
+
+    Weekdays open at 08:30, rising from 10 % to 90 % of the peak in ``opening_min`` minutes.
+    """
     rng = random.Random(seed)
     rates = []
     level = 0.0
     for minute in range(MINUTES_PER_WEEK):
         day, hour = divmod(minute / 60.0, 24.0)
-        daily = 0.12 + 0.88 * _business_hours(hour)
+        daily = 0.12 + 0.88 * _business_hours(hour, opening_min)
         level = 0.9 * level + rng.gauss(0.0, noise)  # slow-moving noise, a few minutes long
         rate = peak_per_s * daily * WEEKDAY_FACTOR[int(day)] * math.exp(level)
         if spike is not None and spike.at_minute <= minute < spike.at_minute + spike.minutes:
@@ -65,22 +73,24 @@ def week_rates(
     return rates
 
 
-def _business_hours(hour: float) -> float:
-    # Opens sharply at 08:30 (10 % to 90 % in about 25 minutes), a dip at lunch, a second peak
-    # at 15:00, and a slow evening decline.
-    opening = 1.0 / (1.0 + math.exp(-(hour - 8.5) / 0.09))
+def _business_hours(hour: float, opening_min: float) -> float:
+    # Opens at 08:30 (10 % to 90 % in ``opening_min``; a logistic spans 4.4 scales from 10 % to
+    # 90 %), a dip at lunch, a second peak at 15:00, and a slow evening decline.
+    opening = 1.0 / (1.0 + math.exp(-(hour - 8.5) / (opening_min / 60 / 4.4)))
     closing = 1.0 / (1.0 + math.exp((hour - 18.0) / 0.6))
     lunch = 1.0 - 0.25 * math.exp(-(((hour - 12.75) / 0.6) ** 2))
     afternoon = 1.0 + 0.15 * math.exp(-(((hour - 15.0) / 1.0) ** 2))
     return min(opening * closing * lunch * afternoon, 1.0)
 
 
-def history_counts(peak_per_s: float, weeks: int, *, seed: int) -> list[int]:
+def history_counts(
+    peak_per_s: float, weeks: int, *, seed: int, opening_min: float = 25.0
+) -> list[int]:
     """Per-minute arrival counts of ``weeks`` past weeks (each with its own noise, no spike)."""
     rng = random.Random(seed)
     counts: list[int] = []
     for week in range(weeks):
-        for rate in week_rates(peak_per_s, seed=seed * 1000 + week):
+        for rate in week_rates(peak_per_s, seed=seed * 1000 + week, opening_min=opening_min):
             mean = rate * 60.0
             counts.append(max(0, round(rng.gauss(mean, math.sqrt(mean)))))
     return counts

@@ -55,5 +55,5 @@ class CapacitySource:
             for lane in self._lanes
         ]
         for plan in plans:
-            self._metrics.planned(plan.lane, plan.forecast.peak_per_s, plan.desired_members)
+            self._metrics.planned(plan.lane, plan.planned_per_s, plan.desired_members)
         self.plans = plans

@@ -314,8 +314,8 @@ SWEEPER_ROWS = Family(
 FORECAST_ARRIVALS = Family(
     "pipeline_forecast_arrivals_per_second",
     "gauge",
-    "Forecast arrivals per second of the lane at the busiest minute of the next lead window "
-    "(seasonal baseline times the recent trend).",
+    "Arrivals per second the lane is sized for: the busiest forecast minute of the next lead "
+    "window (seasonal baseline times the recent trend), or the current rate if higher.",
     ("lane",),
     "messages",
 )

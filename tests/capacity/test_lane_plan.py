@@ -73,7 +73,7 @@ async def test_the_source_exports_forecast_and_desired_members(history: ArrivalH
     forecast = registry.get_sample_value(
         "pipeline_forecast_arrivals_per_second", {"lane": "messages"}
     )
-    assert forecast == pytest.approx(busy.forecast.peak_per_s)
+    assert forecast == pytest.approx(busy.planned_per_s)
     assert registry.get_sample_value("pipeline_desired_members", {"lane": "messages"}) == (
         busy.desired_members
     )
