@@ -14,15 +14,17 @@ the same arrivals (same seed):
   Little's law at 85 % utilisation, beside a utilisation trigger at 85 %.
 
 Lag's cost depends on its threshold (a higher one runs hotter and waits longer), so the
-predictive policy is compared with the lag policy of equal cost: the threshold whose slot-hours
-are closest above the predictive policy's (bisection between the printed thresholds), or the
-cheapest lag policy when every threshold costs more. The last line is JSON: the predictive
+predictive policy is compared with the lag policy of equal cost: bisecting between the printed
+thresholds to where lag spends the predictive policy's slot-hours (or just above), keeping the
+one that waits least when there are several, or the cheapest lag policy when every threshold
+costs more. The last line is JSON: the predictive
 policy's p99 wait and slot-hours as ratios of that lag policy's on the sharp-opening week, and the
 same for the gradual week under ``gradual_opening``. See docs/capacity.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -95,26 +97,32 @@ def _equal_cost(
     opening_min: float,
     pool: ProcessPoolExecutor,
 ) -> Outcome:
-    """The lag policy whose slot-hours are the closest at or above ``slot_hours``."""
-    costlier = {t: o for t, o in lags.items() if o.slot_hours >= slot_hours}
-    if not costlier:
-        return min(lags.values(), key=lambda o: o.slot_hours)  # every lag costs less
-    low = max(costlier)
-    cheaper = [t for t in lags if t > low and lags[t].slot_hours < slot_hours]
-    best = costlier[low]
-    if not cheaper:
-        return best
-    high = min(cheaper)
-    for _ in range(5):  # two thresholds per round, one per worker
-        thirds = [low + (high - low) * i / 3 for i in (1, 2)]
-        jobs = [(opening_min, LagPolicy(t, name=f"lag/{t:.2f}")) for t in thirds]
-        for threshold, outcome in zip(thirds, pool.map(_run, jobs), strict=True):
-            if outcome.slot_hours >= slot_hours:
-                low, best = threshold, outcome
+    """The lag policy that spends ``slot_hours`` and waits least; the cheapest if none can.
+
+    Slot-hours are not monotonic in the threshold (a hot lane overshoots after each backlog),
+    so every pair of neighbouring thresholds whose costs straddle ``slot_hours`` is bisected
+    to the threshold of equal cost (at or above it), and the one with the lowest p99 wins.
+    """
+    thresholds = sorted(lags)
+    found = []
+    for low, high in itertools.pairwise(thresholds):
+        above_low = lags[low].slot_hours >= slot_hours
+        if above_low == (lags[high].slot_hours >= slot_hours):
+            continue
+        costly, cheap = (low, high) if above_low else (high, low)
+        best = lags[costly]
+        for _ in range(5):
+            middle = (costly + cheap) / 2
+            outcome = pool.submit(_run, (opening_min, LagPolicy(middle, name=f"lag/{middle:.2f}")))
+            result = outcome.result()
+            if result.slot_hours >= slot_hours:
+                costly, best = middle, result
             else:
-                high = min(high, threshold)
-                break
-    return best
+                cheap = middle
+        found.append(best)
+    if not found:
+        return min(lags.values(), key=lambda o: o.slot_hours)
+    return min(found, key=lambda o: o.p99_wait_s)
 
 
 def main() -> int:
