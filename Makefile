@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-peers soak demo clean
+.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -48,8 +48,18 @@ services-status:
 ## test: start the services, then run the whole suite against them
 test: setup services test-only
 
+## asyncapi-parser: the official @asyncapi/parser (npm, node 20) that tests/topics checks with
+ASYNCAPI_DIR := tests/topics/asyncapi
+$(ASYNCAPI_DIR)/node_modules/.installed: $(ASYNCAPI_DIR)/package-lock.json
+	command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm) \
+		|| echo "npm is missing: the AsyncAPI validation test will be skipped"
+	if command -v npm >/dev/null; then \
+		npm ci --prefix $(ASYNCAPI_DIR) --no-audit --no-fund --silent && touch $@; fi
+
+asyncapi-parser: $(ASYNCAPI_DIR)/node_modules/.installed
+
 ## test-only: run the suite against services that are already running (missing ones skip)
-test-only: setup
+test-only: setup asyncapi-parser
 	$(BIN)/pytest
 
 ## lint: ruff, mypy --strict and the import contracts
@@ -84,8 +94,16 @@ bench-metastable: setup
 bench-scaling: setup
 	$(BIN)/python bench/scaling.py
 
+## bench-hostile: each door under attack: slowloris, huge header/body, doubling schema, bad neighbours
+bench-hostile: setup services
+	$(BIN)/python bench/hostile.py
+
 bench-debounce: setup services
 	$(BIN)/python bench/debounce.py
+
+## bench-membership: 3 members, kill -9 every 4 s for 60 s, then a rolling restart, both transports
+bench-membership: setup services
+	$(BIN)/python bench/membership.py
 
 ## bench-peers: pipeline against streaq, arq, saq, taskiq, Celery, FastStream, faust, quixstreams
 bench-peers: setup services

@@ -1044,7 +1044,11 @@ def _summary_wire(wire: Wire) -> dict[str, Any]:
         out[f"wire_{name}_msgs_s"] = round(_med([r.msgs_s for r in runs]))
         out[f"wire_{name}_cpu_s_per_10k"] = _r(_med([r.cpu_per_10k for r in runs]))
     out["redis_calls_per_msg_plain"] = _calls(wire.runs["consume_plain"])
-    out["redis_commands_per_msg_clean"] = _per_msg(wire.runs["consume_tiers"])
+    # What the member sent as calls of its own (each Redis Function call is one round trip;
+    # the commands a function runs inside it are Redis's work, counted above).
+    clean = _per_msg(wire.runs["consume_tiers"])
+    out["redis_fcalls_per_msg_clean"] = clean.get("fcall")
+    out["redis_commands_per_msg_clean"] = clean
     out["redis_commands_per_msg_plain"] = _per_msg(wire.runs["consume_plain"])
     return out
 

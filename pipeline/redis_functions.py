@@ -14,6 +14,7 @@ more stays loaded, a few kilobytes; ``FUNCTION DELETE`` removes it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ class FunctionLibrary:
         self.client = client
         self._source, self.version = versioned(source)
         self._loaded = False
+        self._loading: asyncio.Future[None] | None = None
 
     def name(self, function: str) -> str:
         """The loaded name of ``function`` (``gd_begin`` -> ``gd_begin_<version>``)."""
@@ -60,9 +62,17 @@ class FunctionLibrary:
         self._loaded = True
 
     async def ensure_loaded(self) -> None:
-        """Load the library unless this process already did."""
-        if not self._loaded:
-            await self.load()
+        """Load the library unless this process already did (concurrent first calls load once)."""
+        if self._loaded:
+            return
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self.load())
+        loading = self._loading
+        try:
+            await asyncio.shield(loading)
+        finally:
+            if loading.done() and (loading.cancelled() or loading.exception() is not None):
+                self._loading = None  # a failed load is tried again by the next call
 
     async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """``FCALL name`` with ``keys`` and ``args``, reloading the library once if needed."""

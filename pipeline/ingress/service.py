@@ -14,15 +14,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.http import bounded_protocol
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import IngressSettings, load_sources
-from pipeline.ingress.source import Source, build_sources
+from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
 from pipeline.logstore.postgres import PostgresLogStore
@@ -34,6 +36,9 @@ from pipeline.registry.client import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +106,23 @@ class Ingress:
     def __post_init__(self) -> None:
         """Create the ASGI app; its lifespan events start and stop this ingress."""
         self.app = IngressApp(
-            self.sources, self.store, None, lifespan=self.start, shutdown=self.stop
+            self.sources,
+            self.store,
+            None,
+            lifespan=self.start,
+            shutdown=self.stop,
+            body_timeout_s=self.ingress.body_timeout_s,
         )
         self.observer = MetricsServer(Metrics())
         self.app.observer = self.observer
 
     async def start(self) -> None:
-        """Open the log store, the producer and the dispatcher; start the sweeper task."""
+        """Check the topics' size limits, open everything and start the sweeper task.
+
+        The log store, the producer and the dispatcher are opened; a source whose body cap is
+        above a topic's message limit stops the start (ConfigError).
+        """
+        await check_topic_limits(self.sources, self.transport.admin())
         await self.store.open()
         self.producer = self.transport.producer()
         if self.settings.capacity.record:  # arrivals per lane, counted per batch (capacity.md)
@@ -186,10 +201,8 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
     )
 
 
-async def serve(
-    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
-) -> None:
-    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
+    """The uvicorn server of ``built`` (httptools, with the request-head cap), not started."""
     import uvicorn  # noqa: PLC0415 - the server is only needed by this command
 
     config = uvicorn.Config(
@@ -197,13 +210,20 @@ async def serve(
         host=host,
         port=port,
         loop="none",
-        http="httptools",
+        http=bounded_protocol(built.ingress.max_head_bytes),
         lifespan="on",
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
+    return uvicorn.Server(config)
+
+
+async def serve(
+    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
+) -> None:
+    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+    server = http_server(built, host, port)
     stop_metrics = asyncio.Event()
     metrics = await _serve_metrics_apart(built, stop_metrics)
 

@@ -282,13 +282,12 @@ class GuardStore:
 
 def start_of(message: Message, *, ordered: bool) -> Start:
     """The start of ``message`` as the guard records it."""
-    return Start(
-        message_id(message),
-        encode_key(message.key),
-        position(message),
-        ordered,
-        h.int_header(message.headers, h.ATTEMPT, 1),
-    )
+    at = f"{message.topic}:{message.partition}:{message.offset}"
+    headers = message.headers
+    if h.ORIGIN_TOPIC not in headers:  # a first delivery: its id is where it was read
+        return Start(at, encode_key(message.key), at, ordered, 1)
+    attempt = h.int_header(headers, h.ATTEMPT, 1)
+    return Start(message_id(message), encode_key(message.key), at, ordered, attempt)
 
 
 def lane_guards(client: Redis, prefix: str, specs: Sequence[TopicSpec]) -> dict[str, GuardStore]:

@@ -190,6 +190,7 @@ class Member:
             runners.append(asyncio.create_task(governor.run(turns_stop)))
         if self._fleet is not None:
             runners.append(asyncio.create_task(self._fleet.run(turns_stop)))
+        pause_s = 0.5
         try:
             while not stop.is_set():
                 try:
@@ -197,10 +198,14 @@ class Member:
                 except UnknownTopic:
                     raise  # a configuration error: `pipeline topics apply` was not run
                 except TransportError as exc:
-                    # A broker blip must not end the member: wait a moment and poll again.
-                    log.warning("poll failed, retrying: %s", exc)
-                    await asyncio.sleep(0.5)
+                    # A broker blip must not end the member: back off (0.5 s doubling to 5 s,
+                    # so an outage is not hammered) and poll again.
+                    log.warning("poll failed, retrying in %.1f s: %s", pause_s, exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), pause_s)
+                    pause_s = min(pause_s * 2, 5.0)
                     continue
+                pause_s = 0.5
                 self.polling.set()
                 for message in batch:
                     self._dispatch(message)

@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -23,6 +24,7 @@ from pipeline.registry.client import RegistryClient
 from pipeline.registry.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.member import Member
+from pipeline.runtime.progress import DeadLetterWarnings, Progress
 from pipeline.transport import create_transport
 
 
@@ -41,6 +43,14 @@ def load_app(target: str) -> App:
     if not isinstance(app, App):
         raise ConfigError(f"{target!r} is not a pipeline App (got {type(app).__name__})")
     return app
+
+
+def _address(settings: Settings, transport: str) -> str:
+    """Where the broker is, without a password, for the start line."""
+    if transport == "kafka":
+        return settings.kafka.bootstrap_servers
+    url = urlsplit(settings.redis.url)
+    return url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
 
 
 async def _ready_when_polling(member: Member, server: MetricsServer) -> None:
@@ -94,6 +104,7 @@ async def serve(
     telemetry = member_telemetry(
         transport.admin(), specs, group, interval_s=settings.runtime.metrics_interval_s
     )
+    dlqs = {lane.name: lane.spec.dead_letter for lane in chosen_lanes}
     member = Member(
         app,
         transport,
@@ -104,7 +115,7 @@ async def serve(
         redis_prefix=settings.redis.key_prefix,
         processed=store,
         throttle=throttle,
-        metrics=telemetry.runtime,
+        metrics=DeadLetterWarnings(telemetry.runtime, dlqs),
         turn_metrics=telemetry.debounce,
         admission_metrics=telemetry.admission,
         fleet=fleet,
@@ -116,10 +127,22 @@ async def serve(
             serve_metrics(telemetry.server, settings.runtime.metrics_host, port, stop)
         )
     ready = asyncio.create_task(_ready_when_polling(member, telemetry.server))
+    progress = Progress(
+        group=group,
+        lanes=[lane.name for lane in chosen_lanes],
+        topics=[lane.spec.name for lane in chosen_lanes],
+        transport=transport.name,
+        address=_address(settings, transport.name),
+        admin=transport.admin(),
+        stats=member.stats,
+        assignment=lambda: member.assignment,
+    )
+    reporting = asyncio.create_task(progress.run(member.polling, stop))
     try:
         await member.run(stop)
     finally:
         ready.cancel()
+        reporting.cancel()
         stop.set()  # also ends the metrics endpoint when the member failed
         if endpoint is not None:
             await endpoint

@@ -19,6 +19,10 @@ from redis import exceptions as rexc
 from pipeline.retry.guard_store import Decision, GuardStore, Start
 
 log = logging.getLogger(__name__)
+_KEPT_ENDS = 10_000
+"""Ends kept for the next call while Redis cannot be reached (P4: bounded). An end dropped
+past this leaves a start mark that expires with its hash; the message, if read again, runs
+alone once."""
 
 
 class StartWindow:
@@ -30,12 +34,16 @@ class StartWindow:
         self._waiting: list[tuple[Start, asyncio.Future[tuple[Decision, int]]]] = []
         self._ended: list[str] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.calls = 0
         """Calls made so far (for tests and the benchmark)."""
 
     async def begin(self, start: Start) -> tuple[Decision, int]:
         """Record ``start`` with the others of this turn; its decision and start count."""
-        future: asyncio.Future[tuple[Decision, int]] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[Decision, int]] = loop.create_future()
         self._waiting.append((start, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_starts())
@@ -58,7 +66,7 @@ class StartWindow:
             await self._store.begin_many(ended, [])
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not end %d starts: %s", len(ended), exc)
-            self._ended = ended + self._ended
+            self._ended = (ended + self._ended)[-_KEPT_ENDS:]
 
     async def _flush_starts(self) -> None:
         await asyncio.sleep(0)  # the starts made in this turn of the loop join the call
@@ -72,7 +80,7 @@ class StartWindow:
                 log.warning(
                     "parking unavailable, running %d messages without it: %s", len(batch), exc
                 )
-                self._ended = ended + self._ended
+                self._ended = (ended + self._ended)[-_KEPT_ENDS:]
                 results = [("process", 0)] * len(batch)
             except BaseException as exc:  # a bug must reach the waiting runs, not hang them
                 for _, future in batch:

@@ -47,8 +47,15 @@ class Cluster:
         bootstrap_servers: str | None,
         members: int = 2,
         partitions: int = 4,
+        retry: dict[str, object] | None = None,
+        app: str = "faults.app:app",
+        env: dict[str, str] | None = None,
     ) -> None:
-        """Lay out the scenario in ``directory``; nothing runs until :meth:`start`."""
+        """Lay out the scenario in ``directory``; nothing runs until :meth:`start`.
+
+        ``retry`` replaces the lane's retry policy, ``app`` the members' consumer app and ``env``
+        adds to (or overrides) the processes' environment.
+        """
         self.directory = directory
         self.transport = transport
         self.lane = f"faults_{unique}"
@@ -57,8 +64,10 @@ class Cluster:
         self.redis_url = redis_url
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.retry = RETRY if retry is None else retry
+        self.app = app
         self.spec = TopicSpec.model_validate(
-            {"name": self.lane, "partitions": partitions, "retry": RETRY}
+            {"name": self.lane, "partitions": partitions, "retry": self.retry}
         )
         self.member_count = members
         self.members: list[asyncio.subprocess.Process | None] = [None] * members
@@ -79,13 +88,15 @@ class Cluster:
             kafka=kafka,
             redis={"url": redis_url, "heartbeat_ms": 100, "lease_ms": 1500},
         )
-        self.env = self._environment(bootstrap_servers)
+        self.env = {**self._environment(bootstrap_servers), **(env or {})}
 
     def _environment(self, bootstrap_servers: str | None) -> dict[str, str]:
         topics = self.directory / "topics"
         topics.mkdir(parents=True, exist_ok=True)
         (topics / f"{self.lane}.yaml").write_text(
-            yaml.safe_dump({"name": self.lane, "partitions": self.spec.partitions, "retry": RETRY}),
+            yaml.safe_dump(
+                {"name": self.lane, "partitions": self.spec.partitions, "retry": self.retry}
+            ),
             encoding="utf-8",
         )
         source = {
@@ -110,6 +121,7 @@ class Cluster:
             "PIPELINE_REDIS__HEARTBEAT_MS": "100",
             "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
             "PIPELINE_KAFKA__REQUEST_TIMEOUT_MS": "5000",
+            "PIPELINE_MEMBERSHIP__SLOT_DIR": str(self.directory / "slots"),  # member name slots
             "PIPELINE_RUNTIME__MARK_PROCESSED": "true",
             "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "100",
             "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "2",
@@ -153,18 +165,22 @@ class Cluster:
         finally:
             await transport.close()
 
-    async def start(self) -> None:
-        """Declare the topics, start every process, and supervise the members and sweeper."""
+    async def start(self, *, ingress: bool = True) -> None:
+        """Declare the topics, start every process, and supervise the members and sweeper.
+
+        Without ``ingress`` only the members run (the scenario produces to the lane itself).
+        """
         await self.declare()
         for slot in range(self.member_count):
             self.members[slot] = await self._member()
-        self.sweeper = await self._spawn("sweeper", "sweep", "--loop")
-        await self.start_ingress()
+        if ingress:
+            self.sweeper = await self._spawn("sweeper", "sweep", "--loop")
+            await self.start_ingress()
         self._supervisor = asyncio.create_task(self._supervise())
 
     async def _member(self) -> asyncio.subprocess.Process:
         return await self._spawn(
-            "members", "consume", "faults.app:app", "--group", self.group, "-t", self.transport
+            "members", "consume", self.app, "--group", self.group, "-t", self.transport
         )
 
     async def start_ingress(self, timeout_s: float = 60.0) -> None:

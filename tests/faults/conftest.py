@@ -6,6 +6,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from faults.cluster import Cluster
@@ -48,10 +49,10 @@ def private_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaSer
 @pytest.fixture
 def make_cluster(
     request: pytest.FixtureRequest, tmp_path: Path, private_redis: PrivateRedis, unique: str
-) -> Callable[[str], Cluster]:
+) -> Callable[..., Cluster]:
     """Build the scenario's cluster on a transport (processes start in ``runner.run``)."""
 
-    def make(transport: str, members: int = 2) -> Cluster:
+    def make(transport: str, members: int = 2, **options: Any) -> Cluster:
         bootstrap = None
         if transport == "kafka":
             bootstrap = request.getfixturevalue("private_kafka").bootstrap_servers
@@ -62,6 +63,7 @@ def make_cluster(
             redis_url=private_redis.url,
             bootstrap_servers=bootstrap,
             members=members,
+            **options,
         )
 
     return make
