@@ -72,6 +72,11 @@ class KafkaSettings(_Section):
     client_id: str = "pipeline"
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     request_timeout_ms: int = Field(default=10_000, ge=100)
+    fetch_wait_max_ms: int = Field(default=50, ge=1)
+    """How long the broker holds a fetch with no new data (librdkafka ``fetch.wait.max.ms``,
+    500 by default there). A paused partition resumes only with the next fetch, so with
+    librdkafka's default a member whose partitions pause for backpressure idles up to half a
+    second each time; 50 ms keeps that short at 20 empty fetches a second per idle member."""
     group_protocol: Literal["auto", "consumer", "classic"] = "auto"
     """Rebalance protocol of consumer groups: ``consumer`` (KIP-848, Kafka 4 brokers),
     ``classic`` (cooperative-sticky), or ``auto``: ``consumer`` where the broker offers it,

@@ -15,9 +15,22 @@ def lane_tag(prefix: str, lane: str) -> str:
     return f"{{{prefix}:guard:{lane}}}"
 
 
+_ENCODED: dict[bytes, str] = {}
+_ENCODED_MAX = 65_536
+
+
 def encode_key(key: bytes | None) -> str:
-    """A message key as it appears in guard key names (url-safe base64: printable, no braces)."""
-    return base64.urlsafe_b64encode(key or b"").decode()
+    """A message key as it appears in guard key names (url-safe base64: printable, no braces).
+
+    Keys repeat (a conversation, a tenant), so the last 65,536 encodings are remembered.
+    """
+    raw = key or b""
+    encoded = _ENCODED.get(raw)
+    if encoded is None:
+        if len(_ENCODED) >= _ENCODED_MAX:
+            _ENCODED.clear()
+        encoded = _ENCODED[raw] = base64.urlsafe_b64encode(raw).decode()
+    return encoded
 
 
 @dataclass(frozen=True, slots=True)

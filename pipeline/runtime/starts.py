@@ -5,8 +5,9 @@ is it a suspect, a stale copy? Asked one by one, that is a Redis round trip per 
 :class:`StartWindow` gathers the starts the member's workers make in one turn of the event loop
 and sends them in one call, together with the ends recorded since the previous call; each start
 waits for that call (its mark must be in Redis before its handler runs, or a crash in the
-handler would go uncounted). While a call is in flight the next starts gather for the next one,
-so under load a call carries about as many starts as the member has workers.
+handler would go uncounted). Up to two calls are in flight at once: while they are, the next
+starts gather for the next call, so under load a call carries many starts and a worker rarely
+waits more than one round trip.
 """
 
 from __future__ import annotations
@@ -28,12 +29,19 @@ alone once."""
 class StartWindow:
     """Gathers one lane's starts and ends into batched ``gd_begin`` calls."""
 
+    depth = 2
+    """Calls in flight at once."""
+    size = 32
+    """Starts in one call at most: the member's workers split over two calls, so while one is
+    in flight the workers of the other run their handlers instead of all waiting together."""
+
     def __init__(self, store: GuardStore) -> None:
         """Batch the starts and ends of ``store``'s lane."""
         self._store = store
         self._waiting: list[tuple[Start, asyncio.Future[tuple[Decision, int]]]] = []
         self._ended: list[str] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._calls: set[asyncio.Task[None]] = set()
+        self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.calls = 0
         """Calls made so far (for tests and the benchmark)."""
@@ -45,8 +53,9 @@ class StartWindow:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[Decision, int]] = loop.create_future()
         self._waiting.append((start, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_starts())
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._send)  # the starts made in this turn of the loop join the call
         return await future
 
     def ended(self, start: Start) -> None:
@@ -55,9 +64,8 @@ class StartWindow:
 
     async def flush(self) -> None:
         """Send the ends recorded so far (before a commit, so a committed message is ended)."""
-        flusher = self._flusher
-        if flusher is not None and not flusher.done():
-            await asyncio.wait({flusher})
+        while self._calls:
+            await asyncio.wait(set(self._calls))
         if not self._ended:
             return
         ended, self._ended = self._ended, []
@@ -68,29 +76,40 @@ class StartWindow:
             log.warning("parking unavailable, could not end %d starts: %s", len(ended), exc)
             self._ended = (ended + self._ended)[-_KEPT_ENDS:]
 
-    async def _flush_starts(self) -> None:
-        await asyncio.sleep(0)  # the starts made in this turn of the loop join the call
-        while self._waiting:
-            batch, self._waiting = self._waiting, []
+    def _send(self) -> None:
+        """Send what gathered, unless ``depth`` calls are in flight (one returning sends it)."""
+        self._scheduled = False
+        while self._waiting and len(self._calls) < self.depth:
+            batch, self._waiting = self._waiting[: self.size], self._waiting[self.size :]
             ended, self._ended = self._ended, []
-            try:
-                self.calls += 1
-                results = await self._store.begin_many(ended, [start for start, _ in batch])
-            except (rexc.RedisError, OSError) as exc:
-                log.warning(
-                    "parking unavailable, running %d messages without it: %s", len(batch), exc
-                )
-                self._ended = (ended + self._ended)[-_KEPT_ENDS:]
-                results = [("process", 0)] * len(batch)
-            except BaseException as exc:  # a bug must reach the waiting runs, not hang them
-                for _, future in batch:
-                    if future.done():
-                        continue
-                    if isinstance(exc, asyncio.CancelledError):
-                        future.cancel()
-                    else:
-                        future.set_exception(exc)
-                raise
-            for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
+            self.calls += 1
+            assert self._loop is not None  # noqa: S101 - set by begin()
+            self._calls.add(self._loop.create_task(self._call(batch, ended)))
+
+    async def _call(
+        self, batch: list[tuple[Start, asyncio.Future[tuple[Decision, int]]]], ended: list[str]
+    ) -> None:
+        try:
+            results = await self._store.begin_many(ended, [start for start, _ in batch])
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, running %d messages without it: %s", len(batch), exc)
+            self._ended = (ended + self._ended)[-_KEPT_ENDS:]
+            results = [("process", 0)] * len(batch)
+        except BaseException as exc:  # a bug must reach the waiting runs, not hang them
+            for _, future in batch:
+                if future.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(exc)
+            raise
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._calls.discard(task)
+            if self._waiting and not self._scheduled:
+                self._send()  # what gathered while this call was in flight goes now
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)

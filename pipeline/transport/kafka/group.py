@@ -196,6 +196,7 @@ def consumer_config(
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "socket.timeout.ms": settings.request_timeout_ms,
+        "fetch.wait.max.ms": settings.fetch_wait_max_ms,
         "enable.partition.eof": False,
         "logger": logging.getLogger("pipeline.librdkafka"),
     }
