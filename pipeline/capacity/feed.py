@@ -3,7 +3,9 @@
 The ingress (or any producer) builds a :class:`CapacityFeed` from the settings, wraps its
 producer with :meth:`CapacityFeed.wrap` (one counter add per acknowledged batch, flushed to
 Redis every ``CAPACITY__FLUSH_INTERVAL_S``), adds :meth:`CapacityFeed.source` to its
-``/metrics`` sources, and calls :meth:`CapacityFeed.close` on the way out.
+``/metrics`` sources, and calls :meth:`CapacityFeed.close` on the way out. A consumer-group
+member adds :meth:`CapacityFeed.service_source` to its sources instead, so the lanes' service
+times are measured.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from redis.asyncio import Redis
 
 from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.recorder import ArrivalRecorder, CountingProducer
-from pipeline.capacity.source import CapacitySource
+from pipeline.capacity.source import CapacitySource, ServiceTimeSource
 from pipeline.config import Settings
 from pipeline.observability.facades import CapacityMetrics
 from pipeline.observability.metrics import Metrics
@@ -60,6 +62,10 @@ class CapacityFeed:
             CapacityMetrics(metrics),
             slots_per_member=capacity.slots_per_member or self._settings.runtime.max_concurrency,
         )
+
+    def service_source(self, metrics: Metrics) -> ServiceTimeSource:
+        """For a member: its handled durations become the lanes' measured service time."""
+        return ServiceTimeSource(metrics, self.recorder, sorted(set(self._lanes.values())))
 
     async def close(self) -> None:
         """Flush the last counts and close the Redis connection."""

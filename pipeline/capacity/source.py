@@ -5,6 +5,10 @@ metrics refresher calls it in the background (never a scrape), it plans every de
 (:func:`~pipeline.capacity.plan.plan_lane`, two small Redis reads per lane) and sets
 ``pipeline_forecast_arrivals_per_second`` and ``pipeline_desired_members``, which the consumer
 groups' KEDA ScaledObjects read beside slot utilisation.
+
+:class:`ServiceTimeSource` runs in a consumer-group member: it reads what the member's own
+``pipeline_handler_duration_seconds{outcome="handled"}`` gained since its last refresh (from the
+registry, so the hot path pays nothing) and records it as the lane's service time.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from collections.abc import Callable, Sequence
 
 from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.plan import LanePlan, plan_lane
+from pipeline.capacity.recorder import ArrivalRecorder
 from pipeline.capacity.settings import CapacitySettings
 from pipeline.observability.facades import CapacityMetrics
+from pipeline.observability.metrics import HANDLER_DURATION, Metrics
 
-__all__ = ["CapacitySource"]
+__all__ = ["CapacitySource", "ServiceTimeSource"]
 
 
 class CapacitySource:
@@ -57,3 +63,29 @@ class CapacitySource:
         for plan in plans:
             self._metrics.planned(plan.lane, plan.planned_per_s, plan.desired_members)
         self.plans = plans
+
+
+class ServiceTimeSource:
+    """Copies a member's handled-message durations into the lanes' service-time history."""
+
+    name = "service_time"
+
+    def __init__(self, metrics: Metrics, recorder: ArrivalRecorder, lanes: Sequence[str]) -> None:
+        """Read ``metrics`` (the member's registry) for ``lanes``; record with ``recorder``."""
+        self._registry = metrics.registry
+        self._recorder = recorder
+        self._lanes = sorted(set(lanes))
+        self._seen: dict[str, tuple[float, float]] = {}
+
+    async def refresh(self) -> None:
+        """Record the handled count and seconds each lane gained, then flush (one round trip)."""
+        for lane in self._lanes:
+            labels = {"lane": lane, "outcome": "handled"}
+            count = self._registry.get_sample_value(f"{HANDLER_DURATION.name}_count", labels)
+            total_s = self._registry.get_sample_value(f"{HANDLER_DURATION.name}_sum", labels)
+            if count is None or total_s is None:
+                continue
+            last_count, last_total_s = self._seen.get(lane, (0.0, 0.0))
+            self._seen[lane] = (count, total_s)
+            self._recorder.served(lane, round(count - last_count), total_s - last_total_s)
+        await self._recorder.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,10 +13,11 @@ from typer.testing import CliRunner
 
 from pipeline.capacity.history import MINUTES_PER_DAY, ArrivalHistory
 from pipeline.capacity.plan import plan_lane
+from pipeline.capacity.recorder import ArrivalRecorder
 from pipeline.capacity.settings import CapacitySettings
-from pipeline.capacity.source import CapacitySource
+from pipeline.capacity.source import CapacitySource, ServiceTimeSource
 from pipeline.cli import app
-from pipeline.observability.facades import CapacityMetrics
+from pipeline.observability.facades import CapacityMetrics, RuntimeMetrics
 from pipeline.observability.metrics import Metrics
 
 NOW_S = 20_000 * 86_400 + 14 * 3600.0  # a weekday, 14:00 UTC
@@ -117,3 +119,28 @@ def test_the_cli_says_where_redis_is_missing(monkeypatch: pytest.MonkeyPatch) ->
     result = CliRunner().invoke(app, ["capacity", "messages"])
     assert result.exit_code == 1
     assert "redis unavailable at redis://127.0.0.1:1/0" in result.output
+
+
+async def test_a_members_handled_durations_become_the_measured_service_time(
+    redis: Redis, unique: str
+) -> None:
+    """What a member's handler histogram gains between refreshes is recorded per lane."""
+    prefix = f"t{unique}"
+    history = ArrivalHistory(redis, prefix)
+    metrics = Metrics()
+    runtime = RuntimeMetrics(metrics)
+    source = ServiceTimeSource(metrics, ArrivalRecorder(history), ["messages", "idle"])
+    try:
+        runtime.delivered("messages", "handled", 3.0)
+        runtime.delivered("messages", "retried", 100.0)  # not a service time of the lane
+        await source.refresh()
+        runtime.delivered("messages", "handled", 1.0)
+        runtime.delivered("messages", "handled", 2.0)
+        await source.refresh()
+        sample = await history.service("messages", int(time.time() // 60) + 1)
+        assert (sample.count, sample.total_s) == (3, 6.0)
+        assert (await history.service("idle", int(time.time() // 60) + 1)).count == 0
+    finally:
+        found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]
+        if found:
+            await redis.delete(*found)
