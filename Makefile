@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-membership bench-peers bench-hostile soak demo clean
+.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -89,6 +89,10 @@ bench-fairness: setup services
 ## bench-metastable: a retry storm after a spike, FIFO lane vs deadlines + shedding (docs/faults.md)
 bench-metastable: setup
 	$(BIN)/python bench/metastable.py
+
+## bench-scaling: a simulated week under lag, utilisation and predictive scaling (docs/capacity.md)
+bench-scaling: setup
+	$(BIN)/python bench/scaling.py
 
 ## bench-hostile: each door under attack: slowloris, huge header/body, doubling schema, bad neighbours
 bench-hostile: setup services

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from pipeline.capacity.settings import CapacitySettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import IngressSettings
 from pipeline.registry.settings import RegistrySettings
@@ -217,6 +218,7 @@ class Settings(BaseSettings):
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     ingress: IngressSettings = Field(default_factory=IngressSettings)
+    capacity: CapacitySettings = Field(default_factory=CapacitySettings)
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:

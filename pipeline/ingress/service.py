@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
@@ -96,6 +97,7 @@ class Ingress:
     producer: Producer | None = None
     dispatcher: Dispatcher | None = None
     sweeper: Sweeper | None = None
+    capacity: CapacityFeed | None = None
     app: IngressApp = field(init=False)
     observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
@@ -123,6 +125,9 @@ class Ingress:
         await check_topic_limits(self.sources, self.transport.admin())
         await self.store.open()
         self.producer = self.transport.producer()
+        if self.settings.capacity.record:  # arrivals per lane, counted per batch (capacity.md)
+            self.capacity = CapacityFeed(self.settings, self.specs)
+            self.producer = self.capacity.wrap(self.producer)
         self.dispatcher = Dispatcher(
             self.producer,
             self.store,
@@ -150,6 +155,8 @@ class Ingress:
             self.specs,
             self.ingress.sweeper.lane_groups,
         )
+        if self.capacity is not None:
+            self.observer.sources.append(self.capacity.source(self.observer.metrics))
         self.observer.start()
         self.observer.ready = True
 
@@ -168,6 +175,8 @@ class Ingress:
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await self.producer.close()  # unacknowledged events stay 'received'
+        if self.capacity is not None:
+            await self.capacity.close()
         await self.store.close()
         await self.transport.close()
 

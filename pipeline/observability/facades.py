@@ -20,6 +20,7 @@ from pipeline.observability.metrics import TOP_TENANTS, Metrics
 
 __all__ = [
     "AdmissionMetrics",
+    "CapacityMetrics",
     "DebounceMetrics",
     "IngressMetrics",
     "LagMetrics",
@@ -249,3 +250,17 @@ class LagMetrics:
     def dead_letters(self, lane: str, count: int) -> None:
         """Messages retained in the lane's dead-letter topic."""
         self._dlq.labels(lane).set(count)
+
+
+class CapacityMetrics:
+    """The forecast and desired member count of each lane (the capacity planner's gauges)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._forecast = metrics.gauge(m.FORECAST_ARRIVALS)
+        self._desired = metrics.gauge(m.DESIRED_MEMBERS)
+
+    def planned(self, lane: str, forecast_per_s: float, desired_members: int) -> None:
+        """``lane`` is forecast to receive ``forecast_per_s`` and needs ``desired_members``."""
+        self._forecast.labels(lane).set(forecast_per_s)
+        self._desired.labels(lane).set(desired_members)
