@@ -16,15 +16,17 @@ from redis.backoff import ExponentialBackoff
 
 from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.throttle import Throttle
+from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
 from pipeline.observability.server import MetricsServer, serve_metrics
-from pipeline.observability.wiring import member_telemetry
+from pipeline.observability.wiring import MemberTelemetry, member_telemetry
 from pipeline.registry.client import RegistryClient
 from pipeline.registry.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings, Progress
+from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 
 
@@ -72,6 +74,17 @@ async def _admission(
     return throttle, FleetLimits.from_settings(redis, settings, throttle)
 
 
+def _service_times(
+    settings: Settings, specs: Sequence[TopicSpec], telemetry: MemberTelemetry
+) -> CapacityFeed | None:
+    """With capacity recording on, the member's handler times feed the lanes' service time."""
+    if not settings.capacity.record:
+        return None
+    capacity = CapacityFeed(settings, specs)
+    telemetry.server.sources.append(capacity.service_source(telemetry.metrics))
+    return capacity
+
+
 async def serve(
     app: App, settings: Settings, group: str, *, lanes: Sequence[str] | None = None
 ) -> None:
@@ -104,6 +117,7 @@ async def serve(
     telemetry = member_telemetry(
         transport.admin(), specs, group, interval_s=settings.runtime.metrics_interval_s
     )
+    capacity = _service_times(settings, specs, telemetry)
     dlqs = {lane.name: lane.spec.dead_letter for lane in chosen_lanes}
     member = Member(
         app,
@@ -148,8 +162,9 @@ async def serve(
             await endpoint
         if throttle is not None:
             await throttle.close()
-        if store is not None:
-            await store.close()
+        for closing in (store, capacity):
+            if closing is not None:
+                await closing.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await transport.close()
