@@ -7,17 +7,32 @@ TRANSPORT ?= redis
 DURATION ?= 3m
 HEADLESS ?= 0
 SOAK_MINUTES ?= 30
+DIST ?= dist
+REQS ?= requirements
 
-.PHONY: setup services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-peers soak demo clean
+.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo clean
 
-$(STAMP): pyproject.toml
+# requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
+# installed editable on top, built by the locked hatchling without fetching anything else.
+$(STAMP): pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --require-hashes --no-deps -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-## setup: create .venv and install the project with its dev extras
+## setup: create .venv and install the project with its dev extras, from requirements/dev.txt
 setup: $(STAMP)
+
+## lock: re-resolve requirements/{dev,runtime}.txt after a change to pyproject.toml's
+## dependencies (keeps current pins where they still fit; UPGRADE=1 takes the newest of all)
+LOCK := $(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes -q
+lock: setup
+	$(LOCK) $(if $(UPGRADE),--upgrade) --extra dev -o $(REQS)/dev.txt
+	$(LOCK) -c $(REQS)/dev.txt -o $(REQS)/runtime.txt
+
+## wheel: build $(DIST)/pipeline-<version>-py3-none-any.whl (what deploy/image/Dockerfile installs)
+wheel: setup
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
 
 ## services: install (if missing) and start Redis, PostgreSQL and Kafka on loopback
 services:
@@ -33,8 +48,18 @@ services-status:
 ## test: start the services, then run the whole suite against them
 test: setup services test-only
 
+## asyncapi-parser: the official @asyncapi/parser (npm, node 20) that tests/topics checks with
+ASYNCAPI_DIR := tests/topics/asyncapi
+$(ASYNCAPI_DIR)/node_modules/.installed: $(ASYNCAPI_DIR)/package-lock.json
+	command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm) \
+		|| echo "npm is missing: the AsyncAPI validation test will be skipped"
+	if command -v npm >/dev/null; then \
+		npm ci --prefix $(ASYNCAPI_DIR) --no-audit --no-fund --silent && touch $@; fi
+
+asyncapi-parser: $(ASYNCAPI_DIR)/node_modules/.installed
+
 ## test-only: run the suite against services that are already running (missing ones skip)
-test-only: setup
+test-only: setup asyncapi-parser
 	$(BIN)/pytest
 
 ## lint: ruff, mypy --strict and the import contracts
@@ -65,8 +90,20 @@ bench-fairness: setup services
 bench-metastable: setup
 	$(BIN)/python bench/metastable.py
 
+## bench-scaling: a simulated week under lag, utilisation and predictive scaling (docs/capacity.md)
+bench-scaling: setup
+	$(BIN)/python bench/scaling.py
+
+## bench-hostile: each door under attack: slowloris, huge header/body, doubling schema, bad neighbours
+bench-hostile: setup services
+	$(BIN)/python bench/hostile.py
+
 bench-debounce: setup services
 	$(BIN)/python bench/debounce.py
+
+## bench-membership: 3 members, kill -9 every 4 s for 60 s, then a rolling restart, both transports
+bench-membership: setup services
+	$(BIN)/python bench/membership.py
 
 ## bench-peers: pipeline against streaq, arq, saq, taskiq, Celery, FastStream, faust, quixstreams
 bench-peers: setup services
@@ -82,4 +119,4 @@ demo: setup
 	TRANSPORT=$(TRANSPORT) DURATION=$(DURATION) HEADLESS=$(HEADLESS) bash deploy/local/demo.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache

@@ -3,9 +3,13 @@
 Run: ``make bench-peers`` (= ``.venv/bin/python bench/peers_bench.py``; ``--quick`` for a short
 run). Method and results: ``docs/benchmarks.md`` (Peers). On the shared local brokers:
 
-* **Redis**: our member on Redis Streams against streaq, arq, saq, taskiq (taskiq-redis) and
-  Celery;
-* **Kafka**: our member on Kafka against FastStream (aiokafka), faust-streaming and quixstreams.
+* **Redis**: ours on Redis Streams against streaq, arq, saq, taskiq (taskiq-redis) and Celery;
+* **Kafka**: ours on Kafka against FastStream (aiokafka), faust-streaming and quixstreams.
+
+**Ours** is what users deploy: ``pipeline consume`` of a lane with retry tiers ``1s, 5s``, as its
+own process, with Redis (parking, poison counting) and the metrics endpoint on, started in a
+directory holding the lane's yaml and ``bench/lane_app.py`` (``bench/lane_process.py``). The
+bare member without Redis or retry tiers stays as the extra row ``ours_bare``.
 
 Every runner gets the same workload on a fresh uuid-named queue or topic. First ``--tasks``
 (default 20,000) tasks of about 1 KiB are enqueued with the runner's own client (ours and every
@@ -22,11 +26,13 @@ reported as null with the reason.
 
 Then the **end-to-end** latency: ``pipeline ingress serve`` (a subprocess; durable SQLite log)
 takes signed webhooks at a steady 1,000/s (``bench/ingress.py``'s requests and open-loop load) and
-a member in this process handles them; webhook-to-handler time runs from each request's intended
-send time to its handler start, on Kafka and on Redis.
+``pipeline consume`` of a lane with retry tiers handles them (and, as ``<broker>_bare``, a bare
+member in this process); webhook-to-handler time runs from each request's intended send time to
+its handler start, on Kafka and on Redis.
 
 The last line is one JSON object: ``{"bench": "peers", "vs_streaq": ..., ..., "e2e_p99_ms_kafka":
-..., "e2e_p99_ms_redis": ...}`` with vs_X = our tasks/s / X's on the same broker.
+..., "e2e_p99_ms_redis": ...}`` with vs_X = our tasks/s / X's on the same broker and
+ours_vs_bare_<broker> = ours / the bare member.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import json
 import os
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -53,7 +60,8 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _tasks import RECORD, paced, payload, record, unpack
-from ingress import load, requests, start_ingress, stop, write_config
+from ingress import free_port, load, requests, start_ingress, stop, write_config
+from lane_process import consume_cmd, copy_app, write_lane
 from runtime import PEERS_DIR, BenchError, Harness, ensure_peer_env
 
 from pipeline.config import RuntimeSettings, load_settings
@@ -78,6 +86,8 @@ WINDOW = 2000
 RUN_TIMEOUT_S = 180.0
 CONCURRENCY = 32  # streaq's own benchmark workload: 20,000 no-op tasks, concurrency 32, 1 worker
 OURS_SETTINGS = RuntimeSettings(max_concurrency=CONCURRENCY)
+OURS_TIERS = ["1s", "5s"]  # ours is a lane with retry tiers, as users deploy it
+E2E = struct.Struct("<qqd")  # bench/lane_app.py's e2e record: sequence, timed, handler start
 WARM = 20  # tasks a fresh worker must handle before the paced tasks start
 STOP_GRACE_S = 10.0
 
@@ -92,15 +102,23 @@ class Peer:
     python: Path = MAIN_PY
     worker: tuple[str, ...] = ()
 
+    @property
+    def ours(self) -> bool:
+        """Whether this runner is pipeline's (``ours`` or ``ours_bare``)."""
+        return self.name in {"ours", "ours_bare"}
+
     def worker_cmd(self, topic: str, group: str) -> list[str]:
         """The worker's command line."""
         if self.name == "ours":
+            return consume_cmd(group, "--concurrency", str(CONCURRENCY))
+        if self.name == "ours_bare":
             here = str(Path(__file__).resolve())
             return [sys.executable, here, "--ours-worker", self.broker, topic, group]
         return [str(self.python), *(self.worker or (str(PEERS_DIR / self.script), "worker"))]
 
 
 OURS = {b: Peer("ours", b) for b in ("redis", "kafka")}
+OURS_BARE = {b: Peer("ours_bare", b) for b in ("redis", "kafka")}
 PEERS = (
     Peer("streaq", "redis", "redis_streaq.py"),
     Peer("arq", "redis", "redis_arq.py", REDIS5_PY),
@@ -256,29 +274,59 @@ class Bench:
         await self.redis.aclose()
 
     async def create(self, peer: Peer, topic: str) -> TopicSpec:
-        """The run's topic: a lane for ours, a plain topic for the Kafka peers."""
-        spec = TopicSpec.model_validate(
-            {"name": topic, "partitions": PARTITIONS[peer.broker], "lane": "bench"}
-        )
+        """The run's topic: a lane for ours, a plain topic for the Kafka peers.
+
+        ``ours`` gets a lane with retry tiers named after the topic (so its parking keys hold
+        the topic's name and the cleanup finds them), written with the app module into the
+        directory ``pipeline consume`` runs in; ``ours_bare`` the plain lane of before.
+        """
+        doc: dict[str, Any] = {"name": topic, "partitions": PARTITIONS[peer.broker]}
+        if peer.name == "ours":
+            doc |= {"lane": topic, "retry": {"tiers": OURS_TIERS}}
+            write_lane(self.workdir / topic, doc)
+        else:
+            doc["lane"] = "bench"
+        spec = TopicSpec.model_validate(doc)
         if peer.broker == "kafka":
-            if peer.name == "ours":
+            if peer.ours:
                 await self.kafka.declare(spec)
             else:
                 await self.kafka.create_topic(topic, spec.partitions)
-        elif peer.name == "ours":
+        elif peer.ours:
             await apply(self.transports["redis"].admin(), [spec], 100_000, dry_run=False)
         return spec
+
+    def worker_env(
+        self, peer: Peer, topic: str, env: dict[str, str]
+    ) -> tuple[dict[str, str], Path]:
+        """The worker's environment and working directory.
+
+        ``pipeline consume`` gets the default settings but for the broker, the shared Redis
+        (parking, poison counting) and a metrics endpoint on a free port.
+        """
+        if peer.name != "ours":
+            return env, self.workdir
+        env = {
+            **env,
+            "PIPELINE_TRANSPORT": peer.broker,
+            "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": self.kafka.bootstrap,
+            "PIPELINE_REDIS__URL": self.settings.redis.url,
+            "PIPELINE_RUNTIME__METRICS_PORT": str(free_port()),
+            "BENCH_LANE": topic,
+            "BENCH_MODE": "record",
+        }
+        return env, self.workdir / topic
 
     async def cleanup(self, peer: Peer, spec: TopicSpec, group: str) -> None:
         """Delete the run's topics, group and Redis keys."""
         if peer.broker == "kafka":
             await self.kafka.drop_group(group)
             extra = await asyncio.to_thread(self.kafka._topics_named, group)  # noqa: SLF001 - faust's own topics
-            names = spec.topic_names() if peer.name == "ours" else [spec.name]
+            names = spec.topic_names() if peer.ours else [spec.name]
             await self.kafka.drop_topics(
                 [n for n in names if n in await self._kafka_topics()] + extra
             )
-        elif peer.name == "ours":
+        elif peer.ours:
             with contextlib.suppress(Exception):
                 for name in spec.topic_names():
                     await self.transports["redis"].admin().delete_topic(name)
@@ -295,7 +343,7 @@ class Bench:
     ) -> None:
         """Enqueue tasks ``start..start+n-1``: our producer, or the peer's own client."""
         spec = argparse.Namespace(count=n, rate=rate, start=start)
-        if peer.broker == "kafka" or peer.name == "ours":
+        if peer.broker == "kafka" or peer.ours:
             producer = self.transports[peer.broker].producer()
 
             def key(seq: int) -> bytes:
@@ -366,11 +414,12 @@ class Bench:
             spec = await self.create(peer, topic)
             if rate <= 0:
                 await self.enqueue(peer, topic, env, n, 0, 0)
+            worker_env, cwd = self.worker_env(peer, topic, env)
             with log.open("wb") as err:
                 worker = subprocess.Popen(  # noqa: ASYNC220 - returns at once
                     peer.worker_cmd(topic, group),
-                    env=env,
-                    cwd=self.workdir,
+                    env=worker_env,
+                    cwd=cwd,
                     stdout=subprocess.DEVNULL,
                     stderr=err,
                     start_new_session=True,
@@ -408,46 +457,123 @@ class Bench:
 # -- end to end: webhook to handler through the real ingress ------------------------------------
 
 
-async def e2e(bench: Bench, broker: str, rate: int, seconds: float) -> dict[str, Any]:
-    """Signed webhooks at ``rate``/s into ``pipeline ingress serve``, handled by a member here."""
+class _BareE2E:
+    """The bare member in this process (no Redis, no retry tiers): the ``_bare`` e2e runs."""
+
+    def __init__(self, bench: Bench, broker: str, spec: TopicSpec, group: str, tag: str) -> None:
+        """Handle ``spec``'s lane in ``group``; webhooks tagged ``tag`` are the timed run."""
+        self.handled: dict[str, list[tuple[int, float]]] = {"warm": [], "run": []}
+        loop = asyncio.get_running_loop()
+
+        async def handle(_event: bytes, ctx: Context) -> None:
+            started = loop.time()
+            run, _, seq = (ctx.event_id or "").rpartition(".")
+            self.handled["run" if run.endswith(f".{tag}") else "warm"].append((int(seq), started))
+
+        app = App([spec])
+        app.handler(spec.lane)(handle)
+        self._member = Member(app, bench.transports[broker], group, RuntimeSettings())
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._member.run(self._stop))
+
+    def check(self) -> None:
+        """Raise if the member stopped."""
+        if self._task.done():
+            self._task.result()
+            raise BenchError("e2e: the member stopped")
+
+    async def close(self) -> None:
+        """Stop the member."""
+        self._stop.set()
+        await asyncio.wait_for(self._task, 60)
+
+
+class _ConsumeE2E:
+    """``pipeline consume`` of the lane (retry tiers, Redis, metrics on) in its own process."""
+
+    def __init__(self, bench: Bench, broker: str, workdir: Path, group: str, tag: str) -> None:
+        """Start the consumer in ``workdir`` (the lane's yaml and the app module)."""
+        self._records = workdir / "e2e.rec"
+        self._log = workdir / "consumer.log"
+        spec = TopicSpec.model_validate(
+            json.loads((workdir / "topics" / "bench.yaml").read_text(encoding="utf-8"))
+        )
+        env, _ = bench.worker_env(OURS[broker], spec.lane, {**os.environ})
+        env |= {"BENCH_MODE": "e2e", "BENCH_TAG": tag, "BENCH_RECORDS": str(self._records)}
+        with self._log.open("wb") as err:
+            self._proc = subprocess.Popen(
+                consume_cmd(group),
+                env=env,
+                cwd=workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    @property
+    def handled(self) -> dict[str, list[tuple[int, float]]]:
+        """(sequence, handler start) of the warm-up and of the timed webhooks so far."""
+        data = self._records.read_bytes() if self._records.exists() else b""
+        out: dict[str, list[tuple[int, float]]] = {"warm": [], "run": []}
+        for i in range(0, len(data) - len(data) % E2E.size, E2E.size):
+            seq, timed, started = E2E.unpack_from(data, i)
+            out["run" if timed else "warm"].append((seq, started))
+        return out
+
+    def check(self) -> None:
+        """Raise if the consumer exited."""
+        if self._proc.poll() is not None:
+            lines = self._log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise BenchError(
+                f"e2e: pipeline consume exited {self._proc.returncode}: {' | '.join(lines)}"
+            )
+
+    async def close(self) -> None:
+        """Stop the consumer."""
+        await asyncio.to_thread(stop_worker, self._proc)
+
+
+async def e2e(
+    bench: Bench, broker: str, rate: int, seconds: float, *, bare: bool = False
+) -> dict[str, Any]:
+    """Signed webhooks at ``rate``/s into ``pipeline ingress serve``, handled by ``pipeline
+    consume`` of a lane with retry tiers (its own process), or with ``bare`` by a bare member in
+    this process."""
     tag = uuid.uuid4().hex[:10]
     topic = f"bench_peers_e2e_{tag}"
-    spec_doc = write_config(bench.workdir / f"e2e-{tag}", topic)
     workdir = bench.workdir / f"e2e-{tag}"
+    spec_doc = write_config(workdir, topic)
+    if not bare:  # lane named after the topic, so the cleanup finds its parking keys
+        spec_doc |= {"lane": topic, "retry": {"tiers": OURS_TIERS}}
+        (workdir / "topics" / "bench.yaml").write_text(json.dumps(spec_doc), encoding="utf-8")
+        copy_app(workdir)
     spec = TopicSpec.model_validate(spec_doc)
     if broker == "kafka":
         await bench.kafka.declare(spec)
     else:
         await apply(bench.transports["redis"].admin(), [spec], 100_000, dry_run=False)
     loop = asyncio.get_running_loop()
-    handled: dict[str, list[tuple[int, float]]] = {"warm": [], "run": []}
-
-    async def handle(_event: bytes, ctx: Context) -> None:
-        started = loop.time()
-        run, _, seq = (ctx.event_id or "").rpartition(".")
-        handled["run" if run.endswith(f".{tag}") else "warm"].append((int(seq), started))
-
-    app = App([spec])
-    app.handler("bench")(handle)
     group = f"{topic}_g"
-    member = Member(app, bench.transports[broker], group, RuntimeSettings())
-    stop_member = asyncio.Event()
-    task = asyncio.create_task(member.run(stop_member))
+    consumer: _BareE2E | _ConsumeE2E = (
+        _BareE2E(bench, broker, spec, group, tag)
+        if bare
+        else _ConsumeE2E(bench, broker, workdir, group, tag)
+    )
     proc: subprocess.Popen[bytes] | None = None
     try:
         proc, port = start_ingress(workdir, "FULL", transport=broker)
         warm, _, _ = await load(port, requests(200, f"w{tag}"), None)
-        await _until(lambda: len(handled["warm"]) >= warm, task, "warm-up")
+        await _until(lambda: len(consumer.handled["warm"]) >= warm, consumer, "warm-up")
         raw = requests(int(rate * seconds), tag)
-        before = loop.time()
+        before = loop.time()  # the monotonic clock, which the consumer's process shares
         accepted, _, http = await load(port, raw, rate)
         start = before + 0.05  # load() schedules request i at its start + i / rate
-        await _until(lambda: len(handled["run"]) >= accepted, task, "webhooks")
+        await _until(lambda: len(consumer.handled["run"]) >= accepted, consumer, "webhooks")
+        handled = consumer.handled["run"]
     finally:
         if proc is not None:
             stop(proc)
-        stop_member.set()
-        await asyncio.wait_for(task, 60)
+        await consumer.close()
         if broker == "kafka":
             await bench.kafka.drop_group(group)
             await bench.kafka.drop_topics(spec.topic_names())
@@ -457,23 +583,21 @@ async def e2e(bench: Bench, broker: str, rate: int, seconds: float) -> dict[str,
         keys = [k async for k in bench.redis.scan_iter(match=f"*{topic}*", count=1000)]
         if keys:
             await bench.redis.delete(*keys)
-    latencies = [(t - (start + seq / rate)) * 1000 for seq, t in handled["run"]]
+    latencies = [(t - (start + seq / rate)) * 1000 for seq, t in handled]
     return {
         "accepted": accepted,
         "sent": len(raw),
-        "handled": len(handled["run"]),
+        "handled": len(handled),
         "p50_ms": round(_pct(latencies, 50), 1),
         "p99_ms": round(_pct(latencies, 99), 1),
         "http_p99_ms": round(_pct(http, 99) * 1000, 1),
     }
 
 
-async def _until(predicate: Any, task: asyncio.Task[None], what: str) -> None:
+async def _until(predicate: Any, consumer: _BareE2E | _ConsumeE2E, what: str) -> None:
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not predicate():
-        if task.done():
-            task.result()
-            raise BenchError(f"e2e: the member stopped during the {what}")
+        consumer.check()
         if time.monotonic() > deadline:
             raise BenchError(f"e2e: the {what} were not all handled in {RUN_TIMEOUT_S:.0f} s")
         await asyncio.sleep(0.01)
@@ -541,6 +665,8 @@ def versions() -> dict[str, str]:
         "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
     )
     for python, packages in VERSIONS.items():
+        if not python.exists():  # a venv not built because its peers were skipped
+            continue
         proc = subprocess.run(
             [str(python), "-c", probe, *packages], capture_output=True, text=True, check=False
         )
@@ -550,17 +676,21 @@ def versions() -> dict[str, str]:
     return out
 
 
-def prepare() -> dict[str, str]:
-    """Build the peers' venvs; returns {runner: reason} for every runner that cannot run."""
+def prepare(skip: Sequence[str] = ()) -> dict[str, str]:
+    """Build the peers' venvs that a runner not in ``skip`` needs; returns {runner: reason}
+    for every runner that cannot run."""
     broken: dict[str, str] = {}
-    try:
-        ensure_peer_env()
-    except Exception as exc:
-        broken |= {p.name: str(exc) for p in PEERS if p.python == MAIN_PY}
-    try:
-        ensure_redis5_env()
-    except (BenchError, OSError, subprocess.SubprocessError) as exc:
-        broken |= {p.name: str(exc) for p in PEERS if p.python == REDIS5_PY}
+    needed = {p.python for p in PEERS if p.name not in skip}
+    if MAIN_PY in needed:
+        try:
+            ensure_peer_env()
+        except Exception as exc:
+            broken |= {p.name: str(exc) for p in PEERS if p.python == MAIN_PY}
+    if REDIS5_PY in needed:
+        try:
+            ensure_redis5_env()
+        except (BenchError, OSError, subprocess.SubprocessError) as exc:
+            broken |= {p.name: str(exc) for p in PEERS if p.python == REDIS5_PY}
     return broken
 
 
@@ -586,10 +716,10 @@ def table(results: list[Result], ours: dict[str, float | None]) -> None:
 async def run_broker(
     bench: Bench, broker: str, args: argparse.Namespace, broken: dict[str, str]
 ) -> list[Result]:
-    """Ours, every peer of ``broker``, ours again."""
+    """Ours, every peer of ``broker``, the bare member, ours again."""
     peers = [p for p in PEERS if p.broker == broker]
     results = []
-    for peer in [OURS[broker], *peers, OURS[broker]]:
+    for peer in [OURS[broker], *peers, OURS_BARE[broker], OURS[broker]]:
         if peer.name in args.skip:
             results.append(Result(peer.name, broker, error="skipped (--skip)"))
             continue
@@ -611,17 +741,19 @@ async def run_e2e(bench: Bench, args: argparse.Namespace) -> dict[str, dict[str,
     """The webhook-to-handler runs, Kafka then Redis; a failure is kept as its reason."""
     runs: dict[str, dict[str, Any]] = {}
     for broker in ("kafka", "redis"):
-        try:
-            runs[broker] = await e2e(bench, broker, args.e2e_rate, args.e2e_seconds)
-        except (BenchError, OSError, SystemExit) as exc:
-            runs[broker] = {"error": str(exc)}
-        print(f"  e2e {broker}: {runs[broker]}", file=sys.stderr, flush=True)
+        for bare in (False, True):
+            name = f"{broker}_bare" if bare else broker
+            try:
+                runs[name] = await e2e(bench, broker, args.e2e_rate, args.e2e_seconds, bare=bare)
+            except (BenchError, OSError, SystemExit) as exc:
+                runs[name] = {"error": str(exc)}
+            print(f"  e2e {name}: {runs[name]}", file=sys.stderr, flush=True)
     return runs
 
 
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every runner, Redis then Kafka (ours first and last on each), then the two e2e runs."""
-    broken = await asyncio.to_thread(prepare)
+    broken = await asyncio.to_thread(prepare, args.skip)
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         bench = Bench(Path(tmp))
@@ -642,14 +774,19 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         if r.name == "ours":
             continue
         base = ours_rate[r.broker]
-        out[f"vs_{r.name}"] = round(base / r.tasks_s, 2) if base and r.tasks_s else None
+        ratio = round(base / r.tasks_s, 2) if base and r.tasks_s else None
+        # ours (pipeline consume) ÷ the bare member, per broker; < 1 is the guard's cost
+        out[f"ours_vs_bare_{r.broker}" if r.name == "ours_bare" else f"vs_{r.name}"] = ratio
         if r.error:
             print(f"{r.name}: null, because: {r.error}")
     for broker in ("kafka", "redis"):
         out[f"e2e_p99_ms_{broker}"] = e2e_runs[broker].get("p99_ms")
+        out[f"e2e_p99_ms_{broker}_bare"] = e2e_runs[f"{broker}_bare"].get("p99_ms")
     out["details"] = {
         "runners": [vars_of(r) for r in results],
         "ours_tasks_s": {b: round(v) if v else None for b, v in ours_rate.items()},
+        "ours": f"pipeline consume, retry tiers {OURS_TIERS}, Redis, metrics on, concurrency "
+        f"{CONCURRENCY}; ours_bare: a Member without Redis or retry tiers",
         "e2e": e2e_runs,
         "tasks": args.tasks,
         "drain_cap_s": args.drain_cap_s,
@@ -695,7 +832,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="paced tasks per second")
     parser.add_argument("--e2e-rate", type=int, default=1_000, help="webhooks per second")
     parser.add_argument("--e2e-seconds", type=float, default=10.0)
-    parser.add_argument("--skip", nargs="*", default=[], choices=[p.name for p in PEERS])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=[p.name for p in PEERS] + ["ours_bare"]
+    )
     parser.add_argument(
         "--ours-worker", nargs=3, metavar=("BROKER", "TOPIC", "GROUP"), help=argparse.SUPPRESS
     )

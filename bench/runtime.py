@@ -1,6 +1,6 @@
-"""The consumer runtime (``Member``) on Kafka against the raw client loop, faust and FastStream.
+"""The consumer runtime on Kafka: raw client loop, faust, FastStream, and what users run.
 
-Three measurements, all against the same Kafka broker in one process run (``make bench-runtime``):
+Four measurements, all against the same Kafka broker in one run (``make bench-runtime``):
 
 1. **Throughput, no-op handler.** One topic of 12 partitions is created and ``--messages``
    (default 50,000) messages of 1 KiB (constant bytes) with keys ``k0..k999`` are produced into it
@@ -39,22 +39,59 @@ Three measurements, all against the same Kafka broker in one process run (``make
    raises ``partition_high_water`` above the whole backlog, so flow control never pauses the
    partition (``key_parallel_speedup_no_pause``); it shows what the pause/resume path costs.
 
-3. **Retries at 1 %**: a lane with retry tiers ``200ms, 1s``, a Redis client passed to the
-   member (parking on, so per-key order holds across retries), 12 partitions, 1,000 keys,
-   ``--retry-messages`` messages (default 20,000, not 50,000: with parking on, a run is ~20x
-   slower than in 1, and the whole benchmark has to stay under ten minutes), and a handler that
-   fails 1 % of the messages once (``crc32(value) % 100 == 0`` on attempt 1). Against the same
-   lane and member with a handler that never fails, interleaved, each run on a fresh lane (main,
-   retry tiers and DLQ topics created and deleted). The timed span is first handled to the last
-   message *succeeded* (so it includes the retry tiers' delay for the last failures).
-   ``retry_1pct_cost`` = 1 - (msgs/s with failures / without), median per pair. Every success
-   records (key, sequence): ``order_violations`` counts successes that came after a later message
-   of the same key, here and in 2 (must be 0).
+3. **Guarded lane against the bare member** (``bench/guarded.py``, ``bench/lane_process.py``):
+   what users run against the runtime alone. One Kafka lane of 4 partitions, ordered,
+   ``--wire-messages`` (default 20,000) messages of 1 KiB over 1,000 keys, produced once per lane
+   declaration, and a no-op handler (``bench/lane_app.py``) that writes one byte per message to a
+   pipe the harness reads and counts. Each consumer is its OWN process, started in a fresh
+   directory holding the lane's ``topics/<name>.yaml`` and the app module, on a fresh group:
+
+   * **bare**: a :class:`~pipeline.runtime.member.Member` without Redis and without metrics
+     (default ``RuntimeSettings``), as ``bench/peers_bench.py``'s bare worker;
+   * **consume**: ``pipeline consume bench_lane_app:app --group G``, the real CLI entry with the
+     default settings, a private ``redis-server`` of the run's own (free loopback port), the
+     metrics endpoint on (``PIPELINE_RUNTIME__METRICS_PORT``).
+
+   Both run on the lane with retry tiers ``1s, 5s`` (``*_tiers``) and on the same lane without
+   ``retry:`` (``*_plain``), in rotated order every repeat, no failures. The timed span is the
+   first byte to the N-th byte (process start, imports and the group join are outside it); CPU is
+   the consumer's process tree (psutil) over the span. ``guarded_vs_bare`` = consume ÷ bare
+   msgs/s with tiers and ``consume_plain_vs_bare`` the same without ``retry:`` (median of the
+   per-repeat ratios). ``redis_calls_per_msg_clean``: the private Redis's ``INFO commandstats``
+   (read over a raw socket) before the consumer starts and after it exited, the sum of every
+   command's calls minus the INFO calls, ÷ messages, for consume with tiers (median over
+   repeats). commandstats also counts the commands a Redis function runs inside, so this is
+   executed commands, at least the commands sent; ``redis_commands_per_msg_clean`` breaks it down
+   by command.
+
+4. **Retries at 1 %** (``bench/guarded.py``), through ``pipeline consume`` too, as its own process
+   with its own private Redis: a lane with retry tiers ``200ms, 1s``, 12 partitions, 1,000 keys,
+   ``--retry-messages`` messages (default 20,000), and the handler's ``checked`` mode: it holds
+   its key ``--hold-ms`` (default 1 ms), fails 1 % of the messages once (``crc32(value) % 100 ==
+   0`` on attempt 1) and writes its byte on a message's first success. Against the same lane with
+   a handler that never fails, interleaved, each run on a fresh lane (main, retry tiers and DLQ
+   topics created and deleted). The timed span is the first byte to the last message's first
+   success (so it includes the retry tiers' delay for the last failures). After it, the harness
+   waits until the group's commits reach the end of every topic of the lane, then reads the retry
+   tiers' end offsets. ``retry_1pct_cost`` = 1 - (msgs/s with failures / without), median per
+   pair. ``retry_amplification`` = entries written to the retry-tier topics ÷ failures the
+   handler injected (median over the failing runs). The handler counts, in the process:
+   ``order_violations``, successes that came after a later message of the same key (added to
+   part 2's); ``key_overlaps``, a run of a key starting while another run of that key is still
+   in the handler (a dict of keys running; exact, as there is one process); duplicates.
 
 The last line printed is one JSON object::
 
     {"bench": "runtime", "vs_raw": ..., "vs_faust": ..., "vs_faststream": ...,
-     "key_parallel_speedup": ..., "retry_1pct_cost": ..., "order_violations": ..., ...}
+     "key_parallel_speedup": ..., "retry_1pct_cost": ..., "order_violations": ...,
+     "guarded_vs_bare": ..., "consume_plain_vs_bare": ..., "redis_calls_per_msg_clean": ...,
+     "retry_amplification": ..., "key_overlaps": ..., "targets_met": {...}, ...}
+
+with, besides, msgs/s and CPU-s per 10k of every runner (``wire_<runner>_msgs_s``,
+``wire_<runner>_cpu_s_per_10k``, runners ``bare_tiers``, ``consume_tiers``, ``bare_plain``,
+``consume_plain``). ``--parts`` runs some parts only (their fields stay null otherwise);
+``--quick`` is a short run (5,000 messages, 2,000 per guarded and retry run, one repeat). Every
+part deletes its topics and groups, stops its private Redis and removes its directories.
 
 Brokers come from the usual settings (``PIPELINE_KAFKA__BOOTSTRAP_SERVERS``,
 ``PIPELINE_REDIS__URL``); the script exits non-zero with a message if one cannot be reached.
@@ -78,7 +115,6 @@ import sys
 import tempfile
 import time
 import uuid
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -90,6 +126,18 @@ from confluent_kafka import Consumer as RawKafkaConsumer
 from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as RawTopicPartition
 from confluent_kafka.admin import AdminClient
+from guarded import (
+    RETRY_TIERS,
+    WIRE_KEYS,
+    WIRE_PARTITIONS,
+    WIRE_RUNNERS,
+    WIRE_TIERS,
+    Retries,
+    Wire,
+    bench_retries,
+    bench_wire,
+)
+from lane_process import Drain, ProcessBenchError
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
@@ -122,8 +170,6 @@ KP_MAX_SLEEP_S = 0.005
 KP_CONCURRENCY = 100
 # Diagnostic only: the high-water mark above the whole backlog, so flow control never pauses.
 KP_NO_PAUSE = RuntimeSettings(max_concurrency=KP_CONCURRENCY, partition_high_water=KP_MESSAGES * 2)
-RETRY_TIERS = ["200ms", "1s"]
-FAIL_MODULO = 100  # crc32(value) % 100 == 0: 1 % of the messages fail once
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
 PEER_VENV = PEERS_DIR / ".venv"
@@ -142,6 +188,16 @@ TARGETS = {
     "key_parallel_speedup": (">=", 10.0),
     "retry_1pct_cost": ("<=", 0.10),
     "order_violations": ("<=", 0),
+    "guarded_vs_bare": (">=", 0.7),
+    "consume_plain_vs_bare": (">=", 0.8),
+    "redis_calls_per_msg_clean": ("<=", 0.05),
+    "retry_amplification": ("<=", 1.1),
+    "key_overlaps": ("<=", 0),
+}
+# field: (pipeline consume runner, bare runner on the same lane)
+WIRE_RATIOS = {
+    "guarded_vs_bare": ("consume_tiers", "bare_tiers"),
+    "consume_plain_vs_bare": ("consume_plain", "bare_plain"),
 }
 
 
@@ -817,95 +873,6 @@ async def bench_key_parallel(h: Harness, repeats: int) -> KeyParallel:
     return result
 
 
-@dataclass(slots=True)
-class Retries:
-    """Interleaved (no failures, 1 % failures) runs on a lane with retry tiers and parking."""
-
-    clean: list[Span] = field(default_factory=list)
-    failing: list[Span] = field(default_factory=list)
-    order_violations: int = 0
-    duplicates: int = 0
-    dead_lettered: int = 0
-
-    @property
-    def costs(self) -> list[float]:
-        """1 - failing/clean msgs/s per pair."""
-        return [1 - f.msgs_s / c.msgs_s for c, f in zip(self.clean, self.failing, strict=True)]
-
-
-async def _retry_run(h: Harness, n: int, *, fail: bool) -> tuple[Span, int, int, int]:
-    """One fresh lane with retry tiers; returns (span, order violations, duplicates, dead)."""
-    name = _name("retry")
-    spec = TopicSpec.model_validate(
-        {
-            "name": name,
-            "partitions": PARTITIONS,
-            "lane": "bench_retry",
-            "retry": {"tiers": RETRY_TIERS},
-        }
-    )
-    await h.declare(spec)
-    prefix = f"bench-{uuid.uuid4().hex[:12]}"
-    group = _name("retry_g")
-    try:
-        await h.produce(name, n, KEYS)
-        watch = Stopwatch(n)
-        seen: dict[bytes, list[int]] = defaultdict(list)
-        done: set[int] = set()
-        duplicates = 0
-        injected = 0
-
-        async def handle(event: bytes, ctx: Context) -> None:
-            nonlocal duplicates, injected
-            if fail and ctx.attempt == 1 and zlib.crc32(event) % FAIL_MODULO == 0:
-                injected += 1
-                raise RuntimeError("injected failure (attempt 1)")
-            seq = _seq(event)
-            seen[ctx.message.key or b""].append(seq)
-            if seq in done:
-                duplicates += 1
-                return
-            done.add(seq)
-            watch.tick()
-
-        span, member = await h.run_member(
-            spec, group, watch, handle, RuntimeSettings(), redis_prefix=prefix
-        )
-        stats = member.stats
-        span.extra = {
-            "injected_failures": injected,
-            "retried": stats.retried,
-            "diverted": stats.parked,
-            "dead_lettered": stats.dead_lettered,
-        }
-        return span, _order_violations(seen), duplicates, stats.dead_lettered
-    finally:
-        await h.drop_group(group)
-        await h.drop_topics(spec.topic_names())
-        keys = [k async for k in h.redis.scan_iter(match=f"*{prefix}*", count=1000)]
-        if keys:
-            await h.redis.delete(*keys)
-
-
-async def bench_retries(h: Harness, n: int, repeats: int) -> Retries:
-    """Interleaved pairs: without failures, with 1 % failing once."""
-    result = Retries()
-    for i in range(repeats):
-        for fail in (False, True) if i % 2 == 0 else (True, False):
-            span, violations, dups, dead = await _retry_run(h, n, fail=fail)
-            result.order_violations += violations
-            result.duplicates += dups
-            result.dead_lettered += dead
-            (result.failing if fail else result.clean).append(span)
-        print(
-            f"  retries {i + 1}/{repeats}: clean {result.clean[-1].msgs_s:,.0f}/s, "
-            f"1% failing {result.failing[-1].msgs_s:,.0f}/s ({result.failing[-1].extra})",
-            file=sys.stderr,
-            flush=True,
-        )
-    return result
-
-
 # -- report --------------------------------------------------------------------------------------
 
 
@@ -924,8 +891,19 @@ def _met(name: str, value: float | None) -> bool | None:
     return value >= target if op == ">=" else value <= target
 
 
-def print_tables(tp: Throughput, kp: KeyParallel, rt: Retries, n: int, rt_n: int) -> None:
-    """Human-readable tables (medians over repeats)."""
+@dataclass(slots=True)
+class Results:
+    """What the parts that ran measured (a part left out with ``--parts`` stays None)."""
+
+    tp: Throughput | None = None
+    kp: KeyParallel | None = None
+    wire: Wire | None = None
+    rt: Retries | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _tables_throughput(tp: Throughput, n: int) -> None:
     print(f"\nthroughput: {n:,} x 1 KiB, {PARTITIONS} partitions, {KEYS} keys, no-op handler")
     print(f"{'runner':>12}{'msgs/s':>10}{'cpu/10k':>10}{'commit s':>10}  runs (msgs/s)")
     for name in RUNNERS:
@@ -948,6 +926,9 @@ def print_tables(tp: Throughput, kp: KeyParallel, rt: Retries, n: int, rt_n: int
             else f"{_med(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})"
         )
         print(f"  ours/{peer}: {text}")
+
+
+def _tables_key_parallel(kp: KeyParallel) -> None:
     print(f"\nkey parallel: {KP_MESSAGES:,} msgs, 1 partition, {KP_KEYS} keys, sleep 0-5 ms")
     print(
         f"  concurrency 100: {_med([s.msgs_s for s in kp.parallel]):,.0f}/s; "
@@ -959,27 +940,58 @@ def print_tables(tp: Throughput, kp: KeyParallel, rt: Retries, n: int, rt_n: int
         f"{KP_NO_PAUSE.partition_high_water:,}): {_med([s.msgs_s for s in kp.no_pause]):,.0f}/s, "
         f"speedup {_med(kp.speedups_no_pause):.1f}"
     )
-    print(f"\nretries: {rt_n:,} msgs, tiers {RETRY_TIERS}, parking on, 1% failing once")
+
+
+def _tables_wire(wire: Wire, n: int) -> None:
+    print(
+        f"\nguarded vs bare: {n:,} x 1 KiB, {WIRE_PARTITIONS} partitions, {WIRE_KEYS} keys, "
+        "ordered, one byte per message, each consumer its own process"
+    )
+    print(f"{'runner':>14}{'msgs/s':>10}{'cpu/10k':>10}{'redis/msg':>11}  runs (msgs/s)")
+    for name in WIRE_RUNNERS:
+        runs = wire.runs[name]
+        calls = [c for r in runs if (c := r.redis_calls_per_msg) is not None]
+        print(
+            f"{name:>14}{_med([r.msgs_s for r in runs]):>10,.0f}"
+            f"{_med([r.cpu_per_10k for r in runs]):>10.2f}"
+            f"{(f'{_med(calls):.3f}' if calls else '-'):>11}  "
+            + ", ".join(f"{r.msgs_s:,.0f}" for r in runs)
+        )
+    for field_name, (consume, bare) in WIRE_RATIOS.items():
+        ratios = wire.ratios(consume, bare)
+        print(f"  {field_name}: {_med(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})")
+
+
+def _tables_retries(rt: Retries, n: int) -> None:
+    print(
+        f"\nretries: {n:,} msgs, `pipeline consume`, tiers {RETRY_TIERS}, parking on, "
+        "1% failing once"
+    )
+    amplifications = [a for a in rt.amplifications if a is not None]
     print(
         f"  clean: {_med([s.msgs_s for s in rt.clean]):,.0f}/s; "
         f"1% failing: {_med([s.msgs_s for s in rt.failing]):,.0f}/s; "
         f"cost {_med(rt.costs):.3f} ({', '.join(f'{x:.3f}' for x in rt.costs)}); "
-        f"order violations {rt.order_violations}"
+        f"amplification {(f'{_med(amplifications):.2f}' if amplifications else '-')}; "
+        f"order violations {rt.total('order_violations')}; "
+        f"key overlaps {rt.total('key_overlaps')}"
     )
 
 
-def summary(
-    tp: Throughput, kp: KeyParallel, rt: Retries, args: argparse.Namespace, versions: dict[str, str]
-) -> dict[str, Any]:
-    """The machine-readable result (the last line of output)."""
-    out: dict[str, Any] = {"bench": "runtime"}
-    for peer in RUNNERS[1:]:
-        ratios = tp.ratios(peer)
-        out[f"vs_{peer}"] = _r(_med(ratios)) if ratios else None
-    out["key_parallel_speedup"] = _r(_med(kp.speedups), 2)
-    out["retry_1pct_cost"] = _r(_med(rt.costs))
-    out["order_violations"] = kp.order_violations + rt.order_violations
-    out["targets_met"] = {name: _met(name, out[name]) for name in TARGETS}
+def print_tables(res: Results, args: argparse.Namespace) -> None:
+    """Human-readable tables (medians over repeats) of the parts that ran."""
+    if res.tp is not None:
+        _tables_throughput(res.tp, args.messages)
+    if res.kp is not None:
+        _tables_key_parallel(res.kp)
+    if res.wire is not None:
+        _tables_wire(res.wire, args.wire_messages)
+    if res.rt is not None:
+        _tables_retries(res.rt, args.retry_messages)
+
+
+def _summary_throughput(tp: Throughput) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for peer in RUNNERS[1:]:
         if peer in tp.errors:
             out[f"{peer}_error"] = tp.errors[peer]
@@ -994,27 +1006,108 @@ def summary(
         out[f"{name}_fully_committed"] = (
             all(r.extra.get("fully_committed", False) for r in runs) if runs else None
         )
-    out["kp_parallel_msgs_s"] = round(_med([s.msgs_s for s in kp.parallel]))
-    out["kp_serial_msgs_s"] = round(_med([s.msgs_s for s in kp.serial]))
-    out["kp_speedups"] = [_r(x, 2) for x in kp.speedups]
-    out["kp_order_violations"] = kp.order_violations
-    out["kp_no_pause_msgs_s"] = round(_med([s.msgs_s for s in kp.no_pause]))
-    out["key_parallel_speedup_no_pause"] = _r(_med(kp.speedups_no_pause), 2)
-    out["retry_clean_msgs_s"] = round(_med([s.msgs_s for s in rt.clean]))
-    out["retry_failing_msgs_s"] = round(_med([s.msgs_s for s in rt.failing]))
-    out["retry_costs"] = [_r(x) for x in rt.costs]
-    out["retry_order_violations"] = rt.order_violations
-    out["retry_duplicates"] = rt.duplicates
-    out["retry_dead_lettered"] = rt.dead_lettered
-    out["retry_failing_runs"] = [s.extra for s in rt.failing]
-    out["retry_cpu_s_per_10k_clean"] = _r(_med([s.cpu_per_10k for s in rt.clean]))
-    out["retry_cpu_s_per_10k_failing"] = _r(_med([s.cpu_per_10k for s in rt.failing]))
+    return out
+
+
+def _summary_key_parallel(kp: KeyParallel) -> dict[str, Any]:
+    return {
+        "kp_parallel_msgs_s": round(_med([s.msgs_s for s in kp.parallel])),
+        "kp_serial_msgs_s": round(_med([s.msgs_s for s in kp.serial])),
+        "kp_speedups": [_r(x, 2) for x in kp.speedups],
+        "kp_order_violations": kp.order_violations,
+        "kp_no_pause_msgs_s": round(_med([s.msgs_s for s in kp.no_pause])),
+        "key_parallel_speedup_no_pause": _r(_med(kp.speedups_no_pause), 2),
+    }
+
+
+def _per_msg(runs: Sequence[Drain]) -> dict[str, float]:
+    """Redis commands by name per message, over every run."""
+    total: dict[str, int] = defaultdict(int)
+    for run in runs:
+        for name, calls in (run.redis_calls or {}).items():
+            total[name] += calls
+    messages = sum(r.messages for r in runs)
+    return {name: round(calls / messages, 4) for name, calls in sorted(total.items())}
+
+
+def _calls(runs: Sequence[Drain]) -> float | None:
+    values = [c for r in runs if (c := r.redis_calls_per_msg) is not None]
+    return _r(_med(values), 4) if values else None
+
+
+def _summary_wire(wire: Wire) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field_name, (consume, bare) in WIRE_RATIOS.items():
+        out[f"{field_name}_ratios"] = [_r(x) for x in wire.ratios(consume, bare)]
+    for name in WIRE_RUNNERS:
+        runs = wire.runs[name]
+        out[f"wire_{name}_msgs_s"] = round(_med([r.msgs_s for r in runs]))
+        out[f"wire_{name}_cpu_s_per_10k"] = _r(_med([r.cpu_per_10k for r in runs]))
+    out["redis_calls_per_msg_plain"] = _calls(wire.runs["consume_plain"])
+    # What the member sent as calls of its own (each Redis Function call is one round trip;
+    # the commands a function runs inside it are Redis's work, counted above).
+    clean = _per_msg(wire.runs["consume_tiers"])
+    out["redis_fcalls_per_msg_clean"] = clean.get("fcall")
+    out["redis_commands_per_msg_clean"] = clean
+    out["redis_commands_per_msg_plain"] = _per_msg(wire.runs["consume_plain"])
+    return out
+
+
+def _summary_retries(rt: Retries) -> dict[str, Any]:
+    return {
+        "retry_clean_msgs_s": round(_med([s.msgs_s for s in rt.clean])),
+        "retry_failing_msgs_s": round(_med([s.msgs_s for s in rt.failing])),
+        "retry_costs": [_r(x) for x in rt.costs],
+        "retry_amplifications": [_r(x) for x in rt.amplifications],
+        "retry_order_violations": rt.total("order_violations"),
+        "retry_duplicates": rt.total("duplicates"),
+        "retry_dead_lettered": rt.total("dead_lettered"),
+        "retry_injected_failures": rt.total("injected_failures"),
+        "retry_entries": rt.total("retry_entries"),
+        "retry_settled": all(s.stats.get("settled") for s in [*rt.clean, *rt.failing]),
+        "retry_failing_runs": [s.stats for s in rt.failing],
+        "retry_cpu_s_per_10k_clean": _r(_med([s.cpu_per_10k for s in rt.clean])),
+        "retry_cpu_s_per_10k_failing": _r(_med([s.cpu_per_10k for s in rt.failing])),
+        "redis_calls_per_msg_retry_clean": _calls(rt.clean),
+        "redis_calls_per_msg_retry_failing": _calls(rt.failing),
+    }
+
+
+def summary(res: Results, args: argparse.Namespace) -> dict[str, Any]:
+    """The machine-readable result (the last line of output); a part not run gives nulls."""
+    tp, kp, wire, rt = res.tp, res.kp, res.wire, res.rt
+    out: dict[str, Any] = {"bench": "runtime"}
+    for peer in RUNNERS[1:]:
+        ratios = tp.ratios(peer) if tp else None
+        out[f"vs_{peer}"] = _r(_med(ratios)) if ratios else None
+    out["key_parallel_speedup"] = _r(_med(kp.speedups), 2) if kp else None
+    out["retry_1pct_cost"] = _r(_med(rt.costs)) if rt else None
+    violations = [kp.order_violations] if kp else []
+    violations += [rt.total("order_violations")] if rt else []
+    out["order_violations"] = sum(violations) if violations else None
+    for field_name, (consume, bare) in WIRE_RATIOS.items():
+        out[field_name] = _r(_med(wire.ratios(consume, bare))) if wire else None
+    out["redis_calls_per_msg_clean"] = _calls(wire.runs["consume_tiers"]) if wire else None
+    amplifications = [a for a in rt.amplifications if a is not None] if rt else []
+    out["retry_amplification"] = _r(_med(amplifications)) if amplifications else None
+    out["key_overlaps"] = rt.total("key_overlaps") if rt else None
+    out["targets_met"] = {name: _met(name, out[name]) for name in TARGETS}
+    out |= _summary_throughput(tp) if tp else {}
+    out |= _summary_key_parallel(kp) if kp else {}
+    out |= _summary_wire(wire) if wire else {}
+    out |= _summary_retries(rt) if rt else {}
     out |= {
+        "parts": args.parts,
         "messages": args.messages,
+        "wire_messages": args.wire_messages,
         "retry_messages": args.retry_messages,
+        "retry_hold_ms": args.hold_ms,
         "repeats": args.repeats,
         "partitions": PARTITIONS,
         "keys": KEYS,
+        "wire_partitions": WIRE_PARTITIONS,
+        "wire_tiers": WIRE_TIERS,
+        "retry_tiers": RETRY_TIERS,
         "message_bytes": len(PAD),
         "faststream_backend": "aiokafka",
         "versions": {
@@ -1022,10 +1115,11 @@ def summary(
             "confluent_kafka": version("confluent-kafka"),
             "librdkafka": confluent_kafka.libversion()[0],
             "redis_py": version("redis"),
-            **versions,
+            **res.versions,
         },
         "git": _git_state(),
         "cpus": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d"),
     }
     return out
@@ -1046,25 +1140,29 @@ def _git_state() -> dict[str, Any]:
     }
 
 
-async def run(
-    args: argparse.Namespace,
-) -> tuple[Throughput, KeyParallel, Retries, dict[str, str], list[str]]:
-    """Probe, build the peers' venv, then the three measurements in order."""
+async def run(args: argparse.Namespace) -> Results:
+    """Probe, build the peers' venv if needed, then the chosen parts in order."""
+    res = Results()
     peers = [p for p in ("faust", "faststream") if p not in args.skip]
     errors: dict[str, str] = dict.fromkeys(args.skip, "skipped (--skip)")
-    versions: dict[str, str] = {}
-    if peers:
+    if peers and "throughput" in args.parts:
         try:
-            versions = await asyncio.to_thread(ensure_peer_env)
+            res.versions = await asyncio.to_thread(ensure_peer_env)
         except (PeerError, OSError, subprocess.SubprocessError) as exc:
             errors |= {p: str(exc) for p in peers}
     h = Harness(load_settings())
     try:
         await h.probe()
-        tp = await bench_throughput(h, args.messages, args.repeats, peers, errors)
-        kp = await bench_key_parallel(h, args.repeats)
-        rt = await bench_retries(h, args.retry_messages, args.repeats)
-        return tp, kp, rt, versions, h.cleanup_warnings
+        if "throughput" in args.parts:
+            res.tp = await bench_throughput(h, args.messages, args.repeats, peers, errors)
+        if "key_parallel" in args.parts:
+            res.kp = await bench_key_parallel(h, args.repeats)
+        if "wire" in args.parts:
+            res.wire = await bench_wire(h, args.wire_messages, args.repeats)
+        if "retries" in args.parts:
+            res.rt = await bench_retries(h, args.retry_messages, args.repeats, args.hold_ms)
+        res.warnings = h.cleanup_warnings
+        return res
     finally:
         await h.close()
 
@@ -1076,6 +1174,9 @@ def _positive(text: str) -> int:
     return value
 
 
+PARTS = ("throughput", "key_parallel", "wire", "retries")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run, print the tables and the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
@@ -1085,22 +1186,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--skip", nargs="*", default=[], choices=["faust", "faststream"], help="peers to leave out"
     )
     parser.add_argument(
+        "--wire-messages",
+        type=_positive,
+        default=20_000,
+        help="messages per run of the guarded-vs-bare part",
+    )
+    parser.add_argument(
         "--retry-messages",
         type=_positive,
         default=20_000,
         help="messages per retry run (parking makes these runs ~20x slower than --messages)",
     )
+    parser.add_argument(
+        "--hold-ms",
+        type=float,
+        default=1.0,
+        help="how long the retry part's handler holds its key (a window for overlaps)",
+    )
+    parser.add_argument(
+        "--parts", nargs="+", default=list(PARTS), choices=PARTS, help="parts to run, in order"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run: 5,000 messages, 2,000 per guarded and retry run, 1 repeat",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.messages, args.wire_messages, args.retry_messages = 5_000, 2_000, 2_000
+        args.repeats = 1
     try:
-        tp, kp, rt, versions, warnings = asyncio.run(run(args))
-    except (BenchError, PipelineError, KafkaException, redis_errors.RedisError, OSError) as exc:
+        res = asyncio.run(run(args))
+    except (
+        BenchError,
+        ProcessBenchError,
+        PipelineError,
+        KafkaException,
+        redis_errors.RedisError,
+        OSError,
+    ) as exc:
         print(f"bench/runtime.py: error: {exc}", file=sys.stderr)
         return 1
-    for warning in warnings:
+    for warning in res.warnings:
         print(f"warning: cleanup: {warning}", file=sys.stderr)
-    print_tables(tp, kp, rt, args.messages, args.retry_messages)
+    print_tables(res, args)
     print()
-    print(json.dumps(summary(tp, kp, rt, args, versions)))
+    print(json.dumps(summary(res, args)))
     return 0
 
 

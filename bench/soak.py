@@ -158,7 +158,7 @@ def key_shapes(keys: list[bytes]) -> dict[str, int]:
     """How many keys have each shape (message keys, digits and hex runs elided), most first."""
     shapes: dict[str, int] = {}
     for key in keys:
-        text = re.sub(r"(:park:[^:}]+:)[^}]+", r"\1KEY", key.decode(errors="replace"))
+        text = re.sub(r"(:guard:[^}]+}:[zhf]:).+", r"\1KEY", key.decode(errors="replace"))
         shape = re.sub(r"[0-9a-f]{6,}|\d+", "#", text)
         shapes[shape] = shapes.get(shape, 0) + 1
     return dict(sorted(shapes.items(), key=lambda kv: -kv[1])[:12])

@@ -12,34 +12,43 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Coroutine
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
+import yaml
+from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from pipeline.admission.cli import app as throttle_app
+from pipeline.capacity.cli import capacity_command
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
+from pipeline.ingress.send import send_command
+from pipeline.log_repeats import configure_logging
 from pipeline.observability.status_view import status_command
-from pipeline.redrive.redrive import Redrive, Report
-from pipeline.redrive.select import Selection, parse_time_ms
+from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
+from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
 from pipeline.runtime.run import load_app, serve
+from pipeline.topics import asyncapi
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
 from pipeline.transport import create_transport
+from pipeline.transport.identity import claim_identity
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
@@ -57,6 +66,28 @@ app.add_typer(ingress_app, name="ingress")
 app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 app.command("status")(status_command)
+app.command("capacity")(capacity_command)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        typer.echo(f"pipeline {metadata.version('pipeline')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """pipeline: webhook ingress to keyed, partitioned topics."""
+
+
+app.command("send")(send_command)
 
 
 def _settings(transport: str | None) -> Settings:
@@ -82,7 +113,13 @@ def topics_apply(
         specs = load_specs(directory or settings.topics_dir)
         t = create_transport(settings)
         try:
-            actions = await apply(t.admin(), specs, settings.redis.max_len, dry_run=dry_run)
+            actions = await apply(
+                t.admin(),
+                specs,
+                settings.redis.max_len,
+                dry_run=dry_run,
+                max_message_bytes=settings.max_message_bytes,
+            )
         finally:
             await t.close()
         verb = "would apply" if dry_run else "applied"
@@ -232,16 +269,28 @@ def tail(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per message.")] = False,
     transport: TransportOpt = None,
 ) -> None:
-    """Print messages (partition, offset, key, headers, timestamp) as they arrive; Ctrl-C stops."""
+    """Print messages (partition, offset, key, headers, timestamp) as they arrive; Ctrl-C stops.
+
+    With --from-beginning and --limit it stops after the messages the topic held at start when
+    there are fewer than the limit.
+    """
 
     async def main() -> None:
         t = create_transport(_settings(transport))
+        wanted = limit
+        if from_beginning and limit is not None:
+            try:
+                held = await t.admin().list_topics([topic])
+            except PipelineError:
+                await t.close()
+                raise
+            wanted = min(limit, held[topic].message_count) if topic in held else limit
         group = f"pipeline-tail-{uuid.uuid4().hex[:8]}"
         consumer = t.consumer(group, [topic], start_at="earliest" if from_beginning else "latest")
         seen = 0
         try:
-            while limit is None or seen < limit:
-                for msg in await consumer.poll(limit - seen if limit else 500, 0.5):
+            while wanted is None or seen < wanted:
+                for msg in await consumer.poll(wanted - seen if wanted else 500, 0.5):
                     typer.echo(_render(msg, as_json=as_json))
                     seen += 1
                 sys.stdout.flush()
@@ -264,16 +313,37 @@ def consume(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", "-c", min=1, help="Handlers running at once.")
     ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(
+            "--instance",
+            help="Stable member name, taken back on restart (default: pod or host name-slot).",
+        ),
+    ] = None,
     transport: TransportOpt = None,
 ) -> None:
-    """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully."""
+    """Run one member of a consumer group; SIGTERM or Ctrl-C stops it gracefully.
+
+    Logs at INFO unless PIPELINE_LOG_LEVEL says otherwise: a start line, progress, dead letters.
+    """
+    if "PIPELINE_LOG_LEVEL" not in os.environ:
+        logging.getLogger().setLevel(logging.INFO)
 
     async def main() -> None:
         settings = _settings(transport)
         if concurrency:
             runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
             settings = settings.model_copy(update={"runtime": runtime})
-        await serve(load_app(target), settings, group, lanes=lane or None)
+        membership = settings.membership
+        identity = claim_identity(
+            group, instance or membership.instance, slot_dir=membership.slot_dir
+        )
+        membership = membership.model_copy(update={"instance": identity.name})
+        settings = settings.model_copy(update={"membership": membership})
+        try:
+            await serve(load_app(target), settings, group, lanes=lane or None)
+        finally:
+            identity.release()
 
     _run(main())
 
@@ -297,7 +367,8 @@ def redrive(
     key: Annotated[str | None, typer.Option("--key", help="Only this message key.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Move at most N.")] = None,
     rate: Annotated[
-        float | None, typer.Option("--rate", min=0.01, help="At most N messages per second.")
+        str | None,
+        typer.Option("--rate", help="At most N messages per second: 50 or 50/s, as replay."),
     ] = None,
     max_redrives: Annotated[
         int, typer.Option("--max-redrives", min=1, help="Refuse messages redriven this often.")
@@ -309,26 +380,25 @@ def redrive(
 ) -> None:
     """Move dead letters back to their origin topic; run again to resume after an interruption."""
     try:
-        selection = Selection(
-            since_ms=parse_time_ms(since) if since else None,
-            until_ms=parse_time_ms(until) if until else None,
-            tenant=tenant,
-            error_class=error_class,
-            key=key,
+        selection = Selection.typed_as(
+            since=since, until=until, tenant=tenant, error_class=error_class, key=key
         )
+        rate_per_s = _per_s(rate)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
+        settings = _settings(transport)
+        require_dead_letter_topic(dlq, load_specs(settings.topics_dir))
+        t = create_transport(settings)
         job = Redrive(
             t,
             dlq,
             selection,
             to=to,
             limit=limit,
-            rate_per_s=rate,
+            rate_per_s=rate_per_s,
             max_redrives=max_redrives,
             dry_run=dry_run,
         )
@@ -342,6 +412,19 @@ def redrive(
         _print_redrive(report, dry_run=dry_run)
 
     _run(main())
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
+
+
+def _per_s(value: str | None) -> float | None:
+    """``--rate`` as messages per second: ``50`` or ``50/s`` (the spelling replay takes)."""
+    if value is None:
+        return None
+    match = _RATE.match(value)
+    if match is None or float(match[1]) <= 0:
+        raise ValueError(f"--rate: expected a positive rate such as 50/s, got {value!r}")
+    return float(match[1])
 
 
 def _print_redrive(report: Report, *, dry_run: bool) -> None:
@@ -359,10 +442,69 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
         typer.echo(f"  -> {target}: {count}")
 
 
+@app.command("asyncapi")
+def asyncapi_command(
+    directory: Annotated[
+        Path | None, typer.Argument(help="Declarations (default: topics/).")
+    ] = None,
+    fmt: Annotated[Literal["yaml", "json"], typer.Option("--format")] = "yaml",
+    schemas: Annotated[
+        Path, typer.Option(help="Avro records (*.avsc) for the declarations' schema: subjects.")
+    ] = Path("schemas"),
+    apps: Annotated[
+        list[str] | None,
+        typer.Option("--app", help="MODULE:APP whose handlers' pydantic models are payloads."),
+    ] = None,
+    groups: Annotated[
+        list[str] | None, typer.Option("--group", help="LANE=GROUP (default: the lane's name).")
+    ] = None,
+) -> None:
+    """Print an AsyncAPI 3.0 document of the declared topics, their messages and groups."""
+    try:
+        settings = load_settings()
+        models = {
+            name: model
+            for target in apps or []
+            for name, lane in load_app(target).lanes.items()
+            if (model := asyncapi.model_of(lane.handler)) is not None
+        }
+        doc = asyncapi.document(
+            load_specs(directory or settings.topics_dir),
+            kafka_bootstrap=settings.kafka.bootstrap_servers,
+            redis_url=settings.redis.url,
+            avro=asyncapi.avro_schemas(schemas),
+            models=models,
+            groups=dict(pair.partition("=")[::2] for pair in groups or []),
+        )
+    except PipelineError as exc:  # a bad declaration, schema or --app: exit 2, one line
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    if fmt == "json":
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        typer.echo(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), nl=False)
+
+
 def main() -> None:
-    """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level."""
-    logging.basicConfig(
-        level=os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    app()
+    """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level.
+
+    Errors raised before a command's runner (settings read at the edge, a client refusing its
+    configuration) get the same one line and exit code as inside it.
+    """
+    configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper())
+    try:
+        app()
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+    except PipelineError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
+    except KafkaException as exc:  # librdkafka refused its properties before any request
+        reason = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc
+        err.print(
+            f"[red]error:[/red] Kafka client: {reason} (check PIPELINE_KAFKA__CLIENT and the "
+            "other PIPELINE_KAFKA__* variables)",
+            highlight=False,
+        )
+        sys.exit(2)

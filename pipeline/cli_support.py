@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
 
-from pipeline.errors import ConfigError, PipelineError, TopicSpecError
+from pipeline.config import load_settings
+from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
 
 T = TypeVar("T")
 
@@ -37,8 +39,33 @@ def run_command(
     except (ConfigError, TopicSpecError) as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
+    except BrokerUnavailable as exc:
+        err.print(f"[red]error:[/red] {exc}{_where(exc)}", highlight=False)
+        raise typer.Exit(1) from None
     except PipelineError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def _where(exc: BrokerUnavailable) -> str:
+    """Which broker address and variable an unreachable-broker error is about, and the fix.
+
+    The transports translate redis-py errors as "redis unreachable"; any other is Kafka's.
+    """
+    text = str(exc)
+    if "PIPELINE_" in text:  # already says where (pipeline status)
+        return ""
+    try:
+        settings = load_settings()
+    except ConfigError:
+        return ""
+    if "redis unreachable" in text:
+        url = urlsplit(settings.redis.url)
+        address = url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
+        name, variable = f"Redis at {address}", "PIPELINE_REDIS__URL"
+    else:
+        name = f"Kafka at {settings.kafka.bootstrap_servers}"
+        variable = "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"
+    return f" ({name}, {variable}: start it with `make services` or point {variable} at it)"

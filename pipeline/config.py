@@ -13,12 +13,19 @@ variable and the expected form.
 
 from __future__ import annotations
 
+import difflib
+import json
+import logging
+import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from pipeline.capacity.settings import CapacitySettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import IngressSettings
 from pipeline.registry.settings import RegistrySettings
@@ -49,6 +56,10 @@ class RedisSettings(_Section):
     def _redis_scheme(cls, value: str) -> str:
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected redis://host:port/db, rediss://... or unix:///path")
+        try:
+            urlsplit(value).port  # noqa: B018 - parsing the port is the check
+        except ValueError as exc:
+            raise ValueError(f"expected redis://host:port/db, port 0-65535 ({exc})") from None
         return value
 
 
@@ -61,7 +72,33 @@ class KafkaSettings(_Section):
     client_id: str = "pipeline"
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     request_timeout_ms: int = Field(default=10_000, ge=100)
+    fetch_wait_max_ms: int = Field(default=50, ge=1)
+    """How long the broker holds a fetch with no new data (librdkafka ``fetch.wait.max.ms``,
+    500 by default there). A paused partition resumes only with the next fetch, so with
+    librdkafka's default a member whose partitions pause for backpressure idles up to half a
+    second each time; 50 ms keeps that short at 20 empty fetches a second per idle member."""
+    group_protocol: Literal["auto", "consumer", "classic"] = "auto"
+    """Rebalance protocol of consumer groups: ``consumer`` (KIP-848, Kafka 4 brokers),
+    ``classic`` (cooperative-sticky), or ``auto``: ``consumer`` where the broker offers it,
+    except for static members (``pipeline consume``), which stay on ``classic`` where offered:
+    KIP-848 refuses a killed static member's name until its session ends. Under ``consumer``
+    ``session_timeout_ms`` is set on the group (``consumer.session.timeout.ms``)."""
     client: dict[str, str] = Field(default_factory=dict)
+
+
+class MembershipSettings(_Section):
+    """A consumer-group member's identity (``pipeline.transport.identity``)."""
+
+    instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,200}$")
+    """Stable member name (Kafka ``group.instance.id``, the Redis Streams member): a restarted
+    member takes its own partitions back. None: the pod or host name and a free local slot."""
+    slot_dir: Path | None = None
+    """Where a derived name's slot locks live (None: ``$XDG_RUNTIME_DIR/pipeline-members``, else
+    the temp directory's)."""
+    shutdown: Literal["hold", "leave"] = "hold"
+    """On SIGTERM, ``hold`` keeps the member's partitions for its replacement (Kafka: the
+    session timeout, Redis: ``lease_ms``); ``leave`` hands them over at once (and on Kafka
+    gives up static membership, so a crashed member's partitions wait for its session)."""
 
 
 class PostgresSettings(_Section):
@@ -103,7 +140,7 @@ class RuntimeSettings(_Section):
     """Handlers running at once (different keys)."""
     partition_high_water: int = Field(default=1_000, ge=2)
     """Buffered messages of one partition above which it is paused."""
-    partition_low_water: int = Field(default=250, ge=0)
+    partition_low_water: int = Field(default=500, ge=0)
     """Buffered messages of one partition at which a paused partition resumes."""
     poll_max: int = Field(default=500, ge=1)
     commit_interval_ms: int = Field(default=500, ge=10)
@@ -175,28 +212,104 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=_DEFAULT_MAX_MESSAGE_BYTES, ge=1_024, le=64 * 1_048_576)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    membership: MembershipSettings = Field(default_factory=MembershipSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     ingress: IngressSettings = Field(default_factory=IngressSettings)
+    capacity: CapacitySettings = Field(default_factory=CapacitySettings)
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:
     return ENV_PREFIX + "__".join(str(part).upper() for part in loc)
 
 
+log = logging.getLogger(__name__)
+# Read directly, not through Settings: the log level, and the cache of downloaded Kafka jars.
+_OTHER_VARIABLES = frozenset({"PIPELINE_LOG_LEVEL", "PIPELINE_CACHE_DIR"})
+
+
+def _variables(model: type[BaseModel], prefix: str) -> dict[str, Any]:
+    """Every environment variable ``model`` reads, with the annotation of its field."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        env = f"{prefix}{name.upper()}"
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out[env] = annotation  # a whole section may be given as JSON too
+            out.update(_variables(annotation, env + "__"))
+        else:
+            out[env] = annotation
+    return out
+
+
+def _warn_unknown(known: dict[str, Any]) -> None:
+    """Warn of a variable that looks like a misspelt setting (others may be secrets' names)."""
+    for name in sorted(os.environ):
+        if not name.startswith(ENV_PREFIX) or name in known or name in _OTHER_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        if close:
+            log.warning("%s is not a setting and is ignored; did you mean %s?", name, close[0])
+        elif "__" in name and name.rsplit("__", 1)[0] in known:
+            log.warning(
+                "%s is not a setting and is ignored (docs/configuration.md lists them)", name
+            )
+
+
+def _not_json(known: dict[str, Any]) -> str:
+    """Which JSON-valued variable failed to parse, for pydantic-settings' SettingsError."""
+    for name, annotation in known.items():
+        is_json = get_origin(annotation) in {dict, list} or (
+            isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        )
+        if not is_json or name not in os.environ:
+            continue
+        try:
+            json.loads(os.environ[name])
+        except ValueError:
+            return (
+                f"{name}: not valid JSON (expected an object such as "
+                '{"fetch.wait.max.ms": "50"})'
+            )
+    return "a PIPELINE_* variable that holds JSON is not valid JSON"
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build :class:`Settings` from the environment plus ``overrides``.
+
+    A ``PIPELINE_*`` variable that is no setting is logged as a warning with the closest name.
 
     Raises:
         ConfigError: a setting is invalid; the message names each variable at fault.
     """
+    known = _variables(Settings, ENV_PREFIX)
+    _warn_unknown(known)
     try:
         return Settings(**overrides)
+    except SettingsError:
+        raise ConfigError(_not_json(known)) from None
     except ValidationError as exc:
-        problems = [
-            f"{_env_name(err['loc'])}: {err['msg']} (got {err.get('input')!r})"
-            for err in exc.errors()
-        ]
+        problems = [f"{_env_name(err['loc'])}: {err['msg']}{_got(err)}" for err in exc.errors()]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+
+
+_SENSITIVE = re.compile(r"pas|pw|secret|token|auth|user|url|dsn|cred|key|store", re.IGNORECASE)
+_MAX_SHOWN_CHARS = 64
+
+
+def _got(err: Any) -> str:
+    """`` (got ...)`` for a value safe to echo; nothing for URLs, secrets or whole mappings.
+
+    A misspelt key under a secret (``pasword``) carries the secret as its value, so anything
+    under a sensitive-looking name, any URL and any mapping or list is left out.
+    """
+    value = err.get("input")
+    if any(_SENSITIVE.search(str(part)) for part in err["loc"]):
+        return ""
+    if isinstance(value, bool | int | float):
+        return f" (got {value!r})"
+    if isinstance(value, str) and len(value) <= _MAX_SHOWN_CHARS and "://" not in value:
+        return f" (got {value!r})"
+    return ""

@@ -22,6 +22,9 @@ callers never need to import a client library to handle a failure::
     └── HandlerOutcome              raised by a handler to choose what happens to its message
         ├── Retry                   try again later, through the lane's next retry tier
         ├── DeadLetter              never retry: straight to the lane's dead-letter topic
+        │   ├── Expired             (the runtime's) past its deadline, or shed by a standing queue
+        │   ├── PoisonMessage       (the runtime's) its runs kept being interrupted: poison
+        │   └── SequencedDeadLetter (the runtime's) it follows a dead-lettered head of its key
         └── Skip                    done without doing anything (counted, not an error)
 
 Whether any other exception a handler raises is retried is decided by one function,
@@ -100,6 +103,18 @@ class Throttled(Retry):
 
 class DeadLetter(HandlerOutcome):
     """Do not retry: send the message to the lane's dead-letter topic with this reason."""
+
+
+class Expired(DeadLetter):
+    """Recorded on a dead letter the runtime sent because its deadline passed or it was shed."""
+
+
+class PoisonMessage(DeadLetter):
+    """Recorded on a dead letter the runtime sent as poison: its runs kept being interrupted."""
+
+
+class SequencedDeadLetter(DeadLetter):
+    """Recorded on a dead letter that followed a dead-lettered message of its key (in order)."""
 
 
 class Skip(HandlerOutcome):

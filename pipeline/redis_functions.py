@@ -4,8 +4,8 @@ Each ``.lua`` library file lives beside the Python that owns it and starts with
 ``#!lua name=<library>``; it is loaded on first use. A call that finds the function missing (a
 Redis restarted without persistence, or ``FUNCTION FLUSH``) reloads the library and retries once.
 
-Libraries are versioned by their code: ``pl_begin`` of a library whose source hashes to
-``3f9a0c1e`` is loaded as ``pl_begin_3f9a0c1e`` in the library ``pipeline_retry_3f9a0c1e``.
+Libraries are versioned by their code: ``gd_begin`` of a library whose source hashes to
+``3f9a0c1e`` is loaded as ``gd_begin_3f9a0c1e`` in the library ``pipeline_guard_3f9a0c1e``.
 During a rolling deploy, members of the old and the new release share one Redis; under one name,
 each would ``FUNCTION LOAD REPLACE`` the other's code and call functions whose arguments changed
 under them. Side by side, each release calls its own. A library of a release no member runs any
@@ -14,6 +14,7 @@ more stays loaded, a few kilobytes; ``FUNCTION DELETE`` removes it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
@@ -49,9 +50,10 @@ class FunctionLibrary:
         self.client = client
         self._source, self.version = versioned(source)
         self._loaded = False
+        self._loading: asyncio.Future[None] | None = None
 
     def name(self, function: str) -> str:
-        """The loaded name of ``function`` (``pl_begin`` -> ``pl_begin_<version>``)."""
+        """The loaded name of ``function`` (``gd_begin`` -> ``gd_begin_<version>``)."""
         return f"{function}_{self.version}"
 
     async def load(self) -> None:
@@ -60,9 +62,17 @@ class FunctionLibrary:
         self._loaded = True
 
     async def ensure_loaded(self) -> None:
-        """Load the library unless this process already did."""
-        if not self._loaded:
-            await self.load()
+        """Load the library unless this process already did (concurrent first calls load once)."""
+        if self._loaded:
+            return
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self.load())
+        loading = self._loading
+        try:
+            await asyncio.shield(loading)
+        finally:
+            if loading.done() and (loading.cancelled() or loading.exception() is not None):
+                self._loading = None  # a failed load is tried again by the next call
 
     async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """``FCALL name`` with ``keys`` and ``args``, reloading the library once if needed."""

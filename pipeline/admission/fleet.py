@@ -121,7 +121,12 @@ class FleetLimits:
         pool_target, in_flight = await self._fleet(now_ms)
         window_ms = (WINDOW_MIN + 1) * 60_000
         seen = k.orgs_seen(self._prefix)
+        # An org gone quiet for the whole window goes back to the default limit: its entry in
+        # the throttle's limits hash is removed, so tenants that left leave nothing behind.
+        gone: list[bytes] = await self._client.zrangebyscore(seen, "-inf", now_ms - window_ms)  # type: ignore[assignment]
         await self._client.zremrangebyscore(seen, "-inf", now_ms - window_ms)
+        for org in gone:
+            await self._throttle.set_limit(f"org:{org.decode()}", None)
         members: list[bytes] = await self._client.zrange(seen, 0, -1)  # type: ignore[assignment]
         orgs = sorted(o.decode() for o in members)
         policy = await load_org_overrides(self._client, self._prefix, self._policy)

@@ -115,6 +115,9 @@ class Demo:
             "PIPELINE_INGRESS__SWEEPER__INTERVAL_S": "5",
             "PIPELINE_INGRESS__SWEEPER__LANE_GROUPS": json.dumps(groups),
             "PIPELINE_RUNTIME__MARK_PROCESSED": "true",
+            # `pipeline consume` logs at INFO by default (a line per acknowledged example
+            # message): the demo's processes keep to warnings unless the environment says.
+            "PIPELINE_LOG_LEVEL": os.environ.get("PIPELINE_LOG_LEVEL", "WARNING"),
             # A tenant's slots on a throttled lane (engagement: 4 handlers per member), so the
             # flooder cannot take them all (unless the environment sets its own limit).
             "PIPELINE_THROTTLE__DEFAULT_LIMIT": os.environ.get(

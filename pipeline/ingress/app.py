@@ -3,19 +3,28 @@
 A plain ASGI callable (no framework routing: two routes do not need one, and the hot path stays
 a few function calls deep). Per POST, in this order:
 
-1. admission: a slot of the source, else **503** with Retry-After (counted as shed);
-2. the body, capped at ``max_body_bytes``, else **413** (Content-Length is checked first);
-3. verification of the raw bytes, else **401** (counted by reason; nothing stored);
-4. extraction of tenant, key, event id and the route, else **400**;
+1. the body, capped at ``max_body_bytes``, else **413** (Content-Length is checked first), and
+   read within ``body_timeout_s``, else **408** (a client that goes away mid-body gets nothing
+   and nothing is stored);
+2. admission: a slot of the source, else **503** with Retry-After (counted as shed); the slot is
+   taken only once the whole body is in, so idle or slow bodies cannot hold the slots;
+3. verification of the raw bytes, else **401** (counted by reason; nothing stored); a header the
+   scheme reads longer than :data:`~pipeline.ingress.verify.protocol.MAX_SIGNATURE_HEADER_CHARS`
+   is refused before any HMAC is computed;
+4. extraction of tenant, key, event id and the route, else **400** (values must be UTF-8
+   without NUL and at most :data:`~pipeline.ingress.values.MAX_VALUE_CHARS` characters; JSON
+   nested too deeply is refused);
 5. insert into the log store, unique on (source, event id), group-committed and durable;
    a redelivery inserts nothing and is answered **200** ``duplicate``;
 6. **200** ``accepted`` with the row id, then the event is produced in the background.
 
 A log store failure is answered 503: the row is not durable, so the provider must retry.
+Oversized request heads are refused by the HTTP layer (431, :mod:`pipeline.ingress.http`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -25,10 +34,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
+from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
 from pipeline.logstore import IngressLog, LogStoreError
 from pipeline.observability.server import PATHS as OBSERVER_PATHS
 
@@ -41,10 +52,15 @@ Send = Callable[[Message], Awaitable[None]]
 
 _PREFIX = "/hooks/"
 _JSON = [(b"content-type", b"application/json")]
+_CLOSE = (b"connection", b"close")
 
 
 class TooLarge(Exception):
     """The body passed the source's cap."""
+
+
+class Disconnected(Exception):
+    """The client went away before the whole body was in."""
 
 
 class IngressApp:
@@ -59,11 +75,14 @@ class IngressApp:
         clock: Callable[[], float] = time.time,
         lifespan: Callable[[], Awaitable[None]] | None = None,
         shutdown: Callable[[], Awaitable[None]] | None = None,
+        body_timeout_s: float = 10.0,
     ) -> None:
         """Serve ``sources``; rows go to ``log_store``, then to ``dispatcher`` (None: no produce).
 
         ``lifespan`` and ``shutdown`` run on the ASGI lifespan startup and shutdown events.
+        A body not fully received within ``body_timeout_s`` of the request is answered 408.
         """
+        self._body_timeout_s = body_timeout_s
         self._sources = dict(sources)
         self._log = log_store
         self.dispatcher = dispatcher
@@ -100,6 +119,26 @@ class IngressApp:
             await _answer(send, 405, {"error": "method not allowed"}, [(b"allow", b"GET, POST")])
 
     async def _post(self, source: Source, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope)
+        declared = headers.get("content-length", "")
+        if _declared_over(declared, source.max_body_bytes):
+            self.counters[source.name, "too_large"] += 1
+            await _answer(send, 413, {"error": "body too large"})
+            return
+        try:
+            async with asyncio.timeout(self._body_timeout_s):
+                body = await _read_body(receive, source.max_body_bytes)
+        except TooLarge:
+            self.counters[source.name, "too_large"] += 1
+            await _answer(send, 413, {"error": "body too large"})
+            return
+        except TimeoutError:
+            self.counters[source.name, "body_timeout"] += 1
+            await _answer(send, 408, {"error": "body not received in time"}, [_CLOSE])
+            return
+        except Disconnected:
+            self.counters[source.name, "disconnected"] += 1
+            return
         admission = source.admission
         if not await admission.acquire():
             self.counters[source.name, "shed"] += 1
@@ -107,26 +146,17 @@ class IngressApp:
             await _answer(send, 503, {"error": "overloaded"}, [(b"retry-after", retry_after)])
             return
         try:
-            status, body, extra = await self._accept(source, scope, receive)
+            status, answer, extra = await self._accept(source, headers, body)
         finally:
             admission.release()
-        await _answer(send, status, body, extra)
+        await _answer(send, status, answer, extra)
 
-    async def _accept(  # noqa: PLR0911 - one return per outcome, in the documented order
-        self, source: Source, scope: Scope, receive: Receive
+    async def _accept(
+        self, source: Source, headers: Mapping[str, str], body: bytes
     ) -> tuple[int, dict[str, str], list[tuple[bytes, bytes]]]:
-        headers = _headers(scope)
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > source.max_body_bytes:
-            self.counters[source.name, "too_large"] += 1
-            return 413, {"error": "body too large"}, []
-        try:
-            body = await _read_body(receive, source.max_body_bytes)
-        except TooLarge:
-            self.counters[source.name, "too_large"] += 1
-            return 413, {"error": "body too large"}, []
         now_s = self._clock()
         try:
+            _bounded_signature_headers(headers, source.verifier.headers)
             source.verifier.verify(headers, body, now_s)
         except Rejected as exc:
             self.counters[source.name, f"rejected:{exc.reason}"] += 1
@@ -179,6 +209,10 @@ class IngressApp:
                 try:
                     if self._startup is not None:
                         await self._startup()
+                except ConfigError as exc:
+                    log.error("ingress start failed: %s", exc)  # noqa: TRY400 - one line, no traceback
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
                 except Exception as exc:
                     log.exception("ingress start failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -189,6 +223,22 @@ class IngressApp:
                     await self._shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _bounded_signature_headers(headers: Mapping[str, str], names: tuple[str, ...]) -> None:
+    """Refuse (401) a header the scheme reads that is longer than any real one."""
+    if any(len(headers.get(name, "")) > MAX_SIGNATURE_HEADER_CHARS for name in names):
+        raise Rejected("signature header too large")
+
+
+def _declared_over(content_length: str, limit: int) -> bool:
+    """Whether a Content-Length header declares more than ``limit`` bytes.
+
+    Never parses 5,000 digits: a number longer than the limit's is over it.
+    """
+    if not (content_length.isascii() and content_length.isdigit()):
+        return False
+    return len(content_length) > len(str(limit)) or int(content_length) > limit
 
 
 def _same(given: str, expected: str) -> bool:
@@ -205,7 +255,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise Disconnected
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -31,7 +33,7 @@ from pipeline.errors import ConfigError
 from pipeline.ingress.replay import ReplaySummary, replay
 from pipeline.ingress.service import build_ingress, build_sweeper, create_log_store, serve
 from pipeline.ingress.settings import IngressSettings
-from pipeline.logstore import RowState, Selection
+from pipeline.logstore import LogStore, RowState, Selection
 from pipeline.topics.spec import load_specs, parse_duration_ms
 from pipeline.transport import create_transport
 
@@ -171,23 +173,51 @@ def replay_command(
     row_id: Annotated[list[str] | None, typer.Option("--id", help="Only this row id.")] = None,
     rate: Annotated[str | None, typer.Option(help="Most rows per second, e.g. 100/s.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count only.")] = False,
+    include_processed: Annotated[
+        bool,
+        typer.Option("--include-processed", help="Without --state, replay processed rows too."),
+    ] = False,
+    memory: Annotated[
+        str,
+        typer.Option(
+            "--idempotency-memory",
+            help="How long consumers remember event ids (ctx.once); older rows need --force.",
+        ),
+    ] = "7d",
+    force: Annotated[
+        bool, typer.Option("--force", help="Replay rows older than the idempotency memory.")
+    ] = False,
     transport: TransportOpt = None,
 ) -> None:
-    """Produce the selected log rows again, with their original key and event id."""
+    """Produce the selected log rows again, with their original key and event id.
+
+    Without ``--state``, rows already processed are skipped (``--include-processed`` takes them
+    too). Rows received longer ago than the consumers' idempotency memory would run their side
+    effects again: they are refused unless ``--force`` is given.
+    """
 
     async def main() -> ReplaySummary:
         settings, ingress = _settings(transport)
+        states = tuple(state or ())
+        if not states and not include_processed:
+            states = tuple(s for s in RowState if s is not RowState.PROCESSED)
         selection = Selection(
             source=source,
             tenant=tenant,
             since_ms=_when(since, "--since"),
             until_ms=_when(until, "--until"),
-            states=tuple(state or ()),
+            states=states,
             ids=tuple(row_id or ()),
         )
         per_s = _rate(rate)
+        forgotten_ms = int(time.time() * 1000) - parse_duration_ms(memory)
         store = create_log_store(settings, ingress)
         await store.open()
+        try:
+            await _refuse_forgotten(store, selection, forgotten_ms, memory, force=force or dry_run)
+        except ConfigError:
+            await store.close()
+            raise
         broker = None if dry_run else create_transport(settings)
         producer = broker.producer() if broker is not None else None
         try:
@@ -221,6 +251,23 @@ def replay_command(
     _print_summary(summary)
     if summary.failed:
         raise typer.Exit(1)
+
+
+async def _refuse_forgotten(
+    store: LogStore, selection: Selection, forgotten_ms: int, memory: str, *, force: bool
+) -> None:
+    """Refuse (or, forced, warn about) rows older than the consumers' idempotency memory."""
+    until_ms = forgotten_ms if selection.until_ms is None else min(selection.until_ms, forgotten_ms)
+    old = sum((await store.count_by_state(replace(selection, until_ms=until_ms))).values())
+    if not old:
+        return
+    what = (
+        f"{old} selected rows were received more than {memory} ago, beyond the consumers' "
+        "idempotency memory: their side effects would run again"
+    )
+    if not force:
+        raise ConfigError(f"{what}; narrow --since, or pass --force to replay them anyway")
+    err.print(f"[yellow]warning:[/yellow] {what}", highlight=False)
 
 
 def _print_summary(summary: ReplaySummary) -> None:

@@ -75,11 +75,15 @@ def as_text(value: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Extractor:
-    """Reads one value: from ``pointer`` into the body, else ``header``, else ``constant``."""
+    """Reads one value: from ``pointer`` into the body, else a header, else ``constant``.
+
+    A header value comes from ``header``, or from ``fallback`` when the request lacks it.
+    """
 
     pointer: tuple[str, ...] | None = None
     header: str | None = None
     constant: str | None = None
+    fallback: str | None = None
 
     @property
     def needs_body(self) -> bool:
@@ -94,5 +98,8 @@ class Extractor:
                     return as_text(value)
             return None
         if self.header is not None:
-            return headers.get(self.header)
+            found = headers.get(self.header)
+            if found is None and self.fallback is not None:
+                return headers.get(self.fallback)
+            return found
         return self.constant

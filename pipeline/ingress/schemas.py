@@ -84,5 +84,7 @@ class LaneSchemas:
             fields = "; ".join(str(e) for e in exc.errors[:3])
             subject = self._subjects[lane]
             raise SchemaMismatch(f"does not match schema {subject}: {fields}") from exc
+        except RecursionError:
+            raise SchemaMismatch("not JSON: nested too deeply") from None
         except ValueError as exc:
             raise SchemaMismatch(f"not JSON: {exc}") from exc

@@ -14,25 +14,31 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.http import bounded_protocol
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import IngressSettings, load_sources
-from pipeline.ingress.source import Source, build_sources
+from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
 from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.metrics import Metrics
-from pipeline.observability.server import MetricsServer
+from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
 from pipeline.registry.client import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +97,7 @@ class Ingress:
     producer: Producer | None = None
     dispatcher: Dispatcher | None = None
     sweeper: Sweeper | None = None
+    capacity: CapacityFeed | None = None
     app: IngressApp = field(init=False)
     observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
@@ -99,15 +106,28 @@ class Ingress:
     def __post_init__(self) -> None:
         """Create the ASGI app; its lifespan events start and stop this ingress."""
         self.app = IngressApp(
-            self.sources, self.store, None, lifespan=self.start, shutdown=self.stop
+            self.sources,
+            self.store,
+            None,
+            lifespan=self.start,
+            shutdown=self.stop,
+            body_timeout_s=self.ingress.body_timeout_s,
         )
         self.observer = MetricsServer(Metrics())
         self.app.observer = self.observer
 
     async def start(self) -> None:
-        """Open the log store, the producer and the dispatcher; start the sweeper task."""
+        """Check the topics' size limits, open everything and start the sweeper task.
+
+        The log store, the producer and the dispatcher are opened; a source whose body cap is
+        above a topic's message limit stops the start (ConfigError).
+        """
+        await check_topic_limits(self.sources, self.transport.admin())
         await self.store.open()
         self.producer = self.transport.producer()
+        if self.settings.capacity.record:  # arrivals per lane, counted per batch (capacity.md)
+            self.capacity = CapacityFeed(self.settings, self.specs)
+            self.producer = self.capacity.wrap(self.producer)
         self.dispatcher = Dispatcher(
             self.producer,
             self.store,
@@ -135,6 +155,8 @@ class Ingress:
             self.specs,
             self.ingress.sweeper.lane_groups,
         )
+        if self.capacity is not None:
+            self.observer.sources.append(self.capacity.source(self.observer.metrics))
         self.observer.start()
         self.observer.ready = True
 
@@ -153,6 +175,8 @@ class Ingress:
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await self.producer.close()  # unacknowledged events stay 'received'
+        if self.capacity is not None:
+            await self.capacity.close()
         await self.store.close()
         await self.transport.close()
 
@@ -177,10 +201,8 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
     )
 
 
-async def serve(
-    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
-) -> None:
-    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
+    """The uvicorn server of ``built`` (httptools, with the request-head cap), not started."""
     import uvicorn  # noqa: PLC0415 - the server is only needed by this command
 
     config = uvicorn.Config(
@@ -188,13 +210,22 @@ async def serve(
         host=host,
         port=port,
         loop="none",
-        http="httptools",
+        http=bounded_protocol(built.ingress.max_head_bytes),
         lifespan="on",
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
+    return uvicorn.Server(config)
+
+
+async def serve(
+    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
+) -> None:
+    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+    server = http_server(built, host, port)
+    stop_metrics = asyncio.Event()
+    metrics = await _serve_metrics_apart(built, stop_metrics)
 
     async def announce() -> None:
         while not server.started:
@@ -210,3 +241,36 @@ async def serve(
         await server.serve()
     finally:
         announcing.cancel()
+        stop_metrics.set()
+        if metrics is not None:
+            await metrics
+
+
+async def _serve_metrics_apart(built: Ingress, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Serve the observer on ``metrics_port`` until ``stop`` (None when it has no own port).
+
+    The webhook app then no longer answers ``/metrics``, ``/healthz`` or ``/readyz``, so the
+    webhook port can be public while metrics stay inside the cluster.
+
+    Raises:
+        OSError: the metrics port cannot be bound.
+    """
+    if built.ingress.metrics_port is None:
+        return None
+    built.app.observer = None
+    listening = asyncio.Event()
+    task = asyncio.create_task(
+        serve_metrics(
+            built.observer,
+            built.ingress.metrics_host,
+            built.ingress.metrics_port,
+            stop,
+            lambda _host, _port: listening.set(),
+        )
+    )
+    waiting = asyncio.create_task(listening.wait())
+    await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if task.done():
+        task.result()  # raises why it could not listen
+    return task

@@ -201,6 +201,10 @@ class IngressSettings(_Model):
         sources_file: the YAML file declaring the sources.
         host: address ``pipeline ingress serve`` binds.
         port: its port.
+        metrics_port: serve ``/metrics``, ``/healthz`` and ``/readyz`` on this port instead
+            of the webhook port (None: on the webhook port), so the webhook port can be
+            public while metrics stay inside the cluster.
+        metrics_host: the address of that port.
         log_store: ``sqlite`` (embedded default) or ``postgres`` (several replicas).
         sqlite_path: the SQLite database file.
         sqlite_synchronous: SQLite durability (``FULL``: survives power loss; ``NORMAL``:
@@ -212,11 +216,18 @@ class IngressSettings(_Model):
         produce_batch_max: most events handed to the producer in one call.
         admission: the default admission of every source.
         sweeper: the sweeper.
+        body_timeout_s: a request body not fully received this long after its head is
+            answered 408 (no admission slot is held while a body arrives).
+        max_head_bytes: a request line plus headers larger than this is answered 431.
     """
 
     sources_file: Path = Path("sources.yaml")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    max_head_bytes: int = Field(default=65_536, ge=4096)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     log_store: Literal["sqlite", "postgres"] = "sqlite"
     sqlite_path: Path = Path("ingress.db")
     sqlite_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"

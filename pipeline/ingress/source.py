@@ -8,11 +8,14 @@ request-time surprise. A source builds the log row of a verified request with
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.admission import Admission
@@ -22,6 +25,7 @@ from pipeline.ingress.ids import new_row_id
 from pipeline.ingress.route import Condition, Route, Router
 from pipeline.ingress.settings import AdmissionSettings, SourceConfig, ValueFrom
 from pipeline.ingress.settings import Condition as ConditionConfig
+from pipeline.ingress.values import MAX_KEPT_HEADER_CHARS, checked
 from pipeline.ingress.verify import (
     HmacHeaderVerifier,
     HubSignatureVerifier,
@@ -32,14 +36,24 @@ from pipeline.ingress.verify import (
 )
 from pipeline.logstore import NewRow
 from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import Admin
 
-_HEADROOM_BYTES = 16_384  # key and headers of the produced event, beside the body
+log = logging.getLogger(__name__)
 
-# Where each scheme's provider puts its event id when the source does not say.
+HEADROOM_BYTES = 16_384
+"""Room for the produced event's key and headers beside the body."""
+
+_FORM = "application/x-www-form-urlencoded"
+_CHECK_TIMEOUT_S = 10.0
+
+# Unsigned, but useful to trace a delivery back to the provider's log.
+_KEEP_BY_SCHEME = {"github": ("x-github-delivery", "x-github-event")}
+
+# Where each scheme's provider puts a *signed* event id when the source does not say. GitHub's
+# X-GitHub-Delivery is outside the signature, so GitHub deliveries dedupe on the body's hash.
 _DEFAULT_EVENT_ID = {
-    "github": ValueFrom(header="x-github-delivery"),
-    "standard_webhooks": ValueFrom(header="webhook-id"),
-    "stripe": ValueFrom(pointer="/id"),
+    "standard_webhooks": Extractor(header="webhook-id", fallback="svix-id"),
+    "stripe": Extractor(pointer=("id",)),
 }
 
 
@@ -59,6 +73,11 @@ class Source:
     verify_token: str | None
 
     @property
+    def topics(self) -> frozenset[str]:
+        """Every topic this source may route to."""
+        return frozenset([self.router.default.topic, *(r.topic for _, r in self.router.rules)])
+
+    @property
     def needs_json(self) -> bool:
         """Whether the body must be JSON (something is read from it)."""
         extractors = (self.tenant, self.key, self.event_id)
@@ -67,38 +86,54 @@ class Source:
     def build_row(self, headers: Mapping[str, str], body: bytes, now_s: float) -> NewRow:
         """The log row of a verified request received at ``now_s``.
 
-        Without a configured (or scheme default) event id, the id is the SHA-256 of the body,
-        so an exact redelivery is still deduplicated.
+        The event id is the configured (or scheme default) one when the request has it, else
+        the SHA-256 of the body, so an exact redelivery is still deduplicated and a valid
+        delivery without the id (a WhatsApp status, a Clerk ``svix-id``) is not refused.
+        A form-encoded body (GitHub's ``payload=<json>`` option) is read through its
+        ``payload`` field.
 
         Raises:
-            Malformed: the body is not JSON although the source reads from it, or the
-                configured event id is missing.
+            Malformed: the body is not JSON (or nested too deeply) although the source reads
+                from it, or a tenant, key, event id or kept header is not storable
+                (:func:`pipeline.ingress.values.checked`).
         """
         payload: Any = None
         if self.needs_json:
-            try:
-                payload = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
-                raise Malformed("body is not JSON") from None
+            payload = _parse(headers, body)
         route = self.router.route(payload)
-        event_id = "sha256:" + hashlib.sha256(body).hexdigest()
-        if self.event_id is not None:
-            found = self.event_id.extract(payload, headers)
-            if not found:
-                raise Malformed("event id not found")
-            event_id = found
+        event_id = None if self.event_id is None else self.event_id.extract(payload, headers)
+        if not event_id:
+            event_id = "sha256:" + hashlib.sha256(body).hexdigest()
+        kept = {name: v for name, v in headers.items() if name in self.keep_headers}
+        for name, value in kept.items():
+            checked(f"header {name}", value, MAX_KEPT_HEADER_CHARS)
         return NewRow(
             id=new_row_id(now_s),
             source=self.name,
-            tenant=_value(self.tenant, payload, headers),
-            key=_value(self.key, payload, headers),
+            tenant=checked("tenant", _value(self.tenant, payload, headers)),
+            key=checked("key", _value(self.key, payload, headers)),
             topic=route.topic,
             lane=route.lane,
-            event_id=event_id,
+            event_id=checked("event id", event_id),
             received_at_ms=int(now_s * 1000),
-            headers={name: v for name, v in headers.items() if name in self.keep_headers},
+            headers=kept,
             body=body,
         )
+
+
+def _parse(headers: Mapping[str, str], body: bytes) -> Any:
+    """The JSON document of ``body`` (or of its form field ``payload``)."""
+    try:
+        if headers.get("content-type", "").lower().startswith(_FORM):
+            fields = parse_qs(body.decode("utf-8"), max_num_fields=64)
+            if "payload" not in fields:
+                raise Malformed("body is not JSON")
+            return json.loads(fields["payload"][0])
+        return json.loads(body)
+    except RecursionError:
+        raise Malformed("body is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError):
+        raise Malformed("body is not JSON") from None
 
 
 def build_sources(
@@ -131,7 +166,7 @@ def _build(
     default_admission: AdmissionSettings,
     max_message_bytes: int,
 ) -> Source:
-    if config.max_body_bytes > max_message_bytes - _HEADROOM_BYTES:
+    if config.max_body_bytes > max_message_bytes - HEADROOM_BYTES:
         raise ConfigError(
             f"max_body_bytes={config.max_body_bytes} leaves no room for the event's key and "
             f"headers under PIPELINE_MAX_MESSAGE_BYTES={max_message_bytes}"
@@ -148,7 +183,16 @@ def _build(
     ]
     verifier = build_verifier(config)
     limits = config.admission or default_admission
-    event_id = config.event_id or _DEFAULT_EVENT_ID.get(config.scheme)
+    event_id = _extractor(config.event_id) or _DEFAULT_EVENT_ID.get(config.scheme)
+    if config.scheme != "none":
+        event_id = _signed_event_id(name, event_id, verifier.signed_headers)
+        if config.tenant is not None and config.tenant.header is not None:
+            log.warning(
+                "sources.%s: tenant comes from the unsigned header %s: anyone holding one "
+                "signed body can file it under another tenant; read it from the body instead",
+                name,
+                config.tenant.header.lower(),
+            )
     return Source(
         name=name,
         verifier=verifier,
@@ -158,13 +202,53 @@ def _build(
         ),
         tenant=_extractor(config.tenant),
         key=_extractor(config.key),
-        event_id=_extractor(event_id),
+        event_id=event_id,
         keep_headers=frozenset(
-            [*verifier.headers, *(h.lower() for h in config.keep_headers), "content-type"]
+            [
+                *verifier.headers,
+                *_KEEP_BY_SCHEME.get(config.scheme, ()),
+                *(h.lower() for h in config.keep_headers),
+                "content-type",
+            ]
         ),
         max_body_bytes=config.max_body_bytes,
         verify_token=config.verify_token,
     )
+
+
+async def check_topic_limits(sources: Mapping[str, Source], admin: Admin) -> None:
+    """Refuse to start when a source could accept a body its topics cannot take.
+
+    A 2xx must never be given for what cannot be produced: with a Kafka topic at the broker's
+    default ``max.message.bytes`` (1,048,588), a 1 MiB webhook would be accepted, then abandoned.
+
+    The broker being down must not stop the ingress (accepting works without it): then the
+    check is skipped with a warning, and the sweeper's produce reports any oversized row.
+
+    Raises:
+        ConfigError: a source's ``max_body_bytes`` plus room for key and headers is above the
+            ``max.message.bytes`` of a topic it routes to.
+    """
+    names = sorted({topic for source in sources.values() for topic in source.topics})
+    try:
+        async with asyncio.timeout(_CHECK_TIMEOUT_S):
+            infos = await admin.list_topics(names)
+    except Exception as exc:  # any broker failure only skips a best-effort check
+        log.warning("topic size limits not checked (broker unreachable): %s", exc)
+        return
+    problems = [
+        f"sources.{source.name}: max_body_bytes={source.max_body_bytes} plus {HEADROOM_BYTES} "
+        f"bytes of key and headers is above max.message.bytes={info.max_message_bytes} of topic "
+        f"{topic!r}: lower max_body_bytes, or raise the topic's limit (`pipeline topics apply` "
+        "sets it to PIPELINE_MAX_MESSAGE_BYTES)"
+        for source in sources.values()
+        for topic in sorted(source.topics)
+        if (info := infos.get(topic)) is not None
+        and info.max_message_bytes is not None
+        and source.max_body_bytes + HEADROOM_BYTES > info.max_message_bytes
+    ]
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def build_verifier(config: SourceConfig) -> Verifier:
@@ -209,6 +293,24 @@ def _extractor(config: ValueFrom | None) -> Extractor | None:
     if config.header is not None:
         return Extractor(header=config.header.lower())
     return Extractor(constant=config.value)
+
+
+def _signed_event_id(
+    name: str, extractor: Extractor | None, signed: frozenset[str]
+) -> Extractor | None:
+    """``extractor``, or None (dedupe on the body's hash) when it reads an unsigned header.
+
+    An id outside the signature lets one captured body be accepted again under any id.
+    """
+    if extractor is None or extractor.header is None or extractor.header in signed:
+        return extractor
+    log.warning(
+        "sources.%s: event_id comes from the unsigned header %s; deduplicating on the "
+        "signed body's SHA-256 instead (read the id from the body to use it)",
+        name,
+        extractor.header,
+    )
+    return None
 
 
 def _value(extractor: Extractor | None, payload: Any, headers: Mapping[str, str]) -> str:

@@ -21,15 +21,25 @@ Flush = Callable[[Sequence[T]], Awaitable[Sequence[R]]]
 class Batcher(Generic[T, R]):
     """Feeds submitted items to ``flush`` in batches, one batch at a time, in submit order.
 
-    ``flush(items)`` must return one result per item, in order. If it raises, every submitter of
-    that batch gets the exception. A submitter that is cancelled does not cancel its item: the
-    item is committed with its batch (on the ingress this means a row may exist for a request
-    whose client went away, which the provider's redelivery then deduplicates).
+    ``flush(items)`` must return one result per item, in order. If a batch of several items
+    raises an error that ``alone_when`` blames on the items (a value the store cannot encode),
+    each item is flushed again alone, so one bad item fails only its own submitter, never the
+    neighbours that shared its transaction (which committed nothing). Other errors (the store
+    is down) fail the whole batch at once. A submitter that is cancelled does not cancel its
+    item: the item is committed with its batch (on the ingress this means a row may exist for a
+    request whose client went away, which the provider's redelivery then deduplicates).
     """
 
-    def __init__(self, flush: Flush[T, R], max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        flush: Flush[T, R],
+        max_batch: int = 512,
+        *,
+        alone_when: Callable[[Exception], bool] = lambda _: True,
+    ) -> None:
         """Wrap ``flush``, giving it at most ``max_batch`` items per call."""
         self._flush = flush
+        self._alone_when = alone_when
         self._max_batch = max_batch
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
@@ -59,19 +69,27 @@ class Batcher(Generic[T, R]):
             while self._pending:
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
-                try:
-                    results = await self._flush([item for item, _ in batch])
-                except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                except BaseException:
-                    for _, future in batch:
-                        future.cancel()
-                    raise
-                for (_, future), result in zip(batch, results, strict=True):
-                    if not future.done():
-                        future.set_result(result)
+                await self._commit(batch)
         finally:
             self._task = None
+
+    async def _commit(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        """Flush ``batch`` and settle its futures; on failure, each item alone."""
+        try:
+            results = await self._flush([item for item, _ in batch])
+        except Exception as exc:
+            if len(batch) > 1 and self._alone_when(exc):
+                for one in batch:
+                    await self._commit([one])
+                return
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:
+            for _, future in batch:
+                future.cancel()
+            raise
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from pipeline.observability import metrics as m
 from pipeline.observability.metrics import TOP_TENANTS, Metrics
 
 __all__ = [
     "AdmissionMetrics",
+    "CapacityMetrics",
     "DebounceMetrics",
     "IngressMetrics",
     "LagMetrics",
@@ -44,6 +46,7 @@ class RuntimeMetrics:
         self._utilisation = metrics.gauge(m.SLOT_UTILISATION)
         self._batch_waiting = metrics.gauge(m.BATCH_WAITING)
         self._batch_sla = metrics.gauge(m.BATCH_SLA)
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def delivered(self, lane: str, outcome: str, duration_s: float) -> None:
         """A handler finished one message with ``outcome`` after ``duration_s`` seconds.
@@ -51,8 +54,12 @@ class RuntimeMetrics:
         ``outcome`` is one of handled, skipped, retried, dead_lettered, expired, shed,
         duplicate.
         """
-        self._deliveries.labels(lane, outcome).inc()
-        self._duration.labels(lane, outcome).observe(duration_s)
+        children = self._children.get((lane, outcome))
+        if children is None:  # labels() is a locked lookup: once per (lane, outcome)
+            children = self._deliveries.labels(lane, outcome), self._duration.labels(lane, outcome)
+            self._children[lane, outcome] = children
+        children[0].inc()
+        children[1].observe(duration_s)
 
     def retried(self, lane: str, tier: str) -> None:
         """A message went to the retry tier ``tier`` (its delay label: ``5s``, ``1m``)."""
@@ -243,3 +250,17 @@ class LagMetrics:
     def dead_letters(self, lane: str, count: int) -> None:
         """Messages retained in the lane's dead-letter topic."""
         self._dlq.labels(lane).set(count)
+
+
+class CapacityMetrics:
+    """The forecast and desired member count of each lane (the capacity planner's gauges)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._forecast = metrics.gauge(m.FORECAST_ARRIVALS)
+        self._desired = metrics.gauge(m.DESIRED_MEMBERS)
+
+    def planned(self, lane: str, forecast_per_s: float, desired_members: int) -> None:
+        """``lane`` is forecast to receive ``forecast_per_s`` and needs ``desired_members``."""
+        self._forecast.labels(lane).set(forecast_per_s)
+        self._desired.labels(lane).set(desired_members)

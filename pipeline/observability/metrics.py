@@ -310,6 +310,24 @@ SWEEPER_ROWS = Family(
     "rows",
 )
 
+# -- capacity: the forecast and the members it asks for (pipeline/capacity) -----------------
+FORECAST_ARRIVALS = Family(
+    "pipeline_forecast_arrivals_per_second",
+    "gauge",
+    "Arrivals per second the lane is sized for: the busiest forecast minute of the next lead "
+    "window (seasonal baseline times the recent trend), or the current rate if higher.",
+    ("lane",),
+    "messages",
+)
+DESIRED_MEMBERS = Family(
+    "pipeline_desired_members",
+    "gauge",
+    "Members the lane needs for its forecast peak by Little's law at the target utilisation; "
+    "a KEDA trigger with threshold 1.",
+    ("lane",),
+    "members",
+)
+
 FAMILIES: tuple[Family, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Family)
 )

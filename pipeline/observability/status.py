@@ -75,6 +75,12 @@ class Status:
     log: LogStatus | None = None
     log_error: str = ""
     taken_at_s: float = field(default_factory=time.time)
+    throttle_error: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        """Every part could be read (``pipeline status`` exits 1 otherwise)."""
+        return not (self.log_error or self.throttle_error or any(lane.error for lane in self.lanes))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready document (seconds as floats, counts as ints)."""
@@ -107,6 +113,7 @@ class Status:
                 "oldest_unprocessed_age_s": round(self.log.oldest_unprocessed_age_s, 3),
             },
             "log_error": self.log_error or None,
+            "throttle_error": self.throttle_error or None,
         }
 
 

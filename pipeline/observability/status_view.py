@@ -24,10 +24,13 @@ from pipeline.errors import PipelineError
 from pipeline.logstore import LogStore
 from pipeline.observability.lanes import lane_watches
 from pipeline.observability.status import Status, collect_status
+from pipeline.observability.status_checks import reach_broker, reach_redis
 from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
 
 __all__ = ["gather", "render", "status_command"]
+
+_PIPE_WIDTH = 200
 
 
 def _age(seconds: float) -> str:
@@ -72,6 +75,7 @@ def render(status: Status, console: Console) -> None:
         console.print(
             f"[yellow]missing topics[/yellow] (run `pipeline topics apply`): {', '.join(missing)}",
             highlight=False,
+            soft_wrap=True,
         )
     if status.log is not None:
         log = status.log
@@ -82,9 +86,20 @@ def render(status: Status, console: Console) -> None:
             f"{_age(log.oldest_unproduced_age_s)}, oldest unprocessed "
             f"{_age(log.oldest_unprocessed_age_s)}",
             highlight=False,
+            soft_wrap=True,
         )
     elif status.log_error:
-        console.print(f"ingress log: [yellow]unavailable[/yellow] ({status.log_error})")
+        console.print(
+            f"ingress log: [yellow]unavailable[/yellow] ({status.log_error})",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if status.throttle_error:
+        console.print(
+            f"throttled tenants: [yellow]unavailable[/yellow] ({status.throttle_error})",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _log_store(settings: Settings) -> LogStore | None:
@@ -97,10 +112,17 @@ def _log_store(settings: Settings) -> LogStore | None:
 
 
 async def gather(settings: Settings, groups: list[str], *, with_log: bool = True) -> Status:
-    """Collect the status the settings describe (what the command prints)."""
+    """Collect the status the settings describe (what the command prints).
+
+    Raises:
+        BrokerUnavailable: the broker did not answer within
+            :data:`~pipeline.observability.status_checks.PROBE_TIMEOUT_MS`; the message names its
+            address and variable. An unreachable Redis on Kafka only leaves the throttles out.
+    """
     specs = load_specs(settings.topics_dir)
     lane_groups = {lane: [g] for lane, g in settings.ingress.sweeper.lane_groups.items()}
     watches = lane_watches(specs, lane_groups, only_groups=groups)
+    await reach_broker(settings)
     transport = create_transport(settings)
     store = _log_store(settings) if with_log else None
     log_error = ""
@@ -109,15 +131,27 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
             await store.open()
         except PipelineError as exc:
             store, log_error = None, str(exc)
-    redis = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
-    throttles = ThrottledTenants(
-        redis,
-        specs,
-        prefix=settings.redis.key_prefix,
-        namespace=settings.throttle.namespace,
-        default_limit=settings.throttle.default_limit,
+    redis = Redis.from_url(
+        settings.redis.url,
+        socket_timeout=settings.redis.socket_timeout_s,
+        socket_connect_timeout=settings.redis.socket_timeout_s,
     )
+    throttles: ThrottledTenants | None = None
+    throttle_error = ""
     try:
+        if any(spec.throttle for spec in specs):
+            try:
+                await reach_redis(settings, redis)
+            except PipelineError as exc:
+                throttle_error = str(exc)
+            else:
+                throttles = ThrottledTenants(
+                    redis,
+                    specs,
+                    prefix=settings.redis.key_prefix,
+                    namespace=settings.throttle.namespace,
+                    default_limit=settings.throttle.default_limit,
+                )
         status = await collect_status(
             transport.name, transport.admin(), watches, store=store, throttles=throttles
         )
@@ -126,7 +160,7 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
             await store.close()
         await transport.close()
         await redis.aclose()
-    return replace(status, log_error=log_error) if log_error else status
+    return replace(status, log_error=log_error or status.log_error, throttle_error=throttle_error)
 
 
 def status_command(
@@ -137,10 +171,18 @@ def status_command(
     log: Annotated[bool, typer.Option("--log/--no-log", help="Read the ingress log.")] = True,
     transport: TransportOpt = None,
 ) -> None:
-    """Lag, oldest waiting message, retry tiers, dead letters and abandoned rows per lane."""
+    """Lag, oldest waiting message, retry tiers, dead letters and abandoned rows per lane.
+
+    Exits 1 with one line naming the address when the broker cannot be reached, and 1 after the
+    report when a part of it (a lane, the ingress log, the throttles) could not be read.
+    """
     settings = load_settings(**({"transport": transport} if transport else {}))
     status = run_command(gather(settings, group or [], with_log=log))
     if as_json:
         typer.echo(json.dumps(status.to_json()))
-        return
-    render(status, Console())
+    else:
+        console = Console()
+        # Off a terminal rich assumes 80 columns and would cut lane names: let lines run long.
+        render(status, console if console.is_terminal else Console(width=_PIPE_WIDTH))
+    if not status.healthy:
+        raise typer.Exit(1)

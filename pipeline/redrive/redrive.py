@@ -1,12 +1,15 @@
 """Move selected dead letters back to their origin topic, resumably and at a capped rate.
 
-The DLQ is read by a consumer group named after the DLQ, the target and the filters, up to the
-end offsets seen at start. A message that passes the filters is produced to ``--to`` or to its
-origin topic with its original key, value and event id, its failure headers removed and
-``pl-redrive-count`` raised by one; a message already redriven ``max_redrives`` times is refused
-(it would loop). Positions are committed after each produced batch, so an interrupted redrive run
-again with the same arguments continues where it stopped: nothing is moved twice, except the one
-batch in flight if the process was killed (not stopped) in the middle of it.
+Only a declared dead-letter topic is taken (:func:`require_dead_letter_topic`): redriving a
+main or retry topic would copy live traffic. The DLQ is read by a consumer group named after
+the DLQ, the target and the filters as typed (``--since 2h`` stays ``2h``, see
+:meth:`~pipeline.redrive.select.Selection.typed_as`), up to the end offsets seen at start. A
+message that passes the filters is produced to ``--to`` or to its origin topic with its original
+key, value and event id, its failure headers removed and ``pl-redrive-count`` raised by one; a
+message already redriven ``max_redrives`` times is refused (it would loop). Positions are
+committed after each produced batch, so an interrupted redrive run again with the same
+arguments continues where it stopped: nothing is moved twice, except the one batch in flight if
+the process was killed (not stopped) in the middle of it.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import asyncio
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Position, Record, TopicPartition
+from pipeline.errors import ConfigError
 from pipeline.redrive.select import Selection, reason
+from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Producer, Transport
 
 _DROPPED_HEADERS = {
@@ -50,6 +55,28 @@ class Report:
     no_origin: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     moved_to: Counter[str] = field(default_factory=Counter)
+
+
+def require_dead_letter_topic(name: str, specs: Sequence[TopicSpec]) -> None:
+    """Return if ``name`` is the dead-letter topic of a declared topic.
+
+    Raises:
+        ConfigError: it is not (a main or retry topic, or undeclared).
+    """
+    dead_letters = sorted({spec.dead_letter for spec in specs})
+    if name not in dead_letters:
+        hint = next(
+            (
+                f" did you mean {spec.dead_letter!r}?"
+                for spec in specs
+                if name == spec.name or name in spec.retry_topic_names()
+            ),
+            "",
+        )
+        raise ConfigError(
+            f"{name!r} is not a dead-letter topic declared in the topics directory;{hint} "
+            f"redrive takes only those ({', '.join(dead_letters) or 'none declared'})"
+        )
 
 
 def group_name(dlq: str, target: str | None, selection: Selection) -> str:

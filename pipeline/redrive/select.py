@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from pipeline import headers as h
@@ -57,6 +57,36 @@ class Selection:
     tenant: str | None = None
     error_class: str | None = None
     key: str | None = None
+    typed: str | None = field(default=None, compare=False)
+    """The filters as the operator typed them (``--since 2h``), when built by :meth:`typed_as`."""
+
+    @classmethod
+    def typed_as(
+        cls,
+        *,
+        since: str | None = None,
+        until: str | None = None,
+        tenant: str | None = None,
+        error_class: str | None = None,
+        key: str | None = None,
+        now_s: float | None = None,
+    ) -> Selection:
+        """The selection of command-line filters; times may be ages (``2h``) or ISO times.
+
+        The fingerprint is the text typed, not the times it resolves to now, so the same
+        command run again resumes the same redrive instead of starting over.
+
+        Raises:
+            ValueError: a time is neither an ISO 8601 time nor an age.
+        """
+        return cls(
+            since_ms=parse_time_ms(since, now_s=now_s) if since else None,
+            until_ms=parse_time_ms(until, now_s=now_s) if until else None,
+            tenant=tenant,
+            error_class=error_class,
+            key=key,
+            typed=repr((since, until, tenant, error_class, key)),
+        )
 
     def matches(self, message: Message) -> bool:
         """True if ``message`` passes every filter."""
@@ -72,4 +102,6 @@ class Selection:
 
     def fingerprint(self) -> str:
         """A stable text of the filters (names the redrive's resumable position)."""
+        if self.typed is not None:
+            return "typed:" + self.typed
         return repr((self.since_ms, self.until_ms, self.tenant, self.error_class, self.key))

@@ -30,7 +30,7 @@ from pipeline.registry.client import RegistryClient
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
 from pipeline.registry.server import serve as serve_app
 from pipeline.registry.service import Registry
-from pipeline.registry.settings import RegistrySettings, load_registry_settings
+from pipeline.registry.settings import RegistrySettings, load_registry_settings, startup_problem
 from pipeline.registry.store import open_store
 
 T = TypeVar("T")
@@ -83,6 +83,9 @@ def serve(
     settings = _guard(lambda: load_registry_settings(**{k: v for k, v in given.items() if v}))
     if port == 0:
         settings = settings.model_copy(update={"port": 0})
+    problem = startup_problem(settings)
+    if problem is not None:
+        raise _fail(problem, 2)
     backing = _guard(lambda: open_store(settings.store, pool_max=settings.pool_max))
     registry = Registry(backing, default_compatibility=settings.default_compatibility)
     application = create_app(

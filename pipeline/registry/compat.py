@@ -132,6 +132,10 @@ class _Checker:
         self.reader_names = _index(reader.tree, {})
         self.writer_names = _index(writer.tree, {})
         self.in_progress: set[tuple[str, str]] = set()
+        self.done: dict[tuple[str, str], list[Incompatibility]] = {}
+        """Problems of each (reader, writer) pair of named records already checked: a type
+        referenced many times is checked once, so the work is linear in the schemas' size
+        (without it, two references per level double the work per level)."""
 
     def resolve(self, schema: Any, names: dict[str, dict[str, Any]]) -> Any:
         if isinstance(schema, str) and schema not in PRIMITIVES:
@@ -218,13 +222,18 @@ class _Checker:
                 )
         elif kind in {"record", "error"}:
             key = (reader["name"], writer["name"])
+            if key in self.done:  # reported at its first path; repeated for union tests only
+                yield from self.done[key]
+                return
             if key in self.in_progress:  # a recursive type: assume it holds while checking it
                 return
             self.in_progress.add(key)
             try:
-                yield from self.fields(reader, writer, path, loc)
+                problems = list(dict.fromkeys(self.fields(reader, writer, path, loc)))
             finally:
                 self.in_progress.discard(key)
+            self.done[key] = problems
+            yield from problems
 
     def fields(
         self, reader: dict[str, Any], writer: dict[str, Any], path: str, loc: str
@@ -264,7 +273,7 @@ def can_read(reader: ParsedSchema, writer: ParsedSchema) -> list[Incompatibility
     """Every rule broken when ``reader`` reads data written with ``writer``; empty if none."""
     top = reader.tree
     root = _short(top["name"]) if isinstance(top, dict) and "name" in top else ""
-    return list(_Checker(reader, writer).check(reader.tree, writer.tree, root, ""))
+    return list(dict.fromkeys(_Checker(reader, writer).check(reader.tree, writer.tree, root, "")))
 
 
 def check(

@@ -18,10 +18,10 @@ Semantics follow Confluent Schema Registry:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from enum import StrEnum
 
+from pipeline.registry.cache import ByteBoundedCache
 from pipeline.registry.canonical import ParsedSchema, parse
 from pipeline.registry.compat import Compatibility, check
 from pipeline.registry.errors import (
@@ -43,7 +43,9 @@ from pipeline.registry.errors import (
 )
 from pipeline.registry.store import GLOBAL, RegistryStore, StoredSchema, SubjectVersion
 
-_CACHE_MAX = 10_000  # parsed schemas kept in memory; ids never change meaning, so never stale
+# Parsed stored schemas and schemas by id kept in memory, in bytes of schema text (a parsed
+# tree takes a few times its text). Ids never change meaning, so nothing is ever stale.
+_CACHE_MAX_BYTES = 16 * 1_048_576
 
 
 class Mode(StrEnum):
@@ -86,22 +88,26 @@ class Registry:
         self.store = store
         self.default_compatibility = default_compatibility
         self.default_mode = default_mode
-        self._parsed: dict[str, ParsedSchema] = {}
-        self._by_id: dict[int, StoredSchema] = {}
-        self._lock = threading.Lock()
+        self._parsed: ByteBoundedCache[str, ParsedSchema] = ByteBoundedCache(_CACHE_MAX_BYTES)
+        self._by_id: ByteBoundedCache[int, StoredSchema] = ByteBoundedCache(_CACHE_MAX_BYTES)
 
     # -- schemas -------------------------------------------------------------------------------
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of schema text held by the caches (parsed stored schemas and schemas by id)."""
+        return self._parsed.size_bytes + self._by_id.size_bytes
+
     def parse(self, text: str) -> ParsedSchema:
-        """Parse a schema, memoised by its text (texts come back often: the stored forms)."""
-        with self._lock:
-            hit = self._parsed.get(text)
+        """Parse a schema a client sent (never cached: readers must not fill the memory)."""
+        return parse(text)
+
+    def parse_stored(self, text: str) -> ParsedSchema:
+        """Parse a stored schema's text, memoised in a byte-bounded cache."""
+        hit = self._parsed.get(text)
         if hit is None:
             hit = parse(text)
-            with self._lock:
-                if len(self._parsed) >= _CACHE_MAX:
-                    self._parsed.clear()
-                self._parsed[text] = hit
+            self._parsed.put(text, hit, len(text))
         return hit
 
     def schema(self, schema_id: int) -> StoredSchema:
@@ -110,16 +116,12 @@ class Registry:
         Raises:
             SchemaNotFound: no schema has this id.
         """
-        with self._lock:
-            hit = self._by_id.get(schema_id)
+        hit = self._by_id.get(schema_id)
         if hit is None:
             hit = self.store.schema(schema_id)
             if hit is None:
                 raise SchemaNotFound(f"Schema {schema_id} not found")
-            with self._lock:
-                if len(self._by_id) >= _CACHE_MAX:
-                    self._by_id.clear()
-                self._by_id[schema_id] = hit
+            self._by_id.put(schema_id, hit, len(hit.schema))
         return hit
 
     def register(
@@ -149,19 +151,33 @@ class Registry:
             raise OperationNotPermitted("a version may only be given in IMPORT mode")
         level = self.compatibility(subject)
 
-        def gate(live: Sequence[SubjectVersion]) -> None:
-            if not importing and schema_id is not None:
-                raise OperationNotPermitted(
-                    f"Overwrite new schema with id {schema_id} is not permitted (not IMPORT mode)"
-                )
-            if importing:
-                return
-            problems = check(parsed, [(v.version, self.parse(v.schema)) for v in live], level)
+        def incompatible(live: Sequence[SubjectVersion]) -> None:
+            problems = check(
+                parsed, [(v.version, self.parse_stored(v.schema)) for v in live], level
+            )
             if problems:
                 raise IncompatibleSchema(
                     "Schema being registered is incompatible with an earlier schema for "
                     f'subject "{subject}", details: ' + "; ".join(problems)
                 )
+
+        # The check runs before the store's write lock is taken, so a slow check never stalls
+        # other requests; under the lock it is repeated only if the live versions changed.
+        checked: list[tuple[int, str]] | None = None
+        if not importing and schema_id is None:
+            live_now = [v for v in self.store.versions(subject) if not v.deleted]
+            if all(v.fingerprint != parsed.fingerprint for v in live_now):
+                incompatible(live_now)
+            checked = [(v.version, v.fingerprint) for v in live_now]
+
+        def gate(live: Sequence[SubjectVersion]) -> None:
+            if not importing and schema_id is not None:
+                raise OperationNotPermitted(
+                    f"Overwrite new schema with id {schema_id} is not permitted (not IMPORT mode)"
+                )
+            if importing or checked == [(v.version, v.fingerprint) for v in live]:
+                return
+            incompatible(live)
 
         return self.store.register(subject, parsed, gate, schema_id=schema_id, version=version)
 
@@ -195,7 +211,7 @@ class Registry:
             against = [target]
             if level.transitive:
                 level = Compatibility(level.value.removesuffix("_TRANSITIVE"))
-        return check(parsed, [(v.version, self.parse(v.schema)) for v in against], level)
+        return check(parsed, [(v.version, self.parse_stored(v.schema)) for v in against], level)
 
     # -- subjects and versions -----------------------------------------------------------------
 

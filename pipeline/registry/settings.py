@@ -9,6 +9,8 @@ with the same names the root settings will use::
     PIPELINE_REGISTRY__STORE=sqlite:///registry.db      # or postgresql://user:pw@host/db
     PIPELINE_REGISTRY__URL=http://127.0.0.1:8081        # where clients (serde, CLI) find it
     PIPELINE_REGISTRY__DEFAULT_COMPATIBILITY=BACKWARD
+    PIPELINE_REGISTRY__REPLICAS=2                       # more than 1 refuses SQLite at start
+    PIPELINE_REGISTRY__REQUIRE_AUTH=true                # refuse to serve without credentials
     PIPELINE_REGISTRY__AUTH__USERS='[{"username": "ci", "password": "...", "role": "write"}]'
     PIPELINE_REGISTRY__AUTH__TOKENS='[{"name": "reader", "token": "...", "role": "read"}]'
 """
@@ -51,6 +53,10 @@ class RegistrySettings(BaseModel):
     """Bearer token the serde and CLI present (instead of basic auth)."""
     timeout_s: float = Field(default=10.0, gt=0)
     """Client HTTP timeout."""
+    replicas: int = Field(default=1, ge=1)
+    """How many registry processes serve ``store``, this one included (the Deployment's count)."""
+    require_auth: bool = False
+    """Refuse to serve when no user or token is configured (the manifests set it)."""
 
     @field_validator("store")
     @classmethod
@@ -65,6 +71,26 @@ class RegistrySettings(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("expected http://host:port or https://host:port")
         return value.rstrip("/")
+
+
+def startup_problem(settings: RegistrySettings) -> str | None:
+    """Why a registry server must not start with ``settings``, in one line, or None.
+
+    Only the server calls this: every process reads the registry section, and a consumer
+    sharing the registry's replica count but not its store must still start.
+    """
+    if settings.replicas > 1 and settings.store.startswith("sqlite:"):
+        return (
+            f"PIPELINE_REGISTRY__REPLICAS={settings.replicas} but PIPELINE_REGISTRY__STORE is "
+            "SQLite: each replica would hand out its own schema ids; point every replica at one "
+            "PIPELINE_REGISTRY__STORE=postgresql://user:password@host/db"
+        )
+    if settings.require_auth and not settings.auth.enabled:
+        return (
+            "PIPELINE_REGISTRY__REQUIRE_AUTH is set but no credentials are configured: set "
+            "PIPELINE_REGISTRY__AUTH__USERS or PIPELINE_REGISTRY__AUTH__TOKENS"
+        )
+    return None
 
 
 class _RegistryEnv(BaseSettings):

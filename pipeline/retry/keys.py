@@ -1,21 +1,74 @@
-"""Every Redis key the retry layer touches (parking and poison counters), in one place.
+"""Every Redis key the retry layer touches (the run guard and parking), in one place.
 
-All keys of one (lane, key) share the hash tag ``{P:park:LANE:KEY}`` so one function call
-stays in one Redis Cluster slot; see ``lua/parking.lua`` for what each holds.
+All keys of one lane share the hash tag ``{P:guard:LANE}``, so the guard's batched call over
+many keys of a lane stays in one Redis Cluster slot; see ``lua/guard.lua`` for what each holds.
 """
 
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 
 
-def _tag(prefix: str, lane: str, key: bytes | None) -> str:
-    # Keys are arbitrary bytes: url-safe base64 keeps them printable and free of braces.
-    encoded = base64.urlsafe_b64encode(key or b"").decode()
-    return f"{{{prefix}:park:{lane}:{encoded}}}"
+def lane_tag(prefix: str, lane: str) -> str:
+    """The hash tag every guard key of ``lane`` starts with."""
+    return f"{{{prefix}:guard:{lane}}}"
 
 
-def parking_keys(prefix: str, lane: str, key: bytes | None, message_id: str) -> list[str]:
-    """The parked zset, parking hash, run counter, gone set and lone-start counter."""
-    tag = _tag(prefix, lane, key)
-    return [f"{tag}:z", f"{tag}:h", f"{tag}:r:{message_id}", f"{tag}:gone", f"{tag}:a:{message_id}"]
+_ENCODED: dict[bytes, str] = {}
+_ENCODED_MAX = 65_536
+
+
+def encode_key(key: bytes | None) -> str:
+    """A message key as it appears in guard key names (url-safe base64: printable, no braces).
+
+    Keys repeat (a conversation, a tenant), so the last 65,536 encodings are remembered.
+    """
+    raw = key or b""
+    encoded = _ENCODED.get(raw)
+    if encoded is None:
+        if len(_ENCODED) >= _ENCODED_MAX:
+            _ENCODED.clear()
+        encoded = _ENCODED[raw] = base64.urlsafe_b64encode(raw).decode()
+    return encoded
+
+
+@dataclass(frozen=True, slots=True)
+class GuardKeys:
+    """The lane-wide guard keys of one lane."""
+
+    tag: str
+
+    @property
+    def run(self) -> str:
+        """Start marks: message id -> ``starts|position``."""
+        return f"{self.tag}:run"
+
+    @property
+    def alone(self) -> str:
+        """Lone starts of suspects."""
+        return f"{self.tag}:alone"
+
+    @property
+    def gone(self) -> str:
+        """Ids that left a parked key, with the time they left."""
+        return f"{self.tag}:gone"
+
+    @property
+    def parked(self) -> str:
+        """Keys that have parked messages."""
+        return f"{self.tag}:parked"
+
+    @property
+    def releases(self) -> str:
+        """Releases in progress, by lease expiry."""
+        return f"{self.tag}:rel"
+
+    def of_key(self, encoded: str) -> tuple[str, str, str]:
+        """The parked zset, state hash and held-followers hash of one (encoded) key."""
+        return f"{self.tag}:z:{encoded}", f"{self.tag}:h:{encoded}", f"{self.tag}:f:{encoded}"
+
+
+def guard_keys(prefix: str, lane: str) -> GuardKeys:
+    """The guard keys of ``lane`` under ``prefix``."""
+    return GuardKeys(lane_tag(prefix, lane))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pipeline import headers as h
 from pipeline.envelope import Delivered, Message
+from pipeline.errors import DeadLetter
 from pipeline.retry.policy import Backoff
 from pipeline.transport.protocol import Producer
 
@@ -111,8 +112,11 @@ class Router:
         self, routes: LaneRoutes, message: Message, reason: str, error: BaseException | None
     ) -> Delivered:
         """Send to the lane's dead-letter topic with the reason and the error."""
+        if error is None:  # every dead letter says what ended it, for redrive's filters
+            error = DeadLetter(reason)
         out = _failure_headers(message, error, int(time.time() * 1000))
         out[h.DEAD_REASON] = reason.encode()
+        out.setdefault(h.ATTEMPT, b"1")
         out.pop(h.DUE_MS, None)
         return await self._producer.send(
             routes.dead_letter_topic, message.value, key=message.key, headers=out

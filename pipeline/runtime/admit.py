@@ -23,11 +23,12 @@ import json
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol
 
 from pipeline import headers as h
 from pipeline.admission.adaptive import Feedback
-from pipeline.envelope import Message, TopicPartition
+from pipeline.envelope import TopicPartition
+from pipeline.runtime.work import Item, T
 from pipeline.topics.spec import ThrottlePolicy
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class _Fields(dict[str, str]):
     """Template values; a missing one raises KeyError, which leaves that key out."""
 
 
-def throttle_keys(policy: ThrottlePolicy, lane: str, message: Message) -> list[str]:
+def throttle_keys(policy: ThrottlePolicy, lane: str, message: Item) -> list[str]:
     """The throttle keys ``message`` needs, from the policy's templates."""
     values = _Fields(lane=lane)
     if message.key is not None:
@@ -83,35 +84,35 @@ def throttle_keys(policy: ThrottlePolicy, lane: str, message: Message) -> list[s
     return out
 
 
-class _Waiting(NamedTuple):
+class _Waiting(NamedTuple, Generic[T]):
     """A message in the gate, with what its admission needs."""
 
-    message: Message
+    message: T
     keys: list[str]
     policy: ThrottlePolicy
     lane: str
 
 
-def tenant_of(message: Message) -> str:
+def tenant_of(message: Item) -> str:
     """The message's ``pl-tenant`` header as text (empty without one)."""
     raw = message.headers.get(h.TENANT)
     return raw.decode(errors="replace") if raw is not None else ""
 
 
-class AdmissionGate:
+class AdmissionGate(Generic[T]):
     """Per-key FIFOs in front of the key lanes; each key's head waits for its slots."""
 
     def __init__(
         self,
         admitter: Admitter,
-        admitted: Callable[[Message], None],
-        deferred: Callable[[Message], None],
+        admitted: Callable[[T], None],
+        deferred: Callable[[T], None],
     ) -> None:
         """``admitted(message)`` runs it (it holds its permit); ``deferred`` sends it away."""
         self._admitter = admitter
         self._admitted = admitted
         self._deferred = deferred
-        self._queues: dict[GateKey, deque[_Waiting]] = {}
+        self._queues: dict[GateKey, deque[_Waiting[T]]] = {}
         self._acquiring: dict[GateKey, asyncio.Task[None]] = {}
         self._active: set[GateKey] = set()  # keys asking for or holding slots
         self._permits: dict[tuple[TopicPartition, int], tuple[GateKey, Any]] = {}
@@ -123,7 +124,7 @@ class AdmissionGate:
 
     def offer(
         self,
-        message: Message,
+        message: T,
         policy: ThrottlePolicy,
         lane: str,
         *,
@@ -159,7 +160,7 @@ class AdmissionGate:
         if key not in self._active:
             self._ask(key)
 
-    def _over_share(self, message: Message, lane: str, policy: ThrottlePolicy) -> bool:
+    def _over_share(self, message: T, lane: str, policy: ThrottlePolicy) -> bool:
         """The gate is full and this message's tenant waits at least its share of it.
 
         Deferring only the tenants that wait most keeps a flood's overflow in the delay tier
@@ -176,7 +177,7 @@ class AdmissionGate:
         waiting = self._queues[key][0]
         self._acquiring[key] = asyncio.create_task(self._acquire(key, waiting))
 
-    async def _acquire(self, key: GateKey, waiting: _Waiting) -> None:
+    async def _acquire(self, key: GateKey, waiting: _Waiting[T]) -> None:
         message, keys, policy = waiting.message, waiting.keys, waiting.policy
         try:
             permit = await self._admitter.acquire(
@@ -198,7 +199,7 @@ class AdmissionGate:
         self._permits[message.tp, message.offset] = (key, permit)
         self._admitted(message)
 
-    def _forget_waiting(self, waiting: _Waiting) -> None:
+    def _forget_waiting(self, waiting: _Waiting[T]) -> None:
         self.waiting -= 1
         counted = (waiting.lane, tenant_of(waiting.message))
         self.waiting_by[counted] -= 1
@@ -212,13 +213,13 @@ class AdmissionGate:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def held_keys(self, message: Message) -> tuple[str, ...]:
+    def held_keys(self, message: Item) -> tuple[str, ...]:
         """The throttle keys ``message`` holds slots on (none if it holds no permit)."""
         held = self._permits.get((message.tp, message.offset))
         keys = getattr(held[1], "keys", ()) if held is not None else ()
         return tuple(keys)
 
-    def finished(self, message: Message, feedback: Sequence[Feedback] = ()) -> None:
+    def finished(self, message: Item, feedback: Sequence[Feedback] = ()) -> None:
         """``message`` is done: release its slots and let its key's next message ask."""
         held = self._permits.pop((message.tp, message.offset), None)
         if held is None:

@@ -20,17 +20,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Generic
 
-from pipeline.envelope import Message, TopicPartition
+from pipeline.envelope import TopicPartition
+from pipeline.runtime.work import T
 from pipeline.topics.spec import BatchPolicy
 
 
-class BatchGate:
+class BatchGate(Generic[T]):
     """Holds batch messages until there is idle capacity or they near their SLA."""
 
     def __init__(
         self,
-        start: Callable[[Message], None],
+        start: Callable[[T], None],
         load: Callable[[], tuple[int, int]],
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
@@ -38,7 +40,7 @@ class BatchGate:
         self._start = start
         self._load = load
         self._clock_ms = clock_ms
-        self._held: dict[str, deque[tuple[Message, BatchPolicy]]] = {}
+        self._held: dict[str, deque[tuple[T, BatchPolicy]]] = {}
         self.started = 0
         self.promoted = 0
 
@@ -51,7 +53,7 @@ class BatchGate:
         """Batch messages of ``lane`` held back now."""
         return len(self._held.get(lane, ()))
 
-    def offer(self, message: Message, lane: str, policy: BatchPolicy) -> None:
+    def offer(self, message: T, lane: str, policy: BatchPolicy) -> None:
         """Hold ``message`` behind the earlier ones of its lane, then start what may start."""
         self._held.setdefault(lane, deque()).append((message, policy))
         self.pump()
@@ -77,10 +79,10 @@ class BatchGate:
                 self._start(message)
                 progressed = True
 
-    def drop(self, partitions: Iterable[TopicPartition]) -> list[Message]:
+    def drop(self, partitions: Iterable[TopicPartition]) -> list[T]:
         """Forget held messages of revoked partitions; returns them."""
         wanted = set(partitions)
-        dropped: list[Message] = []
+        dropped: list[T] = []
         for lane, queue in list(self._held.items()):
             kept = deque(entry for entry in queue if entry[0].tp not in wanted)
             dropped += [m for m, _ in queue if m.tp in wanted]

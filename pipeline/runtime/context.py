@@ -9,7 +9,7 @@ from typing import TypeVar
 from pipeline import headers as h
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError
-from pipeline.retry.parking import message_id
+from pipeline.retry.guard_store import message_id
 from pipeline.runtime.idempotency import IdempotencyGuard
 
 T = TypeVar("T")

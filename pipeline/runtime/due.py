@@ -13,30 +13,32 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Generic
 
 from pipeline import headers as h
-from pipeline.envelope import Message, TopicPartition
+from pipeline.envelope import TopicPartition
 from pipeline.runtime.flow import PauseBook
+from pipeline.runtime.work import Item, T
 
 log = logging.getLogger(__name__)
 
 
-def due_ms(message: Message) -> int:
+def due_ms(message: Item) -> int:
     """The message's due time in epoch milliseconds (0: due now)."""
     return h.int_header(message.headers, h.DUE_MS)
 
 
-class DueGate:
+class DueGate(Generic[T]):
     """Holds messages of paused retry-tier partitions until they are due."""
 
-    def __init__(self, pauses: PauseBook, release: Callable[[Message], None]) -> None:
+    def __init__(self, pauses: PauseBook, release: Callable[[T], None]) -> None:
         """Release due messages through ``release``; pause and resume through ``pauses``."""
         self._pauses = pauses
         self._release = release
-        self._held: dict[TopicPartition, deque[Message]] = {}
+        self._held: dict[TopicPartition, deque[T]] = {}
         self._timers: dict[TopicPartition, asyncio.TimerHandle] = {}
 
-    def offer(self, message: Message) -> None:
+    def offer(self, message: T) -> None:
         """Release ``message`` now if due and nothing is held before it; otherwise hold it."""
         held = self._held.get(message.tp)
         if held is None and due_ms(message) <= time.time() * 1000:
@@ -71,9 +73,9 @@ class DueGate:
             self._pauses.resume(tp, "due")
             log.debug("released %s", tp)
 
-    def drop(self, tps: set[TopicPartition]) -> list[Message]:
+    def drop(self, tps: set[TopicPartition]) -> list[T]:
         """Forget what is held for these partitions (they left this member); returns it."""
-        dropped: list[Message] = []
+        dropped: list[T] = []
         for tp in tps:
             timer = self._timers.pop(tp, None)
             if timer:

@@ -1,31 +1,49 @@
-"""Around each handler run: per-key order across retries (parking) and poison detection.
+"""The guard stage: per-key order across retries (parking) and poison detection around each run.
 
-Before a message of a lane with parking runs, :class:`RunGuard` asks Redis (``pl_begin``) what
-to do with it: run it, divert it behind its key's parked head, drop a stale duplicate,
-dead-letter it behind a dead-lettered head, or, when an earlier start of it never finished, run
-it alone as a suspect (:mod:`pipeline.runtime.isolation`) unless its lone starts reached
-``poison_after``. After the run it records how the message ended (``pl_end``). See
-:mod:`pipeline.retry.parking` for the state and its guarantees.
+Before a message of a guarded lane runs, :class:`RunGuard` records its start
+(:class:`~pipeline.runtime.starts.StartWindow` batches the starts of one loop turn into one
+Redis call) and learns what to do with it: run it; hold it behind its key's parked head; drop a
+stale or duplicate copy; dead-letter it behind a dead-lettered head; or, when an earlier start of
+it never finished, run it alone as a suspect (:mod:`pipeline.runtime.isolation`) unless its lone
+starts reached ``poison_after``. After the run it records the end: batched with the next starts
+when nothing is parked, in a call of its own when the message parks its key or belongs to a
+parked key. When a head finishes, the guard runs the followers released to it, in order. See
+:mod:`pipeline.retry.guard_store` for the state and its guarantees.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from pipeline.envelope import Message
-from pipeline.retry.parking import Ending, Parking
+from pipeline.errors import PoisonMessage, SequencedDeadLetter
+from pipeline.retry.guard_store import (
+    RELEASED_POSITION,
+    Ending,
+    GuardStore,
+    Release,
+    Start,
+    message_id,
+    start_of,
+)
 from pipeline.runtime.app import Lane
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.routing import Routing
+from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
 
 log = logging.getLogger(__name__)
 
-# How a handler outcome ends a parked message (anything else: done).
+# How a handler outcome ends a guarded message (anything else: done).
 _ENDINGS: dict[str, Ending] = {"retried": "parked", "deferred": "parked", "dead_lettered": "dead"}
 
-Run = Callable[[], Awaitable[str | None]]
+Call = Callable[[Lane, Message], Awaitable[str | None]]
+"""The next stage: run the handler on a message and route its failure; its outcome."""
+Settled = Callable[[Lane, Message, str | None], None]
+"""Told of every released follower's outcome (its offset is not the member's to finish)."""
 
 
 class RunGuard:
@@ -33,50 +51,110 @@ class RunGuard:
 
     def __init__(
         self,
-        parking: dict[str, Parking],
+        stores: dict[str, GuardStore],
         routing: Routing,
         stats: Stats,
         isolation: Isolation,
+        call: Call,
+        settled: Settled,
     ) -> None:
-        """Guard the lanes that have parking (Redis); others run unguarded."""
-        self._parking = parking
+        """Guard the lanes that have a store (Redis); others go straight to ``call``."""
+        self._stores = stores
+        self._windows = {lane: StartWindow(store) for lane, store in stores.items()}
         self._routing = routing
         self._stats = stats
         self._isolation = isolation
+        self._call = call
+        self._settled = settled
+        self._releasing: dict[str, set[str]] = {lane: set() for lane in stores}
+        self._running: dict[str, Start] = {}
+        """Starts running in this member, by message id, until they end or are routed."""
+        routing.on_route = self._routed
+        self._reaped: set[asyncio.Task[None]] = set()
 
-    async def run(self, lane: Lane, message: Message, run: Run) -> str | None:
-        """Decide, run ``run()`` if it may, record the ending; returns the outcome."""
-        parking = self._parking.get(lane.name)
-        if parking is None:
-            return await run()
-        decision, starts = await parking.begin(message, ordered=_ordered(lane))
-        if decision == "suspect":
-            return await self._suspect(lane, message, run, parking, starts)
-        if decision == "stale":
+    @property
+    def calls(self) -> int:
+        """Batched guard calls made so far (starts and ends)."""
+        return sum(window.calls for window in self._windows.values())
+
+    async def run(self, lane: Lane, message: Message) -> str | None:
+        """Decide, run the next stage if it may, record the end; returns the outcome."""
+        store = self._stores.get(lane.name)
+        if store is None:
+            return await self._call(lane, message)
+        ordered = _ordered(lane)
+        start = start_of(message, ordered=ordered)
+        if start.ident in self._running:  # another copy runs in this member right now
             self._stats.duplicates += 1
             return "duplicate"
-        if decision == "divert":
-            # Still parked behind its head: no end is recorded.
-            return await self._routing.divert(lane, message, "parked")
-        if decision == "sequenced":
-            log.warning("dead-lettering %s@%d: sequenced", message.tp, message.offset)
-            outcome = await self._routing.dead_letter(lane, message, decision, None)
-            ending: Ending = "done"
-        else:
-            async with self._isolation.shared():
-                outcome = await run()
-            ending = _ending(lane, outcome)
-        if outcome is not None:
-            await parking.end(message, ending, follow_dead=_follow(lane))
+        decision, starts = await self._windows[lane.name].begin(start)
+        parked = decision == "slow"
+        if parked:
+            decision, starts = await store.begin_parked(message, start)
+        skipped = self._not_run(decision)
+        if skipped is not None:
+            return skipped
+        self._running[start.ident] = start
+        try:
+            outcome, ending = await self._decided(lane, store, message, start, decision, starts)
+        finally:
+            self._forget(start)
+        if outcome is None or ending is None:  # not routed (delivered again), or not ours
+            return outcome
+        if not parked and (ending == "done" or not ordered):
+            window = self._windows[lane.name]
+            window.ended(start)
+            if decision == "suspect":  # its lone starts must not outlive it: record it now
+                await window.flush()
+            return outcome
+        release = await store.end(start, ending, follow_dead=_follow(lane))
+        if release is not None:
+            await self._release(lane, store, release)
         return outcome
 
+    def _not_run(self, decision: str) -> str | None:
+        """The outcome of a start that does not run here (a copy, or held), else None."""
+        if decision in ("stale", "copy"):
+            self._stats.duplicates += 1
+            return "duplicate"
+        if decision == "held":
+            self._stats.parked += 1
+            return "parked"
+        return None
+
+    async def _decided(
+        self,
+        lane: Lane,
+        store: GuardStore,
+        message: Message,
+        start: Start,
+        decision: str,
+        starts: int,
+    ) -> tuple[str | None, Ending | None]:
+        """Carry out a decision to run, run alone or sequence ``message``."""
+        if decision == "sequenced":
+            log.warning("dead-lettering %s@%d: sequenced", message.tp, message.offset)
+            error = SequencedDeadLetter("it follows a dead-lettered message of its key")
+            return await self._routing.dead_letter(lane, message, "sequenced", error), "dead"
+        if decision == "suspect":
+            return await self._suspect(lane, store, message, start, starts)
+        await self._isolation.enter_shared()
+        try:
+            outcome = await self._call(lane, message)
+        finally:
+            self._isolation.leave_shared()
+        return outcome, _ending(lane, outcome)
+
     async def _suspect(
-        self, lane: Lane, message: Message, run: Run, parking: Parking, starts: int
-    ) -> str | None:
+        self, lane: Lane, store: GuardStore, message: Message, start: Start, starts: int
+    ) -> tuple[str | None, Ending | None]:
         """Run a message whose earlier start never finished alone, or dead-letter it as poison."""
         async with self._isolation.alone():
-            poison, alone = await parking.solo(message, poison_after=lane.spec.retry.poison_after)
-            if poison:
+            verdict, alone = await store.solo(start, poison_after=lane.spec.retry.poison_after)
+            if verdict == "stale":  # another copy finished it or took it over meanwhile
+                self._stats.duplicates += 1
+                return "duplicate", None  # the start mark is the other copy's: left alone
+            if verdict == "poison":
                 log.warning(
                     "dead-lettering %s@%d: poison (started %d times, %d of them alone)",
                     message.tp,
@@ -84,14 +162,76 @@ class RunGuard:
                     starts,
                     alone,
                 )
-                outcome = await self._routing.dead_letter(lane, message, "poison", None)
-                ending: Ending = "dead"
-            else:
-                outcome = await run()
-                ending = _ending(lane, outcome)
-        if outcome is not None:
-            await parking.end(message, ending, follow_dead=_follow(lane))
-        return outcome
+                error = PoisonMessage(
+                    f"its processing was interrupted {starts} times ({alone} of them alone)"
+                )
+                return await self._routing.dead_letter(lane, message, "poison", error), "dead"
+            outcome = await self._call(lane, message)
+        return outcome, _ending(lane, outcome)
+
+    async def _release(self, lane: Lane, store: GuardStore, release: Release | None) -> None:
+        """Run the followers released to this member, in order, until the key needs none."""
+        if release is None:
+            return
+        releasing, key = self._releasing[lane.name], release.key
+        releasing.add(key)
+        try:
+            while release is not None:
+                message = release.message
+                start = Start(release.ident, key, RELEASED_POSITION, ordered=True, attempt=0)
+                self._running[start.ident] = start
+                try:
+                    outcome, ending = await self._decided(
+                        lane, store, message, start, release.decision, 0
+                    )
+                finally:
+                    self._forget(start)
+                self._settled(lane, message, outcome)
+                if outcome is None or ending is None:  # its lease lapses; a reaper takes over
+                    break
+                release = await store.end(start, ending, follow_dead=_follow(lane))
+        finally:
+            releasing.discard(key)
+
+    def _forget(self, start: Start) -> None:
+        if self._running.get(start.ident) is start:
+            del self._running[start.ident]
+
+    async def _routed(self, lane: Lane, message: Message, attempt: int) -> None:
+        """``message`` is about to go to a retry tier as ``attempt``: park its key first.
+
+        Its copy may then run (here or in another member) even before this start has ended.
+        """
+        store = self._stores.get(lane.name)
+        start = self._running.pop(message_id(message), None)
+        if store is None or start is None:
+            return
+        await store.route(start, attempt, park=_ordered(lane))
+
+    async def flush(self) -> None:
+        """Send the ends not sent yet (before a commit)."""
+        for window in self._windows.values():
+            await window.flush()
+
+    async def tick(self, lanes: dict[str, Lane]) -> None:
+        """Renew this member's release leases and take over releases whose member died."""
+        for name, store in self._stores.items():
+            await store.renew(sorted(self._releasing[name]))
+            lane = lanes.get(name)
+            if lane is None:
+                continue
+            for release in await store.reap():
+                log.warning("taking over the release of %s on lane %s", release.ident, name)
+                task = asyncio.create_task(self._release(lane, store, release))
+                self._reaped.add(task)
+                task.add_done_callback(self._reaped.discard)
+
+    async def close(self) -> None:
+        """Stop releases taken over from other members (their leases lapse and return)."""
+        for task in list(self._reaped):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _ordered(lane: Lane) -> bool:

@@ -4,8 +4,8 @@ A message whose previous start never finished (its member died, or lost it mid-r
 *suspect*. When a member crashes, every message it was running is one, and only one of them may
 be the cause. So a suspect runs alone: new runs wait while it does, and it starts only once
 the runs in progress have finished. A crash during a lone run can only be the suspect's doing;
-its neighbours, run alone in turn, finish and are not blamed (see ``lua/parking.lua``,
-``pl_solo``, which counts lone starts towards ``poison_after``).
+its neighbours, run alone in turn, finish and are not blamed (see ``pipeline/retry/lua/guard.lua``,
+``gd_solo``, which counts lone starts towards ``poison_after``).
 
 A suspect that hangs would hold the whole member: after ``alone_for_s`` the gate opens again
 for the others while it goes on running.
@@ -40,16 +40,25 @@ class Isolation:
     @asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
         """An ordinary run: waits only while a suspect is due."""
-        while not self._open.is_set():
-            await self._open.wait()
-        self._running += 1
-        self._idle.clear()
+        await self.enter_shared()
         try:
             yield
         finally:
-            self._running -= 1
-            if not self._running:
-                self._idle.set()
+            self.leave_shared()
+
+    async def enter_shared(self) -> None:
+        """Start an ordinary run (waits only while a suspect is due); end it with leave_shared."""
+        while not self._open.is_set():
+            await self._open.wait()
+        self._running += 1
+        if self._running == 1:
+            self._idle.clear()
+
+    def leave_shared(self) -> None:
+        """An ordinary run started by :meth:`enter_shared` ended."""
+        self._running -= 1
+        if not self._running:
+            self._idle.set()
 
     @asynccontextmanager
     async def alone(self) -> AsyncIterator[None]:

@@ -15,26 +15,28 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Generic
 
-from pipeline.envelope import Message, TopicPartition
+from pipeline.envelope import TopicPartition
+from pipeline.runtime.work import T
 
 log = logging.getLogger(__name__)
 
 LaneKey = tuple[TopicPartition, Hashable]
 
 
-class KeyLanes:
+class KeyLanes(Generic[T]):
     """Runs submitted messages through ``process`` with per-key order and bounded concurrency."""
 
-    def __init__(self, process: Callable[[Message], Awaitable[None]], max_concurrency: int) -> None:
+    def __init__(self, process: Callable[[T], Awaitable[None]], max_concurrency: int) -> None:
         """Start nothing yet; call :meth:`start` inside the event loop."""
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self._process = process
         self._max_concurrency = max_concurrency
-        self._queues: dict[LaneKey, deque[Message]] = {}
+        self._queues: dict[LaneKey, deque[T]] = {}
         self._ready: asyncio.Queue[LaneKey] = asyncio.Queue()
-        self._running: dict[LaneKey, Message] = {}
+        self._running: dict[LaneKey, T] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._changed = asyncio.Condition()
         self._limit = max_concurrency
@@ -60,7 +62,7 @@ class KeyLanes:
             self._limit_raised.set()
         self._limit = value
 
-    def submit(self, message: Message, *, ordered: bool) -> None:
+    def submit(self, message: T, *, ordered: bool) -> None:
         """Queue ``message`` behind earlier messages of its key (or alone if not ordered)."""
         key: LaneKey = (message.tp, message.key if ordered else ("offset", message.offset))
         queue = self._queues.get(key)
@@ -75,7 +77,7 @@ class KeyLanes:
         """Messages running now (busy worker slots)."""
         return len(self._running)
 
-    def busy(self, message: Message) -> bool:
+    def busy(self, message: T) -> bool:
         """Whether ``message``'s key has messages queued or running (ordered lanes)."""
         return (message.tp, message.key) in self._queues
 
@@ -89,10 +91,10 @@ class KeyLanes:
         wanted = set(partitions)
         return sum(1 for key in self._running if key[0] in wanted)
 
-    def drop(self, partitions: Iterable[TopicPartition]) -> list[Message]:
+    def drop(self, partitions: Iterable[TopicPartition]) -> list[T]:
         """Forget queued (not running) messages of these partitions; returns them."""
         wanted = set(partitions)
-        dropped: list[Message] = []
+        dropped: list[T] = []
         for key in [k for k in self._queues if k[0] in wanted]:
             queue = self._queues[key]
             if key in self._running:

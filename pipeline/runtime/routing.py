@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from pipeline import headers as h
 from pipeline.envelope import Delivered, Message
 from pipeline.errors import TransportError
 from pipeline.observability.facades import RuntimeMetrics
@@ -23,6 +24,7 @@ from pipeline.runtime.stats import Stats
 
 log = logging.getLogger(__name__)
 _ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+OnRoute = Callable[[Lane, Message, int], Awaitable[None]]
 
 
 class Routing:
@@ -48,6 +50,9 @@ class Routing:
         }
         self.stopping = False
         """Set on shutdown: give up on an unavailable broker at once (redelivery covers it)."""
+        self.on_route: OnRoute | None = None
+        """Awaited before a message is produced to a retry tier, with the copy's attempt (the
+        guard parks its key there first)."""
 
     def processed(self, lane: Lane) -> None:
         """A message of ``lane`` reached its handler: it earns the lane retry budget."""
@@ -75,6 +80,8 @@ class Routing:
         last = len(routes.retry_topics)
         tier = last if longest else min(attempt, last)
         label = routes.retry_topics[tier - 1].rsplit(".", 1)[-1]  # the delay, as in the name
+        if self.on_route is not None:
+            await self.on_route(lane, message, attempt + 1)
         return await self._send(
             lane,
             message,
@@ -97,6 +104,8 @@ class Routing:
 
     async def divert(self, lane: Lane, message: Message, outcome: str) -> str | None:
         """Send ``message`` through the first tier, not as a failure (parked or deferred)."""
+        if self.on_route is not None:
+            await self.on_route(lane, message, h.int_header(message.headers, h.ATTEMPT, 1))
         return await self._send(lane, message, outcome, self._router.divert)
 
     async def _send(

@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -15,14 +16,17 @@ from redis.backoff import ExponentialBackoff
 
 from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.throttle import Throttle
+from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
 from pipeline.observability.server import MetricsServer, serve_metrics
-from pipeline.observability.wiring import member_telemetry
+from pipeline.observability.wiring import MemberTelemetry, member_telemetry
 from pipeline.registry.client import RegistryClient
 from pipeline.registry.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.member import Member
+from pipeline.runtime.progress import DeadLetterWarnings, Progress
+from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 
 
@@ -43,6 +47,14 @@ def load_app(target: str) -> App:
     return app
 
 
+def _address(settings: Settings, transport: str) -> str:
+    """Where the broker is, without a password, for the start line."""
+    if transport == "kafka":
+        return settings.kafka.bootstrap_servers
+    url = urlsplit(settings.redis.url)
+    return url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
+
+
 async def _ready_when_polling(member: Member, server: MetricsServer) -> None:
     """``/readyz`` turns ready once the member is in its group and fetching."""
     await member.polling.wait()
@@ -60,6 +72,17 @@ async def _admission(
     if not settings.throttle.dynamic.enabled:
         return throttle, None
     return throttle, FleetLimits.from_settings(redis, settings, throttle)
+
+
+def _service_times(
+    settings: Settings, specs: Sequence[TopicSpec], telemetry: MemberTelemetry
+) -> CapacityFeed | None:
+    """With capacity recording on, the member's handler times feed the lanes' service time."""
+    if not settings.capacity.record:
+        return None
+    capacity = CapacityFeed(settings, specs)
+    telemetry.server.sources.append(capacity.service_source(telemetry.metrics))
+    return capacity
 
 
 async def serve(
@@ -94,6 +117,8 @@ async def serve(
     telemetry = member_telemetry(
         transport.admin(), specs, group, interval_s=settings.runtime.metrics_interval_s
     )
+    capacity = _service_times(settings, specs, telemetry)
+    dlqs = {lane.name: lane.spec.dead_letter for lane in chosen_lanes}
     member = Member(
         app,
         transport,
@@ -104,7 +129,7 @@ async def serve(
         redis_prefix=settings.redis.key_prefix,
         processed=store,
         throttle=throttle,
-        metrics=telemetry.runtime,
+        metrics=DeadLetterWarnings(telemetry.runtime, dlqs),
         turn_metrics=telemetry.debounce,
         admission_metrics=telemetry.admission,
         fleet=fleet,
@@ -116,17 +141,30 @@ async def serve(
             serve_metrics(telemetry.server, settings.runtime.metrics_host, port, stop)
         )
     ready = asyncio.create_task(_ready_when_polling(member, telemetry.server))
+    progress = Progress(
+        group=group,
+        lanes=[lane.name for lane in chosen_lanes],
+        topics=[lane.spec.name for lane in chosen_lanes],
+        transport=transport.name,
+        address=_address(settings, transport.name),
+        admin=transport.admin(),
+        stats=member.stats,
+        assignment=lambda: member.assignment,
+    )
+    reporting = asyncio.create_task(progress.run(member.polling, stop))
     try:
         await member.run(stop)
     finally:
         ready.cancel()
+        reporting.cancel()
         stop.set()  # also ends the metrics endpoint when the member failed
         if endpoint is not None:
             await endpoint
         if throttle is not None:
             await throttle.close()
-        if store is not None:
-            await store.close()
+        for closing in (store, capacity):
+            if closing is not None:
+                await closing.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await transport.close()

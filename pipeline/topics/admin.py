@@ -14,7 +14,7 @@ Only partitions and retention are compared, because :class:`TopicInfo` reports n
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from pipeline.errors import TopicSpecError
@@ -53,10 +53,14 @@ class Action:
         return f"{self.kind} {self.topic} ({self.detail})"
 
 
+_MAX_BYTES = "max.message.bytes"
+
+
 def plan(
     specs: Sequence[TopicSpec],
     existing: Mapping[str, TopicInfo],
     default_max_len: int,
+    max_message_bytes: int | None = None,
 ) -> list[Action]:
     """List the actions that bring the broker's topics up to ``specs``; empty when they match.
 
@@ -64,14 +68,18 @@ def plan(
         specs: the declarations, usually from :func:`pipeline.topics.spec.load_specs`.
         existing: the broker's topics by name (:meth:`Admin.list_topics`).
         default_max_len: Redis Streams entries kept per partition when a spec sets no max_len.
+        max_message_bytes: the largest message the pipeline produces
+            (``PIPELINE_MAX_MESSAGE_BYTES``): every Kafka topic gets at least this
+            ``max.message.bytes``, so nothing the ingress accepts is refused by the broker.
 
     Raises:
         TopicSpecError: a declaration has fewer partitions than the broker's topic (every such
-            topic is named with both counts), or two declarations own the same topic.
+            topic is named with both counts), two declarations own the same topic, or one sets
+            ``max.message.bytes`` below ``max_message_bytes``.
     """
     actions: list[Action] = []
     shrinks: list[str] = []
-    for config in _desired(specs, default_max_len).values():
+    for config in _desired(specs, default_max_len, max_message_bytes).values():
         info = existing.get(config.name)
         if info is None:
             actions.append(Action("create", config.name, _describe_new(config)))
@@ -91,6 +99,10 @@ def plan(
                 f"{_describe_retention(config.retention_ms)}"
             )
             actions.append(Action("update_configs", config.name, detail))
+        wanted = config.configs.get(_MAX_BYTES)
+        if wanted is not None and info.max_message_bytes not in {None, int(wanted)}:
+            detail = f"{_MAX_BYTES} {info.max_message_bytes} -> {wanted}"
+            actions.append(Action("update_configs", config.name, detail))
     if shrinks:
         raise TopicSpecError("\n".join(shrinks))
     return actions
@@ -102,6 +114,7 @@ async def apply(
     default_max_len: int,
     *,
     dry_run: bool,
+    max_message_bytes: int | None = None,
 ) -> list[Action]:
     """Plan against the broker's current topics and, unless ``dry_run``, carry the plan out.
 
@@ -115,6 +128,8 @@ async def apply(
         specs: the declarations to apply.
         default_max_len: Redis Streams entries kept per partition when a spec sets no max_len.
         dry_run: plan only; change nothing.
+        max_message_bytes: the least ``max.message.bytes`` of every Kafka topic (see
+            :func:`plan`); None leaves the broker's default.
 
     Returns:
         The planned actions, all carried out unless ``dry_run``.
@@ -123,10 +138,10 @@ async def apply(
         TopicSpecError: the plan is impossible (see :func:`plan`); nothing was changed.
         TransportError: the broker refused an action; earlier actions stay applied.
     """
-    actions = plan(specs, await admin.list_topics(), default_max_len)
+    actions = plan(specs, await admin.list_topics(), default_max_len, max_message_bytes)
     if dry_run:
         return actions
-    desired = _desired(specs, default_max_len)
+    desired = _desired(specs, default_max_len, max_message_bytes)
     updated: set[str] = set()
     for action in actions:
         config = desired[action.topic]
@@ -139,15 +154,33 @@ async def apply(
     return actions
 
 
-def _desired(specs: Sequence[TopicSpec], default_max_len: int) -> dict[str, TopicConfig]:
-    """Every declared topic by name, in plan order."""
+def _desired(
+    specs: Sequence[TopicSpec], default_max_len: int, max_message_bytes: int | None = None
+) -> dict[str, TopicConfig]:
+    """Every declared topic by name, in plan order, with its message size limit."""
     desired: dict[str, TopicConfig] = {}
     for spec in specs:
         for config in spec.topic_configs(default_max_len):
             if config.name in desired:
                 raise TopicSpecError(f"topic {config.name!r} is declared more than once")
-            desired[config.name] = config
+            desired[config.name] = _with_size_limit(config, max_message_bytes)
     return desired
+
+
+def _with_size_limit(config: TopicConfig, max_message_bytes: int | None) -> TopicConfig:
+    """``config`` taking at least ``max_message_bytes`` per message (``max.message.bytes``)."""
+    if max_message_bytes is None:
+        return config
+    declared = config.configs.get(_MAX_BYTES)
+    if declared is None:
+        return replace(config, configs={**config.configs, _MAX_BYTES: str(max_message_bytes)})
+    if int(declared) < max_message_bytes:
+        raise TopicSpecError(
+            f"topic {config.name!r}: {_MAX_BYTES}={declared} is below "
+            f"PIPELINE_MAX_MESSAGE_BYTES={max_message_bytes}: the ingress could accept webhooks "
+            "the broker then refuses; raise it, or lower PIPELINE_MAX_MESSAGE_BYTES"
+        )
+    return config
 
 
 def _describe_new(config: TopicConfig) -> str:

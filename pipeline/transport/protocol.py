@@ -45,6 +45,9 @@ class TopicInfo:
     partitions: int
     retention_ms: int | None
     message_counts: tuple[int, ...]
+    max_message_bytes: int | None = None
+    """The largest message the broker takes on this topic (Kafka ``max.message.bytes``); None
+    where the transport has no per-topic limit (Redis Streams)."""
 
     @property
     def message_count(self) -> int:

@@ -82,3 +82,18 @@ async def test_members_that_stopped_reporting_leave_the_fleet(throttle) -> None:
     # Without "gone": target 80, 90 in flight: factor 0.89; ceiling 4 -> 3.
     assert limits["acme"] == 3
     assert set(await throttle.client.hgetall(fleet_load(throttle.prefix))) == {b"live"}
+
+
+async def test_an_org_that_went_quiet_leaves_no_limit_behind(throttle) -> None:
+    """An org unseen for the whole stats window goes back to the default limit (no entry left)."""
+    fleet = _member(throttle, "a", 1, 50)
+    fleet.submitted("brief")
+    fleet.finished("brief", 1.0)
+    now = 1_000_000.0
+    assert (await fleet.tick(now))["brief"] >= 2  # type: ignore[index]
+    limits_key = f"{{{throttle.prefix}:thr:{throttle.namespace}}}:limits"
+    assert await throttle.client.hexists(limits_key, "org:brief")
+    later = now + 60 * 60  # an hour without a job from it
+    assert "brief" not in (await fleet.tick(later) or {})
+    assert not await throttle.client.hexists(limits_key, "org:brief")
+    assert (await throttle.status("org:brief")).limit == throttle.default_limit

@@ -6,7 +6,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from pipeline.config import Settings
 from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.testing import MemoryBroker, MemoryTransport
+from pipeline.transport import create_transport
 from pipeline.transport.protocol import Consumer, TopicConfig, Transport
 
 
@@ -50,3 +53,10 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met after {timeout_s}s")
         await asyncio.sleep(0.05)
+
+
+def unreachable(dead: Settings, transport: Transport) -> Transport:
+    """A transport like ``transport`` whose broker does not answer (``dead`` names no server)."""
+    if transport.name == "memory":
+        return MemoryTransport(MemoryBroker(available=False))
+    return create_transport(dead, transport.name)

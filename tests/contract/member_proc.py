@@ -1,4 +1,4 @@
-"""A group member in its own process, so tests can kill -9 it.
+"""A group member in its own process, so tests can kill -9 it (in-process for the memory broker).
 
 Usage: python member_proc.py TRANSPORT GROUP TOPIC MODE
   MODE=commit: print each message as a JSON line, then commit it (before the next poll).
@@ -17,11 +17,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from collections.abc import Callable
+
 from contract.helpers import positions_after
 from support import test_settings
 
-from pipeline.envelope import Position
+from pipeline.envelope import Position, TopicPartition
 from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
+
+Emit = Callable[[dict[str, object]], None]
 
 
 def emit(obj: object) -> None:
@@ -30,17 +35,17 @@ def emit(obj: object) -> None:
     sys.stdout.flush()
 
 
-async def main(transport_name: str, group: str, topic: str, mode: str) -> None:
-    """Run the member until killed."""
-    transport = create_transport(test_settings(), transport_name)
+async def run_member(
+    transport: Transport, group: str, topic: str, mode: str, expect: int, out: Emit
+) -> None:
+    """Consume as MODE says (module docstring), reporting through ``out``, until cancelled."""
     consumer = transport.consumer(group, [topic])
     received = []
-    expect = int(os.environ.get("EXPECT", "0"))
     while True:
         batch = await consumer.poll(100, 0.5)
         if mode == "commit":
             for msg in batch:
-                emit({"p": msg.partition, "o": msg.offset})
+                out({"p": msg.partition, "o": msg.offset})
             if batch:
                 await consumer.commit(positions_after(batch))
             continue
@@ -55,10 +60,16 @@ async def main(transport_name: str, group: str, topic: str, mode: str) -> None:
     for partition, offsets in by_partition.items():
         half = sorted(offsets)[len(offsets) // 2]
         committed[partition] = half
-        positions.append(Position(received[0].tp.__class__(topic, partition), half))
+        positions.append(Position(TopicPartition(topic, partition), half))
     await consumer.commit(positions)
-    emit({"holding": committed})
+    out({"holding": committed})
     await asyncio.Event().wait()
+
+
+async def main(transport_name: str, group: str, topic: str, mode: str) -> None:
+    """Run the member until killed."""
+    transport = create_transport(test_settings(), transport_name)
+    await run_member(transport, group, topic, mode, int(os.environ.get("EXPECT", "0")), emit)
 
 
 if __name__ == "__main__":

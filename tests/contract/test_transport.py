@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
-import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import pytest
-from contract.helpers import consume_until, make_topic, wait_for
+from contract.helpers import consume_until, make_topic, unreachable, wait_for
+from contract.members import start_member
 
 from pipeline.config import Settings
 from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
 from pipeline.errors import BrokerUnavailable, MessageTooLarge, UnknownTopic
-from pipeline.transport import create_transport
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import Consumer, TopicConfig, Transport
-
-MEMBER = Path(__file__).with_name("member_proc.py")
 
 
 async def produce_keyed(
@@ -94,39 +87,13 @@ async def test_two_members_split_the_partitions(transport: Transport, unique: st
     await b.close()
 
 
-def _member(
-    transport: Transport, group: str, topic: str, mode: str, **env: str
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(MEMBER), transport.name, group, topic, mode],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **env},
-    )
-
-
-def _reap(proc: subprocess.Popen[str]) -> None:
-    """Kill -9 the member if it still runs, and close its pipe."""
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    if proc.stdout:
-        proc.stdout.close()
-
-
-async def _read_line(proc: subprocess.Popen[str]) -> dict[str, object]:
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 90)
-    assert line, f"member exited early with {proc.poll()}"
-    return json.loads(line)
-
-
 async def test_killed_member_is_replaced_and_nothing_is_lost(
     transport: Transport, unique: str
 ) -> None:
     """After kill -9 of one member the other takes over and every message arrives at least once."""
     topic, group = f"t-{unique}", f"g-{unique}"
     await make_topic(transport, topic, 4)
-    victim = _member(transport, group, topic, "commit")
+    victim = start_member(transport, group, topic, "commit")
     survivor = transport.consumer(group, [topic])
     try:
         # Both members must hold partitions before the load, so the victim really has work.
@@ -134,13 +101,10 @@ async def test_killed_member_is_replaced_and_nothing_is_lost(
         sent = await produce_keyed(transport, topic, 600, keys=40)
         produced = {(d.partition, d.offset) for _, _, d in sent}
         seen_by_victim: set[tuple[int, int]] = set()
-        first = await _read_line(victim)
-        seen_by_victim.add((int(first["p"]), int(first["o"])))
-        victim.send_signal(signal.SIGKILL)
-        rest, _ = await asyncio.to_thread(victim.communicate)
-        for line in rest.splitlines():
-            row = json.loads(line)
-            seen_by_victim.add((row["p"], row["o"]))
+        first = await victim.read()
+        seen_by_victim.add((int(str(first["p"])), int(str(first["o"]))))
+        for row in await victim.kill():
+            seen_by_victim.add((int(str(row["p"])), int(str(row["o"]))))
         # Messages produced after the kill can only reach the survivor once it has taken over.
         later = await produce_keyed(transport, topic, 200, keys=40)
         produced |= {(d.partition, d.offset) for _, _, d in later}
@@ -152,7 +116,7 @@ async def test_killed_member_is_replaced_and_nothing_is_lost(
         assert survivor.assignment() == {TopicPartition(topic, p) for p in range(4)}
         assert {(m.partition, m.offset) for m in got} | seen_by_victim == produced
     finally:
-        _reap(victim)
+        victim.reap()
         await survivor.close()
 
 
@@ -169,12 +133,12 @@ async def test_uncommitted_messages_are_redelivered_after_a_crash(
     await make_topic(transport, topic, 3)
     sent = await produce_keyed(transport, topic, 300, keys=30)
     produced = {(d.partition, d.offset) for _, _, d in sent}
-    victim = _member(transport, group, topic, "hold", EXPECT=str(len(sent)))
+    victim = start_member(transport, group, topic, "hold", EXPECT=str(len(sent)))
     try:
-        holding = await _read_line(victim)
-        committed = {int(p): o for p, o in holding["holding"].items()}  # type: ignore[union-attr]
+        holding = await victim.read()
+        committed = {int(p): o for p, o in holding["holding"].items()}  # type: ignore[attr-defined]
     finally:
-        _reap(victim)
+        await victim.kill()
     expected = {(p, o) for p, o in produced if o >= committed[p]}
     successor = transport.consumer(group, [topic])
     got = await consume_until(
@@ -182,7 +146,7 @@ async def test_uncommitted_messages_are_redelivered_after_a_crash(
     )
     await successor.close()
     assert {(m.partition, m.offset) for m in got} == expected
-    if transport.name == "redis":
+    if transport.name in ("redis", "memory"):
         assert all(m.delivery_count == 2 for m in got), "reclaimed entries count both deliveries"
 
 
@@ -274,7 +238,7 @@ async def test_unreachable_broker_fails_fast(
             ),
         }
     )
-    broken = create_transport(dead, transport.name)
+    broken = unreachable(dead, transport)
     producer = broken.producer()
     with pytest.raises(BrokerUnavailable):
         await asyncio.wait_for(producer.send("anything", b"x"), 30)

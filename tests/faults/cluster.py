@@ -121,6 +121,7 @@ class Cluster:
             "PIPELINE_REDIS__HEARTBEAT_MS": "100",
             "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
             "PIPELINE_KAFKA__REQUEST_TIMEOUT_MS": "5000",
+            "PIPELINE_MEMBERSHIP__SLOT_DIR": str(self.directory / "slots"),  # member name slots
             "PIPELINE_RUNTIME__MARK_PROCESSED": "true",
             "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "100",
             "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "2",

@@ -140,11 +140,23 @@ async def test_non_json_body_is_400_after_verification(
     body = b"<xml>not json</xml>"
     async with http:
         response = await http.post("/hooks/whatsapp", content=body, headers=signed(body))
-        missing_id = json.dumps({"entry": [{"id": "biz"}]}).encode()
-        no_id = await http.post("/hooks/whatsapp", content=missing_id, headers=signed(missing_id))
     assert (response.status_code, response.json()) == (400, {"error": "body is not JSON"})
-    assert (no_id.status_code, no_id.json()) == (400, {"error": "event id not found"})
     assert await sqlite_store.count_by_state(Selection()) == {}
+
+
+async def test_missing_event_id_dedupes_on_the_body_hash(
+    tmp_path: Path, sqlite_store: SqliteLogStore
+) -> None:
+    """A signed body without the configured event id is accepted once, keyed by its SHA-256."""
+    _, http = client(build(tmp_path, {"whatsapp": META}, TOPICS), sqlite_store)
+    missing_id = json.dumps({"entry": [{"id": "biz"}]}).encode()
+    async with http:
+        first = await http.post("/hooks/whatsapp", content=missing_id, headers=signed(missing_id))
+        again = await http.post("/hooks/whatsapp", content=missing_id, headers=signed(missing_id))
+    assert (first.status_code, again.json()) == (200, {"status": "duplicate"})
+    row = await sqlite_store.get(first.json()["id"])
+    assert row is not None
+    assert row.event_id.startswith("sha256:")
 
 
 @pytest.mark.parametrize(

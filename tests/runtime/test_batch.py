@@ -144,4 +144,4 @@ async def test_batch_work_near_its_sla_runs_even_when_the_member_is_busy(
 
 
 def _running(member: Member) -> int:
-    return member._lanes.running
+    return member._chain.lanes.running

@@ -184,9 +184,9 @@ async def test_a_full_partition_pauses_and_memory_stays_bounded(
     member = Member(app, transport, f"g-{unique}", tight)
     peak = 0
     async with running(member):
-        await eventually(lambda: member._lanes.buffered >= 100)
+        await eventually(lambda: member._chain.lanes.buffered >= 100)
         for _ in range(50):  # keep polling a while: the paused partition must not refill
-            peak = max(peak, member._lanes.buffered)
+            peak = max(peak, member._chain.lanes.buffered)
             await asyncio.sleep(0.02)
         gate.set()
         await eventually(lambda: member.stats.handled == 2000)

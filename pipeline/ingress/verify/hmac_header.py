@@ -33,6 +33,7 @@ class HmacHeaderVerifier:
         """Keep the secrets (UTF-8) and the header's form."""
         self._keys = [secret.encode() for secret in secrets]
         self.headers: tuple[str, ...] = (header.lower(),)
+        self.signed_headers: frozenset[str] = frozenset()
         self._digest = getattr(hashlib, algorithm)
         self._encoding = encoding
         self._prefix = prefix

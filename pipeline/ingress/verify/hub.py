@@ -25,6 +25,7 @@ class HubSignatureVerifier:
     """Verifies ``X-Hub-Signature-256`` against any of the active secrets (rotation)."""
 
     headers: tuple[str, ...] = (HEADER,)
+    signed_headers: frozenset[str] = frozenset()
 
     def __init__(self, secrets: Sequence[str]) -> None:
         """Keep the secrets as bytes (UTF-8)."""

@@ -14,6 +14,7 @@ import hmac
 from collections.abc import Mapping, Sequence
 
 from pipeline.ingress.errors import Rejected
+from pipeline.ingress.verify.protocol import unix_seconds
 
 HEADER = "stripe-signature"
 
@@ -22,6 +23,7 @@ class StripeVerifier:
     """Verifies ``Stripe-Signature`` against any of the active endpoint secrets."""
 
     headers: tuple[str, ...] = (HEADER,)
+    signed_headers: frozenset[str] = frozenset()
 
     def __init__(self, secrets: Sequence[str], tolerance_s: float) -> None:
         """Keep the secrets (UTF-8) and the tolerance in seconds."""
@@ -34,7 +36,7 @@ class StripeVerifier:
         if value is None:
             raise Rejected("missing signature header")
         timestamp, signatures = _parse(value)
-        if abs(now_s - int(timestamp)) > self._tolerance_s:
+        if abs(now_s - unix_seconds(timestamp)) > self._tolerance_s:
             raise Rejected("timestamp outside tolerance")
         signed = timestamp.encode() + b"." + body
         for key in self._keys:
@@ -56,6 +58,6 @@ def _parse(value: str) -> tuple[str, list[bytes]]:
             timestamp = text
         elif name == "v1":
             signatures.append(text.lower().encode("latin-1", "replace"))
-    if not timestamp.isdigit() or not signatures:
+    if not signatures:
         raise Rejected("malformed signature header")
     return timestamp, signatures

@@ -9,6 +9,7 @@ class UnverifiedVerifier:
     """Accepts everything; for sources behind another authenticating proxy, or for tests."""
 
     headers: tuple[str, ...] = ()
+    signed_headers: frozenset[str] = frozenset()
 
     def verify(self, headers: Mapping[str, str], body: bytes, now_s: float) -> None:
         """Accept."""

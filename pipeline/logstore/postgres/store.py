@@ -62,7 +62,9 @@ class PostgresLogStore:
             kwargs={"autocommit": True},
             open=False,
         )
-        self._inserts: Batcher[NewRow, bool] = Batcher(self._insert_batch, max_batch)
+        self._inserts: Batcher[NewRow, bool] = Batcher(
+            self._insert_batch, max_batch, alone_when=_row_fault
+        )
 
     def __repr__(self) -> str:
         """Name the schema (never the URL, which may hold a password)."""
@@ -240,3 +242,8 @@ def _row(r: Sequence[Any]) -> LogRow:
         last_error=r[13],
         produced_at_ms=r[14],
     )
+
+
+def _row_fault(exc: Exception) -> bool:
+    """Whether a failed batch insert may be one row's fault (not an unreachable server)."""
+    return not isinstance(exc.__cause__, psycopg.OperationalError)

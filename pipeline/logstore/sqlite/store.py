@@ -83,7 +83,9 @@ class SqliteLogStore:
         self._checkpoint_rows = checkpoint_rows
         self._rows_since_checkpoint = 0
         self._checkpointing: asyncio.Future[None] | None = None
-        self._inserts: Batcher[NewRow, bool] = Batcher(self._insert_batch, max_batch)
+        self._inserts: Batcher[NewRow, bool] = Batcher(
+            self._insert_batch, max_batch, alone_when=_row_fault
+        )
 
     def __repr__(self) -> str:
         """Name the file and durability setting."""
@@ -364,3 +366,8 @@ def _row(r: Sequence[Any]) -> LogRow:
         last_error=r[13],
         produced_at_ms=r[14],
     )
+
+
+def _row_fault(exc: Exception) -> bool:
+    """Whether a failed batch insert may be one row's fault (not a locked or failing disk)."""
+    return not isinstance(exc.__cause__, sqlite3.OperationalError)

@@ -25,7 +25,7 @@ from confluent_kafka.admin import (
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
 from pipeline.errors import TransportError, UnknownTopic
-from pipeline.transport.kafka.errors import translate
+from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
@@ -62,7 +62,10 @@ class KafkaAdmin:
             "logger": logging.getLogger("pipeline.librdkafka"),
             **settings.client,
         }
-        self._raw = AdminClient(conf)
+        try:
+            self._raw = AdminClient(conf)
+        except KafkaException as exc:
+            raise client_config_error(exc) or translate(exc, "create admin client") from None
 
     async def _wait(self, future: Future[T], context: str) -> T:
         try:
@@ -116,29 +119,35 @@ class KafkaAdmin:
                 for p in meta.topics[n].partitions
             )
         ]
-        retention = await self._retention(names)
+        described = await self._describe(names)
         out = {}
         for name in names:
             parts = sorted(meta.topics[name].partitions)
             counts = tuple(
                 high[TopicPartition(name, p)] - low[TopicPartition(name, p)] for p in parts
             )
-            out[name] = TopicInfo(name, len(parts), retention.get(name), counts)
+            retention, max_bytes = described.get(name, (None, None))
+            out[name] = TopicInfo(name, len(parts), retention, counts, max_bytes)
         return out
 
-    async def _retention(self, names: list[str]) -> dict[str, int | None]:
+    async def _describe(self, names: list[str]) -> dict[str, tuple[int | None, int | None]]:
+        """``retention.ms`` and ``max.message.bytes`` of each topic."""
         if not names:
             return {}
         resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in names]
         described = self._raw.describe_configs(resources, request_timeout=self._timeout_s)
-        out: dict[str, int | None] = {}
+        out: dict[str, tuple[int | None, int | None]] = {}
         for resource, fut in described.items():
             try:
                 entries = await self._wait(fut, f"describe {resource.name}")
-            except UnknownTopic:  # deleted meanwhile: no retention to report
+            except UnknownTopic:  # deleted meanwhile: nothing to report
                 continue
-            value = entries.get("retention.ms")
-            out[resource.name] = int(value.value) if value and value.value else None
+            retention = entries.get("retention.ms")
+            max_bytes = entries.get("max.message.bytes")
+            out[resource.name] = (
+                int(retention.value) if retention and retention.value else None,
+                int(max_bytes.value) if max_bytes and max_bytes.value else None,
+            )
         return out
 
     async def create_topic(self, config: TopicConfig) -> None:

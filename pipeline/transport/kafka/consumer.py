@@ -22,36 +22,25 @@ from confluent_kafka import TopicPartition as _RawTP
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.errors import TransportError
+from pipeline.errors import ConfigError, TransportError
 from pipeline.transport.kafka.errors import translate
+from pipeline.transport.kafka.group import (
+    Protocol,
+    apply_group_timeouts,
+    choose_protocol,
+    client_error,
+    consumer_config,
+)
 from pipeline.transport.kafka.worker import ConsumerThread
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 log = logging.getLogger(__name__)
 _POLL_SLICE_S = 0.05
+_REJOIN_BACKOFF_S = 1.0
 T = TypeVar("T")
 
 _IGNORED = {KafkaError._PARTITION_EOF}  # noqa: SLF001 - librdkafka's local error code
 _FATAL_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}  # noqa: SLF001
-
-
-def consumer_config(settings: KafkaSettings, group: str, member_id: str) -> dict[str, Any]:
-    """Librdkafka properties of a group member (settings.client overrides them)."""
-    return {
-        "bootstrap.servers": settings.bootstrap_servers,
-        "client.id": f"{settings.client_id}-{member_id}",
-        "group.id": group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": settings.session_timeout_ms,
-        "heartbeat.interval.ms": max(settings.session_timeout_ms // 5, 100),
-        "socket.timeout.ms": settings.request_timeout_ms,
-        "enable.partition.eof": False,
-        "logger": logging.getLogger("pipeline.librdkafka"),
-        **settings.client,
-    }
 
 
 def _to_message(raw: Any) -> Message:
@@ -82,21 +71,72 @@ class KafkaConsumer:
         *,
         listener: RebalanceListener | None = None,
         member_id: str | None = None,
+        instance: str | None = None,
         start_at: StartAt = "earliest",
     ) -> None:
-        """Create the member; it joins the group on the first poll."""
-        self.member_id = member_id or uuid.uuid4().hex[:12]
+        """Create the member; it picks its protocol and joins the group on the first poll.
+
+        Args:
+            settings: the Kafka section of the settings.
+            group: the group id.
+            topics: the topics to subscribe to.
+            listener: told of assigned and revoked partitions.
+            member_id: this member's name in logs and ``client.id`` (default: ``instance``,
+                else random).
+            instance: the stable name for ``group.instance.id`` (static membership), or None
+                for a dynamic member.
+            start_at: where a partition without a committed position starts.
+        """
+        self.member_id = member_id or instance or uuid.uuid4().hex[:12]
+        self.instance = instance
+        self.protocol: Protocol | None = None
+        self._group = group
+        self._start_at = start_at
         self._settings = settings
         self._topics = list(topics)
         self._listener = listener
         self._assigned: set[TopicPartition] = set()
         self._worker = ConsumerThread(f"kafka-consumer-{group}")
-        self._raw = _RawConsumer(
-            {**consumer_config(settings, group, self.member_id), "auto.offset.reset": start_at}
-        )
+        self._raw_consumer: Any = None
+        self._rejoin_at = 0.0
         self._subscribed = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def _raw(self) -> Any:
+        """The librdkafka consumer, built on first use (consumer thread only)."""
+        if self._raw_consumer is None:
+            self._raw_consumer = self._open()
+        return self._raw_consumer
+
+    def _open(self) -> Any:
+        """Choose the protocol and build the client; bad properties are a ConfigError."""
+        self.protocol = protocol = choose_protocol(self._settings, static=self.instance is not None)
+        if protocol == "consumer":
+            apply_group_timeouts(self._settings, self._group)
+        config = consumer_config(
+            self._settings,
+            self._group,
+            self.member_id,
+            protocol=protocol,
+            instance=self.instance,
+        )
+        try:
+            raw = _RawConsumer({**config, "auto.offset.reset": self._start_at})
+        except KafkaException as exc:
+            problem = client_error(exc, protocol)
+            if problem is not None:
+                raise problem from None
+            raise translate(exc, "create consumer") from exc
+        log.info(
+            "member %s of %s: %s protocol%s",
+            self.member_id,
+            self._group,
+            protocol,
+            f", static as {self.instance}" if self.instance else "",
+        )
+        return raw
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.wrap_future(self._worker.submit(fn, *args))
@@ -148,7 +188,10 @@ class KafkaConsumer:
         self._on_revoke(raw, partitions, lost=True)
 
     def _subscribe(self) -> None:
-        self._raw.subscribe(
+        raw = self._raw  # built first: that chooses the protocol
+        if self.protocol == "consumer":
+            self._require_topics()
+        raw.subscribe(
             self._topics,
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
@@ -156,7 +199,22 @@ class KafkaConsumer:
         )
         self._subscribed = True
 
+    def _require_topics(self) -> None:
+        """Fail on an undeclared topic (the consumer protocol waits for it without a word)."""
+        timeout_s = self._settings.request_timeout_ms / 1000
+        for topic in self._topics:
+            try:
+                meta = self._raw.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            except KafkaException as exc:
+                raise translate(exc, f"consume {self._topics}") from exc
+            if meta is None or meta.error is not None:
+                error = meta.error if meta is not None else KafkaError(KafkaError._UNKNOWN_TOPIC)  # noqa: SLF001
+                raise translate(error, f"consume {self._topics}")
+
     def _consume(self, max_messages: int, timeout_s: float) -> list[Any]:
+        if self._raw_consumer is None and time.monotonic() < self._rejoin_at:
+            time.sleep(min(timeout_s, _POLL_SLICE_S, self._rejoin_at - time.monotonic()))
+            return []
         if not self._subscribed:
             self._subscribe()
         try:
@@ -174,10 +232,50 @@ class KafkaConsumer:
                 if time.monotonic() >= deadline or self._worker.pending():
                     return []
             if max_messages <= 1:
-                return [first]
-            return [first, *self._raw.consume(max_messages - 1, 0)]
+                batch = [first]
+            else:
+                batch = [first, *self._raw.consume(max_messages - 1, 0)]
         except KafkaException as exc:
             raise translate(exc, "consume") from exc
+        for item in batch:
+            err = item.error()
+            if err is not None and (err.fatal() or err.code() == KafkaError._FATAL):  # noqa: SLF001
+                self._on_fatal(err)
+                return []
+        return batch
+
+    def _on_fatal(self, err: KafkaError) -> None:
+        """A fatal error ends the client: rejoin with a new one, or stop on a name clash.
+
+        Under KIP-848 a static member that died without leaving (``kill -9``) keeps its
+        ``group.instance.id`` until its session on the broker expires, and its replacement is
+        refused with UNRELEASED_INSTANCE_ID, which librdkafka makes fatal. The replacement
+        retries with a new client every second until the broker lets the name go.
+        """
+        text = err.str()
+        self._close_raw()
+        if "still used by another member" in text or "UNRELEASED_INSTANCE_ID" in text:
+            log.info("instance %s not yet released by the broker; rejoining", self.instance)
+            self._rejoin_at = time.monotonic() + _REJOIN_BACKOFF_S
+            return
+        if "fenced" in text.lower():
+            raise ConfigError(
+                f"member {self.instance!r} of group {self._group!r} was fenced: another live"
+                " member uses the same --instance name; give each member its own"
+            )
+        raise TransportError(f"consumer of {self._group!r} failed: {text}")
+
+    def _close_raw(self) -> None:
+        raw, self._raw_consumer, self._subscribed = self._raw_consumer, None, False
+        if raw is not None:
+            if self._assigned and self._listener:
+                lost = sorted(self._assigned)
+                self._in_loop(self._listener.on_revoked(lost, lost=True))
+                self._assigned.clear()
+            try:
+                raw.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("close of a failed consumer: %s", exc)
 
     async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
         """Fetch up to ``max_messages``; rebalance callbacks run inside this call."""
@@ -230,7 +328,11 @@ class KafkaConsumer:
         queued on the consumer's own thread; it takes effect before the next fetch.
         """
         raw = [_RawTP(tp.topic, tp.partition) for tp in partitions]
-        self._background(self._raw.pause, raw)
+        self._background(self._pause, raw)
+
+    def _pause(self, raw: list[Any]) -> None:
+        if self._raw_consumer is not None:
+            self._raw_consumer.pause(raw)
 
     def resume(self, partitions: Sequence[TopicPartition]) -> None:
         """Fetch again from these partitions, from where this member stopped consuming them.
@@ -242,6 +344,8 @@ class KafkaConsumer:
         self._background(self._resume_and_seek, raw)
 
     def _resume_and_seek(self, raw: list[Any]) -> None:
+        if self._raw_consumer is None:
+            return
         self._raw.resume(raw)
         for position in self._raw.position(raw):
             if position.offset >= 0:
@@ -251,7 +355,7 @@ class KafkaConsumer:
                     log.debug("seek after resume of %s skipped: %s", position, exc)
 
     def _background(self, fn: Callable[..., object], *args: Any) -> None:
-        if self._closed:
+        if self._closed or self._raw_consumer is None:
             return
         future = self._worker.submit(fn, *args)
         future.add_done_callback(_log_failure)
@@ -260,12 +364,19 @@ class KafkaConsumer:
         """The partitions this member owns now."""
         return set(self._assigned)
 
+    def _seek(self, raw: Any) -> None:
+        self._raw.seek(raw)
+
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         """Make the next fetch of ``tp`` start at ``offset``."""
         try:
-            await self._call(self._raw.seek, _RawTP(tp.topic, tp.partition, offset))
+            await self._call(self._seek, _RawTP(tp.topic, tp.partition, offset))
         except KafkaException as exc:
             raise translate(exc, f"seek {tp}") from exc
+
+    def _close_open(self) -> None:
+        if self._raw_consumer is not None:
+            self._raw_consumer.close()
 
     async def close(self) -> None:
         """Leave the group (revoking partitions through the listener) and free the thread."""
@@ -277,7 +388,7 @@ class KafkaConsumer:
         # member after its session timeout, which is what a bounded close waits for at most.
         limit_s = self._settings.session_timeout_ms / 1000 + 5
         try:
-            await asyncio.wait_for(self._call(self._raw.close), limit_s)
+            await asyncio.wait_for(self._call(self._close_open), limit_s)
         except TimeoutError:
             log.warning("consumer close did not finish in %.0fs; the group will expire it", limit_s)
         finally:

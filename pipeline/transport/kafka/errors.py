@@ -6,6 +6,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from pipeline.errors import (
     BrokerUnavailable,
+    ConfigError,
     DeliveryFailed,
     MessageTooLarge,
     TransportError,
@@ -45,3 +46,19 @@ def translate(error: KafkaError | KafkaException, context: str) -> TransportErro
     if code in _TOO_LARGE:
         return MessageTooLarge(text)
     return DeliveryFailed(text) if context.startswith("produce") else TransportError(text)
+
+
+CLIENT_VARIABLE = "PIPELINE_KAFKA__CLIENT"
+
+
+def client_config_error(exc: KafkaException, hint: str = "fix or remove it") -> ConfigError | None:
+    """The one-line error for a client its properties could not build, if that is the cause.
+
+    librdkafka checks every property when a client is built and names the one at fault; the
+    properties come from the defaults and ``PIPELINE_KAFKA__CLIENT``.
+    """
+    err = exc.args[0] if exc.args else None
+    if not isinstance(err, KafkaError) or err.code() != KafkaError._INVALID_ARG:  # noqa: SLF001
+        return None
+    reason = err.str().removeprefix("Failed to create consumer: ")
+    return ConfigError(f"{CLIENT_VARIABLE}: {reason} ({hint})")

@@ -20,7 +20,7 @@ from confluent_kafka import Producer as _RawProducer
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Delivered, Record
 from pipeline.errors import TransportError
-from pipeline.transport.kafka.errors import translate
+from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.limits import check_sizes
 
 _POLL_S = 0.05
@@ -81,7 +81,10 @@ class KafkaProducer:
         """Create the producer; the connection opens lazily on the first send."""
         self._settings = settings
         self._max_message_bytes = max_message_bytes
-        self._raw = _RawProducer(producer_config(settings, max_message_bytes))
+        try:
+            self._raw = _RawProducer(producer_config(settings, max_message_bytes))
+        except KafkaException as exc:
+            raise client_config_error(exc) or translate(exc, "create producer") from None
         self._known_topics: set[str] = set()
         self._checks: dict[str, asyncio.Future[None]] = {}
         self._lock = threading.Lock()

@@ -34,12 +34,17 @@ class KafkaTransport:
         start_at: StartAt = "earliest",
     ) -> KafkaConsumer:
         """A new member of ``group``."""
+        membership = self._settings.membership
+        # Static membership needs a member that keeps its slot on shutdown: a static member
+        # cannot leave its group at once, so ``leave`` makes it a dynamic one.
+        static = membership.instance if membership.shutdown == "hold" else None
         return KafkaConsumer(
             self._settings.kafka,
             group,
             topics,
             listener=listener,
-            member_id=member_id,
+            member_id=member_id or membership.instance,
+            instance=static if member_id is None else None,
             start_at=start_at,
         )
 

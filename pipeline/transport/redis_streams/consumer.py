@@ -75,9 +75,17 @@ class RedisStreamsConsumer:
         listener: RebalanceListener | None = None,
         member_id: str | None = None,
         start_at: StartAt = "earliest",
+        hold_on_close: bool = False,
     ) -> None:
-        """Create the member; it joins the group on the first poll."""
+        """Create the member; it joins the group on the first poll.
+
+        A ``member_id`` that a restarted member reuses gets its own unexpired leases back at
+        once and reclaims its pending entries in order. With ``hold_on_close``, :meth:`close`
+        keeps the leases (they expire ``lease_ms`` after the last heartbeat) for such a
+        replacement instead of handing the partitions to the other members.
+        """
         self.member_id = member_id or uuid.uuid4().hex[:12]
+        self._hold_on_close = hold_on_close
         self._client = client
         self._keys = keys
         self._functions = functions
@@ -343,7 +351,11 @@ class RedisStreamsConsumer:
         self._reclaim.pop(tp, None)
 
     async def close(self) -> None:
-        """Revoke owned partitions through the listener, release them and leave the group."""
+        """Revoke owned partitions through the listener, then release them and leave the group.
+
+        With ``hold_on_close`` the partitions stay leased to this member's name until the
+        leases expire, so a replacement of the same name takes them back without a move.
+        """
         if self._closed:
             return
         self._closed = True
@@ -356,6 +368,8 @@ class RedisStreamsConsumer:
             with contextlib.suppress(rexc.RedisError, OSError):
                 await self.commit(await self._listener.on_revoked(owned, lost=False))
         self._owned.clear()
+        if self._hold_on_close:
+            return  # the leases run out on their own unless a member of the same name renews them
         with contextlib.suppress(rexc.RedisError, OSError):
             await self._functions.release(
                 self._keys.members(self._group),

@@ -51,7 +51,14 @@ class RedisStreamsTransport:
         member_id: str | None = None,
         start_at: StartAt = "earliest",
     ) -> RedisStreamsConsumer:
-        """A new member of ``group``."""
+        """A new member of ``group``, named after the configured instance when it has one.
+
+        A named member keeps its partitions' leases on close when ``membership.shutdown`` is
+        ``hold``, so its replacement (same name) takes them back; an explicit ``member_id``
+        (tools such as ``pipeline tail``) always leaves.
+        """
+        membership = self._settings.membership
+        named = member_id is None and membership.instance is not None
         return RedisStreamsConsumer(
             self.client,
             self._keys,
@@ -60,8 +67,9 @@ class RedisStreamsTransport:
             group,
             topics,
             listener=listener,
-            member_id=member_id,
+            member_id=member_id or membership.instance,
             start_at=start_at,
+            hold_on_close=named and membership.shutdown == "hold",
         )
 
     def admin(self) -> RedisStreamsAdmin:

@@ -1,0 +1,122 @@
+"""``pipeline capacity LANE [--members N] [--json]``: how big the lane is, and should be.
+
+Prints the lane's arrival rate (last five minutes) and forecast peak, its service time and
+where it came from, the slots of ``--members`` members (default: the desired count), their
+utilisation and the M/M/c expected wait at that utilisation, and the members needed for the
+target utilisation and for the target wait (``PIPELINE_CAPACITY__*``). Redis unreachable or an
+unknown lane: one line on stderr, exit 1 or 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Annotated, Any
+
+import typer
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline.capacity.history import ArrivalHistory
+from pipeline.capacity.plan import LanePlan, plan_lane
+from pipeline.cli_support import err, run_command
+from pipeline.config import load_settings
+from pipeline.topics.spec import load_specs
+
+__all__ = ["as_dict", "capacity_command", "render"]
+
+
+def as_dict(plan: LanePlan) -> dict[str, Any]:
+    """The plan as plain JSON values (an unbounded wait is ``null``)."""
+    wait = plan.expected_wait_s
+    return {
+        "lane": plan.lane,
+        "arrivals_per_s": round(plan.rate_per_s, 3),
+        "forecast_peak_per_s": round(plan.forecast.peak_per_s, 3),
+        "forecast_trend": round(plan.forecast.trend, 3),
+        "planned_per_s": round(plan.planned_per_s, 3),
+        "season": plan.season,
+        "service_s": round(plan.service_s, 4),
+        "service_source": plan.service_source,
+        "members": plan.members,
+        "slots": plan.slots,
+        "utilisation": round(plan.utilisation, 3),
+        "expected_wait_s": None if math.isinf(wait) else round(wait, 4),
+        "desired_members": plan.desired_members,
+        "target_utilisation": plan.target_utilisation,
+        "members_for_target_wait": plan.target_wait_members,
+        "target_wait_s": plan.target_wait_s,
+    }
+
+
+def render(plan: LanePlan) -> str:
+    """The plan as the lines ``pipeline capacity`` prints."""
+    wait = plan.expected_wait_s
+    shown_wait = "unbounded (arrivals exceed the slots)" if math.isinf(wait) else f"{wait:.3f} s"
+    seasons = f"{plan.forecast.seasons} past {plan.season}s" if plan.forecast.seasons else "none"
+    return "\n".join(
+        [
+            f"lane {plan.lane}",
+            (
+                f"  arrivals        {plan.rate_per_s:.2f}/s now, forecast peak "
+                f"{plan.forecast.peak_per_s:.2f}/s (seasons: {seasons}, "
+                f"trend x{plan.forecast.trend:.2f}), sized for {plan.planned_per_s:.2f}/s"
+            ),
+            f"  service time    {plan.service_s:.3f} s ({plan.service_source})",
+            f"  slots           {plan.slots} ({plan.members} x {plan.slots_per_member} per member)",
+            f"  utilisation     {plan.utilisation:.1%}",
+            f"  expected wait   {shown_wait} (M/M/c)",
+            (
+                f"  members needed  {plan.desired_members} at {plan.target_utilisation:.0%} "
+                f"utilisation, {plan.target_wait_members} for a {plan.target_wait_s:g} s mean wait"
+            ),
+        ]
+    )
+
+
+def capacity_command(
+    lane: Annotated[str, typer.Argument(help="A lane of topics/*.yaml.")],
+    members: Annotated[
+        int | None, typer.Option("--members", "-m", min=1, help="Members to evaluate.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Size a lane: arrivals, service time, slots, utilisation, expected wait, members needed."""
+    settings = load_settings()
+    lanes = {spec.lane for spec in load_specs(settings.topics_dir)}
+    if lane not in lanes:
+        err.print(
+            f"[red]error:[/red] unknown lane {lane!r} in {settings.topics_dir} "
+            f"(lanes: {', '.join(sorted(lanes))})",
+            highlight=False,
+        )
+        raise typer.Exit(2)
+    slots = settings.capacity.slots_per_member or settings.runtime.max_concurrency
+
+    async def main() -> LanePlan:
+        client = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
+        history = ArrivalHistory(
+            client, settings.redis.key_prefix, retention_days=settings.capacity.retention_days
+        )
+        try:
+            return await plan_lane(
+                history,
+                lane,
+                settings.capacity,
+                slots_per_member=slots,
+                now_s=time.time(),
+                members=members,
+            )
+        except (rexc.RedisError, OSError) as exc:
+            err.print(
+                f"[red]error:[/red] redis unavailable at {settings.redis.url}: {exc} "
+                "(start it: bash deploy/local/services.sh up redis)",
+                highlight=False,
+            )
+            raise typer.Exit(1) from None
+        finally:
+            await client.aclose()
+
+    plan = run_command(main())
+    typer.echo(json.dumps(as_dict(plan)) if as_json else render(plan))

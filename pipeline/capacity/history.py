@@ -1,0 +1,139 @@
+"""Arrival history per lane in Redis: per-minute counters, one fixed-size string per day.
+
+Each lane has one key per UTC day holding 1440 unsigned 32-bit counters (5,760 bytes), written
+with `BITFIELD INCRBY <https://redis.io/docs/latest/commands/bitfield/>`_ (saturating) and read
+with `GETRANGE <https://redis.io/docs/latest/commands/getrange/>`_. A day key expires
+``retention_days`` after its day, so a lane costs at most ``5,760 x (retention_days + 1)`` bytes
+(about 166 kB for four weeks) however busy it is. A day with no key is *missing* (before the
+lane was recorded, or expired), which the forecast tells apart from a day of zero arrivals.
+
+Service times are kept beside them for the last :data:`SERVICE_WINDOW_MIN` minutes in a small
+hash (finished count and handler seconds per minute), as the dynamic limits do per org.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from pipeline.capacity import keys as k
+
+__all__ = ["MINUTES_PER_DAY", "SERVICE_WINDOW_MIN", "ArrivalHistory", "ServiceSample"]
+
+MINUTES_PER_DAY = 1440
+_WIDTH = 4  # bytes per counter (u32)
+SERVICE_WINDOW_MIN = 60
+"""Minutes of service times kept and averaged."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSample:
+    """Finished messages and their handler seconds over the service window."""
+
+    count: int
+    total_s: float
+
+    @property
+    def mean_s(self) -> float | None:
+        """Mean service time in seconds (None: nothing finished in the window)."""
+        return self.total_s / self.count if self.count else None
+
+
+class ArrivalHistory:
+    """Reads and writes one fleet's arrival counters (epoch minutes, UTC)."""
+
+    def __init__(self, client: Redis, prefix: str, *, retention_days: int = 28) -> None:
+        """Use ``client``; keys start with ``prefix``; days expire after ``retention_days``."""
+        self._client = client
+        self._prefix = prefix
+        self._ttl_s = (retention_days + 1) * 86_400
+
+    async def add(self, counts: Mapping[tuple[str, int], int]) -> None:
+        """Add arrivals per (lane, epoch minute), in one pipelined round trip.
+
+        Each day key is also stretched to its full 1440 counters (an increment by 0 of the
+        last one), so a short read means a missing day, never a short one.
+        """
+        by_key: dict[str, list[tuple[int, int]]] = {}
+        for (lane, minute), count in counts.items():
+            day, offset = divmod(minute, MINUTES_PER_DAY)
+            by_key.setdefault(k.arrivals_day(self._prefix, lane, day), []).append((offset, count))
+        if not by_key:
+            return
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key, items in by_key.items():
+                args: list[str | int] = ["OVERFLOW", "SAT"]
+                for offset, count in items:
+                    args += ["INCRBY", "u32", f"#{offset}", count]
+                args += ["INCRBY", "u32", f"#{MINUTES_PER_DAY - 1}", 0]
+                pipe.execute_command("BITFIELD", key, *args)
+                pipe.expire(key, self._ttl_s)
+            await pipe.execute()
+
+    async def windows(
+        self, lane: str, spans: Sequence[tuple[int, int]]
+    ) -> list[list[int] | None]:
+        """Per-minute counts of each ``[start, end)`` epoch-minute span, in one round trip.
+
+        A span is None when any day it touches has no key (not recorded, or expired).
+        """
+        reads: list[tuple[int, int, int]] = []  # (span index, first minute, last minute)
+        for index, (start, end) in enumerate(spans):
+            minute = start
+            while minute < end:
+                day = minute // MINUTES_PER_DAY
+                last = min(end, (day + 1) * MINUTES_PER_DAY) - 1
+                reads.append((index, minute, last))
+                minute = last + 1
+        async with self._client.pipeline(transaction=False) as pipe:
+            for _, first, last in reads:
+                day = first // MINUTES_PER_DAY
+                key = k.arrivals_day(self._prefix, lane, day)
+                begin = (first - day * MINUTES_PER_DAY) * _WIDTH
+                pipe.getrange(key, begin, begin + (last - first + 1) * _WIDTH - 1)
+            raw = await pipe.execute()
+        out: list[list[int] | None] = [[] for _ in spans]
+        for (index, first, last), data in zip(reads, raw, strict=True):
+            current = out[index]
+            if current is None:
+                continue
+            if len(data) != (last - first + 1) * _WIDTH:
+                out[index] = None
+                continue
+            current.extend(
+                int.from_bytes(data[i : i + _WIDTH], "big") for i in range(0, len(data), _WIDTH)
+            )
+        return out
+
+    async def add_service(
+        self, samples: Mapping[tuple[str, int], tuple[int, float]]
+    ) -> None:
+        """Add (finished messages, handler seconds) per (lane, epoch minute) in one round trip."""
+        if not samples:
+            return
+        async with self._client.pipeline(transaction=False) as pipe:
+            for (lane, minute), (count, total_s) in samples.items():
+                key = k.service(self._prefix, lane)
+                pipe.hincrby(key, f"c:{minute}", count)
+                pipe.hincrbyfloat(key, f"s:{minute}", total_s)
+                stale = minute - SERVICE_WINDOW_MIN
+                pipe.hdel(key, *(f"{kind}:{m}" for m in range(stale - 10, stale) for kind in "cs"))
+                pipe.expire(key, (SERVICE_WINDOW_MIN + 1) * 60)
+            await pipe.execute()
+
+    async def service(self, lane: str, now_minute: int) -> ServiceSample:
+        """Finished messages and handler seconds of the lane in the last window; one read."""
+        fields = await self._client.hgetall(k.service(self._prefix, lane))
+        count, total_s = 0, 0.0
+        for raw_field, raw_value in fields.items():
+            name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+            kind, _, minute = name.partition(":")
+            if not minute.isdigit() or int(minute) <= now_minute - SERVICE_WINDOW_MIN:
+                continue
+            if kind == "c":
+                count += int(raw_value)
+            elif kind == "s":
+                total_s += float(raw_value)
+        return ServiceSample(count, total_s)

@@ -1,0 +1,74 @@
+"""Repeated warnings with backoff: the first is logged, its repeats ever more rarely, counted.
+
+While a service is down the same warning comes from a retry loop several times a second
+(``poll failed, retrying: ...``, librdkafka's ``Connect to ... failed``). :class:`RepeatFilter`
+lets the first through, then one after 1 s, 2 s, 4 s ... up to :data:`MAX_GAP_S`, each saying
+how many like it were held back; a message quiet for :data:`MAX_GAP_S` starts over. Records are
+alike when they share logger, level and text with every number blanked out (``after 0ms`` and
+``after 1ms`` are alike; ``lane messages`` and ``lane engagement`` are not). Only WARNING and
+above are touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["FIRST_GAP_S", "MAX_GAP_S", "RepeatFilter", "configure_logging"]
+
+_NUMBER = re.compile(r"\d+")
+
+FIRST_GAP_S = 1.0
+"""Seconds after a warning before the first of its repeats is logged."""
+MAX_GAP_S = 60.0
+"""The longest gap between two logged repeats of one warning."""
+
+
+@dataclass
+class _Seen:
+    next_at_s: float
+    gap_s: float
+    held: int = 0
+    last_s: float = 0.0
+
+
+class RepeatFilter(logging.Filter):
+    """A handler filter that logs repeats of a warning with exponential backoff."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """Measure gaps with ``clock`` (seconds)."""
+        super().__init__()
+        self._clock = clock
+        self._seen: dict[tuple[str, int, str], _Seen] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True to log ``record`` (with a held-back count appended), False to hold it back."""
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.levelno, _NUMBER.sub("#", record.getMessage()))
+        now = self._clock()
+        seen = self._seen.get(key)
+        if seen is None or now - seen.last_s >= MAX_GAP_S:
+            self._seen[key] = _Seen(now + FIRST_GAP_S, FIRST_GAP_S, last_s=now)
+            return True
+        seen.last_s = now
+        if now < seen.next_at_s:
+            seen.held += 1
+            return False
+        if seen.held:
+            record.msg = f"{record.msg} [{seen.held} more like this in the last {seen.gap_s:g}s]"
+        seen.gap_s = min(seen.gap_s * 2, MAX_GAP_S)
+        seen.next_at_s = now + seen.gap_s
+        seen.held = 0
+        return True
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level``, one line per record, repeated warnings backed off."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    repeats = RepeatFilter()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(repeats)

@@ -1,0 +1,80 @@
+"""Can ``pipeline status`` reach what it reads? If not, one line: what, where, what to do.
+
+``pipeline status`` is the command the runbook sends an operator to when something is wrong, so
+it must answer quickly and plainly when a service is down: :func:`reach_broker` asks the broker
+for its metadata with a short timeout before anything else, and :func:`reach_redis` pings the
+Redis that holds the throttles. Both raise :class:`~pipeline.errors.BrokerUnavailable` with a
+message that names the service, its address, the variable that sets it and the fix.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline.config import ENV_PREFIX, Settings
+from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError
+from pipeline.transport import create_transport
+
+__all__ = ["PROBE_TIMEOUT_MS", "reach_broker", "reach_redis", "unreachable", "where"]
+
+PROBE_TIMEOUT_MS = 3_000
+"""How long the first request to a broker may take before status says it is unreachable."""
+
+_FIX = "start it (`make services`) or point {variable} at a running one"
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without its password, fit to print."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else f"***@{netloc}"))
+
+
+def where(settings: Settings, service: str) -> tuple[str, str]:
+    """The address of ``service`` (``kafka`` or ``redis``) and the variable that sets it."""
+    if service == "kafka":
+        return settings.kafka.bootstrap_servers, f"{ENV_PREFIX}KAFKA__BOOTSTRAP_SERVERS"
+    return _safe_url(settings.redis.url), f"{ENV_PREFIX}REDIS__URL"
+
+
+def unreachable(settings: Settings, service: str, reason: str) -> str:
+    """The one line that says ``service`` cannot be reached, where, why and what to do."""
+    address, variable = where(settings, service)
+    name = "Kafka" if service == "kafka" else "Redis"
+    fix = _FIX.format(variable=variable)
+    return f"cannot reach {name} at {address} ({variable}): {reason.rstrip('. ')}; {fix}"
+
+
+async def reach_broker(settings: Settings) -> None:
+    """Raise :class:`BrokerUnavailable` unless the transport's broker answers within the probe.
+
+    Reads only the cluster metadata (Kafka) or the topic registry (Redis); creates nothing.
+    """
+    kafka = settings.kafka
+    capped = kafka.model_copy(
+        update={"request_timeout_ms": min(kafka.request_timeout_ms, PROBE_TIMEOUT_MS)}
+    )
+    transport = create_transport(settings.model_copy(update={"kafka": capped}))
+    try:
+        await transport.admin().list_topics(())
+    except ConfigError:
+        raise  # a bad setting (a refused client property): exit 2 with it, not "unreachable"
+    except PipelineError as exc:
+        reason = str(exc).removeprefix("list topics: ").removeprefix("redis unreachable: ")
+        raise BrokerUnavailable(unreachable(settings, transport.name, reason)) from exc
+    finally:
+        await transport.close()
+
+
+async def reach_redis(settings: Settings, client: Redis) -> None:
+    """Raise :class:`BrokerUnavailable` unless Redis answers ``PING``."""
+    try:
+        await client.ping()
+    except (rexc.RedisError, OSError, ValueError) as exc:
+        raise BrokerUnavailable(unreachable(settings, "redis", str(exc))) from exc

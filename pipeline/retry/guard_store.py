@@ -1,0 +1,299 @@
+"""The run guard's state in Redis: start marks, poison counters and per-key parking.
+
+**Start marks (poison detection).** Before a message runs, a mark ``starts|position`` is written
+for its id (where it was first delivered, stable across retry tiers); when it ends, the mark is
+deleted. A copy that finds a mark of its own position was started before and never finished
+(its member died, or lost it mid-run): a *suspect*, which the member runs alone
+(``runtime/isolation.py``) so that a crash cannot be blamed on a neighbour. Once its
+interruptions, the first plus its lone starts, reach ``poison_after``, it is dead-lettered with
+reason ``poison``. A copy that finds a mark of *another* position is a duplicate (a member killed
+between producing a retry and committing it): the marked copy finishes, or, not being committed,
+is delivered again, so the duplicate is dropped and never runs beside it.
+
+**Parking (ordered retries).** On an ordered lane, when a message fails and goes to a retry tier,
+its key is *parked*: the message is the key's head. Later messages of that key are *held*: each is
+written once, whole, into Redis behind the head (``held``), its offset is done, and it costs no
+topic write. When the head succeeds, the next follower is released to the member that ran the
+head, which runs it; and so on in order until the key has nothing parked. A follower that fails
+becomes the head and goes to a retry tier like any failure. A dead-lettered head is followed
+into the dead-letter topic by those parked behind it (``after_dead_letter: follow``, reason
+``sequenced``) or releases them to run (``proceed``). A release holds a lease, renewed while it
+runs; a member that dies mid-release leaves the lease to expire and another member's reaper
+takes the release over.
+
+**Cost.** Starts and ends of messages whose key is not parked are batched: one ``gd_begin`` call
+for all the starts the member makes in one turn of its event loop, carrying the ends recorded
+since the last call; ends left over are flushed before every commit. Only messages of parked
+keys, and failures, make a call of their own.
+
+If Redis cannot be reached the runtime fails open: messages run (order across retries is not
+guarded for that time, and poison is not counted), and each such decision is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+
+from pipeline import headers as h
+from pipeline.envelope import Message
+from pipeline.redis_functions import FunctionLibrary
+from pipeline.retry.held import decode_held, encode_held
+from pipeline.retry.keys import GuardKeys, encode_key, guard_keys
+from pipeline.topics.spec import TopicSpec
+
+log = logging.getLogger(__name__)
+
+LIBRARY = resources.files("pipeline.retry").joinpath("lua/guard.lua").read_text()
+Decision = Literal["process", "suspect", "copy", "stale", "slow", "held", "sequenced"]
+Ending = Literal["done", "parked", "dead"]
+RELEASED_POSITION = "rel"
+"""The position of a start made by releasing a held follower."""
+
+
+def message_id(message: Message) -> str:
+    """Where the message was first delivered (``topic:partition:offset``), stable across tiers."""
+    headers = message.headers
+    topic = headers.get(h.ORIGIN_TOPIC)
+    if topic is None:
+        return f"{message.topic}:{message.partition}:{message.offset}"
+    partition = headers.get(h.ORIGIN_PARTITION, b"")
+    offset = headers.get(h.ORIGIN_OFFSET, b"")
+    return f"{topic.decode()}:{partition.decode()}:{offset.decode()}"
+
+
+def position(message: Message) -> str:
+    """Where this copy of the message was read (``topic:partition:offset``)."""
+    return f"{message.topic}:{message.partition}:{message.offset}"
+
+
+_CODES: dict[str, Decision] = {
+    "p": "process",
+    "s": "suspect",
+    "c": "copy",
+    "x": "stale",
+    "w": "slow",
+}
+
+
+@dataclass(slots=True)
+class Start:
+    """One start to decide: the message's id, its key (encoded), this copy's position."""
+
+    ident: str
+    key: str
+    position: str
+    ordered: bool
+    attempt: int = 1
+
+    @property
+    def line(self) -> str:
+        """The start as ``gd_begin`` reads it (an empty position: the id itself)."""
+        at = "" if self.position == self.ident else self.position
+        return f"{self.ident}\t{self.key}\t{at}\t{'1' if self.ordered else '0'}\t{self.attempt}"
+
+    @property
+    def end_line(self) -> str:
+        """The end of this start as ``gd_begin`` reads it."""
+        return f"{self.ident}\t{'' if self.position == self.ident else self.position}"
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A held follower handed to the member to run next, with what to do with it."""
+
+    key: str
+    decision: Decision
+    ident: str
+    message: Message
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class GuardStore:
+    """Typed wrappers around the ``gd_*`` functions for one lane."""
+
+    def __init__(
+        self, client: Redis, prefix: str, lane: str, *, ttl_ms: int, lease_ms: int = 15_000
+    ) -> None:
+        """Keep the guard state of ``lane`` under ``prefix`` for ``ttl_ms`` after each change.
+
+        ``lease_ms`` is how long a release stays with its member without a renewal.
+        """
+        self._functions = FunctionLibrary(client, LIBRARY)
+        self.lane = lane
+        self.keys: GuardKeys = guard_keys(prefix, lane)
+        self.ttl_ms = ttl_ms
+        self.lease_ms = lease_ms
+
+    async def begin_many(
+        self, ended: Sequence[str], starts: Sequence[Start]
+    ) -> list[tuple[Decision, int]]:
+        """End ``ended`` and decide ``starts`` in one call (``FCALL gd_begin``).
+
+        Raises redis errors: the caller decides how to fail open.
+        """
+        k = self.keys
+        text = await self._functions.fcall(
+            "gd_begin",
+            [k.run, k.gone, k.parked, k.alone],
+            [
+                int(time.time() * 1000),
+                self.ttl_ms,
+                "\n".join(ended),
+                "\n".join(start.line for start in starts),
+            ],
+        )
+        if not starts:
+            return []
+        return [(_CODES[item[0]], int(item[1:])) for item in _text(text).split(",")]
+
+    async def begin_parked(self, message: Message, start: Start) -> tuple[Decision, int]:
+        """Decide a start of a message whose key is parked (``FCALL gd_key_begin``)."""
+        k = self.keys
+        z, state, held = k.of_key(start.key)
+        try:
+            decision, starts = await self._functions.fcall(
+                "gd_key_begin",
+                [k.run, k.gone, k.parked, z, state, held],
+                [
+                    int(time.time() * 1000),
+                    self.ttl_ms,
+                    start.ident,
+                    start.key,
+                    start.position,
+                    start.attempt,
+                    encode_held(message),
+                ],
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, processing %s without it: %s", start.ident, exc)
+            return "process", 0
+        return _text(decision), int(starts)  # type: ignore[return-value]
+
+    async def route(self, start: Start, attempt: int, *, park: bool) -> None:
+        """``start`` is about to be produced to a retry tier as ``attempt`` (``FCALL gd_route``).
+
+        Parks its key first (``park``: an ordered lane), so the copy never finds it unparked,
+        and lets that copy take the start mark over.
+        """
+        k = self.keys
+        z, state, _ = k.of_key(start.key)
+        try:
+            await self._functions.fcall(
+                "gd_route",
+                [k.run, k.gone, k.parked, z, state],
+                [
+                    self.ttl_ms,
+                    start.ident,
+                    start.key,
+                    start.position,
+                    attempt,
+                    "1" if park else "0",
+                ],
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, routing %s without it: %s", start.ident, exc)
+
+    async def end(self, start: Start, ending: Ending, *, follow_dead: bool) -> Release | None:
+        """Record how a message ended on a parked key (``FCALL gd_end``); the next follower."""
+        k = self.keys
+        ident, key = start.ident, start.key
+        z, state, held = k.of_key(key)
+        try:
+            out = await self._functions.fcall(
+                "gd_end",
+                [k.run, k.alone, k.gone, k.parked, z, state, held, k.releases],
+                [
+                    int(time.time() * 1000),
+                    self.ttl_ms,
+                    ident,
+                    key,
+                    ending,
+                    "follow" if follow_dead else "",
+                    self.lease_ms,
+                    start.position,
+                ],
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not record %s of %s: %s", ending, ident, exc)
+            return None
+        if _text(out[0]) == "none":
+            return None
+        decision: Decision = _text(out[0])  # type: ignore[assignment]
+        return Release(key, decision, _text(out[1]), decode_held(out[2]))
+
+    async def solo(self, start: Start, *, poison_after: int) -> tuple[str, int]:
+        """Count a suspect's lone start (``FCALL gd_solo``): (process|poison|stale, lone starts)."""
+        k = self.keys
+        try:
+            verdict, alone = await self._functions.fcall(
+                "gd_solo",
+                [k.run, k.alone, k.gone],
+                [start.ident, start.position, self.ttl_ms, poison_after],
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, running suspect %s uncounted: %s", start.ident, exc)
+            return "process", 0
+        return _text(verdict), int(alone)
+
+    async def reap(self, *, limit: int = 16) -> list[Release]:
+        """Take over releases whose lease expired (``FCALL gd_reap``)."""
+        k = self.keys
+        try:
+            flat = await self._functions.fcall(
+                "gd_reap",
+                [k.releases],
+                [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag, limit],
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not look for stalled releases: %s", exc)
+            return []
+        out = []
+        for i in range(0, len(flat), 4):
+            decision: Decision = _text(flat[i + 1])  # type: ignore[assignment]
+            out.append(
+                Release(_text(flat[i]), decision, _text(flat[i + 2]), decode_held(flat[i + 3]))
+            )
+        return out
+
+    async def renew(self, keys: Sequence[str]) -> None:
+        """Extend the leases of this member's releases in progress (``FCALL gd_renew``)."""
+        if not keys:
+            return
+        try:
+            await self._functions.fcall(
+                "gd_renew",
+                [self.keys.releases],
+                [int(time.time() * 1000) + self.lease_ms, *keys],
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not renew %d releases: %s", len(keys), exc)
+
+
+def start_of(message: Message, *, ordered: bool) -> Start:
+    """The start of ``message`` as the guard records it."""
+    at = f"{message.topic}:{message.partition}:{message.offset}"
+    headers = message.headers
+    if h.ORIGIN_TOPIC not in headers:  # a first delivery: its id is where it was read
+        return Start(at, encode_key(message.key), at, ordered, 1)
+    attempt = h.int_header(headers, h.ATTEMPT, 1)
+    return Start(message_id(message), encode_key(message.key), at, ordered, attempt)
+
+
+def lane_guards(client: Redis, prefix: str, specs: Sequence[TopicSpec]) -> dict[str, GuardStore]:
+    """The guard store of each lane; its state outlives the lane's retry path plus an hour."""
+    out = {}
+    for spec in specs:
+        ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
+        out[spec.lane] = GuardStore(client, prefix, spec.lane, ttl_ms=ttl_ms + 3_600_000)
+    return out

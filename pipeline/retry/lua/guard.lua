@@ -1,0 +1,356 @@
+#!lua name=pipeline_guard
+-- The run guard of the consumer runtime (pipeline/retry/guard_store.py): start marks for poison
+-- detection, and per-key parking that keeps order across retry tiers, with parked followers held
+-- here until their head finishes. Every key of one lane shares the hash tag {P:guard:LANE}, so
+-- every call stays in one Redis Cluster slot; gd_reap builds the per-key names from ARGV tag.
+--
+-- Lane-wide keys (T = {P:guard:LANE}):
+--   T:run     hash  message id -> start mark "starts|position[|attempt]": a start that has not
+--                   ended. position is where that copy was read (topic:partition:offset), or
+--                   "rel" for a held follower released from here; attempt, when present, is the
+--                   attempt of the retry copy this start is producing (gd_route): that copy may
+--                   take the mark over, no other may
+--   T:alone   hash  message id -> lone starts of a suspect (its runs alone after a crash)
+--   T:gone    zset  message id -> ms it left a parked key (handled or dead-lettered): a copy of
+--                   it that shows up again is stale. Entries older than ttl_ms are pruned
+--   T:parked  hash  key -> 1 while the key has parked messages (the batch call's index)
+--   T:rel     zset  key -> lease expiry ms of a release in progress (gd_reap takes over late ones)
+-- Per parked key K (base64):
+--   T:z:K     zset  parked message id -> sequence; the lowest is the key's head
+--   T:h:K     hash  seq (last sequence given), dead_until (followers up to this sequence follow a
+--                   dead-lettered head), rel (the follower being released now)
+--   T:f:K     hash  message id -> the held follower (encoded message): it waits here, written
+--                   once, until the messages ahead of it finished
+-- Every key expires (ARGV ttl_ms after its last change), so state of vanished messages frees itself.
+-- The batch call reads and writes with one multi-field command per kind, so its cost in Redis
+-- commands does not grow with the number of starts it carries.
+--
+-- Decisions returned to the runtime:
+--   process    run the handler
+--   suspect    an earlier start of this copy never ended: run it alone, after gd_solo
+--   copy       another copy of this message started and has not ended: drop this one (the other
+--              copy either finishes or, not committed, is delivered again)
+--   stale      this message already left its key's parked set: a late duplicate, drop it
+--   slow       (gd_begin only) the key is parked: ask gd_key_begin
+--   held       the key is parked: the message is stored here behind its head; its offset is done
+--   sequenced  it follows a dead-lettered head: dead-letter it without running
+
+local CHUNK = 1000  -- arguments per multi-field command (Lua's stack has a limit)
+
+local function bulk(command, key, items)
+  local out = {}
+  for i = 1, #items, CHUNK do
+    local part = redis.call(command, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
+    if type(part) == 'table' then
+      for _, v in ipairs(part) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+local function parse(mark)
+  local starts, pos, route = string.match(mark, '^(%d+)|([^|]*)|?(%d*)$')
+  return tonumber(starts), pos, route
+end
+
+-- Decide a start of `id` read at `pos` (attempt `attempt`) given its current mark (or false).
+-- With `force`, a mark of another position is taken over as a suspect. Returns
+-- decision, starts, and the new mark (nil: unchanged).
+local function decide(mark, pos, attempt, force)
+  if not mark then return 'process', 1, '1|' .. pos end
+  local starts, at, route = parse(mark)
+  if at ~= pos and route ~= '' and route == attempt then
+    return 'process', 1, '1|' .. pos  -- the retry copy its start was producing: it takes over
+  end
+  if at == pos or force then
+    return 'suspect', starts + 1, (starts + 1) .. '|' .. pos
+  end
+  return 'copy', starts, nil
+end
+
+local function mark_start(run, id, pos, attempt, force)
+  local decision, starts, mark = decide(redis.call('HGET', run, id), pos, attempt, force)
+  if mark then redis.call('HSET', run, id, mark) end
+  return decision, starts
+end
+
+-- End marks of the given "id TAB position" lines whose mark is still theirs.
+local function end_marks(run, alone, lines)
+  local ids, positions = {}, {}
+  for id, pos in string.gmatch(lines, '([^\t\n]+)\t([^\t\n]*)') do
+    ids[#ids + 1] = id
+    positions[#positions + 1] = pos == '' and id or pos
+  end
+  if #ids == 0 then return end
+  local marks = bulk('HMGET', run, ids)
+  local done = {}
+  for i, mark in ipairs(marks) do
+    if mark then
+      local _, at = parse(mark)
+      if at == positions[i] then done[#done + 1] = ids[i] end
+    end
+  end
+  if #done > 0 then
+    bulk('HDEL', run, done)
+    bulk('HDEL', alone, done)
+  end
+end
+
+-- gd_begin: end the given starts, then decide a batch of starts, in one call.
+-- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone
+-- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] ended starts, one per line: id TAB position
+-- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt
+-- An empty position is the id itself (a first delivery).
+-- Returns the decisions as one string, one "<letter><starts>" per start, comma-separated:
+-- p process, s suspect, c copy, x stale, w slow (the key is parked: ask gd_key_begin).
+local CODES = {process = 'p', suspect = 's', copy = 'c'}
+local function begin_many(keys, args)
+  local now, ttl = tonumber(args[1]), tonumber(args[2])
+  end_marks(keys[1], keys[4], args[3])
+  local ids, names, positions, ordered, attempts = {}, {}, {}, {}, {}
+  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)'
+  for id, key, pos, o, attempt in string.gmatch(args[4], pattern) do
+    ids[#ids + 1] = id
+    names[#names + 1] = key
+    positions[#positions + 1] = pos == '' and id or pos
+    ordered[#ordered + 1] = o == '1'
+    attempts[#attempts + 1] = attempt
+  end
+  local out = {}
+  if #ids > 0 then
+    local gone = bulk('ZMSCORE', keys[2], ids)
+    local parked = bulk('HMGET', keys[3], names)
+    local marks = bulk('HMGET', keys[1], ids)
+    local writes, seen = {}, {}
+    for i, id in ipairs(ids) do
+      if gone[i] then
+        out[i] = 'x0'
+      elseif ordered[i] and parked[i] then
+        out[i] = 'w0'
+      elseif seen[id] then
+        out[i] = 'c0'  -- two copies in one batch: the first one runs
+      else
+        seen[id] = true
+        local decision, starts, mark = decide(marks[i], positions[i], attempts[i], false)
+        if mark then
+          writes[#writes + 1] = id
+          writes[#writes + 1] = mark
+        end
+        out[i] = CODES[decision] .. starts
+      end
+    end
+    if #writes > 0 then
+      bulk('HSET', keys[1], writes)
+      redis.call('PEXPIRE', keys[1], ttl)
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now - ttl)
+  return table.concat(out, ',')
+end
+
+local function expire(ttl, ...)
+  for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
+end
+
+-- Drop heads of a parked key that already finished (a copy re-parked them); the head or nil.
+local function live_head(gone, z, f)
+  local head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  while head[1] and redis.call('ZSCORE', gone, head[1]) do
+    redis.call('ZREM', z, head[1])
+    redis.call('HDEL', f, head[1])
+    head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  end
+  return head[1], tonumber(head[2])
+end
+
+-- gd_key_begin: decide a start of a message whose key is parked.
+-- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K   KEYS[6] T:f:K
+-- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] id   ARGV[4] key   ARGV[5] position   ARGV[6] attempt
+-- ARGV[7] the encoded message (stored if it is held)
+-- Returns {decision, starts}.
+local function begin_parked(keys, args)
+  local ttl, id, key, pos, attempt, blob = tonumber(args[2]), args[3], args[4], args[5], args[6], args[7]
+  if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
+  local head, head_seq = live_head(keys[2], keys[4], keys[6])
+  if not head then
+    redis.call('DEL', keys[4], keys[5], keys[6])
+    redis.call('HDEL', keys[3], key)
+    local decision, starts = mark_start(keys[1], id, pos, attempt, false)
+    redis.call('PEXPIRE', keys[1], ttl)
+    return {decision, starts}
+  end
+  if redis.call('HEXISTS', keys[6], id) == 1 then
+    return {'copy', 0}  -- held here: its release runs it, not this copy
+  end
+  if head ~= id then
+    if not redis.call('ZSCORE', keys[4], id) then
+      redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
+    end
+    redis.call('HSET', keys[6], id, blob)
+    expire(ttl, keys[4], keys[5], keys[6], keys[3])
+    return {'held', 0}
+  end
+  local dead_until = tonumber(redis.call('HGET', keys[5], 'dead_until') or '0')
+  if head_seq <= dead_until then return {'sequenced', 0} end
+  local decision, starts = mark_start(keys[1], id, pos, attempt, false)
+  redis.call('PEXPIRE', keys[1], ttl)
+  return {decision, starts}
+end
+
+-- gd_route: a started message is about to be produced to a retry tier (a failure, or a deferral).
+-- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K
+-- ARGV[1] ttl_ms   ARGV[2] id   ARGV[3] key   ARGV[4] position   ARGV[5] the copy's attempt
+-- ARGV[6] "1" to park the key (an ordered lane)
+-- Parks the key first, so the copy can never find its key unparked, and lets that copy (by its
+-- attempt) take the start mark over even if this start has not ended yet.
+local function route(keys, args)
+  local ttl, id, key, pos, attempt = tonumber(args[1]), args[2], args[3], args[4], args[5]
+  local mark = redis.call('HGET', keys[1], id)
+  local starts, at = 1, pos
+  if mark then starts, at = parse(mark) end
+  if at == pos then
+    redis.call('HSET', keys[1], id, starts .. '|' .. pos .. '|' .. attempt)
+    redis.call('PEXPIRE', keys[1], ttl)
+  end
+  if args[6] == '1' and not redis.call('ZSCORE', keys[2], id) then
+    if not redis.call('ZSCORE', keys[4], id) then
+      redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
+    end
+    redis.call('HSET', keys[3], key, 1)
+    expire(ttl, keys[4], keys[5], keys[3])
+  end
+  return 1
+end
+
+-- Hand the key's next held follower to the caller, or unpark the key when none is left.
+-- k: run, gone, parked, z, h, f, rel (as in gd_end). Returns {'none'} or {decision, id, message}.
+local function release_next(k, now, ttl, key, lease)
+  local head, seq = live_head(k.gone, k.z, k.f)
+  if not head then
+    redis.call('DEL', k.z, k.h, k.f)
+    redis.call('HDEL', k.parked, key)
+    redis.call('ZREM', k.rel, key)
+    return {'none'}
+  end
+  local blob = redis.call('HGET', k.f, head)
+  if not blob then  -- the head is waiting in a retry tier: it runs from there
+    redis.call('HDEL', k.h, 'rel')
+    redis.call('ZREM', k.rel, key)
+    return {'none'}
+  end
+  redis.call('HSET', k.h, 'rel', head)
+  redis.call('ZADD', k.rel, now + lease, key)
+  expire(ttl, k.z, k.h, k.f, k.rel)
+  local decision = 'sequenced'
+  if seq > tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then
+    decision = mark_start(k.run, head, 'rel', '', true)
+    redis.call('PEXPIRE', k.run, ttl)
+  end
+  return {decision, head, blob}
+end
+
+-- gd_end: record how a message of a parked key ended (or how a message came to park its key).
+-- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked
+-- KEYS[5] T:z:K   KEYS[6] T:h:K   KEYS[7] T:f:K   KEYS[8] T:rel
+-- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] id   ARGV[4] key   ARGV[5] outcome: done | parked | dead
+-- ARGV[6] "follow" if followers of a dead-lettered head follow it into the DLQ   ARGV[7] lease_ms
+-- ARGV[8] the position of the start that ended (its mark is left alone if a copy took it over)
+--   done    handled (or skipped, expired): it leaves the parked set, the next follower is released
+--   parked  sent to a retry tier: it stays (or becomes) the key's head; its body is in the tier
+--   dead    dead-lettered: it leaves; with "follow", those parked behind it are sequenced
+-- Returns {'none'} or the next follower to run: {decision, id, message}.
+local function finish(keys, args)
+  local now, ttl, id, key, outcome = tonumber(args[1]), tonumber(args[2]), args[3], args[4], args[5]
+  local k = {run = keys[1], gone = keys[3], parked = keys[4], z = keys[5], h = keys[6],
+             f = keys[7], rel = keys[8]}
+  local mark = redis.call('HGET', keys[1], id)
+  if mark then
+    local _, at = parse(mark)
+    if at == args[8] then
+      redis.call('HDEL', keys[1], id)
+      redis.call('HDEL', keys[2], id)
+    end
+  end
+  redis.call('HDEL', k.f, id)  -- a released follower's body is handled, routed or in a tier now
+  if outcome == 'parked' then
+    if not redis.call('ZSCORE', k.z, id) and not redis.call('ZSCORE', k.gone, id) then
+      redis.call('ZADD', k.z, redis.call('HINCRBY', k.h, 'seq', 1), id)
+    end
+    if redis.call('HGET', k.h, 'rel') == id then
+      redis.call('HDEL', k.h, 'rel')
+      redis.call('ZREM', k.rel, key)
+    end
+    if redis.call('EXISTS', k.z) == 1 then
+      redis.call('HSET', k.parked, key, 1)
+      expire(ttl, k.z, k.h, k.parked)
+    end
+    return {'none'}
+  end
+  if redis.call('ZREM', k.z, id) == 1 then
+    redis.call('ZADD', k.gone, now, id)
+    redis.call('PEXPIRE', k.gone, ttl)
+  end
+  if outcome == 'dead' and args[6] == 'follow' then
+    local last = redis.call('ZRANGE', k.z, -1, -1, 'WITHSCORES')
+    if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
+  end
+  return release_next(k, now, ttl, key, tonumber(args[7]))
+end
+
+-- gd_solo: count a suspect's lone start, once nothing else runs beside it in its member.
+-- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone
+-- ARGV[1] id   ARGV[2] position   ARGV[3] ttl_ms   ARGV[4] poison_after
+-- Its first interrupted start may have been a neighbour's fault; every lone start after that
+-- was interrupted by itself. Returns {verdict, lone starts}: stale if another copy finished it
+-- or took it over meanwhile, poison once the interruptions (the first plus the lone ones) reach
+-- poison_after, else process.
+local function solo(keys, args)
+  local id, pos = args[1], args[2]
+  if redis.call('ZSCORE', keys[3], id) then return {'stale', 0} end
+  local mark = redis.call('HGET', keys[1], id)
+  if not mark then return {'stale', 0} end
+  local _, at = parse(mark)
+  if at ~= pos then return {'stale', 0} end
+  local alone = redis.call('HINCRBY', keys[2], id, 1)
+  redis.call('PEXPIRE', keys[2], tonumber(args[3]))
+  if alone >= tonumber(args[4]) then return {'poison', alone} end
+  return {'process', alone}
+end
+
+-- gd_reap: take over releases whose member stopped renewing their lease (it died mid-release).
+-- KEYS[1] T:rel   ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T
+-- ARGV[5] at most this many keys
+-- Returns a flat list: key, decision, id, message for each follower taken over.
+local function reap(keys, args)
+  local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
+  local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
+  local out = {}
+  for _, key in ipairs(due) do
+    local k = {run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
+               z = tag .. ':z:' .. key, h = tag .. ':h:' .. key, f = tag .. ':f:' .. key,
+               rel = keys[1]}
+    local next = release_next(k, now, ttl, key, lease)
+    if next[1] ~= 'none' then
+      out[#out + 1] = key
+      out[#out + 1] = next[1]
+      out[#out + 1] = next[2]
+      out[#out + 1] = next[3]
+    end
+  end
+  return out
+end
+
+-- gd_renew: extend the leases of the releases this member runs.
+-- KEYS[1] T:rel   ARGV[1] the new expiry ms, then the keys
+local function renew(keys, args)
+  for i = 2, #args do redis.call('ZADD', keys[1], 'XX', args[1], args[i]) end
+  return #args - 1
+end
+
+redis.register_function('gd_begin', begin_many)
+redis.register_function('gd_key_begin', begin_parked)
+redis.register_function('gd_route', route)
+redis.register_function('gd_end', finish)
+redis.register_function('gd_solo', solo)
+redis.register_function('gd_reap', reap)
+redis.register_function('gd_renew', renew)

@@ -1,0 +1,142 @@
+"""The path of a message through a member, stage by stage, in one place.
+
+::
+
+    poll ─▶ due ─▶ batch ─▶ throttle ─▶ key lanes ─▶ guard ─▶ handler ─▶ settle (offsets, commit)
+
+* **due** (:class:`~pipeline.runtime.due.DueGate`): a retry-tier message waits, its partition
+  paused, until its due time; others pass.
+* **batch** (:class:`~pipeline.runtime.batch.BatchGate`): a batch lane's message waits for idle
+  capacity or its SLA's promotion point; others pass.
+* **throttle** (:class:`~pipeline.runtime.admit.AdmissionGate`): a throttled lane's message
+  waits for its slots in Redis, or is deferred through the first retry tier; others pass.
+* **key lanes** (:class:`~pipeline.runtime.lanes.KeyLanes`): one message of a key at a time,
+  in order; different keys run concurrently up to the member's limit.
+* **guard** (:class:`~pipeline.runtime.guard.RunGuard`): start marks and parking in Redis;
+  decides whether the message runs, is held behind its key's head, or is a stale copy.
+* **handler** (:class:`~pipeline.runtime.handling.HandlerStage`): the user's handler, and the
+  routing of its failure to a retry tier or the dead-letter topic.
+* **settle**: the member records the outcome (offsets to commit, log rows, metrics).
+
+A :class:`~pipeline.runtime.work.Work` carries the message and its lane (looked up once, on
+entry) from stage to stage. Each stage is told only of its successor, by the hop methods below,
+so the order is visible here and a stage can change without reading the others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pipeline import headers as h
+from pipeline.admission.fleet import FleetLimits
+from pipeline.envelope import Message
+from pipeline.runtime.admit import AdmissionGate, Admitter, tenant_of
+from pipeline.runtime.app import App
+from pipeline.runtime.batch import BatchGate
+from pipeline.runtime.due import DueGate
+from pipeline.runtime.flow import PauseBook
+from pipeline.runtime.guard import RunGuard
+from pipeline.runtime.handling import HandlerStage
+from pipeline.runtime.lanes import KeyLanes
+from pipeline.runtime.work import Work
+
+Settle = Callable[[Work, str | None, float], None]
+"""The member's last step: record a message's outcome (None: it could not be routed) and how
+long its guard and handler took, in seconds."""
+
+
+class Chain:
+    """The stages between a member's poll and its commit, wired in order."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        max_concurrency: int,
+        guard: RunGuard,
+        handler: HandlerStage,
+        settle: Settle,
+        throttle: Admitter | None = None,
+        fleet: FleetLimits | None = None,
+    ) -> None:
+        """Build the stages; :meth:`start` binds the due stage to the consumer's pauses."""
+        self._app = app
+        self._guard = guard
+        self._handler = handler
+        self._settle = settle
+        self._fleet = fleet
+        self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
+        self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load)
+        self.gate: AdmissionGate[Work] | None = None
+        if throttle is not None:
+            self.gate = AdmissionGate(throttle, self._key_lanes, self._defer)
+        self.due: DueGate[Work] | None = None
+
+    def start(self, pauses: PauseBook) -> None:
+        """Start the key lanes' workers; the due stage pauses partitions through ``pauses``."""
+        self.due = DueGate(pauses, self._batch)
+        self.lanes.start()
+
+    # -- the hops, in order -------------------------------------------------------------------
+
+    def enter(self, message: Message) -> None:
+        """A polled message enters the chain with its lane."""
+        work = Work(message, self._app.lane_of(message.topic))
+        if h.DUE_MS in message.headers:
+            assert self.due is not None  # noqa: S101 - start() ran before the first poll
+            self.due.offer(work)
+        else:
+            self._batch(work)
+
+    def _batch(self, work: Work) -> None:
+        policy = work.lane.spec.batch
+        if policy is not None:
+            self.batch.offer(work, work.lane.name, policy)
+        else:
+            self._throttle(work)
+
+    def _throttle(self, work: Work) -> None:
+        spec = work.lane.spec
+        if spec.throttle is None or self.gate is None:
+            self._key_lanes(work)
+            return
+        if self._fleet is not None:
+            self._fleet.submitted(tenant_of(work))
+        self.gate.offer(
+            work,
+            spec.throttle,
+            work.lane.name,
+            ordered=spec.ordered,
+            busy=spec.ordered and self.lanes.busy(work),
+            can_defer=bool(work.lane.routes.retry_topics),
+        )
+
+    def _defer(self, work: Work) -> None:
+        """Too many wait for admission: it goes through the first tier, its key parked."""
+        self._handler.deferring.add((work.tp, work.offset))
+        self._key_lanes(work)
+
+    def _key_lanes(self, work: Work) -> None:
+        self.lanes.submit(work, ordered=work.lane.spec.ordered)
+
+    async def _run(self, work: Work) -> None:
+        """Guard and handler (the guard calls the handler stage), then release and settle."""
+        started = time.perf_counter()
+        outcome = await self._guard.run(work.lane, work.message)
+        if self.gate is not None:
+            lane, message = work.lane, work.message
+            feedback = self._handler.feedback(lane, message, self.gate.held_keys(work))
+            self.gate.finished(work, feedback)
+            if self._fleet is not None and lane.spec.throttle is not None:
+                self._fleet.finished(tenant_of(work), time.perf_counter() - started)
+        if self.batch.waiting:
+            self.batch.pump()
+        self._handler.deferring.discard((work.tp, work.offset))  # whatever parking decided
+        self._settle(work, outcome, time.perf_counter() - started)
+
+    # -- load ---------------------------------------------------------------------------------
+
+    def _load(self) -> tuple[int, int]:
+        """Handlers in use or queued in the key lanes, and the concurrency limit."""
+        return self.lanes.buffered, self.lanes.limit

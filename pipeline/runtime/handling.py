@@ -1,0 +1,213 @@
+"""The handler stage, last in a member's chain: decode, call the handler, route what failed.
+
+:class:`HandlerStage` is called by the guard (``runtime/guard.py``) for each message that may
+run. A message deferred by the admission gate, past its deadline or shed by a standing queue
+does not reach its handler (:mod:`~pipeline.runtime.sojourn`). Otherwise the handler runs in the
+event loop, in the CPU pool for ``cpu=True`` lanes, or, on debounced lanes, the message is
+recorded for its conversation's turn (:mod:`~pipeline.runtime.turns`). Every failure is routed
+by :class:`~pipeline.runtime.routing.Routing` (retry tier or dead-letter topic); the outcome
+string says what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pipeline import headers as h
+from pipeline.admission.adaptive import Feedback, feedback_for
+from pipeline.envelope import Message, TopicPartition
+from pipeline.errors import DebounceUnavailable, Expired, Skip, Throttled
+from pipeline.observability.facades import DebounceMetrics, RuntimeMetrics
+from pipeline.runtime.app import App, Lane
+from pipeline.runtime.context import Context
+from pipeline.runtime.cpu import ProcessPool
+from pipeline.runtime.idempotency import IdempotencyGuard
+from pipeline.runtime.routing import Routing
+from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
+from pipeline.runtime.stats import Stats
+from pipeline.runtime.turns import DebouncedLanes, TurnOutcome
+
+log = logging.getLogger(__name__)
+
+
+class HandlerStage:
+    """Runs handlers and routes their failures; one per member."""
+
+    def __init__(
+        self,
+        app: App,
+        routing: Routing,
+        stats: Stats,
+        lanes: Sequence[Lane],
+        *,
+        cpu_workers: int,
+        throttled: bool = False,
+        idempotency: IdempotencyGuard | None = None,
+        metrics: RuntimeMetrics | None = None,
+        turn_metrics: DebounceMetrics | None = None,
+        rows_finished: Callable[[Sequence[Message]], None] = lambda _: None,
+    ) -> None:
+        """Serve ``lanes`` of ``app``; ``rows_finished`` is told of settled debounced turns.
+
+        ``throttled``: the member admits through a throttle, so adaptive lanes' calls are
+        timed and reported when their slots are released.
+        """
+        self._app = app
+        self._routing = routing
+        self._stats = stats
+        self._cpu_workers = cpu_workers
+        self._throttled = throttled
+        self._pool: ProcessPool | None = None
+        self._idempotency = idempotency
+        self._metrics = metrics
+        self._turn_metrics = turn_metrics
+        self._rows_finished = rows_finished
+        self._standing = {
+            lane.name: StandingQueue(lane.spec.sojourn) for lane in lanes if lane.spec.sojourn
+        }
+        self.turns: DebouncedLanes | None = None
+        """The debouncer, on a member with Redis and debounced lanes (set by the member)."""
+        self.deferring: set[tuple[TopicPartition, int]] = set()
+        """Messages the admission gate chose to defer through the first retry tier."""
+        self._calls: dict[tuple[TopicPartition, int], tuple[float, Throttled | None]] = {}
+        """Duration and Throttled error of handler calls on adaptive lanes, until released."""
+
+    async def __call__(self, lane: Lane, message: Message) -> str | None:
+        """Run ``message``'s handler (unless it must not run now); the outcome, None if unrouted."""
+        stop, outcome = await self._not_now(lane, message)
+        if stop:
+            return outcome
+        attempt = h.int_header(message.headers, h.ATTEMPT, 1)
+        self._routing.processed(lane)
+        called = time.perf_counter()
+        try:
+            event = lane.decode(message)
+            if lane.turns:
+                return await self._buffer(lane, event, message, attempt)
+            if lane.cpu_ref is None:
+                await lane.handler(event, Context(message, lane.name, attempt, self._idempotency))
+            else:
+                context = Context(message, lane.name, attempt)  # no Redis in the worker
+                await self._cpu_pool().run(lane.cpu_ref, (event, context), lane.time_limit_s)
+        except Skip:
+            self._stats.skipped += 1
+            return "skipped"
+        except Exception as exc:  # every handler failure is routed, none escapes
+            if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
+                self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
+            return await self._routing.failure(lane, message, attempt, exc)
+        if self._adaptive(lane):
+            self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
+        self._stats.handled += 1
+        return "handled"
+
+    def _expired(self, lane: Lane, message: Message) -> str | None:
+        """Why ``message`` must not run now (``expired`` or ``shed``), or None to run it."""
+        now_ms = int(time.time() * 1000)
+        deadline = deadline_ms(message, lane.spec)
+        if deadline is not None and now_ms > deadline:
+            self._stats.expired += 1
+            log.info(
+                "expired %s@%d (deadline %d, %d ms ago)",
+                message.tp,
+                message.offset,
+                deadline,
+                now_ms - deadline,
+            )
+            return "expired"
+        standing = self._standing.get(lane.name)
+        if standing is not None and not standing.admit(now_ms - due_since_ms(message), now_ms):
+            self._stats.shed += 1
+            log.info(
+                "shed %s@%d: lane %s has a standing queue", message.tp, message.offset, lane.name
+            )
+            return "shed"
+        return None
+
+    async def _not_now(self, lane: Lane, message: Message) -> tuple[bool, str | None]:
+        """Whether ``message`` must not run now (deferred, expired or shed), and its outcome."""
+        if self.deferring and (message.tp, message.offset) in self.deferring:
+            return True, await self._routing.divert(lane, message, "deferred")
+        reason = self._expired(lane, message)
+        if reason is None:
+            return False, None
+        if self._metrics is not None:
+            self._metrics.expired(lane.name)
+        if lane.spec.on_expiry == "drop":
+            return True, "expired"
+        error = Expired(f"{reason}: it waited past what lane {lane.name} allows")
+        return True, await self._routing.dead_letter(lane, message, reason, error)
+
+    async def _buffer(self, lane: Lane, event: Any, message: Message, attempt: int) -> str:
+        """Record a debounced lane's message for its conversation's turn (fail open)."""
+        if self.turns is not None:
+            try:
+                await self.turns.record(lane, event, message)
+            except DebounceUnavailable:
+                pass  # logged and counted by the debouncer; the message is its own turn
+            else:
+                self._stats.buffered += 1
+                return "buffered"
+        await lane.handler([event], Context(message, lane.name, attempt, self._idempotency))
+        self._stats.handled += 1
+        self._stats.turns += 1
+        return "handled"
+
+    async def settle_turn(self, lane: Lane, turn: TurnOutcome) -> bool:
+        """Count a finished turn, dead-letter it if it failed for good; False: run it again."""
+        if turn.outcome in ("handled", "skipped"):
+            self._stats.turns += 1
+            if self._turn_metrics is not None:
+                self._turn_metrics.turn(lane.name, len(turn.messages), turn.lateness_s)
+            if turn.outcome == "handled":
+                self._stats.handled += len(turn.messages)
+            else:
+                self._stats.skipped += len(turn.messages)
+            self._rows_finished(turn.messages)
+            return True
+        error = turn.error
+        fatal = error is not None and not self._app.retryable(error)
+        if turn.outcome == "failed" and not fatal:
+            self._stats.turn_retries += 1
+            return False
+        reason = "fatal" if fatal else "exhausted"
+        for message in turn.messages:  # in order: a sequenced dead letter
+            routed = await self._routing.dead_letter(lane, message, reason, error)
+            if routed is None:
+                return False
+        self._rows_finished(turn.messages)
+        return True
+
+    def feedback(self, lane: Lane, message: Message, held_keys: Sequence[str]) -> list[Feedback]:
+        """How the call went, for the adaptive keys ``message`` held (none if it made none)."""
+        call = self._calls.pop((message.tp, message.offset), None)
+        policy = lane.spec.throttle
+        if call is None or policy is None or not policy.adaptive:
+            return []
+        duration_s, throttled = call
+        return feedback_for(
+            held_keys,
+            policy.adaptive,
+            duration_s=duration_s,
+            throttled=throttled is not None,
+            retry_after_s=throttled.retry_after_s if throttled is not None else None,
+            dependency=throttled.dependency if throttled is not None else None,
+        )
+
+    def _adaptive(self, lane: Lane) -> bool:
+        """Whether ``lane``'s calls are reported to adaptive throttle keys when released."""
+        policy = lane.spec.throttle
+        return self._throttled and policy is not None and bool(policy.adaptive)
+
+    def _cpu_pool(self) -> ProcessPool:
+        if self._pool is None:
+            self._pool = ProcessPool(self._cpu_workers)
+        return self._pool
+
+    async def close(self) -> None:
+        """Stop the CPU pool, if one was started."""
+        if self._pool is not None:
+            await self._pool.close()

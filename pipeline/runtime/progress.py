@@ -1,0 +1,157 @@
+"""What a running member says at the default log level: a start line, progress, dead letters.
+
+``pipeline consume`` logs, at INFO (the level ``PIPELINE_LOG_LEVEL`` defaults to for it):
+
+- one start line once the member joined its group: group, lanes, partitions, transport;
+- a progress line every :data:`PROGRESS_INTERVAL_S` while anything moves: handled, retried and
+  dead-lettered since start, and the group's lag on the member's lanes;
+- one WARNING per dead letter with its lane and reason (:class:`DeadLetterWarnings`, a
+  :class:`~pipeline.observability.facades.RuntimeMetrics` that also logs).
+
+:func:`pipeline.runtime.run.serve` wires all three; nothing here changes what the member does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from pipeline.envelope import TopicPartition
+from pipeline.errors import PipelineError
+from pipeline.observability.facades import RuntimeMetrics
+from pipeline.runtime.stats import Stats
+from pipeline.transport.protocol import Admin
+
+__all__ = ["PROGRESS_INTERVAL_S", "DeadLetterWarnings", "Progress", "partitions_text"]
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 30.0
+"""Seconds between progress lines (none while nothing was handled and nothing waits)."""
+
+
+class DeadLetterWarnings(RuntimeMetrics):
+    """The member's metrics facade, plus one WARNING per dead letter naming its lane and reason."""
+
+    def __init__(self, metrics: RuntimeMetrics, dead_letter_topics: dict[str, str]) -> None:
+        """Write into the registry of ``metrics``; ``dead_letter_topics`` maps lane to DLQ."""
+        self.__dict__.update(metrics.__dict__)  # the same instruments, not a second set
+        self._dlq = dead_letter_topics
+
+    def dead_lettered(self, lane: str, reason: str) -> None:
+        """Count the dead letter and say where it went and how to look at it."""
+        super().dead_lettered(lane, reason)
+        dlq = self._dlq.get(lane, f"{lane}.dlq")
+        log.warning(
+            "dead letter on lane %s: %s (inspect: pipeline redrive %s --dry-run)", lane, reason, dlq
+        )
+
+
+def partitions_text(assignment: Sequence[TopicPartition]) -> str:
+    """``messages[0-11], messages.retry.5s[0-11]``: each topic's partitions, ranges folded."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in assignment:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    parts = []
+    for topic, numbers in sorted(by_topic.items()):
+        numbers.sort()
+        runs: list[str] = []
+        start = prev = numbers[0]
+        for n in [*numbers[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+            if n is not None:
+                start = prev = n
+        parts.append(f"{topic}[{','.join(runs)}]")
+    return ", ".join(parts) or "none yet"
+
+
+class Progress:
+    """Logs the start line once the member polls, then a progress line while work moves."""
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        lanes: Sequence[str],
+        topics: Sequence[str],
+        transport: str,
+        address: str,
+        admin: Admin,
+        stats: Stats,
+        assignment: Callable[[], Sequence[TopicPartition]],
+        interval_s: float = PROGRESS_INTERVAL_S,
+    ) -> None:
+        """Report on the member of ``group`` whose ``stats`` and ``assignment`` are given.
+
+        ``topics`` are the lanes' main topics, whose lag the progress line sums.
+        """
+        self._group = group
+        self._lanes = list(lanes)
+        self._topics = list(topics)
+        self._transport = transport
+        self._address = address
+        self._admin = admin
+        self._stats = stats
+        self._assignment = assignment
+        self._interval_s = interval_s
+        self._last: tuple[int, int, int, int] | None = None
+
+    def started(self) -> None:
+        """The start line: group, lanes, partitions and transport."""
+        assignment = self._assignment()
+        log.info(
+            "consuming as group %s: lanes %s on %s (%s); %d partition(s): %s",
+            self._group,
+            ", ".join(self._lanes),
+            self._transport,
+            self._address,
+            len(assignment),
+            partitions_text(assignment),
+        )
+
+    async def lag(self) -> int | None:
+        """The group's lag summed over the lanes' main topics (None when it cannot be read)."""
+        try:
+            lags = await asyncio.gather(
+                *(self._admin.group_lag(self._group, topic) for topic in self._topics)
+            )
+        except PipelineError:
+            return None
+        return sum(p.lag for per_topic in lags for p in per_topic)
+
+    async def report(self) -> None:
+        """One progress line, unless nothing changed and nothing waits since the last one."""
+        s = self._stats
+        lag = await self.lag()
+        now = (s.handled, s.retried, s.dead_lettered, lag or 0)
+        if now == self._last or (self._last is None and not any(now)):
+            return
+        self._last = now
+        log.info(
+            "group %s: handled %d, retried %d, dead-lettered %d; lag %s",
+            self._group,
+            s.handled,
+            s.retried,
+            s.dead_lettered,
+            "unknown" if lag is None else lag,
+        )
+
+    async def run(self, polling: asyncio.Event, stop: asyncio.Event) -> None:
+        """Log the start line once ``polling`` is set, then report every interval until ``stop``."""
+        waiter = asyncio.create_task(polling.wait())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
+        if stop.is_set():
+            return
+        self.started()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval_s)
+            await self.report()

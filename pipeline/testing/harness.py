@@ -1,0 +1,298 @@
+"""Run an App's handlers through the real consumer runtime, in memory, on a virtual clock.
+
+::
+
+    async with TestApp(app) as t:
+        await t.send("messages", MessageReceived(conversation_id="c1", text="hi"), key="c1",
+                     tenant="acme")
+        await t.drain()
+        assert [r.outcome for r in t.runs("messages")] == ["handled"]
+
+:class:`TestApp` wires what ``pipeline consume`` wires (:func:`pipeline.runtime.run.serve`) with
+in-process stand-ins for the services: a :class:`~pipeline.runtime.member.Member` of the App
+on a :class:`~pipeline.testing.MemoryTransport` whose topics are created from the App's
+declarations, with parking, ``ctx.once``, the debouncer and throttles on
+:func:`~pipeline.testing.redis.fake_redis` (the project's own Lua), and a
+:class:`~pipeline.testing.clock.VirtualClock`, so retry tiers, debounce windows and deadlines
+pass without waiting. Handlers are registered unchanged on a copy of the App that records each
+call (:class:`~pipeline.testing.recorder.Run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from pydantic import BaseModel
+from redis.asyncio import Redis
+
+from pipeline import headers as h
+from pipeline.admission.debounce import Debouncer
+from pipeline.admission.throttle import Throttle
+from pipeline.config import Settings, load_settings
+from pipeline.envelope import Delivered, Message, TopicPartition
+from pipeline.errors import ConfigError
+from pipeline.runtime.app import App
+from pipeline.runtime.member import Member
+from pipeline.runtime.stats import Stats
+from pipeline.testing.clock import VirtualClock
+from pipeline.testing.memory import MemoryTransport
+from pipeline.testing.recorder import Recorder, Run
+from pipeline.testing.records import DeadLettered, messages_on
+from pipeline.testing.redis import fake_redis
+
+_STEP_S = 1.0
+"""How often :meth:`TestApp.drain` looks whether everything settled (virtual seconds)."""
+COMMIT_INTERVAL_MS = 5_000
+"""The default settings' commit interval (virtual): an idle tick costs real time in a test, and
+commits only decide what a crash would redeliver, which a TestApp never has."""
+
+
+def encode_value(event: Any) -> bytes:
+    """A message value: a pydantic model or a dict as JSON, text as UTF-8, bytes unchanged."""
+    if isinstance(event, BaseModel):
+        return event.model_dump_json().encode()
+    if isinstance(event, bytes):
+        return event
+    if isinstance(event, str):
+        return event.encode()
+    return json.dumps(event).encode()
+
+
+class TestApp:
+    """One member of an App on in-memory services; see the module docstring."""
+
+    __test__ = False  # a harness, not a pytest test class
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        group: str = "test",
+        lanes: Sequence[str] | None = None,
+        settings: Settings | None = None,
+        throttle_limits: Mapping[str, int] | None = None,
+        clock: VirtualClock | None = None,
+    ) -> None:
+        """Prepare the run; ``async with`` starts and stops it.
+
+        Args:
+            app: the App under test (left unchanged).
+            group: the consumer group name.
+            lanes: the lanes to run (default: every lane with a handler).
+            settings: runtime, throttle and Redis-prefix settings (default: from the environment,
+                committing every :data:`COMMIT_INTERVAL_MS`).
+            throttle_limits: limits of throttle keys, e.g. ``{"org:acme": 2}``; other keys have
+                ``settings.throttle.default_limit``.
+            clock: the virtual clock (default: one starting at the real time now).
+        """
+        self.settings = settings or load_settings(
+            runtime={"commit_interval_ms": COMMIT_INTERVAL_MS}
+        )
+        self.clock = clock or VirtualClock()
+        self.recorder = Recorder()
+        self.transport = MemoryTransport(max_message_bytes=self.settings.max_message_bytes)
+        self.redis: Redis = fake_redis()
+        self.app = self._recording_copy(app)
+        self._lane_names = list(lanes or sorted(self.app.lanes))
+        self._group = group
+        self._throttle_limits = dict(throttle_limits or {})
+        self._throttle: Throttle | None = None
+        self._member: Member | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._producer = self.transport.producer()
+
+    def _recording_copy(self, app: App) -> App:
+        """A new App with the same declarations whose handlers record their calls."""
+        copy = App([lane.spec for lane in app.lanes.values()], retryable=app.retryable)
+        copy.avro = app.avro
+        for name, lane in app.lanes.items():
+            cpu = lane.cpu_ref is not None  # a process-pool handler runs unrecorded
+            handler = lane.handler if cpu else self.recorder.wrap(name, lane.handler)
+            copy.handler(name, cpu=cpu, time_limit_s=lane.time_limit_s)(handler)
+        return copy
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        """Start the clock, create the topics, start the member and wait for its partitions."""
+        self.clock.start()
+        try:
+            await self._start()
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        admin = self.transport.admin()
+        for lane in self.app.lanes.values():
+            for config in lane.spec.topic_configs(0):
+                await admin.create_topic(config)
+        chosen = [self.app.lanes[name] for name in self._lane_names]
+        if any(lane.spec.throttle for lane in chosen):
+            self._throttle = Throttle.from_settings(self.redis, self.settings)
+            await self._throttle.start()
+            for key, limit in self._throttle_limits.items():
+                await self._throttle.set_limit(key, limit)
+        self._member = Member(
+            self.app,
+            self.transport,
+            self._group,
+            self.settings.runtime,
+            lanes=self._lane_names,
+            redis=self.redis,
+            redis_prefix=self.settings.redis.key_prefix,
+            throttle=self._throttle,
+        )
+        self._task = asyncio.create_task(self._member.run(self._stop))
+        partitions = sum(
+            len(admin_topic.message_counts)
+            for admin_topic in (await admin.list_topics(self.app.topics(self._lane_names))).values()
+        )
+        await self._until(lambda: len(self.member.assignment) >= partitions, 60, "join its group")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the member gracefully, then the throttle, fake Redis and the clock."""
+        await self._close()
+
+    async def _close(self) -> None:
+        self._stop.set()
+        try:
+            if self._task is not None:
+                await self._task
+        finally:
+            if self._throttle is not None:
+                await self._throttle.close()
+            await self.redis.aclose()
+            await self.transport.close()
+            self.clock.stop()
+
+    @property
+    def member(self) -> Member:
+        """The running member."""
+        if self._member is None:
+            raise ConfigError("the TestApp is not running: use `async with TestApp(app) as t`")
+        return self._member
+
+    # -- driving --------------------------------------------------------------------------------
+
+    async def send(
+        self,
+        lane: str,
+        event: Any,
+        *,
+        key: str | bytes | None = None,
+        tenant: str | None = None,
+        event_id: str | None = None,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> Delivered:
+        """Produce ``event`` to ``lane``'s topic as the ingress would (key, tenant, event id)."""
+        out = dict(headers or {})
+        if tenant is not None:
+            out[h.TENANT] = tenant.encode()
+        if event_id is not None:
+            out[h.EVENT_ID] = event_id.encode()
+        raw_key = key.encode() if isinstance(key, str) else key
+        topic = self.app.lanes[lane].spec.name if lane in self.app.lanes else lane
+        return await self._producer.send(topic, encode_value(event), key=raw_key, headers=out)
+
+    async def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of virtual time pass, running everything that falls due."""
+        await asyncio.sleep(seconds)
+        self._raise_if_failed()
+
+    async def drain(self, max_s: float = 3600.0) -> None:
+        """Run until all work settled: handled, retried to the end, dead-lettered or turned.
+
+        Settled means: every message of the member's topics (main and retry tiers) committed,
+        no handler call running, and no debounced turn pending in Redis. Fails after ``max_s``
+        virtual seconds.
+        """
+        await self._until_async(self._settled, max_s, "settle")
+
+    async def _settled(self) -> bool:
+        if self.recorder.running():
+            return False
+        group = self.transport.broker.groups[self._group]
+        for name in self.app.topics(self._lane_names):
+            for p, log in enumerate(self.transport.broker.topic(name).partitions):
+                position = group.committed.get(TopicPartition(name, p))
+                if len(log) > (position.offset if position is not None else 0):
+                    return False
+        for name in self._lane_names:
+            spec = self.app.lanes[name].spec
+            if spec.debounce is None:
+                continue
+            debouncer = Debouncer(self.redis, self.settings.redis.key_prefix, name, spec.debounce)
+            if await debouncer.next_due_ms() is not None:
+                return False
+        return True
+
+    async def _until(self, done: Callable[[], bool], max_s: float, what: str) -> None:
+        async def check() -> bool:
+            return done()
+
+        await self._until_async(check, max_s, what)
+
+    async def _until_async(self, done: Callable[[], Any], max_s: float, what: str) -> None:
+        deadline = time.monotonic() + max_s
+        while not await done():
+            self._raise_if_failed()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the member did not {what} within {max_s} virtual seconds")
+            await asyncio.sleep(_STEP_S)
+
+    def _raise_if_failed(self) -> None:
+        if self._task is not None and self._task.done():
+            error = self._task.exception()
+            if error is not None:
+                raise error
+            raise AssertionError("the member stopped on its own")
+
+    # -- what happened --------------------------------------------------------------------------
+
+    def runs(self, lane: str, where: Callable[[Run], bool] | None = None) -> list[Run]:
+        """Every handler call of ``lane`` so far, in start order (those ``where`` accepts)."""
+        return self.recorder.of(lane, where)
+
+    def handled(self, lane: str) -> list[Any]:
+        """The events (of a debounced lane: the turns) whose handler call returned."""
+        return [r.event for r in self.recorder.of(lane) if r.outcome == "handled"]
+
+    def messages(self, topic: str) -> list[Message]:
+        """Every message on ``topic`` (any topic: a lane's, or one a handler produced to)."""
+        return messages_on(self.transport.broker, topic)
+
+    def retried(self, lane: str) -> list[Message]:
+        """Messages sent to ``lane``'s retry tiers, in order (headers say attempt and due time)."""
+        spec = self.app.lanes[lane].spec
+        return sorted(
+            (m for name in spec.retry_topic_names() for m in self.messages(name)),
+            key=lambda m: m.timestamp_ms,
+        )
+
+    def dead_letters(self, lane: str) -> list[DeadLettered]:
+        """Messages on ``lane``'s dead-letter topic, with reason, error and origin."""
+        return [DeadLettered.of(m) for m in self.messages(self.app.lanes[lane].spec.dead_letter)]
+
+    def peak_concurrency(self, lane: str, *, tenant: str | None = None) -> int:
+        """The most handler calls of ``lane`` (of ``tenant``, if given) that overlapped."""
+        if tenant is None:
+            return self.recorder.peak_concurrency(lane)
+        return self.recorder.peak_concurrency(lane, lambda r: r.tenant == tenant)
+
+    @property
+    def stats(self) -> Stats:
+        """The member's counters (handled, retried, dead-lettered, turns, ...)."""
+        return self.member.stats

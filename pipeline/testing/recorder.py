@@ -1,0 +1,103 @@
+"""What ran: every handler call of a lane, with its events, context, outcome and virtual times."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.envelope import Message
+from pipeline.errors import Skip
+from pipeline.runtime.app import Handler
+from pipeline.runtime.context import Context
+
+
+@dataclass(slots=True)
+class Run:
+    """One handler call.
+
+    Attributes:
+        lane: the lane.
+        event: what the handler received: an event, or the list of events of a debounced turn.
+        context: the handler's ``ctx`` (message, attempt, tenant, key, ...).
+        started_s: virtual epoch seconds when the call started.
+        ended_s: when it returned or raised (None while it runs).
+        error: what it raised (None when it returned).
+    """
+
+    lane: str
+    event: Any
+    context: Context
+    started_s: float
+    ended_s: float | None = None
+    error: BaseException | None = None
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt, 2 for the first retry, ..."""
+        return self.context.attempt
+
+    @property
+    def message(self) -> Message:
+        """The message (of a turn: its last one)."""
+        return self.context.message
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant header of the message."""
+        return self.context.tenant
+
+    @property
+    def outcome(self) -> str:
+        """``running``, ``handled``, ``skipped`` or ``failed``."""
+        if self.ended_s is None:
+            return "running"
+        if self.error is None:
+            return "handled"
+        return "skipped" if isinstance(self.error, Skip) else "failed"
+
+
+@dataclass
+class Recorder:
+    """Collects the :class:`Run` of every wrapped handler, in the order they started."""
+
+    runs: list[Run] = field(default_factory=list)
+
+    def wrap(self, lane: str, handler: Handler) -> Handler:
+        """``handler`` recording each call; same signature, so the App decodes as before."""
+
+        @functools.wraps(handler)
+        async def recorded(event: Any, ctx: Context) -> None:
+            run = Run(lane, event, ctx, time.time())
+            self.runs.append(run)
+            try:
+                await handler(event, ctx)
+            except BaseException as exc:
+                run.error = exc
+                raise
+            finally:
+                run.ended_s = time.time()
+
+        return recorded
+
+    def of(self, lane: str, where: Callable[[Run], bool] | None = None) -> list[Run]:
+        """The runs of ``lane`` (those ``where`` accepts)."""
+        return [r for r in self.runs if r.lane == lane and (where is None or where(r))]
+
+    def running(self) -> int:
+        """Calls that have not ended yet."""
+        return sum(1 for r in self.runs if r.ended_s is None)
+
+    def peak_concurrency(self, lane: str, where: Callable[[Run], bool] | None = None) -> int:
+        """The most calls of ``lane`` (those ``where`` accepts) that ran at the same time."""
+        edges: list[tuple[float, int]] = []
+        for run in self.of(lane, where):
+            edges.append((run.started_s, 1))
+            edges.append((run.ended_s if run.ended_s is not None else float("inf"), -1))
+        peak = current = 0
+        for _, step in sorted(edges):  # an end sorts before a start at the same instant
+            current += step
+            peak = max(peak, current)
+        return peak

@@ -1,0 +1,302 @@
+"""An AsyncAPI 3.0 document of the declared topics: ``pipeline asyncapi``.
+
+Each declaration (``topics/*.yaml``) becomes channels for its main topic, each retry tier and
+its dead-letter topic; each lane becomes the operations of its consumer group (receive from
+the main topic and the tiers, send to the tiers and the dead-letter topic) and of its
+producers (send to the main topic). Messages carry the pipeline's headers
+(:mod:`pipeline.headers`: tenant, event id, deadline, attempt, origin, error) and the payload
+schema: the Avro record registered under the declaration's ``schema:`` subject when
+``schemas/`` has it, else the pydantic model the lane's handler takes (``--app``), else none.
+Servers are the Kafka bootstrap server and the Redis server of the settings.
+
+The document is checked with the official ``@asyncapi/parser`` in ``tests/topics``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pydantic import BaseModel
+
+from pipeline import headers as h
+from pipeline.topics.asyncapi_headers import DEAD_LETTER_HEADERS, EVENT_HEADERS, RETRY_HEADERS
+from pipeline.topics.spec import TopicSpec, format_duration_ms
+
+ASYNCAPI_VERSION = "3.0.0"
+KAFKA_BINDING = "0.5.0"
+AVRO_FORMAT = "application/vnd.apache.avro+json;version=1.9.0"
+Schema = dict[str, Any]
+
+
+def avro_schemas(directory: Path) -> dict[str, Schema]:
+    """The Avro records of ``directory``'s ``*.avsc`` files by full name (their subject)."""
+    out: dict[str, Schema] = {}
+    for path in sorted(directory.glob("*.avsc")) if directory.is_dir() else []:
+        schema = json.loads(path.read_text())
+        name = schema.get("name", path.stem)
+        namespace = schema.get("namespace")
+        out[f"{namespace}.{name}" if namespace and "." not in name else name] = schema
+    return out
+
+
+def model_of(handler: Callable[..., Any]) -> type[BaseModel] | None:
+    """The pydantic model a handler's event parameter (or a turn's items) is annotated with."""
+    params = list(inspect.signature(handler).parameters)
+    kind = typing.get_type_hints(handler).get(params[0]) if params else None
+    if typing.get_origin(kind) is list:
+        kind = (typing.get_args(kind) or (None,))[0]
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def _ident(name: str) -> str:
+    """A component or channel id from a topic or lane name (letters, digits, ``_``, ``-``)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
+def _servers(kafka_bootstrap: str, redis_url: str) -> dict[str, Any]:
+    redis = urlparse(redis_url)
+    return {
+        "kafka": {
+            "host": kafka_bootstrap.split(",", maxsplit=1)[0],
+            "protocol": "kafka",
+            "description": "Apache Kafka: a topic's partitions are Kafka partitions.",
+        },
+        "redis": {
+            "host": f"{redis.hostname or '127.0.0.1'}:{redis.port or 6379}",
+            "protocol": "redis",
+            "pathname": redis.path or "/0",
+            "description": "Redis Streams: a stream per partition, owned by a group member.",
+        },
+    }
+
+
+def _describe(spec: TopicSpec) -> str:
+    parts = [
+        f"Lane `{spec.lane}`: {spec.partitions} partitions, keyed with Java-compatible murmur2; "
+        + (
+            "messages of one key are handled one at a time, in order."
+            if spec.ordered
+            else "messages are handled concurrently, in no particular order."
+        )
+    ]
+    if spec.retention_ms:
+        parts.append(f"Retention {format_duration_ms(spec.retention_ms)}.")
+    if spec.retry.tiers_ms:
+        tiers = ", ".join(format_duration_ms(t) for t in spec.retry.tiers_ms)
+        parts.append(
+            f"Retry tiers {tiers}; {spec.retry.max_attempts} attempts, then `{spec.dead_letter}`."
+        )
+    if spec.max_age_ms:
+        parts.append(f"Expired after {format_duration_ms(spec.max_age_ms)} ({spec.on_expiry}).")
+    if spec.throttle:
+        parts.append(f"Throttled on keys {', '.join(spec.throttle.keys)}.")
+    if spec.debounce:
+        d = spec.debounce
+        parts.append(
+            f"Debounced by `{d.key}`: one turn {d.quiet_s:g} s after a conversation's last "
+            f"message, at most {d.max_wait_s:g} s after its first, at most {d.max_batch} messages."
+        )
+    if spec.batch:
+        parts.append(
+            f"Batch lane: runs below {spec.batch.idle_below:g} of capacity, "
+            f"done within {format_duration_ms(spec.batch.sla_ms)}."
+        )
+    return " ".join(parts)
+
+
+def _extension(spec: TopicSpec) -> dict[str, Any]:
+    """The declaration itself, as ``x-pipeline`` (what AsyncAPI has no field for)."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _kafka_channel(topic: str, spec: TopicSpec, retention_ms: int | None) -> dict[str, Any]:
+    binding: dict[str, Any] = {
+        "topic": topic,
+        "partitions": spec.partitions,
+        "bindingVersion": KAFKA_BINDING,
+    }
+    if retention_ms is not None:
+        binding["topicConfiguration"] = {"retention.ms": retention_ms}
+    return {"kafka": binding}
+
+
+class _Builder:
+    """Accumulates channels, operations and components; one instance per document."""
+
+    def __init__(self, avro: Mapping[str, Schema], models: Mapping[str, type[BaseModel]]) -> None:
+        self.avro = avro
+        self.models = models
+        self.channels: dict[str, Any] = {}
+        self.operations: dict[str, Any] = {}
+        self.messages: dict[str, Any] = {}
+        self.schemas: dict[str, Any] = {
+            "EventHeaders": EVENT_HEADERS,
+            "RetryHeaders": RETRY_HEADERS,
+            "DeadLetterHeaders": DEAD_LETTER_HEADERS,
+        }
+
+    def payload(self, spec: TopicSpec) -> tuple[str | None, Any]:
+        """Content type and payload of the lane's events."""
+        record = self.avro.get(spec.schema_subject) if spec.schema_subject else None
+        if record is not None:
+            return "application/vnd.apache.avro", {"schemaFormat": AVRO_FORMAT, "schema": record}
+        model = self.models.get(spec.lane)
+        if model is None:
+            return None, None
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in schema.pop("$defs", {}).items():
+            self.schemas[name] = definition
+        self.schemas[model.__name__] = schema
+        return "application/json", {"$ref": f"#/components/schemas/{model.__name__}"}
+
+    def lane(self, spec: TopicSpec, group: str) -> None:
+        """Channels, messages and operations of one declaration."""
+        lane = _ident(spec.lane)
+        content_type, payload = self.payload(spec)
+        kinds = {
+            "event": ("EventHeaders", f"An event of lane {spec.lane}."),
+            "retry": ("RetryHeaders", f"A retry of an event of lane {spec.lane}."),
+            "dead_letter": ("DeadLetterHeaders", f"An event of lane {spec.lane} that failed."),
+        }
+        for kind, (headers, summary) in kinds.items():
+            message: dict[str, Any] = {
+                "name": f"{lane}_{kind}",
+                "summary": summary,
+                "headers": {"$ref": f"#/components/schemas/{headers}"},
+                "correlationId": {"location": f"$message.header#/{h.EVENT_ID}"},
+                "bindings": {
+                    "kafka": {
+                        "key": {"type": "string", "description": _key_description(spec)},
+                        "bindingVersion": KAFKA_BINDING,
+                    }
+                },
+            }
+            if content_type is not None:
+                message["contentType"] = content_type
+                message["payload"] = payload
+            self.messages[f"{lane}_{kind}"] = message
+        main = self.channel(spec.name, spec, spec.retention_ms, "event", _describe(spec))
+        self.channels[main]["x-pipeline"] = _extension(spec)
+        self.operation(f"{lane}_produce", "send", main, "event", f"Produce events of {spec.lane}.")
+        self.operation(
+            f"{lane}_consume",
+            "receive",
+            main,
+            "event",
+            f"Consumer group {group} handles them.",
+            group=group,
+        )
+        for topic, tier_ms in zip(spec.retry_topic_names(), spec.retry.tiers_ms, strict=True):
+            delay = format_duration_ms(tier_ms)
+            half = format_duration_ms(tier_ms // 2)
+            text = (
+                f"Retry tier {delay} of lane {spec.lane}: due between {half} and {delay} after "
+                f"the failure (header {h.DUE_MS}); never handled earlier."
+            )
+            tier = self.channel(topic, spec, spec.retention_ms, "retry", text)
+            self.operation(f"{tier}_route", "send", tier, "retry", "The runtime retries here.")
+            self.operation(
+                f"{tier}_consume",
+                "receive",
+                tier,
+                "retry",
+                f"Consumer group {group} retries.",
+                group=group,
+            )
+        dlq = self.channel(
+            spec.dead_letter,
+            spec,
+            None,
+            "dead_letter",
+            f"Dead letters of lane {spec.lane}: `pipeline redrive {spec.dead_letter}` sends them "
+            "back to their origin.",
+        )
+        self.operation(f"{lane}_dead_letter", "send", dlq, "dead_letter", "What cannot succeed.")
+
+    def channel(
+        self, topic: str, spec: TopicSpec, retention_ms: int | None, kind: str, text: str
+    ) -> str:
+        cid = _ident(topic)
+        self.channels[cid] = {
+            "address": topic,
+            "title": topic,
+            "description": text,
+            "messages": {kind: {"$ref": f"#/components/messages/{_ident(spec.lane)}_{kind}"}},
+            "bindings": _kafka_channel(topic, spec, retention_ms),
+        }
+        return cid
+
+    def operation(
+        self, oid: str, action: str, channel: str, kind: str, text: str, *, group: str | None = None
+    ) -> None:
+        op: dict[str, Any] = {
+            "action": action,
+            "channel": {"$ref": f"#/channels/{channel}"},
+            "summary": text,
+            "messages": [{"$ref": f"#/channels/{channel}/messages/{kind}"}],
+        }
+        if group is not None:
+            op["bindings"] = {
+                "kafka": {
+                    "groupId": {"type": "string", "enum": [group]},
+                    "bindingVersion": KAFKA_BINDING,
+                }
+            }
+        self.operations[oid] = op
+
+
+def _key_description(spec: TopicSpec) -> str:
+    return f"The partitioning key (toPositive(murmur2(key)) % {spec.partitions});" + (
+        " the unit of per-key order." if spec.ordered else " order is not kept."
+    )
+
+
+def document(
+    specs: Sequence[TopicSpec],
+    *,
+    kafka_bootstrap: str,
+    redis_url: str,
+    avro: Mapping[str, Schema] | None = None,
+    models: Mapping[str, type[BaseModel]] | None = None,
+    groups: Mapping[str, str] | None = None,
+    title: str = "pipeline events",
+    version: str = "0.1.0",
+) -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of ``specs`` (a JSON-ready dict).
+
+    Args:
+        specs: the topic declarations.
+        kafka_bootstrap: the Kafka server (``host:port[,...]``).
+        redis_url: the Redis server.
+        avro: Avro records by subject (see :func:`avro_schemas`).
+        models: the pydantic event model of each lane (see :func:`model_of`).
+        groups: the consumer group of each lane (default: the lane's name).
+        title: the document's title.
+        version: the version of the described interface.
+    """
+    builder = _Builder(avro or {}, models or {})
+    for spec in sorted(specs, key=lambda s: s.name):
+        builder.lane(spec, (groups or {}).get(spec.lane, spec.lane))
+    return {
+        "asyncapi": ASYNCAPI_VERSION,
+        "info": {
+            "title": title,
+            "version": version,
+            "description": (
+                "Keyed events on Kafka or Redis Streams, from `topics/*.yaml`: each lane's main "
+                "topic, retry tiers and dead-letter topic, with the headers the pipeline sets."
+            ),
+        },
+        "defaultContentType": "application/json",
+        "servers": _servers(kafka_bootstrap, redis_url),
+        "channels": builder.channels,
+        "operations": builder.operations,
+        "components": {"schemas": builder.schemas, "messages": builder.messages},
+    }

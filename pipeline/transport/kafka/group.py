@@ -1,0 +1,221 @@
+"""Which rebalance protocol a Kafka group member speaks, and the properties it is built with.
+
+Two protocols exist. ``classic`` is the client-driven JoinGroup/SyncGroup protocol, here with the
+cooperative-sticky assignor; its member sets ``session.timeout.ms`` and ``heartbeat.interval.ms``.
+``consumer`` (KIP-848, Kafka 4 brokers) moves assignment to the broker: a member joining or
+leaving no longer stops the others, and the session timeout and heartbeat interval are the
+broker's (``group.consumer.session.timeout.ms``), so librdkafka refuses those properties. A
+property that does not apply to the chosen protocol is therefore never sent.
+
+``auto`` picks ``consumer`` when the broker lists it in ``group.coordinator.rebalance.protocols``
+(read once per process and bootstrap address), else ``classic``; a static member stays on
+``classic`` while the broker offers it (see :func:`choose_protocol` for why).
+
+Static membership: the member's stable name (:mod:`pipeline.transport.identity`) becomes
+``group.instance.id``, so a restarted member takes its partitions back without a rebalance.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Literal
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+
+from pipeline.config import KafkaSettings
+from pipeline.errors import ConfigError
+from pipeline.transport.kafka.errors import CLIENT_VARIABLE, client_config_error
+
+log = logging.getLogger(__name__)
+
+Protocol = Literal["consumer", "classic"]
+PROTOCOLS_CONFIG = "group.coordinator.rebalance.protocols"
+CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
+
+_offered: dict[str, frozenset[str]] = {}
+_offered_lock = threading.Lock()
+_timeouts_applied: dict[str, bool] = {}
+
+
+def broker_protocols(settings: KafkaSettings) -> frozenset[str]:
+    """The rebalance protocols the cluster's group coordinators offer (blocking; cached).
+
+    A broker older than KIP-848, or one that refuses to describe its configuration, counts as
+    offering ``classic`` only.
+    """
+    with _offered_lock:
+        cached = _offered.get(settings.bootstrap_servers)
+        if cached is not None:
+            return cached
+        offered = _describe(settings)
+        _offered[settings.bootstrap_servers] = offered
+        return offered
+
+
+def _admin(settings: KafkaSettings) -> AdminClient:
+    connection = {
+        k: v for k, v in settings.client.items() if k.startswith(("security.", "sasl.", "ssl."))
+    }
+    return AdminClient(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "socket.timeout.ms": settings.request_timeout_ms,
+            **connection,
+        }
+    )
+
+
+def _describe(settings: KafkaSettings) -> frozenset[str]:
+    timeout_s = settings.request_timeout_ms / 1000
+    admin = _admin(settings)
+    try:
+        brokers = admin.list_topics(timeout=timeout_s).brokers
+        if not brokers:
+            return frozenset({"classic"})
+        resource = ConfigResource(ResourceType.BROKER, str(min(brokers)))
+        configs = admin.describe_configs([resource], request_timeout=timeout_s)
+        entries = configs[resource].result(timeout=timeout_s)
+    except KafkaException as exc:
+        log.warning("could not read %s, using the classic protocol: %s", PROTOCOLS_CONFIG, exc)
+        return frozenset({"classic"})
+    entry = entries.get(PROTOCOLS_CONFIG)
+    if entry is None or not entry.value:
+        return frozenset({"classic"})
+    return frozenset(p.strip() for p in entry.value.split(",") if p.strip())
+
+
+def apply_group_timeouts(settings: KafkaSettings, group: str) -> bool:
+    """Give a KIP-848 group the configured session timeout (blocking; once per process and group).
+
+    Under the consumer protocol the session timeout and heartbeat interval are group configs on
+    the broker (``consumer.session.timeout.ms``, ``consumer.heartbeat.interval.ms``), bounded by
+    the broker's ``group.consumer.min.*`` settings; without them a dead member holds its
+    partitions for the broker default (45 s). The heartbeat interval is a fifth of the session
+    where the broker allows it. Returns whether the broker took the session timeout; a refusal
+    is logged once, and the member runs with the broker's values.
+    """
+    key = f"{settings.bootstrap_servers}/{group}"
+    with _offered_lock:
+        if key in _timeouts_applied:
+            return _timeouts_applied[key]
+        session_ms = settings.session_timeout_ms
+        attempts = [
+            {
+                "consumer.session.timeout.ms": session_ms,
+                "consumer.heartbeat.interval.ms": max(session_ms // 5, 100),
+            },
+            {"consumer.session.timeout.ms": session_ms},
+        ]
+        admin = _admin(settings)
+        timeout_s = settings.request_timeout_ms / 1000
+        problem = ""
+        for attempt in attempts:
+            resource = ConfigResource(
+                ResourceType.GROUP,
+                group,
+                incremental_configs=[
+                    ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET)
+                    for k, v in attempt.items()
+                ],
+            )
+            try:
+                admin.incremental_alter_configs([resource])[resource].result(timeout=timeout_s)
+            except KafkaException as exc:
+                problem = str(exc.args[0].str() if exc.args else exc)
+                continue
+            _timeouts_applied[key] = True
+            return True
+        log.warning(
+            "group %s keeps the broker's session timeout (consumer protocol): %s", group, problem
+        )
+        _timeouts_applied[key] = False
+        return False
+
+
+def choose_protocol(settings: KafkaSettings, *, static: bool = False) -> Protocol:
+    """The protocol a member uses: ``group.protocol`` in the client properties, else the setting.
+
+    ``auto`` picks ``consumer`` where the broker offers it, except for a static member where the
+    broker also offers ``classic``. Under KIP-848 the broker refuses a static member's name to
+    its replacement until the killed process's session has expired (UNRELEASED_INSTANCE_ID), so
+    a crash loop stalls that member's partitions for the whole session timeout; under the
+    classic protocol the replacement takes the slot over at once. Measured with
+    ``make bench-membership`` (docs/benchmarks.md): longest partition stall 10.7 s under
+    ``consumer``, 1.9 s under ``classic``.
+
+    Raises:
+        ConfigError: ``group.protocol`` in ``PIPELINE_KAFKA__CLIENT`` is neither protocol.
+    """
+    forced = settings.client.get("group.protocol")
+    if forced is not None:
+        if forced not in ("consumer", "classic"):
+            raise ConfigError(
+                f"{CLIENT_VARIABLE}: group.protocol={forced!r} is not a protocol"
+                " (use consumer or classic, or set PIPELINE_KAFKA__GROUP_PROTOCOL)"
+            )
+        return "consumer" if forced == "consumer" else "classic"
+    if settings.group_protocol != "auto":
+        return settings.group_protocol
+    offered = broker_protocols(settings)
+    if "consumer" in offered and not (static and "classic" in offered):
+        return "consumer"
+    return "classic"
+
+
+def consumer_config(
+    settings: KafkaSettings,
+    group: str,
+    member_id: str,
+    *,
+    protocol: Protocol = "classic",
+    instance: str | None = None,
+) -> dict[str, Any]:
+    """Librdkafka properties of a group member (``settings.client`` overrides them).
+
+    Args:
+        settings: the Kafka section of the settings.
+        group: the group id.
+        member_id: this member's name (in ``client.id``).
+        protocol: the rebalance protocol (:func:`choose_protocol`).
+        instance: the stable name for ``group.instance.id`` (static membership), or None.
+    """
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": f"{settings.client_id}-{member_id}",
+        "group.id": group,
+        "group.protocol": protocol,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "socket.timeout.ms": settings.request_timeout_ms,
+        "fetch.wait.max.ms": settings.fetch_wait_max_ms,
+        "enable.partition.eof": False,
+        "logger": logging.getLogger("pipeline.librdkafka"),
+    }
+    if protocol == "classic":
+        config["partition.assignment.strategy"] = "cooperative-sticky"
+        config["session.timeout.ms"] = settings.session_timeout_ms
+        config["heartbeat.interval.ms"] = max(settings.session_timeout_ms // 5, 100)
+    if instance is not None:
+        config["group.instance.id"] = instance
+    return {**config, **settings.client}
+
+
+def client_error(exc: KafkaException, protocol: Protocol) -> ConfigError | None:
+    """The one-line error for a member its properties could not build, if that is the cause."""
+    text = str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc)
+    if protocol == "consumer" and any(p in text for p in CLASSIC_ONLY):
+        hint = (
+            "the consumer protocol (KIP-848) takes it from the broker: remove it, or set"
+            " PIPELINE_KAFKA__GROUP_PROTOCOL=classic"
+        )
+        return client_config_error(exc, hint)
+    return client_config_error(exc)

@@ -1,0 +1,146 @@
+"""The lane plan from real Redis history, its /metrics gauges and the `pipeline capacity` CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from typer.testing import CliRunner
+
+from pipeline.capacity.history import MINUTES_PER_DAY, ArrivalHistory
+from pipeline.capacity.plan import plan_lane
+from pipeline.capacity.recorder import ArrivalRecorder
+from pipeline.capacity.settings import CapacitySettings
+from pipeline.capacity.source import CapacitySource, ServiceTimeSource
+from pipeline.cli import app
+from pipeline.observability.facades import CapacityMetrics, RuntimeMetrics
+from pipeline.observability.metrics import Metrics
+
+NOW_S = 20_000 * 86_400 + 14 * 3600.0  # a weekday, 14:00 UTC
+NOW_MIN = int(NOW_S // 60)
+
+
+def per_minute(minute: int) -> int:
+    """A clean daily shape: 60 arrivals a minute at night, 600 at 14:00."""
+    hour = (minute % MINUTES_PER_DAY) / 60
+    return round(60 + 540 * math.exp(-(((hour - 14) / 3) ** 2)))
+
+
+@pytest.fixture
+async def history(redis: Redis, unique: str) -> AsyncIterator[ArrivalHistory]:
+    """Eight days of the daily shape for lane ``messages`` under a prefix of this test."""
+    prefix = f"t{unique}"
+    store = ArrivalHistory(redis, prefix)
+    start = NOW_MIN - 8 * MINUTES_PER_DAY
+    for first in range(start, NOW_MIN, 720):
+        await store.add({("messages", m): per_minute(m) for m in range(first, first + 720)})
+    await store.add_service({("messages", NOW_MIN - 1): (100, 25.0)})  # 0.25 s each
+    yield store
+    found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]
+    await redis.delete(*found)
+
+
+async def test_the_plan_forecasts_the_daily_shape_and_sizes_by_littles_law(
+    history: ArrivalHistory,
+) -> None:
+    """The forecast peak is within 10 % of the curve; members follow lambda x s / (slots x 0.7)."""
+    settings = CapacitySettings(lead_s=600)
+    plan = await plan_lane(history, "messages", settings, slots_per_member=4, now_s=NOW_S)
+    truth = max(per_minute(m) for m in range(NOW_MIN, NOW_MIN + 10)) / 60
+    assert plan.season == "week"
+    assert plan.forecast.peak_per_s == pytest.approx(truth, rel=0.10)
+    assert (plan.service_s, plan.service_source) == (0.25, "measured")
+    assert plan.desired_members == math.ceil(plan.forecast.peak_per_s * 0.25 / (4 * 0.7))
+    assert plan.expected_wait_s < math.inf
+
+
+async def test_the_source_exports_forecast_and_desired_members(history: ArrivalHistory) -> None:
+    """A refresh sets both gauges of every lane, a lane without history at its floor."""
+    metrics = Metrics()
+    source = CapacitySource(
+        history,
+        ["messages", "quiet"],
+        CapacitySettings(min_members=2),
+        CapacityMetrics(metrics),
+        slots_per_member=4,
+        clock=lambda: NOW_S,
+    )
+    await source.refresh()
+    (busy, quiet) = source.plans
+    registry = metrics.registry
+    forecast = registry.get_sample_value(
+        "pipeline_forecast_arrivals_per_second", {"lane": "messages"}
+    )
+    assert forecast == pytest.approx(busy.planned_per_s)
+    assert registry.get_sample_value("pipeline_desired_members", {"lane": "messages"}) == (
+        busy.desired_members
+    )
+    assert registry.get_sample_value("pipeline_desired_members", {"lane": "quiet"}) == 2
+    assert quiet.season == "none"
+
+
+def test_the_cli_prints_rate_service_slots_utilisation_wait_and_members(
+    redis_service: str, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pipeline capacity LANE --json` reports every figure the planner computes."""
+    monkeypatch.setenv("PIPELINE_REDIS__URL", redis_service)
+    monkeypatch.setenv("PIPELINE_REDIS__KEY_PREFIX", f"t{unique}")
+    monkeypatch.setenv("PIPELINE_CAPACITY__SERVICE_S", '{"messages": 0.5}')
+    result = CliRunner().invoke(app, ["capacity", "messages", "--members", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["service_s"] == 0.5
+    assert shown["service_source"] == "configured"
+    assert (shown["members"], shown["slots"]) == (3, 3 * 64)
+    assert shown["utilisation"] == 0.0
+    assert shown["expected_wait_s"] == 0.0
+    text = CliRunner().invoke(app, ["capacity", "messages"]).output
+    assert "expected wait" in text
+    assert "members needed" in text
+
+
+def test_the_cli_names_an_unknown_lane_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown lane exits 2 with the lanes that exist, no traceback."""
+    monkeypatch.setenv("PIPELINE_REDIS__URL", "redis://127.0.0.1:1/0")
+    result = CliRunner().invoke(app, ["capacity", "nope"])
+    assert result.exit_code == 2
+    assert "unknown lane 'nope'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_cli_says_where_redis_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis unreachable: exit 1 with the URL and how to start it."""
+    monkeypatch.setenv("PIPELINE_REDIS__URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("PIPELINE_REDIS__SOCKET_TIMEOUT_S", "0.5")
+    result = CliRunner().invoke(app, ["capacity", "messages"])
+    assert result.exit_code == 1
+    assert "redis unavailable at redis://127.0.0.1:1/0" in result.output
+
+
+async def test_a_members_handled_durations_become_the_measured_service_time(
+    redis: Redis, unique: str
+) -> None:
+    """What a member's handler histogram gains between refreshes is recorded per lane."""
+    prefix = f"t{unique}"
+    history = ArrivalHistory(redis, prefix)
+    metrics = Metrics()
+    runtime = RuntimeMetrics(metrics)
+    source = ServiceTimeSource(metrics, ArrivalRecorder(history), ["messages", "idle"])
+    try:
+        runtime.delivered("messages", "handled", 3.0)
+        runtime.delivered("messages", "retried", 100.0)  # not a service time of the lane
+        await source.refresh()
+        runtime.delivered("messages", "handled", 1.0)
+        runtime.delivered("messages", "handled", 2.0)
+        await source.refresh()
+        sample = await history.service("messages", int(time.time() // 60) + 1)
+        assert (sample.count, sample.total_s) == (3, 6.0)
+        assert (await history.service("idle", int(time.time() // 60) + 1)).count == 0
+    finally:
+        found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]
+        if found:
+            await redis.delete(*found)

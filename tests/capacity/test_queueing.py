@@ -1,0 +1,45 @@
+"""Little's law sizing and the M/M/c (Erlang C) wait."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.capacity.queueing import (
+    busy_slots,
+    erlang_c,
+    mean_wait_s,
+    members_for,
+    slots_for_wait,
+)
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.7, 0.8, 0.9, 0.95])
+def test_one_slot_waits_rho_over_one_minus_rho_task_lengths(rho: float) -> None:
+    """With one slot the M/M/c wait reduces to seed 003's rho / (1 - rho) task lengths."""
+    assert mean_wait_s(rho, 1.0, 1) == pytest.approx(rho / (1 - rho))
+
+
+def test_four_slots_at_eighty_percent_wait_as_the_seed_measured() -> None:
+    """One queue feeding four slots 80 % busy waits about 0.74 task lengths (seed 003)."""
+    assert mean_wait_s(3.2, 1.0, 4) == pytest.approx(0.74, abs=0.01)
+
+
+def test_saturated_slots_wait_without_bound() -> None:
+    """Arrivals at or past the slots' capacity have no steady wait and always queue."""
+    assert math.isinf(mean_wait_s(10.0, 1.0, 10))
+    assert erlang_c(10, 12.0) == 1.0
+
+
+def test_members_follow_littles_law_with_headroom() -> None:
+    """231 jobs/s of 2 s at 70 % busy needs 662 slots: 34 members of 20 (seed 003's estimate)."""
+    assert busy_slots(231.48, 2.0) == pytest.approx(463, abs=0.1)
+    assert members_for(231.48, 2.0, 20, target_utilisation=0.7) == 34
+    assert members_for(0.0, 2.0, 20, floor=2) == 2
+
+
+def test_slots_for_wait_is_the_fewest_that_meet_the_target() -> None:
+    """The slot count returned meets the target wait and one fewer does not."""
+    slots = slots_for_wait(8.0, 0.5, 0.05)
+    assert mean_wait_s(8.0, 0.5, slots) <= 0.05 < mean_wait_s(8.0, 0.5, slots - 1)

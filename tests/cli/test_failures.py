@@ -1,0 +1,94 @@
+"""A bad setting or an unreachable broker: a short error naming the variable, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def pipeline(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``pipeline ARGS`` with ``env`` added to the environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, **env},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"PIPELINE_KAFKA__CLIENT": "not json"}, "PIPELINE_KAFKA__CLIENT"),
+        ({"PIPELINE_KAFKA__CLIENT": '{"no.such.property": "1"}'}, "PIPELINE_KAFKA__CLIENT"),
+        ({"PIPELINE_REDIS__URL": "redis://127.0.0.1:99999/0"}, "PIPELINE_REDIS__URL"),
+    ],
+)
+def test_bad_setting_is_one_error_naming_the_variable(env: dict[str, str], variable: str) -> None:
+    """A malformed setting exits 2 with at most two lines that name its variable."""
+    result = pipeline("status", "-t", "kafka", "--no-log", env=env)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert variable in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
+
+
+def test_misspelt_variable_is_named_with_the_right_one() -> None:
+    """A PIPELINE_ variable close to a setting's name is reported, with the name meant."""
+    result = pipeline("send", "nosuch", "--json", "{}", env={"PIPELINE_TRASNPORT": "kafka"})
+    assert "PIPELINE_TRASNPORT is not a setting" in result.stderr
+    assert "did you mean PIPELINE_TRANSPORT?" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("transport", "env", "named"),
+    [
+        (
+            "kafka",
+            {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
+            ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
+        ),
+        (
+            "redis",
+            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
+        ),
+    ],
+)
+def test_unreachable_broker_names_address_and_variable(
+    transport: str, env: dict[str, str], named: list[str]
+) -> None:
+    """Producing to a broker that is down ends in a few lines, the last naming where it is."""
+    result = pipeline("produce", "messages", "--value", "x", "-t", transport, env=env)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 10, result.stderr  # librdkafka's repeats are counted, not printed
+    assert lines[-1].startswith("error:")
+    for text in named:
+        assert text in lines[-1]
+
+
+def test_redrive_refuses_a_topic_that_is_not_a_dead_letter_topic() -> None:
+    """Redrive from a declared main or retry topic exits 2 and names the lane's DLQ instead."""
+    topics = str(Path(__file__).resolve().parents[2] / "topics")
+    for topic in ("messages", "messages.retry.5s"):
+        result = pipeline("redrive", topic, "--dry-run", env={"PIPELINE_TOPICS_DIR": topics})
+        assert result.returncode == 2
+        assert "Traceback" not in result.stderr
+        assert "did you mean 'messages.dlq'?" in result.stderr
+
+
+def test_redrive_rate_is_spelt_as_replay_spells_it() -> None:
+    """Redrive takes --rate 50/s as replay does, and a rate it cannot read is exit 2."""
+    bad = pipeline("redrive", "messages.dlq", "--rate", "fast", "--dry-run", env={})
+    assert bad.returncode == 2
+    assert "expected a positive rate such as 50/s" in bad.stderr
+    for command in (["redrive", "messages.dlq"], ["replay"]):
+        assert "/s" in pipeline(*command, "--help", env={"COLUMNS": "200"}).stdout

@@ -1,0 +1,240 @@
+"""The run guard on real Redis: copies never run beside each other, releases survive a dead member.
+
+Two :class:`RunGuard` instances on one Redis stand for two live members of a group; the
+handler stage is driven step by step so that the interleavings that once broke per-key order
+are replayed exactly. The broker is the one collaborator faked here (the router's producer):
+these tests are about the guard's decisions, not about producing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from redis.asyncio import Redis
+from runtime.helpers import eventually, lane_spec
+
+from pipeline import headers as h
+from pipeline.envelope import Delivered, Message, Record
+from pipeline.retry.guard_store import GuardStore, lane_guards
+from pipeline.retry.policy import default_retryable
+from pipeline.retry.router import Router
+from pipeline.runtime import App, Context
+from pipeline.runtime.app import Lane
+from pipeline.runtime.guard import RunGuard
+from pipeline.runtime.isolation import Isolation
+from pipeline.runtime.routing import Routing
+from pipeline.runtime.starts import StartWindow
+from pipeline.runtime.stats import Stats
+
+
+class _Producer:
+    """Stands in for the broker: records what the router sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def send(self, topic: str, value: bytes, **_: object) -> Delivered:
+        self.sent.append((topic, value))
+        return Delivered(topic, 0, len(self.sent))
+
+    async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
+        return [await self.send(topic, r.value) for r in records]
+
+    async def flush(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class _Handlers:
+    """The handler stage of both members: records every run and can hold one until released."""
+
+    def __init__(self) -> None:
+        self.tick = itertools.count()
+        self.runs: list[tuple[str, bytes, int, int]] = []  # member, value, start, end
+        self.hold: dict[bytes, asyncio.Event] = {}
+        self.started: dict[bytes, asyncio.Event] = {}
+        self.outcomes: dict[bytes, list[str]] = {}
+
+    def stage(self, member: str):
+        async def call(_lane: Lane, message: Message) -> str | None:
+            begin = next(self.tick)
+            self.started.setdefault(message.value, asyncio.Event()).set()
+            gate = self.hold.get(message.value)
+            if gate is not None:
+                await gate.wait()
+            outcomes = self.outcomes.get(message.value)
+            outcome = outcomes.pop(0) if outcomes else "handled"
+            self.runs.append((member, message.value, begin, next(self.tick)))
+            return outcome
+
+        return call
+
+    def overlaps(self) -> int:
+        """Runs of the key that overlapped another run of it."""
+        runs = sorted(self.runs, key=lambda r: r[2])
+        return sum(1 for a, b in itertools.pairwise(runs) if b[2] < a[3])
+
+
+def _lane(name: str) -> Lane:
+    app = App([lane_spec(name, 1, retry={"tiers": ["1s", "5s"]})])
+
+    @app.handler(name)
+    async def handle(event: bytes, ctx: Context) -> None:
+        raise AssertionError("the handler stage is replaced in these tests")
+
+    return app.lanes[name]
+
+
+def _guard(redis: Redis, prefix: str, lane: Lane, handlers: _Handlers, member: str) -> RunGuard:
+    stats = Stats()
+    routing = Routing(Router(_Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+    stores = lane_guards(redis, prefix, [lane.spec])
+    for store in stores.values():
+        store.lease_ms = 300
+    return RunGuard(stores, routing, stats, Isolation(5.0), handlers.stage(member), lambda *_: None)
+
+
+def _main(lane: Lane, offset: int, value: bytes) -> Message:
+    return Message(lane.spec.name, 0, offset, b"k", value)
+
+
+def _retry_copy(lane: Lane, origin_offset: int, offset: int, value: bytes) -> Message:
+    headers = {
+        h.ORIGIN_TOPIC: lane.spec.name.encode(),
+        h.ORIGIN_PARTITION: b"0",
+        h.ORIGIN_OFFSET: str(origin_offset).encode(),
+        h.ATTEMPT: b"2",
+    }
+    return Message(lane.routes.retry_topics[0], 0, offset, b"k", value, headers)
+
+
+@pytest.fixture
+async def cleanup(redis: Redis, unique: str) -> AsyncIterator[str]:
+    """A key prefix of the test's own; its keys are deleted afterwards."""
+    prefix = f"t{unique}"
+    yield prefix
+    keys = await redis.keys(f"{{{prefix}:*")
+    if keys:
+        await redis.delete(*keys)
+
+
+async def test_a_second_copy_of_a_running_head_never_runs_beside_it(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """The stale-copy interleaving: copy B of X is dropped while copy A runs; Y runs after X."""
+    lane = _lane(f"guard_{unique}")
+    handlers = _Handlers()
+    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    handlers.outcomes[b"x"] = ["retried"]  # X fails once: its key parks
+    assert await a.run(lane, _main(lane, 0, b"x")) == "retried"
+    assert await a.run(lane, _main(lane, 1, b"y")) == "parked"  # Y is held behind X
+    handlers.started.pop(b"x")
+    handlers.hold[b"x"] = asyncio.Event()
+    copy_a = asyncio.create_task(b.run(lane, _retry_copy(lane, 0, 0, b"x")))
+    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
+    # A second copy of X (its member died between producing it and committing) arrives at A.
+    assert await a.run(lane, _retry_copy(lane, 0, 1, b"x")) == "duplicate"
+    handlers.hold[b"x"].set()
+    assert await asyncio.wait_for(copy_a, 10) == "handled"
+    assert [(m, v) for m, v, _, _ in handlers.runs] == [("a", b"x"), ("b", b"x"), ("b", b"y")]
+    assert handlers.overlaps() == 0
+    # A copy that shows up after X finished is stale, and the key is no longer parked.
+    assert await a.run(lane, _retry_copy(lane, 0, 2, b"x")) == "duplicate"
+    assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
+
+
+async def test_a_release_whose_member_died_is_taken_over(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """A member killed while running a released follower: another takes the release over."""
+    lane = _lane(f"guard_{unique}")
+    handlers = _Handlers()
+    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    handlers.outcomes[b"x"] = ["retried"]
+    await a.run(lane, _main(lane, 0, b"x"))
+    await a.run(lane, _main(lane, 1, b"y"))
+    await a.run(lane, _main(lane, 2, b"z"))
+    handlers.hold[b"y"] = asyncio.Event()
+    dying = asyncio.create_task(a.run(lane, _retry_copy(lane, 0, 0, b"x")))
+    await asyncio.wait_for(handlers.started.setdefault(b"y", asyncio.Event()).wait(), 10)
+    dying.cancel()  # the member is gone: nothing renews its lease
+    with pytest.raises(asyncio.CancelledError):
+        await dying
+    handlers.hold.pop(b"y").set()
+
+    async def take_over() -> None:
+        while not any(v == b"z" for _, v, _, _ in handlers.runs):
+            await b.tick({lane.name: lane})
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(take_over(), 20)
+    await eventually(lambda: not b._reaped)
+    values = [(m, v) for m, v, _, _ in handlers.runs]
+    assert values == [("a", b"x"), ("a", b"x"), ("b", b"y"), ("b", b"z")]
+    assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
+
+
+async def test_starts_of_one_loop_turn_share_few_calls(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """Fifty starts made in one turn of the loop cost two calls (of 32 at most); their ends one."""
+    spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
+    store = GuardStore(redis, cleanup, spec.lane, ttl_ms=60_000)
+    window = StartWindow(store)
+    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
+
+    messages = [Message(spec.name, 0, i, f"k{i}".encode(), b"v") for i in range(50)]
+    decisions = await asyncio.gather(*(window.begin(start_of(m, ordered=True)) for m in messages))
+    assert decisions == [("process", 1)] * 50
+    assert window.calls == 2
+    for m in messages:
+        window.ended(start_of(m, ordered=True))
+    await window.flush()
+    assert window.calls == 3
+    assert await redis.hlen(store.keys.run) == 0
+    # A start of an unfinished copy read again at the same place is a suspect.
+    again = await window.begin(start_of(messages[0], ordered=True))
+    assert again == ("process", 1)
+    assert await window.begin(start_of(messages[0], ordered=True)) == ("suspect", 2)
+
+
+async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """The copy of a failure may run before the failing start's end is recorded: it runs."""
+    lane = _lane(f"guard_{unique}")
+    handlers = _Handlers()
+    b = _guard(redis, cleanup, lane, handlers, "b")
+    copy = _retry_copy(lane, 0, 0, b"x")
+    copy_outcomes: list[str | None] = []
+
+    class _Racing(_Producer):
+        async def send(self, topic: str, value: bytes, **kw: object) -> Delivered:
+            # The broker hands the copy to another member at once, before A records its end.
+            copy_outcomes.append(await b.run(lane, copy))
+            return await super().send(topic, value, **kw)
+
+    stats = Stats()
+    routing = Routing(Router(_Racing()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+
+    async def failing(lane_: Lane, message: Message) -> str | None:
+        return await routing.failure(lane_, message, 1, RuntimeError("flaky"))
+
+    a = RunGuard(
+        lane_guards(redis, cleanup, [lane.spec]),
+        routing,
+        stats,
+        Isolation(5.0),
+        failing,
+        lambda *_: None,
+    )
+    assert await a.run(lane, _main(lane, 0, b"x")) == "retried"
+    assert copy_outcomes == ["handled"]
+    # The key is not left parked behind a head that already ran: the next message runs.
+    assert await b.run(lane, _main(lane, 1, b"y")) == "handled"
+    assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0

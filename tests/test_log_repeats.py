@@ -1,0 +1,62 @@
+"""Repeated warnings are logged with backoff and a count of what was held back."""
+
+from __future__ import annotations
+
+import logging
+
+from pipeline.log_repeats import FIRST_GAP_S, MAX_GAP_S, RepeatFilter
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        """Start at zero."""
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        """The current time in seconds."""
+        return self.now_s
+
+
+def record(msg: str, level: int = logging.WARNING, arg: object = "x") -> logging.LogRecord:
+    """A record of logger ``pipeline.runtime.member`` with one argument."""
+    return logging.LogRecord("pipeline.runtime.member", level, __file__, 1, msg, (arg,), None)
+
+
+def test_repeats_back_off_and_say_how_many_were_held() -> None:
+    """One warning repeated every 0.5 s for a minute logs a handful of lines, each counted."""
+    clock = Clock()
+    repeats = RepeatFilter(clock)
+    logged = []
+    for i in range(120):
+        clock.now_s = i * 0.5
+        rec = record("poll failed, retrying: %s", arg=f"attempt {i}")  # alike but for a number
+        if repeats.filter(rec):
+            logged.append(rec.getMessage())
+    assert len(logged) == 6  # at 0, 1, 3, 7, 15 and 31 s; the next is due at 63 s
+    assert logged[0] == "poll failed, retrying: attempt 0"
+    assert logged[1] == (
+        f"poll failed, retrying: attempt 2 [1 more like this in the last {FIRST_GAP_S:g}s]"
+    )
+    assert logged[-1] == "poll failed, retrying: attempt 62 [31 more like this in the last 16s]"
+
+
+def test_a_quiet_warning_starts_over_and_info_is_untouched() -> None:
+    """After MAX_GAP_S of quiet a warning logs at once again; INFO lines are never held."""
+    clock = Clock()
+    repeats = RepeatFilter(clock)
+    assert repeats.filter(record("broker down: %s"))
+    assert not repeats.filter(record("broker down: %s"))
+    clock.now_s = MAX_GAP_S + 1
+    assert repeats.filter(record("broker down: %s"))
+    assert all(repeats.filter(record("handled %s", logging.INFO)) for _ in range(5))
+
+
+def test_different_messages_are_separate() -> None:
+    """Warnings that differ in more than numbers do not hold each other back."""
+    repeats = RepeatFilter(Clock())
+    assert repeats.filter(record("poll failed: %s"))
+    assert repeats.filter(record("commit failed: %s"))
+    assert repeats.filter(record("lane %s counts as backed up", arg="messages"))
+    assert repeats.filter(record("lane %s counts as backed up", arg="engagement"))

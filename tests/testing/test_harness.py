@@ -1,0 +1,102 @@
+"""TestApp: the real runtime on in-memory services; what ran, retried, was skipped or produced."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from pipeline.errors import ConfigError, Retry, Skip
+from pipeline.runtime import App, Context
+from pipeline.testing import TestApp
+from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import TopicConfig
+
+
+class Order(BaseModel):
+    """An order event."""
+
+    order_id: str
+    fail_times: int = 0
+
+
+def orders_app(handler_calls: list[str]) -> App:
+    """An App of one lane (tiers 1s and 10s) whose handler fails an order ``fail_times`` times."""
+    spec = TopicSpec.model_validate(
+        {"name": "orders", "partitions": 4, "retry": {"tiers": ["1s", "10s"]}}
+    )
+    app = App([spec])
+
+    @app.handler("orders")
+    async def handle(event: Order, ctx: Context) -> None:
+        handler_calls.append(event.order_id)
+        if event.order_id == "skip":
+            raise Skip
+        if ctx.attempt <= event.fail_times:
+            raise Retry(f"attempt {ctx.attempt} failed")
+
+    return app
+
+
+async def test_a_retry_through_two_tiers_then_success() -> None:
+    """Failing twice, the event waits in .retry.1s then .retry.10s and succeeds on attempt 3."""
+    async with TestApp(orders_app([])) as t:
+        await t.send("orders", Order(order_id="o1", fail_times=2), key="o1", tenant="acme")
+        await t.drain()
+        assert [(r.attempt, r.outcome) for r in t.runs("orders")] == [
+            (1, "failed"),
+            (2, "failed"),
+            (3, "handled"),
+        ]
+        assert [m.topic for m in t.retried("orders")] == ["orders.retry.1s", "orders.retry.10s"]
+        assert [m.headers["pl-attempt"] for m in t.retried("orders")] == [b"2", b"3"]
+        assert t.dead_letters("orders") == []
+        assert t.handled("orders") == [Order(order_id="o1", fail_times=2)]
+        assert (t.stats.retried, t.stats.handled) == (2, 1)
+
+
+async def test_a_skip_is_recorded_and_nothing_is_routed() -> None:
+    """A handler raising Skip ends the event: outcome skipped, no retry, no dead letter."""
+    async with TestApp(orders_app([])) as t:
+        await t.send("orders", Order(order_id="skip"), key="s")
+        await t.drain()
+        assert [r.outcome for r in t.runs("orders")] == ["skipped"]
+        assert t.retried("orders") == []
+        assert t.dead_letters("orders") == []
+
+
+async def test_what_a_handler_produces_can_be_asserted() -> None:
+    """A handler's own producer on the TestApp's transport writes to a topic the test reads."""
+    spec = TopicSpec.model_validate({"name": "payments", "partitions": 2})
+    app = App([spec])
+    outbox: list[object] = []
+
+    @app.handler("payments")
+    async def pay(event: Order, ctx: Context) -> None:
+        await outbox[0].send("receipts", event.order_id.encode(), key=ctx.message.key)  # type: ignore[attr-defined]
+
+    async with TestApp(app) as t:
+        await t.transport.admin().create_topic(TopicConfig("receipts", 2))
+        outbox.append(t.transport.producer())
+        await t.send("payments", Order(order_id="p1"), key="p1")
+        await t.drain()
+        (receipt,) = t.messages("receipts")
+        assert (receipt.key, receipt.value) == (b"p1", b"p1")
+
+
+async def test_a_bad_payload_is_dead_lettered_without_running_the_handler() -> None:
+    """JSON that does not validate never reaches the handler and lands in the DLQ, fatal."""
+    calls: list[str] = []
+    async with TestApp(orders_app(calls)) as t:
+        await t.send("orders", {"no_order_id": True}, key="x")
+        await t.drain()
+        assert calls == []
+        (dead,) = t.dead_letters("orders")
+        assert dead.reason == "fatal"
+        assert dead.error_class is not None
+        assert dead.error_class.endswith("ValidationError")
+
+
+def test_the_member_of_a_stopped_test_app_is_a_clear_error() -> None:
+    """Asking for the member outside `async with` says how to start it."""
+    with pytest.raises(ConfigError, match="async with TestApp"):
+        _ = TestApp(orders_app([])).member

@@ -1,0 +1,150 @@
+"""``pipeline asyncapi``: the AsyncAPI 3.0 document of the topics, checked by @asyncapi/parser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support import IN_CI
+
+from consumers.messages import MessageReceived
+from pipeline import headers as h
+from pipeline.topics.asyncapi import avro_schemas, document, model_of
+from pipeline.topics.spec import load_specs
+
+ROOT = Path(__file__).parents[2]
+EVERY_OPTION = Path(__file__).with_name("every_option")
+PARSER_DIR = Path(__file__).with_name("asyncapi")
+APPS = ["consumers.messages:app", "consumers.ai_turns:app", "consumers.engagement:app"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``pipeline asyncapi ARGS`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "asyncapi", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_the_project_topics_become_channels_operations_and_payloads() -> None:
+    """Each lane has main, tier and DLQ channels, its group's operations and its model's payload."""
+    out = cli("--format", "json", *(a for app in APPS for a in ("--app", app)))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["asyncapi"] == "3.0.0"
+    channels = doc["channels"]
+    assert [channels[c]["address"] for c in channels if c.startswith("messages")] == [
+        "messages",
+        "messages.retry.5s",
+        "messages.retry.1m",
+        "messages.retry.10m",
+        "messages.dlq",
+    ]
+    assert channels["messages"]["bindings"]["kafka"]["partitions"] == 12
+    assert channels["messages"]["x-pipeline"]["retry"]["tiers"] == [5_000, 60_000, 600_000]
+    consume = doc["operations"]["messages_consume"]
+    assert consume["action"] == "receive"
+    assert consume["bindings"]["kafka"]["groupId"]["enum"] == ["messages"]
+    assert doc["operations"]["messages_dead_letter"]["channel"] == {
+        "$ref": "#/channels/messages_dlq"
+    }
+    schemas = doc["components"]["schemas"]
+    assert schemas["MessageReceived"] == MessageReceived.model_json_schema()
+    event = doc["components"]["messages"]["messages_event"]
+    assert event["payload"] == {"$ref": "#/components/schemas/MessageReceived"}
+    headers = schemas[event["headers"]["$ref"].rsplit("/", 1)[1]]["properties"]
+    assert {h.TENANT, h.EVENT_ID, h.DEADLINE_MS} <= set(headers)
+    dead = schemas["DeadLetterHeaders"]["properties"]
+    assert {h.ATTEMPT, h.ORIGIN_TOPIC, h.ERROR_CLASS, h.DEAD_REASON} <= set(dead)
+    assert doc["servers"]["kafka"]["protocol"] == "kafka"
+    assert doc["servers"]["redis"]["protocol"] == "redis"
+
+
+def test_an_avro_subject_becomes_an_avro_payload_and_groups_can_be_named() -> None:
+    """A declaration's schema: subject found in schemas/ is its payload, in Avro format."""
+    doc = document(
+        load_specs(EVERY_OPTION),
+        kafka_bootstrap="kafka-1:9092,kafka-2:9092",
+        redis_url="redis://cache:6380/2",
+        avro=avro_schemas(ROOT / "schemas"),
+        groups={"orders": "fulfilment"},
+    )
+    payload = doc["components"]["messages"]["orders_event"]["payload"]
+    assert payload["schemaFormat"].startswith("application/vnd.apache.avro+json")
+    assert payload["schema"]["name"] == "MessageReceived"
+    assert doc["channels"]["shop_orders_failed"]["address"] == "shop.orders.failed"
+    groups = doc["operations"]["orders_consume"]["bindings"]["kafka"]["groupId"]["enum"]
+    assert groups == ["fulfilment"]
+    assert doc["servers"]["kafka"]["host"] == "kafka-1:9092"
+    assert doc["servers"]["redis"] == {**doc["servers"]["redis"], "host": "cache:6380"}
+    assert "payload" not in doc["components"]["messages"]["chat_turns_event"]  # no model known
+
+
+def test_model_of_reads_events_and_turns() -> None:
+    """The payload model is the handler's event annotation, or the item type of a turn."""
+
+    async def one(event: MessageReceived, ctx: object) -> None: ...
+    async def turn(events: list[MessageReceived], ctx: object) -> None: ...
+    async def raw(event: bytes, ctx: object) -> None: ...
+
+    assert model_of(one) is MessageReceived
+    assert model_of(turn) is MessageReceived
+    assert model_of(raw) is None
+
+
+def test_a_bad_directory_is_one_line_and_exit_2() -> None:
+    """A missing declarations directory prints one error line, no traceback."""
+    out = cli("no-such-directory")
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("error:")
+    assert "Traceback" not in out.stderr
+
+
+def _parser() -> list[str]:
+    """The node command of the validator; skips (fails in CI) when node or the parser is absent."""
+    node = shutil.which("node")
+    if node is None or not (PARSER_DIR / "node_modules" / "@asyncapi" / "parser").is_dir():
+        message = "the AsyncAPI parser is not installed: run `make asyncapi-parser` (needs node 20)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return [node, str(PARSER_DIR / "validate.mjs")]
+
+
+@pytest.mark.parametrize(
+    ("directory", "extra"),
+    [
+        ("topics", [a for app in APPS for a in ("--app", app)]),
+        (str(EVERY_OPTION.relative_to(ROOT)), []),
+    ],
+    ids=["project", "every-option"],
+)
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_the_official_parser_accepts_the_document(
+    directory: str, extra: list[str], fmt: str, tmp_path: Path
+) -> None:
+    """@asyncapi/parser (with its Avro schema parser) reports no error on the generated document."""
+    validator = _parser()
+    out = cli(directory, "--format", fmt, *extra)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / f"asyncapi.{fmt}"
+    path.write_text(out.stdout)
+    loaded = yaml.safe_load(out.stdout) if fmt == "yaml" else json.loads(out.stdout)
+    checked = subprocess.run(
+        [*validator, str(path)], capture_output=True, text=True, check=False, timeout=120
+    )
+    report = json.loads(checked.stdout)
+    assert report["errors"] == [], report
+    assert checked.returncode == 0, checked.stderr
+    assert report["parsed"]
+    assert report["channels"] == len(loaded["channels"])
+    assert report["operations"] == len(loaded["operations"])

@@ -1,0 +1,232 @@
+"""Kafka group membership on the real broker: both rebalance protocols and static members."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from contract.helpers import consume_until, make_topic
+
+from pipeline.config import Settings
+from pipeline.envelope import Position, TopicPartition
+from pipeline.errors import ConfigError, UnknownTopic
+from pipeline.transport.kafka.consumer import KafkaConsumer
+from pipeline.transport.kafka.group import broker_protocols, choose_protocol
+from pipeline.transport.kafka.transport import KafkaTransport
+
+pytestmark = pytest.mark.usefixtures("kafka_service")
+PARTITIONS = 6
+MEMBER = Path(__file__).with_name("member_proc.py")
+
+
+class Recorder:
+    """A rebalance listener that remembers every assignment and revocation."""
+
+    def __init__(self) -> None:
+        """Start with nothing seen."""
+        self.assigned: list[TopicPartition] = []
+        self.revoked: list[TopicPartition] = []
+
+    async def on_assigned(
+        self, partitions: Sequence[TopicPartition], committed: dict[TopicPartition, Position]
+    ) -> None:
+        """Record an assignment."""
+        del committed
+        self.assigned += partitions
+
+    async def on_revoked(
+        self, partitions: Sequence[TopicPartition], *, lost: bool
+    ) -> Sequence[Position]:
+        """Record a revocation; nothing to commit."""
+        del lost
+        self.revoked += partitions
+        return []
+
+
+def kafka_settings(
+    settings: Settings, protocol: Literal["auto", "consumer", "classic"], **client: str
+) -> Settings:
+    """The test settings with the given rebalance protocol and client properties."""
+    kafka = settings.kafka.model_copy(update={"group_protocol": protocol, "client": client})
+    return settings.model_copy(update={"kafka": kafka})
+
+
+@pytest.fixture
+async def topic(settings: Settings, unique: str) -> AsyncIterator[str]:
+    """A fresh topic of six partitions holding one message per partition's worth of keys."""
+    transport = KafkaTransport(settings)
+    name = f"member_{unique}"
+    await make_topic(transport, name, PARTITIONS)
+    producer = transport.producer()
+    for i in range(30):
+        await producer.send(name, f"v{i}".encode(), key=f"k{i}".encode())
+    await producer.close()
+    yield name
+    await transport.admin().delete_topic(name)
+
+
+async def until_assigned(consumer: KafkaConsumer, count: int, timeout_s: float = 60) -> None:
+    """Poll until the member owns ``count`` partitions."""
+    deadline = time.monotonic() + timeout_s
+    while len(consumer.assignment()) != count:
+        assert time.monotonic() < deadline, f"owns {consumer.assignment()} after {timeout_s}s"
+        await consumer.poll(100, 0.2)
+
+
+def test_the_local_broker_offers_the_consumer_protocol(settings: Settings) -> None:
+    """The local Kafka 4.1 offers KIP-848: ``auto`` picks it, but not for a static member."""
+    assert "consumer" in broker_protocols(settings.kafka)
+    assert choose_protocol(kafka_settings(settings, "auto").kafka) == "consumer"
+    assert choose_protocol(kafka_settings(settings, "auto").kafka, static=True) == "classic"
+    assert choose_protocol(kafka_settings(settings, "consumer").kafka, static=True) == "consumer"
+    assert (
+        choose_protocol(kafka_settings(settings, "consumer", **{"group.protocol": "classic"}).kafka)
+        == "classic"
+    )
+
+
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+async def test_member_consumes_under_each_protocol(
+    settings: Settings, topic: str, unique: str, protocol: Literal["consumer", "classic"]
+) -> None:
+    """A member joins, owns every partition and reads every message under either protocol."""
+    transport = KafkaTransport(kafka_settings(settings, protocol))
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    try:
+        received = await consume_until(consumer, lambda got: len(got) >= 30)
+        assert sorted(int(m.value[1:]) for m in received) == list(range(30))
+        assert consumer.protocol == protocol
+        assert len(consumer.assignment()) == PARTITIONS
+    finally:
+        await consumer.close()
+
+
+async def test_group_protocol_in_client_properties_does_not_crash(
+    settings: Settings, topic: str, unique: str
+) -> None:
+    """group.protocol=consumer in PIPELINE_KAFKA__CLIENT runs: no session.timeout.ms is sent."""
+    transport = KafkaTransport(
+        kafka_settings(settings, "classic", **{"group.protocol": "consumer"})
+    )
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    try:
+        received = await consume_until(consumer, lambda got: len(got) >= 30)
+        assert len(received) == 30
+        assert consumer.protocol == "consumer"
+    finally:
+        await consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("client", "named"),
+    [
+        ({"no.such.property": "1"}, "no.such.property"),
+        ({"fetch.wait.max.ms": "soon"}, "fetch.wait.max.ms"),
+        ({"group.protocol": "consumer", "heartbeat.interval.ms": "500"}, "heartbeat.interval.ms"),
+        ({"group.protocol": "newest"}, "group.protocol"),
+    ],
+)
+async def test_bad_client_property_is_a_config_error_naming_it(
+    settings: Settings, topic: str, unique: str, client: dict[str, str], named: str
+) -> None:
+    """An unknown, malformed or protocol-refused client property: one ConfigError naming it."""
+    transport = KafkaTransport(kafka_settings(settings, "auto", **client))
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await consumer.poll(10, 0.2)
+    finally:
+        await consumer.close()
+    message = str(caught.value)
+    assert message.startswith("PIPELINE_KAFKA__CLIENT: ")
+    assert named in message
+    assert "\n" not in message
+
+
+async def test_consumer_protocol_reports_an_undeclared_topic(
+    settings: Settings, unique: str
+) -> None:
+    """Under KIP-848 a member of an undeclared topic fails with UnknownTopic instead of waiting."""
+    transport = KafkaTransport(kafka_settings(settings, "consumer"))
+    consumer = transport.consumer(f"g-{unique}", [f"missing_{unique}"])
+    try:
+        with pytest.raises(UnknownTopic, match="topics apply"):
+            await consumer.poll(10, 0.2)
+    finally:
+        await consumer.close()
+
+
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+async def test_restarted_static_member_takes_back_its_own_partitions(
+    settings: Settings, topic: str, unique: str, protocol: Literal["consumer", "classic"]
+) -> None:
+    """A static member back under its name gets its partitions; the other member keeps its own."""
+    group = f"g-{unique}"
+    consumers: dict[str, KafkaConsumer] = {}
+    listeners = {name: Recorder() for name in ("a", "b")}
+
+    def member(name: str) -> KafkaConsumer:
+        membership = settings.membership.model_copy(update={"instance": f"{unique}-{name}"})
+        base = kafka_settings(settings, protocol)
+        t = KafkaTransport(base.model_copy(update={"membership": membership}))
+        consumer = t.consumer(group, [topic], listener=listeners[name])
+        consumers[name] = consumer
+        return consumer
+
+    a, b = member("a"), member("b")
+    try:
+        await until_assigned(a, PARTITIONS)
+        await asyncio.gather(until_assigned(b, PARTITIONS // 2), until_assigned(a, PARTITIONS // 2))
+        a_owned, b_owned = a.assignment(), b.assignment()
+        revoked_from_b = list(listeners["b"].revoked)
+        await a.close()  # a static member keeps its slot: the broker does not rebalance
+        listeners["a"] = Recorder()
+        again = member("a")
+        await until_assigned(again, PARTITIONS // 2)
+        await b.poll(10, 0.5)
+        assert again.assignment() == a_owned
+        assert b.assignment() == b_owned
+        assert listeners["b"].revoked == revoked_from_b
+    finally:
+        for consumer in consumers.values():
+            await consumer.close()
+
+
+async def test_static_consumer_protocol_member_killed_without_leaving_rejoins(
+    settings: Settings, topic: str, unique: str
+) -> None:
+    """KIP-848: a kill -9'd static member's replacement, refused at first, rejoins by itself."""
+    group = f"g-{unique}"
+    env = {
+        **os.environ,
+        "PIPELINE_KAFKA__GROUP_PROTOCOL": "consumer",
+        "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "6000",
+    }
+    args = [sys.executable, str(MEMBER), "kafka", group, topic, f"{unique}-a", str(PARTITIONS)]
+    dead = await asyncio.create_subprocess_exec(*args, stdout=subprocess.PIPE, env=env)
+    try:
+        assert dead.stdout is not None
+        line = await asyncio.wait_for(dead.stdout.readline(), 60)
+        assert line.startswith(b"owned "), line
+    finally:
+        dead.kill()  # kill -9: no leave, the broker keeps the name until the session ends
+        await dead.wait()
+    kafka = settings.kafka.model_copy(
+        update={"group_protocol": "consumer", "session_timeout_ms": 6000}
+    )
+    membership = settings.membership.model_copy(update={"instance": f"{unique}-a"})
+    configured = settings.model_copy(update={"kafka": kafka, "membership": membership})
+    replacement = KafkaTransport(configured).consumer(group, [topic])
+    try:
+        received = await consume_until(replacement, lambda got: len(got) >= 30, timeout_s=90)
+        assert len(replacement.assignment()) == PARTITIONS
+        assert sorted(int(m.value[1:]) for m in received) == list(range(30))
+    finally:
+        await replacement.close()

@@ -1,0 +1,173 @@
+"""Named Redis Streams members on the real server: a restart under the same name moves nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from contract.helpers import make_topic
+
+from pipeline.config import Settings
+from pipeline.envelope import Position, TopicPartition
+from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
+from pipeline.transport.redis_streams.transport import RedisStreamsTransport
+
+pytestmark = pytest.mark.usefixtures("redis_service")
+PARTITIONS = 6
+LEASE_MS = 30_000  # long: a partition that moves within a test moved because of its name
+MEMBER = Path(__file__).with_name("member_proc.py")
+
+
+class Recorder:
+    """A rebalance listener that remembers every assignment and revocation."""
+
+    def __init__(self) -> None:
+        """Start with nothing seen."""
+        self.assigned: list[TopicPartition] = []
+        self.revoked: list[TopicPartition] = []
+
+    async def on_assigned(
+        self, partitions: Sequence[TopicPartition], committed: dict[TopicPartition, Position]
+    ) -> None:
+        """Record an assignment."""
+        del committed
+        self.assigned += partitions
+
+    async def on_revoked(
+        self, partitions: Sequence[TopicPartition], *, lost: bool
+    ) -> Sequence[Position]:
+        """Record a revocation; nothing to commit."""
+        del lost
+        self.revoked += partitions
+        return []
+
+
+@pytest.fixture
+async def transport(settings: Settings) -> AsyncIterator[RedisStreamsTransport]:
+    """A Redis Streams transport with a long lease (heartbeats stay fast)."""
+    redis = settings.redis.model_copy(update={"lease_ms": LEASE_MS})
+    t = RedisStreamsTransport(settings.model_copy(update={"redis": redis}))
+    yield t
+    await t.close()
+
+
+def named(
+    base: RedisStreamsTransport, settings: Settings, name: str, shutdown: Literal["hold", "leave"]
+) -> RedisStreamsTransport:
+    """A transport sharing ``base``'s client whose members are called ``name``."""
+    membership = settings.membership.model_copy(update={"instance": name, "shutdown": shutdown})
+    redis = settings.redis.model_copy(update={"lease_ms": LEASE_MS})
+    t = RedisStreamsTransport(
+        settings.model_copy(update={"membership": membership, "redis": redis})
+    )
+    t.client = base.client
+    t._functions = base._functions  # share the loaded library and connections
+    return t
+
+
+async def until_owning(consumer: RedisStreamsConsumer, count: int, timeout_s: float = 30) -> None:
+    """Poll until the member owns ``count`` partitions."""
+    deadline = time.monotonic() + timeout_s
+    while len(consumer.assignment()) != count:
+        assert time.monotonic() < deadline, f"owns {consumer.assignment()} after {timeout_s}s"
+        await consumer.poll(100, 0.1)
+
+
+async def two_members(
+    transport: RedisStreamsTransport,
+    settings: Settings,
+    unique: str,
+    shutdown: Literal["hold", "leave"],
+) -> tuple[str, RedisStreamsConsumer, RedisStreamsConsumer, Recorder]:
+    """A topic and two named members sharing its partitions; the second one's listener."""
+    topic = f"rmember_{unique}"
+    await make_topic(transport, topic, PARTITIONS)
+    group = f"g-{unique}"
+    a = named(transport, settings, f"{unique}-a", shutdown).consumer(group, [topic])
+    b_listener = Recorder()
+    b = named(transport, settings, f"{unique}-b", shutdown).consumer(
+        group, [topic], listener=b_listener
+    )
+    await until_owning(a, PARTITIONS)
+    await asyncio.gather(until_owning(a, PARTITIONS // 2), until_owning(b, PARTITIONS // 2))
+    return topic, a, b, b_listener
+
+
+async def test_a_member_restarted_under_its_name_holds_its_partitions(
+    transport: RedisStreamsTransport, settings: Settings, unique: str
+) -> None:
+    """shutdown=hold: a stopped member's replacement takes its partitions; the other keeps its."""
+    topic, a, b, b_listener = await two_members(transport, settings, unique, "hold")
+    a_owned, b_owned = a.assignment(), b.assignment()
+    revoked_before = list(b_listener.revoked)
+    await a.close()
+    again = named(transport, settings, f"{unique}-a", "hold").consumer(f"g-{unique}", [topic])
+    try:
+        await until_owning(again, PARTITIONS // 2)
+        await b.poll(10, 0.3)
+        assert again.assignment() == a_owned
+        assert b.assignment() == b_owned
+        assert b_listener.revoked == revoked_before
+        assert b_listener.assigned == sorted(b_owned)
+    finally:
+        await again.close()
+        await b.close()
+
+
+async def test_a_leaving_member_hands_its_partitions_over_at_once(
+    transport: RedisStreamsTransport, settings: Settings, unique: str
+) -> None:
+    """With shutdown=leave a stopped member's partitions go to the other member without waiting."""
+    _, a, b, _ = await two_members(transport, settings, unique, "leave")
+    await a.close()
+    try:
+        await until_owning(b, PARTITIONS)  # long before the 30 s lease would have run out
+    finally:
+        await b.close()
+
+
+async def test_a_killed_member_replaced_under_its_name_redelivers_its_pending_entries(
+    transport: RedisStreamsTransport, settings: Settings, unique: str
+) -> None:
+    """A kill -9'd member's namesake replacement reclaims its unacknowledged entries in order."""
+    topic = f"rmember_{unique}"
+    await make_topic(transport, topic, PARTITIONS)
+    producer = transport.producer()
+    for i in range(30):
+        await producer.send(topic, f"v{i}".encode(), key=f"k{i % 7}".encode())
+    await producer.close()
+    group = f"g-{unique}"
+    env = {**os.environ, "PIPELINE_REDIS__LEASE_MS": str(LEASE_MS)}
+    args = [str(MEMBER), "redis", group, topic, f"{unique}-a", str(PARTITIONS)]
+    dead = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert dead.stdout is not None
+        line = await asyncio.wait_for(dead.stdout.readline(), 60)
+        assert line.startswith(b"owned "), line
+    finally:
+        dead.kill()
+        await dead.wait()
+    replacement = named(transport, settings, f"{unique}-a", "hold").consumer(group, [topic])
+    try:
+        received = []
+        deadline = time.monotonic() + 30
+        while len(received) < 30:
+            assert time.monotonic() < deadline, f"got {len(received)} of 30"
+            received += await replacement.poll(100, 0.2)
+        by_partition: dict[int, list[int]] = {}
+        for message in received:
+            by_partition.setdefault(message.partition, []).append(message.offset)
+        assert all(offsets == sorted(offsets) for offsets in by_partition.values())
+        assert sorted(int(m.value[1:]) for m in received) == list(range(30))
+        assert any(m.delivery_count > 1 for m in received)
+    finally:
+        await replacement.close()
