@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from registry.conftest import PgFactory
+from registry.stores import PgFactory
 
 from pipeline.registry.api import create_app
 from pipeline.registry.canonical import parse

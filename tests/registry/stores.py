@@ -1,0 +1,48 @@
+"""The registry's stores as fixtures, shared by the registry and hostile-input suites.
+
+SQLite lives in tmp_path, PostgreSQL in a uuid-named schema per test, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pipeline.registry.postgres_store import PostgresSchemaStore
+from pipeline.registry.sqlite_store import SqliteSchemaStore
+from pipeline.registry.store import RegistryStore
+
+PgFactory = Callable[[], PostgresSchemaStore]
+
+
+@pytest.fixture
+def pg_stores(postgres_service: str) -> Iterator[PgFactory]:
+    """Opens PostgreSQL stores that share one uuid-named schema, dropped afterwards."""
+    schema = f"registry_{uuid.uuid4().hex[:12]}"
+    opened: list[PostgresSchemaStore] = []
+
+    def make() -> PostgresSchemaStore:
+        store = PostgresSchemaStore(postgres_service, db_schema=schema, pool_max=8)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+    with psycopg.connect(postgres_service, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RegistryStore]:
+    """Each registry store in turn, empty."""
+    if request.param == "sqlite":
+        sqlite = SqliteSchemaStore(str(tmp_path / "registry.db"))
+        yield sqlite
+        sqlite.close()
+        return
+    yield request.getfixturevalue("pg_stores")()
