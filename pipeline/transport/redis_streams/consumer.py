@@ -41,6 +41,8 @@ from pipeline.transport.redis_streams.keys import (
 )
 
 log = logging.getLogger(__name__)
+_PAUSED_BLOCK_MS = 50
+"""Longest blocking read while some owned partition is paused (it resumes on the next read)."""
 
 
 def decode_entry(
@@ -102,6 +104,7 @@ class RedisStreamsConsumer:
         self._target_owned: set[TopicPartition] = set()
         self._to_release: set[TopicPartition] = set()
         self._changed = asyncio.Event()
+        self._resumed = asyncio.Event()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_renewed = 0.0
         self._closed = False
@@ -258,10 +261,19 @@ class RedisStreamsConsumer:
     async def _read_new(self, max_messages: int, timeout_s: float) -> list[Message]:
         active = sorted(self._owned - self._paused - set(self._reclaim))
         if not active:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
+            self._resumed.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (self._changed, self._resumed)]
+            _, pending = await asyncio.wait(
+                waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
             return []
         block_ms = max(1, int(min(timeout_s, self._settings.socket_timeout_s / 2) * 1000))
+        if self._paused & self._owned:
+            # A paused partition resumes only with the next read: keep this one short, as a
+            # Kafka member's fetch.wait.max.ms does, so backpressure does not idle the member.
+            block_ms = min(block_ms, _PAUSED_BLOCK_MS)
         streams: dict[Any, Any] = {self._keys.stream(tp.topic, tp.partition): ">" for tp in active}
         by_stream = {self._keys.stream(tp.topic, tp.partition): tp for tp in active}
         reply: Any = await self._client.xreadgroup(
@@ -330,8 +342,9 @@ class RedisStreamsConsumer:
         self._paused.update(partitions)
 
     def resume(self, partitions: Sequence[TopicPartition]) -> None:
-        """Fetch again from these partitions."""
+        """Fetch again from these partitions (a poll waiting with all of them paused wakes)."""
         self._paused.difference_update(partitions)
+        self._resumed.set()
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this member owns now."""
