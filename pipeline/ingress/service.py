@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
+from pipeline.errors import ConfigError
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
@@ -201,6 +203,22 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
     )
 
 
+def require_free_port(host: str, port: int, variable: str) -> None:
+    """Fail with one line, before anything starts, when ``host:port`` cannot be listened on."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; another process holds "
+                f"it: stop that process or set {variable} to a free port"
+            ) from None
+
+
 def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
     """The uvicorn server of ``built`` (httptools, with the request-head cap), not started."""
     import uvicorn  # noqa: PLC0415 - the server is only needed by this command
@@ -222,7 +240,16 @@ def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
 async def serve(
     built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
 ) -> None:
-    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening."""
+    """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening.
+
+    Raises:
+        ConfigError: ``port`` (or the metrics port) is held by another process.
+    """
+    require_free_port(host, port, "PIPELINE_INGRESS__PORT (or --port)")
+    if built.ingress.metrics_port:
+        require_free_port(
+            built.ingress.metrics_host, built.ingress.metrics_port, "PIPELINE_INGRESS__METRICS_PORT"
+        )
     server = http_server(built, host, port)
     stop_metrics = asyncio.Event()
     metrics = await _serve_metrics_apart(built, stop_metrics)

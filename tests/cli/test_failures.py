@@ -92,3 +92,34 @@ def test_redrive_rate_is_spelt_as_replay_spells_it() -> None:
     assert "expected a positive rate such as 50/s" in bad.stderr
     for command in (["redrive", "messages.dlq"], ["replay"]):
         assert "/s" in pipeline(*command, "--help", env={"COLUMNS": "200"}).stdout
+
+
+def test_ingress_on_a_busy_port_is_one_error_naming_the_port() -> None:
+    """`pipeline ingress serve` on a port another process holds exits 2 naming port and variable."""
+    import socket  # noqa: PLC0415 - this test's own listener
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = pipeline(
+            "ingress",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--sources",
+            str(Path(__file__).parents[2] / "deploy/local/sources.example.yaml"),
+            env={
+                "GITHUB_WEBHOOK_SECRET": "dev-secret",
+                "META_APP_SECRET": "dev-secret",
+                "META_VERIFY_TOKEN": "dev-token",
+                "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+            },
+        )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr
+    assert "PIPELINE_INGRESS__PORT" in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
