@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from pipeline.config import Settings
 from pipeline.envelope import Message, Position, TopicPartition
@@ -60,3 +60,28 @@ def unreachable(dead: Settings, transport: Transport) -> Transport:
     if transport.name == "memory":
         return MemoryTransport(MemoryBroker(available=False))
     return create_transport(dead, transport.name)
+
+
+class RecordingListener:
+    """Remembers what it was told and hands back fixed positions on revocation."""
+
+    def __init__(self, to_commit: list[Position] | None = None) -> None:
+        """Return ``to_commit`` (those of the revoked partitions) from on_revoked."""
+        self.assigned: list[TopicPartition] = []
+        self.committed: dict[TopicPartition, Position] = {}
+        self.revoked: list[tuple[TopicPartition, bool]] = []
+        self.to_commit = to_commit or []
+
+    async def on_assigned(
+        self, partitions: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
+    ) -> None:
+        """Record the partitions and their committed positions."""
+        self.assigned += partitions
+        self.committed.update(committed)
+
+    async def on_revoked(
+        self, partitions: Sequence[TopicPartition], *, lost: bool
+    ) -> Sequence[Position]:
+        """Record the revocation and return the positions to commit."""
+        self.revoked += [(tp, lost) for tp in partitions]
+        return [p for p in self.to_commit if p.tp in partitions]

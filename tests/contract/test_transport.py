@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
 
 import pytest
-from contract.helpers import consume_until, make_topic, unreachable, wait_for
+from contract.helpers import RecordingListener, consume_until, make_topic, unreachable, wait_for
 from contract.members import start_member
 
 from pipeline.config import Settings
@@ -296,31 +295,6 @@ async def test_send_many_keeps_order_and_returns_receipts(
     for record, receipt in zip(records, receipts, strict=True):
         msg = by_offset[receipt.partition, receipt.offset]
         assert (msg.key, msg.value, msg.headers) == (record.key, record.value, record.headers)
-
-
-class RecordingListener:
-    """Remembers what it was told and hands back fixed positions on revocation."""
-
-    def __init__(self, to_commit: list[Position] | None = None) -> None:
-        """Return ``to_commit`` (those of the revoked partitions) from on_revoked."""
-        self.assigned: list[TopicPartition] = []
-        self.committed: dict[TopicPartition, Position] = {}
-        self.revoked: list[tuple[TopicPartition, bool]] = []
-        self.to_commit = to_commit or []
-
-    async def on_assigned(
-        self, partitions: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
-    ) -> None:
-        """Record the partitions and their committed positions."""
-        self.assigned += partitions
-        self.committed.update(committed)
-
-    async def on_revoked(
-        self, partitions: Sequence[TopicPartition], *, lost: bool
-    ) -> Sequence[Position]:
-        """Record the revocation and return the positions to commit."""
-        self.revoked += [(tp, lost) for tp in partitions]
-        return [p for p in self.to_commit if p.tp in partitions]
 
 
 async def test_listener_commits_on_revocation_and_sees_metadata_on_assignment(

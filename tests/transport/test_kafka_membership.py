@@ -7,15 +7,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from contract.helpers import consume_until, make_topic
+from contract.helpers import RecordingListener, consume_until, make_topic
 
 from pipeline.config import Settings
-from pipeline.envelope import Position, TopicPartition
 from pipeline.errors import ConfigError, UnknownTopic
 from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.group import broker_protocols, choose_protocol
@@ -24,30 +23,6 @@ from pipeline.transport.kafka.transport import KafkaTransport
 pytestmark = pytest.mark.usefixtures("kafka_service")
 PARTITIONS = 6
 MEMBER = Path(__file__).with_name("member_proc.py")
-
-
-class Recorder:
-    """A rebalance listener that remembers every assignment and revocation."""
-
-    def __init__(self) -> None:
-        """Start with nothing seen."""
-        self.assigned: list[TopicPartition] = []
-        self.revoked: list[TopicPartition] = []
-
-    async def on_assigned(
-        self, partitions: Sequence[TopicPartition], committed: dict[TopicPartition, Position]
-    ) -> None:
-        """Record an assignment."""
-        del committed
-        self.assigned += partitions
-
-    async def on_revoked(
-        self, partitions: Sequence[TopicPartition], *, lost: bool
-    ) -> Sequence[Position]:
-        """Record a revocation; nothing to commit."""
-        del lost
-        self.revoked += partitions
-        return []
 
 
 def kafka_settings(
@@ -170,7 +145,7 @@ async def test_restarted_static_member_takes_back_its_own_partitions(
     """A static member back under its name gets its partitions; the other member keeps its own."""
     group = f"g-{unique}"
     consumers: dict[str, KafkaConsumer] = {}
-    listeners = {name: Recorder() for name in ("a", "b")}
+    listeners = {name: RecordingListener() for name in ("a", "b")}
 
     def member(name: str) -> KafkaConsumer:
         membership = settings.membership.model_copy(update={"instance": f"{unique}-{name}"})
@@ -187,7 +162,7 @@ async def test_restarted_static_member_takes_back_its_own_partitions(
         a_owned, b_owned = a.assignment(), b.assignment()
         revoked_from_b = list(listeners["b"].revoked)
         await a.close()  # a static member keeps its slot: the broker does not rebalance
-        listeners["a"] = Recorder()
+        listeners["a"] = RecordingListener()
         again = member("a")
         await until_assigned(again, PARTITIONS // 2)
         await b.poll(10, 0.5)

@@ -7,15 +7,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from contract.helpers import make_topic
+from contract.helpers import RecordingListener, make_topic
 
 from pipeline.config import Settings
-from pipeline.envelope import Position, TopicPartition
 from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
 from pipeline.transport.redis_streams.transport import RedisStreamsTransport
 
@@ -23,30 +22,6 @@ pytestmark = pytest.mark.usefixtures("redis_service")
 PARTITIONS = 6
 LEASE_MS = 30_000  # long: a partition that moves within a test moved because of its name
 MEMBER = Path(__file__).with_name("member_proc.py")
-
-
-class Recorder:
-    """A rebalance listener that remembers every assignment and revocation."""
-
-    def __init__(self) -> None:
-        """Start with nothing seen."""
-        self.assigned: list[TopicPartition] = []
-        self.revoked: list[TopicPartition] = []
-
-    async def on_assigned(
-        self, partitions: Sequence[TopicPartition], committed: dict[TopicPartition, Position]
-    ) -> None:
-        """Record an assignment."""
-        del committed
-        self.assigned += partitions
-
-    async def on_revoked(
-        self, partitions: Sequence[TopicPartition], *, lost: bool
-    ) -> Sequence[Position]:
-        """Record a revocation; nothing to commit."""
-        del lost
-        self.revoked += partitions
-        return []
 
 
 @pytest.fixture
@@ -85,13 +60,13 @@ async def two_members(
     settings: Settings,
     unique: str,
     shutdown: Literal["hold", "leave"],
-) -> tuple[str, RedisStreamsConsumer, RedisStreamsConsumer, Recorder]:
+) -> tuple[str, RedisStreamsConsumer, RedisStreamsConsumer, RecordingListener]:
     """A topic and two named members sharing its partitions; the second one's listener."""
     topic = f"rmember_{unique}"
     await make_topic(transport, topic, PARTITIONS)
     group = f"g-{unique}"
     a = named(transport, settings, f"{unique}-a", shutdown).consumer(group, [topic])
-    b_listener = Recorder()
+    b_listener = RecordingListener()
     b = named(transport, settings, f"{unique}-b", shutdown).consumer(
         group, [topic], listener=b_listener
     )
