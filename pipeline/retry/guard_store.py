@@ -63,7 +63,7 @@ def message_id(message: Message) -> str:
     headers = message.headers
     topic = headers.get(h.ORIGIN_TOPIC)
     if topic is None:
-        return f"{message.topic}:{message.partition}:{message.offset}"
+        return position(message)
     partition = headers.get(h.ORIGIN_PARTITION, b"")
     offset = headers.get(h.ORIGIN_OFFSET, b"")
     return f"{topic.decode()}:{partition.decode()}:{offset.decode()}"
@@ -117,6 +117,11 @@ class Release:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _release(key: str, decision: Any, ident: Any, held: bytes) -> Release:
+    """A follower as ``gd_end`` and ``gd_reap`` return it: decision, id, encoded message."""
+    return Release(key, _text(decision), _text(ident), decode_held(held))  # type: ignore[arg-type]
 
 
 class GuardStore:
@@ -229,8 +234,7 @@ class GuardStore:
             return None
         if _text(out[0]) == "none":
             return None
-        decision: Decision = _text(out[0])  # type: ignore[assignment]
-        return Release(key, decision, _text(out[1]), decode_held(out[2]))
+        return _release(key, *out)
 
     async def solo(self, start: Start, *, poison_after: int) -> tuple[str, int]:
         """Count a suspect's lone start (``FCALL gd_solo``): (process|poison|stale, lone starts)."""
@@ -258,13 +262,7 @@ class GuardStore:
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not look for stalled releases: %s", exc)
             return []
-        out = []
-        for i in range(0, len(flat), 4):
-            decision: Decision = _text(flat[i + 1])  # type: ignore[assignment]
-            out.append(
-                Release(_text(flat[i]), decision, _text(flat[i + 2]), decode_held(flat[i + 3]))
-            )
-        return out
+        return [_release(_text(flat[i]), *flat[i + 1 : i + 4]) for i in range(0, len(flat), 4)]
 
     async def renew(self, keys: Sequence[str]) -> None:
         """Extend the leases of this member's releases in progress (``FCALL gd_renew``)."""
@@ -282,7 +280,7 @@ class GuardStore:
 
 def start_of(message: Message, *, ordered: bool) -> Start:
     """The start of ``message`` as the guard records it."""
-    at = f"{message.topic}:{message.partition}:{message.offset}"
+    at = position(message)
     headers = message.headers
     if h.ORIGIN_TOPIC not in headers:  # a first delivery: its id is where it was read
         return Start(at, encode_key(message.key), at, ordered, 1)

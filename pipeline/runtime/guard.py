@@ -94,11 +94,7 @@ class RunGuard:
         skipped = self._not_run(decision)
         if skipped is not None:
             return skipped
-        self._running[start.ident] = start
-        try:
-            outcome, ending = await self._decided(lane, store, message, start, decision, starts)
-        finally:
-            self._forget(start)
+        outcome, ending = await self._decided(lane, store, message, start, decision, starts)
         if outcome is None or ending is None:  # not routed (delivered again), or not ours
             return outcome
         if not parked and (ending == "done" or not ordered):
@@ -131,7 +127,26 @@ class RunGuard:
         decision: str,
         starts: int,
     ) -> tuple[str | None, Ending | None]:
-        """Carry out a decision to run, run alone or sequence ``message``."""
+        """Carry out a decision to run, run alone or sequence ``message``, as a running start.
+
+        ``start`` counts as running in this member until it ends or is routed (``_routed``).
+        """
+        self._running[start.ident] = start
+        try:
+            return await self._carry_out(lane, store, message, start, decision, starts)
+        finally:
+            if self._running.get(start.ident) is start:
+                del self._running[start.ident]
+
+    async def _carry_out(
+        self,
+        lane: Lane,
+        store: GuardStore,
+        message: Message,
+        start: Start,
+        decision: str,
+        starts: int,
+    ) -> tuple[str | None, Ending | None]:
         if decision == "sequenced":
             log.warning("dead-lettering %s@%d: sequenced", message.tp, message.offset)
             error = SequencedDeadLetter("it follows a dead-lettered message of its key")
@@ -169,33 +184,24 @@ class RunGuard:
             outcome = await self._call(lane, message)
         return outcome, _ending(lane, outcome)
 
-    async def _release(self, lane: Lane, store: GuardStore, release: Release | None) -> None:
+    async def _release(self, lane: Lane, store: GuardStore, first: Release) -> None:
         """Run the followers released to this member, in order, until the key needs none."""
-        if release is None:
-            return
-        releasing, key = self._releasing[lane.name], release.key
+        releasing, key = self._releasing[lane.name], first.key
         releasing.add(key)
+        release: Release | None = first
         try:
             while release is not None:
                 message = release.message
                 start = Start(release.ident, key, RELEASED_POSITION, ordered=True, attempt=0)
-                self._running[start.ident] = start
-                try:
-                    outcome, ending = await self._decided(
-                        lane, store, message, start, release.decision, 0
-                    )
-                finally:
-                    self._forget(start)
+                outcome, ending = await self._decided(
+                    lane, store, message, start, release.decision, 0
+                )
                 self._settled(lane, message, outcome)
                 if outcome is None or ending is None:  # its lease lapses; a reaper takes over
                     break
                 release = await store.end(start, ending, follow_dead=_follow(lane))
         finally:
             releasing.discard(key)
-
-    def _forget(self, start: Start) -> None:
-        if self._running.get(start.ident) is start:
-            del self._running[start.ident]
 
     async def _routed(self, lane: Lane, message: Message, attempt: int) -> None:
         """``message`` is about to go to a retry tier as ``attempt``: park its key first.

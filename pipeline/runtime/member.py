@@ -264,13 +264,9 @@ class Member:
             offsets = self._offsets.get(message.tp)
             if offsets is not None:
                 offsets.finished(message.offset)
-            row = message.headers.get(h.ROW_ID)
-            if row is not None and outcome in _SETTLED and self._processed is not None:
-                self._finished_rows.append(row.decode())
         if self._flow is not None:
             self._flow.removed(message.tp)
-        if self._metrics is not None:
-            self._metrics.delivered(lane.name, outcome or "unrouted", duration_s)
+        self._delivered(lane, message, outcome, duration_s)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "delivery",
@@ -287,11 +283,16 @@ class Member:
 
     def _settled_follower(self, lane: Lane, message: Message, outcome: str | None) -> None:
         """A follower released from parking ran: its log row and metrics (no offset of ours)."""
-        row = message.headers.get(h.ROW_ID)
-        if row is not None and outcome in _SETTLED and self._processed is not None:
-            self._finished_rows.append(row.decode())
+        self._delivered(lane, message, outcome, 0.0)
+
+    def _delivered(
+        self, lane: Lane, message: Message, outcome: str | None, duration_s: float
+    ) -> None:
+        """Count a delivery; a settled one's log row is marked processed at the next commit."""
+        if self._processed is not None and outcome in _SETTLED:
+            self._rows_finished((message,))
         if self._metrics is not None:
-            self._metrics.delivered(lane.name, outcome or "unrouted", 0.0)
+            self._metrics.delivered(lane.name, outcome or "unrouted", duration_s)
 
     def _rows_finished(self, messages: Sequence[Message]) -> None:
         if self._processed is None:

@@ -74,7 +74,11 @@ class StartWindow:
             await self._store.begin_many(ended, [])
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not end %d starts: %s", len(ended), exc)
-            self._ended = (ended + self._ended)[-_KEPT_ENDS:]
+            self._keep(ended)
+
+    def _keep(self, ended: list[str]) -> None:
+        """Put ends that could not be sent back before the newer ones, bounded (P4)."""
+        self._ended = (ended + self._ended)[-_KEPT_ENDS:]
 
     def _send(self) -> None:
         """Send what gathered, unless ``depth`` calls are in flight (one returning sends it)."""
@@ -93,7 +97,7 @@ class StartWindow:
             results = await self._store.begin_many(ended, [start for start, _ in batch])
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, running %d messages without it: %s", len(batch), exc)
-            self._ended = (ended + self._ended)[-_KEPT_ENDS:]
+            self._keep(ended)
             results = [("process", 0)] * len(batch)
         except BaseException as exc:  # a bug must reach the waiting runs, not hang them
             for _, future in batch:
