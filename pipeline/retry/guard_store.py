@@ -171,7 +171,6 @@ class GuardStore:
                 "gd_key_begin",
                 [k.run, k.gone, k.parked, z, state, held],
                 [
-                    int(time.time() * 1000),
                     self.ttl_ms,
                     start.ident,
                     start.key,

@@ -165,11 +165,11 @@ end
 
 -- gd_key_begin: decide a start of a message whose key is parked.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K   KEYS[6] T:f:K
--- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] id   ARGV[4] key   ARGV[5] position   ARGV[6] attempt
--- ARGV[7] the encoded message (stored if it is held)
+-- ARGV[1] ttl_ms   ARGV[2] id   ARGV[3] key   ARGV[4] position   ARGV[5] attempt
+-- ARGV[6] the encoded message (stored if it is held)
 -- Returns {decision, starts}.
 local function begin_parked(keys, args)
-  local ttl, id, key, pos, attempt, blob = tonumber(args[2]), args[3], args[4], args[5], args[6], args[7]
+  local ttl, id, key, pos, attempt, blob = tonumber(args[1]), args[2], args[3], args[4], args[5], args[6]
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
   local head, head_seq = live_head(keys[2], keys[4], keys[6])
   if not head then
