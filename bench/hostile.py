@@ -41,9 +41,9 @@ import uvloop
 import yaml
 from ingress import drop_topic, free_port, load, requests, setup_topic, stop, wait_listening
 
-from pipeline.config import load_settings
+from pipeline.config import Compatibility, load_settings
 from pipeline.registry.canonical import parse
-from pipeline.registry.compat import Compatibility, check
+from pipeline.registry.compat import check
 
 SECRET = "bench-secret"  # noqa: S105 - the benchmark's own signing key
 MIB = 1_048_576

@@ -7,6 +7,9 @@ Environment variables use the ``PIPELINE_`` prefix and ``__`` between nested sec
     PIPELINE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092
     PIPELINE_POSTGRES__URL=postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline
 
+Every section is declared here, the ingress's and the registry's too, so reading the
+settings imports no stage (the import contract ``config ↛ stages``).
+
 Invalid values fail at start with a :class:`~pipeline.errors.ConfigError` naming the environment
 variable and the expected form.
 """
@@ -18,17 +21,24 @@ import json
 import logging
 import os
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from pipeline.capacity.settings import CapacitySettings
 from pipeline.errors import ConfigError
-from pipeline.ingress.settings import IngressSettings
-from pipeline.registry.settings import RegistrySettings
 
 ENV_PREFIX = "PIPELINE_"
 _DEFAULT_MAX_MESSAGE_BYTES = 1_048_576 + 65_536  # 1 MiB payloads plus room for key and headers
@@ -195,6 +205,213 @@ class ThrottleSettings(_Section):
     """How long one blocking read of a member's wake list lasts."""
     dynamic: DynamicLimitSettings = Field(default_factory=DynamicLimitSettings)
     """Dynamic per-org limits."""
+
+
+# The ingress's sections (PIPELINE_INGRESS__*); the sources file's models stay in
+# pipeline.ingress.settings.
+
+
+class AdmissionSettings(_Section):
+    """Bounded concurrent work at the edge; past it, 503 with Retry-After.
+
+    Attributes:
+        max_in_flight: requests of one source being worked on at once (body, verify, commit).
+        queue_timeout_ms: how long a request may wait for a slot before it is shed.
+        max_retry_after_s: the largest Retry-After sent.
+    """
+
+    max_in_flight: int = Field(default=512, ge=1)
+    queue_timeout_ms: int = Field(default=100, ge=0)
+    max_retry_after_s: int = Field(default=60, ge=1)
+
+
+class SweeperSettings(_Section):
+    """The sweeper: produce what the fast path lost, replay what nobody processed.
+
+    Attributes:
+        enabled: run the sweeper as a task of ``pipeline ingress serve``.
+        interval_s: pause between sweeps.
+        unproduced_after_s: a row still unproduced this long after receipt is produced.
+        patience_s: a produced row unprocessed this long is replayed if its lane has no backlog.
+        max_patience_s: past this it is replayed regardless (late is not lost, but bounded).
+        max_replays: replays before a row is abandoned (logged CRITICAL, counted).
+        batch_size: rows claimed per query.
+        lease_s: how long a claimed row is reserved for this sweeper.
+        lane_groups: the consumer group that consumes each lane, for its backlog (lag).
+        backlog_threshold: a lane is backed up when its group's lag exceeds this.
+    """
+
+    enabled: bool = True
+    interval_s: float = Field(default=30.0, gt=0)
+    unproduced_after_s: float = Field(default=60.0, gt=0)
+    patience_s: float = Field(default=300.0, gt=0)
+    max_patience_s: float = Field(default=900.0, gt=0)
+    max_replays: int = Field(default=3, ge=0)
+    batch_size: int = Field(default=500, ge=1)
+    lease_s: float = Field(default=60.0, gt=0)
+    lane_groups: dict[str, str] = Field(default_factory=dict)
+    backlog_threshold: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SweeperSettings:
+        if self.max_patience_s < self.patience_s:
+            raise ValueError("max_patience_s must be at least patience_s")
+        return self
+
+
+class IngressSettings(_Section):
+    """The ``ingress`` section of the root settings (``PIPELINE_INGRESS__*``).
+
+    Attributes:
+        sources_file: the YAML file declaring the sources.
+        host: address ``pipeline ingress serve`` binds.
+        port: its port.
+        metrics_port: serve ``/metrics``, ``/healthz`` and ``/readyz`` on this port instead
+            of the webhook port (None: on the webhook port), so the webhook port can be
+            public while metrics stay inside the cluster.
+        metrics_host: the address of that port.
+        log_store: ``sqlite`` (embedded default) or ``postgres`` (several replicas).
+        sqlite_path: the SQLite database file.
+        sqlite_synchronous: SQLite durability (``FULL``: survives power loss; ``NORMAL``:
+            survives a process crash only; see :mod:`pipeline.logstore.sqlite.store`).
+        postgres_schema: the schema of the PostgreSQL table (``PIPELINE_POSTGRES__URL``).
+        group_commit_max_rows: most rows committed in one transaction.
+        produce_queue_max: rows waiting for the fast produce path; past it the sweeper
+            produces them (nothing is lost, memory stays bounded).
+        produce_batch_max: most events handed to the producer in one call.
+        admission: the default admission of every source.
+        sweeper: the sweeper.
+        body_timeout_s: a request body not fully received this long after its head is
+            answered 408 (no admission slot is held while a body arrives).
+        max_head_bytes: a request line plus headers larger than this is answered 431.
+    """
+
+    sources_file: Path = Path("sources.yaml")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    max_head_bytes: int = Field(default=65_536, ge=4096)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    log_store: Literal["sqlite", "postgres"] = "sqlite"
+    sqlite_path: Path = Path("ingress.db")
+    sqlite_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"
+    postgres_schema: str = Field(default="public", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    group_commit_max_rows: int = Field(default=512, ge=1)
+    produce_queue_max: int = Field(default=10_000, ge=1)
+    produce_batch_max: int = Field(default=500, ge=1)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
+
+
+# The schema registry's section (PIPELINE_REGISTRY__*) and the types it is made of.
+
+Role = Literal["read", "write"]
+
+
+class Compatibility(StrEnum):
+    """Confluent compatibility levels."""
+
+    BACKWARD = "BACKWARD"
+    BACKWARD_TRANSITIVE = "BACKWARD_TRANSITIVE"
+    FORWARD = "FORWARD"
+    FORWARD_TRANSITIVE = "FORWARD_TRANSITIVE"
+    FULL = "FULL"
+    FULL_TRANSITIVE = "FULL_TRANSITIVE"
+    NONE = "NONE"
+
+    @property
+    def transitive(self) -> bool:
+        """Whether every earlier version is checked, not only the latest."""
+        return self.value.endswith("_TRANSITIVE")
+
+    @property
+    def backward(self) -> bool:
+        """Whether the new schema must read data written with the old ones."""
+        return self.value.startswith(("BACKWARD", "FULL"))
+
+    @property
+    def forward(self) -> bool:
+        """Whether the old schemas must read data written with the new one."""
+        return self.value.startswith(("FORWARD", "FULL"))
+
+
+class BasicUser(BaseModel):
+    """One basic-auth user."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    username: str
+    password: SecretStr
+    role: Role = "read"
+
+
+class BearerToken(BaseModel):
+    """One bearer token; ``name`` identifies it in logs in place of the secret."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    token: SecretStr
+    role: Role = "read"
+
+
+class AuthSettings(BaseModel):
+    """Who may use the registry; empty lists mean no authentication."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    users: tuple[BasicUser, ...] = ()
+    tokens: tuple[BearerToken, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any credential is configured."""
+        return bool(self.users or self.tokens)
+
+
+class RegistrySettings(BaseModel):
+    """Where the registry listens, what it stores in, and who may use it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8081, ge=0, le=65_535)
+    """0 picks a free port (the chosen one is printed at start)."""
+    store: str = "sqlite:///registry.db"
+    """``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` or ``postgresql://...``."""
+    url: str = "http://127.0.0.1:8081"
+    """The registry as clients reach it (serde, ``schemas`` commands)."""
+    default_compatibility: Compatibility = Compatibility.BACKWARD
+    pool_max: int = Field(default=10, ge=1)
+    """PostgreSQL connections per registry process."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1_024)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    client_username: str | None = None
+    """Basic-auth user the serde and CLI present to a protected registry."""
+    client_password: SecretStr | None = None
+    client_token: SecretStr | None = None
+    """Bearer token the serde and CLI present (instead of basic auth)."""
+    timeout_s: float = Field(default=10.0, gt=0)
+    """Client HTTP timeout."""
+    replicas: int = Field(default=1, ge=1)
+    """How many registry processes serve ``store``, this one included (the Deployment's count)."""
+    require_auth: bool = False
+    """Refuse to serve when no user or token is configured (the manifests set it)."""
+
+    @field_validator("store")
+    @classmethod
+    def _store_scheme(cls, value: str) -> str:
+        if not value.startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ValueError("expected sqlite:///path or postgresql://user:password@host/db")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("expected http://host:port or https://host:port")
+        return value.rstrip("/")
 
 
 class Settings(BaseSettings):

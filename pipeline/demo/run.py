@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from rich.console import Console
 from rich.live import Live
 
-from pipeline.config import Settings, load_settings
+from pipeline.config import IngressSettings, Settings, load_settings
 from pipeline.demo import keys
 from pipeline.demo.audit import Audit, GroupTopics, audit
 from pipeline.demo.dashboard import render
@@ -40,8 +40,7 @@ from pipeline.demo.summary import Snapshot, summary_table, write_summary
 from pipeline.demo.traffic import sign_hub
 from pipeline.demo.watch import Watcher
 from pipeline.errors import PipelineError
-from pipeline.ingress.service import create_log_store
-from pipeline.ingress.settings import IngressSettings
+from pipeline.logstore.create import create_log_store
 from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
 

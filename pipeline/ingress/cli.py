@@ -28,12 +28,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline.cli_support import TransportOpt, err, run_command
-from pipeline.config import ENV_PREFIX, Settings, load_settings
+from pipeline.config import ENV_PREFIX, IngressSettings, Settings, load_settings
 from pipeline.errors import ConfigError
 from pipeline.ingress.replay import ReplaySummary, replay
-from pipeline.ingress.service import build_ingress, build_sweeper, create_log_store, serve
-from pipeline.ingress.settings import IngressSettings
+from pipeline.ingress.service import build_ingress, build_sweeper, serve
 from pipeline.logstore import LogStore, RowState, Selection
+from pipeline.logstore.create import create_log_store
 from pipeline.topics.spec import load_specs, parse_duration_ms
 from pipeline.transport import create_transport
 

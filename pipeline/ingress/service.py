@@ -11,26 +11,24 @@ import asyncio
 import contextlib
 import logging
 import socket
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipeline.capacity.feed import CapacityFeed
-from pipeline.config import Settings
+from pipeline.config import IngressSettings, Settings
 from pipeline.errors import ConfigError
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.http import bounded_protocol
 from pipeline.ingress.schemas import LaneSchemas
-from pipeline.ingress.settings import IngressSettings, load_sources
+from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
-from pipeline.logstore.postgres import PostgresLogStore
-from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.logstore.create import create_log_store
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
@@ -43,25 +41,6 @@ if TYPE_CHECKING:
     import uvicorn
 
 log = logging.getLogger(__name__)
-
-
-def create_log_store(
-    settings: Settings, ingress: IngressSettings, *, clock: Callable[[], float] = time.time
-) -> LogStore:
-    """The log store the settings choose (not yet opened)."""
-    if ingress.log_store == "postgres":
-        return PostgresLogStore(
-            settings.postgres.url,
-            schema=ingress.postgres_schema,
-            max_batch=ingress.group_commit_max_rows,
-            clock=clock,
-        )
-    return SqliteLogStore(
-        ingress.sqlite_path,
-        synchronous=ingress.sqlite_synchronous,
-        max_batch=ingress.group_commit_max_rows,
-        clock=clock,
-    )
 
 
 def lane_topics(specs: Sequence[TopicSpec]) -> dict[str, list[str]]:

@@ -1,7 +1,8 @@
 """Ingress settings (environment, ``PIPELINE_INGRESS__*``) and the sources file (YAML).
 
-:class:`IngressSettings` is a section of the root settings (``PIPELINE_INGRESS__PORT=8080``,
-``PIPELINE_INGRESS__SOURCES_FILE=sources.yaml``, ``PIPELINE_INGRESS__SWEEPER__PATIENCE_S=300``).
+:class:`~pipeline.config.IngressSettings` is the ingress's section of the root settings
+(``PIPELINE_INGRESS__PORT=8080``, ``PIPELINE_INGRESS__SOURCES_FILE=sources.yaml``,
+``PIPELINE_INGRESS__SWEEPER__PATIENCE_S=300``).
 The sources file declares one entry per ``/hooks/{source}``; ``deploy/local/sources.example.yaml``
 documents every field. :func:`load_sources` turns every problem in it into one
 :class:`~pipeline.errors.ConfigError` whose lines read ``<file>: <field path>: <problem>``.
@@ -29,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.config import AdmissionSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.extract import parse_pointer
 
@@ -109,20 +111,6 @@ class HmacOptions(_Model):
     prefix: StrictStr = ""
 
 
-class AdmissionSettings(_Model):
-    """Bounded concurrent work at the edge; past it, 503 with Retry-After.
-
-    Attributes:
-        max_in_flight: requests of one source being worked on at once (body, verify, commit).
-        queue_timeout_ms: how long a request may wait for a slot before it is shed.
-        max_retry_after_s: the largest Retry-After sent.
-    """
-
-    max_in_flight: int = Field(default=512, ge=1)
-    queue_timeout_ms: int = Field(default=100, ge=0)
-    max_retry_after_s: int = Field(default=60, ge=1)
-
-
 Scheme = Literal["meta", "github", "stripe", "standard_webhooks", "hmac", "none"]
 
 
@@ -158,85 +146,6 @@ class SourcesFile(_Model):
     """The whole sources file."""
 
     sources: dict[StrictStr, SourceConfig]
-
-
-class SweeperSettings(_Model):
-    """The sweeper: produce what the fast path lost, replay what nobody processed.
-
-    Attributes:
-        enabled: run the sweeper as a task of ``pipeline ingress serve``.
-        interval_s: pause between sweeps.
-        unproduced_after_s: a row still unproduced this long after receipt is produced.
-        patience_s: a produced row unprocessed this long is replayed if its lane has no backlog.
-        max_patience_s: past this it is replayed regardless (late is not lost, but bounded).
-        max_replays: replays before a row is abandoned (logged CRITICAL, counted).
-        batch_size: rows claimed per query.
-        lease_s: how long a claimed row is reserved for this sweeper.
-        lane_groups: the consumer group that consumes each lane, for its backlog (lag).
-        backlog_threshold: a lane is backed up when its group's lag exceeds this.
-    """
-
-    enabled: bool = True
-    interval_s: float = Field(default=30.0, gt=0)
-    unproduced_after_s: float = Field(default=60.0, gt=0)
-    patience_s: float = Field(default=300.0, gt=0)
-    max_patience_s: float = Field(default=900.0, gt=0)
-    max_replays: int = Field(default=3, ge=0)
-    batch_size: int = Field(default=500, ge=1)
-    lease_s: float = Field(default=60.0, gt=0)
-    lane_groups: dict[str, str] = Field(default_factory=dict)
-    backlog_threshold: int = Field(default=0, ge=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> SweeperSettings:
-        if self.max_patience_s < self.patience_s:
-            raise ValueError("max_patience_s must be at least patience_s")
-        return self
-
-
-class IngressSettings(_Model):
-    """The ``ingress`` section of the root settings (``PIPELINE_INGRESS__*``).
-
-    Attributes:
-        sources_file: the YAML file declaring the sources.
-        host: address ``pipeline ingress serve`` binds.
-        port: its port.
-        metrics_port: serve ``/metrics``, ``/healthz`` and ``/readyz`` on this port instead
-            of the webhook port (None: on the webhook port), so the webhook port can be
-            public while metrics stay inside the cluster.
-        metrics_host: the address of that port.
-        log_store: ``sqlite`` (embedded default) or ``postgres`` (several replicas).
-        sqlite_path: the SQLite database file.
-        sqlite_synchronous: SQLite durability (``FULL``: survives power loss; ``NORMAL``:
-            survives a process crash only; see :mod:`pipeline.logstore.sqlite.store`).
-        postgres_schema: the schema of the PostgreSQL table (``PIPELINE_POSTGRES__URL``).
-        group_commit_max_rows: most rows committed in one transaction.
-        produce_queue_max: rows waiting for the fast produce path; past it the sweeper
-            produces them (nothing is lost, memory stays bounded).
-        produce_batch_max: most events handed to the producer in one call.
-        admission: the default admission of every source.
-        sweeper: the sweeper.
-        body_timeout_s: a request body not fully received this long after its head is
-            answered 408 (no admission slot is held while a body arrives).
-        max_head_bytes: a request line plus headers larger than this is answered 431.
-    """
-
-    sources_file: Path = Path("sources.yaml")
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
-    body_timeout_s: float = Field(default=10.0, gt=0)
-    max_head_bytes: int = Field(default=65_536, ge=4096)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    metrics_host: str = "127.0.0.1"
-    log_store: Literal["sqlite", "postgres"] = "sqlite"
-    sqlite_path: Path = Path("ingress.db")
-    sqlite_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL"
-    postgres_schema: str = Field(default="public", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    group_commit_max_rows: int = Field(default=512, ge=1)
-    produce_queue_max: int = Field(default=10_000, ge=1)
-    produce_batch_max: int = Field(default=500, ge=1)
-    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
-    sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
 
 
 def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from pipeline.config import AdmissionSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.admission import Admission
 from pipeline.ingress.errors import Malformed
 from pipeline.ingress.extract import Extractor, parse_pointer
 from pipeline.ingress.ids import new_row_id
 from pipeline.ingress.route import Condition, Route, Router
-from pipeline.ingress.settings import AdmissionSettings, SourceConfig, ValueFrom
 from pipeline.ingress.settings import Condition as ConditionConfig
+from pipeline.ingress.settings import SourceConfig, ValueFrom
 from pipeline.ingress.values import MAX_KEPT_HEADER_CHARS, checked
 from pipeline.ingress.verify import (
     HmacHeaderVerifier,

@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pipeline.config import SweeperSettings
 from pipeline.errors import MessageTooLarge, PipelineError
 from pipeline.ingress.backlog import Backlog
 from pipeline.ingress.republish import produce_rows
-from pipeline.ingress.settings import SweeperSettings
 from pipeline.logstore import LogRow, SweepLog
 from pipeline.transport.protocol import Producer
 

@@ -22,6 +22,7 @@ from pipeline.cli_support import TransportOpt, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.errors import PipelineError
 from pipeline.logstore import LogStore
+from pipeline.logstore.create import create_log_store
 from pipeline.observability.lanes import lane_watches
 from pipeline.observability.status import Status, collect_status
 from pipeline.observability.status_checks import reach_broker, reach_redis
@@ -103,8 +104,6 @@ def render(status: Status, console: Console) -> None:
 
 
 def _log_store(settings: Settings) -> LogStore | None:
-    from pipeline.ingress.service import create_log_store  # noqa: PLC0415 - only when read
-
     ingress = settings.ingress
     if ingress.log_store == "sqlite" and not ingress.sqlite_path.exists():
         return None

@@ -24,7 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from pipeline.registry.auth import CHALLENGE, Authenticator, AuthSettings
+from pipeline.config import AuthSettings
+from pipeline.registry.auth import CHALLENGE, Authenticator
 from pipeline.registry.errors import (
     InvalidSchema,
     RegistryError,

@@ -20,49 +20,12 @@ import base64
 import binascii
 import hmac
 import logging
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, SecretStr
-
+from pipeline.config import AuthSettings, Role
 from pipeline.registry.errors import Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)
-Role = Literal["read", "write"]
 CHALLENGE = 'Basic realm="schema-registry", Bearer realm="schema-registry"'
-
-
-class BasicUser(BaseModel):
-    """One basic-auth user."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    username: str
-    password: SecretStr
-    role: Role = "read"
-
-
-class BearerToken(BaseModel):
-    """One bearer token; ``name`` identifies it in logs in place of the secret."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    token: SecretStr
-    role: Role = "read"
-
-
-class AuthSettings(BaseModel):
-    """Who may use the registry; empty lists mean no authentication."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    users: tuple[BasicUser, ...] = ()
-    tokens: tuple[BearerToken, ...] = ()
-
-    @property
-    def enabled(self) -> bool:
-        """Whether any credential is configured."""
-        return bool(self.users or self.tokens)
 
 
 class Authenticator:

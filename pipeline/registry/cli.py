@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.registry.api import create_app
 from pipeline.registry.canonical import ParsedSchema, parse
@@ -30,7 +31,7 @@ from pipeline.registry.client import RegistryClient
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
 from pipeline.registry.server import serve as serve_app
 from pipeline.registry.service import Registry
-from pipeline.registry.settings import RegistrySettings, load_registry_settings, startup_problem
+from pipeline.registry.settings import load_registry_settings, startup_problem
 from pipeline.registry.store import open_store
 
 T = TypeVar("T")

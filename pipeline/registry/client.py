@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import httpx
 
+from pipeline.config import RegistrySettings
 from pipeline.registry import errors
-from pipeline.registry.settings import RegistrySettings
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 _BY_CODE: dict[int, type[errors.RegistryError]] = {

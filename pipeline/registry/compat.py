@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from pipeline.config import Compatibility
 from pipeline.registry.canonical import NAMED, PRIMITIVES, ParsedSchema
 
 _PROMOTIONS: dict[str, frozenset[str]] = {
@@ -48,33 +48,6 @@ _PROMOTIONS: dict[str, frozenset[str]] = {
     "bytes": frozenset({"string"}),
     "string": frozenset({"bytes"}),
 }
-
-
-class Compatibility(StrEnum):
-    """Confluent compatibility levels."""
-
-    BACKWARD = "BACKWARD"
-    BACKWARD_TRANSITIVE = "BACKWARD_TRANSITIVE"
-    FORWARD = "FORWARD"
-    FORWARD_TRANSITIVE = "FORWARD_TRANSITIVE"
-    FULL = "FULL"
-    FULL_TRANSITIVE = "FULL_TRANSITIVE"
-    NONE = "NONE"
-
-    @property
-    def transitive(self) -> bool:
-        """Whether every earlier version is checked, not only the latest."""
-        return self.value.endswith("_TRANSITIVE")
-
-    @property
-    def backward(self) -> bool:
-        """Whether the new schema must read data written with the old ones."""
-        return self.value.startswith(("BACKWARD", "FULL"))
-
-    @property
-    def forward(self) -> bool:
-        """Whether the old schemas must read data written with the new one."""
-        return self.value.startswith(("FORWARD", "FULL"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
+from pipeline.config import Compatibility
 from pipeline.registry.cache import ByteBoundedCache
 from pipeline.registry.canonical import ParsedSchema, parse
-from pipeline.registry.compat import Compatibility, check
+from pipeline.registry.compat import check
 from pipeline.registry.errors import (
     IncompatibleSchema,
     InvalidCompatibility,

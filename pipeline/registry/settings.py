@@ -1,8 +1,7 @@
 """Registry settings: a section for the root settings, loadable on its own for now.
 
-:class:`RegistrySettings` is a plain section (``extra="forbid"``, frozen) meant to become
-``Settings.registry``; until then :func:`load_registry_settings` reads it from the environment
-with the same names the root settings will use::
+:class:`~pipeline.config.RegistrySettings` is the registry's section of the root settings;
+:func:`load_registry_settings` also reads it alone from the environment, with the same names::
 
     PIPELINE_REGISTRY__HOST=127.0.0.1
     PIPELINE_REGISTRY__PORT=8081
@@ -19,58 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError
-from pipeline.registry.auth import AuthSettings
-from pipeline.registry.compat import Compatibility
 
 ENV_PREFIX = "PIPELINE_REGISTRY__"
-
-
-class RegistrySettings(BaseModel):
-    """Where the registry listens, what it stores in, and who may use it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=8081, ge=0, le=65_535)
-    """0 picks a free port (the chosen one is printed at start)."""
-    store: str = "sqlite:///registry.db"
-    """``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` or ``postgresql://...``."""
-    url: str = "http://127.0.0.1:8081"
-    """The registry as clients reach it (serde, ``schemas`` commands)."""
-    default_compatibility: Compatibility = Compatibility.BACKWARD
-    pool_max: int = Field(default=10, ge=1)
-    """PostgreSQL connections per registry process."""
-    max_body_bytes: int = Field(default=1_048_576, ge=1_024)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
-    client_username: str | None = None
-    """Basic-auth user the serde and CLI present to a protected registry."""
-    client_password: SecretStr | None = None
-    client_token: SecretStr | None = None
-    """Bearer token the serde and CLI present (instead of basic auth)."""
-    timeout_s: float = Field(default=10.0, gt=0)
-    """Client HTTP timeout."""
-    replicas: int = Field(default=1, ge=1)
-    """How many registry processes serve ``store``, this one included (the Deployment's count)."""
-    require_auth: bool = False
-    """Refuse to serve when no user or token is configured (the manifests set it)."""
-
-    @field_validator("store")
-    @classmethod
-    def _store_scheme(cls, value: str) -> str:
-        if not value.startswith(("sqlite://", "postgresql://", "postgres://")):
-            raise ValueError("expected sqlite:///path or postgresql://user:password@host/db")
-        return value
-
-    @field_validator("url")
-    @classmethod
-    def _url_scheme(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("expected http://host:port or https://host:port")
-        return value.rstrip("/")
 
 
 def startup_problem(settings: RegistrySettings) -> str | None:

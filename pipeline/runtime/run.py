@@ -19,6 +19,7 @@ from pipeline.admission.throttle import Throttle
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
+from pipeline.logstore.create import create_log_store
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import MemberTelemetry, member_telemetry
 from pipeline.registry.client import RegistryClient
@@ -104,8 +105,6 @@ async def serve(
     )
     store = None
     if settings.runtime.mark_processed:
-        from pipeline.ingress.service import create_log_store  # noqa: PLC0415 - only when used
-
         store = create_log_store(settings, settings.ingress)
         await store.open()
     if app.avro is None:  # Avro values are read through the configured registry

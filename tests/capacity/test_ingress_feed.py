@@ -14,9 +14,9 @@ from support import test_settings as settings_for
 
 from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.settings import CapacitySettings
+from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.errors import PipelineError
 from pipeline.ingress.service import build_ingress
-from pipeline.ingress.settings import IngressSettings, SweeperSettings
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from pipeline.config import AdmissionSettings
 from pipeline.ingress.send import signed_headers
-from pipeline.ingress.settings import AdmissionSettings, load_sources
+from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import build_sources
 from pipeline.topics.spec import load_specs
 

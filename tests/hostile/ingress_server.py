@@ -21,8 +21,8 @@ import psycopg
 import yaml
 from support import test_settings
 
+from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.ingress.service import Ingress, build_ingress, http_server
-from pipeline.ingress.settings import IngressSettings, SweeperSettings
 from pipeline.topics.admin import apply
 from pipeline.transport import create_transport
 

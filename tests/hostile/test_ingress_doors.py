@@ -14,7 +14,7 @@ import pytest
 from hostile.ingress_server import raw_request, running_ingress, status_of
 from ingress.signing import hub_signature, standard_headers, stripe_signature
 
-from pipeline.ingress.settings import AdmissionSettings
+from pipeline.config import AdmissionSettings
 from pipeline.logstore import Selection
 
 SECRET = "hostile-secret"  # noqa: S105 - a test secret

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from support import test_settings
 
+from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.service import build_ingress
-from pipeline.ingress.settings import IngressSettings, SweeperSettings
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport

@@ -9,9 +9,10 @@ from typing import Any
 import httpx
 import yaml
 
+from pipeline.config import AdmissionSettings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.dispatch import Dispatcher
-from pipeline.ingress.settings import AdmissionSettings, load_sources
+from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import Source, build_sources
 from pipeline.logstore import IngressLog
 from pipeline.topics.spec import load_specs

@@ -11,7 +11,7 @@ import pytest
 from ingress.helpers import META, build, client, meta_body
 from ingress.signing import hub_signature
 
-from pipeline.ingress.settings import AdmissionSettings
+from pipeline.config import AdmissionSettings
 from pipeline.logstore import NewRow, RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore
 

@@ -17,9 +17,8 @@ from ingress.helpers import META, meta_body, write_sources, write_topics
 from ingress.redis_server import free_port
 from ingress.signing import hub_signature
 
-from pipeline.config import Settings
+from pipeline.config import Settings, SweeperSettings
 from pipeline.ingress import headers as h
-from pipeline.ingress.settings import SweeperSettings
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore

@@ -13,11 +13,10 @@ from ingress.helpers import META, build, client, meta_body
 from ingress.redis_server import RedisServer
 from ingress.signing import hub_signature
 
-from pipeline.config import Settings
+from pipeline.config import Settings, SweeperSettings
 from pipeline.envelope import Message
 from pipeline.ingress import headers as h
 from pipeline.ingress.dispatch import Dispatcher
-from pipeline.ingress.settings import SweeperSettings
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from ingress.helpers import META, build, write_sources, write_topics
 
+from pipeline.config import AdmissionSettings, IngressSettings
 from pipeline.errors import ConfigError
-from pipeline.ingress.settings import AdmissionSettings, IngressSettings, load_sources
+from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import build_sources
 from pipeline.ingress.verify import HubSignatureVerifier, UnverifiedVerifier
 from pipeline.topics.spec import load_specs

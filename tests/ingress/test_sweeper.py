@@ -10,11 +10,10 @@ import pytest
 from contract.helpers import consume_until, make_topic
 from logstore.helpers import FakeClock, new_row
 
-from pipeline.config import Settings
+from pipeline.config import Settings, SweeperSettings
 from pipeline.envelope import Message
 from pipeline.ingress import headers as h
 from pipeline.ingress.backlog import GroupLagBacklog
-from pipeline.ingress.settings import SweeperSettings
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore

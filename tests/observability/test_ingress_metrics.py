@@ -10,8 +10,8 @@ import yaml
 from helpers import drop, lane_spec
 from support import test_settings as settings_for
 
+from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.ingress.service import build_ingress
-from pipeline.ingress.settings import IngressSettings, SweeperSettings
 from pipeline.topics.admin import apply
 from pipeline.transport import create_transport
 

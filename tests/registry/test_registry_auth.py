@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from pipeline.config import AuthSettings, BasicUser, BearerToken
 from pipeline.registry.api import create_app
-from pipeline.registry.auth import AuthSettings, BasicUser, BearerToken
 from pipeline.registry.client import RegistryClient
 from pipeline.registry.errors import Forbidden, Unauthorized
 from pipeline.registry.server import BackgroundServer

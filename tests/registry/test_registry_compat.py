@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.config import Compatibility
 from pipeline.registry.canonical import ParsedSchema, parse_json
-from pipeline.registry.compat import Compatibility, can_read, check
+from pipeline.registry.compat import can_read, check
 
 
 def rec(name: str, *fields: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -1,0 +1,34 @@
+"""The log store the settings choose, for every process that opens one.
+
+The ingress writes through it, ``pipeline consume --mark-processed`` marks rows processed and
+``pipeline status`` reads the counts; all three build it here, below the stages that use it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pipeline.config import IngressSettings, Settings
+from pipeline.logstore.postgres import PostgresLogStore
+from pipeline.logstore.protocol import LogStore
+from pipeline.logstore.sqlite import SqliteLogStore
+
+
+def create_log_store(
+    settings: Settings, ingress: IngressSettings, *, clock: Callable[[], float] = time.time
+) -> LogStore:
+    """The log store the settings choose (not yet opened)."""
+    if ingress.log_store == "postgres":
+        return PostgresLogStore(
+            settings.postgres.url,
+            schema=ingress.postgres_schema,
+            max_batch=ingress.group_commit_max_rows,
+            clock=clock,
+        )
+    return SqliteLogStore(
+        ingress.sqlite_path,
+        synchronous=ingress.sqlite_synchronous,
+        max_batch=ingress.group_commit_max_rows,
+        clock=clock,
+    )
