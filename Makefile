@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo clean
+.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo generate clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -64,8 +64,8 @@ test-only: setup asyncapi-parser
 
 ## lint: ruff, mypy --strict and the import contracts
 lint: setup
-	$(BIN)/ruff check pipeline tests bench consumers
-	$(BIN)/mypy pipeline
+	$(BIN)/ruff check pipeline tests bench consumers scripts
+	$(BIN)/mypy pipeline scripts
 	$(BIN)/lint-imports
 
 ## bench: every benchmark; bench-<name>: one of them
@@ -117,6 +117,11 @@ soak: setup services
 demo: setup
 	bash deploy/local/services.sh up redis
 	TRANSPORT=$(TRANSPORT) DURATION=$(DURATION) HEADLESS=$(HEADLESS) bash deploy/local/demo.sh
+
+## generate: rewrite docs/configuration.md and deploy/k8s/base/consumers/ from the code
+generate: setup
+	$(BIN)/python scripts/config_doc.py
+	$(BIN)/python scripts/manifests.py
 
 clean:
 	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache

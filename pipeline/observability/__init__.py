@@ -1,1 +1,1 @@
-"""Beside the flow: Prometheus metrics, the cached ``/metrics`` endpoint and status reports."""
+"""Beside the flow: Prometheus metrics and the cached ``/metrics`` endpoint the members serve."""

@@ -8,9 +8,9 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import RuntimeSettings
-from pipeline.observability.manifests import lane_manifests
 from pipeline.observability.metrics import DESIRED_MEMBERS, family
 from pipeline.topics.spec import TopicSpec
+from scripts.manifests import lane_manifests
 
 CONSUMERS = Path(__file__).parents[2] / "deploy" / "k8s" / "base" / "consumers"
 

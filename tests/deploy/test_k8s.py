@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from pipeline.config import RuntimeSettings
-from pipeline.observability.manifests import AGE_TARGET_S, lane_manifests
 from pipeline.topics.spec import TopicSpec, load_specs
+from scripts.manifests import AGE_TARGET_S, lane_manifests
 
 ROOT = Path(__file__).parents[2]
 K8S = ROOT / "deploy" / "k8s"

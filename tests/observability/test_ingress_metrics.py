@@ -7,7 +7,7 @@ import time
 
 import httpx
 import yaml
-from helpers import drop, lane_spec
+from lane_support import drop, lane_spec
 from support import test_settings as settings_for
 
 from pipeline.config import IngressSettings, SweeperSettings

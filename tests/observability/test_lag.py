@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import drop, lane_spec, partly_consumed
+from lane_support import drop, lane_spec, partly_consumed
 
 from pipeline.observability.facades import LagMetrics
 from pipeline.observability.lanes import lane_watches

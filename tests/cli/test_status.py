@@ -7,17 +7,17 @@ import json
 from pathlib import Path
 
 import yaml
-from helpers import drop, lane_spec, partly_consumed
+from lane_support import drop, lane_spec, partly_consumed
 from rich.console import Console
 from support import test_settings as settings_for
 from typer.testing import CliRunner
 
 from pipeline.cli import app as cli
+from pipeline.cli.status import collect_status
+from pipeline.cli.status_view import gather, render
 from pipeline.logstore import NewRow
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.lanes import lane_watches
-from pipeline.observability.status import collect_status
-from pipeline.observability.status_view import gather, render
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 

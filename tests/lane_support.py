@@ -1,4 +1,4 @@
-"""Shared by the observability tests: a lane on a real broker with a group part way through."""
+"""Shared by observability and status tests: a lane on a real broker, its group part way."""
 
 from __future__ import annotations
 

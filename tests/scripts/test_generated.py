@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config import RuntimeSettings
-from pipeline.observability import config_doc, manifests
 from pipeline.topics.spec import load_specs
+from scripts import config_doc, manifests
 
 ROOT = Path(__file__).parents[2]
 
 
 def test_configuration_reference_is_current():
-    """docs/configuration.md is what `python -m pipeline.observability.config_doc` writes."""
+    """docs/configuration.md is what `python scripts/config_doc.py` writes."""
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert committed == config_doc.render(), "run: python -m pipeline.observability.config_doc"
+    assert committed == config_doc.render(), "run: python scripts/config_doc.py"
 
 
 def test_every_setting_has_a_meaning():
@@ -25,8 +25,8 @@ def test_every_setting_has_a_meaning():
 
 
 def test_consumer_manifests_are_current():
-    """deploy/k8s/base/consumers is what `python -m pipeline.observability.manifests` writes."""
+    """deploy/k8s/base/consumers is what `python scripts/manifests.py` writes."""
     files = manifests.render_all(load_specs(ROOT / "topics"), RuntimeSettings())
     directory = ROOT / manifests.OUTPUT
     committed = {p.name: p.read_text(encoding="utf-8") for p in directory.glob("*.yaml")}
-    assert committed == files, "run: python -m pipeline.observability.manifests"
+    assert committed == files, "run: python scripts/manifests.py"

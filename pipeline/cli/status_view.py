@@ -18,14 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.admission.view import ThrottledTenants
+from pipeline.cli.status import Status, collect_status
+from pipeline.cli.status_checks import reach_broker, reach_redis
 from pipeline.cli_support import TransportOpt, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.errors import PipelineError
 from pipeline.logstore import LogStore
 from pipeline.logstore.create import create_log_store
 from pipeline.observability.lanes import lane_watches
-from pipeline.observability.status import Status, collect_status
-from pipeline.observability.status_checks import reach_broker, reach_redis
 from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
 
@@ -115,7 +115,7 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
 
     Raises:
         BrokerUnavailable: the broker did not answer within
-            :data:`~pipeline.observability.status_checks.PROBE_TIMEOUT_MS`; the message names its
+            :data:`~pipeline.cli.status_checks.PROBE_TIMEOUT_MS`; the message names its
             address and variable. An unreachable Redis on Kafka only leaves the throttles out.
     """
     specs = load_specs(settings.topics_dir)

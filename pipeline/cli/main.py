@@ -30,6 +30,7 @@ from rich.table import Table
 
 from pipeline.admission.cli import app as throttle_app
 from pipeline.capacity.cli import capacity_command
+from pipeline.cli.status_view import status_command
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
@@ -38,7 +39,6 @@ from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging
-from pipeline.observability.status_view import status_command
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
