@@ -64,8 +64,8 @@ test-only: setup asyncapi-parser
 
 ## lint: ruff, mypy --strict and the import contracts
 lint: setup
-	$(BIN)/ruff check pipeline tests bench consumers scripts
-	$(BIN)/mypy pipeline scripts
+	$(BIN)/ruff check pipeline tests bench consumers scripts demo
+	$(BIN)/mypy pipeline scripts demo
 	$(BIN)/lint-imports
 
 ## bench: every benchmark; bench-<name>: one of them

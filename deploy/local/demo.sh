@@ -22,4 +22,4 @@ args=(--transport "$T" --duration "${DURATION:-3m}" --output "${DEMO_OUTPUT:-dem
 case "${HEADLESS:-0}" in 1|true|yes) args+=(--headless) ;; esac
 [ -n "${DEMO_PREFIX:-}" ] && args+=(--prefix "$DEMO_PREFIX")
 cd "$ROOT"
-exec "$PY" -m pipeline.demo "${args[@]}"
+exec "$PY" -m demo "${args[@]}"

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from redis import Redis
 
-from pipeline.demo import keys
+from demo import keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,12 +8,12 @@ import pytest
 from redis.asyncio import Redis
 from rich.console import Console
 
-from pipeline.demo.audit import Audit
-from pipeline.demo.dashboard import render
-from pipeline.demo.observe import Observation, RedisObservations
-from pipeline.demo.stats import SMALL, Collector, percentile
-from pipeline.demo.summary import Snapshot, summary
-from pipeline.demo.traffic import FLOODER, noisy_neighbour_plan, sign_hub
+from demo.audit import Audit
+from demo.dashboard import render
+from demo.observe import Observation, RedisObservations
+from demo.stats import SMALL, Collector, percentile
+from demo.summary import Snapshot, summary
+from demo.traffic import FLOODER, noisy_neighbour_plan, sign_hub
 from pipeline.ingress.errors import Rejected
 from pipeline.ingress.verify.hub import HubSignatureVerifier
 from pipeline.logstore import RowState

@@ -59,7 +59,6 @@ data = {
     for p in resources.files(package).joinpath("lua").iterdir()
     if p.name.endswith(".lua")
 }
-from pipeline.demo.run import SOURCES_FILE
 from pipeline.logstore.sqlite import sql as sqlite_sql
 from pipeline.logstore.postgres import sql as postgres_sql
 from pipeline.registry import sqlite_store, postgres_store
@@ -69,7 +68,6 @@ print(json.dumps({
     "helps": helps,
     "lua": data,
     "sql": [m.__file__ for m in (sqlite_sql, postgres_sql, sqlite_store, postgres_store)],
-    "demo_sources": [str(SOURCES_FILE), SOURCES_FILE.exists()],
     "sys_path": sys.path,
 }))
 """
@@ -108,13 +106,13 @@ def clean_env(venv: Path) -> dict[str, str]:
 
 
 def test_the_wheel_carries_the_package_data_and_nothing_else(installed):
-    """The wheel holds every Lua library and the demo's sources, and no tests or checkout files."""
+    """The wheel holds every Lua library, and no demo, tests or checkout files."""
     wheel, _, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
     lua = {str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.lua")}
     assert lua
     assert lua <= names
-    assert "pipeline/demo/sources.yaml" in names
+    assert not any(n.startswith(("demo/", "pipeline/demo/")) for n in names), sorted(names)
     assert all(n.startswith(("pipeline/", "pipeline-")) for n in names), sorted(names)
 
 
@@ -153,6 +151,3 @@ def test_every_command_loads_from_the_installed_package(installed):
         assert path.startswith(site), path
         assert head.strip(), path
     assert all(path.startswith(site) for path in report["sql"])
-    source, exists = report["demo_sources"]
-    assert source.startswith(site)
-    assert exists

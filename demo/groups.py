@@ -1,6 +1,6 @@
 """The example consumer groups of ``consumers/``, observed for the demo dashboard.
 
-``pipeline consume pipeline.demo.groups:messages --group demo-messages`` runs the example
+``pipeline consume demo.groups:messages --group demo-messages`` runs the example
 ``consumers.messages`` handler unchanged, with each call recorded by :mod:`.observe` in the Redis
 the settings name (``PIPELINE_REDIS__URL``, under ``PIPELINE_REDIS__KEY_PREFIX``).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from demo.observe import RedisObservations, observe_app
 from pipeline.config import load_settings
-from pipeline.demo.observe import RedisObservations, observe_app
 from pipeline.runtime import App
 from pipeline.runtime.run import load_app
 

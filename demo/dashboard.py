@@ -6,9 +6,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.demo.stats import SMALL, Waits
-from pipeline.demo.summary import Snapshot
-from pipeline.demo.traffic import FLOODER
+from demo.stats import SMALL, Waits
+from demo.summary import Snapshot
+from demo.traffic import FLOODER
 
 
 def _ms(value: int | None) -> str:

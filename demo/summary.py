@@ -17,8 +17,8 @@ from typing import Any
 
 from rich.table import Table
 
-from pipeline.demo.audit import Audit
-from pipeline.demo.stats import Collector
+from demo.audit import Audit
+from demo.stats import Collector
 from pipeline.logstore import RowState
 
 

@@ -20,8 +20,8 @@ from typing import Any, Literal, Protocol, get_args
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from demo import keys
 from pipeline import headers as h
-from pipeline.demo import keys
 from pipeline.errors import Skip
 from pipeline.retry.policy import Retryable
 from pipeline.runtime import App, Context
@@ -116,7 +116,7 @@ class ObservationSink(Protocol):
 
 
 class RedisObservations:
-    """Observations in the bounded stream :func:`pipeline.demo.keys.observations`."""
+    """Observations in the bounded stream :func:`demo.keys.observations`."""
 
     def __init__(self, redis: Redis, prefix: str, max_len: int = MAX_OBSERVATIONS) -> None:
         """Append to ``prefix``'s observation stream, keeping about ``max_len`` entries."""

@@ -1,4 +1,4 @@
-"""``python -m pipeline.demo``: the command ``make demo`` runs (see :mod:`pipeline.demo.run`)."""
+"""``python -m demo``: the command ``make demo`` runs (see :mod:`demo.run`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from redis.exceptions import RedisError
 
-from pipeline.demo.procs import ProcessFailed
-from pipeline.demo.run import Demo, DemoOptions
+from demo.procs import ProcessFailed
+from demo.run import Demo, DemoOptions
 from pipeline.errors import PipelineError
 from pipeline.topics.spec import parse_duration_ms
 
@@ -26,7 +26,7 @@ def _seconds(value: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, run the demo, return the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m pipeline.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--transport", choices=["redis", "kafka"], default="redis")
     parser.add_argument("--duration", type=_seconds, default=180.0, help="traffic time (3m)")
     parser.add_argument("--headless", action="store_true", help="no live dashboard")

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
-from pipeline.demo.audit import GroupTopics
-from pipeline.demo.observe import RedisObservations
-from pipeline.demo.stats import Collector
+from demo.audit import GroupTopics
+from demo.observe import RedisObservations
+from demo.stats import Collector
 from pipeline.errors import PipelineError
 from pipeline.logstore import LogStore, RowState, Selection
 from pipeline.transport.protocol import Admin

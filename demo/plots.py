@@ -10,8 +10,8 @@ import importlib.util
 import itertools
 from pathlib import Path
 
-from pipeline.demo.stats import SMALL
-from pipeline.demo.summary import Snapshot
+from demo.stats import SMALL
+from demo.summary import Snapshot
 
 
 def plotting_available() -> bool:

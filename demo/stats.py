@@ -13,8 +13,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pipeline.demo.observe import Observation
-from pipeline.demo.traffic import FLOODER
+from demo.observe import Observation
+from demo.traffic import FLOODER
 
 DEBOUNCED_LANE = "ai_turns"
 SMALL = "small tenants"

@@ -7,7 +7,7 @@ a Poisson process; an AI arrival is a *burst* of 2-6 messages in one conversatio
 second apart, so the debouncer has something to coalesce. A 503 is retried after its Retry-After,
 as a provider would. Run on its own it prints its counts as one JSON line every half second::
 
-    DEMO_WEBHOOK_SECRET=s python -m pipeline.demo.traffic --url http://127.0.0.1:8080
+    DEMO_WEBHOOK_SECRET=s python -m demo.traffic --url http://127.0.0.1:8080
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.demo.poster import HttpError, Poster
+from demo.poster import HttpError, Poster
 
 FLOODER = "tenant-flood"
 """The tenant whose storm the demo replays."""
@@ -274,7 +274,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: replay the noisy-neighbour plan against a running ingress."""
-    parser = argparse.ArgumentParser(prog="python -m pipeline.demo.traffic", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m demo.traffic", description=__doc__)
     parser.add_argument("--url", required=True, help="the ingress, e.g. http://127.0.0.1:8080")
     parser.add_argument("--source", default="demo", help="the source name in the sources file")
     parser.add_argument(

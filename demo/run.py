@@ -28,17 +28,17 @@ from redis.exceptions import RedisError
 from rich.console import Console
 from rich.live import Live
 
+from demo import keys
+from demo.audit import Audit, GroupTopics, audit
+from demo.dashboard import render
+from demo.observe import RedisObservations
+from demo.plots import write_plots
+from demo.procs import ManagedProcess, ProcessFailed, run_once
+from demo.stats import Collector
+from demo.summary import Snapshot, summary_table, write_summary
+from demo.traffic import sign_hub
+from demo.watch import Watcher
 from pipeline.config import IngressSettings, Settings, load_settings
-from pipeline.demo import keys
-from pipeline.demo.audit import Audit, GroupTopics, audit
-from pipeline.demo.dashboard import render
-from pipeline.demo.observe import RedisObservations
-from pipeline.demo.plots import write_plots
-from pipeline.demo.procs import ManagedProcess, ProcessFailed, run_once
-from pipeline.demo.stats import Collector
-from pipeline.demo.summary import Snapshot, summary_table, write_summary
-from pipeline.demo.traffic import sign_hub
-from pipeline.demo.watch import Watcher
 from pipeline.errors import PipelineError
 from pipeline.logstore.create import create_log_store
 from pipeline.topics.spec import load_specs
@@ -241,7 +241,7 @@ class Demo:
         for lane in _LANES:
             await self._process(
                 f"consume-{lane}",
-                pipeline, "consume", f"pipeline.demo.groups:{lane}", "--group", f"demo-{lane}",
+                pipeline, "consume", f"demo.groups:{lane}", "--group", f"demo-{lane}",
                 "--concurrency", str(_CONCURRENCY[lane]),
             ).start()  # fmt: skip
         await self._process("sweeper", pipeline, "sweep", "--loop").start()
@@ -288,7 +288,7 @@ class Demo:
     async def _traffic(self, url: str, watcher: Watcher) -> None:
         generator = self._process(
             "traffic",
-            sys.executable, "-m", "pipeline.demo.traffic", "--url", url,
+            sys.executable, "-m", "demo.traffic", "--url", url,
             "--duration-s", str(self.options.duration_s), "--run-id", self.run_id,
             pipe=True,
         )  # fmt: skip
