@@ -46,9 +46,9 @@ from pipeline.observability.server import PATHS as OBSERVER_PATHS
 log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+AsgiMessage = dict[str, Any]
+Receive = Callable[[], Awaitable[AsgiMessage]]
+Send = Callable[[AsgiMessage], Awaitable[None]]
 
 _PREFIX = "/hooks/"
 _JSON = [(b"content-type", b"application/json")]

@@ -47,7 +47,7 @@ class Route:
 
 
 @dataclass(frozen=True, slots=True)
-class Router:
+class RouteRules:
     """First matching rule wins, then the default route."""
 
     rules: Sequence[tuple[Condition, Route]]

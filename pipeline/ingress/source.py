@@ -19,13 +19,13 @@ from urllib.parse import parse_qs
 
 from pipeline.config import AdmissionSettings
 from pipeline.errors import ConfigError
-from pipeline.ingress.admission import Admission
 from pipeline.ingress.errors import Malformed
 from pipeline.ingress.extract import Extractor, parse_pointer
 from pipeline.ingress.ids import new_row_id
-from pipeline.ingress.route import Condition, Route, Router
+from pipeline.ingress.route import Condition, Route, RouteRules
 from pipeline.ingress.settings import Condition as ConditionConfig
 from pipeline.ingress.settings import SourceConfig, ValueFrom
+from pipeline.ingress.slots import SourceSlots
 from pipeline.ingress.values import MAX_KEPT_HEADER_CHARS, checked
 from pipeline.ingress.verify import (
     HmacHeaderVerifier,
@@ -64,8 +64,8 @@ class Source:
 
     name: str
     verifier: Verifier
-    router: Router
-    admission: Admission
+    router: RouteRules
+    admission: SourceSlots
     tenant: Extractor | None
     key: Extractor | None
     event_id: Extractor | None
@@ -197,8 +197,8 @@ def _build(
     return Source(
         name=name,
         verifier=verifier,
-        router=Router(rules, route_to(config.topic, "topic")),
-        admission=Admission(
+        router=RouteRules(rules, route_to(config.topic, "topic")),
+        admission=SourceSlots(
             limits.max_in_flight, limits.queue_timeout_ms, limits.max_retry_after_s
         ),
         tenant=_extractor(config.tenant),

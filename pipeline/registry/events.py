@@ -30,7 +30,7 @@ _PLAIN: dict[str, tuple[type, ...]] = {
 }
 
 
-class MessageReceived(BaseModel):
+class MessageReceivedRecord(BaseModel):
     """An inbound webhook message (``schemas/message_received.avsc``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,7 +44,7 @@ class MessageReceived(BaseModel):
     headers: dict[str, str] | None = None
 
 
-SCHEMA_FILES: dict[type[BaseModel], str] = {MessageReceived: "message_received.avsc"}
+SCHEMA_FILES: dict[type[BaseModel], str] = {MessageReceivedRecord: "message_received.avsc"}
 """Each model and the file (under ``schemas/``) holding its Avro schema."""
 
 

@@ -62,7 +62,7 @@ def _failure_headers(
     return out
 
 
-class Router:
+class RetryRouter:
     """Produces failed messages to retry tiers and dead-letter topics."""
 
     def __init__(self, producer: Producer) -> None:

@@ -8,7 +8,7 @@
   paused, until its due time; others pass.
 * **batch** (:class:`~pipeline.runtime.batch.BatchGate`): a batch lane's message waits for idle
   capacity or its SLA's promotion point; others pass.
-* **throttle** (:class:`~pipeline.runtime.admit.AdmissionGate`): a throttled lane's message
+* **throttle** (:class:`~pipeline.runtime.throttle_gate.ThrottleGate`): a throttled lane's message
   waits for its slots in Redis, or is deferred through the first retry tier; others pass.
 * **key lanes** (:class:`~pipeline.runtime.lanes.KeyLanes`): one message of a key at a time,
   in order; different keys run concurrently up to the member's limit.
@@ -31,7 +31,6 @@ from collections.abc import Callable
 from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
 from pipeline.envelope import Message
-from pipeline.runtime.admit import AdmissionGate, Admitter, tenant_of
 from pipeline.runtime.app import App
 from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.due import DueGate
@@ -39,6 +38,7 @@ from pipeline.runtime.flow import PauseBook
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.lanes import KeyLanes
+from pipeline.runtime.throttle_gate import Admitter, ThrottleGate, tenant_of
 from pipeline.runtime.work import Work
 
 Settle = Callable[[Work, str | None, float], None]
@@ -68,9 +68,9 @@ class Chain:
         self._fleet = fleet
         self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
         self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load)
-        self.gate: AdmissionGate[Work] | None = None
+        self.gate: ThrottleGate[Work] | None = None
         if throttle is not None:
-            self.gate = AdmissionGate(throttle, self._key_lanes, self._defer)
+            self.gate = ThrottleGate(throttle, self._key_lanes, self._defer)
         self.due: DueGate[Work] | None = None
 
     def start(self, pauses: PauseBook) -> None:

@@ -31,7 +31,7 @@ from pipeline.retry.guard_store import (
 )
 from pipeline.runtime.app import Lane
 from pipeline.runtime.isolation import Isolation
-from pipeline.runtime.routing import Routing
+from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
 
@@ -52,7 +52,7 @@ class RunGuard:
     def __init__(
         self,
         stores: dict[str, GuardStore],
-        routing: Routing,
+        routing: Redirector,
         stats: Stats,
         isolation: Isolation,
         call: Call,

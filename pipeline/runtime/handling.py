@@ -5,7 +5,7 @@ run. A message deferred by the admission gate, past its deadline or shed by a st
 does not reach its handler (:mod:`~pipeline.runtime.sojourn`). Otherwise the handler runs in the
 event loop, in the CPU pool for ``cpu=True`` lanes, or, on debounced lanes, the message is
 recorded for its conversation's turn (:mod:`~pipeline.runtime.turns`). Every failure is routed
-by :class:`~pipeline.runtime.routing.Routing` (retry tier or dead-letter topic); the outcome
+by :class:`~pipeline.runtime.redirect.Redirector` (retry tier or dead-letter topic); the outcome
 string says what happened.
 """
 
@@ -25,7 +25,7 @@ from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.idempotency import IdempotencyGuard
-from pipeline.runtime.routing import Routing
+from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
 from pipeline.runtime.stats import Stats
 from pipeline.runtime.turns import DebouncedLanes, TurnOutcome
@@ -39,7 +39,7 @@ class HandlerStage:
     def __init__(
         self,
         app: App,
-        routing: Routing,
+        routing: Redirector,
         stats: Stats,
         lanes: Sequence[Lane],
         *,

@@ -30,8 +30,7 @@ from pipeline.errors import PipelineError, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
 from pipeline.retry.guard_store import lane_guards
-from pipeline.retry.router import Router
-from pipeline.runtime.admit import Admitter
+from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.chain import Chain
 from pipeline.runtime.flow import FlowControl, PauseBook
@@ -41,8 +40,9 @@ from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.pressure import ConcurrencyGovernor
-from pipeline.runtime.routing import Routing
+from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.stats import Stats
+from pipeline.runtime.throttle_gate import Admitter
 from pipeline.runtime.turns import DebouncedLanes
 from pipeline.runtime.work import Work
 from pipeline.transport.protocol import Consumer, Transport
@@ -62,7 +62,7 @@ class Member:
         group: str,
         settings: RuntimeSettings,
         *,
-        lanes: Sequence[str] | None = None,
+        lane_names: Sequence[str] | None = None,
         redis: Redis | None = None,
         redis_prefix: str = "pl",
         processed: ProcessedMarker | None = None,
@@ -88,7 +88,7 @@ class Member:
         self.stats = Stats()
         self._transport = transport
         self._settings = settings
-        self._topics = app.topics(lanes)
+        self._topics = app.topics(lane_names)
         self._offsets: dict[TopicPartition, PartitionOffsets] = {}
         self._committed: dict[TopicPartition, Position] = {}
         self._producer = transport.producer()
@@ -100,12 +100,14 @@ class Member:
         self._metrics = metrics
         self._admission_metrics = admission_metrics
         self._fleet = fleet
-        chosen = [app.lanes[name] for name in lanes or sorted(app.lanes)]
+        chosen = [app.lanes[name] for name in lane_names or sorted(app.lanes)]
         self._batch_slas = {
             lane.name: lane.spec.batch.sla_ms / 1000 for lane in chosen if lane.spec.batch
         }
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
-        self._routing = Routing(Router(self._producer), self.stats, app.retryable, chosen, metrics)
+        self._routing = Redirector(
+            RetryRouter(self._producer), self.stats, app.retryable, chosen, metrics
+        )
         self._handler = HandlerStage(
             app,
             self._routing,

@@ -123,7 +123,7 @@ async def serve(
         transport,
         group,
         settings.runtime,
-        lanes=lanes,
+        lane_names=lanes,
         redis=redis,
         redis_prefix=settings.redis.key_prefix,
         processed=store,

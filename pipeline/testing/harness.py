@@ -145,7 +145,7 @@ class TestApp:
             self.transport,
             self._group,
             self.settings.runtime,
-            lanes=self._lane_names,
+            lane_names=self._lane_names,
             redis=self.redis,
             redis_prefix=self.settings.redis.key_prefix,
             throttle=self._throttle,

@@ -23,7 +23,7 @@ from pipeline.errors import DeadLetter
 from pipeline.logstore import Selection as LogSelection
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.retry.policy import Backoff
-from pipeline.retry.router import LaneRoutes, Router
+from pipeline.retry.router import LaneRoutes, RetryRouter
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
@@ -57,7 +57,7 @@ async def _dead_letters(transport: Transport, tmp_path: Path, name: str, count: 
     )
     await declare(transport, spec)
     routes = LaneRoutes(spec.name, (), spec.dead_letter, 1, Backoff(()))
-    router = Router(transport.producer())
+    router = RetryRouter(transport.producer())
     for i in range(count):
         message = Message(spec.name, 0, i, b"k%d" % i, b"v%d" % i, {h.EVENT_ID: b"e%d" % i})
         await router.dead_letter(routes, message, "fatal", DeadLetter("bad"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.ingress.extract import Extractor, parse_pointer, resolve
-from pipeline.ingress.route import Condition, Route, Router
+from pipeline.ingress.route import Condition, Route, RouteRules
 
 DOC = {
     "entry": [
@@ -45,7 +45,7 @@ def test_extractors_read_pointer_header_or_constant() -> None:
 def test_first_matching_rule_wins_then_the_default() -> None:
     """Rules are tried in order; without a match the default route is taken."""
     messages, engagement, other = Route("m", "m"), Route("e", "e"), Route("o", "o")
-    router = Router(
+    router = RouteRules(
         [
             (
                 Condition(
@@ -60,6 +60,5 @@ def test_first_matching_rule_wins_then_the_default() -> None:
     assert router.route(DOC) == engagement
     assert router.route({"entry": [{"id": 1}]}) == other
     assert router.route({"entry": []}) == messages
-    assert (
-        Router([(Condition(parse_pointer("/x"), exists=False), other)], messages).route({}) == other
-    )
+    absent = RouteRules([(Condition(parse_pointer("/x"), exists=False), other)], messages)
+    assert absent.route({}) == other

@@ -11,7 +11,7 @@ from pipeline.errors import DeadLetter
 from pipeline.redrive.redrive import Redrive
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
-from pipeline.retry.router import LaneRoutes, Router
+from pipeline.retry.router import LaneRoutes, RetryRouter
 from pipeline.transport.protocol import Transport
 
 
@@ -24,7 +24,7 @@ async def _fill_dlq(transport: Transport, name: str) -> LaneRoutes:
     spec = lane_spec(name, 2)
     await declare(transport, spec)
     routes = LaneRoutes(spec.name, (), spec.dead_letter, 1, Backoff(()))
-    router = Router(transport.producer())
+    router = RetryRouter(transport.producer())
     for i in range(6):
         headers = {h.EVENT_ID: b"evt-%d" % i, h.TENANT: b"acme" if i % 2 else b"globex"}
         if i == 5:

@@ -14,7 +14,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from test_registry_serde import message
 
 from pipeline.registry.client import RegistryClient
-from pipeline.registry.events import MessageReceived
+from pipeline.registry.events import MessageReceivedRecord
 from pipeline.registry.serde import AvroDeserializer, AvroSerializer
 
 SCHEMA = (Path(__file__).resolve().parents[2] / "schemas" / "message_received.avsc").read_text()
@@ -59,11 +59,11 @@ def test_round_trip_through_a_kafka_topic(
         assert len(values) == 2
 
         confluent_reader = ConfluentDeserializer(
-            confluent, from_dict=lambda d, _: MessageReceived.model_validate(d)
+            confluent, from_dict=lambda d, _: MessageReceivedRecord.model_validate(d)
         )
         assert [confluent_reader(v, ctx) for v in values] == [first, second]
         our_reader = AvroDeserializer(ours)
-        assert [our_reader.to_model(v, MessageReceived) for v in values] == [first, second]
+        assert [our_reader.to_model(v, MessageReceivedRecord) for v in values] == [first, second]
     finally:
         ours.close()
         confluent.close()

@@ -17,7 +17,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pipeline.registry.canonical import parse
 from pipeline.registry.client import RegistryClient
 from pipeline.registry.errors import SerdeError, SubjectNotFound
-from pipeline.registry.events import SCHEMA_FILES, MessageReceived, model_mismatches
+from pipeline.registry.events import SCHEMA_FILES, MessageReceivedRecord, model_mismatches
 from pipeline.registry.serde import AvroDeserializer, AvroSerializer, JsonSerializer
 from pipeline.registry.wire import header, schema_id_of
 
@@ -55,9 +55,9 @@ def ours(sqlite_registry_url: str) -> Iterator[RegistryClient]:
     client.close()
 
 
-def message() -> MessageReceived:
+def message() -> MessageReceivedRecord:
     """A sample inbound message."""
-    return MessageReceived(
+    return MessageReceivedRecord(
         event_id="evt-1",
         tenant="acme",
         source="meta",
@@ -131,10 +131,10 @@ def test_lookup_and_latest_modes(ours: RegistryClient) -> None:
 
 
 def test_pydantic_model_round_trip(ours: RegistryClient) -> None:
-    """A MessageReceived model is written with its .avsc schema and read back equal."""
+    """A MessageReceivedRecord model is written with its .avsc schema and read back equal."""
     schema = (SCHEMAS / "message_received.avsc").read_text()
     data = AvroSerializer(ours, schema, "pipeline.events.MessageReceived")(message())
-    back = AvroDeserializer(ours).to_model(data, MessageReceived)
+    back = AvroDeserializer(ours).to_model(data, MessageReceivedRecord)
     assert back == message()
     assert AvroDeserializer(ours).deserialize(data)["received_at"] == message().received_at
 
@@ -144,7 +144,7 @@ def test_models_match_their_schema_files() -> None:
     for model, filename in SCHEMA_FILES.items():
         assert model_mismatches(model, parse((SCHEMAS / filename).read_text())) == []
     wrong = parse(V1)
-    assert model_mismatches(MessageReceived, wrong)
+    assert model_mismatches(MessageReceivedRecord, wrong)
 
 
 def test_json_mode_for_development(ours: RegistryClient) -> None:
@@ -152,7 +152,7 @@ def test_json_mode_for_development(ours: RegistryClient) -> None:
     data = JsonSerializer()(message())
     assert data.startswith(b"{")
     back = AvroDeserializer(ours, allow_json=True)(data)
-    assert MessageReceived.model_validate(back) == message()
+    assert MessageReceivedRecord.model_validate(back) == message()
     assert JsonSerializer()({"a": 1}) == b'{"a":1}'
 
 

@@ -20,12 +20,12 @@ from pipeline import headers as h
 from pipeline.envelope import Delivered, Message, Record
 from pipeline.retry.guard_store import GuardStore, lane_guards
 from pipeline.retry.policy import default_retryable
-from pipeline.retry.router import Router
+from pipeline.retry.router import RetryRouter
 from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.isolation import Isolation
-from pipeline.runtime.routing import Routing
+from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
 
@@ -92,7 +92,7 @@ def _lane(name: str) -> Lane:
 
 def _guard(redis: Redis, prefix: str, lane: Lane, handlers: _Handlers, member: str) -> RunGuard:
     stats = Stats()
-    routing = Routing(Router(_Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+    routing = Redirector(RetryRouter(_Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
     stores = lane_guards(redis, prefix, [lane.spec])
     for store in stores.values():
         store.lease_ms = 300
@@ -220,7 +220,7 @@ async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
             return await super().send(topic, value, **kw)
 
     stats = Stats()
-    routing = Routing(Router(_Racing()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+    routing = Redirector(RetryRouter(_Racing()), stats, default_retryable, [lane])  # type: ignore[arg-type]
 
     async def failing(lane_: Lane, message: Message) -> str | None:
         return await routing.failure(lane_, message, 1, RuntimeError("flaky"))

@@ -19,8 +19,8 @@ from pipeline.errors import Throttled
 from pipeline.observability.facades import AdmissionMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
-from pipeline.runtime.admit import throttle_keys
 from pipeline.runtime.member import Member
+from pipeline.runtime.throttle_gate import throttle_keys
 from pipeline.topics.spec import ThrottlePolicy
 from pipeline.transport.protocol import Transport
 

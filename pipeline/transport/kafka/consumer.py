@@ -23,6 +23,7 @@ from confluent_kafka import TopicPartition as _RawTP
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import ConfigError, TransportError
+from pipeline.transport.kafka.consumer_thread import ConsumerThread
 from pipeline.transport.kafka.errors import translate
 from pipeline.transport.kafka.group import (
     Protocol,
@@ -31,7 +32,6 @@ from pipeline.transport.kafka.group import (
     client_error,
     consumer_config,
 )
-from pipeline.transport.kafka.worker import ConsumerThread
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 log = logging.getLogger(__name__)

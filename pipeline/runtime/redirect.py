@@ -1,8 +1,8 @@
 """Where a member sends what its handlers did not finish: retry tiers, the DLQ, a deferral.
 
-:class:`Routing` decides the destination of a failure (one explicit retriability function,
+:class:`Redirector` decides the destination of a failure (one explicit retriability function,
 the lane's attempt limit and retry budget) and produces it through the
-:class:`~pipeline.retry.router.Router`, retrying while the broker is unavailable, counting
+:class:`~pipeline.retry.router.RetryRouter`, retrying while the broker is unavailable, counting
 every outcome in :class:`~pipeline.runtime.stats.Stats` and the member's metrics.
 """
 
@@ -18,7 +18,7 @@ from pipeline.errors import TransportError
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.retry.budget import RetryBudget
 from pipeline.retry.policy import Retryable
-from pipeline.retry.router import LaneRoutes, Router
+from pipeline.retry.router import LaneRoutes, RetryRouter
 from pipeline.runtime.app import Lane
 from pipeline.runtime.stats import Stats
 
@@ -27,12 +27,12 @@ _ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 OnRoute = Callable[[Lane, Message, int], Awaitable[None]]
 
 
-class Routing:
+class Redirector:
     """Sends failed, deferred and diverted messages on; None means it could not."""
 
     def __init__(
         self,
-        router: Router,
+        router: RetryRouter,
         stats: Stats,
         retryable: Retryable,
         lanes: Sequence[Lane],

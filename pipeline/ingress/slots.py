@@ -1,4 +1,4 @@
-"""Admission at the edge: bounded concurrent work, and a 503 with an honest Retry-After.
+"""Slots at the edge: bounded concurrent work, and a 503 with an honest Retry-After.
 
 Each source has ``max_in_flight`` slots; a request holds one from before its body is read until
 its answer, so memory and database load stay bounded whatever the offered load (P4). When the log
@@ -41,7 +41,7 @@ class DrainRate:
         return self._decayed(self._clock())
 
 
-class Admission:
+class SourceSlots:
     """Slots for one source: take one with :meth:`acquire`, give it back with :meth:`release`."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """Throttled lanes in a member: a message waits for its slots without holding a worker.
 
-A message of a lane with a ``throttle:`` policy enters an :class:`AdmissionGate` before the key
+A message of a lane with a ``throttle:`` policy enters a :class:`ThrottleGate` before the key
 lanes. Per key (in its partition) the gate keeps a FIFO; only the head of each key asks the
 :class:`Admitter` (the Redis throttle) for its slots, so a waiting message blocks only its own
 key (per-key order holds) and waits as a pending future, not in a worker. Once granted, the head
@@ -99,7 +99,7 @@ def tenant_of(message: Item) -> str:
     return raw.decode(errors="replace") if raw is not None else ""
 
 
-class AdmissionGate(Generic[T]):
+class ThrottleGate(Generic[T]):
     """Per-key FIFOs in front of the key lanes; each key's head waits for its slots."""
 
     def __init__(

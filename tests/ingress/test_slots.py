@@ -6,7 +6,7 @@ import asyncio
 
 from logstore.helpers import FakeClock
 
-from pipeline.ingress.admission import Admission, DrainRate
+from pipeline.ingress.slots import DrainRate, SourceSlots
 
 
 def test_drain_rate_converges_to_the_completion_rate() -> None:
@@ -23,7 +23,7 @@ def test_drain_rate_converges_to_the_completion_rate() -> None:
 
 async def test_slots_are_bounded_and_handed_to_the_oldest_waiter() -> None:
     """With every slot taken a waiter gets the next released slot; past the timeout it is shed."""
-    admission = Admission(max_in_flight=1, queue_timeout_ms=5_000, max_retry_after_s=60)
+    admission = SourceSlots(max_in_flight=1, queue_timeout_ms=5_000, max_retry_after_s=60)
     assert await admission.acquire()
     waiter = asyncio.create_task(admission.acquire())
     while admission.waiting == 0:  # noqa: ASYNC110 - polls a count; no event signals it
@@ -31,14 +31,14 @@ async def test_slots_are_bounded_and_handed_to_the_oldest_waiter() -> None:
     admission.release()
     assert await waiter
     assert admission.in_flight == 1
-    impatient = Admission(max_in_flight=1, queue_timeout_ms=0, max_retry_after_s=60)
+    impatient = SourceSlots(max_in_flight=1, queue_timeout_ms=0, max_retry_after_s=60)
     assert await impatient.acquire()
     assert not await impatient.acquire()
 
 
 async def test_a_waiter_that_times_out_does_not_leak_a_slot() -> None:
     """A shed waiter leaves the slot count as it was."""
-    admission = Admission(max_in_flight=1, queue_timeout_ms=20, max_retry_after_s=60)
+    admission = SourceSlots(max_in_flight=1, queue_timeout_ms=20, max_retry_after_s=60)
     assert await admission.acquire()
     assert not await admission.acquire()
     admission.release()
@@ -49,7 +49,9 @@ async def test_a_waiter_that_times_out_does_not_leak_a_slot() -> None:
 def test_retry_after_follows_the_drain_rate() -> None:
     """Retry-After is the work ahead over the drain rate, clamped to [1, max]."""
     clock = FakeClock(0.0)
-    admission = Admission(max_in_flight=100, queue_timeout_ms=0, max_retry_after_s=30, clock=clock)
+    admission = SourceSlots(
+        max_in_flight=100, queue_timeout_ms=0, max_retry_after_s=30, clock=clock
+    )
     assert admission.retry_after_s() == 30  # nothing drained yet: the maximum
     for _ in range(50):
         clock.advance(0.1)
