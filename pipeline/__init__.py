@@ -1,1 +1,39 @@
-"""pipeline."""
+"""pipeline: webhook events carried from the door to their handlers, nothing accepted lost.
+
+The packages are the stages, in the order an event travels::
+
+    ingress ─▶ logstore ─▶ transport ─▶ runtime ─▶ admission ─▶ retry ─▶ redrive
+    (verify,   (durable     (Kafka or     (consumer   (fair        (tiers,   (dead letters
+     route)     log)         Redis         members,    throttles)   DLQ)      back in)
+                             Streams)      handlers)
+
+Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``envelope`` and
+``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
+``observability`` (metrics), ``capacity`` (sizing), ``testing`` (doubles for users' tests),
+``cli`` with ``cli_support``, ``redis_functions`` and ``log_repeats``. Import what you use from
+its module (``from pipeline.runtime import App``); ``__all__`` names these modules, as
+docs/architecture.md does.
+"""
+
+__all__ = [
+    "admission",
+    "capacity",
+    "cli",
+    "cli_support",
+    "config",
+    "envelope",
+    "errors",
+    "headers",
+    "ingress",
+    "log_repeats",
+    "logstore",
+    "observability",
+    "redis_functions",
+    "redrive",
+    "registry",
+    "retry",
+    "runtime",
+    "testing",
+    "topics",
+    "transport",
+]

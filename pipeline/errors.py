@@ -7,11 +7,34 @@ callers never need to import a client library to handle a failure::
     PipelineError
     ├── ConfigError                 bad settings; names the setting and the expected form
     ├── TopicSpecError              a topics/*.yaml file is invalid; names the file and field
-    ├── IngressError                a webhook was refused (pipeline/ingress/errors.py):
-    │                               Rejected (401), Malformed (400)
+    ├── IngressError                a webhook was refused (pipeline/ingress/errors.py)
+    │   ├── Rejected                verification failed: 401
+    │   ├── Malformed               tenant / key / event id cannot be read: 400
+    │   │   └── SchemaMismatch      the payload does not match its lane's schema: 400
+    │   └── TooLarge                the body passed the source's cap: 413
     ├── LogStoreError               the durable log failed (pipeline/logstore/errors.py)
     ├── RegistryError               a schema registry request failed (pipeline/registry/errors.py,
-    │                               with Confluent error codes)
+    │   │                           each with its Confluent error code)
+    │   ├── SubjectNotFound
+    │   ├── VersionNotFound
+    │   ├── SchemaNotFound
+    │   ├── SubjectSoftDeleted
+    │   ├── SubjectNotSoftDeleted
+    │   ├── VersionSoftDeleted
+    │   ├── VersionNotSoftDeleted
+    │   ├── SubjectConfigNotFound
+    │   ├── SubjectModeNotFound
+    │   ├── IncompatibleSchema
+    │   ├── InvalidSchema
+    │   ├── InvalidVersion
+    │   ├── InvalidCompatibility
+    │   ├── InvalidMode
+    │   ├── OperationNotPermitted
+    │   ├── IdConflict
+    │   ├── StoreError
+    │   ├── Unauthorized
+    │   ├── Forbidden
+    │   └── SerdeError
     ├── TransportError              a broker operation failed
     │   ├── BrokerUnavailable       the broker (Kafka or Redis) cannot be reached
     │   ├── UnknownTopic            the topic is not declared / does not exist on the broker
@@ -19,13 +42,19 @@ callers never need to import a client library to handle a failure::
     │   └── DeliveryFailed          the broker refused or lost a produced message
     ├── DebounceUnavailable         the debouncer's Redis cannot be reached: the message is
     │                               processed on its own (fail open)
+    ├── ThrottleClosed              the throttle closed while a message waited for its slots
+    ├── HandlerTimeout              a CPU-bound handler ran past its limit (pipeline/runtime/cpu.py)
+    ├── WorkerCrashed               a CPU-bound handler's worker process died (retryable)
     └── HandlerOutcome              raised by a handler to choose what happens to its message
         ├── Retry                   try again later, through the lane's next retry tier
+        │   └── Throttled           a dependency refused for now (429): retry, and slow its key
         ├── DeadLetter              never retry: straight to the lane's dead-letter topic
         │   ├── Expired             (the runtime's) past its deadline, or shed by a standing queue
         │   ├── PoisonMessage       (the runtime's) its runs kept being interrupted: poison
         │   └── SequencedDeadLetter (the runtime's) it follows a dead-lettered head of its key
         └── Skip                    done without doing anything (counted, not an error)
+
+A test (``tests/test_errors.py``) holds this drawing equal to the real subclasses.
 
 Whether any other exception a handler raises is retried is decided by one function,
 :func:`pipeline.retry.policy.default_retryable` (or the one given to the :class:`App`).
@@ -68,6 +97,10 @@ class DeliveryFailed(TransportError):
 
 class DebounceUnavailable(PipelineError):
     """The debouncer's Redis cannot be reached; process the message on its own (fail open)."""
+
+
+class ThrottleClosed(PipelineError):
+    """The throttle was closed while a message waited for its slots; the wait is withdrawn."""
 
 
 class HandlerOutcome(PipelineError):

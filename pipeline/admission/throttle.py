@@ -54,6 +54,7 @@ from pipeline.admission.permit import Permit, default_member_id
 from pipeline.admission.status import MAX_PRIORITY, ThrottleStatus, read_active_keys, read_status
 from pipeline.admission.wake import WakeListener, dedicated_client
 from pipeline.config import Settings
+from pipeline.errors import ThrottleClosed
 from pipeline.redis_functions import FunctionLibrary
 
 __all__ = [
@@ -170,7 +171,7 @@ class Throttle:
         self._closed.set()
         for holder, future in list(self._waiting.items()):
             if not future.done():
-                future.set_exception(RuntimeError("throttle closed while waiting"))
+                future.set_exception(ThrottleClosed("throttle closed while waiting"))
             await self._withdraw(holder)
         if self._renewer is not None:
             await self._renewer

@@ -36,7 +36,7 @@ from urllib.parse import parse_qs
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
-from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch
+from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch, TooLarge
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
 from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
@@ -53,10 +53,6 @@ Send = Callable[[AsgiMessage], Awaitable[None]]
 _PREFIX = "/hooks/"
 _JSON = [(b"content-type", b"application/json")]
 _CLOSE = (b"connection", b"close")
-
-
-class TooLarge(Exception):
-    """The body passed the source's cap."""
 
 
 class Disconnected(Exception):

@@ -5,7 +5,9 @@
     PipelineError
     └── IngressError                 a webhook request cannot be accepted
         ├── Rejected                 verification failed: 401, counted, nothing stored
-        └── Malformed                verified, but tenant / key / event id cannot be read: 400
+        ├── Malformed                verified, but tenant / key / event id cannot be read: 400
+        │   └── SchemaMismatch       the payload does not match its lane's schema: 400
+        └── TooLarge                 the body passed the source's cap: 413, nothing stored
 
 Configuration problems (an undeclared topic, a missing secret) are
 :class:`~pipeline.errors.ConfigError` and stop the ingress at start.
@@ -40,3 +42,11 @@ class SchemaMismatch(Malformed):
         """Count as ``schema mismatch``; answer with ``detail`` too."""
         super().__init__("schema mismatch")
         self.detail = detail
+
+
+class TooLarge(IngressError):
+    """The body passed the source's cap (answered 413)."""
+
+    def __init__(self, reason: str = "body too large") -> None:
+        """Count as ``body too large``."""
+        super().__init__(reason)
