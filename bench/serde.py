@@ -7,8 +7,8 @@ port in this process. Both sides use the same schema (``schemas/message_received
 the same ``--records`` (default 20,000) distinct records as plain dicts (timestamps as
 ``datetime``), under the same subject.
 
-* **ours**: :class:`pipeline.registry.serde.AvroSerializer` and ``AvroDeserializer`` on our
-  :class:`~pipeline.registry.client.RegistryClient`.
+* **ours**: :class:`pipeline.registry.client.serde.AvroSerializer` and ``AvroDeserializer`` on our
+  :class:`~pipeline.registry.client.http.RegistryClient`.
 * **confluent**: ``confluent_kafka.schema_registry.avro.AvroSerializer`` /
   ``AvroDeserializer`` on ``SchemaRegistryClient`` with a ``SerializationContext`` per topic.
 
@@ -42,11 +42,11 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentDe
 from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from pipeline.registry.api import create_app
-from pipeline.registry.client import RegistryClient
-from pipeline.registry.serde import AvroDeserializer, AvroSerializer
-from pipeline.registry.server import BackgroundServer
-from pipeline.registry.sqlite_store import SqliteSchemaStore
+from pipeline.registry.client.http import RegistryClient
+from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import BackgroundServer
+from pipeline.registry.stores.sqlite.store import SqliteSchemaStore
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "schemas" / "message_received.avsc").read_text()
 TOPIC = "bench-serde"

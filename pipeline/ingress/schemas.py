@@ -24,7 +24,7 @@ from fastavro import parse_schema
 from fastavro.validation import ValidationError, validate
 
 from pipeline.ingress.errors import SchemaMismatch
-from pipeline.registry.client import RegistryClient
+from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.errors import RegistryError
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from pipeline.logstore.create import create_log_store
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
-from pipeline.registry.client import RegistryClient
+from pipeline.registry.client.http import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport

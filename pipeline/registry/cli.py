@@ -25,14 +25,14 @@ from rich.table import Table
 
 from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.registry.api import create_app
 from pipeline.registry.canonical import ParsedSchema, parse
-from pipeline.registry.client import RegistryClient
+from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
-from pipeline.registry.server import serve as serve_app
-from pipeline.registry.service import Registry
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import serve as serve_app
+from pipeline.registry.server.service import Registry
 from pipeline.registry.settings import load_registry_settings, startup_problem
-from pipeline.registry.store import open_store
+from pipeline.registry.stores.protocol import open_store
 
 T = TypeVar("T")
 app = typer.Typer(help="The schema registry server.", no_args_is_help=True)

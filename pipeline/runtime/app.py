@@ -81,7 +81,7 @@ def _event_kind(handler: Handler) -> tuple[Any, bool]:
 
 
 class ModelDecoder(Protocol):
-    """Turns a framed Avro value into a model (``pipeline.registry.serde.AvroDeserializer``)."""
+    """Turns a framed Avro value into a model (``registry.client.serde.AvroDeserializer``)."""
 
     def to_model(self, data: bytes, model: type[M]) -> M:
         """The record in ``data`` as ``model``."""

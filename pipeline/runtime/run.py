@@ -22,8 +22,8 @@ from pipeline.errors import ConfigError
 from pipeline.logstore.create import create_log_store
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import MemberTelemetry, member_telemetry
-from pipeline.registry.client import RegistryClient
-from pipeline.registry.serde import AvroDeserializer
+from pipeline.registry.client.http import RegistryClient
+from pipeline.registry.client.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings, Progress

@@ -61,7 +61,8 @@ data = {
 }
 from pipeline.logstore.sqlite import sql as sqlite_sql
 from pipeline.logstore.postgres import sql as postgres_sql
-from pipeline.registry import sqlite_store, postgres_store
+from pipeline.registry.stores.sqlite import store as sqlite_store
+from pipeline.registry.stores.postgres import store as postgres_store
 print(json.dumps({
     "package": pipeline.__file__,
     "modules": len(modules),

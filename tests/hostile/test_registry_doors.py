@@ -13,11 +13,11 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from pipeline.registry.api import create_app
-from pipeline.registry.server import BackgroundServer
-from pipeline.registry.service import Registry
-from pipeline.registry.sqlite_store import SqliteSchemaStore
-from pipeline.registry.store import RegistryStore
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import BackgroundServer
+from pipeline.registry.server.service import Registry
+from pipeline.registry.stores.protocol import RegistryStore
+from pipeline.registry.stores.sqlite.store import SqliteSchemaStore
 
 CONTENT = {"content-type": "application/vnd.schemaregistry.v1+json"}
 

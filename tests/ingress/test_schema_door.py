@@ -13,10 +13,10 @@ from ingress.signing import hub_signature
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.logstore import Selection
 from pipeline.logstore.sqlite import SqliteLogStore
-from pipeline.registry.api import create_app
-from pipeline.registry.client import RegistryClient
-from pipeline.registry.server import BackgroundServer
-from pipeline.registry.sqlite_store import SqliteSchemaStore
+from pipeline.registry.client.http import RegistryClient
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import BackgroundServer
+from pipeline.registry.stores.sqlite.store import SqliteSchemaStore
 
 TOPICS = {"messages": "messages", "engagement": "engagement"}
 SECRET = "meta-app-secret"  # noqa: S105 - a test secret

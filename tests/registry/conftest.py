@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from registry.stores import pg_stores, store  # noqa: F401 - fixtures for this suite
 
-from pipeline.registry.api import create_app
-from pipeline.registry.server import BackgroundServer
-from pipeline.registry.sqlite_store import SqliteSchemaStore
-from pipeline.registry.store import RegistryStore
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import BackgroundServer
+from pipeline.registry.stores.protocol import RegistryStore
+from pipeline.registry.stores.sqlite.store import SqliteSchemaStore
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pipeline.registry.postgres_store import PostgresSchemaStore
-from pipeline.registry.sqlite_store import SqliteSchemaStore
-from pipeline.registry.store import RegistryStore
+from pipeline.registry.stores.postgres.store import PostgresSchemaStore
+from pipeline.registry.stores.protocol import RegistryStore
+from pipeline.registry.stores.sqlite.store import SqliteSchemaStore
 
 PgFactory = Callable[[], PostgresSchemaStore]
 

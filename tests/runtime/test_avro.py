@@ -10,11 +10,11 @@ from pydantic import BaseModel
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
 from pipeline.envelope import Record
-from pipeline.registry.api import create_app
-from pipeline.registry.client import RegistryClient
-from pipeline.registry.serde import AvroDeserializer, AvroSerializer
-from pipeline.registry.server import BackgroundServer
-from pipeline.registry.sqlite_store import SqliteSchemaStore
+from pipeline.registry.client.http import RegistryClient
+from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import BackgroundServer
+from pipeline.registry.stores.sqlite.store import SqliteSchemaStore
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport

@@ -25,7 +25,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from pipeline.config import AuthSettings
-from pipeline.registry.auth import CHALLENGE, Authenticator
 from pipeline.registry.errors import (
     InvalidSchema,
     RegistryError,
@@ -34,8 +33,9 @@ from pipeline.registry.errors import (
     SubjectNotFound,
     Unauthorized,
 )
-from pipeline.registry.service import Registry, require_text
-from pipeline.registry.store import RegistryStore, SubjectVersion
+from pipeline.registry.server.auth import CHALLENGE, Authenticator
+from pipeline.registry.server.service import Registry, require_text
+from pipeline.registry.stores.protocol import RegistryStore, SubjectVersion
 
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"

@@ -11,10 +11,10 @@ from typing import TypeVar
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from registry.stores import PgFactory
 
-from pipeline.registry.api import create_app
 from pipeline.registry.canonical import parse
-from pipeline.registry.server import BackgroundServer
-from pipeline.registry.service import Registry
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import BackgroundServer
+from pipeline.registry.server.service import Registry
 
 T = TypeVar("T")
 ROUNDS = 20

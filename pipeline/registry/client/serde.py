@@ -11,7 +11,7 @@
   when ``allow_json`` is set (a JSON message starts with ``{``, never with the magic byte 0).
 
 Values may be mappings or pydantic models whose fields match the record (see
-:mod:`pipeline.registry.events`): ``datetime`` for ``timestamp-millis``, ``dict`` for maps,
+:mod:`pipeline.registry.client.events`): ``datetime`` for ``timestamp-millis``, ``dict`` for maps,
 ``None`` for a ``null`` union branch. Both are wire-compatible with ``confluent_kafka``'s own
 Avro serdes. Encoding failures raise :class:`~pipeline.registry.errors.SerdeError`.
 """
@@ -28,9 +28,9 @@ from fastavro import schemaless_reader, schemaless_writer
 from pydantic import BaseModel, ValidationError
 
 from pipeline.registry.canonical import ParsedSchema, parse, parse_json
-from pipeline.registry.client import RegistryClient
+from pipeline.registry.client.http import RegistryClient
+from pipeline.registry.client.wire import HEADER_BYTES, header, schema_id_of
 from pipeline.registry.errors import InvalidSchema, RegistryError, SerdeError
-from pipeline.registry.wire import HEADER_BYTES, header, schema_id_of
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -13,11 +13,11 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from pipeline.config import AuthSettings, BasicUser, BearerToken
-from pipeline.registry.api import create_app
-from pipeline.registry.client import RegistryClient
+from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.errors import Forbidden, Unauthorized
-from pipeline.registry.server import BackgroundServer
-from pipeline.registry.sqlite_store import SqliteSchemaStore
+from pipeline.registry.server.api import create_app
+from pipeline.registry.server.serve import BackgroundServer
+from pipeline.registry.stores.sqlite.store import SqliteSchemaStore
 
 WRITER_PASSWORD = "w-s3cret-pw"  # noqa: S105 - test credential
 READER_PASSWORD = "r-s3cret-pw"  # noqa: S105 - test credential

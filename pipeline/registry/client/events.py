@@ -5,8 +5,8 @@ A model maps to its Avro record field by field: ``str`` <-> ``string``, ``int`` 
 ``bytes``, ``datetime`` <-> ``long`` with ``timestamp-millis`` (fastavro converts; timezone-aware,
 UTC), ``dict[str, T]`` <-> ``map``, ``list[T]`` <-> ``array``, ``T | None`` <-> a union with
 ``null``. :func:`model_mismatches` checks a model against a schema (a test keeps every model here
-true to its file); :class:`~pipeline.registry.serde.AvroSerializer` accepts model instances and
-:meth:`~pipeline.registry.serde.AvroDeserializer.to_model` returns them.
+true to its file); :class:`~pipeline.registry.client.serde.AvroSerializer` accepts model
+instances and :meth:`~pipeline.registry.client.serde.AvroDeserializer.to_model` returns them.
 """
 
 from __future__ import annotations

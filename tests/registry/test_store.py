@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.registry.canonical import parse
 from pipeline.registry.errors import IdConflict, IncompatibleSchema
-from pipeline.registry.store import GLOBAL, RegistryStore, SubjectVersion
+from pipeline.registry.stores.protocol import GLOBAL, RegistryStore, SubjectVersion
 
 A = parse('{"type": "record", "name": "A", "fields": [{"name": "x", "type": "int"}]}')
 B = parse('{"type": "record", "name": "B", "fields": [{"name": "y", "type": "int"}]}')

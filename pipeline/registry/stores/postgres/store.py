@@ -28,8 +28,8 @@ from psycopg_pool import ConnectionPool
 
 from pipeline.registry.canonical import ParsedSchema
 from pipeline.registry.errors import IdConflict, StoreError
-from pipeline.registry.sql_store import SqlRegistryStore, Statements, version_row
-from pipeline.registry.store import Check, SubjectVersion
+from pipeline.registry.stores.protocol import Check, SubjectVersion
+from pipeline.registry.stores.sql import SqlRegistryStore, Statements, version_row
 
 _LOCK_CLASS = 0x5C4E  # first key of every advisory lock this store takes ("SchEma")
 _DDL_LOCK = "SELECT pg_advisory_xact_lock(%s, 0)"

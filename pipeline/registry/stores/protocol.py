@@ -1,8 +1,8 @@
 """What the registry keeps, and the interface of the stores that keep it.
 
-Two implementations share :mod:`tests.registry.test_store_contract`: :class:`SqliteSchemaStore`
-(embedded, one file, one process) and :class:`PostgresSchemaStore` (several registry replicas on
-one database). Both guarantee:
+Two implementations pass one contract suite (``tests/contract/registry_store.py``):
+:class:`SqliteSchemaStore` (embedded, one file, one process) and :class:`PostgresSchemaStore`
+(several registry replicas on one database). Both guarantee:
 
 * **ids are global and stable**: one id per normalised schema (unique fingerprint), whatever
   subject it is registered under, kept after the versions using it are deleted, so a reader can
@@ -149,11 +149,11 @@ def open_store(url: str, *, pool_max: int = 10) -> RegistryStore:
         StoreError: the database cannot be opened.
     """
     if url.startswith("sqlite://"):
-        from pipeline.registry.sqlite_store import SqliteSchemaStore  # noqa: PLC0415
+        from pipeline.registry.stores.sqlite.store import SqliteSchemaStore  # noqa: PLC0415
 
         return SqliteSchemaStore(url.removeprefix("sqlite://").removeprefix("/") or ":memory:")
     if url.startswith(("postgresql://", "postgres://")):
-        from pipeline.registry.postgres_store import PostgresSchemaStore  # noqa: PLC0415
+        from pipeline.registry.stores.postgres.store import PostgresSchemaStore  # noqa: PLC0415
 
         return PostgresSchemaStore(url, pool_max=pool_max)
     from pipeline.errors import ConfigError  # noqa: PLC0415

@@ -3,7 +3,7 @@
 One connection serves every thread behind a lock; registrations take the database write lock
 (``BEGIN IMMEDIATE``) before reading the subject, so the compatibility check and the append are
 one atomic step even with several processes on the same file. Use
-:class:`~pipeline.registry.postgres_store.PostgresSchemaStore` for several registry replicas.
+:class:`~pipeline.registry.stores.postgres.store.PostgresSchemaStore` for several registry replicas.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 from pipeline.registry.canonical import ParsedSchema
 from pipeline.registry.errors import IdConflict, StoreError
-from pipeline.registry.sql_store import SqlRegistryStore, Statements, version_row
-from pipeline.registry.store import Check, SubjectVersion
+from pipeline.registry.stores.protocol import Check, SubjectVersion
+from pipeline.registry.stores.sql import SqlRegistryStore, Statements, version_row
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS registry_schemas (

@@ -1,6 +1,6 @@
 """A small synchronous HTTP client for a Confluent-compatible registry (ours or Confluent's).
 
-Used by :mod:`pipeline.registry.serde` and the ``schemas`` commands. Schema texts by id are
+Used by :mod:`pipeline.registry.client.serde` and the ``schemas`` commands. Schema texts by id are
 cached for the life of the client (an id never changes meaning); everything else is asked for
 each time. Registry error bodies come back as the matching
 :class:`~pipeline.registry.errors.RegistryError` subclass; connection failures as

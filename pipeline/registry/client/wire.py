@@ -1,7 +1,7 @@
 """The Confluent wire format: ``0x00``, the schema id as 4 bytes big-endian, then the Avro body.
 
 This is the framing ``confluent_kafka``'s Avro serializers write and read, so messages cross
-freely between them and :mod:`pipeline.registry.serde`.
+freely between them and :mod:`pipeline.registry.client.serde`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The registry's rules on top of a store: versions, deletes, compatibility and modes.
 
-HTTP-free and synchronous; :mod:`pipeline.registry.api` maps requests onto these methods and
+HTTP-free and synchronous; :mod:`pipeline.registry.server.api` maps requests onto these methods and
 their :class:`~pipeline.registry.errors.RegistryError` onto Confluent error bodies. Only the
 schema type ``AVRO`` is supported, and schema references are refused (42201).
 
@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 from pipeline.config import Compatibility
-from pipeline.registry.cache import ByteBoundedCache
 from pipeline.registry.canonical import ParsedSchema, parse
 from pipeline.registry.compat import check
 from pipeline.registry.errors import (
@@ -42,7 +41,8 @@ from pipeline.registry.errors import (
     VersionNotSoftDeleted,
     VersionSoftDeleted,
 )
-from pipeline.registry.store import GLOBAL, RegistryStore, StoredSchema, SubjectVersion
+from pipeline.registry.server.cache import ByteBoundedCache
+from pipeline.registry.stores.protocol import GLOBAL, RegistryStore, StoredSchema, SubjectVersion
 
 # Parsed stored schemas and schemas by id kept in memory, in bytes of schema text (a parsed
 # tree takes a few times its text). Ids never change meaning, so nothing is ever stale.
@@ -76,7 +76,7 @@ def parse_version(raw: str | int) -> int:
 
 
 class Registry:
-    """Schema registry operations over a :class:`~pipeline.registry.store.RegistryStore`."""
+    """Registry operations over a :class:`~pipeline.registry.stores.protocol.RegistryStore`."""
 
     def __init__(
         self,

@@ -15,11 +15,11 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from pipeline.registry.canonical import parse
-from pipeline.registry.client import RegistryClient
+from pipeline.registry.client.events import SCHEMA_FILES, MessageReceivedRecord, model_mismatches
+from pipeline.registry.client.http import RegistryClient
+from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer, JsonSerializer
+from pipeline.registry.client.wire import header, schema_id_of
 from pipeline.registry.errors import SerdeError, SubjectNotFound
-from pipeline.registry.events import SCHEMA_FILES, MessageReceivedRecord, model_mismatches
-from pipeline.registry.serde import AvroDeserializer, AvroSerializer, JsonSerializer
-from pipeline.registry.wire import header, schema_id_of
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 V1 = json.dumps(

@@ -11,11 +11,11 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentDeserializer
 from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from test_registry_serde import message
+from test_serde import message
 
-from pipeline.registry.client import RegistryClient
-from pipeline.registry.events import MessageReceivedRecord
-from pipeline.registry.serde import AvroDeserializer, AvroSerializer
+from pipeline.registry.client.events import MessageReceivedRecord
+from pipeline.registry.client.http import RegistryClient
+from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer
 
 SCHEMA = (Path(__file__).resolve().parents[2] / "schemas" / "message_received.avsc").read_text()
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, closing
 from typing import Any, ClassVar, NamedTuple
 
-from pipeline.registry.store import SettingKind, StoredSchema, SubjectVersion
+from pipeline.registry.stores.protocol import SettingKind, StoredSchema, SubjectVersion
 
 
 class Statements(NamedTuple):

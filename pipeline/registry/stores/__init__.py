@@ -1,0 +1,1 @@
+"""Where the registry keeps schemas: one protocol, one package per database (as logstore)."""
