@@ -1,4 +1,4 @@
-"""The registry's stores as fixtures, shared by the registry and hostile-input suites.
+"""The registry's stores as fixtures, shared by the registry, contract and hostile-input suites.
 
 SQLite lives in tmp_path, PostgreSQL in a uuid-named schema per test, dropped afterwards.
 """
@@ -37,12 +37,19 @@ def pg_stores(postgres_service: str) -> Iterator[PgFactory]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RegistryStore]:
-    """Each registry store in turn, empty."""
-    if request.param == "sqlite":
+def open_test_store(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[RegistryStore]:
+    """An empty registry store of ``kind`` (``sqlite`` or ``postgres``), closed afterwards."""
+    if kind == "sqlite":
         sqlite = SqliteSchemaStore(str(tmp_path / "registry.db"))
         yield sqlite
         sqlite.close()
         return
     yield request.getfixturevalue("pg_stores")()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RegistryStore]:
+    """Each registry store in turn, empty."""
+    yield from open_test_store(request.param, request, tmp_path)

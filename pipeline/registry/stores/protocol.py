@@ -1,6 +1,6 @@
 """What the registry keeps, and the interface of the stores that keep it.
 
-Two implementations pass one contract suite (``tests/contract/registry_store.py``):
+Two implementations pass one contract suite (``tests/contract/base/registry_store.py``):
 :class:`SqliteSchemaStore` (embedded, one file, one process) and :class:`PostgresSchemaStore`
 (several registry replicas on one database). Both guarantee:
 
