@@ -10,9 +10,9 @@ The packages are the stages, in the order an event travels::
 Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``envelope`` and
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``capacity`` (sizing), ``testing`` (doubles for users' tests),
-``cli`` with ``cli_support``, ``redis_functions`` and ``log_repeats``. Import what you use from
-its module (``from pipeline.runtime import App``); ``__all__`` names these modules, as
-docs/architecture.md does.
+``cli`` with ``cli_support``, ``redis_functions``, ``log_repeats`` and ``validation``. Import
+what you use from its module (``from pipeline.runtime import App``); ``__all__`` names these
+modules, as docs/architecture.md does.
 """
 
 __all__ = [
@@ -36,4 +36,5 @@ __all__ = [
     "testing",
     "topics",
     "transport",
+    "validation",
 ]

@@ -33,6 +33,7 @@ from pydantic import (
 from pipeline.config import AdmissionSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.extract import parse_pointer
+from pipeline.validation import field_path
 
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _MIB = 1_048_576
@@ -170,7 +171,7 @@ def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
     try:
         parsed = SourcesFile.model_validate(document)
     except ValidationError as exc:
-        lines = [f"{path}: {_field_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+        lines = [f"{path}: {field_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
         raise ConfigError("invalid sources file:\n  " + "\n  ".join(lines)) from None
     problems = []
     for name, source in parsed.sources.items():
@@ -187,13 +188,6 @@ def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
     if problems:
         raise ConfigError("invalid sources file:\n  " + "\n  ".join(problems))
     return dict(parsed.sources)
-
-
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
-    return path
 
 
 def _message(error: Any) -> str:

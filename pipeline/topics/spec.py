@@ -30,6 +30,7 @@ from pydantic import (
 
 from pipeline.errors import TopicSpecError
 from pipeline.transport.protocol import TopicConfig
+from pipeline.validation import field_path
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -534,15 +535,7 @@ def _describe(error: ErrorDetails) -> str:
         problem = str(error.get("ctx", {}).get("error", error["msg"]))
     else:
         problem = f"{error['msg'][:1].lower()}{error['msg'][1:]} (got {error['input']!r})"
-    return f"{_field_path(loc)}: {problem}" if loc else problem
-
-
-def _field_path(loc: Sequence[int | str]) -> str:
-    """``("retry", "tiers", 1)`` -> ``"retry.tiers[1]"``."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
-    return path
+    return f"{field_path(loc)}: {problem}" if loc else problem
 
 
 def _check_unique(paths: Sequence[Path], specs: Sequence[TopicSpec]) -> None:
