@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import percentile
 from redis.asyncio import Redis
 
 from pipeline.admission.debounce import Debouncer, Turn
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     late_gaps = sum(r["late_gaps"] for r in results)
     lateness = sorted(x for r in reports for x in r["lateness_ms"])
     calls = sum(r["redis_calls"] for r in (*results, *reports))
-    p99 = lateness[min(len(lateness) - 1, int(len(lateness) * 0.99))] if lateness else None
+    p99 = percentile(lateness, 99) if lateness else None
     print(
         f"{args.conversations} conversations, {bursts} planned bursts, {messages} messages "
         f"({sum(r['fail_open'] for r in results)} failed open) in {elapsed_s:.1f} s; "

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common import percentile
 from redis.asyncio import Redis
 
 from pipeline.admission import keys
@@ -80,14 +81,6 @@ class Phase:
     started_at: float = 0.0  # time.monotonic() when its load began
     # Per started job: (tenant class, submitted, started), seconds since ``started_at``.
     jobs: list[tuple[str, float, float]] = field(default_factory=list)
-
-
-def p99(values: list[float]) -> float:
-    """The 99th percentile (nearest rank); 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def tenant_class(tenant: str) -> str:
@@ -320,7 +313,7 @@ def report(
     thr_t: Throttle,
     args: argparse.Namespace,
 ) -> dict[str, object]:
-    calm_p99, fifo_p99, thr_p99 = (p99(small_waits(p)) for p in (calm, fifo, thr))
+    calm_p99, fifo_p99, thr_p99 = (percentile(small_waits(p), 99) for p in (calm, fifo, thr))
     small_done = sum(thr.done[t] for t in SMALL) / thr.span_s
     flood_done = thr.done[FLOODER] / thr.span_s
     left_per_s = load.capacity_per_s - small_done
@@ -342,7 +335,7 @@ def report(
         flood = sum(v for k, v in p.done.items() if k.startswith(FLOODER)) / p.span_s
         util = p.busy_s / (args.slots * p.span_s)
         print(
-            f"{name:<11} {p50:>12.2f} {p99(waits) * 1000:>12.2f} "
+            f"{name:<11} {p50:>12.2f} {percentile(waits, 99) * 1000:>12.2f} "
             f"{sum(p.done[t] for t in SMALL) / p.span_s:>8.1f} {flood:>8.1f} {util:>5.2f} "
             f"{p.stranded_slot_s:>10.3f}"
         )
@@ -355,13 +348,13 @@ def report(
         "over_admissions": thr.over_admissions + subs.over_admissions + calm.over_admissions,
         "flooder_share": round(flood_done / left_per_s, 3) if left_per_s > 0 else None,
         "roundtrips_per_admission": round(thr.roundtrips / max(1, thr.admissions), 3),
-        "wake_p99_ms": round(p99(wake), 2) if wake else None,
+        "wake_p99_ms": round(percentile(wake, 99), 2) if wake else None,
         "admissions_per_s": round(thr.admissions / thr.span_s, 1),
         "small_p99_ms": {
             "calm": round(calm_p99 * 1000, 2),
             "fifo": round(fifo_p99 * 1000, 1),
             "throttle": round(thr_p99 * 1000, 2),
-            "subtenants": round(p99(small_waits(subs)) * 1000, 2),
+            "subtenants": round(percentile(small_waits(subs), 99) * 1000, 2),
         },
         "slots": args.slots,
         "phase_s": args.phase_s,
@@ -387,7 +380,7 @@ def wait_series(phases: list[Phase]) -> list[dict[str, Any]]:
                         "class": cls,
                         "second": second,
                         "jobs": len(mine),
-                        "p99_wait_ms": round(p99(mine) * 1000, 3) if mine else "",
+                        "p99_wait_ms": round(percentile(mine, 99) * 1000, 3) if mine else "",
                     }
                 )
     return rows

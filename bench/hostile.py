@@ -35,10 +35,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import common
 import psutil
 import psycopg
 import uvloop
-import yaml
 from ingress import drop_topic, free_port, load, requests, setup_topic, stop, wait_listening
 
 from pipeline.config import Compatibility, load_settings
@@ -51,20 +51,11 @@ MIB = 1_048_576
 
 def write_config(workdir: Path, topic: str) -> None:
     """Topics and sources: ``bench`` (signed Meta) and ``plain`` (unsigned, tenant from body)."""
-    (workdir / "topics").mkdir(parents=True, exist_ok=True)
-    spec = {"name": topic, "partitions": 4, "lane": "bench"}
-    (workdir / "topics" / "bench.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
     sources = {
-        "bench": {
-            "scheme": "meta",
-            "secrets": ["env:PIPELINE_BENCH_SECRET"],
-            "tenant": {"pointer": "/entry/0/id"},
-            "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
-            "topic": topic,
-        },
+        "bench": common.meta_source(topic, key=False),
         "plain": {"scheme": "none", "tenant": {"pointer": "/tenant"}, "topic": topic},
     }
-    (workdir / "sources.yaml").write_text(yaml.safe_dump({"sources": sources}), encoding="utf-8")
+    common.write_config(workdir, [{"name": topic, "partitions": 4, "lane": "bench"}], sources)
 
 
 def start_ingress(workdir: Path, **extra: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -173,7 +164,7 @@ async def slowloris_p99(port: int, sockets: int, rate: int, seconds: int) -> tup
         for writer in idle:
             writer.close()
     latencies.sort()
-    return latencies[int(len(latencies) * 0.99) - 1] * 1000, accepted
+    return common.percentile(latencies, 99) * 1000, accepted
 
 
 def slowloris(workdir: Path) -> tuple[float, float]:

@@ -37,9 +37,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import common
 import psutil
 import uvloop
-import yaml
 
 SECRET = "bench-secret"  # noqa: S105 - the benchmark's own signing key
 CONNECTIONS = 64
@@ -293,20 +293,8 @@ def measure_p99(workdir: Path, rate: int, seconds: int) -> float:
 
 def write_config(workdir: Path, topic: str) -> dict[str, Any]:
     """Write the ingress's ``topics/bench.yaml`` and ``sources.yaml``; returns the lane's doc."""
-    (workdir / "topics").mkdir(parents=True)
     spec_doc = {"name": topic, "partitions": 4, "lane": "bench"}
-    (workdir / "topics" / "bench.yaml").write_text(yaml.safe_dump(spec_doc), encoding="utf-8")
-    source = {
-        "scheme": "meta",
-        "secrets": ["env:PIPELINE_BENCH_SECRET"],
-        "tenant": {"pointer": "/entry/0/id"},
-        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
-        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
-        "topic": topic,
-    }
-    (workdir / "sources.yaml").write_text(
-        yaml.safe_dump({"sources": {"bench": source}}), encoding="utf-8"
-    )
+    common.write_config(workdir, [spec_doc], {"bench": common.meta_source(topic)})
     return spec_doc
 
 

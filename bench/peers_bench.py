@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -60,9 +59,10 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _tasks import RECORD, paced, payload, record, unpack
+from common import BenchError, build_venv, package_versions
 from ingress import free_port, load, requests, start_ingress, stop, write_config
 from lane_process import consume_cmd, copy_app, write_lane
-from runtime import PEERS_DIR, BenchError, Harness, ensure_peer_env
+from runtime import PEERS_DIR, Harness, ensure_peer_env
 
 from pipeline.config import RuntimeSettings, load_settings
 from pipeline.envelope import Record
@@ -631,48 +631,21 @@ async def ours_worker(broker: str, topic: str, group: str) -> None:
 
 def ensure_redis5_env() -> None:
     """Build or update bench/peers/.venv-redis5 (arq, saq); BenchError with the reason."""
-    requirements = PEERS_DIR / "requirements-redis5.txt"
-    stamp = REDIS5_VENV / ".requirements.sha256"
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()
-    if REDIS5_PY.exists() and stamp.exists() and stamp.read_text().strip() == digest:
-        return
-    print("  building bench/peers/.venv-redis5 (peers: arq, saq)", file=sys.stderr)
-    steps = [
-        [sys.executable, "-m", "venv", str(REDIS5_VENV)],
-        [
-            str(REDIS5_PY),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "-r",
-            str(requirements),
-        ],
-    ]
-    for step in steps[0 if not REDIS5_PY.exists() else 1 :]:
-        proc = subprocess.run(step, capture_output=True, text=True, timeout=600, check=False)
-        if proc.returncode != 0:
-            raise BenchError(f"could not build {REDIS5_VENV}: {proc.stderr.strip()[-300:]}")
-    stamp.write_text(digest + "\n")
+    build_venv(REDIS5_VENV, PEERS_DIR / "requirements-redis5.txt", "arq, saq")
 
 
 def versions() -> dict[str, str]:
     """The peers' package versions, per venv."""
     out: dict[str, str] = {}
-    probe = (
-        "import importlib.metadata as m, json, sys; "
-        "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
-    )
     for python, packages in VERSIONS.items():
         if not python.exists():  # a venv not built because its peers were skipped
             continue
-        proc = subprocess.run(
-            [str(python), "-c", probe, *packages], capture_output=True, text=True, check=False
-        )
-        if proc.returncode == 0:
-            suffix = "" if python == MAIN_PY else " (redis5 venv)"
-            out |= {f"{k}{suffix}": v for k, v in json.loads(proc.stdout).items()}
+        try:
+            found = package_versions(python, packages)
+        except BenchError:
+            continue
+        suffix = "" if python == MAIN_PY else " (redis5 venv)"
+        out |= {f"{k}{suffix}": v for k, v in found.items()}
     return out
 
 

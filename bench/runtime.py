@@ -102,12 +102,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import platform
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -122,6 +120,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import confluent_kafka
+from common import BenchError, build_venv, cpu_s, package_versions
 from confluent_kafka import Consumer as RawKafkaConsumer
 from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as RawTopicPartition
@@ -201,17 +200,8 @@ WIRE_RATIOS = {
 }
 
 
-class BenchError(Exception):
-    """The benchmark could not complete (timeout, lost or failed messages)."""
-
-
 class PeerError(Exception):
     """A peer could not be installed or run; it is reported as null with this reason."""
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _name(kind: str) -> str:
@@ -261,10 +251,10 @@ class Stopwatch:
     def tick(self) -> None:
         """One more message handled."""
         if self.count == 0:
-            self.t0, self.cpu0 = time.perf_counter(), _cpu_s()
+            self.t0, self.cpu0 = time.perf_counter(), cpu_s()
         self.count += 1
         if self.count == self.expected:
-            self.t1, self.cpu1 = time.perf_counter(), _cpu_s()
+            self.t1, self.cpu1 = time.perf_counter(), cpu_s()
             self.done.set()
 
     def span(self) -> Span:
@@ -587,7 +577,7 @@ class Harness:
                         raise BenchError(f"raw: received {received} of {n}")
                     continue
                 if received == 0:
-                    t0, cpu0 = time.perf_counter(), _cpu_s()
+                    t0, cpu0 = time.perf_counter(), cpu_s()
                 last: dict[int, int] = {}
                 for msg in batch:
                     if msg.error() is not None:
@@ -602,7 +592,7 @@ class Harness:
                     offsets=[RawTopicPartition(topic, p, o + 1) for p, o in last.items()],
                     asynchronous=False,
                 )
-            t1, cpu1 = time.perf_counter(), _cpu_s()
+            t1, cpu1 = time.perf_counter(), cpu_s()
             span = Span(received, t1 - t0, cpu1 - cpu0, commit_s=0.0)
             span.extra["handled_s"] = t_handled - t0
             return span
@@ -687,45 +677,12 @@ def ensure_peer_env() -> dict[str, str]:
 
     Raises PeerError with the reason if it cannot be built.
     """
-    requirements = PEERS_DIR / "requirements.txt"
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()
-    fresh = PEER_STAMP.exists() and PEER_STAMP.read_text().strip() == digest
-    if not (PEER_PYTHON.exists() and fresh):
-        print("  building bench/peers/.venv (peers: faust-streaming, faststream)", file=sys.stderr)
-        steps = []
-        if not PEER_PYTHON.exists():
-            steps.append([sys.executable, "-m", "venv", str(PEER_VENV)])
-        steps.append(
-            [
-                str(PEER_PYTHON),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "-r",
-                str(requirements),
-            ]
-        )
-        for step in steps:
-            proc = subprocess.run(step, capture_output=True, text=True, timeout=600, check=False)
-            if proc.returncode != 0:
-                tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-                raise PeerError(
-                    f"could not build the peers' venv ({' '.join(step[:4])}...): {tail}"
-                )
-        PEER_STAMP.write_text(digest + "\n")
-    probe = (
-        "import importlib.metadata as m, json, sys; "
-        "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
-    )
     packages = sorted({p for ps in PEER_PACKAGES.values() for p in ps})
-    proc = subprocess.run(
-        [str(PEER_PYTHON), "-c", probe, *packages], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise PeerError(f"the peers' venv is broken: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout)
+    try:
+        build_venv(PEER_VENV, PEERS_DIR / "requirements.txt", "faust-streaming, faststream")
+        return package_versions(PEER_PYTHON, packages)
+    except BenchError as exc:
+        raise PeerError(str(exc)) from exc
 
 
 # -- the three measurements ----------------------------------------------------------------------

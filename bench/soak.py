@@ -39,6 +39,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import common
 import psutil
 from ingress import load, requests, start_ingress, stop
 from redis.asyncio import Redis
@@ -81,24 +82,8 @@ def specs(tag: str) -> list[TopicSpec]:
 
 def write_config(workdir: Path, tag: str) -> None:
     """topics/*.yaml and sources.yaml for the ingress: source ``plain`` and ``retry``."""
-    (workdir / "topics").mkdir()
-    for doc in spec_docs(tag):
-        (workdir / "topics" / f"{doc['lane']}.yaml").write_text(json.dumps(doc), encoding="utf-8")
-    pointers = {
-        "tenant": {"pointer": "/entry/0/id"},
-        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
-        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
-    }
-    sources = {
-        spec.lane: {
-            "scheme": "meta",
-            "secrets": ["env:PIPELINE_BENCH_SECRET"],
-            **pointers,
-            "topic": spec.name,
-        }
-        for spec in specs(tag)
-    }
-    (workdir / "sources.yaml").write_text(json.dumps({"sources": sources}), encoding="utf-8")
+    sources = {spec.lane: common.meta_source(spec.name) for spec in specs(tag)}
+    common.write_config(workdir, spec_docs(tag), sources)
 
 
 # -- the member process -------------------------------------------------------------------------

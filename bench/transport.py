@@ -43,7 +43,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import resource
 import statistics
 import sys
 import time
@@ -51,6 +50,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from common import BenchError, cpu_s
 from confluent_kafka import Consumer as RawKafkaConsumer
 from confluent_kafka import KafkaException
 from confluent_kafka import Producer as RawKafkaProducer
@@ -110,7 +110,7 @@ class Clock:
 
     def __init__(self) -> None:
         """Start now."""
-        self._cpu0 = _cpu_s()
+        self._cpu0 = cpu_s()
         self._t0 = time.perf_counter()
         self._lap: float | None = None
 
@@ -121,14 +121,9 @@ class Clock:
     def stop(self, messages: int) -> Run:
         """End the consume phase and return the run."""
         end = time.perf_counter()
-        cpu = _cpu_s() - self._cpu0
+        cpu = cpu_s() - self._cpu0
         lap = self._lap if self._lap is not None else end
         return Run(messages, lap - self._t0, end - lap, cpu)
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _key(i: int) -> bytes:
@@ -137,10 +132,6 @@ def _key(i: int) -> bytes:
 
 def _name(kind: str) -> str:
     return f"bench-{kind}-{uuid.uuid4().hex}"
-
-
-class BenchError(Exception):
-    """The benchmark could not complete (timeout, lost or failed messages)."""
 
 
 # -- ours: the same code path for both transports ---------------------------------------------
