@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,13 +38,21 @@ import common
 import psutil
 import psycopg
 import uvloop
-from ingress import drop_topic, free_port, load, requests, setup_topic, stop, wait_listening
+from ingress import (
+    drop_topic,
+    free_port,
+    load,
+    requests,
+    setup_topic,
+    start_ingress,
+    stop,
+    wait_listening,
+)
 
 from pipeline.config import Compatibility, load_settings
 from pipeline.registry.canonical import parse
 from pipeline.registry.compat import check
 
-SECRET = "bench-secret"  # noqa: S105 - the benchmark's own signing key
 MIB = 1_048_576
 
 
@@ -56,28 +63,6 @@ def write_config(workdir: Path, topic: str) -> None:
         "plain": {"scheme": "none", "tenant": {"pointer": "/tenant"}, "topic": topic},
     }
     common.write_config(workdir, [{"name": topic, "partitions": 4, "lane": "bench"}], sources)
-
-
-def start_ingress(workdir: Path, **extra: str) -> tuple[subprocess.Popen[bytes], int]:
-    """``pipeline ingress serve`` with the project's defaults, on a free port."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PIPELINE_BENCH_SECRET": SECRET,
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_TOPICS_DIR": str(workdir / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(workdir / "sources.yaml"),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(workdir / f"ingress-{uuid.uuid4().hex[:6]}.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        **extra,
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.ingress.cli", "ingress", "serve", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
-    wait_listening(port, proc)
-    return proc, port
 
 
 class PeakRss:

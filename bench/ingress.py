@@ -153,8 +153,9 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 
 
 
 def start_ingress(
-    workdir: Path, synchronous: str, transport: str = "redis"
+    workdir: Path, synchronous: str = "FULL", transport: str = "redis", **extra: str
 ) -> tuple[subprocess.Popen[bytes], int]:
+    """``pipeline ingress serve`` on a free port, without its sweeper; ``extra`` adds variables."""
     port = free_port()
     db = workdir / f"ingress-{synchronous}-{uuid.uuid4().hex[:6]}.db"
     env = {
@@ -166,6 +167,7 @@ def start_ingress(
         "PIPELINE_INGRESS__SQLITE_PATH": str(db),
         "PIPELINE_INGRESS__SQLITE_SYNCHRONOUS": synchronous,
         "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        **extra,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.ingress.cli", "ingress", "serve", "--port", str(port)],

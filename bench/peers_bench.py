@@ -141,8 +141,8 @@ PEERS = (
         ),
     ),
     Peer("celery", "redis", "redis_celery.py"),
-    Peer("faststream_kafka", "kafka", "kafka_faststream.py"),
-    Peer("faust", "kafka", "kafka_faust.py"),
+    Peer("faststream_kafka", "kafka", "faststream_peer.py"),
+    Peer("faust", "kafka", "faust_peer.py"),
     Peer("quixstreams", "kafka", "kafka_quixstreams.py"),
 )
 VERSIONS = {

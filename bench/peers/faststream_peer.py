@@ -1,28 +1,48 @@
-"""FastStream peer: one ``KafkaBroker`` subscriber (aiokafka backend) with a no-op handler.
+"""FastStream peer: one ``KafkaBroker`` subscriber (aiokafka backend), for both peer benchmarks.
 
-Run by bench/runtime.py with bench/peers/.venv/bin/python. FastStream's defaults are kept (one
-``getone()`` per message, ``AckPolicy.ACK_FIRST``: aiokafka auto-commit every 5 s, i.e. offsets
-are committed as consumed, not after handling), except that the per-message "Received" and
-"Processed" log lines are switched off (``logger=None``); they are FastStream's default and would
-otherwise dominate a no-op handler.
+FastStream's defaults are kept (one ``getone()`` per message, ``AckPolicy.ACK_FIRST``: aiokafka
+auto-commit every 5 s, i.e. offsets are committed as consumed, not after handling), except that
+the per-message "Received" and "Processed" log lines are switched off (``logger=None``); they
+are FastStream's default and would otherwise dominate a tiny handler. It runs from
+bench/peers/.venv in one of two ways:
+
+* ``faststream_peer.py worker`` (bench/peers_bench.py): the group is ``PEER_GROUP``, the topic
+  ``PEER_QUEUE``; the handler records each task (``_tasks.py``) until the harness stops it.
+* ``faststream_peer.py --bootstrap B --topic T --group G --messages N`` (bench/runtime.py): a
+  no-op handler timed from the first message to the N-th, then one commit and the RESULT line
+  (``_common.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from importlib.metadata import version
 
 from _common import Span, emit, parse_args
+from _tasks import QUEUE, URL, record, unpack
+from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
-args = parse_args(__doc__.split("\n", 1)[0])
+
+def tasks_worker() -> None:
+    """Record every task of ``PEER_QUEUE`` until stopped (bench/peers_bench.py)."""
+    broker = KafkaBroker(URL, logger=None)
+
+    @broker.subscriber(QUEUE, group_id=os.environ["PEER_GROUP"], auto_offset_reset="earliest")
+    async def handle(body: bytes) -> None:
+        """The handler: one record."""
+        record(*unpack(body))
+
+    asyncio.run(FastStream(broker, logger=None).run())
 
 
-async def main() -> int:
-    """Start the broker, wait for the last message, commit, stop."""
+async def timed() -> int:
+    """Start the broker, wait for the last message, commit, stop (bench/runtime.py)."""
+    args = parse_args(__doc__.split("\n", 1)[0])
     span = Span(args.messages)
     done = asyncio.Event()
     broker = KafkaBroker(args.bootstrap, logger=None)
@@ -57,4 +77,7 @@ async def main() -> int:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    sys.exit(asyncio.run(main()))
+    if sys.argv[1:2] == ["worker"]:
+        tasks_worker()
+    else:
+        sys.exit(asyncio.run(timed()))
