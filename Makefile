@@ -62,11 +62,12 @@ asyncapi-parser: $(ASYNCAPI_DIR)/node_modules/.installed
 test-only: setup asyncapi-parser
 	$(BIN)/pytest
 
-## lint: ruff, mypy --strict and the import contracts
+## lint: ruff, mypy --strict, the import contracts, then the formatting (ruff format --check)
 lint: setup
 	$(BIN)/ruff check pipeline tests bench consumers scripts demo
 	$(BIN)/mypy pipeline scripts demo
 	$(BIN)/lint-imports
+	$(BIN)/ruff format --check pipeline tests bench consumers scripts demo
 
 ## bench: every benchmark; bench-<name>: one of them
 bench: bench-transport bench-serde bench-ingress bench-runtime bench-fairness

@@ -214,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if check:
         current = output.read_text(encoding="utf-8") if output.exists() else ""
         if current != text:
-            sys.stderr.write(
-                f"{output} is out of date: python scripts/config_doc.py\n"
-            )
+            sys.stderr.write(f"{output} is out of date: python scripts/config_doc.py\n")
             return 1
         return 0
     output.write_text(text, encoding="utf-8")
