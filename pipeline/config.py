@@ -211,7 +211,7 @@ class ThrottleSettings(_Section):
 # pipeline.ingress.settings.
 
 
-class AdmissionSettings(_Section):
+class IngressSlotSettings(_Section):
     """Bounded concurrent work at the edge; past it, 503 with Retry-After.
 
     Attributes:
@@ -300,7 +300,7 @@ class IngressSettings(_Section):
     group_commit_max_rows: int = Field(default=512, ge=1)
     produce_queue_max: int = Field(default=10_000, ge=1)
     produce_batch_max: int = Field(default=500, ge=1)
-    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    admission: IngressSlotSettings = Field(default_factory=IngressSlotSettings)
     sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
 
 

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.config import AdmissionSettings
+from pipeline.config import IngressSlotSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.extract import parse_pointer
 from pipeline.validation import field_path
@@ -130,7 +130,7 @@ class SourceConfig(_Model):
     topic: StrictStr
     routes: list[RouteRule] = Field(default_factory=list)
     hmac: HmacOptions | None = None
-    admission: AdmissionSettings | None = None
+    admission: IngressSlotSettings | None = None
 
     @model_validator(mode="after")
     def _scheme_needs(self) -> SourceConfig:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from pipeline.config import AdmissionSettings
+from pipeline.config import IngressSlotSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.errors import Malformed
 from pipeline.ingress.extract import Extractor, parse_pointer
@@ -141,7 +141,7 @@ def build_sources(
     configs: Mapping[str, SourceConfig],
     specs: Sequence[TopicSpec],
     *,
-    admission: AdmissionSettings,
+    admission: IngressSlotSettings,
     max_message_bytes: int,
 ) -> dict[str, Source]:
     """Build every source; ``specs`` are the declared topics (their lanes come from there).
@@ -164,7 +164,7 @@ def _build(
     name: str,
     config: SourceConfig,
     lanes: Mapping[str, str],
-    default_admission: AdmissionSettings,
+    default_admission: IngressSlotSettings,
     max_message_bytes: int,
 ) -> Source:
     if config.max_body_bytes > max_message_bytes - HEADROOM_BYTES:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from pipeline.config import AdmissionSettings
+from pipeline.config import IngressSlotSettings
 from pipeline.ingress.send import signed_headers
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import build_sources
@@ -64,7 +64,7 @@ def test_example_webhook_is_routed_to_a_consumer_that_reads_it(
         ROOT / "deploy/local/sources.example.yaml", {spec.name for spec in specs}
     )
     built = build_sources(
-        configs, specs, admission=AdmissionSettings(), max_message_bytes=1_114_112
+        configs, specs, admission=IngressSlotSettings(), max_message_bytes=1_114_112
     )
     body = (WEBHOOKS / file).read_bytes()
     headers = signed_headers(configs[source], body, 0.0)

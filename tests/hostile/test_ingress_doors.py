@@ -14,7 +14,7 @@ import pytest
 from hostile.ingress_server import raw_request, running_ingress, status_of
 from ingress.signing import hub_signature, standard_headers, stripe_signature
 
-from pipeline.config import AdmissionSettings
+from pipeline.config import IngressSlotSettings
 from pipeline.logstore import Selection
 
 SECRET = "hostile-secret"  # noqa: S105 - a test secret
@@ -38,7 +38,7 @@ def _idle_head(port: int) -> bytes:
 
 async def test_idle_bodies_do_not_hold_the_admission_slots(tmp_path: Path) -> None:
     """Sockets that sent headers and one body byte leave every slot to a valid signed request."""
-    admission = AdmissionSettings(max_in_flight=2, queue_timeout_ms=100)
+    admission = IngressSlotSettings(max_in_flight=2, queue_timeout_ms=100)
     async with running_ingress(tmp_path, GITHUB, admission=admission) as ingress:
         idle = [await asyncio.open_connection("127.0.0.1", ingress.port) for _ in range(6)]
         for _, writer in idle:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import yaml
 
-from pipeline.config import AdmissionSettings
+from pipeline.config import IngressSlotSettings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.settings import load_sources
@@ -40,7 +40,7 @@ def build(
     tmp_path: Path,
     sources: dict[str, Any],
     topics: dict[str, str],
-    admission: AdmissionSettings | None = None,
+    admission: IngressSlotSettings | None = None,
 ) -> dict[str, Source]:
     """Sources built through the real configuration path (files, validation, compilation)."""
     specs = load_specs(write_topics(tmp_path / "topics", topics))
@@ -50,7 +50,7 @@ def build(
     return build_sources(
         configs,
         specs,
-        admission=admission or AdmissionSettings(),
+        admission=admission or IngressSlotSettings(),
         max_message_bytes=MAX_MESSAGE_BYTES,
     )
 

@@ -11,7 +11,7 @@ import pytest
 from ingress.helpers import META, build, client, meta_body
 from ingress.signing import hub_signature
 
-from pipeline.config import AdmissionSettings
+from pipeline.config import IngressSlotSettings
 from pipeline.logstore import NewRow, RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore
 
@@ -237,7 +237,7 @@ async def test_overload_is_shed_with_503_and_retry_after(
     tmp_path: Path, sqlite_store: SqliteLogStore
 ) -> None:
     """Past the in-flight bound, requests get 503 with Retry-After; admitted ones complete."""
-    limits = AdmissionSettings(max_in_flight=2, queue_timeout_ms=0, max_retry_after_s=30)
+    limits = IngressSlotSettings(max_in_flight=2, queue_timeout_ms=0, max_retry_after_s=30)
     gated = GatedStore(sqlite_store)
     app, http = client(build(tmp_path, {"whatsapp": META}, TOPICS, limits), gated)
     bodies = [meta_body(n) for n in range(2)]

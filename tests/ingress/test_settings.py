@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from ingress.helpers import META, build, write_sources, write_topics
 
-from pipeline.config import AdmissionSettings, IngressSettings
+from pipeline.config import IngressSettings, IngressSlotSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import build_sources
@@ -169,6 +169,6 @@ def test_the_example_sources_file_is_valid(monkeypatch: pytest.MonkeyPatch) -> N
         root / "deploy/local/sources.example.yaml", {spec.name for spec in specs}
     )
     built = build_sources(
-        configs, specs, admission=AdmissionSettings(), max_message_bytes=1_114_112
+        configs, specs, admission=IngressSlotSettings(), max_message_bytes=1_114_112
     )
     assert sorted(built) == ["github", "whatsapp"]
