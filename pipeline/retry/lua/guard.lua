@@ -147,8 +147,15 @@ local function begin_many(keys, args)
   end
   local out = {}
   if #ids > 0 then
-    local gone = bulk('ZMSCORE', keys[2], ids)
-    local parked = bulk('HMGET', keys[3], names)
+    -- Only ordered starts can find their key parked or their id gone (both come from parking):
+    -- a lane without ordered retries reads neither.
+    local any_ordered = false
+    for i = 1, #ids do any_ordered = any_ordered or ordered[i] end
+    local gone, parked = {}, {}
+    if any_ordered then
+      gone = bulk('ZMSCORE', keys[2], ids)
+      parked = bulk('HMGET', keys[3], names)
+    end
     local writes, seen = {}, {}
     for i, id in ipairs(ids) do
       if gone[i] then
