@@ -1070,6 +1070,7 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
         "retry_cpu_s_per_10k_failing": _r(_med([s.cpu_per_10k for s in rt.failing])),
         "redis_calls_per_msg_retry_clean": _calls(rt.clean),
         "redis_calls_per_msg_retry_failing": _calls(rt.failing),
+        "redis_commands_per_msg_retry_failing": _per_msg(rt.failing),
     }
 
 
