@@ -28,7 +28,7 @@ setup: $(STAMP)
 LOCK := $(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes -q
 lock: setup
 	$(LOCK) $(if $(UPGRADE),--upgrade) --extra dev -o $(REQS)/dev.txt
-	$(LOCK) -c $(REQS)/dev.txt -o $(REQS)/runtime.txt
+	$(LOCK) -c $(REQS)/dev.txt --extra otel -o $(REQS)/runtime.txt
 
 ## wheel: build $(DIST)/pipeline-<version>-py3-none-any.whl (what deploy/image/Dockerfile installs)
 wheel: setup

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipeline import tracing
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import ENV_PREFIX, Settings, load_settings
 from pipeline.errors import ConfigError
@@ -57,6 +58,7 @@ class _IngressEnv(BaseSettings):
 
 def _settings(transport: str | None) -> tuple[Settings, IngressSettings]:
     settings = load_settings(**({"transport": transport} if transport else {}))
+    tracing.use_system(settings.transport)
     ingress = getattr(settings, "ingress", None)
     if not isinstance(ingress, IngressSettings):
         try:
