@@ -10,6 +10,7 @@ line to stderr and exit non-zero: 1 for a failed operation, 2 for bad input or c
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 import time
@@ -323,6 +324,7 @@ def purge_command(
 
 def main() -> None:  # pragma: no cover - for `python -m pipeline.ingress.cli`
     """Run the ingress commands on their own (before they are registered in pipeline.cli)."""
+    tracing.configure(os.environ, service="pipeline-ingress")
     root = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
     root.add_typer(app, name="ingress")
     root.add_typer(ops_app)

@@ -120,7 +120,8 @@ class Chain:
         self._key_lanes(work)
 
     def _key_lanes(self, work: Work) -> None:
-        tracing.admitted(work.trace)
+        if work.trace is not None:
+            tracing.admitted(work.trace)
         self.lanes.submit(work, ordered=work.lane.spec.ordered)
 
     async def _run(self, work: Work) -> None:
@@ -129,8 +130,7 @@ class Chain:
         if self.gate is not None and work.trace is not None and work.lane.spec.throttle:
             policy = work.lane.spec.throttle
             tracing.throttle_waited(work.trace, self.gate.held_keys(work), policy.priority)
-        with tracing.guard(work.trace):
-            outcome = await self._guard.run(work.lane, work.message)
+        outcome = await tracing.guarded(work.trace, self._guard.run(work.lane, work.message))
         if self.gate is not None:
             lane, message = work.lane, work.message
             feedback = self._handler.feedback(lane, message, self.gate.held_keys(work))
@@ -141,7 +141,8 @@ class Chain:
             self.batch.pump()
         self._handler.deferring.discard((work.tp, work.offset))  # whatever parking decided
         self._settle(work, outcome, time.perf_counter() - started)
-        tracing.finish(work.trace, outcome)
+        if work.trace is not None:
+            tracing.finish(work.trace, outcome)
 
     # -- load ---------------------------------------------------------------------------------
 

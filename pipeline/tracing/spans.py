@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from pipeline.envelope import Message, Record
 
+T = TypeVar("T")
 TRACEPARENT = "traceparent"
 """The W3C trace context header, on webhooks, log rows and every produced event."""
 
@@ -244,6 +245,21 @@ def guard(delivery: Delivery | None) -> AbstractContextManager[Any]:
     if delivery is None or _tracer is None:
         return _NULL
     return _tracer.start_as_current_span("guard", context=trace.set_span_in_context(delivery.span))
+
+
+def guarded(delivery: Delivery | None, run: Awaitable[T]) -> Awaitable[T]:
+    """``run`` (the guard and the handler after it) inside the ``guard`` span, if any.
+
+    With no delivery (tracing off) ``run`` itself is returned: no context manager is entered.
+    """
+    if delivery is None or _tracer is None:
+        return run
+    return _guarded(_tracer, delivery, run)
+
+
+async def _guarded(tracer: trace.Tracer, delivery: Delivery, run: Awaitable[T]) -> T:
+    with tracer.start_as_current_span("guard", context=trace.set_span_in_context(delivery.span)):
+        return await run
 
 
 def activate(delivery: Delivery | None) -> AbstractContextManager[Any]:
