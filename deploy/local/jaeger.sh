@@ -2,7 +2,7 @@
 # Jaeger v2 (one binary: OTLP on 4317/4318, query API and UI on 16686, in-memory storage), built
 # from its Go module github.com/jaegertracing/jaeger/cmd/jaeger and cached in ~/.cache/pipeline.
 # The build takes minutes, so it happens on `build` or `up` only, never as part of `make test`.
-# Usage: jaeger.sh build|up|down|status|built
+# Usage: jaeger.sh build|up|down|status|built|links
 source "$(dirname "$0")/common.sh"
 HERE="$ROOT/deploy/local/jaeger"
 VERSION="${JAEGER_VERSION:-v1.76.0}"
@@ -64,13 +64,24 @@ down() {
 status() {
   if port_open 127.0.0.1 "$QUERY_PORT"; then echo "jaeger    127.0.0.1:$QUERY_PORT (OTLP/HTTP $OTLP_HTTP_PORT)"
   elif [ -x "$BIN" ]; then echo "jaeger    down (built)"
-  else echo "jaeger    not built (make services-jaeger builds it, ~8 min)"; fi
+  else echo "jaeger    not built (make jaeger builds and starts it, ~8 min)"; fi
 }
 
 # built: exit 0 when the binary is cached (make demo starts Jaeger only then).
 built() { [ -x "$BIN" ]; }
 
+# links: one trace of the demo's flooder and one of a small tenant, as Jaeger UI links.
+links() {
+  local tenant id
+  for tenant in tenant-flood tenant-07; do
+    id="$(curl -fsS "http://127.0.0.1:$QUERY_PORT/api/traces?service=pipeline-ingress&limit=1&tags=%7B%22pipeline.tenant%22%3A%22$tenant%22%7D" 2>/dev/null \
+      | grep -o '"traceID":"[0-9a-f]*"' | head -1 | cut -d'"' -f4)" || true
+    if [ -n "$id" ]; then printf 'trace of %-12s http://127.0.0.1:%s/trace/%s\n' "$tenant" "$QUERY_PORT" "$id"
+    else printf 'trace of %-12s none sampled (see http://127.0.0.1:%s)\n' "$tenant" "$QUERY_PORT"; fi
+  done
+}
+
 case "${1:-up}" in
-  build) build ;; up) up ;; down) down ;; status) status ;; built) built ;;
-  *) die "usage: jaeger.sh build|up|down|status|built" ;;
+  build) build ;; up) up ;; down) down ;; status) status ;; built) built ;; links) links ;;
+  *) die "usage: jaeger.sh build|up|down|status|built|links" ;;
 esac

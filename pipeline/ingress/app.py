@@ -174,7 +174,7 @@ class IngressApp:
         try:
             row = source.build_row(headers, body, now_s)
             if tracing.on():  # the row keeps the request's trace context for every produce
-                row = replace(row, headers=tracing.outgoing(row.headers))
+                row = replace(row, headers=tracing.outgoing(row.headers, row.tenant))
             if self.schemas is not None:
                 self.schemas.check(row.lane, body)
         except Malformed as exc:

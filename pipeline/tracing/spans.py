@@ -88,10 +88,15 @@ def stage(name: str) -> AbstractContextManager[Any]:
     return _tracer.start_as_current_span(name)
 
 
-def outgoing(headers: Mapping[str, str]) -> Mapping[str, str]:
-    """``headers`` with the current span's ``traceparent``: what a log row keeps of its trace."""
+def outgoing(headers: Mapping[str, str], tenant: str = "") -> Mapping[str, str]:
+    """``headers`` with the current span's ``traceparent``: what a log row keeps of its trace.
+
+    ``tenant`` is recorded on the current (webhook) span as ``pipeline.tenant``.
+    """
     if _tracer is None:
         return headers
+    if tenant:
+        trace.get_current_span().set_attribute("pipeline.tenant", tenant)
     carrier = dict(headers)
     _PROPAGATOR.inject(carrier)
     return carrier
@@ -208,6 +213,9 @@ def process(message: Message, lane: str) -> Delivery | None:
         "pipeline.attempt": h.int_header(message.headers, h.ATTEMPT, 1),
         "pipeline.delivery_count": message.delivery_count,
     }
+    tenant = message.headers.get(h.TENANT)
+    if tenant:
+        attributes["pipeline.tenant"] = tenant.decode(errors="replace")
     if _system == "kafka":
         attributes["messaging.kafka.offset"] = message.offset
     if message.key is not None:
