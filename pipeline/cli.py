@@ -25,6 +25,7 @@ import typer
 import yaml
 from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -512,7 +513,7 @@ def main() -> None:
         )
         app()
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except PipelineError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)

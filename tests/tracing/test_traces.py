@@ -27,7 +27,7 @@ from pipeline import tracing
 from pipeline.errors import DeadLetter
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.logstore.sqlite import SqliteLogStore
-from pipeline.redrive.redrive import Redrive
+from pipeline.redrive.redrive import Redrive, group_name
 from pipeline.redrive.select import Selection
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
@@ -106,6 +106,11 @@ async def test_one_trace_per_webhook_through_retry_dead_letter_and_redrive(
     await dispatcher.close()
     await producer.close()
     tracing.shutdown()  # exports everything still buffered
+    admin = transport.admin()
+    await admin.delete_group(f"g-{unique}", [topic, retry_topic])
+    await admin.delete_group(group_name(dlq, None, Selection()), [dlq])
+    for name in spec.topic_names():
+        await admin.delete_topic(name)
 
     traces = traced.traces()
     assert len(traces) == 2, {t: [s.name for s in spans] for t, spans in traces.items()}
