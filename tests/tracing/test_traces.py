@@ -14,6 +14,7 @@ import itertools
 import json
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,6 @@ from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
 SECRET = "meta-app-secret"  # noqa: S105 - a test secret
-PROVIDER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PROVIDER_SPAN = "00f067aa0ba902b7"
 JAEGER = "http://127.0.0.1:16686"
 
@@ -74,6 +74,7 @@ async def test_one_trace_per_webhook_through_retry_dead_letter_and_redrive(
     subtests: pytest.Subtests,
 ) -> None:
     """A retried webhook and a dead-lettered, redriven one are each one trace, stage by stage."""
+    provider_trace = uuid.uuid4().hex  # a trace of its own (Jaeger keeps every run's spans)
     spec = lane_spec(f"traced_{unique}", 2, retry={"tiers": ["200ms"], "max_attempts": 3})
     topic, retry_topic, dlq = spec.name, spec.retry_topic_names()[0], spec.dead_letter
     await declare(transport, spec)
@@ -91,7 +92,7 @@ async def test_one_trace_per_webhook_through_retry_dead_letter_and_redrive(
     dispatcher = Dispatcher(producer, sqlite_store)
     _, http = client(sources, sqlite_store, dispatcher)
     flaky, dead = meta_body(1), meta_body(2)
-    provider = {"traceparent": f"00-{PROVIDER_TRACE}-{PROVIDER_SPAN}-01"}
+    provider = {"traceparent": f"00-{provider_trace}-{PROVIDER_SPAN}-01"}
     async with http:
         for body, extra in ((flaky, provider), (dead, {})):
             headers = {"x-hub-signature-256": hub_signature(SECRET, body), **extra}
@@ -114,12 +115,12 @@ async def test_one_trace_per_webhook_through_retry_dead_letter_and_redrive(
 
     traces = traced.traces()
     assert len(traces) == 2, {t: [s.name for s in spans] for t, spans in traces.items()}
-    retried = traces[PROVIDER_TRACE]  # the provider's trace, continued
-    (redriven,) = (spans for trace_id, spans in traces.items() if trace_id != PROVIDER_TRACE)
+    retried = traces[provider_trace]  # the provider's trace, continued
+    (redriven,) = (spans for trace_id, spans in traces.items() if trace_id != provider_trace)
     assert_retried(retried, topic, retry_topic)
     assert_redriven(redriven, topic, dlq)
     with subtests.test("the same traces read back from Jaeger"):
-        _check_jaeger(traced, {PROVIDER_TRACE: retried, redriven[0].trace_id: redriven})
+        _check_jaeger(traced, {provider_trace: retried, redriven[0].trace_id: redriven})
 
 
 def assert_retried(retried: list[Span], topic: str, retry_topic: str) -> None:
