@@ -60,6 +60,7 @@ def configure(environ: Mapping[str, str], *, service: str, system: str = "redis"
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
+        from opentelemetry.sdk.trace.sampling import ParentBased  # noqa: PLC0415
     except ImportError:
         raise TracingUnavailable(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not installed: "
@@ -70,7 +71,8 @@ def configure(environ: Mapping[str, str], *, service: str, system: str = "redis"
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _provider = provider
-    spans.install(provider.get_tracer("pipeline"), system)
+    follow = isinstance(provider.sampler, ParentBased)
+    spans.install(provider.get_tracer("pipeline"), system, follow_parent=follow)
     return True
 
 

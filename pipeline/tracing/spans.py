@@ -36,6 +36,11 @@ _NULL: AbstractContextManager[None] = contextlib.nullcontext()
 _PROPAGATOR = TraceContextTextMapPropagator()
 _tracer: trace.Tracer | None = None
 _system = "redis"
+_follow_parent = True
+"""Whether the sampler keeps a carried decision (the parent-based ones, the SDK's default):
+then a delivery or produce whose ``traceparent`` says "not sampled" records nothing at all."""
+_UNSAMPLED_LAST_DIGIT = "02468ace"
+_TRACEPARENT_CHARS = 55
 _EPOCH_NS = time.time_ns() - time.perf_counter_ns()
 """Adds to a ``time.perf_counter`` reading (as ns) to make it a wall-clock time in ns."""
 _LIFECYCLE = frozenset(
@@ -44,11 +49,17 @@ _LIFECYCLE = frozenset(
 """Outcomes recorded as an event on the process span (``handled`` and ``skipped`` are not)."""
 
 
-def install(tracer: trace.Tracer | None, system: str = "redis") -> None:
-    """Use ``tracer`` from now on (None: off); ``system`` is ``messaging.system``."""
-    global _tracer, _system  # noqa: PLW0603 - the one switch, set at the edge
+def install(
+    tracer: trace.Tracer | None, system: str = "redis", *, follow_parent: bool = True
+) -> None:
+    """Use ``tracer`` from now on (None: off); ``system`` is ``messaging.system``.
+
+    ``follow_parent``: the tracer's sampler keeps the decision a ``traceparent`` carries.
+    """
+    global _tracer, _system, _follow_parent  # noqa: PLW0603 - the one switch, set at the edge
     _tracer = tracer
     _system = "kafka" if system == "kafka" else "redis"
+    _follow_parent = follow_parent
 
 
 def use_system(system: str) -> None:
@@ -117,6 +128,8 @@ def sends_started(topic: str, records: Sequence[Record]) -> list[trace.Span] | N
     now = time.time_ns()
     for record in records:
         carried = dict(record.headers) if record.headers else {}
+        if _unsampled(carried.get(TRACEPARENT)):
+            continue  # the header goes on as it is: the trace stays unsampled downstream
         span = _tracer.start_span(
             f"send {topic}",
             context=_parent(carried.get(TRACEPARENT)),
@@ -152,6 +165,10 @@ def sending(
     """
     if _tracer is None:
         return _NULL
+    if not trace.get_current_span().get_span_context().is_valid and _unsampled(
+        headers.get(TRACEPARENT)
+    ):
+        return _NULL  # an unsampled delivery: its copy keeps the unsampled context
     return _routed(_tracer, topic, headers, route, reason)
 
 
@@ -190,8 +207,11 @@ def process(message: Message, lane: str) -> Delivery | None:
     """
     if _tracer is None:
         return None
+    carried = message.headers.get(TRACEPARENT)
+    if _unsampled(carried):
+        return None
     now = time.time_ns()
-    parent = _parent(message.headers.get(TRACEPARENT))
+    parent = _parent(carried)
     produced = min(message.timestamp_ms * 1_000_000, now) if message.timestamp_ms else now
     _tracer.start_span(
         "partition wait",
@@ -357,6 +377,18 @@ def _turn(
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _unsampled(raw: bytes | str | None) -> bool:
+    """Whether ``raw`` is a ``traceparent`` whose sampled flag is off, and that decides.
+
+    The flag is the low bit of the last hex digit; parsing stops there, so an unsampled
+    message costs a few operations.
+    """
+    if not _follow_parent or not raw or len(raw) != _TRACEPARENT_CHARS:
+        return False
+    last = raw[-1:]
+    return (last.decode() if isinstance(last, bytes) else last) in _UNSAMPLED_LAST_DIGIT
 
 
 def _parent(raw: bytes | str | None) -> Context | None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
 from pipeline.envelope import Message
@@ -89,3 +90,31 @@ def test_configure_twice_replaces_the_provider() -> None:
     assert tracing.on()
     assert tracing.configure({**os.environ}, service="pipeline-test")
     assert tracing.on()
+
+
+def test_an_unsampled_traceparent_records_nothing_under_a_parent_based_sampler(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery whose traceparent says "not sampled" opens no span, and its copies keep it."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+    assert tracing.configure(os.environ, service="pipeline-test")
+    try:
+        unsampled = b"00-" + b"3" * 32 + b"-" + b"4" * 16 + b"-00"
+        sampled = unsampled[:-2] + b"01"
+        assert (
+            tracing.process(Message("t", 0, 1, b"k", b"v", {"traceparent": unsampled}), "l") is None
+        )
+        delivery = tracing.process(Message("t", 0, 2, b"k", b"v", {"traceparent": sampled}), "l")
+        assert delivery is not None
+        tracing.finish(delivery, "handled")
+        copy = {"traceparent": unsampled}
+        with tracing.sending("t.retry.5s", copy, "retry"):
+            pass
+        assert copy == {"traceparent": unsampled}
+    finally:
+        tracing.shutdown()
+    assert [s.name for trace in otlp.traces().values() for s in trace] == [
+        "partition wait",
+        "process t",
+    ]
