@@ -39,7 +39,7 @@ services:
 	bash deploy/local/services.sh up
 
 ## jaeger: build Jaeger v2 once (~8 min, cached in ~/.cache/pipeline) and start it on loopback
-## (OTLP 4317/4318, UI and query API on 16686); `make services jaeger` starts everything
+## (OTLP 4317/4318, query API on 16686); `make services jaeger` starts everything
 jaeger:
 	bash deploy/local/services.sh up jaeger
 

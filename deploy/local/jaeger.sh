@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Jaeger v2 (one binary: OTLP on 4317/4318, query API and UI on 16686, in-memory storage), built
-# from its Go module github.com/jaegertracing/jaeger/cmd/jaeger and cached in ~/.cache/pipeline.
+# Jaeger v2 (one binary: OTLP on 4317/4318, query API on 16686, in-memory storage), built from
+# its Go module github.com/jaegertracing/jaeger/cmd/jaeger and cached in ~/.cache/pipeline. The
+# module has no UI assets (Jaeger's release builds embed them), so 16686 serves a placeholder page.
 # The build takes minutes, so it happens on `build` or `up` only, never as part of `make test`.
 # Usage: jaeger.sh build|up|down|status|built|links
 source "$(dirname "$0")/common.sh"
@@ -48,7 +49,7 @@ up() {
     (( SECONDS < deadline )) || die "jaeger not ready after 60s (see $DIR/jaeger.log)"
     sleep 0.2
   done
-  log "jaeger $VERSION ready: UI http://127.0.0.1:$QUERY_PORT, OTLP/HTTP 127.0.0.1:$OTLP_HTTP_PORT"
+  log "jaeger $VERSION ready: query API http://127.0.0.1:$QUERY_PORT/api, OTLP/HTTP 127.0.0.1:$OTLP_HTTP_PORT"
 }
 
 down() {
@@ -70,13 +71,13 @@ status() {
 # built: exit 0 when the binary is cached (make demo starts Jaeger only then).
 built() { [ -x "$BIN" ]; }
 
-# links: one trace of the demo's flooder and one of a small tenant, as Jaeger UI links.
+# links: one trace of the demo's flooder and one of a small tenant, as query API links.
 links() {
   local tenant id
   for tenant in tenant-flood tenant-07; do
     id="$(curl -fsS "http://127.0.0.1:$QUERY_PORT/api/traces?service=pipeline-ingress&limit=1&tags=%7B%22pipeline.tenant%22%3A%22$tenant%22%7D" 2>/dev/null \
       | grep -o '"traceID":"[0-9a-f]*"' | head -1 | cut -d'"' -f4)" || true
-    if [ -n "$id" ]; then printf 'trace of %-12s http://127.0.0.1:%s/trace/%s\n' "$tenant" "$QUERY_PORT" "$id"
+    if [ -n "$id" ]; then printf 'trace of %-12s http://127.0.0.1:%s/api/traces/%s\n' "$tenant" "$QUERY_PORT" "$id"
     else printf 'trace of %-12s none sampled (see http://127.0.0.1:%s)\n' "$tenant" "$QUERY_PORT"; fi
   done
 }
