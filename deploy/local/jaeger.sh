@@ -72,14 +72,19 @@ status() {
 built() { [ -x "$BIN" ]; }
 
 # links: one trace of the demo's flooder and one of a small tenant, as query API links.
+trace_of() {
+  curl -fsS "http://127.0.0.1:$QUERY_PORT/api/traces?service=pipeline-ingress&limit=1&tags=%7B%22pipeline.tenant%22%3A%22$1%22%7D" 2>/dev/null \
+    | grep -o '"traceID":"[0-9a-f]*"' | head -1 | cut -d'"' -f4 || true
+}
 links() {
-  local tenant id
-  for tenant in tenant-flood tenant-07; do
-    id="$(curl -fsS "http://127.0.0.1:$QUERY_PORT/api/traces?service=pipeline-ingress&limit=1&tags=%7B%22pipeline.tenant%22%3A%22$tenant%22%7D" 2>/dev/null \
-      | grep -o '"traceID":"[0-9a-f]*"' | head -1 | cut -d'"' -f4)" || true
-    if [ -n "$id" ]; then printf 'trace of %-12s http://127.0.0.1:%s/api/traces/%s\n' "$tenant" "$QUERY_PORT" "$id"
-    else printf 'trace of %-12s none sampled (see http://127.0.0.1:%s)\n' "$tenant" "$QUERY_PORT"; fi
+  local id n small=""
+  id="$(trace_of tenant-flood)"
+  for n in $(seq 5 49); do  # tenants 05..49 send 0.6 events/s: one in ten is sampled
+    small="$(trace_of "tenant-$(printf %02d "$n")")"
+    [ -z "$small" ] || { n="$(printf %02d "$n")"; break; }
   done
+  printf 'trace of the flooder:        %s\n' "${id:+http://127.0.0.1:$QUERY_PORT/api/traces/$id}"
+  printf 'trace of a small tenant:     %s\n' "${small:+http://127.0.0.1:$QUERY_PORT/api/traces/$small (tenant-$n)}"
 }
 
 case "${1:-up}" in
