@@ -72,12 +72,15 @@ def configure_logging(level: str, fmt: str = "text") -> None:
     ``fmt`` is ``text`` (the default) or ``json`` (one object per line); either way each record
     carries the current ``trace_id`` and ``span_id`` (:mod:`pipeline.tracing.logs`).
     """
-    from pipeline.tracing.logs import JsonFormatter, TraceFilter  # noqa: PLC0415 - no cycle at import
+    from pipeline.tracing.logs import (  # noqa: PLC0415 - no cycle at import
+        JsonFormatter,
+        TextFormatter,
+        TraceFilter,
+    )
 
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     repeats, traces = RepeatFilter(), TraceFilter()
     for handler in logging.getLogger().handlers:
         handler.addFilter(repeats)
         handler.addFilter(traces)
-        if fmt == "json":
-            handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

@@ -1,7 +1,9 @@
 """Log records that carry the current trace, and the JSON log format.
 
 :class:`TraceFilter` adds ``trace_id`` and ``span_id`` (hex, "" outside a span or with tracing
-off) to every record, so a log line can be found from its trace and back.
+off) to every record, so a log line can be found from its trace and back. :class:`TextFormatter`
+is the plain one-line format with `` trace=<trace_id> span=<span_id>`` appended when a record has
+them (so with tracing off a line is as it always was).
 :class:`JsonFormatter` writes one JSON object per line (``PIPELINE_LOG_FORMAT=json``) with the
 time, level, logger, message, the trace fields and whatever ``extra`` the call passed.
 """
@@ -33,6 +35,22 @@ class TraceFilter(logging.Filter):
                 record.trace_id = format(context.trace_id, "032x")
                 record.span_id = format(context.span_id, "016x")
         return True
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger message``, plus the trace and span ids when the record has them."""
+
+    def __init__(self) -> None:
+        """The project's one-line format."""
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, with `` trace=... span=...`` when logged inside a recorded span."""
+        line = super().format(record)
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            return f"{line} trace={trace_id} span={getattr(record, 'span_id', '')}"
+        return line
 
 
 class JsonFormatter(logging.Formatter):

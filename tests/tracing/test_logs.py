@@ -13,7 +13,7 @@ import pytest
 from opentelemetry import trace
 
 from pipeline import tracing
-from pipeline.tracing.logs import JsonFormatter, TraceFilter
+from pipeline.tracing.logs import JsonFormatter, TextFormatter, TraceFilter
 
 ROOT = Path(__file__).parents[2]
 
@@ -43,10 +43,23 @@ def test_a_record_inside_a_span_names_its_trace_and_span() -> None:
 
 
 def test_with_tracing_off_the_ids_are_empty() -> None:
-    """Outside tracing the fields exist and are empty, so a format may always name them."""
+    """Outside tracing the fields exist and are empty, and the text line is as it always was."""
     record = _record("hello")
     TraceFilter().filter(record)
     assert (record.trace_id, record.span_id) == ("", "")
+    assert TextFormatter().format(record).endswith(" INFO pipeline.test hello")
+
+
+@pytest.mark.usefixtures("traced")
+def test_a_text_line_inside_a_span_ends_with_its_ids() -> None:
+    """The plain format names the trace and span of a record logged inside one."""
+    with tracing.stage("log commit"):
+        context = trace.get_current_span().get_span_context()
+        record = _record("log store insert failed")
+        TraceFilter().filter(record)
+    line = TextFormatter().format(record)
+    trace_id, span_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
+    assert line.endswith(f"log store insert failed trace={trace_id} span={span_id}")
 
 
 def test_the_cli_logs_json_lines_when_asked() -> None:
