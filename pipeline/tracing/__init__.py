@@ -18,12 +18,14 @@ event's retries and redrives stay one trace. The spans, in the order an event me
           throttle wait        INTERNAL  waiting for the lane's throttle slots (keys, priority)
           guard                INTERNAL  the run guard's decision and the run it allows
             handler            INTERNAL  the user's handler
-          send {retry topic}   PRODUCER  retry scheduling or dead-lettering, and so on
+            send {retry topic} PRODUCER  retry scheduling or dead-lettering, and so on
     process {lane} turn        CONSUMER  a debounced turn, linked to every message it coalesced
       debounce wait            INTERNAL  from the turn's first message to its firing
 
-Lifecycle outcomes (parked, diverted, deferred, shed, expired, poison, retried, dead-lettered)
-are span events on the ``process`` span. Span names, kinds and ``messaging.*`` attributes follow
+Lifecycle outcomes are span events: the delivery's outcome (parked, deferred, shed, expired,
+retried, dead-lettered, duplicate) on its ``process`` span; ``diverted`` and the dead-letter
+reason (poison, fatal, exhausted, expired, shed, sequenced) on the ``guard`` span, current while
+the message is routed. Span names, kinds and ``messaging.*`` attributes follow
 the OpenTelemetry messaging semantic conventions.
 """
 
