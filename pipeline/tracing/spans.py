@@ -202,7 +202,8 @@ class Delivery:
 def process(message: Message, lane: str) -> Delivery | None:
     """Open the CONSUMER span of a polled message, after its ``partition wait`` span.
 
-    Both are children of the ``traceparent`` the message carries; the wait runs from the
+    Both are children of the ``traceparent`` the message carries (a message without one starts
+    a trace: its ``process`` span is the root and the wait its child); the wait runs from the
     message's produce timestamp to now.
     """
     if _tracer is None:
@@ -212,16 +213,6 @@ def process(message: Message, lane: str) -> Delivery | None:
         return None
     now = time.time_ns()
     parent = _parent(carried)
-    produced = min(message.timestamp_ms * 1_000_000, now) if message.timestamp_ms else now
-    _tracer.start_span(
-        "partition wait",
-        context=parent,
-        start_time=produced,
-        attributes={
-            "messaging.destination.name": message.topic,
-            "messaging.destination.partition.id": str(message.partition),
-        },
-    ).end(now)
     attributes: dict[str, Any] = {
         "messaging.system": _system,
         "messaging.operation.type": "process",
@@ -247,6 +238,13 @@ def process(message: Message, lane: str) -> Delivery | None:
         start_time=now,
         attributes=attributes,
     )
+    produced = min(message.timestamp_ms * 1_000_000, now) if message.timestamp_ms else now
+    _tracer.start_span(
+        "partition wait",
+        context=parent or trace.set_span_in_context(span),
+        start_time=produced,
+        attributes={"messaging.destination.partition.id": str(message.partition)},
+    ).end(now)
     return Delivery(span, now)
 
 
