@@ -160,28 +160,36 @@ def sending(
 ) -> AbstractContextManager[Any]:
     """A PRODUCER span around one routed send (``retry``, ``divert``, ``dead_letter``).
 
-    A child of the current span (the delivery's ``process``); its context replaces the
-    ``traceparent`` in ``headers`` so the copy's next delivery continues the same trace.
+    A child of the current span (the delivery's ``guard``), else of the context ``headers``
+    carry; its context replaces their ``traceparent``, so the copy's next delivery continues
+    the same trace.
     """
     if _tracer is None:
         return _NULL
-    if not trace.get_current_span().get_span_context().is_valid and _unsampled(
-        headers.get(TRACEPARENT)
-    ):
-        return _NULL  # an unsampled delivery: its copy keeps the unsampled context
-    return _routed(_tracer, topic, headers, route, reason)
+    parent = None  # the current span: the delivery's guard
+    if not trace.get_current_span().get_span_context().is_valid:
+        carried = headers.get(TRACEPARENT)  # routed outside a delivery (a debounced turn's)
+        if _unsampled(carried):
+            return _NULL  # the copy keeps the unsampled context
+        parent = _parent(carried)
+    return _routed(_tracer, topic, headers, route, reason, parent)
 
 
 @contextlib.contextmanager
 def _routed(
-    tracer: trace.Tracer, topic: str, headers: dict[str, bytes], route: str, reason: str
+    tracer: trace.Tracer,
+    topic: str,
+    headers: dict[str, bytes],
+    route: str,
+    reason: str,
+    parent: Context | None,
 ) -> Iterator[None]:
     attributes = _send_attributes(topic, None)
     attributes["pipeline.route"] = route
     if reason:
         attributes["pipeline.dead_reason"] = reason
     with tracer.start_as_current_span(
-        f"send {topic}", kind=SpanKind.PRODUCER, attributes=attributes
+        f"send {topic}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes
     ) as span:
         headers[TRACEPARENT] = _traceparent(span)
         yield
