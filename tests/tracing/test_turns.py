@@ -1,4 +1,4 @@
-"""A debounced turn is one span linked to each message it coalesced; its dead letters stay theirs."""
+"""A debounced turn is one span linked to each message it coalesced; dead letters stay theirs."""
 
 from __future__ import annotations
 
