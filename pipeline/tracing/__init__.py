@@ -35,7 +35,6 @@ from pipeline.tracing.setup import TracingUnavailable, configure, shutdown
 from pipeline.tracing.spans import (
     TRACEPARENT,
     Delivery,
-    activate,
     admitted,
     event,
     finish,
@@ -59,7 +58,6 @@ __all__ = [
     "TRACEPARENT",
     "Delivery",
     "TracingUnavailable",
-    "activate",
     "admitted",
     "configure",
     "event",

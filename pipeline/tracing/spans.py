@@ -296,13 +296,6 @@ async def _guarded(tracer: trace.Tracer, delivery: Delivery, run: Awaitable[T]) 
         return await run
 
 
-def activate(delivery: Delivery | None) -> AbstractContextManager[Any]:
-    """Make the delivery's ``process`` span the current one (no-op without a delivery)."""
-    if delivery is None:
-        return _NULL
-    return trace.use_span(delivery.span, end_on_exit=False)
-
-
 def handler_ran(lane: str, started_s: float, error: BaseException | None) -> None:
     """Record the ``handler`` span: from ``started_s`` (``time.perf_counter``) until now."""
     if _tracer is None:
