@@ -9,10 +9,10 @@ The packages are the stages, in the order an event travels::
 
 Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``envelope`` and
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
-``observability`` (metrics), ``capacity`` (sizing), ``testing`` (doubles for users' tests),
-``cli`` with ``cli_support``, ``redis_functions``, ``log_repeats`` and ``validation``. Import
-what you use from its module (``from pipeline.runtime import App``); ``__all__`` names these
-modules, as docs/architecture.md does.
+``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
+for users' tests), ``cli`` with ``cli_support``, ``redis_functions``, ``log_repeats`` and
+``validation``. Import what you use from its module (``from pipeline.runtime import App``);
+``__all__`` names these modules, as docs/architecture.md does.
 """
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "runtime",
     "testing",
     "topics",
+    "tracing",
     "transport",
     "validation",
 ]

@@ -6,6 +6,7 @@ callers never need to import a client library to handle a failure::
 
     PipelineError
     ├── ConfigError                 bad settings; names the setting and the expected form
+    │   └── TracingUnavailable      OTEL_* asks for traces, the SDK is missing (pipeline/tracing)
     ├── TopicSpecError              a topics/*.yaml file is invalid; names the file and field
     ├── IngressError                a webhook was refused (pipeline/ingress/errors.py)
     │   ├── Rejected                verification failed: 401
