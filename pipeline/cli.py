@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import typer
 import yaml
 from confluent_kafka import KafkaError, KafkaException
+from redis.asyncio import Redis
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -38,6 +39,7 @@ from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging
+from pipeline.observability.status_checks import PROBE_TIMEOUT_MS, reach_broker, reach_redis
 from pipeline.observability.status_view import status_command
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
@@ -331,6 +333,7 @@ def consume(
 
     async def main() -> None:
         settings = _settings(transport)
+        await _reach_services(settings)
         if concurrency:
             runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
             settings = settings.model_copy(update={"runtime": runtime})
@@ -346,6 +349,27 @@ def consume(
             identity.release()
 
     _run(main())
+
+
+async def _reach_services(settings: Settings) -> None:
+    """Fail in seconds, naming the address and its variable, if a service is down at start.
+
+    A member already running rides out an outage with backoff; one that never reached its
+    broker or Redis would only log retries, so it stops with one line instead.
+    """
+    await reach_broker(settings)
+    if settings.transport != "redis":  # the member keeps its guard and throttles in Redis
+        timeout_s = PROBE_TIMEOUT_MS / 1000
+        try:
+            client = Redis.from_url(
+                settings.redis.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+            )
+        except ValueError as exc:
+            raise ConfigError(f"PIPELINE_REDIS__URL: {exc}") from exc
+        try:
+            await reach_redis(settings, client)
+        finally:
+            await client.aclose()
 
 
 @app.command()
