@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import delete_topics_after_test, test_settings
 
 PIPELINE = [sys.executable, "-m", "pipeline"]
 
@@ -40,6 +41,7 @@ def test_apply_produce_and_tail_round_trip(
     request.getfixturevalue(f"{name}_service")
     topic = f"cli_{unique}"
     directory = _declare(tmp_path, topic)
+    delete_topics_after_test(test_settings(), name, [topic, f"{topic}.retry.5s", f"{topic}.dlq"])
     dry = run("topics", "apply", str(directory), "--dry-run", "-t", name)
     assert dry.returncode == 0, dry.stderr
     assert f"(dry run) create {topic}.retry.5s" in dry.stdout
