@@ -4,10 +4,9 @@
   ``lag_per_member`` of them, as a KEDA lag trigger does.
 - :class:`UtilisationPolicy`: reactive on busy slots, so each member is ``target`` busy (the
   manifests' ``pipeline_worker_slots_busy`` trigger).
-- :class:`PredictivePolicy`: never below the members the seasonal forecast
-  (:mod:`pipeline.capacity.forecast`) of the next ``lookahead_min`` minutes needs by Little's
-  law (the manifests' ``pipeline_desired_members`` trigger), and beside it a reactive part on
-  slot *demand*: the busy slots plus the messages waiting for one, at ``reactive_target``.
+- :class:`PredictivePolicy`: the utilisation policy, but never below the members the seasonal
+  forecast (:mod:`pipeline.capacity.forecast`) of the next ``lookahead_min`` minutes needs by
+  Little's law: the manifests' ``pipeline_desired_members`` trigger beside slot utilisation.
 
 :func:`week_rates` draws the simulated week: weekday peaks in the late morning and the
 afternoon, quiet nights and weekends, minute-level noise, and one unannounced spike.
@@ -123,35 +122,28 @@ class UtilisationPolicy:
 
 @dataclass
 class PredictivePolicy:
-    """Slot demand, floored by the members the forecast of the next minutes needs.
-
-    The reactive part counts the messages waiting for a slot as well as the busy slots. Busy
-    slots alone cannot exceed the ready slots, so once a rise the forecast missed fills them,
-    a busy-slot trigger asks for at most ``1 / reactive_target`` times the ready members per
-    decision, whatever the queue; counting the queue asks for what the demand needs at once
-    (as the manifests' lag trigger beside the slot trigger does).
+    """Utilisation, floored by the members the forecast of the next minutes needs.
 
     Attributes:
         history: per-minute counts of the weeks before the simulated one, oldest first.
         lookahead_min: minutes ahead the forecast covers (start-up plus a scale-down window).
         target: the slot utilisation the forecast plans for (the Little's-law headroom).
-        reactive_target: the slot demand per slot the reactive part keeps; it only has to
-            catch what the forecast missed, so it can run hotter than ``target``.
+        reactive_target: the utilisation the reactive part keeps; it only has to catch what
+            the forecast missed, so it can run hotter than ``target``.
         recent_min: minutes of the trend window.
     """
 
     history: Sequence[int]
     lookahead_min: int = 15
     target: float = 0.7
-    reactive_target: float = 0.9
+    reactive_target: float = 0.7
     recent_min: int = 15
     name: str = "predictive"
     _cache: dict[int, int] = field(default_factory=dict)
 
     def desired(self, seen: Observation, fleet: Fleet) -> int:
-        """``max(slot-demand wish, members_for(forecast peak))``, re-forecast once a minute."""
-        demand = seen.busy + seen.queued
-        reactive = math.ceil(demand / (fleet.slots_per_member * self.reactive_target))
+        """``max(utilisation wish, members_for(forecast peak))``, re-forecast once a minute."""
+        reactive = math.ceil(seen.busy / (fleet.slots_per_member * self.reactive_target))
         minute = int(seen.now_s // 60)
         if minute not in self._cache:
             self._cache[minute] = self._forecast_members(seen.minute_counts, minute, fleet)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline.capacity.policies import LagPolicy, PredictivePolicy, UtilisationPolicy
+from pipeline.capacity.policies import LagPolicy, UtilisationPolicy
 from pipeline.capacity.queueing import mean_wait_s
 from pipeline.capacity.simulation import Fleet, Observation, simulate
 
@@ -51,13 +51,3 @@ def test_a_reactive_policy_scales_out_only_after_its_signal_and_start_up() -> No
     assert lag.max_wait_s > fleet.startup_s / 2
     assert util.peak_members >= 8  # 4/s x 20 s = 80 busy slots at 70 % of 16
     assert lag.messages == util.messages
-
-
-def test_the_predictive_policys_reactive_part_counts_waiting_messages() -> None:
-    """Full slots and a queue as large again ask for twice the members, not 1/target more."""
-    fleet = Fleet()
-    policy = PredictivePolicy([], target=0.85, reactive_target=1.0)
-    full = Observation(60.0, queued=0, busy=64, members=4, ready=4, minute_counts=[0])
-    queued = Observation(60.0, queued=64, busy=64, members=4, ready=4, minute_counts=[0])
-    assert policy.desired(full, fleet) == 4
-    assert policy.desired(queued, fleet) == 8
