@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlparse
 
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from support import (
     IN_CI,
     delete_declared,
@@ -89,33 +92,33 @@ def _delete_declared_topics() -> Iterator[None]:
 
 # --- Leftover topics: the suite deletes what it creates (asserted once, at the end of the run) ---
 
-_TOPICS_AT_START = pytest.StashKey[frozenset[str] | None]()
+_TOPICS_AT_START = pytest.StashKey[dict[str, frozenset[str]]]()
 
 
-def _topics_now() -> frozenset[str] | None:
-    """Every topic on the shared Kafka and Redis, as ``kafka:NAME`` and ``redis:HASH/NAME``.
+def _topics_now() -> dict[str, frozenset[str]]:
+    """The topics on the shared Kafka and Redis, per service that answered.
 
-    Redis Streams topics are fields of a ``<prefix>:topics`` hash, one per key prefix, so every
-    such hash is read. A service that does not answer contributes nothing; ``None`` when
-    neither answers.
+    Kafka's are ``kafka:NAME``. Redis Streams topics are fields of a ``<prefix>:topics`` hash, one
+    per key prefix, so every such hash is read: ``redis:HASH/NAME``. A service that does not
+    answer is left out.
     """
     settings = test_settings()
-    names: set[str] = set()
-    answered = False
+    found: dict[str, frozenset[str]] = {}
     host, _, port = settings.kafka.bootstrap_servers.split(",")[0].rpartition(":")
     if reachable(host, int(port)):
         admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-        metadata = admin.list_topics(timeout=10)
-        names.update(f"kafka:{name}" for name in metadata.topics if not name.startswith("__"))
-        answered = True
+        with contextlib.suppress(KafkaException):  # a broker that stops answering counts as absent
+            topics = admin.list_topics(timeout=10).topics
+            found["kafka"] = frozenset(f"kafka:{t}" for t in topics if not t.startswith("__"))
     url = urlparse(settings.redis.url)
     if reachable(url.hostname or "127.0.0.1", url.port or 6379):
-        with SyncRedis.from_url(settings.redis.url) as client:
+        with SyncRedis.from_url(settings.redis.url) as client, contextlib.suppress(RedisError):
+            names: set[str] = set()
             for key in client.scan_iter(match="*:topics", _type="hash", count=1000):
                 hash_name = key.decode()
                 names.update(f"redis:{hash_name}/{f.decode()}" for f in client.hkeys(key))
-        answered = True
-    return frozenset(names) if answered else None
+            found["redis"] = frozenset(names)
+    return found
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -129,10 +132,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     Locally the brokers are shared with other people's runs, whose topics may exist for a moment
     when this one ends, so a local run reports what it finds and CI, alone on its brokers, fails.
     """
-    before = session.config.stash.get(_TOPICS_AT_START, None)
-    if before is None or session.config.option.collectonly:
+    before = session.config.stash.get(_TOPICS_AT_START, {})
+    if not before or session.config.option.collectonly:
         return
-    left = (_topics_now() or frozenset()) - before
+    after = _topics_now()
+    left = frozenset().union(*(after[s] - before[s] for s in before.keys() & after.keys()))
     if not left:
         return
     shown = ", ".join(sorted(left)[:40]) + (" ..." if len(left) > 40 else "")
