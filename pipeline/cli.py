@@ -25,13 +25,12 @@ import typer
 import yaml
 from confluent_kafka import KafkaError, KafkaException
 from redis.asyncio import Redis
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from pipeline.admission.cli import app as throttle_app
 from pipeline.capacity.cli import capacity_command
-from pipeline.cli_support import TransportOpt, err, run_command
+from pipeline.cli_support import TransportOpt, err, out_console, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, PipelineError
@@ -166,7 +165,7 @@ def topics_list(
         for info in infos.values():
             retention = format_duration_ms(info.retention_ms) if info.retention_ms else "-"
             table.add_row(info.name, str(info.partitions), retention, str(info.message_count))
-        Console().print(table)
+        out_console().print(table)
 
     _run(main())
 
@@ -455,7 +454,7 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
     table = Table("reason", "messages", title="selected dead letters by reason")
     for why, count in report.reasons.most_common():
         table.add_row(why, str(count))
-    Console().print(table)
+    out_console().print(table)
     verb = "would move" if dry_run else "moved"
     moved = report.selected - report.refused_loops - report.no_origin if dry_run else report.moved
     typer.echo(
