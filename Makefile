@@ -34,7 +34,7 @@ lock: setup
 wheel: setup
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
 
-## services: install (if missing) and start Redis, PostgreSQL and Kafka on loopback
+## services: install (if missing) and start Redis, PostgreSQL, Kafka and S3Proxy on loopback
 services:
 	bash deploy/local/services.sh up
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Starts (up), stops (down) or lists (status) the local services the pipeline and its tests use.
-# Usage: services.sh up|down|status [redis] [postgres] [kafka] [redis-cluster]   (default: all)
+# Usage: services.sh up|down|status [redis] [postgres] [kafka] [redis-cluster] [s3proxy]   (default: all)
 source "$(dirname "$0")/common.sh"
 action="${1:-up}"; shift || true
-names=("$@"); [ ${#names[@]} -gt 0 ] || names=(redis postgres kafka redis-cluster)
+names=("$@"); [ ${#names[@]} -gt 0 ] || names=(redis postgres kafka redis-cluster s3proxy)
 for n in "${names[@]}"; do
   case "$n" in
-    redis|postgres|kafka|redis-cluster) bash "$ROOT/deploy/local/$n.sh" "$action" ;;
-    *) die "unknown service '$n' (expected redis, postgres, kafka or redis-cluster)" ;;
+    redis|postgres|kafka|redis-cluster|s3proxy) bash "$ROOT/deploy/local/$n.sh" "$action" ;;
+    *) die "unknown service '$n' (expected redis, postgres, kafka, redis-cluster or s3proxy)" ;;
   esac
 done
 if [ "$action" = up ]; then
@@ -19,5 +19,8 @@ point the pipeline at them with (these are also the defaults):
   PIPELINE_REDIS__URL=redis://127.0.0.1:6379/0
   PIPELINE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092
   PIPELINE_POSTGRES__URL=postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline
+
+and offloaded payloads (docs/offload.md) at S3Proxy with:
+  AWS_ENDPOINT_URL=http://127.0.0.1:9000 AWS_ACCESS_KEY_ID=pipeline AWS_SECRET_ACCESS_KEY=pipeline-local-secret
 EOT
 fi
