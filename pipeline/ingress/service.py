@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -34,6 +35,8 @@ from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
+from pipeline.offload.rows import offload_row
+from pipeline.offload.writer import Offloader, topic_policies
 from pipeline.registry.client import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
@@ -117,6 +120,9 @@ class Ingress:
         )
         self.observer = MetricsServer(Metrics())
         self.app.observer = self.observer
+        policies = topic_policies(self.specs)
+        if policies:  # lanes with offload: large bodies go to their payload store
+            self.app.offload = functools.partial(offload_row, Offloader(policies))
 
     async def start(self) -> None:
         """Check the topics' size limits, open everything and start the sweeper task.

@@ -35,6 +35,7 @@ from pipeline.ingress.verify import (
     Verifier,
 )
 from pipeline.logstore import NewRow
+from pipeline.offload.caps import inline_cap_bytes
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Admin
 
@@ -71,6 +72,8 @@ class Source:
     keep_headers: frozenset[str]
     max_body_bytes: int
     verify_token: str | None
+    offloads: bool = False
+    """Its cap passes the message size, which offloading every topic it routes to allows."""
 
     @property
     def topics(self) -> frozenset[str]:
@@ -153,7 +156,9 @@ def build_sources(
     sources = {}
     for name, config in configs.items():
         try:
-            sources[name] = _build(name, config, lanes, admission, max_message_bytes)
+            # Where every topic of the source offloads, the cap is the reference's, not the body's.
+            cap = inline_cap_bytes(config, specs, max_message_bytes - HEADROOM_BYTES)
+            sources[name] = _build(name, config, lanes, admission, cap + HEADROOM_BYTES)
         except ConfigError as exc:
             raise ConfigError(f"sources.{name}: {exc}") from None
     return sources
@@ -213,6 +218,7 @@ def _build(
         ),
         max_body_bytes=config.max_body_bytes,
         verify_token=config.verify_token,
+        offloads=max_message_bytes - HEADROOM_BYTES < config.max_body_bytes,
     )
 
 
@@ -246,6 +252,7 @@ async def check_topic_limits(sources: Mapping[str, Source], admin: Admin) -> Non
         if (info := infos.get(topic)) is not None
         and info.max_message_bytes is not None
         and source.max_body_bytes + HEADROOM_BYTES > info.max_message_bytes
+        and not source.offloads
     ]
     if problems:
         raise ConfigError("; ".join(problems))

@@ -21,10 +21,12 @@ from pipeline.admission.adaptive import Feedback, feedback_for
 from pipeline.envelope import Message, TopicPartition
 from pipeline.errors import DebounceUnavailable, Expired, Skip, Throttled
 from pipeline.observability.facades import DebounceMetrics, RuntimeMetrics
+from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.idempotency import IdempotencyGuard
+from pipeline.runtime.payloads import Payloads
 from pipeline.runtime.routing import Routing
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
 from pipeline.runtime.stats import Stats
@@ -68,6 +70,7 @@ class HandlerStage:
         self._standing = {
             lane.name: StandingQueue(lane.spec.sojourn) for lane in lanes if lane.spec.sojourn
         }
+        self._payloads = Payloads(lanes)  # offloaded payloads: references resolved lazily
         self.turns: DebouncedLanes | None = None
         """The debouncer, on a member with Redis and debounced lanes (set by the member)."""
         self.deferring: set[tuple[TopicPartition, int]] = set()
@@ -84,7 +87,10 @@ class HandlerStage:
         self._routing.processed(lane)
         called = time.perf_counter()
         try:
-            event = lane.decode(message)
+            if OFFLOAD in message.headers:  # a reference: resolved off the loop, or lazily
+                event = await self._payloads.event(lane, message)
+            else:
+                event = lane.decode(message)
             if lane.turns:
                 return await self._buffer(lane, event, message, attempt)
             if lane.cpu_ref is None:

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from pipeline.errors import TopicSpecError
+from pipeline.offload.policy import OffloadPolicy
 from pipeline.transport.protocol import TopicConfig
 
 if TYPE_CHECKING:
@@ -378,6 +379,8 @@ class TopicSpec(_Spec):
         throttle: the lane's admission policy (see :class:`ThrottlePolicy`), or None.
         debounce: the coalescing debouncer's policy (see :class:`DebouncePolicy`), or None.
         batch: makes it a batch lane (see :class:`BatchPolicy`); None for interactive work.
+        offload: payloads above a size travel by reference to an object store
+            (:class:`~pipeline.offload.policy.OffloadPolicy`); None keeps every payload inline.
     """
 
     name: Annotated[TopicName, AfterValidator(_main_topic_name)]
@@ -401,6 +404,7 @@ class TopicSpec(_Spec):
     throttle: ThrottlePolicy | None = None
     debounce: DebouncePolicy | None = None
     batch: BatchPolicy | None = None
+    offload: OffloadPolicy | None = None
 
     @field_validator("lane")
     @classmethod
@@ -528,6 +532,8 @@ def _describe(error: ErrorDetails) -> str:
             model = RetryPolicy
         if loc[:1] == ("debounce",) and len(loc) == 2:  # noqa: PLR2004
             model = DebouncePolicy
+        if loc[:1] == ("offload",) and len(loc) == 2:  # noqa: PLR2004
+            model = OffloadPolicy  # type: ignore[assignment]
         fields = ", ".join(field.alias or name for name, field in model.model_fields.items())
         problem = f"unknown field (expected one of: {fields})"
     elif error["type"] == "value_error":

@@ -1,0 +1,56 @@
+"""Payloads in an S3-compatible service (AWS S3, S3Proxy, MinIO, R2, ...).
+
+``s3://bucket/prefix``. Credentials, region and endpoint come from the usual variables, read
+by obstore: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_REGION`` and ``AWS_ENDPOINT_URL`` (for a service other than AWS; an ``http://``
+endpoint is allowed, for a local S3Proxy). The bucket must exist.
+
+Deletes are single-object ``DeleteObject`` requests (presigned, sent with httpx): obstore
+deletes through the batch ``DeleteObjects`` call, which not every S3-compatible service
+implements (S3Proxy's filesystem backend answers 501).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import httpx
+import obstore
+from obstore.store import S3Store
+
+from pipeline.offload.errors import OffloadError
+from pipeline.offload.objects import ObjectPayloadStore
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, S3Config
+
+
+_SIGNED_FOR = timedelta(minutes=5)
+
+
+class S3PayloadStore(ObjectPayloadStore):
+    """A payload store in an S3 bucket, under the URL's prefix."""
+
+    def __init__(self, url: str) -> None:
+        """Open ``url`` (``s3://bucket/prefix``); nothing is contacted yet."""
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
+        options: ClientConfig = {"allow_http": endpoint.startswith("http://")}
+        config: S3Config = {}
+        if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+            config["region"] = "us-east-1"  # what an S3-compatible service takes by default
+        super().__init__(url, S3Store.from_url(url, config=config, client_options=options))
+
+    async def delete(self, key: str) -> None:
+        """Delete ``key`` with one ``DELETE`` (S3 answers 204 whether or not it existed)."""
+        try:
+            url = await obstore.sign_async(self._store, "DELETE", key, _SIGNED_FOR)
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                answer = await client.delete(url)
+        except Exception as exc:
+            raise OffloadError(f"offload store {self.url}: cannot delete {key}: {exc}") from exc
+        if answer.status_code not in (200, 204, 404):
+            raise OffloadError(
+                f"offload store {self.url}: cannot delete {key}: HTTP {answer.status_code}"
+            )
