@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -157,8 +157,10 @@ def build_sources(
     for name, config in configs.items():
         try:
             # Where every topic of the source offloads, the cap is the reference's, not the body's.
-            cap = inline_cap_bytes(config, specs, max_message_bytes - HEADROOM_BYTES)
-            sources[name] = _build(name, config, lanes, admission, cap + HEADROOM_BYTES)
+            inline = max_message_bytes - HEADROOM_BYTES
+            cap = inline_cap_bytes(config, specs, inline)
+            source = _build(name, config, lanes, admission, cap + HEADROOM_BYTES)
+            sources[name] = replace(source, offloads=config.max_body_bytes > inline)
         except ConfigError as exc:
             raise ConfigError(f"sources.{name}: {exc}") from None
     return sources
@@ -218,7 +220,6 @@ def _build(
         ),
         max_body_bytes=config.max_body_bytes,
         verify_token=config.verify_token,
-        offloads=max_message_bytes - HEADROOM_BYTES < config.max_body_bytes,
     )
 
 

@@ -1,0 +1,220 @@
+"""Large payloads end to end on both transports and both stores: by reference, never inline.
+
+A 20 MiB signed webhook is accepted, stored once, handed to the handler intact (digest
+checked), retried, dead-lettered and redriven, the broker carrying only the reference; a member
+that cannot read a reference refuses it; a deleted object is a ``payload_missing`` dead letter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+from contract.helpers import consume_until
+from ingress.signing import hub_signature
+from offload.helpers import declared, offload_lane
+from redis.asyncio import Redis
+from runtime.helpers import FAST, eventually, running
+
+from pipeline import headers as h
+from pipeline.ingress.app import IngressApp
+from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.settings import AdmissionSettings, load_sources
+from pipeline.ingress.source import build_sources
+from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.offload import reference as ref
+from pipeline.offload.lazy import LazyPayload
+from pipeline.offload.rows import offload_row
+from pipeline.offload.store import open_store
+from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
+from pipeline.redrive.redrive import Redrive
+from pipeline.redrive.select import Selection
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import Transport
+
+SECRET = "meta-app-secret"  # noqa: S105 - a test secret
+MIB = 1024 * 1024
+MAX_MESSAGE_BYTES = MIB + 65_536
+
+
+def big_webhook(size: int) -> bytes:
+    """A WhatsApp-like delivery padded to about ``size`` bytes."""
+    change = {
+        "field": "messages",
+        "value": {
+            "contacts": [{"wa_id": "wa-1"}],
+            "messages": [{"id": "wamid.big", "text": {"body": "x" * size}}],
+        },
+    }
+    doc = {"object": "whatsapp_business_account", "entry": [{"id": "biz-1", "changes": [change]}]}
+    return json.dumps(doc).encode()
+
+
+def ingress_app(
+    tmp_path: Path, spec: TopicSpec, store: SqliteLogStore, transport: Transport
+) -> tuple[IngressApp, Dispatcher]:
+    """An ingress whose one source routes to ``spec`` with a 32 MiB body cap."""
+    source = {
+        "scheme": "meta",
+        "secrets": [SECRET],
+        "tenant": {"pointer": "/entry/0/id"},
+        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
+        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
+        "topic": spec.name,
+        "max_body_bytes": 32 * MIB,
+    }
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump({"sources": {"whatsapp": source}}), encoding="utf-8")
+    configs = load_sources(path, {spec.name})
+    sources = build_sources(
+        configs, [spec], admission=AdmissionSettings(), max_message_bytes=MAX_MESSAGE_BYTES
+    )
+    assert sources["whatsapp"].offloads  # a 32 MiB cap is allowed because the lane offloads
+    dispatcher = Dispatcher(transport.producer(), store)
+    app = IngressApp(sources, store, dispatcher)
+    offloader = Offloader(topic_policies([spec]))
+    app.offload = lambda row: offload_row(offloader, row)
+    return app, dispatcher
+
+
+async def test_a_20_mib_webhook_travels_by_reference_through_retry_dlq_and_redrive(
+    tmp_path: Path, transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """Accepted once, stored once, retried, dead-lettered and redriven by reference, intact."""
+    import httpx  # noqa: PLC0415 - only this test speaks HTTP
+
+    spec = offload_lane(f"big_{unique}", store_url)
+    body = big_webhook(20 * MIB)
+    digest = hashlib.sha256(body).hexdigest()
+    log_store = SqliteLogStore(tmp_path / "ingress.db")
+    await log_store.open()
+    async with declared(transport, redis, unique, spec):
+        app, dispatcher = ingress_app(tmp_path, spec, log_store, transport)
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://i")
+        signed = {"x-hub-signature-256": hub_signature(SECRET, body)}
+        async with http:
+            first = await http.post("/hooks/whatsapp", content=body, headers=signed)
+            again = await http.post("/hooks/whatsapp", content=body, headers=signed)
+        assert first.json()["status"] == "accepted"
+        assert again.json()["status"] == "duplicate"
+        await dispatcher.close()
+        store = open_store(store_url)
+        objects = [o async for o in store.list()]
+        assert [(o.key, o.size) for o in objects] == [(ref.key_for(digest), len(body))]
+
+        handled: list[tuple[int, str, str]] = []
+        failing = True
+        member_app = App([spec])
+
+        @member_app.handler(spec.lane)
+        async def handle(event: LazyPayload | bytes, ctx: Context) -> None:
+            assert isinstance(event, LazyPayload)
+            read = hashlib.sha256(await event.read()).hexdigest()
+            handled.append((ctx.attempt, read, ctx.message.headers[h.TENANT].decode()))
+            if failing:
+                raise RuntimeError("downstream unavailable")
+
+        group = f"g-{unique}"
+        member = Member(member_app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: member.stats.dead_lettered == 1)
+        assert handled == [(1, digest, "biz-1"), (2, digest, "biz-1")]
+        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
+        await dlq.close()
+        assert dead.headers[h.DEAD_REASON] == b"exhausted"
+        assert dead.headers[ref.SHA256] == digest.encode()
+        wire = len(dead.value) + sum(len(k) + len(v) for k, v in dead.headers.items())
+        assert wire < 2048  # the dead letter is the reference with its headers, not 20 MiB
+
+        failing = False
+        report = await Redrive(transport, spec.dead_letter, Selection()).run()
+        assert report.moved == 1
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 1)
+        assert handled[-1] == (1, digest, "biz-1")
+        assert [o.key async for o in store.list()] == [ref.key_for(digest)]  # still one object
+        await transport.admin().delete_group(group, spec.topic_names())
+    await log_store.close()
+
+
+async def test_a_member_that_cannot_read_a_reference_refuses_it(
+    transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """A lane without offload, or a newer reference format, goes to a retry tier, not a handler."""
+    plain = offload_lane(f"plain_{unique}", None)
+    newer = offload_lane(f"newer_{unique}", store_url)
+    payload = b"p" * 300_000
+    async with declared(transport, redis, unique, plain, newer):
+        # The producer side has offload on both topics (a fleet mid-rollout of topics/).
+        policies = topic_policies([newer])
+        policies[plain.name] = policies[newer.name]
+        producer = OffloadingProducer(transport.producer(), Offloader(policies))
+        await producer.send(plain.name, payload, key=b"k")
+        value, headers = ref.reference_for(store_url, payload).encode()
+        await producer.send(newer.name, value, key=b"k", headers={**headers, ref.OFFLOAD: b"2"})
+        await producer.close()
+
+        calls: list[object] = []
+        app = App([plain, newer])
+
+        @app.handler(plain.lane)
+        async def handle_plain(event: bytes, ctx: Context) -> None:
+            calls.append(event)
+
+        @app.handler(newer.lane)
+        async def handle_newer(event: bytes, ctx: Context) -> None:
+            calls.append(event)
+
+        group = f"g-{unique}"
+        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: member.stats.dead_lettered == 2)
+        assert calls == []
+        assert member.stats.retried == 2  # each went through the retry tier first
+        for spec, why in ((plain, b"no offload store"), (newer, b"format '2'")):
+            dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+            (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
+            await dlq.close()
+            assert dead.headers[h.ERROR_CLASS] == b"pipeline.offload.errors.ReferenceRefused"
+            assert why in dead.headers[h.ERROR_MESSAGE]
+            assert ref.is_reference(dead.headers)
+        await transport.admin().delete_group(group, [*plain.topic_names(), *newer.topic_names()])
+
+
+async def test_a_deleted_object_is_a_payload_missing_dead_letter(
+    transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """The object gone before the member reads it: dead letter payload_missing, no handler call."""
+    spec = offload_lane(f"gone_{unique}", store_url)
+    payload = b"q" * 400_000
+    async with declared(transport, redis, unique, spec):
+        offloader = Offloader(topic_policies([spec]))
+        producer = OffloadingProducer(transport.producer(), offloader)
+        await producer.send(spec.name, payload, key=b"k")
+        await producer.close()
+        store = offloader.store(store_url)
+        await store.delete(ref.key_for(hashlib.sha256(payload).hexdigest()))
+
+        calls: list[object] = []
+        app = App([spec])
+
+        @app.handler(spec.lane)
+        async def handle(event: bytes, ctx: Context) -> None:
+            calls.append(event)
+
+        group = f"g-{unique}"
+        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: member.stats.dead_lettered == 1)
+        assert calls == []
+        assert member.stats.retried == 0  # never a crash loop: straight to the DLQ
+        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
+        await dlq.close()
+        assert dead.headers[h.DEAD_REASON] == b"payload_missing"
+        await transport.admin().delete_group(group, spec.topic_names())
