@@ -39,6 +39,8 @@ from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging
 from pipeline.observability.status_view import status_command
+from pipeline.offload.cli import app as offload_app
+from pipeline.offload.writer import with_offload
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
@@ -65,6 +67,7 @@ app.add_typer(schemas_app, name="schemas")
 app.add_typer(ingress_app, name="ingress")
 app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
+app.add_typer(offload_app, name="offload")  # pipeline offload purge
 app.command("status")(status_command)
 app.command("capacity")(capacity_command)
 
@@ -204,8 +207,9 @@ def produce(
     headers = _parse_headers(header or [])
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
-        producer = t.producer()
+        settings = _settings(transport)
+        t = create_transport(settings)
+        producer = with_offload(t.producer(), settings.topics_dir)  # a large value by reference
         try:
             delivered = await producer.send(
                 topic, payload, key=key.encode() if key is not None else None, headers=headers

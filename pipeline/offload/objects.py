@@ -1,7 +1,9 @@
 """The operations both payload stores share, on an obstore store (S3 or a local directory).
 
-obstore's calls run in its own Rust runtime: awaiting them never blocks the event loop, and
-large bodies move without passing through Python objects chunk by chunk more than once.
+Every obstore call is its blocking form run in a worker thread (it lets go of the GIL while it
+waits), so the event loop never waits on the store. Not obstore's ``*_async`` forms: with
+obstore 0.12.1 they can abort the interpreter as it exits (SIGABRT, exit 134), which a member
+or a command must never do.
 Client errors are translated here: a missing object is
 :class:`~pipeline.offload.errors.PayloadMissing`, any other failure
 :class:`~pipeline.offload.errors.OffloadError`.
@@ -9,7 +11,8 @@ Client errors are translated here: a missing object is
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import obstore
@@ -33,7 +36,7 @@ class ObjectPayloadStore:
     async def head(self, key: str) -> StoredObject | None:
         """The object at ``key``, or None (HEAD on S3, a stat on a directory)."""
         try:
-            return _stored(await obstore.head_async(self._store, key))
+            return _stored(await asyncio.to_thread(obstore.head, self._store, key))
         except FileNotFoundError:
             return None
         except Exception as exc:
@@ -42,15 +45,16 @@ class ObjectPayloadStore:
     async def put(self, key: str, data: bytes | memoryview) -> None:
         """Write ``data`` at ``key`` (a multipart upload above obstore's chunk size on S3)."""
         try:
-            await obstore.put_async(self._store, key, data)
+            await asyncio.to_thread(obstore.put, self._store, key, data)
         except Exception as exc:
             raise OffloadError(f"offload store {self.url}: cannot write {key}: {exc}") from exc
 
     async def chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         """The object's bytes in chunks of at least ``chunk_bytes`` (the last may be shorter)."""
         try:
-            result = await obstore.get_async(self._store, key)
-            async for chunk in result.stream(min_chunk_size=chunk_bytes):
+            result = await asyncio.to_thread(obstore.get, self._store, key)
+            stream = iter(result.stream(min_chunk_size=chunk_bytes))
+            while (chunk := await asyncio.to_thread(next, stream, None)) is not None:
                 yield bytes(chunk)
         except FileNotFoundError:
             raise PayloadMissing(f"offloaded payload {self.url}/{key} does not exist") from None
@@ -66,19 +70,26 @@ class ObjectPayloadStore:
         its directories as objects without one; every stored payload has one.
         """
         try:
-            async for page in obstore.list(self._store, prefix or None):
-                for meta in page:
-                    if meta.get("e_tag") is not None:
-                        yield _stored(meta)
+            found = await asyncio.to_thread(self._list, prefix)
         except FileNotFoundError:
             return
         except Exception as exc:
             raise OffloadError(f"offload store {self.url}: cannot list: {exc}") from exc
+        for meta in found:
+            yield _stored(meta)
+
+    def _list(self, prefix: str) -> Sequence[Any]:
+        return [
+            meta
+            for page in obstore.list(self._store, prefix or None)
+            for meta in page
+            if meta.get("e_tag") is not None
+        ]
 
     async def delete(self, key: str) -> None:
         """Delete ``key``; a key already gone is not an error."""
         try:
-            await obstore.delete_async(self._store, key)
+            await asyncio.to_thread(obstore.delete, self._store, key)
         except FileNotFoundError:
             return
         except Exception as exc:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline.envelope import Delivered, Record
 from pipeline.offload import reference as ref
@@ -162,3 +163,16 @@ class OffloadingProducer:
     async def close(self) -> None:
         """Close the inner producer."""
         await self._inner.close()
+
+
+def with_offload(producer: Producer, topics_dir: Path) -> Producer:
+    """``producer``, offloading for the lanes of ``topics_dir`` that declare ``offload:``.
+
+    Without a topics directory, or without an offloading lane, ``producer`` itself.
+    """
+    if not topics_dir.is_dir():
+        return producer
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415 - the topics layer sits above
+
+    policies = topic_policies(load_specs(topics_dir))
+    return OffloadingProducer(producer, Offloader(policies)) if policies else producer

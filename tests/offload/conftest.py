@@ -43,7 +43,7 @@ async def store_url(
         await store.delete(key)
     # S3Proxy's filesystem backend keeps the emptied directories; they list as ETag-less objects.
     raw = S3Store.from_url(url, client_options={"allow_http": True}, region="us-east-1")
-    markers = [m["path"] async for page in obstore.list(raw) for m in page]
+    markers = [m["path"] for page in obstore.list(raw) for m in page]
     for key in sorted(markers, key=len, reverse=True):
         await store.delete(key)
     await store.delete("")  # the prefix itself
