@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo clean
+.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile bench-offload soak demo clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -85,6 +85,10 @@ bench-runtime: setup services
 
 bench-fairness: setup services
 	$(BIN)/python bench/fairness.py
+
+## bench-offload: 5 MiB payloads by reference (S3Proxy) vs the largest inline payload (docs/benchmarks.md)
+bench-offload: setup services
+	$(BIN)/python bench/offload.py
 
 ## bench-metastable: a retry storm after a spike, FIFO lane vs deadlines + shedding (docs/faults.md)
 bench-metastable: setup

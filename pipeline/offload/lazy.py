@@ -19,6 +19,7 @@ the check stalls the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 
@@ -33,12 +34,20 @@ CHUNK_BYTES = 1024 * 1024
 class LazyPayload:
     """An offloaded payload, fetched from its store only when read."""
 
-    __slots__ = ("_body", "_store", "reference")
+    __slots__ = ("_body", "_gate", "_store", "reference")
 
-    def __init__(self, reference: Reference, store: PayloadStore) -> None:
-        """The payload ``reference`` points to in ``store``."""
+    def __init__(
+        self, reference: Reference, store: PayloadStore, gate: asyncio.Semaphore | None = None
+    ) -> None:
+        """The payload ``reference`` points to in ``store``.
+
+        ``gate`` bounds how many chunks are fetched and hashed at once across the payloads
+        that share it (a member's): the worker threads doing it take the GIL in turns with the
+        event loop, and more of them at once lengthen the loop's stalls, not the throughput.
+        """
         self.reference = reference
         self._store = store
+        self._gate = gate
         self._body: bytes | None = None
 
     @property
@@ -75,8 +84,14 @@ class LazyPayload:
             return
         digest = hashlib.sha256()
         size = 0
-        async for chunk in self._store.chunks(self.reference.key, chunk_bytes):
-            await asyncio.to_thread(digest.update, chunk)
+        source = aiter(self._store.chunks(self.reference.key, chunk_bytes))
+        while True:
+            async with self._gate or contextlib.nullcontext():
+                chunk = await anext(source, None)
+                if chunk is not None:
+                    await asyncio.to_thread(digest.update, chunk)
+            if chunk is None:
+                break
             size += len(chunk)
             yield chunk
         self._check(size, digest.hexdigest())
