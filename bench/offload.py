@@ -16,6 +16,9 @@ and checks its SHA-256 (off the loop, in both modes).
   inline (``PIPELINE_MAX_MESSAGE_BYTES`` minus the ingress's 16 KiB headroom: 1,097,728 bytes by
   default), through a lane without offload.
 
+Each repeat (``--repeats``, default 3) runs both modes, in alternating order, and measures the
+loop's idle lateness first (``idle_loop_stall_p99_ms``: the shared machine's own noise); the
+last line gives the median over repeats, and each repeat's ratio and stall beside it.
 Each mode's time is ingress (first post to the last event acknowledged by the broker) plus
 delivery (the member's start to the last handler return); ``bytes_per_s`` = payload bytes /
 that time; ``vs_inline_bytes_per_s`` = offload / inline (so inline is scaled per byte).
@@ -225,50 +228,72 @@ async def run_mode(  # noqa: C901, PLR0915 - one measured pass, read top to bott
     }
 
 
+async def idle_stall_p99_ms() -> float:
+    """The loop's 1 ms wake-up lateness over 1 s with nothing else running (machine noise)."""
+    idle = LoopLag()
+    idle.start()
+    await asyncio.sleep(1.0)
+    return await idle.stop()
+
+
+async def one_repeat(args: argparse.Namespace, repeat: int, tmp: Path) -> dict[str, Any]:
+    """Inline then offload (offload first on odd repeats); the figures of this pair."""
+    inline_size = load_settings().max_message_bytes - HEADROOM_BYTES
+    prefix = uuid.uuid4().hex[:8]
+    store_url = f"s3://pipeline/bench-{prefix}" if args.store == "s3" else f"file://{tmp}/{prefix}"
+    idle_ms = await idle_stall_p99_ms()
+    results: dict[str, dict[str, Any]] = {}
+    order = ["inline", "offload"] if repeat % 2 == 0 else ["offload", "inline"]
+    for mode in order:
+        if mode == "inline":
+            results[mode] = await run_mode(
+                "inline", args.inline_messages, inline_size, None, args.transport, tmp
+            )
+        else:
+            try:
+                results[mode] = await run_mode(
+                    "offload", args.offload_messages, 5 * MIB, store_url, args.transport, tmp
+                )
+            finally:
+                store = open_store(store_url)
+                for key in [o.key async for o in store.list()]:
+                    await store.delete(key)
+        print(json.dumps({"repeat": repeat, **results[mode]}), flush=True)
+    inline, offload = results["inline"], results["offload"]
+    return {
+        "vs_inline_bytes_per_s": offload["bytes_per_s"] / inline["bytes_per_s"],
+        "loop_stall_p99_ms": offload["loop_stall_p99_ms"],
+        "broker_bytes_per_msg": offload["broker_bytes_per_msg"],
+        "offload_bytes_per_s": offload["bytes_per_s"],
+        "inline_bytes_per_s": inline["bytes_per_s"],
+        "inline_loop_stall_p99_ms": inline["loop_stall_p99_ms"],
+        "idle_loop_stall_p99_ms": idle_ms,
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--offload-messages", type=int, default=40)
     parser.add_argument("--inline-messages", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--store", choices=["s3", "file"], default="s3")
     parser.add_argument("--transport", choices=["redis", "kafka"], default="redis")
     args = parser.parse_args()
     for name, value in S3PROXY.items():
         os.environ.setdefault(name, value)
-    inline_size = load_settings().max_message_bytes - HEADROOM_BYTES
-    idle = LoopLag()  # the machine's own scheduling noise, for context
-    idle.start()
-    await asyncio.sleep(1.0)
-    idle_p99_ms = await idle.stop()
     with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp_name:
-        tmp = Path(tmp_name)
-        prefix = uuid.uuid4().hex[:8]
-        store_url = (
-            f"s3://pipeline/bench-{prefix}" if args.store == "s3" else f"file://{tmp}/payloads"
-        )
-        inline = await run_mode(
-            "inline", args.inline_messages, inline_size, None, args.transport, tmp
-        )
-        print(json.dumps(inline), flush=True)
-        try:
-            offload = await run_mode(
-                "offload", args.offload_messages, 5 * MIB, store_url, args.transport, tmp
-            )
-        finally:
-            store = open_store(store_url)
-            for key in [o.key async for o in store.list()]:
-                await store.delete(key)
-        print(json.dumps(offload), flush=True)
+        pairs = [await one_repeat(args, r, Path(tmp_name)) for r in range(args.repeats)]
+    summary = {
+        field: round(statistics.median(p[field] for p in pairs), 2) for field in pairs[0]
+    }
+    summary["vs_inline_each"] = [round(p["vs_inline_bytes_per_s"], 2) for p in pairs]
+    summary["loop_stall_p99_ms_each"] = [round(p["loop_stall_p99_ms"], 2) for p in pairs]
     print(
         json.dumps(
             {
                 "bench": "offload",
-                "vs_inline_bytes_per_s": round(offload["bytes_per_s"] / inline["bytes_per_s"], 2),
-                "loop_stall_p99_ms": offload["loop_stall_p99_ms"],
-                "broker_bytes_per_msg": offload["broker_bytes_per_msg"],
-                "offload_bytes_per_s": offload["bytes_per_s"],
-                "inline_bytes_per_s": inline["bytes_per_s"],
-                "inline_loop_stall_p99_ms": inline["loop_stall_p99_ms"],
-                "idle_loop_stall_p99_ms": round(idle_p99_ms, 2),
+                **summary,
+                "repeats": args.repeats,
                 "store": args.store,
                 "transport": args.transport,
             }

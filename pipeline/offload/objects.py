@@ -12,7 +12,7 @@ Client errors are translated here: a missing object is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import obstore
@@ -23,6 +23,12 @@ from pipeline.offload.store import StoredObject
 
 def _stored(meta: Any) -> StoredObject:
     return StoredObject(str(meta["path"]), int(meta["size"]), meta["last_modified"])
+
+
+def _next_bytes(stream: Iterator[Any]) -> bytes | None:
+    """The stream's next chunk as bytes (copied here, in the worker thread), None at its end."""
+    chunk = next(stream, None)
+    return None if chunk is None else bytes(chunk)
 
 
 class ObjectPayloadStore:
@@ -54,8 +60,8 @@ class ObjectPayloadStore:
         try:
             result = await asyncio.to_thread(obstore.get, self._store, key)
             stream = iter(result.stream(min_chunk_size=chunk_bytes))
-            while (chunk := await asyncio.to_thread(next, stream, None)) is not None:
-                yield bytes(chunk)
+            while (chunk := await asyncio.to_thread(_next_bytes, stream)) is not None:
+                yield chunk
         except FileNotFoundError:
             raise PayloadMissing(f"offloaded payload {self.url}/{key} does not exist") from None
         except PayloadMissing:
