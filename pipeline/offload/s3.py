@@ -26,7 +26,7 @@ from pipeline.offload.errors import OffloadError
 from pipeline.offload.objects import ObjectPayloadStore
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, S3Config
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 
 _SIGNED_FOR = timedelta(minutes=5)
@@ -44,11 +44,19 @@ class S3PayloadStore(ObjectPayloadStore):
     def __init__(self, url: str) -> None:
         """Open ``url`` (``s3://bucket/prefix``); nothing is contacted yet."""
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
-        options: ClientConfig = {"allow_http": endpoint.startswith("http://")}
+        options: ClientConfig = {
+            "allow_http": endpoint.startswith("http://"),
+            "connect_timeout": timedelta(seconds=5),
+        }
+        # A webhook waits on the write: give up within seconds (503, the provider retries)
+        # rather than obstore's default of ten retries over three minutes.
+        retry: RetryConfig = {"max_retries": 3, "retry_timeout": timedelta(seconds=15)}
         config: S3Config = {}
         if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
             config["region"] = "us-east-1"  # what an S3-compatible service takes by default
-        super().__init__(url, S3Store.from_url(url, config=config, client_options=options))
+        super().__init__(url, S3Store.from_url(
+                url, config=config, client_options=options, retry_config=retry
+            ))
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` with one ``DELETE`` (S3 answers 204 whether or not it existed)."""

@@ -16,6 +16,7 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 from pipeline.errors import ConfigError
+from pipeline.offload.errors import OffloadError
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +64,19 @@ def open_store(url: str) -> PayloadStore:
 
     Raises:
         ConfigError: another scheme.
+        OffloadError: the store cannot be opened (a file where the directory should be, a
+            malformed URL).
     """
     scheme = urlparse(url).scheme
-    if scheme == "s3":
-        from pipeline.offload.s3 import S3PayloadStore  # noqa: PLC0415 - one import per kind
+    if scheme not in ("s3", "file"):
+        raise ConfigError(f"offload store {url!r}: expected s3://bucket/prefix or file:///dir")
+    try:
+        if scheme == "s3":
+            from pipeline.offload.s3 import S3PayloadStore  # noqa: PLC0415 - one import per kind
 
-        return S3PayloadStore(url)
-    if scheme == "file":
+            return S3PayloadStore(url)
         from pipeline.offload.directory import DirectoryPayloadStore  # noqa: PLC0415
 
         return DirectoryPayloadStore(url)
-    raise ConfigError(f"offload store {url!r}: expected s3://bucket/prefix or file:///dir")
+    except Exception as exc:
+        raise OffloadError(f"offload store {url}: cannot open it: {exc}") from exc
