@@ -15,6 +15,7 @@ import yaml
 from contract.helpers import consume_until
 from ingress.signing import hub_signature
 from offload.helpers import declared, offload_lane
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from runtime.helpers import FAST, eventually, running
 
@@ -217,4 +218,40 @@ async def test_a_deleted_object_is_a_payload_missing_dead_letter(
         (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
         await dlq.close()
         assert dead.headers[h.DEAD_REASON] == b"payload_missing"
+        await transport.admin().delete_group(group, spec.topic_names())
+
+
+class Upload(BaseModel):
+    """A typed event whose payload is large enough to be offloaded."""
+
+    name: str
+    blob: str
+
+
+async def test_a_typed_handler_gets_its_model_decoded_from_the_fetched_body(
+    transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """A pydantic handler receives the model; only the reference crossed the broker."""
+    spec = offload_lane(f"typed_{unique}", store_url)
+    event = Upload(name="report.pdf", blob="b" * 400_000)
+    async with declared(transport, redis, unique, spec):
+        producer = OffloadingProducer(
+            transport.producer(), Offloader(topic_policies([spec]))
+        )
+        await producer.send(spec.name, event.model_dump_json().encode(), key=b"k")
+        await producer.close()
+        got: list[tuple[Upload, int]] = []
+        app = App([spec])
+
+        @app.handler(spec.lane)
+        async def handle(upload: Upload, ctx: Context) -> None:
+            got.append((upload, len(ctx.message.value)))
+
+        group = f"g-{unique}"
+        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 1)
+        ((upload, wire_value),) = got
+        assert upload == event
+        assert wire_value < 1024  # the message itself still holds the reference
         await transport.admin().delete_group(group, spec.topic_names())
