@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from ingress.signing import hub_signature
+from support import test_settings
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.app import IngressApp
-from pipeline.ingress.settings import AdmissionSettings, load_sources
+from pipeline.ingress.service import build_ingress
+from pipeline.ingress.settings import (
+    AdmissionSettings,
+    IngressSettings,
+    SweeperSettings,
+    load_sources,
+)
 from pipeline.ingress.source import Source, build_sources
 from pipeline.logstore import Selection
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.offload.rows import offload_row
+from pipeline.offload.store import open_store
 from pipeline.offload.writer import Offloader, topic_policies
-from pipeline.topics.spec import TopicSpec
+from pipeline.topics.spec import TopicSpec, load_specs
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import TopicConfig
 
 SECRET = "meta-app-secret"  # noqa: S105 - a test secret
 MIB = 1024 * 1024
@@ -68,3 +79,53 @@ async def test_a_store_that_fails_gets_a_503_and_nothing_is_stored(tmp_path: Pat
     assert app.counters["hooks", "offload_error"] == 1
     assert sum((await log_store.count_by_state(Selection())).values()) == 0
     await log_store.close()
+
+
+async def test_the_served_ingress_offloads_over_a_topic_at_kafkas_default_limit(
+    tmp_path: Path, kafka_service: str
+) -> None:
+    """`pipeline ingress serve`'s wiring: an 8 MiB cap starts, and a 2 MiB body is stored."""
+    del kafka_service
+    topic = f"offl_{uuid.uuid4().hex[:10]}"
+    store_url = f"file://{tmp_path}/payloads"
+    (tmp_path / "topics").mkdir()
+    (tmp_path / "topics" / "t.yaml").write_text(
+        yaml.safe_dump(
+            {"name": topic, "partitions": 1, "offload": {"above": "256KiB", "store": store_url}}
+        ),
+        encoding="utf-8",
+    )
+    source = {"scheme": "meta", "secrets": [SECRET], "topic": topic, "max_body_bytes": 8 * MIB}
+    (tmp_path / "sources.yaml").write_text(yaml.safe_dump({"sources": {"big": source}}))
+    ingress = IngressSettings(
+        sources_file=tmp_path / "sources.yaml",
+        sqlite_path=tmp_path / "ingress.db",
+        sweeper=SweeperSettings(enabled=False),
+    )
+    settings = test_settings(topics_dir=tmp_path / "topics", transport="kafka")
+    admin_transport = create_transport(settings)
+    admin = admin_transport.admin()
+    spec = load_specs(tmp_path / "topics")[0]
+    for name in spec.topic_names():  # at Kafka's default 1 MiB limit, below the 8 MiB cap
+        await admin.create_topic(TopicConfig(name, 1, configs={"max.message.bytes": "1048588"}))
+    built = build_ingress(settings, ingress)
+    body = b'{"doc": "' + b"d" * (2 * MIB) + b'"}'
+    try:
+        await built.start()
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=built.app), base_url="http://i"
+        )
+        async with client:
+            answer = await client.post(
+                "/hooks/big",
+                content=body,
+                headers={"x-hub-signature-256": hub_signature(SECRET, body)},
+            )
+        await built.stop()
+    finally:
+        for name in spec.topic_names():
+            await admin.delete_topic(name)
+        await admin_transport.close()
+    assert answer.json()["status"] == "accepted"
+    stored = [o async for o in open_store(store_url).list()]
+    assert [o.size for o in stored] == [len(body)]
