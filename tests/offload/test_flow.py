@@ -22,8 +22,10 @@ from runtime.helpers import FAST, eventually, running
 from pipeline import headers as h
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.republish import produce_rows
 from pipeline.ingress.settings import AdmissionSettings, load_sources
 from pipeline.ingress.source import build_sources
+from pipeline.logstore import Selection as LogSelection
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.offload import reference as ref
 from pipeline.offload.lazy import LazyPayload
@@ -255,3 +257,36 @@ async def test_a_typed_handler_gets_its_model_decoded_from_the_fetched_body(
         assert upload == event
         assert wire_value < 1024  # the message itself still holds the reference
         await transport.admin().delete_group(group, spec.topic_names())
+
+
+async def test_a_replayed_row_produces_the_reference_again(
+    tmp_path: Path, transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """The log row holds the reference: `pipeline replay` produces it, never the body."""
+    import httpx  # noqa: PLC0415 - only the ingress tests speak HTTP
+
+    spec = offload_lane(f"replay_{unique}", store_url)
+    body = big_webhook(MIB)
+    log_store = SqliteLogStore(tmp_path / "ingress.db")
+    await log_store.open()
+    async with declared(transport, redis, unique, spec):
+        app, dispatcher = ingress_app(tmp_path, spec, log_store, transport)
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://i")
+        async with http:
+            signed = {"x-hub-signature-256": hub_signature(SECRET, body)}
+            assert (await http.post("/hooks/whatsapp", content=body, headers=signed)).is_success
+        await dispatcher.close()
+        (row,) = await log_store.select(LogSelection(), limit=10)
+        assert len(row.body) < 1024  # the log keeps the reference, not the megabyte
+        producer = transport.producer()
+        replayed = await produce_rows(producer, [row], replay=True)
+        await producer.close()
+        assert len(replayed.delivered) == 1
+        consumer = transport.consumer(f"check-{unique}", [spec.name])
+        got = await consume_until(consumer, lambda r: len(r) >= 2)
+        await consumer.close()
+        assert [m.value for m in got] == [row.body, row.body]
+        assert sorted(m.headers[h.REPLAY_COUNT] for m in got) == [b"0", b"1"]
+        assert all(m.headers[ref.SIZE] == str(len(body)).encode() for m in got)
+        await transport.admin().delete_group(f"check-{unique}", [spec.name])
+    await log_store.close()
