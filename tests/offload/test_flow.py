@@ -290,3 +290,33 @@ async def test_a_replayed_row_produces_the_reference_again(
         assert all(m.headers[ref.SIZE] == str(len(body)).encode() for m in got)
         await transport.admin().delete_group(f"check-{unique}", [spec.name])
     await log_store.close()
+
+
+async def test_a_parked_follower_keeps_its_reference_and_its_order(
+    transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """Behind a retrying head, an offloaded follower is parked and handled after it, intact."""
+    spec = offload_lane(f"park_{unique}", store_url)
+    head, follower = b"h" * 300_000, b"f" * 500_000
+    async with declared(transport, redis, unique, spec):
+        producer = OffloadingProducer(transport.producer(), Offloader(topic_policies([spec])))
+        await producer.send(spec.name, head, key=b"k")
+        await producer.send(spec.name, follower, key=b"k")
+        await producer.close()
+        done: list[bytes] = []
+        app = App([spec])
+
+        @app.handler(spec.lane)
+        async def handle(event: LazyPayload | bytes, ctx: Context) -> None:
+            body = await event.read() if isinstance(event, LazyPayload) else event
+            if body == head and ctx.attempt == 1:
+                raise RuntimeError("flaky dependency")
+            done.append(body)
+
+        group = f"g-{unique}"
+        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: len(done) == 2)
+        assert done == [head, follower]
+        assert member.stats.parked == 1
+        await transport.admin().delete_group(group, spec.topic_names())
