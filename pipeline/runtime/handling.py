@@ -179,7 +179,7 @@ class HandlerStage:
         if turn.outcome == "failed" and not fatal:
             self._stats.turn_retries += 1
             return False
-        reason = "fatal" if fatal else "exhausted"
+        reason = getattr(error, "dead_reason", "fatal") if fatal else "exhausted"
         for message in turn.messages:  # in order: a sequenced dead letter
             routed = await self._routing.dead_letter(lane, message, reason, error)
             if routed is None:

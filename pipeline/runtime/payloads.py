@@ -7,7 +7,9 @@ A message without ``pl-offload`` is decoded as always. For a reference, on a lan
   :class:`~pipeline.offload.lazy.LazyPayload`: nothing is read until it reads (a HEAD first,
   so a missing object is a ``payload_missing`` dead letter before the handler runs);
 - a typed handler (a pydantic model), a ``Message`` handler, a debounced or a CPU-bound lane
-  gets the event decoded from the body, fetched (digest checked) just before decoding.
+  gets the event decoded from the body, fetched (digest checked) just before decoding. A
+  debounced lane buffers the reference in Redis; its turn fetches the bodies again when it runs
+  (``runtime/turns.py``).
 
 A reference this member cannot resolve (its lane has no ``offload`` store, another store, an
 unknown reference format) raises :class:`~pipeline.offload.errors.ReferenceRefused`: the message
@@ -26,7 +28,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.envelope import Message
-from pipeline.errors import ConfigError
 from pipeline.offload import reference as ref
 from pipeline.offload.errors import PayloadMissing, ReferenceRefused
 from pipeline.offload.lazy import LazyPayload
@@ -54,12 +55,6 @@ class Payloads:
 
     def __init__(self, lanes: Sequence[Lane]) -> None:
         """Serve ``lanes`` (stores are opened on their first reference)."""
-        for lane in lanes:
-            if lane.turns and lane.spec.offload is not None:
-                raise ConfigError(
-                    f"lane {lane.name}: offload is not supported on a debounced lane yet "
-                    "(its turns would buffer references the turn runner cannot resolve)"
-                )
         self._lazy = {lane.name: _takes_lazy(lane) for lane in lanes}
         self._stores: dict[str, PayloadStore] = {}
         self._gate = asyncio.Semaphore(FETCHING_AT_ONCE)

@@ -320,3 +320,38 @@ async def test_a_parked_follower_keeps_its_reference_and_its_order(
         assert done == [head, follower]
         assert member.stats.parked == 1
         await transport.admin().delete_group(group, spec.topic_names())
+
+
+class Said(BaseModel):
+    """One large message of a conversation."""
+
+    conversation_id: str
+    n: int
+    text: str
+
+
+async def test_a_debounced_turn_resolves_its_buffered_references(
+    transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """A debounced lane buffers references; its turn gets every large event decoded, in order."""
+    quiet = {"key": "conversation_id", "quiet_s": 0.3, "max_wait_s": 5, "max_batch": 50}
+    spec = offload_lane(f"turns_{unique}", store_url, debounce=quiet)
+    events = [Said(conversation_id="c1", n=n, text=str(n) * 300_000) for n in range(3)]
+    async with declared(transport, redis, unique, spec):
+        producer = OffloadingProducer(transport.producer(), Offloader(topic_policies([spec])))
+        for event in events:
+            await producer.send(spec.name, event.model_dump_json().encode(), key=b"c1")
+        await producer.close()
+        turns: list[list[Said]] = []
+        app = App([spec])
+
+        @app.handler(spec.lane)
+        async def handle(said: list[Said], ctx: Context) -> None:
+            turns.append(said)
+
+        group = f"g-{unique}"
+        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 3)
+        assert turns == [events]
+        await transport.admin().delete_group(group, spec.topic_names())
