@@ -25,9 +25,11 @@ import typer
 import yaml
 from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from pipeline import tracing
 from pipeline.admission.cli import app as throttle_app
 from pipeline.capacity.cli import capacity_command
 from pipeline.cli_support import TransportOpt, err, run_command
@@ -94,7 +96,15 @@ app.command("send")(send_command)
 
 
 def _settings(transport: str | None) -> Settings:
-    return load_settings(**({"transport": transport} if transport else {}))
+    settings = load_settings(**({"transport": transport} if transport else {}))
+    tracing.use_system(settings.transport)
+    return settings
+
+
+def _service_name(args: list[str]) -> str:
+    """``service.name`` by command (``pipeline-consume``, ``pipeline-ingress``), for traces."""
+    command = next((arg for arg in args if not arg.startswith("-")), "")
+    return f"pipeline-{command}" if command else "pipeline"
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -495,11 +505,19 @@ def main() -> None:
     Errors raised before a command's runner (settings read at the edge, a client refusing its
     configuration) get the same one line and exit code as inside it.
     """
-    configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper())
+    configure_logging(
+        os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
+        os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
+    )
     try:
+        tracing.configure(
+            os.environ,
+            service=_service_name(sys.argv[1:]),
+            system=os.environ.get("PIPELINE_TRANSPORT", "redis"),
+        )
         app()
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except PipelineError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)

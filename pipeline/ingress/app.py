@@ -33,9 +33,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
 
+from pipeline import tracing
 from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch
@@ -151,18 +153,20 @@ class IngressApp:
             await _answer(send, 503, {"error": "overloaded"}, [(b"retry-after", retry_after)])
             return
         try:
-            status, answer, extra = await self._accept(source, headers, body)
+            with tracing.webhook(source.name, headers):
+                status, answer, extra = await self._accept(source, headers, body)
         finally:
             admission.release()
         await _answer(send, status, answer, extra)
 
-    async def _accept(  # noqa: PLR0911 - one return per answer listed in the module docstring
+    async def _accept(  # noqa: C901, PLR0911 - one branch per answer of the module docstring
         self, source: Source, headers: Mapping[str, str], body: bytes
     ) -> tuple[int, dict[str, str], list[tuple[bytes, bytes]]]:
         now_s = self._clock()
         try:
             _bounded_signature_headers(headers, source.verifier.headers)
-            source.verifier.verify(headers, body, now_s)
+            with tracing.stage("verify"):
+                source.verifier.verify(headers, body, now_s)
         except Rejected as exc:
             self.counters[source.name, f"rejected:{exc.reason}"] += 1
             log.info("webhook rejected", extra={"source": source.name, "reason": exc.reason})
@@ -174,6 +178,8 @@ class IngressApp:
             return 401, {"error": "unauthorized"}, []
         try:
             row = source.build_row(headers, body, now_s)
+            if tracing.on():  # the row keeps the request's trace context for every produce
+                row = replace(row, headers=tracing.outgoing(row.headers, row.tenant))
             if self.schemas is not None:
                 self.schemas.check(row.lane, body)
         except Malformed as exc:
@@ -187,7 +193,8 @@ class IngressApp:
                 log.exception("payload store write failed", extra={"source": source.name})
                 return 503, {"error": "payload store unavailable"}, [(b"retry-after", b"5")]
         try:
-            inserted = await self._log.insert(row)
+            with tracing.stage("log commit"):
+                inserted = await self._log.insert(row)
         except LogStoreError:
             self.counters[source.name, "store_error"] += 1
             log.exception("log store insert failed", extra={"source": source.name})
