@@ -174,6 +174,7 @@ class _Worker:
     index: int
     process: BaseProcess
     ready: Connection
+    waiting: bool = True  # for its "listening" message
     listening: bool = False
 
 
@@ -225,7 +226,7 @@ class Supervisor:
 
     def _watch(self, context: Any, wake: socket.socket, stopping: list[int]) -> int:
         while not stopping:
-            readers = [w.ready for w in self._workers.values() if not w.listening]
+            readers = [w.ready for w in self._workers.values() if w.waiting]
             sentinels = {w.process.sentinel: w for w in self._workers.values()}
             for ready in wait([wake, *readers, *sentinels]):
                 if ready is wake:
@@ -240,7 +241,10 @@ class Supervisor:
         return 0
 
     def _listening(self, ready: Any) -> None:
-        worker = next(w for w in self._workers.values() if w.ready is ready)
+        worker = next((w for w in self._workers.values() if w.ready is ready), None)
+        if worker is None:  # replaced in this same round
+            return
+        worker.waiting = False
         try:
             host, port = worker.ready.recv()
         except EOFError:  # it exited before listening; its sentinel reports that
@@ -276,7 +280,6 @@ class Supervisor:
             return 1
         log.warning("ingress worker %d exited with code %s; starting it again", worker.index, code)
         self._start(context, worker.index)
-        self._workers[worker.index].listening = False
         return None
 
     def _stop_all(self) -> None:

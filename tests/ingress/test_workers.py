@@ -290,12 +290,13 @@ async def test_sigterm_stops_every_worker_and_a_dead_one_is_replaced(
             response = await http.post(f"{url}/hooks/whatsapp", content=body, headers=headers)
             assert response.status_code == 200, response.text
 
+    everything = psutil.Process(proc.pid).children(recursive=True)  # with the resource tracker
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert "starting it again" in stderr
-    for worker in [*first, *replaced]:
-        assert not psutil.pid_exists(worker.pid) or worker.status() == psutil.STATUS_ZOMBIE
+    _, alive = psutil.wait_procs([*first, *replaced, *everything], timeout=10)
+    assert alive == []
 
 
 def test_sqlite_refuses_several_workers(tmp_path: Path) -> None:
