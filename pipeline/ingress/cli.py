@@ -133,6 +133,12 @@ def serve_workers(
         settings, ingress = worker_settings(transport, sources)
         refuse_sqlite(count, ingress.log_store)
         check_sources(settings, ingress)
+        # Without SO_REUSEPORT, so that workers of another command on this port also count.
+        require_free_port(
+            host or ingress.host,
+            ingress.port if port is None else port,
+            "PIPELINE_INGRESS__PORT (or --port)",
+        )
         if ingress.metrics_port:
             for index in range(count):
                 require_free_port(
@@ -150,7 +156,7 @@ def serve_workers(
 
     args = _run(check())
     try:
-        held = reuse_port_socket(args.host, args.port, listen=False)
+        held = reuse_port_socket(args.host, args.port)
     except ConfigError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2

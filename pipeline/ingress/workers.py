@@ -95,8 +95,12 @@ def check_sources(settings: Settings, ingress: IngressSettings) -> None:
     )
 
 
-def reuse_port_socket(host: str, port: int, *, listen: bool) -> socket.socket:
-    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (listening when ``listen``).
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT``, not yet listening.
+
+    A worker hands it to uvicorn, which listens once the ingress has started: until then the
+    kernel gives the port's new connections to the workers already serving, never to one still
+    starting (or one whose start fails, which would reset them).
 
     Raises:
         ConfigError: the address cannot be bound (a process without ``SO_REUSEPORT`` holds it).
@@ -107,9 +111,7 @@ def reuse_port_socket(host: str, port: int, *, listen: bool) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        if listen:
-            sock.listen(2048)
-            sock.setblocking(False)  # noqa: FBT003 - the socket API
+        sock.setblocking(False)  # noqa: FBT003 - the socket API
     except OSError as exc:
         sock.close()
         raise ConfigError(
@@ -143,7 +145,7 @@ async def _serve_worker(index: int, args: WorkerArgs, ready: Connection) -> None
     if ingress.metrics_port:  # one metrics port per worker: METRICS_PORT + index
         ingress = ingress.model_copy(update={"metrics_port": ingress.metrics_port + index})
     built = build_ingress(settings, ingress)
-    sock = reuse_port_socket(args.host, args.port, listen=True)
+    sock = reuse_port_socket(args.host, args.port)
 
     def announce(host: str, port: int) -> None:
         ready.send((host, port))

@@ -273,7 +273,7 @@ async def test_sweepers_of_two_workers_produce_each_row_once(
 async def test_sigterm_stops_every_worker_and_a_dead_one_is_replaced(
     setup: Setup, started: list[subprocess.Popen[str]]
 ) -> None:
-    """A worker killed with SIGKILL is replaced; SIGTERM to the supervisor leaves no process."""
+    """A killed worker is replaced, a second command on the port is refused, SIGTERM ends all."""
     proc, url = serve(setup.env, started)
     first = workers_of(proc)
     assert len(first) == 2
@@ -283,6 +283,16 @@ async def test_sigterm_stops_every_worker_and_a_dead_one_is_replaced(
         assert time.monotonic() < deadline, "the dead worker was not replaced"
         await asyncio.sleep(0.1)
     replaced = workers_of(proc)
+    second = await asyncio.create_subprocess_exec(  # another command on the port: refused
+        PIPELINE,
+        *("ingress", "serve", "--workers", "2", "--port", url.rsplit(":", 1)[1]),
+        env=setup.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, refused = await asyncio.wait_for(second.communicate(), 60)
+    assert second.returncode == 2, refused
+    assert b"cannot listen on" in refused
     async with httpx.AsyncClient(timeout=30) as http:  # still served, whichever worker answers
         for n in range(5):
             body = meta_body(n)
