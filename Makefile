@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo clean
+.PHONY: asyncapi-parser setup lock wheel services jaeger services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -28,7 +28,7 @@ setup: $(STAMP)
 LOCK := $(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes -q
 lock: setup
 	$(LOCK) $(if $(UPGRADE),--upgrade) --extra dev -o $(REQS)/dev.txt
-	$(LOCK) -c $(REQS)/dev.txt -o $(REQS)/runtime.txt
+	$(LOCK) -c $(REQS)/dev.txt --extra otel -o $(REQS)/runtime.txt
 
 ## wheel: build $(DIST)/pipeline-<version>-py3-none-any.whl (what deploy/image/Dockerfile installs)
 wheel: setup
@@ -37,6 +37,11 @@ wheel: setup
 ## services: install (if missing) and start Redis, PostgreSQL and Kafka on loopback
 services:
 	bash deploy/local/services.sh up
+
+## jaeger: build Jaeger v2 once (~8 min, cached in ~/.cache/pipeline) and start it on loopback
+## (OTLP 4317/4318, query API on 16686); `make services jaeger` starts everything
+jaeger:
+	bash deploy/local/services.sh up jaeger
 
 ## services-down: stop the services that `make services` started (and nothing else)
 services-down:
@@ -116,6 +121,7 @@ soak: setup services
 ## demo: the main job on Redis only (TRANSPORT=kafka, DURATION=20s, HEADLESS=1); docs/demo.md
 demo: setup
 	bash deploy/local/services.sh up redis
+	if bash deploy/local/jaeger.sh built; then bash deploy/local/services.sh up jaeger; fi
 	TRANSPORT=$(TRANSPORT) DURATION=$(DURATION) HEADLESS=$(HEADLESS) bash deploy/local/demo.sh
 
 clean:

@@ -40,6 +40,7 @@ from redis.asyncio import Redis
 
 from pipeline.admission.debounce import Debouncer, Turn
 from pipeline.admission.debounce_codec import BufferedMessage, decode, encode
+from pipeline.admission.debounce_keys import lane_tag
 from pipeline.admission.debounce_runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.topics.spec import DebouncePolicy
@@ -168,8 +169,27 @@ def effective_bursts(arrivals: dict[str, list[tuple[int, str]]], quiet_ms: int) 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the benchmark and return its summary."""
+    """Run the benchmark and return its summary; the lane's keys are deleted, pass or fail."""
     lane = f"bench_{uuid.uuid4().hex[:8]}"
+    try:
+        return _measure(args, lane)
+    finally:
+        asyncio.run(_delete_lane(args.url, lane))
+
+
+async def _delete_lane(url: str, lane: str) -> None:
+    """Delete every debounce key of ``lane`` (they share its hash tag)."""
+    client = Redis.from_url(url)
+    try:
+        found = [key async for key in client.scan_iter(match=f"{lane_tag(PREFIX, lane)}*")]
+        if found:
+            await client.delete(*found)
+    finally:
+        await client.aclose()
+
+
+def _measure(args: argparse.Namespace, lane: str) -> dict[str, Any]:
+    """One run on ``lane``: members, producers, the drain, and the summary."""
     quiet_s = args.quiet_ms / 1000
     policy = DebouncePolicy(key="conversation_id", quiet_s=quiet_s, max_wait_s=quiet_s * 10)
     plan = schedule(args.conversations, args.bursts, args.quiet_ms, args.spread_s)

@@ -19,6 +19,11 @@ The load generator is open-loop: every request has an intended send time, and la
 measured from that time (so queueing in the client counts, no coordinated omission). Requests
 are pre-signed Meta deliveries with 1 KiB JSON bodies and distinct event ids, sent over 64
 keep-alive HTTP/1.1 connections. The last line of output is one JSON object.
+
+A fourth server, **traced**, is the durable one with tracing on at 100 % sampling, exporting to
+a sink process (``bench/tracing_parts.py``): ``tracing_overhead`` = traced ÷ durable accepts/s,
+``tracing_off_overhead`` = 1 - the tracing hooks' time per request (tracing off) ÷ the durable
+server's CPU per request.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import Any
 import psutil
 import uvloop
 import yaml
+from tracing_parts import ingress_hooks_s, off_overhead, otlp_sink, traced_env
 
 SECRET = "bench-secret"  # noqa: S105 - the benchmark's own signing key
 CONNECTIONS = 64
@@ -157,7 +163,7 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 
 
 
 def start_ingress(
-    workdir: Path, synchronous: str, transport: str = "redis"
+    workdir: Path, synchronous: str, transport: str = "redis", traces_to: str | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     db = workdir / f"ingress-{synchronous}-{uuid.uuid4().hex[:6]}.db"
@@ -170,6 +176,7 @@ def start_ingress(
         "PIPELINE_INGRESS__SQLITE_PATH": str(db),
         "PIPELINE_INGRESS__SQLITE_SYNCHRONOUS": synchronous,
         "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        **(traced_env(traces_to) if traces_to else {}),
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.ingress.cli", "ingress", "serve", "--port", str(port)],
@@ -323,10 +330,14 @@ async def drop_topic(topic: str) -> None:
         await transport.close()
 
 
-def measure_max(kind: str, workdir: Path, count: int, run: str) -> tuple[float, float]:
+def measure_max(
+    kind: str, workdir: Path, count: int, run: str, traces_to: str | None = None
+) -> tuple[float, float]:
     """(accepts/s, server CPU seconds per 10k accepts) at saturation."""
     if kind == "naive":
         proc, port = start_naive(workdir)
+    elif kind == "traced":
+        proc, port = start_ingress(workdir, "FULL", traces_to=traces_to)
     else:
         proc, port = start_ingress(workdir, "FULL" if kind == "durable" else "OFF")
     try:
@@ -399,11 +410,17 @@ def main() -> None:
                 "durable": [],
                 "nondurable": [],
                 "naive": [],
+                "traced": [],
             }
-            for r in range(args.rounds):
-                print(f"round {r + 1}/{args.rounds} ({args.requests} requests each)", flush=True)
-                for kind, runs in results.items():
-                    runs.append(measure_max(kind, workdir, args.requests, f"{kind}{r}"))
+            with otlp_sink() as endpoint:
+                for r in range(args.rounds):
+                    print(
+                        f"round {r + 1}/{args.rounds} ({args.requests} requests each)", flush=True
+                    )
+                    for kind, runs in results.items():
+                        runs.append(
+                            measure_max(kind, workdir, args.requests, f"{kind}{r}", endpoint)
+                        )
             p99 = measure_p99(workdir, 1_000, args.p99_seconds)
             scale: dict[int, list[float]] = {1: [], 2: []}
             for r in range(args.rounds):
@@ -428,6 +445,17 @@ def main() -> None:
                 ),
                 "pg_rps_1_worker": round(statistics.median(scale[1])),
                 "pg_rps_2_workers": round(statistics.median(scale[2])),
+                "tracing_overhead": round(
+                    statistics.median(
+                        t / d
+                        for (t, _), (d, _) in zip(
+                            results["traced"], results["durable"], strict=True
+                        )
+                    ),
+                    3,
+                ),
+                "tracing_off_overhead": round(off_overhead(ingress_hooks_s(), cpu / 10_000), 4),
+                "traced_rps": round(med["traced"]),
             }
         )
     )

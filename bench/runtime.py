@@ -80,6 +80,15 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    part 2's); ``key_overlaps``, a run of a key starting while another run of that key is still
    in the handler (a dict of keys running; exact, as there is one process); duplicates.
 
+5. **Tracing** (``bench/tracing_parts.py``): part 1's member (no-op handler, no Redis) over
+   ``--messages`` messages (at most 20,000: every span of a 100 % run is held until exported)
+   that carry a ``traceparent``, with tracing off and on (100 %
+   sampling, exported to a sink process), interleaved, ``--repeats`` times:
+   ``tracing_overhead`` = on ÷ off msgs/s (median of the per-repeat ratios);
+   ``tracing_off_overhead`` = 1 - the off hooks' time per message ÷ the off run's CPU per message;
+   ``tracing_overhead_10pct`` = the same ratio as ``tracing_overhead`` with one message in ten
+   sampled upstream (its ``traceparent`` flags; the SDK's default parent-based sampler follows).
+
 The last line printed is one JSON object::
 
     {"bench": "runtime", "vs_raw": ..., "vs_faust": ..., "vs_faststream": ...,
@@ -140,6 +149,7 @@ from guarded import (
 from lane_process import Drain, ProcessBenchError
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from tracing_parts import member_hooks_s, off_overhead, otlp_sink, traced_here
 
 from pipeline.config import RuntimeSettings, Settings, load_settings
 from pipeline.envelope import Position, Record, TopicPartition
@@ -193,6 +203,8 @@ TARGETS = {
     "redis_calls_per_msg_clean": ("<=", 0.05),
     "retry_amplification": ("<=", 1.1),
     "key_overlaps": ("<=", 0),
+    "tracing_overhead": (">=", 0.85),
+    "tracing_off_overhead": (">=", 0.98),
 }
 # field: (pipeline consume runner, bare runner on the same lane)
 WIRE_RATIOS = {
@@ -899,6 +911,7 @@ class Results:
     kp: KeyParallel | None = None
     wire: Wire | None = None
     rt: Retries | None = None
+    tr: TracingCost | None = None
     versions: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -1070,6 +1083,7 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
         "retry_cpu_s_per_10k_failing": _r(_med([s.cpu_per_10k for s in rt.failing])),
         "redis_calls_per_msg_retry_clean": _calls(rt.clean),
         "redis_calls_per_msg_retry_failing": _calls(rt.failing),
+        "redis_commands_per_msg_retry_failing": _per_msg(rt.failing),
     }
 
 
@@ -1091,6 +1105,7 @@ def summary(res: Results, args: argparse.Namespace) -> dict[str, Any]:
     amplifications = [a for a in rt.amplifications if a is not None] if rt else []
     out["retry_amplification"] = _r(_med(amplifications)) if amplifications else None
     out["key_overlaps"] = rt.total("key_overlaps") if rt else None
+    out |= _summary_tracing(res.tr)
     out["targets_met"] = {name: _met(name, out[name]) for name in TARGETS}
     out |= _summary_throughput(tp) if tp else {}
     out |= _summary_key_parallel(kp) if kp else {}
@@ -1161,10 +1176,82 @@ async def run(args: argparse.Namespace) -> Results:
             res.wire = await bench_wire(h, args.wire_messages, args.repeats)
         if "retries" in args.parts:
             res.rt = await bench_retries(h, args.retry_messages, args.repeats, args.hold_ms)
+        if "tracing" in args.parts:
+            res.tr = await bench_tracing(h, min(args.messages, TRACING_MESSAGES), args.repeats)
         res.warnings = h.cleanup_warnings
         return res
     finally:
         await h.close()
+
+
+@dataclass(slots=True)
+class TracingCost:
+    """Interleaved (tracing off, tracing on) runs of part 1's member."""
+
+    off: list[Span] = field(default_factory=list)
+    on: list[Span] = field(default_factory=list)
+    tenth: list[Span] = field(default_factory=list)
+    hooks_s: float = 0.0
+
+
+async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
+    """Part 1's member with tracing off and on, over messages carrying a traceparent."""
+    result = TracingCost(hooks_s=member_hooks_s())
+    name = _name("traced")
+    await h.create_topic(name, PARTITIONS)
+    producer = h.transport.producer()
+    try:
+        ends: dict[TopicPartition, int] = {}
+        for start in range(0, n, PRODUCE_WINDOW):
+            window = range(start, min(n, start + PRODUCE_WINDOW))
+            records = [Record(_value(i), b"k%d" % (i % KEYS), _traceparent(i)) for i in window]
+            for r in await producer.send_many(name, records):
+                tp = TopicPartition(r.topic, r.partition)
+                ends[tp] = max(ends.get(tp, 0), r.offset + 1)
+        topic = Topic(name, n, ends)
+        with otlp_sink() as endpoint:
+            await h.ours(topic, min(n, WARMUP_MESSAGES))
+            for i in range(repeats):
+                modes = ["off", "all", "tenth"]
+                for mode in modes[i % 3 :] + modes[: i % 3]:
+                    if mode == "off":
+                        result.off.append(await h.ours(topic, n))
+                        continue
+                    with traced_here(endpoint, sampled_only=mode == "tenth"):
+                        span = await h.ours(topic, n)
+                    (result.on if mode == "all" else result.tenth).append(span)
+                print(
+                    f"  tracing {i + 1}/{repeats}: off {result.off[-1].msgs_s:,.0f}/s, "
+                    f"on {result.on[-1].msgs_s:,.0f}/s, 10 % {result.tenth[-1].msgs_s:,.0f}/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        await producer.close()
+        await h.drop_topics([name])
+    return result
+
+
+def _traceparent(seq: int) -> dict[str, bytes]:
+    """A distinct trace per message, sampled (flags 01) for one message in ten."""
+    flags = b"01" if seq % 10 == 0 else b"00"
+    return {"traceparent": b"00-%032x-00f067aa0ba902b7-" % (seq + 1) + flags}
+
+
+def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
+    if tr is None or not tr.off:
+        return {"tracing_overhead": None, "tracing_off_overhead": None}
+    ratios = [on.msgs_s / off.msgs_s for on, off in zip(tr.on, tr.off, strict=True)]
+    tenth = [on.msgs_s / off.msgs_s for on, off in zip(tr.tenth, tr.off, strict=True)]
+    cpu_per_msg = _med([s.cpu_s / s.messages for s in tr.off])
+    return {
+        "tracing_overhead": _r(_med(ratios)),
+        "tracing_off_overhead": _r(off_overhead(tr.hooks_s, cpu_per_msg), 4),
+        "tracing_overhead_10pct": _r(_med(tenth)),
+        "tracing_off_msgs_s": round(_med([s.msgs_s for s in tr.off])),
+        "tracing_on_msgs_s": round(_med([s.msgs_s for s in tr.on])),
+        "tracing_hooks_us_per_msg": _r(tr.hooks_s * 1e6),
+    }
 
 
 def _positive(text: str) -> int:
@@ -1174,7 +1261,8 @@ def _positive(text: str) -> int:
     return value
 
 
-PARTS = ("throughput", "key_parallel", "wire", "retries")
+PARTS = ("throughput", "key_parallel", "wire", "retries", "tracing")
+TRACING_MESSAGES = 20_000
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,13 +24,15 @@ from typing import Annotated, Any, Literal, TypeVar
 import typer
 import yaml
 from confluent_kafka import KafkaError, KafkaException
-from rich.console import Console
+from redis.asyncio import Redis
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from pipeline import tracing
 from pipeline.admission.cli import app as throttle_app
 from pipeline.capacity.cli import capacity_command
-from pipeline.cli_support import TransportOpt, err, run_command
+from pipeline.cli_support import TransportOpt, err, out_console, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, PipelineError
@@ -38,6 +40,7 @@ from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging
+from pipeline.observability.status_checks import PROBE_TIMEOUT_MS, reach_broker, reach_redis
 from pipeline.observability.status_view import status_command
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
@@ -91,7 +94,15 @@ app.command("send")(send_command)
 
 
 def _settings(transport: str | None) -> Settings:
-    return load_settings(**({"transport": transport} if transport else {}))
+    settings = load_settings(**({"transport": transport} if transport else {}))
+    tracing.use_system(settings.transport)
+    return settings
+
+
+def _service_name(args: list[str]) -> str:
+    """``service.name`` by command (``pipeline-consume``, ``pipeline-ingress``), for traces."""
+    command = next((arg for arg in args if not arg.startswith("-")), "")
+    return f"pipeline-{command}" if command else "pipeline"
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -164,7 +175,7 @@ def topics_list(
         for info in infos.values():
             retention = format_duration_ms(info.retention_ms) if info.retention_ms else "-"
             table.add_row(info.name, str(info.partitions), retention, str(info.message_count))
-        Console().print(table)
+        out_console().print(table)
 
     _run(main())
 
@@ -331,6 +342,7 @@ def consume(
 
     async def main() -> None:
         settings = _settings(transport)
+        await _reach_services(settings)
         if concurrency:
             runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
             settings = settings.model_copy(update={"runtime": runtime})
@@ -346,6 +358,27 @@ def consume(
             identity.release()
 
     _run(main())
+
+
+async def _reach_services(settings: Settings) -> None:
+    """Fail in seconds, naming the address and its variable, if a service is down at start.
+
+    A member already running rides out an outage with backoff; one that never reached its
+    broker or Redis would only log retries, so it stops with one line instead.
+    """
+    await reach_broker(settings)
+    if settings.transport != "redis":  # the member keeps its guard and throttles in Redis
+        timeout_s = PROBE_TIMEOUT_MS / 1000
+        try:
+            client = Redis.from_url(
+                settings.redis.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+            )
+        except ValueError as exc:
+            raise ConfigError(f"PIPELINE_REDIS__URL: {exc}") from exc
+        try:
+            await reach_redis(settings, client)
+        finally:
+            await client.aclose()
 
 
 @app.command()
@@ -431,7 +464,7 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
     table = Table("reason", "messages", title="selected dead letters by reason")
     for why, count in report.reasons.most_common():
         table.add_row(why, str(count))
-    Console().print(table)
+    out_console().print(table)
     verb = "would move" if dry_run else "moved"
     moved = report.selected - report.refused_loops - report.no_origin if dry_run else report.moved
     typer.echo(
@@ -491,11 +524,19 @@ def main() -> None:
     Errors raised before a command's runner (settings read at the edge, a client refusing its
     configuration) get the same one line and exit code as inside it.
     """
-    configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper())
+    configure_logging(
+        os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
+        os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
+    )
     try:
+        tracing.configure(
+            os.environ,
+            service=_service_name(sys.argv[1:]),
+            system=os.environ.get("PIPELINE_TRANSPORT", "redis"),
+        )
         app()
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except PipelineError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)

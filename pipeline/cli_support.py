@@ -21,6 +21,15 @@ T = TypeVar("T")
 
 err = Console(stderr=True, soft_wrap=True)
 
+PIPE_WIDTH = 200
+"""Columns of a table printed to a pipe or file, where rich would otherwise assume 80."""
+
+
+def out_console() -> Console:
+    """A stdout console: the terminal's width, or :data:`PIPE_WIDTH` when not on a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPE_WIDTH)
+
 TransportOpt = Annotated[
     Literal["kafka", "redis"] | None,
     typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),

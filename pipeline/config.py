@@ -226,8 +226,8 @@ def _env_name(loc: tuple[int | str, ...]) -> str:
 
 
 log = logging.getLogger(__name__)
-# Read directly, not through Settings: the log level, and the cache of downloaded Kafka jars.
-_OTHER_VARIABLES = frozenset({"PIPELINE_LOG_LEVEL", "PIPELINE_CACHE_DIR"})
+# Read directly, not through Settings: the log level and format, and the Kafka jars cache.
+_OTHER_VARIABLES = frozenset({"PIPELINE_LOG_LEVEL", "PIPELINE_LOG_FORMAT", "PIPELINE_CACHE_DIR"})
 
 
 def _variables(model: type[BaseModel], prefix: str) -> dict[str, Any]:

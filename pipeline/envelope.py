@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class TopicPartition:
-    """One partition of one topic."""
+class TopicPartition(NamedTuple):
+    """One partition of one topic.
+
+    A named tuple, not a dataclass: it keys the runtime's per-partition tables and is hashed and
+    compared several times per message, which a tuple does in C.
+    """
 
     topic: str
     partition: int
@@ -87,7 +91,12 @@ class Message:
     timestamp_ms: int = 0
     delivery_count: int = 1
 
+    _tp: TopicPartition | None = field(default=None, init=False, repr=False, compare=False)
+
     @property
     def tp(self) -> TopicPartition:
-        """The message's topic-partition."""
-        return TopicPartition(self.topic, self.partition)
+        """The message's topic-partition (made once: every stage asks for it)."""
+        tp = self._tp
+        if tp is None:
+            tp = self._tp = TopicPartition(self.topic, self.partition)
+        return tp

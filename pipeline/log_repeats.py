@@ -66,9 +66,21 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level``, one line per record, repeated warnings backed off."""
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level``, one line per record, repeated warnings backed off.
+
+    ``fmt`` is ``text`` (the default) or ``json`` (one object per line); either way each record
+    carries the current ``trace_id`` and ``span_id`` (:mod:`pipeline.tracing.logs`).
+    """
+    from pipeline.tracing.logs import (  # noqa: PLC0415 - no cycle at import
+        JsonFormatter,
+        TextFormatter,
+        TraceFilter,
+    )
+
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    repeats = RepeatFilter()
+    repeats, traces = RepeatFilter(), TraceFilter()
     for handler in logging.getLogger().handlers:
         handler.addFilter(repeats)
+        handler.addFilter(traces)
+        handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlparse
 
 import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
-from support import require_service, test_settings
+from redis.exceptions import RedisError
+from support import (
+    IN_CI,
+    delete_declared,
+    has_declared,
+    reachable,
+    require_service,
+    test_settings,
+)
 
 from pipeline.config import Settings
 from pipeline.transport import create_transport
@@ -66,3 +80,70 @@ async def redis(redis_service: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_service)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(autouse=True)
+def _delete_declared_topics() -> Iterator[None]:
+    """Delete the topics a test registered with ``support.delete_after_test``, pass or fail."""
+    yield
+    if has_declared():
+        asyncio.run(delete_declared())
+
+
+# --- Leftover topics: the suite deletes what it creates (asserted once, at the end of the run) ---
+
+_TOPICS_AT_START = pytest.StashKey[dict[str, frozenset[str]]]()
+
+
+def _topics_now() -> dict[str, frozenset[str]]:
+    """The topics on the shared Kafka and Redis, per service that answered.
+
+    Kafka's are ``kafka:NAME``. Redis Streams topics are fields of a ``<prefix>:topics`` hash, one
+    per key prefix, so every such hash is read: ``redis:HASH/NAME``. A service that does not
+    answer is left out.
+    """
+    settings = test_settings()
+    found: dict[str, frozenset[str]] = {}
+    host, _, port = settings.kafka.bootstrap_servers.split(",")[0].rpartition(":")
+    if reachable(host, int(port)):
+        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        with contextlib.suppress(KafkaException):  # a broker that stops answering counts as absent
+            topics = admin.list_topics(timeout=10).topics
+            found["kafka"] = frozenset(f"kafka:{t}" for t in topics if not t.startswith("__"))
+    url = urlparse(settings.redis.url)
+    if reachable(url.hostname or "127.0.0.1", url.port or 6379):
+        with SyncRedis.from_url(settings.redis.url) as client, contextlib.suppress(RedisError):
+            names: set[str] = set()
+            for key in client.scan_iter(match="*:topics", _type="hash", count=1000):
+                hash_name = key.decode()
+                names.update(f"redis:{hash_name}/{f.decode()}" for f in client.hkeys(key))
+            found["redis"] = frozenset(names)
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note the topics that exist before any test runs: they are not this run's to delete."""
+    session.config.stash[_TOPICS_AT_START] = _topics_now()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run (under CI=true; report it locally) if it left topics on the shared brokers.
+
+    Locally the brokers are shared with other people's runs, whose topics may exist for a moment
+    when this one ends, so a local run reports what it finds and CI, alone on its brokers, fails.
+    """
+    before = session.config.stash.get(_TOPICS_AT_START, {})
+    if not before or session.config.option.collectonly:
+        return
+    after = _topics_now()
+    left = frozenset().union(*(after[s] - before[s] for s in before.keys() & after.keys()))
+    if not left:
+        return
+    shown = ", ".join(sorted(left)[:40]) + (" ..." if len(left) > 40 else "")
+    message = f"the run left {len(left)} topics on the shared brokers: {shown}"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "leftover topics", red=True)
+        reporter.write_line(message)
+    if IN_CI or os.environ.get("PIPELINE_TEST_LEFTOVERS") == "fail":
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

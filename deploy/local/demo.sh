@@ -22,4 +22,13 @@ args=(--transport "$T" --duration "${DURATION:-3m}" --output "${DEMO_OUTPUT:-dem
 case "${HEADLESS:-0}" in 1|true|yes) args+=(--headless) ;; esac
 [ -n "${DEMO_PREFIX:-}" ] && args+=(--prefix "$DEMO_PREFIX")
 cd "$ROOT"
-exec "$PY" -m pipeline.demo "${args[@]}"
+# Traces go to Jaeger when it runs (make jaeger), one event in ten, unless OTEL_* says otherwise.
+if port_open 127.0.0.1 "${JAEGER_QUERY_PORT:-16686}" && [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
+  export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:${JAEGER_OTLP_HTTP_PORT:-4318}"
+  export OTEL_TRACES_SAMPLER="${OTEL_TRACES_SAMPLER:-parentbased_traceidratio}"
+  export OTEL_TRACES_SAMPLER_ARG="${OTEL_TRACES_SAMPLER_ARG:-0.1}"
+fi
+status=0
+"$PY" -m pipeline.demo "${args[@]}" || status=$?
+if [ -n "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then bash "$ROOT/deploy/local/jaeger.sh" links; fi
+exit "$status"

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Starts (up), stops (down) or lists (status) the local services the pipeline and its tests use.
-# Usage: services.sh up|down|status [redis] [postgres] [kafka] [redis-cluster]   (default: all)
+# Usage: services.sh up|down|status [redis] [postgres] [kafka] [redis-cluster] [jaeger]
+# (default: all but jaeger for up, which builds it the first time, ~8 min; all for down, status)
 source "$(dirname "$0")/common.sh"
 action="${1:-up}"; shift || true
-names=("$@"); [ ${#names[@]} -gt 0 ] || names=(redis postgres kafka redis-cluster)
+names=("$@")
+if [ ${#names[@]} -eq 0 ]; then
+  names=(redis postgres kafka redis-cluster)
+  [ "$action" = up ] || names+=(jaeger)
+fi
 for n in "${names[@]}"; do
   case "$n" in
-    redis|postgres|kafka|redis-cluster) bash "$ROOT/deploy/local/$n.sh" "$action" ;;
-    *) die "unknown service '$n' (expected redis, postgres, kafka or redis-cluster)" ;;
+    redis|postgres|kafka|redis-cluster|jaeger) bash "$ROOT/deploy/local/$n.sh" "$action" ;;
+    *) die "unknown service '$n' (expected redis, postgres, kafka, redis-cluster or jaeger)" ;;
   esac
 done
 if [ "$action" = up ]; then

@@ -21,7 +21,7 @@ from pipeline.capacity.plan import LanePlan, plan_lane
 from pipeline.capacity.recorder import ArrivalRecorder
 from pipeline.capacity.settings import CapacitySettings
 from pipeline.observability.facades import CapacityMetrics
-from pipeline.observability.metrics import HANDLER_DURATION, Metrics
+from pipeline.observability.metrics import DEBOUNCE_TURN_MESSAGES, HANDLER_DURATION, Metrics
 
 __all__ = ["CapacitySource", "ServiceTimeSource"]
 
@@ -66,7 +66,13 @@ class CapacitySource:
 
 
 class ServiceTimeSource:
-    """Copies a member's handled-message durations into the lanes' service-time history."""
+    """Copies a member's handled-message durations into the lanes' service-time history.
+
+    Arrivals are counted per message, so the service time must be per message too. On a
+    debounced lane one handler call runs a whole turn of several messages: its handled calls are
+    multiplied by the mean messages per turn the lane's turns received in the same interval
+    (``pipeline_debounce_turn_messages``), so the recorded time is per message.
+    """
 
     name = "service_time"
 
@@ -75,7 +81,10 @@ class ServiceTimeSource:
         self._registry = metrics.registry
         self._recorder = recorder
         self._lanes = sorted(set(lanes))
-        self._seen: dict[str, tuple[float, float]] = {}
+        self._seen: dict[str, tuple[float, float, float, float]] = {}
+
+    def _sample(self, name: str, labels: dict[str, str]) -> float:
+        return self._registry.get_sample_value(name, labels) or 0.0
 
     async def refresh(self) -> None:
         """Record the handled count and seconds each lane gained, then flush (one round trip)."""
@@ -85,7 +94,11 @@ class ServiceTimeSource:
             total_s = self._registry.get_sample_value(f"{HANDLER_DURATION.name}_sum", labels)
             if count is None or total_s is None:
                 continue
-            last_count, last_total_s = self._seen.get(lane, (0.0, 0.0))
-            self._seen[lane] = (count, total_s)
-            self._recorder.served(lane, round(count - last_count), total_s - last_total_s)
+            turns = self._sample(f"{DEBOUNCE_TURN_MESSAGES.name}_count", {"lane": lane})
+            messages = self._sample(f"{DEBOUNCE_TURN_MESSAGES.name}_sum", {"lane": lane})
+            last = self._seen.get(lane, (0.0, 0.0, 0.0, 0.0))
+            self._seen[lane] = (count, total_s, turns, messages)
+            calls, new_turns = count - last[0], turns - last[2]
+            per_call = (messages - last[3]) / new_turns if new_turns > 0 else 1.0
+            self._recorder.served(lane, round(calls * max(per_call, 1.0)), total_s - last[1])
         await self._recorder.flush()

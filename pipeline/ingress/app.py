@@ -31,9 +31,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
 
+from pipeline import tracing
 from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch
@@ -146,7 +148,8 @@ class IngressApp:
             await _answer(send, 503, {"error": "overloaded"}, [(b"retry-after", retry_after)])
             return
         try:
-            status, answer, extra = await self._accept(source, headers, body)
+            with tracing.webhook(source.name, headers):
+                status, answer, extra = await self._accept(source, headers, body)
         finally:
             admission.release()
         await _answer(send, status, answer, extra)
@@ -157,7 +160,8 @@ class IngressApp:
         now_s = self._clock()
         try:
             _bounded_signature_headers(headers, source.verifier.headers)
-            source.verifier.verify(headers, body, now_s)
+            with tracing.stage("verify"):
+                source.verifier.verify(headers, body, now_s)
         except Rejected as exc:
             self.counters[source.name, f"rejected:{exc.reason}"] += 1
             log.info("webhook rejected", extra={"source": source.name, "reason": exc.reason})
@@ -169,13 +173,16 @@ class IngressApp:
             return 401, {"error": "unauthorized"}, []
         try:
             row = source.build_row(headers, body, now_s)
+            if tracing.on():  # the row keeps the request's trace context for every produce
+                row = replace(row, headers=tracing.outgoing(row.headers, row.tenant))
             if self.schemas is not None:
                 self.schemas.check(row.lane, body)
         except Malformed as exc:
             self.counters[source.name, f"malformed:{exc.reason}"] += 1
             return 400, _malformed(exc), []
         try:
-            inserted = await self._log.insert(row)
+            with tracing.stage("log commit"):
+                inserted = await self._log.insert(row)
         except LogStoreError:
             self.counters[source.name, "store_error"] += 1
             log.exception("log store insert failed", extra={"source": source.name})

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipeline import tracing
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import ENV_PREFIX, Settings, load_settings
 from pipeline.errors import ConfigError
@@ -71,6 +72,7 @@ class _IngressEnv(BaseSettings):
 
 def _settings(transport: str | None) -> tuple[Settings, IngressSettings]:
     settings = load_settings(**({"transport": transport} if transport else {}))
+    tracing.use_system(settings.transport)
     ingress = getattr(settings, "ingress", None)
     if not isinstance(ingress, IngressSettings):
         try:
@@ -388,6 +390,7 @@ def purge_command(
 
 def main() -> None:  # pragma: no cover - for `python -m pipeline.ingress.cli`
     """Run the ingress commands on their own (before they are registered in pipeline.cli)."""
+    tracing.configure(os.environ, service="pipeline-ingress")
     root = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
     root.add_typer(app, name="ingress")
     root.add_typer(ops_app)

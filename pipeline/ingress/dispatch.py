@@ -16,6 +16,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
+from pipeline import tracing
 from pipeline.envelope import Record
 from pipeline.errors import PipelineError
 from pipeline.ingress.headers import event_headers, event_key
@@ -119,9 +120,11 @@ class Dispatcher:
 
     async def _produce(self, topic: str, rows: list[NewRow]) -> None:
         records = [Record(row.body, event_key(row), event_headers(row)) for row in rows]
+        sends = tracing.sends_started(topic, records)
         try:
             await self._producer.send_many(topic, records)
         except PipelineError as exc:
+            tracing.sends_ended(sends, exc)
             self.counters.failed += len(rows)
             log.warning(
                 "produce failed; the sweeper will retry",
@@ -129,6 +132,7 @@ class Dispatcher:
             )
             await self._record_failure(rows, exc)
             return
+        tracing.sends_ended(sends)
         self.counters.produced += len(rows)
         self._marks.extend(row.id for row in rows)
         if self._marker is None:

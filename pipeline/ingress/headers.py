@@ -3,13 +3,15 @@
 The names come from :mod:`pipeline.headers`. The consumer runtime reads ``pl-row-id`` to mark
 the row processed (:meth:`pipeline.logstore.ProcessedMarker.mark_processed`) and
 ``pl-event-id`` for idempotency; ``pl-replay-count`` is 0 on the first production and counts
-sweeper and CLI replays after it.
+sweeper and CLI replays after it. ``traceparent`` is the W3C trace context the row was stored
+with (:mod:`pipeline.tracing`), when it has one.
 """
 
 from __future__ import annotations
 
 from pipeline import headers as names
 from pipeline.logstore import LogRow, NewRow
+from pipeline.tracing import TRACEPARENT
 
 ROW_ID = names.ROW_ID
 SOURCE = names.SOURCE
@@ -21,7 +23,7 @@ REPLAY_COUNT = names.REPLAY_COUNT
 
 def event_headers(row: NewRow | LogRow, replay_count: int = 0) -> dict[str, bytes]:
     """The headers of the event produced for ``row``."""
-    return {
+    out = {
         ROW_ID: row.id.encode(),
         SOURCE: row.source.encode(),
         TENANT: row.tenant.encode(),
@@ -29,6 +31,10 @@ def event_headers(row: NewRow | LogRow, replay_count: int = 0) -> dict[str, byte
         RECEIVED_AT_MS: str(row.received_at_ms).encode(),
         REPLAY_COUNT: str(replay_count).encode(),
     }
+    context = row.headers.get(TRACEPARENT)
+    if context:
+        out[TRACEPARENT] = context.encode()
+    return out
 
 
 def event_key(row: NewRow | LogRow) -> bytes | None:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipeline import tracing
 from pipeline.envelope import Record
 from pipeline.errors import MessageTooLarge, PipelineError
 from pipeline.ingress.headers import event_headers, event_key
@@ -46,9 +47,11 @@ async def _topic(producer: Producer, topic: str, rows: list[LogRow], *, replay: 
         Record(row.body, event_key(row), event_headers(row, row.replay_count + int(replay)))
         for row in rows
     ]
+    sends = tracing.sends_started(topic, records)
     try:
         await producer.send_many(topic, records)
     except MessageTooLarge as exc:
+        tracing.sends_ended(sends, exc)
         if len(rows) == 1:
             return Produced(failed=[(rows[0], exc)])
         # Find the culprit: produce one by one, so one bad row does not hold back the rest.
@@ -61,7 +64,9 @@ async def _topic(producer: Producer, topic: str, rows: list[LogRow], *, replay: 
             outcome.failed += part.failed
         return outcome
     except PipelineError as exc:
+        tracing.sends_ended(sends, exc)
         return Produced(failed=[(row, exc) for row in rows])
+    tracing.sends_ended(sends)
     return Produced(delivered=list(rows))
 
 

@@ -70,6 +70,10 @@ All settings come from environment variables with the `PIPELINE_` prefix; nested
 invalid value stops the program with the variable's name, the problem and the value given.
 Unknown variables under a section are rejected too. Lists and mappings are written as JSON
 (`PIPELINE_KAFKA__CLIENT='{"security.protocol": "SASL_SSL"}'`).
+
+Read apart from the settings: `PIPELINE_LOG_LEVEL` (default `WARNING`, `INFO` for `pipeline
+consume`), `PIPELINE_LOG_FORMAT` (`text` or `json`) and the standard OpenTelemetry `OTEL_*`
+variables that turn tracing on ([operations.md](operations.md#tracing)).
 """
 
 

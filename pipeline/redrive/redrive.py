@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pipeline import headers as h
+from pipeline import tracing
 from pipeline.envelope import Message, Position, Record, TopicPartition
 from pipeline.errors import ConfigError
 from pipeline.redrive.select import Selection, reason
@@ -203,6 +204,15 @@ class Redrive:
         return handled
 
     async def _send_paced(self, producer: Producer, target: str, records: list[Record]) -> None:
+        sends = tracing.sends_started(target, records)  # each a child of its dead letter's send
+        try:
+            await self._send_records(producer, target, records)
+        except BaseException as exc:
+            tracing.sends_ended(sends, exc)
+            raise
+        tracing.sends_ended(sends)
+
+    async def _send_records(self, producer: Producer, target: str, records: list[Record]) -> None:
         if not self._interval_s:
             await producer.send_many(target, records)
             return

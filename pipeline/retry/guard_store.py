@@ -24,7 +24,9 @@ takes the release over.
 **Cost.** Starts and ends of messages whose key is not parked are batched: one ``gd_begin`` call
 for all the starts the member makes in one turn of its event loop, carrying the ends recorded
 since the last call; ends left over are flushed before every commit. Only messages of parked
-keys, and failures, make a call of their own.
+keys, and failures, make a call of their own. The lane's housekeeping (the expiry of its marks and
+lone-start counts, the trimming of finished ids) rides on the periodic ``gd_reap`` instead of
+every ``gd_begin``.
 
 If Redis cannot be reached the runtime fails open: messages run (order across retries is not
 guarded for that time, and poison is not counted), and each such decision is logged.

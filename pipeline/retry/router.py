@@ -14,6 +14,7 @@ import traceback
 from dataclasses import dataclass
 
 from pipeline import headers as h
+from pipeline import tracing
 from pipeline.envelope import Delivered, Message
 from pipeline.errors import DeadLetter
 from pipeline.retry.policy import Backoff
@@ -91,9 +92,9 @@ class Router:
         out = _failure_headers(message, error, now_ms)
         out[h.ATTEMPT] = str(attempt + 1).encode()
         out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(tier)).encode()
-        return await self._producer.send(
-            routes.retry_topics[tier], message.value, key=message.key, headers=out
-        )
+        topic = routes.retry_topics[tier]
+        with tracing.sending(topic, out, "retry"):
+            return await self._producer.send(topic, message.value, key=message.key, headers=out)
 
     async def divert(self, routes: LaneRoutes, message: Message) -> Delivered:
         """Send a message of a parked key behind its head, through the first retry tier.
@@ -104,9 +105,9 @@ class Router:
         now_ms = int(time.time() * 1000)
         out = _with_origin(message)
         out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(0)).encode()
-        return await self._producer.send(
-            routes.retry_topics[0], message.value, key=message.key, headers=out
-        )
+        topic = routes.retry_topics[0]
+        with tracing.sending(topic, out, "divert"):
+            return await self._producer.send(topic, message.value, key=message.key, headers=out)
 
     async def dead_letter(
         self, routes: LaneRoutes, message: Message, reason: str, error: BaseException | None
@@ -118,6 +119,6 @@ class Router:
         out[h.DEAD_REASON] = reason.encode()
         out.setdefault(h.ATTEMPT, b"1")
         out.pop(h.DUE_MS, None)
-        return await self._producer.send(
-            routes.dead_letter_topic, message.value, key=message.key, headers=out
-        )
+        topic = routes.dead_letter_topic
+        with tracing.sending(topic, out, "dead_letter", reason):
+            return await self._producer.send(topic, message.value, key=message.key, headers=out)

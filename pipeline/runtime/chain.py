@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from pipeline import headers as h
+from pipeline import tracing
 from pipeline.admission.fleet import FleetLimits
 from pipeline.envelope import Message
 from pipeline.runtime.admit import AdmissionGate, Admitter, tenant_of
@@ -83,6 +84,7 @@ class Chain:
     def enter(self, message: Message) -> None:
         """A polled message enters the chain with its lane."""
         work = Work(message, self._app.lane_of(message.topic))
+        work.trace = tracing.process(message, work.lane.name)
         if h.DUE_MS in message.headers:
             assert self.due is not None  # noqa: S101 - start() ran before the first poll
             self.due.offer(work)
@@ -118,12 +120,17 @@ class Chain:
         self._key_lanes(work)
 
     def _key_lanes(self, work: Work) -> None:
+        if work.trace is not None:
+            tracing.admitted(work.trace)
         self.lanes.submit(work, ordered=work.lane.spec.ordered)
 
     async def _run(self, work: Work) -> None:
         """Guard and handler (the guard calls the handler stage), then release and settle."""
         started = time.perf_counter()
-        outcome = await self._guard.run(work.lane, work.message)
+        if self.gate is not None and work.trace is not None and work.lane.spec.throttle:
+            policy = work.lane.spec.throttle
+            tracing.throttle_waited(work.trace, self.gate.held_keys(work), policy.priority)
+        outcome = await tracing.guarded(work.trace, self._guard.run(work.lane, work.message))
         if self.gate is not None:
             lane, message = work.lane, work.message
             feedback = self._handler.feedback(lane, message, self.gate.held_keys(work))
@@ -134,6 +141,8 @@ class Chain:
             self.batch.pump()
         self._handler.deferring.discard((work.tp, work.offset))  # whatever parking decided
         self._settle(work, outcome, time.perf_counter() - started)
+        if work.trace is not None:
+            tracing.finish(work.trace, outcome)
 
     # -- load ---------------------------------------------------------------------------------
 

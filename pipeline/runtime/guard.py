@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from pipeline import tracing
 from pipeline.envelope import Message
 from pipeline.errors import PoisonMessage, SequencedDeadLetter
 from pipeline.retry.guard_store import (
@@ -193,9 +194,12 @@ class RunGuard:
             while release is not None:
                 message = release.message
                 start = Start(release.ident, key, RELEASED_POSITION, ordered=True, attempt=0)
-                outcome, ending = await self._decided(
-                    lane, store, message, start, release.decision, 0
-                )
+                delivery = tracing.process(message, lane.name)  # the follower's own trace
+                with tracing.guard(delivery):
+                    outcome, ending = await self._decided(
+                        lane, store, message, start, release.decision, 0
+                    )
+                tracing.finish(delivery, outcome)
                 self._settled(lane, message, outcome)
                 if outcome is None or ending is None:  # its lease lapses; a reaper takes over
                     break

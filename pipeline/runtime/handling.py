@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline import headers as h
+from pipeline import tracing
 from pipeline.admission.adaptive import Feedback, feedback_for
 from pipeline.envelope import Message, TopicPartition
 from pipeline.errors import DebounceUnavailable, Expired, Skip, Throttled
@@ -93,12 +94,15 @@ class HandlerStage:
                 context = Context(message, lane.name, attempt)  # no Redis in the worker
                 await self._cpu_pool().run(lane.cpu_ref, (event, context), lane.time_limit_s)
         except Skip:
+            tracing.handler_ran(lane.name, called, None)
             self._stats.skipped += 1
             return "skipped"
         except Exception as exc:  # every handler failure is routed, none escapes
+            tracing.handler_ran(lane.name, called, exc)
             if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
                 self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
             return await self._routing.failure(lane, message, attempt, exc)
+        tracing.handler_ran(lane.name, called, None)
         if self._adaptive(lane):
             self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
         self._stats.handled += 1

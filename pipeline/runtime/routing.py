@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from pipeline import headers as h
+from pipeline import tracing
 from pipeline.envelope import Delivered, Message
 from pipeline.errors import TransportError
 from pipeline.observability.facades import RuntimeMetrics
@@ -94,6 +95,7 @@ class Routing:
         self, lane: Lane, message: Message, reason: str, error: BaseException | None
     ) -> str | None:
         """Send ``message`` to the lane's DLQ with ``reason``."""
+        tracing.event(reason)  # poison, expired, shed, fatal, exhausted, sequenced
         return await self._send(
             lane,
             message,
@@ -104,6 +106,7 @@ class Routing:
 
     async def divert(self, lane: Lane, message: Message, outcome: str) -> str | None:
         """Send ``message`` through the first tier, not as a failure (parked or deferred)."""
+        tracing.event("diverted", outcome)
         if self.on_route is not None:
             await self.on_route(lane, message, h.int_header(message.headers, h.ATTEMPT, 1))
         return await self._send(lane, message, outcome, self._router.divert)

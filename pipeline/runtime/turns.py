@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
+from pipeline import tracing
 from pipeline.admission.debounce import Debouncer, Turn
 from pipeline.admission.debounce_codec import BufferedMessage
 from pipeline.admission.debounce_runner import TurnRunner
@@ -117,9 +118,11 @@ class DebouncedLanes:
     async def _run(self, lane: Lane, turn: Turn) -> bool:
         messages = [to_message(m) for m in turn.messages]
         late_s = max(0, turn.fired_ms - turn.due_ms) / 1000
+        first_ms = min(turn.arrivals_ms, default=0)
         try:
-            events = [lane.decode(m) for m in messages]
-            await lane.handler(events, Context(messages[-1], lane.name, turn.attempt))
+            with tracing.turn(lane.name, messages, first_ms, turn.fired_ms):
+                events = [lane.decode(m) for m in messages]
+                await lane.handler(events, Context(messages[-1], lane.name, turn.attempt))
         except Skip:
             return await self._settle(lane, TurnOutcome(messages, "skipped", None, late_s))
         except Exception as exc:  # every turn failure is settled, none escapes

@@ -15,6 +15,7 @@ from pipeline.envelope import Message, TopicPartition
 
 if TYPE_CHECKING:
     from pipeline.runtime.app import Lane
+    from pipeline.tracing import Delivery
 
 
 class Item(Protocol):
@@ -61,6 +62,8 @@ class Work:
     message: Message
     lane: Lane
     entered_s: float = field(default_factory=time.perf_counter)
+    trace: Delivery | None = None
+    """Its ``process`` span while tracing is on (:mod:`pipeline.tracing`), else None."""
 
     @property
     def tp(self) -> TopicPartition:

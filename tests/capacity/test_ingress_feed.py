@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import yaml
 from redis.asyncio import Redis
+from support import delete_after_test
 from support import test_settings as settings_for
 
 from pipeline.capacity.history import ArrivalHistory
@@ -43,6 +44,7 @@ async def test_produced_webhooks_land_in_the_lane_history(
         sweeper=SweeperSettings(enabled=False),
     )
     broker = create_transport(settings)
+    delete_after_test(broker, spec.topic_names())
     await apply(broker.admin(), [spec], 1000, dry_run=False)
     built = build_ingress(settings, ingress)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=built.app), base_url="http://i")

@@ -17,7 +17,7 @@ from pipeline.capacity.recorder import ArrivalRecorder
 from pipeline.capacity.settings import CapacitySettings
 from pipeline.capacity.source import CapacitySource, ServiceTimeSource
 from pipeline.cli import app
-from pipeline.observability.facades import CapacityMetrics, RuntimeMetrics
+from pipeline.observability.facades import CapacityMetrics, DebounceMetrics, RuntimeMetrics
 from pipeline.observability.metrics import Metrics
 
 NOW_S = 20_000 * 86_400 + 14 * 3600.0  # a weekday, 14:00 UTC
@@ -140,6 +140,28 @@ async def test_a_members_handled_durations_become_the_measured_service_time(
         sample = await history.service("messages", int(time.time() // 60) + 1)
         assert (sample.count, sample.total_s) == (3, 6.0)
         assert (await history.service("idle", int(time.time() // 60) + 1)).count == 0
+    finally:
+        found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]
+        if found:
+            await redis.delete(*found)
+
+
+async def test_a_debounced_lanes_service_time_is_per_message_not_per_turn(
+    redis: Redis, unique: str
+) -> None:
+    """Two turns of 4 messages taking 2 s each record 8 messages for 4 s: 0.5 s a message."""
+    prefix = f"t{unique}"
+    history = ArrivalHistory(redis, prefix)
+    metrics = Metrics()
+    runtime, debounce = RuntimeMetrics(metrics), DebounceMetrics(metrics)
+    source = ServiceTimeSource(metrics, ArrivalRecorder(history), ["ai_turns"])
+    try:
+        for _ in range(2):
+            debounce.turn("ai_turns", 4, 0.0)
+            runtime.delivered("ai_turns", "handled", 2.0)
+        await source.refresh()
+        sample = await history.service("ai_turns", int(time.time() // 60) + 1)
+        assert (sample.count, sample.total_s) == (8, 4.0)
     finally:
         found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]
         if found:

@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from contract.helpers import make_topic
+from support import delete_topics_after_test, test_settings
+
+from pipeline.transport import create_transport
 
 PIPELINE = [sys.executable, "-m", "pipeline"]
 
@@ -40,6 +44,7 @@ def test_apply_produce_and_tail_round_trip(
     request.getfixturevalue(f"{name}_service")
     topic = f"cli_{unique}"
     directory = _declare(tmp_path, topic)
+    delete_topics_after_test(test_settings(), name, [topic, f"{topic}.retry.5s", f"{topic}.dlq"])
     dry = run("topics", "apply", str(directory), "--dry-run", "-t", name)
     assert dry.returncode == 0, dry.stderr
     assert f"(dry run) create {topic}.retry.5s" in dry.stdout
@@ -115,3 +120,19 @@ def test_unreachable_broker_exits_non_zero(name: str) -> None:
     assert result.returncode == 1
     assert "error:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_topics_list_into_a_pipe_keeps_long_names_whole(
+    redis_service: str, unique: str
+) -> None:
+    """Piped, `topics list` prints a 90-character topic name whole instead of cutting it at 80."""
+    del redis_service
+    topic = f"list_{unique}_" + "x" * 74
+    transport = create_transport(test_settings(), "redis")
+    try:
+        await make_topic(transport, topic, 1)
+    finally:
+        await transport.close()
+    listed = run("topics", "list", "-t", "redis")
+    assert listed.returncode == 0, listed.stderr
+    assert topic in listed.stdout

@@ -123,3 +123,48 @@ def test_ingress_on_a_busy_port_is_one_error_naming_the_port() -> None:
     assert f"127.0.0.1:{port}" in result.stderr
     assert "PIPELINE_INGRESS__PORT" in result.stderr
     assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("transport", "env", "named"),
+    [
+        (
+            "kafka",
+            {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
+            ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
+        ),
+        (
+            "redis",
+            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
+        ),
+        (  # Kafka answers, but the Redis that holds the member's guard and throttles does not
+            "kafka",
+            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
+        ),
+    ],
+)
+def test_consume_with_a_service_down_exits_naming_address_and_variable(
+    request: pytest.FixtureRequest, transport: str, env: dict[str, str], named: list[str]
+) -> None:
+    """`pipeline consume` started with its broker or Redis down exits 1 in one line saying where."""
+    if "PIPELINE_KAFKA__BOOTSTRAP_SERVERS" not in env and transport == "kafka":
+        request.getfixturevalue("kafka_service")
+    topics = str(Path(__file__).resolve().parents[2] / "topics")
+    result = pipeline(
+        "consume",
+        "consumers.messages:app",
+        "--group",
+        "unreachable",
+        "-t",
+        transport,
+        env={**env, "PIPELINE_TOPICS_DIR": topics},
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 2, result.stderr
+    assert lines[-1].startswith("error:")
+    for text in named:
+        assert text in lines[-1]

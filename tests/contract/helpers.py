@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from support import delete_after_test
+
 from pipeline.config import Settings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.testing import MemoryBroker, MemoryTransport
@@ -14,7 +16,8 @@ from pipeline.transport.protocol import Consumer, TopicConfig, Transport
 
 
 async def make_topic(transport: Transport, name: str, partitions: int) -> None:
-    """Create a fresh topic for one test."""
+    """Create a fresh topic for one test; deleted when the test ends."""
+    delete_after_test(transport, [name])
     await transport.admin().create_topic(TopicConfig(name, partitions))
 
 

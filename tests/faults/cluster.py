@@ -22,6 +22,7 @@ from typing import IO
 
 import yaml
 from faults.services import free_port, port_open
+from support import delete_after_test
 
 from pipeline.config import Settings, load_settings
 from pipeline.topics.admin import apply
@@ -160,6 +161,7 @@ class Cluster:
     async def declare(self) -> None:
         """Create the lane's topics (main, retry tiers, dead letter) on the scenario's broker."""
         transport = create_transport(self.settings)
+        delete_after_test(transport, self.spec.topic_names())
         try:
             await apply(transport.admin(), [self.spec], 100_000, dry_run=False)
         finally:

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 import yaml
-from support import test_settings
+from support import delete_after_test, test_settings
 
 from pipeline.ingress.service import Ingress, build_ingress, http_server
 from pipeline.ingress.settings import IngressSettings, SweeperSettings
@@ -69,6 +69,7 @@ async def running_ingress(
     )
     built = build_ingress(settings, config)
     broker = create_transport(settings)
+    delete_after_test(broker, [name for spec in built.specs for name in spec.topic_names()])
     try:
         await apply(broker.admin(), built.specs, 1000, dry_run=False)
     finally:

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from support import delete_after_test
+
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import PipelineError
 from pipeline.topics.admin import apply
@@ -41,6 +43,7 @@ async def partly_consumed(
     transport: Transport, spec: TopicSpec, group: str, *, produced: int, committed: int
 ) -> AsyncIterator[PartlyConsumed]:
     """Produce to partition 0, plus one retry and one dead letter; commit the first ones."""
+    delete_after_test(transport, spec.topic_names())
     await apply(transport.admin(), [spec], 100_000, dry_run=False)
     producer = transport.producer()
     try:

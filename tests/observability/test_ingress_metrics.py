@@ -8,6 +8,7 @@ import time
 import httpx
 import yaml
 from helpers import drop, lane_spec
+from support import delete_after_test
 from support import test_settings as settings_for
 
 from pipeline.ingress.service import build_ingress
@@ -38,6 +39,7 @@ async def test_ingress_metrics_show_requests_and_the_sweeper_heartbeat(
         sweeper=SweeperSettings(interval_s=3600),
     )
     broker = create_transport(settings)
+    delete_after_test(broker, spec.topic_names())
     await apply(broker.admin(), [spec], 1000, dry_run=False)
     built = build_ingress(settings, ingress)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=built.app), base_url="http://i")

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from support import delete_after_test
+
 from pipeline.config import RuntimeSettings
 from pipeline.runtime.member import Member
 from pipeline.topics.admin import apply
@@ -23,7 +25,8 @@ def lane_spec(name: str, partitions: int = 3, **fields: Any) -> TopicSpec:
 
 
 async def declare(transport: Transport, *specs: TopicSpec) -> None:
-    """Create the lanes' topics (main, retry tiers, dead letter) on the broker."""
+    """Create the lanes' topics (main, retry tiers, dead letter); deleted when the test ends."""
+    delete_after_test(transport, [name for spec in specs for name in spec.topic_names()])
     await apply(transport.admin(), list(specs), 100_000, dry_run=False)
 
 

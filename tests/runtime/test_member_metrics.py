@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
+from pipeline.config import PressureSettings
 from pipeline.envelope import Record
 from pipeline.errors import DeadLetter, Retry
 from pipeline.observability.facades import RuntimeMetrics
@@ -34,7 +35,10 @@ async def test_deliveries_retries_and_dead_letters_are_counted(
     )
     await producer.close()
     metrics = Metrics()
-    member = Member(app, transport, f"g-{unique}", FAST, metrics=RuntimeMetrics(metrics))
+    # The machine's CPU pressure would shrink the slots (pipeline/runtime/pressure.py): off here,
+    # so the slot gauge shows the configured limit whatever else the machine runs.
+    settings = FAST.model_copy(update={"pressure": PressureSettings(enabled=False)})
+    member = Member(app, transport, f"g-{unique}", settings, metrics=RuntimeMetrics(metrics))
     async with running(member):
         await eventually(lambda: member.stats.handled == 2 and member.stats.dead_lettered == 1)
     value = metrics.registry.get_sample_value

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from support import delete_after_test
 
 from pipeline.config import Settings
 from pipeline.transport.protocol import TopicConfig
@@ -48,6 +49,7 @@ async def test_a_dead_members_partition_claimed_then_retargeted_is_released(
     give those leases up, or it renews them forever and the newcomer never gets them.
     """
     topic, group = f"leases-{unique}", f"g-{unique}"
+    delete_after_test(transport, [topic])
     await transport.admin().create_topic(TopicConfig(topic, PARTITIONS))
     keys = Keys(transport._settings.redis.key_prefix)
     functions = Functions(redis)

@@ -53,6 +53,7 @@ class PostgresLogStore:
             clock: seconds since the epoch; tests pass a fake one.
         """
         self._url = url
+        self._url = url
         self._schema = schema
         self._sql = Statements(schema)
         self._clock = clock
@@ -74,9 +75,20 @@ class PostgresLogStore:
     async def open(self) -> None:
         """Open the pool and create the schema, table and indexes (idempotent, race-safe)."""
         try:
+            # One connection first: a wrong password or host fails at once with the server's
+            # reason, where the pool would retry for its whole timeout and say only that.
+            probe = await psycopg.AsyncConnection.connect(self._url, connect_timeout=10)
+            await probe.close()
             await self._pool.open(wait=True, timeout=10.0)
         except Exception as exc:  # psycopg.Error, or psycopg_pool.PoolTimeout which is not one
-            raise LogStoreError(f"cannot connect to the log database: {exc}") from exc
+            lines = [
+                " ".join(line.removeprefix("connection failed: ").split())
+                for line in str(exc).splitlines()
+            ]
+            reason = " ".join(dict.fromkeys(line for line in lines if line))  # one per host tried
+            raise LogStoreError(
+                f"cannot connect to the log database (PIPELINE_POSTGRES__URL): {reason}"
+            ) from exc
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql.schema)
 

@@ -74,39 +74,48 @@ local function mark_start(run, id, pos, attempt, force)
   return decision, starts
 end
 
--- End marks of the given "id TAB position" lines whose mark is still theirs.
-local function end_marks(run, alone, lines)
+-- Parse "id TAB position" lines (an empty position is the id itself) into ids and positions.
+local function end_lines(lines)
   local ids, positions = {}, {}
   for id, pos in string.gmatch(lines, '([^\t\n]+)\t([^\t\n]*)') do
     ids[#ids + 1] = id
     positions[#positions + 1] = pos == '' and id or pos
   end
-  if #ids == 0 then return end
-  local marks = bulk('HMGET', run, ids)
-  local done = {}
-  for i, mark in ipairs(marks) do
+  return ids, positions
+end
+
+-- Delete the marks (and lone-start counts) of ended starts whose mark is still theirs. `marks`
+-- holds their current marks, read with the starts' in one HMGET. Only a suspect (a mark of more
+-- than one start) can have a lone-start count.
+local function end_marks(run, alone, ids, positions, marks)
+  local done, lone = {}, {}
+  for i, id in ipairs(ids) do
+    local mark = marks[i]
     if mark then
-      local _, at = parse(mark)
-      if at == positions[i] then done[#done + 1] = ids[i] end
+      local starts, at = parse(mark)
+      if at == positions[i] then
+        done[#done + 1] = id
+        if starts > 1 then lone[#lone + 1] = id end
+      end
     end
   end
-  if #done > 0 then
-    bulk('HDEL', run, done)
-    bulk('HDEL', alone, done)
-  end
+  if #done > 0 then bulk('HDEL', run, done) end
+  if #lone > 0 then bulk('HDEL', alone, lone) end
 end
 
 -- gd_begin: end the given starts, then decide a batch of starts, in one call.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone
--- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] ended starts, one per line: id TAB position
+-- ARGV[1] now_ms (unused, kept for the call's shape)   ARGV[2] ttl_ms (unused: gd_reap keeps
+-- the hashes' expiry)   ARGV[3] ended starts, one per line: id TAB position
 -- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt
 -- An empty position is the id itself (a first delivery).
 -- Returns the decisions as one string, one "<letter><starts>" per start, comma-separated:
 -- p process, s suspect, c copy, x stale, w slow (the key is parked: ask gd_key_begin).
+-- The marks of the ends and of the starts are read in one HMGET; an end is applied before the
+-- starts are decided, so a start of a message that just ended sees no mark.
 local CODES = {process = 'p', suspect = 's', copy = 'c'}
 local function begin_many(keys, args)
-  local now, ttl = tonumber(args[1]), tonumber(args[2])
-  end_marks(keys[1], keys[4], args[3])
+  local ended, positions_ended = end_lines(args[3])
   local ids, names, positions, ordered, attempts = {}, {}, {}, {}, {}
   local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)'
   for id, key, pos, o, attempt in string.gmatch(args[4], pattern) do
@@ -116,11 +125,37 @@ local function begin_many(keys, args)
     ordered[#ordered + 1] = o == '1'
     attempts[#attempts + 1] = attempt
   end
+  local all = {}
+  for _, id in ipairs(ended) do all[#all + 1] = id end
+  for _, id in ipairs(ids) do all[#all + 1] = id end
+  if #all == 0 then return '' end
+  local read = bulk('HMGET', keys[1], all)
+  local ended_marks, marks, ended_now = {}, {}, {}
+  for i = 1, #ended do ended_marks[i] = read[i] end
+  end_marks(keys[1], keys[4], ended, positions_ended, ended_marks)
+  for i, id in ipairs(ended) do
+    local mark = ended_marks[i]
+    if mark then
+      local _, at = parse(mark)
+      if at == positions_ended[i] then ended_now[id] = true end
+    end
+  end
+  for i, id in ipairs(ids) do
+    local mark = read[#ended + i]
+    if ended_now[id] then mark = false end
+    marks[i] = mark
+  end
   local out = {}
   if #ids > 0 then
-    local gone = bulk('ZMSCORE', keys[2], ids)
-    local parked = bulk('HMGET', keys[3], names)
-    local marks = bulk('HMGET', keys[1], ids)
+    -- Only ordered starts can find their key parked or their id gone (both come from parking):
+    -- a lane without ordered retries reads neither.
+    local any_ordered = false
+    for i = 1, #ids do any_ordered = any_ordered or ordered[i] end
+    local gone, parked = {}, {}
+    if any_ordered then
+      gone = bulk('ZMSCORE', keys[2], ids)
+      parked = bulk('HMGET', keys[3], names)
+    end
     local writes, seen = {}, {}
     for i, id in ipairs(ids) do
       if gone[i] then
@@ -139,12 +174,8 @@ local function begin_many(keys, args)
         out[i] = CODES[decision] .. starts
       end
     end
-    if #writes > 0 then
-      bulk('HSET', keys[1], writes)
-      redis.call('PEXPIRE', keys[1], ttl)
-    end
+    if #writes > 0 then bulk('HSET', keys[1], writes) end
   end
-  redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now - ttl)
   return table.concat(out, ',')
 end
 
@@ -323,6 +354,9 @@ end
 -- Returns a flat list: key, decision, id, message for each follower taken over.
 local function reap(keys, args)
   local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
+  -- The batched starts (gd_begin) leave the lane's expiry and trimming to this periodic call.
+  redis.call('ZREMRANGEBYSCORE', tag .. ':gone', '-inf', now - ttl)
+  expire(ttl, tag .. ':run', tag .. ':alone')
   local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
   local out = {}
   for _, key in ipairs(due) do

@@ -64,13 +64,14 @@ def _admin(settings: KafkaSettings) -> AdminClient:
     connection = {
         k: v for k, v in settings.client.items() if k.startswith(("security.", "sasl.", "ssl."))
     }
-    return AdminClient(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "socket.timeout.ms": settings.request_timeout_ms,
-            **connection,
-        }
-    )
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "socket.timeout.ms": settings.request_timeout_ms,
+        # librdkafka's own lines go through our logging (rate-limited), not raw to stderr
+        "logger": logging.getLogger("pipeline.librdkafka"),
+        **connection,
+    }
+    return AdminClient(conf)
 
 
 def _describe(settings: KafkaSettings) -> frozenset[str]:

@@ -1,0 +1,127 @@
+"""What tracing costs, for ``bench/runtime.py`` and ``bench/ingress.py`` (their ``tracing`` parts).
+
+* ``tracing_overhead``: throughput with tracing on at 100 % sampling (``always_on``), exporting
+  over OTLP/HTTP to a sink in its own process (``bench/otlp_sink.py``), ÷ the same run with
+  tracing off; interleaved, median of the per-repeat ratios. The batch processor's queue is
+  raised (``OTEL_BSP_MAX_QUEUE_SIZE``) so no span is dropped to save time.
+* ``tracing_off_overhead``: what the tracing hooks cost while tracing is off, against the code
+  without them: 1 - (time of the hooks one message or request calls, measured in a tight loop
+  with tracing off) ÷ (CPU time per message or request of the tracing-off run). A ratio of two
+  end-to-end runs could not resolve 2 % on a shared machine; the hooks' own cost can be timed
+  exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline import tracing
+from pipeline.envelope import Message
+
+SINK = Path(__file__).resolve().parent / "otlp_sink.py"
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+HOOK_LOOPS = 200_000
+
+
+@contextlib.contextmanager
+def otlp_sink() -> Iterator[str]:
+    """A sink process; yields its traces endpoint."""
+    proc = subprocess.Popen([sys.executable, str(SINK)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None  # noqa: S101 - piped above
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}/v1/traces"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def traced_env(endpoint: str, *, sampled_only: bool = False) -> dict[str, str]:
+    """The standard variables that turn tracing on at 100 % towards ``endpoint``.
+
+    ``sampled_only``: the default parent-based sampler instead, which records only what the
+    caller's ``traceparent`` says is sampled.
+    """
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on" if sampled_only else "always_on",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "262144",
+        "OTEL_BSP_SCHEDULE_DELAY": "500",
+    }
+
+
+@contextlib.contextmanager
+def traced_here(
+    endpoint: str, system: str = "kafka", *, sampled_only: bool = False
+) -> Iterator[None]:
+    """Tracing on in this process while inside; flushed and off afterwards."""
+    saved = {k: os.environ.get(k) for k in traced_env(endpoint)}
+    os.environ.update(traced_env(endpoint, sampled_only=sampled_only))
+    try:
+        tracing.configure(os.environ, service="pipeline-bench", system=system)
+        yield
+    finally:
+        tracing.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _timed(loop: int, body: object) -> float:
+    """Seconds per call of ``body``: the best of five rounds (as timeit advises)."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(loop // 5):
+            body()  # type: ignore[operator]
+        best = min(best, (time.perf_counter() - started) / (loop // 5))
+    return best
+
+
+def member_hooks_s() -> float:
+    """Seconds the member's tracing hooks take per message with tracing off."""
+    message = Message("t", 0, 1, b"k", b"v", {"traceparent": TRACEPARENT}, 1)
+
+    def one() -> None:  # as chain.py and handling.py call them
+        delivery = tracing.process(message, "lane")
+        if delivery is not None:
+            tracing.admitted(delivery)
+        tracing.guarded(delivery, None)  # type: ignore[arg-type]
+        tracing.handler_ran("lane", 0.0, None)
+        if delivery is not None:
+            tracing.finish(delivery, "handled")
+
+    def empty() -> None:
+        pass
+
+    return max(0.0, _timed(HOOK_LOOPS, one) - _timed(HOOK_LOOPS, empty))
+
+
+def ingress_hooks_s() -> float:
+    """Seconds the ingress's tracing hooks take per request with tracing off."""
+    headers = {"x-hub-signature-256": "sha256=0"}
+
+    def one() -> None:  # as app.py and dispatch.py call them
+        with tracing.webhook("bench", headers), tracing.stage("verify"):
+            pass
+        tracing.on()
+        with tracing.stage("log commit"):
+            pass
+
+    def empty() -> None:
+        pass
+
+    return max(0.0, _timed(HOOK_LOOPS, one) - _timed(HOOK_LOOPS, empty))
+
+
+def off_overhead(hooks_s: float, cpu_s_per_item: float) -> float:
+    """Throughput without the hooks is at most this much above the hooks-off run."""
+    return 1 - hooks_s / cpu_s_per_item if cpu_s_per_item > 0 else 1.0

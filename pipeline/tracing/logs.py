@@ -1,0 +1,75 @@
+"""Log records that carry the current trace, and the JSON log format.
+
+:class:`TraceFilter` adds ``trace_id`` and ``span_id`` (hex, "" outside a span or with tracing
+off) to every record, so a log line can be found from its trace and back. :class:`TextFormatter`
+is the plain one-line format with `` trace=<trace_id> span=<span_id>`` appended when a record has
+them (so with tracing off a line is as it always was).
+:class:`JsonFormatter` writes one JSON object per line (``PIPELINE_LOG_FORMAT=json``) with the
+time, level, logger, message, the trace fields and whatever ``extra`` the call passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from opentelemetry import trace
+
+from pipeline.tracing import spans
+
+# The attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class TraceFilter(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` of the current span to each record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always True: the record is annotated, never dropped."""
+        record.trace_id = record.span_id = ""
+        if spans.on():
+            context = trace.get_current_span().get_span_context()
+            if context.is_valid:
+                record.trace_id = format(context.trace_id, "032x")
+                record.span_id = format(context.span_id, "016x")
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger message``, plus the trace and span ids when the record has them."""
+
+    def __init__(self) -> None:
+        """The project's one-line format."""
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, with `` trace=... span=...`` when logged inside a recorded span."""
+        line = super().format(record)
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            return f"{line} trace={trace_id} span={getattr(record, 'span_id', '')}"
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, trace ids, extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON line (exceptions as a ``traceback`` string)."""
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        doc.update(
+            (name, value)
+            for name, value in record.__dict__.items()
+            if name not in _STANDARD and not name.startswith("_")
+        )
+        if record.exc_info:
+            doc["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)

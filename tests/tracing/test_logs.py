@@ -1,0 +1,80 @@
+"""Log records carry the current trace and span ids; PIPELINE_LOG_FORMAT=json writes JSON lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+
+from pipeline import tracing
+from pipeline.tracing.logs import JsonFormatter, TextFormatter, TraceFilter
+
+ROOT = Path(__file__).parents[2]
+
+
+def _record(message: str, **extra: object) -> logging.LogRecord:
+    record = logging.makeLogRecord({"name": "pipeline.test", "levelname": "INFO", "msg": message})
+    record.__dict__.update(extra)
+    return record
+
+
+@pytest.mark.usefixtures("traced")
+def test_a_record_inside_a_span_names_its_trace_and_span() -> None:
+    """Inside a span the filter adds its ids, and the JSON line carries them and the extras."""
+    with tracing.stage("verify"):
+        context = trace.get_current_span().get_span_context()
+        record = _record("webhook rejected", source="whatsapp")
+        assert TraceFilter().filter(record)
+    line = json.loads(JsonFormatter().format(record))
+    assert line["trace_id"] == format(context.trace_id, "032x")
+    assert line["span_id"] == format(context.span_id, "016x")
+    assert (line["level"], line["logger"], line["message"]) == (
+        "INFO",
+        "pipeline.test",
+        "webhook rejected",
+    )
+    assert line["source"] == "whatsapp"
+
+
+def test_with_tracing_off_the_ids_are_empty() -> None:
+    """Outside tracing the fields exist and are empty, and the text line is as it always was."""
+    record = _record("hello")
+    TraceFilter().filter(record)
+    assert (record.trace_id, record.span_id) == ("", "")
+    assert TextFormatter().format(record).endswith(" INFO pipeline.test hello")
+
+
+@pytest.mark.usefixtures("traced")
+def test_a_text_line_inside_a_span_ends_with_its_ids() -> None:
+    """The plain format names the trace and span of a record logged inside one."""
+    with tracing.stage("log commit"):
+        context = trace.get_current_span().get_span_context()
+        record = _record("log store insert failed")
+        TraceFilter().filter(record)
+    line = TextFormatter().format(record)
+    trace_id, span_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
+    assert line.endswith(f"log store insert failed trace={trace_id} span={span_id}")
+
+
+def test_the_cli_logs_json_lines_when_asked() -> None:
+    """PIPELINE_LOG_FORMAT=json makes every log line of the CLI one JSON object."""
+    code = (
+        "import logging, sys\n"
+        "sys.argv = ['pipeline', '--help']\n"
+        "from pipeline import cli\n"
+        "cli.app = lambda: logging.getLogger('pipeline.test').warning('broker %s down', 'b1')\n"
+        "cli.main()\n"
+    )
+    env = {**os.environ, "PIPELINE_LOG_FORMAT": "json"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    (line,) = out.stderr.strip().splitlines()
+    doc = json.loads(line)
+    assert (doc["level"], doc["message"], doc["trace_id"]) == ("WARNING", "broker b1 down", "")

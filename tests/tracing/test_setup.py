@@ -1,0 +1,120 @@
+"""Tracing is off unless the OTEL_* variables ask for it, and then costs no SDK and no objects."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tracing.otlp_receiver import OtlpReceiver
+
+from pipeline import tracing
+from pipeline.envelope import Message
+from pipeline.tracing.setup import wanted
+
+ROOT = Path(__file__).parents[2]
+ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+
+
+def test_only_an_endpoint_turns_tracing_on() -> None:
+    """An endpoint turns it on; OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none keep it off."""
+    assert not wanted({})
+    assert wanted(ENDPOINT)
+    assert wanted({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"})
+    assert not wanted({**ENDPOINT, "OTEL_SDK_DISABLED": "true"})
+    assert not wanted({**ENDPOINT, "OTEL_TRACES_EXPORTER": "none"})
+
+
+def test_off_the_helpers_hand_back_shared_no_ops() -> None:
+    """With tracing off every helper returns a shared no-op or its input: nothing per message."""
+    assert not tracing.configure({}, service="pipeline-test")
+    message = Message(
+        "t", 0, 1, b"k", b"v", {"traceparent": b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"}
+    )
+    assert tracing.process(message, "lane") is None
+    assert tracing.stage("verify") is tracing.stage("log commit")
+    assert tracing.webhook("s", {}) is tracing.stage("verify")
+    headers = {"a": "b"}
+    assert tracing.outgoing(headers) is headers
+    run = object()
+    assert tracing.guarded(None, run) is run  # type: ignore[arg-type]
+    assert tracing.sends_started("t", []) is None
+
+
+def test_importing_the_pipeline_with_tracing_off_imports_no_sdk() -> None:
+    """The CLI, the member and the ingress load no trace SDK and no exporter when it is off.
+
+    (redis-py imports ``opentelemetry.sdk.metrics`` by itself when the SDK is installed.)
+    """
+    code = (
+        "import os, sys, json\n"
+        "import pipeline.cli, pipeline.runtime.member, pipeline.ingress.service\n"
+        "from pipeline import tracing\n"
+        "tracing.configure(os.environ, service='x')\n"
+        "ours = ('opentelemetry.sdk.trace', 'opentelemetry.exporter')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(ours))))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == []
+
+
+def test_an_endpoint_without_the_sdk_is_one_line_and_exit_2() -> None:
+    """Asking for traces without pipeline[otel] installed stops the CLI with one line."""
+    code = (
+        "import sys\n"
+        "sys.modules['opentelemetry.sdk'] = None\n"  # as if the extra were not installed
+        "sys.argv = ['pipeline', 'topics', 'list']\n"
+        "from pipeline.cli import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, **ENDPOINT, "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not installed" in line
+    assert "pipeline[otel]" in line
+
+
+@pytest.mark.usefixtures("traced")
+def test_configure_twice_replaces_the_provider() -> None:
+    """Configuring again (a second command in one process) leaves one working tracer."""
+    assert tracing.on()
+    assert tracing.configure({**os.environ}, service="pipeline-test")
+    assert tracing.on()
+
+
+def test_an_unsampled_traceparent_records_nothing_under_a_parent_based_sampler(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery whose traceparent says "not sampled" opens no span, and its copies keep it."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+    assert tracing.configure(os.environ, service="pipeline-test")
+    try:
+        unsampled = b"00-" + b"3" * 32 + b"-" + b"4" * 16 + b"-00"
+        sampled = unsampled[:-2] + b"01"
+        assert (
+            tracing.process(Message("t", 0, 1, b"k", b"v", {"traceparent": unsampled}), "l") is None
+        )
+        delivery = tracing.process(Message("t", 0, 2, b"k", b"v", {"traceparent": sampled}), "l")
+        assert delivery is not None
+        tracing.finish(delivery, "handled")
+        copy = {"traceparent": unsampled}
+        with tracing.sending("t.retry.5s", copy, "retry"):
+            pass
+        assert copy == {"traceparent": unsampled}
+    finally:
+        tracing.shutdown()
+    assert [s.name for trace in otlp.traces().values() for s in trace] == [
+        "partition wait",
+        "process t",
+    ]
