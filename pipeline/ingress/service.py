@@ -236,6 +236,7 @@ def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
         loop="none",
         http=bounded_protocol(built.ingress.max_head_bytes),
         lifespan="on",
+        proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=10,
@@ -244,14 +245,23 @@ def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
 
 
 async def serve(
-    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
+    built: Ingress,
+    host: str,
+    port: int,
+    on_ready: Callable[[str, int], None] | None = None,
+    *,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening.
+
+    ``sock``, when given, is a socket already listening on ``host:port`` (a worker of
+    :mod:`pipeline.ingress.workers`); otherwise uvicorn binds ``host:port`` itself.
 
     Raises:
         ConfigError: ``port`` (or the metrics port) is held by another process.
     """
-    require_free_port(host, port, "PIPELINE_INGRESS__PORT (or --port)")
+    if sock is None:
+        require_free_port(host, port, "PIPELINE_INGRESS__PORT (or --port)")
     if built.ingress.metrics_port:
         require_free_port(
             built.ingress.metrics_host, built.ingress.metrics_port, "PIPELINE_INGRESS__METRICS_PORT"
@@ -271,7 +281,7 @@ async def serve(
 
     announcing = asyncio.create_task(announce())
     try:
-        await server.serve()
+        await server.serve(sockets=None if sock is None else [sock])
     finally:
         announcing.cancel()
         stop_metrics.set()
