@@ -29,6 +29,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from pipeline.admission.cli import app as throttle_app
+from pipeline.cancel.cli import cancel_command
 from pipeline.capacity.cli import capacity_command
 from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import Settings, load_settings
@@ -67,6 +68,7 @@ app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 app.command("status")(status_command)
 app.command("capacity")(capacity_command)
+app.command("cancel")(cancel_command)
 
 
 def _print_version(given: bool) -> None:

@@ -378,6 +378,10 @@ class TopicSpec(_Spec):
         throttle: the lane's admission policy (see :class:`ThrottlePolicy`), or None.
         debounce: the coalescing debouncer's policy (see :class:`DebouncePolicy`), or None.
         batch: makes it a batch lane (see :class:`BatchPolicy`); None for interactive work.
+        heartbeat_timeout_ms: makes it a lane of long work (YAML key ``heartbeat_timeout``):
+            its runs are registered in Redis with their heartbeats, count towards the member's
+            scale-in protection, and a run silent longer than this is hung: stopped, counted
+            and retried or dead-lettered like a failure. None: no heartbeats are kept.
     """
 
     name: Annotated[TopicName, AfterValidator(_main_topic_name)]
@@ -401,6 +405,7 @@ class TopicSpec(_Spec):
     throttle: ThrottlePolicy | None = None
     debounce: DebouncePolicy | None = None
     batch: BatchPolicy | None = None
+    heartbeat_timeout_ms: Duration | None = Field(default=None, alias="heartbeat_timeout", gt=0)
 
     @field_validator("lane")
     @classmethod

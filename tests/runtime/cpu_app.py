@@ -7,6 +7,8 @@ forkserver started once per test session, so they do not see environment set by 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 
 import redis
@@ -30,3 +32,18 @@ def crunch(event: bytes, ctx: Context) -> None:
         os._exit(9)  # the worker dies, as under the OOM killer
     total = sum(i * i for i in range(200_000))
     _record(ctx.lane, f"{event.decode()}:{ctx.attempt}:{total}")
+
+
+def stall(event: bytes, ctx: Context) -> None:
+    """On its first attempt freeze the worker (SIGSTOP: no more heartbeats); then record."""
+    if ctx.attempt == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")
+
+
+def spawn(event: bytes, ctx: Context) -> None:
+    """Start a child process, record both pids, and wait for the child (until cancelled)."""
+    child = subprocess.Popen(["sleep", "600"])
+    _record(ctx.lane, f"pids:{os.getpid()}:{child.pid}")
+    child.wait()
+    _record(ctx.lane, "finished")
