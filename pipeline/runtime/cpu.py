@@ -131,13 +131,10 @@ class _Worker:
         pid = self.process.pid
         if pid is None:
             return
-        try:
+        with contextlib.suppress(OSError):  # the group: the processes the handler started
             os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        except OSError:  # not (yet) a group leader: the worker alone
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
+        with contextlib.suppress(OSError):  # the worker itself, whatever its group
+            os.kill(pid, sig)
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):
@@ -166,6 +163,32 @@ async def _readable(conn: Connection, timeout_s: float) -> bool:
     finally:
         loop.remove_reader(fd)
     return True
+
+
+async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[bool, Any]:
+    """Wait for a worker's (ok, result or exception), counting its heartbeats on the way."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _IMPORT_LIMIT_S
+    started = False
+    while True:  # (None, None): it started, and its time limit runs from now
+        left_s = deadline - loop.time()
+        if not started and left_s > 0:
+            # A worker still starting or importing the handler is not the handler's silence:
+            # the run beats on its behalf until the handler starts.
+            liveness.heartbeat()
+            left_s = min(left_s, BEAT_EVERY_S)
+        if not await _readable(conn, left_s):
+            if loop.time() < deadline:
+                continue
+            raise HandlerTimeout(f"{ref} ran past its {time_limit_s}s limit; worker killed")
+        ok, value = conn.recv()
+        if ok is None:
+            started = True
+            deadline = loop.time() + time_limit_s
+        elif ok == _BEAT:
+            liveness.heartbeat()
+        else:
+            return bool(ok), value
 
 
 class ProcessPool:
@@ -201,22 +224,9 @@ class ProcessPool:
             self._started = asyncio.ensure_future(self._start())
         await asyncio.shield(self._started)
         worker = await self._idle.get()
-        loop = asyncio.get_running_loop()
         try:
             worker.conn.send((ref, args))
-            deadline = loop.time() + _IMPORT_LIMIT_S
-            ok: bool | str | None = None
-            value: Any = None
-            while ok is None or ok == _BEAT:  # (None, None): it started, its time limit runs now
-                if not await _readable(worker.conn, deadline - loop.time()):
-                    raise HandlerTimeout(  # noqa: TRY301 - the except below replaces the worker
-                        f"{ref} ran past its {time_limit_s}s limit; worker killed"
-                    )
-                ok, value = worker.conn.recv()
-                if ok is None:
-                    deadline = loop.time() + time_limit_s
-                elif ok == _BEAT:
-                    liveness.heartbeat()
+            ok, value = await _outcome(worker.conn, ref, time_limit_s)
         except HandlerTimeout:
             worker = await self._replace(worker)
             raise

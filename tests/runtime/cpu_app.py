@@ -37,6 +37,7 @@ def crunch(event: bytes, ctx: Context) -> None:
 def stall(event: bytes, ctx: Context) -> None:
     """On its first attempt freeze the worker (SIGSTOP: no more heartbeats); then record."""
     if ctx.attempt == 1:
+        _record(ctx.lane, f"pid:{os.getpid()}")
         os.kill(os.getpid(), signal.SIGSTOP)
     _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")
 
