@@ -51,8 +51,9 @@ class Context:
     def heartbeat(self) -> None:
         """Tell the runtime the handler is making progress (long work; see ``heartbeat_timeout``).
 
-        The runtime also beats on its own while the handler's event loop or worker process is
-        alive; a handler that calls this only proves more: that it is not stuck.
+        Until the first call the runtime beats on its own while the handler's event loop or
+        worker process is alive. From the first call on only these calls count: a handler
+        silent for longer than its lane's ``heartbeat_timeout`` is hung, stopped and retried.
         """
         liveness.heartbeat()
 

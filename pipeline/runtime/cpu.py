@@ -9,11 +9,12 @@ the moment the worker has imported the handler, so a fresh worker's cold start i
 the first message it runs. Both are retryable
 failures, and a fresh worker takes the dead one's place.
 
-While a handler runs, a thread of its worker sends a heartbeat every :data:`BEAT_EVERY_S` (and
-``ctx.heartbeat()`` sends one more); the member counts each as a heartbeat of the run, so a
-worker that froze or was stopped falls silent (:mod:`pipeline.runtime.longwork`). Each worker
-leads its own process group: a cancelled call sends the group SIGTERM, then SIGKILL after the
-pool's grace period, so processes the handler started go with it.
+While a handler runs, a thread of its worker sends a heartbeat every :data:`BEAT_EVERY_S` until the
+handler calls ``ctx.heartbeat()`` (from then on only its own calls send one); the member counts each
+as a heartbeat of the run, so a worker that froze or was stopped falls silent
+(:mod:`pipeline.runtime.longwork`). Each worker leads its own process group: a cancelled call sends
+the group SIGTERM, then SIGKILL after the pool's grace period, so processes the handler started go
+with it.
 """
 
 from __future__ import annotations
@@ -69,34 +70,47 @@ def _resolve(ref: str) -> Any:
     return getattr(target, "__wrapped_cpu__", target)
 
 
+class _Beats:  # pragma: no cover - runs in the worker process
+    """A worker's heartbeats: a thread's while a handler runs, until it sends its own."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.running = threading.Event()
+        self.manual = threading.Event()
+        liveness.worker_beat = self.handler_beat
+        threading.Thread(target=self._forever, daemon=True).start()
+
+    def send(self, item: tuple[Any, Any]) -> None:
+        with self._lock:
+            self._conn.send(item)
+
+    def beat(self) -> None:
+        if self.running.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self.send((_BEAT, None))
+
+    def handler_beat(self) -> None:
+        self.manual.set()
+        self.beat()
+
+    def _forever(self) -> None:
+        while True:
+            self.running.wait()
+            if not self.manual.is_set():
+                self.beat()
+            time.sleep(BEAT_EVERY_S)
+
+
 def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
     """Worker loop: receive (function ref, args), send back (ok, result or exception).
 
-    Between the start mark ``(None, None)`` and the result it sends ``("beat", None)`` every
-    :data:`BEAT_EVERY_S` and on each ``ctx.heartbeat()``.
+    Between the start mark ``(None, None)`` and the result it sends ``("beat", None)``
+    heartbeats (:class:`_Beats`).
     """
     with contextlib.suppress(OSError):
         os.setsid()  # its own process group: a cancellation stops the handler's children too
-    lock = threading.Lock()
-    running = threading.Event()
-
-    def send(item: tuple[Any, Any]) -> None:
-        with lock:
-            conn.send(item)
-
-    def beat() -> None:
-        if running.is_set():
-            with contextlib.suppress(OSError, ValueError):
-                send((_BEAT, None))
-
-    def beat_forever() -> None:
-        while True:
-            running.wait()
-            beat()
-            time.sleep(BEAT_EVERY_S)
-
-    liveness.worker_beat = beat
-    threading.Thread(target=beat_forever, daemon=True).start()
+    beats = _Beats(conn)
     while True:
         try:
             ref, args = conn.recv()
@@ -104,18 +118,19 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
             return
         try:
             fn = _resolve(ref)  # importing the handler's module is not part of its time limit
-            send((None, None))
-            running.set()
+            beats.send((None, None))
+            beats.manual.clear()
+            beats.running.set()
             try:
                 result = fn(*args)
             finally:
-                running.clear()
-            send((True, result))
+                beats.running.clear()
+            beats.send((True, result))
         except Exception as exc:
             try:
-                send((False, exc))
+                beats.send((False, exc))
             except Exception:
-                send((False, RuntimeError(traceback.format_exc(limit=5))))
+                beats.send((False, RuntimeError(traceback.format_exc(limit=5))))
 
 
 class _Worker:
@@ -175,7 +190,7 @@ async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[boo
         if not started and left_s > 0:
             # A worker still starting or importing the handler is not the handler's silence:
             # the run beats on its behalf until the handler starts.
-            liveness.heartbeat()
+            liveness.automatic()
             left_s = min(left_s, BEAT_EVERY_S)
         if not await _readable(conn, left_s):
             if loop.time() < deadline:
@@ -186,7 +201,9 @@ async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[boo
             started = True
             deadline = loop.time() + time_limit_s
         elif ok == _BEAT:
-            liveness.heartbeat()
+            current = liveness.CURRENT.get()
+            if current is not None:
+                current.beat()  # the worker sends only the beats that count
         else:
             return bool(ok), value
 

@@ -1,10 +1,12 @@
 """A running handler's line to the runtime: its heartbeats out, its cancellation in.
 
-The runtime gives each run a :class:`Liveness` in a context variable before the handler
-starts, so :meth:`Context.heartbeat` and :attr:`Context.cancelled` reach it without the handler
-passing anything around. In a ``cpu=True`` worker process there is no such variable: there
-:func:`heartbeat` sends a beat over the worker's pipe (:mod:`pipeline.runtime.cpu`), where the
-member turns it into a heartbeat of the run waiting for that worker.
+The runtime gives each run a :class:`Liveness` in a context variable before the handler starts, so
+:meth:`Context.heartbeat` and :attr:`Context.cancelled` reach it without the handler passing
+anything around. Until the handler first calls ``ctx.heartbeat()`` the runtime beats for it while
+its event loop or worker process is alive; from that call on only the handler's own beats count, so
+a handler that stops making progress falls silent. In a ``cpu=True`` worker process there is no such
+variable: there :func:`heartbeat` sends a beat over the worker's pipe (:mod:`pipeline.runtime.cpu`),
+where the member turns it into a heartbeat of the run waiting for that worker.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class HandlerHung(PipelineError):
 class Liveness:
     """One run's last heartbeat and, once told to stop, why."""
 
-    __slots__ = ("beat_ms", "beat_s", "reason", "started_s")
+    __slots__ = ("beat_ms", "beat_s", "manual", "reason", "started_s")
 
     def __init__(self) -> None:
         """A run that beat just now and was not told to stop."""
@@ -31,11 +33,14 @@ class Liveness:
         self.beat_s = self.started_s
         self.beat_ms = int(time.time() * 1000)
         self.reason: str | None = None
+        self.manual = False
+        """The handler called ``ctx.heartbeat()``: from then on only its own beats count."""
 
-    def beat(self) -> None:
-        """Record a heartbeat now."""
+    def beat(self, *, manual: bool = False) -> None:
+        """Record a heartbeat now (``manual``: the handler's own, see :attr:`manual`)."""
         self.beat_s = time.monotonic()
         self.beat_ms = int(time.time() * 1000)
+        self.manual = self.manual or manual
 
 
 CURRENT: ContextVar[Liveness | None] = ContextVar("pipeline_liveness", default=None)
@@ -46,12 +51,19 @@ worker_beat: Callable[[], None] | None = None
 
 
 def heartbeat() -> None:
-    """Record progress of the run this code belongs to (nothing outside a run)."""
+    """The handler's own heartbeat (``ctx.heartbeat()``; nothing outside a run)."""
     current = CURRENT.get()
     if current is not None:
-        current.beat()
+        current.beat(manual=True)
     elif worker_beat is not None:
         worker_beat()
+
+
+def automatic() -> None:
+    """A heartbeat of the runtime for the current run, unless the handler beats on its own."""
+    current = CURRENT.get()
+    if current is not None and not current.manual:
+        current.beat()
 
 
 def cancelled() -> bool:

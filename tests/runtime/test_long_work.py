@@ -18,7 +18,7 @@ from pipeline.cancel.keys import CancelKeys
 from pipeline.cancel.reconcile import Reconciler
 from pipeline.cancel.target import Selectors
 from pipeline.config import RuntimeSettings
-from pipeline.runtime import App
+from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
@@ -153,3 +153,34 @@ async def test_the_reconciler_stops_abandoned_and_upstream_cancelled_work(
     version, entries = await functions.selectors()
     verdicts = await Reconciler(functions, {"l": 60_000}).sweep(Selectors(version, entries), now)
     assert verdicts == {"l/m/1": "abandoned", "l/m/2": "upstream"}
+
+
+async def test_an_async_handler_that_stops_beating_is_hung_and_retried(
+    transport: Transport, redis: Redis, prefix: str, unique: str
+) -> None:
+    """Once a handler beats on its own, falling silent past heartbeat_timeout makes it hung."""
+    spec = lane_spec(f"beat_{unique}", 1, retry={"tiers": ["200ms"]}, heartbeat_timeout="1s")
+    await declare(transport, spec)
+    app = App([spec])
+    attempts: list[int] = []
+    stopped: list[bool] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        ctx.heartbeat()  # from now on only the handler's own beats count
+        if ctx.attempt == 1:
+            try:
+                await asyncio.Event().wait()  # stuck on a dependency that never answers
+            finally:
+                stopped.append(ctx.cancelled)
+
+    producer = transport.producer()
+    await producer.send(spec.name, b"x", key=b"k")
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", QUICK, redis=redis, redis_prefix=prefix)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 1)
+    assert attempts == [1, 2]
+    assert stopped == [True]
+    assert (member.stats.hung, member.stats.retried, member.stats.cancelled) == (1, 1, 0)
