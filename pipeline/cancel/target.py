@@ -112,6 +112,10 @@ class Selectors:
         """How many cancellations stand."""
         return len(self._entries)
 
+    def __bool__(self) -> bool:
+        """Whether any cancellation stands."""
+        return bool(self._entries)
+
     def reason(self, lane: str, facts: Facts, now_ms: int) -> str | None:
         """Why work of ``lane`` with ``facts`` is cancelled, or None if it is not."""
         if 0 < facts.abandon_ms <= now_ms:

@@ -68,9 +68,11 @@ class _Run:
     ident: str
     lane: Lane
     message: Message
-    facts: Facts
+    facts: Facts | None
+    """What a cancellation can match (read from the headers when first needed)."""
     liveness: Liveness
-    task: asyncio.Task[str | None]
+    task: asyncio.Task[Any]
+    """The task the run is in (a key lane's worker): a stop cancels it."""
     long: bool
     synced_beat_ms: int = 0
 
@@ -122,18 +124,17 @@ class LongWork:
 
     async def __call__(self, lane: Lane, message: Message) -> str | None:
         """Skip ``message`` if its work is cancelled, else run it as a stoppable task."""
-        facts = facts_of(message, message_id(message))
-        reason = self.selectors.reason(lane.name, facts, _now_ms())
-        if reason is not None:
-            self._cancelled(lane, message, reason, "skipped")
-            return "cancelled"
-        liveness = Liveness()
-        token = CURRENT.set(liveness)
-        try:
-            task = asyncio.create_task(self._call(lane, message))
-        finally:
-            CURRENT.reset(token)
         long = lane.spec.heartbeat_timeout_ms is not None
+        facts: Facts | None = None
+        if long or self.selectors or h.ABANDON_AFTER_MS in message.headers:
+            facts = facts_of(message, message_id(message))
+            reason = self.selectors.reason(lane.name, facts, _now_ms())
+            if reason is not None:
+                self._cancelled(lane, message, reason, "skipped")
+                return "cancelled"
+        task = asyncio.current_task()
+        assert task is not None  # noqa: S101 - the chain runs in tasks
+        liveness = Liveness()
         run = _Run(
             f"{lane.name}/{self.member}/{next(self._numbers)}",
             lane,
@@ -146,15 +147,23 @@ class LongWork:
         self._runs[run.ident] = run
         if long:
             self._batch.begun[run.ident] = _record(run, self.member)
+        # The handler runs in this task (no task of its own: none to create per message); a
+        # stop cancels this task and the cancellation is taken back here (uncancel).
+        token = CURRENT.set(liveness)
+        taken_back = False
         try:
-            return await task
+            return await self._call(lane, message)
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if liveness.reason is None or (current is not None and current.cancelling()):
-                raise  # not ours: the member itself is being stopped
+            if liveness.reason is None or task.cancelling() > 1:
+                raise  # not (only) ours: the member itself is being stopped
+            task.uncancel()
+            taken_back = True
             return await self._stopped(run, liveness.reason)
         finally:
+            CURRENT.reset(token)
             del self._runs[run.ident]
+            if liveness.reason is not None and not taken_back and task.cancelling() > 0:
+                task.uncancel()  # the handler swallowed its cancellation: take ours back
             if long and self._batch.begun.pop(run.ident, None) is None:
                 self._batch.ended.append(run.ident)
 
@@ -228,10 +237,11 @@ class LongWork:
             except (rexc.RedisError, OSError, PipelineError) as exc:
                 log.warning("could not sync cancellations and heartbeats with Redis: %s", exc)
         now = _now_ms()
-        for run in list(self._runs.values()):  # standing cancellations cover running work too
-            reason = self.selectors.reason(run.lane.name, run.facts, now)
-            if reason is not None:
-                self.stop(run.ident, reason)
+        if self.selectors or any(run.facts and run.facts.abandon_ms for run in self._runs.values()):
+            for run in list(self._runs.values()):  # standing cancellations cover running work too
+                reason = self.selectors.reason(run.lane.name, _facts(run), now)
+                if reason is not None:
+                    self.stop(run.ident, reason)
         if self._protection is not None:
             await self._protection.update(
                 run.liveness.started_s for run in self._runs.values() if run.long
@@ -266,9 +276,16 @@ class LongWork:
             await self._protection.close()
 
 
+def _facts(run: _Run) -> Facts:
+    """The run's facts, read from its message's headers the first time they are needed."""
+    if run.facts is None:
+        run.facts = facts_of(run.message, message_id(run.message))
+    return run.facts
+
+
 def _record(run: _Run, member: str) -> str:
     """The JSON a long run is registered with in Redis (absent facts left out)."""
-    facts = run.facts
+    facts = _facts(run)
     fields = {
         "lane": run.lane.name,
         "member": member,
