@@ -15,9 +15,9 @@
 * **guard** (:class:`~pipeline.runtime.guard.RunGuard`): start marks and parking in Redis;
   decides whether the message runs, is held behind its key's head, or is a stale copy.
 * **cancel** (:class:`~pipeline.runtime.longwork.LongWork`): a message whose work was cancelled
-  ends ``cancelled`` without running; others run as a task it can stop (heartbeats, hung
-  runs). It sits after the guard, so retry-tier copies and released parked followers pass it
-  too, and a cancelled head still ends its key's parking.
+  ends ``cancelled`` without running; others run in their key lane's task, which it can stop
+  (heartbeats, hung runs). It sits after the guard, so retry-tier copies and released parked
+  followers pass it too, and a cancelled head still ends its key's parking.
 * **handler** (:class:`~pipeline.runtime.handling.HandlerStage`): the user's handler, and the
   routing of its failure to a retry tier or the dead-letter topic.
 * **settle**: the member records the outcome (offsets to commit, log rows, metrics).

@@ -7,16 +7,17 @@ covers (:mod:`pipeline.cancel`), or whose ``pl-abandon-after-ms`` passed, is not
 outcome is ``cancelled``, counted and logged, and the guard treats it as finished, so the
 followers of its key come up next (and are cancelled too, if covered).
 
-Every other message runs as a task with a :class:`~pipeline.runtime.liveness.Liveness`: the
-handler's ``ctx.heartbeat()`` and ``ctx.cancelled`` reach it. Every ``runtime.cancel_poll_ms`` the
-member ticks: it beats for its ``async`` runs (its event loop is alive; ``cpu=True`` runs beat from
-their worker) until a handler beats on its own (``ctx.heartbeat()``), sends the heartbeats of its
-long work (lanes with ``heartbeat_timeout``) to Redis with the runs begun and ended since the last
-tick, rereads the standing cancellations when their version moved, stops the runs they cover or that
-Redis says must stop, runs the reconciler (:mod:`pipeline.cancel.reconcile`) and publishes its
-scale-in protection (:mod:`pipeline.runtime.protection`). A stopped run's task is cancelled (a
-``cpu=True`` run's worker gets SIGTERM, then SIGKILL); a hung one is routed like a failure (retry
-tier or dead-letter topic), any other ends ``cancelled``.
+Every other message runs, in its key lane's task, with a
+:class:`~pipeline.runtime.liveness.Liveness`: the handler's ``ctx.heartbeat()`` and
+``ctx.cancelled`` reach it. Every ``runtime.cancel_poll_ms`` the member ticks: it beats for its
+``async`` runs (its event loop is alive; ``cpu=True`` runs beat from their worker) until a handler
+beats on its own (``ctx.heartbeat()``), sends the heartbeats of its long work (lanes with
+``heartbeat_timeout``) to Redis with the runs begun and ended since the last tick, rereads the
+standing cancellations when their version moved, stops the runs they cover or that Redis says must
+stop, runs the reconciler (:mod:`pipeline.cancel.reconcile`) and publishes its scale-in protection
+(:mod:`pipeline.runtime.protection`). A stopped run's task is cancelled and the cancellation taken
+back once the run ended (a ``cpu=True`` run's worker gets SIGTERM, then SIGKILL); a hung one is
+routed like a failure (retry tier or dead-letter topic), any other ends ``cancelled``.
 
 Without Redis nothing is cancelled and no heartbeats are kept; Redis errors are logged and the
 member carries on (fail open).
