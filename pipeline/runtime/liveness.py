@@ -27,11 +27,14 @@ class Liveness:
 
     __slots__ = ("beat_ms", "beat_s", "manual", "reason", "started_s")
 
-    def __init__(self) -> None:
-        """A run that beat just now and was not told to stop."""
-        self.started_s = time.monotonic()
+    def __init__(self, *, timed: bool = True) -> None:
+        """A run that beat just now and was not told to stop.
+
+        ``timed=False`` (work that keeps no heartbeats) leaves the clocks unread until a beat.
+        """
+        self.started_s = time.monotonic() if timed else 0.0
         self.beat_s = self.started_s
-        self.beat_ms = int(time.time() * 1000)
+        self.beat_ms = int(time.time() * 1000) if timed else 0
         self.reason: str | None = None
         self.manual = False
         """The handler called ``ctx.heartbeat()``: from then on only its own beats count."""

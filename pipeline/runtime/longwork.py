@@ -66,7 +66,8 @@ def _now_ms() -> int:
 class _Run:
     """One message running in this member."""
 
-    ident: str
+    ident: str | int
+    """``lane/member/n`` for long work (its name in Redis), else just ``n``."""
     lane: Lane
     message: Message
     facts: Facts | None
@@ -103,7 +104,7 @@ class LongWork:
         self._metrics = metrics
         self.member = uuid.uuid4().hex[:12]
         self._numbers = itertools.count(1)
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str | int, _Run] = {}
         self._batch = SyncBatch()
         self.selectors = Selectors()
         """The standing cancellations as last read."""
@@ -135,9 +136,10 @@ class LongWork:
                 return "cancelled"
         task = asyncio.current_task()
         assert task is not None  # noqa: S101 - the chain runs in tasks
-        liveness = Liveness()
+        liveness = Liveness(timed=long)
+        number = next(self._numbers)
         run = _Run(
-            f"{lane.name}/{self.member}/{next(self._numbers)}",
+            f"{lane.name}/{self.member}/{number}" if long else number,
             lane,
             message,
             facts,
@@ -147,7 +149,7 @@ class LongWork:
         )
         self._runs[run.ident] = run
         if long:
-            self._batch.begun[run.ident] = _record(run, self.member)
+            self._batch.begun[str(run.ident)] = _record(run, self.member)
         # The handler runs in this task (no task of its own: none to create per message); a
         # stop cancels this task and the cancellation is taken back here (uncancel).
         token = CURRENT.set(liveness)
@@ -165,8 +167,8 @@ class LongWork:
             del self._runs[run.ident]
             if liveness.reason is not None and not taken_back and task.cancelling() > 0:
                 task.uncancel()  # the handler swallowed its cancellation: take ours back
-            if long and self._batch.begun.pop(run.ident, None) is None:
-                self._batch.ended.append(run.ident)
+            if long and self._batch.begun.pop(str(run.ident), None) is None:
+                self._batch.ended.append(str(run.ident))
 
     async def _stopped(self, run: _Run, reason: str) -> str | None:
         """The outcome of a run stopped for ``reason``: hung ones are routed like failures."""
@@ -209,7 +211,7 @@ class LongWork:
         if self._functions is not None:
             self._batch.counts[name] = self._batch.counts.get(name, 0) + 1
 
-    def stop(self, ident: str, reason: str) -> bool:
+    def stop(self, ident: str | int, reason: str) -> bool:
         """Stop run ``ident`` for ``reason`` (once); False if it is not running here."""
         run = self._runs.get(ident)
         if run is None or run.liveness.reason is not None:
@@ -253,14 +255,16 @@ class LongWork:
         long = [run for run in self._runs.values() if run.long]
         for run in long:
             if run.liveness.beat_ms > run.synced_beat_ms:
-                batch.beats[run.ident] = run.liveness.beat_ms
+                batch.beats[str(run.ident)] = run.liveness.beat_ms
         try:
-            version, stopping = await functions.sync(_now_ms(), batch, [run.ident for run in long])
+            version, stopping = await functions.sync(
+                _now_ms(), batch, [str(run.ident) for run in long]
+            )
         except BaseException:
             self._batch = _merged(batch, self._batch)
             raise
         for run in long:
-            run.synced_beat_ms = max(run.synced_beat_ms, batch.beats.get(run.ident, 0))
+            run.synced_beat_ms = max(run.synced_beat_ms, batch.beats.get(str(run.ident), 0))
         if version != self.selectors.version:
             self.selectors = Selectors(*await functions.selectors())
         for ident, reason in stopping.items():
