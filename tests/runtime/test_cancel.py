@@ -82,10 +82,10 @@ async def test_every_state_of_a_keys_work_is_cancelled_and_none_runs_after(
     assert counts == {f"{spec.lane}:cancelled".encode(): b"5"}
 
 
-async def test_an_abandoned_message_is_cancelled_and_other_lanes_keep_running(
+async def test_abandoned_event_and_tenant_cancellations_spare_other_lanes(
     transport: Transport, redis: Redis, prefix: str, unique: str
 ) -> None:
-    """A message whose pl-abandon-after-ms passed is skipped; a cancel on one lane spares others."""
+    """Abandoned, event-id and tenant cancellations skip their messages; other lanes run."""
     first, second = lane_spec(f"ab1_{unique}", 1), lane_spec(f"ab2_{unique}", 1)
     await declare(transport, first, second)
     app = App([first, second])
@@ -101,9 +101,11 @@ async def test_an_abandoned_message_is_cancelled_and_other_lanes_keep_running(
     await producer.send(first.name, b"gone", key=b"a", headers={h.ABANDON_AFTER_MS: b"1"})
     await producer.send(first.name, b"acme-1", key=b"b", headers=acme)
     await producer.send(second.name, b"acme-2", key=b"b", headers=acme)
+    await producer.send(second.name, b"evt", key=b"c", headers={h.EVENT_ID: b"evt-9"})
     await producer.close()
     await app.cancel(redis, tenant="acme", lane=first.lane, prefix=prefix)
+    await app.cancel(redis, event="evt-9", prefix=prefix)
     member = Member(app, transport, f"g-{unique}", QUICK, redis=redis, redis_prefix=prefix)
     async with running(member):
-        await eventually(lambda: member.stats.cancelled == 2 and member.stats.handled == 1)
+        await eventually(lambda: member.stats.cancelled == 3 and member.stats.handled == 1)
     assert ran == [b"acme-2"]
