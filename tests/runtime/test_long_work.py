@@ -184,3 +184,26 @@ async def test_an_async_handler_that_stops_beating_is_hung_and_retried(
     assert attempts == [1, 2]
     assert stopped == [True]
     assert (member.stats.hung, member.stats.retried, member.stats.cancelled) == (1, 1, 0)
+
+
+async def test_a_handler_that_keeps_beating_outlives_its_timeout(
+    transport: Transport, redis: Redis, prefix: str, unique: str
+) -> None:
+    """Heartbeats racing the reconciler's sweeps keep a run alive past its heartbeat_timeout."""
+    spec = lane_spec(f"alive_{unique}", 1, retry={"tiers": ["200ms"]}, heartbeat_timeout="2s")
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        for _ in range(40):  # about 4 s of work, twice the timeout
+            ctx.heartbeat()
+            await asyncio.sleep(0.1)  # the handler's own work between beats
+
+    producer = transport.producer()
+    await producer.send(spec.name, b"long", key=b"k")
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", QUICK, redis=redis, redis_prefix=prefix)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 1)
+    assert (member.stats.hung, member.stats.retried, member.stats.cancelled) == (0, 0, 0)
