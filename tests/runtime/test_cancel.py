@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import declare, eventually, lane_spec, running
+from runtime.helpers import eventually, lane_spec, running
+from runtime.owned import Declare, owned_lanes
 
 from pipeline import headers as h
 from pipeline.cancel.keys import CancelKeys
@@ -30,12 +31,19 @@ async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
     await redis.delete(*CancelKeys(name).all(), *left)
 
 
+@pytest.fixture
+async def lanes(transport: Transport, unique: str) -> AsyncIterator[Declare]:
+    """Declare lanes for the test; their topics and its group are deleted after."""
+    async for declare_owned in owned_lanes(transport, f"g-{unique}"):
+        yield declare_owned
+
+
 async def test_every_state_of_a_keys_work_is_cancelled_and_none_runs_after(
-    transport: Transport, redis: Redis, prefix: str, unique: str
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """Running, queued, retry-tier and parked messages of a key end cancelled, never run."""
     spec = lane_spec(f"cancel_{unique}", 1, retry={"tiers": ["1s"]})
-    await declare(transport, spec)
+    await lanes(spec)
     app = App([spec])
     ran: list[tuple[bytes, int]] = []
     started = asyncio.Event()
@@ -83,11 +91,11 @@ async def test_every_state_of_a_keys_work_is_cancelled_and_none_runs_after(
 
 
 async def test_abandoned_event_and_tenant_cancellations_spare_other_lanes(
-    transport: Transport, redis: Redis, prefix: str, unique: str
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """Abandoned, event-id and tenant cancellations skip their messages; other lanes run."""
     first, second = lane_spec(f"ab1_{unique}", 1), lane_spec(f"ab2_{unique}", 1)
-    await declare(transport, first, second)
+    await lanes(first, second)
     app = App([first, second])
     ran: list[bytes] = []
 

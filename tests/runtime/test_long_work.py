@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 from runtime import cpu_app
-from runtime.helpers import declare, eventually, lane_spec, running
+from runtime.helpers import eventually, lane_spec, running
+from runtime.owned import Declare, owned_lanes
 
 from pipeline.cancel.functions import CancelFunctions, SyncBatch
 from pipeline.cancel.keys import CancelKeys
@@ -36,6 +37,13 @@ async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
     await redis.delete(*CancelKeys(name).all(), *left, f"cpu-done:cpu_{unique}")
 
 
+@pytest.fixture
+async def lanes(transport: Transport, unique: str) -> AsyncIterator[Declare]:
+    """Declare lanes for the test; their topics and its group are deleted after."""
+    async for declare_owned in owned_lanes(transport, f"g-{unique}"):
+        yield declare_owned
+
+
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 60.0) -> None:
     """Wait until ``await check()`` holds (re-checked every 20 ms); fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -55,13 +63,13 @@ def _alive(pid: int) -> bool:
 
 
 async def test_a_hung_cpu_handler_is_killed_and_retried(
-    transport: Transport, redis: Redis, prefix: str, unique: str
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """A worker that froze (no heartbeats past heartbeat_timeout) is killed; the retry runs."""
     spec = lane_spec(
         f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]}, heartbeat_timeout="1s"
     )
-    await declare(transport, spec)
+    await lanes(spec)
     app = App([spec])
     app.handler(spec.lane, cpu=True, time_limit_s=120)(cpu_app.stall)
     producer = transport.producer()
@@ -81,11 +89,11 @@ async def test_a_hung_cpu_handler_is_killed_and_retried(
 
 
 async def test_a_cancelled_subprocess_handler_leaves_no_process(
-    transport: Transport, redis: Redis, prefix: str, unique: str
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """Cancelling a cpu=True handler stops its worker and the process the handler started."""
     spec = lane_spec(f"cpu_{unique}", 1, heartbeat_timeout="30s")
-    await declare(transport, spec)
+    await lanes(spec)
     app = App([spec])
     app.handler(spec.lane, cpu=True, time_limit_s=120)(cpu_app.spawn)
     producer = transport.producer()
@@ -156,11 +164,11 @@ async def test_the_reconciler_stops_abandoned_and_upstream_cancelled_work(
 
 
 async def test_an_async_handler_that_stops_beating_is_hung_and_retried(
-    transport: Transport, redis: Redis, prefix: str, unique: str
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """Once a handler beats on its own, falling silent past heartbeat_timeout makes it hung."""
     spec = lane_spec(f"beat_{unique}", 1, retry={"tiers": ["200ms"]}, heartbeat_timeout="1s")
-    await declare(transport, spec)
+    await lanes(spec)
     app = App([spec])
     attempts: list[int] = []
     stopped: list[bool] = []
@@ -187,11 +195,11 @@ async def test_an_async_handler_that_stops_beating_is_hung_and_retried(
 
 
 async def test_a_handler_that_keeps_beating_outlives_its_timeout(
-    transport: Transport, redis: Redis, prefix: str, unique: str
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """Heartbeats racing the reconciler's sweeps keep a run alive past its heartbeat_timeout."""
     spec = lane_spec(f"alive_{unique}", 1, retry={"tiers": ["200ms"]}, heartbeat_timeout="2s")
-    await declare(transport, spec)
+    await lanes(spec)
     app = App([spec])
 
     @app.handler(spec.lane)

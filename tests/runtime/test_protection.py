@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import declare, eventually, lane_spec, running
+from runtime.helpers import eventually, lane_spec, running
 from runtime.k8s_api import PodApi, pod, serving
+from runtime.owned import Declare, owned_lanes
 
 from pipeline.cancel.keys import CancelKeys
 from pipeline.config import RuntimeSettings
@@ -34,13 +35,25 @@ async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
     await redis.delete(*CancelKeys(name).all(), *left)
 
 
+@pytest.fixture
+async def lanes(transport: Transport, unique: str) -> AsyncIterator[Declare]:
+    """Declare lanes for the test; their topics and its group are deleted after."""
+    async for declare_owned in owned_lanes(transport, f"g-{unique}"):
+        yield declare_owned
+
+
 def _cost(api: PodApi, base: str, token: Path) -> DeletionCost:
     ref = PodRef("pipeline", "consumer-a", base, token_path=token)
     return DeletionCost(ref, client=httpx.AsyncClient(timeout=5.0), min_interval_s=0.0)
 
 
 async def test_a_busy_member_protects_only_its_own_pod_and_clears_it(
-    transport: Transport, redis: Redis, prefix: str, unique: str, tmp_path: Path
+    transport: Transport,
+    redis: Redis,
+    prefix: str,
+    unique: str,
+    tmp_path: Path,
+    lanes: Declare,
 ) -> None:
     """Long work raises the Pod's deletion cost while it runs; done or stopped, it drops to 0."""
     token = tmp_path / "token"
@@ -52,7 +65,7 @@ async def test_a_busy_member_protects_only_its_own_pod_and_clears_it(
         }
     )
     spec = lane_spec(f"long_{unique}", 2, heartbeat_timeout="30s")
-    await declare(transport, spec)
+    await lanes(spec)
     app = App([spec])
     release = asyncio.Event()
     running_now: list[bytes] = []
