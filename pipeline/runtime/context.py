@@ -61,8 +61,9 @@ class Context:
     def cancelled(self) -> bool:
         """Whether this run was cancelled (``pipeline cancel``, the reconciler): stop soon.
 
-        An ``async`` handler is also cancelled at its next ``await``; a ``cpu=True`` handler gets
-        SIGTERM, then SIGKILL after ``runtime.cancel_grace_s``.
+        An ``async`` handler is also cancelled at its next ``await``. In a ``cpu=True`` handler
+        it turns true when its worker gets SIGTERM; the worker is killed (SIGKILL) if the
+        handler has not returned after ``runtime.cancel_grace_s``.
         """
         return liveness.cancelled()
 

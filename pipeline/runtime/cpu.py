@@ -13,7 +13,8 @@ While a handler runs, a thread of its worker sends a heartbeat every :data:`BEAT
 handler calls ``ctx.heartbeat()`` (from then on only its own calls send one); the member counts each
 as a heartbeat of the run, so a worker that froze or was stopped falls silent
 (:mod:`pipeline.runtime.longwork`). Each worker leads its own process group: a cancelled call sends
-the group SIGTERM, then SIGKILL after the pool's grace period, so processes the handler started go
+the group SIGTERM (in the worker it turns ``ctx.cancelled`` true, and the worker exits once the
+handler returns), then SIGKILL after the pool's grace period, so processes the handler started go
 with it.
 """
 
@@ -111,6 +112,11 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
     with contextlib.suppress(OSError):
         os.setsid()  # its own process group: a cancellation stops the handler's children too
     beats = _Beats(conn)
+    terminated = threading.Event()
+    # SIGTERM is the cancellation: ctx.cancelled turns true and the handler may return; the
+    # worker then exits. A handler that does not look is killed after the grace period.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: terminated.set())
+    liveness.worker_cancelled = terminated.is_set
     while True:
         try:
             ref, args = conn.recv()
@@ -125,6 +131,8 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
                 result = fn(*args)
             finally:
                 beats.running.clear()
+                if terminated.is_set():
+                    os._exit(0)  # cancelled: nobody waits for the result
             beats.send((True, result))
         except Exception as exc:
             try:

@@ -53,6 +53,10 @@ worker_beat: Callable[[], None] | None = None
 """In a ``cpu=True`` worker process: sends one heartbeat to the member (set by the worker)."""
 
 
+worker_cancelled: Callable[[], bool] | None = None
+"""In a ``cpu=True`` worker process: whether the worker was told to stop (SIGTERM)."""
+
+
 def heartbeat() -> None:
     """The handler's own heartbeat (``ctx.heartbeat()``; nothing outside a run)."""
     current = CURRENT.get()
@@ -72,4 +76,6 @@ def automatic() -> None:
 def cancelled() -> bool:
     """Whether the run this code belongs to was told to stop."""
     current = CURRENT.get()
-    return current is not None and current.reason is not None
+    if current is not None:
+        return current.reason is not None
+    return worker_cancelled is not None and worker_cancelled()

@@ -46,5 +46,13 @@ def spawn(event: bytes, ctx: Context) -> None:
     """Start a child process, record both pids, and wait for the child (until cancelled)."""
     child = subprocess.Popen(["sleep", "600"])
     _record(ctx.lane, f"pids:{os.getpid()}:{child.pid}")
-    child.wait()
-    _record(ctx.lane, "finished")
+    if child.wait() == 0:  # the child ran to its end: it was not stopped
+        _record(ctx.lane, "finished")
+
+
+def patient(event: bytes, ctx: Context) -> None:
+    """Record the worker's pid, then work in steps until ctx.cancelled says to stop."""
+    _record(ctx.lane, f"pid:{os.getpid()}")
+    while not ctx.cancelled:
+        time.sleep(0.05)
+    _record(ctx.lane, "saw-cancel")

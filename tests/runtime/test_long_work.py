@@ -119,6 +119,40 @@ async def test_a_cancelled_subprocess_handler_leaves_no_process(
     assert b"finished" not in await redis.smembers(results)
 
 
+async def test_a_cpu_handler_sees_ctx_cancelled_before_it_is_killed(
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
+) -> None:
+    """SIGTERM turns ctx.cancelled true in the worker: the handler stops itself, the worker goes."""
+    spec = lane_spec(f"cpu_{unique}", 1, heartbeat_timeout="30s")
+    await lanes(spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=120)(cpu_app.patient)
+    producer = transport.producer()
+    await producer.send(spec.name, b"job", key=b"doc-8")
+    await producer.close()
+    results = f"cpu-done:{spec.lane}"
+    settings = QUICK.model_copy(update={"cancel_grace_s": 30.0})  # it stops long before
+    member = Member(app, transport, f"g-{unique}", settings, redis=redis, redis_prefix=prefix)
+    async with running(member):
+        pids: list[int] = []
+
+        async def started() -> bool:
+            found = [m for m in await redis.smembers(results) if m.startswith(b"pid:")]
+            if found:
+                pids.append(int(found[0].split(b":")[1]))
+            return bool(found)
+
+        await _until(started)
+        await app.cancel(redis, key="doc-8", prefix=prefix)
+        await eventually(lambda: member.stats.cancelled == 1)
+
+        async def saw_cancel() -> bool:
+            return b"saw-cancel" in await redis.smembers(results)
+
+        await _until(saw_cancel)
+    assert not _alive(pids[0])
+
+
 async def test_a_heartbeat_that_lands_during_the_sweep_wins(redis: Redis, prefix: str) -> None:
     """A run picked as silent is left alone if a heartbeat arrives before the atomic re-check."""
     functions = CancelFunctions(redis, prefix)
