@@ -31,6 +31,7 @@ from rich.table import Table
 
 from pipeline import tracing
 from pipeline.admission.cli import app as throttle_app
+from pipeline.cancel.cli import cancel_command
 from pipeline.capacity.cli import capacity_command
 from pipeline.cli_support import TransportOpt, err, out_console, run_command
 from pipeline.config import Settings, load_settings
@@ -73,6 +74,7 @@ app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
 app.add_typer(offload_app, name="offload")  # pipeline offload purge
 app.command("status")(status_command)
 app.command("capacity")(capacity_command)
+app.command("cancel")(cancel_command)
 
 
 def _print_version(given: bool) -> None:

@@ -52,6 +52,7 @@ class HandlerStage:
         metrics: RuntimeMetrics | None = None,
         turn_metrics: DebounceMetrics | None = None,
         rows_finished: Callable[[Sequence[Message]], None] = lambda _: None,
+        cancel_grace_s: float = 5.0,
     ) -> None:
         """Serve ``lanes`` of ``app``; ``rows_finished`` is told of settled debounced turns.
 
@@ -62,6 +63,7 @@ class HandlerStage:
         self._routing = routing
         self._stats = stats
         self._cpu_workers = cpu_workers
+        self._cancel_grace_s = cancel_grace_s
         self._throttled = throttled
         self._pool: ProcessPool | None = None
         self._idempotency = idempotency
@@ -214,7 +216,7 @@ class HandlerStage:
 
     def _cpu_pool(self) -> ProcessPool:
         if self._pool is None:
-            self._pool = ProcessPool(self._cpu_workers)
+            self._pool = ProcessPool(self._cpu_workers, grace_s=self._cancel_grace_s)
         return self._pool
 
     async def close(self) -> None:

@@ -381,6 +381,10 @@ class TopicSpec(_Spec):
         batch: makes it a batch lane (see :class:`BatchPolicy`); None for interactive work.
         offload: payloads above a size travel by reference to an object store
             (:class:`~pipeline.offload.policy.OffloadPolicy`); None keeps every payload inline.
+        heartbeat_timeout_ms: makes it a lane of long work (YAML key ``heartbeat_timeout``):
+            its runs are registered in Redis with their heartbeats, count towards the member's
+            scale-in protection, and a run silent longer than this is hung: stopped, counted
+            and retried or dead-lettered like a failure. None: no heartbeats are kept.
     """
 
     name: Annotated[TopicName, AfterValidator(_main_topic_name)]
@@ -405,6 +409,7 @@ class TopicSpec(_Spec):
     debounce: DebouncePolicy | None = None
     batch: BatchPolicy | None = None
     offload: OffloadPolicy | None = None
+    heartbeat_timeout_ms: Duration | None = Field(default=None, alias="heartbeat_timeout", gt=0)
 
     @field_validator("lane")
     @classmethod
