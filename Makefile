@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services jaeger services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile soak demo generate clean
+.PHONY: asyncapi-parser setup lock wheel services jaeger services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile bench-offload soak demo generate clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -34,7 +34,7 @@ lock: setup
 wheel: setup
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
 
-## services: install (if missing) and start Redis, PostgreSQL and Kafka on loopback
+## services: install (if missing) and start Redis, PostgreSQL, Kafka and S3Proxy on loopback
 services:
 	bash deploy/local/services.sh up
 
@@ -91,6 +91,10 @@ bench-runtime: setup services
 
 bench-fairness: setup services
 	$(BIN)/python bench/fairness.py
+
+## bench-offload: 5 MiB payloads by reference (S3Proxy) vs the largest inline payload (docs/benchmarks.md)
+bench-offload: setup services
+	$(BIN)/python bench/offload.py
 
 ## bench-metastable: a retry storm after a spike, FIFO lane vs deadlines + shedding (docs/faults.md)
 bench-metastable: setup

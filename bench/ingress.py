@@ -1,7 +1,8 @@
 """Ingress benchmark: durable accepts/s, vs durability off, vs a naive endpoint; p99 at 1k/s.
 
 Run: ``make bench-ingress`` (= ``.venv/bin/python bench/ingress.py``). Needs Redis (the embedded
-default transport; ``PIPELINE_REDIS__URL``). Method and results: ``docs/ingress.md``.
+default transport; ``PIPELINE_REDIS__URL``) and PostgreSQL (``PIPELINE_POSTGRES__URL``, for the
+scale-out figure). Method and results: ``docs/ingress.md``.
 
 Servers run as subprocesses on loopback, each on uvicorn with uvloop and httptools:
 
@@ -9,7 +10,10 @@ Servers run as subprocesses on loopback, each on uvicorn with uvloop and httptoo
   commit) producing every event to Redis Streams;
 * **nondurable**: the same ingress with ``synchronous=OFF`` (no fsync at all);
 * **naive**: a FastAPI endpoint that verifies the same signature and commits one SQLite row per
-  request (WAL, ``synchronous=FULL``), with no produce at all.
+  request (WAL, ``synchronous=FULL``), with no produce at all;
+* **postgres x1 / x2**: ``pipeline ingress serve --workers 1`` and ``--workers 2`` on the
+  PostgreSQL log store (a schema of its own per run, dropped after), producing every event;
+  ``pg_scale_2_workers`` is the ratio of their accepts/s.
 
 The load generator is open-loop: every request has an intended send time, and latency is
 measured from that time (so queueing in the client counts, no coordinated omission). Requests
@@ -189,6 +193,75 @@ def start_ingress(
     return proc, port
 
 
+def start_pg_ingress(
+    workdir: Path, workers: int, schema: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``pipeline ingress serve --workers N`` on the PostgreSQL log store (schema ``schema``)."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PIPELINE_BENCH_SECRET": SECRET,
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_TOPICS_DIR": str(workdir / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(workdir / "sources.yaml"),
+        "PIPELINE_INGRESS__LOG_STORE": "postgres",
+        "PIPELINE_INGRESS__POSTGRES_SCHEMA": schema,
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+    }
+    command = [sys.executable, "-m", "pipeline.ingress.cli", "ingress", "serve"]
+    proc = subprocess.Popen(
+        [*command, "--port", str(port), "--workers", str(workers)],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    line = proc.stdout.readline() if proc.stdout is not None else b""  # once every worker listens
+    if not line.startswith(b"ingress listening on "):
+        proc.wait()
+        raise SystemExit(f"PostgreSQL ingress with {workers} workers exited {proc.returncode}")
+    return proc, port
+
+
+def cpu_s_tree(proc: subprocess.Popen[bytes]) -> float:
+    """CPU seconds of ``proc`` and its children (the workers)."""
+    procs = [psutil.Process(proc.pid)]
+    procs += procs[0].children(recursive=True)
+    return sum(float(t.user + t.system) for t in (p.cpu_times() for p in procs))
+
+
+async def drop_schema(schema: str) -> None:
+    """Remove a PostgreSQL run's log schema."""
+    import psycopg  # noqa: PLC0415
+
+    from pipeline.config import load_settings  # noqa: PLC0415
+
+    url = load_settings().postgres.url
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def measure_pg(workdir: Path, workers: int, count: int, run: str) -> float:
+    """Durable accepts/s at saturation on PostgreSQL with ``workers`` processes."""
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    try:
+        proc, port = start_pg_ingress(workdir, workers, schema)
+        try:
+            uvloop.run(load(port, requests(500, f"warm-{run}"), None))
+            before = cpu_s_tree(proc)
+            accepted, seconds, _ = uvloop.run(load(port, requests(count, run), None))
+            used = cpu_s_tree(proc) - before
+        finally:
+            stop(proc)
+    finally:
+        asyncio.run(drop_schema(schema))
+    rps = accepted / seconds
+    print(
+        f"  postgres x{workers} {rps:>7.0f} accepts/s  "
+        f"({used / max(accepted, 1) * 10_000:.2f} cpu-s/10k)",
+        flush=True,
+    )
+    return rps
+
+
 NAIVE_APP = """
 import hashlib, hmac, sqlite3, sys, uuid
 from fastapi import FastAPI, Request, Response
@@ -343,6 +416,11 @@ def main() -> None:
                             measure_max(kind, workdir, args.requests, f"{kind}{r}", endpoint)
                         )
             p99 = measure_p99(workdir, 1_000, args.p99_seconds)
+            scale: dict[int, list[float]] = {1: [], 2: []}
+            for r in range(args.rounds):
+                print(f"postgres round {r + 1}/{args.rounds}", flush=True)
+                for workers, runs_pg in scale.items():
+                    runs_pg.append(measure_pg(workdir, workers, args.requests, f"pg{workers}-{r}"))
         finally:
             asyncio.run(drop_topic(topic))
     med = {kind: statistics.median(rps for rps, _ in runs) for kind, runs in results.items()}
@@ -356,6 +434,11 @@ def main() -> None:
                 "p99_ms_at_1k": round(p99, 1),
                 "max_durable_rps": round(med["durable"]),
                 "cpu_s_per_10k": round(cpu, 2),
+                "pg_scale_2_workers": round(
+                    statistics.median(scale[2]) / statistics.median(scale[1]), 2
+                ),
+                "pg_rps_1_worker": round(statistics.median(scale[1])),
+                "pg_rps_2_workers": round(statistics.median(scale[2])),
                 "tracing_overhead": round(
                     statistics.median(
                         t / d

@@ -17,6 +17,7 @@ for users' tests), ``cli`` with ``cli_support``, ``redis_functions``, ``log_repe
 
 __all__ = [
     "admission",
+    "cancel",
     "capacity",
     "cli",
     "cli_support",
@@ -28,6 +29,7 @@ __all__ = [
     "log_repeats",
     "logstore",
     "observability",
+    "offload",
     "redis_functions",
     "redrive",
     "registry",

@@ -168,6 +168,14 @@ class RuntimeSettings(_Section):
     it at most this long."""
     cpu_workers: int = Field(default=2, ge=1, le=256)
     """Worker processes for CPU-bound handlers (``cpu=True``), started on first use."""
+    cancel_poll_ms: int = Field(default=500, ge=10)
+    """How often a member syncs its long work's heartbeats, learns of cancellations and runs
+    the reconciler (docs/runtime.md, cancellation); a running handler is stopped within it."""
+    cancel_grace_s: float = Field(default=5.0, ge=0)
+    """Between SIGTERM and SIGKILL when a cancelled or hung ``cpu=True`` handler is stopped."""
+    protect_max_s: float = Field(default=3_600.0, gt=0)
+    """A run counts towards the member's pod-deletion-cost (scale-in protection) for at most
+    this long, so a stuck handler cannot keep its Pod forever."""
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` of the member on this port (None: do
     not serve; several members on one host need a port each)."""

@@ -46,13 +46,19 @@ callers never need to import a client library to handle a failure::
     ├── ThrottleClosed              the throttle closed while a message waited for its slots
     ├── HandlerTimeout              a CPU-bound handler ran past its limit (pipeline/runtime/cpu.py)
     ├── WorkerCrashed               a CPU-bound handler's worker process died (retryable)
+    ├── HandlerHung                 a handler fell silent past its heartbeat timeout (retryable)
+    ├── CancelFailed                Redis could not record a cancellation (pipeline/cancel)
+    ├── OffloadError                the payload store failed or refused (pipeline/offload)
     └── HandlerOutcome              raised by a handler to choose what happens to its message
         ├── Retry                   try again later, through the lane's next retry tier
-        │   └── Throttled           a dependency refused for now (429): retry, and slow its key
+        │   ├── Throttled           a dependency refused for now (429): retry, and slow its key
+        │   └── ReferenceRefused    (offload) this member cannot resolve a payload reference
         ├── DeadLetter              never retry: straight to the lane's dead-letter topic
         │   ├── Expired             (the runtime's) past its deadline, or shed by a standing queue
         │   ├── PoisonMessage       (the runtime's) its runs kept being interrupted: poison
-        │   └── SequencedDeadLetter (the runtime's) it follows a dead-lettered head of its key
+        │   ├── SequencedDeadLetter (the runtime's) it follows a dead-lettered head of its key
+        │   ├── PayloadMissing      (offload) the referenced payload does not exist
+        │   └── PayloadCorrupt      (offload) the payload's size or SHA-256 does not match
         └── Skip                    done without doing anything (counted, not an error)
 
 A test (``tests/test_errors.py``) holds this drawing equal to the real subclasses.

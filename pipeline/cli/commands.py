@@ -31,6 +31,7 @@ from rich.table import Table
 
 from pipeline import tracing
 from pipeline.admission.cli import app as throttle_app
+from pipeline.cancel.cli import cancel_command
 from pipeline.capacity.cli import capacity_command
 from pipeline.cli.status_checks import PROBE_TIMEOUT_MS, reach_broker, reach_redis
 from pipeline.cli.status_view import status_command
@@ -42,6 +43,8 @@ from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging
+from pipeline.offload.cli import app as offload_app
+from pipeline.offload.writer import with_offload
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
@@ -68,8 +71,10 @@ app.add_typer(schemas_app, name="schemas")
 app.add_typer(ingress_app, name="ingress")
 app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
+app.add_typer(offload_app, name="offload")  # pipeline offload purge
 app.command("status")(status_command)
 app.command("capacity")(capacity_command)
+app.command("cancel")(cancel_command)
 
 
 def _print_version(given: bool) -> None:
@@ -215,8 +220,9 @@ def produce(
     headers = _parse_headers(header or [])
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
-        producer = t.producer()
+        settings = _settings(transport)
+        t = create_transport(settings)
+        producer = with_offload(t.producer(), settings.topics_dir)  # a large value by reference
         try:
             delivered = await producer.send(
                 topic, payload, key=key.encode() if key is not None else None, headers=headers

@@ -76,6 +76,8 @@ class Status:
     log_error: str = ""
     taken_at_s: float = field(default_factory=time.time)
     throttle_error: str = ""
+    cancellations: Mapping[str, Mapping[str, int]] | None = None
+    """Lane -> cancelled and hung counts (:mod:`pipeline.cancel.status`); None: unreadable."""
 
     @property
     def healthy(self) -> bool:
@@ -114,6 +116,7 @@ class Status:
             },
             "log_error": self.log_error or None,
             "throttle_error": self.throttle_error or None,
+            "cancellations": None if self.cancellations is None else dict(self.cancellations),
         }
 
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.admission.view import ThrottledTenants
+from pipeline.cancel.status import read_counts, render_counts
 from pipeline.cli.status import Status, collect_status
 from pipeline.cli.status_checks import reach_broker, reach_redis
 from pipeline.cli_support import TransportOpt, run_command
@@ -95,6 +96,7 @@ def render(status: Status, console: Console) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    render_counts(status.cancellations, console)
     if status.throttle_error:
         console.print(
             f"throttled tenants: [yellow]unavailable[/yellow] ({status.throttle_error})",
@@ -154,6 +156,7 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
         status = await collect_status(
             transport.name, transport.admin(), watches, store=store, throttles=throttles
         )
+        status = replace(status, cancellations=await read_counts(redis, settings.redis.key_prefix))
     finally:
         if store is not None:
             await store.close()

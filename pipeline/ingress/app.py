@@ -14,7 +14,9 @@ a few function calls deep). Per POST, in this order:
 4. extraction of tenant, key, event id and the route, else **400** (values must be UTF-8
    without NUL and at most :data:`~pipeline.ingress.values.MAX_VALUE_CHARS` characters; JSON
    nested too deeply is refused);
-5. insert into the log store, unique on (source, event id), group-committed and durable;
+5. a body above its lane's ``offload.above`` written to the payload store (else **503**),
+   the row keeping the reference (:mod:`pipeline.offload.rows`); then insert into the log
+   store, unique on (source, event id), group-committed and durable;
    a redelivery inserts nothing and is answered **200** ``duplicate``;
 6. **200** ``accepted`` with the row id, then the event is produced in the background.
 
@@ -42,8 +44,9 @@ from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch, TooLarg
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
 from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
-from pipeline.logstore import IngressLog, LogStoreError
+from pipeline.logstore import IngressLog, LogStoreError, NewRow
 from pipeline.observability.server import PATHS as OBSERVER_PATHS
+from pipeline.offload.errors import OffloadError
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ class IngressApp:
         """Checks payloads of lanes that require a registered schema, when set."""
         self.observer: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
         """Serves ``/metrics``, ``/healthz`` and ``/readyz`` when set (a ``MetricsServer``)."""
+        self.offload: Callable[[NewRow], Awaitable[NewRow]] | None = None
+        """Writes a large body to its lane's payload store and returns the reference row."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -150,7 +155,7 @@ class IngressApp:
             admission.release()
         await _answer(send, status, answer, extra)
 
-    async def _accept(
+    async def _accept(  # noqa: C901, PLR0911 - one branch per answer of the module docstring
         self, source: Source, headers: Mapping[str, str], body: bytes
     ) -> tuple[int, dict[str, str], list[tuple[bytes, bytes]]]:
         now_s = self._clock()
@@ -176,6 +181,13 @@ class IngressApp:
         except Malformed as exc:
             self.counters[source.name, f"malformed:{exc.reason}"] += 1
             return 400, _malformed(exc), []
+        if self.offload is not None:  # a large body goes to its store first (durable before 2xx)
+            try:
+                row = await self.offload(row)
+            except OffloadError:
+                self.counters[source.name, "offload_error"] += 1
+                log.exception("payload store write failed", extra={"source": source.name})
+                return 503, {"error": "payload store unavailable"}, [(b"retry-after", b"5")]
         try:
             with tracing.stage("log commit"):
                 inserted = await self._log.insert(row)

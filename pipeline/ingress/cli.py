@@ -33,7 +33,19 @@ from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import ENV_PREFIX, IngressSettings, Settings, load_settings
 from pipeline.errors import ConfigError
 from pipeline.ingress.replay import ReplaySummary, replay
-from pipeline.ingress.service import build_ingress, build_sweeper, serve
+from pipeline.ingress.service import (
+    build_ingress,
+    build_sweeper,
+    require_free_port,
+    serve,
+)
+from pipeline.ingress.workers import (
+    Supervisor,
+    WorkerArgs,
+    check_sources,
+    refuse_sqlite,
+    reuse_port_socket,
+)
 from pipeline.logstore import LogStore, RowState, Selection
 from pipeline.logstore.create import create_log_store
 from pipeline.topics.spec import load_specs, parse_duration_ms
@@ -74,32 +86,85 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return run_command(coro, loop_factory=uvloop.new_event_loop)
 
 
+def worker_settings(
+    transport: str | None, sources: Path | None
+) -> tuple[Settings, IngressSettings]:
+    """The settings ``ingress serve`` runs with: the environment, then ``--sources``."""
+    settings, ingress = _settings(transport)
+    if sources is not None:
+        ingress = ingress.model_copy(update={"sources_file": sources})
+    return settings, ingress
+
+
+def _ready(bound_host: str, bound_port: int) -> None:
+    print(f"ingress listening on http://{bound_host}:{bound_port}", flush=True)  # noqa: T201
+
+
 @app.command("serve")
 def serve_command(
     host: Annotated[str | None, typer.Option(help="Bind address (default: settings).")] = None,
     port: Annotated[int | None, typer.Option(help="Port; 0 picks a free one.")] = None,
     sources: Annotated[Path | None, typer.Option(help="Sources file (default: settings).")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Processes on the port (SO_REUSEPORT); above 1 needs the PostgreSQL log."
+        ),
+    ] = 1,
     transport: TransportOpt = None,
 ) -> None:
     """Serve POST /hooks/{source} (and Meta's GET handshake) until interrupted."""
+    if workers > 1:
+        raise typer.Exit(serve_workers(workers, host, port, sources, transport))
 
     async def main() -> None:
-        settings, ingress = _settings(transport)
-        if sources is not None:
-            ingress = ingress.model_copy(update={"sources_file": sources})
+        settings, ingress = worker_settings(transport, sources)
         built = build_ingress(settings, ingress)
-
-        def ready(bound_host: str, bound_port: int) -> None:
-            print(f"ingress listening on http://{bound_host}:{bound_port}", flush=True)  # noqa: T201
-
-        await serve(
-            built,
-            host or ingress.host,
-            ingress.port if port is None else port,
-            ready,
-        )
+        await serve(built, host or ingress.host, ingress.port if port is None else port, _ready)
 
     _run(main())
+
+
+def serve_workers(
+    count: int, host: str | None, port: int | None, sources: Path | None, transport: str | None
+) -> int:
+    """Check everything a worker would refuse, hold the port, then supervise ``count`` workers."""
+
+    async def check() -> WorkerArgs:
+        settings, ingress = worker_settings(transport, sources)
+        refuse_sqlite(count, ingress.log_store)
+        check_sources(settings, ingress)
+        # Without SO_REUSEPORT, so that workers of another command on this port also count.
+        require_free_port(
+            host or ingress.host,
+            ingress.port if port is None else port,
+            "PIPELINE_INGRESS__PORT (or --port)",
+        )
+        if ingress.metrics_port:
+            for index in range(count):
+                require_free_port(
+                    ingress.metrics_host,
+                    ingress.metrics_port + index,
+                    f"PIPELINE_INGRESS__METRICS_PORT (worker {index} uses it plus {index})",
+                )
+        return WorkerArgs(
+            host or ingress.host,
+            ingress.port if port is None else port,
+            sources,
+            transport,
+            os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
+        )
+
+    args = _run(check())
+    try:
+        held = reuse_port_socket(args.host, args.port)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    with held:
+        bound_port = held.getsockname()[1]
+        supervisor = Supervisor(count, replace(args, port=bound_port), _ready)
+        return supervisor.run()
 
 
 @ops_app.command("sweep")

@@ -93,6 +93,9 @@ class Extractor:
     def extract(self, payload: Any, headers: Mapping[str, str]) -> str | None:
         """The value, or None when the request does not have it."""
         if self.pointer is not None:
+            if WILDCARD not in self.pointer:  # one value at most: no generator per request
+                found = _walk(payload, self.pointer)
+                return None if found is _MISSING or found is None else as_text(found)
             for value in resolve(payload, self.pointer):
                 if value is not None:
                     return as_text(value)

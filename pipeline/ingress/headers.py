@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pipeline import headers as names
 from pipeline.logstore import LogRow, NewRow
+from pipeline.offload.rows import reference_headers
 from pipeline.tracing import TRACEPARENT
 
 ROW_ID = names.ROW_ID
@@ -30,6 +31,7 @@ def event_headers(row: NewRow | LogRow, replay_count: int = 0) -> dict[str, byte
         EVENT_ID: row.event_id.encode(),
         RECEIVED_AT_MS: str(row.received_at_ms).encode(),
         REPLAY_COUNT: str(replay_count).encode(),
+        **reference_headers(row.headers),  # an offloaded body: the event is its reference
     }
     context = row.headers.get(TRACEPARENT)
     if context:

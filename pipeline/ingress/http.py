@@ -35,6 +35,7 @@ class _BoundedHttpToolsProtocol(HttpToolsProtocol):
         """As uvicorn's protocol; no request head is being read yet."""
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = None  # None: not inside a request head
+        self._chunk_bytes = 0  # the chunk being parsed
         self._refused = False
 
     def on_message_begin(self) -> None:
@@ -43,18 +44,25 @@ class _BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
 
     def on_headers_complete(self) -> None:
-        """The head is in: stop counting, and refuse it if it came in one chunk over the cap."""
+        """The head is in: stop counting, and refuse it if it came in one chunk over the cap.
+
+        The head is no longer than what was read before this chunk plus this chunk, so its
+        exact size is only added up when that bound passes the cap.
+        """
+        bound = (self._head_bytes or 0) + self._chunk_bytes
         self._head_bytes = None
-        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
-        if size > self.max_head_bytes:
-            self._refuse()
-            return
+        if bound > self.max_head_bytes:
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > self.max_head_bytes:
+                self._refuse()
+                return
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
         """Parse ``data``; answer 431 once the current head has passed the cap."""
         if self._refused:
             return
+        self._chunk_bytes = len(data)
         super().data_received(data)
         if self._head_bytes is None or self.transport.is_closing():
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 from collections import defaultdict
@@ -32,6 +33,8 @@ from pipeline.logstore.create import create_log_store
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
+from pipeline.offload.rows import offload_row
+from pipeline.offload.writer import Offloader, topic_policies
 from pipeline.registry.client.http import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
@@ -96,6 +99,9 @@ class Ingress:
         )
         self.observer = MetricsServer(Metrics())
         self.app.observer = self.observer
+        policies = topic_policies(self.specs)
+        if policies:  # lanes with offload: large bodies go to their payload store
+            self.app.offload = functools.partial(offload_row, Offloader(policies))
 
     async def start(self) -> None:
         """Check the topics' size limits, open everything and start the sweeper task.
@@ -209,6 +215,7 @@ def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
         loop="none",
         http=bounded_protocol(built.ingress.max_head_bytes),
         lifespan="on",
+        proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=10,
@@ -217,14 +224,23 @@ def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
 
 
 async def serve(
-    built: Ingress, host: str, port: int, on_ready: Callable[[str, int], None] | None = None
+    built: Ingress,
+    host: str,
+    port: int,
+    on_ready: Callable[[str, int], None] | None = None,
+    *,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve ``built`` on uvicorn until interrupted; ``on_ready(host, port)`` once listening.
+
+    ``sock``, when given, is a socket already listening on ``host:port`` (a worker of
+    :mod:`pipeline.ingress.workers`); otherwise uvicorn binds ``host:port`` itself.
 
     Raises:
         ConfigError: ``port`` (or the metrics port) is held by another process.
     """
-    require_free_port(host, port, "PIPELINE_INGRESS__PORT (or --port)")
+    if sock is None:
+        require_free_port(host, port, "PIPELINE_INGRESS__PORT (or --port)")
     if built.ingress.metrics_port:
         require_free_port(
             built.ingress.metrics_host, built.ingress.metrics_port, "PIPELINE_INGRESS__METRICS_PORT"
@@ -244,7 +260,7 @@ async def serve(
 
     announcing = asyncio.create_task(announce())
     try:
-        await server.serve()
+        await server.serve(sockets=None if sock is None else [sock])
     finally:
         announcing.cancel()
         stop_metrics.set()

@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -36,6 +36,7 @@ from pipeline.ingress.verify import (
     Verifier,
 )
 from pipeline.logstore import NewRow
+from pipeline.offload.caps import inline_cap_bytes
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Admin
 
@@ -72,6 +73,8 @@ class Source:
     keep_headers: frozenset[str]
     max_body_bytes: int
     verify_token: str | None
+    offloads: bool = False
+    """Its cap passes the message size, which offloading every topic it routes to allows."""
 
     @property
     def topics(self) -> frozenset[str]:
@@ -154,7 +157,11 @@ def build_sources(
     sources = {}
     for name, config in configs.items():
         try:
-            sources[name] = _build(name, config, lanes, admission, max_message_bytes)
+            # Where every topic of the source offloads, the cap is the reference's, not the body's.
+            inline = max_message_bytes - HEADROOM_BYTES
+            cap = inline_cap_bytes(config, specs, inline)
+            source = _build(name, config, lanes, admission, cap + HEADROOM_BYTES)
+            sources[name] = replace(source, offloads=config.max_body_bytes > inline)
         except ConfigError as exc:
             raise ConfigError(f"sources.{name}: {exc}") from None
     return sources
@@ -247,6 +254,7 @@ async def check_topic_limits(sources: Mapping[str, Source], admin: Admin) -> Non
         if (info := infos.get(topic)) is not None
         and info.max_message_bytes is not None
         and source.max_body_bytes + HEADROOM_BYTES > info.max_message_bytes
+        and not source.offloads
     ]
     if problems:
         raise ConfigError("; ".join(problems))

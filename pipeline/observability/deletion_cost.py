@@ -121,15 +121,17 @@ class DeletionCost:
         self._sent: int | None = None
         self._sent_at = float("-inf")
 
-    async def update(self, in_flight: int) -> bool:
+    async def update(self, in_flight: int, *, force: bool = False) -> bool:
         """Set the cost for ``in_flight`` handlers if it changed and the interval passed.
+
+        ``force`` skips the interval (the member stops and clears its cost).
 
         Returns:
             True when a PATCH was sent and accepted.
         """
         cost = cost_for(in_flight)
         now = self._clock()
-        if cost == self._sent or now - self._sent_at < self._min_interval_s:
+        if cost == self._sent or (not force and now - self._sent_at < self._min_interval_s):
             return False
         self._sent_at = now
         try:

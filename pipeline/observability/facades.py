@@ -46,13 +46,16 @@ class RuntimeMetrics:
         self._utilisation = metrics.gauge(m.SLOT_UTILISATION)
         self._batch_waiting = metrics.gauge(m.BATCH_WAITING)
         self._batch_sla = metrics.gauge(m.BATCH_SLA)
+        self._cancelled = metrics.counter(m.CANCELLED)
+        self._hung = metrics.counter(m.HUNG)
+        self._long_work = metrics.gauge(m.LONG_WORK)
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def delivered(self, lane: str, outcome: str, duration_s: float) -> None:
         """A handler finished one message with ``outcome`` after ``duration_s`` seconds.
 
         ``outcome`` is one of handled, skipped, retried, dead_lettered, expired, shed,
-        duplicate.
+        duplicate, cancelled.
         """
         children = self._children.get((lane, outcome))
         if children is None:  # labels() is a locked lookup: once per (lane, outcome)
@@ -72,6 +75,18 @@ class RuntimeMetrics:
     def expired(self, lane: str) -> None:
         """A message was dropped because its deadline had passed."""
         self._expired.labels(lane).inc()
+
+    def cancelled(self, lane: str, reason: str) -> None:
+        """A message was skipped or stopped because its work was cancelled for ``reason``."""
+        self._cancelled.labels(lane, reason).inc()
+
+    def hung(self, lane: str) -> None:
+        """A run fell silent past its lane's heartbeat timeout and was stopped."""
+        self._hung.labels(lane).inc()
+
+    def long_work(self, running: int) -> None:
+        """``running`` runs of long-work lanes protect this member from scale-in."""
+        self._long_work.set(running)
 
     def parked(self, lane: str, delta: int) -> None:
         """``delta`` keys were parked (positive) or unparked (negative) on ``lane``."""

@@ -105,6 +105,31 @@ EXPIRED = Family(
     ("lane",),
     "messages",
 )
+CANCELLED = Family(
+    "pipeline_cancelled_total",
+    "counter",
+    "Messages this member did not run, or stopped while running, because their work was "
+    "cancelled, by cause (requested: pipeline cancel, app.cancel or a standing cancellation; "
+    "abandoned: its pl-abandon-after-ms passed).",
+    ("lane", "reason"),
+    "messages",
+)
+HUNG = Family(
+    "pipeline_hung_handlers_total",
+    "counter",
+    "Runs stopped because they were silent past their lane's heartbeat_timeout (then retried "
+    "or dead-lettered).",
+    ("lane",),
+    "runs",
+)
+LONG_WORK = Family(
+    "pipeline_long_work_running",
+    "gauge",
+    "Runs of long-work lanes (heartbeat_timeout) in this member that count towards its "
+    "scale-in protection (its pod-deletion-cost in Kubernetes).",
+    (),
+    "runs",
+)
 PARKED_KEYS = Family(
     "pipeline_parked_keys",
     "gauge",

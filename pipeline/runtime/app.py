@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
+from redis.asyncio import Redis
 
+from pipeline.cancel import Target, cancel
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, DeadLetter
 from pipeline.registry.errors import SerdeError
@@ -176,6 +178,34 @@ class App:
             return self.avro.to_model(value, model)
         except SerdeError as exc:
             raise DeadLetter(str(exc)) from exc
+
+    async def cancel(
+        self,
+        redis: Redis,
+        *,
+        event: str | None = None,
+        key: str | None = None,
+        tenant: str | None = None,
+        lane: str | None = None,
+        reason: str = "cancelled",
+        prefix: str = "pl",
+    ) -> int:
+        """Cancel the work of one event id, key or tenant (on ``lane`` only, if given).
+
+        The same transition as ``pipeline cancel`` (:func:`pipeline.cancel.cancel`): queued,
+        parked and retry-tier messages are skipped with outcome ``cancelled`` when they come
+        up; running handlers are stopped. ``prefix`` is the members' ``redis.key_prefix``.
+        Returns how many running long-work runs were told to stop.
+
+        Raises:
+            ConfigError: not exactly one of ``event``, ``key``, ``tenant``, or an unknown lane.
+            pipeline.cancel.CancelFailed: Redis did not record it.
+        """
+        if lane is not None and lane not in self._specs:
+            known = ", ".join(sorted(self._specs)) or "none"
+            raise ConfigError(f"no lane {lane!r} is declared in topics/ (declared: {known})")
+        target = Target.of(event=event, key=key, tenant=tenant, lane=lane)
+        return await cancel(redis, prefix, target, reason)
 
     def lane_of(self, topic: str) -> Lane:
         """The lane a topic (main or retry tier) belongs to."""

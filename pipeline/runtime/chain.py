@@ -2,7 +2,7 @@
 
 ::
 
-    poll ─▶ due ─▶ batch ─▶ throttle ─▶ key lanes ─▶ guard ─▶ handler ─▶ settle (offsets, commit)
+    poll ─▶ due ─▶ batch ─▶ throttle ─▶ key lanes ─▶ guard ─▶ cancel ─▶ handler ─▶ settle
 
 * **due** (:class:`~pipeline.runtime.due.DueGate`): a retry-tier message waits, its partition
   paused, until its due time; others pass.
@@ -14,6 +14,10 @@
   in order; different keys run concurrently up to the member's limit.
 * **guard** (:class:`~pipeline.runtime.guard.RunGuard`): start marks and parking in Redis;
   decides whether the message runs, is held behind its key's head, or is a stale copy.
+* **cancel** (:class:`~pipeline.runtime.longwork.LongWork`): a message whose work was cancelled
+  ends ``cancelled`` without running; others run in their key lane's task, which it can stop
+  (heartbeats, hung runs). It sits after the guard, so retry-tier copies and released parked
+  followers pass it too, and a cancelled head still ends its key's parking.
 * **handler** (:class:`~pipeline.runtime.handling.HandlerStage`): the user's handler, and the
   routing of its failure to a retry tier or the dead-letter topic.
 * **settle**: the member records the outcome (offsets to commit, log rows, metrics).

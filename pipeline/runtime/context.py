@@ -10,6 +10,7 @@ from pipeline import headers as h
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError
 from pipeline.retry.guard_store import message_id
+from pipeline.runtime import liveness
 from pipeline.runtime.idempotency import IdempotencyGuard
 
 T = TypeVar("T")
@@ -46,6 +47,25 @@ class Context:
         """The provider's event id header, if the producer set one."""
         raw = self.message.headers.get(h.EVENT_ID)
         return raw.decode(errors="replace") if raw else None
+
+    def heartbeat(self) -> None:
+        """Tell the runtime the handler is making progress (long work; see ``heartbeat_timeout``).
+
+        Until the first call the runtime beats on its own while the handler's event loop or
+        worker process is alive. From the first call on only these calls count: a handler
+        silent for longer than its lane's ``heartbeat_timeout`` is hung, stopped and retried.
+        """
+        liveness.heartbeat()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this run was cancelled (``pipeline cancel``, the reconciler): stop soon.
+
+        An ``async`` handler is also cancelled at its next ``await``. In a ``cpu=True`` handler
+        it turns true when its worker gets SIGTERM; the worker is killed (SIGKILL) if the
+        handler has not returned after ``runtime.cancel_grace_s``.
+        """
+        return liveness.cancelled()
 
     async def once(self, name: str, effect: Callable[[], Awaitable[T]]) -> T | None:
         """Run ``effect`` once per event, across redeliveries and retries.

@@ -8,6 +8,14 @@ worker that dies (a crash, the OOM killer) raises :class:`WorkerCrashed`. The li
 the moment the worker has imported the handler, so a fresh worker's cold start is not billed to
 the first message it runs. Both are retryable
 failures, and a fresh worker takes the dead one's place.
+
+While a handler runs, a thread of its worker sends a heartbeat every :data:`BEAT_EVERY_S` until the
+handler calls ``ctx.heartbeat()`` (from then on only its own calls send one); the member counts each
+as a heartbeat of the run, so a worker that froze or was stopped falls silent
+(:mod:`pipeline.runtime.longwork`). Each worker leads its own process group: a cancelled call sends
+the group SIGTERM (in the worker it turns ``ctx.cancelled`` true, and the worker exits once the
+handler returns), then SIGKILL after the pool's grace period, so processes the handler started go
+with it.
 """
 
 from __future__ import annotations
@@ -17,16 +25,24 @@ import contextlib
 import importlib
 import logging
 import multiprocessing
+import os
+import signal
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.runtime import liveness
 
 log = logging.getLogger(__name__)
 _IMPORT_LIMIT_S = 120.0
 """How long a worker may take to import a handler's module before its time limit starts."""
+BEAT_EVERY_S = 1.0
+"""How often a worker running a handler sends a heartbeat on its own."""
+_BEAT = "beat"
 
 
 class HandlerTimeout(PipelineError):
@@ -55,8 +71,52 @@ def _resolve(ref: str) -> Any:
     return getattr(target, "__wrapped_cpu__", target)
 
 
+class _Beats:  # pragma: no cover - runs in the worker process
+    """A worker's heartbeats: a thread's while a handler runs, until it sends its own."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.running = threading.Event()
+        self.manual = threading.Event()
+        liveness.worker_beat = self.handler_beat
+        threading.Thread(target=self._forever, daemon=True).start()
+
+    def send(self, item: tuple[Any, Any]) -> None:
+        with self._lock:
+            self._conn.send(item)
+
+    def beat(self) -> None:
+        if self.running.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self.send((_BEAT, None))
+
+    def handler_beat(self) -> None:
+        self.manual.set()
+        self.beat()
+
+    def _forever(self) -> None:
+        while True:
+            self.running.wait()
+            if not self.manual.is_set():
+                self.beat()
+            time.sleep(BEAT_EVERY_S)
+
+
 def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
-    """Worker loop: receive (function ref, args), send back (ok, result or exception)."""
+    """Worker loop: receive (function ref, args), send back (ok, result or exception).
+
+    Between the start mark ``(None, None)`` and the result it sends ``("beat", None)``
+    heartbeats (:class:`_Beats`).
+    """
+    with contextlib.suppress(OSError):
+        os.setsid()  # its own process group: a cancellation stops the handler's children too
+    beats = _Beats(conn)
+    terminated = threading.Event()
+    # SIGTERM is the cancellation: ctx.cancelled turns true and the handler may return; the
+    # worker then exits. A handler that does not look is killed after the grace period.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: terminated.set())
+    liveness.worker_cancelled = terminated.is_set
     while True:
         try:
             ref, args = conn.recv()
@@ -64,13 +124,21 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
             return
         try:
             fn = _resolve(ref)  # importing the handler's module is not part of its time limit
-            conn.send((None, None))
-            conn.send((True, fn(*args)))
+            beats.send((None, None))
+            beats.manual.clear()
+            beats.running.set()
+            try:
+                result = fn(*args)
+            finally:
+                beats.running.clear()
+                if terminated.is_set():
+                    os._exit(0)  # cancelled: nobody waits for the result
+            beats.send((True, result))
         except Exception as exc:
             try:
-                conn.send((False, exc))
+                beats.send((False, exc))
             except Exception:
-                conn.send((False, RuntimeError(traceback.format_exc(limit=5))))
+                beats.send((False, RuntimeError(traceback.format_exc(limit=5))))
 
 
 class _Worker:
@@ -81,21 +149,85 @@ class _Worker:
         self.process.start()
         child.close()
 
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the worker and every process it started (its process group)."""
+        pid = self.process.pid
+        if pid is None:
+            return
+        with contextlib.suppress(OSError):  # the group: the processes the handler started
+            os.killpg(pid, sig)
+        with contextlib.suppress(OSError):  # the worker itself, whatever its group
+            os.kill(pid, sig)
+
     def kill(self) -> None:
         with contextlib.suppress(Exception):
-            self.process.kill()
+            self.signal_group(signal.SIGKILL)
             self.process.join(5)
         self.conn.close()
+
+
+async def _readable(conn: Connection, timeout_s: float) -> bool:
+    """Wait (without a thread, so a cancellation is immediate) until ``conn`` has data."""
+    if conn.poll(0):
+        return True
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = conn.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await asyncio.wait_for(ready, max(timeout_s, 0.0))
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+    return True
+
+
+async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[bool, Any]:
+    """Wait for a worker's (ok, result or exception), counting its heartbeats on the way."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _IMPORT_LIMIT_S
+    started = False
+    while True:  # (None, None): it started, and its time limit runs from now
+        left_s = deadline - loop.time()
+        if not started and left_s > 0:
+            # A worker still starting or importing the handler is not the handler's silence:
+            # the run beats on its behalf until the handler starts.
+            liveness.automatic()
+            left_s = min(left_s, BEAT_EVERY_S)
+        if not await _readable(conn, left_s):
+            if loop.time() < deadline:
+                continue
+            raise HandlerTimeout(f"{ref} ran past its {time_limit_s}s limit; worker killed")
+        ok, value = conn.recv()
+        if ok is None:
+            started = True
+            deadline = loop.time() + time_limit_s
+        elif ok == _BEAT:
+            current = liveness.CURRENT.get()
+            if current is not None:
+                current.beat()  # the worker sends only the beats that count
+        else:
+            return bool(ok), value
 
 
 class ProcessPool:
     """``size`` worker processes; each call takes an idle one, or waits for one."""
 
-    def __init__(self, size: int) -> None:
-        """Start nothing until the first call."""
+    def __init__(self, size: int, *, grace_s: float = 5.0) -> None:
+        """Start nothing until the first call.
+
+        A cancelled call's worker gets ``grace_s`` between SIGTERM and SIGKILL.
+        """
         if size < 1:
             raise ValueError(f"pool size must be >= 1, got {size}")
         self._size = size
+        self._grace_s = grace_s
         self._ctx = multiprocessing.get_context("forkserver")
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
@@ -108,25 +240,23 @@ class ProcessPool:
             self._idle.put_nowait(worker)
 
     async def run(self, ref: str, args: tuple[Any, ...], time_limit_s: float) -> Any:
-        """Run the function ``ref`` with ``args`` in a worker, within ``time_limit_s``."""
+        """Run the function ``ref`` with ``args`` in a worker, within ``time_limit_s``.
+
+        Cancelling the call stops its worker (SIGTERM, SIGKILL after the grace period) and
+        puts a fresh one in its place.
+        """
         if self._started is None:  # the first call starts the workers; the others wait for it
             self._started = asyncio.ensure_future(self._start())
         await asyncio.shield(self._started)
         worker = await self._idle.get()
         try:
             worker.conn.send((ref, args))
-            limit_s = _IMPORT_LIMIT_S
-            ok: bool | None = None
-            value: Any = None
-            while ok is None:  # first (None, None): it started, and its time limit runs now
-                if not await asyncio.to_thread(worker.conn.poll, limit_s):
-                    raise HandlerTimeout(  # noqa: TRY301 - the except below replaces the worker
-                        f"{ref} ran past its {time_limit_s}s limit; worker killed"
-                    )
-                ok, value = worker.conn.recv()
-                limit_s = time_limit_s
+            ok, value = await _outcome(worker.conn, ref, time_limit_s)
         except HandlerTimeout:
             worker = await self._replace(worker)
+            raise
+        except asyncio.CancelledError:
+            worker = await asyncio.shield(self._stop(worker))
             raise
         except (EOFError, OSError) as exc:
             worker = await self._replace(worker)
@@ -136,6 +266,12 @@ class ProcessPool:
         if not ok:
             raise value
         return value
+
+    async def _stop(self, worker: _Worker) -> _Worker:
+        """SIGTERM the worker's group, SIGKILL it after the grace period; a fresh worker."""
+        worker.signal_group(signal.SIGTERM)
+        await asyncio.to_thread(worker.process.join, self._grace_s)
+        return await self._replace(worker)
 
     async def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()

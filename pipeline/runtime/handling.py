@@ -22,10 +22,12 @@ from pipeline.admission.adaptive import Feedback, feedback_for
 from pipeline.envelope import Message, TopicPartition
 from pipeline.errors import DebounceUnavailable, Expired, Skip, Throttled
 from pipeline.observability.facades import DebounceMetrics, RuntimeMetrics
+from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.idempotency import IdempotencyGuard
+from pipeline.runtime.payloads import Payloads
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
 from pipeline.runtime.stats import Stats
@@ -50,6 +52,7 @@ class HandlerStage:
         metrics: RuntimeMetrics | None = None,
         turn_metrics: DebounceMetrics | None = None,
         rows_finished: Callable[[Sequence[Message]], None] = lambda _: None,
+        cancel_grace_s: float = 5.0,
     ) -> None:
         """Serve ``lanes`` of ``app``; ``rows_finished`` is told of settled debounced turns.
 
@@ -60,6 +63,7 @@ class HandlerStage:
         self._routing = routing
         self._stats = stats
         self._cpu_workers = cpu_workers
+        self._cancel_grace_s = cancel_grace_s
         self._throttled = throttled
         self._pool: ProcessPool | None = None
         self._idempotency = idempotency
@@ -69,6 +73,7 @@ class HandlerStage:
         self._standing = {
             lane.name: StandingQueue(lane.spec.sojourn) for lane in lanes if lane.spec.sojourn
         }
+        self._payloads = Payloads(lanes)  # offloaded payloads: references resolved lazily
         self.turns: DebouncedLanes | None = None
         """The debouncer, on a member with Redis and debounced lanes (set by the member)."""
         self.deferring: set[tuple[TopicPartition, int]] = set()
@@ -85,7 +90,10 @@ class HandlerStage:
         self._routing.processed(lane)
         called = time.perf_counter()
         try:
-            event = lane.decode(message)
+            if OFFLOAD in message.headers:  # a reference: resolved off the loop, or lazily
+                event = await self._payloads.event(lane, message)
+            else:
+                event = lane.decode(message)
             if lane.turns:
                 return await self._buffer(lane, event, message, attempt)
             if lane.cpu_ref is None:
@@ -177,7 +185,7 @@ class HandlerStage:
         if turn.outcome == "failed" and not fatal:
             self._stats.turn_retries += 1
             return False
-        reason = "fatal" if fatal else "exhausted"
+        reason = getattr(error, "dead_reason", "fatal") if fatal else "exhausted"
         for message in turn.messages:  # in order: a sequenced dead letter
             routed = await self._routing.dead_letter(lane, message, reason, error)
             if routed is None:
@@ -208,7 +216,7 @@ class HandlerStage:
 
     def _cpu_pool(self) -> ProcessPool:
         if self._pool is None:
-            self._pool = ProcessPool(self._cpu_workers)
+            self._pool = ProcessPool(self._cpu_workers, grace_s=self._cancel_grace_s)
         return self._pool
 
     async def close(self) -> None:

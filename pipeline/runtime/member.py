@@ -24,10 +24,12 @@ from redis.asyncio import Redis
 
 from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
+from pipeline.cancel.functions import CancelFunctions
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import PipelineError, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
+from pipeline.observability.deletion_cost import DeletionCost
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
 from pipeline.retry.guard_store import lane_guards
 from pipeline.retry.router import RetryRouter
@@ -38,8 +40,10 @@ from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.isolation import Isolation
+from pipeline.runtime.longwork import LongWork
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.pressure import ConcurrencyGovernor
+from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.stats import Stats
 from pipeline.runtime.throttle_gate import Admitter
@@ -49,7 +53,7 @@ from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
 # Outcomes after which an event's obligation is met (P1): its log row is processed.
-_SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate"})
+_SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate", "cancelled"})
 
 
 class Member:
@@ -71,6 +75,7 @@ class Member:
         turn_metrics: DebounceMetrics | None = None,
         admission_metrics: AdmissionMetrics | None = None,
         fleet: FleetLimits | None = None,
+        deletion_cost: DeletionCost | None = None,
     ) -> None:
         """Prepare the member; :meth:`run` joins the group.
 
@@ -81,7 +86,8 @@ class Member:
         starts and closes it); without it those lanes run unthrottled. ``metrics`` and
         ``turn_metrics`` receive every delivery and debounced turn (Prometheus facades).
         ``fleet`` (dynamic per-org limits) is told of every throttled job and ticks while the
-        member runs.
+        member runs. ``deletion_cost`` (in Kubernetes) publishes the member's long work as its
+        Pod's deletion cost (:mod:`pipeline.runtime.protection`).
         """
         self.app = app
         self.group = group
@@ -119,13 +125,24 @@ class Member:
             metrics=metrics,
             turn_metrics=turn_metrics,
             rows_finished=self._rows_finished,
+            cancel_grace_s=settings.cancel_grace_s,
+        )
+        self._longwork = LongWork(
+            self._handler,
+            self._routing,
+            self.stats,
+            chosen,
+            functions=CancelFunctions(redis, redis_prefix) if redis is not None else None,
+            poll_s=settings.cancel_poll_ms / 1000,
+            protection=ScaleInProtection(deletion_cost, metrics, max_s=settings.protect_max_s),
+            metrics=metrics,
         )
         self._guard = RunGuard(
             lane_guards(redis, redis_prefix, [c.spec for c in chosen]) if redis is not None else {},
             self._routing,
             self.stats,
             Isolation(settings.suspect_alone_s),
-            self._handler,
+            self._longwork,  # the cancel gate, then the handler stage
             self._settled_follower,
         )
         self._chain = Chain(
@@ -172,6 +189,7 @@ class Member:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then shut down gracefully."""
+        await self._longwork.tick()  # the standing cancellations, before the first message
         consumer = self._transport.consumer(self.group, self._topics, listener=self)
         self._consumer = consumer
         self._pauses = PauseBook(consumer)
@@ -192,6 +210,7 @@ class Member:
             runners.append(asyncio.create_task(governor.run(turns_stop)))
         if self._fleet is not None:
             runners.append(asyncio.create_task(self._fleet.run(turns_stop)))
+        longwork = asyncio.create_task(self._longwork.run(turns_stop))
         pause_s = 0.5
         try:
             while not stop.is_set():
@@ -214,6 +233,8 @@ class Member:
         finally:
             turns_stop.set()
             await self._shutdown(committer, runners)
+            await longwork
+            await self._longwork.close()
 
     async def _shutdown(
         self, committer: asyncio.Task[None], runners: Sequence[asyncio.Task[None]] = ()

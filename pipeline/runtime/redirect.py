@@ -71,7 +71,8 @@ class Redirector:
         """
         routes = lane.routes
         if not self._retryable(error):
-            return await self.dead_letter(lane, message, "fatal", error)
+            reason = getattr(error, "dead_reason", "fatal")  # payload_missing, payload_corrupt
+            return await self.dead_letter(lane, message, reason, error)
         if attempt >= routes.max_attempts or not routes.retry_topics:
             return await self.dead_letter(lane, message, "exhausted", error)
         budget = self._budgets.get(lane.name)

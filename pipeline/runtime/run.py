@@ -20,6 +20,7 @@ from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
 from pipeline.logstore.create import create_log_store
+from pipeline.observability.deletion_cost import DeletionCost, pod_from_environment
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import MemberTelemetry, member_telemetry
 from pipeline.registry.client.http import RegistryClient
@@ -118,6 +119,7 @@ async def serve(
     )
     capacity = _service_times(settings, specs, telemetry)
     dlqs = {lane.name: lane.spec.dead_letter for lane in chosen_lanes}
+    pod = pod_from_environment()  # in Kubernetes: long work protects this Pod from scale-in
     member = Member(
         app,
         transport,
@@ -132,6 +134,7 @@ async def serve(
         turn_metrics=telemetry.debounce,
         admission_metrics=telemetry.admission,
         fleet=fleet,
+        deletion_cost=DeletionCost(pod) if pod is not None else None,
     )
     endpoint = None
     port = settings.runtime.metrics_port

@@ -23,3 +23,5 @@ class Stats:
     turns: int = 0
     turn_retries: int = 0
     deferred: int = 0
+    cancelled: int = 0
+    hung: int = 0

@@ -31,8 +31,10 @@ from pipeline.admission.debounce_codec import BufferedMessage
 from pipeline.admission.debounce_runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.errors import Skip
+from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import Lane
 from pipeline.runtime.context import Context
+from pipeline.runtime.payloads import Payloads
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ class DebouncedLanes:
         or is to be retried).
         """
         self._lanes = {lane.name: lane for lane in lanes}
+        self._payloads = Payloads(lanes)  # buffered references are resolved when the turn runs
         self._settle = settle
         self.debouncers: dict[str, Debouncer] = {}
         self.runners: dict[str, TurnRunner] = {}
@@ -121,7 +124,10 @@ class DebouncedLanes:
         first_ms = min(turn.arrivals_ms, default=0)
         try:
             with tracing.turn(lane.name, messages, first_ms, turn.fired_ms):
-                events = [lane.decode(m) for m in messages]
+                events = [
+                    await self._payloads.event(lane, m) if OFFLOAD in m.headers else lane.decode(m)
+                    for m in messages
+                ]
                 await lane.handler(events, Context(messages[-1], lane.name, turn.attempt))
         except Skip:
             return await self._settle(lane, TurnOutcome(messages, "skipped", None, late_s))

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from pipeline.errors import TopicSpecError
+from pipeline.offload.policy import OffloadPolicy
 from pipeline.transport.protocol import TopicConfig
 from pipeline.validation import field_path
 
@@ -379,6 +380,12 @@ class TopicSpec(_Spec):
         throttle: the lane's admission policy (see :class:`ThrottlePolicy`), or None.
         debounce: the coalescing debouncer's policy (see :class:`DebouncePolicy`), or None.
         batch: makes it a batch lane (see :class:`BatchPolicy`); None for interactive work.
+        offload: payloads above a size travel by reference to an object store
+            (:class:`~pipeline.offload.policy.OffloadPolicy`); None keeps every payload inline.
+        heartbeat_timeout_ms: makes it a lane of long work (YAML key ``heartbeat_timeout``):
+            its runs are registered in Redis with their heartbeats, count towards the member's
+            scale-in protection, and a run silent longer than this is hung: stopped, counted
+            and retried or dead-lettered like a failure. None: no heartbeats are kept.
     """
 
     name: Annotated[TopicName, AfterValidator(_main_topic_name)]
@@ -402,6 +409,8 @@ class TopicSpec(_Spec):
     throttle: ThrottlePolicy | None = None
     debounce: DebouncePolicy | None = None
     batch: BatchPolicy | None = None
+    offload: OffloadPolicy | None = None
+    heartbeat_timeout_ms: Duration | None = Field(default=None, alias="heartbeat_timeout", gt=0)
 
     @field_validator("lane")
     @classmethod
@@ -529,6 +538,8 @@ def _describe(error: ErrorDetails) -> str:
             model = RetryPolicy
         if loc[:1] == ("debounce",) and len(loc) == 2:  # noqa: PLR2004
             model = DebouncePolicy
+        if loc[:1] == ("offload",) and len(loc) == 2:  # noqa: PLR2004
+            model = OffloadPolicy  # type: ignore[assignment]
         fields = ", ".join(field.alias or name for name, field in model.model_fields.items())
         problem = f"unknown field (expected one of: {fields})"
     elif error["type"] == "value_error":

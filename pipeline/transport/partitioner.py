@@ -8,6 +8,8 @@ the same partition number on both transports.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
 _MASK = 0xFFFFFFFF
@@ -39,8 +41,13 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@lru_cache(maxsize=65_536)
 def partition_for(key: bytes, partitions: int) -> int:
-    """The partition of ``key`` among ``partitions``: ``toPositive(murmur2(key)) % partitions``."""
+    """The partition of ``key`` among ``partitions``: ``toPositive(murmur2(key)) % partitions``.
+
+    Remembered for the most recent 65,536 keys: the same contacts and tenants come back all
+    the time, and the pure-Python hash costs more than verifying a webhook's signature.
+    """
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
     return (murmur2(key) & 0x7FFFFFFF) % partitions

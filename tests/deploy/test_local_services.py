@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+from urllib.parse import urlparse
+
 import psycopg
 import redis
+from support import require_service
+
+from pipeline.offload.store import open_store
+
+# What deploy/local/s3proxy.sh configures (the environment wins when it names another service).
+S3PROXY = {
+    "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+    "AWS_ACCESS_KEY_ID": "pipeline",
+    "AWS_SECRET_ACCESS_KEY": "pipeline-local-secret",
+}
 
 
 def test_postgres_has_the_pipeline_database(postgres_service: str) -> None:
@@ -24,3 +38,20 @@ def test_redis_is_version_seven_with_functions(redis_service: str) -> None:
         assert isinstance(client.function_list(), list)
     finally:
         client.close()
+
+
+async def test_s3proxy_serves_the_pipeline_bucket(monkeypatch) -> None:
+    """S3Proxy answers S3 requests with the local credentials, and the bucket `pipeline` exists."""
+    for name, value in S3PROXY.items():
+        if not os.environ.get(name):
+            monkeypatch.setenv(name, value)
+    endpoint = urlparse(os.environ["AWS_ENDPOINT_URL"])
+    require_service("s3proxy", endpoint.hostname or "127.0.0.1", endpoint.port or 9000)
+    store = open_store(f"s3://pipeline/probe-{uuid.uuid4().hex[:8]}")
+    await store.put("sha256/00/probe", b"probe")
+    try:
+        found = await store.head("sha256/00/probe")
+        assert found is not None
+        assert found.size == 5
+    finally:
+        await store.delete("sha256/00/probe")

@@ -7,6 +7,8 @@ forkserver started once per test session, so they do not see environment set by 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 
 import redis
@@ -30,3 +32,27 @@ def crunch(event: bytes, ctx: Context) -> None:
         os._exit(9)  # the worker dies, as under the OOM killer
     total = sum(i * i for i in range(200_000))
     _record(ctx.lane, f"{event.decode()}:{ctx.attempt}:{total}")
+
+
+def stall(event: bytes, ctx: Context) -> None:
+    """On its first attempt freeze the worker (SIGSTOP: no more heartbeats); then record."""
+    if ctx.attempt == 1:
+        _record(ctx.lane, f"pid:{os.getpid()}")
+        os.kill(os.getpid(), signal.SIGSTOP)
+    _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")
+
+
+def spawn(event: bytes, ctx: Context) -> None:
+    """Start a child process, record both pids, and wait for the child (until cancelled)."""
+    child = subprocess.Popen(["sleep", "600"])
+    _record(ctx.lane, f"pids:{os.getpid()}:{child.pid}")
+    if child.wait() == 0:  # the child ran to its end: it was not stopped
+        _record(ctx.lane, "finished")
+
+
+def patient(event: bytes, ctx: Context) -> None:
+    """Record the worker's pid, then work in steps until ctx.cancelled says to stop."""
+    _record(ctx.lane, f"pid:{os.getpid()}")
+    while not ctx.cancelled:
+        time.sleep(0.05)
+    _record(ctx.lane, "saw-cancel")

@@ -51,8 +51,8 @@ _INSERT = """
 INSERT INTO {table}
     (id, source, tenant, key, topic, lane, event_id, received_at_ms, headers, body)
 SELECT id, source, tenant, key, topic, lane, event_id, received_at_ms, headers::jsonb, body
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-            %s::text[], %s::bigint[], %s::text[], %s::bytea[])
+FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+            %b::text[], %b::bigint[], %b::text[], %b::bytea[])
     AS u(id, source, tenant, key, topic, lane, event_id, received_at_ms, headers, body)
 ON CONFLICT (source, event_id) DO NOTHING
 RETURNING id

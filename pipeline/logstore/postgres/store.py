@@ -26,6 +26,7 @@ from pipeline.logstore.postgres.sql import Statements
 from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState, Selection
 
 Query = Any  # a composed psycopg query
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 
 
 class PostgresLogStore:
@@ -135,7 +136,7 @@ class PostgresLogStore:
                 r.lane,
                 r.event_id,
                 r.received_at_ms,
-                json.dumps(dict(r.headers), separators=(",", ":")),
+                _compact_json(dict(r.headers)),
                 r.body,
             )
             for column, value in zip(columns, values, strict=True):

@@ -43,6 +43,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _CHUNK = 500  # ids per UPDATE, well under SQLite's bound-parameter limit
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 
 
 class SqliteLogStore:
@@ -217,7 +218,7 @@ class SqliteLogStore:
                 r.lane,
                 r.event_id,
                 r.received_at_ms,
-                json.dumps(r.headers, separators=(",", ":")),
+                _compact_json(r.headers),
                 r.body,
             )
             for r in rows

@@ -12,6 +12,7 @@ from pipeline.transport.redis_streams.admin import RedisStreamsAdmin
 from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
 from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import Keys
+from pipeline.transport.redis_streams.packing import pack_in_one_pass
 from pipeline.transport.redis_streams.producer import RedisStreamsProducer
 
 
@@ -30,6 +31,7 @@ class RedisStreamsTransport:
             socket_connect_timeout=settings.redis.socket_timeout_s,
             decode_responses=False,
         )
+        pack_in_one_pass(self.client.connection_pool)
         self._functions = Functions(self.client)
 
     def producer(self) -> RedisStreamsProducer:

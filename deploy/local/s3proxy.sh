@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# S3Proxy, an S3-compatible object store on a filesystem backend, from the Maven Central artifact
+# org.gaul:s3proxy (classifier jar-with-dependencies) on 127.0.0.1:9000 (override with
+# S3PROXY_PORT). Offloaded payloads (docs/offload.md) and their tests use it; the bucket
+# `pipeline` exists from the start. Usage: s3proxy.sh up|down|status
+source "$(dirname "$0")/common.sh"
+HERE="$ROOT/deploy/local/s3proxy"
+PORT="${S3PROXY_PORT:-9000}"
+VERSION="$(grep -o '<s3proxy.version>[^<]*' "$HERE/pom.xml" | cut -d'>' -f2)"
+LIBS="$CACHE_DIR/s3proxy-$VERSION"
+JAR="$LIBS/s3proxy-$VERSION-jar-with-dependencies.jar"
+DIR="$STATE_DIR/s3proxy"
+# Local-only credentials; the pipeline reads them from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+IDENTITY="${S3PROXY_IDENTITY:-pipeline}"
+CREDENTIAL="${S3PROXY_CREDENTIAL:-pipeline-local-secret}"
+BUCKET=pipeline
+
+fetch_jar() {
+  [ -f "$JAR" ] && return
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  command -v mvn >/dev/null || apt_install maven
+  log "fetching s3proxy $VERSION (jar-with-dependencies) from Maven Central into $LIBS"
+  local tmp="$LIBS.tmp"
+  rm -rf "$tmp"
+  mvn -q -B -f "$HERE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$tmp" >"$CACHE_DIR/s3proxy-mvn.log" 2>&1 \
+    || die "maven could not fetch S3Proxy (see $CACHE_DIR/s3proxy-mvn.log)"
+  mv "$tmp" "$LIBS"
+}
+
+ready() { grep -q "Started" "$DIR/s3proxy.log" 2>/dev/null; }
+
+up() {
+  if port_open 127.0.0.1 "$PORT"; then
+    log "s3proxy already running on 127.0.0.1:$PORT (left as it is)"
+    return
+  fi
+  fetch_jar
+  mkdir -p "$DIR/data/$BUCKET"
+  cat >"$DIR/s3proxy.conf" <<CONF
+s3proxy.endpoint=http://127.0.0.1:$PORT
+s3proxy.authorization=aws-v2-or-v4
+s3proxy.identity=$IDENTITY
+s3proxy.credential=$CREDENTIAL
+jclouds.provider=filesystem
+jclouds.filesystem.basedir=$DIR/data
+CONF
+  : >"$DIR/s3proxy.log"
+  # A 256 MiB heap is plenty: objects stream to disk, never through the heap whole.
+  nohup java -Xms64m -Xmx256m -Djava.awt.headless=true -jar "$JAR" \
+    --properties "$DIR/s3proxy.conf" >"$DIR/s3proxy.log" 2>&1 &
+  echo $! >"$DIR/s3proxy.pid"
+  mark_started s3proxy
+  local deadline=$((SECONDS + 60))
+  until port_open 127.0.0.1 "$PORT" && ready; do
+    kill -0 "$(cat "$DIR/s3proxy.pid")" 2>/dev/null || die "s3proxy exited at start (see $DIR/s3proxy.log)"
+    (( SECONDS < deadline )) || die "s3proxy not ready after 60s (see $DIR/s3proxy.log)"
+    sleep 0.25
+  done
+  log "s3proxy $VERSION ready on 127.0.0.1:$PORT (bucket $BUCKET, data $DIR/data)"
+}
+
+down() {
+  if started_by_us s3proxy && [ -f "$DIR/s3proxy.pid" ]; then
+    local pid
+    pid="$(cat "$DIR/s3proxy.pid")"
+    kill "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 30))
+    while kill -0 "$pid" 2>/dev/null; do
+      (( SECONDS < deadline )) || { kill -9 "$pid" 2>/dev/null || true; break; }
+      sleep 0.2
+    done
+    clear_started s3proxy
+    log "s3proxy stopped"
+  else
+    log "s3proxy: not started by these scripts, left running"
+  fi
+}
+
+status() { if port_open 127.0.0.1 "$PORT"; then echo "s3proxy   http://127.0.0.1:$PORT (bucket $BUCKET)"; else echo "s3proxy   down"; fi; }
+
+"${1:-up}"

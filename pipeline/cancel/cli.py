@@ -1,0 +1,61 @@
+"""``pipeline cancel``: cancel the work of one event id, key or tenant from the command line.
+
+The command calls the same transition as ``await app.cancel(...)`` and the reconciler
+(:func:`pipeline.cancel.cancel`), against the Redis the members use (``PIPELINE_REDIS__URL``,
+``PIPELINE_REDIS__KEY_PREFIX``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import urlsplit
+
+import typer
+from redis.asyncio import Redis
+
+from pipeline.cancel.target import Target
+from pipeline.cancel.transition import CancelFailed, cancel
+from pipeline.cli_support import err, run_command
+from pipeline.config import load_settings
+from pipeline.errors import ConfigError
+from pipeline.topics.spec import load_specs
+
+
+def cancel_command(
+    event: Annotated[str | None, typer.Option("--event", help="An event id (pl-event-id).")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="A message key.")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="A tenant (pl-tenant).")] = None,
+    lane: Annotated[str | None, typer.Option("--lane", help="Only this lane.")] = None,
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why, as logged by the members.")
+    ] = "cancelled",
+) -> None:
+    """Cancel queued, parked, retry-tier and running work of an event, key or tenant."""
+    try:
+        target = Target.of(event=event, key=key, tenant=tenant, lane=lane)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+    async def main() -> int:
+        settings = load_settings()
+        if lane is not None:
+            lanes = {spec.lane for spec in load_specs(settings.topics_dir)}
+            if lane not in lanes:
+                known = ", ".join(sorted(lanes)) or "none"
+                raise ConfigError(f"--lane: no lane {lane!r} in {settings.topics_dir} ({known})")
+        redis = Redis.from_url(settings.redis.url, socket_connect_timeout=2, socket_timeout=5)
+        try:
+            return await cancel(redis, settings.redis.key_prefix, target, reason)
+        except CancelFailed as exc:
+            url = urlsplit(settings.redis.url)
+            where = url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
+            raise CancelFailed(
+                f"{exc} (Redis at {where}, PIPELINE_REDIS__URL: start it with `make services` "
+                "or point PIPELINE_REDIS__URL at the members' Redis)"
+            ) from None
+        finally:
+            await redis.aclose()
+
+    stopped = run_command(main())
+    typer.echo(f"cancelled {target} ({reason}); {stopped} running told to stop")

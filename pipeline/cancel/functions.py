@@ -1,0 +1,108 @@
+"""The Redis Functions library ``lua/cancel.lua`` and typed wrappers around its functions.
+
+Loaded once per client under its versioned name (:mod:`pipeline.redis_functions`); a call that
+finds it missing reloads it and retries once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+
+from redis.asyncio import Redis
+
+from pipeline.cancel.keys import CancelKeys
+from pipeline.redis_functions import FunctionLibrary
+
+LIBRARY = resources.files("pipeline.cancel").joinpath("lua/cancel.lua").read_text()
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+@dataclass(slots=True)
+class SyncBatch:
+    """What a member tells Redis about its long work on one tick (see :meth:`sync`)."""
+
+    begun: dict[str, str] = field(default_factory=dict)
+    """Run id -> its JSON record, for runs started since the last tick."""
+    ended: list[str] = field(default_factory=list)
+    """Runs that finished since the last tick."""
+    beats: dict[str, int] = field(default_factory=dict)
+    """Run id -> ms of its latest heartbeat."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """``lane:cancelled`` / ``lane:hung`` -> how many more since the last tick."""
+
+
+class CancelFunctions(FunctionLibrary):
+    """Calls into the ``pipeline_cancel`` library for one Redis client and key prefix."""
+
+    def __init__(self, client: Redis, prefix: str) -> None:
+        """Bind to ``client``; the library is loaded on first use."""
+        super().__init__(client, LIBRARY)
+        self.keys = CancelKeys(prefix)
+
+    async def cancel(
+        self, kind: str, lane: str, value: str, reason: str, now_ms: int, keep_ms: int
+    ) -> tuple[int, int]:
+        """``cn_cancel``: the transition; returns (new version, registered runs told to stop)."""
+        k = self.keys
+        version, marked = await self.fcall(
+            "cn_cancel",
+            [k.selectors, k.version, k.runs, k.stops],
+            [kind, lane, value, reason, now_ms, keep_ms],
+        )
+        return int(version), int(marked)
+
+    async def sync(
+        self, now_ms: int, batch: SyncBatch, running: Sequence[str]
+    ) -> tuple[int, dict[str, str]]:
+        """``cn_sync``: record ``batch``; returns (version, runs of ``running`` told to stop).
+
+        The runs told to stop come as run id -> reason.
+        """
+        k = self.keys
+        args: list[str | int] = [now_ms, len(batch.begun)]
+        for ident, record in batch.begun.items():
+            args += [ident, record]
+        args.append(len(batch.ended))
+        args += batch.ended
+        args.append(len(batch.beats))
+        for ident, beat_ms in batch.beats.items():
+            args += [ident, beat_ms]
+        args.append(len(batch.counts))
+        for name, count in batch.counts.items():
+            args += [name, count]
+        args += list(running)
+        version, stopping = await self.fcall(
+            "cn_sync", [k.runs, k.beats, k.stops, k.version, k.counts], args
+        )
+        pairs = [_text(x) for x in stopping]
+        return int(version), dict(zip(pairs[::2], pairs[1::2], strict=True))
+
+    async def settle(self, now_ms: int, timeout_ms: int, ident: str) -> str:
+        """``cn_settle``: re-check one candidate and stop it if it still must stop.
+
+        Returns ``alive`` (a heartbeat landed in time), ``gone`` (it ended), ``stopping``
+        (already told), ``dropped`` (its member is gone) or the reason it was told to stop.
+        """
+        k = self.keys
+        return _text(
+            await self.fcall(
+                "cn_settle",
+                [k.selectors, k.version, k.runs, k.stops, k.beats],
+                [now_ms, timeout_ms, ident],
+            )
+        )
+
+    async def selectors(self) -> tuple[int, dict[str, dict[str, object]]]:
+        """The version and every standing selector (``kind:lane:value`` -> at, reason, until)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.version)
+        pipe.hgetall(self.keys.selectors)
+        version, raw = await pipe.execute()
+        entries: Mapping[bytes, bytes] = raw
+        return int(version or 0), {_text(f): json.loads(v) for f, v in entries.items()}

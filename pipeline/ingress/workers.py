@@ -1,0 +1,301 @@
+"""``pipeline ingress serve --workers N``: N ingress processes on one port, one supervisor.
+
+Each worker is a whole ingress (app, log store pool, producer, dispatcher, sweeper) in a process
+of its own, listening on the same ``host:port`` with ``SO_REUSEPORT``: the kernel spreads new
+connections over the workers' accept queues, so no process hands requests to another. They share
+the PostgreSQL log store the way several hosts behind a load balancer do: the unique
+``(source, event id)`` constraint deduplicates across them, and their sweepers claim rows with
+``FOR UPDATE SKIP LOCKED`` and a lease, so a row is never swept by two at once. SQLite is one
+process's file: ``--workers`` above 1 with it is refused before anything starts.
+
+The supervisor (the process the command started) checks the configuration and the port, holds
+the port (bound, not listening, so ``--port 0`` resolves once for every worker), starts the
+workers, and prints ``ingress listening on ...`` once all are listening. Then:
+
+* SIGTERM or SIGINT: SIGTERM to every worker (each drains like a single ingress: uvicorn's
+  graceful shutdown, queued events produced, pools closed), SIGKILL to any still alive after
+  :data:`STOP_GRACE_S`; exit 0.
+* a worker that exits on its own after it was listening is started again (a warning line);
+  more than :data:`MAX_RESTARTS` exits within :data:`RESTART_WINDOW_S` stop every worker and exit
+  1 (a crash loop is not hidden).
+* a worker that exits before it was listening (a database or broker that refuses it) stops every
+  worker; the supervisor exits with that worker's code (1 if it had none).
+
+Workers run in their own process group (a terminal's Ctrl-C reaches the supervisor only, which
+stops them once) and, on Linux, get SIGTERM if the supervisor dies (``PR_SET_PDEATHSIG``), so a
+``kill -9`` of the supervisor leaves no worker behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.config import IngressSettings, Settings
+from pipeline.errors import ConfigError
+from pipeline.ingress.settings import load_sources
+from pipeline.ingress.source import build_sources
+from pipeline.topics.spec import load_specs
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 40.0
+"""How long stopped workers get to drain (uvicorn's 10 s, then produce and close) before SIGKILL."""
+MAX_RESTARTS = 5
+"""Most worker exits tolerated within :data:`RESTART_WINDOW_S` before the supervisor gives up."""
+RESTART_WINDOW_S = 60.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerArgs:
+    """What a worker needs beyond the environment (which it reads itself, like the command)."""
+
+    host: str
+    port: int
+    sources: Path | None
+    transport: str | None
+    log_level: str
+
+
+def refuse_sqlite(workers: int, log_store: str) -> None:
+    """One line (ConfigError) when several workers would share an SQLite file."""
+    if workers > 1 and log_store != "postgres":
+        raise ConfigError(
+            f"--workers {workers} needs the PostgreSQL log store: SQLite is one process's file; "
+            "run one worker, or set PIPELINE_INGRESS__LOG_STORE=postgres "
+            "(and PIPELINE_POSTGRES__URL)"
+        )
+
+
+def check_sources(settings: Settings, ingress: IngressSettings) -> None:
+    """Read the topics and the sources as each worker will (ConfigError on any problem)."""
+    specs = load_specs(settings.topics_dir)
+    configs = load_sources(ingress.sources_file, {spec.name for spec in specs})
+    build_sources(
+        configs,
+        specs,
+        admission=ingress.admission,
+        max_message_bytes=settings.max_message_bytes,
+    )
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT``, not yet listening.
+
+    A worker hands it to uvicorn, which listens once the ingress has started: until then the
+    kernel gives the port's new connections to the workers already serving, never to one still
+    starting (or one whose start fails, which would reset them).
+
+    Raises:
+        ConfigError: the address cannot be bound (a process without ``SO_REUSEPORT`` holds it).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.setblocking(False)  # noqa: FBT003 - the socket API
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; another process holds it: "
+            "stop that process or set PIPELINE_INGRESS__PORT (or --port) to a free port"
+        ) from None
+    return sock
+
+
+def worker_main(index: int, args: WorkerArgs, ready: Connection, parent_pid: int) -> None:
+    """A worker process: one ingress on a ``SO_REUSEPORT`` socket of ``args.host:args.port``."""
+    os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor, which stops us once
+    _die_with(parent_pid)
+    from pipeline.cli_support import run_command  # noqa: PLC0415 - imported in the child only
+    from pipeline.log_repeats import configure_logging  # noqa: PLC0415
+
+    configure_logging(args.log_level)
+    try:
+        run_command(_serve_worker(index, args, ready), loop_factory=_uvloop())
+    except click.exceptions.Exit as exc:  # run_command's exit for a pipeline error (one line)
+        sys.exit(exc.exit_code)
+    finally:
+        ready.close()
+
+
+async def _serve_worker(index: int, args: WorkerArgs, ready: Connection) -> None:
+    from pipeline.ingress.cli import worker_settings  # noqa: PLC0415 - avoids an import cycle
+    from pipeline.ingress.service import build_ingress, serve  # noqa: PLC0415
+
+    settings, ingress = worker_settings(args.transport, args.sources)
+    if ingress.metrics_port:  # one metrics port per worker: METRICS_PORT + index
+        ingress = ingress.model_copy(update={"metrics_port": ingress.metrics_port + index})
+    built = build_ingress(settings, ingress)
+    sock = reuse_port_socket(args.host, args.port)
+
+    def announce(host: str, port: int) -> None:
+        ready.send((host, port))
+
+    try:
+        await serve(built, args.host, args.port, announce, sock=sock)
+    finally:
+        sock.close()
+
+
+def _uvloop() -> Callable[[], Any]:
+    import uvloop  # noqa: PLC0415
+
+    return uvloop.new_event_loop
+
+
+def _die_with(parent_pid: int) -> None:
+    """Get SIGTERM when the supervisor dies (Linux); exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+@dataclass(slots=True)
+class _Worker:
+    index: int
+    process: BaseProcess
+    ready: Connection
+    waiting: bool = True  # for its "listening" message
+    listening: bool = False
+
+
+@dataclass
+class Supervisor:
+    """Starts ``count`` workers and keeps them running until a signal (see the module doc)."""
+
+    count: int
+    args: WorkerArgs
+    on_ready: Callable[[str, int], None]
+    _workers: dict[int, _Worker] = field(default_factory=dict)
+    _exits: deque[float] = field(default_factory=deque)
+    _announced: bool = False
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT (0), a crash loop (1) or a worker that cannot start."""
+        context = multiprocessing.get_context("spawn")
+        wake_r, wake_w = socket.socketpair()
+        wake_w.setblocking(False)  # noqa: FBT003 - the socket API
+        stopping: list[int] = []
+        previous = {
+            sig: signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        old_wakeup = signal.set_wakeup_fd(wake_w.fileno())
+        try:
+            for index in range(self.count):
+                self._start(context, index)
+            code = self._watch(context, wake_r, stopping)
+        finally:
+            self._stop_all()
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            wake_r.close()
+            wake_w.close()
+        return code
+
+    def _start(self, context: Any, index: int) -> None:
+        reader, writer = context.Pipe(duplex=False)
+        process = context.Process(
+            target=worker_main,
+            args=(index, self.args, writer, os.getpid()),
+            name=f"ingress-worker-{index}",
+        )
+        process.start()
+        writer.close()
+        self._workers[index] = _Worker(index, process, reader)
+
+    def _watch(self, context: Any, wake: socket.socket, stopping: list[int]) -> int:
+        while not stopping:
+            readers = [w.ready for w in self._workers.values() if w.waiting]
+            sentinels = {w.process.sentinel: w for w in self._workers.values()}
+            for ready in wait([wake, *readers, *sentinels]):
+                if ready is wake:
+                    wake.recv(64)
+                elif isinstance(ready, int):
+                    code = self._exited(context, sentinels[ready])
+                    if code is not None:
+                        return code
+                else:
+                    self._listening(ready)
+        log.info("ingress workers stopping (signal %d)", stopping[0])
+        return 0
+
+    def _listening(self, ready: Any) -> None:
+        worker = next((w for w in self._workers.values() if w.ready is ready), None)
+        if worker is None:  # replaced in this same round
+            return
+        worker.waiting = False
+        try:
+            host, port = worker.ready.recv()
+        except EOFError:  # it exited before listening; its sentinel reports that
+            return
+        worker.listening = True
+        if not self._announced and all(w.listening for w in self._workers.values()):
+            self._announced = True
+            self.on_ready(host, port)
+
+    def _exited(self, context: Any, worker: _Worker) -> int | None:
+        """Restart ``worker`` (None), or the supervisor's exit code when it must stop."""
+        worker.process.join()
+        code = worker.process.exitcode
+        worker.ready.close()
+        del self._workers[worker.index]
+        if not worker.listening:
+            log.error(
+                "ingress worker %d exited with code %s before it was listening; stopping",
+                worker.index,
+                code,
+            )
+            return code if code and code > 0 else 1
+        now = time.monotonic()
+        self._exits.append(now)
+        while self._exits and now - self._exits[0] > RESTART_WINDOW_S:
+            self._exits.popleft()
+        if len(self._exits) > MAX_RESTARTS:
+            log.error(
+                "ingress workers exited %d times within %.0f s; stopping them all",
+                len(self._exits),
+                RESTART_WINDOW_S,
+            )
+            return 1
+        log.warning("ingress worker %d exited with code %s; starting it again", worker.index, code)
+        self._start(context, worker.index)
+        return None
+
+    def _stop_all(self) -> None:
+        """SIGTERM every worker, wait for them to drain, SIGKILL the ones that do not."""
+        alive = [w for w in self._workers.values() if w.process.is_alive()]
+        for worker in alive:
+            worker.process.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for worker in alive:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                log.error("ingress worker %d did not stop in time; killing it", worker.index)
+                worker.process.kill()
+                worker.process.join()
+        for worker in self._workers.values():
+            worker.ready.close()
+        self._workers.clear()

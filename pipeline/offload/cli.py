@@ -1,0 +1,92 @@
+"""``pipeline offload purge``: delete offloaded payloads nothing can need (docs/offload.md).
+
+The default age is the store's floor (:func:`pipeline.offload.purge.floor_ms`); a younger
+``--older-than`` is refused unless ``--force``, since it could delete a payload a dead letter
+or a replayable log row still points to.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from pipeline.cli_support import run_command
+from pipeline.config import load_settings
+from pipeline.errors import ConfigError
+from pipeline.offload.purge import LOG_RETENTION_MS, PurgeReport, floor_ms, purge, stores
+from pipeline.offload.store import open_store
+from pipeline.topics.spec import format_duration_ms, load_specs, parse_duration_ms
+
+app = typer.Typer(help="Offloaded payloads (large bodies by reference).", no_args_is_help=True)
+
+
+def _duration_ms(value: str | None, option: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration_ms(value)
+    except ValueError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
+async def _purge(
+    store_url: str | None,
+    older_than: str | None,
+    log_retention: str,
+    dry_run: bool,
+    force: bool,
+) -> list[PurgeReport]:
+    specs = load_specs(load_settings().topics_dir)
+    urls = [store_url] if store_url else stores(specs)
+    if not urls:
+        raise ConfigError("no lane in the topics directory declares offload: (give --store)")
+    log_ms = _duration_ms(log_retention, "--log-retention") or LOG_RETENTION_MS
+    given_ms = _duration_ms(older_than, "--older-than")
+    reports = []
+    for url in urls:
+        floor = floor_ms(specs, url, log_ms)
+        if given_ms is not None and given_ms < floor and not force:
+            raise ConfigError(
+                f"--older-than {older_than} is younger than what {url} must keep "
+                f"({format_duration_ms(floor)}: the longest lane, dead-letter and log retention "
+                "plus the writers' refresh window); give --force to delete anyway"
+            )
+        reports.append(await purge(open_store(url), given_ms or floor, dry_run=dry_run))
+    return reports
+
+
+@app.command("purge")
+def purge_command(
+    store: Annotated[
+        str | None, typer.Option(help="s3://bucket/prefix or file:///dir (default: every store)")
+    ] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(help="Last written longer ago than this (default: the store's floor)."),
+    ] = None,
+    log_retention: Annotated[
+        str, typer.Option(help="The age `pipeline purge` deletes log rows at.")
+    ] = "30d",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count only.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Allow a younger --older-than.")] = False,
+) -> None:
+    """Delete payload objects no message, dead letter or log row can still point to.
+
+    Prints one JSON line per store: scanned, deleted, deleted_bytes, kept.
+    """
+    reports = run_command(_purge(store, older_than, log_retention, dry_run, force))
+    for report in reports:
+        typer.echo(
+            json.dumps(
+                {
+                    "store": report.store,
+                    "scanned": report.scanned,
+                    "deleted": report.deleted,
+                    "deleted_bytes": report.deleted_bytes,
+                    "kept": report.kept,
+                    "dry_run": dry_run,
+                }
+            )
+        )

@@ -1,0 +1,102 @@
+"""The operations both payload stores share, on an obstore store (S3 or a local directory).
+
+Every obstore call is its blocking form run in a worker thread (it lets go of the GIL while it
+waits), so the event loop never waits on the store. Not obstore's ``*_async`` forms: with
+obstore 0.12.1 they can abort the interpreter as it exits (SIGABRT, exit 134), which a member
+or a command must never do.
+Client errors are translated here: a missing object is
+:class:`~pipeline.offload.errors.PayloadMissing`, any other failure
+:class:`~pipeline.offload.errors.OffloadError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import obstore
+
+from pipeline.offload.errors import OffloadError, PayloadMissing
+from pipeline.offload.store import StoredObject
+
+
+def _stored(meta: Any) -> StoredObject:
+    return StoredObject(str(meta["path"]), int(meta["size"]), meta["last_modified"])
+
+
+def _next_bytes(stream: Iterator[Any]) -> bytes | None:
+    """The stream's next chunk as bytes (copied here, in the worker thread), None at its end."""
+    chunk = next(stream, None)
+    return None if chunk is None else bytes(chunk)
+
+
+class ObjectPayloadStore:
+    """A :class:`~pipeline.offload.store.PayloadStore` over one obstore store."""
+
+    def __init__(self, url: str, store: Any) -> None:
+        """Serve ``store`` (an obstore store) under the name ``url``."""
+        self.url = url
+        self._store = store
+
+    async def head(self, key: str) -> StoredObject | None:
+        """The object at ``key``, or None (HEAD on S3, a stat on a directory)."""
+        try:
+            return _stored(await asyncio.to_thread(obstore.head, self._store, key))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise OffloadError(f"offload store {self.url}: cannot read {key}: {exc}") from exc
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``key`` (a multipart upload above obstore's chunk size on S3)."""
+        try:
+            await asyncio.to_thread(obstore.put, self._store, key, data)
+        except Exception as exc:
+            raise OffloadError(f"offload store {self.url}: cannot write {key}: {exc}") from exc
+
+    async def chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        """The object's bytes in chunks of at least ``chunk_bytes`` (the last may be shorter)."""
+        try:
+            result = await asyncio.to_thread(obstore.get, self._store, key)
+            stream = iter(result.stream(min_chunk_size=chunk_bytes))
+            while (chunk := await asyncio.to_thread(_next_bytes, stream)) is not None:
+                yield chunk
+        except FileNotFoundError:
+            raise PayloadMissing(f"offloaded payload {self.url}/{key} does not exist") from None
+        except PayloadMissing:
+            raise
+        except Exception as exc:
+            raise OffloadError(f"offload store {self.url}: cannot read {key}: {exc}") from exc
+
+    async def list(self, prefix: str = "") -> AsyncIterator[StoredObject]:
+        """Every object under ``prefix``, page by page.
+
+        Entries without an ETag are left out: a filesystem-backed S3 service (S3Proxy) lists
+        its directories as objects without one; every stored payload has one.
+        """
+        try:
+            found = await asyncio.to_thread(self._list, prefix)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise OffloadError(f"offload store {self.url}: cannot list: {exc}") from exc
+        for meta in found:
+            yield _stored(meta)
+
+    def _list(self, prefix: str) -> Sequence[Any]:
+        return [
+            meta
+            for page in obstore.list(self._store, prefix or None)
+            for meta in page
+            if meta.get("e_tag") is not None
+        ]
+
+    async def delete(self, key: str) -> None:
+        """Delete ``key``; a key already gone is not an error."""
+        try:
+            await asyncio.to_thread(obstore.delete, self._store, key)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise OffloadError(f"offload store {self.url}: cannot delete {key}: {exc}") from exc

@@ -1,0 +1,82 @@
+"""Deleting offloaded payloads nothing can need any more.
+
+A reference can be read as long as some copy of it exists: the lane's topic and retry tiers
+(its ``retention``), the dead-letter topic (at least 14 days, see
+:data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`), and the ingress log, from which
+``pipeline replay`` produces rows again until ``pipeline purge`` deletes them (30 days by
+default). Objects are content-addressed and shared by every message with the same body, so the
+purge goes by the object's last write time; a writer rewrites an object older than
+:data:`~pipeline.offload.writer.REFRESH_AFTER_S` instead of reusing it. So an object last
+written longer ago than the longest of those three, plus that refresh window, has no reference
+left that may still be read: :func:`floor_ms` is that age, and :func:`purge` deletes what is older.
+A reference read after its object is gone is a ``payload_missing`` dead letter, never a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.offload.store import PayloadStore
+from pipeline.offload.writer import REFRESH_AFTER_S
+from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
+
+LOG_RETENTION_MS = 30 * 86_400_000
+"""``pipeline purge``'s default: ingress log rows (replayable) are kept this long."""
+
+
+@dataclass
+class PurgeReport:
+    """What a purge found and did in one store."""
+
+    store: str
+    scanned: int = 0
+    deleted: int = 0
+    deleted_bytes: int = 0
+    kept: int = 0
+
+
+def stores(specs: Sequence[TopicSpec]) -> list[str]:
+    """Every store a declaration offloads to, sorted."""
+    return sorted({spec.offload.store for spec in specs if spec.offload is not None})
+
+
+def floor_ms(specs: Sequence[TopicSpec], store: str, log_retention_ms: int) -> int:
+    """The youngest age at which an object of ``store`` can be deleted, in milliseconds.
+
+    The longest of the lanes' retention, their dead-letter retention and the log's, plus the
+    writers' refresh window. A lane without ``retention`` counts with its DLQ's 14 days (the
+    broker's own default, 7 days on Kafka, is shorter).
+    """
+    kept = [log_retention_ms, DLQ_MIN_RETENTION_MS]
+    kept += [
+        spec.retention_ms or 0
+        for spec in specs
+        if spec.offload is not None and spec.offload.store == store
+    ]
+    return max(kept) + int(REFRESH_AFTER_S * 1000)
+
+
+async def purge(
+    store: PayloadStore, older_than_ms: int, *, dry_run: bool = False, now_s: float | None = None
+) -> PurgeReport:
+    """Delete (or with ``dry_run`` only count) objects last written over ``older_than_ms`` ago.
+
+    Idempotent: a run interrupted half way is finished by the next one.
+    """
+    cutoff_s = (time.time() if now_s is None else now_s) - older_than_ms / 1000
+    report = PurgeReport(store.url)
+    old = []
+    async for obj in store.list("sha256/"):
+        report.scanned += 1
+        if obj.last_modified.timestamp() < cutoff_s:
+            old.append(obj)
+        else:
+            report.kept += 1
+    for obj in old:
+        if not dry_run:
+            await store.delete(obj.key)
+        report.deleted += 1
+        report.deleted_bytes += obj.size
+    return report

@@ -1,0 +1,82 @@
+"""The :class:`PayloadStore` protocol, and :func:`open_store` choosing one by URL.
+
+A store keeps payloads under content-addressed keys (``sha256/ab/ab12...``), so a write of a
+key that exists writes nothing new. Two implementations, both on obstore:
+:class:`~pipeline.offload.s3.S3PayloadStore` (``s3://bucket/prefix``, any S3-compatible
+service) and :class:`~pipeline.offload.directory.DirectoryPayloadStore` (``file:///dir``, a
+volume every member mounts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+from urllib.parse import urlparse
+
+from pipeline.errors import ConfigError
+from pipeline.offload.errors import OffloadError
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """An object in a store: its key, size in bytes and last write time."""
+
+    key: str
+    size: int
+    last_modified: datetime
+
+
+class PayloadStore(Protocol):
+    """Where offloaded payloads live; every method is async and never blocks the event loop."""
+
+    url: str
+    """The store's URL, as written in the lane's ``offload.store``."""
+
+    async def head(self, key: str) -> StoredObject | None:
+        """The object at ``key``, or None when there is none."""
+        ...
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``key``; durable (acknowledged by the store) when it returns."""
+        ...
+
+    def chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        """The object's bytes in chunks of about ``chunk_bytes``.
+
+        Raises:
+            PayloadMissing: there is no object at ``key``.
+        """
+        ...
+
+    def list(self, prefix: str = "") -> AsyncIterator[StoredObject]:
+        """Every object whose key starts with ``prefix``."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Delete the object at ``key`` (nothing if there is none)."""
+        ...
+
+
+def open_store(url: str) -> PayloadStore:
+    """The store of ``url`` (``s3://bucket/prefix`` or ``file:///dir``), not yet contacted.
+
+    Raises:
+        ConfigError: another scheme.
+        OffloadError: the store cannot be opened (a file where the directory should be, a
+            malformed URL).
+    """
+    scheme = urlparse(url).scheme
+    if scheme not in ("s3", "file"):
+        raise ConfigError(f"offload store {url!r}: expected s3://bucket/prefix or file:///dir")
+    try:
+        if scheme == "s3":
+            from pipeline.offload.s3 import S3PayloadStore  # noqa: PLC0415 - one import per kind
+
+            return S3PayloadStore(url)
+        from pipeline.offload.directory import DirectoryPayloadStore  # noqa: PLC0415
+
+        return DirectoryPayloadStore(url)
+    except Exception as exc:
+        raise OffloadError(f"offload store {url}: cannot open it: {exc}") from exc

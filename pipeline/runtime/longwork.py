@@ -1,0 +1,312 @@
+"""Cancellation and heartbeats inside a member: the cancel gate of its chain, and its ticks.
+
+:class:`LongWork` sits between the guard and the handler stage (``runtime/chain.py``), so every
+message that would run passes it: a message fresh from its partition, a retry-tier copy that
+came due, and a parked follower released from Redis alike. A message a standing cancellation
+covers (:mod:`pipeline.cancel`), or whose ``pl-abandon-after-ms`` passed, is not run: its
+outcome is ``cancelled``, counted and logged, and the guard treats it as finished, so the
+followers of its key come up next (and are cancelled too, if covered).
+
+Every other message runs, in its key lane's task, with a
+:class:`~pipeline.runtime.liveness.Liveness`: the handler's ``ctx.heartbeat()`` and
+``ctx.cancelled`` reach it. Every ``runtime.cancel_poll_ms`` the member ticks: it beats for its
+``async`` runs (its event loop is alive; ``cpu=True`` runs beat from their worker) until a handler
+beats on its own (``ctx.heartbeat()``), sends the heartbeats of its long work (lanes with
+``heartbeat_timeout``) to Redis with the runs begun and ended since the last tick, rereads the
+standing cancellations when their version moved, stops the runs they cover or that Redis says must
+stop, runs the reconciler (:mod:`pipeline.cancel.reconcile`) and publishes its scale-in protection
+(:mod:`pipeline.runtime.protection`). A stopped run's task is cancelled and the cancellation taken
+back once the run ended (a ``cpu=True`` run's worker gets SIGTERM, then SIGKILL); a hung one is
+routed like a failure (retry tier or dead-letter topic), any other ends ``cancelled``.
+
+Without Redis nothing is cancelled and no heartbeats are kept; Redis errors are logged and the
+member carries on (fail open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis import exceptions as rexc
+
+from pipeline import headers as h
+from pipeline.cancel.functions import CancelFunctions, SyncBatch
+from pipeline.cancel.reconcile import Reconciler
+from pipeline.cancel.target import ABANDONED, HUNG, Facts, Selectors, facts_of
+from pipeline.envelope import Message
+from pipeline.errors import PipelineError
+from pipeline.observability.facades import RuntimeMetrics
+from pipeline.retry.guard_store import message_id
+from pipeline.runtime.app import Lane
+from pipeline.runtime.liveness import CURRENT, HandlerHung, Liveness
+from pipeline.runtime.protection import ScaleInProtection
+from pipeline.runtime.redirect import Redirector
+from pipeline.runtime.stats import Stats
+
+log = logging.getLogger(__name__)
+
+Call = Callable[[Lane, Message], Coroutine[Any, Any, str | None]]
+"""The next stage: the handler stage."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """One message running in this member."""
+
+    ident: str | int
+    """``lane/member/n`` for long work (its name in Redis), else just ``n``."""
+    lane: Lane
+    message: Message
+    facts: Facts | None
+    """What a cancellation can match (read from the headers when first needed)."""
+    liveness: Liveness
+    task: asyncio.Task[Any]
+    """The task the run is in (a key lane's worker): a stop cancels it."""
+    long: bool
+    synced_beat_ms: int = 0
+
+
+class LongWork:
+    """The cancel gate and heartbeat ticks of one member (see the module docstring)."""
+
+    def __init__(
+        self,
+        call: Call,
+        routing: Redirector,
+        stats: Stats,
+        lanes: Sequence[Lane],
+        *,
+        functions: CancelFunctions | None,
+        poll_s: float,
+        protection: ScaleInProtection | None = None,
+        metrics: RuntimeMetrics | None = None,
+    ) -> None:
+        """Gate the runs of ``call``; ``functions`` (Redis) holds cancellations and beats."""
+        self._call = call
+        self._routing = routing
+        self._stats = stats
+        self._functions = functions
+        self._poll_s = poll_s
+        self._protection = protection
+        self._metrics = metrics
+        self.member = uuid.uuid4().hex[:12]
+        self._numbers = itertools.count(1)
+        self._runs: dict[str | int, _Run] = {}
+        self._batch = SyncBatch()
+        self.selectors = Selectors()
+        """The standing cancellations as last read."""
+        timeouts = {
+            lane.name: lane.spec.heartbeat_timeout_ms
+            for lane in lanes
+            if lane.spec.heartbeat_timeout_ms is not None
+        }
+        self._reconciler = (
+            Reconciler(functions, timeouts) if functions is not None and timeouts else None
+        )
+
+    @property
+    def running(self) -> int:
+        """Runs in this member now."""
+        return len(self._runs)
+
+    # -- the gate -----------------------------------------------------------------------------
+
+    async def __call__(self, lane: Lane, message: Message) -> str | None:
+        """Skip ``message`` if its work is cancelled, else run it as a stoppable task."""
+        long = lane.spec.heartbeat_timeout_ms is not None
+        facts: Facts | None = None
+        if long or self.selectors or h.ABANDON_AFTER_MS in message.headers:
+            facts = facts_of(message, message_id(message))
+            reason = self.selectors.reason(lane.name, facts, _now_ms())
+            if reason is not None:
+                self._cancelled(lane, message, reason, "skipped")
+                return "cancelled"
+        task = asyncio.current_task()
+        assert task is not None  # noqa: S101 - the chain runs in tasks
+        liveness = Liveness(timed=long)
+        number = next(self._numbers)
+        run = _Run(
+            f"{lane.name}/{self.member}/{number}" if long else number,
+            lane,
+            message,
+            facts,
+            liveness,
+            task,
+            long,
+        )
+        self._runs[run.ident] = run
+        if long:
+            self._batch.begun[str(run.ident)] = _record(run, self.member)
+        # The handler runs in this task (no task of its own: none to create per message); a
+        # stop cancels this task and the cancellation is taken back here (uncancel).
+        token = CURRENT.set(liveness)
+        taken_back = False
+        try:
+            return await self._call(lane, message)
+        except asyncio.CancelledError:
+            if liveness.reason is None or task.cancelling() > 1:
+                raise  # not (only) ours: the member itself is being stopped
+            task.uncancel()
+            taken_back = True
+            return await self._stopped(run, liveness.reason)
+        finally:
+            CURRENT.reset(token)
+            del self._runs[run.ident]
+            if liveness.reason is not None and not taken_back and task.cancelling() > 0:
+                task.uncancel()  # the handler swallowed its cancellation: take ours back
+            if long and self._batch.begun.pop(str(run.ident), None) is None:
+                self._batch.ended.append(str(run.ident))
+
+    async def _stopped(self, run: _Run, reason: str) -> str | None:
+        """The outcome of a run stopped for ``reason``: hung ones are routed like failures."""
+        lane, message = run.lane, run.message
+        if reason != HUNG:
+            self._cancelled(lane, message, reason, "stopped")
+            return "cancelled"
+        self._stats.hung += 1
+        self._count(f"{lane.name}:hung")
+        if self._metrics is not None:
+            self._metrics.hung(lane.name)
+        timeout_ms = lane.spec.heartbeat_timeout_ms or 0
+        log.warning(
+            "hung %s@%d on lane %s: silent past its heartbeat timeout (%d ms); stopped",
+            message.tp,
+            message.offset,
+            lane.name,
+            timeout_ms,
+        )
+        error = HandlerHung(f"silent for more than {timeout_ms} ms (heartbeat_timeout)")
+        attempt = h.int_header(message.headers, h.ATTEMPT, 1)
+        return await self._routing.failure(lane, message, attempt, error)
+
+    def _cancelled(self, lane: Lane, message: Message, reason: str, how: str) -> None:
+        """Count and log a message of cancelled work (``how``: skipped or stopped)."""
+        self._stats.cancelled += 1
+        self._count(f"{lane.name}:cancelled")
+        if self._metrics is not None:
+            self._metrics.cancelled(lane.name, ABANDONED if reason == ABANDONED else "requested")
+        log.info(
+            "cancelled %s@%d on lane %s (%s): %s",
+            message.tp,
+            message.offset,
+            lane.name,
+            how,
+            reason,
+        )
+
+    def _count(self, name: str) -> None:
+        if self._functions is not None:
+            self._batch.counts[name] = self._batch.counts.get(name, 0) + 1
+
+    def stop(self, ident: str | int, reason: str) -> bool:
+        """Stop run ``ident`` for ``reason`` (once); False if it is not running here."""
+        run = self._runs.get(ident)
+        if run is None or run.liveness.reason is not None:
+            return False
+        run.liveness.reason = reason
+        run.task.cancel()
+        return True
+
+    # -- the ticks ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick every ``poll_s`` until ``stop`` is set."""
+        while not stop.is_set():
+            await self.tick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._poll_s)
+
+    async def tick(self) -> None:
+        """Beat, sync with Redis, stop what must stop, publish the protection."""
+        for run in self._runs.values():
+            if run.lane.cpu_ref is None and not run.liveness.manual:
+                run.liveness.beat()  # the loop is alive; cpu=True runs beat from their worker
+        if self._functions is not None:
+            try:
+                await self._sync(self._functions)
+            except (rexc.RedisError, OSError, PipelineError) as exc:
+                log.warning("could not sync cancellations and heartbeats with Redis: %s", exc)
+        now = _now_ms()
+        if self.selectors or any(run.facts and run.facts.abandon_ms for run in self._runs.values()):
+            for run in list(self._runs.values()):  # standing cancellations cover running work too
+                reason = self.selectors.reason(run.lane.name, _facts(run), now)
+                if reason is not None:
+                    self.stop(run.ident, reason)
+        if self._protection is not None:
+            await self._protection.update(
+                run.liveness.started_s for run in self._runs.values() if run.long
+            )
+
+    async def _sync(self, functions: CancelFunctions) -> None:
+        batch, self._batch = self._batch, SyncBatch()
+        long = [run for run in self._runs.values() if run.long]
+        for run in long:
+            if run.liveness.beat_ms > run.synced_beat_ms:
+                batch.beats[str(run.ident)] = run.liveness.beat_ms
+        try:
+            version, stopping = await functions.sync(
+                _now_ms(), batch, [str(run.ident) for run in long]
+            )
+        except BaseException:
+            self._batch = _merged(batch, self._batch)
+            raise
+        for run in long:
+            run.synced_beat_ms = max(run.synced_beat_ms, batch.beats.get(str(run.ident), 0))
+        if version != self.selectors.version:
+            self.selectors = Selectors(*await functions.selectors())
+        for ident, reason in stopping.items():
+            self.stop(ident, reason)
+        if self._reconciler is not None:
+            await self._reconciler.sweep(self.selectors)
+
+    async def close(self) -> None:
+        """Send the last ends and clear the scale-in protection."""
+        if self._functions is not None:
+            with contextlib.suppress(rexc.RedisError, OSError, PipelineError):
+                await self._sync(self._functions)
+        if self._protection is not None:
+            await self._protection.close()
+
+
+def _facts(run: _Run) -> Facts:
+    """The run's facts, read from its message's headers the first time they are needed."""
+    if run.facts is None:
+        run.facts = facts_of(run.message, message_id(run.message))
+    return run.facts
+
+
+def _record(run: _Run, member: str) -> str:
+    """The JSON a long run is registered with in Redis (absent facts left out)."""
+    facts = _facts(run)
+    fields = {
+        "lane": run.lane.name,
+        "member": member,
+        "event": facts.event,
+        "key": facts.key,
+        "tenant": facts.tenant,
+        "origin": facts.origin_ms,
+        "abandon": facts.abandon_ms,
+    }
+    return json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":"))
+
+
+def _merged(first: SyncBatch, then: SyncBatch) -> SyncBatch:
+    """A batch that failed to send, with what was added since, to send on the next tick."""
+    merged = SyncBatch({**first.begun, **then.begun}, first.ended + then.ended)
+    merged.beats = {**first.beats, **then.beats}
+    for name, count in [*first.counts.items(), *then.counts.items()]:
+        merged.counts[name] = merged.counts.get(name, 0) + count
+    return merged

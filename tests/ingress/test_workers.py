@@ -1,0 +1,330 @@
+"""``pipeline ingress serve --workers N`` on real PostgreSQL and Redis.
+
+Two workers share one port (SO_REUSEPORT) and one PostgreSQL log: both take connections, every
+accepted webhook is one row and one event, their sweepers never produce a row twice, a worker
+killed is started again, and SIGTERM to the supervisor stops every worker. SQLite refuses
+``--workers 2`` with one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import psycopg
+import pytest
+from contract.helpers import consume_until, make_topic
+from ingress.helpers import META, meta_body, write_sources, write_topics
+from ingress.signing import hub_signature
+from redis.asyncio import Redis
+
+from pipeline.config import Settings
+from pipeline.ingress import headers as h
+from pipeline.ingress.ids import new_row_id
+from pipeline.logstore import NewRow, RowState, Selection
+from pipeline.logstore.postgres import PostgresLogStore
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
+from pipeline.transport.redis_streams.keys import Keys
+
+SECRET = "workers-secret"  # noqa: S105 - a test secret
+PIPELINE = Path(sys.executable).with_name("pipeline")
+
+
+@dataclass
+class Setup:
+    """One test's topic, PostgreSQL schema and environment for ``pipeline ingress serve``."""
+
+    topic: str
+    schema: str
+    env: dict[str, str]
+    transport: Transport
+
+
+@pytest.fixture
+async def setup(
+    tmp_path: Path, settings: Settings, redis_service: str, postgres_service: str, unique: str
+) -> AsyncIterator[Setup]:
+    """A Redis topic and a PostgreSQL schema of the test's own, both removed after it."""
+    topic = f"messages-{unique}"
+    schema = f"w_{uuid.uuid4().hex[:12]}"
+    transport = create_transport(settings, "redis")
+    await make_topic(transport, topic, 2)
+    write_topics(tmp_path / "topics", {topic: "messages"})
+    source = {**META, "secrets": ["env:PIPELINE_TEST_WORKERS_SECRET"], "topic": topic, "routes": []}
+    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env |= {
+        "PIPELINE_TEST_WORKERS_SECRET": SECRET,
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_service,
+        "PIPELINE_POSTGRES__URL": postgres_service,
+        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+        "PIPELINE_INGRESS__LOG_STORE": "postgres",
+        "PIPELINE_INGRESS__POSTGRES_SCHEMA": schema,
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+    }
+    yield Setup(topic, schema, env, transport)
+    await transport.admin().delete_topic(topic)
+    await transport.close()
+    async with await psycopg.AsyncConnection.connect(postgres_service, autocommit=True) as conn:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """Supervisors a test started; any still running at the end is killed with its workers."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.communicate()
+
+
+def serve(
+    env: dict[str, str], started: list[subprocess.Popen[str]], workers: int = 2
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``pipeline ingress serve --workers N --port 0``; its URL once all are listening."""
+    proc = subprocess.Popen(
+        [PIPELINE, "ingress", "serve", "--workers", str(workers), "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started.append(proc)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("ingress listening on "):
+                return proc, line.removeprefix("ingress listening on ").strip()
+    proc.kill()
+    _, stderr = proc.communicate()
+    raise AssertionError(f"workers did not start: {stderr}")
+
+
+def workers_of(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    """The supervisor's worker processes (not multiprocessing's resource tracker)."""
+    return [
+        child
+        for child in psutil.Process(proc.pid).children()
+        if "resource_tracker" not in " ".join(child.cmdline())
+    ]
+
+
+def signed(body: bytes) -> bytes:
+    """A raw HTTP/1.1 request posting ``body`` as a signed Meta delivery (keep-alive)."""
+    head = (
+        "POST /hooks/whatsapp HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+        f"x-hub-signature-256: {hub_signature(SECRET, body)}\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def post_on_own_connections(url: str, bodies: list[bytes]) -> list[tuple[int, int]]:
+    """POST each body on a connection of its own, kept open; (client port, status) of each."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conns = []
+    answers = []
+    try:
+        for body in bodies:
+            conn = socket.create_connection((host, int(port)), timeout=30)
+            conns.append(conn)
+            conn.sendall(signed(body))
+        for conn in conns:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                assert chunk, "connection closed before the answer"
+                head += chunk
+            answers.append((conn.getsockname()[1], int(head[9:12])))
+        return answers
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def owners(workers: list[psutil.Process], client_ports: set[int]) -> Counter[int]:
+    """How many of the open client connections each worker (by pid) holds the other end of."""
+    held: Counter[int] = Counter()
+    for worker in workers:
+        for conn in worker.net_connections(kind="tcp"):
+            if conn.raddr and conn.raddr.port in client_ports:
+                held[worker.pid] += 1
+    return held
+
+
+async def wait_produced(schema: str, url: str, count: int) -> dict[RowState, int]:
+    """The log's rows by state once ``count`` are produced (or after 60 s)."""
+    store = PostgresLogStore(url, schema=schema)
+    await store.open()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            states = await store.count_by_state(Selection())
+            if states.get(RowState.PRODUCED, 0) >= count or time.monotonic() > deadline:
+                return states
+            await asyncio.sleep(0.1)
+    finally:
+        await store.close()
+
+
+async def test_two_workers_share_the_port_and_the_log(
+    setup: Setup, settings: Settings, started: list[subprocess.Popen[str]]
+) -> None:
+    """Both workers take connections; each accepted webhook is one row and one event."""
+    proc, url = serve(setup.env, started)
+    workers = workers_of(proc)
+    assert len(workers) == 2
+    bodies = [meta_body(n) for n in range(40)]
+    redelivered = bodies[:10]  # the same events again, most likely to the other worker
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    hold = [socket.create_connection((host, int(port))) for _ in range(40)]
+    try:
+        ports = {c.getsockname()[1] for c in hold}
+        deadline = time.monotonic() + 30
+        while sum((held := owners(workers, ports)).values()) < 40:  # until each is accepted
+            assert time.monotonic() < deadline, held
+            await asyncio.sleep(0.05)
+        assert len(held) == 2, f"one worker took every connection: {held}"
+    finally:
+        for conn in hold:
+            conn.close()
+    answers = post_on_own_connections(url, bodies)
+    assert [status for _, status in answers] == [200] * 40
+    again = post_on_own_connections(url, redelivered)
+    assert [status for _, status in again] == [200] * 10
+
+    states = await wait_produced(setup.schema, settings.postgres.url, 40)
+    assert states == {RowState.PRODUCED: 40}
+    consumer = setup.transport.consumer(f"g-{uuid.uuid4().hex[:8]}", [setup.topic])
+    got = await consume_until(consumer, lambda r: len(r) >= 40)
+    await consumer.close()
+    assert sorted(m.headers[h.EVENT_ID].decode() for m in got) == sorted(
+        f"wamid.{n}" for n in range(40)
+    )
+
+
+async def test_sweepers_of_two_workers_produce_each_row_once(
+    setup: Setup, settings: Settings, started: list[subprocess.Popen[str]], redis: Redis
+) -> None:
+    """Rows left unproduced are swept by both workers' sweepers, each row exactly once."""
+    store = PostgresLogStore(settings.postgres.url, schema=setup.schema)
+    await store.open()
+    old_s = time.time() - 120
+    rows = [
+        NewRow(
+            id=new_row_id(old_s),
+            source="whatsapp",
+            tenant="biz-1",
+            key=f"wa-{n % 7}",
+            topic=setup.topic,
+            lane="messages",
+            event_id=f"wamid.{n}",
+            received_at_ms=int(old_s * 1000),
+            headers={},
+            body=meta_body(n),
+        )
+        for n in range(300)
+    ]
+    assert all(await asyncio.gather(*(store.insert(row) for row in rows)))
+    await store.close()
+    env = setup.env | {
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "true",
+        "PIPELINE_INGRESS__SWEEPER__INTERVAL_S": "0.05",
+        "PIPELINE_INGRESS__SWEEPER__UNPRODUCED_AFTER_S": "1",
+        "PIPELINE_INGRESS__SWEEPER__BATCH_SIZE": "10",
+    }
+    serve(env, started)
+
+    states = await wait_produced(setup.schema, settings.postgres.url, 300)
+    assert states == {RowState.PRODUCED: 300}
+    keys = Keys(settings.redis.key_prefix)
+    appended = [await redis.xlen(keys.stream(setup.topic, p)) for p in range(2)]
+    assert sum(appended) == 300  # nothing produced twice
+    consumer = setup.transport.consumer(f"g-{uuid.uuid4().hex[:8]}", [setup.topic])
+    got = await consume_until(consumer, lambda r: len(r) >= 300)
+    await consumer.close()
+    ids = Counter(m.headers[h.EVENT_ID].decode() for m in got)
+    assert ids == Counter({f"wamid.{n}": 1 for n in range(300)})
+
+
+async def test_sigterm_stops_every_worker_and_a_dead_one_is_replaced(
+    setup: Setup, started: list[subprocess.Popen[str]]
+) -> None:
+    """A killed worker is replaced, a second command on the port is refused, SIGTERM ends all."""
+    proc, url = serve(setup.env, started)
+    first = workers_of(proc)
+    assert len(first) == 2
+    first[0].kill()
+    deadline = time.monotonic() + 90
+    while {w.pid for w in workers_of(proc)} & {first[0].pid} or len(workers_of(proc)) < 2:
+        assert time.monotonic() < deadline, "the dead worker was not replaced"
+        await asyncio.sleep(0.1)
+    replaced = workers_of(proc)
+    second = await asyncio.create_subprocess_exec(  # another command on the port: refused
+        PIPELINE,
+        *("ingress", "serve", "--workers", "2", "--port", url.rsplit(":", 1)[1]),
+        env=setup.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, refused = await asyncio.wait_for(second.communicate(), 60)
+    assert second.returncode == 2, refused
+    assert b"cannot listen on" in refused
+    async with httpx.AsyncClient(timeout=30) as http:  # still served, whichever worker answers
+        for n in range(5):
+            body = meta_body(n)
+            headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
+            response = await http.post(f"{url}/hooks/whatsapp", content=body, headers=headers)
+            assert response.status_code == 200, response.text
+
+    everything = psutil.Process(proc.pid).children(recursive=True)  # with the resource tracker
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "starting it again" in stderr
+    _, alive = psutil.wait_procs([*first, *replaced, *everything], timeout=10)
+    assert alive == []
+
+
+def test_sqlite_refuses_several_workers(tmp_path: Path) -> None:
+    """SQLite with --workers 2: one line on stderr, exit 2, nothing started."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env["PIPELINE_INGRESS__SQLITE_PATH"] = str(tmp_path / "ingress.db")
+    done = subprocess.run(
+        [PIPELINE, "ingress", "serve", "--workers", "2", "--port", "0"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "--workers 2 needs the PostgreSQL log store" in lines[0]
+    assert "PIPELINE_INGRESS__LOG_STORE=postgres" in lines[0]
+    assert not (tmp_path / "ingress.db").exists()

@@ -1,0 +1,68 @@
+"""Each payload store keeps, streams, lists and deletes objects; a missing one is PayloadMissing."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from pipeline.offload import reference as ref
+from pipeline.offload.errors import PayloadCorrupt, PayloadMissing
+from pipeline.offload.lazy import LazyPayload, read_body
+from pipeline.offload.policy import OffloadPolicy
+from pipeline.offload.store import open_store
+from pipeline.offload.writer import Offloader
+
+
+async def test_a_stored_object_reads_back_in_chunks_and_deletes(store_url: str) -> None:
+    """What is put is listed, streams back byte for byte, and is gone after delete."""
+    store = open_store(store_url)
+    body = bytes(range(256)) * 12_000  # 3 MiB, several chunks
+    await store.put("sha256/aa/one", body)
+    head = await store.head("sha256/aa/one")
+    assert head is not None
+    assert head.size == len(body)
+    chunks = [c async for c in store.chunks("sha256/aa/one", 1024 * 1024)]
+    assert b"".join(chunks) == body
+    assert [o.key async for o in store.list()] == ["sha256/aa/one"]
+    await store.delete("sha256/aa/one")
+    assert await store.head("sha256/aa/one") is None
+    await store.delete("sha256/aa/one")  # deleting what is gone is no error
+
+
+async def test_a_missing_object_is_payload_missing(store_url: str) -> None:
+    """Reading an object that is not there raises PayloadMissing, a dead letter's reason."""
+    store = open_store(store_url)
+    with pytest.raises(PayloadMissing) as caught:
+        [c async for c in store.chunks("sha256/bb/none", 1024)]
+    assert caught.value.dead_reason == "payload_missing"
+
+
+async def test_the_same_payload_is_written_once(store_url: str) -> None:
+    """Offloading one body twice (a retry, a duplicate) writes one object and reuses it."""
+    offloader = Offloader({"t": OffloadPolicy(above=1024, store=store_url)})
+    body = b"x" * 300_000
+    first = await offloader.offload("t", body, "application/json")
+    again = await offloader.offload("t", body, "application/json")
+    assert first is not None
+    assert first == again
+    assert (offloader.counters.written, offloader.counters.reused) == (1, 1)
+    store = offloader.store(store_url)
+    assert [o.key async for o in store.list()] == [ref.key_for(hashlib.sha256(body).hexdigest())]
+    assert await offloader.offload("t", b"small") is None  # at or below the threshold: inline
+
+
+async def test_a_lazy_payload_checks_the_digest(store_url: str) -> None:
+    """A LazyPayload reads the body once with its digest checked; a wrong one is corrupt."""
+    store = open_store(store_url)
+    body = b"payload" * 50_000
+    good = ref.reference_for(store_url, body, "text/plain")
+    await store.put(good.key, body)
+    lazy = LazyPayload(good, store)
+    assert (lazy.size, lazy.content_type, len(lazy)) == (len(body), "text/plain", len(body))
+    assert await read_body(lazy) == body
+    assert b"".join([c async for c in lazy.chunks(65_536)]) == body
+    other = ref.reference_for(store_url, b"something else")
+    await store.put(other.key, body)  # the wrong bytes under a digest's key
+    with pytest.raises(PayloadCorrupt):
+        await LazyPayload(other, store).read()
