@@ -283,9 +283,7 @@ async def main() -> None:
         os.environ.setdefault(name, value)
     with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp_name:
         pairs = [await one_repeat(args, r, Path(tmp_name)) for r in range(args.repeats)]
-    summary = {
-        field: round(statistics.median(p[field] for p in pairs), 2) for field in pairs[0]
-    }
+    summary = {field: round(statistics.median(p[field] for p in pairs), 2) for field in pairs[0]}
     summary["vs_inline_each"] = [round(p["vs_inline_bytes_per_s"], 2) for p in pairs]
     summary["loop_stall_p99_ms_each"] = [round(p["loop_stall_p99_ms"], 2) for p in pairs]
     print(

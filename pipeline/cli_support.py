@@ -30,6 +30,7 @@ def out_console() -> Console:
     console = Console()
     return console if console.is_terminal else Console(width=PIPE_WIDTH)
 
+
 TransportOpt = Annotated[
     Literal["kafka", "redis"] | None,
     typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),

@@ -495,8 +495,7 @@ def _not_json(known: dict[str, Any]) -> str:
             json.loads(os.environ[name])
         except ValueError:
             return (
-                f"{name}: not valid JSON (expected an object such as "
-                '{"fetch.wait.max.ms": "50"})'
+                f'{name}: not valid JSON (expected an object such as {{"fetch.wait.max.ms": "50"}})'
             )
     return "a PIPELINE_* variable that holds JSON is not valid JSON"
 

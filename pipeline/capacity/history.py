@@ -72,9 +72,7 @@ class ArrivalHistory:
                 pipe.expire(key, self._ttl_s)
             await pipe.execute()
 
-    async def windows(
-        self, lane: str, spans: Sequence[tuple[int, int]]
-    ) -> list[list[int] | None]:
+    async def windows(self, lane: str, spans: Sequence[tuple[int, int]]) -> list[list[int] | None]:
         """Per-minute counts of each ``[start, end)`` epoch-minute span, in one round trip.
 
         A span is None when any day it touches has no key (not recorded, or expired).
@@ -107,9 +105,7 @@ class ArrivalHistory:
             )
         return out
 
-    async def add_service(
-        self, samples: Mapping[tuple[str, int], tuple[int, float]]
-    ) -> None:
+    async def add_service(self, samples: Mapping[tuple[str, int], tuple[int, float]]) -> None:
         """Add (finished messages, handler seconds) per (lane, epoch minute) in one round trip."""
         if not samples:
             return

@@ -125,9 +125,7 @@ async def plan_lane(
         target_utilisation=settings.target_utilisation,
         floor=settings.min_members,
     )
-    waiting = math.ceil(
-        slots_for_wait(peak, service_s, settings.target_wait_s) / slots_per_member
-    )
+    waiting = math.ceil(slots_for_wait(peak, service_s, settings.target_wait_s) / slots_per_member)
     return LanePlan(
         lane=lane,
         rate_per_s=rate_per_s,

@@ -77,9 +77,7 @@ class OffloadPolicy(BaseModel):
     def _store_url(cls, store: str) -> str:
         url = urlparse(store)
         if url.scheme not in _SCHEMES:
-            raise ValueError(
-                f"expected s3://bucket/prefix or file:///absolute/dir (got {store!r})"
-            )
+            raise ValueError(f"expected s3://bucket/prefix or file:///absolute/dir (got {store!r})")
         if url.scheme == "s3" and not url.netloc:
             raise ValueError(f"an s3 store names its bucket: s3://bucket/prefix (got {store!r})")
         if url.scheme == "file" and (url.netloc or not url.path.startswith("/")):

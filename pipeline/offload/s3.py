@@ -54,9 +54,9 @@ class S3PayloadStore(ObjectPayloadStore):
         config: S3Config = {}
         if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
             config["region"] = "us-east-1"  # what an S3-compatible service takes by default
-        super().__init__(url, S3Store.from_url(
-                url, config=config, client_options=options, retry_config=retry
-            ))
+        super().__init__(
+            url, S3Store.from_url(url, config=config, client_options=options, retry_config=retry)
+        )
 
     async def delete(self, key: str) -> None:
         """Delete ``key`` with one ``DELETE`` (S3 answers 204 whether or not it existed)."""

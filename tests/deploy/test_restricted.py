@@ -103,9 +103,7 @@ def capabilities(pod: Pod) -> list[str]:
 
 def volume_types(pod: Pod) -> list[str]:
     """Restricted: only configMap, csi, downwardAPI, emptyDir, ephemeral, PVC, projected, secret."""
-    return [
-        v["name"] for v in pod.get("volumes", []) if not set(v) - {"name"} <= ALLOWED_VOLUMES
-    ]
+    return [v["name"] for v in pod.get("volumes", []) if not set(v) - {"name"} <= ALLOWED_VOLUMES]
 
 
 def host_ports(pod: Pod) -> list[str]:
@@ -128,7 +126,13 @@ def selinux(pod: Pod) -> list[str]:
     bad = []
     for ctx in contexts:
         options = ctx.get("seLinuxOptions", {})
-        if options.get("type") not in {None, "", "container_t", "container_init_t", "container_kvm_t"}:  # noqa: E501
+        if options.get("type") not in {
+            None,
+            "",
+            "container_t",
+            "container_init_t",
+            "container_kvm_t",
+        }:  # noqa: E501
             bad.append(options["type"])
         bad += [options[k] for k in ("user", "role") if options.get(k)]
     return bad
@@ -343,7 +347,9 @@ def test_network_policies_open_only_the_webhook_port_to_the_world():
     ]
     assert from_anywhere == [("ingress-webhooks", "http")]
     inside = {"podSelector": {}}
-    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}  # noqa: E501
+    prometheus = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }  # noqa: E501
     for doc in of_kind("NetworkPolicy"):
         for rule in doc["spec"].get("ingress", []):
             for peer in rule.get("from", []):

@@ -16,9 +16,7 @@ from pipeline.transport.protocol import Transport
 def offload_lane(name: str, store_url: str | None, **fields: Any) -> TopicSpec:
     """A lane with one 200 ms retry tier, two attempts, and (with a store) ``offload:``."""
     extra = {"offload": {"above": "256KiB", "store": store_url}} if store_url else {}
-    return lane_spec(
-        name, 2, retry={"tiers": ["200ms"], "max_attempts": 2}, **extra, **fields
-    )
+    return lane_spec(name, 2, retry={"tiers": ["200ms"], "max_attempts": 2}, **extra, **fields)
 
 
 @asynccontextmanager

@@ -238,9 +238,7 @@ async def test_a_typed_handler_gets_its_model_decoded_from_the_fetched_body(
     spec = offload_lane(f"typed_{unique}", store_url)
     event = Upload(name="report.pdf", blob="b" * 400_000)
     async with declared(transport, redis, unique, spec):
-        producer = OffloadingProducer(
-            transport.producer(), Offloader(topic_policies([spec]))
-        )
+        producer = OffloadingProducer(transport.producer(), Offloader(topic_policies([spec])))
         await producer.send(spec.name, event.model_dump_json().encode(), key=b"k")
         await producer.close()
         got: list[tuple[Upload, int]] = []
