@@ -132,7 +132,7 @@ def selinux(pod: Pod) -> list[str]:
             "container_t",
             "container_init_t",
             "container_kvm_t",
-        }:  # noqa: E501
+        }:
             bad.append(options["type"])
         bad += [options[k] for k in ("user", "role") if options.get(k)]
     return bad
@@ -349,7 +349,7 @@ def test_network_policies_open_only_the_webhook_port_to_the_world():
     inside = {"podSelector": {}}
     prometheus = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
-    }  # noqa: E501
+    }
     for doc in of_kind("NetworkPolicy"):
         for rule in doc["spec"].get("ingress", []):
             for peer in rule.get("from", []):
