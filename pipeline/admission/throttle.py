@@ -282,6 +282,23 @@ class Throttle:
         )
         self._woken(woken)
 
+    async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
+        """Keep the last ``slots`` of ``key``'s limit for permits of ``min_priority`` or more.
+
+        Lower priorities see the limit minus ``slots`` (trunk reservation: they borrow the rest
+        of the reserve while it is unused). ``None`` stops keeping any; freed room goes to the
+        waiters. Sized by :mod:`pipeline.admission.reserve`.
+        """
+        if slots is not None and slots < 0:
+            raise ValueError("reserve slots must be >= 0")
+        if not 0 <= min_priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be 0..{MAX_PRIORITY}")
+        value = "" if slots is None else slots
+        _count, woken = await self._fcall(
+            "thr_set_reserve", [key, value, min_priority, self.default_limit, self.member]
+        )
+        self._woken(woken)
+
     async def status(self, key: str) -> ThrottleStatus:
         """Read ``key``'s limit, holders, waiters and recent grants in one transaction."""
         self.roundtrips += 1
