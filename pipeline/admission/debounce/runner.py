@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 MAX_ENDINGS = 64
 """Ended turns that make a step at once, whatever ``finish_delay_ms`` says."""
+OFFSET_KEEP_S = 10.0
+"""How long the Redis clock offset from the fastest call is kept before any call replaces it."""
 
 
 def exponential_backoff_ms(attempt: int) -> int:
@@ -100,6 +102,8 @@ class TurnRunner:
         self._timer_woken = False  # the timer came from the wake list (it is not handed on)
         self._retry_at = 0.0  # after a failed call, no step before this (monotonic s)
         self._offset_ms = 0.0  # Redis clock minus the local monotonic clock, in ms
+        self._offset_rtt = math.inf  # round trip of the call the offset came from (s)
+        self._offset_at = -math.inf  # when that call was made (monotonic s)
         self._last_step = -math.inf
         self._endings: list[tuple[Ending, asyncio.Future[None]]] = []
         self._flush_at = math.inf
@@ -233,8 +237,16 @@ class TurnRunner:
                 self._wake.set()
 
     def _clock(self, step: Step, sent: float) -> None:
-        """Track Redis time against the local clock (the call's midpoint is Redis's now)."""
-        self._offset_ms = step.now_ms - (sent + time.monotonic()) * 500
+        """Track Redis time against the local clock (the call's midpoint is Redis's now).
+
+        A call delayed by a busy machine has a long round trip and a midpoint that says little:
+        the offset comes from the fastest call of the last ``OFFSET_KEEP_S``.
+        """
+        received = time.monotonic()
+        rtt = received - sent
+        if rtt <= self._offset_rtt or received - self._offset_at > OFFSET_KEEP_S:
+            self._offset_ms = step.now_ms - (sent + received) * 500
+            self._offset_rtt, self._offset_at = rtt, received
 
     def _local_s(self, due_ms: float) -> float:
         """The local monotonic time (s) at which Redis time ``due_ms`` arrives (+1 ms)."""
