@@ -51,12 +51,16 @@ PREFIX = "plbench"
 MAX_BURST = 6
 
 
-def member_main(url: str, lane: str, policy: dict[str, Any], stop: Any, out: Any) -> None:
+def member_main(
+    url: str, lane: str, policy: dict[str, Any], batch_ms: int, stop: Any, out: Any
+) -> None:
     """One member process: run a TurnRunner until ``stop`` is set, then report its turns."""
-    asyncio.run(_member(url, lane, DebouncePolicy(**policy), stop, out))
+    asyncio.run(_member(url, lane, DebouncePolicy(**policy), batch_ms, stop, out))
 
 
-async def _member(url: str, lane: str, policy: DebouncePolicy, stop: Any, out: Any) -> None:
+async def _member(
+    url: str, lane: str, policy: DebouncePolicy, batch_ms: int, stop: Any, out: Any
+) -> None:
     client = Redis.from_url(url)
     debouncer = Debouncer(client, PREFIX, lane, policy, idle_ttl_ms=60_000)
     turns: list[tuple[str, list[str], tuple[int, ...]]] = []
@@ -66,7 +70,7 @@ async def _member(url: str, lane: str, policy: DebouncePolicy, stop: Any, out: A
         await asyncio.sleep(random.uniform(0.002, 0.02))  # the handler's work
         return True
 
-    runner = TurnRunner(debouncer, handle, max_concurrency=64)
+    runner = TurnRunner(debouncer, handle, max_concurrency=64, batch_ms=batch_ms)
     halt = asyncio.Event()
     task = asyncio.create_task(runner.run(halt))
     while debouncer.stats.redis_calls == 0:  # noqa: ASYNC110 - until the first claim is sent
@@ -225,7 +229,10 @@ def run_lane(args: argparse.Namespace, lane: str, spread_s: float) -> dict[str, 
     ctx = mp.get_context("spawn")
     stop, out, produced = ctx.Event(), ctx.Queue(), ctx.Queue()
     members = [
-        ctx.Process(target=member_main, args=(args.url, lane, policy.model_dump(), stop, out))
+        ctx.Process(
+            target=member_main,
+            args=(args.url, lane, policy.model_dump(), args.batch_ms, stop, out),
+        )
         for _ in range(args.members)
     ]
     for member in members:
@@ -384,6 +391,7 @@ def main() -> None:
     parser.add_argument("--quiet-ms", type=int, default=1000)
     parser.add_argument("--spread-s", type=float, default=90.0)
     parser.add_argument("--idle-s", type=float, default=30.0)
+    parser.add_argument("--batch-ms", type=int, default=10, help="the runners' step spacing")
     parser.add_argument("--codec", action="store_true", help="measure the codec only")
     args = parser.parse_args()
     result = codec() if args.codec else bench(args)
