@@ -100,6 +100,7 @@ class TurnRunner:
         self._wake = asyncio.Event()
         self._timer_ms = math.inf  # the due time (Redis clock) this runner holds a timer for
         self._timer_woken = False  # the timer came from the wake list (it is not handed on)
+        self._woken_ms = math.inf  # the earliest due time woken for while a step is in flight
         self._retry_at = 0.0  # after a failed call, no step before this (monotonic s)
         self._offset_ms = 0.0  # Redis clock minus the local monotonic clock, in ms
         self._offset_rtt = math.inf  # round trip of the call the offset came from (s)
@@ -177,6 +178,7 @@ class TurnRunner:
         self._flush_at = math.inf
         sent = time.monotonic()
         self._last_step = sent
+        self._woken_ms = math.inf
         try:
             step = await self._debouncer.step(limit, [ending for ending, _ in endings])
         except DebounceUnavailable as exc:
@@ -191,8 +193,10 @@ class TurnRunner:
             done.set_result(None)
         self._clock(step, sent)
         if limit > 0 or step.timer_ms is not None:
-            self._timer_ms = math.inf if step.timer_ms is None else step.timer_ms
-            self._timer_woken = False
+            timer_ms = math.inf if step.timer_ms is None else step.timer_ms
+            # A wake-up read while the step was in flight may be for a turn recorded after it.
+            self._timer_ms = min(timer_ms, self._woken_ms)
+            self._timer_woken = self._woken_ms < timer_ms
         for turn in step.turns:
             task = asyncio.create_task(self._run(turn))
             self._running.add(task)
@@ -231,10 +235,8 @@ class TurnRunner:
                 self._wake.set()
                 await asyncio.sleep(self._error_backoff_s)
                 continue
-            if due_ms is not None and due_ms < self._timer_ms:
-                self._timer_ms = due_ms
-                self._timer_woken = True
-                self._wake.set()
+            if due_ms is not None:
+                self._woken(due_ms)
 
     def _clock(self, step: Step, sent: float) -> None:
         """Track Redis time against the local clock (the call's midpoint is Redis's now).
@@ -255,6 +257,11 @@ class TurnRunner:
         return (due_ms + 1 - self._offset_ms) / 1000
 
     def _on_due(self, due_ms: int) -> None:
+        self._woken(due_ms)
+
+    def _woken(self, due_ms: int) -> None:
+        """Arm the timer for ``due_ms`` if it is earlier (and remember it across a step)."""
+        self._woken_ms = min(self._woken_ms, due_ms)
         if due_ms < self._timer_ms:
             self._timer_ms = due_ms
             self._timer_woken = True
