@@ -173,3 +173,19 @@ async def test_full_runner_hands_its_timer_to_a_free_one(redis_service, lane):
             release.set()
         assert ran["next"] != ran["hold"]
         assert sum(d.stats.wakeups for d in debouncers) == 2  # the record's, the hand-over's
+
+
+async def test_a_busy_step_passes_the_timer_to_the_next_blocked_runner(redis, lane):
+    """A step that leases pass_at turns or more puts the next due time on the wake list."""
+    due_now = Debouncer(redis, PREFIX, lane, POLICY.model_copy(update={"max_batch": 1}))
+    later = Debouncer(redis, PREFIX, lane, POLICY.model_copy(update={"quiet_s": 30.0}))
+    for key in ("a", "b"):
+        await due_now.record(key, message(0))  # a full buffer: due at once
+    c_due = await later.record("c", message(1))
+    await redis.delete(debounce_keys.wake_key(PREFIX, lane))  # the records' own wake-ups
+    busy = await due_now.step(10, pass_at=2)
+    assert sorted(t.key for t in busy.turns) == ["a", "b"]
+    assert busy.timer_ms is None  # passed on, not taken
+    assert await redis.lrange(debounce_keys.wake_key(PREFIX, lane), 0, -1) == [str(c_due).encode()]
+    calm = await later.step(10, pass_at=2)  # nothing due: the caller takes the timer
+    assert (calm.turns, calm.timer_ms) == ((), c_due)

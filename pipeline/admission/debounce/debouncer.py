@@ -266,12 +266,13 @@ class Debouncer:
         turns = self._turns(leased)
         return Claim(turns, leased.now_ms, leased.timer_ms)
 
-    async def step(self, limit: int, endings: Sequence[Ending] = ()) -> Step:
+    async def step(self, limit: int, endings: Sequence[Ending] = (), pass_at: int = 0) -> Step:
         """Finish ``endings`` and lease up to ``limit`` due turns, in one ``FCALL db_step``.
 
         With ``limit`` > 0 the caller takes the timer for the lane's next due time
-        (``timer_ms``); with 0 it only finishes, and holds a timer for a next turn it scheduled
-        before any armed time.
+        (``timer_ms``), unless it leased ``pass_at`` turns or more (0: never): then the timer
+        goes to the next runner blocked on the wake list. With ``limit`` 0 it only finishes,
+        and holds a timer for a next turn it scheduled before any armed time.
 
         Raises:
             DebounceUnavailable: Redis cannot be reached (nothing was finished or claimed).
@@ -279,7 +280,13 @@ class Debouncer:
         self.stats.steps += 1
         leased = await self._call(
             self.functions.step(
-                limit, self.lease_ms, self._token(), endings, self._policy, self._idle_ttl_ms
+                limit,
+                self.lease_ms,
+                self._token(),
+                endings,
+                self._policy,
+                self._idle_ttl_ms,
+                pass_at,
             )
         )
         for ending, outcome in zip(endings, leased.outcomes, strict=True):

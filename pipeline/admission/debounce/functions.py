@@ -130,10 +130,12 @@ class DebounceFunctions(FunctionLibrary):
         endings: Sequence[Ending],
         policy: tuple[int, int, int],
         idle_ttl_ms: int,
+        pass_at: int = 0,
     ) -> Leased:
         """``db_step``: finish ``endings``, then lease up to ``limit`` due turns (0: none).
 
-        ``policy`` is (quiet_ms, max_wait_ms, max_batch).
+        ``policy`` is (quiet_ms, max_wait_ms, max_batch). Leasing ``pass_at`` turns or more
+        (0: never) passes the lane's timer to the next blocked runner instead of taking it.
         """
         quiet_ms, max_wait_ms, max_batch = policy
         args: list[Any] = [
@@ -147,11 +149,12 @@ class DebounceFunctions(FunctionLibrary):
             max_wait_ms,
             idle_ttl_ms,
             self.owner,
+            pass_at,
             len(endings),
         ]
         for ending in endings:
             args += (ending.key, ending.token, "1" if ending.ok else "0", ending.retry_in_ms)
-        reply = await self.fcall("db_step", [self.due_key, self.armed_key], args)
+        reply = await self.fcall("db_step", [self.due_key, self.armed_key, self.wake_key], args)
         outcomes = tuple(_outcome(o) for o in reply[3])
         return Leased(int(reply[0]), _due(reply[1]), int(reply[2]), outcomes, tuple(reply[4:]))
 

@@ -17,7 +17,9 @@ and the next record then wakes another runner) and one renewed blocking read per
 and a due turn is claimed as soon as its timer fires. Under load, steps are spaced at least
 ``batch_ms`` apart, so one call claims every turn that fell due in the meantime and finishes
 the turns that ended; ended turns wait at most ``finish_delay_ms`` for a step to carry their
-finish.
+finish. A step that claims ``pass_at`` turns or more passes the timer to the next blocked
+runner (Redis serves blocked readers in order), so a busy lane's turns spread over every
+runner at the cost of one wake-up read per such step.
 
 A runner whose timer fires while it has no free slot hands the timer to another runner through
 the wake list (once; a runner woken that way keeps the timer until a slot frees).
@@ -73,6 +75,7 @@ class TurnRunner:
         backoff: Callable[[int], int] = exponential_backoff_ms,
         batch_ms: int = 10,
         finish_delay_ms: int = 20,
+        pass_at: int = 4,
     ) -> None:
         """Run ``run_turn`` for each due turn of ``debouncer``'s lane.
 
@@ -87,6 +90,8 @@ class TurnRunner:
             batch_ms: the shortest gap between two steps of this runner (under load one step
                 claims everything due in the gap).
             finish_delay_ms: the longest an ended turn waits for a step to carry its finish.
+            pass_at: a step that claims this many turns or more passes the lane's timer to
+                the next blocked runner (0: never), spreading a busy lane over the runners.
         """
         self._debouncer = debouncer
         self._run_turn = run_turn
@@ -96,6 +101,7 @@ class TurnRunner:
         self._backoff = backoff
         self._batch_s = batch_ms / 1000
         self._finish_delay_s = finish_delay_ms / 1000
+        self._pass_at = pass_at
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._timer_ms = math.inf  # the due time (Redis clock) this runner holds a timer for
@@ -180,7 +186,8 @@ class TurnRunner:
         self._last_step = sent
         self._woken_ms = math.inf
         try:
-            step = await self._debouncer.step(limit, [ending for ending, _ in endings])
+            endings_ = [ending for ending, _ in endings]
+            step = await self._debouncer.step(limit, endings_, self._pass_at)
         except DebounceUnavailable as exc:
             # The leases run out and the turns run again: a duplicate, never a lost message.
             log.warning("debounce step failed on lane %s: %s", self._debouncer.lane, exc)

@@ -222,14 +222,17 @@ local function finish(keys, args)
 end
 
 -- db_step: a runner's one call per wake-up: end the turns it finished, lease what is due.
--- KEYS[1] due zset   KEYS[2] armed
+-- KEYS[1] due zset   KEYS[2] armed   KEYS[3] wake
 -- ARGV[1] limit (0: finish only)   ARGV[2] lease_ms   ARGV[3] max_batch   ARGV[4] token prefix
 -- ARGV[5] key name prefix   ARGV[6] grace_ms   ARGV[7] quiet_ms   ARGV[8] max_wait_ms
 -- ARGV[9] idle_ttl_ms   ARGV[10] the caller's runner id
--- ARGV[11] n finished turns, then per turn: key, token, ok, retry_in_ms
+-- ARGV[11] pass_at: leasing at least this many turns (0: never) passes the timer on
+-- ARGV[12] n finished turns, then per turn: key, token, ok, retry_in_ms
 -- Returns {now_ms, timer_ms or -1, stale, {outcome...}, turn...}: with a limit the caller
 -- takes the timer for the lane's next due time, unless it leased nothing and another runner
--- already holds a timer for that time or earlier (two runners never keep firing together);
+-- already holds a timer for that time or earlier (two runners never keep firing together),
+-- or it leased pass_at turns or more: then the next due time goes onto the wake list for the
+-- next blocked runner, so a busy lane's turns are spread over the runners;
 -- finishing only, it holds a timer for the earliest turn it scheduled before the armed time.
 local function step(keys, args)
   local now = now_ms()
@@ -237,8 +240,9 @@ local function step(keys, args)
   local quiet, max_wait, max_batch = tonumber(args[7]), tonumber(args[8]), tonumber(args[3])
   local idle_ttl, prefix, me = tonumber(args[9]), args[5], args[10]
   local outcomes, timer = {}, -1
-  for i = 1, tonumber(args[11]) do
-    local at = 11 + (i - 1) * 4
+  local pass_at = tonumber(args[11])
+  for i = 1, tonumber(args[12]) do
+    local at = 12 + (i - 1) * 4
     local key = args[at + 1]
     local done = finish_one(keys[1], prefix .. 'b:' .. key, prefix .. 's:' .. key, key,
       args[at + 2], args[at + 3], tonumber(args[at + 4]), quiet, max_wait, max_batch, idle_ttl,
@@ -257,6 +261,11 @@ local function step(keys, args)
     if #turns == 0 and armed and owner ~= '' and owner ~= me and armed > now
         and next_due and armed <= next_due then
       timer = -1  -- another runner holds the timer for the next due time
+    elseif pass_at > 0 and #turns >= pass_at and next_due then
+      redis.call('SET', keys[2], next_due .. ':', 'PX', math.max(next_due - now, 0) + grace)
+      redis.call('LPUSH', keys[3], next_due)
+      redis.call('LTRIM', keys[3], 0, WAKE_KEEP)
+      timer = -1  -- busy: the next blocked runner takes the timer
     else
       timer = take_timer(keys[1], keys[2], now, grace, me)
     end
