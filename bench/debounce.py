@@ -52,14 +52,14 @@ MAX_BURST = 6
 
 
 def member_main(
-    url: str, lane: str, policy: dict[str, Any], batch_ms: int, stop: Any, out: Any
+    url: str, lane: str, policy: dict[str, Any], tuning: tuple[int, int], stop: Any, out: Any
 ) -> None:
     """One member process: run a TurnRunner until ``stop`` is set, then report its turns."""
-    asyncio.run(_member(url, lane, DebouncePolicy(**policy), batch_ms, stop, out))
+    asyncio.run(_member(url, lane, DebouncePolicy(**policy), tuning, stop, out))
 
 
 async def _member(
-    url: str, lane: str, policy: DebouncePolicy, batch_ms: int, stop: Any, out: Any
+    url: str, lane: str, policy: DebouncePolicy, tuning: tuple[int, int], stop: Any, out: Any
 ) -> None:
     client = Redis.from_url(url)
     debouncer = Debouncer(client, PREFIX, lane, policy, idle_ttl_ms=60_000)
@@ -70,7 +70,8 @@ async def _member(
         await asyncio.sleep(random.uniform(0.002, 0.02))  # the handler's work
         return True
 
-    runner = TurnRunner(debouncer, handle, max_concurrency=64, batch_ms=batch_ms)
+    batch_ms, pass_at = tuning
+    runner = TurnRunner(debouncer, handle, max_concurrency=64, batch_ms=batch_ms, pass_at=pass_at)
     halt = asyncio.Event()
     task = asyncio.create_task(runner.run(halt))
     while debouncer.stats.redis_calls == 0:  # noqa: ASYNC110 - until the first claim is sent
@@ -231,7 +232,7 @@ def run_lane(args: argparse.Namespace, lane: str, spread_s: float) -> dict[str, 
     members = [
         ctx.Process(
             target=member_main,
-            args=(args.url, lane, policy.model_dump(), args.batch_ms, stop, out),
+            args=(args.url, lane, policy.model_dump(), (args.batch_ms, args.pass_at), stop, out),
         )
         for _ in range(args.members)
     ]
@@ -392,6 +393,7 @@ def main() -> None:
     parser.add_argument("--spread-s", type=float, default=90.0)
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--batch-ms", type=int, default=10, help="the runners' step spacing")
+    parser.add_argument("--pass-at", type=int, default=4, help="turns per step that pass it on")
     parser.add_argument("--codec", action="store_true", help="measure the codec only")
     args = parser.parse_args()
     result = codec() if args.codec else bench(args)
