@@ -393,7 +393,7 @@ def main() -> None:
     parser.add_argument("--spread-s", type=float, default=90.0)
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--batch-ms", type=int, default=10, help="the runners' step spacing")
-    parser.add_argument("--pass-at", type=int, default=4, help="turns per step that pass it on")
+    parser.add_argument("--pass-at", type=int, default=6, help="turns per step that pass it on")
     parser.add_argument("--codec", action="store_true", help="measure the codec only")
     args = parser.parse_args()
     result = codec() if args.codec else bench(args)

@@ -75,7 +75,7 @@ class TurnRunner:
         backoff: Callable[[int], int] = exponential_backoff_ms,
         batch_ms: int = 10,
         finish_delay_ms: int = 20,
-        pass_at: int = 4,
+        pass_at: int = 6,
     ) -> None:
         """Run ``run_turn`` for each due turn of ``debouncer``'s lane.
 
