@@ -95,6 +95,8 @@ async def test_turn_of_a_member_killed_after_claiming_still_fires(redis_service,
         async with running(TurnRunner(debouncer, keep)):
             await eventually(lambda: turns)
     finally:
+        async for key in client.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, lane)}*"):
+            await client.delete(key)
         await client.aclose()
     assert [m.value for m in turns[0].messages] == [b"m0", b"m1", b"m2"]
     assert turns[0].attempt == 2  # the killed member's run counts as an attempt
