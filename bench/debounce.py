@@ -7,11 +7,14 @@ bursts of 1-6 messages with gaps inside a burst well below the quiet period, and
 well after the previous one's turn is due. At the end the children report every turn.
 
 Measured: lateness of each fired turn beyond its due time (Redis clock), Redis calls per
-message (record + claim + finish + renew + scheduler reads, every process), turns per burst (a
-burst split over two turns or two bursts merged into one both show), lost and duplicated
-messages, and handler invocations saved against one invocation per message.
+message (record + step + renew + blocking reads of the wake list, every process), turns per
+burst (a burst split over two turns or two bursts merged into one both show), lost and
+duplicated messages, and handler invocations saved against one invocation per message. The
+same load runs twice: at the default rate and at three times it (the conversations start
+within a third of ``--spread-s``; the ``_3x`` fields). Then three runners sit on an idle lane
+for ``--idle-s`` and their Redis calls per second are counted (``idle_calls_per_s``).
 
-    python bench/debounce.py [--conversations 10000] [--members 4] [--quiet-ms 300]
+    python bench/debounce.py [--conversations 10000] [--members 3] [--quiet-ms 1000]
     python bench/debounce.py --codec     # the buffered-message codec against JSON + base64
 
 The last line of output is one JSON object.
@@ -39,10 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import percentile
 from redis.asyncio import Redis
 
-from pipeline.admission.debounce import Debouncer, Turn
-from pipeline.admission.debounce_codec import BufferedMessage, decode, encode
-from pipeline.admission.debounce_keys import lane_tag
-from pipeline.admission.debounce_runner import TurnRunner
+from pipeline.admission.debounce import Debouncer, Turn, TurnRunner
+from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.codec import BufferedMessage, decode, encode
 from pipeline.envelope import Message
 from pipeline.topics.spec import DebouncePolicy
 
@@ -50,12 +52,16 @@ PREFIX = "plbench"
 MAX_BURST = 6
 
 
-def member_main(url: str, lane: str, policy: dict[str, Any], stop: Any, out: Any) -> None:
+def member_main(
+    url: str, lane: str, policy: dict[str, Any], tuning: tuple[int, int], stop: Any, out: Any
+) -> None:
     """One member process: run a TurnRunner until ``stop`` is set, then report its turns."""
-    asyncio.run(_member(url, lane, DebouncePolicy(**policy), stop, out))
+    asyncio.run(_member(url, lane, DebouncePolicy(**policy), tuning, stop, out))
 
 
-async def _member(url: str, lane: str, policy: DebouncePolicy, stop: Any, out: Any) -> None:
+async def _member(
+    url: str, lane: str, policy: DebouncePolicy, tuning: tuple[int, int], stop: Any, out: Any
+) -> None:
     client = Redis.from_url(url)
     debouncer = Debouncer(client, PREFIX, lane, policy, idle_ttl_ms=60_000)
     turns: list[tuple[str, list[str], tuple[int, ...]]] = []
@@ -65,7 +71,8 @@ async def _member(url: str, lane: str, policy: DebouncePolicy, stop: Any, out: A
         await asyncio.sleep(random.uniform(0.002, 0.02))  # the handler's work
         return True
 
-    runner = TurnRunner(debouncer, handle, max_concurrency=64)
+    batch_ms, pass_at = tuning
+    runner = TurnRunner(debouncer, handle, max_concurrency=64, batch_ms=batch_ms, pass_at=pass_at)
     halt = asyncio.Event()
     task = asyncio.create_task(runner.run(halt))
     while debouncer.stats.redis_calls == 0:  # noqa: ASYNC110 - until the first claim is sent
@@ -160,6 +167,42 @@ async def drained(url: str, lane: str, policy: DebouncePolicy) -> None:
     await client.aclose()
 
 
+async def delete_lane(url: str, lane: str) -> None:
+    """Delete every key the benchmark created for ``lane``."""
+    client = Redis.from_url(url)
+    names = [k async for k in client.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, lane)}*")]
+    if names:
+        await client.delete(*names)
+    await client.aclose()
+
+
+async def idle_calls(url: str, idle_s: float) -> float:
+    """Redis calls per second of three runners on a lane that receives nothing."""
+    lane = f"bench_idle_{uuid.uuid4().hex[:8]}"
+    policy = DebouncePolicy(key="conversation_id", quiet_s=1.0, max_wait_s=10.0)
+    clients = [Redis.from_url(url) for _ in range(3)]
+    debouncers = [Debouncer(c, PREFIX, lane, policy) for c in clients]
+
+    async def never(turn: Turn) -> bool:
+        raise AssertionError(f"an idle lane ran a turn of {turn.key}")
+
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(TurnRunner(d, never).run(stop)) for d in debouncers]
+    await asyncio.sleep(1.0)  # started: each made its first claim and blocks on the wake list
+    before = sum(d.stats.redis_calls for d in debouncers)
+    started = time.monotonic()
+    await asyncio.sleep(idle_s)
+    calls = sum(d.stats.redis_calls for d in debouncers) - before
+    elapsed_s = time.monotonic() - started
+    stop.set()
+    await asyncio.gather(*tasks)
+    for client in clients:
+        await client.aclose()
+    await delete_lane(url, lane)
+    print(f"idle lane, 3 runners: {calls} Redis calls in {elapsed_s:.1f} s")
+    return calls / elapsed_s
+
+
 def effective_bursts(arrivals: dict[str, list[tuple[int, str]]], quiet_ms: int) -> int:
     """Bursts as they reached Redis: a conversation's messages cut where a gap >= quiet."""
     count = 0
@@ -169,37 +212,29 @@ def effective_bursts(arrivals: dict[str, list[tuple[int, str]]], quiet_ms: int) 
     return count
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the benchmark and return its summary; the lane's keys are deleted, pass or fail."""
+def run(args: argparse.Namespace, spread_s: float) -> dict[str, Any]:
+    """Run the load once, its conversations starting within ``spread_s``; return its figures."""
     lane = f"bench_{uuid.uuid4().hex[:8]}"
     try:
-        return _measure(args, lane)
+        return run_lane(args, lane, spread_s)
     finally:
-        asyncio.run(_delete_lane(args.url, lane))
+        asyncio.run(delete_lane(args.url, lane))
 
 
-async def _delete_lane(url: str, lane: str) -> None:
-    """Delete every debounce key of ``lane`` (they share its hash tag)."""
-    client = Redis.from_url(url)
-    try:
-        found = [key async for key in client.scan_iter(match=f"{lane_tag(PREFIX, lane)}*")]
-        if found:
-            await client.delete(*found)
-    finally:
-        await client.aclose()
-
-
-def _measure(args: argparse.Namespace, lane: str) -> dict[str, Any]:
-    """One run on ``lane``: members, producers, the drain, and the summary."""
+def run_lane(args: argparse.Namespace, lane: str, spread_s: float) -> dict[str, Any]:
+    """Run the load once on ``lane``."""
     quiet_s = args.quiet_ms / 1000
     policy = DebouncePolicy(key="conversation_id", quiet_s=quiet_s, max_wait_s=quiet_s * 10)
-    plan = schedule(args.conversations, args.bursts, args.quiet_ms, args.spread_s)
+    plan = schedule(args.conversations, args.bursts, args.quiet_ms, spread_s)
     messages = sum(len(b) for c in plan for b in c)
     bursts = sum(len(c) for c in plan)
     ctx = mp.get_context("spawn")
     stop, out, produced = ctx.Event(), ctx.Queue(), ctx.Queue()
     members = [
-        ctx.Process(target=member_main, args=(args.url, lane, policy.model_dump(), stop, out))
+        ctx.Process(
+            target=member_main,
+            args=(args.url, lane, policy.model_dump(), (args.batch_ms, args.pass_at), stop, out),
+        )
         for _ in range(args.members)
     ]
     for member in members:
@@ -274,7 +309,6 @@ def _measure(args: argparse.Namespace, lane: str) -> dict[str, Any]:
             f"redis calls {calls} (records {messages})"
         )
     return {
-        "bench": "debounce",
         "lateness_p99_ms": p99,
         "redis_calls_per_msg": round(calls / messages, 3),
         "turns_per_burst": round(turns / real_bursts, 4),
@@ -336,6 +370,16 @@ def codec() -> dict[str, Any]:
     return result
 
 
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The default rate, three times the rate, then the idle lane."""
+    result: dict[str, Any] = {"bench": "debounce"}
+    result.update(run(args, args.spread_s))
+    fast = run(args, args.spread_s / 3)
+    result.update({f"{name}_3x": value for name, value in fast.items()})
+    result["idle_calls_per_s"] = round(asyncio.run(idle_calls(args.url, args.idle_s)), 3)
+    return result
+
+
 def main() -> None:
     """Parse the arguments, run, print the summary as the last line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -348,9 +392,12 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--quiet-ms", type=int, default=1000)
     parser.add_argument("--spread-s", type=float, default=90.0)
+    parser.add_argument("--idle-s", type=float, default=30.0)
+    parser.add_argument("--batch-ms", type=int, default=10, help="the runners' step spacing")
+    parser.add_argument("--pass-at", type=int, default=6, help="turns per step that pass it on")
     parser.add_argument("--codec", action="store_true", help="measure the codec only")
     args = parser.parse_args()
-    result = codec() if args.codec else run(args)
+    result = codec() if args.codec else bench(args)
     print(json.dumps(result))
 
 

@@ -8,23 +8,35 @@ Four phases in one run, each ``--phase-s`` seconds (``make bench-fairness``):
 3. **throttle**: the same load through :class:`~pipeline.admission.throttle.Throttle`;
 4. **subtenants**: the flood split across ``--subs`` sub-tenant keys of the flooder's org.
 
-A job's *wait* is from its submission to its handler's start; handlers sleep a lognormal time
-(median ``--median-ms``, sigma 0.5). With the throttle, every job takes its keys
-(``sub:FLOODER/N``, ``org:TENANT``, ``pool``) in one call; ``pool`` has the limit ``--slots``, so
-waiting work holds no worker. A tenant below its floor of in-flight work asks with priority 10,
-others with 0 (the batch-lane style gate); the flooder's org limit is what the others leave it,
-``slots - reserve``, where the reserve is the small tenants' earned ceiling
-(``pipeline.admission.limits``: base from their rate and duration, plus burst). The flooder keeps
-at most ``2 * slots`` acquisitions outstanding (``--subs`` variant: 2 per sub-tenant); the rest of
-its flood waits in its backlog, as the runtime defers over-limit messages instead of holding them.
+Then the **multi-member** variant: phases 1 and 3 again, the load split over three member
+processes that share the throttle (each its own ``Throttle`` member, woken through its wake
+list when another member's release hands it a slot).
 
-Figures (last line, one JSON object): ``isolation_p99`` small tenants' p99 wait under the flood
-/ without it; ``vs_fifo_p99`` FIFO's small p99 / the throttle's; ``jain`` Jain's index of the
-sub-tenants' throughput in phase 4 (all backlogged); ``stranded_slot_s`` idle slot-seconds while
-a waiting job's keys all had room (sampled every 5 ms); ``over_admissions`` times a key had more
-running jobs than its limit; ``flooder_share`` flooder throughput / (capacity - small
-throughput); ``roundtrips_per_admission``; ``wake_p99_ms`` hand-over in Redis to the waiter's
-wake read; ``admissions_per_s`` in phase 3.
+A job's *wait* is from its submission to its handler's start; handlers sleep a lognormal time
+(median ``--median-ms``, sigma 0.5). With the throttle, every job takes its keys (``sub:FLOODER/N``,
+``org:TENANT``, ``pool``) in one call; ``pool`` has the limit ``--slots``, so waiting work holds no
+worker. A tenant below its floor of in-flight work asks with priority 10, one within its earned
+ceiling with 5, others with 0 (the batch-lane style gate): a small tenant just over its floor queues
+ahead of the flood, not behind it. The slots kept for priority 10 are sized by
+``pipeline.admission.reserve`` from the measured rates: the reserve the small tenants would need to
+themselves for P(wait) < 1 % (Erlang C), of which everything but a headroom is lent to lower
+priorities while unused (trunk reservation on ``pool``, ``Throttle.set_reserve``); the headroom is
+the least number of idle slots for which a small job finds none free in under 1 % of arrivals, given
+how fast lent slots come back. Each second the sizer re-sizes it from the small arrivals and service
+times measured over the last five seconds (the multi-member variant keeps the plan sized from the
+nominal rates). The flooder keeps at most ``2 * slots`` acquisitions outstanding (``--subs``
+variant: 2 per sub-tenant); the rest of its flood waits in its backlog, as the runtime defers
+over-limit messages instead of holding them.
+
+Figures (last line, one JSON object): ``isolation_p99`` small tenants' p99 wait under the flood /
+without it; ``vs_fifo_p99`` FIFO's small p99 / the throttle's; ``jain`` Jain's index of the
+sub-tenants' throughput in phase 4 (all backlogged); ``stranded_slot_s`` idle slot-seconds while a
+waiting job's keys all had room for it, the reserve counted (sampled every 5 ms);
+``over_admissions`` times a key had more running jobs than its limit; ``flooder_share`` flooder
+throughput / (capacity - small throughput); ``roundtrips_per_admission``; ``wake_p99_ms`` hand-over
+in Redis to the waiter's wake read; ``admissions_per_s`` in phase 3; ``reserve`` and ``headroom`` as
+last sized; ``multi_member_isolation_p99`` (the small tenants' p99 wait under the flood / calm,
+three members) and ``multi_member_wake_p99_ms`` (hand-over in Redis to the woken member's read).
 
 Each phase also records every started job's tenant class (small or flooder), submission and start
 time; from these, after the last phase, ``docs/fairness.csv`` (per phase, class and 1-second
@@ -40,6 +52,7 @@ import asyncio
 import csv
 import json
 import math
+import multiprocessing as mp
 import random
 import sys
 import time
@@ -55,6 +68,7 @@ from redis.asyncio import Redis
 
 from pipeline.admission import keys
 from pipeline.admission.limits import ceiling, earned_base
+from pipeline.admission.reserve import ReserveSizer
 from pipeline.admission.throttle import Throttle
 from pipeline.config import load_settings
 
@@ -62,7 +76,9 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [f"s{i:02d}" for i in range(50)]
 FLOODER = "flood"
-HIGH, LOW = 10, 0
+HIGH, MID, LOW = 10, 5, 0
+MEMBERS = 3
+RATE_WINDOW_S = 5.0
 
 
 @dataclass
@@ -79,6 +95,9 @@ class Phase:
     roundtrips: int = 0
     span_s: float = 0.0
     started_at: float = 0.0  # time.monotonic() when its load began
+    wake_delays_ms: list[float] = field(default_factory=list)
+    reserve: int = 0
+    headroom: int = 0
     # Per started job: (tenant class, submitted, started), seconds since ``started_at``.
     jobs: list[tuple[str, float, float]] = field(default_factory=list)
 
@@ -97,13 +116,15 @@ def jain(values: list[float]) -> float:
 class Load:
     """Arrivals and service times shared by all phases."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, *, share: float = 1.0, seed: int = 0) -> None:
+        """The load, or ``share`` of its small arrivals (one member of several)."""
         self.args = args
-        self.rng = random.Random(args.seed)
+        self.rng = random.Random(args.seed + seed)
         self.mu = math.log(args.median_ms / 1000)
         self.mean_s = math.exp(self.mu + 0.125)  # lognormal mean, sigma 0.5
         self.capacity_per_s = args.slots / self.mean_s
         self.small_rate_per_s = args.small_load * self.capacity_per_s
+        self.share = share
 
     def service_s(self) -> float:
         return self.rng.lognormvariate(self.mu, 0.5)
@@ -115,7 +136,7 @@ class Load:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while not stop.is_set():
-            next_at += self.rng.expovariate(self.small_rate_per_s)
+            next_at += self.rng.expovariate(self.small_rate_per_s * self.share)
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             submit(self.rng.choice(SMALL), None)
 
@@ -165,44 +186,72 @@ async def run_fifo(load: Load, phase_s: float) -> Phase:
 class ThrottledRun:
     """Phases 1, 3 and 4: every job acquires its keys from the throttle before it runs."""
 
-    def __init__(self, load: Load, throttle: Throttle, name: str, *, flood: str) -> None:
+    def __init__(
+        self, load: Load, throttle: Throttle, name: str, *, flood: str, sized: bool = True
+    ) -> None:
         self.load, self.throttle, self.flood = load, throttle, flood
+        self.sized = sized  # False: another process set the limits and the reserve
         self.phase = Phase(name)
+        self.sizer = ReserveSizer(throttle, "pool", load.args.slots, HIGH)
+        self.small_arrivals: list[float] = []  # monotonic submission times (small tenants)
+        self.services: list[tuple[float, float]] = []  # (finished at, service s), every job
         self.limits: dict[str, int] = {}
         self.running: dict[str, int] = defaultdict(int)
         self.outstanding: dict[str, int] = defaultdict(int)  # per tenant: waiting + running
-        self.waiting: dict[int, tuple[str, ...]] = {}
+        self.waiting: dict[int, tuple[tuple[str, ...], int]] = {}  # keys, priority
         self.stop = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def set_limits(self) -> None:
-        args, load = self.load.args, self.load
-        per_tenant_per_min = load.small_rate_per_s * 60 / len(SMALL)
-        small_base = earned_base(args.floor, per_tenant_per_min, load.mean_s)
-        small_total = load.small_rate_per_s * load.mean_s
-        reserve = args.reserve if args.reserve >= 0 else math.ceil(small_total)
-        self.limits = {"pool": args.slots, f"org:{FLOODER}": max(1, args.slots - reserve)}
-        for tenant in SMALL:
-            self.limits[f"org:{tenant}"] = ceiling(small_base, 2, 0.5)
-        for i in range(args.subs):
-            self.limits[f"sub:{FLOODER}/{i}"] = args.sub_limit
+        self.limits = limits_for(self.load)
+        if not self.sized:
+            return
         await asyncio.gather(*(self.throttle.set_limit(k, v) for k, v in self.limits.items()))
+        await self.size_reserve(self.load.small_rate_per_s, self.load.mean_s, self.load.mean_s)
+
+    async def size_reserve(self, rate_per_s: float, small_s: float, pool_s: float) -> None:
+        """Size the pool's reserve (or keep ``--reserve`` slots, if given)."""
+        if self.load.args.reserve >= 0:
+            await self.throttle.set_reserve("pool", self.load.args.reserve, HIGH)
+            self.phase.headroom = self.phase.reserve = self.load.args.reserve
+            return
+        sized = await self.sizer.resize(rate_per_s, small_s, pool_s)
+        self.phase.reserve, self.phase.headroom = sized.reserve, sized.headroom
+
+    async def resize_loop(self) -> None:
+        """Each second, re-size the reserve from the rates measured over the last window."""
+        while not self.stop.is_set():
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            span = min(RATE_WINDOW_S, now - self.phase.started_at)
+            recent = [s for at, s in self.services if at >= now - span]
+            arrivals = sum(1 for at in self.small_arrivals if at >= now - span)
+            if span > 0 and recent:
+                mean = sum(recent) / len(recent)
+                await self.size_reserve(arrivals / span, mean, mean)
 
     def keys_of(self, tenant: str, sub: str | None) -> list[str]:
         keys = [f"org:{tenant}", "pool"]
         return [*keys, f"sub:{tenant}/{sub}"] if sub is not None else keys
 
     def submit(self, tenant: str, sub: str | None) -> None:
+        self.small_arrivals.append(time.monotonic())
         task = asyncio.create_task(self.job(tenant, sub))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def job(self, tenant: str, sub: str | None) -> None:
         keys = self.keys_of(tenant, sub)
-        priority = HIGH if self.outstanding[tenant] < self.load.args.floor else LOW
+        outstanding = self.outstanding[tenant]
+        priority = HIGH if outstanding < self.load.args.floor else LOW
+        if (
+            priority == LOW
+            and outstanding < self.limits.get(f"org:{tenant}", 0) < self.load.args.slots
+        ):
+            priority = MID  # within its earned ceiling (the flooder's org is the whole pool)
         self.outstanding[tenant] += 1
         ident = id(asyncio.current_task())
-        self.waiting[ident] = tuple(keys)
+        self.waiting[ident] = (tuple(keys), priority)
         t0 = time.monotonic()
         try:
             permit = await self.throttle.acquire(keys, priority=priority)
@@ -220,6 +269,7 @@ class ThrottledRun:
         service = self.load.service_s()
         await asyncio.sleep(service)
         self.phase.busy_s += service
+        self.services.append((time.monotonic(), service))
         for key in permit.keys:
             self.running[key] -= 1
         await self.throttle.release(permit)
@@ -230,7 +280,7 @@ class ThrottledRun:
         """Keep the flooder's outstanding acquisitions at the per-member bound."""
         args = self.load.args
         subs = [str(i) for i in range(args.subs)] if self.flood == "subs" else [None]
-        bound = 2 if self.flood == "subs" else 2 * args.slots
+        bound = 2 if self.flood == "subs" else math.ceil(2 * args.slots * self.load.share)
         per_sub: dict[str | None, int] = defaultdict(int)
 
         async def one(sub: str | None) -> None:
@@ -251,8 +301,12 @@ class ThrottledRun:
             refill.clear()
             await refill.wait()
 
-    def admissible(self, keys: tuple[str, ...]) -> bool:
-        return all(self.running[k] < self.limits.get(k, 0) for k in keys)
+    def admissible(self, keys: tuple[str, ...], priority: int) -> bool:
+        """Whether a waiter's keys all have room for it (the pool's reserve included)."""
+        kept = self.phase.headroom if priority < HIGH else 0
+        return all(
+            self.running[k] < self.limits.get(k, 0) - (kept if k == "pool" else 0) for k in keys
+        )
 
     async def sample(self) -> None:
         slots, tick_s = self.load.args.slots, 0.005
@@ -260,7 +314,7 @@ class ThrottledRun:
             await asyncio.sleep(tick_s)
             idle = slots - self.running["pool"]
             if idle > 0:
-                ready = sum(1 for keys in self.waiting.values() if self.admissible(keys))
+                ready = sum(1 for w in self.waiting.values() if self.admissible(*w))
                 self.phase.stranded_slot_s += min(idle, ready) * tick_s
 
     async def run(self, phase_s: float) -> Phase:
@@ -271,6 +325,8 @@ class ThrottledRun:
             asyncio.create_task(self.load.small_arrivals(self.submit, self.stop)),
             asyncio.create_task(self.sample()),
         ]
+        if self.sized:
+            background.append(asyncio.create_task(self.resize_loop()))
         if self.flood != "none":
             background.append(asyncio.create_task(self.flood_pump()))
         await asyncio.sleep(phase_s)
@@ -280,24 +336,109 @@ class ThrottledRun:
         await asyncio.gather(*background, *self.tasks, return_exceptions=True)
         self.phase.roundtrips = self.throttle.roundtrips - before
         self.phase.span_s = phase_s
+        self.phase.wake_delays_ms = list(self.throttle.wake_delays_ms)
         return self.phase
+
+
+def limits_for(load: Load) -> dict[str, int]:
+    """Every key's limit: the pool, the flooder's org, the small orgs' ceilings, sub-tenants."""
+    args = load.args
+    per_tenant_per_min = load.small_rate_per_s * 60 / len(SMALL)
+    small_base = earned_base(args.floor, per_tenant_per_min, load.mean_s)
+    limits = {"pool": args.slots, f"org:{FLOODER}": args.slots}
+    for tenant in SMALL:
+        limits[f"org:{tenant}"] = ceiling(small_base, 2, 0.5)
+    for i in range(args.subs):
+        limits[f"sub:{FLOODER}/{i}"] = args.sub_limit
+    return limits
+
+
+def new_throttle(client: Redis, namespace: str) -> Throttle:
+    """A throttle member on the benchmark's namespace."""
+    return Throttle(
+        client, prefix=load_settings().redis.key_prefix, namespace=namespace, default_limit=0
+    )
+
+
+async def delete_namespace(client: Redis, throttle: Throttle) -> None:
+    """Delete every key of the throttle's namespace."""
+    pattern = f"{keys.tag(throttle.prefix, throttle.namespace)}*"
+    names = [name async for name in client.scan_iter(match=pattern)]
+    if names:
+        await client.delete(*names)
 
 
 async def throttled(load: Load, client: Redis, name: str, flood: str) -> tuple[Phase, Throttle]:
     """Run one throttled phase on a namespace of its own."""
-    settings = load_settings()
-    throttle = Throttle(
-        client,
-        prefix=settings.redis.key_prefix,
-        namespace=f"bench-{uuid.uuid4().hex[:8]}",
-        default_limit=0,
-    )
+    throttle = new_throttle(client, f"bench-{uuid.uuid4().hex[:8]}")
     await throttle.start()
     phase = await ThrottledRun(load, throttle, name, flood=flood).run(load.args.phase_s)
     await throttle.close()
-    prefix, ns = throttle.prefix, throttle.namespace
-    await client.delete(keys.limits(prefix, ns), keys.meta(prefix, ns))
+    await delete_namespace(client, throttle)
     return phase, throttle
+
+
+def member_main(
+    args: argparse.Namespace, index: int, namespace: str, flood: str, start_at: float, out: Any
+) -> None:
+    """One member process of the multi-member variant: its share of the load, its own member."""
+    out.put(asyncio.run(_member(args, index, namespace, flood, start_at)))
+
+
+async def _member(
+    args: argparse.Namespace, index: int, namespace: str, flood: str, start_at: float
+) -> dict[str, Any]:
+    client = Redis.from_url(load_settings().redis.url)
+    throttle = new_throttle(client, namespace)
+    await throttle.start()
+    await asyncio.sleep(max(0.0, start_at - time.time()))  # every member starts together
+    load = Load(args, share=1 / MEMBERS, seed=index + 1)
+    run = ThrottledRun(load, throttle, f"member{index}", flood=flood, sized=False)
+    phase = await run.run(args.phase_s)
+    await throttle.close()
+    await client.aclose()
+    return {
+        "small_waits": small_waits(phase),
+        "done": dict(phase.done),
+        "wake_delays_ms": phase.wake_delays_ms,
+        "admissions": phase.admissions,
+    }
+
+
+async def multi_member(load: Load, client: Redis, name: str, flood: str) -> Phase:
+    """Run one phase with the load split over ``MEMBERS`` processes sharing one throttle."""
+    throttle = new_throttle(client, f"bench-{uuid.uuid4().hex[:8]}")
+    await throttle.start()
+    sizing = ThrottledRun(load, throttle, name, flood=flood)
+    await sizing.set_limits()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 8.0  # after the members' imports, on a busy machine too
+    members = [
+        ctx.Process(
+            target=member_main, args=(load.args, i, throttle.namespace, flood, start_at, out)
+        )
+        for i in range(MEMBERS)
+    ]
+    for member in members:
+        member.start()
+    reports = [
+        await asyncio.to_thread(out.get, timeout=3 * load.args.phase_s + 120) for _ in members
+    ]
+    for member in members:
+        member.join(timeout=30)
+    phase = sizing.phase
+    phase.reserve, phase.headroom = sizing.phase.reserve, sizing.phase.headroom
+    phase.span_s = load.args.phase_s
+    for report in reports:
+        phase.waits_s["small"].extend(report["small_waits"])
+        phase.wake_delays_ms.extend(report["wake_delays_ms"])
+        phase.admissions += report["admissions"]
+        for tenant, count in report["done"].items():
+            phase.done[tenant] += count
+    await throttle.close()
+    await delete_namespace(client, throttle)
+    return phase
 
 
 def small_waits(phase: Phase) -> list[float]:
@@ -311,6 +452,7 @@ def report(
     thr: Phase,
     subs: Phase,
     thr_t: Throttle,
+    multi: tuple[Phase, Phase],
     args: argparse.Namespace,
 ) -> dict[str, object]:
     calm_p99, fifo_p99, thr_p99 = (percentile(small_waits(p), 99) for p in (calm, fifo, thr))
@@ -319,6 +461,9 @@ def report(
     left_per_s = load.capacity_per_s - small_done
     sub_rates = [subs.done[f"{FLOODER}/{i}"] / subs.span_s for i in range(args.subs)]
     wake = sorted(thr_t.wake_delays_ms)
+    multi_calm, multi_flood = (percentile(p.waits_s["small"], 99) for p in multi)
+    multi_wake = multi[1].wake_delays_ms + multi[0].wake_delays_ms
+    multi_left = load.capacity_per_s - sum(multi[1].done[t] for t in SMALL) / multi[1].span_s
     rows = {
         "calm": calm,
         "fifo": fifo,
@@ -350,11 +495,22 @@ def report(
         "roundtrips_per_admission": round(thr.roundtrips / max(1, thr.admissions), 3),
         "wake_p99_ms": round(percentile(wake, 99), 2) if wake else None,
         "admissions_per_s": round(thr.admissions / thr.span_s, 1),
+        "reserve": thr.reserve,
+        "headroom": thr.headroom,
+        "multi_member_isolation_p99": round(multi_flood / multi_calm, 2) if multi_calm else None,
+        "multi_member_wake_p99_ms": round(percentile(multi_wake, 99), 2) if multi_wake else None,
+        "multi_member_flooder_share": (
+            round(multi[1].done[FLOODER] / multi[1].span_s / multi_left, 3)
+            if multi_left > 0
+            else None
+        ),
         "small_p99_ms": {
             "calm": round(calm_p99 * 1000, 2),
             "fifo": round(fifo_p99 * 1000, 1),
             "throttle": round(thr_p99 * 1000, 2),
             "subtenants": round(percentile(small_waits(subs), 99) * 1000, 2),
+            "multi_member_calm": round(multi_calm * 1000, 2),
+            "multi_member_throttle": round(multi_flood * 1000, 2),
         },
         "slots": args.slots,
         "phase_s": args.phase_s,
@@ -479,9 +635,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         fifo = await watched(run_fifo(load, args.phase_s), "fifo", limit_s)
         thr, thr_t = await watched(throttled(load, client, "throttle", "org"), "throttle", limit_s)
         subs, _ = await watched(throttled(load, client, "subtenants", "subs"), "subs", limit_s)
+        m_calm = await watched(multi_member(load, client, "multi_calm", "none"), "multi", limit_s)
+        m_thr = await watched(multi_member(load, client, "multi_flood", "org"), "multi", limit_s)
     finally:
         await client.aclose()
-    result = report(load, calm, fifo, thr, subs, thr_t, args)
+    result = report(load, calm, fifo, thr, subs, thr_t, (m_calm, m_thr), args)
     write_series(args, [calm, fifo, thr, subs])
     return result
 
@@ -505,7 +663,7 @@ def parse_args() -> argparse.Namespace:
         "--reserve",
         type=int,
         default=-1,
-        help="slots kept from the flooder (default: the small tenants' mean in-flight work, R * D)",
+        help="pool slots kept for tenants under their floor (default: sized, re-sized each second)",
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where the CSV and PNG go")

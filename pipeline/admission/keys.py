@@ -25,6 +25,11 @@ def limits(prefix: str, namespace: str) -> str:
     return f"{tag(prefix, namespace)}:limits"
 
 
+def reserve(prefix: str, namespace: str) -> str:
+    """Throttle key -> ``"SLOTS:MIN_PRIO"``: slots of its limit kept for better priorities."""
+    return f"{tag(prefix, namespace)}:reserve"
+
+
 def leases(prefix: str, namespace: str) -> str:
     """Zset: holder -> lease expiry in ms, for every permit held or waiting."""
     return f"{tag(prefix, namespace)}:leases"

@@ -40,22 +40,21 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from importlib import resources
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
 from pipeline.admission.adaptive import Feedback, release_args
+from pipeline.admission.functions import ThrottleFunctions
 from pipeline.admission.order import SCOPE_RANK, canonical_order
 from pipeline.admission.permit import Permit, default_member_id
 from pipeline.admission.status import MAX_PRIORITY, ThrottleStatus, read_active_keys, read_status
 from pipeline.admission.wake import WakeListener, dedicated_client
 from pipeline.config import Settings
 from pipeline.errors import ThrottleClosed
-from pipeline.redis_functions import FunctionLibrary
 
 __all__ = [
     "MAX_PRIORITY",
@@ -69,7 +68,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LIBRARY = resources.files("pipeline.admission").joinpath("lua/throttle.lua").read_text()
+T = TypeVar("T")
 _UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, OSError)
 
 
@@ -117,8 +116,9 @@ class Throttle:
         self.default_limit = default_limit
         self.lease_ms = lease_ms
         self.member = member or default_member_id()
-        self._functions = FunctionLibrary(client, LIBRARY)
-        self._meta = k.meta(prefix, namespace)
+        self._functions = ThrottleFunctions(
+            client, prefix, namespace, member=self.member, default_limit=default_limit
+        )
         self._wake = WakeListener(
             wake_client or dedicated_client(client, wake_block_s + 5.0),
             k.wake(prefix, namespace, self.member),
@@ -251,11 +251,10 @@ class Throttle:
             return
         self._forget(permit.holder)
         try:
-            _freed, woken = await self._fcall(
-                "thr_release",
-                [permit.holder, self.default_limit, self.member, *release_args(feedback)],
+            released = await self._call(
+                self._functions.release(permit.holder, release_args(feedback))
             )
-            self._woken(woken)
+            self._woken(released.woken)
             closed_for_ms = max((f.retry_after_ms for f in feedback), default=0)
             if closed_for_ms:
                 self._spawn(self._reopen_after(closed_for_ms / 1000 + 0.02))
@@ -277,11 +276,21 @@ class Throttle:
         """Set ``key``'s limit (``None``: back to the default); new room goes to its waiters."""
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        value = "" if limit is None else limit
-        _count, woken = await self._fcall(
-            "thr_set_limit", [key, value, self.default_limit, self.member]
-        )
-        self._woken(woken)
+        self._woken((await self._call(self._functions.set_limit(key, limit))).woken)
+
+    async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
+        """Keep the last ``slots`` of ``key``'s limit for permits of ``min_priority`` or more.
+
+        Lower priorities see the limit minus ``slots`` (trunk reservation: they borrow the rest
+        of the reserve while it is unused). ``None`` stops keeping any; freed room goes to the
+        waiters. Sized by :mod:`pipeline.admission.reserve`.
+        """
+        if slots is not None and slots < 0:
+            raise ValueError("reserve slots must be >= 0")
+        if not 0 <= min_priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be 0..{MAX_PRIORITY}")
+        reserved = await self._call(self._functions.set_reserve(key, slots, min_priority))
+        self._woken(reserved.woken)
 
     async def status(self, key: str) -> ThrottleStatus:
         """Read ``key``'s limit, holders, waiters and recent grants in one transaction."""
@@ -308,22 +317,17 @@ class Throttle:
         )
 
     async def _call_acquire(self, permit: Permit, *, try_only: bool) -> str:
-        args = [
-            permit.holder,
-            self.member,
-            permit.priority,
-            permit.lease_ms,
-            self.default_limit,
-            "1" if try_only else "0",
-            *permit.keys,
-        ]
-        state, _held, woken = await self._fcall("thr_acquire", args)
-        self._woken(woken)
-        return _text(state)
+        acquired = await self._call(
+            self._functions.acquire(
+                permit.holder, permit.priority, permit.lease_ms, permit.keys, try_only=try_only
+            )
+        )
+        self._woken(acquired.woken)
+        return acquired.state
 
-    async def _fcall(self, name: str, args: Sequence[Any]) -> Any:
+    async def _call(self, call: Awaitable[T]) -> T:
         self.roundtrips += 1
-        return await self._functions.fcall(name, [self._meta], args)
+        return await call
 
     def _fail_open(self, permit: Permit, exc: BaseException) -> Permit:
         self.fail_open += 1
@@ -358,10 +362,7 @@ class Throttle:
     async def _withdraw(self, holder: str) -> None:
         self._forget(holder)
         with contextlib.suppress(*_UNAVAILABLE):
-            _freed, woken = await self._fcall(
-                "thr_release", [holder, self.default_limit, self.member]
-            )
-            self._woken(woken)
+            self._woken((await self._call(self._functions.release(holder))).woken)
 
     async def _reopen_after(self, delay_s: float) -> None:
         """Reopen keys a Retry-After closed once it passed: any throttle call reopens due keys.
@@ -373,8 +374,7 @@ class Throttle:
             await asyncio.wait_for(self._closed.wait(), delay_s)
             return
         with contextlib.suppress(*_UNAVAILABLE):
-            _letters, woken = await self._fcall("thr_renew", [self.default_limit, self.member])
-            self._woken(woken)
+            self._woken((await self._call(self._functions.renew())).woken)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -402,9 +402,9 @@ class Throttle:
 
     async def _renew_once(self) -> None:
         holders = list(self._live)
-        letters, woken = await self._fcall("thr_renew", [self.default_limit, self.member, *holders])
-        self._woken(woken)
-        states = _text(letters)
+        renewed = await self._call(self._functions.renew(holders))
+        self._woken(renewed.woken)
+        states = renewed.letters
         for holder, state in zip(holders, states, strict=True):
             permit = self._live.get(holder)
             if permit is None:

@@ -3,7 +3,7 @@
 A message of a debounced lane is decoded (a malformed one is dead-lettered at once), its
 conversation key read from the event field the lane's ``debounce.key`` names, and it is recorded
 in the lane's :class:`~pipeline.admission.debounce.Debouncer`. Once recorded it is durable in
-Redis, so its offset may be committed. A :class:`~pipeline.admission.debounce_runner.TurnRunner`
+Redis, so its offset may be committed. A :class:`~pipeline.admission.debounce.runner.TurnRunner`
 per lane claims due turns and calls the handler with the turn's events in order.
 
 A turn whose handler fails with a retryable error runs again after a backoff, with the same
@@ -27,8 +27,8 @@ from redis.asyncio import Redis
 
 from pipeline import tracing
 from pipeline.admission.debounce import Debouncer, Turn
-from pipeline.admission.debounce_codec import BufferedMessage
-from pipeline.admission.debounce_runner import TurnRunner
+from pipeline.admission.debounce.codec import BufferedMessage
+from pipeline.admission.debounce.runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.errors import Skip
 from pipeline.offload.reference import OFFLOAD

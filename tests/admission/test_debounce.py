@@ -12,9 +12,9 @@ import pytest
 from redis.asyncio import Redis
 from runtime.helpers import eventually
 
-from pipeline.admission import debounce_keys
 from pipeline.admission.debounce import Debouncer, Turn
-from pipeline.admission.debounce_runner import TurnRunner
+from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.topics.spec import DebouncePolicy
 

@@ -16,7 +16,8 @@ from redis.asyncio import Redis
 from runtime.helpers import eventually
 
 from pipeline.admission.debounce import Debouncer, Turn
-from pipeline.admission.debounce_runner import TurnRunner
+from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.errors import DebounceUnavailable
 from pipeline.topics.spec import DebouncePolicy
@@ -31,7 +32,7 @@ MEMBER = textwrap.dedent(
     import asyncio, sys
     from redis.asyncio import Redis
     from pipeline.admission.debounce import Debouncer
-    from pipeline.admission.debounce_runner import TurnRunner
+    from pipeline.admission.debounce.runner import TurnRunner
     from pipeline.topics.spec import DebouncePolicy
 
     async def main(url, lane):
@@ -94,8 +95,57 @@ async def test_turn_of_a_member_killed_after_claiming_still_fires(redis_service,
         async with running(TurnRunner(debouncer, keep)):
             await eventually(lambda: turns)
     finally:
+        async for key in client.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, lane)}*"):
+            await client.delete(key)
         await client.aclose()
     assert [m.value for m in turns[0].messages] == [b"m0", b"m1", b"m2"]
+    assert turns[0].attempt == 2  # the killed member's run counts as an attempt
+
+
+async def test_runner_killed_mid_turn_loses_nothing_to_a_runner_already_waiting(
+    redis_service, unique
+):
+    """A member killed mid-turn while another waits blocked: every message still runs, once.
+
+    The killed member held the lane's timer; the waiting runner is not woken by anyone, so its
+    watchdog claims the turn once the lease has run out. A message recorded while the dead
+    turn held the key runs in the next turn.
+    """
+    lane = f"deb_{unique}"
+    client = Redis.from_url(redis_service)
+    recorder = Debouncer(client, PREFIX, lane, POLICY, lease_ms=1000)
+    survivor = Debouncer(Redis.from_url(redis_service), PREFIX, lane, POLICY, lease_ms=1000)
+    turns: list[Turn] = []
+
+    async def keep(turn: Turn) -> bool:
+        turns.append(turn)
+        return True
+
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", MEMBER, redis_service, lane, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        for i in range(3):
+            await recorder.record("conv", message(i))
+        line = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert line.split() == [b"claimed", b"conv", b"3"]
+        async with running(TurnRunner(survivor, keep, poll_interval_ms=1500)):
+            await eventually(lambda: survivor.stats.steps >= 1)
+            await recorder.record("conv", message(3))  # lands behind the dead member's lease
+            os.kill(child.pid, signal.SIGKILL)
+            await child.wait()
+            await eventually(lambda: len(turns) >= 1)
+            await eventually(lambda: [m for t in turns for m in t.messages][-1].offset == 3)
+    finally:
+        if child.returncode is None:
+            os.kill(child.pid, signal.SIGKILL)
+            await child.wait()
+        async for key in client.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, lane)}*"):
+            await client.delete(key)
+        await client.aclose()
+        await survivor.functions.client.aclose()
+    assert [m.value for t in turns for m in t.messages] == [b"m0", b"m1", b"m2", b"m3"]
     assert turns[0].attempt == 2  # the killed member's run counts as an attempt
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pipeline.admission import debounce_keys
-from pipeline.admission.debounce_codec import BufferedMessage, CodecError, decode, encode
+from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.codec import BufferedMessage, CodecError, decode, encode
 from pipeline.envelope import Message
 from pipeline.errors import TopicSpecError
 from pipeline.topics.spec import DebouncePolicy, load_spec
@@ -90,5 +90,8 @@ def test_codec_refuses_truncated_records():
 
 def test_every_key_of_a_lane_shares_one_hash_tag():
     """The due set, buffer and state keys of a lane hash to the same cluster slot."""
-    names = debounce_keys.conversation_keys("pl", "ai_turns", "conv{1}")
+    names = [
+        *debounce_keys.conversation_keys("pl", "ai_turns", "conv{1}"),
+        *debounce_keys.lane_keys("pl", "ai_turns"),
+    ]
     assert {name[: name.index("}") + 1] for name in names} == {"{pl:deb:ai_turns}"}

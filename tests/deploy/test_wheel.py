@@ -55,7 +55,7 @@ for path in paths(root, []):
 data = {
     str(p): p.read_text(encoding="utf-8")[:200]
     for package in ("pipeline.runtime", "pipeline.retry", "pipeline.admission",
-                    "pipeline.transport.redis_streams")
+                    "pipeline.admission.debounce", "pipeline.transport.redis_streams")
     for p in resources.files(package).joinpath("lua").iterdir()
     if p.name.endswith(".lua")
 }

@@ -27,9 +27,14 @@
 --                        last decrease), until (closed by a Retry-After up to this time, ms)
 --   T:closed      zset   adaptive keys closed by a Retry-After -> reopening time (ms); their
 --                        limit is 0 meanwhile, and every call reopens those that are due
+--   T:reserve     hash   throttle key -> "SLOTS:MIN_PRIO": the last SLOTS of the key's limit
+--                        are kept for permits of priority >= MIN_PRIO (trunk reservation);
+--                        lower priorities see the limit minus SLOTS
 --
--- Invariant after every call: a key has waiters only while its holders fill its limit, so a
--- newcomer queues behind them (no barging) and a freed slot never stays idle while one waits.
+-- A permit's *room* on a key is its limit, less the key's reserve if the permit's priority is
+-- below the reserve's. Invariant after every call: a key has waiters only while its holders
+-- fill the room of its best waiter, so a newcomer of no better priority queues behind them (no
+-- barging) and a freed slot never stays idle while a waiter has room for it.
 -- A permit holds a prefix of its keys in the canonical order and waits on the next one: the
 -- waits-for graph only points to later keys, so it has no cycles (no deadlock), and a waiter is
 -- never bounced
@@ -77,9 +82,28 @@ local function load_permit(tag, holder)
   return p
 end
 
-local function can_take(tag, key, default_limit)
-  if redis.call('ZCARD', tag .. ':w:' .. key) > 0 then return false end
-  return redis.call('ZCARD', tag .. ':h:' .. key) < limit_of(tag, key, default_limit)
+-- The slots of KEY a permit of priority `prio` may fill: the limit, less the reserve kept
+-- for better priorities.
+local function room_of(tag, key, prio, default_limit)
+  local limit = limit_of(tag, key, default_limit)
+  local reserve = redis.call('HGET', tag .. ':reserve', key)
+  if not reserve then return limit end
+  local slots, min_prio = string.match(reserve, '^(%d+):(%d+)$')
+  if prio < tonumber(min_prio) then return limit - tonumber(slots) end
+  return limit
+end
+
+-- The priority of KEY's best waiter, or nil.
+local function best_waiter(tag, key)
+  local head = redis.call('ZRANGE', tag .. ':w:' .. key, 0, 0, 'WITHSCORES')
+  if not head[1] then return nil, nil end
+  return head[1], MAX_PRIORITY - math.floor(tonumber(head[2]) / SEQ_SPAN)
+end
+
+local function can_take(tag, key, default_limit, prio)
+  local _, waiting_prio = best_waiter(tag, key)
+  if waiting_prio and waiting_prio >= prio then return false end
+  return redis.call('ZCARD', tag .. ':h:' .. key) < room_of(tag, key, prio, default_limit)
 end
 
 local function grant_slot(tag, key, holder, expiry, now)
@@ -97,7 +121,7 @@ local function advance(tag, holder, p, now, default_limit)
   local expiry = now + p.lease_ms
   while p.next <= #p.keys do
     local key = p.keys[p.next]
-    if not can_take(tag, key, default_limit) then
+    if not can_take(tag, key, default_limit, tonumber(p.prio)) then
       local rank = (MAX_PRIORITY - tonumber(p.prio)) * SEQ_SPAN + tonumber(p.seq)
       redis.call('ZADD', tag .. ':w:' .. key, rank, holder)
       redis.call('SADD', tag .. ':active', key)
@@ -122,10 +146,10 @@ end
 local function pump(tag, key, now, default_limit)
   local woken = 0
   local holders, waiters = tag .. ':h:' .. key, tag .. ':w:' .. key
-  local limit = limit_of(tag, key, default_limit)
-  while redis.call('ZCARD', holders) < limit do
-    local head = redis.call('ZRANGE', waiters, 0, 0)[1]
+  while true do
+    local head, prio = best_waiter(tag, key)
     if not head then break end
+    if redis.call('ZCARD', holders) >= room_of(tag, key, prio, default_limit) then break end
     redis.call('ZREM', waiters, head)
     local p = load_permit(tag, head)
     if p then
@@ -256,7 +280,7 @@ local function acquire(keys, args)
   wanted = unique(wanted)
   if try_only then
     for _, key in ipairs(wanted) do
-      if not can_take(tag, key, default_limit) then return {'busy', 0, call.woken} end
+      if not can_take(tag, key, default_limit, prio) then return {'busy', 0, call.woken} end
     end
   end
   local seq = redis.call('HINCRBY', keys[1], 'seq', 1)
@@ -334,7 +358,27 @@ local function set_limit(keys, args)
   return {count, call.woken}
 end
 
+-- thr_set_reserve: keep (or with an empty ARGV[2], stop keeping) the last slots of a key for
+-- permits of priority >= ARGV[3]; room a smaller reserve frees goes to the waiters.
+-- KEYS[1] T:meta   ARGV[1] throttle key   ARGV[2] slots or ""   ARGV[3] min priority
+-- ARGV[4] default_limit   ARGV[5] calling member id
+-- Returns {woken_count, woken} as thr_set_limit.
+local function set_reserve(keys, args)
+  local tag, key, default_limit = tag_of(keys[1]), args[1], tonumber(args[4])
+  begin_call(args[5])
+  if args[2] == '' then
+    redis.call('HDEL', tag .. ':reserve', key)
+  else
+    redis.call('HSET', tag .. ':reserve', key, tonumber(args[2]) .. ':' .. tonumber(args[3]))
+  end
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local count = pump(tag, key, now, default_limit)
+  return {count, call.woken}
+end
+
 redis.register_function('thr_acquire', acquire)
 redis.register_function('thr_release', release)
 redis.register_function('thr_renew', renew)
 redis.register_function('thr_set_limit', set_limit)
+redis.register_function('thr_set_reserve', set_reserve)

@@ -3,24 +3,30 @@
 People send "hi", then "is the shop open", then "on Sunday", seconds apart: three messages, one
 turn that sees all three. On a lane declared with ``debounce:`` (see
 :class:`~pipeline.topics.spec.DebouncePolicy`) the runtime hands every message to
-:meth:`Debouncer.record` instead of its handler; a :class:`~pipeline.admission.debounce_runner.
+:meth:`Debouncer.record` instead of its handler; a :class:`~pipeline.admission.debounce.runner.
 TurnRunner` per member process later hands the handler a :class:`Turn`: every message of the
 conversation since its last turn, in the order they were recorded.
 
-How (all in Redis, one function call per step, ``lua/debounce.lua``):
+How (all in Redis, one function call per step, ``lua/debounce.lua`` through the typed wrappers
+of :mod:`pipeline.admission.debounce.functions`):
 
 - ``record`` appends the message to the conversation's buffer, stamps the conversation's marker
   with the message's id and (re)schedules its turn in the lane's sorted set of due times:
   ``due = min(last_arrival + quiet, first_arrival + max_wait)``, or now when the buffer holds
   ``max_batch`` messages. A newer message moves the due time: the scheduled turn is superseded
   at no cost (nothing fires for it). Idle conversations cost nothing: there is no task or timer
-  per key, only sorted-set members for conversations with buffered messages.
+  per key, only sorted-set members for conversations with buffered messages. A record that
+  makes a turn due before any runner's timer pushes that time onto the lane's wake list, which
+  wakes one runner blocked on it (``BLPOP``): no runner polls.
 - ``claim`` leases up to N due conversations at once and returns their turns. While the lease
   holds, no other member claims the key, so a key's turns never overlap; a member that dies
   holding a lease leaves the key to be claimed again when the lease runs out (attempt + 1).
 - ``finish`` ends a turn: on success exactly the turn's messages leave the buffer; messages that
   arrived during the turn stay, and their turn is scheduled by their own arrival times. On
   failure every message stays and the turn is due again after a backoff, its attempt raised.
+- ``step`` is what a runner calls: it finishes the turns the runner ended since its last call
+  and claims what is due, in one call; the runner then holds the timer for the lane's next due
+  time.
 
 Delivery guarantees: a buffered message is in exactly one turn that succeeds, unless a turn
 outlives its lease (renewed by the runner while it runs) or its ``finish`` is lost with Redis:
@@ -37,19 +43,17 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from pipeline.admission import debounce_keys as keys
-from pipeline.admission.debounce_codec import BufferedMessage, decode, encode
+from pipeline.admission.debounce.codec import BufferedMessage, decode, encode
+from pipeline.admission.debounce.functions import DebounceFunctions, Ending, Leased, Outcome
 from pipeline.envelope import Message
 from pipeline.errors import DebounceUnavailable
-from pipeline.redis_functions import FunctionLibrary
 from pipeline.topics.spec import DebouncePolicy
 
 __all__ = [
@@ -57,18 +61,22 @@ __all__ = [
     "Claim",
     "DebounceStats",
     "Debouncer",
+    "Ending",
     "Finish",
+    "Step",
     "Turn",
 ]
 
 log = logging.getLogger(__name__)
 
-LIBRARY = resources.files("pipeline.admission").joinpath("lua/debounce.lua").read_text()
+T = TypeVar("T")
 LATENESS_SAMPLES = 100_000
 """How many lateness samples :class:`DebounceStats` keeps (the newest)."""
 
-Finish = Literal["done", "scheduled", "lost"]
+Finish = Outcome
 """What ``finish`` did: nothing left buffered; a next turn scheduled; lease lost (no change)."""
+GRACE_MS = 1_000
+"""How long past the armed due time a record treats the runner holding that timer as gone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,23 @@ class Claim:
     next_due_ms: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The result of one :meth:`Debouncer.step` call.
+
+    Attributes:
+        turns: the claimed turns, earliest due first.
+        outcomes: how each finished turn ended, in the order they were given.
+        now_ms: Redis time of the call.
+        timer_ms: the due time the caller must now hold a timer for (Redis clock), or None.
+    """
+
+    turns: tuple[Turn, ...]
+    outcomes: tuple[Finish, ...]
+    now_ms: int
+    timer_ms: int | None
+
+
 @dataclass
 class DebounceStats:
     """Counters of one :class:`Debouncer` (and the runners that use it).
@@ -126,8 +151,11 @@ class DebounceStats:
         lateness_ms: the newest samples of ``fired_ms - due_ms``, one per claimed turn.
         failed_turns: turns finished with ``ok=False``.
         lost_leases: ``finish`` calls whose lease had already passed to another member.
-        redis_calls: Redis calls made (every function call, the library load included).
+        redis_calls: Redis calls made (every function call and blocking read of the wake
+            list; the library load is not counted).
         fail_open: messages ``record`` could not buffer (processed on their own instead).
+        wakeups: wake-ups read from the wake list (a runner learnt of an earlier due time).
+        steps: ``step`` calls (each finishes and claims in one round trip).
     """
 
     recorded: int = 0
@@ -140,6 +168,8 @@ class DebounceStats:
     lost_leases: int = 0
     redis_calls: int = 0
     fail_open: int = 0
+    wakeups: int = 0
+    steps: int = 0
 
 
 class Debouncer:
@@ -154,6 +184,7 @@ class Debouncer:
         *,
         lease_ms: int = 30_000,
         idle_ttl_ms: int = 600_000,
+        grace_ms: int = GRACE_MS,
     ) -> None:
         """Debounce ``lane`` with ``policy``, keeping its state under ``prefix``.
 
@@ -165,17 +196,19 @@ class Debouncer:
             lease_ms: how long a claimed turn holds its key before another member may claim it
                 (the runner renews it while the turn runs).
             idle_ttl_ms: how long the state of a conversation with nothing buffered is kept.
+            grace_ms: how long past an armed due time before a record wakes another runner.
         """
-        self._functions = FunctionLibrary(redis, LIBRARY)
-        self._prefix = prefix
+        self._token_prefix = uuid.uuid4().hex[:12]
+        self.functions = DebounceFunctions(
+            redis, prefix, lane, owner=self._token_prefix, grace_ms=grace_ms
+        )
         self.lane = lane
         self.policy = policy
         self.lease_ms = lease_ms
         self._idle_ttl_ms = idle_ttl_ms
         self._quiet_ms = round(policy.quiet_s * 1000)
         self._max_wait_ms = round(policy.max_wait_s * 1000)
-        self._due_key = keys.due_key(prefix, lane)
-        self._token_prefix = uuid.uuid4().hex[:12]
+        self._policy = (self._quiet_ms, self._max_wait_ms, policy.max_batch)
         self._claims = 0
         self._listeners: list[Callable[[int], None]] = []
         self.stats = DebounceStats()
@@ -197,18 +230,16 @@ class Debouncer:
             DebounceUnavailable: Redis cannot be reached; process the message on its own.
         """
         buffered = message if isinstance(message, BufferedMessage) else BufferedMessage.of(message)
-        args = [
+        record = self.functions.record(
             key,
             buffered.message_id,
             encode(buffered),
             self._quiet_ms,
             self._max_wait_ms,
             self.policy.max_batch,
-        ]
+        )
         try:
-            reply = await self._call(
-                "db_record", keys.conversation_keys(self._prefix, self.lane, key), args
-            )
+            reply = await self._call(record)
         except DebounceUnavailable:
             self.stats.fail_open += 1
             log.warning(
@@ -217,12 +248,11 @@ class Debouncer:
                 buffered.message_id,
             )
             raise
-        due_ms, superseded = int(reply[0]), int(reply[1])
         self.stats.recorded += 1
-        self.stats.superseded += superseded
+        self.stats.superseded += reply.superseded
         for listener in self._listeners:
-            listener(due_ms)
-        return due_ms
+            listener(reply.due_ms)
+        return reply.due_ms
 
     async def claim(self, limit: int) -> Claim:
         """Lease up to ``limit`` due conversations and return their turns (one ``FCALL db_claim``).
@@ -230,23 +260,58 @@ class Debouncer:
         Raises:
             DebounceUnavailable: Redis cannot be reached.
         """
-        self._claims += 1
-        args = [
-            limit,
-            self.lease_ms,
-            self.policy.max_batch,
-            f"{self._token_prefix}:{self._claims}",
-            keys.key_prefix(self._prefix, self.lane),
-        ]
-        reply = await self._call("db_claim", [self._due_key], args)
-        now_ms, next_due_ms = int(reply[0]), int(reply[1])
-        self.stats.stale += int(reply[2])
-        turns = tuple(self._turn(raw, now_ms) for raw in reply[3:])
-        for turn in turns:
-            self.stats.turns += 1
-            self.stats.messages_per_turn[len(turn.messages)] += 1
-            self.stats.lateness_ms.append(max(0, turn.fired_ms - turn.due_ms))
-        return Claim(turns, now_ms, None if next_due_ms < 0 else next_due_ms)
+        leased = await self._call(
+            self.functions.claim(limit, self.lease_ms, self.policy.max_batch, self._token())
+        )
+        turns = self._turns(leased)
+        return Claim(turns, leased.now_ms, leased.timer_ms)
+
+    async def step(self, limit: int, endings: Sequence[Ending] = (), pass_at: int = 0) -> Step:
+        """Finish ``endings`` and lease up to ``limit`` due turns, in one ``FCALL db_step``.
+
+        With ``limit`` > 0 the caller takes the timer for the lane's next due time
+        (``timer_ms``), unless it leased ``pass_at`` turns or more (0: never): then the timer
+        goes to the next runner blocked on the wake list. With ``limit`` 0 it only finishes,
+        and holds a timer for a next turn it scheduled before any armed time.
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached (nothing was finished or claimed).
+        """
+        self.stats.steps += 1
+        leased = await self._call(
+            self.functions.step(
+                limit,
+                self.lease_ms,
+                self._token(),
+                endings,
+                self._policy,
+                self._idle_ttl_ms,
+                pass_at,
+            )
+        )
+        for ending, outcome in zip(endings, leased.outcomes, strict=True):
+            self._count_finish(ending.key, ok=ending.ok, outcome=outcome)
+        return Step(self._turns(leased), leased.outcomes, leased.now_ms, leased.timer_ms)
+
+    async def wait_wake(self, client: Redis, timeout_s: float) -> int | None:
+        """Block up to ``timeout_s`` on the lane's wake list; the due time read, or None.
+
+        ``client`` holds one connection of its own (a blocked read occupies it).
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached.
+        """
+        due_ms = await self._call(self.functions.wait_wake(client, timeout_s))
+        self.stats.wakeups += due_ms is not None
+        return due_ms
+
+    async def wake(self, due_ms: int) -> None:
+        """Hand the timer for ``due_ms`` to a runner blocked on the wake list.
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached.
+        """
+        await self._call(self.functions.wake(due_ms))
 
     async def finish(self, turn: Turn, *, ok: bool, retry_in_ms: int = 0) -> Finish:
         """End ``turn`` (one ``FCALL db_finish``).
@@ -265,28 +330,19 @@ class Debouncer:
             DebounceUnavailable: Redis cannot be reached; the lease runs out and the turn
                 runs again.
         """
-        args = [
-            turn.key,
-            turn.token,
-            "1" if ok else "0",
-            retry_in_ms,
-            self._quiet_ms,
-            self._max_wait_ms,
-            self.policy.max_batch,
-            self._idle_ttl_ms,
-        ]
-        reply = await self._call(
-            "db_finish", keys.conversation_keys(self._prefix, self.lane, turn.key), args
-        )
-        outcome: Finish = reply[0].decode()
+        ending = Ending(turn.key, turn.token, ok, retry_in_ms)
+        finished = await self._call(self.functions.finish(ending, self._policy, self._idle_ttl_ms))
+        self._count_finish(turn.key, ok=ok, outcome=finished.outcome)
+        return finished.outcome
+
+    def _count_finish(self, key: str, *, ok: bool, outcome: Finish) -> None:
         if not ok:
             self.stats.failed_turns += 1
         if outcome == "lost":
             self.stats.lost_leases += 1
             log.warning(
-                "debounce lease of %s on lane %s lost before its turn finished", turn.key, self.lane
+                "debounce lease of %s on lane %s lost before its turn finished", key, self.lane
             )
-        return outcome
 
     async def renew(self, turn: Turn) -> bool:
         """Extend the lease of a running ``turn`` by ``lease_ms``; False if it was lost.
@@ -294,8 +350,7 @@ class Debouncer:
         Raises:
             DebounceUnavailable: Redis cannot be reached.
         """
-        keys_ = [self._due_key, keys.state_key(self._prefix, self.lane, turn.key)]
-        return bool(await self._call("db_renew", keys_, [turn.key, turn.token, self.lease_ms]))
+        return await self._call(self.functions.renew(turn.key, turn.token, self.lease_ms))
 
     async def next_due_ms(self) -> int | None:
         """The lane's earliest due time (Redis clock, ms), or None when nothing is buffered.
@@ -303,16 +358,27 @@ class Debouncer:
         Raises:
             DebounceUnavailable: Redis cannot be reached.
         """
-        reply = await self._call("db_next", [self._due_key], [])
-        due_ms = int(reply[1])
-        return None if due_ms < 0 else due_ms
+        return await self._call(self.functions.next_due())
 
-    async def _call(self, name: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+    def _token(self) -> str:
+        self._claims += 1
+        return f"{self._token_prefix}:{self._claims}"
+
+    async def _call(self, call: Awaitable[T]) -> T:
         self.stats.redis_calls += 1
         try:
-            return await self._functions.fcall(name, keys_, args)
+            return await call
         except (rexc.RedisError, OSError) as exc:  # any failure fails open, never drops
             raise DebounceUnavailable(f"debounce on lane {self.lane}: {exc}") from exc
+
+    def _turns(self, leased: Leased) -> tuple[Turn, ...]:
+        self.stats.stale += leased.stale
+        turns = tuple(self._turn(raw, leased.now_ms) for raw in leased.turns)
+        for turn in turns:
+            self.stats.turns += 1
+            self.stats.messages_per_turn[len(turn.messages)] += 1
+            self.stats.lateness_ms.append(max(0, turn.fired_ms - turn.due_ms))
+        return turns
 
     def _turn(self, raw: list[Any], now_ms: int) -> Turn:
         messages, arrivals_ms = [], []

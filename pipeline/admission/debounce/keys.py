@@ -5,7 +5,9 @@ All keys of a lane share the hash tag ``{PREFIX:deb:LANE}``:
 - ``{PREFIX:deb:LANE}:due``: the lane's sorted set of due times, one member per conversation
   key with buffered messages;
 - ``{PREFIX:deb:LANE}:b:KEY``: the conversation's buffer of messages;
-- ``{PREFIX:deb:LANE}:s:KEY``: the conversation's state (marker, lease, attempts).
+- ``{PREFIX:deb:LANE}:s:KEY``: the conversation's state (marker, lease, attempts);
+- ``{PREFIX:deb:LANE}:armed``: the due time some runner holds a timer for;
+- ``{PREFIX:deb:LANE}:wake``: the list runners block on (BLPOP) to learn of earlier due times.
 
 Cluster trade-off: one function call must stay in one Redis Cluster slot. ``record`` and
 ``finish`` touch a conversation's keys *and* the lane's sorted set, and one ``claim`` leases many
@@ -34,6 +36,16 @@ def due_key(prefix: str, lane: str) -> str:
     return f"{lane_tag(prefix, lane)}:due"
 
 
+def armed_key(prefix: str, lane: str) -> str:
+    """The due time (ms) a runner holds a timer for; expires once that time is long past."""
+    return f"{lane_tag(prefix, lane)}:armed"
+
+
+def wake_key(prefix: str, lane: str) -> str:
+    """The list of due times that wake a blocked runner (``BLPOP``), newest first."""
+    return f"{lane_tag(prefix, lane)}:wake"
+
+
 def buffer_key(prefix: str, lane: str, key: str) -> str:
     """The list of a conversation's buffered messages, oldest first."""
     return f"{key_prefix(prefix, lane)}b:{key}"
@@ -47,3 +59,8 @@ def state_key(prefix: str, lane: str, key: str) -> str:
 def conversation_keys(prefix: str, lane: str, key: str) -> list[str]:
     """The due set, buffer and state of one conversation, in the order the Lua expects."""
     return [due_key(prefix, lane), buffer_key(prefix, lane, key), state_key(prefix, lane, key)]
+
+
+def lane_keys(prefix: str, lane: str) -> list[str]:
+    """Every key of a lane that is not per conversation (for deleting a lane's state)."""
+    return [due_key(prefix, lane), armed_key(prefix, lane), wake_key(prefix, lane)]

@@ -1,0 +1,312 @@
+#!lua name=pipeline_debounce
+-- The coalescing debouncer (pipeline/admission/debounce/), loaded once per process with
+-- FUNCTION LOAD REPLACE. Every key of a lane shares the hash tag {P:deb:LANE}, so each call stays
+-- in one Redis Cluster slot (see pipeline/admission/debounce/keys.py for the trade-off):
+--
+--   {P:deb:LANE}:due     zset  conversation key -> when its next turn is due (ms, Redis clock);
+--                              while a turn runs, its lease expiry instead. A key is in it
+--                              exactly while its buffer holds messages.
+--   {P:deb:LANE}:b:KEY   list  the key's buffered messages, oldest first; each element is
+--                              "<arrival_ms>:<encoded message>". Never expires: it is emptied
+--                              (and so deleted) only by db_finish after a turn succeeded.
+--   {P:deb:LANE}:s:KEY   hash  mk   marker: id of the key's newest message
+--                              last arrival of the newest message (ms)
+--                              att  failed attempts of the messages at the head of the buffer
+--                              tok  lease token of the running turn, lu its expiry (ms),
+--                              n    how many messages (from the head) the running turn holds
+--                              ra   after a failed turn: not due again before this (ms)
+--                              Persists while the buffer holds messages; expires (ARGV
+--                              idle_ttl_ms) once the key is idle.
+--   {P:deb:LANE}:armed   string the due time (ms) some runner holds a timer for: the lane's
+--                              earliest due time as last announced. Expires `grace` ms after
+--                              it, so a timer whose runner died is forgotten.
+--   {P:deb:LANE}:wake    list  wake-ups for runners blocked on BLPOP: each element is a due
+--                              time (ms) earlier than any timer a runner held. Bounded (LTRIM).
+--
+-- Runners never poll: the runner whose db_step leased turns takes the timer for the lane's next
+-- due time (the step stores it in `armed`); a db_record that makes a turn due earlier than the
+-- armed time (or finds no live armed time) pushes that due time onto `wake`, which wakes one
+-- blocked runner. An idle lane has no armed time, no timers and makes no calls.
+--
+-- Times come from Redis (TIME), so members with skewed clocks agree on what is due.
+-- db_claim reaches the per-key list and hash of the keys it claims by name (built from ARGV
+-- prefix): they carry the same hash tag as KEYS[1], so they live in its slot.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local WAKE_KEEP = 63  -- wake-ups kept in the list beyond the newest (a few runners read it)
+
+
+-- The armed due time and the runner holding its timer ('' when a wake-up was pushed for it).
+local function armed_of(armed_key)
+  local value = redis.call('GET', armed_key)
+  if not value then return nil, nil end
+  local due, owner = string.match(value, '^(%d+):(.*)$')
+  return tonumber(due), owner
+end
+
+-- Arm `due` for `owner` (or, with `push`, for whichever runner the wake-up reaches) if it is
+-- earlier than the armed time or none is armed. Returns 1 if it armed.
+local function arm(armed_key, wake_key, due, now, grace, push, owner)
+  local armed = armed_of(armed_key)
+  if armed and armed <= due then return 0 end
+  redis.call('SET', armed_key, due .. ':' .. owner, 'PX', math.max(due - now, 0) + grace)
+  if push then
+    redis.call('LPUSH', wake_key, due)
+    redis.call('LTRIM', wake_key, 0, WAKE_KEEP)
+  end
+  return 1
+end
+
+local function arrival_of(element)
+  return tonumber(string.match(element, '^(%d+):'))
+end
+
+-- When the turn of an idle (not leased) key is due: `len` messages buffered, the first
+-- arrived at `first`, the newest at `last`; `retry_at` is a failed turn's backoff, or nil.
+local function due_at(now, len, first, last, retry_at, quiet, max_wait, max_batch)
+  local due = now  -- a full buffer is due at once
+  if len < max_batch then due = math.min(last + quiet, first + max_wait) end
+  if retry_at and due < retry_at then due = retry_at end  -- a failed turn's backoff holds
+  if due < now then due = now end
+  return due
+end
+
+-- db_record: buffer one message and (re)schedule its key's turn.
+-- KEYS[1] due zset   KEYS[2] buffer list   KEYS[3] state hash   KEYS[4] armed   KEYS[5] wake
+-- ARGV[1] conversation key   ARGV[2] message id (the marker)   ARGV[3] encoded message
+-- ARGV[4] quiet_ms   ARGV[5] max_wait_ms   ARGV[6] max_batch   ARGV[7] grace_ms
+-- Returns {due_ms, superseded, buffered, now_ms, woke}: superseded is 1 when the key already
+-- had a scheduled turn (it does not fire on its own: this message's turn replaces it). While a
+-- turn of the key runs, due_ms is its lease expiry; db_finish schedules the rest. woke is 1
+-- when the turn is due before any armed timer: a wake-up was pushed for it.
+local function record(keys, args)
+  local now = now_ms()
+  local state = redis.call('HMGET', keys[3], 'lu', 'ra')
+  local buffered = redis.call('RPUSH', keys[2], now .. ':' .. args[3])
+  redis.call('HSET', keys[3], 'mk', args[2], 'last', now)
+  if buffered == 1 then redis.call('PERSIST', keys[3]) end  -- it expires only while idle
+  local lease_until = tonumber(state[1])
+  if lease_until and lease_until > now then
+    return {lease_until, 0, buffered, now, 0}
+  end
+  local first = now
+  if buffered > 1 then first = arrival_of(redis.call('LINDEX', keys[2], 0)) end
+  local due = due_at(now, buffered, first, now, tonumber(state[2]), tonumber(args[4]),
+    tonumber(args[5]), tonumber(args[6]))
+  local added = redis.call('ZADD', keys[1], due, args[1])
+  local woke = arm(keys[4], keys[5], due, now, tonumber(args[7]), true, '')
+  return {due, 1 - added, buffered, now, woke}
+end
+
+-- Lease up to `limit` due keys of the zset `due_key`; returns the turns and the stale count.
+-- Each turn is {key, token, attempt, due_ms, message...}. A key whose lease expired (its member
+-- died) is claimed again with its attempt raised. stale counts due entries with nothing to run.
+local function claim_due(due_key, limit, lease, max_batch, token_prefix, prefix, now)
+  local turns, stale = {}, 0
+  local due = redis.call('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  for i = 1, #due, 2 do
+    local key, due_ms = due[i], tonumber(due[i + 1])
+    local buf, st = prefix .. 'b:' .. key, prefix .. 's:' .. key
+    local len = redis.call('LLEN', buf)
+    if len == 0 then
+      redis.call('ZREM', due_key, key)
+      stale = stale + 1
+    else
+      local state = redis.call('HMGET', st, 'tok', 'att')
+      local attempt = tonumber(state[2]) or 0
+      if state[1] then attempt = attempt + 1 end  -- the lease of the last holder ran out
+      local n = math.min(len, max_batch)
+      local token = token_prefix .. ':' .. ((i + 1) / 2)
+      redis.call('HSET', st, 'tok', token, 'lu', now + lease, 'n', n, 'att', attempt)
+      redis.call('ZADD', due_key, now + lease, key)
+      local turn = {key, token, attempt + 1, due_ms}
+      for _, element in ipairs(redis.call('LRANGE', buf, 0, n - 1)) do
+        turn[#turn + 1] = element
+      end
+      turns[#turns + 1] = turn
+    end
+  end
+  return turns, stale
+end
+
+-- The lane's earliest due time (leases included), or nil.
+local function earliest(due_key)
+  local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+  return tonumber(first[2])
+end
+
+-- The caller (`owner`) takes the timer for the lane's earliest due time (or there is none).
+local function take_timer(due_key, armed_key, now, grace, owner)
+  local next_due = earliest(due_key)
+  if next_due then
+    redis.call('SET', armed_key, next_due .. ':' .. owner, 'PX', math.max(next_due - now, 0) + grace)
+    return next_due
+  end
+  redis.call('DEL', armed_key)
+  return -1
+end
+
+-- End one claimed turn of `key` (buffer `buf`, state `st`); returns {outcome, due_ms, buffered}.
+-- Succeeded (ok == '1'): the turn's messages leave the buffer; messages that arrived meanwhile
+-- get a turn due by the quiet period and max wait from their own arrival. Failed: every message
+-- stays, the attempt count rises and the turn is due again after retry_ms. outcome is done
+-- (nothing left), scheduled, or lost (the token no longer holds the lease: another member
+-- claimed the key; nothing changed).
+local function finish_one(due_key, buf, st, key, token, ok, retry_ms, quiet, max_wait,
+                          max_batch, idle_ttl, now)
+  local state = redis.call('HMGET', st, 'tok', 'n')
+  if state[1] ~= token then
+    return {'lost', -1, redis.call('LLEN', buf)}
+  end
+  local due
+  if ok == '1' then
+    redis.call('LTRIM', buf, tonumber(state[2]), -1)
+    redis.call('HDEL', st, 'tok', 'lu', 'n', 'ra', 'att')
+  else
+    redis.call('HDEL', st, 'tok', 'lu', 'n')
+    redis.call('HINCRBY', st, 'att', 1)
+    due = now + retry_ms
+    redis.call('HSET', st, 'ra', due)
+  end
+  local buffered = redis.call('LLEN', buf)
+  if buffered == 0 then
+    redis.call('ZREM', due_key, key)
+    redis.call('PEXPIRE', st, idle_ttl)
+    return {'done', -1, 0}
+  end
+  if not due then  -- messages that arrived during the turn: due by their own arrival times
+    local first = arrival_of(redis.call('LINDEX', buf, 0))
+    local last = tonumber(redis.call('HGET', st, 'last')) or first
+    due = due_at(now, buffered, first, last, nil, quiet, max_wait, max_batch)
+  end
+  redis.call('ZADD', due_key, due, key)
+  return {'scheduled', due, buffered}
+end
+
+-- db_claim: lease up to ARGV[1] due keys and return their turns; the caller takes the timer
+-- for the lane's next due time.
+-- KEYS[1] due zset   KEYS[2] armed
+-- ARGV[1] limit   ARGV[2] lease_ms   ARGV[3] max_batch   ARGV[4] token prefix (unique per call)
+-- ARGV[5] key name prefix "{P:deb:LANE}:" (buffer = prefix .. "b:" .. key, state = .. "s:")
+-- ARGV[6] grace_ms   ARGV[7] the caller's runner id
+-- Returns {now_ms, next_due_ms or -1, stale, turn...}.
+local function claim(keys, args)
+  local now = now_ms()
+  local turns, stale = claim_due(keys[1], tonumber(args[1]), tonumber(args[2]),
+    tonumber(args[3]), args[4], args[5], now)
+  local result = {now, take_timer(keys[1], keys[2], now, tonumber(args[6]), args[7]), stale}
+  for _, turn in ipairs(turns) do result[#result + 1] = turn end
+  return result
+end
+
+-- db_finish: end a claimed turn (see finish_one); a next turn due before the armed time is
+-- armed for the caller, whose runner holds its timer.
+-- KEYS[1] due zset   KEYS[2] buffer list   KEYS[3] state hash   KEYS[4] armed
+-- ARGV[1] conversation key   ARGV[2] lease token   ARGV[3] "1" if the turn succeeded
+-- ARGV[4] retry_in_ms (after a failure)   ARGV[5] quiet_ms   ARGV[6] max_wait_ms
+-- ARGV[7] max_batch   ARGV[8] idle_ttl_ms   ARGV[9] grace_ms   ARGV[10] the caller's runner id
+-- Returns {outcome, due_ms or -1, buffered}.
+local function finish(keys, args)
+  local now = now_ms()
+  local result = finish_one(keys[1], keys[2], keys[3], args[1], args[2], args[3],
+    tonumber(args[4]), tonumber(args[5]), tonumber(args[6]), tonumber(args[7]),
+    tonumber(args[8]), now)
+  if result[1] == 'scheduled' then
+    arm(keys[4], nil, result[2], now, tonumber(args[9]), false, args[10])
+  end
+  return result
+end
+
+-- db_step: a runner's one call per wake-up: end the turns it finished, lease what is due.
+-- KEYS[1] due zset   KEYS[2] armed   KEYS[3] wake
+-- ARGV[1] limit (0: finish only)   ARGV[2] lease_ms   ARGV[3] max_batch   ARGV[4] token prefix
+-- ARGV[5] key name prefix   ARGV[6] grace_ms   ARGV[7] quiet_ms   ARGV[8] max_wait_ms
+-- ARGV[9] idle_ttl_ms   ARGV[10] the caller's runner id
+-- ARGV[11] pass_at: leasing at least this many turns (0: never) passes the timer on
+-- ARGV[12] n finished turns, then per turn: key, token, ok, retry_in_ms
+-- Returns {now_ms, timer_ms or -1, stale, {outcome...}, turn...}: with a limit the caller
+-- takes the timer for the lane's next due time, unless it leased nothing and another runner
+-- already holds a timer for that time or earlier (two runners never keep firing together),
+-- or it leased pass_at turns or more: then the next due time goes onto the wake list for the
+-- next blocked runner, so a busy lane's turns are spread over the runners;
+-- finishing only, it holds a timer for the earliest turn it scheduled before the armed time.
+local function step(keys, args)
+  local now = now_ms()
+  local limit, grace = tonumber(args[1]), tonumber(args[6])
+  local quiet, max_wait, max_batch = tonumber(args[7]), tonumber(args[8]), tonumber(args[3])
+  local idle_ttl, prefix, me = tonumber(args[9]), args[5], args[10]
+  local outcomes, timer = {}, -1
+  local pass_at = tonumber(args[11])
+  for i = 1, tonumber(args[12]) do
+    local at = 12 + (i - 1) * 4
+    local key = args[at + 1]
+    local done = finish_one(keys[1], prefix .. 'b:' .. key, prefix .. 's:' .. key, key,
+      args[at + 2], args[at + 3], tonumber(args[at + 4]), quiet, max_wait, max_batch, idle_ttl,
+      now)
+    outcomes[i] = done[1]
+    if done[1] == 'scheduled' and limit == 0
+        and arm(keys[2], nil, done[2], now, grace, false, me) == 1 then
+      if timer < 0 or done[2] < timer then timer = done[2] end
+    end
+  end
+  local turns, stale = {}, 0
+  if limit > 0 then
+    turns, stale = claim_due(keys[1], limit, tonumber(args[2]), max_batch, args[4], prefix, now)
+    local armed, owner = armed_of(keys[2])
+    local next_due = earliest(keys[1])
+    if #turns == 0 and armed and owner ~= '' and owner ~= me and armed > now
+        and next_due and armed <= next_due then
+      timer = -1  -- another runner holds the timer for the next due time
+    elseif pass_at > 0 and #turns >= pass_at and next_due then
+      redis.call('SET', keys[2], next_due .. ':', 'PX', math.max(next_due - now, 0) + grace)
+      redis.call('LPUSH', keys[3], next_due)
+      redis.call('LTRIM', keys[3], 0, WAKE_KEEP)
+      timer = -1  -- busy: the next blocked runner takes the timer
+    else
+      timer = take_timer(keys[1], keys[2], now, grace, me)
+    end
+  end
+  local result = {now, timer, stale, outcomes}
+  for _, turn in ipairs(turns) do result[#result + 1] = turn end
+  return result
+end
+
+-- db_wake: hand the timer for due time ARGV[1] to a blocked runner (its holder cannot claim).
+-- KEYS[1] wake list
+local function wake(keys, args)
+  redis.call('LPUSH', keys[1], args[1])
+  redis.call('LTRIM', keys[1], 0, WAKE_KEEP)
+  return 1
+end
+
+-- db_renew: extend the lease of a running turn.
+-- KEYS[1] due zset   KEYS[2] state hash
+-- ARGV[1] conversation key   ARGV[2] lease token   ARGV[3] lease_ms
+-- Returns 1 if the token still held the lease (now extended), else 0.
+local function renew(keys, args)
+  if redis.call('HGET', keys[2], 'tok') ~= args[2] then return 0 end
+  local lu = now_ms() + tonumber(args[3])
+  redis.call('HSET', keys[2], 'lu', lu)
+  redis.call('ZADD', keys[1], lu, args[1])
+  return 1
+end
+
+-- db_next: when the lane's next turn is due.
+-- KEYS[1] due zset
+-- Returns {now_ms, next_due_ms or -1}.
+local function next_due(keys, _args)
+  local first = redis.call('ZRANGE', keys[1], 0, 0, 'WITHSCORES')
+  return {now_ms(), tonumber(first[2]) or -1}
+end
+
+redis.register_function('db_record', record)
+redis.register_function('db_claim', claim)
+redis.register_function('db_finish', finish)
+redis.register_function('db_step', step)
+redis.register_function('db_wake', wake)
+redis.register_function('db_renew', renew)
+redis.register_function{function_name = 'db_next', callback = next_due, flags = {'no-writes'}}

@@ -1,0 +1,183 @@
+"""How many slots to keep back for tenants under their floor, and how much of it to lend.
+
+A pool shared by steady small tenants and a flooder is non-preemptive: a small tenant's job that
+finds every slot taken waits for some job to finish. Two sizes follow from the small tenants'
+measured arrival rate ``λ`` and service time ``D`` (offered load ``A = λ·D`` Erlangs, Little's
+law, as the floors of :mod:`pipeline.admission.limits`):
+
+- the **reserve**: the slots the small tenants would need to themselves so that a job waits with
+  probability below ``target`` (1 %). That is the M/M/c price of waiting, Erlang C::
+
+      C(c, A) = (A^c / c!) · c/(c - A)  /  (Σ_{k<c} A^k / k!  +  (A^c / c!) · c/(c - A))
+
+  and the reserve is the least ``c`` with ``C(c, A) < target``.
+- the **headroom**: the part of the reserve that is never lent. The rest is lent to the flooder
+  (lower priority) whenever the small tenants do not use it, but lent work only comes back
+  when it finishes. Kept at ``h`` idle slots, the pool's free slots fall by one at each small
+  arrival (rate ``λ``) and come back at each completion of any job (rate ``μ = slots / D_pool``,
+  the pool's service time per lane being known); below ``h`` the flooder takes nothing. That
+  is a birth-death chain whose free-slot count sits at ``h - j`` with probability proportional
+  to ``r^j`` (``r = λ/μ``), so a small job finds no free slot with probability::
+
+      P(wait) = (1 - r) · r^h / (1 - r^(h+1))
+
+  and the headroom is the least ``h`` with ``P(wait) < target``: lent work is expected back
+  before a small job needs it, in all but ``target`` of arrivals.
+
+The throttle enforces the lending as trunk reservation on the pool key
+(:meth:`~pipeline.admission.throttle.Throttle.set_reserve`): permits below the small tenants'
+priority see the pool's limit minus the headroom, so they borrow whatever else is free.
+:class:`ReserveSizer` re-sizes it as the measured rates change.
+
+These are pure functions of the rates; ``tests/admission/test_reserve.py`` checks them against
+hand-computed values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+TARGET = 0.01
+"""Default bound on the probability that a small tenant's job waits for a slot."""
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in an M/M/``servers`` queue with ``offered`` Erlangs.
+
+    1.0 when the servers cannot keep up (``offered >= servers``); 0.0 when nothing is offered.
+    """
+    if servers <= 0:
+        return 1.0
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    term, below = 1.0, 0.0  # term = A^k / k!, summed for k < servers
+    for k in range(servers):
+        below += term
+        term *= offered / (k + 1)
+    waiting = term * servers / (servers - offered)
+    return waiting / (below + waiting)
+
+
+def reserve_slots(arrival_per_s: float, service_s: float, target: float = TARGET) -> int:
+    """The least ``c`` with ``erlang_c(c, λ·D) < target`` (0 when nothing arrives)."""
+    offered = max(arrival_per_s, 0.0) * max(service_s, 0.0)
+    if offered <= 0:
+        return 0
+    servers = max(1, math.floor(offered) + 1)
+    while erlang_c(servers, offered) >= target:
+        servers += 1
+    return servers
+
+
+def wait_probability(headroom: int, arrival_per_s: float, refill_per_s: float) -> float:
+    """``(1 - r)·r^h / (1 - r^(h+1))``: a small job finds no free slot (``r = λ/μ``)."""
+    if arrival_per_s <= 0:
+        return 0.0
+    if refill_per_s <= 0:
+        return 1.0
+    r = arrival_per_s / refill_per_s
+    if math.isclose(r, 1.0):
+        return 1.0 / (headroom + 1)
+    return (1 - r) * r**headroom / (1 - r ** (headroom + 1))
+
+
+def headroom_slots(
+    arrival_per_s: float, refill_per_s: float, target: float = TARGET, *, cap: int
+) -> int:
+    """The least ``h`` (at most ``cap``) with ``wait_probability(h, λ, μ) < target``."""
+    for headroom in range(cap + 1):
+        if wait_probability(headroom, arrival_per_s, refill_per_s) < target:
+            return headroom
+    return cap
+
+
+def lendable(reserve: int, in_use: int, headroom: int) -> int:
+    """Slots of the reserve the flooder may borrow now: unused, less the headroom kept idle."""
+    return max(0, reserve - in_use - headroom)
+
+
+@dataclass(frozen=True, slots=True)
+class ReservePlan:
+    """The sizes for one set of measured rates.
+
+    Attributes:
+        reserve: slots the small tenants need to themselves for ``P(wait) < target`` (Erlang C).
+        headroom: slots of it never lent (the flooder's room on the pool is ``slots - headroom``
+            minus whatever the small tenants hold).
+        offered: the small tenants' offered load, ``λ·D`` Erlangs.
+        wait_probability: ``P(wait)`` of a small job with that headroom.
+    """
+
+    reserve: int
+    headroom: int
+    offered: float
+    wait_probability: float
+
+
+def plan(
+    slots: int,
+    arrival_per_s: float,
+    service_s: float,
+    pool_service_s: float,
+    target: float = TARGET,
+) -> ReservePlan:
+    """Size the reserve and its headroom for a pool of ``slots``.
+
+    Args:
+        slots: the pool's limit.
+        arrival_per_s: the small tenants' measured arrival rate.
+        service_s: their measured mean service time.
+        pool_service_s: the mean service time of the pool's jobs (all lanes): completions come
+            back at ``slots / pool_service_s`` a second while the pool is full.
+        target: the bound on ``P(wait)``.
+    """
+    reserve = min(slots, reserve_slots(arrival_per_s, service_s, target))
+    refill = slots / pool_service_s if pool_service_s > 0 else 0.0
+    headroom = min(reserve, headroom_slots(arrival_per_s, refill, target, cap=slots))
+    return ReservePlan(
+        reserve=reserve,
+        headroom=headroom,
+        offered=max(arrival_per_s, 0.0) * max(service_s, 0.0),
+        wait_probability=wait_probability(headroom, arrival_per_s, refill),
+    )
+
+
+class ReserveSetter(Protocol):
+    """What :class:`ReserveSizer` needs of the throttle."""
+
+    async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
+        """Keep the last ``slots`` of ``key`` for permits of ``min_priority`` or more."""
+
+
+class ReserveSizer:
+    """Keeps a pool key's reserve sized to the measured rates; call :meth:`resize` periodically."""
+
+    def __init__(
+        self,
+        throttle: ReserveSetter,
+        key: str,
+        slots: int,
+        min_priority: int,
+        target: float = TARGET,
+    ) -> None:
+        """Size the reserve of ``key`` (limit ``slots``) for permits of ``min_priority`` up."""
+        self._throttle = throttle
+        self._key = key
+        self._slots = slots
+        self._min_priority = min_priority
+        self._target = target
+        self.current: ReservePlan | None = None
+
+    async def resize(
+        self, arrival_per_s: float, service_s: float, pool_service_s: float
+    ) -> ReservePlan:
+        """Recompute from the rates; the throttle is told only when the headroom changes."""
+        sized = plan(self._slots, arrival_per_s, service_s, pool_service_s, self._target)
+        if self.current is None or sized.headroom != self.current.headroom:
+            await self._throttle.set_reserve(self._key, sized.headroom, self._min_priority)
+        self.current = sized
+        return sized

@@ -1,0 +1,147 @@
+"""Sizing the small tenants' reserve, and lending it to lower priorities.
+
+The sizing is pure arithmetic, checked against hand-computed values; the lending is trunk
+reservation in the throttle, checked on a real Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from runtime.helpers import eventually
+
+from pipeline.admission import keys
+from pipeline.admission.reserve import (
+    ReserveSizer,
+    erlang_c,
+    headroom_slots,
+    lendable,
+    plan,
+    reserve_slots,
+    wait_probability,
+)
+from pipeline.admission.throttle import Throttle
+
+HIGH, LOW = 10, 0
+
+# -- the arithmetic ------------------------------------------------------------------------------
+
+
+def test_erlang_c_matches_hand_computed_values():
+    """C(1, 0.5) = 0.5 (M/M/1); C(2, 1) = 1/3; C(3, 2) = 4/9; C(10, 4) by hand: 0.00881."""
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(3, 2.0) == pytest.approx(4 / 9)
+    # A = 4, c = 10: A^10/10! = 0.288959, x 10/6 = 0.481599; sum_{k<10} 4^k/k! = 54.154145
+    assert erlang_c(10, 4.0) == pytest.approx(0.481599 / (54.154145 + 0.481599), rel=1e-4)
+
+
+def test_erlang_c_edges():
+    """No load never waits; a load the servers cannot carry always does."""
+    assert erlang_c(4, 0.0) == 0.0
+    assert erlang_c(4, 4.0) == 1.0
+    assert erlang_c(0, 1.0) == 1.0
+
+
+def test_reserve_is_the_least_servers_under_the_target():
+    """4 Erlangs (70.5 jobs/s of 56.7 ms) need 10 slots for P(wait) < 1 %; 9 give 2.4 %."""
+    assert erlang_c(9, 4.0) == pytest.approx(0.02376, abs=1e-4)
+    assert reserve_slots(70.5, 4.0 / 70.5) == 10
+    assert reserve_slots(0.0, 0.05) == 0
+    assert reserve_slots(1.0, 0.5, target=0.5) == 2  # C(1, 0.5) = 0.5 is not below 0.5
+
+
+def test_headroom_from_the_birth_death_chain():
+    """R = 1/4: P(wait) = (3/4)(1/4)^h / (1 - (1/4)^(h+1)); h = 3 gives 1.19 %, h = 4 0.29 %."""
+    assert wait_probability(3, 1.0, 4.0) == pytest.approx(0.75 / 64 / (1 - 1 / 256))
+    assert wait_probability(4, 1.0, 4.0) == pytest.approx(0.75 / 256 / (1 - 1 / 1024))
+    assert headroom_slots(1.0, 4.0, cap=16) == 4
+    assert headroom_slots(1.0, 4.0, target=0.02, cap=16) == 3
+    assert wait_probability(2, 1.0, 1.0) == pytest.approx(1 / 3)  # r = 1: uniform over 0..h
+    assert headroom_slots(5.0, 1.0, cap=6) == 6  # cannot keep up: everything is kept
+
+
+def test_lendable_keeps_the_headroom():
+    """The flooder borrows the unused reserve less the headroom, never below zero."""
+    assert lendable(10, 4, 3) == 3
+    assert lendable(10, 9, 3) == 0
+
+
+def test_plan_for_the_benchmark_pool():
+    """16 slots, 70.5 small jobs/s of 56.7 ms: reserve 10 by Erlang C, headroom 4 of it."""
+    mean_s = math.exp(math.log(0.05) + 0.125)
+    sized = plan(16, 70.5, mean_s, mean_s)
+    assert sized.reserve == 10
+    assert sized.headroom == 4  # r = 70.5 / (16 / 0.0567) = 0.25
+    assert sized.wait_probability < 0.01
+    assert sized.offered == pytest.approx(70.5 * mean_s)
+
+
+# -- lending on a real Redis ---------------------------------------------------------------------
+
+
+@pytest.fixture
+async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
+    """A started throttle on a namespace of its own, default limit 4; its keys go afterwards."""
+    client = Redis.from_url(redis_service)
+    thr = Throttle(client, namespace=f"r{unique}", default_limit=4)
+    await thr.start()
+    yield thr
+    await thr.close()
+    async for key in client.scan_iter(match=f"{keys.tag(thr.prefix, thr.namespace)}*"):
+        await client.delete(key)
+    await client.aclose()
+
+
+async def test_lower_priority_borrows_all_but_the_headroom(throttle):
+    """With 2 of 4 slots kept free for HIGH, LOW may fill the pool only up to 2 holders."""
+    await throttle.set_reserve("pool", 2, HIGH)
+    low = [await throttle.acquire(["pool"], priority=LOW) for _ in range(2)]
+    waiting = asyncio.create_task(throttle.acquire(["pool"], priority=LOW))
+    await eventually(lambda: throttle.waited == 1)
+    high = [await throttle.acquire(["pool"], priority=HIGH) for _ in range(2)]  # no wait
+    assert throttle.waited == 1
+    await throttle.release(high[0])
+    await throttle.release(low[0])
+    assert not waiting.done()  # 2 holders (one LOW, one HIGH): the headroom stays free
+    await throttle.release(high[1])
+    third = await asyncio.wait_for(waiting, 10)  # 1 holder: LOW borrows again
+    status = await throttle.status("pool")
+    assert len(status.holders) == 2
+    for permit in (low[1], third):
+        await throttle.release(permit)
+
+
+async def test_high_priority_passes_low_waiters_into_the_reserve(throttle):
+    """A HIGH newcomer takes a reserved slot even while LOW permits queue for the pool."""
+    await throttle.set_reserve("pool", 1, HIGH)
+    low = [await throttle.acquire(["pool"], priority=LOW) for _ in range(3)]
+    waiting = asyncio.create_task(throttle.acquire(["pool"], priority=LOW))
+    await eventually(lambda: throttle.waited == 1)
+    high = await asyncio.wait_for(throttle.acquire(["pool"], priority=HIGH), 10)
+    assert throttle.waited == 1  # HIGH did not queue behind LOW
+    assert not waiting.done()
+    await throttle.release(high)
+    await throttle.release(low[0])  # 2 holders: below LOW's room of 3
+    await asyncio.wait_for(waiting, 10)
+    for permit in (*low[1:], waiting.result()):
+        await throttle.release(permit)
+
+
+async def test_resizing_the_reserve_hands_freed_room_to_waiters(throttle):
+    """Shrinking the headroom lends more at once: the waiting LOW permit is granted."""
+    sizer = ReserveSizer(throttle, "pool", slots=4, min_priority=HIGH)
+    busy = await sizer.resize(arrival_per_s=40.0, service_s=0.05, pool_service_s=0.05)
+    assert busy.headroom >= 2  # r = 40 / 80 = 0.5: h with P(wait) < 1 % is capped by reserve
+    held = [await throttle.acquire(["pool"], priority=LOW) for _ in range(4 - busy.headroom)]
+    waiting = asyncio.create_task(throttle.acquire(["pool"], priority=LOW))
+    await eventually(lambda: throttle.waited == 1)
+    quiet = await sizer.resize(arrival_per_s=0.5, service_s=0.05, pool_service_s=0.05)
+    assert quiet.headroom < busy.headroom
+    granted = await asyncio.wait_for(waiting, 10)
+    for permit in (*held, granted):
+        await throttle.release(permit)
