@@ -42,3 +42,36 @@ apt_install() {
 mark_started() { touch "$STATE_DIR/$1.started"; }
 started_by_us() { [ -f "$STATE_DIR/$1.started" ]; }
 clear_started() { rm -f "$STATE_DIR/$1.started"; }
+
+# wait_started NAME PIDFILE SECONDS PORT LOGHINT: wait until the process started in the
+# background accepts connections on PORT and its own `ready` check passes; die naming LOGHINT if
+# it exits or is not ready in time.
+wait_started() {
+  local name=$1 pidfile=$2 limit_s=$3 port=$4 hint=$5
+  local deadline=$((SECONDS + limit_s))
+  until port_open 127.0.0.1 "$port" && ready; do
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || die "$name exited at start (see $hint)"
+    (( SECONDS < deadline )) || die "$name not ready after ${limit_s}s (see $hint)"
+    sleep 0.25
+  done
+}
+
+# stop_started NAME PIDFILE SECONDS: stop a service these scripts started (SIGTERM, SIGKILL after
+# SECONDS); one that was already running is left alone.
+stop_started() {
+  local name=$1 pidfile=$2 limit_s=$3
+  if started_by_us "$name" && [ -f "$pidfile" ]; then
+    local pid
+    pid="$(cat "$pidfile")"
+    kill "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + limit_s))
+    while kill -0 "$pid" 2>/dev/null; do
+      (( SECONDS < deadline )) || { kill -9 "$pid" 2>/dev/null || true; break; }
+      sleep 0.2
+    done
+    clear_started "$name"
+    log "$name stopped"
+  else
+    log "$name: not started by these scripts, left running"
+  fi
+}

@@ -51,31 +51,11 @@ up() {
     -cp "$LIBS/*" kafka.Kafka "$DIR/server.properties" >"$DIR/logs/stdout.log" 2>&1 &
   echo $! >"$DIR/kafka.pid"
   mark_started kafka
-  local deadline=$((SECONDS + 120))
-  until port_open 127.0.0.1 "$PORT" && ready; do
-    kill -0 "$(cat "$DIR/kafka.pid")" 2>/dev/null || die "kafka exited at start (see $DIR/logs/stdout.log and server.log)"
-    (( SECONDS < deadline )) || die "kafka not ready after 120s (see $DIR/logs/server.log)"
-    sleep 0.25
-  done
+  wait_started kafka "$DIR/kafka.pid" 120 "$PORT" "$DIR/logs/stdout.log and server.log"
   log "kafka $VERSION ready on 127.0.0.1:$PORT (KRaft, data $DIR/data)"
 }
 
-down() {
-  if started_by_us kafka && [ -f "$DIR/kafka.pid" ]; then
-    local pid
-    pid="$(cat "$DIR/kafka.pid")"
-    kill "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + 60))
-    while kill -0 "$pid" 2>/dev/null; do
-      (( SECONDS < deadline )) || { kill -9 "$pid" 2>/dev/null || true; break; }
-      sleep 0.2
-    done
-    clear_started kafka
-    log "kafka stopped"
-  else
-    log "kafka: not started by these scripts, left running"
-  fi
-}
+down() { stop_started kafka "$DIR/kafka.pid" 60; }
 
 status() { if port_open 127.0.0.1 "$PORT"; then echo "kafka     127.0.0.1:$PORT"; else echo "kafka     down"; fi; }
 

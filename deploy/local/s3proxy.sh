@@ -51,31 +51,11 @@ CONF
     --properties "$DIR/s3proxy.conf" >"$DIR/s3proxy.log" 2>&1 &
   echo $! >"$DIR/s3proxy.pid"
   mark_started s3proxy
-  local deadline=$((SECONDS + 60))
-  until port_open 127.0.0.1 "$PORT" && ready; do
-    kill -0 "$(cat "$DIR/s3proxy.pid")" 2>/dev/null || die "s3proxy exited at start (see $DIR/s3proxy.log)"
-    (( SECONDS < deadline )) || die "s3proxy not ready after 60s (see $DIR/s3proxy.log)"
-    sleep 0.25
-  done
+  wait_started s3proxy "$DIR/s3proxy.pid" 60 "$PORT" "$DIR/s3proxy.log"
   log "s3proxy $VERSION ready on 127.0.0.1:$PORT (bucket $BUCKET, data $DIR/data)"
 }
 
-down() {
-  if started_by_us s3proxy && [ -f "$DIR/s3proxy.pid" ]; then
-    local pid
-    pid="$(cat "$DIR/s3proxy.pid")"
-    kill "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + 30))
-    while kill -0 "$pid" 2>/dev/null; do
-      (( SECONDS < deadline )) || { kill -9 "$pid" 2>/dev/null || true; break; }
-      sleep 0.2
-    done
-    clear_started s3proxy
-    log "s3proxy stopped"
-  else
-    log "s3proxy: not started by these scripts, left running"
-  fi
-}
+down() { stop_started s3proxy "$DIR/s3proxy.pid" 30; }
 
 status() { if port_open 127.0.0.1 "$PORT"; then echo "s3proxy   http://127.0.0.1:$PORT (bucket $BUCKET)"; else echo "s3proxy   down"; fi; }
 
