@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from logstore.helpers import FakeClock, new_row
+from logstore.helpers import FakeClock, new_row, real_log_store
 
 from pipeline.config import Settings
 from pipeline.logstore import LogStore, Selection
-from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
 
 
@@ -22,20 +19,10 @@ async def store(
     request: pytest.FixtureRequest, tmp_path: Path, settings: Settings
 ) -> AsyncIterator[LogStore]:
     """Each real log store; PostgreSQL in a schema of its own, dropped afterwards."""
-    if request.param == "sqlite":
-        sqlite = SqliteLogStore(tmp_path / "log.db")
-        await sqlite.open()
-        yield sqlite
-        await sqlite.close()
-        return
-    request.getfixturevalue("postgres_service")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    pg = PostgresLogStore(settings.postgres.url, schema=schema)
-    await pg.open()
-    yield pg
-    await pg.close()
-    async with await psycopg.AsyncConnection.connect(settings.postgres.url, autocommit=True) as c:
-        await c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_service")
+    async with real_log_store(request.param, tmp_path, settings.postgres.url) as log_store:
+        yield log_store
 
 
 @pytest.mark.parametrize("bad", ["\ud800", "nul\x00byte"])

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from pipeline.logstore import NewRow
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psycopg
+
+from pipeline.logstore import LogStore, NewRow
+from pipeline.logstore.postgres import PostgresLogStore
+from pipeline.logstore.sqlite import SqliteLogStore
 
 
 class FakeClock:
@@ -42,3 +51,32 @@ def new_row(n: int, clock: FakeClock, **fields: object) -> NewRow:
     }
     values.update(fields)
     return NewRow(**values)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def real_log_store(
+    kind: str, tmp_path: Path, postgres_url: str, clock: Callable[[], float] | None = None
+) -> AsyncIterator[LogStore]:
+    """An open, empty log store of ``kind`` (sqlite or postgres), closed afterwards.
+
+    PostgreSQL gets a schema of its own, dropped afterwards; the caller makes sure the server
+    runs (the ``postgres_service`` fixture).
+    """
+    extra = {} if clock is None else {"clock": clock}
+    if kind == "sqlite":
+        sqlite = SqliteLogStore(tmp_path / "log.db", **extra)
+        await sqlite.open()
+        try:
+            yield sqlite
+        finally:
+            await sqlite.close()
+        return
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    pg = PostgresLogStore(postgres_url, schema=schema, **extra)
+    await pg.open()
+    try:
+        yield pg
+    finally:
+        await pg.close()
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as c:
+            await c.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
+from logstore.helpers import real_log_store
 from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
 from pipeline.config import Settings
 from pipeline.logstore import LogStore
-from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
 
 
@@ -51,17 +49,7 @@ async def log_store(
     request: pytest.FixtureRequest, tmp_path: Path, settings: Settings
 ) -> AsyncIterator[LogStore]:
     """Each real log store in turn; PostgreSQL in a schema of the test's own, dropped after."""
-    if request.param == "sqlite":
-        sqlite = SqliteLogStore(tmp_path / "log.db")
-        await sqlite.open()
-        yield sqlite
-        await sqlite.close()
-        return
-    request.getfixturevalue("postgres_service")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    pg = PostgresLogStore(settings.postgres.url, schema=schema)
-    await pg.open()
-    yield pg
-    await pg.close()
-    async with await psycopg.AsyncConnection.connect(settings.postgres.url, autocommit=True) as c:
-        await c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_service")
+    async with real_log_store(request.param, tmp_path, settings.postgres.url) as store:
+        yield store

@@ -7,19 +7,15 @@ test in a uuid-named schema, dropped afterwards.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
-import psycopg
 import pytest
-from logstore.helpers import FakeClock, new_row
+from logstore.helpers import FakeClock, new_row, real_log_store
 
 from pipeline.config import Settings
 from pipeline.logstore import LogStore, RowState, Selection
-from pipeline.logstore.postgres import PostgresLogStore
-from pipeline.logstore.sqlite import SqliteLogStore
 
 
 class LogStoreContract:
@@ -37,22 +33,10 @@ class LogStoreContract:
         self, request: pytest.FixtureRequest, tmp_path: Path, settings: Settings, clock: FakeClock
     ) -> AsyncIterator[LogStore]:
         """The subclass's store, empty; PostgreSQL in a schema of its own."""
-        if self.kind == "sqlite":
-            sqlite = SqliteLogStore(tmp_path / "log.db", clock=clock)
-            await sqlite.open()
-            yield sqlite
-            await sqlite.close()
-            return
-        request.getfixturevalue("postgres_service")
-        schema = f"t_{uuid.uuid4().hex[:12]}"
-        pg = PostgresLogStore(settings.postgres.url, schema=schema, clock=clock)
-        await pg.open()
-        yield pg
-        await pg.close()
-        async with await psycopg.AsyncConnection.connect(
-            settings.postgres.url, autocommit=True
-        ) as c:
-            await c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        if self.kind == "postgres":
+            request.getfixturevalue("postgres_service")
+        async with real_log_store(self.kind, tmp_path, settings.postgres.url, clock) as store:
+            yield store
 
     async def test_insert_stores_every_field(self, store: LogStore, clock: FakeClock) -> None:
         """An inserted row reads back byte for byte, in state received with zeroed counters."""
