@@ -22,17 +22,16 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from importlib import resources
 from typing import TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from pipeline.errors import Retry
-from pipeline.redis_functions import FunctionLibrary
+from pipeline.runtime.keys import once_key
+from pipeline.runtime.once_functions import Claim, OnceFunctions
 
 T = TypeVar("T")
-LIBRARY = resources.files("pipeline.runtime").joinpath("lua/once.lua").read_text()
 
 
 class IdempotencyGuard:
@@ -42,13 +41,10 @@ class IdempotencyGuard:
         self, client: Redis, prefix: str, *, lease_ms: int = 15_000, ttl_s: int = 7 * 86_400
     ) -> None:
         """Keep records under ``prefix``; a claim lapses after ``lease_ms``."""
-        self._functions = FunctionLibrary(client, LIBRARY)
+        self._functions = OnceFunctions(client)
         self._prefix = prefix
         self._lease_ms = lease_ms
         self._ttl_ms = ttl_s * 1000
-
-    def _key(self, lane: str, event: str, name: str) -> str:
-        return f"{{{self._prefix}:once:{lane}}}:{event}:{name}"
 
     async def once(
         self, lane: str, event: str, name: str, effect: Callable[[], Awaitable[T]]
@@ -58,7 +54,7 @@ class IdempotencyGuard:
         Raises:
             Retry: another delivery of the same event is running the effect right now.
         """
-        key = self._key(lane, event, name)
+        key = once_key(self._prefix, lane, event, name)
         token = uuid.uuid4().hex
         state = await self._claim(key, token)
         if state == "done":
@@ -70,19 +66,18 @@ class IdempotencyGuard:
             result = await effect()
         except BaseException:
             renewer.cancel()
-            await self._functions.fcall("pl_once_settle", [key], [token, "abort", 0])
+            await self._functions.settle(key, token, done=False, ttl_ms=0)
             raise
         renewer.cancel()
-        await self._functions.fcall("pl_once_settle", [key], [token, "done", self._ttl_ms])
+        await self._functions.settle(key, token, done=True, ttl_ms=self._ttl_ms)
         return result
 
-    async def _claim(self, key: str, token: str) -> str:
+    async def _claim(self, key: str, token: str) -> Claim:
         """Claim the record, waiting out a claim held by another delivery for about a lease."""
         pause_s = 0.05
         deadline = time.monotonic() + self._lease_ms / 1000 + 1.0
         while True:
-            raw = await self._functions.fcall("pl_once_claim", [key], [token, self._lease_ms])
-            state = raw.decode() if isinstance(raw, bytes) else str(raw)
+            state = await self._functions.claim(key, token, self._lease_ms)
             if state != "busy" or time.monotonic() + pause_s > deadline:
                 return state
             # Another delivery runs it (or died running it: its claim lapses within a lease).
@@ -93,6 +88,6 @@ class IdempotencyGuard:
         while True:
             await asyncio.sleep(self._lease_ms / 3000)
             try:
-                await self._functions.fcall("pl_once_renew", [key], [token, self._lease_ms])
+                await self._functions.renew(key, token, self._lease_ms)
             except (RedisError, OSError):  # unreachable: the claim may lapse, as documented
                 return

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.errors import TransportError
+from pipeline.runtime.keys import tick_key
 from pipeline.transport.protocol import Producer
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Ticker:
     async def _claim(self, tick_ms: int) -> bool:
         if self._redis is None:
             return True
-        key = f"{self._prefix}:tick:{self._name}:{tick_ms}"
+        key = tick_key(self._prefix, self._name, tick_ms)
         try:
             return bool(await self._redis.set(key, b"1", nx=True, px=self._every_ms * 10))
         except (RedisError, OSError) as exc:

@@ -10,6 +10,8 @@ from redis.asyncio import Redis
 
 from pipeline.errors import Retry
 from pipeline.runtime.idempotency import IdempotencyGuard
+from pipeline.runtime.keys import once_key
+from pipeline.runtime.once_functions import OnceFunctions
 
 
 @pytest.fixture
@@ -85,11 +87,16 @@ async def test_a_concurrent_delivery_waits_for_the_first_to_finish(guard: Idempo
 
 
 async def test_a_dead_holders_claim_lapses_and_the_next_delivery_runs_it(
-    guard: IdempotencyGuard,
+    guard: IdempotencyGuard, redis_service: str, unique: str
 ) -> None:
     """A claim whose holder died (never settled, never renewed) passes on within a lease."""
-    key = guard._key("lane", "evt-1", "charge")  # plant the claim of a holder that died
-    await guard._functions.fcall("pl_once_claim", [key], ["dead-holder", 500])
+    # Plant the claim of a holder that died, the way a delivery claims it.
+    key = once_key(f"t{unique}", "lane", "evt-1", "charge")
+    client = Redis.from_url(redis_service)
+    try:
+        assert await OnceFunctions(client).claim(key, "dead-holder", 500) == "claimed"
+    finally:
+        await client.aclose()
     calls: list[int] = []
 
     async def effect() -> str:

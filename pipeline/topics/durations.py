@@ -1,0 +1,65 @@
+"""Durations as topic declarations write them: ``500ms``, ``30s``, ``5m``, ``2h``, ``7d``.
+
+:func:`parse_duration_ms` reads one (or an int of milliseconds), :func:`format_duration_ms` writes
+the canonical label that retry topic names are made of, and :data:`Duration` is the pydantic type
+that validates a field with them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+__all__ = ["DURATION_HINT", "Duration", "format_duration_ms", "parse_duration_ms"]
+
+DURATION_HINT = "expected a duration like 500ms, 30s, 5m, 2h, 7d"
+
+# Largest unit first, so format_duration_ms picks the coarsest exact label.
+_UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+
+
+def parse_duration_ms(value: str | int) -> int:
+    """Parse a duration such as ``"500ms"``, ``"30s"``, ``"5m"``, ``"2h"``, ``"7d"`` or ``1500``.
+
+    Args:
+        value: a whole number with one unit (``ms``, ``s``, ``m``, ``h``, ``d``), or an int of
+            milliseconds.
+
+    Returns:
+        The duration in milliseconds, always greater than zero.
+
+    Raises:
+        ValueError: the value has another form, or is zero or negative.
+    """
+    # YAML can hand over anything, and bool is an int subclass: `retention: yes` is a mistake,
+    # not one millisecond. ValueError, not TypeError, because pydantic reports only ValueError.
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{DURATION_HINT} (got {value!r})")  # noqa: TRY004
+    if isinstance(value, int):
+        duration_ms = value
+    else:
+        match = _DURATION.fullmatch(value.strip())
+        if match is None:
+            raise ValueError(f"{DURATION_HINT} (got {value!r})")
+        duration_ms = int(match[1]) * _UNITS_MS[match[2]]
+    if duration_ms <= 0:
+        raise ValueError(f"a duration must be longer than zero (got {value!r})")
+    return duration_ms
+
+
+def format_duration_ms(duration_ms: int) -> str:
+    """Write a duration with the coarsest unit that divides it exactly (``60000`` -> ``"1m"``).
+
+    The label is canonical: ``"60s"``, ``"1m"`` and ``60000`` all give ``"1m"``, which is what
+    makes retry topic names stable however the tier was written.
+    """
+    for unit, unit_ms in _UNITS_MS.items():
+        if duration_ms % unit_ms == 0 and duration_ms >= unit_ms:
+            return f"{duration_ms // unit_ms}{unit}"
+    return f"{duration_ms}ms"
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration_ms)]
