@@ -13,12 +13,11 @@ from typing import Annotated
 import typer
 from redis import exceptions as rexc
 from redis.asyncio import Redis
-from rich.console import Console
 from rich.table import Table
 
 from pipeline.admission.status import ThrottleStatus, read_active_keys, read_status
 from pipeline.admission.throttle import Throttle
-from pipeline.cli_support import err, run_command
+from pipeline.cli_support import err, out_console, run_command
 from pipeline.config import Settings, load_settings
 
 app = typer.Typer(help="Inspect and tune the fair admission throttles.", no_args_is_help=True)
@@ -79,7 +78,7 @@ def status(
         waiting = " ".join(f"p{p}:{n}" for p, n in s.waiters_by_priority().items()) or "-"
         last = f"{(now_ms - s.recent_grants[0][1]) / 1000:.1f}s ago" if s.recent_grants else "-"
         table.add_row(s.key, str(s.limit), str(len(s.holders)), waiting, last)
-    Console().print(table)
+    out_console().print(table)
 
 
 @app.command("set-limit")

@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.cli_support import out_console
 from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.registry.canonical import ParsedSchema, parse
@@ -203,7 +204,7 @@ def list_subjects(
     table = Table("subject", "latest version", "id", title=f"subjects at {settings.url}")
     for r in rows:
         table.add_row(r.subject, str(r.version), str(r.schema_id))
-    Console().print(table)
+    out_console().print(table)
 
 
 def standalone() -> typer.Typer:

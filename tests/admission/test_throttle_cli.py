@@ -63,3 +63,23 @@ async def test_status_shows_holders_and_waiters_per_priority(redis_service, uniq
     await asyncio.gather(*waiting, return_exceptions=True)
     await throttle.close()
     await client.aclose()
+
+
+async def test_status_into_a_pipe_keeps_long_keys_whole(redis_service, unique):
+    """Piped, the status table prints a 100-character key on one line instead of wrapping at 80."""
+    env = {"PIPELINE_REDIS__URL": redis_service, "PIPELINE_THROTTLE__NAMESPACE": f"w{unique}"}
+    key = "org:" + "k" * 96
+    client = Redis.from_url(redis_service)
+    throttle = Throttle(client, namespace=f"w{unique}", default_limit=1)
+    await throttle.start()
+    try:
+        held = await throttle.acquire([key])
+        code, out = await _cli("status", env=env)
+        assert code == 0
+        assert key in out
+        await throttle.release(held)
+    finally:
+        await throttle.close()
+        async for name in client.scan_iter(match=f"*w{unique}*"):
+            await client.delete(name)
+        await client.aclose()

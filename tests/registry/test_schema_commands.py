@@ -105,3 +105,22 @@ def test_serve_starts_a_registry_process(tmp_path: Path) -> None:
         proc.terminate()
         proc.communicate(timeout=30)
     assert (tmp_path / "serve.db").exists()
+
+
+def test_ls_into_a_pipe_keeps_long_subjects_whole(sqlite_registry_url: str, tmp_path: Path) -> None:
+    """Piped, `schemas ls` prints a 100-character subject on one line instead of wrapping at 80."""
+    name = "LongRecord" + "x" * 90
+    (tmp_path / "long.avsc").write_text(
+        json.dumps({"type": "record", "name": name, "namespace": "t", "fields": []})
+    )
+    assert run("schemas", "push", str(tmp_path), "--url", sqlite_registry_url)[0] == 0
+    listed = subprocess.run(
+        [sys.executable, "-m", "pipeline", "schemas", "ls", "--url", sqlite_registry_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert f"t.{name}" in listed.stdout
