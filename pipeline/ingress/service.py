@@ -204,8 +204,11 @@ def require_free_port(host: str, port: int, variable: str) -> None:
             ) from None
 
 
-def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
-    """The uvicorn server of ``built`` (httptools, with the request-head cap), not started."""
+def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) -> uvicorn.Server:
+    """The uvicorn server of ``built`` (httptools, with the request-head cap), not started.
+
+    With ``lifespan`` the server starts and stops ``built`` itself; without, the caller does.
+    """
     import uvicorn  # noqa: PLC0415 - the server is only needed by this command
 
     config = uvicorn.Config(
@@ -214,7 +217,7 @@ def http_server(built: Ingress, host: str, port: int) -> uvicorn.Server:
         port=port,
         loop="none",
         http=bounded_protocol(built.ingress.max_head_bytes),
-        lifespan="on",
+        lifespan="on" if lifespan else "off",
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,
         log_level="warning",
@@ -236,8 +239,13 @@ async def serve(
     ``sock``, when given, is a socket already listening on ``host:port`` (a worker of
     :mod:`pipeline.ingress.workers`); otherwise uvicorn binds ``host:port`` itself.
 
+    The ingress starts here, before uvicorn, rather than in uvicorn's lifespan: a start that
+    fails (a log database that refuses the password, a broker that is down) then raises its
+    own one-line error to the command instead of uvicorn's traceback and "startup failed".
+
     Raises:
         ConfigError: ``port`` (or the metrics port) is held by another process.
+        PipelineError: the ingress cannot start (log store, broker or topic limits).
     """
     if sock is None:
         require_free_port(host, port, "PIPELINE_INGRESS__PORT (or --port)")
@@ -245,7 +253,22 @@ async def serve(
         require_free_port(
             built.ingress.metrics_host, built.ingress.metrics_port, "PIPELINE_INGRESS__METRICS_PORT"
         )
-    server = http_server(built, host, port)
+    await built.start()
+    try:
+        await _serve_started(built, host, port, on_ready, sock)
+    finally:
+        await built.stop()
+
+
+async def _serve_started(
+    built: Ingress,
+    host: str,
+    port: int,
+    on_ready: Callable[[str, int], None] | None,
+    sock: socket.socket | None,
+) -> None:
+    """Serve an ingress that :meth:`Ingress.start` has started, until interrupted."""
+    server = http_server(built, host, port, lifespan=False)
     stop_metrics = asyncio.Event()
     metrics = await _serve_metrics_apart(built, stop_metrics)
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -123,6 +124,41 @@ def test_ingress_on_a_busy_port_is_one_error_naming_the_port() -> None:
     assert f"127.0.0.1:{port}" in result.stderr
     assert "PIPELINE_INGRESS__PORT" in result.stderr
     assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
+
+
+@pytest.mark.postgres
+def test_ingress_with_a_log_database_it_cannot_open_is_one_error(postgres_service: str) -> None:
+    """A wrong log-database password ends `ingress serve` with one line naming the variable."""
+    url = urlsplit(postgres_service)
+    wrong = url._replace(netloc=f"{url.username}:wrong-password@{url.hostname}:{url.port}")
+    result = pipeline(
+        "ingress",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--transport",
+        "redis",
+        "--sources",
+        str(Path(__file__).parents[2] / "deploy/local/sources.example.yaml"),
+        env={
+            "GITHUB_WEBHOOK_SECRET": "dev-secret",
+            "META_APP_SECRET": "dev-secret",
+            "META_VERIFY_TOKEN": "dev-token",
+            "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+            "PIPELINE_INGRESS__LOG_STORE": "postgres",
+            "PIPELINE_POSTGRES__URL": wrong.geturl(),
+        },
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "startup failed" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: cannot connect to the log database")
+    assert "PIPELINE_POSTGRES__URL" in line
+    assert f"{url.hostname}" in line
+    assert "wrong-password" not in line
 
 
 @pytest.mark.parametrize(
