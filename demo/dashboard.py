@@ -19,6 +19,21 @@ def _wait_row(table: Table, name: str, waits: Waits, style: str | None = None) -
     table.add_row(name, f"{waits.count:,}", _ms(waits.p(0.5)), _ms(waits.p(0.99)), style=style)
 
 
+def progress_line(s: Snapshot) -> str:
+    """The line a headless run prints every few seconds (``n/a`` for a wait not measured yet)."""
+    c = s.collector
+    return (
+        f"{s.elapsed_s:6.1f}s {s.phase}: accepted {s.accepted}, handled {s.handled}, "
+        f"dead {s.dead_lettered}, in retry {s.waiting_retry}, "
+        f"small p99 {_ms_or_na(c.small.p(0.99))}, flooder p99 {_ms_or_na(c.flooder().p(0.99))}, "
+        f"turns {c.turns}"
+    )
+
+
+def _ms_or_na(value: int | None) -> str:
+    return "n/a" if value is None else f"{value} ms"
+
+
 def render(snapshot: Snapshot) -> RenderableType:
     """One frame of the dashboard."""
     c = snapshot.collector

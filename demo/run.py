@@ -30,7 +30,7 @@ from rich.live import Live
 
 from demo import keys
 from demo.audit import Audit, GroupTopics, audit
-from demo.dashboard import render
+from demo.dashboard import progress_line, render
 from demo.observe import RedisObservations
 from demo.plots import write_plots
 from demo.procs import ManagedProcess, ProcessFailed, run_once
@@ -359,13 +359,7 @@ class Demo:
         return self.options.headless or not sys.stdout.isatty()
 
     def _progress(self, s: Snapshot) -> None:
-        c = s.collector
-        self.console.print(
-            f"{s.elapsed_s:6.1f}s {s.phase}: accepted {s.accepted}, handled {s.handled}, "
-            f"dead {s.dead_lettered}, in retry {s.waiting_retry}, small p99 {c.small.p(0.99)} ms, "
-            f"flooder p99 {c.flooder().p(0.99)} ms, turns {c.turns}",
-            highlight=False,
-        )
+        self.console.print(progress_line(s), highlight=False)
 
     def _snapshot(self, watcher: Watcher) -> Snapshot:
         return Snapshot(

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 from rich.console import Console
 
 from demo.audit import Audit
-from demo.dashboard import render
+from demo.dashboard import progress_line, render
 from demo.observe import Observation, RedisObservations
 from demo.stats import SMALL, Collector, percentile
 from demo.summary import Snapshot, summary
@@ -139,3 +139,17 @@ def test_dashboard_renders_every_section():
     text = console.export_text()
     for expected in ("accepted", "tenant-flood (flooder)", SMALL, "debounced AI turns", "900"):
         assert expected in text
+
+
+def test_progress_line_says_n_a_for_a_wait_not_measured_yet():
+    """Before any observation the headless line prints n/a, never "None ms"; then milliseconds."""
+    collector = Collector(start_ms=500)
+    snapshot = Snapshot("redis", 3.0, 20.0, "traffic", {"accepted": 0}, {}, 0, 0, 0, collector)
+    line = progress_line(snapshot)
+    assert "None" not in line
+    assert "small p99 n/a" in line
+    assert "flooder p99 n/a" in line
+    collector.add_all([_obs("tenant-01", 10), _obs(FLOODER, 900)])
+    line = progress_line(snapshot)
+    assert "small p99 10 ms" in line
+    assert "flooder p99 900 ms" in line
