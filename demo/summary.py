@@ -105,6 +105,9 @@ def summary(snapshot: Snapshot) -> dict[str, Any]:
     c = snapshot.collector
     flooder = c.flooder()
     by_kind = snapshot.traffic.get("by_kind", {})
+    # Without an audit that read every topic to its end, the remainder is not a count of lost
+    # events (an interrupted run stops mid-flight): it is reported as unknown, not as a number.
+    audited = snapshot.audit is not None and snapshot.audit.complete
     return {
         "transport": snapshot.transport,
         "duration_s": snapshot.duration_s,
@@ -121,8 +124,8 @@ def summary(snapshot: Snapshot) -> dict[str, Any]:
         "in_retry": snapshot.waiting_retry,
         "waiting": snapshot.waiting,
         "handled_not_marked": snapshot.unmarked,
-        "lost": snapshot.lost,
-        "audit_complete": snapshot.audit.complete if snapshot.audit is not None else False,
+        "lost": snapshot.lost if audited else None,
+        "audit_complete": audited,
         "routed_to_retry": snapshot.retried,
         "handler_calls": dict(c.outcomes),
         "small_tenant_p50_wait_ms": c.small.p(0.5),
@@ -144,8 +147,10 @@ def write_summary(snapshot: Snapshot, path: Path) -> dict[str, Any]:
     return data
 
 
-def _fmt(value: object) -> str:
-    return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+def _fmt(name: str, value: object) -> str:
+    if value is None:
+        return "unknown (audit incomplete)" if name == "lost" else "-"
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def summary_table(data: dict[str, Any]) -> Table:
@@ -171,5 +176,5 @@ def summary_table(data: dict[str, Any]) -> Table:
         "turn_p99_wait_ms",
     ):
         style = "bold red" if name == "lost" and data[name] else None
-        table.add_row(name, _fmt(data[name]), style=style)
+        table.add_row(name, _fmt(name, data[name]), style=style)
     return table

@@ -12,7 +12,7 @@ from demo.audit import Audit
 from demo.dashboard import progress_line, render
 from demo.observe import Observation, RedisObservations
 from demo.stats import SMALL, Collector, percentile
-from demo.summary import Snapshot, summary
+from demo.summary import Snapshot, summary, summary_table
 from demo.traffic import FLOODER, noisy_neighbour_plan, sign_hub
 from pipeline.ingress.errors import Rejected
 from pipeline.ingress.verify.hub import HubSignatureVerifier
@@ -103,10 +103,35 @@ def test_summary_counts_lost_as_accepted_minus_every_known_fate():
         in_retry=4,
         collector=collector,
     )
+    assert snapshot.lost == 1  # an estimate from the live counts
     data = summary(snapshot)
-    assert (data["handled"], data["dead_lettered"], data["in_retry"], data["lost"]) == (92, 3, 4, 1)
+    assert (data["handled"], data["dead_lettered"], data["in_retry"]) == (92, 3, 4)
+    assert (data["lost"], data["audit_complete"]) == (None, False)  # no audit: not a number
     snapshot.audit = Audit(unfinished=5, in_retry=3, waiting=2, complete=True)  # exact counts
     assert (summary(snapshot)["in_retry"], summary(snapshot)["lost"]) == (3, 0)
+
+
+def test_an_incomplete_audit_reports_lost_as_unknown():
+    """An audit that did not read every topic (an interrupted run) gives no lost count."""
+    snapshot = Snapshot(
+        transport="redis",
+        elapsed_s=1.0,
+        duration_s=60.0,
+        phase="done",
+        traffic={"accepted": 200},
+        rows={RowState.PROCESSED: 60, RowState.PRODUCED: 140},
+        dead_lettered=0,
+        retried=0,
+        in_retry=0,
+        collector=Collector(start_ms=0),
+        interrupted=True,
+        audit=Audit(unfinished=140, in_retry=5, waiting=3, complete=False),
+    )
+    data = summary(snapshot)
+    assert (data["lost"], data["audit_complete"]) == (None, False)
+    console = Console(record=True, width=120)
+    console.print(summary_table(data))
+    assert "unknown (audit incomplete)" in console.export_text()
 
 
 @pytest.mark.redis
