@@ -24,17 +24,42 @@ def _seconds(value: str) -> float:
         ) from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the options, run the demo, return the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
-    parser.add_argument("--transport", choices=["redis", "kafka"], default="redis")
+DESCRIPTION = """\
+Run the whole pipeline under a compressed noisy-neighbour hour: the ingress, the
+schema registry, the example consumer groups, the sweeper and a traffic generator
+(50 steady tenants and one flooder). Shows a live dashboard of per-tenant waits
+(or a progress line every 5 s with --headless or when not on a terminal), then
+writes a summary and plots to the output directory. Ctrl-C stops every process.
+
+Needs the local services (make services). See docs/demo.md.
+"""
+"""What ``--help`` says: plain text, since argparse prints the module's reST markup as is."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The demo's options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m demo",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--transport", choices=["redis", "kafka"], default="redis", help="(default: redis)"
+    )
     parser.add_argument("--duration", type=_seconds, default=180.0, help="traffic time (3m)")
     parser.add_argument("--headless", action="store_true", help="no live dashboard")
-    parser.add_argument("--output", type=Path, default=Path("demo-output"))
+    parser.add_argument(
+        "--output", type=Path, default=Path("demo-output"), help="(default: demo-output)"
+    )
     parser.add_argument("--prefix", help="Redis key prefix (default: a fresh one per run)")
     parser.add_argument("--keep-keys", action="store_true", help="keep the run's Redis keys")
     parser.add_argument("--drain-timeout", type=_seconds, default=60.0, help="drain wait (60s)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, run the demo, return the exit status."""
+    args = parser().parse_args(argv)
     options = DemoOptions(
         transport=args.transport,
         duration_s=args.duration,

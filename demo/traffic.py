@@ -274,7 +274,14 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: replay the noisy-neighbour plan against a running ingress."""
-    parser = argparse.ArgumentParser(prog="python -m demo.traffic", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m demo.traffic",
+        description=(
+            "Replay the demo's noisy-neighbour plan (steady tenants and one flooder) against a"
+            " running ingress, signing each body with the secret in --secret-env. Prints its"
+            " counts as one JSON line every half second."
+        ),
+    )
     parser.add_argument("--url", required=True, help="the ingress, e.g. http://127.0.0.1:8080")
     parser.add_argument("--source", default="demo", help="the source name in the sources file")
     parser.add_argument(

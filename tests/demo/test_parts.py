@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from redis.asyncio import Redis
@@ -178,3 +180,18 @@ def test_progress_line_says_n_a_for_a_wait_not_measured_yet():
     line = progress_line(snapshot)
     assert "small p99 10 ms" in line
     assert "flooder p99 900 ms" in line
+
+
+@pytest.mark.parametrize("module", ["demo", "demo.traffic"])
+def test_help_is_plain_text_without_rest_markup(module: str) -> None:
+    """`python -m demo --help` describes the demo in plain words, no ``literals`` or :roles:."""
+    shown = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "noisy-neighbour" in shown
+    for markup in ("``", ":mod:", ":func:", ":class:", "*burst*"):
+        assert markup not in shown, shown
