@@ -8,7 +8,21 @@ from rich.text import Text
 
 from demo.stats import SMALL, Waits
 from demo.summary import Snapshot
-from demo.traffic import FLOODER
+from demo.traffic import FLOODER, traffic_stage
+
+LEGEND = (
+    "in retry: events waiting for a later attempt in a retry tier, mostly the flooder's"
+    " deferred by its tenant budget (not lost; the summary counts them). waiting: not yet"
+    " consumed from a main topic."
+)
+"""The line under the flow table that says what its last two columns hold."""
+
+
+def phase(snapshot: Snapshot) -> str:
+    """The run's phase, with the flood's stage (calm, flood, after flood) during the traffic."""
+    if snapshot.phase != "traffic":
+        return snapshot.phase
+    return f"{snapshot.phase}: {traffic_stage(snapshot.duration_s, snapshot.elapsed_s)}"
 
 
 def _ms(value: int | None) -> str:
@@ -22,8 +36,9 @@ def _wait_row(table: Table, name: str, waits: Waits, style: str | None = None) -
 def progress_line(s: Snapshot) -> str:
     """The line a headless run prints every few seconds (``n/a`` for a wait not measured yet)."""
     c = s.collector
+    sep = ", " if s.phase == "traffic" else ": "  # "traffic: flood, accepted", "draining: ..."
     return (
-        f"{s.elapsed_s:6.1f}s {s.phase}: accepted {s.accepted}, handled {s.handled}, "
+        f"{s.elapsed_s:6.1f}s {phase(s)}{sep}accepted {s.accepted}, handled {s.handled}, "
         f"dead {s.dead_lettered}, in retry {s.waiting_retry}, "
         f"small p99 {_ms_or_na(c.small.p(0.99))}, flooder p99 {_ms_or_na(c.flooder().p(0.99))}, "
         f"turns {c.turns}"
@@ -37,9 +52,12 @@ def _ms_or_na(value: int | None) -> str:
 def render(snapshot: Snapshot) -> RenderableType:
     """One frame of the dashboard."""
     c = snapshot.collector
+    shown = phase(snapshot)
     head = Text.assemble(
         ("pipeline demo", "bold"),
-        f"  {snapshot.transport}  {snapshot.phase}  ",
+        f"  {snapshot.transport}  ",
+        (shown, "bold red" if shown.endswith(": flood") else ""),
+        "  ",
         f"{snapshot.elapsed_s:5.1f}s / {snapshot.duration_s:.0f}s",
         ("  (interrupted)" if snapshot.interrupted else "", "yellow"),
     )
@@ -79,4 +97,5 @@ def render(snapshot: Snapshot) -> RenderableType:
         _ms(c.turn_waits.p(0.5)),
         _ms(c.turn_waits.p(0.99)),
     )
-    return Group(head, flow, waits, turns)
+    legend = Text(LEGEND, style="dim")
+    return Group(head, flow, legend, waits, turns)

@@ -92,6 +92,16 @@ def noisy_neighbour_plan(duration_s: float, *, tenants: int = 50, seed: int = 7)
     return Plan(duration_s, tuple(loads), seed)
 
 
+def traffic_stage(duration_s: float, elapsed_s: float) -> str:
+    """Where ``elapsed_s`` falls in the plan of a ``duration_s`` run: calm, flood or after flood."""
+    (flooder,) = [t for t in noisy_neighbour_plan(duration_s).tenants if t.name == FLOODER]
+    if elapsed_s < flooder.start_s:
+        return "calm"
+    if flooder.end_s is None or elapsed_s < flooder.end_s:
+        return "flood"
+    return "after flood"
+
+
 async def _pause(stop: asyncio.Event, delay_s: float) -> bool:
     """Wait ``delay_s``; True if ``stop`` was set meanwhile."""
     if delay_s <= _SHORT_PAUSE_S:  # a plain sleep is much cheaper than a wait_for task

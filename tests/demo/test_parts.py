@@ -195,3 +195,19 @@ def test_help_is_plain_text_without_rest_markup(module: str) -> None:
     assert "noisy-neighbour" in shown
     for markup in ("``", ":mod:", ":func:", ":class:", "*burst*"):
         assert markup not in shown, shown
+
+
+def test_dashboard_marks_the_flood_and_explains_in_retry():
+    """The header and the headless line name the flood's stage; a legend explains "in retry"."""
+    collector = Collector(start_ms=500)
+    # A 100 s plan floods from 25 s to 70 s.
+    for elapsed, stage in ((10.0, "calm"), (50.0, "flood"), (90.0, "after flood")):
+        snapshot = Snapshot("redis", elapsed, 100.0, "traffic", {}, {}, 0, 0, 0, collector)
+        console = Console(record=True, width=200)
+        console.print(render(snapshot))
+        text = console.export_text()
+        assert f"traffic: {stage} " in text.splitlines()[0]
+        assert "in retry: events waiting for a later attempt" in text
+        assert f"s traffic: {stage}, accepted 0" in progress_line(snapshot)
+    draining = Snapshot("redis", 101.0, 100.0, "draining", {}, {}, 0, 0, 0, collector)
+    assert "s draining: accepted 0" in progress_line(draining)
