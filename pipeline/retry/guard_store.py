@@ -2,8 +2,12 @@
 
 **Start marks (poison detection).** Before a message runs, a mark ``starts|position`` is written
 for its id (where it was first delivered, stable across retry tiers); when it ends, the mark is
-deleted. A copy that finds a mark of its own position was started before and never finished
-(its member died, or lost it mid-run): a *suspect*, which the member runs alone
+deleted. The mark names the member process that wrote it, and each process renews its
+liveness every commit tick (``gd_live``, ``LIVE_MS``). A copy that finds a mark of its own
+position written by another process that is still alive waits (``busy``): that process lost the
+partition to a stall, not a crash, and still runs the copy. Otherwise the copy was started
+before and never finished (its member died, or lost it mid-run): a *suspect*, which the member
+runs alone
 (``runtime/isolation.py``) so that a crash cannot be blamed on a neighbour. Once its
 interruptions, the first plus its lone starts, reach ``poison_after``, it is dead-lettered with
 reason ``poison``. A copy that finds a mark of *another* position is a duplicate (a member killed
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -54,8 +59,12 @@ from pipeline.topics.spec import TopicSpec
 log = logging.getLogger(__name__)
 
 LIBRARY = resources.files("pipeline.retry").joinpath("lua/guard.lua").read_text()
-Decision = Literal["process", "suspect", "copy", "stale", "slow", "held", "sequenced"]
+Decision = Literal["process", "suspect", "copy", "stale", "slow", "held", "sequenced", "busy"]
 Ending = Literal["done", "parked", "dead"]
+LIVE_MS = 5_000
+"""How long a member process counts as alive after its last renewal (every commit tick). A copy
+of one of its starts read by another process meanwhile waits for it; after a crash, suspects
+wait at most this long."""
 RELEASED_POSITION = "rel"
 """The position of a start made by releasing a held follower."""
 
@@ -82,6 +91,7 @@ _CODES: dict[str, Decision] = {
     "c": "copy",
     "x": "stale",
     "w": "slow",
+    "b": "busy",
 }
 
 
@@ -141,6 +151,9 @@ class GuardStore:
         self.keys: GuardKeys = guard_keys(prefix, lane)
         self.ttl_ms = ttl_ms
         self.lease_ms = lease_ms
+        self.instance = uuid.uuid4().hex[:16]
+        """This member process: written into its start marks, alive while it renews (gd_live)."""
+        self._live_sent = False
 
     async def begin_many(
         self, ended: Sequence[str], starts: Sequence[Start]
@@ -150,16 +163,22 @@ class GuardStore:
         Raises redis errors: the caller decides how to fail open.
         """
         k = self.keys
+        now_ms = int(time.time() * 1000)
+        # The first call also says this process is alive; the member's tick renews it (live()).
+        live_until = "" if self._live_sent else str(now_ms + LIVE_MS)
         text = await self._functions.fcall(
             "gd_begin",
-            [k.run, k.gone, k.parked, k.alone],
+            [k.run, k.gone, k.parked, k.alone, k.live],
             [
-                int(time.time() * 1000),
+                now_ms,
                 self.ttl_ms,
                 "\n".join(ended),
                 "\n".join(start.line for start in starts),
+                self.instance,
+                live_until,
             ],
         )
+        self._live_sent = True
         if not starts:
             return []
         return [(_CODES[item[0]], int(item[1:])) for item in _text(text).split(",")]
@@ -264,6 +283,20 @@ class GuardStore:
             log.warning("parking unavailable, could not look for stalled releases: %s", exc)
             return []
         return [_release(_text(flat[i]), *flat[i + 1 : i + 4]) for i in range(0, len(flat), 4)]
+
+    async def live(self) -> None:
+        """Say this member process is alive for ``LIVE_MS`` more (``FCALL gd_live``).
+
+        While it is, a copy of one of its running starts read by another member process waits
+        (``busy``) instead of running beside it as a suspect.
+        """
+        now_ms = int(time.time() * 1000)
+        try:
+            await self._functions.fcall(
+                "gd_live", [self.keys.live], [self.instance, now_ms + LIVE_MS, now_ms]
+            )
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not renew this member's liveness: %s", exc)
 
     async def renew(self, keys: Sequence[str]) -> None:
         """Extend the leases of this member's releases in progress (``FCALL gd_renew``)."""

@@ -41,8 +41,13 @@ class GuardKeys:
 
     @property
     def run(self) -> str:
-        """Start marks: message id -> ``starts|position``."""
+        """Start marks: message id -> ``starts|position[|route[|instance]]``."""
         return f"{self.tag}:run"
+
+    @property
+    def live(self) -> str:
+        """Member processes that may still run a start: instance id -> liveness until (ms)."""
+        return f"{self.tag}:live"
 
     @property
     def alone(self) -> str:

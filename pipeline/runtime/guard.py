@@ -3,12 +3,14 @@
 Before a message of a guarded lane runs, :class:`RunGuard` records its start
 (:class:`~pipeline.runtime.starts.StartWindow` batches the starts of one loop turn into one
 Redis call) and learns what to do with it: run it; hold it behind its key's parked head; drop a
-stale or duplicate copy; dead-letter it behind a dead-lettered head; or, when an earlier start of
-it never finished, run it alone as a suspect (:mod:`pipeline.runtime.isolation`) unless its lone
-starts reached ``poison_after``. After the run it records the end: batched with the next starts
-when nothing is parked, in a call of its own when the message parks its key or belongs to a
-parked key. When a head finishes, the guard runs the followers released to it, in order. See
-:mod:`pipeline.retry.guard_store` for the state and its guarantees.
+stale or duplicate copy; dead-letter it behind a dead-lettered head; wait while another member
+process that is still alive runs this very copy (it lost the partition to a stall, not a crash);
+or, when an earlier start of it never finished, run it alone as a suspect
+(:mod:`pipeline.runtime.isolation`) unless its lone starts reached ``poison_after``. After the
+run it records the end: batched with the next starts when nothing is parked, in a call of its
+own when the message parks its key or belongs to a parked key. When a head finishes, the guard
+runs the followers released to it, in order. See :mod:`pipeline.retry.guard_store` for the
+state and its guarantees.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
 
 log = logging.getLogger(__name__)
+
+_BUSY_FIRST_S = 0.05
+_BUSY_MAX_S = 1.0
+"""A copy that another live member process still runs asks again after these pauses (doubling)."""
 
 # How a handler outcome ends a guarded message (anything else: done).
 _ENDINGS: dict[str, Ending] = {"retried": "parked", "deferred": "parked", "dead_lettered": "dead"}
@@ -89,6 +95,12 @@ class RunGuard:
             self._stats.duplicates += 1
             return "duplicate"
         decision, starts = await self._windows[lane.name].begin(start)
+        pause_s = _BUSY_FIRST_S
+        while decision == "busy":  # another live member process still runs this very copy
+            self._stats.busy_waits += 1
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, _BUSY_MAX_S)
+            decision, starts = await self._windows[lane.name].begin(start)
         parked = decision == "slow"
         if parked:
             decision, starts = await store.begin_parked(message, start)
@@ -226,6 +238,7 @@ class RunGuard:
     async def tick(self, lanes: dict[str, Lane]) -> None:
         """Renew this member's release leases and take over releases whose member died."""
         for name, store in self._stores.items():
+            await store.live()
             await store.renew(sorted(self._releasing[name]))
             lane = lanes.get(name)
             if lane is None:

@@ -19,6 +19,8 @@ class Stats:
     already_done: int = 0
     parked: int = 0
     duplicates: int = 0
+    busy_waits: int = 0
+    """Times a start waited because another live member process still ran the same copy."""
     buffered: int = 0
     turns: int = 0
     turn_retries: int = 0

@@ -238,3 +238,46 @@ async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
     # The key is not left parked behind a head that already ran: the next message runs.
     assert await b.run(lane, _main(lane, 1, b"y")) == "handled"
     assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
+
+
+async def test_a_copy_another_live_member_still_runs_waits_for_its_end(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """The same copy read by B while A (alive, only stalled past its partition lease) runs it.
+
+    B must not run it beside A as a suspect: it waits until A's end is recorded, then runs it
+    once more (a repeat, which at-least-once allows, never an overlap).
+    """
+    lane = _lane(f"guard_{unique}")
+    handlers = _Handlers()
+    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    handlers.hold[b"x"] = asyncio.Event()
+    first = asyncio.create_task(a.run(lane, _main(lane, 0, b"x")))
+    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
+    second = asyncio.create_task(b.run(lane, _main(lane, 0, b"x")))
+    await eventually(lambda: b._stats.busy_waits >= 2)  # asked twice and told to wait
+    assert [v for _, v, _, _ in handlers.runs] == []  # nothing ran beside A
+    handlers.hold[b"x"].set()
+    assert await asyncio.wait_for(first, 10) == "handled"
+    await a.flush()  # A's end reaches Redis (at its next call or commit)
+    assert await asyncio.wait_for(second, 10) == "handled"
+    assert [m for m, _, _, _ in handlers.runs] == ["a", "b"]
+    assert handlers.overlaps() == 0
+
+
+async def test_a_copy_of_a_dead_members_start_runs_as_a_suspect(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """When the member whose mark stands is no longer alive, the copy is a suspect, as before."""
+    lane = _lane(f"guard_{unique}")
+    handlers = _Handlers()
+    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    handlers.hold[b"x"] = asyncio.Event()
+    first = asyncio.create_task(a.run(lane, _main(lane, 0, b"x")))
+    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
+    first.cancel()  # A dies mid-run: its mark stays; its liveness is taken back, as if it ran out
+    await redis.hdel(f"{{{cleanup}:guard:{lane.name}}}:live", a._stores[lane.name].instance)
+    handlers.hold.pop(b"x").set()
+    assert await asyncio.wait_for(b.run(lane, _main(lane, 0, b"x")), 10) == "handled"
+    assert b._stats.busy_waits == 0
+    assert [m for m, _, _, _ in handlers.runs] == ["b"]

@@ -48,22 +48,40 @@ local function bulk(command, key, items)
   return out
 end
 
+-- A mark is "starts|position[|route[|instance]]": route is the attempt of the retry copy its
+-- start was producing (empty if none), instance the member process that made the start (empty
+-- for marks of the per-key paths).
 local function parse(mark)
-  local starts, pos, route = string.match(mark, '^(%d+)|([^|]*)|?(%d*)$')
-  return tonumber(starts), pos, route
+  local starts, pos, route, inst = string.match(mark, '^(%d+)|([^|]*)|?(%d*)|?([^|]*)$')
+  return tonumber(starts), pos, route, inst
+end
+
+-- Whether the member process `inst` renewed its liveness (gd_live) and it has not run out.
+local function live(live_key, inst, now)
+  if not inst or inst == '' or not live_key then return false end
+  local until_ms = tonumber(redis.call('HGET', live_key, inst) or '0')
+  return until_ms > now
 end
 
 -- Decide a start of `id` read at `pos` (attempt `attempt`) given its current mark (or false).
--- With `force`, a mark of another position is taken over as a suspect. Returns
--- decision, starts, and the new mark (nil: unchanged).
-local function decide(mark, pos, attempt, force)
-  if not mark then return 'process', 1, '1|' .. pos end
-  local starts, at, route = parse(mark)
+-- With `force`, a mark of another position is taken over as a suspect. `me` is the calling
+-- member process (written into the mark; nil on the per-key paths), `live_key` and `now` let a
+-- mark of this position made by another process that is still alive answer `busy`: that process
+-- still runs it (it lost the partition to a stall, not to a crash), so this copy must wait for
+-- its end instead of running beside it. Returns decision, starts, and the new mark (nil:
+-- unchanged).
+local function decide(mark, pos, attempt, force, me, live_key, now)
+  local tail = me and ('||' .. me) or ''
+  if not mark then return 'process', 1, '1|' .. pos .. tail end
+  local starts, at, route, inst = parse(mark)
   if at ~= pos and route ~= '' and route == attempt then
-    return 'process', 1, '1|' .. pos  -- the retry copy its start was producing: it takes over
+    return 'process', 1, '1|' .. pos .. tail  -- the retry copy its start was producing: it takes over
+  end
+  if at == pos and me and inst ~= me and live(live_key, inst, now) then
+    return 'busy', starts, nil
   end
   if at == pos or force then
-    return 'suspect', starts + 1, (starts + 1) .. '|' .. pos
+    return 'suspect', starts + 1, (starts + 1) .. '|' .. pos .. tail
   end
   return 'copy', starts, nil
 end
@@ -104,17 +122,22 @@ local function end_marks(run, alone, ids, positions, marks)
 end
 
 -- gd_begin: end the given starts, then decide a batch of starts, in one call.
--- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone
--- ARGV[1] now_ms (unused, kept for the call's shape)   ARGV[2] ttl_ms (unused: gd_reap keeps
--- the hashes' expiry)   ARGV[3] ended starts, one per line: id TAB position
+-- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone   KEYS[5] T:live
+-- ARGV[1] now_ms   ARGV[2] ttl_ms (unused: gd_reap keeps the hashes' expiry)
+-- ARGV[3] ended starts, one per line: id TAB position
 -- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt
+-- ARGV[5] the calling member process's instance id   ARGV[6] its liveness until (ms), or empty
+-- when it was renewed recently (gd_live)
 -- An empty position is the id itself (a first delivery).
 -- Returns the decisions as one string, one "<letter><starts>" per start, comma-separated:
--- p process, s suspect, c copy, x stale, w slow (the key is parked: ask gd_key_begin).
+-- p process, s suspect, c copy, x stale, w slow (the key is parked: ask gd_key_begin), b busy
+-- (another live member process runs this very copy: ask again later).
 -- The marks of the ends and of the starts are read in one HMGET; an end is applied before the
 -- starts are decided, so a start of a message that just ended sees no mark.
-local CODES = {process = 'p', suspect = 's', copy = 'c'}
+local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b'}
 local function begin_many(keys, args)
+  local now, me = tonumber(args[1]), args[5]
+  if args[6] and args[6] ~= '' then redis.call('HSET', keys[5], me, args[6]) end
   local ended, positions_ended = end_lines(args[3])
   local ids, names, positions, ordered, attempts = {}, {}, {}, {}, {}
   local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)'
@@ -166,7 +189,8 @@ local function begin_many(keys, args)
         out[i] = 'c0'  -- two copies in one batch: the first one runs
       else
         seen[id] = true
-        local decision, starts, mark = decide(marks[i], positions[i], attempts[i], false)
+        local decision, starts, mark = decide(marks[i], positions[i], attempts[i], false, me,
+                                              keys[5], now)
         if mark then
           writes[#writes + 1] = id
           writes[#writes + 1] = mark
@@ -381,7 +405,22 @@ local function renew(keys, args)
   return #args - 1
 end
 
+-- gd_live: the calling member process is alive until ARGV[2] (ms); its marks of a copy that
+-- another process reads meanwhile answer busy instead of suspect.
+-- KEYS[1] T:live   ARGV[1] instance id   ARGV[2] until ms   ARGV[3] now ms
+-- Drops the entries of processes whose liveness ran out.
+local function live_renew(keys, args)
+  redis.call('HSET', keys[1], args[1], args[2])
+  local now = tonumber(args[3])
+  local flat = redis.call('HGETALL', keys[1])
+  for i = 1, #flat, 2 do
+    if tonumber(flat[i + 1]) <= now then redis.call('HDEL', keys[1], flat[i]) end
+  end
+  return 1
+end
+
 redis.register_function('gd_begin', begin_many)
+redis.register_function('gd_live', live_renew)
 redis.register_function('gd_key_begin', begin_parked)
 redis.register_function('gd_route', route)
 redis.register_function('gd_end', finish)
