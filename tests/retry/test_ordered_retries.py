@@ -64,8 +64,9 @@ async def test_a_failed_message_holds_back_the_rest_of_its_key(
         tier_entries += sum(p.end for p in await admin.group_lag(f"none-{unique}", tier))
     assert tier_entries == 2
     left = await redis.keys(f"{{t{unique}:guard:*")
-    # Only the expiring duplicate filter (and start marks, if any) are left; nothing parked.
-    assert all(k.endswith((b":gone", b":run")) for k in left), left
+    # Only the expiring duplicate filter, the members' liveness (and start marks, if any) are
+    # left; nothing parked.
+    assert all(k.endswith((b":gone", b":run", b":live")) for k in left), left
     assert all(ttl > 0 for ttl in [await redis.pttl(k) for k in left])
 
 

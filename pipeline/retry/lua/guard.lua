@@ -137,7 +137,10 @@ end
 local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b'}
 local function begin_many(keys, args)
   local now, me = tonumber(args[1]), args[5]
-  if args[6] and args[6] ~= '' then redis.call('HSET', keys[5], me, args[6]) end
+  if args[6] and args[6] ~= '' then
+    redis.call('HSET', keys[5], me, args[6])
+    redis.call('PEXPIRE', keys[5], 2 * (tonumber(args[6]) - now))
+  end
   local ended, positions_ended = end_lines(args[3])
   local ids, names, positions, ordered, attempts = {}, {}, {}, {}, {}
   local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)'
@@ -412,6 +415,7 @@ end
 local function live_renew(keys, args)
   redis.call('HSET', keys[1], args[1], args[2])
   local now = tonumber(args[3])
+  redis.call('PEXPIRE', keys[1], 2 * (tonumber(args[2]) - now))  -- gone once nobody renews
   local flat = redis.call('HGETALL', keys[1])
   for i = 1, #flat, 2 do
     if tonumber(flat[i + 1]) <= now then redis.call('HDEL', keys[1], flat[i]) end
