@@ -104,21 +104,23 @@ end
 
 -- Delete the marks (and lone-start counts) of ended starts whose mark is still theirs. `marks`
 -- holds their current marks, read with the starts' in one HMGET. Only a suspect (a mark of more
--- than one start) can have a lone-start count.
+-- than one start) can have a lone-start count. Returns the set of ids whose mark was deleted.
 local function end_marks(run, alone, ids, positions, marks)
-  local done, lone = {}, {}
+  local done, lone, ended = {}, {}, {}
   for i, id in ipairs(ids) do
     local mark = marks[i]
     if mark then
       local starts, at = parse(mark)
       if at == positions[i] then
         done[#done + 1] = id
+        ended[id] = true
         if starts > 1 then lone[#lone + 1] = id end
       end
     end
   end
   if #done > 0 then bulk('HDEL', run, done) end
   if #lone > 0 then bulk('HDEL', alone, lone) end
+  return ended
 end
 
 -- gd_begin: end the given starts, then decide a batch of starts, in one call.
@@ -156,16 +158,9 @@ local function begin_many(keys, args)
   for _, id in ipairs(ids) do all[#all + 1] = id end
   if #all == 0 then return '' end
   local read = bulk('HMGET', keys[1], all)
-  local ended_marks, marks, ended_now = {}, {}, {}
+  local ended_marks, marks = {}, {}
   for i = 1, #ended do ended_marks[i] = read[i] end
-  end_marks(keys[1], keys[4], ended, positions_ended, ended_marks)
-  for i, id in ipairs(ended) do
-    local mark = ended_marks[i]
-    if mark then
-      local _, at = parse(mark)
-      if at == positions_ended[i] then ended_now[id] = true end
-    end
-  end
+  local ended_now = end_marks(keys[1], keys[4], ended, positions_ended, ended_marks)
   for i, id in ipairs(ids) do
     local mark = read[#ended + i]
     if ended_now[id] then mark = false end
