@@ -75,3 +75,19 @@ stop_started() {
     log "$name: not started by these scripts, left running"
   fi
 }
+
+# maven_fetch NAME POM LIBS: copy the runtime dependencies POM declares from Maven Central into
+# LIBS (through LIBS.tmp, so an interrupted fetch is never taken for a finished one); installs
+# Java and Maven first when they are missing. NAME labels the log line and the error.
+maven_fetch() {
+  local name=$1 pom=$2 libs=$3
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  command -v mvn >/dev/null || apt_install maven
+  log "fetching $name and its dependencies from Maven Central into $libs"
+  local tmp="$libs.tmp" mvn_log="$CACHE_DIR/${name%% *}-mvn.log"
+  rm -rf "$tmp"
+  mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$tmp" >"$mvn_log" 2>&1 \
+    || die "maven could not fetch $name (see $mvn_log)"
+  mv "$tmp" "$libs"
+}

@@ -12,15 +12,7 @@ DIR="$STATE_DIR/kafka"
 
 fetch_libs() {
   [ -f "$LIBS/kafka_2.13-$VERSION.jar" ] && return
-  command -v java >/dev/null || apt_install openjdk-17-jre-headless
-  command -v mvn >/dev/null || apt_install maven
-  log "fetching kafka_2.13 $VERSION and its dependencies from Maven Central into $LIBS"
-  local tmp="$LIBS.tmp"
-  rm -rf "$tmp"
-  mvn -q -B -f "$HERE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-    -DoutputDirectory="$tmp" >"$CACHE_DIR/kafka-mvn.log" 2>&1 \
-    || die "maven could not fetch Kafka (see $CACHE_DIR/kafka-mvn.log)"
-  mv "$tmp" "$LIBS"
+  maven_fetch "kafka_2.13 $VERSION" "$HERE/pom.xml" "$LIBS"
 }
 
 java_cp() { java -Xms64m -Xmx256m -cp "$LIBS/*" "$@"; }

@@ -17,15 +17,7 @@ BUCKET=pipeline
 
 fetch_jar() {
   [ -f "$JAR" ] && return
-  command -v java >/dev/null || apt_install openjdk-17-jre-headless
-  command -v mvn >/dev/null || apt_install maven
-  log "fetching s3proxy $VERSION (jar-with-dependencies) from Maven Central into $LIBS"
-  local tmp="$LIBS.tmp"
-  rm -rf "$tmp"
-  mvn -q -B -f "$HERE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-    -DoutputDirectory="$tmp" >"$CACHE_DIR/s3proxy-mvn.log" 2>&1 \
-    || die "maven could not fetch S3Proxy (see $CACHE_DIR/s3proxy-mvn.log)"
-  mv "$tmp" "$LIBS"
+  maven_fetch "s3proxy $VERSION (jar-with-dependencies)" "$HERE/pom.xml" "$LIBS"
 }
 
 ready() { grep -q "Started" "$DIR/s3proxy.log" 2>/dev/null; }
