@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 from runtime import cpu_app
 from runtime.helpers import eventually, lane_spec, running
-from runtime.owned import Declare, owned_lanes
+from runtime.owned import Declare
 
 from pipeline.cancel.functions import CancelFunctions, SyncBatch
 from pipeline.cancel.keys import CancelKeys
@@ -29,19 +29,10 @@ QUICK = RuntimeSettings(
 
 
 @pytest.fixture
-async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of the test's own; its keys and the workers' result set are deleted after."""
-    name = f"t{unique}"
-    yield name
-    left = [k async for k in redis.scan_iter(f"{{{name}:*")]
-    await redis.delete(*CancelKeys(name).all(), *left, f"cpu-done:cpu_{unique}")
-
-
-@pytest.fixture
-async def lanes(transport: Transport, unique: str) -> AsyncIterator[Declare]:
-    """Declare lanes for the test; their topics and its group are deleted after."""
-    async for declare_owned in owned_lanes(transport, f"g-{unique}"):
-        yield declare_owned
+async def prefix(prefix: str, redis: Redis, unique: str) -> AsyncIterator[str]:
+    """The shared prefix (tests/runtime/conftest.py); the workers' result set is deleted too."""
+    yield prefix
+    await redis.delete(f"cpu-done:cpu_{unique}")
 
 
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 60.0) -> None:

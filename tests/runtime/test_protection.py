@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
 from redis.asyncio import Redis
 from runtime.helpers import eventually, lane_spec, running
 from runtime.k8s_api import PodApi, pod, serving
-from runtime.owned import Declare, owned_lanes
+from runtime.owned import Declare
 
-from pipeline.cancel.keys import CancelKeys
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Record
 from pipeline.observability.deletion_cost import ANNOTATION, DeletionCost, PodRef
@@ -24,22 +21,6 @@ from pipeline.transport.protocol import Transport
 
 OWN = ("pipeline", "consumer-a")
 QUICK = RuntimeSettings(commit_interval_ms=100, shutdown_grace_s=5.0, cancel_poll_ms=50)
-
-
-@pytest.fixture
-async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of the test's own, deleted after."""
-    name = f"t{unique}"
-    yield name
-    left = [k async for k in redis.scan_iter(f"{{{name}:*")]
-    await redis.delete(*CancelKeys(name).all(), *left)
-
-
-@pytest.fixture
-async def lanes(transport: Transport, unique: str) -> AsyncIterator[Declare]:
-    """Declare lanes for the test; their topics and its group are deleted after."""
-    async for declare_owned in owned_lanes(transport, f"g-{unique}"):
-        yield declare_owned
 
 
 def _cost(api: PodApi, base: str, token: Path) -> DeletionCost:
