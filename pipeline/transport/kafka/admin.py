@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as _RawTP
 from confluent_kafka.admin import (
     AdminClient,
@@ -101,12 +101,9 @@ class KafkaAdmin:
 
     async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
         """Non-internal topics (all, or ``names``) with partitions, retention and counts."""
-        meta = await self._metadata()
-        wanted = None if names is None else set(names)
-        names = sorted(
-            n for n in meta.topics if not n.startswith("__") and (wanted is None or n in wanted)
-        )
-        tps = [_RawTP(n, p) for n in names for p in meta.topics[n].partitions]
+        partitions = await self._partitions(names)
+        names = sorted(partitions)
+        tps = [_RawTP(n, p) for n in names for p in partitions[n]]
         # Another client may delete a topic between the metadata and these calls: such a topic
         # is left out, as if the metadata had been read a moment later.
         low = await self._offsets(tps, OffsetSpec.earliest(), skip_gone=True)
@@ -115,19 +112,42 @@ class KafkaAdmin:
             n
             for n in names
             if all(
-                TopicPartition(n, p) in low and TopicPartition(n, p) in high
-                for p in meta.topics[n].partitions
+                TopicPartition(n, p) in low and TopicPartition(n, p) in high for p in partitions[n]
             )
         ]
         described = await self._describe(names)
         out = {}
         for name in names:
-            parts = sorted(meta.topics[name].partitions)
+            parts = sorted(partitions[name])
             counts = tuple(
                 high[TopicPartition(name, p)] - low[TopicPartition(name, p)] for p in parts
             )
             retention, max_bytes = described.get(name, (None, None))
             out[name] = TopicInfo(name, len(parts), retention, counts, max_bytes)
+        return out
+
+    async def _partitions(self, names: Collection[str] | None) -> dict[str, list[int]]:
+        """Partition ids of every non-internal topic, or of those of ``names`` that exist.
+
+        Named topics are described in one request whose cost does not grow with the cluster
+        (the metrics refresher asks for a lane's few topics on a broker that may hold thousands).
+        """
+        if names is None:
+            meta = await self._metadata()
+            return {n: list(t.partitions) for n, t in meta.topics.items() if not n.startswith("__")}
+        wanted = sorted({n for n in names if not n.startswith("__")})
+        if not wanted:
+            return {}
+        futures = self._raw.describe_topics(
+            TopicCollection(wanted), request_timeout=self._timeout_s
+        )
+        out: dict[str, list[int]] = {}
+        for name, fut in futures.items():
+            try:
+                described = await self._wait(fut, f"describe topic {name}")
+            except UnknownTopic:
+                continue
+            out[name] = [p.id for p in described.partitions]
         return out
 
     async def _describe(self, names: list[str]) -> dict[str, tuple[int | None, int | None]]:
