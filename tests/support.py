@@ -96,6 +96,13 @@ def delete_group_after_test(
     _groups.append((settings, transport, group, tuple(topics)))
 
 
+def delete_group_after(transport: object, group: str, topics: Iterable[str]) -> None:
+    """:func:`delete_group_after_test` for a group that processes join on ``transport``'s broker."""
+    settings: Settings | None = getattr(transport, "_settings", None)
+    if settings is not None:  # an in-memory transport: nothing outlives the test
+        delete_group_after_test(settings, transport.name, group, topics)  # type: ignore[attr-defined]
+
+
 def recording_groups(consumer: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a transport class's ``consumer`` so that every group it joins is deleted after the test.
 
