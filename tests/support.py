@@ -111,8 +111,9 @@ def recording_groups(consumer: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(consumer)
     def record(self: Any, group: str, topics: Sequence[str], **kwargs: Any) -> Any:
+        made = consumer(self, group, topics, **kwargs)  # a consumer never made joins nothing
         delete_group_after_test(self._settings, self.name, group, topics)
-        return consumer(self, group, topics, **kwargs)
+        return made
 
     return record
 
@@ -154,15 +155,20 @@ async def _delete_groups(groups: list[_Group]) -> list[_Group]:
             key = (id(settings), name)
             if not _answers(settings, name):
                 continue  # a test's unreachable broker: it holds no group
-            if key not in transports:
-                transport = create_transport(settings, name)
-                transports[key] = (transport, transport.admin())
             try:
+                if key not in transports:
+                    transport = create_transport(settings, name)
+                    try:
+                        transports[key] = (transport, transport.admin())
+                    except PipelineError:
+                        await transport.close()
+                        raise
                 await transports[key][1].delete_group(group, topics)
             except GroupNotEmpty:
                 busy.append((settings, name, group, topics))
             except PipelineError:
-                pass  # the broker is gone: the end-of-run check reports what is left
+                pass  # the broker is gone or the settings cannot make a client: the
+                # end-of-run check reports what is left
     finally:
         for transport, admin in transports.values():
             await admin.close()
