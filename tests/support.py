@@ -62,6 +62,9 @@ test_settings.__test__ = False  # type: ignore[attr-defined]  # a helper, not a 
 
 _declared: list[tuple[Settings, str, tuple[str, ...]]] = []
 _groups: list[tuple[Settings, str, str, tuple[str, ...]]] = []
+_consumers: list[Any] = []  # made by the current test, closed (if still open) after it
+_CLOSE_LIMIT_S = 10.0
+"""The longest wait for a consumer a failed test left open to leave its group."""
 _stubborn: list[tuple[Settings, str, str, tuple[str, ...]]] = []  # groups busy at teardown
 
 
@@ -106,13 +109,16 @@ def delete_group_after(transport: object, group: str, topics: Iterable[str]) -> 
 def recording_groups(consumer: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a transport class's ``consumer`` so that every group it joins is deleted after the test.
 
-    The wrapper only records the group; the consumer is the transport's own.
+    The wrapper only records the group and the consumer; the consumer is the transport's own.
+    One that a failed test left open is closed before its group is deleted, as a member that
+    stays in the group keeps Kafka from deleting it.
     """
 
     @functools.wraps(consumer)
     def record(self: Any, group: str, topics: Sequence[str], **kwargs: Any) -> Any:
         made = consumer(self, group, topics, **kwargs)  # a consumer never made joins nothing
         delete_group_after_test(self._settings, self.name, group, topics)
+        _consumers.append(made)
         return made
 
     return record
@@ -187,8 +193,13 @@ async def delete_declared() -> None:
 
     groups = _distinct(_groups)
     topics = list(_declared)
+    consumers = list(_consumers)
     _groups.clear()
     _declared.clear()
+    _consumers.clear()
+    for consumer in consumers:  # closing a closed one does nothing
+        with contextlib.suppress(Exception):  # its loop or broker may be gone: nothing to leave
+            await asyncio.wait_for(consumer.close(), _CLOSE_LIMIT_S)
     _stubborn.extend(await _delete_groups(groups))
     for settings, name, names in topics:
         transport = create_transport(settings, name)
