@@ -24,11 +24,14 @@ from confluent_kafka.admin import (
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
-from pipeline.errors import TransportError, UnknownTopic
+from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
+
+# Pauses between the attempts to delete a group whose last member is still leaving (1.5 s in all).
+_BUSY_GROUP_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
 
 
 def _broker_configs(config: TopicConfig) -> dict[str, str]:
@@ -254,9 +257,31 @@ class KafkaAdmin:
         return [PartitionLag(tp, committed.get(tp), end[tp], oldest.get(tp)) for tp in sorted(end)]
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:  # noqa: ARG002
-        """Delete the group and its committed offsets (it must have no members)."""
-        futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
-        await self._wait(futures[group], f"delete group {group!r}")
+        """Delete the group and its committed offsets; a group that does not exist is gone already.
+
+        The group must have no members. A member that has just closed can still be counted for
+        a moment (its leave is being processed), so NON_EMPTY_GROUP is asked again a few times,
+        ``_BUSY_GROUP_PAUSES_S`` apart, before it is raised. A static member that held its slot
+        on close stays a member until its session expires.
+        """
+        for pause in (*_BUSY_GROUP_PAUSES_S, None):
+            futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
+            try:
+                await asyncio.wrap_future(futures[group])
+            except KafkaException as exc:
+                code = exc.args[0].code() if exc.args else None
+                if code == KafkaError.GROUP_ID_NOT_FOUND:
+                    return
+                if code != KafkaError.NON_EMPTY_GROUP:
+                    raise translate(exc, f"delete group {group!r}") from exc
+                if pause is None:
+                    raise GroupNotEmpty(
+                        f"delete group {group!r}: it still has members (stop them first; a"
+                        " member that held its slot leaves when its session times out)"
+                    ) from exc
+            else:
+                return
+            await asyncio.sleep(pause)  # the broker is still processing a member's leave
 
     def _committed(self, group: str, tps: list[_RawTP]) -> dict[TopicPartition, int | None]:
         """The group's committed offsets, read by a consumer that never joins the group.
