@@ -1,0 +1,243 @@
+"""The exporting process: records from the traced process in, OTLP spans out (the SDK's exporter).
+
+Run by :class:`pipeline.tracing.shipper.Shipper` as ``python -m pipeline.tracing.export
+SERVICE``; reads length-prefixed pickled lists of :mod:`.record` tuples on its standard input
+until it closes, makes each an OpenTelemetry SDK ``ReadableSpan`` (a delivery becomes its five
+spans, with the ``messaging.*`` attributes built here from the message's fields) and exports
+them with the SDK's OTLP/HTTP exporter, in batches of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``. The
+exporter reads its own ``OTEL_EXPORTER_OTLP_*`` variables; the resource its
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process
+keeps the SDK's per-span work and the encoding off its interpreter lock.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import sys
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from pipeline.tracing.record import DELIVERY, Record, new_span_id
+
+HEADER = struct.Struct(">I")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_KINDS = {
+    "server": SpanKind.SERVER,
+    "client": SpanKind.CLIENT,
+    "producer": SpanKind.PRODUCER,
+    "consumer": SpanKind.CONSUMER,
+    "internal": SpanKind.INTERNAL,
+}
+_UNSET = Status(StatusCode.UNSET)
+
+
+class Spans:
+    """Turns records into SDK spans of one resource."""
+
+    def __init__(self, resource: Resource) -> None:
+        """Spans of ``resource``, scope ``pipeline``."""
+        self.resource = resource
+        self.scope = InstrumentationScope("pipeline")
+
+    def of(self, record: Record) -> Iterator[ReadableSpan]:
+        """The span a ``SPAN`` record is, or the five of a ``DELIVERY``."""
+        if record[0] == DELIVERY:
+            yield from self._delivery(record)
+            return
+        _, trace_id, span_id, parent_id, name, kind, start, end, attrs, events, links, error = (
+            record
+        )
+        yield self._span(
+            name,
+            trace_id,
+            span_id,
+            parent_id,
+            start,
+            end,
+            attrs,
+            kind=_KINDS[kind],
+            events=events,
+            links=[Link(_context(trace_id, span_id)) for trace_id, span_id in links or ()],
+            error=error,
+        )
+
+    def _delivery(self, record: Record) -> Iterator[ReadableSpan]:
+        (
+            _,
+            trace_id,
+            parent_id,
+            process_id,
+            produced,
+            entered,
+            admitted,
+            keys,
+            priority,
+            guard_id,
+            guard_start,
+            guard_end,
+            handler,
+            end,
+            fields,
+            outcome,
+            events,
+            guard_events,
+        ) = record
+        system, topic, partition, offset, lane, attempt, count, tenant, key = fields
+        waited_from = min(produced, entered) if produced else entered
+        yield self._span(
+            "partition wait",
+            trace_id,
+            new_span_id(),
+            parent_id or process_id,
+            waited_from,
+            entered,
+            {"messaging.destination.partition.id": str(partition)},
+        )
+        attributes: dict[str, Any] = {
+            "messaging.system": system,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": topic,
+            "messaging.destination.partition.id": str(partition),
+            "messaging.message.id": f"{partition}-{offset}",
+            "pipeline.lane": lane,
+            "pipeline.attempt": _int(attempt, 1),
+            "pipeline.delivery_count": count,
+        }
+        if tenant:
+            attributes["pipeline.tenant"] = tenant.decode(errors="replace")
+        if system == "kafka":
+            attributes["messaging.kafka.offset"] = offset
+        if key is not None:
+            attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
+        attributes["pipeline.outcome"] = outcome or "unrouted"
+        yield self._span(
+            f"process {topic}",
+            trace_id,
+            process_id,
+            parent_id,
+            entered,
+            end,
+            attributes,
+            kind=SpanKind.CONSUMER,
+            events=events,
+            error="could not be routed; delivered again" if outcome is None else None,
+        )
+        if keys is not None and admitted:
+            yield self._span(
+                "throttle wait",
+                trace_id,
+                new_span_id(),
+                process_id,
+                entered,
+                max(admitted, entered),
+                {"pipeline.throttle.keys": list(keys), "pipeline.throttle.priority": priority},
+            )
+        if guard_id:
+            yield self._span(
+                "guard",
+                trace_id,
+                guard_id,
+                process_id,
+                guard_start,
+                guard_end or end,
+                None,
+                events=guard_events,
+            )
+        if handler is not None:
+            started, ended, failure = handler
+            yield self._span(
+                "handler",
+                trace_id,
+                new_span_id(),
+                guard_id or process_id,
+                started,
+                ended,
+                {"pipeline.lane": lane},
+                events=[failure[1]] if failure else None,
+                error=failure[0] if failure else None,
+            )
+
+    def _span(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int,
+        start: int,
+        end: int,
+        attributes: dict[str, Any] | None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        events: list[tuple[str, int, dict[str, Any] | None]] | None = None,
+        links: list[Link] | None = None,
+        error: str | None = None,
+    ) -> ReadableSpan:
+        return ReadableSpan(
+            name,
+            context=_context(trace_id, span_id),
+            parent=_context(trace_id, parent_id) if parent_id else None,
+            resource=self.resource,
+            attributes=attributes,
+            events=[Event(n, a, timestamp=t) for n, t, a in events or ()],
+            links=links or (),
+            kind=kind,
+            status=Status(StatusCode.ERROR, error) if error else _UNSET,
+            start_time=start,
+            end_time=end,
+            instrumentation_scope=self.scope,
+        )
+
+
+def _context(trace_id: int, span_id: int) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+
+
+def _int(raw: bytes | None, default: int) -> int:
+    try:
+        return int(raw) if raw is not None else default
+    except ValueError:
+        return default
+
+
+def batches(stream: BinaryIO) -> Iterator[list[Record]]:
+    """The record lists written to ``stream``, until it closes."""
+    while True:
+        head = stream.read(HEADER.size)
+        if len(head) < HEADER.size:
+            return
+        (size,) = HEADER.unpack(head)
+        body = stream.read(size)
+        if len(body) < size:
+            return
+        yield pickle.loads(body)  # noqa: S301 - written by the parent process only
+
+
+def main() -> None:
+    """Export what the standard input brings until it closes, then flush and exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C: it closes our input
+    service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
+    resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
+    spans = Spans(resource)
+    exporter = OTLPSpanExporter()
+    size = max(1, _int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None, 512))
+    try:
+        for records in batches(sys.stdin.buffer):
+            out = [span for record in records for span in spans.of(record)]
+            for start in range(0, len(out), size):
+                exporter.export(out[start : start + size])
+    finally:
+        exporter.shutdown()  # type: ignore[no-untyped-call]
+
+
+if __name__ == "__main__":
+    main()
