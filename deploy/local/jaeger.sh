@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Jaeger v2 (one binary: OTLP on 4317/4318, query API on 16686, in-memory storage), built from
 # its Go module github.com/jaegertracing/jaeger/cmd/jaeger and cached in ~/.cache/pipeline. The
-# module has no UI assets (Jaeger's release builds embed them), so 16686 serves a placeholder page.
+# module has no UI assets (Jaeger's release builds embed them), so 16686 serves a placeholder page
+# unless jaeger-ui.sh has built the UI (`make jaeger-ui`): then `up` serves that build.
 # The build takes minutes, so it happens on `build` or `up` only, never as part of `make test`.
 # Usage: jaeger.sh build|up|down|status|built|links
 source "$(dirname "$0")/common.sh"
@@ -37,7 +38,9 @@ up() {
   fi
   build
   mkdir -p "$DIR"
-  sed -e "s#@QUERY_PORT@#$QUERY_PORT#g" -e "s#@OTLP_HTTP_PORT@#$OTLP_HTTP_PORT#g" \
+  local ui=""
+  if bash "$ROOT/deploy/local/jaeger-ui.sh" built; then ui="$(bash "$ROOT/deploy/local/jaeger-ui.sh" path)"; fi
+  sed -e "s#@UI_ASSETS@#$ui#g" -e "s#@QUERY_PORT@#$QUERY_PORT#g" -e "s#@OTLP_HTTP_PORT@#$OTLP_HTTP_PORT#g" \
     -e "s#@OTLP_GRPC_PORT@#${JAEGER_OTLP_GRPC_PORT:-4317}#g" \
     "$HERE/config.yaml.in" >"$DIR/config.yaml"
   nohup "$BIN" --config "$DIR/config.yaml" >"$DIR/jaeger.log" 2>&1 &
@@ -49,7 +52,7 @@ up() {
     (( SECONDS < deadline )) || die "jaeger not ready after 60s (see $DIR/jaeger.log)"
     sleep 0.2
   done
-  log "jaeger $VERSION ready: query API http://127.0.0.1:$QUERY_PORT/api, OTLP/HTTP 127.0.0.1:$OTLP_HTTP_PORT"
+  log "jaeger $VERSION ready: query API http://127.0.0.1:$QUERY_PORT/api, OTLP/HTTP 127.0.0.1:$OTLP_HTTP_PORT${ui:+, UI http://127.0.0.1:$QUERY_PORT/}"
 }
 
 down() {

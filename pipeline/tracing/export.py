@@ -7,7 +7,8 @@ spans, with the ``messaging.*`` attributes built here from the message's fields)
 them with the SDK's OTLP/HTTP exporter, in batches of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``. The
 exporter reads its own ``OTEL_EXPORTER_OTLP_*`` variables; the resource its
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process
-keeps the SDK's per-span work and the encoding off its interpreter lock.
+keeps the SDK's per-span work and the encoding off its interpreter lock; the process runs at a
+lower priority (``nice`` 10) so that exporting never takes CPU time from the messages.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from pipeline.tracing.record import DELIVERY, Record, new_span_id
 
 HEADER = struct.Struct(">I")
+READY = b"r"
+NICENESS = 10
+"""Exporting yields the CPU to the pipeline's own work: on a busy machine spans wait (up to
+``OTEL_BSP_MAX_QUEUE_SIZE``) rather than messages."""
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _KINDS = {
     "server": SpanKind.SERVER,
@@ -225,11 +230,14 @@ def batches(stream: BinaryIO) -> Iterator[list[Record]]:
 def main() -> None:
     """Export what the standard input brings until it closes, then flush and exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C: it closes our input
+    os.nice(NICENESS)
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
     spans = Spans(resource)
     exporter = OTLPSpanExporter()
     size = max(1, _int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None, 512))
+    sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
+    sys.stdout.buffer.flush()
     try:
         for records in batches(sys.stdin.buffer):
             out = [span for record in records for span in spans.of(record)]

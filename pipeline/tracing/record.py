@@ -32,7 +32,6 @@ SERVER, CLIENT, PRODUCER, CONSUMER, INTERNAL = (
     "internal",
 )
 TRACEPARENT_CHARS = 55
-_HEX = frozenset("0123456789abcdef")
 
 Record = tuple[Any, ...]
 """One finished span (``SPAN``) or delivery (``DELIVERY``), as :mod:`.export` reads it."""
@@ -54,16 +53,19 @@ def parse(raw: bytes | str | None) -> tuple[int, int, bool] | None:
     """(trace id, span id, sampled) of a W3C ``traceparent`` value, or None if it is not one."""
     if not raw or len(raw) != TRACEPARENT_CHARS:
         return None
-    value = raw.decode("latin-1") if isinstance(raw, bytes) else raw
-    value = value.lower()
-    if value[2] != "-" or value[35] != "-" or value[52] != "-" or value[:2] == "ff":
+    value = raw if isinstance(raw, bytes) else raw.encode("latin-1", "replace")
+    if value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
         return None
-    if not _HEX.issuperset(value[:2] + value[3:35] + value[36:52] + value[53:]):
+    ids, flags = value[3:35] + value[36:52], value[53:]
+    if not (ids.isalnum() and flags.isalnum()) or value[:2] == b"ff":
+        return None  # int() below would take "_", "+" or spaces; isalnum() lets only hex pass
+    try:
+        trace_id, span_id, sampled = int(ids[:32], 16), int(ids[32:], 16), int(flags, 16) & 1
+    except ValueError:
         return None
-    trace_id, span_id = int(value[3:35], 16), int(value[36:52], 16)
     if not trace_id or not span_id:
         return None
-    return trace_id, span_id, bool(int(value[53:], 16) & 1)
+    return trace_id, span_id, bool(sampled)
 
 
 def traceparent(trace_id: int, span_id: int, *, sampled: bool) -> str:

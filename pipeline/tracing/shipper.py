@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 from typing import IO
 
-from pipeline.tracing.export import HEADER
+from pipeline.tracing.export import HEADER, READY
 from pipeline.tracing.record import Buffer, Record
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,14 @@ class Shipper:
         self._process = subprocess.Popen(  # noqa: S603 - this interpreter, our own module
             [sys.executable, "-m", "pipeline.tracing.export", service],
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             env=dict(environ),
         )
         self._stopping = False
-        self._broken = False
+        assert self._process.stdout is not None  # noqa: S101 - opened with stdout=PIPE
+        self._broken = self._process.stdout.read(len(READY)) != READY  # loaded, exporter made
+        if self._broken:
+            log.warning("tracing: the exporting process did not start; spans are not exported")
         self._thread = threading.Thread(target=self._run, name="pipeline-tracing", daemon=True)
         self._thread.start()
 
@@ -88,6 +92,8 @@ class Shipper:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
         if self.buffer.dropped:
             log.warning(
                 "tracing: %d records dropped (more than OTEL_BSP_MAX_QUEUE_SIZE waited)",

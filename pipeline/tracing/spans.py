@@ -248,8 +248,14 @@ def guarded(delivery: Delivery | None, run: Awaitable[T]) -> Awaitable[T]:
 
 
 async def _guarded(delivery: Delivery, run: Awaitable[T]) -> T:
-    with _guarding(delivery):
+    delivery.span_id = r.new_span_id()  # as _guarding, without a generator per delivery
+    delivery.guard_start_ns = time.time_ns()
+    token = CURRENT.set(delivery)
+    try:
         return await run
+    finally:
+        CURRENT.reset(token)
+        delivery.guard_end_ns = time.time_ns()
 
 
 @contextlib.contextmanager
@@ -265,11 +271,17 @@ def _guarding(delivery: Delivery) -> Iterator[Delivery]:
 
 
 def handler_ran(lane: str, started_s: float, error: BaseException | None) -> None:
-    """Record the ``handler`` span: from ``started_s`` (``time.perf_counter``) until now."""
+    """Record the ``handler`` span: from ``started_s`` (``time.perf_counter``) until now.
+
+    Only under a recorded delivery's ``guard`` or a turn: the handler of a message whose trace
+    is not sampled records nothing.
+    """
     if _buffer is None:
         return
-    start_ns = _EPOCH_NS + int(started_s * 1e9)
     current = CURRENT.get()
+    if current is None:
+        return
+    start_ns = _EPOCH_NS + int(started_s * 1e9)
     if isinstance(current, Delivery) and current.handler is None:
         end_ns = time.time_ns()
         failure = None
