@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from pipeline.tracing.record import DELIVERY, Record, new_span_id
+from pipeline.tracing.record import DELIVERY, Record, new_span_id, new_trace_id, parse
 
 HEADER = struct.Struct(">I")
 READY = b"r"
@@ -78,9 +78,7 @@ class Spans:
     def _delivery(self, record: Record) -> Iterator[ReadableSpan]:
         (
             _,
-            trace_id,
-            parent_id,
-            process_id,
+            carried,
             produced,
             entered,
             admitted,
@@ -97,6 +95,14 @@ class Spans:
             guard_events,
         ) = record
         system, topic, partition, offset, lane, attempt, count, tenant, key = fields
+        if isinstance(carried, tuple):
+            trace_id, parent_id = carried
+        else:  # the traceparent as it came; parsed here unless the traced process needed it
+            parsed = parse(carried)
+            trace_id, parent_id = (parsed[0], parsed[1]) if parsed else (new_trace_id(), 0)
+        process_id = new_span_id()
+        if guard_start and not guard_id:
+            guard_id = new_span_id()
         waited_from = min(produced, entered) if produced else entered
         yield self._span(
             "partition wait",

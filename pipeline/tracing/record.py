@@ -253,6 +253,8 @@ class Delivery:
     """
 
     __slots__ = (
+        "_guard_id",
+        "_ids",
         "admitted_ns",
         "buffer",
         "entered_ns",
@@ -263,28 +265,30 @@ class Delivery:
         "guard_start_ns",
         "handler",
         "keys",
-        "parent_id",
         "priority",
-        "process_id",
         "produced_ns",
-        "span_id",
-        "trace_id",
+        "raw",
     )
 
     sampled = True
 
     def __init__(
-        self, buffer: Buffer, trace_id: int, parent_id: int, fields: tuple[Any, ...]
+        self,
+        buffer: Buffer,
+        raw: bytes | None,
+        ids: tuple[int, int] | None,
+        fields: tuple[Any, ...],
     ) -> None:
-        """Start the ``process`` span now, under ``parent_id`` (0: the trace's root).
+        """Start the ``process`` span now, under the ``traceparent`` ``raw`` (None: a new trace).
 
-        ``fields`` name the message, for the attributes.
+        ``ids``: (trace id, parent span id) when the caller parsed ``raw`` already; otherwise
+        they are parsed only if a child span or a log line needs them, and else by the
+        exporting process. ``fields`` name the message, for the attributes.
         """
         self.buffer = buffer
-        self.trace_id = trace_id
-        self.parent_id = parent_id
-        self.process_id = new_span_id()
-        self.span_id = 0  # the guard span's, once it started
+        self.raw = raw
+        self._ids = ids
+        self._guard_id = 0
         self.fields = fields
         self.entered_ns = time.time_ns()
         self.produced_ns = self.admitted_ns = self.guard_start_ns = self.guard_end_ns = 0
@@ -294,9 +298,28 @@ class Delivery:
         self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
         self.guard_events: list[tuple[str, int, dict[str, Any] | None]] | None = None
 
+    def ids(self) -> tuple[int, int]:
+        """(trace id, parent span id), parsed from the ``traceparent`` the first time."""
+        if self._ids is None:
+            carried = parse(self.raw)
+            self._ids = (carried[0], carried[1]) if carried else (new_trace_id(), 0)
+        return self._ids
+
+    @property
+    def trace_id(self) -> int:
+        """The delivery's trace."""
+        return self.ids()[0]
+
+    @property
+    def span_id(self) -> int:
+        """The guard span's id (what runs under the guard is its child), made when first asked."""
+        if not self._guard_id:
+            self._guard_id = new_span_id()
+        return self._guard_id
+
     def traceparent(self) -> str:
         """The guard span's context (what the guard routes is its child)."""
-        return traceparent(self.trace_id, self.span_id or self.process_id, sampled=True)
+        return traceparent(self.trace_id, self.span_id, sampled=True)
 
     def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
         """A lifecycle event on the guard span (while it runs)."""
@@ -317,15 +340,13 @@ class Delivery:
         self.buffer.add(
             (
                 DELIVERY,
-                self.trace_id,
-                self.parent_id,
-                self.process_id,
+                self._ids if self._ids is not None else self.raw,
                 self.produced_ns,
                 self.entered_ns,
                 self.admitted_ns,
                 self.keys,
                 self.priority,
-                self.span_id,
+                self._guard_id,
                 self.guard_start_ns,
                 self.guard_end_ns,
                 self.handler,

@@ -188,17 +188,17 @@ def process(message: Message, lane: str) -> Delivery | None:
     raw = headers.get(TRACEPARENT)
     if _unsampled(raw):
         return None
-    carried = r.parse(raw)
-    if carried is None:
-        trace_id, parent_id, remote = r.new_trace_id(), 0, None
-    else:
-        trace_id, parent_id, remote = carried
-    if not _sampler.sampled(trace_id, message.topic, remote):
-        return None
+    ids = None
+    if not _sampler.always:  # a sampler that looks at the trace id (or drops everything)
+        carried = r.parse(raw)
+        remote = None if carried is None else carried[2]
+        ids = (carried[0], carried[1]) if carried is not None else (r.new_trace_id(), 0)
+        if not _sampler.sampled(ids[0], message.topic, remote):
+            return None
     delivery = Delivery(
         _buffer,
-        trace_id,
-        parent_id,
+        raw,
+        ids,
         (
             _system,
             message.topic,
@@ -248,7 +248,6 @@ def guarded(delivery: Delivery | None, run: Awaitable[T]) -> Awaitable[T]:
 
 
 async def _guarded(delivery: Delivery, run: Awaitable[T]) -> T:
-    delivery.span_id = r.new_span_id()  # as _guarding, without a generator per delivery
     delivery.guard_start_ns = time.time_ns()
     token = CURRENT.set(delivery)
     try:
@@ -260,7 +259,6 @@ async def _guarded(delivery: Delivery, run: Awaitable[T]) -> T:
 
 @contextlib.contextmanager
 def _guarding(delivery: Delivery) -> Iterator[Delivery]:
-    delivery.span_id = r.new_span_id()
     delivery.guard_start_ns = time.time_ns()
     token = CURRENT.set(delivery)
     try:
