@@ -18,7 +18,7 @@ import pickle
 import signal
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -27,10 +27,12 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from pipeline.tracing import otlp
 from pipeline.tracing.record import DELIVERY, Record, new_span_id, new_trace_id, parse
 
 HEADER = struct.Struct(">I")
 READY = b"r"
+SCOPE = "pipeline"
 NICENESS = 10
 """Exporting yields the CPU to the pipeline's own work: on a busy machine spans wait (up to
 ``OTEL_BSP_MAX_QUEUE_SIZE``) rather than messages."""
@@ -46,14 +48,14 @@ _UNSET = Status(StatusCode.UNSET)
 
 
 class Spans:
-    """Turns records into SDK spans of one resource."""
+    """Turns records into SDK spans of one resource (:class:`WireSpans`: into OTLP bytes)."""
 
     def __init__(self, resource: Resource) -> None:
         """Spans of ``resource``, scope ``pipeline``."""
         self.resource = resource
-        self.scope = InstrumentationScope("pipeline")
+        self.scope = InstrumentationScope(SCOPE)
 
-    def of(self, record: Record) -> Iterator[ReadableSpan]:
+    def of(self, record: Record) -> Iterator[Any]:
         """The span a ``SPAN`` record is, or the five of a ``DELIVERY``."""
         if record[0] == DELIVERY:
             yield from self._delivery(record)
@@ -69,13 +71,13 @@ class Spans:
             start,
             end,
             attrs,
-            kind=_KINDS[kind],
+            kind=kind,
             events=events,
-            links=[Link(_context(trace_id, span_id)) for trace_id, span_id in links or ()],
+            links=links,
             error=error,
         )
 
-    def _delivery(self, record: Record) -> Iterator[ReadableSpan]:
+    def _delivery(self, record: Record) -> Iterator[Any]:
         (
             _,
             carried,
@@ -139,7 +141,7 @@ class Spans:
             entered,
             end,
             attributes,
-            kind=SpanKind.CONSUMER,
+            kind="consumer",
             events=events,
             error="could not be routed; delivered again" if outcome is None else None,
         )
@@ -188,11 +190,12 @@ class Spans:
         end: int,
         attributes: dict[str, Any] | None,
         *,
-        kind: SpanKind = SpanKind.INTERNAL,
+        kind: str = "internal",
         events: list[tuple[str, int, dict[str, Any] | None]] | None = None,
-        links: list[Link] | None = None,
+        links: list[tuple[int, int]] | None = None,
         error: str | None = None,
-    ) -> ReadableSpan:
+    ) -> Any:
+        """One span (the SDK's ``ReadableSpan`` here)."""
         return ReadableSpan(
             name,
             context=_context(trace_id, span_id),
@@ -200,12 +203,46 @@ class Spans:
             resource=self.resource,
             attributes=attributes,
             events=[Event(n, a, timestamp=t) for n, t, a in events or ()],
-            links=links or (),
-            kind=kind,
+            links=[Link(_context(t, i)) for t, i in links or ()],
+            kind=_KINDS[kind],
             status=Status(StatusCode.ERROR, error) if error else _UNSET,
             start_time=start,
             end_time=end,
             instrumentation_scope=self.scope,
+        )
+
+
+class WireSpans(Spans):
+    """Turns records into OTLP ``Span`` messages directly (:mod:`.otlp`), without SDK objects."""
+
+    def _span(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int,
+        start: int,
+        end: int,
+        attributes: dict[str, Any] | None,
+        *,
+        kind: str = "internal",
+        events: list[tuple[str, int, dict[str, Any] | None]] | None = None,
+        links: list[tuple[int, int]] | None = None,
+        error: str | None = None,
+    ) -> Any:
+        """One ``Span`` message, as the ``spans`` field of a ``ScopeSpans``."""
+        return otlp.span(
+            trace_id.to_bytes(16, "big"),
+            span_id,
+            parent_id,
+            name,
+            otlp.KIND[kind],
+            start,
+            end,
+            attributes,
+            events,
+            links,
+            error,
         )
 
 
@@ -239,8 +276,9 @@ def main() -> None:
     os.nice(NICENESS)
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
-    spans = Spans(resource)
     exporter = OTLPSpanExporter()
+    send = _raw_sender(exporter)
+    spans = WireSpans(resource) if send is not None else Spans(resource)
     size = max(1, _int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None, 512))
     sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
     sys.stdout.buffer.flush()
@@ -248,9 +286,23 @@ def main() -> None:
         for records in batches(sys.stdin.buffer):
             out = [span for record in records for span in spans.of(record)]
             for start in range(0, len(out), size):
-                exporter.export(out[start : start + size])
+                if send is not None:
+                    send(otlp.request(resource.attributes, SCOPE, out[start : start + size]))
+                else:
+                    exporter.export(out[start : start + size])
     finally:
         exporter.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _raw_sender(exporter: OTLPSpanExporter) -> Callable[[bytes], object] | None:
+    """The exporter's own sending of an encoded request, or None if this version has none.
+
+    It keeps the exporter's endpoint, headers, compression and retries; without it the SDK's
+    spans and ``export`` are used.
+    """
+    client = getattr(exporter, "_client", None)
+    send = getattr(client, "export", None) or getattr(exporter, "_export", None)
+    return send if callable(send) else None
 
 
 if __name__ == "__main__":
