@@ -1208,6 +1208,8 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_off_msgs_s": round(_med([s.msgs_s for s in tr.off])),
         "tracing_on_msgs_s": round(_med([s.msgs_s for s in tr.on])),
         "tracing_hooks_us_per_msg": _r(tr.hooks_s * 1e6),
+        "tracing_off_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.off])),
+        "tracing_on_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.on])),
     }
 
 

@@ -1,7 +1,7 @@
 """The exporting process: records from the traced process in, OTLP spans out (the SDK's exporter).
 
 Run by :class:`pipeline.tracing.shipper.Shipper` as ``python -m pipeline.tracing.export
-SERVICE``; reads length-prefixed pickled lists of :mod:`.record` tuples on its standard input
+SERVICE``; reads length-prefixed marshalled lists of :mod:`.record` tuples on its standard input
 until it closes, makes each an OpenTelemetry SDK ``ReadableSpan`` (a delivery becomes its five
 spans, with the ``messaging.*`` attributes built here from the message's fields) and exports
 them with the SDK's OTLP/HTTP exporter, in batches of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``. The
@@ -13,8 +13,8 @@ lower priority (``nice`` 10) so that exporting never takes CPU time from the mes
 
 from __future__ import annotations
 
+import marshal
 import os
-import pickle
 import signal
 import struct
 import sys
@@ -267,7 +267,7 @@ def batches(stream: BinaryIO) -> Iterator[list[Record]]:
         body = stream.read(size)
         if len(body) < size:
             return
-        yield pickle.loads(body)  # noqa: S301 - written by the parent process only
+        yield marshal.loads(body)  # noqa: S302 - written by the parent, same interpreter
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ is imported only here and there, and only when on; it comes with the ``pipeline[
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +80,8 @@ def configure(environ: Mapping[str, str], *, service: str, system: str = "redis"
         return bool(sampler.should_sample(None, trace_id, name).decision.is_sampled())  # type: ignore[no-untyped-call]
 
     _shipper = Shipper(environ, environ.get("OTEL_SERVICE_NAME") or service)
+    atexit.unregister(shutdown)  # once, however often configured
+    atexit.register(shutdown)  # what is still buffered is exported at exit, as the SDK does
     follow = isinstance(sampler, ParentBased)
     spans.install(_shipper.buffer, Sampler(decide, follow=follow, always=always), system)
     return True

@@ -3,7 +3,7 @@
 Like the SDK's batch span processor and with its variables: every ``OTEL_BSP_SCHEDULE_DELAY``
 ms, or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` records wait, the thread takes what the
 :class:`~.record.Buffer` holds (at most ``OTEL_BSP_MAX_QUEUE_SIZE``; beyond, records are
-dropped and counted) and writes it, pickled and length-prefixed, to the standard input of
+dropped and counted) and writes it, marshalled and length-prefixed, to the standard input of
 ``python -m pipeline.tracing.export``. Writing blocks only this thread, never a stage.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import marshal
 import os
-import pickle
 import subprocess
 import sys
 import threading
@@ -48,7 +48,7 @@ class Shipper:
             [sys.executable, "-m", "pipeline.tracing.export", service],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=dict(environ),
+            env={**os.environ, **environ},
         )
         self._stopping = False
         assert self._process.stdout is not None  # noqa: S101 - opened with stdout=PIPE
@@ -68,7 +68,7 @@ class Shipper:
         if not records or self._broken:
             return
         stdin: IO[bytes] | None = self._process.stdin
-        body = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+        body = marshal.dumps(records)  # the same interpreter reads it; no code, no memo
         try:
             assert stdin is not None  # noqa: S101 - opened with stdin=PIPE
             stdin.write(HEADER.pack(len(body)))
