@@ -19,8 +19,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from contextvars import ContextVar
-from typing import Any
+from contextvars import ContextVar, Token
+from typing import Any, Self
 
 SPAN = "s"
 DELIVERY = "d"
@@ -168,6 +168,7 @@ class Span:
         "sampled",
         "span_id",
         "start_ns",
+        "token",
         "trace_id",
     )
 
@@ -197,6 +198,20 @@ class Span:
         self.links = links
         self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
         self.error: str | None = None
+        self.token: Token[Span | Delivery | None] | None = None
+
+    def __enter__(self) -> Self:
+        """The current span inside (:data:`CURRENT`)."""
+        self.token = CURRENT.set(self)
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, _tb: object) -> None:
+        """No longer current; ended, and failed if ``error`` escaped."""
+        if error is not None:
+            self.fail(error)
+        if self.token is not None:
+            CURRENT.reset(self.token)
+        self.end()
 
     def traceparent(self) -> str:
         """This span's context as a ``traceparent`` value."""

@@ -82,14 +82,14 @@ def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[A
         "http.route": "/hooks/{source}",
         "pipeline.source": source,
     }
-    return _current(span)
+    return span  # current inside its with, ended at its end
 
 
 def stage(name: str) -> AbstractContextManager[Any]:
     """An INTERNAL child span of the current one (``verify``, ``log commit``)."""
     if _buffer is None:
         return _NULL
-    return _current(_child(_buffer, name, r.INTERNAL))
+    return _child(_buffer, name, r.INTERNAL)  # current inside its with, ended at its end
 
 
 def outgoing(headers: Mapping[str, str], tenant: str = "") -> Mapping[str, str]:
@@ -168,7 +168,7 @@ def sending(
     if reason:
         span.attributes["pipeline.dead_reason"] = reason
     headers[TRACEPARENT] = span.traceparent().encode()
-    return _current(span)
+    return span  # current inside its with, ended at its end
 
 
 # -- consuming --------------------------------------------------------------------------------
@@ -343,24 +343,10 @@ def turn(
             start_ns=first_ms * 1_000_000,
         )
         wait.end(max(fired_ms, first_ms) * 1_000_000)
-    return _current(span)
+    return span  # current inside its with, ended at its end
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _current(span: Span) -> Iterator[Span]:
-    """``span`` is the current one inside; ended on the way out, failed by an exception."""
-    token = CURRENT.set(span)
-    try:
-        yield span
-    except BaseException as exc:
-        span.fail(exc)
-        raise
-    finally:
-        CURRENT.reset(token)
-        span.end()
 
 
 def _entering(
