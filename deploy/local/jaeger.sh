@@ -74,7 +74,7 @@ status() {
 # built: exit 0 when the binary is cached (make demo starts Jaeger only then).
 built() { [ -x "$BIN" ]; }
 
-# links: one trace of the demo's flooder and one of a small tenant, as query API links.
+# links: one trace of the demo's flooder and one of a small tenant (UI pages, else query API).
 trace_of() {
   curl -fsS "http://127.0.0.1:$QUERY_PORT/api/traces?service=pipeline-ingress&limit=1&tags=%7B%22pipeline.tenant%22%3A%22$1%22%7D" 2>/dev/null \
     | grep -o '"traceID":"[0-9a-f]*"' | head -1 | cut -d'"' -f4 || true
@@ -86,8 +86,10 @@ links() {
     small="$(trace_of "tenant-$(printf %02d "$n")")"
     [ -z "$small" ] || { n="$(printf %02d "$n")"; break; }
   done
-  printf 'trace of the flooder:        %s\n' "${id:+http://127.0.0.1:$QUERY_PORT/api/traces/$id}"
-  printf 'trace of a small tenant:     %s\n' "${small:+http://127.0.0.1:$QUERY_PORT/api/traces/$small (tenant-$n)}"
+  local page="api/traces"  # the query API's JSON, or the UI's page when it is built
+  if bash "$ROOT/deploy/local/jaeger-ui.sh" built; then page="trace"; fi
+  printf 'trace of the flooder:        %s\n' "${id:+http://127.0.0.1:$QUERY_PORT/$page/$id}"
+  printf 'trace of a small tenant:     %s\n' "${small:+http://127.0.0.1:$QUERY_PORT/$page/$small (tenant-$n)}"
 }
 
 case "${1:-up}" in
