@@ -26,7 +26,7 @@ from prometheus_client.utils import floatToGoString
 if TYPE_CHECKING:
     from pipeline.observability.metrics import Family
 
-_le = cast(Callable[[float], str], floatToGoString)
+_le = cast("Callable[[float], str]", floatToGoString)
 """A bucket bound as prometheus-client writes its ``le`` label (``0.005``, ``1.0``, ``+Inf``)."""
 
 __all__ = ["OutcomeTally"]
