@@ -153,6 +153,9 @@ class RuntimeSettings(_Section):
     partition_low_water: int = Field(default=500, ge=0)
     """Buffered messages of one partition at which a paused partition resumes."""
     poll_max: int = Field(default=500, ge=1)
+    guard_claims: bool = True
+    """First deliveries of guarded lanes run without a start mark of their own, under offset
+    ranges claimed per partition (``runtime/claims.py``); off: every message is marked."""
     commit_interval_ms: int = Field(default=500, ge=10)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     """How long in-flight handlers may finish on shutdown or revocation."""

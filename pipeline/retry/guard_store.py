@@ -50,7 +50,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline import headers as h
-from pipeline.envelope import Message
+from pipeline.envelope import Message, TopicPartition
 from pipeline.redis_functions import FunctionLibrary
 from pipeline.retry.held import decode_held, encode_held
 from pipeline.retry.keys import GuardKeys, encode_key, guard_keys
@@ -104,12 +104,16 @@ class Start:
     position: str
     ordered: bool
     attempt: int = 1
+    inherited: bool = False
+    """Its partition's previous owner died with this message in its claimed range
+    (``runtime/claims.py``): it may have been running it, so the start counts as a second."""
 
     @property
     def line(self) -> str:
         """The start as ``gd_begin`` reads it (an empty position: the id itself)."""
         at = "" if self.position == self.ident else self.position
-        return f"{self.ident}\t{self.key}\t{at}\t{'1' if self.ordered else '0'}\t{self.attempt}"
+        flags = f"{'1' if self.ordered else '0'}\t{self.attempt}\t{'1' if self.inherited else '0'}"
+        return f"{self.ident}\t{self.key}\t{at}\t{flags}"
 
     @property
     def end_line(self) -> str:
@@ -146,6 +150,7 @@ class GuardStore:
 
         ``lease_ms`` is how long a release stays with its member without a renewal.
         """
+        self._client = client
         self._functions = FunctionLibrary(client, LIBRARY)
         self.lane = lane
         self.keys: GuardKeys = guard_keys(prefix, lane)
@@ -297,6 +302,80 @@ class GuardStore:
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not renew this member's liveness: %s", exc)
+
+    # -- claimed ranges (runtime/claims.py) ------------------------------------------------------
+
+    async def read_claims(
+        self, tps: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, dict[str, tuple[int, int]]]:
+        """Every other member process's claim on each of ``tps``: instance -> (lo, hi).
+
+        Raises redis errors: the caller decides how to fail open.
+        """
+        pipe = self._client.pipeline(transaction=False)
+        for tp in tps:
+            pipe.hgetall(self.keys.claims(tp.topic, tp.partition))
+        out: dict[TopicPartition, dict[str, tuple[int, int]]] = {}
+        for tp, fields in zip(tps, await pipe.execute(), strict=True):
+            claims: dict[str, tuple[int, int]] = {}
+            for instance, value in fields.items():
+                who, (lo, _, hi) = _text(instance), _text(value).partition("|")
+                if who != self.instance and lo.lstrip("-").isdigit() and hi.lstrip("-").isdigit():
+                    claims[who] = (int(lo), int(hi))
+            out[tp] = claims
+        return out
+
+    async def claim(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+        """Claim ``lo..hi`` of each partition for this member process (one round trip).
+
+        Raises redis errors: the caller decides how to fail open.
+        """
+        pipe = self._client.pipeline(transaction=False)
+        for tp, (lo, hi) in ranges.items():
+            key = self.keys.claims(tp.topic, tp.partition)
+            pipe.hset(key, self.instance, f"{lo}|{hi}")
+            pipe.pexpire(key, self.ttl_ms)
+        await pipe.execute()
+
+    async def unclaim(self, tps: Sequence[TopicPartition], instance: str | None = None) -> None:
+        """Give up this process's claim (or ``instance``'s) on ``tps``; errors are logged."""
+        if not tps:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for tp in tps:
+            pipe.hdel(self.keys.claims(tp.topic, tp.partition), instance or self.instance)
+        try:
+            await pipe.execute()
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not give up %d claims: %s", len(tps), exc)
+
+    async def claiming(
+        self, tp: TopicPartition, instances: Sequence[str]
+    ) -> tuple[list[str], list[str]]:
+        """Those of ``instances`` that still claim ``tp``: alive (they may run its work), dead.
+
+        A process that gave its claim up is in neither: its work there ended.
+        Raises redis errors: the caller decides how to fail open.
+        """
+        key = self.keys.claims(tp.topic, tp.partition)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hmget(key, list(instances))
+        pipe.hmget(self.keys.live, list(instances))
+        claimed, until = await pipe.execute()
+        now_ms = int(time.time() * 1000)
+        alive: list[str] = []
+        dead: list[str] = []
+        for instance, claim, live in zip(instances, claimed, until, strict=True):
+            if claim is not None:
+                (alive if live is not None and int(live) > now_ms else dead).append(instance)
+        return alive, dead
+
+    async def parked_keys(self) -> set[str]:
+        """The (encoded) keys that have parked messages now.
+
+        Raises redis errors: the caller decides how to fail open.
+        """
+        return {_text(key) for key in await self._client.hkeys(self.keys.parked)}
 
     async def renew(self, keys: Sequence[str]) -> None:
         """Extend the leases of this member's releases in progress (``FCALL gd_renew``)."""

@@ -49,6 +49,10 @@ class GuardKeys:
         """Member processes that may still run a start: instance id -> liveness until (ms)."""
         return f"{self.tag}:live"
 
+    def claims(self, topic: str, partition: int) -> str:
+        """Offset ranges of one partition claimed by member processes: instance -> ``lo|hi``."""
+        return f"{self.tag}:claims:{topic}:{partition}"
+
     @property
     def alone(self) -> str:
         """Lone starts of suspects."""

@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from pipeline import tracing
-from pipeline.envelope import Message
+from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import PoisonMessage, SequencedDeadLetter
 from pipeline.retry.guard_store import (
     RELEASED_POSITION,
@@ -34,6 +34,7 @@ from pipeline.retry.guard_store import (
     start_of,
 )
 from pipeline.runtime.app import Lane
+from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.starts import StartWindow
@@ -65,9 +66,14 @@ class RunGuard:
         isolation: Isolation,
         call: Call,
         settled: Settled,
+        claims: dict[str, LaneClaims] | None = None,
     ) -> None:
-        """Guard the lanes that have a store (Redis); others go straight to ``call``."""
+        """Guard the lanes that have a store (Redis); others go straight to ``call``.
+
+        Lanes in ``claims`` run first deliveries under claimed ranges (``runtime/claims.py``).
+        """
         self._stores = stores
+        self._claims = claims or {}
         self._windows = {lane: StartWindow(store) for lane, store in stores.items()}
         self._routing = routing
         self._stats = stats
@@ -96,7 +102,15 @@ class RunGuard:
             self._stats.duplicates += 1
             return "duplicate"
         window = self._windows[lane.name]
+        claims = self._claims.get(lane.name)
+        if claims is not None:
+            if claims.fast(message, start.key):  # claimed and never started elsewhere
+                return await self._process(lane, store, None, message, start, ordered)
+            if claims.inherited(message):
+                start.inherited = await claims.wait_for_holders(message.tp)
         decision, starts = await window.begin(start)
+        if claims is not None:
+            claims.decided(start.key, decision)
         if decision == "process":  # the common case, without the general path's layers
             return await self._process(lane, store, window, message, start, ordered)
         return await self._general(lane, store, window, message, start, decision, starts)
@@ -138,7 +152,7 @@ class RunGuard:
         self,
         lane: Lane,
         store: GuardStore,
-        window: StartWindow,
+        window: StartWindow | None,
         message: Message,
         start: Start,
         ordered: bool,
@@ -146,6 +160,8 @@ class RunGuard:
         """Run a message the guard let through at once (``process``): what most messages are.
 
         The same steps as :meth:`_decided` and :meth:`_carry_out` for that decision, inline.
+        Without ``window`` it ran under a claim, with no start mark: a usual end is implied by
+        the commit and sends nothing.
         """
         ident = start.ident
         self._running[ident] = start
@@ -162,7 +178,8 @@ class RunGuard:
             return None
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered:
-            window.ended(start)
+            if window is not None:
+                window.ended(start)
             return outcome
         return await self._end(lane, store, start, ending, outcome)
 
@@ -170,6 +187,9 @@ class RunGuard:
         self, lane: Lane, store: GuardStore, start: Start, ending: Ending, outcome: str
     ) -> str:
         """Record an end that parks or leaves a parked key, and run the followers it releases."""
+        claims = self._claims.get(lane.name)
+        if claims is not None and ending == "parked":
+            claims.parked(start.key)
         release = await store.end(start, ending, follow_dead=_follow(lane))
         if release is not None:
             await self._release(lane, store, release)
@@ -282,7 +302,36 @@ class RunGuard:
         start = self._running.pop(message_id(message), None)
         if store is None or start is None:
             return
+        claims = self._claims.get(lane.name)
+        if claims is not None and _ordered(lane):
+            claims.parked(start.key)
         await store.route(start, attempt, park=_ordered(lane))
+
+    # -- claims -------------------------------------------------------------------------------
+
+    async def assigned(
+        self, tps: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
+    ) -> None:
+        """Partitions came to this member: read and make the claims on them."""
+        for claims in self._claims.values():
+            await claims.assigned(tps, committed)
+
+    async def extend(self, batch: Sequence[Message]) -> None:
+        """Claim what this poll batch holds before any of it runs."""
+        for claims in self._claims.values():
+            await claims.extend(batch)
+
+    def revoked(self, tps: Iterable[TopicPartition]) -> dict[str, list[TopicPartition]]:
+        """Partitions left this member: the claims to give up, by lane, once their work ended."""
+        tps = list(tps)
+        return {name: claims.revoked(tps) for name, claims in self._claims.items()}
+
+    async def give_up(self, claimed: Mapping[str, Sequence[TopicPartition]]) -> None:
+        """Delete claims returned by :meth:`revoked` (no work of theirs runs here any more)."""
+        for name, tps in claimed.items():
+            claims = self._claims.get(name)
+            if claims is not None and tps:
+                await claims.give_up(tps)
 
     async def flush(self) -> None:
         """Send the ends not sent yet (before a commit)."""

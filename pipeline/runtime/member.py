@@ -31,10 +31,11 @@ from pipeline.errors import PipelineError, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.deletion_cost import DeletionCost
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
-from pipeline.retry.guard_store import lane_guards
+from pipeline.retry.guard_store import GuardStore, lane_guards
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.chain import Chain
+from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.flow import FlowControl, PauseBook
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.handling import HandlerStage
@@ -137,13 +138,17 @@ class Member:
             protection=ScaleInProtection(deletion_cost, metrics, max_s=settings.protect_max_s),
             metrics=metrics,
         )
+        stores = (
+            lane_guards(redis, redis_prefix, [c.spec for c in chosen]) if redis is not None else {}
+        )
         self._guard = RunGuard(
-            lane_guards(redis, redis_prefix, [c.spec for c in chosen]) if redis is not None else {},
+            stores,
             self._routing,
             self.stats,
             Isolation(settings.suspect_alone_s),
             self._longwork,  # the cancel gate, then the handler stage
             self._settled_follower,
+            claims=_claims(stores, chosen, settings) if settings.guard_claims else None,
         )
         self._chain = Chain(
             app,
@@ -172,6 +177,7 @@ class Member:
             fleet.bind(lambda: (lanes_.running, lanes_.limit))
         self._reap_every = max(1, round(2000 / settings.commit_interval_ms))
         self._ticks = 0
+        self._background: set[asyncio.Task[None]] = set()
         self.polling = asyncio.Event()
         """Set once the member's first poll returned (it is in the group and fetching)."""
 
@@ -228,6 +234,7 @@ class Member:
                     continue
                 pause_s = 0.5
                 self.polling.set()
+                await self._guard.extend(batch)  # claimed before any of it runs
                 for message in batch:
                     self._dispatch(message)
         finally:
@@ -257,6 +264,8 @@ class Member:
         with contextlib.suppress(TransportError):
             await self._commit(consumer)
         await consumer.close()  # revokes what is left through on_revoked
+        if self._background:  # claims of lost partitions: given up once their work ended
+            await asyncio.wait(set(self._background), timeout=self._settings.shutdown_grace_s)
         await lanes.close()
         await self._guard.close()
         if self._chain.gate is not None:
@@ -400,6 +409,16 @@ class Member:
             for position in positions:
                 self._committed[position.tp] = position
 
+    async def _give_up_when_idle(
+        self, tps: set[TopicPartition], claimed: dict[str, list[TopicPartition]]
+    ) -> None:
+        """Give up the claims of lost partitions once nothing of theirs runs here."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                self._chain.lanes.wait_idle(tps), self._settings.shutdown_grace_s
+            )
+        await self._guard.give_up(claimed)
+
     # -- rebalance listener ---------------------------------------------------------------------
 
     async def on_assigned(
@@ -410,6 +429,7 @@ class Member:
             self._offsets[tp] = PartitionOffsets(tp, committed.get(tp))
             if tp in committed:
                 self._committed[tp] = committed[tp]
+        await self._guard.assigned(partitions, committed)
         log.info("%s assigned %s", self.group, [f"{tp.topic}[{tp.partition}]" for tp in partitions])
 
     async def on_revoked(
@@ -430,6 +450,13 @@ class Member:
             self._chain.gate.drop(tps)
         if not lost:
             await self._guard.flush()
+        claimed = self._guard.revoked(tps)
+        if lost:  # work of these partitions may still run here: give up its claims after it
+            task = asyncio.create_task(self._give_up_when_idle(tps, claimed))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        else:
+            await self._guard.give_up(claimed)
         positions = [] if lost else self._positions(sorted(tps))
         for tp in tps:
             self._offsets.pop(tp, None)
@@ -440,3 +467,19 @@ class Member:
                 self._pauses.forget(tp)
         log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
         return positions
+
+
+def _claims(
+    stores: dict[str, GuardStore], lanes: Sequence[Lane], settings: RuntimeSettings
+) -> dict[str, LaneClaims]:
+    """Claimed ranges for the main topic of each guarded lane (``runtime/claims.py``)."""
+    return {
+        lane.name: LaneClaims(
+            stores[lane.name],
+            lane.spec.name,
+            ordered=lane.spec.ordered and bool(lane.routes.retry_topics),
+            ahead=settings.partition_high_water,
+        )
+        for lane in lanes
+        if lane.name in stores
+    }

@@ -9,108 +9,30 @@ these tests are about the guard's decisions, not about producing.
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from runtime.guard_parts import (
+    Handlers,
+    Producer,
+    guarded_lane,
+    main_message,
+    member_guard,
+    retry_copy,
+)
 from runtime.helpers import eventually, lane_spec
 
-from pipeline import headers as h
-from pipeline.envelope import Delivered, Message, Record
+from pipeline.envelope import Delivered, Message
 from pipeline.retry.guard_store import GuardStore, lane_guards
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
-from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
-
-
-class _Producer:
-    """Stands in for the broker: records what the router sends."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-
-    async def send(self, topic: str, value: bytes, **_: object) -> Delivered:
-        self.sent.append((topic, value))
-        return Delivered(topic, 0, len(self.sent))
-
-    async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
-        return [await self.send(topic, r.value) for r in records]
-
-    async def flush(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
-class _Handlers:
-    """The handler stage of both members: records every run and can hold one until released."""
-
-    def __init__(self) -> None:
-        self.tick = itertools.count()
-        self.runs: list[tuple[str, bytes, int, int]] = []  # member, value, start, end
-        self.hold: dict[bytes, asyncio.Event] = {}
-        self.started: dict[bytes, asyncio.Event] = {}
-        self.outcomes: dict[bytes, list[str]] = {}
-
-    def stage(self, member: str):
-        async def call(_lane: Lane, message: Message) -> str | None:
-            begin = next(self.tick)
-            self.started.setdefault(message.value, asyncio.Event()).set()
-            gate = self.hold.get(message.value)
-            if gate is not None:
-                await gate.wait()
-            outcomes = self.outcomes.get(message.value)
-            outcome = outcomes.pop(0) if outcomes else "handled"
-            self.runs.append((member, message.value, begin, next(self.tick)))
-            return outcome
-
-        return call
-
-    def overlaps(self) -> int:
-        """Runs of the key that overlapped another run of it."""
-        runs = sorted(self.runs, key=lambda r: r[2])
-        return sum(1 for a, b in itertools.pairwise(runs) if b[2] < a[3])
-
-
-def _lane(name: str) -> Lane:
-    app = App([lane_spec(name, 1, retry={"tiers": ["1s", "5s"]})])
-
-    @app.handler(name)
-    async def handle(event: bytes, ctx: Context) -> None:
-        raise AssertionError("the handler stage is replaced in these tests")
-
-    return app.lanes[name]
-
-
-def _guard(redis: Redis, prefix: str, lane: Lane, handlers: _Handlers, member: str) -> RunGuard:
-    stats = Stats()
-    routing = Redirector(RetryRouter(_Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
-    stores = lane_guards(redis, prefix, [lane.spec])
-    for store in stores.values():
-        store.lease_ms = 300
-    return RunGuard(stores, routing, stats, Isolation(5.0), handlers.stage(member), lambda *_: None)
-
-
-def _main(lane: Lane, offset: int, value: bytes) -> Message:
-    return Message(lane.spec.name, 0, offset, b"k", value)
-
-
-def _retry_copy(lane: Lane, origin_offset: int, offset: int, value: bytes) -> Message:
-    headers = {
-        h.ORIGIN_TOPIC: lane.spec.name.encode(),
-        h.ORIGIN_PARTITION: b"0",
-        h.ORIGIN_OFFSET: str(origin_offset).encode(),
-        h.ATTEMPT: b"2",
-    }
-    return Message(lane.routes.retry_topics[0], 0, offset, b"k", value, headers)
 
 
 @pytest.fixture
@@ -127,24 +49,24 @@ async def test_a_second_copy_of_a_running_head_never_runs_beside_it(
     redis: Redis, unique: str, cleanup: str
 ) -> None:
     """The stale-copy interleaving: copy B of X is dropped while copy A runs; Y runs after X."""
-    lane = _lane(f"guard_{unique}")
-    handlers = _Handlers()
-    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
     handlers.outcomes[b"x"] = ["retried"]  # X fails once: its key parks
-    assert await a.run(lane, _main(lane, 0, b"x")) == "retried"
-    assert await a.run(lane, _main(lane, 1, b"y")) == "parked"  # Y is held behind X
+    assert await a.run(lane, main_message(lane, 0, b"x")) == "retried"
+    assert await a.run(lane, main_message(lane, 1, b"y")) == "parked"  # Y is held behind X
     handlers.started.pop(b"x")
     handlers.hold[b"x"] = asyncio.Event()
-    copy_a = asyncio.create_task(b.run(lane, _retry_copy(lane, 0, 0, b"x")))
+    copy_a = asyncio.create_task(b.run(lane, retry_copy(lane, 0, 0, b"x")))
     await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
     # A second copy of X (its member died between producing it and committing) arrives at A.
-    assert await a.run(lane, _retry_copy(lane, 0, 1, b"x")) == "duplicate"
+    assert await a.run(lane, retry_copy(lane, 0, 1, b"x")) == "duplicate"
     handlers.hold[b"x"].set()
     assert await asyncio.wait_for(copy_a, 10) == "handled"
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("a", b"x"), ("b", b"x"), ("b", b"y")]
     assert handlers.overlaps() == 0
     # A copy that shows up after X finished is stale, and the key is no longer parked.
-    assert await a.run(lane, _retry_copy(lane, 0, 2, b"x")) == "duplicate"
+    assert await a.run(lane, retry_copy(lane, 0, 2, b"x")) == "duplicate"
     assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
 
 
@@ -152,15 +74,15 @@ async def test_a_release_whose_member_died_is_taken_over(
     redis: Redis, unique: str, cleanup: str
 ) -> None:
     """A member killed while running a released follower: another takes the release over."""
-    lane = _lane(f"guard_{unique}")
-    handlers = _Handlers()
-    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
     handlers.outcomes[b"x"] = ["retried"]
-    await a.run(lane, _main(lane, 0, b"x"))
-    await a.run(lane, _main(lane, 1, b"y"))
-    await a.run(lane, _main(lane, 2, b"z"))
+    await a.run(lane, main_message(lane, 0, b"x"))
+    await a.run(lane, main_message(lane, 1, b"y"))
+    await a.run(lane, main_message(lane, 2, b"z"))
     handlers.hold[b"y"] = asyncio.Event()
-    dying = asyncio.create_task(a.run(lane, _retry_copy(lane, 0, 0, b"x")))
+    dying = asyncio.create_task(a.run(lane, retry_copy(lane, 0, 0, b"x")))
     await asyncio.wait_for(handlers.started.setdefault(b"y", asyncio.Event()).wait(), 10)
     dying.cancel()  # the member is gone: nothing renews its lease
     with pytest.raises(asyncio.CancelledError):
@@ -207,13 +129,13 @@ async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
     redis: Redis, unique: str, cleanup: str
 ) -> None:
     """The copy of a failure may run before the failing start's end is recorded: it runs."""
-    lane = _lane(f"guard_{unique}")
-    handlers = _Handlers()
-    b = _guard(redis, cleanup, lane, handlers, "b")
-    copy = _retry_copy(lane, 0, 0, b"x")
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    b = member_guard(redis, cleanup, lane, handlers, "b")
+    copy = retry_copy(lane, 0, 0, b"x")
     copy_outcomes: list[str | None] = []
 
-    class _Racing(_Producer):
+    class _Racing(Producer):
         async def send(self, topic: str, value: bytes, **kw: object) -> Delivered:
             # The broker hands the copy to another member at once, before A records its end.
             copy_outcomes.append(await b.run(lane, copy))
@@ -233,10 +155,10 @@ async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
         failing,
         lambda *_: None,
     )
-    assert await a.run(lane, _main(lane, 0, b"x")) == "retried"
+    assert await a.run(lane, main_message(lane, 0, b"x")) == "retried"
     assert copy_outcomes == ["handled"]
     # The key is not left parked behind a head that already ran: the next message runs.
-    assert await b.run(lane, _main(lane, 1, b"y")) == "handled"
+    assert await b.run(lane, main_message(lane, 1, b"y")) == "handled"
     assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
 
 
@@ -248,13 +170,13 @@ async def test_a_copy_another_live_member_still_runs_waits_for_its_end(
     B must not run it beside A as a suspect: it waits until A's end is recorded, then runs it
     once more (a repeat, which at-least-once allows, never an overlap).
     """
-    lane = _lane(f"guard_{unique}")
-    handlers = _Handlers()
-    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
     handlers.hold[b"x"] = asyncio.Event()
-    first = asyncio.create_task(a.run(lane, _main(lane, 0, b"x")))
+    first = asyncio.create_task(a.run(lane, main_message(lane, 0, b"x")))
     await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
-    second = asyncio.create_task(b.run(lane, _main(lane, 0, b"x")))
+    second = asyncio.create_task(b.run(lane, main_message(lane, 0, b"x")))
     await eventually(lambda: b._stats.busy_waits >= 2)  # asked twice and told to wait
     assert [v for _, v, _, _ in handlers.runs] == []  # nothing ran beside A
     handlers.hold[b"x"].set()
@@ -269,15 +191,15 @@ async def test_a_copy_of_a_dead_members_start_runs_as_a_suspect(
     redis: Redis, unique: str, cleanup: str
 ) -> None:
     """When the member whose mark stands is no longer alive, the copy is a suspect, as before."""
-    lane = _lane(f"guard_{unique}")
-    handlers = _Handlers()
-    a, b = (_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
     handlers.hold[b"x"] = asyncio.Event()
-    first = asyncio.create_task(a.run(lane, _main(lane, 0, b"x")))
+    first = asyncio.create_task(a.run(lane, main_message(lane, 0, b"x")))
     await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
     first.cancel()  # A dies mid-run: its mark stays; its liveness is taken back, as if it ran out
     await redis.hdel(f"{{{cleanup}:guard:{lane.name}}}:live", a._stores[lane.name].instance)
     handlers.hold.pop(b"x").set()
-    assert await asyncio.wait_for(b.run(lane, _main(lane, 0, b"x")), 10) == "handled"
+    assert await asyncio.wait_for(b.run(lane, main_message(lane, 0, b"x")), 10) == "handled"
     assert b._stats.busy_waits == 0
     assert [m for m, _, _, _ in handlers.runs] == ["b"]

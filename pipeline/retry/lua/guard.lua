@@ -127,7 +127,8 @@ end
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone   KEYS[5] T:live
 -- ARGV[1] now_ms   ARGV[2] ttl_ms (unused: gd_reap keeps the hashes' expiry)
 -- ARGV[3] ended starts, one per line: id TAB position
--- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt
+-- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
+-- inherited (1: its partition's previous owner died with it in its claimed range, or 0)
 -- ARGV[5] the calling member process's instance id   ARGV[6] its liveness until (ms), or empty
 -- when it was renewed recently (gd_live)
 -- An empty position is the id itself (a first delivery).
@@ -144,14 +145,15 @@ local function begin_many(keys, args)
     redis.call('PEXPIRE', keys[5], 2 * (tonumber(args[6]) - now))
   end
   local ended, positions_ended = end_lines(args[3])
-  local ids, names, positions, ordered, attempts = {}, {}, {}, {}, {}
-  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)'
-  for id, key, pos, o, attempt in string.gmatch(args[4], pattern) do
+  local ids, names, positions, ordered, attempts, inherited = {}, {}, {}, {}, {}, {}
+  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)\t([01])'
+  for id, key, pos, o, attempt, inh in string.gmatch(args[4], pattern) do
     ids[#ids + 1] = id
     names[#names + 1] = key
     positions[#positions + 1] = pos == '' and id or pos
     ordered[#ordered + 1] = o == '1'
     attempts[#attempts + 1] = attempt
+    inherited[#inherited + 1] = inh == '1'
   end
   local all = {}
   for _, id in ipairs(ended) do all[#all + 1] = id end
@@ -189,6 +191,12 @@ local function begin_many(keys, args)
         seen[id] = true
         local decision, starts, mark = decide(marks[i], positions[i], attempts[i], false, me,
                                               keys[5], now)
+        if decision == 'process' and not marks[i] and inherited[i] then
+          -- Its previous owner died with it claimed (runtime/claims.py): that run counts as
+          -- the first interruption, so its mark says two starts and one of them was lone.
+          starts, mark = 2, '2|' .. positions[i] .. '||' .. me
+          redis.call('HINCRBY', keys[4], id, 1)
+        end
         if mark then
           writes[#writes + 1] = id
           writes[#writes + 1] = mark

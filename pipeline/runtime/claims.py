@@ -1,0 +1,195 @@
+"""Claimed ranges: first deliveries run without a Redis call, and a crash is still caught.
+
+The run guard's exact path (``runtime/starts.py``) writes a start mark for every message and
+waits for it before the handler runs, so a crash in the handler is always counted. That is one
+suspension and a share of a Redis call per message. A :class:`LaneClaims` lets most messages skip
+it. Per partition, this member process *claims* the offsets it polls, ahead of them:
+
+* **Claim before work.** Before a poll batch enters the chain, the claim grows to cover it, in
+  one ``HSET`` per partition, made once per ``ahead`` offsets. A first delivery above every
+  range another process claimed runs at once, with no start mark. Its end is implied by the
+  commit.
+* **Inheritance.** A range claimed by another process when the partition was assigned here is
+  *inherited*. That process may have started any of it and crashed, or may still be running
+  it after a stall. Messages of an inherited range take the exact path, with a start mark each.
+  While that process is alive and keeps its claim, they wait, as a ``busy`` copy does. So a
+  crash is caught one owner later: the first crash on a claimed message goes uncounted, and
+  from the next owner on it is counted as before.
+* **Parked keys (ordered lanes).** A message whose key may be parked takes the exact path too.
+  The keys parked when the partition was assigned are loaded then. Keys this member parks are
+  added as it parks them, and a key leaves the set when the exact path next says ``process``.
+  Only the owner of a partition parks the keys of its first deliveries, so nothing else can
+  park them behind its back; a stalled previous owner's work is inherited, and that path sees
+  its parking.
+* **Giving up.** A claim is given up when its partition is revoked, once the work of that
+  partition here has ended. It expires with the guard's other keys, and another process stops
+  waiting for it once this one's liveness (``gd_live``) has run out.
+
+Retry-tier copies, released followers and suspects always take the exact path. When Redis
+cannot be reached, nothing is claimed and every message takes the exact path, which fails open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+from redis import exceptions as rexc
+
+from pipeline import headers as h
+from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.retry.guard_store import GuardStore
+
+log = logging.getLogger(__name__)
+
+_WAIT_FIRST_S = 0.05
+_WAIT_MAX_S = 1.0
+"""An inherited range of a live process is asked about again after these pauses (doubling)."""
+
+
+class LaneClaims:
+    """This member process's claims on the main partitions of one guarded lane."""
+
+    def __init__(self, store: GuardStore, topic: str, *, ordered: bool, ahead: int) -> None:
+        """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled."""
+        self._store = store
+        self.topic = topic
+        self._ordered = ordered
+        self._ahead = max(1, ahead)
+        self._claimed: dict[TopicPartition, tuple[int, int]] = {}
+        """Partitions whose claims were read at assignment: this process's claim (lo, hi)."""
+        self._inherited_hi: dict[TopicPartition, int] = {}
+        """The highest offset another process claimed when the partition came here."""
+        self._holders: dict[TopicPartition, list[str]] = {}
+        """Processes whose claims were found at assignment and may still run their work."""
+        self._crashed: set[TopicPartition] = set()
+        """Partitions a holder of which died with its claim: its range counts as interrupted."""
+        self.maybe_parked: set[str] | None = None if ordered else set()
+        """Keys that may be parked (ordered lanes); None until loaded: every key may be."""
+
+    # -- assignment -------------------------------------------------------------------------
+
+    async def assigned(
+        self, tps: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
+    ) -> None:
+        """Read what others claimed of ``tps`` and claim from each committed position on."""
+        mine = [tp for tp in tps if tp.topic == self.topic]
+        if not mine:
+            return
+        try:
+            if self.maybe_parked is None:
+                self.maybe_parked = await self._store.parked_keys()
+            found = await self._store.read_claims(mine)
+            ranges: dict[TopicPartition, tuple[int, int]] = {}
+            for tp in mine:
+                lo = committed[tp].offset if tp in committed else 0
+                others = found.get(tp, {})
+                inherited = max((hi for _, hi in others.values()), default=-1)
+                ranges[tp] = (lo, max(inherited, lo + self._ahead - 1))
+            await self._store.live()  # claims are waited for only while their process lives
+            await self._store.claim(ranges)
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, %s run every message marked: %s", mine, exc)
+            return
+        for tp in mine:
+            others = found.get(tp, {})
+            self._inherited_hi[tp] = max((hi for _, hi in others.values()), default=-1)
+            self._holders[tp] = sorted(others)
+            self._claimed[tp] = ranges[tp]
+
+    def revoked(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Forget ``tps``; returns those of them this process claimed (to give up)."""
+        out = []
+        for tp in tps:
+            if self._claimed.pop(tp, None) is not None:
+                out.append(tp)
+            self._inherited_hi.pop(tp, None)
+            self._holders.pop(tp, None)
+            self._crashed.discard(tp)
+        return out
+
+    async def give_up(self, tps: Sequence[TopicPartition]) -> None:
+        """Delete this process's claims on ``tps`` (their work here has ended)."""
+        await self._store.unclaim(tps)
+
+    # -- poll batches -----------------------------------------------------------------------
+
+    async def extend(self, messages: Sequence[Message]) -> None:
+        """Grow the claims to cover this poll batch's first deliveries, before they run."""
+        needed: dict[TopicPartition, int] = {}
+        claimed = self._claimed
+        for message in messages:
+            if message.topic != self.topic:
+                continue
+            tp = message.tp
+            current = claimed.get(tp)
+            if current is not None and message.offset > current[1]:
+                needed[tp] = max(needed.get(tp, -1), message.offset)
+        if not needed:
+            return
+        ranges = {tp: (claimed[tp][0], top + self._ahead) for tp, top in needed.items()}
+        try:
+            await self._store.claim(ranges)
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not claim %d partitions: %s", len(ranges), exc)
+            return  # unclaimed offsets take the exact path
+        claimed.update(ranges)
+
+    # -- the fast path ----------------------------------------------------------------------
+
+    def fast(self, message: Message, key: str) -> bool:
+        """Whether ``message`` (its encoded key: ``key``) may run without a start mark."""
+        if h.ORIGIN_TOPIC in message.headers:
+            return False  # a retry-tier copy
+        claim = self._claimed.get(message.tp)
+        if claim is None or not claim[0] <= message.offset <= claim[1]:
+            return False
+        if message.offset <= self._inherited_hi.get(message.tp, -1):
+            return False
+        parked = self.maybe_parked
+        return parked is not None and key not in parked
+
+    def inherited(self, message: Message) -> bool:
+        """Whether ``message`` lies in a range another process claimed before this one."""
+        return h.ORIGIN_TOPIC not in message.headers and message.offset <= self._inherited_hi.get(
+            message.tp, -1
+        )
+
+    async def wait_for_holders(self, tp: TopicPartition) -> bool:
+        """Wait while a process that claimed ``tp`` before is alive and still claims it.
+
+        True if one of them died with its claim: any message of its range may have been
+        running when it died.
+        """
+        pause_s = _WAIT_FIRST_S
+        while self._holders.get(tp):
+            try:
+                alive, dead = await self._store.claiming(tp, self._holders[tp])
+            except (rexc.RedisError, OSError) as exc:
+                log.warning("parking unavailable, not waiting for %s's previous owner: %s", tp, exc)
+                alive, dead = [], []
+            if tp not in self._holders:  # revoked meanwhile
+                break
+            if dead:
+                self._crashed.add(tp)
+            self._holders[tp] = alive
+            if not alive:
+                break
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, _WAIT_MAX_S)
+        return tp in self._crashed
+
+    def parked(self, key: str) -> None:
+        """This member parks ``key`` (a failure or a deferral on an ordered lane)."""
+        if self.maybe_parked is not None:
+            self.maybe_parked.add(key)
+
+    def decided(self, key: str, decision: str) -> None:
+        """The exact path decided a message of ``key``: ``process`` means it is not parked."""
+        if self.maybe_parked is None:
+            return
+        if decision == "process":
+            self.maybe_parked.discard(key)
+        else:
+            self.maybe_parked.add(key)

@@ -1,0 +1,168 @@
+"""Claimed ranges on real Redis: fast first deliveries, and nothing the exact path promised lost.
+
+Members are run guards built as in ``test_guard.py``. A member "crashes" by having its running
+task cancelled and its liveness deleted, which is what another process sees once a dead
+process's liveness has run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from runtime.guard_parts import Handlers, guarded_lane, main_message, member_guard
+from runtime.helpers import eventually
+
+from pipeline.envelope import Message, TopicPartition
+from pipeline.retry.keys import encode_key
+from pipeline.runtime.app import Lane
+from pipeline.runtime.guard import RunGuard
+from pipeline.runtime.isolation import Isolation
+
+
+@pytest.fixture
+async def cleanup(redis: Redis, unique: str) -> AsyncIterator[str]:
+    """A key prefix of the test's own; its keys are deleted afterwards."""
+    prefix = f"t{unique}"
+    yield prefix
+    keys = await redis.keys(f"{{{prefix}:*")
+    if keys:
+        await redis.delete(*keys)
+
+
+def _tp(lane: Lane) -> TopicPartition:
+    return TopicPartition(lane.spec.name, 0)
+
+
+async def _join(guard: RunGuard, lane: Lane, messages: list[Message]) -> None:
+    """The partition is assigned to ``guard``'s member (nothing committed) and polled."""
+    await guard.assigned([_tp(lane)], {})
+    await guard.extend(messages)
+
+
+async def _crash(guard: RunGuard, lane: Lane, redis: Redis, task: asyncio.Task[object]) -> None:
+    """The member dies while ``task`` runs: the run stops and its liveness is gone."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    store = guard._stores[lane.name]
+    await redis.hdel(store.keys.live, store.instance)
+
+
+async def test_first_deliveries_under_a_claim_make_no_call(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """Fifty first deliveries run with no start mark; one claim covers them, given up at the end."""
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    guard = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
+    messages = [main_message(lane, i, b"v%d" % i, key=b"k%d" % i) for i in range(50)]
+    await _join(guard, lane, messages)
+    outcomes = await asyncio.gather(*(guard.run(lane, m) for m in messages))
+    assert outcomes == ["handled"] * 50
+    assert guard.calls == 0
+    store = guard._stores[lane.name]
+    claims_key = store.keys.claims(lane.spec.name, 0)
+    lo, hi = (int(x) for x in (await redis.hget(claims_key, store.instance)).split(b"|"))
+    assert lo == 0
+    assert hi >= 49
+    assert await redis.hlen(store.keys.run) == 0  # no marks to end
+    await guard.give_up(guard.revoked([_tp(lane)]))
+    assert await redis.hlen(claims_key) == 0
+
+
+async def test_a_crash_on_a_claimed_message_is_caught_one_owner_later(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """Crash under A's claim, then under B's exact run of it: C runs it alone as a suspect."""
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    poison = main_message(lane, 3, b"poison")
+    handlers.hold[b"poison"] = asyncio.Event()  # never set: every run of it dies in the handler
+    a = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
+    await _join(a, lane, [poison])
+    run_a = asyncio.create_task(a.run(lane, poison))
+    await asyncio.wait_for(handlers.started.setdefault(b"poison", asyncio.Event()).wait(), 10)
+    assert a.calls == 0  # it ran under the claim
+    await _crash(a, lane, redis, run_a)
+
+    b = member_guard(redis, cleanup, lane, handlers, "b", claims=True)
+    await _join(b, lane, [poison])
+    handlers.started.pop(b"poison")
+    run_b = asyncio.create_task(b.run(lane, poison))
+    await asyncio.wait_for(handlers.started.setdefault(b"poison", asyncio.Event()).wait(), 10)
+    assert b.calls == 1  # inherited from A: marked before it ran
+    store = b._stores[lane.name]
+    ident = f"{lane.spec.name}:0:3"
+    # A died with it claimed: that counts as its first interruption (one of poison_after).
+    assert (await redis.hget(store.keys.run, ident)).startswith(b"2|")
+    assert await redis.hget(store.keys.alone, ident) == b"1"
+    await _crash(b, lane, redis, run_b)
+
+    isolation = Isolation(5.0)
+    c = member_guard(redis, cleanup, lane, handlers, "c", claims=True, isolation=isolation)
+    await _join(c, lane, [poison])
+    handlers.started.pop(b"poison")
+    run_c = asyncio.create_task(c.run(lane, poison))
+    await asyncio.wait_for(handlers.started.setdefault(b"poison", asyncio.Event()).wait(), 10)
+    assert isolation.suspects == 1  # B's unfinished mark: C runs it alone
+    handlers.hold[b"poison"].set()
+    assert await asyncio.wait_for(run_c, 10) == "handled"
+
+
+async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """A stalled, still-alive A keeps its claim: B's copy of A's range waits, then runs once."""
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    message = main_message(lane, 2, b"x")
+    a = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
+    await _join(a, lane, [message])  # A claimed it and is alive (assigned() renewed it)
+    b = member_guard(redis, cleanup, lane, handlers, "b", claims=True)
+    await _join(b, lane, [message])
+    asked = 0
+    store_b = b._stores[lane.name]
+    claiming = store_b.claiming
+
+    async def counted(tp: TopicPartition, instances: list[str]) -> tuple[list[str], list[str]]:
+        nonlocal asked
+        asked += 1
+        return await claiming(tp, instances)
+
+    store_b.claiming = counted  # type: ignore[method-assign]
+    run_b = asyncio.create_task(b.run(lane, message))
+    await eventually(lambda: asked >= 2)
+    assert not run_b.done()
+    assert handlers.runs == []
+    await a.give_up(a.revoked([_tp(lane)]))  # A's revocation ended its work here
+    assert await asyncio.wait_for(run_b, 10) == "handled"
+    assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"x")]
+
+
+async def test_keys_parked_before_or_here_take_the_exact_path(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """A key parked by this member, or found parked at assignment, holds its next messages."""
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    handlers.outcomes[b"x"] = ["retried"]  # X fails once: its key parks
+    a = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
+    first = [main_message(lane, 0, b"x"), main_message(lane, 1, b"y")]
+    await _join(a, lane, first)
+    assert await a.run(lane, first[0]) == "retried"
+    assert a.calls == 0  # X itself ran under the claim
+    assert await a.run(lane, first[1]) == "parked"  # Y: its key parked here, so asked and held
+    await a.give_up(a.revoked([_tp(lane)]))
+
+    b = member_guard(redis, cleanup, lane, handlers, "b", claims=True)
+    later = [main_message(lane, 2, b"z")]
+    await _join(b, lane, later)  # the key was parked when the partition came here
+    assert await b.run(lane, later[0]) == "parked"
+    other = main_message(lane, 3, b"w", key=b"other")
+    await b.extend([other])
+    assert await b.run(lane, other) == "handled"
+    claims = b._claims[lane.name]
+    assert claims.maybe_parked == {encode_key(b"k")}
