@@ -66,6 +66,7 @@ class Handlers:
 
     def stage(self, member: str):
         """The handler stage of ``member``: records each run, holding it while told to."""
+
         async def call(_lane: Lane, message: Message) -> str | None:
             begin = next(self.tick)
             self.started.setdefault(message.value, asyncio.Event()).set()
