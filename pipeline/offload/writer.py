@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline.envelope import Delivered, Record
 from pipeline.offload import reference as ref
+from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.policy import OffloadPolicy
 from pipeline.offload.store import PayloadStore, open_store
 from pipeline.transport.protocol import Producer
@@ -47,11 +48,13 @@ class Offloader:
     Args:
         policies: the offload policy of each topic that has one (main topics and their retry
             and dead-letter topics all map to the lane's policy).
+        observer: told of every object written or reused (the process's metrics), or None.
     """
 
     policies: Mapping[str, OffloadPolicy]
     refresh_after_s: float = REFRESH_AFTER_S
     counters: OffloadCounters = field(default_factory=OffloadCounters)
+    observer: OffloadObserver | None = None
     _stores: dict[str, PayloadStore] = field(default_factory=dict)
 
     def policy(self, topic: str) -> OffloadPolicy | None:
@@ -95,10 +98,14 @@ class Offloader:
         )
         if fresh and existing is not None and existing.size == reference.size:
             self.counters.reused += 1
+            if self.observer is not None:
+                self.observer.reused(store.url)
         else:
             await store.put(reference.key, body)
             self.counters.written += 1
             self.counters.bytes_written += len(body)
+            if self.observer is not None:
+                self.observer.written(store.url, len(body))
         return reference.encode()
 
 
