@@ -11,6 +11,7 @@ new message still points to.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -28,8 +29,15 @@ log = logging.getLogger(__name__)
 
 REFRESH_AFTER_S = 86_400.0
 """An existing object older than this is written again rather than reused (see the purge)."""
-_HASH_OFF_LOOP_BYTES = 256 * 1024
+HASH_OFF_LOOP_BYTES = 256 * 1024
 """Hash bodies at least this large in a thread (hashlib lets go of the GIL for them)."""
+
+
+async def sha256_hex(body: bytes) -> str:
+    """The SHA-256 of ``body``, hex; in a worker thread when it is large."""
+    if len(body) >= HASH_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(lambda: hashlib.sha256(body).hexdigest())
+    return hashlib.sha256(body).hexdigest()
 
 
 @dataclass
@@ -74,12 +82,13 @@ class Offloader:
         return store
 
     async def offload(
-        self, topic: str, body: bytes, content_type: str = ""
+        self, topic: str, body: bytes, content_type: str = "", *, sha256: str | None = None
     ) -> tuple[bytes, dict[str, bytes]] | None:
         """Write ``body`` to ``topic``'s store; the reference's body and headers.
 
         None when ``body`` stays inline (no policy, or not above its threshold). The object is
-        acknowledged by the store before this returns.
+        acknowledged by the store before this returns. ``sha256``: the body's digest (hex) when
+        the caller already computed it from these bytes (the ingress), so it is not hashed twice.
 
         Raises:
             OffloadError: the store failed (nothing may be produced or acknowledged then).
@@ -88,10 +97,8 @@ class Offloader:
         if policy is None or len(body) <= policy.above_bytes:
             return None
         store = self.store(policy.store)
-        if len(body) >= _HASH_OFF_LOOP_BYTES:
-            reference = await asyncio.to_thread(ref.reference_for, store.url, body, content_type)
-        else:
-            reference = ref.reference_for(store.url, body, content_type)
+        digest = sha256 or await sha256_hex(body)
+        reference = ref.reference_for(store.url, body, content_type, digest)
         existing = await store.head(reference.key)
         fresh = existing is not None and (
             time.time() - existing.last_modified.timestamp() < self.refresh_after_s
