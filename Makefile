@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services jaeger services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile bench-offload soak demo generate clean
+.PHONY: asyncapi-parser setup lock wheel services jaeger jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile bench-offload soak demo generate clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -42,6 +42,16 @@ services:
 ## (OTLP 4317/4318, query API on 16686); `make services jaeger` starts everything
 jaeger:
 	bash deploy/local/services.sh up jaeger
+
+## jaeger-ui: build the Jaeger UI once with npm from a jaeger-ui v1.76.0 source tree
+## (JAEGER_UI_SRC=path), cached in ~/.cache/pipeline; Jaeger serves it from its next start
+jaeger-ui:
+	bash deploy/local/jaeger-ui.sh build
+
+## jaeger-screenshot: docs/jaeger-trace.png, a retried webhook's trace in the Jaeger UI
+## (headless Chromium; needs the UI built and Jaeger running)
+jaeger-screenshot: setup
+	bash deploy/local/jaeger-screenshot.sh
 
 ## services-down: stop the services that `make services` started (and nothing else)
 services-down:

@@ -87,7 +87,9 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    ``tracing_overhead`` = on ÷ off msgs/s (median of the per-repeat ratios);
    ``tracing_off_overhead`` = 1 - the off hooks' time per message ÷ the off run's CPU per message;
    ``tracing_overhead_10pct`` = the same ratio as ``tracing_overhead`` with one message in ten
-   sampled upstream (its ``traceparent`` flags; the SDK's default parent-based sampler follows).
+   sampled upstream (its ``traceparent`` flags; the SDK's default parent-based sampler follows);
+   ``tracing_off_cpu_s_per_10k`` / ``tracing_on_cpu_s_per_10k`` = this process's CPU per 10k
+   messages (medians), off and on at 100 % (the exporting child process is not in them).
 
 The last line printed is one JSON object::
 
@@ -1208,6 +1210,8 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_off_msgs_s": round(_med([s.msgs_s for s in tr.off])),
         "tracing_on_msgs_s": round(_med([s.msgs_s for s in tr.on])),
         "tracing_hooks_us_per_msg": _r(tr.hooks_s * 1e6),
+        "tracing_off_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.off])),
+        "tracing_on_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.on])),
     }
 
 

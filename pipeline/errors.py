@@ -40,7 +40,8 @@ callers never need to import a client library to handle a failure::
     │   ├── BrokerUnavailable       the broker (Kafka or Redis) cannot be reached
     │   ├── UnknownTopic            the topic is not declared / does not exist on the broker
     │   ├── MessageTooLarge         the message exceeds the configured maximum size
-    │   └── DeliveryFailed          the broker refused or lost a produced message
+    │   ├── DeliveryFailed          the broker refused or lost a produced message
+    │   └── GroupNotEmpty           a consumer group to delete still has members
     ├── DebounceUnavailable         the debouncer's Redis cannot be reached: the message is
     │                               processed on its own (fail open)
     ├── ThrottleClosed              the throttle closed while a message waited for its slots
@@ -100,6 +101,10 @@ class MessageTooLarge(TransportError):
 
 class DeliveryFailed(TransportError):
     """The broker did not acknowledge a produced message."""
+
+
+class GroupNotEmpty(TransportError):
+    """A consumer group cannot be deleted while it has members."""
 
 
 class DebounceUnavailable(PipelineError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlparse
@@ -18,15 +19,19 @@ from redis.exceptions import RedisError
 from support import (
     IN_CI,
     delete_declared,
+    delete_stubborn_groups,
     has_declared,
     reachable,
+    recording_groups,
     require_service,
     test_settings,
 )
 
 from pipeline.config import Settings
 from pipeline.transport import create_transport
+from pipeline.transport.kafka.transport import KafkaTransport
 from pipeline.transport.protocol import Transport
+from pipeline.transport.redis_streams.transport import RedisStreamsTransport
 
 
 @pytest.fixture(scope="session")
@@ -82,25 +87,36 @@ async def redis(redis_service: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _record_groups() -> Iterator[None]:
+    """Have every consumer group a real transport joins in this process deleted after its test."""
+    with pytest.MonkeyPatch.context() as patch:
+        for cls in (KafkaTransport, RedisStreamsTransport):
+            patch.setattr(cls, "consumer", recording_groups(cls.consumer))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _delete_declared_topics() -> Iterator[None]:
-    """Delete the topics a test registered with ``support.delete_after_test``, pass or fail."""
+    """Delete the groups and topics the test made or registered (``support``), pass or fail."""
     yield
     if has_declared():
         asyncio.run(delete_declared())
 
 
-# --- Leftover topics: the suite deletes what it creates (asserted once, at the end of the run) ---
+# --- Leftovers: the suite deletes what it creates (asserted once, at the end of the run) ---
 
-_TOPICS_AT_START = pytest.StashKey[dict[str, frozenset[str]]]()
+_LEFT_AT_START = pytest.StashKey[dict[str, frozenset[str]]]()
+_REDIS_GROUP_KEY = re.compile(r"\{(?P<prefix>.*):g:(?P<group>.*)\}:(?:pos|members|owners)")
 
 
-def _topics_now() -> dict[str, frozenset[str]]:
-    """The topics on the shared Kafka and Redis, per service that answered.
+def _left_now() -> dict[str, frozenset[str]]:
+    """The topics and consumer groups on the shared Kafka and Redis, per service that answered.
 
-    Kafka's are ``kafka:NAME``. Redis Streams topics are fields of a ``<prefix>:topics`` hash, one
-    per key prefix, so every such hash is read: ``redis:HASH/NAME``. A service that does not
-    answer is left out.
+    Kafka's are ``kafka:NAME`` and ``kafka group:NAME``. Redis Streams topics are fields of a
+    ``<prefix>:topics`` hash, one per key prefix, so every such hash is read: ``redis:HASH/NAME``;
+    a Redis group is the ``{<prefix>:g:<group>}:*`` keys holding its positions and members:
+    ``redis group:PREFIX/GROUP``. A service that does not answer is left out.
     """
     settings = test_settings()
     found: dict[str, frozenset[str]] = {}
@@ -110,6 +126,8 @@ def _topics_now() -> dict[str, frozenset[str]]:
         with contextlib.suppress(KafkaException):  # a broker that stops answering counts as absent
             topics = admin.list_topics(timeout=10).topics
             found["kafka"] = frozenset(f"kafka:{t}" for t in topics if not t.startswith("__"))
+            groups = admin.list_consumer_groups(request_timeout=10).result().valid
+            found["kafka groups"] = frozenset(f"kafka group:{g.group_id}" for g in groups)
     url = urlparse(settings.redis.url)
     if reachable(url.hostname or "127.0.0.1", url.port or 6379):
         with SyncRedis.from_url(settings.redis.url) as client, contextlib.suppress(RedisError):
@@ -117,33 +135,44 @@ def _topics_now() -> dict[str, frozenset[str]]:
             for key in client.scan_iter(match="*:topics", _type="hash", count=1000):
                 hash_name = key.decode()
                 names.update(f"redis:{hash_name}/{f.decode()}" for f in client.hkeys(key))
+            for key in client.scan_iter(match="{*:g:*}:*", count=1000):
+                if match := _REDIS_GROUP_KEY.fullmatch(key.decode(errors="replace")):
+                    names.add(f"redis group:{match['prefix']}/{match['group']}")
             found["redis"] = frozenset(names)
     return found
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Note the topics that exist before any test runs: they are not this run's to delete."""
-    session.config.stash[_TOPICS_AT_START] = _topics_now()
+    """Note the topics and groups that exist before any test runs: they are not this run's."""
+    session.config.stash[_LEFT_AT_START] = _left_now()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Fail the run (under CI=true; report it locally) if it left topics on the shared brokers.
+    """Fail the run (under CI=true; report it locally) if it left topics or groups behind.
 
-    Locally the brokers are shared with other people's runs, whose topics may exist for a moment
-    when this one ends, so a local run reports what it finds and CI, alone on its brokers, fails.
+    Groups whose static members still held their slots when their test ended are deleted
+    first, once their sessions have expired. Locally the brokers are shared with other
+    people's runs, whose topics and groups may exist for a moment when this one ends, so a
+    local run reports what it finds and CI, alone on its brokers, fails.
     """
-    before = session.config.stash.get(_TOPICS_AT_START, {})
+    busy = asyncio.run(delete_stubborn_groups())
+    before = session.config.stash.get(_LEFT_AT_START, {})
     if not before or session.config.option.collectonly:
         return
-    after = _topics_now()
+    after = _left_now()
     left = frozenset().union(*(after[s] - before[s] for s in before.keys() & after.keys()))
     if not left:
         return
-    shown = ", ".join(sorted(left)[:40]) + (" ..." if len(left) > 40 else "")
-    message = f"the run left {len(left)} topics on the shared brokers: {shown}"
+    topics = sorted(n for n in left if " group:" not in n)
+    groups = sorted(n for n in left if " group:" in n)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_sep("=", "leftover topics", red=True)
-        reporter.write_line(message)
+    for kind, names in (("topics", topics), ("consumer groups", groups)):
+        if not names or reporter is None:
+            continue
+        shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
+        reporter.write_sep("=", f"leftover {kind}", red=True)
+        reporter.write_line(f"the run left {len(names)} {kind} on the shared brokers: {shown}")
+        if kind == "consumer groups" and busy:
+            reporter.write_line(f"still with members after waiting: {', '.join(busy)}")
     if IN_CI or os.environ.get("PIPELINE_TEST_LEFTOVERS") == "fail":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

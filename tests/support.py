@@ -6,14 +6,22 @@ name ``conftest`` means depends on collection order.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import os
 import socket
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 import pytest
 
 from pipeline.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pipeline.transport.protocol import Admin, Transport
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -53,6 +61,11 @@ test_settings.__test__ = False  # type: ignore[attr-defined]  # a helper, not a 
 
 
 _declared: list[tuple[Settings, str, tuple[str, ...]]] = []
+_groups: list[tuple[Settings, str, str, tuple[str, ...]]] = []
+_consumers: list[Any] = []  # made by the current test, closed (if still open) after it
+_CLOSE_LIMIT_S = 10.0
+"""The longest wait for a consumer a failed test left open to leave its group."""
+_stubborn: list[tuple[Settings, str, str, tuple[str, ...]]] = []  # groups busy at teardown
 
 
 def delete_after_test(transport: object, names: Iterable[str]) -> None:
@@ -73,24 +86,150 @@ def delete_topics_after_test(settings: Settings, transport: str, names: Iterable
     _declared.append((settings, transport, tuple(names)))
 
 
-async def delete_declared() -> None:
-    """Delete every topic registered by :func:`delete_after_test`; missing ones are fine."""
-    from pipeline.errors import PipelineError  # noqa: PLC0415 - keeps this module light
+def delete_group_after_test(
+    settings: Settings, transport: str, group: str, topics: Iterable[str] = ()
+) -> None:
+    """Have consumer group ``group`` deleted when the current test ends, before its topics.
+
+    Every ``consumer()`` of a real transport made in the test process registers its group (see
+    :func:`recording_groups`); a group joined by another process (``pipeline consume``) is
+    registered with this. ``topics`` are those the group read: on Redis its consumer groups
+    live on their streams.
+    """
+    _groups.append((settings, transport, group, tuple(topics)))
+
+
+def delete_group_after(transport: object, group: str, topics: Iterable[str]) -> None:
+    """:func:`delete_group_after_test` for a group that processes join on ``transport``'s broker."""
+    settings: Settings | None = getattr(transport, "_settings", None)
+    if settings is not None:  # an in-memory transport: nothing outlives the test
+        delete_group_after_test(settings, transport.name, group, topics)  # type: ignore[attr-defined]
+
+
+def recording_groups(consumer: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a transport class's ``consumer`` so that every group it joins is deleted after the test.
+
+    The wrapper only records the group and the consumer; the consumer is the transport's own.
+    One that a failed test left open is closed before its group is deleted, as a member that
+    stays in the group keeps Kafka from deleting it.
+    """
+
+    @functools.wraps(consumer)
+    def record(self: Any, group: str, topics: Sequence[str], **kwargs: Any) -> Any:
+        made = consumer(self, group, topics, **kwargs)  # a consumer never made joins nothing
+        delete_group_after_test(self._settings, self.name, group, topics)
+        _consumers.append(made)
+        return made
+
+    return record
+
+
+_Group = tuple[Settings, str, str, tuple[str, ...]]
+
+
+def _distinct(groups: Iterable[_Group]) -> list[_Group]:
+    """Each group once (settings compared by identity: they hold unhashable dicts)."""
+    seen: dict[tuple[int, str, str], _Group] = {}
+    for entry in groups:
+        settings, name, group, topics = entry
+        key = (id(settings), name, group)
+        if key in seen:  # the same group read more topics: delete it from all of them
+            seen[key] = (settings, name, group, tuple(dict.fromkeys((*seen[key][3], *topics))))
+        else:
+            seen[key] = entry
+    return list(seen.values())
+
+
+def _answers(settings: Settings, transport: str) -> bool:
+    """Whether the broker ``transport`` of ``settings`` accepts connections."""
+    if transport == "kafka":
+        host, _, port = settings.kafka.bootstrap_servers.split(",")[0].rpartition(":")
+        return reachable(host, int(port))
+    url = urlparse(settings.redis.url)
+    return reachable(url.hostname or "127.0.0.1", url.port or 6379)
+
+
+async def _delete_groups(groups: list[_Group]) -> list[_Group]:
+    """Delete ``groups``; those that still have members are returned, other failures ignored."""
+    from pipeline.errors import GroupNotEmpty, PipelineError  # noqa: PLC0415 - keeps this module light
     from pipeline.transport import create_transport  # noqa: PLC0415
 
-    pending = list(_declared)
+    busy = []
+    transports: dict[tuple[int, str], tuple[Transport, Admin]] = {}
+    try:
+        for settings, name, group, topics in groups:
+            key = (id(settings), name)
+            if not _answers(settings, name):
+                continue  # a test's unreachable broker: it holds no group
+            try:
+                if key not in transports:
+                    transport = create_transport(settings, name)
+                    try:
+                        transports[key] = (transport, transport.admin())
+                    except PipelineError:
+                        await transport.close()
+                        raise
+                await transports[key][1].delete_group(group, topics)
+            except GroupNotEmpty:
+                busy.append((settings, name, group, topics))
+            except PipelineError:
+                pass  # the broker is gone or the settings cannot make a client: the
+                # end-of-run check reports what is left
+    finally:
+        for transport, admin in transports.values():
+            await admin.close()
+            await transport.close()
+    return busy
+
+
+async def delete_declared() -> None:
+    """Delete the groups, then the topics, registered for deletion; missing ones are fine.
+
+    A Kafka group whose member has not left yet (a static member keeps its slot until its
+    session expires) is kept for :func:`delete_stubborn_groups` at the end of the run.
+    """
+    from pipeline.errors import PipelineError  # noqa: PLC0415
+    from pipeline.transport import create_transport  # noqa: PLC0415
+
+    groups = _distinct(_groups)
+    topics = list(_declared)
+    consumers = list(_consumers)
+    _groups.clear()
     _declared.clear()
-    for settings, name, topics in pending:
+    _consumers.clear()
+    for consumer in consumers:  # closing a closed one does nothing
+        with contextlib.suppress(Exception):  # its loop or broker may be gone: nothing to leave
+            await asyncio.wait_for(consumer.close(), _CLOSE_LIMIT_S)
+    _stubborn.extend(await _delete_groups(groups))
+    for settings, name, names in topics:
         transport = create_transport(settings, name)
         admin = transport.admin()
         try:
-            for topic in topics:
+            for topic in names:
                 with contextlib.suppress(PipelineError):
                     await admin.delete_topic(topic)
         finally:
             await transport.close()
 
 
+async def delete_stubborn_groups(patience_s: float = 60.0) -> list[str]:
+    """Delete the groups that still had members when their test ended; the names left over.
+
+    A static member holds its slot until its session expires (seconds under the test settings,
+    the broker's session timeout at most), so the groups are asked again, once a second, until
+    ``patience_s`` has passed.
+    """
+    deadline = time.monotonic() + patience_s
+    pending = _distinct(_stubborn)
+    _stubborn.clear()
+    while pending:
+        pending = await _delete_groups(pending)
+        if not pending or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1.0)  # a member's session is still running out
+    return [f"{name}:{group}" for _, name, group, _ in pending]
+
+
 def has_declared() -> bool:
-    """Whether a test registered topics to delete."""
-    return bool(_declared)
+    """Whether a test registered topics or groups to delete."""
+    return bool(_declared or _groups)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from pipeline.observability import metrics as m
 from pipeline.observability.metrics import TOP_TENANTS, Metrics
@@ -36,8 +35,7 @@ class RuntimeMetrics:
 
     def __init__(self, metrics: Metrics) -> None:
         """Write into ``metrics``."""
-        self._deliveries = metrics.counter(m.DELIVERIES)
-        self._duration = metrics.histogram(m.HANDLER_DURATION)
+        self._deliveries = metrics.deliveries
         self._retries = metrics.counter(m.RETRIES)
         self._dead = metrics.counter(m.DEAD_LETTERS)
         self._expired = metrics.counter(m.EXPIRED)
@@ -50,7 +48,6 @@ class RuntimeMetrics:
         self._cancelled = metrics.counter(m.CANCELLED)
         self._hung = metrics.counter(m.HUNG)
         self._long_work = metrics.gauge(m.LONG_WORK)
-        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.offload = OffloadMetrics(metrics)
         """The member's payload-store reads (offloaded payloads), in the same registry."""
 
@@ -60,12 +57,7 @@ class RuntimeMetrics:
         ``outcome`` is one of handled, skipped, retried, dead_lettered, expired, shed,
         duplicate, cancelled.
         """
-        children = self._children.get((lane, outcome))
-        if children is None:  # labels() is a locked lookup: once per (lane, outcome)
-            children = self._deliveries.labels(lane, outcome), self._duration.labels(lane, outcome)
-            self._children[lane, outcome] = children
-        children[0].inc()
-        children[1].observe(duration_s)
+        self._deliveries.add((lane, outcome), duration_s)
 
     def retried(self, lane: str, tier: str) -> None:
         """A message went to the retry tier ``tier`` (its delay label: ``5s``, ``1m``)."""

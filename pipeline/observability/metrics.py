@@ -421,10 +421,16 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         """Create every family of :data:`FAMILIES` in ``registry`` (default: a new one)."""
+        from pipeline.observability.tally import OutcomeTally  # noqa: PLC0415 - it types Family
+
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.deliveries = OutcomeTally(DELIVERIES, HANDLER_DURATION)
+        """Deliveries and their handler durations, counted per message (see its module)."""
+        self.registry.register(self.deliveries)
         self._instruments: dict[str, Instrument] = {}
         for item in FAMILIES:
-            self._instruments[item.name] = self._create(item)
+            if item not in (DELIVERIES, HANDLER_DURATION):
+                self._instruments[item.name] = self._create(item)
 
     def _create(self, item: Family) -> Instrument:
         if item.kind == "counter":

@@ -49,6 +49,11 @@ class BatchGate(Generic[T]):
         """Batch messages held back now."""
         return sum(len(q) for q in self._held.values())
 
+    @property
+    def any_waiting(self) -> bool:
+        """Whether a batch message is held back now (asked after every run: no sum)."""
+        return any(self._held.values())
+
     def waiting_in(self, lane: str) -> int:
         """Batch messages of ``lane`` held back now."""
         return len(self._held.get(lane, ()))

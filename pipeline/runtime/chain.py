@@ -141,9 +141,11 @@ class Chain:
             self.gate.finished(work, feedback)
             if self._fleet is not None and lane.spec.throttle is not None:
                 self._fleet.finished(tenant_of(work), time.perf_counter() - started)
-        if self.batch.waiting:
+        if self.batch.any_waiting:
             self.batch.pump()
-        self._handler.deferring.discard((work.tp, work.offset))  # whatever parking decided
+        deferring = self._handler.deferring
+        if deferring:
+            deferring.discard((work.tp, work.offset))  # whatever parking decided
         self._settle(work, outcome, time.perf_counter() - started)
         if work.trace is not None:
             tracing.finish(work.trace, outcome)

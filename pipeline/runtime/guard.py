@@ -25,6 +25,7 @@ from pipeline.envelope import Message
 from pipeline.errors import PoisonMessage, SequencedDeadLetter
 from pipeline.retry.guard_store import (
     RELEASED_POSITION,
+    Decision,
     Ending,
     GuardStore,
     Release,
@@ -94,13 +95,29 @@ class RunGuard:
         if start.ident in self._running:  # another copy runs in this member right now
             self._stats.duplicates += 1
             return "duplicate"
-        decision, starts = await self._windows[lane.name].begin(start)
+        window = self._windows[lane.name]
+        decision, starts = await window.begin(start)
+        if decision == "process":  # the common case, without the general path's layers
+            return await self._process(lane, store, window, message, start, ordered)
+        return await self._general(lane, store, window, message, start, decision, starts)
+
+    async def _general(
+        self,
+        lane: Lane,
+        store: GuardStore,
+        window: StartWindow,
+        message: Message,
+        start: Start,
+        decision: Decision,
+        starts: int,
+    ) -> str | None:
+        """Every decision but an immediate ``process``: wait, ask the key, hold, drop, run."""
         pause_s = _BUSY_FIRST_S
         while decision == "busy":  # another live member process still runs this very copy
             self._stats.busy_waits += 1
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, _BUSY_MAX_S)
-            decision, starts = await self._windows[lane.name].begin(start)
+            decision, starts = await window.begin(start)
         parked = decision == "slow"
         if parked:
             decision, starts = await store.begin_parked(message, start)
@@ -110,12 +127,49 @@ class RunGuard:
         outcome, ending = await self._decided(lane, store, message, start, decision, starts)
         if outcome is None or ending is None:  # not routed (delivered again), or not ours
             return outcome
-        if not parked and (ending == "done" or not ordered):
-            window = self._windows[lane.name]
+        if not parked and (ending == "done" or not start.ordered):
             window.ended(start)
             if decision == "suspect":  # its lone starts must not outlive it: record it now
                 await window.flush()
             return outcome
+        return await self._end(lane, store, start, ending, outcome)
+
+    async def _process(
+        self,
+        lane: Lane,
+        store: GuardStore,
+        window: StartWindow,
+        message: Message,
+        start: Start,
+        ordered: bool,
+    ) -> str | None:
+        """Run a message the guard let through at once (``process``): what most messages are.
+
+        The same steps as :meth:`_decided` and :meth:`_carry_out` for that decision, inline.
+        """
+        ident = start.ident
+        self._running[ident] = start
+        isolation = self._isolation
+        if not isolation.try_enter_shared():
+            await isolation.enter_shared()
+        try:
+            outcome = await self._call(lane, message)
+        finally:
+            isolation.leave_shared()
+            if self._running.get(ident) is start:
+                del self._running[ident]
+        if outcome is None:  # not routed: delivered again
+            return None
+        ending = _ending(lane, outcome)
+        if ending == "done" or not ordered:
+            window.ended(start)
+            return outcome
+        return await self._end(lane, store, start, ending, outcome)
+
+    async def _end(
+        self, lane: Lane, store: GuardStore, start: Start, ending: Ending, outcome: str
+    ) -> str:
+        """Record an end that parks or leaves a parked key, and run the followers it releases."""
         release = await store.end(start, ending, follow_dead=_follow(lane))
         if release is not None:
             await self._release(lane, store, release)

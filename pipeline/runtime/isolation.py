@@ -50,6 +50,16 @@ class Isolation:
         """Start an ordinary run (waits only while a suspect is due); end it with leave_shared."""
         while not self._open.is_set():
             await self._open.wait()
+        self._entered()
+
+    def try_enter_shared(self) -> bool:
+        """Start an ordinary run now if no suspect is due (no await); False: use enter_shared."""
+        if not self._open.is_set():
+            return False
+        self._entered()
+        return True
+
+    def _entered(self) -> None:
         self._running += 1
         if self._running == 1:
             self._idle.clear()

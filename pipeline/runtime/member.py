@@ -313,7 +313,9 @@ class Member:
     ) -> None:
         """Count a delivery; a settled one's log row is marked processed at the next commit."""
         if self._processed is not None and outcome in _SETTLED:
-            self._rows_finished((message,))
+            row = message.headers.get(h.ROW_ID)
+            if row is not None:
+                self._finished_rows.append(row.decode())
         if self._metrics is not None:
             self._metrics.delivered(lane.name, outcome or "unrouted", duration_s)
 

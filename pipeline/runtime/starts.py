@@ -100,6 +100,7 @@ class StartWindow:
             self._keep(ended)
             results = [("process", 0)] * len(batch)
         except BaseException as exc:  # a bug must reach the waiting runs, not hang them
+            self._returned()
             for _, future in batch:
                 if future.done():
                     continue
@@ -108,12 +109,21 @@ class StartWindow:
                 else:
                     future.set_exception(exc)
             raise
-        finally:
-            task = asyncio.current_task()
-            if task is not None:
-                self._calls.discard(task)
-            if self._waiting and not self._scheduled:
-                self._send()  # what gathered while this call was in flight goes now
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
+        self._returned()  # after the results: their runs start before the next call goes
+
+    def _returned(self) -> None:
+        """A call returned: the next one may go, in the next turn of the loop.
+
+        By then the runs it just decided have started, and the next starts of their workers
+        join what gathered meanwhile, instead of waiting for a call of their own.
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            self._calls.discard(task)
+        if self._waiting and not self._scheduled:
+            self._scheduled = True
+            assert self._loop is not None  # noqa: S101 - set by begin()
+            self._loop.call_soon(self._send)

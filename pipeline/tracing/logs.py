@@ -15,9 +15,8 @@ import logging
 import time
 from typing import Any
 
-from opentelemetry import trace
-
 from pipeline.tracing import spans
+from pipeline.tracing.record import CURRENT
 
 # The attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -30,10 +29,10 @@ class TraceFilter(logging.Filter):
         """Always True: the record is annotated, never dropped."""
         record.trace_id = record.span_id = ""
         if spans.on():
-            context = trace.get_current_span().get_span_context()
-            if context.is_valid:
-                record.trace_id = format(context.trace_id, "032x")
-                record.span_id = format(context.span_id, "016x")
+            current = CURRENT.get()
+            if current is not None:
+                record.trace_id = format(current.trace_id, "032x")
+                record.span_id = format(current.span_id, "016x")
         return True
 
 

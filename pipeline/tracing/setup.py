@@ -5,19 +5,22 @@ Tracing is on when an OTLP endpoint is set (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 ``OTEL_TRACES_EXPORTER=none``. The SDK then reads the rest itself: the sampler
 (``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``), the resource (``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``), the exporter's headers and timeouts and the batch processor's
-delays. Spans go over OTLP/HTTP (protobuf). The SDK is imported only here and only when on; it
-comes with the ``pipeline[otel]`` extra.
+delays. The stages record into plain objects (:mod:`.record`); a process of its own
+(:mod:`.export`) makes the SDK's spans of them and exports them over OTLP/HTTP (protobuf). The SDK
+is imported only here and there, and only when on; it comes with the ``pipeline[otel]`` extra.
 """
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Mapping
 from typing import Any
 
 from pipeline.errors import ConfigError
 from pipeline.tracing import spans
+from pipeline.tracing.record import Sampler
 
-_provider: Any = None
+_shipper: Any = None
 
 
 class TracingUnavailable(ConfigError):
@@ -49,37 +52,45 @@ def configure(environ: Mapping[str, str], *, service: str, system: str = "redis"
     Raises:
         TracingUnavailable: an endpoint is set but ``pipeline[otel]`` is not installed.
     """
-    global _provider  # noqa: PLW0603 - one provider per process, shut down at exit
+    global _shipper  # noqa: PLW0603 - one exporting process per process, shut down at exit
     if not wanted(environ):
         return False
     try:
         # The SDK is optional: imported only when tracing is asked for.
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
-            OTLPSpanExporter,
-        )
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401, PLC0415
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
         from opentelemetry.sdk.trace.sampling import ParentBased  # noqa: PLC0415
+
+        from pipeline.tracing.shipper import Shipper  # noqa: PLC0415
     except ImportError:
         raise TracingUnavailable(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not installed: "
             "install pipeline[otel] (pip install 'pipeline[otel]') or unset the variable"
         ) from None
     shutdown()
-    resource = Resource.create({SERVICE_NAME: environ.get("OTEL_SERVICE_NAME") or service})
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    _provider = provider
-    follow = isinstance(provider.sampler, ParentBased)
-    spans.install(provider.get_tracer("pipeline"), system, follow_parent=follow)
+    sampler = TracerProvider(shutdown_on_exit=False).sampler  # OTEL_TRACES_SAMPLER(_ARG)
+    description = sampler.get_description()
+    always = None
+    if description.startswith(("AlwaysOnSampler", "ParentBased{root:AlwaysOnSampler")):
+        always = True
+    elif description.startswith(("AlwaysOffSampler", "ParentBased{root:AlwaysOffSampler")):
+        always = False
+
+    def decide(trace_id: int, name: str) -> bool:
+        return bool(sampler.should_sample(None, trace_id, name).decision.is_sampled())  # type: ignore[no-untyped-call]
+
+    _shipper = Shipper(environ, environ.get("OTEL_SERVICE_NAME") or service)
+    atexit.unregister(shutdown)  # once, however often configured
+    atexit.register(shutdown)  # what is still buffered is exported at exit, as the SDK does
+    follow = isinstance(sampler, ParentBased)
+    spans.install(_shipper.buffer, Sampler(decide, follow=follow, always=always), system)
     return True
 
 
 def shutdown() -> None:
     """Export what is buffered and turn tracing off (idempotent)."""
-    global _provider
+    global _shipper
     spans.install(None)
-    if _provider is not None:
-        provider, _provider = _provider, None
-        provider.shutdown()
+    if _shipper is not None:
+        shipper, _shipper = _shipper, None
+        shipper.shutdown()

@@ -1,8 +1,10 @@
 """The span helpers the stages call, each one line at its call site and free when tracing is off.
 
-Every helper starts with ``if _tracer is None`` and then returns a shared no-op (``_NULL``, a
+Every helper starts with ``if _buffer is None`` and then returns a shared no-op (``_NULL``, a
 reusable ``nullcontext``) or its input unchanged, so a pipeline without tracing allocates
-nothing per message here. :func:`pipeline.tracing.configure` sets ``_tracer``.
+nothing per message here. :func:`pipeline.tracing.configure` sets ``_buffer`` and ``_sampler``.
+When on, the helpers record into :mod:`.record`'s plain objects (a delivery's five spans are
+one :class:`~.record.Delivery`); another process makes the OpenTelemetry spans of them.
 
 Attribute names follow the OpenTelemetry messaging semantic conventions (``messaging.*``); the
 pipeline's own are under ``pipeline.*``.
@@ -13,34 +15,28 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 from pipeline import headers as h
+from pipeline.tracing import record as r
+from pipeline.tracing.record import CURRENT, Buffer, Delivery, Sampler, Span
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from pipeline.envelope import Message, Record
 
+__all__ = ["TRACEPARENT", "Delivery"]
+
 T = TypeVar("T")
 TRACEPARENT = "traceparent"
 """The W3C trace context header, on webhooks, log rows and every produced event."""
 
 _NULL: AbstractContextManager[None] = contextlib.nullcontext()
-_PROPAGATOR = TraceContextTextMapPropagator()
-_tracer: trace.Tracer | None = None
+_buffer: Buffer | None = None
+_sampler: Sampler = Sampler(lambda _trace, _name: True, follow=True, always=True)
 _system = "redis"
-_follow_parent = True
-"""Whether the sampler keeps a carried decision (the parent-based ones, the SDK's default):
-then a delivery or produce whose ``traceparent`` says "not sampled" records nothing at all."""
 _UNSAMPLED_LAST_DIGIT = "02468ace"
-_TRACEPARENT_CHARS = 55
 _EPOCH_NS = time.time_ns() - time.perf_counter_ns()
 """Adds to a ``time.perf_counter`` reading (as ns) to make it a wall-clock time in ns."""
 _LIFECYCLE = frozenset(
@@ -49,28 +45,27 @@ _LIFECYCLE = frozenset(
 """Outcomes recorded as an event on the process span (``handled`` and ``skipped`` are not)."""
 
 
-def install(
-    tracer: trace.Tracer | None, system: str = "redis", *, follow_parent: bool = True
-) -> None:
-    """Use ``tracer`` from now on (None: off); ``system`` is ``messaging.system``.
+def install(buffer: Buffer | None, sampler: Sampler | None = None, system: str = "redis") -> None:
+    """Record into ``buffer`` from now on (None: off), deciding with ``sampler``.
 
-    ``follow_parent``: the tracer's sampler keeps the decision a ``traceparent`` carries.
+    ``system`` is ``messaging.system``.
     """
-    global _tracer, _system, _follow_parent  # noqa: PLW0603 - the one switch, set at the edge
-    _tracer = tracer
+    global _buffer, _sampler, _system  # noqa: PLW0603 - the one switch, set at the edge
+    _buffer = buffer
+    if sampler is not None:
+        _sampler = sampler
     _system = "kafka" if system == "kafka" else "redis"
-    _follow_parent = follow_parent
 
 
 def use_system(system: str) -> None:
     """Name the transport in ``messaging.system`` (``kafka``, else ``redis``)."""
-    global _system  # noqa: PLW0603 - set once at the edge, as the tracer
+    global _system  # noqa: PLW0603 - set once at the edge, as the buffer
     _system = "kafka" if system == "kafka" else "redis"
 
 
 def on() -> bool:
     """Whether spans are being recorded."""
-    return _tracer is not None
+    return _buffer is not None
 
 
 # -- the ingress ------------------------------------------------------------------------------
@@ -78,25 +73,23 @@ def on() -> bool:
 
 def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[Any]:
     """The SERVER span of one webhook request, continuing the provider's ``traceparent``."""
-    if _tracer is None:
+    if _buffer is None:
         return _NULL
-    return _tracer.start_as_current_span(
-        f"POST /hooks/{source}",
-        context=_PROPAGATOR.extract(headers),
-        kind=SpanKind.SERVER,
-        attributes={
-            "http.request.method": "POST",
-            "http.route": "/hooks/{source}",
-            "pipeline.source": source,
-        },
-    )
+    name = f"POST /hooks/{source}"
+    span = _entering(_buffer, name, r.parse(headers.get(TRACEPARENT)), r.SERVER)
+    span.attributes = {
+        "http.request.method": "POST",
+        "http.route": "/hooks/{source}",
+        "pipeline.source": source,
+    }
+    return span  # current inside its with, ended at its end
 
 
 def stage(name: str) -> AbstractContextManager[Any]:
     """An INTERNAL child span of the current one (``verify``, ``log commit``)."""
-    if _tracer is None:
+    if _buffer is None:
         return _NULL
-    return _tracer.start_as_current_span(name)
+    return _child(_buffer, name, r.INTERNAL)  # current inside its with, ended at its end
 
 
 def outgoing(headers: Mapping[str, str], tenant: str = "") -> Mapping[str, str]:
@@ -104,54 +97,50 @@ def outgoing(headers: Mapping[str, str], tenant: str = "") -> Mapping[str, str]:
 
     ``tenant`` is recorded on the current (webhook) span as ``pipeline.tenant``.
     """
-    if _tracer is None:
+    if _buffer is None:
+        return headers
+    current = CURRENT.get()
+    if current is None:
         return headers
     if tenant:
-        trace.get_current_span().set_attribute("pipeline.tenant", tenant)
-    carrier = dict(headers)
-    _PROPAGATOR.inject(carrier)
-    return carrier
+        current.set_attribute("pipeline.tenant", tenant)
+    return {**headers, TRACEPARENT: current.traceparent()}
 
 
 # -- producing --------------------------------------------------------------------------------
 
 
-def sends_started(topic: str, records: Sequence[Record]) -> list[trace.Span] | None:
+def sends_started(topic: str, records: Sequence[Record]) -> list[Span] | None:
     """One PRODUCER span per record, child of the context its headers carry, and injected.
 
     Each record's ``traceparent`` becomes its own ``send`` span's, so the consumer's spans are
     children of the produce. End them with :func:`sends_ended` once the broker answered.
     """
-    if _tracer is None:
+    if _buffer is None:
         return None
     spans = []
     now = time.time_ns()
+    name = f"send {topic}"
     for record in records:
         carried = dict(record.headers) if record.headers else {}
         if _unsampled(carried.get(TRACEPARENT)):
             continue  # the header goes on as it is: the trace stays unsampled downstream
-        span = _tracer.start_span(
-            f"send {topic}",
-            context=_parent(carried.get(TRACEPARENT)),
-            kind=SpanKind.PRODUCER,
-            start_time=now,
-            attributes=_send_attributes(topic, record.key),
-        )
-        carried[TRACEPARENT] = _traceparent(span)
+        span = _entering(_buffer, name, r.parse(carried.get(TRACEPARENT)), r.PRODUCER, now)
+        span.attributes = _send_attributes(topic, record.key)
+        carried[TRACEPARENT] = span.traceparent().encode()
         record.headers = carried
         spans.append(span)
     return spans
 
 
-def sends_ended(spans: list[trace.Span] | None, error: BaseException | None = None) -> None:
+def sends_ended(spans: list[Span] | None, error: BaseException | None = None) -> None:
     """End the spans of :func:`sends_started`, marked failed when ``error`` is given."""
     if spans is None:
         return
     now = time.time_ns()
     for span in spans:
         if error is not None:
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            span.fail(error)
         span.end(now)
 
 
@@ -164,47 +153,25 @@ def sending(
     carry; its context replaces their ``traceparent``, so the copy's next delivery continues
     the same trace.
     """
-    if _tracer is None:
+    if _buffer is None:
         return _NULL
-    parent = None  # the current span: the delivery's guard
-    if not trace.get_current_span().get_span_context().is_valid:
-        carried = headers.get(TRACEPARENT)  # routed outside a delivery (a debounced turn's)
+    name = f"send {topic}"
+    if CURRENT.get() is not None:
+        span = _child(_buffer, name, r.PRODUCER)
+    else:  # routed outside a delivery (a debounced turn's)
+        carried = headers.get(TRACEPARENT)
         if _unsampled(carried):
             return _NULL  # the copy keeps the unsampled context
-        parent = _parent(carried)
-    return _routed(_tracer, topic, headers, route, reason, parent)
-
-
-@contextlib.contextmanager
-def _routed(
-    tracer: trace.Tracer,
-    topic: str,
-    headers: dict[str, bytes],
-    route: str,
-    reason: str,
-    parent: Context | None,
-) -> Iterator[None]:
-    attributes = _send_attributes(topic, None)
-    attributes["pipeline.route"] = route
+        span = _entering(_buffer, name, r.parse(carried), r.PRODUCER)
+    span.attributes = _send_attributes(topic, None)
+    span.attributes["pipeline.route"] = route
     if reason:
-        attributes["pipeline.dead_reason"] = reason
-    with tracer.start_as_current_span(
-        f"send {topic}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes
-    ) as span:
-        headers[TRACEPARENT] = _traceparent(span)
-        yield
+        span.attributes["pipeline.dead_reason"] = reason
+    headers[TRACEPARENT] = span.traceparent().encode()
+    return span  # current inside its with, ended at its end
 
 
 # -- consuming --------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Delivery:
-    """The ``process`` span of one delivery and when it entered and was admitted (ns)."""
-
-    span: trace.Span
-    entered_ns: int
-    admitted_ns: int = 0
 
 
 def process(message: Message, lane: str) -> Delivery | None:
@@ -212,48 +179,41 @@ def process(message: Message, lane: str) -> Delivery | None:
 
     Both are children of the ``traceparent`` the message carries (a message without one starts
     a trace: its ``process`` span is the root and the wait its child); the wait runs from the
-    message's produce timestamp to now.
+    message's produce timestamp to now. The attributes are made from the message's fields by
+    the exporting process, not here.
     """
-    if _tracer is None:
+    if _buffer is None:
         return None
-    carried = message.headers.get(TRACEPARENT)
-    if _unsampled(carried):
+    headers = message.headers
+    raw = headers.get(TRACEPARENT)
+    if _unsampled(raw):
         return None
-    now = time.time_ns()
-    parent = _parent(carried)
-    attributes: dict[str, Any] = {
-        "messaging.system": _system,
-        "messaging.operation.type": "process",
-        "messaging.operation.name": "process",
-        "messaging.destination.name": message.topic,
-        "messaging.destination.partition.id": str(message.partition),
-        "messaging.message.id": f"{message.partition}-{message.offset}",
-        "pipeline.lane": lane,
-        "pipeline.attempt": h.int_header(message.headers, h.ATTEMPT, 1),
-        "pipeline.delivery_count": message.delivery_count,
-    }
-    tenant = message.headers.get(h.TENANT)
-    if tenant:
-        attributes["pipeline.tenant"] = tenant.decode(errors="replace")
-    if _system == "kafka":
-        attributes["messaging.kafka.offset"] = message.offset
-    if message.key is not None:
-        attributes["messaging.kafka.message.key"] = message.key.decode(errors="replace")
-    span = _tracer.start_span(
-        f"process {message.topic}",
-        context=parent,
-        kind=SpanKind.CONSUMER,
-        start_time=now,
-        attributes=attributes,
+    ids = None
+    if not _sampler.always:  # a sampler that looks at the trace id (or drops everything)
+        carried = r.parse(raw)
+        remote = None if carried is None else carried[2]
+        ids = (carried[0], carried[1]) if carried is not None else (r.new_trace_id(), 0)
+        if not _sampler.sampled(ids[0], message.topic, remote):
+            return None
+    delivery = Delivery(
+        _buffer,
+        raw,
+        ids,
+        (
+            _system,
+            message.topic,
+            message.partition,
+            message.offset,
+            lane,
+            headers.get(h.ATTEMPT),
+            message.delivery_count,
+            headers.get(h.TENANT),
+            message.key,
+        ),
     )
-    produced = min(message.timestamp_ms * 1_000_000, now) if message.timestamp_ms else now
-    _tracer.start_span(
-        "partition wait",
-        context=parent or trace.set_span_in_context(span),
-        start_time=produced,
-        attributes={"messaging.destination.partition.id": str(message.partition)},
-    ).end(now)
-    return Delivery(span, now)
+    stamp = message.timestamp_ms
+    delivery.produced_ns = stamp * 1_000_000 if stamp else 0
+    return delivery
 
 
 def admitted(delivery: Delivery | None) -> None:
@@ -264,21 +224,17 @@ def admitted(delivery: Delivery | None) -> None:
 
 def throttle_waited(delivery: Delivery | None, keys: Sequence[str], priority: int) -> None:
     """Record the ``throttle wait`` span: from entry until admission, with keys and priority."""
-    if delivery is None or _tracer is None or not delivery.admitted_ns:
+    if delivery is None or not delivery.admitted_ns:
         return
-    _tracer.start_span(
-        "throttle wait",
-        context=trace.set_span_in_context(delivery.span),
-        start_time=delivery.entered_ns,
-        attributes={"pipeline.throttle.keys": list(keys), "pipeline.throttle.priority": priority},
-    ).end(max(delivery.admitted_ns, delivery.entered_ns))
+    delivery.keys = tuple(keys)
+    delivery.priority = priority
 
 
 def guard(delivery: Delivery | None) -> AbstractContextManager[Any]:
     """The ``guard`` span, current (under the delivery's ``process``) while the guard runs."""
-    if delivery is None or _tracer is None:
+    if delivery is None:
         return _NULL
-    return _tracer.start_as_current_span("guard", context=trace.set_span_in_context(delivery.span))
+    return _guarding(delivery)
 
 
 def guarded(delivery: Delivery | None, run: Awaitable[T]) -> Awaitable[T]:
@@ -286,53 +242,71 @@ def guarded(delivery: Delivery | None, run: Awaitable[T]) -> Awaitable[T]:
 
     With no delivery (tracing off) ``run`` itself is returned: no context manager is entered.
     """
-    if delivery is None or _tracer is None:
+    if delivery is None:
         return run
-    return _guarded(_tracer, delivery, run)
+    return _guarded(delivery, run)
 
 
-async def _guarded(tracer: trace.Tracer, delivery: Delivery, run: Awaitable[T]) -> T:
-    with tracer.start_as_current_span("guard", context=trace.set_span_in_context(delivery.span)):
+async def _guarded(delivery: Delivery, run: Awaitable[T]) -> T:
+    delivery.guard_start_ns = time.time_ns()
+    token = CURRENT.set(delivery)
+    try:
         return await run
+    finally:
+        CURRENT.reset(token)
+        delivery.guard_end_ns = time.time_ns()
+
+
+@contextlib.contextmanager
+def _guarding(delivery: Delivery) -> Iterator[Delivery]:
+    delivery.guard_start_ns = time.time_ns()
+    token = CURRENT.set(delivery)
+    try:
+        yield delivery
+    finally:
+        CURRENT.reset(token)
+        delivery.guard_end_ns = time.time_ns()
 
 
 def handler_ran(lane: str, started_s: float, error: BaseException | None) -> None:
-    """Record the ``handler`` span: from ``started_s`` (``time.perf_counter``) until now."""
-    if _tracer is None:
+    """Record the ``handler`` span: from ``started_s`` (``time.perf_counter``) until now.
+
+    Only under a recorded delivery's ``guard`` or a turn: the handler of a message whose trace
+    is not sampled records nothing.
+    """
+    if _buffer is None:
         return
-    span = _tracer.start_span(
-        "handler",
-        start_time=_EPOCH_NS + int(started_s * 1e9),
-        attributes={"pipeline.lane": lane},
-    )
+    current = CURRENT.get()
+    if current is None:
+        return
+    start_ns = _EPOCH_NS + int(started_s * 1e9)
+    if isinstance(current, Delivery) and current.handler is None:
+        end_ns = time.time_ns()
+        failure = None
+        if error is not None:
+            failure = (type(error).__name__, r.exception_event(error, end_ns))
+        current.handler = (start_ns, end_ns, failure)
+        return
+    span = _child(_buffer, "handler", r.INTERNAL, start_ns)
+    span.attributes = {"pipeline.lane": lane}
     if error is not None:
-        span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        span.fail(error)
     span.end()
 
 
 def event(name: str, detail: str = "") -> None:
     """Add a lifecycle event (``poison``, ``diverted``...) to the current span."""
-    if _tracer is None:
+    if _buffer is None:
         return
-    span = trace.get_current_span()
-    if detail:
-        span.add_event(name, {"pipeline.detail": detail})
-    else:
-        span.add_event(name)
+    current = CURRENT.get()
+    if current is not None:
+        current.add_event(name, {"pipeline.detail": detail} if detail else None)
 
 
 def finish(delivery: Delivery | None, outcome: str | None) -> None:
     """End the delivery's ``process`` span with its outcome (an event for lifecycle ones)."""
-    if delivery is None:
-        return
-    span = delivery.span
-    span.set_attribute("pipeline.outcome", outcome or "unrouted")
-    if outcome in _LIFECYCLE:
-        span.add_event(outcome)
-    elif outcome is None:
-        span.set_status(Status(StatusCode.ERROR, "could not be routed; delivered again"))
-    span.end()
+    if delivery is not None:
+        delivery.end(outcome, outcome in _LIFECYCLE)
 
 
 def turn(
@@ -343,39 +317,76 @@ def turn(
     Its ``debounce wait`` child runs from the turn's first message (``first_ms``) to when it
     fired (``fired_ms``, both ms since the epoch); the span is current while the handler runs.
     """
-    if _tracer is None:
+    if _buffer is None:
         return _NULL
-    return _turn(_tracer, lane, messages, first_ms, fired_ms)
-
-
-@contextlib.contextmanager
-def _turn(
-    tracer: trace.Tracer, lane: str, messages: Sequence[Message], first_ms: int, fired_ms: int
-) -> Iterator[None]:
     links = []
     for message in messages:
-        parent = _parent(message.headers.get(TRACEPARENT))
-        context = trace.get_current_span(parent).get_span_context()
-        if context.is_valid:
-            links.append(Link(context))
-    attributes: dict[str, Any] = {
+        carried = r.parse(message.headers.get(TRACEPARENT))
+        if carried is not None:
+            links.append((carried[0], carried[1]))
+    span = _entering(_buffer, f"process {lane} turn", None, r.CONSUMER)
+    span.links = links
+    span.attributes = {
         "messaging.system": _system,
         "messaging.operation.type": "process",
         "messaging.operation.name": "process",
         "messaging.batch.message_count": len(messages),
         "pipeline.lane": lane,
     }
-    with tracer.start_as_current_span(
-        f"process {lane} turn", kind=SpanKind.CONSUMER, links=links, attributes=attributes
-    ):
-        if first_ms:
-            tracer.start_span("debounce wait", start_time=first_ms * 1_000_000).end(
-                max(fired_ms, first_ms) * 1_000_000
-            )
-        yield
+    if first_ms:
+        wait = Span(
+            _buffer,
+            "debounce wait",
+            span.trace_id,
+            span.span_id,
+            span.sampled,
+            start_ns=first_ms * 1_000_000,
+        )
+        wait.end(max(fired_ms, first_ms) * 1_000_000)
+    return span  # current inside its with, ended at its end
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _entering(
+    buffer: Buffer,
+    name: str,
+    carried: tuple[int, int, bool] | None,
+    kind: str,
+    start_ns: int = 0,
+) -> Span:
+    """A span where a trace enters this process: under ``carried``, else a new trace."""
+    if carried is None:
+        trace_id = r.new_trace_id()
+        return Span(
+            buffer,
+            name,
+            trace_id,
+            0,
+            _sampler.sampled(trace_id, name, None),
+            kind=kind,
+            start_ns=start_ns,
+        )
+    trace_id, parent_id, flag = carried
+    sampled = _sampler.sampled(trace_id, name, flag)
+    return Span(buffer, name, trace_id, parent_id, sampled, kind=kind, start_ns=start_ns)
+
+
+def _child(buffer: Buffer, name: str, kind: str, start_ns: int = 0) -> Span:
+    """A child of the current span, or a new trace when there is none."""
+    current = CURRENT.get()
+    if current is None:
+        return _entering(buffer, name, None, kind, start_ns)
+    return Span(
+        buffer,
+        name,
+        current.trace_id,
+        current.span_id,
+        current.sampled,
+        kind=kind,
+        start_ns=start_ns,
+    )
 
 
 def _unsampled(raw: bytes | str | None) -> bool:
@@ -384,24 +395,10 @@ def _unsampled(raw: bytes | str | None) -> bool:
     The flag is the low bit of the last hex digit; parsing stops there, so an unsampled
     message costs a few operations.
     """
-    if not _follow_parent or not raw or len(raw) != _TRACEPARENT_CHARS:
+    if not _sampler.follow or not raw or len(raw) != r.TRACEPARENT_CHARS:
         return False
     last = raw[-1:]
     return (last.decode() if isinstance(last, bytes) else last) in _UNSAMPLED_LAST_DIGIT
-
-
-def _parent(raw: bytes | str | None) -> Context | None:
-    """The context a ``traceparent`` value names, or None (a new trace) when there is none."""
-    if not raw:
-        return None
-    value = raw.decode("latin-1") if isinstance(raw, bytes) else raw
-    return _PROPAGATOR.extract({TRACEPARENT: value})
-
-
-def _traceparent(span: trace.Span) -> bytes:
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier.get(TRACEPARENT, "").encode()
 
 
 def _send_attributes(topic: str, key: bytes | None) -> dict[str, Any]:

@@ -219,7 +219,11 @@ class Admin(Protocol):
         ...
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:
-        """Forget a consumer group that has no members left (its positions on ``topics``)."""
+        """Forget a consumer group that has no members left (its positions on ``topics``).
+
+        A group (or a topic of ``topics``) that does not exist is not an error. Raises
+        GroupNotEmpty (Kafka) when members are still in the group.
+        """
         ...
 
     async def close(self) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from contract.member_proc import run_member
+from support import delete_group_after
 
 from pipeline.transport.protocol import Transport
 
@@ -112,7 +113,11 @@ class TaskMember:
 
 
 def start_member(transport: Transport, group: str, topic: str, mode: str, **env: str) -> Victim:
-    """A killable member of ``group`` on ``transport`` (see the module docstring)."""
+    """A killable member of ``group`` on ``transport`` (see the module docstring).
+
+    The group is deleted when the test ends, once the killed member's session has expired.
+    """
     if transport.name == "memory":
         return TaskMember(transport, group, topic, mode, **env)
+    delete_group_after(transport, group, [topic])
     return ProcessMember(transport, group, topic, mode, **env)

@@ -253,28 +253,36 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def reader(tmp_path: Path, prefix: str, redis_url: str) -> Session:
+def reader(tmp_path: Path, prefix: str, redis_url: str, *, kafka: str | None = None) -> Session:
     """A reader's session on Redis under key prefix ``prefix``, the ingress on a free port.
 
     The pages' ``127.0.0.1:8080`` and ``redis://127.0.0.1:6379/0`` are rewritten to this run's.
+    With ``kafka`` (bootstrap servers) the reader has exported ``PIPELINE_TRANSPORT=kafka``, as
+    the getting-started guide says to for Kafka: what the page shows as printed on Redis is then
+    printed on Kafka, ``redis`` and its address becoming ``kafka`` and ``kafka``'s address.
+    Redis still holds the consumer's guard and throttle keys under ``prefix``.
     """
     port = free_port()
 
     def rewrite(text: str) -> str:
-        return text.replace("127.0.0.1:8080", f"127.0.0.1:{port}").replace(
-            "redis://127.0.0.1:6379/0", redis_url
-        )
+        text = text.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+        if kafka is None:
+            return text.replace("redis://127.0.0.1:6379/0", redis_url)
+        text = text.replace("redis://127.0.0.1:6379/0", kafka)
+        return re.sub(r"\bredis\b", "kafka", text)
 
     def skip(command: str) -> str | None:
         return next((why for start, why in SKIPPED.items() if command.startswith(start)), None)
 
     env = {
         **os.environ,
-        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_TRANSPORT": "redis" if kafka is None else "kafka",
         "PIPELINE_REDIS__URL": redis_url,
         "PIPELINE_REDIS__KEY_PREFIX": prefix,
         "PIPELINE_INGRESS__PORT": str(port),
     }
+    if kafka is not None:
+        env["PIPELINE_KAFKA__BOOTSTRAP_SERVERS"] = kafka
     env.pop("PIPELINE_LOG_LEVEL", None)
     return Session(
         workdir(tmp_path),

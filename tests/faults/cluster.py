@@ -22,7 +22,7 @@ from typing import IO
 
 import yaml
 from faults.services import free_port, port_open
-from support import delete_after_test
+from support import delete_after_test, delete_group_after
 
 from pipeline.config import Settings, load_settings
 from pipeline.topics.admin import apply
@@ -162,6 +162,7 @@ class Cluster:
         """Create the lane's topics (main, retry tiers, dead letter) on the scenario's broker."""
         transport = create_transport(self.settings)
         delete_after_test(transport, self.spec.topic_names())
+        delete_group_after(transport, self.group, self.spec.topic_names())  # joined by processes
         try:
             await apply(transport.admin(), [self.spec], 100_000, dry_run=False)
         finally:

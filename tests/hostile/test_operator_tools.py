@@ -14,7 +14,7 @@ import pytest
 import yaml
 from logstore.helpers import FakeClock, new_row
 from runtime.helpers import declare, lane_spec
-from support import test_settings
+from support import delete_group_after, test_settings
 
 from pipeline import headers as h
 from pipeline.config import Settings
@@ -22,6 +22,8 @@ from pipeline.envelope import Message
 from pipeline.errors import DeadLetter
 from pipeline.logstore import Selection as LogSelection
 from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.redrive.redrive import group_name
+from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
 from pipeline.retry.router import LaneRoutes, RetryRouter
 from pipeline.transport import create_transport
@@ -75,6 +77,9 @@ async def test_redrive_run_twice_with_an_age_moves_each_message_once(
     """``pipeline redrive <dlq> --since 2h`` run twice moves 5 dead letters into 5 messages."""
     routes = await _dead_letters(redis_transport, tmp_path, f"rd_{unique}", 5)
     env = {"PIPELINE_TOPICS_DIR": str(tmp_path), "PIPELINE_TRANSPORT": "redis"}
+    # The command keeps its group (its resume position); the test deletes it afterwards.
+    group = group_name(routes.dead_letter_topic, None, Selection.typed_as(since="2h"))
+    delete_group_after(redis_transport, group, [routes.dead_letter_topic])
     try:
         first = await asyncio.to_thread(
             pipeline_cli, "redrive", routes.dead_letter_topic, "--since", "2h", env=env

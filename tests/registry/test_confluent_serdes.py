@@ -11,6 +11,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentDeserializer
 from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from support import delete_group_after_test, test_settings
 from test_serde import message
 
 from pipeline.registry.client.events import MessageReceivedRecord
@@ -25,6 +26,7 @@ def test_round_trip_through_a_kafka_topic(
 ) -> None:
     """Produce confluent- and pipeline-serialized events, consume, and decode both ways."""
     topic = f"registry-{unique}"
+    delete_group_after_test(test_settings(), "kafka", f"g-{unique}", [topic])
     admin = AdminClient({"bootstrap.servers": kafka_service})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
     confluent = SchemaRegistryClient({"url": sqlite_registry_url, "max.retries": 0})

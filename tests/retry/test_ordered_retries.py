@@ -12,6 +12,7 @@ from pathlib import Path
 from contract.helpers import consume_until
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from support import delete_group_after
 
 from pipeline import headers as h
 from pipeline.envelope import Record
@@ -120,6 +121,7 @@ async def _crash_until_done(
     """
     topic = spec.name
     admin = transport.admin()
+    delete_group_after(transport, f"g-{unique}", spec.topic_names())  # its members are processes
 
     async def settled() -> bool:
         if await redis.scard(done_key) < want:

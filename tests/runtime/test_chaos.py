@@ -11,6 +11,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 from runtime.chaos_fate import fate
 from runtime.helpers import declare, lane_spec
+from support import delete_group_after
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Record
@@ -66,6 +67,7 @@ async def test_every_event_ends_handled_or_dead_lettered_in_key_order(
     spec = lane_spec(f"chaos_{unique}", 4, retry={"tiers": ["200ms", "400ms"], "max_attempts": 3})
     await declare(transport, spec)
     prefix, group = f"chaos-{unique}", f"g-{unique}"
+    delete_group_after(transport, group, spec.topic_names())  # its members are processes
     members = [await _member(transport, spec.name, group, prefix) for _ in range(2)]
     producer = transport.producer()
     values = [f"k{i % KEYS}:{i}".encode() for i in range(N)]

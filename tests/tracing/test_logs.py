@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from opentelemetry import trace
 
 from pipeline import tracing
 from pipeline.tracing.logs import JsonFormatter, TextFormatter, TraceFilter
@@ -27,8 +26,7 @@ def _record(message: str, **extra: object) -> logging.LogRecord:
 @pytest.mark.usefixtures("traced")
 def test_a_record_inside_a_span_names_its_trace_and_span() -> None:
     """Inside a span the filter adds its ids, and the JSON line carries them and the extras."""
-    with tracing.stage("verify"):
-        context = trace.get_current_span().get_span_context()
+    with tracing.stage("verify") as context:
         record = _record("webhook rejected", source="whatsapp")
         assert TraceFilter().filter(record)
     line = json.loads(JsonFormatter().format(record))
@@ -53,8 +51,7 @@ def test_with_tracing_off_the_ids_are_empty() -> None:
 @pytest.mark.usefixtures("traced")
 def test_a_text_line_inside_a_span_ends_with_its_ids() -> None:
     """The plain format names the trace and span of a record logged inside one."""
-    with tracing.stage("log commit"):
-        context = trace.get_current_span().get_span_context()
+    with tracing.stage("log commit") as context:
         record = _record("log store insert failed")
         TraceFilter().filter(record)
     line = TextFormatter().format(record)

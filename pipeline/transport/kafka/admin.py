@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as _RawTP
 from confluent_kafka.admin import (
     AdminClient,
@@ -24,11 +24,14 @@ from confluent_kafka.admin import (
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
-from pipeline.errors import TransportError, UnknownTopic
+from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
+
+# Pauses between the attempts to delete a group whose last member is still leaving (1.5 s in all).
+_BUSY_GROUP_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
 
 
 def _broker_configs(config: TopicConfig) -> dict[str, str]:
@@ -101,12 +104,9 @@ class KafkaAdmin:
 
     async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
         """Non-internal topics (all, or ``names``) with partitions, retention and counts."""
-        meta = await self._metadata()
-        wanted = None if names is None else set(names)
-        names = sorted(
-            n for n in meta.topics if not n.startswith("__") and (wanted is None or n in wanted)
-        )
-        tps = [_RawTP(n, p) for n in names for p in meta.topics[n].partitions]
+        partitions = await self._partitions(names)
+        names = sorted(partitions)
+        tps = [_RawTP(n, p) for n in names for p in partitions[n]]
         # Another client may delete a topic between the metadata and these calls: such a topic
         # is left out, as if the metadata had been read a moment later.
         low = await self._offsets(tps, OffsetSpec.earliest(), skip_gone=True)
@@ -115,19 +115,42 @@ class KafkaAdmin:
             n
             for n in names
             if all(
-                TopicPartition(n, p) in low and TopicPartition(n, p) in high
-                for p in meta.topics[n].partitions
+                TopicPartition(n, p) in low and TopicPartition(n, p) in high for p in partitions[n]
             )
         ]
         described = await self._describe(names)
         out = {}
         for name in names:
-            parts = sorted(meta.topics[name].partitions)
+            parts = sorted(partitions[name])
             counts = tuple(
                 high[TopicPartition(name, p)] - low[TopicPartition(name, p)] for p in parts
             )
             retention, max_bytes = described.get(name, (None, None))
             out[name] = TopicInfo(name, len(parts), retention, counts, max_bytes)
+        return out
+
+    async def _partitions(self, names: Collection[str] | None) -> dict[str, list[int]]:
+        """Partition ids of every non-internal topic, or of those of ``names`` that exist.
+
+        Named topics are described in one request whose cost does not grow with the cluster
+        (the metrics refresher asks for a lane's few topics on a broker that may hold thousands).
+        """
+        if names is None:
+            meta = await self._metadata()
+            return {n: list(t.partitions) for n, t in meta.topics.items() if not n.startswith("__")}
+        wanted = sorted({n for n in names if not n.startswith("__")})
+        if not wanted:
+            return {}
+        futures = self._raw.describe_topics(
+            TopicCollection(wanted), request_timeout=self._timeout_s
+        )
+        out: dict[str, list[int]] = {}
+        for name, fut in futures.items():
+            try:
+                described = await self._wait(fut, f"describe topic {name}")
+            except UnknownTopic:
+                continue
+            out[name] = [p.id for p in described.partitions]
         return out
 
     async def _describe(self, names: list[str]) -> dict[str, tuple[int | None, int | None]]:
@@ -234,9 +257,31 @@ class KafkaAdmin:
         return [PartitionLag(tp, committed.get(tp), end[tp], oldest.get(tp)) for tp in sorted(end)]
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:  # noqa: ARG002
-        """Delete the group and its committed offsets (it must have no members)."""
-        futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
-        await self._wait(futures[group], f"delete group {group!r}")
+        """Delete the group and its committed offsets; a group that does not exist is gone already.
+
+        The group must have no members. A member that has just closed can still be counted for
+        a moment (its leave is being processed), so NON_EMPTY_GROUP is asked again a few times,
+        ``_BUSY_GROUP_PAUSES_S`` apart, before it is raised. A static member that held its slot
+        on close stays a member until its session expires.
+        """
+        for pause in (*_BUSY_GROUP_PAUSES_S, None):
+            futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
+            try:
+                await asyncio.wrap_future(futures[group])
+            except KafkaException as exc:
+                code = exc.args[0].code() if exc.args else None
+                if code == KafkaError.GROUP_ID_NOT_FOUND:
+                    return
+                if code != KafkaError.NON_EMPTY_GROUP:
+                    raise translate(exc, f"delete group {group!r}") from exc
+                if pause is None:
+                    raise GroupNotEmpty(
+                        f"delete group {group!r}: it still has members (stop them first; a"
+                        " member that held its slot leaves when its session times out)"
+                    ) from exc
+            else:
+                return
+            await asyncio.sleep(pause)  # the broker is still processing a member's leave
 
     def _committed(self, group: str, tps: list[_RawTP]) -> dict[TopicPartition, int | None]:
         """The group's committed offsets, read by a consumer that never joins the group.

@@ -155,10 +155,16 @@ class RedisStreamsAdmin:
         return out
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:
-        """Destroy the group on every partition stream of ``topics`` and drop its state keys."""
+        """Destroy the group on every partition stream of ``topics`` and drop its state keys.
+
+        A topic that no longer exists took its streams, and the group on them, with it.
+        """
         try:
             for topic in topics:
-                meta = await read_meta(self._client, self._keys, topic, self._default_max_len)
+                try:
+                    meta = await read_meta(self._client, self._keys, topic, self._default_max_len)
+                except UnknownTopic:
+                    continue
                 for p in range(meta.partitions):
                     with contextlib.suppress(rexc.ResponseError):  # stream never created
                         await self._client.xgroup_destroy(self._keys.stream(topic, p), group)

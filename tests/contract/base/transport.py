@@ -279,6 +279,26 @@ class TransportContract:
         await admin.delete_topic(topic)
         assert topic not in await admin.list_topics()
 
+    async def test_delete_group_forgets_positions_and_a_missing_group_is_no_error(
+        self, transport: Transport, unique: str
+    ) -> None:
+        """A group just left is deleted with its positions; deleting it again is no error."""
+        topic, group = f"t-{unique}", f"g-{unique}"
+        await make_topic(transport, topic, 2)
+        sent = await produce_keyed(transport, topic, 10, keys=4)
+        consumer = transport.consumer(group, [topic])
+        await consume_until(consumer, lambda r: len(r) >= len(sent))
+        await consumer.close()
+        admin = transport.admin()
+        assert sum(p.lag for p in await admin.group_lag(group, topic)) == 0
+        await admin.delete_group(group, [topic])
+        lag = await admin.group_lag(group, topic)
+        assert [p.committed for p in lag] == [None, None]
+        assert sum(p.lag for p in lag) == 10
+        await admin.delete_group(group, [topic])
+        await admin.delete_topic(topic)
+        await admin.delete_group(group, [topic])
+
     async def test_send_many_keeps_order_and_returns_receipts(
         self, transport: Transport, unique: str
     ) -> None:

@@ -1,0 +1,309 @@
+"""The exporting process: records from the traced process in, OTLP spans out (the SDK's exporter).
+
+Run by :class:`pipeline.tracing.shipper.Shipper` as ``python -m pipeline.tracing.export
+SERVICE``; reads length-prefixed marshalled lists of :mod:`.record` tuples on its standard input
+until it closes, makes each an OpenTelemetry SDK ``ReadableSpan`` (a delivery becomes its five
+spans, with the ``messaging.*`` attributes built here from the message's fields) and exports
+them with the SDK's OTLP/HTTP exporter, in batches of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``. The
+exporter reads its own ``OTEL_EXPORTER_OTLP_*`` variables; the resource its
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process
+keeps the SDK's per-span work and the encoding off its interpreter lock; the process runs at a
+lower priority (``nice`` 10) so that exporting never takes CPU time from the messages.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import signal
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from pipeline.tracing import otlp
+from pipeline.tracing.record import DELIVERY, Record, new_span_id, new_trace_id, parse
+
+HEADER = struct.Struct(">I")
+READY = b"r"
+SCOPE = "pipeline"
+NICENESS = 10
+"""Exporting yields the CPU to the pipeline's own work: on a busy machine spans wait (up to
+``OTEL_BSP_MAX_QUEUE_SIZE``) rather than messages."""
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_KINDS = {
+    "server": SpanKind.SERVER,
+    "client": SpanKind.CLIENT,
+    "producer": SpanKind.PRODUCER,
+    "consumer": SpanKind.CONSUMER,
+    "internal": SpanKind.INTERNAL,
+}
+_UNSET = Status(StatusCode.UNSET)
+
+
+class Spans:
+    """Turns records into SDK spans of one resource (:class:`WireSpans`: into OTLP bytes)."""
+
+    def __init__(self, resource: Resource) -> None:
+        """Spans of ``resource``, scope ``pipeline``."""
+        self.resource = resource
+        self.scope = InstrumentationScope(SCOPE)
+
+    def of(self, record: Record) -> Iterator[Any]:
+        """The span a ``SPAN`` record is, or the five of a ``DELIVERY``."""
+        if record[0] == DELIVERY:
+            yield from self._delivery(record)
+            return
+        _, trace_id, span_id, parent_id, name, kind, start, end, attrs, events, links, error = (
+            record
+        )
+        yield self._span(
+            name,
+            trace_id,
+            span_id,
+            parent_id,
+            start,
+            end,
+            attrs,
+            kind=kind,
+            events=events,
+            links=links,
+            error=error,
+        )
+
+    def _delivery(self, record: Record) -> Iterator[Any]:
+        (
+            _,
+            carried,
+            produced,
+            entered,
+            admitted,
+            keys,
+            priority,
+            guard_id,
+            guard_start,
+            guard_end,
+            handler,
+            end,
+            fields,
+            outcome,
+            events,
+            guard_events,
+        ) = record
+        system, topic, partition, offset, lane, attempt, count, tenant, key = fields
+        if isinstance(carried, tuple):
+            trace_id, parent_id = carried
+        else:  # the traceparent as it came; parsed here unless the traced process needed it
+            parsed = parse(carried)
+            trace_id, parent_id = (parsed[0], parsed[1]) if parsed else (new_trace_id(), 0)
+        process_id = new_span_id()
+        if guard_start and not guard_id:
+            guard_id = new_span_id()
+        waited_from = min(produced, entered) if produced else entered
+        yield self._span(
+            "partition wait",
+            trace_id,
+            new_span_id(),
+            parent_id or process_id,
+            waited_from,
+            entered,
+            {"messaging.destination.partition.id": str(partition)},
+        )
+        attributes: dict[str, Any] = {
+            "messaging.system": system,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": topic,
+            "messaging.destination.partition.id": str(partition),
+            "messaging.message.id": f"{partition}-{offset}",
+            "pipeline.lane": lane,
+            "pipeline.attempt": _int(attempt, 1),
+            "pipeline.delivery_count": count,
+        }
+        if tenant:
+            attributes["pipeline.tenant"] = tenant.decode(errors="replace")
+        if system == "kafka":
+            attributes["messaging.kafka.offset"] = offset
+        if key is not None:
+            attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
+        attributes["pipeline.outcome"] = outcome or "unrouted"
+        yield self._span(
+            f"process {topic}",
+            trace_id,
+            process_id,
+            parent_id,
+            entered,
+            end,
+            attributes,
+            kind="consumer",
+            events=events,
+            error="could not be routed; delivered again" if outcome is None else None,
+        )
+        if keys is not None and admitted:
+            yield self._span(
+                "throttle wait",
+                trace_id,
+                new_span_id(),
+                process_id,
+                entered,
+                max(admitted, entered),
+                {"pipeline.throttle.keys": list(keys), "pipeline.throttle.priority": priority},
+            )
+        if guard_id:
+            yield self._span(
+                "guard",
+                trace_id,
+                guard_id,
+                process_id,
+                guard_start,
+                guard_end or end,
+                None,
+                events=guard_events,
+            )
+        if handler is not None:
+            started, ended, failure = handler
+            yield self._span(
+                "handler",
+                trace_id,
+                new_span_id(),
+                guard_id or process_id,
+                started,
+                ended,
+                {"pipeline.lane": lane},
+                events=[failure[1]] if failure else None,
+                error=failure[0] if failure else None,
+            )
+
+    def _span(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int,
+        start: int,
+        end: int,
+        attributes: dict[str, Any] | None,
+        *,
+        kind: str = "internal",
+        events: list[tuple[str, int, dict[str, Any] | None]] | None = None,
+        links: list[tuple[int, int]] | None = None,
+        error: str | None = None,
+    ) -> Any:
+        """One span (the SDK's ``ReadableSpan`` here)."""
+        return ReadableSpan(
+            name,
+            context=_context(trace_id, span_id),
+            parent=_context(trace_id, parent_id) if parent_id else None,
+            resource=self.resource,
+            attributes=attributes,
+            events=[Event(n, a, timestamp=t) for n, t, a in events or ()],
+            links=[Link(_context(t, i)) for t, i in links or ()],
+            kind=_KINDS[kind],
+            status=Status(StatusCode.ERROR, error) if error else _UNSET,
+            start_time=start,
+            end_time=end,
+            instrumentation_scope=self.scope,
+        )
+
+
+class WireSpans(Spans):
+    """Turns records into OTLP ``Span`` messages directly (:mod:`.otlp`), without SDK objects."""
+
+    def _span(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int,
+        start: int,
+        end: int,
+        attributes: dict[str, Any] | None,
+        *,
+        kind: str = "internal",
+        events: list[tuple[str, int, dict[str, Any] | None]] | None = None,
+        links: list[tuple[int, int]] | None = None,
+        error: str | None = None,
+    ) -> Any:
+        """One ``Span`` message, as the ``spans`` field of a ``ScopeSpans``."""
+        return otlp.span(
+            trace_id.to_bytes(16, "big"),
+            span_id,
+            parent_id,
+            name,
+            otlp.KIND[kind],
+            start,
+            end,
+            attributes,
+            events,
+            links,
+            error,
+        )
+
+
+def _context(trace_id: int, span_id: int) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+
+
+def _int(raw: bytes | None, default: int) -> int:
+    try:
+        return int(raw) if raw is not None else default
+    except ValueError:
+        return default
+
+
+def batches(stream: BinaryIO) -> Iterator[list[Record]]:
+    """The record lists written to ``stream``, until it closes."""
+    while True:
+        head = stream.read(HEADER.size)
+        if len(head) < HEADER.size:
+            return
+        (size,) = HEADER.unpack(head)
+        body = stream.read(size)
+        if len(body) < size:
+            return
+        yield marshal.loads(body)  # noqa: S302 - written by the parent, same interpreter
+
+
+def main() -> None:
+    """Export what the standard input brings until it closes, then flush and exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C: it closes our input
+    os.nice(NICENESS)
+    service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
+    resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
+    exporter = OTLPSpanExporter()
+    send = _raw_sender(exporter)
+    spans = WireSpans(resource) if send is not None else Spans(resource)
+    size = max(1, _int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None, 512))
+    sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
+    sys.stdout.buffer.flush()
+    try:
+        for records in batches(sys.stdin.buffer):
+            out = [span for record in records for span in spans.of(record)]
+            for start in range(0, len(out), size):
+                if send is not None:
+                    send(otlp.request(resource.attributes, SCOPE, out[start : start + size]))
+                else:
+                    exporter.export(out[start : start + size])
+    finally:
+        exporter.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _raw_sender(exporter: OTLPSpanExporter) -> Callable[[bytes], object] | None:
+    """The exporter's own sending of an encoded request, or None if this version has none.
+
+    It keeps the exporter's endpoint, headers, compression and retries; without it the SDK's
+    spans and ``export`` are used.
+    """
+    client = getattr(exporter, "_client", None)
+    send = getattr(client, "export", None) or getattr(exporter, "_export", None)
+    return send if callable(send) else None
+
+
+if __name__ == "__main__":
+    main()

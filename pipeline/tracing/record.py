@@ -1,0 +1,378 @@
+"""Recording spans cheaply: plain objects and one tuple per finished span or delivery.
+
+The OpenTelemetry SDK's own spans cost tens of microseconds each to start and end and as much
+again to encode, in the process that makes them; a delivery has five (partition wait, process,
+throttle wait, guard, handler), more than a no-op delivery's whole work. So the hot path records
+only what the spans need, as a :class:`Span` (one per ingress stage, send, turn) or a single
+:class:`Delivery` for the five spans of one delivery, and hands a tuple to the :class:`Buffer`.
+Another process (:mod:`pipeline.tracing.export`) turns those tuples into the SDK's spans, with
+their ``messaging.*`` attributes, and exports them with the SDK's OTLP exporter.
+
+The sampling decision is the configured sampler's, made once where a trace enters the process
+(a remote ``traceparent`` or none); spans under it inherit it, as the parent-based samplers do.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from typing import Any, Self
+
+SPAN = "s"
+DELIVERY = "d"
+SERVER, CLIENT, PRODUCER, CONSUMER, INTERNAL = (
+    "server",
+    "client",
+    "producer",
+    "consumer",
+    "internal",
+)
+TRACEPARENT_CHARS = 55
+
+Record = tuple[Any, ...]
+"""One finished span (``SPAN``) or delivery (``DELIVERY``), as :mod:`.export` reads it."""
+
+_getrandbits = random.getrandbits
+
+
+def new_span_id() -> int:
+    """A random, non-zero 64-bit span id."""
+    return _getrandbits(64) or 1
+
+
+def new_trace_id() -> int:
+    """A random, non-zero 128-bit trace id."""
+    return _getrandbits(128) or 1
+
+
+def parse(raw: bytes | str | None) -> tuple[int, int, bool] | None:
+    """(trace id, span id, sampled) of a W3C ``traceparent`` value, or None if it is not one."""
+    if not raw or len(raw) != TRACEPARENT_CHARS:
+        return None
+    value = raw if isinstance(raw, bytes) else raw.encode("latin-1", "replace")
+    if value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
+        return None
+    ids, flags = value[3:35] + value[36:52], value[53:]
+    if not (ids.isalnum() and flags.isalnum()) or value[:2] == b"ff":
+        return None  # int() below would take "_", "+" or spaces; isalnum() lets only hex pass
+    try:
+        trace_id, span_id, sampled = int(ids[:32], 16), int(ids[32:], 16), int(flags, 16) & 1
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, bool(sampled)
+
+
+def traceparent(trace_id: int, span_id: int, *, sampled: bool) -> str:
+    """The W3C ``traceparent`` value naming one span."""
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+def exception_event(error: BaseException, at_ns: int) -> tuple[str, int, dict[str, str]]:
+    """The ``exception`` event of the OpenTelemetry conventions for ``error``."""
+    return (
+        "exception",
+        at_ns,
+        {
+            "exception.type": type(error).__qualname__,
+            "exception.message": str(error),
+            "exception.stacktrace": "".join(traceback.format_exception(error)),
+        },
+    )
+
+
+class Buffer:
+    """Finished records waiting for the exporting process, bounded like the SDK's batch queue.
+
+    ``wake`` is called once the buffer holds ``batch`` records, so a full batch leaves early;
+    past ``limit`` records new ones are dropped (and counted), never waited for.
+    """
+
+    __slots__ = ("batch", "dropped", "items", "limit", "lock", "wake")
+
+    def __init__(self, limit: int, batch: int, wake: Callable[[], None]) -> None:
+        """An empty buffer."""
+        self.items: list[Record] = []
+        self.limit = limit
+        self.batch = batch
+        self.wake = wake
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    def add(self, record: Record) -> None:
+        """Keep ``record`` for the next export (dropped if the buffer is full)."""
+        items = self.items
+        size = len(items)
+        if size >= self.limit:
+            self.dropped += 1
+            return
+        items.append(record)
+        if size + 1 == self.batch:
+            self.wake()
+
+    def take(self) -> list[Record]:
+        """Everything kept so far, leaving the buffer empty."""
+        with self.lock:
+            items, self.items = self.items, []
+        return items
+
+
+class Sampler:
+    """The configured sampler's decision where a trace enters this process.
+
+    ``follow``: a remote parent's sampled flag decides (the parent-based samplers). Otherwise,
+    and for new traces, ``decide(trace_id, name)`` does; ``always`` short-cuts the
+    always-on and always-off samplers.
+    """
+
+    __slots__ = ("always", "decide", "follow")
+
+    def __init__(
+        self, decide: Callable[[int, str], bool], *, follow: bool, always: bool | None = None
+    ) -> None:
+        """A decision for entering traces."""
+        self.decide = decide
+        self.follow = follow
+        self.always = always
+
+    def sampled(self, trace_id: int, name: str, remote: bool | None) -> bool:
+        """Whether a trace entering here is recorded; ``remote``: the carried flag, if any."""
+        if remote is not None and self.follow:
+            return remote
+        if self.always is not None:
+            return self.always
+        return self.decide(trace_id, name)
+
+
+class Span:
+    """One span being recorded: ids, times, attributes, events; a tuple once ended.
+
+    A span of an unsampled trace (``sampled`` False) is never buffered: it exists to carry
+    its ids and the "not sampled" flag to what it produces.
+    """
+
+    __slots__ = (
+        "attributes",
+        "buffer",
+        "error",
+        "events",
+        "kind",
+        "links",
+        "name",
+        "parent_id",
+        "sampled",
+        "span_id",
+        "start_ns",
+        "token",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        name: str,
+        trace_id: int,
+        parent_id: int,
+        sampled: bool,
+        *,
+        kind: str = INTERNAL,
+        start_ns: int = 0,
+        attributes: dict[str, Any] | None = None,
+        links: list[tuple[int, int]] | None = None,
+    ) -> None:
+        """Start the span (now, unless ``start_ns`` is given)."""
+        self.buffer = buffer
+        self.name = name
+        self.trace_id = trace_id
+        self.span_id = new_span_id()
+        self.parent_id = parent_id
+        self.sampled = sampled
+        self.kind = kind
+        self.start_ns = start_ns or time.time_ns()
+        self.attributes = attributes
+        self.links = links
+        self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
+        self.error: str | None = None
+        self.token: Token[Span | Delivery | None] | None = None
+
+    def __enter__(self) -> Self:
+        """The current span inside (:data:`CURRENT`)."""
+        self.token = CURRENT.set(self)
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, _tb: object) -> None:
+        """No longer current; ended, and failed if ``error`` escaped."""
+        if error is not None:
+            self.fail(error)
+        if self.token is not None:
+            CURRENT.reset(self.token)
+        self.end()
+
+    def traceparent(self) -> str:
+        """This span's context as a ``traceparent`` value."""
+        return traceparent(self.trace_id, self.span_id, sampled=self.sampled)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Set one attribute."""
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        """Add an event, timed now."""
+        if self.events is None:
+            self.events = []
+        self.events.append((name, time.time_ns(), attributes))
+
+    def fail(self, error: BaseException) -> None:
+        """Mark the span failed by ``error`` (status ERROR and an ``exception`` event)."""
+        if self.events is None:
+            self.events = []
+        self.events.append(exception_event(error, time.time_ns()))
+        self.error = type(error).__name__
+
+    def end(self, end_ns: int = 0) -> None:
+        """End the span (now, unless ``end_ns`` is given) and buffer it if sampled."""
+        if self.sampled:
+            self.buffer.add(
+                (
+                    SPAN,
+                    self.trace_id,
+                    self.span_id,
+                    self.parent_id,
+                    self.name,
+                    self.kind,
+                    self.start_ns,
+                    end_ns or time.time_ns(),
+                    self.attributes,
+                    self.events,
+                    self.links,
+                    self.error,
+                )
+            )
+
+
+class Delivery:
+    """The spans of one delivery, kept as fields and buffered as one tuple by :meth:`end`.
+
+    ``process`` (CONSUMER) with its ``partition wait`` before it, and under it ``throttle
+    wait``, ``guard`` and the guard's ``handler``. While the guard runs the delivery is the
+    current span (:data:`CURRENT`) as its guard span, so what the guard routes and the
+    lifecycle events it records go under the guard. The attributes are built from ``fields``
+    by the exporting process.
+    """
+
+    __slots__ = (
+        "_guard_id",
+        "_ids",
+        "admitted_ns",
+        "buffer",
+        "entered_ns",
+        "events",
+        "fields",
+        "guard_end_ns",
+        "guard_events",
+        "guard_start_ns",
+        "handler",
+        "keys",
+        "priority",
+        "produced_ns",
+        "raw",
+    )
+
+    sampled = True
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        raw: bytes | None,
+        ids: tuple[int, int] | None,
+        fields: tuple[Any, ...],
+    ) -> None:
+        """Start the ``process`` span now, under the ``traceparent`` ``raw`` (None: a new trace).
+
+        ``ids``: (trace id, parent span id) when the caller parsed ``raw`` already; otherwise
+        they are parsed only if a child span or a log line needs them, and else by the
+        exporting process. ``fields`` name the message, for the attributes.
+        """
+        self.buffer = buffer
+        self.raw = raw
+        self._ids = ids
+        self._guard_id = 0
+        self.fields = fields
+        self.entered_ns = time.time_ns()
+        self.produced_ns = self.admitted_ns = self.guard_start_ns = self.guard_end_ns = 0
+        self.keys: tuple[str, ...] | None = None
+        self.priority = 0
+        self.handler: tuple[int, int, tuple[str, tuple[Any, ...]] | None] | None = None
+        self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
+        self.guard_events: list[tuple[str, int, dict[str, Any] | None]] | None = None
+
+    def ids(self) -> tuple[int, int]:
+        """(trace id, parent span id), parsed from the ``traceparent`` the first time."""
+        if self._ids is None:
+            carried = parse(self.raw)
+            self._ids = (carried[0], carried[1]) if carried else (new_trace_id(), 0)
+        return self._ids
+
+    @property
+    def trace_id(self) -> int:
+        """The delivery's trace."""
+        return self.ids()[0]
+
+    @property
+    def span_id(self) -> int:
+        """The guard span's id (what runs under the guard is its child), made when first asked."""
+        if not self._guard_id:
+            self._guard_id = new_span_id()
+        return self._guard_id
+
+    def traceparent(self) -> str:
+        """The guard span's context (what the guard routes is its child)."""
+        return traceparent(self.trace_id, self.span_id, sampled=True)
+
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        """A lifecycle event on the guard span (while it runs)."""
+        if self.guard_events is None:
+            self.guard_events = []
+        self.guard_events.append((name, time.time_ns(), attributes))
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Attributes of the guard span are not kept (none are set there)."""
+
+    def end(self, outcome: str | None, lifecycle: bool) -> None:
+        """End the ``process`` span with ``outcome`` and buffer the whole delivery."""
+        now = time.time_ns()
+        if lifecycle and outcome is not None:
+            if self.events is None:
+                self.events = []
+            self.events.append((outcome, now, None))
+        self.buffer.add(
+            (
+                DELIVERY,
+                self._ids if self._ids is not None else self.raw,
+                self.produced_ns,
+                self.entered_ns,
+                self.admitted_ns,
+                self.keys,
+                self.priority,
+                self._guard_id,
+                self.guard_start_ns,
+                self.guard_end_ns,
+                self.handler,
+                now,
+                self.fields,
+                outcome,
+                self.events,
+                self.guard_events,
+            )
+        )
+
+
+CURRENT: ContextVar[Span | Delivery | None] = ContextVar("pipeline_span", default=None)
+"""The span new spans are children of, and logs name: set while a stage or the guard runs."""

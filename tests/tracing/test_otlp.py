@@ -1,0 +1,123 @@
+"""The exporting process's own OTLP encoding says exactly what the SDK's encoder says.
+
+The same records (a delivery with every optional part, a failed span with events and links,
+attributes of every type) go through both paths of ``pipeline.tracing.export``: the SDK's
+spans encoded by the SDK, and :mod:`pipeline.tracing.otlp`'s wire format. Both requests are
+decoded with ``opentelemetry-proto`` and must hold the same spans, field by field.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+
+from pipeline.tracing import otlp
+from pipeline.tracing.export import SCOPE, Spans, WireSpans
+from pipeline.tracing.record import DELIVERY, SPAN, Record
+
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+T0 = 1_764_590_000_000_000_000
+
+
+def records() -> list[Record]:
+    """A delivery with throttle wait, guard, failed handler and events; a linked, failed span."""
+    failure = ("RuntimeError", ("exception", T0 + 9, {"exception.type": "RuntimeError"}))
+    fields = ("kafka", "orders", 3, 41, "orders", b"2", 1, b"tenant-a", b"key-1")
+    delivery = (
+        DELIVERY,
+        (0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7),
+        T0 - 5_000,
+        T0,
+        T0 + 3,
+        ("tenant-a", "key-1"),
+        2,
+        0x1111,
+        T0 + 4,
+        T0 + 20,
+        (T0 + 5, T0 + 9, failure),
+        T0 + 30,
+        fields,
+        "retried",
+        [("retried", T0 + 30, None)],
+        [("dead_letter_reason", T0 + 10, {"pipeline.detail": "poison"})],
+    )
+    span = (
+        SPAN,
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0x2222,
+        0,
+        "POST /hooks/whatsapp",
+        "server",
+        T0,
+        T0 + 100,
+        {"http.route": "/hooks/{source}", "ok": True, "n": -3, "ratio": 0.5, "keys": ["a", "b"]},
+        [("exception", T0 + 50, {"exception.message": "bad"})],
+        [(0x0AF7651916CD43DD8448EB211C80319D, 0x3333)],
+        "Rejected",
+    )
+    return [delivery, span]
+
+
+def _spans(body: bytes) -> list[dict[str, object]]:
+    """The request's spans as dicts; span ids made at random are replaced by span names."""
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(body)
+    (resource_spans,) = request.resource_spans
+    (scope_spans,) = resource_spans.scope_spans
+    docs = [MessageToDict(span) for span in scope_spans.spans]
+    names = {doc["spanId"]: doc["name"] for doc in docs}
+    for doc in docs:
+        doc.pop("flags", None)  # the SDK also says whether the parent is remote; we do not
+        if doc.get("status") == {}:
+            del doc["status"]  # unset, said or not
+        for link in doc.get("links", []):
+            link.pop("flags", None)
+        if doc["name"] in RANDOM_IDS:
+            del doc["spanId"]
+        parent = doc.get("parentSpanId")
+        if parent in names:
+            doc["parentSpanId"] = names[parent]
+    return docs
+
+
+RANDOM_IDS = {"partition wait", "process orders", "throttle wait", "handler"}
+"""Spans whose ids the exporting process makes (each encoding its own)."""
+
+
+def test_the_wire_encoding_matches_the_sdk_encoder() -> None:
+    """Same names, kinds, ids, parents, times, attributes, events, links and status."""
+    resource = Resource.create({"service.name": "pipeline-test"})
+    sdk_spans = [s for r in records() for s in Spans(resource).of(r)]
+    wire_spans = [s for r in records() for s in WireSpans(resource).of(r)]
+    ours = otlp.request(resource.attributes, SCOPE, wire_spans)
+    theirs = encode_spans(sdk_spans).SerializeToString()
+    assert [s["name"] for s in _spans(ours)] == [
+        "partition wait",
+        "process orders",
+        "throttle wait",
+        "guard",
+        "handler",
+        "POST /hooks/whatsapp",
+    ]
+    assert _spans(ours) == _spans(theirs)
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(ours)
+    resource_spans = request.resource_spans[0]
+    assert {a.key for a in resource_spans.resource.attributes} >= {"service.name"}
+    assert resource_spans.scope_spans[0].scope.name == SCOPE
+
+
+def test_varints_of_every_size_and_negative_int64() -> None:
+    """Varints decode back as protobuf does (negative int64 as ten bytes)."""
+    for value in itertools.chain(range(300), (2**14, 2**21 + 5, 2**63 - 1)):
+        raw = otlp.varint(value)
+        decoded, shift = 0, 0
+        for byte in raw:
+            decoded |= (byte & 0x7F) << shift
+            shift += 7
+        assert decoded == value
+    assert len(otlp.varint(-1)) == 10
