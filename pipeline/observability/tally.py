@@ -72,7 +72,7 @@ class OutcomeTally(Collector):
             cumulative, running = [], 0
             for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
                 running += count
-                cumulative.append((floatToGoString(bound), float(running)))
+                cumulative.append((floatToGoString(bound), float(running)))  # type: ignore[no-untyped-call]
             counter.add_metric(list(labels), float(running))
             histogram.add_metric(list(labels), cumulative, entry.total)
         yield counter
