@@ -16,8 +16,8 @@ behind, as prometheus-client's own may.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -25,6 +25,9 @@ from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from pipeline.observability.metrics import Family
+
+_le = cast("Callable[[float], str]", floatToGoString)
+"""A bucket bound as prometheus-client writes its ``le`` label (``0.005``, ``1.0``, ``+Inf``)."""
 
 __all__ = ["OutcomeTally"]
 
@@ -72,7 +75,7 @@ class OutcomeTally(Collector):
             cumulative, running = [], 0
             for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
                 running += count
-                cumulative.append((floatToGoString(bound), float(running)))  # type: ignore[no-untyped-call]
+                cumulative.append((_le(bound), float(running)))
             counter.add_metric(list(labels), float(running))
             histogram.add_metric(list(labels), cumulative, entry.total)
         yield counter
