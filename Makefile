@@ -137,6 +137,7 @@ soak: setup services
 demo: setup
 	bash deploy/local/services.sh up redis
 	if bash deploy/local/jaeger.sh built; then bash deploy/local/services.sh up jaeger; fi
+	if bash deploy/local/s3proxy.sh built; then bash deploy/local/services.sh up s3proxy; fi
 	TRANSPORT=$(TRANSPORT) DURATION=$(DURATION) HEADLESS=$(HEADLESS) bash deploy/local/demo.sh
 
 ## generate: rewrite docs/configuration.md and deploy/k8s/base/consumers/ from the code

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -139,7 +140,7 @@ async def run_mode(  # noqa: C901, PLR0915 - one measured pass, read top to bott
     app = IngressApp(sources, log_store, dispatcher)
     if store_url:
         offloader = Offloader(topic_policies([spec]))
-        app.offload = lambda row: offload_row(offloader, row)
+        app.offload = functools.partial(offload_row, offloader)
     bodies = [body_of(n, size, run) for n in range(count)]
     signatures = [
         "sha256=" + hmac.new(SECRET.encode(), b, hashlib.sha256).hexdigest() for b in bodies

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.live import Live
 
 from demo import keys
+from demo import offload as large
 from demo.audit import Audit, GroupTopics, audit
 from demo.dashboard import progress_line, render
 from demo.observe import RedisObservations
@@ -41,6 +42,7 @@ from demo.watch import Watcher
 from pipeline.config import IngressSettings, Settings, load_settings
 from pipeline.errors import PipelineError
 from pipeline.logstore.create import create_log_store
+from pipeline.offload.errors import OffloadError
 from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
 
@@ -98,15 +100,28 @@ class Demo:
         self.accepted_series: list[tuple[float, int]] = []
         self.phase = "starting"
         self.started_at = 0.0
+        self.s3 = large.s3_environment()
+        self.offload_store = (
+            f"s3://{large.BUCKET}/demo-{self.run_id}" if large.s3proxy_running(self.s3) else None
+        )
+        """Where the messages lane's large bodies go (None: S3Proxy is not running)."""
+        if self.offload_store is not None:  # this process counts and deletes the objects
+            for name, value in self.s3.items():
+                os.environ.setdefault(name, value)
+        self.offloaded: int | None = None
         self.env = self._environment()
         self.settings = self._settings()
 
     def _environment(self) -> dict[str, str]:
         groups = {lane: f"demo-{lane}" for lane in _LANES}
+        topics = self.options.root / "topics"
+        if self.offload_store is not None:  # a copy whose messages lane declares offload:
+            topics = self.output / "topics"
         return {
             **os.environ,
+            **(self.s3 if self.offload_store is not None else {}),
             "PIPELINE_TRANSPORT": self.options.transport,
-            "PIPELINE_TOPICS_DIR": str(self.options.root / "topics"),
+            "PIPELINE_TOPICS_DIR": str(topics),
             "PIPELINE_REDIS__KEY_PREFIX": self.prefix,
             "PIPELINE_INGRESS__SOURCES_FILE": str(SOURCES_FILE),
             "PIPELINE_INGRESS__SQLITE_PATH": str(self.output / "ingress.db"),
@@ -191,19 +206,18 @@ class Demo:
                     found = await audit(transport, store, collector.start_ms, self.groups, finished)
                 except (PipelineError, RedisError) as exc:
                     self.console.print(f"[yellow]audit failed:[/yellow] {exc}", highlight=False)
-            return self._finish(watcher, found)
+            return await self._finish(watcher, found)
         finally:
             if opened:
                 await store.close()
-            with contextlib.suppress(RedisError):
-                if not self.options.keep_keys:
-                    await _delete_keys(redis, self.prefix)
+            await self._clean_up(redis)
             await redis.aclose()
             await transport.close()
 
-    def _finish(self, watcher: Watcher, found: Audit | None) -> dict[str, Any]:
+    async def _finish(self, watcher: Watcher, found: Audit | None) -> dict[str, Any]:
         """Write the summary and the plots, print the summary table; return the summary."""
         self.phase = "done"
+        self.offloaded = await self._offloaded()
         snapshot = self._snapshot(watcher)
         snapshot.audit = found
         data = write_summary(snapshot, self.output / "summary.json")
@@ -214,8 +228,36 @@ class Demo:
         self.console.print(f"written: {where}{note}; logs in {self.logs}", highlight=False)
         return data
 
+    async def _offloaded(self) -> int | None:
+        """The objects the run's large bodies became (None without S3Proxy, or unreadable)."""
+        if self.offload_store is None:
+            return None
+        try:
+            objects, size = await large.stored(self.offload_store)
+        except OffloadError as exc:
+            self.console.print(f"[yellow]offload count failed:[/yellow] {exc}", highlight=False)
+            return None
+        self.console.print(
+            f"offload: {objects} objects, {size / 2**20:.1f} MiB in {self.offload_store}",
+            highlight=False,
+        )
+        return objects
+
+    async def _clean_up(self, redis: Redis) -> None:
+        """Delete the run's Redis keys (unless kept) and its objects in S3Proxy (if any)."""
+        with contextlib.suppress(RedisError):
+            if not self.options.keep_keys:
+                await _delete_keys(redis, self.prefix)
+        if self.offload_store is not None:
+            with contextlib.suppress(OffloadError):
+                await large.empty(self.offload_store)
+
     def _prepare_output(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
+        if self.offload_store is not None:
+            large.offloading_topics(
+                self.options.root / "topics", self.output / "topics", self.offload_store
+            )
         for stale in ("ingress.db", "ingress.db-wal", "ingress.db-shm", "registry.db"):
             (self.output / stale).unlink(missing_ok=True)
         for log in self.logs.glob("*.log"):
@@ -224,6 +266,19 @@ class Demo:
     async def _start(self) -> str:
         pipeline = self._bin("pipeline")
         self.console.print(f"[bold]demo[/bold] on {self.options.transport}, prefix {self.prefix}")
+        if self.offload_store is not None:
+            where = f"{self.offload_store} (S3Proxy)"
+            self.console.print(
+                f"offload: large bodies of the messages lane go to {where}", soft_wrap=True
+            )
+        else:
+            endpoint = self.s3["AWS_ENDPOINT_URL"]
+            self.console.print(
+                f"offload: off, S3Proxy is not running at {endpoint} (make services starts it): "
+                "large bodies travel inline",
+                highlight=False,
+                soft_wrap=True,
+            )
         await run_once([pipeline, "topics", "apply"], env=self.env, cwd=self.options.root)
         registry = self._process(
             "registry", pipeline, "registry", "serve", "--port", "0", pipe=True
@@ -376,6 +431,8 @@ class Demo:
             collector=watcher.collector,
             interrupted=self.interrupted.is_set(),
             accepted_series=self.accepted_series,
+            offloaded=self.offloaded,
+            offload_store=self.offload_store,
         )
 
 

@@ -57,6 +57,10 @@ class Snapshot:
     main_backlog: int = 0
     audit: Audit | None = None
     accepted_series: list[tuple[float, int]] = field(default_factory=list)
+    offloaded: int | None = None
+    """Objects the run's large bodies became in S3Proxy (None: S3Proxy was not running)."""
+    offload_store: str | None = None
+    """Where they went (``s3://pipeline/demo-<run>``, emptied at the end), None without S3Proxy."""
 
     @property
     def accepted(self) -> int:
@@ -137,6 +141,9 @@ def summary(snapshot: Snapshot) -> dict[str, Any]:
         "messages_per_turn": round(c.messages_per_turn, 2) if c.messages_per_turn else None,
         "turn_p50_wait_ms": c.turn_waits.p(0.5),
         "turn_p99_wait_ms": c.turn_waits.p(0.99),
+        "large_bodies_accepted": snapshot.traffic.get("large", 0),
+        "offloaded_objects": snapshot.offloaded,
+        "offload_store": snapshot.offload_store,
     }
 
 
@@ -149,6 +156,8 @@ def write_summary(snapshot: Snapshot, path: Path) -> dict[str, Any]:
 
 def _fmt(name: str, value: object) -> str:
     if value is None:
+        if name == "offloaded_objects":
+            return "off (inline: S3Proxy not running)"
         return "unknown (audit incomplete)" if name == "lost" else "-"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
@@ -174,6 +183,8 @@ def summary_table(data: dict[str, Any]) -> Table:
         "turns",
         "messages_per_turn",
         "turn_p99_wait_ms",
+        "large_bodies_accepted",
+        "offloaded_objects",
     ):
         style = "bold red" if name == "lost" and data[name] else None
         table.add_row(name, _fmt(name, data[name]), style=style)

@@ -37,6 +37,8 @@ _MAX_BACKOFF_S = 2.0
 _HTTP_OK = 200
 _SHED = 503
 _SHORT_PAUSE_S = 0.25
+ATTACHMENT_BYTES = 384 * 1024
+"""An attachment-sized body: above the 256 KiB a lane may offload at (``demo.offload``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,8 @@ class Counts:
     shed: int = 0
     rejected: int = 0
     failed: int = 0
+    large: int = 0
+    """Accepted bodies carrying an attachment (:data:`ATTACHMENT_BYTES`)."""
     by_kind: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, object]:
@@ -141,6 +145,7 @@ class Counts:
             "shed": self.shed,
             "rejected": self.rejected,
             "failed": self.failed,
+            "large": self.large,
             "by_kind": dict(self.by_kind),
         }
 
@@ -223,6 +228,8 @@ class TrafficGenerator:
             "kind": kind,
             "text": text,
         }
+        if kind == "message" and 0.005 <= roll < 0.025:  # noqa: PLR2004 - an attachment
+            event["attachment"] = "a" * ATTACHMENT_BYTES
         return json.dumps(event, separators=(",", ":")).encode()
 
     async def _post(self, body: bytes) -> None:
@@ -246,6 +253,7 @@ class TrafficGenerator:
                     else:
                         counts.accepted += 1
                         counts.by_kind[json.loads(body)["kind"]] += 1
+                        counts.large += len(body) > ATTACHMENT_BYTES
                     return
                 if response.status != _SHED:
                     counts.rejected += 1

@@ -2,7 +2,8 @@
 # S3Proxy, an S3-compatible object store on a filesystem backend, from the Maven Central artifact
 # org.gaul:s3proxy (classifier jar-with-dependencies) on 127.0.0.1:9000 (override with
 # S3PROXY_PORT). Offloaded payloads (docs/offload.md) and their tests use it; the bucket
-# `pipeline` exists from the start. Usage: s3proxy.sh up|down|status
+# `pipeline` exists from the start; the demo offloads its large bodies to it when it runs.
+# Usage: s3proxy.sh up|down|status|built
 source "$(dirname "$0")/common.sh"
 HERE="$ROOT/deploy/local/s3proxy"
 PORT="${S3PROXY_PORT:-9000}"
@@ -46,6 +47,9 @@ CONF
   wait_started s3proxy "$DIR/s3proxy.pid" 60 "$PORT" "$DIR/s3proxy.log"
   log "s3proxy $VERSION ready on 127.0.0.1:$PORT (bucket $BUCKET, data $DIR/data)"
 }
+
+# built: exit 0 when the jar is cached (make demo starts S3Proxy only then).
+built() { [ -f "$JAR" ]; }
 
 down() { stop_started s3proxy "$DIR/s3proxy.pid" 30; }
 

@@ -47,6 +47,7 @@ from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
 from pipeline.logstore import IngressLog, LogStoreError, NewRow
 from pipeline.observability.server import PATHS as OBSERVER_PATHS
 from pipeline.offload.errors import OffloadError
+from pipeline.offload.writer import HASH_OFF_LOOP_BYTES, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,9 @@ class IngressApp:
         """Checks payloads of lanes that require a registered schema, when set."""
         self.observer: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
         """Serves ``/metrics``, ``/healthz`` and ``/readyz`` when set (a ``MetricsServer``)."""
-        self.offload: Callable[[NewRow], Awaitable[NewRow]] | None = None
-        """Writes a large body to its lane's payload store and returns the reference row."""
+        self.offload: Callable[[NewRow, str | None], Awaitable[NewRow]] | None = None
+        """Writes a large body to its lane's payload store and returns the reference row (given
+        the body's SHA-256 when it was computed already: a large body is hashed once)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -172,8 +174,11 @@ class IngressApp:
             self.counters[source.name, "rejected:verifier error"] += 1
             log.exception("verifier failed", extra={"source": source.name})
             return 401, {"error": "unauthorized"}, []
+        digest = None  # a large body where lanes offload: hashed once, off the loop
+        if self.offload is not None and len(body) >= HASH_OFF_LOOP_BYTES:
+            digest = await sha256_hex(body)  # the event id (without one) and the object key
         try:
-            row = source.build_row(headers, body, now_s)
+            row = source.build_row(headers, body, now_s, body_sha256=digest)
             if tracing.on():  # the row keeps the request's trace context for every produce
                 row = replace(row, headers=tracing.outgoing(row.headers, row.tenant))
             if self.schemas is not None:
@@ -183,7 +188,7 @@ class IngressApp:
             return 400, _malformed(exc), []
         if self.offload is not None:  # a large body goes to its store first (durable before 2xx)
             try:
-                row = await self.offload(row)
+                row = await self.offload(row, digest)
             except OffloadError:
                 self.counters[source.name, "offload_error"] += 1
                 log.exception("payload store write failed", extra={"source": source.name})

@@ -30,6 +30,7 @@ from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
 from pipeline.logstore.create import create_log_store
+from pipeline.observability.facades import OffloadMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
@@ -101,7 +102,8 @@ class Ingress:
         self.app.observer = self.observer
         policies = topic_policies(self.specs)
         if policies:  # lanes with offload: large bodies go to their payload store
-            self.app.offload = functools.partial(offload_row, Offloader(policies))
+            offloader = Offloader(policies, observer=OffloadMetrics(self.observer.metrics))
+            self.app.offload = functools.partial(offload_row, offloader)
 
     async def start(self) -> None:
         """Check the topics' size limits, open everything and start the sweeper task.

@@ -87,14 +87,22 @@ class Source:
         extractors = (self.tenant, self.key, self.event_id)
         return self.router.needs_body or any(e is not None and e.needs_body for e in extractors)
 
-    def build_row(self, headers: Mapping[str, str], body: bytes, now_s: float) -> NewRow:
+    def build_row(
+        self,
+        headers: Mapping[str, str],
+        body: bytes,
+        now_s: float,
+        *,
+        body_sha256: str | None = None,
+    ) -> NewRow:
         """The log row of a verified request received at ``now_s``.
 
         The event id is the configured (or scheme default) one when the request has it, else
         the SHA-256 of the body, so an exact redelivery is still deduplicated and a valid
         delivery without the id (a WhatsApp status, a Clerk ``svix-id``) is not refused.
         A form-encoded body (GitHub's ``payload=<json>`` option) is read through its
-        ``payload`` field.
+        ``payload`` field. ``body_sha256``: the body's SHA-256 (hex) if the caller already
+        computed it from these bytes.
 
         Raises:
             Malformed: the body is not JSON (or nested too deeply) although the source reads
@@ -107,7 +115,7 @@ class Source:
         route = self.router.route(payload)
         event_id = None if self.event_id is None else self.event_id.extract(payload, headers)
         if not event_id:
-            event_id = "sha256:" + hashlib.sha256(body).hexdigest()
+            event_id = "sha256:" + (body_sha256 or hashlib.sha256(body).hexdigest())
         kept = {name: v for name, v in headers.items() if name in self.keep_headers}
         for name, value in kept.items():
             checked(f"header {name}", value, MAX_KEPT_HEADER_CHARS)

@@ -24,6 +24,7 @@ __all__ = [
     "IngressMetrics",
     "LagMetrics",
     "LogStoreMetrics",
+    "OffloadMetrics",
     "RuntimeMetrics",
     "SweeperMetrics",
 ]
@@ -47,6 +48,8 @@ class RuntimeMetrics:
         self._cancelled = metrics.counter(m.CANCELLED)
         self._hung = metrics.counter(m.HUNG)
         self._long_work = metrics.gauge(m.LONG_WORK)
+        self.offload = OffloadMetrics(metrics)
+        """The member's payload-store reads (offloaded payloads), in the same registry."""
 
     def delivered(self, lane: str, outcome: str, duration_s: float) -> None:
         """A handler finished one message with ``outcome`` after ``duration_s`` seconds.
@@ -271,3 +274,42 @@ class CapacityMetrics:
         """``lane`` is forecast to receive ``forecast_per_s`` and needs ``desired_members``."""
         self._forecast.labels(lane).set(forecast_per_s)
         self._desired.labels(lane).set(desired_members)
+
+
+class OffloadMetrics:
+    """Objects written to, reused in, read from, missing from and purged from payload stores.
+
+    An :class:`~pipeline.offload.observer.OffloadObserver`: called once per large payload (never
+    per message of a lane that does not offload), labelled by the store's URL.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._objects = metrics.counter(m.OFFLOAD_OBJECTS)
+        self._written = metrics.counter(m.OFFLOAD_WRITTEN_BYTES)
+        self._fetched = metrics.counter(m.OFFLOAD_FETCHED_BYTES)
+        self._fetch_s = metrics.histogram(m.OFFLOAD_FETCH_DURATION)
+        self._missing = metrics.counter(m.OFFLOAD_MISSING)
+        self._purged = metrics.counter(m.OFFLOAD_PURGED)
+
+    def written(self, store: str, size: int) -> None:
+        """A payload of ``size`` bytes was written to ``store`` as a new object."""
+        self._objects.labels(store, "written").inc()
+        self._written.labels(store).inc(size)
+
+    def reused(self, store: str) -> None:
+        """A payload was already in ``store``: nothing was written."""
+        self._objects.labels(store, "reused").inc()
+
+    def fetched(self, store: str, size: int, duration_s: float) -> None:
+        """A payload of ``size`` bytes was read whole from ``store`` in ``duration_s``."""
+        self._fetched.labels(store).inc(size)
+        self._fetch_s.labels(store).observe(duration_s)
+
+    def missing(self, store: str) -> None:
+        """A reference's object was not in ``store``."""
+        self._missing.labels(store).inc()
+
+    def purged(self, store: str, objects: int) -> None:
+        """A purge deleted ``objects`` objects from ``store``."""
+        self._purged.labels(store).inc(objects)

@@ -273,7 +273,7 @@ INGRESS_REQUESTS = Family(
     "pipeline_ingress_requests_total",
     "counter",
     "Webhook requests by outcome (accepted, duplicate, rejected, shed, too_large, malformed, "
-    "store_error, handshake, handshake_refused) and reason.",
+    "store_error, offload_error, handshake, handshake_refused) and reason.",
     ("source", "outcome", "reason"),
     "requests",
 )
@@ -333,6 +333,52 @@ SWEEPER_ROWS = Family(
     "Rows the sweeper acted on, by action (produced, replayed, abandoned, failed).",
     ("action",),
     "rows",
+)
+
+# -- offloaded payloads (pipeline/offload): the object store behind large messages ----------
+OFFLOAD_OBJECTS = Family(
+    "pipeline_offload_objects_total",
+    "counter",
+    "Large payloads the ingress or a producer sent to a payload store, by outcome (written: a "
+    "new object; reused: the same content was already stored, nothing written).",
+    ("store", "outcome"),
+    "objects",
+)
+OFFLOAD_WRITTEN_BYTES = Family(
+    "pipeline_offload_written_bytes_total",
+    "counter",
+    "Payload bytes written to a payload store (reused objects add nothing).",
+    ("store",),
+    "bytes",
+)
+OFFLOAD_FETCHED_BYTES = Family(
+    "pipeline_offload_fetched_bytes_total",
+    "counter",
+    "Payload bytes this member read whole from a payload store, digest checked.",
+    ("store",),
+    "bytes",
+)
+OFFLOAD_FETCH_DURATION = Family(
+    "pipeline_offload_fetch_duration_seconds",
+    "histogram",
+    "Time to read one offloaded payload whole, from its first request to its last byte.",
+    ("store",),
+    "seconds",
+    DURATION_BUCKETS_S,
+)
+OFFLOAD_MISSING = Family(
+    "pipeline_offload_missing_total",
+    "counter",
+    "References whose object was gone from the store (dead-lettered as payload_missing).",
+    ("store",),
+    "references",
+)
+OFFLOAD_PURGED = Family(
+    "pipeline_offload_purged_total",
+    "counter",
+    "Objects deleted from a payload store by pipeline offload purge.",
+    ("store",),
+    "objects",
 )
 
 # -- capacity: the forecast and the members it asks for (pipeline/capacity) -----------------

@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator
 
-from pipeline.offload.errors import PayloadCorrupt
+from pipeline.offload.errors import PayloadCorrupt, PayloadMissing
+from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.reference import Reference
 from pipeline.offload.store import PayloadStore
 
@@ -34,20 +36,26 @@ CHUNK_BYTES = 1024 * 1024
 class LazyPayload:
     """An offloaded payload, fetched from its store only when read."""
 
-    __slots__ = ("_body", "_gate", "_store", "reference")
+    __slots__ = ("_body", "_gate", "_observer", "_store", "reference")
 
     def __init__(
-        self, reference: Reference, store: PayloadStore, gate: asyncio.Semaphore | None = None
+        self,
+        reference: Reference,
+        store: PayloadStore,
+        gate: asyncio.Semaphore | None = None,
+        observer: OffloadObserver | None = None,
     ) -> None:
         """The payload ``reference`` points to in ``store``.
 
         ``gate`` bounds how many chunks are fetched and hashed at once across the payloads
         that share it (a member's): the worker threads doing it take the GIL in turns with the
         event loop, and more of them at once lengthen the loop's stalls, not the throughput.
+        ``observer`` is told of each whole read (bytes, duration) and of a missing object.
         """
         self.reference = reference
         self._store = store
         self._gate = gate
+        self._observer = observer
         self._body: bytes | None = None
 
     @property
@@ -84,10 +92,16 @@ class LazyPayload:
             return
         digest = hashlib.sha256()
         size = 0
+        started = time.perf_counter()
         source = aiter(self._store.chunks(self.reference.key, chunk_bytes))
         while True:
             async with self._gate or contextlib.nullcontext():
-                chunk = await anext(source, None)
+                try:
+                    chunk = await anext(source, None)
+                except PayloadMissing:
+                    if self._observer is not None:
+                        self._observer.missing(self._store.url)
+                    raise
                 if chunk is not None:
                     await asyncio.to_thread(digest.update, chunk)
             if chunk is None:
@@ -95,6 +109,8 @@ class LazyPayload:
             size += len(chunk)
             yield chunk
         self._check(size, digest.hexdigest())
+        if self._observer is not None:
+            self._observer.fetched(self._store.url, size, time.perf_counter() - started)
 
     async def read(self) -> bytes:
         """The whole payload (read once, then kept), digest checked."""

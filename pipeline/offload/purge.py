@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.store import PayloadStore
 from pipeline.offload.writer import REFRESH_AFTER_S
 from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
@@ -59,11 +60,17 @@ def floor_ms(specs: Sequence[TopicSpec], store: str, log_retention_ms: int) -> i
 
 
 async def purge(
-    store: PayloadStore, older_than_ms: int, *, dry_run: bool = False, now_s: float | None = None
+    store: PayloadStore,
+    older_than_ms: int,
+    *,
+    dry_run: bool = False,
+    now_s: float | None = None,
+    observer: OffloadObserver | None = None,
 ) -> PurgeReport:
     """Delete (or with ``dry_run`` only count) objects last written over ``older_than_ms`` ago.
 
-    Idempotent: a run interrupted half way is finished by the next one.
+    Idempotent: a run interrupted half way is finished by the next one. ``observer`` is told
+    how many objects were deleted (not on a dry run).
     """
     cutoff_s = (time.time() if now_s is None else now_s) - older_than_ms / 1000
     report = PurgeReport(store.url)
@@ -79,4 +86,6 @@ async def purge(
             await store.delete(obj.key)
         report.deleted += 1
         report.deleted_bytes += obj.size
+    if observer is not None and not dry_run and report.deleted:
+        observer.purged(store.url, report.deleted)
     return report

@@ -75,9 +75,15 @@ def key_for(sha256_hex: str) -> str:
     return f"sha256/{sha256_hex[:2]}/{sha256_hex}"
 
 
-def reference_for(store: str, body: bytes | memoryview, content_type: str = "") -> Reference:
-    """The reference of ``body`` in ``store`` (hashes it: call off the event loop when large)."""
-    digest = hashlib.sha256(body).hexdigest()
+def reference_for(
+    store: str, body: bytes | memoryview, content_type: str = "", sha256: str | None = None
+) -> Reference:
+    """The reference of ``body`` in ``store``.
+
+    Hashes it (call off the event loop when large) unless ``sha256``, its SHA-256 (hex) as this
+    process computed it from the same bytes, is given.
+    """
+    digest = sha256 or hashlib.sha256(body).hexdigest()
     kind = content_type[:_MAX_CONTENT_TYPE_CHARS]
     return Reference(store, key_for(digest), len(body), digest, kind)
 

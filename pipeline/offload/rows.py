@@ -16,14 +16,18 @@ from pipeline.offload.reference import HEADERS
 from pipeline.offload.writer import Offloader
 
 
-async def offload_row(offloader: Offloader, row: NewRow) -> NewRow:
+async def offload_row(offloader: Offloader, row: NewRow, sha256: str | None = None) -> NewRow:
     """``row`` with its body in the store and a reference in its place (or ``row`` unchanged).
+
+    ``sha256``: the body's digest (hex) if the ingress already computed it (see
+    :meth:`~pipeline.offload.writer.Offloader.offload`).
 
     Raises:
         OffloadError: the store failed: the webhook must be refused (503), not accepted.
     """
     kept = {name: value for name, value in row.headers.items() if name not in HEADERS}
-    out = await offloader.offload(row.topic, row.body, row.headers.get("content-type", ""))
+    kind = row.headers.get("content-type", "")
+    out = await offloader.offload(row.topic, row.body, kind, sha256=sha256)
     if out is None:
         return row if len(kept) == len(row.headers) else dataclasses.replace(row, headers=kept)
     body, headers = out

@@ -52,6 +52,10 @@ class S3PayloadStore(ObjectPayloadStore):
         # rather than obstore's default of ten retries over three minutes.
         retry: RetryConfig = {"max_retries": 3, "retry_timeout": timedelta(seconds=15)}
         config: S3Config = {}
+        if not os.environ.get("AWS_UNSIGNED_PAYLOAD"):
+            # Every read checks the payload's SHA-256 against its reference, end to end: signing
+            # the body as well would hash it once more here and once more in the service.
+            config["unsigned_payload"] = True
         if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
             config["region"] = "us-east-1"  # what an S3-compatible service takes by default
         super().__init__(

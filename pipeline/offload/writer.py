@@ -11,6 +11,7 @@ new message still points to.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from pipeline.envelope import Delivered, Record
 from pipeline.offload import reference as ref
+from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.policy import OffloadPolicy
 from pipeline.offload.store import PayloadStore, open_store
 from pipeline.transport.protocol import Producer
@@ -27,8 +29,15 @@ log = logging.getLogger(__name__)
 
 REFRESH_AFTER_S = 86_400.0
 """An existing object older than this is written again rather than reused (see the purge)."""
-_HASH_OFF_LOOP_BYTES = 256 * 1024
+HASH_OFF_LOOP_BYTES = 256 * 1024
 """Hash bodies at least this large in a thread (hashlib lets go of the GIL for them)."""
+
+
+async def sha256_hex(body: bytes) -> str:
+    """The SHA-256 of ``body``, hex; in a worker thread when it is large."""
+    if len(body) >= HASH_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(lambda: hashlib.sha256(body).hexdigest())
+    return hashlib.sha256(body).hexdigest()
 
 
 @dataclass
@@ -47,11 +56,13 @@ class Offloader:
     Args:
         policies: the offload policy of each topic that has one (main topics and their retry
             and dead-letter topics all map to the lane's policy).
+        observer: told of every object written or reused (the process's metrics), or None.
     """
 
     policies: Mapping[str, OffloadPolicy]
     refresh_after_s: float = REFRESH_AFTER_S
     counters: OffloadCounters = field(default_factory=OffloadCounters)
+    observer: OffloadObserver | None = None
     _stores: dict[str, PayloadStore] = field(default_factory=dict)
 
     def policy(self, topic: str) -> OffloadPolicy | None:
@@ -71,12 +82,13 @@ class Offloader:
         return store
 
     async def offload(
-        self, topic: str, body: bytes, content_type: str = ""
+        self, topic: str, body: bytes, content_type: str = "", *, sha256: str | None = None
     ) -> tuple[bytes, dict[str, bytes]] | None:
         """Write ``body`` to ``topic``'s store; the reference's body and headers.
 
         None when ``body`` stays inline (no policy, or not above its threshold). The object is
-        acknowledged by the store before this returns.
+        acknowledged by the store before this returns. ``sha256``: the body's digest (hex) when
+        the caller already computed it from these bytes (the ingress), so it is not hashed twice.
 
         Raises:
             OffloadError: the store failed (nothing may be produced or acknowledged then).
@@ -85,20 +97,22 @@ class Offloader:
         if policy is None or len(body) <= policy.above_bytes:
             return None
         store = self.store(policy.store)
-        if len(body) >= _HASH_OFF_LOOP_BYTES:
-            reference = await asyncio.to_thread(ref.reference_for, store.url, body, content_type)
-        else:
-            reference = ref.reference_for(store.url, body, content_type)
+        digest = sha256 or await sha256_hex(body)
+        reference = ref.reference_for(store.url, body, content_type, digest)
         existing = await store.head(reference.key)
         fresh = existing is not None and (
             time.time() - existing.last_modified.timestamp() < self.refresh_after_s
         )
         if fresh and existing is not None and existing.size == reference.size:
             self.counters.reused += 1
+            if self.observer is not None:
+                self.observer.reused(store.url)
         else:
             await store.put(reference.key, body)
             self.counters.written += 1
             self.counters.bytes_written += len(body)
+            if self.observer is not None:
+                self.observer.written(store.url, len(body))
         return reference.encode()
 
 

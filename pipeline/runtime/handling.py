@@ -73,7 +73,7 @@ class HandlerStage:
         self._standing = {
             lane.name: StandingQueue(lane.spec.sojourn) for lane in lanes if lane.spec.sojourn
         }
-        self._payloads = Payloads(lanes)  # offloaded payloads: references resolved lazily
+        self._payloads = Payloads(lanes, None if metrics is None else metrics.offload)
         self.turns: DebouncedLanes | None = None
         """The debouncer, on a member with Redis and debounced lanes (set by the member)."""
         self.deferring: set[tuple[TopicPartition, int]] = set()

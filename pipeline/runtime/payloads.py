@@ -31,6 +31,7 @@ from pipeline.envelope import Message
 from pipeline.offload import reference as ref
 from pipeline.offload.errors import PayloadMissing, ReferenceRefused
 from pipeline.offload.lazy import LazyPayload
+from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.store import PayloadStore, open_store
 from pipeline.runtime.app import Lane
 
@@ -53,9 +54,13 @@ def _takes_lazy(lane: Lane) -> bool:
 class Payloads:
     """Turns each message into its handler's event, resolving references; one per member."""
 
-    def __init__(self, lanes: Sequence[Lane]) -> None:
-        """Serve ``lanes`` (stores are opened on their first reference)."""
+    def __init__(self, lanes: Sequence[Lane], observer: OffloadObserver | None = None) -> None:
+        """Serve ``lanes`` (stores are opened on their first reference).
+
+        ``observer`` (the member's metrics) is told of every payload read and missing object.
+        """
         self._lazy = {lane.name: _takes_lazy(lane) for lane in lanes}
+        self._observer = observer
         self._stores: dict[str, PayloadStore] = {}
         self._gate = asyncio.Semaphore(FETCHING_AT_ONCE)
 
@@ -83,11 +88,13 @@ class Payloads:
                 f"reads {policy.store}"
             )
         store = self._store(policy.store)
-        payload = LazyPayload(reference, store, self._gate)
+        payload = LazyPayload(reference, store, self._gate, self._observer)
         if self._lazy.get(lane.name, False):
             async with self._gate:
                 found = await store.head(reference.key)
             if found is None:
+                if self._observer is not None:
+                    self._observer.missing(store.url)
                 raise PayloadMissing(
                     f"offloaded payload {reference.store}/{reference.key} does not exist"
                 )

@@ -16,6 +16,11 @@ declarations, with parking, ``ctx.once``, the debouncer and throttles on
 :class:`~pipeline.testing.clock.VirtualClock`, so retry tiers, debounce windows and deadlines
 pass without waiting. Handlers are registered unchanged on a copy of the App that records each
 call (:class:`~pipeline.testing.recorder.Run`).
+
+Lanes that declare ``offload:`` offload here too: :meth:`TestApp.send` writes a payload above
+the lane's threshold to its store and produces the reference, and the member resolves it as in
+production. ``TestApp(app, payloads=tmp_path)`` puts every offloading lane's store in that
+directory instead of the declared one (an ``s3://`` store then needs no S3 service).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -36,6 +42,7 @@ from pipeline.admission.throttle import Throttle
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Delivered, Message, TopicPartition
 from pipeline.errors import ConfigError
+from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
 from pipeline.runtime.app import App
 from pipeline.runtime.member import Member
 from pipeline.runtime.stats import Stats
@@ -44,12 +51,22 @@ from pipeline.testing.memory import MemoryTransport
 from pipeline.testing.recorder import Recorder, Run
 from pipeline.testing.records import DeadLettered, messages_on
 from pipeline.testing.redis import fake_redis
+from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import Producer
 
 _STEP_S = 1.0
 """How often :meth:`TestApp.drain` looks whether everything settled (virtual seconds)."""
 COMMIT_INTERVAL_MS = 5_000
 """The default settings' commit interval (virtual): an idle tick costs real time in a test, and
 commits only decide what a crash would redeliver, which a TestApp never has."""
+
+
+def _stored_in(spec: TopicSpec, payloads: Path | None) -> TopicSpec:
+    """``spec`` with its offload store moved to a directory under ``payloads`` (if both exist)."""
+    if payloads is None or spec.offload is None:
+        return spec
+    store = f"file://{payloads.resolve()}/{spec.lane}"
+    return spec.model_copy(update={"offload": spec.offload.model_copy(update={"store": store})})
 
 
 def encode_value(event: Any) -> bytes:
@@ -77,6 +94,7 @@ class TestApp:
         settings: Settings | None = None,
         throttle_limits: Mapping[str, int] | None = None,
         clock: VirtualClock | None = None,
+        payloads: Path | None = None,
     ) -> None:
         """Prepare the run; ``async with`` starts and stops it.
 
@@ -89,6 +107,8 @@ class TestApp:
             throttle_limits: limits of throttle keys, e.g. ``{"org:acme": 2}``; other keys have
                 ``settings.throttle.default_limit``.
             clock: the virtual clock (default: one starting at the real time now).
+            payloads: a directory standing in for the store of every lane that declares
+                ``offload:`` (``file://<payloads>/<lane>``); default: the declared stores.
         """
         self.settings = settings or load_settings(
             runtime={"commit_interval_ms": COMMIT_INTERVAL_MS}
@@ -97,7 +117,7 @@ class TestApp:
         self.recorder = Recorder()
         self.transport = MemoryTransport(max_message_bytes=self.settings.max_message_bytes)
         self.redis: Redis = fake_redis()
-        self.app = self._recording_copy(app)
+        self.app = self._recording_copy(app, payloads)
         self._lane_names = list(lanes or sorted(self.app.lanes))
         self._group = group
         self._throttle_limits = dict(throttle_limits or {})
@@ -105,11 +125,15 @@ class TestApp:
         self._member: Member | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._producer = self.transport.producer()
+        self._producer: Producer = self.transport.producer()
+        policies = topic_policies([lane.spec for lane in self.app.lanes.values()])
+        if policies:  # large payloads of offloading lanes go to their stores, as in production
+            self._producer = OffloadingProducer(self._producer, Offloader(policies))
 
-    def _recording_copy(self, app: App) -> App:
+    def _recording_copy(self, app: App, payloads: Path | None) -> App:
         """A new App with the same declarations whose handlers record their calls."""
-        copy = App([lane.spec for lane in app.lanes.values()], retryable=app.retryable)
+        specs = [_stored_in(lane.spec, payloads) for lane in app.lanes.values()]
+        copy = App(specs, retryable=app.retryable)
         copy.avro = app.avro
         for name, lane in app.lanes.items():
             cpu = lane.cpu_ref is not None  # a process-pool handler runs unrecorded

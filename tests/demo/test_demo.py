@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -15,6 +16,8 @@ import pytest
 from redis import Redis
 
 from demo import keys
+from demo.offload import s3_environment
+from demo.offload import stored as stored_objects
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,8 +82,12 @@ def _runtime_passes_turns() -> bool:
     return bool(getattr(lane, "turns", False))
 
 
-def test_short_demo_loses_nothing_and_keeps_small_tenants_fast(redis_service, tmp_path, unique):
+def test_short_demo_loses_nothing_and_keeps_small_tenants_fast(
+    redis_service, tmp_path, unique, monkeypatch
+):
     """A 12 s headless run drains with no lost webhook, fast small tenants and debounced turns."""
+    for name, value in s3_environment().items():  # to read the run's store afterwards
+        monkeypatch.setenv(name, value)
     prefix = f"demotest{unique}"
     started = time.monotonic()
     code, output = _finish(_start(tmp_path, prefix, "12s"), timeout_s=110)
@@ -100,6 +107,14 @@ def test_short_demo_loses_nothing_and_keeps_small_tenants_fast(redis_service, tm
     assert summary["small_tenant_p50_wait_ms"] <= 5_000, summary
     assert summary["small_tenant_p99_wait_ms"] <= 30_000, summary
     assert summary["turns"] > 0
+    # Attachment-sized bodies: by reference through S3Proxy when it runs, else inline.
+    assert summary["large_bodies_accepted"] > 0
+    if summary["offloaded_objects"] is None:
+        assert "offload: off, S3Proxy is not running" in output
+    else:
+        assert summary["offloaded_objects"] == summary["large_bodies_accepted"], summary
+        assert "offload: large bodies of the messages lane go to" in output
+        assert asyncio.run(stored_objects(summary["offload_store"])) == (0, 0)  # deleted
     if _runtime_passes_turns():
         # Only with debouncing in the runtime: bursts of 2-6 messages coalesce into turns.
         assert summary["messages_per_turn"] > 1, summary

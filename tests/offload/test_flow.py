@@ -7,6 +7,7 @@ that cannot read a reference refuses it; a deleted object is a ``payload_missing
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -81,7 +82,7 @@ def ingress_app(
     dispatcher = Dispatcher(transport.producer(), store)
     app = IngressApp(sources, store, dispatcher)
     offloader = Offloader(topic_policies([spec]))
-    app.offload = lambda row: offload_row(offloader, row)
+    app.offload = functools.partial(offload_row, offloader)
     return app, dispatcher
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import uuid
 from pathlib import Path
 
@@ -64,7 +66,7 @@ async def test_a_store_that_fails_gets_a_503_and_nothing_is_stored(tmp_path: Pat
     await log_store.open()
     app = IngressApp(built, log_store, None)
     offloader = Offloader(topic_policies([spec]))
-    app.offload = lambda row: offload_row(offloader, row)
+    app.offload = functools.partial(offload_row, offloader)
     body = b'{"big": "' + b"x" * (2 * MIB) + b'"}'
     headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://i")
@@ -74,6 +76,43 @@ async def test_a_store_that_fails_gets_a_503_and_nothing_is_stored(tmp_path: Pat
     assert answer.headers["retry-after"] == "5"
     assert app.counters["hooks", "offload_error"] == 1
     assert sum((await log_store.count_by_state(Selection())).values()) == 0
+    await log_store.close()
+
+
+async def test_a_large_body_is_hashed_once_for_its_event_id_and_its_object_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source without event ids: the row's id and the object's key share one digest."""
+    spec = TopicSpec.model_validate(
+        {"name": "big", "partitions": 1, "offload": {"store": f"file://{tmp_path}/p"}}
+    )
+    log_store = SqliteLogStore(tmp_path / "ingress.db")
+    await log_store.open()
+    app = IngressApp(sources(tmp_path, [spec], 8 * MIB), log_store, None)
+    offloader = Offloader(topic_policies([spec]))
+    app.offload = functools.partial(offload_row, offloader)
+    body = b'{"big": "' + b"y" * (2 * MIB) + b'"}'
+    digest = hashlib.sha256(body).hexdigest()
+    hashed: list[int] = []
+    real = hashlib.sha256
+
+    def counting(data: bytes = b"") -> hashlib._Hash:
+        hashed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://i")
+    async with client:
+        answer = await client.post("/hooks/hooks", content=body, headers=headers)
+    monkeypatch.undo()
+    assert answer.json()["status"] == "accepted"
+    assert hashed.count(len(body)) == 1  # besides the signature's HMAC, one SHA-256 of the body
+    (row,) = await log_store.select(Selection(), limit=10)
+    assert row.event_id == f"sha256:{digest}"
+    assert [o.key async for o in open_store(f"file://{tmp_path}/p").list()] == [
+        f"sha256/{digest[:2]}/{digest}"
+    ]
     await log_store.close()
 
 

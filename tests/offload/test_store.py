@@ -66,3 +66,22 @@ async def test_a_lazy_payload_checks_the_digest(store_url: str) -> None:
     await store.put(other.key, body)  # the wrong bytes under a digest's key
     with pytest.raises(PayloadCorrupt):
         await LazyPayload(other, store).read()
+
+
+@pytest.mark.parametrize("unsigned", [None, "false"])
+async def test_s3_writes_with_and_without_a_signed_payload(
+    store_url: str, unsigned: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unsigned payloads by default; AWS_UNSIGNED_PAYLOAD=false signs them: both are stored."""
+    if not store_url.startswith("s3://"):
+        pytest.skip("a directory store signs nothing")
+    if unsigned is None:
+        monkeypatch.delenv("AWS_UNSIGNED_PAYLOAD", raising=False)
+    else:
+        monkeypatch.setenv("AWS_UNSIGNED_PAYLOAD", unsigned)
+    store = open_store(store_url)
+    body = b"s" * 300_000
+    await store.put("sha256/bb/signed", body)
+    assert b"".join([c async for c in store.chunks("sha256/bb/signed", 1 << 20)]) == body
+    await store.delete("sha256/bb/signed")
+    monkeypatch.delenv("AWS_UNSIGNED_PAYLOAD", raising=False)
