@@ -115,19 +115,16 @@ class LaneClaims:
 
     # -- poll batches -----------------------------------------------------------------------
 
-    async def extend(self, messages: Sequence[Message]) -> None:
-        """Grow the claims to cover this poll batch's first deliveries, before they run."""
+    async def extend(self, tops: Mapping[tuple[str, int], int]) -> None:
+        """Grow the claims over a poll batch (its top offset per partition) before it runs."""
         needed: dict[TopicPartition, int] = {}
-        claimed = self._claimed
-        for message in messages:
-            if message.topic != self.topic:
-                continue
-            tp = message.tp
-            current = claimed.get(tp)
-            if current is not None and message.offset > current[1]:
-                needed[tp] = max(needed.get(tp, -1), message.offset)
+        for tp, current in self._claimed.items():
+            top = tops.get((tp.topic, tp.partition))
+            if top is not None and top > current[1]:
+                needed[tp] = top
         if not needed:
             return
+        claimed = self._claimed
         ranges = {tp: (claimed[tp][0], top + self._ahead) for tp, top in needed.items()}
         try:
             await self._store.claim(ranges)

@@ -318,8 +318,13 @@ class RunGuard:
 
     async def extend(self, batch: Sequence[Message]) -> None:
         """Claim what this poll batch holds before any of it runs."""
+        if not self._claims or not batch:
+            return
+        tops: dict[tuple[str, int], int] = {}
+        for message in batch:  # a partition's messages come in offset order
+            tops[message.topic, message.partition] = message.offset
         for claims in self._claims.values():
-            await claims.extend(batch)
+            await claims.extend(tops)
 
     def revoked(self, tps: Iterable[TopicPartition]) -> dict[str, list[TopicPartition]]:
         """Partitions left this member: the claims to give up, by lane, once their work ended."""

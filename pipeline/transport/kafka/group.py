@@ -78,7 +78,9 @@ def _describe(settings: KafkaSettings) -> frozenset[str]:
     timeout_s = settings.request_timeout_ms / 1000
     admin = _admin(settings)
     try:
-        brokers = admin.list_topics(timeout=timeout_s).brokers
+        # The cluster's nodes alone: its topic metadata would grow with the number of topics.
+        cluster = admin.describe_cluster(request_timeout=timeout_s).result(timeout=timeout_s)
+        brokers = [node.id for node in cluster.nodes]
         if not brokers:
             return frozenset({"classic"})
         resource = ConfigResource(ResourceType.BROKER, str(min(brokers)))
