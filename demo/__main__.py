@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,7 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ProcessFailed, PipelineError, RedisError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return 1
+    _trace_links(options.root)
     return 130 if summary["interrupted"] else 0
+
+
+def _trace_links(root: Path) -> None:
+    """With traces sent to a local Jaeger, print a link to a flooder's and a small tenant's.
+
+    Printed here rather than by ``deploy/local/demo.sh``, so that the script can hand its shell
+    over to the demo and a SIGINT sent to it reaches the demo.
+    """
+    script = root / "deploy" / "local" / "jaeger.sh"
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and script.exists():
+        subprocess.run(["bash", str(script), "links"], check=False)  # noqa: S603, S607
 
 
 if __name__ == "__main__":

@@ -28,10 +28,6 @@ if port_open 127.0.0.1 "${JAEGER_QUERY_PORT:-16686}" && [ -z "${OTEL_EXPORTER_OT
   export OTEL_TRACES_SAMPLER="${OTEL_TRACES_SAMPLER:-parentbased_traceidratio}"
   export OTEL_TRACES_SAMPLER_ARG="${OTEL_TRACES_SAMPLER_ARG:-0.1}"
 fi
-# Without traces the demo replaces this shell, so a SIGINT sent to the script reaches it (a
-# foreground child of a script never sees a signal sent to the script alone).
-if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then exec "$PY" -m demo "${args[@]}"; fi
-status=0
-"$PY" -m demo "${args[@]}" || status=$?
-if [ -n "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then bash "$ROOT/deploy/local/jaeger.sh" links; fi
-exit "$status"
+# The demo replaces this shell, so a SIGINT sent to the script reaches it (a foreground child
+# of a script never sees a signal sent to the script alone); it prints the trace links itself.
+exec "$PY" -m demo "${args[@]}"
