@@ -22,7 +22,8 @@ it. Per partition, this member process *claims* the offsets it polls, ahead of t
   park them behind its back; a stalled previous owner's work is inherited, and that path sees
   its parking.
 * **Giving up.** A claim is given up when its partition is revoked, once the work of that
-  partition here has ended. It expires with the guard's other keys, and another process stops
+  partition here has ended. While held, it is written again every half of the guard's expiry;
+  left behind by a crash, it expires like the guard's other keys, and another process stops
   waiting for it once this one's liveness (``gd_live``) has run out.
 
 Retry-tier copies, released followers and suspects always take the exact path. When Redis
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from redis import exceptions as rexc
@@ -65,6 +67,8 @@ class LaneClaims:
         """Processes whose claims were found at assignment and may still run their work."""
         self._crashed: set[TopicPartition] = set()
         """Partitions a holder of which died with its claim: its range counts as interrupted."""
+        self._written_s: dict[TopicPartition, float] = {}
+        """When each claim was last written (its expiry renewed)."""
         self.maybe_parked: set[str] | None = None if ordered else set()
         """Keys that may be parked (ordered lanes); None until loaded: every key may be."""
 
@@ -92,11 +96,13 @@ class LaneClaims:
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, %s run every message marked: %s", mine, exc)
             return
+        now_s = time.monotonic()
         for tp in mine:
             others = found.get(tp, {})
             self._inherited_hi[tp] = max((hi for _, hi in others.values()), default=-1)
             self._holders[tp] = sorted(others)
             self._claimed[tp] = ranges[tp]
+            self._written_s[tp] = now_s
 
     def revoked(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Forget ``tps``; returns those of them this process claimed (to give up)."""
@@ -107,6 +113,7 @@ class LaneClaims:
             self._inherited_hi.pop(tp, None)
             self._holders.pop(tp, None)
             self._crashed.discard(tp)
+            self._written_s.pop(tp, None)
         return out
 
     async def give_up(self, tps: Sequence[TopicPartition]) -> None:
@@ -132,6 +139,27 @@ class LaneClaims:
             log.warning("parking unavailable, could not claim %d partitions: %s", len(ranges), exc)
             return  # unclaimed offsets take the exact path
         claimed.update(ranges)
+        now_s = time.monotonic()
+        for tp in ranges:
+            self._written_s[tp] = now_s
+
+    async def keep(self) -> None:
+        """Write again the claims not written for half the guard's expiry.
+
+        A quiet partition's claim must outlive any run it covers.
+        """
+        due_s = time.monotonic() - self._store.ttl_ms / 2000
+        stale = {tp: self._claimed[tp] for tp, at in self._written_s.items() if at < due_s}
+        if not stale:
+            return
+        try:
+            await self._store.claim(stale)
+        except (rexc.RedisError, OSError) as exc:
+            log.warning("parking unavailable, could not renew %d claims: %s", len(stale), exc)
+            return
+        now_s = time.monotonic()
+        for tp in stale:
+            self._written_s[tp] = now_s
 
     # -- the fast path ----------------------------------------------------------------------
 

@@ -344,10 +344,13 @@ class RunGuard:
             await window.flush()
 
     async def tick(self, lanes: dict[str, Lane]) -> None:
-        """Renew this member's release leases and take over releases whose member died."""
+        """Renew this member's liveness, claims and release leases; take over dead releases."""
         for name, store in self._stores.items():
             await store.live()
             await store.renew(sorted(self._releasing[name]))
+            claims = self._claims.get(name)
+            if claims is not None:
+                await claims.keep()
             lane = lanes.get(name)
             if lane is None:
                 continue

@@ -166,3 +166,24 @@ async def test_keys_parked_before_or_here_take_the_exact_path(
     assert await b.run(lane, other) == "handled"
     claims = b._claims[lane.name]
     assert claims.maybe_parked == {encode_key(b"k")}
+
+
+async def test_a_quiet_partitions_claim_is_written_again_before_it_expires(
+    redis: Redis, unique: str, cleanup: str
+) -> None:
+    """A claim not written for half the guard's expiry is renewed on the member's tick."""
+    lane = guarded_lane(f"claims_{unique}")
+    guard = member_guard(redis, cleanup, lane, Handlers(), "a", claims=True)
+    await _join(guard, lane, [main_message(lane, 0, b"x")])
+    store = guard._stores[lane.name]
+    key = store.keys.claims(lane.spec.name, 0)
+    claims = guard._claims[lane.name]
+    await claims.keep()  # written just now: nothing to do
+    assert 0 < await redis.pttl(key) <= store.ttl_ms
+    await redis.pexpire(key, 60_000)
+    await claims.keep()
+    assert await redis.pttl(key) <= 60_000
+    claims._written_s[_tp(lane)] -= store.ttl_ms / 1000  # as if written an expiry ago
+    await claims.keep()
+    assert await redis.pttl(key) > 60_000
+    assert await redis.hget(key, store.instance) is not None
