@@ -8,7 +8,6 @@ process's liveness has run out.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -22,16 +21,6 @@ from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.isolation import Isolation
 
 
-@pytest.fixture
-async def cleanup(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of the test's own; its keys are deleted afterwards."""
-    prefix = f"t{unique}"
-    yield prefix
-    keys = await redis.keys(f"{{{prefix}:*")
-    if keys:
-        await redis.delete(*keys)
-
-
 def _tp(lane: Lane) -> TopicPartition:
     return TopicPartition(lane.spec.name, 0)
 
@@ -40,6 +29,17 @@ async def _join(guard: RunGuard, lane: Lane, messages: list[Message]) -> None:
     """The partition is assigned to ``guard``'s member (nothing committed) and polled."""
     await guard.assigned([_tp(lane)], {})
     await guard.extend(messages)
+
+
+async def _started(
+    guard: RunGuard, lane: Lane, handlers: Handlers, message: Message
+) -> asyncio.Task[str | None]:
+    """A new owner joins and runs ``message`` until its handler has started (and holds)."""
+    await _join(guard, lane, [message])
+    handlers.started.pop(message.value, None)
+    task = asyncio.create_task(guard.run(lane, message))
+    await asyncio.wait_for(handlers.started.setdefault(message.value, asyncio.Event()).wait(), 10)
+    return task
 
 
 async def _crash(guard: RunGuard, lane: Lane, redis: Redis, task: asyncio.Task[object]) -> None:
@@ -52,12 +52,12 @@ async def _crash(guard: RunGuard, lane: Lane, redis: Redis, task: asyncio.Task[o
 
 
 async def test_first_deliveries_under_a_claim_make_no_call(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """Fifty first deliveries run with no start mark; one claim covers them, given up at the end."""
     lane = guarded_lane(f"claims_{unique}")
     handlers = Handlers()
-    guard = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
+    guard = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     messages = [main_message(lane, i, b"v%d" % i, key=b"k%d" % i) for i in range(50)]
     await _join(guard, lane, messages)
     outcomes = await asyncio.gather(*(guard.run(lane, m) for m in messages))
@@ -74,25 +74,20 @@ async def test_first_deliveries_under_a_claim_make_no_call(
 
 
 async def test_a_crash_on_a_claimed_message_is_caught_one_owner_later(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """Crash under A's claim, then under B's exact run of it: C runs it alone as a suspect."""
     lane = guarded_lane(f"claims_{unique}")
     handlers = Handlers()
     poison = main_message(lane, 3, b"poison")
     handlers.hold[b"poison"] = asyncio.Event()  # never set: every run of it dies in the handler
-    a = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
-    await _join(a, lane, [poison])
-    run_a = asyncio.create_task(a.run(lane, poison))
-    await asyncio.wait_for(handlers.started.setdefault(b"poison", asyncio.Event()).wait(), 10)
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    run_a = await _started(a, lane, handlers, poison)
     assert a.calls == 0  # it ran under the claim
     await _crash(a, lane, redis, run_a)
 
-    b = member_guard(redis, cleanup, lane, handlers, "b", claims=True)
-    await _join(b, lane, [poison])
-    handlers.started.pop(b"poison")
-    run_b = asyncio.create_task(b.run(lane, poison))
-    await asyncio.wait_for(handlers.started.setdefault(b"poison", asyncio.Event()).wait(), 10)
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
+    run_b = await _started(b, lane, handlers, poison)
     assert b.calls == 1  # inherited from A: marked before it ran
     store = b._stores[lane.name]
     ident = f"{lane.spec.name}:0:3"
@@ -102,26 +97,23 @@ async def test_a_crash_on_a_claimed_message_is_caught_one_owner_later(
     await _crash(b, lane, redis, run_b)
 
     isolation = Isolation(5.0)
-    c = member_guard(redis, cleanup, lane, handlers, "c", claims=True, isolation=isolation)
-    await _join(c, lane, [poison])
-    handlers.started.pop(b"poison")
-    run_c = asyncio.create_task(c.run(lane, poison))
-    await asyncio.wait_for(handlers.started.setdefault(b"poison", asyncio.Event()).wait(), 10)
+    c = member_guard(redis, prefix, lane, handlers, "c", claims=True, isolation=isolation)
+    run_c = await _started(c, lane, handlers, poison)
     assert isolation.suspects == 1  # B's unfinished mark: C runs it alone
     handlers.hold[b"poison"].set()
     assert await asyncio.wait_for(run_c, 10) == "handled"
 
 
 async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """A stalled, still-alive A keeps its claim: B's copy of A's range waits, then runs once."""
     lane = guarded_lane(f"claims_{unique}")
     handlers = Handlers()
     message = main_message(lane, 2, b"x")
-    a = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     await _join(a, lane, [message])  # A claimed it and is alive (assigned() renewed it)
-    b = member_guard(redis, cleanup, lane, handlers, "b", claims=True)
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
     await _join(b, lane, [message])
     asked = 0
     store_b = b._stores[lane.name]
@@ -143,13 +135,13 @@ async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
 
 
 async def test_keys_parked_before_or_here_take_the_exact_path(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """A key parked by this member, or found parked at assignment, holds its next messages."""
     lane = guarded_lane(f"claims_{unique}")
     handlers = Handlers()
     handlers.outcomes[b"x"] = ["retried"]  # X fails once: its key parks
-    a = member_guard(redis, cleanup, lane, handlers, "a", claims=True)
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     first = [main_message(lane, 0, b"x"), main_message(lane, 1, b"y")]
     await _join(a, lane, first)
     assert await a.run(lane, first[0]) == "retried"
@@ -157,7 +149,7 @@ async def test_keys_parked_before_or_here_take_the_exact_path(
     assert await a.run(lane, first[1]) == "parked"  # Y: its key parked here, so asked and held
     await a.give_up(a.revoked([_tp(lane)]))
 
-    b = member_guard(redis, cleanup, lane, handlers, "b", claims=True)
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
     later = [main_message(lane, 2, b"z")]
     await _join(b, lane, later)  # the key was parked when the partition came here
     assert await b.run(lane, later[0]) == "parked"
@@ -169,11 +161,11 @@ async def test_keys_parked_before_or_here_take_the_exact_path(
 
 
 async def test_a_quiet_partitions_claim_is_written_again_before_it_expires(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """A claim not written for half the guard's expiry is renewed on the member's tick."""
     lane = guarded_lane(f"claims_{unique}")
-    guard = member_guard(redis, cleanup, lane, Handlers(), "a", claims=True)
+    guard = member_guard(redis, prefix, lane, Handlers(), "a", claims=True)
     await _join(guard, lane, [main_message(lane, 0, b"x")])
     store = guard._stores[lane.name]
     key = store.keys.claims(lane.spec.name, 0)

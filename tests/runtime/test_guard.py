@@ -9,7 +9,6 @@ these tests are about the guard's decisions, not about producing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -35,23 +34,13 @@ from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
 
 
-@pytest.fixture
-async def cleanup(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of the test's own; its keys are deleted afterwards."""
-    prefix = f"t{unique}"
-    yield prefix
-    keys = await redis.keys(f"{{{prefix}:*")
-    if keys:
-        await redis.delete(*keys)
-
-
 async def test_a_second_copy_of_a_running_head_never_runs_beside_it(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """The stale-copy interleaving: copy B of X is dropped while copy A runs; Y runs after X."""
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
-    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
     handlers.outcomes[b"x"] = ["retried"]  # X fails once: its key parks
     assert await a.run(lane, main_message(lane, 0, b"x")) == "retried"
     assert await a.run(lane, main_message(lane, 1, b"y")) == "parked"  # Y is held behind X
@@ -67,16 +56,16 @@ async def test_a_second_copy_of_a_running_head_never_runs_beside_it(
     assert handlers.overlaps() == 0
     # A copy that shows up after X finished is stale, and the key is no longer parked.
     assert await a.run(lane, retry_copy(lane, 0, 2, b"x")) == "duplicate"
-    assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
 
 
 async def test_a_release_whose_member_died_is_taken_over(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """A member killed while running a released follower: another takes the release over."""
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
-    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
     handlers.outcomes[b"x"] = ["retried"]
     await a.run(lane, main_message(lane, 0, b"x"))
     await a.run(lane, main_message(lane, 1, b"y"))
@@ -98,15 +87,15 @@ async def test_a_release_whose_member_died_is_taken_over(
     await eventually(lambda: not b._reaped)
     values = [(m, v) for m, v, _, _ in handlers.runs]
     assert values == [("a", b"x"), ("a", b"x"), ("b", b"y"), ("b", b"z")]
-    assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
 
 
 async def test_starts_of_one_loop_turn_share_few_calls(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """Fifty starts made in one turn of the loop cost two calls (of 32 at most); their ends one."""
     spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
-    store = GuardStore(redis, cleanup, spec.lane, ttl_ms=60_000)
+    store = GuardStore(redis, prefix, spec.lane, ttl_ms=60_000)
     window = StartWindow(store)
     from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
 
@@ -126,12 +115,12 @@ async def test_starts_of_one_loop_turn_share_few_calls(
 
 
 async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """The copy of a failure may run before the failing start's end is recorded: it runs."""
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
-    b = member_guard(redis, cleanup, lane, handlers, "b")
+    b = member_guard(redis, prefix, lane, handlers, "b")
     copy = retry_copy(lane, 0, 0, b"x")
     copy_outcomes: list[str | None] = []
 
@@ -148,7 +137,7 @@ async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
         return await routing.failure(lane_, message, 1, RuntimeError("flaky"))
 
     a = RunGuard(
-        lane_guards(redis, cleanup, [lane.spec]),
+        lane_guards(redis, prefix, [lane.spec]),
         routing,
         stats,
         Isolation(5.0),
@@ -159,11 +148,11 @@ async def test_a_retry_copy_that_runs_before_its_failed_start_ended_is_not_lost(
     assert copy_outcomes == ["handled"]
     # The key is not left parked behind a head that already ran: the next message runs.
     assert await b.run(lane, main_message(lane, 1, b"y")) == "handled"
-    assert await redis.hlen(f"{{{cleanup}:guard:{lane.name}}}:parked") == 0
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
 
 
 async def test_a_copy_another_live_member_still_runs_waits_for_its_end(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """The same copy read by B while A (alive, only stalled past its partition lease) runs it.
 
@@ -172,7 +161,7 @@ async def test_a_copy_another_live_member_still_runs_waits_for_its_end(
     """
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
-    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
     handlers.hold[b"x"] = asyncio.Event()
     first = asyncio.create_task(a.run(lane, main_message(lane, 0, b"x")))
     await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
@@ -188,17 +177,17 @@ async def test_a_copy_another_live_member_still_runs_waits_for_its_end(
 
 
 async def test_a_copy_of_a_dead_members_start_runs_as_a_suspect(
-    redis: Redis, unique: str, cleanup: str
+    redis: Redis, unique: str, prefix: str
 ) -> None:
     """When the member whose mark stands is no longer alive, the copy is a suspect, as before."""
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
-    a, b = (member_guard(redis, cleanup, lane, handlers, m) for m in ("a", "b"))
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
     handlers.hold[b"x"] = asyncio.Event()
     first = asyncio.create_task(a.run(lane, main_message(lane, 0, b"x")))
     await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
     first.cancel()  # A dies mid-run: its mark stays; its liveness is taken back, as if it ran out
-    await redis.hdel(f"{{{cleanup}:guard:{lane.name}}}:live", a._stores[lane.name].instance)
+    await redis.hdel(f"{{{prefix}:guard:{lane.name}}}:live", a._stores[lane.name].instance)
     handlers.hold.pop(b"x").set()
     assert await asyncio.wait_for(b.run(lane, main_message(lane, 0, b"x")), 10) == "handled"
     assert b._stats.busy_waits == 0
