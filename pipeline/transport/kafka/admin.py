@@ -139,7 +139,10 @@ class KafkaAdmin:
             meta = await self._metadata()
             return {n: list(t.partitions) for n, t in meta.topics.items() if not n.startswith("__")}
         wanted = sorted({n for n in names if not n.startswith("__")})
-        if not wanted:
+        if not wanted:  # nothing to describe, but the broker still answers (a reachability probe)
+            await self._wait(
+                self._raw.describe_cluster(request_timeout=self._timeout_s), "list topics"
+            )
             return {}
         futures = self._raw.describe_topics(
             TopicCollection(wanted), request_timeout=self._timeout_s

@@ -86,7 +86,7 @@ def _describe(settings: KafkaSettings) -> frozenset[str]:
         resource = ConfigResource(ResourceType.BROKER, str(min(brokers)))
         configs = admin.describe_configs([resource], request_timeout=timeout_s)
         entries = configs[resource].result(timeout=timeout_s)
-    except KafkaException as exc:
+    except (KafkaException, TimeoutError) as exc:  # a broker out of reach: said when consuming
         log.warning("could not read %s, using the classic protocol: %s", PROTOCOLS_CONFIG, exc)
         return frozenset({"classic"})
     entry = entries.get(PROTOCOLS_CONFIG)
