@@ -67,6 +67,9 @@ class LaneClaims:
         """Processes whose claims were found at assignment and may still run their work."""
         self._crashed: set[TopicPartition] = set()
         """Partitions a holder of which died with its claim: its range counts as interrupted."""
+        self._fast: dict[TopicPartition, tuple[int, int]] = {}
+        """The offsets of each partition that may run unmarked: above what was inherited, within
+        this process's claim."""
         self._written_s: dict[TopicPartition, float] = {}
         """When each claim was last written (its expiry renewed)."""
         self.maybe_parked: set[str] | None = None if ordered else set()
@@ -103,6 +106,7 @@ class LaneClaims:
             self._holders[tp] = sorted(others)
             self._claimed[tp] = ranges[tp]
             self._written_s[tp] = now_s
+            self._bound(tp)
 
     def revoked(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Forget ``tps``; returns those of them this process claimed (to give up)."""
@@ -114,6 +118,7 @@ class LaneClaims:
             self._holders.pop(tp, None)
             self._crashed.discard(tp)
             self._written_s.pop(tp, None)
+            self._fast.pop(tp, None)
         return out
 
     async def give_up(self, tps: Sequence[TopicPartition]) -> None:
@@ -142,6 +147,11 @@ class LaneClaims:
         now_s = time.monotonic()
         for tp in ranges:
             self._written_s[tp] = now_s
+            self._bound(tp)
+
+    def _bound(self, tp: TopicPartition) -> None:
+        lo, hi = self._claimed[tp]
+        self._fast[tp] = (max(lo, self._inherited_hi.get(tp, -1) + 1), hi)
 
     async def keep(self) -> None:
         """Write again the claims not written for half the guard's expiry.
@@ -165,13 +175,11 @@ class LaneClaims:
 
     def fast(self, message: Message, key: str) -> bool:
         """Whether ``message`` (its encoded key: ``key``) may run without a start mark."""
+        bounds = self._fast.get(message.tp)
+        if bounds is None or not bounds[0] <= message.offset <= bounds[1]:
+            return False
         if h.ORIGIN_TOPIC in message.headers:
-            return False  # a retry-tier copy
-        claim = self._claimed.get(message.tp)
-        if claim is None or not claim[0] <= message.offset <= claim[1]:
-            return False
-        if message.offset <= self._inherited_hi.get(message.tp, -1):
-            return False
+            return False  # a retry-tier copy (or a redriven one) on the main topic
         parked = self.maybe_parked
         return parked is not None and key not in parked
 

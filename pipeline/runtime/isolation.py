@@ -61,8 +61,6 @@ class Isolation:
 
     def _entered(self) -> None:
         self._running += 1
-        if self._running == 1:
-            self._idle.clear()
 
     def leave_shared(self) -> None:
         """An ordinary run started by :meth:`enter_shared` ended."""
@@ -77,7 +75,8 @@ class Isolation:
         self._open.clear()
         try:
             async with self._turn:
-                while self._running:
+                while self._running:  # the last shared run to leave sets it
+                    self._idle.clear()
                     await self._idle.wait()
                 timer = asyncio.get_running_loop().call_later(self._alone_for_s, self._open.set)
                 try:
