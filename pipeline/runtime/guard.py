@@ -96,7 +96,7 @@ class RunGuard:
         store = self._stores.get(lane.name)
         if store is None:
             return await self._call(lane, message)
-        ordered = _ordered(lane)
+        ordered = ordered_retries(lane)
         start = start_of(message, ordered=ordered)
         if start.ident in self._running:  # another copy runs in this member right now
             self._stats.duplicates += 1
@@ -303,9 +303,9 @@ class RunGuard:
         if store is None or start is None:
             return
         claims = self._claims.get(lane.name)
-        if claims is not None and _ordered(lane):
+        if claims is not None and ordered_retries(lane):
             claims.parked(start.key)
-        await store.route(start, attempt, park=_ordered(lane))
+        await store.route(start, attempt, park=ordered_retries(lane))
 
     # -- claims -------------------------------------------------------------------------------
 
@@ -368,7 +368,8 @@ class RunGuard:
                 await task
 
 
-def _ordered(lane: Lane) -> bool:
+def ordered_retries(lane: Lane) -> bool:
+    """Whether ``lane`` keeps per-key order across retries (parking): ordered, with tiers."""
     return lane.spec.ordered and bool(lane.routes.retry_topics)
 
 
@@ -378,4 +379,4 @@ def _follow(lane: Lane) -> bool:
 
 def _ending(lane: Lane, outcome: str | None) -> Ending:
     ending = _ENDINGS.get(outcome or "", "done")
-    return "done" if ending == "parked" and not _ordered(lane) else ending
+    return "done" if ending == "parked" and not ordered_retries(lane) else ending

@@ -37,7 +37,7 @@ from pipeline.runtime.app import App, Lane
 from pipeline.runtime.chain import Chain
 from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.flow import FlowControl, PauseBook
-from pipeline.runtime.guard import RunGuard
+from pipeline.runtime.guard import RunGuard, ordered_retries
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.isolation import Isolation
@@ -322,9 +322,7 @@ class Member:
     ) -> None:
         """Count a delivery; a settled one's log row is marked processed at the next commit."""
         if self._processed is not None and outcome in _SETTLED:
-            row = message.headers.get(h.ROW_ID)
-            if row is not None:
-                self._finished_rows.append(row.decode())
+            self._rows_finished((message,))
         if self._metrics is not None:
             self._metrics.delivered(lane.name, outcome or "unrouted", duration_s)
 
@@ -477,7 +475,7 @@ def _claims(
         lane.name: LaneClaims(
             stores[lane.name],
             lane.spec.name,
-            ordered=lane.spec.ordered and bool(lane.routes.retry_topics),
+            ordered=ordered_retries(lane),
             ahead=settings.partition_high_water,
         )
         for lane in lanes
