@@ -57,7 +57,6 @@ class LaneClaims:
         """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled."""
         self._store = store
         self.topic = topic
-        self._ordered = ordered
         self._ahead = max(1, ahead)
         self._claimed: dict[TopicPartition, tuple[int, int]] = {}
         """Partitions whose claims were read at assignment: this process's claim (lo, hi)."""
@@ -88,25 +87,22 @@ class LaneClaims:
             if self.maybe_parked is None:
                 self.maybe_parked = await self._store.parked_keys()
             found = await self._store.read_claims(mine)
+            inherited = {
+                tp: max((hi for _, hi in found.get(tp, {}).values()), default=-1) for tp in mine
+            }
             ranges: dict[TopicPartition, tuple[int, int]] = {}
             for tp in mine:
                 lo = committed[tp].offset if tp in committed else 0
-                others = found.get(tp, {})
-                inherited = max((hi for _, hi in others.values()), default=-1)
-                ranges[tp] = (lo, max(inherited, lo + self._ahead - 1))
+                ranges[tp] = (lo, max(inherited[tp], lo + self._ahead - 1))
             await self._store.live()  # claims are waited for only while their process lives
             await self._store.claim(ranges)
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, %s run every message marked: %s", mine, exc)
             return
-        now_s = time.monotonic()
         for tp in mine:
-            others = found.get(tp, {})
-            self._inherited_hi[tp] = max((hi for _, hi in others.values()), default=-1)
-            self._holders[tp] = sorted(others)
-            self._claimed[tp] = ranges[tp]
-            self._written_s[tp] = now_s
-            self._bound(tp)
+            self._inherited_hi[tp] = inherited[tp]
+            self._holders[tp] = sorted(found.get(tp, {}))
+        self._claimed_now(ranges)
 
     def revoked(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Forget ``tps``; returns those of them this process claimed (to give up)."""
@@ -136,22 +132,8 @@ class LaneClaims:
                 needed[tp] = top
         if not needed:
             return
-        claimed = self._claimed
-        ranges = {tp: (claimed[tp][0], top + self._ahead) for tp, top in needed.items()}
-        try:
-            await self._store.claim(ranges)
-        except (rexc.RedisError, OSError) as exc:
-            log.warning("parking unavailable, could not claim %d partitions: %s", len(ranges), exc)
-            return  # unclaimed offsets take the exact path
-        claimed.update(ranges)
-        now_s = time.monotonic()
-        for tp in ranges:
-            self._written_s[tp] = now_s
-            self._bound(tp)
-
-    def _bound(self, tp: TopicPartition) -> None:
-        lo, hi = self._claimed[tp]
-        self._fast[tp] = (max(lo, self._inherited_hi.get(tp, -1) + 1), hi)
+        ranges = {tp: (self._claimed[tp][0], top + self._ahead) for tp, top in needed.items()}
+        await self._write(ranges, "extend")  # on failure, unclaimed offsets take the exact path
 
     async def keep(self) -> None:
         """Write again the claims not written for half the guard's expiry.
@@ -160,16 +142,26 @@ class LaneClaims:
         """
         due_s = time.monotonic() - self._store.ttl_ms / 2000
         stale = {tp: self._claimed[tp] for tp, at in self._written_s.items() if at < due_s}
-        if not stale:
-            return
+        if stale:
+            await self._write(stale, "renew")
+
+    async def _write(self, ranges: dict[TopicPartition, tuple[int, int]], doing: str) -> None:
+        """Write ``ranges`` as this process's claims; failures are logged and leave them as were."""
         try:
-            await self._store.claim(stale)
+            await self._store.claim(ranges)
         except (rexc.RedisError, OSError) as exc:
-            log.warning("parking unavailable, could not renew %d claims: %s", len(stale), exc)
+            log.warning("parking unavailable, could not %s %d claims: %s", doing, len(ranges), exc)
             return
+        self._claimed_now(ranges)
+
+    def _claimed_now(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+        """``ranges`` are written: they bound the fast path, and their expiry starts now."""
         now_s = time.monotonic()
-        for tp in stale:
+        for tp, claim in ranges.items():
+            self._claimed[tp] = claim
             self._written_s[tp] = now_s
+            lo, hi = claim
+            self._fast[tp] = (max(lo, self._inherited_hi.get(tp, -1) + 1), hi)
 
     # -- the fast path ----------------------------------------------------------------------
 
