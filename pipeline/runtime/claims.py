@@ -53,11 +53,24 @@ _WAIT_MAX_S = 1.0
 class LaneClaims:
     """This member process's claims on the main partitions of one guarded lane."""
 
-    def __init__(self, store: GuardStore, topic: str, *, ordered: bool, ahead: int) -> None:
-        """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled."""
+    def __init__(
+        self, store: GuardStore, topic: str, *, ordered: bool, ahead: int, patience_s: float
+    ) -> None:
+        """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled.
+
+        A live previous owner is waited for at most ``patience_s`` after the assignment: it
+        gives its claim up within its shutdown grace of losing the partition, so a claim held
+        longer was left behind (Redis failed its deletion) and its range counts as interrupted.
+        """
         self._store = store
         self.topic = topic
         self._ahead = max(1, ahead)
+        self._patience_s = patience_s
+        self._assigned_s: dict[TopicPartition, float] = {}
+        """When each partition was assigned here (monotonic)."""
+        self._owned: dict[TopicPartition, int] = {}
+        """Partitions assigned here, each with the number of its assignment."""
+        self._assignments = 0
         self._claimed: dict[TopicPartition, tuple[int, int]] = {}
         """Partitions whose claims were read at assignment: this process's claim (lo, hi)."""
         self._inherited_hi: dict[TopicPartition, int] = {}
@@ -83,6 +96,11 @@ class LaneClaims:
         mine = [tp for tp in tps if tp.topic == self.topic]
         if not mine:
             return
+        self._assignments += 1
+        now_s = time.monotonic()
+        for tp in mine:
+            self._owned[tp] = self._assignments
+            self._assigned_s[tp] = now_s
         try:
             if self.maybe_parked is None:
                 self.maybe_parked = await self._store.parked_keys()
@@ -108,6 +126,8 @@ class LaneClaims:
         """Forget ``tps``; returns those of them this process claimed (to give up)."""
         out = []
         for tp in tps:
+            self._owned.pop(tp, None)
+            self._assigned_s.pop(tp, None)
             if self._claimed.pop(tp, None) is not None:
                 out.append(tp)
             self._inherited_hi.pop(tp, None)
@@ -118,8 +138,13 @@ class LaneClaims:
         return out
 
     async def give_up(self, tps: Sequence[TopicPartition]) -> None:
-        """Delete this process's claims on ``tps`` (their work here has ended)."""
-        await self._store.unclaim(tps)
+        """Delete this process's claims on ``tps`` (their work here has ended).
+
+        A partition assigned here again meanwhile keeps the claim its assignment wrote.
+        """
+        gone = [tp for tp in tps if tp not in self._owned]
+        await self._store.unclaim(gone)
+        await self._settle([tp for tp in gone if tp in self._owned])
 
     # -- poll batches -----------------------------------------------------------------------
 
@@ -146,13 +171,31 @@ class LaneClaims:
             await self._write(stale, "renew")
 
     async def _write(self, ranges: dict[TopicPartition, tuple[int, int]], doing: str) -> None:
-        """Write ``ranges`` as this process's claims; failures are logged and leave them as were."""
+        """Write ``ranges`` as this process's claims; failures are logged and leave them as were.
+
+        A partition revoked while the write was under way (a rebalance runs beside the poll
+        loop and the commit tick) must not stay claimed: its new owner would wait for this
+        process for as long as it lives. Its claim is deleted again, or, if the partition came
+        back meanwhile, replaced by the one its new assignment made.
+        """
+        owned = {tp: self._owned.get(tp) for tp in ranges}
         try:
             await self._store.claim(ranges)
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not %s %d claims: %s", doing, len(ranges), exc)
             return
-        self._claimed_now(ranges)
+        kept = {tp: claim for tp, claim in ranges.items() if self._owned.get(tp) == owned[tp]}
+        self._claimed_now(kept)
+        await self._settle([tp for tp in ranges if tp not in kept])
+
+    async def _settle(self, tps: Sequence[TopicPartition]) -> None:
+        """Make the claims on ``tps`` in Redis what this process holds now, after a race."""
+        if not tps:
+            return
+        await self._store.unclaim([tp for tp in tps if tp not in self._claimed])
+        again = {tp: self._claimed[tp] for tp in tps if tp in self._claimed}
+        if again:
+            await self._write(again, "restore")
 
     def _claimed_now(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
         """``ranges`` are written: they bound the fast path, and their expiry starts now."""
@@ -184,11 +227,22 @@ class LaneClaims:
     async def wait_for_holders(self, tp: TopicPartition) -> bool:
         """Wait while a process that claimed ``tp`` before is alive and still claims it.
 
-        True if one of them died with its claim: any message of its range may have been
-        running when it died.
+        True if one of them died with its claim, or kept it past the patience: any message of
+        its range may have been running when it died.
         """
         pause_s = _WAIT_FIRST_S
         while self._holders.get(tp):
+            if time.monotonic() - self._assigned_s.get(tp, 0.0) > self._patience_s:
+                log.warning(
+                    "%s: member process(es) %s still claim it %.0f s after it came here;"
+                    " their range runs as interrupted",
+                    tp,
+                    ", ".join(self._holders[tp]),
+                    self._patience_s,
+                )
+                self._holders[tp] = []
+                self._crashed.add(tp)
+                break
             try:
                 alive, dead = await self._store.claiming(tp, self._holders[tp])
             except (rexc.RedisError, OSError) as exc:

@@ -27,6 +27,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import psutil
@@ -251,6 +252,7 @@ async def run(cluster: Cluster, scenario: Scenario) -> dict[str, object]:
             missing = sorted(accepted - observer.applied.keys() - observer.dead.keys())
             if time.monotonic() >= deadline:
                 state = await group_state(observer.redis) if cluster.transport == "redis" else ""
+                state += await guard_state(observer.redis) + log_tail(cluster.directory)
                 raise AssertionError(f"not drained: {len(missing)} {missing[:10]}{state}")
             await observer.refresh()
         drained = time.monotonic()
@@ -309,6 +311,33 @@ async def group_state(redis: Redis) -> str:
                 if pending["pending"]:
                     lines.append(f"{key.decode()} pending {pending['consumers']}")
     return "".join(f"\n  {line}" for line in lines)
+
+
+async def guard_state(redis: Redis) -> str:
+    """The run guard's state, for a scenario that did not drain.
+
+    Live member processes, claimed ranges, and the start marks still held.
+    """
+    lines = []
+    with contextlib.suppress(RedisError, OSError):
+        for pattern in ("*}:live", "*}:claims:*"):
+            lines += [
+                f"{key.decode()} {await redis.hgetall(key)}"
+                async for key in redis.scan_iter(match=pattern)
+            ]
+        async for key in redis.scan_iter(match="*}:run"):
+            marks = await redis.hgetall(key)
+            lines.append(f"{key.decode()} {len(marks)} marks {dict(list(marks.items())[:20])}")
+    return "".join(f"\n  {line}" for line in lines)
+
+
+def log_tail(directory: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines the members logged, for a scenario that did not drain."""
+    log = directory / "members.log"
+    if not log.exists():
+        return ""
+    tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    return "\n  members.log:" + "".join(f"\n    {line}" for line in tail)
 
 
 def check_exactly_once(

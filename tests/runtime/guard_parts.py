@@ -106,6 +106,7 @@ def member_guard(
     *,
     claims: bool = False,
     isolation: Isolation | None = None,
+    patience_s: float = 30.0,
 ) -> RunGuard:
     """One member's guard; with ``claims``, first deliveries run under claimed ranges."""
     stats = Stats()
@@ -116,7 +117,10 @@ def member_guard(
     chosen = None
     if claims:
         store = stores[lane.name]
-        chosen = {lane.name: LaneClaims(store, lane.spec.name, ordered=True, ahead=100)}
+        claims_of = LaneClaims(
+            store, lane.spec.name, ordered=True, ahead=100, patience_s=patience_s
+        )
+        chosen = {lane.name: claims_of}
     return RunGuard(
         stores,
         routing,

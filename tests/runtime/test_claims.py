@@ -134,6 +134,34 @@ async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"x")]
 
 
+async def test_a_claim_left_behind_by_a_live_process_is_waited_for_only_so_long(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A live A whose claim outlives its ownership (its deletion failed): B waits its patience.
+
+    Then B runs A's range as interrupted (marked, its first interruption counted), so a
+    process that lives on with a stale claim cannot hold the partition for as long as it lives.
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    message = main_message(lane, 2, b"x")
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    await _join(a, lane, [message])  # A claims it, is alive, and never gives it up
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True, patience_s=0.3)
+    await _join(b, lane, [message])
+    handlers.hold[b"x"] = asyncio.Event()
+    run_b = asyncio.create_task(b.run(lane, message))
+    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
+    store = b._stores[lane.name]
+    ident = f"{lane.spec.name}:0:2"
+    assert (await redis.hget(store.keys.run, ident)).startswith(b"2|")
+    assert await redis.hget(store.keys.alone, ident) == b"1"
+    handlers.hold[b"x"].set()
+    assert await asyncio.wait_for(run_b, 10) == "handled"
+    assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"x")]
+    assert await redis.hget(store.keys.claims(lane.spec.name, 0), a._stores[lane.name].instance)
+
+
 async def test_keys_parked_before_or_here_take_the_exact_path(
     redis: Redis, unique: str, prefix: str
 ) -> None:
@@ -179,3 +207,54 @@ async def test_a_quiet_partitions_claim_is_written_again_before_it_expires(
     await claims.keep()
     assert await redis.pttl(key) > 60_000
     assert await redis.hget(key, store.instance) is not None
+
+
+async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebalance revokes the partition while a claim is being extended: nothing stays claimed.
+
+    Otherwise the next owner waits for this live process, which renews the claim for ever.
+    Then the same race with the partition assigned back: the new assignment's claim stays.
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    guard = member_guard(redis, prefix, lane, Handlers(), "a", claims=True)
+    await _join(guard, lane, [main_message(lane, 0, b"x")])
+    store = guard._stores[lane.name]
+    key = store.keys.claims(lane.spec.name, 0)
+    claims = guard._claims[lane.name]
+    real_claim = store.claim
+    sent, go = asyncio.Event(), asyncio.Event()
+
+    async def held_claim(ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+        sent.set()
+        await go.wait()  # the rebalance runs while this write is on its way
+        await real_claim(ranges)
+
+    for assign_back in (False, True):
+        sent.clear()
+        go.clear()
+        if assign_back:
+            await _join(guard, lane, [main_message(lane, 0, b"x")])
+        monkeypatch.setattr(store, "claim", held_claim)
+        far = main_message(lane, 500, b"far")
+        extending = asyncio.create_task(guard.extend([far]))
+        await asyncio.wait_for(sent.wait(), 10)
+        await guard.give_up(guard.revoked([_tp(lane)]))
+        if assign_back:
+            monkeypatch.setattr(store, "claim", real_claim)
+            await guard.assigned([_tp(lane)], {})
+            monkeypatch.setattr(store, "claim", held_claim)
+        go.set()
+        await extending
+        monkeypatch.setattr(store, "claim", real_claim)
+        claims._written_s = dict.fromkeys(claims._written_s, 0.0)  # every claim due
+        await claims.keep()
+        value = await redis.hget(key, store.instance)
+        if assign_back:
+            assert value == b"0|99"  # the new assignment's claim, not the extended one
+            assert claims.fast(main_message(lane, 99, b"y", key=b"y"), encode_key(b"y"))
+            assert not claims.fast(far, encode_key(far.key or b""))
+        else:
+            assert value is None
+            assert claims._claimed == {}
