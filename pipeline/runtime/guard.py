@@ -139,6 +139,9 @@ class RunGuard:
         if skipped is not None:
             return skipped
         outcome, ending = await self._decided(lane, store, message, start, decision, starts)
+        if outcome is None and not parked and decision == "process":
+            window.ended(start)  # not routed: as in _process, its mark must not hold it back
+            return None
         if outcome is None or ending is None:  # not routed (delivered again), or not ours
             return outcome
         if not parked and (ending == "done" or not start.ordered):
@@ -174,7 +177,9 @@ class RunGuard:
             isolation.leave_shared()
             if self._running.get(ident) is start:
                 del self._running[ident]
-        if outcome is None:  # not routed: delivered again
+        if outcome is None:  # not routed: delivered again, and its run here is over
+            if window is not None:  # else a live member's mark would hold that delivery back
+                window.ended(start)
             return None
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered:

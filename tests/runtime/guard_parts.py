@@ -62,7 +62,7 @@ class Handlers:
         self.runs: list[tuple[str, bytes, int, int]] = []  # member, value, start, end
         self.hold: dict[bytes, asyncio.Event] = {}
         self.started: dict[bytes, asyncio.Event] = {}
-        self.outcomes: dict[bytes, list[str]] = {}
+        self.outcomes: dict[bytes, list[str | None]] = {}
 
     def stage(self, member: str):
         """The handler stage of ``member``: records each run, holding it while told to."""

@@ -176,6 +176,26 @@ async def test_a_copy_another_live_member_still_runs_waits_for_its_end(
     assert handlers.overlaps() == 0
 
 
+async def test_a_run_left_unrouted_does_not_hold_its_next_copy_back(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A's run ends unrouted (the broker refused its retry copy): it is delivered again later.
+
+    A lives on. B, which reads it next (after a rebalance), runs it at once: A's mark must not
+    say A still runs it, or B would wait for A for as long as A lives.
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    handlers.outcomes[b"x"] = [None]
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
+    assert await a.run(lane, main_message(lane, 0, b"x")) is None
+    await a.flush()
+    assert await asyncio.wait_for(b.run(lane, main_message(lane, 0, b"x")), 10) == "handled"
+    assert b._stats.busy_waits == 0
+    assert [m for m, _, _, _ in handlers.runs] == ["a", "b"]
+    assert await redis.hlen(a._stores[lane.name].keys.alone) == 0  # not counted as a crash
+
+
 async def test_a_copy_of_a_dead_members_start_runs_as_a_suspect(
     redis: Redis, unique: str, prefix: str
 ) -> None:
