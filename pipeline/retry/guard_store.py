@@ -337,10 +337,13 @@ class GuardStore:
             pipe.pexpire(key, self.ttl_ms)
         await pipe.execute()
 
-    async def unclaim(self, tps: Sequence[TopicPartition], instance: str | None = None) -> None:
-        """Give up this process's claim (or ``instance``'s) on ``tps``; errors are logged."""
+    async def unclaim(self, tps: Sequence[TopicPartition], instance: str | None = None) -> bool:
+        """Give up this process's claim (or ``instance``'s) on ``tps``; False if Redis failed.
+
+        Errors are logged.
+        """
         if not tps:
-            return
+            return True
         pipe = self._client.pipeline(transaction=False)
         for tp in tps:
             pipe.hdel(self.keys.claims(tp.topic, tp.partition), instance or self.instance)
@@ -348,6 +351,8 @@ class GuardStore:
             await pipe.execute()
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not give up %d claims: %s", len(tps), exc)
+            return False
+        return True
 
     async def claiming(
         self, tp: TopicPartition, instances: Sequence[str]

@@ -42,6 +42,7 @@ from redis import exceptions as rexc
 from pipeline import headers as h
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.retry.guard_store import GuardStore
+from pipeline.retry.keys import encode_key
 
 log = logging.getLogger(__name__)
 
@@ -53,21 +54,14 @@ _WAIT_MAX_S = 1.0
 class LaneClaims:
     """This member process's claims on the main partitions of one guarded lane."""
 
-    def __init__(
-        self, store: GuardStore, topic: str, *, ordered: bool, ahead: int, patience_s: float
-    ) -> None:
-        """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled.
-
-        A live previous owner is waited for at most ``patience_s`` after the assignment: it
-        gives its claim up within its shutdown grace of losing the partition, so a claim held
-        longer was left behind (Redis failed its deletion) and its range counts as interrupted.
-        """
+    def __init__(self, store: GuardStore, topic: str, *, ordered: bool, ahead: int) -> None:
+        """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled."""
         self._store = store
         self.topic = topic
         self._ahead = max(1, ahead)
-        self._patience_s = patience_s
-        self._assigned_s: dict[TopicPartition, float] = {}
-        """When each partition was assigned here (monotonic)."""
+        self._leftover: set[TopicPartition] = set()
+        """Partitions whose claims this process gave up but could not delete (Redis failed):
+        their next owners wait for this process while it lives, so deleting them is retried."""
         self._owned: dict[TopicPartition, int] = {}
         """Partitions assigned here, each with the number of its assignment."""
         self._assignments = 0
@@ -97,10 +91,9 @@ class LaneClaims:
         if not mine:
             return
         self._assignments += 1
-        now_s = time.monotonic()
         for tp in mine:
             self._owned[tp] = self._assignments
-            self._assigned_s[tp] = now_s
+            self._leftover.discard(tp)
         try:
             if self.maybe_parked is None:
                 self.maybe_parked = await self._store.parked_keys()
@@ -127,7 +120,6 @@ class LaneClaims:
         out = []
         for tp in tps:
             self._owned.pop(tp, None)
-            self._assigned_s.pop(tp, None)
             if self._claimed.pop(tp, None) is not None:
                 out.append(tp)
             self._inherited_hi.pop(tp, None)
@@ -143,8 +135,15 @@ class LaneClaims:
         A partition assigned here again meanwhile keeps the claim its assignment wrote.
         """
         gone = [tp for tp in tps if tp not in self._owned]
-        await self._store.unclaim(gone)
+        await self._delete(gone)
         await self._settle([tp for tp in gone if tp in self._owned])
+
+    async def _delete(self, tps: Sequence[TopicPartition]) -> None:
+        """Delete this process's claims on ``tps``, or keep them to try again at the next tick."""
+        if await self._store.unclaim(tps):
+            self._leftover.difference_update(tps)
+        else:
+            self._leftover.update(tps)
 
     # -- poll batches -----------------------------------------------------------------------
 
@@ -161,10 +160,15 @@ class LaneClaims:
         await self._write(ranges, "extend")  # on failure, unclaimed offsets take the exact path
 
     async def keep(self) -> None:
-        """Write again the claims not written for half the guard's expiry.
+        """Write again the claims not written for half the guard's expiry; delete left-overs.
 
-        A quiet partition's claim must outlive any run it covers.
+        A quiet partition's claim must outlive any run it covers, and a claim given up must
+        go even when Redis failed its first deletion: the partition's next owner waits for it.
         """
+        leftover = [tp for tp in self._leftover if tp not in self._owned]
+        self._leftover.clear()
+        if leftover:
+            await self._delete(leftover)
         due_s = time.monotonic() - self._store.ttl_ms / 2000
         stale = {tp: self._claimed[tp] for tp, at in self._written_s.items() if at < due_s}
         if stale:
@@ -192,7 +196,7 @@ class LaneClaims:
         """Make the claims on ``tps`` in Redis what this process holds now, after a race."""
         if not tps:
             return
-        await self._store.unclaim([tp for tp in tps if tp not in self._claimed])
+        await self._delete([tp for tp in tps if tp not in self._claimed])
         again = {tp: self._claimed[tp] for tp in tps if tp in self._claimed}
         if again:
             await self._write(again, "restore")
@@ -208,15 +212,18 @@ class LaneClaims:
 
     # -- the fast path ----------------------------------------------------------------------
 
-    def fast(self, message: Message, key: str) -> bool:
-        """Whether ``message`` (its encoded key: ``key``) may run without a start mark."""
+    def unmarked(self, message: Message) -> str | None:
+        """``message``'s id if it may run without a start mark, else None."""
         bounds = self._fast.get(message.tp)
-        if bounds is None or not bounds[0] <= message.offset <= bounds[1]:
-            return False
+        offset = message.offset
+        if bounds is None or not bounds[0] <= offset <= bounds[1]:
+            return None
         if h.ORIGIN_TOPIC in message.headers:
-            return False  # a retry-tier copy (or a redriven one) on the main topic
+            return None  # a retry-tier copy (or a redriven one) on the main topic
         parked = self.maybe_parked
-        return parked is not None and key not in parked
+        if parked is None or (parked and encode_key(message.key) in parked):
+            return None
+        return f"{message.topic}:{message.partition}:{offset}"  # its position: guard_store.position
 
     def inherited(self, message: Message) -> bool:
         """Whether ``message`` lies in a range another process claimed before this one."""
@@ -227,22 +234,11 @@ class LaneClaims:
     async def wait_for_holders(self, tp: TopicPartition) -> bool:
         """Wait while a process that claimed ``tp`` before is alive and still claims it.
 
-        True if one of them died with its claim, or kept it past the patience: any message of
-        its range may have been running when it died.
+        True if one of them died with its claim: any message of its range may have been
+        running when it died.
         """
         pause_s = _WAIT_FIRST_S
         while self._holders.get(tp):
-            if time.monotonic() - self._assigned_s.get(tp, 0.0) > self._patience_s:
-                log.warning(
-                    "%s: member process(es) %s still claim it %.0f s after it came here;"
-                    " their range runs as interrupted",
-                    tp,
-                    ", ".join(self._holders[tp]),
-                    self._patience_s,
-                )
-                self._holders[tp] = []
-                self._crashed.add(tp)
-                break
             try:
                 alive, dead = await self._store.claiming(tp, self._holders[tp])
             except (rexc.RedisError, OSError) as exc:

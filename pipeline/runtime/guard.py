@@ -81,8 +81,9 @@ class RunGuard:
         self._call = call
         self._settled = settled
         self._releasing: dict[str, set[str]] = {lane: set() for lane in stores}
-        self._running: dict[str, Start] = {}
-        """Starts running in this member, by message id, until they end or are routed."""
+        self._running: dict[str, Start | Message] = {}
+        """Starts running in this member, by message id, until they end or are routed (a first
+        delivery under a claim: the message, its start built only if it is routed)."""
         routing.on_route = self._routed
         self._reaped: set[asyncio.Task[None]] = set()
 
@@ -96,18 +97,19 @@ class RunGuard:
         store = self._stores.get(lane.name)
         if store is None:
             return await self._call(lane, message)
+        claims = self._claims.get(lane.name)
+        if claims is not None:
+            ident = claims.unmarked(message)  # claimed and never started elsewhere
+            if ident is not None and ident not in self._running:
+                return await self._run_claimed(lane, store, message, ident)
         ordered = ordered_retries(lane)
         start = start_of(message, ordered=ordered)
         if start.ident in self._running:  # another copy runs in this member right now
             self._stats.duplicates += 1
             return "duplicate"
         window = self._windows[lane.name]
-        claims = self._claims.get(lane.name)
-        if claims is not None:
-            if claims.fast(message, start.key):  # claimed and never started elsewhere
-                return await self._process(lane, store, None, message, start, ordered)
-            if claims.inherited(message):
-                start.inherited = await claims.wait_for_holders(message.tp)
+        if claims is not None and claims.inherited(message):
+            start.inherited = await claims.wait_for_holders(message.tp)
         decision, starts = await window.begin(start)
         if claims is not None:
             claims.decided(start.key, decision)
@@ -151,11 +153,42 @@ class RunGuard:
             return outcome
         return await self._end(lane, store, start, ending, outcome)
 
+    async def _run_claimed(
+        self, lane: Lane, store: GuardStore, message: Message, ident: str
+    ) -> str | None:
+        """Run a first delivery under this member's claim: no start mark, no Redis call.
+
+        The steps of :meth:`_process` without a window; a usual end is implied by the commit
+        and sends nothing. The start is built only for an end that needs one: a retry or a
+        dead letter on an ordered lane (``_routed`` builds it when the retry copy is routed).
+        """
+        outcome = await self._shared(lane, message, ident, message)
+        ending = _ENDINGS.get(outcome) if outcome is not None else None
+        if ending is None or not ordered_retries(lane):
+            return outcome
+        assert outcome is not None  # noqa: S101 - an ending comes from an outcome
+        return await self._end(lane, store, start_of(message, ordered=True), ending, outcome)
+
+    async def _shared(
+        self, lane: Lane, message: Message, ident: str, running: Start | Message
+    ) -> str | None:
+        """Call the next stage on ``message`` as an ordinary run, known as running meanwhile."""
+        self._running[ident] = running
+        isolation = self._isolation
+        if not isolation.try_enter_shared():
+            await isolation.enter_shared()
+        try:
+            return await self._call(lane, message)
+        finally:
+            isolation.leave_shared()
+            if self._running.get(ident) is running:
+                del self._running[ident]
+
     async def _process(
         self,
         lane: Lane,
         store: GuardStore,
-        window: StartWindow | None,
+        window: StartWindow,
         message: Message,
         start: Start,
         ordered: bool,
@@ -163,28 +196,14 @@ class RunGuard:
         """Run a message the guard let through at once (``process``): what most messages are.
 
         The same steps as :meth:`_decided` and :meth:`_carry_out` for that decision, inline.
-        Without ``window`` it ran under a claim, with no start mark: a usual end is implied by
-        the commit and sends nothing.
         """
-        ident = start.ident
-        self._running[ident] = start
-        isolation = self._isolation
-        if not isolation.try_enter_shared():
-            await isolation.enter_shared()
-        try:
-            outcome = await self._call(lane, message)
-        finally:
-            isolation.leave_shared()
-            if self._running.get(ident) is start:
-                del self._running[ident]
+        outcome = await self._shared(lane, message, start.ident, start)
         if outcome is None:  # not routed: delivered again, and its run here is over
-            if window is not None:  # else a live member's mark would hold that delivery back
-                window.ended(start)
+            window.ended(start)  # else a live member's mark would hold that delivery back
             return None
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered:
-            if window is not None:
-                window.ended(start)
+            window.ended(start)
             return outcome
         return await self._end(lane, store, start, ending, outcome)
 
@@ -304,13 +323,15 @@ class RunGuard:
         Its copy may then run (here or in another member) even before this start has ended.
         """
         store = self._stores.get(lane.name)
-        start = self._running.pop(message_id(message), None)
-        if store is None or start is None:
+        running = self._running.pop(message_id(message), None)
+        if store is None or running is None:
             return
+        ordered = ordered_retries(lane)
+        start = running if isinstance(running, Start) else start_of(running, ordered=ordered)
         claims = self._claims.get(lane.name)
-        if claims is not None and ordered_retries(lane):
+        if claims is not None and ordered:
             claims.parked(start.key)
-        await store.route(start, attempt, park=ordered_retries(lane))
+        await store.route(start, attempt, park=ordered)
 
     # -- claims -------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from pipeline.errors import PipelineError, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.deletion_cost import DeletionCost
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
-from pipeline.retry.guard_store import LIVE_MS, GuardStore, lane_guards
+from pipeline.retry.guard_store import GuardStore, lane_guards
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.chain import Chain
@@ -477,7 +477,6 @@ def _claims(
             lane.spec.name,
             ordered=ordered_retries(lane),
             ahead=settings.partition_high_water,
-            patience_s=settings.shutdown_grace_s + LIVE_MS / 1000,
         )
         for lane in lanes
         if lane.name in stores

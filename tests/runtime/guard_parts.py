@@ -106,7 +106,6 @@ def member_guard(
     *,
     claims: bool = False,
     isolation: Isolation | None = None,
-    patience_s: float = 30.0,
 ) -> RunGuard:
     """One member's guard; with ``claims``, first deliveries run under claimed ranges."""
     stats = Stats()
@@ -117,10 +116,7 @@ def member_guard(
     chosen = None
     if claims:
         store = stores[lane.name]
-        claims_of = LaneClaims(
-            store, lane.spec.name, ordered=True, ahead=100, patience_s=patience_s
-        )
-        chosen = {lane.name: claims_of}
+        chosen = {lane.name: LaneClaims(store, lane.spec.name, ordered=True, ahead=100)}
     return RunGuard(
         stores,
         routing,

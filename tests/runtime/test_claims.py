@@ -15,8 +15,10 @@ from runtime.guard_parts import Handlers, guarded_lane, main_message, member_gua
 from runtime.helpers import eventually
 
 from pipeline.envelope import Message, TopicPartition
+from pipeline.retry.guard_store import GuardStore
 from pipeline.retry.keys import encode_key
 from pipeline.runtime.app import Lane
+from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.isolation import Isolation
 
@@ -29,6 +31,16 @@ async def _join(guard: RunGuard, lane: Lane, messages: list[Message]) -> None:
     """The partition is assigned to ``guard``'s member (nothing committed) and polled."""
     await guard.assigned([_tp(lane)], {})
     await guard.extend(messages)
+
+
+async def _one_member(
+    redis: Redis, prefix: str, lane: Lane
+) -> tuple[RunGuard, GuardStore, str, LaneClaims]:
+    """One member that holds the lane's partition: its guard, store, claims key and claims."""
+    guard = member_guard(redis, prefix, lane, Handlers(), "a", claims=True)
+    await _join(guard, lane, [main_message(lane, 0, b"x")])
+    store = guard._stores[lane.name]
+    return guard, store, store.keys.claims(lane.spec.name, 0), guard._claims[lane.name]
 
 
 async def _started(
@@ -134,32 +146,33 @@ async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"x")]
 
 
-async def test_a_claim_left_behind_by_a_live_process_is_waited_for_only_so_long(
-    redis: Redis, unique: str, prefix: str
+async def test_a_claim_whose_deletion_failed_is_deleted_at_the_next_tick(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A live A whose claim outlives its ownership (its deletion failed): B waits its patience.
+    """A gives its claim up while Redis fails the deletion: A's next tick deletes it.
 
-    Then B runs A's range as interrupted (marked, its first interruption counted), so a
-    process that lives on with a stale claim cannot hold the partition for as long as it lives.
+    Left in place, the partition's next owner would wait for A for as long as A lives.
     """
     lane = guarded_lane(f"claims_{unique}")
-    handlers = Handlers()
-    message = main_message(lane, 2, b"x")
-    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
-    await _join(a, lane, [message])  # A claims it, is alive, and never gives it up
-    b = member_guard(redis, prefix, lane, handlers, "b", claims=True, patience_s=0.3)
-    await _join(b, lane, [message])
-    handlers.hold[b"x"] = asyncio.Event()
-    run_b = asyncio.create_task(b.run(lane, message))
-    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
-    store = b._stores[lane.name]
-    ident = f"{lane.spec.name}:0:2"
-    assert (await redis.hget(store.keys.run, ident)).startswith(b"2|")
-    assert await redis.hget(store.keys.alone, ident) == b"1"
-    handlers.hold[b"x"].set()
-    assert await asyncio.wait_for(run_b, 10) == "handled"
-    assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"x")]
-    assert await redis.hget(store.keys.claims(lane.spec.name, 0), a._stores[lane.name].instance)
+    a, store, key, claims = await _one_member(redis, prefix, lane)
+    real_unclaim = store.unclaim
+
+    async def unreachable(tps: list[TopicPartition], instance: str | None = None) -> bool:
+        return False  # as GuardStore.unclaim answers when Redis fails (and logs it)
+
+    monkeypatch.setattr(store, "unclaim", unreachable)
+    await a.give_up(a.revoked([_tp(lane)]))
+    assert await redis.hget(key, store.instance) is not None
+    monkeypatch.setattr(store, "unclaim", real_unclaim)
+    await claims.keep()
+    assert await redis.hget(key, store.instance) is None
+    await a.assigned([_tp(lane)], {})  # taken back before a retry: its new claim stays
+    monkeypatch.setattr(store, "unclaim", unreachable)
+    await a.give_up(a.revoked([_tp(lane)]))
+    await a.assigned([_tp(lane)], {})
+    monkeypatch.setattr(store, "unclaim", real_unclaim)
+    await claims.keep()
+    assert await redis.hget(key, store.instance) == b"0|99"
 
 
 async def test_keys_parked_before_or_here_take_the_exact_path(
@@ -193,11 +206,7 @@ async def test_a_quiet_partitions_claim_is_written_again_before_it_expires(
 ) -> None:
     """A claim not written for half the guard's expiry is renewed on the member's tick."""
     lane = guarded_lane(f"claims_{unique}")
-    guard = member_guard(redis, prefix, lane, Handlers(), "a", claims=True)
-    await _join(guard, lane, [main_message(lane, 0, b"x")])
-    store = guard._stores[lane.name]
-    key = store.keys.claims(lane.spec.name, 0)
-    claims = guard._claims[lane.name]
+    _, store, key, claims = await _one_member(redis, prefix, lane)
     await claims.keep()  # written just now: nothing to do
     assert 0 < await redis.pttl(key) <= store.ttl_ms
     await redis.pexpire(key, 60_000)
@@ -218,11 +227,7 @@ async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind
     Then the same race with the partition assigned back: the new assignment's claim stays.
     """
     lane = guarded_lane(f"claims_{unique}")
-    guard = member_guard(redis, prefix, lane, Handlers(), "a", claims=True)
-    await _join(guard, lane, [main_message(lane, 0, b"x")])
-    store = guard._stores[lane.name]
-    key = store.keys.claims(lane.spec.name, 0)
-    claims = guard._claims[lane.name]
+    guard, store, key, claims = await _one_member(redis, prefix, lane)
     real_claim = store.claim
     sent, go = asyncio.Event(), asyncio.Event()
 
@@ -253,8 +258,8 @@ async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind
         value = await redis.hget(key, store.instance)
         if assign_back:
             assert value == b"0|99"  # the new assignment's claim, not the extended one
-            assert claims.fast(main_message(lane, 99, b"y", key=b"y"), encode_key(b"y"))
-            assert not claims.fast(far, encode_key(far.key or b""))
+            assert claims.unmarked(main_message(lane, 99, b"y", key=b"y")) is not None
+            assert claims.unmarked(far) is None
         else:
             assert value is None
             assert claims._claimed == {}
