@@ -337,16 +337,13 @@ class GuardStore:
             pipe.pexpire(key, self.ttl_ms)
         await pipe.execute()
 
-    async def unclaim(self, tps: Sequence[TopicPartition], instance: str | None = None) -> bool:
-        """Give up this process's claim (or ``instance``'s) on ``tps``; False if Redis failed.
-
-        Errors are logged.
-        """
+    async def unclaim(self, tps: Sequence[TopicPartition]) -> bool:
+        """Give up this process's claims on ``tps``; False if Redis failed (and logged)."""
         if not tps:
             return True
         pipe = self._client.pipeline(transaction=False)
         for tp in tps:
-            pipe.hdel(self.keys.claims(tp.topic, tp.partition), instance or self.instance)
+            pipe.hdel(self.keys.claims(tp.topic, tp.partition), self.instance)
         try:
             await pipe.execute()
         except (rexc.RedisError, OSError) as exc:

@@ -41,7 +41,7 @@ from redis import exceptions as rexc
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.retry.guard_store import GuardStore
+from pipeline.retry.guard_store import GuardStore, position
 from pipeline.retry.keys import encode_key
 
 log = logging.getLogger(__name__)
@@ -215,15 +215,14 @@ class LaneClaims:
     def unmarked(self, message: Message) -> str | None:
         """``message``'s id if it may run without a start mark, else None."""
         bounds = self._fast.get(message.tp)
-        offset = message.offset
-        if bounds is None or not bounds[0] <= offset <= bounds[1]:
+        if bounds is None or not bounds[0] <= message.offset <= bounds[1]:
             return None
         if h.ORIGIN_TOPIC in message.headers:
             return None  # a retry-tier copy (or a redriven one) on the main topic
         parked = self.maybe_parked
         if parked is None or (parked and encode_key(message.key) in parked):
             return None
-        return f"{message.topic}:{message.partition}:{offset}"  # its position: guard_store.position
+        return position(message)  # a first delivery's id is where it was read
 
     def inherited(self, message: Message) -> bool:
         """Whether ``message`` lies in a range another process claimed before this one."""

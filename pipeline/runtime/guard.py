@@ -163,10 +163,11 @@ class RunGuard:
         dead letter on an ordered lane (``_routed`` builds it when the retry copy is routed).
         """
         outcome = await self._shared(lane, message, ident, message)
-        ending = _ENDINGS.get(outcome) if outcome is not None else None
+        if outcome is None:  # not routed: delivered again (no mark to end)
+            return None
+        ending = _ENDINGS.get(outcome)
         if ending is None or not ordered_retries(lane):
             return outcome
-        assert outcome is not None  # noqa: S101 - an ending comes from an outcome
         return await self._end(lane, store, start_of(message, ordered=True), ending, outcome)
 
     async def _shared(

@@ -157,7 +157,7 @@ async def test_a_claim_whose_deletion_failed_is_deleted_at_the_next_tick(
     a, store, key, claims = await _one_member(redis, prefix, lane)
     real_unclaim = store.unclaim
 
-    async def unreachable(tps: list[TopicPartition], instance: str | None = None) -> bool:
+    async def unreachable(tps: list[TopicPartition]) -> bool:
         return False  # as GuardStore.unclaim answers when Redis fails (and logs it)
 
     monkeypatch.setattr(store, "unclaim", unreachable)
