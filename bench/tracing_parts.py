@@ -94,7 +94,7 @@ def member_hooks_s() -> float:
         delivery = tracing.process(message, "lane")
         if delivery is not None:
             tracing.admitted(delivery)
-        tracing.guarded(delivery, None)  # type: ignore[arg-type]
+            tracing.guard_left(delivery, tracing.guard_entered(delivery))
         tracing.handler_ran("lane", 0.0, None)
         if delivery is not None:
             tracing.finish(delivery, "handled")

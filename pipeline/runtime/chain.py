@@ -124,8 +124,8 @@ class Chain:
         self._key_lanes(work)
 
     def _key_lanes(self, work: Work) -> None:
-        if work.trace is not None:
-            tracing.admitted(work.trace)
+        if work.trace is not None and self.gate is not None and work.lane.spec.throttle:
+            tracing.admitted(work.trace)  # the end of its throttle wait
         self.lanes.submit(work, ordered=work.lane.spec.ordered)
 
     async def _run(self, work: Work) -> None:
@@ -134,7 +134,15 @@ class Chain:
         if self.gate is not None and work.trace is not None and work.lane.spec.throttle:
             policy = work.lane.spec.throttle
             tracing.throttle_waited(work.trace, self.gate.held_keys(work), policy.priority)
-        outcome = await tracing.guarded(work.trace, self._guard.run(work.lane, work.message))
+        trace = work.trace
+        if trace is None:
+            outcome = await self._guard.run(work.lane, work.message)
+        else:
+            token = tracing.guard_entered(trace)
+            try:
+                outcome = await self._guard.run(work.lane, work.message)
+            finally:
+                tracing.guard_left(trace, token)
         if self.gate is not None:
             lane, message = work.lane, work.message
             feedback = self._handler.feedback(lane, message, self.gate.held_keys(work))

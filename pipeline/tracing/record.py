@@ -20,7 +20,12 @@ import time
 import traceback
 from collections.abc import Callable
 from contextvars import ContextVar, Token
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
+
+from pipeline.headers import ATTEMPT, TENANT
+
+if TYPE_CHECKING:
+    from pipeline.envelope import Message
 
 SPAN = "s"
 DELIVERY = "d"
@@ -258,13 +263,17 @@ class Span:
 
 
 class Delivery:
-    """The spans of one delivery, kept as fields and buffered as one tuple by :meth:`end`.
+    """The spans of one delivery, kept as fields and buffered as one flat tuple by :meth:`end`.
 
     ``process`` (CONSUMER) with its ``partition wait`` before it, and under it ``throttle
     wait``, ``guard`` and the guard's ``handler``. While the guard runs the delivery is the
     current span (:data:`CURRENT`) as its guard span, so what the guard routes and the
-    lifecycle events it records go under the guard. The attributes are built from ``fields``
-    by the exporting process.
+    lifecycle events it records go under the guard. The attributes are built by the exporting
+    process from the message's fields, which :meth:`end` copies into the record.
+
+    Every delivery makes one of these and one record tuple, nothing more: the garbage
+    collector's young-generation passes run on allocations, and each extra tuple per message
+    (a fields tuple, a handler tuple, a wrapping coroutine) made them run more often.
     """
 
     __slots__ = (
@@ -274,15 +283,18 @@ class Delivery:
         "buffer",
         "entered_ns",
         "events",
-        "fields",
+        "failure",
         "guard_end_ns",
         "guard_events",
         "guard_start_ns",
-        "handler",
+        "handler_end_ns",
+        "handler_start_ns",
         "keys",
+        "lane",
+        "message",
         "priority",
-        "produced_ns",
         "raw",
+        "system",
     )
 
     sampled = True
@@ -292,24 +304,29 @@ class Delivery:
         buffer: Buffer,
         raw: bytes | None,
         ids: tuple[int, int] | None,
-        fields: tuple[Any, ...],
+        message: Message,
+        lane: str,
+        system: str,
     ) -> None:
         """Start the ``process`` span now, under the ``traceparent`` ``raw`` (None: a new trace).
 
         ``ids``: (trace id, parent span id) when the caller parsed ``raw`` already; otherwise
         they are parsed only if a child span or a log line needs them, and else by the
-        exporting process. ``fields`` name the message, for the attributes.
+        exporting process. ``message``, ``lane`` and ``system`` name what is processed.
         """
         self.buffer = buffer
         self.raw = raw
         self._ids = ids
         self._guard_id = 0
-        self.fields = fields
+        self.message = message
+        self.lane = lane
+        self.system = system
         self.entered_ns = time.time_ns()
-        self.produced_ns = self.admitted_ns = self.guard_start_ns = self.guard_end_ns = 0
+        self.admitted_ns = self.guard_start_ns = self.guard_end_ns = 0
+        self.handler_start_ns = self.handler_end_ns = 0
+        self.failure: tuple[str, tuple[Any, ...]] | None = None
         self.keys: tuple[str, ...] | None = None
         self.priority = 0
-        self.handler: tuple[int, int, tuple[str, tuple[Any, ...]] | None] | None = None
         self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
         self.guard_events: list[tuple[str, int, dict[str, Any] | None]] | None = None
 
@@ -352,11 +369,14 @@ class Delivery:
             if self.events is None:
                 self.events = []
             self.events.append((outcome, now, None))
+        message = self.message
+        headers = message.headers
+        stamp = message.timestamp_ms
         self.buffer.add(
             (
                 DELIVERY,
                 self._ids if self._ids is not None else self.raw,
-                self.produced_ns,
+                stamp * 1_000_000 if stamp else 0,
                 self.entered_ns,
                 self.admitted_ns,
                 self.keys,
@@ -364,9 +384,19 @@ class Delivery:
                 self._guard_id,
                 self.guard_start_ns,
                 self.guard_end_ns,
-                self.handler,
+                self.handler_start_ns,
+                self.handler_end_ns,
+                self.failure,
                 now,
-                self.fields,
+                self.system,
+                message.topic,
+                message.partition,
+                message.offset,
+                self.lane,
+                headers.get(ATTEMPT),
+                message.delivery_count,
+                headers.get(TENANT),
+                message.key,
                 outcome,
                 self.events,
                 self.guard_events,

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import Token
+from typing import TYPE_CHECKING, Any
 
-from pipeline import headers as h
 from pipeline.tracing import record as r
 from pipeline.tracing.record import CURRENT, Buffer, Delivery, Sampler, Span
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TRACEPARENT", "Delivery"]
 
-T = TypeVar("T")
 TRACEPARENT = "traceparent"
 """The W3C trace context header, on webhooks, log rows and every produced event."""
 
@@ -195,25 +194,7 @@ def process(message: Message, lane: str) -> Delivery | None:
         ids = (carried[0], carried[1]) if carried is not None else (r.new_trace_id(), 0)
         if not _sampler.sampled(ids[0], message.topic, remote):
             return None
-    delivery = Delivery(
-        _buffer,
-        raw,
-        ids,
-        (
-            _system,
-            message.topic,
-            message.partition,
-            message.offset,
-            lane,
-            headers.get(h.ATTEMPT),
-            message.delivery_count,
-            headers.get(h.TENANT),
-            message.key,
-        ),
-    )
-    stamp = message.timestamp_ms
-    delivery.produced_ns = stamp * 1_000_000 if stamp else 0
-    return delivery
+    return Delivery(_buffer, raw, ids, message, lane, _system)
 
 
 def admitted(delivery: Delivery | None) -> None:
@@ -237,24 +218,20 @@ def guard(delivery: Delivery | None) -> AbstractContextManager[Any]:
     return _guarding(delivery)
 
 
-def guarded(delivery: Delivery | None, run: Awaitable[T]) -> Awaitable[T]:
-    """``run`` (the guard and the handler after it) inside the ``guard`` span, if any.
+def guard_entered(delivery: Delivery) -> Token[Any]:
+    """The ``guard`` span starts and is current; pass the token to :func:`guard_left`.
 
-    With no delivery (tracing off) ``run`` itself is returned: no context manager is entered.
+    The chain calls the two around its await of the guard, in its own task, so a delivery's
+    guard costs no coroutine of its own.
     """
-    if delivery is None:
-        return run
-    return _guarded(delivery, run)
-
-
-async def _guarded(delivery: Delivery, run: Awaitable[T]) -> T:
     delivery.guard_start_ns = time.time_ns()
-    token = CURRENT.set(delivery)
-    try:
-        return await run
-    finally:
-        CURRENT.reset(token)
-        delivery.guard_end_ns = time.time_ns()
+    return CURRENT.set(delivery)
+
+
+def guard_left(delivery: Delivery, token: Token[Any]) -> None:
+    """The ``guard`` span ends and is no longer current."""
+    CURRENT.reset(token)
+    delivery.guard_end_ns = time.time_ns()
 
 
 @contextlib.contextmanager
@@ -280,12 +257,12 @@ def handler_ran(lane: str, started_s: float, error: BaseException | None) -> Non
     if current is None:
         return
     start_ns = _EPOCH_NS + int(started_s * 1e9)
-    if isinstance(current, Delivery) and current.handler is None:
+    if isinstance(current, Delivery) and not current.handler_start_ns:
         end_ns = time.time_ns()
-        failure = None
         if error is not None:
-            failure = (type(error).__name__, r.exception_event(error, end_ns))
-        current.handler = (start_ns, end_ns, failure)
+            current.failure = (type(error).__name__, r.exception_event(error, end_ns))
+        current.handler_start_ns = start_ns
+        current.handler_end_ns = end_ns
         return
     span = _child(_buffer, "handler", r.INTERNAL, start_ns)
     span.attributes = {"pipeline.lane": lane}

@@ -26,7 +26,6 @@ T0 = 1_764_590_000_000_000_000
 def records() -> list[Record]:
     """A delivery with throttle wait, guard, failed handler and events; a linked, failed span."""
     failure = ("RuntimeError", ("exception", T0 + 9, {"exception.type": "RuntimeError"}))
-    fields = ("kafka", "orders", 3, 41, "orders", b"2", 1, b"tenant-a", b"key-1")
     delivery = (
         DELIVERY,
         (0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7),
@@ -38,9 +37,11 @@ def records() -> list[Record]:
         0x1111,
         T0 + 4,
         T0 + 20,
-        (T0 + 5, T0 + 9, failure),
+        T0 + 5,
+        T0 + 9,
+        failure,
         T0 + 30,
-        fields,
+        *("kafka", "orders", 3, 41, "orders", b"2", 1, b"tenant-a", b"key-1"),
         "retried",
         [("retried", T0 + 30, None)],
         [("dead_letter_reason", T0 + 10, {"pipeline.detail": "poison"})],
