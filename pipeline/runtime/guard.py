@@ -109,7 +109,12 @@ class RunGuard:
             return "duplicate"
         window = self._windows[lane.name]
         if claims is not None and claims.inherited(message):
+            assignment = claims.assignment(message.tp)
             start.inherited = await claims.wait_for_holders(message.tp)
+            if claims.assignment(message.tp) != assignment:
+                # Revoked while it waited, and this member's claim given up: run now, it would
+                # run beside the partition's next owner. Not routed: that owner runs it.
+                return None
         decision, starts = await window.begin(start)
         if claims is not None:
             claims.decided(start.key, decision)

@@ -146,6 +146,42 @@ async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"x")]
 
 
+async def test_a_run_waiting_for_a_previous_owner_does_not_start_once_revoked(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """B waits for live A; B loses the partition meanwhile: its run never starts, C's does.
+
+    Had it started, it would run beside the partition's next owner: B gives its claim up at
+    the revocation, so C finds nothing to wait for and runs the message too.
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    message = main_message(lane, 2, b"x")
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    await _join(a, lane, [message])  # A claimed it and is alive
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
+    await _join(b, lane, [message])
+    asked = 0
+    store_b = b._stores[lane.name]
+    claiming = store_b.claiming
+
+    async def counted(tp: TopicPartition, instances: list[str]) -> tuple[list[str], list[str]]:
+        nonlocal asked
+        asked += 1
+        return await claiming(tp, instances)
+
+    store_b.claiming = counted  # type: ignore[method-assign]
+    run_b = asyncio.create_task(b.run(lane, message))
+    await eventually(lambda: asked >= 2)
+    await b.give_up(b.revoked([_tp(lane)]))  # B loses the partition while it waits
+    await a.give_up(a.revoked([_tp(lane)]))
+    assert await asyncio.wait_for(run_b, 10) is None  # not run: delivered again to the owner
+    c = member_guard(redis, prefix, lane, handlers, "c", claims=True)
+    await _join(c, lane, [message])
+    assert await asyncio.wait_for(c.run(lane, message), 10) == "handled"
+    assert [(m, v) for m, v, _, _ in handlers.runs] == [("c", b"x")]
+
+
 async def test_a_claim_whose_deletion_failed_is_deleted_at_the_next_tick(
     redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
