@@ -116,13 +116,10 @@ async def test_a_crash_on_a_claimed_message_is_caught_one_owner_later(
     assert await asyncio.wait_for(run_c, 10) == "handled"
 
 
-async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
-    redis: Redis, unique: str, prefix: str
-) -> None:
-    """A stalled, still-alive A keeps its claim: B's copy of A's range waits, then runs once."""
-    lane = guarded_lane(f"claims_{unique}")
-    handlers = Handlers()
-    message = main_message(lane, 2, b"x")
+async def _waiting_for_a(
+    redis: Redis, prefix: str, lane: Lane, handlers: Handlers, message: Message
+) -> tuple[RunGuard, RunGuard, asyncio.Task[str | None]]:
+    """A claims ``message`` and stays alive; B joins and runs it, waiting (asked twice) for A."""
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     await _join(a, lane, [message])  # A claimed it and is alive (assigned() renewed it)
     b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
@@ -139,6 +136,17 @@ async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
     store_b.claiming = counted  # type: ignore[method-assign]
     run_b = asyncio.create_task(b.run(lane, message))
     await eventually(lambda: asked >= 2)
+    return a, b, run_b
+
+
+async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A stalled, still-alive A keeps its claim: B's copy of A's range waits, then runs once."""
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    message = main_message(lane, 2, b"x")
+    a, _, run_b = await _waiting_for_a(redis, prefix, lane, handlers, message)
     assert not run_b.done()
     assert handlers.runs == []
     await a.give_up(a.revoked([_tp(lane)]))  # A's revocation ended its work here
@@ -157,22 +165,7 @@ async def test_a_run_waiting_for_a_previous_owner_does_not_start_once_revoked(
     lane = guarded_lane(f"claims_{unique}")
     handlers = Handlers()
     message = main_message(lane, 2, b"x")
-    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
-    await _join(a, lane, [message])  # A claimed it and is alive
-    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
-    await _join(b, lane, [message])
-    asked = 0
-    store_b = b._stores[lane.name]
-    claiming = store_b.claiming
-
-    async def counted(tp: TopicPartition, instances: list[str]) -> tuple[list[str], list[str]]:
-        nonlocal asked
-        asked += 1
-        return await claiming(tp, instances)
-
-    store_b.claiming = counted  # type: ignore[method-assign]
-    run_b = asyncio.create_task(b.run(lane, message))
-    await eventually(lambda: asked >= 2)
+    a, b, run_b = await _waiting_for_a(redis, prefix, lane, handlers, message)
     await b.give_up(b.revoked([_tp(lane)]))  # B loses the partition while it waits
     await a.give_up(a.revoked([_tp(lane)]))
     assert await asyncio.wait_for(run_b, 10) is None  # not run: delivered again to the owner
