@@ -10,8 +10,10 @@ the same arrivals (same seed):
 
 - lag: one member per ``lag_per_member`` messages queued or running, for several thresholds;
 - utilisation: busy slots at 70 % of the slots (the manifests' slot trigger);
-- predictive: the seasonal forecast of the next 10 minutes from three past weeks, sized by
-  Little's law at 85 % utilisation, beside a utilisation trigger at 85 %.
+- predictive: what the manifests' triggers ask for: busy slots at 85 % plus the members a
+  backlog beyond one member's slots needs to drain within 300 s, but at least the seasonal
+  forecast of the next 10 minutes from three past weeks (or the last five minutes' rate, when
+  higher) sized by Little's law at 85 % utilisation.
 
 Lag's cost depends on its threshold (a higher one runs hotter and waits longer), so the
 predictive policy is compared with the lag policy of equal cost: bisecting between the printed
