@@ -6,8 +6,9 @@ a PodDisruptionBudget and a KEDA ScaledObject, plus the ``kustomization.yaml`` l
 (``--check`` only compares; a test does the same, so a lane added to ``topics/`` without its
 consumer group fails the build instead of stranding its messages).
 
-Scaling follows the age of the oldest waiting message, the members' slot utilisation and the
-lane's forecast member count (``pipeline_desired_members``, docs/capacity.md), all read from
+Scaling follows the age of the oldest waiting message, the members' slot utilisation (plus the
+members a backlog needs, :mod:`pipeline.capacity.triggers`) and the lane's forecast member
+count (``pipeline_desired_members``, docs/capacity.md), all read from
 Prometheus; never CPU, which stays low while handlers wait on I/O. The termination
 grace period is the handler grace (``RuntimeSettings.shutdown_grace_s``) plus
 :data:`SHUTDOWN_MARGIN_S` for the last commit and leaving the group.
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.capacity.triggers import slot_query
 from pipeline.config import RuntimeSettings
 from pipeline.topics.spec import TopicSpec, load_specs
 
@@ -139,6 +141,17 @@ def lane_manifests(
     # work is old enough to be promoted (and its busy slots are never counted).
     batch = next((spec.batch for spec in specs if spec.batch is not None), None)
     age_target_s = batch.promote_after_ms / 1000 if batch is not None else AGE_TARGET_S
+    # An interactive lane's slot trigger also asks for the members its backlog needs (busy
+    # slots cannot show a queue); a batch lane's backlog is its design, not a shortage.
+    slot_trigger = f'sum(pipeline_worker_slots_busy{{pod=~"{name}-.*"}})'
+    if batch is None:
+        slot_trigger = slot_query(
+            lane,
+            lane,
+            f"{name}-.*",
+            slots_per_member=runtime.max_concurrency,
+            threshold=slots,
+        )
     scaled: dict[str, Any] = {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -164,7 +177,7 @@ def lane_manifests(
                     f'max(pipeline_oldest_message_age_seconds{{lane="{lane}",group="{lane}"}})',
                     age_target_s,
                 ),
-                _prometheus(f'sum(pipeline_worker_slots_busy{{pod=~"{name}-.*"}})', slots),
+                _prometheus(slot_trigger, slots),
             ],
         },
     }

@@ -4,9 +4,10 @@
   ``lag_per_member`` of them, as a KEDA lag trigger does.
 - :class:`UtilisationPolicy`: reactive on busy slots, so each member is ``target`` busy (the
   manifests' ``pipeline_worker_slots_busy`` trigger).
-- :class:`PredictivePolicy`: the utilisation policy, but never below the members the seasonal
-  forecast (:mod:`pipeline.capacity.forecast`) of the next ``lookahead_min`` minutes needs by
-  Little's law: the manifests' ``pipeline_desired_members`` trigger beside slot utilisation.
+- :class:`PredictivePolicy`: the utilisation policy plus the members a backlog needs, but never
+  below the members the seasonal forecast (:mod:`pipeline.capacity.forecast`) of the next
+  ``lookahead_min`` minutes needs by Little's law: the manifests' slot trigger (busy slots plus
+  ``pipeline_backlog_members``) beside their ``pipeline_desired_members`` trigger.
 
 :func:`week_rates` draws the simulated week: weekday peaks in the late morning and the
 afternoon, quiet nights and weekends, minute-level noise, and one unannounced spike.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeline.capacity.forecast import seasonal_forecast
-from pipeline.capacity.queueing import members_for
+from pipeline.capacity.queueing import backlog_members, members_for
 from pipeline.capacity.simulation import Fleet, Observation
 
 __all__ = [
@@ -122,7 +123,12 @@ class UtilisationPolicy:
 
 @dataclass
 class PredictivePolicy:
-    """Utilisation, floored by the members the forecast of the next minutes needs.
+    """Utilisation plus backlog, floored by the members the forecast of the next minutes needs.
+
+    It asks for what the lane's ScaledObject does (docs/capacity.md), computed by the same
+    functions as :func:`~pipeline.capacity.plan.plan_lane`: ``max(ceil(busy / (slots x
+    reactive_target)) + backlog_members(waiting), members_for(max(forecast peak, rate of the
+    last five minutes)))``, where the waiting messages are the lag less the busy slots.
 
     Attributes:
         history: per-minute counts of the weeks before the simulated one, oldest first.
@@ -131,6 +137,8 @@ class PredictivePolicy:
         reactive_target: the utilisation the reactive part keeps; it only has to catch what
             the forecast missed, so it can run hotter than ``target``.
         recent_min: minutes of the trend window.
+        drain_s: a backlog beyond one member's slots is given the members to drain it within
+            this many seconds (``CAPACITY__DRAIN_S``); None: no backlog term.
     """
 
     history: Sequence[int]
@@ -138,15 +146,19 @@ class PredictivePolicy:
     target: float = 0.7
     reactive_target: float = 0.7
     recent_min: int = 15
+    drain_s: float | None = 300.0
     name: str = "predictive"
     _cache: dict[int, int] = field(default_factory=dict)
 
     def desired(self, seen: Observation, fleet: Fleet) -> int:
-        """``max(utilisation wish, members_for(forecast peak))``, re-forecast once a minute."""
-        reactive = math.ceil(seen.busy / (fleet.slots_per_member * self.reactive_target))
+        """``max(utilisation wish + backlog, forecast members)``, re-forecast once a minute."""
+        slots = fleet.slots_per_member
+        reactive = math.ceil(seen.busy / (slots * self.reactive_target))
         minute = int(seen.now_s // 60)
         if minute not in self._cache:
             self._cache[minute] = self._forecast_members(seen.minute_counts, minute, fleet)
+        if self.drain_s is not None:  # lag less busy slots: the messages waiting for a slot
+            reactive += backlog_members(seen.queued, fleet.service_s, slots, drain_s=self.drain_s)
         return max(reactive, self._cache[minute])
 
     def _forecast_members(self, current: Sequence[int], minute: int, fleet: Fleet) -> int:
@@ -164,8 +176,9 @@ class PredictivePolicy:
                 break
             past.append([count(i) for i in range(start, start + len(recent) + self.lookahead_min)])
         forecast = seasonal_forecast(recent, past, self.lookahead_min)
+        rate_per_s = sum(recent[-5:]) / (5 * 60.0)  # the plan's floor: the current rate
         return members_for(
-            forecast.peak_per_s,
+            max(forecast.peak_per_s, rate_per_s),
             fleet.service_s,
             fleet.slots_per_member,
             target_utilisation=self.target,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 __all__ = [
+    "backlog_members",
     "busy_slots",
     "erlang_c",
     "mean_wait_s",
@@ -81,3 +82,21 @@ def members_for(
     """
     capacity = max(slots_per_member, 1) * min(max(target_utilisation, 0.01), 1.0)
     return max(floor, math.ceil(busy_slots(rate_per_s, service_s) / capacity - 1e-9))
+
+
+def backlog_members(
+    waiting: float, service_s: float, slots_per_member: int, *, drain_s: float
+) -> int:
+    """Members to add to the busy-slot count so that a backlog drains within ``drain_s``.
+
+    A queue shorter than one member's slots is allowed for (short queues come and go with
+    Poisson arrivals); the rest, ``(waiting - slots) · s`` slot-seconds of work, gets the slots
+    to finish within ``drain_s`` (a member's start-up): ``ceil((waiting - slots) · s /
+    (slots · drain_s))``, so a backlog beyond one member's slots asks for at least one more.
+    The lane's slot trigger adds it in PromQL (:mod:`pipeline.capacity.triggers`).
+    """
+    slots = max(slots_per_member, 1)
+    excess = waiting - slots
+    if excess <= 0:
+        return 0
+    return math.ceil(excess * max(service_s, 0.0) / (slots * max(drain_s, 1e-9)) - 1e-9)

@@ -3,8 +3,9 @@
 :class:`CapacitySource` is a :class:`~pipeline.observability.sources.SnapshotSource`: the
 metrics refresher calls it in the background (never a scrape), it plans every declared lane
 (:func:`~pipeline.capacity.plan.plan_lane`, two small Redis reads per lane) and sets
-``pipeline_forecast_arrivals_per_second`` and ``pipeline_desired_members``, which the consumer
-groups' KEDA ScaledObjects read beside slot utilisation.
+``pipeline_forecast_arrivals_per_second``, ``pipeline_desired_members`` and
+``pipeline_service_time_seconds``, which the consumer groups' KEDA ScaledObjects read (the last
+sizes a backlog in their slot trigger, :mod:`pipeline.capacity.triggers`).
 
 :class:`ServiceTimeSource` runs in a consumer-group member: it reads what the member's own
 ``pipeline_handler_duration_seconds{outcome="handled"}`` gained since its last refresh (from the
@@ -61,7 +62,9 @@ class CapacitySource:
             for lane in self._lanes
         ]
         for plan in plans:
-            self._metrics.planned(plan.lane, plan.planned_per_s, plan.desired_members)
+            self._metrics.planned(
+                plan.lane, plan.planned_per_s, plan.desired_members, plan.service_s
+            )
         self.plans = plans
 
 

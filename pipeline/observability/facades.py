@@ -269,11 +269,15 @@ class CapacityMetrics:
         """Write into ``metrics``."""
         self._forecast = metrics.gauge(m.FORECAST_ARRIVALS)
         self._desired = metrics.gauge(m.DESIRED_MEMBERS)
+        self._service = metrics.gauge(m.SERVICE_TIME)
 
-    def planned(self, lane: str, forecast_per_s: float, desired_members: int) -> None:
-        """``lane`` is forecast to receive ``forecast_per_s`` and needs ``desired_members``."""
+    def planned(
+        self, lane: str, forecast_per_s: float, desired_members: int, service_s: float
+    ) -> None:
+        """``lane``: its forecast rate, the members it needs, its service time in seconds."""
         self._forecast.labels(lane).set(forecast_per_s)
         self._desired.labels(lane).set(desired_members)
+        self._service.labels(lane).set(service_s)
 
 
 class OffloadMetrics:

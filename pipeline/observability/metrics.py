@@ -398,6 +398,14 @@ DESIRED_MEMBERS = Family(
     ("lane",),
     "members",
 )
+SERVICE_TIME = Family(
+    "pipeline_service_time_seconds",
+    "gauge",
+    "Mean handler time of one message of the lane the planner sized it with (measured over the "
+    "last hour, else configured); the slot trigger sizes the backlog's members with it.",
+    ("lane",),
+    "seconds",
+)
 
 FAMILIES: tuple[Family, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Family)

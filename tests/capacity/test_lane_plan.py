@@ -59,7 +59,7 @@ async def test_the_plan_forecasts_the_daily_shape_and_sizes_by_littles_law(
 
 
 async def test_the_source_exports_forecast_and_desired_members(history: ArrivalHistory) -> None:
-    """A refresh sets both gauges of every lane, a lane without history at its floor."""
+    """A refresh sets the gauges of every lane, a lane without history at its floor."""
     metrics = Metrics()
     source = CapacitySource(
         history,
@@ -80,6 +80,8 @@ async def test_the_source_exports_forecast_and_desired_members(history: ArrivalH
         busy.desired_members
     )
     assert registry.get_sample_value("pipeline_desired_members", {"lane": "quiet"}) == 2
+    service = registry.get_sample_value("pipeline_service_time_seconds", {"lane": "messages"})
+    assert service == busy.service_s == 0.25
     assert quiet.season == "none"
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from pipeline.capacity.queueing import (
+    backlog_members,
     busy_slots,
     erlang_c,
     mean_wait_s,
@@ -43,3 +44,17 @@ def test_slots_for_wait_is_the_fewest_that_meet_the_target() -> None:
     """The slot count returned meets the target wait and one fewer does not."""
     slots = slots_for_wait(8.0, 0.5, 0.05)
     assert mean_wait_s(8.0, 0.5, slots) <= 0.05 < mean_wait_s(8.0, 0.5, slots - 1)
+
+
+def test_a_queue_within_one_members_slots_asks_for_nothing_more() -> None:
+    """Up to one member's slots of waiting messages come and go; they add no member."""
+    assert backlog_members(0, 20.0, 16, drain_s=300.0) == 0
+    assert backlog_members(16, 20.0, 16, drain_s=300.0) == 0
+
+
+def test_a_backlog_beyond_one_member_gets_the_members_to_drain_it() -> None:
+    """The excess, times the service time, is drained by enough slots within drain_s."""
+    assert backlog_members(17, 20.0, 16, drain_s=300.0) == 1
+    # 16 + 480 waiting: 480 x 20 s = 9,600 slot-seconds, 32 slots for 300 s: two members
+    assert backlog_members(16 + 480, 20.0, 16, drain_s=300.0) == 2
+    assert backlog_members(16 + 481, 20.0, 16, drain_s=300.0) == 3

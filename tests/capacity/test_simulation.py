@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline.capacity.policies import LagPolicy, UtilisationPolicy
+from pipeline.capacity.policies import LagPolicy, PredictivePolicy, UtilisationPolicy
 from pipeline.capacity.queueing import mean_wait_s
 from pipeline.capacity.simulation import Fleet, Observation, simulate
 
@@ -51,3 +51,19 @@ def test_a_reactive_policy_scales_out_only_after_its_signal_and_start_up() -> No
     assert lag.max_wait_s > fleet.startup_s / 2
     assert util.peak_members >= 8  # 4/s x 20 s = 80 busy slots at 70 % of 16
     assert lag.messages == util.messages
+
+
+def test_the_predictive_policy_adds_the_backlogs_members_to_the_busy_slots() -> None:
+    """Saturated, it asks for the utilisation wish plus a member once a backlog passes 16."""
+    fleet = Fleet()
+    quiet = [0] * 60  # no history: the forecast asks for the floor only
+    policy = PredictivePolicy(quiet, target=0.85, reactive_target=0.85)
+    plain = PredictivePolicy(quiet, target=0.85, reactive_target=0.85, drain_s=None)
+
+    def seen(queued: int) -> Observation:
+        return Observation(3600.0, queued, 64, 4, 4, [0] * 60)
+
+    assert policy.desired(seen(16), fleet) == plain.desired(seen(16), fleet) == 5  # 64 / 13.6
+    assert policy.desired(seen(17), fleet) == 6
+    assert plain.desired(seen(500), fleet) == 5  # busy slots alone never see the queue
+    assert policy.desired(seen(16 + 481), fleet) == 5 + 3

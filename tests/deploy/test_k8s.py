@@ -167,7 +167,7 @@ def test_a_batch_lane_scales_on_age_only_past_its_promotion_point():
 
     def age_threshold(spec: TopicSpec) -> float:
         *_, scaled = lane_manifests(spec.lane, [spec], runtime)
-        (age,) = [t for t in scaled["spec"]["triggers"] if "age" in t["metadata"]["query"]]
+        (age,) = [t for t in scaled["spec"]["triggers"] if "_age_" in t["metadata"]["query"]]
         return float(age["metadata"]["threshold"])
 
     assert age_threshold(batch) == 9 * 3600
