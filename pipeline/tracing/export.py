@@ -14,6 +14,7 @@ CPU time from the messages.
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
 import signal
@@ -311,11 +312,8 @@ def _yield_cpu() -> None:
     """
     idle = getattr(os, "SCHED_IDLE", None)
     if idle is not None:
-        try:
+        with contextlib.suppress(OSError):  # refused: the nice value below instead
             os.sched_setscheduler(0, idle, os.sched_param(0))
-        except OSError:
-            pass
-        else:
             return
     os.nice(NICENESS)
 

@@ -13,6 +13,7 @@ from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
 from pipeline.envelope import Message
+from pipeline.tracing import setup
 from pipeline.tracing.setup import wanted
 
 ROOT = Path(__file__).parents[2]
@@ -116,3 +117,11 @@ def test_an_unsampled_traceparent_records_nothing_under_a_parent_based_sampler(
         "partition wait",
         "process t",
     ]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+def test_the_exporting_process_runs_only_on_idle_cpu(traced: OtlpReceiver) -> None:
+    """The exporter is in the idle scheduling class: it never takes a core the pipeline wants."""
+    shipper = setup._shipper
+    assert shipper is not None
+    assert os.sched_getscheduler(shipper._process.pid) == os.SCHED_IDLE
