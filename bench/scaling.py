@@ -36,6 +36,7 @@ import argparse
 import itertools
 import json
 import math
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -184,9 +185,7 @@ def summarise(runs: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
         },
     }
     if len(runs) > 1:
-        ranks = sorted(_rank(item[2]) for item in weeks)
-        middle = len(ranks) // 2
-        median = (ranks[middle] + ranks[~middle]) / 2
+        median = statistics.median(_rank(item[2]) for item in weeks)
         summary["median_p99_wait_ratio_vs_lag"] = round(median, 3) if median < math.inf else None
         summary["seeds"] = {
             str(s): {f"{w}_opening": r for w, r in by_week.items()} for s, by_week in runs.items()

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.capacity.triggers import slot_query
+from pipeline.capacity.triggers import busy_query, slot_query
 from pipeline.config import RuntimeSettings
 from pipeline.topics.spec import TopicSpec, load_specs
 
@@ -143,7 +143,7 @@ def lane_manifests(
     age_target_s = batch.promote_after_ms / 1000 if batch is not None else AGE_TARGET_S
     # An interactive lane's slot trigger also asks for the members its backlog needs (busy
     # slots cannot show a queue); a batch lane's backlog is its design, not a shortage.
-    slot_trigger = f'sum(pipeline_worker_slots_busy{{pod=~"{name}-.*"}})'
+    slot_trigger = busy_query(f"{name}-.*")
     if batch is None:
         slot_trigger = slot_query(
             lane,

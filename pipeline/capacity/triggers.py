@@ -20,10 +20,15 @@ asks for the same count from the same function.
 
 from __future__ import annotations
 
-__all__ = ["DRAIN_S", "slot_query"]
+__all__ = ["DRAIN_S", "busy_query", "slot_query"]
 
 DRAIN_S = 300.0
 """Seconds a backlog is sized to drain in: about a member's start-up."""
+
+
+def busy_query(pods: str) -> str:
+    """The busy slots of ``pods`` (a regex): a batch lane's whole slot trigger."""
+    return f'sum(pipeline_worker_slots_busy{{pod=~"{pods}"}})'
 
 
 def slot_query(
@@ -36,7 +41,7 @@ def slot_query(
     drain_s: float = DRAIN_S,
 ) -> str:
     """The busy slots of ``pods`` (a regex) plus ``threshold`` per member the backlog needs."""
-    busy = f'sum(pipeline_worker_slots_busy{{pod=~"{pods}"}})'
+    busy = busy_query(pods)
     lag = f'max(pipeline_consumer_lag_messages{{lane="{lane}",group="{group}"}})'
     service = f'max(pipeline_service_time_seconds{{lane="{lane}"}})'
     throttled = f'(sum(pipeline_throttle_waiting{{lane="{lane}"}}) or vector(0))'

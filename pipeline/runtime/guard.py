@@ -170,8 +170,8 @@ class RunGuard:
         outcome = await self._shared(lane, message, ident, message)
         if outcome is None:  # not routed: delivered again (no mark to end)
             return None
-        ending = _ENDINGS.get(outcome)
-        if ending is None or not ordered_retries(lane):
+        ending = _ending(lane, outcome)
+        if ending == "done" or not ordered_retries(lane):  # as in _process
             return outcome
         return await self._end(lane, store, start_of(message, ordered=True), ending, outcome)
 

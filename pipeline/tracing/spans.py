@@ -236,13 +236,11 @@ def guard_left(delivery: Delivery, token: Token[Any]) -> None:
 
 @contextlib.contextmanager
 def _guarding(delivery: Delivery) -> Iterator[Delivery]:
-    delivery.guard_start_ns = time.time_ns()
-    token = CURRENT.set(delivery)
+    token = guard_entered(delivery)
     try:
         yield delivery
     finally:
-        CURRENT.reset(token)
-        delivery.guard_end_ns = time.time_ns()
+        guard_left(delivery, token)
 
 
 def handler_ran(lane: str, started_s: float, error: BaseException | None) -> None:
