@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -178,6 +179,31 @@ def order_violations(order: dict[str, list[tuple[int, int, int]]]) -> int:
                 count += 1
             highest = max(highest, seq)
     return count
+
+
+def order_examples(
+    order: dict[str, list[tuple[int, int, int]]], spans: list[Span], ends: Ends, limit: int = 3
+) -> list[str]:
+    """Lines showing up to ``limit`` keys whose effects ran out of order.
+
+    Per key: the order its effects ran in (``seq@partition:offset``), and every handler run of
+    that key (entry..end at most, token, event, attempt, copy).
+    """
+    lines: list[str] = []
+    for key, entries in sorted(order.items()):
+        seqs = [seq for seq, _, _ in entries]
+        if all(a <= b for a, b in itertools.pairwise(seqs)):
+            continue
+        if len(lines) // 2 >= limit:
+            break
+        applied = " ".join(f"{seq}@{part}:{off}" for seq, part, off in entries)
+        runs = "; ".join(
+            f"{s.enter}..{ends.bounds(s)[1]} {s.token} {s.event} a{s.attempt} {s.where}"
+            for s in sorted(spans, key=lambda s: s.enter)
+            if s.key == key
+        )
+        lines += [f"key {key} applied: {applied}", f"key {key} runs: {runs}"]
+    return lines
 
 
 async def _produce(cluster: Cluster, events: list[Event], produce_s: float) -> None:
@@ -351,7 +377,14 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
             if not set(observer.dead.values()) <= DEAD_REASONS
             else []
         ),
-        *([f"{result['order_violations']} order violations"] if result["order_violations"] else []),
+        *(
+            [
+                f"{result['order_violations']} order violations:"
+                + "".join(f"\n  {line}" for line in order_examples(order, spans, ends))
+            ]
+            if result["order_violations"]
+            else []
+        ),
         *(
             [
                 f"{overlaps.certain} overlaps of one key:"

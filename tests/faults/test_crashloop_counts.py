@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from faults.crashloop import Ends, Span, find_overlaps, order_violations
+from faults.crashloop import Ends, Span, find_overlaps, order_examples, order_violations
 
 
 def _span(token: str, event: str, enter: int, where: str = "lane:0:1") -> Span:
@@ -57,3 +57,11 @@ def test_order_violations_count_first_successes_behind_a_later_event() -> None:
     """Per key, each first success of an event produced before one already applied counts."""
     order = {"k1": [(1, 0, 1), (3, 0, 3), (2, 0, 2), (4, 0, 4)], "k2": [(5, 0, 1), (6, 0, 2)]}
     assert order_violations(order) == 1
+
+
+def test_an_order_violation_is_shown_with_its_keys_runs() -> None:
+    """The failure names the key out of order, the order its effects ran in, and its runs."""
+    order = {"k1": [(1, 0, 1), (3, 0, 3), (2, 0, 2)], "k2": [(5, 0, 1), (6, 0, 2)]}
+    spans = [Span("10.a.0", "k1", "e2", 1, "t:0:2", 4), Span("11.b.0", "k2", "e5", 1, "t:0:1", 1)]
+    lines = order_examples(order, spans, Ends({"10.a.0": 7}, {}, {10, 11}))
+    assert lines == ["key k1 applied: 1@0:1 3@0:3 2@0:2", "key k1 runs: 4..7 10.a.0 e2 a1 t:0:2"]
