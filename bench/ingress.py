@@ -51,6 +51,8 @@ import psutil
 import uvloop
 from tracing_parts import ingress_hooks_s, off_overhead, otlp_sink, traced_env
 
+from pipeline.testing.ports import free_port
+
 SECRET = "bench-secret"  # noqa: S105 - the benchmark's own signing key
 CONNECTIONS = 64
 _CONTENT_LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
@@ -133,13 +135,6 @@ async def load(
 
     await asyncio.gather(*(worker() for _ in range(CONNECTIONS)))
     return accepted, loop.time() - start, latencies
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int, timeout_s: float = 0.5) -> bool:

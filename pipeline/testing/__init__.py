@@ -6,11 +6,14 @@
 * :class:`MemoryTransport` (on a :class:`MemoryBroker`): the Transport protocol in memory,
   held to the same contract suite as Kafka and Redis Streams.
 * :func:`fake_redis`: an in-process Redis that runs the project's own Lua Functions.
+* :func:`free_port`: a loopback port for a server started later, which no outgoing connection
+  can take first.
 """
 
 from pipeline.testing.clock import VirtualClock
 from pipeline.testing.harness import TestApp
 from pipeline.testing.memory import MemoryBroker, MemoryTransport
+from pipeline.testing.ports import free_port
 from pipeline.testing.recorder import Run
 from pipeline.testing.records import DeadLettered
 from pipeline.testing.redis import fake_redis
@@ -23,4 +26,5 @@ __all__ = [
     "TestApp",
     "VirtualClock",
     "fake_redis",
+    "free_port",
 ]

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipeline.testing.ports import free_port
 
 _FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 WAIT_S = 60.0
@@ -230,13 +231,6 @@ SKIPPED = {
     "make test": "this is the suite",
 }
 LONG_RUNNING = ("pipeline ingress serve", "pipeline consume")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def workdir(tmp_path: Path) -> Path:

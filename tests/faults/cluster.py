@@ -171,14 +171,19 @@ class Cluster:
     async def start(self, *, ingress: bool = True) -> None:
         """Declare the topics, start every process, and supervise the members and sweeper.
 
-        Without ``ingress`` only the members run (the scenario produces to the lane itself).
+        Without ``ingress`` only the members run (the scenario produces to the lane itself). A
+        start that fails stops what it started, so no process or log file outlives the test.
         """
-        await self.declare()
-        for slot in range(self.member_count):
-            self.members[slot] = await self._member()
-        if ingress:
-            self.sweeper = await self._spawn("sweeper", "sweep", "--loop")
-            await self.start_ingress()
+        try:
+            await self.declare()
+            for slot in range(self.member_count):
+                self.members[slot] = await self._member()
+            if ingress:
+                self.sweeper = await self._spawn("sweeper", "sweep", "--loop")
+                await self.start_ingress()
+        except BaseException:
+            await self.stop()
+            raise
         self._supervisor = asyncio.create_task(self._supervise())
 
     async def _member(self) -> asyncio.subprocess.Process:
@@ -192,7 +197,10 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         while not await asyncio.to_thread(port_open, self.port):
             if self.ingress.returncode is not None:
-                raise AssertionError(f"ingress exited; see {self.directory}/ingress.log")
+                raise AssertionError(
+                    f"ingress exited with {self.ingress.returncode} before listening on "
+                    f"{self.port}{log_tail(self.directory, 'ingress.log')}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"ingress not listening after {timeout_s}s")
             await asyncio.sleep(0.05)
@@ -273,3 +281,12 @@ class Cluster:
         if proc.returncode is None:
             proc.send_signal(signal.SIGKILL)
         await proc.wait()
+
+
+def log_tail(directory: Path, name: str = "members.log", lines: int = 40) -> str:
+    """The last ``lines`` lines of one process log of the scenario, for a failure's message."""
+    log = directory / name
+    if not log.exists():
+        return ""
+    tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    return f"\n  {name}:" + "".join(f"\n    {line}" for line in tail)

@@ -27,11 +27,10 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import psutil
-from faults.cluster import SECRET, Cluster
+from faults.cluster import SECRET, Cluster, log_tail
 from ingress.signing import hub_signature
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -329,15 +328,6 @@ async def guard_state(redis: Redis) -> str:
             marks = await redis.hgetall(key)
             lines.append(f"{key.decode()} {len(marks)} marks {dict(list(marks.items())[:20])}")
     return "".join(f"\n  {line}" for line in lines)
-
-
-def log_tail(directory: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines the members logged, for a scenario that did not drain."""
-    log = directory / "members.log"
-    if not log.exists():
-        return ""
-    tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-    return "\n  members.log:" + "".join(f"\n    {line}" for line in tail)
 
 
 def check_exactly_once(

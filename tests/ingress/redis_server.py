@@ -7,12 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from pipeline.testing.ports import free_port
 
 
 class RedisServer:

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
+from pipeline.testing.ports import free_port
+
 PIPELINE = Path(sys.executable).with_name("pipeline")
 ROOT = Path(__file__).parents[2]
-
-
-def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_metrics_leave_the_webhook_port_for_their_own(redis_service, tmp_path):
