@@ -92,6 +92,7 @@ _CODES: dict[str, Decision] = {
     "x": "stale",
     "w": "slow",
     "b": "busy",
+    "h": "held",
 }
 
 
@@ -107,12 +108,18 @@ class Start:
     inherited: bool = False
     """Its partition's previous owner died with this message in its claimed range
     (``runtime/claims.py``): it may have been running it, so the start counts as a second."""
+    body: bytes | None = None
+    """The encoded message (``retry/held.py``), sent when its key may be parked: ``gd_begin``
+    then holds it behind the key's head at once (``held``) instead of answering ``slow``."""
 
     @property
     def line(self) -> str:
         """The start as ``gd_begin`` reads it (an empty position: the id itself)."""
         at = "" if self.position == self.ident else self.position
-        flags = f"{'1' if self.ordered else '0'}\t{self.attempt}\t{'1' if self.inherited else '0'}"
+        flags = (
+            f"{'1' if self.ordered else '0'}\t{self.attempt}\t{'1' if self.inherited else '0'}"
+            f"\t{'0' if self.body is None else '1'}"
+        )
         return f"{self.ident}\t{self.key}\t{at}\t{flags}"
 
     @property
@@ -165,6 +172,8 @@ class GuardStore:
     ) -> list[tuple[Decision, int]]:
         """End ``ended`` and decide ``starts`` in one call (``FCALL gd_begin``).
 
+        A start with a ``body`` whose key is parked behind another message is held (``held``).
+
         Raises redis errors: the caller decides how to fail open.
         """
         k = self.keys
@@ -181,6 +190,7 @@ class GuardStore:
                 "\n".join(start.line for start in starts),
                 self.instance,
                 live_until,
+                *(start.body for start in starts if start.body is not None),
             ],
         )
         self._live_sent = True

@@ -259,6 +259,11 @@ class LaneClaims:
             pause_s = min(pause_s * 2, _WAIT_MAX_S)
         return tp in self._crashed
 
+    def seen_parked(self, key: str) -> bool:
+        """Whether ``key`` (encoded) was parked when this member last saw it."""
+        parked = self.maybe_parked
+        return parked is not None and key in parked
+
     def parked(self, key: str) -> None:
         """This member parks ``key`` (a failure or a deferral on an ordered lane)."""
         if self.maybe_parked is not None:

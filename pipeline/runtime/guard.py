@@ -33,6 +33,7 @@ from pipeline.retry.guard_store import (
     message_id,
     start_of,
 )
+from pipeline.retry.held import encode_held
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.isolation import Isolation
@@ -108,6 +109,8 @@ class RunGuard:
             self._stats.duplicates += 1
             return "duplicate"
         window = self._windows[lane.name]
+        if ordered and claims is not None and claims.seen_parked(start.key):
+            start.body = encode_held(message)  # held in the batched call if it is parked
         if claims is not None and claims.inherited(message):
             assignment = claims.assignment(message.tp)
             start.inherited = await claims.wait_for_holders(message.tp)

@@ -23,7 +23,7 @@ from runtime.guard_parts import (
 from runtime.helpers import eventually, lane_spec
 
 from pipeline.envelope import Delivered, Message
-from pipeline.retry.guard_store import GuardStore, lane_guards
+from pipeline.retry.guard_store import Decision, GuardStore, Start, lane_guards
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import Lane
@@ -212,3 +212,73 @@ async def test_a_copy_of_a_dead_members_start_runs_as_a_suspect(
     assert await asyncio.wait_for(b.run(lane, main_message(lane, 0, b"x")), 10) == "handled"
     assert b._stats.busy_waits == 0
     assert [m for m, _, _, _ in handlers.runs] == ["b"]
+
+
+async def test_a_start_carrying_its_body_is_held_in_the_batched_call(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """gd_begin holds a start with a body behind its parked key's head; other starts as before."""
+    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
+    from pipeline.retry.held import decode_held, encode_held  # noqa: PLC0415
+
+    lane = guarded_lane(f"guard_{unique}")
+    store = lane_guards(redis, prefix, [lane.spec])[lane.name]
+    window = StartWindow(store)
+    head = main_message(lane, 0, b"x")
+    started = start_of(head, ordered=True)
+    assert await window.begin(started) == ("process", 1)
+    await store.route(started, 2, park=True)  # X fails: its key parks behind it
+
+    def with_body(message: Message) -> Start:
+        start = start_of(message, ordered=True)
+        start.body = encode_held(message)
+        return start
+
+    follower, other = main_message(lane, 1, b"y"), main_message(lane, 2, b"z", key=b"other")
+    decisions = await asyncio.gather(
+        window.begin(with_body(follower)),
+        window.begin(with_body(other)),
+        window.begin(with_body(retry_copy(lane, 0, 0, b"x"))),
+    )
+    # Y waits behind X, written once; Z's key is not parked: it runs, its body is not kept;
+    # X's own copy is the head: gd_key_begin decides it, as for a start without a body.
+    assert decisions == [("held", 0), ("process", 1), ("slow", 0)]
+    assert window.calls == 2
+    held = await redis.hgetall(store.keys.of_key(started.key)[2])
+    assert {k.decode(): decode_held(v).value for k, v in held.items()} == {
+        start_of(follower, ordered=True).ident: b"y"
+    }
+    # A second copy of the held follower is not held twice.
+    assert await window.begin(with_body(follower)) == ("copy", 0)
+    release = await store.end(started, "done", follow_dead=False)
+    assert release is not None
+    assert release.message.value == b"y"
+
+
+async def test_followers_of_a_key_this_member_parked_cost_no_call_of_their_own(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held behind the head in the batched start; released in order once the head succeeds."""
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    messages = [main_message(lane, i, v) for i, v in enumerate([b"x", b"y", b"z"])]
+    await a.assigned([messages[0].tp], {})
+    await a.extend(messages)
+    asked: list[str] = []
+    original = GuardStore.begin_parked
+
+    async def counted(self: GuardStore, message: Message, start: Start) -> tuple[Decision, int]:
+        asked.append(message.value.decode())
+        return await original(self, message, start)
+
+    monkeypatch.setattr(GuardStore, "begin_parked", counted)
+    handlers.outcomes[b"x"] = ["retried"]
+    assert await a.run(lane, messages[0]) == "retried"
+    assert await a.run(lane, messages[1]) == "parked"
+    assert await a.run(lane, messages[2]) == "parked"
+    assert asked == []  # both held in the batched start call
+    assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
+    assert [value for _, value, _, _ in handlers.runs] == [b"x", b"x", b"y", b"z"]
+    assert asked == ["x"]  # the head's copy: gd_key_begin decides it, as before
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0

@@ -123,37 +123,81 @@ local function end_marks(run, alone, ids, positions, marks)
   return ended
 end
 
+local function expire(ttl, ...)
+  for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
+end
+
+-- Drop heads of a parked key that already finished (a copy re-parked them); the head or nil.
+local function live_head(gone, z, f)
+  local head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  while head[1] and redis.call('ZSCORE', gone, head[1]) do
+    redis.call('ZREM', z, head[1])
+    redis.call('HDEL', f, head[1])
+    head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  end
+  return head[1], tonumber(head[2])
+end
+
+-- Hold `id` (its encoded message `blob`) behind the live head of its parked key: written once
+-- into T:f:K, in its turn in T:z:K. k: gone, parked, z, h, f. Returns 'copy' if it is held
+-- already (its release runs it), 'held', or nil when the key has no live head or `id` is the
+-- head itself (gd_key_begin decides those).
+local function hold(k, ttl, id, key, blob)
+  local head = live_head(k.gone, k.z, k.f)
+  if not head then return nil end
+  if redis.call('HEXISTS', k.f, id) == 1 then return 'copy' end
+  if head == id then return nil end
+  if not redis.call('ZSCORE', k.z, id) then
+    redis.call('ZADD', k.z, redis.call('HINCRBY', k.h, 'seq', 1), id)
+  end
+  redis.call('HSET', k.f, id, blob)
+  expire(ttl, k.z, k.h, k.f, k.parked)
+  return 'held'
+end
+
 -- gd_begin: end the given starts, then decide a batch of starts, in one call.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone   KEYS[5] T:live
--- ARGV[1] now_ms   ARGV[2] ttl_ms (unused: gd_reap keeps the hashes' expiry)
+-- ARGV[1] now_ms   ARGV[2] ttl_ms (for the per-key state of held starts; gd_reap keeps the
+-- lane-wide hashes' expiry)
 -- ARGV[3] ended starts, one per line: id TAB position
 -- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
--- inherited (1: its partition's previous owner died with it in its claimed range, or 0)
+-- inherited (1: its partition's previous owner died with it in its claimed range, or 0) TAB
+-- body (1: its encoded message is among ARGV[7...], in the order of the starts, or 0)
 -- ARGV[5] the calling member process's instance id   ARGV[6] its liveness until (ms), or empty
--- when it was renewed recently (gd_live)
+-- when it was renewed recently (gd_live)   ARGV[7...] the bodies of the starts that carry one
 -- An empty position is the id itself (a first delivery).
 -- Returns the decisions as one string, one "<letter><starts>" per start, comma-separated:
 -- p process, s suspect, c copy, x stale, w slow (the key is parked: ask gd_key_begin), b busy
--- (another live member process runs this very copy: ask again later).
+-- (another live member process runs this very copy: ask again later), h held (the key is
+-- parked and the start carried its body, which waits here behind the head as in gd_key_begin).
+-- The member sends a body with the starts of keys it saw parked, so most followers are held in
+-- this batched call rather than in a gd_key_begin of their own.
 -- The marks of the ends and of the starts are read in one HMGET; an end is applied before the
 -- starts are decided, so a start of a message that just ended sees no mark.
-local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b'}
+local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b', held = 'h'}
 local function begin_many(keys, args)
   local now, me = tonumber(args[1]), args[5]
+  local ttl = tonumber(args[2])
+  local tag = string.sub(keys[1], 1, -5)  -- T:run without ':run'
   if args[6] and args[6] ~= '' then
     redis.call('HSET', keys[5], me, args[6])
     redis.call('PEXPIRE', keys[5], 2 * (tonumber(args[6]) - now))
   end
   local ended, positions_ended = end_lines(args[3])
-  local ids, names, positions, ordered, attempts, inherited = {}, {}, {}, {}, {}, {}
-  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)\t([01])'
-  for id, key, pos, o, attempt, inh in string.gmatch(args[4], pattern) do
+  local ids, names, positions, ordered, attempts, inherited, bodies = {}, {}, {}, {}, {}, {}, {}
+  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)\t([01])\t([01])'
+  local body = 6
+  for id, key, pos, o, attempt, inh, b in string.gmatch(args[4], pattern) do
     ids[#ids + 1] = id
     names[#names + 1] = key
     positions[#positions + 1] = pos == '' and id or pos
     ordered[#ordered + 1] = o == '1'
     attempts[#attempts + 1] = attempt
     inherited[#inherited + 1] = inh == '1'
+    if b == '1' then
+      body = body + 1
+      bodies[#ids] = args[body]
+    end
   end
   local all = {}
   for _, id in ipairs(ended) do all[#all + 1] = id end
@@ -181,8 +225,17 @@ local function begin_many(keys, args)
     end
     local writes, seen = {}, {}
     for i, id in ipairs(ids) do
+      local held = nil
+      if ordered[i] and parked[i] and bodies[i] and not gone[i] then
+        local key = names[i]
+        local k = {gone = keys[2], parked = keys[3], z = tag .. ':z:' .. key,
+                   h = tag .. ':h:' .. key, f = tag .. ':f:' .. key}
+        held = hold(k, ttl, id, key, bodies[i])
+      end
       if gone[i] then
         out[i] = 'x0'
+      elseif held then
+        out[i] = CODES[held] .. '0'
       elseif ordered[i] and parked[i] then
         out[i] = 'w0'
       elseif seen[id] then
@@ -209,21 +262,6 @@ local function begin_many(keys, args)
   return table.concat(out, ',')
 end
 
-local function expire(ttl, ...)
-  for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
-end
-
--- Drop heads of a parked key that already finished (a copy re-parked them); the head or nil.
-local function live_head(gone, z, f)
-  local head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
-  while head[1] and redis.call('ZSCORE', gone, head[1]) do
-    redis.call('ZREM', z, head[1])
-    redis.call('HDEL', f, head[1])
-    head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
-  end
-  return head[1], tonumber(head[2])
-end
-
 -- gd_key_begin: decide a start of a message whose key is parked.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K   KEYS[6] T:f:K
 -- ARGV[1] ttl_ms   ARGV[2] id   ARGV[3] key   ARGV[4] position   ARGV[5] attempt
@@ -232,6 +270,9 @@ end
 local function begin_parked(keys, args)
   local ttl, id, key, pos, attempt, blob = tonumber(args[1]), args[2], args[3], args[4], args[5], args[6]
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
+  local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6]}
+  local held = hold(k, ttl, id, key, blob)
+  if held then return {held, 0} end
   local head, head_seq = live_head(keys[2], keys[4], keys[6])
   if not head then
     redis.call('DEL', keys[4], keys[5], keys[6])
@@ -239,17 +280,6 @@ local function begin_parked(keys, args)
     local decision, starts = mark_start(keys[1], id, pos, attempt, false)
     redis.call('PEXPIRE', keys[1], ttl)
     return {decision, starts}
-  end
-  if redis.call('HEXISTS', keys[6], id) == 1 then
-    return {'copy', 0}  -- held here: its release runs it, not this copy
-  end
-  if head ~= id then
-    if not redis.call('ZSCORE', keys[4], id) then
-      redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
-    end
-    redis.call('HSET', keys[6], id, blob)
-    expire(ttl, keys[4], keys[5], keys[6], keys[3])
-    return {'held', 0}
   end
   local dead_until = tonumber(redis.call('HGET', keys[5], 'dead_until') or '0')
   if head_seq <= dead_until then return {'sequenced', 0} end
