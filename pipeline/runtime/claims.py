@@ -16,7 +16,8 @@ it. Per partition, this member process *claims* the offsets it polls, ahead of t
   crash is caught one owner later: the first crash on a claimed message goes uncounted, and
   from the next owner on it is counted as before.
 * **Parked keys (ordered lanes).** A message whose key may be parked takes the exact path too.
-  The keys parked when the partition was assigned are loaded then. Keys this member parks are
+  The keys parked when a partition is assigned are loaded then, at every assignment: a
+  previous owner may have parked keys since the last one. Keys this member parks are
   added as it parks them, and a key leaves the set when the exact path next says ``process``.
   Only the owner of a partition parks the keys of its first deliveries, so nothing else can
   park them behind its back; a stalled previous owner's work is inherited, and that path sees
@@ -78,6 +79,7 @@ class LaneClaims:
         this process's claim."""
         self._written_s: dict[TopicPartition, float] = {}
         """When each claim was last written (its expiry renewed)."""
+        self._ordered = ordered
         self.maybe_parked: set[str] | None = None if ordered else set()
         """Keys that may be parked (ordered lanes); None until loaded: every key may be."""
 
@@ -95,8 +97,10 @@ class LaneClaims:
             self._owned[tp] = self._assignments
             self._leftover.discard(tp)
         try:
-            if self.maybe_parked is None:
-                self.maybe_parked = await self._store.parked_keys()
+            if self._ordered:  # keys the previous owners parked, up to now
+                parked = await self._store.parked_keys()
+                known = self.maybe_parked
+                self.maybe_parked = parked if known is None else known | parked
             found = await self._store.read_claims(mine)
             inherited = {
                 tp: max((hi for _, hi in found.get(tp, {}).values()), default=-1) for tp in mine

@@ -292,3 +292,23 @@ async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind
         else:
             assert value is None
             assert claims._claimed == {}
+
+
+async def test_keys_parked_since_the_first_assignment_are_known_at_the_next(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """B joined before A parked a key; when A hands its partition over, B holds the follower."""
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
+    other = TopicPartition(lane.spec.name, 1)
+    await b.assigned([other], {})  # B's first assignment: nothing parked yet
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    head, follower = main_message(lane, 0, b"x"), main_message(lane, 1, b"y")
+    await _join(a, lane, [head])
+    handlers.outcomes[b"x"] = ["retried"]
+    assert await a.run(lane, head) == "retried"  # A parks the key
+    await a.give_up(a.revoked([_tp(lane)]))  # and hands the partition over cleanly
+    await _join(b, lane, [follower])
+    assert await b.run(lane, follower) == "parked"  # held behind X, not run before it
+    assert [value for _, value, _, _ in handlers.runs] == [b"x"]
