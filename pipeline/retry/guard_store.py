@@ -59,7 +59,9 @@ from pipeline.topics.spec import TopicSpec
 log = logging.getLogger(__name__)
 
 LIBRARY = resources.files("pipeline.retry").joinpath("lua/guard.lua").read_text()
-Decision = Literal["process", "suspect", "copy", "stale", "slow", "held", "sequenced", "busy"]
+Decision = Literal[
+    "process", "suspect", "copy", "stale", "slow", "held", "head", "sequenced", "busy"
+]
 Ending = Literal["done", "parked", "dead"]
 LIVE_MS = 5_000
 """How long a member process counts as alive after its last renewal (every commit tick). A copy
@@ -93,6 +95,7 @@ _CODES: dict[str, Decision] = {
     "w": "slow",
     "b": "busy",
     "h": "held",
+    "r": "head",
 }
 
 
@@ -220,11 +223,11 @@ class GuardStore:
             return "process", 0
         return _text(decision), int(starts)  # type: ignore[return-value]
 
-    async def route(self, start: Start, attempt: int, *, park: bool) -> None:
+    async def route(self, start: Start, attempt: int, *, park: bool) -> bool:
         """``start`` is about to be produced to a retry tier as ``attempt`` (``FCALL gd_route``).
 
         Parks its key first (``park``: an ordered lane), so the copy never finds it unparked,
-        and lets that copy take the start mark over.
+        and lets that copy take the start mark over. False if Redis failed (logged).
         """
         k = self.keys
         z, state, _ = k.of_key(start.key)
@@ -243,6 +246,8 @@ class GuardStore:
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, routing %s without it: %s", start.ident, exc)
+            return False
+        return True
 
     async def end(self, start: Start, ending: Ending, *, follow_dead: bool) -> Release | None:
         """Record how a message ended on a parked key (``FCALL gd_end``); the next follower."""

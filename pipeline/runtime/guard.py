@@ -7,8 +7,9 @@ stale or duplicate copy; dead-letter it behind a dead-lettered head; wait while 
 process that is still alive runs this very copy (it lost the partition to a stall, not a crash);
 or, when an earlier start of it never finished, run it alone as a suspect
 (:mod:`pipeline.runtime.isolation`) unless its lone starts reached ``poison_after``. After the
-run it records the end: batched with the next starts when nothing is parked, in a call of its
-own when the message parks its key or belongs to a parked key. When a head finishes, the guard
+run it records the end: batched with the next starts when nothing is parked, or when its route
+to a retry tier parked its key (``gd_route``); in a call of its own when it belongs to a parked
+key or is dead-lettered on an ordered lane. When a head finishes, the guard
 runs the followers released to it, in order. See :mod:`pipeline.retry.guard_store` for the
 state and its guarantees.
 """
@@ -85,6 +86,8 @@ class RunGuard:
         self._running: dict[str, Start | Message] = {}
         """Starts running in this member, by message id, until they end or are routed (a first
         delivery under a claim: the message, its start built only if it is routed)."""
+        self._parked_by_route: set[str] = set()
+        """Runs whose route to a retry tier parked their key (their end needs no gd_end)."""
         routing.on_route = self._routed
         self._reaped: set[asyncio.Task[None]] = set()
 
@@ -142,9 +145,11 @@ class RunGuard:
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, _BUSY_MAX_S)
             decision, starts = await window.begin(start)
-        parked = decision == "slow"
-        if parked:
+        parked = decision in ("slow", "head")  # its key is parked: its end goes to gd_end
+        if decision == "slow":
             decision, starts = await store.begin_parked(message, start)
+        elif decision == "head":  # marked already, as gd_key_begin's process would have
+            decision = "process"
         skipped = self._not_run(decision)
         if skipped is not None:
             return skipped
@@ -171,12 +176,17 @@ class RunGuard:
         dead letter on an ordered lane (``_routed`` builds it when the retry copy is routed).
         """
         outcome = await self._shared(lane, message, ident, message)
+        routed = self._took_route(ident)
         if outcome is None:  # not routed: delivered again (no mark to end)
             return None
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered_retries(lane):  # as in _process
             return outcome
-        return await self._end(lane, store, start_of(message, ordered=True), ending, outcome)
+        start = start_of(message, ordered=True)
+        if ending == "parked" and routed:  # its route parked the key and marked it for its copy
+            self._windows[lane.name].ended(start)
+            return outcome
+        return await self._end(lane, store, start, ending, outcome)
 
     async def _shared(
         self, lane: Lane, message: Message, ident: str, running: Start | Message
@@ -207,14 +217,22 @@ class RunGuard:
         The same steps as :meth:`_decided` and :meth:`_carry_out` for that decision, inline.
         """
         outcome = await self._shared(lane, message, start.ident, start)
+        routed = self._took_route(start.ident)
         if outcome is None:  # not routed: delivered again, and its run here is over
             window.ended(start)  # else a live member's mark would hold that delivery back
             return None
         ending = _ending(lane, outcome)
-        if ending == "done" or not ordered:
-            window.ended(start)
+        if ending == "done" or not ordered or (ending == "parked" and routed):
+            window.ended(start)  # routed: gd_route parked its key already
             return outcome
         return await self._end(lane, store, start, ending, outcome)
+
+    def _took_route(self, ident: str) -> bool:
+        """Whether the run of ``ident`` that just ended parked its key in ``gd_route``."""
+        if ident in self._parked_by_route:
+            self._parked_by_route.remove(ident)
+            return True
+        return False
 
     async def _end(
         self, lane: Lane, store: GuardStore, start: Start, ending: Ending, outcome: str
@@ -340,7 +358,8 @@ class RunGuard:
         claims = self._claims.get(lane.name)
         if claims is not None and ordered:
             claims.parked(start.key)
-        await store.route(start, attempt, park=ordered)
+        if await store.route(start, attempt, park=ordered) and ordered:
+            self._parked_by_route.add(start.ident)
 
     # -- claims -------------------------------------------------------------------------------
 

@@ -23,10 +23,11 @@ from runtime.guard_parts import (
 from runtime.helpers import eventually, lane_spec
 
 from pipeline.envelope import Delivered, Message
-from pipeline.retry.guard_store import Decision, GuardStore, Start, lane_guards
+from pipeline.retry.guard_store import Decision, Ending, GuardStore, Release, Start, lane_guards
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import Lane
+from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.redirect import Redirector
@@ -241,8 +242,8 @@ async def test_a_start_carrying_its_body_is_held_in_the_batched_call(
         window.begin(with_body(retry_copy(lane, 0, 0, b"x"))),
     )
     # Y waits behind X, written once; Z's key is not parked: it runs, its body is not kept;
-    # X's own copy is the head: gd_key_begin decides it, as for a start without a body.
-    assert decisions == [("held", 0), ("process", 1), ("slow", 0)]
+    # X's own copy is the head, free to run: decided (and marked) in the same call.
+    assert decisions == [("held", 0), ("process", 1), ("head", 1)]
     assert window.calls == 2
     held = await redis.hgetall(store.keys.of_key(started.key)[2])
     assert {k.decode(): decode_held(v).value for k, v in held.items()} == {
@@ -255,10 +256,10 @@ async def test_a_start_carrying_its_body_is_held_in_the_batched_call(
     assert release.message.value == b"y"
 
 
-async def test_followers_of_a_key_this_member_parked_cost_no_call_of_their_own(
+async def test_followers_and_the_head_of_a_parked_key_cost_no_key_call(
     redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Held behind the head in the batched start; released in order once the head succeeds."""
+    """Held behind the head in the batched start; its copy runs from there and releases them."""
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
@@ -280,5 +281,58 @@ async def test_followers_of_a_key_this_member_parked_cost_no_call_of_their_own(
     assert asked == []  # both held in the batched start call
     assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
     assert [value for _, value, _, _ in handlers.runs] == [b"x", b"x", b"y", b"z"]
-    assert asked == ["x"]  # the head's copy: gd_key_begin decides it, as before
+    assert asked == []  # the head's copy too was decided in the batched call
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+
+
+@pytest.mark.parametrize("claimed", [True, False])
+async def test_a_routed_first_run_ends_in_the_next_batched_call(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch, claimed: bool
+) -> None:
+    """Its route parked the key: its end needs no gd_end, and its copy still runs as the head."""
+    lane = guarded_lane(f"guard_{unique}")
+    stats = Stats()
+    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+    runs: list[bytes] = []
+
+    async def stage(lane_: Lane, message: Message) -> str | None:
+        runs.append(message.value)
+        if message.value == b"x" and message.topic == lane_.spec.name:  # fails on attempt 1
+            return await routing.failure(lane_, message, 1, RuntimeError("flaky"))
+        return "handled"
+
+    stores = lane_guards(redis, prefix, [lane.spec])
+    store = stores[lane.name]
+    claims = {lane.name: LaneClaims(store, lane.spec.name, ordered=True, ahead=100)}
+    a = RunGuard(
+        stores,
+        routing,
+        stats,
+        Isolation(5.0),
+        stage,
+        lambda *_: None,
+        claims=claims if claimed else None,
+    )
+    head, follower = main_message(lane, 0, b"x"), main_message(lane, 1, b"y")
+    if claimed:
+        await a.assigned([head.tp], {})
+        await a.extend([head, follower])
+    ended: list[str] = []
+    original = GuardStore.end
+
+    async def counted(
+        self: GuardStore, start: Start, ending: Ending, *, follow_dead: bool
+    ) -> Release | None:
+        ended.append(f"{start.ident} {ending}")
+        return await original(self, start, ending, follow_dead=follow_dead)
+
+    monkeypatch.setattr(GuardStore, "end", counted)
+    assert await a.run(lane, head) == "retried"
+    assert await a.run(lane, follower) == "parked"
+    assert ended == []
+    await a.flush()
+    assert await redis.hlen(store.keys.run) == 0  # the failed start's mark is gone
+    assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
+    assert ended == [f"{lane.spec.name}:0:0 done", f"{lane.spec.name}:0:1 done"]
+    assert runs == [b"x", b"x", b"y"]
     assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0

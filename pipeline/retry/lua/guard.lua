@@ -169,12 +169,29 @@ end
 -- Returns the decisions as one string, one "<letter><starts>" per start, comma-separated:
 -- p process, s suspect, c copy, x stale, w slow (the key is parked: ask gd_key_begin), b busy
 -- (another live member process runs this very copy: ask again later), h held (the key is
--- parked and the start carried its body, which waits here behind the head as in gd_key_begin).
+-- parked and the start carried its body, which waits here behind the head as in gd_key_begin),
+-- r head (the key is parked and this is its head, free to run: as gd_key_begin's process, so
+-- its end goes to gd_end, which releases the followers).
 -- The member sends a body with the starts of keys it saw parked, so most followers are held in
--- this batched call rather than in a gd_key_begin of their own.
+-- this batched call rather than in a gd_key_begin of their own; a head's copy due from its tier
+-- needs none. What is left to gd_key_begin (slow) is rare: a key whose head is gone, a head that
+-- follows a dead-lettered one or is not free to run, a follower sent without its body.
 -- The marks of the ends and of the starts are read in one HMGET; an end is applied before the
 -- starts are decided, so a start of a message that just ended sees no mark.
-local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b', held = 'h'}
+local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b', held = 'h', head = 'r'}
+
+-- The start of `id` (read at `pos`, attempt `attempt`) on its parked key, decided here when it
+-- is the key's head and free to run: 'head' (its mark written) and its starts; else nil, and
+-- nothing written (gd_key_begin decides it). k: run, gone, z, h, f.
+local function as_head(k, id, pos, attempt)
+  local head, seq = live_head(k.gone, k.z, k.f)
+  if head ~= id then return nil end
+  if seq <= tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then return nil end
+  local decision, starts, mark = decide(redis.call('HGET', k.run, id), pos, attempt, false)
+  if decision ~= 'process' then return nil end
+  redis.call('HSET', k.run, id, mark)
+  return 'head', starts
+end
 local function begin_many(keys, args)
   local now, me = tonumber(args[1]), args[5]
   local ttl = tonumber(args[2])
@@ -225,17 +242,18 @@ local function begin_many(keys, args)
     end
     local writes, seen = {}, {}
     for i, id in ipairs(ids) do
-      local held = nil
-      if ordered[i] and parked[i] and bodies[i] and not gone[i] then
+      local held, held_starts = nil, 0
+      if ordered[i] and parked[i] and not gone[i] then
         local key = names[i]
-        local k = {gone = keys[2], parked = keys[3], z = tag .. ':z:' .. key,
+        local k = {run = keys[1], gone = keys[2], parked = keys[3], z = tag .. ':z:' .. key,
                    h = tag .. ':h:' .. key, f = tag .. ':f:' .. key}
-        held = hold(k, ttl, id, key, bodies[i])
+        if bodies[i] then held = hold(k, ttl, id, key, bodies[i]) end
+        if not held then held, held_starts = as_head(k, id, positions[i], attempts[i]) end
       end
       if gone[i] then
         out[i] = 'x0'
       elseif held then
-        out[i] = CODES[held] .. '0'
+        out[i] = CODES[held] .. held_starts
       elseif ordered[i] and parked[i] then
         out[i] = 'w0'
       elseif seen[id] then
