@@ -276,6 +276,27 @@ class GuardStore:
             return None
         return _release(key, *out)
 
+    async def end_many(self, ends: Sequence[tuple[Start, Ending, bool]]) -> list[Release | None]:
+        """Record several ends on parked keys in one call (``FCALL gd_end_many``), in order.
+
+        Each is ``(start, ending, follow_dead)`` and gets what :meth:`end` would return. Raises
+        redis errors: the caller decides how to fail open.
+        """
+        k = self.keys
+        args: list[str | int] = [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag]
+        for start, ending, follow_dead in ends:
+            follow = "follow" if follow_dead else ""
+            args += [start.ident, start.key, ending, follow, start.position]
+        flat = await self._functions.fcall(
+            "gd_end_many", [k.run, k.alone, k.gone, k.parked, k.releases], args
+        )
+        out: list[Release | None] = []
+        for (start, _, _), i in zip(ends, range(0, len(flat), 3), strict=True):
+            decision, ident, held = flat[i : i + 3]
+            none = _text(decision) == "none"
+            out.append(None if none else _release(start.key, decision, ident, held))
+        return out
+
     async def solo(self, start: Start, *, poison_after: int) -> tuple[str, int]:
         """Count a suspect's lone start (``FCALL gd_solo``): (process|poison|stale, lone starts)."""
         k = self.keys

@@ -37,6 +37,7 @@ from pipeline.retry.guard_store import (
 from pipeline.retry.held import encode_held
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
+from pipeline.runtime.ends import EndWindow
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.starts import StartWindow
@@ -77,6 +78,7 @@ class RunGuard:
         self._stores = stores
         self._claims = claims or {}
         self._windows = {lane: StartWindow(store) for lane, store in stores.items()}
+        self._ends = {lane: EndWindow(store) for lane, store in stores.items()}
         self._routing = routing
         self._stats = stats
         self._isolation = isolation
@@ -93,8 +95,13 @@ class RunGuard:
 
     @property
     def calls(self) -> int:
-        """Batched guard calls made so far (starts and ends)."""
+        """Batched start calls made so far (with the ordinary ends they carried)."""
         return sum(window.calls for window in self._windows.values())
+
+    @property
+    def end_calls(self) -> int:
+        """Batched calls made so far for ends on parked keys (``gd_end_many``)."""
+        return sum(window.calls for window in self._ends.values())
 
     async def run(self, lane: Lane, message: Message) -> str | None:
         """Decide, run the next stage if it may, record the end; returns the outcome."""
@@ -241,7 +248,7 @@ class RunGuard:
         claims = self._claims.get(lane.name)
         if claims is not None and ending == "parked":
             claims.parked(start.key)
-        release = await store.end(start, ending, follow_dead=_follow(lane))
+        release = await self._ends[lane.name].end(start, ending, follow_dead=_follow(lane))
         if release is not None:
             await self._release(lane, store, release)
         return outcome
@@ -340,7 +347,7 @@ class RunGuard:
                 self._settled(lane, message, outcome)
                 if outcome is None or ending is None:  # its lease lapses; a reaper takes over
                     break
-                release = await store.end(start, ending, follow_dead=_follow(lane))
+                release = await self._ends[lane.name].end(start, ending, follow_dead=_follow(lane))
         finally:
             releasing.discard(key)
 

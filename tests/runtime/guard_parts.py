@@ -133,7 +133,9 @@ def main_message(lane: Lane, offset: int, value: bytes, key: bytes = b"k") -> Me
     return Message(lane.spec.name, 0, offset, key, value)
 
 
-def retry_copy(lane: Lane, origin_offset: int, offset: int, value: bytes) -> Message:
+def retry_copy(
+    lane: Lane, origin_offset: int, offset: int, value: bytes, key: bytes = b"k"
+) -> Message:
     """The copy of main offset ``origin_offset`` in the first retry tier, as attempt 2."""
     headers = {
         h.ORIGIN_TOPIC: lane.spec.name.encode(),
@@ -141,4 +143,4 @@ def retry_copy(lane: Lane, origin_offset: int, offset: int, value: bytes) -> Mes
         h.ORIGIN_OFFSET: str(origin_offset).encode(),
         h.ATTEMPT: b"2",
     }
-    return Message(lane.routes.retry_topics[0], 0, offset, b"k", value, headers)
+    return Message(lane.routes.retry_topics[0], 0, offset, key, value, headers)

@@ -9,6 +9,7 @@ these tests are about the guard's decisions, not about producing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 from redis.asyncio import Redis
@@ -318,15 +319,15 @@ async def test_a_routed_first_run_ends_in_the_next_batched_call(
         await a.assigned([head.tp], {})
         await a.extend([head, follower])
     ended: list[str] = []
-    original = GuardStore.end
+    original = GuardStore.end_many
 
     async def counted(
-        self: GuardStore, start: Start, ending: Ending, *, follow_dead: bool
-    ) -> Release | None:
-        ended.append(f"{start.ident} {ending}")
-        return await original(self, start, ending, follow_dead=follow_dead)
+        self: GuardStore, ends: Sequence[tuple[Start, Ending, bool]]
+    ) -> list[Release | None]:
+        ended.extend(f"{start.ident} {ending}" for start, ending, _ in ends)
+        return await original(self, ends)
 
-    monkeypatch.setattr(GuardStore, "end", counted)
+    monkeypatch.setattr(GuardStore, "end_many", counted)
     assert await a.run(lane, head) == "retried"
     assert await a.run(lane, follower) == "parked"
     assert ended == []
@@ -335,4 +336,42 @@ async def test_a_routed_first_run_ends_in_the_next_batched_call(
     assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
     assert ended == [f"{lane.spec.name}:0:0 done", f"{lane.spec.name}:0:1 done"]
     assert runs == [b"x", b"x", b"y"]
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+
+
+async def test_heads_coming_due_together_end_in_shared_calls_and_release_in_order(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """Ten keys' heads succeed in one turn: their ends share calls, each key's follower follows."""
+    lane = guarded_lane(f"guard_{unique}")
+    stats = Stats()
+    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+    runs: list[bytes] = []
+
+    async def stage(lane_: Lane, message: Message) -> str | None:
+        runs.append(message.value)
+        if message.value.startswith(b"x") and message.topic == lane_.spec.name:
+            return await routing.failure(lane_, message, 1, RuntimeError("flaky"))
+        return "handled"
+
+    a = RunGuard(
+        lane_guards(redis, prefix, [lane.spec]),
+        routing,
+        stats,
+        Isolation(5.0),
+        stage,
+        lambda *_: None,
+    )
+    keys = [b"k%d" % i for i in range(10)]
+    for i, key in enumerate(keys):
+        assert await a.run(lane, main_message(lane, 2 * i, b"x%d" % i, key=key)) == "retried"
+        assert await a.run(lane, main_message(lane, 2 * i + 1, b"y%d" % i, key=key)) == "parked"
+    runs.clear()
+    copies = [retry_copy(lane, 2 * i, i, b"x%d" % i, key=key) for i, key in enumerate(keys)]
+    before = a.end_calls
+    assert await asyncio.gather(*(a.run(lane, c) for c in copies)) == ["handled"] * 10
+    assert a.end_calls - before <= 4  # 20 ends (10 heads, 10 followers) in a few shared calls
+    for i in range(10):  # every follower ran, after its own head
+        assert runs.index(b"y%d" % i) > runs.index(b"x%d" % i)
+    assert sorted(runs) == sorted([b"x%d" % i for i in range(10)] + [b"y%d" % i for i in range(10)])
     assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0

@@ -368,16 +368,13 @@ end
 --   parked  sent to a retry tier: it stays (or becomes) the key's head; its body is in the tier
 --   dead    dead-lettered: it leaves; with "follow", those parked behind it are sequenced
 -- Returns {'none'} or the next follower to run: {decision, id, message}.
-local function finish(keys, args)
-  local now, ttl, id, key, outcome = tonumber(args[1]), tonumber(args[2]), args[3], args[4], args[5]
-  local k = {run = keys[1], gone = keys[3], parked = keys[4], z = keys[5], h = keys[6],
-             f = keys[7], rel = keys[8]}
-  local mark = redis.call('HGET', keys[1], id)
+local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos)
+  local mark = redis.call('HGET', k.run, id)
   if mark then
     local _, at = parse(mark)
-    if at == args[8] then
-      redis.call('HDEL', keys[1], id)
-      redis.call('HDEL', keys[2], id)
+    if at == pos then
+      redis.call('HDEL', k.run, id)
+      redis.call('HDEL', k.alone, id)
     end
   end
   redis.call('HDEL', k.f, id)  -- a released follower's body is handled, routed or in a tier now
@@ -399,11 +396,39 @@ local function finish(keys, args)
     redis.call('ZADD', k.gone, now, id)
     redis.call('PEXPIRE', k.gone, ttl)
   end
-  if outcome == 'dead' and args[6] == 'follow' then
+  if outcome == 'dead' and follow == 'follow' then
     local last = redis.call('ZRANGE', k.z, -1, -1, 'WITHSCORES')
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
   end
-  return release_next(k, now, ttl, key, tonumber(args[7]))
+  return release_next(k, now, ttl, key, lease)
+end
+
+local function finish(keys, args)
+  local k = {run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4], z = keys[5],
+             h = keys[6], f = keys[7], rel = keys[8]}
+  return finish_one(k, tonumber(args[1]), tonumber(args[2]), tonumber(args[7]), args[3],
+                    args[4], args[5], args[6], args[8])
+end
+
+-- gd_end_many: gd_end for several parked keys' messages in one call, in order.
+-- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
+-- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T, then five per end:
+-- id, key, outcome (done | parked | dead), "follow" or "", the position of the start that ended.
+-- Returns a flat list, three per end: {'none', '', ''} or the next follower {decision, id, message}.
+local function finish_many(keys, args)
+  local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
+  local out = {}
+  for i = 5, #args, 5 do
+    local key = args[i + 1]
+    local k = {run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4], rel = keys[5],
+               z = tag .. ':z:' .. key, h = tag .. ':h:' .. key, f = tag .. ':f:' .. key}
+    local released = finish_one(k, now, ttl, lease, args[i], key, args[i + 2], args[i + 3],
+                                args[i + 4])
+    out[#out + 1] = released[1]
+    out[#out + 1] = released[2] or ''
+    out[#out + 1] = released[3] or ''
+  end
+  return out
 end
 
 -- gd_solo: count a suspect's lone start, once nothing else runs beside it in its member.
@@ -441,12 +466,12 @@ local function reap(keys, args)
     local k = {run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
                z = tag .. ':z:' .. key, h = tag .. ':h:' .. key, f = tag .. ':f:' .. key,
                rel = keys[1]}
-    local next = release_next(k, now, ttl, key, lease)
-    if next[1] ~= 'none' then
+    local released = release_next(k, now, ttl, key, lease)
+    if released[1] ~= 'none' then
       out[#out + 1] = key
-      out[#out + 1] = next[1]
-      out[#out + 1] = next[2]
-      out[#out + 1] = next[3]
+      out[#out + 1] = released[1]
+      out[#out + 1] = released[2]
+      out[#out + 1] = released[3]
     end
   end
   return out
@@ -479,6 +504,7 @@ redis.register_function('gd_live', live_renew)
 redis.register_function('gd_key_begin', begin_parked)
 redis.register_function('gd_route', route)
 redis.register_function('gd_end', finish)
+redis.register_function('gd_end_many', finish_many)
 redis.register_function('gd_solo', solo)
 redis.register_function('gd_reap', reap)
 redis.register_function('gd_renew', renew)
