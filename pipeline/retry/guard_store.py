@@ -27,8 +27,11 @@ takes the release over.
 
 **Cost.** Starts and ends of messages whose key is not parked are batched: one ``gd_begin`` call
 for all the starts the member makes in one turn of its event loop, carrying the ends recorded
-since the last call; ends left over are flushed before every commit. Only messages of parked
-keys, and failures, make a call of their own. The lane's housekeeping (the expiry of its marks and
+since the last call; ends left over are flushed before every commit. A start of a key the
+member saw parked carries its message, so ``gd_begin`` holds it at once, and a head's copy due
+from its tier runs from there too. Ends on parked keys go in ``gd_end_many``, one call for those
+of one turn. Only a failure's ``gd_route`` and the rarer parked-key starts (``gd_key_begin``)
+make a call of their own. The lane's housekeeping (the expiry of its marks and
 lone-start counts, the trimming of finished ids) rides on the periodic ``gd_reap`` instead of
 every ``gd_begin``.
 

@@ -8,8 +8,9 @@ process that is still alive runs this very copy (it lost the partition to a stal
 or, when an earlier start of it never finished, run it alone as a suspect
 (:mod:`pipeline.runtime.isolation`) unless its lone starts reached ``poison_after``. After the
 run it records the end: batched with the next starts when nothing is parked, or when its route
-to a retry tier parked its key (``gd_route``); in a call of its own when it belongs to a parked
-key or is dead-lettered on an ordered lane. When a head finishes, the guard
+to a retry tier parked its key (``gd_route``); otherwise (it belongs to a parked key, or is
+dead-lettered on an ordered lane) in a ``gd_end_many`` shared with the other such ends of the
+turn (:mod:`pipeline.runtime.ends`). When a head finishes, the guard
 runs the followers released to it, in order. See :mod:`pipeline.retry.guard_store` for the
 state and its guarantees.
 """
