@@ -144,3 +144,29 @@ def retry_copy(
         h.ATTEMPT: b"2",
     }
     return Message(lane.routes.retry_topics[0], 0, offset, key, value, headers)
+
+
+def routing_guard(
+    redis: Redis, prefix: str, lane: Lane, fails: bytes, *, claims: bool = False
+) -> tuple[RunGuard, list[bytes]]:
+    """A guard whose handler stage routes for real; returns it and the values it ran.
+
+    Main-topic values starting with ``fails`` fail once and go to the first tier, parking
+    their key; everything else is handled.
+    """
+    stats = Stats()
+    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+    runs: list[bytes] = []
+
+    async def stage(lane_: Lane, message: Message) -> str | None:
+        runs.append(message.value)
+        if message.value.startswith(fails) and message.topic == lane_.spec.name:
+            return await routing.failure(lane_, message, 1, RuntimeError("flaky"))
+        return "handled"
+
+    stores = lane_guards(redis, prefix, [lane.spec])
+    chosen = None
+    if claims:
+        chosen = {lane.name: LaneClaims(stores[lane.name], lane.spec.name, ordered=True, ahead=100)}
+    guard = RunGuard(stores, routing, stats, Isolation(5.0), stage, lambda *_: None, claims=chosen)
+    return guard, runs

@@ -20,6 +20,7 @@ from runtime.guard_parts import (
     main_message,
     member_guard,
     retry_copy,
+    routing_guard,
 )
 from runtime.helpers import eventually, lane_spec
 
@@ -28,7 +29,6 @@ from pipeline.retry.guard_store import Decision, Ending, GuardStore, Release, St
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import Lane
-from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.redirect import Redirector
@@ -292,28 +292,8 @@ async def test_a_routed_first_run_ends_in_the_next_batched_call(
 ) -> None:
     """Its route parked the key: its end needs no gd_end, and its copy still runs as the head."""
     lane = guarded_lane(f"guard_{unique}")
-    stats = Stats()
-    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
-    runs: list[bytes] = []
-
-    async def stage(lane_: Lane, message: Message) -> str | None:
-        runs.append(message.value)
-        if message.value == b"x" and message.topic == lane_.spec.name:  # fails on attempt 1
-            return await routing.failure(lane_, message, 1, RuntimeError("flaky"))
-        return "handled"
-
-    stores = lane_guards(redis, prefix, [lane.spec])
-    store = stores[lane.name]
-    claims = {lane.name: LaneClaims(store, lane.spec.name, ordered=True, ahead=100)}
-    a = RunGuard(
-        stores,
-        routing,
-        stats,
-        Isolation(5.0),
-        stage,
-        lambda *_: None,
-        claims=claims if claimed else None,
-    )
+    a, runs = routing_guard(redis, prefix, lane, b"x", claims=claimed)
+    store = a._stores[lane.name]
     head, follower = main_message(lane, 0, b"x"), main_message(lane, 1, b"y")
     if claimed:
         await a.assigned([head.tp], {})
@@ -344,24 +324,7 @@ async def test_heads_coming_due_together_end_in_shared_calls_and_release_in_orde
 ) -> None:
     """Ten keys' heads succeed in one turn: their ends share calls, each key's follower follows."""
     lane = guarded_lane(f"guard_{unique}")
-    stats = Stats()
-    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
-    runs: list[bytes] = []
-
-    async def stage(lane_: Lane, message: Message) -> str | None:
-        runs.append(message.value)
-        if message.value.startswith(b"x") and message.topic == lane_.spec.name:
-            return await routing.failure(lane_, message, 1, RuntimeError("flaky"))
-        return "handled"
-
-    a = RunGuard(
-        lane_guards(redis, prefix, [lane.spec]),
-        routing,
-        stats,
-        Isolation(5.0),
-        stage,
-        lambda *_: None,
-    )
+    a, runs = routing_guard(redis, prefix, lane, b"x")
     keys = [b"k%d" % i for i in range(10)]
     for i, key in enumerate(keys):
         assert await a.run(lane, main_message(lane, 2 * i, b"x%d" % i, key=key)) == "retried"
