@@ -283,6 +283,7 @@ class RunGuard:
         finally:
             if self._running.get(start.ident) is start:
                 del self._running[start.ident]
+            self._parked_by_route.discard(start.ident)  # its end goes to gd_end_many anyway
 
     async def _carry_out(
         self,

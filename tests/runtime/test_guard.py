@@ -338,3 +338,17 @@ async def test_heads_coming_due_together_end_in_shared_calls_and_release_in_orde
         assert runs.index(b"y%d" % i) > runs.index(b"x%d" % i)
     assert sorted(runs) == sorted([b"x%d" % i for i in range(10)] + [b"y%d" % i for i in range(10)])
     assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+
+
+async def test_routed_runs_leave_no_trace_in_the_member(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A head's copy that fails again and a released follower that fails: nothing is kept."""
+    lane = guarded_lane(f"guard_{unique}")
+    a, runs = routing_guard(redis, prefix, lane, b"")  # every main-topic run fails once
+    assert await a.run(lane, main_message(lane, 0, b"x")) == "retried"
+    assert await a.run(lane, main_message(lane, 1, b"y")) == "parked"
+    assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"  # releases Y: it fails
+    assert runs == [b"x", b"x", b"y"]
+    assert a._parked_by_route == set()
+    assert a._running == {}
