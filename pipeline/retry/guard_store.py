@@ -149,7 +149,7 @@ def _text(value: Any) -> str:
 
 
 def _release(key: str, decision: Any, ident: Any, held: bytes) -> Release:
-    """A follower as ``gd_end`` and ``gd_reap`` return it: decision, id, encoded message."""
+    """A follower as ``gd_end_many`` and ``gd_reap`` return it: decision, id, encoded message."""
     return Release(key, _text(decision), _text(ident), decode_held(held))  # type: ignore[arg-type]
 
 
@@ -252,38 +252,11 @@ class GuardStore:
             return False
         return True
 
-    async def end(self, start: Start, ending: Ending, *, follow_dead: bool) -> Release | None:
-        """Record how a message ended on a parked key (``FCALL gd_end``); the next follower."""
-        k = self.keys
-        ident, key = start.ident, start.key
-        z, state, held = k.of_key(key)
-        try:
-            out = await self._functions.fcall(
-                "gd_end",
-                [k.run, k.alone, k.gone, k.parked, z, state, held, k.releases],
-                [
-                    int(time.time() * 1000),
-                    self.ttl_ms,
-                    ident,
-                    key,
-                    ending,
-                    "follow" if follow_dead else "",
-                    self.lease_ms,
-                    start.position,
-                ],
-            )
-        except (rexc.RedisError, OSError) as exc:
-            log.warning("parking unavailable, could not record %s of %s: %s", ending, ident, exc)
-            return None
-        if _text(out[0]) == "none":
-            return None
-        return _release(key, *out)
-
     async def end_many(self, ends: Sequence[tuple[Start, Ending, bool]]) -> list[Release | None]:
         """Record several ends on parked keys in one call (``FCALL gd_end_many``), in order.
 
-        Each is ``(start, ending, follow_dead)`` and gets what :meth:`end` would return. Raises
-        redis errors: the caller decides how to fail open.
+        Each is ``(start, ending, follow_dead)`` and gets the key's next follower, released to
+        this member to run, or None. Raises redis errors: the caller decides how to fail open.
         """
         k = self.keys
         args: list[str | int] = [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag]

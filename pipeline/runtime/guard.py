@@ -90,7 +90,7 @@ class RunGuard:
         """Starts running in this member, by message id, until they end or are routed (a first
         delivery under a claim: the message, its start built only if it is routed)."""
         self._parked_by_route: set[str] = set()
-        """Runs whose route to a retry tier parked their key (their end needs no gd_end)."""
+        """Runs whose route to a retry tier parked their key (their end needs no gd_end_many)."""
         routing.on_route = self._routed
         self._reaped: set[asyncio.Task[None]] = set()
 
@@ -153,7 +153,7 @@ class RunGuard:
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, _BUSY_MAX_S)
             decision, starts = await window.begin(start)
-        parked = decision in ("slow", "head")  # its key is parked: its end goes to gd_end
+        parked = decision in ("slow", "head")  # its key is parked: its end goes to gd_end_many
         if decision == "slow":
             decision, starts = await store.begin_parked(message, start)
         elif decision == "head":  # marked already, as gd_key_begin's process would have

@@ -252,7 +252,7 @@ async def test_a_start_carrying_its_body_is_held_in_the_batched_call(
     }
     # A second copy of the held follower is not held twice.
     assert await window.begin(with_body(follower)) == ("copy", 0)
-    release = await store.end(started, "done", follow_dead=False)
+    [release] = await store.end_many([(started, "done", False)])
     assert release is not None
     assert release.message.value == b"y"
 
@@ -290,7 +290,7 @@ async def test_followers_and_the_head_of_a_parked_key_cost_no_key_call(
 async def test_a_routed_first_run_ends_in_the_next_batched_call(
     redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch, claimed: bool
 ) -> None:
-    """Its route parked the key: its end needs no gd_end, and its copy still runs as the head."""
+    """Its route parked the key: its end needs no gd_end_many, its copy still runs as the head."""
     lane = guarded_lane(f"guard_{unique}")
     a, runs = routing_guard(redis, prefix, lane, b"x", claims=claimed)
     store = a._stores[lane.name]

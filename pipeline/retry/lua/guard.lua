@@ -127,6 +127,13 @@ local function expire(ttl, ...)
   for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
 end
 
+-- Add the names of parked key K's state (T:z:K, T:h:K, T:f:K) to `k`, for the calls that
+-- reach several keys of the lane (all under the tag T, so in one Cluster slot).
+local function of_key(k, tag, key)
+  k.z, k.h, k.f = tag .. ':z:' .. key, tag .. ':h:' .. key, tag .. ':f:' .. key
+  return k
+end
+
 -- Drop heads of a parked key that already finished (a copy re-parked them); the head or nil.
 local function live_head(gone, z, f)
   local head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
@@ -171,7 +178,7 @@ end
 -- (another live member process runs this very copy: ask again later), h held (the key is
 -- parked and the start carried its body, which waits here behind the head as in gd_key_begin),
 -- r head (the key is parked and this is its head, free to run: as gd_key_begin's process, so
--- its end goes to gd_end, which releases the followers).
+-- its end goes to gd_end_many, which releases the followers).
 -- The member sends a body with the starts of keys it saw parked, so most followers are held in
 -- this batched call rather than in a gd_key_begin of their own; a head's copy due from its tier
 -- needs none. What is left to gd_key_begin (slow) is rare: a key whose head is gone, a head that
@@ -245,8 +252,7 @@ local function begin_many(keys, args)
       local held, held_starts = nil, 0
       if ordered[i] and parked[i] and not gone[i] then
         local key = names[i]
-        local k = {run = keys[1], gone = keys[2], parked = keys[3], z = tag .. ':z:' .. key,
-                   h = tag .. ':h:' .. key, f = tag .. ':f:' .. key}
+        local k = of_key({run = keys[1], gone = keys[2], parked = keys[3]}, tag, key)
         if bodies[i] then held = hold(k, ttl, id, key, bodies[i]) end
         if not held then held, held_starts = as_head(k, id, positions[i], attempts[i]) end
       end
@@ -332,7 +338,7 @@ local function route(keys, args)
 end
 
 -- Hand the key's next held follower to the caller, or unpark the key when none is left.
--- k: run, gone, parked, z, h, f, rel (as in gd_end). Returns {'none'} or {decision, id, message}.
+-- k: run, gone, parked, z, h, f, rel (as in finish_one). Returns {'none'} or {decision, id, message}.
 local function release_next(k, now, ttl, key, lease)
   local head, seq = live_head(k.gone, k.z, k.f)
   if not head then
@@ -358,12 +364,10 @@ local function release_next(k, now, ttl, key, lease)
   return {decision, head, blob}
 end
 
--- gd_end: record how a message of a parked key ended (or how a message came to park its key).
--- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked
--- KEYS[5] T:z:K   KEYS[6] T:h:K   KEYS[7] T:f:K   KEYS[8] T:rel
--- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] id   ARGV[4] key   ARGV[5] outcome: done | parked | dead
--- ARGV[6] "follow" if followers of a dead-lettered head follow it into the DLQ   ARGV[7] lease_ms
--- ARGV[8] the position of the start that ended (its mark is left alone if a copy took it over)
+-- Record how message `id` of parked key `key` ended (or how a message came to park its key).
+-- k: run, alone, gone, parked, z, h, f, rel. `follow` is "follow" if followers of a
+-- dead-lettered head follow it into the DLQ; `pos` the position of the start that ended (its
+-- mark is left alone if a copy took it over); `lease` the release lease (ms). `outcome`:
 --   done    handled (or skipped, expired): it leaves the parked set, the next follower is released
 --   parked  sent to a retry tier: it stays (or becomes) the key's head; its body is in the tier
 --   dead    dead-lettered: it leaves; with "follow", those parked behind it are sequenced
@@ -403,14 +407,8 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos)
   return release_next(k, now, ttl, key, lease)
 end
 
-local function finish(keys, args)
-  local k = {run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4], z = keys[5],
-             h = keys[6], f = keys[7], rel = keys[8]}
-  return finish_one(k, tonumber(args[1]), tonumber(args[2]), tonumber(args[7]), args[3],
-                    args[4], args[5], args[6], args[8])
-end
-
--- gd_end_many: gd_end for several parked keys' messages in one call, in order.
+-- gd_end_many: record how messages of parked keys ended (finish_one), several in one call, in
+-- order.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
 -- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T, then five per end:
 -- id, key, outcome (done | parked | dead), "follow" or "", the position of the start that ended.
@@ -420,8 +418,8 @@ local function finish_many(keys, args)
   local out = {}
   for i = 5, #args, 5 do
     local key = args[i + 1]
-    local k = {run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4], rel = keys[5],
-               z = tag .. ':z:' .. key, h = tag .. ':h:' .. key, f = tag .. ':f:' .. key}
+    local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
+                      rel = keys[5]}, tag, key)
     local released = finish_one(k, now, ttl, lease, args[i], key, args[i + 2], args[i + 3],
                                 args[i + 4])
     out[#out + 1] = released[1]
@@ -463,9 +461,8 @@ local function reap(keys, args)
   local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
   local out = {}
   for _, key in ipairs(due) do
-    local k = {run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
-               z = tag .. ':z:' .. key, h = tag .. ':h:' .. key, f = tag .. ':f:' .. key,
-               rel = keys[1]}
+    local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
+                      rel = keys[1]}, tag, key)
     local released = release_next(k, now, ttl, key, lease)
     if released[1] ~= 'none' then
       out[#out + 1] = key
@@ -503,7 +500,6 @@ redis.register_function('gd_begin', begin_many)
 redis.register_function('gd_live', live_renew)
 redis.register_function('gd_key_begin', begin_parked)
 redis.register_function('gd_route', route)
-redis.register_function('gd_end', finish)
 redis.register_function('gd_end_many', finish_many)
 redis.register_function('gd_solo', solo)
 redis.register_function('gd_reap', reap)
