@@ -124,12 +124,19 @@ def serve(
 
 
 def workers_of(proc: subprocess.Popen[str]) -> list[psutil.Process]:
-    """The supervisor's worker processes (not multiprocessing's resource tracker)."""
-    return [
-        child
-        for child in psutil.Process(proc.pid).children()
-        if "resource_tracker" not in " ".join(child.cmdline())
-    ]
+    """The supervisor's live worker processes (not multiprocessing's resource tracker).
+
+    A killed worker the supervisor has not reaped yet is a zombie: not a worker any more.
+    """
+    workers = []
+    for child in psutil.Process(proc.pid).children():
+        try:
+            command = " ".join(child.cmdline())
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+        if "resource_tracker" not in command:
+            workers.append(child)
+    return workers
 
 
 def signed(body: bytes) -> bytes:
