@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import traceback
 from dataclasses import dataclass
 
 from pipeline import headers as h
@@ -35,9 +34,19 @@ class LaneRoutes:
 
 
 def error_digest(error: BaseException) -> str:
-    """A short stable hash of where ``error`` was raised (file, function of each frame)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    shape = "|".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.name}" for f in frames)
+    """A short stable hash of where ``error`` was raised (file, function of each frame).
+
+    The frames are read from the traceback's code objects: ``traceback.extract_tb`` would also
+    look up every frame's source line and column positions, which the digest does not use and
+    which cost more than the rest of a failure's routing.
+    """
+    names = []
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        names.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}")
+        tb = tb.tb_next
+    shape = "|".join(names)
     return hashlib.sha256(f"{type(error).__name__}|{shape}".encode()).hexdigest()[:12]
 
 
