@@ -83,9 +83,10 @@ class HandlerStage:
 
     async def __call__(self, lane: Lane, message: Message) -> str | None:
         """Run ``message``'s handler (unless it must not run now); the outcome, None if unrouted."""
-        stop, outcome = await self._not_now(lane, message)
-        if stop:
-            return outcome
+        deferred = bool(self.deferring) and (message.tp, message.offset) in self.deferring
+        reason = None if deferred else self._expired(lane, message)
+        if deferred or reason is not None:  # not on the path of a message that runs now
+            return await self._not_now(lane, message, reason)
         attempt = h.int_header(message.headers, h.ATTEMPT, 1)
         self._routing.processed(lane)
         called = time.perf_counter()
@@ -139,19 +140,19 @@ class HandlerStage:
             return "shed"
         return None
 
-    async def _not_now(self, lane: Lane, message: Message) -> tuple[bool, str | None]:
-        """Whether ``message`` must not run now (deferred, expired or shed), and its outcome."""
-        if self.deferring and (message.tp, message.offset) in self.deferring:
-            return True, await self._routing.divert(lane, message, "deferred")
-        reason = self._expired(lane, message)
+    async def _not_now(self, lane: Lane, message: Message, reason: str | None) -> str | None:
+        """The outcome of a message that must not run now: deferred, or ``reason`` (expired, shed).
+
+        ``reason`` None: it is deferred (it goes through the first retry tier, its key parked).
+        """
         if reason is None:
-            return False, None
+            return await self._routing.divert(lane, message, "deferred")
         if self._metrics is not None:
             self._metrics.expired(lane.name)
         if lane.spec.on_expiry == "drop":
-            return True, "expired"
+            return "expired"
         error = Expired(f"{reason}: it waited past what lane {lane.name} allows")
-        return True, await self._routing.dead_letter(lane, message, reason, error)
+        return await self._routing.dead_letter(lane, message, reason, error)
 
     async def _buffer(self, lane: Lane, event: Any, message: Message, attempt: int) -> str:
         """Record a debounced lane's message for its conversation's turn (fail open)."""

@@ -29,6 +29,7 @@ class Isolation:
         self._idle.set()
         self._open = asyncio.Event()
         self._open.set()
+        self._closed = False  # mirrors "not _open", read on every run without a method call
         self._turn = asyncio.Lock()
         self._suspects = 0
 
@@ -48,37 +49,35 @@ class Isolation:
 
     async def enter_shared(self) -> None:
         """Start an ordinary run (waits only while a suspect is due); end it with leave_shared."""
-        while not self._open.is_set():
+        while self._closed:
             await self._open.wait()
-        self._entered()
+        self._running += 1
 
     def try_enter_shared(self) -> bool:
         """Start an ordinary run now if no suspect is due (no await); False: use enter_shared."""
-        if not self._open.is_set():
+        if self._closed:
             return False
-        self._entered()
-        return True
-
-    def _entered(self) -> None:
         self._running += 1
+        return True
 
     def leave_shared(self) -> None:
         """An ordinary run started by :meth:`enter_shared` ended."""
         self._running -= 1
-        if not self._running:
+        if not self._running and self._suspects:  # only a suspect waits for the runs to end
             self._idle.set()
 
     @asynccontextmanager
     async def alone(self) -> AsyncIterator[None]:
         """A suspect's run: no new run starts, and it starts when those in progress ended."""
         self._suspects += 1
+        self._closed = True
         self._open.clear()
         try:
             async with self._turn:
                 while self._running:  # the last shared run to leave sets it
                     self._idle.clear()
                     await self._idle.wait()
-                timer = asyncio.get_running_loop().call_later(self._alone_for_s, self._open.set)
+                timer = asyncio.get_running_loop().call_later(self._alone_for_s, self._reopen)
                 try:
                     yield
                 finally:
@@ -86,4 +85,8 @@ class Isolation:
         finally:
             self._suspects -= 1
             if not self._suspects:
-                self._open.set()
+                self._reopen()
+
+    def _reopen(self) -> None:
+        self._closed = False
+        self._open.set()

@@ -39,6 +39,7 @@ class KeyLanes(Generic[T]):
         self._running: dict[LaneKey, T] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._changed = asyncio.Condition()
+        self._idle_waiters = 0  # wait_idle callers; a finished message notifies only them
         self._limit = max_concurrency
         self._limit_raised = asyncio.Event()
 
@@ -109,10 +110,14 @@ class KeyLanes(Generic[T]):
     async def wait_idle(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Wait until nothing (of these partitions, if given) is running or queued."""
         wanted = None if partitions is None else set(partitions)
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: not any(wanted is None or k[0] in wanted for k in self._queues)
-            )
+        self._idle_waiters += 1
+        try:
+            async with self._changed:
+                await self._changed.wait_for(
+                    lambda: not any(wanted is None or k[0] in wanted for k in self._queues)
+                )
+        finally:
+            self._idle_waiters -= 1
 
     async def _work(self, index: int) -> None:
         while True:
@@ -140,8 +145,9 @@ class KeyLanes(Generic[T]):
                         self._ready.put_nowait(key)
                     else:
                         del self._queues[key]
-                async with self._changed:
-                    self._changed.notify_all()
+                if self._idle_waiters:
+                    async with self._changed:
+                        self._changed.notify_all()
 
     async def close(self) -> None:
         """Stop the workers (running messages are cancelled)."""
