@@ -23,6 +23,8 @@ from typing import Any
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
+from pipeline.redis_channel import channel_of
+
 
 def is_missing(error: BaseException) -> bool:
     """True if ``error`` says the called function is not loaded."""
@@ -75,13 +77,27 @@ class FunctionLibrary:
                 self._loading = None  # a failed load is tried again by the next call
 
     async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """``FCALL name`` with ``keys`` and ``args``, reloading the library once if needed."""
-        await self.ensure_loaded()
+        """``FCALL name`` with ``keys`` and ``args``, reloading the library once if needed.
+
+        Through the client's :class:`~pipeline.redis_channel.FunctionChannel` when one is bound
+        to it (``pipeline consume`` binds one), else through redis-py.
+        """
+        if not self._loaded:
+            await self.ensure_loaded()
         loaded = self.name(name)
+        channel = channel_of(self.client)
         try:
+            if channel is not None:
+                return await channel.fcall(loaded, keys, args)
             return await self.client.fcall(loaded, len(keys), *keys, *args)
         except rexc.ResponseError as exc:
             if not is_missing(exc):
                 raise
             await self.load()
-            return await self.client.fcall(loaded, len(keys), *keys, *args)
+            return await self._call(loaded, keys, args)
+
+    async def _call(self, loaded: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        channel = channel_of(self.client)
+        if channel is not None:
+            return await channel.fcall(loaded, keys, args)
+        return await self.client.fcall(loaded, len(keys), *keys, *args)

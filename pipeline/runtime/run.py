@@ -23,6 +23,7 @@ from pipeline.logstore.create import create_log_store
 from pipeline.observability.deletion_cost import DeletionCost, pod_from_environment
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import MemberTelemetry, member_telemetry
+from pipeline.redis_channel import channel_of, open_channel
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
@@ -87,6 +88,27 @@ def _service_times(
     return capacity
 
 
+def _redis(settings: Settings) -> Redis:
+    """The member's Redis client, with a function channel bound to it for the Lua calls."""
+    # One quick retry: admission, parking and debouncing fail open when Redis is down, so a
+    # call must fail fast rather than hold a message through seconds of client backoff.
+    redis = Redis.from_url(
+        settings.redis.url,
+        socket_timeout=settings.redis.socket_timeout_s,
+        socket_connect_timeout=settings.redis.socket_timeout_s,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+    )
+    open_channel(redis)  # pipelined on a connection of its own (pipeline/redis_channel.py)
+    return redis
+
+
+async def _close_redis(redis: Redis) -> None:
+    channel = channel_of(redis)
+    if channel is not None:
+        await channel.aclose()
+    await redis.aclose()
+
+
 async def serve(
     app: App, settings: Settings, group: str, *, lanes: Sequence[str] | None = None
 ) -> None:
@@ -96,14 +118,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     transport = create_transport(settings)
-    # One quick retry: admission, parking and debouncing fail open when Redis is down, so a
-    # call must fail fast rather than hold a message through seconds of client backoff.
-    redis = Redis.from_url(
-        settings.redis.url,
-        socket_timeout=settings.redis.socket_timeout_s,
-        socket_connect_timeout=settings.redis.socket_timeout_s,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
-    )
+    redis = _redis(settings)
     store = None
     if settings.runtime.mark_processed:
         store = create_log_store(settings, settings.ingress)
@@ -170,4 +185,4 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await transport.close()
-        await redis.aclose()
+        await _close_redis(redis)

@@ -1,0 +1,323 @@
+"""Redis Functions calls of one process, pipelined over one connection of their own.
+
+The guard, the throttle and the cancel gate make one or more ``FCALL`` per message they touch,
+so what a call costs the member's CPU bounds them. redis-py spends about 100 µs of CPU on one
+(a connection checked out of the pool and back, the retry wrapper, a timeout context and a
+stream read per reply); a command written to an open connection and its reply parsed by hiredis
+as it arrives cost a fraction of that. A :class:`FunctionChannel` does only that:
+
+* each call is written at once to one connection, and replies are matched to calls in order
+  (Redis answers a connection's commands in the order it read them), so concurrent calls share
+  the connection without waiting for each other's round trips;
+* only ``FCALL``: a function never blocks the server, so one connection serves every call in
+  Redis's own order (blocking commands stay on redis-py's pool);
+* the client's settings: host, port, database, username and password, name, socket timeouts and
+  its retry policy (a call that times out or loses its connection is tried again as redis-py
+  would, after closing the connection), and its errors (``redis.exceptions``), so the callers'
+  fail-open handling is unchanged;
+* a call whose reply does not come within the socket timeout fails with ``TimeoutError`` and
+  closes the connection (every call still waiting on it fails the same way); the next call
+  connects again.
+
+:func:`open_channel` makes one for a client whose connections it can speak for (TCP, RESP2, no
+TLS or credential provider), binds it to that client, and :meth:`FunctionLibrary.fcall
+<pipeline.redis_functions.FunctionLibrary.fcall>` then sends through it; other clients (TLS,
+Unix sockets, clusters, the in-process fakes) keep redis-py's path. The owner closes the
+channel with the client (``pipeline consume`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+from redis import exceptions as rexc
+from redis._parsers.base import BaseParser
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
+from redis.asyncio.retry import Retry
+
+__all__ = ["FunctionChannel", "channel_of", "open_channel"]
+
+_UNSUPPORTED = ("credential_provider", "ssl", "path", "connection_class")
+
+
+def _pack(args: tuple[Any, ...]) -> bytes:
+    """One command in RESP, as redis-py encodes its arguments (bytes, str, int, float)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, bytes):
+            raw = arg
+        elif isinstance(arg, str):
+            raw = arg.encode()
+        elif isinstance(arg, bool) or not isinstance(arg, (int, float)):
+            raise rexc.DataError(
+                f"Invalid input of type: {type(arg).__name__!r}. Convert to a bytes, string, "
+                "int or float first."
+            )
+        elif isinstance(arg, int):
+            raw = b"%d" % arg
+        else:
+            raw = repr(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(parts)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A connect nobody waits for any more must not log its failure as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+class _Wire(asyncio.Protocol):
+    """One connection: calls wait in ``pending``, in the order they were written."""
+
+    def __init__(self, timeout_s: float | None, encoding: str | None) -> None:
+        self.timeout_s = timeout_s
+        kwargs: dict[str, Any] = {
+            "protocolError": rexc.InvalidResponse,
+            "replyError": BaseParser.parse_error,
+        }
+        if encoding is not None:
+            kwargs["encoding"] = encoding
+        self._reader = hiredis.Reader(**kwargs)
+        self.pending: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # noqa: S101 - a TCP connection
+        self.transport = transport
+
+    def send(self, command: bytes) -> asyncio.Future[Any]:
+        """Write ``command``; the future settles with its reply (or the connection's failure)."""
+        if self.lost or self.transport is None:
+            raise rexc.ConnectionError("the Redis connection of the function channel is closed")
+        future = self._loop.create_future()
+        deadline = 0.0 if self.timeout_s is None else self._loop.time() + self.timeout_s
+        self.pending.append((future, deadline))
+        self.transport.write(command)
+        if self._timer is None and self.timeout_s is not None:
+            self._timer = self._loop.call_at(deadline, self._check)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        pending = self.pending
+        while True:
+            try:
+                reply = self._reader.gets()
+            except rexc.InvalidResponse as exc:
+                self.fail(exc)
+                return
+            if reply is False:
+                return
+            if not pending:
+                self.fail(rexc.InvalidResponse("Redis sent a reply to no call"))
+                return
+            future, _ = pending.popleft()
+            if future.done():  # its caller was cancelled: the reply is dropped, order kept
+                continue
+            if isinstance(reply, Exception):  # an error reply, as redis-py's parser maps it
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    def _check(self) -> None:
+        """The oldest call's deadline: fail the connection if it passed, else wait for it."""
+        self._timer = None
+        if not self.pending or self.lost:
+            return
+        deadline = self.pending[0][1]
+        if self._loop.time() >= deadline:
+            self.fail(rexc.TimeoutError(f"Redis did not answer within {self.timeout_s} s"))
+        else:
+            self._timer = self._loop.call_at(deadline, self._check)
+
+    def fail(self, error: Exception) -> None:
+        """Close the connection; every call still waiting fails with ``error``."""
+        self.lost = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self.pending:
+            future, _ = self.pending.popleft()
+            if not future.done():
+                future.set_exception(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc is not None else ""
+        self.fail(rexc.ConnectionError(f"Redis closed the function channel's connection{reason}"))
+
+
+class FunctionChannel:
+    """``FCALL`` to one Redis server over one pipelined connection, opened on first use."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
+        retry: Retry | None = None,
+        encoding: str | None = None,
+        client_name: str | None = None,
+    ) -> None:
+        """Connect to ``host:port`` when first called; ``retry`` as the client's own."""
+        self._address = (host, port)
+        self._db = db
+        self._username = username
+        self._password = password
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._retry = retry
+        self._encoding = encoding
+        self._client_name = client_name
+        self._wire: _Wire | None = None
+        self._connecting: asyncio.Future[_Wire] | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    async def fcall(self, function: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """``FCALL function`` with ``keys`` and ``args``: its reply, or redis-py's error."""
+        command = _pack(("FCALL", function, len(keys), *keys, *args))
+        try:
+            return await self._once(command)  # the common case, without the retry machinery
+        except (rexc.ConnectionError, rexc.TimeoutError) as error:
+            if self._retry is None or self._closed:
+                raise
+            first: list[Exception] = [error]
+
+        async def attempt() -> Any:
+            if first:  # the attempt above, counted as the retry policy's first failure
+                raise first.pop()
+            return await self._once(command)
+
+        return await self._retry.call_with_retry(attempt, self._dropped)
+
+    async def _once(self, command: bytes) -> Any:
+        wire = self._wire
+        if wire is None or wire.lost:
+            wire = await self._connected()
+        return await wire.send(command)
+
+    async def _dropped(self, _error: Exception) -> None:
+        """A failed attempt: the connection it used is not used again."""
+        wire, self._wire = self._wire, None
+        if wire is not None and not wire.lost:
+            wire.fail(rexc.ConnectionError("the function channel's connection was dropped"))
+
+    async def _connected(self) -> _Wire:
+        if self._closed:
+            raise rexc.ConnectionError("the function channel is closed")
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting.add_done_callback(_retrieved)
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        finally:
+            if connecting.done():
+                self._connecting = None
+
+    async def _connect(self) -> _Wire:
+        loop = asyncio.get_running_loop()
+        host, port = self._address
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, wire = await loop.create_connection(
+                    lambda: _Wire(self._timeout_s, self._encoding), host, port
+                )
+        except TimeoutError as exc:
+            raise rexc.TimeoutError(f"connecting to Redis at {host}:{port} timed out") from exc
+        except OSError as exc:
+            raise rexc.ConnectionError(
+                f"cannot connect to Redis at {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        hello: list[asyncio.Future[Any]] = []
+        if self._password is not None:
+            auth = (self._username, self._password) if self._username else (self._password,)
+            hello.append(wire.send(_pack(("AUTH", *auth))))
+        if self._db:
+            hello.append(wire.send(_pack(("SELECT", self._db))))
+        if self._client_name:
+            hello.append(wire.send(_pack(("CLIENT", "SETNAME", self._client_name))))
+        try:
+            for reply in hello:
+                await reply
+        except rexc.RedisError:
+            wire.fail(rexc.ConnectionError("the function channel's connection was refused"))
+            raise
+        if self._closed:  # closed while connecting
+            wire.fail(rexc.ConnectionError("the function channel is closed"))
+            raise rexc.ConnectionError("the function channel is closed")
+        self._wire = wire
+        return wire
+
+    async def aclose(self) -> None:
+        """Close the connection; calls still waiting fail with ``ConnectionError``."""
+        self._closed = True
+        if self._connecting is not None:
+            with contextlib.suppress(Exception):
+                await self._connecting
+        wire, self._wire = self._wire, None
+        if wire is not None and not wire.lost:
+            wire.fail(rexc.ConnectionError("the function channel is closed"))
+        await asyncio.sleep(0)  # let the aborted transport release its socket
+
+
+_channels: dict[int, tuple[weakref.ref[Redis], FunctionChannel]] = {}
+
+
+def open_channel(client: Redis) -> FunctionChannel | None:
+    """A channel speaking for ``client``'s connections, bound to it; None if it cannot.
+
+    It cannot for a client whose connections are not plain TCP with RESP2 and a password at
+    most (TLS, a Unix socket, a credential provider, RESP3, another connection class).
+    """
+    pool = client.connection_pool
+    settings = pool.connection_kwargs
+    if pool.connection_class is not Connection or any(k in settings for k in _UNSUPPORTED):
+        return None
+    if str(settings.get("protocol") or 2) != "2":
+        return None
+    channel = FunctionChannel(
+        str(settings.get("host", "localhost")),
+        int(settings.get("port", 6379)),
+        db=int(settings.get("db") or 0),
+        username=settings.get("username"),
+        password=settings.get("password"),
+        timeout_s=settings.get("socket_timeout"),
+        connect_timeout_s=settings.get("socket_connect_timeout"),
+        retry=client.get_retry(),
+        encoding=settings.get("encoding", "utf-8") if settings.get("decode_responses") else None,
+        client_name=settings.get("client_name"),
+    )
+    key = id(client)
+    _channels[key] = (weakref.ref(client, lambda _ref: _channels.pop(key, None)), channel)
+    return channel
+
+
+def channel_of(client: Redis) -> FunctionChannel | None:
+    """The channel :func:`open_channel` bound to ``client``, if it is open."""
+    entry = _channels.get(id(client))
+    if entry is None or entry[0]() is not client or entry[1].closed:
+        return None
+    return entry[1]
