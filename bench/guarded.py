@@ -30,6 +30,8 @@ from lane_process import Drain, PrivateRedis, bare_cmd, consume_cmd, drain, writ
 from pipeline.topics.spec import TopicSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from runtime import Harness
 
 WIRE_PARTITIONS = 4
@@ -69,13 +71,14 @@ async def _run(
     fail_modulo: int = 0,
     hold_ms: float = 1.0,
     settle: bool = False,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Drain:
     """One consumer process on a fresh group (and, for ``pipeline consume``, a private Redis)."""
     label = f"{'bare member' if bare else 'pipeline consume'} on {spec['name']}"
     group = _name("g")
     workdir = Path(tempfile.mkdtemp(prefix="bench-lane-"))
     redis = None if bare else PrivateRedis(workdir / "redis")
-    env = _env(h, spec, BENCH_MODE=mode, BENCH_FAIL_MODULO=str(fail_modulo))
+    env = _env(h, spec, BENCH_MODE=mode, BENCH_FAIL_MODULO=str(fail_modulo), **(extra_env or {}))
     env["BENCH_HOLD_MS"] = str(hold_ms)
     if redis is not None:
         redis.start()
@@ -184,6 +187,22 @@ async def bench_wire(h: Harness, n: int, repeats: int) -> Wire:
     finally:
         await h.drop_topics(names)
     return result
+
+
+async def consume_run(
+    h: Harness, spec: dict[str, Any], n: int, extra_env: Mapping[str, str] | None = None
+) -> Drain:
+    """``pipeline consume`` of the lane ``spec`` (already declared and filled) over ``n`` messages.
+
+    As :func:`bench_wire` runs it (no-op handler, a private Redis, metrics on); ``extra_env`` is
+    added to its environment (for example the ``OTEL_*`` variables that turn tracing on).
+    """
+    return await _run(h, spec, n, bare=False, extra_env=extra_env)
+
+
+def wire_spec(name: str) -> dict[str, Any]:
+    """The wire part's lane with retry tiers: what users run."""
+    return _wire_spec(name, tiers=True)
 
 
 # -- retries at 1 % --------------------------------------------------------------------------------

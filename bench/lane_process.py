@@ -319,6 +319,13 @@ async def drain(
         await asyncio.to_thread(stop_process, proc)
         await asyncio.to_thread(counter.join, 10)
         os.close(read_fd)
+    if proc.returncode == -signal.SIGKILL:  # the stop's grace ran out: say what it was doing
+        print(
+            f"  warning: {label} did not stop within {STOP_GRACE_S:.0f} s of SIGTERM and was"
+            f" killed{_tail(log_path, 12)}",
+            file=sys.stderr,
+            flush=True,
+        )
     result = Drain(expected, counter.t1 - counter.t0, counter.cpu1 - counter.cpu0)
     if stats_path.exists():
         result.stats = json.loads(stats_path.read_text(encoding="utf-8"))
@@ -328,8 +335,8 @@ async def drain(
     return result
 
 
-def _tail(log: Path) -> str:
-    lines = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+def _tail(log: Path, count: int = 3) -> str:
+    lines = log.read_text(errors="replace").strip().splitlines()[-count:] if log.exists() else []
     return f" (stderr: {' | '.join(lines)})" if lines else ""
 
 

@@ -80,16 +80,19 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    part 2's); ``key_overlaps``, a run of a key starting while another run of that key is still
    in the handler (a dict of keys running; exact, as there is one process); duplicates.
 
-5. **Tracing** (``bench/tracing_parts.py``): part 1's member (no-op handler, no Redis) over
-   ``--messages`` messages (at most 20,000: every span of a 100 % run is held until exported)
-   that carry a ``traceparent``, with tracing off and on (100 %
-   sampling, exported to a sink process), interleaved, ``--repeats`` times:
-   ``tracing_overhead`` = on ÷ off msgs/s (median of the per-repeat ratios);
+5. **Tracing** (``bench/tracing_parts.py``), in the configuration users run: ``pipeline consume``
+   of the wire part's lane with retry tiers (its own process, a private Redis, metrics on, the
+   no-op handler) over ``--messages`` messages (at most 20,000: every span of a 100 % run is held
+   until exported) that carry a ``traceparent``, with tracing off and on (100 % sampling through
+   the standard ``OTEL_*`` variables, exported to a sink process), interleaved, ``--repeats``
+   times: ``tracing_overhead`` = on ÷ off msgs/s (median of the per-repeat ratios);
    ``tracing_off_overhead`` = 1 - the off hooks' time per message ÷ the off run's CPU per message;
    ``tracing_overhead_10pct`` = the same ratio as ``tracing_overhead`` with one message in ten
-   sampled upstream (its ``traceparent`` flags; the SDK's default parent-based sampler follows);
-   ``tracing_off_cpu_s_per_10k`` / ``tracing_on_cpu_s_per_10k`` = this process's CPU per 10k
-   messages (medians), off and on at 100 % (the exporting child process is not in them).
+   sampled upstream (its ``traceparent`` flags; the default parent-based sampler follows);
+   ``tracing_off_cpu_s_per_10k`` / ``tracing_on_cpu_s_per_10k`` = the consumer's process tree's
+   CPU per 10k messages (medians; the exporting child process is in it). The same runs of part
+   1's member in this process (no Redis) are the extra fields ending in ``_bare`` (their CPU is
+   this process's own, the exporting child not in it).
 
 The last line printed is one JSON object::
 
@@ -146,11 +149,13 @@ from guarded import (
     Wire,
     bench_retries,
     bench_wire,
+    consume_run,
+    wire_spec,
 )
 from lane_process import Drain, ProcessBenchError
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
-from tracing_parts import member_hooks_s, off_overhead, otlp_sink, traced_here
+from tracing_parts import member_hooks_s, off_overhead, otlp_sink, traced_env, traced_here
 
 from pipeline.config import RuntimeSettings, Settings, load_settings
 from pipeline.envelope import Position, Record, TopicPartition
@@ -1145,49 +1150,86 @@ async def run(args: argparse.Namespace) -> Results:
 
 @dataclass(slots=True)
 class TracingCost:
-    """Interleaved (tracing off, tracing on) runs of part 1's member."""
+    """Interleaved runs with tracing off, on at 100 % and on for sampled parents (one in ten).
 
-    off: list[Span] = field(default_factory=list)
-    on: list[Span] = field(default_factory=list)
-    tenth: list[Span] = field(default_factory=list)
+    ``off``, ``on`` and ``tenth`` are ``pipeline consume`` of the lane with retry tiers, as its
+    own process (what users run); the ``bare_*`` lists are part 1's member in this process.
+    """
+
+    off: list[Drain] = field(default_factory=list)
+    on: list[Drain] = field(default_factory=list)
+    tenth: list[Drain] = field(default_factory=list)
+    bare_off: list[Span] = field(default_factory=list)
+    bare_on: list[Span] = field(default_factory=list)
+    bare_tenth: list[Span] = field(default_factory=list)
     hooks_s: float = 0.0
 
 
-async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
-    """Part 1's member with tracing off and on, over messages carrying a traceparent."""
-    result = TracingCost(hooks_s=member_hooks_s())
-    name = _name("traced")
-    await h.create_topic(name, PARTITIONS)
+async def _produce_traced(h: Harness, name: str, n: int) -> dict[TopicPartition, int]:
+    """``n`` messages carrying a ``traceparent`` each; the partitions' end offsets."""
     producer = h.transport.producer()
+    ends: dict[TopicPartition, int] = {}
     try:
-        ends: dict[TopicPartition, int] = {}
         for start in range(0, n, PRODUCE_WINDOW):
             window = range(start, min(n, start + PRODUCE_WINDOW))
             records = [Record(_value(i), b"k%d" % (i % KEYS), _traceparent(i)) for i in window]
             for r in await producer.send_many(name, records):
                 tp = TopicPartition(r.topic, r.partition)
                 ends[tp] = max(ends.get(tp, 0), r.offset + 1)
-        topic = Topic(name, n, ends)
+    finally:
+        await producer.close()
+    return ends
+
+
+async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
+    """Tracing off and on, over messages carrying a traceparent: ``pipeline consume``, then bare."""
+    result = TracingCost(hooks_s=member_hooks_s())
+    spec = wire_spec(_name("traced_lane"))
+    lane_topics = TopicSpec.model_validate(spec).topic_names()
+    name = _name("traced")
+    await h.declare(TopicSpec.model_validate(spec))
+    await h.create_topic(name, PARTITIONS)
+    try:
+        await _produce_traced(h, spec["name"], n)
+        topic = Topic(name, n, await _produce_traced(h, name, n))
+        modes = ["off", "all", "tenth"]
         with otlp_sink() as endpoint:
+            envs = {
+                "off": None,
+                "all": traced_env(endpoint),
+                "tenth": traced_env(endpoint, sampled_only=True),
+            }
+            for i in range(repeats):
+                for mode in modes[i % 3 :] + modes[: i % 3]:
+                    drained = await consume_run(h, spec, n, envs[mode])
+                    {"off": result.off, "all": result.on, "tenth": result.tenth}[mode].append(
+                        drained
+                    )
+                print(
+                    f"  tracing, pipeline consume {i + 1}/{repeats}: off "
+                    f"{result.off[-1].msgs_s:,.0f}/s, on {result.on[-1].msgs_s:,.0f}/s, "
+                    f"10 % {result.tenth[-1].msgs_s:,.0f}/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             await h.ours(topic, min(n, WARMUP_MESSAGES))
             for i in range(repeats):
-                modes = ["off", "all", "tenth"]
                 for mode in modes[i % 3 :] + modes[: i % 3]:
                     if mode == "off":
-                        result.off.append(await h.ours(topic, n))
+                        result.bare_off.append(await h.ours(topic, n))
                         continue
                     with traced_here(endpoint, sampled_only=mode == "tenth"):
                         span = await h.ours(topic, n)
-                    (result.on if mode == "all" else result.tenth).append(span)
+                    (result.bare_on if mode == "all" else result.bare_tenth).append(span)
                 print(
-                    f"  tracing {i + 1}/{repeats}: off {result.off[-1].msgs_s:,.0f}/s, "
-                    f"on {result.on[-1].msgs_s:,.0f}/s, 10 % {result.tenth[-1].msgs_s:,.0f}/s",
+                    f"  tracing, bare member {i + 1}/{repeats}: off "
+                    f"{result.bare_off[-1].msgs_s:,.0f}/s, on {result.bare_on[-1].msgs_s:,.0f}/s, "
+                    f"10 % {result.bare_tenth[-1].msgs_s:,.0f}/s",
                     file=sys.stderr,
                     flush=True,
                 )
     finally:
-        await producer.close()
-        await h.drop_topics([name])
+        await h.drop_topics([name, *lane_topics])
     return result
 
 
@@ -1197,22 +1239,37 @@ def _traceparent(seq: int) -> dict[str, bytes]:
     return {"traceparent": b"00-%032x-00f067aa0ba902b7-" % (seq + 1) + flags}
 
 
+def _ratios(on: Sequence[Span | Drain], off: Sequence[Span | Drain]) -> list[float]:
+    return [a.msgs_s / b.msgs_s for a, b in zip(on, off, strict=True)]
+
+
 def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
     if tr is None or not tr.off:
         return {"tracing_overhead": None, "tracing_off_overhead": None}
-    ratios = [on.msgs_s / off.msgs_s for on, off in zip(tr.on, tr.off, strict=True)]
-    tenth = [on.msgs_s / off.msgs_s for on, off in zip(tr.tenth, tr.off, strict=True)]
     cpu_per_msg = _med([s.cpu_s / s.messages for s in tr.off])
-    return {
-        "tracing_overhead": _r(_med(ratios)),
+    out = {
+        "tracing_overhead": _r(_med(_ratios(tr.on, tr.off))),
         "tracing_off_overhead": _r(off_overhead(tr.hooks_s, cpu_per_msg), 4),
-        "tracing_overhead_10pct": _r(_med(tenth)),
+        "tracing_overhead_10pct": _r(_med(_ratios(tr.tenth, tr.off))),
+        "tracing_overhead_each": [_r(x) for x in _ratios(tr.on, tr.off)],
         "tracing_off_msgs_s": round(_med([s.msgs_s for s in tr.off])),
         "tracing_on_msgs_s": round(_med([s.msgs_s for s in tr.on])),
         "tracing_hooks_us_per_msg": _r(tr.hooks_s * 1e6),
         "tracing_off_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.off])),
         "tracing_on_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.on])),
     }
+    if tr.bare_off:
+        bare_cpu = _med([s.cpu_s / s.messages for s in tr.bare_off])
+        out |= {
+            "tracing_overhead_bare": _r(_med(_ratios(tr.bare_on, tr.bare_off))),
+            "tracing_off_overhead_bare": _r(off_overhead(tr.hooks_s, bare_cpu), 4),
+            "tracing_overhead_10pct_bare": _r(_med(_ratios(tr.bare_tenth, tr.bare_off))),
+            "tracing_off_msgs_s_bare": round(_med([s.msgs_s for s in tr.bare_off])),
+            "tracing_on_msgs_s_bare": round(_med([s.msgs_s for s in tr.bare_on])),
+            "tracing_off_cpu_s_per_10k_bare": _r(_med([s.cpu_per_10k for s in tr.bare_off])),
+            "tracing_on_cpu_s_per_10k_bare": _r(_med([s.cpu_per_10k for s in tr.bare_on])),
+        }
+    return out
 
 
 def _positive(text: str) -> int:
