@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ingress import free_port
 from lane_process import Drain, PrivateRedis, bare_cmd, consume_cmd, drain, write_lane
 
+from pipeline.topics.durations import parse_duration_ms
 from pipeline.topics.spec import TopicSpec
 
 if TYPE_CHECKING:
@@ -223,6 +224,24 @@ class Retries:
     def costs(self) -> list[float]:
         """1 - failing/clean msgs/s per pair."""
         return [1 - f.msgs_s / c.msgs_s for c, f in zip(self.clean, self.failing, strict=True)]
+
+    @property
+    def cpu_costs(self) -> list[float]:
+        """1 - clean CPU per message ÷ failing CPU per message, per pair: the failures' CPU."""
+        return [
+            1 - (c.cpu_s / c.messages) / (f.cpu_s / f.messages)
+            for c, f in zip(self.clean, self.failing, strict=True)
+        ]
+
+    @property
+    def delay_floors(self) -> list[float]:
+        """The cost the first tier's delay alone sets, per pair: 1 - clean span ÷ (it + delay).
+
+        A message failing near the end of the backlog cannot succeed before its first retry is
+        due, so the failing run lasts at least that delay longer than the clean one.
+        """
+        delay_s = parse_duration_ms(RETRY_TIERS[0]) / 1000
+        return [1 - c.seconds / (c.seconds + delay_s) for c in self.clean]
 
     @property
     def amplifications(self) -> list[float | None]:

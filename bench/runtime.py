@@ -74,7 +74,11 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    success (so it includes the retry tiers' delay for the last failures). After it, the harness
    waits until the group's commits reach the end of every topic of the lane, then reads the retry
    tiers' end offsets. ``retry_1pct_cost`` = 1 - (msgs/s with failures / without), median per
-   pair. ``retry_amplification`` = entries written to the retry-tier topics ÷ failures the
+   pair. Two parts of it, also median per pair: ``retry_delay_floor`` = 1 - clean span ÷ (clean
+   span + the first tier's delay), what the delay alone costs (a message failing near the end of
+   the backlog cannot succeed before its retry is due), and ``retry_1pct_cpu_cost`` = 1 - clean
+   CPU per message ÷ failing CPU per message, what the failures cost the consumer's CPU.
+   ``retry_amplification`` = entries written to the retry-tier topics ÷ failures the
    handler injected (median over the failing runs). The handler counts, in the process:
    ``order_violations``, successes that came after a later message of the same key (added to
    part 2's); ``key_overlaps``, a run of a key starting while another run of that key is still
@@ -948,7 +952,9 @@ def _tables_retries(rt: Retries, n: int) -> None:
     print(
         f"  clean: {_med([s.msgs_s for s in rt.clean]):,.0f}/s; "
         f"1% failing: {_med([s.msgs_s for s in rt.failing]):,.0f}/s; "
-        f"cost {_med(rt.costs):.3f} ({', '.join(f'{x:.3f}' for x in rt.costs)}); "
+        f"cost {_med(rt.costs):.3f} ({', '.join(f'{x:.3f}' for x in rt.costs)}; of it, "
+        f"the first tier's delay alone {_med(rt.delay_floors):.3f}; CPU "
+        f"{_med(rt.cpu_costs):.3f}); "
         f"amplification {(f'{_med(amplifications):.2f}' if amplifications else '-')}; "
         f"order violations {rt.total('order_violations')}; "
         f"key overlaps {rt.total('key_overlaps')}"
@@ -1035,6 +1041,8 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
         "retry_clean_msgs_s": round(_med([s.msgs_s for s in rt.clean])),
         "retry_failing_msgs_s": round(_med([s.msgs_s for s in rt.failing])),
         "retry_costs": [_r(x) for x in rt.costs],
+        "retry_1pct_cpu_cost": _r(_med(rt.cpu_costs)),
+        "retry_delay_floor": _r(_med(rt.delay_floors)),
         "retry_amplifications": [_r(x) for x in rt.amplifications],
         "retry_order_violations": rt.total("order_violations"),
         "retry_duplicates": rt.total("duplicates"),
