@@ -219,10 +219,13 @@ class FunctionChannel:
         return await wire.send(command)
 
     async def _dropped(self, _error: Exception) -> None:
-        """A failed attempt: the connection it used is not used again."""
-        wire, self._wire = self._wire, None
-        if wire is not None and not wire.lost:
-            wire.fail(rexc.ConnectionError("the function channel's connection was dropped"))
+        """A failed attempt: a connection that failed is replaced by the next attempt.
+
+        Only a failed one: another call may have connected again meanwhile, and an error reply
+        redis-py counts as a connection error (``LOADING``) leaves the connection sound.
+        """
+        if self._wire is not None and self._wire.lost:
+            self._wire = None
 
     async def _connected(self) -> _Wire:
         if self._closed:
@@ -289,9 +292,14 @@ _channels: dict[int, tuple[weakref.ref[Redis], FunctionChannel]] = {}
 def open_channel(client: Redis) -> FunctionChannel | None:
     """A channel speaking for ``client``'s connections, bound to it; None if it cannot.
 
+    A client bound already keeps its open channel.
+
     It cannot for a client whose connections are not plain TCP with RESP2 and a password at
     most (TLS, a Unix socket, a credential provider, RESP3, another connection class).
     """
+    bound = channel_of(client)
+    if bound is not None:
+        return bound
     pool = client.connection_pool
     settings = pool.connection_kwargs
     if pool.connection_class is not Connection or any(k in settings for k in _UNSUPPORTED):
