@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services jaeger jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-hostile bench-offload soak demo generate clean
+.PHONY: asyncapi-parser setup lock wheel services jaeger jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-redis-calls bench-hostile bench-offload soak demo generate clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -124,6 +124,10 @@ bench-debounce: setup services
 ## bench-membership: 3 members, kill -9 every 4 s for 60 s, then a rolling restart, both transports
 bench-membership: setup services
 	$(BIN)/python bench/membership.py
+
+## bench-redis-calls: CPU per Redis Functions call through redis-py and through the function channel
+bench-redis-calls: setup services
+	$(BIN)/python bench/redis_calls.py
 
 ## bench-peers: pipeline against streaq, arq, saq, taskiq, Celery, FastStream, faust, quixstreams
 bench-peers: setup services

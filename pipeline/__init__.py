@@ -10,8 +10,8 @@ The packages are the stages, in the order an event travels::
 Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``envelope`` and
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
-for users' tests), ``cli`` with ``cli_support``, ``redis_functions``, ``log_repeats`` and
-``validation``. Import what you use from its module (``from pipeline.runtime import App``);
+for users' tests), ``cli`` with ``cli_support``, ``redis_functions`` with ``redis_channel``,
+``log_repeats`` and ``validation``. Import what you use from its module (``from pipeline.runtime import App``);
 ``__all__`` names these modules, as docs/architecture.md does.
 """
 
@@ -30,6 +30,7 @@ __all__ = [
     "logstore",
     "observability",
     "offload",
+    "redis_channel",
     "redis_functions",
     "redrive",
     "registry",
