@@ -11,8 +11,8 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
 for users' tests), ``cli`` with ``cli_support``, ``redis_functions`` with ``redis_channel``,
-``log_repeats`` and ``validation``. Import what you use from its module (``from pipeline.runtime import App``);
-``__all__`` names these modules, as docs/architecture.md does.
+``log_repeats`` and ``validation``. Import what you use from its module (``from
+pipeline.runtime import App``); ``__all__`` names these modules, as docs/architecture.md does.
 """
 
 __all__ = [
