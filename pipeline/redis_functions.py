@@ -85,11 +85,8 @@ class FunctionLibrary:
         if not self._loaded:
             await self.ensure_loaded()
         loaded = self.name(name)
-        channel = channel_of(self.client)
         try:
-            if channel is not None:
-                return await channel.fcall(loaded, keys, args)
-            return await self.client.fcall(loaded, len(keys), *keys, *args)
+            return await self._call(loaded, keys, args)
         except rexc.ResponseError as exc:
             if not is_missing(exc):
                 raise

@@ -183,23 +183,10 @@ class RunGuard:
         and sends nothing. The start is built only for an end that needs one: a retry or a
         dead letter on an ordered lane (``_routed`` builds it when the retry copy is routed).
         """
-        # _shared's steps, inline: this is the path of nearly every message.
-        running = self._running
-        running[ident] = message
-        isolation = self._isolation
-        if not isolation.try_enter_shared():
-            await isolation.enter_shared()
-        try:
-            outcome = await self._call(lane, message)
-        finally:
-            isolation.leave_shared()
-            if running.get(ident) is message:
-                del running[ident]
-        routed = bool(self._parked_by_route) and self._took_route(ident)
+        outcome = await self._shared(lane, message, ident, message)
+        routed = self._took_route(ident)
         if outcome is None:  # not routed: delivered again (no mark to end)
             return None
-        if outcome == "handled":
-            return outcome
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered_retries(lane):  # as in _process
             return outcome

@@ -29,7 +29,6 @@ class Isolation:
         self._idle.set()
         self._open = asyncio.Event()
         self._open.set()
-        self._closed = False  # mirrors "not _open", read on every run without a method call
         self._turn = asyncio.Lock()
         self._suspects = 0
 
@@ -49,13 +48,13 @@ class Isolation:
 
     async def enter_shared(self) -> None:
         """Start an ordinary run (waits only while a suspect is due); end it with leave_shared."""
-        while self._closed:
+        while not self._open.is_set():
             await self._open.wait()
         self._running += 1
 
     def try_enter_shared(self) -> bool:
         """Start an ordinary run now if no suspect is due (no await); False: use enter_shared."""
-        if self._closed:
+        if not self._open.is_set():
             return False
         self._running += 1
         return True
@@ -70,14 +69,13 @@ class Isolation:
     async def alone(self) -> AsyncIterator[None]:
         """A suspect's run: no new run starts, and it starts when those in progress ended."""
         self._suspects += 1
-        self._closed = True
         self._open.clear()
         try:
             async with self._turn:
                 while self._running:  # the last shared run to leave sets it
                     self._idle.clear()
                     await self._idle.wait()
-                timer = asyncio.get_running_loop().call_later(self._alone_for_s, self._reopen)
+                timer = asyncio.get_running_loop().call_later(self._alone_for_s, self._open.set)
                 try:
                     yield
                 finally:
@@ -85,8 +83,4 @@ class Isolation:
         finally:
             self._suspects -= 1
             if not self._suspects:
-                self._reopen()
-
-    def _reopen(self) -> None:
-        self._closed = False
-        self._open.set()
+                self._open.set()
