@@ -428,15 +428,28 @@ class Harness:
                 await asyncio.sleep(0.5)
         await asyncio.to_thread(self._wait_leaders, spec.topic_names(), spec.partitions)
 
-    async def produce(self, name: str, n: int, keys: int) -> Topic:
-        """``n`` messages with sequence-numbered 1 KiB values and keys ``k<seq % keys>``."""
+    async def produce(
+        self,
+        name: str,
+        n: int,
+        keys: int,
+        headers: Callable[[int], dict[str, bytes]] | None = None,
+    ) -> Topic:
+        """``n`` messages with sequence-numbered 1 KiB values and keys ``k<seq % keys>``.
+
+        ``headers``, if given, makes each message's headers from its sequence number.
+        """
         producer = self.transport.producer()
         ends: dict[TopicPartition, int] = {}
         try:
             for start in range(0, n, PRODUCE_WINDOW):
                 window = range(start, min(n, start + PRODUCE_WINDOW))
                 receipts = await producer.send_many(
-                    name, [Record(_value(i), b"k%d" % (i % keys)) for i in window]
+                    name,
+                    [
+                        Record(_value(i), b"k%d" % (i % keys), headers(i) if headers else None)
+                        for i in window
+                    ],
                 )
                 for r in receipts:
                     tp = TopicPartition(r.topic, r.partition)
@@ -1173,22 +1186,6 @@ class TracingCost:
     hooks_s: float = 0.0
 
 
-async def _produce_traced(h: Harness, name: str, n: int) -> dict[TopicPartition, int]:
-    """``n`` messages carrying a ``traceparent`` each; the partitions' end offsets."""
-    producer = h.transport.producer()
-    ends: dict[TopicPartition, int] = {}
-    try:
-        for start in range(0, n, PRODUCE_WINDOW):
-            window = range(start, min(n, start + PRODUCE_WINDOW))
-            records = [Record(_value(i), b"k%d" % (i % KEYS), _traceparent(i)) for i in window]
-            for r in await producer.send_many(name, records):
-                tp = TopicPartition(r.topic, r.partition)
-                ends[tp] = max(ends.get(tp, 0), r.offset + 1)
-    finally:
-        await producer.close()
-    return ends
-
-
 async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
     """Tracing off and on, over messages carrying a traceparent: ``pipeline consume``, then bare."""
     result = TracingCost(hooks_s=member_hooks_s())
@@ -1198,8 +1195,8 @@ async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
     await h.declare(TopicSpec.model_validate(spec))
     await h.create_topic(name, PARTITIONS)
     try:
-        await _produce_traced(h, spec["name"], n)
-        topic = Topic(name, n, await _produce_traced(h, name, n))
+        await h.produce(spec["name"], n, KEYS, _traceparent)
+        topic = await h.produce(name, n, KEYS, _traceparent)
         modes = ["off", "all", "tenth"]
         with otlp_sink() as endpoint:
             envs = {
