@@ -11,8 +11,9 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
 for users' tests), ``cli`` with ``cli_support``, ``redis_functions`` with ``redis_channel``,
-``log_repeats`` and ``validation``. Import what you use from its module (``from
-pipeline.runtime import App``); ``__all__`` names these modules, as docs/architecture.md does.
+``heap`` (start-up objects kept out of full collections), ``log_repeats`` and ``validation``.
+Import what you use from its module (``from pipeline.runtime import App``); ``__all__`` names
+these modules, as docs/architecture.md does.
 """
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "envelope",
     "errors",
     "headers",
+    "heap",
     "ingress",
     "log_repeats",
     "logstore",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import IngressSettings, Settings
 from pipeline.errors import ConfigError
+from pipeline.heap import freeze_startup
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
@@ -280,6 +281,7 @@ async def _serve_started(
                 return
             await asyncio.sleep(0.01)
         bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
+        freeze_startup()  # listening: full collections skip the start-up objects from now on
         if on_ready is not None:
             on_ready(bound_host, bound_port)
 

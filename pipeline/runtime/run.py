@@ -19,6 +19,7 @@ from pipeline.admission.throttle import Throttle
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
+from pipeline.heap import freeze_startup
 from pipeline.logstore.create import create_log_store
 from pipeline.observability.deletion_cost import DeletionCost, pod_from_environment
 from pipeline.observability.server import MetricsServer, serve_metrics
@@ -169,6 +170,7 @@ async def serve(
         assignment=lambda: member.assignment,
     )
     reporting = asyncio.create_task(progress.run(member.polling, stop))
+    freeze_startup()  # the clients are built: full collections skip them from now on
     try:
         await member.run(stop)
     finally:
