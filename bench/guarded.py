@@ -274,9 +274,10 @@ async def _retry_run(h: Harness, n: int, *, fail: bool, hold_ms: float) -> Drain
             n,
             bare=False,
             mode="checked",
-            fail_modulo=FAIL_MODULO if fail else 0,
+            fail_modulo=FAIL_MODULO,  # chosen in both runs (the same handler work) ...
             hold_ms=hold_ms,
             settle=True,
+            extra_env={"BENCH_INJECT": "1" if fail else "0"},  # ... failing only in one
         )
         entries: dict[str, int] = span.stats.pop("entries", {})
         span.stats["retry_entries"] = sum(entries.get(t, 0) for t in topic_spec.retry_topic_names())

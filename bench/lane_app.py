@@ -15,7 +15,9 @@ configured by the environment:
     within one process), a success after a later message of its key (``order_violations``,
     from the produce sequence in the value's first 8 bytes), repeated successes
     (``duplicates``); with ``BENCH_FAIL_MODULO`` M > 0, a message whose ``crc32(value) % M == 0``
-    fails on its first attempt (``injected_failures``). The handler holds its key for
+    is chosen on its first attempt, and fails (``injected_failures``) unless ``BENCH_INJECT`` is
+    ``0``: a run without failures then makes the same choice, so both runs' handlers do the
+    same work but for the raise. The handler holds its key for
     ``BENCH_HOLD_MS`` (default 1 ms) so a second run of the key has a window to overlap;
   - ``record``: ``bench/peers/_tasks.py``'s 24-byte record per task (the peers' handler);
   - ``e2e``: per webhook, a :data:`E2E` record (sequence, 1 if its event id ends in
@@ -43,6 +45,7 @@ LANE = os.environ.get("BENCH_LANE", "bench")
 MODE = os.environ.get("BENCH_MODE", "count")
 OUT_FD = int(os.environ.get("BENCH_OUT_FD", "-1"))
 FAIL_MODULO = int(os.environ.get("BENCH_FAIL_MODULO", "0"))
+INJECT = os.environ.get("BENCH_INJECT", "1") != "0"
 HOLD_S = float(os.environ.get("BENCH_HOLD_MS", "1")) / 1000
 STATS_PATH = os.environ.get("BENCH_STATS", "")
 E2E = struct.Struct("<qqd")
@@ -83,7 +86,8 @@ elif MODE == "checked":
         _running[key] = _running.get(key, 0) + 1
         try:
             await asyncio.sleep(HOLD_S)
-            if FAIL_MODULO and ctx.attempt == 1 and zlib.crc32(event) % FAIL_MODULO == 0:
+            chosen = FAIL_MODULO and ctx.attempt == 1 and zlib.crc32(event) % FAIL_MODULO == 0
+            if chosen and INJECT:
                 stats["injected_failures"] += 1
                 raise RuntimeError("injected failure (attempt 1)")
             seq = int(event[:8])

@@ -67,17 +67,18 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
 4. **Retries at 1 %** (``bench/guarded.py``), through ``pipeline consume`` too, as its own process
    with its own private Redis: a lane with retry tiers ``200ms, 1s``, 12 partitions, 1,000 keys,
    ``--retry-messages`` messages (default 20,000), and the handler's ``checked`` mode: it holds
-   its key ``--hold-ms`` (default 1 ms), fails 1 % of the messages once (``crc32(value) % 100 ==
-   0`` on attempt 1) and writes its byte on a message's first success. Against the same lane with
-   a handler that never fails, interleaved, each run on a fresh lane (main, retry tiers and DLQ
-   topics created and deleted). The timed span is the first byte to the last message's first
-   success (so it includes the retry tiers' delay for the last failures). After it, the harness
-   waits until the group's commits reach the end of every topic of the lane, then reads the retry
-   tiers' end offsets. ``retry_1pct_cost`` = 1 - (msgs/s with failures / without), median per
-   pair. Two parts of it, also median per pair: ``retry_delay_floor`` = 1 - clean span ÷ (clean
-   span + the first tier's delay), what the delay alone costs (a message failing near the end of
-   the backlog cannot succeed before its retry is due), and ``retry_1pct_cpu_cost`` = 1 - clean
-   CPU per message ÷ failing CPU per message, what the failures cost the consumer's CPU.
+   its key ``--hold-ms`` (default 1 ms), fails 1 % of the messages once (``crc32(value) % 100 == 0``
+   on attempt 1) and writes its byte on a message's first success. Against the same lane with a
+   handler that makes the same choice and never fails (``BENCH_INJECT=0``), interleaved, each run on
+   a fresh lane (main, retry tiers and DLQ topics created and deleted). The timed span is the first
+   byte to the last message's first success (so it includes the retry tiers' delay for the last
+   failures). After it, the harness waits until the group's commits reach the end of every topic of
+   the lane, then reads the retry tiers' end offsets. ``retry_1pct_cost`` = 1 - (msgs/s with
+   failures / without), median per pair. Two parts of it, also median per pair:
+   ``retry_delay_floor`` = 1 - clean span ÷ (clean span + the first tier's delay), what the delay
+   alone costs (a message failing near the end of the backlog cannot succeed before its retry is
+   due), and ``retry_1pct_cpu_cost`` = 1 - clean CPU per message ÷ failing CPU per message, what the
+   failures cost the consumer's CPU.
    ``retry_amplification`` = entries written to the retry-tier topics ÷ failures the
    handler injected (median over the failing runs). The handler counts, in the process:
    ``order_violations``, successes that came after a later message of the same key (added to

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from pipeline.heap import freeze_startup
 from pipeline.tracing import otlp
 from pipeline.tracing.record import DELIVERY, Record, new_span_id, new_trace_id, parse
 
@@ -290,6 +291,7 @@ def main() -> None:
     send = _raw_sender(exporter)
     spans = WireSpans(resource) if send is not None else Spans(resource)
     size = max(1, _int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None, 512))
+    freeze_startup()  # full collections skip the SDK's and the exporter's start-up objects
     sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
     sys.stdout.buffer.flush()
     try:
