@@ -5,10 +5,12 @@ waits for it before the handler runs, so a crash in the handler is always counte
 suspension and a share of a Redis call per message. A :class:`LaneClaims` lets most messages skip
 it. Per partition, this member process *claims* the offsets it polls, ahead of them:
 
-* **Claim before work.** Before a poll batch enters the chain, the claim grows to cover it, in
-  one ``HSET`` per partition, made once per ``ahead`` offsets. A first delivery above every
-  range another process claimed runs at once, with no start mark. Its end is implied by the
-  commit.
+* **Claim before work.** Before a poll batch enters the chain, the claim covers it: a claim
+  reaches ``ahead`` offsets past what was polled, and is grown by ``ahead`` in one ``HSET`` per
+  partition once a batch is past its middle, in the background, so the batches after it find
+  their offsets claimed and do not wait. Only a batch that reaches past its claim (a jump, or
+  Redis slower than the poll) waits for the write. A first delivery above every range another
+  process claimed runs at once, with no start mark. Its end is implied by the commit.
 * **Inheritance.** A range claimed by another process when the partition was assigned here is
   *inherited*. That process may have started any of it and crashed, or may still be running
   it after a stall. Messages of an inherited range take the exact path, with a start mark each.
@@ -80,6 +82,8 @@ class LaneClaims:
         self._written_s: dict[TopicPartition, float] = {}
         """When each claim was last written (its expiry renewed)."""
         self._ordered = ordered
+        self._growing: asyncio.Task[None] | None = None
+        """The claims being grown in the background, ahead of the batches."""
         self.maybe_parked: set[str] | None = None if ordered else set()
         """Keys that may be parked (ordered lanes); None until loaded: every key may be."""
 
@@ -152,16 +156,46 @@ class LaneClaims:
     # -- poll batches -----------------------------------------------------------------------
 
     async def extend(self, tops: Mapping[tuple[str, int], int]) -> None:
-        """Grow the claims over a poll batch (its top offset per partition) before it runs."""
-        needed: dict[TopicPartition, int] = {}
-        for tp, current in self._claimed.items():
+        """Claim a poll batch (its top offset per partition) before it runs, and grow ahead.
+
+        Waits only when the batch reaches past a claim; a claim the batch is past the middle of
+        is grown in the background.
+        """
+        needed, soon = self._reach(tops)
+        if needed and self._growing is not None:
+            await self._growing  # the claims being grown may cover the batch
+            needed, soon = self._reach(tops)
+        if needed:  # on failure, unclaimed offsets take the exact path
+            await self._write(soon | needed, "extend")
+        elif soon and self._growing is None:
+            self._growing = asyncio.create_task(self._grow(soon))
+
+    def _reach(
+        self, tops: Mapping[tuple[str, int], int]
+    ) -> tuple[dict[TopicPartition, tuple[int, int]], dict[TopicPartition, tuple[int, int]]]:
+        """The claims a batch reaches past (to write before it runs), and those to grow."""
+        needed: dict[TopicPartition, tuple[int, int]] = {}
+        soon: dict[TopicPartition, tuple[int, int]] = {}
+        for tp, (lo, hi) in self._claimed.items():
             top = tops.get((tp.topic, tp.partition))
-            if top is not None and top > current[1]:
-                needed[tp] = top
-        if not needed:
-            return
-        ranges = {tp: (self._claimed[tp][0], top + self._ahead) for tp, top in needed.items()}
-        await self._write(ranges, "extend")  # on failure, unclaimed offsets take the exact path
+            if top is None:
+                continue
+            if top > hi:
+                needed[tp] = (lo, top + self._ahead)
+            elif top > hi - self._ahead // 2:
+                soon[tp] = (lo, hi + self._ahead)
+        return needed, soon
+
+    async def _grow(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+        try:
+            await self._write(ranges, "extend")
+        finally:
+            self._growing = None
+
+    async def close(self) -> None:
+        """Let a claim being grown finish (a revoked partition's is then deleted again)."""
+        if self._growing is not None:
+            await self._growing
 
     async def keep(self) -> None:
         """Write again the claims not written for half the guard's expiry; delete left-overs.

@@ -429,6 +429,8 @@ class RunGuard:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for claims in self._claims.values():
+            await claims.close()
 
 
 def ordered_retries(lane: Lane) -> bool:

@@ -312,3 +312,67 @@ async def test_keys_parked_since_the_first_assignment_are_known_at_the_next(
     await _join(b, lane, [follower])
     assert await b.run(lane, follower) == "parked"  # held behind X, not run before it
     assert [value for _, value, _, _ in handlers.runs] == [b"x"]
+
+
+async def test_a_claim_is_grown_ahead_of_the_batches_without_waiting(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch past its claim's middle does not wait: the claim grows while the batch runs.
+
+    Offsets the growth covers run unmarked only once it is written; a batch that reaches past
+    the claim meanwhile waits for the growth and then for its own write.
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    guard, store, key, claims = await _one_member(redis, prefix, lane)  # claimed 0|99
+    real_claim = store.claim
+    sent, go = asyncio.Event(), asyncio.Event()
+    writes: list[dict[TopicPartition, tuple[int, int]]] = []
+
+    async def held_claim(ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+        writes.append(dict(ranges))
+        sent.set()
+        await go.wait()  # Redis answers only when the test says so
+        await real_claim(ranges)
+
+    monkeypatch.setattr(store, "claim", held_claim)
+    await asyncio.wait_for(guard.extend([main_message(lane, 60, b"mid")]), 10)  # no wait
+    await asyncio.wait_for(sent.wait(), 10)
+    assert writes == [{_tp(lane): (0, 199)}]
+    assert claims.unmarked(main_message(lane, 99, b"in", key=b"in")) is not None
+    assert claims.unmarked(main_message(lane, 150, b"grown", key=b"grown")) is None  # not yet
+    far = asyncio.create_task(guard.extend([main_message(lane, 250, b"far")]))
+    await asyncio.sleep(0)  # far runs up to its first wait
+    assert len(writes) == 1  # past the claim, it waits for the growth under way, not beside it
+    go.set()
+    await asyncio.wait_for(far, 10)
+    assert writes[-1] == {_tp(lane): (0, 350)}
+    assert await redis.hget(key, store.instance) == b"0|350"
+    assert claims.unmarked(main_message(lane, 150, b"grown", key=b"grown")) is not None
+    assert claims.unmarked(main_message(lane, 350, b"top", key=b"top")) is not None
+    await guard.close()
+
+
+async def test_a_claim_grown_while_its_partition_is_revoked_is_not_left_behind(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background growth ends after the partition was given up: the claim is deleted."""
+    lane = guarded_lane(f"claims_{unique}")
+    guard, store, key, claims = await _one_member(redis, prefix, lane)
+    real_claim = store.claim
+    sent, go = asyncio.Event(), asyncio.Event()
+
+    async def held_claim(ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+        sent.set()
+        await go.wait()
+        await real_claim(ranges)
+
+    monkeypatch.setattr(store, "claim", held_claim)
+    await guard.extend([main_message(lane, 60, b"mid")])
+    await asyncio.wait_for(sent.wait(), 10)
+    monkeypatch.setattr(store, "claim", real_claim)
+    await guard.give_up(guard.revoked([_tp(lane)]))
+    assert await redis.hget(key, store.instance) is None
+    go.set()
+    await guard.close()  # waits for the growth, which deletes what it wrote
+    assert await redis.hget(key, store.instance) is None
+    assert claims._claimed == {}
