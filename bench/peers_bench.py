@@ -60,7 +60,7 @@ from redis.asyncio import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _tasks import RECORD, paced, payload, record, unpack
 from common import BenchError, build_venv, package_versions
-from ingress import free_port, load, requests, start_ingress, stop, write_config
+from ingress import collector_off, free_port, load, requests, start_ingress, stop, write_config
 from lane_process import consume_cmd, copy_app, write_lane
 from runtime import PEERS_DIR, Harness, ensure_peer_env
 
@@ -565,8 +565,9 @@ async def e2e(
         warm, _, _ = await load(port, requests(200, f"w{tag}"), None)
         await _until(lambda: len(consumer.handled["warm"]) >= warm, consumer, "warm-up")
         raw = requests(int(rate * seconds), tag)
-        before = loop.time()  # the monotonic clock, which the consumer's process shares
-        accepted, _, http = await load(port, raw, rate)
+        with collector_off():  # the sender's collector pauses are not the system's latency
+            before = loop.time()  # the monotonic clock, which the consumer's process shares
+            accepted, _, http = await load(port, raw, rate)
         start = before + 0.05  # load() schedules request i at its start + i / rate
         await _until(lambda: len(consumer.handled["run"]) >= accepted, consumer, "webhooks")
         handled = consumer.handled["run"]
