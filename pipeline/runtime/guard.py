@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
@@ -93,6 +94,9 @@ class RunGuard:
         """Runs whose route to a retry tier parked their key (their end needs no gd_end_many)."""
         routing.on_route = self._routed
         self._reaped: set[asyncio.Task[None]] = set()
+        self._assignments: dict[TopicPartition, int] = {}
+        """Partitions assigned here, each with the number of its assignment."""
+        self._assigned = itertools.count(1)
 
     @property
     def calls(self) -> int:
@@ -148,9 +152,12 @@ class RunGuard:
     ) -> str | None:
         """Every decision but an immediate ``process``: wait, ask the key, hold, drop, run."""
         pause_s = _BUSY_FIRST_S
+        assignment = self._assignments.get(message.tp)
         while decision == "busy":  # another live member process still runs this very copy
             self._stats.busy_waits += 1
             await asyncio.sleep(pause_s)
+            if self._assignments.get(message.tp) != assignment:
+                return None  # revoked meanwhile: the partition's next owner runs it
             pause_s = min(pause_s * 2, _BUSY_MAX_S)
             decision, starts = await window.begin(start)
         parked = decision in ("slow", "head")  # its key is parked: its end goes to gd_end_many
@@ -376,6 +383,8 @@ class RunGuard:
         self, tps: Sequence[TopicPartition], committed: Mapping[TopicPartition, Position]
     ) -> None:
         """Partitions came to this member: read and make the claims on them."""
+        for tp in tps:
+            self._assignments[tp] = next(self._assigned)
         for claims in self._claims.values():
             await claims.assigned(tps, committed)
 
@@ -390,8 +399,13 @@ class RunGuard:
             await claims.extend(tops)
 
     def revoked(self, tps: Iterable[TopicPartition]) -> dict[str, list[TopicPartition]]:
-        """Partitions left this member: the claims to give up, by lane, once their work ended."""
+        """Partitions left this member: the claims to give up, by lane, once their work ended.
+
+        A copy waiting for another member's run of it (``busy``) stops waiting and does not run.
+        """
         tps = list(tps)
+        for tp in tps:
+            self._assignments.pop(tp, None)
         return {name: claims.revoked(tps) for name, claims in self._claims.items()}
 
     async def give_up(self, claimed: Mapping[str, Sequence[TopicPartition]]) -> None:

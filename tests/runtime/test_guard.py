@@ -24,7 +24,7 @@ from runtime.guard_parts import (
 )
 from runtime.helpers import eventually, lane_spec
 
-from pipeline.envelope import Delivered, Message
+from pipeline.envelope import Delivered, Message, TopicPartition
 from pipeline.retry.guard_store import Decision, Ending, GuardStore, Release, Start, lane_guards
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
@@ -352,3 +352,29 @@ async def test_routed_runs_leave_no_trace_in_the_member(
     assert runs == [b"x", b"x", b"y"]
     assert a._parked_by_route == set()
     assert a._running == {}
+
+
+async def test_a_copy_waiting_for_a_live_member_stops_when_its_partition_is_revoked(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """B waits for A's run of the same copy; B loses the partition meanwhile: B never runs it.
+
+    The partition's next owner runs it (after A's end). B's wait ends with the revocation, not
+    with A's run, so B's revocation is not held up by a run of another member.
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
+    tp = TopicPartition(lane.spec.name, 0)
+    await b.assigned([tp], {})
+    handlers.hold[b"x"] = asyncio.Event()
+    first = asyncio.create_task(a.run(lane, main_message(lane, 0, b"x")))
+    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
+    second = asyncio.create_task(b.run(lane, main_message(lane, 0, b"x")))
+    await eventually(lambda: b._stats.busy_waits >= 1)
+    b.revoked([tp])
+    assert await asyncio.wait_for(second, 10) is None  # not run, not routed: left to the next owner
+    assert not first.done()  # A still runs it: B did not wait for A's end
+    handlers.hold[b"x"].set()
+    assert await asyncio.wait_for(first, 10) == "handled"
+    assert [m for m, _, _, _ in handlers.runs] == ["a"]
