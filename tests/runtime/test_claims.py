@@ -63,6 +63,33 @@ async def _crash(guard: RunGuard, lane: Lane, redis: Redis, task: asyncio.Task[o
     await redis.hdel(store.keys.live, store.instance)
 
 
+class HeldClaims:
+    """The store's claim writes, held on their way to Redis until the test lets them go."""
+
+    def __init__(self, store: GuardStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Hold ``store``'s writes from :meth:`hold` on, until ``go`` is set."""
+        self._store = store
+        self._monkeypatch = monkeypatch
+        self.real = store.claim
+        self.sent = asyncio.Event()
+        self.go = asyncio.Event()
+        self.writes: list[dict[TopicPartition, tuple[int, int]]] = []
+
+    async def _held(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+        self.writes.append(dict(ranges))
+        self.sent.set()
+        await self.go.wait()  # Redis answers only when the test says so
+        await self.real(ranges)
+
+    def hold(self) -> None:
+        """Writes from now on wait for ``go``."""
+        self._monkeypatch.setattr(self._store, "claim", self._held)
+
+    def pass_through(self) -> None:
+        """Writes from now on go to Redis at once."""
+        self._monkeypatch.setattr(self._store, "claim", self.real)
+
+
 async def test_first_deliveries_under_a_claim_make_no_call(
     redis: Redis, unique: str, prefix: str
 ) -> None:
@@ -257,31 +284,24 @@ async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind
     """
     lane = guarded_lane(f"claims_{unique}")
     guard, store, key, claims = await _one_member(redis, prefix, lane)
-    real_claim = store.claim
-    sent, go = asyncio.Event(), asyncio.Event()
-
-    async def held_claim(ranges: dict[TopicPartition, tuple[int, int]]) -> None:
-        sent.set()
-        await go.wait()  # the rebalance runs while this write is on its way
-        await real_claim(ranges)
-
+    held = HeldClaims(store, monkeypatch)  # the rebalance runs while a write is on its way
     for assign_back in (False, True):
-        sent.clear()
-        go.clear()
+        held.sent.clear()
+        held.go.clear()
         if assign_back:
             await _join(guard, lane, [main_message(lane, 0, b"x")])
-        monkeypatch.setattr(store, "claim", held_claim)
+        held.hold()
         far = main_message(lane, 500, b"far")
         extending = asyncio.create_task(guard.extend([far]))
-        await asyncio.wait_for(sent.wait(), 10)
+        await asyncio.wait_for(held.sent.wait(), 10)
         await guard.give_up(guard.revoked([_tp(lane)]))
         if assign_back:
-            monkeypatch.setattr(store, "claim", real_claim)
+            held.pass_through()
             await guard.assigned([_tp(lane)], {})
-            monkeypatch.setattr(store, "claim", held_claim)
-        go.set()
+            held.hold()
+        held.go.set()
         await extending
-        monkeypatch.setattr(store, "claim", real_claim)
+        held.pass_through()
         claims._written_s = dict.fromkeys(claims._written_s, 0.0)  # every claim due
         await claims.keep()
         value = await redis.hget(key, store.instance)
@@ -324,26 +344,18 @@ async def test_a_claim_is_grown_ahead_of_the_batches_without_waiting(
     """
     lane = guarded_lane(f"claims_{unique}")
     guard, store, key, claims = await _one_member(redis, prefix, lane)  # claimed 0|99
-    real_claim = store.claim
-    sent, go = asyncio.Event(), asyncio.Event()
-    writes: list[dict[TopicPartition, tuple[int, int]]] = []
-
-    async def held_claim(ranges: dict[TopicPartition, tuple[int, int]]) -> None:
-        writes.append(dict(ranges))
-        sent.set()
-        await go.wait()  # Redis answers only when the test says so
-        await real_claim(ranges)
-
-    monkeypatch.setattr(store, "claim", held_claim)
+    held = HeldClaims(store, monkeypatch)
+    writes = held.writes
+    held.hold()
     await asyncio.wait_for(guard.extend([main_message(lane, 60, b"mid")]), 10)  # no wait
-    await asyncio.wait_for(sent.wait(), 10)
+    await asyncio.wait_for(held.sent.wait(), 10)
     assert writes == [{_tp(lane): (0, 199)}]
     assert claims.unmarked(main_message(lane, 99, b"in", key=b"in")) is not None
     assert claims.unmarked(main_message(lane, 150, b"grown", key=b"grown")) is None  # not yet
     far = asyncio.create_task(guard.extend([main_message(lane, 250, b"far")]))
     await asyncio.sleep(0)  # far runs up to its first wait
     assert len(writes) == 1  # past the claim, it waits for the growth under way, not beside it
-    go.set()
+    held.go.set()
     await asyncio.wait_for(far, 10)
     assert writes[-1] == {_tp(lane): (0, 350)}
     assert await redis.hget(key, store.instance) == b"0|350"
@@ -358,21 +370,14 @@ async def test_a_claim_grown_while_its_partition_is_revoked_is_not_left_behind(
     """The background growth ends after the partition was given up: the claim is deleted."""
     lane = guarded_lane(f"claims_{unique}")
     guard, store, key, claims = await _one_member(redis, prefix, lane)
-    real_claim = store.claim
-    sent, go = asyncio.Event(), asyncio.Event()
-
-    async def held_claim(ranges: dict[TopicPartition, tuple[int, int]]) -> None:
-        sent.set()
-        await go.wait()
-        await real_claim(ranges)
-
-    monkeypatch.setattr(store, "claim", held_claim)
+    held = HeldClaims(store, monkeypatch)
+    held.hold()
     await guard.extend([main_message(lane, 60, b"mid")])
-    await asyncio.wait_for(sent.wait(), 10)
-    monkeypatch.setattr(store, "claim", real_claim)
+    await asyncio.wait_for(held.sent.wait(), 10)
+    held.pass_through()
     await guard.give_up(guard.revoked([_tp(lane)]))
     assert await redis.hget(key, store.instance) is None
-    go.set()
+    held.go.set()
     await guard.close()  # waits for the growth, which deletes what it wrote
     assert await redis.hget(key, store.instance) is None
     assert claims._claimed == {}
