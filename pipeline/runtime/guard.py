@@ -4,8 +4,9 @@ Before a message of a guarded lane runs, :class:`RunGuard` records its start
 (:class:`~pipeline.runtime.starts.StartWindow` batches the starts of one loop turn into one
 Redis call) and learns what to do with it: run it; hold it behind its key's parked head; drop a
 stale or duplicate copy; dead-letter it behind a dead-lettered head; wait while another member
-process that is still alive runs this very copy (it lost the partition to a stall, not a crash);
-or, when an earlier start of it never finished, run it alone as a suspect
+process that is still alive runs this very copy (it lost the partition to a stall, not a crash),
+until that run ends or this member loses the partition in turn (then it does not run here); or,
+when an earlier start of it never finished, run it alone as a suspect
 (:mod:`pipeline.runtime.isolation`) unless its lone starts reached ``poison_after``. After the
 run it records the end: batched with the next starts when nothing is parked, or when its route
 to a retry tier parked its key (``gd_route``); otherwise (it belongs to a parked key, or is
