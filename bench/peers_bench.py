@@ -565,7 +565,9 @@ async def e2e(
         warm, _, _ = await load(port, requests(200, f"w{tag}"), None)
         await _until(lambda: len(consumer.handled["warm"]) >= warm, consumer, "warm-up")
         raw = requests(int(rate * seconds), tag)
-        with collector_off():  # the sender's collector pauses are not the system's latency
+        # The sender's collector pauses are not the system's latency. A bare member runs in
+        # this process, so it runs without the collector too while the load is sent.
+        with collector_off():
             before = loop.time()  # the monotonic clock, which the consumer's process shares
             accepted, _, http = await load(port, raw, rate)
         start = before + 0.05  # load() schedules request i at its start + i / rate
