@@ -36,8 +36,7 @@ def test_objects_alive_at_startup_are_set_aside_and_later_ones_are_not() -> None
     """What lives when start-up ends leaves the generations; what is made later stays in them."""
     kept = _Node()
     assert _tracked(kept)
-    frozen = freeze_startup()
-    assert frozen == gc.get_freeze_count() > 0
+    assert freeze_startup() > 0  # frozen objects freed by reference counting leave the count
     assert not _tracked(kept)  # a full pass no longer walks it
     made_later = _Node()
     assert _tracked(made_later)
