@@ -24,13 +24,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from redis import exceptions as rexc
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
 from pipeline.config import load_settings
 from pipeline.redis_channel import open_channel
 from pipeline.redis_functions import FunctionLibrary
+from pipeline.runtime.run import redis_client
 
 GROUP = 100
 
@@ -45,12 +43,7 @@ async def _cpu_per_call(calls: int, make: Callable[[int], Awaitable[object]]) ->
 async def run(calls: int) -> dict[str, object]:
     """Time the calls; the figures in microseconds of CPU per call."""
     settings = load_settings()
-    client = Redis.from_url(
-        settings.redis.url,
-        socket_timeout=settings.redis.socket_timeout_s,
-        socket_connect_timeout=settings.redis.socket_timeout_s,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
-    )
+    client = redis_client(settings)
     name = f"pl_bench_calls_{uuid.uuid4().hex[:10]}"
     library = FunctionLibrary(
         client,

@@ -268,16 +268,12 @@ class LaneClaims:
             message.tp, -1
         )
 
-    def assignment(self, tp: TopicPartition) -> int | None:
-        """The number of ``tp``'s assignment here, None if it is not assigned here."""
-        return self._owned.get(tp)
-
     async def wait_for_holders(self, tp: TopicPartition) -> bool:
         """Wait while a process that claimed ``tp`` before is alive and still claims it.
 
         True if one of them died with its claim: any message of its range may have been
         running when it died. The wait also ends when ``tp`` is revoked; the caller must then
-        not run the message (:meth:`assignment` tells).
+        not run the message (the run guard numbers the assignments it sees).
         """
         pause_s = _WAIT_FIRST_S
         while self._holders.get(tp):

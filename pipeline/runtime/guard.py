@@ -128,9 +128,9 @@ class RunGuard:
         if ordered and claims is not None and claims.seen_parked(start.key):
             start.body = encode_held(message)  # held in the batched call if it is parked
         if claims is not None and claims.inherited(message):
-            assignment = claims.assignment(message.tp)
+            assignment = self._assignments.get(message.tp)
             start.inherited = await claims.wait_for_holders(message.tp)
-            if claims.assignment(message.tp) != assignment:
+            if self._assignments.get(message.tp) != assignment:
                 # Revoked while it waited, and this member's claim given up: run now, it would
                 # run beside the partition's next owner. Not routed: that owner runs it.
                 return None

@@ -89,16 +89,21 @@ def _service_times(
     return capacity
 
 
-def _redis(settings: Settings) -> Redis:
-    """The member's Redis client, with a function channel bound to it for the Lua calls."""
+def redis_client(settings: Settings) -> Redis:
+    """The member's Redis client as ``pipeline consume`` configures it, without its channel."""
     # One quick retry: admission, parking and debouncing fail open when Redis is down, so a
     # call must fail fast rather than hold a message through seconds of client backoff.
-    redis = Redis.from_url(
+    return Redis.from_url(
         settings.redis.url,
         socket_timeout=settings.redis.socket_timeout_s,
         socket_connect_timeout=settings.redis.socket_timeout_s,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
     )
+
+
+def _redis(settings: Settings) -> Redis:
+    """The member's Redis client, with a function channel bound to it for the Lua calls."""
+    redis = redis_client(settings)
     open_channel(redis)  # pipelined on a connection of its own (pipeline/redis_channel.py)
     return redis
 
