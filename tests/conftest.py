@@ -74,9 +74,26 @@ async def transport(request: pytest.FixtureRequest, settings: Settings) -> Async
 
 
 @pytest.fixture
-def unique() -> str:
-    """A short unique suffix for topic, group and key names."""
-    return uuid.uuid4().hex[:10]
+def unique() -> Iterator[str]:
+    """A short unique suffix for topic, group and key names.
+
+    After the test, pass or fail, the keys of the shared Redis whose names hold it are deleted.
+    """
+    value = uuid.uuid4().hex[:10]
+    yield value
+    _delete_keys_holding(value)
+
+
+def _delete_keys_holding(value: str) -> None:
+    """Delete the shared Redis's keys whose names hold ``value`` (if that Redis answers)."""
+    url = test_settings().redis.url
+    parsed = urlparse(url)
+    if not reachable(parsed.hostname or "127.0.0.1", parsed.port or 6379):
+        return
+    with SyncRedis.from_url(url) as client, contextlib.suppress(RedisError):
+        keys = list(client.scan_iter(match=f"*{value}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.unlink(*keys[start : start + 500])
 
 
 @pytest.fixture
@@ -116,7 +133,8 @@ def _left_now() -> dict[str, frozenset[str]]:
     Kafka's are ``kafka:NAME`` and ``kafka group:NAME``. Redis Streams topics are fields of a
     ``<prefix>:topics`` hash, one per key prefix, so every such hash is read: ``redis:HASH/NAME``;
     a Redis group is the ``{<prefix>:g:<group>}:*`` keys holding its positions and members:
-    ``redis group:PREFIX/GROUP``. A service that does not answer is left out.
+    ``redis group:PREFIX/GROUP``; every key of that Redis is ``redis key:NAME`` (a test's keys
+    are deleted after it by ``unique``). A service that does not answer is left out.
     """
     settings = test_settings()
     found: dict[str, frozenset[str]] = {}
@@ -139,6 +157,9 @@ def _left_now() -> dict[str, frozenset[str]]:
                 if match := _REDIS_GROUP_KEY.fullmatch(key.decode(errors="replace")):
                     names.add(f"redis group:{match['prefix']}/{match['group']}")
             found["redis"] = frozenset(names)
+            found["redis keys"] = frozenset(
+                f"redis key:{key.decode(errors='replace')}" for key in client.scan_iter(count=1000)
+            )
     return found
 
 
@@ -148,7 +169,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Fail the run (under CI=true; report it locally) if it left topics or groups behind.
+    """Fail the run (under CI=true; report it locally) if it left topics, groups or keys behind.
 
     Groups whose static members still held their slots when their test ended are deleted
     first, once their sessions have expired. Locally the brokers are shared with other
@@ -163,15 +184,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     left = frozenset().union(*(after[s] - before[s] for s in before.keys() & after.keys()))
     if not left:
         return
-    topics = sorted(n for n in left if " group:" not in n)
+    keys = sorted(n for n in left if " key:" in n)
     groups = sorted(n for n in left if " group:" in n)
+    topics = sorted(left.difference(keys, groups))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    for kind, names in (("topics", topics), ("consumer groups", groups)):
+    for kind, names in (("topics", topics), ("consumer groups", groups), ("Redis keys", keys)):
         if not names or reporter is None:
             continue
         shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
         reporter.write_sep("=", f"leftover {kind}", red=True)
-        reporter.write_line(f"the run left {len(names)} {kind} on the shared brokers: {shown}")
+        reporter.write_line(f"the run left {len(names)} {kind} on the shared services: {shown}")
         if kind == "consumer groups" and busy:
             reporter.write_line(f"still with members after waiting: {', '.join(busy)}")
     if IN_CI or os.environ.get("PIPELINE_TEST_LEFTOVERS") == "fail":

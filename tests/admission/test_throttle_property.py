@@ -41,7 +41,7 @@ class Scenario:
 
     def __init__(self, url: str) -> None:
         """Prepare two members on a fresh namespace of the Redis at ``url``."""
-        ns = f"h{uuid.uuid4().hex[:10]}"
+        self.ns = ns = f"h{uuid.uuid4().hex[:10]}"
         self.clients = [Redis.from_url(url) for _ in range(2)]
         self.members = [Throttle(c, namespace=ns, default_limit=1) for c in self.clients]
         self.tasks: list[asyncio.Task[Permit]] = []
@@ -101,12 +101,15 @@ class Scenario:
             assert status.waiters == ()
 
     async def close(self) -> None:
-        """Cancel what is left and close everything."""
+        """Cancel what is left, delete the namespace's keys and close everything."""
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for m in self.members:
             await m.close()
+        keys = [k async for k in self.clients[0].scan_iter(match=f"*{self.ns}*", count=1000)]
+        if keys:  # the namespace's keys: limits, grants, holders
+            await self.clients[0].unlink(*keys)
         for c in self.clients:
             await c.aclose()
 
