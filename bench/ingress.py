@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -380,23 +381,75 @@ def measure_max(
     return rps, used / max(accepted, 1) * 10_000
 
 
-def measure_p99(workdir: Path, rate: int, seconds: int) -> float:
+SLOW_COMMIT_S = 0.02
+"""A group commit slower than this is counted as slow in the paced run's commit figures."""
+
+
+def commit_buckets(port: int, after: float) -> dict[float, float]:
+    """The server's ``pipeline_log_commit_duration_seconds`` buckets (upper bound: count).
+
+    Read from its ``/metrics`` once that snapshot was refreshed after ``after`` (Unix time);
+    the snapshot refreshes every 15 s.
+    """
+    deadline = time.monotonic() + 40
+    pattern = re.compile(r'^pipeline_log_commit_duration_seconds_bucket\{le="([^"]+)"\} (\S+)$')
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        stamp = re.search(r"^pipeline_metrics_refresh_timestamp_seconds (\S+)$", text, re.MULTILINE)
+        if (stamp and float(stamp[1]) >= after) or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if match := pattern.match(line):
+            buckets[float(match[1])] = float(match[2])
+    return buckets
+
+
+def commit_figures(
+    before: dict[float, float], after: dict[float, float]
+) -> dict[str, float | None]:
+    """The commits between two readings: how many, the bucket holding their p99 (0: none), how
+    many were slow, and the bucket holding the slowest (None: beyond the last bound)."""
+    counts = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    p99_s = next((le for le, n in counts.items() if total and n >= 0.99 * total), 0.0)
+    fast = max((n for le, n in counts.items() if le <= SLOW_COMMIT_S), default=0.0)
+    below, slowest_s = 0.0, 0.0
+    for le, n in counts.items():  # cumulative: the last bucket that gained is the slowest's
+        if n > below:
+            below, slowest_s = n, le
+    return {
+        "commits": total,
+        "commit_p99_le_ms": p99_s * 1000,
+        "slow_commits": total - fast,
+        "slowest_commit_le_ms": slowest_s * 1000 if slowest_s != float("inf") else None,
+    }
+
+
+def measure_p99(workdir: Path, rate: int, seconds: int) -> tuple[float, dict[str, Any]]:
+    """The paced run's p99 (ms), and its group commits read from the server's metrics."""
     proc, port = start_ingress(workdir, "FULL")
     try:
         uvloop.run(load(port, requests(500, "warm-p99"), None))
         raw = requests(rate * seconds, "p99")
+        before = commit_buckets(port, time.time())
         with collector_off():
             accepted, _, latencies = uvloop.run(load(port, raw, rate))
+        commits = commit_figures(before, commit_buckets(port, time.time()))
     finally:
         stop(proc)
     p50 = statistics.quantiles(latencies, n=100)[49] * 1000
     p99 = statistics.quantiles(latencies, n=100)[98] * 1000
     print(
         f"  open loop {rate}/s for {seconds}s: {accepted} accepted, p50 {p50:.1f} ms, "
-        f"p99 {p99:.1f} ms",
+        f"p99 {p99:.1f} ms; {commits['commits']:.0f} group commits, p99 within "
+        f"{commits['commit_p99_le_ms']:g} ms, {commits['slow_commits']:.0f} over "
+        f"{SLOW_COMMIT_S * 1000:g} ms, the slowest within {commits['slowest_commit_le_ms']} ms",
         flush=True,
     )
-    return p99
+    return p99, commits
 
 
 def write_config(workdir: Path, topic: str) -> dict[str, Any]:
@@ -433,7 +486,7 @@ def main() -> None:
                         runs.append(
                             measure_max(kind, workdir, args.requests, f"{kind}{r}", endpoint)
                         )
-            p99 = measure_p99(workdir, 1_000, args.p99_seconds)
+            p99, commits = measure_p99(workdir, 1_000, args.p99_seconds)
             scale: dict[int, list[float]] = {1: [], 2: []}
             for r in range(args.rounds):
                 print(f"postgres round {r + 1}/{args.rounds}", flush=True)
@@ -450,6 +503,10 @@ def main() -> None:
                 "durable_vs_nondurable": round(med["durable"] / med["nondurable"], 2),
                 "vs_naive": round(med["durable"] / med["naive"], 2),
                 "p99_ms_at_1k": round(p99, 1),
+                "commit_p99_le_ms_at_1k": commits["commit_p99_le_ms"],
+                "slow_commits_at_1k": int(commits["slow_commits"]),
+                "commits_at_1k": int(commits["commits"]),
+                "slowest_commit_le_ms_at_1k": commits["slowest_commit_le_ms"],
                 "max_durable_rps": round(med["durable"]),
                 "cpu_s_per_10k": round(cpu, 2),
                 "pg_scale_2_workers": round(

@@ -31,7 +31,7 @@ from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
 from pipeline.logstore.create import create_log_store
-from pipeline.observability.facades import OffloadMetrics
+from pipeline.observability.facades import LogCommitMetrics, OffloadMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
@@ -114,6 +114,7 @@ class Ingress:
         """
         await check_topic_limits(self.sources, self.transport.admin())
         await self.store.open()
+        self.store.observe_commits(LogCommitMetrics(self.observer.metrics).committed)
         self.producer = self.transport.producer()
         if self.settings.capacity.record:  # arrivals per lane, counted per batch (capacity.md)
             self.capacity = CapacityFeed(self.settings, self.specs)

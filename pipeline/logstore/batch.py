@@ -9,6 +9,7 @@ no latency is added by a linger.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -16,6 +17,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 Flush = Callable[[Sequence[T]], Awaitable[Sequence[R]]]
+Committed = Callable[[int, float], None]
+"""Told of each batch ``flush`` returned from: how many items it carried and its seconds."""
 
 
 class Batcher(Generic[T, R]):
@@ -43,6 +46,8 @@ class Batcher(Generic[T, R]):
         self._max_batch = max_batch
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
+        self.committed: Committed | None = None
+        """Told of every batch flushed without error (one call a batch, none per item)."""
 
     @property
     def pending(self) -> int:
@@ -75,6 +80,7 @@ class Batcher(Generic[T, R]):
 
     async def _commit(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         """Flush ``batch`` and settle its futures; on failure, each item alone."""
+        started = time.perf_counter()
         try:
             results = await self._flush([item for item, _ in batch])
         except Exception as exc:
@@ -90,6 +96,14 @@ class Batcher(Generic[T, R]):
             for _, future in batch:
                 future.cancel()
             raise
+        self._settle(batch, results, time.perf_counter() - started)
+
+    def _settle(
+        self, batch: list[tuple[T, asyncio.Future[R]]], results: Sequence[R], seconds: float
+    ) -> None:
+        """``batch`` was flushed in ``seconds``: tell the observer, then answer its submitters."""
+        if self.committed is not None:
+            self.committed(len(batch), seconds)
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)

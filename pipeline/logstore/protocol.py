@@ -19,7 +19,7 @@ Guarantees every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -210,6 +210,14 @@ class LogStore(SweepLog, ProcessedMarker, ReplayLog, Protocol):
 
     async def open(self) -> None:
         """Connect and create the tables if they are missing (idempotent)."""
+        ...
+
+    def observe_commits(self, committed: Callable[[int, float], None]) -> None:
+        """Tell ``committed`` of every group commit of inserts: its rows and its seconds.
+
+        A commit's time is what each webhook it carried waited for its row to be durable (with
+        SQLite ``FULL`` or PostgreSQL, the flush to disk is part of it).
+        """
         ...
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "DebounceMetrics",
     "IngressMetrics",
     "LagMetrics",
+    "LogCommitMetrics",
     "LogStoreMetrics",
     "OffloadMetrics",
     "RuntimeMetrics",
@@ -215,6 +216,20 @@ class LogStoreMetrics:
         self._unproduced.set(unproduced_age_s)
         self._unprocessed.set(unprocessed_age_s)
         self._abandoned.set(abandoned)
+
+
+class LogCommitMetrics:
+    """The ingress log's group commits: how long each took and how many rows it carried."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._seconds = metrics.histogram(m.LOG_COMMIT_DURATION)
+        self._rows = metrics.histogram(m.LOG_COMMIT_ROWS)
+
+    def committed(self, rows: int, seconds: float) -> None:
+        """One group commit of ``rows`` rows took ``seconds`` (a log store's commit observer)."""
+        self._seconds.observe(seconds)
+        self._rows.observe(rows)
 
 
 class SweeperMetrics:

@@ -35,6 +35,8 @@ TOP_TENANTS = 10
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LATENESS_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 TURN_MESSAGES_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 100)
+COMMIT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+COMMIT_ROWS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 512)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +314,23 @@ LOG_UNPROCESSED_AGE = Family(
     "Age of the oldest produced webhook no consumer reported processed (0: none).",
     (),
     "seconds",
+)
+LOG_COMMIT_DURATION = Family(
+    "pipeline_log_commit_duration_seconds",
+    "histogram",
+    "Time one group commit of the ingress log took, the flush to disk included (SQLite FULL, "
+    "PostgreSQL): every webhook it carried waited that long for its answer.",
+    (),
+    "seconds",
+    COMMIT_BUCKETS_S,
+)
+LOG_COMMIT_ROWS = Family(
+    "pipeline_log_commit_rows",
+    "histogram",
+    "Webhook rows one group commit of the ingress log carried.",
+    (),
+    "rows",
+    COMMIT_ROWS_BUCKETS,
 )
 LOG_ABANDONED = Family(
     "pipeline_log_abandoned_rows",

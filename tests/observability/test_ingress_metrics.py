@@ -56,6 +56,8 @@ async def test_ingress_metrics_show_requests_and_the_sweeper_heartbeat(
         text = (await http.get("/metrics")).text
         assert 'outcome="accepted",reason="",source="plain"} 1.0' in text
         assert "pipeline_log_abandoned_rows 0.0" in text
+        assert "pipeline_log_commit_rows_count 1.0" in text  # the one webhook's row, committed
+        assert "pipeline_log_commit_duration_seconds_count 1.0" in text
         assert f'pipeline_consumer_lag_messages{{group="{spec.lane}",lane="{spec.lane}"}}' in text
     finally:
         await built.stop()

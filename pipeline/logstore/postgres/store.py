@@ -21,7 +21,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from pipeline.logstore import LogStoreError
-from pipeline.logstore.batch import Batcher
+from pipeline.logstore.batch import Batcher, Committed
 from pipeline.logstore.postgres.sql import Statements
 from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState, Selection
 
@@ -71,6 +71,10 @@ class PostgresLogStore:
     def __repr__(self) -> str:
         """Name the schema (never the URL, which may hold a password)."""
         return f"PostgresLogStore(schema={self._schema!r})"
+
+    def observe_commits(self, committed: Committed) -> None:
+        """Tell ``committed`` of every group commit of inserts: its rows and its seconds."""
+        self._inserts.committed = committed
 
     async def open(self) -> None:
         """Open the pool and create the schema, table and indexes (idempotent, race-safe)."""

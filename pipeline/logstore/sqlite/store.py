@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
 from pipeline.logstore import LogStoreError
-from pipeline.logstore.batch import Batcher
+from pipeline.logstore.batch import Batcher, Committed
 from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState, Selection
 from pipeline.logstore.sqlite import sql
 
@@ -91,6 +91,10 @@ class SqliteLogStore:
     def __repr__(self) -> str:
         """Name the file and durability setting."""
         return f"SqliteLogStore({str(self._path)!r}, synchronous={self._synchronous})"
+
+    def observe_commits(self, committed: Committed) -> None:
+        """Tell ``committed`` of every group commit of inserts: its rows and its seconds."""
+        self._inserts.committed = committed
 
     async def open(self) -> None:
         """Open both connections, switch to WAL and create the table and indexes."""

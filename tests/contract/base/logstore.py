@@ -83,6 +83,20 @@ class LogStoreContract:
         counts = await store.count_by_state(Selection())
         assert counts == {RowState.RECEIVED: 150}
 
+    async def test_each_group_commit_is_told_with_its_rows_and_time(
+        self, store: LogStore, clock: FakeClock
+    ) -> None:
+        """The commit observer hears of every group commit: the rows it carried and its time."""
+        seen: list[tuple[int, float]] = []
+        store.observe_commits(lambda rows, seconds: seen.append((rows, seconds)))
+        rows = [new_row(n, clock) for n in range(120)]
+        assert all(await asyncio.gather(*(store.insert(row) for row in rows)))
+        assert sum(count for count, _ in seen) == len(rows)
+        assert len(seen) < len(rows)  # concurrent inserts shared commits
+        assert all(seconds > 0 for _, seconds in seen)
+        assert await store.insert(new_row(500, clock)) is True  # alone: a commit of one row
+        assert seen[-1][0] == 1
+
     async def test_marking_moves_rows_forward_only(self, store: LogStore, clock: FakeClock) -> None:
         """Produced then processed; a late produce acknowledgement does not undo processed."""
         a, b = new_row(1, clock), new_row(2, clock)
