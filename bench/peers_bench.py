@@ -60,7 +60,17 @@ from redis.asyncio import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _tasks import RECORD, paced, payload, record, unpack
 from common import BenchError, build_venv, package_versions
-from ingress import collector_off, free_port, load, requests, start_ingress, stop, write_config
+from ingress import (
+    collector_off,
+    commit_buckets,
+    commit_figures,
+    free_port,
+    load,
+    requests,
+    start_ingress,
+    stop,
+    write_config,
+)
 from lane_process import consume_cmd, copy_app, write_lane
 from runtime import PEERS_DIR, Harness, ensure_peer_env
 
@@ -565,6 +575,7 @@ async def e2e(
         warm, _, _ = await load(port, requests(200, f"w{tag}"), None)
         await _until(lambda: len(consumer.handled["warm"]) >= warm, consumer, "warm-up")
         raw = requests(int(rate * seconds), tag)
+        commits_before = await asyncio.to_thread(commit_buckets, port, time.time())
         # The sender's collector pauses are not the system's latency. A bare member runs in
         # this process, so it runs without the collector too while the load is sent.
         with collector_off():
@@ -573,6 +584,9 @@ async def e2e(
         start = before + 0.05  # load() schedules request i at its start + i / rate
         await _until(lambda: len(consumer.handled["run"]) >= accepted, consumer, "webhooks")
         handled = consumer.handled["run"]
+        commits = commit_figures(
+            commits_before, await asyncio.to_thread(commit_buckets, port, time.time())
+        )
     finally:
         if proc is not None:
             stop(proc)
@@ -594,6 +608,8 @@ async def e2e(
         "p50_ms": round(_pct(latencies, 50), 1),
         "p99_ms": round(_pct(latencies, 99), 1),
         "http_p99_ms": round(_pct(http, 99) * 1000, 1),
+        "slow_commits": int(commits["slow_commits"] or 0),
+        "slowest_commit_le_ms": commits["slowest_commit_le_ms"],
     }
 
 
