@@ -19,10 +19,12 @@ Guarantees every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
+
+from pipeline.logstore.batch import Committed
 
 
 class RowState(StrEnum):
@@ -212,7 +214,7 @@ class LogStore(SweepLog, ProcessedMarker, ReplayLog, Protocol):
         """Connect and create the tables if they are missing (idempotent)."""
         ...
 
-    def observe_commits(self, committed: Callable[[int, float], None]) -> None:
+    def observe_commits(self, committed: Committed) -> None:
         """Tell ``committed`` of every group commit of inserts: its rows and its seconds.
 
         A commit's time is what each webhook it carried waited for its row to be durable (with

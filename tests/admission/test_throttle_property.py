@@ -39,9 +39,8 @@ async def _check(throttle: Throttle) -> None:
 class Scenario:
     """Two members on one namespace, driven by a list of operations."""
 
-    def __init__(self, url: str) -> None:
-        """Prepare two members on a fresh namespace of the Redis at ``url``."""
-        self.ns = ns = f"h{uuid.uuid4().hex[:10]}"
+    def __init__(self, url: str, ns: str) -> None:
+        """Prepare two members on the fresh namespace ``ns`` of the Redis at ``url``."""
         self.clients = [Redis.from_url(url) for _ in range(2)]
         self.members = [Throttle(c, namespace=ns, default_limit=1) for c in self.clients]
         self.tasks: list[asyncio.Task[Permit]] = []
@@ -101,21 +100,18 @@ class Scenario:
             assert status.waiters == ()
 
     async def close(self) -> None:
-        """Cancel what is left, delete the namespace's keys and close everything."""
+        """Cancel what is left and close everything."""
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for m in self.members:
             await m.close()
-        keys = [k async for k in self.clients[0].scan_iter(match=f"*{self.ns}*", count=1000)]
-        if keys:  # the namespace's keys: limits, grants, holders
-            await self.clients[0].unlink(*keys)
         for c in self.clients:
             await c.aclose()
 
 
-async def _scenario(url: str, ops: list[tuple[object, ...]]) -> None:
-    scenario = Scenario(url)
+async def _scenario(url: str, ns: str, ops: list[tuple[object, ...]]) -> None:
+    scenario = Scenario(url, ns)
     try:
         await scenario.start()
         for op in ops:
@@ -129,6 +125,9 @@ async def _scenario(url: str, ops: list[tuple[object, ...]]) -> None:
     max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops=ops_strategy)
-def test_random_sequences_keep_invariants(redis_service, ops):
-    """No key exceeds its limit, no key has room while jobs wait, and every job completes."""
-    asyncio.run(_scenario(redis_service, ops))
+def test_random_sequences_keep_invariants(redis_service, unique, ops):
+    """No key exceeds its limit, no key has room while jobs wait, and every job completes.
+
+    Each example has a namespace of its own, holding ``unique`` so the keys go with the test.
+    """
+    asyncio.run(_scenario(redis_service, f"h{unique}{uuid.uuid4().hex[:6]}", ops))
