@@ -56,9 +56,18 @@ AsgiMessage = dict[str, Any]
 Receive = Callable[[], Awaitable[AsgiMessage]]
 Send = Callable[[AsgiMessage], Awaitable[None]]
 
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+"""A webhook's answer: status, JSON body, and headers besides content type and length."""
+
 _PREFIX = "/hooks/"
 _JSON = [(b"content-type", b"application/json")]
 _CLOSE = (b"connection", b"close")
+_RETRY_5 = (b"retry-after", b"5")
+# The answers every webhook may get, encoded once (as json.dumps would write them).
+_ACCEPTED = b'{"status": "accepted", "id": "%s"}'  # a row id is hex: nothing to escape
+_DUPLICATE = b'{"status": "duplicate"}'
+_UNAUTHORIZED = b'{"error": "unauthorized"}'
+_OVERLOADED = b'{"error": "overloaded"}'
 
 
 class Disconnected(Exception):
@@ -113,7 +122,7 @@ class IngressApp:
         if self.observer is not None and path in OBSERVER_PATHS:
             await self.observer(scope, receive, send)
             return
-        source = self._sources.get(path[len(_PREFIX) :]) if path.startswith(_PREFIX) else None
+        source = self.webhook_source(path)
         if source is None:
             await _answer(send, 404, {"error": "unknown source"})
         elif scope["method"] == "POST":
@@ -123,10 +132,18 @@ class IngressApp:
         else:
             await _answer(send, 405, {"error": "method not allowed"}, [(b"allow", b"GET, POST")])
 
+    def webhook_source(self, path: str) -> Source | None:
+        """The source a ``POST`` to ``path`` delivers to, or None (404)."""
+        return self._sources.get(path[len(_PREFIX) :]) if path.startswith(_PREFIX) else None
+
+    @property
+    def body_timeout_s(self) -> float:
+        """How long a request's body may take to arrive after its head (else 408)."""
+        return self._body_timeout_s
+
     async def _post(self, source: Source, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
-        declared = headers.get("content-length", "")
-        if _declared_over(declared, source.max_body_bytes):
+        if declared_over(headers.get("content-length", ""), source.max_body_bytes):
             self.counters[source.name, "too_large"] += 1
             await _answer(send, 413, {"error": "body too large"})
             return
@@ -144,22 +161,30 @@ class IngressApp:
         except Disconnected:
             self.counters[source.name, "disconnected"] += 1
             return
+        status, answer, extra = await self.webhook(source, headers, body)
+        await _send(send, status, answer, [*_JSON, *extra])
+
+    async def webhook(self, source: Source, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Steps 2 to 6 for a whole body: admission, then the accept path; the answer to send.
+
+        ``headers`` are the request's, names in lower case. The HTTP layer
+        (:mod:`pipeline.ingress.http`) calls this directly, with the body read and its size
+        checked; the ASGI entry point calls it after step 1.
+        """
         admission = source.admission
         if not await admission.acquire():
             self.counters[source.name, "shed"] += 1
             retry_after = str(admission.retry_after_s()).encode()
-            await _answer(send, 503, {"error": "overloaded"}, [(b"retry-after", retry_after)])
-            return
+            return 503, _OVERLOADED, [(b"retry-after", retry_after)]
         try:
             with tracing.webhook(source.name, headers):
-                status, answer, extra = await self._accept(source, headers, body)
+                return await self._accept(source, headers, body)
         finally:
             admission.release()
-        await _answer(send, status, answer, extra)
 
     async def _accept(  # noqa: C901, PLR0911 - one branch per answer of the module docstring
         self, source: Source, headers: Mapping[str, str], body: bytes
-    ) -> tuple[int, dict[str, str], list[tuple[bytes, bytes]]]:
+    ) -> Answer:
         now_s = self._clock()
         try:
             _bounded_signature_headers(headers, source.verifier.headers)
@@ -168,12 +193,12 @@ class IngressApp:
         except Rejected as exc:
             self.counters[source.name, f"rejected:{exc.reason}"] += 1
             log.info("webhook rejected", extra={"source": source.name, "reason": exc.reason})
-            return 401, {"error": "unauthorized"}, []
+            return 401, _UNAUTHORIZED, []
         except Exception:
             # A verifier bug must never let a request through: fail closed.
             self.counters[source.name, "rejected:verifier error"] += 1
             log.exception("verifier failed", extra={"source": source.name})
-            return 401, {"error": "unauthorized"}, []
+            return 401, _UNAUTHORIZED, []
         digest = None  # a large body where lanes offload: hashed once, off the loop
         if self.offload is not None and len(body) >= HASH_OFF_LOOP_BYTES:
             digest = await sha256_hex(body)  # the event id (without one) and the object key
@@ -185,28 +210,28 @@ class IngressApp:
                 self.schemas.check(row.lane, body)
         except Malformed as exc:
             self.counters[source.name, f"malformed:{exc.reason}"] += 1
-            return 400, _malformed(exc), []
+            return 400, _encode(_malformed(exc)), []
         if self.offload is not None:  # a large body goes to its store first (durable before 2xx)
             try:
                 row = await self.offload(row, digest)
             except OffloadError:
                 self.counters[source.name, "offload_error"] += 1
                 log.exception("payload store write failed", extra={"source": source.name})
-                return 503, {"error": "payload store unavailable"}, [(b"retry-after", b"5")]
+                return 503, _encode({"error": "payload store unavailable"}), [_RETRY_5]
         try:
             with tracing.stage("log commit"):
                 inserted = await self._log.insert(row)
         except LogStoreError:
             self.counters[source.name, "store_error"] += 1
             log.exception("log store insert failed", extra={"source": source.name})
-            return 503, {"error": "log store unavailable"}, [(b"retry-after", b"5")]
+            return 503, _encode({"error": "log store unavailable"}), [_RETRY_5]
         if not inserted:
             self.counters[source.name, "duplicate"] += 1
-            return 200, {"status": "duplicate"}, []
+            return 200, _DUPLICATE, []
         self.counters[source.name, "accepted"] += 1
         if self.dispatcher is not None:
             self.dispatcher.submit(row)
-        return 200, {"status": "accepted", "id": row.id}, []
+        return 200, _ACCEPTED % row.id.encode(), []
 
     async def _handshake(self, source: Source, scope: Scope, send: Send) -> None:
         """Meta's subscription check: echo ``hub.challenge`` when the verify token matches."""
@@ -251,7 +276,7 @@ def _bounded_signature_headers(headers: Mapping[str, str], names: tuple[str, ...
         raise Rejected("signature header too large")
 
 
-def _declared_over(content_length: str, limit: int) -> bool:
+def declared_over(content_length: str, limit: int) -> bool:
     """Whether a Content-Length header declares more than ``limit`` bytes.
 
     Never parses 5,000 digits: a number longer than the limit's is over it.
@@ -293,10 +318,14 @@ def _malformed(exc: Malformed) -> dict[str, str]:
     return {"error": exc.reason}
 
 
+def _encode(body: Mapping[str, str]) -> bytes:
+    return json.dumps(body).encode()
+
+
 async def _answer(
     send: Send, status: int, body: Mapping[str, str], extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await _send(send, status, json.dumps(body).encode(), [*_JSON, *(extra or [])])
+    await _send(send, status, _encode(body), [*_JSON, *(extra or [])])
 
 
 async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:

@@ -1,95 +1,466 @@
-"""The HTTP layer of the ingress: uvicorn's httptools protocol with a cap on the request head.
+"""The HTTP/1.1 layer of the ingress: httptools parsing, webhooks handed straight to the app.
 
-httptools has no limit of its own: it buffers a header line whole before handing it over, so one
-200 MiB header grows the process by hundreds of MB before the application sees anything.
-:func:`bounded_protocol` counts the bytes a request head has taken so far and, past the cap,
-answers **431 Request Header Fields Too Large** and closes the connection; at most one read
-chunk beyond the cap is ever buffered.
+A webhook (``POST /hooks/{source}``) is parsed by httptools and, once its body is whole, handed to
+:meth:`IngressApp.webhook <pipeline.ingress.app.IngressApp.webhook>` with its headers: no ASGI
+scope, no receive and send messages, one task per request and one write per answer. Any other
+request (Meta's ``GET`` handshake, ``/metrics``, an unknown path) goes to the app's ASGI entry
+point with its body already read. :class:`IngressProtocol` plugs into uvicorn's server
+(``uvicorn.Config(http=...)``), which keeps binding, lifespan, signals and graceful shutdown.
+
+At the door, before the app sees a byte:
+
+* a request head (request line and headers) past ``max_head_bytes`` is answered **431** and
+  the connection closed; httptools has no limit of its own (it buffers a header line whole), so
+  the bytes of a head are counted as they come, and at most one read chunk past the cap is
+  buffered;
+* a body over its source's ``max_body_bytes`` (the declared Content-Length first, then the bytes
+  as they come) is **413**, counted ``too_large``; the body of any other request is read and
+  dropped (nothing else reads one);
+* a body not whole within the app's ``body_timeout_s`` of its head is **408**, counted
+  ``body_timeout``;
+* a client gone mid-body is counted ``disconnected``; nothing is stored;
+* bytes that are not HTTP/1.1 are **400**.
+
+Each of these answers closes the connection. Requests pipelined on one connection are answered
+in order, one at a time; reading pauses while :data:`PIPELINE_DEPTH` wait, or while the socket
+cannot take more output. An idle keep-alive connection closes after uvicorn's
+``timeout_keep_alive``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import http
 import logging
-from typing import Any
+from collections import deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import unquote
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+
+from pipeline.ingress.app import AsgiMessage, declared_over
+
+if TYPE_CHECKING:
+    from pipeline.ingress.app import IngressApp
+    from pipeline.ingress.source import Source
 
 log = logging.getLogger(__name__)
 
-_RESPONSE_431 = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    b"content-type: application/json\r\n"
-    b"content-length: 35\r\n"
-    b"connection: close\r\n"
-    b"\r\n"
-    b'{"error": "request head too large"}'
-)
+PIPELINE_DEPTH = 8
+"""Parsed requests that may wait on one connection before reading pauses."""
+
+_STATUS = {
+    code: b"HTTP/1.1 %d %s\r\n" % (code, http.HTTPStatus(code).phrase.encode())
+    for code in (status.value for status in http.HTTPStatus)
+}
+_JSON = (b"content-type", b"application/json")
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+Headers = list[tuple[bytes, bytes]]
 
 
-class _BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """Refuses a request whose head (request line and headers) passes ``max_head_bytes``."""
+class _Request:
+    """One parsed request, or an answer the door gives in its place (``refusal``)."""
 
+    __slots__ = ("body", "headers", "keep_alive", "method", "path", "query", "refusal", "source")
+
+    def __init__(
+        self,
+        method: bytes,
+        path: str,
+        query: bytes,
+        headers: dict[str, str],
+        body: bytes,
+        keep_alive: bool,
+        source: Source | None,
+        refusal: tuple[int, bytes] | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.source = source
+        self.refusal = refusal
+
+
+def _refusal(status: int, error: str) -> _Request:
+    body = b'{"error": "%s"}' % error.encode()
+    return _Request(b"", "", b"", {}, b"", keep_alive=False, source=None, refusal=(status, body))
+
+
+class IngressProtocol(asyncio.Protocol):
+    """One client connection. :func:`ingress_protocol` binds the app and the head cap."""
+
+    app: IngressApp
     max_head_bytes = 65_536
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """As uvicorn's protocol; no request head is being read yet."""
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        """As uvicorn constructs its protocols; ``app_state`` is not used."""
+        del app_state
+        self._loop = _loop or asyncio.get_event_loop()
+        self._keep_alive_s: float = config.timeout_keep_alive
+        self._connections: set[Any] = server_state.connections
+        self._tasks: set[asyncio.Task[None]] = server_state.tasks
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._waiting: deque[_Request] = deque()
+        self._busy = False  # a request is being answered
+        self._stopped = False  # nothing more is read: answer what waits, then close
+        self._closing = False  # server shutdown: close once nothing is in flight
+        self._write_paused = False
+        self._read_paused = False
+        self._idle: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        # The request being parsed.
+        self._url = b""
+        self._headers: dict[str, str] = {}
         self._head_bytes: int | None = None  # None: not inside a request head
-        self._chunk_bytes = 0  # the chunk being parsed
-        self._refused = False
+        self._chunk_bytes = 0
+        self._in_body = False
+        self._method = b""
+        self._path = ""
+        self._query = b""
+        self._source: Source | None = None
+        self._limit: int | None = None  # None: the body is dropped
+        self._size = 0
+        self._body: list[bytes] = []
+        self._keep_alive = True
+
+    # -- the connection --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Count the connection for uvicorn's shutdown."""
+        self._transport = cast("asyncio.Transport", transport)  # a stream server's (uvloop's)
+        self._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """A client gone mid-body is counted; a request in flight still finishes (unanswered)."""
+        del exc
+        self._connections.discard(self)
+        self._stopped = True
+        self._cancel_timers()
+        if self._in_body and self._source is not None:
+            self.app.counters[self._source.name, "disconnected"] += 1
+        self._in_body = False
+        self._waiting.clear()
+
+    def data_received(self, data: bytes) -> None:
+        """Parse ``data``; requests it completes are answered in order."""
+        if self._stopped:
+            return
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._chunk_bytes = len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # A request asking to switch protocols: answered as HTTP/1.1 if it was whole, and
+            # the connection ends there (the parser reads nothing after an upgrade).
+            if self._in_body:
+                self._refuse(_refusal(400, "protocol upgrade not supported"))
+            else:
+                self._stop()
+        except httptools.HttpParserError as exc:
+            log.info("invalid HTTP request refused (400): %s", exc)
+            self._refuse(_refusal(400, "invalid HTTP request"))
+        if self._stopped:
+            return
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._refuse_head()
+                return
+        if self._in_body and self._body_timer is None:
+            self._body_timer = self._loop.call_later(self.app.body_timeout_s, self._body_late)
+
+    def eof_received(self) -> bool | None:
+        """The client finished sending: answer what it sent, then close (the default)."""
+        return None
+
+    def pause_writing(self) -> None:
+        """The socket's buffer is full: read no more requests until it drains."""
+        self._write_paused = True
+        self._reading()
+
+    def resume_writing(self) -> None:
+        """The socket's buffer drained."""
+        self._write_paused = False
+        self._reading()
+
+    def shutdown(self) -> None:
+        """The server shuts down gracefully: close now if idle, else once the answers are out."""
+        self._closing = True
+        self._stop()
+        if not self._busy and not self._waiting and self._transport is not None:
+            self._transport.close()
+
+    # -- httptools callbacks ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         """A request starts: count its head from here."""
-        super().on_message_begin()
+        self._url = b""
+        self._headers = {}
         self._head_bytes = 0
+        self._body = []
+        self._size = 0
+
+    def on_url(self, url: bytes) -> None:
+        """Part of the request target."""
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """One header; a repeated name keeps its last value."""
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        """The head is in: stop counting, and refuse it if it came in one chunk over the cap.
-
-        The head is no longer than what was read before this chunk plus this chunk, so its
-        exact size is only added up when that bound passes the cap.
-        """
+        """Route the request, refuse a head over the cap or a body declared too large."""
+        if self._stopped:
+            return
+        # The head is no longer than what was read before this chunk plus this chunk, so its
+        # exact size is only added up when that bound passes the cap.
         bound = (self._head_bytes or 0) + self._chunk_bytes
         self._head_bytes = None
         if bound > self.max_head_bytes:
-            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            size = len(self._url) + sum(len(n) + len(v) + 4 for n, v in self._headers.items())
             if size > self.max_head_bytes:
-                self._refuse()
+                self._refuse_head()
                 return
-        super().on_headers_complete()
-
-    def data_received(self, data: bytes) -> None:
-        """Parse ``data``; answer 431 once the current head has passed the cap."""
-        if self._refused:
+        parser = self._parser
+        url = httptools.parse_url(self._url)
+        path = url.path.decode("latin-1")
+        self._path = unquote(path) if "%" in path else path
+        self._query = url.query or b""
+        self._method = method = parser.get_method()
+        self._keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        source = self.app.webhook_source(self._path) if method == b"POST" else None
+        self._source = source
+        self._limit = limit = source.max_body_bytes if source is not None else None
+        if limit is not None and declared_over(self._headers.get("content-length", ""), limit):
+            self._too_large()
             return
-        self._chunk_bytes = len(data)
-        super().data_received(data)
-        if self._head_bytes is None or self.transport.is_closing():
-            return
-        self._head_bytes += len(data)
-        if self._head_bytes > self.max_head_bytes:
-            self._refuse()
+        self._in_body = True
+        if (
+            self._headers.get("expect", "").lower() == "100-continue"
+            and not self._busy
+            and not self._waiting
+            and self._transport is not None
+        ):
+            self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
-        """Body bytes of a request not refused."""
-        if not self._refused:
-            super().on_body(body)
+        """Body bytes, refused past the limit."""
+        if self._stopped or self._limit is None:
+            return
+        self._size += len(body)
+        if self._size > self._limit:
+            self._too_large()
+            return
+        self._body.append(body)
 
     def on_message_complete(self) -> None:
-        """The end of a request not refused."""
-        if not self._refused:
-            super().on_message_complete()
+        """The request is whole: answer it now, or after those before it."""
+        if self._stopped:
+            return
+        self._in_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._waiting.append(
+            _Request(
+                self._method,
+                self._path,
+                self._query,
+                self._headers,
+                body,
+                self._keep_alive,
+                self._source,
+            )
+        )
+        if not self._busy:
+            self._next()
+        elif len(self._waiting) >= PIPELINE_DEPTH:
+            self._reading()
 
-    def _refuse(self) -> None:
+    # -- refusals --------------------------------------------------------------------------
+
+    def _too_large(self) -> None:
+        if self._source is not None:
+            self.app.counters[self._source.name, "too_large"] += 1
+        self._refuse(_refusal(413, "body too large"))
+
+    def _refuse_head(self) -> None:
         log.info("request head over %d bytes refused (431)", self.max_head_bytes)
-        self._refused = True
+        self._refuse(_refusal(431, "request head too large"))
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if not self._in_body or self._stopped:
+            return
+        if self._source is not None:
+            self.app.counters[self._source.name, "body_timeout"] += 1
+        self._refuse(_refusal(408, "body not received in time"))
+
+    def _refuse(self, refusal: _Request) -> None:
+        """Answer ``refusal`` after the requests before it, read nothing more, then close."""
+        self._in_body = False
         self._head_bytes = None
-        self.transport.write(_RESPONSE_431)
-        self.transport.close()
+        self._stop()
+        self._waiting.append(refusal)
+        if not self._busy:
+            self._next()
+
+    def _stop(self) -> None:
+        """Read no more requests on this connection."""
+        self._stopped = True
+        self._cancel_timers()
+        self._reading()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._idle, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._idle = self._body_timer = None
+
+    def _reading(self) -> None:
+        """Pause or resume reading for the socket's output and the requests waiting."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        pause = self._stopped or self._write_paused or len(self._waiting) >= PIPELINE_DEPTH
+        if pause != self._read_paused:
+            self._read_paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Answer the oldest waiting request; when none waits, start the idle timer."""
+        transport = self._transport
+        if transport is None:
+            return
+        if not self._waiting:
+            if self._stopped:
+                transport.close()
+            elif not transport.is_closing():
+                self._idle = self._loop.call_later(self._keep_alive_s, self._idle_out)
+            return
+        request = self._waiting.popleft()
+        if request.refusal is not None:
+            status, body = request.refusal
+            self._write(request, status, [_JSON], body)
+            return
+        self._busy = True
+        task = self._loop.create_task(self._serve(request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if self._read_paused:
+            self._reading()
+
+    async def _serve(self, request: _Request) -> None:
+        try:
+            if request.source is not None:
+                status, body, extra = await self.app.webhook(
+                    request.source, request.headers, request.body
+                )
+                headers = [_JSON, *extra] if extra else [_JSON]
+            else:
+                status, headers, body = await self._asgi(request)
+        except Exception:
+            log.exception("request to %s failed", request.path)
+            status, headers, body = 500, [_JSON], b'{"error": "internal error"}'
+            request.keep_alive = False
+        self._busy = False
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._write(request, status, headers, body)
+
+    def _write(self, request: _Request, status: int, headers: Headers, body: bytes) -> None:
+        transport = self._transport
+        assert transport is not None  # noqa: S101 - only called once connected
+        keep_alive = request.keep_alive and not self._closing
+        parts = [_STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n")
+        if not keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        if request.method != b"HEAD":
+            parts.append(body)
+        transport.write(b"".join(parts))
+        if not keep_alive:
+            self._stopped = True
+            self._waiting.clear()
+            transport.close()
+            return
+        self._next()
+
+    def _idle_out(self) -> None:
+        self._idle = None
+        if self._transport is not None and not self._busy and not self._waiting:
+            self._transport.close()
+
+    async def _asgi(self, request: _Request) -> tuple[int, Headers, bytes]:
+        """Serve a request that is not a webhook through the app's ASGI entry point."""
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "scheme": "http",
+            "method": request.method.decode("latin-1"),
+            "path": request.path,
+            "raw_path": request.path.encode("latin-1"),
+            "root_path": "",
+            "query_string": request.query,
+            "headers": [
+                (name.encode("latin-1"), value.encode("latin-1"))
+                for name, value in request.headers.items()
+            ],
+            "server": None,
+            "client": None,
+            "state": {},
+        }
+        given = False
+        answer: dict[str, Any] = {"status": 500, "headers": []}
+        body: list[bytes] = []
+
+        async def receive() -> AsgiMessage:
+            nonlocal given
+            if given:
+                return {"type": "http.disconnect"}
+            given = True
+            return {"type": "http.request", "body": request.body, "more_body": False}
+
+        async def send(message: AsgiMessage) -> None:
+            if message["type"] == "http.response.start":
+                answer.update(status=message["status"], headers=message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+
+        await self.app(scope, receive, send)
+        headers = [
+            (bytes(name), bytes(value))
+            for name, value in answer["headers"]
+            if bytes(name).lower() not in {b"content-length", b"connection"}
+        ]
+        return answer["status"], headers, b"".join(body)
 
 
-def bounded_protocol(max_head_bytes: int) -> type[HttpToolsProtocol]:
-    """The httptools protocol of uvicorn, answering 431 to heads over ``max_head_bytes``."""
-    return type(
-        "BoundedHttpToolsProtocol", (_BoundedHttpToolsProtocol,), {"max_head_bytes": max_head_bytes}
-    )
+def ingress_protocol(app: IngressApp, max_head_bytes: int) -> type[IngressProtocol]:
+    """The protocol class for uvicorn's ``http`` setting: ``app``'s, heads capped."""
+    attributes: Mapping[str, Any] = {"app": app, "max_head_bytes": max_head_bytes}
+    return type("IngressHttp", (IngressProtocol,), dict(attributes))

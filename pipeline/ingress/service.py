@@ -24,7 +24,7 @@ from pipeline.heap import freeze_startup
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
-from pipeline.ingress.http import bounded_protocol
+from pipeline.ingress.http import ingress_protocol
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import Source, build_sources, check_topic_limits
@@ -209,7 +209,7 @@ def require_free_port(host: str, port: int, variable: str) -> None:
 
 
 def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) -> uvicorn.Server:
-    """The uvicorn server of ``built`` (httptools, with the request-head cap), not started.
+    """The uvicorn server of ``built`` (the ingress's own HTTP layer), not started.
 
     With ``lifespan`` the server starts and stops ``built`` itself; without, the caller does.
     """
@@ -220,7 +220,7 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
         host=host,
         port=port,
         loop="none",
-        http=bounded_protocol(built.ingress.max_head_bytes),
+        http=ingress_protocol(built.app, built.ingress.max_head_bytes),
         lifespan="on" if lifespan else "off",
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,

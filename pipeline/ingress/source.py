@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -75,17 +75,19 @@ class Source:
     verify_token: str | None
     offloads: bool = False
     """Its cap passes the message size, which offloading every topic it routes to allows."""
+    needs_json: bool = field(init=False, repr=False, compare=False)
+    """Whether the body must be JSON (something is read from it); set once, read per request."""
+
+    def __post_init__(self) -> None:
+        """Work out :attr:`needs_json` from the extractors and the routes."""
+        extractors = (self.tenant, self.key, self.event_id)
+        needs = self.router.needs_body or any(e is not None and e.needs_body for e in extractors)
+        object.__setattr__(self, "needs_json", needs)
 
     @property
     def topics(self) -> frozenset[str]:
         """Every topic this source may route to."""
         return frozenset([self.router.default.topic, *(r.topic for _, r in self.router.rules)])
-
-    @property
-    def needs_json(self) -> bool:
-        """Whether the body must be JSON (something is read from it)."""
-        extractors = (self.tenant, self.key, self.event_id)
-        return self.router.needs_body or any(e is not None and e.needs_body for e in extractors)
 
     def build_row(
         self,

@@ -1,4 +1,4 @@
-"""One-pass RESP packing writes exactly the bytes redis-py writes, and Redis takes them."""
+"""Packing in one pass (hiredis) writes exactly the bytes redis-py writes, and Redis takes them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ COMMANDS: list[tuple[Any, ...]] = [
     ("FCALL", "pl_produce", 2, "s", "q", 20_000, 1, 4, "k", b"key", "v", b"x" * 7_000),
     ("SET", "k", "é", "EX", 10),
     ("CONFIG GET", "maxmemory"),  # a name with a space: redis-py's own path
-    ("XADD", b"k", 1.5, 3),  # a float: redis-py's own path
+    ("XADD", b"k", 1.5, 3),  # a float, written as repr() writes it
     ("GET", memoryview(b"ab")),
     ("ECHO", b""),
 ]

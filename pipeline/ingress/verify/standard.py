@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 
@@ -76,7 +75,7 @@ class StandardWebhooksVerifier:
             raise Rejected("malformed signature header")
         signed = f"{msg_id}.{timestamp}.".encode() + body
         for key in self._keys:
-            expected = hmac.new(key, signed, hashlib.sha256).digest()
+            expected = hmac.digest(key, signed, "sha256")
             if any(hmac.compare_digest(expected, candidate) for candidate in candidates):
                 return
         raise Rejected("signature mismatch")
