@@ -53,6 +53,7 @@ from typing import Any
 import common
 import psutil
 import uvloop
+from redis.asyncio import Redis
 from tracing_parts import ingress_hooks_s, off_overhead, otlp_sink, traced_env
 
 from pipeline.testing.ports import free_port
@@ -353,10 +354,45 @@ async def drop_topic(topic: str) -> None:
         await transport.close()
 
 
+async def produced(topic: str) -> int:
+    """Events produced to ``topic`` so far: the sum of its partitions' offset counters."""
+    from pipeline.config import load_settings  # noqa: PLC0415
+    from pipeline.transport.redis_streams.keys import Keys  # noqa: PLC0415
+
+    settings = load_settings()
+    keys = Keys(settings.redis.key_prefix)
+    client = Redis.from_url(settings.redis.url)
+    try:
+        counts = [await client.get(keys.sequence(topic, p)) for p in range(4)]
+    finally:
+        await client.aclose()
+    return sum(int(c or 0) for c in counts)
+
+
+def check_produced(topic: str, before: int, accepted: int, kind: str) -> None:
+    """Fail the run unless every accepted webhook was produced (within 30 s of the load).
+
+    A server whose produce fails answers as fast or faster, so its figure would be a lie.
+    """
+    deadline = time.monotonic() + 30
+    while (done := asyncio.run(produced(topic)) - before) < accepted:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{kind}: {done} of {accepted} accepted webhooks were produced")
+        time.sleep(0.2)
+
+
 def measure_max(
-    kind: str, workdir: Path, count: int, run: str, traces_to: str | None = None
+    kind: str,
+    workdir: Path,
+    count: int,
+    run: str,
+    traces_to: str | None = None,
+    topic: str | None = None,
 ) -> tuple[float, float]:
-    """(accepts/s, server CPU seconds per 10k accepts) at saturation."""
+    """(accepts/s, server CPU seconds per 10k accepts) at saturation.
+
+    With ``topic``, the run fails unless every accepted webhook reached it.
+    """
     if kind == "naive":
         proc, port = start_naive(workdir)
     elif kind == "traced":
@@ -366,9 +402,12 @@ def measure_max(
     try:
         uvloop.run(load(port, requests(500, f"warm-{run}"), None))
         raw = requests(count, run)
+        events = asyncio.run(produced(topic)) if topic else 0
         before = cpu_s(proc)
         accepted, seconds, _ = uvloop.run(load(port, raw, None))
         used = cpu_s(proc) - before
+        if topic:
+            check_produced(topic, events, accepted, kind)
     finally:
         stop(proc)
     if accepted < count:
@@ -484,7 +523,14 @@ def main() -> None:
                     )
                     for kind, runs in results.items():
                         runs.append(
-                            measure_max(kind, workdir, args.requests, f"{kind}{r}", endpoint)
+                            measure_max(
+                                kind,
+                                workdir,
+                                args.requests,
+                                f"{kind}{r}",
+                                endpoint,
+                                None if kind == "naive" else topic,
+                            )
                         )
             p99, commits = measure_p99(workdir, 1_000, args.p99_seconds)
             scale: dict[int, list[float]] = {1: [], 2: []}

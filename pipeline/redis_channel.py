@@ -33,7 +33,7 @@ import contextlib
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 from redis import exceptions as rexc
@@ -48,24 +48,22 @@ _UNSUPPORTED = ("credential_provider", "ssl", "path", "connection_class")
 
 
 def _pack(args: tuple[Any, ...]) -> bytes:
-    """One command in RESP, as redis-py encodes its arguments (bytes, str, int, float)."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            raw = arg
-        elif isinstance(arg, str):
-            raw = arg.encode()
-        elif isinstance(arg, bool) or not isinstance(arg, (int, float)):
-            raise rexc.DataError(
-                f"Invalid input of type: {type(arg).__name__!r}. Convert to a bytes, string, "
-                "int or float first."
-            )
-        elif isinstance(arg, int):
-            raw = b"%d" % arg
-        else:
-            raw = repr(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(parts)
+    """One command in RESP, as redis-py encodes its arguments (bytes, str, int, float).
+
+    hiredis packs it in C (floats as ``repr`` writes them, str as UTF-8); anything else (a bool,
+    None) is refused with redis-py's error.
+    """
+    try:
+        return hiredis.pack_command(args)  # type: ignore[no-any-return]
+    except TypeError:
+        bad = next(
+            (a for a in args if isinstance(a, bool) or not isinstance(a, (bytes, str, int, float))),
+            None,
+        )
+        raise rexc.DataError(
+            f"Invalid input of type: {type(bad).__name__!r}. Convert to a bytes, string, "
+            "int or float first."
+        ) from None
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
@@ -93,8 +91,7 @@ class _Wire(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)  # noqa: S101 - a TCP connection
-        self.transport = transport
+        self.transport = cast("asyncio.Transport", transport)  # TCP (uvloop's is no subclass)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         """Write ``command``; the future settles with its reply (or the connection's failure)."""
@@ -107,6 +104,19 @@ class _Wire(asyncio.Protocol):
         if self._timer is None and self.timeout_s is not None:
             self._timer = self._loop.call_at(deadline, self._check)
         return future
+
+    def send_many(self, commands: Sequence[bytes]) -> list[asyncio.Future[Any]]:
+        """Write ``commands`` in one write; one future per command, settled in order."""
+        if self.lost or self.transport is None:
+            raise rexc.ConnectionError("the Redis connection of the function channel is closed")
+        loop = self._loop
+        deadline = 0.0 if self.timeout_s is None else loop.time() + self.timeout_s
+        futures = [loop.create_future() for _ in commands]
+        self.pending.extend((future, deadline) for future in futures)
+        self.transport.write(b"".join(commands))
+        if self._timer is None and self.timeout_s is not None:
+            self._timer = loop.call_at(deadline, self._check)
+        return futures
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
@@ -212,6 +222,33 @@ class FunctionChannel:
 
         return await self._retry.call_with_retry(attempt, self._dropped)
 
+    async def fcall_many(
+        self, function: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """One ``FCALL function`` per ``(keys, args)``, written at once, replies in order.
+
+        An error reply comes back in its place, as an exception (redis-py's pipeline with
+        ``raise_on_error=False``); a lost connection or a timeout fails the whole call, which is
+        tried again under the client's retry policy as redis-py retries a pipeline.
+        """
+        commands = [_pack(("FCALL", function, len(keys), *keys, *args)) for keys, args in calls]
+
+        async def attempt() -> list[Any]:
+            wire = self._wire
+            if wire is None or wire.lost:
+                wire = await self._connected()
+            replies: list[Any] = []
+            for future in wire.send_many(commands):
+                try:
+                    replies.append(await future)
+                except rexc.ResponseError as error:
+                    replies.append(error)
+            return replies
+
+        if self._retry is None:
+            return await attempt()
+        return await self._retry.call_with_retry(attempt, self._dropped)
+
     async def _once(self, command: bytes) -> Any:
         wire = self._wire
         if wire is None or wire.lost:
@@ -302,7 +339,10 @@ def open_channel(client: Redis) -> FunctionChannel | None:
         return bound
     pool = client.connection_pool
     settings = pool.connection_kwargs
-    if pool.connection_class is not Connection or any(k in settings for k in _UNSUPPORTED):
+    plain = pool.connection_class is Connection or getattr(
+        pool.connection_class, "plain_tcp_resp", False
+    )
+    if not plain or any(k in settings for k in _UNSUPPORTED):
         return None
     if str(settings.get("protocol") or 2) != "2":
         return None

@@ -257,3 +257,45 @@ async def test_arguments_redis_py_refuses_are_refused(lib: FunctionLibrary) -> N
         with pytest.raises(rexc.DataError):
             await lib.fcall("echo", [], [bad])
     assert await lib.fcall("echo", [], [1.5]) == b"1.5"
+
+
+async def test_many_calls_in_one_write_answer_in_order_with_errors_in_place(
+    lib: FunctionLibrary, redis: Redis
+) -> None:
+    """``fcall_many`` (the producer's batches): replies in order, an error reply in its place.
+
+    The same calls through a redis-py pipeline with ``raise_on_error=False`` give the same list.
+    """
+    await lib.ensure_loaded()
+    channel = channel_of(lib.client)
+    assert channel is not None
+    calls = [([], ["one"]), ([], [2]), ([], ["three"])]
+    replies = await channel.fcall_many(lib.name("echo"), calls)
+    assert replies == [b"one", b"2", b"three"]
+    mixed = await channel.fcall_many(lib.name("boom"), [([], ["a"]), ([], ["b"])])
+    pipe = redis.pipeline(transaction=False)
+    for name, args in (("boom", ["a"]), ("boom", ["b"])):
+        pipe.fcall(lib.name(name), 0, *args)
+    expected = await pipe.execute(raise_on_error=False)
+    assert [(type(r), str(r)) for r in mixed] == [(type(r), str(r)) for r in expected]
+    assert [str(r) for r in mixed] == ["BOOM a", "BOOM b"]
+    assert await channel.fcall_many(lib.name("echo"), []) == []
+
+
+def test_the_channel_runs_on_uvloop(redis_service: str, unique: str) -> None:
+    """The ingress serves on uvloop, whose transports are not asyncio's classes."""
+    import uvloop  # noqa: PLC0415 - only this test needs it
+
+    async def main() -> list[bytes]:
+        client = Redis.from_url(redis_service, socket_timeout=5)
+        channel = open_channel(client)
+        assert channel is not None
+        library = FunctionLibrary(client, _source(unique))
+        try:
+            return [await library.fcall("echo", [], ["on uvloop"])]
+        finally:
+            await channel.aclose()
+            await client.function_delete(f"pl_chan_{unique}_{library.version}")
+            await client.aclose()
+
+    assert uvloop.run(main()) == [b"on uvloop"]

@@ -14,6 +14,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from pipeline.redis_channel import channel_of
 from pipeline.redis_functions import FunctionLibrary, is_missing
 
 LIBRARY = (
@@ -33,15 +34,23 @@ class Functions(FunctionLibrary):
     ) -> list[Any]:
         """Run several ``pl_produce`` calls in one pipeline, in order; errors come back in place.
 
+        Through the client's function channel when one is bound (the transport binds one to a
+        plain TCP client), else through a redis-py pipeline.
+
         If the library is missing, no call in the batch ran (each fails the same way), so the
         whole batch is retried once after reloading, keeping produce order.
         """
         await self.ensure_loaded()
+        channel = channel_of(self.client)
         for attempt in (1, 2):
-            pipe: Pipeline = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.fcall(self.name("pl_produce"), len(keys), *keys, *args)
-            results: list[Any] = await pipe.execute(raise_on_error=False)
+            results: list[Any]
+            if channel is not None:  # one write, replies parsed by hiredis (no pool, no pipeline)
+                results = await channel.fcall_many(self.name("pl_produce"), calls)
+            else:
+                pipe: Pipeline = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.fcall(self.name("pl_produce"), len(keys), *keys, *args)
+                results = await pipe.execute(raise_on_error=False)
             if attempt == 1 and results and all(is_missing(r) for r in results):
                 await self.load()
                 continue

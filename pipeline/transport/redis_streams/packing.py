@@ -21,6 +21,9 @@ from redis.asyncio.connection import Connection
 class OnePassConnection(Connection):
     """A TCP connection whose commands are encoded by hiredis in one pass."""
 
+    plain_tcp_resp = True
+    """Plain TCP and RESP as redis-py's own: a function channel may speak for its pool."""
+
     def pack_command(self, *args: Any) -> list[bytes]:
         """The RESP array of ``args``, as redis-py writes it."""
         name = args[0]

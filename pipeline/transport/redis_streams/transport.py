@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 
 from pipeline.config import Settings
+from pipeline.redis_channel import open_channel
 from pipeline.transport.protocol import RebalanceListener, StartAt
 from pipeline.transport.redis_streams.admin import RedisStreamsAdmin
 from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
@@ -32,6 +33,9 @@ class RedisStreamsTransport:
             decode_responses=False,
         )
         pack_in_one_pass(self.client.connection_pool)
+        # Function calls (produce above all) on one pipelined connection of their own where the
+        # client is plain TCP (pipeline/redis_channel.py); TLS and sockets keep redis-py's path.
+        self._channel = open_channel(self.client)
         self._functions = Functions(self.client)
 
     def producer(self) -> RedisStreamsProducer:
@@ -79,5 +83,7 @@ class RedisStreamsTransport:
         return RedisStreamsAdmin(self.client, self._keys, self._settings.redis.max_len)
 
     async def close(self) -> None:
-        """Close the shared connection pool."""
+        """Close the function channel and the shared connection pool."""
+        if self._channel is not None:
+            await self._channel.aclose()
         await self.client.aclose()
