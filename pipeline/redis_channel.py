@@ -23,7 +23,8 @@ as it arrives cost a fraction of that. A :class:`FunctionChannel` does only that
 TLS or credential provider), binds it to that client, and :meth:`FunctionLibrary.fcall
 <pipeline.redis_functions.FunctionLibrary.fcall>` then sends through it; other clients (TLS,
 Unix sockets, clusters, the in-process fakes) keep redis-py's path. The owner closes the
-channel with the client (``pipeline consume`` does).
+channel with the client (``pipeline consume`` does for its Redis client, the Redis Streams
+transport for its own, whose produce batches go through :meth:`FunctionChannel.fcall_many`).
 """
 
 from __future__ import annotations
