@@ -41,10 +41,12 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
 
 3. **Guarded lane against the bare member** (``bench/guarded.py``, ``bench/lane_process.py``):
    what users run against the runtime alone. One Kafka lane of 4 partitions, ordered,
-   ``--wire-messages`` (default 20,000) messages of 1 KiB over 1,000 keys, produced once per lane
-   declaration, and a no-op handler (``bench/lane_app.py``) that writes one byte per message to a
-   pipe the harness reads and counts. Each consumer is its OWN process, started in a fresh
-   directory holding the lane's ``topics/<name>.yaml`` and the app module, on a fresh group:
+   ``--wire-messages`` (default 100,000: at 60,000-75,000 messages/s, 20,000 made a timed span
+   of 0.3 s, too short to tell the runners apart) messages of 1 KiB over 1,000 keys, produced
+   once per lane declaration, and a no-op handler (``bench/lane_app.py``) that writes one byte
+   per message to a pipe the harness reads and counts. Each consumer is its OWN process, started
+   in a fresh directory holding the lane's ``topics/<name>.yaml`` and the app module, on a fresh
+   group:
 
    * **bare**: a :class:`~pipeline.runtime.member.Member` without Redis and without metrics
      (default ``RuntimeSettings``), as ``bench/peers_bench.py``'s bare worker;
@@ -1300,7 +1302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--wire-messages",
         type=_positive,
-        default=20_000,
+        default=100_000,
         help="messages per run of the guarded-vs-bare part",
     )
     parser.add_argument(
