@@ -16,8 +16,9 @@ At the door, before the app sees a byte:
 * a body over its source's ``max_body_bytes`` (the declared Content-Length first, then the bytes
   as they come) is **413**, counted ``too_large``; the body of any other request is read and
   dropped (nothing else reads one);
-* a body not whole within the app's ``body_timeout_s`` of its head is **408**, counted
-  ``body_timeout``;
+* a request not whole within the app's ``body_timeout_s`` of the read that left it incomplete
+  is **408** (a body counted ``body_timeout``; a head that never ends too), and a connection
+  that sends nothing is closed after ``timeout_keep_alive``;
 * a client gone mid-body is counted ``disconnected``; nothing is stored;
 * bytes that are not HTTP/1.1 are **400**.
 
@@ -141,6 +142,8 @@ class IngressProtocol(asyncio.Protocol):
         """Count the connection for uvicorn's shutdown."""
         self._transport = cast("asyncio.Transport", transport)  # a stream server's (uvloop's)
         self._connections.add(self)
+        # A client that connects and sends nothing is closed like an idle keep-alive one.
+        self._idle = self._loop.call_later(self._keep_alive_s, self._idle_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """A client gone mid-body is counted; a request in flight still finishes (unanswered)."""
@@ -180,7 +183,8 @@ class IngressProtocol(asyncio.Protocol):
             if self._head_bytes > self.max_head_bytes:
                 self._refuse_head()
                 return
-        if self._in_body and self._body_timer is None:
+        if self._body_timer is None and (self._in_body or self._head_bytes is not None):
+            # Inside a request that is not whole yet: it has body_timeout_s from here.
             self._body_timer = self._loop.call_later(self.app.body_timeout_s, self._body_late)
 
     def eof_received(self) -> bool | None:
@@ -305,11 +309,15 @@ class IngressProtocol(asyncio.Protocol):
 
     def _body_late(self) -> None:
         self._body_timer = None
-        if not self._in_body or self._stopped:
+        if self._stopped:
             return
-        if self._source is not None:
-            self.app.counters[self._source.name, "body_timeout"] += 1
-        self._refuse(_refusal(408, "body not received in time"))
+        if self._in_body:
+            if self._source is not None:
+                self.app.counters[self._source.name, "body_timeout"] += 1
+            self._refuse(_refusal(408, "body not received in time"))
+        elif self._head_bytes is not None:
+            log.info("request head not received in time refused (408)")
+            self._refuse(_refusal(408, "request head not received in time"))
 
     def _refuse(self, refusal: _Request) -> None:
         """Answer ``refusal`` after the requests before it, read nothing more, then close."""

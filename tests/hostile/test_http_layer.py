@@ -163,3 +163,18 @@ async def test_a_declared_length_over_the_limit_is_refused_before_the_body(
         counted = ingress.built.app.counters["github", "too_large"]
     assert status_of(answer) == 413
     assert counted == 1
+
+
+async def test_a_head_that_never_ends_is_a_408_and_the_connection_closes(tmp_path: Path) -> None:
+    """Headers dripped without their end hold nothing past the body time limit."""
+    async with running_ingress(tmp_path, GITHUB, body_timeout_s=0.2) as ingress:
+        reader, writer = await asyncio.open_connection("127.0.0.1", ingress.port)
+        writer.write(b"POST /hooks/github HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
+        await writer.drain()
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # until the server closes
+        writer.close()
+        stored = await _stored(ingress)
+    assert status_of(answer) == 408
+    assert b"request head not received in time" in answer
+    assert stored == 0
