@@ -64,7 +64,17 @@ Headers = list[tuple[bytes, bytes]]
 class _Request:
     """One parsed request, or an answer the door gives in its place (``refusal``)."""
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "path", "query", "refusal", "source")
+    __slots__ = (
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "raw_path",
+        "refusal",
+        "source",
+    )
 
     def __init__(
         self,
@@ -76,7 +86,9 @@ class _Request:
         keep_alive: bool,
         source: Source | None,
         refusal: tuple[int, bytes] | None = None,
+        raw_path: bytes = b"",
     ) -> None:
+        self.raw_path = raw_path
         self.method = method
         self.path = path
         self.query = query
@@ -129,6 +141,7 @@ class IngressProtocol(asyncio.Protocol):
         self._in_body = False
         self._method = b""
         self._path = ""
+        self._raw_path = b""
         self._query = b""
         self._source: Source | None = None
         self._limit: int | None = None  # None: the body is dropped
@@ -241,6 +254,7 @@ class IngressProtocol(asyncio.Protocol):
                 return
         parser = self._parser
         url = httptools.parse_url(self._url)
+        self._raw_path = url.path
         path = url.path.decode("latin-1")
         self._path = unquote(path) if "%" in path else path
         self._query = url.query or b""
@@ -289,6 +303,7 @@ class IngressProtocol(asyncio.Protocol):
                 body,
                 self._keep_alive,
                 self._source,
+                raw_path=self._raw_path,
             )
         )
         if not self._busy:
@@ -431,7 +446,7 @@ class IngressProtocol(asyncio.Protocol):
             "scheme": "http",
             "method": request.method.decode("latin-1"),
             "path": request.path,
-            "raw_path": request.path.encode("latin-1"),
+            "raw_path": request.raw_path,
             "root_path": "",
             "query_string": request.query,
             "headers": [

@@ -178,3 +178,15 @@ async def test_a_head_that_never_ends_is_a_408_and_the_connection_closes(tmp_pat
     assert status_of(answer) == 408
     assert b"request head not received in time" in answer
     assert stored == 0
+
+
+async def test_a_path_of_escaped_utf8_is_a_404_not_a_500(tmp_path: Path) -> None:
+    """A request target with percent-escaped UTF-8 (``/hooks/€``) reaches the app's 404."""
+    async with running_ingress(tmp_path, GITHUB) as ingress:
+        reader, writer = await asyncio.open_connection("127.0.0.1", ingress.port)
+        writer.write(b"GET /hooks/%E2%82%AC HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        async with asyncio.timeout(10):
+            ((answer, body),) = await _answers(reader, 1)
+        writer.close()
+    assert status_of(answer) == 404
+    assert json.loads(body) == {"error": "unknown source"}
