@@ -96,15 +96,7 @@ class _Wire(asyncio.Protocol):
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         """Write ``command``; the future settles with its reply (or the connection's failure)."""
-        if self.lost or self.transport is None:
-            raise rexc.ConnectionError("the Redis connection of the function channel is closed")
-        future = self._loop.create_future()
-        deadline = 0.0 if self.timeout_s is None else self._loop.time() + self.timeout_s
-        self.pending.append((future, deadline))
-        self.transport.write(command)
-        if self._timer is None and self.timeout_s is not None:
-            self._timer = self._loop.call_at(deadline, self._check)
-        return future
+        return self.send_many((command,))[0]
 
     def send_many(self, commands: Sequence[bytes]) -> list[asyncio.Future[Any]]:
         """Write ``commands`` in one write; one future per command, settled in order."""
@@ -235,11 +227,8 @@ class FunctionChannel:
         commands = [_pack(("FCALL", function, len(keys), *keys, *args)) for keys, args in calls]
 
         async def attempt() -> list[Any]:
-            wire = self._wire
-            if wire is None or wire.lost:
-                wire = await self._connected()
             replies: list[Any] = []
-            for future in wire.send_many(commands):
+            for future in (await self._live_wire()).send_many(commands):
                 try:
                     replies.append(await future)
                 except rexc.ResponseError as error:
@@ -251,10 +240,14 @@ class FunctionChannel:
         return await self._retry.call_with_retry(attempt, self._dropped)
 
     async def _once(self, command: bytes) -> Any:
+        return await (await self._live_wire()).send(command)
+
+    async def _live_wire(self) -> _Wire:
+        """The open connection, or a new one."""
         wire = self._wire
         if wire is None or wire.lost:
             wire = await self._connected()
-        return await wire.send(command)
+        return wire
 
     async def _dropped(self, _error: Exception) -> None:
         """A failed attempt: a connection that failed is replaced by the next attempt.

@@ -35,6 +35,7 @@ import http
 import logging
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
@@ -61,42 +62,19 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 Headers = list[tuple[bytes, bytes]]
 
 
+@dataclass(slots=True)
 class _Request:
     """One parsed request, or an answer the door gives in its place (``refusal``)."""
 
-    __slots__ = (
-        "body",
-        "headers",
-        "keep_alive",
-        "method",
-        "path",
-        "query",
-        "raw_path",
-        "refusal",
-        "source",
-    )
-
-    def __init__(
-        self,
-        method: bytes,
-        path: str,
-        query: bytes,
-        headers: dict[str, str],
-        body: bytes,
-        keep_alive: bool,
-        source: Source | None,
-        refusal: tuple[int, bytes] | None = None,
-        raw_path: bytes = b"",
-    ) -> None:
-        self.raw_path = raw_path
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.source = source
-        self.refusal = refusal
+    method: bytes
+    path: str
+    query: bytes
+    headers: dict[str, str]
+    body: bytes
+    keep_alive: bool
+    source: Source | None
+    refusal: tuple[int, bytes] | None = None
+    raw_path: bytes = b""
 
 
 def _refusal(status: int, error: str) -> _Request:
@@ -200,10 +178,6 @@ class IngressProtocol(asyncio.Protocol):
             # Inside a request that is not whole yet: it has body_timeout_s from here.
             self._body_timer = self._loop.call_later(self.app.body_timeout_s, self._body_late)
 
-    def eof_received(self) -> bool | None:
-        """The client finished sending: answer what it sent, then close (the default)."""
-        return None
-
     def pause_writing(self) -> None:
         """The socket's buffer is full: read no more requests until it drains."""
         self._write_paused = True
@@ -293,7 +267,7 @@ class IngressProtocol(asyncio.Protocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        body = b"".join(self._body)  # one part: that part itself, not a copy
         self._waiting.append(
             _Request(
                 self._method,
