@@ -160,17 +160,21 @@ async def test_full_runner_hands_its_timer_to_a_free_one(redis_service, lane):
 
     async with members(redis_service, 3) as (producer, *clients):
         recorder = Debouncer(producer, PREFIX, lane, POLICY)
+        # "next" falls due well after the runner that took "hold" has gone back to sleep
+        later = Debouncer(producer, PREFIX, lane, POLICY.model_copy(update={"quiet_s": 0.3}))
         debouncers = [Debouncer(c, PREFIX, lane, POLICY) for c in clients]
         runners = [
             TurnRunner(d, holding(i), max_concurrency=1, poll_interval_ms=NEVER_MS)
             for i, d in enumerate(debouncers)
         ]
         async with running(*runners):
-            await blocked(*debouncers)
-            await recorder.record("hold", message(0))  # one wake-up: one runner takes both
-            await recorder.record("next", message(1))  # due after it: no wake-up of its own
-            await eventually(lambda: "next" in ran)
-            release.set()
+            try:
+                await blocked(*debouncers)
+                await recorder.record("hold", message(0))  # one wake-up: one runner takes both
+                await later.record("next", message(1))  # due after it: no wake-up of its own
+                await eventually(lambda: "next" in ran)
+            finally:
+                release.set()  # the held turn ends either way, so the runners can stop
         assert ran["next"] != ran["hold"]
         assert sum(d.stats.wakeups for d in debouncers) == 2  # the record's, the hand-over's
 
@@ -189,3 +193,21 @@ async def test_a_busy_step_passes_the_timer_to_the_next_blocked_runner(redis, la
     assert await redis.lrange(debounce_keys.wake_key(PREFIX, lane), 0, -1) == [str(c_due).encode()]
     calm = await later.step(10, pass_at=2)  # nothing due: the caller takes the timer
     assert (calm.turns, calm.timer_ms) == ((), c_due)
+
+
+async def test_a_handed_over_timer_is_kept_by_a_runner_that_steps_early(redis, lane):
+    """The runner a full one hands its timer to takes it even when it steps before the due time.
+
+    Its clock offset from Redis is an estimate, so its timer can fire a little early: the step
+    then leases nothing, and the timer must still be its own (the full runner gave it up).
+    """
+    due_now = Debouncer(redis, PREFIX, lane, POLICY.model_copy(update={"max_batch": 1}))
+    later = Debouncer(redis, PREFIX, lane, POLICY.model_copy(update={"quiet_s": 30.0}))
+    await due_now.record("hold", message(0))  # a full buffer: due at once
+    c_due = await later.record("c", message(1))
+    full = await due_now.step(1)  # leases "hold" and takes the timer for "c"
+    assert ([t.key for t in full.turns], full.timer_ms) == (["hold"], c_due)
+    await redis.delete(debounce_keys.wake_key(PREFIX, lane))  # the records' own wake-ups
+    await due_now.wake(c_due)  # no free slot when its timer fires: handed over
+    woken = await later.step(1)  # the woken runner steps early: nothing due yet
+    assert (woken.turns, woken.timer_ms) == ((), c_due)

@@ -194,7 +194,7 @@ class DebounceFunctions(FunctionLibrary):
 
     async def wake(self, due_ms: int) -> None:
         """``db_wake``: hand the timer for ``due_ms`` to a runner blocked on the wake list."""
-        await self.fcall("db_wake", [self.wake_key], [due_ms])
+        await self.fcall("db_wake", [self.wake_key, self.armed_key], [due_ms, self.grace_ms])
 
     async def wait_wake(self, client: Redis, timeout_s: float) -> int | None:
         """Block on the wake list at most ``timeout_s``; the due time popped, or None.

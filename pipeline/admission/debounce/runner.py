@@ -175,7 +175,7 @@ class TurnRunner:
             await self._hand_over()
             return 0.0
         wake_at = min(self._flush_at, self._last_step + self._poll_s)
-        if free > 0:
+        if free > 0 or not self._timer_woken:  # a full runner wakes to hand its timer over
             wake_at = min(wake_at, timer_at)
         return max(wake_at - now, 0.0005)
 

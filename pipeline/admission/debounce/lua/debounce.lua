@@ -276,9 +276,18 @@ local function step(keys, args)
 end
 
 -- db_wake: hand the timer for due time ARGV[1] to a blocked runner (its holder cannot claim).
--- KEYS[1] wake list
+-- KEYS[1] wake list   KEYS[2] armed
+-- ARGV[1] due_ms   ARGV[2] grace_ms
+-- The armed time becomes the wake-up's (no owner), unless an earlier one is armed: the runner
+-- the wake-up reaches takes the timer even if its step comes before the due time.
 local function wake(keys, args)
-  redis.call('LPUSH', keys[1], args[1])
+  local due = tonumber(args[1])
+  local armed = armed_of(keys[2])
+  if not armed or armed >= due then
+    local now = now_ms()
+    redis.call('SET', keys[2], due .. ':', 'PX', math.max(due - now, 0) + tonumber(args[2]))
+  end
+  redis.call('LPUSH', keys[1], due)
   redis.call('LTRIM', keys[1], 0, WAKE_KEEP)
   return 1
 end
