@@ -157,6 +157,11 @@ class RuntimeSettings(_Section):
     """First deliveries of guarded lanes run without a start mark of their own, under offset
     ranges claimed per partition (``runtime/claims.py``); off: every message is marked."""
     commit_interval_ms: int = Field(default=500, ge=10)
+    liveness_ms: int = Field(default=5_000, ge=100)
+    """A member renews its liveness in Redis every commit tick and counts as alive this long
+    after: a copy of a message it started, read by another member meanwhile, waits for it
+    (it lost the partition to a stall) instead of running beside it as a suspect. After a
+    crash, that copy waits at most this long. At least twice ``commit_interval_ms``."""
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     """How long in-flight handlers may finish on shutdown or revocation."""
     mark_processed: bool = False
@@ -186,6 +191,16 @@ class RuntimeSettings(_Section):
     """Interface of the member's metrics endpoint (``0.0.0.0`` in a container)."""
     metrics_interval_s: float = Field(default=15.0, gt=0)
     """How often the member's metrics snapshot (group lag and age) is refreshed."""
+
+    @model_validator(mode="after")
+    def _liveness_outlasts_ticks(self) -> RuntimeSettings:
+        if self.liveness_ms < 2 * self.commit_interval_ms:
+            raise ValueError(
+                f"liveness_ms ({self.liveness_ms}) must be at least twice commit_interval_ms"
+                f" ({self.commit_interval_ms}), which renews it: raise"
+                " PIPELINE_RUNTIME__LIVENESS_MS"
+            )
+        return self
 
 
 class DynamicLimitSettings(_Section):

@@ -3,7 +3,7 @@
 **Start marks (poison detection).** Before a message runs, a mark ``starts|position`` is written
 for its id (where it was first delivered, stable across retry tiers); when it ends, the mark is
 deleted. The mark names the member process that wrote it, and each process renews its
-liveness every commit tick (``gd_live``, ``LIVE_MS``). A copy that finds a mark of its own
+liveness every commit tick (``gd_live``, ``live_ms``). A copy that finds a mark of its own
 position written by another process that is still alive waits (``busy``): that process lost the
 partition to a stall, not a crash, and still runs the copy. Otherwise the copy was started
 before and never finished (its member died, or lost it mid-run): a *suspect*, which the member
@@ -67,9 +67,9 @@ Decision = Literal[
 ]
 Ending = Literal["done", "parked", "dead"]
 LIVE_MS = 5_000
-"""How long a member process counts as alive after its last renewal (every commit tick). A copy
-of one of its starts read by another process meanwhile waits for it; after a crash, suspects
-wait at most this long."""
+"""How long a member process counts as alive after its last renewal (every commit tick), by
+default (``runtime.liveness_ms``). A copy of one of its starts read by another process meanwhile
+waits for it; after a crash, suspects wait at most this long."""
 RELEASED_POSITION = "rel"
 """The position of a start made by releasing a held follower."""
 
@@ -157,11 +157,19 @@ class GuardStore:
     """Typed wrappers around the ``gd_*`` functions for one lane."""
 
     def __init__(
-        self, client: Redis, prefix: str, lane: str, *, ttl_ms: int, lease_ms: int = 15_000
+        self,
+        client: Redis,
+        prefix: str,
+        lane: str,
+        *,
+        ttl_ms: int,
+        lease_ms: int = 15_000,
+        live_ms: int = LIVE_MS,
     ) -> None:
         """Keep the guard state of ``lane`` under ``prefix`` for ``ttl_ms`` after each change.
 
-        ``lease_ms`` is how long a release stays with its member without a renewal.
+        ``lease_ms`` is how long a release stays with its member without a renewal;
+        ``live_ms`` how long this member process counts as alive after each :meth:`live`.
         """
         self._client = client
         self._functions = FunctionLibrary(client, LIBRARY)
@@ -169,6 +177,7 @@ class GuardStore:
         self.keys: GuardKeys = guard_keys(prefix, lane)
         self.ttl_ms = ttl_ms
         self.lease_ms = lease_ms
+        self.live_ms = live_ms
         self.instance = uuid.uuid4().hex[:16]
         """This member process: written into its start marks, alive while it renews (gd_live)."""
         self._live_sent = False
@@ -185,7 +194,7 @@ class GuardStore:
         k = self.keys
         now_ms = int(time.time() * 1000)
         # The first call also says this process is alive; the member's tick renews it (live()).
-        live_until = "" if self._live_sent else str(now_ms + LIVE_MS)
+        live_until = "" if self._live_sent else str(now_ms + self.live_ms)
         text = await self._functions.fcall(
             "gd_begin",
             [k.run, k.gone, k.parked, k.alone, k.live],
@@ -302,7 +311,7 @@ class GuardStore:
         return [_release(_text(flat[i]), *flat[i + 1 : i + 4]) for i in range(0, len(flat), 4)]
 
     async def live(self) -> None:
-        """Say this member process is alive for ``LIVE_MS`` more (``FCALL gd_live``).
+        """Say this member process is alive for ``live_ms`` more (``FCALL gd_live``).
 
         While it is, a copy of one of its running starts read by another member process waits
         (``busy``) instead of running beside it as a suspect.
@@ -310,7 +319,7 @@ class GuardStore:
         now_ms = int(time.time() * 1000)
         try:
             await self._functions.fcall(
-                "gd_live", [self.keys.live], [self.instance, now_ms + LIVE_MS, now_ms]
+                "gd_live", [self.keys.live], [self.instance, now_ms + self.live_ms, now_ms]
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not renew this member's liveness: %s", exc)
@@ -415,10 +424,14 @@ def start_of(message: Message, *, ordered: bool) -> Start:
     return Start(message_id(message), encode_key(message.key), at, ordered, attempt)
 
 
-def lane_guards(client: Redis, prefix: str, specs: Sequence[TopicSpec]) -> dict[str, GuardStore]:
+def lane_guards(
+    client: Redis, prefix: str, specs: Sequence[TopicSpec], *, live_ms: int = LIVE_MS
+) -> dict[str, GuardStore]:
     """The guard store of each lane; its state outlives the lane's retry path plus an hour."""
     out = {}
     for spec in specs:
         ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
-        out[spec.lane] = GuardStore(client, prefix, spec.lane, ttl_ms=ttl_ms + 3_600_000)
+        out[spec.lane] = GuardStore(
+            client, prefix, spec.lane, ttl_ms=ttl_ms + 3_600_000, live_ms=live_ms
+        )
     return out

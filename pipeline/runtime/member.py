@@ -139,7 +139,9 @@ class Member:
             metrics=metrics,
         )
         stores = (
-            lane_guards(redis, redis_prefix, [c.spec for c in chosen]) if redis is not None else {}
+            lane_guards(redis, redis_prefix, [c.spec for c in chosen], live_ms=settings.liveness_ms)
+            if redis is not None
+            else {}
         )
         self._guard = RunGuard(
             stores,

@@ -111,7 +111,10 @@ class TestApp:
                 ``offload:`` (``file://<payloads>/<lane>``); default: the declared stores.
         """
         self.settings = settings or load_settings(
-            runtime={"commit_interval_ms": COMMIT_INTERVAL_MS}
+            runtime={
+                "commit_interval_ms": COMMIT_INTERVAL_MS,
+                "liveness_ms": 10 * COMMIT_INTERVAL_MS,
+            }
         )
         self.clock = clock or VirtualClock()
         self.recorder = Recorder()

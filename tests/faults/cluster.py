@@ -125,6 +125,7 @@ class Cluster:
             "PIPELINE_MEMBERSHIP__SLOT_DIR": str(self.directory / "slots"),  # member name slots
             "PIPELINE_RUNTIME__MARK_PROCESSED": "true",
             "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "100",
+            "PIPELINE_RUNTIME__LIVENESS_MS": "1500",  # a crashed member's suspects wait this long
             "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "2",
             "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
             "PIPELINE_INGRESS__SQLITE_PATH": str(self.directory / "ingress.db"),

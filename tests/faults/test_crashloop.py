@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ENV = {
     "PIPELINE_RUNTIME__MARK_PROCESSED": "false",  # no ingress: the events have no log rows
     "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "500",  # the default, as deployed
+    "PIPELINE_RUNTIME__LIVENESS_MS": "5000",  # the default, as deployed
     # The default: a killed member keeps its Kafka partitions this long (the suite's 3 s hid
     # the stale retry-tier copies of issue 13 on Kafka).
     "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "10000",

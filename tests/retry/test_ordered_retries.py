@@ -133,6 +133,7 @@ async def _crash_until_done(
         "POISON_TOPIC": topic,
         "POISON_DONE": done_key,
         "PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "50",
+        "PIPELINE_RUNTIME__LIVENESS_MS": "1500",  # a crashed member's suspects wait this long
         "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "3000",
         "PIPELINE_REDIS__LEASE_MS": "1500",
         "PIPELINE_REDIS__HEARTBEAT_MS": "100",
