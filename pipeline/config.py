@@ -160,8 +160,9 @@ class RuntimeSettings(_Section):
     liveness_ms: int = Field(default=5_000, ge=100)
     """A member renews its liveness in Redis every commit tick and counts as alive this long
     after: a copy of a message it started, read by another member meanwhile, waits for it
-    (it lost the partition to a stall) instead of running beside it as a suspect. After a
-    crash, that copy waits at most this long. At least twice ``commit_interval_ms``."""
+    (it lost the partition to a stall) instead of running beside it as a suspect. The leases
+    of its follower releases and of its ``ctx.once`` claims are as long. So after a crash its
+    work waits at most this long for another member. At least twice ``commit_interval_ms``."""
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     """How long in-flight handlers may finish on shutdown or revocation."""
     mark_processed: bool = False

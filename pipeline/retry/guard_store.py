@@ -427,11 +427,15 @@ def start_of(message: Message, *, ordered: bool) -> Start:
 def lane_guards(
     client: Redis, prefix: str, specs: Sequence[TopicSpec], *, live_ms: int = LIVE_MS
 ) -> dict[str, GuardStore]:
-    """The guard store of each lane; its state outlives the lane's retry path plus an hour."""
+    """The guard store of each lane; its state outlives the lane's retry path plus an hour.
+
+    ``live_ms`` is both this process's liveness and its release leases (both renewed every
+    commit tick): after a crash, its suspects and its releases wait this long.
+    """
     out = {}
     for spec in specs:
         ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
         out[spec.lane] = GuardStore(
-            client, prefix, spec.lane, ttl_ms=ttl_ms + 3_600_000, live_ms=live_ms
+            client, prefix, spec.lane, ttl_ms=ttl_ms + 3_600_000, lease_ms=live_ms, live_ms=live_ms
         )
     return out

@@ -10,7 +10,8 @@ event (same event id, or same origin message) already ran it to success. What it
   if the claim is still held after that does it raise ``Retry`` and come back later;
 * if ``send()`` raises, nothing is recorded and a retry may run it again;
 * the claim is renewed every third of ``lease_ms`` while ``send()`` runs, so a long effect keeps
-  it; if the process dies, the claim lapses within ``lease_ms`` (default 15 s) and a redelivery
+  it; if the process dies, the claim lapses within ``lease_ms`` (the member passes
+  ``runtime.liveness_ms``, 5 s, how long it counts as alive anywhere else) and a redelivery
   takes it over. If it dies after ``send()`` finished but before the record (one Redis round
   trip), the next delivery runs it again. Side effects that must
   never repeat even then need the receiving end's own idempotency key: pass ``ctx.event_id``.

@@ -122,7 +122,11 @@ class Member:
             chosen,
             cpu_workers=settings.cpu_workers,
             throttled=throttle is not None,
-            idempotency=IdempotencyGuard(redis, redis_prefix) if redis is not None else None,
+            idempotency=(
+                IdempotencyGuard(redis, redis_prefix, lease_ms=settings.liveness_ms)
+                if redis is not None
+                else None
+            ),
             metrics=metrics,
             turn_metrics=turn_metrics,
             rows_finished=self._rows_finished,
