@@ -96,7 +96,10 @@ async def test_broker_paused_past_session_timeout(
     (at,) = thresholds(seed=19, count=1, total=N)
     faults = [Fault("broker SIGSTOP", at, pause)]
     scenario = Scenario("broker paused", make_events(N, KEYS), faults, strict_order=False)
-    await run(cluster, scenario)
+    result = await run(cluster, scenario)
+    # A member whose session timed out is often fenced by its own rejoin (librdkafka#3437):
+    # it rejoins with a new client instead of exiting.
+    assert result["crashes"] == {}, result["crashes"]
 
 
 @TRANSPORTS

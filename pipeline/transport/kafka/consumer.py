@@ -23,6 +23,7 @@ from confluent_kafka import TopicPartition as _RawTP
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import ConfigError, TransportError
+from pipeline.transport.kafka.client_log import SessionLog
 from pipeline.transport.kafka.consumer_thread import ConsumerThread
 from pipeline.transport.kafka.errors import translate
 from pipeline.transport.kafka.group import (
@@ -37,6 +38,8 @@ from pipeline.transport.protocol import RebalanceListener, StartAt
 log = logging.getLogger(__name__)
 _POLL_SLICE_S = 0.05
 _REJOIN_BACKOFF_S = 1.0
+_SELF_FENCE_WINDOW_S = 10.0
+"""A fence this soon after the consumer's own session timed out is its own rejoin's doing."""
 T = TypeVar("T")
 
 _IGNORED = {KafkaError._PARTITION_EOF}  # noqa: SLF001 - librdkafka's local error code
@@ -98,6 +101,7 @@ class KafkaConsumer:
         self._assigned: set[TopicPartition] = set()
         self._worker = ConsumerThread(f"kafka-consumer-{group}")
         self._raw_consumer: Any = None
+        self._session_log = SessionLog(logging.getLogger("pipeline.librdkafka"))
         self._rejoin_at = 0.0
         self._subscribed = False
         self._closed = False
@@ -123,7 +127,9 @@ class KafkaConsumer:
             instance=self.instance,
         )
         try:
-            raw = _RawConsumer({**config, "auto.offset.reset": self._start_at})
+            raw = _RawConsumer(
+                {**config, "auto.offset.reset": self._start_at, "logger": self._session_log}
+            )
         except KafkaException as exc:
             problem = client_error(exc, protocol)
             if problem is not None:
@@ -251,6 +257,10 @@ class KafkaConsumer:
         ``group.instance.id`` until its session on the broker expires, and its replacement is
         refused with UNRELEASED_INSTANCE_ID, which librdkafka makes fatal. The replacement
         retries with a new client every second until the broker lets the name go.
+
+        A fence right after this consumer's own session timed out is its own doing (see
+        :mod:`.client_log`): it rejoins with a new client once. Any other fence is a second
+        live member with the same name, and stops this one.
         """
         text = err.str()
         self._close_raw()
@@ -259,6 +269,15 @@ class KafkaConsumer:
             self._rejoin_at = time.monotonic() + _REJOIN_BACKOFF_S
             return
         if "fenced" in text.lower():
+            if self._session_log.lost_session_within(_SELF_FENCE_WINDOW_S):
+                log.warning(
+                    "member %s of %s was fenced by its own rejoin after its session timed out;"
+                    " rejoining with a new client",
+                    self.instance,
+                    self._group,
+                )
+                self._rejoin_at = time.monotonic() + _REJOIN_BACKOFF_S
+                return
             raise ConfigError(
                 f"member {self.instance!r} of group {self._group!r} was fenced: another live"
                 " member uses the same --instance name; give each member its own"
