@@ -1,15 +1,17 @@
-"""The exporting process: records from the traced process in, OTLP spans out (the SDK's exporter).
+"""The exporting process: records from the traced process in, OTLP spans out.
 
 Run by :class:`pipeline.tracing.shipper.Shipper` as ``python -m pipeline.tracing.export
 SERVICE``; reads length-prefixed marshalled lists of :mod:`.record` tuples on its standard input
-until it closes, makes each an OpenTelemetry SDK ``ReadableSpan`` (a delivery becomes its five
-spans, with the ``messaging.*`` attributes built here from the message's fields) and exports
-them with the SDK's OTLP/HTTP exporter, in batches of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``. The
-exporter reads its own ``OTEL_EXPORTER_OTLP_*`` variables; the resource its
-``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process
-keeps the SDK's per-span work and the encoding off its interpreter lock; the process runs at a
-lower priority (Linux's idle scheduling class, else ``nice`` 10) so that exporting never takes
-CPU time from the messages.
+until it closes, writes each as OTLP ``Span`` messages (a delivery becomes its spans, with the
+``messaging.*`` attributes built here from the message's fields: :mod:`.wire_delivery`; other
+spans: :mod:`.otlp`) and sends them with the SDK's OTLP/HTTP exporter's own client, in requests
+of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans. An exporter without such a client gets the SDK's
+``ReadableSpan`` objects (:class:`Spans`) instead. The exporter reads its own
+``OTEL_EXPORTER_OTLP_*`` variables; the resource its ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process keeps the per-span work and
+the encoding off its interpreter lock; the process runs at a lower priority (Linux's idle
+scheduling class, else ``nice`` 10) so that exporting never takes CPU time from the messages
+on a core they want.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from pipeline.heap import freeze_startup
 from pipeline.tracing import otlp
 from pipeline.tracing.record import DELIVERY, Record, new_span_id, new_trace_id, parse
+from pipeline.tracing.wire_delivery import delivery_spans, int_or
 
 HEADER = struct.Struct(">I")
 READY = b"r"
@@ -135,7 +138,7 @@ class Spans:
             "messaging.destination.partition.id": str(partition),
             "messaging.message.id": f"{partition}-{offset}",
             "pipeline.lane": lane,
-            "pipeline.attempt": _int(attempt, 1),
+            "pipeline.attempt": int_or(attempt, 1),
             "pipeline.delivery_count": count,
         }
         if tenant:
@@ -224,7 +227,17 @@ class Spans:
 
 
 class WireSpans(Spans):
-    """Turns records into OTLP ``Span`` messages directly (:mod:`.otlp`), without SDK objects."""
+    """Turns records into OTLP ``Span`` messages directly (:mod:`.otlp`), without SDK objects.
+
+    A delivery's spans come from :func:`.wire_delivery.delivery_spans`, which writes the same
+    bytes from parts kept encoded.
+    """
+
+    def of(self, record: Record) -> Iterator[Any]:
+        """The encoded span a ``SPAN`` record is, or the spans of a ``DELIVERY``."""
+        if record[0] == DELIVERY:
+            return iter(delivery_spans(record))
+        return super().of(record)
 
     def _span(
         self,
@@ -261,13 +274,6 @@ def _context(trace_id: int, span_id: int) -> SpanContext:
     return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
 
 
-def _int(raw: bytes | None, default: int) -> int:
-    try:
-        return int(raw) if raw is not None else default
-    except ValueError:
-        return default
-
-
 def batches(stream: BinaryIO) -> Iterator[list[Record]]:
     """The record lists written to ``stream``, until it closes."""
     while True:
@@ -290,7 +296,8 @@ def main() -> None:
     exporter = OTLPSpanExporter()
     send = _raw_sender(exporter)
     spans = WireSpans(resource) if send is not None else Spans(resource)
-    size = max(1, _int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None, 512))
+    size_setting = os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None
+    size = max(1, int_or(size_setting, 512))
     freeze_startup()  # full collections skip the SDK's and the exporter's start-up objects
     sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
     sys.stdout.buffer.flush()

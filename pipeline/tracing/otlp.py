@@ -123,29 +123,80 @@ def span(
     if parent_id:
         out += (b"\x22\x08", parent_id.to_bytes(8, "big"))
     out += (
-        _str(5, name),
-        b"\x30",
-        varint(kind),
-        b"\x39",
-        _FIXED64.pack(start_ns),
-        b"\x41",
-        _FIXED64.pack(end_ns),
+        name_and_kind(name, kind),
+        TIMES.pack(0x39, start_ns, 0x41, end_ns),
         attributes(9, attrs),
+        span_events(events),
     )
-    for event_name, at_ns, event_attrs in events or ():
-        out.append(
-            _len(
-                11,
-                b"\x09" + _FIXED64.pack(at_ns) + _str(2, event_name) + attributes(3, event_attrs),
-            )
-        )
     for link_trace, link_span in links or ():
         body = b"\x0a\x10" + link_trace.to_bytes(16, "big") + b"\x12\x08"
         out.append(_len(13, body + link_span.to_bytes(8, "big")))
-    if error is not None:
-        out.append(_len(15, _str(2, error) + b"\x18" + varint(STATUS_ERROR)))
-    out += (b"\x85\x01", _FIXED32.pack(SAMPLED_FLAGS))
-    return _len(2, b"".join(out))
+    out += (status(error), FLAGS)
+    return spans_field(b"".join(out))
+
+
+TIMES = struct.Struct("<BQBQ")
+"""A span's start and end (fields 7 and 8, fixed64), packed as ``(0x39, start, 0x41, end)``."""
+FLAGS = b"\x85\x01" + _FIXED32.pack(SAMPLED_FLAGS)
+"""A span's last field, its flags (16, fixed32)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def name_and_kind(name: str, kind: int) -> bytes:
+    """A span's name (field 5) and kind (6)."""
+    return _str(5, name) + b"\x30" + varint(kind)
+
+
+def span_events(events: Iterable[tuple[str, int, Mapping[str, Any] | None]] | None) -> bytes:
+    """A span's events (field 11): name, time and attributes of each."""
+    if not events:
+        return b""
+    return b"".join(
+        _len(11, b"\x09" + _FIXED64.pack(at_ns) + _str(2, event_name) + attributes(3, attrs))
+        for event_name, at_ns, attrs in events
+    )
+
+
+def status(error: str | None) -> bytes:
+    """A span's status (field 15): an error with its message, or nothing (unset)."""
+    if error is None:
+        return b""
+    return _len(15, _str(2, error) + b"\x18" + varint(STATUS_ERROR))
+
+
+def spans_field(body: bytes) -> bytes:
+    """A ``Span`` message's ``body`` as the ``spans`` field (2) of a ``ScopeSpans``."""
+    return _len(2, body)
+
+
+@functools.lru_cache(maxsize=4096)
+def attribute_key(key: str) -> bytes:
+    """A ``KeyValue``'s key (field 1), kept encoded for :func:`string_attribute` and kin."""
+    return _str(1, key)
+
+
+def string_attribute(key: bytes, value: str) -> bytes:
+    """A span attribute (field 9) whose value is a string seen once: not kept in a cache.
+
+    ``key`` from :func:`attribute_key`.
+    """
+    raw = value.encode()
+    return _attribute(key, _len(1, raw))
+
+
+def int_attribute(key: bytes, value: int) -> bytes:
+    """A span attribute (field 9) whose value is an int seen once (``key`` as above)."""
+    return _attribute(key, b"\x18" + varint(value))
+
+
+def _attribute(key: bytes, any_value_body: bytes) -> bytes:
+    return _len(9, key + _len(2, any_value_body))
+
+
+@functools.lru_cache(maxsize=16384, typed=True)
+def attribute(key: str, value: str | float) -> bytes:
+    """A span attribute (field 9) with a scalar value that repeats, kept encoded."""
+    return _len(9, _key_value(key, value))
 
 
 def request(resource: Mapping[str, Any], scope: str, spans: Sequence[bytes]) -> bytes:

@@ -1,14 +1,16 @@
 """The exporting process's own OTLP encoding says exactly what the SDK's encoder says.
 
-The same records (a delivery with every optional part, a failed span with events and links,
-attributes of every type) go through both paths of ``pipeline.tracing.export``: the SDK's
-spans encoded by the SDK, and :mod:`pipeline.tracing.otlp`'s wire format. Both requests are
+The same records (a delivery with every optional part and in each of its other shapes, a failed
+span with events and links, attributes of every type) go through both paths of
+``pipeline.tracing.export``: the SDK's spans encoded by the SDK, and the wire format of
+:mod:`pipeline.tracing.otlp` and :mod:`pipeline.tracing.wire_delivery`. Both requests are
 decoded with ``opentelemetry-proto`` and must hold the same spans, field by field.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -122,3 +124,51 @@ def test_varints_of_every_size_and_negative_int64() -> None:
             shift += 7
         assert decoded == value
     assert len(otlp.varint(-1)) == 10
+
+
+def _delivery(**changes: object) -> Record:
+    """The delivery of :func:`records` with some of its fields changed (by name)."""
+    fields = [
+        *("kind", "carried", "produced", "entered", "admitted", "keys", "priority"),
+        *("guard_id", "guard_start", "guard_end", "handler_start", "handler_end", "failure"),
+        *("end", "system", "topic", "partition", "offset", "lane", "attempt", "count"),
+        *("tenant", "key", "outcome", "events", "guard_events"),
+    ]
+    values = dict(zip(fields, records()[0], strict=True))
+    unknown = set(changes) - set(fields)
+    assert not unknown, unknown
+    values.update(changes)
+    return tuple(values[name] for name in fields)
+
+
+DELIVERY_VARIANTS = {
+    "traceparent as it came": _delivery(carried=TRACEPARENT),
+    "no traceparent": _delivery(carried=None),
+    "malformed traceparent": _delivery(carried=b"00-not-a-traceparent"),
+    "redis, no offset attribute": _delivery(system="redis", offset=7, partition=0),
+    "no key, no tenant, first attempt": _delivery(key=None, tenant=None, attempt=None),
+    "attempt not a number": _delivery(attempt=b"two"),
+    "unrouted": _delivery(outcome=None, events=None),
+    "no throttle, guard id made here": _delivery(keys=None, admitted=0, guard_id=0),
+    "no guard": _delivery(guard_id=0, guard_start=0, guard_end=0, guard_events=None),
+    "guard still open at the end": _delivery(guard_end=0),
+    "not produced here": _delivery(produced=0),
+    "handler not run": _delivery(handler_start=0, handler_end=0, failure=None),
+    "handler succeeded": _delivery(failure=None, outcome="handled", events=[]),
+    "key and tenant not UTF-8": _delivery(key=b"\xff\xfe", tenant=b"\xc3"),
+    "offset of many bytes": _delivery(offset=2**40 + 3, partition=130),
+    "admitted before it entered": _delivery(admitted=T0 - 10),
+}
+
+
+def test_every_shape_of_delivery_is_written_as_the_sdk_writes_it() -> None:
+    """The delivery encoder's parts kept per partition and lane change nothing in the output."""
+    resource = Resource.create({"service.name": "pipeline-test"})
+    for label, record in DELIVERY_VARIANTS.items():
+        state = random.getstate()
+        sdk_spans = list(Spans(resource).of(record))
+        random.setstate(state)  # the same ids made here, for a record that has none
+        wire_spans = list(WireSpans(resource).of(record))
+        ours = otlp.request(resource.attributes, SCOPE, wire_spans)
+        theirs = encode_spans(sdk_spans).SerializeToString()
+        assert _spans(ours) == _spans(theirs), label
