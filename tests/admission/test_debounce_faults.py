@@ -25,6 +25,8 @@ from pipeline.topics.spec import DebouncePolicy
 pytestmark = pytest.mark.redis
 PREFIX = "pltest"
 POLICY = DebouncePolicy(key="conversation_id", quiet_s=0.1, max_wait_s=5.0, max_batch=100)
+WATCHDOG_MS = 60_000  # far beyond TAKEOVER_BOUND_S: a watchdog claim cannot run the turn
+TAKEOVER_BOUND_S = 20.0  # generous against lease + grace (2 s) on a loaded machine
 
 # A member that claims the lane's turns and hangs in its callback until it is killed.
 MEMBER = textwrap.dedent(
@@ -69,7 +71,13 @@ async def running(runner: TurnRunner) -> AsyncIterator[None]:
 
 
 async def test_turn_of_a_member_killed_after_claiming_still_fires(redis_service, unique):
-    """A member killed with SIGKILL while holding a turn: another member runs it after the lease."""
+    """A member killed with SIGKILL while holding a turn: another member runs it after the lease.
+
+    The killed member held the lane's timer (for its own lease's expiry). The runner started
+    afterwards is told so by its first step and steps again when that hold expires in Redis
+    (a grace period after the lease): it runs the turn then, not at its watchdog, which is
+    set far beyond the wait allowed here.
+    """
     lane = f"deb_{unique}"
     client = Redis.from_url(redis_service)
     debouncer = Debouncer(client, PREFIX, lane, POLICY, lease_ms=1000)
@@ -92,8 +100,11 @@ async def test_turn_of_a_member_killed_after_claiming_still_fires(redis_service,
         return True
 
     try:
-        async with running(TurnRunner(debouncer, keep)):
-            await eventually(lambda: turns)
+        async with running(TurnRunner(debouncer, keep, poll_interval_ms=WATCHDOG_MS)):
+            try:  # due at the lease's end (1 s), run a grace period (1 s) later
+                await asyncio.wait_for(eventually(lambda: turns), TAKEOVER_BOUND_S)
+            except TimeoutError:
+                pytest.fail(f"the dead member's turn did not run within {TAKEOVER_BOUND_S} s")
     finally:
         async for key in client.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, lane)}*"):
             await client.delete(key)
@@ -107,9 +118,10 @@ async def test_runner_killed_mid_turn_loses_nothing_to_a_runner_already_waiting(
 ):
     """A member killed mid-turn while another waits blocked: every message still runs, once.
 
-    The killed member held the lane's timer; the waiting runner is not woken by anyone, so its
-    watchdog claims the turn once the lease has run out. A message recorded while the dead
-    turn held the key runs in the next turn.
+    The killed member held the lane's timer; no record wakes the waiting runner, so its
+    watchdog, or its backup step when the killed member's hold of the timer expires, claims the
+    turn once the lease has run out. A message recorded while the dead turn held the key runs
+    in the next turn.
     """
     lane = f"deb_{unique}"
     client = Redis.from_url(redis_service)

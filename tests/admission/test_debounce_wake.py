@@ -17,6 +17,7 @@ from runtime.helpers import eventually
 
 from pipeline.admission.debounce import Debouncer, Turn, TurnRunner
 from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.debouncer import GRACE_MS
 from pipeline.envelope import Message
 from pipeline.topics.spec import DebouncePolicy
 
@@ -211,3 +212,54 @@ async def test_a_handed_over_timer_is_kept_by_a_runner_that_steps_early(redis, l
     await due_now.wake(c_due)  # no free slot when its timer fires: handed over
     woken = await later.step(1)  # the woken runner steps early: nothing due yet
     assert (woken.turns, woken.timer_ms) == ((), c_due)
+
+
+async def test_a_step_told_of_another_holder_returns_when_its_hold_expires(redis, lane):
+    """A step that leases nothing while another runner holds the timer gets that hold's expiry.
+
+    That is when its runner steps again, in case the holder died; the holder itself, and a
+    runner that takes the timer, get none.
+    """
+    later = Debouncer(redis, PREFIX, lane, POLICY.model_copy(update={"quiet_s": 30.0}))
+    other = Debouncer(redis, PREFIX, lane, POLICY)
+    c_due = await later.record("c", message(0))
+    held = await later.step(1)  # nothing due: takes the timer for "c"
+    assert (held.turns, held.timer_ms, held.backup_ms) == ((), c_due, None)
+    told = await other.step(1)
+    assert (told.turns, told.timer_ms) == ((), None)
+    assert told.backup_ms == await redis.pexpiretime(debounce_keys.armed_key(PREFIX, lane))
+    assert told.backup_ms is not None
+    assert told.backup_ms >= c_due + GRACE_MS  # a grace period after the held due time
+    again = await later.step(1)  # the holder keeps its timer and is told of no one
+    assert (again.timer_ms, again.backup_ms) == (c_due, None)
+
+
+async def test_a_live_holder_and_a_backup_runner_run_each_turn_once(redis_service, lane):
+    """A runner told that a live runner holds the timer steps when each hold expires: no turn twice.
+
+    The turns fall due one after another, with no wake-up: the holder's timer fires for each,
+    and the other runner, told by its first step that the holder holds the timer, steps again
+    at each hold's expiry and finds the holder holding the next (or, if the holder was late,
+    runs the turn itself). Either way every turn runs exactly once, on its first attempt.
+    """
+    count = 5
+    async with members(redis_service, 3) as (producer, *clients):
+        dues = []
+        for i in range(count):  # due 2.0, 2.3, ... 3.2 s from now
+            spaced = Debouncer(
+                producer, PREFIX, lane, POLICY.model_copy(update={"quiet_s": 2 + i * 0.3})
+            )
+            dues.append(await spaced.record(f"c{i}", message(i)))
+        await producer.delete(debounce_keys.wake_key(PREFIX, lane))  # only timers start turns
+        holder, backup = (Debouncer(c, PREFIX, lane, POLICY) for c in clients)
+        assert (await holder.step(1)).timer_ms == dues[0]  # the holder holds the timer for c0
+        keep = Keep()
+        runners = [TurnRunner(d, keep, poll_interval_ms=NEVER_MS) for d in (holder, backup)]
+        async with running(*runners):
+            await eventually(lambda: backup.stats.steps >= 2, 20)  # told, then stepped again
+            await eventually(lambda: len(keep.turns) >= count)
+        assert await producer.zcard(debounce_keys.due_key(PREFIX, lane)) == 0  # all finished
+    assert sorted(t.key for t in keep.turns) == [f"c{i}" for i in range(count)]
+    assert [t.attempt for t in keep.turns] == [1] * count
+    assert holder.stats.wakeups + backup.stats.wakeups == 0  # timers and backups only
+    assert holder.stats.lost_leases + backup.stats.lost_leases == 0

@@ -130,12 +130,16 @@ class Step:
         outcomes: how each finished turn ended, in the order they were given.
         now_ms: Redis time of the call.
         timer_ms: the due time the caller must now hold a timer for (Redis clock), or None.
+        backup_ms: when the caller must step again in case the runner holding the lane's timer
+            died (Redis clock: that runner's hold expires then), or None. Set only when the
+            caller leased nothing and another runner holds the timer for the next due time.
     """
 
     turns: tuple[Turn, ...]
     outcomes: tuple[Finish, ...]
     now_ms: int
     timer_ms: int | None
+    backup_ms: int | None = None
 
 
 @dataclass
@@ -271,8 +275,10 @@ class Debouncer:
 
         With ``limit`` > 0 the caller takes the timer for the lane's next due time
         (``timer_ms``), unless it leased ``pass_at`` turns or more (0: never): then the timer
-        goes to the next runner blocked on the wake list. With ``limit`` 0 it only finishes,
-        and holds a timer for a next turn it scheduled before any armed time.
+        goes to the next runner blocked on the wake list; or unless it leased nothing and
+        another runner holds that timer: then the caller steps again at ``backup_ms``, when that
+        runner's hold expires (it takes the timer over if that runner died). With ``limit`` 0
+        it only finishes, and holds a timer for a next turn it scheduled before any armed time.
 
         Raises:
             DebounceUnavailable: Redis cannot be reached (nothing was finished or claimed).
@@ -291,7 +297,8 @@ class Debouncer:
         )
         for ending, outcome in zip(endings, leased.outcomes, strict=True):
             self._count_finish(ending.key, ok=ending.ok, outcome=outcome)
-        return Step(self._turns(leased), leased.outcomes, leased.now_ms, leased.timer_ms)
+        turns = self._turns(leased)
+        return Step(turns, leased.outcomes, leased.now_ms, leased.timer_ms, leased.backup_ms)
 
     async def wait_wake(self, client: Redis, timeout_s: float) -> int | None:
         """Block up to ``timeout_s`` on the lane's wake list; the due time read, or None.

@@ -48,6 +48,8 @@ class Leased:
         stale: due entries that had nothing left to run.
         outcomes: per finished turn (``db_step`` only), how it ended, in the order given.
         turns: the leased turns, earliest due first.
+        backup_ms: (``db_step`` only) when the hold of the runner that holds the timer for the
+            lane's next due time expires in Redis, if another runner holds it; else None.
     """
 
     now_ms: int
@@ -55,6 +57,7 @@ class Leased:
     stale: int
     outcomes: tuple[Outcome, ...]
     turns: tuple[RawTurn, ...]
+    backup_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,7 @@ class DebounceFunctions(FunctionLibrary):
 
         ``policy`` is (quiet_ms, max_wait_ms, max_batch). Leasing ``pass_at`` turns or more
         (0: never) passes the lane's timer to the next blocked runner instead of taking it.
+        Leasing nothing while another runner holds the timer returns when that hold expires.
         """
         quiet_ms, max_wait_ms, max_batch = policy
         args: list[Any] = [
@@ -156,7 +160,9 @@ class DebounceFunctions(FunctionLibrary):
             args += (ending.key, ending.token, "1" if ending.ok else "0", ending.retry_in_ms)
         reply = await self.fcall("db_step", [self.due_key, self.armed_key, self.wake_key], args)
         outcomes = tuple(_outcome(o) for o in reply[3])
-        return Leased(int(reply[0]), _due(reply[1]), int(reply[2]), outcomes, tuple(reply[4:]))
+        return Leased(
+            int(reply[0]), _due(reply[1]), int(reply[2]), outcomes, tuple(reply[5:]), _due(reply[4])
+        )
 
     async def finish(
         self,

@@ -6,15 +6,20 @@ and sleeps until it fires or something wakes it:
 - its own ``step`` (one call that finishes the turns it ended and claims what is due) tells it
   the lane's next due time, and it takes the timer for it (Redis notes who holds it, so two
   runners do not keep firing together);
+- a step that leased nothing while another runner holds that timer tells it when that runner's
+  hold expires in Redis (a grace period after the due time), and it steps once more then: if
+  the holder died it takes the timer over, and if the holder fired it finds it holding the next;
 - a record that makes a turn due earlier than any runner's timer pushes that time onto the
   lane's wake list; each runner keeps one blocking read (``BLPOP``) on it on a connection of
   its own, and the runner it reaches arms its timer;
 - its own process recording an earlier due time, or a busy slot freeing up, wakes it locally.
 
 So an idle lane costs each runner one claim per ``poll_interval_ms`` (a watchdog against a
-runner that died holding the timer; Redis also forgets a timer a grace period after it was due,
-and the next record then wakes another runner) and one renewed blocking read per ten of them,
-and a due turn is claimed as soon as its timer fires. Under load, steps are spaced at least
+runner that died holding a timer no other runner was told of; Redis also forgets a timer a
+grace period after it was due, and the next record then wakes another runner) and one renewed
+blocking read per ten of them, and a due turn is claimed as soon as its timer fires. A runner
+told of another's timer costs one step per hold it was told of, at most one per grace period;
+none on an idle lane, which has no timer. Under load, steps are spaced at least
 ``batch_ms`` apart, so one call claims every turn that fell due in the meantime and finishes
 the turns that ended; ended turns wait at most ``finish_delay_ms`` for a step to carry their
 finish. A step that claims ``pass_at`` turns or more passes the timer to the next blocked
@@ -106,6 +111,7 @@ class TurnRunner:
         self._wake = asyncio.Event()
         self._timer_ms = math.inf  # the due time (Redis clock) this runner holds a timer for
         self._timer_woken = False  # the timer came from the wake list (it is not handed on)
+        self._backup_ms = math.inf  # when another runner's hold of the timer expires (Redis)
         self._woken_ms = math.inf  # the earliest due time woken for while a step is in flight
         self._retry_at = 0.0  # after a failed call, no step before this (monotonic s)
         self._offset_ms = 0.0  # Redis clock minus the local monotonic clock, in ms
@@ -161,7 +167,9 @@ class TurnRunner:
         if now < self._retry_at:
             return self._retry_at - now
         timer_at = self._local_s(self._timer_ms)
-        claim = free > 0 and (timer_at <= now or now - self._last_step >= self._poll_s)
+        backup_at = self._local_s(self._backup_ms)
+        due_at = min(timer_at, backup_at)
+        claim = free > 0 and (due_at <= now or now - self._last_step >= self._poll_s)
         flush = bool(self._endings) and (
             claim or now >= self._flush_at or len(self._endings) >= MAX_ENDINGS
         )
@@ -175,7 +183,9 @@ class TurnRunner:
             await self._hand_over()
             return 0.0
         wake_at = min(self._flush_at, self._last_step + self._poll_s)
-        if free > 0 or not self._timer_woken:  # a full runner wakes to hand its timer over
+        if free > 0:
+            wake_at = min(wake_at, due_at)
+        elif not self._timer_woken:  # a full runner wakes to hand its timer over
             wake_at = min(wake_at, timer_at)
         return max(wake_at - now, 0.0005)
 
@@ -199,6 +209,9 @@ class TurnRunner:
         for _, done in endings:
             done.set_result(None)
         self._clock(step, sent)
+        if limit > 0:  # another runner holds the timer: step again once its hold expires
+            # (None: the timer is this runner's, passed on, or there is none)
+            self._backup_ms = math.inf if step.backup_ms is None else step.backup_ms
         if limit > 0 or step.timer_ms is not None:
             timer_ms = math.inf if step.timer_ms is None else step.timer_ms
             # A wake-up read while the step was in flight may be for a turn recorded after it.

@@ -17,16 +17,20 @@
 --                              ra   after a failed turn: not due again before this (ms)
 --                              Persists while the buffer holds messages; expires (ARGV
 --                              idle_ttl_ms) once the key is idle.
---   {P:deb:LANE}:armed   string the due time (ms) some runner holds a timer for: the lane's
---                              earliest due time as last announced. Expires `grace` ms after
---                              it, so a timer whose runner died is forgotten.
+--   {P:deb:LANE}:armed   string "<due_ms>:<holder>": the due time (ms) some runner holds a
+--                              timer for (holder '' when a wake-up was pushed for it): the
+--                              lane's earliest due time as last announced. Expires `grace` ms
+--                              after it, so a timer whose runner died is forgotten (and taken
+--                              over by a runner that db_step told of it).
 --   {P:deb:LANE}:wake    list  wake-ups for runners blocked on BLPOP: each element is a due
 --                              time (ms) earlier than any timer a runner held. Bounded (LTRIM).
 --
 -- Runners never poll: the runner whose db_step leased turns takes the timer for the lane's next
 -- due time (the step stores it in `armed`); a db_record that makes a turn due earlier than the
 -- armed time (or finds no live armed time) pushes that due time onto `wake`, which wakes one
--- blocked runner. An idle lane has no armed time, no timers and makes no calls.
+-- blocked runner. A db_step told that another runner holds the timer returns when `armed`
+-- expires: its runner steps again then, and takes the timer if that runner died. An idle lane
+-- has no armed time, no timers and makes no calls.
 --
 -- Times come from Redis (TIME), so members with skewed clocks agree on what is due.
 -- db_claim reaches the per-key list and hash of the keys it claims by name (built from ARGV
@@ -228,18 +232,21 @@ end
 -- ARGV[9] idle_ttl_ms   ARGV[10] the caller's runner id
 -- ARGV[11] pass_at: leasing at least this many turns (0: never) passes the timer on
 -- ARGV[12] n finished turns, then per turn: key, token, ok, retry_in_ms
--- Returns {now_ms, timer_ms or -1, stale, {outcome...}, turn...}: with a limit the caller
--- takes the timer for the lane's next due time, unless it leased nothing and another runner
--- already holds a timer for that time or earlier (two runners never keep firing together),
--- or it leased pass_at turns or more: then the next due time goes onto the wake list for the
--- next blocked runner, so a busy lane's turns are spread over the runners;
--- finishing only, it holds a timer for the earliest turn it scheduled before the armed time.
+-- Returns {now_ms, timer_ms or -1, stale, {outcome...}, backup_ms or -1, turn...}: with a
+-- limit the caller takes the timer for the lane's next due time, unless it leased nothing and
+-- another runner already holds a timer for that time or earlier (two runners never keep firing
+-- together): then backup_ms is when that runner's hold in `armed` expires, and the caller steps
+-- again then (a dead holder's timer is taken over; a live one has re-armed and this step finds
+-- it holding the next one); or unless it leased pass_at turns or more: then the next due time
+-- goes onto the wake list for the next blocked runner, so a busy lane's turns are spread over
+-- the runners; finishing only, it holds a timer for the earliest turn it scheduled before the
+-- armed time.
 local function step(keys, args)
   local now = now_ms()
   local limit, grace = tonumber(args[1]), tonumber(args[6])
   local quiet, max_wait, max_batch = tonumber(args[7]), tonumber(args[8]), tonumber(args[3])
   local idle_ttl, prefix, me = tonumber(args[9]), args[5], args[10]
-  local outcomes, timer = {}, -1
+  local outcomes, timer, backup = {}, -1, -1
   local pass_at = tonumber(args[11])
   for i = 1, tonumber(args[12]) do
     local at = 12 + (i - 1) * 4
@@ -261,6 +268,7 @@ local function step(keys, args)
     if #turns == 0 and armed and owner ~= '' and owner ~= me and armed > now
         and next_due and armed <= next_due then
       timer = -1  -- another runner holds the timer for the next due time
+      backup = redis.call('PEXPIRETIME', keys[2])  -- until then: step again if it died
     elseif pass_at > 0 and #turns >= pass_at and next_due then
       redis.call('SET', keys[2], next_due .. ':', 'PX', math.max(next_due - now, 0) + grace)
       redis.call('LPUSH', keys[3], next_due)
@@ -270,7 +278,7 @@ local function step(keys, args)
       timer = take_timer(keys[1], keys[2], now, grace, me)
     end
   end
-  local result = {now, timer, stale, outcomes}
+  local result = {now, timer, stale, outcomes, backup}
   for _, turn in ipairs(turns) do result[#result + 1] = turn end
   return result
 end
