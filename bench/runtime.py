@@ -99,7 +99,9 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    ``tracing_off_cpu_s_per_10k`` / ``tracing_on_cpu_s_per_10k`` = the consumer's process tree's
    CPU per 10k messages (medians; the exporting child process is in it). The same runs of part
    1's member in this process (no Redis) are the extra fields ending in ``_bare`` (their CPU is
-   this process's own, the exporting child not in it).
+   this process's own, the exporting child not in it). ``tracing_export_us_per_delivery`` is
+   the exporting process's encoding of one delivery's spans, timed in a loop here
+   (``tracing_export_sdk_us_per_delivery``: the SDK's spans and encoder for the same record).
 
 The last line printed is one JSON object::
 
@@ -162,7 +164,14 @@ from guarded import (
 from lane_process import Drain, ProcessBenchError
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
-from tracing_parts import member_hooks_s, off_overhead, otlp_sink, traced_env, traced_here
+from tracing_parts import (
+    export_encode_s,
+    member_hooks_s,
+    off_overhead,
+    otlp_sink,
+    traced_env,
+    traced_here,
+)
 
 from pipeline.config import RuntimeSettings, Settings, load_settings
 from pipeline.envelope import Position, Record, TopicPartition
@@ -1187,11 +1196,14 @@ class TracingCost:
     bare_on: list[Span] = field(default_factory=list)
     bare_tenth: list[Span] = field(default_factory=list)
     hooks_s: float = 0.0
+    export_s: float = 0.0
+    export_sdk_s: float = 0.0
 
 
 async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
     """Tracing off and on, over messages carrying a traceparent: ``pipeline consume``, then bare."""
     result = TracingCost(hooks_s=member_hooks_s())
+    result.export_s, result.export_sdk_s = export_encode_s()
     spec = wire_spec(_name("traced_lane"))
     lane_topics = TopicSpec.model_validate(spec).topic_names()
     name = _name("traced")
@@ -1263,6 +1275,8 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_off_msgs_s": round(_med([s.msgs_s for s in tr.off])),
         "tracing_on_msgs_s": round(_med([s.msgs_s for s in tr.on])),
         "tracing_hooks_us_per_msg": _r(tr.hooks_s * 1e6),
+        "tracing_export_us_per_delivery": _r(tr.export_s * 1e6, 2),
+        "tracing_export_sdk_us_per_delivery": _r(tr.export_sdk_s * 1e6, 1),
         "tracing_off_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.off])),
         "tracing_on_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.on])),
     }
