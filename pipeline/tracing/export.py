@@ -33,8 +33,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from pipeline.heap import freeze_startup
 from pipeline.tracing import otlp
-from pipeline.tracing.record import DELIVERY, Record, new_span_id, new_trace_id, parse
-from pipeline.tracing.wire_delivery import delivery_spans, int_or
+from pipeline.tracing.record import DELIVERY, DeliveryRecord, Record, new_span_id
+from pipeline.tracing.wire_delivery import delivery_spans, int_or, trace_context
 
 HEADER = struct.Struct(">I")
 READY = b"r"
@@ -84,91 +84,59 @@ class Spans:
         )
 
     def _delivery(self, record: Record) -> Iterator[Any]:
-        (
-            _,
-            carried,
-            produced,
-            entered,
-            admitted,
-            keys,
-            priority,
-            guard_id,
-            guard_start,
-            guard_end,
-            handler_start,
-            handler_end,
-            failure,
-            end,
-            system,
-            topic,
-            partition,
-            offset,
-            lane,
-            attempt,
-            count,
-            tenant,
-            key,
-            outcome,
-            events,
-            guard_events,
-        ) = record
-        if isinstance(carried, tuple):
-            trace_id, parent_id = carried
-        else:  # the traceparent as it came; parsed here unless the traced process needed it
-            parsed = parse(carried)
-            trace_id, parent_id = (parsed[0], parsed[1]) if parsed else (new_trace_id(), 0)
+        d = DeliveryRecord(*record)
+        trace_id, parent_id = trace_context(d.carried)
         process_id = new_span_id()
-        if guard_start and not guard_id:
-            guard_id = new_span_id()
-        waited_from = min(produced, entered) if produced else entered
+        guard_id = d.guard_id or (new_span_id() if d.guard_start else 0)
+        waited_from = min(d.produced, d.entered) if d.produced else d.entered
         yield self._span(
             "partition wait",
             trace_id,
             new_span_id(),
             parent_id or process_id,
             waited_from,
-            entered,
-            {"messaging.destination.partition.id": str(partition)},
+            d.entered,
+            {"messaging.destination.partition.id": str(d.partition)},
         )
         attributes: dict[str, Any] = {
-            "messaging.system": system,
+            "messaging.system": d.system,
             "messaging.operation.type": "process",
             "messaging.operation.name": "process",
-            "messaging.destination.name": topic,
-            "messaging.destination.partition.id": str(partition),
-            "messaging.message.id": f"{partition}-{offset}",
-            "pipeline.lane": lane,
-            "pipeline.attempt": int_or(attempt, 1),
-            "pipeline.delivery_count": count,
+            "messaging.destination.name": d.topic,
+            "messaging.destination.partition.id": str(d.partition),
+            "messaging.message.id": f"{d.partition}-{d.offset}",
+            "pipeline.lane": d.lane,
+            "pipeline.attempt": int_or(d.attempt, 1),
+            "pipeline.delivery_count": d.delivery_count,
         }
-        if tenant:
-            attributes["pipeline.tenant"] = tenant.decode(errors="replace")
-        if system == "kafka":
-            attributes["messaging.kafka.offset"] = offset
-        if key is not None:
-            attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
-        attributes["pipeline.outcome"] = outcome or "unrouted"
+        if d.tenant:
+            attributes["pipeline.tenant"] = d.tenant.decode(errors="replace")
+        if d.system == "kafka":
+            attributes["messaging.kafka.offset"] = d.offset
+        if d.key is not None:
+            attributes["messaging.kafka.message.key"] = d.key.decode(errors="replace")
+        attributes["pipeline.outcome"] = d.outcome or "unrouted"
         yield self._span(
-            f"process {topic}",
+            f"process {d.topic}",
             trace_id,
             process_id,
             parent_id,
-            entered,
-            end,
+            d.entered,
+            d.end,
             attributes,
             kind="consumer",
-            events=events,
-            error="could not be routed; delivered again" if outcome is None else None,
+            events=d.events,
+            error="could not be routed; delivered again" if d.outcome is None else None,
         )
-        if keys is not None and admitted:
+        if d.keys is not None and d.admitted:
             yield self._span(
                 "throttle wait",
                 trace_id,
                 new_span_id(),
                 process_id,
-                entered,
-                max(admitted, entered),
-                {"pipeline.throttle.keys": list(keys), "pipeline.throttle.priority": priority},
+                d.entered,
+                max(d.admitted, d.entered),
+                {"pipeline.throttle.keys": list(d.keys), "pipeline.throttle.priority": d.priority},
             )
         if guard_id:
             yield self._span(
@@ -176,22 +144,22 @@ class Spans:
                 trace_id,
                 guard_id,
                 process_id,
-                guard_start,
-                guard_end or end,
+                d.guard_start,
+                d.guard_end or d.end,
                 None,
-                events=guard_events,
+                events=d.guard_events,
             )
-        if handler_start:
+        if d.handler_start:
             yield self._span(
                 "handler",
                 trace_id,
                 new_span_id(),
                 guard_id or process_id,
-                handler_start,
-                handler_end,
-                {"pipeline.lane": lane},
-                events=[failure[1]] if failure else None,
-                error=failure[0] if failure else None,
+                d.handler_start,
+                d.handler_end,
+                {"pipeline.lane": d.lane},
+                events=[d.failure[1]] if d.failure else None,
+                error=d.failure[0] if d.failure else None,
             )
 
     def _span(

@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 from pipeline.headers import ATTEMPT, TENANT
 
@@ -40,6 +40,44 @@ TRACEPARENT_CHARS = 55
 
 Record = tuple[Any, ...]
 """One finished span (``SPAN``) or delivery (``DELIVERY``), as :mod:`.export` reads it."""
+
+
+class DeliveryRecord(NamedTuple):
+    """The fields of a ``DELIVERY`` record, in order (:meth:`Delivery.end` writes them).
+
+    Times are Unix nanoseconds (0: the stage did not happen); the traced process sends a plain
+    tuple (it is marshalled), the exporting process reads it as this.
+    """
+
+    kind: str
+    carried: tuple[int, int] | bytes | str | None
+    """(trace id, parent span id) if parsed here, else the ``traceparent`` as it came."""
+    produced: int
+    entered: int
+    admitted: int
+    keys: tuple[str, ...] | list[str] | None
+    priority: int
+    guard_id: int
+    guard_start: int
+    guard_end: int
+    handler_start: int
+    handler_end: int
+    failure: tuple[str, tuple[str, int, dict[str, Any] | None]] | None
+    """(error text, its exception event) if the handler raised."""
+    end: int
+    system: str
+    topic: str
+    partition: int
+    offset: int
+    lane: str
+    attempt: bytes | None
+    delivery_count: int
+    tenant: bytes | None
+    key: bytes | None
+    outcome: str | None
+    events: list[tuple[str, int, dict[str, Any] | None]] | None
+    guard_events: list[tuple[str, int, dict[str, Any] | None]] | None
+
 
 _getrandbits = random.getrandbits
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 import functools
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 from pipeline.tracing import otlp
-from pipeline.tracing.record import Record, new_span_id, new_trace_id, parse
+from pipeline.tracing.record import DeliveryRecord, Record, new_span_id, new_trace_id, parse
 
 _ID = struct.Struct(">Q").pack
 _START_END = otlp.TIMES.pack
@@ -108,41 +107,13 @@ _FIXED_SIZE = 2 + 8 + otlp.TIMES.size + len(_FLAGS)
 
 def delivery_spans(record: Record) -> list[bytes]:
     """The encoded spans of a ``DELIVERY`` record, in the order :class:`.export.Spans` gives."""
-    (
-        _,
-        carried,
-        produced,
-        entered,
-        admitted,
-        keys,
-        priority,
-        guard_id,
-        guard_start,
-        guard_end,
-        handler_start,
-        handler_end,
-        failure,
-        end,
-        system,
-        topic,
-        partition,
-        offset,
-        lane,
-        attempt,
-        count,
-        tenant,
-        key,
-        outcome,
-        events,
-        guard_events,
-    ) = record
-    trace_id, parent_id = _context(carried)
+    d = DeliveryRecord(*record)
+    trace_id, parent_id = trace_context(d.carried)
     process_id = new_span_id()
-    if guard_start and not guard_id:
-        guard_id = new_span_id()
-    parts = _parts(system, topic, partition, lane)
+    guard_id = d.guard_id or (new_span_id() if d.guard_start else 0)
+    parts = _parts(d.system, d.topic, d.partition, d.lane)
     trace = b"\x0a\x10" + trace_id.to_bytes(16, "big")
-    waited_from = min(produced, entered) if produced else entered
+    waited_from = min(d.produced, d.entered) if d.produced else d.entered
     out = [
         _span(
             trace,
@@ -150,24 +121,25 @@ def delivery_spans(record: Record) -> list[bytes]:
             parent_id or process_id,
             parts.wait,
             waited_from,
-            entered,
+            d.entered,
             parts.partition,
         )
     ]
-    attributes = _process_attributes(
-        parts, partition, offset, attempt, count, tenant, key, outcome, events
-    )
-    out.append(_span(trace, process_id, parent_id, parts.process, entered, end, attributes))
-    if keys is not None and admitted:
-        throttle = {"pipeline.throttle.keys": list(keys), "pipeline.throttle.priority": priority}
+    attributes = _process_attributes(parts, d)
+    out.append(_span(trace, process_id, parent_id, parts.process, d.entered, d.end, attributes))
+    if d.keys is not None and d.admitted:
+        throttle = {
+            "pipeline.throttle.keys": list(d.keys),
+            "pipeline.throttle.priority": d.priority,
+        }
         out.append(
             _span(
                 trace,
                 new_span_id(),
                 process_id,
                 _THROTTLE,
-                entered,
-                max(admitted, entered),
+                d.entered,
+                max(d.admitted, d.entered),
                 otlp.attributes(9, throttle),
             )
         )
@@ -178,65 +150,55 @@ def delivery_spans(record: Record) -> list[bytes]:
                 guard_id,
                 process_id,
                 _GUARD,
-                guard_start,
-                guard_end or end,
-                otlp.span_events(guard_events),
+                d.guard_start,
+                d.guard_end or d.end,
+                otlp.span_events(d.guard_events),
             )
         )
-    if handler_start:
+    if d.handler_start:
         tail = parts.lane
-        if failure:
-            tail += otlp.span_events([failure[1]]) + otlp.status(failure[0])
+        if d.failure:
+            tail += otlp.span_events([d.failure[1]]) + otlp.status(d.failure[0])
         out.append(
             _span(
                 trace,
                 new_span_id(),
                 guard_id or process_id,
                 _HANDLER,
-                handler_start,
-                handler_end,
+                d.handler_start,
+                d.handler_end,
                 tail,
             )
         )
     return out
 
 
-def _context(carried: tuple[int, int] | bytes | str | None) -> tuple[int, int]:
-    """Trace id and parent span id: parsed by the traced process, from the traceparent, or new."""
+def trace_context(carried: tuple[int, int] | bytes | str | None) -> tuple[int, int]:
+    """A delivery's trace id and parent span id: parsed already, from its traceparent, or new."""
     if isinstance(carried, tuple):
         return carried
     parsed = parse(carried)
     return (parsed[0], parsed[1]) if parsed else (new_trace_id(), 0)
 
 
-def _process_attributes(
-    parts: _Parts,
-    partition: int,
-    offset: int,
-    attempt: bytes | None,
-    count: int,
-    tenant: bytes | None,
-    key: bytes | None,
-    outcome: str | None,
-    events: list[tuple[str, int, dict[str, Any] | None]] | None,
-) -> bytes:
+def _process_attributes(parts: _Parts, d: DeliveryRecord) -> bytes:
     """The process span's attributes, events and status, in :class:`.export.Spans`' order."""
     attributes = [
         parts.destination,
-        otlp.string_attribute(_MESSAGE_ID, f"{partition}-{offset}"),
+        otlp.string_attribute(_MESSAGE_ID, f"{d.partition}-{d.offset}"),
         parts.lane,
-        otlp.attribute("pipeline.attempt", int_or(attempt, 1)),
-        otlp.attribute("pipeline.delivery_count", count),
+        otlp.attribute("pipeline.attempt", int_or(d.attempt, 1)),
+        otlp.attribute("pipeline.delivery_count", d.delivery_count),
     ]
-    if tenant:
-        attributes.append(otlp.attribute("pipeline.tenant", tenant.decode(errors="replace")))
+    if d.tenant:
+        attributes.append(otlp.attribute("pipeline.tenant", d.tenant.decode(errors="replace")))
     if parts.kafka:
-        attributes.append(otlp.int_attribute(_OFFSET, offset))
-    if key is not None:
-        attributes.append(otlp.string_attribute(_KEY, key.decode(errors="replace")))
-    attributes.append(otlp.attribute("pipeline.outcome", outcome or "unrouted"))
-    attributes.append(otlp.span_events(events))
-    if outcome is None:
+        attributes.append(otlp.int_attribute(_OFFSET, d.offset))
+    if d.key is not None:
+        attributes.append(otlp.string_attribute(_KEY, d.key.decode(errors="replace")))
+    attributes.append(otlp.attribute("pipeline.outcome", d.outcome or "unrouted"))
+    attributes.append(otlp.span_events(d.events))
+    if d.outcome is None:
         attributes.append(_UNROUTED)
     return b"".join(attributes)
 
