@@ -35,7 +35,8 @@ class KeyLanes(Generic[T]):
         self._process = process
         self._max_concurrency = max_concurrency
         self._queues: dict[LaneKey, deque[T]] = {}
-        self._ready: asyncio.Queue[LaneKey] = asyncio.Queue()
+        self._ready: deque[LaneKey] = deque()  # keys with a message to run, in turn
+        self._idle: deque[asyncio.Future[None]] = deque()  # workers waiting for a ready key
         self._running: dict[LaneKey, T] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._changed = asyncio.Condition()
@@ -69,7 +70,7 @@ class KeyLanes(Generic[T]):
         queue = self._queues.get(key)
         if queue is None:
             self._queues[key] = deque([message])
-            self._ready.put_nowait(key)
+            self._make_ready(key)
         else:
             queue.append(message)
 
@@ -124,7 +125,10 @@ class KeyLanes(Generic[T]):
             while index >= self._limit:  # resting while the limit is lowered
                 self._limit_raised.clear()
                 await self._limit_raised.wait()
-            key = await self._ready.get()
+            ready = self._ready
+            while not ready:
+                await self._wait_ready()
+            key = ready.popleft()
             queue = self._queues.get(key)
             if not queue:  # dropped while waiting
                 continue
@@ -142,12 +146,37 @@ class KeyLanes(Generic[T]):
                 if queue is not None:
                     queue.popleft()
                     if queue:
-                        self._ready.put_nowait(key)
+                        self._make_ready(key)
                     else:
                         del self._queues[key]
                 if self._idle_waiters:
                     async with self._changed:
                         self._changed.notify_all()
+
+    def _make_ready(self, key: LaneKey) -> None:
+        """Queue ``key`` for a worker and wake one waiting worker."""
+        self._ready.append(key)
+        self._wake_one()
+
+    async def _wait_ready(self) -> None:
+        """Wait until a key may be ready (woken workers check: another may have taken it)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._idle.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and self._ready:
+                # Woken, then cancelled before running: the wake-up goes to the next worker.
+                self._wake_one()
+            raise
+
+    def _wake_one(self) -> None:
+        idle = self._idle
+        while idle:
+            waiter = idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     async def close(self) -> None:
         """Stop the workers (running messages are cancelled)."""
