@@ -33,7 +33,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -204,8 +203,6 @@ class IngressApp:
             digest = await sha256_hex(body)  # the event id (without one) and the object key
         try:
             row = source.build_row(headers, body, now_s, body_sha256=digest)
-            if tracing.on():  # the row keeps the request's trace context for every produce
-                row = replace(row, headers=tracing.outgoing(row.headers, row.tenant))
             if self.schemas is not None:
                 self.schemas.check(row.lane, body)
         except Malformed as exc:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs
 
+from pipeline import tracing
 from pipeline.config import IngressSlotSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.errors import Malformed
@@ -104,7 +105,9 @@ class Source:
         delivery without the id (a WhatsApp status, a Clerk ``svix-id``) is not refused.
         A form-encoded body (GitHub's ``payload=<json>`` option) is read through its
         ``payload`` field. ``body_sha256``: the body's SHA-256 (hex) if the caller already
-        computed it from these bytes.
+        computed it from these bytes. With tracing on, the kept headers also carry the request
+        span's ``traceparent`` (:func:`pipeline.tracing.outgoing`), so every produce of the row
+        continues the request's trace.
 
         Raises:
             Malformed: the body is not JSON (or nested too deeply) although the source reads
@@ -118,13 +121,18 @@ class Source:
         event_id = None if self.event_id is None else self.event_id.extract(payload, headers)
         if not event_id:
             event_id = "sha256:" + (body_sha256 or hashlib.sha256(body).hexdigest())
-        kept = {name: v for name, v in headers.items() if name in self.keep_headers}
+        kept: Mapping[str, str] = {
+            name: v for name, v in headers.items() if name in self.keep_headers
+        }
         for name, value in kept.items():
             checked(f"header {name}", value, MAX_KEPT_HEADER_CHARS)
+        tenant = checked("tenant", _value(self.tenant, payload, headers))
+        if tracing.on():  # the row keeps the request's trace context for every produce
+            kept = tracing.outgoing(kept, tenant)
         return NewRow(
             id=new_row_id(now_s),
             source=self.name,
-            tenant=checked("tenant", _value(self.tenant, payload, headers)),
+            tenant=tenant,
             key=checked("key", _value(self.key, payload, headers)),
             topic=route.topic,
             lane=route.lane,

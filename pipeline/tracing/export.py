@@ -33,7 +33,17 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from pipeline.heap import freeze_startup
 from pipeline.tracing import otlp
-from pipeline.tracing.record import DELIVERY, DeliveryRecord, Record, new_span_id
+from pipeline.tracing.record import (
+    DELIVERY,
+    SEND,
+    WEBHOOK,
+    DeliveryRecord,
+    Record,
+    SendRecord,
+    WebhookRecord,
+    new_span_id,
+    send_attributes,
+)
 from pipeline.tracing.wire_delivery import delivery_spans, int_or, trace_context
 
 HEADER = struct.Struct(">I")
@@ -62,9 +72,29 @@ class Spans:
         self.scope = InstrumentationScope(SCOPE)
 
     def of(self, record: Record) -> Iterator[Any]:
-        """The span a ``SPAN`` record is, or the five of a ``DELIVERY``."""
-        if record[0] == DELIVERY:
+        """The span a ``SPAN`` or ``SEND`` record is, a ``WEBHOOK``'s, or a ``DELIVERY``'s."""
+        kind = record[0]
+        if kind == DELIVERY:
             yield from self._delivery(record)
+            return
+        if kind == WEBHOOK:
+            yield from self._webhook(WebhookRecord(*record))
+            return
+        if kind == SEND:
+            s = SendRecord(*record)
+            attributes = send_attributes(s.system, s.topic, s.key)
+            yield self._span(
+                f"send {s.topic}",
+                s.trace_id,
+                s.span_id,
+                s.parent_id,
+                s.start,
+                s.end,
+                attributes,
+                kind="producer",
+                events=s.events,
+                error=s.error,
+            )
             return
         _, trace_id, span_id, parent_id, name, kind, start, end, attrs, events, links, error = (
             record
@@ -81,6 +111,40 @@ class Spans:
             events=events,
             links=links,
             error=error,
+        )
+
+    def _webhook(self, w: WebhookRecord) -> Iterator[Any]:
+        """The stages of one request (children of its span), then the request's SERVER span."""
+        for name, start, end, error, events in w.stages:
+            yield self._span(
+                name,
+                w.trace_id,
+                new_span_id(),
+                w.span_id,
+                start,
+                end,
+                None,
+                events=events,
+                error=error,
+            )
+        attributes: dict[str, Any] = {
+            "http.request.method": "POST",
+            "http.route": "/hooks/{source}",
+            "pipeline.source": w.source,
+        }
+        if w.attributes:
+            attributes.update(w.attributes)
+        yield self._span(
+            f"POST /hooks/{w.source}",
+            w.trace_id,
+            w.span_id,
+            w.parent_id,
+            w.start,
+            w.end,
+            attributes,
+            kind="server",
+            events=w.events,
+            error=w.error,
         )
 
     def _delivery(self, record: Record) -> Iterator[Any]:

@@ -3,8 +3,10 @@
 The OpenTelemetry SDK's own spans cost tens of microseconds each to start and end and as much
 again to encode, in the process that makes them; a delivery has five (partition wait, process,
 throttle wait, guard, handler), more than a no-op delivery's whole work. So the hot path records
-only what the spans need, as a :class:`Span` (one per ingress stage, send, turn) or a single
-:class:`Delivery` for the five spans of one delivery, and hands a tuple to the :class:`Buffer`.
+only what the spans need: a single :class:`Delivery` for the five spans of one delivery, a
+:class:`Webhook` for a request's span and its stages, :class:`Sends` for a batch of produced
+records, a :class:`Span` for the rest (a turn, a routed send), and hands tuples to the
+:class:`Buffer`.
 Another process (:mod:`pipeline.tracing.export`) turns those tuples into the SDK's spans, with
 their ``messaging.*`` attributes, and exports them with the SDK's OTLP exporter.
 
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 
 SPAN = "s"
 DELIVERY = "d"
+WEBHOOK = "w"
+SEND = "p"
 SERVER, CLIENT, PRODUCER, CONSUMER, INTERNAL = (
     "server",
     "client",
@@ -39,7 +43,11 @@ SERVER, CLIENT, PRODUCER, CONSUMER, INTERNAL = (
 TRACEPARENT_CHARS = 55
 
 Record = tuple[Any, ...]
-"""One finished span (``SPAN``) or delivery (``DELIVERY``), as :mod:`.export` reads it."""
+"""One finished span (``SPAN``), delivery (``DELIVERY``), webhook (``WEBHOOK``) or produce
+(``SEND``), as :mod:`.export` reads it."""
+
+Events = list[tuple[str, int, dict[str, Any] | None]]
+"""A span's events: name, Unix ns, attributes."""
 
 
 class DeliveryRecord(NamedTuple):
@@ -79,6 +87,43 @@ class DeliveryRecord(NamedTuple):
     guard_events: list[tuple[str, int, dict[str, Any] | None]] | None
 
 
+class WebhookRecord(NamedTuple):
+    """The fields of a ``WEBHOOK`` record, in order (:meth:`Webhook.end` writes them).
+
+    The SERVER span of one request and its stages, whose span ids the exporting process makes.
+    """
+
+    kind: str
+    trace_id: int
+    span_id: int
+    parent_id: int
+    source: str
+    start: int
+    end: int
+    attributes: dict[str, Any] | None
+    """Attributes set on the request's span besides those the exporter derives from ``source``."""
+    events: Events | None
+    error: str | None
+    stages: list[tuple[str, int, int, str | None, Events | None]]
+    """Each stage (``verify``, ``log commit``): name, start, end, error text, events."""
+
+
+class SendRecord(NamedTuple):
+    """The fields of a ``SEND`` record (:meth:`Sends.end` writes one per produced record)."""
+
+    kind: str
+    trace_id: int
+    span_id: int
+    parent_id: int
+    system: str
+    topic: str
+    key: bytes | None
+    start: int
+    end: int
+    error: str | None
+    events: Events | None
+
+
 _getrandbits = random.getrandbits
 
 
@@ -114,6 +159,19 @@ def parse(raw: bytes | str | None) -> tuple[int, int, bool] | None:
 def traceparent(trace_id: int, span_id: int, *, sampled: bool) -> str:
     """The W3C ``traceparent`` value naming one span."""
     return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+def send_attributes(system: str, topic: str, key: bytes | None) -> dict[str, Any]:
+    """The ``messaging.*`` attributes of a PRODUCER span sending ``key`` to ``topic``."""
+    attributes: dict[str, Any] = {
+        "messaging.system": system,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": topic,
+    }
+    if key is not None:
+        attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
+    return attributes
 
 
 def exception_event(error: BaseException, at_ns: int) -> tuple[str, int, dict[str, str]]:
@@ -241,7 +299,7 @@ class Span:
         self.links = links
         self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
         self.error: str | None = None
-        self.token: Token[Span | Delivery | None] | None = None
+        self.token: Token[Span | Delivery | Webhook | None] | None = None
 
     def __enter__(self) -> Self:
         """The current span inside (:data:`CURRENT`)."""
@@ -442,5 +500,157 @@ class Delivery:
         )
 
 
-CURRENT: ContextVar[Span | Delivery | None] = ContextVar("pipeline_span", default=None)
+class Webhook:
+    """The SERVER span of one webhook request and its stages, buffered as one tuple by :meth:`end`.
+
+    The request's span is current (:data:`CURRENT`) inside its ``with``; a stage
+    (:meth:`stage`) only notes its times, so a request makes this object, one small object per
+    stage and one record, where separate spans made three of each and set the context var three
+    times. The exporting process gives the stages their span ids and the request's span its
+    ``http.*`` and ``pipeline.source`` attributes (:class:`WebhookRecord`).
+    """
+
+    __slots__ = (
+        "attributes",
+        "buffer",
+        "error",
+        "events",
+        "parent_id",
+        "source",
+        "span_id",
+        "stages",
+        "start_ns",
+        "token",
+        "trace_id",
+    )
+
+    sampled = True
+
+    def __init__(self, buffer: Buffer, source: str, trace_id: int, parent_id: int) -> None:
+        """Start the request's span now, in trace ``trace_id`` under ``parent_id`` (0: a root)."""
+        self.buffer = buffer
+        self.source = source
+        self.trace_id = trace_id
+        self.span_id = new_span_id()
+        self.parent_id = parent_id
+        self.start_ns = time.time_ns()
+        self.attributes: dict[str, Any] | None = None
+        self.events: Events | None = None
+        self.error: str | None = None
+        self.stages: list[tuple[str, int, int, str | None, Events | None]] = []
+        self.token: Token[Span | Delivery | Webhook | None] | None = None
+
+    def __enter__(self) -> Self:
+        """The current span inside (:data:`CURRENT`)."""
+        self.token = CURRENT.set(self)
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, _tb: object) -> None:
+        """No longer current; ended, and failed if ``error`` escaped."""
+        if error is not None:
+            self.fail(error)
+        if self.token is not None:
+            CURRENT.reset(self.token)
+        self.end()
+
+    def stage(self, name: str) -> Stage:
+        """A stage of this request, timed by its ``with``."""
+        return Stage(self, name)
+
+    def traceparent(self) -> str:
+        """The request span's context as a ``traceparent`` value."""
+        return traceparent(self.trace_id, self.span_id, sampled=True)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Set one attribute of the request's span."""
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        """Add an event to the request's span, timed now."""
+        if self.events is None:
+            self.events = []
+        self.events.append((name, time.time_ns(), attributes))
+
+    def fail(self, error: BaseException) -> None:
+        """Mark the request's span failed by ``error``."""
+        if self.events is None:
+            self.events = []
+        self.events.append(exception_event(error, time.time_ns()))
+        self.error = type(error).__name__
+
+    def end(self) -> None:
+        """End the request's span now and buffer it with its stages."""
+        self.buffer.add(
+            (
+                WEBHOOK,
+                self.trace_id,
+                self.span_id,
+                self.parent_id,
+                self.source,
+                self.start_ns,
+                time.time_ns(),
+                self.attributes,
+                self.events,
+                self.error,
+                self.stages,
+            )
+        )
+
+
+class Stage:
+    """One stage of a :class:`Webhook` (an INTERNAL child span), noted when its ``with`` ends."""
+
+    __slots__ = ("name", "owner", "start_ns")
+
+    def __init__(self, owner: Webhook, name: str) -> None:
+        """A stage of ``owner`` named ``name``, started by ``with``."""
+        self.owner = owner
+        self.name = name
+        self.start_ns = 0
+
+    def __enter__(self) -> Self:
+        """Start the stage now."""
+        self.start_ns = time.time_ns()
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, _tb: object) -> None:
+        """End the stage now, failed if ``error`` escaped."""
+        end = time.time_ns()
+        if error is None:
+            self.owner.stages.append((self.name, self.start_ns, end, None, None))
+        else:
+            failure: Events = [exception_event(error, end)]
+            self.owner.stages.append((self.name, self.start_ns, end, type(error).__name__, failure))
+
+
+class Sends:
+    """The PRODUCER spans of one batch of produced records, one ``SEND`` record each at the end.
+
+    ``items`` holds (trace id, span id, parent span id, key) per sampled record; the exporting
+    process builds the ``messaging.*`` attributes (:class:`SendRecord`).
+    """
+
+    __slots__ = ("buffer", "items", "start_ns", "system", "topic")
+
+    def __init__(self, buffer: Buffer, system: str, topic: str) -> None:
+        """Sends to ``topic`` over ``system``, started now."""
+        self.buffer = buffer
+        self.system = system
+        self.topic = topic
+        self.start_ns = time.time_ns()
+        self.items: list[tuple[int, int, int, bytes | None]] = []
+
+    def end(self, error: BaseException | None = None) -> None:
+        """End every send now (failed by ``error`` if given) and buffer them."""
+        now = time.time_ns()
+        text = None if error is None else type(error).__name__
+        events: Events | None = None if error is None else [exception_event(error, now)]
+        add, system, topic, start = self.buffer.add, self.system, self.topic, self.start_ns
+        for trace_id, span_id, parent_id, key in self.items:
+            add((SEND, trace_id, span_id, parent_id, system, topic, key, start, now, text, events))
+
+
+CURRENT: ContextVar[Span | Delivery | Webhook | None] = ContextVar("pipeline_span", default=None)
 """The span new spans are children of, and logs name: set while a stage or the guard runs."""

@@ -19,7 +19,16 @@ from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
 from pipeline.tracing import record as r
-from pipeline.tracing.record import CURRENT, Buffer, Delivery, Sampler, Span
+from pipeline.tracing.record import (
+    CURRENT,
+    Buffer,
+    Delivery,
+    Sampler,
+    Sends,
+    Span,
+    Stage,
+    Webhook,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -74,20 +83,26 @@ def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[A
     """The SERVER span of one webhook request, continuing the provider's ``traceparent``."""
     if _buffer is None:
         return _NULL
+    carried = r.parse(headers.get(TRACEPARENT))
+    trace_id, parent_id, flag = carried if carried is not None else (r.new_trace_id(), 0, None)
+    if _sampler.sampled(trace_id, f"POST /hooks/{source}", flag):
+        return Webhook(_buffer, source, trace_id, parent_id)  # current inside its with
+    # Not recorded: it only carries its ids and the "not sampled" flag to what it produces.
     name = f"POST /hooks/{source}"
-    span = _entering(_buffer, name, r.parse(headers.get(TRACEPARENT)), r.SERVER)
-    span.attributes = {
-        "http.request.method": "POST",
-        "http.route": "/hooks/{source}",
-        "pipeline.source": source,
-    }
-    return span  # current inside its with, ended at its end
+    return Span(_buffer, name, trace_id, parent_id, sampled=False, kind=r.SERVER)
 
 
 def stage(name: str) -> AbstractContextManager[Any]:
-    """An INTERNAL child span of the current one (``verify``, ``log commit``)."""
+    """An INTERNAL child span of the current one (``verify``, ``log commit``).
+
+    Under a request's span it is one of its stages (:class:`~.record.Stage`); elsewhere a span
+    of its own, current inside its ``with``.
+    """
     if _buffer is None:
         return _NULL
+    current = CURRENT.get()
+    if type(current) is Webhook:
+        return Stage(current, name)
     return _child(_buffer, name, r.INTERNAL)  # current inside its with, ended at its end
 
 
@@ -109,7 +124,7 @@ def outgoing(headers: Mapping[str, str], tenant: str = "") -> Mapping[str, str]:
 # -- producing --------------------------------------------------------------------------------
 
 
-def sends_started(topic: str, records: Sequence[Record]) -> list[Span] | None:
+def sends_started(topic: str, records: Sequence[Record]) -> Sends | None:
     """One PRODUCER span per record, child of the context its headers carry, and injected.
 
     Each record's ``traceparent`` becomes its own ``send`` span's, so the consumer's spans are
@@ -117,30 +132,28 @@ def sends_started(topic: str, records: Sequence[Record]) -> list[Span] | None:
     """
     if _buffer is None:
         return None
-    spans = []
-    now = time.time_ns()
+    sends = Sends(_buffer, _system, topic)
     name = f"send {topic}"
     for record in records:
         carried = dict(record.headers) if record.headers else {}
-        if _unsampled(carried.get(TRACEPARENT)):
+        raw = carried.get(TRACEPARENT)
+        if _unsampled(raw):
             continue  # the header goes on as it is: the trace stays unsampled downstream
-        span = _entering(_buffer, name, r.parse(carried.get(TRACEPARENT)), r.PRODUCER, now)
-        span.attributes = _send_attributes(topic, record.key)
-        carried[TRACEPARENT] = span.traceparent().encode()
+        parent = r.parse(raw)
+        trace_id, parent_id, flag = parent if parent is not None else (r.new_trace_id(), 0, None)
+        span_id = r.new_span_id()
+        sampled = _sampler.sampled(trace_id, name, flag)
+        carried[TRACEPARENT] = r.traceparent(trace_id, span_id, sampled=sampled).encode()
         record.headers = carried
-        spans.append(span)
-    return spans
+        if sampled:
+            sends.items.append((trace_id, span_id, parent_id, record.key))
+    return sends
 
 
-def sends_ended(spans: list[Span] | None, error: BaseException | None = None) -> None:
+def sends_ended(sends: Sends | None, error: BaseException | None = None) -> None:
     """End the spans of :func:`sends_started`, marked failed when ``error`` is given."""
-    if spans is None:
-        return
-    now = time.time_ns()
-    for span in spans:
-        if error is not None:
-            span.fail(error)
-        span.end(now)
+    if sends is not None:
+        sends.end(error)
 
 
 def sending(
@@ -162,7 +175,7 @@ def sending(
         if _unsampled(carried):
             return _NULL  # the copy keeps the unsampled context
         span = _entering(_buffer, name, r.parse(carried), r.PRODUCER)
-    span.attributes = _send_attributes(topic, None)
+    span.attributes = r.send_attributes(_system, topic, None)
     span.attributes["pipeline.route"] = route
     if reason:
         span.attributes["pipeline.dead_reason"] = reason
@@ -374,15 +387,3 @@ def _unsampled(raw: bytes | str | None) -> bool:
         return False
     last = raw[-1:]
     return (last.decode() if isinstance(last, bytes) else last) in _UNSAMPLED_LAST_DIGIT
-
-
-def _send_attributes(topic: str, key: bytes | None) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        "messaging.system": _system,
-        "messaging.operation.type": "send",
-        "messaging.operation.name": "send",
-        "messaging.destination.name": topic,
-    }
-    if key is not None:
-        attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
-    return attributes

@@ -19,14 +19,18 @@ from opentelemetry.sdk.resources import Resource
 
 from pipeline.tracing import otlp
 from pipeline.tracing.export import SCOPE, Spans, WireSpans
-from pipeline.tracing.record import DELIVERY, SPAN, Record
+from pipeline.tracing.record import DELIVERY, SEND, SPAN, WEBHOOK, Record
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 T0 = 1_764_590_000_000_000_000
 
 
 def records() -> list[Record]:
-    """A delivery with throttle wait, guard, failed handler and events; a linked, failed span."""
+    """Records of every kind, with their optional parts.
+
+    A delivery with throttle wait, guard, failed handler and events; a linked, failed span; a
+    webhook with a failed stage; a send with a key and a failed one without.
+    """
     failure = ("RuntimeError", ("exception", T0 + 9, {"exception.type": "RuntimeError"}))
     delivery = (
         DELIVERY,
@@ -62,7 +66,57 @@ def records() -> list[Record]:
         [(0x0AF7651916CD43DD8448EB211C80319D, 0x3333)],
         "Rejected",
     )
-    return [delivery, span]
+    webhook = (
+        WEBHOOK,
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0x4444,
+        0x5555,
+        "whatsapp",
+        T0,
+        T0 + 200,
+        {"pipeline.tenant": "tenant-a"},
+        None,
+        None,
+        [
+            (
+                "verify",
+                T0 + 1,
+                T0 + 2,
+                "Rejected",
+                [("exception", T0 + 2, {"exception.type": "R"})],
+            ),
+            ("log commit", T0 + 3, T0 + 150, None, None),
+        ],
+    )
+    sends = [
+        (
+            SEND,
+            0x0AF7651916CD43DD8448EB211C80319C,
+            0x6666,
+            0x4444,
+            "kafka",
+            "orders",
+            b"k-1",
+            T0 + 160,
+            T0 + 190,
+            None,
+            None,
+        ),
+        (
+            SEND,
+            0x0AF7651916CD43DD8448EB211C80319C,
+            0x7777,
+            0x4444,
+            "redis",
+            "orders",
+            None,
+            T0 + 160,
+            T0 + 195,
+            "KafkaError",
+            [("exception", T0 + 195, {"exception.type": "K"})],
+        ),
+    ]
+    return [delivery, span, webhook, *sends]
 
 
 def _spans(body: bytes) -> list[dict[str, object]]:
@@ -87,7 +141,14 @@ def _spans(body: bytes) -> list[dict[str, object]]:
     return docs
 
 
-RANDOM_IDS = {"partition wait", "process orders", "throttle wait", "handler"}
+RANDOM_IDS = {
+    "partition wait",
+    "process orders",
+    "throttle wait",
+    "handler",
+    "verify",
+    "log commit",
+}
 """Spans whose ids the exporting process makes (each encoding its own)."""
 
 
@@ -105,6 +166,11 @@ def test_the_wire_encoding_matches_the_sdk_encoder() -> None:
         "guard",
         "handler",
         "POST /hooks/whatsapp",
+        "verify",
+        "log commit",
+        "POST /hooks/whatsapp",
+        "send orders",
+        "send orders",
     ]
     assert _spans(ours) == _spans(theirs)
     request = ExportTraceServiceRequest()

@@ -9,7 +9,7 @@ import pytest
 from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
-from pipeline.envelope import Message
+from pipeline.envelope import Message, Record
 from pipeline.tracing.record import Buffer, parse, traceparent
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -63,3 +63,42 @@ def test_an_unsampled_delivery_records_no_handler_span(
     finally:
         tracing.shutdown()
     assert otlp.traces() == {}
+
+
+def test_a_webhook_its_stages_and_its_send_come_out_as_their_spans(traced: OtlpReceiver) -> None:
+    """One record per request still makes the SERVER span and its stages, in one trace.
+
+    The request continues the caller's ``traceparent``; a stage that raised is failed with its
+    exception; the row's headers carry the request span's context and the send is its child.
+    """
+    with tracing.webhook("whatsapp", {"traceparent": VALID}):
+        with tracing.stage("verify"):
+            pass
+        headers = tracing.outgoing({"x-kept": "1"}, "tenant-a")
+        with pytest.raises(RuntimeError), tracing.stage("log commit"):
+            raise RuntimeError("disk full")
+    record = Record(key=b"key-1", value=b"v", headers=headers)
+    sends = tracing.sends_started("orders", [record])
+    tracing.sends_ended(sends)
+    tracing.shutdown()  # flushes: every span is at the receiver
+    (spans,) = traced.traces().values()
+    by_name = {span.name: span for span in spans}
+    server = by_name["POST /hooks/whatsapp"]
+    assert (server.trace_id, server.parent_id) == (VALID[3:35], VALID[36:52])
+    assert (server.kind, server.error) == ("SPAN_KIND_SERVER", False)
+    assert server.attributes == {
+        "http.request.method": "POST",
+        "http.route": "/hooks/{source}",
+        "pipeline.source": "whatsapp",
+        "pipeline.tenant": "tenant-a",
+    }
+    verify, commit = by_name["verify"], by_name["log commit"]
+    assert verify.parent_id == commit.parent_id == server.span_id
+    assert server.start_ns <= verify.start_ns <= verify.end_ns <= commit.start_ns <= server.end_ns
+    assert (verify.error, commit.error, commit.events) == (False, True, ("exception",))
+    assert headers["traceparent"] == f"00-{server.trace_id}-{server.span_id}-01"
+    send = by_name["send orders"]
+    assert (send.parent_id, send.kind) == (server.span_id, "SPAN_KIND_PRODUCER")
+    assert send.attributes["messaging.kafka.message.key"] == "key-1"
+    assert record.headers["traceparent"] == f"00-{server.trace_id}-{send.span_id}-01".encode()
+    assert len(spans) == 4
