@@ -6,9 +6,12 @@ so what a call costs the member's CPU bounds them. redis-py spends about 100 µs
 stream read per reply); a command written to an open connection and its reply parsed by hiredis
 as it arrives cost a fraction of that. A :class:`FunctionChannel` does only that:
 
-* each call is written at once to one connection, and replies are matched to calls in order
-  (Redis answers a connection's commands in the order it read them), so concurrent calls share
-  the connection without waiting for each other's round trips;
+* each call goes out on one connection in the same turn of the event loop, and replies are
+  matched to calls in order (Redis answers a connection's commands in the order it read them),
+  so concurrent calls share the connection without waiting for each other's round trips; the
+  calls made in one turn of the loop (the guard's batched starts and ends, a route, a
+  throttle's acquire) leave in one write, at the start of the next turn, since each write to a
+  socket costs a system call and, on a busy host, a wake-up of the server's thread;
 * only ``FCALL``: a function never blocks the server, so one connection serves every call in
   Redis's own order (blocking commands stay on redis-py's pool);
 * the client's settings: host, port, database, username and password, name, socket timeouts and
@@ -86,6 +89,8 @@ class _Wire(asyncio.Protocol):
             kwargs["encoding"] = encoding
         self._reader = hiredis.Reader(**kwargs)
         self.pending: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self._out: list[bytes] = []
+        """Commands written since the last flush (they leave together, in order)."""
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self._timer: asyncio.TimerHandle | None = None
@@ -99,17 +104,28 @@ class _Wire(asyncio.Protocol):
         return self.send_many((command,))[0]
 
     def send_many(self, commands: Sequence[bytes]) -> list[asyncio.Future[Any]]:
-        """Write ``commands`` in one write; one future per command, settled in order."""
+        """Write ``commands``, with the others of this loop turn; one future each, in order."""
         if self.lost or self.transport is None:
             raise rexc.ConnectionError("the Redis connection of the function channel is closed")
         loop = self._loop
         deadline = 0.0 if self.timeout_s is None else loop.time() + self.timeout_s
         futures = [loop.create_future() for _ in commands]
         self.pending.extend((future, deadline) for future in futures)
-        self.transport.write(b"".join(commands))
+        if not self._out:
+            loop.call_soon(self._flush)
+        self._out += commands
         if self._timer is None and self.timeout_s is not None:
             self._timer = loop.call_at(deadline, self._check)
         return futures
+
+    def _flush(self) -> None:
+        """Write what this turn's calls sent, in one write.
+
+        Nothing once the connection failed: their futures failed with it.
+        """
+        out, self._out = self._out, []
+        if out and not self.lost and self.transport is not None:
+            self.transport.write(b"".join(out))
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)

@@ -299,3 +299,38 @@ def test_the_channel_runs_on_uvloop(redis_service: str, unique: str) -> None:
             await client.aclose()
 
     assert uvloop.run(main()) == [b"on uvloop"]
+
+
+class _CountingTransport:
+    """The wire's transport, counting its writes (every other call goes to the real one)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.inner = transport
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.inner.write(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+async def test_the_calls_of_one_loop_turn_leave_in_one_write(lib: FunctionLibrary) -> None:
+    """Calls started in one turn of the loop go out together, each still with its own reply.
+
+    A call started after that turn's write goes in a write of its own.
+    """
+    assert await lib.fcall("echo", [], ["connect"]) == b"connect"
+    channel = channel_of(lib.client)
+    assert channel is not None
+    wire = channel._wire  # the connection the calls go out on
+    assert wire is not None
+    assert wire.transport is not None
+    counting = _CountingTransport(wire.transport)
+    wire.transport = counting  # type: ignore[assignment]
+    calls = [asyncio.ensure_future(lib.fcall("echo", [], [i])) for i in range(50)]
+    assert await asyncio.gather(*calls) == [str(i).encode() for i in range(50)]
+    assert counting.writes == 1
+    assert await lib.fcall("echo", [], ["next"]) == b"next"
+    assert counting.writes == 2
