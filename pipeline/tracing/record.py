@@ -250,7 +250,55 @@ class Sampler:
         return self.decide(trace_id, name)
 
 
-class Span:
+class _Recording:
+    """What a recorded span (:class:`Span`, :class:`Webhook`) does inside its ``with``.
+
+    It is the current span (:data:`CURRENT`), takes attributes and events, fails with an
+    escaping error, and ends at the end.
+    """
+
+    __slots__ = ("attributes", "error", "events", "token")
+    attributes: dict[str, Any] | None
+    events: Events | None
+    error: str | None
+    token: Token[Span | Delivery | Webhook | None] | None
+    end: Callable[[], None]
+    """Ends the span now and buffers it (each kind its own)."""
+
+    def __enter__(self) -> Self:
+        """The current span inside (:data:`CURRENT`)."""
+        self.token = CURRENT.set(self)  # type: ignore[arg-type] # Span or Webhook
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, _tb: object) -> None:
+        """No longer current; ended, and failed if ``error`` escaped."""
+        if error is not None:
+            self.fail(error)
+        if self.token is not None:
+            CURRENT.reset(self.token)
+        self.end()
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Set one attribute."""
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        """Add an event, timed now."""
+        if self.events is None:
+            self.events = []
+        self.events.append((name, time.time_ns(), attributes))
+
+    def fail(self, error: BaseException) -> None:
+        """Mark the span failed by ``error`` (status ERROR and an ``exception`` event)."""
+        if self.events is None:
+            self.events = []
+        self.events.append(exception_event(error, time.time_ns()))
+        self.error = type(error).__name__
+
+
+class Span(_Recording):
     """One span being recorded: ids, times, attributes, events; a tuple once ended.
 
     A span of an unsampled trace (``sampled`` False) is never buffered: it exists to carry
@@ -258,10 +306,7 @@ class Span:
     """
 
     __slots__ = (
-        "attributes",
         "buffer",
-        "error",
-        "events",
         "kind",
         "links",
         "name",
@@ -269,7 +314,6 @@ class Span:
         "sampled",
         "span_id",
         "start_ns",
-        "token",
         "trace_id",
     )
 
@@ -301,41 +345,9 @@ class Span:
         self.error: str | None = None
         self.token: Token[Span | Delivery | Webhook | None] | None = None
 
-    def __enter__(self) -> Self:
-        """The current span inside (:data:`CURRENT`)."""
-        self.token = CURRENT.set(self)
-        return self
-
-    def __exit__(self, kind: object, error: BaseException | None, _tb: object) -> None:
-        """No longer current; ended, and failed if ``error`` escaped."""
-        if error is not None:
-            self.fail(error)
-        if self.token is not None:
-            CURRENT.reset(self.token)
-        self.end()
-
     def traceparent(self) -> str:
         """This span's context as a ``traceparent`` value."""
         return traceparent(self.trace_id, self.span_id, sampled=self.sampled)
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set one attribute."""
-        if self.attributes is None:
-            self.attributes = {}
-        self.attributes[key] = value
-
-    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
-        """Add an event, timed now."""
-        if self.events is None:
-            self.events = []
-        self.events.append((name, time.time_ns(), attributes))
-
-    def fail(self, error: BaseException) -> None:
-        """Mark the span failed by ``error`` (status ERROR and an ``exception`` event)."""
-        if self.events is None:
-            self.events = []
-        self.events.append(exception_event(error, time.time_ns()))
-        self.error = type(error).__name__
 
     def end(self, end_ns: int = 0) -> None:
         """End the span (now, unless ``end_ns`` is given) and buffer it if sampled."""
@@ -500,7 +512,7 @@ class Delivery:
         )
 
 
-class Webhook:
+class Webhook(_Recording):
     """The SERVER span of one webhook request and its stages, buffered as one tuple by :meth:`end`.
 
     The request's span is current (:data:`CURRENT`) inside its ``with``; a stage
@@ -511,16 +523,12 @@ class Webhook:
     """
 
     __slots__ = (
-        "attributes",
         "buffer",
-        "error",
-        "events",
         "parent_id",
         "source",
         "span_id",
         "stages",
         "start_ns",
-        "token",
         "trace_id",
     )
 
@@ -540,19 +548,6 @@ class Webhook:
         self.stages: list[tuple[str, int, int, str | None, Events | None]] = []
         self.token: Token[Span | Delivery | Webhook | None] | None = None
 
-    def __enter__(self) -> Self:
-        """The current span inside (:data:`CURRENT`)."""
-        self.token = CURRENT.set(self)
-        return self
-
-    def __exit__(self, kind: object, error: BaseException | None, _tb: object) -> None:
-        """No longer current; ended, and failed if ``error`` escaped."""
-        if error is not None:
-            self.fail(error)
-        if self.token is not None:
-            CURRENT.reset(self.token)
-        self.end()
-
     def stage(self, name: str) -> Stage:
         """A stage of this request, timed by its ``with``."""
         return Stage(self, name)
@@ -560,25 +555,6 @@ class Webhook:
     def traceparent(self) -> str:
         """The request span's context as a ``traceparent`` value."""
         return traceparent(self.trace_id, self.span_id, sampled=True)
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set one attribute of the request's span."""
-        if self.attributes is None:
-            self.attributes = {}
-        self.attributes[key] = value
-
-    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
-        """Add an event to the request's span, timed now."""
-        if self.events is None:
-            self.events = []
-        self.events.append((name, time.time_ns(), attributes))
-
-    def fail(self, error: BaseException) -> None:
-        """Mark the request's span failed by ``error``."""
-        if self.events is None:
-            self.events = []
-        self.events.append(exception_event(error, time.time_ns()))
-        self.error = type(error).__name__
 
     def end(self) -> None:
         """End the request's span now and buffer it with its stages."""
