@@ -516,7 +516,7 @@ class Webhook(_Recording):
     """The SERVER span of one webhook request and its stages, buffered as one tuple by :meth:`end`.
 
     The request's span is current (:data:`CURRENT`) inside its ``with``; a stage
-    (:meth:`stage`) only notes its times, so a request makes this object, one small object per
+    (:class:`Stage`) only notes its times, so a request makes this object, one small object per
     stage and one record, where separate spans made three of each and set the context var three
     times. The exporting process gives the stages their span ids and the request's span its
     ``http.*`` and ``pipeline.source`` attributes (:class:`WebhookRecord`).
@@ -547,10 +547,6 @@ class Webhook(_Recording):
         self.error: str | None = None
         self.stages: list[tuple[str, int, int, str | None, Events | None]] = []
         self.token: Token[Span | Delivery | Webhook | None] | None = None
-
-    def stage(self, name: str) -> Stage:
-        """A stage of this request, timed by its ``with``."""
-        return Stage(self, name)
 
     def traceparent(self) -> str:
         """The request span's context as a ``traceparent`` value."""
@@ -629,4 +625,5 @@ class Sends:
 
 
 CURRENT: ContextVar[Span | Delivery | Webhook | None] = ContextVar("pipeline_span", default=None)
-"""The span new spans are children of, and logs name: set while a stage or the guard runs."""
+"""The span new spans are children of, and logs name: set inside a recorded span's or a
+request's ``with`` (not a request's stages) and while the guard runs."""

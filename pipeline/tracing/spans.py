@@ -83,12 +83,11 @@ def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[A
     """The SERVER span of one webhook request, continuing the provider's ``traceparent``."""
     if _buffer is None:
         return _NULL
-    carried = r.parse(headers.get(TRACEPARENT))
-    trace_id, parent_id, flag = carried if carried is not None else (r.new_trace_id(), 0, None)
-    if _sampler.sampled(trace_id, f"POST /hooks/{source}", flag):
+    name = f"POST /hooks/{source}"
+    trace_id, parent_id, sampled = _entered(name, r.parse(headers.get(TRACEPARENT)))
+    if sampled:
         return Webhook(_buffer, source, trace_id, parent_id)  # current inside its with
     # Not recorded: it only carries its ids and the "not sampled" flag to what it produces.
-    name = f"POST /hooks/{source}"
     return Span(_buffer, name, trace_id, parent_id, sampled=False, kind=r.SERVER)
 
 
@@ -139,10 +138,8 @@ def sends_started(topic: str, records: Sequence[Record]) -> Sends | None:
         raw = carried.get(TRACEPARENT)
         if _unsampled(raw):
             continue  # the header goes on as it is: the trace stays unsampled downstream
-        parent = r.parse(raw)
-        trace_id, parent_id, flag = parent if parent is not None else (r.new_trace_id(), 0, None)
+        trace_id, parent_id, sampled = _entered(name, r.parse(raw))
         span_id = r.new_span_id()
-        sampled = _sampler.sampled(trace_id, name, flag)
         carried[TRACEPARENT] = r.traceparent(trace_id, span_id, sampled=sampled).encode()
         record.headers = carried
         if sampled:
@@ -345,20 +342,20 @@ def _entering(
     start_ns: int = 0,
 ) -> Span:
     """A span where a trace enters this process: under ``carried``, else a new trace."""
+    trace_id, parent_id, sampled = _entered(name, carried)
+    return Span(buffer, name, trace_id, parent_id, sampled, kind=kind, start_ns=start_ns)
+
+
+def _entered(name: str, carried: tuple[int, int, bool] | None) -> tuple[int, int, bool]:
+    """(trace id, parent span id or 0, sampled) where a trace enters this process.
+
+    Under ``carried`` (a parsed ``traceparent``), else a new trace; the sampler decides.
+    """
     if carried is None:
         trace_id = r.new_trace_id()
-        return Span(
-            buffer,
-            name,
-            trace_id,
-            0,
-            _sampler.sampled(trace_id, name, None),
-            kind=kind,
-            start_ns=start_ns,
-        )
+        return trace_id, 0, _sampler.sampled(trace_id, name, None)
     trace_id, parent_id, flag = carried
-    sampled = _sampler.sampled(trace_id, name, flag)
-    return Span(buffer, name, trace_id, parent_id, sampled, kind=kind, start_ns=start_ns)
+    return trace_id, parent_id, _sampler.sampled(trace_id, name, flag)
 
 
 def _child(buffer: Buffer, name: str, kind: str, start_ns: int = 0) -> Span:
