@@ -17,9 +17,12 @@ is delivered again, so the duplicate is dropped and never runs beside it.
 **Parking (ordered retries).** On an ordered lane, when a message fails and goes to a retry tier,
 its key is *parked*: the message is the key's head. Later messages of that key are *held*: each is
 written once, whole, into Redis behind the head (``held``), its offset is done, and it costs no
-topic write. When the head succeeds, the next follower is released to the member that ran the
-head, which runs it; and so on in order until the key has nothing parked. A follower that fails
-becomes the head and goes to a retry tier like any failure. A dead-lettered head is followed
+topic write. When the head succeeds, the next followers (up to ``RELEASE_BATCH``, each marked as
+started) are released to the member that ran the head, which runs them in order and records
+their ends in one call that releases the next ones; and so on until the key has nothing parked.
+A follower that fails becomes the head and goes to a retry tier like any failure; those
+released after it did not run and wait where they were, their marks undone (``back``). A
+suspect, or a follower of a dead-lettered head, is released alone. A dead-lettered head is followed
 into the dead-letter topic by those parked behind it (``after_dead_letter: follow``, reason
 ``sequenced``) or releases them to run (``proceed``). A release holds a lease, renewed while it
 runs; a member that dies mid-release leaves the lease to expire and another member's reaper
@@ -30,10 +33,10 @@ for all the starts the member makes in one turn of its event loop, carrying the 
 since the last call; ends left over are flushed before every commit. A start of a key the
 member saw parked carries its message, so ``gd_begin`` holds it at once, and a head's copy due
 from its tier runs from there too. Ends on parked keys go in ``gd_end_many``, one call for those
-of one turn. Only a failure's ``gd_route`` and the rarer parked-key starts (``gd_key_begin``)
-make a call of their own. The lane's housekeeping (the expiry of its marks and
-lone-start counts, the trimming of finished ids) rides on the periodic ``gd_reap`` instead of
-every ``gd_begin``.
+of one turn, and a release's followers end together in one. Only a failure's ``gd_route`` and
+the rarer parked-key starts (``gd_key_begin``) make a call of their own. The lane's
+housekeeping (the expiry of its marks and lone-start counts, the trimming of finished ids)
+rides on the periodic ``gd_reap`` instead of every ``gd_begin``.
 
 If Redis cannot be reached the runtime fails open: messages run (order across retries is not
 guarded for that time, and poison is not counted), and each such decision is logged.
@@ -65,13 +68,18 @@ LIBRARY = resources.files("pipeline.retry").joinpath("lua/guard.lua").read_text(
 Decision = Literal[
     "process", "suspect", "copy", "stale", "slow", "held", "head", "sequenced", "busy"
 ]
-Ending = Literal["done", "parked", "dead"]
+Ending = Literal["done", "parked", "dead", "back"]
+"""How a guarded start ended: handled (``done``), sent to a retry tier (``parked``),
+dead-lettered (``dead``); ``back``: a released follower that did not run (one before it failed),
+which waits where it was."""
 LIVE_MS = 5_000
 """How long a member process counts as alive after its last renewal (every commit tick), by
 default (``runtime.liveness_ms``). A copy of one of its starts read by another process meanwhile
 waits for it; after a crash, suspects wait at most this long."""
 RELEASED_POSITION = "rel"
 """The position of a start made by releasing a held follower."""
+RELEASE_BATCH = 32
+"""Held followers released to a member in one call at most (``gd_end_many``)."""
 
 
 def message_id(message: Message) -> str:
@@ -132,6 +140,18 @@ class Start:
     def end_line(self) -> str:
         """The end of this start as ``gd_begin`` reads it."""
         return f"{self.ident}\t{'' if self.position == self.ident else self.position}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEnds:
+    """Ends of one parked key recorded together, in order (``gd_end_many``)."""
+
+    ends: Sequence[tuple[Start, Ending]]
+    follow_dead: bool
+    """A dead-lettered message takes the followers parked behind it along."""
+    release: bool = True
+    """Release the key's next followers after the last end (False: the caller keeps the
+    release it has, or leaves it to lapse)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,25 +281,31 @@ class GuardStore:
             return False
         return True
 
-    async def end_many(self, ends: Sequence[tuple[Start, Ending, bool]]) -> list[Release | None]:
-        """Record several ends on parked keys in one call (``FCALL gd_end_many``), in order.
+    async def end_many(self, groups: Sequence[KeyEnds]) -> list[list[Release]]:
+        """Record the ends of several parked keys in one call (``FCALL gd_end_many``), in order.
 
-        Each is ``(start, ending, follow_dead)`` and gets the key's next follower, released to
-        this member to run, or None. Raises redis errors: the caller decides how to fail open.
+        Each group gets the followers released to this member after its last end, to run next
+        in order (none if it asked for none). Raises redis errors: the caller decides how to
+        fail open.
         """
         k = self.keys
         args: list[str | int] = [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag]
-        for start, ending, follow_dead in ends:
-            follow = "follow" if follow_dead else ""
-            args += [start.ident, start.key, ending, follow, start.position]
-        flat = await self._functions.fcall(
+        for group in groups:
+            follow = "follow" if group.follow_dead else ""
+            last = len(group.ends) - 1
+            for i, (start, ending) in enumerate(group.ends):
+                release = RELEASE_BATCH if group.release and i == last else 0
+                args += [start.ident, start.key, ending, follow, start.position, release]
+        replies = await self._functions.fcall(
             "gd_end_many", [k.run, k.alone, k.gone, k.parked, k.releases], args
         )
-        out: list[Release | None] = []
-        for (start, _, _), i in zip(ends, range(0, len(flat), 3), strict=True):
-            decision, ident, held = flat[i : i + 3]
-            none = _text(decision) == "none"
-            out.append(None if none else _release(start.key, decision, ident, held))
+        out: list[list[Release]] = []
+        at = 0
+        for group in groups:
+            flat = replies[at + len(group.ends) - 1]
+            at += len(group.ends)
+            key = group.ends[0][0].key
+            out.append([_release(key, *flat[i : i + 3]) for i in range(0, len(flat), 3)])
         return out
 
     async def solo(self, start: Start, *, poison_after: int) -> tuple[str, int]:

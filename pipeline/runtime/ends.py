@@ -1,12 +1,14 @@
 """Ends on parked keys batched per turn of the event loop: one ``gd_end_many`` for many keys.
 
-An end that parks a key, leaves a parked key or releases its next follower must be in Redis
-before that follower runs, so it cannot wait for the next commit the way ordinary ends do
-(:mod:`pipeline.runtime.starts`). But when many keys' heads come due from their tier together
+An end that parks a key, or leaves a parked key and releases its next followers, must be in
+Redis before those followers run, so it cannot wait for the next commit the way ordinary ends
+do (:mod:`pipeline.runtime.starts`). But when many keys' heads come due from their tier together
 (a downstream outage ending), their ends and their followers' ends happen in the same turns of
 the loop. An :class:`EndWindow` sends the ends made in one turn in one call; each waits for
-that call and gets its own next follower, so every end is durable before the next message of
-its key runs, as with one call each.
+that call and gets its own next followers, so every end is durable before the next message of
+its key runs, as with one call each. The followers released to a member after one end run in
+order, and their ends go together, with the next release, in one such call (``RunGuard``'s
+release loop in :mod:`pipeline.runtime.guard`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 
 from redis import exceptions as rexc
 
-from pipeline.retry.guard_store import Ending, GuardStore, Release, Start
+from pipeline.retry.guard_store import GuardStore, KeyEnds, Release
 from pipeline.runtime.turnbatch import TurnBatcher
 
 log = logging.getLogger(__name__)
@@ -27,25 +29,25 @@ class EndWindow:
     def __init__(self, store: GuardStore) -> None:
         """Batch the parked-key ends of ``store``'s lane."""
         self._store = store
-        self._batch: TurnBatcher[tuple[Start, Ending, bool], Release | None] = TurnBatcher(
-            self._call
-        )
+        self._batch: TurnBatcher[KeyEnds, list[Release]] = TurnBatcher(self._call)
 
     @property
     def calls(self) -> int:
         """Calls made so far (for tests and the benchmark)."""
         return self._batch.calls
 
-    async def end(self, start: Start, ending: Ending, *, follow_dead: bool) -> Release | None:
-        """Record how ``start`` ended, with the others of this turn; the key's next follower.
+    async def end(self, ends: KeyEnds) -> list[Release]:
+        """Record how one key's starts ended, with the others of this turn; its next followers.
 
-        ``follow_dead``: a dead-lettered head takes the followers parked behind it along.
+        Followers are released after the last end unless ``ends.release`` is False; none
+        when Redis cannot be reached (logged): their lease lapses and a reaper releases them.
         """
-        return await self._batch.ask((start, ending, follow_dead))
+        return await self._batch.ask(ends)
 
-    async def _call(self, ends: list[tuple[Start, Ending, bool]]) -> list[Release | None]:
+    async def _call(self, groups: list[KeyEnds]) -> list[list[Release]]:
         try:
-            return await self._store.end_many(ends)
+            return await self._store.end_many(groups)
         except (rexc.RedisError, OSError) as exc:
-            log.warning("parking unavailable, could not record %d ends: %s", len(ends), exc)
-            return [None] * len(ends)
+            count = sum(len(group.ends) for group in groups)
+            log.warning("parking unavailable, could not record %d ends: %s", count, exc)
+            return [[] for _ in groups]

@@ -32,6 +32,7 @@ from pipeline.retry.guard_store import (
     Decision,
     Ending,
     GuardStore,
+    KeyEnds,
     Release,
     Start,
     message_id,
@@ -73,11 +74,15 @@ class RunGuard:
         call: Call,
         settled: Settled,
         claims: dict[str, LaneClaims] | None = None,
+        checkpoint_s: float = 0.5,
     ) -> None:
         """Guard the lanes that have a store (Redis); others go straight to ``call``.
 
         Lanes in ``claims`` run first deliveries under claimed ranges (``runtime/claims.py``).
+        ``checkpoint_s``: the ends of released followers that ran are recorded at least this
+        often (the member's commit interval), however long their release is.
         """
+        self._checkpoint_s = checkpoint_s
         self._stores = stores
         self._claims = claims or {}
         self._windows = {lane: StartWindow(store) for lane, store in stores.items()}
@@ -257,9 +262,9 @@ class RunGuard:
         claims = self._claims.get(lane.name)
         if claims is not None and ending == "parked":
             claims.parked(start.key)
-        release = await self._ends[lane.name].end(start, ending, follow_dead=_follow(lane))
-        if release is not None:
-            await self._release(lane, store, release)
+        released = await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+        if released:
+            await self._release(lane, store, released)
         return outcome
 
     def _not_run(self, decision: str) -> str | None:
@@ -339,27 +344,54 @@ class RunGuard:
             outcome = await self._call(lane, message)
         return outcome, _ending(lane, outcome)
 
-    async def _release(self, lane: Lane, store: GuardStore, first: Release) -> None:
+    async def _release(self, lane: Lane, store: GuardStore, first: list[Release]) -> None:
         """Run the followers released to this member, in order, until the key needs none."""
-        releasing, key = self._releasing[lane.name], first.key
+        releasing, key = self._releasing[lane.name], first[0].key
         releasing.add(key)
-        release: Release | None = first
+        released = first
         try:
-            while release is not None:
-                message = release.message
-                start = Start(release.ident, key, RELEASED_POSITION, ordered=True, attempt=0)
-                delivery = tracing.process(message, lane.name)  # the follower's own trace
-                with tracing.guard(delivery):
-                    outcome, ending = await self._decided(
-                        lane, store, message, start, release.decision, 0
-                    )
-                tracing.finish(delivery, outcome)
-                self._settled(lane, message, outcome)
-                if outcome is None or ending is None:  # its lease lapses; a reaper takes over
-                    break
-                release = await self._ends[lane.name].end(start, ending, follow_dead=_follow(lane))
+            while released:
+                released = await self._run_released(lane, store, released)
         finally:
             releasing.discard(key)
+
+    async def _run_released(
+        self, lane: Lane, store: GuardStore, released: list[Release]
+    ) -> list[Release]:
+        """Run one release's followers in order; record their ends in one call; the next ones.
+
+        The release stops at a follower that does not end as ``done`` (it failed and parks the
+        key again, or was dead-lettered): those after it did not run and wait where they were
+        (``back``). It also stops after ``checkpoint_s``, so that a crash reruns little. A
+        follower left unrouted keeps its start mark: the release's lease lapses and a reaper
+        takes it over from that follower.
+        """
+        ends: list[tuple[Start, Ending]] = []
+        window = self._ends[lane.name]
+        follow = _follow(lane)
+        checkpoint = asyncio.get_running_loop().time() + self._checkpoint_s
+        for i, release in enumerate(released):
+            start = _released_start(release)
+            message = release.message
+            delivery = tracing.process(message, lane.name)  # the follower's own trace
+            with tracing.guard(delivery):
+                outcome, ending = await self._decided(
+                    lane, store, message, start, release.decision, 0
+                )
+            tracing.finish(delivery, outcome)
+            self._settled(lane, message, outcome)
+            back: list[tuple[Start, Ending]] = [
+                (_released_start(r), "back") for r in released[i + 1 :]
+            ]
+            if outcome is None or ending is None:  # its mark stays for the reaper
+                if ends or back:
+                    await window.end(KeyEnds([*ends, *back], follow, release=False))
+                return []
+            last = i == len(released) - 1
+            if ending != "done" or last or asyncio.get_running_loop().time() >= checkpoint:
+                return await window.end(KeyEnds([*ends, *back, (start, ending)], follow))
+            ends.append((start, ending))
+        return []
 
     async def _routed(self, lane: Lane, message: Message, attempt: int) -> None:
         """``message`` is about to go to a retry tier as ``attempt``: park its key first.
@@ -434,7 +466,7 @@ class RunGuard:
                 continue
             for release in await store.reap():
                 log.warning("taking over the release of %s on lane %s", release.ident, name)
-                task = asyncio.create_task(self._release(lane, store, release))
+                task = asyncio.create_task(self._release(lane, store, [release]))
                 self._reaped.add(task)
                 task.add_done_callback(self._reaped.discard)
 
@@ -451,6 +483,11 @@ class RunGuard:
 def ordered_retries(lane: Lane) -> bool:
     """Whether ``lane`` keeps per-key order across retries (parking): ordered, with tiers."""
     return lane.spec.ordered and bool(lane.routes.retry_topics)
+
+
+def _released_start(release: Release) -> Start:
+    """The start of a follower released from its parked key."""
+    return Start(release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0)
 
 
 def _follow(lane: Lane) -> bool:

@@ -155,6 +155,7 @@ class Member:
             self._longwork,  # the cancel gate, then the handler stage
             self._settled_follower,
             claims=_claims(stores, chosen, settings) if settings.guard_claims else None,
+            checkpoint_s=settings.commit_interval_ms / 1000,
         )
         self._chain = Chain(
             app,

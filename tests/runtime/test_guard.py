@@ -25,7 +25,14 @@ from runtime.guard_parts import (
 from runtime.helpers import eventually, lane_spec
 
 from pipeline.envelope import Delivered, Message, TopicPartition
-from pipeline.retry.guard_store import Decision, Ending, GuardStore, Release, Start, lane_guards
+from pipeline.retry.guard_store import (
+    Decision,
+    GuardStore,
+    KeyEnds,
+    Release,
+    Start,
+    lane_guards,
+)
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import Lane
@@ -252,8 +259,7 @@ async def test_a_start_carrying_its_body_is_held_in_the_batched_call(
     }
     # A second copy of the held follower is not held twice.
     assert await window.begin(with_body(follower)) == ("copy", 0)
-    [release] = await store.end_many([(started, "done", False)])
-    assert release is not None
+    [[release]] = await store.end_many([KeyEnds([(started, "done")], follow_dead=False)])
     assert release.message.value == b"y"
 
 
@@ -301,11 +307,9 @@ async def test_a_routed_first_run_ends_in_the_next_batched_call(
     ended: list[str] = []
     original = GuardStore.end_many
 
-    async def counted(
-        self: GuardStore, ends: Sequence[tuple[Start, Ending, bool]]
-    ) -> list[Release | None]:
-        ended.extend(f"{start.ident} {ending}" for start, ending, _ in ends)
-        return await original(self, ends)
+    async def counted(self: GuardStore, groups: Sequence[KeyEnds]) -> list[list[Release]]:
+        ended.extend(f"{start.ident} {ending}" for group in groups for start, ending in group.ends)
+        return await original(self, groups)
 
     monkeypatch.setattr(GuardStore, "end_many", counted)
     assert await a.run(lane, head) == "retried"
@@ -378,3 +382,60 @@ async def test_a_copy_waiting_for_a_live_member_stops_when_its_partition_is_revo
     handlers.hold[b"x"].set()
     assert await asyncio.wait_for(first, 10) == "handled"
     assert [m for m, _, _, _ in handlers.runs] == ["a"]
+
+
+async def test_a_parked_keys_followers_are_released_together_and_end_in_one_call(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """Five followers behind a failed head: one call releases them all, one records their ends."""
+    lane = guarded_lane(f"guard_{unique}")
+    a, runs = routing_guard(redis, prefix, lane, b"x")
+    assert await a.run(lane, main_message(lane, 0, b"x")) == "retried"
+    followers = [b"y%d" % i for i in range(5)]
+    for offset, value in enumerate(followers, start=1):
+        assert await a.run(lane, main_message(lane, offset, value)) == "parked"
+    before = a.end_calls
+    assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
+    assert runs == [b"x", b"x", *followers]  # in order, after their head
+    assert a.end_calls - before == 2  # the head's end (releasing all five), then their ends
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+    assert await redis.hlen(a._stores[lane.name].keys.run) == 0  # every start mark ended
+
+
+async def test_a_follower_failing_mid_release_holds_back_the_rest_unstarted(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """Y2 of a release fails: Y3 does not run, waits behind it unmarked, and runs after its copy."""
+    lane = guarded_lane(f"guard_{unique}")
+    a, runs = routing_guard(redis, prefix, lane, b"f")  # main-topic runs of f... fail once
+    store = a._stores[lane.name]
+    assert await a.run(lane, main_message(lane, 0, b"fx")) == "retried"
+    for offset, value in enumerate([b"y1", b"fy2", b"y3"], start=1):
+        assert await a.run(lane, main_message(lane, offset, value)) == "parked"
+    assert await a.run(lane, retry_copy(lane, 0, 0, b"fx")) == "handled"
+    assert runs == [b"fx", b"fx", b"y1", b"fy2"]  # Y3 was released with them but did not run
+    y3 = f"{lane.spec.name}:0:3"
+    assert await redis.hget(store.keys.run, y3) is None  # not counted as started
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 1  # Y2 heads the key
+    assert await a.run(lane, main_message(lane, 4, b"y4")) == "parked"  # still behind Y2
+    assert await a.run(lane, retry_copy(lane, 2, 1, b"fy2")) == "handled"
+    assert runs == [b"fx", b"fx", b"y1", b"fy2", b"fy2", b"y3", b"y4"]
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+    assert await redis.hlen(store.keys.run) == 0
+
+
+async def test_released_followers_that_ran_are_recorded_at_each_checkpoint(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """With a checkpoint of 0 s every follower's end is recorded before the next one runs."""
+    lane = guarded_lane(f"guard_{unique}")
+    a, runs = routing_guard(redis, prefix, lane, b"x")
+    a._checkpoint_s = 0.0
+    assert await a.run(lane, main_message(lane, 0, b"x")) == "retried"
+    for offset in range(1, 4):
+        assert await a.run(lane, main_message(lane, offset, b"y%d" % offset)) == "parked"
+    before = a.end_calls
+    assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
+    assert runs == [b"x", b"x", b"y1", b"y2", b"y3"]
+    assert a.end_calls - before == 4  # the head's, then one per follower
+    assert await redis.hlen(a._stores[lane.name].keys.run) == 0

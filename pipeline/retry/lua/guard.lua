@@ -18,7 +18,8 @@
 -- Per parked key K (base64):
 --   T:z:K     zset  parked message id -> sequence; the lowest is the key's head
 --   T:h:K     hash  seq (last sequence given), dead_until (followers up to this sequence follow a
---                   dead-lettered head), rel (the follower being released now)
+--                   dead-lettered head), rel (the first follower of the release in
+--                   progress)
 --   T:f:K     hash  message id -> the held follower (encoded message): it waits here, written
 --                   once, until the messages ahead of it finished
 -- Every key expires (ARGV ttl_ms after its last change), so state of vanished messages frees itself.
@@ -337,43 +338,80 @@ local function route(keys, args)
   return 1
 end
 
--- Hand the key's next held follower to the caller, or unpark the key when none is left.
--- k: run, gone, parked, z, h, f, rel (as in finish_one). Returns {'none'} or {decision, id, message}.
-local function release_next(k, now, ttl, key, lease)
+-- Hand the key's next held followers to the caller (at most `n`), or unpark the key when none
+-- is left. The first is the live head, decided as a released start (process, or suspect if an
+-- earlier start of it never ended; sequenced behind a dead-lettered head); only after a first
+-- that is a plain process come more: the held followers right behind it whose start is fresh
+-- (no mark), each marked as started here. A suspect or a sequenced follower is always released
+-- alone, so its end is recorded before anything after it runs. k: run, gone, parked, z, h, f,
+-- rel (as in finish_one). Returns a flat list, three per follower: decision, id, message.
+local function release_next(k, now, ttl, key, lease, n)
   local head, seq = live_head(k.gone, k.z, k.f)
   if not head then
     redis.call('DEL', k.z, k.h, k.f)
     redis.call('HDEL', k.parked, key)
     redis.call('ZREM', k.rel, key)
-    return {'none'}
+    return {}
   end
   local blob = redis.call('HGET', k.f, head)
   if not blob then  -- the head is waiting in a retry tier: it runs from there
     redis.call('HDEL', k.h, 'rel')
     redis.call('ZREM', k.rel, key)
-    return {'none'}
+    return {}
   end
   redis.call('HSET', k.h, 'rel', head)
   redis.call('ZADD', k.rel, now + lease, key)
   expire(ttl, k.z, k.h, k.f, k.rel)
-  local decision = 'sequenced'
-  if seq > tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then
-    decision = mark_start(k.run, head, 'rel', '', true)
-    redis.call('PEXPIRE', k.run, ttl)
+  if seq <= tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then
+    return {'sequenced', head, blob}
   end
-  return {decision, head, blob}
+  local decision = mark_start(k.run, head, 'rel', '', true)
+  local out = {decision, head, blob}
+  if decision == 'process' and n > 1 then
+    local more = redis.call('ZRANGE', k.z, 1, n - 1)
+    if #more == 0 then
+      redis.call('PEXPIRE', k.run, ttl)
+      return out
+    end
+    local bodies = redis.call('HMGET', k.f, unpack(more))
+    local marks = redis.call('HMGET', k.run, unpack(more))
+    local fresh = {}
+    for i, id in ipairs(more) do
+      if not bodies[i] or marks[i] or redis.call('ZSCORE', k.gone, id) then break end
+      out[#out + 1] = 'process'
+      out[#out + 1] = id
+      out[#out + 1] = bodies[i]
+      fresh[#fresh + 1] = id
+      fresh[#fresh + 1] = '1|rel'
+    end
+    if #fresh > 0 then redis.call('HSET', k.run, unpack(fresh)) end
+  end
+  redis.call('PEXPIRE', k.run, ttl)
+  return out
 end
 
 -- Record how message `id` of parked key `key` ended (or how a message came to park its key).
 -- k: run, alone, gone, parked, z, h, f, rel. `follow` is "follow" if followers of a
 -- dead-lettered head follow it into the DLQ; `pos` the position of the start that ended (its
--- mark is left alone if a copy took it over); `lease` the release lease (ms). `outcome`:
---   done    handled (or skipped, expired): it leaves the parked set, the next follower is released
+-- mark is left alone if a copy took it over; "rel" for a released follower); `lease` the
+-- release lease (ms); `n` how many followers to release after it (0: none, the caller has them
+-- already). `outcome`:
+--   done    handled (or skipped, expired): it leaves the parked set, the next followers are
+--           released
 --   parked  sent to a retry tier: it stays (or becomes) the key's head; its body is in the tier
 --   dead    dead-lettered: it leaves; with "follow", those parked behind it are sequenced
--- Returns {'none'} or the next follower to run: {decision, id, message}.
-local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos)
+--   back    released but not run (the follower before it failed): its start mark is undone,
+--           and it waits where it was, held
+-- Returns the followers released to the caller: a flat list, three per follower.
+local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n)
   local mark = redis.call('HGET', k.run, id)
+  if outcome == 'back' then
+    if mark then
+      local starts, at = parse(mark)
+      if at == pos and starts == 1 then redis.call('HDEL', k.run, id) end
+    end
+    return {}
+  end
   if mark then
     local _, at = parse(mark)
     if at == pos then
@@ -386,7 +424,7 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos)
     if not redis.call('ZSCORE', k.z, id) and not redis.call('ZSCORE', k.gone, id) then
       redis.call('ZADD', k.z, redis.call('HINCRBY', k.h, 'seq', 1), id)
     end
-    if redis.call('HGET', k.h, 'rel') == id then
+    if pos == 'rel' or redis.call('HGET', k.h, 'rel') == id then  -- its release is over
       redis.call('HDEL', k.h, 'rel')
       redis.call('ZREM', k.rel, key)
     end
@@ -394,7 +432,7 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos)
       redis.call('HSET', k.parked, key, 1)
       expire(ttl, k.z, k.h, k.parked)
     end
-    return {'none'}
+    return {}
   end
   if redis.call('ZREM', k.z, id) == 1 then
     redis.call('ZADD', k.gone, now, id)
@@ -404,27 +442,27 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos)
     local last = redis.call('ZRANGE', k.z, -1, -1, 'WITHSCORES')
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
   end
-  return release_next(k, now, ttl, key, lease)
+  if n == 0 then return {} end
+  return release_next(k, now, ttl, key, lease, n)
 end
 
 -- gd_end_many: record how messages of parked keys ended (finish_one), several in one call, in
 -- order.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
--- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T, then five per end:
--- id, key, outcome (done | parked | dead), "follow" or "", the position of the start that ended.
--- Returns a flat list, three per end: {'none', '', ''} or the next follower {decision, id, message}.
+-- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T, then six per end:
+-- id, key, outcome (done | parked | dead | back), "follow" or "", the position of the start
+-- that ended, how many followers to release after it (0: none).
+-- Returns one list per end: the followers released after it, three entries each (decision,
+-- id, message), none if it released none.
 local function finish_many(keys, args)
   local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
   local out = {}
-  for i = 5, #args, 5 do
+  for i = 5, #args, 6 do
     local key = args[i + 1]
     local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
                       rel = keys[5]}, tag, key)
-    local released = finish_one(k, now, ttl, lease, args[i], key, args[i + 2], args[i + 3],
-                                args[i + 4])
-    out[#out + 1] = released[1]
-    out[#out + 1] = released[2] or ''
-    out[#out + 1] = released[3] or ''
+    out[#out + 1] = finish_one(k, now, ttl, lease, args[i], key, args[i + 2], args[i + 3],
+                               args[i + 4], tonumber(args[i + 5]))
   end
   return out
 end
@@ -463,8 +501,8 @@ local function reap(keys, args)
   for _, key in ipairs(due) do
     local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
                       rel = keys[1]}, tag, key)
-    local released = release_next(k, now, ttl, key, lease)
-    if released[1] ~= 'none' then
+    local released = release_next(k, now, ttl, key, lease, 1)
+    if released[1] then
       out[#out + 1] = key
       out[#out + 1] = released[1]
       out[#out + 1] = released[2]
