@@ -45,8 +45,6 @@ _buffer: Buffer | None = None
 _sampler: Sampler = Sampler(lambda _trace, _name: True, follow=True, always=True)
 _system = "redis"
 _UNSAMPLED_LAST_DIGIT = "02468ace"
-_EPOCH_NS = time.time_ns() - time.perf_counter_ns()
-"""Adds to a ``time.perf_counter`` reading (as ns) to make it a wall-clock time in ns."""
 _LIFECYCLE = frozenset(
     {"parked", "deferred", "expired", "shed", "duplicate", "retried", "dead_lettered"}
 )
@@ -264,9 +262,9 @@ def handler_ran(lane: str, started_s: float, error: BaseException | None) -> Non
     current = CURRENT.get()
     if current is None:
         return
-    start_ns = _EPOCH_NS + int(started_s * 1e9)
+    end_ns = time.time_ns()  # the start from the same clock: the wall clock may have stepped
+    start_ns = end_ns - int((time.perf_counter() - started_s) * 1e9)
     if isinstance(current, Delivery) and not current.handler_start_ns:
-        end_ns = time.time_ns()
         if error is not None:
             current.failure = (type(error).__name__, r.exception_event(error, end_ns))
         current.handler_start_ns = start_ns
@@ -276,7 +274,7 @@ def handler_ran(lane: str, started_s: float, error: BaseException | None) -> Non
     span.attributes = {"pipeline.lane": lane}
     if error is not None:
         span.fail(error)
-    span.end()
+    span.end(end_ns)
 
 
 def event(name: str, detail: str = "") -> None:

@@ -65,6 +65,31 @@ def test_an_unsampled_delivery_records_no_handler_span(
     assert otlp.traces() == {}
 
 
+def test_a_handler_span_stays_inside_its_delivery_when_the_wall_clock_steps(
+    traced: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler span is timed by the same clock as its delivery's, whatever the wall clock did.
+
+    The wall clock is set 9 s ahead after start-up (an NTP step, a paused VM).
+    """
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 9_000_000_000)
+    message = Message("t", 0, 1, b"k", b"v", {"traceparent": VALID.encode()})
+    delivery = tracing.process(message, "lane")
+    assert delivery is not None
+    with tracing.guard(delivery):
+        called = time.perf_counter()
+        tracing.handler_ran("lane", called, RuntimeError("upstream 503"))
+    tracing.finish(delivery, "retried")
+    tracing.shutdown()
+    (spans,) = traced.traces().values()
+    by_name = {span.name: span for span in spans}
+    process, handler = by_name["process t"], by_name["handler"]
+    guard = by_name["guard"]
+    assert (handler.parent_id, guard.parent_id) == (guard.span_id, process.span_id)
+    assert process.start_ns <= handler.start_ns <= handler.end_ns <= process.end_ns
+
+
 def test_a_webhook_its_stages_and_its_send_come_out_as_their_spans(traced: OtlpReceiver) -> None:
     """One record per request still makes the SERVER span and its stages, in one trace.
 
