@@ -380,15 +380,14 @@ class RunGuard:
                 )
             tracing.finish(delivery, outcome)
             self._settled(lane, message, outcome)
-            back: list[tuple[Start, Ending]] = [
-                (_released_start(r), "back") for r in released[i + 1 :]
-            ]
             if outcome is None or ending is None:  # its mark stays for the reaper
+                back = _given_back(released[i + 1 :])
                 if ends or back:
                     await window.end(KeyEnds([*ends, *back], follow, release=False))
                 return []
             last = i == len(released) - 1
             if ending != "done" or last or asyncio.get_running_loop().time() >= checkpoint:
+                back = _given_back(released[i + 1 :])
                 return await window.end(KeyEnds([*ends, *back, (start, ending)], follow))
             ends.append((start, ending))
         return []
@@ -488,6 +487,11 @@ def ordered_retries(lane: Lane) -> bool:
 def _released_start(release: Release) -> Start:
     """The start of a follower released from its parked key."""
     return Start(release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0)
+
+
+def _given_back(unrun: Sequence[Release]) -> list[tuple[Start, Ending]]:
+    """The ends of released followers that did not run: they wait where they were."""
+    return [(_released_start(release), "back") for release in unrun]
 
 
 def _follow(lane: Lane) -> bool:
