@@ -367,17 +367,15 @@ local function release_next(k, now, ttl, key, lease, n)
   end
   local decision = mark_start(k.run, head, 'rel', '', true)
   local out = {decision, head, blob}
-  if decision == 'process' and n > 1 then
-    local more = redis.call('ZRANGE', k.z, 1, n - 1)
-    if #more == 0 then
-      redis.call('PEXPIRE', k.run, ttl)
-      return out
-    end
+  local more = {}
+  if decision == 'process' and n > 1 then more = redis.call('ZRANGE', k.z, 1, n - 1) end
+  if #more > 0 then
     local bodies = redis.call('HMGET', k.f, unpack(more))
     local marks = redis.call('HMGET', k.run, unpack(more))
+    local gone = redis.call('ZMSCORE', k.gone, unpack(more))
     local fresh = {}
     for i, id in ipairs(more) do
-      if not bodies[i] or marks[i] or redis.call('ZSCORE', k.gone, id) then break end
+      if not bodies[i] or marks[i] or gone[i] then break end
       out[#out + 1] = 'process'
       out[#out + 1] = id
       out[#out + 1] = bodies[i]
