@@ -15,8 +15,12 @@ it. Per partition, this member process *claims* the offsets it polls, ahead of t
   *inherited*. That process may have started any of it and crashed, or may still be running
   it after a stall. Messages of an inherited range take the exact path, with a start mark each.
   While that process is alive and keeps its claim, they wait, as a ``busy`` copy does. So a
-  crash is caught one owner later: the first crash on a claimed message goes uncounted, and
-  from the next owner on it is counted as before.
+  crash is caught one owner later: the first crash on a claimed message goes uncounted (it
+  ran, if at all, beside the others of its range, and nothing tells them apart), and from the
+  next owner on it is counted as before. A poison message whose first crash struck under a
+  claim is dead-lettered after ``poison_after`` + 1 crashes; the messages claimed beside it
+  are not blamed. Running the whole inherited range alone instead would hold the inheritor to
+  one message at a time, for as long as that range takes, after every crash.
 * **Parked keys (ordered lanes).** A message whose key may be parked takes the exact path too.
   The keys parked when a partition is assigned are loaded then, at every assignment: a
   previous owner may have parked keys since the last one. Keys this member parks are

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from pipeline import tracing
 from pipeline.envelope import Message, Position, TopicPartition
@@ -55,6 +56,18 @@ _BUSY_MAX_S = 1.0
 
 # How a handler outcome ends a guarded message (anything else: done).
 _ENDINGS: dict[str, Ending] = {"retried": "parked", "deferred": "parked", "dead_lettered": "dead"}
+
+_SHARED = contextlib.nullcontext()
+"""No gate: the ordinary runs of a release share the member (each enters it in _decided)."""
+
+
+class _Run(NamedTuple):
+    """How the guard decided a start that runs: its decision, start count, and key parked."""
+
+    decision: Decision
+    starts: int
+    parked: bool
+
 
 Call = Callable[[Lane, Message], Awaitable[str | None]]
 """The next stage: run the handler on a message and route its failure; its outcome."""
@@ -174,18 +187,45 @@ class RunGuard:
         skipped = self._not_run(decision)
         if skipped is not None:
             return skipped
-        outcome, ending = await self._decided(lane, store, message, start, decision, starts)
-        if outcome is None and not parked and decision == "process":
+        run = _Run(decision, starts, parked)
+        if decision == "suspect":  # the gate opens once its end is recorded (see _ran)
+            async with self._isolation.alone():
+                outcome, released = await self._ran(lane, store, window, message, start, run)
+        else:
+            outcome, released = await self._ran(lane, store, window, message, start, run)
+        if released:
+            await self._release(lane, store, released)
+        return outcome
+
+    async def _ran(
+        self,
+        lane: Lane,
+        store: GuardStore,
+        window: StartWindow,
+        message: Message,
+        start: Start,
+        run: _Run,
+    ) -> tuple[str | None, list[Release]]:
+        """Run a decided start and record its end; its outcome and the followers it released.
+
+        A suspect's end is in Redis when this returns, so that no other run can start before
+        it: a crash then could not leave its mark standing and count against it.
+        """
+        decision, parked = run.decision, run.parked
+        outcome, ending = await self._decided(lane, store, message, start, decision, run.starts)
+        if outcome is None and not parked and decision in ("process", "suspect"):
             window.ended(start)  # not routed: as in _process, its mark must not hold it back
-            return None
+            if decision == "suspect":
+                await window.flush()
+            return None, []
         if outcome is None or ending is None:  # not routed (delivered again), or not ours
-            return outcome
+            return outcome, []
         if not parked and (ending == "done" or not start.ordered):
             window.ended(start)
-            if decision == "suspect":  # its lone starts must not outlive it: record it now
+            if decision == "suspect":
                 await window.flush()
-            return outcome
-        return await self._end(lane, store, start, ending, outcome)
+            return outcome, []
+        return outcome, await self._recorded(lane, start, ending)
 
     async def _run_claimed(
         self, lane: Lane, store: GuardStore, message: Message, ident: str
@@ -259,13 +299,17 @@ class RunGuard:
         self, lane: Lane, store: GuardStore, start: Start, ending: Ending, outcome: str
     ) -> str:
         """Record an end that parks or leaves a parked key, and run the followers it releases."""
-        claims = self._claims.get(lane.name)
-        if claims is not None and ending == "parked":
-            claims.parked(start.key)
-        released = await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+        released = await self._recorded(lane, start, ending)
         if released:
             await self._release(lane, store, released)
         return outcome
+
+    async def _recorded(self, lane: Lane, start: Start, ending: Ending) -> list[Release]:
+        """Record an end that parks or leaves a parked key; the followers it releases."""
+        claims = self._claims.get(lane.name)
+        if claims is not None and ending == "parked":
+            claims.parked(start.key)
+        return await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
 
     def _not_run(self, decision: str) -> str | None:
         """The outcome of a start that does not run here (a copy, or held), else None."""
@@ -323,25 +367,30 @@ class RunGuard:
     async def _suspect(
         self, lane: Lane, store: GuardStore, message: Message, start: Start, starts: int
     ) -> tuple[str | None, Ending | None]:
-        """Run a message whose earlier start never finished alone, or dead-letter it as poison."""
-        async with self._isolation.alone():
-            verdict, alone = await store.solo(start, poison_after=lane.spec.retry.poison_after)
-            if verdict == "stale":  # another copy finished it or took it over meanwhile
-                self._stats.duplicates += 1
-                return "duplicate", None  # the start mark is the other copy's: left alone
-            if verdict == "poison":
-                log.warning(
-                    "dead-lettering %s@%d: poison (started %d times, %d of them alone)",
-                    message.tp,
-                    message.offset,
-                    starts,
-                    alone,
-                )
-                error = PoisonMessage(
-                    f"its processing was interrupted {starts} times ({alone} of them alone)"
-                )
-                return await self._routing.dead_letter(lane, message, "poison", error), "dead"
-            outcome = await self._call(lane, message)
+        """Run a message whose earlier start never finished, or dead-letter it as poison.
+
+        The caller holds the member's gate (:meth:`Isolation.alone`) until the end is recorded.
+        """
+        verdict, alone = await store.solo(start, poison_after=lane.spec.retry.poison_after)
+        if verdict == "stale":  # another copy finished it or took it over meanwhile
+            self._stats.duplicates += 1
+            return "duplicate", None  # the start mark is the other copy's: left alone
+        if verdict == "poison":  # this start does not run: those before it were interrupted
+            # The first interruption and alone - 1 lone ones at least (a released suspect's
+            # start count is not known here: 0).
+            interrupted, lone = max(starts - 1, alone), alone - 1
+            log.warning(
+                "dead-lettering %s@%d: poison (interrupted %d times, %d of them alone)",
+                message.tp,
+                message.offset,
+                interrupted,
+                lone,
+            )
+            error = PoisonMessage(
+                f"its processing was interrupted {interrupted} times ({lone} of them alone)"
+            )
+            return await self._routing.dead_letter(lane, message, "poison", error), "dead"
+        outcome = await self._call(lane, message)
         return outcome, _ending(lane, outcome)
 
     async def _release(self, lane: Lane, store: GuardStore, first: list[Release]) -> None:
@@ -373,22 +422,25 @@ class RunGuard:
         for i, release in enumerate(released):
             start = _released_start(release)
             message = release.message
-            delivery = tracing.process(message, lane.name)  # the follower's own trace
-            with tracing.guard(delivery):
-                outcome, ending = await self._decided(
-                    lane, store, message, start, release.decision, 0
-                )
-            tracing.finish(delivery, outcome)
-            self._settled(lane, message, outcome)
-            if outcome is None or ending is None:  # its mark stays for the reaper
-                back = _given_back(released[i + 1 :])
-                if ends or back:
-                    await window.end(KeyEnds([*ends, *back], follow, release=False))
-                return []
-            last = i == len(released) - 1
-            if ending != "done" or last or asyncio.get_running_loop().time() >= checkpoint:
-                back = _given_back(released[i + 1 :])
-                return await window.end(KeyEnds([*ends, *back, (start, ending)], follow))
+            # A suspect is released alone; the gate opens once its end is recorded (see _ran).
+            lone = self._isolation.alone() if release.decision == "suspect" else _SHARED
+            async with lone:
+                delivery = tracing.process(message, lane.name)  # the follower's own trace
+                with tracing.guard(delivery):
+                    outcome, ending = await self._decided(
+                        lane, store, message, start, release.decision, 0
+                    )
+                tracing.finish(delivery, outcome)
+                self._settled(lane, message, outcome)
+                if outcome is None or ending is None:  # its mark stays for the reaper
+                    back = _given_back(released[i + 1 :])
+                    if ends or back:
+                        await window.end(KeyEnds([*ends, *back], follow, release=False))
+                    return []
+                last = i == len(released) - 1
+                if ending != "done" or last or asyncio.get_running_loop().time() >= checkpoint:
+                    back = _given_back(released[i + 1 :])
+                    return await window.end(KeyEnds([*ends, *back, (start, ending)], follow))
             ends.append((start, ending))
         return []
 

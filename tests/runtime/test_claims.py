@@ -125,20 +125,25 @@ async def test_a_crash_on_a_claimed_message_is_caught_one_owner_later(
     assert a.calls == 0  # it ran under the claim
     await _crash(a, lane, redis, run_a)
 
-    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
+    lone_b = Isolation(5.0)
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True, isolation=lone_b)
     run_b = await _started(b, lane, handlers, poison)
     assert b.calls == 1  # inherited from A: marked before it ran
     store = b._stores[lane.name]
     ident = f"{lane.spec.name}:0:3"
-    # A died with it claimed: that counts as its first interruption (one of poison_after).
+    # A died with it claimed: it may have been running, so its mark says two starts. It ran
+    # beside others, if at all, so nothing counts towards poison_after yet: a neighbour that
+    # A's crash cut short is not one crash nearer the dead-letter topic for it.
+    assert lone_b.suspects == 0
     assert (await redis.hget(store.keys.run, ident)).startswith(b"2|")
-    assert await redis.hget(store.keys.alone, ident) == b"1"
+    assert await redis.hget(store.keys.alone, ident) is None
     await _crash(b, lane, redis, run_b)
 
     isolation = Isolation(5.0)
     c = member_guard(redis, prefix, lane, handlers, "c", claims=True, isolation=isolation)
     run_c = await _started(c, lane, handlers, poison)
     assert isolation.suspects == 1  # B's unfinished mark: C runs it alone
+    assert await redis.hget(store.keys.alone, ident) == b"1"  # its first lone start
     handlers.hold[b"poison"].set()
     assert await asyncio.wait_for(run_c, 10) == "handled"
 

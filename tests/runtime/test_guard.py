@@ -9,6 +9,7 @@ these tests are about the guard's decisions, not about producing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 import pytest
@@ -41,6 +42,8 @@ from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
+
+Decided = tuple[Decision, int]
 
 
 async def test_a_second_copy_of_a_running_head_never_runs_beside_it(
@@ -439,3 +442,61 @@ async def test_released_followers_that_ran_are_recorded_at_each_checkpoint(
     assert runs == [b"x", b"x", b"y1", b"y2", b"y3"]
     assert a.end_calls - before == 4  # the head's, then one per follower
     assert await redis.hlen(a._stores[lane.name].keys.run) == 0
+
+
+async def _marks_of_a_dead_member(
+    redis: Redis, prefix: str, lane: Lane, handlers: Handlers, messages: list[Message]
+) -> None:
+    """Member A dies while it runs ``messages``: their start marks stand, and A is not alive."""
+    a = member_guard(redis, prefix, lane, handlers, "a")
+    for m in messages:
+        handlers.hold[m.value] = asyncio.Event()
+    dying = [asyncio.create_task(a.run(lane, m)) for m in messages]
+    for m in messages:
+        await asyncio.wait_for(handlers.started.setdefault(m.value, asyncio.Event()).wait(), 10)
+    for task in dying:
+        task.cancel()
+    await asyncio.gather(*dying, return_exceptions=True)
+    await redis.hdel(f"{{{prefix}:guard:{lane.name}}}:live", a._stores[lane.name].instance)
+    for m in messages:
+        handlers.hold.pop(m.value).set()
+    handlers.started.clear()
+
+
+async def test_a_suspects_end_is_in_redis_before_another_run_starts(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two suspects of one member: neither starts until the other's end is recorded.
+
+    Were the gate to open first, a crash in the second one (a poison message) would leave the
+    first one's mark standing, and that innocent message would count the crash as one of its
+    own lone interruptions, on its way to the dead-letter topic as poison.
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    messages = [main_message(lane, i, v, key=b"k" + v) for i, v in enumerate((b"x", b"y"))]
+    await _marks_of_a_dead_member(redis, prefix, lane, handlers, messages)
+    isolation = Isolation(30.0)
+    b = member_guard(redis, prefix, lane, handlers, "b", isolation=isolation)
+    store = b._stores[lane.name]
+    real = store.begin_many
+    ends_of = {f"{lane.spec.name}:0:{m.offset}\t": m.value for m in messages}
+    overtaken: list[bytes] = []
+
+    async def ends_held(ended: Sequence[str], starts: Sequence[Start]) -> list[Decided]:
+        """Hold a suspect's end back: the other suspect, if it has not run, must not start."""
+        for value in (ends_of[line] for line in ended if line in ends_of and not starts):
+            started = handlers.started.setdefault(b"y" if value == b"x" else b"x", asyncio.Event())
+            if not started.is_set():
+                with contextlib.suppress(TimeoutError):  # it must not start: waits in vain
+                    await asyncio.wait_for(started.wait(), 1.0)
+                if started.is_set():
+                    overtaken.append(value)
+        return await real(ended, starts)
+
+    monkeypatch.setattr(store, "begin_many", ends_held)
+    outcomes = await asyncio.gather(*(b.run(lane, m) for m in messages))
+    assert outcomes == ["handled", "handled"]
+    assert isolation.suspects == 0
+    assert overtaken == []
+    assert await redis.hlen(store.keys.run) == 0

@@ -270,10 +270,11 @@ local function begin_many(keys, args)
         local decision, starts, mark = decide(marks[i], positions[i], attempts[i], false, me,
                                               keys[5], now)
         if decision == 'process' and not marks[i] and inherited[i] then
-          -- Its previous owner died with it claimed (runtime/claims.py): that run counts as
-          -- the first interruption, so its mark says two starts and one of them was lone.
+          -- Its previous owner died with it claimed (runtime/claims.py): it may have been
+          -- running, so its mark says two starts. It runs beside others, as that owner ran
+          -- it if at all: nothing tells it from its neighbours yet, so nothing counts towards
+          -- poison_after (gd_solo counts the lone starts once it is a suspect).
           starts, mark = 2, '2|' .. positions[i] .. '||' .. me
-          redis.call('HINCRBY', keys[4], id, 1)
         end
         if mark then
           writes[#writes + 1] = id
