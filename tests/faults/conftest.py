@@ -52,14 +52,15 @@ def make_cluster(
 ) -> Callable[..., Cluster]:
     """Build the scenario's cluster on a transport (processes start in ``runner.run``)."""
 
-    def make(transport: str, members: int = 2, **options: Any) -> Cluster:
+    def make(transport: str, members: int = 2, name: str = "", **options: Any) -> Cluster:
+        """``name`` sets one cluster of several in a test apart (its directory and names)."""
         bootstrap = None
         if transport == "kafka":
             bootstrap = request.getfixturevalue("private_kafka").bootstrap_servers
         return Cluster(
-            tmp_path / "cluster",
+            tmp_path / f"cluster{name}",
             transport,
-            unique,
+            f"{unique}{name}",
             redis_url=private_redis.url,
             bootstrap_servers=bootstrap,
             members=members,
