@@ -5,7 +5,9 @@ A message whose previous start never finished (its member died, or lost it mid-r
 be the cause. So a suspect runs alone: new runs wait while it does, and it starts only once
 the runs in progress have finished. A crash during a lone run can only be the suspect's doing;
 its neighbours, run alone in turn, finish and are not blamed (see ``pipeline/retry/lua/guard.lua``,
-``gd_solo``, which counts lone starts towards ``poison_after``).
+``gd_solo``, which counts lone starts towards ``poison_after``). The run guard keeps the gate
+closed until the suspect's end is in Redis, so the next run cannot crash the member while that
+end is still on its way.
 
 A suspect that hangs would hold the whole member: after ``alone_for_s`` the gate opens again
 for the others while it goes on running.
