@@ -190,40 +190,34 @@ class RunGuard:
         run = _Run(decision, starts, parked)
         if decision == "suspect":  # the gate opens once its end is recorded (see _ran)
             async with self._isolation.alone():
-                outcome, released = await self._ran(lane, store, window, message, start, run)
+                outcome, released = await self._ran(lane, message, start, run)
         else:
-            outcome, released = await self._ran(lane, store, window, message, start, run)
+            outcome, released = await self._ran(lane, message, start, run)
         if released:
             await self._release(lane, store, released)
         return outcome
 
     async def _ran(
-        self,
-        lane: Lane,
-        store: GuardStore,
-        window: StartWindow,
-        message: Message,
-        start: Start,
-        run: _Run,
+        self, lane: Lane, message: Message, start: Start, run: _Run
     ) -> tuple[str | None, list[Release]]:
         """Run a decided start and record its end; its outcome and the followers it released.
 
         A suspect's end is in Redis when this returns, so that no other run can start before
         it: a crash then could not leave its mark standing and count against it.
         """
+        store, window = self._stores[lane.name], self._windows[lane.name]
         decision, parked = run.decision, run.parked
         outcome, ending = await self._decided(lane, store, message, start, decision, run.starts)
-        if outcome is None and not parked and decision in ("process", "suspect"):
-            window.ended(start)  # not routed: as in _process, its mark must not hold it back
-            if decision == "suspect":
-                await window.flush()
-            return None, []
-        if outcome is None or ending is None:  # not routed (delivered again), or not ours
-            return outcome, []
-        if not parked and (ending == "done" or not start.ordered):
+        # Ended as usual, in the next batched call; a run left unrouted ends its mark too, as
+        # in _process, so that the mark does not hold its next delivery back.
+        usual = outcome is not None and (ending == "done" or (ending and not start.ordered))
+        unrouted = outcome is None and decision in ("process", "suspect")
+        if not parked and (usual or unrouted):
             window.ended(start)
             if decision == "suspect":
                 await window.flush()
+            return outcome, []
+        if outcome is None or ending is None:  # not routed (delivered again), or not ours
             return outcome, []
         return outcome, await self._recorded(lane, start, ending)
 
