@@ -500,3 +500,46 @@ async def test_a_suspects_end_is_in_redis_before_another_run_starts(
     assert isolation.suspects == 0
     assert overtaken == []
     assert await redis.hlen(store.keys.run) == 0
+
+
+async def test_a_retried_suspects_lone_count_ends_with_its_copy(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A suspect that fails goes to a tier; its copy takes the mark over and ends: no count left.
+
+    Otherwise the lone count outlived the message (the lane's hashes are kept alive while it
+    runs), and a later delivery of it that crashed would start nearer ``poison_after``.
+    """
+    spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
+    store = GuardStore(redis, prefix, spec.lane, ttl_ms=60_000)
+    window = StartWindow(store)
+    from pipeline import headers as h  # noqa: PLC0415 - local to this test
+    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
+
+    first = Message(spec.name, 0, 7, b"k", b"v")
+    start = start_of(first, ordered=False)
+    assert await window.begin(start) == ("process", 1)
+    # Its member died mid-run: read again, it is a suspect and runs alone once.
+    assert await window.begin(start) == ("suspect", 2)
+    assert await store.solo(start, poison_after=3) == ("process", 1)
+    assert await store.route(start, 2, park=False)  # it failed: its copy goes to the tier
+    copy = Message(
+        f"{spec.name}.retry.1s",
+        0,
+        0,
+        b"k",
+        b"v",
+        {
+            h.ORIGIN_TOPIC: spec.name.encode(),
+            h.ORIGIN_PARTITION: b"0",
+            h.ORIGIN_OFFSET: b"7",
+            h.ATTEMPT: b"2",
+        },
+    )
+    copied = start_of(copy, ordered=False)
+    assert await window.begin(copied) == ("process", 1)  # the copy takes the mark over
+    window.ended(start)  # the suspect's own end comes after: the mark is the copy's now
+    window.ended(copied)
+    await window.flush()
+    assert await redis.hlen(store.keys.run) == 0
+    assert await redis.hlen(store.keys.alone) == 0

@@ -269,6 +269,11 @@ local function begin_many(keys, args)
         seen[id] = true
         local decision, starts, mark = decide(marks[i], positions[i], attempts[i], false, me,
                                               keys[5], now)
+        if decision == 'process' and marks[i] then
+          -- A retry copy took its failed start's mark over: a lone count of that start ends
+          -- here, as the mark's starts go back to one and its end will not see it.
+          redis.call('HDEL', keys[4], id)
+        end
         if decision == 'process' and not marks[i] and inherited[i] then
           -- Its previous owner died with it claimed (runtime/claims.py): it may have been
           -- running, so its mark says two starts. It runs beside others, as that owner ran
