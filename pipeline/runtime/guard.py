@@ -57,8 +57,8 @@ _BUSY_MAX_S = 1.0
 # How a handler outcome ends a guarded message (anything else: done).
 _ENDINGS: dict[str, Ending] = {"retried": "parked", "deferred": "parked", "dead_lettered": "dead"}
 
-_SHARED = contextlib.nullcontext()
-"""No gate: the ordinary runs of a release share the member (each enters it in _decided)."""
+_SHARED: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+"""No gate held around a run (see RunGuard._gate)."""
 
 
 class _Run(NamedTuple):
@@ -187,12 +187,10 @@ class RunGuard:
         skipped = self._not_run(decision)
         if skipped is not None:
             return skipped
-        run = _Run(decision, starts, parked)
-        if decision == "suspect":  # the gate opens once its end is recorded (see _ran)
-            async with self._isolation.alone():
-                outcome, released = await self._ran(lane, message, start, run)
-        else:
-            outcome, released = await self._ran(lane, message, start, run)
+        async with self._gate(decision):
+            outcome, released = await self._ran(
+                lane, message, start, _Run(decision, starts, parked)
+            )
         if released:
             await self._release(lane, store, released)
         return outcome
@@ -202,8 +200,7 @@ class RunGuard:
     ) -> tuple[str | None, list[Release]]:
         """Run a decided start and record its end; its outcome and the followers it released.
 
-        A suspect's end is in Redis when this returns, so that no other run can start before
-        it: a crash then could not leave its mark standing and count against it.
+        A suspect's end is in Redis when this returns (see :meth:`_gate`).
         """
         store, window = self._stores[lane.name], self._windows[lane.name]
         decision, parked = run.decision, run.parked
@@ -304,6 +301,15 @@ class RunGuard:
         if claims is not None and ending == "parked":
             claims.parked(start.key)
         return await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+
+    def _gate(self, decision: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """What a run decided as ``decision`` holds until its end is recorded.
+
+        A suspect holds the member alone (:meth:`Isolation.alone`), so that no other run starts
+        before its end is in Redis: a crash then could not leave its mark standing and count
+        against it. Any other run enters the shared side itself, in :meth:`_decided`.
+        """
+        return self._isolation.alone() if decision == "suspect" else _SHARED
 
     def _not_run(self, decision: str) -> str | None:
         """The outcome of a start that does not run here (a copy, or held), else None."""
@@ -416,9 +422,7 @@ class RunGuard:
         for i, release in enumerate(released):
             start = _released_start(release)
             message = release.message
-            # A suspect is released alone; the gate opens once its end is recorded (see _ran).
-            lone = self._isolation.alone() if release.decision == "suspect" else _SHARED
-            async with lone:
+            async with self._gate(release.decision):  # a suspect is released alone
                 delivery = tracing.process(message, lane.name)  # the follower's own trace
                 with tracing.guard(delivery):
                     outcome, ending = await self._decided(
