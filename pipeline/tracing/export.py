@@ -7,7 +7,8 @@ until it closes, writes each as OTLP ``Span`` messages (a delivery becomes its s
 spans: :mod:`.otlp`) and sends them with the SDK's OTLP/HTTP exporter's own client, in requests
 of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans. An exporter without such a client gets the SDK's
 ``ReadableSpan`` objects (:class:`Spans`) instead. The exporter reads its own
-``OTEL_EXPORTER_OTLP_*`` variables; the resource its ``OTEL_SERVICE_NAME`` and
+``OTEL_EXPORTER_OTLP_*`` variables (its HTTP session reads the environment's proxies and CA
+bundle once, not per request); the resource its ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process keeps the per-span work and
 the encoding off its interpreter lock; the process runs at a lower priority (Linux's idle
 scheduling class, else ``nice`` 10) so that exporting never takes CPU time from the messages
@@ -22,9 +23,10 @@ import os
 import signal
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, BinaryIO
 
+import requests
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -325,7 +327,7 @@ def main() -> None:
     _yield_cpu()
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
-    exporter = OTLPSpanExporter()
+    exporter = OTLPSpanExporter(session=_session(os.environ))
     send = _raw_sender(exporter)
     spans = WireSpans(resource) if send is not None else Spans(resource)
     size_setting = os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None
@@ -357,6 +359,43 @@ def _yield_cpu() -> None:
             os.sched_setscheduler(0, idle, os.sched_param(0))
             return
     os.nice(NICENESS)
+
+
+_CREDENTIALS = "CREDENTIAL_PROVIDER"
+"""Part of the names of the SDK's variables that load a credential provider's session."""
+
+
+class _SettledSession(requests.Session):
+    """A ``requests`` session that reads the environment's settings once per request shape.
+
+    ``requests`` looks up proxies and the CA bundle in the environment on every request, a
+    third of a request's CPU time here. This process's environment does not change once it
+    started (nothing in it sets a variable), so the answer for one URL and one set of request
+    settings is kept: the same settings, read once.
+    """
+
+    def __init__(self) -> None:
+        """A session with nothing read yet."""
+        super().__init__()
+        self._settled: dict[Hashable, dict[str, Any]] = {}
+
+    def merge_environment_settings(
+        self, url: str, proxies: Any, stream: Any, verify: Any, cert: Any
+    ) -> dict[str, Any]:
+        """What the session would read from the environment for these, read the first time."""
+        key = (url, tuple(sorted((proxies or {}).items())), stream, verify, cert)
+        settled = self._settled.get(key)
+        if settled is None:
+            settled = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            self._settled[key] = settled
+        return {**settled, "proxies": dict(settled["proxies"])}
+
+
+def _session(environ: Mapping[str, str]) -> requests.Session | None:
+    """The exporter's HTTP session, or None where a credential provider gives it (the SDK's)."""
+    if any(_CREDENTIALS in name for name in environ):
+        return None
+    return _SettledSession()
 
 
 def _raw_sender(exporter: OTLPSpanExporter) -> Callable[[bytes], object] | None:

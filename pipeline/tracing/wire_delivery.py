@@ -12,12 +12,22 @@ the exporting one, that time is taken from the traced process.
 
 from __future__ import annotations
 
+import binascii
 import functools
 import struct
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pipeline.tracing import otlp
-from pipeline.tracing.record import DeliveryRecord, Record, new_span_id, new_trace_id, parse
+from pipeline.tracing.record import (
+    TRACEPARENT_CHARS,
+    DeliveryRecord,
+    Record,
+    new_span_id,
+    new_trace_id,
+    parse,
+)
 
 _ID = struct.Struct(">Q").pack
 _START_END = otlp.TIMES.pack
@@ -26,11 +36,53 @@ _UNROUTED = otlp.status("could not be routed; delivered again")
 _INTERNAL = otlp.KIND["internal"]
 
 _MESSAGE_ID = otlp.attribute_key("messaging.message.id")
+_TENANT = otlp.attribute_key("pipeline.tenant")
 _OFFSET = otlp.attribute_key("messaging.kafka.offset")
 _KEY = otlp.attribute_key("messaging.kafka.message.key")
 _GUARD = otlp.name_and_kind("guard", _INTERNAL)
 _HANDLER = otlp.name_and_kind("handler", _INTERNAL)
 _THROTTLE = otlp.name_and_kind("throttle wait", _INTERNAL)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class _Kept(dict[K, bytes]):
+    """Encoded attributes by the value they encode, made on first use (a few hundred at most).
+
+    Attempts, delivery counts and outcomes take a handful of values: a dictionary lookup is
+    cheaper than encoding them again, or than ``functools.lru_cache``'s call.
+    """
+
+    def __init__(self, make: Callable[[K], bytes]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, value: K) -> bytes:
+        if len(self) >= _KEPT_MAX:
+            self.clear()
+        encoded = self[value] = self._make(value)
+        return encoded
+
+
+_KEPT_MAX = 1024
+
+
+def _attempt(raw: bytes | None) -> bytes:
+    return otlp.attribute("pipeline.attempt", int_or(raw, 1))
+
+
+def _delivery_count(count: int) -> bytes:
+    return otlp.attribute("pipeline.delivery_count", count)
+
+
+def _outcome(outcome: str | None) -> bytes:
+    return otlp.attribute("pipeline.outcome", outcome or "unrouted")
+
+
+_ATTEMPTS: _Kept[bytes | None] = _Kept(_attempt)
+_COUNTS: _Kept[int] = _Kept(_delivery_count)
+_OUTCOMES: _Kept[str | None] = _Kept(_outcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +125,8 @@ def _parts(system: str, topic: str, partition: int, lane: str) -> _Parts:
 
 def _span(
     trace: bytes,
-    span_id: int,
-    parent_id: int,
+    span_id: bytes,
+    parent_id: bytes,
     name_kind: bytes,
     start: int,
     end: int,
@@ -82,16 +134,17 @@ def _span(
 ) -> bytes:
     """One span, as the ``spans`` field of a ``ScopeSpans``.
 
-    ``trace`` is its trace id field and ``tail`` its attributes, events and status, encoded.
+    ``trace`` is its trace id field, ``span_id`` and ``parent_id`` the ids' eight bytes (no
+    parent: empty) and ``tail`` its attributes, events and status, encoded.
     """
-    parent = b"\x22\x08" + _ID(parent_id) if parent_id else b""
+    parent = b"\x22\x08" + parent_id if parent_id else b""
     size = len(trace) + len(parent) + len(name_kind) + len(tail) + _FIXED_SIZE
     return b"".join(
         (
             b"\x12" + otlp.varint(size),
             trace,
             b"\x12\x08",
-            _ID(span_id),
+            span_id,
             parent,
             name_kind,
             _START_END(0x39, start, 0x41, end),
@@ -105,19 +158,23 @@ _FIXED_SIZE = 2 + 8 + otlp.TIMES.size + len(_FLAGS)
 """The bytes of every span of a delivery but its trace id, parent, name, kind and tail."""
 
 
+def _new_id() -> bytes:
+    return _ID(new_span_id())
+
+
 def delivery_spans(record: Record) -> list[bytes]:
     """The encoded spans of a ``DELIVERY`` record, in the order :class:`.export.Spans` gives."""
     d = DeliveryRecord(*record)
-    trace_id, parent_id = trace_context(d.carried)
-    process_id = new_span_id()
-    guard_id = d.guard_id or (new_span_id() if d.guard_start else 0)
+    trace_id, parent_id = _wire_context(d.carried)
+    process_id = _new_id()
+    guard_id = _ID(d.guard_id) if d.guard_id else (_new_id() if d.guard_start else b"")
     parts = _parts(d.system, d.topic, d.partition, d.lane)
-    trace = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+    trace = b"\x0a\x10" + trace_id
     waited_from = min(d.produced, d.entered) if d.produced else d.entered
     out = [
         _span(
             trace,
-            new_span_id(),
+            _new_id(),
             parent_id or process_id,
             parts.wait,
             waited_from,
@@ -135,7 +192,7 @@ def delivery_spans(record: Record) -> list[bytes]:
         out.append(
             _span(
                 trace,
-                new_span_id(),
+                _new_id(),
                 process_id,
                 _THROTTLE,
                 d.entered,
@@ -162,7 +219,7 @@ def delivery_spans(record: Record) -> list[bytes]:
         out.append(
             _span(
                 trace,
-                new_span_id(),
+                _new_id(),
                 guard_id or process_id,
                 _HANDLER,
                 d.handler_start,
@@ -181,26 +238,66 @@ def trace_context(carried: tuple[int, int] | bytes | str | None) -> tuple[int, i
     return (parsed[0], parsed[1]) if parsed else (new_trace_id(), 0)
 
 
+_NO_TRACE = bytes(16)
+_NO_SPAN = bytes(8)
+
+
+def _wire_context(carried: tuple[int, int] | bytes | str | None) -> tuple[bytes, bytes]:
+    """:func:`trace_context` as the ids' bytes (no parent: empty), for the wire.
+
+    A well-formed ``traceparent`` as it came (the usual case) is read straight from its hex
+    digits; anything else goes through :func:`trace_context`, so both accept the same values.
+    """
+    if (
+        type(carried) is bytes
+        and len(carried) == TRACEPARENT_CHARS
+        and carried[2] == _DASH
+        and carried[35] == _DASH
+        and carried[52] == _DASH
+        and carried[:2] != b"ff"
+    ):
+        try:
+            trace, parent = _unhex(carried[3:35]), _unhex(carried[36:52])
+            _unhex(carried[53:55])  # the flags: parse() takes only hex digits there too
+        except binascii.Error:
+            pass
+        else:
+            if trace != _NO_TRACE and parent != _NO_SPAN:
+                return trace, parent
+    trace_id, parent_id = trace_context(carried)
+    return trace_id.to_bytes(16, "big"), _ID(parent_id) if parent_id else b""
+
+
+_DASH = ord("-")
+_unhex = binascii.unhexlify
+
+
 def _process_attributes(parts: _Parts, d: DeliveryRecord) -> bytes:
     """The process span's attributes, events and status, in :class:`.export.Spans`' order."""
     attributes = [
         parts.destination,
-        otlp.string_attribute(_MESSAGE_ID, f"{d.partition}-{d.offset}"),
+        otlp.utf8_attribute(_MESSAGE_ID, b"%d-%d" % (d.partition, d.offset)),
         parts.lane,
-        otlp.attribute("pipeline.attempt", int_or(d.attempt, 1)),
-        otlp.attribute("pipeline.delivery_count", d.delivery_count),
+        _ATTEMPTS[d.attempt],
+        _COUNTS[d.delivery_count],
     ]
     if d.tenant:
-        attributes.append(otlp.attribute("pipeline.tenant", d.tenant.decode(errors="replace")))
+        attributes.append(otlp.utf8_attribute(_TENANT, _utf8(d.tenant)))
     if parts.kafka:
         attributes.append(otlp.int_attribute(_OFFSET, d.offset))
     if d.key is not None:
-        attributes.append(otlp.string_attribute(_KEY, d.key.decode(errors="replace")))
-    attributes.append(otlp.attribute("pipeline.outcome", d.outcome or "unrouted"))
-    attributes.append(otlp.span_events(d.events))
+        attributes.append(otlp.utf8_attribute(_KEY, _utf8(d.key)))
+    attributes.append(_OUTCOMES[d.outcome])
+    if d.events:
+        attributes.append(otlp.span_events(d.events))
     if d.outcome is None:
         attributes.append(_UNROUTED)
     return b"".join(attributes)
+
+
+def _utf8(raw: bytes) -> bytes:
+    """``raw`` as the UTF-8 of its text (undecodable bytes replaced, as the SDK path does)."""
+    return raw if raw.isascii() else raw.decode(errors="replace").encode()
 
 
 def int_or(raw: bytes | None, default: int) -> int:

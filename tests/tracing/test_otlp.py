@@ -209,6 +209,14 @@ def _delivery(**changes: object) -> Record:
 
 DELIVERY_VARIANTS = {
     "traceparent as it came": _delivery(carried=TRACEPARENT),
+    "traceparent as text": _delivery(carried=TRACEPARENT.decode()),
+    "traceparent in capitals": _delivery(carried=TRACEPARENT.upper()),
+    "traceparent with flags that are not hex": _delivery(carried=TRACEPARENT[:-2] + b"0x"),
+    "traceparent of version ff": _delivery(carried=b"ff" + TRACEPARENT[2:]),
+    "traceparent with a zero trace id": _delivery(carried=b"00-" + b"0" * 32 + TRACEPARENT[35:]),
+    "traceparent with a zero parent": _delivery(carried=TRACEPARENT[:36] + b"0" * 16 + b"-01"),
+    "traceparent with a dash moved": _delivery(carried=TRACEPARENT[:34] + b"--" + TRACEPARENT[36:]),
+    "key longer than one length byte": _delivery(key=b"k" * 300),
     "no traceparent": _delivery(carried=None),
     "malformed traceparent": _delivery(carried=b"00-not-a-traceparent"),
     "redis, no offset attribute": _delivery(system="redis", offset=7, partition=0),

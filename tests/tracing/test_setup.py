@@ -125,3 +125,32 @@ def test_the_exporting_process_runs_only_on_idle_cpu(traced: OtlpReceiver) -> No
     shipper = setup._shipper
     assert shipper is not None
     assert os.sched_getscheduler(shipper._process.pid) == os.SCHED_IDLE
+
+
+def test_the_exporting_session_reads_the_environment_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The proxies and CA bundle requests takes from the environment, the same, read once.
+
+    With a credential provider's variable set the SDK's own session stays (None here).
+    """
+    import requests  # noqa: PLC0415 - with the otel extra
+
+    from pipeline.tracing.export import _session  # noqa: PLC0415
+
+    url = "https://collector.example:4318/v1/traces"
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/collector.pem")
+    session = _session(os.environ)
+    assert session is not None
+    settings = session.merge_environment_settings(url, {}, None, verify=True, cert=None)
+    expected = requests.Session().merge_environment_settings(url, {}, None, verify=True, cert=None)
+    assert settings == expected
+    assert settings["verify"] == "/etc/ssl/collector.pem"
+    assert settings["proxies"]["https"] == "http://proxy.example:3128"
+    monkeypatch.setenv("HTTPS_PROXY", "http://elsewhere.example:3128")
+    assert session.merge_environment_settings(url, {}, None, verify=True, cert=None) == expected
+    own = session.merge_environment_settings(url, {"https": "http://own:1"}, None, None, None)
+    assert own["proxies"]["https"] == "http://own:1"
+    environ = {"OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER": "vault"}
+    assert _session(environ) is None
