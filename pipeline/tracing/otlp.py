@@ -185,22 +185,19 @@ def string_attribute(key: bytes, value: str) -> bytes:
 
 def utf8_attribute(key: bytes, value: bytes) -> bytes:
     """:func:`string_attribute` of a string given as its UTF-8 bytes."""
-    size = len(value)
-    if len(key) + size + 4 < _MORE:  # every length below fits one byte: one format
-        return b"\x4a%c%b\x12%c\x0a%c%b" % (len(key) + size + 4, key, size + 2, size, value)
     return _attribute(key, _len(1, value))
 
 
 def int_attribute(key: bytes, value: int) -> bytes:
     """A span attribute (field 9) whose value is an int seen once (``key`` as above)."""
-    number = varint(value)
-    size = len(number) + 1
-    if len(key) + size + 2 < _MORE:
-        return b"\x4a%c%b\x12%c\x18%b" % (len(key) + size + 2, key, size, number)
-    return _attribute(key, b"\x18" + number)
+    return _attribute(key, b"\x18" + varint(value))
 
 
 def _attribute(key: bytes, any_value_body: bytes) -> bytes:
+    size = len(any_value_body)
+    total = len(key) + size + 2
+    if total < _MORE:  # both lengths fit one byte: one format instead of two fields
+        return b"\x4a%c%b\x12%c%b" % (total, key, size, any_value_body)
     return _len(9, key + _len(2, any_value_body))
 
 
