@@ -106,6 +106,13 @@ class KeyLanes(Generic[T]):
             else:
                 dropped += queue
                 del self._queues[key]
+        # A key waiting for a worker leaves the ready queue with its messages: were they read
+        # again (the partition assigned back), it would be queued twice and run by two workers.
+        # In place: idle workers hold this deque.
+        waiting = [key for key in self._ready if key in self._queues]
+        if len(waiting) < len(self._ready):
+            self._ready.clear()
+            self._ready.extend(waiting)
         return dropped
 
     async def wait_idle(self, partitions: Iterable[TopicPartition] | None = None) -> None:

@@ -123,6 +123,50 @@ async def test_drop_forgets_queued_messages_but_keeps_running_ones() -> None:
     assert done == [0]
 
 
+
+async def test_a_key_dropped_while_waiting_for_a_worker_runs_once_when_read_again() -> None:
+    """A partition revoked and assigned back: its messages, read again, run one at a time.
+
+    The key was waiting for a worker (not running) when its partition was dropped; were it
+    left in the ready queue, reading its messages again would queue it twice, two workers
+    would run the key at once, and one of them would die at the end.
+    """
+    busy = asyncio.Event()
+    seen: list[int] = []
+    running = 0
+    overlaps = 0
+
+    async def process(m: Message) -> None:
+        nonlocal overlaps, running
+        if m.partition == 1:  # another partition's messages hold both workers for a while
+            await busy.wait()
+            return
+        if running:
+            overlaps += 1
+        running += 1
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        seen.append(m.offset)
+        running -= 1
+
+    lanes = KeyLanes(process, max_concurrency=2)
+    lanes.start()
+    for key in (b"a", b"b"):
+        lanes.submit(Message("t", 1, 0, key, b""), ordered=True)
+    for i in (3, 4):
+        lanes.submit(msg(i, b"k"), ordered=True)
+    await asyncio.sleep(0)  # both workers are busy; k waits for one
+    assert lanes.running == 2
+    assert [m.offset for m in lanes.drop([TP])] == [3, 4]
+    for i in (3, 4):  # read again from the last commit
+        lanes.submit(msg(i, b"k"), ordered=True)
+    busy.set()
+    await asyncio.wait_for(lanes.wait_idle(), 10)
+    assert seen == [3, 4]
+    assert overlaps == 0
+    assert not any(w.done() for w in lanes._workers)  # no worker died
+    await lanes.close()
+
 def test_concurrency_must_be_positive() -> None:
     """Zero workers is refused with a clear error."""
 
