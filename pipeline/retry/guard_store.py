@@ -12,7 +12,12 @@ runs alone
 interruptions, the first plus its lone starts, reach ``poison_after``, it is dead-lettered with
 reason ``poison``. A copy that finds a mark of *another* position is a duplicate (a member killed
 between producing a retry and committing it): the marked copy finishes, or, not being committed,
-is delivered again, so the duplicate is dropped and never runs beside it.
+is delivered again, so the duplicate is dropped and never runs beside it. A start that failed
+and produced its retry copy does not delete its mark at its end: it leaves it with no start
+(``0|position|attempt``) for that copy to take over. Until then the failed copy, delivered again
+because its offset was not committed yet, is stale: were it to take the mark and its member
+die before running it, the retry copy would be dropped as a duplicate of a start that never
+runs again, its offset committed as done since the failure.
 
 **Parking (ordered retries).** On an ordered lane, when a message fails and goes to a retry tier,
 its key is *parked*: the message is the key's head. Later messages of that key are *held*: each is

@@ -109,8 +109,10 @@ class RunGuard:
         self._running: dict[str, Start | Message] = {}
         """Starts running in this member, by message id, until they end or are routed (a first
         delivery under a claim: the message, its start built only if it is routed)."""
-        self._parked_by_route: set[str] = set()
-        """Runs whose route to a retry tier parked their key (their end needs no gd_end_many)."""
+        self._route_recorded: set[str] = set()
+        """Runs whose route to a retry tier was recorded (``gd_route``): on an ordered lane it
+        parked their key, so their end needs no ``gd_end_many``. Their end, once the copy is
+        produced, leaves their start mark to that copy (a redelivery of theirs is then stale)."""
         routing.on_route = self._routed
         self._reaped: set[asyncio.Task[None]] = set()
         self._assignments: dict[TopicPartition, int] = {}
@@ -204,13 +206,15 @@ class RunGuard:
         """
         store, window = self._stores[lane.name], self._windows[lane.name]
         decision, parked = run.decision, run.parked
-        outcome, ending = await self._decided(lane, store, message, start, decision, run.starts)
+        outcome, ending, routed = await self._decided(
+            lane, store, message, start, decision, run.starts
+        )
         # Ended as usual, in the next batched call; a run left unrouted ends its mark too, as
         # in _process, so that the mark does not hold its next delivery back.
         usual = outcome is not None and (ending == "done" or (ending and not start.ordered))
         unrouted = outcome is None and decision in ("process", "suspect")
         if not parked and (usual or unrouted):
-            window.ended(start)
+            window.ended(start, routed=routed and outcome is not None)
             if decision == "suspect":
                 await window.flush()
             return outcome, []
@@ -224,19 +228,25 @@ class RunGuard:
         """Run a first delivery under this member's claim: no start mark, no Redis call.
 
         The steps of :meth:`_process` without a window; a usual end is implied by the commit
-        and sends nothing. The start is built only for an end that needs one: a retry or a
-        dead letter on an ordered lane (``_routed`` builds it when the retry copy is routed).
+        and sends nothing. The start is built only for an end that needs one: a route (its
+        mark, written by ``_routed``, is left to the retry copy, or ended if that copy was not
+        produced) or a dead letter on an ordered lane.
         """
         outcome = await self._shared(lane, message, ident, message)
         routed = self._took_route(ident)
-        if outcome is None:  # not routed: delivered again (no mark to end)
+        ordered = ordered_retries(lane)
+        if outcome is None:  # not routed: delivered again
+            if routed:  # the mark its route wrote must not hold that delivery back
+                self._windows[lane.name].ended(start_of(message, ordered=ordered))
             return None
         ending = _ending(lane, outcome)
-        if ending == "done" or not ordered_retries(lane):  # as in _process
+        if ending == "done" or not ordered:  # as in _process
+            if routed:  # its route wrote a mark: ended, it waits for the copy
+                self._windows[lane.name].ended(start_of(message, ordered=ordered), routed=True)
             return outcome
         start = start_of(message, ordered=True)
         if ending == "parked" and routed:  # its route parked the key and marked it for its copy
-            self._windows[lane.name].ended(start)
+            self._windows[lane.name].ended(start, routed=True)
             return outcome
         return await self._end(lane, store, start, ending, outcome)
 
@@ -275,14 +285,14 @@ class RunGuard:
             return None
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered or (ending == "parked" and routed):
-            window.ended(start)  # routed: gd_route parked its key already
+            window.ended(start, routed=routed)  # routed: gd_route parked its key already
             return outcome
         return await self._end(lane, store, start, ending, outcome)
 
     def _took_route(self, ident: str) -> bool:
-        """Whether the run of ``ident`` that just ended parked its key in ``gd_route``."""
-        if ident in self._parked_by_route:
-            self._parked_by_route.remove(ident)
+        """Whether the run of ``ident`` that just ended recorded its route in ``gd_route``."""
+        if ident in self._route_recorded:
+            self._route_recorded.remove(ident)
             return True
         return False
 
@@ -329,18 +339,20 @@ class RunGuard:
         start: Start,
         decision: str,
         starts: int,
-    ) -> tuple[str | None, Ending | None]:
+    ) -> tuple[str | None, Ending | None, bool]:
         """Carry out a decision to run, run alone or sequence ``message``, as a running start.
 
         ``start`` counts as running in this member until it ends or is routed (``_routed``).
+        Returns its outcome, its end, and whether its route was recorded (``gd_route``).
         """
         self._running[start.ident] = start
         try:
-            return await self._carry_out(lane, store, message, start, decision, starts)
+            outcome, ending = await self._carry_out(lane, store, message, start, decision, starts)
+            return outcome, ending, self._took_route(start.ident)
         finally:
             if self._running.get(start.ident) is start:
                 del self._running[start.ident]
-            self._parked_by_route.discard(start.ident)  # its end goes to gd_end_many anyway
+            self._route_recorded.discard(start.ident)
 
     async def _carry_out(
         self,
@@ -425,7 +437,7 @@ class RunGuard:
             async with self._gate(release.decision):  # a suspect is released alone
                 delivery = tracing.process(message, lane.name)  # the follower's own trace
                 with tracing.guard(delivery):
-                    outcome, ending = await self._decided(
+                    outcome, ending, _ = await self._decided(  # ends go to gd_end_many
                         lane, store, message, start, release.decision, 0
                     )
                 tracing.finish(delivery, outcome)
@@ -456,8 +468,8 @@ class RunGuard:
         claims = self._claims.get(lane.name)
         if claims is not None and ordered:
             claims.parked(start.key)
-        if await store.route(start, attempt, park=ordered) and ordered:
-            self._parked_by_route.add(start.ident)
+        if await store.route(start, attempt, park=ordered):
+            self._route_recorded.add(start.ident)
 
     # -- claims -------------------------------------------------------------------------------
 

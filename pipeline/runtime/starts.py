@@ -53,9 +53,13 @@ class StartWindow:
         """Record ``start`` with the others of this turn; its decision and start count."""
         return await self._batch.ask(start)
 
-    def ended(self, start: Start) -> None:
-        """``start`` ended as usual (handled, skipped, expired, dead-lettered, not parked)."""
-        self._ended.append(start.end_line)
+    def ended(self, start: Start, *, routed: bool = False) -> None:
+        """``start`` ended as usual (handled, skipped, expired, dead-lettered, not parked).
+
+        ``routed``: its route was recorded (``gd_route``) and its retry copy produced; its mark
+        is left to that copy, so that a redelivery of this copy is stale.
+        """
+        self._ended.append(f"{start.end_line}\t1" if routed else start.end_line)
 
     async def flush(self) -> None:
         """Send the ends recorded so far (before a commit, so a committed message is ended)."""

@@ -319,10 +319,13 @@ async def test_a_routed_first_run_ends_in_the_next_batched_call(
     assert await a.run(lane, follower) == "parked"
     assert ended == []
     await a.flush()
-    assert await redis.hlen(store.keys.run) == 0  # the failed start's mark is gone
+    # The failed start ended: its mark, of no start now, waits for the copy it produced.
+    ident = f"{lane.spec.name}:0:0"
+    assert await redis.hgetall(store.keys.run) == {ident.encode(): f"0|{ident}|2".encode()}
     assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
-    assert ended == [f"{lane.spec.name}:0:0 done", f"{lane.spec.name}:0:1 done"]
+    assert ended == [f"{ident} done", f"{lane.spec.name}:0:1 done"]
     assert runs == [b"x", b"x", b"y"]
+    assert await redis.hlen(store.keys.run) == 0
     assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
 
 
@@ -357,7 +360,7 @@ async def test_routed_runs_leave_no_trace_in_the_member(
     assert await a.run(lane, main_message(lane, 1, b"y")) == "parked"
     assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"  # releases Y: it fails
     assert runs == [b"x", b"x", b"y"]
-    assert a._parked_by_route == set()
+    assert a._route_recorded == set()
     assert a._running == {}
 
 
@@ -543,3 +546,78 @@ async def test_a_retried_suspects_lone_count_ends_with_its_copy(
     await window.flush()
     assert await redis.hlen(store.keys.run) == 0
     assert await redis.hlen(store.keys.alone) == 0
+
+
+@pytest.mark.parametrize("first", ["first run", "suspect"])
+async def test_a_failed_start_delivered_again_leaves_the_run_to_its_retry_copy(
+    redis: Redis, unique: str, prefix: str, first: str
+) -> None:
+    """X failed and went to a tier, its end recorded; its main copy is then delivered again.
+
+    That happens when its offset was not committed yet: Redis Streams hands an entry pending
+    past the lease to a member again (even the same one), and a Kafka partition's next owner
+    reads from the last commit. The copy in the tier is the one to run. Were the main copy to
+    take the start mark instead and its member die before running it, the tier copy would be
+    dropped as a copy of a running start while the main offset, done since the failure, is
+    committed: X and every follower held behind it lost.
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    x = main_message(lane, 0, b"x")
+    if first == "suspect":  # an earlier start of X never ended: X ran alone, then failed
+        await _marks_of_a_dead_member(redis, prefix, lane, handlers, [x])
+    a, runs = routing_guard(redis, prefix, lane, b"x")
+    assert await a.run(lane, x) == "retried"
+    await a.flush()  # its end is recorded (at its next call or commit)
+    y = main_message(lane, 1, b"y")
+    b = member_guard(redis, prefix, lane, handlers, "b")
+    assert await b.run(lane, y) == "parked"  # held behind X
+    # The main copy of X again, at B: it must neither run nor stand in its retry copy's way.
+    handlers.hold[b"x"] = asyncio.Event()
+    again = asyncio.create_task(b.run(lane, x))
+    started = asyncio.create_task(handlers.started.setdefault(b"x", asyncio.Event()).wait())
+    await asyncio.wait({again, started}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    started.cancel()
+    assert again.done(), "the main copy delivered again was taken for its key's head"
+    assert again.result() == "duplicate"
+    handlers.hold.pop(b"x").set()
+    c = member_guard(redis, prefix, lane, handlers, "c")
+    assert await c.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
+    assert runs == [b"x"]
+    assert [(m, v) for m, v, _, _ in handlers.runs if m != "a"] == [("c", b"x"), ("c", b"y")]
+    assert await redis.hlen(a._stores[lane.name].keys.run) == 0
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+
+
+@pytest.mark.parametrize("produced", [True, False])
+async def test_a_routed_start_that_ended_leaves_its_mark_to_the_copy_it_produced(
+    redis: Redis, unique: str, prefix: str, produced: bool
+) -> None:
+    """A failed copy delivered again is stale once its retry copy was produced (no parking).
+
+    If producing failed, that copy never comes, and the failed one runs again.
+    """
+    spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
+    store = GuardStore(redis, prefix, spec.lane, ttl_ms=60_000)
+    window = StartWindow(store)
+    from pipeline import headers as h  # noqa: PLC0415 - local to this test
+    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
+
+    first = Message(spec.name, 0, 7, b"k", b"v")
+    start = start_of(first, ordered=False)
+    assert await window.begin(start) == ("process", 1)
+    assert await store.route(start, 2, park=False)
+    window.ended(start, routed=produced)
+    again = await window.begin(start)
+    if not produced:
+        assert again == ("process", 1)
+        return
+    assert again == ("copy", 0)
+    origin = {h.ORIGIN_TOPIC: spec.name.encode(), h.ORIGIN_PARTITION: b"0", h.ORIGIN_OFFSET: b"7"}
+    copy = Message(f"{spec.name}.retry.1s", 0, 0, b"k", b"v", {**origin, h.ATTEMPT: b"2"})
+    copied = start_of(copy, ordered=False)
+    assert await window.begin(copied) == ("process", 1)
+    assert await window.begin(start) == ("copy", 1)  # the copy runs now: the failed one waits
+    window.ended(copied)
+    await window.flush()
+    assert await redis.hlen(store.keys.run) == 0

@@ -9,7 +9,10 @@
 --                   ended. position is where that copy was read (topic:partition:offset), or
 --                   "rel" for a held follower released from here; attempt, when present, is the
 --                   attempt of the retry copy this start is producing (gd_route): that copy may
---                   take the mark over, no other may
+--                   take the mark over, no other may. A mark of 0 starts ("0|position|attempt")
+--                   is left by a start that ended once its retry copy was produced: that copy
+--                   takes it over, and the copy at position, delivered again (its offset was
+--                   not committed yet), is stale
 --   T:alone   hash  message id -> lone starts of a suspect (its runs alone after a crash)
 --   T:gone    zset  message id -> ms it left a parked key (handled or dead-lettered): a copy of
 --                   it that shows up again is stale. Entries older than ttl_ms are pruned
@@ -29,8 +32,9 @@
 -- Decisions returned to the runtime:
 --   process    run the handler
 --   suspect    an earlier start of this copy never ended: run it alone, after gd_solo
---   copy       another copy of this message started and has not ended: drop this one (the other
---              copy either finishes or, not committed, is delivered again)
+--   copy       another copy of this message started and has not ended, or this copy ended and its
+--              retry copy is due: drop this one (the other copy either finishes or, not
+--              committed, is delivered again)
 --   stale      this message already left its key's parked set: a late duplicate, drop it
 --   slow       (gd_begin only) the key is parked: ask gd_key_begin
 --   held       the key is parked: the message is stored here behind its head; its offset is done
@@ -78,6 +82,7 @@ local function decide(mark, pos, attempt, force, me, live_key, now)
   if at ~= pos and route ~= '' and route == attempt then
     return 'process', 1, '1|' .. pos .. tail  -- the retry copy its start was producing: it takes over
   end
+  if starts == 0 and not force then return 'copy', 0, nil end  -- ended: its retry copy runs
   if at == pos and me and inst ~= me and live(live_key, inst, now) then
     return 'busy', starts, nil
   end
@@ -93,33 +98,50 @@ local function mark_start(run, id, pos, attempt, force)
   return decision, starts
 end
 
--- Parse "id TAB position" lines (an empty position is the id itself) into ids and positions.
+-- Parse "id TAB position[ TAB 1]" lines (an empty position is the id itself; 1: the start's
+-- retry copy was produced) into ids, positions and routed flags.
 local function end_lines(lines)
-  local ids, positions = {}, {}
-  for id, pos in string.gmatch(lines, '([^\t\n]+)\t([^\t\n]*)') do
+  local ids, positions, routed = {}, {}, {}
+  for id, pos, r in string.gmatch(lines, '([^\t\n]+)\t([^\t\n]*)\t?(1?)') do
     ids[#ids + 1] = id
     positions[#positions + 1] = pos == '' and id or pos
+    routed[#routed + 1] = r == '1'
   end
-  return ids, positions
+  return ids, positions, routed
 end
 
--- Delete the marks (and lone-start counts) of ended starts whose mark is still theirs. `marks`
--- holds their current marks, read with the starts' in one HMGET. Only a suspect (a mark of more
--- than one start) can have a lone-start count. Returns the set of ids whose mark was deleted.
-local function end_marks(run, alone, ids, positions, marks)
-  local done, lone, ended = {}, {}, {}
+-- What the mark of a start that ended at `pos` becomes: 0 starts, if the start routed its retry
+-- copy (its mark names the copy's attempt) and that copy was produced (`produced`), else none.
+local function ended_mark(route, pos, produced)
+  if produced and route ~= '' then return '0|' .. pos .. '|' .. route end
+  return false
+end
+
+-- End the marks (and lone-start counts) of ended starts whose mark is still theirs: deleted, or
+-- left for a produced retry copy to take over (ended_mark). `marks` holds their current marks,
+-- read with the starts' in one HMGET. Only a suspect (a mark of more than one start) can have a
+-- lone-start count. Returns id -> the mark it has now (false: none) for the ends applied.
+local function end_marks(run, alone, ids, positions, routed, marks)
+  local done, kept, lone, ended = {}, {}, {}, {}
   for i, id in ipairs(ids) do
     local mark = marks[i]
     if mark then
-      local starts, at = parse(mark)
-      if at == positions[i] then
-        done[#done + 1] = id
-        ended[id] = true
+      local starts, at, route = parse(mark)
+      if at == positions[i] and starts > 0 then
+        local left = ended_mark(route, at, routed[i])
+        if left then
+          kept[#kept + 1] = id
+          kept[#kept + 1] = left
+        else
+          done[#done + 1] = id
+        end
+        ended[id] = left
         if starts > 1 then lone[#lone + 1] = id end
       end
     end
   end
   if #done > 0 then bulk('HDEL', run, done) end
+  if #kept > 0 then bulk('HSET', run, kept) end
   if #lone > 0 then bulk('HDEL', alone, lone) end
   return ended
 end
@@ -167,7 +189,7 @@ end
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone   KEYS[5] T:live
 -- ARGV[1] now_ms   ARGV[2] ttl_ms (for the per-key state of held starts; gd_reap keeps the
 -- lane-wide hashes' expiry)
--- ARGV[3] ended starts, one per line: id TAB position
+-- ARGV[3] ended starts, one per line: id TAB position [TAB 1 if its retry copy was produced]
 -- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
 -- inherited (1: its partition's previous owner died with it in its claimed range, or 0) TAB
 -- body (1: its encoded message is among ARGV[7...], in the order of the starts, or 0)
@@ -208,7 +230,7 @@ local function begin_many(keys, args)
     redis.call('HSET', keys[5], me, args[6])
     redis.call('PEXPIRE', keys[5], 2 * (tonumber(args[6]) - now))
   end
-  local ended, positions_ended = end_lines(args[3])
+  local ended, positions_ended, routed_ended = end_lines(args[3])
   local ids, names, positions, ordered, attempts, inherited, bodies = {}, {}, {}, {}, {}, {}, {}
   local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)\t([01])\t([01])'
   local body = 6
@@ -231,10 +253,10 @@ local function begin_many(keys, args)
   local read = bulk('HMGET', keys[1], all)
   local ended_marks, marks = {}, {}
   for i = 1, #ended do ended_marks[i] = read[i] end
-  local ended_now = end_marks(keys[1], keys[4], ended, positions_ended, ended_marks)
+  local ended_now = end_marks(keys[1], keys[4], ended, positions_ended, routed_ended, ended_marks)
   for i, id in ipairs(ids) do
     local mark = read[#ended + i]
-    if ended_now[id] then mark = false end
+    if ended_now[id] ~= nil then mark = ended_now[id] end
     marks[i] = mark
   end
   local out = {}
@@ -331,7 +353,7 @@ local function route(keys, args)
   local starts, at = 1, pos
   if mark then starts, at = parse(mark) end
   if at == pos then
-    redis.call('HSET', keys[1], id, starts .. '|' .. pos .. '|' .. attempt)
+    redis.call('HSET', keys[1], id, math.max(starts, 1) .. '|' .. pos .. '|' .. attempt)
     redis.call('PEXPIRE', keys[1], ttl)
   end
   if args[6] == '1' and not redis.call('ZSCORE', keys[2], id) then
@@ -402,7 +424,8 @@ end
 -- already). `outcome`:
 --   done    handled (or skipped, expired): it leaves the parked set, the next followers are
 --           released
---   parked  sent to a retry tier: it stays (or becomes) the key's head; its body is in the tier
+--   parked  sent to a retry tier: it stays (or becomes) the key's head; its body is in the tier,
+--           and its mark is left for that copy (ended_mark)
 --   dead    dead-lettered: it leaves; with "follow", those parked behind it are sequenced
 --   back    released but not run (the follower before it failed): its start mark is undone,
 --           and it waits where it was, held
@@ -417,9 +440,12 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n)
     return {}
   end
   if mark then
-    local _, at = parse(mark)
-    if at == pos then
-      redis.call('HDEL', k.run, id)
+    local starts, at, route = parse(mark)
+    if starts == 0 then  -- an ended start's, for its retry copy: gone once the message leaves
+      if outcome ~= 'parked' then redis.call('HDEL', k.run, id) end
+    elseif at == pos then
+      local left = ended_mark(route, at, outcome == 'parked')
+      if left then redis.call('HSET', k.run, id, left) else redis.call('HDEL', k.run, id) end
       redis.call('HDEL', k.alone, id)
     end
   end
@@ -483,8 +509,8 @@ local function solo(keys, args)
   if redis.call('ZSCORE', keys[3], id) then return {'stale', 0} end
   local mark = redis.call('HGET', keys[1], id)
   if not mark then return {'stale', 0} end
-  local _, at = parse(mark)
-  if at ~= pos then return {'stale', 0} end
+  local starts, at = parse(mark)
+  if at ~= pos or starts == 0 then return {'stale', 0} end
   local alone = redis.call('HINCRBY', keys[2], id, 1)
   redis.call('PEXPIRE', keys[2], tonumber(args[3]))
   if alone >= tonumber(args[4]) then return {'poison', alone} end
