@@ -245,7 +245,7 @@ class GuardStore:
         try:
             decision, starts = await self._functions.fcall(
                 "gd_key_begin",
-                [k.run, k.gone, k.parked, z, state, held],
+                [k.run, k.gone, k.parked, z, state, held, k.live],
                 [
                     self.ttl_ms,
                     start.ident,
@@ -253,6 +253,8 @@ class GuardStore:
                     start.position,
                     start.attempt,
                     encode_held(message),
+                    self.instance,
+                    int(time.time() * 1000),
                 ],
             )
         except (rexc.RedisError, OSError) as exc:

@@ -174,18 +174,23 @@ class RunGuard:
         """Every decision but an immediate ``process``: wait, ask the key, hold, drop, run."""
         pause_s = _BUSY_FIRST_S
         assignment = self._assignments.get(message.tp)
-        while decision == "busy":  # another live member process still runs this very copy
-            self._stats.busy_waits += 1
-            await asyncio.sleep(pause_s)
-            if self._assignments.get(message.tp) != assignment:
-                return None  # revoked meanwhile: the partition's next owner runs it
-            pause_s = min(pause_s * 2, _BUSY_MAX_S)
-            decision, starts = await window.begin(start)
-        parked = decision in ("slow", "head")  # its key is parked: its end goes to gd_end_many
-        if decision == "slow":
-            decision, starts = await store.begin_parked(message, start)
-        elif decision == "head":  # marked already, as gd_key_begin's process would have
-            decision = "process"
+        while True:
+            if decision == "busy":  # another live member process still runs this very copy
+                self._stats.busy_waits += 1
+                await asyncio.sleep(pause_s)
+                if self._assignments.get(message.tp) != assignment:
+                    return None  # revoked meanwhile: the partition's next owner runs it
+                pause_s = min(pause_s * 2, _BUSY_MAX_S)
+                decision, starts = await window.begin(start)
+                continue
+            parked = decision in ("slow", "head")  # its key is parked: its end: gd_end_many
+            if decision == "slow":
+                decision, starts = await store.begin_parked(message, start)
+                if decision == "busy":
+                    continue
+            elif decision == "head":  # marked already, as gd_key_begin's process would have
+                decision = "process"
+            break
         skipped = self._not_run(decision)
         if skipped is not None:
             return skipped

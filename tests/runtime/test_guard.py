@@ -621,3 +621,33 @@ async def test_a_routed_start_that_ended_leaves_its_mark_to_the_copy_it_produced
     window.ended(copied)
     await window.flush()
     assert await redis.hlen(store.keys.run) == 0
+
+
+async def test_a_heads_copy_another_live_member_runs_waits_and_is_then_stale(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """The head's retry copy, started at A, is read again by B while A still has it to run.
+
+    A head's start can wait long before it runs (behind a suspect run alone), and Redis Streams
+    hands the entry out again once it is pending past its lease. B must wait for A, not run it
+    beside A as a suspect, and not at all once A ran it: the key's followers run after it.
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
+    handlers.outcomes[b"x"] = ["retried"]
+    assert await a.run(lane, main_message(lane, 0, b"x")) == "retried"
+    assert await a.run(lane, main_message(lane, 1, b"y")) == "parked"
+    handlers.started.pop(b"x")
+    handlers.hold[b"x"] = asyncio.Event()
+    copy = retry_copy(lane, 0, 0, b"x")
+    first = asyncio.create_task(a.run(lane, copy))
+    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
+    second = asyncio.create_task(b.run(lane, copy))
+    await eventually(lambda: b._stats.busy_waits >= 2)  # asked twice and told to wait
+    assert [v for m, v, _, _ in handlers.runs if m == "b"] == []
+    handlers.hold.pop(b"x").set()
+    assert await asyncio.wait_for(first, 10) == "handled"
+    assert await asyncio.wait_for(second, 10) == "duplicate"
+    assert [(m, v) for m, v, _, _ in handlers.runs] == [("a", b"x"), ("a", b"x"), ("a", b"y")]
+    assert handlers.overlaps() == 0

@@ -123,7 +123,6 @@ async def test_drop_forgets_queued_messages_but_keeps_running_ones() -> None:
     assert done == [0]
 
 
-
 async def test_a_key_dropped_while_waiting_for_a_worker_runs_once_when_read_again() -> None:
     """A partition revoked and assigned back: its messages, read again, run one at a time.
 
@@ -166,6 +165,7 @@ async def test_a_key_dropped_while_waiting_for_a_worker_runs_once_when_read_agai
     assert overlaps == 0
     assert not any(w.done() for w in lanes._workers)  # no worker died
     await lanes.close()
+
 
 def test_concurrency_must_be_positive() -> None:
     """Zero workers is refused with a clear error."""

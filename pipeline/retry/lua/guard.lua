@@ -55,7 +55,7 @@ end
 
 -- A mark is "starts|position[|route[|instance]]": route is the attempt of the retry copy its
 -- start was producing (empty if none), instance the member process that made the start (empty
--- for marks of the per-key paths).
+-- for a released follower's: its release has a lease of its own).
 local function parse(mark)
   local starts, pos, route, inst = string.match(mark, '^(%d+)|([^|]*)|?(%d*)|?([^|]*)$')
   return tonumber(starts), pos, route, inst
@@ -70,7 +70,7 @@ end
 
 -- Decide a start of `id` read at `pos` (attempt `attempt`) given its current mark (or false).
 -- With `force`, a mark of another position is taken over as a suspect. `me` is the calling
--- member process (written into the mark; nil on the per-key paths), `live_key` and `now` let a
+-- member process (written into the mark; nil for a release), `live_key` and `now` let a
 -- mark of this position made by another process that is still alive answer `busy`: that process
 -- still runs it (it lost the partition to a stall, not to a crash), so this copy must wait for
 -- its end instead of running beside it. Returns decision, starts, and the new mark (nil:
@@ -92,8 +92,9 @@ local function decide(mark, pos, attempt, force, me, live_key, now)
   return 'copy', starts, nil
 end
 
-local function mark_start(run, id, pos, attempt, force)
-  local decision, starts, mark = decide(redis.call('HGET', run, id), pos, attempt, force)
+local function mark_start(run, id, pos, attempt, force, me, live_key, now)
+  local decision, starts, mark = decide(redis.call('HGET', run, id), pos, attempt, force, me,
+                                        live_key, now)
   if mark then redis.call('HSET', run, id, mark) end
   return decision, starts
 end
@@ -211,13 +212,18 @@ end
 local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b', held = 'h', head = 'r'}
 
 -- The start of `id` (read at `pos`, attempt `attempt`) on its parked key, decided here when it
--- is the key's head and free to run: 'head' (its mark written) and its starts; else nil, and
--- nothing written (gd_key_begin decides it). k: run, gone, z, h, f.
-local function as_head(k, id, pos, attempt)
+-- is the key's head: 'head' (free to run, its mark written, naming the member process `me`) and
+-- its starts; 'busy' if another live member process runs this very copy (a head's start waits
+-- long behind a suspect run alone: its copy, delivered again elsewhere meanwhile, must not run
+-- beside or after it); else nil, and nothing written (gd_key_begin decides it).
+-- k: run, gone, z, h, f, live.
+local function as_head(k, id, pos, attempt, me, now)
   local head, seq = live_head(k.gone, k.z, k.f)
   if head ~= id then return nil end
   if seq <= tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then return nil end
-  local decision, starts, mark = decide(redis.call('HGET', k.run, id), pos, attempt, false)
+  local decision, starts, mark = decide(redis.call('HGET', k.run, id), pos, attempt, false, me,
+                                        k.live, now)
+  if decision == 'busy' then return 'busy', starts end
   if decision ~= 'process' then return nil end
   redis.call('HSET', k.run, id, mark)
   return 'head', starts
@@ -275,9 +281,12 @@ local function begin_many(keys, args)
       local held, held_starts = nil, 0
       if ordered[i] and parked[i] and not gone[i] then
         local key = names[i]
-        local k = of_key({run = keys[1], gone = keys[2], parked = keys[3]}, tag, key)
+        local k = of_key({run = keys[1], gone = keys[2], parked = keys[3], live = keys[5]}, tag,
+                         key)
         if bodies[i] then held = hold(k, ttl, id, key, bodies[i]) end
-        if not held then held, held_starts = as_head(k, id, positions[i], attempts[i]) end
+        if not held then
+          held, held_starts = as_head(k, id, positions[i], attempts[i], me, now)
+        end
       end
       if gone[i] then
         out[i] = 'x0'
@@ -317,11 +326,14 @@ end
 
 -- gd_key_begin: decide a start of a message whose key is parked.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K   KEYS[6] T:f:K
+-- KEYS[7] T:live
 -- ARGV[1] ttl_ms   ARGV[2] id   ARGV[3] key   ARGV[4] position   ARGV[5] attempt
--- ARGV[6] the encoded message (stored if it is held)
--- Returns {decision, starts}.
+-- ARGV[6] the encoded message (stored if it is held)   ARGV[7] the calling member process's
+-- instance id   ARGV[8] now_ms
+-- Returns {decision, starts}; busy as in gd_begin.
 local function begin_parked(keys, args)
   local ttl, id, key, pos, attempt, blob = tonumber(args[1]), args[2], args[3], args[4], args[5], args[6]
+  local me, now = args[7], tonumber(args[8])
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
   local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6]}
   local held = hold(k, ttl, id, key, blob)
@@ -330,13 +342,13 @@ local function begin_parked(keys, args)
   if not head then
     redis.call('DEL', keys[4], keys[5], keys[6])
     redis.call('HDEL', keys[3], key)
-    local decision, starts = mark_start(keys[1], id, pos, attempt, false)
+    local decision, starts = mark_start(keys[1], id, pos, attempt, false, me, keys[7], now)
     redis.call('PEXPIRE', keys[1], ttl)
     return {decision, starts}
   end
   local dead_until = tonumber(redis.call('HGET', keys[5], 'dead_until') or '0')
   if head_seq <= dead_until then return {'sequenced', 0} end
-  local decision, starts = mark_start(keys[1], id, pos, attempt, false)
+  local decision, starts = mark_start(keys[1], id, pos, attempt, false, me, keys[7], now)
   redis.call('PEXPIRE', keys[1], ttl)
   return {decision, starts}
 end
