@@ -25,6 +25,7 @@ from runtime.guard_parts import (
 )
 from runtime.helpers import eventually, lane_spec
 
+from pipeline import headers as h
 from pipeline.envelope import Delivered, Message, TopicPartition
 from pipeline.retry.guard_store import (
     Decision,
@@ -33,6 +34,7 @@ from pipeline.retry.guard_store import (
     Release,
     Start,
     lane_guards,
+    start_of,
 )
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
@@ -42,6 +44,7 @@ from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
+from pipeline.topics.spec import TopicSpec
 
 Decided = tuple[Decision, int]
 
@@ -109,7 +112,6 @@ async def test_starts_of_one_loop_turn_share_few_calls(
     spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
     store = GuardStore(redis, prefix, spec.lane, ttl_ms=60_000)
     window = StartWindow(store)
-    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
 
     messages = [Message(spec.name, 0, i, f"k{i}".encode(), b"v") for i in range(50)]
     decisions = await asyncio.gather(*(window.begin(start_of(m, ordered=True)) for m in messages))
@@ -230,7 +232,6 @@ async def test_a_start_carrying_its_body_is_held_in_the_batched_call(
     redis: Redis, unique: str, prefix: str
 ) -> None:
     """gd_begin holds a start with a body behind its parked key's head; other starts as before."""
-    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
     from pipeline.retry.held import decode_held, encode_held  # noqa: PLC0415
 
     lane = guarded_lane(f"guard_{unique}")
@@ -505,6 +506,23 @@ async def test_a_suspects_end_is_in_redis_before_another_run_starts(
     assert await redis.hlen(store.keys.run) == 0
 
 
+def _first_start_of_a_lane_without_parking(
+    redis: Redis, prefix: str, unique: str
+) -> tuple[TopicSpec, GuardStore, StartWindow, Start]:
+    """A lane with one tier and no ordering, its guard, and the start of its offset 7."""
+    spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
+    store = GuardStore(redis, prefix, spec.lane, ttl_ms=60_000)
+    first = Message(spec.name, 0, 7, b"k", b"v")
+    return spec, store, StartWindow(store), start_of(first, ordered=False)
+
+
+def _its_copy_in_the_tier(spec: TopicSpec) -> Start:
+    """The start of offset 7's copy in the tier, as attempt 2."""
+    origin = {h.ORIGIN_TOPIC: spec.name.encode(), h.ORIGIN_PARTITION: b"0", h.ORIGIN_OFFSET: b"7"}
+    copy = Message(f"{spec.name}.retry.1s", 0, 0, b"k", b"v", {**origin, h.ATTEMPT: b"2"})
+    return start_of(copy, ordered=False)
+
+
 async def test_a_retried_suspects_lone_count_ends_with_its_copy(
     redis: Redis, unique: str, prefix: str
 ) -> None:
@@ -513,33 +531,13 @@ async def test_a_retried_suspects_lone_count_ends_with_its_copy(
     Otherwise the lone count outlived the message (the lane's hashes are kept alive while it
     runs), and a later delivery of it that crashed would start nearer ``poison_after``.
     """
-    spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
-    store = GuardStore(redis, prefix, spec.lane, ttl_ms=60_000)
-    window = StartWindow(store)
-    from pipeline import headers as h  # noqa: PLC0415 - local to this test
-    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
-
-    first = Message(spec.name, 0, 7, b"k", b"v")
-    start = start_of(first, ordered=False)
+    spec, store, window, start = _first_start_of_a_lane_without_parking(redis, prefix, unique)
     assert await window.begin(start) == ("process", 1)
     # Its member died mid-run: read again, it is a suspect and runs alone once.
     assert await window.begin(start) == ("suspect", 2)
     assert await store.solo(start, poison_after=3) == ("process", 1)
     assert await store.route(start, 2, park=False)  # it failed: its copy goes to the tier
-    copy = Message(
-        f"{spec.name}.retry.1s",
-        0,
-        0,
-        b"k",
-        b"v",
-        {
-            h.ORIGIN_TOPIC: spec.name.encode(),
-            h.ORIGIN_PARTITION: b"0",
-            h.ORIGIN_OFFSET: b"7",
-            h.ATTEMPT: b"2",
-        },
-    )
-    copied = start_of(copy, ordered=False)
+    copied = _its_copy_in_the_tier(spec)
     assert await window.begin(copied) == ("process", 1)  # the copy takes the mark over
     window.ended(start)  # the suspect's own end comes after: the mark is the copy's now
     window.ended(copied)
@@ -597,14 +595,7 @@ async def test_a_routed_start_that_ended_leaves_its_mark_to_the_copy_it_produced
 
     If producing failed, that copy never comes, and the failed one runs again.
     """
-    spec = lane_spec(f"guard_{unique}", 1, retry={"tiers": ["1s"]})
-    store = GuardStore(redis, prefix, spec.lane, ttl_ms=60_000)
-    window = StartWindow(store)
-    from pipeline import headers as h  # noqa: PLC0415 - local to this test
-    from pipeline.retry.guard_store import start_of  # noqa: PLC0415 - local to this test
-
-    first = Message(spec.name, 0, 7, b"k", b"v")
-    start = start_of(first, ordered=False)
+    spec, store, window, start = _first_start_of_a_lane_without_parking(redis, prefix, unique)
     assert await window.begin(start) == ("process", 1)
     assert await store.route(start, 2, park=False)
     window.ended(start, routed=produced)
@@ -613,9 +604,7 @@ async def test_a_routed_start_that_ended_leaves_its_mark_to_the_copy_it_produced
         assert again == ("process", 1)
         return
     assert again == ("copy", 0)
-    origin = {h.ORIGIN_TOPIC: spec.name.encode(), h.ORIGIN_PARTITION: b"0", h.ORIGIN_OFFSET: b"7"}
-    copy = Message(f"{spec.name}.retry.1s", 0, 0, b"k", b"v", {**origin, h.ATTEMPT: b"2"})
-    copied = start_of(copy, ordered=False)
+    copied = _its_copy_in_the_tier(spec)
     assert await window.begin(copied) == ("process", 1)
     assert await window.begin(start) == ("copy", 1)  # the copy runs now: the failed one waits
     window.ended(copied)
