@@ -552,9 +552,9 @@ async def test_a_failed_start_delivered_again_leaves_the_run_to_its_retry_copy(
 ) -> None:
     """X failed and went to a tier, its end recorded; its main copy is then delivered again.
 
-    That happens when its offset was not committed yet: Redis Streams hands an entry pending
-    past the lease to a member again (even the same one), and a Kafka partition's next owner
-    reads from the last commit. The copy in the tier is the one to run. Were the main copy to
+    That happens when its offset was not committed yet and its partition moved, even back to
+    the same member: the next owner reads from the last commit (on Redis Streams it reclaims
+    the entries not yet acknowledged, handled or not). The copy in the tier is the one to run. Were the main copy to
     take the start mark instead and its member die before running it, the tier copy would be
     dropped as a copy of a running start while the main offset, done since the failure, is
     committed: X and every follower held behind it lost.
@@ -617,9 +617,10 @@ async def test_a_heads_copy_another_live_member_runs_waits_and_is_then_stale(
 ) -> None:
     """The head's retry copy, started at A, is read again by B while A still has it to run.
 
-    A head's start can wait long before it runs (behind a suspect run alone), and Redis Streams
-    hands the entry out again once it is pending past its lease. B must wait for A, not run it
-    beside A as a suspect, and not at all once A ran it: the key's followers run after it.
+    A head's start can wait long before it runs (behind a suspect run alone), and a revoked
+    partition's running work goes on while its next owner reads what was not committed. B
+    must wait for A, not run it beside A as a suspect, and not at all once A ran it: the key's
+    followers run after it.
     """
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
