@@ -49,6 +49,9 @@ from pipeline.runtime.starts import StartWindow
 from pipeline.runtime.stats import Stats
 
 log = logging.getLogger(__name__)
+decisions = logging.getLogger("pipeline.guard.decisions")
+"""One DEBUG line per guard decision (``PIPELINE_LOG_LEVEL=DEBUG``): which copy of which
+message was run, held, dropped or made to wait, and why (see ``pipeline/retry/lua/guard.lua``)."""
 
 _BUSY_FIRST_S = 0.05
 _BUSY_MAX_S = 1.0
@@ -118,6 +121,8 @@ class RunGuard:
         self._assignments: dict[TopicPartition, int] = {}
         """Partitions assigned here, each with the number of its assignment."""
         self._assigned = itertools.count(1)
+        self._telling = decisions.isEnabledFor(logging.DEBUG)
+        """Whether each decision is logged (read once: the hot path pays one attribute)."""
 
     @property
     def calls(self) -> int:
@@ -172,6 +177,35 @@ class RunGuard:
         starts: int,
     ) -> str | None:
         """Every decision but an immediate ``process``: wait, ask the key, hold, drop, run."""
+        if self._telling:
+            _tell(lane, start, f"{decision}, {starts} starts")
+        asked = _Run(decision, starts, parked=False)
+        run = await self._final(lane, store, window, message, start, asked)
+        if run is None:
+            return None  # revoked while it waited: the partition's next owner runs it
+        skipped = self._not_run(run.decision)
+        if skipped is not None:
+            return skipped
+        async with self._gate(run.decision):
+            outcome, released = await self._ran(lane, message, start, run)
+        if released:
+            await self._release(lane, store, released)
+        return outcome
+
+    async def _final(
+        self,
+        lane: Lane,
+        store: GuardStore,
+        window: StartWindow,
+        message: Message,
+        start: Start,
+        run: _Run,
+    ) -> _Run | None:
+        """The decision to carry out: after waiting out ``busy``, and asking a parked key.
+
+        None if the partition was revoked while it waited.
+        """
+        decision, starts = run.decision, run.starts
         pause_s = _BUSY_FIRST_S
         assignment = self._assignments.get(message.tp)
         while True:
@@ -179,28 +213,20 @@ class RunGuard:
                 self._stats.busy_waits += 1
                 await asyncio.sleep(pause_s)
                 if self._assignments.get(message.tp) != assignment:
-                    return None  # revoked meanwhile: the partition's next owner runs it
+                    return None
                 pause_s = min(pause_s * 2, _BUSY_MAX_S)
                 decision, starts = await window.begin(start)
                 continue
             parked = decision in ("slow", "head")  # its key is parked: its end: gd_end_many
             if decision == "slow":
                 decision, starts = await store.begin_parked(message, start)
+                if self._telling:
+                    _tell(lane, start, f"its parked key says {decision}, {starts} starts")
                 if decision == "busy":
                     continue
             elif decision == "head":  # marked already, as gd_key_begin's process would have
                 decision = "process"
-            break
-        skipped = self._not_run(decision)
-        if skipped is not None:
-            return skipped
-        async with self._gate(decision):
-            outcome, released = await self._ran(
-                lane, message, start, _Run(decision, starts, parked)
-            )
-        if released:
-            await self._release(lane, store, released)
-        return outcome
+            return _Run(decision, starts, parked)
 
     async def _ran(
         self, lane: Lane, message: Message, start: Start, run: _Run
@@ -237,6 +263,8 @@ class RunGuard:
         mark, written by ``_routed``, is left to the retry copy, or ended if that copy was not
         produced) or a dead letter on an ordered lane.
         """
+        if self._telling:
+            decisions.debug("%s: %s claimed here: runs unmarked", lane.name, ident)
         outcome = await self._shared(lane, message, ident, message)
         routed = self._took_route(ident)
         ordered = ordered_retries(lane)
@@ -283,6 +311,8 @@ class RunGuard:
 
         The same steps as :meth:`_decided` and :meth:`_carry_out` for that decision, inline.
         """
+        if self._telling:
+            _tell(lane, start, "process")
         outcome = await self._shared(lane, message, start.ident, start)
         routed = self._took_route(start.ident)
         if outcome is None:  # not routed: delivered again, and its run here is over
@@ -389,6 +419,8 @@ class RunGuard:
         The caller holds the member's gate (:meth:`Isolation.alone`) until the end is recorded.
         """
         verdict, alone = await store.solo(start, poison_after=lane.spec.retry.poison_after)
+        if self._telling:
+            _tell(lane, start, f"{verdict} as a suspect, {alone} lone starts")
         if verdict == "stale":  # another copy finished it or took it over meanwhile
             self._stats.duplicates += 1
             return "duplicate", None  # the start mark is the other copy's: left alone
@@ -439,6 +471,8 @@ class RunGuard:
         for i, release in enumerate(released):
             start = _released_start(release)
             message = release.message
+            if self._telling:
+                _tell(lane, start, f"released: {release.decision}")
             async with self._gate(release.decision):  # a suspect is released alone
                 delivery = tracing.process(message, lane.name)  # the follower's own trace
                 with tracing.guard(delivery):
@@ -544,6 +578,19 @@ class RunGuard:
                 await task
         for claims in self._claims.values():
             await claims.close()
+
+
+def _tell(lane: Lane, start: Start, what: str) -> None:
+    """Log one decision of the guard about ``start`` (``decisions``, DEBUG)."""
+    decisions.debug(
+        "%s: %s read at %s (attempt %d, key %s): %s",
+        lane.name,
+        start.ident,
+        start.position,
+        start.attempt,
+        start.key,
+        what,
+    )
 
 
 def ordered_retries(lane: Lane) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -554,10 +555,10 @@ async def test_a_failed_start_delivered_again_leaves_the_run_to_its_retry_copy(
 
     That happens when its offset was not committed yet and its partition moved, even back to
     the same member: the next owner reads from the last commit (on Redis Streams it reclaims
-    the entries not yet acknowledged, handled or not). The copy in the tier is the one to run. Were the main copy to
-    take the start mark instead and its member die before running it, the tier copy would be
-    dropped as a copy of a running start while the main offset, done since the failure, is
-    committed: X and every follower held behind it lost.
+    the entries not yet acknowledged, handled or not). The copy in the tier is the one to run.
+    Were the main copy to take the start mark instead and its member die before running it,
+    the tier copy would be dropped as a copy of a running start while the main offset, done
+    since the failure, is committed: X and every follower held behind it lost.
     """
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
@@ -641,3 +642,27 @@ async def test_a_heads_copy_another_live_member_runs_waits_and_is_then_stale(
     assert await asyncio.wait_for(second, 10) == "duplicate"
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("a", b"x"), ("a", b"x"), ("a", b"y")]
     assert handlers.overlaps() == 0
+
+
+async def test_each_decision_is_one_debug_line_of_its_own_logger(
+    redis: Redis, unique: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``pipeline.guard.decisions`` at DEBUG says which copy of which message went which way."""
+    caplog.set_level(logging.DEBUG, logger="pipeline.guard.decisions")
+    lane = guarded_lane(f"guard_{unique}")
+    a, _ = routing_guard(redis, prefix, lane, b"x")
+    x = main_message(lane, 0, b"x")
+    assert await a.run(lane, x) == "retried"
+    await a.flush()
+    assert await a.run(lane, x) == "duplicate"  # read again: its retry copy runs instead
+    assert await a.run(lane, retry_copy(lane, 0, 0, b"x")) == "handled"
+    ident = f"{lane.spec.name}:0:0"
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.guard.decisions"]
+    assert [line.split("): ", 1)[1] for line in lines] == [
+        "process",
+        "slow, 0 starts",
+        "its parked key says copy, 0 starts",
+        "head, 1 starts",
+    ]
+    assert lines[0].startswith(f"{lane.name}: {ident} read at {ident} (attempt 1, key ")
+    assert f"read at {lane.routes.retry_topics[0]}:0:0 (attempt 2" in lines[-1]
