@@ -164,13 +164,12 @@ class RunGuard:
             claims.decided(start.key, decision)
         if decision == "process":  # the common case, without the general path's layers
             return await self._process(lane, store, window, message, start, ordered)
-        return await self._general(lane, store, window, message, start, decision, starts)
+        return await self._general(lane, store, message, start, decision, starts)
 
     async def _general(
         self,
         lane: Lane,
         store: GuardStore,
-        window: StartWindow,
         message: Message,
         start: Start,
         decision: Decision,
@@ -179,8 +178,7 @@ class RunGuard:
         """Every decision but an immediate ``process``: wait, ask the key, hold, drop, run."""
         if self._telling:
             _tell(lane, start, f"{decision}, {starts} starts")
-        asked = _Run(decision, starts, parked=False)
-        run = await self._final(lane, store, window, message, start, asked)
+        run = await self._final(lane, message, start, decision, starts)
         if run is None:
             return None  # revoked while it waited: the partition's next owner runs it
         skipped = self._not_run(run.decision)
@@ -193,19 +191,13 @@ class RunGuard:
         return outcome
 
     async def _final(
-        self,
-        lane: Lane,
-        store: GuardStore,
-        window: StartWindow,
-        message: Message,
-        start: Start,
-        run: _Run,
+        self, lane: Lane, message: Message, start: Start, decision: Decision, starts: int
     ) -> _Run | None:
         """The decision to carry out: after waiting out ``busy``, and asking a parked key.
 
         None if the partition was revoked while it waited.
         """
-        decision, starts = run.decision, run.starts
+        store, window = self._stores[lane.name], self._windows[lane.name]
         pause_s = _BUSY_FIRST_S
         assignment = self._assignments.get(message.tp)
         while True:
@@ -266,22 +258,20 @@ class RunGuard:
         if self._telling:
             decisions.debug("%s: %s claimed here: runs unmarked", lane.name, ident)
         outcome = await self._shared(lane, message, ident, message)
-        routed = self._took_route(ident)
         ordered = ordered_retries(lane)
-        if outcome is None:  # not routed: delivered again
-            if routed:  # the mark its route wrote must not hold that delivery back
-                self._windows[lane.name].ended(start_of(message, ordered=ordered))
+        if self._took_route(ident):
+            # Its route wrote a mark (and parked the key on an ordered lane): a routed run ends
+            # retried or deferred, its mark left to the retry copy; or, the copy not produced,
+            # unrouted, its mark ended so that it does not hold the next delivery back.
+            start = start_of(message, ordered=ordered)
+            self._windows[lane.name].ended(start, routed=outcome is not None)
+            return outcome
+        if outcome is None:  # not routed: delivered again (no mark to end)
             return None
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered:  # as in _process
-            if routed:  # its route wrote a mark: ended, it waits for the copy
-                self._windows[lane.name].ended(start_of(message, ordered=ordered), routed=True)
             return outcome
-        start = start_of(message, ordered=True)
-        if ending == "parked" and routed:  # its route parked the key and marked it for its copy
-            self._windows[lane.name].ended(start, routed=True)
-            return outcome
-        return await self._end(lane, store, start, ending, outcome)
+        return await self._end(lane, store, start_of(message, ordered=True), ending, outcome)
 
     async def _shared(
         self, lane: Lane, message: Message, ident: str, running: Start | Message
