@@ -73,9 +73,11 @@ $(ASYNCAPI_DIR)/node_modules/.installed: $(ASYNCAPI_DIR)/package-lock.json
 
 asyncapi-parser: $(ASYNCAPI_DIR)/node_modules/.installed
 
-## test-only: run the suite against services that are already running (missing ones skip)
+## test-only: run the suite against services that are already running (missing ones skip);
+## TEST_WORKERS processes share it a test file at a time (0: one process)
+TEST_WORKERS ?= 2
 test-only: setup asyncapi-parser
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## lint: ruff, mypy --strict, the import contracts, then the formatting (ruff format --check)
 lint: setup

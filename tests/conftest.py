@@ -8,6 +8,7 @@ import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -163,20 +164,45 @@ def _left_now() -> dict[str, frozenset[str]]:
     return found
 
 
+def _is_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker (``make test`` runs the suite with ``-n``).
+
+    Under ``-n`` the controlling process runs no test: it starts before the workers and ends
+    after them, so the leftover check below is its to make, once, over the whole run.
+    """
+    return hasattr(config, "workerinput")
+
+
+_STUBBORN_IN_WORKERS: list[str] = []
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Note the topics and groups that exist before any test runs: they are not this run's."""
-    session.config.stash[_LEFT_AT_START] = _left_now()
+    if not _is_worker(session.config):
+        session.config.stash[_LEFT_AT_START] = _left_now()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """A worker ended: keep the groups it could not delete, for the report below."""
+    _STUBBORN_IN_WORKERS.extend(getattr(node, "workeroutput", {}).get("stubborn_groups", []))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the run (under CI=true; report it locally) if it left topics, groups or keys behind.
 
     Groups whose static members still held their slots when their test ended are deleted
-    first, once their sessions have expired. Locally the brokers are shared with other
-    people's runs, whose topics and groups may exist for a moment when this one ends, so a
-    local run reports what it finds and CI, alone on its brokers, fails.
+    first, once their sessions have expired (by the process whose tests joined them). Locally
+    the brokers are shared with other people's runs, whose topics and groups may exist for a
+    moment when this one ends, so a local run reports what it finds and CI, alone on its
+    brokers, fails.
     """
     busy = asyncio.run(delete_stubborn_groups())
+    if _is_worker(session.config):
+        session.config.workeroutput["stubborn_groups"] = busy
+        return
+    busy += _STUBBORN_IN_WORKERS
     before = session.config.stash.get(_LEFT_AT_START, {})
     if not before or session.config.option.collectonly:
         return
@@ -192,9 +218,46 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if not names or reporter is None:
             continue
         shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
+        reporter.ensure_newline()
         reporter.write_sep("=", f"leftover {kind}", red=True)
         reporter.write_line(f"the run left {len(names)} {kind} on the shared services: {shown}")
         if kind == "consumer groups" and busy:
             reporter.write_line(f"still with members after waiting: {', '.join(busy)}")
     if IN_CI or os.environ.get("PIPELINE_TEST_LEFTOVERS") == "fail":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- The fault suite's figures, printed once at the end (from every worker's reports) ---
+
+_FAULT_SCENARIOS: list[dict[str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep the figures a fault scenario attached to its report (``tests/faults/conftest.py``)."""
+    _FAULT_SCENARIOS.extend(v for k, v in report.user_properties if k == "fault_scenario")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print each fault scenario's figures (recovery time, dead letters, peaks) after the run."""
+    if not _FAULT_SCENARIOS:
+        return
+    terminalreporter.section("fault scenarios")
+    for result in _FAULT_SCENARIOS:
+        terminalreporter.write_line(
+            f"{result['scenario']:<28} {result['transport']:<6} "
+            f"accepted {result['accepted']:>4}  applied {result['applied']:>4}  "
+            f"dead {result['dead']}  repeated runs {result['repeated_runs']}  "
+            f"recovery {result['recovery_s']} s  "
+            f"restarts {result['member_restarts']}  crashes {result['crashes']}  "
+            f"rss {result['max_rss_mb']} MB  keys {result['max_redis_keys']}  "
+            f"wall {result['wall_s']} s"
+        )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the ``slow`` tests first (a stable sort: each file's tests stay in their order).
+
+    Under ``make test``'s two workers a long file started last would leave one worker running
+    it alone at the end; started first, the short files fill in around it.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -70,18 +70,15 @@ def make_cluster(
     return make
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print each scenario's figures (recovery time, dead letters, peaks) after the run."""
-    if not RESULTS:
-        return
-    terminalreporter.section("fault scenarios")
-    for result in RESULTS:
-        terminalreporter.write_line(
-            f"{result['scenario']:<28} {result['transport']:<6} "
-            f"accepted {result['accepted']:>4}  applied {result['applied']:>4}  "
-            f"dead {result['dead']}  repeated runs {result['repeated_runs']}  "
-            f"recovery {result['recovery_s']} s  "
-            f"restarts {result['member_restarts']}  crashes {result['crashes']}  "
-            f"rss {result['max_rss_mb']} MB  keys {result['max_redis_keys']}  "
-            f"wall {result['wall_s']} s"
-        )
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """Attach the scenario figures a test recorded to its report (``fault_scenario``).
+
+    Reports travel from pytest-xdist's workers to the controlling process, which prints the
+    figures at the end of the run (``tests/conftest.py``).
+    """
+    report = yield
+    if report.when == "teardown":
+        while RESULTS:
+            report.user_properties.append(("fault_scenario", RESULTS.pop(0)))
+    return report
