@@ -253,11 +253,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"wall {result['wall_s']} s"
         )
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the ``slow`` tests first (a stable sort: each file's tests stay in their order).
-
-    Under ``make test``'s two workers a long file started last would leave one worker running
-    it alone at the end; started first, the short files fill in around it.
-    """
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

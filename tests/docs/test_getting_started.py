@@ -60,7 +60,6 @@ async def kafka_topics(
             await delete_declared()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_the_guide_runs_as_written(
     kafka_topics: list[str] | None, tmp_path: Path, prefix: str, redis: Redis, settings: Settings

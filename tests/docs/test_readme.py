@@ -22,7 +22,6 @@ SETUP = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_the_readme_runs_as_written(
     tmp_path: Path, prefix: str, redis: Redis, settings: Settings
