@@ -32,6 +32,10 @@ T = TypeVar("T")
 
 # Pauses between the attempts to delete a group whose last member is still leaving (1.5 s in all).
 _BUSY_GROUP_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
+# Pauses before the offsets of a partition without a leader are asked again (1.5 s in all): its
+# topic is being created or deleted by another client, and has a leader or is gone a moment later.
+_NO_LEADER_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
+_NO_LEADER = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
 
 
 def _broker_configs(config: TopicConfig) -> dict[str, str]:
@@ -47,6 +51,12 @@ def _gone(error: TransportError) -> bool:
         return True
     cause = error.__cause__
     return isinstance(cause, KafkaException) and cause.args[0].code() == KafkaError._NOENT  # noqa: SLF001 - librdkafka's local error codes are spelled with an underscore
+
+
+def _no_leader(error: TransportError) -> bool:
+    """The error says the partition has no leader at the moment."""
+    cause = error.__cause__
+    return isinstance(cause, KafkaException) and cause.args[0].code() in _NO_LEADER
 
 
 class KafkaAdmin:
@@ -79,21 +89,48 @@ class KafkaAdmin:
     async def _offsets(
         self, tps: Iterable[_RawTP], spec: OffsetSpec, *, skip_gone: bool = False
     ) -> dict[TopicPartition, int]:
-        """Offsets per partition; with ``skip_gone`` a topic deleted meanwhile is left out."""
+        """Offsets per partition; with ``skip_gone`` a topic deleted meanwhile is left out.
+
+        A partition without a leader (its topic being created or deleted by another client)
+        is asked again after a pause, for 1.5 s in all; after that it fails, or with
+        ``skip_gone`` is left out as a topic deleted meanwhile would be.
+        """
+        out: dict[TopicPartition, int] = {}
+        pending = list(tps)
+        for pause in _NO_LEADER_PAUSES_S:
+            pending = await self._offsets_once(pending, spec, out, skip_gone=skip_gone, last=False)
+            if not pending:
+                return out
+            await asyncio.sleep(pause)
+        await self._offsets_once(pending, spec, out, skip_gone=skip_gone, last=True)
+        return out
+
+    async def _offsets_once(
+        self,
+        tps: list[_RawTP],
+        spec: OffsetSpec,
+        out: dict[TopicPartition, int],
+        *,
+        skip_gone: bool,
+        last: bool,
+    ) -> list[_RawTP]:
+        """One request: offsets into ``out``; the partitions without a leader, unless ``last``."""
         request = dict.fromkeys(tps, spec)
         if not request:
-            return {}
+            return []
         futures = self._raw.list_offsets(request, request_timeout=self._timeout_s)
-        out: dict[TopicPartition, int] = {}
+        leaderless: list[_RawTP] = []
         for tp, fut in futures.items():
             try:
                 info = await self._wait(fut, f"list offsets of {tp.topic}")
             except TransportError as exc:
-                if not (skip_gone and _gone(exc)):
+                if not last and _no_leader(exc):
+                    leaderless.append(tp)
+                elif not (skip_gone and (_gone(exc) or _no_leader(exc))):
                     raise
                 continue
             out[TopicPartition(tp.topic, tp.partition)] = info.offset
-        return out
+        return leaderless
 
     async def _metadata(self, topic: str | None = None) -> Any:
         """The cluster's metadata, or only ``topic``'s (its cost does not grow with the cluster)."""
