@@ -252,4 +252,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"rss {result['max_rss_mb']} MB  keys {result['max_redis_keys']}  "
             f"wall {result['wall_s']} s"
         )
-
