@@ -666,3 +666,50 @@ async def test_each_decision_is_one_debug_line_of_its_own_logger(
     ]
     assert lines[0].startswith(f"{lane.name}: {ident} read at {ident} (attempt 1, key ")
     assert f"read at {lane.routes.retry_topics[0]}:0:0 (attempt 2" in lines[-1]
+
+
+async def test_a_released_suspect_waiting_for_its_lone_turn_is_not_started_again_by_a_reread(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A re-read of a released suspect waiting for its lone turn counts no start against it.
+
+    Y, released as a suspect, waits for the member's other runs to end; Y read again meanwhile
+    is a duplicate of it: it does not run, and Redis counts no second start of Y (which would
+    bring Y one interruption closer to the dead-letter topic as poison).
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    isolation = Isolation(30.0)
+    a = member_guard(redis, prefix, lane, handlers, "a")
+    b = member_guard(redis, prefix, lane, handlers, "b", isolation=isolation)
+    store = b._stores[lane.name]
+    handlers.outcomes[b"x"] = ["retried"]
+    await a.run(lane, main_message(lane, 0, b"x"))
+    await a.run(lane, main_message(lane, 1, b"y"))
+    handlers.hold[b"y"] = asyncio.Event()
+    dying = asyncio.create_task(a.run(lane, retry_copy(lane, 0, 0, b"x")))
+    await asyncio.wait_for(handlers.started.setdefault(b"y", asyncio.Event()).wait(), 10)
+    dying.cancel()  # A dies running its released Y: Y's start mark stands
+    with pytest.raises(asyncio.CancelledError):
+        await dying
+    handlers.hold.pop(b"y").set()
+    y = f"{lane.spec.name}:0:1"
+
+    await isolation.enter_shared()  # a run of another key is in progress in B
+    try:
+
+        async def taken_over() -> None:
+            while not isolation.suspects:  # B took A's release over: Y waits for its lone turn
+                await b.tick({lane.name: lane})
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(taken_over(), 20)
+        marked = await redis.hget(store.keys.run, y)  # the released suspect's start, counted
+        again = await asyncio.wait_for(b.run(lane, main_message(lane, 1, b"y")), 10)
+        assert again == "duplicate"
+        assert await redis.hget(store.keys.run, y) == marked  # no start counted
+    finally:
+        isolation.leave_shared()
+    await eventually(lambda: not b._reaped)
+    assert [(m, v) for m, v, _, _ in handlers.runs] == [("a", b"x"), ("a", b"x"), ("b", b"y")]
+    assert await redis.hlen(store.keys.run) == 0
