@@ -30,11 +30,10 @@ from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
 
-# Pauses between the attempts to delete a group whose last member is still leaving (1.5 s in all).
-_BUSY_GROUP_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
-# Pauses before the offsets of a partition without a leader are asked again (1.5 s in all): its
-# topic is being created or deleted by another client, and has a leader or is gone a moment later.
-_NO_LEADER_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
+# Pauses before the broker is asked again about something another client is changing (1.5 s in
+# all): a group whose last member is still leaving, a partition whose topic is being created or
+# deleted (it has a leader, or is gone, a moment later).
+_SETTLING_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
 _NO_LEADER = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
 
 
@@ -45,18 +44,20 @@ def _broker_configs(config: TopicConfig) -> dict[str, str]:
     return configs
 
 
+def _code(error: TransportError) -> int | None:
+    """The Kafka error code behind ``error``, if a KafkaException caused it."""
+    cause = error.__cause__
+    return cause.args[0].code() if isinstance(cause, KafkaException) else None
+
+
 def _gone(error: TransportError) -> bool:
     """The error says the topic does not exist (any more)."""
-    if isinstance(error, UnknownTopic):
-        return True
-    cause = error.__cause__
-    return isinstance(cause, KafkaException) and cause.args[0].code() == KafkaError._NOENT  # noqa: SLF001 - librdkafka's local error codes are spelled with an underscore
+    return isinstance(error, UnknownTopic) or _code(error) == KafkaError._NOENT  # noqa: SLF001 - librdkafka's local error codes are spelled with an underscore
 
 
 def _no_leader(error: TransportError) -> bool:
     """The error says the partition has no leader at the moment."""
-    cause = error.__cause__
-    return isinstance(cause, KafkaException) and cause.args[0].code() in _NO_LEADER
+    return _code(error) in _NO_LEADER
 
 
 class KafkaAdmin:
@@ -97,12 +98,12 @@ class KafkaAdmin:
         """
         out: dict[TopicPartition, int] = {}
         pending = list(tps)
-        for pause in _NO_LEADER_PAUSES_S:
-            pending = await self._offsets_once(pending, spec, out, skip_gone=skip_gone, last=False)
-            if not pending:
-                return out
-            await asyncio.sleep(pause)
-        await self._offsets_once(pending, spec, out, skip_gone=skip_gone, last=True)
+        for pause in (*_SETTLING_PAUSES_S, None):
+            last = pause is None
+            pending = await self._offsets_once(pending, spec, out, skip_gone=skip_gone, last=last)
+            if pause is None or not pending:
+                break
+            await asyncio.sleep(pause)  # no leader yet: its topic is being changed
         return out
 
     async def _offsets_once(
@@ -301,10 +302,10 @@ class KafkaAdmin:
 
         The group must have no members. A member that has just closed can still be counted for
         a moment (its leave is being processed), so NON_EMPTY_GROUP is asked again a few times,
-        ``_BUSY_GROUP_PAUSES_S`` apart, before it is raised. A static member that held its slot
+        ``_SETTLING_PAUSES_S`` apart, before it is raised. A static member that held its slot
         on close stays a member until its session expires.
         """
-        for pause in (*_BUSY_GROUP_PAUSES_S, None):
+        for pause in (*_SETTLING_PAUSES_S, None):
             futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
             try:
                 await asyncio.wrap_future(futures[group])
