@@ -100,7 +100,10 @@ async def running_ingress(
 
 
 async def raw_request(port: int, head: bytes, body: bytes = b"") -> bytes:
-    """Send ``head`` (and ``body``) on a fresh connection; the whole answer until close."""
+    """Send ``head`` (and ``body``) on a fresh connection; the first read of the answer.
+
+    Enough for its status line (:func:`status_of`); a test that reads the body needs all of it.
+    """
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(head + body)

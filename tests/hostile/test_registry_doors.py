@@ -61,6 +61,10 @@ def test_a_doubling_schema_is_checked_once_per_type_pair(served: tuple[str, Regi
 
 
 def _raw_post(url: str, head: bytes, body: bytes) -> bytes:
+    """Send ``head`` and ``body`` as they are; the whole answer: its head and its body.
+
+    The server writes an answer's head and body separately, so one read may end between them.
+    """
     parsed = urlparse(url)
 
     async def send() -> bytes:
@@ -68,7 +72,13 @@ def _raw_post(url: str, head: bytes, body: bytes) -> bytes:
         writer.write(head + body)
         await writer.drain()
         async with asyncio.timeout(20):
-            answer = await reader.read(65_536)
+            answer = await reader.readuntil(b"\r\n\r\n")
+            fields = {
+                name.strip().lower(): value.strip()
+                for name, _, value in (line.partition(b":") for line in answer.split(b"\r\n")[1:])
+            }
+            length = int(fields.get(b"content-length", b"0"))
+            answer += await reader.readexactly(length)
         writer.close()
         return answer
 
