@@ -50,9 +50,10 @@ guarded for that time, and poison is not counted), and each such decision is log
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
@@ -205,6 +206,8 @@ class GuardStore:
         self.live_ms = live_ms
         self.instance = uuid.uuid4().hex[:16]
         """This member process: written into its start marks, alive while it renews (gd_live)."""
+        self.live_until_s = -math.inf
+        """Until when (``time.monotonic``) the liveness last written to Redis surely holds."""
         self._live_sent = False
 
     async def begin_many(
@@ -350,56 +353,68 @@ class GuardStore:
         (``busy``) instead of running beside it as a suspect.
         """
         now_ms = int(time.time() * 1000)
+        sent_s = time.monotonic()
         try:
             await self._functions.fcall(
                 "gd_live", [self.keys.live], [self.instance, now_ms + self.live_ms, now_ms]
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not renew this member's liveness: %s", exc)
+            return
+        self.live_until_s = sent_s + self.live_ms / 1000
 
     # -- claimed ranges (runtime/claims.py) ------------------------------------------------------
 
-    async def read_claims(
-        self, tps: Sequence[TopicPartition]
-    ) -> dict[TopicPartition, dict[str, tuple[int, int]]]:
-        """Every other member process's claim on each of ``tps``: instance -> (lo, hi).
+    async def take_claims(
+        self, ranges: Mapping[TopicPartition, tuple[int, int]]
+    ) -> dict[TopicPartition, tuple[int, dict[str, tuple[int, int]]]]:
+        """The partitions were assigned here: become their owner and claim them (``gd_take``).
 
+        ``ranges`` holds, per partition, ``lo`` and the least ``hi`` to claim; the claim reaches
+        up to the top of every other process's claim too. Returns per partition the ``hi``
+        claimed and those other claims (instance -> (lo, hi)), read in the same step.
         Raises redis errors: the caller decides how to fail open.
         """
-        pipe = self._client.pipeline(transaction=False)
+        tps = list(ranges)
+        args: list[object] = [self.instance, self.ttl_ms]
         for tp in tps:
-            pipe.hgetall(self.keys.claims(tp.topic, tp.partition))
-        out: dict[TopicPartition, dict[str, tuple[int, int]]] = {}
-        for tp, fields in zip(tps, await pipe.execute(), strict=True):
-            claims: dict[str, tuple[int, int]] = {}
-            for instance, value in fields.items():
-                who, (lo, _, hi) = _text(instance), _text(value).partition("|")
-                if who != self.instance and lo.lstrip("-").isdigit() and hi.lstrip("-").isdigit():
-                    claims[who] = (int(lo), int(hi))
-            out[tp] = claims
+            args += ranges[tp]
+        keys = [self.keys.claims(tp.topic, tp.partition) for tp in tps]
+        answer = await self._functions.fcall("gd_take", keys, args)
+        out: dict[TopicPartition, tuple[int, dict[str, tuple[int, int]]]] = {}
+        for tp, (hi, flat) in zip(tps, answer, strict=True):
+            others: dict[str, tuple[int, int]] = {}
+            for i in range(0, len(flat), 2):
+                lo_text, _, hi_text = _text(flat[i + 1]).partition("|")
+                others[_text(flat[i])] = (int(lo_text), int(hi_text))
+            out[tp] = (int(hi), others)
         return out
 
-    async def claim(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
-        """Claim ``lo..hi`` of each partition for this member process (one round trip).
+    async def claim(self, ranges: Mapping[TopicPartition, tuple[int, int]]) -> set[TopicPartition]:
+        """Write this process's claims ``lo..hi`` again, grown or renewed (``gd_claim``).
 
+        Returns the partitions another process was assigned since this one took them: their
+        claims are left as they were.
         Raises redis errors: the caller decides how to fail open.
         """
-        pipe = self._client.pipeline(transaction=False)
-        for tp, (lo, hi) in ranges.items():
-            key = self.keys.claims(tp.topic, tp.partition)
-            pipe.hset(key, self.instance, f"{lo}|{hi}")
-            pipe.pexpire(key, self.ttl_ms)
-        await pipe.execute()
+        tps = list(ranges)
+        args: list[object] = [self.instance, self.ttl_ms]
+        for tp in tps:
+            args += ranges[tp]
+        keys = [self.keys.claims(tp.topic, tp.partition) for tp in tps]
+        written = await self._functions.fcall("gd_claim", keys, args)
+        return {tp for tp, ok in zip(tps, written, strict=True) if not ok}
 
     async def unclaim(self, tps: Sequence[TopicPartition]) -> bool:
-        """Give up this process's claims on ``tps``; False if Redis failed (and logged)."""
+        """Give up this process's claims on ``tps`` (``gd_unclaim``), and its ownership of them.
+
+        False if Redis failed (and logged).
+        """
         if not tps:
             return True
-        pipe = self._client.pipeline(transaction=False)
-        for tp in tps:
-            pipe.hdel(self.keys.claims(tp.topic, tp.partition), self.instance)
+        keys = [self.keys.claims(tp.topic, tp.partition) for tp in tps]
         try:
-            await pipe.execute()
+            await self._functions.fcall("gd_unclaim", keys, [self.instance])
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not give up %d claims: %s", len(tps), exc)
             return False

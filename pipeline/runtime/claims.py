@@ -28,10 +28,25 @@ it. Per partition, this member process *claims* the offsets it polls, ahead of t
   Only the owner of a partition parks the keys of its first deliveries, so nothing else can
   park them behind its back; a stalled previous owner's work is inherited, and that path sees
   its parking.
+* **Taken over.** The claims of a partition name its *owner*, the process it was assigned to
+  last; an assignment reads the other claims and makes this process the owner in one step
+  (``gd_take``). A claim is grown or renewed only while this process is still the owner
+  (``gd_claim``). A process whose view of the group is stale (a broker dropped it from the
+  group and gave its partitions to another member, and it has not heard yet) finds its claim
+  refused at its next write: it stops starting messages of that partition and is told
+  (``on_superseded``; the member rejoins its group). So the new owner's unmarked first
+  deliveries, all above what the stale process had claimed when the new owner took over, never
+  run beside the stale process's; what lies below waits for it as any inherited range does.
 * **Giving up.** A claim is given up when its partition is revoked, once the work of that
-  partition here has ended. While held, it is written again every half of the guard's expiry;
-  left behind by a crash, it expires like the guard's other keys, and another process stops
-  waiting for it once this one's liveness (``gd_live``) has run out.
+  partition here has ended. While held, it is written again at every tick of the member (which
+  also finds a take-over within a tick); left behind by a crash, it expires like the guard's
+  other keys, and another process stops waiting for it once this one's liveness (``gd_live``)
+  has run out.
+
+A process stalled past its own liveness (a frozen VM, a long pause of its event loop) may
+have been taken for dead: another process may be running its claimed range, with start marks.
+Until its next tick has renewed its liveness, its first deliveries take the exact path too,
+which sees those marks.
 
 Retry-tier copies, released followers and suspects always take the exact path. When Redis
 cannot be reached, nothing is claimed and every message takes the exact path, which fails open.
@@ -42,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from redis import exceptions as rexc
 
@@ -61,8 +76,20 @@ _WAIT_MAX_S = 1.0
 class LaneClaims:
     """This member process's claims on the main partitions of one guarded lane."""
 
-    def __init__(self, store: GuardStore, topic: str, *, ordered: bool, ahead: int) -> None:
-        """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled."""
+    def __init__(
+        self,
+        store: GuardStore,
+        topic: str,
+        *,
+        ordered: bool,
+        ahead: int,
+        on_superseded: Callable[[list[TopicPartition]], None] | None = None,
+    ) -> None:
+        """Claim ``topic``'s partitions in ``store``, ``ahead`` offsets past what was polled.
+
+        ``on_superseded`` is told of partitions still assigned here that another process was
+        assigned since (this process's view of its group is stale).
+        """
         self._store = store
         self.topic = topic
         self._ahead = max(1, ahead)
@@ -83,8 +110,10 @@ class LaneClaims:
         self._fast: dict[TopicPartition, tuple[int, int]] = {}
         """The offsets of each partition that may run unmarked: above what was inherited, within
         this process's claim."""
-        self._written_s: dict[TopicPartition, float] = {}
-        """When each claim was last written (its expiry renewed)."""
+        self._superseded: set[TopicPartition] = set()
+        """Partitions assigned here that another process was assigned since: none of their
+        messages starts here any more."""
+        self._on_superseded = on_superseded
         self._ordered = ordered
         self._growing: asyncio.Task[None] | None = None
         """The claims being grown in the background, ahead of the batches."""
@@ -109,22 +138,22 @@ class LaneClaims:
                 parked = await self._store.parked_keys()
                 known = self.maybe_parked
                 self.maybe_parked = parked if known is None else known | parked
-            found = await self._store.read_claims(mine)
-            inherited = {
-                tp: max((hi for _, hi in found.get(tp, {}).values()), default=-1) for tp in mine
-            }
-            ranges: dict[TopicPartition, tuple[int, int]] = {}
+            least: dict[TopicPartition, tuple[int, int]] = {}
             for tp in mine:
                 lo = committed[tp].offset if tp in committed else 0
-                ranges[tp] = (lo, max(inherited[tp], lo + self._ahead - 1))
+                least[tp] = (lo, lo + self._ahead - 1)
             await self._store.live()  # claims are waited for only while their process lives
-            await self._store.claim(ranges)
+            taken = await self._store.take_claims(least)
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, %s run every message marked: %s", mine, exc)
             return
+        ranges: dict[TopicPartition, tuple[int, int]] = {}
         for tp in mine:
-            self._inherited_hi[tp] = inherited[tp]
-            self._holders[tp] = sorted(found.get(tp, {}))
+            hi, found = taken[tp]
+            ranges[tp] = (least[tp][0], hi)
+            self._inherited_hi[tp] = max((top for _, top in found.values()), default=-1)
+            self._holders[tp] = sorted(found)
+            self._superseded.discard(tp)
         self._claimed_now(ranges)
 
     def revoked(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
@@ -137,7 +166,7 @@ class LaneClaims:
             self._inherited_hi.pop(tp, None)
             self._holders.pop(tp, None)
             self._crashed.discard(tp)
-            self._written_s.pop(tp, None)
+            self._superseded.discard(tp)
             self._fast.pop(tp, None)
         return out
 
@@ -182,7 +211,7 @@ class LaneClaims:
         soon: dict[TopicPartition, tuple[int, int]] = {}
         for tp, (lo, hi) in self._claimed.items():
             top = tops.get((tp.topic, tp.partition))
-            if top is None:
+            if top is None or tp in self._superseded:
                 continue
             if top > hi:
                 needed[tp] = (lo, top + self._ahead)
@@ -202,19 +231,23 @@ class LaneClaims:
             await self._growing
 
     async def keep(self) -> None:
-        """Write again the claims not written for half the guard's expiry; delete left-overs.
+        """Write every claim again (the member's tick); delete left-overs.
 
-        A quiet partition's claim must outlive any run it covers, and a claim given up must
-        go even when Redis failed its first deletion: the partition's next owner waits for it.
+        A quiet partition's claim must outlive any run it covers; a partition another process
+        was assigned since is found here within a tick even when nothing is polled (and told
+        again at every tick until its revocation); and a claim given up must go even when
+        Redis failed its first deletion: the partition's next owner waits for it.
         """
+        still = sorted(self._superseded)  # told before, not revoked since: the rejoin failed
+        if still and self._on_superseded is not None:
+            self._on_superseded(still)
         leftover = [tp for tp in self._leftover if tp not in self._owned]
         self._leftover.clear()
         if leftover:
             await self._delete(leftover)
-        due_s = time.monotonic() - self._store.ttl_ms / 2000
-        stale = {tp: self._claimed[tp] for tp, at in self._written_s.items() if at < due_s}
-        if stale:
-            await self._write(stale, "renew")
+        held = {tp: claim for tp, claim in self._claimed.items() if tp not in self._superseded}
+        if held:
+            await self._write(held, "renew")
 
     async def _write(self, ranges: dict[TopicPartition, tuple[int, int]], doing: str) -> None:
         """Write ``ranges`` as this process's claims; failures are logged and leave them as were.
@@ -226,13 +259,34 @@ class LaneClaims:
         """
         owned = {tp: self._owned.get(tp) for tp in ranges}
         try:
-            await self._store.claim(ranges)
+            refused = await self._store.claim(ranges)
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not %s %d claims: %s", doing, len(ranges), exc)
             return
         kept = {tp: claim for tp, claim in ranges.items() if self._owned.get(tp) == owned[tp]}
-        self._claimed_now(kept)
+        self._taken_over([tp for tp in kept if tp in refused])
+        self._claimed_now({tp: claim for tp, claim in kept.items() if tp not in refused})
         await self._settle([tp for tp in ranges if tp not in kept])
+
+    def _taken_over(self, tps: list[TopicPartition]) -> None:
+        """Another process was assigned ``tps`` since this one was: start nothing more of them."""
+        new = [tp for tp in tps if tp not in self._superseded]
+        if not new:
+            return
+        self._superseded.update(new)
+        for tp in new:
+            self._fast.pop(tp, None)
+        log.warning(
+            "%s assigned to another member process since they came here: starting nothing"
+            " more of them",
+            [f"{tp.topic}[{tp.partition}]" for tp in new],
+        )
+        if self._on_superseded is not None:
+            self._on_superseded(new)
+
+    def superseded(self, tp: TopicPartition) -> bool:
+        """Whether ``tp``, assigned here, was assigned to another process since."""
+        return tp in self._superseded
 
     async def _settle(self, tps: Sequence[TopicPartition]) -> None:
         """Make the claims on ``tps`` in Redis what this process holds now, after a race."""
@@ -244,11 +298,9 @@ class LaneClaims:
             await self._write(again, "restore")
 
     def _claimed_now(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
-        """``ranges`` are written: they bound the fast path, and their expiry starts now."""
-        now_s = time.monotonic()
+        """``ranges`` are written: they bound the fast path."""
         for tp, claim in ranges.items():
             self._claimed[tp] = claim
-            self._written_s[tp] = now_s
             lo, hi = claim
             self._fast[tp] = (max(lo, self._inherited_hi.get(tp, -1) + 1), hi)
 
@@ -259,6 +311,8 @@ class LaneClaims:
         bounds = self._fast.get(message.tp)
         if bounds is None or not bounds[0] <= message.offset <= bounds[1]:
             return None
+        if time.monotonic() >= self._store.live_until_s:
+            return None  # stalled past its liveness: another process may be running its range
         if h.ORIGIN_TOPIC in message.headers:
             return None  # a retry-tier copy (or a redriven one) on the main topic
         parked = self.maybe_parked

@@ -152,19 +152,29 @@ class RunGuard:
         window = self._windows[lane.name]
         if ordered and claims is not None and claims.seen_parked(start.key):
             start.body = encode_held(message)  # held in the batched call if it is parked
-        if claims is not None and claims.inherited(message):
-            assignment = self._assignments.get(message.tp)
-            start.inherited = await claims.wait_for_holders(message.tp)
-            if self._assignments.get(message.tp) != assignment:
-                # Revoked while it waited, and this member's claim given up: run now, it would
-                # run beside the partition's next owner. Not routed: that owner runs it.
-                return None
+        if claims is not None and await self._held_back(claims, message, start):
+            return None  # not routed either: the partition's owner runs it
         decision, starts = await window.begin(start)
         if claims is not None:
             claims.decided(start.key, decision)
         if decision == "process":  # the common case, without the general path's layers
             return await self._process(lane, store, window, message, start, ordered)
         return await self._general(lane, store, message, start, decision, starts)
+
+    async def _held_back(self, claims: LaneClaims, message: Message, start: Start) -> bool:
+        """Whether ``message`` must not run here: it would run beside its partition's owner.
+
+        That is so when another process was assigned the partition since it came here, or when
+        it lies in a range a previous owner claimed and, while it waited for that one, the
+        partition was revoked here (and this member's claim given up) or taken over.
+        """
+        if claims.superseded(message.tp):
+            return True
+        if not claims.inherited(message):
+            return False
+        assignment = self._assignments.get(message.tp)
+        start.inherited = await claims.wait_for_holders(message.tp)
+        return self._assignments.get(message.tp) != assignment or claims.superseded(message.tp)
 
     async def _general(
         self,

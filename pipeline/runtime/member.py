@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from redis.asyncio import Redis
 
@@ -154,7 +154,11 @@ class Member:
             Isolation(settings.suspect_alone_s),
             self._longwork,  # the cancel gate, then the handler stage
             self._settled_follower,
-            claims=_claims(stores, chosen, settings) if settings.guard_claims else None,
+            claims=(
+                _claims(stores, chosen, settings, self._superseded)
+                if settings.guard_claims
+                else None
+            ),
             checkpoint_s=settings.commit_interval_ms / 1000,
         )
         self._chain = Chain(
@@ -185,6 +189,7 @@ class Member:
         self._reap_every = max(1, round(2000 / settings.commit_interval_ms))
         self._ticks = 0
         self._background: set[asyncio.Task[None]] = set()
+        self._rejoining = False
         self.polling = asyncio.Event()
         """Set once the member's first poll returned (it is in the group and fetching)."""
 
@@ -424,6 +429,24 @@ class Member:
             )
         await self._guard.give_up(claimed)
 
+    def _superseded(self, _tps: list[TopicPartition]) -> None:
+        """Another member process was assigned partitions still held here: ask the group again."""
+        consumer = self._consumer
+        if consumer is None or self._rejoining:
+            return
+        self._rejoining = True
+        task = asyncio.create_task(self._rejoin(consumer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _rejoin(self, consumer: Consumer) -> None:
+        try:
+            await consumer.rejoin()
+        except TransportError as exc:
+            log.warning("%s could not rejoin its group: %s", self.group, exc)
+        finally:
+            self._rejoining = False
+
     # -- rebalance listener ---------------------------------------------------------------------
 
     async def on_assigned(
@@ -475,7 +498,10 @@ class Member:
 
 
 def _claims(
-    stores: dict[str, GuardStore], lanes: Sequence[Lane], settings: RuntimeSettings
+    stores: dict[str, GuardStore],
+    lanes: Sequence[Lane],
+    settings: RuntimeSettings,
+    superseded: Callable[[list[TopicPartition]], None],
 ) -> dict[str, LaneClaims]:
     """Claimed ranges for the main topic of each guarded lane (``runtime/claims.py``)."""
     return {
@@ -484,6 +510,7 @@ def _claims(
             lane.spec.name,
             ordered=ordered_retries(lane),
             ahead=settings.partition_high_water,
+            on_superseded=superseded,
         )
         for lane in lanes
         if lane.name in stores

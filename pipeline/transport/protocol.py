@@ -186,6 +186,15 @@ class Consumer(Protocol):
         """Make the next poll of ``tp`` start at ``offset``."""
         ...
 
+    async def rejoin(self) -> None:
+        """Ask the group again which partitions are this member's.
+
+        For a member that found a sign its view is stale (another member process took over a
+        partition it still holds): the group's answer replaces that view at the next polls,
+        through the listener, which may see its partitions revoked as lost and assigned again.
+        """
+        ...
+
     async def close(self) -> None:
         """Leave the group; owned partitions move to the other members."""
         ...

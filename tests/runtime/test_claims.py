@@ -8,19 +8,23 @@ process's liveness has run out.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from redis.asyncio import Redis
 from runtime.guard_parts import Handlers, guarded_lane, main_message, member_guard
-from runtime.helpers import eventually
+from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
-from pipeline.envelope import Message, TopicPartition
-from pipeline.retry.guard_store import GuardStore
+from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.retry.guard_store import GuardStore, lane_guards
 from pipeline.retry.keys import encode_key
+from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.isolation import Isolation
+from pipeline.runtime.member import Member
+from pipeline.transport.protocol import Transport
 
 
 def _tp(lane: Lane) -> TopicPartition:
@@ -75,11 +79,11 @@ class HeldClaims:
         self.go = asyncio.Event()
         self.writes: list[dict[TopicPartition, tuple[int, int]]] = []
 
-    async def _held(self, ranges: dict[TopicPartition, tuple[int, int]]) -> None:
+    async def _held(self, ranges: dict[TopicPartition, tuple[int, int]]) -> set[TopicPartition]:
         self.writes.append(dict(ranges))
         self.sent.set()
         await self.go.wait()  # Redis answers only when the test says so
-        await self.real(ranges)
+        return await self.real(ranges)
 
     def hold(self) -> None:
         """Writes from now on wait for ``go``."""
@@ -262,21 +266,17 @@ async def test_keys_parked_before_or_here_take_the_exact_path(
     assert claims.maybe_parked == {encode_key(b"k")}
 
 
-async def test_a_quiet_partitions_claim_is_written_again_before_it_expires(
+async def test_a_quiet_partitions_claim_is_written_again_at_every_tick(
     redis: Redis, unique: str, prefix: str
 ) -> None:
-    """A claim not written for half the guard's expiry is renewed on the member's tick."""
+    """Nothing polled: the member's tick still writes the claim, and its expiry starts again."""
     lane = guarded_lane(f"claims_{unique}")
     _, store, key, claims = await _one_member(redis, prefix, lane)
-    await claims.keep()  # written just now: nothing to do
-    assert 0 < await redis.pttl(key) <= store.ttl_ms
-    await redis.pexpire(key, 60_000)
-    await claims.keep()
-    assert await redis.pttl(key) <= 60_000
-    claims._written_s[_tp(lane)] -= store.ttl_ms / 1000  # as if written an expiry ago
+    assert store.ttl_ms > 60_000
+    await redis.pexpire(key, 60_000)  # as if written a while ago
     await claims.keep()
     assert await redis.pttl(key) > 60_000
-    assert await redis.hget(key, store.instance) is not None
+    assert await redis.hget(key, store.instance) == b"0|99"
 
 
 async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind(
@@ -307,7 +307,6 @@ async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind
         held.go.set()
         await extending
         held.pass_through()
-        claims._written_s = dict.fromkeys(claims._written_s, 0.0)  # every claim due
         await claims.keep()
         value = await redis.hget(key, store.instance)
         if assign_back:
@@ -386,3 +385,154 @@ async def test_a_claim_grown_while_its_partition_is_revoked_is_not_left_behind(
     await guard.close()  # waits for the growth, which deletes what it wrote
     assert await redis.hget(key, store.instance) is None
     assert claims._claimed == {}
+
+
+async def _taken_over(
+    redis: Redis, prefix: str, lane: Lane, handlers: Handlers
+) -> tuple[RunGuard, RunGuard, list[list[TopicPartition]]]:
+    """A holds the partition (claimed 0..99); B is assigned it too, from committed offset 50.
+
+    A has not heard of it: its view of the group is stale, as a member's is between a broker
+    dropping it from the group and its client finding out. Returns A, B and what A was told.
+    """
+    told: list[list[TopicPartition]] = []
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    a._claims[lane.name]._on_superseded = told.append
+    await _join(a, lane, [main_message(lane, 0, b"first")])
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
+    tp = _tp(lane)
+    await b.assigned([tp], {tp: Position(tp, 50)})
+    return a, b, told
+
+
+async def test_a_process_whose_partition_was_assigned_elsewhere_starts_nothing_more_of_it(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A's claim cannot grow once B took the partition: A starts nothing, B runs what is above.
+
+    Before, A's claim grew past what B found at its assignment, and both ran the offsets above
+    it unmarked, two runs of one key at a time.
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    a, b, told = await _taken_over(redis, prefix, lane, handlers)
+    claims_b = b._claims[lane.name]
+    above = main_message(lane, 120, b"above")  # above A's claim: B's own range (100..149)
+    assert claims_b.unmarked(above) is not None
+    await a.extend([above])  # A polls past its claim: growing it is refused
+    assert told == [[_tp(lane)]]
+    assert a._claims[lane.name].superseded(_tp(lane))
+    assert await a.run(lane, above) is None  # not run, not routed: B's now
+    within = main_message(lane, 60, b"within", key=b"other")  # A's claim, fetched by A before
+    assert await a.run(lane, within) is None
+    assert handlers.runs == []
+    assert await b.run(lane, above) == "handled"
+    assert b.calls == 0  # unmarked: nobody else can start it any more
+    await a._claims[lane.name].keep()  # told again until revoked: the rejoin may have failed
+    assert told == [[_tp(lane)], [_tp(lane)]]
+    waiting = asyncio.create_task(b.run(lane, within))  # inherited from A: waits for A
+    await b.extend([within])
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await a.give_up(a.revoked([_tp(lane)]))  # A's rejoin revokes the partition there
+    assert await asyncio.wait_for(waiting, 10) == "handled"
+    assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"above"), ("b", b"within")]
+    await a.close()
+    await b.close()
+
+
+async def test_a_quiet_process_finds_its_partition_taken_over_at_its_next_tick(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """Nothing polled since B took the partition: A's tick finds out, and A's claim stays.
+
+    A's claim stays until A gives it up (after its rejoin revoked the partition), since A may
+    still run what it started; B waits for it meanwhile. Assigned to A again later, A owns it.
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    a, b, told = await _taken_over(redis, prefix, lane, handlers)
+    store_a = a._stores[lane.name]
+    key = store_a.keys.claims(lane.spec.name, 0)
+    await a._claims[lane.name].keep()
+    assert told == [[_tp(lane)]]
+    assert await redis.hget(key, store_a.instance) == b"0|99"
+    assert await redis.hget(key, "@owner") == b._stores[lane.name].instance.encode()
+    await a.give_up(a.revoked([_tp(lane)]))
+    await b.give_up(b.revoked([_tp(lane)]))
+    await a.assigned([_tp(lane)], {})  # the group gives it back to A
+    assert not a._claims[lane.name].superseded(_tp(lane))
+    await a.extend([main_message(lane, 150, b"far")])
+    assert await redis.hget(key, store_a.instance) == b"0|250"
+    await a._claims[lane.name].keep()
+    assert told == [[_tp(lane)]]
+    await a.close()
+    await b.close()
+
+
+async def test_a_member_whose_partition_another_process_took_rejoins_and_carries_on(
+    transport: Transport, redis: Redis, prefix: str, unique: str
+) -> None:
+    """Another process takes a partition the member holds: the member rejoins and owns it again.
+
+    The group still says the partition is the member's (the other process's view was the stale
+    one): after its rejoin the member takes its claim back, the other process's next write is
+    refused, and the member handles what comes next, once.
+    """
+    spec = lane_spec(f"taken_{unique}", 1, retry={"tiers": ["1s"]})
+    await declare(transport, spec)
+    app = App([spec])
+    handled: list[bytes] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        handled.append(event.value)
+
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=prefix)
+    producer = transport.producer()
+    tp = TopicPartition(spec.name, 0)
+    try:
+        async with running(member):
+            await producer.send(spec.name, b"before", key=b"k")
+            await eventually(lambda: handled == [b"before"])
+            mine = member._guard._stores[spec.lane]
+            key = mine.keys.claims(spec.name, 0)
+            other = lane_guards(redis, prefix, [spec])[spec.lane]  # another member process
+            await other.take_claims({tp: (1, 1)})
+            assert await redis.hget(key, "@owner") == other.instance.encode()
+            owner_again = mine.instance.encode()
+            deadline = asyncio.get_running_loop().time() + 60
+            while await redis.hget(key, "@owner") != owner_again:  # found, rejoined, assigned
+                assert asyncio.get_running_loop().time() < deadline, "the member never took it back"
+                await asyncio.sleep(0.05)
+            assert await other.claim({tp: (1, 200)}) == {tp}  # the other process's is refused
+            await producer.send(spec.name, b"after", key=b"k")
+            await eventually(lambda: handled == [b"before", b"after"])
+    finally:
+        await producer.close()
+
+
+async def test_a_process_stalled_past_its_liveness_marks_its_starts_until_it_renews(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """Frozen longer than its liveness, A may have been taken for dead: its starts are marked.
+
+    Another process may be running A's claimed range by then, with start marks, which only
+    the exact path sees. A's next tick renews its liveness, and the claim is trusted again.
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    guard = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    messages = [main_message(lane, i, b"v%d" % i, key=b"k%d" % i) for i in range(3)]
+    await _join(guard, lane, messages)
+    store = guard._stores[lane.name]
+    assert await guard.run(lane, messages[0]) == "handled"
+    assert guard.calls == 0
+    store.live_until_s = time.monotonic()  # as after a freeze as long as its liveness
+    assert guard._claims[lane.name].unmarked(messages[1]) is None
+    assert await guard.run(lane, messages[1]) == "handled"
+    assert guard.calls == 1  # marked: the exact path
+    await guard.tick({lane.name: lane})
+    assert await guard.run(lane, messages[2]) == "handled"
+    assert guard.calls == 1
+    await guard.close()

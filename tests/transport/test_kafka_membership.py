@@ -15,6 +15,7 @@ import pytest
 from contract.helpers import RecordingListener, consume_until, make_topic
 
 from pipeline.config import Settings
+from pipeline.envelope import Position
 from pipeline.errors import ConfigError, UnknownTopic
 from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.group import broker_protocols, choose_protocol
@@ -205,3 +206,40 @@ async def test_static_consumer_protocol_member_killed_without_leaving_rejoins(
         assert sorted(int(m.value[1:]) for m in received) == list(range(30))
     finally:
         await replacement.close()
+
+
+@pytest.mark.parametrize(("protocol", "static"), [("consumer", False), ("classic", True)])
+async def test_a_rejoining_member_loses_its_partitions_and_gets_the_groups_answer(
+    settings: Settings,
+    topic: str,
+    unique: str,
+    protocol: Literal["consumer", "classic"],
+    static: bool,
+) -> None:
+    """``rejoin``: every partition revoked as lost, then assigned again from the committed offsets.
+
+    What a member does once it finds another member process running a partition it holds; the
+    group coordinator, not the stale view, says which partitions are its own.
+    """
+    listener = RecordingListener()
+    configured = kafka_settings(settings, protocol)
+    if static:
+        membership = settings.membership.model_copy(update={"instance": f"{unique}-a"})
+        configured = configured.model_copy(update={"membership": membership})
+    consumer = KafkaTransport(configured).consumer(f"g-{unique}", [topic], listener=listener)
+    try:
+        first = await consume_until(consumer, lambda got: len(got) >= 30, commit=False)
+        tp = first[0].tp
+        await consumer.commit([Position(tp, 1)])  # one partition done up to its first message
+        await consumer.rejoin()
+        assert sorted(listener.revoked) == sorted((p, True) for p in set(listener.assigned))
+        assert consumer.assignment() == set()
+        again = await consume_until(consumer, lambda got: len(got) >= 29, commit=False)
+        assert len(consumer.assignment()) == PARTITIONS
+        assert len(listener.assigned) == 2 * PARTITIONS
+        assert listener.committed[tp] == Position(tp, 1)
+        assert sorted((m.tp, m.offset) for m in again) == sorted(
+            (m.tp, m.offset) for m in first if not (m.tp == tp and m.offset == 0)
+        )
+    finally:
+        await consumer.close()

@@ -16,6 +16,7 @@ from contract.helpers import RecordingListener, make_topic
 
 from pipeline.config import Settings
 from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
+from pipeline.transport.redis_streams.keys import partition_id
 from pipeline.transport.redis_streams.transport import RedisStreamsTransport
 
 pytestmark = pytest.mark.usefixtures("redis_service")
@@ -146,3 +147,35 @@ async def test_a_killed_member_replaced_under_its_name_redelivers_its_pending_en
         assert any(m.delivery_count > 1 for m in received)
     finally:
         await replacement.close()
+
+
+async def test_a_rejoining_member_gives_up_what_another_member_holds_now(
+    transport: RedisStreamsTransport, settings: Settings, unique: str
+) -> None:
+    """``rejoin``: every partition revoked as lost, then those whose lease is still B's come back.
+
+    The lease of one of B's partitions is A's now, as after B stalled past its lease: B's
+    rejoin finds it at once, without waiting for its next heartbeat, and it stays revoked.
+    """
+    _, a, b, b_listener = await two_members(transport, settings, unique, "leave")
+    try:
+        owned = sorted(b.assignment())
+        await b.rejoin()
+        await b.poll(10, 0.1)
+        assert b_listener.revoked == [(tp, True) for tp in owned]
+        assert b_listener.assigned == owned + owned
+        assert sorted(b.assignment()) == owned
+        b_listener.revoked.clear()
+        taken = owned[0]
+        far = int(time.time() * 1000) + LEASE_MS
+        owners = b._keys.owners(f"g-{unique}")
+        await transport.client.hset(
+            owners, partition_id(taken.topic, taken.partition), f"{a.member_id}|{far}"
+        )
+        await b.rejoin()
+        await b.poll(10, 0.1)
+        assert b_listener.revoked == [(tp, True) for tp in owned]
+        assert sorted(b.assignment()) == owned[1:]
+    finally:
+        await a.close()
+        await b.close()

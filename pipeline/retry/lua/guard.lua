@@ -18,6 +18,11 @@
 --                   it that shows up again is stale. Entries older than ttl_ms are pruned
 --   T:parked  hash  key -> 1 while the key has parked messages (the batch call's index)
 --   T:rel     zset  key -> lease expiry ms of a release in progress (gd_reap takes over late ones)
+--   T:claims:TOPIC:P  hash  instance -> "lo|hi": the offsets of a main partition that member
+--                   process claimed (pipeline/runtime/claims.py); "@owner" -> the instance the
+--                   partition was assigned to last (gd_take), until it gives its claim up
+--                   (gd_unclaim). A claim is only written again while no other instance is the
+--                   owner (gd_claim)
 -- Per parked key K (base64):
 --   T:z:K     zset  parked message id -> sequence; the lowest is the key's head
 --   T:h:K     hash  seq (last sequence given), dead_until (followers up to this sequence follow a
@@ -576,7 +581,73 @@ local function live_renew(keys, args)
   return 1
 end
 
+-- Claimed ranges. OWNER is the field naming the process a partition was assigned to last.
+local OWNER = '@owner'
+
+-- gd_take: the partitions were assigned to the calling process, which becomes their owner.
+-- KEYS the claims hashes   ARGV[1] instance id   ARGV[2] ttl ms   then per key: lo, least hi
+-- Claims lo..hi, hi the larger of least hi and the top of every other process's claim, in the
+-- same step as it reads those claims: a process that took the partition earlier is seen here,
+-- one that takes it later sees this claim. Returns per key {hi, {instance, "lo|hi", ...}}.
+local function take(keys, args)
+  local me, ttl = args[1], args[2]
+  local out = {}
+  for i, key in ipairs(keys) do
+    local lo, hi = tonumber(args[1 + 2 * i]), tonumber(args[2 + 2 * i])
+    local others = {}
+    local flat = redis.call('HGETALL', key)
+    for j = 1, #flat, 2 do
+      local who, claimed = flat[j], flat[j + 1]
+      local top = tonumber(string.match(claimed, '^%-?%d+|(%-?%d+)$') or '')
+      if who ~= OWNER and who ~= me and top then
+        if top > hi then hi = top end
+        others[#others + 1] = who
+        others[#others + 1] = claimed
+      end
+    end
+    redis.call('HSET', key, OWNER, me, me, string.format('%d|%d', lo, hi))
+    redis.call('PEXPIRE', key, ttl)
+    out[i] = {hi, others}
+  end
+  return out
+end
+
+-- gd_claim: write the calling process's claims (grown or renewed), except on partitions
+-- another process was assigned since this one's last gd_take: that process may be running the
+-- offsets above what this one claimed then.
+-- KEYS the claims hashes   ARGV[1] instance id   ARGV[2] ttl ms   then per key: lo, hi
+-- Returns per key 1 (written) or 0 (the partition is another process's now).
+local function claim(keys, args)
+  local me, ttl = args[1], args[2]
+  local out = {}
+  for i, key in ipairs(keys) do
+    local owner = redis.call('HGET', key, OWNER)
+    if owner and owner ~= me then
+      out[i] = 0
+    else
+      redis.call('HSET', key, me, args[1 + 2 * i] .. '|' .. args[2 + 2 * i])
+      redis.call('PEXPIRE', key, ttl)
+      out[i] = 1
+    end
+  end
+  return out
+end
+
+-- gd_unclaim: the calling process gives its claims up (their work here has ended), and with
+-- them its ownership of each partition it is still the owner of: the hash goes once empty.
+-- KEYS the claims hashes   ARGV[1] instance id
+local function unclaim(keys, args)
+  for _, key in ipairs(keys) do
+    redis.call('HDEL', key, args[1])
+    if redis.call('HGET', key, OWNER) == args[1] then redis.call('HDEL', key, OWNER) end
+  end
+  return #keys
+end
+
 redis.register_function('gd_begin', begin_many)
+redis.register_function('gd_unclaim', unclaim)
+redis.register_function('gd_take', take)
+redis.register_function('gd_claim', claim)
 redis.register_function('gd_live', live_renew)
 redis.register_function('gd_key_begin', begin_parked)
 redis.register_function('gd_route', route)

@@ -200,6 +200,9 @@ class MemoryConsumer:
         self._next[tp] = offset
         self._changes += 1
 
+    async def rejoin(self) -> None:
+        """Nothing to do: every poll asks the broker which partitions are this member's."""
+
     async def close(self) -> None:
         """Revoke owned partitions through the listener (which may commit) and leave."""
         if self._closed:

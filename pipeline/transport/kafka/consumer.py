@@ -180,7 +180,9 @@ class KafkaConsumer:
             self._in_loop(self._listener.on_assigned(tps, committed))
 
     def _on_revoke(self, _raw: Any, partitions: list[Any], *, lost: bool = False) -> None:
-        tps = _tps(partitions)
+        # Only what the listener holds: a client closed after its partitions were revoked as
+        # lost (a rejoin, a fatal error) revokes them again inside close().
+        tps = [tp for tp in _tps(partitions) if tp in self._assigned]
         if self._listener and tps:
             positions = self._in_loop(self._listener.on_revoked(tps, lost=lost))
             if positions and not lost:
@@ -392,6 +394,23 @@ class KafkaConsumer:
             await self._call(self._seek, _RawTP(tp.topic, tp.partition, offset))
         except KafkaException as exc:
             raise translate(exc, f"seek {tp}") from exc
+
+    async def rejoin(self) -> None:
+        """Close this member's client and join again with a new one at the next poll.
+
+        Every partition is revoked as lost first (its uncommitted messages are delivered again
+        to whoever owns it now); the group coordinator's answer to the new client is then the
+        assignment. A static member keeps its ``group.instance.id`` and takes its own place
+        back.
+        """
+        self._loop = asyncio.get_running_loop()
+        await self._call(self._rejoin)
+
+    def _rejoin(self) -> None:
+        if self._closed or self._raw_consumer is None:
+            return
+        log.warning("member %s of %s rejoins its group", self.member_id, self._group)
+        self._close_raw()
 
     def _close_open(self) -> None:
         if self._raw_consumer is not None:

@@ -107,6 +107,7 @@ class RedisStreamsConsumer:
         self._resumed = asyncio.Event()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_renewed = 0.0
+        self._rejoining = False
         self._closed = False
 
     # -- membership -------------------------------------------------------------------------
@@ -152,7 +153,8 @@ class RedisStreamsConsumer:
     async def _apply_changes(self) -> None:
         """Run rebalance callbacks for what the last heartbeat decided (inside poll)."""
         self._changed.clear()
-        lost = self._owned - self._target_owned
+        lost = set(self._owned) if self._rejoining else self._owned - self._target_owned
+        self._rejoining = False
         releasing = self._owned & self._to_release
         gone = lost | releasing
         if gone:
@@ -362,6 +364,22 @@ class RedisStreamsConsumer:
         if pending is not None:
             self._unacked[tp] = deque(o for o in pending if o < offset)
         self._reclaim.pop(tp, None)
+
+    async def rejoin(self) -> None:
+        """At the next poll, revoke every partition as lost and take up what the leases give.
+
+        The leases are renewed (or found taken) now. A partition whose lease is still this
+        member's is assigned again at once and read from its pending entries on, like one
+        taken up after a crash; one whose lease another member holds stays revoked.
+        """
+        if self._heartbeat_task is None or self._closed:
+            return  # not joined yet: the first poll asks
+        self._rejoining = True
+        self._changed.set()
+        try:
+            await self._heartbeat()
+        except rexc.RedisError as exc:
+            raise translate(exc, f"rejoin {self._group!r}") from exc
 
     async def close(self) -> None:
         """Revoke owned partitions through the listener, then release them and leave the group.
