@@ -376,11 +376,7 @@ class GuardStore:
         Raises redis errors: the caller decides how to fail open.
         """
         tps = list(ranges)
-        args: list[object] = [self.instance, self.ttl_ms]
-        for tp in tps:
-            args += ranges[tp]
-        keys = [self.keys.claims(tp.topic, tp.partition) for tp in tps]
-        answer = await self._functions.fcall("gd_take", keys, args)
+        answer = await self._claims_call("gd_take", tps, ranges)
         out: dict[TopicPartition, tuple[int, dict[str, tuple[int, int]]]] = {}
         for tp, (hi, flat) in zip(tps, answer, strict=True):
             others: dict[str, tuple[int, int]] = {}
@@ -398,12 +394,21 @@ class GuardStore:
         Raises redis errors: the caller decides how to fail open.
         """
         tps = list(ranges)
+        written = await self._claims_call("gd_claim", tps, ranges)
+        return {tp for tp, ok in zip(tps, written, strict=True) if not ok}
+
+    async def _claims_call(
+        self,
+        function: str,
+        tps: Sequence[TopicPartition],
+        ranges: Mapping[TopicPartition, tuple[int, int]],
+    ) -> Any:
+        """``FCALL function`` over the claims of ``tps``: this instance, the expiry, the ranges."""
         args: list[object] = [self.instance, self.ttl_ms]
         for tp in tps:
             args += ranges[tp]
         keys = [self.keys.claims(tp.topic, tp.partition) for tp in tps]
-        written = await self._functions.fcall("gd_claim", keys, args)
-        return {tp for tp, ok in zip(tps, written, strict=True) if not ok}
+        return await self._functions.fcall(function, keys, args)
 
     async def unclaim(self, tps: Sequence[TopicPartition]) -> bool:
         """Give up this process's claims on ``tps`` (``gd_unclaim``), and its ownership of them.
