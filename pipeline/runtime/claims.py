@@ -44,9 +44,11 @@ it. Per partition, this member process *claims* the offsets it polls, ahead of t
   has run out.
 
 A process stalled past its own liveness (a frozen VM, a long pause of its event loop) may
-have been taken for dead: another process may be running its claimed range, with start marks.
-Until its next tick has renewed its liveness, its first deliveries take the exact path too,
-which sees those marks.
+have been taken for dead, and its partitions given to others. Before it starts anything of a
+guarded lane again it renews its liveness and writes its claims (:meth:`LaneClaims.confirm`),
+so a partition taken over meanwhile is found before any of its messages starts here; one not
+taken over is waited for by its next owner, as any live holder's is. While that confirmation
+fails (Redis unreachable), its first deliveries take the exact path.
 
 Retry-tier copies, released followers and suspects always take the exact path. When Redis
 cannot be reached, nothing is claimed and every message takes the exact path, which fails open.
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -71,6 +74,8 @@ log = logging.getLogger(__name__)
 _WAIT_FIRST_S = 0.05
 _WAIT_MAX_S = 1.0
 """An inherited range of a live process is asked about again after these pauses (doubling)."""
+_CONFIRM_EVERY_S = 0.5
+"""A stalled process whose confirmation failed tries again at most this often."""
 
 
 class LaneClaims:
@@ -115,6 +120,9 @@ class LaneClaims:
         messages starts here any more."""
         self._on_superseded = on_superseded
         self._ordered = ordered
+        self._confirming: asyncio.Task[None] | None = None
+        self._confirm_again_s = -math.inf
+        """After a failed confirmation, no other before this time (``time.monotonic``)."""
         self._growing: asyncio.Task[None] | None = None
         """The claims being grown in the background, ahead of the batches."""
         self.maybe_parked: set[str] | None = None if ordered else set()
@@ -226,9 +234,10 @@ class LaneClaims:
             self._growing = None
 
     async def close(self) -> None:
-        """Let a claim being grown finish (a revoked partition's is then deleted again)."""
-        if self._growing is not None:
-            await self._growing
+        """Let a claim being grown or confirmed finish (a revoked partition's is then deleted)."""
+        for task in (self._growing, self._confirming):
+            if task is not None:
+                await task
 
     async def keep(self) -> None:
         """Write every claim again (the member's tick); delete left-overs.
@@ -284,6 +293,35 @@ class LaneClaims:
         if self._on_superseded is not None:
             self._on_superseded(new)
 
+    def stalled(self) -> bool:
+        """Whether this process's liveness in Redis may have run out (it may be taken for dead)."""
+        return time.monotonic() >= self._store.live_until_s
+
+    async def confirm(self) -> None:
+        """After a stall: renew the liveness and write the claims, finding any taken over.
+
+        One confirmation at a time; the starts that find one under way wait for it. After a
+        failure (Redis unreachable) the next is tried no sooner than ``_CONFIRM_EVERY_S``
+        later, and the starts meanwhile take the exact path.
+        """
+        if self._confirming is None:
+            if time.monotonic() < self._confirm_again_s:
+                return
+            self._confirming = asyncio.create_task(self._confirm())
+        await asyncio.shield(self._confirming)
+
+    async def _confirm(self) -> None:
+        try:
+            await self._store.live()
+            if self.stalled():  # the renewal failed (and was logged)
+                self._confirm_again_s = time.monotonic() + _CONFIRM_EVERY_S
+                return
+            held = {tp: c for tp, c in self._claimed.items() if tp not in self._superseded}
+            if held:
+                await self._write(held, "confirm")
+        finally:
+            self._confirming = None
+
     def superseded(self, tp: TopicPartition) -> bool:
         """Whether ``tp``, assigned here, was assigned to another process since."""
         return tp in self._superseded
@@ -312,7 +350,7 @@ class LaneClaims:
         if bounds is None or not bounds[0] <= message.offset <= bounds[1]:
             return None
         if time.monotonic() >= self._store.live_until_s:
-            return None  # stalled past its liveness: another process may be running its range
+            return None  # not confirmed since a stall: another process may run its range
         if h.ORIGIN_TOPIC in message.headers:
             return None  # a retry-tier copy (or a redriven one) on the main topic
         parked = self.maybe_parked

@@ -141,6 +141,8 @@ class RunGuard:
             return await self._call(lane, message)
         claims = self._claims.get(lane.name)
         if claims is not None:
+            if claims.stalled():  # perhaps taken for dead: is the partition still this one's?
+                await claims.confirm()
             ident = claims.unmarked(message)  # claimed and never started elsewhere
             if ident is not None and ident not in self._running:
                 return await self._run_claimed(lane, store, message, ident)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -512,27 +513,43 @@ async def test_a_member_whose_partition_another_process_took_rejoins_and_carries
         await producer.close()
 
 
-async def test_a_process_stalled_past_its_liveness_marks_its_starts_until_it_renews(
+async def test_a_process_stalled_past_its_liveness_asks_before_it_starts_anything(
     redis: Redis, unique: str, prefix: str
 ) -> None:
-    """Frozen longer than its liveness, A may have been taken for dead: its starts are marked.
+    """Frozen longer than its liveness, A may have been taken for dead: it asks Redis first.
 
-    Another process may be running A's claimed range by then, with start marks, which only
-    the exact path sees. A's next tick renews its liveness, and the claim is trusted again.
+    Not taken over: the confirmation renews A's liveness and claim, and the message runs under
+    the claim. Taken over by B while A was frozen: A starts nothing more of the partition.
     """
     lane = guarded_lane(f"claims_{unique}")
     handlers = Handlers()
-    guard = member_guard(redis, prefix, lane, handlers, "a", claims=True)
-    messages = [main_message(lane, i, b"v%d" % i, key=b"k%d" % i) for i in range(3)]
-    await _join(guard, lane, messages)
-    store = guard._stores[lane.name]
-    assert await guard.run(lane, messages[0]) == "handled"
-    assert guard.calls == 0
+    a, b, told = await _taken_over_later(redis, prefix, lane, handlers)
+    store = a._stores[lane.name]
+    messages = [main_message(lane, i, b"v%d" % i, key=b"k%d" % i) for i in range(1, 4)]
     store.live_until_s = time.monotonic()  # as after a freeze as long as its liveness
-    assert guard._claims[lane.name].unmarked(messages[1]) is None
-    assert await guard.run(lane, messages[1]) == "handled"
-    assert guard.calls == 1  # marked: the exact path
-    await guard.tick({lane.name: lane})
-    assert await guard.run(lane, messages[2]) == "handled"
-    assert guard.calls == 1
-    await guard.close()
+    await redis.hdel(store.keys.live, store.instance)  # which ran out in Redis meanwhile
+    assert await a.run(lane, messages[0]) == "handled"
+    assert a.calls == 0  # confirmed: still A's, run under the claim
+    assert await redis.hget(store.keys.live, store.instance) is not None
+    store.live_until_s = time.monotonic()  # frozen again, and B is assigned meanwhile
+    await b()
+    assert await asyncio.gather(*(a.run(lane, m) for m in messages[1:])) == [None, None]
+    assert told == [[_tp(lane)]]  # one confirmation for both, which found it taken over
+    assert [v for _, v, _, _ in handlers.runs] == [b"v1"]
+    await a.close()
+
+
+async def _taken_over_later(
+    redis: Redis, prefix: str, lane: Lane, handlers: Handlers
+) -> tuple[RunGuard, Callable[[], Awaitable[None]], list[list[TopicPartition]]]:
+    """A holds the partition; B's assignment of it is made when the returned call is awaited."""
+    told: list[list[TopicPartition]] = []
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    a._claims[lane.name]._on_superseded = told.append
+    await _join(a, lane, [main_message(lane, 3, b"top")])
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
+
+    async def assign_b() -> None:
+        await b.assigned([_tp(lane)], {})
+
+    return a, assign_b, told
