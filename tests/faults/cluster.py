@@ -223,6 +223,21 @@ class Cluster:
         await self._kill(victim)
         await self._replaced(lambda: self.members[slot] is not victim)
 
+    async def freeze_member(self, slot: int, seconds: float) -> int:
+        """SIGSTOP one member for ``seconds``, then SIGCONT it; returns its process id.
+
+        A frozen process is alive to the supervisor (it is not restarted) and silent to
+        everything else: the brokers and Redis see its sessions, leases and liveness run out.
+        """
+        victim = self.members[slot]
+        assert victim is not None
+        victim.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)  # the fault's duration
+        finally:
+            victim.send_signal(signal.SIGCONT)
+        return victim.pid
+
     async def kill_sweeper(self) -> None:
         """``kill -9`` the sweeper; wait until the supervisor has started its replacement."""
         victim = self.sweeper

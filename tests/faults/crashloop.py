@@ -12,6 +12,13 @@ counts:
 * ``order_violations``: per key, a first success that comes after a later event's;
 * ``overlaps``: handler runs that entered while another run of the same key had not left.
 
+With ``freezes`` instead of kills, members are stopped (SIGSTOP) for ``freeze_s``, longer
+than their sessions, leases and liveness, and then resumed: alive, but taken for dead while
+frozen. A run that was in its handler when its process froze and is still there when another
+run of its key enters meanwhile is an overlap no lease can prevent (its process cannot be
+told); those are counted apart (``overlaps_in_flight_when_frozen``), not failed. Every other
+overlap, in particular any run a resumed process *starts* beside the key's new owner, fails.
+
 Overlaps are read from one counter in Redis (``spans.lua``): each run's entry and exit take
 its next value, and so does each kill, once just before the signal and once after the process
 was reaped. A run that never left ran at least until the kill of its process was sent and at
@@ -57,6 +64,8 @@ class CrashLoop:
     produce_s: float = 30.0
     kills: int = 12
     kill_every_s: tuple[float, float] = (3.0, 5.0)
+    freezes: int = 0
+    freeze_s: float = 0.0
     seed: int = 31
     deadline_s: float = 90.0
 
@@ -95,6 +104,14 @@ class Ends:
     left: dict[str, int]
     killed: Kills
     alive: set[int]
+    frozen: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """pid -> the clock just before each SIGSTOP and just after its SIGCONT."""
+
+    def frozen_in_flight(self, run: Span, later: Span) -> bool:
+        """Whether ``run`` was in its handler when its process froze, before ``later`` entered."""
+        return any(
+            run.enter < stopped <= later.enter for stopped, _ in self.frozen.get(run.pid, ())
+        )
 
     def bounds(self, span: Span) -> tuple[float, float]:
         """(still running until at least, done by at most) for ``span``."""
@@ -115,6 +132,7 @@ class Overlaps:
 
     certain: int = 0
     uncertain: int = 0
+    in_flight_when_frozen: int = 0
     same_member: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
@@ -155,6 +173,9 @@ def find_overlaps(spans: Iterable[Span], ends: Ends) -> Overlaps:
             running, maybe = _found_running(later, runs[:index], ends)
             if running is None:
                 found.uncertain += maybe
+                continue
+            if ends.frozen_in_flight(running, later):
+                found.in_flight_when_frozen += 1
                 continue
             found.certain += 1
             found.same_member += running.pid == later.pid
@@ -249,15 +270,33 @@ async def _kill_loop(cluster: Cluster, observer: Observer, loop: CrashLoop) -> l
     return victims
 
 
-async def _settled(cluster: Cluster, topics: list[str]) -> bool:
-    """Whether the group has committed every message of ``topics``."""
+async def _freeze_loop(cluster: Cluster, observer: Observer, loop: CrashLoop) -> list[int]:
+    """Freeze a seeded member every few seconds; each freeze is stamped on the scenario's clock."""
+    rng = random.Random(loop.seed)
+    clock = f"{cluster.prefix}:clock"
+    victims = []
+    for n in range(loop.freezes):
+        await asyncio.sleep(rng.uniform(*loop.kill_every_s))  # the fault's cadence
+        slot = rng.randrange(cluster.member_count)
+        stopped = int(await observer.redis.incr(clock))
+        pid = await cluster.freeze_member(slot, loop.freeze_s)
+        resumed = int(await observer.redis.incr(clock))
+        await observer.redis.hset(f"{cluster.prefix}:frozen", f"{pid}:{n}", f"{stopped}:{resumed}")
+        victims.append(pid)
+    return victims
+
+
+async def _lagging(cluster: Cluster, topics: list[str]) -> dict[str, int]:
+    """The partitions of ``topics`` (``topic[p]``) the group has not committed to their end."""
     transport = create_transport(cluster.settings)
     admin = transport.admin()
     try:
-        for topic in topics:
-            if any(p.lag for p in await admin.group_lag(cluster.group, topic)):
-                return False
-        return True
+        return {
+            f"{topic}[{p.tp.partition}]": p.lag
+            for topic in topics
+            for p in await admin.group_lag(cluster.group, topic)
+            if p.lag
+        }
     finally:
         await admin.close()
         await transport.close()
@@ -274,6 +313,16 @@ async def _tier_entries(cluster: Cluster) -> dict[str, int]:
     finally:
         await admin.close()
         await transport.close()
+
+
+async def _frozen(observer: Observer) -> dict[int, list[tuple[int, int]]]:
+    frozen: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for which, stamps in (
+        await observer.redis.hgetall(f"{observer.cluster.prefix}:frozen")
+    ).items():
+        stopped, resumed = stamps.decode().split(":")
+        frozen[int(which.decode().split(":")[0])].append((int(stopped), int(resumed)))
+    return dict(frozen)
 
 
 async def _spans(observer: Observer) -> tuple[list[Span], dict[str, int], Kills]:
@@ -294,7 +343,8 @@ def _keep(cluster: Cluster, spans: list[Span], ends: Ends) -> None:
     """Write every run with its bounds, and the kills, to ``spans.txt`` in the scenario's directory.
 
     One line per run: entry, running until at least, done by at most, token, key, event,
-    attempt, copy (``topic:partition:offset``); then ``kill PID sent N reaped M``.
+    attempt, copy (``topic:partition:offset``); then ``kill PID sent N reaped M`` and
+    ``freeze PID stopped N resumed M``.
     """
     lines = [
         f"{s.enter} {ends.bounds(s)[0]} {ends.bounds(s)[1]} {s.token} {s.key} {s.event} "
@@ -303,6 +353,11 @@ def _keep(cluster: Cluster, spans: list[Span], ends: Ends) -> None:
     ]
     lines += [
         f"kill {pid} sent {sent} reaped {reaped}" for pid, (sent, reaped) in ends.killed.items()
+    ]
+    lines += [
+        f"freeze {pid} stopped {stopped} resumed {resumed}"
+        for pid, windows in ends.frozen.items()
+        for stopped, resumed in windows
     ]
     (cluster.directory / "spans.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -317,7 +372,9 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
     topics = [cluster.lane, *cluster.spec.retry_topic_names()]
     try:
         producing = asyncio.create_task(_produce(cluster, events, loop.produce_s))
-        killing = asyncio.create_task(_kill_loop(cluster, observer, loop))
+        killing = asyncio.create_task(
+            (_freeze_loop if loop.freezes else _kill_loop)(cluster, observer, loop)
+        )
         while not (producing.done() and killing.done()):
             await observer.refresh()
         await producing
@@ -325,15 +382,18 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
         faults_ended = time.monotonic()
         deadline = faults_ended + loop.deadline_s
         drained = False
+        lagging: dict[str, int] = {}
         while time.monotonic() < deadline:
             await observer.refresh()
             done = observer.applied.keys() | observer.dead.keys()
-            if ids <= done and await _settled(cluster, topics):
-                drained = True
-                break
+            if ids <= done:
+                lagging = await _lagging(cluster, topics)
+                if not lagging:
+                    drained = True
+                    break
         settled = time.monotonic()
         spans, left, killed = await _spans(observer)
-        ends = Ends(left, killed, set(cluster.member_pids()))
+        ends = Ends(left, killed, set(cluster.member_pids()), await _frozen(observer))
         order = await observer.order()
         runs = await observer.runs()
         failed = int(await observer.redis.hlen(f"{cluster.prefix}:failed"))
@@ -345,7 +405,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
     _keep(cluster, spans, ends)
     lost = sorted(ids - observer.applied.keys() - observer.dead.keys())
     result: dict[str, object] = {
-        "scenario": "crash loop",
+        "scenario": "freeze loop" if loop.freezes else "crash loop",
         "transport": cluster.transport,
         "events": len(events),
         "drained": drained,
@@ -354,6 +414,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
         "overlaps": overlaps.certain,
         "overlaps_same_member": overlaps.same_member,
         "overlaps_uncertain": overlaps.uncertain,
+        "overlaps_in_flight_when_frozen": overlaps.in_flight_when_frozen,
         "overlapped_runs": dict(overlaps.kinds),
         "applied": sum(1 for e in observer.applied if e in ids),
         "dead": dict(Counter(observer.dead.values())),
@@ -362,7 +423,8 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
         "retry_tier_entries": tiers,
         "handler_runs": len(spans),
         "repeated_effects": sum(n - 1 for n in runs.values() if n > 1),
-        "kills": len(victims),
+        "kills": len(victims) if not loop.freezes else 0,
+        "freezes": len(victims) if loop.freezes else 0,
         "member_restarts": cluster.restarts,
         "crashes": dict(Counter(cluster.crashes)),
         "settle_s": round(settled - faults_ended, 1),
@@ -370,7 +432,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
     }
     print(json.dumps(result))  # noqa: T201 - the figures are part of the test's output
     failures = [
-        *([] if drained else [f"not settled within {loop.deadline_s}s"]),
+        *([] if drained else [f"not settled within {loop.deadline_s}s; lag {lagging}"]),
         *([f"{len(lost)} lost, e.g. {lost[:5]}"] if lost else []),
         *(
             [f"dead letters without a known reason: {dict(Counter(observer.dead.values()))}"]

@@ -1,4 +1,4 @@
-"""The crash-loop scenario: thousands of events on an ordered lane with retries, members killed."""
+"""Crash and freeze loops: thousands of events on an ordered lane with retries, members hit."""
 
 from __future__ import annotations
 
@@ -35,6 +35,28 @@ async def test_crash_loop(make_cluster: Callable[..., Cluster]) -> None:
     ]
     results = await asyncio.gather(
         *(run_crashloop(c, CrashLoop()) for c in clusters), return_exceptions=True
+    )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if len(failed) == 1:
+        raise failed[0]
+    assert not failed, "\n\n".join(f"{type(e).__name__}: {e}" for e in failed)
+
+
+async def test_frozen_members(make_cluster: Callable[..., Cluster]) -> None:
+    """Members frozen (SIGSTOP) past their sessions and liveness, then resumed: taken for dead.
+
+    While frozen, a member's partitions go to the others; resumed, it must start nothing of
+    them beside their new owners (it confirms its claims first, finds them taken over and
+    rejoins). Nothing lost or reordered; the only overlaps allowed are runs that were in their
+    handler when their process froze.
+    """
+    loop = CrashLoop(events=3_000, produce_s=30.0, kills=0, freezes=2, freeze_s=12.0)
+    clusters = [
+        make_cluster(t, members=3, partitions=6, retry=RETRY, app=APP, env=ENV, name=f"_{t}")
+        for t in ("redis", "kafka")
+    ]
+    results = await asyncio.gather(
+        *(run_crashloop(c, loop) for c in clusters), return_exceptions=True
     )
     failed = [r for r in results if isinstance(r, BaseException)]
     if len(failed) == 1:

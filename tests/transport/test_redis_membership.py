@@ -15,6 +15,7 @@ import pytest
 from contract.helpers import RecordingListener, make_topic
 
 from pipeline.config import Settings
+from pipeline.envelope import Position
 from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
 from pipeline.transport.redis_streams.keys import partition_id
 from pipeline.transport.redis_streams.transport import RedisStreamsTransport
@@ -176,6 +177,41 @@ async def test_a_rejoining_member_gives_up_what_another_member_holds_now(
         await b.poll(10, 0.1)
         assert b_listener.revoked == [(tp, True) for tp in owned]
         assert sorted(b.assignment()) == owned[1:]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_member_whose_partition_was_taken_over_commits_nothing_of_it(
+    transport: RedisStreamsTransport, settings: Settings, unique: str
+) -> None:
+    """A stalled member's commit neither moves a taken partition's position nor acks its entries.
+
+    B's lease of one partition is A's now and A has committed further; B, not knowing, commits
+    an older position: A's stays, B's other partitions are committed, and B's next poll
+    revokes the taken one as lost.
+    """
+    _, a, b, b_listener = await two_members(transport, settings, unique, "leave")
+    try:
+        owned = sorted(b.assignment())
+        taken, kept = owned[0], owned[1]
+        far = int(time.time() * 1000) + LEASE_MS
+        group = f"g-{unique}"
+        await transport.client.hset(
+            b._keys.owners(group),
+            partition_id(taken.topic, taken.partition),
+            f"{a.member_id}|{far}",
+        )
+        await transport.client.hset(
+            b._keys.positions(group), partition_id(taken.topic, taken.partition), 7
+        )
+        await b.commit([Position(taken, 3), Position(kept, 2)])
+        stored = await b.committed([taken, kept])
+        assert stored[taken].offset == 7  # A's, not moved back
+        assert stored[kept].offset == 2
+        await b.poll(10, 0.1)
+        assert b_listener.revoked == [(taken, True)]
+        assert taken not in b.assignment()
     finally:
         await a.close()
         await b.close()

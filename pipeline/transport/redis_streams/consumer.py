@@ -297,26 +297,45 @@ class RedisStreamsConsumer:
     # -- positions ----------------------------------------------------------------------------
 
     async def commit(self, positions: Sequence[Position]) -> None:
-        """XACK every delivered entry below each position and record the position."""
+        """Record each position, then XACK every delivered entry below it.
+
+        Only where this member still holds the partition's lease (``pl_commit``): a member
+        stalled while another took the partition over must neither move its position back
+        nor acknowledge entries the new owner has yet to run. Such partitions are revoked as
+        lost at the next poll.
+        """
         if not positions:
             return
-        pipe = self._client.pipeline(transaction=False)
-        for pos in positions:
-            pending = self._unacked.get(pos.tp, deque())
-            ids = []
-            while pending and pending[0] < pos.offset:
-                ids.append(entry_id(pending.popleft()))
-            if ids:
-                pipe.xack(self._keys.stream(pos.tp.topic, pos.tp.partition), self._group, *ids)
-            field = partition_id(pos.tp.topic, pos.tp.partition)
-            pipe.hset(
-                self._keys.positions(self._group),
-                mapping={field: pos.offset, f"{field}:meta": pos.metadata},
-            )
         try:
+            refused = await self._functions.commit(
+                self._keys.owners(self._group),
+                self._keys.positions(self._group),
+                self.member_id,
+                [
+                    (partition_id(p.tp.topic, p.tp.partition), p.offset, p.metadata)
+                    for p in positions
+                ],
+            )
+            taken = {TopicPartition(*parse_partition_id(pid)) for pid in refused}
+            pipe = self._client.pipeline(transaction=False)
+            for pos in positions:
+                pending = self._unacked.get(pos.tp, deque())
+                ids = []
+                while pending and pending[0] < pos.offset:
+                    ids.append(entry_id(pending.popleft()))
+                if ids and pos.tp not in taken:
+                    pipe.xack(self._keys.stream(pos.tp.topic, pos.tp.partition), self._group, *ids)
             await pipe.execute()
         except rexc.RedisError as exc:
             raise translate(exc, "commit") from exc
+        if taken:
+            log.warning(
+                "%s: %s taken over by another member; not committed, revoked as lost",
+                self.member_id,
+                sorted(f"{tp.topic}[{tp.partition}]" for tp in taken),
+            )
+            self._target_owned -= taken
+            self._changed.set()
 
     async def committed(
         self, partitions: Sequence[TopicPartition]

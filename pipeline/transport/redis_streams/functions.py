@@ -66,6 +66,19 @@ class Functions(FunctionLibrary):
         )
         return [_text(p) for p in owned], [_text(p) for p in release]
 
+    async def commit(
+        self, owners: str, positions: str, member: str, committed: Sequence[tuple[str, int, str]]
+    ) -> list[str]:
+        """Record (partition id, position, metadata) where this member holds the lease.
+
+        Returns the partition ids whose lease is another member's: left as they were.
+        """
+        args: list[object] = [member]
+        for pid, offset, metadata in committed:
+            args += [pid, offset, metadata]
+        refused = await self.fcall("pl_commit", [owners, positions], args)
+        return [_text(p) for p in refused]
+
     async def release(
         self, members: str, owners: str, member: str, partitions: Sequence[str], *, leave: bool
     ) -> int:

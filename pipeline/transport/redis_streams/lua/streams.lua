@@ -82,6 +82,27 @@ local function release(keys, args)
   return n
 end
 
+-- pl_commit: record the committed positions of the partitions the calling member still holds.
+-- KEYS[1] owners hash   KEYS[2] positions hash {P:g:G}:pos
+-- ARGV[1] member id   then per partition: partition id, position, metadata
+-- A partition whose lease names another member (it took the partition over while this one
+-- was stalled) keeps its position: a stale member must not move it back. Returns those ids.
+local function commit(keys, args)
+  local me = args[1]
+  local refused = {}
+  for i = 2, #args, 3 do
+    local pid = args[i]
+    local cur = redis.call('HGET', keys[1], pid)
+    if cur and string.sub(cur, 1, #me + 1) == me .. '|' then
+      redis.call('HSET', keys[2], pid, args[i + 1], pid .. ':meta', args[i + 2])
+    else
+      refused[#refused + 1] = pid
+    end
+  end
+  return refused
+end
+
 redis.register_function('pl_produce', produce)
+redis.register_function('pl_commit', commit)
 redis.register_function('pl_heartbeat', heartbeat)
 redis.register_function('pl_release', release)
