@@ -40,6 +40,19 @@ def test_a_run_of_a_crashed_member_may_overlap_anything_after_it() -> None:
     assert (found.certain, found.uncertain) == (0, 1)
 
 
+def test_only_a_run_in_its_handler_when_its_process_froze_may_be_overlapped() -> None:
+    """Frozen from 5 to 9: its run from 3 met by one at 6 is apart; its run from 10 is not."""
+    frozen = {10: [(5, 9)]}
+    spans = [_span("10.a.0", "e1", 3), _span("11.b.0", "e2", 6)]
+    found = find_overlaps(spans, Ends({"10.a.0": 12, "11.b.0": 7}, {}, {10, 11}, frozen))
+    assert (found.certain, found.in_flight_when_frozen) == (0, 1)
+    spans = [_span("11.b.0", "e2", 6), _span("10.a.1", "e3", 10), _span("11.b.1", "e4", 11)]
+    found = find_overlaps(
+        spans, Ends({"11.b.0": 7, "10.a.1": 13, "11.b.1": 12}, {}, {10, 11}, frozen)
+    )
+    assert (found.certain, found.in_flight_when_frozen) == (1, 0)
+
+
 def test_a_stale_copy_of_a_finished_event_is_named_so() -> None:
     """The run found running is named a stale copy when its event had finished before."""
     spans = [
