@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from pipeline.config import RedisSettings
 from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.errors import TransportError
 from pipeline.transport.protocol import RebalanceListener, StartAt
 from pipeline.transport.redis_streams.admin import read_meta
 from pipeline.transport.redis_streams.errors import translate
@@ -415,8 +416,14 @@ class RedisStreamsConsumer:
                 await self._heartbeat_task
         owned = sorted(self._owned)
         if owned and self._listener:
-            with contextlib.suppress(rexc.RedisError, OSError):
+            try:
                 await self.commit(await self._listener.on_revoked(owned, lost=False))
+            except (TransportError, rexc.RedisError, OSError) as exc:
+                log.warning(
+                    "%s: final commit failed, its uncommitted work runs again: %s",
+                    self.member_id,
+                    exc,
+                )
         self._owned.clear()
         if self._hold_on_close:
             return  # the leases run out on their own unless a member of the same name renews them
