@@ -299,7 +299,13 @@ class GuardStore:
         fail open.
         """
         k = self.keys
-        args: list[str | int] = [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag]
+        args: list[str | int] = [
+            int(time.time() * 1000),
+            self.ttl_ms,
+            self.lease_ms,
+            k.tag,
+            self.instance,
+        ]
         for group in groups:
             follow = "follow" if group.follow_dead else ""
             last = len(group.ends) - 1
@@ -339,7 +345,7 @@ class GuardStore:
             flat = await self._functions.fcall(
                 "gd_reap",
                 [k.releases],
-                [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag, limit],
+                [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag, limit, self.instance],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not look for stalled releases: %s", exc)

@@ -713,3 +713,37 @@ async def test_a_released_suspect_waiting_for_its_lone_turn_is_not_started_again
     await eventually(lambda: not b._reaped)
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("a", b"x"), ("a", b"x"), ("b", b"y")]
     assert await redis.hlen(store.keys.run) == 0
+
+
+async def test_a_member_whose_release_was_taken_over_while_stalled_releases_nothing_more(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A stalls mid-release; its lease lapses and B takes the release over. A, back, stops.
+
+    A's follower that was running ends as handled, but A gets no further followers and does
+    not undo the marks of those B runs: Z and W run once, on B, after Y.
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
+    a._checkpoint_s = 0.0  # A records each follower's end before the next (it was stalled)
+    handlers.outcomes[b"x"] = ["retried"]
+    await a.run(lane, main_message(lane, 0, b"x"))
+    for offset, value in ((1, b"y"), (2, b"z"), (3, b"w")):
+        assert await a.run(lane, main_message(lane, offset, value)) == "parked"
+    handlers.hold[b"y"] = asyncio.Event()
+    resumed = asyncio.create_task(a.run(lane, retry_copy(lane, 0, 0, b"x")))
+    await asyncio.wait_for(handlers.started.setdefault(b"y", asyncio.Event()).wait(), 10)
+    store = a._stores[lane.name]
+    key = (await redis.zrange(store.keys.releases, 0, -1))[0]
+    await redis.zadd(store.keys.releases, {key: 0})  # A stalled: its lease ran out
+    handlers.started.pop(b"y")
+    await b.tick({lane.name: lane})  # B takes the release over: Y again (a suspect of A's)
+    await asyncio.wait_for(handlers.started.setdefault(b"y", asyncio.Event()).wait(), 10)
+    handlers.hold.pop(b"y").set()  # A resumes; both runs of Y end
+    assert await asyncio.wait_for(resumed, 10) == "handled"
+    await eventually(lambda: not b._reaped)
+    runs = [(m, v) for m, v, _, _ in handlers.runs]
+    assert [r for r in runs if r[0] == "a"] == [("a", b"x"), ("a", b"x"), ("a", b"y")]
+    assert [r for r in runs if r[0] == "b"] == [("b", b"y"), ("b", b"z"), ("b", b"w")]
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0

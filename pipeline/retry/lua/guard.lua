@@ -27,7 +27,8 @@
 --   T:z:K     zset  parked message id -> sequence; the lowest is the key's head
 --   T:h:K     hash  seq (last sequence given), dead_until (followers up to this sequence follow a
 --                   dead-lettered head), rel (the first follower of the release in
---                   progress)
+--                   progress), by (the member process that holds that release: ends of its
+--                   followers from any other one release nothing more)
 --   T:f:K     hash  message id -> the held follower (encoded message): it waits here, written
 --                   once, until the messages ahead of it finished
 -- Every key expires (ARGV ttl_ms after its last change), so state of vanished messages frees itself.
@@ -390,7 +391,7 @@ end
 -- (no mark), each marked as started here. A suspect or a sequenced follower is always released
 -- alone, so its end is recorded before anything after it runs. k: run, gone, parked, z, h, f,
 -- rel (as in finish_one). Returns a flat list, three per follower: decision, id, message.
-local function release_next(k, now, ttl, key, lease, n)
+local function release_next(k, now, ttl, key, lease, n, me)
   local head, seq = live_head(k.gone, k.z, k.f)
   if not head then
     redis.call('DEL', k.z, k.h, k.f)
@@ -400,11 +401,11 @@ local function release_next(k, now, ttl, key, lease, n)
   end
   local blob = redis.call('HGET', k.f, head)
   if not blob then  -- the head is waiting in a retry tier: it runs from there
-    redis.call('HDEL', k.h, 'rel')
+    redis.call('HDEL', k.h, 'rel', 'by')
     redis.call('ZREM', k.rel, key)
     return {}
   end
-  redis.call('HSET', k.h, 'rel', head)
+  redis.call('HSET', k.h, 'rel', head, 'by', me)
   redis.call('ZADD', k.rel, now + lease, key)
   expire(ttl, k.z, k.h, k.f, k.rel)
   if seq <= tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then
@@ -447,7 +448,12 @@ end
 --   back    released but not run (the follower before it failed): its start mark is undone,
 --           and it waits where it was, held
 -- Returns the followers released to the caller: a flat list, three per follower.
-local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n)
+local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n, me)
+  local by = redis.call('HGET', k.h, 'by')
+  -- A released follower's end from a member whose release another took over (gd_reap, while
+  -- it was stalled): what it ran is recorded, but the release is the other member's now.
+  local taken = pos == 'rel' and by and by ~= me
+  if taken and outcome == 'back' then return {} end  -- the marks are the new holder's
   local mark = redis.call('HGET', k.run, id)
   if outcome == 'back' then
     if mark then
@@ -471,8 +477,8 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n)
     if not redis.call('ZSCORE', k.z, id) and not redis.call('ZSCORE', k.gone, id) then
       redis.call('ZADD', k.z, redis.call('HINCRBY', k.h, 'seq', 1), id)
     end
-    if pos == 'rel' or redis.call('HGET', k.h, 'rel') == id then  -- its release is over
-      redis.call('HDEL', k.h, 'rel')
+    if not taken and (pos == 'rel' or redis.call('HGET', k.h, 'rel') == id) then
+      redis.call('HDEL', k.h, 'rel', 'by')  -- its release is over
       redis.call('ZREM', k.rel, key)
     end
     if redis.call('EXISTS', k.z) == 1 then
@@ -489,27 +495,28 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n)
     local last = redis.call('ZRANGE', k.z, -1, -1, 'WITHSCORES')
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
   end
-  if n == 0 then return {} end
-  return release_next(k, now, ttl, key, lease, n)
+  if n == 0 or taken then return {} end
+  return release_next(k, now, ttl, key, lease, n, me)
 end
 
 -- gd_end_many: record how messages of parked keys ended (finish_one), several in one call, in
 -- order.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
--- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T, then six per end:
--- id, key, outcome (done | parked | dead | back), "follow" or "", the position of the start
--- that ended, how many followers to release after it (0: none).
+-- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T   ARGV[5] the calling
+-- member process, then six per end: id, key, outcome (done | parked | dead | back), "follow"
+-- or "", the position of the start that ended, how many followers to release after it (0:
+-- none).
 -- Returns one list per end: the followers released after it, three entries each (decision,
 -- id, message), none if it released none.
 local function finish_many(keys, args)
   local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
   local out = {}
-  for i = 5, #args, 6 do
+  for i = 6, #args, 6 do
     local key = args[i + 1]
     local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
                       rel = keys[5]}, tag, key)
     out[#out + 1] = finish_one(k, now, ttl, lease, args[i], key, args[i + 2], args[i + 3],
-                               args[i + 4], tonumber(args[i + 5]))
+                               args[i + 4], tonumber(args[i + 5]), args[5])
   end
   return out
 end
@@ -536,7 +543,7 @@ end
 
 -- gd_reap: take over releases whose member stopped renewing their lease (it died mid-release).
 -- KEYS[1] T:rel   ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T
--- ARGV[5] at most this many keys
+-- ARGV[5] at most this many keys   ARGV[6] the calling member process (the releases' holder)
 -- Returns a flat list: key, decision, id, message for each follower taken over.
 local function reap(keys, args)
   local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
@@ -548,7 +555,7 @@ local function reap(keys, args)
   for _, key in ipairs(due) do
     local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
                       rel = keys[1]}, tag, key)
-    local released = release_next(k, now, ttl, key, lease, 1)
+    local released = release_next(k, now, ttl, key, lease, 1, args[6])
     if released[1] then
       out[#out + 1] = key
       out[#out + 1] = released[1]
