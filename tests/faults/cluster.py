@@ -223,8 +223,8 @@ class Cluster:
         await self._kill(victim)
         await self._replaced(lambda: self.members[slot] is not victim)
 
-    async def freeze_member(self, slot: int, seconds: float) -> int:
-        """SIGSTOP one member for ``seconds``, then SIGCONT it; returns its process id.
+    async def freeze_member(self, slot: int, seconds: float) -> None:
+        """SIGSTOP one member for ``seconds``, then SIGCONT it.
 
         A frozen process is alive to the supervisor (it is not restarted) and silent to
         everything else: the brokers and Redis see its sessions, leases and liveness run out.
@@ -236,7 +236,6 @@ class Cluster:
             await asyncio.sleep(seconds)  # the fault's duration
         finally:
             victim.send_signal(signal.SIGCONT)
-        return victim.pid
 
     async def kill_sweeper(self) -> None:
         """``kill -9`` the sweeper; wait until the supervisor has started its replacement."""

@@ -252,37 +252,30 @@ async def _produce(cluster: Cluster, events: list[Event], produce_s: float) -> N
         await transport.close()
 
 
-async def _kill_loop(cluster: Cluster, observer: Observer, loop: CrashLoop) -> list[int]:
-    """Kill a seeded member every few seconds; each kill is stamped on the scenario's clock."""
+async def _fault_loop(cluster: Cluster, observer: Observer, loop: CrashLoop) -> list[int]:
+    """Kill (-9) or freeze a seeded member every few seconds, as ``loop`` says.
+
+    Each fault is stamped on the scenario's clock just before it starts and once it is over
+    (the process reaped and replaced, or resumed).
+    """
     rng = random.Random(loop.seed)
     clock = f"{cluster.prefix}:clock"
+    freezing = loop.freezes > 0
     victims = []
-    for _ in range(loop.kills):
+    for n in range(loop.freezes if freezing else loop.kills):
         await asyncio.sleep(rng.uniform(*loop.kill_every_s))  # the fault's cadence
         slot = rng.randrange(cluster.member_count)
         victim = cluster.members[slot]
         assert victim is not None
-        sent = int(await observer.redis.incr(clock))
-        await cluster.kill_member(slot)  # returns once reaped and replaced
-        reaped = int(await observer.redis.incr(clock))
-        await observer.redis.hset(f"{cluster.prefix}:killed", str(victim.pid), f"{sent}:{reaped}")
+        before = int(await observer.redis.incr(clock))
+        if freezing:
+            await cluster.freeze_member(slot, loop.freeze_s)
+        else:
+            await cluster.kill_member(slot)
+        after = int(await observer.redis.incr(clock))
+        name, field = ("frozen", f"{victim.pid}:{n}") if freezing else ("killed", str(victim.pid))
+        await observer.redis.hset(f"{cluster.prefix}:{name}", field, f"{before}:{after}")
         victims.append(victim.pid)
-    return victims
-
-
-async def _freeze_loop(cluster: Cluster, observer: Observer, loop: CrashLoop) -> list[int]:
-    """Freeze a seeded member every few seconds; each freeze is stamped on the scenario's clock."""
-    rng = random.Random(loop.seed)
-    clock = f"{cluster.prefix}:clock"
-    victims = []
-    for n in range(loop.freezes):
-        await asyncio.sleep(rng.uniform(*loop.kill_every_s))  # the fault's cadence
-        slot = rng.randrange(cluster.member_count)
-        stopped = int(await observer.redis.incr(clock))
-        pid = await cluster.freeze_member(slot, loop.freeze_s)
-        resumed = int(await observer.redis.incr(clock))
-        await observer.redis.hset(f"{cluster.prefix}:frozen", f"{pid}:{n}", f"{stopped}:{resumed}")
-        victims.append(pid)
     return victims
 
 
@@ -372,9 +365,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
     topics = [cluster.lane, *cluster.spec.retry_topic_names()]
     try:
         producing = asyncio.create_task(_produce(cluster, events, loop.produce_s))
-        killing = asyncio.create_task(
-            (_freeze_loop if loop.freezes else _kill_loop)(cluster, observer, loop)
-        )
+        killing = asyncio.create_task(_fault_loop(cluster, observer, loop))
         while not (producing.done() and killing.done()):
             await observer.refresh()
         await producing
