@@ -254,7 +254,7 @@ class LaneClaims:
         self._leftover.clear()
         if leftover:
             await self._delete(leftover)
-        held = {tp: claim for tp, claim in self._claimed.items() if tp not in self._superseded}
+        held = self._held()
         if held:
             await self._write(held, "renew")
 
@@ -316,11 +316,15 @@ class LaneClaims:
             if self.stalled():  # the renewal failed (and was logged)
                 self._confirm_again_s = time.monotonic() + _CONFIRM_EVERY_S
                 return
-            held = {tp: c for tp, c in self._claimed.items() if tp not in self._superseded}
+            held = self._held()
             if held:
                 await self._write(held, "confirm")
         finally:
             self._confirming = None
+
+    def _held(self) -> dict[TopicPartition, tuple[int, int]]:
+        """This process's claims on the partitions no other process was assigned since."""
+        return {tp: claim for tp, claim in self._claimed.items() if tp not in self._superseded}
 
     def superseded(self, tp: TopicPartition) -> bool:
         """Whether ``tp``, assigned here, was assigned to another process since."""
@@ -349,7 +353,7 @@ class LaneClaims:
         bounds = self._fast.get(message.tp)
         if bounds is None or not bounds[0] <= message.offset <= bounds[1]:
             return None
-        if time.monotonic() >= self._store.live_until_s:
+        if self.stalled():
             return None  # not confirmed since a stall: another process may run its range
         if h.ORIGIN_TOPIC in message.headers:
             return None  # a retry-tier copy (or a redriven one) on the main topic

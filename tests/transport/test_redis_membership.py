@@ -15,7 +15,7 @@ import pytest
 from contract.helpers import RecordingListener, make_topic
 
 from pipeline.config import Settings
-from pipeline.envelope import Position
+from pipeline.envelope import Position, TopicPartition
 from pipeline.transport.redis_streams.consumer import RedisStreamsConsumer
 from pipeline.transport.redis_streams.keys import partition_id
 from pipeline.transport.redis_streams.transport import RedisStreamsTransport
@@ -75,6 +75,20 @@ async def two_members(
     await until_owning(a, PARTITIONS)
     await asyncio.gather(until_owning(a, PARTITIONS // 2), until_owning(b, PARTITIONS // 2))
     return topic, a, b, b_listener
+
+
+async def lease_to(
+    transport: RedisStreamsTransport,
+    member: RedisStreamsConsumer,
+    tp: TopicPartition,
+    holder: RedisStreamsConsumer,
+) -> None:
+    """Give ``holder`` the lease of ``member``'s partition ``tp``, as after ``member`` stalled."""
+    far = int(time.time() * 1000) + LEASE_MS
+    owners = member._keys.owners(member._group)
+    await transport.client.hset(
+        owners, partition_id(tp.topic, tp.partition), f"{holder.member_id}|{far}"
+    )
 
 
 async def test_a_member_restarted_under_its_name_holds_its_partitions(
@@ -168,11 +182,7 @@ async def test_a_rejoining_member_gives_up_what_another_member_holds_now(
         assert sorted(b.assignment()) == owned
         b_listener.revoked.clear()
         taken = owned[0]
-        far = int(time.time() * 1000) + LEASE_MS
-        owners = b._keys.owners(f"g-{unique}")
-        await transport.client.hset(
-            owners, partition_id(taken.topic, taken.partition), f"{a.member_id}|{far}"
-        )
+        await lease_to(transport, b, taken, a)
         await b.rejoin()
         await b.poll(10, 0.1)
         assert b_listener.revoked == [(tp, True) for tp in owned]
@@ -195,15 +205,9 @@ async def test_a_member_whose_partition_was_taken_over_commits_nothing_of_it(
     try:
         owned = sorted(b.assignment())
         taken, kept = owned[0], owned[1]
-        far = int(time.time() * 1000) + LEASE_MS
-        group = f"g-{unique}"
+        await lease_to(transport, b, taken, a)
         await transport.client.hset(
-            b._keys.owners(group),
-            partition_id(taken.topic, taken.partition),
-            f"{a.member_id}|{far}",
-        )
-        await transport.client.hset(
-            b._keys.positions(group), partition_id(taken.topic, taken.partition), 7
+            b._keys.positions(f"g-{unique}"), partition_id(taken.topic, taken.partition), 7
         )
         await b.commit([Position(taken, 3), Position(kept, 2)])
         stored = await b.committed([taken, kept])

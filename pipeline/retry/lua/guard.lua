@@ -449,10 +449,13 @@ end
 --           and it waits where it was, held
 -- Returns the followers released to the caller: a flat list, three per follower.
 local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n, me)
-  local by = redis.call('HGET', k.h, 'by')
   -- A released follower's end from a member whose release another took over (gd_reap, while
   -- it was stalled): what it ran is recorded, but the release is the other member's now.
-  local taken = pos == 'rel' and by and by ~= me
+  local taken = false
+  if pos == 'rel' then
+    local by = redis.call('HGET', k.h, 'by')
+    taken = by and by ~= me
+  end
   if taken and outcome == 'back' then return {} end  -- the marks are the new holder's
   local mark = redis.call('HGET', k.run, id)
   if outcome == 'back' then

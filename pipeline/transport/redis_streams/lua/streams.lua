@@ -65,6 +65,13 @@ local function heartbeat(keys, args)
   return {owned, release}
 end
 
+-- Whether the lease of partition `pid` in the owners hash names member `me` (expired or not:
+-- only another member's claim replaces the name).
+local function holds(owners, pid, me)
+  local cur = redis.call('HGET', owners, pid)
+  return cur and string.sub(cur, 1, #me + 1) == me .. '|'
+end
+
 -- pl_release: give partitions up (after draining them) or leave the group.
 -- KEYS[1] members zset   KEYS[2] owners hash
 -- ARGV[1] member id   ARGV[2] "1" to leave the group   ARGV[3..] partition ids to release
@@ -73,8 +80,7 @@ local function release(keys, args)
   local me, n = args[1], 0
   if args[2] == '1' then redis.call('ZREM', keys[1], me) end
   for i = 3, #args do
-    local cur = redis.call('HGET', keys[2], args[i])
-    if cur and string.sub(cur, 1, #me + 1) == me .. '|' then
+    if holds(keys[2], args[i], me) then
       redis.call('HDEL', keys[2], args[i])
       n = n + 1
     end
@@ -92,8 +98,7 @@ local function commit(keys, args)
   local refused = {}
   for i = 2, #args, 3 do
     local pid = args[i]
-    local cur = redis.call('HGET', keys[1], pid)
-    if cur and string.sub(cur, 1, #me + 1) == me .. '|' then
+    if holds(keys[1], pid, me) then
       redis.call('HSET', keys[2], pid, args[i + 1], pid .. ':meta', args[i + 2])
     else
       refused[#refused + 1] = pid
