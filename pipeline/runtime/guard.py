@@ -40,6 +40,7 @@ from pipeline.retry.guard_store import (
     start_of,
 )
 from pipeline.retry.held import encode_held
+from pipeline.retry.keys import encode_key
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.ends import EndWindow
@@ -268,7 +269,8 @@ class RunGuard:
         produced) or a dead letter on an ordered lane.
         """
         if self._telling:
-            decisions.debug("%s: %s claimed here: runs unmarked", lane.name, ident)
+            key = encode_key(message.key)
+            decisions.debug("%s: %s claimed here (key %s): runs unmarked", lane.name, ident, key)
         outcome = await self._shared(lane, message, ident, message)
         ordered = ordered_retries(lane)
         if self._took_route(ident):

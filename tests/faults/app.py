@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from pipeline.runtime import App, Context
 LANE = os.environ["FAULTS_LANE"]
 PREFIX = os.environ["FAULTS_PREFIX"]
 SLOW_S = float(os.environ.get("FAULTS_SLOW_S", "1.0"))
+
+# Every decision of the run guard, one line each: a scenario that fails shows them per key.
+logging.getLogger("pipeline.guard.decisions").setLevel(logging.DEBUG)
 
 app = App(os.environ["PIPELINE_TOPICS_DIR"])
 _redis = Redis.from_url(os.environ["PIPELINE_REDIS__URL"])

@@ -25,6 +25,7 @@ from faults.services import free_port, port_open
 from support import delete_after_test, delete_group_after
 
 from pipeline.config import Settings, load_settings
+from pipeline.retry.keys import encode_key
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
@@ -81,6 +82,9 @@ class Cluster:
         self._stopping = False
         self._supervisor: asyncio.Task[None] | None = None
         self._logs: list[IO[bytes]] = []
+        self._log_names: dict[int, str] = {}
+        """Each process's log file (in ``directory``), by process id."""
+        self._member_starts = 0
         kafka = {"session_timeout_ms": 3000, "request_timeout_ms": 5000}
         if bootstrap_servers is not None:
             kafka["bootstrap_servers"] = bootstrap_servers  # type: ignore[assignment]
@@ -139,7 +143,8 @@ class Cluster:
             "PIPELINE_INGRESS__SWEEPER__MAX_PATIENCE_S": "60",
             "PIPELINE_INGRESS__SWEEPER__LEASE_S": "2",
             "PIPELINE_INGRESS__SWEEPER__LANE_GROUPS": json.dumps({self.lane: self.group}),
-            "PIPELINE_LOG_LEVEL": os.environ.get("FAULTS_LOG_LEVEL", "WARNING"),
+            # INFO: a scenario that fails shows each member's assignments and revocations
+            "PIPELINE_LOG_LEVEL": os.environ.get("FAULTS_LOG_LEVEL", "INFO"),
         }
         if bootstrap_servers is not None:
             env["PIPELINE_KAFKA__BOOTSTRAP_SERVERS"] = bootstrap_servers
@@ -148,7 +153,7 @@ class Cluster:
     async def _spawn(self, name: str, *args: str) -> asyncio.subprocess.Process:
         log = (self.directory / f"{name}.log").open("ab")
         self._logs.append(log)
-        return await asyncio.create_subprocess_exec(
+        proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "pipeline",
@@ -158,6 +163,8 @@ class Cluster:
             stdout=log,
             stderr=log,
         )
+        self._log_names[proc.pid] = f"{name}.log"
+        return proc
 
     async def declare(self) -> None:
         """Create the lane's topics (main, retry tiers, dead letter) on the scenario's broker."""
@@ -188,8 +195,51 @@ class Cluster:
         self._supervisor = asyncio.create_task(self._supervise())
 
     async def _member(self) -> asyncio.subprocess.Process:
+        self._member_starts += 1
         return await self._spawn(
-            "members", "consume", self.app, "--group", self.group, "-t", self.transport
+            f"member-{self._member_starts}",
+            "consume",
+            self.app,
+            "--group",
+            self.group,
+            "-t",
+            self.transport,
+        )
+
+    def decisions(self, keys: list[str], lines: int = 12) -> str:
+        """The run guard's last decisions about each of ``keys``, from every member's log."""
+        out = ""
+        for key in keys:
+            needle = f"key {encode_key(key.encode())})"
+            found = [
+                f"{name}: {line}"
+                for name in sorted(set(self._log_names.values()))
+                if name.startswith("member-")
+                for line in (self.directory / name)
+                .read_text(encoding="utf-8", errors="replace")
+                .splitlines()
+                if needle in line
+            ]
+            found.sort(key=lambda entry: entry.partition(": ")[2][:23])  # by time
+            out += f"\n  decisions about {key}:" + "".join(f"\n    {e}" for e in found[-lines:])
+        return out
+
+    def warnings(self, lines: int = 10) -> str:
+        """The last WARNING and ERROR lines of every process's log."""
+        out = ""
+        for name in sorted(set(self._log_names.values())):
+            text = (self.directory / name).read_text(encoding="utf-8", errors="replace")
+            found = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+            if found:
+                out += f"\n  {name} warnings:" + "".join(f"\n    {e}" for e in found[-lines:])
+        return out
+
+    def member_logs(self, lines: int = 30) -> str:
+        """The last lines above DEBUG of each running member's log, for a failure's message."""
+        return "".join(
+            log_tail(self.directory, self._log_names[proc.pid], lines, skip=" DEBUG ")
+            for proc in self.members
+            if proc is not None
         )
 
     async def start_ingress(self, timeout_s: float = 60.0) -> None:
@@ -298,10 +348,11 @@ class Cluster:
         await proc.wait()
 
 
-def log_tail(directory: Path, name: str = "members.log", lines: int = 40) -> str:
-    """The last ``lines`` lines of one process log of the scenario, for a failure's message."""
+def log_tail(directory: Path, name: str, lines: int = 40, *, skip: str | None = None) -> str:
+    """The last ``lines`` lines of one process log (those without ``skip``), for a failure."""
     log = directory / name
     if not log.exists():
         return ""
-    tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    text = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    tail = [line for line in text if skip is None or skip not in line][-lines:]
     return f"\n  {name}:" + "".join(f"\n    {line}" for line in tail)

@@ -30,12 +30,15 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-from faults.cluster import SECRET, Cluster, log_tail
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from faults.cluster import SECRET, Cluster
 from ingress.signing import hub_signature
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from pipeline import headers as h
+from pipeline.errors import TransportError
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Consumer, Transport
 
@@ -250,8 +253,13 @@ async def run(cluster: Cluster, scenario: Scenario) -> dict[str, object]:
         while not accepted <= observer.applied.keys() | observer.dead.keys():
             missing = sorted(accepted - observer.applied.keys() - observer.dead.keys())
             if time.monotonic() >= deadline:
-                state = await group_state(observer.redis) if cluster.transport == "redis" else ""
-                state += await guard_state(observer.redis) + log_tail(cluster.directory)
+                if cluster.transport == "redis":
+                    state = await group_state(observer.redis)
+                else:
+                    state = await kafka_group_state(cluster)
+                state += await guard_state(observer.redis) + cluster.member_logs()
+                stuck = sorted({e.key for e in scenario.events if e.id in missing})
+                state += cluster.decisions(stuck[:3]) + cluster.warnings()
                 raise AssertionError(f"not drained: {len(missing)} {missing[:10]}{state}")
             await observer.refresh()
         drained = time.monotonic()
@@ -312,21 +320,65 @@ async def group_state(redis: Redis) -> str:
     return "".join(f"\n  {line}" for line in lines)
 
 
+async def kafka_group_state(cluster: Cluster) -> str:
+    """The Kafka group's state, for a scenario that did not drain.
+
+    The group's state and members (with their assignments), then per partition of the lane's
+    topics the committed position against the end offset.
+    """
+    lines: list[str] = []
+    admin = AdminClient({"bootstrap.servers": cluster.settings.kafka.bootstrap_servers})
+    try:
+        future = admin.describe_consumer_groups([cluster.group])[cluster.group]
+        group = await asyncio.to_thread(future.result, 10)
+        lines.append(f"group {cluster.group} {group.state}")
+        for member in group.members:
+            owned = member.assignment.topic_partitions
+            names = sorted(f"{tp.topic}[{tp.partition}]" for tp in owned)
+            lines.append(f"  {member.group_instance_id or member.client_id} {names}")
+    except KafkaException as exc:
+        lines.append(f"group {cluster.group}: not described: {exc}")
+    transport = create_transport(cluster.settings)
+    try:
+        for topic in cluster.spec.topic_names():
+            with contextlib.suppress(TransportError):
+                lags = await transport.admin().group_lag(cluster.group, topic)
+                positions = (f"{lag.tp.partition}:{lag.committed}/{lag.end}" for lag in lags)
+                lines.append(f"{topic} committed/end {' '.join(positions)}")
+    finally:
+        await transport.close()
+    return "".join(f"\n  {line}" for line in lines)
+
+
 async def guard_state(redis: Redis) -> str:
     """The run guard's state, for a scenario that did not drain.
 
-    Live member processes, claimed ranges, and the start marks still held.
+    Live member processes, claimed ranges, start marks and lone starts still held, releases in
+    progress, and each parked key with its parked messages and held followers. A read that
+    fails is said in its place.
     """
-    lines = []
-    with contextlib.suppress(RedisError, OSError):
-        for pattern in ("*}:live", "*}:claims:*"):
-            lines += [
-                f"{key.decode()} {await redis.hgetall(key)}"
-                async for key in redis.scan_iter(match=pattern)
-            ]
-        async for key in redis.scan_iter(match="*}:run"):
-            marks = await redis.hgetall(key)
-            lines.append(f"{key.decode()} {len(marks)} marks {dict(list(marks.items())[:20])}")
+    lines: list[str] = []
+    for pattern in ("*}:live", "*}:claims:*", "*}:run", "*}:alone", "*}:parked", "*}:h:*"):
+        try:
+            async for key in redis.scan_iter(match=pattern, _type="hash"):
+                fields = await redis.hgetall(key)
+                lines.append(f"{key.decode()} {len(fields)} {dict(list(fields.items())[:20])}")
+        except (RedisError, OSError) as exc:
+            lines.append(f"{pattern}: not read: {exc!r}")
+    for pattern in ("*}:rel", "*}:z:*"):
+        try:
+            async for key in redis.scan_iter(match=pattern, _type="zset"):
+                members = await redis.zrange(key, 0, 19, withscores=True)
+                lines.append(f"{key.decode()} {members}")
+        except (RedisError, OSError) as exc:
+            lines.append(f"{pattern}: not read: {exc!r}")
+    try:
+        lines += [
+            f"{key.decode()} held {sorted(await redis.hkeys(key))[:20]}"
+            async for key in redis.scan_iter(match="*}:f:*", _type="hash")
+        ]
+    except (RedisError, OSError) as exc:
+        lines.append(f"held followers: not read: {exc!r}")
     return "".join(f"\n  {line}" for line in lines)
 
 
