@@ -1,9 +1,10 @@
 """A named group member in its own process, so tests can kill -9 it.
 
-Usage: python member_proc.py TRANSPORT GROUP TOPIC INSTANCE PARTITIONS
+Usage: python member_proc.py TRANSPORT GROUP TOPIC INSTANCE PARTITIONS [stop]
 Joins GROUP as INSTANCE with the test settings (PIPELINE_* from the environment apply), polls
 until it owns PARTITIONS partitions, prints "owned" and the partitions as one line, then keeps
-polling (and heartbeating) until it is killed.
+polling (and heartbeating) until it is killed. With ``stop`` it polls no more once it owns them
+(a member stuck in its work: its client still heartbeats, but serves no rebalance).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from support import test_settings
 from pipeline.transport import create_transport
 
 
-async def main(transport_name: str, group: str, topic: str, instance: str, count: int) -> None:
+async def main(
+    transport_name: str, group: str, topic: str, instance: str, count: int, then: str = "poll"
+) -> None:
     """Run the member until killed."""
     base = test_settings()
     membership = base.membership.model_copy(update={"instance": instance})
@@ -42,7 +45,9 @@ async def main(transport_name: str, group: str, topic: str, instance: str, count
             sys.stdout.write("owned " + ",".join(map(str, owned)) + "\n")
             sys.stdout.flush()
             announced = True
+            if then == "stop":
+                await asyncio.Event().wait()  # until killed
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:5], int(sys.argv[5])))
+    asyncio.run(main(*sys.argv[1:5], int(sys.argv[5]), *sys.argv[6:7]))

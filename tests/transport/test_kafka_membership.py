@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from confluent_kafka import ConsumerGroupState
 from contract.helpers import RecordingListener, consume_until, make_topic
 
 from pipeline.config import Settings
 from pipeline.envelope import Position
 from pipeline.errors import ConfigError, UnknownTopic
 from pipeline.transport.kafka.consumer import KafkaConsumer
-from pipeline.transport.kafka.group import broker_protocols, choose_protocol
+from pipeline.transport.kafka.group import admin_client, broker_protocols, choose_protocol
 from pipeline.transport.kafka.transport import KafkaTransport
 
 pytestmark = pytest.mark.usefixtures("kafka_service")
@@ -243,3 +244,81 @@ async def test_a_rejoining_member_loses_its_partitions_and_gets_the_groups_answe
         )
     finally:
         await consumer.close()
+
+
+async def test_partitions_a_dead_member_left_mid_rebalance_are_given_out(
+    settings: Settings, topic: str, unique: str
+) -> None:
+    """Classic cooperative-sticky: a member dies between a rebalance's two halves and is replaced.
+
+    Member ``a`` owns every partition and stops serving its rebalances (stuck in its work);
+    ``b`` joins, and the leader's first half takes half of ``a``'s partitions and gives them to
+    nobody until ``a`` revokes them. ``a`` is killed -9 and comes back under its name: the
+    coordinator hands the new process ``a``'s assignment without the moving half, with no
+    rebalance, so that half would be assigned to no member for good. The members' watch finds it
+    unowned at two checks and nudges the group: every partition is owned again.
+    """
+    group = f"g-{unique}"
+    kafka = settings.kafka.model_copy(
+        update={"group_protocol": "classic", "session_timeout_ms": 6000}
+    )
+    env = {
+        **os.environ,
+        "PIPELINE_KAFKA__GROUP_PROTOCOL": "classic",
+        "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "6000",
+    }
+    args = [
+        sys.executable,
+        str(MEMBER),
+        "kafka",
+        group,
+        topic,
+        f"{unique}-a",
+        str(PARTITIONS),
+        "stop",
+    ]
+    stuck = await asyncio.create_subprocess_exec(*args, stdout=subprocess.PIPE, env=env)
+    consumers: list[KafkaConsumer] = []
+
+    def member(name: str) -> KafkaConsumer:
+        membership = settings.membership.model_copy(update={"instance": f"{unique}-{name}"})
+        configured = settings.model_copy(update={"kafka": kafka, "membership": membership})
+        consumer = KafkaTransport(configured).consumer(group, [topic])
+        consumers.append(consumer)
+        return consumer
+
+    admin = admin_client(kafka)
+
+    def owners() -> tuple[object, dict[str, int]]:
+        described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        return described.state, {
+            m.group_instance_id: len(m.assignment.topic_partitions) for m in described.members
+        }
+
+    try:
+        assert stuck.stdout is not None
+        line = await asyncio.wait_for(stuck.stdout.readline(), 60)
+        assert line.startswith(b"owned "), line
+        b = member("b")
+        deadline = time.monotonic() + 60
+        while await asyncio.to_thread(owners) != (
+            ConsumerGroupState.STABLE,
+            {f"{unique}-a": PARTITIONS // 2, f"{unique}-b": 0},
+        ):  # the first half: the moving partitions belong to nobody until a revokes them
+            assert time.monotonic() < deadline, await asyncio.to_thread(owners)
+            await b.poll(10, 0.2)
+        stuck.kill()  # kill -9 between the halves: a never revokes, never joins again
+        await stuck.wait()
+        again = member("a")
+        deadline = time.monotonic() + 90
+        while len(again.assignment()) + len(b.assignment()) < PARTITIONS:
+            assert time.monotonic() < deadline, (again.assignment(), b.assignment())
+            await asyncio.gather(again.poll(10, 0.2), b.poll(10, 0.2))
+        assert again.assignment().isdisjoint(b.assignment())
+        assert len(b.assignment()) > 0
+    finally:
+        if stuck.returncode is None:
+            stuck.kill()
+            await stuck.wait()
+        for consumer in consumers:
+            await consumer.close()

@@ -33,6 +33,7 @@ from pipeline.transport.kafka.group import (
     client_error,
     consumer_config,
 )
+from pipeline.transport.kafka.stranded import StrandWatch
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class KafkaConsumer:
         self._subscribed = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch: StrandWatch | None = None
+        """Classic groups: partitions a rebalance left to no member are found and given out."""
+        self._watching: asyncio.Task[object] | None = None
 
     @property
     def _raw(self) -> Any:
@@ -206,6 +210,8 @@ class KafkaConsumer:
             on_lost=self._on_lost,
         )
         self._subscribed = True
+        if self.protocol == "classic" and self._watch is None:
+            self._watch = StrandWatch(self._settings, self._group, self._topics)
 
     def _require_topics(self) -> None:
         """Fail on an undeclared topic (the consumer protocol waits for it without a word)."""
@@ -301,6 +307,7 @@ class KafkaConsumer:
     async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
         """Fetch up to ``max_messages``; rebalance callbacks run inside this call."""
         self._loop = asyncio.get_running_loop()
+        self._watch_group()
         raw = await self._call(self._consume, max_messages, timeout_s)
         out: list[Message] = []
         for item in raw:
@@ -312,6 +319,19 @@ class KafkaConsumer:
             elif err.code() not in _IGNORED:
                 log.warning("consumer error: %s", err.str())
         return out
+
+    def _watch_group(self) -> None:
+        """Start a check for partitions assigned to no member when one is due (classic groups)."""
+        watch = self._watch
+        if watch is None or self._watching is not None or not watch.due():
+            return
+        self._watching = asyncio.create_task(asyncio.to_thread(watch.check))
+        self._watching.add_done_callback(self._watched)
+
+    def _watched(self, task: asyncio.Task[object]) -> None:
+        self._watching = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("check of group %s's assignment failed: %s", self._group, task.exception())
 
     def _commit(self, positions: Sequence[Position]) -> None:
         offsets = [

@@ -60,7 +60,8 @@ def broker_protocols(settings: KafkaSettings) -> frozenset[str]:
         return offered
 
 
-def _admin(settings: KafkaSettings) -> AdminClient:
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    """An admin client of the cluster, with the connection's security properties."""
     connection = {
         k: v for k, v in settings.client.items() if k.startswith(("security.", "sasl.", "ssl."))
     }
@@ -76,7 +77,7 @@ def _admin(settings: KafkaSettings) -> AdminClient:
 
 def _describe(settings: KafkaSettings) -> frozenset[str]:
     timeout_s = settings.request_timeout_ms / 1000
-    admin = _admin(settings)
+    admin = admin_client(settings)
     try:
         # The cluster's nodes alone: its topic metadata would grow with the number of topics.
         cluster = admin.describe_cluster(request_timeout=timeout_s).result(timeout=timeout_s)
@@ -117,7 +118,7 @@ def apply_group_timeouts(settings: KafkaSettings, group: str) -> bool:
             },
             {"consumer.session.timeout.ms": session_ms},
         ]
-        admin = _admin(settings)
+        admin = admin_client(settings)
         timeout_s = settings.request_timeout_ms / 1000
         problem = ""
         for attempt in attempts:

@@ -1,0 +1,129 @@
+"""Partitions a cooperative rebalance left to no member, and the nudge that gives them out.
+
+Under the classic protocol with ``cooperative-sticky`` a partition changes members in two
+rebalances: in the first the group's leader takes it from its owner and gives it to nobody; the
+owner revokes it and joins again, and the second rebalance gives it to its new member. When the
+owner dies between the two and comes back as a static member (the same ``group.instance.id``),
+the coordinator hands the new process the old one's assignment without a rebalance. The new
+process never held the partition, so it revokes nothing and does not join again: the partition
+stays assigned to no member, in a group that looks stable, until its membership next changes.
+Two members killed while their group was still forming left half of a lane's partitions so
+(``tests/faults``, the Kafka kill-consumers scenario).
+
+A :class:`StrandWatch` asks the group coordinator about its group every ``interval_s``. When
+the same partitions of its topics were assigned to no member at two checks in a row of a stable
+group, it nudges the group: a dynamic member with the group's protocol joins, which makes the
+coordinator rebalance, and leaves once it is assigned, which rebalances again; the partitions go
+out in those rebalances. The nudging member reads nothing: it never commits, and what it
+fetched meanwhile is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import Consumer as _RawConsumer
+from confluent_kafka import ConsumerGroupState, KafkaException
+
+from pipeline.config import KafkaSettings
+from pipeline.transport.kafka.group import admin_client, consumer_config
+
+log = logging.getLogger(__name__)
+
+_MIN_INTERVAL_S = 5.0
+"""Checks are at least this far apart, whatever the session timeout."""
+
+Partitions = frozenset[tuple[str, int]]
+
+
+class StrandWatch:
+    """Finds partitions of a classic group's topics that no member owns, and nudges the group."""
+
+    def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str]) -> None:
+        """Watch ``group``'s assignment of ``topics``; a check at most every session timeout."""
+        self._settings = settings
+        self._group = group
+        self._topics = list(topics)
+        self.interval_s = max(settings.session_timeout_ms / 1000, _MIN_INTERVAL_S)
+        self._next_s = time.monotonic() + self.interval_s
+        self._seen: Partitions = frozenset()
+        """What the previous check found assigned to no member."""
+        self._admin: Any = None
+        self.nudges = 0
+
+    def due(self) -> bool:
+        """Whether the next check is due."""
+        return time.monotonic() >= self._next_s
+
+    def check(self) -> Partitions:
+        """Ask the coordinator; nudge the group if partitions stayed unowned since the last check.
+
+        Blocking (the coordinator's answer, and a nudge's join and leave): run it off the event
+        loop and off the consumer's own thread. Returns the partitions it nudged for.
+        """
+        self._next_s = time.monotonic() + self.interval_s
+        try:
+            now = self._unowned()
+        except KafkaException as exc:
+            log.debug("could not describe group %s: %s", self._group, exc)
+            self._seen = frozenset()
+            return frozenset()
+        stranded = now & self._seen
+        self._seen = now
+        if not stranded:
+            return frozenset()
+        log.warning(
+            "%s of group %s assigned to no member for %.0f s (the second half of a cooperative"
+            " rebalance did not come: the member giving them up died, or has not revoked them"
+            " yet): a member joins and leaves to give them out",
+            sorted(f"{topic}[{partition}]" for topic, partition in stranded),
+            self._group,
+            self.interval_s,
+        )
+        self._nudge()
+        self._seen = frozenset()
+        self.nudges += 1
+        return stranded
+
+    def _unowned(self) -> Partitions:
+        """The partitions of the topics no member of the stable group owns (empty otherwise)."""
+        if self._admin is None:
+            self._admin = admin_client(self._settings)
+        admin = self._admin
+        timeout_s = self._settings.request_timeout_ms / 1000
+        future = admin.describe_consumer_groups([self._group], request_timeout=timeout_s)
+        group = future[self._group].result(timeout=timeout_s)
+        if group.state != ConsumerGroupState.STABLE or not group.members:
+            return frozenset()
+        owned = {
+            (tp.topic, tp.partition)
+            for member in group.members
+            for tp in member.assignment.topic_partitions
+        }
+        every: set[tuple[str, int]] = set()
+        for topic in self._topics:
+            meta = admin.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            if meta is not None and meta.error is None:
+                every.update((topic, partition) for partition in meta.partitions)
+        return frozenset(every - owned)
+
+    def _nudge(self) -> None:
+        """Join the group as a dynamic member, wait for its assignment, and leave."""
+        config = consumer_config(
+            self._settings, self._group, f"nudge-{uuid.uuid4().hex[:8]}", protocol="classic"
+        )
+        config.pop("group.instance.id", None)  # dynamic: its close leaves the group
+        probe = _RawConsumer(config)
+        assigned: list[bool] = []
+        probe.subscribe(self._topics, on_assign=lambda _c, _parts: assigned.append(True))
+        wait_ms = self._settings.session_timeout_ms + self._settings.request_timeout_ms
+        deadline = time.monotonic() + wait_ms / 1000
+        try:
+            while not assigned and time.monotonic() < deadline:
+                probe.poll(0.1)  # a message fetched meanwhile is dropped, never committed
+        finally:
+            probe.close()
