@@ -68,8 +68,8 @@ class StrandWatch:
         self._next_s = time.monotonic() + self.interval_s
         try:
             now = self._unowned()
-        except KafkaException as exc:
-            log.debug("could not describe group %s: %s", self._group, exc)
+        except (KafkaException, TimeoutError) as exc:  # asked again at the next check
+            log.debug("could not describe group %s: %r", self._group, exc)
             self._seen = frozenset()
             return frozenset()
         stranded = now & self._seen
