@@ -206,14 +206,18 @@ class Cluster:
             self.transport,
         )
 
+    def log_names(self) -> dict[int, str]:
+        """Each process's log file in ``directory``, by process id."""
+        return dict(self._log_names)
+
     def decisions(self, keys: list[str], lines: int = 12) -> str:
         """The run guard's last decisions about each of ``keys``, from every member's log."""
         out = ""
         for key in keys:
             needle = f"key {encode_key(key.encode())})"
             found = [
-                f"{name}: {line}"
-                for name in sorted(set(self._log_names.values()))
+                f"{name} pid {pid}: {line}"
+                for pid, name in sorted(self._log_names.items(), key=lambda item: item[1])
                 if name.startswith("member-")
                 for line in (self.directory / name)
                 .read_text(encoding="utf-8", errors="replace")

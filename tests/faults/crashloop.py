@@ -136,6 +136,8 @@ class Overlaps:
     same_member: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    """The keys of the certain overlaps, first found first."""
 
 
 def _kind(running: Span, finished: dict[str, int]) -> str:
@@ -181,6 +183,8 @@ def find_overlaps(spans: Iterable[Span], ends: Ends) -> Overlaps:
             found.same_member += running.pid == later.pid
             kind = _kind(running, finished)
             found.kinds[kind] += 1
+            if later.key not in found.keys:
+                found.keys.append(later.key)
             if len(found.examples) < 10:
                 found.examples.append(
                     f"{later.key}: {later.event} (attempt {later.attempt}, {later.where}, "
@@ -337,7 +341,7 @@ def _keep(cluster: Cluster, spans: list[Span], ends: Ends) -> None:
 
     One line per run: entry, running until at least, done by at most, token, key, event,
     attempt, copy (``topic:partition:offset``); then ``kill PID sent N reaped M`` and
-    ``freeze PID stopped N resumed M``.
+    ``freeze PID stopped N resumed M``, and ``log NAME pid PID`` for each process's log.
     """
     lines = [
         f"{s.enter} {ends.bounds(s)[0]} {ends.bounds(s)[1]} {s.token} {s.key} {s.event} "
@@ -352,6 +356,7 @@ def _keep(cluster: Cluster, spans: list[Span], ends: Ends) -> None:
         for pid, windows in ends.frozen.items()
         for stopped, resumed in windows
     ]
+    lines += [f"log {name} pid {pid}" for pid, name in cluster.log_names().items()]
     (cluster.directory / "spans.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -442,6 +447,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
             [
                 f"{overlaps.certain} overlaps of one key:"
                 + "".join(f"\n  {line}" for line in overlaps.examples)
+                + cluster.decisions(overlaps.keys[:2], lines=40)
             ]
             if overlaps.certain
             else []

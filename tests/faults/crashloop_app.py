@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -33,6 +34,9 @@ WORK_S = float(os.environ.get("FAULTS_WORK_MS", "5")) / 1000
 HERE = Path(__file__).parent
 # pid first (the runner records kills by pid); the nonce keeps tokens apart if a pid is reused.
 RUN = f"{os.getpid()}.{secrets.token_hex(4)}"
+
+# Every decision of the run guard, one line each: a run that fails shows them per key.
+logging.getLogger("pipeline.guard.decisions").setLevel(logging.DEBUG)
 
 app = App(os.environ["PIPELINE_TOPICS_DIR"])
 _redis = Redis.from_url(os.environ["PIPELINE_REDIS__URL"])
