@@ -271,7 +271,8 @@ class RunGuard:
         if self._telling:
             key = encode_key(message.key)
             decisions.debug("%s: %s claimed here (key %s): runs unmarked", lane.name, ident, key)
-        outcome = await self._shared(lane, message, ident, message)
+        claims = self._claims[lane.name]
+        outcome = await self._shared(lane, message, ident, message, claims=claims)
         ordered = ordered_retries(lane)
         if self._took_route(ident):
             # Its route wrote a mark (and parked the key on an ordered lane): a routed run ends
@@ -288,14 +289,30 @@ class RunGuard:
         return await self._end(lane, store, start_of(message, ordered=True), ending, outcome)
 
     async def _shared(
-        self, lane: Lane, message: Message, ident: str, running: Start | Message
+        self,
+        lane: Lane,
+        message: Message,
+        ident: str,
+        running: Start | Message,
+        *,
+        claims: LaneClaims | None = None,
     ) -> str | None:
-        """Call the next stage on ``message`` as an ordinary run, known as running meanwhile."""
+        """Call the next stage on ``message`` as an ordinary run, known as running meanwhile.
+
+        With ``claims`` (a first delivery run unmarked under them) it does not run, and is left
+        for redelivery, when this process stalled past its liveness while it waited for the
+        member's gate and its partition was taken over meanwhile: nothing in Redis would stop
+        it beside the partition's new owner.
+        """
         self._running[ident] = running
         isolation = self._isolation
         if not isolation.try_enter_shared():
             await isolation.enter_shared()
         try:
+            if claims is not None and claims.stalled():
+                await claims.confirm()
+                if claims.superseded(message.tp):
+                    return None
             return await self._call(lane, message)
         finally:
             isolation.leave_shared()

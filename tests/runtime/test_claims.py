@@ -539,6 +539,46 @@ async def test_a_process_stalled_past_its_liveness_asks_before_it_starts_anythin
     await a.close()
 
 
+async def test_a_claimed_run_that_waited_for_the_gate_through_a_freeze_asks_before_it_runs(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A run decided under A's claim, waiting at the gate through A's freeze, does not run.
+
+    It passed its claim check, then waited at the member's gate (a suspect ran alone) while A
+    froze past its liveness and B was assigned the partition. Before, it ran once the gate
+    opened, beside B's runs of the same keys (the freeze loop's overlaps on Kafka: runs decided
+    before a freeze that entered their handler after it).
+    """
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    a, b, told = await _taken_over_later(redis, prefix, lane, handlers)
+    store = a._stores[lane.name]
+    message = main_message(lane, 1, b"v1", key=b"k1")
+    suspect_done = asyncio.Event()
+    suspect_alone = asyncio.Event()
+
+    async def suspect() -> None:
+        async with a._isolation.alone():
+            suspect_alone.set()
+            await suspect_done.wait()
+
+    lone = asyncio.create_task(suspect())
+    await suspect_alone.wait()
+    waiting = asyncio.create_task(a.run(lane, message))
+    await asyncio.sleep(0)  # past its claim check, now at the gate
+    assert not waiting.done()
+    store.live_until_s = time.monotonic()  # frozen as long as its liveness, meanwhile
+    await redis.hdel(store.keys.live, store.instance)
+    await b()  # and its partition assigned to B
+    suspect_done.set()
+    await lone
+    assert await asyncio.wait_for(waiting, 10) is None  # not run, not routed: B's now
+    assert told == [[_tp(lane)]]
+    assert handlers.runs == []
+    assert a.calls == 0
+    await a.close()
+
+
 async def _taken_over_later(
     redis: Redis, prefix: str, lane: Lane, handlers: Handlers
 ) -> tuple[RunGuard, Callable[[], Awaitable[None]], list[list[TopicPartition]]]:
