@@ -715,6 +715,50 @@ async def test_a_released_suspect_waiting_for_its_lone_turn_is_not_started_again
     assert await redis.hlen(store.keys.run) == 0
 
 
+async def test_a_heads_run_another_member_took_over_while_stalled_releases_nothing(
+    redis: Redis, unique: str, prefix: str
+) -> None:
+    """A head's end from a member that stalled while another ran the head again releases nothing.
+
+    A runs a parked key's head from its tier and stalls past its liveness; B, reading the same
+    copy, runs it as a suspect and releases the followers. A's end, when A resumes, is stale:
+    it releases nothing, so Y and Z run once, on B.
+
+    Before, A's end released the follower B was running to A as a suspect (the freeze loop's
+    overlaps on Kafka: ``released: suspect`` on the resumed member beside ``released:
+    process`` on the other).
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    a, b = (member_guard(redis, prefix, lane, handlers, m) for m in ("a", "b"))
+    handlers.outcomes[b"x"] = ["retried"]
+    await a.run(lane, main_message(lane, 0, b"x"))
+    for offset, value in ((1, b"y"), (2, b"z")):
+        assert await a.run(lane, main_message(lane, offset, value)) == "parked"
+    handlers.hold[b"x"] = asyncio.Event()
+    copy = retry_copy(lane, 0, 0, b"x")
+    stalled = asyncio.create_task(a.run(lane, copy))  # the head, from its tier
+    await asyncio.wait_for(handlers.started.setdefault(b"x", asyncio.Event()).wait(), 10)
+    store = a._stores[lane.name]
+    await redis.hdel(store.keys.live, store.instance)  # A stalled: its liveness ran out
+    handlers.started.pop(b"x")
+    held_x = handlers.hold.pop(b"x")
+    handlers.hold[b"y"] = asyncio.Event()
+    took_over = asyncio.create_task(b.run(lane, copy))  # B reads the copy again: a suspect
+    await asyncio.wait_for(handlers.started.setdefault(b"y", asyncio.Event()).wait(), 10)
+    handlers.started.pop(b"y")
+    again = handlers.started.setdefault(b"y", asyncio.Event())  # set if Y starts once more
+    held_x.set()  # A resumes while B runs the follower it released
+    await eventually(lambda: stalled.done() or again.is_set())
+    handlers.hold.pop(b"y").set()
+    assert await asyncio.wait_for(stalled, 10) == "handled"
+    assert await asyncio.wait_for(took_over, 10) == "handled"
+    runs = [(m, v) for m, v, _, _ in handlers.runs]
+    assert [r for r in runs if r[0] == "a"] == [("a", b"x"), ("a", b"x")]
+    assert [r for r in runs if r[0] == "b"] == [("b", b"x"), ("b", b"y"), ("b", b"z")]
+    assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+
+
 async def test_a_member_whose_release_was_taken_over_while_stalled_releases_nothing_more(
     redis: Redis, unique: str, prefix: str
 ) -> None:

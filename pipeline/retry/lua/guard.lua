@@ -458,6 +458,17 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n, 
   end
   if taken and outcome == 'back' then return {} end  -- the marks are the new holder's
   local mark = redis.call('HGET', k.run, id)
+  if pos ~= 'rel' and (outcome == 'done' or outcome == 'dead') then
+    -- The end of a copy another member took over while this one was stalled past its
+    -- liveness (it ran the copy as a suspect, and is running it or ended it already): that
+    -- member's end records the message and releases its followers; this one changes nothing.
+    if mark then
+      local starts, at, _, inst = parse(mark)
+      if starts > 0 and at == pos and inst ~= '' and inst ~= me then return {} end
+    elseif redis.call('ZSCORE', k.gone, id) then
+      return {}
+    end
+  end
   if outcome == 'back' then
     if mark then
       local starts, at = parse(mark)
