@@ -219,3 +219,38 @@ async def test_a_member_whose_partition_was_taken_over_commits_nothing_of_it(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_member_stalled_past_its_lease_reads_nothing_of_a_partition_taken_meanwhile(
+    transport: RedisStreamsTransport, settings: Settings, unique: str
+) -> None:
+    """Back from a stall, B asks about its leases before it reads anything.
+
+    The taken partition's new entry goes to A, its owner now, not into B's pending list.
+    Before, B's first poll read the entry (its heartbeat had not run yet), where A, which had
+    taken the partition over before it arrived, never looked: the entry was never handled.
+    """
+    topic, a, b, b_listener = await two_members(transport, settings, unique, "leave")
+    try:
+        assert b._heartbeat_task is not None
+        b._heartbeat_task.cancel()  # B is stalled: its heartbeats do not run
+        taken = min(b.assignment())
+        await lease_to(transport, b, taken, a)
+        b._last_renewed = time.monotonic() - LEASE_MS / 1000  # its last renewal a lease ago
+        producer = transport.producer()
+        await producer.send(topic, b"after", partition=taken.partition)
+        read = await b.poll(10, 0.1)
+        assert [m for m in read if m.tp == taken] == []
+        assert b_listener.revoked == [(taken, True)]
+        stream = b._keys.stream(taken.topic, taken.partition)
+        pending = await transport.client.xpending(stream, f"g-{unique}")
+        assert pending["pending"] == 0
+        deadline = time.monotonic() + 30
+        got: list[bytes] = []
+        while not got:
+            assert time.monotonic() < deadline, a.assignment()
+            got = [m.value for m in await a.poll(10, 0.1) if m.tp == taken]
+        assert got == [b"after"]
+    finally:
+        await a.close()
+        await b.close()

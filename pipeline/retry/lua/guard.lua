@@ -447,6 +447,9 @@ end
 --   dead    dead-lettered: it leaves; with "follow", those parked behind it are sequenced
 --   back    released but not run (the follower before it failed): its start mark is undone,
 --           and it waits where it was, held
+-- A done or dead end of a copy another member process took over (its mark names that process,
+-- or the message left the parked set already) is stale and changes nothing; `me` is the
+-- calling member process.
 -- Returns the followers released to the caller: a flat list, three per follower.
 local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n, me)
   -- A released follower's end from a member whose release another took over (gd_reap, while

@@ -137,6 +137,10 @@ class RedisStreamsConsumer:
             self._target_owned, self._to_release = target, to_release
             self._changed.set()
 
+    def _stalled(self) -> bool:
+        """Whether the last lease renewal is older than half a lease (heartbeats are far apart)."""
+        return time.monotonic() - self._last_renewed > self._settings.lease_ms / 2000
+
     async def _heartbeat_forever(self) -> None:
         interval_s = self._settings.heartbeat_ms / 1000
         lease_s = self._settings.lease_ms / 1000
@@ -210,6 +214,12 @@ class RedisStreamsConsumer:
         try:
             if self._heartbeat_task is None:
                 await self._start()
+            elif self._owned and self._stalled():
+                # Stalled past half a lease (a frozen process, a long pause of the loop): the
+                # leases may be another member's by now. Read nothing before finding out, or
+                # new entries of a taken partition would go to this member's pending list,
+                # where the new owner, past its take-over, never looks.
+                await self._heartbeat()
             if self._changed.is_set():
                 try:
                     await self._apply_changes()
