@@ -244,7 +244,8 @@ async def test_a_member_stalled_past_its_lease_reads_nothing_of_a_partition_take
         assert b_listener.revoked == [(taken, True)]
         stream = b._keys.stream(taken.topic, taken.partition)
         pending = await transport.client.xpending(stream, f"g-{unique}")
-        assert pending["pending"] == 0
+        assert pending["pending"] == 0  # in nobody's pending list: still to be delivered
+        await b.close()  # B leaves: A, whose lease it is, takes the partition up for good
         deadline = time.monotonic() + 30
         got: list[bytes] = []
         while not got:
