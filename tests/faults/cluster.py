@@ -212,17 +212,18 @@ class Cluster:
 
     def decisions(self, keys: list[str], lines: int = 12) -> str:
         """The run guard's last decisions about each of ``keys``, from every member's log."""
+        logs = {
+            f"{name} pid {pid}": (self.directory / name)
+            .read_text(encoding="utf-8", errors="replace")
+            .splitlines()
+            for pid, name in sorted(self._log_names.items(), key=lambda item: item[1])
+            if name.startswith("member-")
+        }
         out = ""
         for key in keys:
             needle = f"key {encode_key(key.encode())})"
             found = [
-                f"{name} pid {pid}: {line}"
-                for pid, name in sorted(self._log_names.items(), key=lambda item: item[1])
-                if name.startswith("member-")
-                for line in (self.directory / name)
-                .read_text(encoding="utf-8", errors="replace")
-                .splitlines()
-                if needle in line
+                f"{name}: {line}" for name, text in logs.items() for line in text if needle in line
             ]
             found.sort(key=lambda entry: entry.partition(": ")[2][:23])  # by time
             out += f"\n  decisions about {key}:" + "".join(f"\n    {e}" for e in found[-lines:])

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 from faults.cluster import SECRET, Cluster
 from ingress.signing import hub_signature
 from redis.asyncio import Redis
@@ -40,6 +39,7 @@ from redis.exceptions import RedisError
 from pipeline import headers as h
 from pipeline.errors import TransportError
 from pipeline.transport import create_transport
+from pipeline.transport.kafka.group import admin_client
 from pipeline.transport.protocol import Consumer, Transport
 
 DEAD_REASONS = {"fatal", "exhausted", "poison", "sequenced", "expired", "shed"}
@@ -327,7 +327,7 @@ async def kafka_group_state(cluster: Cluster) -> str:
     topics the committed position against the end offset.
     """
     lines: list[str] = []
-    admin = AdminClient({"bootstrap.servers": cluster.settings.kafka.bootstrap_servers})
+    admin = admin_client(cluster.settings.kafka)
     try:
         future = admin.describe_consumer_groups([cluster.group])[cluster.group]
         group = await asyncio.to_thread(future.result, 10)

@@ -330,8 +330,9 @@ class KafkaConsumer:
 
     def _watched(self, task: asyncio.Task[object]) -> None:
         self._watching = None
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("check of group %s's assignment failed: %s", self._group, task.exception())
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            log.warning("check of group %s's assignment failed: %s", self._group, failure)
 
     def _commit(self, positions: Sequence[Position]) -> None:
         offsets = [

@@ -53,7 +53,6 @@ class StrandWatch:
         self._seen: Partitions = frozenset()
         """What the previous check found assigned to no member."""
         self._admin: Any = None
-        self.nudges = 0
 
     def due(self) -> bool:
         """Whether the next check is due."""
@@ -86,7 +85,6 @@ class StrandWatch:
         )
         self._nudge()
         self._seen = frozenset()
-        self.nudges += 1
         return stranded
 
     def _unowned(self) -> Partitions:
