@@ -638,7 +638,8 @@ end
 
 -- gd_claim: write the calling process's claims (grown or renewed), except on partitions
 -- another process was assigned since this one's last gd_take: that process may be running the
--- offsets above what this one claimed then.
+-- offsets above what this one claimed then. On a partition nobody owns the writer becomes the
+-- owner again.
 -- KEYS the claims hashes   ARGV[1] instance id   ARGV[2] ttl ms   then per key: lo, hi
 -- Returns per key 1 (written) or 0 (the partition is another process's now).
 local function claim(keys, args)
@@ -649,7 +650,9 @@ local function claim(keys, args)
     if owner and owner ~= me then
       out[i] = 0
     else
-      redis.call('HSET', key, me, args[1 + 2 * i] .. '|' .. args[2 + 2 * i])
+      -- Unowned (its owner gave it up, perhaps this process's own give-up racing its next
+      -- assignment's gd_take): the writer holds the partition, so it is the owner again.
+      redis.call('HSET', key, me, args[1 + 2 * i] .. '|' .. args[2 + 2 * i], OWNER, me)
       redis.call('PEXPIRE', key, ttl)
       out[i] = 1
     end
