@@ -7,6 +7,7 @@ joining; the whole path on the real broker is
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from confluent_kafka import ConsumerGroupState, KafkaException
 
 from pipeline.config import KafkaSettings
+from pipeline.testing.ports import free_port
 from pipeline.transport.kafka.stranded import StrandWatch
 
 TOPIC = "orders"
@@ -121,3 +123,24 @@ def test_checks_are_due_once_a_session_timeout_apart() -> None:
     assert StrandWatch(KafkaSettings(session_timeout_ms=3000), "g", [TOPIC]).interval_s == 5.0
     strand = StrandWatch(KafkaSettings(session_timeout_ms=6000), "g", [TOPIC])
     assert not strand.due()
+
+
+async def test_a_nudge_under_way_leaves_when_the_watch_stops() -> None:
+    """A consumer that closes stops its watch, and a nudge in progress ends with it.
+
+    The nudging member's join cannot complete while the broker is unreachable (here: nothing
+    listens on its port), so unstopped it would wait a session plus a request timeout (36 s);
+    stopped, it leaves at its next poll.
+    """
+    kafka = KafkaSettings(
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        group_protocol="classic",
+        session_timeout_ms=6000,
+        request_timeout_ms=30000,
+    )
+    strand = StrandWatch(kafka, "g", [TOPIC])
+    nudging = asyncio.create_task(asyncio.to_thread(strand._nudge))
+    strand.stop()
+    await asyncio.wait_for(nudging, 15)
+    assert not strand.due()
+    assert strand.check() == frozenset()  # asks nobody once stopped

@@ -443,6 +443,8 @@ class KafkaConsumer:
             return
         self._closed = True
         self._loop = asyncio.get_running_loop()
+        if self._watch is not None:
+            self._watch.stop()  # a nudge under way must not hold the process's exit
         # librdkafka's close can hang in a cooperative rebalance; the group then drops this
         # member after its session timeout, which is what a bounded close waits for at most.
         limit_s = self._settings.session_timeout_ms / 1000 + 5

@@ -15,12 +15,14 @@ the same partitions of its topics were assigned to no member at two checks in a 
 group, it nudges the group: a dynamic member with the group's protocol joins, which makes the
 coordinator rebalance, and leaves once it is assigned, which rebalances again; the partitions go
 out in those rebalances. The nudging member reads nothing: it never commits, and what it
-fetched meanwhile is dropped.
+fetched meanwhile is dropped. :meth:`StrandWatch.stop` ends a nudge still waiting for its
+assignment, so a consumer that closes is not held up by one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -53,10 +55,15 @@ class StrandWatch:
         self._seen: Partitions = frozenset()
         """What the previous check found assigned to no member."""
         self._admin: Any = None
+        self._stopped = threading.Event()
 
     def due(self) -> bool:
-        """Whether the next check is due."""
-        return time.monotonic() >= self._next_s
+        """Whether the next check is due (never, once stopped)."""
+        return not self._stopped.is_set() and time.monotonic() >= self._next_s
+
+    def stop(self) -> None:
+        """No more checks; a nudge under way leaves the group now instead of waiting on."""
+        self._stopped.set()
 
     def check(self) -> Partitions:
         """Ask the coordinator; nudge the group if partitions stayed unowned since the last check.
@@ -65,6 +72,8 @@ class StrandWatch:
         loop and off the consumer's own thread. Returns the partitions it nudged for.
         """
         self._next_s = time.monotonic() + self.interval_s
+        if self._stopped.is_set():
+            return frozenset()
         try:
             now = self._unowned()
         except (KafkaException, TimeoutError) as exc:  # asked again at the next check
@@ -73,7 +82,7 @@ class StrandWatch:
             return frozenset()
         stranded = now & self._seen
         self._seen = now
-        if not stranded:
+        if not stranded or self._stopped.is_set():  # stopped while the coordinator answered
             return frozenset()
         log.warning(
             "%s of group %s assigned to no member for %.0f s (the second half of a cooperative"
@@ -121,7 +130,7 @@ class StrandWatch:
         wait_ms = self._settings.session_timeout_ms + self._settings.request_timeout_ms
         deadline = time.monotonic() + wait_ms / 1000
         try:
-            while not assigned and time.monotonic() < deadline:
+            while not assigned and time.monotonic() < deadline and not self._stopped.is_set():
                 probe.poll(0.1)  # a message fetched meanwhile is dropped, never committed
         finally:
             probe.close()
