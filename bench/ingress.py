@@ -13,7 +13,9 @@ Servers run as subprocesses on loopback, each on uvicorn with uvloop and httptoo
   request (WAL, ``synchronous=FULL``), with no produce at all;
 * **postgres x1 / x2**: ``pipeline ingress serve --workers 1`` and ``--workers 2`` on the
   PostgreSQL log store (a schema of its own per run, dropped after), producing every event;
-  ``pg_scale_2_workers`` is the ratio of their accepts/s.
+  ``pg_scale_2_workers`` is the ratio of their accepts/s. ``pg_cores_busy_<n>_worker(s)`` is how
+  many of the machine's ``cores`` were busy meanwhile (every process: the workers, PostgreSQL,
+  Redis, the load generator), which bounds what a second worker can add on this host.
 
 The load generator is open-loop: every request has an intended send time, and latency is
 measured from that time (so queueing in the client counts, no coordinated omission). Requests
@@ -257,27 +259,40 @@ async def drop_schema(schema: str) -> None:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def measure_pg(workdir: Path, workers: int, count: int, run: str) -> float:
-    """Durable accepts/s at saturation on PostgreSQL with ``workers`` processes."""
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every process, the kernel's interrupts)."""
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + t.irq + t.softirq)
+
+
+def measure_pg(workdir: Path, workers: int, count: int, run: str) -> tuple[float, float]:
+    """(accepts/s, cores the machine kept busy) at saturation on PostgreSQL, ``workers`` processes.
+
+    The busy cores count everything on the machine during the load: the ingress processes,
+    PostgreSQL, Redis and this load generator. When one worker already keeps most of them
+    busy, a second has no core to add.
+    """
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     try:
         proc, port = start_pg_ingress(workdir, workers, schema)
         try:
             uvloop.run(load(port, requests(500, f"warm-{run}"), None))
-            before = cpu_s_tree(proc)
+            before, busy_before = cpu_s_tree(proc), machine_busy_s()
             accepted, seconds, _ = uvloop.run(load(port, requests(count, run), None))
-            used = cpu_s_tree(proc) - before
+            used, busy = cpu_s_tree(proc) - before, machine_busy_s() - busy_before
         finally:
             stop(proc)
     finally:
         asyncio.run(drop_schema(schema))
     rps = accepted / seconds
+    cores = busy / seconds
     print(
         f"  postgres x{workers} {rps:>7.0f} accepts/s  "
-        f"({used / max(accepted, 1) * 10_000:.2f} cpu-s/10k)",
+        f"({used / max(accepted, 1) * 10_000:.2f} cpu-s/10k; the machine kept {cores:.2f} of"
+        f" {psutil.cpu_count()} cores busy, the ingress {used / seconds:.2f})",
         flush=True,
     )
-    return rps
+    return rps, cores
 
 
 NAIVE_APP = """
@@ -534,10 +549,13 @@ def main() -> None:
                         )
             p99, commits = measure_p99(workdir, 1_000, args.p99_seconds)
             scale: dict[int, list[float]] = {1: [], 2: []}
+            busy: dict[int, list[float]] = {1: [], 2: []}
             for r in range(args.rounds):
                 print(f"postgres round {r + 1}/{args.rounds}", flush=True)
                 for workers, runs_pg in scale.items():
-                    runs_pg.append(measure_pg(workdir, workers, args.requests, f"pg{workers}-{r}"))
+                    rps, cores = measure_pg(workdir, workers, args.requests, f"pg{workers}-{r}")
+                    runs_pg.append(rps)
+                    busy[workers].append(cores)
         finally:
             asyncio.run(drop_topic(topic))
     med = {kind: statistics.median(rps for rps, _ in runs) for kind, runs in results.items()}
@@ -560,6 +578,9 @@ def main() -> None:
                 ),
                 "pg_rps_1_worker": round(statistics.median(scale[1])),
                 "pg_rps_2_workers": round(statistics.median(scale[2])),
+                "pg_cores_busy_1_worker": round(statistics.median(busy[1]), 2),
+                "pg_cores_busy_2_workers": round(statistics.median(busy[2]), 2),
+                "cores": psutil.cpu_count(),
                 "tracing_overhead": round(
                     statistics.median(
                         t / d
