@@ -10,6 +10,13 @@ During a rolling deploy, members of the old and the new release share one Redis;
 each would ``FUNCTION LOAD REPLACE`` the other's code and call functions whose arguments changed
 under them. Side by side, each release calls its own. A library of a release no member runs any
 more stays loaded, a few kilobytes; ``FUNCTION DELETE`` removes it.
+
+A call never absorbs its task's cancellation. redis-py writes each command under
+``asyncio.wait_for`` (its ``socket_timeout``, 5 s by default), and on Python 3.11 ``wait_for``
+returns the inner result instead of raising when the cancellation arrives in the same turn of
+the loop as the write completes (CPython issue 86296, fixed in 3.12). A call that returns while
+a cancellation was requested during it therefore raises :class:`asyncio.CancelledError`: a
+throttle acquisition cancelled that way went on to wait for its grant forever.
 """
 
 from __future__ import annotations
@@ -82,16 +89,21 @@ class FunctionLibrary:
         Through the client's :class:`~pipeline.redis_channel.FunctionChannel` when one is bound
         to it (``pipeline consume`` binds one), else through redis-py.
         """
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         if not self._loaded:
             await self.ensure_loaded()
         loaded = self.name(name)
         try:
-            return await self._call(loaded, keys, args)
+            reply = await self._call(loaded, keys, args)
         except rexc.ResponseError as exc:
             if not is_missing(exc):
                 raise
             await self.load()
-            return await self._call(loaded, keys, args)
+            reply = await self._call(loaded, keys, args)
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError  # requested during the call and absorbed on the way
+        return reply
 
     async def _call(self, loaded: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         channel = channel_of(self.client)

@@ -128,6 +128,7 @@ class KeyLanes(Generic[T]):
             self._idle_waiters -= 1
 
     async def _work(self, index: int) -> None:
+        task = asyncio.current_task()
         while True:
             while index >= self._limit:  # resting while the limit is lowered
                 self._limit_raised.clear()
@@ -159,6 +160,11 @@ class KeyLanes(Generic[T]):
                 if self._idle_waiters:
                     async with self._changed:
                         self._changed.notify_all()
+            if task is not None and task.cancelling():
+                # close() asked this worker to stop while the message ran, and the request was
+                # absorbed below it (asyncio.wait_for on Python 3.11, as redis-py writes: CPython
+                # issue 86296); a stop a run takes back (LongWork) leaves no request behind.
+                raise asyncio.CancelledError
 
     def _make_ready(self, key: LaneKey) -> None:
         """Queue ``key`` for a worker and wake one waiting worker."""

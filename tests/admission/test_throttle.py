@@ -270,3 +270,43 @@ async def test_handover_to_another_member_goes_through_its_wake_list(make):
     await b.release(await asyncio.wait_for(waiting, 10))
     assert b._wake.wakes == 1
     assert a.wakes == 0
+
+
+async def test_a_cancellation_absorbed_below_the_acquire_call_still_cancels_it(
+    make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its call is in flight, an acquisition ends cancelled and leaves the queue.
+
+    redis-py writes each command under ``asyncio.wait_for``, which on Python 3.11 returns the
+    write's result instead of raising when the cancellation arrives as the write completes
+    (CPython issue 86296). The acquisition then went on to wait for its grant forever (seen in
+    the fairness benchmark: a phase that never ended). The stand-in for that race makes the real
+    call, then has the cancellation requested and absorbed below the caller.
+    """
+    t = await make(default_limit=1)
+    held = await t.acquire(["k"])
+    real = t._functions._call
+    absorbed: list[bool] = []
+
+    async def absorbing(loaded: str, keys: list[str], args: list[object]) -> object:
+        reply = await real(loaded, keys, args)
+        if not absorbed:
+            absorbed.append(True)
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # requested while the call is in flight...
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)  # ...and absorbed on the way back, as that wait_for does
+        return reply
+
+    monkeypatch.setattr(t._functions, "_call", absorbing)
+    acquiring = asyncio.create_task(t.acquire(["k"]))
+    done, _ = await asyncio.wait({acquiring}, timeout=10)
+    assert done, "the cancelled acquisition still waits for its grant"
+    assert acquiring.cancelled()
+    await until(lambda: _no_waiters(t, "k"))
+    await t.release(held)
+
+
+async def _no_waiters(t: Throttle, key: str) -> bool:
+    return not (await t.status(key)).waiters

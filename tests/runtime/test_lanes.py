@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import defaultdict
 
@@ -174,3 +175,28 @@ def test_concurrency_must_be_positive() -> None:
 
     with pytest.raises(ValueError, match="max_concurrency"):
         KeyLanes(noop, max_concurrency=0)
+
+
+async def test_a_stop_absorbed_below_a_run_still_ends_its_worker() -> None:
+    """close() ends a worker whose run absorbed the stop, instead of running the next message.
+
+    redis-py writes under ``asyncio.wait_for``, which on Python 3.11 can absorb a cancellation
+    that arrives as the write completes (CPython issue 86296); the run here absorbs it the same
+    way. Without the check, the worker ran the next message and waited for more, for ever.
+    """
+    ran: list[int] = []
+    running = asyncio.Event()
+
+    async def process(m: Message) -> None:
+        ran.append(m.offset)
+        running.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()  # the stop arrives here and goes no further
+
+    lanes = KeyLanes(process, max_concurrency=1)
+    lanes.start()
+    lanes.submit(msg(0, b"a"), ordered=True)
+    lanes.submit(msg(1, b"b"), ordered=True)
+    await asyncio.wait_for(running.wait(), 10)
+    await asyncio.wait_for(lanes.close(), 10)
+    assert ran == [0]

@@ -48,10 +48,12 @@ class Coordinator:
         answer = SimpleNamespace(state=self.state, members=members)
         return {groups[0]: SimpleNamespace(result=lambda **_: answer)}
 
-    def list_topics(self, topic: str, **_: object) -> Any:
-        """The topic's metadata: ``partitions`` partitions."""
-        meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(self.partitions)))
-        return SimpleNamespace(topics={topic: meta})
+    def describe_topics(self, topics: Any, **_: object) -> dict[str, Any]:
+        """Each topic's description, as futures: ``partitions`` partitions."""
+        described = SimpleNamespace(
+            partitions=[SimpleNamespace(id=p) for p in range(self.partitions)]
+        )
+        return {t: SimpleNamespace(result=lambda **_: described) for t in topics.topic_names}
 
 
 @pytest.fixture
@@ -144,3 +146,23 @@ async def test_a_nudge_under_way_leaves_when_the_watch_stops() -> None:
     await asyncio.wait_for(nudging, 15)
     assert not strand.due()
     assert strand.check() == frozenset()  # asks nobody once stopped
+
+
+def test_a_check_waiting_for_the_coordinator_gives_up_when_the_watch_stops(
+    watch: tuple[StrandWatch, Coordinator, list[int]],
+) -> None:
+    """An answer that does not come (the broker unreachable) is waited for only until a stop."""
+    strand, coordinator, nudged = watch
+    waited: list[float] = []
+
+    def unanswered(timeout: float) -> Any:
+        waited.append(timeout)
+        if len(waited) == 3:
+            strand.stop()  # the consumer closes meanwhile
+        raise TimeoutError
+
+    never = SimpleNamespace(result=unanswered)
+    coordinator.describe_consumer_groups = lambda groups, **_: {groups[0]: never}  # type: ignore[method-assign]
+    assert strand.check() == frozenset()
+    assert waited == [0.1, 0.1, 0.1]  # not the request timeout (30 s) in one wait
+    assert not nudged

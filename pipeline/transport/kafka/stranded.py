@@ -15,8 +15,9 @@ the same partitions of its topics were assigned to no member at two checks in a 
 group, it nudges the group: a dynamic member with the group's protocol joins, which makes the
 coordinator rebalance, and leaves once it is assigned, which rebalances again; the partitions go
 out in those rebalances. The nudging member reads nothing: it never commits, and what it
-fetched meanwhile is dropped. :meth:`StrandWatch.stop` ends a nudge still waiting for its
-assignment, so a consumer that closes is not held up by one.
+fetched meanwhile is dropped. :meth:`StrandWatch.stop` ends a check still waiting for the
+coordinator (an unreachable broker answers only after the request timeout) and a nudge still
+waiting for its assignment, so a consumer that closes is not held up by either.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
-from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka import ConsumerGroupState, KafkaException, TopicCollection
 
 from pipeline.config import KafkaSettings
 from pipeline.transport.kafka.group import admin_client, consumer_config
@@ -39,7 +41,11 @@ log = logging.getLogger(__name__)
 _MIN_INTERVAL_S = 5.0
 """Checks are at least this far apart, whatever the session timeout."""
 
+_SLICE_S = 0.1
+"""A stopped watch gives up waiting for the coordinator, or for its nudge, within this."""
+
 Partitions = frozenset[tuple[str, int]]
+T = TypeVar("T")
 
 
 class StrandWatch:
@@ -103,7 +109,7 @@ class StrandWatch:
         admin = self._admin
         timeout_s = self._settings.request_timeout_ms / 1000
         future = admin.describe_consumer_groups([self._group], request_timeout=timeout_s)
-        group = future[self._group].result(timeout=timeout_s)
+        group = self._answer(future[self._group], timeout_s)
         if group.state != ConsumerGroupState.STABLE or not group.members:
             return frozenset()
         owned = {
@@ -112,11 +118,24 @@ class StrandWatch:
             for tp in member.assignment.topic_partitions
         }
         every: set[tuple[str, int]] = set()
-        for topic in self._topics:
-            meta = admin.list_topics(topic, timeout=timeout_s).topics.get(topic)
-            if meta is not None and meta.error is None:
-                every.update((topic, partition) for partition in meta.partitions)
+        topics = admin.describe_topics(TopicCollection(self._topics), request_timeout=timeout_s)
+        for topic, described in topics.items():
+            try:
+                partitions = self._answer(described, timeout_s).partitions
+            except KafkaException:  # deleted meanwhile: nothing of it to own
+                continue
+            every.update((topic, p.id) for p in partitions)
         return frozenset(every - owned)
+
+    def _answer(self, future: Future[T], timeout_s: float) -> T:
+        """``future``'s result, waited for in slices; TimeoutError once stopped or past due."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return future.result(timeout=_SLICE_S)
+            except TimeoutError:
+                if self._stopped.is_set() or time.monotonic() >= deadline:
+                    raise
 
     def _nudge(self) -> None:
         """Join the group as a dynamic member, wait for its assignment, and leave."""
@@ -131,6 +150,6 @@ class StrandWatch:
         deadline = time.monotonic() + wait_ms / 1000
         try:
             while not assigned and time.monotonic() < deadline and not self._stopped.is_set():
-                probe.poll(0.1)  # a message fetched meanwhile is dropped, never committed
+                probe.poll(_SLICE_S)  # a message fetched meanwhile is dropped, never committed
         finally:
             probe.close()
