@@ -372,9 +372,11 @@ async def throttled(load: Load, client: Redis, name: str, flood: str) -> tuple[P
     """Run one throttled phase on a namespace of its own."""
     throttle = new_throttle(client, f"bench-{uuid.uuid4().hex[:8]}")
     await throttle.start()
-    phase = await ThrottledRun(load, throttle, name, flood=flood).run(load.args.phase_s)
-    await throttle.close()
-    await delete_namespace(client, throttle)
+    try:
+        phase = await ThrottledRun(load, throttle, name, flood=flood).run(load.args.phase_s)
+    finally:  # a phase that failed or overran leaves no keys behind either
+        await throttle.close()
+        await delete_namespace(client, throttle)
     return phase, throttle
 
 
@@ -409,6 +411,14 @@ async def multi_member(load: Load, client: Redis, name: str, flood: str) -> Phas
     """Run one phase with the load split over ``MEMBERS`` processes sharing one throttle."""
     throttle = new_throttle(client, f"bench-{uuid.uuid4().hex[:8]}")
     await throttle.start()
+    try:
+        return await _multi_member(load, throttle, name, flood)
+    finally:  # a phase that failed or overran leaves no keys behind either
+        await throttle.close()
+        await delete_namespace(client, throttle)
+
+
+async def _multi_member(load: Load, throttle: Throttle, name: str, flood: str) -> Phase:
     sizing = ThrottledRun(load, throttle, name, flood=flood)
     await sizing.set_limits()
     ctx = mp.get_context("spawn")
@@ -436,8 +446,6 @@ async def multi_member(load: Load, client: Redis, name: str, flood: str) -> Phas
         phase.admissions += report["admissions"]
         for tenant, count in report["done"].items():
             phase.done[tenant] += count
-    await throttle.close()
-    await delete_namespace(client, throttle)
     return phase
 
 
