@@ -137,9 +137,13 @@ class RedisStreamsConsumer:
             self._target_owned, self._to_release = target, to_release
             self._changed.set()
 
+    def _renewal_age_s(self) -> float:
+        """Seconds since the leases were last renewed."""
+        return time.monotonic() - self._last_renewed
+
     def _stalled(self) -> bool:
         """Whether the last lease renewal is older than half a lease (heartbeats are far apart)."""
-        return time.monotonic() - self._last_renewed > self._settings.lease_ms / 2000
+        return self._renewal_age_s() > self._settings.lease_ms / 2000
 
     async def _heartbeat_forever(self) -> None:
         interval_s = self._settings.heartbeat_ms / 1000
@@ -150,7 +154,7 @@ class RedisStreamsConsumer:
                 await self._heartbeat()
             except (rexc.RedisError, OSError) as exc:
                 log.warning("heartbeat of %s failed: %s", self.member_id, exc)
-                if time.monotonic() - self._last_renewed > lease_s and self._target_owned:
+                if self._renewal_age_s() > lease_s and self._target_owned:
                     # Our leases have expired: the partitions may already be someone else's.
                     self._target_owned = set()
                     self._changed.set()
