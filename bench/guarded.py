@@ -234,6 +234,15 @@ class Retries:
         ]
 
     @property
+    def cpu_ms_per_failure(self) -> list[float]:
+        """Per pair, the failing run's extra CPU (process tree) per injected failure, in ms."""
+        return [
+            1000 * (f.cpu_s - c.cpu_s) / int(f.stats["injected_failures"])
+            for c, f in zip(self.clean, self.failing, strict=True)
+            if f.stats.get("injected_failures")
+        ]
+
+    @property
     def delay_floors(self) -> list[float]:
         """The cost the first tier's delay alone sets, per pair: 1 - clean span ÷ (it + delay).
 
@@ -254,14 +263,20 @@ class Retries:
         ]
 
 
-async def _retry_run(h: Harness, n: int, *, fail: bool, hold_ms: float) -> Drain:
-    """One fresh lane with retry tiers, drained by ``pipeline consume`` until all succeeded."""
+async def _retry_run(
+    h: Harness, n: int, *, fail: bool, hold_ms: float, ordered: bool = True
+) -> Drain:
+    """One fresh lane with retry tiers, drained by ``pipeline consume`` until all succeeded.
+
+    ``ordered``: the lane keeps per-key order across its tiers (parking); without it a
+    failure is retried with nothing parked behind it.
+    """
     name = _name("retry")
     spec = {
         "name": name,
         "partitions": RETRY_PARTITIONS,
         "lane": name,
-        "ordered": True,
+        "ordered": ordered,
         "retry": {"tiers": RETRY_TIERS},
     }
     topic_spec = TopicSpec.model_validate(spec)
@@ -287,12 +302,14 @@ async def _retry_run(h: Harness, n: int, *, fail: bool, hold_ms: float) -> Drain
         await h.drop_topics(topic_spec.topic_names())
 
 
-async def bench_retries(h: Harness, n: int, repeats: int, hold_ms: float) -> Retries:
+async def bench_retries(
+    h: Harness, n: int, repeats: int, hold_ms: float, *, ordered: bool = True
+) -> Retries:
     """Interleaved pairs: without failures, with 1 % failing once."""
     result = Retries()
     for i in range(repeats):
         for fail in (False, True) if i % 2 == 0 else (True, False):
-            span = await _retry_run(h, n, fail=fail, hold_ms=hold_ms)
+            span = await _retry_run(h, n, fail=fail, hold_ms=hold_ms, ordered=ordered)
             (result.failing if fail else result.clean).append(span)
         f = result.failing[-1]
         print(

@@ -80,7 +80,14 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    ``retry_delay_floor`` = 1 - clean span ÷ (clean span + the first tier's delay), what the delay
    alone costs (a message failing near the end of the backlog cannot succeed before its retry is
    due), and ``retry_1pct_cpu_cost`` = 1 - clean CPU per message ÷ failing CPU per message, what the
-   failures cost the consumer's CPU.
+   failures cost the consumer's CPU; ``retry_cpu_ms_per_failure`` is the same CPU as
+   milliseconds per injected failure (the failing run's process-tree CPU minus the clean run's,
+   ÷ its failures; median per pair). ``--retry-unordered`` runs the part on the same lane
+   without ``ordered`` (``retry_lane``: ``unordered``): a failure is retried with no follower
+   parked behind it, so the two runs tell what parking adds to a failure. Such a run reports
+   its figures in the ``retry_*`` fields only (on an unordered lane a retried message succeeds
+   after later ones of its key, as it should: ``retry_order_violations`` counts them), and
+   leaves the target fields it would otherwise feed null.
    ``retry_amplification`` = entries written to the retry-tier topics ÷ failures the
    handler injected (median over the failing runs). The handler counts, in the process:
    ``order_violations``, successes that came after a later message of the same key (added to
@@ -885,6 +892,11 @@ def _med(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def _fmt_med(values: Sequence[float], spec: str) -> str:
+    """The median of ``values`` formatted with ``spec``, or ``-`` when there are none."""
+    return format(_med(values), spec) if values else "-"
+
+
 def _r(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -968,9 +980,10 @@ def _tables_wire(wire: Wire, n: int) -> None:
         print(f"  {field_name}: {_med(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)})")
 
 
-def _tables_retries(rt: Retries, n: int) -> None:
+def _tables_retries(rt: Retries, n: int, *, ordered: bool) -> None:
+    parking = "ordered lane, parking on" if ordered else "unordered lane, no parking"
     print(
-        f"\nretries: {n:,} msgs, `pipeline consume`, tiers {RETRY_TIERS}, parking on, "
+        f"\nretries: {n:,} msgs, `pipeline consume`, tiers {RETRY_TIERS}, {parking}, "
         "1% failing once"
     )
     amplifications = [a for a in rt.amplifications if a is not None]
@@ -979,10 +992,11 @@ def _tables_retries(rt: Retries, n: int) -> None:
         f"1% failing: {_med([s.msgs_s for s in rt.failing]):,.0f}/s; "
         f"cost {_med(rt.costs):.3f} ({', '.join(f'{x:.3f}' for x in rt.costs)}; of it, "
         f"the first tier's delay alone {_med(rt.delay_floors):.3f}; CPU "
-        f"{_med(rt.cpu_costs):.3f}); "
+        f"{_med(rt.cpu_costs):.3f}, {_fmt_med(rt.cpu_ms_per_failure, '.2f')} ms per failure); "
         f"amplification {(f'{_med(amplifications):.2f}' if amplifications else '-')}; "
         f"order violations {rt.total('order_violations')}; "
         f"key overlaps {rt.total('key_overlaps')}"
+        + ("" if ordered else " (expected: an unordered lane keeps no per-key order)")
     )
 
 
@@ -995,7 +1009,7 @@ def print_tables(res: Results, args: argparse.Namespace) -> None:
     if res.wire is not None:
         _tables_wire(res.wire, args.wire_messages)
     if res.rt is not None:
-        _tables_retries(res.rt, args.retry_messages)
+        _tables_retries(res.rt, args.retry_messages, ordered=not args.retry_unordered)
 
 
 def _summary_throughput(tp: Throughput) -> dict[str, Any]:
@@ -1067,6 +1081,9 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
         "retry_failing_msgs_s": round(_med([s.msgs_s for s in rt.failing])),
         "retry_costs": [_r(x) for x in rt.costs],
         "retry_1pct_cpu_cost": _r(_med(rt.cpu_costs)),
+        "retry_cpu_ms_per_failure": (
+            _r(_med(rt.cpu_ms_per_failure)) if rt.cpu_ms_per_failure else None
+        ),
         "retry_delay_floor": _r(_med(rt.delay_floors)),
         "retry_amplifications": [_r(x) for x in rt.amplifications],
         "retry_order_violations": rt.total("order_violations"),
@@ -1087,6 +1104,8 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
 def summary(res: Results, args: argparse.Namespace) -> dict[str, Any]:
     """The machine-readable result (the last line of output); a part not run gives nulls."""
     tp, kp, wire, rt = res.tp, res.kp, res.wire, res.rt
+    if args.retry_unordered:  # the targets are the ordered lane's: its figures go in retry_*
+        rt = None
     out: dict[str, Any] = {"bench": "runtime"}
     for peer in RUNNERS[1:]:
         ratios = tp.ratios(peer) if tp else None
@@ -1107,13 +1126,14 @@ def summary(res: Results, args: argparse.Namespace) -> dict[str, Any]:
     out |= _summary_throughput(tp) if tp else {}
     out |= _summary_key_parallel(kp) if kp else {}
     out |= _summary_wire(wire) if wire else {}
-    out |= _summary_retries(rt) if rt else {}
+    out |= _summary_retries(res.rt) if res.rt else {}
     out |= {
         "parts": args.parts,
         "messages": args.messages,
         "wire_messages": args.wire_messages,
         "retry_messages": args.retry_messages,
         "retry_hold_ms": args.hold_ms,
+        "retry_lane": "unordered" if args.retry_unordered else "ordered",
         "repeats": args.repeats,
         "partitions": PARTITIONS,
         "keys": KEYS,
@@ -1172,7 +1192,13 @@ async def run(args: argparse.Namespace) -> Results:
         if "wire" in args.parts:
             res.wire = await bench_wire(h, args.wire_messages, args.repeats)
         if "retries" in args.parts:
-            res.rt = await bench_retries(h, args.retry_messages, args.repeats, args.hold_ms)
+            res.rt = await bench_retries(
+                h,
+                args.retry_messages,
+                args.repeats,
+                args.hold_ms,
+                ordered=not args.retry_unordered,
+            )
         if "tracing" in args.parts:
             res.tr = await bench_tracing(h, min(args.messages, TRACING_MESSAGES), args.repeats)
         res.warnings = h.cleanup_warnings
@@ -1323,7 +1349,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--retry-messages",
         type=_positive,
         default=20_000,
-        help="messages per retry run (parking makes these runs ~20x slower than --messages)",
+        help="messages per retry run",
+    )
+    parser.add_argument(
+        "--retry-unordered",
+        action="store_true",
+        help="run the retry part on a lane without per-key order (no parking), to tell the "
+        "cost of parking from the cost of the retry itself",
     )
     parser.add_argument(
         "--hold-ms",
