@@ -993,7 +993,7 @@ def _tables_retries(rt: Retries, n: int, *, ordered: bool) -> None:
         f"cost {_med(rt.costs):.3f} ({', '.join(f'{x:.3f}' for x in rt.costs)}; of it, "
         f"the first tier's delay alone {_med(rt.delay_floors):.3f}; CPU "
         f"{_med(rt.cpu_costs):.3f}, {_fmt_med(rt.cpu_ms_per_failure, '.2f')} ms per failure); "
-        f"amplification {(f'{_med(amplifications):.2f}' if amplifications else '-')}; "
+        f"amplification {_fmt_med(amplifications, '.2f')}; "
         f"order violations {rt.total('order_violations')}; "
         f"key overlaps {rt.total('key_overlaps')}"
         + ("" if ordered else " (expected: an unordered lane keeps no per-key order)")
@@ -1103,9 +1103,9 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
 
 def summary(res: Results, args: argparse.Namespace) -> dict[str, Any]:
     """The machine-readable result (the last line of output); a part not run gives nulls."""
-    tp, kp, wire, rt = res.tp, res.kp, res.wire, res.rt
-    if args.retry_unordered:  # the targets are the ordered lane's: its figures go in retry_*
-        rt = None
+    tp, kp, wire = res.tp, res.kp, res.wire
+    # The targets are the ordered lane's: an unordered run's figures go in retry_* only.
+    rt = None if args.retry_unordered else res.rt
     out: dict[str, Any] = {"bench": "runtime"}
     for peer in RUNNERS[1:]:
         ratios = tp.ratios(peer) if tp else None
