@@ -3,9 +3,10 @@
 Run by :class:`pipeline.tracing.shipper.Shipper` as ``python -m pipeline.tracing.export
 SERVICE``; reads length-prefixed marshalled lists of :mod:`.record` tuples on its standard input
 until it closes, writes each as OTLP ``Span`` messages (a delivery becomes its spans, with the
-``messaging.*`` attributes built here from the message's fields: :mod:`.wire_delivery`; other
-spans: :mod:`.otlp`) and sends them with the SDK's OTLP/HTTP exporter's own client, in requests
-of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans. An exporter without such a client gets the SDK's
+``messaging.*`` attributes built here from the message's fields: :mod:`.wire_delivery`; a
+request's and a send's: :mod:`.wire_ingress`; other spans: :mod:`.otlp`) and sends them with
+the SDK's OTLP/HTTP exporter's own client, in requests of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``
+spans. An exporter without such a client gets the SDK's
 ``ReadableSpan`` objects (:class:`Spans`) instead. The exporter reads its own
 ``OTEL_EXPORTER_OTLP_*`` variables (its HTTP session reads the environment's proxies and CA
 bundle once, not per request); the resource its ``OTEL_SERVICE_NAME`` and
@@ -47,6 +48,7 @@ from pipeline.tracing.record import (
     send_attributes,
 )
 from pipeline.tracing.wire_delivery import delivery_spans, int_or, trace_context
+from pipeline.tracing.wire_ingress import send_span, webhook_spans
 
 HEADER = struct.Struct(">I")
 READY = b"r"
@@ -85,11 +87,12 @@ class Spans:
         if kind == SEND:
             s = SendRecord(*record)
             attributes = send_attributes(s.system, s.topic, s.key)
+            trace_id, parent_id = trace_context(s.carried)
             yield self._span(
                 f"send {s.topic}",
-                s.trace_id,
+                trace_id,
                 s.span_id,
-                s.parent_id,
+                parent_id,
                 s.start,
                 s.end,
                 attributes,
@@ -263,14 +266,21 @@ class Spans:
 class WireSpans(Spans):
     """Turns records into OTLP ``Span`` messages directly (:mod:`.otlp`), without SDK objects.
 
-    A delivery's spans come from :func:`.wire_delivery.delivery_spans`, which writes the same
-    bytes from parts kept encoded.
+    A delivery's spans come from :func:`.wire_delivery.delivery_spans`, a request's and a
+    send's from :mod:`.wire_ingress`, which write the same bytes from parts kept encoded.
     """
 
     def of(self, record: Record) -> Iterator[Any]:
-        """The encoded span a ``SPAN`` record is, or the spans of a ``DELIVERY``."""
-        if record[0] == DELIVERY:
+        """The encoded span a ``SPAN`` or ``SEND`` record is, or a request's or delivery's."""
+        kind = record[0]
+        if kind == DELIVERY:
             return iter(delivery_spans(record))
+        if kind == SEND:
+            return iter((send_span(record),))
+        if kind == WEBHOOK:
+            spans = webhook_spans(record)
+            if spans is not None:
+                return iter(spans)
         return super().of(record)
 
     def _span(

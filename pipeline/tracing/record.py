@@ -22,7 +22,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self, TypeGuard
 
 from pipeline.headers import ATTEMPT, TENANT
 
@@ -112,9 +112,10 @@ class SendRecord(NamedTuple):
     """The fields of a ``SEND`` record (:meth:`Sends.end` writes one per produced record)."""
 
     kind: str
-    trace_id: int
+    carried: tuple[int, int] | bytes
+    """(trace id, parent span id or 0), or the parent's ``traceparent`` as the record carried
+    it (well formed, lower-case hex: :func:`spliceable`), read in the exporting process."""
     span_id: int
-    parent_id: int
     system: str
     topic: str
     key: bytes | None
@@ -159,6 +160,33 @@ def parse(raw: bytes | str | None) -> tuple[int, int, bool] | None:
 def traceparent(trace_id: int, span_id: int, *, sampled: bool) -> str:
     """The W3C ``traceparent`` value naming one span."""
     return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+_HEX_AND_DASH = b"0123456789abcdef-"
+_ZERO_TRACE = b"0" * 32
+_ZERO_SPAN = b"0" * 16
+_DASHES = 3
+
+
+def spliceable(raw: object) -> TypeGuard[bytes]:
+    """Whether ``raw`` is a ``traceparent`` as :func:`traceparent` writes them (lower-case hex).
+
+    Such a value names the same ids :func:`parse` reads from it, so a child's value can be made
+    by putting the child's span id in its place (``raw[:36] + span + flags``) without parsing
+    and formatting the trace id. Anything else (upper case, another version, a malformed value)
+    is for :func:`parse`.
+    """
+    return (
+        type(raw) is bytes
+        and len(raw) == TRACEPARENT_CHARS
+        and raw[:3] == b"00-"
+        and raw[35:36] == b"-"
+        and raw[52:53] == b"-"
+        and raw.count(b"-") == _DASHES
+        and not raw.translate(None, _HEX_AND_DASH)
+        and raw[3:35] != _ZERO_TRACE
+        and raw[36:52] != _ZERO_SPAN
+    )
 
 
 def send_attributes(system: str, topic: str, key: bytes | None) -> dict[str, Any]:
@@ -600,8 +628,9 @@ class Stage:
 class Sends:
     """The PRODUCER spans of one batch of produced records, one ``SEND`` record each at the end.
 
-    ``items`` holds (trace id, span id, parent span id, key) per sampled record; the exporting
-    process builds the ``messaging.*`` attributes (:class:`SendRecord`).
+    ``items`` holds (parent context, span id, key) per sampled record, the context as
+    :attr:`SendRecord.carried` has it; the exporting process builds the ``messaging.*``
+    attributes (:class:`SendRecord`).
     """
 
     __slots__ = ("buffer", "items", "start_ns", "system", "topic")
@@ -612,7 +641,7 @@ class Sends:
         self.system = system
         self.topic = topic
         self.start_ns = time.time_ns()
-        self.items: list[tuple[int, int, int, bytes | None]] = []
+        self.items: list[tuple[tuple[int, int] | bytes, int, bytes | None]] = []
 
     def end(self, error: BaseException | None = None) -> None:
         """End every send now (failed by ``error`` if given) and buffer them."""
@@ -620,8 +649,8 @@ class Sends:
         text = None if error is None else type(error).__name__
         events: Events | None = None if error is None else [exception_event(error, now)]
         add, system, topic, start = self.buffer.add, self.system, self.topic, self.start_ns
-        for trace_id, span_id, parent_id, key in self.items:
-            add((SEND, trace_id, span_id, parent_id, system, topic, key, start, now, text, events))
+        for carried, span_id, key in self.items:
+            add((SEND, carried, span_id, system, topic, key, start, now, text, events))
 
 
 CURRENT: ContextVar[Span | Delivery | Webhook | None] = ContextVar("pipeline_span", default=None)

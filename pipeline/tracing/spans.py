@@ -131,17 +131,28 @@ def sends_started(topic: str, records: Sequence[Record]) -> Sends | None:
         return None
     sends = Sends(_buffer, _system, topic)
     name = f"send {topic}"
+    follow, always = _sampler.follow, _sampler.always
+    items = sends.items
     for record in records:
         carried = dict(record.headers) if record.headers else {}
         raw = carried.get(TRACEPARENT)
         if _unsampled(raw):
             continue  # the header goes on as it is: the trace stays unsampled downstream
-        trace_id, parent_id, sampled = _entered(name, r.parse(raw))
         span_id = r.new_span_id()
+        if (follow or always is not None) and r.spliceable(raw):
+            # The usual case (a value this process wrote): the ids stay as they are, the
+            # exporting process reads them; only the span id is put in.
+            sampled = True if follow else bool(always)  # follow: _unsampled() saw it sampled
+            carried[TRACEPARENT] = b"%b%016x-%s" % (raw[:36], span_id, b"01" if sampled else b"00")
+            record.headers = carried
+            if sampled:
+                items.append((raw, span_id, record.key))
+            continue
+        trace_id, parent_id, sampled = _entered(name, r.parse(raw))
         carried[TRACEPARENT] = r.traceparent(trace_id, span_id, sampled=sampled).encode()
         record.headers = carried
         if sampled:
-            sends.items.append((trace_id, span_id, parent_id, record.key))
+            items.append(((trace_id, parent_id), span_id, record.key))
     return sends
 
 

@@ -30,8 +30,6 @@ from pipeline.tracing.record import (
 )
 
 _ID = struct.Struct(">Q").pack
-_START_END = otlp.TIMES.pack
-_FLAGS = otlp.FLAGS
 _UNROUTED = otlp.status("could not be routed; delivered again")
 _INTERNAL = otlp.KIND["internal"]
 
@@ -123,41 +121,6 @@ def _parts(system: str, topic: str, partition: int, lane: str) -> _Parts:
     )
 
 
-def _span(
-    trace: bytes,
-    span_id: bytes,
-    parent_id: bytes,
-    name_kind: bytes,
-    start: int,
-    end: int,
-    tail: bytes = b"",
-) -> bytes:
-    """One span, as the ``spans`` field of a ``ScopeSpans``.
-
-    ``trace`` is its trace id field, ``span_id`` and ``parent_id`` the ids' eight bytes (no
-    parent: empty) and ``tail`` its attributes, events and status, encoded.
-    """
-    parent = b"\x22\x08" + parent_id if parent_id else b""
-    size = len(trace) + len(parent) + len(name_kind) + len(tail) + _FIXED_SIZE
-    return b"".join(
-        (
-            b"\x12" + otlp.varint(size),
-            trace,
-            b"\x12\x08",
-            span_id,
-            parent,
-            name_kind,
-            _START_END(0x39, start, 0x41, end),
-            tail,
-            _FLAGS,
-        )
-    )
-
-
-_FIXED_SIZE = 2 + 8 + otlp.TIMES.size + len(_FLAGS)
-"""The bytes of every span of a delivery but its trace id, parent, name, kind and tail."""
-
-
 def _new_id() -> bytes:
     return _ID(new_span_id())
 
@@ -165,14 +128,14 @@ def _new_id() -> bytes:
 def delivery_spans(record: Record) -> list[bytes]:
     """The encoded spans of a ``DELIVERY`` record, in the order :class:`.export.Spans` gives."""
     d = DeliveryRecord(*record)
-    trace_id, parent_id = _wire_context(d.carried)
+    trace_id, parent_id = wire_context(d.carried)
     process_id = _new_id()
     guard_id = _ID(d.guard_id) if d.guard_id else (_new_id() if d.guard_start else b"")
     parts = _parts(d.system, d.topic, d.partition, d.lane)
     trace = b"\x0a\x10" + trace_id
     waited_from = min(d.produced, d.entered) if d.produced else d.entered
     out = [
-        _span(
+        otlp.joined_span(
             trace,
             _new_id(),
             parent_id or process_id,
@@ -183,14 +146,16 @@ def delivery_spans(record: Record) -> list[bytes]:
         )
     ]
     attributes = _process_attributes(parts, d)
-    out.append(_span(trace, process_id, parent_id, parts.process, d.entered, d.end, attributes))
+    out.append(
+        otlp.joined_span(trace, process_id, parent_id, parts.process, d.entered, d.end, attributes)
+    )
     if d.keys is not None and d.admitted:
         throttle = {
             "pipeline.throttle.keys": list(d.keys),
             "pipeline.throttle.priority": d.priority,
         }
         out.append(
-            _span(
+            otlp.joined_span(
                 trace,
                 _new_id(),
                 process_id,
@@ -202,7 +167,7 @@ def delivery_spans(record: Record) -> list[bytes]:
         )
     if guard_id:
         out.append(
-            _span(
+            otlp.joined_span(
                 trace,
                 guard_id,
                 process_id,
@@ -217,7 +182,7 @@ def delivery_spans(record: Record) -> list[bytes]:
         if d.failure:
             tail += otlp.span_events([d.failure[1]]) + otlp.status(d.failure[0])
         out.append(
-            _span(
+            otlp.joined_span(
                 trace,
                 _new_id(),
                 guard_id or process_id,
@@ -242,7 +207,7 @@ _NO_TRACE = bytes(16)
 _NO_SPAN = bytes(8)
 
 
-def _wire_context(carried: tuple[int, int] | bytes | str | None) -> tuple[bytes, bytes]:
+def wire_context(carried: tuple[int, int] | bytes | str | None) -> tuple[bytes, bytes]:
     """:func:`trace_context` as the ids' bytes (no parent: empty), for the wire.
 
     A well-formed ``traceparent`` as it came (the usual case) is read straight from its hex

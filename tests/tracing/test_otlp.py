@@ -1,10 +1,11 @@
 """The exporting process's own OTLP encoding says exactly what the SDK's encoder says.
 
-The same records (a delivery with every optional part and in each of its other shapes, a failed
-span with events and links, attributes of every type) go through both paths of
-``pipeline.tracing.export``: the SDK's spans encoded by the SDK, and the wire format of
-:mod:`pipeline.tracing.otlp` and :mod:`pipeline.tracing.wire_delivery`. Both requests are
-decoded with ``opentelemetry-proto`` and must hold the same spans, field by field.
+The same records (a delivery, a webhook request and a send with every optional part and in
+each of their other shapes, a failed span with events and links, attributes of every type) go
+through both paths of ``pipeline.tracing.export``: the SDK's spans encoded by the SDK, and the
+wire format of :mod:`pipeline.tracing.otlp`, :mod:`pipeline.tracing.wire_delivery` and
+:mod:`pipeline.tracing.wire_ingress`. Both requests are decoded with ``opentelemetry-proto``
+and must hold the same spans, field by field.
 """
 
 from __future__ import annotations
@@ -91,9 +92,8 @@ def records() -> list[Record]:
     sends = [
         (
             SEND,
-            0x0AF7651916CD43DD8448EB211C80319C,
+            (0x0AF7651916CD43DD8448EB211C80319C, 0x4444),
             0x6666,
-            0x4444,
             "kafka",
             "orders",
             b"k-1",
@@ -104,9 +104,8 @@ def records() -> list[Record]:
         ),
         (
             SEND,
-            0x0AF7651916CD43DD8448EB211C80319C,
+            (0x0AF7651916CD43DD8448EB211C80319C, 0x4444),
             0x7777,
-            0x4444,
             "redis",
             "orders",
             None,
@@ -246,3 +245,69 @@ def test_every_shape_of_delivery_is_written_as_the_sdk_writes_it() -> None:
         ours = otlp.request(resource.attributes, SCOPE, wire_spans)
         theirs = encode_spans(sdk_spans).SerializeToString()
         assert _spans(ours) == _spans(theirs), label
+
+
+def _webhook(**changes: object) -> Record:
+    """The webhook of :func:`records` with some of its fields changed (by name)."""
+    fields = [
+        *("kind", "trace_id", "span_id", "parent_id", "source", "start", "end"),
+        *("attributes", "events", "error", "stages"),
+    ]
+    values = dict(zip(fields, records()[2], strict=True))
+    assert not set(changes) - set(fields)
+    values.update(changes)
+    return tuple(values[name] for name in fields)
+
+
+def _send(index: int = 0, **changes: object) -> Record:
+    """A send of :func:`records` with some of its fields changed (by name)."""
+    fields = [
+        *("kind", "carried", "span_id", "system", "topic", "key"),
+        *("start", "end", "error", "events"),
+    ]
+    values = dict(zip(fields, records()[3 + index], strict=True))
+    assert not set(changes) - set(fields)
+    values.update(changes)
+    return tuple(values[name] for name in fields)
+
+
+REQUEST_VARIANTS = {
+    "a failed stage and a tenant": _webhook(),
+    "no parent (a new trace)": _webhook(parent_id=0),
+    "no attributes, no stages": _webhook(attributes=None, stages=[]),
+    "attributes of every type": _webhook(
+        attributes={"pipeline.tenant": "t", "n": -3, "ok": True, "r": 0.5, "keys": ["a", "b"]}
+    ),
+    "an attribute replacing the route": _webhook(attributes={"http.route": "/other"}),
+    "a failed request with events": _webhook(
+        error="Rejected", events=[("exception", T0 + 5, {"exception.type": "Rejected"})]
+    ),
+    "a stage with events and no error": _webhook(
+        stages=[("verify", T0 + 1, T0 + 2, None, [("note", T0 + 1, None)])]
+    ),
+    "a source name of many bytes": _webhook(source="s" * 200),
+    "a send with a key": _send(0),
+    "a failed send without a key": _send(1),
+    "a send with a key that is not UTF-8": _send(0, key=b"\xff\xfe"),
+    "a send with a long key": _send(0, key=b"k" * 300),
+    "a send without a parent": _send(0, carried=(0x0AF7651916CD43DD8448EB211C80319C, 0)),
+    "a send under a traceparent as it came": _send(0, carried=TRACEPARENT),
+    "a send over redis with events, no error": _send(
+        0, system="redis", events=[("note", T0 + 170, {"a": 1})]
+    ),
+}
+
+
+def test_every_shape_of_request_and_send_is_written_as_the_sdk_writes_it() -> None:
+    """The request and send encoders' kept parts change nothing in the output."""
+    resource = Resource.create({"service.name": "pipeline-test"})
+    for label, record in REQUEST_VARIANTS.items():
+        state = random.getstate()
+        sdk_spans = list(Spans(resource).of(record))
+        random.setstate(state)  # the same stage ids made here
+        wire_spans = list(WireSpans(resource).of(record))
+        ours = otlp.request(resource.attributes, SCOPE, wire_spans)
+        theirs = encode_spans(sdk_spans).SerializeToString()
+        assert _spans(ours) == _spans(theirs), label
+        expected = len(record[10]) + 1 if record[0] == WEBHOOK else 1  # stages and request
+        assert len(_spans(ours)) == expected, label

@@ -10,7 +10,7 @@ from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
 from pipeline.envelope import Message, Record
-from pipeline.tracing.record import Buffer, parse, traceparent
+from pipeline.tracing.record import Buffer, parse, spliceable, traceparent
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -35,6 +35,41 @@ def test_parse_takes_w3c_traceparents_and_refuses_the_rest() -> None:
         VALID.replace("-", "+"),
     ):
         assert parse(bad) is None, bad
+
+
+def test_a_spliceable_traceparent_is_one_parse_reads_as_written() -> None:
+    """Only a lower-case, well-formed version 00 value is taken as it is; parse agrees with it.
+
+    A send under such a value keeps its trace id digits and changes only the span id, so the
+    value must name the ids :func:`parse` reads; anything else goes through :func:`parse`.
+    """
+    valid = VALID.encode()
+    assert spliceable(valid)
+    assert spliceable(traceparent(1, 2, sampled=False).encode())
+    refused = [
+        VALID,  # text: the ingress's rows carry bytes by the time they are sent
+        valid.upper(),
+        b"01" + valid[2:],
+        b"ff" + valid[2:],
+        valid[:-1],
+        valid + b"0",
+        valid.replace(b"4bf9", b"4bg9"),
+        valid.replace(b"4bf9", b"4-f9")[:55],
+        valid[:36] + b"-" + valid[37:],
+        b"00-" + b"0" * 32 + valid[35:],
+        valid[:36] + b"0" * 16 + valid[52:],
+        valid[:53] + b"0x",
+        valid.replace(b"-", b"+"),
+        None,
+    ]
+    for value in refused:
+        assert not spliceable(value), value
+    for value in (valid, valid[:-2] + b"00", traceparent(2**128 - 1, 2**64 - 1, sampled=True)):
+        raw = value if isinstance(value, bytes) else value.encode()
+        ids = parse(raw)
+        assert spliceable(raw)
+        assert ids is not None
+        assert raw == traceparent(ids[0], ids[1], sampled=ids[2]).encode()
 
 
 def test_the_buffer_wakes_its_sender_at_a_batch_and_drops_beyond_its_limit() -> None:
@@ -127,3 +162,53 @@ def test_a_webhook_its_stages_and_its_send_come_out_as_their_spans(traced: OtlpR
     assert send.attributes["messaging.kafka.message.key"] == "key-1"
     assert record.headers["traceparent"] == f"00-{server.trace_id}-{send.span_id}-01".encode()
     assert len(spans) == 4
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [VALID.encode(), VALID, VALID.upper().encode(), b"00-malformed", None],
+    ids=["bytes as written", "text", "upper case", "malformed", "none"],
+)
+def test_a_send_continues_the_trace_its_record_carries_whatever_its_form(
+    traced: OtlpReceiver, carried: bytes | str | None
+) -> None:
+    """The send span is the carried context's child, or a new trace's root.
+
+    A new trace when there is no context or it is malformed; the record leaves with the send
+    span's ``traceparent``, in lower case.
+    """
+    headers = {"x-kept": b"1"} if carried is None else {"x-kept": b"1", "traceparent": carried}
+    record = Record(key=b"key-1", value=b"v", headers=headers)
+    tracing.sends_ended(tracing.sends_started("orders", [record]))
+    tracing.shutdown()
+    (spans,) = traced.traces().values()
+    (send,) = spans
+    parsed = parse(carried)
+    if parsed is not None:
+        assert (send.trace_id, send.parent_id) == (f"{parsed[0]:032x}", f"{parsed[1]:016x}")
+    else:
+        assert send.parent_id in ("", None)
+    assert record.headers["traceparent"] == f"00-{send.trace_id}-{send.span_id}-01".encode()
+    assert record.headers["x-kept"] == b"1"
+    assert headers.get("traceparent") == carried  # the caller's headers are not changed
+
+
+def test_under_a_parent_based_sampler_a_send_follows_the_carried_flag(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampled context gets its send span; an unsampled one leaves as it came, unrecorded."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+    unsampled = VALID[:-2].encode() + b"00"
+    sampled = Record(key=None, value=b"v", headers={"traceparent": VALID.encode()})
+    skipped = Record(key=None, value=b"v", headers={"traceparent": unsampled})
+    assert tracing.configure(os.environ, service="pipeline-test")
+    try:
+        tracing.sends_ended(tracing.sends_started("orders", [sampled, skipped]))
+    finally:
+        tracing.shutdown()
+    (spans,) = otlp.traces().values()
+    (send,) = spans
+    assert (send.trace_id, send.parent_id) == (VALID[3:35], VALID[36:52])
+    assert sampled.headers["traceparent"] == f"00-{send.trace_id}-{send.span_id}-01".encode()
+    assert skipped.headers["traceparent"] == unsampled
