@@ -25,7 +25,9 @@ keep-alive HTTP/1.1 connections. The last line of output is one JSON object.
 A fourth server, **traced**, is the durable one with tracing on at 100 % sampling, exporting to
 a sink process (``bench/tracing_parts.py``): ``tracing_overhead`` = traced ÷ durable accepts/s,
 ``tracing_off_overhead`` = 1 - the tracing hooks' time per request (tracing off) ÷ the durable
-server's CPU per request.
+server's CPU per request; ``tracing_export_us_per_request`` the exporting process's encoding of
+one accepted webhook's spans (request, stages, send), ``tracing_export_sdk_us_per_request`` the
+SDK's for the same records.
 """
 
 from __future__ import annotations
@@ -56,7 +58,13 @@ import common
 import psutil
 import uvloop
 from redis.asyncio import Redis
-from tracing_parts import ingress_hooks_s, off_overhead, otlp_sink, traced_env
+from tracing_parts import (
+    ingress_hooks_s,
+    off_overhead,
+    otlp_sink,
+    request_export_encode_s,
+    traced_env,
+)
 
 from pipeline.testing.ports import free_port
 
@@ -559,6 +567,7 @@ def main() -> None:
         finally:
             asyncio.run(drop_topic(topic))
     med = {kind: statistics.median(rps for rps, _ in runs) for kind, runs in results.items()}
+    export_s, export_sdk_s = request_export_encode_s()
     cpu = statistics.median(c for _, c in results["durable"])
     print(
         json.dumps(
@@ -592,6 +601,8 @@ def main() -> None:
                 ),
                 "tracing_off_overhead": round(off_overhead(ingress_hooks_s(), cpu / 10_000), 4),
                 "traced_rps": round(med["traced"]),
+                "tracing_export_us_per_request": round(export_s * 1e6, 2),
+                "tracing_export_sdk_us_per_request": round(export_sdk_s * 1e6, 1),
             }
         )
     )

@@ -13,6 +13,10 @@
   delivery record (a handled first delivery with a ``traceparent``: partition wait, process,
   guard and handler spans) into OTLP bytes, timed in a tight loop here;
   ``tracing_export_sdk_us_per_delivery`` the same with the SDK's span objects and encoder.
+* ``tracing_export_us_per_request`` (``bench/ingress.py``): the same for one accepted webhook's
+  records (its request span with the ``verify`` and ``log commit`` stages and a tenant, and the
+  send of its event under the request's ``traceparent``); ``tracing_export_sdk_us_per_request``
+  with the SDK's spans and encoder.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from pipeline import tracing
 from pipeline.envelope import Message
 from pipeline.tracing.export import Spans, WireSpans
-from pipeline.tracing.record import DELIVERY
+from pipeline.tracing.record import DELIVERY, SEND, WEBHOOK, Record
 
 SINK = Path(__file__).resolve().parent / "otlp_sink.py"
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -150,6 +154,38 @@ def export_encode_s() -> tuple[float, float]:
 
     def theirs() -> None:
         encode_spans(list(sdk.of(record)))
+
+    return _timed(EXPORT_LOOPS, ours), _timed(EXPORT_LOOPS // 10, theirs)
+
+
+def request_export_encode_s() -> tuple[float, float]:
+    """Seconds per accepted webhook to encode its records: our way, and the SDK's."""
+    t0 = time.time_ns()
+    trace_id, request_id = int(TRACEPARENT[3:35], 16), 0x1A2B3C4D5E6F7081
+    request: Record = (
+        *(WEBHOOK, trace_id, request_id, int(TRACEPARENT[36:52], 16), "bench", t0, t0 + 900_000),
+        {"pipeline.tenant": "acme"},
+        None,
+        None,
+        [
+            ("verify", t0 + 10_000, t0 + 40_000, None, None),
+            ("log commit", t0 + 60_000, t0 + 850_000, None, None),
+        ],
+    )
+    carried = b"00-%032x-%016x-01" % (trace_id, request_id)
+    send: Record = (
+        *(SEND, carried, 0x0F1E2D3C4B5A6978, "redis", "bench_ingress", b"conversation-42"),
+        *(t0 + 1_000_000, t0 + 1_400_000, None, None),
+    )
+    resource = Resource.create({"service.name": "bench"})
+    wire, sdk = WireSpans(resource), Spans(resource)
+
+    def ours() -> None:
+        list(wire.of(request))
+        list(wire.of(send))
+
+    def theirs() -> None:
+        encode_spans([*sdk.of(request), *sdk.of(send)])
 
     return _timed(EXPORT_LOOPS, ours), _timed(EXPORT_LOOPS // 10, theirs)
 
