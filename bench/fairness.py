@@ -17,7 +17,8 @@ A job's *wait* is from its submission to its handler's start; handlers sleep a l
 ``org:TENANT``, ``pool``) in one call; ``pool`` has the limit ``--slots``, so waiting work holds no
 worker. A tenant below its floor of in-flight work asks with priority 10, one within its earned
 ceiling with 5, others with 0 (the batch-lane style gate): a small tenant just over its floor queues
-ahead of the flood, not behind it. The slots kept for priority 10 are sized by
+ahead of the flood, not behind it. The slots kept for priorities 5 and up (every small tenant's
+job; the flooder, beyond its ceiling, only borrows them) are sized by
 ``pipeline.admission.reserve`` from the measured rates: the reserve the small tenants would need to
 themselves for P(wait) < 1 % (Erlang C), of which everything but a headroom is lent to lower
 priorities while unused (trunk reservation on ``pool``, ``Throttle.set_reserve``); the headroom is
@@ -77,6 +78,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = [f"s{i:02d}" for i in range(50)]
 FLOODER = "flood"
 HIGH, MID, LOW = 10, 5, 0
+RESERVED = MID
+"""The least priority the pool's reserve serves: every small tenant's job, under its floor or
+within its earned ceiling, since the reserve is sized from all of their arrivals; the flooder,
+beyond its ceiling (priority 0), only borrows it."""
 MEMBERS = 3
 RATE_WINDOW_S = 5.0
 
@@ -192,7 +197,7 @@ class ThrottledRun:
         self.load, self.throttle, self.flood = load, throttle, flood
         self.sized = sized  # False: another process set the limits and the reserve
         self.phase = Phase(name)
-        self.sizer = ReserveSizer(throttle, "pool", load.args.slots, HIGH)
+        self.sizer = ReserveSizer(throttle, "pool", load.args.slots, RESERVED)
         self.small_arrivals: list[float] = []  # monotonic submission times (small tenants)
         self.services: list[tuple[float, float]] = []  # (finished at, service s), every job
         self.limits: dict[str, int] = {}
@@ -212,7 +217,7 @@ class ThrottledRun:
     async def size_reserve(self, rate_per_s: float, small_s: float, pool_s: float) -> None:
         """Size the pool's reserve (or keep ``--reserve`` slots, if given)."""
         if self.load.args.reserve >= 0:
-            await self.throttle.set_reserve("pool", self.load.args.reserve, HIGH)
+            await self.throttle.set_reserve("pool", self.load.args.reserve, RESERVED)
             self.phase.headroom = self.phase.reserve = self.load.args.reserve
             return
         sized = await self.sizer.resize(rate_per_s, small_s, pool_s)
@@ -303,7 +308,7 @@ class ThrottledRun:
 
     def admissible(self, keys: tuple[str, ...], priority: int) -> bool:
         """Whether a waiter's keys all have room for it (the pool's reserve included)."""
-        kept = self.phase.headroom if priority < HIGH else 0
+        kept = self.phase.headroom if priority < RESERVED else 0
         return all(
             self.running[k] < self.limits.get(k, 0) - (kept if k == "pool" else 0) for k in keys
         )
