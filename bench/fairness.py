@@ -23,11 +23,11 @@ job; the flooder, beyond its ceiling, only borrows them) are sized by
 themselves for P(wait) < 1 % (Erlang C), of which everything but a headroom is lent to lower
 priorities while unused (trunk reservation on ``pool``, ``Throttle.set_reserve``); the headroom is
 the least number of idle slots for which a small job finds none free in under 1 % of arrivals, given
-how fast lent slots come back. Each second the sizer re-sizes it from the small arrivals and service
-times measured over the last five seconds (the multi-member variant keeps the plan sized from the
-nominal rates). The flooder keeps at most ``2 * slots`` acquisitions outstanding (``--subs``
-variant: 2 per sub-tenant); the rest of its flood waits in its backlog, as the runtime defers
-over-limit messages instead of holding them.
+how fast lent slots come back. Each second the sizer re-sizes it from the small arrivals and the
+slots' hold times (grant to release) measured over the last five seconds (the multi-member variant
+keeps the plan sized from the nominal rates). The flooder keeps at most ``2 * slots`` acquisitions
+outstanding (``--subs`` variant: 2 per sub-tenant); the rest of its flood waits in its backlog, as
+the runtime defers over-limit messages instead of holding them.
 
 Figures (last line, one JSON object): ``isolation_p99`` small tenants' p99 wait under the flood /
 without it; ``vs_fifo_p99`` FIFO's small p99 / the throttle's; ``jain`` Jain's index of the
@@ -199,7 +199,7 @@ class ThrottledRun:
         self.phase = Phase(name)
         self.sizer = ReserveSizer(throttle, "pool", load.args.slots, RESERVED)
         self.small_arrivals: list[float] = []  # monotonic submission times (small tenants)
-        self.services: list[tuple[float, float]] = []  # (finished at, service s), every job
+        self.holds: list[tuple[float, float]] = []  # (released at, slot held s), every job
         self.limits: dict[str, int] = {}
         self.running: dict[str, int] = defaultdict(int)
         self.outstanding: dict[str, int] = defaultdict(int)  # per tenant: waiting + running
@@ -229,10 +229,10 @@ class ThrottledRun:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             span = min(RATE_WINDOW_S, now - self.phase.started_at)
-            recent = [s for at, s in self.services if at >= now - span]
+            recent = [s for at, s in self.holds if at >= now - span]
             arrivals = sum(1 for at in self.small_arrivals if at >= now - span)
             if span > 0 and recent:
-                mean = sum(recent) / len(recent)
+                mean = sum(recent) / len(recent)  # the slot's hold: the run and the release
                 await self.size_reserve(arrivals / span, mean, mean)
 
     def keys_of(self, tenant: str, sub: str | None) -> list[str]:
@@ -274,10 +274,10 @@ class ThrottledRun:
         service = self.load.service_s()
         await asyncio.sleep(service)
         self.phase.busy_s += service
-        self.services.append((time.monotonic(), service))
         for key in permit.keys:
             self.running[key] -= 1
         await self.throttle.release(permit)
+        self.holds.append((time.monotonic(), time.monotonic() - started))
         self.outstanding[tenant] -= 1
         self.phase.done[tenant if sub is None else f"{tenant}/{sub}"] += 1
 

@@ -14,15 +14,18 @@ law, as the floors of :mod:`pipeline.admission.limits`):
 - the **headroom**: the part of the reserve that is never lent. The rest is lent to the flooder
   (lower priority) whenever the small tenants do not use it, but lent work only comes back
   when it finishes. Kept at ``h`` idle slots, the pool's free slots fall by one at each small
-  arrival (rate ``λ``) and come back at each completion of any job (rate ``μ = slots / D_pool``,
-  the pool's service time per lane being known); below ``h`` the flooder takes nothing. That
-  is a birth-death chain whose free-slot count sits at ``h - j`` with probability proportional
-  to ``r^j`` (``r = λ/μ``), so a small job finds no free slot with probability::
+  arrival (rate ``λ``) and come back at each completion of any job: with ``f`` slots free,
+  ``slots - f`` jobs hold the others, so a slot frees at rate ``(slots - f) / D_pool``
+  (``D_pool`` the mean time a job holds its pool slot, known per lane); below ``h`` the flooder
+  takes nothing. That is a birth-death chain on ``f = 0..h`` whose balance gives::
 
-      P(wait) = (1 - r) · r^h / (1 - r^(h+1))
+      π(f) = π(f + 1) · λ·D_pool / (slots - f),     P(wait) = π(0) / Σ π(f)
 
-  and the headroom is the least ``h`` with ``P(wait) < target``: lent work is expected back
-  before a small job needs it, in all but ``target`` of arrivals.
+  (a small arrival sees the chain's time average, and waits at ``f = 0``), and the headroom is
+  the least ``h`` with ``P(wait) < target``: lent work is expected back before a small job
+  needs it, in all but ``target`` of arrivals. Counting every slot as busy in every state
+  (completions always at ``slots / D_pool``) would understate ``P(wait)`` by a third at the
+  benchmark's load (0.29 % against 0.41 % with 4 slots of headroom).
 
 The throttle enforces the lending as trunk reservation on the pool key
 (:meth:`~pipeline.admission.throttle.Throttle.set_reserve`): permits below the small tenants'
@@ -73,26 +76,35 @@ def reserve_slots(arrival_per_s: float, service_s: float, target: float = TARGET
     return servers
 
 
-def wait_probability(headroom: int, arrival_per_s: float, refill_per_s: float) -> float:
-    """``(1 - r)·r^h / (1 - r^(h+1))``: a small job finds no free slot (``r = λ/μ``)."""
+def wait_probability(
+    headroom: int, arrival_per_s: float, slots: int, pool_service_s: float
+) -> float:
+    """``π(0)`` of the free-slot chain: a small job finds no free slot among ``headroom`` kept.
+
+    With ``f`` of the pool's ``slots`` free, a small arrival takes one at rate ``λ`` and one of
+    the ``slots - f`` held frees at rate ``(slots - f) / pool_service_s`` (the mean hold time);
+    ``headroom`` is capped at ``slots``.
+    """
     if arrival_per_s <= 0:
         return 0.0
-    if refill_per_s <= 0:
+    if pool_service_s <= 0 or slots <= 0:
         return 1.0
-    r = arrival_per_s / refill_per_s
-    if math.isclose(r, 1.0):
-        return 1.0 / (headroom + 1)
-    return (1 - r) * r**headroom / (1 - r ** (headroom + 1))
+    offered = arrival_per_s * pool_service_s
+    state, total = 1.0, 1.0  # π(h) = 1, then π(h - 1), ..., π(0)
+    for free in range(min(headroom, slots) - 1, -1, -1):
+        state *= offered / (slots - free)
+        total += state
+    return state / total
 
 
 def headroom_slots(
-    arrival_per_s: float, refill_per_s: float, target: float = TARGET, *, cap: int
+    arrival_per_s: float, slots: int, pool_service_s: float, target: float = TARGET
 ) -> int:
-    """The least ``h`` (at most ``cap``) with ``wait_probability(h, λ, μ) < target``."""
-    for headroom in range(cap + 1):
-        if wait_probability(headroom, arrival_per_s, refill_per_s) < target:
+    """The least ``h`` (at most ``slots``) with ``wait_probability(h, ...) < target``."""
+    for headroom in range(slots + 1):
+        if wait_probability(headroom, arrival_per_s, slots, pool_service_s) < target:
             return headroom
-    return cap
+    return slots
 
 
 def lendable(reserve: int, in_use: int, headroom: int) -> int:
@@ -131,18 +143,17 @@ def plan(
         slots: the pool's limit.
         arrival_per_s: the small tenants' measured arrival rate.
         service_s: their measured mean service time.
-        pool_service_s: the mean service time of the pool's jobs (all lanes): completions come
-            back at ``slots / pool_service_s`` a second while the pool is full.
+        pool_service_s: the mean time a job of the pool (any lane) holds its slot: with ``f``
+            slots free, slots come back at ``(slots - f) / pool_service_s`` a second.
         target: the bound on ``P(wait)``.
     """
     reserve = min(slots, reserve_slots(arrival_per_s, service_s, target))
-    refill = slots / pool_service_s if pool_service_s > 0 else 0.0
-    headroom = min(reserve, headroom_slots(arrival_per_s, refill, target, cap=slots))
+    headroom = min(reserve, headroom_slots(arrival_per_s, slots, pool_service_s, target))
     return ReservePlan(
         reserve=reserve,
         headroom=headroom,
         offered=max(arrival_per_s, 0.0) * max(service_s, 0.0),
-        wait_probability=wait_probability(headroom, arrival_per_s, refill),
+        wait_probability=wait_probability(headroom, arrival_per_s, slots, pool_service_s),
     )
 
 

@@ -56,13 +56,22 @@ def test_reserve_is_the_least_servers_under_the_target():
 
 
 def test_headroom_from_the_birth_death_chain():
-    """R = 1/4: P(wait) = (3/4)(1/4)^h / (1 - (1/4)^(h+1)); h = 3 gives 1.19 %, h = 4 0.29 %."""
-    assert wait_probability(3, 1.0, 4.0) == pytest.approx(0.75 / 64 / (1 - 1 / 256))
-    assert wait_probability(4, 1.0, 4.0) == pytest.approx(0.75 / 256 / (1 - 1 / 1024))
-    assert headroom_slots(1.0, 4.0, cap=16) == 4
-    assert headroom_slots(1.0, 4.0, target=0.02, cap=16) == 3
-    assert wait_probability(2, 1.0, 1.0) == pytest.approx(1 / 3)  # r = 1: uniform over 0..h
-    assert headroom_slots(5.0, 1.0, cap=6) == 6  # cannot keep up: everything is kept
+    """With f of the slots free a slot comes back at (slots - f) / D; P(wait) is π(0).
+
+    4 slots, λ·D = 1: h = 1 gives π = (1/4, 1), P = 1/5; h = 2 gives π = (1/12, 1/3, 1), P = 1/17.
+    """
+    assert wait_probability(1, 1.0, 4, 1.0) == pytest.approx(1 / 5)
+    assert wait_probability(2, 1.0, 4, 1.0) == pytest.approx(1 / 17)
+    assert wait_probability(0, 1.0, 4, 1.0) == 1.0  # nothing kept: every small job waits
+    assert headroom_slots(1.0, 4, 1.0, target=0.1) == 2
+    assert headroom_slots(1.0, 4, 1.0, target=0.25) == 1
+    assert wait_probability(3, 0.0, 4, 1.0) == 0.0  # nothing arrives
+    assert wait_probability(3, 1.0, 4, 0.0) == 1.0  # nothing is known to come back
+    assert headroom_slots(50.0, 6, 1.0) == 6  # cannot keep up: everything is kept
+    # The benchmark's pool: 16 slots, λ·D = 4; h = 3: π(2..0) = 4/14, then x 4/15, x 4/16.
+    pi = [4 / 14 * 4 / 15 * 4 / 16, 4 / 14 * 4 / 15, 4 / 14, 1.0]
+    assert wait_probability(3, 4.0, 16, 1.0) == pytest.approx(pi[0] / sum(pi))  # 1.38 %
+    assert headroom_slots(4.0, 16, 1.0) == 4  # 0.41 %
 
 
 def test_lendable_keeps_the_headroom():
@@ -76,8 +85,8 @@ def test_plan_for_the_benchmark_pool():
     mean_s = math.exp(math.log(0.05) + 0.125)
     sized = plan(16, 70.5, mean_s, mean_s)
     assert sized.reserve == 10
-    assert sized.headroom == 4  # r = 70.5 / (16 / 0.0567) = 0.25
-    assert sized.wait_probability < 0.01
+    assert sized.headroom == 4  # P(wait) 1.37 % with 3, 0.41 % with 4
+    assert sized.wait_probability == pytest.approx(0.0041, abs=1e-4)
     assert sized.offered == pytest.approx(70.5 * mean_s)
 
 
