@@ -6,8 +6,8 @@ until it closes, writes each as OTLP ``Span`` messages (a delivery becomes its s
 ``messaging.*`` attributes built here from the message's fields: :mod:`.wire_delivery`; a
 request's and a send's: :mod:`.wire_ingress`; other spans: :mod:`.otlp`) and sends them with
 the SDK's OTLP/HTTP exporter's own client, in requests of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``
-spans. An exporter without such a client gets the SDK's
-``ReadableSpan`` objects (:class:`Spans`) instead. The exporter reads its own
+spans. An exporter without such a client gets the SDK's ``ReadableSpan`` objects
+(:class:`Spans`) instead. The exporter reads its own
 ``OTEL_EXPORTER_OTLP_*`` variables (its HTTP session reads the environment's proxies and CA
 bundle once, not per request); the resource its ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process keeps the per-span work and
