@@ -277,7 +277,8 @@ class ThrottledRun:
         for key in permit.keys:
             self.running[key] -= 1
         await self.throttle.release(permit)
-        self.holds.append((time.monotonic(), time.monotonic() - started))
+        released = time.monotonic()
+        self.holds.append((released, released - started))
         self.outstanding[tenant] -= 1
         self.phase.done[tenant if sub is None else f"{tenant}/{sub}"] += 1
 

@@ -29,14 +29,15 @@ from pipeline.tracing.record import (
     parse,
 )
 
-_ID = struct.Struct(">Q").pack
+span_id_bytes = struct.Struct(">Q").pack
+"""A span id's eight bytes, as a span writes them."""
 _UNROUTED = otlp.status("could not be routed; delivered again")
 _INTERNAL = otlp.KIND["internal"]
 
 _MESSAGE_ID = otlp.attribute_key("messaging.message.id")
 _TENANT = otlp.attribute_key("pipeline.tenant")
 _OFFSET = otlp.attribute_key("messaging.kafka.offset")
-_KEY = otlp.attribute_key("messaging.kafka.message.key")
+KAFKA_KEY = otlp.attribute_key("messaging.kafka.message.key")
 _GUARD = otlp.name_and_kind("guard", _INTERNAL)
 _HANDLER = otlp.name_and_kind("handler", _INTERNAL)
 _THROTTLE = otlp.name_and_kind("throttle wait", _INTERNAL)
@@ -122,7 +123,7 @@ def _parts(system: str, topic: str, partition: int, lane: str) -> _Parts:
 
 
 def _new_id() -> bytes:
-    return _ID(new_span_id())
+    return span_id_bytes(new_span_id())
 
 
 def delivery_spans(record: Record) -> list[bytes]:
@@ -130,7 +131,7 @@ def delivery_spans(record: Record) -> list[bytes]:
     d = DeliveryRecord(*record)
     trace_id, parent_id = wire_context(d.carried)
     process_id = _new_id()
-    guard_id = _ID(d.guard_id) if d.guard_id else (_new_id() if d.guard_start else b"")
+    guard_id = span_id_bytes(d.guard_id) if d.guard_id else (_new_id() if d.guard_start else b"")
     parts = _parts(d.system, d.topic, d.partition, d.lane)
     trace = b"\x0a\x10" + trace_id
     waited_from = min(d.produced, d.entered) if d.produced else d.entered
@@ -230,7 +231,7 @@ def wire_context(carried: tuple[int, int] | bytes | str | None) -> tuple[bytes, 
             if trace != _NO_TRACE and parent != _NO_SPAN:
                 return trace, parent
     trace_id, parent_id = trace_context(carried)
-    return trace_id.to_bytes(16, "big"), _ID(parent_id) if parent_id else b""
+    return trace_id.to_bytes(16, "big"), span_id_bytes(parent_id) if parent_id else b""
 
 
 _DASH = ord("-")
@@ -247,11 +248,11 @@ def _process_attributes(parts: _Parts, d: DeliveryRecord) -> bytes:
         _COUNTS[d.delivery_count],
     ]
     if d.tenant:
-        attributes.append(otlp.utf8_attribute(_TENANT, _utf8(d.tenant)))
+        attributes.append(otlp.utf8_attribute(_TENANT, utf8(d.tenant)))
     if parts.kafka:
         attributes.append(otlp.int_attribute(_OFFSET, d.offset))
     if d.key is not None:
-        attributes.append(otlp.utf8_attribute(_KEY, _utf8(d.key)))
+        attributes.append(otlp.utf8_attribute(KAFKA_KEY, utf8(d.key)))
     attributes.append(_OUTCOMES[d.outcome])
     if d.events:
         attributes.append(otlp.span_events(d.events))
@@ -260,7 +261,7 @@ def _process_attributes(parts: _Parts, d: DeliveryRecord) -> bytes:
     return b"".join(attributes)
 
 
-def _utf8(raw: bytes) -> bytes:
+def utf8(raw: bytes) -> bytes:
     """``raw`` as the UTF-8 of its text (undecodable bytes replaced, as the SDK path does)."""
     return raw if raw.isascii() else raw.decode(errors="replace").encode()
 

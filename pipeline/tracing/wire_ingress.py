@@ -15,31 +15,32 @@ one of the request span's own) returns None, and the caller encodes it field by 
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass
 
 from pipeline.tracing import otlp
 from pipeline.tracing.record import Record, SendRecord, WebhookRecord, new_span_id
-from pipeline.tracing.wire_delivery import wire_context
+from pipeline.tracing.wire_delivery import KAFKA_KEY, span_id_bytes, utf8, wire_context
 
-_ID = struct.Struct(">Q").pack
 _INTERNAL = otlp.KIND["internal"]
-_KEY = otlp.attribute_key("messaging.kafka.message.key")
 _SERVER_KEYS = frozenset({"http.request.method", "http.route", "pipeline.source"})
 """The request span's own attributes, in :meth:`.export.Spans._webhook`'s order."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Request:
-    """The encoded parts of the SERVER span of one source's requests."""
+class _Kept:
+    """The encoded name, kind and attributes that repeat in one kind of span.
+
+    The SERVER span of one source's requests, or the PRODUCER span of one topic's sends over one
+    system.
+    """
 
     name_kind: bytes
     attributes: bytes
 
 
 @functools.lru_cache(maxsize=1024)
-def _request(source: str) -> _Request:
-    return _Request(
+def _request(source: str) -> _Kept:
+    return _Kept(
         name_kind=otlp.name_and_kind(f"POST /hooks/{source}", otlp.KIND["server"]),
         attributes=b"".join(
             (
@@ -67,11 +68,11 @@ def webhook_spans(record: Record) -> list[bytes] | None:
     if extra and not _SERVER_KEYS.isdisjoint(extra):
         return None
     trace = b"\x0a\x10" + w.trace_id.to_bytes(16, "big")
-    span_id = _ID(w.span_id)
+    span_id = span_id_bytes(w.span_id)
     out = [
         otlp.joined_span(
             trace,
-            _ID(new_span_id()),
+            span_id_bytes(new_span_id()),
             span_id,
             _stage(name),
             start,
@@ -86,22 +87,14 @@ def webhook_spans(record: Record) -> list[bytes] | None:
         tail += otlp.attributes(9, extra)
     if w.events or w.error:
         tail += otlp.span_events(w.events) + otlp.status(w.error)
-    parent = _ID(w.parent_id) if w.parent_id else b""
+    parent = span_id_bytes(w.parent_id) if w.parent_id else b""
     out.append(otlp.joined_span(trace, span_id, parent, parts.name_kind, w.start, w.end, tail))
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _Send:
-    """The encoded parts of the PRODUCER spans of one topic's sends over one system."""
-
-    name_kind: bytes
-    attributes: bytes
-
-
 @functools.lru_cache(maxsize=1024)
-def _send(system: str, topic: str) -> _Send:
-    return _Send(
+def _send(system: str, topic: str) -> _Kept:
+    return _Kept(
         name_kind=otlp.name_and_kind(f"send {topic}", otlp.KIND["producer"]),
         attributes=b"".join(
             (
@@ -120,14 +113,13 @@ def send_span(record: Record) -> bytes:
     parts = _send(s.system, s.topic)
     tail = parts.attributes
     if s.key is not None:
-        key = s.key if s.key.isascii() else s.key.decode(errors="replace").encode()
-        tail += otlp.utf8_attribute(_KEY, key)
+        tail += otlp.utf8_attribute(KAFKA_KEY, utf8(s.key))
     if s.events or s.error:
         tail += otlp.span_events(s.events) + otlp.status(s.error)
     trace_id, parent = wire_context(s.carried)
     return otlp.joined_span(
         b"\x0a\x10" + trace_id,
-        _ID(s.span_id),
+        span_id_bytes(s.span_id),
         parent,
         parts.name_kind,
         s.start,
