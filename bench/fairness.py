@@ -34,10 +34,13 @@ without it; ``vs_fifo_p99`` FIFO's small p99 / the throttle's; ``jain`` Jain's i
 sub-tenants' throughput in phase 4 (all backlogged); ``stranded_slot_s`` idle slot-seconds while a
 waiting job's keys all had room for it, the reserve counted (sampled every 5 ms);
 ``over_admissions`` times a key had more running jobs than its limit; ``flooder_share`` flooder
-throughput / (capacity - small throughput); ``roundtrips_per_admission``; ``wake_p99_ms`` hand-over
-in Redis to the waiter's wake read; ``admissions_per_s`` in phase 3; ``reserve`` and ``headroom`` as
-last sized; ``multi_member_isolation_p99`` (the small tenants' p99 wait under the flood / calm,
-three members) and ``multi_member_wake_p99_ms`` (hand-over in Redis to the woken member's read).
+throughput / (capacity - small throughput); ``flooder_share_bound`` the most of it any
+non-preemptive pool can give the flooder while a small job waits for a slot in under 1 % of
+arrivals (``reserve.lendable_share`` at the nominal rates); ``roundtrips_per_admission``;
+``wake_p99_ms`` hand-over in Redis to the waiter's wake read; ``admissions_per_s`` in phase 3;
+``reserve`` and ``headroom`` as last sized; ``multi_member_isolation_p99`` (the small tenants'
+p99 wait under the flood / calm, three members) and ``multi_member_wake_p99_ms`` (hand-over in
+Redis to the woken member's read).
 
 Each phase also records every started job's tenant class (small or flooder), submission and start
 time; from these, after the last phase, ``docs/fairness.csv`` (per phase, class and 1-second
@@ -69,7 +72,7 @@ from redis.asyncio import Redis
 
 from pipeline.admission import keys
 from pipeline.admission.limits import ceiling, earned_base
-from pipeline.admission.reserve import ReserveSizer
+from pipeline.admission.reserve import ReserveSizer, lendable_share
 from pipeline.admission.throttle import Throttle
 from pipeline.config import load_settings
 
@@ -506,6 +509,9 @@ def report(
         "stranded_slot_s": round(thr.stranded_slot_s + subs.stranded_slot_s, 3),
         "over_admissions": thr.over_admissions + subs.over_admissions + calm.over_admissions,
         "flooder_share": round(flood_done / left_per_s, 3) if left_per_s > 0 else None,
+        "flooder_share_bound": round(
+            lendable_share(load.small_rate_per_s, args.slots, load.mean_s), 3
+        ),
         "roundtrips_per_admission": round(thr.roundtrips / max(1, thr.admissions), 3),
         "wake_p99_ms": round(percentile(wake, 99), 2) if wake else None,
         "admissions_per_s": round(thr.admissions / thr.span_s, 1),

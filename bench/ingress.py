@@ -15,7 +15,9 @@ Servers run as subprocesses on loopback, each on uvicorn with uvloop and httptoo
   PostgreSQL log store (a schema of its own per run, dropped after), producing every event;
   ``pg_scale_2_workers`` is the ratio of their accepts/s. ``pg_cores_busy_<n>_worker(s)`` is how
   many of the machine's ``cores`` were busy meanwhile (every process: the workers, PostgreSQL,
-  Redis, the load generator), which bounds what a second worker can add on this host.
+  Redis, the load generator), which bounds what a second worker can add on this host:
+  ``pg_scale_bound`` = ``cores`` ÷ ``pg_cores_busy_1_worker``, the most any number of workers
+  could scale if each accept cost every process what it cost at one worker.
 
 The load generator is open-loop: every request has an intended send time, and latency is
 measured from that time (so queueing in the client counts, no coordinated omission). Requests
@@ -590,6 +592,7 @@ def main() -> None:
                 "pg_cores_busy_1_worker": round(statistics.median(busy[1]), 2),
                 "pg_cores_busy_2_workers": round(statistics.median(busy[2]), 2),
                 "cores": psutil.cpu_count(),
+                "pg_scale_bound": round((psutil.cpu_count() or 1) / statistics.median(busy[1]), 2),
                 "tracing_overhead": round(
                     statistics.median(
                         t / d

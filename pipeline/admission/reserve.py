@@ -27,6 +27,15 @@ law, as the floors of :mod:`pipeline.admission.limits`):
   (completions always at ``slots / D_pool``) would understate ``P(wait)`` by a third at the
   benchmark's load (0.29 % against 0.41 % with 4 slots of headroom).
 
+No way of lending does better than that chain by much. Across the cut between ``f - 1`` and
+``f`` free slots the pool moves up only when one of the ``slots - f + 1`` held slots frees
+and down at least at each small arrival (lending only adds to that), so in any steady state
+``π(f) · λ ≤ π(f - 1) · (slots - f + 1) / D_pool``. With ``π(0)`` at most ``target``, those
+caps put a floor under the mean number of idle slots (:func:`least_idle_slots`), and so a
+ceiling on the share of what the small tenants leave that a flooder can use
+(:func:`lendable_share`): for 16 slots and 4 Erlangs, at least 3.0 slots idle on average and a
+share of at most 0.75, whatever the policy, short of preempting running work.
+
 The throttle enforces the lending as trunk reservation on the pool key
 (:meth:`~pipeline.admission.throttle.Throttle.set_reserve`): permits below the small tenants'
 priority see the pool's limit minus the headroom, so they borrow whatever else is free.
@@ -105,6 +114,48 @@ def headroom_slots(
         if wait_probability(headroom, arrival_per_s, slots, pool_service_s) < target:
             return headroom
     return slots
+
+
+def least_idle_slots(
+    arrival_per_s: float, slots: int, pool_service_s: float, target: float = TARGET
+) -> float:
+    """The fewest idle slots on average any non-preemptive pool can keep with ``P(wait) ≤ target``.
+
+    Whatever decides when to lend, ``π(f) ≤ π(f - 1) · (slots - f + 1) / (λ·D_pool)`` (the flow
+    across the cut between ``f - 1`` and ``f`` free slots), and a small job waits with
+    probability ``π(0)``. The least mean puts ``π(0) = target`` and then as much probability as
+    those caps allow on the fewest free slots. ``slots`` when even all of them idle cannot meet
+    ``target``.
+    """
+    if arrival_per_s <= 0:
+        return 0.0
+    if pool_service_s <= 0 or slots <= 0:
+        return float(max(slots, 0))
+    offered = arrival_per_s * pool_service_s
+    cap, left, mean = target, 1.0 - target, 0.0
+    for free in range(1, slots + 1):
+        cap *= (slots - free + 1) / offered
+        taken = min(cap, left)
+        mean += free * taken
+        left -= taken
+        if left <= 0:
+            return mean
+    return float(slots)
+
+
+def lendable_share(
+    arrival_per_s: float, slots: int, pool_service_s: float, target: float = TARGET
+) -> float:
+    """The most of the room small tenants leave (``slots - λ·D_pool``) a flooder can fill.
+
+    ``1 - least_idle_slots(...) / (slots - λ·D_pool)`` for jobs that hold a slot as long as the
+    small tenants' do; 0.0 when the small tenants leave no room.
+    """
+    room = slots - max(arrival_per_s, 0.0) * max(pool_service_s, 0.0)
+    if room <= 0:
+        return 0.0
+    idle = least_idle_slots(arrival_per_s, slots, pool_service_s, target)
+    return max(0.0, 1.0 - idle / room)
 
 
 def lendable(reserve: int, in_use: int, headroom: int) -> int:

@@ -19,7 +19,9 @@ from pipeline.admission.reserve import (
     ReserveSizer,
     erlang_c,
     headroom_slots,
+    least_idle_slots,
     lendable,
+    lendable_share,
     plan,
     reserve_slots,
     wait_probability,
@@ -72,6 +74,35 @@ def test_headroom_from_the_birth_death_chain():
     pi = [4 / 14 * 4 / 15 * 4 / 16, 4 / 14 * 4 / 15, 4 / 14, 1.0]
     assert wait_probability(3, 4.0, 16, 1.0) == pytest.approx(pi[0] / sum(pi))  # 1.38 %
     assert headroom_slots(4.0, 16, 1.0) == 4  # 0.41 %
+
+
+def test_no_lending_policy_keeps_fewer_slots_idle_than_the_cut_bound():
+    """π(f) ≤ π(f - 1)·(slots - f + 1)/(λ·D), π(0) = target: the least mean of idle slots.
+
+    16 slots, λ·D = 4, 1 %: caps 0.04, 0.15, 0.525 on 1, 2 and 3 free slots, the remaining
+    0.275 on 4: a mean of 3.015, so a flooder fills at most 1 - 3.015/12 of the 12 slots left.
+    """
+    assert least_idle_slots(4.0, 16, 1.0) == pytest.approx(0.04 + 2 * 0.15 + 3 * 0.525 + 4 * 0.275)
+    assert lendable_share(4.0, 16, 1.0) == pytest.approx(1 - 3.015 / 12)
+    assert lendable_share(4.0, 16, 1.0, target=0.13) < 0.9 < lendable_share(4.0, 16, 1.0, 0.14)
+    assert least_idle_slots(0.0, 16, 1.0) == 0.0  # nothing arrives: nothing need stay idle
+    # 2 slots at 1 Erlang cannot hold P(wait) to 10 % even with both kept (Erlang C: 1/3).
+    assert least_idle_slots(1.0, 2, 1.0, target=0.1) == 2.0
+    assert lendable_share(1.0, 2, 1.0, target=0.1) == 0.0
+    assert lendable_share(20.0, 16, 1.0) == 0.0  # the small tenants leave no room
+
+
+@pytest.mark.parametrize("headroom", [1, 2, 3, 4, 6])
+def test_the_headroom_chain_meets_the_bound_exactly(headroom):
+    """Trunk reservation at h is the policy the bound describes: same P(wait), same mean idle."""
+    offered, slots = 4.0, 16
+    pi = [1.0]  # π(h), π(h - 1), ..., π(0), unnormalised
+    for free in range(headroom - 1, -1, -1):
+        pi.append(pi[-1] * offered / (slots - free))
+    total = sum(pi)
+    mean_idle = sum((headroom - i) * p for i, p in enumerate(pi)) / total
+    p_wait = wait_probability(headroom, offered, slots, 1.0)
+    assert least_idle_slots(offered, slots, 1.0, target=p_wait) == pytest.approx(mean_idle)
 
 
 def test_lendable_keeps_the_headroom():
