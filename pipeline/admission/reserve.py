@@ -19,22 +19,31 @@ law, as the floors of :mod:`pipeline.admission.limits`):
   (``D_pool`` the mean time a job holds its pool slot, known per lane); below ``h`` the flooder
   takes nothing. That is a birth-death chain on ``f = 0..h`` whose balance gives::
 
-      π(f) = π(f + 1) · λ·D_pool / (slots - f),     P(wait) = π(0) / Σ π(f)
+      π(f) = π(f + 1) · λ·D_pool / (slots - f)
 
-  (a small arrival sees the chain's time average, and waits at ``f = 0``), and the headroom is
-  the least ``h`` with ``P(wait) < target``: lent work is expected back before a small job
-  needs it, in all but ``target`` of arrivals. Counting every slot as busy in every state
-  (completions always at ``slots / D_pool``) would understate ``P(wait)`` by a third at the
-  benchmark's load (0.29 % against 0.41 % with 4 slots of headroom).
+  A small job that finds no slot free waits in the key's queue, and the next release goes to
+  it, so the pool stays full until the queue is empty: at ``f = 0`` the queue grows at ``λ``
+  and shrinks at ``slots / D_pool``, and the full pool's share of the time is
+  ``π(0) / (1 - u)`` with ``u = λ·D_pool / slots`` (the pool's utilisation by small jobs). A
+  small arrival sees the time average and waits while the pool is full::
 
-No way of lending does better than that chain by much. Across the cut between ``f - 1`` and
-``f`` free slots the pool moves up only when one of the ``slots - f + 1`` held slots frees
-and down at least at each small arrival (lending only adds to that), so in any steady state
-``π(f) · λ ≤ π(f - 1) · (slots - f + 1) / D_pool``. With ``π(0)`` at most ``target``, those
-caps put a floor under the mean number of idle slots (:func:`least_idle_slots`), and so a
-ceiling on the share of what the small tenants leave that a flooder can use
-(:func:`lendable_share`): for 16 slots and 4 Erlangs, at least 3.0 slots idle on average and a
-share of at most 0.75, whatever the policy, short of preempting running work.
+      P(wait) = (π(0) / (1 - u)) / (Σ_{f ≥ 1} π(f) + π(0) / (1 - u))
+
+  The headroom is the least ``h`` with ``P(wait) < target``: lent work is expected back before
+  a small job needs it, in all but ``target`` of arrivals. At the benchmark's load (16 slots,
+  4 Erlangs) ``h = 4`` gives 0.55 %; the chain without the queue said 0.41 %, and counting
+  every slot as busy in every state (completions always at ``slots / D_pool``) 0.29 %.
+
+No way of lending does better than that chain. Across the cut between ``f - 1`` and ``f``
+free slots the pool moves up only when one of the ``slots - f + 1`` held slots frees (from a
+full pool, only once no small job waits) and down at least at each small arrival (lending only
+adds to that), so in any steady state ``π(f) · λ ≤ π(f - 1) · (slots - f + 1) / D_pool``, with
+the full pool's time less its queue's, ``P(wait) · (1 - u)``, in place of ``π(0)``. With
+``P(wait)`` at most ``target``, those caps put a floor under the mean number of idle slots
+(:func:`least_idle_slots`, which the headroom chain meets), and so a ceiling on the share of
+what the small tenants leave that a flooder can use (:func:`lendable_share`): for 16 slots and
+4 Erlangs, at least 3.25 slots idle on average and a share of at most 0.73, whatever the
+policy, short of preempting running work.
 
 The throttle enforces the lending as trunk reservation on the pool key
 (:meth:`~pipeline.admission.throttle.Throttle.set_reserve`): permits below the small tenants'
@@ -88,22 +97,27 @@ def reserve_slots(arrival_per_s: float, service_s: float, target: float = TARGET
 def wait_probability(
     headroom: int, arrival_per_s: float, slots: int, pool_service_s: float
 ) -> float:
-    """``π(0)`` of the free-slot chain: a small job finds no free slot among ``headroom`` kept.
+    """The share of small arrivals that find the pool full, with ``headroom`` slots kept idle.
 
     With ``f`` of the pool's ``slots`` free, a small arrival takes one at rate ``λ`` and one of
     the ``slots - f`` held frees at rate ``(slots - f) / pool_service_s`` (the mean hold time);
-    ``headroom`` is capped at ``slots``.
+    once none is free, small arrivals queue and each release serves one, so the pool stays full
+    ``1 / (1 - λ·D_pool / slots)`` times as long as the chain's ``π(0)``. ``headroom`` is capped
+    at ``slots``; 1.0 when the pool cannot keep up with the small arrivals alone.
     """
     if arrival_per_s <= 0:
         return 0.0
     if pool_service_s <= 0 or slots <= 0:
         return 1.0
     offered = arrival_per_s * pool_service_s
+    if offered >= slots:
+        return 1.0
     state, total = 1.0, 1.0  # π(h) = 1, then π(h - 1), ..., π(0)
     for free in range(min(headroom, slots) - 1, -1, -1):
         state *= offered / (slots - free)
         total += state
-    return state / total
+    full = state / (1.0 - offered / slots)  # π(0) and the queue's states behind it
+    return full / (total - state + full)
 
 
 def headroom_slots(
@@ -122,17 +136,19 @@ def least_idle_slots(
     """The fewest idle slots on average any non-preemptive pool can keep with ``P(wait) ≤ target``.
 
     Whatever decides when to lend, ``π(f) ≤ π(f - 1) · (slots - f + 1) / (λ·D_pool)`` (the flow
-    across the cut between ``f - 1`` and ``f`` free slots), and a small job waits with
-    probability ``π(0)``. The least mean puts ``π(0) = target`` and then as much probability as
-    those caps allow on the fewest free slots. ``slots`` when even all of them idle cannot meet
-    ``target``.
+    across the cut between ``f - 1`` and ``f`` free slots), where for ``f = 1`` the full pool
+    counts only while no small job waits: ``P(wait) · (1 - λ·D_pool / slots)``. The least mean
+    puts ``P(wait) = target`` and then as much probability as those caps allow on the fewest
+    free slots. ``slots`` when even all of them idle cannot meet ``target``.
     """
     if arrival_per_s <= 0:
         return 0.0
     if pool_service_s <= 0 or slots <= 0:
         return float(max(slots, 0))
     offered = arrival_per_s * pool_service_s
-    cap, left, mean = target, 1.0 - target, 0.0
+    if offered >= slots:
+        return float(slots)
+    cap, left, mean = target * (1.0 - offered / slots), 1.0 - target, 0.0
     for free in range(1, slots + 1):
         cap *= (slots - free + 1) / offered
         taken = min(cap, left)

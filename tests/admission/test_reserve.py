@@ -58,48 +58,57 @@ def test_reserve_is_the_least_servers_under_the_target():
 
 
 def test_headroom_from_the_birth_death_chain():
-    """With f of the slots free a slot comes back at (slots - f) / D; P(wait) is π(0).
+    """With f of the slots free a slot comes back at (slots - f) / D; a full pool queues.
 
-    4 slots, λ·D = 1: h = 1 gives π = (1/4, 1), P = 1/5; h = 2 gives π = (1/12, 1/3, 1), P = 1/17.
+    4 slots, λ·D = 1, u = 1/4: h = 1 gives π = (1/4, 1), the full pool 1/4 / (1 - u) = 1/3 and
+    P = (1/3) / (1 + 1/3) = 1/4; h = 2 gives π = (1/12, 1/3, 1), full 1/9, P = 1/13.
     """
-    assert wait_probability(1, 1.0, 4, 1.0) == pytest.approx(1 / 5)
-    assert wait_probability(2, 1.0, 4, 1.0) == pytest.approx(1 / 17)
+    assert wait_probability(1, 1.0, 4, 1.0) == pytest.approx(1 / 4)
+    assert wait_probability(2, 1.0, 4, 1.0) == pytest.approx(1 / 13)
     assert wait_probability(0, 1.0, 4, 1.0) == 1.0  # nothing kept: every small job waits
     assert headroom_slots(1.0, 4, 1.0, target=0.1) == 2
-    assert headroom_slots(1.0, 4, 1.0, target=0.25) == 1
+    assert headroom_slots(1.0, 4, 1.0, target=0.3) == 1
     assert wait_probability(3, 0.0, 4, 1.0) == 0.0  # nothing arrives
     assert wait_probability(3, 1.0, 4, 0.0) == 1.0  # nothing is known to come back
+    assert wait_probability(3, 5.0, 4, 1.0) == 1.0  # the small tenants alone overload it
     assert headroom_slots(50.0, 6, 1.0) == 6  # cannot keep up: everything is kept
-    # The benchmark's pool: 16 slots, λ·D = 4; h = 3: π(2..0) = 4/14, then x 4/15, x 4/16.
+    # The benchmark's pool: 16 slots, λ·D = 4, u = 1/4; h = 3: π(2..0) = 4/14, x 4/15, x 4/16.
     pi = [4 / 14 * 4 / 15 * 4 / 16, 4 / 14 * 4 / 15, 4 / 14, 1.0]
-    assert wait_probability(3, 4.0, 16, 1.0) == pytest.approx(pi[0] / sum(pi))  # 1.38 %
-    assert headroom_slots(4.0, 16, 1.0) == 4  # 0.41 %
+    full = pi[0] / (1 - 1 / 4)
+    assert wait_probability(3, 4.0, 16, 1.0) == pytest.approx(full / (sum(pi[1:]) + full))
+    assert headroom_slots(4.0, 16, 1.0) == 4  # 1.83 % with 3, 0.55 % with 4
 
 
 def test_no_lending_policy_keeps_fewer_slots_idle_than_the_cut_bound():
-    """π(f) ≤ π(f - 1)·(slots - f + 1)/(λ·D), π(0) = target: the least mean of idle slots.
+    """π(f) ≤ π(f - 1)·(slots - f + 1)/(λ·D), from P(wait)·(1 - u): the least mean idle.
 
-    16 slots, λ·D = 4, 1 %: caps 0.04, 0.15, 0.525 on 1, 2 and 3 free slots, the remaining
-    0.275 on 4: a mean of 3.015, so a flooder fills at most 1 - 3.015/12 of the 12 slots left.
+    16 slots, λ·D = 4 (u = 1/4), 1 %: caps 0.03, 0.1125 and 0.39375 on 1, 2 and 3 free slots,
+    the remaining 0.45375 on 4: a mean of 3.25125, so a flooder fills at most 1 - 3.25125/12 of
+    the 12 slots left.
     """
-    assert least_idle_slots(4.0, 16, 1.0) == pytest.approx(0.04 + 2 * 0.15 + 3 * 0.525 + 4 * 0.275)
-    assert lendable_share(4.0, 16, 1.0) == pytest.approx(1 - 3.015 / 12)
-    assert lendable_share(4.0, 16, 1.0, target=0.13) < 0.9 < lendable_share(4.0, 16, 1.0, 0.14)
+    mean = 0.03 + 2 * 0.1125 + 3 * 0.39375 + 4 * 0.45375
+    assert least_idle_slots(4.0, 16, 1.0) == pytest.approx(mean)
+    assert lendable_share(4.0, 16, 1.0) == pytest.approx(1 - mean / 12)
+    assert lendable_share(4.0, 16, 1.0, target=0.15) < 0.9 < lendable_share(4.0, 16, 1.0, 0.17)
     assert least_idle_slots(0.0, 16, 1.0) == 0.0  # nothing arrives: nothing need stay idle
     # 2 slots at 1 Erlang cannot hold P(wait) to 10 % even with both kept (Erlang C: 1/3).
     assert least_idle_slots(1.0, 2, 1.0, target=0.1) == 2.0
+    assert least_idle_slots(3.0, 2, 1.0) == 2.0  # the small tenants alone overload it
     assert lendable_share(1.0, 2, 1.0, target=0.1) == 0.0
     assert lendable_share(20.0, 16, 1.0) == 0.0  # the small tenants leave no room
 
 
 @pytest.mark.parametrize("headroom", [1, 2, 3, 4, 6])
 def test_the_headroom_chain_meets_the_bound_exactly(headroom):
-    """Trunk reservation at h is the policy the bound describes: same P(wait), same mean idle."""
+    """Trunk reservation at h is the policy the bound describes: same P(wait), same mean idle.
+
+    The mean counts the full pool's queue as no idle slot: π(0) / (1 - u) at zero.
+    """
     offered, slots = 4.0, 16
     pi = [1.0]  # π(h), π(h - 1), ..., π(0), unnormalised
     for free in range(headroom - 1, -1, -1):
         pi.append(pi[-1] * offered / (slots - free))
-    total = sum(pi)
+    total = sum(pi[:-1]) + pi[-1] / (1 - offered / slots)
     mean_idle = sum((headroom - i) * p for i, p in enumerate(pi)) / total
     p_wait = wait_probability(headroom, offered, slots, 1.0)
     assert least_idle_slots(offered, slots, 1.0, target=p_wait) == pytest.approx(mean_idle)
@@ -116,8 +125,8 @@ def test_plan_for_the_benchmark_pool():
     mean_s = math.exp(math.log(0.05) + 0.125)
     sized = plan(16, 70.5, mean_s, mean_s)
     assert sized.reserve == 10
-    assert sized.headroom == 4  # P(wait) 1.37 % with 3, 0.41 % with 4
-    assert sized.wait_probability == pytest.approx(0.0041, abs=1e-4)
+    assert sized.headroom == 4  # P(wait) 1.82 % with 3, 0.54 % with 4
+    assert sized.wait_probability == pytest.approx(0.0054, abs=1e-4)
     assert sized.offered == pytest.approx(70.5 * mean_s)
 
 
