@@ -25,7 +25,7 @@ priorities while unused (trunk reservation on ``pool``, ``Throttle.set_reserve``
 the least number of idle slots for which a small job finds none free in under 1 % of arrivals, given
 how fast lent slots come back. Each second the sizer re-sizes it from the small arrivals and the
 slots' hold times (grant to release) measured over the last five seconds (the multi-member variant
-keeps the plan sized from the nominal rates). The flooder keeps at most ``2 * slots`` acquisitions
+from what every member reports each second). The flooder keeps at most ``2 * slots`` acquisitions
 outstanding (``--subs`` variant: 2 per sub-tenant); the rest of its flood waits in its backlog, as
 the runtime defers over-limit messages instead of holding them.
 
@@ -39,8 +39,9 @@ non-preemptive pool can give the flooder while a small job waits for a slot in u
 arrivals (``reserve.lendable_share`` at the nominal rates); ``roundtrips_per_admission``;
 ``wake_p99_ms`` hand-over in Redis to the waiter's wake read; ``admissions_per_s`` in phase 3;
 ``reserve`` and ``headroom`` as last sized; ``multi_member_isolation_p99`` (the small tenants'
-p99 wait under the flood / calm, three members) and ``multi_member_wake_p99_ms`` (hand-over in
-Redis to the woken member's read).
+p99 wait under the flood / calm, three members), ``multi_member_wake_p99_ms`` (hand-over in
+Redis to the woken member's read), ``multi_member_reserve`` and ``multi_member_headroom`` (as the
+fleet's sizer last sized them).
 
 Each phase also records every started job's tenant class (small or flooder), submission and start
 time; from these, after the last phase, ``docs/fairness.csv`` (per phase, class and 1-second
@@ -57,6 +58,7 @@ import csv
 import json
 import math
 import multiprocessing as mp
+import queue
 import random
 import sys
 import time
@@ -195,10 +197,18 @@ class ThrottledRun:
     """Phases 1, 3 and 4: every job acquires its keys from the throttle before it runs."""
 
     def __init__(
-        self, load: Load, throttle: Throttle, name: str, *, flood: str, sized: bool = True
+        self,
+        load: Load,
+        throttle: Throttle,
+        name: str,
+        *,
+        flood: str,
+        sized: bool = True,
+        stats: Any = None,
     ) -> None:
         self.load, self.throttle, self.flood = load, throttle, flood
         self.sized = sized  # False: another process set the limits and the reserve
+        self.stats = stats  # a member's queue of its rates for the fleet's sizer, or None
         self.phase = Phase(name)
         self.sizer = ReserveSizer(throttle, "pool", load.args.slots, RESERVED)
         self.small_arrivals: list[float] = []  # monotonic submission times (small tenants)
@@ -237,6 +247,22 @@ class ThrottledRun:
             if span > 0 and recent:
                 mean = sum(recent) / len(recent)  # the slot's hold: the run and the release
                 await self.size_reserve(arrivals / span, mean, mean)
+
+    async def report_loop(self) -> None:
+        """Each second, put this member's small arrivals and slot holds since the last report."""
+        arrivals = holds = 0
+        while not self.stop.is_set():
+            await asyncio.sleep(1.0)
+            new_holds = self.holds[holds:]
+            self.stats.put(
+                (
+                    time.time(),
+                    len(self.small_arrivals) - arrivals,
+                    sum(s for _, s in new_holds),
+                    len(new_holds),
+                )
+            )
+            arrivals, holds = len(self.small_arrivals), holds + len(new_holds)
 
     def keys_of(self, tenant: str, sub: str | None) -> list[str]:
         keys = [f"org:{tenant}", "pool"]
@@ -336,6 +362,8 @@ class ThrottledRun:
         ]
         if self.sized:
             background.append(asyncio.create_task(self.resize_loop()))
+        if self.stats is not None:
+            background.append(asyncio.create_task(self.report_loop()))
         if self.flood != "none":
             background.append(asyncio.create_task(self.flood_pump()))
         await asyncio.sleep(phase_s)
@@ -390,21 +418,32 @@ async def throttled(load: Load, client: Redis, name: str, flood: str) -> tuple[P
 
 
 def member_main(
-    args: argparse.Namespace, index: int, namespace: str, flood: str, start_at: float, out: Any
+    args: argparse.Namespace,
+    index: int,
+    namespace: str,
+    flood: str,
+    start_at: float,
+    out: Any,
+    stats: Any,
 ) -> None:
     """One member process of the multi-member variant: its share of the load, its own member."""
-    out.put(asyncio.run(_member(args, index, namespace, flood, start_at)))
+    out.put(asyncio.run(_member(args, index, namespace, flood, start_at, stats)))
 
 
 async def _member(
-    args: argparse.Namespace, index: int, namespace: str, flood: str, start_at: float
+    args: argparse.Namespace,
+    index: int,
+    namespace: str,
+    flood: str,
+    start_at: float,
+    stats: Any,
 ) -> dict[str, Any]:
     client = Redis.from_url(load_settings().redis.url)
     throttle = new_throttle(client, namespace)
     await throttle.start()
     await asyncio.sleep(max(0.0, start_at - time.time()))  # every member starts together
     load = Load(args, share=1 / MEMBERS, seed=index + 1)
-    run = ThrottledRun(load, throttle, f"member{index}", flood=flood, sized=False)
+    run = ThrottledRun(load, throttle, f"member{index}", flood=flood, sized=False, stats=stats)
     phase = await run.run(args.phase_s)
     await throttle.close()
     await client.aclose()
@@ -431,19 +470,25 @@ async def _multi_member(load: Load, throttle: Throttle, name: str, flood: str) -
     sizing = ThrottledRun(load, throttle, name, flood=flood)
     await sizing.set_limits()
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, stats = ctx.Queue(), ctx.Queue()
     start_at = time.time() + 8.0  # after the members' imports, on a busy machine too
     members = [
         ctx.Process(
-            target=member_main, args=(load.args, i, throttle.namespace, flood, start_at, out)
+            target=member_main,
+            args=(load.args, i, throttle.namespace, flood, start_at, out, stats),
         )
         for i in range(MEMBERS)
     ]
     for member in members:
         member.start()
-    reports = [
-        await asyncio.to_thread(out.get, timeout=3 * load.args.phase_s + 120) for _ in members
-    ]
+    resizing = asyncio.create_task(fleet_resize_loop(sizing, stats, start_at))
+    try:
+        reports = [
+            await asyncio.to_thread(out.get, timeout=3 * load.args.phase_s + 120) for _ in members
+        ]
+    finally:
+        resizing.cancel()
+        await asyncio.gather(resizing, return_exceptions=True)
     for member in members:
         member.join(timeout=30)
     phase = sizing.phase
@@ -456,6 +501,29 @@ async def _multi_member(load: Load, throttle: Throttle, name: str, flood: str) -
         for tenant, count in report["done"].items():
             phase.done[tenant] += count
     return phase
+
+
+async def fleet_resize_loop(sizing: ThrottledRun, stats: Any, start_at: float) -> None:
+    """Each second, re-size the pool's reserve from every member's rates of the last window.
+
+    The members report (wall time, small arrivals, summed and counted slot holds) each second;
+    as in one process, the reserve is sized from the small arrivals and the mean hold.
+    """
+    reported: list[tuple[float, int, float, int]] = []
+    while True:
+        await asyncio.sleep(1.0)
+        while True:
+            try:
+                reported.append(stats.get_nowait())
+            except queue.Empty:
+                break
+        now = time.time()
+        span = min(RATE_WINDOW_S, now - start_at)
+        recent = [r for r in reported if r[0] >= now - span]
+        held = sum(r[3] for r in recent)
+        if span > 0 and held:
+            mean = sum(r[2] for r in recent) / held
+            await sizing.size_reserve(sum(r[1] for r in recent) / span, mean, mean)
 
 
 def small_waits(phase: Phase) -> list[float]:
@@ -524,6 +592,8 @@ def report(
             if multi_left > 0
             else None
         ),
+        "multi_member_reserve": multi[1].reserve,
+        "multi_member_headroom": multi[1].headroom,
         "small_p99_ms": {
             "calm": round(calm_p99 * 1000, 2),
             "fifo": round(fifo_p99 * 1000, 1),
