@@ -67,7 +67,7 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from common import percentile
 from redis.asyncio import Redis
@@ -205,10 +205,12 @@ class ThrottledRun:
         flood: str,
         sized: bool = True,
         stats: Any = None,
+        stats_index: int = 0,
     ) -> None:
         self.load, self.throttle, self.flood = load, throttle, flood
         self.sized = sized  # False: another process set the limits and the reserve
         self.stats = stats  # a member's queue of its rates for the fleet's sizer, or None
+        self.stats_index = stats_index
         self.phase = Phase(name)
         self.sizer = ReserveSizer(throttle, "pool", load.args.slots, RESERVED)
         self.small_arrivals: list[float] = []  # monotonic submission times (small tenants)
@@ -248,21 +250,24 @@ class ThrottledRun:
                 mean = sum(recent) / len(recent)  # the slot's hold: the run and the release
                 await self.size_reserve(arrivals / span, mean, mean)
 
-    async def report_loop(self) -> None:
+    async def report_loop(self, index: int) -> None:
         """Each second, put this member's small arrivals and slot holds since the last report."""
         arrivals = holds = 0
+        last = time.monotonic()
         while not self.stop.is_set():
             await asyncio.sleep(1.0)
-            new_holds = self.holds[holds:]
+            now, new_holds = time.monotonic(), self.holds[holds:]
             self.stats.put(
-                (
+                Report(
+                    index,
                     time.time(),
+                    now - last,
                     len(self.small_arrivals) - arrivals,
                     sum(s for _, s in new_holds),
                     len(new_holds),
                 )
             )
-            arrivals, holds = len(self.small_arrivals), holds + len(new_holds)
+            arrivals, holds, last = len(self.small_arrivals), holds + len(new_holds), now
 
     def keys_of(self, tenant: str, sub: str | None) -> list[str]:
         keys = [f"org:{tenant}", "pool"]
@@ -363,7 +368,7 @@ class ThrottledRun:
         if self.sized:
             background.append(asyncio.create_task(self.resize_loop()))
         if self.stats is not None:
-            background.append(asyncio.create_task(self.report_loop()))
+            background.append(asyncio.create_task(self.report_loop(self.stats_index)))
         if self.flood != "none":
             background.append(asyncio.create_task(self.flood_pump()))
         await asyncio.sleep(phase_s)
@@ -443,7 +448,9 @@ async def _member(
     await throttle.start()
     await asyncio.sleep(max(0.0, start_at - time.time()))  # every member starts together
     load = Load(args, share=1 / MEMBERS, seed=index + 1)
-    run = ThrottledRun(load, throttle, f"member{index}", flood=flood, sized=False, stats=stats)
+    run = ThrottledRun(
+        load, throttle, f"member{index}", flood=flood, sized=False, stats=stats, stats_index=index
+    )
     phase = await run.run(args.phase_s)
     await throttle.close()
     await client.aclose()
@@ -481,7 +488,7 @@ async def _multi_member(load: Load, throttle: Throttle, name: str, flood: str) -
     ]
     for member in members:
         member.start()
-    resizing = asyncio.create_task(fleet_resize_loop(sizing, stats, start_at))
+    resizing = asyncio.create_task(fleet_resize_loop(sizing, stats))
     try:
         reports = [
             await asyncio.to_thread(out.get, timeout=3 * load.args.phase_s + 120) for _ in members
@@ -503,13 +510,28 @@ async def _multi_member(load: Load, throttle: Throttle, name: str, flood: str) -
     return phase
 
 
-async def fleet_resize_loop(sizing: ThrottledRun, stats: Any, start_at: float) -> None:
+class Report(NamedTuple):
+    """What one member tells the fleet's sizer each second."""
+
+    member: int
+    at: float
+    """Wall-clock time of the report."""
+    covers_s: float
+    """The time since the member's previous report."""
+    small_arrivals: int
+    held_s: float
+    """The summed slot holds of the jobs released in that time."""
+    released: int
+
+
+async def fleet_resize_loop(sizing: ThrottledRun, stats: Any) -> None:
     """Each second, re-size the pool's reserve from every member's rates of the last window.
 
-    The members report (wall time, small arrivals, summed and counted slot holds) each second;
-    as in one process, the reserve is sized from the small arrivals and the mean hold.
+    Each member's arrival rate is its small arrivals over the time its reports in the window
+    cover, and the fleet's is their sum; the hold is the mean over every member's released jobs.
+    Once no member has reported for a window (the phase is over), the plan stays as it was.
     """
-    reported: list[tuple[float, int, float, int]] = []
+    reported: list[Report] = []
     while True:
         await asyncio.sleep(1.0)
         while True:
@@ -517,13 +539,16 @@ async def fleet_resize_loop(sizing: ThrottledRun, stats: Any, start_at: float) -
                 reported.append(stats.get_nowait())
             except queue.Empty:
                 break
-        now = time.time()
-        span = min(RATE_WINDOW_S, now - start_at)
-        recent = [r for r in reported if r[0] >= now - span]
-        held = sum(r[3] for r in recent)
-        if span > 0 and held:
-            mean = sum(r[2] for r in recent) / held
-            await sizing.size_reserve(sum(r[1] for r in recent) / span, mean, mean)
+        recent = [r for r in reported if r.at >= time.time() - RATE_WINDOW_S]
+        released = sum(r.released for r in recent)
+        if not released:
+            continue
+        rate = 0.0
+        for member in {r.member for r in recent}:
+            mine = [r for r in recent if r.member == member]
+            rate += sum(r.small_arrivals for r in mine) / sum(r.covers_s for r in mine)
+        mean = sum(r.held_s for r in recent) / released
+        await sizing.size_reserve(rate, mean, mean)
 
 
 def small_waits(phase: Phase) -> list[float]:
