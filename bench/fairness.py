@@ -250,7 +250,7 @@ class ThrottledRun:
                 mean = sum(recent) / len(recent)  # the slot's hold: the run and the release
                 await self.size_reserve(arrivals / span, mean, mean)
 
-    async def report_loop(self, index: int) -> None:
+    async def report_loop(self) -> None:
         """Each second, put this member's small arrivals and slot holds since the last report."""
         arrivals = holds = 0
         last = time.monotonic()
@@ -259,7 +259,7 @@ class ThrottledRun:
             now, new_holds = time.monotonic(), self.holds[holds:]
             self.stats.put(
                 Report(
-                    index,
+                    self.stats_index,
                     time.time(),
                     now - last,
                     len(self.small_arrivals) - arrivals,
@@ -368,7 +368,7 @@ class ThrottledRun:
         if self.sized:
             background.append(asyncio.create_task(self.resize_loop()))
         if self.stats is not None:
-            background.append(asyncio.create_task(self.report_loop(self.stats_index)))
+            background.append(asyncio.create_task(self.report_loop()))
         if self.flood != "none":
             background.append(asyncio.create_task(self.flood_pump()))
         await asyncio.sleep(phase_s)
@@ -539,7 +539,7 @@ async def fleet_resize_loop(sizing: ThrottledRun, stats: Any) -> None:
                 reported.append(stats.get_nowait())
             except queue.Empty:
                 break
-        recent = [r for r in reported if r.at >= time.time() - RATE_WINDOW_S]
+        reported = recent = [r for r in reported if r.at >= time.time() - RATE_WINDOW_S]
         released = sum(r.released for r in recent)
         if not released:
             continue
