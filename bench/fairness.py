@@ -38,10 +38,13 @@ throughput / (capacity - small throughput); ``flooder_share_bound`` the most of 
 non-preemptive pool can give the flooder while a small job waits for a slot in under 1 % of
 arrivals (``reserve.lendable_share`` at the nominal rates); ``roundtrips_per_admission``;
 ``wake_p99_ms`` hand-over in Redis to the waiter's wake read; ``admissions_per_s`` in phase 3;
-``reserve`` and ``headroom`` as last sized; ``multi_member_isolation_p99`` (the small tenants'
-p99 wait under the flood / calm, three members), ``multi_member_wake_p99_ms`` (hand-over in
-Redis to the woken member's read), ``multi_member_reserve`` and ``multi_member_headroom`` (as the
-fleet's sizer last sized them).
+``reserve`` and ``headroom`` as last sized; ``p_wait`` the share of small jobs that queued on
+the pool in the org-flood phase, as the throttle counted them in Redis
+(``ThrottleStatus.reserved_queued / reserved_asked``), beside ``p_wait_planned``, the last
+plan's; ``multi_member_isolation_p99`` (the small tenants' p99 wait under the flood / calm,
+three members), ``multi_member_wake_p99_ms`` (hand-over in Redis to the woken member's read),
+``multi_member_reserve`` and ``multi_member_headroom`` (as the fleet's sizer last sized them),
+``multi_member_p_wait`` and ``multi_member_p_wait_planned``.
 
 Each phase also records every started job's tenant class (small or flooder), submission and start
 time; from these, after the last phase, ``docs/fairness.csv`` (per phase, class and 1-second
@@ -108,6 +111,9 @@ class Phase:
     wake_delays_ms: list[float] = field(default_factory=list)
     reserve: int = 0
     headroom: int = 0
+    p_wait_planned: float = 0.0  # the last plan's P(wait) of a small job
+    reserved_asked: int = 0  # small jobs that asked the pool (Redis' count, every member)
+    reserved_queued: int = 0  # those of them that queued on it
     # Per started job: (tenant class, submitted, started), seconds since ``started_at``.
     jobs: list[tuple[str, float, float]] = field(default_factory=list)
 
@@ -237,6 +243,7 @@ class ThrottledRun:
             return
         sized = await self.sizer.resize(rate_per_s, small_s, pool_s)
         self.phase.reserve, self.phase.headroom = sized.reserve, sized.headroom
+        self.phase.p_wait_planned = sized.wait_probability
 
     async def resize_loop(self) -> None:
         """Each second, re-size the reserve from the rates measured over the last window."""
@@ -379,7 +386,15 @@ class ThrottledRun:
         self.phase.roundtrips = self.throttle.roundtrips - before
         self.phase.span_s = phase_s
         self.phase.wake_delays_ms = list(self.throttle.wake_delays_ms)
+        if self.sized:
+            await self.count_reserved()
         return self.phase
+
+    async def count_reserved(self) -> None:
+        """Read from Redis how many small jobs asked the pool under its reserve, and queued."""
+        pool = await self.throttle.status("pool")
+        self.phase.reserved_asked = pool.reserved_asked
+        self.phase.reserved_queued = pool.reserved_queued
 
 
 def limits_for(load: Load) -> dict[str, int]:
@@ -498,8 +513,8 @@ async def _multi_member(load: Load, throttle: Throttle, name: str, flood: str) -
         await asyncio.gather(resizing, return_exceptions=True)
     for member in members:
         member.join(timeout=30)
+    await sizing.count_reserved()
     phase = sizing.phase
-    phase.reserve, phase.headroom = sizing.phase.reserve, sizing.phase.headroom
     phase.span_s = load.args.phase_s
     for report in reports:
         phase.waits_s["small"].extend(report["small_waits"])
@@ -549,6 +564,13 @@ async def fleet_resize_loop(sizing: ThrottledRun, stats: Any) -> None:
             rate += sum(r.small_arrivals for r in mine) / sum(r.covers_s for r in mine)
         mean = sum(r.held_s for r in recent) / released
         await sizing.size_reserve(rate, mean, mean)
+
+
+def p_wait(phase: Phase) -> float | None:
+    """The share of small jobs that queued on the pool, as Redis counted them."""
+    if not phase.reserved_asked:
+        return None
+    return round(phase.reserved_queued / phase.reserved_asked, 4)
 
 
 def small_waits(phase: Phase) -> list[float]:
@@ -610,6 +632,8 @@ def report(
         "admissions_per_s": round(thr.admissions / thr.span_s, 1),
         "reserve": thr.reserve,
         "headroom": thr.headroom,
+        "p_wait": p_wait(thr),
+        "p_wait_planned": round(thr.p_wait_planned, 4),
         "multi_member_isolation_p99": round(multi_flood / multi_calm, 2) if multi_calm else None,
         "multi_member_wake_p99_ms": round(percentile(multi_wake, 99), 2) if multi_wake else None,
         "multi_member_flooder_share": (
@@ -619,6 +643,8 @@ def report(
         ),
         "multi_member_reserve": multi[1].reserve,
         "multi_member_headroom": multi[1].headroom,
+        "multi_member_p_wait": p_wait(multi[1]),
+        "multi_member_p_wait_planned": round(multi[1].p_wait_planned, 4),
         "small_p99_ms": {
             "calm": round(calm_p99 * 1000, 2),
             "fifo": round(fifo_p99 * 1000, 1),

@@ -73,12 +73,23 @@ def status(
         typer.echo("no active throttle keys")
         return
     now_ms = int(time.time() * 1000)
-    table = Table("key", "limit", "holders", "waiters by priority", "last grant")
+    table = Table("key", "limit", "holders", "waiters by priority", "last grant", "reserve")
     for s in statuses:
         waiting = " ".join(f"p{p}:{n}" for p, n in s.waiters_by_priority().items()) or "-"
         last = f"{(now_ms - s.recent_grants[0][1]) / 1000:.1f}s ago" if s.recent_grants else "-"
-        table.add_row(s.key, str(s.limit), str(len(s.holders)), waiting, last)
+        table.add_row(s.key, str(s.limit), str(len(s.holders)), waiting, last, _reserve_cell(s))
     out_console().print(table)
+
+
+def _reserve_cell(s: ThrottleStatus) -> str:
+    """The key's reserve and how often its priorities queued, e.g. ``4 for p5+, 12/1400 queued``."""
+    if s.reserve is None and not s.reserved_asked:
+        return "-"
+    kept = f"{s.reserve[0]} for p{s.reserve[1]}+" if s.reserve is not None else "none now"
+    if not s.reserved_asked:
+        return kept
+    share = 100 * s.reserved_queued / s.reserved_asked
+    return f"{kept}, {s.reserved_queued}/{s.reserved_asked} queued ({share:.2f} %)"
 
 
 @app.command("set-limit")

@@ -30,6 +30,16 @@ def reserve(prefix: str, namespace: str) -> str:
     return f"{tag(prefix, namespace)}:reserve"
 
 
+def reserved(prefix: str, namespace: str) -> str:
+    """Hash: throttle key -> permits of its reserve's priorities that asked for it."""
+    return f"{tag(prefix, namespace)}:reserved"
+
+
+def reserved_queued(prefix: str, namespace: str) -> str:
+    """Hash: throttle key -> permits of its reserve's priorities that queued on it."""
+    return f"{tag(prefix, namespace)}:reserved_queued"
+
+
 def leases(prefix: str, namespace: str) -> str:
     """Zset: holder -> lease expiry in ms, for every permit held or waiting."""
     return f"{tag(prefix, namespace)}:leases"

@@ -25,6 +25,13 @@ class ThrottleStatus:
     """(holder, priority) in the order they will be served."""
     recent_grants: tuple[tuple[str, int], ...]
     """(holder, grant time as Unix ms), newest first, at most 20."""
+    reserve: tuple[int, int] | None = None
+    """(slots, min priority) kept for better priorities (``Throttle.set_reserve``), if any."""
+    reserved_asked: int = 0
+    """Permits of the reserve's priorities that asked for the key while it kept a reserve."""
+    reserved_queued: int = 0
+    """Those of them that found no room and queued: ``reserved_queued / reserved_asked`` is the
+    measured probability that such a permit waits, which the reserve is sized to bound."""
 
     def waiters_by_priority(self) -> dict[int, int]:
         """Number of waiters per priority, highest priority first."""
@@ -35,13 +42,22 @@ class ThrottleStatus:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
-        return {
+        out: dict[str, Any] = {
             "key": self.key,
             "limit": self.limit,
             "holders": [{"holder": h, "expires_ms": e} for h, e in self.holders],
             "waiters": {str(p): n for p, n in self.waiters_by_priority().items()},
             "recent_grants": [{"holder": h, "at_ms": t} for h, t in self.recent_grants],
         }
+        if self.reserve is not None or self.reserved_asked:
+            slots, min_priority = self.reserve or (0, 0)
+            out["reserve"] = {
+                "slots": slots,
+                "min_priority": min_priority,
+                "asked": self.reserved_asked,
+                "queued": self.reserved_queued,
+            }
+        return out
 
 
 async def read_status(
@@ -53,14 +69,28 @@ async def read_status(
         pipe.zrange(k.holders(prefix, namespace, key), 0, -1, withscores=True)
         pipe.zrange(k.waiters(prefix, namespace, key), 0, -1, withscores=True)
         pipe.lrange(k.grants(prefix, namespace, key), 0, -1)
-        limit, holders, waiters, grants = await pipe.execute()
+        pipe.hget(k.reserve(prefix, namespace), key)
+        pipe.hget(k.reserved(prefix, namespace), key)
+        pipe.hget(k.reserved_queued(prefix, namespace), key)
+        limit, holders, waiters, grants, reserve, asked, queued = await pipe.execute()
     return ThrottleStatus(
         key=key,
         limit=default_limit if limit is None else int(limit),
         holders=tuple((_text(h), int(s)) for h, s in holders),
         waiters=tuple((_text(h), MAX_PRIORITY - int(s) // _SEQ_SPAN) for h, s in waiters),
         recent_grants=tuple(_grant(g) for g in grants),
+        reserve=_reserve(reserve),
+        reserved_asked=int(asked or 0),
+        reserved_queued=int(queued or 0),
     )
+
+
+def _reserve(value: Any) -> tuple[int, int] | None:
+    """``"SLOTS:MIN_PRIO"`` as two ints, or None when the key keeps no reserve."""
+    if value is None:
+        return None
+    slots, _, min_priority = _text(value).partition(":")
+    return int(slots), int(min_priority)
 
 
 async def read_active_keys(client: Redis, prefix: str, namespace: str) -> list[str]:

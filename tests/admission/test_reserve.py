@@ -238,6 +238,38 @@ async def test_high_priority_passes_low_waiters_into_the_reserve(throttle):
         await throttle.release(permit)
 
 
+async def test_the_reserve_counts_its_priorities_asking_and_queueing(throttle):
+    """Permits of the reserve's priorities that reach the key are counted, and those that queue.
+
+    Lower priorities and keys without a reserve count nothing; a queued permit granted later
+    is not counted again: the two counts give the reserve's measured P(wait).
+    """
+    await throttle.set_reserve("pool", 1, HIGH)
+    low = [await throttle.acquire(["pool"], priority=LOW) for _ in range(3)]
+    first = await throttle.acquire(["org:a", "pool"], priority=HIGH)  # the last free slot
+    waiting = asyncio.create_task(throttle.acquire(["pool"], priority=HIGH))
+    await eventually(lambda: throttle.waited == 1)
+    low_waiting = asyncio.create_task(throttle.acquire(["pool"], priority=LOW))
+    await eventually(lambda: throttle.waited == 2)
+    status = await throttle.status("pool")
+    assert (status.reserve, status.reserved_asked, status.reserved_queued) == ((1, HIGH), 2, 1)
+    assert status.as_dict()["reserve"] == {
+        "slots": 1,
+        "min_priority": HIGH,
+        "asked": 2,
+        "queued": 1,
+    }
+    assert (await throttle.status("org:a")).reserved_asked == 0  # no reserve on it
+    await throttle.release(first)
+    second = await asyncio.wait_for(waiting, 10)
+    status = await throttle.status("pool")
+    assert (status.reserved_asked, status.reserved_queued) == (2, 1)
+    for permit in (*low, second):
+        await throttle.release(permit)
+    await throttle.release(await asyncio.wait_for(low_waiting, 10))
+    assert (await throttle.status("pool")).reserved_asked == 2
+
+
 async def test_resizing_the_reserve_hands_freed_room_to_waiters(throttle):
     """Shrinking the headroom lends more at once: the waiting LOW permit is granted."""
     sizer = ReserveSizer(throttle, "pool", slots=4, min_priority=HIGH)

@@ -11,6 +11,8 @@ import pytest
 from redis.asyncio import Redis
 from runtime.helpers import eventually
 
+from pipeline.admission.cli import _reserve_cell
+from pipeline.admission.status import ThrottleStatus
 from pipeline.admission.throttle import Throttle
 
 pytestmark = pytest.mark.redis
@@ -83,3 +85,15 @@ async def test_status_into_a_pipe_keeps_long_keys_whole(redis_service, unique):
         async for name in client.scan_iter(match=f"*w{unique}*"):
             await client.delete(name)
         await client.aclose()
+
+
+def test_the_reserve_column_gives_the_kept_slots_and_how_often_they_queued():
+    """``4 for p5+, 3/400 queued (0.75 %)``; ``-`` for a key that never kept a reserve."""
+    plain = ThrottleStatus("org:acme", 2, (), (), ())
+    assert _reserve_cell(plain) == "-"
+    kept = ThrottleStatus("pool", 16, (), (), (), reserve=(4, 5))
+    assert _reserve_cell(kept) == "4 for p5+"
+    used = ThrottleStatus("pool", 16, (), (), (), (4, 5), reserved_asked=400, reserved_queued=3)
+    assert _reserve_cell(used) == "4 for p5+, 3/400 queued (0.75 %)"
+    dropped = ThrottleStatus("pool", 16, (), (), (), None, reserved_asked=10, reserved_queued=0)
+    assert _reserve_cell(dropped) == "none now, 0/10 queued (0.00 %)"

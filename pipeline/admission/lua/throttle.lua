@@ -30,6 +30,9 @@
 --   T:reserve     hash   throttle key -> "SLOTS:MIN_PRIO": the last SLOTS of the key's limit
 --                        are kept for permits of priority >= MIN_PRIO (trunk reservation);
 --                        lower priorities see the limit minus SLOTS
+--   T:reserved    hash   throttle key -> permits of its reserve's priorities that asked for it
+--                        while it kept a reserve; T:reserved_queued: those of them that queued
+--                        (found no room), so the two give the measured P(wait) of the reserve
 --
 -- A permit's *room* on a key is its limit, less the key's reserve if the permit's priority is
 -- below the reserve's. Invariant after every call: a key has waiters only while its holders
@@ -100,6 +103,16 @@ local function best_waiter(tag, key)
   return head[1], MAX_PRIORITY - math.floor(tonumber(head[2]) / SEQ_SPAN)
 end
 
+-- Count a permit of the reserve's priorities asking for KEY (and whether it queued).
+local function count_reserved(tag, key, prio, queued)
+  local reserve = redis.call('HGET', tag .. ':reserve', key)
+  if not reserve then return end
+  local _, min_prio = string.match(reserve, '^(%d+):(%d+)$')
+  if prio < tonumber(min_prio) then return end
+  redis.call('HINCRBY', tag .. ':reserved', key, 1)
+  if queued then redis.call('HINCRBY', tag .. ':reserved_queued', key, 1) end
+end
+
 local function can_take(tag, key, default_limit, prio)
   local _, waiting_prio = best_waiter(tag, key)
   if waiting_prio and waiting_prio >= prio then return false end
@@ -126,8 +139,10 @@ local function advance(tag, holder, p, now, default_limit)
       redis.call('ZADD', tag .. ':w:' .. key, rank, holder)
       redis.call('SADD', tag .. ':active', key)
       redis.call('HSET', tag .. ':p:' .. holder, 'next', p.next, 'state', 'waiting')
+      count_reserved(tag, key, tonumber(p.prio), true)
       return false
     end
+    count_reserved(tag, key, tonumber(p.prio), false)
     grant_slot(tag, key, holder, expiry, now)
     p.next = p.next + 1
   end
