@@ -1,4 +1,4 @@
-"""Commands: ``pipeline throttle status [KEY]`` and ``pipeline throttle set-limit KEY LIMIT``.
+"""Commands: ``pipeline throttle status [KEY]``, ``set-limit KEY LIMIT``, ``set-reserve KEY SLOTS``.
 
 Settings come from ``PIPELINE_REDIS__*`` and ``PIPELINE_THROTTLE__*``; ``--namespace``
 overrides the namespace. Errors print one line to stderr and exit 1 (Redis unreachable).
@@ -15,7 +15,12 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 from rich.table import Table
 
-from pipeline.admission.status import ThrottleStatus, read_active_keys, read_status
+from pipeline.admission.status import (
+    MAX_PRIORITY,
+    ThrottleStatus,
+    read_active_keys,
+    read_status,
+)
 from pipeline.admission.throttle import Throttle
 from pipeline.cli_support import err, out_console, run_command
 from pipeline.config import Settings, load_settings
@@ -118,3 +123,45 @@ def set_limit(
         raise typer.Exit(2)
     run_command(main())
     typer.echo(f"{key}: limit {'default' if limit is None else limit}")
+
+
+@app.command("set-reserve")
+def set_reserve(
+    key: Annotated[str, typer.Argument(help="Throttle key, e.g. pool.")],
+    slots: Annotated[
+        int | None, typer.Argument(help="Slots of its limit to keep; omit to keep none.")
+    ] = None,
+    min_priority: Annotated[
+        int, typer.Option("--min-priority", help="The lowest priority the kept slots serve.")
+    ] = 1,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Keep the last SLOTS of a key's limit for permits of --min-priority or more, now.
+
+    Lower priorities see the limit minus SLOTS and borrow the rest (trunk reservation); room a
+    smaller reserve frees goes to the waiters. ``status`` shows how often the kept priorities
+    still queued.
+    """
+
+    async def main() -> None:
+        settings = _settings(namespace)
+        client = _client(settings)
+        throttle = Throttle.from_settings(client, settings)
+        try:
+            await throttle.set_reserve(key, slots, min_priority)
+        except (rexc.RedisError, OSError) as exc:
+            err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        finally:
+            await throttle.close()
+            await client.aclose()
+
+    if slots is not None and slots < 0:
+        err.print("[red]error:[/red] slots must be >= 0", highlight=False)
+        raise typer.Exit(2)
+    if not 0 <= min_priority <= MAX_PRIORITY:
+        err.print(f"[red]error:[/red] --min-priority must be 0..{MAX_PRIORITY}", highlight=False)
+        raise typer.Exit(2)
+    run_command(main())
+    kept = "none" if slots is None else f"{slots} slots for priority {min_priority} and up"
+    typer.echo(f"{key}: reserve {kept}")

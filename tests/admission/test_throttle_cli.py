@@ -97,3 +97,46 @@ def test_the_reserve_column_gives_the_kept_slots_and_how_often_they_queued():
     assert _reserve_cell(used) == "4 for p5+, 3/400 queued (0.75 %)"
     dropped = ThrottleStatus("pool", 16, (), (), (), None, reserved_asked=10, reserved_queued=0)
     assert _reserve_cell(dropped) == "none now, 0/10 queued (0.00 %)"
+
+
+async def test_set_reserve_keeps_slots_for_better_priorities_and_status_counts_them(
+    redis_service, unique
+):
+    """``set-reserve pool 1 --min-priority 5`` lends one slot less to priority 0; bad input: 2."""
+    env = {
+        "PIPELINE_REDIS__URL": redis_service,
+        "PIPELINE_THROTTLE__NAMESPACE": f"r{unique}",
+        "PIPELINE_THROTTLE__DEFAULT_LIMIT": "2",
+    }
+    client = Redis.from_url(redis_service)
+    throttle = Throttle(client, namespace=f"r{unique}", default_limit=2)
+    await throttle.start()
+    try:
+        code, out = await _cli("set-reserve", "pool", "1", "--min-priority", "5", env=env)
+        assert (code, out.strip()) == (0, "pool: reserve 1 slots for priority 5 and up")
+        low = await throttle.acquire(["pool"])
+        borrowing = asyncio.create_task(throttle.acquire(["pool"]))
+        await eventually(lambda: throttle.waited == 1, 10)
+        high = await asyncio.wait_for(throttle.acquire(["pool"], priority=5), 10)
+        code, out = await _cli("status", "pool", "--json", env=env)
+        assert code == 0
+        assert json.loads(out)["reserve"] == {
+            "slots": 1,
+            "min_priority": 5,
+            "asked": 1,
+            "queued": 0,
+        }
+        code, out = await _cli("set-reserve", "pool", env=env)
+        assert (code, out.strip()) == (0, "pool: reserve none")
+        assert not borrowing.done()  # the pool is full either way
+        await throttle.release(high)
+        await throttle.release(await asyncio.wait_for(borrowing, 10))
+        await throttle.release(low)
+        for bad in (["pool", "-1"], ["pool", "1", "--min-priority", "2000"]):
+            code, _ = await _cli("set-reserve", *bad, env=env)
+            assert code == 2
+    finally:
+        await throttle.close()
+        async for name in client.scan_iter(match=f"*r{unique}*"):
+            await client.delete(name)
+        await client.aclose()
