@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
@@ -104,24 +105,10 @@ def set_limit(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Set a key's concurrency limit now, for every member; new room goes to its waiters."""
-
-    async def main() -> None:
-        settings = _settings(namespace)
-        client = _client(settings)
-        throttle = Throttle.from_settings(client, settings)
-        try:
-            await throttle.set_limit(key, limit)
-        except (rexc.RedisError, OSError) as exc:
-            err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
-            raise typer.Exit(1) from None
-        finally:
-            await throttle.close()
-            await client.aclose()
-
     if limit is not None and limit < 0:
         err.print("[red]error:[/red] limit must be >= 0", highlight=False)
         raise typer.Exit(2)
-    run_command(main())
+    run_command(_on_throttle(namespace, lambda throttle: throttle.set_limit(key, limit)))
     typer.echo(f"{key}: limit {'default' if limit is None else limit}")
 
 
@@ -142,26 +129,31 @@ def set_reserve(
     smaller reserve frees goes to the waiters. ``status`` shows how often the kept priorities
     still queued.
     """
-
-    async def main() -> None:
-        settings = _settings(namespace)
-        client = _client(settings)
-        throttle = Throttle.from_settings(client, settings)
-        try:
-            await throttle.set_reserve(key, slots, min_priority)
-        except (rexc.RedisError, OSError) as exc:
-            err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
-            raise typer.Exit(1) from None
-        finally:
-            await throttle.close()
-            await client.aclose()
-
     if slots is not None and slots < 0:
         err.print("[red]error:[/red] slots must be >= 0", highlight=False)
         raise typer.Exit(2)
     if not 0 <= min_priority <= MAX_PRIORITY:
         err.print(f"[red]error:[/red] --min-priority must be 0..{MAX_PRIORITY}", highlight=False)
         raise typer.Exit(2)
-    run_command(main())
+    run_command(
+        _on_throttle(namespace, lambda throttle: throttle.set_reserve(key, slots, min_priority))
+    )
     kept = "none" if slots is None else f"{slots} slots for priority {min_priority} and up"
     typer.echo(f"{key}: reserve {kept}")
+
+
+async def _on_throttle(
+    namespace: str | None, change: Callable[[Throttle], Awaitable[None]]
+) -> None:
+    """Run ``change`` on a throttle member of the namespace; Redis down: one line, exit 1."""
+    settings = _settings(namespace)
+    client = _client(settings)
+    throttle = Throttle.from_settings(client, settings)
+    try:
+        await change(throttle)
+    except (rexc.RedisError, OSError) as exc:
+        err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        await throttle.close()
+        await client.aclose()

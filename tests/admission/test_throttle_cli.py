@@ -32,16 +32,24 @@ async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode or 0, out.decode()
 
 
-async def test_status_shows_holders_and_waiters_per_priority(redis_service, unique):
-    """Status lists the limit, holders, waiters per priority and grants; set-limit wakes one."""
+async def _throttle(
+    redis_service: str, namespace: str, limit: int
+) -> tuple[dict[str, str], Redis, Throttle]:
+    """The CLI's environment for ``namespace`` and a started throttle member on it."""
     env = {
         "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_THROTTLE__NAMESPACE": f"c{unique}",
-        "PIPELINE_THROTTLE__DEFAULT_LIMIT": "1",
+        "PIPELINE_THROTTLE__NAMESPACE": namespace,
+        "PIPELINE_THROTTLE__DEFAULT_LIMIT": str(limit),
     }
     client = Redis.from_url(redis_service)
-    throttle = Throttle(client, namespace=f"c{unique}", default_limit=1)
+    throttle = Throttle(client, namespace=namespace, default_limit=limit)
     await throttle.start()
+    return env, client, throttle
+
+
+async def test_status_shows_holders_and_waiters_per_priority(redis_service, unique):
+    """Status lists the limit, holders, waiters per priority and grants; set-limit wakes one."""
+    env, client, throttle = await _throttle(redis_service, f"c{unique}", 1)
     held = await throttle.acquire(["org:acme"])
     waiting = [asyncio.create_task(throttle.acquire(["org:acme"], priority=p)) for p in (1, 5, 5)]
     await eventually(lambda: throttle.waited == 3, 10)
@@ -103,14 +111,7 @@ async def test_set_reserve_keeps_slots_for_better_priorities_and_status_counts_t
     redis_service, unique
 ):
     """``set-reserve pool 1 --min-priority 5`` lends one slot less to priority 0; bad input: 2."""
-    env = {
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_THROTTLE__NAMESPACE": f"r{unique}",
-        "PIPELINE_THROTTLE__DEFAULT_LIMIT": "2",
-    }
-    client = Redis.from_url(redis_service)
-    throttle = Throttle(client, namespace=f"r{unique}", default_limit=2)
-    await throttle.start()
+    env, client, throttle = await _throttle(redis_service, f"r{unique}", 2)
     try:
         code, out = await _cli("set-reserve", "pool", "1", "--min-priority", "5", env=env)
         assert (code, out.strip()) == (0, "pool: reserve 1 slots for priority 5 and up")
