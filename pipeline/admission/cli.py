@@ -1,7 +1,8 @@
 """Commands: ``pipeline throttle status [KEY]``, ``set-limit KEY LIMIT``, ``set-reserve KEY SLOTS``.
 
 Settings come from ``PIPELINE_REDIS__*`` and ``PIPELINE_THROTTLE__*``; ``--namespace``
-overrides the namespace. Errors print one line to stderr and exit 1 (Redis unreachable).
+overrides the namespace. Errors print one line to stderr and exit 1 (Redis unreachable) or 2
+(a value the throttle refuses).
 """
 
 from __future__ import annotations
@@ -16,12 +17,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 from rich.table import Table
 
-from pipeline.admission.status import (
-    MAX_PRIORITY,
-    ThrottleStatus,
-    read_active_keys,
-    read_status,
-)
+from pipeline.admission.status import ThrottleStatus, read_active_keys, read_status
 from pipeline.admission.throttle import Throttle
 from pipeline.cli_support import err, out_console, run_command
 from pipeline.config import Settings, load_settings
@@ -105,9 +101,6 @@ def set_limit(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Set a key's concurrency limit now, for every member; new room goes to its waiters."""
-    if limit is not None and limit < 0:
-        err.print("[red]error:[/red] limit must be >= 0", highlight=False)
-        raise typer.Exit(2)
     run_command(_on_throttle(namespace, lambda throttle: throttle.set_limit(key, limit)))
     typer.echo(f"{key}: limit {'default' if limit is None else limit}")
 
@@ -129,12 +122,6 @@ def set_reserve(
     smaller reserve frees goes to the waiters. ``status`` shows how often the kept priorities
     still queued.
     """
-    if slots is not None and slots < 0:
-        err.print("[red]error:[/red] slots must be >= 0", highlight=False)
-        raise typer.Exit(2)
-    if not 0 <= min_priority <= MAX_PRIORITY:
-        err.print(f"[red]error:[/red] --min-priority must be 0..{MAX_PRIORITY}", highlight=False)
-        raise typer.Exit(2)
     run_command(
         _on_throttle(namespace, lambda throttle: throttle.set_reserve(key, slots, min_priority))
     )
@@ -145,12 +132,19 @@ def set_reserve(
 async def _on_throttle(
     namespace: str | None, change: Callable[[Throttle], Awaitable[None]]
 ) -> None:
-    """Run ``change`` on a throttle member of the namespace; Redis down: one line, exit 1."""
+    """Run ``change`` on a throttle member of the namespace.
+
+    A value the throttle refuses (a negative limit, a priority out of range) prints one line and
+    exits 2; Redis down, one line and exit 1.
+    """
     settings = _settings(namespace)
     client = _client(settings)
     throttle = Throttle.from_settings(client, settings)
     try:
         await change(throttle)
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
     except (rexc.RedisError, OSError) as exc:
         err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
         raise typer.Exit(1) from None

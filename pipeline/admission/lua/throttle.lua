@@ -85,14 +85,20 @@ local function load_permit(tag, holder)
   return p
 end
 
+-- KEY's reserve as (slots, min priority), or nil when it keeps none.
+local function reserve_of(tag, key)
+  local reserve = redis.call('HGET', tag .. ':reserve', key)
+  if not reserve then return nil, nil end
+  local slots, min_prio = string.match(reserve, '^(%d+):(%d+)$')
+  return tonumber(slots), tonumber(min_prio)
+end
+
 -- The slots of KEY a permit of priority `prio` may fill: the limit, less the reserve kept
 -- for better priorities.
 local function room_of(tag, key, prio, default_limit)
   local limit = limit_of(tag, key, default_limit)
-  local reserve = redis.call('HGET', tag .. ':reserve', key)
-  if not reserve then return limit end
-  local slots, min_prio = string.match(reserve, '^(%d+):(%d+)$')
-  if prio < tonumber(min_prio) then return limit - tonumber(slots) end
+  local slots, min_prio = reserve_of(tag, key)
+  if slots and prio < min_prio then return limit - slots end
   return limit
 end
 
@@ -105,10 +111,8 @@ end
 
 -- Count a permit of the reserve's priorities asking for KEY (and whether it queued).
 local function count_reserved(tag, key, prio, queued)
-  local reserve = redis.call('HGET', tag .. ':reserve', key)
-  if not reserve then return end
-  local _, min_prio = string.match(reserve, '^(%d+):(%d+)$')
-  if prio < tonumber(min_prio) then return end
+  local slots, min_prio = reserve_of(tag, key)
+  if not slots or prio < min_prio then return end
   redis.call('HINCRBY', tag .. ':reserved', key, 1)
   if queued then redis.call('HINCRBY', tag .. ':reserved_queued', key, 1) end
 end
