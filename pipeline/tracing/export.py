@@ -5,7 +5,8 @@ SERVICE``; reads length-prefixed marshalled lists of :mod:`.record` tuples on it
 until it closes, writes each as OTLP ``Span`` messages (a delivery becomes its spans, with the
 ``messaging.*`` attributes built here from the message's fields: :mod:`.wire_delivery`; a
 request's and a send's: :mod:`.wire_ingress`; other spans: :mod:`.otlp`) and sends them with
-the SDK's OTLP/HTTP exporter's own client, in requests of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``
+the SDK's OTLP/HTTP exporter's own client (over the SDK's urllib3 transport unless ``requests``
+has something to add: :func:`lean_transport`), in requests of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``
 spans. An exporter without such a client gets the SDK's ``ReadableSpan`` objects
 (:class:`Spans`) instead. The exporter reads its own
 ``OTEL_EXPORTER_OTLP_*`` variables (its HTTP session reads the environment's proxies and CA
@@ -337,7 +338,9 @@ def main() -> None:
     _yield_cpu()
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
-    exporter = OTLPSpanExporter(session=_session(os.environ))
+    session = _session(os.environ)
+    exporter = OTLPSpanExporter(session=session)
+    lean_transport(exporter, session)
     send = _raw_sender(exporter)
     spans = WireSpans(resource) if send is not None else Spans(resource)
     size_setting = os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None
@@ -406,6 +409,39 @@ def _session(environ: Mapping[str, str]) -> requests.Session | None:
     if any(_CREDENTIALS in name for name in environ):
         return None
     return _SettledSession()
+
+
+def lean_transport(exporter: OTLPSpanExporter, session: requests.Session | None) -> bool:
+    """Send through the SDK's urllib3 transport where ``requests`` would add nothing; whether.
+
+    A request through ``requests`` (its session, adapter and hooks over urllib3) costs about
+    twice the CPU time of the same request through the SDK's ``Urllib3HTTPTransport``: about
+    0.3 ms more for a request of 512 spans, a fifth of the exporting process's time. The
+    exporter's client keeps its endpoint, headers, compression, timeout and retries; the
+    transport gets the CA bundle and client certificate ``requests`` would use. ``requests``
+    stays where it adds something: a credential provider's session, a proxy the environment
+    names for the endpoint, a ``.netrc`` entry for its host, or an SDK without the transport.
+    """
+    client = getattr(exporter, "_client", None)
+    endpoint = getattr(client, "_endpoint", None)
+    transport = getattr(client, "_transport", None)
+    if session is None or not isinstance(endpoint, str):
+        return False  # the SDK's own session (a credential provider's), or an unknown client
+    settings = session.merge_environment_settings(endpoint, {}, None, session.verify, session.cert)
+    if getattr(transport, "_session", None) is not session:
+        return False  # a transport the SDK made otherwise
+    if settings["proxies"] or requests.utils.get_netrc_auth(endpoint):
+        return False
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import (  # noqa: PLC0415
+            Urllib3HTTPTransport,
+        )
+    except ImportError:  # an SDK before the transports
+        return False
+    client._transport = Urllib3HTTPTransport(  # type: ignore[union-attr] # noqa: SLF001
+        verify=settings["verify"], cert=settings["cert"]
+    )
+    return True
 
 
 def _raw_sender(exporter: OTLPSpanExporter) -> Callable[[bytes], object] | None:

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import binascii
 import functools
+import random
 import struct
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pipeline.tracing import otlp
 from pipeline.tracing.record import (
     TRACEPARENT_CHARS,
-    DeliveryRecord,
     Record,
     new_span_id,
     new_trace_id,
@@ -88,16 +88,18 @@ _OUTCOMES: _Kept[str | None] = _Kept(_outcome)
 class _Parts:
     """The encoded parts of the spans of one topic partition's deliveries to one lane."""
 
-    wait: bytes
-    """Partition wait: name and kind."""
+    wait: otlp.FixedSpan
+    """Partition wait: its name, kind and one attribute, the partition, fixed."""
     partition: bytes
-    """Partition wait's one attribute, the partition; also the process span's fifth."""
+    """Partition wait's one attribute; also the process span's fifth."""
     process: bytes
     """Process: name and kind."""
     destination: bytes
     """Process: the attributes before the message id (system, operation, topic, partition)."""
     lane: bytes
     """Process and handler: the ``pipeline.lane`` attribute."""
+    handler: otlp.FixedSpan
+    """Handler, when it did not fail: name, kind and the lane attribute, fixed."""
     kafka: bool
     """Whether the process span carries the Kafka offset."""
 
@@ -112,14 +114,30 @@ def _parts(system: str, topic: str, partition: int, lane: str) -> _Parts:
         otlp.attribute("messaging.destination.name", topic),
         partition_id,
     )
+    lane_attribute = otlp.attribute("pipeline.lane", lane)
     return _Parts(
-        wait=otlp.name_and_kind("partition wait", _INTERNAL),
+        wait=otlp.fixed_span(otlp.name_and_kind("partition wait", _INTERNAL), partition_id),
         partition=partition_id,
         process=otlp.name_and_kind(f"process {topic}", otlp.KIND["consumer"]),
         destination=b"".join(destination),
-        lane=otlp.attribute("pipeline.lane", lane),
+        lane=lane_attribute,
+        handler=otlp.fixed_span(_HANDLER, lane_attribute),
         kafka=system == "kafka",
     )
+
+
+_GUARD_SPAN = otlp.fixed_span(_GUARD, b"")
+"""A guard span without events."""
+_getrandbits = random.getrandbits
+
+
+def _new_ids() -> tuple[bytes, bytes, bytes]:
+    """Three random, non-zero span ids (eight bytes each), from one draw."""
+    drawn = _getrandbits(192).to_bytes(24, "big")
+    ids = drawn[:8], drawn[8:16], drawn[16:]
+    if _NO_SPAN in ids:  # one chance in 2**64 each
+        return _new_id(), _new_id(), _new_id()
+    return ids
 
 
 def _new_id() -> bytes:
@@ -127,72 +145,95 @@ def _new_id() -> bytes:
 
 
 def delivery_spans(record: Record) -> list[bytes]:
-    """The encoded spans of a ``DELIVERY`` record, in the order :class:`.export.Spans` gives."""
-    d = DeliveryRecord(*record)
-    trace_id, parent_id = wire_context(d.carried)
-    process_id = _new_id()
-    guard_id = span_id_bytes(d.guard_id) if d.guard_id else (_new_id() if d.guard_start else b"")
-    parts = _parts(d.system, d.topic, d.partition, d.lane)
-    trace = b"\x0a\x10" + trace_id
-    waited_from = min(d.produced, d.entered) if d.produced else d.entered
-    out = [
-        otlp.joined_span(
-            trace,
-            _new_id(),
-            parent_id or process_id,
-            parts.wait,
-            waited_from,
-            d.entered,
-            parts.partition,
-        )
-    ]
-    attributes = _process_attributes(parts, d)
-    out.append(
-        otlp.joined_span(trace, process_id, parent_id, parts.process, d.entered, d.end, attributes)
+    """The encoded spans of a ``DELIVERY`` record, in the order :class:`.export.Spans` gives.
+
+    The fields are unpacked in :class:`~.record.DeliveryRecord`'s order (making the named tuple
+    would cost more than the wait span's encoding).
+    """
+    (
+        _kind,
+        carried,
+        produced,
+        entered,
+        admitted,
+        keys,
+        priority,
+        guard_number,
+        guard_start,
+        guard_end,
+        handler_start,
+        handler_end,
+        failure,
+        end,
+        system,
+        topic,
+        partition,
+        offset,
+        lane,
+        attempt,
+        delivery_count,
+        tenant,
+        key,
+        outcome,
+        events,
+        guard_events,
+    ) = record
+    trace_id, parent_id = wire_context(carried)
+    process_id, wait_id, handler_id = _new_ids()
+    guard_id = span_id_bytes(guard_number) if guard_number else b""
+    if not guard_id and guard_start:  # a guard span whose id the member did not make
+        guard_id = _new_id()
+    parts = _parts(system, topic, partition, lane)
+    waited_from = min(produced, entered) if produced else entered
+    out = [parts.wait(trace_id, wait_id, parent_id or process_id, waited_from, entered)]
+    attributes = _process_attributes(
+        parts, partition, offset, attempt, delivery_count, tenant, key, outcome, events
     )
-    if d.keys is not None and d.admitted:
-        throttle = {
-            "pipeline.throttle.keys": list(d.keys),
-            "pipeline.throttle.priority": d.priority,
-        }
+    trace = b"\x0a\x10" + trace_id
+    out.append(
+        otlp.joined_span(trace, process_id, parent_id, parts.process, entered, end, attributes)
+    )
+    if keys is not None and admitted:
+        throttle = {"pipeline.throttle.keys": list(keys), "pipeline.throttle.priority": priority}
         out.append(
             otlp.joined_span(
                 trace,
                 _new_id(),
                 process_id,
                 _THROTTLE,
-                d.entered,
-                max(d.admitted, d.entered),
+                entered,
+                max(admitted, entered),
                 otlp.attributes(9, throttle),
             )
         )
     if guard_id:
-        out.append(
-            otlp.joined_span(
-                trace,
-                guard_id,
-                process_id,
-                _GUARD,
-                d.guard_start,
-                d.guard_end or d.end,
-                otlp.span_events(d.guard_events),
+        if guard_events:
+            out.append(
+                otlp.joined_span(
+                    trace,
+                    guard_id,
+                    process_id,
+                    _GUARD,
+                    guard_start,
+                    guard_end or end,
+                    otlp.span_events(guard_events),
+                )
             )
-        )
-    if d.handler_start:
-        tail = parts.lane
-        if d.failure:
-            tail += otlp.span_events([d.failure[1]]) + otlp.status(d.failure[0])
-        out.append(
-            otlp.joined_span(
-                trace,
-                _new_id(),
-                guard_id or process_id,
-                _HANDLER,
-                d.handler_start,
-                d.handler_end,
-                tail,
+        else:
+            out.append(_GUARD_SPAN(trace_id, guard_id, process_id, guard_start, guard_end or end))
+    if handler_start:
+        handler_parent = guard_id or process_id
+        if failure:
+            tail = parts.lane + otlp.span_events([failure[1]]) + otlp.status(failure[0])
+            out.append(
+                otlp.joined_span(
+                    trace, handler_id, handler_parent, _HANDLER, handler_start, handler_end, tail
+                )
             )
-        )
+        else:
+            out.append(
+                parts.handler(trace_id, handler_id, handler_parent, handler_start, handler_end)
+            )
     return out
 
 
@@ -238,25 +279,35 @@ _DASH = ord("-")
 _unhex = binascii.unhexlify
 
 
-def _process_attributes(parts: _Parts, d: DeliveryRecord) -> bytes:
+def _process_attributes(
+    parts: _Parts,
+    partition: int,
+    offset: int,
+    attempt: bytes | None,
+    delivery_count: int,
+    tenant: bytes | None,
+    key: bytes | None,
+    outcome: str | None,
+    events: list[tuple[str, int, dict[str, Any] | None]] | None,
+) -> bytes:
     """The process span's attributes, events and status, in :class:`.export.Spans`' order."""
     attributes = [
         parts.destination,
-        otlp.utf8_attribute(_MESSAGE_ID, b"%d-%d" % (d.partition, d.offset)),
+        otlp.utf8_attribute(_MESSAGE_ID, b"%d-%d" % (partition, offset)),
         parts.lane,
-        _ATTEMPTS[d.attempt],
-        _COUNTS[d.delivery_count],
+        _ATTEMPTS[attempt],
+        _COUNTS[delivery_count],
     ]
-    if d.tenant:
-        attributes.append(otlp.utf8_attribute(_TENANT, utf8(d.tenant)))
+    if tenant:
+        attributes.append(otlp.utf8_attribute(_TENANT, utf8(tenant)))
     if parts.kafka:
-        attributes.append(otlp.int_attribute(_OFFSET, d.offset))
-    if d.key is not None:
-        attributes.append(otlp.utf8_attribute(KAFKA_KEY, utf8(d.key)))
-    attributes.append(_OUTCOMES[d.outcome])
-    if d.events:
-        attributes.append(otlp.span_events(d.events))
-    if d.outcome is None:
+        attributes.append(otlp.int_attribute(_OFFSET, offset))
+    if key is not None:
+        attributes.append(otlp.utf8_attribute(KAFKA_KEY, utf8(key)))
+    attributes.append(_OUTCOMES[outcome])
+    if events:
+        attributes.append(otlp.span_events(events))
+    if outcome is None:
         attributes.append(_UNROUTED)
     return b"".join(attributes)
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tracing.otlp_receiver import OtlpReceiver
@@ -18,6 +19,7 @@ from pipeline.tracing.setup import wanted
 
 ROOT = Path(__file__).parents[2]
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def test_only_an_endpoint_turns_tracing_on() -> None:
@@ -154,3 +156,66 @@ def test_the_exporting_session_reads_the_environment_once(
     assert own["proxies"]["https"] == "http://own:1"
     environ = {"OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER": "vault"}
     assert _session(environ) is None
+
+
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+def _exporter_and_session() -> tuple[Any, Any]:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
+        OTLPSpanExporter,
+    )
+
+    from pipeline.tracing.export import _session  # noqa: PLC0415
+
+    session = _session(os.environ)
+    return OTLPSpanExporter(session=session), session
+
+
+def test_spans_leave_through_urllib3_unless_requests_adds_something(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The SDK's urllib3 transport sends, compressed as configured, to a real receiver.
+
+    A proxy the environment names for the endpoint, a ``.netrc`` entry for its host or a
+    credential provider's session keep ``requests``, which uses them.
+    """
+    from opentelemetry.exporter.http.transport._urllib3 import (  # noqa: PLC0415
+        Urllib3HTTPTransport,
+    )
+    from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+
+    from pipeline.tracing import otlp as wire  # noqa: PLC0415
+    from pipeline.tracing.export import SCOPE, WireSpans, _raw_sender, lean_transport  # noqa: PLC0415
+
+    for name in _PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # none yet
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    exporter, session = _exporter_and_session()
+    assert lean_transport(exporter, session)
+    assert isinstance(exporter._client._transport, Urllib3HTTPTransport)
+    t0 = 1_764_590_000_000_000_000
+    delivery = (
+        *("d", TRACEPARENT, t0 - 5_000, t0, 0, None, 0, 0, t0 + 4_000, t0 + 20_000),
+        *(t0 + 5_000, t0 + 9_000, None, t0 + 30_000, "kafka", "orders", 3, 41, "orders"),
+        *(None, 1, b"tenant-a", b"key-1", "handled", None, None),
+    )
+    resource = Resource.create({"service.name": "pipeline-test"})
+    spans = list(WireSpans(resource).of(delivery))
+    result = _raw_sender(exporter)(wire.request(resource.attributes, SCOPE, spans))  # type: ignore[misc]
+    assert getattr(result, "success", True)
+    assert [s.name for s in otlp.spans] == ["partition wait", "process orders", "guard", "handler"]
+    assert {s.trace_id for s in otlp.spans} == {TRACEPARENT[3:35].decode()}
+
+    (tmp_path / "netrc").write_text("machine 127.0.0.1 login pipeline password secret\n")
+    exporter, session = _exporter_and_session()
+    assert not lean_transport(exporter, session)
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    exporter, session = _exporter_and_session()
+    assert not lean_transport(exporter, session)
+    assert not isinstance(exporter._client._transport, Urllib3HTTPTransport)
+    assert not lean_transport(exporter, None)  # a credential provider's session: the SDK's
