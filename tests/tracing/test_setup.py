@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -205,10 +206,22 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
     )
     resource = Resource.create({"service.name": "pipeline-test"})
     spans = list(WireSpans(resource).of(delivery))
-    result = _raw_sender(exporter)(wire.request(resource.attributes, SCOPE, spans))  # type: ignore[misc]
+    result = _raw_sender(exporter)(wire.request(resource.attributes, SCOPE, spans))
     assert getattr(result, "success", True)
     assert [s.name for s in otlp.spans] == ["partition wait", "process orders", "guard", "handler"]
     assert {s.trace_id for s in otlp.spans} == {TRACEPARENT[3:35].decode()}
+
+    # A collector that is down: the export fails (the SDK logs it) and nothing raises.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port}/v1/traces")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
+    exporter, session = _exporter_and_session()
+    assert lean_transport(exporter, session)
+    down = _raw_sender(exporter)(wire.request(resource.attributes, SCOPE, spans))
+    assert getattr(down, "success", None) is False
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
 
     (tmp_path / "netrc").write_text("machine 127.0.0.1 login pipeline password secret\n")
     exporter, session = _exporter_and_session()
