@@ -81,6 +81,8 @@ class OtlpReceiver:
         """Listen on a free loopback port (in a daemon thread)."""
         self.spans: list[Span] = []
         self.bodies: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
+        """Each export request's headers (names in lower case)."""
         self._lock = threading.Lock()
         receiver = self
 
@@ -92,7 +94,7 @@ class OtlpReceiver:
                 if self.path != "/v1/traces":
                     self.send_error(404)
                     return
-                receiver.add(raw)
+                receiver.add(raw, {k.lower(): v for k, v in self.headers.items()})
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -113,11 +115,12 @@ class OtlpReceiver:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}/v1/traces"
 
-    def add(self, body: bytes) -> None:
-        """Keep one export request: its raw body and its decoded spans."""
+    def add(self, body: bytes, headers: dict[str, str] | None = None) -> None:
+        """Keep one export request: its raw body, its headers and its decoded spans."""
         spans = decode(body)
         with self._lock:
             self.bodies.append(body)
+            self.headers.append(headers or {})
             self.spans.extend(spans)
 
     def traces(self) -> dict[str, list[Span]]:

@@ -195,6 +195,7 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # none yet
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-collector-tenant=acme")
     exporter, session = _exporter_and_session()
     assert lean_transport(exporter, session)
     assert isinstance(exporter._client._transport, Urllib3HTTPTransport)
@@ -210,6 +211,10 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
     assert getattr(result, "success", True)
     assert [s.name for s in otlp.spans] == ["partition wait", "process orders", "guard", "handler"]
     assert {s.trace_id for s in otlp.spans} == {TRACEPARENT[3:35].decode()}
+    (headers,) = otlp.headers
+    assert headers["content-encoding"] == "gzip"
+    assert headers["x-collector-tenant"] == "acme"
+    assert headers["content-type"] == "application/x-protobuf"
 
     # A collector that is down: the export fails (the SDK logs it) and nothing raises.
     with socket.socket() as closed:
