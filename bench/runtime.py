@@ -108,7 +108,10 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    1's member in this process (no Redis) are the extra fields ending in ``_bare`` (their CPU is
    this process's own, the exporting child not in it). ``tracing_export_us_per_delivery`` is
    the exporting process's encoding of one delivery's spans, timed in a loop here
-   (``tracing_export_sdk_us_per_delivery``: the SDK's spans and encoder for the same record).
+   (``tracing_export_sdk_us_per_delivery``: the SDK's spans and encoder for the same record);
+   ``tracing_exporter_cpu_us_per_delivery`` the real exporting process's CPU per delivery,
+   50,000 records made by the hooks piped to it and sent to the sink (start-up not counted);
+   ``tracing_hooks_on_us_per_msg`` the hooks' own time per delivery with tracing on.
 
 The last line printed is one JSON object::
 
@@ -172,7 +175,11 @@ from lane_process import Drain, ProcessBenchError
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from tracing_parts import (
+    PIPED_DELIVERIES,
+    delivery_records,
     export_encode_s,
+    exporter_cpu_s,
+    member_hooks_on_s,
     member_hooks_s,
     off_overhead,
     otlp_sink,
@@ -1222,13 +1229,16 @@ class TracingCost:
     bare_on: list[Span] = field(default_factory=list)
     bare_tenth: list[Span] = field(default_factory=list)
     hooks_s: float = 0.0
+    hooks_on_s: float = 0.0
     export_s: float = 0.0
     export_sdk_s: float = 0.0
+    exporter_s: float | None = None
+    """The exporting process's CPU seconds per piped delivery, its start-up not counted."""
 
 
 async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
     """Tracing off and on, over messages carrying a traceparent: ``pipeline consume``, then bare."""
-    result = TracingCost(hooks_s=member_hooks_s())
+    result = TracingCost(hooks_s=member_hooks_s(), hooks_on_s=member_hooks_on_s())
     result.export_s, result.export_sdk_s = export_encode_s()
     spec = wire_spec(_name("traced_lane"))
     lane_topics = TopicSpec.model_validate(spec).topic_names()
@@ -1240,6 +1250,9 @@ async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
         topic = await h.produce(name, n, KEYS, _traceparent)
         modes = ["off", "all", "tenth"]
         with otlp_sink() as endpoint:
+            piped = delivery_records(PIPED_DELIVERIES)
+            result.exporter_s = exporter_cpu_s(piped, endpoint) / len(piped)
+            del piped
             envs = {
                 "off": None,
                 "all": traced_env(endpoint),
@@ -1301,6 +1314,10 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_off_msgs_s": round(_med([s.msgs_s for s in tr.off])),
         "tracing_on_msgs_s": round(_med([s.msgs_s for s in tr.on])),
         "tracing_hooks_us_per_msg": _r(tr.hooks_s * 1e6),
+        "tracing_hooks_on_us_per_msg": _r(tr.hooks_on_s * 1e6, 2),
+        "tracing_exporter_cpu_us_per_delivery": (
+            _r(tr.exporter_s * 1e6, 2) if tr.exporter_s is not None else None
+        ),
         "tracing_export_us_per_delivery": _r(tr.export_s * 1e6, 2),
         "tracing_export_sdk_us_per_delivery": _r(tr.export_sdk_s * 1e6, 1),
         "tracing_off_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.off])),

@@ -13,6 +13,13 @@
   delivery record (a handled first delivery with a ``traceparent``: partition wait, process,
   guard and handler spans) into OTLP bytes, timed in a tight loop here;
   ``tracing_export_sdk_us_per_delivery`` the same with the SDK's span objects and encoder.
+* ``tracing_hooks_on_us_per_msg``: the same hooks as ``tracing_off_overhead`` times, with
+  tracing on at 100 % (recording into a buffer nobody ships): what a traced delivery costs the
+  traced process's own thread.
+* ``tracing_exporter_cpu_us_per_delivery``: CPU microseconds of the real exporting process
+  (``python -m pipeline.tracing.export``, OTLP/HTTP to the sink) per delivery, for
+  ``PIPED_DELIVERIES`` records made by the member's hooks and piped to it as the traced
+  process's thread writes them; its start-up (an empty run's CPU) is not counted.
 * ``tracing_export_us_per_request`` (``bench/ingress.py``): the same for one accepted webhook's
   records (its request span with the ``verify`` and ``log commit`` stages and a tenant, and the
   send of its event under the request's ``traceparent``); ``tracing_export_sdk_us_per_request``
@@ -22,6 +29,7 @@
 from __future__ import annotations
 
 import contextlib
+import marshal
 import os
 import subprocess
 import sys
@@ -29,13 +37,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from common import BenchError
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 
 from pipeline import tracing
 from pipeline.envelope import Message
-from pipeline.tracing.export import Spans, WireSpans
-from pipeline.tracing.record import DELIVERY, SEND, WEBHOOK, Record
+from pipeline.tracing import spans
+from pipeline.tracing.export import HEADER, READY, Spans, WireSpans
+from pipeline.tracing.record import DELIVERY, SEND, WEBHOOK, Buffer, Record, Sampler
 
 SINK = Path(__file__).resolve().parent / "otlp_sink.py"
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -116,6 +126,96 @@ def member_hooks_s() -> float:
         pass
 
     return max(0.0, _timed(HOOK_LOOPS, one) - _timed(HOOK_LOOPS, empty))
+
+
+def _delivery(message: Message) -> None:
+    """The hooks of one handled delivery, as chain.py and handling.py call them."""
+    delivery = tracing.process(message, "lane")
+    if delivery is not None:
+        tracing.admitted(delivery)
+        token = tracing.guard_entered(delivery)
+        tracing.handler_ran("lane", time.perf_counter(), None)
+        tracing.guard_left(delivery, token)
+        tracing.finish(delivery, "handled")
+
+
+def _recording(limit: int) -> Buffer:
+    """Tracing on at 100 %, recording into a buffer of ``limit`` records that nobody ships."""
+    buffer = Buffer(limit, limit, lambda: None)
+    spans.install(buffer, Sampler(lambda _trace, _name: True, follow=False, always=True), "kafka")
+    return buffer
+
+
+def member_hooks_on_s() -> float:
+    """Seconds the member's hooks take per delivery with tracing on at 100 %."""
+    message = Message("t", 0, 1, b"k", b"v", {"traceparent": TRACEPARENT}, 1)
+    rounds, loop = 5, HOOK_LOOPS // 5
+    buffer = _recording(loop + 1)
+    best = float("inf")
+    try:
+        for _ in range(rounds):
+            buffer.take()
+            started = time.perf_counter()
+            for _ in range(loop):
+                _delivery(message)
+            best = min(best, (time.perf_counter() - started) / loop)
+    finally:
+        spans.install(None)
+    return best
+
+
+PIPED_DELIVERIES = 50_000
+PIPE_BATCH = 512
+"""Records per write, as the traced process's thread hands them (the default batch size)."""
+
+
+def delivery_records(n: int) -> list[Record]:
+    """``n`` handled first deliveries' records, made by the member's hooks (12 partitions)."""
+    buffer = _recording(n + 1)
+    try:
+        for i in range(n):
+            headers = {"traceparent": TRACEPARENT, "pl-tenant": b"tenant-%d" % (i % 50)}
+            _delivery(Message("orders", i % 12, i, b"key-%d" % (i % 1000), b"v", headers, 1))
+    finally:
+        spans.install(None)
+    return buffer.take()
+
+
+def exporter_cpu_s(records: list[Record], endpoint: str) -> float:
+    """CPU seconds the exporting process spends on ``records``, its start-up not counted."""
+    return max(0.0, _exporter_run(records, endpoint) - _exporter_run([], endpoint))
+
+
+def _exporter_run(records: list[Record], endpoint: str) -> float:
+    """The exporting process's CPU seconds for ``records`` piped to it, start to exit."""
+    env = {**os.environ, **traced_env(endpoint)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.tracing.export", "bench"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdin is not None  # noqa: S101 - piped above
+    assert proc.stdout is not None  # noqa: S101
+    try:
+        if proc.stdout.read(len(READY)) != READY:
+            raise RuntimeError(
+                "the exporting process did not start (python -m pipeline.tracing.export)"
+            )
+        for start in range(0, len(records), PIPE_BATCH):
+            body = marshal.dumps(records[start : start + PIPE_BATCH])
+            proc.stdin.write(HEADER.pack(len(body)) + body)
+        proc.stdin.close()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    if proc.returncode != 0:
+        raise BenchError(f"the exporting process exited with {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime
 
 
 def ingress_hooks_s() -> float:
