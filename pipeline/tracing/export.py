@@ -76,6 +76,10 @@ class Spans:
         self.resource = resource
         self.scope = InstrumentationScope(SCOPE)
 
+    def encoded(self, records: list[Record]) -> list[Any]:
+        """The spans of ``records``, in order."""
+        return [span for record in records for span in self.of(record)]
+
     def of(self, record: Record) -> Iterator[Any]:
         """The span a ``SPAN`` or ``SEND`` record is, a ``WEBHOOK``'s, or a ``DELIVERY``'s."""
         kind = record[0]
@@ -271,6 +275,16 @@ class WireSpans(Spans):
     send's from :mod:`.wire_ingress`, which write the same bytes from parts kept encoded.
     """
 
+    def encoded(self, records: list[Record]) -> list[Any]:
+        """The spans of ``records``, in order (a delivery's straight from its encoder)."""
+        out: list[Any] = []
+        for record in records:
+            if record[0] == DELIVERY:
+                out += delivery_spans(record)
+            else:
+                out.extend(self.of(record))
+        return out
+
     def of(self, record: Record) -> Iterator[Any]:
         """The encoded span a ``SPAN`` or ``SEND`` record is, or a request's or delivery's."""
         kind = record[0]
@@ -350,7 +364,7 @@ def main() -> None:
     sys.stdout.buffer.flush()
     try:
         for records in batches(sys.stdin.buffer):
-            out = [span for record in records for span in spans.of(record)]
+            out = spans.encoded(records)
             for start in range(0, len(out), size):
                 if send is not None:
                     send(otlp.request(resource.attributes, SCOPE, out[start : start + size]))

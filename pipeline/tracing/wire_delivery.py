@@ -79,7 +79,13 @@ def _outcome(outcome: str | None) -> bytes:
     return otlp.attribute("pipeline.outcome", outcome or "unrouted")
 
 
+def _tenant(tenant: bytes) -> bytes:
+    return otlp.utf8_attribute(_TENANT, utf8(tenant))
+
+
 _ATTEMPTS: _Kept[bytes | None] = _Kept(_attempt)
+_TENANTS: _Kept[bytes] = _Kept(_tenant)
+"""Tenants repeat; like the other tables it starts afresh past ``_KEPT_MAX`` values."""
 _COUNTS: _Kept[int] = _Kept(_delivery_count)
 _OUTCOMES: _Kept[str | None] = _Kept(_outcome)
 
@@ -291,25 +297,24 @@ def _process_attributes(
     events: list[tuple[str, int, dict[str, Any] | None]] | None,
 ) -> bytes:
     """The process span's attributes, events and status, in :class:`.export.Spans`' order."""
-    attributes = [
-        parts.destination,
-        otlp.utf8_attribute(_MESSAGE_ID, b"%d-%d" % (partition, offset)),
-        parts.lane,
-        _ATTEMPTS[attempt],
-        _COUNTS[delivery_count],
-    ]
-    if tenant:
-        attributes.append(otlp.utf8_attribute(_TENANT, utf8(tenant)))
-    if parts.kafka:
-        attributes.append(otlp.int_attribute(_OFFSET, offset))
-    if key is not None:
-        attributes.append(otlp.utf8_attribute(KAFKA_KEY, utf8(key)))
-    attributes.append(_OUTCOMES[outcome])
+    tail = _OUTCOMES[outcome]
     if events:
-        attributes.append(otlp.span_events(events))
+        tail += otlp.span_events(events)
     if outcome is None:
-        attributes.append(_UNROUTED)
-    return b"".join(attributes)
+        tail += _UNROUTED
+    return b"".join(
+        (
+            parts.destination,
+            otlp.utf8_attribute(_MESSAGE_ID, b"%d-%d" % (partition, offset)),
+            parts.lane,
+            _ATTEMPTS[attempt],
+            _COUNTS[delivery_count],
+            _TENANTS[tenant] if tenant else b"",
+            otlp.int_attribute(_OFFSET, offset) if parts.kafka else b"",
+            b"" if key is None else otlp.utf8_attribute(KAFKA_KEY, utf8(key)),
+            tail,
+        )
+    )
 
 
 def utf8(raw: bytes) -> bytes:

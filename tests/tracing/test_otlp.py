@@ -316,3 +316,18 @@ def test_every_shape_of_request_and_send_is_written_as_the_sdk_writes_it() -> No
         assert _spans(ours, made_here) == _spans(theirs, made_here), label
         expected = len(record[10]) + 1 if record[0] == WEBHOOK else 1  # stages and request
         assert len(_spans(ours)) == expected, label
+
+
+def test_a_batch_is_encoded_as_its_records_one_by_one() -> None:
+    """``encoded`` (the exporting process's loop) gives what ``of`` gives record by record."""
+    resource = Resource.create({"service.name": "pipeline-test"})
+    batch = [*records(), *DELIVERY_VARIANTS.values(), *REQUEST_VARIANTS.values()]
+    for kind in (WireSpans, Spans):
+        state = random.getstate()
+        one_by_one = [span for record in batch for span in kind(resource).of(record)]
+        random.setstate(state)
+        together = kind(resource).encoded(batch)
+        if kind is WireSpans:
+            assert together == one_by_one
+        else:
+            assert [s.name for s in together] == [s.name for s in one_by_one]
