@@ -237,3 +237,29 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
     assert not lean_transport(exporter, session)
     assert not isinstance(exporter._client._transport, Urllib3HTTPTransport)
     assert not lean_transport(exporter, None)  # a credential provider's session: the SDK's
+
+
+def test_an_exporting_process_that_dies_costs_one_warning_and_nothing_else(
+    traced: OtlpReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed under the traced process: its records are dropped, the stages never see it.
+
+    The hooks keep working, the shutdown does not wait for the dead process, and the loss is
+    said once.
+    """
+    shipper = setup._shipper
+    assert shipper is not None
+    shipper._process.kill()
+    shipper._process.wait()
+    message = Message("t", 0, 1, b"k", b"v", {"traceparent": TRACEPARENT}, 1)
+    for offset in range(2_000):  # several batches: the thread writes some, the shutdown the rest
+        delivery = tracing.process(message, "lane")
+        assert delivery is not None
+        tracing.guard_left(delivery, tracing.guard_entered(delivery))
+        tracing.finish(delivery, "handled" if offset % 2 else "retried")
+    tracing.shutdown()
+    lost = [r for r in caplog.records if "exporting process exited" in r.getMessage()]
+    assert len(lost) == 1
+    assert lost[0].levelname == "WARNING"
+    assert traced.spans == []
+    assert not tracing.on()
