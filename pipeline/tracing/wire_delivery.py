@@ -96,8 +96,6 @@ class _Parts:
 
     wait: otlp.FixedSpan
     """Partition wait: its name, kind and one attribute, the partition, fixed."""
-    partition: bytes
-    """Partition wait's one attribute; also the process span's fifth."""
     process: bytes
     """Process: name and kind."""
     destination: bytes
@@ -123,7 +121,6 @@ def _parts(system: str, topic: str, partition: int, lane: str) -> _Parts:
     lane_attribute = otlp.attribute("pipeline.lane", lane)
     return _Parts(
         wait=otlp.fixed_span(otlp.name_and_kind("partition wait", _INTERNAL), partition_id),
-        partition=partition_id,
         process=otlp.name_and_kind(f"process {topic}", otlp.KIND["consumer"]),
         destination=b"".join(destination),
         lane=lane_attribute,
