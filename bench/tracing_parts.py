@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import marshal
 import os
 import subprocess
@@ -109,34 +110,33 @@ def _timed(loop: int, body: object) -> float:
     return best
 
 
+def _delivery(message: Message, started_s: float) -> None:
+    """The hooks of one handled delivery, as chain.py and handling.py call them.
+
+    ``started_s``: when the handler started (``time.perf_counter``). With tracing off only the
+    first and the handler's are called, each returning at once.
+    """
+    delivery = tracing.process(message, "lane")
+    if delivery is None:
+        tracing.handler_ran("lane", started_s, None)
+        return
+    tracing.admitted(delivery)
+    token = tracing.guard_entered(delivery)
+    tracing.handler_ran("lane", started_s, None)
+    tracing.guard_left(delivery, token)
+    tracing.finish(delivery, "handled")
+
+
 def member_hooks_s() -> float:
     """Seconds the member's tracing hooks take per message with tracing off."""
     message = Message("t", 0, 1, b"k", b"v", {"traceparent": TRACEPARENT}, 1)
 
-    def one() -> None:  # as chain.py and handling.py call them
-        delivery = tracing.process(message, "lane")
-        if delivery is not None:
-            tracing.admitted(delivery)
-            tracing.guard_left(delivery, tracing.guard_entered(delivery))
-        tracing.handler_ran("lane", 0.0, None)
-        if delivery is not None:
-            tracing.finish(delivery, "handled")
-
-    def empty() -> None:
+    def nothing(_message: Message, _started_s: float) -> None:
         pass
 
+    one = functools.partial(_delivery, message, 0.0)
+    empty = functools.partial(nothing, message, 0.0)  # the same call, without the hooks
     return max(0.0, _timed(HOOK_LOOPS, one) - _timed(HOOK_LOOPS, empty))
-
-
-def _delivery(message: Message) -> None:
-    """The hooks of one handled delivery, as chain.py and handling.py call them."""
-    delivery = tracing.process(message, "lane")
-    if delivery is not None:
-        tracing.admitted(delivery)
-        token = tracing.guard_entered(delivery)
-        tracing.handler_ran("lane", time.perf_counter(), None)
-        tracing.guard_left(delivery, token)
-        tracing.finish(delivery, "handled")
 
 
 def _recording(limit: int) -> Buffer:
@@ -157,7 +157,7 @@ def member_hooks_on_s() -> float:
             buffer.take()
             started = time.perf_counter()
             for _ in range(loop):
-                _delivery(message)
+                _delivery(message, 0.0)
             best = min(best, (time.perf_counter() - started) / loop)
     finally:
         spans.install(None)
@@ -175,7 +175,8 @@ def delivery_records(n: int) -> list[Record]:
     try:
         for i in range(n):
             headers = {"traceparent": TRACEPARENT, "pl-tenant": b"tenant-%d" % (i % 50)}
-            _delivery(Message("orders", i % 12, i, b"key-%d" % (i % 1000), b"v", headers, 1))
+            message = Message("orders", i % 12, i, b"key-%d" % (i % 1000), b"v", headers, 1)
+            _delivery(message, time.perf_counter())
     finally:
         spans.install(None)
     return buffer.take()
@@ -199,9 +200,7 @@ def _exporter_run(records: list[Record], endpoint: str) -> float:
     assert proc.stdout is not None  # noqa: S101
     try:
         if proc.stdout.read(len(READY)) != READY:
-            raise RuntimeError(
-                "the exporting process did not start (python -m pipeline.tracing.export)"
-            )
+            raise BenchError("python -m pipeline.tracing.export did not start")
         for start in range(0, len(records), PIPE_BATCH):
             body = marshal.dumps(records[start : start + PIPE_BATCH])
             proc.stdin.write(HEADER.pack(len(body)) + body)
