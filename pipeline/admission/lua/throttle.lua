@@ -85,20 +85,20 @@ local function load_permit(tag, holder)
   return p
 end
 
--- KEY's reserve as (slots, min priority), or nil when it keeps none.
+-- KEY's reserve as {slots, min_prio}, or false when it keeps none.
 local function reserve_of(tag, key)
   local reserve = redis.call('HGET', tag .. ':reserve', key)
-  if not reserve then return nil, nil end
+  if not reserve then return false end
   local slots, min_prio = string.match(reserve, '^(%d+):(%d+)$')
-  return tonumber(slots), tonumber(min_prio)
+  return {slots = tonumber(slots), min_prio = tonumber(min_prio)}
 end
 
 -- The slots of KEY a permit of priority `prio` may fill: the limit, less the reserve kept
--- for better priorities.
-local function room_of(tag, key, prio, default_limit)
+-- for better priorities. `reserve`: KEY's, if the caller read it already (reserve_of).
+local function room_of(tag, key, prio, default_limit, reserve)
+  if reserve == nil then reserve = reserve_of(tag, key) end
   local limit = limit_of(tag, key, default_limit)
-  local slots, min_prio = reserve_of(tag, key)
-  if slots and prio < min_prio then return limit - slots end
+  if reserve and prio < reserve.min_prio then return limit - reserve.slots end
   return limit
 end
 
@@ -109,18 +109,20 @@ local function best_waiter(tag, key)
   return head[1], MAX_PRIORITY - math.floor(tonumber(head[2]) / SEQ_SPAN)
 end
 
--- Count a permit of the reserve's priorities asking for KEY (and whether it queued).
-local function count_reserved(tag, key, prio, queued)
-  local slots, min_prio = reserve_of(tag, key)
-  if not slots or prio < min_prio then return end
+-- Count a permit of the reserve's priorities asking for KEY (and whether it queued), given
+-- KEY's reserve (reserve_of).
+local function count_reserved(tag, key, prio, reserve, queued)
+  if not reserve or prio < reserve.min_prio then return end
   redis.call('HINCRBY', tag .. ':reserved', key, 1)
   if queued then redis.call('HINCRBY', tag .. ':reserved_queued', key, 1) end
 end
 
-local function can_take(tag, key, default_limit, prio)
+-- `reserve` as for room_of.
+local function can_take(tag, key, default_limit, prio, reserve)
   local _, waiting_prio = best_waiter(tag, key)
   if waiting_prio and waiting_prio >= prio then return false end
-  return redis.call('ZCARD', tag .. ':h:' .. key) < room_of(tag, key, prio, default_limit)
+  local held = redis.call('ZCARD', tag .. ':h:' .. key)
+  return held < room_of(tag, key, prio, default_limit, reserve)
 end
 
 local function grant_slot(tag, key, holder, expiry, now)
@@ -138,15 +140,16 @@ local function advance(tag, holder, p, now, default_limit)
   local expiry = now + p.lease_ms
   while p.next <= #p.keys do
     local key = p.keys[p.next]
-    if not can_take(tag, key, default_limit, tonumber(p.prio)) then
+    local reserve = reserve_of(tag, key)  -- read once: for the room and for the counts
+    if not can_take(tag, key, default_limit, tonumber(p.prio), reserve) then
       local rank = (MAX_PRIORITY - tonumber(p.prio)) * SEQ_SPAN + tonumber(p.seq)
       redis.call('ZADD', tag .. ':w:' .. key, rank, holder)
       redis.call('SADD', tag .. ':active', key)
       redis.call('HSET', tag .. ':p:' .. holder, 'next', p.next, 'state', 'waiting')
-      count_reserved(tag, key, tonumber(p.prio), true)
+      count_reserved(tag, key, tonumber(p.prio), reserve, true)
       return false
     end
-    count_reserved(tag, key, tonumber(p.prio), false)
+    count_reserved(tag, key, tonumber(p.prio), reserve, false)
     grant_slot(tag, key, holder, expiry, now)
     p.next = p.next + 1
   end
