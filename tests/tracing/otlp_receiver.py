@@ -74,6 +74,11 @@ def decode(body: bytes) -> list[Span]:
     return spans
 
 
+class _Server(ThreadingHTTPServer):
+    block_on_close = False
+    """Closing does not wait for the threads of connections a client still keeps open."""
+
+
 class OtlpReceiver:
     """Receives OTLP/HTTP protobuf traces on ``endpoint`` until :meth:`close`."""
 
@@ -83,10 +88,14 @@ class OtlpReceiver:
         self.bodies: list[bytes] = []
         self.headers: list[dict[str, str]] = []
         """Each export request's headers (names in lower case)."""
+        self.peers: list[tuple[str, int]] = []
+        """Each export request's client address: requests on one kept connection share one."""
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # connections are kept, as collectors keep them
+
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length", "0")))
                 if self.headers.get("content-encoding") == "gzip":
@@ -94,7 +103,9 @@ class OtlpReceiver:
                 if self.path != "/v1/traces":
                     self.send_error(404)
                     return
-                receiver.add(raw, {k.lower(): v for k, v in self.headers.items()})
+                receiver.add(
+                    raw, {k.lower(): v for k, v in self.headers.items()}, self.client_address
+                )
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -105,7 +116,7 @@ class OtlpReceiver:
             def log_message(self, *_args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -115,12 +126,15 @@ class OtlpReceiver:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}/v1/traces"
 
-    def add(self, body: bytes, headers: dict[str, str] | None = None) -> None:
-        """Keep one export request: its raw body, its headers and its decoded spans."""
+    def add(
+        self, body: bytes, headers: dict[str, str] | None = None, peer: tuple[str, int] = ("", 0)
+    ) -> None:
+        """Keep one export request: its raw body, headers, client address and decoded spans."""
         spans = decode(body)
         with self._lock:
             self.bodies.append(body)
             self.headers.append(headers or {})
+            self.peers.append(peer)
             self.spans.extend(spans)
 
     def traces(self) -> dict[str, list[Span]]:

@@ -173,10 +173,10 @@ def _exporter_and_session() -> tuple[Any, Any]:
     return OTLPSpanExporter(session=session), session
 
 
-def test_spans_leave_through_urllib3_unless_requests_adds_something(
+def test_spans_leave_without_requests_unless_it_adds_something(
     otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The SDK's urllib3 transport sends, compressed as configured, to a real receiver.
+    """A kept ``http.client`` connection sends, compressed as configured, to a real receiver.
 
     A proxy the environment names for the endpoint, a ``.netrc`` entry for its host or a
     credential provider's session keep ``requests``, which uses them.
@@ -188,6 +188,7 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
 
     from pipeline.tracing import otlp as wire  # noqa: PLC0415
     from pipeline.tracing.export import SCOPE, WireSpans, _raw_sender, lean_transport  # noqa: PLC0415
+    from pipeline.tracing.plain_http import PlainHTTPTransport  # noqa: PLC0415
 
     for name in _PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -198,7 +199,7 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-collector-tenant=acme")
     exporter, session = _exporter_and_session()
     assert lean_transport(exporter, session)
-    assert isinstance(exporter._client._transport, Urllib3HTTPTransport)
+    assert isinstance(exporter._client._transport, PlainHTTPTransport)
     t0 = 1_764_590_000_000_000_000
     delivery = (
         *("d", TRACEPARENT, t0 - 5_000, t0, 0, None, 0, 0, t0 + 4_000, t0 + 20_000),
@@ -215,6 +216,7 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
     assert headers["content-encoding"] == "gzip"
     assert headers["x-collector-tenant"] == "acme"
     assert headers["content-type"] == "application/x-protobuf"
+    exporter.shutdown()  # closes the kept connection
 
     # A collector that is down: the export fails (the SDK logs it) and nothing raises.
     with socket.socket() as closed:
@@ -235,8 +237,32 @@ def test_spans_leave_through_urllib3_unless_requests_adds_something(
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
     exporter, session = _exporter_and_session()
     assert not lean_transport(exporter, session)
-    assert not isinstance(exporter._client._transport, Urllib3HTTPTransport)
+    assert not isinstance(exporter._client._transport, (Urllib3HTTPTransport, PlainHTTPTransport))
     assert not lean_transport(exporter, None)  # a credential provider's session: the SDK's
+
+
+def test_a_tls_endpoint_is_sent_to_through_the_sdks_urllib3_transport(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``https://``: the SDK's urllib3 transport, with the CA bundle ``requests`` would use."""
+    from opentelemetry.exporter.http.transport._urllib3 import (  # noqa: PLC0415
+        Urllib3HTTPTransport,
+    )
+
+    from pipeline.tracing.export import lean_transport  # noqa: PLC0415
+
+    for name in _PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "collector-ca.pem"))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://collector.example/v1/traces")
+    exporter, session = _exporter_and_session()
+    assert lean_transport(exporter, session)
+    transport = exporter._client._transport
+    assert isinstance(transport, Urllib3HTTPTransport)
+    assert transport._pool.connection_pool_kw["ca_certs"] == str(tmp_path / "collector-ca.pem")
+    exporter.shutdown()
 
 
 def test_an_exporting_process_that_dies_costs_one_warning_and_nothing_else(
