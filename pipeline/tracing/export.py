@@ -437,8 +437,8 @@ def lean_transport(exporter: OTLPSpanExporter, session: requests.Session | None)
     TLS one the SDK's urllib3 transport with the CA bundle and client certificate ``requests``
     would use. Either way the exporter's client keeps its endpoint, headers, compression,
     timeout and retries. ``requests`` stays where it adds something: a credential provider's
-    session, a proxy the environment names for the endpoint, a ``.netrc`` entry for its host, or
-    an SDK without the transports.
+    session, a proxy the environment names for the endpoint, a ``.netrc`` entry for its host, a
+    user and password in the endpoint's URL, or an SDK without the transports.
     """
     client = getattr(exporter, "_client", None)
     endpoint = getattr(client, "_endpoint", None)
@@ -450,6 +450,8 @@ def lean_transport(exporter: OTLPSpanExporter, session: requests.Session | None)
         return False  # a transport the SDK made otherwise
     if settings["proxies"] or requests.utils.get_netrc_auth(endpoint):
         return False
+    if "@" in urlsplit(endpoint).netloc:
+        return False  # user and password in the URL: requests sends them as Basic auth
     try:
         from opentelemetry.exporter.http.transport._urllib3 import (  # noqa: PLC0415
             Urllib3HTTPTransport,

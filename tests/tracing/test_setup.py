@@ -173,33 +173,21 @@ def _exporter_and_session() -> tuple[Any, Any]:
     return OTLPSpanExporter(session=session), session
 
 
-def test_spans_leave_without_requests_unless_it_adds_something(
-    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """A kept ``http.client`` connection sends, compressed as configured, to a real receiver.
-
-    A proxy the environment names for the endpoint, a ``.netrc`` entry for its host or a
-    credential provider's session keep ``requests``, which uses them.
-    """
-    from opentelemetry.exporter.http.transport._urllib3 import (  # noqa: PLC0415
-        Urllib3HTTPTransport,
-    )
-    from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
-
-    from pipeline.tracing import otlp as wire  # noqa: PLC0415
-    from pipeline.tracing.export import SCOPE, WireSpans, _raw_sender, lean_transport  # noqa: PLC0415
-    from pipeline.tracing.plain_http import PlainHTTPTransport  # noqa: PLC0415
-
+def _no_proxy_or_netrc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No proxy variables; ``NETRC`` names a file that does not exist yet (returned)."""
     for name in _PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # none yet
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-collector-tenant=acme")
-    exporter, session = _exporter_and_session()
-    assert lean_transport(exporter, session)
-    assert isinstance(exporter._client._transport, PlainHTTPTransport)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    return tmp_path / "netrc"
+
+
+def _one_delivery() -> tuple[Any, list[Any]]:
+    """The service's resource and the encoded spans of one handled delivery."""
+    from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+
+    from pipeline.tracing.export import WireSpans  # noqa: PLC0415
+
     t0 = 1_764_590_000_000_000_000
     delivery = (
         *("d", TRACEPARENT, t0 - 5_000, t0, 0, None, 0, 0, t0 + 4_000, t0 + 20_000),
@@ -207,9 +195,36 @@ def test_spans_leave_without_requests_unless_it_adds_something(
         *(None, 1, b"tenant-a", b"key-1", "handled", None, None),
     )
     resource = Resource.create({"service.name": "pipeline-test"})
-    spans = list(WireSpans(resource).of(delivery))
-    result = _raw_sender(exporter)(wire.request(resource.attributes, SCOPE, spans))
-    assert getattr(result, "success", True)
+    return resource, list(WireSpans(resource).of(delivery))
+
+
+def _export(exporter: Any) -> Any:
+    """Send the spans of one delivery through ``exporter``'s client; its result."""
+    from pipeline.tracing import otlp as wire  # noqa: PLC0415
+    from pipeline.tracing.export import SCOPE, _raw_sender  # noqa: PLC0415
+
+    resource, spans = _one_delivery()
+    return _raw_sender(exporter)(wire.request(resource.attributes, SCOPE, spans))
+
+
+def test_spans_leave_over_a_kept_connection_to_a_plain_http_collector(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A kept ``http.client`` connection sends, compressed as configured, to a real receiver.
+
+    A collector that is down fails the export (the SDK logs it) and nothing raises.
+    """
+    from pipeline.tracing.export import lean_transport  # noqa: PLC0415
+    from pipeline.tracing.plain_http import PlainHTTPTransport  # noqa: PLC0415
+
+    _no_proxy_or_netrc(monkeypatch, tmp_path)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-collector-tenant=acme")
+    exporter, session = _exporter_and_session()
+    assert lean_transport(exporter, session)
+    assert isinstance(exporter._client._transport, PlainHTTPTransport)
+    assert _export(exporter).success
     assert [s.name for s in otlp.spans] == ["partition wait", "process orders", "guard", "handler"]
     assert {s.trace_id for s in otlp.spans} == {TRACEPARENT[3:35].decode()}
     (headers,) = otlp.headers
@@ -218,7 +233,6 @@ def test_spans_leave_without_requests_unless_it_adds_something(
     assert headers["content-type"] == "application/x-protobuf"
     exporter.shutdown()  # closes the kept connection
 
-    # A collector that is down: the export fails (the SDK logs it) and nothing raises.
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
@@ -226,18 +240,39 @@ def test_spans_leave_without_requests_unless_it_adds_something(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
     exporter, session = _exporter_and_session()
     assert lean_transport(exporter, session)
-    down = _raw_sender(exporter)(wire.request(resource.attributes, SCOPE, spans))
-    assert getattr(down, "success", None) is False
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    assert _export(exporter).success is False
 
-    (tmp_path / "netrc").write_text("machine 127.0.0.1 login pipeline password secret\n")
+
+def test_requests_stays_where_it_adds_something(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A ``.netrc`` entry, a user and password in the URL, a proxy or a credential provider.
+
+    ``requests`` uses each (the URL's user and password arrive as Basic auth), so the
+    exporter's own transport is kept.
+    """
+    from pipeline.tracing.export import lean_transport  # noqa: PLC0415
+
+    netrc = _no_proxy_or_netrc(monkeypatch, tmp_path)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    netrc.write_text("machine 127.0.0.1 login pipeline password secret\n")
     exporter, session = _exporter_and_session()
     assert not lean_transport(exporter, session)
-    (tmp_path / "netrc").unlink()
+    netrc.unlink()
+
+    with_user = otlp.endpoint.replace("http://", "http://pipeline:secret@")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", with_user)
+    exporter, session = _exporter_and_session()
+    assert not lean_transport(exporter, session)
+    assert _export(exporter).success
+    assert otlp.headers[-1]["authorization"] == "Basic cGlwZWxpbmU6c2VjcmV0"
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
     exporter, session = _exporter_and_session()
+    transport = exporter._client._transport
     assert not lean_transport(exporter, session)
-    assert not isinstance(exporter._client._transport, (Urllib3HTTPTransport, PlainHTTPTransport))
+    assert exporter._client._transport is transport  # the SDK's requests transport
     assert not lean_transport(exporter, None)  # a credential provider's session: the SDK's
 
 
@@ -251,10 +286,7 @@ def test_a_tls_endpoint_is_sent_to_through_the_sdks_urllib3_transport(
 
     from pipeline.tracing.export import lean_transport  # noqa: PLC0415
 
-    for name in _PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    _no_proxy_or_netrc(monkeypatch, tmp_path)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "collector-ca.pem"))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://collector.example/v1/traces")
     exporter, session = _exporter_and_session()
