@@ -32,6 +32,8 @@ _MORE = 0x80
 _SMALL = [bytes((i,)) for i in range(_MORE)]
 _TWO_BYTES = 1 << 14
 """Values below this are two varint bytes (or one)."""
+_FOUR_BYTES = 1 << 28
+"""Values below this are at most four varint bytes (a Kafka offset, most often)."""
 
 
 def varint(value: int) -> bytes:
@@ -42,6 +44,17 @@ def varint(value: int) -> bytes:
         value += 1 << 64
     if value < _TWO_BYTES:
         return bytes(((value & 0x7F) | _MORE, value >> 7))
+    if value < _FOUR_BYTES:
+        if value < 1 << 21:
+            return bytes(((value & 0x7F) | _MORE, (value >> 7 & 0x7F) | _MORE, value >> 14))
+        return bytes(
+            (
+                (value & 0x7F) | _MORE,
+                (value >> 7 & 0x7F) | _MORE,
+                (value >> 14 & 0x7F) | _MORE,
+                value >> 21,
+            )
+        )
     out = bytearray()
     while value >= _MORE:
         out.append((value & 0x7F) | _MORE)

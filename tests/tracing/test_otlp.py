@@ -184,7 +184,8 @@ def test_the_wire_encoding_matches_the_sdk_encoder() -> None:
 
 def test_varints_of_every_size_and_negative_int64() -> None:
     """Varints decode back as protobuf does (negative int64 as ten bytes)."""
-    for value in itertools.chain(range(300), (2**14, 2**21 + 5, 2**63 - 1)):
+    edges = (2**14 - 1, 2**14, 2**21 - 1, 2**21, 2**21 + 5, 2**28 - 1, 2**28, 2**35, 2**63 - 1)
+    for value in itertools.chain(range(300), range(2**14 - 3, 2**14 + 300, 7), edges):
         raw = otlp.varint(value)
         decoded, shift = 0, 0
         for byte in raw:
