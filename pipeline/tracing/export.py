@@ -450,7 +450,8 @@ def lean_transport(exporter: OTLPSpanExporter, session: requests.Session | None)
         return False  # a transport the SDK made otherwise
     if settings["proxies"] or requests.utils.get_netrc_auth(endpoint):
         return False
-    if "@" in urlsplit(endpoint).netloc:
+    url = urlsplit(endpoint)
+    if "@" in url.netloc:
         return False  # user and password in the URL: requests sends them as Basic auth
     try:
         from opentelemetry.exporter.http.transport._urllib3 import (  # noqa: PLC0415
@@ -460,7 +461,7 @@ def lean_transport(exporter: OTLPSpanExporter, session: requests.Session | None)
         from pipeline.tracing.plain_http import PlainHTTPTransport  # noqa: PLC0415
     except ImportError:  # an SDK before the transports
         return False
-    if urlsplit(endpoint).scheme == "http":
+    if url.scheme == "http":
         client._transport = PlainHTTPTransport()  # type: ignore[union-attr] # noqa: SLF001
     else:
         client._transport = Urllib3HTTPTransport(  # type: ignore[union-attr] # noqa: SLF001

@@ -117,6 +117,14 @@ def _kv(key: str, value: Any) -> bytes:
     return _str(1, key) + _len(2, any_value(value))
 
 
+TRACE_ID_TAG = b"\x0a\x10"
+"""A ``Span``'s trace id field (1, 16 bytes), before its bytes."""
+_SPAN_TAG = b"\x12\x08"
+_PARENT_TAG = b"\x22\x08"
+_START_TAG = 0x39
+_END_TAG = 0x41
+
+
 def span(
     trace_id: bytes,
     span_id: int,
@@ -132,21 +140,21 @@ def span(
 ) -> bytes:
     """One ``Span``, as the ``spans`` field of a ``ScopeSpans`` (``trace_id`` as its 16 bytes)."""
     out = [
-        b"\x0a\x10",
+        TRACE_ID_TAG,
         trace_id,
-        b"\x12\x08",
+        _SPAN_TAG,
         span_id.to_bytes(8, "big"),
     ]
     if parent_id:
-        out += (b"\x22\x08", parent_id.to_bytes(8, "big"))
+        out += (_PARENT_TAG, parent_id.to_bytes(8, "big"))
     out += (
         name_and_kind(name, kind),
-        TIMES.pack(0x39, start_ns, 0x41, end_ns),
+        TIMES.pack(_START_TAG, start_ns, _END_TAG, end_ns),
         attributes(9, attrs),
         span_events(events),
     )
     for link_trace, link_span in links or ():
-        body = b"\x0a\x10" + link_trace.to_bytes(16, "big") + b"\x12\x08"
+        body = TRACE_ID_TAG + link_trace.to_bytes(16, "big") + _SPAN_TAG
         out.append(_len(13, body + link_span.to_bytes(8, "big")))
     out += (status(error), FLAGS)
     return spans_field(b"".join(out))
@@ -175,17 +183,17 @@ def joined_span(
     (no parent: empty), ``name_kind`` from :func:`name_and_kind`, ``tail`` the attributes,
     events and status, encoded.
     """
-    parent = b"\x22\x08" + parent_id if parent_id else b""
+    parent = _PARENT_TAG + parent_id if parent_id else b""
     size = len(trace) + len(parent) + len(name_kind) + len(tail) + _JOINED_FIXED
     return b"".join(
         (
             b"\x12" + varint(size),
             trace,
-            b"\x12\x08",
+            _SPAN_TAG,
             span_id,
             parent,
             name_kind,
-            TIMES.pack(0x39, start, 0x41, end),
+            TIMES.pack(_START_TAG, start, _END_TAG, end),
             tail,
             FLAGS,
         )
@@ -198,12 +206,6 @@ _JOINED_FIXED = 2 + 8 + TIMES.size + len(FLAGS)
 FixedSpan: TypeAlias = Callable[[bytes, bytes, bytes, int, int], bytes]
 """``(trace id, span id, parent id, start, end)`` to the span, as :func:`fixed_span` makes it."""
 
-_TRACE_TAG = b"\x0a\x10"
-_SPAN_TAG = b"\x12\x08"
-_PARENT_TAG = b"\x22\x08"
-_START_TAG = 0x39
-_END_TAG = 0x41
-
 
 def fixed_span(name_kind: bytes, tail: bytes) -> FixedSpan:
     """The writer of spans that have a parent and whose name, kind and tail never change.
@@ -212,8 +214,8 @@ def fixed_span(name_kind: bytes, tail: bytes) -> FixedSpan:
     bytes), its span and parent ids (eight bytes each) and its times change, and none of them
     changes the span's length, so the length and every tag are laid out once, here.
     """
-    size = len(_TRACE_TAG) + 16 + len(_PARENT_TAG) + 8 + len(name_kind) + len(tail)
-    head = b"\x12" + varint(size + _JOINED_FIXED) + _TRACE_TAG
+    size = len(TRACE_ID_TAG) + 16 + len(_PARENT_TAG) + 8 + len(name_kind) + len(tail)
+    head = b"\x12" + varint(size + _JOINED_FIXED) + TRACE_ID_TAG
     end = tail + FLAGS
     pack = struct.Struct(f"<{len(head)}s16s2s8s2s8s{len(name_kind)}sBQBQ{len(end)}s").pack
 

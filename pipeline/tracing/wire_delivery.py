@@ -192,7 +192,7 @@ def delivery_spans(record: Record) -> list[bytes]:
     attributes = _process_attributes(
         parts, partition, offset, attempt, delivery_count, tenant, key, outcome, events
     )
-    trace = b"\x0a\x10" + trace_id
+    trace = otlp.TRACE_ID_TAG + trace_id
     out.append(
         otlp.joined_span(trace, process_id, parent_id, parts.process, entered, end, attributes)
     )

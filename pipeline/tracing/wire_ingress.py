@@ -67,7 +67,7 @@ def webhook_spans(record: Record) -> list[bytes] | None:
     extra = w.attributes
     if extra and not _SERVER_KEYS.isdisjoint(extra):
         return None
-    trace = b"\x0a\x10" + w.trace_id.to_bytes(16, "big")
+    trace = otlp.TRACE_ID_TAG + w.trace_id.to_bytes(16, "big")
     span_id = span_id_bytes(w.span_id)
     out = [
         otlp.joined_span(
@@ -118,7 +118,7 @@ def send_span(record: Record) -> bytes:
         tail += otlp.span_events(s.events) + otlp.status(s.error)
     trace_id, parent = wire_context(s.carried)
     return otlp.joined_span(
-        b"\x0a\x10" + trace_id,
+        otlp.TRACE_ID_TAG + trace_id,
         span_id_bytes(s.span_id),
         parent,
         parts.name_kind,
