@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import marshal
 import os
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from opentelemetry.sdk.resources import Resource
 from pipeline import tracing
 from pipeline.envelope import Message
 from pipeline.tracing import spans
-from pipeline.tracing.export import HEADER, READY, Spans, WireSpans
+from pipeline.tracing.export import READY, Spans, WireSpans, frame
 from pipeline.tracing.record import DELIVERY, SEND, WEBHOOK, Buffer, Record, Sampler
 
 SINK = Path(__file__).resolve().parent / "otlp_sink.py"
@@ -202,8 +201,7 @@ def _exporter_run(records: list[Record], endpoint: str) -> float:
         if proc.stdout.read(len(READY)) != READY:
             raise BenchError("python -m pipeline.tracing.export did not start")
         for start in range(0, len(records), PIPE_BATCH):
-            body = marshal.dumps(records[start : start + PIPE_BATCH])
-            proc.stdin.write(HEADER.pack(len(body)) + body)
+            proc.stdin.write(frame(records[start : start + PIPE_BATCH]))
         proc.stdin.close()
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)

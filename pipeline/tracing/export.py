@@ -334,6 +334,15 @@ def _context(trace_id: int, span_id: int) -> SpanContext:
     return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
 
 
+def frame(records: list[Record]) -> bytes:
+    """``records`` as one write to the exporting process: its length, then the marshalled list.
+
+    What :func:`batches` reads back.
+    """
+    body = marshal.dumps(records)  # the same interpreter reads it; no code, no memo
+    return HEADER.pack(len(body)) + body
+
+
 def batches(stream: BinaryIO) -> Iterator[list[Record]]:
     """The record lists written to ``stream``, until it closes."""
     while True:

@@ -3,15 +3,15 @@
 Like the SDK's batch span processor and with its variables: every ``OTEL_BSP_SCHEDULE_DELAY``
 ms, or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` records wait, the thread takes what the
 :class:`~.record.Buffer` holds (at most ``OTEL_BSP_MAX_QUEUE_SIZE``; beyond, records are
-dropped and counted) and writes it, marshalled and length-prefixed, to the standard input of
-``python -m pipeline.tracing.export``. Writing blocks only this thread, never a stage.
+dropped and counted) and writes it, marshalled and length-prefixed (:func:`.export.frame`), to
+the standard input of ``python -m pipeline.tracing.export``. Writing blocks only this thread,
+never a stage.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import marshal
 import os
 import subprocess
 import sys
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 from typing import IO
 
-from pipeline.tracing.export import HEADER, READY
+from pipeline.tracing.export import READY, frame
 from pipeline.tracing.record import Buffer, Record
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,10 @@ class Shipper:
         if not records or self._broken:
             return
         stdin: IO[bytes] | None = self._process.stdin
-        body = marshal.dumps(records)  # the same interpreter reads it; no code, no memo
+        framed = frame(records)
         try:
             assert stdin is not None  # noqa: S101 - opened with stdin=PIPE
-            stdin.write(HEADER.pack(len(body)))
-            stdin.write(body)
+            stdin.write(framed)
             stdin.flush()
         except (OSError, ValueError):
             self._broken = True
