@@ -13,9 +13,10 @@ consumer starts with that directory as its working directory, either as
 :func:`drain` gives the handler the write end of a pipe (``BENCH_OUT_FD``); a thread here reads
 it and counts bytes. The timed span runs from the first byte to the ``expected``-th, so process
 start, imports and the group join are outside it; the CPU time of the consumer's process tree
-(psutil) is read at both ends. :class:`PrivateRedis` is a ``redis-server`` of the run's own on a
-free loopback port, so ``INFO commandstats`` before and after counts only that consumer's
-commands.
+(psutil) is read at both ends, whole and split between its main thread, its other threads and
+its child processes (:class:`CpuParts`). :class:`PrivateRedis` is a ``redis-server`` of the
+run's own on a free loopback port, so ``INFO commandstats`` before and after counts only that
+consumer's commands.
 """
 
 from __future__ import annotations
@@ -198,6 +199,40 @@ def tree_cpu_s(proc: psutil.Process) -> float:
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class CpuParts:
+    """CPU seconds of a consumer split three ways: its main thread (the event loop, where every
+    stage runs), its other threads (the Kafka client's, the span shipper's, librdkafka's), and
+    its child processes (the exporting process of traced runs)."""
+
+    main: float = 0.0
+    threads: float = 0.0
+    children: float = 0.0
+
+    def __sub__(self, other: CpuParts) -> CpuParts:
+        """The CPU used between ``other`` and this reading."""
+        return CpuParts(
+            self.main - other.main, self.threads - other.threads, self.children - other.children
+        )
+
+
+def cpu_parts(proc: psutil.Process) -> CpuParts:
+    """The consumer's :class:`CpuParts` now (threads of the process itself, from ``/proc``)."""
+    main = threads = children = 0.0
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for t in proc.threads():
+            used = t.user_time + t.system_time
+            if t.id == proc.pid:
+                main += used
+            else:
+                threads += used
+        for child in proc.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                c = child.cpu_times()
+                children += c.user + c.system
+    return CpuParts(main, threads, children)
+
+
 @dataclass(slots=True)
 class Drain:
     """One consumer process over a backlog: the span from the first byte to the last."""
@@ -208,6 +243,12 @@ class Drain:
     stats: dict[str, Any] = field(default_factory=dict)
     """What the handler counted (``checked`` mode) and what the harness added."""
     redis_calls: dict[str, int] | None = None
+    parts: CpuParts = CpuParts()
+    """``cpu_s`` split between the main thread, the other threads and child processes."""
+
+    def us_per_msg(self, part: str) -> float:
+        """One of :attr:`parts` (``main``, ``threads``, ``children``) in µs per message."""
+        return float(getattr(self.parts, part)) * 1e6 / self.messages
 
     @property
     def msgs_s(self) -> float:
@@ -238,6 +279,7 @@ class ByteCounter(threading.Thread):
         self.proc = proc
         self.count = 0
         self.t0 = self.t1 = self.cpu0 = self.cpu1 = 0.0
+        self.parts0 = self.parts1 = CpuParts()
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -245,9 +287,11 @@ class ByteCounter(threading.Thread):
         while chunk := os.read(self.fd, 65536):
             if self.count == 0:
                 self.t0, self.cpu0 = time.perf_counter(), tree_cpu_s(self.proc)
+                self.parts0 = cpu_parts(self.proc)
             self.count += len(chunk)
             if self.count >= self.expected and not self.done.is_set():
                 self.t1, self.cpu1 = time.perf_counter(), tree_cpu_s(self.proc)
+                self.parts1 = cpu_parts(self.proc)
                 self.done.set()
 
 
@@ -326,7 +370,12 @@ async def drain(
             file=sys.stderr,
             flush=True,
         )
-    result = Drain(expected, counter.t1 - counter.t0, counter.cpu1 - counter.cpu0)
+    result = Drain(
+        expected,
+        counter.t1 - counter.t0,
+        counter.cpu1 - counter.cpu0,
+        parts=counter.parts1 - counter.parts0,
+    )
     if stats_path.exists():
         result.stats = json.loads(stats_path.read_text(encoding="utf-8"))
     result.stats |= extra | {"bytes_after_stop": counter.count, "exit_code": proc.returncode}

@@ -104,7 +104,11 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    ``tracing_overhead_10pct`` = the same ratio as ``tracing_overhead`` with one message in ten
    sampled upstream (its ``traceparent`` flags; the default parent-based sampler follows);
    ``tracing_off_cpu_s_per_10k`` / ``tracing_on_cpu_s_per_10k`` = the consumer's process tree's
-   CPU per 10k messages (medians; the exporting child process is in it). The same runs of part
+   CPU per 10k messages (medians; the exporting child process is in it), split in
+   ``tracing_<off|on>_<part>_us_per_msg`` (medians, µs per message) between the consumer's
+   ``main`` thread (its event loop: every stage and the tracing hooks), its other ``threads``
+   (the Kafka client's, the span shipper's, librdkafka's) and its ``children`` (the exporting
+   process). The same runs of part
    1's member in this process (no Redis) are the extra fields ending in ``_bare`` (their CPU is
    this process's own, the exporting child not in it). ``tracing_export_us_per_delivery`` is
    the exporting process's encoding of one delivery's spans, timed in a loop here
@@ -1323,6 +1327,10 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_off_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.off])),
         "tracing_on_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.on])),
     }
+    for mode, runs in (("off", tr.off), ("on", tr.on)):
+        for part in ("main", "threads", "children"):
+            value = _med([s.us_per_msg(part) for s in runs])
+            out[f"tracing_{mode}_{part}_us_per_msg"] = _r(value, 1)
     if tr.bare_off:
         bare_cpu = _med([s.cpu_s / s.messages for s in tr.bare_off])
         out |= {
