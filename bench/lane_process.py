@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import psutil
 from ingress import free_port
@@ -199,11 +199,19 @@ def tree_cpu_s(proc: psutil.Process) -> float:
     return total
 
 
+CpuPart = Literal["main", "threads", "children"]
+CPU_PARTS: tuple[CpuPart, ...] = ("main", "threads", "children")
+
+
 @dataclass(frozen=True, slots=True)
 class CpuParts:
-    """CPU seconds of a consumer split three ways: its main thread (the event loop, where every
-    stage runs), its other threads (the Kafka client's, the span shipper's, librdkafka's), and
-    its child processes (the exporting process of traced runs)."""
+    """CPU seconds of a consumer split three ways.
+
+    Its main thread (the event loop, where every stage runs), its other threads (the Kafka
+    client's, the span shipper's, librdkafka's) and its child processes (the exporting process
+    of traced runs). Read from ``/proc`` in clock ticks (10 ms), as the process tree's total: at
+    20,000 messages a reading is good to about 0.5 µs a message.
+    """
 
     main: float = 0.0
     threads: float = 0.0
@@ -246,8 +254,8 @@ class Drain:
     parts: CpuParts = CpuParts()
     """``cpu_s`` split between the main thread, the other threads and child processes."""
 
-    def us_per_msg(self, part: str) -> float:
-        """One of :attr:`parts` (``main``, ``threads``, ``children``) in µs per message."""
+    def us_per_msg(self, part: CpuPart) -> float:
+        """One of :attr:`parts` in µs per message."""
         return float(getattr(self.parts, part)) * 1e6 / self.messages
 
     @property

@@ -175,7 +175,7 @@ from guarded import (
     consume_run,
     wire_spec,
 )
-from lane_process import Drain, ProcessBenchError
+from lane_process import CPU_PARTS, Drain, ProcessBenchError
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from tracing_parts import (
@@ -1328,7 +1328,7 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_on_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.on])),
     }
     for mode, runs in (("off", tr.off), ("on", tr.on)):
-        for part in ("main", "threads", "children"):
+        for part in CPU_PARTS:
             value = _med([s.us_per_msg(part) for s in runs])
             out[f"tracing_{mode}_{part}_us_per_msg"] = _r(value, 1)
     if tr.bare_off:
