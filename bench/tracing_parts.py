@@ -44,7 +44,7 @@ from opentelemetry.sdk.resources import Resource
 from pipeline import tracing
 from pipeline.envelope import Message
 from pipeline.tracing import spans
-from pipeline.tracing.export import READY, Spans, WireSpans, frame
+from pipeline.tracing.export import MAX_EXPORT_BATCH, READY, Spans, WireSpans, frame
 from pipeline.tracing.record import DELIVERY, SEND, WEBHOOK, Buffer, Record, Sampler
 
 SINK = Path(__file__).resolve().parent / "otlp_sink.py"
@@ -164,8 +164,6 @@ def member_hooks_on_s() -> float:
 
 
 PIPED_DELIVERIES = 50_000
-PIPE_BATCH = 512
-"""Records per write, as the traced process's thread hands them (the default batch size)."""
 
 
 def delivery_records(n: int) -> list[Record]:
@@ -200,8 +198,8 @@ def _exporter_run(records: list[Record], endpoint: str) -> float:
     try:
         if proc.stdout.read(len(READY)) != READY:
             raise BenchError("python -m pipeline.tracing.export did not start")
-        for start in range(0, len(records), PIPE_BATCH):
-            proc.stdin.write(frame(records[start : start + PIPE_BATCH]))
+        for start in range(0, len(records), MAX_EXPORT_BATCH):
+            proc.stdin.write(frame(records[start : start + MAX_EXPORT_BATCH]))
         proc.stdin.close()
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)

@@ -55,6 +55,9 @@ from pipeline.tracing.wire_ingress import send_span, webhook_spans
 HEADER = struct.Struct(">I")
 READY = b"r"
 SCOPE = "pipeline"
+MAX_EXPORT_BATCH = 512
+"""The SDK's default ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``: records per write to this process (the
+traced process's thread) and spans per request from it."""
 NICENESS = 10
 """Exporting yields the CPU to the pipeline's own work: on a busy machine spans wait (up to
 ``OTEL_BSP_MAX_QUEUE_SIZE``) rather than messages."""
@@ -334,6 +337,18 @@ def _context(trace_id: int, span_id: int) -> SpanContext:
     return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
 
 
+def bsp_setting(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A batch processor setting (``OTEL_BSP_*``) of ``environ``, at least 1.
+
+    ``default`` if it is unset or not a number; the traced process's thread and the exporting
+    process read the same variables so.
+    """
+    try:
+        return max(1, int(environ.get(name, "") or default))
+    except ValueError:
+        return default
+
+
 def frame(records: list[Record]) -> bytes:
     """``records`` as one write to the exporting process: its length, then the marshalled list.
 
@@ -367,8 +382,7 @@ def main() -> None:
     lean_transport(exporter, session)
     send = _raw_sender(exporter)
     spans = WireSpans(resource) if send is not None else Spans(resource)
-    size_setting = os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").encode() or None
-    size = max(1, int_or(size_setting, 512))
+    size = bsp_setting(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH)
     freeze_startup()  # full collections skip the SDK's and the exporter's start-up objects
     sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
     sys.stdout.buffer.flush()

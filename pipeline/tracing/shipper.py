@@ -19,17 +19,10 @@ import threading
 from collections.abc import Mapping
 from typing import IO
 
-from pipeline.tracing.export import READY, frame
+from pipeline.tracing.export import MAX_EXPORT_BATCH, READY, bsp_setting, frame
 from pipeline.tracing.record import Buffer, Record
 
 log = logging.getLogger(__name__)
-
-
-def _setting(environ: Mapping[str, str], name: str, default: int) -> int:
-    try:
-        return max(1, int(environ.get(name, "") or default))
-    except ValueError:
-        return default
 
 
 class Shipper:
@@ -37,11 +30,11 @@ class Shipper:
 
     def __init__(self, environ: Mapping[str, str], service: str) -> None:
         """Start the exporting process (it inherits the environment) and the thread."""
-        self.delay_s = _setting(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.delay_s = bsp_setting(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self._wake = threading.Event()
         self.buffer = Buffer(
-            _setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048),
-            _setting(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
+            bsp_setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048),
+            bsp_setting(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH),
             self._wake.set,
         )
         self._process = subprocess.Popen(  # noqa: S603 - this interpreter, our own module
