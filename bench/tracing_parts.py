@@ -44,7 +44,8 @@ from opentelemetry.sdk.resources import Resource
 from pipeline import tracing
 from pipeline.envelope import Message
 from pipeline.tracing import spans
-from pipeline.tracing.export import MAX_EXPORT_BATCH, READY, Spans, WireSpans, frame
+from pipeline.tracing.export import MAX_EXPORT_BATCH, READY, Spans, WireSpans
+from pipeline.tracing.framing import frame
 from pipeline.tracing.record import DELIVERY, SEND, WEBHOOK, Buffer, Record, Sampler
 
 SINK = Path(__file__).resolve().parent / "otlp_sink.py"

@@ -2,9 +2,11 @@
 
 Run by :class:`pipeline.tracing.shipper.Shipper` as ``python -m pipeline.tracing.export
 SERVICE``; reads length-prefixed marshalled lists of :mod:`.record` tuples on its standard input
-until it closes, writes each as OTLP ``Span`` messages (a delivery becomes its spans, with the
-``messaging.*`` attributes built here from the message's fields: :mod:`.wire_delivery`; a
-request's and a send's: :mod:`.wire_ingress`; other spans: :mod:`.otlp`) and sends them with
+until it closes (:mod:`.framing`) and, once the traced process pauses or a batch has waited
+``OTEL_BSP_SCHEDULE_DELAY`` (:mod:`.pacing`), writes each as OTLP ``Span`` messages (a
+delivery becomes its spans, with the ``messaging.*`` attributes built here from the message's
+fields: :mod:`.wire_delivery`; a request's and a send's: :mod:`.wire_ingress`; other spans:
+:mod:`.otlp`) and sends them with
 the SDK's OTLP/HTTP exporter's own client (over a kept ``http.client`` connection, or the SDK's
 urllib3 transport for TLS, unless ``requests`` has something to add: :func:`lean_transport`),
 in requests of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans. An exporter without such a client gets
@@ -23,10 +25,9 @@ import contextlib
 import marshal
 import os
 import signal
-import struct
 import sys
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -38,6 +39,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from pipeline.heap import freeze_startup
 from pipeline.tracing import otlp
+from pipeline.tracing.framing import FrameReader
+from pipeline.tracing.pacing import Backlog, CpuWatch, cpu_seconds_of, paced
 from pipeline.tracing.record import (
     DELIVERY,
     SEND,
@@ -52,12 +55,14 @@ from pipeline.tracing.record import (
 from pipeline.tracing.wire_delivery import delivery_spans, int_or, trace_context
 from pipeline.tracing.wire_ingress import send_span, webhook_spans
 
-HEADER = struct.Struct(">I")
 READY = b"r"
 SCOPE = "pipeline"
 MAX_EXPORT_BATCH = 512
 """The SDK's default ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``: records per write to this process (the
 traced process's thread) and spans per request from it."""
+SCHEDULE_DELAY_MS = 5000
+"""The SDK's default ``OTEL_BSP_SCHEDULE_DELAY``: how long a record may wait in the traced
+process's buffer, and then here (:mod:`.pacing`)."""
 NICENESS = 10
 """Exporting yields the CPU to the pipeline's own work: on a busy machine spans wait (up to
 ``OTEL_BSP_MAX_QUEUE_SIZE``) rather than messages."""
@@ -349,28 +354,6 @@ def bsp_setting(environ: Mapping[str, str], name: str, default: int) -> int:
         return default
 
 
-def frame(records: list[Record]) -> bytes:
-    """``records`` as one write to the exporting process: its length, then the marshalled list.
-
-    What :func:`batches` reads back.
-    """
-    body = marshal.dumps(records)  # the same interpreter reads it; no code, no memo
-    return HEADER.pack(len(body)) + body
-
-
-def batches(stream: BinaryIO) -> Iterator[list[Record]]:
-    """The record lists written to ``stream``, until it closes."""
-    while True:
-        head = stream.read(HEADER.size)
-        if len(head) < HEADER.size:
-            return
-        (size,) = HEADER.unpack(head)
-        body = stream.read(size)
-        if len(body) < size:
-            return
-        yield marshal.loads(body)  # noqa: S302 - written by the parent, same interpreter
-
-
 def main() -> None:
     """Export what the standard input brings until it closes, then flush and exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C: it closes our input
@@ -383,17 +366,22 @@ def main() -> None:
     send = _raw_sender(exporter)
     spans = WireSpans(resource) if send is not None else Spans(resource)
     size = bsp_setting(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH)
+    delay_s = bsp_setting(os.environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS) / 1000
+
+    def export(body: bytes) -> None:
+        out = spans.encoded(marshal.loads(body))  # noqa: S302 - the parent's, same interpreter
+        for start in range(0, len(out), size):
+            if send is not None:
+                send(otlp.request(resource.attributes, SCOPE, out[start : start + size]))
+            else:
+                exporter.export(out[start : start + size])
+
     freeze_startup()  # full collections skip the SDK's and the exporter's start-up objects
     sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
     sys.stdout.buffer.flush()
+    watch = CpuWatch(cpu_seconds_of(os.getppid()))
     try:
-        for records in batches(sys.stdin.buffer):
-            out = spans.encoded(records)
-            for start in range(0, len(out), size):
-                if send is not None:
-                    send(otlp.request(resource.attributes, SCOPE, out[start : start + size]))
-                else:
-                    exporter.export(out[start : start + size])
+        paced(FrameReader(sys.stdin.fileno()), Backlog(delay_s), watch.busy, export)
     finally:
         exporter.shutdown()  # type: ignore[no-untyped-call]
 

@@ -3,7 +3,7 @@
 Like the SDK's batch span processor and with its variables: every ``OTEL_BSP_SCHEDULE_DELAY``
 ms, or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` records wait, the thread takes what the
 :class:`~.record.Buffer` holds (at most ``OTEL_BSP_MAX_QUEUE_SIZE``; beyond, records are
-dropped and counted) and writes it, marshalled and length-prefixed (:func:`.export.frame`), to
+dropped and counted) and writes it, marshalled and length-prefixed (:func:`.framing.frame`), to
 the standard input of ``python -m pipeline.tracing.export``. Writing blocks only this thread,
 never a stage.
 """
@@ -19,7 +19,8 @@ import threading
 from collections.abc import Mapping
 from typing import IO
 
-from pipeline.tracing.export import MAX_EXPORT_BATCH, READY, bsp_setting, frame
+from pipeline.tracing.export import MAX_EXPORT_BATCH, READY, SCHEDULE_DELAY_MS, bsp_setting
+from pipeline.tracing.framing import frame
 from pipeline.tracing.record import Buffer, Record
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class Shipper:
 
     def __init__(self, environ: Mapping[str, str], service: str) -> None:
         """Start the exporting process (it inherits the environment) and the thread."""
-        self.delay_s = bsp_setting(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.delay_s = bsp_setting(environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS) / 1000
         self._wake = threading.Event()
         self.buffer = Buffer(
             bsp_setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048),
