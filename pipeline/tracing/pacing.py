@@ -67,16 +67,17 @@ class CpuWatch:
         """Watch what ``cpu_s`` reads, measured over windows of ``window_s``."""
         self._cpu_s = cpu_s
         self._window_s = window_s
-        self._from_s = 0.0
+        self._from_s = float("-inf")  # the first call reads
         self._from_cpu_s: float | None = None
         self._busy = False
 
     def busy(self, now_s: float) -> bool:
         """Whether the process used at least :data:`BUSY_SHARE` of a core in the last window.
 
-        ``now_s`` is ``time.monotonic()``; the verdict changes once a window has passed.
+        ``now_s`` is ``time.monotonic()``; the verdict changes, and ``/proc`` is read, once a
+        window has passed.
         """
-        if now_s - self._from_s < self._window_s and self._from_cpu_s is not None:
+        if now_s - self._from_s < self._window_s:
             return self._busy
         used_s = self._cpu_s()
         if used_s is None:
