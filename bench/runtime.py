@@ -103,12 +103,17 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    ``tracing_off_overhead`` = 1 - the off hooks' time per message ÷ the off run's CPU per message;
    ``tracing_overhead_10pct`` = the same ratio as ``tracing_overhead`` with one message in ten
    sampled upstream (its ``traceparent`` flags; the default parent-based sampler follows);
+   ``tracing_overhead_unexported`` = the same ratio with tracing on at 100 % and a batch queue of
+   one record (``OTEL_BSP_MAX_QUEUE_SIZE=1``): every hook runs in the consumer and what it
+   records is dropped at once, so nothing is shipped or exported, and the ratio is what the
+   traced process's own hooks cost in place, the rest of ``tracing_overhead`` being the
+   shipping and exporting;
    ``tracing_off_cpu_s_per_10k`` / ``tracing_on_cpu_s_per_10k`` = the consumer's process tree's
    CPU per 10k messages (medians; the exporting child process is in it), split in
-   ``tracing_<off|on>_<part>_us_per_msg`` (medians, µs per message) between the consumer's
-   ``main`` thread (its event loop: every stage and the tracing hooks), its other ``threads``
-   (the Kafka client's, the span shipper's, librdkafka's) and its ``children`` (the exporting
-   process). The same runs of part
+   ``tracing_<off|on|unexported>_<part>_us_per_msg`` (medians, µs per message) between the
+   consumer's ``main`` thread (its event loop: every stage and the tracing hooks), its other
+   ``threads`` (the Kafka client's, the span shipper's, librdkafka's) and its ``children`` (the
+   exporting process). The same runs of part
    1's member in this process (no Redis) are the extra fields ending in ``_bare`` (their CPU is
    this process's own, the exporting child not in it). ``tracing_export_us_per_delivery`` is
    the exporting process's encoding of one delivery's spans, timed in a loop here
@@ -1229,6 +1234,8 @@ class TracingCost:
     off: list[Drain] = field(default_factory=list)
     on: list[Drain] = field(default_factory=list)
     tenth: list[Drain] = field(default_factory=list)
+    unexported: list[Drain] = field(default_factory=list)
+    """On at 100 % with a batch queue of one: the hooks run, their records are dropped."""
     bare_off: list[Span] = field(default_factory=list)
     bare_on: list[Span] = field(default_factory=list)
     bare_tenth: list[Span] = field(default_factory=list)
@@ -1252,7 +1259,7 @@ async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
     try:
         await h.produce(spec["name"], n, KEYS, _traceparent)
         topic = await h.produce(name, n, KEYS, _traceparent)
-        modes = ["off", "all", "tenth"]
+        modes = ["off", "all", "tenth", "unexported"]
         with otlp_sink() as endpoint:
             piped = delivery_records(PIPED_DELIVERIES)
             result.exporter_s = exporter_cpu_s(piped, endpoint) / len(piped)
@@ -1261,23 +1268,29 @@ async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
                 "off": None,
                 "all": traced_env(endpoint),
                 "tenth": traced_env(endpoint, sampled_only=True),
+                "unexported": traced_env(endpoint, unexported=True),
+            }
+            runs = {
+                "off": result.off,
+                "all": result.on,
+                "tenth": result.tenth,
+                "unexported": result.unexported,
             }
             for i in range(repeats):
-                for mode in modes[i % 3 :] + modes[: i % 3]:
-                    drained = await consume_run(h, spec, n, envs[mode])
-                    {"off": result.off, "all": result.on, "tenth": result.tenth}[mode].append(
-                        drained
-                    )
+                for mode in modes[i % 4 :] + modes[: i % 4]:
+                    runs[mode].append(await consume_run(h, spec, n, envs[mode]))
                 print(
                     f"  tracing, pipeline consume {i + 1}/{repeats}: off "
                     f"{result.off[-1].msgs_s:,.0f}/s, on {result.on[-1].msgs_s:,.0f}/s, "
-                    f"10 % {result.tenth[-1].msgs_s:,.0f}/s",
+                    f"10 % {result.tenth[-1].msgs_s:,.0f}/s, "
+                    f"unexported {result.unexported[-1].msgs_s:,.0f}/s",
                     file=sys.stderr,
                     flush=True,
                 )
             await h.ours(topic, min(n, WARMUP_MESSAGES))
+            bare_modes = modes[:3]
             for i in range(repeats):
-                for mode in modes[i % 3 :] + modes[: i % 3]:
+                for mode in bare_modes[i % 3 :] + bare_modes[: i % 3]:
                     if mode == "off":
                         result.bare_off.append(await h.ours(topic, n))
                         continue
@@ -1314,6 +1327,9 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_overhead": _r(_med(_ratios(tr.on, tr.off))),
         "tracing_off_overhead": _r(off_overhead(tr.hooks_s, cpu_per_msg), 4),
         "tracing_overhead_10pct": _r(_med(_ratios(tr.tenth, tr.off))),
+        "tracing_overhead_unexported": (
+            _r(_med(_ratios(tr.unexported, tr.off))) if tr.unexported else None
+        ),
         "tracing_overhead_each": [_r(x) for x in _ratios(tr.on, tr.off)],
         "tracing_off_msgs_s": round(_med([s.msgs_s for s in tr.off])),
         "tracing_on_msgs_s": round(_med([s.msgs_s for s in tr.on])),
@@ -1327,7 +1343,9 @@ def _summary_tracing(tr: TracingCost | None) -> dict[str, Any]:
         "tracing_off_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.off])),
         "tracing_on_cpu_s_per_10k": _r(_med([s.cpu_per_10k for s in tr.on])),
     }
-    for mode, runs in (("off", tr.off), ("on", tr.on)):
+    for mode, runs in (("off", tr.off), ("on", tr.on), ("unexported", tr.unexported)):
+        if not runs:
+            continue
         for part in CPU_PARTS:
             value = _med([s.us_per_msg(part) for s in runs])
             out[f"tracing_{mode}_{part}_us_per_msg"] = _r(value, 1)

@@ -66,16 +66,20 @@ def otlp_sink() -> Iterator[str]:
         proc.wait(10)
 
 
-def traced_env(endpoint: str, *, sampled_only: bool = False) -> dict[str, str]:
+def traced_env(
+    endpoint: str, *, sampled_only: bool = False, unexported: bool = False
+) -> dict[str, str]:
     """The standard variables that turn tracing on at 100 % towards ``endpoint``.
 
     ``sampled_only``: the default parent-based sampler instead, which records only what the
-    caller's ``traceparent`` says is sampled.
+    caller's ``traceparent`` says is sampled. ``unexported``: a batch queue of one record
+    (``OTEL_BSP_MAX_QUEUE_SIZE=1``), so the traced process runs every hook and drops what they
+    record at once, and nothing reaches the exporting process: the hooks' own cost in place.
     """
     return {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
         "OTEL_TRACES_SAMPLER": "parentbased_always_on" if sampled_only else "always_on",
-        "OTEL_BSP_MAX_QUEUE_SIZE": "262144",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "1" if unexported else "262144",
         "OTEL_BSP_SCHEDULE_DELAY": "500",
     }
 
