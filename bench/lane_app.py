@@ -9,7 +9,9 @@ configured by the environment:
 * ``BENCH_MODE``:
 
   - ``count`` (default): a no-op handler that writes one byte per message to the file
-    descriptor ``BENCH_OUT_FD`` (a pipe the harness reads and counts);
+    descriptor ``BENCH_OUT_FD`` (a pipe the harness reads and counts); with
+    ``BENCH_COUNT_EVERY`` N > 1 it keeps the bytes and writes N at a time, so the harness's
+    reader is woken once per N messages (N must divide the messages the harness waits for);
   - ``checked``: the same byte, written once per message on its first success, plus in-process
     checks: two runs of one key at the same time (``key_overlaps``: a dict of keys running, exact
     within one process), a success after a later message of its key (``order_violations``,
@@ -44,6 +46,7 @@ app = App("topics")
 LANE = os.environ.get("BENCH_LANE", "bench")
 MODE = os.environ.get("BENCH_MODE", "count")
 OUT_FD = int(os.environ.get("BENCH_OUT_FD", "-1"))
+COUNT_EVERY = max(1, int(os.environ.get("BENCH_COUNT_EVERY", "1")))
 FAIL_MODULO = int(os.environ.get("BENCH_FAIL_MODULO", "0"))
 INJECT = os.environ.get("BENCH_INJECT", "1") != "0"
 HOLD_S = float(os.environ.get("BENCH_HOLD_MS", "1")) / 1000
@@ -67,7 +70,19 @@ def _dump() -> None:
         Path(STATS_PATH).write_text(json.dumps(stats), encoding="utf-8")
 
 
-if MODE == "count":
+if MODE == "count" and COUNT_EVERY > 1:
+    _kept = [0]
+    _BYTES = b"." * COUNT_EVERY
+
+    @app.handler(LANE)
+    async def count(_event: bytes, _ctx: Context) -> None:
+        """One byte per message to the harness's pipe, written ``COUNT_EVERY`` at a time."""
+        _kept[0] += 1
+        if _kept[0] == COUNT_EVERY:
+            _kept[0] = 0
+            os.write(OUT_FD, _BYTES)
+
+elif MODE == "count":
 
     @app.handler(LANE)
     async def count(_event: bytes, _ctx: Context) -> None:
