@@ -14,9 +14,11 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+
+T = TypeVar("T")
 
 META_POINTERS = {
     "tenant": {"pointer": "/entry/0/id"},
@@ -34,6 +36,13 @@ def cpu_s() -> float:
     """CPU seconds of this process, user plus system, every thread."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def rotated(items: Sequence[T], turn: int) -> list[T]:
+    """``items`` starting at position ``turn`` (modulo their count): the interleaved repeats'
+    order, so no runner always goes first."""
+    start = turn % len(items)
+    return [*items[start:], *items[:start]]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common import rotated
 from ingress import free_port
 from lane_process import Drain, PrivateRedis, bare_cmd, consume_cmd, drain, write_lane
 
@@ -173,9 +174,8 @@ async def bench_wire(h: Harness, n: int, repeats: int) -> Wire:
             await h.declare(TopicSpec.model_validate(spec))
             await h.produce(spec["name"], n, WIRE_KEYS)
         for i in range(repeats):
-            order = WIRE_RUNNERS[i % 4 :] + WIRE_RUNNERS[: i % 4]
             line = []
-            for runner in order:
+            for runner in rotated(WIRE_RUNNERS, i):
                 kind, lane = runner.split("_")
                 span = await _run(h, specs[lane], n, bare=kind == "bare")
                 result.runs[runner].append(span)

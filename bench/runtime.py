@@ -166,7 +166,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import confluent_kafka
-from common import BenchError, build_venv, cpu_s, package_versions
+from common import BenchError, build_venv, cpu_s, package_versions, rotated
 from confluent_kafka import Consumer as RawKafkaConsumer
 from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as RawTopicPartition
@@ -800,9 +800,8 @@ async def bench_throughput(
         await h.raw(topic, min(n, WARMUP_MESSAGES))
         order = [r for r in RUNNERS if r in runners]
         for i in range(repeats):
-            rotated = order[i % len(order) :] + order[: i % len(order)]
             line = []
-            for name in rotated:
+            for name in rotated(order, i):
                 if name in result.errors:
                     continue
                 try:
@@ -1221,7 +1220,7 @@ async def run(args: argparse.Namespace) -> Results:
                 ordered=not args.retry_unordered,
             )
         if "tracing" in args.parts:
-            res.tr = await bench_tracing(h, min(args.messages, TRACING_MESSAGES), args.repeats)
+            res.tr = await bench_tracing(h, tracing_messages(args), args.repeats)
         res.warnings = h.cleanup_warnings
         return res
     finally:
@@ -1282,7 +1281,7 @@ async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
                 "unexported": result.unexported,
             }
             for i in range(repeats):
-                for mode in modes[i % 4 :] + modes[: i % 4]:
+                for mode in rotated(modes, i):
                     runs[mode].append(await consume_run(h, spec, n, envs[mode]))
                 print(
                     f"  tracing, pipeline consume {i + 1}/{repeats}: off "
@@ -1293,9 +1292,8 @@ async def bench_tracing(h: Harness, n: int, repeats: int) -> TracingCost:
                     flush=True,
                 )
             await h.ours(topic, min(n, WARMUP_MESSAGES))
-            bare_modes = modes[:3]
             for i in range(repeats):
-                for mode in bare_modes[i % 3 :] + bare_modes[: i % 3]:
+                for mode in rotated(modes[:3], i):  # unexported: a consume run only
                     if mode == "off":
                         result.bare_off.append(await h.ours(topic, n))
                         continue
@@ -1379,6 +1377,12 @@ PARTS = ("throughput", "key_parallel", "wire", "retries", "tracing")
 TRACING_MESSAGES = 20_000
 
 
+def tracing_messages(args: argparse.Namespace) -> int:
+    """Messages per run of the tracing part: ``--messages``, at most :data:`TRACING_MESSAGES`."""
+    messages: int = args.messages
+    return min(messages, TRACING_MESSAGES)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run, print the tables and the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
@@ -1431,7 +1435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.messages, args.wire_messages, args.retry_messages = 5_000, 2_000, 2_000
         args.repeats = 1
-    counted = (args.wire_messages, min(args.messages, TRACING_MESSAGES))
+    counted = (args.wire_messages, tracing_messages(args))
     if any(n % args.count_every for n in counted):
         parser.error(
             f"--count-every {args.count_every} must divide the wire part's {counted[0]} and the"
