@@ -356,7 +356,11 @@ def bsp_setting(environ: Mapping[str, str], name: str, default: int) -> int:
 
 def main() -> None:
     """Export what the standard input brings until it closes, then flush and exit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C: it closes our input
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # Sent to the traced process's whole group (Ctrl-C, a hang-up, a service manager's stop):
+        # this process ends when its input closes, after exporting what the parent hands it
+        # while it stops.
+        signal.signal(stop, signal.SIG_IGN)
     _yield_cpu()
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -321,3 +322,58 @@ def test_an_exporting_process_that_dies_costs_one_warning_and_nothing_else(
     assert lost[0].levelname == "WARNING"
     assert traced.spans == []
     assert not tracing.on()
+
+
+_STOPPED_BY_ITS_GROUP = """
+import os, signal, sys
+from pipeline import tracing
+from pipeline.envelope import Message
+assert tracing.configure(os.environ, service="pipeline-test")
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+message = Message("t", 0, 1, b"k", b"v", {"traceparent": sys.argv[1].encode()}, 1)
+for offset in range(int(sys.argv[2])):
+    message.offset = offset
+    delivery = tracing.process(message, "lane")
+    tracing.guard_left(delivery, tracing.guard_entered(delivery))
+    tracing.finish(delivery, "handled")
+print("recorded", flush=True)
+while not stop:
+    signal.pause()
+tracing.shutdown()
+"""
+
+
+def test_a_service_manager_stopping_the_whole_group_loses_no_span(otlp: OtlpReceiver) -> None:
+    """SIGTERM to the traced process's group (systemd's default, ``kill -TERM -PGID``).
+
+    The exporting process is in that group too. It stays until its input closes, so what the
+    traced process hands it while stopping is still exported.
+    """
+    n = 300  # fewer than a batch: they wait in the traced process until it stops
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.endpoint,
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_BSP_SCHEDULE_DELAY": "60000",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_BY_ITS_GROUP, TRACEPARENT.decode(), str(n)],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,  # its own group, as under a service manager
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"recorded\n"
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    processed = [span for span in otlp.spans if span.name == "process t"]
+    assert len(processed) == n
