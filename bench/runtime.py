@@ -1421,7 +1421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="the wire and tracing parts' handler writes its byte per message N at a time, so "
         "the harness's reader wakes once per N messages (default 1: every message, as the "
-        "issue measures); N must divide --wire-messages and the tracing part's messages",
+        "issue measures); N must divide the message count of each of the two parts that runs",
     )
     parser.add_argument(
         "--parts", nargs="+", default=list(PARTS), choices=PARTS, help="parts to run, in order"
@@ -1435,12 +1435,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.messages, args.wire_messages, args.retry_messages = 5_000, 2_000, 2_000
         args.repeats = 1
-    counted = (args.wire_messages, tracing_messages(args))
-    if any(n % args.count_every for n in counted):
-        parser.error(
-            f"--count-every {args.count_every} must divide the wire part's {counted[0]} and the"
-            f" tracing part's {counted[1]} messages"
-        )
+    counted = {"wire": args.wire_messages, "tracing": tracing_messages(args)}
+    refused = {part: n for part, n in counted.items() if part in args.parts}
+    if any(n % args.count_every for n in refused.values()):
+        parts = " and ".join(f"the {part} part's {n}" for part, n in refused.items())
+        parser.error(f"--count-every {args.count_every} must divide {parts} messages")
     os.environ["BENCH_COUNT_EVERY"] = str(args.count_every)  # the consumers inherit it
     try:
         res = asyncio.run(run(args))
