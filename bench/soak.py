@@ -7,16 +7,19 @@ Run: ``make soak`` (``SOAK_MINUTES``, default 30; not part of CI), or
 sources at a steady ``--rate`` per second in all (``bench/ingress.py``'s requests and open-loop
 load, signed afresh for every 10-second slice): one source feeds a plain lane, the other a lane
 with a 1 s retry tier whose handler fails 2 % of the events once (so retries, parking and their
-Redis keys are exercised). One member process (this script with ``--member``) serves both lanes
-with parking on. Every 10 s the script samples, into a CSV: the RSS and open file descriptors of
-the ingress and of the member, the number of Redis keys of the run (by its uuid tag) and of the
-whole Redis, webhooks accepted, and events handled.
+Redis keys are exercised). One ``pipeline consume`` process serves both lanes as users run it
+(``bench/soak_app.py`` in the run's directory; Redis under the run's key prefix, the function
+channel, metrics on). Every 10 s the script samples, into a CSV: the RSS and open file
+descriptors of the ingress and of the member (each with its children), the number of Redis keys
+of the run (by its uuid tag) and of the whole Redis, webhooks accepted, and events handled. A
+member or ingress that exits early ends the run with its log's last lines.
 
 At the end it fits a least-squares line to each resource over the second half of the run (the
 first half is warm-up: caches, pools and the SQLite log fill up) and prints the slope per
 10 minutes. A resource is **flat** if its fitted growth over that half is within ``--tolerance``
 (default 10 %) of its mean there, or within a small absolute floor (1 MiB of RSS, 2 descriptors,
-20 keys). The last line is one JSON object; the exit status is 1 if anything grew.
+20 keys). The last line is one JSON object; the exit status is 1 if anything grew or the member
+did not stop within 20 s of SIGTERM (its exit code is `member_exit_code`).
 """
 
 from __future__ import annotations
@@ -28,25 +31,22 @@ import csv
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-import zlib
 from pathlib import Path
 from typing import Any
 
 import common
 import psutil
-from ingress import load, requests, start_ingress, stop
+from ingress import free_port, load, requests, start_ingress, stop
+from lane_process import PIPELINE_CLI, stop_process
 from redis.asyncio import Redis
 
-from pipeline.config import RuntimeSettings, load_settings
-from pipeline.runtime import App, Context
-from pipeline.runtime.member import Member
+from pipeline.config import load_settings
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
@@ -88,41 +88,43 @@ def write_config(workdir: Path, tag: str) -> None:
 
 # -- the member process -------------------------------------------------------------------------
 
+APP_FILE = Path(__file__).resolve().parent / "soak_app.py"
 
-async def member(tag: str, transport_name: str, handled_path: str) -> None:
-    """Serve both lanes until SIGTERM; one byte per handled event goes to ``handled_path``."""
-    settings = load_settings()
-    transport = create_transport(settings, transport_name)
-    redis = Redis.from_url(settings.redis.url)
-    fd = os.open(handled_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    app = App(specs(tag))
 
-    @app.handler("plain")
-    async def plain(_event: bytes, _ctx: Context) -> None:
-        os.write(fd, b".")
+class SoakError(Exception):
+    """A process of the run exited before the run's end."""
 
-    @app.handler("retry")
-    async def retry(_event: bytes, ctx: Context) -> None:
-        if ctx.attempt == 1 and zlib.crc32((ctx.event_id or "").encode()) % FAIL_MODULO == 0:
-            raise RuntimeError("injected failure (attempt 1)")
-        os.write(fd, b".")
 
-    stop_event = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop_event.set)
-    try:
-        runtime = Member(
-            app,
-            transport,
-            f"soak_{tag}_g",
-            RuntimeSettings(),
-            redis=redis,
-            redis_prefix=f"soak-{tag}",
+def start_member(
+    workdir: Path, tag: str, transport: str, handled_path: Path
+) -> subprocess.Popen[bytes]:
+    """``pipeline consume soak_app:app`` in ``workdir``, with a metrics port of its own."""
+    (workdir / "soak_app.py").write_bytes(APP_FILE.read_bytes())
+    env = {
+        **os.environ,
+        "PIPELINE_TRANSPORT": transport,
+        "PIPELINE_RUNTIME__METRICS_PORT": str(free_port()),
+        "SOAK_HANDLED": str(handled_path),
+        "SOAK_FAIL_MODULO": str(FAIL_MODULO),
+    }
+    with (workdir / "member.log").open("wb") as log:
+        return subprocess.Popen(
+            [str(PIPELINE_CLI), "consume", "soak_app:app", "--group", f"soak_{tag}_g"],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
         )
-        await runtime.run(stop_event)
-    finally:
-        os.close(fd)
-        await transport.close()
-        await redis.aclose()
+
+
+def check_running(label: str, proc: subprocess.Popen[bytes], log: Path | None = None) -> None:
+    """Raise :class:`SoakError` (with ``log``'s last lines) if ``proc`` has exited."""
+    if proc.poll() is None:
+        return
+    text = log.read_text(encoding="utf-8", errors="replace") if log and log.exists() else ""
+    tail = "".join(f"\n    {line}" for line in text.splitlines()[-5:])
+    raise SoakError(f"{label} exited with {proc.returncode} during the run{tail}")
 
 
 # -- sampling and the verdict -------------------------------------------------------------------
@@ -177,6 +179,9 @@ def verdict(rows: list[dict[str, float]], tolerance: float) -> dict[str, Any]:
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     """Run the load, sample every 10 s, and judge."""
     tag = uuid.uuid4().hex[:10]
+    # Every Redis key of the run (streams, the guard's, the throttle's) carries its tag: this
+    # process, the ingress and the member inherit the prefix.
+    os.environ["PIPELINE_REDIS__KEY_PREFIX"] = f"soak-{tag}"
     settings = load_settings()
     transport = create_transport(settings, args.transport)
     redis = Redis.from_url(settings.redis.url)
@@ -186,12 +191,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         write_config(workdir, tag)
         await apply(transport.admin(), specs(tag), 200_000, dry_run=False)
         handled_path = workdir / "handled"
-        member_proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-            [sys.executable, __file__, "--member", tag, args.transport, str(handled_path)],
-            stdout=subprocess.DEVNULL,
-        )
+        member_proc = start_member(workdir, tag, args.transport, handled_path)
         ingress_proc: subprocess.Popen[bytes] | None = None
         accepted = 0
+        member_exit: int | None = None
         t0 = time.monotonic()
         try:
             ingress_proc, port = start_ingress(workdir, "FULL", transport=args.transport)
@@ -199,6 +202,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 writer = csv.DictWriter(fh, fieldnames=COLUMNS)
                 writer.writeheader()
                 for i in range(int(args.minutes * 60 / SAMPLE_S)):
+                    check_running("pipeline consume", member_proc, workdir / "member.log")
+                    check_running("pipeline ingress serve", ingress_proc)  # its stderr is ours
                     per_source = int(args.rate * SAMPLE_S / 2)
                     loads = [
                         load(
@@ -224,11 +229,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             if ingress_proc is not None:
                 stop(ingress_proc)
-            member_proc.send_signal(signal.SIGTERM)
-            try:
-                member_proc.wait(30)
-            except subprocess.TimeoutExpired:
-                member_proc.kill()
+            await asyncio.to_thread(stop_process, member_proc)
+            member_exit = member_proc.returncode
+            if member_exit != 0:  # -9: it did not stop within the grace after SIGTERM
+                log = (workdir / "member.log").read_text(encoding="utf-8", errors="replace")
+                tail = "".join(f"\n    {line}" for line in log.splitlines()[-8:])
+                print(f"  pipeline consume's stop ended with {member_exit}{tail}", file=sys.stderr)
             with contextlib.suppress(Exception):
                 for spec in specs(tag):
                     for name in spec.topic_names():
@@ -248,6 +254,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "accepted": accepted,
         "handled": rows[-1]["handled"] if rows else 0,
         "flat": all(v["flat"] for v in result.values()) if result else None,
+        "member_exit_code": member_exit,
         "slopes": result,
         "csv": args.csv,
     }
@@ -293,17 +300,17 @@ def main() -> int:
         help="where the samples go",
     )
     parser.add_argument("--tolerance", type=float, default=0.10, help="allowed relative growth")
-    parser.add_argument("--member", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.member:
-        asyncio.run(member(*args.member))
-        return 0
-    out = asyncio.run(soak(args))
+    try:
+        out = asyncio.run(soak(args))
+    except SoakError as exc:
+        print(f"soak: {exc}", file=sys.stderr)
+        return 1
     for column, v in out["slopes"].items():
         state = "flat" if v["flat"] else "GROWING"
         print(f"{column:>18}: {v['slope_per_10min']:+.3f} per 10 min  {state}")
     print(json.dumps(out))
-    return 0 if out["flat"] else 1
+    return 0 if out["flat"] and out["member_exit_code"] == 0 else 1
 
 
 if __name__ == "__main__":
