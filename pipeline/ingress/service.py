@@ -31,6 +31,7 @@ from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore
 from pipeline.logstore.create import create_log_store
+from pipeline.observability import stacks
 from pipeline.observability.facades import LogCommitMetrics, OffloadMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
@@ -258,9 +259,12 @@ async def serve(
             built.ingress.metrics_host, built.ingress.metrics_port, "PIPELINE_INGRESS__METRICS_PORT"
         )
     await built.start()
+    loop = asyncio.get_running_loop()
+    stacks.install(loop)  # kill -USR1: every thread's and task's stack on stderr
     try:
         await _serve_started(built, host, port, on_ready, sock)
     finally:
+        stacks.remove(loop)
         await built.stop()
 
 

@@ -15,6 +15,8 @@ workers, and prints ``ingress listening on ...`` once all are listening. Then:
 * SIGTERM or SIGINT: SIGTERM to every worker (each drains like a single ingress: uvicorn's
   graceful shutdown, queued events produced, pools closed), SIGKILL to any still alive after
   :data:`STOP_GRACE_S`; exit 0.
+* SIGUSR1: passed on to every listening worker, which writes its threads' and tasks' stacks to
+  stderr and goes on (:mod:`pipeline.observability.stacks`).
 * a worker that exits on its own after it was listening is started again (a warning line);
   more than :data:`MAX_RESTARTS` exits within :data:`RESTART_WINDOW_S` stop every worker and exit
   1 (a crash loop is not hidden).
@@ -28,6 +30,7 @@ stops them once) and, on Linux, get SIGTERM if the supervisor dies (``PR_SET_PDE
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -201,6 +204,7 @@ class Supervisor:
             sig: signal.signal(sig, lambda signum, _frame: stopping.append(signum))
             for sig in (signal.SIGTERM, signal.SIGINT)
         }
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._forward)
         old_wakeup = signal.set_wakeup_fd(wake_w.fileno())
         try:
             for index in range(self.count):
@@ -214,6 +218,16 @@ class Supervisor:
             wake_r.close()
             wake_w.close()
         return code
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        """SIGUSR1 (a dump of the stacks) goes to every listening worker; this process has no loop.
+
+        A worker still starting has no handler for it yet, and would die of it.
+        """
+        for worker in self._workers.values():
+            if worker.listening and worker.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid, signum)
 
     def _start(self, context: Any, index: int) -> None:
         reader, writer = context.Pipe(duplex=False)

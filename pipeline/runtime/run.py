@@ -21,6 +21,7 @@ from pipeline.config import Settings
 from pipeline.errors import ConfigError
 from pipeline.heap import freeze_startup
 from pipeline.logstore.create import create_log_store
+from pipeline.observability import stacks
 from pipeline.observability.deletion_cost import DeletionCost, pod_from_environment
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import MemberTelemetry, member_telemetry
@@ -123,6 +124,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    stacks.install(loop)  # kill -USR1: every thread's and task's stack on stderr
     transport = create_transport(settings)
     redis = _redis(settings)
     store = None
@@ -191,5 +193,6 @@ async def serve(
                 await closing.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        stacks.remove(loop)
         await transport.close()
         await _close_redis(redis)

@@ -2,8 +2,8 @@
 
 Two workers share one port (SO_REUSEPORT) and one PostgreSQL log: both take connections, every
 accepted webhook is one row and one event, their sweepers never produce a row twice, a worker
-killed is started again, and SIGTERM to the supervisor stops every worker. SQLite refuses
-``--workers 2`` with one line.
+killed is started again, SIGTERM to the supervisor stops every worker and SIGUSR1 reaches every
+worker. SQLite refuses ``--workers 2`` with one line.
 """
 
 from __future__ import annotations
@@ -335,3 +335,26 @@ def test_sqlite_refuses_several_workers(tmp_path: Path) -> None:
     assert "--workers 2 needs the PostgreSQL log store" in lines[0]
     assert "PIPELINE_INGRESS__LOG_STORE=postgres" in lines[0]
     assert not (tmp_path / "ingress.db").exists()
+
+
+async def test_sigusr1_to_the_supervisor_reaches_every_worker(
+    setup: Setup, started: list[subprocess.Popen[str]]
+) -> None:
+    """Each listening worker writes its stacks; the supervisor and the workers go on."""
+    proc, url = serve(setup.env, started)
+    workers = {worker.pid for worker in workers_of(proc)}
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.stderr is not None
+    dumped: set[int] = set()
+    while dumped != workers:  # the two dumps may interleave line by line: read until both end
+        line = proc.stderr.readline()
+        assert line, f"the ingress exited after SIGUSR1 (dumped: {dumped})"
+        if line.startswith("--- stacks of process "):
+            dumped.add(int(line.split()[4].rstrip(":")))
+            assert dumped <= workers, line  # never the supervisor's own
+    async with httpx.AsyncClient(timeout=10) as client:  # still serving
+        assert (await client.get(f"{url}/hooks/none")).status_code == 404
+    assert {worker.pid for worker in workers_of(proc)} == workers
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
