@@ -328,9 +328,9 @@ _STOPPED_BY_ITS_GROUP = """
 import os, signal, sys
 from pipeline import tracing
 from pipeline.envelope import Message
-assert tracing.configure(os.environ, service="pipeline-test")
-stop = []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+assert tracing.configure(os.environ, service="pipeline-test")  # starts the exporting process
+# Held from now on (not in the exporting process, started already): taken by sigwait below.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 message = Message("t", 0, 1, b"k", b"v", {"traceparent": sys.argv[1].encode()}, 1)
 for offset in range(int(sys.argv[2])):
     message.offset = offset
@@ -338,8 +338,7 @@ for offset in range(int(sys.argv[2])):
     tracing.guard_left(delivery, tracing.guard_entered(delivery))
     tracing.finish(delivery, "handled")
 print("recorded", flush=True)
-while not stop:
-    signal.pause()
+signal.sigwait({signal.SIGTERM})
 tracing.shutdown()
 """
 
