@@ -16,10 +16,11 @@ member or ingress that exits early ends the run with its log's last lines.
 
 At the end it fits a least-squares line to each resource over the second half of the run (the
 first half is warm-up: caches, pools and the SQLite log fill up) and prints the slope per
-10 minutes. A resource is **flat** if its fitted growth over that half is within ``--tolerance``
-(default 10 %) of its mean there, or within a small absolute floor (1 MiB of RSS, 2 descriptors,
-20 keys). The last line is one JSON object; the exit status is 1 if anything grew or the member
-did not stop within 20 s of SIGTERM (its exit code is `member_exit_code`).
+10 minutes. A resource is **flat** if its fitted growth over that half is at most ``--tolerance``
+(default 10 %) of its mean there, or at most a small absolute floor (1 MiB of RSS, 2
+descriptors, 20 keys); a fall is not growth. The last line is one JSON object; the exit status
+is 1 if anything grew or the member did not stop within 20 s of SIGTERM (its exit code is
+``member_exit_code``).
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ def verdict(rows: list[dict[str, float]], tolerance: float) -> dict[str, Any]:
         per_s = slope(xs, ys)
         kind = "rss_mb" if "rss" in column else "fds" if "fds" in column else "keys"
         growth = per_s * span_s
-        flat = abs(growth) <= max(FLOOR[kind], tolerance * statistics.fmean(ys))
+        # Growth is what a leak looks like; a resource that falls (transient clients closed,
+        # a cache trimmed) is not one.
+        flat = growth <= max(FLOOR[kind], tolerance * statistics.fmean(ys))
         if column == "redis_keys_total":
             flat = True  # the whole shared Redis: reported, never judged (others use it too)
         out[column] = {"slope_per_10min": round(per_s * 600, 3), "flat": flat}
