@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,35 @@ from pipeline.logstore import IngressLog
 from pipeline.topics.spec import load_specs
 
 MAX_MESSAGE_BYTES = 1_048_576 + 65_536
+PIPELINE = Path(sys.executable).with_name("pipeline")
+ROOT = Path(__file__).parents[2]
+
+
+def start_empty_ingress(tmp_path: Path, redis_url: str, **extra: str) -> subprocess.Popen[str]:
+    """``pipeline ingress serve --port 0`` with no sources on Redis (``extra``: more variables).
+
+    Its stdout and stderr are pipes; the first stdout line says where it listens.
+    """
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources: {}\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env |= {
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_url,
+        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        **extra,
+    }
+    return subprocess.Popen(
+        [PIPELINE, "ingress", "serve", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def write_topics(directory: Path, topics: dict[str, str]) -> Path:

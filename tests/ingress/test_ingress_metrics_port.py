@@ -2,42 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
+from ingress.helpers import start_empty_ingress
 
 from pipeline.testing.ports import free_port
-
-PIPELINE = Path(sys.executable).with_name("pipeline")
-ROOT = Path(__file__).parents[2]
 
 
 def test_metrics_leave_the_webhook_port_for_their_own(redis_service, tmp_path):
     """/metrics, /healthz and /readyz answer on the metrics port; the webhook port has none."""
-    sources = tmp_path / "sources.yaml"
-    sources.write_text("sources: {}\n", encoding="utf-8")
     metrics_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    env |= {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        "PIPELINE_INGRESS__METRICS_PORT": str(metrics_port),
-    }
-    proc = subprocess.Popen(
-        [PIPELINE, "ingress", "serve", "--port", "0"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_empty_ingress(
+        tmp_path, redis_service, PIPELINE_INGRESS__METRICS_PORT=str(metrics_port)
     )
     try:
         assert proc.stdout is not None

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+from ingress.helpers import start_empty_ingress
 from runtime.helpers import declare, lane_spec
 from support import delete_group_after
 
@@ -17,8 +17,6 @@ from pipeline.observability import stacks
 from pipeline.transport.protocol import Transport
 
 END = "--- end of stacks ---"
-PIPELINE = Path(sys.executable).with_name("pipeline")
-ROOT = Path(__file__).parents[2]
 
 
 async def _inner(event: asyncio.Event) -> None:
@@ -97,25 +95,7 @@ def test_sigusr1_to_the_ingress_dumps_its_tasks_and_it_goes_on(
     redis_service: str, tmp_path: Path
 ) -> None:
     """The ingress answers SIGUSR1 with its stacks on stderr and keeps serving."""
-    sources = tmp_path / "sources.yaml"
-    sources.write_text("sources: {}\n", encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    env |= {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-    }
-    proc = subprocess.Popen(
-        [PIPELINE, "ingress", "serve", "--port", "0"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_empty_ingress(tmp_path, redis_service)
     try:
         assert proc.stdout is not None
         assert proc.stderr is not None
