@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import io
 import os
 import signal
 import sys
@@ -36,7 +37,10 @@ def dump(out: TextIO | None = None) -> None:
     out = out if out is not None else sys.stderr
     out.write(f"--- stacks of process {os.getpid()}: threads ---\n")
     out.flush()
-    faulthandler.dump_traceback(file=out, all_threads=True)
+    try:
+        faulthandler.dump_traceback(file=out, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # no file descriptor behind it
+        out.write("(thread stacks need a stream with a file descriptor)\n")
     tasks = sorted(asyncio.all_tasks(), key=lambda task: task.get_name())
     out.write(f"--- {len(tasks)} asyncio tasks ---\n")
     for task in tasks:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import sys
@@ -44,6 +45,16 @@ async def test_the_dump_names_each_task_and_the_coroutines_it_waits_in(tmp_path:
     frames = [line.strip() for line in section.splitlines()]
     assert [frame.rsplit(" in ", 1)[-1] for frame in frames[:3]] == ["_outer", "_inner", "wait"]
     assert frames[3].startswith("waits on <Future pending")
+    assert text.endswith(END + "\n")
+
+
+async def test_a_stream_without_a_descriptor_still_gets_the_tasks() -> None:
+    """Thread stacks need a file descriptor; without one the tasks are still written."""
+    out = io.StringIO()
+    stacks.dump(out)
+    text = out.getvalue()
+    assert "(thread stacks need a stream with a file descriptor)" in text
+    assert "in test_a_stream_without_a_descriptor_still_gets_the_tasks" in text
     assert text.endswith(END + "\n")
 
 
