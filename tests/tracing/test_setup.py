@@ -329,8 +329,12 @@ import os, signal, sys
 from pipeline import tracing
 from pipeline.envelope import Message
 assert tracing.configure(os.environ, service="pipeline-test")  # starts the exporting process
-# Held from now on (not in the exporting process, started already): taken by sigwait below.
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+# From now on (not in the exporting process, started already) SIGTERM only writes a byte to the
+# pipe read below, whichever thread it reaches: no race between a check and a wait.
+woken, wake = os.pipe()
+os.set_blocking(wake, False)
+signal.signal(signal.SIGTERM, lambda *_: None)
+signal.set_wakeup_fd(wake)
 message = Message("t", 0, 1, b"k", b"v", {"traceparent": sys.argv[1].encode()}, 1)
 for offset in range(int(sys.argv[2])):
     message.offset = offset
@@ -338,7 +342,7 @@ for offset in range(int(sys.argv[2])):
     tracing.guard_left(delivery, tracing.guard_entered(delivery))
     tracing.finish(delivery, "handled")
 print("recorded", flush=True)
-signal.sigwait({signal.SIGTERM})
+os.read(woken, 1)
 tracing.shutdown()
 """
 
