@@ -357,12 +357,12 @@ async def drain(
             if proc.poll() is not None:
                 raise ProcessBenchError(
                     f"{label}: exited {proc.returncode} after {counter.count} of {expected} "
-                    f"messages{_tail(log_path)}"
+                    f"messages{log_tail(log_path)}"
                 )
             if time.monotonic() > deadline:
                 raise ProcessBenchError(
                     f"{label}: {counter.count} of {expected} messages in {timeout_s:.0f} s"
-                    f"{_tail(log_path)}"
+                    f"{log_tail(log_path)}"
                 )
             await asyncio.sleep(0.01)
         if settle is not None:
@@ -374,7 +374,7 @@ async def drain(
     if proc.returncode == -signal.SIGKILL:  # the stop's grace ran out: say what it was doing
         print(
             f"  warning: {label} did not stop within {STOP_GRACE_S:.0f} s of SIGTERM and was"
-            f" killed{_tail(log_path, 12)}",
+            f" killed{log_tail(log_path, 12)}",
             file=sys.stderr,
             flush=True,
         )
@@ -392,7 +392,8 @@ async def drain(
     return result
 
 
-def _tail(log: Path, count: int = 3) -> str:
+def log_tail(log: Path, count: int = 3) -> str:
+    """The last ``count`` lines of ``log`` as ``" (stderr: a | b)"``, or nothing."""
     lines = log.read_text(errors="replace").strip().splitlines()[-count:] if log.exists() else []
     return f" (stderr: {' | '.join(lines)})" if lines else ""
 

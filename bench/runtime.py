@@ -1436,9 +1436,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.messages, args.wire_messages, args.retry_messages = 5_000, 2_000, 2_000
         args.repeats = 1
     counted = {"wire": args.wire_messages, "tracing": tracing_messages(args)}
-    refused = {part: n for part, n in counted.items() if part in args.parts}
-    if any(n % args.count_every for n in refused.values()):
-        parts = " and ".join(f"the {part} part's {n}" for part, n in refused.items())
+    running = {part: n for part, n in counted.items() if part in args.parts}
+    if any(n % args.count_every for n in running.values()):
+        parts = " and ".join(f"the {part} part's {n}" for part, n in running.items())
         parser.error(f"--count-every {args.count_every} must divide {parts} messages")
     os.environ["BENCH_COUNT_EVERY"] = str(args.count_every)  # the consumers inherit it
     try:

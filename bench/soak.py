@@ -44,7 +44,7 @@ from typing import Any
 import common
 import psutil
 from ingress import free_port, load, requests, start_ingress, stop
-from lane_process import PIPELINE_CLI, stop_process
+from lane_process import PIPELINE_CLI, log_tail, stop_process
 from redis.asyncio import Redis
 
 from pipeline.config import load_settings
@@ -123,8 +123,7 @@ def check_running(label: str, proc: subprocess.Popen[bytes], log: Path | None = 
     """Raise :class:`SoakError` (with ``log``'s last lines) if ``proc`` has exited."""
     if proc.poll() is None:
         return
-    text = log.read_text(encoding="utf-8", errors="replace") if log and log.exists() else ""
-    tail = "".join(f"\n    {line}" for line in text.splitlines()[-5:])
+    tail = log_tail(log, 5) if log is not None else ""
     raise SoakError(f"{label} exited with {proc.returncode} during the run{tail}")
 
 
@@ -235,8 +234,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.to_thread(stop_process, member_proc)
             member_exit = member_proc.returncode
             if member_exit != 0:  # -9: it did not stop within the grace after SIGTERM
-                log = (workdir / "member.log").read_text(encoding="utf-8", errors="replace")
-                tail = "".join(f"\n    {line}" for line in log.splitlines()[-8:])
+                tail = log_tail(workdir / "member.log", 8)
                 print(f"  pipeline consume's stop ended with {member_exit}{tail}", file=sys.stderr)
             with contextlib.suppress(Exception):
                 for spec in specs(tag):
