@@ -136,17 +136,35 @@ class RunGuard:
         return sum(window.calls for window in self._ends.values())
 
     async def run(self, lane: Lane, message: Message) -> str | None:
-        """Decide, run the next stage if it may, record the end; returns the outcome."""
-        store = self._stores.get(lane.name)
-        if store is None:
-            return await self._call(lane, message)
+        """Decide, run the next stage if it may, record the end; returns the outcome.
+
+        Most messages are first deliveries under this member's claim, with no suspect due: they
+        run on :meth:`_run_unmarked`, in this call's own step, with nothing else to decide.
+        """
+        claims = self._claims.get(lane.name)
+        if claims is None:
+            if lane.name not in self._stores:  # not guarded
+                return await self._call(lane, message)
+        elif not self._telling:
+            ident = claims.unmarked(message)  # None also when this process may have stalled
+            if (
+                ident is not None
+                and ident not in self._running
+                and self._isolation.try_enter_shared()
+            ):
+                return await self._run_unmarked(lane, message, ident)
+        return await self._decide(lane, message)
+
+    async def _decide(self, lane: Lane, message: Message) -> str | None:
+        """Every start but the common one of :meth:`run`: confirm, mark, hold, wait or drop."""
+        store = self._stores[lane.name]
         claims = self._claims.get(lane.name)
         if claims is not None:
             if claims.stalled():  # perhaps taken for dead: is the partition still this one's?
                 await claims.confirm()
             ident = claims.unmarked(message)  # claimed and never started elsewhere
             if ident is not None and ident not in self._running:
-                return await self._run_claimed(lane, store, message, ident)
+                return await self._run_claimed(lane, message, ident)
         ordered = ordered_retries(lane)
         start = start_of(message, ordered=ordered)
         if start.ident in self._running:  # another copy runs in this member right now
@@ -258,9 +276,7 @@ class RunGuard:
             return outcome, []
         return outcome, await self._recorded(lane, start, ending)
 
-    async def _run_claimed(
-        self, lane: Lane, store: GuardStore, message: Message, ident: str
-    ) -> str | None:
+    async def _run_claimed(self, lane: Lane, message: Message, ident: str) -> str | None:
         """Run a first delivery under this member's claim: no start mark, no Redis call.
 
         The steps of :meth:`_process` without a window; a usual end is implied by the commit
@@ -273,6 +289,31 @@ class RunGuard:
             decisions.debug("%s: %s claimed here (key %s): runs unmarked", lane.name, ident, key)
         claims = self._claims[lane.name]
         outcome = await self._shared(lane, message, ident, message, claims=claims)
+        return await self._unmarked_end(lane, message, ident, outcome)
+
+    async def _run_unmarked(self, lane: Lane, message: Message, ident: str) -> str | None:
+        """:meth:`_run_claimed` for a start already let in (``try_enter_shared``), not waited.
+
+        Nothing was awaited since :meth:`LaneClaims.unmarked` found this process live, so the
+        check :meth:`_shared` makes after a wait at the gate is not needed; a handled run ends
+        here, its end implied by the commit.
+        """
+        running = self._running
+        running[ident] = message
+        try:
+            outcome = await self._call(lane, message)
+        finally:
+            self._isolation.leave_shared()
+            if running.get(ident) is message:
+                del running[ident]
+        if outcome == "handled" and ident not in self._route_recorded:
+            return outcome
+        return await self._unmarked_end(lane, message, ident, outcome)
+
+    async def _unmarked_end(
+        self, lane: Lane, message: Message, ident: str, outcome: str | None
+    ) -> str | None:
+        """After an unmarked run: end the mark its route wrote, or the key it parked."""
         ordered = ordered_retries(lane)
         if self._took_route(ident):
             # Its route wrote a mark (and parked the key on an ordered lane): a routed run ends
@@ -286,6 +327,7 @@ class RunGuard:
         ending = _ending(lane, outcome)
         if ending == "done" or not ordered:  # as in _process
             return outcome
+        store = self._stores[lane.name]
         return await self._end(lane, store, start_of(message, ordered=True), ending, outcome)
 
     async def _shared(
@@ -299,25 +341,48 @@ class RunGuard:
     ) -> str | None:
         """Call the next stage on ``message`` as an ordinary run, known as running meanwhile.
 
-        With ``claims`` (a first delivery run unmarked under them) it does not run, and is left
-        for redelivery, when this process stalled past its liveness while it waited for the
-        member's gate and its partition was taken over meanwhile: nothing in Redis would stop
-        it beside the partition's new owner.
+        A run that had to wait at the member's gate (a suspect ran alone) does not run, and is
+        left for redelivery, when its partition was revoked meanwhile (:meth:`_entered`).
         """
         self._running[ident] = running
         isolation = self._isolation
-        if not isolation.try_enter_shared():
-            await isolation.enter_shared()
+        try:
+            if not isolation.try_enter_shared() and not await self._entered(message, claims):
+                return None
+            try:
+                return await self._call(lane, message)
+            finally:
+                isolation.leave_shared()
+        finally:
+            if self._running.get(ident) is running:
+                del self._running[ident]
+
+    async def _entered(self, message: Message, claims: LaneClaims | None) -> bool:
+        """Wait at the gate for an ordinary run; False (and not entered) if it must not run.
+
+        That is when its partition left this member while it waited: a revocation whose grace
+        ran out with it waiting, or another process assigned the partition. Its next owner
+        reads from a position that may lie past it (an earlier copy of it, read before the
+        partition came back here, may have finished it), so run here it could run beside that
+        owner's runs of its key. With ``claims`` (a first delivery run unmarked under them),
+        also when this process stalled past its liveness meanwhile and its partition was taken
+        over: nothing in Redis would stop it beside the partition's new owner.
+        """
+        isolation = self._isolation
+        assignment = self._assignments.get(message.tp)
+        await isolation.enter_shared()
         try:
             if claims is not None and claims.stalled():
                 await claims.confirm()
-                if claims.superseded(message.tp):
-                    return None
-            return await self._call(lane, message)
-        finally:
+            if self._assignments.get(message.tp) == assignment and not (
+                claims is not None and claims.superseded(message.tp)
+            ):
+                return True
+        except BaseException:
             isolation.leave_shared()
-            if self._running.get(ident) is running:
-                del self._running[ident]
+            raise
+        isolation.leave_shared()
+        return False
 
     async def _process(
         self,

@@ -33,11 +33,17 @@ class Isolation:
         self._open.set()
         self._turn = asyncio.Lock()
         self._suspects = 0
+        self._waiting = 0
 
     @property
     def suspects(self) -> int:
         """Suspects waiting for their lone run or running it."""
         return self._suspects
+
+    @property
+    def waiting(self) -> int:
+        """Ordinary runs waiting for the gate to open (:meth:`enter_shared`)."""
+        return self._waiting
 
     @asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
@@ -50,8 +56,12 @@ class Isolation:
 
     async def enter_shared(self) -> None:
         """Start an ordinary run (waits only while a suspect is due); end it with leave_shared."""
-        while not self._open.is_set():
-            await self._open.wait()
+        self._waiting += 1
+        try:
+            while not self._open.is_set():
+                await self._open.wait()
+        finally:
+            self._waiting -= 1
         self._running += 1
 
     def try_enter_shared(self) -> bool:

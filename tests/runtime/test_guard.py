@@ -791,3 +791,32 @@ async def test_a_member_whose_release_was_taken_over_while_stalled_releases_noth
     assert [r for r in runs if r[0] == "a"] == [("a", b"x"), ("a", b"x"), ("a", b"y")]
     assert [r for r in runs if r[0] == "b"] == [("b", b"y"), ("b", b"z"), ("b", b"w")]
     assert await redis.hlen(f"{{{prefix}:guard:{lane.name}}}:parked") == 0
+
+
+@pytest.mark.parametrize("claims", [False, True], ids=["marked", "claimed"])
+async def test_a_start_that_waited_at_the_gate_while_its_partition_left_does_not_run(
+    redis: Redis, unique: str, prefix: str, claims: bool
+) -> None:
+    """A run waiting for a suspect's lone turn to end, its partition revoked meanwhile, stays out.
+
+    Its member let the revocation's grace pass with it still waiting, so the partition's next
+    owner reads from a position that may lie past it: run here after that, it would run beside
+    the next owner's runs of its key (seen in the crash loop on Redis Streams). It is left for
+    redelivery instead, with no mark of its own left standing.
+    """
+    lane = guarded_lane(f"guard_{unique}")
+    handlers = Handlers()
+    isolation = Isolation(30.0)
+    b = member_guard(redis, prefix, lane, handlers, "b", claims=claims, isolation=isolation)
+    message = main_message(lane, 3, b"late")
+    await b.assigned([message.tp], {})
+    lone = isolation.alone()
+    await lone.__aenter__()  # a suspect runs alone: ordinary runs wait at the gate
+    run = asyncio.create_task(b.run(lane, message))
+    await eventually(lambda: isolation.waiting == 1)
+    b.revoked([message.tp])  # the revocation's grace ran out with the run still waiting
+    await lone.__aexit__(None, None, None)
+    assert await run is None
+    assert handlers.runs == []
+    await b.flush()
+    assert await redis.hlen(b._stores[lane.name].keys.run) == 0
