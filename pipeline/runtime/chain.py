@@ -43,6 +43,7 @@ from pipeline.runtime.flow import PauseBook
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.lanes import KeyLanes
+from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.throttle_gate import Admitter, ThrottleGate, tenant_of
 from pipeline.runtime.work import Work
 
@@ -85,9 +86,9 @@ class Chain:
 
     # -- the hops, in order -------------------------------------------------------------------
 
-    def enter(self, message: Message) -> None:
-        """A polled message enters the chain with its lane."""
-        work = Work(message, self._app.lane_of(message.topic))
+    def enter(self, message: Message, offsets: PartitionOffsets | None = None) -> None:
+        """A polled message enters the chain with its lane (and its partition's ``offsets``)."""
+        work = Work(message, self._app.lane_of(message.topic), offsets=offsets)
         work.trace = tracing.process(message, work.lane.name)
         if h.DUE_MS in message.headers:
             assert self.due is not None  # noqa: S101 - start() ran before the first poll

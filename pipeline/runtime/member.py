@@ -297,7 +297,7 @@ class Member:
         offsets.started(message.offset)
         assert self._flow is not None  # noqa: S101 - set in run()
         self._flow.added(message.tp)
-        self._chain.enter(message)
+        self._chain.enter(message, offsets)
 
     # -- settle: the end of the chain ------------------------------------------------------------
 
@@ -305,7 +305,7 @@ class Member:
         """Record what became of ``work``: its offset, its log row, its metrics."""
         message, lane = work.message, work.lane
         if outcome is not None:  # None: it could not be routed; leave it for redelivery
-            offsets = self._offsets.get(message.tp)
+            offsets = work.offsets  # its assignment's: the partition may have come back since
             if offsets is not None:
                 offsets.finished(message.offset)
         if self._flow is not None:

@@ -15,6 +15,7 @@ from pipeline.envelope import Message, TopicPartition
 
 if TYPE_CHECKING:
     from pipeline.runtime.app import Lane
+    from pipeline.runtime.offsets import PartitionOffsets
     from pipeline.tracing import Delivery
 
 
@@ -64,6 +65,9 @@ class Work:
     entered_s: float = field(default_factory=time.perf_counter)
     trace: Delivery | None = None
     """Its ``process`` span while tracing is on (:mod:`pipeline.tracing`), else None."""
+    offsets: PartitionOffsets | None = None
+    """The offsets of its partition's assignment it was read under: its end counts there, not
+    in a later assignment's, whose own copy of the same offset may not have run yet."""
 
     @property
     def tp(self) -> TopicPartition:

@@ -230,3 +230,44 @@ async def test_finished_events_mark_their_log_rows_processed(
     async with running(member):
         await eventually(lambda: len(marker.rows) == 3)
     assert sorted(marker.rows) == ["row-bad", "row-flaky", "row-ok"]
+
+
+async def test_a_run_from_before_its_partition_came_back_does_not_finish_the_new_copy(
+    transport: Transport, unique: str
+) -> None:
+    """A copy read before a revocation, still running, ends in its own assignment's offsets.
+
+    The revocation's grace ran out with it running, the partition came back, and its offset
+    was read again; that second copy waits behind it. Were the first copy's end counted for
+    the new assignment, its position would pass an offset whose copy has not run, and the
+    partition's next owner would start past it while it still runs here.
+    """
+    spec = lane_spec(f"back_{unique}", 1)
+    await declare(transport, spec)
+    app = App([spec])
+    go = [asyncio.Event(), asyncio.Event()]
+    runs: list[Message] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        runs.append(ctx.message)
+        await go[len(runs) - 1].wait()
+
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"m", b"k")])
+    await producer.close()
+    impatient = FAST.model_copy(update={"shutdown_grace_s": 0.05})
+    member = Member(app, transport, f"g-{unique}", impatient)
+    async with running(member):
+        await eventually(lambda: len(runs) == 1)
+        message = runs[0]
+        tp = message.tp
+        await member.on_revoked([tp], lost=False)  # its grace runs out: the copy still runs
+        await member.on_assigned([tp], {})
+        member._dispatch(message)  # read again in the new assignment: it waits behind
+        go[0].set()
+        await eventually(lambda: member.stats.handled == 1)
+        assert member._offsets[tp].position().offset == message.offset  # its copy has not run
+        go[1].set()
+        await eventually(lambda: member.stats.handled == 2)
+        assert member._offsets[tp].position().offset == message.offset + 1
