@@ -361,12 +361,12 @@ class RunGuard:
         """Wait at the gate for an ordinary run; False (and not entered) if it must not run.
 
         That is when its partition left this member while it waited: a revocation whose grace
-        ran out with it waiting, or another process assigned the partition. Its next owner
-        reads from a position that may lie past it (an earlier copy of it, read before the
-        partition came back here, may have finished it), so run here it could run beside that
-        owner's runs of its key. With ``claims`` (a first delivery run unmarked under them),
-        also when this process stalled past its liveness meanwhile and its partition was taken
-        over: nothing in Redis would stop it beside the partition's new owner.
+        ran out with it waiting, or another process assigned the partition. The next owner
+        runs it: a revocation gives this process's claim up once its grace is over, so a first
+        delivery run unmarked here would not even be waited for, and would run beside that
+        owner's run of it or of its key's next messages. With ``claims``, also when this
+        process stalled past its liveness meanwhile and its partition was taken over: nothing
+        in Redis would stop it beside the partition's new owner.
         """
         isolation = self._isolation
         assignment = self._assignments.get(message.tp)

@@ -799,10 +799,10 @@ async def test_a_start_that_waited_at_the_gate_while_its_partition_left_does_not
 ) -> None:
     """A run waiting for a suspect's lone turn to end, its partition revoked meanwhile, stays out.
 
-    Its member let the revocation's grace pass with it still waiting, so the partition's next
-    owner reads from a position that may lie past it: run here after that, it would run beside
-    the next owner's runs of its key (seen in the crash loop on Redis Streams). It is left for
-    redelivery instead, with no mark of its own left standing.
+    Its member let the revocation's grace pass with it still waiting and gave its claim up, so
+    the partition's next owner runs it without waiting: run here after that, it would run beside
+    that owner's run of it or of its key's next messages (the crash loop on Redis Streams caught
+    a run like it). It is left for redelivery instead, with no mark of its own left standing.
     """
     lane = guarded_lane(f"guard_{unique}")
     handlers = Handlers()
