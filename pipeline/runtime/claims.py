@@ -353,7 +353,7 @@ class LaneClaims:
         bounds = self._fast.get(message.tp)
         if bounds is None or not bounds[0] <= message.offset <= bounds[1]:
             return None
-        if time.monotonic() >= self._store.live_until_s:  # stalled(), inline: once a message
+        if self.stalled():
             return None  # not confirmed since a stall: another process may run its range
         if h.ORIGIN_TOPIC in message.headers:
             return None  # a retry-tier copy (or a redriven one) on the main topic
