@@ -1,0 +1,61 @@
+"""The Kafka producer's delivery reports, served on the event loop that sends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from contract.helpers import make_topic
+
+from pipeline.config import Settings
+from pipeline.envelope import Delivered, Record
+from pipeline.transport import create_transport
+from pipeline.transport.kafka.producer import KafkaProducer
+
+
+async def test_a_burst_of_sends_settles_in_order_and_close_leaves_no_task_or_thread(
+    settings: Settings, kafka_service: str, unique: str
+) -> None:
+    """Concurrent sends all resolve with their offsets; after close nothing keeps serving."""
+    transport = create_transport(settings, "kafka")
+    topic = f"reports_{unique}"
+    await make_topic(transport, topic, 1)
+    threads_before = {t.ident for t in threading.enumerate()}
+    producer = transport.producer()
+    try:
+        single = [producer.send(topic, f"v{i}".encode(), key=b"k") for i in range(50)]
+        many = producer.send_many(topic, [Record(f"m{i}".encode(), b"k") for i in range(20)])
+        delivered = await asyncio.gather(*single)
+        batch = await many
+        serving = [t.name for t in threading.enumerate() if t.ident not in threads_before]
+        assert "kafka-producer" not in serving, "reports are served on the loop, not a thread"
+    finally:
+        await producer.close()
+    offsets = [d.offset for d in delivered]
+    assert sorted(offsets) == list(range(min(offsets), min(offsets) + 50))
+    assert [d.offset for d in batch] == sorted(d.offset for d in batch)
+    assert len({*offsets, *(d.offset for d in batch)}) == 70
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "kafka-producer"]
+    left = [t.name for t in threading.enumerate() if t.ident not in threads_before]
+    assert "kafka-producer" not in left
+    await transport.close()
+
+
+def test_a_producer_sends_again_from_an_event_loop_started_after_the_first_closed(
+    settings: Settings, kafka_service: str, unique: str
+) -> None:
+    """Reports are served on whichever loop sends: a second ``asyncio.run`` is not left waiting."""
+    transport = create_transport(settings, "kafka")
+    topic = f"reloop_{unique}"
+    asyncio.run(make_topic(transport, topic, 1))
+    producer = transport.producer()
+    assert isinstance(producer, KafkaProducer)
+
+    async def send(value: bytes) -> Delivered:
+        return await asyncio.wait_for(producer.send(topic, value, key=b"k"), 30)
+
+    first = asyncio.run(send(b"first"))
+    second = asyncio.run(send(b"second"))
+    asyncio.run(producer.close())
+    asyncio.run(transport.close())
+    assert second.offset == first.offset + 1
