@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
+import pytest
 from contract.helpers import make_topic
 
 from pipeline.config import Settings
@@ -59,3 +61,36 @@ def test_a_producer_sends_again_from_an_event_loop_started_after_the_first_close
     asyncio.run(producer.close())
     asyncio.run(transport.close())
     assert second.offset == first.offset + 1
+
+
+async def test_an_error_while_serving_reports_is_logged_and_the_send_still_settles(
+    settings: Settings, kafka_service: str, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A delivery callback that raises (here: the first poll) does not strand waiting sends."""
+    transport = create_transport(settings, "kafka")
+    topic = f"pollfail_{unique}"
+    await make_topic(transport, topic, 1)
+    producer = transport.producer()
+    assert isinstance(producer, KafkaProducer)
+    real = producer._raw  # the librdkafka client, with one failure injected
+
+    class FirstPollFails:
+        failed = False
+
+        def poll(self, timeout: float) -> int:
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("a delivery callback failed")
+            return int(real.poll(timeout))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    producer._raw = FirstPollFails()  # type: ignore[assignment]
+    try:
+        delivered = await asyncio.wait_for(producer.send(topic, b"v", key=b"k"), 30)
+    finally:
+        await producer.close()
+    assert delivered.offset >= 0
+    assert "serving the Kafka producer's delivery reports failed" in caplog.text
+    await transport.close()
