@@ -136,8 +136,8 @@ class KafkaProducer:
         task = self._reports
         if task is None or task.done() or task.get_loop() is not loop:
             self._reports = loop.create_task(self._reports_forever(), name="kafka-producer")
-        elif self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
+        else:
+            _wake(self._idle)
 
     async def _reports_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -255,12 +255,12 @@ class KafkaProducer:
                 and not task.done()
                 and task.get_loop() is asyncio.get_running_loop()
             ):
-                if self._idle is not None and not self._idle.done():
-                    self._idle.set_result(None)
+                _wake(self._idle)
                 await asyncio.wait([task])
             self._hand_over()
 
 
-def _wake(idle: asyncio.Future[None]) -> None:
-    if not idle.done():
+def _wake(idle: asyncio.Future[None] | None) -> None:
+    """End the report task's idle wait, if it is waiting."""
+    if idle is not None and not idle.done():
         idle.set_result(None)
