@@ -101,7 +101,7 @@ class IngressProtocol(asyncio.Protocol):
         self._keep_alive_s: float = config.timeout_keep_alive
         self._connections: set[Any] = server_state.connections
         self._tasks: set[asyncio.Task[None]] = server_state.tasks
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._waiting: deque[_Request] = deque()
         self._busy = False  # a request is being answered
@@ -137,7 +137,13 @@ class IngressProtocol(asyncio.Protocol):
         self._idle = self._loop.call_later(self._keep_alive_s, self._idle_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """A client gone mid-body is counted; a request in flight still finishes (unanswered)."""
+        """A client gone mid-body is counted; a request in flight still finishes (unanswered).
+
+        The parser (its callbacks are this protocol's methods) and the transport (uvloop's
+        keeps its protocol) are let go here, so that nothing of the connection waits for the
+        cyclic collector's full pass: with the start-up objects frozen (``pipeline/heap.py``)
+        that pass is rare, and closed connections would pile up in memory until it came.
+        """
         del exc
         self._connections.discard(self)
         self._stopped = True
@@ -146,17 +152,20 @@ class IngressProtocol(asyncio.Protocol):
             self.app.counters[self._source.name, "disconnected"] += 1
         self._in_body = False
         self._waiting.clear()
+        self._parser = None
+        self._transport = None
 
     def data_received(self, data: bytes) -> None:
         """Parse ``data``; requests it completes are answered in order."""
-        if self._stopped:
+        parser = self._parser
+        if self._stopped or parser is None:
             return
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
         self._chunk_bytes = len(data)
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # A request asking to switch protocols: answered as HTTP/1.1 if it was whole, and
             # the connection ends there (the parser reads nothing after an upgrade).
@@ -227,6 +236,8 @@ class IngressProtocol(asyncio.Protocol):
                 self._refuse_head()
                 return
         parser = self._parser
+        if parser is None:  # the connection is gone
+            return
         url = httptools.parse_url(self._url)
         self._raw_path = url.path
         path = url.path.decode("latin-1")

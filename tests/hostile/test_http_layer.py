@@ -3,19 +3,23 @@
 :mod:`pipeline.ingress.http` parses requests itself and hands webhooks to the app without ASGI,
 so what uvicorn's protocol did for it is shown here on raw sockets: pipelined requests answered
 in order, ``Expect: 100-continue``, HTTP/1.0, bytes that are not HTTP, bodies over the limit
-(declared or streamed in chunks), and that nothing refused reaches the log.
+(declared or streamed in chunks), that nothing refused reaches the log, and that a closed
+connection leaves nothing for the cyclic garbage collector.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 from pathlib import Path
 
+import uvloop
 from hostile.ingress_server import running_ingress, status_of
 from ingress.signing import hub_signature
 
+from pipeline.ingress.http import IngressProtocol
 from pipeline.logstore import Selection
 
 SECRET = "http-layer-secret"  # noqa: S105 - a test secret
@@ -190,3 +194,40 @@ async def test_a_path_of_escaped_utf8_is_a_404_not_a_500(tmp_path: Path) -> None
         writer.close()
     assert status_of(answer) == 404
     assert json.loads(body) == {"error": "unknown source"}
+
+
+def test_a_closed_connection_is_freed_at_once_not_left_to_the_cycle_collector(
+    tmp_path: Path,
+) -> None:
+    """On uvloop, as ``pipeline ingress serve`` runs: a closed connection's objects are freed.
+
+    With the cyclic collector off, no protocol object of 20 answered and closed connections
+    stays in memory. A protocol tied in a cycle with its parser and transport waits for a full
+    collection, which comes rarely once the start-up objects are frozen; under a steady stream
+    of short connections the memory they hold grew by tens of MiB in minutes.
+    """
+
+    async def scenario() -> tuple[list[int], int]:
+        async with running_ingress(tmp_path, GITHUB) as ingress:
+            statuses = []
+            for i in range(20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", ingress.port)
+                writer.write(_signed(ingress.port, f"owner-{i}"))
+                async with asyncio.timeout(10):
+                    ((head, _),) = await _answers(reader, 1)
+                statuses.append(status_of(head))
+                writer.close()
+                await writer.wait_closed()
+        # The server has stopped: it waited for every connection to end.
+        left = sum(isinstance(o, IngressProtocol) for o in gc.get_objects())
+        return statuses, left
+
+    gc.collect()
+    gc.disable()
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            statuses, left = runner.run(scenario())
+    finally:
+        gc.enable()
+    assert statuses == [200] * 20
+    assert left == 0
