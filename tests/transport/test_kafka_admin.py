@@ -6,7 +6,9 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Producer as RawProducer
 from confluent_kafka import TopicPartition as RawTP
 from confluent_kafka.admin import OffsetSpec
 from contract.helpers import make_topic, wait_for
@@ -110,3 +112,45 @@ async def test_a_partition_without_a_leader_is_asked_again_then_counts_as_gone(
     got = await admin._offsets(tps, OffsetSpec.latest(), skip_gone=True)
     assert set(got) == {TopicPartition("moving", 0), TopicPartition("still", 0)}
     assert len(raw.requests) == 6  # the first and five more, 1.5 s of pauses in all
+
+
+async def test_a_lag_read_of_a_deep_backlog_finds_each_partitions_oldest_waiting_record(
+    settings: Settings, kafka_service: str, unique: str
+) -> None:
+    """Four partitions of 2 MiB each: the timestamp at every committed position, exactly.
+
+    The read takes one record a partition, its prefetch capped at 1 MiB (``_ONE_RECORD``): the
+    partitions the cap holds back must still each give their own first waiting record.
+    """
+    transport = create_transport(settings, "kafka")
+    topic, group = f"backlog_{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 4)
+    base = 1_700_000_000_000
+    raw = RawProducer({"bootstrap.servers": settings.kafka.bootstrap_servers, "linger.ms": 20})
+    value = b"v" * 2048
+    for p in range(4):
+        for i in range(1024):
+            raw.produce(topic, value, partition=p, timestamp=base + p * 100_000 + i)
+        raw.flush(30)
+    committed = {0: 0, 1: 10, 2: 500, 3: 1023}
+    group_client = RawConsumer(
+        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": group}
+    )
+    try:
+        group_client.commit(
+            offsets=[RawTP(topic, p, offset) for p, offset in committed.items()],
+            asynchronous=False,
+        )
+    finally:
+        group_client.close()
+    admin = transport.admin()
+    try:
+        lag = await admin.group_lag(group, topic)
+    finally:
+        await admin.delete_group(group, [topic])
+        await admin.delete_topic(topic)
+        await transport.close()
+    assert {p.tp.partition: p.committed for p in lag} == committed
+    assert {p.tp.partition: p.lag for p in lag} == {p: 1024 - o for p, o in committed.items()}
+    oldest = {p.tp.partition: p.oldest_unconsumed_ms for p in lag}
+    assert oldest == {p: base + p * 100_000 + o for p, o in committed.items()}

@@ -34,6 +34,14 @@ T = TypeVar("T")
 # all): a group whose last member is still leaving, a partition whose topic is being created or
 # deleted (it has a leader, or is gone, a moment later).
 _SETTLING_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.75)
+# The probes' fetching. A lag read takes one record a partition, so its consumer keeps at most
+# 1 MiB prefetched, not librdkafka's 64 MiB (which a backed-up lane would fill at every read,
+# leaving the allocator's arenas behind), and a partition held back by that cap is fetched again
+# 10 ms later rather than after the default second.
+_ONE_RECORD = {
+    "queued.max.messages.kbytes": 1024,
+    "fetch.queue.backoff.ms": 10,
+}
 _NO_LEADER = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
 
 
@@ -351,6 +359,7 @@ class KafkaAdmin:
                 "enable.auto.commit": False,
                 "logger": logging.getLogger("pipeline.librdkafka"),
                 **self._settings.client,
+                **_ONE_RECORD,
             }
         )
 
