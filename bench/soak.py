@@ -48,9 +48,11 @@ from lane_process import PIPELINE_CLI, log_tail, stop_process
 from redis.asyncio import Redis
 
 from pipeline.config import load_settings
+from pipeline.errors import GroupNotEmpty, PipelineError
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
 
 SAMPLE_S = 10.0
 FAIL_MODULO = 50  # crc32(event id) % 50 == 0: 2 % of the retry lane's events fail once
@@ -178,6 +180,32 @@ def verdict(rows: list[dict[str, float]], tolerance: float) -> dict[str, Any]:
     return out
 
 
+async def clean_up(transport: Transport, redis: Redis, tag: str) -> None:
+    """Delete the run's consumer group, topics and Redis keys (naming the keys' shapes)."""
+    names = [name for spec in specs(tag) for name in spec.topic_names()]
+    # The member held its slot on SIGTERM (the default): the group empties when its session,
+    # 10 s by default, runs out.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await transport.admin().delete_group(f"soak_{tag}_g", names)
+        except GroupNotEmpty:
+            if time.monotonic() < deadline:
+                await asyncio.sleep(1)
+                continue
+            print("  the run's consumer group still had a member after 30 s", file=sys.stderr)
+        except PipelineError as exc:
+            print(f"  the run's consumer group was not deleted: {exc}", file=sys.stderr)
+        break
+    with contextlib.suppress(Exception):
+        for name in names:
+            await transport.admin().delete_topic(name)
+    keys = [k async for k in redis.scan_iter(match=f"*{tag}*", count=1000)]
+    print(f"  run keys at the end, by shape: {key_shapes(keys)}", file=sys.stderr)
+    for j in range(0, len(keys), 500):
+        await redis.delete(*keys[j : j + 500])
+
+
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     """Run the load, sample every 10 s, and judge."""
     tag = uuid.uuid4().hex[:10]
@@ -236,14 +264,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             if member_exit != 0:  # -9: it did not stop within the grace after SIGTERM
                 tail = log_tail(workdir / "member.log", 8)
                 print(f"  pipeline consume's stop ended with {member_exit}{tail}", file=sys.stderr)
-            with contextlib.suppress(Exception):
-                for spec in specs(tag):
-                    for name in spec.topic_names():
-                        await transport.admin().delete_topic(name)
-            keys = [k async for k in redis.scan_iter(match=f"*{tag}*", count=1000)]
-            print(f"  run keys at the end, by shape: {key_shapes(keys)}", file=sys.stderr)
-            for j in range(0, len(keys), 500):
-                await redis.delete(*keys[j : j + 500])
+            await clean_up(transport, redis, tag)
             await transport.close()
             await redis.aclose()
     result = verdict(rows, args.tolerance) if len(rows) >= 4 else {}
