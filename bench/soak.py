@@ -161,7 +161,12 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 
 def verdict(rows: list[dict[str, float]], tolerance: float) -> dict[str, Any]:
-    """Slope per 10 minutes over the second half, and whether each resource stayed flat."""
+    """Slope per 10 minutes over the second half, and whether each resource stayed flat.
+
+    Each resource's highest sample of the whole run (``peak``) is reported beside, never
+    judged: memory that garbage holds until a rare collection frees it climbs and falls back,
+    and a second half after the fall looks flat although the process once held much more.
+    """
     half = rows[len(rows) // 2 :]
     out: dict[str, Any] = {}
     xs = [r["t_s"] for r in half]
@@ -176,7 +181,11 @@ def verdict(rows: list[dict[str, float]], tolerance: float) -> dict[str, Any]:
         flat = growth <= max(FLOOR[kind], tolerance * statistics.fmean(ys))
         if column == "redis_keys_total":
             flat = True  # the whole shared Redis: reported, never judged (others use it too)
-        out[column] = {"slope_per_10min": round(per_s * 600, 3), "flat": flat}
+        out[column] = {
+            "slope_per_10min": round(per_s * 600, 3),
+            "flat": flat,
+            "peak": max(r[column] for r in rows),
+        }
     return out
 
 
@@ -330,7 +339,8 @@ def main() -> int:
         return 1
     for column, v in out["slopes"].items():
         state = "flat" if v["flat"] else "GROWING"
-        print(f"{column:>18}: {v['slope_per_10min']:+.3f} per 10 min  {state}")
+        slope, peak = v["slope_per_10min"], v["peak"]
+        print(f"{column:>18}: {slope:+.3f} per 10 min  {state}  (peak {peak:g})")
     print(json.dumps(out))
     return 0 if out["flat"] and out["member_exit_code"] == 0 else 1
 
