@@ -192,12 +192,13 @@ def verdict(rows: list[dict[str, float]], tolerance: float) -> dict[str, Any]:
 async def clean_up(transport: Transport, redis: Redis, tag: str) -> None:
     """Delete the run's consumer group, topics and Redis keys (naming the keys' shapes)."""
     names = [name for spec in specs(tag) for name in spec.topic_names()]
+    admin = transport.admin()  # a Kafka transport builds a new client at every call
     # The member held its slot on SIGTERM (the default): the group empties when its session,
     # 10 s by default, runs out.
     deadline = time.monotonic() + 30
     while True:
         try:
-            await transport.admin().delete_group(f"soak_{tag}_g", names)
+            await admin.delete_group(f"soak_{tag}_g", names)
         except GroupNotEmpty:
             if time.monotonic() < deadline:
                 await asyncio.sleep(1)
@@ -208,7 +209,7 @@ async def clean_up(transport: Transport, redis: Redis, tag: str) -> None:
         break
     with contextlib.suppress(Exception):
         for name in names:
-            await transport.admin().delete_topic(name)
+            await admin.delete_topic(name)
     keys = [k async for k in redis.scan_iter(match=f"*{tag}*", count=1000)]
     print(f"  run keys at the end, by shape: {key_shapes(keys)}", file=sys.stderr)
     for j in range(0, len(keys), 500):
