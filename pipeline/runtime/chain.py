@@ -11,7 +11,8 @@
 * **throttle** (:class:`~pipeline.runtime.throttle_gate.ThrottleGate`): a throttled lane's message
   waits for its slots in Redis, or is deferred through the first retry tier; others pass.
 * **key lanes** (:class:`~pipeline.runtime.lanes.KeyLanes`): one message of a key at a time,
-  in order; different keys run concurrently up to the member's limit.
+  in order; different keys run concurrently up to the member's limit, in turn, but on an ordered
+  lane a retry-tier copy the due stage released goes ahead of the keys waiting for a worker.
 * **guard** (:class:`~pipeline.runtime.guard.RunGuard`): start marks and parking in Redis;
   decides whether the message runs, is held behind its key's head, or is a stale copy.
 * **cancel** (:class:`~pipeline.runtime.longwork.LongWork`): a message whose work was cancelled
@@ -81,7 +82,7 @@ class Chain:
 
     def start(self, pauses: PauseBook) -> None:
         """Start the key lanes' workers; the due stage pauses partitions through ``pauses``."""
-        self.due = DueGate(pauses, self._batch)
+        self.due = DueGate(pauses, self._due)
         self.lanes.start()
 
     # -- the hops, in order -------------------------------------------------------------------
@@ -95,6 +96,15 @@ class Chain:
             self.due.offer(work)
         else:
             self._batch(work)
+
+    def _due(self, work: Work) -> None:
+        """A retry-tier copy whose delay is over: it goes ahead on an ordered lane.
+
+        There its key's later messages wait parked behind it, so the key lanes run it before
+        the keys waiting for a worker.
+        """
+        work.due = True
+        self._batch(work)
 
     def _batch(self, work: Work) -> None:
         policy = work.lane.spec.batch
@@ -127,7 +137,8 @@ class Chain:
     def _key_lanes(self, work: Work) -> None:
         if work.trace is not None and self.gate is not None and work.lane.spec.throttle:
             tracing.admitted(work.trace)  # the end of its throttle wait
-        self.lanes.submit(work, ordered=work.lane.spec.ordered)
+        ordered = work.lane.spec.ordered
+        self.lanes.submit(work, ordered=ordered, first=work.due and ordered)
 
     async def _run(self, work: Work) -> None:
         """Guard and handler (the guard calls the handler stage), then release and settle."""

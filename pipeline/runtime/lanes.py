@@ -64,13 +64,21 @@ class KeyLanes(Generic[T]):
             self._limit_raised.set()
         self._limit = value
 
-    def submit(self, message: T, *, ordered: bool) -> None:
-        """Queue ``message`` behind earlier messages of its key (or alone if not ordered)."""
+    def submit(self, message: T, *, ordered: bool, first: bool = False) -> None:
+        """Queue ``message`` behind earlier messages of its key (or alone if not ordered).
+
+        ``first``: a key that has nothing queued goes to the front of the keys waiting for a
+        worker rather than the back (a retry copy whose delay is over: see :mod:`.chain`).
+        """
         key: LaneKey = (message.tp, message.key if ordered else ("offset", message.offset))
         queue = self._queues.get(key)
         if queue is None:
             self._queues[key] = deque([message])
-            self._make_ready(key)
+            if first:
+                self._ready.appendleft(key)
+                self._wake_one()
+            else:
+                self._make_ready(key)
         else:
             queue.append(message)
 

@@ -68,6 +68,9 @@ class Work:
     offsets: PartitionOffsets | None = None
     """The offsets of its partition's assignment it was read under: its end counts there, not
     in a later assignment's, whose own copy of the same offset may not have run yet."""
+    due: bool = False
+    """It came from a retry tier and its delay is over: on an ordered lane, where its key's later
+    messages wait behind it, the key lanes run it before the keys waiting for a worker."""
 
     @property
     def tp(self) -> TopicPartition:

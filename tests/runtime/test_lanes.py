@@ -100,6 +100,35 @@ async def test_unordered_messages_of_one_key_run_concurrently() -> None:
     assert peak == 4
 
 
+async def test_a_key_submitted_first_runs_before_the_keys_waiting_for_a_worker() -> None:
+    """A retry copy whose delay is over does not wait behind fresh keys, nor its key's queue.
+
+    One worker, busy with k0; k1..k3 wait for it. A message of a new key submitted ``first``
+    runs next, then the waiting keys in their turn; one of a key that has messages queued
+    stays behind them (per-key order is never given up).
+    """
+    gate, started = asyncio.Event(), asyncio.Event()
+    order: list[bytes] = []
+
+    async def process(m: Message) -> None:
+        assert m.key is not None
+        order.append(m.key)
+        started.set()
+        await gate.wait()
+
+    lanes = KeyLanes(process, max_concurrency=1)
+    lanes.start()
+    for i in range(4):
+        lanes.submit(msg(i, f"k{i}".encode()), ordered=True)
+    await asyncio.wait_for(started.wait(), 10)
+    lanes.submit(msg(4, b"k2"), ordered=True, first=True)  # k2 is queued: behind it
+    lanes.submit(msg(5, b"due"), ordered=True, first=True)
+    gate.set()
+    await asyncio.wait_for(lanes.wait_idle(), 10)
+    await lanes.close()
+    assert order == [b"k0", b"due", b"k1", b"k2", b"k3", b"k2"]
+
+
 async def test_drop_forgets_queued_messages_but_keeps_running_ones() -> None:
     """Dropping a partition returns its queued messages; the running head still finishes."""
     gate, started = asyncio.Event(), asyncio.Event()
