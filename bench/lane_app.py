@@ -16,7 +16,9 @@ configured by the environment:
     checks: two runs of one key at the same time (``key_overlaps``: a dict of keys running, exact
     within one process), a success after a later message of its key (``order_violations``,
     from the produce sequence in the value's first 8 bytes), repeated successes
-    (``duplicates``); with ``BENCH_FAIL_MODULO`` M > 0, a message whose ``crc32(value) % M == 0``
+    (``duplicates``), and how late each retry copy's handler started after its due time (the
+    ``pl-due-ms`` header), summed up at exit as ``retry_late_ms_p50``, ``_p90`` and ``_max``;
+    with ``BENCH_FAIL_MODULO`` M > 0, a message whose ``crc32(value) % M == 0``
     is chosen on its first attempt, and fails (``injected_failures``) unless ``BENCH_INJECT`` is
     ``0``: a run without failures then makes the same choice, so both runs' handlers do the
     same work but for the raise. The handler holds its key for
@@ -40,6 +42,7 @@ import time
 import zlib
 from pathlib import Path
 
+from pipeline.headers import DUE_MS
 from pipeline.runtime import App, Context
 
 app = App("topics")
@@ -53,7 +56,7 @@ HOLD_S = float(os.environ.get("BENCH_HOLD_MS", "1")) / 1000
 STATS_PATH = os.environ.get("BENCH_STATS", "")
 E2E = struct.Struct("<qqd")
 
-stats = {
+stats: dict[str, float] = {
     "successes": 0,
     "injected_failures": 0,
     "key_overlaps": 0,
@@ -63,9 +66,15 @@ stats = {
 _running: dict[bytes, int] = {}
 _top: dict[bytes, int] = {}
 _done: set[int] = set()
+_late_ms: list[float] = []
 
 
 def _dump() -> None:
+    if _late_ms:
+        _late_ms.sort()
+        stats["retry_late_ms_p50"] = round(_late_ms[len(_late_ms) // 2], 1)
+        stats["retry_late_ms_p90"] = round(_late_ms[int(len(_late_ms) * 0.9)], 1)
+        stats["retry_late_ms_max"] = round(_late_ms[-1], 1)
     if STATS_PATH:
         Path(STATS_PATH).write_text(json.dumps(stats), encoding="utf-8")
 
@@ -96,6 +105,9 @@ elif MODE == "checked":
     async def checked(event: bytes, ctx: Context) -> None:
         """Hold the key a moment, fail the chosen messages once, check order and overlaps."""
         key = ctx.message.key or b""
+        due = ctx.message.headers.get(DUE_MS)
+        if due is not None:
+            _late_ms.append(time.time() * 1000 - int(due))
         if _running.get(key):
             stats["key_overlaps"] += 1
         _running[key] = _running.get(key, 0) + 1

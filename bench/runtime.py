@@ -79,7 +79,9 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    failures / without), median per pair. Two parts of it, also median per pair:
    ``retry_delay_floor`` = 1 - clean span ÷ (clean span + the first tier's delay), what the delay
    alone costs (a message failing near the end of the backlog cannot succeed before its retry is
-   due), and ``retry_1pct_cpu_cost`` = 1 - clean CPU per message ÷ failing CPU per message, what the
+   due; ``retry_due_late_ms_p50``, ``_p90`` and ``_max`` say how late after its due time each
+   retry copy's handler started, medians of the failing runs' own), and
+   ``retry_1pct_cpu_cost`` = 1 - clean CPU per message ÷ failing CPU per message, what the
    failures cost the consumer's CPU; ``retry_cpu_ms_per_failure`` is the same CPU as
    milliseconds per injected failure (the failing run's process-tree CPU minus the clean run's,
    ÷ its failures; median per pair). ``--retry-unordered`` runs the part on the same lane
@@ -1094,6 +1096,16 @@ def _summary_wire(wire: Wire) -> dict[str, Any]:
     return out
 
 
+def _late_fields(failing: list[Drain]) -> dict[str, float | None]:
+    """How late the retry copies' handlers started after their due time: median per run."""
+    out: dict[str, float | None] = {}
+    for part in ("p50", "p90", "max"):
+        name = f"retry_late_ms_{part}"
+        values = [s.stats[name] for s in failing if name in s.stats]
+        out[f"retry_due_late_ms_{part}"] = _r(_med(values)) if values else None
+    return out
+
+
 def _summary_retries(rt: Retries) -> dict[str, Any]:
     return {
         "retry_clean_msgs_s": round(_med([s.msgs_s for s in rt.clean])),
@@ -1104,6 +1116,7 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
             _r(_med(rt.cpu_ms_per_failure)) if rt.cpu_ms_per_failure else None
         ),
         "retry_delay_floor": _r(_med(rt.delay_floors)),
+        **_late_fields(rt.failing),
         "retry_amplifications": [_r(x) for x in rt.amplifications],
         "retry_order_violations": rt.total("order_violations"),
         "retry_duplicates": rt.total("duplicates"),
