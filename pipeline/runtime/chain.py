@@ -4,8 +4,8 @@
 
     poll ─▶ due ─▶ batch ─▶ throttle ─▶ key lanes ─▶ guard ─▶ cancel ─▶ handler ─▶ settle
 
-* **due** (:class:`~pipeline.runtime.due.DueGate`): a retry-tier message waits, its partition
-  paused, until its due time; others pass.
+* **due** (:class:`~pipeline.runtime.due.DueGate`): a retry-tier message waits until its due
+  time (its partition paused once it holds many); others pass.
 * **batch** (:class:`~pipeline.runtime.batch.BatchGate`): a batch lane's message waits for idle
   capacity or its SLA's promotion point; others pass.
 * **throttle** (:class:`~pipeline.runtime.throttle_gate.ThrottleGate`): a throttled lane's message

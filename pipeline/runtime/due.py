@@ -1,9 +1,12 @@
-"""Retry-tier messages wait for their due time with the partition paused, not on a sleeping task.
+"""Retry-tier messages wait here for their due time, on one timer per partition, not on a task.
 
 A retry tier's partition holds messages in due order (within the tier's jitter). When the head is
-not due yet, the partition is paused and one timer is set for the head's due time; when it fires,
-every message now due is released in order, and the partition resumes once nothing is held. A
-message is never released before its due time; the cost is one timer per waiting partition.
+not due yet, it is held and one timer is set for its due time; when the timer fires, every
+message now due is released in order. The partition keeps flowing while it holds fewer than
+:data:`HOLD_AHEAD` messages, so the copies behind the head are already here when they fall due
+(a paused partition drops what the client fetched of it, and what it fetches again after the
+resume arrives behind every other partition's read-ahead); past that it is paused, and it
+resumes once it holds half as many. A message is never released before its due time.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from pipeline.runtime.work import Item, T
 
 log = logging.getLogger(__name__)
 
+HOLD_AHEAD = 64
+"""Messages a retry tier's partition may hold waiting for their due time before it is paused."""
+
 
 def due_ms(message: Item) -> int:
     """The message's due time in epoch milliseconds (0: due now)."""
@@ -37,6 +43,7 @@ class DueGate(Generic[T]):
         self._release = release
         self._held: dict[TopicPartition, deque[T]] = {}
         self._timers: dict[TopicPartition, asyncio.TimerHandle] = {}
+        self._paused: set[TopicPartition] = set()
 
     def offer(self, message: T) -> None:
         """Release ``message`` now if due and nothing is held before it; otherwise hold it."""
@@ -46,9 +53,11 @@ class DueGate(Generic[T]):
             return
         if held is None:
             held = self._held[message.tp] = deque()
-            self._pauses.pause(message.tp, "due")
             log.debug("holding %s until %d", message.tp, due_ms(message))
         held.append(message)
+        if len(held) >= HOLD_AHEAD and message.tp not in self._paused:
+            self._paused.add(message.tp)
+            self._pauses.pause(message.tp, "due")
         if message.tp not in self._timers:
             self._arm(message.tp)
 
@@ -70,8 +79,10 @@ class DueGate(Generic[T]):
             self._arm(tp)
         else:
             del self._held[tp]
-            self._pauses.resume(tp, "due")
             log.debug("released %s", tp)
+        if tp in self._paused and len(held) <= HOLD_AHEAD // 2:
+            self._paused.discard(tp)
+            self._pauses.resume(tp, "due")
 
     def drop(self, tps: set[TopicPartition]) -> list[T]:
         """Forget what is held for these partitions (they left this member); returns it."""
@@ -81,4 +92,5 @@ class DueGate(Generic[T]):
             if timer:
                 timer.cancel()
             dropped += self._held.pop(tp, deque())
+            self._paused.discard(tp)  # the member forgets its pauses (PauseBook.forget)
         return dropped

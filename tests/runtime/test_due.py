@@ -1,0 +1,88 @@
+"""The due stage: retry-tier messages released at their due time, in order.
+
+The partition keeps flowing while it holds few of them, and is paused while it holds many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from pipeline import headers as h
+from pipeline.envelope import Message, TopicPartition
+from pipeline.runtime.due import HOLD_AHEAD, DueGate
+from pipeline.runtime.flow import PauseBook
+
+TP = TopicPartition("orders.retry.1s", 0)
+
+
+class Calls:
+    """The consumer's pause and resume, as the pause book calls them (nothing else is used)."""
+
+    def __init__(self) -> None:
+        """No calls yet."""
+        self.calls: list[tuple[str, list[TopicPartition]]] = []
+
+    def pause(self, partitions: Sequence[TopicPartition]) -> None:
+        """Record a pause."""
+        self.calls.append(("pause", list(partitions)))
+
+    def resume(self, partitions: Sequence[TopicPartition]) -> None:
+        """Record a resume."""
+        self.calls.append(("resume", list(partitions)))
+
+
+def due_at(offset: int, due_ms: int) -> Message:
+    """A retry copy read at ``offset``, due at ``due_ms`` (ms since the epoch)."""
+    return Message(TP.topic, TP.partition, offset, b"k", b"", {h.DUE_MS: str(due_ms).encode()})
+
+
+async def released_all(count: int, offer: list[Message]) -> tuple[list[int], Calls, list[float]]:
+    """Offer ``offer`` to a gate and wait until ``count`` are released.
+
+    Returns their offsets, the consumer's calls, and how late each came in ms (negative: early).
+    """
+    calls = Calls()
+    out: list[int] = []
+    lateness: list[float] = []
+    done = asyncio.Event()
+
+    def release(message: Message) -> None:
+        lateness.append(time.time() * 1000 - h.int_header(message.headers, h.DUE_MS))
+        out.append(message.offset)
+        if len(out) == count:
+            done.set()
+
+    gate: DueGate[Message] = DueGate(PauseBook(calls), release)  # type: ignore[arg-type]
+    for message in offer:
+        gate.offer(message)
+    await asyncio.wait_for(done.wait(), 10)
+    return out, calls, lateness
+
+
+async def test_a_few_waiting_copies_keep_their_partition_flowing() -> None:
+    """Copies behind a waiting head stay fetched: no pause, each released at its time, in order."""
+    now = int(time.time() * 1000)
+    offer = [due_at(i, now + 30 + 10 * i) for i in range(3)]
+    out, calls, lateness = await released_all(3, offer)
+    assert out == [0, 1, 2]
+    assert calls.calls == []
+    assert min(lateness) >= 0  # never early
+
+
+async def test_many_waiting_copies_pause_their_partition_until_half_are_released() -> None:
+    """Past HOLD_AHEAD held the partition is paused once, and resumed once half are gone."""
+    now = int(time.time() * 1000)
+    count = HOLD_AHEAD + 4
+    offer = [due_at(i, now + 30 + i) for i in range(count)]
+    out, calls, lateness = await released_all(count, offer)
+    assert out == list(range(count))
+    assert calls.calls == [("pause", [TP]), ("resume", [TP])]
+    assert min(lateness) >= 0
+
+
+async def test_a_due_copy_with_nothing_held_passes_at_once() -> None:
+    """A copy already due, with nothing held before it, is released in the offer itself."""
+    out, calls, _ = await released_all(1, [due_at(7, int(time.time() * 1000) - 5)])
+    assert (out, calls.calls) == ([7], [])
