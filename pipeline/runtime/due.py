@@ -4,9 +4,9 @@ A retry tier's partition holds messages in due order (within the tier's jitter).
 not due yet, it is held and one timer is set for its due time; when the timer fires, every
 message now due is released in order. The partition keeps flowing while it holds fewer than
 :data:`HOLD_AHEAD` messages, so the copies behind the head are already here when they fall due
-(a paused partition drops what the client fetched of it, and what it fetches again after the
-resume arrives behind every other partition's read-ahead); past that it is paused, and it
-resumes once it holds half as many. A message is never released before its due time.
+(on Kafka a paused partition drops what the client fetched of it, and what it fetches again
+after the resume arrives behind every other partition's read-ahead); past that it is paused,
+and it resumes once it holds half as many. A message is never released before its due time.
 """
 
 from __future__ import annotations
