@@ -43,7 +43,6 @@ class DueGate(Generic[T]):
         self._release = release
         self._held: dict[TopicPartition, deque[T]] = {}
         self._timers: dict[TopicPartition, asyncio.TimerHandle] = {}
-        self._paused: set[TopicPartition] = set()
 
     def offer(self, message: T) -> None:
         """Release ``message`` now if due and nothing is held before it; otherwise hold it."""
@@ -55,8 +54,7 @@ class DueGate(Generic[T]):
             held = self._held[message.tp] = deque()
             log.debug("holding %s until %d", message.tp, due_ms(message))
         held.append(message)
-        if len(held) >= HOLD_AHEAD and message.tp not in self._paused:
-            self._paused.add(message.tp)
+        if len(held) == HOLD_AHEAD:  # it grows one at a time, so it crosses the bound here
             self._pauses.pause(message.tp, "due")
         if message.tp not in self._timers:
             self._arm(message.tp)
@@ -80,9 +78,8 @@ class DueGate(Generic[T]):
         else:
             del self._held[tp]
             log.debug("released %s", tp)
-        if tp in self._paused and len(held) <= HOLD_AHEAD // 2:
-            self._paused.discard(tp)
-            self._pauses.resume(tp, "due")
+        if len(held) <= HOLD_AHEAD // 2:
+            self._pauses.resume(tp, "due")  # nothing unless this gate paused it
 
     def drop(self, tps: set[TopicPartition]) -> list[T]:
         """Forget what is held for these partitions (they left this member); returns it."""
@@ -92,5 +89,4 @@ class DueGate(Generic[T]):
             if timer:
                 timer.cancel()
             dropped += self._held.pop(tp, deque())
-            self._paused.discard(tp)  # the member forgets its pauses (PauseBook.forget)
         return dropped
