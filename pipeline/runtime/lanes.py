@@ -74,11 +74,7 @@ class KeyLanes(Generic[T]):
         queue = self._queues.get(key)
         if queue is None:
             self._queues[key] = deque([message])
-            if first:
-                self._ready.appendleft(key)
-                self._wake_one()
-            else:
-                self._make_ready(key)
+            self._make_ready(key, first=first)
         else:
             queue.append(message)
 
@@ -174,9 +170,12 @@ class KeyLanes(Generic[T]):
                 # issue 86296); a stop a run takes back (LongWork) leaves no request behind.
                 raise asyncio.CancelledError
 
-    def _make_ready(self, key: LaneKey) -> None:
-        """Queue ``key`` for a worker and wake one waiting worker."""
-        self._ready.append(key)
+    def _make_ready(self, key: LaneKey, *, first: bool = False) -> None:
+        """Queue ``key`` for a worker (at the front if ``first``) and wake one waiting worker."""
+        if first:
+            self._ready.appendleft(key)
+        else:
+            self._ready.append(key)
         self._wake_one()
 
     async def _wait_ready(self) -> None:
