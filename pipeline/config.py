@@ -87,6 +87,13 @@ class KafkaSettings(_Section):
     500 by default there). A paused partition resumes only with the next fetch, so with
     librdkafka's default a member whose partitions pause for backpressure idles up to half a
     second each time; 50 ms keeps that short at 20 empty fetches a second per idle member."""
+    fetch_queue_backoff_ms: int = Field(default=10, ge=0, le=300_000)
+    """How long a member waits to fetch a partition again after its read-ahead was full
+    (librdkafka ``fetch.queue.backoff.ms``, 1,000 by default there). Behind a backlog the
+    read-ahead fills, and with librdkafka's default each partition is then fetched again up to
+    a second later, a retry tier's too: copies due after their delay start up to a second late.
+    10 ms costs no measurable throughput (docs/benchmarks.md, "Retry copies fetched again
+    within 10 ms")."""
     group_protocol: Literal["auto", "consumer", "classic"] = "auto"
     """Rebalance protocol of consumer groups: ``consumer`` (KIP-848, Kafka 4 brokers),
     ``classic`` (cooperative-sticky), or ``auto``: ``consumer`` where the broker offers it,

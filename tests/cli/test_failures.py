@@ -30,6 +30,10 @@ def pipeline(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
         ({"PIPELINE_KAFKA__CLIENT": '{"no.such.property": "1"}'}, "PIPELINE_KAFKA__CLIENT"),
         ({"PIPELINE_REDIS__URL": "redis://127.0.0.1:99999/0"}, "PIPELINE_REDIS__URL"),
         ({"PIPELINE_RUNTIME__COMMIT_INTERVAL_MS": "3000"}, "PIPELINE_RUNTIME__LIVENESS_MS"),
+        (
+            {"PIPELINE_KAFKA__FETCH_QUEUE_BACKOFF_MS": "-1"},
+            "PIPELINE_KAFKA__FETCH_QUEUE_BACKOFF_MS",
+        ),
     ],
 )
 def test_bad_setting_is_one_error_naming_the_variable(env: dict[str, str], variable: str) -> None:

@@ -19,7 +19,12 @@ from pipeline.config import Settings
 from pipeline.envelope import Position
 from pipeline.errors import ConfigError, UnknownTopic
 from pipeline.transport.kafka.consumer import KafkaConsumer
-from pipeline.transport.kafka.group import admin_client, broker_protocols, choose_protocol
+from pipeline.transport.kafka.group import (
+    admin_client,
+    broker_protocols,
+    choose_protocol,
+    consumer_config,
+)
 from pipeline.transport.kafka.transport import KafkaTransport
 
 pytestmark = pytest.mark.usefixtures("kafka_service")
@@ -99,6 +104,21 @@ async def test_group_protocol_in_client_properties_does_not_crash(
         assert consumer.protocol == "consumer"
     finally:
         await consumer.close()
+
+
+def test_a_member_fetches_a_partition_again_10_ms_after_its_read_ahead_was_full(
+    settings: Settings,
+) -> None:
+    """Not librdkafka's second: behind a backlog a retry tier's copies would start that late.
+
+    The setting and ``PIPELINE_KAFKA__CLIENT`` override it, in that order; the broker tests
+    above build their members with it, so librdkafka accepts the property.
+    """
+    assert consumer_config(settings.kafka, "g", "m")["fetch.queue.backoff.ms"] == 10
+    tuned = settings.kafka.model_copy(update={"fetch_queue_backoff_ms": 50})
+    assert consumer_config(tuned, "g", "m")["fetch.queue.backoff.ms"] == 50
+    client = tuned.model_copy(update={"client": {"fetch.queue.backoff.ms": "1000"}})
+    assert consumer_config(client, "g", "m")["fetch.queue.backoff.ms"] == "1000"
 
 
 @pytest.mark.parametrize(

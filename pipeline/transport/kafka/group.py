@@ -201,6 +201,7 @@ def consumer_config(
         "auto.offset.reset": "earliest",
         "socket.timeout.ms": settings.request_timeout_ms,
         "fetch.wait.max.ms": settings.fetch_wait_max_ms,
+        "fetch.queue.backoff.ms": settings.fetch_queue_backoff_ms,
         "enable.partition.eof": False,
         "logger": logging.getLogger("pipeline.librdkafka"),
     }
