@@ -85,7 +85,7 @@ from pipeline.transport import create_transport
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pipeline.transport.protocol import Transport
+    from pipeline.transport.protocol import Producer, Transport
 
 MAIN_PY = PEERS_DIR / ".venv" / "bin" / "python"
 REDIS5_VENV = PEERS_DIR / ".venv-redis5"
@@ -276,9 +276,23 @@ class Bench:
         self.redis = Redis.from_url(self.settings.redis.url)
         self.urls = {"kafka": self.kafka.bootstrap, "redis": self.settings.redis.url}
         self.workdir = workdir
+        self._producers: dict[str, Producer] = {}
+
+    def producer(self, broker: str) -> Producer:
+        """The harness's one producer on ``broker``, made at its first use and kept.
+
+        A paced run's first tasks would otherwise wait for a new client to start (on Kafka,
+        for its idempotent producer id), which is the harness's delay, not the runner's.
+        """
+        producer = self._producers.get(broker)
+        if producer is None:
+            producer = self._producers[broker] = self.transports[broker].producer()
+        return producer
 
     async def close(self) -> None:
         """Release every client."""
+        for producer in self._producers.values():
+            await producer.close()
         await self.kafka.close()
         await self.transports["redis"].close()
         await self.redis.aclose()
@@ -354,7 +368,7 @@ class Bench:
         """Enqueue tasks ``start..start+n-1``: our producer, or the peer's own client."""
         spec = argparse.Namespace(count=n, rate=rate, start=start)
         if peer.broker == "kafka" or peer.ours:
-            producer = self.transports[peer.broker].producer()
+            producer = self.producer(peer.broker)
 
             def key(seq: int) -> bytes:
                 return b"k%d" % (seq % KEYS)
