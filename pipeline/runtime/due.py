@@ -1,20 +1,24 @@
 """Retry-tier messages wait here for their due time, on one timer per partition, not on a task.
 
-A retry tier's partition holds messages in due order (within the tier's jitter). When the head is
-not due yet, it is held and one timer is set for its due time; when the timer fires, every
-message now due is released in order. The partition keeps flowing while it holds fewer than
-:data:`HOLD_AHEAD` messages, so the copies behind the head are already here when they fall due
-(on Kafka a paused partition drops what the client fetched of it, and what it fetches again
-after the resume arrives behind every other partition's read-ahead); past that it is paused,
-and it resumes once it holds half as many. A message is never released before its due time.
+A retry tier's partition holds messages nearly in due order: each copy's delay is jittered, so a
+copy can fall due before one written ahead of it. Each is released at its own due time, earliest
+first, and never waits for a copy ahead of it that is due later (on an ordered lane a key has at
+most one copy in the tiers, its parked head, so nothing of one key is reordered; the partition's
+commits follow the lowest unfinished offset as everywhere). One timer per partition is set for
+the earliest due time held. The partition keeps flowing while it holds fewer than
+:data:`HOLD_AHEAD` messages, so the copies behind are already here when they fall due (on Kafka
+a paused partition drops what the client fetched of it, and what it fetches again after the
+resume arrives behind every other partition's read-ahead); past that it is paused, and it
+resumes once it holds half as many. A message is never released before its due time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Generic
 
@@ -35,35 +39,43 @@ def due_ms(message: Item) -> int:
 
 
 class DueGate(Generic[T]):
-    """Holds messages of paused retry-tier partitions until they are due."""
+    """Holds messages of retry-tier partitions until they are due, earliest due first."""
 
     def __init__(self, pauses: PauseBook, release: Callable[[T], None]) -> None:
         """Release due messages through ``release``; pause and resume through ``pauses``."""
         self._pauses = pauses
         self._release = release
-        self._held: dict[TopicPartition, deque[T]] = {}
-        self._timers: dict[TopicPartition, asyncio.TimerHandle] = {}
+        self._held: dict[TopicPartition, list[tuple[int, int, T]]] = {}
+        """Per partition, a heap of (due ms, arrival, message): equal due times in arrival order."""
+        self._timers: dict[TopicPartition, tuple[int, asyncio.TimerHandle]] = {}
+        """Per partition, the due time its timer is set for, and the timer."""
+        self._arrivals = itertools.count()
 
     def offer(self, message: T) -> None:
-        """Release ``message`` now if due and nothing is held before it; otherwise hold it."""
-        held = self._held.get(message.tp)
-        if held is None and due_ms(message) <= time.time() * 1000:
+        """Release ``message`` now if it is due; otherwise hold it until it is."""
+        due = due_ms(message)
+        if due <= time.time() * 1000:
             self._release(message)
             return
+        tp = message.tp
+        held = self._held.get(tp)
         if held is None:
-            held = self._held[message.tp] = deque()
-            log.debug("holding %s until %d", message.tp, due_ms(message))
-        held.append(message)
+            held = self._held[tp] = []
+            log.debug("holding %s until %d", tp, due)
+        heapq.heappush(held, (due, next(self._arrivals), message))
         if len(held) == HOLD_AHEAD:  # it grows one at a time, so it crosses the bound here
-            self._pauses.pause(message.tp, "due")
-        if message.tp not in self._timers:
-            self._arm(message.tp)
+            self._pauses.pause(tp, "due")
+        armed = self._timers.get(tp)
+        if armed is None or due < armed[0]:  # the earliest held is now this one
+            if armed is not None:
+                armed[1].cancel()
+            self._arm(tp)
 
     def _arm(self, tp: TopicPartition) -> None:
-        head = self._held[tp][0]
-        delay_s = max(0.0, due_ms(head) / 1000 - time.time())
+        due = self._held[tp][0][0]
+        delay_s = max(0.0, due / 1000 - time.time())
         loop = asyncio.get_running_loop()
-        self._timers[tp] = loop.call_later(delay_s, self._fire, tp)
+        self._timers[tp] = (due, loop.call_later(delay_s, self._fire, tp))
 
     def _fire(self, tp: TopicPartition) -> None:
         self._timers.pop(tp, None)
@@ -71,8 +83,8 @@ class DueGate(Generic[T]):
         if not held:
             return
         now_ms = time.time() * 1000
-        while held and due_ms(held[0]) <= now_ms:
-            self._release(held.popleft())
+        while held and held[0][0] <= now_ms:
+            self._release(heapq.heappop(held)[2])
         if held:
             self._arm(tp)
         else:
@@ -85,8 +97,9 @@ class DueGate(Generic[T]):
         """Forget what is held for these partitions (they left this member); returns it."""
         dropped: list[T] = []
         for tp in tps:
-            timer = self._timers.pop(tp, None)
-            if timer:
-                timer.cancel()
-            dropped += self._held.pop(tp, deque())
+            armed = self._timers.pop(tp, None)
+            if armed:
+                armed[1].cancel()
+            held = sorted(self._held.pop(tp, []), key=lambda entry: entry[1])  # as they came
+            dropped += [message for _, _, message in held]
         return dropped

@@ -1,4 +1,4 @@
-"""The due stage: retry-tier messages released at their due time, in order.
+"""The due stage: retry-tier messages released at their due time, earliest due first.
 
 The partition keeps flowing while it holds few of them, and is paused while it holds many.
 """
@@ -13,6 +13,7 @@ from pipeline import headers as h
 from pipeline.envelope import Message, TopicPartition
 from pipeline.runtime.due import HOLD_AHEAD, DueGate
 from pipeline.runtime.flow import PauseBook
+from pipeline.testing.clock import VirtualClock
 
 TP = TopicPartition("orders.retry.1s", 0)
 
@@ -86,3 +87,31 @@ async def test_a_due_copy_with_nothing_held_passes_at_once() -> None:
     """A copy already due, with nothing held before it, is released in the offer itself."""
     out, calls, _ = await released_all(1, [due_at(7, int(time.time() * 1000) - 5)])
     assert (out, calls.calls) == ([7], [])
+
+
+async def test_a_copy_due_sooner_than_the_one_ahead_of_it_does_not_wait_for_it() -> None:
+    """Jittered delays: a copy written later but due first goes at its own time, not after."""
+    now = int(time.time() * 1000)
+    ahead = due_at(0, now + 60_000)  # still held when the test ends
+    offer = [ahead, due_at(1, now + 40), due_at(2, now + 20), due_at(3, now - 5)]
+    out, calls, lateness = await released_all(3, offer)
+    assert out == [3, 2, 1]  # the one due already at once, then the others as they fall due
+    assert calls.calls == []
+    assert min(lateness) >= 0
+
+
+async def test_a_revoked_partition_gives_back_what_it_held_in_the_order_it_came() -> None:
+    """Nothing held is released after a drop; what was held comes back by offset."""
+    clock = VirtualClock()
+    clock.start()
+    try:
+        now = int(time.time() * 1000)
+        released: list[int] = []
+        gate: DueGate[Message] = DueGate(PauseBook(Calls()), lambda m: released.append(m.offset))  # type: ignore[arg-type]
+        for offset, delay in ((0, 50), (1, 10), (2, 30)):
+            gate.offer(due_at(offset, now + delay))
+        assert [m.offset for m in gate.drop({TP})] == [0, 1, 2]
+        await clock.sleep(1.0)  # past every due time: a timer left behind would release them
+        assert released == []
+    finally:
+        clock.stop()
