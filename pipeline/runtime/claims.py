@@ -57,10 +57,11 @@ cannot be reached, nothing is claimed and every message takes the exact path, wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from redis import exceptions as rexc
 
@@ -76,6 +77,8 @@ _WAIT_MAX_S = 1.0
 """An inherited range of a live process is asked about again after these pauses (doubling)."""
 _CONFIRM_EVERY_S = 0.5
 """A stalled process whose confirmation failed tries again at most this often."""
+FORGET_PARKED_ABOVE = 10_000
+"""Keys a member remembers as maybe parked before it asks Redis which of them still are."""
 
 
 class LaneClaims:
@@ -127,6 +130,11 @@ class LaneClaims:
         """The claims being grown in the background, ahead of the batches."""
         self.maybe_parked: set[str] | None = None if ordered else set()
         """Keys that may be parked (ordered lanes); None until loaded: every key may be."""
+        self._parking = 0
+        """This member's calls that park a key in Redis and have not returned yet."""
+        self._parked_meanwhile: set[str] | None = None
+        """While the parked keys are read again: the keys this member learnt of meanwhile."""
+        self._forget_above = FORGET_PARKED_ABOVE
 
     # -- assignment -------------------------------------------------------------------------
 
@@ -146,6 +154,8 @@ class LaneClaims:
                 parked = await self._store.parked_keys()
                 known = self.maybe_parked
                 self.maybe_parked = parked if known is None else known | parked
+                if self._parked_meanwhile is not None:
+                    self._parked_meanwhile |= parked
             least: dict[TopicPartition, tuple[int, int]] = {}
             for tp in mine:
                 lo = committed[tp].offset if tp in committed else 0
@@ -398,10 +408,19 @@ class LaneClaims:
         parked = self.maybe_parked
         return parked is not None and key in parked
 
-    def parked(self, key: str) -> None:
-        """This member parks ``key`` (a failure or a deferral on an ordered lane)."""
-        if self.maybe_parked is not None:
-            self.maybe_parked.add(key)
+    @contextlib.contextmanager
+    def parking(self, key: str) -> Iterator[None]:
+        """This member parks ``key`` in Redis inside the block (a failure or a deferral).
+
+        On an ordered lane: the key is known as parked from the block's start on, and the
+        parked keys are not read again (:meth:`forget_unparked`) until the call has returned.
+        """
+        self._maybe(key)
+        self._parking += 1
+        try:
+            yield
+        finally:
+            self._parking -= 1
 
     def decided(self, key: str, decision: str) -> None:
         """The exact path decided a message of ``key``: ``process`` means it is not parked."""
@@ -410,4 +429,57 @@ class LaneClaims:
         if decision == "process":
             self.maybe_parked.discard(key)
         else:
+            self._maybe(key)
+
+    def _maybe(self, key: str) -> None:
+        if self.maybe_parked is not None:
             self.maybe_parked.add(key)
+            if self._parked_meanwhile is not None:
+                self._parked_meanwhile.add(key)
+
+    async def forget_unparked(self) -> None:
+        """Keep only the keys Redis still has parked, once many more are remembered (the tick).
+
+        A key is remembered from its parking until a later message of it is found not parked,
+        so a key that has no later message (a conversation that ended on a failure) would be
+        remembered for as long as the process lives: an outage that parked a million keys
+        would keep them all. Past :data:`FORGET_PARKED_ABOVE` keys, and twice as many as the
+        last reading found, the parked keys are read again (``HKEYS``) and the rest forgotten.
+        Not while a call of this member that parks a key is under way (its key may reach Redis
+        after the reading), and keys learnt of during the reading are kept; a key parked in
+        Redis is otherwise parked by the calls of this member before its next message can run
+        here, or was parked already. On a Redis error the keys stay as they were.
+        """
+        known = self.maybe_parked
+        if (
+            known is None
+            or len(known) <= self._forget_above
+            or self._parking
+            or self._parked_meanwhile is not None
+        ):
+            return
+        self._parked_meanwhile = set()
+        try:
+            parked = await self._store.parked_keys()
+        except (rexc.RedisError, OSError) as exc:
+            log.warning(
+                "parking unavailable, %s keep %d keys as maybe parked: %s",
+                self.topic,
+                len(known),
+                exc,
+            )
+            return
+        finally:
+            meanwhile, self._parked_meanwhile = self._parked_meanwhile, None
+        current = self.maybe_parked
+        if current is None:
+            return
+        kept = parked | meanwhile
+        log.info(
+            "%s: %d keys no longer parked forgotten, %d kept",
+            self.topic,
+            len(current - kept),
+            len(kept),
+        )
+        self.maybe_parked = kept
+        self._forget_above = max(FORGET_PARKED_ABOVE, 2 * len(kept))

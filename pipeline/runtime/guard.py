@@ -428,10 +428,12 @@ class RunGuard:
 
     async def _recorded(self, lane: Lane, start: Start, ending: Ending) -> list[Release]:
         """Record an end that parks or leaves a parked key; the followers it releases."""
+        ends = KeyEnds([(start, ending)], _follow(lane))
         claims = self._claims.get(lane.name)
-        if claims is not None and ending == "parked":
-            claims.parked(start.key)
-        return await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+        if claims is None or ending != "parked":
+            return await self._ends[lane.name].end(ends)
+        with claims.parking(start.key):
+            return await self._ends[lane.name].end(ends)
 
     def _gate(self, decision: str) -> contextlib.AbstractAsyncContextManager[None]:
         """What a run decided as ``decision`` holds until its end is recorded.
@@ -591,10 +593,12 @@ class RunGuard:
         ordered = ordered_retries(lane)
         start = running if isinstance(running, Start) else start_of(running, ordered=ordered)
         claims = self._claims.get(lane.name)
+        parking: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if claims is not None and ordered:
-            claims.parked(start.key)
-        if await store.route(start, attempt, park=ordered):
-            self._route_recorded.add(start.ident)
+            parking = claims.parking(start.key)  # its key parks in Redis in the call below
+        with parking:
+            if await store.route(start, attempt, park=ordered):
+                self._route_recorded.add(start.ident)
 
     # -- claims -------------------------------------------------------------------------------
 
@@ -647,6 +651,7 @@ class RunGuard:
             claims = self._claims.get(name)
             if claims is not None:
                 await claims.keep()
+                await claims.forget_unparked()
             lane = lanes.get(name)
             if lane is None:
                 continue

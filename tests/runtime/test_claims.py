@@ -8,18 +8,21 @@ process's liveness has run out.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from redis import exceptions as rexc
 from redis.asyncio import Redis
-from runtime.guard_parts import Handlers, guarded_lane, main_message, member_guard
+from runtime.guard_parts import Handlers, guarded_lane, main_message, member_guard, retry_copy
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.retry.guard_store import GuardStore, lane_guards
 from pipeline.retry.keys import encode_key
 from pipeline.runtime import App, Context
+from pipeline.runtime import claims as claims_module
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.guard import RunGuard
@@ -593,3 +596,88 @@ async def _taken_over_later(
         await b.assigned([_tp(lane)], {})
 
     return a, assign_b, told
+
+
+async def test_keys_no_longer_parked_are_forgotten_once_many_are_remembered(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys whose heads succeeded and that had no later message are forgotten at the tick.
+
+    A member remembers a key it parked until a later message of it is found not parked; without
+    the tick's reading it would remember every key it ever parked (after an outage, all).
+    """
+    monkeypatch.setattr(claims_module, "FORGET_PARKED_ABOVE", 2)
+    lane = guarded_lane(f"claims_{unique}")
+    handlers = Handlers()
+    a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
+    keys = [b"k0", b"k1", b"k2", b"k3"]
+    heads = [main_message(lane, i, b"x%d" % i, key=key) for i, key in enumerate(keys)]
+    await _join(a, lane, heads)
+    for head in heads:
+        handlers.outcomes[head.value] = ["retried"]
+        assert await a.run(lane, head) == "retried"  # each key parks
+    for i, key in enumerate(keys[:3]):  # three heads' copies succeed: their keys are free
+        assert await a.run(lane, retry_copy(lane, i, i, b"x%d" % i, key=key)) == "handled"
+    claims = a._claims[lane.name]
+    assert claims.maybe_parked == {encode_key(key) for key in keys}
+    await a.tick({lane.name: lane})
+    assert claims.maybe_parked == {encode_key(b"k3")}  # the one Redis still has parked
+    follower = main_message(lane, 4, b"y", key=b"k3")
+    await a.extend([follower])
+    assert await a.run(lane, follower) == "parked"  # still held behind its head
+    free = main_message(lane, 5, b"z", key=b"k0")
+    await a.extend([free])
+    calls = a.calls
+    assert await a.run(lane, free) == "handled"
+    assert a.calls == calls  # a forgotten key's next message runs under the claim, unasked
+
+
+async def test_no_key_being_parked_or_learnt_of_during_the_reading_is_forgotten(
+    redis: Redis,
+    unique: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing is read while a parking call is under way; keys learnt of meanwhile stay.
+
+    A key's parking may reach Redis after the reading, so while this member's call is under
+    way the reading waits for a later tick. Below the bound nothing is read; a failed reading
+    leaves every key remembered.
+    """
+    monkeypatch.setattr(claims_module, "FORGET_PARKED_ABOVE", 2)
+    lane = guarded_lane(f"claims_{unique}")
+    _, store, _, claims = await _one_member(redis, prefix, lane)
+    real = store.parked_keys
+    reads = 0
+
+    async def counted() -> set[str]:
+        nonlocal reads
+        reads += 1
+        found = await real()
+        claims.decided("late", "held")  # the exact path holds a message while the reply comes
+        return found
+
+    monkeypatch.setattr(store, "parked_keys", counted)
+    for key in ("a", "b"):
+        claims.decided(key, "held")  # remembered; none of them is parked in Redis
+    await claims.forget_unparked()
+    assert reads == 0  # not past the bound
+    with claims.parking("c"):  # its call under way
+        await claims.forget_unparked()
+        assert reads == 0
+    assert claims.maybe_parked == {"a", "b", "c"}
+
+    async def unreachable() -> set[str]:
+        raise rexc.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(store, "parked_keys", unreachable)
+    with caplog.at_level(logging.WARNING, logger="pipeline.runtime.claims"):
+        await claims.forget_unparked()
+    assert claims.maybe_parked == {"a", "b", "c"}
+    assert "keep 3 keys as maybe parked" in caplog.text
+
+    monkeypatch.setattr(store, "parked_keys", counted)
+    await claims.forget_unparked()
+    assert reads == 1
+    assert claims.maybe_parked == {"late"}
