@@ -471,9 +471,8 @@ class LaneClaims:
             return
         finally:
             meanwhile, self._parked_meanwhile = self._parked_meanwhile, None
-        current = self.maybe_parked
-        if current is None:
-            return
+        current = self.maybe_parked  # an assignment meanwhile may have replaced `known`
+        assert current is not None  # noqa: S101 - once loaded, never None again
         kept = parked | meanwhile
         log.info(
             "%s: %d keys no longer parked forgotten, %d kept",

@@ -428,12 +428,17 @@ class RunGuard:
 
     async def _recorded(self, lane: Lane, start: Start, ending: Ending) -> list[Release]:
         """Record an end that parks or leaves a parked key; the followers it releases."""
-        ends = KeyEnds([(start, ending)], _follow(lane))
+        with self._parking(lane, start.key, parks=ending == "parked"):
+            return await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+
+    def _parking(
+        self, lane: Lane, key: str, *, parks: bool
+    ) -> contextlib.AbstractContextManager[None]:
+        """Around a call that parks ``key`` in Redis (``parks``): its lane's claims know of it."""
         claims = self._claims.get(lane.name)
-        if claims is None or ending != "parked":
-            return await self._ends[lane.name].end(ends)
-        with claims.parking(start.key):
-            return await self._ends[lane.name].end(ends)
+        if claims is None or not parks:
+            return contextlib.nullcontext()
+        return claims.parking(key)
 
     def _gate(self, decision: str) -> contextlib.AbstractAsyncContextManager[None]:
         """What a run decided as ``decision`` holds until its end is recorded.
@@ -592,11 +597,7 @@ class RunGuard:
             return
         ordered = ordered_retries(lane)
         start = running if isinstance(running, Start) else start_of(running, ordered=ordered)
-        claims = self._claims.get(lane.name)
-        parking: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if claims is not None and ordered:
-            parking = claims.parking(start.key)  # its key parks in Redis in the call below
-        with parking:
+        with self._parking(lane, start.key, parks=ordered):
             if await store.route(start, attempt, park=ordered):
                 self._route_recorded.add(start.ident)
 
