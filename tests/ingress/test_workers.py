@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import select
 import signal
 import socket
@@ -96,6 +97,10 @@ def started() -> Iterator[list[subprocess.Popen[str]]]:
                 child.kill()
             proc.kill()
             proc.communicate()
+
+
+STACKS_HEADER = re.compile(r"--- stacks of process (\d+): threads ---")
+"""The first line of a process's dump (:func:`pipeline.observability.stacks.dump`)."""
 
 
 def serve(
@@ -346,12 +351,13 @@ async def test_sigusr1_to_the_supervisor_reaches_every_worker(
     proc.send_signal(signal.SIGUSR1)
     assert proc.stderr is not None
     dumped: set[int] = set()
-    while dumped != workers:  # the two dumps may interleave line by line: read until both end
+    while dumped != workers:  # the two dumps interleave on the one pipe: read until both began
         line = proc.stderr.readline()
         assert line, f"the ingress exited after SIGUSR1 (dumped: {dumped})"
-        if line.startswith("--- stacks of process "):
-            dumped.add(int(line.split()[4].rstrip(":")))
-            assert dumped <= workers, line  # never the supervisor's own
+        # faulthandler writes a frame's line in pieces, so a header can follow a piece of the
+        # other worker's dump on the same line.
+        dumped.update(int(pid) for pid in STACKS_HEADER.findall(line))
+        assert dumped <= workers, line  # never the supervisor's own
     async with httpx.AsyncClient(timeout=10) as client:  # still serving
         assert (await client.get(f"{url}/hooks/none")).status_code == 404
     assert {worker.pid for worker in workers_of(proc)} == workers
