@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -233,3 +235,37 @@ async def delete_stubborn_groups(patience_s: float = 60.0) -> list[str]:
 def has_declared() -> bool:
     """Whether a test registered topics or groups to delete."""
     return bool(_declared or _groups)
+
+
+class StackDumps:
+    """Reads stack dumps (``kill -USR1``) line by line; fails at a dump not written in one piece.
+
+    Lines outside a dump (a process's log) are passed over. ``whole`` counts each process's
+    complete dumps (from its header to ``--- end of stacks ---``).
+    """
+
+    HEADER = re.compile(r"--- stacks of process (\d+): threads ---")
+    END = "--- end of stacks ---"
+
+    def __init__(self) -> None:
+        """No dump read yet."""
+        self.whole: Counter[int] = Counter()
+        self._inside: int | None = None
+
+    def read(self, line: str) -> None:
+        """One line of the stream the dumps were written to."""
+        line = line.rstrip("\n")
+        header = self.HEADER.fullmatch(line)
+        if header:
+            assert self._inside is None, f"a dump began inside process {self._inside}'s: {line!r}"
+            self._inside = int(header[1])
+            return
+        assert "--- stacks of process" not in line, f"a dump began mid-line: {line!r}"
+        if line == self.END and self._inside is not None:
+            self.whole[self._inside] += 1
+            self._inside = None
+
+    @property
+    def between(self) -> bool:
+        """Whether the last line read ended a dump (or none began)."""
+        return self._inside is None

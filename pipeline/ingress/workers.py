@@ -16,7 +16,8 @@ workers, and prints ``ingress listening on ...`` once all are listening. Then:
   graceful shutdown, queued events produced, pools closed), SIGKILL to any still alive after
   :data:`STOP_GRACE_S`; exit 0.
 * SIGUSR1: passed on to every listening worker, which writes its threads' and tasks' stacks to
-  stderr and goes on (:mod:`pipeline.observability.stacks`).
+  stderr, in one piece (the dumps follow one another), and goes on
+  (:mod:`pipeline.observability.stacks`).
 * a worker that exits on its own after it was listening is started again (a warning line);
   more than :data:`MAX_RESTARTS` exits within :data:`RESTART_WINDOW_S` stop every worker and exit
   1 (a crash loop is not hidden).

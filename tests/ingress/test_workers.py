@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import select
 import signal
 import socket
@@ -31,6 +30,7 @@ from contract.helpers import consume_until, make_topic
 from ingress.helpers import META, meta_body, write_sources, write_topics
 from ingress.signing import hub_signature
 from redis.asyncio import Redis
+from support import StackDumps
 
 from pipeline.config import Settings
 from pipeline.ingress import headers as h
@@ -97,10 +97,6 @@ def started() -> Iterator[list[subprocess.Popen[str]]]:
                 child.kill()
             proc.kill()
             proc.communicate()
-
-
-STACKS_HEADER = re.compile(r"--- stacks of process (\d+): threads ---")
-"""The first line of a process's dump (:func:`pipeline.observability.stacks.dump`)."""
 
 
 def serve(
@@ -350,14 +346,13 @@ async def test_sigusr1_to_the_supervisor_reaches_every_worker(
     workers = {worker.pid for worker in workers_of(proc)}
     proc.send_signal(signal.SIGUSR1)
     assert proc.stderr is not None
-    dumped: set[int] = set()
-    while dumped != workers:  # the two dumps interleave on the one pipe: read until both began
+    dumps = StackDumps()
+    while set(dumps.whole) != workers:  # each worker's whole dump, one after the other
         line = proc.stderr.readline()
-        assert line, f"the ingress exited after SIGUSR1 (dumped: {dumped})"
-        # faulthandler writes a frame's line in pieces, so a header can follow a piece of the
-        # other worker's dump on the same line.
-        dumped.update(int(pid) for pid in STACKS_HEADER.findall(line))
-        assert dumped <= workers, line  # never the supervisor's own
+        assert line, f"the ingress exited after SIGUSR1 (dumped: {dumps.whole})"
+        dumps.read(line)
+        assert set(dumps.whole) <= workers, line  # never the supervisor's own
+    assert dumps.whole == dict.fromkeys(workers, 1)
     async with httpx.AsyncClient(timeout=10) as client:  # still serving
         assert (await client.get(f"{url}/hooks/none")).status_code == 404
     assert {worker.pid for worker in workers_of(proc)} == workers

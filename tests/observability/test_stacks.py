@@ -6,18 +6,19 @@ import asyncio
 import io
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 from ingress.helpers import start_empty_ingress
 from runtime.helpers import declare, lane_spec
-from support import delete_group_after
+from support import StackDumps, delete_group_after
 
 from pipeline.observability import stacks
 from pipeline.transport.protocol import Transport
 
-END = "--- end of stacks ---"
+END = stacks.END
 
 
 async def _inner(event: asyncio.Event) -> None:
@@ -48,14 +49,71 @@ async def test_the_dump_names_each_task_and_the_coroutines_it_waits_in(tmp_path:
     assert text.endswith(END + "\n")
 
 
-async def test_a_stream_without_a_descriptor_still_gets_the_tasks() -> None:
-    """Thread stacks need a file descriptor; without one the tasks are still written."""
+async def test_a_stream_without_a_descriptor_gets_the_threads_and_the_tasks() -> None:
+    """The threads' stacks go through a scratch file, so any stream gets the whole dump."""
     out = io.StringIO()
     stacks.dump(out)
     text = out.getvalue()
-    assert "(thread stacks need a stream with a file descriptor)" in text
-    assert "in test_a_stream_without_a_descriptor_still_gets_the_tasks" in text
+    assert text.startswith(f"--- stacks of process {os.getpid()}: threads ---\n")
+    assert "in test_a_stream_without_a_descriptor_gets_the_threads_and_the_tasks" in text
+    assert "task " in text  # this test's own task
     assert text.endswith(END + "\n")
+
+
+DUMPER = """
+import asyncio, sys, threading
+from pipeline.observability import stacks
+async def main():
+    release = threading.Event()
+    threads = [threading.Thread(target=release.wait) for _ in range(8)]  # more to write
+    for thread in threads:
+        thread.start()
+    idle = asyncio.Event()
+    tasks = [asyncio.create_task(idle.wait(), name=f"idle-{n}") for n in range(50)]
+    await asyncio.sleep(0)
+    sys.stdin.read(1)  # every process is ready: they dump at the same time
+    for _ in range(int(sys.argv[1])):
+        stacks.dump()
+    release.set()
+    idle.set()
+    await asyncio.gather(*tasks)
+asyncio.run(main())
+"""
+
+
+def test_processes_sharing_one_stderr_write_their_dumps_whole() -> None:
+    """Four processes dumping at once onto one pipe: every dump arrives in one piece."""
+    processes, count = 4, 25
+    read_end, write_end = os.pipe()
+    try:
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", DUMPER, str(count)],
+                stdin=subprocess.PIPE,
+                stderr=write_end,
+                close_fds=True,
+            )
+            for _ in range(processes)
+        ]
+        os.close(write_end)
+        write_end = -1
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.close()  # the end of input: each begins
+        with os.fdopen(read_end, "rb") as reader:
+            read_end = -1
+            text = reader.read().decode()
+        assert [child.wait(60) for child in children] == [0] * processes
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    dumps = StackDumps()
+    for line in text.splitlines():
+        dumps.read(line)
+    assert dumps.between
+    assert sorted(dumps.whole.values()) == [count] * processes
+    assert set(dumps.whole) == {child.pid for child in children}
 
 
 async def test_sigusr1_to_pipeline_consume_dumps_its_tasks_and_it_goes_on(
