@@ -18,7 +18,6 @@ from pipeline.observability.facades import (
     IngressMetrics,
     LagMetrics,
     LogStoreMetrics,
-    RuntimeMetrics,
     SweeperMetrics,
 )
 from pipeline.observability.lanes import lane_watches
@@ -101,8 +100,9 @@ class MemberTelemetry:
     """Everything a consumer-group member needs to report: facades and its ``/metrics`` server.
 
     Attributes:
-        metrics: the member's registry of every family.
-        runtime: deliveries, retries, dead letters, parking and slots.
+        metrics: the member's registry of every family (deliveries, retries, dead letters,
+            parking and slots are written through a
+            :class:`~pipeline.observability.facades.RuntimeMetrics` made on it).
         admission: throttle state.
         debounce: debounced turns.
         server: serves ``/metrics`` (with the group's lag and age), ``/healthz``, ``/readyz``;
@@ -111,7 +111,6 @@ class MemberTelemetry:
     """
 
     metrics: Metrics
-    runtime: RuntimeMetrics
     admission: AdmissionMetrics
     debounce: DebounceMetrics
     server: MetricsServer
@@ -127,7 +126,6 @@ def member_telemetry(
     )
     return MemberTelemetry(
         metrics,
-        RuntimeMetrics(metrics),
         AdmissionMetrics(metrics),
         DebounceMetrics(metrics),
         server,

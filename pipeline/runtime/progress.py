@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pipeline.envelope import TopicPartition
 from pipeline.errors import PipelineError
 from pipeline.observability.facades import RuntimeMetrics
+from pipeline.observability.metrics import Metrics
 from pipeline.runtime.stats import Stats
 from pipeline.transport.protocol import Admin
 
@@ -35,9 +36,12 @@ PROGRESS_INTERVAL_S = 30.0
 class DeadLetterWarnings(RuntimeMetrics):
     """The member's metrics facade, plus one WARNING per dead letter naming its lane and reason."""
 
-    def __init__(self, metrics: RuntimeMetrics, dead_letter_topics: dict[str, str]) -> None:
-        """Write into the registry of ``metrics``; ``dead_letter_topics`` maps lane to DLQ."""
-        self.__dict__.update(metrics.__dict__)  # the same instruments, not a second set
+    def __init__(self, metrics: Metrics, dead_letter_topics: dict[str, str]) -> None:
+        """Write into ``metrics``; ``dead_letter_topics`` maps lane to DLQ.
+
+        The instruments are the registry's own, looked up: no second set beside another facade.
+        """
+        super().__init__(metrics)
         self._dlq = dead_letter_topics
 
     def dead_lettered(self, lane: str, reason: str) -> None:

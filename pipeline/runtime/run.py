@@ -153,7 +153,7 @@ async def serve(
         redis_prefix=settings.redis.key_prefix,
         processed=store,
         throttle=throttle,
-        metrics=DeadLetterWarnings(telemetry.runtime, dlqs),
+        metrics=DeadLetterWarnings(telemetry.metrics, dlqs),
         turn_metrics=telemetry.debounce,
         admission_metrics=telemetry.admission,
         fleet=fleet,

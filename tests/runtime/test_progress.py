@@ -111,7 +111,9 @@ async def test_run_starts_once_polling_and_ends_with_stop() -> None:
 def test_dead_letter_warns_and_still_counts(caplog: pytest.LogCaptureFixture) -> None:
     """Each dead letter is one WARNING with lane, reason and DLQ, and the metric still counts."""
     metrics = Metrics()
-    facade = DeadLetterWarnings(RuntimeMetrics(metrics), {"messages": "messages.dlq"})
+    RuntimeMetrics(metrics).retried("messages", "5s")  # the member's other facade, same registry
+    facade = DeadLetterWarnings(metrics, {"messages": "messages.dlq"})
+    facade.retried("messages", "5s")
     with caplog.at_level(logging.WARNING, logger="pipeline.runtime.progress"):
         facade.dead_lettered("messages", "fatal")
     (record,) = caplog.records
@@ -123,3 +125,7 @@ def test_dead_letter_warns_and_still_counts(caplog: pytest.LogCaptureFixture) ->
         "pipeline_dead_letters_total", {"lane": "messages", "reason": "fatal"}
     )
     assert sample == 1.0
+    retries = metrics.registry.get_sample_value(
+        "pipeline_retries_total", {"lane": "messages", "tier": "5s"}
+    )
+    assert retries == 2.0  # one set of instruments for both
