@@ -134,6 +134,9 @@ class LaneClaims:
         """This member's calls that park a key in Redis and have not returned yet."""
         self._parked_meanwhile: set[str] | None = None
         """While the parked keys are read again: the keys this member learnt of meanwhile."""
+        self._unsure: set[str] = set()
+        """Keys whose parking call failed: it may still reach Redis after any later reading, so
+        they stay remembered until a message of theirs is found not parked."""
         self._forget_above = FORGET_PARKED_ABOVE
 
     # -- assignment -------------------------------------------------------------------------
@@ -414,11 +417,18 @@ class LaneClaims:
 
         On an ordered lane: the key is known as parked from the block's start on, and the
         parked keys are not read again (:meth:`forget_unparked`) until the call has returned.
+        A call that failed (a timeout, a lost connection, a cancellation) may still be executed
+        by Redis later, after a reading: its key is never forgotten by a reading, only when a
+        later message of it is found not parked.
         """
         self._maybe(key)
         self._parking += 1
         try:
             yield
+        except BaseException:
+            if self.maybe_parked is not None:
+                self._unsure.add(key)
+            raise
         finally:
             self._parking -= 1
 
@@ -428,6 +438,7 @@ class LaneClaims:
             return
         if decision == "process":
             self.maybe_parked.discard(key)
+            self._unsure.discard(key)
         else:
             self._maybe(key)
 
@@ -446,7 +457,8 @@ class LaneClaims:
         would keep them all. Past :data:`FORGET_PARKED_ABOVE` keys, and twice as many as the
         last reading found, the parked keys are read again (``HKEYS``) and the rest forgotten.
         Not while a call of this member that parks a key is under way (its key may reach Redis
-        after the reading), and keys learnt of during the reading are kept; a key parked in
+        after the reading); keys learnt of during the reading, and the keys of parking calls
+        that failed (:meth:`parking`), are kept; a key parked in
         Redis is otherwise parked by the calls of this member before its next message can run
         here, or was parked already. On a Redis error the keys stay as they were.
         """
@@ -473,7 +485,7 @@ class LaneClaims:
             meanwhile, self._parked_meanwhile = self._parked_meanwhile, None
         current = self.maybe_parked  # an assignment meanwhile may have replaced `known`
         assert current is not None  # noqa: S101 - once loaded, never None again
-        kept = parked | meanwhile
+        kept = parked | meanwhile | self._unsure
         log.info(
             "%s: %d keys no longer parked forgotten, %d kept",
             self.topic,

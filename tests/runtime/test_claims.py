@@ -8,6 +8,7 @@ process's liveness has run out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -681,3 +682,31 @@ async def test_no_key_being_parked_or_learnt_of_during_the_reading_is_forgotten(
     await claims.forget_unparked()
     assert reads == 1
     assert claims.maybe_parked == {"late"}
+
+
+async def test_the_key_of_a_failed_parking_call_is_kept_through_readings(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parking call that failed may reach Redis after a reading: its key is not forgotten.
+
+    Only a later message of the key found not parked (the exact path deciding ``process``)
+    lets it go; the keys of calls that returned are forgotten as before.
+    """
+    monkeypatch.setattr(claims_module, "FORGET_PARKED_ABOVE", 1)
+    lane = guarded_lane(f"claims_{unique}")
+    _, _, _, claims = await _one_member(redis, prefix, lane)
+    with claims.parking("returned"):
+        pass  # its call returned (the key is not parked in Redis: its head was freed since)
+    with contextlib.suppress(TimeoutError), claims.parking("failed"):
+        raise TimeoutError("Timeout reading from redis")  # sent; whether Redis ran it: unknown
+    claims.decided("other", "held")
+    assert claims.maybe_parked == {"returned", "failed", "other"}
+    await claims.forget_unparked()  # none of them is parked in Redis now
+    assert claims.maybe_parked == {"failed"}  # it may be parked yet: its next message asks
+    assert claims.seen_parked("failed")
+    claims.decided("failed", "process")  # a later message of it was found not parked
+    assert claims.maybe_parked == set()
+    for key in ("x", "y", "z"):  # past twice what the last reading kept
+        claims.decided(key, "held")
+    await claims.forget_unparked()
+    assert claims.maybe_parked == set()  # "failed" no longer kept either
