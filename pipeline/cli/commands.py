@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import typer
 import yaml
@@ -59,10 +59,15 @@ from pipeline.transport.identity import claim_identity
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
 
+HELP_MARKUP: Final = "markdown"
+"""How help texts are read: each docstring paragraph is reflowed to the terminal's width (a line
+break inside it is a space), and a literal in double backquotes is shown as code, without them."""
+
 app = typer.Typer(
     help="pipeline: webhook ingress to keyed, partitioned topics.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=HELP_MARKUP,
 )
 topics_app = typer.Typer(help="Declare and inspect topics.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")

@@ -390,7 +390,9 @@ def purge_command(
 def main() -> None:  # pragma: no cover - for `python -m pipeline.ingress.cli`
     """Run the ingress commands on their own (before they are registered in pipeline.cli)."""
     tracing.configure(os.environ, service="pipeline-ingress")
-    root = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+    root = typer.Typer(
+        no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown"
+    )
     root.add_typer(app, name="ingress")
     root.add_typer(ops_app)
     root(sys.argv[1:])

@@ -209,7 +209,9 @@ def list_subjects(
 
 def standalone() -> typer.Typer:
     """Both command groups under one root, as ``pipeline`` will mount them."""
-    root = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+    root = typer.Typer(
+        no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown"
+    )
     root.add_typer(app, name="registry")
     root.add_typer(schemas_app, name="schemas")
     return root

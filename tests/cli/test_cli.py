@@ -136,3 +136,31 @@ async def test_topics_list_into_a_pipe_keeps_long_names_whole(
     listed = run("topics", "list", "-t", "redis")
     assert listed.returncode == 0, listed.stderr
     assert topic in listed.stdout
+
+
+def _command_paths(command: object, prefix: list[str]) -> list[list[str]]:
+    paths = [prefix]
+    for name, sub in getattr(command, "commands", {}).items():
+        paths += _command_paths(sub, [*prefix, name])
+    return paths
+
+
+def test_every_help_reflows_its_paragraphs_and_shows_no_rst_quotes() -> None:
+    """At 80 columns a docstring's paragraph is reflowed as one, not broken where it was typed."""
+    import typer  # noqa: PLC0415 - only this test needs the command tree
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from pipeline.cli.commands import app  # noqa: PLC0415
+
+    runner = CliRunner()
+    paths = _command_paths(typer.main.get_command(app), [])
+    assert len(paths) > 20
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80", "NO_COLOR": "1"})
+        assert result.exit_code == 0, (path, result.output)
+        assert "``" not in result.output, path
+    replay = runner.invoke(app, ["replay", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert (
+        "Without --state, rows already processed are skipped (--include-processed takes them too)."
+        in replay.output
+    )
