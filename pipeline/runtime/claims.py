@@ -417,20 +417,27 @@ class LaneClaims:
 
         On an ordered lane: the key is known as parked from the block's start on, and the
         parked keys are not read again (:meth:`forget_unparked`) until the call has returned.
-        A call that failed (a timeout, a lost connection, a cancellation) may still be executed
-        by Redis later, after a reading: its key is never forgotten by a reading, only when a
-        later message of it is found not parked.
+        A call that raised (a cancellation) counts as failed (:meth:`unsure`).
         """
         self._maybe(key)
         self._parking += 1
         try:
             yield
         except BaseException:
-            if self.maybe_parked is not None:
-                self._unsure.add(key)
+            self.unsure(key)
             raise
         finally:
             self._parking -= 1
+
+    def unsure(self, key: str) -> None:
+        """A call of this member that parks ``key`` failed (a timeout, a lost connection).
+
+        Redis may still run it later, after a reading of the parked keys: the key is never
+        forgotten by a reading, only once a later message of it is found not parked.
+        """
+        if self.maybe_parked is not None:
+            self._maybe(key)
+            self._unsure.add(key)
 
     def decided(self, key: str, decision: str) -> None:
         """The exact path decided a message of ``key``: ``process`` means it is not parked."""
@@ -458,7 +465,7 @@ class LaneClaims:
         last reading found, the parked keys are read again (``HKEYS``) and the rest forgotten.
         Not while a call of this member that parks a key is under way (its key may reach Redis
         after the reading); keys learnt of during the reading, and the keys of parking calls
-        that failed (:meth:`parking`), are kept; a key parked in
+        that failed (:meth:`unsure`), are kept; a key parked in
         Redis is otherwise parked by the calls of this member before its next message can run
         here, or was parked already. On a Redis error the keys stay as they were.
         """

@@ -29,25 +29,26 @@ class EndWindow:
     def __init__(self, store: GuardStore) -> None:
         """Batch the parked-key ends of ``store``'s lane."""
         self._store = store
-        self._batch: TurnBatcher[KeyEnds, list[Release]] = TurnBatcher(self._call)
+        self._batch: TurnBatcher[KeyEnds, list[Release] | None] = TurnBatcher(self._call)
 
     @property
     def calls(self) -> int:
         """Calls made so far (for tests and the benchmark)."""
         return self._batch.calls
 
-    async def end(self, ends: KeyEnds) -> list[Release]:
+    async def end(self, ends: KeyEnds) -> list[Release] | None:
         """Record how one key's starts ended, with the others of this turn; its next followers.
 
-        Followers are released after the last end unless ``ends.release`` is False; none
-        when Redis cannot be reached (logged): their lease lapses and a reaper releases them.
+        Followers are released after the last end unless ``ends.release`` is False. None when
+        Redis did not answer (logged): no follower is released here (their lease lapses and a
+        reaper releases them), and the ends may still reach Redis later.
         """
         return await self._batch.ask(ends)
 
-    async def _call(self, groups: list[KeyEnds]) -> list[list[Release]]:
+    async def _call(self, groups: list[KeyEnds]) -> list[list[Release] | None]:
         try:
-            return await self._store.end_many(groups)
+            return list(await self._store.end_many(groups))
         except (rexc.RedisError, OSError) as exc:
             count = sum(len(group.ends) for group in groups)
             log.warning("parking unavailable, could not record %d ends: %s", count, exc)
-            return [[] for _ in groups]
+            return [None] * len(groups)

@@ -428,8 +428,14 @@ class RunGuard:
 
     async def _recorded(self, lane: Lane, start: Start, ending: Ending) -> list[Release]:
         """Record an end that parks or leaves a parked key; the followers it releases."""
-        with self._parking(lane, start.key, parks=ending == "parked"):
-            return await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+        parks = ending == "parked"
+        with self._parking(lane, start.key, parks=parks):
+            released = await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+        if released is None:  # not recorded, as far as this member knows
+            if parks:
+                self._unsure(lane, start.key)
+            return []
+        return released
 
     def _parking(
         self, lane: Lane, key: str, *, parks: bool
@@ -439,6 +445,12 @@ class RunGuard:
         if claims is None or not parks:
             return contextlib.nullcontext()
         return claims.parking(key)
+
+    def _unsure(self, lane: Lane, key: str) -> None:
+        """A call that parks ``key`` got no answer: Redis may still run it (its lane's claims)."""
+        claims = self._claims.get(lane.name)
+        if claims is not None:
+            claims.unsure(key)
 
     def _gate(self, decision: str) -> contextlib.AbstractAsyncContextManager[None]:
         """What a run decided as ``decision`` holds until its end is recorded.
@@ -582,7 +594,10 @@ class RunGuard:
                 last = i == len(released) - 1
                 if ending != "done" or last or asyncio.get_running_loop().time() >= checkpoint:
                     back = _given_back(released[i + 1 :])
-                    return await window.end(KeyEnds([*ends, *back, (start, ending)], follow))
+                    following = await window.end(KeyEnds([*ends, *back, (start, ending)], follow))
+                    if following is None and ending == "parked":
+                        self._unsure(lane, start.key)
+                    return following or []
             ends.append((start, ending))
         return []
 
@@ -598,8 +613,11 @@ class RunGuard:
         ordered = ordered_retries(lane)
         start = running if isinstance(running, Start) else start_of(running, ordered=ordered)
         with self._parking(lane, start.key, parks=ordered):
-            if await store.route(start, attempt, park=ordered):
-                self._route_recorded.add(start.ident)
+            recorded = await store.route(start, attempt, park=ordered)
+        if recorded:
+            self._route_recorded.add(start.ident)
+        elif ordered:
+            self._unsure(lane, start.key)
 
     # -- claims -------------------------------------------------------------------------------
 

@@ -11,16 +11,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 from redis import exceptions as rexc
 from redis.asyncio import Redis
-from runtime.guard_parts import Handlers, guarded_lane, main_message, member_guard, retry_copy
+from runtime.guard_parts import (
+    Handlers,
+    guarded_lane,
+    main_message,
+    member_guard,
+    retry_copy,
+    routing_guard,
+)
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.retry.guard_store import GuardStore, lane_guards
+from pipeline.retry.guard_store import GuardStore, KeyEnds, Release, Start, lane_guards
 from pipeline.retry.keys import encode_key
 from pipeline.runtime import App, Context
 from pipeline.runtime import claims as claims_module
@@ -689,24 +696,76 @@ async def test_the_key_of_a_failed_parking_call_is_kept_through_readings(
 ) -> None:
     """A parking call that failed may reach Redis after a reading: its key is not forgotten.
 
-    Only a later message of the key found not parked (the exact path deciding ``process``)
-    lets it go; the keys of calls that returned are forgotten as before.
+    Failed: no answer (``unsure``), or cancelled in the block. Only a later message of the key
+    found not parked (the exact path deciding ``process``) lets it go; the keys of calls that
+    returned are forgotten as before.
     """
     monkeypatch.setattr(claims_module, "FORGET_PARKED_ABOVE", 1)
     lane = guarded_lane(f"claims_{unique}")
     _, _, _, claims = await _one_member(redis, prefix, lane)
     with claims.parking("returned"):
         pass  # its call returned (the key is not parked in Redis: its head was freed since)
-    with contextlib.suppress(TimeoutError), claims.parking("failed"):
-        raise TimeoutError("Timeout reading from redis")  # sent; whether Redis ran it: unknown
+    with claims.parking("timed out"):
+        claims.unsure("timed out")  # sent; whether Redis ran it is unknown
+    with contextlib.suppress(asyncio.CancelledError), claims.parking("cancelled"):
+        raise asyncio.CancelledError
     claims.decided("other", "held")
-    assert claims.maybe_parked == {"returned", "failed", "other"}
+    assert claims.maybe_parked == {"returned", "timed out", "cancelled", "other"}
     await claims.forget_unparked()  # none of them is parked in Redis now
-    assert claims.maybe_parked == {"failed"}  # it may be parked yet: its next message asks
-    assert claims.seen_parked("failed")
-    claims.decided("failed", "process")  # a later message of it was found not parked
+    assert claims.maybe_parked == {"timed out", "cancelled"}  # their next messages ask
+    assert claims.seen_parked("timed out")
+    claims.decided("timed out", "process")  # a later message of it was found not parked
+    claims.decided("cancelled", "process")
     assert claims.maybe_parked == set()
-    for key in ("x", "y", "z"):  # past twice what the last reading kept
+    for key in ("x", "y", "z", "w", "v"):  # past twice what the last reading kept
         claims.decided(key, "held")
     await claims.forget_unparked()
-    assert claims.maybe_parked == set()  # "failed" no longer kept either
+    assert claims.maybe_parked == set()  # the unsure keys are no longer kept either
+
+
+async def test_a_key_whose_parking_calls_timed_out_is_asked_for_after_a_reading(
+    redis: Redis, unique: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis stalls while a head fails: its ``gd_route`` and its parking end time out here.
+
+    Redis runs them later, after the member's reading of the parked keys, so the key is
+    parked although the reading did not find it. The member must not forget the key on the
+    strength of that reading: its next message asks, and waits behind the head.
+    """
+    monkeypatch.setattr(claims_module, "FORGET_PARKED_ABOVE", 1)
+    lane = guarded_lane(f"claims_{unique}")
+    a, runs = routing_guard(redis, prefix, lane, b"x", claims=True)  # x...: fails once, routed
+    keys = [b"k0", b"k1", b"k2"]
+    heads = [main_message(lane, i, b"x%d" % i, key=key) for i, key in enumerate(keys)]
+    await _join(a, lane, heads)
+    store = a._stores[lane.name]
+    route, end_many = store.route, store.end_many
+    late: list[Callable[[], Awaitable[object]]] = []
+
+    async def route_timed_out(start: Start, attempt: int, *, park: bool) -> bool:
+        late.append(lambda: route(start, attempt, park=park))
+        return False  # what GuardStore.route answers on a timeout (logged)
+
+    async def end_timed_out(groups: Sequence[KeyEnds]) -> list[list[Release]]:
+        late.append(lambda: end_many(groups))
+        raise rexc.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(store, "route", route_timed_out)
+    monkeypatch.setattr(store, "end_many", end_timed_out)
+    assert await a.run(lane, heads[0]) == "retried"  # its copy went to the tier all the same
+    assert len(late) == 2  # the route, then the end that parks the key
+    monkeypatch.setattr(store, "route", route)
+    monkeypatch.setattr(store, "end_many", end_many)
+    for head in heads[1:]:
+        assert await a.run(lane, head) == "retried"  # parked in Redis, as usual
+    for i, key in enumerate(keys[1:], 1):  # their copies succeed: those keys are free again
+        assert await a.run(lane, retry_copy(lane, i, i, b"x%d" % i, key=key)) == "handled"
+    claims = a._claims[lane.name]
+    await a.tick({lane.name: lane})  # the reading: k0's calls have not reached Redis yet
+    assert claims.maybe_parked == {encode_key(b"k0")}
+    for call in late:  # Redis runs the stalled calls now: k0 is parked
+        await call()
+    follower = main_message(lane, 3, b"y", key=b"k0")
+    await a.extend([follower])
+    assert await a.run(lane, follower) == "parked"  # held behind its head, not run unasked
+    assert b"y" not in runs
