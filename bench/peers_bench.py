@@ -430,7 +430,10 @@ class Bench:
             "PEER_QUEUE": topic,
             "PEER_RECORD": str(rec),
             "PEER_GROUP": group,
-            "PYTHONPATH": str(PEERS_DIR),
+            # the task modules first; a caller's own path (another tree to measure) after them
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(PEERS_DIR), os.environ.get("PYTHONPATH")))
+            ),
         }
         spec = TopicSpec.model_validate({"name": topic, "partitions": 1, "lane": "bench"})
         worker: subprocess.Popen[bytes] | None = None
