@@ -226,6 +226,7 @@ def produce(
 
     async def main() -> None:
         settings = _settings(transport)
+        await reach_broker(settings)  # in seconds, one line, if it is down
         t = create_transport(settings)
         producer = with_offload(t.producer(), settings.topics_dir)  # a large value by reference
         try:
@@ -298,7 +299,9 @@ def tail(
     """
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
+        settings = _settings(transport)
+        await reach_broker(settings)  # a consumer would wait on a broker that is down
+        t = create_transport(settings)
         wanted = limit
         if from_beginning and limit is not None:
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -18,8 +19,10 @@ from contract.helpers import RecordingListener, consume_until, make_topic
 from pipeline.config import Settings
 from pipeline.envelope import Position
 from pipeline.errors import ConfigError, UnknownTopic
+from pipeline.transport.kafka import group as group_module
 from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.group import (
+    PROTOCOLS_CONFIG,
     admin_client,
     broker_protocols,
     choose_protocol,
@@ -72,6 +75,21 @@ def test_the_local_broker_offers_the_consumer_protocol(settings: Settings) -> No
         choose_protocol(kafka_settings(settings, "consumer", **{"group.protocol": "classic"}).kafka)
         == "classic"
     )
+
+
+def test_a_broker_out_of_reach_counts_as_classic_and_says_why(
+    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its configuration cannot be read: the classic protocol, and a warning with a reason."""
+    monkeypatch.setattr(group_module, "_offered", {})  # nothing cached from another test
+    kafka = settings.kafka.model_copy(
+        update={"bootstrap_servers": "127.0.0.1:1", "request_timeout_ms": 300}
+    )
+    with caplog.at_level(logging.WARNING, logger="pipeline.transport.kafka.group"):
+        assert broker_protocols(kafka) == frozenset({"classic"})
+    (line,) = [r.getMessage() for r in caplog.records if PROTOCOLS_CONFIG in r.getMessage()]
+    assert line.startswith(f"could not read {PROTOCOLS_CONFIG}, using the classic protocol: ")
+    assert not line.endswith(": "), line  # a timeout's empty text is not the reason given
 
 
 @pytest.mark.parametrize("protocol", ["consumer", "classic"])

@@ -88,7 +88,8 @@ def _describe(settings: KafkaSettings) -> frozenset[str]:
         configs = admin.describe_configs([resource], request_timeout=timeout_s)
         entries = configs[resource].result(timeout=timeout_s)
     except (KafkaException, TimeoutError) as exc:  # a broker out of reach: said when consuming
-        log.warning("could not read %s, using the classic protocol: %s", PROTOCOLS_CONFIG, exc)
+        reason = str(exc) or f"no answer from {settings.bootstrap_servers} within {timeout_s:g} s"
+        log.warning("could not read %s, using the classic protocol: %s", PROTOCOLS_CONFIG, reason)
         return frozenset({"classic"})
     entry = entries.get(PROTOCOLS_CONFIG)
     if entry is None or not entry.value:
