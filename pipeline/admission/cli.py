@@ -21,6 +21,7 @@ from pipeline.admission.status import ThrottleStatus, read_active_keys, read_sta
 from pipeline.admission.throttle import Throttle
 from pipeline.cli_support import err, out_console, run_command
 from pipeline.config import Settings, load_settings
+from pipeline.reachability import unreachable
 
 app = typer.Typer(help="Inspect and tune the fair admission throttles.", no_args_is_help=True)
 
@@ -61,7 +62,9 @@ def status(
                 for k in wanted
             ]
         except (rexc.RedisError, OSError) as exc:
-            err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
+            err.print(
+                f"[red]error:[/red] {unreachable(settings, 'redis', str(exc))}", highlight=False
+            )
             raise typer.Exit(1) from None
         finally:
             await client.aclose()
@@ -146,7 +149,7 @@ async def _on_throttle(
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
     except (rexc.RedisError, OSError) as exc:
-        err.print(f"[red]error:[/red] redis unavailable: {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {unreachable(settings, 'redis', str(exc))}", highlight=False)
         raise typer.Exit(1) from None
     finally:
         await throttle.close()

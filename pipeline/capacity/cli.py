@@ -22,6 +22,7 @@ from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.plan import LanePlan, plan_lane
 from pipeline.cli_support import err, run_command
 from pipeline.config import load_settings
+from pipeline.reachability import unreachable
 from pipeline.topics.spec import load_specs
 
 __all__ = ["as_dict", "capacity_command", "render"]
@@ -109,11 +110,8 @@ def capacity_command(
                 members=members,
             )
         except (rexc.RedisError, OSError) as exc:
-            err.print(
-                f"[red]error:[/red] redis unavailable at {settings.redis.url}: {exc} "
-                "(start it: bash deploy/local/services.sh up redis)",
-                highlight=False,
-            )
+            line = unreachable(settings, "redis", str(exc))
+            err.print(f"[red]error:[/red] {line}", highlight=False)
             raise typer.Exit(1) from None
         finally:
             await client.aclose()

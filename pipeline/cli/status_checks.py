@@ -9,46 +9,18 @@ message that names the service, its address, the variable that sets it and the f
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from pipeline.config import ENV_PREFIX, Settings
+from pipeline.config import Settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError
+from pipeline.reachability import Service, unreachable, where
 from pipeline.transport import create_transport
 
 __all__ = ["PROBE_TIMEOUT_MS", "reach_broker", "reach_redis", "unreachable", "where"]
 
 PROBE_TIMEOUT_MS = 3_000
 """How long the first request to a broker may take before status says it is unreachable."""
-
-_FIX = "start it (`make services`) or point {variable} at a running one"
-
-
-def _safe_url(url: str) -> str:
-    """``url`` without its password, fit to print."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else f"***@{netloc}"))
-
-
-def where(settings: Settings, service: str) -> tuple[str, str]:
-    """The address of ``service`` (``kafka`` or ``redis``) and the variable that sets it."""
-    if service == "kafka":
-        return settings.kafka.bootstrap_servers, f"{ENV_PREFIX}KAFKA__BOOTSTRAP_SERVERS"
-    return _safe_url(settings.redis.url), f"{ENV_PREFIX}REDIS__URL"
-
-
-def unreachable(settings: Settings, service: str, reason: str) -> str:
-    """The one line that says ``service`` cannot be reached, where, why and what to do."""
-    address, variable = where(settings, service)
-    name = "Kafka" if service == "kafka" else "Redis"
-    fix = _FIX.format(variable=variable)
-    return f"cannot reach {name} at {address} ({variable}): {reason.rstrip('. ')}; {fix}"
 
 
 async def reach_broker(settings: Settings) -> None:
@@ -67,7 +39,8 @@ async def reach_broker(settings: Settings) -> None:
         raise  # a bad setting (a refused client property): exit 2 with it, not "unreachable"
     except PipelineError as exc:
         reason = str(exc).removeprefix("list topics: ").removeprefix("redis unreachable: ")
-        raise BrokerUnavailable(unreachable(settings, transport.name, reason)) from exc
+        service: Service = "kafka" if transport.name == "kafka" else "redis"
+        raise BrokerUnavailable(unreachable(settings, service, reason)) from exc
     finally:
         await transport.close()
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.console import Console
@@ -26,6 +25,7 @@ from rich.table import Table
 from pipeline.cli_support import out_console
 from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.reachability import safe_url
 from pipeline.registry.canonical import ParsedSchema, parse
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
@@ -60,15 +60,6 @@ def _guard(fn: Callable[[], T]) -> T:
         raise _fail(str(exc), 1) from None
 
 
-def _redact(url: str) -> str:
-    """``url`` without its password, fit for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Interface (default 127.0.0.1).")] = None,
@@ -97,7 +88,7 @@ def serve(
     def ready(bound: int) -> None:
         typer.echo(
             f"registry listening on http://{settings.host}:{bound} "
-            f"(store {_redact(settings.store)}, auth {'on' if settings.auth.enabled else 'off'})"
+            f"(store {safe_url(settings.store)}, auth {'on' if settings.auth.enabled else 'off'})"
         )
         sys.stdout.flush()
 

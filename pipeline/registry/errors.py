@@ -178,3 +178,7 @@ class Forbidden(RegistryError):
 
 class SerdeError(RegistryError):
     """Client side: a message could not be encoded or decoded, or the registry was unreachable."""
+
+
+class RegistryUnreachable(SerdeError):
+    """Client side: the registry did not answer (refused, timed out, the connection lost)."""

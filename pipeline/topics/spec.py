@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from pipeline.config import ENV_PREFIX
 from pipeline.errors import TopicSpecError
 from pipeline.offload.policy import OffloadPolicy
 from pipeline.topics.durations import Duration, format_duration_ms, parse_duration_ms
@@ -236,7 +237,10 @@ def load_specs(directory: Path) -> list[TopicSpec]:
             (including derived retry and dead-letter topics; the message names both files).
     """
     if not directory.is_dir():
-        raise TopicSpecError(f"{directory}: topic directory not found")
+        raise TopicSpecError(
+            f"{directory}: topic directory not found (run in the project's directory,"
+            f" or set {ENV_PREFIX}TOPICS_DIR)"
+        )
     paths = sorted(
         (path for path in directory.iterdir() if path.suffix in {".yaml", ".yml"}),
         key=lambda path: path.name,

@@ -120,7 +120,8 @@ def test_the_cli_says_where_redis_is_missing(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PIPELINE_REDIS__SOCKET_TIMEOUT_S", "0.5")
     result = CliRunner().invoke(app, ["capacity", "messages"])
     assert result.exit_code == 1
-    assert "redis unavailable at redis://127.0.0.1:1/0" in result.output
+    assert "cannot reach Redis at redis://127.0.0.1:1/0 (PIPELINE_REDIS__URL)" in result.output
+    assert "start it (`make services`)" in result.output
 
 
 async def test_a_members_handled_durations_become_the_measured_service_time(

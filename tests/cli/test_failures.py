@@ -239,3 +239,37 @@ def test_tail_with_its_broker_down_exits_naming_address_and_variable(
     assert lines[-1].startswith("error:")
     for text in named:
         assert text in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "named"),
+    [
+        (
+            ["throttle", "status", "org:a"],
+            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL", "make services"],
+        ),
+        (
+            ["throttle", "set-limit", "org:a", "5"],
+            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL", "make services"],
+        ),
+        (
+            ["schemas", "ls"],
+            {"PIPELINE_REGISTRY__URL": "http://reader:secret@127.0.0.1:1"},
+            ["http://reader:***@127.0.0.1:1", "PIPELINE_REGISTRY__URL", "pipeline registry serve"],
+        ),
+    ],
+)
+def test_a_command_whose_service_is_down_says_where_and_what_to_do(
+    command: list[str], env: dict[str, str], named: list[str]
+) -> None:
+    """The throttle and schema commands end in one line: the service, its address, the fix."""
+    result = pipeline(*command, env=env)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: cannot reach ")
+    for text in named:
+        assert text in lines[0]
+    assert "secret" not in result.stderr

@@ -4,7 +4,8 @@ Used by :mod:`pipeline.registry.client.serde` and the ``schemas`` commands. Sche
 cached for the life of the client (an id never changes meaning); everything else is asked for
 each time. Registry error bodies come back as the matching
 :class:`~pipeline.registry.errors.RegistryError` subclass; connection failures as
-:class:`~pipeline.registry.errors.SerdeError`.
+:class:`~pipeline.registry.errors.RegistryUnreachable`, a
+:class:`~pipeline.registry.errors.SerdeError`, whose message names the URL and its variable.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from pipeline.config import RegistrySettings
+from pipeline.reachability import REGISTRY_VARIABLE, safe_url, unreachable_at
 from pipeline.registry import errors
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -63,6 +65,7 @@ class RegistryClient:
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, auth=auth, timeout=timeout_s
         )
+        self._where = safe_url(url.rstrip("/"))
         self._schemas: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -83,7 +86,15 @@ class RegistryClient:
         try:
             response = self._http.request(method, path, json=body, params=params or None)
         except httpx.HTTPError as exc:
-            raise errors.SerdeError(f"schema registry unreachable: {exc}") from exc
+            reason = str(exc) or type(exc).__name__
+            line = unreachable_at(
+                "the schema registry",
+                self._where,
+                REGISTRY_VARIABLE,
+                reason,
+                start="`pipeline registry serve`",
+            )
+            raise errors.RegistryUnreachable(line) from exc
         if response.is_success:
             return response.json() if response.content else None
         try:

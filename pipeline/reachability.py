@@ -1,0 +1,53 @@
+"""The one line a command prints when a service does not answer: what, where, why, what to do.
+
+Every command that reaches Kafka, Redis or the schema registry says it the same way:
+``cannot reach Redis at redis://127.0.0.1:6379/0 (PIPELINE_REDIS__URL): <reason>; start it
+(`make services`) or point PIPELINE_REDIS__URL at a running one``. Passwords in URLs are
+replaced by ``***``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pipeline.config import ENV_PREFIX, Settings
+
+__all__ = ["REGISTRY_VARIABLE", "Service", "safe_url", "unreachable", "unreachable_at", "where"]
+
+Service = Literal["kafka", "redis"]
+REGISTRY_VARIABLE = f"{ENV_PREFIX}REGISTRY__URL"
+"""The variable that says where the schema registry's clients find it."""
+
+_FIX = "start it ({start}) or point {variable} at a running one"
+
+
+def safe_url(url: str) -> str:
+    """``url`` without its password, fit to print."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else f"***@{netloc}"))
+
+
+def where(settings: Settings, service: Service) -> tuple[str, str]:
+    """The address of ``service`` and the variable that sets it."""
+    if service == "kafka":
+        return settings.kafka.bootstrap_servers, f"{ENV_PREFIX}KAFKA__BOOTSTRAP_SERVERS"
+    return safe_url(settings.redis.url), f"{ENV_PREFIX}REDIS__URL"
+
+
+def unreachable_at(
+    name: str, address: str, variable: str, reason: str, start: str = "`make services`"
+) -> str:
+    """The line for service ``name`` at ``address``, set by ``variable``, that gave ``reason``."""
+    fix = _FIX.format(start=start, variable=variable)
+    return f"cannot reach {name} at {address} ({variable}): {reason.rstrip('. ')}; {fix}"
+
+
+def unreachable(settings: Settings, service: Service, reason: str) -> str:
+    """The line that says ``service`` cannot be reached, where, why and what to do."""
+    address, variable = where(settings, service)
+    return unreachable_at("Kafka" if service == "kafka" else "Redis", address, variable, reason)
