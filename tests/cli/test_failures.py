@@ -52,33 +52,46 @@ def test_misspelt_variable_is_named_with_the_right_one() -> None:
     assert "did you mean PIPELINE_TRANSPORT?" in result.stderr
 
 
-@pytest.mark.parametrize(
-    ("transport", "env", "named"),
-    [
-        (
-            "kafka",
-            {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
-            ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
-        ),
-        (
-            "redis",
-            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
-            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
-        ),
-    ],
-)
-def test_unreachable_broker_names_address_and_variable(
-    transport: str, env: dict[str, str], named: list[str]
-) -> None:
-    """Producing to a broker that is down ends in one line naming where it is."""
-    result = pipeline("produce", "messages", "--value", "x", "-t", transport, env=env)
-    assert result.returncode == 1
+BROKER_DOWN = [
+    (
+        "kafka",
+        {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
+        ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
+    ),
+    (
+        "redis",
+        {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+        ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
+    ),
+]
+"""A transport, the environment that points it at a closed port, what the error must name."""
+
+
+def assert_says_where(result: subprocess.CompletedProcess[str], named: list[str]) -> None:
+    """Exit 1, no traceback, at most two lines, the last an error naming every one of ``named``."""
+    assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) <= 2, result.stderr  # the broker is reached first, in seconds
+    assert len(lines) <= 2, result.stderr
     assert lines[-1].startswith("error:")
     for text in named:
         assert text in lines[-1]
+
+
+@pytest.mark.parametrize(("transport", "env", "named"), BROKER_DOWN)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["produce", "messages", "--value", "x"],
+        ["tail", "messages"],  # a consumer alone would wait for the broker for ever
+        ["tail", "messages", "--from-beginning", "--limit", "1"],
+    ],
+)
+def test_a_command_with_its_broker_down_names_address_and_variable(
+    transport: str, env: dict[str, str], named: list[str], command: list[str]
+) -> None:
+    """`produce` and `tail` reach the broker first: in seconds, one line saying where it is."""
+    assert_says_where(pipeline(*command, "-t", transport, env=env), named)
 
 
 def test_redrive_refuses_a_topic_that_is_not_a_dead_letter_topic() -> None:
@@ -169,16 +182,7 @@ def test_ingress_with_a_log_database_it_cannot_open_is_one_error(postgres_servic
 @pytest.mark.parametrize(
     ("transport", "env", "named"),
     [
-        (
-            "kafka",
-            {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
-            ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
-        ),
-        (
-            "redis",
-            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
-            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
-        ),
+        *BROKER_DOWN,
         (  # Kafka answers, but the Redis that holds the member's guard and throttles does not
             "kafka",
             {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
@@ -202,43 +206,7 @@ def test_consume_with_a_service_down_exits_naming_address_and_variable(
         transport,
         env={**env, "PIPELINE_TOPICS_DIR": topics},
     )
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) <= 2, result.stderr
-    assert lines[-1].startswith("error:")
-    for text in named:
-        assert text in lines[-1]
-
-
-@pytest.mark.parametrize(
-    ("transport", "env", "named"),
-    [
-        (
-            "kafka",
-            {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
-            ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
-        ),
-        (
-            "redis",
-            {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
-            ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
-        ),
-    ],
-)
-@pytest.mark.parametrize("start", [[], ["--from-beginning", "--limit", "1"]])
-def test_tail_with_its_broker_down_exits_naming_address_and_variable(
-    transport: str, env: dict[str, str], named: list[str], start: list[str]
-) -> None:
-    """`pipeline tail` does not wait on a broker that is down: one line saying where, exit 1."""
-    result = pipeline("tail", "messages", *start, "-t", transport, env=env)
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) <= 2, result.stderr
-    assert lines[-1].startswith("error:")
-    for text in named:
-        assert text in lines[-1]
+    assert_says_where(result, named)
 
 
 @pytest.mark.parametrize(
@@ -266,10 +234,6 @@ def test_a_command_whose_service_is_down_says_where_and_what_to_do(
 ) -> None:
     """The throttle and schema commands end in one line: the service, its address, the fix."""
     result = pipeline(*command, env=env)
-    assert result.returncode == 1, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: cannot reach ")
-    for text in named:
-        assert text in lines[0]
+    assert_says_where(result, named)
+    assert result.stderr.startswith("error: cannot reach ")
     assert "secret" not in result.stderr
