@@ -11,7 +11,8 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
 for users' tests), ``cli`` with ``cli_support``, ``redis_functions`` with ``redis_channel``,
-``heap`` (start-up objects kept out of full collections), ``log_repeats`` and ``validation``.
+``heap`` (start-up objects kept out of full collections), ``log_repeats``, ``reachability``
+(the line for a service that is down) and ``validation``.
 Import what you use from its module (``from pipeline.runtime import App``); ``__all__`` names
 these modules, as docs/architecture.md does.
 """
@@ -32,6 +33,7 @@ __all__ = [
     "logstore",
     "observability",
     "offload",
+    "reachability",
     "redis_channel",
     "redis_functions",
     "redrive",

@@ -36,6 +36,7 @@ callers never need to import a client library to handle a failure::
     │   ├── Unauthorized
     │   ├── Forbidden
     │   └── SerdeError
+    │       └── RegistryUnreachable the registry did not answer (client side)
     ├── TransportError              a broker operation failed
     │   ├── BrokerUnavailable       the broker (Kafka or Redis) cannot be reached
     │   ├── UnknownTopic            the topic is not declared / does not exist on the broker
