@@ -260,7 +260,8 @@ async def check_topic_limits(sources: Mapping[str, Source], admin: Admin) -> Non
         async with asyncio.timeout(_CHECK_TIMEOUT_S):
             infos = await admin.list_topics(names)
     except Exception as exc:  # any broker failure only skips a best-effort check
-        log.warning("topic size limits not checked (broker unreachable): %s", exc)
+        reason = str(exc) or f"no answer within {_CHECK_TIMEOUT_S:g} s"
+        log.warning("topic size limits not checked (broker unreachable): %s", reason)
         return
     problems = [
         f"sources.{source.name}: max_body_bytes={source.max_body_bytes} plus {HEADROOM_BYTES} "

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+from ingress.helpers import META, build
 from support import test_settings
 
 from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.errors import ConfigError
+from pipeline.ingress import source as source_module
 from pipeline.ingress.service import build_ingress
+from pipeline.ingress.source import check_topic_limits
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
@@ -67,3 +71,21 @@ async def test_the_ingress_refuses_to_start_over_a_topic_too_small_for_its_cap(
             await admin.delete_topic(name)
         await admin_transport.close()
     assert limit == settings.max_message_bytes
+
+
+async def test_a_broker_that_does_not_answer_skips_the_check_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ingress starts without the broker: the check is skipped, with a reason in the line."""
+    monkeypatch.setattr(source_module, "_CHECK_TIMEOUT_S", 0.5)
+    settings = test_settings(transport="kafka")
+    kafka = settings.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:1"})
+    transport = create_transport(settings.model_copy(update={"kafka": kafka}))
+    sources = build(tmp_path, {"whatsapp": META}, {"messages": "messages", "engagement": "e"})
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipeline.ingress.source"):
+            await check_topic_limits(sources, transport.admin())  # returns: nothing to refuse
+    finally:
+        await transport.close()
+    (line,) = [r.getMessage() for r in caplog.records if "size limits" in r.getMessage()]
+    assert line == "topic size limits not checked (broker unreachable): no answer within 0.5 s"
