@@ -132,6 +132,7 @@ def topics_apply(
     async def main() -> None:
         settings = _settings(transport)
         specs = load_specs(directory or settings.topics_dir)
+        await reach_broker(settings)
         t = create_transport(settings)
         try:
             actions = await apply(
@@ -163,7 +164,9 @@ def topics_list(
     """Show every topic with partitions, retention and retained message counts."""
 
     async def main() -> None:
-        t = create_transport(_settings(transport))
+        settings = _settings(transport)
+        await reach_broker(settings)
+        t = create_transport(settings)
         try:
             infos = await t.admin().list_topics()
         finally:
@@ -438,6 +441,7 @@ def redrive(
     async def main() -> None:
         settings = _settings(transport)
         require_dead_letter_topic(dlq, load_specs(settings.topics_dir))
+        await reach_broker(settings)
         t = create_transport(settings)
         job = Redrive(
             t,

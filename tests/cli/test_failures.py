@@ -85,12 +85,15 @@ def assert_says_where(result: subprocess.CompletedProcess[str], named: list[str]
         ["produce", "messages", "--value", "x"],
         ["tail", "messages"],  # a consumer alone would wait for the broker for ever
         ["tail", "messages", "--from-beginning", "--limit", "1"],
+        ["topics", "list"],
+        ["topics", "apply"],
+        ["redrive", "messages.dlq", "--dry-run"],
     ],
 )
 def test_a_command_with_its_broker_down_names_address_and_variable(
     transport: str, env: dict[str, str], named: list[str], command: list[str]
 ) -> None:
-    """`produce` and `tail` reach the broker first: in seconds, one line saying where it is."""
+    """Commands that use the broker reach it first: in seconds, one line saying where it is."""
     assert_says_where(pipeline(*command, "-t", transport, env=env), named)
 
 
