@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import typer
 from rich.console import Console
 
 from pipeline.config import load_settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
+from pipeline.reachability import where
 
 T = TypeVar("T")
 
@@ -23,6 +23,11 @@ err = Console(stderr=True, soft_wrap=True)
 
 PIPE_WIDTH = 200
 """Columns of a table printed to a pipe or file, where rich would otherwise assume 80."""
+
+HELP_MARKUP: Final = "markdown"
+"""How a command root reads help texts: each docstring paragraph is reflowed to the terminal's
+width (a line break inside it is a space), and a literal in double backquotes is shown as code,
+without them."""
 
 
 def out_console() -> Console:
@@ -71,11 +76,7 @@ def _where(exc: BrokerUnavailable) -> str:
         settings = load_settings()
     except ConfigError:
         return ""
-    if "redis unreachable" in text:
-        url = urlsplit(settings.redis.url)
-        address = url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
-        name, variable = f"Redis at {address}", "PIPELINE_REDIS__URL"
-    else:
-        name = f"Kafka at {settings.kafka.bootstrap_servers}"
-        variable = "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"
+    redis = "redis unreachable" in text
+    address, variable = where(settings, "redis" if redis else "kafka")
+    name = f"{'Redis' if redis else 'Kafka'} at {address}"
     return f" ({name}, {variable}: start it with `make services` or point {variable} at it)"

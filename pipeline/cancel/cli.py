@@ -8,7 +8,6 @@ The command calls the same transition as ``await app.cancel(...)`` and the recon
 from __future__ import annotations
 
 from typing import Annotated
-from urllib.parse import urlsplit
 
 import typer
 from redis.asyncio import Redis
@@ -18,6 +17,7 @@ from pipeline.cancel.transition import CancelFailed, cancel
 from pipeline.cli_support import err, run_command
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
+from pipeline.reachability import where
 from pipeline.topics.spec import load_specs
 
 
@@ -48,11 +48,10 @@ def cancel_command(
         try:
             return await cancel(redis, settings.redis.key_prefix, target, reason)
         except CancelFailed as exc:
-            url = urlsplit(settings.redis.url)
-            where = url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
+            address, variable = where(settings, "redis")
             raise CancelFailed(
-                f"{exc} (Redis at {where}, PIPELINE_REDIS__URL: start it with `make services` "
-                "or point PIPELINE_REDIS__URL at the members' Redis)"
+                f"{exc} (Redis at {address}, {variable}: start it with `make services` "
+                f"or point {variable} at the members' Redis)"
             ) from None
         finally:
             await redis.aclose()

@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 import yaml
@@ -35,7 +35,7 @@ from pipeline.cancel.cli import cancel_command
 from pipeline.capacity.cli import capacity_command
 from pipeline.cli.status_checks import PROBE_TIMEOUT_MS, reach_broker, reach_redis
 from pipeline.cli.status_view import status_command
-from pipeline.cli_support import TransportOpt, err, out_console, run_command
+from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, out_console, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, PipelineError
@@ -58,10 +58,6 @@ from pipeline.transport.identity import claim_identity
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
-
-HELP_MARKUP: Final = "markdown"
-"""How help texts are read: each docstring paragraph is reflowed to the terminal's width (a line
-break inside it is a space), and a literal in double backquotes is shown as code, without them."""
 
 app = typer.Typer(
     help="pipeline: webhook ingress to keyed, partitioned topics.",

@@ -14,10 +14,10 @@ from redis.asyncio import Redis
 
 from pipeline.config import Settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError
-from pipeline.reachability import Service, unreachable, where
+from pipeline.reachability import Service, unreachable
 from pipeline.transport import create_transport
 
-__all__ = ["PROBE_TIMEOUT_MS", "reach_broker", "reach_redis", "unreachable", "where"]
+__all__ = ["PROBE_TIMEOUT_MS", "reach_broker", "reach_redis"]
 
 PROBE_TIMEOUT_MS = 3_000
 """How long the first request to a broker may take before status says it is unreachable."""

@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline import tracing
-from pipeline.cli_support import TransportOpt, err, run_command
+from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command
 from pipeline.config import ENV_PREFIX, IngressSettings, Settings, load_settings
 from pipeline.errors import ConfigError
 from pipeline.ingress.replay import ReplaySummary, replay
@@ -391,7 +391,7 @@ def main() -> None:  # pragma: no cover - for `python -m pipeline.ingress.cli`
     """Run the ingress commands on their own (before they are registered in pipeline.cli)."""
     tracing.configure(os.environ, service="pipeline-ingress")
     root = typer.Typer(
-        no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown"
+        no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=HELP_MARKUP
     )
     root.add_typer(app, name="ingress")
     root.add_typer(ops_app)

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.cli_support import out_console
+from pipeline.cli_support import HELP_MARKUP, out_console
 from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.reachability import safe_url
@@ -201,7 +201,7 @@ def list_subjects(
 def standalone() -> typer.Typer:
     """Both command groups under one root, as ``pipeline`` will mount them."""
     root = typer.Typer(
-        no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown"
+        no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=HELP_MARKUP
     )
     root.add_typer(app, name="registry")
     root.add_typer(schemas_app, name="schemas")

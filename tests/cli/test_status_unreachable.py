@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pipeline.cli.status_checks import unreachable
 from pipeline.config import load_settings
+from pipeline.reachability import unreachable
 
 DOWN_REDIS = "redis://127.0.0.1:1/0"
 DOWN_KAFKA = "127.0.0.1:1"
