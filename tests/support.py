@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import pytest
 
 from pipeline.config import Settings, load_settings
+from pipeline.observability import stacks
 
 if TYPE_CHECKING:
     from pipeline.transport.protocol import Admin, Transport
@@ -245,7 +246,7 @@ class StackDumps:
     """
 
     HEADER = re.compile(r"--- stacks of process (\d+): threads ---")
-    END = "--- end of stacks ---"
+    END = stacks.END
 
     def __init__(self) -> None:
         """No dump read yet."""
