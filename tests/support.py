@@ -12,10 +12,11 @@ import functools
 import os
 import re
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlparse
 
 import pytest
@@ -270,3 +271,62 @@ class StackDumps:
     def between(self) -> bool:
         """Whether the last line read ended a dump (or none began)."""
         return self._inside is None
+
+
+class TcpRelay:
+    """A TCP relay from ``listen`` to ``target`` on loopback, for the life of a ``with`` block.
+
+    Lets a test make one address go from refusing connections to answering like a real service
+    (and back, on exit: its listening socket and every relayed connection are closed).
+    """
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        """Relay connections to ``listen`` to ``target`` once entered."""
+        self._listen = listen
+        self._target = target
+        self._server = socket.socket()
+        self._sockets: list[socket.socket] = [self._server]
+        self._threads: list[threading.Thread] = []
+        self._closed = threading.Event()
+
+    def __enter__(self) -> Self:
+        """Start listening and relaying."""
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind(self._listen)
+        self._server.listen()
+        self._start(self._accept)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """Stop: close every socket, wait for the threads."""
+        self._closed.set()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+    def _start(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:  # closed on exit
+                return
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            self._start(self._pump, client, upstream)
+            self._start(self._pump, upstream, client)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)

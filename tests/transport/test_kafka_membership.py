@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Literal
 import pytest
 from confluent_kafka import ConsumerGroupState
 from contract.helpers import RecordingListener, consume_until, make_topic
+from support import TcpRelay
 
 from pipeline.config import Settings
 from pipeline.envelope import Position
@@ -88,8 +90,32 @@ def test_a_broker_out_of_reach_counts_as_classic_and_says_why(
     with caplog.at_level(logging.WARNING, logger="pipeline.transport.kafka.group"):
         assert broker_protocols(kafka) == frozenset({"classic"})
     (line,) = [r.getMessage() for r in caplog.records if PROTOCOLS_CONFIG in r.getMessage()]
-    assert line.startswith(f"could not read {PROTOCOLS_CONFIG}, using the classic protocol: ")
+    assert line.startswith(f"could not read {PROTOCOLS_CONFIG}; this client uses the classic ")
     assert not line.endswith(": "), line  # a timeout's empty text is not the reason given
+
+
+def test_a_broker_out_of_reach_is_asked_again_once_it_answers(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback is not kept: a client opened after the broker came back gets its protocols.
+
+    One address, first refusing connections, then relaying them to the local broker: the
+    second call must find ``consumer`` (a member rejoining its group then uses it), not the
+    ``classic`` the first call fell back to.
+    """
+    monkeypatch.setattr(group_module, "_offered", {})  # nothing cached from another test
+    with socket.socket() as probe:  # a port nothing listens on, until the relay takes it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kafka = settings.kafka.model_copy(
+        update={"bootstrap_servers": f"127.0.0.1:{port}", "request_timeout_ms": 300}
+    )
+    assert broker_protocols(kafka) == frozenset({"classic"})
+    broker_host, _, broker_port = settings.kafka.bootstrap_servers.split(",")[0].rpartition(":")
+    with TcpRelay(("127.0.0.1", port), (broker_host, int(broker_port))):
+        assert "consumer" in broker_protocols(
+            kafka.model_copy(update={"request_timeout_ms": 10_000})
+        )
 
 
 @pytest.mark.parametrize("protocol", ["consumer", "classic"])

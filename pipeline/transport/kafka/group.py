@@ -49,13 +49,17 @@ def broker_protocols(settings: KafkaSettings) -> frozenset[str]:
     """The rebalance protocols the cluster's group coordinators offer (blocking; cached).
 
     A broker older than KIP-848, or one that refuses to describe its configuration, counts as
-    offering ``classic`` only.
+    offering ``classic`` only. A cluster out of reach counts as ``classic`` for this call only:
+    the answer is not kept, so a client opened later (a member rejoining its group) asks again
+    instead of staying on the classic protocol for the life of the process.
     """
     with _offered_lock:
         cached = _offered.get(settings.bootstrap_servers)
         if cached is not None:
             return cached
         offered = _describe(settings)
+        if offered is None:
+            return frozenset({"classic"})
         _offered[settings.bootstrap_servers] = offered
         return offered
 
@@ -75,7 +79,8 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
     return AdminClient(conf)
 
 
-def _describe(settings: KafkaSettings) -> frozenset[str]:
+def _describe(settings: KafkaSettings) -> frozenset[str] | None:
+    """What the cluster's configuration says, or None if the cluster could not be read."""
     timeout_s = settings.request_timeout_ms / 1000
     admin = admin_client(settings)
     try:
@@ -89,8 +94,12 @@ def _describe(settings: KafkaSettings) -> frozenset[str]:
         entries = configs[resource].result(timeout=timeout_s)
     except (KafkaException, TimeoutError) as exc:  # a broker out of reach: said when consuming
         reason = str(exc) or f"no answer from {settings.bootstrap_servers} within {timeout_s:g} s"
-        log.warning("could not read %s, using the classic protocol: %s", PROTOCOLS_CONFIG, reason)
-        return frozenset({"classic"})
+        log.warning(
+            "could not read %s; this client uses the classic protocol: %s",
+            PROTOCOLS_CONFIG,
+            reason,
+        )
+        return None
     entry = entries.get(PROTOCOLS_CONFIG)
     if entry is None or not entry.value:
         return frozenset({"classic"})
