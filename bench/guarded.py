@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from common import rotated
 from ingress import free_port
-from lane_process import Drain, PrivateRedis, bare_cmd, consume_cmd, drain, write_lane
+from lane_process import (
+    CpuPart,
+    Drain,
+    PrivateRedis,
+    bare_cmd,
+    consume_cmd,
+    drain,
+    write_lane,
+)
 
 from pipeline.topics.durations import parse_duration_ms
 from pipeline.topics.spec import TopicSpec
@@ -238,6 +246,16 @@ class Retries:
         """Per pair, the failing run's extra CPU (process tree) per injected failure, in ms."""
         return [
             1000 * (f.cpu_s - c.cpu_s) / int(f.stats["injected_failures"])
+            for c, f in zip(self.clean, self.failing, strict=True)
+            if f.stats.get("injected_failures")
+        ]
+
+    def cpu_ms_per_failure_in(self, part: CpuPart) -> list[float]:
+        """:attr:`cpu_ms_per_failure` of one part of the consumer (its main thread, ...)."""
+        return [
+            1000
+            * (getattr(f.parts, part) - getattr(c.parts, part))
+            / int(f.stats["injected_failures"])
             for c, f in zip(self.clean, self.failing, strict=True)
             if f.stats.get("injected_failures")
         ]

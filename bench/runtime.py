@@ -81,15 +81,17 @@ Four measurements, all against the same Kafka broker in one run (``make bench-ru
    alone costs (a message failing near the end of the backlog cannot succeed before its retry is
    due; ``retry_due_late_ms_p50``, ``_p90`` and ``_max`` say how late after its due time each
    retry copy's handler started, medians of the failing runs' own), and
-   ``retry_1pct_cpu_cost`` = 1 - clean CPU per message ÷ failing CPU per message, what the
-   failures cost the consumer's CPU; ``retry_cpu_ms_per_failure`` is the same CPU as
-   milliseconds per injected failure (the failing run's process-tree CPU minus the clean run's,
-   ÷ its failures; median per pair). ``--retry-unordered`` runs the part on the same lane
-   without ``ordered`` (``retry_lane``: ``unordered``): a failure is retried with no follower
-   parked behind it, so the two runs tell what parking adds to a failure. Such a run reports
-   its figures in the ``retry_*`` fields only (on an unordered lane a retried message succeeds
-   after later ones of its key, as it should: ``retry_order_violations`` counts them), and
-   leaves the target fields it would otherwise feed null.
+   ``retry_1pct_cpu_cost`` = 1 - clean CPU per message ÷ failing CPU per message, what the failures
+   cost the consumer's CPU; ``retry_cpu_ms_per_failure`` is the same CPU as milliseconds per
+   injected failure (the failing run's process-tree CPU minus the clean run's, ÷ its failures;
+   median per pair), split as ``retry_cpu_ms_per_failure_main`` (the consumer's main thread: its
+   event loop, where every stage runs), ``_threads`` (its other threads: the Kafka client's and
+   librdkafka's) and ``_children``. ``--retry-unordered`` runs the part on the same lane without
+   ``ordered`` (``retry_lane``: ``unordered``): a failure is retried with no follower parked behind
+   it, so the two runs tell what parking adds to a failure. Such a run reports its figures in the
+   ``retry_*`` fields only (on an unordered lane a retried message succeeds after later ones of its
+   key, as it should: ``retry_order_violations`` counts them), and leaves the target fields it would
+   otherwise feed null.
    ``retry_amplification`` = entries written to the retry-tier topics ÷ failures the
    handler injected (median over the failing runs). The handler counts, in the process:
    ``order_violations``, successes that came after a later message of the same key (added to
@@ -1127,6 +1129,11 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
         "retry_failing_runs": [s.stats for s in rt.failing],
         "retry_cpu_s_per_10k_clean": _r(_med([s.cpu_per_10k for s in rt.clean])),
         "retry_cpu_s_per_10k_failing": _r(_med([s.cpu_per_10k for s in rt.failing])),
+        **{
+            f"retry_cpu_ms_per_failure_{part}": _r(_med(rt.cpu_ms_per_failure_in(part)))
+            for part in CPU_PARTS
+            if rt.cpu_ms_per_failure_in(part)
+        },
         "redis_calls_per_msg_retry_clean": _calls(rt.clean),
         "redis_calls_per_msg_retry_failing": _calls(rt.failing),
         "redis_commands_per_msg_retry_failing": _per_msg(rt.failing),
