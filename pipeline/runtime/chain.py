@@ -11,8 +11,8 @@
 * **throttle** (:class:`~pipeline.runtime.throttle_gate.ThrottleGate`): a throttled lane's message
   waits for its slots in Redis, or is deferred through the first retry tier; others pass.
 * **key lanes** (:class:`~pipeline.runtime.lanes.KeyLanes`): one message of a key at a time,
-  in order; different keys run concurrently up to the member's limit, in turn, but on an ordered
-  lane a retry-tier copy the due stage released goes ahead of the keys waiting for a worker.
+  in order; different keys run concurrently up to the member's limit, in turn, but a
+  retry-tier copy the due stage released goes ahead of the keys waiting for a worker.
 * **guard** (:class:`~pipeline.runtime.guard.RunGuard`): start marks and parking in Redis;
   decides whether the message runs, is held behind its key's head, or is a stale copy.
 * **cancel** (:class:`~pipeline.runtime.longwork.LongWork`): a message whose work was cancelled
@@ -98,10 +98,12 @@ class Chain:
             self._batch(work)
 
     def _due(self, work: Work) -> None:
-        """A retry-tier copy whose delay is over: it goes ahead on an ordered lane.
+        """A retry-tier copy whose delay is over: it goes ahead of the keys waiting for a worker.
 
-        There its key's later messages wait parked behind it, so the key lanes run it before
-        the keys waiting for a worker.
+        It is older than anything the member buffered since it failed, and its tier's delay is
+        all it should wait: behind the buffer (up to ``partition_high_water`` messages a
+        partition) it would wait that long again. On an ordered lane its key's later messages
+        also wait parked behind it. A key with messages queued keeps its place and order.
         """
         work.due = True
         self._batch(work)
@@ -137,8 +139,7 @@ class Chain:
     def _key_lanes(self, work: Work) -> None:
         if work.trace is not None and self.gate is not None and work.lane.spec.throttle:
             tracing.admitted(work.trace)  # the end of its throttle wait
-        ordered = work.lane.spec.ordered
-        self.lanes.submit(work, ordered=ordered, first=work.due and ordered)
+        self.lanes.submit(work, ordered=work.lane.spec.ordered, first=work.due)
 
     async def _run(self, work: Work) -> None:
         """Guard and handler (the guard calls the handler stage), then release and settle."""

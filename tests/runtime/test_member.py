@@ -271,3 +271,38 @@ async def test_a_run_from_before_its_partition_came_back_does_not_finish_the_new
         go[1].set()
         await eventually(lambda: member.stats.handled == 2)
         assert member._offsets[tp].position().offset == message.offset + 1
+
+
+async def test_a_due_retry_copy_goes_ahead_of_the_buffer_on_an_unordered_lane(
+    transport: Transport, unique: str
+) -> None:
+    """A retry copy whose delay is over does not wait behind every message the member holds.
+
+    One handler at a time on an unordered lane: the first message fails once, 600 more (2 ms
+    each) fill the member's buffer. The copy, due 200 ms after the failure, runs while the
+    buffer is still draining: at least 100 of those messages run after it. Queued at the back
+    of the keys waiting for a worker, it would run after every message buffered before it
+    came back from its tier.
+    """
+    spec = lane_spec(f"ahead_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    ran: list[tuple[bytes, int]] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        ran.append((event, ctx.attempt))
+        if event == b"first" and ctx.attempt == 1:
+            raise RuntimeError("upstream 503")
+        await asyncio.sleep(0.002)
+
+    backlog = [Record(b"b%d" % i, b"k%d" % i) for i in range(600)]
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"first", b"k-first"), *backlog])
+    await producer.close()
+    settings = FAST.model_copy(update={"max_concurrency": 1})
+    member = Member(app, transport, f"g-{unique}", settings)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 601)
+    copy = ran.index((b"first", 2))
+    assert len(ran) - 1 - copy >= 100, f"the copy ran {copy}th of {len(ran)}"
