@@ -15,7 +15,7 @@ from rich.console import Console
 
 from pipeline.config import load_settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
-from pipeline.reachability import where
+from pipeline.reachability import how_to_fix, where
 
 T = TypeVar("T")
 
@@ -79,4 +79,4 @@ def _where(exc: BrokerUnavailable) -> str:
     redis = "redis unreachable" in text
     address, variable = where(settings, "redis" if redis else "kafka")
     name = f"{'Redis' if redis else 'Kafka'} at {address}"
-    return f" ({name}, {variable}: start it with `make services` or point {variable} at it)"
+    return f" ({name}, {variable}: {how_to_fix(variable)})"

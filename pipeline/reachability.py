@@ -13,13 +13,22 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pipeline.config import ENV_PREFIX, Settings
 
-__all__ = ["REGISTRY_VARIABLE", "Service", "safe_url", "unreachable", "unreachable_at", "where"]
+__all__ = [
+    "REGISTRY_VARIABLE",
+    "Service",
+    "how_to_fix",
+    "safe_url",
+    "unreachable",
+    "unreachable_at",
+    "where",
+]
 
 Service = Literal["kafka", "redis"]
 REGISTRY_VARIABLE = f"{ENV_PREFIX}REGISTRY__URL"
 """The variable that says where the schema registry's clients find it."""
 
-_FIX = "start it ({start}) or point {variable} at a running one"
+START = "`make services`"
+"""How the local services are started."""
 
 
 def safe_url(url: str) -> str:
@@ -39,11 +48,14 @@ def where(settings: Settings, service: Service) -> tuple[str, str]:
     return safe_url(settings.redis.url), f"{ENV_PREFIX}REDIS__URL"
 
 
-def unreachable_at(
-    name: str, address: str, variable: str, reason: str, start: str = "`make services`"
-) -> str:
+def how_to_fix(variable: str, start: str = START, instead: str = "a running one") -> str:
+    """What to do about a service that does not answer: start it, or point ``variable`` away."""
+    return f"start it ({start}) or point {variable} at {instead}"
+
+
+def unreachable_at(name: str, address: str, variable: str, reason: str, start: str = START) -> str:
     """The line for service ``name`` at ``address``, set by ``variable``, that gave ``reason``."""
-    fix = _FIX.format(start=start, variable=variable)
+    fix = how_to_fix(variable, start)
     return f"cannot reach {name} at {address} ({variable}): {reason.rstrip('. ')}; {fix}"
 
 

@@ -17,7 +17,7 @@ from pipeline.cancel.transition import CancelFailed, cancel
 from pipeline.cli_support import err, run_command
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
-from pipeline.reachability import where
+from pipeline.reachability import how_to_fix, where
 from pipeline.topics.spec import load_specs
 
 
@@ -49,10 +49,8 @@ def cancel_command(
             return await cancel(redis, settings.redis.key_prefix, target, reason)
         except CancelFailed as exc:
             address, variable = where(settings, "redis")
-            raise CancelFailed(
-                f"{exc} (Redis at {address}, {variable}: start it with `make services` "
-                f"or point {variable} at the members' Redis)"
-            ) from None
+            fix = how_to_fix(variable, instead="the members' Redis")
+            raise CancelFailed(f"{exc} (Redis at {address}, {variable}: {fix})") from None
         finally:
             await redis.aclose()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,10 @@ BROKER_DOWN = [
 
 
 def assert_says_where(result: subprocess.CompletedProcess[str], named: list[str]) -> None:
-    """Exit 1, no traceback, at most two lines, the last an error naming every one of ``named``."""
+    """Exit 1, no traceback, at most two lines, the last an error naming every one of ``named``.
+
+    And what to do, in the same words whichever command it was.
+    """
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -76,6 +80,7 @@ def assert_says_where(result: subprocess.CompletedProcess[str], named: list[str]
     assert lines[-1].startswith("error:")
     for text in named:
         assert text in lines[-1]
+    assert re.search(r"start it \(`[^`]+`\) or point PIPELINE_\w+ at ", lines[-1]), lines[-1]
 
 
 @pytest.mark.parametrize(("transport", "env", "named"), BROKER_DOWN)
