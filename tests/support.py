@@ -287,7 +287,8 @@ class TcpRelay:
         self._server = socket.socket()
         self._sockets: list[socket.socket] = [self._server]
         self._threads: list[threading.Thread] = []
-        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
 
     def __enter__(self) -> Self:
         """Start listening and relaying."""
@@ -299,12 +300,12 @@ class TcpRelay:
 
     def __exit__(self, *_: object) -> None:
         """Stop: close every socket, wait for the threads."""
-        self._closed.set()
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        for thread in self._threads:
+        with self._lock:
+            self._closed = True
+            sockets, threads = list(self._sockets), list(self._threads)
+        for sock in sockets:
+            _close(sock)
+        for thread in threads:
             thread.join(5)
 
     def _start(self, target: Callable[..., None], *args: object) -> None:
@@ -313,15 +314,24 @@ class TcpRelay:
         thread.start()
 
     def _accept(self) -> None:
-        while not self._closed.is_set():
+        while True:
             try:
                 client, _ = self._server.accept()
             except OSError:  # closed on exit
                 return
-            upstream = socket.create_connection(self._target)
-            self._sockets += [client, upstream]
-            self._start(self._pump, client, upstream)
-            self._start(self._pump, upstream, client)
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:  # the target is down: the test fails on what its client says
+                _close(client)
+                continue
+            with self._lock:
+                if self._closed:  # accepted while the relay was being closed
+                    _close(client)
+                    _close(upstream)
+                    return
+                self._sockets += [client, upstream]
+                self._start(self._pump, client, upstream)
+                self._start(self._pump, upstream, client)
 
     @staticmethod
     def _pump(source: socket.socket, sink: socket.socket) -> None:
@@ -330,3 +340,10 @@ class TcpRelay:
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
+
+
+def _close(sock: socket.socket) -> None:
+    """Shut ``sock`` down both ways (waking a thread blocked on it) and close it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
