@@ -38,6 +38,7 @@ class RuntimeMetrics:
         """Write into ``metrics``."""
         self._deliveries = metrics.deliveries
         self._retries = metrics.counter(m.RETRIES)
+        self._retry_lateness = metrics.histogram(m.RETRY_LATENESS)
         self._dead = metrics.counter(m.DEAD_LETTERS)
         self._expired = metrics.counter(m.EXPIRED)
         self._parked = metrics.gauge(m.PARKED_KEYS)
@@ -63,6 +64,10 @@ class RuntimeMetrics:
     def retried(self, lane: str, tier: str) -> None:
         """A message went to the retry tier ``tier`` (its delay label: ``5s``, ``1m``)."""
         self._retries.labels(lane, tier).inc()
+
+    def retry_started(self, lane: str, lateness_s: float) -> None:
+        """A retry-tier copy's handler started ``lateness_s`` after the copy's due time."""
+        self._retry_lateness.labels(lane).observe(max(0.0, lateness_s))
 
     def dead_lettered(self, lane: str, reason: str) -> None:
         """A message went to the dead-letter topic; ``reason`` is its ``pl-dead-reason``."""

@@ -34,6 +34,7 @@ TOP_TENANTS = 10
 
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LATENESS_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+RETRY_LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TURN_MESSAGES_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 100)
 COMMIT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 COMMIT_ROWS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 512)
@@ -91,6 +92,15 @@ RETRIES = Family(
     "Messages sent to a retry tier, by tier delay (5s, 1m, ...).",
     ("lane", "tier"),
     "messages",
+)
+RETRY_LATENESS = Family(
+    "pipeline_retry_lateness_seconds",
+    "histogram",
+    "How long after its due time a retry-tier copy's handler started (a member behind its "
+    "backlog, or a retry tier it reads late, shows here).",
+    ("lane",),
+    "seconds",
+    RETRY_LATENESS_BUCKETS_S,
 )
 DEAD_LETTERS = Family(
     "pipeline_dead_letters_total",

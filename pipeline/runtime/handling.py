@@ -26,6 +26,7 @@ from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
+from pipeline.runtime.due import due_ms
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.payloads import Payloads
 from pipeline.runtime.redirect import Redirector
@@ -89,6 +90,8 @@ class HandlerStage:
             return await self._not_now(lane, message, reason)
         attempt = h.int_header(message.headers, h.ATTEMPT, 1)
         self._routing.processed(lane)
+        if self._metrics is not None and h.DUE_MS in message.headers:  # a retry-tier copy
+            self._metrics.retry_started(lane.name, time.time() - due_ms(message) / 1000)
         called = time.perf_counter()
         try:
             if OFFLOAD in message.headers:  # a reference: resolved off the loop, or lazily

@@ -46,5 +46,8 @@ async def test_deliveries_retries_and_dead_letters_are_counted(
     assert value("pipeline_deliveries_total", {"lane": lane, "outcome": "handled"}) == 2
     assert value("pipeline_deliveries_total", {"lane": lane, "outcome": "retried"}) == 1
     assert value("pipeline_retries_total", {"lane": lane, "tier": "100ms"}) == 1
+    # the one retry copy ran after its due time (never before): one lateness of at least zero
+    assert value("pipeline_retry_lateness_seconds_count", {"lane": lane}) == 1
+    assert value("pipeline_retry_lateness_seconds_sum", {"lane": lane}) >= 0
     assert value("pipeline_dead_letters_total", {"lane": lane, "reason": "fatal"}) == 1
     assert value("pipeline_worker_slots", {}) == FAST.max_concurrency
