@@ -431,8 +431,18 @@ class RunGuard:
         parks = ending == "parked"
         with self._parking(lane, start.key, parks=parks):
             released = await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
-        if released is None:  # not recorded, as far as this member knows
-            if parks:
+        return self._released(lane, start, ending, released)
+
+    def _released(
+        self, lane: Lane, start: Start, ending: Ending, released: list[Release] | None
+    ) -> list[Release]:
+        """The followers an end call released; none if it got no answer (``released`` None).
+
+        Not recorded, as far as this member knows: an end that parks the key may still reach
+        Redis later, so the key stays known as maybe parked (:meth:`_unsure`).
+        """
+        if released is None:
+            if ending == "parked":
                 self._unsure(lane, start.key)
             return []
         return released
@@ -595,9 +605,7 @@ class RunGuard:
                 if ending != "done" or last or asyncio.get_running_loop().time() >= checkpoint:
                     back = _given_back(released[i + 1 :])
                     following = await window.end(KeyEnds([*ends, *back, (start, ending)], follow))
-                    if following is None and ending == "parked":
-                        self._unsure(lane, start.key)
-                    return following or []
+                    return self._released(lane, start, ending, following)
             ends.append((start, ending))
         return []
 
