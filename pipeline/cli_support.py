@@ -15,7 +15,7 @@ from rich.console import Console
 
 from pipeline.config import load_settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
-from pipeline.reachability import how_to_fix, where
+from pipeline.reachability import named_with_fix
 
 T = TypeVar("T")
 
@@ -76,7 +76,4 @@ def _where(exc: BrokerUnavailable) -> str:
         settings = load_settings()
     except ConfigError:
         return ""
-    redis = "redis unreachable" in text
-    address, variable = where(settings, "redis" if redis else "kafka")
-    name = f"{'Redis' if redis else 'Kafka'} at {address}"
-    return f" ({name}, {variable}: {how_to_fix(variable)})"
+    return f" ({named_with_fix(settings, 'redis' if 'redis unreachable' in text else 'kafka')})"

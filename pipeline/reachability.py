@@ -17,6 +17,7 @@ __all__ = [
     "REGISTRY_VARIABLE",
     "Service",
     "how_to_fix",
+    "named_with_fix",
     "safe_url",
     "unreachable",
     "unreachable_at",
@@ -29,6 +30,7 @@ REGISTRY_VARIABLE = f"{ENV_PREFIX}REGISTRY__URL"
 
 START = "`make services`"
 """How the local services are started."""
+_NAMES: dict[Service, str] = {"kafka": "Kafka", "redis": "Redis"}
 
 
 def safe_url(url: str) -> str:
@@ -53,6 +55,16 @@ def how_to_fix(variable: str, start: str = START, instead: str = "a running one"
     return f"start it ({start}) or point {variable} at {instead}"
 
 
+def named_with_fix(settings: Settings, service: Service, instead: str = "a running one") -> str:
+    """``service``, its address and variable, and the fix: to follow an error that lacks them.
+
+    ``Redis at redis://127.0.0.1:6379/0, PIPELINE_REDIS__URL: start it (`make services`) or
+    point PIPELINE_REDIS__URL at a running one``.
+    """
+    address, variable = where(settings, service)
+    return f"{_NAMES[service]} at {address}, {variable}: {how_to_fix(variable, instead=instead)}"
+
+
 def unreachable_at(name: str, address: str, variable: str, reason: str, start: str = START) -> str:
     """The line for service ``name`` at ``address``, set by ``variable``, that gave ``reason``."""
     fix = how_to_fix(variable, start)
@@ -62,4 +74,4 @@ def unreachable_at(name: str, address: str, variable: str, reason: str, start: s
 def unreachable(settings: Settings, service: Service, reason: str) -> str:
     """The line that says ``service`` cannot be reached, where, why and what to do."""
     address, variable = where(settings, service)
-    return unreachable_at("Kafka" if service == "kafka" else "Redis", address, variable, reason)
+    return unreachable_at(_NAMES[service], address, variable, reason)

@@ -17,7 +17,7 @@ from pipeline.cancel.transition import CancelFailed, cancel
 from pipeline.cli_support import err, run_command
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
-from pipeline.reachability import how_to_fix, where
+from pipeline.reachability import named_with_fix
 from pipeline.topics.spec import load_specs
 
 
@@ -48,9 +48,8 @@ def cancel_command(
         try:
             return await cancel(redis, settings.redis.key_prefix, target, reason)
         except CancelFailed as exc:
-            address, variable = where(settings, "redis")
-            fix = how_to_fix(variable, instead="the members' Redis")
-            raise CancelFailed(f"{exc} (Redis at {address}, {variable}: {fix})") from None
+            hint = named_with_fix(settings, "redis", instead="the members' Redis")
+            raise CancelFailed(f"{exc} ({hint})") from None
         finally:
             await redis.aclose()
 
