@@ -40,7 +40,7 @@ from pipeline.topics.durations import parse_duration_ms
 from pipeline.topics.spec import TopicSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from runtime import Harness
 
@@ -244,18 +244,16 @@ class Retries:
     @property
     def cpu_ms_per_failure(self) -> list[float]:
         """Per pair, the failing run's extra CPU (process tree) per injected failure, in ms."""
-        return [
-            1000 * (f.cpu_s - c.cpu_s) / int(f.stats["injected_failures"])
-            for c, f in zip(self.clean, self.failing, strict=True)
-            if f.stats.get("injected_failures")
-        ]
+        return self._per_failure(lambda run: run.cpu_s)
 
     def cpu_ms_per_failure_in(self, part: CpuPart) -> list[float]:
         """:attr:`cpu_ms_per_failure` of one part of the consumer (its main thread, ...)."""
+        return self._per_failure(lambda run: float(getattr(run.parts, part)))
+
+    def _per_failure(self, cpu_s: Callable[[Drain], float]) -> list[float]:
+        """Per pair, ``cpu_s`` of the failing run minus the clean run's per failure, in ms."""
         return [
-            1000
-            * (getattr(f.parts, part) - getattr(c.parts, part))
-            / int(f.stats["injected_failures"])
+            1000 * (cpu_s(f) - cpu_s(c)) / int(f.stats["injected_failures"])
             for c, f in zip(self.clean, self.failing, strict=True)
             if f.stats.get("injected_failures")
         ]

@@ -1130,9 +1130,9 @@ def _summary_retries(rt: Retries) -> dict[str, Any]:
         "retry_cpu_s_per_10k_clean": _r(_med([s.cpu_per_10k for s in rt.clean])),
         "retry_cpu_s_per_10k_failing": _r(_med([s.cpu_per_10k for s in rt.failing])),
         **{
-            f"retry_cpu_ms_per_failure_{part}": _r(_med(rt.cpu_ms_per_failure_in(part)))
+            f"retry_cpu_ms_per_failure_{part}": _r(_med(ms))
             for part in CPU_PARTS
-            if rt.cpu_ms_per_failure_in(part)
+            if (ms := rt.cpu_ms_per_failure_in(part))
         },
         "redis_calls_per_msg_retry_clean": _calls(rt.clean),
         "redis_calls_per_msg_retry_failing": _calls(rt.failing),
