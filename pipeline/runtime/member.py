@@ -179,6 +179,7 @@ class Member:
                 debounced,
                 self._handler.settle_turn,
                 max_concurrency=settings.max_concurrency,
+                superseded=None if turn_metrics is None else turn_metrics.superseded,
             )
             self._handler.turns = self._turns
         elif debounced:

@@ -91,11 +91,13 @@ class DebouncedLanes:
         settle: Callable[[Lane, TurnOutcome], Awaitable[bool]],
         *,
         max_concurrency: int,
+        superseded: Callable[[str], None] | None = None,
     ) -> None:
         """Debounce ``lanes``; ``settle`` is told how each turn ended and routes failures.
 
         ``settle`` returns False when the turn must run again (its failure could not be routed
-        or is to be retried).
+        or is to be retried). ``superseded(lane)`` is told of each message that replaced its
+        conversation's scheduled turn (the member's Prometheus counter).
         """
         self._lanes = {lane.name: lane for lane in lanes}
         self._payloads = Payloads(lanes)  # buffered references are resolved when the turn runs
@@ -105,6 +107,8 @@ class DebouncedLanes:
         for lane in lanes:
             assert lane.spec.debounce is not None  # noqa: S101 - only debounced lanes
             debouncer = Debouncer(redis, prefix, lane.name, lane.spec.debounce)
+            if superseded is not None:
+                debouncer.on_superseded(functools.partial(superseded, lane.name))
             self.debouncers[lane.name] = debouncer
             self.runners[lane.name] = TurnRunner(
                 debouncer,

@@ -15,6 +15,8 @@ from runtime.helpers import FAST, declare, eventually, lane_spec, running
 from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.errors import ConfigError, DeadLetter, Retry
+from pipeline.observability.facades import DebounceMetrics
+from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
@@ -68,6 +70,43 @@ async def test_a_burst_is_one_turn_with_every_message_in_order(
     assert turns == {"c1": [[0, 1, 2, 3, 4]], "c2": [[0, 1, 2]]}
     assert member.stats.turns == 2
     assert member.stats.buffered == 8
+
+
+async def test_a_members_turn_metrics_count_turns_and_superseded_schedules(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """Every message after a conversation's first in a burst supersedes its scheduled turn.
+
+    Bursts of 5 and 3 messages: 2 turns, and 4 + 2 scheduled turns replaced by a newer message,
+    in the member's Prometheus registry.
+    """
+    spec = lane_spec(f"turnmetrics_{unique}", 2, debounce=QUIET)
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        """Nothing to do: the turns are counted."""
+
+    producer = transport.producer()
+    burst = [said("c1", n) for n in range(5)] + [said("c2", n) for n in range(3)]
+    await producer.send_many(spec.name, burst)
+    await producer.close()
+    metrics = Metrics()
+    member = Member(
+        app,
+        transport,
+        f"g-{unique}",
+        FAST,
+        redis=redis,
+        redis_prefix=f"t{unique}",
+        turn_metrics=DebounceMetrics(metrics),
+    )
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 8)
+    value = metrics.registry.get_sample_value
+    assert value("pipeline_debounce_turns_total", {"lane": spec.lane}) == 2
+    assert value("pipeline_debounce_superseded_total", {"lane": spec.lane}) == 6
 
 
 async def test_a_failed_turn_runs_again_and_a_fatal_one_is_dead_lettered_in_order(

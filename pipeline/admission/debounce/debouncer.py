@@ -215,11 +215,16 @@ class Debouncer:
         self._policy = (self._quiet_ms, self._max_wait_ms, policy.max_batch)
         self._claims = 0
         self._listeners: list[Callable[[int], None]] = []
+        self._superseding: list[Callable[[], None]] = []
         self.stats = DebounceStats()
 
     def subscribe(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(due_ms)`` after each successful local ``record`` (wakes a runner)."""
         self._listeners.append(listener)
+
+    def on_superseded(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` for each local ``record`` that replaced a scheduled turn."""
+        self._superseding.append(listener)
 
     async def record(self, key: str, message: Message | BufferedMessage) -> int:
         """Buffer ``message`` for conversation ``key`` and schedule the key's turn.
@@ -253,7 +258,10 @@ class Debouncer:
             )
             raise
         self.stats.recorded += 1
-        self.stats.superseded += reply.superseded
+        if reply.superseded:
+            self.stats.superseded += 1
+            for superseded in self._superseding:
+                superseded()
         for listener in self._listeners:
             listener(reply.due_ms)
         return reply.due_ms
