@@ -7,12 +7,12 @@ key (per-key order holds) and waits as a pending future, not in a worker. Once g
 goes to the key lanes with its permit; when it finishes, the permit is released and the key's
 next message asks.
 
-Memory stays bounded: beyond ``max_waiting`` messages waiting in the gate, an over-limit message
-of a tenant that waits at least its share of the gate, whose key has nothing else in this
-member, is *deferred* (the member sends it through the first
-retry tier and parks its key behind it) instead of being held. Messages of a key that already
-waits stay in its FIFO (the partition's high-water mark bounds them), so deferral never lets a
-message overtake an earlier one of its key.
+Memory stays bounded: beyond a lane's ``max_waiting`` messages waiting in the gate, an
+over-limit message of that lane whose tenant waits at least its share of the lane's waiting
+messages, and whose key has nothing else in this member, is *deferred* (the member sends it
+through the first retry tier and parks its key behind it) instead of being held. Messages of a
+key that already waits stay in its FIFO (the partition's high-water mark bounds them), so
+deferral never lets a message overtake an earlier one of its key.
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ class ThrottleGate(Generic[T]):
         self.waiting = 0
         self.waiting_by: Counter[tuple[str, str]] = Counter()
         """Messages waiting for admission per (lane, tenant), for metrics and status."""
+        self._waiting_lane: Counter[str] = Counter()
+        """Messages waiting for admission per lane: what its ``max_waiting`` bounds."""
         self.deferrals = 0
 
     def offer(
@@ -157,20 +159,24 @@ class ThrottleGate(Generic[T]):
         queue.append(_Waiting(message, keys, policy, lane))
         self.waiting += 1
         self.waiting_by[lane, tenant_of(message)] += 1
+        self._waiting_lane[lane] += 1
         if key not in self._active:
             self._ask(key)
 
     def _over_share(self, message: T, lane: str, policy: ThrottlePolicy) -> bool:
-        """The gate is full and this message's tenant waits at least its share of it.
+        """``lane`` has its ``max_waiting`` waiting, and this message's tenant its share of them.
 
         Deferring only the tenants that wait most keeps a flood's overflow in the delay tier
-        while the other tenants' messages still wait here, in memory and in order.
+        while the other tenants' messages still wait here, in memory and in order. Each lane
+        counts its own: another lane's flood neither defers this lane's messages nor, by adding
+        to the total, keeps this lane's flood from being deferred.
         """
-        if self.waiting < policy.max_waiting:
+        waiting = self._waiting_lane[lane]
+        if waiting < policy.max_waiting:
             return False
         mine = self.waiting_by.get((lane, tenant_of(message)), 0)
         tenants = sum(1 for (name, _), count in self.waiting_by.items() if name == lane and count)
-        return mine * max(tenants, 1) >= self.waiting
+        return mine * max(tenants, 1) >= waiting
 
     def _ask(self, key: GateKey) -> None:
         self._active.add(key)
@@ -201,6 +207,7 @@ class ThrottleGate(Generic[T]):
 
     def _forget_waiting(self, waiting: _Waiting[T]) -> None:
         self.waiting -= 1
+        self._waiting_lane[waiting.lane] -= 1
         counted = (waiting.lane, tenant_of(waiting.message))
         self.waiting_by[counted] -= 1
         if self.waiting_by[counted] <= 0:

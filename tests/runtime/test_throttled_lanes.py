@@ -150,6 +150,50 @@ async def test_beyond_max_waiting_the_flooding_tenant_is_deferred_not_held(
     assert topics["beta"] == [spec.name, spec.name]  # never sent through the delay tier
 
 
+async def test_each_lane_keeps_its_own_waiting_bound(
+    transport: Transport, throttle: Throttle, unique: str
+) -> None:
+    """Two throttled lanes flooded at once: each defers past its own ``max_waiting``.
+
+    A lane's bound counts its own waiting messages: counted over the member's whole gate, each
+    flooding tenant held less than its share of the total and nothing was deferred, so the two
+    floods waited in memory without bound.
+    """
+    specs = [
+        lane_spec(
+            f"thrtwo{side}_{unique}",
+            1,
+            ordered=False,
+            retry={"tiers": ["200ms"]},
+            throttle={"keys": ["org:{tenant}"], "max_waiting": 3},
+        )
+        for side in ("a", "b")
+    ]
+    for spec in specs:
+        await declare(transport, spec)
+    app = App(specs)
+    topics: dict[str, list[str]] = defaultdict(list)
+
+    for spec in specs:
+
+        @app.handler(spec.lane)
+        async def handle(event: Message, ctx: Context) -> None:
+            topics[ctx.lane].append(event.topic)
+            await asyncio.sleep(0.01)
+
+    await throttle.set_limit("org:acme", 1)
+    await throttle.set_limit("org:gamma", 1)
+    producer = transport.producer()
+    await producer.send_many(specs[0].name, [record("acme", n) for n in range(20)])
+    await producer.send_many(specs[1].name, [record("gamma", n) for n in range(20)])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST, throttle=throttle)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 40)
+    for spec in specs:  # some of each flood went through its lane's delay tier
+        assert any(topic != spec.name for topic in topics[spec.lane]), spec.lane
+
+
 async def test_a_dependency_that_answers_429_gets_fewer_calls_from_the_fleet(
     transport: Transport, throttle: Throttle, unique: str
 ) -> None:
