@@ -81,13 +81,26 @@ async def _admission(
 
 def _service_times(
     settings: Settings, specs: Sequence[TopicSpec], telemetry: MemberTelemetry
-) -> CapacityFeed | None:
-    """With capacity recording on, the member's handler times feed the lanes' service time."""
+) -> tuple[CapacityFeed | None, MetricsServer | None]:
+    """With capacity recording on, the member's handler times feed the lanes' service time.
+
+    The service time is read from the member's registry at each refresh of its ``/metrics``
+    sources. Without a metrics port nothing refreshes them: the recording then gets a refresher
+    of its own, started here and returned to be closed, that refreshes only it, at the same
+    interval.
+    """
     if not settings.capacity.record:
-        return None
+        return None, None
     capacity = CapacityFeed(settings, specs)
-    telemetry.server.sources.append(capacity.service_source(telemetry.metrics))
-    return capacity
+    source = capacity.service_source(telemetry.metrics)
+    if settings.runtime.metrics_port is not None:
+        telemetry.server.sources.append(source)
+        return capacity, None
+    recorder = MetricsServer(
+        telemetry.metrics, [source], interval_s=settings.runtime.metrics_interval_s
+    )
+    recorder.start()
+    return capacity, recorder
 
 
 def redis_client(settings: Settings) -> Redis:
@@ -140,7 +153,7 @@ async def serve(
     telemetry = member_telemetry(
         transport.admin(), specs, group, interval_s=settings.runtime.metrics_interval_s
     )
-    capacity = _service_times(settings, specs, telemetry)
+    capacity, recorder = _service_times(settings, specs, telemetry)
     dlqs = {lane.name: lane.spec.dead_letter for lane in chosen_lanes}
     pod = pod_from_environment()  # in Kubernetes: long work protects this Pod from scale-in
     member = Member(
@@ -188,7 +201,7 @@ async def serve(
             await endpoint
         if throttle is not None:
             await throttle.close()
-        for closing in (store, capacity):
+        for closing in (recorder, store, capacity):
             if closing is not None:
                 await closing.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
