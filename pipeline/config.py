@@ -234,7 +234,9 @@ class ThrottleSettings(_Section):
     default_limit: int = Field(default=10, ge=0)
     """Concurrency limit of a key that has none of its own."""
     lease_ms: int = Field(default=30_000, ge=30)
-    """A permit's lease; renewed every third of it, a dead member's slots return after it."""
+    """The lease of a permit acquired without one of its own (a lane's permits use its
+    ``throttle.lease``, 60 s by default); renewed every third of it, a dead holder's slots
+    return after it."""
     wake_block_s: float = Field(default=2.0, gt=0)
     """How long one blocking read of a member's wake list lasts."""
     dynamic: DynamicLimitSettings = Field(default_factory=DynamicLimitSettings)

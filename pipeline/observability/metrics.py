@@ -74,7 +74,7 @@ DELIVERIES = Family(
     "pipeline_deliveries_total",
     "counter",
     "Messages finished by this member, by outcome (handled, skipped, retried, dead_lettered, "
-    "expired, shed, duplicate).",
+    "expired, shed, duplicate, deferred, parked, buffered, cancelled, unrouted).",
     ("lane", "outcome"),
     "messages",
 )
@@ -285,7 +285,8 @@ INGRESS_REQUESTS = Family(
     "pipeline_ingress_requests_total",
     "counter",
     "Webhook requests by outcome (accepted, duplicate, rejected, shed, too_large, malformed, "
-    "store_error, offload_error, handshake, handshake_refused) and reason.",
+    "store_error, offload_error, handshake, handshake_refused, body_timeout, disconnected) and "
+    "reason.",
     ("source", "outcome", "reason"),
     "requests",
 )
