@@ -455,10 +455,17 @@ Instrument = Counter | Gauge | Histogram
 
 
 class Metrics:
-    """All families instantiated in one registry; :attr:`registry` is what ``/metrics`` serves."""
+    """The families of :data:`FAMILIES` in a registry; :attr:`registry` is what ``/metrics`` serves.
+
+    A labelled family shows no sample until a label set is written; an unlabelled one shows
+    one (0) from the moment it is made. So the unlabelled ones are made the first time a facade
+    asks for them, and a process shows only those it writes: made with the registry, the
+    members' slot utilisation showed as 0 on every ingress pod, averaged into alerts over every
+    scraped pod.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        """Create every family of :data:`FAMILIES` in ``registry`` (default: a new one)."""
+        """The families go in ``registry`` (default: a new one); unlabelled ones on first use."""
         from pipeline.observability.tally import OutcomeTally  # noqa: PLC0415 - it types Family
 
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -467,8 +474,17 @@ class Metrics:
         self.registry.register(self.deliveries)
         self._instruments: dict[str, Instrument] = {}
         for item in FAMILIES:
-            if item not in (DELIVERIES, HANDLER_DURATION):
+            if item.labels and item not in (DELIVERIES, HANDLER_DURATION):
                 self._instruments[item.name] = self._create(item)
+
+    def _instrument(self, item: Family) -> Instrument:
+        """``item``'s instrument, made in the registry on first use."""
+        instrument = self._instruments.get(item.name)
+        if instrument is None:
+            if item in (DELIVERIES, HANDLER_DURATION):
+                raise TypeError(f"{item.name} is written through Metrics.deliveries")
+            instrument = self._instruments[item.name] = self._create(item)
+        return instrument
 
     def _create(self, item: Family) -> Instrument:
         if item.kind == "counter":
@@ -481,21 +497,21 @@ class Metrics:
 
     def counter(self, item: Family) -> Counter:
         """The counter of ``item``."""
-        instrument = self._instruments[item.name]
+        instrument = self._instrument(item)
         if not isinstance(instrument, Counter):
             raise TypeError(f"{item.name} is a {item.kind}")
         return instrument
 
     def gauge(self, item: Family) -> Gauge:
         """The gauge of ``item``."""
-        instrument = self._instruments[item.name]
+        instrument = self._instrument(item)
         if not isinstance(instrument, Gauge):
             raise TypeError(f"{item.name} is a {item.kind}")
         return instrument
 
     def histogram(self, item: Family) -> Histogram:
         """The histogram of ``item``."""
-        instrument = self._instruments[item.name]
+        instrument = self._instrument(item)
         if not isinstance(instrument, Histogram):
             raise TypeError(f"{item.name} is a {item.kind}")
         return instrument

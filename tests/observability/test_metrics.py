@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import generate_latest
 
 from pipeline.observability import metrics as m
 from pipeline.observability.facades import (
@@ -11,6 +12,7 @@ from pipeline.observability.facades import (
     IngressMetrics,
     LagMetrics,
     LogStoreMetrics,
+    OffloadMetrics,
     RuntimeMetrics,
     SweeperMetrics,
 )
@@ -51,6 +53,22 @@ def test_each_metrics_object_has_its_own_registry():
     RuntimeMetrics(first).expired("messages")
     assert sample(first, "pipeline_expired_total", lane="messages") == 1
     assert sample(second, "pipeline_expired_total", lane="messages") is None
+
+
+def test_a_registry_shows_only_the_unlabelled_families_its_process_writes():
+    """An unlabelled family shows a sample from its creation on, so it is made on first use.
+
+    Made with the registry, every ingress pod showed the members' slot utilisation as 0, and
+    the saturation alert (an average over every scraped pod) could not fire.
+    """
+    metrics = Metrics()
+    for facade in (IngressMetrics, LogStoreMetrics, LagMetrics, SweeperMetrics, OffloadMetrics):
+        facade(metrics)  # the ingress's facades
+    shown = generate_latest(metrics.registry).decode()
+    for family in (m.SLOT_UTILISATION, m.SLOTS_TOTAL, m.SLOTS_BUSY, m.LONG_WORK):
+        assert family.name not in shown
+    RuntimeMetrics(metrics).slots(busy=3, total=4)
+    assert sample(metrics, "pipeline_worker_slot_utilization_ratio") == 0.75
 
 
 def test_runtime_facade_records_deliveries_retries_and_slots():

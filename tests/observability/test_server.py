@@ -123,7 +123,7 @@ async def test_serve_metrics_listens_on_a_real_port():
         async with httpx.AsyncClient() as http:
             response = await http.get(f"http://{host}:{port}/metrics")
         assert response.status_code == 200
-        assert b"pipeline_worker_slots" in response.content
+        assert b"pipeline_metrics_refresh_timestamp_seconds" in response.content
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
