@@ -42,7 +42,7 @@ from pipeline.retry.policy import Backoff, Retryable, default_retryable
 from pipeline.retry.router import LaneRoutes
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import function_ref
-from pipeline.topics.spec import TopicSpec, load_specs
+from pipeline.topics.spec import TopicSpec, check_lanes, load_specs
 
 Handler = Callable[[Any, Context], Awaitable[None]]
 M = TypeVar("M", bound=BaseModel)
@@ -110,6 +110,7 @@ class App:
     ) -> None:
         """Read the lane declarations (a directory of yaml files, or specs directly)."""
         specs = load_specs(Path(topics)) if isinstance(topics, (str, Path)) else list(topics)
+        check_lanes(specs)
         self._specs = {spec.lane: spec for spec in specs}
         self.retryable = retryable
         self.avro: ModelDecoder | None = None

@@ -234,7 +234,8 @@ def load_specs(directory: Path) -> list[TopicSpec]:
     Raises:
         TopicSpecError: the directory is missing or has no declarations, a file is invalid
             (the message names the file and the field), or two files declare the same topic
-            (including derived retry and dead-letter topics; the message names both files).
+            (including derived retry and dead-letter topics) or the same lane (the message
+            names both files).
     """
     if not directory.is_dir():
         raise TopicSpecError(
@@ -305,6 +306,25 @@ def _describe(error: ErrorDetails) -> str:
     return f"{field_path(loc)}: {problem}" if loc else problem
 
 
+def check_lanes(specs: Sequence[TopicSpec], origins: Sequence[str] | None = None) -> None:
+    """Refuse two topics of one lane: a consumer serves one topic a lane.
+
+    ``origins`` names where each spec came from (its file), for the message.
+
+    Raises:
+        TopicSpecError: two specs declare the same lane (the message names both).
+    """
+    names = origins if origins is not None else [f"topic {spec.name!r}" for spec in specs]
+    seen: dict[str, str] = {}
+    for origin, spec in zip(names, specs, strict=True):
+        if spec.lane in seen:
+            raise TopicSpecError(
+                f"{origin}: lane: duplicate lane {spec.lane!r}, already declared by"
+                f" {seen[spec.lane]} (a consumer serves one topic a lane: give each its own)"
+            )
+        seen[spec.lane] = origin
+
+
 def _check_unique(paths: Sequence[Path], specs: Sequence[TopicSpec]) -> None:
     owners: dict[str, tuple[Path, str]] = {}
     for path, spec in zip(paths, specs, strict=True):
@@ -317,3 +337,4 @@ def _check_unique(paths: Sequence[Path], specs: Sequence[TopicSpec]) -> None:
                     f"already declared by {other_path} ({other_field})"
                 )
             owners[topic] = (path, field)
+    check_lanes(specs, [str(path) for path in paths])

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import TopicSpecError
+from pipeline.runtime import App
 from pipeline.topics.spec import (
     DLQ_MIN_RETENTION_MS,
     TopicSpec,
@@ -315,6 +316,31 @@ def test_duplicate_derived_topic_names_both_files(tmp_path):
         load_specs(tmp_path)
     assert f"{second}: name: duplicate topic 'parked'" in str(info.value)
     assert f"already declared by {first} (dead_letter)" in str(info.value)
+
+
+def test_two_topics_of_one_lane_name_both_files(tmp_path):
+    """Two topics declaring one lane is an error naming both files.
+
+    A consumer serves a lane's one topic: it read only the last file's, and the other topic's
+    events were accepted by the ingress and never consumed.
+    """
+    first = write(tmp_path, "a.yaml", "name: orders-eu\nlane: orders\npartitions: 1\n")
+    second = write(tmp_path, "b.yaml", "name: orders-us\nlane: orders\npartitions: 1\n")
+    with pytest.raises(TopicSpecError) as info:
+        load_specs(tmp_path)
+    assert f"{second}: lane: duplicate lane 'orders', already declared by {first}" in str(
+        info.value
+    )
+
+
+def test_an_app_refuses_two_topics_of_one_lane():
+    """Specs given to an App directly are checked the same way."""
+    specs = [
+        TopicSpec.model_validate({"name": name, "lane": "orders", "partitions": 1})
+        for name in ("orders-eu", "orders-us")
+    ]
+    with pytest.raises(TopicSpecError, match="duplicate lane 'orders'"):
+        App(specs)
 
 
 def test_missing_directory_is_a_clear_error(tmp_path):
