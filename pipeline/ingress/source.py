@@ -208,7 +208,9 @@ def _build(
         for i, rule in enumerate(config.routes)
     ]
     verifier = build_verifier(config)
-    limits = config.admission or default_admission
+    limits = default_admission
+    if config.admission is not None:  # the fields it sets; the others stay the environment's
+        limits = limits.model_copy(update=config.admission.model_dump(exclude_unset=True))
     event_id = _extractor(config.event_id) or _DEFAULT_EVENT_ID.get(config.scheme)
     if config.scheme != "none":
         event_id = _signed_event_id(name, event_id, verifier.signed_headers)

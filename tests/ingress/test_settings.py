@@ -159,6 +159,23 @@ def test_ingress_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     assert ingress.sweeper.patience_s == 42
 
 
+def test_a_sources_admission_overrides_only_what_it_sets(tmp_path: Path) -> None:
+    """A source's ``admission:`` replaces the fields it names; the others stay the environment's.
+
+    It was a whole settings object: a source setting only ``max_in_flight`` took the class's
+    defaults for the rest (a 60 s Retry-After where the environment said 5).
+    """
+    sources = build(
+        tmp_path,
+        {"meta": {**META, "admission": {"max_in_flight": 1}}},
+        TOPICS,
+        admission=IngressSlotSettings(max_in_flight=512, max_retry_after_s=5),
+    )
+    slots = sources["meta"].admission
+    assert slots.retry_after_s() == 5  # nothing drained yet: the largest Retry-After
+    assert slots.in_flight == 0
+
+
 def test_the_example_sources_file_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     """deploy/local/sources.example.yaml builds with the three secrets the guide exports."""
     root = Path(__file__).resolve().parents[2]
