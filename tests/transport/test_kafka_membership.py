@@ -26,6 +26,7 @@ from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.group import (
     PROTOCOLS_CONFIG,
     admin_client,
+    admin_config,
     broker_protocols,
     choose_protocol,
     consumer_config,
@@ -163,6 +164,25 @@ def test_a_member_fetches_a_partition_again_10_ms_after_its_read_ahead_was_full(
     assert consumer_config(tuned, "g", "m")["fetch.queue.backoff.ms"] == 50
     client = tuned.model_copy(update={"client": {"fetch.queue.backoff.ms": "1000"}})
     assert consumer_config(client, "g", "m")["fetch.queue.backoff.ms"] == "1000"
+
+
+def test_the_group_admin_client_gets_every_client_property(settings: Settings) -> None:
+    """Not only ``security.``/``sasl.``/``ssl.``: a connection can need any of them.
+
+    The protocol check, the group's session timeout and the stranded-partition watch use this
+    client; with only the security properties, a broker reached with e.g.
+    ``enable.ssl.certificate.verification=false`` could not be read by it.
+    """
+    client = {
+        "enable.ssl.certificate.verification": "false",
+        "client.dns.lookup": "use_all_dns_ips",
+    }
+    tuned = settings.kafka.model_copy(update={"client": client})
+    assert admin_config(tuned).items() >= client.items()
+    admin_client(tuned)  # librdkafka accepts them on an admin client
+    bad = settings.kafka.model_copy(update={"client": {"no.such.property": "1"}})
+    with pytest.raises(ConfigError, match=r"^PIPELINE_KAFKA__CLIENT: .*no\.such\.property"):
+        admin_client(bad)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.kafka.errors import client_config_error, translate
+from pipeline.transport.kafka.group import admin_config
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
@@ -75,17 +76,8 @@ class KafkaAdmin:
         """Create the client; no request is made until a method is called."""
         self._settings = settings
         self._timeout_s = settings.request_timeout_ms / 1000
-        conf: dict[str, Any] = {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "client.id": f"{settings.client_id}-admin",
-            "socket.timeout.ms": settings.request_timeout_ms,
-            # Metadata of one named topic must never create it on a broker that would.
-            "allow.auto.create.topics": False,
-            "logger": logging.getLogger("pipeline.librdkafka"),
-            **settings.client,
-        }
         try:
-            self._raw = AdminClient(conf)
+            self._raw = AdminClient(admin_config(settings))
         except KafkaException as exc:
             raise client_config_error(exc) or translate(exc, "create admin client") from None
 

@@ -64,19 +64,35 @@ def broker_protocols(settings: KafkaSettings) -> frozenset[str]:
         return offered
 
 
-def admin_client(settings: KafkaSettings) -> AdminClient:
-    """An admin client of the cluster, with the connection's security properties."""
-    connection = {
-        k: v for k, v in settings.client.items() if k.startswith(("security.", "sasl.", "ssl."))
-    }
-    conf: dict[str, Any] = {
+def admin_config(settings: KafkaSettings) -> dict[str, Any]:
+    """An admin client's properties: the cluster, and every property of ``PIPELINE_KAFKA__CLIENT``.
+
+    All of them, as the producer and the consumer get them: a connection needs more than its
+    ``security.``/``sasl.``/``ssl.`` properties (``enable.ssl.certificate.verification``,
+    ``client.dns.lookup``, ``broker.address.family``...).
+    """
+    return {
         "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": f"{settings.client_id}-admin",
         "socket.timeout.ms": settings.request_timeout_ms,
+        # Metadata of one named topic must never create it on a broker that would.
+        "allow.auto.create.topics": False,
         # librdkafka's own lines go through our logging (rate-limited), not raw to stderr
         "logger": logging.getLogger("pipeline.librdkafka"),
-        **connection,
+        **settings.client,
     }
-    return AdminClient(conf)
+
+
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    """An admin client of the cluster (:func:`admin_config`).
+
+    Raises:
+        ConfigError: a property of ``PIPELINE_KAFKA__CLIENT`` is refused (the line names it).
+    """
+    try:
+        return AdminClient(admin_config(settings))
+    except KafkaException as exc:
+        raise client_config_error(exc) or exc from None
 
 
 def _describe(settings: KafkaSettings) -> frozenset[str] | None:
