@@ -153,6 +153,7 @@ def serve_workers(
             sources,
             transport,
             os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
+            os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
         )
 
     args = _run(check())

@@ -75,6 +75,7 @@ class WorkerArgs:
     sources: Path | None
     transport: str | None
     log_level: str
+    log_format: str = "text"
 
 
 def refuse_sqlite(workers: int, log_store: str) -> None:
@@ -129,10 +130,14 @@ def worker_main(index: int, args: WorkerArgs, ready: Connection, parent_pid: int
     """A worker process: one ingress on a ``SO_REUSEPORT`` socket of ``args.host:args.port``."""
     os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor, which stops us once
     _die_with(parent_pid)
-    from pipeline.cli_support import run_command  # noqa: PLC0415 - imported in the child only
+    from pipeline import tracing  # noqa: PLC0415 - imported in the child only
+    from pipeline.cli_support import run_command  # noqa: PLC0415
     from pipeline.log_repeats import configure_logging  # noqa: PLC0415
 
-    configure_logging(args.log_level)
+    # A spawned interpreter: the supervisor's logging and tracing are not inherited.
+    configure_logging(args.log_level, args.log_format)
+    system = args.transport or os.environ.get("PIPELINE_TRANSPORT", "redis")
+    tracing.configure(os.environ, service="pipeline-ingress", system=system)
     try:
         run_command(_serve_worker(index, args, ready), loop_factory=_uvloop())
     except click.exceptions.Exit as exc:  # run_command's exit for a pipeline error (one line)

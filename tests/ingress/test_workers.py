@@ -9,6 +9,7 @@ worker. SQLite refuses ``--workers 2`` with one line.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import signal
@@ -31,6 +32,7 @@ from ingress.helpers import META, meta_body, write_sources, write_topics
 from ingress.signing import hub_signature
 from redis.asyncio import Redis
 from support import StackDumps
+from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline.config import Settings
 from pipeline.ingress import headers as h
@@ -43,6 +45,7 @@ from pipeline.transport.redis_streams.keys import Keys
 
 SECRET = "workers-secret"  # noqa: S105 - a test secret
 PIPELINE = Path(sys.executable).with_name("pipeline")
+UNSIGNED = {"content-type": "application/json", "x-hub-signature-256": "sha256=" + "0" * 64}
 
 
 @dataclass
@@ -232,6 +235,43 @@ async def test_two_workers_share_the_port_and_the_log(
     assert sorted(m.headers[h.EVENT_ID].decode() for m in got) == sorted(
         f"wamid.{n}" for n in range(40)
     )
+
+
+async def test_workers_log_and_trace_as_the_command_asks(
+    setup: Setup, started: list[subprocess.Popen[str]]
+) -> None:
+    """``PIPELINE_LOG_FORMAT`` and the ``OTEL_*`` variables reach the spawned workers.
+
+    A worker is a new interpreter: configured only in the supervisor, every worker logged text
+    and recorded no span.
+    """
+    receiver = OtlpReceiver()
+    env = setup.env | {
+        "PIPELINE_LOG_FORMAT": "json",
+        "PIPELINE_LOG_LEVEL": "INFO",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    try:
+        proc, url = serve(env, started)
+        assert [status for _, status in post_on_own_connections(url, [meta_body(0)])] == [200]
+        async with httpx.AsyncClient() as http:  # a bad signature: the worker logs the rejection
+            refused = await http.post(f"{url}/hooks/whatsapp", content=b"{}", headers=UNSIGNED)
+        assert refused.status_code == 401
+        deadline = time.monotonic() + 30
+        while not any(
+            span.name == "POST /hooks/whatsapp" and span.service == "pipeline-ingress"
+            for span in receiver.spans
+        ):
+            assert time.monotonic() < deadline, "no request span from a worker"
+            await asyncio.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        receiver.close()
+    records = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    assert any(record["message"] == "webhook rejected" for record in records)
 
 
 async def test_sweepers_of_two_workers_produce_each_row_once(
