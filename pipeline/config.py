@@ -119,7 +119,10 @@ class MembershipSettings(_Section):
 
 
 class PostgresSettings(_Section):
-    """PostgreSQL connection for the log store and registry when they are not on SQLite."""
+    """PostgreSQL connection of the ingress log store when it is not on SQLite.
+
+    The registry's store is ``PIPELINE_REGISTRY__STORE``.
+    """
 
     url: str = "postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline"
 

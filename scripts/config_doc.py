@@ -46,7 +46,8 @@ NOTES = {
     "KAFKA__REQUEST_TIMEOUT_MS": "admin and metadata request timeout; produce gives up after "
     "3x this (at least 30 s)",
     "KAFKA__CLIENT": "JSON object of librdkafka properties that override ours (security, tuning)",
-    "POSTGRES__URL": "PostgreSQL for the log store and the registry",
+    "POSTGRES__URL": "PostgreSQL of the ingress log store (also read by `mark_processed` and "
+    "`pipeline status`; the registry's store is `REGISTRY__STORE`)",
     "RUNTIME__POLL_MAX": "messages fetched per poll",
     "RUNTIME__COMMIT_INTERVAL_MS": "how often completed positions are committed",
     "REGISTRY__HOST": "address the registry binds",

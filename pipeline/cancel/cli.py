@@ -44,7 +44,10 @@ def cancel_command(
             if lane not in lanes:
                 known = ", ".join(sorted(lanes)) or "none"
                 raise ConfigError(f"--lane: no lane {lane!r} in {settings.topics_dir} ({known})")
-        redis = Redis.from_url(settings.redis.url, socket_connect_timeout=2, socket_timeout=5)
+        timeout_s = settings.redis.socket_timeout_s
+        redis = Redis.from_url(
+            settings.redis.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+        )
         try:
             return await cancel(redis, settings.redis.key_prefix, target, reason)
         except CancelFailed as exc:

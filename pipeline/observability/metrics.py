@@ -113,7 +113,7 @@ DEAD_LETTERS = Family(
 EXPIRED = Family(
     "pipeline_expired_total",
     "counter",
-    "Messages dropped unprocessed because their deadline had passed.",
+    "Messages not run because their deadline had passed or a standing queue shed them.",
     ("lane",),
     "messages",
 )
@@ -406,7 +406,8 @@ OFFLOAD_MISSING = Family(
 OFFLOAD_PURGED = Family(
     "pipeline_offload_purged_total",
     "counter",
-    "Objects deleted from a payload store by pipeline offload purge.",
+    "Objects deleted from a payload store by a purge given an observer (pipeline offload "
+    "purge prints its counts instead).",
     ("store",),
     "objects",
 )
