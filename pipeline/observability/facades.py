@@ -124,9 +124,9 @@ class AdmissionMetrics:
         """``count`` throttle slots were granted on ``lane``."""
         self._grants.labels(lane).inc(count)
 
-    def failed_open(self, lane: str) -> None:
-        """Redis failed and an admission was let through without a decision."""
-        self._fail_open.labels(lane).inc()
+    def failed_open(self, lane: str, count: int = 1) -> None:
+        """Redis failed and ``count`` admissions were let through without a decision."""
+        self._fail_open.labels(lane).inc(count)
 
     def throttled_tenants(self, lane: str, waiting_by_tenant: Mapping[str, int]) -> None:
         """Export the :data:`TOP_TENANTS` tenants with the most waiting messages on ``lane``.

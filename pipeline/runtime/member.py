@@ -373,7 +373,11 @@ class Member:
         self._chain.lanes.limit = limit
 
     def _report(self) -> None:
-        """Publish the gauges: busy slots, and who waits for admission per lane."""
+        """Publish the gauges and the admissions since the last tick.
+
+        Busy slots and who waits for admission per lane; admissions granted, and let through
+        failing open, per lane.
+        """
         if self._chain.batch.waiting:
             self._chain.batch.pump()  # promotion is by age: look again on every tick
         if self._metrics is not None:
@@ -384,6 +388,11 @@ class Member:
                 self._metrics.batch_lane(name, sla_s, self._chain.batch.waiting_in(name))
         if self._admission_metrics is None or self._chain.gate is None:
             return
+        granted, failed_open = self._chain.gate.take_counts()
+        for lane, count in granted.items():
+            self._admission_metrics.granted(lane, count)
+        for lane, count in failed_open.items():
+            self._admission_metrics.failed_open(lane, count)
         by_lane: dict[str, dict[str, int]] = {
             name: {} for name, lane in self.app.lanes.items() if lane.spec.throttle
         }

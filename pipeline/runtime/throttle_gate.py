@@ -122,6 +122,8 @@ class ThrottleGate(Generic[T]):
         """Messages waiting for admission per (lane, tenant), for metrics and status."""
         self._waiting_lane: Counter[str] = Counter()
         """Messages waiting for admission per lane: what its ``max_waiting`` bounds."""
+        self._granted: Counter[str] = Counter()
+        self._failed_open: Counter[str] = Counter()
         self.deferrals = 0
 
     def offer(
@@ -192,6 +194,10 @@ class ThrottleGate(Generic[T]):
         except Exception:  # the throttle failed unexpectedly: admit rather than strand the key
             log.exception("admission of %s@%d failed; running it", message.tp, message.offset)
             permit = None
+        if permit is None or getattr(permit, "unconditional", False):
+            self._failed_open[waiting.lane] += 1
+        else:
+            self._granted[waiting.lane] += 1
         self._acquiring.pop(key, None)
         queue = self._queues.get(key)
         if queue is None or queue[0] is not waiting:  # revoked while it waited
@@ -204,6 +210,12 @@ class ThrottleGate(Generic[T]):
             del self._queues[key]
         self._permits[message.tp, message.offset] = (key, permit)
         self._admitted(message)
+
+    def take_counts(self) -> tuple[Counter[str], Counter[str]]:
+        """Admissions per lane since the last call: granted, and let through failing open."""
+        counts = (self._granted, self._failed_open)
+        self._granted, self._failed_open = Counter(), Counter()
+        return counts
 
     def _forget_waiting(self, waiting: _Waiting[T]) -> None:
         self.waiting -= 1

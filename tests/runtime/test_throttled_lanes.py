@@ -88,9 +88,62 @@ async def test_a_tenant_never_runs_more_than_its_limit(
         await eventually(
             lambda: metrics.registry.get_sample_value("pipeline_throttle_waiting", waiting) == 0
         )
+        # Each message's admission, counted on the same tick.
+        await eventually(
+            lambda: (
+                metrics.registry.get_sample_value("pipeline_throttle_grants_total", waiting) == 40
+            )
+        )
+    assert metrics.registry.get_sample_value("pipeline_throttle_fail_open_total", waiting) is None
     assert peak["acme"] <= 3, (peak, throttle.fail_open, throttle.lost, throttle.acquired)
     assert peak["beta"] <= 2
     assert throttle.waited > 0  # the limit was actually contended
+
+
+async def test_admissions_let_through_with_redis_down_are_counted(
+    transport: Transport, unique: str
+) -> None:
+    """A throttle whose Redis cannot be reached fails open, and the member counts each one.
+
+    ``pipeline_throttle_fail_open_total`` was declared and documented but never written.
+    """
+    spec = lane_spec(f"thropen_{unique}", 1, ordered=False, throttle={"keys": ["org:{tenant}"]})
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        """Runs: the throttle let it through."""
+
+    client = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    down = Throttle(client, prefix=f"t{unique}", namespace=unique, wake_block_s=0.2)
+    await down.start()
+    producer = transport.producer()
+    await producer.send_many(spec.name, [record("acme", n) for n in range(5)])
+    await producer.close()
+    metrics = Metrics()
+    member = Member(
+        app,
+        transport,
+        f"g-{unique}",
+        FAST,
+        throttle=down,
+        admission_metrics=AdmissionMetrics(metrics),
+    )
+    lane = {"lane": spec.lane}
+    try:
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 5)
+            await eventually(
+                lambda: (
+                    metrics.registry.get_sample_value("pipeline_throttle_fail_open_total", lane)
+                    == 5
+                )
+            )
+    finally:
+        await down.close()
+        await client.aclose()
+    assert metrics.registry.get_sample_value("pipeline_throttle_grants_total", lane) is None
 
 
 async def test_a_throttled_ordered_lane_keeps_per_key_order(
