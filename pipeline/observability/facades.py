@@ -89,9 +89,9 @@ class RuntimeMetrics:
         """``running`` runs of long-work lanes protect this member from scale-in."""
         self._long_work.set(running)
 
-    def parked(self, lane: str, delta: int) -> None:
-        """``delta`` keys were parked (positive) or unparked (negative) on ``lane``."""
-        self._parked.labels(lane).inc(delta)
+    def parked_keys(self, lane: str, count: int) -> None:
+        """``count`` keys of ``lane`` are parked behind a message in a retry tier now."""
+        self._parked.labels(lane).set(count)
 
     def batch_lane(self, lane: str, sla_s: float, waiting: int) -> None:
         """A batch lane's SLA, and how many of its messages wait for idle capacity."""

@@ -145,7 +145,8 @@ LONG_WORK = Family(
 PARKED_KEYS = Family(
     "pipeline_parked_keys",
     "gauge",
-    "Keys of an ordered lane parked behind a message in a retry tier (this member).",
+    "Keys of an ordered lane parked behind a message in a retry tier (the group's, as Redis "
+    "holds them at the last refresh).",
     ("lane",),
     "keys",
 )

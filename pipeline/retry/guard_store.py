@@ -452,6 +452,13 @@ class GuardStore:
                 (alive if live is not None and int(live) > now_ms else dead).append(instance)
         return alive, dead
 
+    async def parked_count(self) -> int:
+        """How many keys have parked messages now (one ``HLEN``).
+
+        Raises redis errors: the caller decides how to fail open.
+        """
+        return int(await self._client.hlen(self.keys.parked))
+
     async def parked_keys(self) -> set[str]:
         """The (encoded) keys that have parked messages now.
 

@@ -147,6 +147,12 @@ class Member:
             if redis is not None
             else {}
         )
+        self._parking = {
+            lane.name: stores[lane.name]
+            for lane in chosen
+            if lane.name in stores and ordered_retries(lane)
+        }
+        """The stores of the ordered lanes with retry tiers, where keys are parked."""
         self._guard = RunGuard(
             stores,
             self._routing,
@@ -203,6 +209,13 @@ class Member:
     def assignment(self) -> list[TopicPartition]:
         """The partitions this member owns now (empty until it joined the group)."""
         return sorted(self._offsets)
+
+    async def parked_keys(self) -> dict[str, int]:
+        """Keys parked now per ordered lane with retry tiers (the group's: one read a lane).
+
+        Raises redis errors (a metrics refresh counts them).
+        """
+        return {lane: await store.parked_count() for lane, store in self._parking.items()}
 
     # -- the loop -----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from pipeline.envelope import TopicPartition
 from pipeline.errors import PipelineError
@@ -51,6 +52,34 @@ class DeadLetterWarnings(RuntimeMetrics):
         log.warning(
             "dead letter on lane %s: %s (inspect: pipeline redrive %s --dry-run)", lane, reason, dlq
         )
+
+
+class ParkingView(Protocol):
+    """What :class:`ParkedKeysSource` reads (a :class:`~pipeline.runtime.member.Member`)."""
+
+    async def parked_keys(self) -> dict[str, int]:
+        """Keys parked now per ordered lane with retry tiers."""
+        ...
+
+
+class ParkedKeysSource:
+    """A ``/metrics`` source: the keys parked per ordered lane, read from Redis each refresh.
+
+    Parking is decided in Redis, by any member of the group, so the gauge is read there rather
+    than counted by this member.
+    """
+
+    name = "parked_keys"
+
+    def __init__(self, member: ParkingView, metrics: RuntimeMetrics) -> None:
+        """Read ``member``'s lanes' parked keys into ``metrics``."""
+        self._member = member
+        self._metrics = metrics
+
+    async def refresh(self) -> None:
+        """Set ``pipeline_parked_keys`` for every ordered lane with retry tiers."""
+        for lane, count in (await self._member.parked_keys()).items():
+            self._metrics.parked_keys(lane, count)
 
 
 def partitions_text(assignment: Sequence[TopicPartition]) -> str:

@@ -30,7 +30,7 @@ from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.member import Member
-from pipeline.runtime.progress import DeadLetterWarnings, Progress
+from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Progress
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 
@@ -155,6 +155,7 @@ async def serve(
     )
     capacity, recorder = _service_times(settings, specs, telemetry)
     dlqs = {lane.name: lane.spec.dead_letter for lane in chosen_lanes}
+    runtime_metrics = DeadLetterWarnings(telemetry.metrics, dlqs)
     pod = pod_from_environment()  # in Kubernetes: long work protects this Pod from scale-in
     member = Member(
         app,
@@ -166,12 +167,13 @@ async def serve(
         redis_prefix=settings.redis.key_prefix,
         processed=store,
         throttle=throttle,
-        metrics=DeadLetterWarnings(telemetry.metrics, dlqs),
+        metrics=runtime_metrics,
         turn_metrics=telemetry.debounce,
         admission_metrics=telemetry.admission,
         fleet=fleet,
         deletion_cost=DeletionCost(pod) if pod is not None else None,
     )
+    telemetry.server.sources.append(ParkedKeysSource(member, runtime_metrics))
     endpoint = None
     port = settings.runtime.metrics_port
     if port is not None:

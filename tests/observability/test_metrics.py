@@ -79,8 +79,7 @@ def test_runtime_facade_records_deliveries_retries_and_slots():
     runtime.delivered("messages", "handled", 3.0)
     runtime.retried("messages", "5s")
     runtime.dead_lettered("messages", "exhausted")
-    runtime.parked("messages", 2)
-    runtime.parked("messages", -1)
+    runtime.parked_keys("messages", 1)
     runtime.slots(16, 64)
     assert sample(metrics, "pipeline_deliveries_total", lane="messages", outcome="handled") == 2
     count = sample(

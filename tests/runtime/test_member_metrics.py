@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
 from pipeline.config import PressureSettings
@@ -11,6 +14,7 @@ from pipeline.observability.facades import RuntimeMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
+from pipeline.runtime.progress import ParkedKeysSource
 from pipeline.transport.protocol import Transport
 
 
@@ -51,3 +55,45 @@ async def test_deliveries_retries_and_dead_letters_are_counted(
     assert value("pipeline_retry_lateness_seconds_sum", {"lane": lane}) >= 0
     assert value("pipeline_dead_letters_total", {"lane": lane, "reason": "fatal"}) == 1
     assert value("pipeline_worker_slots", {}) == FAST.max_concurrency
+
+
+async def test_parked_keys_are_read_from_redis_and_shown_per_ordered_lane(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """``pipeline_parked_keys``: the keys parked behind a retry now, as Redis holds them.
+
+    It was declared, and the runbook sends operators to it, but nothing wrote it.
+    """
+    spec = lane_spec(f"parkedkeys_{unique}", 1, retry={"tiers": ["1s"]})
+    await declare(transport, spec)
+    app = App([spec])
+    release = asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"fails" and ctx.attempt == 1:
+            raise Retry("parks its key")
+        if ctx.attempt > 1:
+            await release.wait()  # the key stays parked until the copy ran
+
+    producer = transport.producer()
+    await producer.send_many(
+        spec.name, [Record(b"fails", b"a"), Record(b"follows", b"a"), Record(b"ok", b"b")]
+    )
+    await producer.close()
+    metrics = Metrics()
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    source = ParkedKeysSource(member, RuntimeMetrics(metrics))
+    shown = {"lane": spec.lane}
+
+    async def parked() -> float | None:
+        await source.refresh()
+        return metrics.registry.get_sample_value("pipeline_parked_keys", shown)
+
+    async with running(member):
+        await eventually(lambda: member.stats.retried == 1)
+        assert await parked() == 1  # key a, behind its copy in the tier
+        release.set()
+        await eventually(lambda: member.stats.handled == 3)
+        while await parked() != 0:  # noqa: ASYNC110 - polls Redis: unparked once the follower ends
+            await asyncio.sleep(0.05)
