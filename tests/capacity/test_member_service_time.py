@@ -7,25 +7,17 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from contract.helpers import wait_for
 from redis.asyncio import Redis
-from runtime.helpers import declare, lane_spec
+from runtime.helpers import declare, lane_spec, produce
 from support import delete_group_after
 
 from pipeline.capacity.history import ArrivalHistory
 from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.transport.protocol import Transport
-
-
-async def reaches(read: Callable[[], Awaitable[int]], want: int, timeout_s: float) -> None:
-    """Wait until ``read()`` gives ``want`` (asked every 50 ms); fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while (got := await read()) != want:
-        assert time.monotonic() < deadline, f"{got} after {timeout_s} s, not {want}"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_member_without_a_metrics_port_records_service_times(
@@ -50,9 +42,7 @@ async def test_a_member_without_a_metrics_port_records_service_times(
         "PIPELINE_CAPACITY__RECORD": "true",
         "PIPELINE_RUNTIME__METRICS_INTERVAL_S": "0.2",
     }
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"m%d" % n, b"k%d" % n) for n in range(3)])
-    await producer.close()
+    await produce(transport, spec.name, [Record(b"m%d" % n, b"k%d" % n) for n in range(3)])
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "pipeline", "consume", "runtime.poison_app:app"),
         *("--group", group, "-t", transport.name),
@@ -62,15 +52,15 @@ async def test_a_member_without_a_metrics_port_records_service_times(
     )
     history = ArrivalHistory(redis, settings.redis.key_prefix)  # its key holds the lane's name
 
-    async def handled() -> int:
-        return int(await redis.scard(done))
+    async def handled() -> bool:
+        return int(await redis.scard(done)) == 3
 
-    async def served() -> int:
-        return (await history.service(spec.lane, int(time.time() // 60) + 1)).count
+    async def served() -> bool:
+        return (await history.service(spec.lane, int(time.time() // 60) + 1)).count == 3
 
     try:
-        await reaches(handled, 3, 60)
-        await reaches(served, 3, 30)
+        await wait_for(handled, 60)
+        await wait_for(served, 30)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0
     finally:

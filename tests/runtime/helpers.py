@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from support import delete_after_test
 
 from pipeline.config import RuntimeSettings
+from pipeline.envelope import Record
 from pipeline.runtime.member import Member
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
@@ -28,6 +29,15 @@ async def declare(transport: Transport, *specs: TopicSpec) -> None:
     """Create the lanes' topics (main, retry tiers, dead letter); deleted when the test ends."""
     delete_after_test(transport, [name for spec in specs for name in spec.topic_names()])
     await apply(transport.admin(), list(specs), 100_000, dry_run=False)
+
+
+async def produce(transport: Transport, topic: str, records: Sequence[Record]) -> None:
+    """Send ``records`` to ``topic`` with a producer of their own, closed once they are sent."""
+    producer = transport.producer()
+    try:
+        await producer.send_many(topic, list(records))
+    finally:
+        await producer.close()
 
 
 @asynccontextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline.config import PressureSettings
 from pipeline.envelope import Record
@@ -76,11 +76,11 @@ async def test_parked_keys_are_read_from_redis_and_shown_per_ordered_lane(
         if ctx.attempt > 1:
             await release.wait()  # the key stays parked until the copy ran
 
-    producer = transport.producer()
-    await producer.send_many(
-        spec.name, [Record(b"fails", b"a"), Record(b"follows", b"a"), Record(b"ok", b"b")]
+    await produce(
+        transport,
+        spec.name,
+        [Record(b"fails", b"a"), Record(b"follows", b"a"), Record(b"ok", b"b")],
     )
-    await producer.close()
     metrics = Metrics()
     member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
     source = ParkedKeysSource(member, RuntimeMetrics(metrics))

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
@@ -118,9 +118,7 @@ async def test_admissions_let_through_with_redis_down_are_counted(
     client = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
     down = Throttle(client, prefix=f"t{unique}", namespace=unique, wake_block_s=0.2)
     await down.start()
-    producer = transport.producer()
-    await producer.send_many(spec.name, [record("acme", n) for n in range(5)])
-    await producer.close()
+    await produce(transport, spec.name, [record("acme", n) for n in range(5)])
     metrics = Metrics()
     member = Member(
         app,
@@ -236,10 +234,8 @@ async def test_each_lane_keeps_its_own_waiting_bound(
 
     await throttle.set_limit("org:acme", 1)
     await throttle.set_limit("org:gamma", 1)
-    producer = transport.producer()
-    await producer.send_many(specs[0].name, [record("acme", n) for n in range(20)])
-    await producer.send_many(specs[1].name, [record("gamma", n) for n in range(20)])
-    await producer.close()
+    await produce(transport, specs[0].name, [record("acme", n) for n in range(20)])
+    await produce(transport, specs[1].name, [record("gamma", n) for n in range(20)])
     member = Member(app, transport, f"g-{unique}", FAST, throttle=throttle)
     async with running(member):
         await eventually(lambda: member.stats.handled == 40)

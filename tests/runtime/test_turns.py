@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry as ClientRetry
 from redis.backoff import NoBackoff
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
 from pipeline.envelope import Record
@@ -88,10 +88,9 @@ async def test_a_members_turn_metrics_count_turns_and_superseded_schedules(
     async def handle(events: list[Said], ctx: Context) -> None:
         """Nothing to do: the turns are counted."""
 
-    producer = transport.producer()
-    burst = [said("c1", n) for n in range(5)] + [said("c2", n) for n in range(3)]
-    await producer.send_many(spec.name, burst)
-    await producer.close()
+    await produce(
+        transport, spec.name, [said("c1", n) for n in range(5)] + [said("c2", n) for n in range(3)]
+    )
     metrics = Metrics()
     member = Member(
         app,
