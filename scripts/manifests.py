@@ -70,6 +70,16 @@ def _k8s_name(lane: str) -> str:
     return "consumer-" + lane.lower().replace("_", "-")
 
 
+def pods_of(name: str) -> str:
+    """The PromQL regex of the pods of Deployment (or StatefulSet) ``name``, and no others.
+
+    A Deployment's pod is ``NAME-HASH-XXXXX`` and a StatefulSet's ``NAME-N``: ``NAME-.*`` would
+    also take the pods of a lane whose name extends this one's (``consumer-ai-.*`` those of
+    ``consumer-ai-turns``). PromQL anchors the regex at both ends.
+    """
+    return f"{name}-([a-z0-9]+-[a-z0-9]{{5}}|[0-9]+)"
+
+
 def lane_manifests(
     lane: str, specs: Sequence[TopicSpec], runtime: RuntimeSettings
 ) -> list[dict[str, Any]]:
@@ -143,12 +153,12 @@ def lane_manifests(
     age_target_s = batch.promote_after_ms / 1000 if batch is not None else AGE_TARGET_S
     # An interactive lane's slot trigger also asks for the members its backlog needs (busy
     # slots cannot show a queue); a batch lane's backlog is its design, not a shortage.
-    slot_trigger = busy_query(f"{name}-.*")
+    slot_trigger = busy_query(pods_of(name))
     if batch is None:
         slot_trigger = slot_query(
             lane,
             lane,
-            f"{name}-.*",
+            pods_of(name),
             slots_per_member=runtime.max_concurrency,
             threshold=slots,
         )

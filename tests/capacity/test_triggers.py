@@ -11,7 +11,7 @@ from pipeline.capacity.triggers import slot_query
 from pipeline.config import RuntimeSettings
 from pipeline.observability.metrics import DESIRED_MEMBERS, family
 from pipeline.topics.spec import TopicSpec
-from scripts.manifests import lane_manifests
+from scripts.manifests import lane_manifests, pods_of
 
 CONSUMERS = Path(__file__).parents[2] / "deploy" / "k8s" / "base" / "consumers"
 
@@ -65,7 +65,7 @@ def test_an_interactive_lanes_slot_trigger_adds_the_members_its_backlog_needs() 
     threshold = int(trigger["metadata"]["threshold"])
     assert threshold == 11  # 70 % of 16 slots
     query = trigger["metadata"]["query"]
-    pods = f"{scaled['metadata']['name']}-.*"  # type: ignore[index]
+    pods = pods_of(scaled["metadata"]["name"])  # type: ignore[index]
     assert query == slot_query(spec.lane, spec.lane, pods, slots_per_member=16, threshold=threshold)
     assert query.startswith(f'sum(pipeline_worker_slots_busy{{pod=~"{pods}"}}) + 11 * (ceil(')
     assert f'max(pipeline_consumer_lag_messages{{lane="{spec.lane}",group="{spec.lane}"}})' in query
@@ -97,3 +97,12 @@ def test_every_committed_interactive_lane_sizes_its_backlog_in_the_slot_trigger(
         query = slot_trigger(scaled)["metadata"]["query"]
         assert "pipeline_consumer_lag_messages" in query
         assert "pipeline_service_time_seconds" in query
+
+
+def test_a_lanes_pod_regex_takes_its_own_pods_only() -> None:
+    """Deployment and StatefulSet pods of the lane; not those of a lane whose name extends it."""
+    pods = pods_of("consumer-ai")
+    assert re.fullmatch(pods, "consumer-ai-7d9f8c6b5d-x2k9q")  # a Deployment's pod
+    assert re.fullmatch(pods, "consumer-ai-3")  # a StatefulSet's
+    assert not re.fullmatch(pods, "consumer-ai-turns-7d9f8c6b5d-x2k9q")
+    assert not re.fullmatch(pods, "consumer-ai-turns-0")
