@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, OSError)
+_FAILED = (rexc.RedisError, OSError)
+"""Redis out of reach, or answering an error (out of memory, read-only replica, ACL)."""
 
 
 class Throttle:
@@ -174,8 +176,10 @@ class Throttle:
                 future.set_exception(ThrottleClosed("throttle closed while waiting"))
             await self._withdraw(holder)
         if self._renewer is not None:
-            await self._renewer
+            (ended,) = await asyncio.gather(self._renewer, return_exceptions=True)
             self._renewer = None
+            if isinstance(ended, Exception):  # the rest of the close still runs
+                log.error("throttle lease renewer had failed: %r", ended)
         await self._wake.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
@@ -258,7 +262,7 @@ class Throttle:
             closed_for_ms = max((f.retry_after_ms for f in feedback), default=0)
             if closed_for_ms:
                 self._spawn(self._reopen_after(closed_for_ms / 1000 + 0.02))
-        except _UNAVAILABLE as exc:
+        except _FAILED as exc:
             log.warning("throttle release of %s failed, lease will lapse: %s", permit.holder, exc)
 
     @contextlib.asynccontextmanager
@@ -361,7 +365,7 @@ class Throttle:
 
     async def _withdraw(self, holder: str) -> None:
         self._forget(holder)
-        with contextlib.suppress(*_UNAVAILABLE):
+        with contextlib.suppress(*_FAILED):  # its lease lapses
             self._woken((await self._call(self._functions.release(holder))).woken)
 
     async def _reopen_after(self, delay_s: float) -> None:
@@ -373,7 +377,7 @@ class Throttle:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._closed.wait(), delay_s)
             return
-        with contextlib.suppress(*_UNAVAILABLE):
+        with contextlib.suppress(*_FAILED):  # the next call of any member reopens them
             self._woken((await self._call(self._functions.renew())).woken)
 
     def _spawn(self, coro: Any) -> None:
@@ -399,6 +403,8 @@ class Throttle:
                 down_since = now if down_since is None else down_since
                 if (now - down_since) * 1000 >= min(leases):
                     self._fail_open_waiters(exc)
+            except rexc.RedisError as exc:  # an error reply (out of memory, read-only): go on
+                log.warning("throttle lease renewal refused, renewing again shortly: %s", exc)
 
     async def _renew_once(self) -> None:
         holders = list(self._live)

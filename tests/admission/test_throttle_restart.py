@@ -78,3 +78,25 @@ async def test_redis_down_fails_open(private_redis, throttle):
     await throttle.release(held)
     again = await throttle.acquire(["org:b"])
     assert not again.unconditional
+
+
+async def test_error_replies_do_not_stop_the_lease_renewals(private_redis, throttle):
+    """Redis refusing writes for a moment (out of memory): renewals go on once it recovers.
+
+    Only a lost connection or a timeout was caught: the renewer ended at its first error reply,
+    unlogged, and every permit held then lapsed in Redis while its handler still ran.
+    """
+    held = await throttle.acquire(["org:a"])
+    admin = Redis.from_url(private_redis.url)
+    try:
+        await admin.config_set("maxmemory-policy", "noeviction")
+        before = throttle.roundtrips
+        await admin.config_set("maxmemory", "1")  # every write is refused: OOM
+        await eventually(lambda: throttle.roundtrips > before, 10)  # a renewal was refused
+        await admin.config_set("maxmemory", "0")
+        refused = throttle.roundtrips
+        await eventually(lambda: throttle.roundtrips >= refused + 2, 10)  # still renewing
+        assert [h for h, _ in (await throttle.status("org:a")).holders] == [held.holder]
+    finally:
+        await admin.aclose()
+    await throttle.release(held)
