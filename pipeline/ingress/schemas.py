@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastavro import parse_schema
+from fastavro.schema import SchemaParseException
 from fastavro.validation import ValidationError, validate
 
 from pipeline.ingress.errors import SchemaMismatch
@@ -49,7 +50,9 @@ class LaneSchemas:
             try:
                 latest = await asyncio.to_thread(self._client.latest, subject)
                 self._schemas[lane] = parse_schema(json.loads(latest.schema))
-            except (RegistryError, ValueError, OSError) as exc:
+            except (RegistryError, ValueError, OSError, SchemaParseException) as exc:
+                # SchemaParseException: a registry that accepts what fastavro refuses (an
+                # invalid default: Confluent's does) must not stop the start or the refreshes.
                 log.warning(
                     "schema %s of lane %s not loaded (not validated): %s", subject, lane, exc
                 )

@@ -258,7 +258,12 @@ async def serve(
         require_free_port(
             built.ingress.metrics_host, built.ingress.metrics_port, "PIPELINE_INGRESS__METRICS_PORT"
         )
-    await built.start()
+    try:
+        await built.start()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the start's own error is the one to report
+            await built.stop()  # what it opened before it failed is closed
+        raise
     loop = asyncio.get_running_loop()
     stacks.install(loop)  # kill -USR1: every thread's and task's stack on stderr
     try:

@@ -10,6 +10,7 @@ import pytest
 from ingress.helpers import META, build, client, meta_body
 from ingress.signing import hub_signature
 
+from pipeline.ingress.errors import SchemaMismatch
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.logstore import Selection
 from pipeline.logstore.sqlite import SqliteLogStore
@@ -93,3 +94,47 @@ async def test_an_unknown_subject_leaves_its_lane_unchecked(
         response = await http.post("/hooks/whatsapp", content=body, headers=signed(body))
     await app.schemas.close()
     assert response.status_code == 200
+
+
+class _Latest:
+    """A registry answer: the subject's latest schema text."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+
+class _Registry:
+    """A registry that accepted a schema fastavro refuses, as Confluent's accepts a bad default."""
+
+    def __init__(self, schemas: dict[str, dict[str, object]]) -> None:
+        self._schemas = schemas
+
+    def latest(self, subject: str) -> _Latest:
+        return _Latest(json.dumps(self._schemas[subject]))
+
+
+async def test_a_schema_that_cannot_be_parsed_leaves_its_lane_unchecked_and_the_rest_loaded() -> (
+    None
+):
+    """An invalid default: logged, that lane not validated, the next subjects still loaded.
+
+    fastavro's parse error is no ValueError: it escaped the refresh, so the ingress refused to
+    start, or a later refresh ended and every lane kept its old schema.
+    """
+    bad = {
+        "type": "record",
+        "name": "Bad",
+        "fields": [{"name": "a", "type": "string", "default": None}],
+    }
+    registry = _Registry({"bad-value": bad, "messages-value": SCHEMA})
+    schemas = LaneSchemas(
+        registry,  # type: ignore[arg-type]
+        {"engagement": "bad-value", "messages": "messages-value"},
+    )
+    await schemas.start()
+    try:
+        schemas.check("engagement", b"{}")  # not validated
+        with pytest.raises(SchemaMismatch):
+            schemas.check("messages", b'{"object": 7, "entry": []}')
+    finally:
+        await schemas.close()
