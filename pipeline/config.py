@@ -61,6 +61,17 @@ class RedisSettings(_Section):
     """Default approximate entries kept per partition stream (``XADD MAXLEN ~``)."""
     socket_timeout_s: float = Field(default=5.0, gt=0)
 
+    @model_validator(mode="after")
+    def _heartbeats_within_a_lease(self) -> RedisSettings:
+        if self.heartbeat_ms * 3 > self.lease_ms:
+            raise ValueError(
+                f"heartbeat_ms ({self.heartbeat_ms}) must be at most a third of lease_ms"
+                f" ({self.lease_ms}): leases would lapse between renewals and partitions move"
+                " back and forth; lower PIPELINE_REDIS__HEARTBEAT_MS or raise"
+                " PIPELINE_REDIS__LEASE_MS"
+            )
+        return self
+
     @field_validator("url")
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
@@ -80,9 +91,9 @@ class KafkaSettings(_Section):
         default="127.0.0.1:9092", pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$"
     )
     client_id: str = "pipeline"
-    session_timeout_ms: int = Field(default=10_000, ge=1_000)
-    request_timeout_ms: int = Field(default=10_000, ge=100)
-    fetch_wait_max_ms: int = Field(default=50, ge=1)
+    session_timeout_ms: int = Field(default=10_000, ge=1_000, le=3_600_000)
+    request_timeout_ms: int = Field(default=10_000, ge=100, le=300_000)
+    fetch_wait_max_ms: int = Field(default=50, ge=1, le=300_000)
     """How long the broker holds a fetch with no new data (librdkafka ``fetch.wait.max.ms``,
     500 by default there). A paused partition resumes only with the next fetch, so with
     librdkafka's default a member whose partitions pause for backpressure idles up to half a
@@ -162,7 +173,7 @@ class RuntimeSettings(_Section):
     """Buffered messages of one partition above which it is paused."""
     partition_low_water: int = Field(default=500, ge=0)
     """Buffered messages of one partition at which a paused partition resumes."""
-    poll_max: int = Field(default=500, ge=1)
+    poll_max: int = Field(default=500, ge=1, le=1_000_000)
     guard_claims: bool = True
     """First deliveries of guarded lanes run without a start mark of their own, under offset
     ranges claimed per partition (``runtime/claims.py``); off: every message is marked."""
@@ -204,6 +215,16 @@ class RuntimeSettings(_Section):
     """How often the member's metrics snapshot (group lag and age) is refreshed."""
 
     @model_validator(mode="after")
+    def _low_water_below_high(self) -> RuntimeSettings:
+        if self.partition_low_water >= self.partition_high_water:
+            raise ValueError(
+                f"partition_low_water ({self.partition_low_water}) must be below"
+                f" partition_high_water ({self.partition_high_water}): lower"
+                " PIPELINE_RUNTIME__PARTITION_LOW_WATER"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _liveness_outlasts_ticks(self) -> RuntimeSettings:
         if self.liveness_ms < 2 * self.commit_interval_ms:
             raise ValueError(
@@ -223,7 +244,7 @@ class DynamicLimitSettings(_Section):
     policy_file: Path | None = None
     """YAML of the :class:`~pipeline.admission.limits.LimitPolicy` (floors, burst, factors);
     none: the defaults. Per-org overrides stored in Redis are laid over it at each tick."""
-    interval_s: float = Field(default=10.0, gt=0)
+    interval_s: float = Field(default=10.0, ge=0.001)
     """How often members report their load and one of them recomputes the limits."""
     pool_ratio: float = Field(default=0.8, gt=0, le=1)
     """Share of the fleet's handler slots the limits aim to fill (the pool target)."""

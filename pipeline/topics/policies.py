@@ -90,7 +90,7 @@ class ThrottlePolicy(SpecModel):
 
     keys: tuple[StrictStr, ...] = Field(min_length=1)
     priority: int = Field(default=0, ge=0, le=1000, strict=True)
-    lease_ms: Duration = Field(default=60_000, alias="lease")
+    lease_ms: Duration = Field(default=60_000, alias="lease", ge=30)
     max_waiting: int = Field(default=1000, ge=1, strict=True)
     adaptive: dict[str, AdaptivePolicy] = Field(default_factory=dict)
 

@@ -23,6 +23,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from pipeline.config import ENV_PREFIX
@@ -164,6 +165,23 @@ class TopicSpec(SpecModel):
     batch: BatchPolicy | None = None
     offload: OffloadPolicy | None = None
     heartbeat_timeout_ms: Duration | None = Field(default=None, alias="heartbeat_timeout", gt=0)
+
+    @model_validator(mode="after")
+    def _turns_run_outside_the_lane_stages(self) -> TopicSpec:
+        if self.debounce is None:
+            return self
+        stages = {
+            "throttle": self.throttle,
+            "batch": self.batch,
+            "heartbeat_timeout": self.heartbeat_timeout_ms,
+        }
+        given = [name for name, value in stages.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"debounce: cannot be combined with {', '.join(given)} (a debounced message"
+                " is only recorded there; its turn runs later, outside them)"
+            )
+        return self
 
     @field_validator("lane")
     @classmethod

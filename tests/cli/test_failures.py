@@ -35,6 +35,19 @@ def pipeline(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
             {"PIPELINE_KAFKA__FETCH_QUEUE_BACKOFF_MS": "-1"},
             "PIPELINE_KAFKA__FETCH_QUEUE_BACKOFF_MS",
         ),
+        # Accepted before, then failing or misbehaving at run time:
+        (
+            {"PIPELINE_RUNTIME__PARTITION_HIGH_WATER": "200"},
+            "PIPELINE_RUNTIME__PARTITION_LOW_WATER",
+        ),
+        ({"PIPELINE_REDIS__LEASE_MS": "1000"}, "PIPELINE_REDIS__HEARTBEAT_MS"),
+        ({"PIPELINE_RUNTIME__POLL_MAX": "2000000"}, "PIPELINE_RUNTIME__POLL_MAX"),
+        ({"PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "4000000"}, "PIPELINE_KAFKA__SESSION_TIMEOUT_MS"),
+        ({"PIPELINE_KAFKA__REQUEST_TIMEOUT_MS": "400000"}, "PIPELINE_KAFKA__REQUEST_TIMEOUT_MS"),
+        (
+            {"PIPELINE_THROTTLE__DYNAMIC__INTERVAL_S": "0.0001"},
+            "PIPELINE_THROTTLE__DYNAMIC__INTERVAL_S",
+        ),
     ],
 )
 def test_bad_setting_is_one_error_naming_the_variable(env: dict[str, str], variable: str) -> None:

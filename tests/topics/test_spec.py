@@ -113,7 +113,6 @@ retry:
 dead_letter: orders.parked
 configs: {cleanup.policy: delete, min.insync.replicas: 2, preallocate: true}
 throttle: {keys: ["org:{tenant}", "sub:{tenant}/{customer_id}"], priority: 5, lease: 30s}
-debounce: {key: conversation_id, quiet_s: 4}
 """
     spec = load_spec(write(tmp_path, "orders.yaml", text))
     assert spec.name == "orders"
@@ -133,8 +132,15 @@ debounce: {key: conversation_id, quiet_s: 4}
     assert spec.throttle is not None
     assert spec.throttle.keys == ("org:{tenant}", "sub:{tenant}/{customer_id}")
     assert (spec.throttle.priority, spec.throttle.lease_ms) == (5, 30_000)
-    assert spec.debounce is not None
-    assert spec.debounce.model_dump() == {
+    debounced = load_spec(
+        write(
+            tmp_path,
+            "turns.yaml",
+            "name: turns\npartitions: 2\ndebounce: {key: conversation_id, quiet_s: 4}\n",
+        )
+    )  # not with a throttle: a turn runs outside it
+    assert debounced.debounce is not None
+    assert debounced.debounce.model_dump() == {
         "key": "conversation_id",
         "quiet_s": 4,
         "max_wait_s": 30,
@@ -252,6 +258,19 @@ def test_custom_dead_letter_name_is_used():
         ("name: m\npartitions: 1\nthrottle: {keys: ['org:{x'] }\n", "throttle.keys", "bad key"),
         ("name: m\npartitions: 1\nthrottle: {keys: []}\n", "throttle.keys", "at least 1"),
         ("name: m\npartitions: 1\ncolour: red\n", "colour", "unknown field"),
+        (
+            "name: m\npartitions: 1\nthrottle: {keys: [k], lease: 1ms}\n",
+            "throttle.lease",
+            "greater than or equal to 30",
+        ),
+        (
+            (
+                "name: m\npartitions: 1\ndebounce: {key: c, quiet_s: 1, max_wait_s: 5}\n"
+                "throttle: {keys: [k]}\nheartbeat_timeout: 30s\n"
+            ),
+            "debounce",
+            "cannot be combined with throttle, heartbeat_timeout (a debounced message",
+        ),
     ],
 )
 def test_invalid_field_is_reported_with_file_and_field_path(tmp_path, text, field, problem):
