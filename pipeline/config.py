@@ -56,7 +56,7 @@ class RedisSettings(_Section):
     lease_ms: int = Field(default=10_000, ge=100)
     """How long a member owns its partitions without renewing; a dead member's go after this."""
     heartbeat_ms: int = Field(default=1_000, ge=10)
-    """How often a member renews its leases and rebalances; keep well below ``lease_ms``."""
+    """How often a member renews its leases and rebalances; at most a third of ``lease_ms``."""
     max_len: int = Field(default=1_000_000, ge=1)
     """Default approximate entries kept per partition stream (``XADD MAXLEN ~``)."""
     socket_timeout_s: float = Field(default=5.0, gt=0)
