@@ -25,6 +25,8 @@ __all__ = ["MINUTES_PER_DAY", "SERVICE_WINDOW_MIN", "ArrivalHistory", "ServiceSa
 MINUTES_PER_DAY = 1440
 _WIDTH = 4  # bytes per counter (u32)
 SERVICE_WINDOW_MIN = 60
+SERVICE_TTL_MIN = SERVICE_WINDOW_MIN + 1
+"""A lane's service-time hash expires this long after its last write."""
 """Minutes of service times kept and averaged."""
 
 
@@ -114,9 +116,13 @@ class ArrivalHistory:
                 key = k.service(self._prefix, lane)
                 pipe.hincrby(key, f"c:{minute}", count)
                 pipe.hincrbyfloat(key, f"s:{minute}", total_s)
+                # Every minute that left the window since the last write could have: the key
+                # lives while writes come at most SERVICE_TTL_MIN apart, so a span that long
+                # leaves no old minute behind (a narrower one leaked one per lull).
                 stale = minute - SERVICE_WINDOW_MIN
-                pipe.hdel(key, *(f"{kind}:{m}" for m in range(stale - 10, stale) for kind in "cs"))
-                pipe.expire(key, (SERVICE_WINDOW_MIN + 1) * 60)
+                old = range(stale - SERVICE_TTL_MIN - 1, stale)
+                pipe.hdel(key, *(f"{kind}:{m}" for m in old for kind in "cs"))
+                pipe.expire(key, SERVICE_TTL_MIN * 60)
             await pipe.execute()
 
     async def service(self, lane: str, now_minute: int) -> ServiceSample:

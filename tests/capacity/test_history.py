@@ -65,6 +65,22 @@ async def test_service_times_average_over_the_last_hour(redis: Redis, prefix: st
     assert (sample.count, sample.mean_s) == (20, 3.0)
 
 
+async def test_minutes_out_of_the_window_are_deleted_whatever_the_gaps(
+    redis: Redis, prefix: str
+) -> None:
+    """Writes 30 and 45 minutes apart still delete the minute that left the window.
+
+    Each write deleted only the ten minutes just past the hour while refreshing the hash's
+    expiry: on a lane with lulls of ten minutes to an hour, old minutes stayed for good.
+    """
+    history = ArrivalHistory(redis, prefix)
+    now = DAY0 * MINUTES_PER_DAY
+    for minute in (now, now + 30, now + 75):
+        await history.add_service({("ai", minute): (1, 1.0)})
+    fields = {f.decode() for f in await redis.hkeys(k.service(prefix, "ai"))}
+    assert fields == {f"{kind}:{m}" for m in (now + 30, now + 75) for kind in "cs"}
+
+
 class Clock:
     """A settable Unix clock."""
 
