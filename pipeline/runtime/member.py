@@ -27,7 +27,7 @@ from pipeline.admission.fleet import FleetLimits
 from pipeline.cancel.functions import CancelFunctions
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.errors import PipelineError, TransportError, UnknownTopic
+from pipeline.errors import ConfigError, PipelineError, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.deletion_cost import DeletionCost
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
@@ -50,6 +50,7 @@ from pipeline.runtime.stats import Stats
 from pipeline.runtime.throttle_gate import Admitter
 from pipeline.runtime.turns import DebouncedLanes
 from pipeline.runtime.work import Work
+from pipeline.topics.spec import format_duration_ms
 from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class Member:
         self._transport = transport
         self._settings = settings
         self._topics = app.topics(lane_names)
+        chosen = [app.lanes[name] for name in lane_names or sorted(app.lanes)]
+        _check_heartbeats(chosen, settings)  # before anything is opened
         self._offsets: dict[TopicPartition, PartitionOffsets] = {}
         self._committed: dict[TopicPartition, Position] = {}
         self._producer = transport.producer()
@@ -107,7 +110,6 @@ class Member:
         self._metrics = metrics
         self._admission_metrics = admission_metrics
         self._fleet = fleet
-        chosen = [app.lanes[name] for name in lane_names or sorted(app.lanes)]
         self._batch_slas = {
             lane.name: lane.spec.batch.sla_ms / 1000 for lane in chosen if lane.spec.batch
         }
@@ -518,6 +520,24 @@ class Member:
                 self._pauses.forget(tp)
         log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
         return positions
+
+
+def _check_heartbeats(lanes: Sequence[Lane], settings: RuntimeSettings) -> None:
+    """Refuse a lane of long work whose heartbeat timeout the member's ticks cannot keep.
+
+    A member sends its runs' heartbeats to Redis once a tick (``cancel_poll_ms``): with a
+    timeout under two ticks, every member's reconciler could find a healthy run silent and stop
+    it as hung.
+    """
+    tick_ms = settings.cancel_poll_ms
+    for lane in lanes:
+        timeout_ms = lane.spec.heartbeat_timeout_ms
+        if timeout_ms is not None and timeout_ms < 2 * tick_ms:
+            raise ConfigError(
+                f"lane {lane.name}: heartbeat_timeout ({format_duration_ms(timeout_ms)}) must be"
+                f" at least twice PIPELINE_RUNTIME__CANCEL_POLL_MS ({tick_ms} ms), the tick that"
+                " sends heartbeats: raise the timeout or lower the tick"
+            )
 
 
 def _claims(

@@ -19,6 +19,7 @@ from pipeline.cancel.keys import CancelKeys
 from pipeline.cancel.reconcile import Reconciler
 from pipeline.cancel.target import Selectors
 from pipeline.config import RuntimeSettings
+from pipeline.errors import ConfigError
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
@@ -240,3 +241,20 @@ async def test_a_handler_that_keeps_beating_outlives_its_timeout(
     async with running(member):
         await eventually(lambda: member.stats.handled == 1)
     assert (member.stats.hung, member.stats.retried, member.stats.cancelled) == (0, 0, 0)
+
+
+def test_a_heartbeat_timeout_under_two_ticks_is_refused(transport: Transport) -> None:
+    """Heartbeats leave once a tick: a shorter timeout would let members stop healthy runs.
+
+    ``heartbeat_timeout: 200ms`` with the default 500 ms tick was accepted, and every member's
+    reconciler could find a run that beat on time silent and stop it as hung.
+    """
+    spec = lane_spec("beats_too_fast", 1, heartbeat_timeout="200ms")
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        """Never runs."""
+
+    with pytest.raises(ConfigError, match=r"lane beats_too_fast: heartbeat_timeout \(200ms\)"):
+        Member(app, transport, "g-never", RuntimeSettings())
