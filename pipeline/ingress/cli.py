@@ -39,6 +39,7 @@ from pipeline.ingress.service import (
     require_free_port,
     serve,
 )
+from pipeline.ingress.sweeper import Sweeper
 from pipeline.ingress.workers import (
     Supervisor,
     WorkerArgs,
@@ -48,6 +49,9 @@ from pipeline.ingress.workers import (
 )
 from pipeline.logstore import LogStore, RowState, Selection
 from pipeline.logstore.create import create_log_store
+from pipeline.observability.metrics import Metrics
+from pipeline.observability.server import MetricsServer, serve_metrics
+from pipeline.observability.wiring import sweeper_heartbeat
 from pipeline.topics.spec import load_specs, parse_duration_ms
 from pipeline.transport import create_transport
 
@@ -185,7 +189,7 @@ def sweep_command(
         try:
             sweeper = build_sweeper(store, producer, broker.admin(), specs, ingress)
             if loop:
-                await sweeper.run(asyncio.Event())
+                await _sweep_forever(sweeper, ingress)
             report = await sweeper.sweep_once()
             out.print(
                 f"produced {report.produced}, replayed {report.replayed}, "
@@ -201,6 +205,29 @@ def sweep_command(
             await broker.close()
 
     _run(main())
+
+
+async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:
+    """Sweep every interval until the process is stopped.
+
+    With ``PIPELINE_INGRESS__METRICS_PORT`` set, ``/metrics`` is served with the sweeper's
+    heartbeat, so that ``PipelineSweeperSilent`` sees a sweeper that runs on its own.
+    """
+    stop = asyncio.Event()
+    serving = None
+    port = ingress.metrics_port
+    if port is not None:
+        require_free_port(ingress.metrics_host, port, "PIPELINE_INGRESS__METRICS_PORT")
+        server = MetricsServer(Metrics())
+        sweeper.on_sweep = sweeper_heartbeat(server.metrics)
+        server.ready = True
+        serving = asyncio.create_task(serve_metrics(server, ingress.metrics_host, port, stop))
+    try:
+        await sweeper.run(stop)
+    finally:
+        stop.set()
+        if serving is not None:
+            await serving
 
 
 def _when(value: str | None, option: str) -> int | None:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 from contract.helpers import consume_until, make_topic
+from ingress.helpers import write_topics
 from logstore.helpers import FakeClock, new_row
 
 from pipeline.config import Settings, SweeperSettings
@@ -178,3 +187,51 @@ async def test_a_caught_up_group_is_not_a_backlog(redis: Transport, unique: str)
     assert await backlog.is_backlogged("messages") is True
     await drain(redis, topic, f"g-{unique}", 1)
     assert await backlog.is_backlogged("messages") is False
+
+
+async def test_a_sweeper_looping_on_its_own_serves_its_heartbeat(
+    tmp_path: Path, settings: Settings, redis: Transport, unique: str
+) -> None:
+    """``pipeline sweep --loop`` with a metrics port shows when it last swept.
+
+    It served no metrics: with the ingress's sweeper off and this loop sweeping,
+    ``PipelineSweeperSilent`` paged although sweeps happened.
+    """
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 2)
+    write_topics(tmp_path / "topics", {topic: "messages"})
+    with socket.socket() as probe:  # a port free now, for the sweeper to take
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env |= {
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": settings.redis.url,
+        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__INTERVAL_S": "0.2",
+        "PIPELINE_INGRESS__METRICS_PORT": str(port),
+    }
+    proc = subprocess.Popen(  # noqa: ASYNC220 - the sweeper runs beside this test's loop
+        [Path(sys.executable).with_name("pipeline"), "sweep", "--loop"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stamp = "pipeline_sweeper_last_run_timestamp_seconds "
+    try:
+        deadline = time.monotonic() + 60
+        swept = 0.0
+        async with httpx.AsyncClient() as http:
+            while swept <= 0:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "no sweep shown on /metrics"
+                with contextlib.suppress(httpx.TransportError):  # not listening yet
+                    text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+                    lines = [line for line in text.splitlines() if line.startswith(stamp)]
+                    swept = float(lines[0].removeprefix(stamp)) if lines else 0.0
+                await asyncio.sleep(0.1)
+        assert swept > time.time() - 60
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
