@@ -79,6 +79,9 @@ def configure_logging(level: str, fmt: str = "text") -> None:
     )
 
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs every request's whole URL at INFO; a presigned S3 request's (the payload
+    # store's deletes) carries a short-lived credential in its query.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     repeats, traces = RepeatFilter(), TraceFilter()
     for handler in logging.getLogger().handlers:
         handler.addFilter(repeats)

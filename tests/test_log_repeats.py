@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.log_repeats import FIRST_GAP_S, MAX_GAP_S, RepeatFilter
+from pipeline.log_repeats import FIRST_GAP_S, MAX_GAP_S, RepeatFilter, configure_logging
 
 
 class Clock:
@@ -60,3 +60,23 @@ def test_different_messages_are_separate() -> None:
     assert repeats.filter(record("commit failed: %s"))
     assert repeats.filter(record("lane %s counts as backed up", arg="messages"))
     assert repeats.filter(record("lane %s counts as backed up", arg="engagement"))
+
+
+def test_http_clients_request_lines_stay_out_of_info_logs() -> None:
+    """The HTTP client's INFO line holds the whole URL: a presigned S3 delete's carries a secret.
+
+    With ``PIPELINE_LOG_LEVEL=INFO`` (the Kubernetes config map's) a purge logged one such URL,
+    a short-lived bearer credential, per deleted object.
+    """
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    root.handlers[:] = []  # as in a fresh process: basicConfig configures only a bare root
+    try:
+        configure_logging("INFO")
+        assert root.isEnabledFor(logging.INFO)
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        logging.getLogger("httpx").setLevel(logging.NOTSET)
