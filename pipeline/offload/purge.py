@@ -83,6 +83,12 @@ async def purge(
             report.kept += 1
     for obj in old:
         if not dry_run:
+            # A writer rewrites an object it finds old and hands out a new reference to it
+            # (identical bodies share one): one rewritten since the listing is kept.
+            current = await store.head(obj.key)
+            if current is not None and current.last_modified.timestamp() >= cutoff_s:
+                report.kept += 1
+                continue
             await store.delete(obj.key)
         report.deleted += 1
         report.deleted_bytes += obj.size
