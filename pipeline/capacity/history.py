@@ -25,9 +25,9 @@ __all__ = ["MINUTES_PER_DAY", "SERVICE_WINDOW_MIN", "ArrivalHistory", "ServiceSa
 MINUTES_PER_DAY = 1440
 _WIDTH = 4  # bytes per counter (u32)
 SERVICE_WINDOW_MIN = 60
+"""Minutes of service times kept and averaged."""
 SERVICE_TTL_MIN = SERVICE_WINDOW_MIN + 1
 """A lane's service-time hash expires this long after its last write."""
-"""Minutes of service times kept and averaged."""
 
 
 @dataclass(frozen=True, slots=True)
