@@ -13,7 +13,6 @@ from confluent_kafka import Consumer as _RawConsumer
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as _RawTP
 from confluent_kafka.admin import (
-    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
@@ -25,8 +24,8 @@ from confluent_kafka.admin import (
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
-from pipeline.transport.kafka.errors import client_config_error, translate
-from pipeline.transport.kafka.group import admin_config
+from pipeline.transport.kafka.errors import translate
+from pipeline.transport.kafka.group import admin_client
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
@@ -76,10 +75,7 @@ class KafkaAdmin:
         """Create the client; no request is made until a method is called."""
         self._settings = settings
         self._timeout_s = settings.request_timeout_ms / 1000
-        try:
-            self._raw = AdminClient(admin_config(settings))
-        except KafkaException as exc:
-            raise client_config_error(exc) or translate(exc, "create admin client") from None
+        self._raw = admin_client(settings)
 
     async def _wait(self, future: Future[T], context: str) -> T:
         try:

@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 
 from pipeline.config import KafkaSettings
 from pipeline.errors import ConfigError
-from pipeline.transport.kafka.errors import CLIENT_VARIABLE, client_config_error
+from pipeline.transport.kafka.errors import CLIENT_VARIABLE, client_config_error, translate
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,12 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
 
     Raises:
         ConfigError: a property of ``PIPELINE_KAFKA__CLIENT`` is refused (the line names it).
+        TransportError: librdkafka could not create the client for another reason.
     """
     try:
         return AdminClient(admin_config(settings))
     except KafkaException as exc:
-        raise client_config_error(exc) or exc from None
+        raise client_config_error(exc) or translate(exc, "create admin client") from None
 
 
 def _describe(settings: KafkaSettings) -> frozenset[str] | None:
