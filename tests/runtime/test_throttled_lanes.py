@@ -42,6 +42,22 @@ def record(tenant: str, n: int, key: str | None = None) -> Record:
     return Record(body, (key or f"{tenant}-{n}").encode(), headers={h.TENANT: tenant.encode()})
 
 
+def metered(
+    app: App, transport: Transport, unique: str, throttle: Throttle
+) -> tuple[Member, Metrics]:
+    """A member of the test's group admitting through ``throttle``, with its admission metrics."""
+    metrics = Metrics()
+    member = Member(
+        app,
+        transport,
+        f"g-{unique}",
+        FAST,
+        throttle=throttle,
+        admission_metrics=AdmissionMetrics(metrics),
+    )
+    return member, metrics
+
+
 def test_key_templates_take_the_tenant_header_and_event_fields() -> None:
     """Templates are filled from the tenant header and JSON fields; missing ones are left out."""
     policy = ThrottlePolicy(keys=("org:{tenant}", "sub:{tenant}/{customer_id}", "doc:{doc}"))
@@ -72,15 +88,7 @@ async def test_a_tenant_never_runs_more_than_its_limit(
     records = [record("acme", n) for n in range(30)] + [record("beta", n) for n in range(10)]
     await producer.send_many(spec.name, records)
     await producer.close()
-    metrics = Metrics()
-    member = Member(
-        app,
-        transport,
-        f"g-{unique}",
-        FAST,
-        throttle=throttle,
-        admission_metrics=AdmissionMetrics(metrics),
-    )
+    member, metrics = metered(app, transport, unique, throttle)
     waiting = {"lane": spec.lane}
     async with running(member):
         await eventually(lambda: member.stats.handled == 40)
@@ -119,15 +127,7 @@ async def test_admissions_let_through_with_redis_down_are_counted(
     down = Throttle(client, prefix=f"t{unique}", namespace=unique, wake_block_s=0.2)
     await down.start()
     await produce(transport, spec.name, [record("acme", n) for n in range(5)])
-    metrics = Metrics()
-    member = Member(
-        app,
-        transport,
-        f"g-{unique}",
-        FAST,
-        throttle=down,
-        admission_metrics=AdmissionMetrics(metrics),
-    )
+    member, metrics = metered(app, transport, unique, down)
     lane = {"lane": spec.lane}
     try:
         async with running(member):
