@@ -33,7 +33,8 @@ def test_round_trip_through_a_kafka_topic(
     ours = RegistryClient(sqlite_registry_url)
     ctx = SerializationContext(topic, MessageField.VALUE)
     try:
-        producer = Producer({"bootstrap.servers": kafka_service})
+        # Idempotent: the assertions below read the two records back in the order produced.
+        producer = Producer({"bootstrap.servers": kafka_service, "enable.idempotence": True})
         theirs = ConfluentSerializer(confluent, SCHEMA, to_dict=lambda m, _: m.model_dump())
         mine = AvroSerializer(ours, SCHEMA, f"{topic}-value")
         first = message()
