@@ -65,12 +65,15 @@ class PartitionLag:
         end: the offset the next produced message will get.
         oldest_unconsumed_ms: timestamp of the oldest message not yet committed by the group,
             or None when the group is caught up.
+        start: the first offset the partition still holds (those below it expired or were
+            trimmed; ``end`` when it holds none), or None when the transport did not say.
     """
 
     tp: TopicPartition
     committed: int | None
     end: int
     oldest_unconsumed_ms: int | None
+    start: int | None = None
 
     @property
     def lag(self) -> int:

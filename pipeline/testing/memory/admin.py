@@ -64,7 +64,7 @@ class MemoryAdmin:
             committed = position.offset if position is not None else None
             first = committed or 0
             oldest = log[first].timestamp_ms if first < len(log) else None
-            out.append(PartitionLag(tp, committed, len(log), oldest))
+            out.append(PartitionLag(tp, committed, len(log), oldest, 0))
         return out
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:

@@ -291,7 +291,10 @@ class KafkaAdmin:
             if max(committed.get(tp) or 0, start[tp]) < end[tp]
         }
         oldest = await asyncio.to_thread(self._timestamps_at, first_unconsumed)
-        return [PartitionLag(tp, committed.get(tp), end[tp], oldest.get(tp)) for tp in sorted(end)]
+        return [
+            PartitionLag(tp, committed.get(tp), end[tp], oldest.get(tp), min(start[tp], end[tp]))
+            for tp in sorted(end)
+        ]
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:  # noqa: ARG002
         """Delete the group and its committed offsets; a group that does not exist is gone already.

@@ -20,7 +20,7 @@ from pipeline.envelope import TopicPartition
 from pipeline.errors import TransportError, UnknownTopic
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 from pipeline.transport.redis_streams.errors import translate
-from pipeline.transport.redis_streams.keys import Keys, entry_id, partition_id
+from pipeline.transport.redis_streams.keys import Keys, entry_id, offset_of, partition_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,20 +136,27 @@ class RedisStreamsAdmin:
         out = []
         try:
             for p in range(meta.partitions):
+                stream = self._keys.stream(topic, p)
                 pipe = self._client.pipeline(transaction=False)
                 pipe.get(self._keys.sequence(topic, p))
                 pipe.hget(self._keys.positions(group), partition_id(topic, p))
-                end_raw, committed_raw = await pipe.execute()
+                pipe.xrange(stream, count=1)
+                end_raw, committed_raw, held = await pipe.execute()
                 end = int(end_raw or 0)
                 committed = int(committed_raw) if committed_raw is not None else None
+                start = min(offset_of(held[0][0]), end) if held else end
                 oldest = None
-                if (committed or 0) < end:
-                    first: Any = await self._client.xrange(
-                        self._keys.stream(topic, p), min=entry_id(committed or 0), count=1
+                if max(committed or 0, start) < end:
+                    first: Any = (
+                        held
+                        if (committed or 0) <= start
+                        else await self._client.xrange(
+                            stream, min=entry_id(committed or 0), count=1
+                        )
                     )
                     if first:
                         oldest = int(first[0][1][b"t"])
-                out.append(PartitionLag(TopicPartition(topic, p), committed, end, oldest))
+                out.append(PartitionLag(TopicPartition(topic, p), committed, end, oldest, start))
         except rexc.RedisError as exc:
             raise translate(exc, f"lag of {topic!r}") from exc
         return out
