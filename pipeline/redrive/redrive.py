@@ -9,7 +9,8 @@ key, value and event id, its failure headers removed and ``pl-redrive-count`` ra
 message already redriven ``max_redrives`` times is refused (it would loop). Positions are
 committed after each produced batch, so an interrupted redrive run again with the same
 arguments continues where it stopped: nothing is moved twice, except the one batch in flight if
-the process was killed (not stopped) in the middle of it.
+the process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
+from the DLQ are neither waited for nor counted.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pipeline.envelope import Message, Position, Record, TopicPartition
 from pipeline.errors import ConfigError
 from pipeline.redrive.select import Selection, reason
 from pipeline.topics.spec import TopicSpec
-from pipeline.transport.protocol import Producer, Transport
+from pipeline.transport.protocol import Admin, Producer, Transport
 
 _DROPPED_HEADERS = {
     h.ATTEMPT,
@@ -121,24 +122,35 @@ class Redrive:
         self.report = Report()
 
     async def total(self) -> int:
-        """Messages of the DLQ still ahead of this redrive's position (for a progress bar)."""
-        lag = await self._transport.admin().group_lag(self._group(), self._dlq)
-        return sum(p.lag for p in lag)
+        """Messages of the DLQ still ahead of this redrive's position (for a progress bar).
+
+        Expired or trimmed messages are not counted: no run can read them.
+        """
+        starts = await self._starts(self._transport.admin())
+        return sum(end - first for first, end in starts.values())
 
     def _group(self) -> str:
         base = group_name(self._dlq, self._to, self._selection)
         return f"{base}.dry" if self._dry_run else base
 
+    async def _starts(self, admin: Admin) -> dict[TopicPartition, tuple[int, int]]:
+        """Per partition, the first offset this run reads and the end seen now.
+
+        The first is the run's committed position, or the first message the partition still
+        holds if those before it expired or were trimmed.
+        """
+        return {
+            p.tp: (min(max(p.committed or 0, p.start or 0), p.end), p.end)
+            for p in await admin.group_lag(self._group(), self._dlq)
+        }
+
     async def run(self, progress: Callable[[int], None] | None = None) -> Report:
         """Scan the DLQ up to its current end and move (or, dry, count) what is selected."""
         admin = self._transport.admin()
         group = self._group()
-        # Read each partition from this redrive's position up to the end seen now.
-        ends = {
-            p.tp: p.end
-            for p in await admin.group_lag(group, self._dlq)
-            if (p.committed or 0) < p.end
-        }
+        # Read each partition from this redrive's position up to the end seen now; one holding
+        # nothing from there on (its messages expired) is not waited for.
+        ends = {tp: end for tp, (first, end) in (await self._starts(admin)).items() if first < end}
         consumer = self._transport.consumer(group, [self._dlq])
         producer = self._transport.producer()
         reached: dict[TopicPartition, int] = {}

@@ -1,18 +1,25 @@
-"""Redrive on both real brokers: dry run, filters, resume without duplicates, loop cap."""
+"""Redrive on both real brokers: dry run, filters, resume without duplicates, loop cap, expiry."""
 
 from __future__ import annotations
 
+import asyncio
+
+from confluent_kafka import TopicPartition as KafkaPartition
+from confluent_kafka.admin import AdminClient
 from contract.helpers import consume_until
+from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec
 
 from pipeline import headers as h
-from pipeline.envelope import Message
+from pipeline.config import Settings
+from pipeline.envelope import Message, TopicPartition
 from pipeline.errors import DeadLetter
 from pipeline.redrive.redrive import Redrive
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
 from pipeline.retry.router import LaneRoutes, RetryRouter
 from pipeline.transport.protocol import Transport
+from pipeline.transport.redis_streams.keys import Keys, entry_id
 
 
 class Timeout(Exception):
@@ -83,3 +90,35 @@ async def test_an_interrupted_redrive_resumes_without_duplicates(
     assert sorted(m.value for m in back) == [b"v0", b"v2", b"v4"]
     info = (await transport.admin().list_topics())[routes.topic]
     assert info.message_count == 3
+
+
+async def _expire(transport: Transport, settings: Settings, tp: TopicPartition, upto: int) -> None:
+    """Make the records of ``tp`` below ``upto`` disappear, as retention or a trim would."""
+    if transport.name == "kafka":
+        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        futures = admin.delete_records([KafkaPartition(tp.topic, tp.partition, upto)])
+        await asyncio.to_thread(lambda: [future.result(30) for future in futures.values()])
+        return
+    client = Redis.from_url(settings.redis.url)
+    try:
+        stream = Keys(settings.redis.key_prefix).stream(tp.topic, tp.partition)
+        await client.xtrim(stream, minid=entry_id(upto), approximate=False)
+    finally:
+        await client.aclose()
+
+
+async def test_expired_dead_letters_are_not_waited_for(
+    transport: Transport, settings: Settings, unique: str
+) -> None:
+    """A partition whose records expired, all or the first of them, ends the run all the same."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    dlq = routes.dead_letter_topic
+    gone, cut = await transport.admin().group_lag(f"nobody-{unique}", dlq)
+    assert (gone.end, cut.end) == (3, 3)  # the keys split the six dead letters evenly
+    await _expire(transport, settings, gone.tp, gone.end)
+    await _expire(transport, settings, cut.tp, 1)
+    job = Redrive(transport, dlq, Selection())
+    ahead = await job.total()
+    report = await asyncio.wait_for(job.run(), 30)
+    assert (ahead, report.scanned, report.moved) == (2, 2, 2)
+    assert (await Redrive(transport, dlq, Selection()).run()).scanned == 0
