@@ -7,15 +7,17 @@ the DLQ, the target and the filters as typed (``--since 2h`` stays ``2h``, see
 message that passes the filters is produced to ``--to`` or to its origin topic with its original
 key, value and event id, its failure headers removed and ``pl-redrive-count`` raised by one; a
 message already redriven ``max_redrives`` times is refused (it would loop). Positions are
-committed after each produced batch, so an interrupted redrive run again with the same
-arguments continues where it stopped: nothing is moved twice, except the one batch in flight if
-the process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
+committed after each produced batch, and a stop (cancellation, Ctrl-C) in the middle of one
+commits what was already produced, so an interrupted redrive run again with the same arguments
+continues where it stopped: nothing is moved twice, except the one batch in flight if the
+process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
 from the DLQ are neither waited for nor counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections import Counter
@@ -28,7 +30,7 @@ from pipeline.envelope import Message, Position, Record, TopicPartition
 from pipeline.errors import ConfigError
 from pipeline.redrive.select import Selection, reason
 from pipeline.topics.spec import TopicSpec
-from pipeline.transport.protocol import Admin, Producer, Transport
+from pipeline.transport.protocol import Admin, Consumer, Producer, Transport
 
 _DROPPED_HEADERS = {
     h.ATTEMPT,
@@ -95,6 +97,32 @@ def redriven(message: Message, dlq_name: str) -> Record:
     return Record(message.value, message.key, out)
 
 
+@dataclass
+class _Batch:
+    """One poll's messages in order, each marked once settled: produced, or nothing to produce."""
+
+    messages: list[Message]
+    settled: list[bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.settled = [False] * len(self.messages)
+
+    def positions(self) -> list[Position]:
+        """The positions that may be committed, contiguous per partition.
+
+        Each is the position after the partition's last message settled together with every
+        earlier message of that partition in the batch.
+        """
+        after: dict[TopicPartition, int] = {}
+        held: set[TopicPartition] = set()
+        for message, settled in zip(self.messages, self.settled, strict=True):
+            if not settled:
+                held.add(message.tp)
+            elif message.tp not in held:
+                after[message.tp] = message.offset + 1
+        return [Position(tp, offset) for tp, offset in after.items()]
+
+
 class Redrive:
     """One redrive run over one dead-letter topic."""
 
@@ -145,32 +173,29 @@ class Redrive:
         }
 
     async def run(self, progress: Callable[[int], None] | None = None) -> Report:
-        """Scan the DLQ up to its current end and move (or, dry, count) what is selected."""
+        """Scan the DLQ up to its current end and move (or, dry, count) what is selected.
+
+        A stop (cancellation, Ctrl-C) in the middle of a batch commits the positions of what was
+        already produced before it propagates, so the next run does not send that again.
+        """
         admin = self._transport.admin()
         group = self._group()
         # Read each partition from this redrive's position up to the end seen now; one holding
         # nothing from there on (its messages expired) is not waited for.
-        ends = {tp: end for tp, (first, end) in (await self._starts(admin)).items() if first < end}
+        starts = await self._starts(admin)
+        nexts = {tp: first for tp, (first, _) in starts.items()}  # the next offset to handle
+        ends = {tp: end for tp, (first, end) in starts.items() if first < end}
         consumer = self._transport.consumer(group, [self._dlq])
         producer = self._transport.producer()
-        reached: dict[TopicPartition, int] = {}
         try:
-            while not self._finished(ends, reached):
-                batch = [m for m in await consumer.poll(200, 0.5) if m.offset < ends.get(m.tp, 0)]
-                if not batch:
+            while not self._finished(ends, nexts):
+                batch = _Batch(await self._poll(consumer, ends))
+                if not batch.messages:
                     continue
-                stop_at = await self._move(batch, producer)
-                done = batch[:stop_at]
-                for message in done:
-                    reached[message.tp] = message.offset + 1
-                if not self._dry_run and done:
-                    last: dict[TopicPartition, int] = {}
-                    for message in done:
-                        last[message.tp] = message.offset + 1
-                    await consumer.commit([Position(tp, o) for tp, o in last.items()])
+                handled = await self._settle(batch, consumer, producer, nexts)
                 if progress:
-                    progress(len(done))
-                if stop_at < len(batch):
+                    progress(handled)
+                if handled < len(batch.messages):
                     break
         finally:
             await consumer.close()
@@ -179,56 +204,108 @@ class Redrive:
                 await admin.delete_group(group, [self._dlq])
         return self.report
 
-    def _finished(
-        self, ends: dict[TopicPartition, int], reached: dict[TopicPartition, int]
-    ) -> bool:
+    async def _poll(self, consumer: Consumer, ends: dict[TopicPartition, int]) -> list[Message]:
+        """The next messages to handle, each below the end its partition had at start."""
+        return [m for m in await consumer.poll(200, 0.5) if m.offset < ends.get(m.tp, 0)]
+
+    def _finished(self, ends: dict[TopicPartition, int], nexts: dict[TopicPartition, int]) -> bool:
         if self._limit is not None and self.report.selected >= self._limit:
             return True
-        return all(reached.get(tp, -1) >= end for tp, end in ends.items())
+        return all(nexts[tp] >= end for tp, end in ends.items())
 
-    async def _move(self, batch: list[Message], producer: Producer) -> int:
-        """Handle ``batch`` in order; returns how many were handled (all unless a limit hit)."""
-        by_target: dict[str, list[Record]] = {}
+    async def _settle(
+        self,
+        batch: _Batch,
+        consumer: Consumer,
+        producer: Producer,
+        nexts: dict[TopicPartition, int],
+    ) -> int:
+        """Move ``batch`` and commit how far it got; returns how many messages were handled.
+
+        A stop or failure part way still commits what was settled before it, then propagates.
+        """
+        try:
+            handled = await self._move(batch, producer)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the stop (or the failure) is what to report
+                await self._commit(batch, consumer, nexts)
+            raise
+        await self._commit(batch, consumer, nexts)
+        return handled
+
+    async def _commit(
+        self, batch: _Batch, consumer: Consumer, nexts: dict[TopicPartition, int]
+    ) -> None:
+        """Advance each partition past what the batch settled; commit that unless dry."""
+        positions = batch.positions()
+        nexts.update((p.tp, p.offset) for p in positions)
+        if not self._dry_run:
+            await consumer.commit(positions)
+
+    async def _move(self, batch: _Batch, producer: Producer) -> int:
+        """Handle the batch in order; returns how many were handled (all unless a limit hit).
+
+        A message with nothing to produce is settled at once, one to produce when the broker
+        acknowledged it.
+        """
+        by_target: dict[str, list[tuple[int, Record]]] = {}
         handled = 0
-        for message in batch:
+        for i, message in enumerate(batch.messages):
             if self._limit is not None and self.report.selected >= self._limit:
                 break
             handled += 1
-            self.report.scanned += 1
-            if not self._selection.matches(message):
-                continue
-            self.report.selected += 1
-            self.report.reasons[reason(message)] += 1
-            if h.int_header(message.headers, h.REDRIVE_COUNT) >= self._max_redrives:
-                self.report.refused_loops += 1
-                continue
-            origin = message.headers.get(h.ORIGIN_TOPIC)
-            target = self._to or (origin.decode() if origin else None)
-            if target is None:
-                self.report.no_origin += 1
-                continue
-            by_target.setdefault(target, []).append(redriven(message, self._dlq))
-        if not self._dry_run:
-            for target, records in by_target.items():
-                await self._send_paced(producer, target, records)
-                self.report.moved += len(records)
-                self.report.moved_to[target] += len(records)
+            target = self._target(message)
+            if target is None or self._dry_run:
+                batch.settled[i] = True
+            else:
+                by_target.setdefault(target, []).append((i, redriven(message, self._dlq)))
+        for target, picked in by_target.items():
+            await self._send_paced(producer, target, picked, batch)
         return handled
 
-    async def _send_paced(self, producer: Producer, target: str, records: list[Record]) -> None:
+    def _target(self, message: Message) -> str | None:
+        """Count ``message`` in the report; the topic it goes back to, or None if it stays."""
+        self.report.scanned += 1
+        if not self._selection.matches(message):
+            return None
+        self.report.selected += 1
+        self.report.reasons[reason(message)] += 1
+        if h.int_header(message.headers, h.REDRIVE_COUNT) >= self._max_redrives:
+            self.report.refused_loops += 1
+            return None
+        origin = message.headers.get(h.ORIGIN_TOPIC)
+        target = self._to or (origin.decode() if origin else None)
+        if target is None:
+            self.report.no_origin += 1
+        return target
+
+    async def _send_paced(
+        self, producer: Producer, target: str, picked: list[tuple[int, Record]], batch: _Batch
+    ) -> None:
+        records = [record for _, record in picked]
         sends = tracing.sends_started(target, records)  # each a child of its dead letter's send
         try:
-            await self._send_records(producer, target, records)
+            await self._send_records(producer, target, picked, batch)
         except BaseException as exc:
             tracing.sends_ended(sends, exc)
             raise
         tracing.sends_ended(sends)
 
-    async def _send_records(self, producer: Producer, target: str, records: list[Record]) -> None:
-        if not self._interval_s:
-            await producer.send_many(target, records)
-            return
-        for record in records:  # one at a time, spaced to the rate cap
+    async def _send_records(
+        self, producer: Producer, target: str, picked: list[tuple[int, Record]], batch: _Batch
+    ) -> None:
+        """Produce in order, all at once or one at a time spaced to the rate cap.
+
+        Each message of ``batch`` is settled as the broker acknowledges its record.
+        """
+        step = 1 if self._interval_s else len(picked)
+        for at in range(0, len(picked), step):
+            chunk = picked[at : at + step]
             started = time.monotonic()
-            await producer.send_many(target, [record])
-            await asyncio.sleep(max(0.0, self._interval_s - (time.monotonic() - started)))
+            await producer.send_many(target, [record for _, record in chunk])
+            for i, _ in chunk:
+                batch.settled[i] = True
+            self.report.moved += len(chunk)
+            self.report.moved_to[target] += len(chunk)
+            if self._interval_s:
+                await asyncio.sleep(max(0.0, self._interval_s - (time.monotonic() - started)))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
+import pytest
 from confluent_kafka import TopicPartition as KafkaPartition
 from confluent_kafka.admin import AdminClient
 from contract.helpers import consume_until
@@ -12,13 +14,13 @@ from runtime.helpers import declare, lane_spec
 
 from pipeline import headers as h
 from pipeline.config import Settings
-from pipeline.envelope import Message, TopicPartition
+from pipeline.envelope import Delivered, Message, Record, TopicPartition
 from pipeline.errors import DeadLetter
-from pipeline.redrive.redrive import Redrive
+from pipeline.redrive.redrive import Redrive, Report
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
 from pipeline.retry.router import LaneRoutes, RetryRouter
-from pipeline.transport.protocol import Transport
+from pipeline.transport.protocol import Producer, Transport
 from pipeline.transport.redis_streams.keys import Keys, entry_id
 
 
@@ -122,3 +124,39 @@ async def test_expired_dead_letters_are_not_waited_for(
     report = await asyncio.wait_for(job.run(), 30)
     assert (ahead, report.scanned, report.moved) == (2, 2, 2)
     assert (await Redrive(transport, dlq, Selection()).run()).scanned == 0
+
+
+class _CancelAfterFirstSend:
+    """A producer that cancels ``task`` once the broker acknowledged its first send."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+        self.task: asyncio.Task[Report] | None = None
+
+    async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
+        """Send, then cancel the run: it stops at its next wait, the pause of its rate cap."""
+        out = await self._producer.send_many(topic, records)
+        assert self.task is not None
+        self.task.cancel()
+        return out
+
+    async def close(self) -> None:
+        """Close the real producer."""
+        await self._producer.close()
+
+
+async def test_a_stopped_redrive_resumes_after_what_it_sent(
+    transport: Transport, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run cancelled after its first record, in the middle of a batch, does not send it again."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    stopper = _CancelAfterFirstSend(transport.producer())
+    with monkeypatch.context() as patch:
+        patch.setattr(transport, "producer", lambda: stopper)
+        job = Redrive(transport, routes.dead_letter_topic, Selection(), rate_per_s=1000)
+        stopper.task = asyncio.create_task(job.run())
+        with pytest.raises(asyncio.CancelledError):
+            await stopper.task
+    rest = await Redrive(transport, routes.dead_letter_topic, Selection(), rate_per_s=1000).run()
+    info = (await transport.admin().list_topics())[routes.topic]
+    assert (job.report.moved, rest.moved, info.message_count) == (1, 4, 5)
