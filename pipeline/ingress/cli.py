@@ -52,6 +52,7 @@ from pipeline.logstore.create import create_log_store
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import sweeper_heartbeat
+from pipeline.offload.writer import with_offload
 from pipeline.topics.spec import load_specs, parse_duration_ms
 from pipeline.transport import create_transport
 
@@ -185,7 +186,7 @@ def sweep_command(
         store = create_log_store(settings, ingress)
         broker = create_transport(settings)
         await store.open()
-        producer = broker.producer()
+        producer = with_offload(broker.producer(), settings.topics_dir)  # refs kept young
         try:
             sweeper = build_sweeper(store, producer, broker.admin(), specs, ingress)
             if loop:
@@ -315,7 +316,9 @@ def replay_command(
             await store.close()
             raise
         broker = None if dry_run else create_transport(settings)
-        producer = broker.producer() if broker is not None else None
+        producer = (  # a row's reference is kept young enough for the payload purge
+            with_offload(broker.producer(), settings.topics_dir) if broker is not None else None
+        )
         try:
             total = sum((await store.count_by_state(selection)).values())
             with Progress(

@@ -37,7 +37,7 @@ from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
 from pipeline.offload.rows import offload_row
-from pipeline.offload.writer import Offloader, topic_policies
+from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
 from pipeline.registry.client.http import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
@@ -103,9 +103,10 @@ class Ingress:
         self.observer = MetricsServer(Metrics())
         self.app.observer = self.observer
         policies = topic_policies(self.specs)
+        self.offloader: Offloader | None = None
         if policies:  # lanes with offload: large bodies go to their payload store
-            offloader = Offloader(policies, observer=OffloadMetrics(self.observer.metrics))
-            self.app.offload = functools.partial(offload_row, offloader)
+            self.offloader = Offloader(policies, observer=OffloadMetrics(self.observer.metrics))
+            self.app.offload = functools.partial(offload_row, self.offloader)
 
     async def start(self) -> None:
         """Check the topics' size limits, open everything and start the sweeper task.
@@ -133,8 +134,14 @@ class Ingress:
             self.app.schemas = LaneSchemas(client, subjects)
             await self.app.schemas.start()
         if self.ingress.sweeper.enabled:
+            # The sweeper produces rows again, perhaps long after their payloads were written.
+            swept = (
+                self.producer
+                if self.offloader is None
+                else OffloadingProducer(self.producer, self.offloader)
+            )
             self.sweeper = build_sweeper(
-                self.store, self.producer, self.transport.admin(), self.specs, self.ingress
+                self.store, swept, self.transport.admin(), self.specs, self.ingress
             )
             self._stop = asyncio.Event()
             self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))

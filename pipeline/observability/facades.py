@@ -317,7 +317,7 @@ class OffloadMetrics:
         self._purged = metrics.counter(m.OFFLOAD_PURGED)
 
     def written(self, store: str, size: int) -> None:
-        """A payload of ``size`` bytes was written to ``store`` as a new object."""
+        """A payload of ``size`` bytes was written to ``store`` (new, or written again)."""
         self._objects.labels(store, "written").inc()
         self._written.labels(store).inc(size)
 

@@ -371,7 +371,8 @@ OFFLOAD_OBJECTS = Family(
     "pipeline_offload_objects_total",
     "counter",
     "Large payloads the ingress or a producer sent to a payload store, by outcome (written: a "
-    "new object; reused: the same content was already stored, nothing written).",
+    "new object, or one a day old written again before its reference was produced again; "
+    "reused: the same content was already stored, nothing written).",
     ("store", "outcome"),
     "objects",
 )

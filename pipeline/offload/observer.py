@@ -16,7 +16,7 @@ class OffloadObserver(Protocol):
     """Receives one call per object written, reused, fetched, missing or purged."""
 
     def written(self, store: str, size: int) -> None:
-        """A payload of ``size`` bytes was written to ``store`` as a new object."""
+        """A payload of ``size`` bytes was written to ``store``: new, or a day old written again."""
 
     def reused(self, store: str) -> None:
         """A payload was already in ``store`` (same content): nothing was written."""

@@ -6,6 +6,13 @@ content-addressed: a retry or a duplicate finds the object and writes nothing ne
 older than ``refresh_after_s`` is written again instead of reused, so the purge
 (:mod:`pipeline.offload.purge`), which goes by the last write time, never deletes an object a
 new message still points to.
+
+A reference produced again without its body (a retry tier, a dead letter, a redrive, a replay,
+a swept log row) gets the same guarantee from :meth:`Offloader.keep`: an object last written
+over ``refresh_after_s`` ago is read back (digest checked) and written again before the
+reference goes out. So every copy of a reference anywhere was produced less than
+``refresh_after_s`` after its object's last write, and the purge can go by the age of the
+oldest copy still held.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from pathlib import Path
 
 from pipeline.envelope import Delivered, Record
 from pipeline.offload import reference as ref
+from pipeline.offload.errors import PayloadCorrupt, PayloadMissing, ReferenceRefused
+from pipeline.offload.lazy import LazyPayload
 from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.policy import OffloadPolicy
 from pipeline.offload.store import PayloadStore, open_store
@@ -29,6 +38,9 @@ log = logging.getLogger(__name__)
 
 REFRESH_AFTER_S = 86_400.0
 """An existing object older than this is written again rather than reused (see the purge)."""
+KNOWN_FRESH_KEYS = 10_000
+"""Objects an :class:`Offloader` remembers as young enough, so producing their references again
+costs no HEAD (the memory is cleared when it grows past this)."""
 HASH_OFF_LOOP_BYTES = 256 * 1024
 """Hash bodies at least this large in a thread (hashlib lets go of the GIL for them)."""
 
@@ -47,6 +59,8 @@ class OffloadCounters:
     written: int = 0
     reused: int = 0
     bytes_written: int = 0
+    refreshed: int = 0
+    """Objects written again, from their own bytes, so a reference produced again stays safe."""
 
 
 @dataclass
@@ -64,6 +78,7 @@ class Offloader:
     counters: OffloadCounters = field(default_factory=OffloadCounters)
     observer: OffloadObserver | None = None
     _stores: dict[str, PayloadStore] = field(default_factory=dict)
+    _fresh_until: dict[str, float] = field(default_factory=dict)
 
     def policy(self, topic: str) -> OffloadPolicy | None:
         """The offload policy of ``topic``, or None when its payloads always travel inline."""
@@ -107,13 +122,73 @@ class Offloader:
             self.counters.reused += 1
             if self.observer is not None:
                 self.observer.reused(store.url)
+            self._remember(reference, existing.last_modified.timestamp())
         else:
-            await store.put(reference.key, body)
-            self.counters.written += 1
-            self.counters.bytes_written += len(body)
-            if self.observer is not None:
-                self.observer.written(store.url, len(body))
+            await self._write(store, reference, body)
         return reference.encode()
+
+    async def keep(self, topic: str, value: bytes, headers: Mapping[str, bytes]) -> None:
+        """Before a reference to ``topic`` is produced again: make its object young enough.
+
+        An object last written ``refresh_after_s`` ago or more is read back whole (size and
+        digest checked) and written again, so the purge, which goes by the oldest copy still
+        held (:func:`pipeline.offload.purge.measured_floor_ms`), cannot delete it while this copy
+        lives.
+        An object known young from an earlier call costs nothing. Nothing is done for a topic
+        without a policy, a reference to another store than the topic's, or one this version
+        cannot read (the member refuses those), nor for an object already gone or no longer
+        matching its reference (the member dead-letters those as ``payload_missing`` or
+        ``payload_corrupt``; a warning says so here).
+
+        Raises:
+            OffloadError: the store failed (the reference must not be produced then).
+        """
+        reference = self._own_reference(topic, value, headers)
+        now = time.time()
+        if reference is None or self._fresh_until.get(_memo(reference), 0.0) > now:
+            return
+        store = self.store(reference.store)
+        existing = await store.head(reference.key)
+        if existing is not None and now - existing.last_modified.timestamp() < self.refresh_after_s:
+            self._remember(reference, existing.last_modified.timestamp())
+            return
+        try:  # gone (None) or old: read back whole, then written again
+            body = await LazyPayload(reference, store).read()
+        except (PayloadMissing, PayloadCorrupt) as exc:
+            log.warning("%s; the reference produced to %s will be a dead letter", exc, topic)
+            return
+        await self._write(store, reference, body)
+        self.counters.refreshed += 1
+
+    def _own_reference(
+        self, topic: str, value: bytes, headers: Mapping[str, bytes]
+    ) -> ref.Reference | None:
+        """The reference in a message to ``topic`` when it points into the topic's own store."""
+        policy = self.policies.get(topic)
+        if policy is None:
+            return None
+        try:
+            reference = ref.decode(value, headers)
+        except ReferenceRefused:
+            return None
+        return reference if reference.store == policy.store else None
+
+    async def _write(self, store: PayloadStore, reference: ref.Reference, body: bytes) -> None:
+        await store.put(reference.key, body)
+        self.counters.written += 1
+        self.counters.bytes_written += len(body)
+        if self.observer is not None:
+            self.observer.written(store.url, len(body))
+        self._remember(reference, time.time())
+
+    def _remember(self, reference: ref.Reference, written_s: float) -> None:
+        if len(self._fresh_until) >= KNOWN_FRESH_KEYS:
+            self._fresh_until.clear()
+        self._fresh_until[_memo(reference)] = written_s + self.refresh_after_s
+
+
+def _memo(reference: ref.Reference) -> str:
+    return f"{reference.store}|{reference.key}"
 
 
 def topic_policies(specs: Sequence[object]) -> dict[str, OffloadPolicy]:
@@ -130,7 +205,9 @@ class OffloadingProducer:
     """A :class:`~pipeline.transport.protocol.Producer` that offloads large payloads first.
 
     Wraps another producer: a value above its topic's threshold is written to the store and
-    the reference is produced in its place (with the ``pl-offload*`` headers added).
+    the reference is produced in its place (with the ``pl-offload*`` headers added); a value
+    that is already a reference is produced as it is, once :meth:`Offloader.keep` has made its
+    object young enough for the purge.
     """
 
     def __init__(self, inner: Producer, offloader: Offloader) -> None:
@@ -139,8 +216,9 @@ class OffloadingProducer:
         self._offloader = offloader
 
     async def _record(self, topic: str, record: Record) -> Record:
-        headers = dict(record.headers or {})
-        if ref.is_reference(headers):  # already a reference (a retry, a redrive): keep it
+        headers = record.headers or {}
+        if ref.is_reference(headers):  # produced again (a retry, a redrive): kept young enough
+            await self._offloader.keep(topic, record.value, headers)
             return record
         content_type = headers.get("content-type", b"").decode(errors="replace")
         out = await self._offloader.offload(topic, record.value, content_type)
@@ -159,6 +237,10 @@ class OffloadingProducer:
         partition: int | None = None,
     ) -> Delivered:
         """Offload ``value`` if it is large, then produce (see the inner producer)."""
+        if self._offloader.policy(topic) is None:
+            return await self._inner.send(
+                topic, value, key=key, headers=headers, partition=partition
+            )
         record = await self._record(topic, Record(value, key, headers, partition))
         return await self._inner.send(
             topic, record.value, key=record.key, headers=record.headers, partition=record.partition

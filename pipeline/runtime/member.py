@@ -43,6 +43,7 @@ from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.longwork import LongWork
 from pipeline.runtime.offsets import PartitionOffsets
+from pipeline.runtime.payloads import routing_producer
 from pipeline.runtime.pressure import ConcurrencyGovernor
 from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
@@ -115,7 +116,15 @@ class Member:
         }
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
         self._routing = Redirector(
-            RetryRouter(self._producer), self.stats, app.retryable, chosen, metrics
+            RetryRouter(
+                routing_producer(
+                    self._producer, chosen, None if metrics is None else metrics.offload
+                )
+            ),
+            self.stats,
+            app.retryable,
+            chosen,
+            metrics,
         )
         self._handler = HandlerStage(
             app,

@@ -17,6 +17,7 @@ from pipeline import tracing
 from pipeline.envelope import Delivered, Message
 from pipeline.errors import TransportError
 from pipeline.observability.facades import RuntimeMetrics
+from pipeline.offload.errors import OffloadError
 from pipeline.retry.budget import RetryBudget
 from pipeline.retry.policy import Retryable
 from pipeline.retry.router import LaneRoutes, RetryRouter
@@ -120,15 +121,17 @@ class Redirector:
         send: Callable[[LaneRoutes, Message], Awaitable[Delivered]],
         detail: str = "",
     ) -> str | None:
-        """Produce a routed message, retrying while the broker is unavailable.
+        """Produce a routed message, retrying while the broker or payload store is unavailable.
 
         Returns ``outcome``, or None if it could not be produced (the message is then left
-        unfinished, so it is redelivered rather than lost).
+        unfinished, so it is redelivered rather than lost). The payload store is asked when
+        the message is an offloaded reference whose object must be written again first
+        (:meth:`~pipeline.offload.writer.Offloader.keep`).
         """
         for pause_s in (*_ROUTE_RETRY_S, None):
             try:
                 await send(lane.routes, message)
-            except TransportError as exc:
+            except (TransportError, OffloadError) as exc:
                 if pause_s is None or self.stopping:
                     log.error(  # noqa: TRY400 - the broker error is the whole story
                         "could not route %s@%d: %s", message.tp, message.offset, exc

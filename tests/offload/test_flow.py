@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+import time
 from pathlib import Path
 
 import yaml
@@ -30,7 +32,7 @@ from pipeline.ingress.source import build_sources
 from pipeline.logstore import Selection as LogSelection
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.offload import reference as ref
-from pipeline.offload.lazy import LazyPayload
+from pipeline.offload.lazy import LazyPayload, read_body
 from pipeline.offload.rows import offload_row
 from pipeline.offload.store import open_store
 from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
@@ -222,6 +224,45 @@ async def test_a_deleted_object_is_a_payload_missing_dead_letter(
         (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
         await dlq.close()
         assert dead.headers[h.DEAD_REASON] == b"payload_missing"
+        await transport.admin().delete_group(group, spec.topic_names())
+
+
+async def test_a_retry_copy_of_a_2_day_old_reference_writes_its_object_again(
+    tmp_path: Path, transport: Transport, redis: Redis, unique: str
+) -> None:
+    """The retry tier's copy is a new message: its object's last write must be recent again.
+
+    The purge goes by the oldest message still held plus a day. Before, the copy pointed to an
+    object last written 2 days before the copy was produced, so a purge keeping only what the
+    copy's age protects deleted the payload the copy still needed.
+    """
+    store_url = f"file://{tmp_path}/payloads"
+    spec = offload_lane(f"aged_{unique}", store_url)
+    payload = b"a" * 300_000
+    path = tmp_path / "payloads" / ref.key_for(hashlib.sha256(payload).hexdigest())
+    async with declared(transport, redis, unique, spec):
+        producer = OffloadingProducer(transport.producer(), Offloader(topic_policies([spec])))
+        await producer.send(spec.name, payload, key=b"k")
+        await producer.close()
+        two_days_ago = time.time() - 2 * 86_400
+        os.utime(path, (two_days_ago, two_days_ago))
+        done: list[tuple[int, bytes]] = []
+        app = App([spec])
+
+        @app.handler(spec.lane)
+        async def handle(event: LazyPayload | bytes, ctx: Context) -> None:
+            body = await read_body(event)
+            if ctx.attempt == 1:
+                raise RuntimeError("flaky dependency")
+            done.append((ctx.attempt, body))
+
+        group = f"g-{unique}"
+        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: len(done) == 1)
+        assert done == [(2, payload)]
+        assert path.stat().st_mtime > two_days_ago + 86_400  # written again before the copy
+        assert path.read_bytes() == payload
         await transport.admin().delete_group(group, spec.topic_names())
 
 
