@@ -1,13 +1,16 @@
 """``pipeline offload purge``: delete offloaded payloads nothing can need (docs/offload.md).
 
-The default age is the store's floor (:func:`pipeline.offload.purge.floor_ms`); a younger
-``--older-than`` is refused unless ``--force``, since it could delete a payload a dead letter
-or a replayable log row still points to.
+The default age is the store's floor: the declared one (:func:`pipeline.offload.purge.floor_ms`)
+or, when the lanes' topics still hold an older message, that message's age plus the refresh
+window (:func:`pipeline.offload.purge.measured_floor_ms`), so the transport is asked first. A
+younger ``--older-than`` is refused unless ``--force``, since it could delete a payload a
+message, a dead letter or a replayable log row still points to.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated
 
 import typer
@@ -15,9 +18,19 @@ import typer
 from pipeline.cli_support import run_command
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
-from pipeline.offload.purge import LOG_RETENTION_MS, PurgeReport, floor_ms, purge, stores
+from pipeline.offload.purge import (
+    LOG_RETENTION_MS,
+    PurgeReport,
+    floor_ms,
+    measured_floor_ms,
+    oldest_held_ms,
+    purge,
+    stores,
+    topics_of,
+)
 from pipeline.offload.store import open_store
 from pipeline.topics.spec import format_duration_ms, load_specs, parse_duration_ms
+from pipeline.transport import create_transport
 
 app = typer.Typer(help="Offloaded payloads (large bodies by reference).", no_args_is_help=True)
 
@@ -38,20 +51,35 @@ async def _purge(
     dry_run: bool,
     force: bool,
 ) -> list[PurgeReport]:
-    specs = load_specs(load_settings().topics_dir)
+    settings = load_settings()
+    specs = load_specs(settings.topics_dir)
     urls = [store_url] if store_url else stores(specs)
     if not urls:
         raise ConfigError("no lane in the topics directory declares offload: (give --store)")
     log_ms = _duration_ms(log_retention, "--log-retention") or LOG_RETENTION_MS
     given_ms = _duration_ms(older_than, "--older-than")
+    floors = {}
+    transport = create_transport(settings)
+    try:
+        admin = transport.admin()
+        try:
+            for url in urls:
+                oldest = await oldest_held_ms(admin, topics_of(specs, url))
+                floors[url] = (floor_ms(specs, url, log_ms), oldest)
+        finally:
+            await admin.close()
+    finally:
+        await transport.close()
     reports = []
     for url in urls:
-        floor = floor_ms(specs, url, log_ms)
+        declared, oldest = floors[url]
+        floor = measured_floor_ms(declared, oldest, int(time.time() * 1000))
         if given_ms is not None and given_ms < floor and not force:
+            held = "" if floor == declared else " and the oldest message its lanes still hold"
             raise ConfigError(
                 f"--older-than {older_than} is younger than what {url} must keep "
-                f"({format_duration_ms(floor)}: the longest lane, dead-letter and log retention "
-                "plus the writers' refresh window); give --force to delete anyway"
+                f"({format_duration_ms(floor)}: the longest lane, dead-letter and log retention"
+                f"{held}, plus the writers' refresh window); give --force to delete anyway"
             )
         reports.append(await purge(open_store(url), given_ms or floor, dry_run=dry_run))
     return reports

@@ -1,15 +1,23 @@
 """Deleting offloaded payloads nothing can need any more.
 
-A reference can be read as long as some copy of it exists: the lane's topic and retry tiers
-(its ``retention``), the dead-letter topic (at least 14 days, see
-:data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`), and the ingress log, from which
-``pipeline replay`` produces rows again until ``pipeline purge`` deletes them (30 days by
-default). Objects are content-addressed and shared by every message with the same body, so the
-purge goes by the object's last write time; a writer rewrites an object older than
-:data:`~pipeline.offload.writer.REFRESH_AFTER_S` instead of reusing it. So an object last
-written longer ago than the longest of those three, plus that refresh window, has no reference
-left that may still be read: :func:`floor_ms` is that age, and :func:`purge` deletes what is older.
-A reference read after its object is gone is a ``payload_missing`` dead letter, never a crash.
+A reference can be read as long as some copy of it exists: in the lane's topic, its retry tiers
+or its dead-letter topic, or in the ingress log, from which ``pipeline replay`` produces rows
+again until ``pipeline purge`` deletes them (30 days by default). Objects are content-addressed
+and shared by every message with the same body, so the purge goes by the object's last write
+time. Every copy of a reference is produced less than
+:data:`~pipeline.offload.writer.REFRESH_AFTER_S` after its object's last write: the writer
+rewrites an object older than that instead of reusing it, and whatever produces a reference
+again (retry tiers, dead letters, redrive, replay, the sweeper) first has
+:meth:`~pipeline.offload.writer.Offloader.keep` rewrite an object that old.
+
+So an object last written longer ago than the oldest copy still held, plus that refresh window,
+has no reference left that may still be read. :func:`floor_ms` is the declared part of that age
+(the longest of the lanes' retention, the dead-letter topic's at least 14 days, see
+:data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`, and the log's); :func:`oldest_held_ms` asks
+the transport for the oldest message its topics still hold, which is what counts on Redis
+Streams (kept by length, not age) or on a Kafka topic kept longer than declared;
+:func:`measured_floor_ms` takes the larger. :func:`purge` deletes what is older. A reference
+read after its object is gone is a ``payload_missing`` dead letter, never a crash.
 """
 
 from __future__ import annotations
@@ -18,13 +26,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.errors import TransportError, UnknownTopic
 from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.store import PayloadStore
 from pipeline.offload.writer import REFRESH_AFTER_S
 from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
+from pipeline.transport.protocol import Admin
 
 LOG_RETENTION_MS = 30 * 86_400_000
 """``pipeline purge``'s default: ingress log rows (replayable) are kept this long."""
+PROBE_GROUP = "pipeline-offload-purge"
+"""The consumer group whose lag read finds each partition's oldest message: it never commits,
+so its first unconsumed message is the oldest one still held."""
 
 
 @dataclass
@@ -57,6 +70,55 @@ def floor_ms(specs: Sequence[TopicSpec], store: str, log_retention_ms: int) -> i
         if spec.offload is not None and spec.offload.store == store
     ]
     return max(kept) + int(REFRESH_AFTER_S * 1000)
+
+
+def topics_of(specs: Sequence[TopicSpec], store: str) -> list[str]:
+    """Every topic whose messages may carry a reference into ``store``, sorted."""
+    return sorted(
+        {
+            name
+            for spec in specs
+            if spec.offload is not None and spec.offload.store == store
+            for name in spec.topic_names()
+        }
+    )
+
+
+async def oldest_held_ms(admin: Admin, topics: Sequence[str]) -> int | None:
+    """The timestamp of the oldest message any partition of ``topics`` still holds.
+
+    None when they hold none. A topic that does not exist holds nothing.
+
+    Raises:
+        TransportError: a partition holds messages but the oldest one's timestamp could not be
+            read (the purge must not guess).
+    """
+    oldest: int | None = None
+    for topic in topics:
+        try:
+            lag = await admin.group_lag(PROBE_GROUP, topic)
+        except UnknownTopic:
+            continue
+        for partition in lag:
+            held = partition.oldest_unconsumed_ms
+            if held is None:
+                if (partition.start or 0) < partition.end:
+                    raise TransportError(
+                        f"{partition.tp.topic}[{partition.tp.partition}] holds messages from"
+                        f" offset {partition.start or 0}, but the oldest one's timestamp could"
+                        " not be read; nothing was purged (run it again)"
+                    )
+                continue
+            if oldest is None or held < oldest:
+                oldest = held
+    return oldest
+
+
+def measured_floor_ms(declared_ms: int, oldest_held: int | None, now_ms: int) -> int:
+    """The floor once the oldest message still held counts: never below ``declared_ms``."""
+    if oldest_held is None:
+        return declared_ms
+    return max(declared_ms, now_ms - oldest_held + int(REFRESH_AFTER_S * 1000))
 
 
 async def purge(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -10,12 +11,25 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+from contract.helpers import consume_until
+from offload.helpers import declared, offload_lane
+from redis.asyncio import Redis
 
+from pipeline.envelope import TopicPartition
+from pipeline.errors import TransportError
 from pipeline.offload import reference as ref
-from pipeline.offload.purge import floor_ms, purge
+from pipeline.offload.purge import (
+    floor_ms,
+    measured_floor_ms,
+    oldest_held_ms,
+    purge,
+    topics_of,
+)
 from pipeline.offload.store import PayloadStore, StoredObject, open_store
 from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import PartitionLag, Transport
 
 DAY_MS = 86_400_000
 
@@ -78,15 +92,26 @@ async def test_an_object_rewritten_after_the_listing_is_kept(tmp_path: Path) -> 
     assert await store.head(reference.key) is not None
 
 
-def test_the_command_refuses_an_age_younger_than_the_floor(tmp_path: Path) -> None:
-    """`pipeline offload purge --older-than 1d` is one line and exit 2; the default runs."""
+def test_the_command_refuses_an_age_younger_than_the_floor(
+    tmp_path: Path, redis_service: str
+) -> None:
+    """`pipeline offload purge --older-than 1d` is one line and exit 2; the default runs.
+
+    The default asks the transport (here Redis) for the oldest message the lane still holds;
+    with the transport down, the purge stops with one line saying so, deleting nothing.
+    """
     topics = tmp_path / "topics"
     topics.mkdir()
     store = f"file://{tmp_path}/payloads"
     (topics / "up.yaml").write_text(
         yaml.safe_dump({"name": "up", "partitions": 1, "offload": {"store": store}})
     )
-    env = {**os.environ, "PIPELINE_TOPICS_DIR": str(topics)}
+    env = {
+        **os.environ,
+        "PIPELINE_TOPICS_DIR": str(topics),
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_service,
+    }
     cli = [sys.executable, "-m", "pipeline", "offload", "purge"]
     refused = subprocess.run(
         [*cli, "--older-than", "1d"], check=False, env=env, capture_output=True, text=True
@@ -96,3 +121,75 @@ def test_the_command_refuses_an_age_younger_than_the_floor(tmp_path: Path) -> No
     assert len(refused.stderr.strip().splitlines()) == 1
     ran = subprocess.run(cli, env=env, capture_output=True, text=True, check=True)
     assert '"deleted": 0' in ran.stdout
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        down = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    stopped = subprocess.run(
+        cli, check=False, env={**env, "PIPELINE_REDIS__URL": down}, capture_output=True, text=True
+    )
+    assert stopped.returncode != 0
+    assert stopped.stdout == ""
+    assert len(stopped.stderr.strip().splitlines()) == 1
+    assert down.rsplit("/", 1)[0].removeprefix("redis://") in stopped.stderr
+
+
+async def test_the_floor_grows_to_the_oldest_message_its_lanes_still_hold(
+    tmp_path: Path, transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A dead letter still held 35 days on keeps its payload: the floor is its age plus a day.
+
+    Redis Streams keeps messages by count, not age, and a Kafka topic can be kept longer than
+    declared. Before, the floor was the declared one alone (31 days here), so 35 days after
+    this dead letter was produced its payload was deleted while the dead letter still pointed
+    to it.
+    """
+    url = f"file://{tmp_path}/payloads"
+    spec = offload_lane(f"held_{unique}", url)
+    store = open_store(url)
+    body = b"h" * 300_000
+    reference = ref.reference_for(url, body)
+    await store.put(reference.key, body)
+    value, headers = reference.encode()
+    async with declared(transport, redis, unique, spec):
+        producer = transport.producer()
+        await producer.send(spec.dead_letter, value, key=b"k", headers=headers)
+        await producer.send(spec.name, b"small", key=b"k")
+        await producer.close()
+        reader = transport.consumer(f"read-{unique}", [spec.dead_letter, spec.name])
+        got = await consume_until(reader, lambda r: len(r) >= 2)
+        await reader.close()
+        admin = transport.admin()
+        oldest = await oldest_held_ms(admin, topics_of([spec], url))
+        await admin.delete_group(f"read-{unique}", [spec.dead_letter, spec.name])
+    assert topics_of([spec], url) == sorted(spec.topic_names())
+    assert oldest == min(m.timestamp_ms for m in got)
+    later_ms = oldest + 35 * DAY_MS
+    declared_ms = floor_ms([spec], url, 30 * DAY_MS)
+    assert declared_ms == 31 * DAY_MS
+    floor = measured_floor_ms(declared_ms, oldest, later_ms)
+    assert floor == 36 * DAY_MS
+    too_early = await purge(store, declared_ms, now_s=later_ms / 1000, dry_run=True)
+    assert too_early.deleted == 1  # what the declared floor alone would have deleted
+    report = await purge(store, floor, now_s=later_ms / 1000)
+    assert (report.deleted, report.kept) == (0, 1)
+    assert await store.head(reference.key) is not None
+
+
+def test_the_declared_floor_stands_when_nothing_older_is_held() -> None:
+    """Nothing held, or only younger messages: the declared floor."""
+    assert measured_floor_ms(31 * DAY_MS, None, 100 * DAY_MS) == 31 * DAY_MS
+    assert measured_floor_ms(31 * DAY_MS, 99 * DAY_MS, 100 * DAY_MS) == 31 * DAY_MS
+
+
+class _Unread:
+    """An admin whose lag read found messages but could not read the oldest one's time."""
+
+    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:  # noqa: ARG002
+        """One partition holding offsets 4 to 9, its oldest timestamp unknown."""
+        return [PartitionLag(TopicPartition(topic, 0), None, 10, None, 4)]
+
+
+async def test_an_unread_oldest_message_stops_the_purge() -> None:
+    """Held messages whose age is unknown: an error naming the partition, never a guess."""
+    with pytest.raises(TransportError, match=r"up\[0\] holds messages from offset 4"):
+        await oldest_held_ms(_Unread(), ["up"])  # type: ignore[arg-type]
