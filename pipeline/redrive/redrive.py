@@ -11,7 +11,8 @@ committed after each produced batch, and a stop (cancellation, Ctrl-C) in the mi
 commits what was already produced, so an interrupted redrive run again with the same arguments
 continues where it stopped: nothing is moved twice, except the one batch in flight if the
 process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
-from the DLQ are neither waited for nor counted.
+from the DLQ are neither waited for nor counted. A dry run counts from the position of the
+redrive it previews, with a group of its own that it deletes afterwards.
 """
 
 from __future__ import annotations
@@ -164,12 +165,14 @@ class Redrive:
     async def _starts(self, admin: Admin) -> dict[TopicPartition, tuple[int, int]]:
         """Per partition, the first offset this run reads and the end seen now.
 
-        The first is the run's committed position, or the first message the partition still
-        holds if those before it expired or were trimmed.
+        The first is the redrive's committed position, or the first message the partition
+        still holds if those before it expired or were trimmed. A dry run starts where the
+        real run's group is, so that it counts only what that run has still ahead.
         """
+        base = group_name(self._dlq, self._to, self._selection)
         return {
             p.tp: (min(max(p.committed or 0, p.start or 0), p.end), p.end)
-            for p in await admin.group_lag(self._group(), self._dlq)
+            for p in await admin.group_lag(base, self._dlq)
         }
 
     async def run(self, progress: Callable[[int], None] | None = None) -> Report:
@@ -189,7 +192,7 @@ class Redrive:
         producer = self._transport.producer()
         try:
             while not self._finished(ends, nexts):
-                batch = _Batch(await self._poll(consumer, ends))
+                batch = _Batch(await self._poll(consumer, nexts, ends))
                 if not batch.messages:
                     continue
                 handled = await self._settle(batch, consumer, producer, nexts)
@@ -204,9 +207,19 @@ class Redrive:
                 await admin.delete_group(group, [self._dlq])
         return self.report
 
-    async def _poll(self, consumer: Consumer, ends: dict[TopicPartition, int]) -> list[Message]:
-        """The next messages to handle, each below the end its partition had at start."""
-        return [m for m in await consumer.poll(200, 0.5) if m.offset < ends.get(m.tp, 0)]
+    async def _poll(
+        self, consumer: Consumer, nexts: dict[TopicPartition, int], ends: dict[TopicPartition, int]
+    ) -> list[Message]:
+        """The next messages to handle, each below the end its partition had at start.
+
+        A partition that delivers messages below where this run reads it (the dry run's fresh
+        group starts at the beginning) is moved there, and its messages of this poll dropped.
+        """
+        polled = await consumer.poll(200, 0.5)
+        behind = {m.tp for m in polled if m.offset < nexts.get(m.tp, 0)}
+        for tp in behind:
+            await consumer.seek(tp, nexts[tp])
+        return [m for m in polled if m.tp not in behind and m.offset < ends.get(m.tp, 0)]
 
     def _finished(self, ends: dict[TopicPartition, int], nexts: dict[TopicPartition, int]) -> bool:
         if self._limit is not None and self.report.selected >= self._limit:

@@ -16,7 +16,7 @@ from pipeline import headers as h
 from pipeline.config import Settings
 from pipeline.envelope import Delivered, Message, Record, TopicPartition
 from pipeline.errors import DeadLetter
-from pipeline.redrive.redrive import Redrive, Report
+from pipeline.redrive.redrive import Redrive, Report, group_name
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
 from pipeline.retry.router import LaneRoutes, RetryRouter
@@ -160,3 +160,22 @@ async def test_a_stopped_redrive_resumes_after_what_it_sent(
     rest = await Redrive(transport, routes.dead_letter_topic, Selection(), rate_per_s=1000).run()
     info = (await transport.admin().list_topics())[routes.topic]
     assert (job.report.moved, rest.moved, info.message_count) == (1, 4, 5)
+
+
+async def test_a_dry_run_counts_only_what_the_redrive_has_still_ahead(
+    transport: Transport, unique: str
+) -> None:
+    """After a partial redrive, a dry run counts what is left, and the redrive then moves it."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    dlq = routes.dead_letter_topic
+    selection = Selection(tenant="globex")
+    partial = await Redrive(transport, dlq, selection, limit=2).run()
+    assert partial.moved == 2
+    real = Redrive(transport, dlq, selection)
+    dry = Redrive(transport, dlq, selection, dry_run=True)
+    assert await dry.total() == await real.total()
+    counted = await dry.run()
+    assert (counted.selected, counted.moved) == (1, 0)
+    dry_group = f"{group_name(dlq, None, selection)}.dry"
+    assert all(p.committed is None for p in await transport.admin().group_lag(dry_group, dlq))
+    assert (await real.run()).moved == 1
