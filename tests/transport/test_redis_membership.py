@@ -255,3 +255,35 @@ async def test_a_member_stalled_past_its_lease_reads_nothing_of_a_partition_take
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_member_that_left_leaves_no_consumer_behind_once_its_entries_are_claimed(
+    transport: RedisStreamsTransport, settings: Settings, unique: str
+) -> None:
+    """A's delivered but unfinished entries go to B; then A's consumers are gone from each stream.
+
+    Before, every member that ever read a stream stayed one of its group's consumers: a crash
+    loop or a day of rolling deploys under fresh names added one per start and stream, forever.
+    """
+    topic, a, b, _ = await two_members(transport, settings, unique, "leave")
+    producer = transport.producer()
+    for i in range(24):
+        await producer.send(topic, f"v{i}".encode(), key=f"k{i}".encode())
+    await producer.close()
+    taken: list[int] = []
+    while len(taken) < 12:  # A's half, delivered and never committed
+        taken += [m.partition for m in await a.poll(100, 0.2)]
+    await a.close()
+    received = []
+    deadline = time.monotonic() + 30
+    while len(received) < 24:
+        assert time.monotonic() < deadline, f"got {len(received)} of 24"
+        received += await b.poll(100, 0.2)
+    try:
+        for p in range(PARTITIONS):
+            stream = b._keys.stream(topic, p)
+            consumers = await transport.client.xinfo_consumers(stream, b._group)
+            assert [c["name"] for c in consumers] == [b.member_id.encode()]
+        assert sorted(int(m.value[1:]) for m in received) == list(range(24))
+    finally:
+        await b.close()

@@ -6,9 +6,12 @@ heartbeat (``pl_heartbeat``), so per-key order holds with several members. Hand-
 cooperative: when a member joins, the current owner is asked to release the partitions that move,
 revokes them through the listener (which may commit) and releases them; the new owner claims them
 at its next heartbeat. A member that dies stops renewing; after ``lease_ms`` its partitions go to
-the others, which first reclaim its pending entries in id order (``XAUTOCLAIM``) before reading
-new ones. Heartbeats are jittered, and the lease spans many heartbeats, so one slow tick never
-moves a partition away from a live member.
+the others, which first reclaim its pending entries in id order (``XAUTOCLAIM``), then delete
+the former owners' consumers, now holding nothing, from the stream's group
+(``pl_forget_consumers``: members that come and go leave nothing behind), before reading new
+ones. Heartbeats
+are jittered, and the lease spans many heartbeats, so one slow tick never moves a partition away
+from a live member.
 """
 
 from __future__ import annotations
@@ -252,8 +255,9 @@ class RedisStreamsConsumer:
                 count=max_messages - len(out),
             )
             cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
-            if cursor == "0-0":
+            if cursor == "0-0":  # every former owner's entry is this member's now
                 del self._reclaim[tp]
+                await self._functions.forget_consumers(stream, self._group, self.member_id)
             else:
                 self._reclaim[tp] = cursor
             live = [(eid, fields) for eid, fields in entries if fields]

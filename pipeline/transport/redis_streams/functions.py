@@ -88,6 +88,14 @@ class Functions(FunctionLibrary):
         )
         return int(released)
 
+    async def forget_consumers(self, stream: str, group: str, member: str) -> int:
+        """Delete ``group``'s consumers of ``stream`` other than ``member`` with nothing pending.
+
+        Called by the partition's owner once it has claimed every pending entry of the former
+        owners; returns how many consumers were deleted.
+        """
+        return int(await self.fcall("pl_forget_consumers", [stream], [group, member]))
+
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value

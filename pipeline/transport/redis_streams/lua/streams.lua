@@ -107,7 +107,27 @@ local function commit(keys, args)
   return refused
 end
 
+-- pl_forget_consumers: delete the consumers of a partition's group that hold nothing pending,
+-- once the partition's owner has claimed every entry they had (former owners: a member that
+-- died, left or restarted under a new name leaves one behind on each stream it read).
+-- KEYS[1] stream {P:T:p}:s   ARGV[1] group   ARGV[2] the owner's member id (kept)
+-- In one step, so a consumer seen with no pending entry cannot be given one before it goes:
+-- nothing delivered leaves the pending list. Returns how many consumers were deleted.
+local function forget_consumers(keys, args)
+  local n = 0
+  for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', keys[1], args[1])) do
+    local fields = {}
+    for i = 1, #consumer, 2 do fields[consumer[i]] = consumer[i + 1] end
+    if fields['name'] ~= args[2] and fields['pending'] == 0 then
+      redis.call('XGROUP', 'DELCONSUMER', keys[1], args[1], fields['name'])
+      n = n + 1
+    end
+  end
+  return n
+end
+
 redis.register_function('pl_produce', produce)
 redis.register_function('pl_commit', commit)
 redis.register_function('pl_heartbeat', heartbeat)
 redis.register_function('pl_release', release)
+redis.register_function('pl_forget_consumers', forget_consumers)
