@@ -44,7 +44,7 @@ from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging
 from pipeline.offload.cli import app as offload_app
-from pipeline.offload.writer import with_offload
+from pipeline.offload.writer import Offloader, topic_policies, with_offload
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
@@ -436,9 +436,11 @@ def redrive(
 
     async def main() -> None:
         settings = _settings(transport)
-        require_dead_letter_topic(dlq, load_specs(settings.topics_dir))
+        specs = load_specs(settings.topics_dir)
+        require_dead_letter_topic(dlq, specs)
         await reach_broker(settings)
         t = create_transport(settings)
+        policies = topic_policies(specs)
         job = Redrive(
             t,
             dlq,
@@ -448,6 +450,7 @@ def redrive(
             rate_per_s=rate_per_s,
             max_redrives=max_redrives,
             dry_run=dry_run,
+            offloader=Offloader(policies) if policies else None,  # day-old payloads kept
         )
         try:
             total = await job.total()

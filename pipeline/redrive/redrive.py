@@ -29,6 +29,7 @@ from pipeline import headers as h
 from pipeline import tracing
 from pipeline.envelope import Message, Position, Record, TopicPartition
 from pipeline.errors import ConfigError
+from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Admin, Consumer, Producer, Transport
@@ -138,8 +139,14 @@ class Redrive:
         rate_per_s: float | None = None,
         max_redrives: int = 3,
         dry_run: bool = False,
+        offloader: Offloader | None = None,
     ) -> None:
-        """Configure the run; :meth:`run` does it."""
+        """Configure the run; :meth:`run` does it.
+
+        ``offloader`` (the lanes' offload policies): a redriven reference's object last written
+        a day ago or more is written again before the reference goes back
+        (:meth:`~pipeline.offload.writer.Offloader.keep`), so the payload purge keeps it.
+        """
         self._transport = transport
         self._dlq = dlq
         self._selection = selection
@@ -148,6 +155,7 @@ class Redrive:
         self._interval_s = 1 / rate_per_s if rate_per_s else 0.0
         self._max_redrives = max_redrives
         self._dry_run = dry_run
+        self._offloader = offloader
         self.report = Report()
 
     async def total(self) -> int:
@@ -190,6 +198,8 @@ class Redrive:
         ends = {tp: end for tp, (first, end) in starts.items() if first < end}
         consumer = self._transport.consumer(group, [self._dlq])
         producer = self._transport.producer()
+        if self._offloader is not None:
+            producer = OffloadingProducer(producer, self._offloader)
         try:
             while not self._finished(ends, nexts):
                 batch = _Batch(await self._poll(consumer, nexts, ends))

@@ -7,10 +7,12 @@ that cannot read a reference refuses it; a deleted object is a ``payload_missing
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from pipeline.offload.lazy import LazyPayload, read_body
 from pipeline.offload.rows import offload_row
 from pipeline.offload.store import open_store
 from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
-from pipeline.redrive.redrive import Redrive
+from pipeline.redrive.redrive import Redrive, group_name
 from pipeline.redrive.select import Selection
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
@@ -264,6 +266,63 @@ async def test_a_retry_copy_of_a_2_day_old_reference_writes_its_object_again(
         assert path.stat().st_mtime > two_days_ago + 86_400  # written again before the copy
         assert path.read_bytes() == payload
         await transport.admin().delete_group(group, spec.topic_names())
+
+
+async def test_the_redrive_command_writes_a_2_day_old_object_again(
+    tmp_path: Path, transport: Transport, redis: Redis, unique: str
+) -> None:
+    """`pipeline redrive` sends the dead letter's reference back once its object is recent.
+
+    Before, the redriven copy pointed to an object last written 2 days before it went out, so
+    the purge, which keeps what the oldest copy held may need, could delete it under the copy.
+    """
+    store_url = f"file://{tmp_path}/payloads"
+    doc = {
+        "name": f"redrive_{unique}",
+        "partitions": 2,
+        "retry": {"tiers": ["200ms"], "max_attempts": 2},
+        "offload": {"above": "256KiB", "store": store_url},
+    }
+    spec = TopicSpec.model_validate(doc)
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    (topics / "lane.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    payload = b"r" * 300_000
+    path = tmp_path / "payloads" / ref.key_for(hashlib.sha256(payload).hexdigest())
+    async with declared(transport, redis, unique, spec):
+        producer = OffloadingProducer(transport.producer(), Offloader(topic_policies([spec])))
+        origin = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"exhausted"}
+        await producer.send(spec.dead_letter, payload, key=b"k", headers=origin)
+        await producer.close()
+        two_days_ago = time.time() - 2 * 86_400
+        os.utime(path, (two_days_ago, two_days_ago))
+        env = {
+            **os.environ,
+            "PIPELINE_TOPICS_DIR": str(topics),
+            "PIPELINE_TRANSPORT": "kafka" if "Kafka" in type(transport).__name__ else "redis",
+        }
+        command = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pipeline",
+            "redrive",
+            spec.dead_letter,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(command.communicate(), 120)
+        admin = transport.admin()
+        redrive_group = group_name(spec.dead_letter, None, Selection.typed_as())
+        await admin.delete_group(redrive_group, [spec.dead_letter])
+        assert command.returncode == 0, stderr.decode()
+        reader = transport.consumer(f"check-{unique}", [spec.name])
+        (back,) = await consume_until(reader, lambda r: len(r) >= 1)
+        await reader.close()
+        await admin.delete_group(f"check-{unique}", [spec.name])
+        assert back.headers[ref.SHA256] == hashlib.sha256(payload).hexdigest().encode()
+        assert path.stat().st_mtime > two_days_ago + 86_400  # written again before the copy
+        assert path.read_bytes() == payload
 
 
 class Upload(BaseModel):
