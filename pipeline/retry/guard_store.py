@@ -376,9 +376,10 @@ class GuardStore:
     ) -> dict[TopicPartition, tuple[int, dict[str, tuple[int, int]]]]:
         """The partitions were assigned here: become their owner and claim them (``gd_take``).
 
-        ``ranges`` holds, per partition, ``lo`` and the least ``hi`` to claim; the claim reaches
-        up to the top of every other process's claim too. Returns per partition the ``hi``
-        claimed and those other claims (instance -> (lo, hi)), read in the same step.
+        ``ranges`` holds, per partition, ``lo`` (its committed position) and the least ``hi``
+        to claim; the claim reaches up to the top of every other process's claim too. Returns
+        per partition the ``hi`` claimed and those other claims (instance -> (lo, hi)), read in
+        the same step. Other claims wholly below ``lo`` (finished work) are deleted instead.
         Raises redis errors: the caller decides how to fail open.
         """
         tps = list(ranges)

@@ -769,3 +769,26 @@ async def test_a_key_whose_parking_calls_timed_out_is_asked_for_after_a_reading(
     await a.extend([follower])
     assert await a.run(lane, follower) == "parked"  # held behind its head, not run unasked
     assert b"y" not in runs
+
+
+async def test_claims_below_the_committed_position_are_deleted_when_the_partition_is_taken(
+    redis: Redis, prefix: str, unique: str
+) -> None:
+    """A crashed process's claim of finished offsets goes at the next assignment; others stay.
+
+    A process that crashes never gives its claim up, and the owner's renewals keep the hash from
+    expiring: before, every crash of a crash loop left one more field, read back and waited on
+    at every later assignment.
+    """
+    spec = lane_spec(f"prune_{unique}", 1, retry={"tiers": ["1s"]})
+    tp = TopicPartition(spec.name, 0)
+    owner = lane_guards(redis, prefix, [spec])[spec.lane]
+    key = owner.keys.claims(spec.name, 0)
+    # What a crash loop leaves: claims no process gives up, the last one's still running.
+    left = {f"dead-{n}": f"{50 * n}|{50 * n + 49}" for n in range(4)}
+    await redis.hset(key, mapping={**left, "@owner": "dead-3"})
+    (hi, others) = (await owner.take_claims({tp: (120, 169)}))[tp]
+    assert others == {"dead-2": (100, 149), "dead-3": (150, 199)}  # reaching the commit or past
+    assert hi == 199
+    fields = {k.decode() for k in await redis.hkeys(key)}
+    assert fields == {"@owner", owner.instance, "dead-2", "dead-3"}

@@ -613,6 +613,9 @@ local OWNER = '@owner'
 -- Claims lo..hi, hi the larger of least hi and the top of every other process's claim, in the
 -- same step as it reads those claims: a process that took the partition earlier is seen here,
 -- one that takes it later sees this claim. Returns per key {hi, {instance, "lo|hi", ...}}.
+-- lo is the partition's committed position: a claim wholly below it covers only finished
+-- work, so it is deleted here, not returned (a process that crashed never gives its claim up,
+-- and a renewed hash never expires: a crash loop would grow it by one field a start).
 local function take(keys, args)
   local me, ttl = args[1], args[2]
   local out = {}
@@ -623,7 +626,9 @@ local function take(keys, args)
     for j = 1, #flat, 2 do
       local who, claimed = flat[j], flat[j + 1]
       local top = tonumber(string.match(claimed, '^%-?%d+|(%-?%d+)$') or '')
-      if who ~= OWNER and who ~= me and top then
+      if who ~= OWNER and who ~= me and top and top < lo then
+        redis.call('HDEL', key, who)
+      elseif who ~= OWNER and who ~= me and top then
         if top > hi then hi = top end
         others[#others + 1] = who
         others[#others + 1] = claimed
