@@ -47,6 +47,8 @@ class SweepReport:
     abandoned: int = 0
     failed: int = 0
     patient_lanes: tuple[str, ...] = ()
+    finished: bool = True
+    """False for a sweep that raised part way: its rows count, its run does not."""
 
     def add(self, other: SweepReport) -> None:
         """Add ``other``'s counts to this report."""
@@ -72,8 +74,8 @@ class Sweeper:
     ) -> None:
         """Sweep ``log_store``; ``lane_topics`` lists the topics of every lane it may replay.
 
-        ``on_sweep`` is told each finished sweep (the heartbeat metric that shows the sweeper
-        is alive).
+        ``on_sweep`` is told each sweep (the rows metric, and for a ``finished`` one the
+        heartbeat that shows the sweeper is alive).
         """
         self._log = log_store
         self._producer = producer
@@ -85,13 +87,20 @@ class Sweeper:
         self.on_sweep = on_sweep
 
     async def sweep_once(self) -> SweepReport:
-        """One full sweep: unproduced rows, then unprocessed ones past patience."""
+        """One full sweep: unproduced rows, then unprocessed ones past patience.
+
+        A sweep that raises part way (the log store or broker gone) still adds the rows it
+        acted on to :attr:`totals` and tells ``on_sweep``, marked not ``finished``, then raises.
+        """
         report = SweepReport()
-        await self._produce_unproduced(report)
-        await self._replay_unprocessed(report)
-        self.totals.add(report)
-        if self.on_sweep is not None:
-            self.on_sweep(report)
+        try:
+            await self._produce_unproduced(report)
+            await self._replay_unprocessed(report)
+        except BaseException:
+            report.finished = False
+            self._count(report)
+            raise
+        self._count(report)
         if report.produced or report.replayed or report.abandoned or report.failed:
             log.info(
                 "sweep: produced %d, replayed %d, abandoned %d, failed %d; patient lanes: %s",
@@ -102,6 +111,11 @@ class Sweeper:
                 ", ".join(report.patient_lanes) or "none",
             )
         return report
+
+    def _count(self, report: SweepReport) -> None:
+        self.totals.add(report)
+        if self.on_sweep is not None:
+            self.on_sweep(report)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every ``interval_s`` until ``stop`` is set; a failed sweep is logged, not fatal."""

@@ -246,8 +246,14 @@ class SweeperMetrics:
         self._rows = metrics.counter(m.SWEEPER_ROWS)
         self._clock = clock
 
-    def swept(self, *, produced: int, replayed: int, abandoned: int, failed: int) -> None:
-        """A sweep finished (successfully or not) having acted on these rows."""
+    def swept(
+        self, *, produced: int, replayed: int, abandoned: int, failed: int, finished: bool = True
+    ) -> None:
+        """A sweep acted on these rows; only a ``finished`` one (it did not raise) stamps its run.
+
+        A sweep that keeps failing (its log store gone) so leaves the last-run time behind, and
+        the sweeper's staleness alert fires, while the rows it did act on are still counted.
+        """
         for action, count in (
             ("produced", produced),
             ("replayed", replayed),
@@ -255,7 +261,8 @@ class SweeperMetrics:
             ("failed", failed),
         ):
             self._rows.labels(action).inc(count)
-        self._last_run.set(self._clock())
+        if finished:
+            self._last_run.set(self._clock())
 
 
 class LagMetrics:

@@ -50,6 +50,7 @@ class SweepCounts(Protocol):
     replayed: int
     abandoned: int
     failed: int
+    finished: bool
 
 
 def ingress_sources(
@@ -81,7 +82,7 @@ def member_sources(
 
 
 def sweeper_heartbeat(metrics: Metrics) -> Callable[[SweepCounts], None]:
-    """A sweeper ``on_sweep`` callback: counts its rows and stamps its last run."""
+    """A sweeper ``on_sweep`` callback: counts its rows; a finished sweep stamps its last run."""
     facade = SweeperMetrics(metrics)
 
     def on_sweep(report: SweepCounts) -> None:
@@ -90,6 +91,7 @@ def sweeper_heartbeat(metrics: Metrics) -> Callable[[SweepCounts], None]:
             replayed=report.replayed,
             abandoned=report.abandoned,
             failed=report.failed,
+            finished=report.finished,
         )
 
     return on_sweep

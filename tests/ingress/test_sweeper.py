@@ -21,11 +21,14 @@ from logstore.helpers import FakeClock, new_row
 
 from pipeline.config import Settings, SweeperSettings
 from pipeline.envelope import Message
+from pipeline.errors import TransportError
 from pipeline.ingress import headers as h
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.observability.metrics import Metrics
+from pipeline.observability.wiring import sweeper_heartbeat
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
@@ -235,3 +238,45 @@ async def test_a_sweeper_looping_on_its_own_serves_its_heartbeat(
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+class _Unreachable:
+    """A backlog reading whose group lag fails, as with the broker gone after the first phase."""
+
+    async def is_backlogged(self, lane: str) -> bool:
+        """The broker does not answer."""
+        raise TransportError(f"lag of {lane!r}: broker unavailable")
+
+
+async def test_a_sweep_that_fails_part_way_counts_the_rows_it_produced(
+    store: SqliteLogStore, redis: Transport, clock: FakeClock, unique: str
+) -> None:
+    """Five rows produced, then the replay phase fails: they count, the run is not stamped.
+
+    Before, the report of a sweep that raised was dropped: rows it had produced were in neither
+    the totals nor ``pipeline_sweeper_rows_total``. Its last-run time stays behind, so a sweeper
+    that keeps failing still raises the staleness alert.
+    """
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 1)
+    for n in range(5):
+        await store.insert(new_row(n, clock, topic=topic, lane="messages"))
+    clock.advance(61)
+    metrics = Metrics()
+    sweeper = Sweeper(
+        store,
+        redis.producer(),
+        _Unreachable(),
+        {"messages": [topic]},
+        SETTINGS,
+        clock=clock,
+        on_sweep=sweeper_heartbeat(metrics),
+    )
+    with pytest.raises(TransportError, match="broker unavailable"):
+        await sweeper.sweep_once()
+    assert sweeper.totals.produced == 5
+    rows = metrics.registry.get_sample_value("pipeline_sweeper_rows_total", {"action": "produced"})
+    assert rows == 5
+    stamped = metrics.registry.get_sample_value("pipeline_sweeper_last_run_timestamp_seconds")
+    assert stamped == 0  # never stamped
+    await drain(redis, topic, f"g-{unique}", 5)
