@@ -17,7 +17,8 @@ DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 # PromQL words that look like metric names: functions, aggregations, keywords, modifiers.
 PROMQL_WORDS = {
     "abs", "absent", "and", "avg", "bool", "by", "count", "delta", "deriv", "group_left",
-    "group_right", "histogram_quantile", "ignoring", "increase", "irate", "max", "min",
+    "group_right", "histogram_quantile", "ignoring", "increase", "irate", "label_replace",
+    "max", "min",
     "offset", "on", "or", "rate", "sum", "time", "topk", "unless", "without",
 }  # fmt: skip
 
@@ -104,3 +105,25 @@ def test_metric_name_parser_ignores_labels_functions_and_durations():
         "pipeline_dead_letters_total",
         "pipeline_sweeper_last_run_timestamp_seconds",
     }
+
+
+def test_slot_saturation_is_judged_per_fleet():
+    """The fleet is the pod name without its suffix: each consumer Deployment is judged alone.
+
+    Before, one average over every member let a saturated fleet hide behind idle ones.
+    """
+    (rule,) = [r for r in rules() if r["alert"] == "PipelineWorkerSlotsSaturated"]
+    assert rule["expr"].startswith("avg by (fleet)")
+    pattern = re.search(r'"pod", "([^"]+)"', rule["expr"])
+    assert pattern is not None
+    fleet = re.compile(pattern.group(1))  # Prometheus anchors it; Go's RE2 matches as re here
+    for pod, expected in (
+        ("consumer-messages-7d9f8c6b5-x2k4q", "consumer-messages"),
+        ("consumer-ai-turns-5c8b7d6f4-abcde", "consumer-ai-turns"),
+        ("consumer-ai-turns-0", "consumer-ai-turns"),
+        ("consumer-engagement-12", "consumer-engagement"),
+    ):
+        match = fleet.fullmatch(pod)
+        assert match is not None, pod
+        assert match.group(1) == expected, pod
+    assert fleet.fullmatch("laptop") is None  # no fleet label: one fleet ""
