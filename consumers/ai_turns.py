@@ -31,7 +31,7 @@ from pipeline.errors import Retry
 from pipeline.runtime import App, Context
 
 log = logging.getLogger(__name__)
-app = App("topics")
+app = App()  # the lanes of PIPELINE_TOPICS_DIR (default topics/)
 
 MODEL_TIMEOUT_S = 2.0
 """How long a model call may take before it is abandoned and the turn retried."""

@@ -35,7 +35,7 @@ from pipeline.errors import DeadLetter
 from pipeline.runtime import App, Context
 
 log = logging.getLogger(__name__)
-app = App("topics")
+app = App()  # the lanes of PIPELINE_TOPICS_DIR (default topics/)
 
 _MEDIAN_LATENCY_S = 0.04
 _LATENCY_SIGMA = 0.4

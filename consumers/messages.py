@@ -26,7 +26,7 @@ from pipeline.errors import DeadLetter, Retry
 from pipeline.runtime import App, Context
 
 log = logging.getLogger(__name__)
-app = App("topics")
+app = App()  # the lanes of PIPELINE_TOPICS_DIR (default topics/)
 
 
 class MessageReceived(BaseModel):

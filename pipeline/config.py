@@ -552,6 +552,23 @@ def _not_json(known: dict[str, Any]) -> str:
     return "a PIPELINE_* variable that holds JSON is not valid JSON"
 
 
+class _TopicsDirOnly(BaseSettings):
+    """``PIPELINE_TOPICS_DIR`` read alone, the rest of the environment ignored."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    topics_dir: Path = Settings.model_fields["topics_dir"].default
+
+
+def topics_dir() -> Path:
+    """Where the topic declarations are (``PIPELINE_TOPICS_DIR``, default ``topics``).
+
+    Read alone, so an application that only needs its lanes (``App()``) neither validates nor
+    warns about the other settings; ``pipeline topics apply`` and every command read the same.
+    """
+    return _TopicsDirOnly().topics_dir
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build :class:`Settings` from the environment plus ``overrides``.
 

@@ -2,7 +2,7 @@
 
 ::
 
-    app = App()                       # reads topics/*.yaml
+    app = App()                       # reads $PIPELINE_TOPICS_DIR/*.yaml (default topics/)
 
     @app.handler("messages")
     async def handle(event: MessageReceived, ctx: Context) -> None:
@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from pipeline.cancel import Target, cancel
+from pipeline.config import topics_dir
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, DeadLetter
 from pipeline.registry.errors import SerdeError
@@ -104,11 +105,18 @@ class App:
 
     def __init__(
         self,
-        topics: Path | str | Sequence[TopicSpec] = "topics",
+        topics: Path | str | Sequence[TopicSpec] | None = None,
         *,
         retryable: Retryable = default_retryable,
     ) -> None:
-        """Read the lane declarations (a directory of yaml files, or specs directly)."""
+        """Read the lane declarations (a directory of yaml files, or specs directly).
+
+        Without ``topics``, the directory every command reads: ``PIPELINE_TOPICS_DIR``
+        (default ``topics``), so the lanes a member serves are the ones ``pipeline topics
+        apply`` declared.
+        """
+        if topics is None:
+            topics = topics_dir()
         specs = load_specs(Path(topics)) if isinstance(topics, (str, Path)) else list(topics)
         check_lanes(specs)
         self._specs = {spec.lane: spec for spec in specs}
