@@ -5,6 +5,12 @@ routed to, with their original key, event id and body; each replay increments th
 ``replay_count`` (sent as the ``replay-count`` header) and marks it produced again, so a replayed
 abandoned row is watched by the sweeper once more. Consumers deduplicate on the event id, so
 replaying a row that was in fact processed is harmless. A dry run only counts the selection.
+
+The pages stop at the selection's last id when the replay starts, and each begins after the last
+id of the one before (ids are unique: no row is read twice or passed over). A row that arrives
+while the replay runs is left out; one that leaves the selection meanwhile (processed by a
+consumer) is skipped without letting another in; one that joins it below the bound (abandoned
+by the sweeper) is taken if its page is still ahead. Only ids are compared, never clocks.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.ingress.republish import produce_rows
 from pipeline.logstore import LogStore, RowState, Selection
@@ -88,6 +94,12 @@ async def replay(
         dry_run: count only.
         progress: called with the number of rows just handled.
     """
+    last_id = await log_store.last_id(selection)
+    if last_id is None:
+        return ReplaySummary({}, dry_run=dry_run)
+    # The bound is a row id, fixed now: the pages stop there whatever arrives, joins or leaves
+    # the selection meanwhile (a row count taken now would stop short or run past it then).
+    selection = replace(selection, through_id=last_id)
     summary = ReplaySummary(await log_store.count_by_state(selection), dry_run=dry_run)
     if dry_run or producer is None or not summary.total:
         return summary
@@ -95,13 +107,11 @@ async def replay(
     # A page holds a tenth of a second of the rate, so the rate holds at that granularity.
     page_size = max(1, min(_PAGE, int(rate_per_s / 10))) if rate_per_s else _PAGE
     after_id = ""
-    remaining = summary.total  # rows that arrive after the start are not replayed
-    while remaining > 0:
-        rows = await log_store.select(selection, after_id=after_id, limit=min(page_size, remaining))
+    while True:
+        rows = await log_store.select(selection, after_id=after_id, limit=page_size)
         if not rows:
             break
         after_id = rows[-1].id
-        remaining -= len(rows)
         await pacer.wait(len(rows))
         outcome = await produce_rows(producer, rows, replay=True)
         await log_store.mark_replayed([row.id for row in outcome.delivered])
@@ -110,4 +120,6 @@ async def replay(
         summary.failed.update(type(exc).__name__ for _, exc in outcome.failed)
         if progress is not None:
             progress(len(rows))
+        if len(rows) < page_size:
+            break
     return summary

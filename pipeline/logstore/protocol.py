@@ -112,6 +112,9 @@ class Selection:
         until_ms: only rows received before this time (ms since the epoch).
         states: only rows in one of these states.
         ids: only these row ids.
+        through_id: only rows whose id sorts at or below this one; a replay sets it to the
+            selection's last id when it starts (:meth:`ReplayLog.last_id`), so that what
+            arrives or joins the selection above it while the replay runs is left out.
     """
 
     source: str | None = None
@@ -120,6 +123,7 @@ class Selection:
     until_ms: int | None = None
     states: tuple[RowState, ...] = ()
     ids: tuple[str, ...] = field(default=())
+    through_id: str | None = None
 
 
 class IngressLog(Protocol):
@@ -196,6 +200,10 @@ class ReplayLog(Protocol):
 
     async def select(self, selection: Selection, *, after_id: str = "", limit: int) -> list[LogRow]:
         """Up to ``limit`` rows of ``selection`` with ids above ``after_id``, in id order."""
+        ...
+
+    async def last_id(self, selection: Selection) -> str | None:
+        """The highest id of ``selection`` (in the order :meth:`select` pages), or None if empty."""
         ...
 
     async def count_by_state(self, selection: Selection) -> dict[RowState, int]:

@@ -147,6 +147,12 @@ class Statements:
         ).format(columns=COLUMNS, table=self.table, clause=clause)
         return query, params
 
+    def last_id(self, selection: Selection) -> tuple[sql.Composed, list[object]]:
+        """The highest id of ``selection`` (none: no row)."""
+        clause, params = _where(selection)
+        query = sql.SQL("SELECT id FROM {table} WHERE {clause} ORDER BY id DESC LIMIT 1")
+        return query.format(table=self.table, clause=clause), params
+
     def count_by_state(self, selection: Selection) -> tuple[sql.Composed, list[object]]:
         """Row counts per state of ``selection``."""
         clause, params = _where(selection)
@@ -172,4 +178,7 @@ def _where(selection: Selection) -> tuple[sql.Composable, list[object]]:
     if selection.ids:
         clauses.append(sql.SQL("id = ANY(%s)"))
         params.append(list(selection.ids))
+    if selection.through_id is not None:
+        clauses.append(sql.SQL("id <= %s"))
+        params.append(selection.through_id)
     return sql.SQL(" AND ").join(clauses), params

@@ -221,6 +221,12 @@ class PostgresLogStore:
         query, params = self._sql.select(selection)
         return [_row(r) for r in await self._fetch(query, [*params, after_id, limit])]
 
+    async def last_id(self, selection: Selection) -> str | None:
+        """The highest id of ``selection``, or None."""
+        query, params = self._sql.last_id(selection)
+        rows = await self._fetch(query, params)
+        return str(rows[0][0]) if rows else None
+
     async def count_by_state(self, selection: Selection) -> dict[RowState, int]:
         """Rows of ``selection`` per state."""
         query, params = self._sql.count_by_state(selection)

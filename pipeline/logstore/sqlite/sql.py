@@ -164,6 +164,9 @@ def where(selection: Selection) -> tuple[str, list[object]]:
     if selection.ids:
         clauses.append(f"id IN ({', '.join('?' * len(selection.ids))})")
         params.extend(selection.ids)
+    if selection.through_id is not None:
+        clauses.append("id <= ?")
+        params.append(selection.through_id)
     return " AND ".join(clauses), params
 
 
@@ -174,6 +177,12 @@ def select(selection: Selection) -> tuple[str, list[object]]:
         f"SELECT {COLUMNS} FROM ingress_log WHERE {clause} AND id > ? ORDER BY id LIMIT ?",  # noqa: S608
         params,
     )
+
+
+def last_id(selection: Selection) -> tuple[str, list[object]]:
+    """The highest id of ``selection`` (none: no row)."""
+    clause, params = where(selection)
+    return f"SELECT id FROM ingress_log WHERE {clause} ORDER BY id DESC LIMIT 1", params  # noqa: S608
 
 
 def count_by_state(selection: Selection) -> tuple[str, list[object]]:

@@ -314,6 +314,12 @@ class SqliteLogStore:
         rows = await self._read(lambda: self._r.execute(statement, [*params, after_id, limit]))
         return [_row(r) for r in rows.fetchall()]
 
+    async def last_id(self, selection: Selection) -> str | None:
+        """The highest id of ``selection``, or None."""
+        statement, params = sql.last_id(selection)
+        found = await self._read(lambda: self._r.execute(statement, params).fetchone())
+        return str(found[0]) if found is not None else None
+
     async def count_by_state(self, selection: Selection) -> dict[RowState, int]:
         """Rows of ``selection`` per state."""
         statement, params = sql.count_by_state(selection)
