@@ -232,7 +232,11 @@ async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:
 
 
 def _when(value: str | None, option: str) -> int | None:
-    """Milliseconds since the epoch from ISO 8601 or a duration ago (``2h``, ``7d``)."""
+    """Milliseconds since the epoch from ISO 8601 or a duration ago (``2h``, ``7d``).
+
+    An ISO time must say its zone (``Z``, ``+02:00``): one without is refused, as
+    ``pipeline redrive`` refuses it, rather than read as UTC or as this machine's local time.
+    """
     if value is None:
         return None
     try:
@@ -247,7 +251,9 @@ def _when(value: str | None, option: str) -> int | None:
             f"got {value!r}"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
+        raise ConfigError(
+            f"{option}: give the time zone, e.g. {moment.isoformat()}+00:00 for UTC (got {value!r})"
+        )
     return int(moment.timestamp() * 1000)
 
 
@@ -264,8 +270,12 @@ def _rate(value: str | None) -> float | None:
 def replay_command(
     source: Annotated[str | None, typer.Option(help="Only this source.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
-    since: Annotated[str | None, typer.Option(help="Received at/after (ISO 8601 or 2h).")] = None,
-    until: Annotated[str | None, typer.Option(help="Received before (ISO 8601 or 2h).")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Received at/after (ISO 8601 with a zone, or 2h).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Received before (ISO 8601 with a zone, or 2h).")
+    ] = None,
     state: Annotated[list[RowState] | None, typer.Option(help="Only rows in this state.")] = None,
     row_id: Annotated[list[str] | None, typer.Option("--id", help="Only this row id.")] = None,
     rate: Annotated[str | None, typer.Option(help="Most rows per second, e.g. 100/s.")] = None,
@@ -386,7 +396,9 @@ def _print_summary(summary: ReplaySummary) -> None:
 
 @ops_app.command("purge")
 def purge_command(
-    older_than: Annotated[str, typer.Option(help="Received longer ago than this (30d).")] = "30d",
+    older_than: Annotated[
+        str, typer.Option(help="Received before this: an age (30d) or ISO 8601 with a zone.")
+    ] = "30d",
     state: Annotated[
         list[RowState] | None, typer.Option(help="States to purge (default: processed, abandoned).")
     ] = None,
