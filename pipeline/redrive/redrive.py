@@ -163,7 +163,11 @@ class Redrive:
 
         Expired or trimmed messages are not counted: no run can read them.
         """
-        starts = await self._starts(self._transport.admin())
+        admin = self._transport.admin()
+        try:
+            starts = await self._starts(admin)
+        finally:
+            await admin.close()
         return sum(end - first for first, end in starts.values())
 
     def _group(self) -> str:
@@ -190,6 +194,13 @@ class Redrive:
         already produced before it propagates, so the next run does not send that again.
         """
         admin = self._transport.admin()
+        try:
+            await self._run(admin, progress)
+        finally:
+            await admin.close()
+        return self.report
+
+    async def _run(self, admin: Admin, progress: Callable[[int], None] | None) -> None:
         group = self._group()
         # Read each partition from this redrive's position up to the end seen now; one holding
         # nothing from there on (its messages expired) is not waited for.
@@ -215,7 +226,6 @@ class Redrive:
             await producer.close()
             if self._dry_run:
                 await admin.delete_group(group, [self._dlq])
-        return self.report
 
     async def _poll(
         self, consumer: Consumer, nexts: dict[TopicPartition, int], ends: dict[TopicPartition, int]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition as KafkaPartition
@@ -20,7 +21,7 @@ from pipeline.redrive.redrive import Redrive, Report, group_name
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
 from pipeline.retry.router import LaneRoutes, RetryRouter
-from pipeline.transport.protocol import Producer, Transport
+from pipeline.transport.protocol import Admin, Producer, Transport
 from pipeline.transport.redis_streams.keys import Keys, entry_id
 
 
@@ -179,3 +180,37 @@ async def test_a_dry_run_counts_only_what_the_redrive_has_still_ahead(
     dry_group = f"{group_name(dlq, None, selection)}.dry"
     assert all(p.committed is None for p in await transport.admin().group_lag(dry_group, dlq))
     assert (await real.run()).moved == 1
+
+
+class _Closing:
+    """An admin client that notes whether it was closed."""
+
+    def __init__(self, admin: Admin, made: list[_Closing]) -> None:
+        self._admin = admin
+        self.closed = False
+        made.append(self)
+
+    async def close(self) -> None:
+        """Close the real client and note it."""
+        self.closed = True
+        await self._admin.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._admin, name)
+
+
+async def test_the_admin_clients_of_a_redrive_are_closed(
+    transport: Transport, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin clients that the total and the run open are closed when they are done."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    made: list[_Closing] = []
+    admin = transport.admin
+    with monkeypatch.context() as patch:
+        patch.setattr(transport, "admin", lambda: _Closing(admin(), made))
+        for dry_run in (True, False):
+            job = Redrive(transport, routes.dead_letter_topic, Selection(), dry_run=dry_run)
+            await job.total()
+            await job.run()
+    assert len(made) == 4
+    assert all(client.closed for client in made)
