@@ -11,8 +11,9 @@ committed after each produced batch, and a stop (cancellation, Ctrl-C) in the mi
 commits what was already produced, so an interrupted redrive run again with the same arguments
 continues where it stopped: nothing is moved twice, except the one batch in flight if the
 process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
-from the DLQ are neither waited for nor counted. A dry run counts from the position of the
-redrive it previews, with a group of its own that it deletes afterwards.
+from the DLQ, before the run or while it runs, are neither waited for nor counted. A dry run
+counts from the position of the redrive it previews, with a group of its own that it deletes
+afterwards.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ _DROPPED_HEADERS = {
     h.ORIGIN_OFFSET,
 }
 REDRIVEN_FROM = "pl-redriven-from"
+_RECHECK_S = 2.0
+"""How often at most a run whose polls bring nothing asks which messages the DLQ still holds."""
 
 
 @dataclass
@@ -211,10 +214,14 @@ class Redrive:
         producer = self._transport.producer()
         if self._offloader is not None:
             producer = OffloadingProducer(producer, self._offloader)
+        checked = time.monotonic()
         try:
             while not self._finished(ends, nexts):
                 batch = _Batch(await self._poll(consumer, nexts, ends))
                 if not batch.messages:
+                    if time.monotonic() - checked >= _RECHECK_S:
+                        await self._skip_expired(admin, nexts, ends)
+                        checked = time.monotonic()
                     continue
                 handled = await self._settle(batch, consumer, producer, nexts)
                 if progress:
@@ -226,6 +233,20 @@ class Redrive:
             await producer.close()
             if self._dry_run:
                 await admin.delete_group(group, [self._dlq])
+
+    async def _skip_expired(
+        self, admin: Admin, nexts: dict[TopicPartition, int], ends: dict[TopicPartition, int]
+    ) -> None:
+        """Move each partition waited for past the messages that expired since the run began.
+
+        Asked only when a poll brought nothing (at most every ``_RECHECK_S``): a partition whose
+        messages from its next offset on were trimmed or expired in the meantime delivers
+        nothing more below its end, so it is read from its first message still held, or, with
+        none left below its end, no longer waited for.
+        """
+        for tp, (first, _) in (await self._starts(admin)).items():
+            if tp in ends and nexts[tp] < first:
+                nexts[tp] = min(first, ends[tp])
 
     async def _poll(
         self, consumer: Consumer, nexts: dict[TopicPartition, int], ends: dict[TopicPartition, int]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from pipeline.redrive.redrive import Redrive, Report, group_name
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
 from pipeline.retry.router import LaneRoutes, RetryRouter
-from pipeline.transport.protocol import Admin, Producer, Transport
+from pipeline.transport.protocol import Admin, Consumer, Producer, Transport
 from pipeline.transport.redis_streams.keys import Keys, entry_id
 
 
@@ -180,6 +180,52 @@ async def test_a_dry_run_counts_only_what_the_redrive_has_still_ahead(
     dry_group = f"{group_name(dlq, None, selection)}.dry"
     assert all(p.committed is None for p in await transport.admin().group_lag(dry_group, dlq))
     assert (await real.run()).moved == 1
+
+
+class _ExpireAtFirstPoll:
+    """A consumer that makes records of the DLQ disappear just before its first poll.
+
+    The run has read the partitions' ends by then: the records expire in the middle of it.
+    """
+
+    def __init__(self, consumer: Consumer, expire: Callable[[], Awaitable[None]]) -> None:
+        self._consumer = consumer
+        self._expire: Callable[[], Awaitable[None]] | None = expire
+
+    async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
+        """Expire the records once, then poll the real consumer."""
+        if self._expire is not None:
+            expire, self._expire = self._expire, None
+            await expire()
+        return await self._consumer.poll(max_messages, timeout_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+async def test_dead_letters_expiring_during_a_run_are_not_waited_for(
+    transport: Transport, settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records trimmed after the run read the ends, all or the first of them, do not hold it."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    dlq = routes.dead_letter_topic
+    gone, cut = await transport.admin().group_lag(f"nobody-{unique}", dlq)
+    assert (gone.end, cut.end) == (3, 3)
+
+    async def expire() -> None:
+        await _expire(transport, settings, gone.tp, gone.end)
+        await _expire(transport, settings, cut.tp, 1)
+
+    consumer = transport.consumer
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            transport, "consumer", lambda *a, **kw: _ExpireAtFirstPoll(consumer(*a, **kw), expire)
+        )
+        job = Redrive(transport, dlq, Selection())
+        assert await job.total() == 6
+        report = await asyncio.wait_for(job.run(), 60)
+    assert (report.scanned, report.moved) == (2, 2)
+    assert (await Redrive(transport, dlq, Selection()).run()).scanned == 0
 
 
 class _Closing:
