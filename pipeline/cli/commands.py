@@ -420,7 +420,7 @@ def redrive(
         int, typer.Option("--max-redrives", min=1, help="Refuse messages redriven this often.")
     ] = 3,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Count and show failure reasons only.")
+        bool, typer.Option("--dry-run", help="Count what is still ahead, by reason; move nothing.")
     ] = False,
     transport: TransportOpt = None,
 ) -> None:

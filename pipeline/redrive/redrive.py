@@ -13,7 +13,9 @@ continues where it stopped: nothing is moved twice, except the one batch in flig
 process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
 from the DLQ, before the run or while it runs, are neither waited for nor counted. A dry run
 counts from the position of the redrive it previews, with a group of its own that it deletes
-afterwards.
+afterwards. One a killed dry run left behind does not change what the next one counts: it
+holds no committed position (a dry run commits nothing), on Redis Streams its pending entries
+are read again in order, and whatever comes below the redrive's position is skipped by a seek.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from confluent_kafka import TopicPartition as KafkaPartition
 from confluent_kafka.admin import AdminClient
 from contract.helpers import consume_until
 from redis.asyncio import Redis
-from runtime.helpers import declare, lane_spec
+from runtime.helpers import declare, lane_spec, produce
 
 from pipeline import headers as h
 from pipeline.config import Settings
@@ -226,6 +226,32 @@ async def test_dead_letters_expiring_during_a_run_are_not_waited_for(
         report = await asyncio.wait_for(job.run(), 60)
     assert (report.scanned, report.moved) == (2, 2)
     assert (await Redrive(transport, dlq, Selection()).run()).scanned == 0
+
+
+async def test_a_dry_run_left_behind_by_a_killed_one_counts_all_that_is_ahead(
+    transport: Transport, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run that died without deleting its group does not make the next one count less."""
+    spec = lane_spec(f"rd_{unique}", 2)
+    await declare(transport, spec)
+    dlq = spec.dead_letter
+    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    await produce(transport, dlq, [Record(b"v%d" % i, b"one-key", headers) for i in range(300)])
+    admin = transport.admin()
+    with monkeypatch.context() as patch:  # as if killed: its group is not deleted
+        patch.setattr(type(admin), "delete_group", _keep_group)
+        killed = await Redrive(transport, dlq, Selection(), dry_run=True, limit=250).run()
+    assert killed.selected == 250
+    assert (await Redrive(transport, dlq, Selection(), limit=10).run()).moved == 10
+    dry = await asyncio.wait_for(Redrive(transport, dlq, Selection(), dry_run=True).run(), 60)
+    assert (dry.scanned, dry.selected) == (290, 290)
+    dry_group = f"{group_name(dlq, None, Selection())}.dry"
+    assert all(p.committed is None for p in await transport.admin().group_lag(dry_group, dlq))
+    assert (await Redrive(transport, dlq, Selection()).run()).moved == 290
+
+
+async def _keep_group(*_: object) -> None:
+    """A ``delete_group`` that deletes nothing."""
 
 
 class _Closing:
