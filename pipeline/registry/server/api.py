@@ -39,6 +39,8 @@ from pipeline.registry.stores.protocol import RegistryStore, SubjectVersion
 
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"
+MAX_ID = 2**31 - 1
+"""The largest schema id and version, as in Confluent (a Java ``int``)."""
 Params = dict[str, str]
 
 
@@ -130,9 +132,16 @@ def _version_body(v: SubjectVersion) -> dict[str, Any]:
 
 
 def _schema_id(raw: str) -> int:
-    if not raw.isdigit():
-        raise SchemaNotFound(f"Schema {raw} not found")
-    return int(raw)
+    """A schema id path segment as a number; anything but 1 to 2^31-1 in ASCII digits names none.
+
+    ``str.isdigit`` alone accepts ``²`` and other digits ``int`` refuses or reads differently, and
+    a number past the stores' integer columns would reach the database (SQLite overflows).
+    """
+    digits = raw.lstrip("0")
+    ascii_digits = raw.isascii() and raw.isdigit()
+    if not ascii_digits or len(digits) > len(str(MAX_ID)) or int(digits or "0") > MAX_ID:
+        raise SchemaNotFound(f"Schema {raw[:40]} not found")
+    return int(digits or "0")
 
 
 @dataclass(frozen=True, slots=True)
