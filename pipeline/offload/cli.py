@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli_support import run_command
+from pipeline.cli_support import TransportOpt, run_command
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
 from pipeline.offload.purge import (
@@ -50,8 +50,9 @@ async def _purge(
     log_retention: str,
     dry_run: bool,
     force: bool,
+    transport_name: str | None,
 ) -> list[PurgeReport]:
-    settings = load_settings()
+    settings = load_settings(**({"transport": transport_name} if transport_name else {}))
     specs = load_specs(settings.topics_dir)
     urls = [store_url] if store_url else stores(specs)
     if not urls:
@@ -99,12 +100,15 @@ def purge_command(
     ] = "30d",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count only.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Allow a younger --older-than.")] = False,
+    transport: TransportOpt = None,
 ) -> None:
     """Delete payload objects no message, dead letter or log row can still point to.
 
-    Prints one JSON line per store: scanned, deleted, deleted_bytes, kept.
+    Asks the broker (``--transport``) for the oldest message the lanes still hold, so nothing
+    it may point to is deleted. Prints one JSON line per store: scanned, deleted,
+    deleted_bytes, kept.
     """
-    reports = run_command(_purge(store, older_than, log_retention, dry_run, force))
+    reports = run_command(_purge(store, older_than, log_retention, dry_run, force, transport))
     for report in reports:
         typer.echo(
             json.dumps(

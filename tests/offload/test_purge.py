@@ -131,6 +131,18 @@ def test_the_command_refuses_an_age_younger_than_the_floor(
     assert stopped.stdout == ""
     assert len(stopped.stderr.strip().splitlines()) == 1
     assert down.rsplit("/", 1)[0].removeprefix("redis://") in stopped.stderr
+    chosen = subprocess.run(  # --transport wins over PIPELINE_TRANSPORT (here a Kafka that is down)
+        [*cli, "--transport", "redis", "--dry-run"],
+        env={
+            **env,
+            "PIPELINE_TRANSPORT": "kafka",
+            "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert '"dry_run": true' in chosen.stdout
 
 
 async def test_the_floor_grows_to_the_oldest_message_its_lanes_still_hold(
