@@ -585,7 +585,11 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(_not_json(known)) from None
     except ValidationError as exc:
         problems = [f"{_env_name(err['loc'])}: {err['msg']}{_got(err)}" for err in exc.errors()]
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+        if len(problems) == 1:  # the common case: one line
+            raise ConfigError(f"invalid configuration: {problems[0]}") from None
+        raise ConfigError(
+            f"invalid configuration ({len(problems)} problems):\n  " + "\n  ".join(problems)
+        ) from None
 
 
 _SENSITIVE = re.compile(r"pas|pw|secret|token|auth|user|url|dsn|cred|key|store", re.IGNORECASE)
