@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Attributes with a fixed place at the front of a normalised object; the rest follow sorted.
 _LEADING = ("name", "type", "fields", "symbols", "items", "values", "size")
 _HANDLED = frozenset({*_LEADING, "namespace", "aliases"})
+MAX_NUMBER_DIGITS = 1000
+"""Longest integer literal read (Jackson's default limit); Python's own is 4300 digits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +62,50 @@ class ParsedSchema:
     parsed: Any = field(repr=False, compare=False)
 
 
+def read_json(text: str | bytes, what: str = "Invalid schema") -> Any:
+    """JSON text as values, refusing what a strict JSON reader (Confluent's) refuses.
+
+    Python's ``json`` reads ``NaN`` and ``Infinity``, turns ``1e400`` into infinity, and raises
+    RecursionError on deep nesting and ValueError past its integer digit limit: each of these
+    is an InvalidSchema here, whose message starts with ``what``.
+
+    Raises:
+        InvalidSchema: not JSON, or JSON with a value no JSON number or Avro schema may hold.
+    """
+    try:
+        return json.loads(
+            text, parse_constant=_no_constant, parse_float=_finite, parse_int=_bounded_int
+        )
+    except RecursionError:
+        raise InvalidSchema(f"{what}: not valid JSON: nested too deeply") from None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+        raise InvalidSchema(f"{what}: not valid JSON: {exc}") from None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"{text[:40]} is out of the range of a double")
+    return number
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise ValueError(f"a number has more than {MAX_NUMBER_DIGITS} digits")
+    return int(text)
+
+
 def parse(schema_text: str) -> ParsedSchema:
     """Parse, validate and normalise one Avro schema given as JSON text.
 
     Raises:
         InvalidSchema: the text is not JSON, or not a valid Avro schema; the message says why.
     """
-    try:
-        raw = json.loads(schema_text)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise InvalidSchema(f"Invalid schema: not valid JSON: {exc}") from None
-    return parse_json(raw)
+    return parse_json(read_json(schema_text))
 
 
 def parse_json(raw: Any) -> ParsedSchema:
@@ -85,7 +121,10 @@ def parse_json(raw: Any) -> ParsedSchema:
         reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         kind = "missing attribute" if isinstance(exc, KeyError) else type(exc).__name__
         raise InvalidSchema(f"Invalid schema: {kind}: {reason}") from None
-    normalized = json.dumps(tree, separators=(",", ":"), ensure_ascii=False)
+    try:
+        normalized = json.dumps(tree, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a float NaN or infinity given as a value (JSON text never gets here)
+        raise InvalidSchema("Invalid schema: NaN and Infinity are not JSON numbers") from None
     return ParsedSchema(
         normalized=normalized,
         canonical=canonical,

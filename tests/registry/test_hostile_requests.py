@@ -8,8 +8,13 @@ a schema or body that cannot be read, 42202 for a bad version.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
+
+from pipeline.registry.canonical import parse_json
+from pipeline.registry.errors import InvalidSchema
 
 MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"
 
@@ -38,3 +43,70 @@ def test_an_id_that_is_not_a_31_bit_number_is_not_found(
     httpx.post(f"{registry_url}/subjects/held/versions", json={"schema": '"int"'})  # id 1 exists
     answer = httpx.get(f"{registry_url}/schemas/ids/{raw_id}{suffix}")
     assert answer_of(answer) == (404, 40403), answer.text
+
+
+def post(url: str, body: bytes | str) -> httpx.Response:
+    """POST raw bytes (or text) as the registry's media type."""
+    content = body.encode() if isinstance(body, str) else body
+    return httpx.post(url, content=content, headers={"Content-Type": MEDIA_TYPE}, timeout=60)
+
+
+def schema_body(schema_text: str) -> str:
+    """A registration body carrying ``schema_text`` as its ``schema`` string."""
+    return json.dumps({"schema": schema_text})
+
+
+def enum_with(extra: str) -> str:
+    """An enum schema's JSON text with ``extra`` spliced in as one more attribute."""
+    return '{"type": "enum", "name": "E", "symbols": ["A"], ' + extra + "}"
+
+
+BAD_JSON = {
+    "deep-body": "[" * 100_000,
+    "deep-body-object": '{"a":' * 100_000,
+    "5000-digit-number-in-body": '{"schema": "\\"int\\"", "n": ' + "1" * 5000 + "}",
+    "nan-in-body": '{"schema": "\\"int\\"", "n": NaN}',
+    "deep-schema": schema_body("[" * 100_000),
+    "5000-digit-size": schema_body('{"type": "fixed", "name": "F", "size": ' + "1" * 5000 + "}"),
+    "nan-property": schema_body(enum_with('"x": NaN')),
+    "infinity-property": schema_body(enum_with('"x": Infinity')),
+    "minus-infinity-property": schema_body(enum_with('"x": -Infinity')),
+    "overflowing-float": schema_body(enum_with('"x": 1e400')),
+    "nan-default": schema_body(
+        '{"type": "record", "name": "R", "fields": [{"name": "d", "type": "double", '
+        '"default": NaN}]}'
+    ),
+}
+
+
+@pytest.mark.parametrize("body", BAD_JSON.values(), ids=BAD_JSON.keys())
+@pytest.mark.parametrize(
+    "path", ["/subjects/s/versions", "/subjects/s", "/compatibility/subjects/s/versions"]
+)
+def test_json_python_cannot_hold_or_confluent_refuses_answers_42201(
+    registry_url: str, body: str, path: str
+) -> None:
+    """Unreadable JSON, in the body or in the schema string, is 422/42201; nothing is stored.
+
+    Too deep for the parser, a number past the digit limit or a double's range, NaN/Infinity.
+    """
+    answer = post(registry_url + path, body)
+    assert answer_of(answer) == (422, 42201), answer.text
+    assert "JSON" in answer.json()["message"]
+    assert httpx.get(f"{registry_url}/subjects").json() == []
+
+
+@pytest.mark.parametrize("path", ["/config", "/mode", "/config/s", "/mode/s"])
+def test_settings_bodies_too_deep_answer_42201(registry_url: str, path: str) -> None:
+    """The settings endpoints read their bodies the same way."""
+    answer = httpx.put(
+        registry_url + path, content=b"[" * 100_000, headers={"Content-Type": MEDIA_TYPE}
+    )
+    assert answer_of(answer) == (422, 42201), answer.text
+
+
+def test_a_schema_given_as_values_refuses_nan() -> None:
+    """A schema built in Python (the serde's dict form) cannot carry NaN into its JSON text."""
+    schema = {"type": "enum", "name": "E", "symbols": ["A"], "x": float("nan")}
+    with pytest.raises(InvalidSchema, match="NaN"):
+        parse_json(schema)

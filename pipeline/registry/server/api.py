@@ -11,7 +11,6 @@ loop. The endpoint list is in ``docs/registry.md``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from pipeline.config import AuthSettings
+from pipeline.registry.canonical import read_json
 from pipeline.registry.errors import (
     InvalidSchema,
     RegistryError,
@@ -99,11 +99,7 @@ async def _read_capped(request: Request, max_bytes: int) -> bytes:
 
 
 async def _body(request: Request, max_bytes: int) -> dict[str, Any]:
-    raw = await _read_capped(request, max_bytes)
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidSchema(f"Invalid request body: not valid JSON: {exc}") from None
+    body = read_json(await _read_capped(request, max_bytes), "Invalid request body")
     if not isinstance(body, dict):
         raise InvalidSchema("Invalid request body: expected a JSON object")
     return body
