@@ -7,10 +7,12 @@ import threading
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from contract.helpers import make_topic
 
 from pipeline.config import Settings
 from pipeline.envelope import Delivered, Record
+from pipeline.errors import DeliveryFailed
 from pipeline.transport import create_transport
 from pipeline.transport.kafka.producer import KafkaProducer
 
@@ -93,4 +95,66 @@ async def test_an_error_while_serving_reports_is_logged_and_the_send_still_settl
         await producer.close()
     assert delivered.offset >= 0
     assert "serving the Kafka producer's delivery reports failed" in caplog.text
+    await transport.close()
+
+
+def _fatal() -> KafkaError:
+    return KafkaError(KafkaError._FATAL, "test: idempotent producer sequence gap", fatal=True)
+
+
+class _FatalOnce:
+    """The librdkafka client, meeting one fatal error: in ``produce`` or in a delivery report."""
+
+    def __init__(self, real: Any, where: str) -> None:
+        self.real = real
+        self.where = where
+        self.met = False
+
+    def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+        if self.met:
+            raise KafkaException(_fatal())  # a client past a fatal error refuses every send
+        self.met = True
+        if self.where == "produce":
+            raise KafkaException(_fatal())
+        report = kwargs["on_delivery"]
+        kwargs["on_delivery"] = lambda _err, msg: report(_fatal(), msg)
+        self.real.produce(topic, value, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.real)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("where", ["produce", "report"])
+async def test_a_fatal_error_replaces_the_client_and_the_next_send_goes_through(
+    settings: Settings,
+    kafka_service: str,
+    unique: str,
+    where: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The send that meets it fails; the next one goes through a new client, to the broker.
+
+    Before, a fatal error (an idempotent producer's unrepairable sequence gap) left the client
+    refusing every later send: the ingress and the members could produce nothing until restarted.
+    """
+    transport = create_transport(settings, "kafka")
+    topic = f"fatal_{unique}"
+    await make_topic(transport, topic, 1)
+    producer = transport.producer()
+    assert isinstance(producer, KafkaProducer)
+    broken = _FatalOnce(producer._raw, where)
+    producer._raw = broken  # type: ignore[assignment]
+    try:
+        with pytest.raises(DeliveryFailed, match="sequence gap"):
+            await asyncio.wait_for(producer.send(topic, b"first", key=b"k"), 30)
+        assert producer._raw is not broken
+        assert producer.replaced == 1
+        delivered = await asyncio.wait_for(producer.send(topic, b"second", key=b"k"), 30)
+    finally:
+        await producer.close()
+    assert delivered.topic == topic
+    assert "met a fatal error" in caplog.text
     await transport.close()

@@ -6,6 +6,12 @@ sends: while a send waits for its acknowledgement, a task polls the producer eve
 a burst of sends costs one poll per interval, not a wake-up per message. With nothing
 outstanding it polls every ``_IDLE_S`` for librdkafka's logs and errors.
 
+A fatal error (librdkafka's idempotent producer can meet one, such as a sequence gap it cannot
+repair) leaves the client unusable: every later send would fail with it. The first send that
+meets it replaces the client with a new one (logged), keeps serving the old one's reports until
+the messages it held have failed, and fails its own batch; senders retry a failed send as they
+do a broker outage, so nothing more is lost than that batch's first attempt.
+
 Why not a thread blocked in ``poll``: each report it serves takes the interpreter's lock from
 the event loop's thread and writes to the loop's self-pipe, and on a busy consumer those
 hand-overs cost more than the sends themselves (a lane with 1 % of its messages failing once,
@@ -56,20 +62,30 @@ def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str
     }
 
 
+def _is_fatal(err: object) -> bool:
+    """Whether ``err`` is a fatal error: the client that raised it can send nothing more."""
+    return isinstance(err, KafkaError) and (
+        err.fatal() or err.code() == KafkaError._FATAL  # noqa: SLF001
+    )
+
+
 class _Batch:
     """Collects the delivery reports of one batch; resolves its future when all have arrived."""
 
-    __slots__ = ("future", "lock", "remaining", "reports")
+    __slots__ = ("fatal", "future", "lock", "remaining", "reports")
 
     def __init__(self, future: asyncio.Future[list[Delivered]], size: int) -> None:
         self.future = future
         self.lock = threading.Lock()
         self.remaining = size
         self.reports: list[Any] = [None] * size
+        self.fatal: KafkaError | None = None
 
     def on_delivery(self, index: int, err: KafkaError | None, msg: Any) -> bool:
         """Record one report (in whichever thread polled); True when the batch is complete."""
         self.reports[index] = (err, msg)
+        if err is not None and _is_fatal(err):
+            self.fatal = err
         with self.lock:
             self.remaining -= 1
             return self.remaining == 0
@@ -107,6 +123,10 @@ class KafkaProducer:
         """Batches sent and not yet settled."""
         self._reports: asyncio.Task[None] | None = None
         self._idle: asyncio.Future[None] | None = None
+        self._retired: list[Any] = []
+        """Clients replaced after a fatal error, served until the messages they held failed."""
+        self.replaced = 0
+        """How many times a fatal error replaced the client."""
 
     def _on_delivery(self, batch: _Batch, index: int, err: KafkaError | None, msg: Any) -> None:
         if batch.on_delivery(index, err, msg):
@@ -139,12 +159,32 @@ class KafkaProducer:
         else:
             _wake(self._idle)
 
+    def _poll(self) -> None:
+        """Run the delivery callbacks of the reports that came, here (old clients' too)."""
+        self._raw.poll(0)
+        if self._retired:
+            for old in self._retired:
+                old.poll(0)
+            self._retired = [old for old in self._retired if len(old)]
+
+    def _replace(self, failed: Any, error: KafkaError) -> None:
+        """``failed`` met a fatal error: send through a new client from now on (once)."""
+        if self._raw is not failed:
+            return  # another batch of the same client replaced it already
+        log.error(
+            "the Kafka producer met a fatal error (%s); a new producer replaces it, and the "
+            "sends it held fail and are made again by their senders",
+            error.str(),
+        )
+        self._raw = _RawProducer(producer_config(self._settings, self._max_message_bytes))
+        self._retired.append(failed)
+        self.replaced += 1
+
     async def _reports_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        poll = self._raw.poll
         while not self._closed:
             try:
-                poll(0)  # runs the delivery callbacks of the reports that came, here
+                self._poll()
             except Exception:  # a callback's error: the sends waiting must still settle
                 log.exception("serving the Kafka producer's delivery reports failed")
             self._hand_over()
@@ -205,36 +245,67 @@ class KafkaProducer:
             return []
         loop = asyncio.get_running_loop()
         batch = _Batch(loop.create_future(), len(records))
-        produce = self._raw.produce
-        for index, record in enumerate(records):
-            kwargs: dict[str, Any] = {
-                "key": record.key,
-                "on_delivery": partial(self._on_delivery, batch, index),
-            }
-            if record.headers:
-                kwargs["headers"] = list(record.headers.items())
-            if record.partition is not None:
-                kwargs["partition"] = record.partition
-            while True:
+        raw = self._raw
+        produce = raw.produce
+        try:
+            for index, record in enumerate(records):
+                kwargs: dict[str, Any] = {
+                    "key": record.key,
+                    "on_delivery": partial(self._on_delivery, batch, index),
+                }
+                if record.headers:
+                    kwargs["headers"] = list(record.headers.items())
+                if record.partition is not None:
+                    kwargs["partition"] = record.partition
                 try:
                     produce(topic, record.value, **kwargs)
-                    break
                 except BufferError:
-                    # The local queue is full: wait for deliveries to drain it (backpressure).
-                    await asyncio.to_thread(self._raw.flush, _FLUSH_SLICE_S)
-                    self._hand_over()
-                except KafkaException as exc:
-                    raise translate(exc, f"produce to {topic!r}") from exc
+                    await self._produce_when_room(raw, topic, record.value, kwargs)
+        except KafkaException as exc:
+            self._fatal_on_produce(raw, exc)
+            raise translate(exc, f"produce to {topic!r}") from exc
         self._outstanding += 1
         self._serve_reports(loop)
+        return await self._settled(batch, raw)
+
+    async def _produce_when_room(
+        self, raw: Any, topic: str, value: bytes, kwargs: dict[str, Any]
+    ) -> None:
+        """The local queue is full: wait for deliveries to drain it, then hand the record over."""
+        while True:
+            await asyncio.to_thread(raw.flush, _FLUSH_SLICE_S)
+            self._hand_over()
+            try:
+                raw.produce(topic, value, **kwargs)
+                break
+            except BufferError:
+                continue
+
+    def _fatal_on_produce(self, raw: Any, exc: KafkaException) -> None:
+        """A send refused with a fatal error replaces the client; the caller sends again.
+
+        Records of the batch already handed over fail with the old client, into a batch nobody
+        waits for any more.
+        """
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and _is_fatal(error):
+            self._replace(raw, error)
+
+    async def _settled(self, batch: _Batch, raw: Any) -> list[Delivered]:
+        """Wait for ``batch``'s reports; replace ``raw`` if one of them was a fatal error."""
         try:
             return await batch.future
         finally:
             self._outstanding -= 1
+            if batch.fatal is not None:
+                self._replace(raw, batch.fatal)
 
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every message sent so far is acknowledged."""
         remaining = await asyncio.to_thread(self._raw.flush, timeout_s)
+        for old in self._retired:  # they hold only messages failing with the fatal error
+            await asyncio.to_thread(old.flush, _FLUSH_SLICE_S)
+        self._retired = [old for old in self._retired if len(old)]
         self._hand_over()
         if remaining:
             raise TransportError(f"{remaining} messages still unacknowledged after {timeout_s}s")
