@@ -34,6 +34,7 @@ PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "by
 NAMED = frozenset({"record", "error", "enum", "fixed"})
 _CONTAINERS = {"array": "items", "map": "values"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Attributes with a fixed place at the front of a normalised object; the rest follow sorted.
 _LEADING = ("name", "type", "fields", "symbols", "items", "values", "size")
 _HANDLED = frozenset({*_LEADING, "namespace", "aliases"})
@@ -110,6 +111,7 @@ def parse(schema_text: str) -> ParsedSchema:
 
 def parse_json(raw: Any) -> ParsedSchema:
     """Like :func:`parse` for a schema already decoded from JSON."""
+    _check_strings(raw)
     try:
         tree = _Normalizer().node(raw, "", "$")
         parsed = parse_schema(tree)
@@ -133,6 +135,27 @@ def parse_json(raw: Any) -> ParsedSchema:
         tree=tree,
         parsed=parsed,
     )
+
+
+def _check_strings(raw: Any) -> None:
+    """Refuse strings no store can keep, at any depth (iteratively: no recursion to exhaust).
+
+    A lone surrogate is not UTF-8; PostgreSQL text cannot hold NUL, which SQLite would keep, so
+    the two stores would disagree.
+    """
+    pending = [raw]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value)
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, str):
+            if "\x00" in value:
+                raise InvalidSchema("Invalid schema: a string holds the NUL character (U+0000)")
+            if _SURROGATE.search(value):
+                raise InvalidSchema("Invalid schema: a string holds a lone surrogate (U+D800-DFFF)")
 
 
 def _full(name: str, namespace: str) -> str:

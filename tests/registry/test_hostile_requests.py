@@ -110,3 +110,40 @@ def test_a_schema_given_as_values_refuses_nan() -> None:
     schema = {"type": "enum", "name": "E", "symbols": ["A"], "x": float("nan")}
     with pytest.raises(InvalidSchema, match="NaN"):
         parse_json(schema)
+
+
+def record_with(field: str) -> str:
+    """A record schema's JSON text with one field given as JSON text."""
+    return '{"type": "record", "name": "R", "fields": [' + field + "]}"
+
+
+# Escapes as the schema's JSON text carries them: json.dumps of the body keeps the backslash.
+UNSTORABLE = {
+    "surrogate-doc": enum_with('"doc": "\\ud800"'),
+    "surrogate-symbol": '{"type": "enum", "name": "E", "symbols": ["A\\udfff"]}',
+    "surrogate-default": record_with('{"name": "s", "type": "string", "default": "\\ud800x"}'),
+    "surrogate-property-name": enum_with('"\\ud800": 1'),
+    "nul-doc": enum_with('"doc": "a\\u0000b"'),
+    "nul-symbol": '{"type": "enum", "name": "E", "symbols": ["A\\u0000"]}',
+    "nul-default": record_with('{"name": "s", "type": "string", "default": "\\u0000"}'),
+    "nul-property-name": enum_with('"x\\u0000": 1'),
+}
+
+
+@pytest.mark.parametrize("schema_text", UNSTORABLE.values(), ids=UNSTORABLE.keys())
+def test_a_lone_surrogate_or_nul_in_the_schema_answers_42201(
+    registry_url: str, schema_text: str
+) -> None:
+    """Text no UTF-8 column (surrogates) or PostgreSQL text (NUL) holds: 42201, never stored."""
+    for path in ("/subjects/s/versions", "/subjects/s", "/compatibility/subjects/s/versions"):
+        answer = post(registry_url + path, schema_body(schema_text))
+        assert answer_of(answer) == (422, 42201), answer.text
+    assert httpx.get(f"{registry_url}/subjects").json() == []
+
+
+def test_a_surrogate_sent_raw_in_the_body_answers_42201(registry_url: str) -> None:
+    """The body's own escape puts the lone surrogate straight into the schema string."""
+    body = '{"schema": "{\\"type\\": \\"enum\\", \\"name\\": \\"E\\", \\"symbols\\": [\\"A\\"], '
+    body += '\\"doc\\": \\"\\ud800\\"}"}'
+    answer = post(f"{registry_url}/subjects/s/versions", body)
+    assert answer_of(answer) == (422, 42201), answer.text
