@@ -1,0 +1,121 @@
+"""Bad input to a command is one line naming the option, file or variable, and exit 2.
+
+Every service the commands would reach is pointed at a closed loopback port: a usage error must
+be reported before any service is asked, and nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPICS = str(ROOT / "topics")
+DOWN = {
+    "PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0",
+    "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1",
+    "PIPELINE_REGISTRY__URL": "http://127.0.0.1:1",
+    "PIPELINE_TOPICS_DIR": TOPICS,
+}
+"""Every service on a closed port, and the project's declarations."""
+
+
+def pipeline(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run ``pipeline ARGS`` in ``cwd`` with the services down and ``env`` added."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=cwd,
+        env={**os.environ, **DOWN, **(env or {})},
+        check=False,
+    )
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *named: str) -> str:
+    """Exit ``code``, no traceback, one stderr line, an error naming every one of ``named``."""
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for text in named:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+# pipeline send: an ingress URL that is not one is bad input, not an ingress that is down.
+
+SECRETS = {"META_APP_SECRET": "x", "META_VERIFY_TOKEN": "x", "GITHUB_WEBHOOK_SECRET": "x"}
+WEBHOOK = str(ROOT / "deploy/local/webhooks/whatsapp-message.json")
+
+
+def send(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``pipeline send whatsapp`` with the example sources; expect one line and exit 2."""
+    (tmp_path / "sources.yaml").write_text(
+        (ROOT / "deploy/local/sources.example.yaml").read_text(encoding="utf-8")
+    )
+    result = pipeline(
+        "send", "whatsapp", "--file", WEBHOOK, *args, env={**SECRETS, **(env or {})}, cwd=tmp_path
+    )
+    return assert_one_line(result, 2)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:0",
+        "http://127.0.0.1:port",
+        "http://",
+        "notaurl",
+        "ftp://x",
+    ],
+)
+def test_send_to_a_url_that_is_not_one_names_the_option(tmp_path: Path, url: str) -> None:
+    """`send --url` with no http(s) URL in it is a usage error naming --url, not an outage."""
+    line = send(tmp_path, "--url", url)
+    assert "--url" in line
+    assert "cannot reach" not in line
+
+
+@pytest.mark.parametrize("host", ["[::1", "a:b:c", "::1"])
+def test_send_to_an_ingress_host_no_url_can_hold_names_the_variable(
+    tmp_path: Path, host: str
+) -> None:
+    """The default address from PIPELINE_INGRESS__HOST and __PORT is checked the same way."""
+    line = send(tmp_path, env={"PIPELINE_INGRESS__HOST": host})
+    assert "PIPELINE_INGRESS__HOST" in line
+    assert "--url" in line  # how to give the address instead
+
+
+def test_send_with_a_url_keeps_the_password_out_of_the_error(tmp_path: Path) -> None:
+    """A URL refused for its port is shown without the password it carries."""
+    line = send(tmp_path, "--url", "http://user:hunter2@127.0.0.1:99999")
+    assert "hunter2" not in line
+
+
+# pipeline schemas ls / check / push: the registry URL.
+
+
+@pytest.mark.parametrize("command", [["ls"], ["check", "schemas"], ["push", "--dry-run"]])
+def test_schemas_with_a_registry_url_that_is_not_one_names_the_option(
+    command: list[str],
+) -> None:
+    """`schemas ... --url 'http://[::1'` is one line naming --url, exit 2."""
+    assert_one_line(pipeline("schemas", *command, "--url", "http://[::1"), 2, "--url")
+
+
+def test_schemas_with_a_registry_variable_that_is_not_a_url_names_it() -> None:
+    """The same URL from PIPELINE_REGISTRY__URL names the variable and hides the password."""
+    result = pipeline("schemas", "ls", env={"PIPELINE_REGISTRY__URL": "http://u:hunter2@[::1"})
+    line = assert_one_line(result, 2, "PIPELINE_REGISTRY__URL")
+    assert "hunter2" not in line
