@@ -11,9 +11,11 @@ Semantics follow Confluent Schema Registry:
 * a permanent delete must follow a soft delete (40405 / 40407); ids stay resolvable after it;
 * the compatibility level is the subject's own, else the global one, else the default given at
   construction (``BACKWARD``); the mode likewise (default ``READWRITE``);
-* ``READONLY`` refuses registration and deletes (42205); ``IMPORT`` accepts an explicit
+* a schema the subject already holds (live, and under the id given if one is) answers its
+  version and id in every mode: the schema is looked up before the mode is checked;
+* ``READONLY`` refuses new versions and deletes (42205); ``IMPORT`` accepts an explicit
   ``id``/``version`` and skips the compatibility check; outside IMPORT an explicit id is refused
-  unless it is the id the schema already has.
+  unless it is the id the schema already has under the subject.
 """
 
 from __future__ import annotations
@@ -135,18 +137,17 @@ class Registry:
     ) -> SubjectVersion:
         """Register ``text`` under ``subject``, checking compatibility and mode.
 
-        Idempotent: a schema the subject already holds returns its existing version and id.
+        Idempotent: a schema the subject already holds live returns its existing version and id
+        in any mode (READONLY too), unless ``schema_id`` names another id.
 
         Raises:
             InvalidSchema: not a valid Avro schema.
             IncompatibleSchema: the subject's compatibility level refuses it; the message lists
                 every rule broken with its field path.
-            OperationNotPermitted: the mode forbids it.
+            OperationNotPermitted: the mode forbids a new version.
         """
         parsed = self.parse(text)
         mode = self.mode(subject)
-        if mode is Mode.READONLY:
-            raise OperationNotPermitted(f"Subject {subject} is in read-only mode")
         importing = mode is Mode.IMPORT
         if not importing and version is not None:
             raise OperationNotPermitted("a version may only be given in IMPORT mode")
@@ -165,13 +166,18 @@ class Registry:
         # The check runs before the store's write lock is taken, so a slow check never stalls
         # other requests; under the lock it is repeated only if the live versions changed.
         checked: list[tuple[int, str]] | None = None
-        if not importing and schema_id is None:
+        if mode is Mode.READWRITE and schema_id is None:
             live_now = [v for v in self.store.versions(subject) if not v.deleted]
             if all(v.fingerprint != parsed.fingerprint for v in live_now):
                 incompatible(live_now)
             checked = [(v.version, v.fingerprint) for v in live_now]
 
+        # Called only when a new version would be appended: a schema the subject already holds
+        # live (under the id given, if one is) is answered by the store before any mode rule,
+        # as Confluent looks a schema up before it checks the mode.
         def gate(live: Sequence[SubjectVersion]) -> None:
+            if mode is Mode.READONLY:
+                raise OperationNotPermitted(f"Subject {subject} is in read-only mode")
             if not importing and schema_id is not None:
                 raise OperationNotPermitted(
                     f"Overwrite new schema with id {schema_id} is not permitted (not IMPORT mode)"

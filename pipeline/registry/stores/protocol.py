@@ -8,7 +8,7 @@ Two implementations pass one contract suite (``tests/contract/base/registry_stor
   subject it is registered under, kept after the versions using it are deleted, so a reader can
   always resolve an id it once saw;
 * **registration is idempotent**: registering a schema a subject already holds (live) returns
-  that version and id;
+  that version and id (asked with another explicit id, it is not the same registration);
 * **registration is serialised per subject**: the compatibility ``check`` runs inside the
   transaction that appends the version, under a per-subject lock, so two concurrent writers can
   never both append against the same "latest" version; two replicas registering the same schema
@@ -79,8 +79,9 @@ class SchemaStore(Protocol):
     ) -> SubjectVersion:
         """Append ``schema`` to ``subject`` unless a live version already holds it.
 
-        Idempotent: a schema the subject holds returns that version untouched (``check`` is not
-        called). ``schema_id``/``version`` are for IMPORT mode.
+        Idempotent: a schema the subject holds live returns that version untouched (``check`` is
+        not called), unless ``schema_id`` is given and is not that version's id; then ``check``
+        decides, as for a new version. ``schema_id``/``version`` are for IMPORT mode.
 
         Raises:
             IdConflict: ``schema_id`` already holds another schema, or ``version`` exists.

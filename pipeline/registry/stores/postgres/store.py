@@ -169,7 +169,7 @@ class PostgresSchemaStore(SqlRegistryStore):
             existing = [version_row(r) for r in conn.execute(_VERSIONS, (subject,))]
             live = [v for v in existing if not v.deleted]
             for v in live:
-                if v.fingerprint == schema.fingerprint:
+                if v.fingerprint == schema.fingerprint and schema_id in {None, v.schema_id}:
                     return v
             check(live)
             new_id = self._schema_id(conn, schema, schema_id)

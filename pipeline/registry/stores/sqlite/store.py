@@ -129,7 +129,7 @@ class SqliteSchemaStore(SqlRegistryStore):
             existing = [version_row(r) for r in db.execute(_VERSIONS, (subject,))]
             live = [v for v in existing if not v.deleted]
             for v in live:
-                if v.fingerprint == schema.fingerprint:
+                if v.fingerprint == schema.fingerprint and schema_id in {None, v.schema_id}:
                     return v
             check(live)
             found = db.execute(_ID_BY_FINGERPRINT, (schema.fingerprint,)).fetchone()

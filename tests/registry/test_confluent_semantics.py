@@ -1,0 +1,84 @@
+"""Corner cases where the registry answers as Confluent Schema Registry does, on both stores.
+
+Each test names the Confluent behaviour it holds the registry to (``KafkaSchemaRegistry``,
+``CompatibilityResource``, ``ConfigResource``, ``ModeResource``, ``VersionId``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+
+def avro(*fields: tuple[str, Any]) -> Schema:
+    """A ``test.User`` record with these (name, type) fields, none with a default."""
+    body = {
+        "type": "record",
+        "name": "User",
+        "namespace": "test",
+        "fields": [{"name": n, "type": t} for n, t in fields],
+    }
+    return Schema(json.dumps(body), "AVRO")
+
+
+V1 = avro(("id", "long"))
+V2 = avro(("id", "long"), ("name", "string"))  # a required field more: BACKWARD refuses it
+OTHER = avro(("key", "string"))
+
+
+def error_of(call: Callable[[], object]) -> SchemaRegistryError:
+    """The SchemaRegistryError ``call()`` raises."""
+    with pytest.raises(SchemaRegistryError) as info:
+        call()
+    return info.value
+
+
+def test_readonly_returns_the_id_of_a_schema_the_subject_already_holds(
+    sr_client: SchemaRegistryClient,
+) -> None:
+    """READONLY refuses new versions only: a schema already live answers its id (lookup first)."""
+    schema_id = sr_client.register_schema("ro-value", V1)
+    assert sr_client.update_mode("ro-value", "READONLY") == "READONLY"
+    sr_client.clear_caches()  # the client remembers V1's id and would not ask the registry again
+    assert sr_client.register_schema("ro-value", V1) == schema_id
+    url = sr_client.config()["url"]
+    again = httpx.post(f"{url}/subjects/ro-value/versions", json={"schema": V1.schema_str})
+    assert (again.status_code, again.json()) == (200, {"id": schema_id})
+    given = httpx.post(
+        f"{url}/subjects/ro-value/versions", json={"schema": V1.schema_str, "id": schema_id}
+    )
+    assert given.json() == {"id": schema_id}
+    # A new version is refused for the mode, before (and whatever) the compatibility check says.
+    for schema in (OTHER, V2):
+        refused = error_of(lambda s=schema: sr_client.register_schema("ro-value", s))
+        assert (refused.http_status_code, refused.error_code) == (422, 42205)
+        assert "read-only" in refused.error_message
+    # An id other than the one the schema has is not the same registration: refused too.
+    other_id = httpx.post(
+        f"{url}/subjects/ro-value/versions", json={"schema": V1.schema_str, "id": schema_id + 7}
+    )
+    assert other_id.json()["error_code"] == 42205
+    assert sr_client.get_versions("ro-value") == [1]
+
+
+def test_an_explicit_id_outside_import_must_be_the_schemas_own(
+    sr_client: SchemaRegistryClient,
+) -> None:
+    """READWRITE: re-sending a held schema with another id is refused (42205), not ignored."""
+    schema_id = sr_client.register_schema("rw-value", V1)
+    url = sr_client.config()["url"]
+    same = httpx.post(
+        f"{url}/subjects/rw-value/versions", json={"schema": V1.schema_str, "id": schema_id}
+    )
+    assert same.json() == {"id": schema_id}
+    other = httpx.post(
+        f"{url}/subjects/rw-value/versions", json={"schema": V1.schema_str, "id": schema_id + 7}
+    )
+    assert (other.status_code, other.json()["error_code"]) == (422, 42205)
+    assert sr_client.get_versions("rw-value") == [1]
