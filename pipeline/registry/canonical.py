@@ -40,6 +40,16 @@ _LEADING = ("name", "type", "fields", "symbols", "items", "values", "size")
 _HANDLED = frozenset({*_LEADING, "namespace", "aliases"})
 MAX_NUMBER_DIGITS = 1000
 """Longest integer literal read (Jackson's default limit); Python's own is 4300 digits."""
+MAX_DEPTH = 64
+"""Deepest nesting of types (a record's field, an array's items, a map's values, a union's
+branch each go one level down). Parsing, fastavro and the compatibility checker recurse per
+level, so a cap far below Python's recursion limit keeps every later check on a subject from
+failing; real schemas stay far below it."""
+MAX_JSON_DEPTH = 512
+"""Deepest nesting of JSON arrays and objects anywhere in a schema (defaults and custom
+properties included). Above four times :data:`MAX_DEPTH`, so the type cap speaks first, and
+far enough below the recursion limit that a stored schema always parses again, from however
+deep in a request's stack."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +88,8 @@ def read_json(text: str | bytes, what: str = "Invalid schema") -> Any:
             text, parse_constant=_no_constant, parse_float=_finite, parse_int=_bounded_int
         )
     except RecursionError:
-        raise InvalidSchema(f"{what}: not valid JSON: nested too deeply") from None
+        msg = f"{what}: not valid JSON: nests deeper than {MAX_JSON_DEPTH} levels"
+        raise InvalidSchema(msg) from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError included
         raise InvalidSchema(f"{what}: not valid JSON: {exc}") from None
 
@@ -111,7 +122,7 @@ def parse(schema_text: str) -> ParsedSchema:
 
 def parse_json(raw: Any) -> ParsedSchema:
     """Like :func:`parse` for a schema already decoded from JSON."""
-    _check_strings(raw)
+    _check_values(raw)
     try:
         tree = _Normalizer().node(raw, "", "$")
         parsed = parse_schema(tree)
@@ -137,20 +148,22 @@ def parse_json(raw: Any) -> ParsedSchema:
     )
 
 
-def _check_strings(raw: Any) -> None:
-    """Refuse strings no store can keep, at any depth (iteratively: no recursion to exhaust).
+def _check_values(raw: Any) -> None:
+    """Refuse JSON nested past :data:`MAX_JSON_DEPTH` and strings no store can keep.
 
-    A lone surrogate is not UTF-8; PostgreSQL text cannot hold NUL, which SQLite would keep, so
-    the two stores would disagree.
+    Iterative, so no depth exhausts the stack. A lone surrogate is not UTF-8; PostgreSQL text
+    cannot hold NUL, which SQLite would keep, so the two stores would disagree.
     """
-    pending = [raw]
+    pending: list[tuple[Any, int]] = [(raw, 1)]
     while pending:
-        value = pending.pop()
+        value, depth = pending.pop()
+        if isinstance(value, dict | list) and depth > MAX_JSON_DEPTH:
+            raise InvalidSchema(f"Invalid schema: JSON nests deeper than {MAX_JSON_DEPTH} levels")
         if isinstance(value, dict):
-            pending.extend(value)
-            pending.extend(value.values())
+            pending.extend((key, depth) for key in value)
+            pending.extend((item, depth + 1) for item in value.values())
         elif isinstance(value, list):
-            pending.extend(value)
+            pending.extend((item, depth + 1) for item in value)
         elif isinstance(value, str):
             if "\x00" in value:
                 raise InvalidSchema("Invalid schema: a string holds the NUL character (U+0000)")
@@ -173,8 +186,21 @@ class _Normalizer:
 
     def __init__(self) -> None:
         self.defined: set[str] = set()
+        self.depth = 0
+        """Types entered and not yet left: the current nesting level."""
 
     def node(self, schema: Any, namespace: str, where: str) -> Any:
+        if self.depth == MAX_DEPTH:
+            raise InvalidSchema(
+                f"Invalid schema: schema nests deeper than {MAX_DEPTH} levels at {where}"
+            )
+        self.depth += 1
+        try:
+            return self.type_(schema, namespace, where)
+        finally:
+            self.depth -= 1
+
+    def type_(self, schema: Any, namespace: str, where: str) -> Any:
         if isinstance(schema, str):
             return self.reference(schema, namespace, where)
         if isinstance(schema, list):

@@ -9,11 +9,12 @@ a schema or body that cannot be read, 42202 for a bad version.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from pipeline.registry.canonical import parse_json
+from pipeline.registry.canonical import MAX_DEPTH, MAX_JSON_DEPTH, parse_json
 from pipeline.registry.errors import InvalidSchema
 
 MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -147,3 +148,71 @@ def test_a_surrogate_sent_raw_in_the_body_answers_42201(registry_url: str) -> No
     body += '\\"doc\\": \\"\\ud800\\"}"}'
     answer = post(f"{registry_url}/subjects/s/versions", body)
     assert answer_of(answer) == (422, 42201), answer.text
+
+
+def nested_records(depth: int) -> str:
+    """Records ``R1`` .. ``R<depth>``, each the type of the one field of the record above it.
+
+    Written as text: json.dumps itself recurses too deep for the largest depths.
+    """
+    text = '{"type": "record", "name": "R1", "fields": []}'
+    for level in range(2, depth + 1):
+        text = (
+            f'{{"type": "record", "name": "R{level}", "fields": [{{"name": "f", "type": {text}}}]}}'
+        )
+    return text
+
+
+def nested_arrays(depth: int) -> str:
+    """``depth`` arrays of arrays of int, as text."""
+    return '{"type": "array", "items": ' * depth + '"int"' + "}" * depth
+
+
+def test_nesting_up_to_the_cap_registers_and_is_checked(registry_url: str) -> None:
+    """MAX_DEPTH levels of records register, evolve (checked both ways) and test as before."""
+    versions = f"{registry_url}/subjects/deep/versions"
+    httpx.put(f"{registry_url}/config/deep", json={"compatibility": "FULL"})
+    first = post(versions, schema_body(nested_records(MAX_DEPTH)))
+    assert first.status_code == 200, first.text
+    evolved = json.loads(nested_records(MAX_DEPTH))
+    evolved["fields"].append({"name": "extra", "type": "int", "default": 0})
+    assert post(versions, schema_body(json.dumps(evolved))).status_code == 200
+    test = post(f"{registry_url}/compatibility/subjects/deep/versions", schema_body('"int"'))
+    assert test.json() == {"is_compatible": False}
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 250, 330, 1000])
+@pytest.mark.parametrize("build", [nested_records, nested_arrays], ids=["records", "arrays"])
+def test_nesting_past_the_cap_answers_42201_and_spares_the_subject(
+    registry_url: str, depth: int, build: Callable[[int], str]
+) -> None:
+    """Deeper schemas are refused with a reason; the subject's later checks still work.
+
+    250 levels used to register and then make every later check on the subject recurse past
+    Python's limit (500); 330 failed the first registration already.
+    """
+    versions = f"{registry_url}/subjects/deep/versions"
+    assert post(versions, schema_body(nested_records(3))).status_code == 200
+    for path in (
+        "/subjects/deep/versions",
+        "/subjects/deep",
+        "/compatibility/subjects/deep/versions",
+    ):
+        answer = post(registry_url + path, schema_body(build(depth)))
+        assert answer_of(answer) == (422, 42201), answer.text
+        assert "nests deeper than" in answer.json()["message"]
+    assert httpx.get(f"{versions}").json() == [1]
+    assert post(versions, schema_body(nested_records(4))).status_code == 409
+
+
+def test_deep_json_outside_the_types_is_capped(registry_url: str) -> None:
+    """A property or default nested past the JSON cap is refused too.
+
+    So a stored schema is always one the parser reads again, from however deep in a stack.
+    """
+    deep_value = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
+    answer = post(
+        f"{registry_url}/subjects/s/versions", schema_body(enum_with(f'"x": {deep_value}'))
+    )
+    assert answer_of(answer) == (422, 42201), answer.text
+    assert "nests deeper than" in answer.json()["message"]
