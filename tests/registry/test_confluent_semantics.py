@@ -82,3 +82,20 @@ def test_an_explicit_id_outside_import_must_be_the_schemas_own(
     )
     assert (other.status_code, other.json()["error_code"]) == (422, 42205)
     assert sr_client.get_versions("rw-value") == [1]
+
+
+def test_compatibility_against_latest_with_no_live_version_is_compatible(
+    sr_client: SchemaRegistryClient,
+) -> None:
+    """Nothing to be incompatible with: ``latest`` answers true; a missing number 40402."""
+    assert sr_client.test_compatibility("new-value", V1) is True  # version="latest"
+    assert sr_client.test_compatibility("new-value", V1, version=-1) is True
+    missing = error_of(lambda: sr_client.test_compatibility("new-value", V1, version=1))
+    assert (missing.http_status_code, missing.error_code) == (404, 40402)
+    sr_client.register_schema("gone-value", V1)
+    assert sr_client.test_compatibility("gone-value", V2) is False
+    assert sr_client.delete_subject("gone-value") == [1]
+    assert sr_client.test_compatibility("gone-value", V2) is True  # the deleted one is no base
+    deleted = error_of(lambda: sr_client.test_compatibility("gone-value", V2, version=1))
+    assert deleted.error_code == 40402
+    assert sr_client.test_compatibility_all_versions("gone-value", V2) is True

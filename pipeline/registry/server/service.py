@@ -205,8 +205,12 @@ class Registry:
     def test(self, subject: str, text: str, version: str | None) -> list[str]:
         """Compatibility problems of ``text`` against ``version`` (None: as registration would).
 
+        As in Confluent, ``latest`` with no live version (or no subject) has nothing to be
+        incompatible with: no problems.
+
         Raises:
-            SubjectNotFound / VersionNotFound: ``version`` names nothing.
+            InvalidVersion: ``version`` is not a version.
+            VersionNotFound: a numbered ``version`` is not a live version of the subject.
         """
         parsed = self.parse(text)
         level = self.compatibility(subject)
@@ -214,8 +218,10 @@ class Registry:
         if version is None:
             against = live
         else:
-            target = self.version(subject, version)
-            against = [target]
+            number = parse_version(version)
+            against = live[-1:] if number == -1 else [v for v in live if v.version == number]
+            if number != -1 and not against:
+                raise VersionNotFound(f"Version {number} not found.")
             if level.transitive:
                 level = Compatibility(level.value.removesuffix("_TRANSITIVE"))
         return check(parsed, [(v.version, self.parse_stored(v.schema)) for v in against], level)
