@@ -59,6 +59,7 @@ from pipeline.transport.identity import claim_identity
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
+DECLARATIONS_HELP = "Declarations (default: PIPELINE_TOPICS_DIR, topics/ when unset)."
 
 app = typer.Typer(
     help="pipeline: webhook ingress to keyed, partitioned topics.",
@@ -118,9 +119,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 @topics_app.command("apply")
 def topics_apply(
-    directory: Annotated[
-        Path | None, typer.Argument(help="Declarations (default: topics/).")
-    ] = None,
+    directory: Annotated[Path | None, typer.Argument(help=DECLARATIONS_HELP)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the changes only.")] = False,
     transport: TransportOpt = None,
 ) -> None:
@@ -495,13 +494,15 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
 
 @app.command("asyncapi")
 def asyncapi_command(
-    directory: Annotated[
-        Path | None, typer.Argument(help="Declarations (default: topics/).")
-    ] = None,
+    directory: Annotated[Path | None, typer.Argument(help=DECLARATIONS_HELP)] = None,
     fmt: Annotated[Literal["yaml", "json"], typer.Option("--format")] = "yaml",
     schemas: Annotated[
-        Path, typer.Option(help="Avro records (*.avsc) for the declarations' schema: subjects.")
-    ] = Path("schemas"),
+        Path | None,
+        typer.Option(
+            help="Avro records (*.avsc) for the declarations' schema: subjects "
+            "(default: schemas/ when there is one)."
+        ),
+    ] = None,
     apps: Annotated[
         list[str] | None,
         typer.Option("--app", help="MODULE:APP whose handlers' pydantic models are payloads."),
@@ -513,6 +514,11 @@ def asyncapi_command(
     """Print an AsyncAPI 3.0 document of the declared topics, their messages and groups."""
     try:
         settings = load_settings()
+        specs = load_specs(directory or settings.topics_dir)
+        lane_groups = _lane_groups(groups or [], {spec.lane for spec in specs})
+        if schemas is not None and not schemas.is_dir():
+            raise ConfigError(f"--schemas {schemas}: no such directory")
+        avro = asyncapi.avro_schemas(schemas or Path("schemas"))
         models = {
             name: model
             for target in apps or []
@@ -520,20 +526,34 @@ def asyncapi_command(
             if (model := asyncapi.model_of(lane.handler)) is not None
         }
         doc = asyncapi.document(
-            load_specs(directory or settings.topics_dir),
+            specs,
             kafka_bootstrap=settings.kafka.bootstrap_servers,
             redis_url=settings.redis.url,
-            avro=asyncapi.avro_schemas(schemas),
+            avro=avro,
             models=models,
-            groups=dict(pair.partition("=")[::2] for pair in groups or []),
+            groups=lane_groups,
         )
-    except PipelineError as exc:  # a bad declaration, schema or --app: exit 2, one line
+    except PipelineError as exc:  # a bad declaration, schema, --app or --group: exit 2
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
     if fmt == "json":
         typer.echo(json.dumps(doc, indent=2))
     else:
         typer.echo(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), nl=False)
+
+
+def _lane_groups(pairs: list[str], lanes: set[str]) -> dict[str, str]:
+    """``--group LANE=GROUP`` options as {lane: group}, each lane one of ``lanes``."""
+    out = {}
+    for pair in pairs:
+        lane, sep, group = pair.partition("=")
+        if not sep or not lane or not group:
+            raise ConfigError(f"--group {pair!r}: expected LANE=GROUP, e.g. messages=replies")
+        if lane not in lanes:
+            known = ", ".join(sorted(lanes)) or "none"
+            raise ConfigError(f"--group {pair!r}: no lane {lane!r} is declared (lanes: {known})")
+        out[lane] = group
+    return out
 
 
 def main() -> None:

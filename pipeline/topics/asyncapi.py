@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel
 
 from pipeline import headers as h
+from pipeline.errors import ConfigError
 from pipeline.topics.asyncapi_headers import DEAD_LETTER_HEADERS, EVENT_HEADERS, RETRY_HEADERS
 from pipeline.topics.spec import TopicSpec, format_duration_ms
 
@@ -36,14 +37,38 @@ Schema = dict[str, Any]
 
 
 def avro_schemas(directory: Path) -> dict[str, Schema]:
-    """The Avro records of ``directory``'s ``*.avsc`` files by full name (their subject)."""
+    """The Avro records of ``directory``'s ``*.avsc`` files by full name (their subject).
+
+    A missing directory has none.
+
+    Raises:
+        ConfigError: a file cannot be read, is not JSON, or holds no JSON object (a record);
+            the message names the file.
+    """
     out: dict[str, Schema] = {}
     for path in sorted(directory.glob("*.avsc")) if directory.is_dir() else []:
-        schema = json.loads(path.read_text())
+        schema = _schema_file(path)
         name = schema.get("name", path.stem)
         namespace = schema.get("namespace")
         out[f"{namespace}.{name}" if namespace and "." not in name else name] = schema
     return out
+
+
+def _schema_file(path: Path) -> Schema:
+    """The JSON object of one ``.avsc`` file."""
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the schema file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ConfigError(
+            f"{path}: expected a JSON object (an Avro record), got a {type(schema).__name__}"
+        )
+    return schema
 
 
 def model_of(handler: Callable[..., Any]) -> type[BaseModel] | None:

@@ -119,3 +119,55 @@ def test_schemas_with_a_registry_variable_that_is_not_a_url_names_it() -> None:
     result = pipeline("schemas", "ls", env={"PIPELINE_REGISTRY__URL": "http://u:hunter2@[::1"})
     line = assert_one_line(result, 2, "PIPELINE_REGISTRY__URL")
     assert "hunter2" not in line
+
+
+# pipeline asyncapi: its schemas, apps and groups.
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [('{"type": "record",', "not valid JSON"), ("[1, 2]", "expected a JSON object")],
+)
+def test_asyncapi_with_a_schema_file_it_cannot_read_names_the_file(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    """A malformed or non-record ``.avsc`` under --schemas is one line naming the file, exit 2."""
+    (tmp_path / "broken.avsc").write_text(text)
+    result = pipeline("asyncapi", "--schemas", str(tmp_path))
+    assert_one_line(result, 2, str(tmp_path / "broken.avsc"), problem)
+
+
+def test_asyncapi_refuses_a_schemas_directory_that_is_not_there(tmp_path: Path) -> None:
+    """`--schemas DIR` given but missing is refused: its Avro payloads would silently go."""
+    missing = tmp_path / "nonexistent"
+    assert_one_line(pipeline("asyncapi", "--schemas", str(missing)), 2, "--schemas", str(missing))
+
+
+def test_asyncapi_without_schemas_needs_no_schemas_directory(tmp_path: Path) -> None:
+    """Without --schemas a directory with no schemas/ still gets its document."""
+    result = pipeline("asyncapi", "--format", "json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("group", "named"),
+    [("messages=", "--group 'messages='"), ("bad", "--group 'bad'"), ("nosuch=x", "'nosuch'")],
+)
+def test_asyncapi_refuses_a_group_it_cannot_use(group: str, named: str) -> None:
+    """--group takes LANE=GROUP with a declared lane and a group name; anything else is exit 2."""
+    assert_one_line(pipeline("asyncapi", "--group", group), 2, named)
+
+
+def test_asyncapi_takes_a_group_for_a_declared_lane() -> None:
+    """--group messages=replies names the messages lane's consumer group."""
+    result = pipeline("asyncapi", "--format", "json", "--group", "messages=replies")
+    assert result.returncode == 0, result.stderr
+    assert '"enum": [\n              "replies"\n' in result.stdout
+
+
+@pytest.mark.parametrize("command", [["topics", "apply"], ["asyncapi"]])
+def test_the_declarations_default_is_said_to_be_pipeline_topics_dir(command: list[str]) -> None:
+    """The [DIRECTORY] argument's help names PIPELINE_TOPICS_DIR, the default it really has."""
+    result = pipeline(*command, "--help", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert "default: PIPELINE_TOPICS_DIR" in result.stdout
