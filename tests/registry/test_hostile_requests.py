@@ -216,3 +216,56 @@ def test_deep_json_outside_the_types_is_capped(registry_url: str) -> None:
     )
     assert answer_of(answer) == (422, 42201), answer.text
     assert "nests deeper than" in answer.json()["message"]
+
+
+def fixed_schema(name: str) -> str:
+    """A small distinct schema per name."""
+    return json.dumps({"type": "fixed", "name": name, "size": 1})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [
+        ("id", 2**70, 42201),
+        ("id", 2**31, 42201),
+        ("id", 10**999, 42201),
+        ("version", 2**70, 42202),
+        ("version", 2**31, 42202),
+        ("version", 0, 42202),
+        ("version", "7", 42202),
+    ],
+    ids=[
+        "id-2^70",
+        "id-2^31",
+        "id-1000-digits",
+        "version-2^70",
+        "version-2^31",
+        "version-0",
+        "version-str",
+    ],
+)
+def test_an_imported_id_or_version_past_2_31_answers_422(
+    registry_url: str, field: str, value: object, code: int
+) -> None:
+    """IMPORT takes ids and versions up to 2^31-1, as Confluent's int fields do.
+
+    2**70 used to reach the database: SQLite's integer binding overflowed and PostgreSQL's
+    bigint was out of range, both a 500.
+    """
+    assert httpx.put(f"{registry_url}/mode/imp", json={"mode": "IMPORT"}).status_code == 200
+    body = {"schema": fixed_schema("Big"), "id": 7, "version": 1, field: value}
+    answer = post(f"{registry_url}/subjects/imp/versions", json.dumps(body))
+    assert answer_of(answer) == (422, code), answer.text
+    assert field in answer.json()["message"] or "version" in answer.json()["message"]
+    assert httpx.get(f"{registry_url}/subjects").json() == []
+
+
+def test_an_imported_id_and_version_of_2_31_minus_1_are_kept(registry_url: str) -> None:
+    """The largest id and version are stored and read back on both stores."""
+    top = 2**31 - 1
+    httpx.put(f"{registry_url}/mode/imp", json={"mode": "IMPORT"})
+    body = {"schema": fixed_schema("Top"), "id": top, "version": top}
+    answer = post(f"{registry_url}/subjects/imp/versions", json.dumps(body))
+    assert answer.json() == {"id": top}, answer.text
+    assert httpx.get(f"{registry_url}/schemas/ids/{top}").status_code == 200
+    assert httpx.get(f"{registry_url}/subjects/imp/versions/{top}").json()["id"] == top

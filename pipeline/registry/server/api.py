@@ -27,6 +27,7 @@ from pipeline.config import AuthSettings
 from pipeline.registry.canonical import read_json
 from pipeline.registry.errors import (
     InvalidSchema,
+    InvalidVersion,
     RegistryError,
     SchemaNotFound,
     StoreError,
@@ -116,11 +117,27 @@ def _schema_text(body: dict[str, Any]) -> str:
     return require_text(body.get("schema"))
 
 
-def _int_field(body: dict[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+def _in_range(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
+def _id_field(body: dict[str, Any]) -> int | None:
+    """The IMPORT ``id``: 1 to 2^31-1 (Confluent's int; larger ones overflow the stores)."""
+    value = body.get("id")
+    if value is None or _in_range(value):
         return value
-    raise InvalidSchema(f"Invalid request body: '{name}' must be a positive integer")
+    raise InvalidSchema("Invalid request body: 'id' must be a positive integer up to 2^31-1")
+
+
+def _version_field(body: dict[str, Any]) -> int | None:
+    """The IMPORT ``version``: 1 to 2^31-1, else 42202 as for a version in the path."""
+    value = body.get("version")
+    if value is None or _in_range(value):
+        return value
+    raise InvalidVersion(
+        f"The specified version '{str(value)[:40]}' is not a valid version id. Allowed values "
+        'are between [1, 2^31-1] and the string "latest"'
+    )
 
 
 def _version_body(v: SubjectVersion) -> dict[str, Any]:
@@ -235,8 +252,8 @@ async def _register(c: _Ctx) -> Any:
         c.reg.register,
         c.p["subject"],
         text,
-        schema_id=_int_field(body, "id"),
-        version=_int_field(body, "version"),
+        schema_id=_id_field(body),
+        version=_version_field(body),
     )
     return {"id": registered.schema_id}
 
