@@ -99,3 +99,26 @@ def test_compatibility_against_latest_with_no_live_version_is_compatible(
     deleted = error_of(lambda: sr_client.test_compatibility("gone-value", V2, version=1))
     assert deleted.error_code == 40402
     assert sr_client.test_compatibility_all_versions("gone-value", V2) is True
+
+
+def test_import_mode_refuses_a_registration_without_an_id(
+    sr_client: SchemaRegistryClient,
+) -> None:
+    """IMPORT takes ids, it does not make them: an id-less new version answers 42205."""
+    assert sr_client.update_mode("imp-value", "IMPORT") == "IMPORT"
+    refused = error_of(lambda: sr_client.register_schema("imp-value", V1))
+    assert (refused.http_status_code, refused.error_code) == (422, 42205)
+    assert "read-write" in refused.error_message
+    url = sr_client.config()["url"]
+    imported = httpx.post(
+        f"{url}/subjects/imp-value/versions", json={"schema": V1.schema_str, "id": 900}
+    )
+    assert imported.json() == {"id": 900}
+    # A schema the subject holds is still answered without an id (it is looked up first).
+    sr_client.clear_caches()
+    assert sr_client.register_schema("imp-value", V1) == 900
+    assert error_of(lambda: sr_client.register_schema("imp-value", V2)).error_code == 42205
+    assert sr_client.get_versions("imp-value") == [1]
+    assert sr_client.update_global_mode("IMPORT", force=True) == "IMPORT"
+    assert error_of(lambda: sr_client.register_schema("other-value", V1)).error_code == 42205
+    assert error_of(lambda: sr_client.get_versions("other-value")).error_code == 40401

@@ -14,8 +14,9 @@ Semantics follow Confluent Schema Registry:
 * a schema the subject already holds (live, and under the id given if one is) answers its
   version and id in every mode: the schema is looked up before the mode is checked;
 * ``READONLY`` refuses new versions and deletes (42205); ``IMPORT`` accepts an explicit
-  ``id``/``version`` and skips the compatibility check; outside IMPORT an explicit id is refused
-  unless it is the id the schema already has under the subject.
+  ``id``/``version`` and skips the compatibility check, and refuses a new version without an
+  ``id`` (42205); outside IMPORT an explicit id is refused unless it is the id the schema already
+  has under the subject.
 """
 
 from __future__ import annotations
@@ -75,6 +76,22 @@ def parse_version(raw: str | int) -> int:
         msg = f"The specified version '{raw}' is not a valid version id. Allowed values are "
         raise InvalidVersion(msg + 'between [1, 2^31-1] and the string "latest"')
     return number
+
+
+def _check_register_mode(subject: str, mode: Mode, schema_id: int | None) -> None:
+    """Refuse a new version the mode forbids, as Confluent's ``checkRegisterMode`` does.
+
+    Raises:
+        OperationNotPermitted: READONLY; an explicit id outside IMPORT; no id in IMPORT.
+    """
+    if mode is Mode.READONLY:
+        raise OperationNotPermitted(f"Subject {subject} is in read-only mode")
+    if mode is not Mode.IMPORT and schema_id is not None:
+        raise OperationNotPermitted(
+            f"Overwrite new schema with id {schema_id} is not permitted (not IMPORT mode)"
+        )
+    if mode is Mode.IMPORT and schema_id is None:
+        raise OperationNotPermitted(f"Subject {subject} is not in read-write mode")
 
 
 class Registry:
@@ -176,12 +193,7 @@ class Registry:
         # live (under the id given, if one is) is answered by the store before any mode rule,
         # as Confluent looks a schema up before it checks the mode.
         def gate(live: Sequence[SubjectVersion]) -> None:
-            if mode is Mode.READONLY:
-                raise OperationNotPermitted(f"Subject {subject} is in read-only mode")
-            if not importing and schema_id is not None:
-                raise OperationNotPermitted(
-                    f"Overwrite new schema with id {schema_id} is not permitted (not IMPORT mode)"
-                )
+            _check_register_mode(subject, mode, schema_id)
             if importing or checked == [(v.version, v.fingerprint) for v in live]:
                 return
             incompatible(live)
