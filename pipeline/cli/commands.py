@@ -50,6 +50,7 @@ from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
+from pipeline.runtime import App
 from pipeline.runtime.run import load_app, serve
 from pipeline.topics import asyncapi
 from pipeline.topics.admin import apply
@@ -355,10 +356,13 @@ def consume(
 
     async def main() -> None:
         settings = _settings(transport)
-        await _reach_services(settings)
         if concurrency:
             runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
             settings = settings.model_copy(update={"runtime": runtime})
+        # What to run is checked before any service is asked, so a usage error is not hidden
+        # behind a service that is down.
+        loaded = load_app(target)
+        _require_lanes(loaded, target, lane or [])
         membership = settings.membership
         identity = claim_identity(
             group, instance or membership.instance, slot_dir=membership.slot_dir
@@ -366,11 +370,22 @@ def consume(
         membership = membership.model_copy(update={"instance": identity.name})
         settings = settings.model_copy(update={"membership": membership})
         try:
-            await serve(load_app(target), settings, group, lanes=lane or None)
+            await _reach_services(settings)
+            await serve(loaded, settings, group, lanes=lane or None)
         finally:
             identity.release()
 
     _run(main())
+
+
+def _require_lanes(loaded: App, target: str, lanes: list[str]) -> None:
+    """Every ``--lane`` is one ``loaded`` has a handler for."""
+    missing = [name for name in lanes if name not in loaded.lanes]
+    if missing:
+        known = ", ".join(sorted(loaded.lanes)) or "none"
+        raise ConfigError(
+            f"--lane {', '.join(missing)}: {target} handles no such lane (its lanes: {known})"
+        )
 
 
 async def _reach_services(settings: Settings) -> None:

@@ -18,7 +18,7 @@ from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.throttle import Throttle
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.heap import freeze_startup
 from pipeline.logstore.create import create_log_store
 from pipeline.observability import stacks
@@ -36,7 +36,13 @@ from pipeline.transport import create_transport
 
 
 def load_app(target: str) -> App:
-    """Import ``module:attribute`` (the current directory is importable) and return the App."""
+    """Import ``module:attribute`` (the current directory is importable) and return the App.
+
+    Raises:
+        ConfigError: ``target`` is no ``MODULE:APP``, its module cannot be imported (missing, or
+            raising as it runs: the error's class and first line), or its attribute is no App.
+            A pipeline error the module raises (an undeclared lane) is raised as it is.
+    """
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"expected MODULE:APP, e.g. consumers.messages:app (got {target!r})")
@@ -46,6 +52,12 @@ def load_app(target: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    except PipelineError:
+        raise
+    except Exception as exc:  # the module's own code failed: say what, in one line
+        first = next(iter(str(exc).strip().splitlines()), "")
+        reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        raise ConfigError(f"cannot import {module_name!r}: {reason}") from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         raise ConfigError(f"{target!r} is not a pipeline App (got {type(app).__name__})")

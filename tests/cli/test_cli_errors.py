@@ -171,3 +171,52 @@ def test_the_declarations_default_is_said_to_be_pipeline_topics_dir(command: lis
     result = pipeline(*command, "--help", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "default: PIPELINE_TOPICS_DIR" in result.stdout
+
+
+# An app module that fails when imported.
+
+BROKEN_MODULES = {
+    "raises": ('raise RuntimeError("no API key at import")\n', "RuntimeError: no API key"),
+    "syntax": ("def handle(:\n", "SyntaxError"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(BROKEN_MODULES))
+@pytest.mark.parametrize(
+    "command", [["asyncapi", "--app"], ["consume", "-g", "g", "-t", "kafka"]], ids=str
+)
+def test_an_app_module_that_fails_at_import_is_one_line(
+    tmp_path: Path, module: str, command: list[str]
+) -> None:
+    """`--app mod:app` or `consume mod:app` whose module raises names the module and the error."""
+    source, named = BROKEN_MODULES[module]
+    (tmp_path / f"{module}_app.py").write_text(source)
+    if command[0] == "consume":
+        args = ["consume", f"{module}_app:app", *command[1:]]
+    else:
+        args = [*command, f"{module}_app:app"]
+    result = pipeline(*args, cwd=tmp_path)
+    assert_one_line(result, 2, f"'{module}_app'", named)
+
+
+# pipeline consume: what it is asked to run is checked before any service is reached.
+
+
+@pytest.mark.parametrize("transport", ["kafka", "redis"])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["bad"], "MODULE:APP"),
+        (["nosuch_module:app"], "'nosuch_module'"),
+        (["consumers.messages:nosuch"], "'consumers.messages:nosuch'"),
+        (["consumers.messages:app", "-l", "nosuchlane"], "--lane"),
+        (["consumers.messages:app", "--instance", "bad name"], "--instance 'bad name'"),
+    ],
+)
+def test_consume_says_what_is_wrong_with_its_arguments_before_reaching_a_service(
+    transport: str, args: list[str], named: str
+) -> None:
+    """With every service down, a bad app, lane or instance is still exit 2 naming it."""
+    result = pipeline("consume", *args, "-g", "g", "-t", transport)
+    line = assert_one_line(result, 2, named)
+    assert "cannot reach" not in line
