@@ -266,6 +266,14 @@ def _rate(value: str | None) -> float | None:
     return float(match[1])
 
 
+def _memory_ms(value: str) -> int:
+    """``--idempotency-memory`` in milliseconds (ConfigError naming the option otherwise)."""
+    try:
+        return parse_duration_ms(value)
+    except ValueError as exc:
+        raise ConfigError(f"--idempotency-memory: {exc}") from None
+
+
 @ops_app.command("replay")
 def replay_command(
     source: Annotated[str | None, typer.Option(help="Only this source.")] = None,
@@ -317,7 +325,7 @@ def replay_command(
             ids=tuple(row_id or ()),
         )
         per_s = _rate(rate)
-        forgotten_ms = int(time.time() * 1000) - parse_duration_ms(memory)
+        forgotten_ms = int(time.time() * 1000) - _memory_ms(memory)
         store = create_log_store(settings, ingress)
         await store.open()
         try:

@@ -1,0 +1,85 @@
+"""The ingress commands given bad input or a service that is down: one line and an exit code.
+
+Each command runs in a subprocess, as an operator runs it. A service that is down is a closed
+loopback port named in the environment; nothing is created on the running services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from logstore.helpers import FakeClock, new_row
+
+from pipeline.logstore.sqlite import SqliteLogStore
+
+ROOT = Path(__file__).parents[2]
+
+
+def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without its PIPELINE_ variables, plus a log in ``tmp_path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources: {}\n", encoding="utf-8")
+    return env | {
+        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        **extra,
+    }
+
+
+def pipeline(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``pipeline ARGS`` in ``tmp_path`` with exactly ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The single stderr line of ``result``, after checking its exit code and no traceback."""
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def seed_one_due_row(db: Path) -> None:
+    """A log holding one row received two hours ago and never produced (due for a sweep)."""
+
+    async def seed() -> None:
+        clock = FakeClock(start_s=time.time() - 7200)
+        store = SqliteLogStore(db, clock=clock)
+        await store.open()
+        try:
+            await store.insert(new_row(0, clock))
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+
+
+@pytest.mark.parametrize("memory", ["5x", "0", "-1d"])
+def test_an_idempotency_memory_that_is_no_duration_is_one_line(tmp_path: Path, memory: str) -> None:
+    """`replay --idempotency-memory 5x` (or 0, -1d) exits 2 naming the option, not a ValueError."""
+    seed_one_due_row(tmp_path / "ingress.db")
+    result = pipeline(
+        tmp_path, "replay", f"--idempotency-memory={memory}", env=environment(tmp_path)
+    )
+    line = one_line(result, 2)
+    assert "--idempotency-memory" in line
+    assert repr(memory) in line
