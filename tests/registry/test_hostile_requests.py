@@ -269,3 +269,74 @@ def test_an_imported_id_and_version_of_2_31_minus_1_are_kept(registry_url: str) 
     assert answer.json() == {"id": top}, answer.text
     assert httpx.get(f"{registry_url}/schemas/ids/{top}").status_code == 200
     assert httpx.get(f"{registry_url}/subjects/imp/versions/{top}").json()["id"] == top
+
+
+CONTROL_SUBJECTS = {
+    "nul": "a%00b",
+    "soh": "a%01b",
+    "newline": "a%0Ab",
+    "unit-separator": "a%1Fb",
+    "delete": "a%7Fb",
+    "next-line-c1": "a%C2%85b",
+}
+
+
+@pytest.mark.parametrize("subject", CONTROL_SUBJECTS.values(), ids=CONTROL_SUBJECTS.keys())
+def test_a_subject_with_a_control_character_is_not_created(registry_url: str, subject: str) -> None:
+    """Registering under it, or giving it a level or a mode, answers Confluent's 42208.
+
+    A NUL used to reach PostgreSQL, whose text cannot hold it: psycopg's DataError, a 500.
+    """
+    writes = [
+        ("POST", f"/subjects/{subject}/versions", {"schema": '"int"'}),
+        ("PUT", f"/config/{subject}", {"compatibility": "NONE"}),
+        ("PUT", f"/mode/{subject}", {"mode": "READONLY"}),
+    ]
+    for method, path, body in writes:
+        answer = httpx.request(method, registry_url + path, json=body)
+        assert answer_of(answer) == (422, 42208), (path, answer.text)
+    assert httpx.get(f"{registry_url}/subjects").json() == []
+    assert httpx.get(f"{registry_url}/config/{subject}").json()["error_code"] == 40408
+
+
+def nul_and_unknown(registry_url: str, method: str, path: str, body: object) -> list[dict]:
+    """The answers to one request for ``a<NUL>b`` and for an unknown plain subject."""
+    answers = []
+    for subject in ("a%00b", "nobody"):
+        answer = httpx.request(method, registry_url + path.format(s=subject), json=body)
+        payload = answer.json()
+        if isinstance(payload, dict) and "message" in payload:
+            payload["message"] = payload["message"].replace("a\x00b", "nobody")
+        answers.append({"status": answer.status_code, "body": payload})
+    return answers
+
+
+READS = [
+    ("GET", "/subjects/{s}/versions", None),
+    ("GET", "/subjects/{s}/versions/1", None),
+    ("GET", "/subjects/{s}/versions/latest/schema", None),
+    ("GET", "/subjects/{s}/versions/1/referencedby", None),
+    ("GET", "/subjects/{s}/versions/abc", None),
+    ("POST", "/subjects/{s}", {"schema": '"int"'}),
+    ("DELETE", "/subjects/{s}", None),
+    ("DELETE", "/subjects/{s}/versions/1", None),
+    ("POST", "/compatibility/subjects/{s}/versions", {"schema": '"int"'}),
+    ("POST", "/compatibility/subjects/{s}/versions/latest", {"schema": '"int"'}),
+    ("GET", "/config/{s}", None),
+    ("GET", "/config/{s}?defaultToGlobal=true", None),
+    ("DELETE", "/config/{s}", None),
+    ("GET", "/mode/{s}", None),
+    ("GET", "/mode/{s}?defaultToGlobal=true", None),
+    ("DELETE", "/mode/{s}", None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), READS, ids=[f"{m} {p}" for m, p, _ in READS])
+def test_a_subject_with_nul_answers_as_one_that_does_not_exist(
+    registry_url: str, method: str, path: str, body: object
+) -> None:
+    """Every other request naming it answers as for an unknown subject, on both stores."""
+    httpx.post(f"{registry_url}/subjects/held/versions", json={"schema": '"int"'})
+    with_nul, unknown = nul_and_unknown(registry_url, method, path, body)
+    assert with_nul["status"] < 500
+    assert with_nul == unknown

@@ -11,8 +11,10 @@ loop. The endpoint list is in ``docs/registry.md``.
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -24,7 +26,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from pipeline.config import AuthSettings
-from pipeline.registry.canonical import read_json
+from pipeline.registry.canonical import ParsedSchema, read_json
 from pipeline.registry.errors import (
     InvalidSchema,
     InvalidVersion,
@@ -36,7 +38,13 @@ from pipeline.registry.errors import (
 )
 from pipeline.registry.server.auth import CHALLENGE, Authenticator
 from pipeline.registry.server.service import Registry, require_text
-from pipeline.registry.stores.protocol import RegistryStore, SubjectVersion
+from pipeline.registry.stores.protocol import (
+    Check,
+    RegistryStore,
+    SettingKind,
+    StoredSchema,
+    SubjectVersion,
+)
 
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -55,6 +63,86 @@ class _Ctx:
 
 
 Handler = Callable[[_Ctx], Awaitable[Any]]
+
+
+class InvalidSubject(RegistryError):
+    """A subject Confluent will not create: its name holds a control character (42208)."""
+
+    http_status = 422
+    error_code = 42208
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Java's ISO control characters, which Confluent refuses in a subject it is to create."""
+
+
+def _creatable(subject: str) -> str:
+    if _CONTROL.search(subject):
+        raise InvalidSubject(f"The specified subject {subject!r} is not valid.")
+    return subject
+
+
+class _WithoutNulSubjects:
+    """A store through which a subject holding NUL has no versions and no settings.
+
+    PostgreSQL text cannot hold NUL (psycopg refuses to send it) and no subject with a control
+    character is ever created, so such a subject cannot exist: a request naming it gets the
+    answers of an unknown subject without asking the database.
+    """
+
+    def __init__(self, store: RegistryStore) -> None:
+        self._store = store
+
+    def register(
+        self,
+        subject: str,
+        schema: ParsedSchema,
+        check: Check,
+        *,
+        schema_id: int | None = None,
+        version: int | None = None,
+    ) -> SubjectVersion:
+        subject = _creatable(subject)
+        return self._store.register(subject, schema, check, schema_id=schema_id, version=version)
+
+    def schema(self, schema_id: int) -> StoredSchema | None:
+        return self._store.schema(schema_id)
+
+    def versions(self, subject: str) -> list[SubjectVersion]:
+        return [] if "\x00" in subject else self._store.versions(subject)
+
+    def subjects(self) -> dict[str, bool]:
+        return self._store.subjects()
+
+    def usages(self, schema_id: int) -> list[SubjectVersion]:
+        return self._store.usages(schema_id)
+
+    def mark_deleted(self, subject: str, versions: Sequence[int]) -> None:
+        self._store.mark_deleted(subject, versions)
+
+    def purge(self, subject: str, versions: Sequence[int]) -> None:
+        self._store.purge(subject, versions)
+
+    def get_setting(self, kind: SettingKind, subject: str) -> str | None:
+        return None if "\x00" in subject else self._store.get_setting(kind, subject)
+
+    def set_setting(self, kind: SettingKind, subject: str, value: str) -> None:
+        self._store.set_setting(kind, _creatable(subject), value)
+
+    def delete_setting(self, kind: SettingKind, subject: str) -> str | None:
+        return None if "\x00" in subject else self._store.delete_setting(kind, subject)
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def _for_subject(registry: Registry, subject: str | None) -> Registry:
+    """``registry``, or for a subject holding NUL a copy reading through the guard above."""
+    if subject is None or "\x00" not in subject:
+        return registry
+    guarded = copy.copy(registry)
+    guarded.store = _WithoutNulSubjects(registry.store)
+    return guarded
 
 
 class RegistryResponse(JSONResponse):
@@ -247,6 +335,7 @@ async def _versions(c: _Ctx) -> Any:
 
 async def _register(c: _Ctx) -> Any:
     body = await _body(c.req, c.req.app.state.max_body_bytes)
+    _creatable(c.p["subject"])
     text = _schema_text(body)
     registered = await _call(
         c.reg.register,
@@ -316,6 +405,8 @@ async def _get_config(c: _Ctx) -> Any:
 
 async def _put_config(c: _Ctx) -> Any:
     body = await _body(c.req, c.req.app.state.max_body_bytes)
+    if "subject" in c.p:
+        _creatable(c.p["subject"])
     raw = body.get("compatibility", body.get("compatibilityLevel"))
     level = await _call(c.reg.set_compatibility, c.p.get("subject"), raw)
     return {"compatibility": level.value}
@@ -338,6 +429,8 @@ async def _get_mode(c: _Ctx) -> Any:
 
 async def _put_mode(c: _Ctx) -> Any:
     body = await _body(c.req, c.req.app.state.max_body_bytes)
+    if "subject" in c.p:
+        _creatable(c.p["subject"])
     mode = await _call(
         c.reg.set_mode, c.p.get("subject"), body.get("mode"), force=_flag(c.req, "force")
     )
@@ -406,7 +499,8 @@ async def _dispatch(request: Request) -> Response:
             request.app.state.auth.authorize(
                 request.headers.get("authorization"), write=route.write
             )
-            result = await route.handler(_Ctx(registry, request, params))
+            scoped = _for_subject(registry, params.get("subject"))
+            result = await route.handler(_Ctx(scoped, request, params))
             return result if isinstance(result, Response) else RegistryResponse(result)
         known = any(r.match(r.method, segments) is not None for r in ROUTES)
         status = 405 if known else 404
@@ -422,6 +516,15 @@ async def _dispatch(request: Request) -> Response:
         log.exception("registry request failed: %s %s", request.method, request.url.path)
         body = {"error_code": 50001, "message": "Error in the backend data store"}
         return RegistryResponse(body, status_code=500)
+
+
+async def _unrouted(request: Request, _exc: Exception) -> Response:
+    """Dispatch a path Starlette's router cannot match, like any other.
+
+    Its pattern's ``.`` stops at a newline, so ``/subjects/a%0Ab/versions`` matched no route
+    and got Starlette's plain-text 404 instead of the registry's own answer.
+    """
+    return await _dispatch(request)
 
 
 def create_app(
@@ -444,7 +547,8 @@ def create_app(
         routes=[
             Route("/", _dispatch, methods=methods),
             Route("/{rest:path}", _dispatch, methods=methods),
-        ]
+        ],
+        exception_handlers={404: _unrouted},
     )
     app.state.registry = registry or Registry(store)
     app.state.auth = Authenticator(auth or AuthSettings())
