@@ -122,3 +122,31 @@ def test_import_mode_refuses_a_registration_without_an_id(
     assert sr_client.update_global_mode("IMPORT", force=True) == "IMPORT"
     assert error_of(lambda: sr_client.register_schema("other-value", V1)).error_code == 42205
     assert error_of(lambda: sr_client.get_versions("other-value")).error_code == 40401
+
+
+@pytest.mark.parametrize("subject", ["held-value", "nobody-value"])
+def test_deleting_a_subject_setting_it_does_not_have_answers_40401(
+    sr_client: SchemaRegistryClient, subject: str
+) -> None:
+    """DELETE /config/{s} and /mode/{s} answer the subject's own value, or 40401 without one."""
+    if subject == "held-value":
+        sr_client.register_schema(subject, V1)
+    sr_client.set_compatibility(level="FULL")
+    for delete in (sr_client.delete_config, sr_client.delete_mode):
+        missing = error_of(lambda d=delete: d(subject))
+        assert (missing.http_status_code, missing.error_code) == (404, 40401)
+        assert subject in missing.error_message
+    assert sr_client.set_compatibility(subject, "NONE") == {"compatibility": "NONE"}
+    assert sr_client.delete_config(subject).compatibility_level.value == "NONE"
+    assert error_of(lambda: sr_client.delete_config(subject)).error_code == 40401
+    assert sr_client.update_mode(subject, "READONLY") == "READONLY"
+    assert sr_client.delete_mode(subject) == "READONLY"
+    assert error_of(lambda: sr_client.delete_mode(subject)).error_code == 40401
+    # Reading is unchanged: no own value answers 40409 / 40408, or the global one if asked.
+    assert error_of(lambda: sr_client.get_mode(subject)).error_code == 40409
+    assert error_of(lambda: sr_client.get_compatibility(subject)).error_code == 40408
+    url = sr_client.config()["url"]
+    mode = httpx.get(f"{url}/mode/{subject}", params={"defaultToGlobal": "true"})
+    assert mode.json() == {"mode": "READWRITE"}
+    level = httpx.get(f"{url}/config/{subject}", params={"defaultToGlobal": "true"})
+    assert level.json() == {"compatibilityLevel": "FULL"}

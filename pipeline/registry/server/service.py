@@ -392,15 +392,19 @@ class Registry:
         return level
 
     def delete_compatibility(self, subject: str | None) -> Compatibility:
-        """Remove the subject's level (None: reset the global one); the level that was in force.
+        """Remove the subject's own level and return it (None: the global one, or the default).
 
         Raises:
-            SubjectNotFound: the subject has neither versions nor a level of its own.
+            SubjectNotFound: the subject has no level of its own, whether or not it has versions
+                (as Confluent answers, 40401).
         """
-        before = self.compatibility(subject)
-        removed = self.store.delete_setting("compatibility", subject or GLOBAL)
-        if subject and removed is None and not self.store.versions(subject):
-            raise SubjectNotFound(f"Subject '{subject}' not found.")
+        if subject:
+            removed = self.store.delete_setting("compatibility", subject)
+            if removed is None:
+                raise SubjectNotFound(f"Subject '{subject}' not found.")
+            return Compatibility(removed)
+        before = self.compatibility()
+        self.store.delete_setting("compatibility", GLOBAL)
         return before
 
     def mode(self, subject: str | None = None) -> Mode:
@@ -451,10 +455,16 @@ class Registry:
         return mode
 
     def delete_mode(self, subject: str) -> Mode:
-        """Remove the subject's mode; the mode that was in force."""
-        before = self.mode(subject)
-        self.store.delete_setting("mode", subject)
-        return before
+        """Remove the subject's own mode and return it.
+
+        Raises:
+            SubjectNotFound: the subject has no mode of its own, whether or not it has versions
+                (as Confluent answers, 40401).
+        """
+        removed = self.store.delete_setting("mode", subject)
+        if removed is None:
+            raise SubjectNotFound(f"Subject '{subject}' not found.")
+        return Mode(removed)
 
 
 def require_text(value: object, what: str = "schema") -> str:
