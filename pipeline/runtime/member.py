@@ -126,6 +126,11 @@ class Member:
             chosen,
             metrics,
         )
+        idempotency = (  # ctx.once, for messages and debounced turns alike
+            IdempotencyGuard(redis, redis_prefix, lease_ms=settings.liveness_ms)
+            if redis is not None
+            else None
+        )
         self._handler = HandlerStage(
             app,
             self._routing,
@@ -133,11 +138,7 @@ class Member:
             chosen,
             cpu_workers=settings.cpu_workers,
             throttled=throttle is not None,
-            idempotency=(
-                IdempotencyGuard(redis, redis_prefix, lease_ms=settings.liveness_ms)
-                if redis is not None
-                else None
-            ),
+            idempotency=idempotency,
             metrics=metrics,
             turn_metrics=turn_metrics,
             rows_finished=self._rows_finished,
@@ -197,6 +198,7 @@ class Member:
                 self._handler.settle_turn,
                 max_concurrency=settings.max_concurrency,
                 superseded=None if turn_metrics is None else turn_metrics.superseded,
+                idempotency=idempotency,
             )
             self._handler.turns = self._turns
         elif debounced:

@@ -34,6 +34,7 @@ from pipeline.errors import Skip
 from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import Lane
 from pipeline.runtime.context import Context
+from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.payloads import Payloads
 
 log = logging.getLogger(__name__)
@@ -92,14 +93,18 @@ class DebouncedLanes:
         *,
         max_concurrency: int,
         superseded: Callable[[str], None] | None = None,
+        idempotency: IdempotencyGuard | None = None,
     ) -> None:
         """Debounce ``lanes``; ``settle`` is told how each turn ended and routes failures.
 
         ``settle`` returns False when the turn must run again (its failure could not be routed
         or is to be retried). ``superseded(lane)`` is told of each message that replaced its
-        conversation's scheduled turn (the member's Prometheus counter).
+        conversation's scheduled turn (the member's Prometheus counter). ``idempotency`` backs
+        a turn's ``ctx.once`` (the turn's last message names its event), as it does a
+        message's.
         """
         self._lanes = {lane.name: lane for lane in lanes}
+        self._idempotency = idempotency
         self._payloads = Payloads(lanes)  # buffered references are resolved when the turn runs
         self._settle = settle
         self.debouncers: dict[str, Debouncer] = {}
@@ -132,7 +137,8 @@ class DebouncedLanes:
                     await self._payloads.event(lane, m) if OFFLOAD in m.headers else lane.decode(m)
                     for m in messages
                 ]
-                await lane.handler(events, Context(messages[-1], lane.name, turn.attempt))
+                context = Context(messages[-1], lane.name, turn.attempt, self._idempotency)
+                await lane.handler(events, context)
         except Skip:
             return await self._settle(lane, TurnOutcome(messages, "skipped", None, late_s))
         except Exception as exc:  # every turn failure is settled, none escapes

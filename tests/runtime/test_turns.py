@@ -168,3 +168,39 @@ async def test_without_redis_every_message_is_a_turn_of_its_own(
         await eventually(lambda: member.stats.handled == 3)
     await dead.aclose()
     assert sizes == [1, 1, 1]
+
+
+async def test_a_turn_runs_its_side_effect_once_across_its_retries(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """``ctx.once`` in a debounced turn: the effect runs on the first attempt, not on the retry.
+
+    Before, a turn's context had no idempotency guard: ``ctx.once`` raised "needs Redis" on
+    every attempt, so a turn that used it was retried until its messages were dead-lettered.
+    """
+    spec = lane_spec(f"turnonce_{unique}", 1, debounce=QUIET, retry={"max_attempts": 3})
+    await declare(transport, spec)
+    app = App([spec])
+    effects: list[list[int]] = []
+    attempts: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+
+        async def reply() -> None:
+            effects.append([e.n for e in events])
+
+        await ctx.once("reply", reply)
+        if ctx.attempt == 1:
+            raise Retry("the answer was sent; the bookkeeping after it failed")
+
+    producer = transport.producer()
+    await producer.send_many(spec.name, [said("c1", 0), said("c1", 1)])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 2)
+    assert attempts == [1, 2]
+    assert effects == [[0, 1]]
+    assert member.stats.dead_lettered == 0
