@@ -22,6 +22,7 @@ from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.plan import LanePlan, plan_lane
 from pipeline.cli_support import err, run_command
 from pipeline.config import load_settings
+from pipeline.errors import ConfigError
 from pipeline.reachability import unreachable
 from pipeline.topics.spec import load_specs
 
@@ -84,18 +85,17 @@ def capacity_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Size a lane: arrivals, service time, slots, utilisation, expected wait, members needed."""
-    settings = load_settings()
-    lanes = {spec.lane for spec in load_specs(settings.topics_dir)}
-    if lane not in lanes:
-        err.print(
-            f"[red]error:[/red] unknown lane {lane!r} in {settings.topics_dir} "
-            f"(lanes: {', '.join(sorted(lanes))})",
-            highlight=False,
-        )
-        raise typer.Exit(2)
-    slots = settings.capacity.slots_per_member or settings.runtime.max_concurrency
 
     async def main() -> LanePlan:
+        # In the runner: a missing or invalid declaration is exit 2, as for every command.
+        settings = load_settings()
+        lanes = {spec.lane for spec in load_specs(settings.topics_dir)}
+        if lane not in lanes:
+            raise ConfigError(
+                f"unknown lane {lane!r} in {settings.topics_dir} "
+                f"(lanes: {', '.join(sorted(lanes))})"
+            )
+        slots = settings.capacity.slots_per_member or settings.runtime.max_concurrency
         client = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
         history = ArrivalHistory(
             client, settings.redis.key_prefix, retention_days=settings.capacity.retention_days

@@ -220,3 +220,19 @@ def test_consume_says_what_is_wrong_with_its_arguments_before_reaching_a_service
     result = pipeline("consume", *args, "-g", "g", "-t", transport)
     line = assert_one_line(result, 2, named)
     assert "cannot reach" not in line
+
+
+# pipeline capacity: the declarations it reads.
+
+
+def test_capacity_with_no_topic_directory_is_exit_2() -> None:
+    """A PIPELINE_TOPICS_DIR that is not there is configuration: exit 2, as other commands."""
+    result = pipeline("capacity", "messages", env={"PIPELINE_TOPICS_DIR": "/nonexistent"})
+    assert_one_line(result, 2, "/nonexistent", "PIPELINE_TOPICS_DIR")
+
+
+def test_capacity_with_an_invalid_declaration_names_the_file(tmp_path: Path) -> None:
+    """A declaration that is no YAML is exit 2, naming its file."""
+    (tmp_path / "broken.yaml").write_text("name: [\n")
+    result = pipeline("capacity", "messages", env={"PIPELINE_TOPICS_DIR": str(tmp_path)})
+    assert_one_line(result, 2, str(tmp_path / "broken.yaml"))
