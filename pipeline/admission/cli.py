@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 from rich.table import Table
@@ -21,6 +22,7 @@ from pipeline.admission.status import ThrottleStatus, read_active_keys, read_sta
 from pipeline.admission.throttle import Throttle
 from pipeline.cli_support import err, out_console, run_command
 from pipeline.config import Settings, load_settings
+from pipeline.errors import ConfigError
 from pipeline.reachability import unreachable
 
 app = typer.Typer(help="Inspect and tune the fair admission throttles.", no_args_is_help=True)
@@ -32,9 +34,19 @@ NamespaceOpt = Annotated[
 
 
 def _settings(namespace: str | None) -> Settings:
+    """The settings with ``--namespace``, held to what PIPELINE_THROTTLE__NAMESPACE is held to.
+
+    Raises:
+        ConfigError: the namespace is one the setting refuses (exit 2, before Redis is asked).
+    """
     settings = load_settings()
     if namespace:
-        throttle = settings.throttle.model_copy(update={"namespace": namespace})
+        fields = {**settings.throttle.model_dump(), "namespace": namespace}
+        try:
+            throttle = type(settings.throttle).model_validate(fields)
+        except ValidationError as exc:
+            problem = "; ".join(error["msg"] for error in exc.errors())
+            raise ConfigError(f"--namespace {namespace!r}: {problem}") from None
         settings = settings.model_copy(update={"throttle": throttle})
     return settings
 

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import typer
 import yaml
 from confluent_kafka import KafkaError, KafkaException
+from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 from rich.markup import escape
 from rich.progress import Progress
@@ -357,7 +358,9 @@ def consume(
     async def main() -> None:
         settings = _settings(transport)
         if concurrency:
-            runtime = settings.runtime.model_copy(update={"max_concurrency": concurrency})
+            runtime = _with_option(
+                settings.runtime, "max_concurrency", concurrency, "--concurrency"
+            )
             settings = settings.model_copy(update={"runtime": runtime})
         # What to run is checked before any service is asked, so a usage error is not hidden
         # behind a service that is down.
@@ -376,6 +379,22 @@ def consume(
             identity.release()
 
     _run(main())
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _with_option(section: M, field: str, value: object, option: str) -> M:
+    """``section`` with ``field`` set from ``option``, validated as its variable would be.
+
+    Raises:
+        ConfigError: the value is one the setting refuses; the message names ``option``.
+    """
+    try:
+        return type(section).model_validate({**section.model_dump(), field: value})
+    except ValidationError as exc:
+        problem = "; ".join(error["msg"] for error in exc.errors())
+        raise ConfigError(f"{option} {value!r}: {problem}") from None
 
 
 def _require_lanes(loaded: App, target: str, lanes: list[str]) -> None:

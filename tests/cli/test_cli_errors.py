@@ -236,3 +236,21 @@ def test_capacity_with_an_invalid_declaration_names_the_file(tmp_path: Path) -> 
     (tmp_path / "broken.yaml").write_text("name: [\n")
     result = pipeline("capacity", "messages", env={"PIPELINE_TOPICS_DIR": str(tmp_path)})
     assert_one_line(result, 2, str(tmp_path / "broken.yaml"))
+
+
+# Options are held to what their variables are held to.
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["throttle", "set-limit", "org:a", "2", "-n", "bad ns"], "--namespace"),
+        (["throttle", "set-reserve", "org:a", "2", "--namespace", "a/b"], "--namespace"),
+        (["throttle", "status", "-n", "bad ns"], "--namespace"),
+        (["consume", "consumers.messages:app", "-g", "g", "-c", "20000"], "--concurrency"),
+    ],
+)
+def test_an_option_is_validated_as_its_variable_is(args: list[str], named: str) -> None:
+    """A value the setting's variable could not hold is refused as the option, before Redis."""
+    line = assert_one_line(pipeline(*args), 2, named)
+    assert "cannot reach" not in line
