@@ -150,3 +150,35 @@ def test_deleting_a_subject_setting_it_does_not_have_answers_40401(
     assert mode.json() == {"mode": "READWRITE"}
     level = httpx.get(f"{url}/config/{subject}", params={"defaultToGlobal": "true"})
     assert level.json() == {"compatibilityLevel": "FULL"}
+
+
+@pytest.mark.parametrize("raw", ["LATEST", "Latest", "%20latest%20", "%20-1%20", "%202%20"])
+def test_a_version_is_read_as_confluent_reads_it(registry_url: str, raw: str) -> None:
+    """``latest`` in any case and a number, each after trimming, as Confluent's VersionId."""
+    httpx.put(f"{registry_url}/config/ver-value", json={"compatibility": "NONE"})
+    for schema in (V1, OTHER):
+        httpx.post(
+            f"{registry_url}/subjects/ver-value/versions", json={"schema": schema.schema_str}
+        )
+    got = httpx.get(f"{registry_url}/subjects/ver-value/versions/{raw}")
+    assert (got.status_code, got.json()["version"]) == (200, 2), got.text
+    test = httpx.post(
+        f"{registry_url}/compatibility/subjects/ver-value/versions/{raw}",
+        json={"schema": V1.schema_str},
+    )
+    assert test.json() == {"is_compatible": True}, test.text
+    assert httpx.delete(f"{registry_url}/subjects/ver-value/versions/{raw}").json() == 2
+
+
+@pytest.mark.parametrize("raw", ["1_0", "lat%20est", "latest1", "-1-"])
+def test_a_version_confluent_cannot_parse_answers_42202(registry_url: str, raw: str) -> None:
+    """Python reads ``1_0`` as 10; Java's Integer.parseInt refuses it, and so does the registry."""
+    httpx.put(f"{registry_url}/config/bad-value", json={"compatibility": "NONE"})
+    for number in range(10):
+        schema = avro(*[(f"f{i}", "long") for i in range(number + 1)])
+        httpx.post(
+            f"{registry_url}/subjects/bad-value/versions", json={"schema": schema.schema_str}
+        )
+    assert httpx.get(f"{registry_url}/subjects/bad-value/versions/10").status_code == 200
+    got = httpx.get(f"{registry_url}/subjects/bad-value/versions/{raw}")
+    assert (got.status_code, got.json()["error_code"]) == (422, 42202), got.text

@@ -61,17 +61,24 @@ class Mode(StrEnum):
 
 
 def parse_version(raw: str | int) -> int:
-    """A version path segment as a number; ``latest`` and ``-1`` become -1.
+    """A version path segment as a number; ``latest`` (in any case) and ``-1`` become -1.
+
+    Read as Confluent's ``VersionId`` reads it: trimmed, then ``latest`` compared
+    case-insensitively, else an integer as Java's ``Integer.parseInt`` takes it (so no ``_``
+    digit separators, which Python's ``int`` would accept).
 
     Raises:
         InvalidVersion: not a positive integer, -1 or ``latest``.
     """
-    if raw in {"latest", "-1", -1}:
+    text = raw.strip() if isinstance(raw, str) else str(raw)
+    if text.lower() == "latest":
         return -1
     try:
-        number = int(raw)
+        number = 0 if "_" in text else int(text)
     except ValueError:
         number = 0
+    if number == -1:
+        return -1
     if number < 1 or number > 2**31 - 1:
         msg = f"The specified version '{raw}' is not a valid version id. Allowed values are "
         raise InvalidVersion(msg + 'between [1, 2^31-1] and the string "latest"')
