@@ -301,3 +301,23 @@ async def test_local_record_of_an_earlier_due_time_wakes_the_runner(redis, lane)
         await debouncer.record("conv", message(0, "m0"))
         await eventually(lambda: recorder.turns, timeout_s=30)
     assert texts(recorder.turns[0]) == ["m0"]
+
+
+async def test_a_redelivered_message_is_not_buffered_twice(redis, lane):
+    """The same message recorded again (redelivered, or a retried call) is in its turn once.
+
+    Before, a member killed after ``record`` but before its commit had the message read again
+    by the next owner and recorded twice, so the turn held it twice. A message at a lower offset
+    but produced later (its topic created anew) is still a new message, and so is an older
+    offset recorded after a newer one (two message keys of one conversation run side by side).
+    """
+    debouncer = Debouncer(redis, PREFIX, lane, policy(quiet_s=30.0, max_wait_s=60.0, max_batch=4))
+    for offset in (3, 4, 3, 4):  # two, then both again as a new owner reads them
+        await debouncer.record("again", message(offset, f"m{offset}"))
+    assert debouncer.stats.repeated == 2
+    assert debouncer.stats.recorded == 2
+    anew = Message("chat", 0, 0, b"k", b"anew", {}, 1_000 + 99)  # offset 0, produced later
+    assert await debouncer.record("again", anew) > 0
+    assert await debouncer.record("again", message(1, "m1")) > 0  # max_batch: due at once
+    claim = await debouncer.claim(10)
+    assert [texts(t) for t in claim.turns] == [["m3", "m4", "anew", "m1"]]

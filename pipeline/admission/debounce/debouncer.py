@@ -158,6 +158,7 @@ class DebounceStats:
         redis_calls: Redis calls made (every function call and blocking read of the wake
             list; the library load is not counted).
         fail_open: messages ``record`` could not buffer (processed on their own instead).
+        repeated: messages ``record`` found already recorded (redeliveries): not buffered again.
         wakeups: wake-ups read from the wake list (a runner learnt of an earlier due time).
         steps: ``step`` calls (each finishes and claims in one round trip).
     """
@@ -172,6 +173,7 @@ class DebounceStats:
     lost_leases: int = 0
     redis_calls: int = 0
     fail_open: int = 0
+    repeated: int = 0
     wakeups: int = 0
     steps: int = 0
 
@@ -229,11 +231,15 @@ class Debouncer:
     async def record(self, key: str, message: Message | BufferedMessage) -> int:
         """Buffer ``message`` for conversation ``key`` and schedule the key's turn.
 
-        One ``FCALL db_record``. Not idempotent: a message recorded twice is in its turn twice.
+        One ``FCALL db_record``. A message among the last 64 recorded for ``key`` (same id and
+        timestamp: a redelivery after a crash before the commit, or a call retried after it
+        had run) is not buffered again, while the key's state lives (``idle_ttl_ms`` after its
+        last turn).
 
         Returns:
             When the key's turn is due (Redis clock, ms); while a turn of the key is running,
-            the end of its lease (the rest is scheduled when it finishes).
+            the end of its lease (the rest is scheduled when it finishes); -1 for a message
+            already recorded (counted in ``stats.repeated``).
 
         Raises:
             DebounceUnavailable: Redis cannot be reached; process the message on its own.
@@ -246,6 +252,7 @@ class Debouncer:
             self._quiet_ms,
             self._max_wait_ms,
             self.policy.max_batch,
+            buffered.timestamp_ms,
         )
         try:
             reply = await self._call(record)
@@ -257,6 +264,9 @@ class Debouncer:
                 buffered.message_id,
             )
             raise
+        if reply.due_ms < 0:
+            self.stats.repeated += 1
+            return reply.due_ms
         self.stats.recorded += 1
         if reply.superseded:
             self.stats.superseded += 1

@@ -103,14 +103,24 @@ class DebounceFunctions(FunctionLibrary):
         self.key_prefix = keys.key_prefix(prefix, lane)
 
     async def record(
-        self, key: str, message_id: str, data: bytes, quiet_ms: int, max_wait_ms: int, batch: int
+        self,
+        key: str,
+        message_id: str,
+        data: bytes,
+        quiet_ms: int,
+        max_wait_ms: int,
+        batch: int,
+        timestamp_ms: int = 0,
     ) -> Recorded:
-        """``db_record``: buffer one encoded message for ``key`` and (re)schedule its turn."""
+        """``db_record``: buffer one encoded message for ``key`` and (re)schedule its turn.
+
+        ``due_ms`` is -1 when the message was recorded already (see the Lua).
+        """
         names = [*keys.conversation_keys(self.prefix, self.lane, key), self.armed_key]
         reply = await self.fcall(
             "db_record",
             [*names, self.wake_key],
-            [key, message_id, data, quiet_ms, max_wait_ms, batch, self.grace_ms],
+            [key, message_id, data, quiet_ms, max_wait_ms, batch, self.grace_ms, timestamp_ms],
         )
         return Recorded(
             int(reply[0]), bool(int(reply[1])), int(reply[2]), int(reply[3]), bool(int(reply[4]))

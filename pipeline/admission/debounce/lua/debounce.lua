@@ -10,6 +10,9 @@
 --                              "<arrival_ms>:<encoded message>". Never expires: it is emptied
 --                              (and so deleted) only by db_finish after a turn succeeded.
 --   {P:deb:LANE}:s:KEY   hash  mk   marker: id of the key's newest message
+--                              rc   the key's last RECENT recorded messages, " id@timestamp "
+--                                   each, newest first: a message found there is a redelivery
+--                                   (or a retried call) and is not buffered again
 --                              last arrival of the newest message (ms)
 --                              att  failed attempts of the messages at the head of the buffer
 --                              tok  lease token of the running turn, lu its expiry (ms),
@@ -79,19 +82,44 @@ local function due_at(now, len, first, last, retry_at, quiet, max_wait, max_batc
   return due
 end
 
+-- How many recorded messages a key remembers to tell a redelivery from a new message: a
+-- member killed before its commit has the next owner read again what it recorded since (one
+-- commit interval's worth, 500 ms by default); past this many, a redelivery is buffered again.
+local RECENT = 64
+
+-- `recent` (" a b ... ") with `token` (" x ") put first, the oldest dropped past RECENT.
+local function remember(recent, token)
+  local kept = {}
+  for element in string.gmatch(recent, '%S+') do
+    if #kept + 1 >= RECENT then break end
+    kept[#kept + 1] = element
+  end
+  if #kept == 0 then return token end
+  return token .. table.concat(kept, ' ') .. ' '
+end
+
 -- db_record: buffer one message and (re)schedule its key's turn.
 -- KEYS[1] due zset   KEYS[2] buffer list   KEYS[3] state hash   KEYS[4] armed   KEYS[5] wake
 -- ARGV[1] conversation key   ARGV[2] message id (the marker)   ARGV[3] encoded message
 -- ARGV[4] quiet_ms   ARGV[5] max_wait_ms   ARGV[6] max_batch   ARGV[7] grace_ms
+-- ARGV[8] the message's timestamp (ms)
 -- Returns {due_ms, superseded, buffered, now_ms, woke}: superseded is 1 when the key already
 -- had a scheduled turn (it does not fire on its own: this message's turn replaces it). While a
 -- turn of the key runs, due_ms is its lease expiry; db_finish schedules the rest. woke is 1
--- when the turn is due before any armed timer: a wake-up was pushed for it.
+-- when the turn is due before any armed timer: a wake-up was pushed for it. due_ms is -1 when
+-- the message (its id "topic:partition:offset" and timestamp) is among the key's RECENT last
+-- recorded ones (a redelivery after a crash before the commit, or a retried call that had
+-- run): nothing changed.
 local function record(keys, args)
   local now = now_ms()
+  local token = ' ' .. args[2] .. '@' .. (args[8] or '') .. ' '
+  local recent = redis.call('HGET', keys[3], 'rc') or ' '
+  if string.find(recent, token, 1, true) then
+    return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
+  end
   local state = redis.call('HMGET', keys[3], 'lu', 'ra')
   local buffered = redis.call('RPUSH', keys[2], now .. ':' .. args[3])
-  redis.call('HSET', keys[3], 'mk', args[2], 'last', now)
+  redis.call('HSET', keys[3], 'mk', args[2], 'last', now, 'rc', remember(recent, token))
   if buffered == 1 then redis.call('PERSIST', keys[3]) end  -- it expires only while idle
   local lease_until = tonumber(state[1])
   if lease_until and lease_until > now then
