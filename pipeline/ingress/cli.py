@@ -34,6 +34,7 @@ from pipeline.config import ENV_PREFIX, IngressSettings, Settings, load_settings
 from pipeline.errors import ConfigError
 from pipeline.ingress.replay import ReplaySummary, replay
 from pipeline.ingress.service import (
+    PORT_VARIABLE,
     build_ingress,
     build_sweeper,
     require_free_port,
@@ -62,6 +63,7 @@ app = typer.Typer(help="Webhook ingress.", no_args_is_help=True, pretty_exceptio
 ops_app = typer.Typer(help="Ingress log operations.", pretty_exceptions_enable=False)
 out = Console(soft_wrap=True)
 
+_MAX_PORT = 65_535
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
 
 
@@ -123,11 +125,18 @@ def serve_command(
         raise typer.Exit(serve_workers(workers, host, port, sources, transport))
 
     async def main() -> None:
+        _check_port_option(port)
         settings, ingress = worker_settings(transport, sources)
         built = build_ingress(settings, ingress)
         await serve(built, host or ingress.host, ingress.port if port is None else port, _ready)
 
     _run(main())
+
+
+def _check_port_option(port: int | None) -> None:
+    """Refuse a ``--port`` no socket can have (one line naming it), as the setting is refused."""
+    if port is not None and not 0 <= port <= _MAX_PORT:
+        raise ConfigError(f"--port: expected 0 to {_MAX_PORT} (0 picks a free port), got {port}")
 
 
 def serve_workers(
@@ -136,14 +145,13 @@ def serve_workers(
     """Check everything a worker would refuse, hold the port, then supervise ``count`` workers."""
 
     async def check() -> WorkerArgs:
+        _check_port_option(port)
         settings, ingress = worker_settings(transport, sources)
         refuse_sqlite(count, ingress.log_store)
         check_sources(settings, ingress)
         # Without SO_REUSEPORT, so that workers of another command on this port also count.
         require_free_port(
-            host or ingress.host,
-            ingress.port if port is None else port,
-            "PIPELINE_INGRESS__PORT (or --port)",
+            host or ingress.host, ingress.port if port is None else port, PORT_VARIABLE
         )
         if ingress.metrics_port:
             for index in range(count):
@@ -151,6 +159,7 @@ def serve_workers(
                     ingress.metrics_host,
                     ingress.metrics_port + index,
                     f"PIPELINE_INGRESS__METRICS_PORT (worker {index} uses it plus {index})",
+                    host_variable="PIPELINE_INGRESS__METRICS_HOST",
                 )
         return WorkerArgs(
             host or ingress.host,
@@ -218,7 +227,12 @@ async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:
     serving = None
     port = ingress.metrics_port
     if port is not None:
-        require_free_port(ingress.metrics_host, port, "PIPELINE_INGRESS__METRICS_PORT")
+        require_free_port(
+            ingress.metrics_host,
+            port,
+            "PIPELINE_INGRESS__METRICS_PORT",
+            host_variable="PIPELINE_INGRESS__METRICS_HOST",
+        )
         server = MetricsServer(Metrics())
         sweeper.on_sweep = sweeper_heartbeat(server.metrics)
         server.ready = True

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
+import re
 import socket
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -200,20 +202,57 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
     )
 
 
-def require_free_port(host: str, port: int, variable: str) -> None:
-    """Fail with one line, before anything starts, when ``host:port`` cannot be listened on."""
-    if port == 0:
-        return
+PORT_VARIABLE = "PIPELINE_INGRESS__PORT (or --port)"
+HOST_VARIABLE = "PIPELINE_INGRESS__HOST (or --host)"
+
+
+def require_free_port(
+    host: str, port: int, variable: str, *, host_variable: str = HOST_VARIABLE
+) -> None:
+    """Fail with one line, before anything starts, when ``host:port`` cannot be listened on.
+
+    ``variable`` and ``host_variable`` name the settings of the port and of the address.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}; another process holds "
-                f"it: stop that process or set {variable} to a free port"
-            ) from None
+            raise listen_error(host, port, exc, variable, host_variable) from None
+
+
+def listen_error(
+    host: str, port: int, exc: OSError, variable: str, host_variable: str = HOST_VARIABLE
+) -> ConfigError:
+    """The one line saying why ``host:port`` cannot be bound, and which setting to change."""
+    where = f"cannot listen on {host}:{port}"
+    if isinstance(exc, socket.gaierror):  # the address is neither an IP address nor a known name
+        if re.fullmatch(r"[\d.]+", host) or ":" in host:
+            return ConfigError(
+                f"{where}: {host!r} is not a valid IP address; set {host_variable} to an "
+                "address of this machine (127.0.0.1, or 0.0.0.0 for all)"
+            )
+        return ConfigError(
+            f"{where}: cannot resolve the host name {host!r} ({exc.strerror or exc}); set "
+            f"{host_variable} to an address or name of this machine"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(
+            f"{where}: {host} is not an address of this machine; set {host_variable} to one "
+            "of its addresses (127.0.0.1, or 0.0.0.0 for all)"
+        )
+    if exc.errno == errno.EACCES:
+        return ConfigError(
+            f"{where}: {exc.strerror} (a port below 1024 needs privileges); set {variable} to "
+            "a port above 1023"
+        )
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(
+            f"{where}: {exc.strerror}; another process holds it: stop that process or set "
+            f"{variable} to a free port"
+        )
+    return ConfigError(f"{where}: {exc.strerror or exc}; check {host_variable} and {variable}")
 
 
 def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) -> uvicorn.Server:
@@ -260,10 +299,13 @@ async def serve(
         PipelineError: the ingress cannot start (log store, broker or topic limits).
     """
     if sock is None:
-        require_free_port(host, port, "PIPELINE_INGRESS__PORT (or --port)")
+        require_free_port(host, port, PORT_VARIABLE)
     if built.ingress.metrics_port:
         require_free_port(
-            built.ingress.metrics_host, built.ingress.metrics_port, "PIPELINE_INGRESS__METRICS_PORT"
+            built.ingress.metrics_host,
+            built.ingress.metrics_port,
+            "PIPELINE_INGRESS__METRICS_PORT",
+            host_variable="PIPELINE_INGRESS__METRICS_HOST",
         )
     try:
         await built.start()

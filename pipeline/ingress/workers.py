@@ -52,6 +52,7 @@ import click
 
 from pipeline.config import IngressSettings, Settings
 from pipeline.errors import ConfigError
+from pipeline.ingress.service import PORT_VARIABLE, listen_error
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import build_sources
 from pipeline.topics.spec import load_specs
@@ -108,7 +109,8 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     starting (or one whose start fails, which would reset them).
 
     Raises:
-        ConfigError: the address cannot be bound (a process without ``SO_REUSEPORT`` holds it).
+        ConfigError: the address cannot be bound (a process without ``SO_REUSEPORT`` holds it,
+            or ``host`` is no address of this machine).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -119,10 +121,7 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
         sock.setblocking(False)  # noqa: FBT003 - the socket API
     except OSError as exc:
         sock.close()
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; another process holds it: "
-            "stop that process or set PIPELINE_INGRESS__PORT (or --port) to a free port"
-        ) from None
+        raise listen_error(host, port, exc, PORT_VARIABLE) from None
     return sock
 
 

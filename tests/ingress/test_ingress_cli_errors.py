@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from logstore.helpers import FakeClock, new_row
 from pipeline.logstore.sqlite import SqliteLogStore
 
 ROOT = Path(__file__).parents[2]
+CLOSED_POSTGRES = "postgresql://pipeline:not-a-secret@127.0.0.1:1/pipeline"
 
 
 def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -73,6 +75,13 @@ def seed_one_due_row(db: Path) -> None:
     asyncio.run(seed())
 
 
+def free_port() -> int:
+    """A port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.mark.parametrize("memory", ["5x", "0", "-1d"])
 def test_an_idempotency_memory_that_is_no_duration_is_one_line(tmp_path: Path, memory: str) -> None:
     """`replay --idempotency-memory 5x` (or 0, -1d) exits 2 naming the option, not a ValueError."""
@@ -83,3 +92,47 @@ def test_an_idempotency_memory_that_is_no_duration_is_one_line(tmp_path: Path, m
     line = one_line(result, 2)
     assert "--idempotency-memory" in line
     assert repr(memory) in line
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_one_line_naming_the_option(
+    tmp_path: Path, port: str, workers: str
+) -> None:
+    """`ingress serve --port 70000` exits 2 naming --port, as `registry serve` refuses it."""
+    env = environment(
+        tmp_path,
+        PIPELINE_INGRESS__LOG_STORE="postgres",  # --workers 2 needs it; never reached
+        PIPELINE_POSTGRES__URL=CLOSED_POSTGRES,
+    )
+    result = pipeline(tmp_path, "ingress", "serve", f"--port={port}", "--workers", workers, env=env)
+    line = one_line(result, 2)
+    assert "--port" in line
+    assert port in line
+    assert "0 to 65535" in line
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize(
+    ("host", "says"),
+    [
+        ("no-such-host.invalid", "cannot resolve"),
+        ("999.1.1.1", "not a valid IP address"),
+    ],
+)
+def test_a_host_that_cannot_be_bound_says_why(
+    tmp_path: Path, host: str, says: str, workers: str
+) -> None:
+    """An unresolvable or invalid --host is named as such, not as a port another process holds."""
+    env = environment(
+        tmp_path,
+        PIPELINE_INGRESS__LOG_STORE="postgres",
+        PIPELINE_POSTGRES__URL=CLOSED_POSTGRES,
+    )
+    port = str(free_port())
+    args = ["ingress", "serve", "--host", host, "--port", port, "--workers", workers]
+    line = one_line(pipeline(tmp_path, *args, env=env), 2)
+    assert says in line
+    assert f"{host}:{port}" in line
+    assert "PIPELINE_INGRESS__HOST (or --host)" in line
+    assert "another process" not in line
