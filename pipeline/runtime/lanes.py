@@ -97,6 +97,11 @@ class KeyLanes(Generic[T]):
         wanted = set(partitions)
         return sum(1 for key in self._running if key[0] in wanted)
 
+    def running_of(self, partitions: Iterable[TopicPartition]) -> list[T]:
+        """The messages of these partitions running now."""
+        wanted = set(partitions)
+        return [message for key, message in self._running.items() if key[0] in wanted]
+
     def drop(self, partitions: Iterable[TopicPartition]) -> list[T]:
         """Forget queued (not running) messages of these partitions; returns them."""
         wanted = set(partitions)

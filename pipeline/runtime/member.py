@@ -510,8 +510,9 @@ class Member:
                 await asyncio.wait_for(
                     self._chain.lanes.wait_idle(tps), self._settings.shutdown_grace_s
                 )
-        if self._chain.gate is not None:
-            self._chain.gate.drop(tps)
+        if self._chain.gate is not None:  # a run still going keeps its tenant's slots
+            running = [(work.tp, work.offset) for work in self._chain.lanes.running_of(tps)]
+            self._chain.gate.drop(tps, running)
         if not lost:
             await self._guard.flush()
         claimed = self._guard.revoked(tps)

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from typing import Any, Generic, NamedTuple, Protocol
 
 from pipeline import headers as h
@@ -232,6 +232,11 @@ class ThrottleGate(Generic[T]):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def released(self) -> None:
+        """Wait until the releases already started have reached the throttle."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
     def held_keys(self, message: Item) -> tuple[str, ...]:
         """The throttle keys ``message`` holds slots on (none if it holds no permit)."""
         held = self._permits.get((message.tp, message.offset))
@@ -249,9 +254,20 @@ class ThrottleGate(Generic[T]):
         if key in self._queues:
             self._ask(key)
 
-    def drop(self, partitions: Iterable[TopicPartition]) -> None:
-        """Forget waiting messages of revoked partitions (their acquisitions are withdrawn)."""
+    def drop(
+        self,
+        partitions: Iterable[TopicPartition],
+        running: Collection[tuple[TopicPartition, int]] = (),
+    ) -> None:
+        """Forget waiting messages of revoked partitions (their acquisitions are withdrawn).
+
+        The slots of admitted messages that will not run are released. Those of ``running``
+        ((partition, offset) of messages still running) stay held, and renewed, until each
+        run ends (:meth:`finished`): the tenant's limit still counts the run, as it does any
+        other.
+        """
         wanted = set(partitions)
+        keep = set(running)
         for key in [k for k in self._queues if k[0] in wanted]:
             for entry in self._queues.pop(key):
                 self._forget_waiting(entry)
@@ -259,7 +275,7 @@ class ThrottleGate(Generic[T]):
             task = self._acquiring.pop(key, None)
             if task is not None:
                 task.cancel()
-        for ident in [i for i in self._permits if i[0] in wanted]:
+        for ident in [i for i in self._permits if i[0] in wanted and i not in keep]:
             key, permit = self._permits.pop(ident)
             self._active.discard(key)
             self._release(permit)

@@ -14,7 +14,7 @@ from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.limits import LimitPolicy, OrgLimits
 from pipeline.admission.throttle import Throttle
-from pipeline.envelope import Message, Record
+from pipeline.envelope import Message, Record, TopicPartition
 from pipeline.errors import Throttled
 from pipeline.observability.facades import AdmissionMetrics
 from pipeline.observability.metrics import Metrics
@@ -322,3 +322,42 @@ async def test_dynamic_limits_are_recomputed_from_the_members_traffic(
     # factor is f_max (2) on an idle fleet.
     assert fleet.last["acme"] == 10
     assert (await throttle.status("org:acme")).limit == 10
+
+
+async def test_a_run_still_going_when_its_partition_is_revoked_keeps_its_tenants_slot(
+    transport: Transport, throttle: Throttle, unique: str
+) -> None:
+    """Revoked mid-run, the run keeps holding its slot until it ends, then gives it back.
+
+    Before, revoking the partition released the slots of every admitted message of it, running
+    or not: the tenant's next message (often the same one, at its partition's new owner) was
+    admitted beside the run still going, past the tenant's limit.
+    """
+    spec = lane_spec(f"thrrev_{unique}", 1, throttle={"keys": ["org:{tenant}"]})
+    await declare(transport, spec)
+    app = App([spec])
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        started.set()
+        await finish.wait()
+
+    await throttle.set_limit("org:acme", 1)
+    await produce(transport, spec.name, [record("acme", 0)])
+    member, _ = metered(app, transport, unique, throttle)
+    async with running(member):
+        await asyncio.wait_for(started.wait(), 30)
+        assert len((await throttle.status("org:acme")).holders) == 1
+        await member.on_revoked([TopicPartition(spec.name, 0)], lost=True)  # moved away
+        gate = member._chain.gate
+        assert gate is not None
+        await gate.released()  # what the revocation released has reached Redis
+        assert len((await throttle.status("org:acme")).holders) == 1  # the run still holds it
+        finish.set()
+        await eventually(lambda: member.stats.handled == 1)
+        for _ in range(500):  # the release goes to Redis in the background
+            if not (await throttle.status("org:acme")).holders:
+                break
+            await asyncio.sleep(0.02)
+        assert (await throttle.status("org:acme")).holders == ()
