@@ -182,3 +182,30 @@ def test_a_version_confluent_cannot_parse_answers_42202(registry_url: str, raw: 
     assert httpx.get(f"{registry_url}/subjects/bad-value/versions/10").status_code == 200
     got = httpx.get(f"{registry_url}/subjects/bad-value/versions/{raw}")
     assert (got.status_code, got.json()["error_code"]) == (422, 42202), got.text
+
+
+def test_registering_a_soft_deleted_schema_again_removes_its_deleted_versions(
+    sr_client: SchemaRegistryClient,
+) -> None:
+    """A new version with the id of soft-deleted earlier versions removes those for good.
+
+    Confluent's register tombstones every soft-deleted version of the subject holding the id
+    the new version gets; soft-deleted versions of other schemas stay.
+    """
+    id1 = sr_client.register_schema("again-value", V1)
+    sr_client.set_compatibility("again-value", "NONE")
+    id2 = sr_client.register_schema("again-value", OTHER)
+    assert sr_client.delete_subject("again-value") == [1, 2]
+    sr_client.clear_caches()
+    assert sr_client.register_schema("again-value", V1) == id1
+    assert sr_client.get_versions("again-value") == [3]
+    assert sr_client.get_versions("again-value", deleted=True) == [2, 3]
+    gone = error_of(lambda: sr_client.get_version("again-value", 1, deleted=True))
+    assert gone.error_code == 40402
+    assert sr_client.get_version("again-value", 2, deleted=True).schema_id == id2
+    assert json.loads(sr_client.get_schema(id1).schema_str)["name"] == "test.User"
+    # Soft-deleting the version alone, then registering the schema once more, is the same.
+    assert sr_client.delete_version("again-value", 3) == 3
+    sr_client.clear_caches()
+    assert sr_client.register_schema("again-value", V1) == id1
+    assert sr_client.get_versions("again-value", deleted=True) == [2, 4]

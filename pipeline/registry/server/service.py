@@ -7,7 +7,8 @@ schema type ``AVRO`` is supported, and schema references are refused (42201).
 Semantics follow Confluent Schema Registry:
 
 * versions are numbered per subject from 1; a soft-deleted version keeps its number, is hidden
-  unless ``deleted=True`` is asked for, and no longer takes part in compatibility checks;
+  unless ``deleted=True`` is asked for, and no longer takes part in compatibility checks; a new
+  version with the id of soft-deleted ones removes those for good (the store does it);
 * a permanent delete must follow a soft delete (40405 / 40407); ids stay resolvable after it;
 * the compatibility level is the subject's own, else the global one, else the default given at
   construction (``BACKWARD``); the mode likewise (default ``READWRITE``);

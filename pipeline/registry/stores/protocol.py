@@ -81,7 +81,8 @@ class SchemaStore(Protocol):
 
         Idempotent: a schema the subject holds live returns that version untouched (``check`` is
         not called), unless ``schema_id`` is given and is not that version's id; then ``check``
-        decides, as for a new version. ``schema_id``/``version`` are for IMPORT mode.
+        decides, as for a new version. ``schema_id``/``version`` are for IMPORT mode. A new
+        version removes for good the subject's soft-deleted earlier versions with its id.
 
         Raises:
             IdConflict: ``schema_id`` already holds another schema, or ``version`` exists.

@@ -176,6 +176,10 @@ class PostgresSchemaStore(SqlRegistryStore):
             if version is not None and any(v.version == version for v in existing):
                 raise IdConflict(f"subject {subject!r} already has a version {version}")
             number = version or max((v.version for v in existing), default=0) + 1
+            # As Confluent does, a new version removes the soft-deleted earlier ones of its id.
+            for v in existing:
+                if v.deleted and v.schema_id == new_id and v.version < number:
+                    conn.execute(_PURGE, (subject, v.version))
             conn.execute(_INSERT_VERSION, (subject, number, new_id))
             return SubjectVersion(
                 subject, number, new_id, schema.normalized, schema.fingerprint, deleted=False

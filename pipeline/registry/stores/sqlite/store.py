@@ -132,32 +132,39 @@ class SqliteSchemaStore(SqlRegistryStore):
                 if v.fingerprint == schema.fingerprint and schema_id in {None, v.schema_id}:
                     return v
             check(live)
-            found = db.execute(_ID_BY_FINGERPRINT, (schema.fingerprint,)).fetchone()
-            if schema_id is not None:
-                if found is not None and found[0] != schema_id:
-                    raise IdConflict(f"the schema already has id {found[0]}, not {schema_id}")
-                holder = db.execute(_SCHEMA, (schema_id,)).fetchone()
-                if found is None and holder is not None:
-                    raise IdConflict(f"id {schema_id} already holds a different schema")
-                if found is None:
-                    db.execute(
-                        _INSERT_SCHEMA_WITH_ID,
-                        (schema_id, schema.fingerprint, "AVRO", schema.normalized),
-                    )
-                new_id = schema_id
-            elif found is not None:
-                new_id = found[0]
-            else:
-                new_id = db.execute(
-                    _INSERT_SCHEMA, (schema.fingerprint, "AVRO", schema.normalized)
-                ).fetchall()[0][0]
+            new_id = self._schema_id(db, schema, schema_id)
             if version is not None and any(v.version == version for v in existing):
                 raise IdConflict(f"subject {subject!r} already has a version {version}")
             number = version or max((v.version for v in existing), default=0) + 1
+            # As Confluent does, a new version removes the soft-deleted earlier ones of its id.
+            for v in existing:
+                if v.deleted and v.schema_id == new_id and v.version < number:
+                    db.execute(_PURGE, (subject, v.version))
             db.execute(_INSERT_VERSION, (subject, number, new_id))
             return SubjectVersion(
                 subject, number, new_id, schema.normalized, schema.fingerprint, deleted=False
             )
+
+    @staticmethod
+    def _schema_id(db: sqlite3.Connection, schema: ParsedSchema, wanted: int | None) -> int:
+        found = db.execute(_ID_BY_FINGERPRINT, (schema.fingerprint,)).fetchone()
+        if wanted is not None:
+            if found is not None and found[0] != wanted:
+                raise IdConflict(f"the schema already has id {found[0]}, not {wanted}")
+            holder = db.execute(_SCHEMA, (wanted,)).fetchone()
+            if found is None and holder is not None:
+                raise IdConflict(f"id {wanted} already holds a different schema")
+            if found is None:
+                db.execute(
+                    _INSERT_SCHEMA_WITH_ID, (wanted, schema.fingerprint, "AVRO", schema.normalized)
+                )
+            return wanted
+        if found is not None:
+            return int(found[0])
+        inserted: int = db.execute(
+            _INSERT_SCHEMA, (schema.fingerprint, "AVRO", schema.normalized)
+        ).fetchall()[0][0]
+        return inserted
 
     def close(self) -> None:
         """Close the connection."""
