@@ -44,7 +44,6 @@ from pipeline.ingress.sweeper import Sweeper
 from pipeline.ingress.workers import (
     Supervisor,
     WorkerArgs,
-    check_sources,
     refuse_sqlite,
     reuse_port_socket,
 )
@@ -142,13 +141,18 @@ def _check_port_option(port: int | None) -> None:
 def serve_workers(
     count: int, host: str | None, port: int | None, sources: Path | None, transport: str | None
 ) -> int:
-    """Check everything a worker would refuse, hold the port, then supervise ``count`` workers."""
+    """Check everything a worker would refuse, hold the port, then supervise ``count`` workers.
+
+    The checks are a single ingress's: settings, sources and ports (exit 2), then the log
+    database and the topics' limits (:meth:`~pipeline.ingress.service.Ingress.preflight`), each
+    failure one line from this process before any worker starts.
+    """
 
     async def check() -> WorkerArgs:
         _check_port_option(port)
         settings, ingress = worker_settings(transport, sources)
         refuse_sqlite(count, ingress.log_store)
-        check_sources(settings, ingress)
+        built = build_ingress(settings, ingress)  # topics and sources, as each worker reads them
         # Without SO_REUSEPORT, so that workers of another command on this port also count.
         require_free_port(
             host or ingress.host, ingress.port if port is None else port, PORT_VARIABLE
@@ -161,6 +165,7 @@ def serve_workers(
                     f"PIPELINE_INGRESS__METRICS_PORT (worker {index} uses it plus {index})",
                     host_variable="PIPELINE_INGRESS__METRICS_HOST",
                 )
+        await built.preflight()  # the log database, the topics' limits: before any worker
         return WorkerArgs(
             host or ingress.host,
             ingress.port if port is None else port,
@@ -168,6 +173,7 @@ def serve_workers(
             transport,
             os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
             os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
+            limits_checked=built.limits_checked,
         )
 
     args = _run(check())

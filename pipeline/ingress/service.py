@@ -87,6 +87,8 @@ class Ingress:
     dispatcher: Dispatcher | None = None
     sweeper: Sweeper | None = None
     capacity: CapacityFeed | None = None
+    limits_checked: bool = False
+    """The topics' size limits were checked already (by :meth:`preflight`, in the supervisor)."""
     app: IngressApp = field(init=False)
     observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
@@ -116,7 +118,8 @@ class Ingress:
         The log store, the producer and the dispatcher are opened; a source whose body cap is
         above a topic's message limit stops the start (ConfigError).
         """
-        await check_topic_limits(self.sources, self.transport.admin())
+        if not self.limits_checked:
+            await check_topic_limits(self.sources, self.transport.admin())
         await self.store.open()
         self.store.observe_commits(LogCommitMetrics(self.observer.metrics).committed)
         self.producer = self.transport.producer()
@@ -160,6 +163,26 @@ class Ingress:
             self.observer.sources.append(self.capacity.source(self.observer.metrics))
         self.observer.start()
         self.observer.ready = True
+
+    async def preflight(self) -> None:
+        """Check what :meth:`start` would refuse, then close: the log store, the topic limits.
+
+        ``ingress serve --workers N`` runs it before it starts a worker, so that a log database
+        that is down or refuses the ingress is one line from the supervisor, not one per worker.
+        Nothing is left open; this ingress is not started.
+
+        Raises:
+            PipelineError: the log store cannot be opened, or a source's body cap is above a
+                topic's message limit (ConfigError).
+        """
+        try:
+            await self.store.open()
+            await check_topic_limits(self.sources, self.transport.admin())
+            self.limits_checked = True
+        finally:
+            with contextlib.suppress(Exception):  # the check's own error is the one to report
+                await self.store.close()
+            await self.transport.close()
 
     async def stop(self) -> None:
         """Stop the sweeper, let queued events go, then close everything."""

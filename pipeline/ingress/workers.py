@@ -8,8 +8,10 @@ the PostgreSQL log store the way several hosts behind a load balancer do: the un
 ``FOR UPDATE SKIP LOCKED`` and a lease, so a row is never swept by two at once. SQLite is one
 process's file: ``--workers`` above 1 with it is refused before anything starts.
 
-The supervisor (the process the command started) checks the configuration and the port, holds
-the port (bound, not listening, so ``--port 0`` resolves once for every worker), starts the
+The supervisor (the process the command started) checks the configuration and the port, opens
+the log database and checks the topics' size limits as a single ingress does before it listens
+(:meth:`~pipeline.ingress.service.Ingress.preflight`: a failure is one line, no worker started),
+holds the port (bound, not listening, so ``--port 0`` resolves once for every worker), starts the
 workers, and prints ``ingress listening on ...`` once all are listening. Then:
 
 * SIGTERM or SIGINT: SIGTERM to every worker (each drains like a single ingress: uvicorn's
@@ -48,14 +50,10 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-import click
+import typer
 
-from pipeline.config import IngressSettings, Settings
 from pipeline.errors import ConfigError
 from pipeline.ingress.service import PORT_VARIABLE, listen_error
-from pipeline.ingress.settings import load_sources
-from pipeline.ingress.source import build_sources
-from pipeline.topics.spec import load_specs
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +75,8 @@ class WorkerArgs:
     transport: str | None
     log_level: str
     log_format: str = "text"
+    limits_checked: bool = False
+    """The supervisor checked the topics' size limits (:meth:`Ingress.preflight`)."""
 
 
 def refuse_sqlite(workers: int, log_store: str) -> None:
@@ -87,18 +87,6 @@ def refuse_sqlite(workers: int, log_store: str) -> None:
             "run one worker, or set PIPELINE_INGRESS__LOG_STORE=postgres "
             "(and PIPELINE_POSTGRES__URL)"
         )
-
-
-def check_sources(settings: Settings, ingress: IngressSettings) -> None:
-    """Read the topics and the sources as each worker will (ConfigError on any problem)."""
-    specs = load_specs(settings.topics_dir)
-    configs = load_sources(ingress.sources_file, {spec.name for spec in specs})
-    build_sources(
-        configs,
-        specs,
-        admission=ingress.admission,
-        max_message_bytes=settings.max_message_bytes,
-    )
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -139,7 +127,7 @@ def worker_main(index: int, args: WorkerArgs, ready: Connection, parent_pid: int
     tracing.configure(os.environ, service="pipeline-ingress", system=system)
     try:
         run_command(_serve_worker(index, args, ready), loop_factory=_uvloop())
-    except click.exceptions.Exit as exc:  # run_command's exit for a pipeline error (one line)
+    except typer.Exit as exc:  # run_command's exit for a pipeline error (its one line printed)
         sys.exit(exc.exit_code)
     finally:
         ready.close()
@@ -153,6 +141,7 @@ async def _serve_worker(index: int, args: WorkerArgs, ready: Connection) -> None
     if ingress.metrics_port:  # one metrics port per worker: METRICS_PORT + index
         ingress = ingress.model_copy(update={"metrics_port": ingress.metrics_port + index})
     built = build_ingress(settings, ingress)
+    built.limits_checked = args.limits_checked
     sock = reuse_port_socket(args.host, args.port)
 
     def announce(host: str, port: int) -> None:

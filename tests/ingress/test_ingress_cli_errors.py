@@ -136,3 +136,58 @@ def test_a_host_that_cannot_be_bound_says_why(
     assert f"{host}:{port}" in line
     assert "PIPELINE_INGRESS__HOST (or --host)" in line
     assert "another process" not in line
+
+
+def test_workers_with_the_log_database_down_say_so_once(tmp_path: Path) -> None:
+    """`ingress serve --workers 2` with PostgreSQL down: one line, exit 1, no worker's traceback.
+
+    The supervisor opens the log database before it starts any worker, as a single ingress
+    opens it before it listens.
+    """
+    env = environment(
+        tmp_path,
+        PIPELINE_INGRESS__LOG_STORE="postgres",
+        PIPELINE_POSTGRES__URL=CLOSED_POSTGRES,
+    )
+    result = pipeline(tmp_path, "ingress", "serve", "--port", "0", "--workers", "2", env=env)
+    line = one_line(result, 1)
+    assert line.startswith("error: cannot connect to the log database")
+    assert "PIPELINE_POSTGRES__URL" in line
+    assert "not-a-secret" not in line
+
+
+WORKERS_WITHOUT_PREFLIGHT = """
+import sys
+from pathlib import Path
+from pipeline.ingress.workers import Supervisor, WorkerArgs
+if __name__ == "__main__":
+    args = WorkerArgs("127.0.0.1", 0, None, None, "WARNING")
+    sys.exit(Supervisor(2, args, lambda host, port: None).run())
+"""
+
+
+def test_a_worker_that_cannot_start_exits_with_its_line_and_no_traceback(tmp_path: Path) -> None:
+    """A worker whose start fails after the supervisor's checks (the database gone meanwhile).
+
+    Before, each worker printed its line, then ``Process ingress-worker-N: Traceback ...
+    typer.exceptions.Exit: 1``: the worker caught click's Exit, which typer's no longer is.
+    """
+    env = environment(
+        tmp_path,
+        PIPELINE_INGRESS__LOG_STORE="postgres",
+        PIPELINE_POSTGRES__URL=CLOSED_POSTGRES,
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", WORKERS_WITHOUT_PREFLIGHT],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = {line for line in result.stderr.splitlines() if line.startswith("error: ")}
+    assert len(errors) == 1, result.stderr
+    assert errors.pop().startswith("error: cannot connect to the log database")
