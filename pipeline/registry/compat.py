@@ -48,6 +48,11 @@ _PROMOTIONS: dict[str, frozenset[str]] = {
     "bytes": frozenset({"string"}),
     "string": frozenset({"bytes"}),
 }
+_READERS_OF: dict[str, tuple[str, ...]] = {
+    writer: (writer, *sorted(r for r, sources in _PROMOTIONS.items() if writer in sources))
+    for writer in PRIMITIVES
+}
+"""The reader types that can read each primitive writer type (itself, then its promotions)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,36 @@ def _short(name: str) -> str:
     return name.rpartition(".")[2]
 
 
+@dataclass(frozen=True, slots=True)
+class _UnionIndex:
+    """A reader union's branch positions by what a writer type must share to be read by them.
+
+    Only the branches listed for a writer type can read it: any other fails at once (a type or
+    name mismatch, before any recursion), so skipping it changes neither the answer nor what
+    the checker memoises, and a union against a union costs about its size, not its square.
+    Branches sharing one unqualified name (in several namespaces) are still each tried, in
+    order, as Avro's Java checker tries them.
+    """
+
+    by_type: dict[str, list[int]]
+    """Unnamed branches (primitives, with or without a logical type, array, map) by type."""
+    by_name: dict[str, list[int]]
+    """Named branches by unqualified name and by each of their aliases."""
+
+    def candidates(self, writer: Any, branch_count: int) -> Sequence[int]:
+        """Positions of the branches that may read ``writer`` (resolved, not a union), in order."""
+        kind = _type_name(writer)
+        if kind in NAMED:
+            found = {*self.by_name.get(_short(writer["name"]), ())}
+            found.update(self.by_name.get(writer["name"], ()))
+            return sorted(found)
+        if kind in _READERS_OF:
+            return sorted(i for reader in _READERS_OF[kind] for i in self.by_type.get(reader, ()))
+        if kind in {"array", "map"}:
+            return self.by_type.get(kind, [])
+        return range(branch_count)  # not a known type: try every branch, as before
+
+
 def _type_name(schema: Any) -> str:
     if isinstance(schema, list):
         return "union"
@@ -105,6 +140,10 @@ class _Checker:
         self.reader_names = _index(reader.tree, {})
         self.writer_names = _index(writer.tree, {})
         self.in_progress: set[tuple[str, str]] = set()
+        self.unions: dict[int, _UnionIndex] = {}
+        """Index of each reader union, by the list's id (the trees outlive the checker)."""
+        self.symbols: dict[int, frozenset[str]] = {}
+        """Symbols of each reader enum as a set, by the enum's id."""
         self.done: dict[tuple[str, str], list[Incompatibility]] = {}
         """Problems of each (reader, writer) pair of named records already checked: a type
         referenced many times is checked once, so the work is linear in the schemas' size
@@ -153,7 +192,8 @@ class _Checker:
                 else:
                     yield from problems
         elif not any(
-            not list(self.check(b, writer, path, f"{loc}/{i}")) for i, b in enumerate(reader)
+            not list(self.check(reader[i], writer, path, f"{loc}/{i}"))
+            for i in self.union_index(reader).candidates(writer, len(reader))
         ):
             yield Incompatibility(
                 "MISSING_UNION_BRANCH",
@@ -161,6 +201,20 @@ class _Checker:
                 loc,
                 f"reader union has no branch that reads writer type {_describe(writer)}",
             )
+
+    def union_index(self, reader: list[Any]) -> _UnionIndex:
+        index = self.unions.get(id(reader))
+        if index is None:
+            index = _UnionIndex({}, {})
+            for i, branch in enumerate(reader):
+                resolved = self.resolve(branch, self.reader_names)
+                if _type_name(resolved) in NAMED:
+                    for key in {_short(resolved["name"]), *resolved.get("aliases", ())}:
+                        index.by_name.setdefault(key, []).append(i)
+                else:
+                    index.by_type.setdefault(_type_name(resolved), []).append(i)
+            self.unions[id(reader)] = index
+        return index
 
     def named(
         self, reader: dict[str, Any], writer: dict[str, Any], path: str, loc: str
@@ -185,7 +239,10 @@ class _Checker:
                 f"reader size {reader['size']}, writer size {writer['size']}",
             )
         elif kind == "enum":
-            missing = [s for s in writer["symbols"] if s not in reader["symbols"]]
+            symbols = self.symbols.get(id(reader))
+            if symbols is None:
+                symbols = self.symbols[id(reader)] = frozenset(reader["symbols"])
+            missing = [s for s in writer["symbols"] if s not in symbols]
             if missing and "default" not in reader:
                 yield Incompatibility(
                     "MISSING_ENUM_SYMBOLS",
