@@ -158,6 +158,8 @@ class Expired(DeadLetter):
 class PoisonMessage(DeadLetter):
     """Recorded on a dead letter the runtime sent as poison: its runs kept being interrupted."""
 
+    dead_reason = "poison"
+
 
 class SequencedDeadLetter(DeadLetter):
     """Recorded on a dead letter that followed a dead-lettered message of its key (in order)."""

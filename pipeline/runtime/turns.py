@@ -30,7 +30,7 @@ from pipeline.admission.debounce import Debouncer, Turn
 from pipeline.admission.debounce.codec import BufferedMessage
 from pipeline.admission.debounce.runner import TurnRunner
 from pipeline.envelope import Message
-from pipeline.errors import Skip
+from pipeline.errors import PoisonMessage, Skip
 from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import Lane
 from pipeline.runtime.context import Context
@@ -131,6 +131,13 @@ class DebouncedLanes:
         messages = [to_message(m) for m in turn.messages]
         late_s = max(0, turn.fired_ms - turn.due_ms) / 1000
         first_ms = min(turn.arrivals_ms, default=0)
+        if turn.attempt > lane.routes.max_attempts:
+            # Every run it was allowed started and never finished (its member died, or hung
+            # past its lease): running it again would only take down one more member.
+            error = PoisonMessage(
+                f"the turn of {turn.key!r} started {turn.attempt - 1} times and never finished"
+            )
+            return await self._settle(lane, TurnOutcome(messages, "exhausted", error, late_s))
         try:
             with tracing.turn(lane.name, messages, first_ms, turn.fired_ms):
                 events = [

@@ -13,6 +13,7 @@ from redis.backoff import NoBackoff
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
+from pipeline.admission.debounce import Debouncer
 from pipeline.envelope import Record
 from pipeline.errors import ConfigError, DeadLetter, Retry
 from pipeline.observability.facades import DebounceMetrics
@@ -204,3 +205,45 @@ async def test_a_turn_runs_its_side_effect_once_across_its_retries(
     assert attempts == [1, 2]
     assert effects == [[0, 1]]
     assert member.stats.dead_lettered == 0
+
+
+async def test_a_turn_whose_runs_never_finished_is_dead_lettered_as_poison_unrun(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """Claimed and abandoned ``max_attempts`` times (its members died): poison, never run again.
+
+    Before, a claim past the last attempt ran the turn all the same: a turn that kills its
+    process (out of memory, a native crash) took down one member every lease, without end.
+    """
+    spec = lane_spec(f"turnpoison_{unique}", 1, debounce=QUIET, retry={"max_attempts": 2})
+    await declare(transport, spec)
+    await produce(transport, spec.name, [said("c1", 0), said("c1", 1)])
+    reader = transport.consumer(f"read-{unique}", [spec.name])
+    messages = await consume_until(reader, lambda got: len(got) == 2)
+    await reader.close()
+    prefix = f"t{unique}"
+    assert spec.debounce is not None
+    dying = Debouncer(redis, prefix, spec.lane, spec.debounce, lease_ms=50)  # members that die
+    for message in messages:
+        await dying.record("c1", message)
+    abandoned = 0
+    while abandoned < 2:  # each claim's member dies: its lease runs out, the next one claims
+        claim = await dying.claim(10)
+        abandoned += len(claim.turns)
+    app = App([spec])
+    handled: list[list[int]] = []
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        handled.append([e.n for e in events])
+
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=prefix)
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered == 2)
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    dead = await consume_until(dlq, lambda got: len(got) == 2)
+    await dlq.close()
+    assert handled == []
+    assert [Said.model_validate_json(m.value).n for m in dead] == [0, 1]
+    assert all(m.headers[h.DEAD_REASON] == b"poison" for m in dead)
+    await transport.admin().delete_group(f"read-{unique}", [spec.name])
