@@ -4,8 +4,9 @@ A scrape returns the bytes rendered by the last refresh and never waits: the exp
 (group lag from Kafka or Redis, log-store ages) run only in :meth:`MetricsServer.run`, every
 ``interval_s``, each :class:`~pipeline.observability.sources.SnapshotSource` under a timeout.
 A source that fails or hangs is counted in ``pipeline_metrics_refresh_errors_total`` and keeps
-its previous values; ``pipeline_metrics_refresh_timestamp_seconds`` moves only when every
-source succeeded, so a stale snapshot is visible (and alerted on).
+its previous values (a pipeline error, such as a broker that is down, is logged as one warning
+line; any other exception with its traceback); ``pipeline_metrics_refresh_timestamp_seconds``
+moves only when every source succeeded, so a stale snapshot is visible (and alerted on).
 
 * ``GET /metrics``: the snapshot, Prometheus text format 0.0.4.
 * ``GET /healthz``: 200 while the process serves requests (liveness).
@@ -27,6 +28,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline.errors import PipelineError
 from pipeline.observability import metrics as m
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.sources import SnapshotSource
@@ -90,8 +92,10 @@ class MetricsServer:
             await asyncio.wait_for(source.refresh(), self._timeout_s)
         except TimeoutError:
             log.warning("metrics source %s timed out after %.1fs", source.name, self._timeout_s)
+        except PipelineError as exc:  # a service down or refusing: its message says which, where
+            log.warning("metrics source %s failed: %s", source.name, exc)
         except Exception:
-            log.exception("metrics source %s failed", source.name)
+            log.exception("metrics source %s failed", source.name)  # a bug: its traceback
         else:
             return True
         self._errors.labels(source.name).inc()

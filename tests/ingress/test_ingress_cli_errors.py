@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -191,3 +193,45 @@ def test_a_worker_that_cannot_start_exits_with_its_line_and_no_traceback(tmp_pat
     errors = {line for line in result.stderr.splitlines() if line.startswith("error: ")}
     assert len(errors) == 1, result.stderr
     assert errors.pop().startswith("error: cannot connect to the log database")
+
+
+def test_a_metrics_source_whose_broker_is_down_logs_one_warning(tmp_path: Path) -> None:
+    """With Redis down the ingress still starts; the failed group-lag reading is one warning line.
+
+    Before, it was logged at ERROR with the chained tracebacks of redis-py and the transport.
+    """
+    env = environment(
+        tmp_path, PIPELINE_TRANSPORT="redis", PIPELINE_REDIS__URL="redis://127.0.0.1:1/0"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "ingress", "serve", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if "metrics source group_lag" in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert seen.wait(60), "\n".join(lines)
+        time.sleep(0.5)  # whatever the same refresh logs after that line
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        reader.join(5)
+    text = "\n".join(lines)
+    assert "Traceback" not in text
+    (failed,) = [line for line in lines if "metrics source group_lag" in line]
+    assert re.search(r"\bWARNING\b", failed), failed
+    assert "127.0.0.1:1" in failed
