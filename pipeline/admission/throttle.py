@@ -215,6 +215,7 @@ class Throttle:
             return await future
         except _UNAVAILABLE as exc:
             self._forget(permit.holder)
+            self._spawn(self._withdraw_when_back(permit))
             return self._fail_open(permit, exc)
         except asyncio.CancelledError:
             # Cancelled while queued (or while the call was in flight): leave the queue.
@@ -237,6 +238,7 @@ class Throttle:
         try:
             state = await self._call_acquire(permit, try_only=True)
         except _UNAVAILABLE as exc:
+            self._spawn(self._withdraw_when_back(permit))
             return self._fail_open(permit, exc)
         if state != "granted":
             return None
@@ -367,6 +369,28 @@ class Throttle:
         self._forget(holder)
         with contextlib.suppress(*_FAILED):  # its lease lapses
             self._woken((await self._call(self._functions.release(holder))).woken)
+
+    async def _withdraw_when_back(self, permit: Permit) -> None:
+        """Withdraw a permit whose acquisition failed, once Redis answers again.
+
+        A call that timed out may have run in Redis all the same: its permit would then hold
+        slots (or a place in the queue) owned by nobody until its lease lapsed, while the job
+        runs failed open beside it. Tried at growing intervals until Redis answers or the lease
+        has lapsed anyway (withdrawing a permit that does not exist changes nothing).
+        """
+        deadline = asyncio.get_running_loop().time() + permit.lease_ms / 1000
+        pause_s = 0.1
+        while not self._closed.is_set():
+            try:
+                self._woken((await self._call(self._functions.release(permit.holder))).woken)
+            except _FAILED:
+                if asyncio.get_running_loop().time() + pause_s > deadline:
+                    return  # its lease lapses by itself
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closed.wait(), pause_s)
+                pause_s = min(pause_s * 2, 5.0)
+            else:
+                return
 
     async def _reopen_after(self, delay_s: float) -> None:
         """Reopen keys a Retry-After closed once it passed: any throttle call reopens due keys.

@@ -310,3 +310,32 @@ async def test_a_cancellation_absorbed_below_the_acquire_call_still_cancels_it(
 
 async def _no_waiters(t: Throttle, key: str) -> bool:
     return not (await t.status(key)).waiters
+
+
+async def test_an_acquisition_whose_reply_was_lost_leaves_no_slot_held(make, monkeypatch):
+    """The acquire ran in Redis but its reply was lost: its slot is given back, not orphaned.
+
+    The job runs failed open, and the permit the call made in Redis is withdrawn once Redis
+    answers. Before, that permit held the slot until its lease (60 s by default) ran out:
+    after a Redis stall the tenant's limit stayed taken by permits nobody held or renewed.
+    """
+    t = await make(default_limit=1)
+    real = t._call
+    calls = 0
+
+    async def reply_lost(call: Awaitable[object]) -> object:
+        nonlocal calls
+        calls += 1
+        result = await real(call)
+        if calls == 1:  # the acquire: Redis ran it, the answer never came
+            raise TimeoutError("Timeout reading from socket")
+        return result
+
+    monkeypatch.setattr(t, "_call", reply_lost)
+    permit = await t.acquire(["org:lost"])
+    assert permit.unconditional  # failed open
+    await asyncio.gather(*t._background)  # the withdrawal, once Redis answers
+    assert (await t.status("org:lost")).holders == ()
+    granted = await asyncio.wait_for(t.acquire(["org:lost"]), 10)  # the slot is free again
+    assert not granted.unconditional
+    await t.release(granted)
