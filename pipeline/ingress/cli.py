@@ -193,11 +193,18 @@ def sweep_command(
     loop: Annotated[bool, typer.Option("--loop", help="Keep sweeping every interval.")] = False,
     transport: TransportOpt = None,
 ) -> None:
-    """Produce rows the queue lost, replay unprocessed ones, abandon those past the limit."""
+    """Produce rows the queue lost, replay unprocessed ones, abandon those past the limit.
+
+    One sweep needs the broker to answer, or it stops first with one line. ``--loop`` runs
+    beside the ingress as its sweeper does: a broker that is down only fails its sweeps until it
+    is back.
+    """
 
     async def main() -> None:
         settings, ingress = _settings(transport)
         specs = load_specs(settings.topics_dir)
+        if not loop:
+            await _reach_broker(settings)  # in seconds, one line, before any row is claimed
         store = create_log_store(settings, ingress)
         broker = create_transport(settings)
         await store.open()
@@ -221,6 +228,14 @@ def sweep_command(
             await broker.close()
 
     _run(main())
+
+
+async def _reach_broker(settings: Settings) -> None:
+    """Raise BrokerUnavailable (one line: the broker, its address, the fix) unless it answers."""
+    # pipeline.cli registers these commands: imported here, when the command runs.
+    from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415
+
+    await reach_broker(settings)
 
 
 async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:
@@ -346,6 +361,8 @@ def replay_command(
         )
         per_s = _rate(rate)
         forgotten_ms = int(time.time() * 1000) - _memory_ms(memory)
+        if not dry_run:
+            await _reach_broker(settings)  # in seconds, one line, before any row is read
         store = create_log_store(settings, ingress)
         await store.open()
         try:

@@ -10,6 +10,7 @@ import asyncio
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,6 +24,19 @@ from pipeline.logstore.sqlite import SqliteLogStore
 
 ROOT = Path(__file__).parents[2]
 CLOSED_POSTGRES = "postgresql://pipeline:not-a-secret@127.0.0.1:1/pipeline"
+BROKER_DOWN = [
+    (
+        "kafka",
+        {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
+        ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
+    ),
+    (
+        "redis",
+        {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+        ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
+    ),
+]
+"""A transport, the environment that points it at a closed port, what the error must name."""
 
 
 def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -75,6 +89,15 @@ def seed_one_due_row(db: Path) -> None:
             await store.close()
 
     asyncio.run(seed())
+
+
+def row_bookkeeping(db: Path) -> tuple[str, int, int, int]:
+    """State, produce attempts, replay count and claim lease of the log's only row."""
+    with sqlite3.connect(db) as conn:
+        (row,) = conn.execute(
+            "SELECT state, produce_attempts, replay_count, lease_until_ms FROM ingress_log"
+        ).fetchall()
+    return row
 
 
 def free_port() -> int:
@@ -235,3 +258,28 @@ def test_a_metrics_source_whose_broker_is_down_logs_one_warning(tmp_path: Path) 
     (failed,) = [line for line in lines if "metrics source group_lag" in line]
     assert re.search(r"\bWARNING\b", failed), failed
     assert "127.0.0.1:1" in failed
+
+
+@pytest.mark.parametrize(("transport", "down", "named"), BROKER_DOWN)
+@pytest.mark.parametrize("command", [["sweep"], ["replay"]])
+def test_sweep_and_replay_reach_the_broker_before_touching_rows(
+    tmp_path: Path,
+    transport: str,
+    down: dict[str, str],
+    named: list[str],
+    command: list[str],
+) -> None:
+    """With the broker down, one line saying where it is, exit 1, and the due row untouched.
+
+    Before, `sweep` printed ``failed 1`` with no reason (and, within the claim lease, ``failed 0``
+    and exit 0), and `replay` went through the selection to print ``BrokerUnavailable: 1``.
+    """
+    db = tmp_path / "ingress.db"
+    seed_one_due_row(db)
+    env = environment(tmp_path, PIPELINE_TRANSPORT=transport, **down)
+    for _ in range(2):  # the second within the first one's claim lease
+        line = one_line(pipeline(tmp_path, *command, env=env), 1)
+        for text in named:
+            assert text in line
+        assert re.search(r"start it \(`[^`]+`\) or point PIPELINE_\w+ at ", line), line
+    assert row_bookkeeping(db) == ("received", 0, 0, 0)
