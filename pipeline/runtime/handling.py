@@ -173,7 +173,14 @@ class HandlerStage:
         return "handled"
 
     async def settle_turn(self, lane: Lane, turn: TurnOutcome) -> bool:
-        """Count a finished turn, dead-letter it if it failed for good; False: run it again."""
+        """Count a finished turn, dead-letter it if it failed for good; False: run it again.
+
+        ``cancelled``: messages left out of their turn as cancelled work (counted where they
+        were found); they are finished.
+        """
+        if turn.outcome == "cancelled":
+            self._rows_finished(turn.messages)
+            return True
         if turn.outcome in ("handled", "skipped"):
             self._stats.turns += 1
             if self._turn_metrics is not None:

@@ -170,6 +170,21 @@ class LongWork:
             if long and self._batch.begun.pop(str(run.ident), None) is None:
                 self._batch.ended.append(str(run.ident))
 
+    def skips(self, lane: Lane, message: Message) -> bool:
+        """Whether ``message`` of ``lane`` is cancelled work: if so it is counted and logged.
+
+        For work that does not pass the gate one message at a time: a debounced turn's
+        buffered messages, checked when their turn comes up.
+        """
+        if not self.selectors and h.ABANDON_AFTER_MS not in message.headers:
+            return False
+        facts = facts_of(message, message_id(message))
+        reason = self.selectors.reason(lane.name, facts, _now_ms())
+        if reason is None:
+            return False
+        self._cancelled(lane, message, reason, "skipped")
+        return True
+
     async def _stopped(self, run: _Run, reason: str) -> str | None:
         """The outcome of a run stopped for ``reason``: hung ones are routed like failures."""
         lane, message = run.lane, run.message

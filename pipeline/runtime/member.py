@@ -199,6 +199,7 @@ class Member:
                 max_concurrency=settings.max_concurrency,
                 superseded=None if turn_metrics is None else turn_metrics.superseded,
                 idempotency=idempotency,
+                cancelled=self._longwork.skips,
             )
             self._handler.turns = self._turns
         elif debounced:

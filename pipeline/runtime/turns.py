@@ -81,6 +81,12 @@ class TurnOutcome:
     """How late the turn fired after it was due."""
 
 
+def _left(messages: list[Message], kept: list[Message]) -> list[Message]:
+    """The messages of ``messages`` not in ``kept``, in order."""
+    ids = {id(m) for m in kept}
+    return [m for m in messages if id(m) not in ids]
+
+
 class DebouncedLanes:
     """The debouncers and turn runners of one member's debounced lanes."""
 
@@ -94,6 +100,7 @@ class DebouncedLanes:
         max_concurrency: int,
         superseded: Callable[[str], None] | None = None,
         idempotency: IdempotencyGuard | None = None,
+        cancelled: Callable[[Lane, Message], bool] | None = None,
     ) -> None:
         """Debounce ``lanes``; ``settle`` is told how each turn ended and routes failures.
 
@@ -101,10 +108,13 @@ class DebouncedLanes:
         or is to be retried). ``superseded(lane)`` is told of each message that replaced its
         conversation's scheduled turn (the member's Prometheus counter). ``idempotency`` backs
         a turn's ``ctx.once`` (the turn's last message names its event), as it does a
-        message's.
+        message's. ``cancelled(lane, message)`` says (and counts) whether a buffered message
+        is cancelled work (``pipeline cancel``): it is left out of its turn when the turn comes
+        up, and a turn of cancelled messages only is not run.
         """
         self._lanes = {lane.name: lane for lane in lanes}
         self._idempotency = idempotency
+        self._cancelled = cancelled
         self._payloads = Payloads(lanes)  # buffered references are resolved when the turn runs
         self._settle = settle
         self.debouncers: dict[str, Debouncer] = {}
@@ -131,6 +141,13 @@ class DebouncedLanes:
         messages = [to_message(m) for m in turn.messages]
         late_s = max(0, turn.fired_ms - turn.due_ms) / 1000
         first_ms = min(turn.arrivals_ms, default=0)
+        if self._cancelled is not None:
+            kept = [m for m in messages if not self._cancelled(lane, m)]
+            if len(kept) < len(messages):
+                await self._settle(lane, TurnOutcome(_left(messages, kept), "cancelled", None, 0))
+                if not kept:
+                    return True
+                messages = kept
         if turn.attempt > lane.routes.max_attempts:
             # Every run it was allowed started and never finished (its member died, or hung
             # past its lease): running it again would only take down one more member.

@@ -247,3 +247,33 @@ async def test_a_turn_whose_runs_never_finished_is_dead_lettered_as_poison_unrun
     assert [Said.model_validate_json(m.value).n for m in dead] == [0, 1]
     assert all(m.headers[h.DEAD_REASON] == b"poison" for m in dead)
     await transport.admin().delete_group(f"read-{unique}", [spec.name])
+
+
+async def test_cancelled_messages_waiting_for_their_turn_are_left_out_of_it(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """``pipeline cancel --key c1`` while two messages wait in the buffer: the turn has the third.
+
+    Before, a debounced lane's messages were past the cancel stage once buffered, so cancelled
+    work still ran in its conversation's turn.
+    """
+    slow = {"key": "conversation_id", "quiet_s": 30, "max_wait_s": 60, "max_batch": 3}
+    spec = lane_spec(f"turncancel_{unique}", 1, debounce=slow)
+    await declare(transport, spec)
+    app = App([spec])
+    turns: list[list[int]] = []
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        turns.append([e.n for e in events])
+
+    prefix = f"t{unique}"
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=prefix)
+    async with running(member):
+        await produce(transport, spec.name, [said("c1", 0), said("c1", 1)])
+        await eventually(lambda: member.stats.buffered == 2)  # due in 30 s
+        await app.cancel(redis, key="c1", reason="user left", prefix=prefix)
+        await eventually(lambda: bool(member._longwork.selectors))  # the member knows
+        await produce(transport, spec.name, [said("c1", 2)])  # after it: new work; fills it
+        await eventually(lambda: member.stats.cancelled == 2 and len(turns) == 1)
+    assert turns == [[2]]
