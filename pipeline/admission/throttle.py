@@ -421,14 +421,16 @@ class Throttle:
             try:
                 await self._renew_once()
                 down_since = None
-            except _UNAVAILABLE as exc:
-                # A blip shorter than the lease changes nothing: the permits are still in Redis.
+            except _FAILED as exc:
+                # Unreachable, or answering errors (out of memory, a read-only replica after a
+                # failover, ACL): a spell shorter than the lease changes nothing, the permits are
+                # still in Redis; past it, waiters are let go (fail open) rather than held.
+                if not isinstance(exc, _UNAVAILABLE):
+                    log.warning("throttle lease renewal refused, renewing again shortly: %s", exc)
                 now = loop.time()
                 down_since = now if down_since is None else down_since
                 if (now - down_since) * 1000 >= min(leases):
                     self._fail_open_waiters(exc)
-            except rexc.RedisError as exc:  # an error reply (out of memory, read-only): go on
-                log.warning("throttle lease renewal refused, renewing again shortly: %s", exc)
 
     async def _renew_once(self) -> None:
         holders = list(self._live)

@@ -100,3 +100,25 @@ async def test_error_replies_do_not_stop_the_lease_renewals(private_redis, throt
     finally:
         await admin.aclose()
     await throttle.release(held)
+
+
+async def test_waiters_are_let_go_when_redis_answers_only_errors(private_redis, throttle):
+    """Redis refusing every write (out of memory) for a lease: a waiter runs failed open.
+
+    Before, only a lost connection or a timeout counted towards letting waiters go: with Redis
+    answering errors (out of memory, a read-only replica after a failover) a waiter waited for
+    as long as the errors lasted, while new work was admitted failed open ahead of it.
+    """
+    held = await throttle.acquire(["org:a"])
+    waiting = asyncio.create_task(throttle.acquire(["org:a"]))
+    await eventually(lambda: throttle.waited == 1, 10)
+    admin = Redis.from_url(private_redis.url)
+    try:
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", "1")  # every write is refused: OOM
+        permit = await asyncio.wait_for(waiting, 20)  # after a lease (1.5 s) of refusals
+        assert permit.unconditional
+        await admin.config_set("maxmemory", "0")
+    finally:
+        await admin.aclose()
+    await throttle.release(held)
