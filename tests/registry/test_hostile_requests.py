@@ -9,6 +9,8 @@ a schema or body that cannot be read, 42202 for a bad version.
 from __future__ import annotations
 
 import json
+import random
+import string
 from collections.abc import Callable
 
 import httpx
@@ -16,6 +18,7 @@ import pytest
 
 from pipeline.registry.canonical import MAX_DEPTH, MAX_JSON_DEPTH, parse_json
 from pipeline.registry.errors import InvalidSchema
+from pipeline.registry.server.api import MAX_SUBJECT_BYTES
 
 MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"
 
@@ -340,3 +343,32 @@ def test_a_subject_with_nul_answers_as_one_that_does_not_exist(
     with_nul, unknown = nul_and_unknown(registry_url, method, path, body)
     assert with_nul["status"] < 500
     assert with_nul == unknown
+
+
+def random_subject(length: int, seed: int) -> str:
+    """Letters that do not compress, so PostgreSQL indexes them at full length."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(string.ascii_letters) for _ in range(length))
+
+
+def test_a_subject_too_long_to_index_is_not_created(registry_url: str) -> None:
+    """Over MAX_SUBJECT_BYTES: 42208 on both stores; PostgreSQL's btree refused it (500)."""
+    long = random_subject(MAX_SUBJECT_BYTES + 1, seed=1)
+    for method, path, body in [
+        ("POST", f"/subjects/{long}/versions", {"schema": '"int"'}),
+        ("PUT", f"/config/{long}", {"compatibility": "NONE"}),
+        ("PUT", f"/mode/{long}", {"mode": "READONLY"}),
+    ]:
+        answer = httpx.request(method, registry_url + path, json=body)
+        assert answer_of(answer) == (422, 42208), answer.text[:200]
+        assert len(answer.json()["message"]) < 300
+    assert httpx.get(f"{registry_url}/subjects/{long}/versions").json()["error_code"] == 40401
+    longest = random_subject(MAX_SUBJECT_BYTES, seed=2)
+    assert httpx.post(
+        f"{registry_url}/subjects/{longest}/versions", json={"schema": '"int"'}
+    ).json() == {"id": 1}
+    assert (
+        httpx.put(f"{registry_url}/config/{longest}", json={"compatibility": "NONE"}).status_code
+        == 200
+    )
+    assert httpx.get(f"{registry_url}/subjects").json() == [longest]

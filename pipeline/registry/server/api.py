@@ -74,11 +74,23 @@ class InvalidSubject(RegistryError):
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Java's ISO control characters, which Confluent refuses in a subject it is to create."""
+MAX_SUBJECT_BYTES = 2048
+"""Longest subject created, in UTF-8 bytes: a PostgreSQL btree entry holds at most 2704 bytes,
+so a longer key made registering (or setting a level or mode) fail there with a 500."""
+_SHOWN = 80  # characters of a refused subject echoed in the message
 
 
 def _creatable(subject: str) -> str:
+    """``subject`` if a subject of that name may be created; else InvalidSubject (42208)."""
+    shown = repr(subject[:_SHOWN]) + ("..." if len(subject) > _SHOWN else "")
     if _CONTROL.search(subject):
-        raise InvalidSubject(f"The specified subject {subject!r} is not valid.")
+        raise InvalidSubject(
+            f"The specified subject {shown} is not valid: it holds a control character"
+        )
+    if len(subject.encode()) > MAX_SUBJECT_BYTES:
+        raise InvalidSubject(
+            f"The specified subject {shown} is not valid: longer than {MAX_SUBJECT_BYTES} bytes"
+        )
     return subject
 
 
