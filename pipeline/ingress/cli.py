@@ -195,15 +195,16 @@ def sweep_command(
 ) -> None:
     """Produce rows the queue lost, replay unprocessed ones, abandon those past the limit.
 
-    One sweep needs the broker to answer, or it stops first with one line. ``--loop`` runs
-    beside the ingress as its sweeper does: a broker that is down only fails its sweeps until it
-    is back.
+    One sweep needs the log database to exist and the broker to answer, or it stops first with
+    one line. ``--loop`` runs beside the ingress as its sweeper does: it may start first (and
+    create the database), and a broker that is down only fails its sweeps until it is back.
     """
 
     async def main() -> None:
         settings, ingress = _settings(transport)
         specs = load_specs(settings.topics_dir)
         if not loop:
+            _require_log_database(ingress)
             await _reach_broker(settings)  # in seconds, one line, before any row is claimed
         store = create_log_store(settings, ingress)
         broker = create_transport(settings)
@@ -228,6 +229,20 @@ def sweep_command(
             await broker.close()
 
     _run(main())
+
+
+def _require_log_database(ingress: IngressSettings) -> None:
+    """Refuse an SQLite log database that does not exist: only ``ingress serve`` creates one.
+
+    An operator command given a mistyped path would otherwise create an empty database and its
+    directory, then report nothing to do.
+    """
+    path = ingress.sqlite_path
+    if ingress.log_store == "sqlite" and not path.is_file():
+        raise ConfigError(
+            f"no log database at {path.absolute()} (PIPELINE_INGRESS__SQLITE_PATH): point it at "
+            "the ingress's database; only `pipeline ingress serve` creates one"
+        )
 
 
 async def _reach_broker(settings: Settings) -> None:
@@ -361,6 +376,7 @@ def replay_command(
         )
         per_s = _rate(rate)
         forgotten_ms = int(time.time() * 1000) - _memory_ms(memory)
+        _require_log_database(ingress)
         if not dry_run:
             await _reach_broker(settings)  # in seconds, one line, before any row is read
         store = create_log_store(settings, ingress)
@@ -464,6 +480,7 @@ def purge_command(
         cutoff = _when(older_than, "--older-than")
         if cutoff is None:  # pragma: no cover - older_than always has a value
             raise ConfigError("--older-than is required")
+        _require_log_database(ingress)
         store = create_log_store(settings, ingress)
         await store.open()
         try:

@@ -283,3 +283,29 @@ def test_sweep_and_replay_reach_the_broker_before_touching_rows(
             assert text in line
         assert re.search(r"start it \(`[^`]+`\) or point PIPELINE_\w+ at ", line), line
     assert row_bookkeeping(db) == ("received", 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["purge"], ["replay"], ["replay", "--dry-run"], ["sweep"]],
+    ids=["purge", "replay", "replay-dry-run", "sweep"],
+)
+def test_an_operator_command_refuses_a_log_database_that_does_not_exist(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A mistyped PIPELINE_INGRESS__SQLITE_PATH is one line, exit 2, and nothing is created.
+
+    Before, `purge` created the directory and an empty database and said ``purged 0 rows``.
+    Services are pointed at closed ports: the database is checked before any of them.
+    """
+    missing = tmp_path / "typo" / "dir" / "x.db"
+    env = environment(
+        tmp_path,
+        PIPELINE_TRANSPORT="redis",
+        PIPELINE_REDIS__URL="redis://127.0.0.1:1/0",
+        PIPELINE_INGRESS__SQLITE_PATH=str(missing),
+    )
+    line = one_line(pipeline(tmp_path, *command, env=env), 2)
+    assert "PIPELINE_INGRESS__SQLITE_PATH" in line
+    assert str(missing) in line
+    assert not (tmp_path / "typo").exists()
