@@ -463,12 +463,11 @@ def purge_command(
     state: Annotated[
         list[RowState] | None, typer.Option(help="States to purge (default: processed, abandoned).")
     ] = None,
-    transport: TransportOpt = None,
 ) -> None:
     """Delete old log rows that are finished (retention)."""
 
     async def main() -> int:
-        settings, ingress = _settings(transport)
+        settings, ingress = _settings(None)
         chosen = set(state or (RowState.PROCESSED, RowState.ABANDONED))
         unfinished = chosen - {RowState.PROCESSED, RowState.ABANDONED}
         if unfinished:

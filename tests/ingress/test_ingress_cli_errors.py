@@ -309,3 +309,15 @@ def test_an_operator_command_refuses_a_log_database_that_does_not_exist(
     assert "PIPELINE_INGRESS__SQLITE_PATH" in line
     assert str(missing) in line
     assert not (tmp_path / "typo").exists()
+
+
+def test_purge_has_no_transport_option(tmp_path: Path) -> None:
+    """`purge` only touches the log store: it offers no --transport that would do nothing."""
+    env = environment(tmp_path, COLUMNS="200")
+    help_text = pipeline(tmp_path, "purge", "--help", env=env).stdout
+    assert "--older-than" in help_text
+    assert "--transport" not in help_text
+    seed_one_due_row(tmp_path / "ingress.db")
+    result = pipeline(tmp_path, "purge", "-t", "kafka", env=env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
