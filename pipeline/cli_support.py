@@ -12,6 +12,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from pipeline.config import load_settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
@@ -52,13 +53,13 @@ def run_command(
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(coro)
     except (ConfigError, TopicSpecError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     except BrokerUnavailable as exc:
-        err.print(f"[red]error:[/red] {exc}{_where(exc)}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc) + _where(exc))}", highlight=False)
         raise typer.Exit(1) from None
     except PipelineError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

@@ -16,6 +16,7 @@ import typer
 from pydantic import ValidationError
 from redis import exceptions as rexc
 from redis.asyncio import Redis
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.admission.status import ThrottleStatus, read_active_keys, read_status
@@ -75,7 +76,8 @@ def status(
             ]
         except (rexc.RedisError, OSError) as exc:
             err.print(
-                f"[red]error:[/red] {unreachable(settings, 'redis', str(exc))}", highlight=False
+                f"[red]error:[/red] {escape(str(unreachable(settings, 'redis', str(exc))))}",
+                highlight=False,
             )
             raise typer.Exit(1) from None
         finally:
@@ -158,10 +160,13 @@ async def _on_throttle(
     try:
         await change(throttle)
     except ValueError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     except (rexc.RedisError, OSError) as exc:
-        err.print(f"[red]error:[/red] {unreachable(settings, 'redis', str(exc))}", highlight=False)
+        err.print(
+            f"[red]error:[/red] {escape(str(unreachable(settings, 'redis', str(exc))))}",
+            highlight=False,
+        )
         raise typer.Exit(1) from None
     finally:
         await throttle.close()

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from redis.asyncio import Redis
+from rich.markup import escape
 
 from pipeline.cancel.target import Target
 from pipeline.cancel.transition import CancelFailed, cancel
@@ -34,7 +35,7 @@ def cancel_command(
     try:
         target = Target.of(event=event, key=key, tenant=tenant, lane=lane)
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
 
     async def main() -> int:

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 from redis import exceptions as rexc
 from redis.asyncio import Redis
+from rich.markup import escape
 
 from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.plan import LanePlan, plan_lane
@@ -111,7 +112,7 @@ def capacity_command(
             )
         except (rexc.RedisError, OSError) as exc:
             line = unreachable(settings, "redis", str(exc))
-            err.print(f"[red]error:[/red] {line}", highlight=False)
+            err.print(f"[red]error:[/red] {escape(str(line))}", highlight=False)
             raise typer.Exit(1) from None
         finally:
             await client.aclose()

@@ -465,7 +465,7 @@ def redrive(
         )
         rate_per_s = _per_s(rate)
     except ValueError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
 
     async def main() -> None:
@@ -568,7 +568,7 @@ def asyncapi_command(
             groups=lane_groups,
         )
     except PipelineError as exc:  # a bad declaration, schema, --app or --group: exit 2
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     if fmt == "json":
         typer.echo(json.dumps(doc, indent=2))
@@ -611,7 +611,7 @@ def main() -> None:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except PipelineError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(1)
     except KafkaException as exc:  # librdkafka refused its properties before any request
         reason = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import typer
+from rich.markup import escape
 
 from pipeline.cli_support import err
 from pipeline.config import ENV_PREFIX, load_settings
@@ -76,7 +77,7 @@ def checked_http_url(url: str, source: str) -> str:
 
 
 def _refused(exc: ConfigError) -> typer.Exit:
-    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
     return typer.Exit(2)
 
 

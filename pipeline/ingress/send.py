@@ -19,6 +19,7 @@ from typing import Annotated
 
 import httpx
 import typer
+from rich.markup import escape
 
 from pipeline.cli_support import err, run_command
 from pipeline.config import load_settings
@@ -164,7 +165,7 @@ def send_command(
     try:
         body = _body(file, raw_json)
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     code = run_command(_send(source, body, url, header or []))
     if code:

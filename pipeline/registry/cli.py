@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.cli_support import HELP_MARKUP, out_console
@@ -47,7 +48,7 @@ DirArg = Annotated[Path, typer.Argument(help="Folder of *.avsc files.")]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
     return typer.Exit(code)
 
 

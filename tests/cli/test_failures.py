@@ -258,3 +258,15 @@ def test_a_command_whose_service_is_down_says_where_and_what_to_do(
     assert_says_where(result, named)
     assert result.stderr.startswith("error: cannot reach ")
     assert "secret" not in result.stderr
+
+
+def test_an_error_naming_a_path_with_brackets_prints_the_path_as_it_is(tmp_path: Path) -> None:
+    """The error line is text, not markup: ``[bold]`` in a path is printed, not swallowed.
+
+    Before, the console read the message as markup, so the line named another path than the
+    one at fault.
+    """
+    missing = tmp_path / "no[bold]such[/bold]dir"
+    result = pipeline("capacity", "messages", env={"PIPELINE_TOPICS_DIR": str(missing)})
+    assert result.returncode == 2, result.stderr
+    assert str(missing) in result.stderr
