@@ -25,6 +25,7 @@ import uvloop
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -180,7 +181,7 @@ def serve_workers(
     try:
         held = reuse_port_socket(args.host, args.port)
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     with held:
         bound_port = held.getsockname()[1]
