@@ -122,8 +122,8 @@ class Sweeper:
         while not stop.is_set():
             try:
                 await self.sweep_once()
-            except PipelineError:
-                log.exception("sweep failed; retrying in %.0fs", self._settings.interval_s)
+            except PipelineError as exc:  # a known failure (a broker or store down): one line
+                log.warning("sweep failed: %s; retrying in %.0fs", exc, self._settings.interval_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._settings.interval_s)
 

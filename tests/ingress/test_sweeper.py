@@ -280,3 +280,31 @@ async def test_a_sweep_that_fails_part_way_counts_the_rows_it_produced(
     stamped = metrics.registry.get_sample_value("pipeline_sweeper_last_run_timestamp_seconds")
     assert stamped == 0  # never stamped
     await drain(redis, topic, f"g-{unique}", 5)
+
+
+async def test_a_failing_sweep_loop_logs_one_line_and_carries_on(
+    store: SqliteLogStore,
+    redis: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sweep that fails with a known error is one warning line with the reason, no traceback.
+
+    Before, each failed sweep of the loop logged the whole traceback of a broker outage.
+    """
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 1)
+    await store.insert(new_row(0, clock, topic=topic, lane="messages"))
+    clock.advance(61)
+    sweeper = Sweeper(
+        store, redis.producer(), _Unreachable(), {"messages": [topic]}, SETTINGS, clock=clock
+    )
+    stop = asyncio.Event()
+    sweeper.on_sweep = lambda report: stop.set() if not report.finished else None
+    with caplog.at_level(logging.WARNING, logger="pipeline.ingress.sweeper"):
+        await asyncio.wait_for(sweeper.run(stop), 30)
+    (line,) = [r for r in caplog.records if "sweep failed" in r.getMessage()]
+    assert "broker unavailable" in line.getMessage()
+    assert line.exc_info is None
+    await drain(redis, topic, f"g-{unique}", 1)
