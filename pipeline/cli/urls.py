@@ -87,20 +87,7 @@ def ingress_url_checked(command: F) -> F:
     The default is ``http://PIPELINE_INGRESS__HOST:PIPELINE_INGRESS__PORT``, as the command
     builds it; settings it cannot load are left to the command, which reports them.
     """
-
-    @functools.wraps(command)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        url = kwargs.get("url")
-        try:
-            if url:
-                checked_http_url(url, "--url")
-            else:
-                _check_default_ingress()
-        except ConfigError as exc:
-            raise _refused(exc) from None
-        return command(*args, **kwargs)
-
-    return checked  # type: ignore[return-value]
+    return _url_checked(command, _check_default_ingress)
 
 
 def _check_default_ingress() -> None:
@@ -127,6 +114,12 @@ def registry_url_checked(command: F) -> F:
     if "url" not in inspect.signature(command).parameters:
         return command
 
+    return _url_checked(command, _check_default_registry)
+
+
+def _url_checked(command: F, check_default: Callable[[], None]) -> F:
+    """``command`` checking its ``--url`` (or, without one, ``check_default()``) first."""
+
     @functools.wraps(command)
     def checked(*args: Any, **kwargs: Any) -> Any:
         url = kwargs.get("url")
@@ -134,7 +127,7 @@ def registry_url_checked(command: F) -> F:
             if url:
                 checked_http_url(url, "--url")
             else:
-                _check_default_registry()
+                check_default()
         except ConfigError as exc:
             raise _refused(exc) from None
         return command(*args, **kwargs)
