@@ -28,6 +28,7 @@ callers never need to import a client library to handle a failure::
     │   ├── IncompatibleSchema
     │   ├── InvalidSchema
     │   ├── InvalidVersion
+    │   ├── InvalidSubject
     │   ├── InvalidCompatibility
     │   ├── InvalidMode
     │   ├── OperationNotPermitted

@@ -134,6 +134,13 @@ class InvalidCompatibility(RegistryError):
     error_code = 42203
 
 
+class InvalidSubject(RegistryError):
+    """A subject Confluent will not create: its name holds a control character (42208)."""
+
+    http_status = 422
+    error_code = 42208
+
+
 class InvalidMode(RegistryError):
     """An unknown mode was given."""
 

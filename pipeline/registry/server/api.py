@@ -29,6 +29,7 @@ from pipeline.config import AuthSettings
 from pipeline.registry.canonical import ParsedSchema, read_json
 from pipeline.registry.errors import (
     InvalidSchema,
+    InvalidSubject,
     InvalidVersion,
     RegistryError,
     SchemaNotFound,
@@ -63,13 +64,6 @@ class _Ctx:
 
 
 Handler = Callable[[_Ctx], Awaitable[Any]]
-
-
-class InvalidSubject(RegistryError):
-    """A subject Confluent will not create: its name holds a control character (42208)."""
-
-    http_status = 422
-    error_code = 42208
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
