@@ -6,6 +6,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from confluent_kafka import TopicPartition as KafkaPartition
+from confluent_kafka.admin import AdminClient
+from redis.asyncio import Redis
 from support import delete_after_test
 
 from pipeline.config import Settings
@@ -13,6 +16,7 @@ from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.testing import MemoryBroker, MemoryTransport
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Consumer, TopicConfig, Transport
+from pipeline.transport.redis_streams.keys import Keys, entry_id
 
 
 async def make_topic(transport: Transport, name: str, partitions: int) -> None:
@@ -88,3 +92,24 @@ class RecordingListener:
         """Record the revocation and return the positions to commit."""
         self.revoked += [(tp, lost) for tp in partitions]
         return [p for p in self.to_commit if p.tp in partitions]
+
+
+async def expire_below(
+    transport: Transport, settings: Settings, tp: TopicPartition, upto: int
+) -> None:
+    """Make the records of ``tp`` below ``upto`` disappear, as retention or a trim would.
+
+    Kafka's ``delete_records`` moves the partition's start; Redis Streams' ``XTRIM MINID``
+    drops the entries of the stream.
+    """
+    if transport.name == "kafka":
+        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        futures = admin.delete_records([KafkaPartition(tp.topic, tp.partition, upto)])
+        await asyncio.to_thread(lambda: [future.result(30) for future in futures.values()])
+        return
+    client = Redis.from_url(settings.redis.url)
+    try:
+        stream = Keys(settings.redis.key_prefix).stream(tp.topic, tp.partition)
+        await client.xtrim(stream, minid=entry_id(upto), approximate=False)
+    finally:
+        await client.aclose()

@@ -7,22 +7,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition as KafkaPartition
-from confluent_kafka.admin import AdminClient
-from contract.helpers import consume_until
-from redis.asyncio import Redis
+from contract.helpers import consume_until, expire_below
 from runtime.helpers import declare, lane_spec, produce
 
 from pipeline import headers as h
 from pipeline.config import Settings
-from pipeline.envelope import Delivered, Message, Record, TopicPartition
+from pipeline.envelope import Delivered, Message, Record
 from pipeline.errors import DeadLetter
 from pipeline.redrive.redrive import Redrive, Report, group_name
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
 from pipeline.retry.router import LaneRoutes, RetryRouter
 from pipeline.transport.protocol import Admin, Consumer, Producer, Transport
-from pipeline.transport.redis_streams.keys import Keys, entry_id
 
 
 class Timeout(Exception):
@@ -95,21 +91,6 @@ async def test_an_interrupted_redrive_resumes_without_duplicates(
     assert info.message_count == 3
 
 
-async def _expire(transport: Transport, settings: Settings, tp: TopicPartition, upto: int) -> None:
-    """Make the records of ``tp`` below ``upto`` disappear, as retention or a trim would."""
-    if transport.name == "kafka":
-        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-        futures = admin.delete_records([KafkaPartition(tp.topic, tp.partition, upto)])
-        await asyncio.to_thread(lambda: [future.result(30) for future in futures.values()])
-        return
-    client = Redis.from_url(settings.redis.url)
-    try:
-        stream = Keys(settings.redis.key_prefix).stream(tp.topic, tp.partition)
-        await client.xtrim(stream, minid=entry_id(upto), approximate=False)
-    finally:
-        await client.aclose()
-
-
 async def test_expired_dead_letters_are_not_waited_for(
     transport: Transport, settings: Settings, unique: str
 ) -> None:
@@ -118,8 +99,8 @@ async def test_expired_dead_letters_are_not_waited_for(
     dlq = routes.dead_letter_topic
     gone, cut = await transport.admin().group_lag(f"nobody-{unique}", dlq)
     assert (gone.end, cut.end) == (3, 3)  # the keys split the six dead letters evenly
-    await _expire(transport, settings, gone.tp, gone.end)
-    await _expire(transport, settings, cut.tp, 1)
+    await expire_below(transport, settings, gone.tp, gone.end)
+    await expire_below(transport, settings, cut.tp, 1)
     job = Redrive(transport, dlq, Selection())
     ahead = await job.total()
     report = await asyncio.wait_for(job.run(), 30)
@@ -213,8 +194,8 @@ async def test_dead_letters_expiring_during_a_run_are_not_waited_for(
     assert (gone.end, cut.end) == (3, 3)
 
     async def expire() -> None:
-        await _expire(transport, settings, gone.tp, gone.end)
-        await _expire(transport, settings, cut.tp, 1)
+        await expire_below(transport, settings, gone.tp, gone.end)
+        await expire_below(transport, settings, cut.tp, 1)
 
     consumer = transport.consumer
     with monkeypatch.context() as patch:

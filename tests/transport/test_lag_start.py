@@ -8,31 +8,11 @@ oldest unconsumed timestamp of a group that never committed is that of the first
 
 from __future__ import annotations
 
-from confluent_kafka import TopicPartition as RawTP
-from confluent_kafka.admin import AdminClient
-from contract.helpers import consume_until, make_topic
-from redis.asyncio import Redis
+from contract.helpers import consume_until, expire_below, make_topic
 
 from pipeline.config import Settings
+from pipeline.envelope import TopicPartition
 from pipeline.transport.protocol import Transport
-from pipeline.transport.redis_streams.keys import Keys, entry_id
-
-
-async def forget_before(
-    transport: Transport, settings: Settings, topic: str, partition: int, offset: int
-) -> None:
-    """Drop the messages of ``topic[partition]`` below ``offset``, as retention does."""
-    if type(transport).__name__.startswith("Kafka"):
-        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-        (future,) = admin.delete_records([RawTP(topic, partition, offset)]).values()
-        future.result(timeout=30)
-        return
-    stream = Keys(settings.redis.key_prefix).stream(topic, partition)
-    client = Redis.from_url(settings.redis.url)
-    try:
-        await client.xtrim(stream, minid=entry_id(offset), approximate=False)
-    finally:
-        await client.aclose()
 
 
 async def test_the_lag_read_starts_at_the_first_message_still_held(
@@ -52,11 +32,11 @@ async def test_the_lag_read_starts_at_the_first_message_still_held(
     try:
         (whole,) = await admin.group_lag(f"never-{unique}", topic)
         assert (whole.start, whole.end, whole.oldest_unconsumed_ms) == (0, 5, sent[0].timestamp_ms)
-        await forget_before(transport, settings, topic, 0, 3)
+        await expire_below(transport, settings, TopicPartition(topic, 0), 3)
         (trimmed,) = await admin.group_lag(f"never-{unique}", topic)
         assert (trimmed.start, trimmed.end) == (3, 5)
         assert trimmed.oldest_unconsumed_ms == sent[3].timestamp_ms
-        await forget_before(transport, settings, topic, 0, 5)
+        await expire_below(transport, settings, TopicPartition(topic, 0), 5)
         (empty,) = await admin.group_lag(f"never-{unique}", topic)
         assert (empty.start, empty.end, empty.oldest_unconsumed_ms) == (5, 5, None)
     finally:
