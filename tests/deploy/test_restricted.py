@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).parents[2]
-WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}
 DIGEST = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+@sha256:[0-9a-f]{64}$")
 ALLOWED_VOLUMES = {
     "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
@@ -64,6 +64,14 @@ def of_kind(kind: str) -> list[dict[str, Any]]:
 def workloads() -> list[dict[str, Any]]:
     """Every rendered object that carries a pod template."""
     return [doc for doc in rendered() if doc["kind"] in WORKLOADS]
+
+
+def template(workload: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of a workload (a CronJob's is inside its job template)."""
+    spec = workload["spec"]
+    if workload["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return spec["template"]  # type: ignore[no-any-return]
 
 
 def containers(pod: Pod) -> Iterator[dict[str, Any]]:
@@ -211,7 +219,7 @@ def pod_of(name: str) -> Pod:
     """The pod spec of the workload ``Kind/name``."""
     kind, _, plain = name.partition("/")
     (doc,) = [d for d in of_kind(kind) if d["metadata"]["name"] == plain]
-    return doc["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+    return template(doc)["spec"]  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))
@@ -252,7 +260,7 @@ def test_the_namespace_enforces_the_restricted_profile():
 
 def test_every_image_is_pinned_by_digest():
     """No container image is a floating tag: each is registry/path@sha256:<64 hex>."""
-    images = [c["image"] for w in workloads() for c in containers(w["spec"]["template"]["spec"])]
+    images = [c["image"] for w in workloads() for c in containers(template(w)["spec"])]
     assert len(images) >= 5
     assert [i for i in images if not DIGEST.match(i)] == []
 
@@ -268,17 +276,21 @@ def test_every_rendered_object_validates():
 def test_every_container_has_requests_and_a_memory_limit():
     """CPU and memory requests and a memory limit on every container (no CPU limit: throttling)."""
     for w in workloads():
-        for c in containers(w["spec"]["template"]["spec"]):
+        for c in containers(template(w)["spec"]):
             resources = c["resources"]
             assert {"cpu", "memory"} <= set(resources["requests"]), w["metadata"]["name"]
             assert "memory" in resources["limits"], w["metadata"]["name"]
 
 
 def test_every_workload_has_a_disruption_budget():
-    """Each rendered workload's pods are covered by a PodDisruptionBudget of the same selector."""
+    """Each long-running workload's pods are covered by a PodDisruptionBudget of its selector.
+
+    A CronJob's runs are not: an evicted run is retried, or left to the next day's.
+    """
     budgets = [d["spec"]["selector"]["matchLabels"] for d in of_kind("PodDisruptionBudget")]
     for w in workloads():
-        assert w["spec"]["selector"]["matchLabels"] in budgets, w["metadata"]["name"]
+        if w["kind"] != "CronJob":
+            assert w["spec"]["selector"]["matchLabels"] in budgets, w["metadata"]["name"]
 
 
 def component(name: str) -> dict[str, Any]:
@@ -366,11 +378,11 @@ def test_network_policies_open_only_the_webhook_port_to_the_world():
 def test_metrics_have_a_port_of_their_own():
     """Every workload scrapes a `metrics` port apart from its webhook port; Services hide it."""
     for w in workloads():
-        template = w["spec"]["template"]
-        annotations = template["metadata"].get("annotations", {})
+        pod_template = template(w)
+        annotations = pod_template["metadata"].get("annotations", {})
         if "prometheus.io/port" not in annotations:
             continue
-        (container,) = template["spec"]["containers"]
+        (container,) = pod_template["spec"]["containers"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports["metrics"] == int(annotations["prometheus.io/port"])
         assert list(ports.values()).count(ports["metrics"]) == 1
@@ -395,3 +407,16 @@ def test_the_registry_has_one_store_and_auth_on():
     assert all(not ref.get("secretRef", {}).get("optional") for ref in container["envFrom"])
     config = {d["metadata"]["name"]: d for d in of_kind("ConfigMap")}["pipeline-config"]
     assert not any(k.startswith("PIPELINE_REGISTRY__STORE") for k in config["data"])
+
+
+def test_the_ingress_log_is_purged_daily_by_a_job_that_changes_nothing_else():
+    """A CronJob runs `pipeline purge --older-than 30d` daily, one run at a time, no API token."""
+    (job,) = [d for d in of_kind("CronJob") if d["metadata"]["name"] == "log-purge"]
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = template(job)["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["args"] == ["purge", "--older-than", "30d"]
+    assert {e["configMapRef"]["name"] for e in container["envFrom"] if "configMapRef" in e} == {
+        "pipeline-config"
+    }
