@@ -30,6 +30,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from pipeline import headers as h
 from pipeline import tracing
 from pipeline.admission.cli import app as throttle_app
 from pipeline.cancel.cli import cancel_command
@@ -218,12 +219,18 @@ def produce(
     header: Annotated[list[str] | None, typer.Option("--header", "-H", help="name=value")] = None,
     transport: TransportOpt = None,
 ) -> None:
-    """Produce one message; print {"topic", "partition", "offset"} once the broker has it."""
+    """Produce one message; print its topic, partition, offset and event id once stored.
+
+    The message gets an event id (``pl-event-id``, a new UUID unless ``-H pl-event-id=...``
+    gives one), as the ingress gives every event: ``ctx.once`` then knows it by that id, not by
+    a position a topic created anew, or another broker, would give again.
+    """
     if (value is None) == (file is None):
         err.print("[red]error:[/red] give exactly one of --value or --file", highlight=False)
         raise typer.Exit(2)
     payload = value.encode() if value is not None else file.read_bytes()  # type: ignore[union-attr]
     headers = _parse_headers(header or [])
+    headers.setdefault(h.EVENT_ID, uuid.uuid4().hex.encode())
 
     async def main() -> None:
         settings = _settings(transport)
@@ -244,6 +251,7 @@ def produce(
                     "topic": delivered.topic,
                     "partition": delivered.partition,
                     "offset": delivered.offset,
+                    "event_id": headers[h.EVENT_ID].decode(errors="replace"),
                 }
             )
         )

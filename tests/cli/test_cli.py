@@ -58,13 +58,19 @@ def test_apply_produce_and_tail_round_trip(
     )
     assert produced.returncode == 0, produced.stderr
     receipt = json.loads(produced.stdout)
-    assert receipt == {"topic": topic, "partition": receipt["partition"], "offset": 0}
+    assert receipt == {
+        "topic": topic,
+        "partition": receipt["partition"],
+        "offset": 0,
+        "event_id": receipt["event_id"],
+    }
+    assert len(receipt["event_id"]) == 32  # a new event id, as the ingress gives each event
     tailed = run("tail", topic, "--from-beginning", "--limit", "1", "--json", "-t", name)
     assert tailed.returncode == 0, tailed.stderr
     row = json.loads(tailed.stdout)
     assert row["key"] == "conv-1"
     assert row["value"] == "hello"
-    assert row["headers"] == {"tenant": "acme"}
+    assert row["headers"] == {"tenant": "acme", "pl-event-id": receipt["event_id"]}
     assert row["partition"] == receipt["partition"]
     listed = run("topics", "list", "--json", "-t", name)
     counts = {r["topic"]: r["messages"] for r in map(json.loads, listed.stdout.splitlines())}
