@@ -41,6 +41,7 @@ from pipeline.capacity.settings import CapacitySettings
 from pipeline.errors import ConfigError
 
 ENV_PREFIX = "PIPELINE_"
+_MAX_PORT = 65_535
 _DEFAULT_MAX_MESSAGE_BYTES = 1_048_576 + 65_536  # 1 MiB payloads plus room for key and headers
 
 
@@ -430,6 +431,28 @@ class AuthSettings(BaseModel):
         return bool(self.users or self.tokens)
 
 
+def http_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an ``http://`` or ``https://`` URL with a host and a usable port."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a port that is no number or out of range
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in {"http", "https"}:
+        return "expected http://host:port or https://host:port"
+    if not parts.hostname:
+        return "no host"
+    if port == 0:
+        return f"port 0 is not one to connect to (1-{_MAX_PORT})"
+    import httpx  # noqa: PLC0415 - only where a URL is checked
+
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return str(exc)
+    return None
+
+
 class RegistrySettings(BaseModel):
     """Where the registry listens, what it stores in, and who may use it."""
 
@@ -469,8 +492,9 @@ class RegistrySettings(BaseModel):
     @field_validator("url")
     @classmethod
     def _url_scheme(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("expected http://host:port or https://host:port")
+        problem = http_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value.rstrip("/")
 
 

@@ -8,14 +8,17 @@ replaced by ``***``.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.config import ENV_PREFIX, Settings
+from pipeline.config import ENV_PREFIX, Settings, http_url_problem
+from pipeline.errors import ConfigError
 
 __all__ = [
     "REGISTRY_VARIABLE",
     "Service",
+    "checked_http_url",
     "how_to_fix",
     "named_with_fix",
     "safe_url",
@@ -31,6 +34,22 @@ REGISTRY_VARIABLE = f"{ENV_PREFIX}REGISTRY__URL"
 START = "`make services`"
 """How the local services are started."""
 _NAMES: dict[Service, str] = {"kafka": "Kafka", "redis": "Redis"}
+
+
+_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+
+
+def checked_http_url(url: str, source: str) -> str:
+    """``url`` when it is an http(s) URL with a host and a port to use, else ConfigError.
+
+    ``source`` is the option or variable it came from (``--url``), named in the error; a URL
+    too malformed to parse still has whatever precedes the ``@`` of its authority hidden.
+    """
+    problem = http_url_problem(url)
+    if problem is not None:
+        shown = _USERINFO.sub("***@", url)
+        raise ConfigError(f"{source} {shown!r} is not an http(s) URL: {problem}")
+    return url
 
 
 def safe_url(url: str) -> str:

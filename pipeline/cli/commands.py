@@ -37,7 +37,6 @@ from pipeline.cancel.cli import cancel_command
 from pipeline.capacity.cli import capacity_command
 from pipeline.cli.status_checks import PROBE_TIMEOUT_MS, reach_broker, reach_redis
 from pipeline.cli.status_view import status_command
-from pipeline.cli.urls import ingress_url_checked, registry_urls_checked
 from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, out_console, run_command
 from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message
@@ -73,7 +72,7 @@ app = typer.Typer(
 topics_app = typer.Typer(help="Declare and inspect topics.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 app.add_typer(registry_app, name="registry")
-app.add_typer(registry_urls_checked(schemas_app), name="schemas")
+app.add_typer(schemas_app, name="schemas")
 app.add_typer(ingress_app, name="ingress")
 app.add_typer(throttle_app, name="throttle")
 app.add_typer(ingress_ops_app)  # pipeline sweep | replay | purge
@@ -101,7 +100,7 @@ def _root(
     """pipeline: webhook ingress to keyed, partitioned topics."""
 
 
-app.command("send")(ingress_url_checked(send_command))
+app.command("send")(send_command)
 
 
 def _settings(transport: str | None) -> Settings:

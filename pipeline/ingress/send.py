@@ -22,11 +22,12 @@ import typer
 from rich.markup import escape
 
 from pipeline.cli_support import err, run_command
-from pipeline.config import load_settings
+from pipeline.config import ENV_PREFIX, IngressSettings, http_url_problem, load_settings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.errors import IngressError
 from pipeline.ingress.settings import SourceConfig, load_sources
 from pipeline.ingress.source import build_sources
+from pipeline.reachability import checked_http_url
 from pipeline.topics.spec import load_specs
 from pipeline.transport.partitioner import partition_for
 
@@ -88,9 +89,23 @@ def _body(file: Path | None, raw_json: str | None) -> bytes:
     return raw_json.encode()
 
 
+def _default_target(ingress: IngressSettings) -> str:
+    """``http://PIPELINE_INGRESS__HOST:PIPELINE_INGRESS__PORT``, or ConfigError naming them."""
+    target = f"http://{ingress.host}:{ingress.port}"
+    problem = http_url_problem(target)
+    if problem is not None:
+        raise ConfigError(
+            f"{ENV_PREFIX}INGRESS__HOST {ingress.host!r} and __PORT {ingress.port} make "
+            f"{target!r}, not an http URL ({problem}); set them to the ingress's address, "
+            "or give it with --url http://HOST:PORT (an IPv6 address in brackets)"
+        )
+    return target
+
+
 async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -> int:
     settings = load_settings()
     ingress = settings.ingress
+    target = checked_http_url(url, "--url") if url else _default_target(ingress)
     specs = load_specs(settings.topics_dir)
     configs = load_sources(ingress.sources_file, {spec.name for spec in specs})
     if source not in configs:
@@ -114,7 +129,6 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
         row = built.build_row(request_headers, body, now_s)
     except IngressError as exc:
         raise ConfigError(f"the body does not fit source {source!r}: {exc}") from None
-    target = url or f"http://{ingress.host}:{ingress.port}"
     endpoint = f"{target.rstrip('/')}/hooks/{source}"
     try:
         async with httpx.AsyncClient(timeout=_TIMEOUT_S) as client:

@@ -26,7 +26,7 @@ from rich.table import Table
 from pipeline.cli_support import HELP_MARKUP, out_console
 from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.reachability import safe_url
+from pipeline.reachability import checked_http_url, safe_url
 from pipeline.registry.canonical import ParsedSchema, parse
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
@@ -100,6 +100,8 @@ def serve(
 
 
 def _client(url: str | None) -> tuple[RegistryClient, RegistrySettings]:
+    if url:  # checked as the option it is, before the settings would name their variable
+        _guard(lambda: checked_http_url(url, "--url"))
     settings = _guard(lambda: load_registry_settings(**({"url": url} if url else {})))
     return RegistryClient.from_settings(settings), settings
 

@@ -70,4 +70,9 @@ def load_registry_settings(**overrides: Any) -> RegistrySettings:
             f"PIPELINE_{'__'.join(str(p).upper() for p in err['loc'])}: {err['msg']}"
             for err in exc.errors()
         ]
-        raise ConfigError("invalid registry configuration:\n  " + "\n  ".join(problems)) from None
+        if len(problems) == 1:  # the common case: one line, as load_settings gives it
+            raise ConfigError(f"invalid registry configuration: {problems[0]}") from None
+        raise ConfigError(
+            f"invalid registry configuration ({len(problems)} problems):\n  "
+            + "\n  ".join(problems)
+        ) from None
