@@ -270,5 +270,19 @@ def with_offload(producer: Producer, topics_dir: Path) -> Producer:
         return producer
     from pipeline.topics.spec import load_specs  # noqa: PLC0415 - the topics layer sits above
 
-    policies = topic_policies(load_specs(topics_dir))
-    return OffloadingProducer(producer, Offloader(policies)) if policies else producer
+    return offloading(producer, load_specs(topics_dir))
+
+
+def offloading(
+    producer: Producer, specs: Sequence[object], observer: OffloadObserver | None = None
+) -> Producer:
+    """``producer``, offloading for those of ``specs`` that declare ``offload:``.
+
+    Without an offloading lane, ``producer`` itself; else an :class:`OffloadingProducer`, which
+    also keeps each reference it produces again young enough for the purge. ``observer`` is
+    told of the objects it writes.
+    """
+    policies = topic_policies(specs)
+    if not policies:
+        return producer
+    return OffloadingProducer(producer, Offloader(policies, observer=observer))

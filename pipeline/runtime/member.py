@@ -31,6 +31,7 @@ from pipeline.errors import ConfigError, PipelineError, TransportError, UnknownT
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.deletion_cost import DeletionCost
 from pipeline.observability.facades import AdmissionMetrics, DebounceMetrics, RuntimeMetrics
+from pipeline.offload.writer import offloading
 from pipeline.retry.guard_store import GuardStore, lane_guards
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import App, Lane
@@ -43,7 +44,6 @@ from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.longwork import LongWork
 from pipeline.runtime.offsets import PartitionOffsets
-from pipeline.runtime.payloads import routing_producer
 from pipeline.runtime.pressure import ConcurrencyGovernor
 from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
@@ -117,8 +117,10 @@ class Member:
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
         self._routing = Redirector(
             RetryRouter(
-                routing_producer(
-                    self._producer, chosen, None if metrics is None else metrics.offload
+                offloading(  # references produced again are kept young for the purge
+                    self._producer,
+                    [lane.spec for lane in chosen],
+                    None if metrics is None else metrics.offload,
                 )
             ),
             self.stats,

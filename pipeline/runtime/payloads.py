@@ -15,8 +15,9 @@ A reference this member cannot resolve (its lane has no ``offload`` store, anoth
 unknown reference format) raises :class:`~pipeline.offload.errors.ReferenceRefused`: the message
 goes to a retry tier with that reason, never to the handler. Retries, parking, dead letters and
 redrive copy the message's value and headers, so they move the reference, never the body; the
-producer they use (:func:`routing_producer`) first writes an object last written a day ago or
-more again, so the purge cannot delete it while the copy lives.
+producer they use (:func:`pipeline.offload.writer.offloading`, as the member builds it) first
+writes an object last written a day ago or more again, so the purge cannot delete it while the
+copy lives.
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ from pipeline.offload.errors import PayloadMissing, ReferenceRefused
 from pipeline.offload.lazy import LazyPayload
 from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.store import PayloadStore, open_store
-from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
 from pipeline.runtime.app import Lane
-from pipeline.transport.protocol import Producer
 
 FETCHING_AT_ONCE = 2
 """Chunks a member fetches and hashes at once: at 8, a 5 MiB payload per handler stalled the
@@ -53,21 +52,6 @@ def _takes_lazy(lane: Lane) -> bool:
     union = typing.get_origin(kind) in (typing.Union, types.UnionType)
     options = typing.get_args(kind) if union else (kind,)
     return any(option in (bytes, LazyPayload) for option in options)
-
-
-def routing_producer(
-    producer: Producer, lanes: Sequence[Lane], observer: OffloadObserver | None = None
-) -> Producer:
-    """The producer the retry router uses for ``lanes``.
-
-    ``producer`` itself, or, when a lane offloads, one that keeps each reference it produces
-    again young enough for the purge (:meth:`~pipeline.offload.writer.Offloader.keep`) and
-    offloads a large inline value.
-    """
-    policies = topic_policies([lane.spec for lane in lanes])
-    if not policies:
-        return producer
-    return OffloadingProducer(producer, Offloader(policies, observer=observer))
 
 
 class Payloads:

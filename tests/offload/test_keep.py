@@ -22,11 +22,10 @@ from pipeline.offload import reference as ref
 from pipeline.offload.errors import OffloadError
 from pipeline.offload.policy import OffloadPolicy
 from pipeline.offload.store import PayloadStore, StoredObject, open_store
-from pipeline.offload.writer import Offloader, OffloadingProducer
+from pipeline.offload.writer import Offloader, OffloadingProducer, offloading
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime import App, Context
-from pipeline.runtime.payloads import routing_producer
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.stats import Stats
 from pipeline.topics.spec import TopicSpec
@@ -271,7 +270,7 @@ async def test_a_retry_copy_waits_for_a_store_that_does_not_answer(tmp_path: Pat
     value, headers = await written(offloader(url))
     inner = Recorded()
     (lane,) = app.lanes.values()
-    routed = routing_producer(inner, [lane])  # type: ignore[arg-type]
+    routed = offloading(inner, [lane.spec])  # type: ignore[arg-type]
     assert isinstance(routed, OffloadingProducer)
     store = FailingOnce(open_store(url))
     routed._offloader._stores[url] = store  # the member's offloader, its store failing once
