@@ -12,6 +12,8 @@ import functools
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,6 +30,36 @@ if TYPE_CHECKING:
     from pipeline.transport.protocol import Admin, Transport
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+BROKER_DOWN = [
+    (
+        "kafka",
+        {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
+        ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
+    ),
+    (
+        "redis",
+        {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+        ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
+    ),
+]
+"""A transport, the environment that points it at a closed port, what the error must name."""
+
+
+def run_pipeline(
+    *args: str, env: dict[str, str], cwd: str | os.PathLike[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``pipeline ARGS`` as a user would, with exactly ``env``, in ``cwd``; never raises."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=cwd,
+        check=False,
+    )
 
 
 def reachable(host: str, port: int) -> bool:

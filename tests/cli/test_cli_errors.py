@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import run_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = str(ROOT / "topics")
@@ -28,15 +28,7 @@ def pipeline(
     *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
     """Run ``pipeline ARGS`` in ``cwd`` with the services down and ``env`` added."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        cwd=cwd,
-        env={**os.environ, **DOWN, **(env or {})},
-        check=False,
-    )
+    return run_pipeline(*args, env={**os.environ, **DOWN, **(env or {})}, cwd=cwd)
 
 
 def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *named: str) -> str:

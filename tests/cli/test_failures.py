@@ -5,23 +5,16 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from support import BROKER_DOWN, run_pipeline
 
 
 def pipeline(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run ``pipeline ARGS`` with ``env`` added to the environment."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env={**os.environ, **env},
-        check=False,
-    )
+    return run_pipeline(*args, env={**os.environ, **env})
 
 
 @pytest.mark.parametrize(
@@ -64,21 +57,6 @@ def test_misspelt_variable_is_named_with_the_right_one() -> None:
     result = pipeline("send", "nosuch", "--json", "{}", env={"PIPELINE_TRASNPORT": "kafka"})
     assert "PIPELINE_TRASNPORT is not a setting" in result.stderr
     assert "did you mean PIPELINE_TRANSPORT?" in result.stderr
-
-
-BROKER_DOWN = [
-    (
-        "kafka",
-        {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
-        ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
-    ),
-    (
-        "redis",
-        {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
-        ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
-    ),
-]
-"""A transport, the environment that points it at a closed port, what the error must name."""
 
 
 def assert_says_where(result: subprocess.CompletedProcess[str], named: list[str]) -> None:

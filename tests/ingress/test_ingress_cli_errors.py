@@ -19,24 +19,12 @@ from pathlib import Path
 
 import pytest
 from logstore.helpers import FakeClock, new_row
+from support import BROKER_DOWN, run_pipeline
 
 from pipeline.logstore.sqlite import SqliteLogStore
 
 ROOT = Path(__file__).parents[2]
 CLOSED_POSTGRES = "postgresql://pipeline:not-a-secret@127.0.0.1:1/pipeline"
-BROKER_DOWN = [
-    (
-        "kafka",
-        {"PIPELINE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"},
-        ["127.0.0.1:1", "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"],
-    ),
-    (
-        "redis",
-        {"PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
-        ["redis://127.0.0.1:1/0", "PIPELINE_REDIS__URL"],
-    ),
-]
-"""A transport, the environment that points it at a closed port, what the error must name."""
 
 
 def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -55,15 +43,7 @@ def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def pipeline(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run ``pipeline ARGS`` in ``tmp_path`` with exactly ``env``."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    return run_pipeline(*args, env=env, cwd=tmp_path)
 
 
 def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
