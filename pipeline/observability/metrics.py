@@ -198,7 +198,8 @@ OLDEST_AGE = Family(
 LAG = Family(
     "pipeline_consumer_lag_messages",
     "gauge",
-    "Messages produced to the lane's main topics and not yet committed by the group.",
+    "Messages produced to the lane's main topics, not yet committed by the group and still "
+    "held (those that expired or were trimmed first are not counted).",
     LG,
     "messages",
 )

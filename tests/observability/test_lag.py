@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from contract.helpers import expire_below
 from lane_support import drop, lane_spec, partly_consumed
 
+from pipeline.envelope import TopicPartition
 from pipeline.observability.facades import LagMetrics
 from pipeline.observability.lanes import lane_watches
 from pipeline.observability.metrics import Metrics
@@ -50,3 +52,32 @@ async def test_missing_topics_are_reported_not_raised(transport, unique):
     )
     await source.refresh()
     assert set(source.reports[0].missing_topics) == set(spec.topic_names())
+
+
+async def test_expired_messages_are_not_counted_as_lag(transport, settings, unique):
+    """A group behind retention lags by the messages still held, aged by the first of them."""
+    spec = lane_spec(f"obs-expired-{unique}")
+    group = f"g-{unique}"
+    labels = {"lane": spec.lane, "group": group}
+    try:
+        async with partly_consumed(transport, spec, group, produced=6, committed=1) as lane:
+            await expire_below(transport, settings, TopicPartition(spec.name, 0), 4)
+            oldest_ms = lane.messages[4].timestamp_ms
+            metrics = Metrics()
+            source = GroupLagSource(
+                transport.admin(),
+                lane_watches([spec], only_groups=[group]),
+                LagMetrics(metrics),
+                clock=lambda: (oldest_ms + 7_000) / 1000,
+            )
+            await source.refresh()
+            value = metrics.registry.get_sample_value
+            assert value("pipeline_consumer_lag_messages", labels) == 2
+            assert value("pipeline_oldest_message_age_seconds", labels) == pytest.approx(7.0)
+
+            await expire_below(transport, settings, TopicPartition(spec.name, 0), 6)
+            await source.refresh()
+            assert value("pipeline_consumer_lag_messages", labels) == 0
+            assert value("pipeline_oldest_message_age_seconds", labels) == 0
+    finally:
+        await drop(transport, spec)
