@@ -105,6 +105,7 @@ class RedisStreamsConsumer:
         self._paused: set[TopicPartition] = set()
         self._reclaim: dict[TopicPartition, str] = {}  # partition -> XAUTOCLAIM cursor
         self._unacked: dict[TopicPartition, deque[int]] = {}
+        self._delivered: dict[TopicPartition, int] = {}  # one past the last offset returned
         self._target_owned: set[TopicPartition] = set()
         self._to_release: set[TopicPartition] = set()
         self._changed = asyncio.Event()
@@ -180,6 +181,7 @@ class RedisStreamsConsumer:
             self._owned -= gone
             for tp in gone:
                 self._unacked.pop(tp, None)
+                self._delivered.pop(tp, None)
                 self._reclaim.pop(tp, None)
                 self._paused.discard(tp)
         # A heartbeat may claim a dead member's partition for us and, before we took it up, a
@@ -233,12 +235,34 @@ class RedisStreamsConsumer:
                 except BaseException:
                     self._changed.set()  # not applied: the next poll tries again
                     raise
-            out = await self._reclaim_some(max_messages)
-            if out:
-                return out
-            return await self._read_new(max_messages, timeout_s)
+            try:
+                out = await self._reclaim_some(max_messages)
+                if not out:
+                    out = await self._read_new(max_messages, timeout_s)
+            except BaseException:
+                self._claim_undelivered_again()
+                raise
         except rexc.RedisError as exc:
             raise translate(exc, f"consume {self._topics}") from exc
+        for msg in out:
+            self._delivered[msg.tp] = msg.offset + 1
+        return out
+
+    def _claim_undelivered_again(self) -> None:
+        """After a failed read, claim what it may have taken before anything new is read.
+
+        ``XREADGROUP`` and ``XAUTOCLAIM`` move entries into this member's pending list on the
+        server whether or not their reply arrives (a connection cut, a reply later than the
+        socket timeout). Read past them, they would stay pending and never be delivered while
+        later commits moved the position over them. So every owned partition claims its
+        pending entries again from the first offset not returned (``XAUTOCLAIM``, in order),
+        as a new owner does, and forgets what the failed poll noted but never returned.
+        """
+        for tp in self._owned:
+            start = self._delivered.get(tp)
+            self._reclaim[tp] = "0-0" if start is None else entry_id(start)
+            pending = self._unacked.get(tp, ())
+            self._unacked[tp] = deque(o for o in pending if start is not None and o < start)
 
     async def _reclaim_some(self, max_messages: int) -> list[Message]:
         out: list[Message] = []
@@ -401,6 +425,7 @@ class RedisStreamsConsumer:
         pending = self._unacked.get(tp)
         if pending is not None:
             self._unacked[tp] = deque(o for o in pending if o < offset)
+        self._delivered[tp] = offset
         self._reclaim.pop(tp, None)
 
     async def rejoin(self) -> None:
