@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.cancel.target import HUNG
 from pipeline.envelope import Message
 from pipeline.errors import Skip
+from pipeline.runtime import liveness
 from pipeline.runtime.app import Handler
 from pipeline.runtime.context import Context
 
@@ -25,6 +28,8 @@ class Run:
         started_s: virtual epoch seconds when the call started.
         ended_s: when it returned or raised (None while it runs).
         error: what it raised (None when it returned).
+        stopped_for: why the runtime stopped the call (``pipeline cancel``, ``app.cancel``, an
+            abandoned or hung run), None when it was not stopped.
     """
 
     lane: str
@@ -33,6 +38,7 @@ class Run:
     started_s: float
     ended_s: float | None = None
     error: BaseException | None = None
+    stopped_for: str | None = None
 
     @property
     def attempt(self) -> int:
@@ -51,12 +57,20 @@ class Run:
 
     @property
     def outcome(self) -> str:
-        """``running``, ``handled``, ``skipped`` or ``failed``."""
+        """``running``, ``handled``, ``skipped``, ``cancelled`` or ``failed``.
+
+        A call the runtime stopped as cancelled work is ``cancelled`` (not retried); one stopped
+        as hung is ``failed``, as the runtime routes it like a failure.
+        """
         if self.ended_s is None:
             return "running"
         if self.error is None:
             return "handled"
-        return "skipped" if isinstance(self.error, Skip) else "failed"
+        if isinstance(self.error, Skip):
+            return "skipped"
+        if self.stopped_for is not None and self.stopped_for != HUNG:
+            return "cancelled"
+        return "failed"
 
 
 @dataclass
@@ -76,6 +90,9 @@ class Recorder:
                 await handler(event, ctx)
             except BaseException as exc:
                 run.error = exc
+                run_liveness = liveness.CURRENT.get()
+                if isinstance(exc, asyncio.CancelledError) and run_liveness is not None:
+                    run.stopped_for = run_liveness.reason
                 raise
             finally:
                 run.ended_s = time.time()

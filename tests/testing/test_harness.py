@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import BaseModel
 
@@ -100,3 +102,31 @@ def test_the_member_of_a_stopped_test_app_is_a_clear_error() -> None:
     """Asking for the member outside `async with` says how to start it."""
     with pytest.raises(ConfigError, match="async with TestApp"):
         _ = TestApp(orders_app([])).member
+
+
+async def test_a_cancelled_run_has_outcome_cancelled_and_a_hung_one_failed() -> None:
+    """A run app.cancel stopped has outcome cancelled, as the runtime says; a hung one failed."""
+    spec = TopicSpec.model_validate(
+        {"name": "work", "partitions": 2, "retry": {"tiers": ["1s"]}, "heartbeat_timeout": "5s"}
+    )
+    app = App([spec])
+
+    @app.handler("work")
+    async def handle(event: Order, ctx: Context) -> None:
+        ctx.heartbeat()  # from now on only the handler's own beats count
+        if ctx.attempt == 1:
+            await asyncio.sleep(600)
+
+    async with TestApp(app) as t:
+        await t.send("work", Order(order_id="hangs"), key="k1", event_id="e1")
+        await t.send("work", Order(order_id="cancelled"), key="k2", event_id="e2")
+        await t.advance(1)
+        await app.cancel(t.redis, event="e2", prefix=t.settings.redis.key_prefix)
+        await t.drain()
+        outcomes = [(r.event.order_id, r.attempt, r.outcome) for r in t.runs("work")]
+        assert sorted(outcomes) == [
+            ("cancelled", 1, "cancelled"),
+            ("hangs", 1, "failed"),
+            ("hangs", 2, "handled"),
+        ]
+        assert (t.stats.cancelled, t.stats.hung) == (1, 1)
