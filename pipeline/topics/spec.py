@@ -12,11 +12,14 @@ format is documented field by field in ``docs/topics.md``.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
+    BaseModel,
     BeforeValidator,
     Field,
     StrictStr,
@@ -308,20 +311,48 @@ def _describe(error: ErrorDetails) -> str:
     if error["type"] == "missing":
         problem = "required field is missing"
     elif error["type"] == "extra_forbidden":
-        model: type[SpecModel] = TopicSpec
-        if loc[:1] == ("retry",) and len(loc) == 2:  # noqa: PLR2004
-            model = RetryPolicy
-        if loc[:1] == ("debounce",) and len(loc) == 2:  # noqa: PLR2004
-            model = DebouncePolicy
-        if loc[:1] == ("offload",) and len(loc) == 2:  # noqa: PLR2004
-            model = OffloadPolicy  # type: ignore[assignment]
-        fields = ", ".join(field.alias or name for name, field in model.model_fields.items())
-        problem = f"unknown field (expected one of: {fields})"
+        model = _section_model(loc[:-1])
+        if model is None:
+            problem = "unknown field"
+        else:
+            fields = ", ".join(field.alias or name for name, field in model.model_fields.items())
+            problem = f"unknown field (expected one of: {fields})"
     elif error["type"] == "value_error":
         problem = str(error.get("ctx", {}).get("error", error["msg"]))
     else:
         problem = f"{error['msg'][:1].lower()}{error['msg'][1:]} (got {error['input']!r})"
     return f"{field_path(loc)}: {problem}" if loc else problem
+
+
+def _section_model(path: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model of the section at ``path`` (``("throttle", "adaptive", "dep:x")``), if any."""
+    annotation: Any = TopicSpec
+    for part in path:
+        annotation = _without_none(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            fields = annotation.model_fields
+            found = [f for name, f in fields.items() if part in (name, f.alias)]
+            if not found:
+                return None
+            annotation = found[0].annotation
+        elif typing.get_origin(annotation) is dict:  # ``part`` is a key: its value's model
+            annotation = typing.get_args(annotation)[1]
+        elif typing.get_origin(annotation) in (tuple, list):  # ``part`` is an index
+            annotation = typing.get_args(annotation)[0]
+        else:
+            return None
+    annotation = _without_none(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _without_none(annotation: Any) -> Any:
+    """``X`` of ``X | None``; any other annotation unchanged."""
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
 
 
 def check_lanes(specs: Sequence[TopicSpec], origins: Sequence[str] | None = None) -> None:

@@ -282,6 +282,34 @@ def test_invalid_field_is_reported_with_file_and_field_path(tmp_path, text, fiel
     assert problem in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "field", "expected"),
+    [
+        (
+            "throttle: {keys: [k], bogus: 1}",
+            "throttle.bogus",
+            "keys, priority, lease, max_waiting, adaptive",
+        ),
+        ("sojourn: {target: 1s, intervl: 5s}", "sojourn.intervl", "target, interval, brief"),
+        ("batch: {slo: 12h}", "batch.slo", "idle_below, sla, promote_at"),
+        ("retry: {budget: {rate: 0.1}}", "retry.budget.rate", "ratio, min_per_s"),
+        (
+            "throttle: {keys: [dep:x], adaptive: {dep:x: {max: 3, mn: 1}}}",
+            "throttle.adaptive.dep:x.mn",
+            "min, max, decrease, latency, cooldown",
+        ),
+    ],
+)
+def test_an_unknown_nested_field_lists_the_fields_of_its_own_section(
+    tmp_path, text, field, expected
+):
+    """An unknown field inside a section names that section's fields, not the top-level ones."""
+    path = write(tmp_path, "bad.yaml", f"name: m\npartitions: 1\n{text}\n")
+    with pytest.raises(TopicSpecError) as info:
+        load_spec(path)
+    assert f"{path}: {field}: unknown field (expected one of: {expected})" in str(info.value)
+
+
 def test_every_invalid_field_is_reported_on_its_own_line(tmp_path):
     """Several errors in one file each get a line naming the file and the field."""
     path = write(tmp_path, "bad.yaml", "name: a b\npartitions: 0\n")
