@@ -31,8 +31,9 @@ __all__ = ["as_dict", "capacity_command", "render"]
 
 
 def as_dict(plan: LanePlan) -> dict[str, Any]:
-    """The plan as plain JSON values (an unbounded wait is ``null``)."""
+    """The plan as plain JSON values (an unbounded wait or utilisation is ``null``)."""
     wait = plan.expected_wait_s
+    busy = plan.utilisation
     return {
         "lane": plan.lane,
         "arrivals_per_s": round(plan.rate_per_s, 3),
@@ -44,7 +45,7 @@ def as_dict(plan: LanePlan) -> dict[str, Any]:
         "service_source": plan.service_source,
         "members": plan.members,
         "slots": plan.slots,
-        "utilisation": round(plan.utilisation, 3),
+        "utilisation": None if math.isinf(busy) else round(busy, 3),
         "expected_wait_s": None if math.isinf(wait) else round(wait, 4),
         "desired_members": plan.desired_members,
         "target_utilisation": plan.target_utilisation,
@@ -57,6 +58,8 @@ def render(plan: LanePlan) -> str:
     """The plan as the lines ``pipeline capacity`` prints."""
     wait = plan.expected_wait_s
     shown_wait = "unbounded (arrivals exceed the slots)" if math.isinf(wait) else f"{wait:.3f} s"
+    busy = plan.utilisation
+    shown_busy = "unbounded (arrivals on no slots)" if math.isinf(busy) else f"{busy:.1%}"
     seasons = f"{plan.forecast.seasons} past {plan.season}s" if plan.forecast.seasons else "none"
     return "\n".join(
         [
@@ -68,7 +71,7 @@ def render(plan: LanePlan) -> str:
             ),
             f"  service time    {plan.service_s:.3f} s ({plan.service_source})",
             f"  slots           {plan.slots} ({plan.members} x {plan.slots_per_member} per member)",
-            f"  utilisation     {plan.utilisation:.1%}",
+            f"  utilisation     {shown_busy}",
             f"  expected wait   {shown_wait} (M/M/c)",
             (
                 f"  members needed  {plan.desired_members} at {plan.target_utilisation:.0%} "

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pipeline.capacity.forecast import Forecast, seasonal_forecast
 from pipeline.capacity.history import MINUTES_PER_DAY, ArrivalHistory
-from pipeline.capacity.queueing import mean_wait_s, members_for, slots_for_wait
+from pipeline.capacity.queueing import busy_slots, mean_wait_s, members_for, slots_for_wait
 from pipeline.capacity.settings import CapacitySettings
 
 __all__ = ["MAX_SEASONS", "LanePlan", "plan_lane"]
@@ -73,8 +73,14 @@ class LanePlan:
 
     @property
     def utilisation(self) -> float:
-        """Busy share of the slots at the current rate (Little's law; may exceed 1)."""
-        return self.rate_per_s * self.service_s / self.slots if self.slots else math.inf
+        """Busy share of the slots at the current rate (Little's law; may exceed 1).
+
+        0.0 when nothing arrives (even with no slots), ``inf`` for arrivals on no slots.
+        """
+        busy = busy_slots(self.rate_per_s, self.service_s)
+        if busy <= 0:
+            return 0.0
+        return busy / self.slots if self.slots else math.inf
 
     @property
     def expected_wait_s(self) -> float:
@@ -125,7 +131,11 @@ async def plan_lane(
         target_utilisation=settings.target_utilisation,
         floor=settings.min_members,
     )
-    waiting = math.ceil(slots_for_wait(peak, service_s, settings.target_wait_s) / slots_per_member)
+    waiting = 0  # nothing arrives: no member waits for a slot
+    if busy_slots(peak, service_s) > 0:
+        waiting = math.ceil(
+            slots_for_wait(peak, service_s, settings.target_wait_s) / slots_per_member
+        )
     return LanePlan(
         lane=lane,
         rate_per_s=rate_per_s,

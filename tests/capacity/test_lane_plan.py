@@ -105,6 +105,23 @@ def test_the_cli_prints_rate_service_slots_utilisation_wait_and_members(
     assert "members needed" in text
 
 
+def test_an_idle_lane_that_may_scale_to_zero_prints_valid_figures(
+    redis_service: str, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No arrivals and MIN_MEMBERS=0: zero members at 0 % busy, strict JSON, no 'inf%'."""
+    monkeypatch.setenv("PIPELINE_REDIS__URL", redis_service)
+    monkeypatch.setenv("PIPELINE_REDIS__KEY_PREFIX", f"t{unique}")
+    monkeypatch.setenv("PIPELINE_CAPACITY__MIN_MEMBERS", "0")
+    result = CliRunner().invoke(app, ["capacity", "messages", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output, parse_constant=lambda name: pytest.fail(f"not JSON: {name}"))
+    assert (shown["members"], shown["slots"], shown["utilisation"]) == (0, 0, 0.0)
+    assert (shown["desired_members"], shown["members_for_target_wait"]) == (0, 0)
+    text = CliRunner().invoke(app, ["capacity", "messages"]).output
+    assert "inf" not in text
+    assert "utilisation     0.0%" in text
+
+
 def test_the_cli_names_an_unknown_lane_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """An unknown lane exits 2 with the lanes that exist, no traceback."""
     monkeypatch.setenv("PIPELINE_REDIS__URL", "redis://127.0.0.1:1/0")
