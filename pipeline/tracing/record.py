@@ -138,20 +138,29 @@ def new_trace_id() -> int:
     return _getrandbits(128) or 1
 
 
+_HEX = b"0123456789abcdef"
+
+
 def parse(raw: bytes | str | None) -> tuple[int, int, bool] | None:
-    """(trace id, span id, sampled) of a W3C ``traceparent`` value, or None if it is not one."""
-    if not raw or len(raw) != TRACEPARENT_CHARS:
+    """(trace id, span id, sampled) of a W3C ``traceparent`` value, or None if it is not one.
+
+    As the W3C rules have it: lower-case hex only, version ``ff`` refused, version ``00``
+    exactly 55 characters; a later version is read by version 00's fields, and what follows
+    them must start with a dash.
+    """
+    if not raw or len(raw) < TRACEPARENT_CHARS:
         return None
     value = raw if isinstance(raw, bytes) else raw.encode("latin-1", "replace")
-    if value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
+    if len(value) != TRACEPARENT_CHARS:
+        if value[:2] == b"00" or value[55:56] != b"-":
+            return None
+        value = value[:TRACEPARENT_CHARS]
+    if value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-" or value[:2] == b"ff":
         return None
     ids, flags = value[3:35] + value[36:52], value[53:]
-    if not (ids.isalnum() and flags.isalnum()) or value[:2] == b"ff":
-        return None  # int() below would take "_", "+" or spaces; isalnum() lets only hex pass
-    try:
-        trace_id, span_id, sampled = int(ids[:32], 16), int(ids[32:], 16), int(flags, 16) & 1
-    except ValueError:
-        return None
+    if (value[:2] + ids + flags).translate(None, _HEX):
+        return None  # upper case, or not hex at all ("_", "+", spaces, other letters)
+    trace_id, span_id, sampled = int(ids[:32], 16), int(ids[32:], 16), int(flags, 16) & 1
     if not trace_id or not span_id:
         return None
     return trace_id, span_id, bool(sampled)
@@ -162,7 +171,7 @@ def traceparent(trace_id: int, span_id: int, *, sampled: bool) -> str:
     return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
 
 
-_HEX_AND_DASH = b"0123456789abcdef-"
+_HEX_AND_DASH = _HEX + b"-"
 _ZERO_TRACE = b"0" * 32
 _ZERO_SPAN = b"0" * 16
 _DASHES = 3

@@ -384,12 +384,19 @@ def _child(buffer: Buffer, name: str, kind: str, start_ns: int = 0) -> Span:
 
 
 def _unsampled(raw: bytes | str | None) -> bool:
-    """Whether ``raw`` is a ``traceparent`` whose sampled flag is off, and that decides.
+    """Whether ``raw`` is a valid ``traceparent`` whose sampled flag is off, and that decides.
 
-    The flag is the low bit of the last hex digit; parsing stops there, so an unsampled
-    message costs a few operations.
+    The flag is the low bit of the last hex digit: a value of version 00's length ending in an
+    odd digit is not unsampled, whatever else it holds, so a sampled message costs a few
+    operations. A malformed value is no context at all (a new trace), not an unsampled one.
     """
-    if not _sampler.follow or not raw or len(raw) != r.TRACEPARENT_CHARS:
+    if not _sampler.follow or not raw or len(raw) < r.TRACEPARENT_CHARS:
         return False
-    last = raw[-1:]
-    return (last.decode() if isinstance(last, bytes) else last) in _UNSAMPLED_LAST_DIGIT
+    if len(raw) == r.TRACEPARENT_CHARS:
+        last = raw[-1:]
+        if (last.decode() if isinstance(last, bytes) else last) not in _UNSAMPLED_LAST_DIGIT:
+            return False
+        if r.spliceable(raw):
+            return True
+    carried = r.parse(raw)  # text, another version, or malformed
+    return carried is not None and not carried[2]

@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 
 from pipeline.tracing import otlp
 from pipeline.tracing.record import (
-    TRACEPARENT_CHARS,
     Record,
     new_span_id,
     new_trace_id,
     parse,
+    spliceable,
 )
 
 span_id_bytes = struct.Struct(">Q").pack
@@ -248,37 +248,22 @@ def trace_context(carried: tuple[int, int] | bytes | str | None) -> tuple[int, i
     return (parsed[0], parsed[1]) if parsed else (new_trace_id(), 0)
 
 
-_NO_TRACE = bytes(16)
 _NO_SPAN = bytes(8)
 
 
 def wire_context(carried: tuple[int, int] | bytes | str | None) -> tuple[bytes, bytes]:
     """:func:`trace_context` as the ids' bytes (no parent: empty), for the wire.
 
-    A well-formed ``traceparent`` as it came (the usual case) is read straight from its hex
-    digits; anything else goes through :func:`trace_context`, so both accept the same values.
+    A ``traceparent`` as this pipeline writes them (the usual case, :func:`.record.spliceable`)
+    is read straight from its hex digits; anything else goes through :func:`trace_context`, so
+    both accept the same values.
     """
-    if (
-        type(carried) is bytes
-        and len(carried) == TRACEPARENT_CHARS
-        and carried[2] == _DASH
-        and carried[35] == _DASH
-        and carried[52] == _DASH
-        and carried[:2] != b"ff"
-    ):
-        try:
-            trace, parent = _unhex(carried[3:35]), _unhex(carried[36:52])
-            _unhex(carried[53:55])  # the flags: parse() takes only hex digits there too
-        except binascii.Error:
-            pass
-        else:
-            if trace != _NO_TRACE and parent != _NO_SPAN:
-                return trace, parent
+    if spliceable(carried):  # version 00 in lower-case hex, ids not zero: what parse() takes
+        return _unhex(carried[3:35]), _unhex(carried[36:52])
     trace_id, parent_id = trace_context(carried)
     return trace_id.to_bytes(16, "big"), span_id_bytes(parent_id) if parent_id else b""
 
 
-_DASH = ord("-")
 _unhex = binascii.unhexlify
 
 

@@ -11,6 +11,7 @@ from tracing.otlp_receiver import OtlpReceiver
 from pipeline import tracing
 from pipeline.envelope import Message, Record
 from pipeline.tracing.record import Buffer, parse, spliceable, traceparent
+from pipeline.tracing.wire_delivery import wire_context
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -35,6 +36,67 @@ def test_parse_takes_w3c_traceparents_and_refuses_the_rest() -> None:
         VALID.replace("-", "+"),
     ):
         assert parse(bad) is None, bad
+
+
+def test_parse_follows_the_w3c_rules_for_version_case_and_extra_fields() -> None:
+    """Upper-case or non-hex digits start a new trace, here and in the exporting process.
+
+    A later version's value is read by version 00's fields, whatever follows them after a dash.
+    """
+    ids = (0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True)
+    for bad in (
+        VALID.upper(),
+        VALID[:3] + VALID[3:35].upper() + VALID[35:],
+        VALID[:36] + VALID[36:52].upper() + VALID[52:],
+        VALID[:-2] + "0B",
+        "zz" + VALID[2:],
+        "0g" + VALID[2:],
+        ".0" + VALID[2:],
+        "0A" + VALID[2:],
+        VALID + "-what-the-future-will-be-like",  # version 00 is exactly 55 characters
+        "cc" + VALID[2:] + ".what-the-future-will-be-like",
+        "cc" + VALID[2:-1],
+        "cc" + VALID[2:].upper() + "-future",
+        VALID[:-2] + "0\u00e9",
+    ):
+        assert parse(bad) is None, bad
+        assert parse(bad.encode("utf-8")) is None, bad
+        # The exporting process, reading a delivery's traceparent itself, starts a trace too.
+        assert wire_context(bad.encode())[1] == b"", bad
+    for future in ("cc" + VALID[2:], "cc" + VALID[2:] + "-what-the-future-will-be-like"):
+        assert parse(future) == ids, future
+        assert parse(future.encode()) == ids, future
+        assert wire_context(future.encode()) == (
+            ids[0].to_bytes(16, "big"),
+            ids[1].to_bytes(8, "big"),
+        )
+
+
+def test_a_malformed_traceparent_starts_a_trace_even_when_it_ends_as_unsampled_ones_do(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a parent-based sampler only a valid context's flag decides; a malformed one is none.
+
+    An all-zero trace id with flags ``00`` is no context: the delivery starts a trace that the
+    root sampler (always on) records. A later version's unsampled context is followed.
+    """
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+    malformed = b"00-" + b"0" * 32 + VALID[35:-2].encode() + b"00"
+    later_unsampled = b"cc" + VALID[2:-2].encode() + b"00-future"
+    assert tracing.configure(os.environ, service="pipeline-test")
+    try:
+        headers = {"traceparent": later_unsampled}
+        assert tracing.process(Message("t", 0, 1, b"k", b"v", headers), "lane") is None
+        delivery = tracing.process(Message("t", 0, 2, b"k", b"v", {"traceparent": malformed}), "l")
+        assert delivery is not None
+        tracing.finish(delivery, "handled")
+    finally:
+        tracing.shutdown()
+    (spans,) = otlp.traces().values()
+    process = next(span for span in spans if span.name == "process t")
+    assert process.parent_id == ""
+    assert process.trace_id != "0" * 32
 
 
 def test_a_spliceable_traceparent_is_one_parse_reads_as_written() -> None:
