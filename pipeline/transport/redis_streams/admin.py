@@ -121,14 +121,32 @@ class RedisStreamsAdmin:
             raise translate(exc, f"update topic {config.name!r}") from exc
 
     async def delete_topic(self, name: str) -> None:
-        """Delete the topic's streams, offset counters and metadata."""
+        """Delete the topic's streams, offset counters and metadata.
+
+        The positions groups committed on it go too, as Kafka forgets a deleted topic's
+        offsets: a topic created again under the name starts at offset 0, and a group keeping
+        the old positions would skip its first messages as done.
+        """
         meta = await read_meta(self._client, self._keys, name, self._default_max_len)
         try:
             for p in range(meta.partitions):
-                await self._client.delete(self._keys.stream(name, p), self._keys.sequence(name, p))
+                stream = self._keys.stream(name, p)
+                await self._forget_positions(stream, partition_id(name, p))
+                await self._client.delete(stream, self._keys.sequence(name, p))
             await self._client.hdel(self._keys.topics, name)
         except rexc.RedisError as exc:
             raise translate(exc, f"delete topic {name!r}") from exc
+
+    async def _forget_positions(self, stream: str, pid: str) -> None:
+        """Drop the committed position of partition ``pid`` in every group reading ``stream``."""
+        try:
+            groups: list[dict[str, Any]] = await self._client.xinfo_groups(stream)
+        except rexc.ResponseError:  # no such key: the stream was never written or read
+            return
+        for group in groups:
+            name = group["name"]
+            group_name = name.decode() if isinstance(name, bytes) else str(name)
+            await self._client.hdel(self._keys.positions(group_name), pid, f"{pid}:meta")
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
         """Committed position, end offset and oldest unconsumed timestamp per partition."""
