@@ -282,7 +282,7 @@ def load_spec(path: Path) -> TopicSpec:
             not a mapping, or fails validation; every line names the file and the field.
     """
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except (OSError, UnicodeDecodeError) as exc:
         raise TopicSpecError(f"{path}: cannot read: {exc}") from exc
     except yaml.YAMLError as exc:
@@ -297,6 +297,30 @@ def load_spec(path: Path) -> TopicSpec:
         # any field failed; pydantic reports that as an error of its own, which is only noise.
         problems = [e for e in exc.errors() if e["type"] != "default_factory_not_called"]
         raise TopicSpecError("\n".join(f"{path}: {_describe(e)}" for e in problems)) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping.
+
+    YAML requires unique keys; PyYAML would keep the last value and drop the first unsaid.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` may be overridden by the keys beside it
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                repeated = key in seen
+            except TypeError:
+                continue  # an unhashable key: construction below reports it
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _describe_yaml_error(exc: yaml.YAMLError) -> str:

@@ -329,6 +329,22 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
         load_spec(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("name: m\npartitions: 3\npartitions: 12\n", 3, "partitions"),
+        ("name: m\npartitions: 3\nretry:\n  tiers: [5s]\n  tiers: [1m]\n", 5, "tiers"),
+    ],
+)
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path, text, line, key):
+    """A mapping key repeated in one file is an error naming its line, not a silent overwrite."""
+    path = write(tmp_path, "twice.yaml", text)
+    with pytest.raises(TopicSpecError) as info:
+        load_spec(path)
+    assert str(info.value).startswith(f"{path}: line {line}, column ")
+    assert f"invalid YAML: duplicate key {key!r}" in str(info.value)
+
+
 @pytest.mark.parametrize(("text", "found"), [("- a\n", "a list"), ("", "an empty document")])
 def test_non_mapping_document_is_rejected(tmp_path, text, found):
     """A document that is not a mapping names the file and what was found."""
