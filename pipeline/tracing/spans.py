@@ -45,6 +45,7 @@ _buffer: Buffer | None = None
 _sampler: Sampler = Sampler(lambda _trace, _name: True, follow=True, always=True)
 _system = "redis"
 _UNSAMPLED_LAST_DIGIT = "02468ace"
+_UNSAMPLED_LAST_BYTE = _UNSAMPLED_LAST_DIGIT.encode()
 _LIFECYCLE = frozenset(
     {"parked", "deferred", "expired", "shed", "duplicate", "retried", "dead_lettered"}
 )
@@ -393,8 +394,8 @@ def _unsampled(raw: bytes | str | None) -> bool:
     if not _sampler.follow or not raw or len(raw) < r.TRACEPARENT_CHARS:
         return False
     if len(raw) == r.TRACEPARENT_CHARS:
-        last = raw[-1:]
-        if (last.decode() if isinstance(last, bytes) else last) not in _UNSAMPLED_LAST_DIGIT:
+        digits = _UNSAMPLED_LAST_DIGIT if isinstance(raw, str) else _UNSAMPLED_LAST_BYTE
+        if raw[-1:] not in digits:  # type: ignore[operator] # str in str, bytes in bytes
             return False
         if r.spliceable(raw):
             return True

@@ -274,3 +274,31 @@ def test_under_a_parent_based_sampler_a_send_follows_the_carried_flag(
     assert (send.trace_id, send.parent_id) == (VALID[3:35], VALID[36:52])
     assert sampled.headers["traceparent"] == f"00-{send.trace_id}-{send.span_id}-01".encode()
     assert skipped.headers["traceparent"] == unsampled
+
+
+def test_a_traceparent_with_a_byte_that_is_not_ascii_starts_a_trace_and_raises_nothing(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 55-byte value ending in a non-ASCII byte, as any producer may send, is no context.
+
+    The member's hook, a routed send and a produce each start a trace (the default, parent-based
+    sampler) instead of raising out of the consumer.
+    """
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    hostile = VALID[:-1].encode() + b"\xe9"
+    assert tracing.configure(os.environ, service="pipeline-test")
+    try:
+        delivery = tracing.process(Message("t", 0, 1, b"k", b"v", {"traceparent": hostile}), "l")
+        assert delivery is not None
+        tracing.finish(delivery, "handled")
+        copy = {"traceparent": hostile}
+        with tracing.sending("t.retry.5s", copy, "retry"):
+            pass
+        record = Record(key=None, value=b"v", headers={"traceparent": hostile})
+        tracing.sends_ended(tracing.sends_started("orders", [record]))
+    finally:
+        tracing.shutdown()
+    roots = [s for trace in otlp.traces().values() for s in trace if s.parent_id == ""]
+    assert sorted(s.name for s in roots) == ["process t", "send orders", "send t.retry.5s"]
+    assert VALID[3:35] not in {s.trace_id for s in roots}
