@@ -304,9 +304,14 @@ def utf8(raw: bytes) -> bytes:
     return raw if raw.isascii() else raw.decode(errors="replace").encode()
 
 
+_INT64 = range(-(1 << 63), 1 << 63)
+"""What an OTLP int attribute holds: a value beyond it is no varint the collector reads."""
+
+
 def int_or(raw: bytes | None, default: int) -> int:
-    """``raw`` (a header's value) as an int, or ``default`` if absent or not a number."""
+    """``raw`` (a header's value) as an int, or ``default`` if absent, not a number or no int64."""
     try:
-        return int(raw) if raw is not None else default
+        value = int(raw) if raw is not None else default
     except ValueError:
         return default
+    return value if value in _INT64 else default

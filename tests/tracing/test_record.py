@@ -302,3 +302,19 @@ def test_a_traceparent_with_a_byte_that_is_not_ascii_starts_a_trace_and_raises_n
     roots = [s for trace in otlp.traces().values() for s in trace if s.parent_id == ""]
     assert sorted(s.name for s in roots) == ["process t", "send orders", "send t.retry.5s"]
     assert VALID[3:35] not in {s.trace_id for s in roots}
+
+
+@pytest.mark.parametrize("attempt", [b"-99999999999999999999999", b"99999999999999999999999"])
+def test_an_attempt_header_beyond_int64_is_exported_as_the_first_attempt(
+    traced: OtlpReceiver, attempt: bytes
+) -> None:
+    """A ``pl-attempt`` no int64 holds neither stops the exporting process nor spoils its batch."""
+    for offset, headers in enumerate(({"pl-attempt": attempt}, {"pl-attempt": b"2"})):
+        message = Message("t", 0, offset, b"k", b"v", {"traceparent": VALID.encode(), **headers})
+        delivery = tracing.process(message, "lane")
+        assert delivery is not None
+        tracing.finish(delivery, "handled")
+    tracing.shutdown()
+    processed = [s for s in traced.spans if s.name == "process t"]
+    attempts = sorted(s.attributes["pipeline.attempt"] for s in processed)
+    assert attempts == [1, 2]
