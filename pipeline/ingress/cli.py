@@ -13,7 +13,6 @@ import asyncio
 import os
 import re
 import sys
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -291,7 +290,7 @@ def _when(value: str | None, option: str) -> int | None:
     if value is None:
         return None
     try:
-        return int(datetime.now(UTC).timestamp() * 1000) - parse_duration_ms(value)
+        return _ago_ms(parse_duration_ms(value))
     except ValueError:
         pass
     try:
@@ -306,6 +305,14 @@ def _when(value: str | None, option: str) -> int | None:
             f"{option}: give the time zone, e.g. {moment.isoformat()}+00:00 for UTC (got {value!r})"
         )
     return int(moment.timestamp() * 1000)
+
+
+def _ago_ms(duration_ms: int) -> int:
+    """The time ``duration_ms`` ago in ms since the epoch; an age reaching past 1970 is 1970.
+
+    No row is older than that, and a store's integer column cannot take what lies far before it.
+    """
+    return max(0, int(datetime.now(UTC).timestamp() * 1000) - duration_ms)
 
 
 def _rate(value: str | None) -> float | None:
@@ -376,7 +383,7 @@ def replay_command(
             ids=tuple(row_id or ()),
         )
         per_s = _rate(rate)
-        forgotten_ms = int(time.time() * 1000) - _memory_ms(memory)
+        forgotten_ms = _ago_ms(_memory_ms(memory))
         _require_log_database(ingress)
         if not dry_run:
             await _reach_broker(settings)  # in seconds, one line, before any row is read

@@ -152,3 +152,25 @@ def test_a_time_with_a_zone_is_the_same_instant_in_replay_purge_and_redrive(
     assert purged.exit_code == 0, purged.output
     assert "purged 1 rows" in purged.output
     assert cli_log.rows() == 2
+
+
+@pytest.mark.parametrize(
+    ("command", "rows_left"),
+    [
+        (["replay", "--dry-run", "--since", "99999999999999999d"], None),
+        (["replay", "--dry-run", "--until", "99999999999999999d"], None),
+        (["replay", "--dry-run", "--idempotency-memory", "99999999999999999d"], None),
+        (["purge", "--older-than", "99999999999999999d"], 3),
+    ],
+    ids=["replay-since", "replay-until", "replay-memory", "purge-older-than"],
+)
+def test_a_duration_reaching_before_1970_is_the_epoch_not_a_traceback(
+    cli_log: CliLog, command: list[str], rows_left: int | None
+) -> None:
+    """An age longer than the clock reaches back means "since 1970": an answer, no overflow."""
+    result = CliRunner().invoke(ops_app, command)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    if rows_left is not None:
+        assert "purged 0 rows" in result.output
+        assert cli_log.rows() == rows_left
