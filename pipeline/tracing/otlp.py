@@ -74,8 +74,11 @@ def _len(field: int, payload: bytes) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def _str(field: int, value: str) -> bytes:
-    """A string field; names, keys and most values repeat, so they are kept encoded."""
-    return _len(field, value.encode())
+    """A string field; names, keys and most values repeat, so they are kept encoded.
+
+    A lone surrogate (text read with ``surrogateescape``) is no UTF-8: it becomes ``?``.
+    """
+    return _len(field, value.encode(errors="replace"))
 
 
 @functools.lru_cache(maxsize=16384, typed=True)  # True and 1 are equal keys otherwise
@@ -277,7 +280,7 @@ def string_attribute(key: bytes, value: str) -> bytes:
 
     ``key`` from :func:`attribute_key`.
     """
-    return utf8_attribute(key, value.encode())
+    return utf8_attribute(key, value.encode(errors="replace"))
 
 
 def utf8_attribute(key: bytes, value: bytes) -> bytes:

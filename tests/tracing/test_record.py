@@ -318,3 +318,22 @@ def test_an_attempt_header_beyond_int64_is_exported_as_the_first_attempt(
     processed = [s for s in traced.spans if s.name == "process t"]
     attempts = sorted(s.attributes["pipeline.attempt"] for s in processed)
     assert attempts == [1, 2]
+
+
+def test_a_handler_error_whose_text_is_not_valid_unicode_is_exported_with_its_batch(
+    traced: OtlpReceiver,
+) -> None:
+    """An exception text with a lone surrogate (a name read with surrogateescape) is replaced.
+
+    It neither stops the exporting process nor loses the spans exported with it.
+    """
+    for offset, error in enumerate((OSError("no file b'\udcff.csv'"), None)):
+        message = Message("t", 0, offset, b"k", b"v", {"traceparent": VALID.encode()})
+        delivery = tracing.process(message, "lane")
+        assert delivery is not None
+        with tracing.guard(delivery):
+            tracing.handler_ran("lane", time.perf_counter(), error)
+        tracing.finish(delivery, "retried" if error else "handled")
+    tracing.shutdown()
+    handlers = [s for s in traced.spans if s.name == "handler"]
+    assert sorted(s.error for s in handlers) == [False, True]
