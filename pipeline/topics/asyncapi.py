@@ -175,11 +175,13 @@ class _Builder:
         model = self.models.get(spec.lane)
         if model is None:
             return None, None
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        for name, definition in schema.pop("$defs", {}).items():
-            self.schemas[name] = definition
-        self.schemas[model.__name__] = schema
-        return "application/json", {"$ref": f"#/components/schemas/{model.__name__}"}
+        named = _model_schemas(model, "")
+        if any(self.schemas.get(name, definition) != definition for name, definition in named):
+            # Another lane's model (or a header schema) has this name: this lane's schemas go
+            # under its own, ``<lane>.<Model>`` (no Python class name has a dot).
+            named = _model_schemas(model, f"{_ident(spec.lane)}.")
+        self.schemas.update(named)
+        return "application/json", {"$ref": f"#/components/schemas/{named[-1][0]}"}
 
     def lane(self, spec: TopicSpec, group: str) -> None:
         """Channels, messages and operations of one declaration."""
@@ -275,6 +277,13 @@ class _Builder:
                 }
             }
         self.operations[oid] = op
+
+
+def _model_schemas(model: type[BaseModel], prefix: str) -> list[tuple[str, Schema]]:
+    """The JSON schemas of ``model``'s nested models, then of ``model``, named ``prefix<Name>``."""
+    schema = model.model_json_schema(ref_template=f"#/components/schemas/{prefix}{{model}}")
+    named = [(f"{prefix}{name}", d) for name, d in schema.pop("$defs", {}).items()]
+    return [*named, (f"{prefix}{model.__name__}", schema)]
 
 
 def _key_description(spec: TopicSpec) -> str:

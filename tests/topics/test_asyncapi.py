@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from pydantic import create_model
 from support import IN_CI
 
 from consumers.messages import MessageReceived
 from pipeline import headers as h
 from pipeline.topics.asyncapi import avro_schemas, document, model_of
-from pipeline.topics.spec import load_specs
+from pipeline.topics.spec import TopicSpec, load_specs
 
 ROOT = Path(__file__).parents[2]
 EVERY_OPTION = Path(__file__).with_name("every_option")
@@ -87,6 +90,42 @@ def test_an_avro_subject_becomes_an_avro_payload_and_groups_can_be_named() -> No
     assert doc["servers"]["kafka"]["host"] == "kafka-1:9092"
     assert doc["servers"]["redis"] == {**doc["servers"]["redis"], "host": "cache:6380"}
     assert "payload" not in doc["components"]["messages"]["chat_turns_event"]  # no model known
+
+
+def _payload_schema(doc: dict[str, Any], lane: str) -> dict[str, Any]:
+    """The JSON schema a lane's event payload refers to."""
+    ref = doc["components"]["messages"][f"{lane}_event"]["payload"]["$ref"]
+    return doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def test_two_models_of_one_class_name_keep_their_own_schemas() -> None:
+    """Lanes whose models share a class name (or a header schema's name) each get their own."""
+    order_item = create_model("Item", sku=(str, ...))
+    order_event = create_model("Event", order_id=(str, ...), items=(list[order_item], ...))
+    refund_item = create_model("Item", refund_id=(str, ...))  # another module's Item
+    refund_event = create_model("Event", reason=(str, ...), item=(refund_item, ...))
+    paint_event = create_model("EventHeaders", colour=(str, ...))
+
+    specs = [
+        TopicSpec.model_validate({"name": name, "partitions": 1})
+        for name in ("orders", "refunds", "paints")
+    ]
+    doc = document(
+        specs,
+        kafka_bootstrap="k:9092",
+        redis_url="redis://r:6379/0",
+        models={"orders": order_event, "refunds": refund_event, "paints": paint_event},
+    )
+    schemas = doc["components"]["schemas"]
+    assert set(_payload_schema(doc, "orders")["properties"]) == {"order_id", "items"}
+    assert set(_payload_schema(doc, "refunds")["properties"]) == {"reason", "item"}
+    assert set(_payload_schema(doc, "paints")["properties"]) == {"colour"}
+    assert h.TENANT in schemas["EventHeaders"]["properties"]
+    order_ref = _payload_schema(doc, "orders")["properties"]["items"]["items"]["$ref"]
+    refund_ref = _payload_schema(doc, "refunds")["properties"]["item"]["$ref"]
+    assert set(schemas[order_ref.rsplit("/", 1)[1]]["properties"]) == {"sku"}
+    assert set(schemas[refund_ref.rsplit("/", 1)[1]]["properties"]) == {"refund_id"}
+    assert all(re.fullmatch(r"[A-Za-z0-9.\-_]+", name) for name in schemas)
 
 
 def test_model_of_reads_events_and_turns() -> None:
