@@ -37,7 +37,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from pipeline.errors import PipelineError
 from pipeline.heap import freeze_startup
+from pipeline.log_repeats import configure_logging
 from pipeline.tracing import otlp
 from pipeline.tracing.framing import FrameReader
 from pipeline.tracing.pacing import Backlog, CpuWatch, cpu_seconds_of, paced
@@ -362,6 +364,12 @@ def main() -> None:
         # while it stops.
         signal.signal(stop, signal.SIG_IGN)
     _yield_cpu()
+    # Its own lines (a failed export) go to the traced process's stderr: in the same format.
+    with contextlib.suppress(ValueError, PipelineError):  # refused there first: plain lines
+        configure_logging(
+            os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
+            os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
+        )
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
     session = _session(os.environ)

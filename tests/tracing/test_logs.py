@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
 from pipeline.tracing.logs import JsonFormatter, TextFormatter, TraceFilter
@@ -75,3 +76,37 @@ def test_the_cli_logs_json_lines_when_asked() -> None:
     (line,) = out.stderr.strip().splitlines()
     doc = json.loads(line)
     assert (doc["level"], doc["message"], doc["trace_id"]) == ("WARNING", "broker b1 down", "")
+
+
+_EXPORT_REFUSED = """
+import os
+from pipeline import tracing
+from pipeline.log_repeats import configure_logging
+configure_logging("WARNING", "json")
+assert tracing.configure(os.environ, service="pipeline-test")
+with tracing.stage("verify"):
+    pass
+tracing.shutdown()
+"""
+
+
+def test_the_exporting_process_logs_in_the_format_asked_for(otlp: OtlpReceiver) -> None:
+    """Its failed exports (a collector answering 404) are JSON lines too, like the traced one's."""
+    env = {
+        **os.environ,
+        "PIPELINE_LOG_FORMAT": "json",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.endpoint.replace("/v1/traces", "/v1/nowhere"),
+        "OTEL_TRACES_SAMPLER": "always_on",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _EXPORT_REFUSED],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = out.stderr.strip().splitlines()
+    assert lines, "the failed export is logged"
+    docs = [json.loads(line) for line in lines]
+    assert any("404" in doc["message"] and doc["level"] == "ERROR" for doc in docs), docs
