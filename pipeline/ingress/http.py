@@ -12,7 +12,9 @@ At the door, before the app sees a byte:
 * a request head (request line and headers) past ``max_head_bytes`` is answered **431** and
   the connection closed; httptools has no limit of its own (it buffers a header line whole), so
   the bytes of a head are counted as they come, and at most one read chunk past the cap is
-  buffered;
+  buffered (two for a head that starts inside a read after a pipelined request: the bytes of
+  that read before it belong to the request before, so only the reads after it are counted, and
+  the head's exact size is checked once it is whole);
 * a body over its source's ``max_body_bytes`` (the declared Content-Length first, then the bytes
   as they come) is **413**, counted ``too_large``; the body of any other request is read and
   dropped (nothing else reads one);
@@ -115,6 +117,8 @@ class IngressProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: dict[str, str] = {}
         self._head_bytes: int | None = None  # None: not inside a request head
+        self._head_counted = True  # the head began with a read: all its bytes are counted
+        self._between = True  # no request is partly read: the next read starts a request
         self._chunk_bytes = 0
         self._in_body = False
         self._method = b""
@@ -164,6 +168,7 @@ class IngressProtocol(asyncio.Protocol):
             self._idle.cancel()
             self._idle = None
         self._chunk_bytes = len(data)
+        self._between = self._head_bytes is None and not self._in_body
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -178,14 +183,21 @@ class IngressProtocol(asyncio.Protocol):
             self._refuse(_refusal(400, "invalid HTTP request"))
         if self._stopped:
             return
-        if self._head_bytes is not None:
-            self._head_bytes += len(data)
-            if self._head_bytes > self.max_head_bytes:
-                self._refuse_head()
-                return
+        if self._head_bytes is not None and self._head_over(len(data)):
+            self._refuse_head()
+            return
         if self._body_timer is None and (self._in_body or self._head_bytes is not None):
             # Inside a request that is not whole yet: it has body_timeout_s from here.
             self._body_timer = self._loop.call_later(self.app.body_timeout_s, self._body_late)
+
+    def _head_over(self, read_bytes: int) -> bool:
+        """Count a read that left a head unfinished; whether the head is past the cap."""
+        assert self._head_bytes is not None  # noqa: S101 - only called inside a head
+        if self._head_bytes < 0:  # the head began inside this read: the rest is not its own
+            self._head_bytes = 0
+        else:
+            self._head_bytes += read_bytes
+        return self._head_bytes > self.max_head_bytes
 
     def pause_writing(self) -> None:
         """The socket's buffer is full: read no more requests until it drains."""
@@ -207,10 +219,17 @@ class IngressProtocol(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        """A request starts: count its head from here."""
+        """A request starts: count its head from here.
+
+        A head that begins inside a read, after a request that ended there (pipelining), is
+        counted from the next read on, and its exact size is checked when it is whole: the
+        bytes of that read before it are the other request's, not its own.
+        """
         self._url = b""
         self._headers = {}
-        self._head_bytes = 0
+        self._head_counted = self._between
+        self._head_bytes = 0 if self._between else -1
+        self._between = False
         self._body = []
         self._size = 0
 
@@ -226,11 +245,11 @@ class IngressProtocol(asyncio.Protocol):
         """Route the request, refuse a head over the cap or a body declared too large."""
         if self._stopped:
             return
-        # The head is no longer than what was read before this chunk plus this chunk, so its
-        # exact size is only added up when that bound passes the cap.
-        bound = (self._head_bytes or 0) + self._chunk_bytes
+        # A head counted from its first read is no longer than what was read before this chunk
+        # plus this chunk, so its exact size is only added up when that bound passes the cap.
+        bound = max(self._head_bytes or 0, 0) + self._chunk_bytes
         self._head_bytes = None
-        if bound > self.max_head_bytes:
+        if bound > self.max_head_bytes or not self._head_counted:
             size = len(self._url) + sum(len(n) + len(v) + 4 for n, v in self._headers.items())
             if size > self.max_head_bytes:
                 self._refuse_head()
