@@ -5,13 +5,15 @@ off) to every record, so a log line can be found from its trace and back. :class
 is the plain one-line format with `` trace=<trace_id> span=<span_id>`` appended when a record has
 them (so with tracing off a line is as it always was).
 :class:`JsonFormatter` writes one JSON object per line (``PIPELINE_LOG_FORMAT=json``) with the
-time, level, logger, message, the trace fields and whatever ``extra`` the call passed.
+time, level, logger, message, the trace fields and whatever ``extra`` the call passed (a value
+JSON cannot hold, such as NaN or a dict keyed by tuples, as its text).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from typing import Any
 
@@ -71,4 +73,16 @@ class JsonFormatter(logging.Formatter):
         )
         if record.exc_info:
             doc["traceback"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+        try:
+            return json.dumps(doc, default=str, allow_nan=False)
+        except (TypeError, ValueError):  # NaN, infinity, a key no JSON has, a value holding itself
+            return json.dumps({name: _plain(value) for name, value in doc.items()})
+
+
+def _plain(value: object) -> object:
+    """``value`` if JSON holds it as it is, else its text."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return str(value)

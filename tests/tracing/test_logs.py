@@ -110,3 +110,35 @@ def test_the_exporting_process_logs_in_the_format_asked_for(otlp: OtlpReceiver) 
     assert lines, "the failed export is logged"
     docs = [json.loads(line) for line in lines]
     assert any("404" in doc["message"] and doc["level"] == "ERROR" for doc in docs), docs
+
+
+def _strict(line: str) -> dict[str, object]:
+    """``line`` parsed as RFC 8259 JSON (no NaN or Infinity, which JSON does not have)."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"not JSON: {constant}")
+
+    doc = json.loads(line, parse_constant=refuse)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_a_json_line_stays_json_whatever_the_extras_hold() -> None:
+    """NaN, infinity, a dict keyed by tuples and a list holding itself still make one JSON line.
+
+    Each such value is written as its text; the other fields are kept as they are.
+    """
+    looped: list[object] = []
+    looped.append(looped)
+    extras = {
+        "lag_s": float("nan"),
+        "rate": float("inf"),
+        "by_pair": {("a", "b"): 1},
+        "looped": looped,
+    }
+    for name, value in extras.items():
+        record = _record("progress", **{name: value, "lane": "messages"})
+        line = JsonFormatter().format(record)
+        assert "\n" not in line
+        doc = _strict(line)
+        assert (doc["message"], doc["lane"], doc[name]) == ("progress", "messages", str(value))
