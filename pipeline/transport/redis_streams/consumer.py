@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -141,6 +142,24 @@ class RedisStreamsConsumer:
             self._target_owned, self._to_release = target, to_release
             self._changed.set()
 
+    async def _refresh_partitions(self) -> None:
+        """Share the partitions the topics have now: ``pipeline topics apply`` may add some.
+
+        One ``HMGET`` of the topics' metadata. While a topic is missing (deleted), the
+        partitions known before are kept.
+        """
+        raw: list[Any] = await self._client.hmget(self._keys.topics, self._topics)
+        counts = []
+        for value in raw:
+            if value is None:
+                return
+            counts.append(int(json.loads(value)["partitions"]))
+        self._partition_ids = sorted(
+            partition_id(topic, p)
+            for topic, count in zip(self._topics, counts, strict=True)
+            for p in range(count)
+        )
+
     def _renewal_age_s(self) -> float:
         """Seconds since the leases were last renewed."""
         return time.monotonic() - self._last_renewed
@@ -154,6 +173,8 @@ class RedisStreamsConsumer:
         lease_s = self._settings.lease_ms / 1000
         while not self._closed:
             await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))  # jitter spreads renewals
+            with contextlib.suppress(rexc.RedisError, OSError):  # the heartbeat says what failed
+                await self._refresh_partitions()
             try:
                 await self._heartbeat()
             except (rexc.RedisError, OSError) as exc:
