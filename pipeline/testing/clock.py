@@ -62,7 +62,7 @@ class VirtualClock:
         if not isinstance(selector, selectors.BaseSelector):
             raise ConfigError(
                 f"the virtual clock needs asyncio's selector event loop, not {type(loop).__name__}"
-                " (run the test without uvloop, or pass clock=False)"
+                " (run the test on asyncio's own loop: no uvloop event loop policy or loop factory)"
             )
         real_select = selector.select
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
+from pipeline.errors import ConfigError
 from pipeline.testing import VirtualClock
 
 
@@ -55,3 +58,17 @@ async def test_wait_for_with_a_remainder_does_not_spin() -> None:
         assert turns >= 10
     finally:
         clock.stop()
+
+
+def test_on_uvloop_the_error_names_only_a_remedy_that_exists() -> None:
+    """Under uvloop the clock refuses to start, naming asyncio's loop as the remedy, no other."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def start() -> None:
+        VirtualClock().start()
+
+    with pytest.raises(ConfigError) as info:
+        uvloop.run(start())
+    message = str(info.value)
+    assert "needs asyncio's selector event loop, not Loop" in message
+    assert "clock=False" not in message  # TestApp has no such option: it always runs one
