@@ -13,7 +13,8 @@ in requests of ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans. An exporter without suc
 the SDK's ``ReadableSpan`` objects (:class:`Spans`) instead. The exporter reads its own
 ``OTEL_EXPORTER_OTLP_*`` variables (its HTTP session reads the environment's proxies and CA
 bundle once, not per request); the resource its ``OTEL_SERVICE_NAME`` and
-``OTEL_RESOURCE_ATTRIBUTES``. Keeping this out of the traced process keeps the per-span work and
+``OTEL_RESOURCE_ATTRIBUTES`` (the command's name is ``service.name`` only when neither names
+one). Keeping this out of the traced process keeps the per-span work and
 the encoding off its interpreter lock; the process runs at a lower priority (Linux's idle
 scheduling class, else ``nice`` 10) so that exporting never takes CPU time from the messages
 on a core they want.
@@ -32,7 +33,7 @@ from urllib.parse import urlsplit
 
 import requests
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -371,7 +372,9 @@ def main() -> None:
             os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
         )
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
-    resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service})
+    # OTEL_SERVICE_NAME, else service.name in OTEL_RESOURCE_ATTRIBUTES, else the command's name.
+    named = OTELResourceDetector().detect().attributes.get(SERVICE_NAME)
+    resource = Resource.create({} if named else {SERVICE_NAME: service})
     session = _session(os.environ)
     exporter = OTLPSpanExporter(session=session)
     lean_transport(exporter, session)

@@ -87,6 +87,43 @@ def test_an_endpoint_without_the_sdk_is_one_line_and_exit_2() -> None:
     assert "pipeline[otel]" in line
 
 
+@pytest.mark.parametrize(
+    ("service_name", "expected"),
+    [(None, "orders-consumer"), ("orders-v2", "orders-v2")],
+    ids=["resource attributes", "service name first"],
+)
+def test_the_service_name_of_otel_resource_attributes_is_kept(
+    otlp: OtlpReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+    service_name: str | None,
+    expected: str,
+) -> None:
+    """``service.name`` in OTEL_RESOURCE_ATTRIBUTES names the service; OTEL_SERVICE_NAME wins.
+
+    The command's own name (``pipeline-<command>``) is the default only when neither sets one;
+    the other resource attributes are kept either way.
+    """
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "service.name=orders-consumer,deployment.environment=prod"
+    )
+    if service_name is None:
+        monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_SERVICE_NAME", service_name)
+    assert tracing.configure(os.environ, service="pipeline-consume")
+    try:
+        with tracing.stage("verify"):
+            pass
+    finally:
+        tracing.shutdown()
+    (span,) = otlp.spans
+    assert span.service == expected
+    (body,) = otlp.bodies
+    assert b"deployment.environment" in body
+
+
 @pytest.mark.usefixtures("traced")
 def test_configure_twice_replaces_the_provider() -> None:
     """Configuring again (a second command in one process) leaves one working tracer."""
