@@ -122,6 +122,7 @@ class TestApp:
         self.redis: Redis = fake_redis()
         self.app = self._recording_copy(app, payloads)
         self._lane_names = list(lanes or sorted(self.app.lanes))
+        self.app.topics(self._lane_names)  # a lane without a handler: one clear error, now
         self._group = group
         self._throttle_limits = dict(throttle_limits or {})
         self._throttle: Throttle | None = None
@@ -303,7 +304,7 @@ class TestApp:
 
     def retried(self, lane: str) -> list[Message]:
         """Messages sent to ``lane``'s retry tiers, in order (headers say attempt and due time)."""
-        spec = self.app.lanes[lane].spec
+        spec = self._spec(lane)
         return sorted(
             (m for name in spec.retry_topic_names() for m in self.messages(name)),
             key=lambda m: m.timestamp_ms,
@@ -311,7 +312,14 @@ class TestApp:
 
     def dead_letters(self, lane: str) -> list[DeadLettered]:
         """Messages on ``lane``'s dead-letter topic, with reason, error and origin."""
-        return [DeadLettered.of(m) for m in self.messages(self.app.lanes[lane].spec.dead_letter)]
+        return [DeadLettered.of(m) for m in self.messages(self._spec(lane).dead_letter)]
+
+    def _spec(self, lane: str) -> TopicSpec:
+        """The declaration of ``lane``, which must have a handler in the App."""
+        if lane not in self.app.lanes:
+            known = ", ".join(sorted(self.app.lanes)) or "none"
+            raise ConfigError(f"no lane {lane!r} in this TestApp (lanes: {known})")
+        return self.app.lanes[lane].spec
 
     def peak_concurrency(self, lane: str, *, tenant: str | None = None) -> int:
         """The most handler calls of ``lane`` (of ``tenant``, if given) that overlapped."""

@@ -130,3 +130,14 @@ async def test_a_cancelled_run_has_outcome_cancelled_and_a_hung_one_failed() -> 
             ("hangs", 2, "handled"),
         ]
         assert (t.stats.cancelled, t.stats.hung) == (1, 1)
+
+
+async def test_an_unknown_lane_is_a_clear_error_naming_the_lanes() -> None:
+    """A lane the App has no handler for, given to lanes= or asked about, is a ConfigError."""
+    with pytest.raises(ConfigError, match=r"no handler registered for lane\(s\) nope"):
+        TestApp(orders_app([]), lanes=["nope"])
+    async with TestApp(orders_app([])) as t:
+        with pytest.raises(ConfigError, match=r"no lane 'oders' in this TestApp \(lanes: orders\)"):
+            t.dead_letters("oders")
+        with pytest.raises(ConfigError, match=r"no lane 'oders' in this TestApp \(lanes: orders\)"):
+            t.retried("oders")
