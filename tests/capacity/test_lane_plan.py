@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -186,3 +188,15 @@ async def test_a_debounced_lanes_service_time_is_per_message_not_per_turn(
         found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]
         if found:
             await redis.delete(*found)
+
+
+def test_the_runbooks_service_time_query_reads_what_a_member_measures() -> None:
+    """docs/operations.md sizes a lane from handled messages only, as ServiceTimeSource does.
+
+    Over every outcome the mean mixes in retried runs (often timeouts) and a debounced lane's
+    buffering, and sizes the lane for neither.
+    """
+    runbook = (Path(__file__).parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    selectors = re.findall(r"pipeline_handler_duration_seconds_(?:sum|count)(\{[^}]*\})?", runbook)
+    assert len(selectors) >= 2
+    assert all('outcome="handled"' in selector for selector in selectors), selectors
