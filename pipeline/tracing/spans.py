@@ -45,6 +45,8 @@ _buffer: Buffer | None = None
 _sampler: Sampler = Sampler(lambda _trace, _name: True, follow=True, always=True)
 _system = "redis"
 _UNSAMPLED_LAST_DIGIT = "02468ace"
+_OWS = " \t"
+"""HTTP's optional whitespace around a header's value."""
 _UNSAMPLED_LAST_BYTE = _UNSAMPLED_LAST_DIGIT.encode()
 _LIFECYCLE = frozenset(
     {"parked", "deferred", "expired", "shed", "duplicate", "retried", "dead_lettered"}
@@ -83,7 +85,10 @@ def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[A
     if _buffer is None:
         return _NULL
     name = f"POST /hooks/{source}"
-    trace_id, parent_id, sampled = _entered(name, r.parse(headers.get(TRACEPARENT)))
+    carried = headers.get(TRACEPARENT)
+    if carried:  # the HTTP layer keeps whitespace after a value, which is no part of it
+        carried = carried.strip(_OWS)
+    trace_id, parent_id, sampled = _entered(name, r.parse(carried))
     if sampled:
         return Webhook(_buffer, source, trace_id, parent_id)  # current inside its with
     # Not recorded: it only carries its ids and the "not sampled" flag to what it produces.

@@ -337,3 +337,18 @@ def test_a_handler_error_whose_text_is_not_valid_unicode_is_exported_with_its_ba
     tracing.shutdown()
     handlers = [s for s in traced.spans if s.name == "handler"]
     assert sorted(s.error for s in handlers) == [False, True]
+
+
+def test_a_webhook_continues_a_traceparent_sent_with_spaces_around_it(
+    traced: OtlpReceiver,
+) -> None:
+    """Optional whitespace around the value (the HTTP layer keeps the trailing) is no part of it.
+
+    The W3C rules read a value with spaces or tabs around it as the value without them.
+    """
+    for value in (f" {VALID}", f"{VALID} \t", f"\t {VALID} \t"):
+        with tracing.webhook("whatsapp", {"traceparent": value}):
+            pass
+    tracing.shutdown()
+    servers = [s for s in traced.spans if s.name == "POST /hooks/whatsapp"]
+    assert [(s.trace_id, s.parent_id) for s in servers] == [(VALID[3:35], VALID[36:52])] * 3
