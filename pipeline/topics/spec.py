@@ -400,6 +400,7 @@ def check_lanes(specs: Sequence[TopicSpec], origins: Sequence[str] | None = None
 
 def _check_unique(paths: Sequence[Path], specs: Sequence[TopicSpec]) -> None:
     owners: dict[str, tuple[Path, str]] = {}
+    kafka_names: dict[str, tuple[str, Path, str]] = {}  # Kafka refuses names equal but for . and _
     for path, spec in zip(paths, specs, strict=True):
         fields = ["name"] + [f"retry.tiers[{i}]" for i in range(len(spec.retry.tiers_ms))]
         for topic, field in zip(spec.topic_names(), [*fields, "dead_letter"], strict=True):
@@ -410,4 +411,13 @@ def _check_unique(paths: Sequence[Path], specs: Sequence[TopicSpec]) -> None:
                     f"already declared by {other_path} ({other_field})"
                 )
             owners[topic] = (path, field)
+            other_topic, other_path, other_field = kafka_names.setdefault(
+                topic.replace(".", "_"), (topic, path, field)
+            )
+            if other_topic != topic:
+                raise TopicSpecError(
+                    f"{path}: {field}: topic {topic!r} collides with {other_topic!r} of"
+                    f" {other_path} ({other_field}): Kafka treats '.' and '_' in topic names"
+                    " alike; rename one of them"
+                )
     check_lanes(specs, [str(path) for path in paths])

@@ -381,6 +381,18 @@ def test_duplicate_derived_topic_names_both_files(tmp_path):
     assert f"already declared by {first} (dead_letter)" in str(info.value)
 
 
+def test_topic_names_kafka_confuses_name_both_files(tmp_path):
+    """Names differing only in '.' against '_' are one topic to Kafka: refused before any apply."""
+    first = write(tmp_path, "a.yaml", "name: orders.eu\nlane: orders_dot_eu\npartitions: 1\n")
+    second = write(tmp_path, "b.yaml", "name: orders_eu\npartitions: 1\n")
+    with pytest.raises(TopicSpecError) as info:
+        load_specs(tmp_path)
+    assert str(info.value) == (
+        f"{second}: name: topic 'orders_eu' collides with 'orders.eu' of {first} (name): Kafka"
+        " treats '.' and '_' in topic names alike; rename one of them"
+    )
+
+
 def test_two_topics_of_one_lane_name_both_files(tmp_path):
     """Two topics declaring one lane is an error naming both files.
 
