@@ -210,6 +210,12 @@ class TopicSpec(SpecModel):
     def _no_retention_config(cls, configs: dict[str, str]) -> dict[str, str]:
         if "retention.ms" in configs:
             raise ValueError("set retention with the retention field, not retention.ms")
+        max_bytes = configs.get("max.message.bytes")
+        if max_bytes is not None and not re.fullmatch(r"[0-9]+", max_bytes):
+            raise ValueError(
+                "max.message.bytes: expected a whole number of bytes, e.g. 2097152"
+                f" (got {max_bytes!r})"
+            )
         return configs
 
     def retry_topic_names(self) -> list[str]:

@@ -254,6 +254,11 @@ def test_custom_dead_letter_name_is_used():
         ("name: m\npartitions: 1\ndead_letter: m.retry.x\n", "dead_letter", "reserved"),
         ("name: m\npartitions: 1\nconfigs: {retention.ms: 5}\n", "configs", "retention field"),
         ("name: m\npartitions: 1\nconfigs: {a: null}\n", "configs.a", "valid string"),
+        (
+            "name: m\npartitions: 1\nconfigs: {max.message.bytes: 2MB}\n",
+            "configs",
+            "max.message.bytes: expected a whole number of bytes, e.g. 2097152 (got '2MB')",
+        ),
         ("name: m\npartitions: 1\nthrottle: 5\n", "throttle", "valid dictionary"),
         ("name: m\npartitions: 1\nthrottle: {keys: ['org:{x'] }\n", "throttle.keys", "bad key"),
         ("name: m\npartitions: 1\nthrottle: {keys: []}\n", "throttle.keys", "at least 1"),
