@@ -35,13 +35,11 @@ class LaneStatus:
 
     Attributes:
         report: lag, oldest age, retry-tier depths and dead letters.
-        in_flight: messages being handled now, when known (None: not reported).
         throttled: the most throttled tenants, with their waiting messages.
         error: why the lane could not be read, or "".
     """
 
     report: LaneReport
-    in_flight: int | None = None
     throttled: tuple[tuple[str, int], ...] = ()
     error: str = ""
 
@@ -95,7 +93,6 @@ class Status:
                     "group": lane.report.group,
                     "lag": lane.report.lag,
                     "oldest_age_s": round(lane.report.oldest_age_s, 3),
-                    "in_flight": lane.in_flight,
                     "retry_tiers": dict(lane.report.retry_tiers),
                     "dead_letters": lane.report.dead_letters,
                     "throttled_tenants": [

@@ -48,13 +48,13 @@ def _age(seconds: float) -> str:
 def render(status: Status, console: Console) -> None:
     """Print ``status`` as tables: lanes first, then the ingress log."""
     table = Table(title=f"pipeline status ({status.transport})")
-    for column in ("lane", "group", "lag", "oldest", "in flight", "retry tiers", "DLQ"):
+    for column in ("lane", "group", "lag", "oldest", "retry tiers", "DLQ"):
         table.add_column(column, justify="left" if column in {"lane", "group"} else "right")
     table.add_column("throttled tenants")
     for lane in status.lanes:
         r = lane.report
         if lane.error:
-            table.add_row(r.lane, r.group, f"[red]{lane.error}[/red]", "", "", "", "", "")
+            table.add_row(r.lane, r.group, f"[red]{lane.error}[/red]", "", "", "", "")
             continue
         tiers = " ".join(f"{tier}:{depth}" for tier, depth in r.retry_tiers.items()) or "-"
         oldest = _age(r.oldest_age_s)
@@ -66,7 +66,6 @@ def render(status: Status, console: Console) -> None:
             r.group,
             str(r.lag),
             oldest,
-            "-" if lane.in_flight is None else str(lane.in_flight),
             tiers,
             f"[red]{r.dead_letters}[/red]" if r.dead_letters else "0",
             throttled,

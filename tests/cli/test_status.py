@@ -13,11 +13,11 @@ from support import test_settings as settings_for
 from typer.testing import CliRunner
 
 from pipeline.cli import app as cli
-from pipeline.cli.status import collect_status
+from pipeline.cli.status import LaneStatus, Status, collect_status
 from pipeline.cli.status_view import gather, render
 from pipeline.logstore import NewRow
 from pipeline.logstore.sqlite import SqliteLogStore
-from pipeline.observability.lanes import lane_watches
+from pipeline.observability.lanes import LaneReport, lane_watches
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 
@@ -126,3 +126,14 @@ def test_status_command_prints_json(redis_service, unique, tmp_path, monkeypatch
     assert [(lane["lane"], lane["group"], lane["lag"]) for lane in document["lanes"]] == [
         (spec.lane, group, 1)
     ]
+
+
+def test_every_column_of_a_lane_with_figures_shows_one():
+    """A lane whose every figure is known fills every column: none is a placeholder nobody fills."""
+    report = LaneReport("messages", "g", 3, 5.0, {"5s": 1}, 2)
+    status = Status("redis", (LaneStatus(report, throttled=(("acme", 4),)),))
+    console = Console(record=True, width=200)
+    render(status, console)
+    (lane_row,) = [line for line in console.export_text().splitlines() if "messages" in line]
+    cells = [cell.strip() for cell in lane_row.strip("│ ").split("│")]
+    assert cells == ["messages", "g", "3", "5.0s", "5s:1", "2", "acme (4)"]
