@@ -298,7 +298,7 @@ class KafkaConsumer:
             if self._assigned and self._listener:
                 lost = sorted(self._assigned)
                 self._in_loop(self._listener.on_revoked(lost, lost=True))
-                self._assigned.clear()
+            self._assigned.clear()
             try:
                 raw.close()
             except (KafkaException, RuntimeError) as exc:
@@ -335,11 +335,24 @@ class KafkaConsumer:
             log.warning("check of group %s's assignment failed: %s", self._group, failure)
 
     def _commit(self, positions: Sequence[Position]) -> None:
+        # The coordinator takes a commit from any member of the group, for any partition: a
+        # stale one (computed before a rebalance moved the partition, whose revocation then
+        # committed a later position) would move the new owner's position back. Only what
+        # this member is assigned is committed, as the Redis Streams lease fences commits.
+        owned = [p for p in positions if p.tp in self._assigned]
+        if len(owned) < len(positions):
+            log.warning(
+                "%s: %s no longer assigned to this member; not committed",
+                self.member_id,
+                sorted(f"{p.tp.topic}[{p.tp.partition}]" for p in positions if p not in owned),
+            )
+        if not owned:
+            return
         offsets = [
             _RawTP(p.tp.topic, p.tp.partition, p.offset, p.metadata)
             if p.metadata
             else _RawTP(p.tp.topic, p.tp.partition, p.offset)
-            for p in positions
+            for p in owned
         ]
         try:
             self._raw.commit(offsets=offsets, asynchronous=False)
