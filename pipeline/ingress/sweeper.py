@@ -14,7 +14,10 @@ Each sweep, for rows it claims (leases) in the log store:
    something in it keeps its consumer from finishing, and replaying it would keep doing so. It
    is logged at CRITICAL with the reason, and counted.
 
-The sweeper never consumes the lanes it watches, so a backed-up lane cannot hold it up.
+The sweeper never consumes the lanes it watches, so a backed-up lane cannot hold it up. Asked
+to stop (:meth:`Sweeper.run`'s event), a sweep ends once the batch in hand is produced and
+marked: it claims no further batch, so stopping never waits for the rest of a long sweep (a
+broker that is down costs one produce timeout per batch).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class Sweeper:
         self._clock = clock
         self.totals = SweepReport()
         self.on_sweep = on_sweep
+        self._stop: asyncio.Event | None = None
 
     async def sweep_once(self) -> SweepReport:
         """One full sweep: unproduced rows, then unprocessed ones past patience.
@@ -95,7 +99,8 @@ class Sweeper:
         report = SweepReport()
         try:
             await self._produce_unproduced(report)
-            await self._replay_unprocessed(report)
+            if not self._stopping():  # reading the lanes' lag may wait on the broker too
+                await self._replay_unprocessed(report)
         except BaseException:
             report.finished = False
             self._count(report)
@@ -118,7 +123,11 @@ class Sweeper:
             self.on_sweep(report)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Sweep every ``interval_s`` until ``stop`` is set; a failed sweep is logged, not fatal."""
+        """Sweep every ``interval_s`` until ``stop`` is set; a failed sweep is logged, not fatal.
+
+        Once ``stop`` is set, the sweep under way ends after the batch in hand.
+        """
+        self._stop = stop
         while not stop.is_set():
             try:
                 await self.sweep_once()
@@ -127,12 +136,17 @@ class Sweeper:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._settings.interval_s)
 
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
     def _ms(self, seconds_ago: float) -> int:
         return int((self._clock() - seconds_ago) * 1000)
 
     async def _produce_unproduced(self, report: SweepReport) -> None:
         s = self._settings
         for _ in range(_MAX_BATCHES_PER_SWEEP):
+            if self._stopping():
+                return
             rows = await self._log.claim_unproduced(
                 self._ms(s.unproduced_after_s), s.batch_size, int(s.lease_s * 1000)
             )
@@ -150,6 +164,8 @@ class Sweeper:
         report.patient_lanes = tuple(patient)
         patient_topics = {topic for lane in patient for topic in self._lane_topics[lane]}
         for _ in range(_MAX_BATCHES_PER_SWEEP):
+            if self._stopping():
+                return
             rows = await self._log.claim_unprocessed(
                 self._ms(s.patience_s),
                 s.batch_size,

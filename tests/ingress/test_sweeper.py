@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -20,7 +20,7 @@ from ingress.helpers import write_topics
 from logstore.helpers import FakeClock, new_row
 
 from pipeline.config import Settings, SweeperSettings
-from pipeline.envelope import Message
+from pipeline.envelope import Delivered, Message, Record
 from pipeline.errors import TransportError
 from pipeline.ingress import headers as h
 from pipeline.ingress.backlog import GroupLagBacklog
@@ -30,7 +30,7 @@ from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.wiring import sweeper_heartbeat
 from pipeline.transport import create_transport
-from pipeline.transport.protocol import Transport
+from pipeline.transport.protocol import Producer, Transport
 
 SETTINGS = SweeperSettings(
     unproduced_after_s=60, patience_s=300, max_patience_s=900, max_replays=2, lease_s=30
@@ -307,4 +307,46 @@ async def test_a_failing_sweep_loop_logs_one_line_and_carries_on(
     (line,) = [r for r in caplog.records if "sweep failed" in r.getMessage()]
     assert "broker unavailable" in line.getMessage()
     assert line.exc_info is None
+    await drain(redis, topic, f"g-{unique}", 1)
+
+
+class _StopsAfterOneBatch:
+    """The real producer; the first batch it delivers also asks the sweeper to stop."""
+
+    def __init__(self, producer: Producer, stop: asyncio.Event) -> None:
+        """Produce with ``producer``; set ``stop`` once a batch is acknowledged."""
+        self._producer = producer
+        self._stop = stop
+        self.batches = 0
+
+    async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
+        """Produce ``records``, then set the stop event."""
+        delivered = await self._producer.send_many(topic, records)
+        self.batches += 1
+        self._stop.set()
+        return delivered
+
+
+async def test_a_stopped_sweeper_ends_its_sweep_after_the_batch_in_hand(
+    store: SqliteLogStore, redis: Transport, clock: FakeClock, unique: str
+) -> None:
+    """Stop asked during a sweep: the batch being produced is marked, no further batch is claimed.
+
+    Before, the sweep ran to its end (up to 1,000 batches) before ``run`` returned, so an
+    ingress asked to stop while the broker was down waited for every batch's produce timeout.
+    """
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 1)
+    for n in range(5):
+        await store.insert(new_row(n, clock, topic=topic, lane="messages"))
+    clock.advance(61)
+    stop = asyncio.Event()
+    producer = _StopsAfterOneBatch(redis.producer(), stop)
+    settings = SETTINGS.model_copy(update={"batch_size": 1})
+    sweeper = Sweeper(store, producer, _Unreachable(), {"messages": [topic]}, settings, clock=clock)
+    await asyncio.wait_for(sweeper.run(stop), 30)
+    assert producer.batches == 1
+    assert sweeper.totals.produced == 1
+    counts = await store.count_by_state(Selection())
+    assert counts == {RowState.PRODUCED: 1, RowState.RECEIVED: 4}
     await drain(redis, topic, f"g-{unique}", 1)
