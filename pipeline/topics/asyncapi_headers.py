@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline import headers as h
+from pipeline.offload import reference
+
+REDRIVEN_FROM = "pl-redriven-from"
+"""Set by `pipeline redrive` (`pipeline.redrive.redrive`, a layer above this one)."""
 
 
 def _text(description: str) -> dict[str, Any]:
@@ -32,6 +36,17 @@ _EVENT = {
     h.ROW_ID: _text("The ingress log row the event came from."),
     h.REDRIVE_COUNT: _int("How often the event was redriven from a dead-letter topic"),
     h.REPLAY_COUNT: _int("How often the ingress replayed its log row"),
+    REDRIVEN_FROM: _text("The dead letter it was redriven from: `<topic>:<partition>:<offset>`."),
+    h.ABANDON_AFTER_MS: _ms(
+        "After this no one waits for the result: the event is cancelled wherever it is"
+    ),
+    reference.OFFLOAD: _text(
+        "Present when the payload travels by reference (the lane's `offload:`): the body is"
+        " then a JSON reference to the object store, and this the reference's format (1)."
+    ),
+    reference.SIZE: _int("The offloaded payload's size in bytes"),
+    reference.SHA256: _text("The offloaded payload's SHA-256, hex."),
+    reference.CONTENT_TYPE: _text("The offloaded payload's content type (empty if unknown)."),
 }
 _RETRY = {
     h.ATTEMPT: _int("The processing attempt this delivery is; absent means 1"),

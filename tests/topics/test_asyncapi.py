@@ -17,6 +17,8 @@ from support import IN_CI
 
 from consumers.messages import MessageReceived
 from pipeline import headers as h
+from pipeline.offload import reference
+from pipeline.redrive.redrive import REDRIVEN_FROM
 from pipeline.topics.asyncapi import avro_schemas, document, model_of
 from pipeline.topics.spec import TopicSpec, load_specs
 
@@ -126,6 +128,27 @@ def test_two_models_of_one_class_name_keep_their_own_schemas() -> None:
     assert set(schemas[order_ref.rsplit("/", 1)[1]]["properties"]) == {"sku"}
     assert set(schemas[refund_ref.rsplit("/", 1)[1]]["properties"]) == {"refund_id"}
     assert all(re.fullmatch(r"[A-Za-z0-9.\-_]+", name) for name in schemas)
+
+
+def test_every_header_the_pipeline_writes_is_documented() -> None:
+    """Abandon time, redrive origin and the offload reference's headers are in the schemas."""
+    doc = document(load_specs(EVERY_OPTION), kafka_bootstrap="k:9092", redis_url="redis://r")
+    schemas = doc["components"]["schemas"]
+    written = {
+        value for name, value in vars(h).items() if name.isupper() and isinstance(value, str)
+    }
+    written |= {*reference.HEADERS, REDRIVEN_FROM}
+    documented = set(schemas["DeadLetterHeaders"]["properties"]) | {h.DUE_MS}
+    assert written - documented == set()
+    assert set(reference.HEADERS) <= set(schemas["EventHeaders"]["properties"])
+
+
+def test_an_offloading_lane_says_large_payloads_travel_by_reference() -> None:
+    """The channel of a lane with offload: names the threshold, the store and the reference."""
+    doc = document(load_specs(EVERY_OPTION), kafka_bootstrap="k:9092", redis_url="redis://r")
+    text = doc["channels"]["renders"]["description"]
+    assert "Payloads above 64KiB travel by reference to s3://payloads/renders" in text
+    assert reference.OFFLOAD in text
 
 
 def test_model_of_reads_events_and_turns() -> None:
