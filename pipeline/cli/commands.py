@@ -381,9 +381,14 @@ def consume(
         settings = settings.model_copy(update={"membership": membership})
         try:
             await _reach_services(settings)
-            await serve(loaded, settings, group, lanes=lane or None)
+            abandoned = await serve(loaded, settings, group, lanes=lane or None)
         finally:
             identity.release()
+        if abandoned:  # their tasks would hold the event loop's close for ever: exit now
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
     _run(main())
 

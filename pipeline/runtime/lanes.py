@@ -11,7 +11,6 @@ exists only while it has messages.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -203,11 +202,15 @@ class KeyLanes(Generic[T]):
                 waiter.set_result(None)
                 return
 
-    async def close(self) -> None:
-        """Stop the workers (running messages are cancelled)."""
-        for task in self._workers:
+    async def close(self, timeout_s: float | None = None) -> list[T]:
+        """Stop the workers (running messages are cancelled); return the runs left behind.
+
+        A run whose handler swallows its cancellation would hold its worker for ever: after
+        ``timeout_s`` such workers are left to themselves and their messages returned.
+        """
+        workers, self._workers = self._workers, []
+        for task in workers:
             task.cancel()
-        for task in self._workers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._workers = []
+        if workers:
+            await asyncio.wait(workers, timeout=timeout_s)
+        return list(self._running.values())

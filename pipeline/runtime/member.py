@@ -55,12 +55,20 @@ from pipeline.topics.spec import format_duration_ms
 from pipeline.transport.protocol import Consumer, Transport
 
 log = logging.getLogger(__name__)
+_STOP_MARGIN_S = 5.0
+"""How long past ``cancel_grace_s`` shutdown waits for cancelled runs to end (a ``cpu=True``
+run's worker is killed after that grace, then replaced)."""
 # Outcomes after which an event's obligation is met (P1): its log row is processed.
 _SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate", "cancelled"})
 
 
 class Member:
     """Runs an :class:`App`'s lanes as one member of a consumer group."""
+
+    abandoned: int = 0
+    """Runs still going at the end of shutdown: their handlers ignored their cancellation."""
+    _deadline_s: float | None = None
+    """When shutdown's grace ends (event loop time); None until shutdown starts."""
 
     def __init__(
         self,
@@ -288,18 +296,42 @@ class Member:
     async def _shutdown(
         self, committer: asyncio.Task[None], runners: Sequence[asyncio.Task[None]] = ()
     ) -> None:
-        """Stop fetching, let in-flight work finish within the grace period, commit, leave."""
+        """Stop fetching, let in-flight work finish within the grace period, commit, leave.
+
+        What still runs when the grace ends is cancelled before the partitions are given up, so
+        their next owners never run it beside this member; a run that ignores its cancellation
+        for :data:`_STOP_MARGIN_S` past ``cancel_grace_s`` is left behind (:attr:`abandoned`).
+        """
         self._routing.stopping = True
+        loop = asyncio.get_running_loop()
+        self._deadline_s = loop.time() + self._settings.shutdown_grace_s
         consumer = self._consumer
         assert consumer is not None  # noqa: S101 - run() set it
         consumer.pause(sorted(self._offsets))
+        stop_s = self._settings.cancel_grace_s + _STOP_MARGIN_S
+        late: set[asyncio.Task[None]] = set()
         if runners:  # running turns finish within the grace period; unfinished ones run again
-            _, late = await asyncio.wait(runners, timeout=self._settings.shutdown_grace_s)
+            _, late = await asyncio.wait(runners, timeout=self._grace_left_s())
             for task in late:
                 task.cancel()
         lanes = self._chain.lanes
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(lanes.wait_idle(), self._settings.shutdown_grace_s)
+            await asyncio.wait_for(lanes.wait_idle(), self._grace_left_s())
+        left = await lanes.close(stop_s)  # what still runs is cancelled
+        if late:
+            await asyncio.wait(late, timeout=stop_s)
+        stuck = [task for task in late if not task.done()]
+        self.abandoned = len(left) + len(stuck)
+        for work in left:
+            log.warning(
+                "%s@%d on lane %s did not stop when cancelled at shutdown; left running, not"
+                " committed (delivered again)",
+                work.message.tp,
+                work.message.offset,
+                work.lane.name,
+            )
+        if stuck:
+            log.warning("%d debounced turn(s) did not stop when cancelled at shutdown", len(stuck))
         committer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await committer
@@ -307,14 +339,19 @@ class Member:
             await self._commit(consumer)
         await consumer.close()  # revokes what is left through on_revoked
         if self._background:  # claims of lost partitions: given up once their work ended
-            await asyncio.wait(set(self._background), timeout=self._settings.shutdown_grace_s)
-        await lanes.close()
+            await asyncio.wait(set(self._background), timeout=stop_s)
         await self._guard.close()
         if self._chain.gate is not None:
             await self._chain.gate.close()
         await self._handler.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
+
+    def _grace_left_s(self) -> float:
+        """How long running work may still take: the whole grace, or what shutdown left of it."""
+        if self._deadline_s is None:
+            return self._settings.shutdown_grace_s
+        return max(0.0, self._deadline_s - asyncio.get_running_loop().time())
 
     def _dispatch(self, message: Message) -> None:
         offsets = self._offsets.get(message.tp)
@@ -463,9 +500,7 @@ class Member:
     ) -> None:
         """Give up the claims of lost partitions once nothing of theirs runs here."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                self._chain.lanes.wait_idle(tps), self._settings.shutdown_grace_s
-            )
+            await asyncio.wait_for(self._chain.lanes.wait_idle(tps), self._grace_left_s())
         await self._guard.give_up(claimed)
 
     def _superseded(self, _tps: list[TopicPartition]) -> None:
@@ -508,11 +543,9 @@ class Member:
         if self._chain.due is not None:
             self._chain.due.drop(tps)
         self._chain.batch.drop(tps)
-        if not lost:
+        if not lost:  # at shutdown, running work had its grace already
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._chain.lanes.wait_idle(tps), self._settings.shutdown_grace_s
-                )
+                await asyncio.wait_for(self._chain.lanes.wait_idle(tps), self._grace_left_s())
         if self._chain.gate is not None:  # a run still going keeps its tenant's slots
             running = [(work.tp, work.offset) for work in self._chain.lanes.running_of(tps)]
             self._chain.gate.drop(tps, running)

@@ -143,8 +143,13 @@ async def _close_redis(redis: Redis) -> None:
 
 async def serve(
     app: App, settings: Settings, group: str, *, lanes: Sequence[str] | None = None
-) -> None:
-    """Run one member of ``group``; SIGTERM or SIGINT starts a graceful shutdown."""
+) -> int:
+    """Run one member of ``group``; SIGTERM or SIGINT starts a graceful shutdown.
+
+    Returns how many runs were left behind, still going: handlers that ignored their
+    cancellation at shutdown (:attr:`Member.abandoned`). The event loop cannot close while they
+    run, so the caller exits without waiting for them.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -207,6 +212,7 @@ async def serve(
     freeze_startup()  # the clients are built: full collections skip them from now on
     try:
         await member.run(stop)
+        return member.abandoned
     finally:
         ready.cancel()
         reporting.cancel()
