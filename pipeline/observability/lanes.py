@@ -20,7 +20,7 @@ from pipeline.errors import UnknownTopic
 from pipeline.topics.spec import TopicSpec, format_duration_ms
 from pipeline.transport.protocol import Admin, PartitionLag
 
-__all__ = ["LaneReport", "LaneWatch", "lane_watches", "oldest_age_s", "probe_lane", "waiting"]
+__all__ = ["LaneReport", "LaneWatch", "lane_watches", "oldest_age_s", "probe_lane"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +103,6 @@ def lane_watches(
     return watches
 
 
-def waiting(partition: PartitionLag) -> int:
-    """Messages of ``partition`` the group has not committed and the partition still holds.
-
-    Messages below the partition's start expired or were trimmed: the group will never read
-    them, so they are not lag (a group behind retention, or one that never committed).
-    """
-    first = max(partition.committed or 0, partition.start or 0)
-    return max(0, partition.end - first)
-
-
 def oldest_age_s(partitions: Sequence[PartitionLag], now_ms: int) -> float:
     """Age in seconds of the oldest uncommitted message over ``partitions`` (0.0: caught up)."""
     stamps = [p.oldest_unconsumed_ms for p in partitions if p.oldest_unconsumed_ms is not None]
@@ -155,7 +145,7 @@ async def probe_lane(
     for tier, topics in watch.retry_topics.items():
         depth = 0
         for topic in topics:
-            depth += sum(waiting(p) for p in await _lag(admin, watch.group, topic, missing))
+            depth += sum(p.lag for p in await _lag(admin, watch.group, topic, missing))
         tiers[tier] = depth
     dead = 0
     for topic in watch.dead_letters:
@@ -166,7 +156,7 @@ async def probe_lane(
     return LaneReport(
         lane=watch.lane,
         group=watch.group,
-        lag=sum(waiting(p) for p in main),
+        lag=sum(p.lag for p in main),
         oldest_age_s=oldest_age_s(main, int(clock() * 1000)),
         retry_tiers=tiers,
         dead_letters=dead,

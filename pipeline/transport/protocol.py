@@ -77,8 +77,12 @@ class PartitionLag:
 
     @property
     def lag(self) -> int:
-        """Messages produced but not yet committed by the group."""
-        return self.end - (self.committed or 0)
+        """Messages the group has not committed and the partition still holds.
+
+        Those below ``start`` expired or were trimmed: the group will never read them, so they
+        are not lag (a group behind retention, or one that never committed).
+        """
+        return max(0, self.end - max(self.committed or 0, self.start or 0))
 
 
 StartAt = Literal["earliest", "latest"]

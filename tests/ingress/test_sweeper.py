@@ -15,12 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from contract.helpers import consume_until, make_topic
+from contract.helpers import consume_until, expire_below, make_topic
 from ingress.helpers import write_topics
 from logstore.helpers import FakeClock, new_row
 
 from pipeline.config import Settings, SweeperSettings
-from pipeline.envelope import Delivered, Message, Record
+from pipeline.envelope import Delivered, Message, Record, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.ingress import headers as h
 from pipeline.ingress.backlog import GroupLagBacklog
@@ -350,3 +350,17 @@ async def test_a_stopped_sweeper_ends_its_sweep_after_the_batch_in_hand(
     counts = await store.count_by_state(Selection())
     assert counts == {RowState.PRODUCED: 1, RowState.RECEIVED: 4}
     await drain(redis, topic, f"g-{unique}", 1)
+
+
+async def test_a_lane_whose_unread_messages_all_expired_is_not_backed_up(
+    redis: Transport, settings: Settings, unique: str
+) -> None:
+    """Messages a group never read that expired or were trimmed are not a backlog to wait for."""
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 1)
+    for n in range(3):
+        await redis.producer().send(topic, b"gone before anyone read it %d" % n, key=b"k")
+    backlog = GroupLagBacklog(redis.admin(), {"messages": [topic]}, {"messages": f"g-{unique}"})
+    assert await backlog.is_backlogged("messages")
+    await expire_below(redis, settings, TopicPartition(topic, 0), 3)
+    assert not await backlog.is_backlogged("messages")
