@@ -71,7 +71,7 @@ def _pack(args: tuple[Any, ...]) -> bytes:
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
-    """A connect nobody waits for any more must not log its failure as never retrieved."""
+    """A future nobody waits for any more (a connect, a batch's later calls) logs no failure."""
     if not future.cancelled():
         future.exception()
 
@@ -244,11 +244,17 @@ class FunctionChannel:
 
         async def attempt() -> list[Any]:
             replies: list[Any] = []
-            for future in (await self._live_wire()).send_many(commands):
-                try:
-                    replies.append(await future)
-                except rexc.ResponseError as error:
-                    replies.append(error)
+            futures = (await self._live_wire()).send_many(commands)
+            try:
+                for future in futures:
+                    try:
+                        replies.append(await future)
+                    except rexc.ResponseError as error:
+                        replies.append(error)
+            except BaseException:
+                for future in futures:  # they fail with the one raised: not lost, not logged
+                    future.add_done_callback(_retrieved)
+                raise
             return replies
 
         if self._retry is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -334,3 +335,30 @@ async def test_the_calls_of_one_loop_turn_leave_in_one_write(lib: FunctionLibrar
     assert counting.writes == 1
     assert await lib.fcall("echo", [], ["next"]) == b"next"
     assert counting.writes == 2
+
+
+async def test_a_batch_that_times_out_leaves_no_failure_unretrieved(
+    redis_service: str, unique: str
+) -> None:
+    """A timed-out ``fcall_many`` raises once; its other calls' failures are not logged as lost."""
+    client = Redis.from_url(redis_service, socket_timeout=0.1, socket_connect_timeout=2)
+    channel = open_channel(client)
+    assert channel is not None
+    library = FunctionLibrary(client, _source(unique))
+    unhandled: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    try:
+        await library.ensure_loaded()
+        calls = [([], ["300"]), ([], ["1"]), ([], ["1"])]
+        with pytest.raises(rexc.TimeoutError):
+            await channel.fcall_many(library.name("spin"), calls)
+        await asyncio.sleep(0)  # let the callbacks the failure scheduled run
+        gc.collect()  # a future whose exception nobody retrieved says so when collected
+        assert [c.get("message") for c in unhandled] == []
+    finally:
+        loop.set_exception_handler(None)
+        await channel.aclose()
+        await client.aclose()
+        async with Redis.from_url(redis_service, socket_timeout=5) as cleanup:
+            await cleanup.function_delete(f"pl_chan_{unique}_{library.version}")
