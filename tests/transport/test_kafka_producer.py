@@ -7,14 +7,14 @@ import threading
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 from contract.helpers import make_topic
 
 from pipeline.config import Settings
 from pipeline.envelope import Delivered, Record
 from pipeline.errors import DeliveryFailed
 from pipeline.transport import create_transport
-from pipeline.transport.kafka.producer import KafkaProducer
+from pipeline.transport.kafka.producer import KafkaProducer, producer_config
 
 
 async def test_a_burst_of_sends_settles_in_order_and_close_leaves_no_task_or_thread(
@@ -158,3 +158,15 @@ async def test_a_fatal_error_replaces_the_client_and_the_next_send_goes_through(
     assert delivered.topic == topic
     assert "met a fatal error" in caplog.text
     await transport.close()
+
+
+def test_the_producer_never_asks_the_broker_to_create_a_topic(settings: Settings) -> None:
+    """An undeclared topic is an error, never a topic made with the broker's defaults.
+
+    librdkafka's producer asks for auto-creation unless told not to (its consumer does not),
+    and Kafka's brokers allow it by default; the local broker here does not, so the property
+    is checked where it is set, on a real client that accepts it.
+    """
+    config = producer_config(settings.kafka, settings.max_message_bytes)
+    assert config["allow.auto.create.topics"] is False
+    Producer({k: v for k, v in config.items() if k != "logger"}).flush(0)

@@ -57,6 +57,9 @@ def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str
         "message.max.bytes": max_message_bytes,
         "message.timeout.ms": max(settings.request_timeout_ms * 3, 30_000),
         "socket.timeout.ms": settings.request_timeout_ms,
+        # An undeclared topic is UnknownTopic, never one made with the broker's defaults
+        # (librdkafka's producer asks for auto-creation unless told not to).
+        "allow.auto.create.topics": False,
         "logger": logging.getLogger("pipeline.librdkafka"),
         **settings.client,
     }
