@@ -26,6 +26,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
@@ -128,17 +129,38 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
             beats.manual.clear()
             beats.running.set()
             try:
-                result = fn(*args)
+                fn(*args)  # its result is not used, so one pickle cannot copy fails nothing
             finally:
                 beats.running.clear()
                 if terminated.is_set():
                     os._exit(0)  # cancelled: nobody waits for the result
-            beats.send((True, result))
+            beats.send((True, None))
         except Exception as exc:
             try:
-                beats.send((False, exc))
+                beats.send((False, _portable(exc)))
             except Exception:
                 beats.send((False, RuntimeError(traceback.format_exc(limit=5))))
+
+
+def _portable(exc: Exception) -> Exception:  # pragma: no cover - runs in the worker process
+    """``exc`` if pickle can carry it to the member, else a stand-in of its nearest base that can.
+
+    An error pickle cannot copy (it holds a lock, a socket), or cannot rebuild (its constructor
+    takes other arguments than its ``args``), would reach the member as a pickling error: a
+    fatal error retried, the handler's message lost. The stand-in keeps both: its class is a
+    base of the original's (``DeadLetter``, ``Retry``, ``Exception``) and its message starts with
+    the original class's name.
+    """
+    with contextlib.suppress(Exception):
+        pickle.loads(pickle.dumps(exc))  # noqa: S301 - our own bytes, just made
+        return exc
+    message = f"{type(exc).__qualname__}: {exc}"
+    for base in type(exc).__mro__[1:]:
+        with contextlib.suppress(Exception):
+            stand_in = base(message)
+            pickle.loads(pickle.dumps(stand_in))  # noqa: S301 - our own bytes, just made
+            return stand_in  # type: ignore[no-any-return]
+    return RuntimeError(message)
 
 
 class _Worker:
@@ -239,9 +261,12 @@ class ProcessPool:
             self._all.add(worker)
             self._idle.put_nowait(worker)
 
-    async def run(self, ref: str, args: tuple[Any, ...], time_limit_s: float) -> Any:
+    async def run(self, ref: str, args: tuple[Any, ...], time_limit_s: float) -> None:
         """Run the function ``ref`` with ``args`` in a worker, within ``time_limit_s``.
 
+        What it returns is dropped in the worker (a handler's result is not used); what it
+        raises is raised here, as itself or, when pickle cannot carry it, as a stand-in of its
+        nearest base class that pickle can (its message names the original class).
         Cancelling the call stops its worker (SIGTERM, SIGKILL after the grace period) and
         puts a fresh one in its place.
         """
@@ -265,7 +290,6 @@ class ProcessPool:
             self._idle.put_nowait(worker)
         if not ok:
             raise value
-        return value
 
     async def _stop(self, worker: _Worker) -> _Worker:
         """SIGTERM the worker's group, SIGKILL it after the grace period; a fresh worker."""

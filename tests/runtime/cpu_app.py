@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import redis
 
+from pipeline.errors import DeadLetter
 from pipeline.runtime import Context
 
 
@@ -56,3 +58,35 @@ def patient(event: bytes, ctx: Context) -> None:
     while not ctx.cancelled:
         time.sleep(0.05)
     _record(ctx.lane, "saw-cancel")
+
+
+class Refused(DeadLetter):
+    """A fatal error whose constructor takes two arguments, as many libraries' errors do."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        """The HTTP-like ``code`` and what it says."""
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+
+
+class Unpicklable(RuntimeError):
+    """A retryable error that holds a lock, which pickle cannot copy."""
+
+    def __init__(self, message: str) -> None:
+        """``message``, and a lock of its own."""
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def refuse(event: bytes, ctx: Context) -> None:
+    """Record the attempt; ``refuse`` raises a fatal error, ``lock`` an unpicklable one."""
+    _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")
+    if event == b"refuse":
+        raise Refused(422, "not a document")
+    raise Unpicklable("the dependency held a lock")
+
+
+def answer(event: bytes, ctx: Context) -> threading.Lock:
+    """Do the work, record it, and return a value pickle cannot copy (the runtime ignores it)."""
+    _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")
+    return threading.Lock()

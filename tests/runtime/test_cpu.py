@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from contract.helpers import consume_until
 from redis.asyncio import Redis
 from runtime import cpu_app
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
+from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.errors import ConfigError
 from pipeline.runtime import App, Context
@@ -45,6 +47,52 @@ async def test_hung_and_crashed_workers_are_replaced_and_retried(
     results = {v.decode() for v in await redis.smembers(key)}
     assert results == {f"hang:2:{expected}", f"crash:2:{expected}", f"fine:1:{expected}"}
     assert member.stats.retried == 2
+
+
+async def test_a_cpu_handlers_errors_keep_their_kind_across_the_process_boundary(
+    transport: Transport, done_set: tuple[Redis, str], unique: str
+) -> None:
+    """A fatal error pickle cannot rebuild is still fatal, an unpicklable one still retried."""
+    redis, key = done_set
+    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=30.0)(cpu_app.refuse)
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"refuse"), Record(b"lock")])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST)
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered == 2, timeout_s=90)
+    assert {v.decode() for v in await redis.smembers(key)} == {"refuse:1", "lock:1", "lock:2"}
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    dead = await consume_until(dlq, lambda got: len(got) >= 2)
+    await dlq.close()
+    by_value = {m.value: m.headers for m in dead}
+    assert by_value[b"refuse"][h.ERROR_CLASS] == b"pipeline.errors.DeadLetter"
+    assert by_value[b"refuse"][h.ERROR_MESSAGE] == b"Refused: 422: not a document"
+    assert by_value[b"refuse"][h.ATTEMPT] == b"1"
+    assert by_value[b"lock"][h.ERROR_CLASS] == b"builtins.RuntimeError"
+    assert by_value[b"lock"][h.ERROR_MESSAGE] == b"Unpicklable: the dependency held a lock"
+
+
+async def test_a_cpu_handler_that_returns_what_pickle_cannot_copy_succeeds(
+    transport: Transport, done_set: tuple[Redis, str], unique: str
+) -> None:
+    """The runtime has no use for a handler's return value, so it cannot fail the run."""
+    redis, key = done_set
+    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=30.0)(cpu_app.answer)
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"done")])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST)
+    async with running(member):
+        await eventually(lambda: member.stats.handled + member.stats.retried >= 1, timeout_s=90)
+    assert (member.stats.handled, member.stats.retried) == (1, 0)
+    assert {v.decode() for v in await redis.smembers(key)} == {"done:1"}
 
 
 def test_cpu_handlers_must_be_plain_module_functions() -> None:
