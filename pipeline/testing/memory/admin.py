@@ -48,9 +48,15 @@ class MemoryAdmin:
         self._broker.changed()
 
     async def delete_topic(self, name: str) -> None:
-        """Delete the topic and its messages."""
+        """Delete the topic, its messages and what every group recorded on it.
+
+        As Kafka forgets a deleted topic's offsets: a topic created again under the name starts
+        at offset 0, and a group keeping the old positions would skip its first messages.
+        """
         self._broker.check(f"delete topic {name!r}")
         self._broker.topics.pop(name, None)
+        for group in self._broker.groups:
+            self._broker.forget_topics(group, (name,))
         self._broker.changed()
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
@@ -68,13 +74,9 @@ class MemoryAdmin:
         return out
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:
-        """Forget the group's positions on ``topics``."""
+        """Forget the group's positions and delivery counts on ``topics``."""
         self._broker.check(f"delete group {group!r}")
-        state = self._broker.groups.get(group)
-        if state is None:
-            return
-        for tp in [tp for tp in state.committed if tp.topic in topics]:
-            del state.committed[tp]
+        self._broker.forget_topics(group, set(topics))
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -11,7 +11,11 @@ share it sees the same topics and groups. It implements the transport contract
   new owner takes it up at its next poll);
 * a member that has not polled for ``session_timeout_ms`` is dead: its partitions go to the
   others, which read from the group's committed position, so its uncommitted work is
-  redelivered, each delivery counted per group and offset (``Message.delivery_count``).
+  redelivered, each delivery counted per group and offset (``Message.delivery_count``);
+* a member commits only the partitions it owns: a stale commit for one that moved to another
+  member is dropped with a warning, as the real transports fence it;
+* deleting a topic forgets every group's positions and delivery counts on it, so a topic
+  created again is read from offset 0, as Kafka forgets a deleted topic's offsets.
 
 Time is read from :func:`time.time` and :func:`time.monotonic`, so the virtual clock of
 :mod:`pipeline.testing.clock` moves it. Everything runs on one event loop; no locks are needed.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pipeline.envelope import Position, TopicPartition
@@ -176,6 +181,16 @@ class MemoryBroker:
             }
         state.targets[member] = (self.version, out)
         return out
+
+    def forget_topics(self, group: str, topics: Collection[str]) -> None:
+        """Drop what ``group`` recorded on ``topics``: committed positions and delivery counts."""
+        state = self.groups.get(group)
+        if state is None:
+            return
+        for tp in [tp for tp in state.committed if tp.topic in topics]:
+            del state.committed[tp]
+        for seen in [seen for seen in state.deliveries if seen[0].topic in topics]:
+            del state.deliveries[seen]
 
     def delivered(self, group: str, tp: TopicPartition, offset: int) -> int:
         """Count one delivery of ``offset`` to ``group``; returns the count so far."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -11,6 +12,8 @@ from collections.abc import Sequence
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.testing.memory.broker import Entry, MemoryBroker
 from pipeline.transport.protocol import RebalanceListener, StartAt
+
+log = logging.getLogger(__name__)
 
 
 class MemoryConsumer:
@@ -165,13 +168,25 @@ class MemoryConsumer:
         return out
 
     async def commit(self, positions: Sequence[Position]) -> None:
-        """Store each position (with its metadata) as the group's committed one."""
+        """Store each position (with its metadata) as the group's committed one.
+
+        Only of the partitions this member owns, as the real transports fence commits: a stale
+        commit for a partition that moved to another member would move its position back.
+        """
         if not positions:
             return
         self._broker.check("commit")
-        committed = self._broker.groups[self._group].committed
+        state = self._broker.groups[self._group]
+        stale = [p.tp for p in positions if state.owners.get(p.tp) != self.member_id]
+        if stale:
+            log.warning(
+                "%s: %s no longer owned by this member; not committed",
+                self.member_id,
+                sorted(f"{tp.topic}[{tp.partition}]" for tp in stale),
+            )
         for position in positions:
-            committed[position.tp] = position
+            if position.tp not in stale:
+                state.committed[position.tp] = position
 
     async def committed(
         self, partitions: Sequence[TopicPartition]

@@ -282,7 +282,7 @@ class TransportContract:
     async def test_delete_group_forgets_positions_and_a_missing_group_is_no_error(
         self, transport: Transport, unique: str
     ) -> None:
-        """A group just left is deleted with its positions; deleting it again is no error."""
+        """A deleted group's positions and delivery counts are gone; deleting again is no error."""
         topic, group = f"t-{unique}", f"g-{unique}"
         await make_topic(transport, topic, 2)
         sent = await produce_keyed(transport, topic, 10, keys=4)
@@ -295,6 +295,11 @@ class TransportContract:
         lag = await admin.group_lag(group, topic)
         assert [p.committed for p in lag] == [None, None]
         assert sum(p.lag for p in lag) == 10
+        again = transport.consumer(group, [topic])
+        reread = await consume_until(again, lambda r: len(r) >= len(sent))
+        await again.close()
+        assert {m.delivery_count for m in reread} == {1}
+        await admin.delete_group(group, [topic])
         await admin.delete_group(group, [topic])
         await admin.delete_topic(topic)
         await admin.delete_group(group, [topic])
@@ -351,3 +356,86 @@ class TransportContract:
             *((0, o) for o in range(4, 10)),
             *((1, o) for o in range(7, 10)),
         ]
+
+    async def test_a_recreated_topic_has_no_committed_positions_of_the_deleted_one(
+        self, transport: Transport, unique: str
+    ) -> None:
+        """After delete and create, the group has no position there; its lag is the new messages."""
+        # Kafka forgets the offsets groups committed on a deleted topic. A group that kept them
+        # would take the new topic's first messages (their offsets start at 0 again) for ones
+        # it had already done: the runtime skips offsets below the committed position.
+        topic, group = f"recreated_{unique}", f"g-{unique}"
+        tp = TopicPartition(topic, 0)
+        await make_topic(transport, topic, 1)
+        admin = transport.admin()
+        try:
+            producer = transport.producer()
+            for i in range(5):
+                await producer.send(topic, b"old-%d" % i, partition=0)
+            reader = transport.consumer(group, [topic])
+            await consume_until(reader, lambda r: len(r) >= 5)
+            await reader.close()
+            (before,) = await admin.group_lag(group, topic)
+            assert before.committed == 5
+
+            await admin.delete_topic(topic)
+            await admin.create_topic(TopicConfig(topic, 1))
+            for i in range(3):
+                await producer.send(topic, b"new-%d" % i, partition=0)
+            await producer.close()
+
+            (after,) = await admin.group_lag(group, topic)
+            assert (after.committed, after.end, after.lag) == (None, 3, 3)
+            successor = transport.consumer(group, [topic])
+            assert await successor.committed([tp]) == {}
+            got = await consume_until(successor, lambda r: len(r) >= 3)
+            await successor.close()
+            assert [(m.value, m.delivery_count) for m in got] == [
+                (b"new-0", 1),
+                (b"new-1", 1),
+                (b"new-2", 1),
+            ]
+        finally:
+            await admin.delete_group(group, [topic])
+
+    async def test_a_commit_for_a_partition_no_longer_owned_leaves_its_position(
+        self, transport: Transport, unique: str
+    ) -> None:
+        """A partition moved with position 8: its former owner's commit of 2 changes nothing."""
+        # The runtime computes a commit's positions before it sends them; a rebalance in between
+        # gives the partition to another member, after the revocation committed a later
+        # position. The stale commit must not move the new owner's position back (its messages
+        # would run again).
+        topic, group = f"stale_{unique}", f"g-{unique}"
+        await make_topic(transport, topic, 2)
+        tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+        producer = transport.producer()
+        for tp in tps:
+            await producer.send_many(topic, [Record(b"x", partition=tp.partition)] * 10)
+        await producer.close()
+        first = transport.consumer(
+            group, [topic], listener=RecordingListener([Position(tp, 8) for tp in tps])
+        )
+        second = transport.consumer(group, [topic])
+        try:
+
+            async def first_owns_both() -> bool:
+                await first.poll(10, 0.2)
+                return len(first.assignment()) == 2
+
+            async def shared() -> bool:
+                await asyncio.gather(first.poll(10, 0.2), second.poll(10, 0.2))
+                return len(first.assignment()) == len(second.assignment()) == 1
+
+            await wait_for(first_owns_both, timeout_s=60)
+            await wait_for(shared, timeout_s=60)
+            (moved,) = second.assignment()
+            assert await second.committed([moved]) == {moved: Position(moved, 8)}
+
+            await first.commit([Position(moved, 2)])
+
+            assert await second.committed([moved]) == {moved: Position(moved, 8)}
+        finally:
+            await first.close()
+            await second.close()
+            await transport.admin().delete_group(group, [topic])
