@@ -13,8 +13,10 @@ So the exporting process keeps the batches that arrive while the traced process 
 :data:`WINDOW_S`) and encodes them when it pauses; a burst's spans leave after the burst. A kept
 batch never waits longer than ``OTEL_BSP_SCHEDULE_DELAY`` nor do kept batches exceed
 :data:`KEPT_BYTES_MAX` (:class:`Backlog`), so under sustained load spans leave at the schedule
-delay, as the SDK's batch processor would send them, and nothing is dropped here. At the end of
-its input the process sends everything it keeps.
+delay, as the SDK's batch processor would send them, and nothing is dropped here: while kept
+batches pass :data:`KEPT_BYTES_MAX` (a collector slower than the input) nothing more is read, and
+the traced process's bounded queue drops what does not fit (and counts it). At the end of its
+input the process sends everything it keeps.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ WINDOW_S = 0.1
 TICK_S = 0.02
 """How often kept batches are looked at again while no new one arrives."""
 KEPT_BYTES_MAX = 64 * 1024 * 1024
-"""Kept batches past this size are sent at once, busy or not (a memory bound)."""
+"""Kept batches past this size are sent at once, busy or not, before anything more is read (a
+memory bound)."""
 
 
 def cpu_seconds_of(pid: int) -> Callable[[], float | None]:
@@ -146,9 +149,13 @@ def paced(
     """Read batches until the input ends, sending each when :meth:`Backlog.due`; then the rest.
 
     One batch is sent between two reads, so a batch that arrives while kept ones are being sent
-    is read (and timed) at once.
+    is read (and timed) at once; past the backlog's size bound, kept batches are sent without
+    reading more (what arrives waits in the pipe, then in the traced process's bounded queue).
     """
     while True:
+        if backlog.bytes > backlog.max_bytes:  # the collector is slower than the input
+            send(backlog.pop())
+            continue
         now_s = clock()
         due = backlog.due(now_s, busy(now_s))
         bodies = reader.read(0 if due else (TICK_S if backlog else None))

@@ -153,6 +153,40 @@ def test_paced_sends_each_batch_as_it_comes_when_idle(pipe: tuple[int, int]) -> 
     assert sent == [[("s", 0)], [("s", 1)], [("s", 2)]]
 
 
+class _Flood:
+    """Input that always holds more: three batches of 10 bytes at every read, ``reads`` times."""
+
+    def __init__(self, reads: int) -> None:
+        self.left = reads
+
+    def read(self, _timeout_s: float | None) -> list[bytes] | None:
+        if not self.left:
+            return None
+        self.left -= 1
+        return [b"x" * 10] * 3
+
+
+def test_a_collector_slower_than_the_input_keeps_the_backlog_within_its_bound() -> None:
+    """Past its size bound the backlog is sent before more is read, so the memory stays bounded.
+
+    Sending one batch a read while three arrive (a collector that is down, each request waiting
+    out its retries) kept everything that arrived: the exporting process grew without end. The
+    rest waits in the pipe and then in the traced process's bounded queue.
+    """
+    backlog = Backlog(3600.0, max_bytes=100)
+    peak = 0
+    sent = 0
+
+    def send(_body: bytes) -> None:
+        nonlocal peak, sent
+        peak = max(peak, backlog.bytes)
+        sent += 1
+
+    paced(_Flood(200), backlog, lambda _now: False, send)
+    assert sent == 600  # nothing that was read is lost
+    assert peak <= 100 + 30  # the bound, plus one read
+
+
 def test_a_traced_process_that_never_pauses_still_gets_its_spans_out(
     traced: OtlpReceiver,
 ) -> None:
