@@ -4,7 +4,8 @@ A CPU-bound handler is a plain (``def``) module-level function registered with
 ``@app.handler("lane", cpu=True, time_limit_s=30)``. It runs in one of ``size`` worker processes
 started with ``forkserver`` (never forked from the member, whose client libraries run threads).
 A call past its time limit kills its worker with SIGKILL and raises :class:`HandlerTimeout`; a
-worker that dies (a crash, the OOM killer) raises :class:`WorkerCrashed`. The limit counts from
+worker that dies (a crash, the OOM killer) raises :class:`WorkerCrashed`; one found gone before
+the handler began (it died idle) is replaced and the call goes to the fresh worker instead. The limit counts from
 the moment the worker has imported the handler, so a fresh worker's cold start is not billed to
 the first message it runs. Both are retryable
 failures, and a fresh worker takes the dead one's place.
@@ -210,6 +211,21 @@ async def _readable(conn: Connection, timeout_s: float) -> bool:
     return True
 
 
+class _Unstarted(Exception):
+    """The worker was gone before the handler began: the call may go to a fresh worker."""
+
+
+async def _call(
+    worker: _Worker, ref: str, args: tuple[Any, ...], time_limit_s: float
+) -> tuple[bool, Any]:
+    """Send the call to ``worker`` and wait for its outcome (:func:`_outcome`)."""
+    try:
+        worker.conn.send((ref, args))
+    except OSError as exc:  # a broken pipe: the worker is gone
+        raise _Unstarted(ref) from exc
+    return await _outcome(worker.conn, ref, time_limit_s)
+
+
 async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[bool, Any]:
     """Wait for a worker's (ok, result or exception), counting its heartbeats on the way."""
     loop = asyncio.get_running_loop()
@@ -226,7 +242,12 @@ async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[boo
             if loop.time() < deadline:
                 continue
             raise HandlerTimeout(f"{ref} ran past its {time_limit_s}s limit; worker killed")
-        ok, value = conn.recv()
+        try:
+            ok, value = conn.recv()
+        except (EOFError, OSError) as exc:
+            if started:
+                raise
+            raise _Unstarted(ref) from exc
         if ok is None:
             started = True
             deadline = loop.time() + time_limit_s
@@ -275,15 +296,18 @@ class ProcessPool:
         await asyncio.shield(self._started)
         worker = await self._idle.get()
         try:
-            worker.conn.send((ref, args))
-            ok, value = await _outcome(worker.conn, ref, time_limit_s)
+            try:
+                ok, value = await _call(worker, ref, args, time_limit_s)
+            except _Unstarted:  # it died idle (the OOM killer): not this call's doing
+                worker = await self._replace(worker)
+                ok, value = await _call(worker, ref, args, time_limit_s)
         except HandlerTimeout:
             worker = await self._replace(worker)
             raise
         except asyncio.CancelledError:
             worker = await asyncio.shield(self._stop(worker))
             raise
-        except (EOFError, OSError) as exc:
+        except (_Unstarted, EOFError, OSError) as exc:
             worker = await self._replace(worker)
             raise WorkerCrashed(f"the worker running {ref} died") from exc
         finally:

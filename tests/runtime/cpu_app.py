@@ -90,3 +90,8 @@ def answer(event: bytes, ctx: Context) -> threading.Lock:
     """Do the work, record it, and return a value pickle cannot copy (the runtime ignores it)."""
     _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")
     return threading.Lock()
+
+
+def whoami(lane: str) -> None:
+    """Record the worker's pid under ``lane`` (called through the pool directly)."""
+    _record(lane, f"pid:{os.getpid()}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from contract.helpers import consume_until
@@ -14,6 +17,7 @@ from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.errors import ConfigError
 from pipeline.runtime import App, Context
+from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
@@ -93,6 +97,33 @@ async def test_a_cpu_handler_that_returns_what_pickle_cannot_copy_succeeds(
         await eventually(lambda: member.stats.handled + member.stats.retried >= 1, timeout_s=90)
     assert (member.stats.handled, member.stats.retried) == (1, 0)
     assert {v.decode() for v in await redis.smembers(key)} == {"done:1"}
+
+
+async def test_a_worker_that_died_while_idle_does_not_fail_the_next_call(
+    done_set: tuple[Redis, str], unique: str
+) -> None:
+    """A worker killed between calls (the OOM killer) is replaced before the next call runs."""
+    redis, key = done_set
+    pool = ProcessPool(1, grace_s=0.5)
+    try:
+        await pool.run("runtime.cpu_app:whoami", (f"cpu_{unique}",), 30.0)
+        (first,) = {v.decode() for v in await redis.smembers(key)}
+        pid = int(first.removeprefix("pid:"))
+        os.kill(pid, signal.SIGKILL)
+        await eventually(lambda: not _alive(pid))
+        await pool.run("runtime.cpu_app:whoami", (f"cpu_{unique}",), 30.0)
+    finally:
+        await pool.close()
+    assert len(await redis.smembers(key)) == 2
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting to be reaped does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
 
 
 def test_cpu_handlers_must_be_plain_module_functions() -> None:
