@@ -5,10 +5,10 @@ A CPU-bound handler is a plain (``def``) module-level function registered with
 started with ``forkserver`` (never forked from the member, whose client libraries run threads).
 A call past its time limit kills its worker with SIGKILL and raises :class:`HandlerTimeout`; a
 worker that dies (a crash, the OOM killer) raises :class:`WorkerCrashed`; one found gone before
-the handler began (it died idle) is replaced and the call goes to the fresh worker instead. The limit counts from
-the moment the worker has imported the handler, so a fresh worker's cold start is not billed to
-the first message it runs. Both are retryable
-failures, and a fresh worker takes the dead one's place.
+the handler began (it died idle) is replaced and the call goes to the fresh worker instead. The
+limit counts from the moment the worker has imported the handler, so a fresh worker's cold start
+is not billed to the first message it runs. Both are retryable failures, and a fresh worker takes
+the dead one's place.
 
 While a handler runs, a thread of its worker sends a heartbeat every :data:`BEAT_EVERY_S` until the
 handler calls ``ctx.heartbeat()`` (from then on only its own calls send one); the member counts each
