@@ -39,6 +39,8 @@ from pipeline.transport.protocol import RebalanceListener, StartAt
 log = logging.getLogger(__name__)
 _POLL_SLICE_S = 0.05
 _REJOIN_BACKOFF_S = 1.0
+_ANNOUNCE_RETRY_S = 1.0
+"""How soon a failed read of assigned partitions' committed positions is tried again."""
 _SELF_FENCE_WINDOW_S = 10.0
 """A fence this soon after the consumer's own session timed out is its own rejoin's doing."""
 T = TypeVar("T")
@@ -100,6 +102,10 @@ class KafkaConsumer:
         self._topics = list(topics)
         self._listener = listener
         self._assigned: set[TopicPartition] = set()
+        self._unannounced: set[TopicPartition] = set()
+        """Assigned, but their committed positions could not be read: paused, the listener
+        not yet told (it would start them at 0, and commit 0 for an idle one)."""
+        self._announce_at = 0.0
         self._worker = ConsumerThread(f"kafka-consumer-{group}")
         self._raw_consumer: Any = None
         self._session_log = SessionLog(logging.getLogger("pipeline.librdkafka"))
@@ -171,21 +177,47 @@ class KafkaConsumer:
 
     def _on_assign(self, _raw: Any, partitions: list[Any]) -> None:
         tps = _tps(partitions)
-        self._assigned.update(tps)
         # librdkafka keeps a partition's pause flag across revoke and re-assign; a new
         # assignment must start flowing, whatever was paused before it was revoked.
         self._raw.resume(partitions)
-        if self._listener and tps:
-            try:
-                committed = self._committed_sync(tps)
-            except KafkaException as exc:
-                log.warning("could not read committed positions of %s: %s", tps, exc)
-                committed = {}
-            self._in_loop(self._listener.on_assigned(tps, committed))
+        if not (self._listener and tps):
+            self._assigned.update(tps)
+            return
+        try:
+            committed = self._committed_sync(tps)
+        except KafkaException as exc:
+            self._raw.pause(partitions)
+            self._unannounced.update(tps)
+            self._announce_at = time.monotonic() + _ANNOUNCE_RETRY_S
+            log.warning(
+                "could not read committed positions of %s: %s; they stay paused until it can",
+                [f"{tp.topic}[{tp.partition}]" for tp in tps],
+                exc,
+            )
+            return
+        self._assigned.update(tps)
+        self._in_loop(self._listener.on_assigned(tps, committed))
+
+    def _announce(self) -> None:
+        """Read the positions a failed read left unknown; then give their partitions out."""
+        if time.monotonic() < self._announce_at or self._listener is None:
+            return
+        tps = sorted(self._unannounced)
+        try:
+            committed = self._committed_sync(tps)
+        except KafkaException as exc:
+            self._announce_at = time.monotonic() + _ANNOUNCE_RETRY_S
+            log.warning("still cannot read committed positions of %s: %s", tps, exc)
+            return
+        self._unannounced.difference_update(tps)
+        self._assigned.update(tps)
+        self._raw.resume([_RawTP(tp.topic, tp.partition) for tp in tps])
+        self._in_loop(self._listener.on_assigned(tps, committed))
 
     def _on_revoke(self, _raw: Any, partitions: list[Any], *, lost: bool = False) -> None:
         # Only what the listener holds: a client closed after its partitions were revoked as
         # lost (a rejoin, a fatal error) revokes them again inside close().
+        self._unannounced.difference_update(_tps(partitions))  # never given to the listener
         tps = [tp for tp in _tps(partitions) if tp in self._assigned]
         if self._listener and tps:
             positions = self._in_loop(self._listener.on_revoked(tps, lost=lost))
@@ -213,6 +245,13 @@ class KafkaConsumer:
         if self.protocol == "classic" and self._watch is None:
             self._watch = StrandWatch(self._settings, self._group, self._topics)
 
+    def _joined(self) -> None:
+        """Subscribe on the first poll; give out partitions whose positions were unknown."""
+        if not self._subscribed:
+            self._subscribe()
+        if self._unannounced:
+            self._announce()
+
     def _require_topics(self) -> None:
         """Fail on an undeclared topic (the consumer protocol waits for it without a word)."""
         timeout_s = self._settings.request_timeout_ms / 1000
@@ -229,8 +268,7 @@ class KafkaConsumer:
         if self._raw_consumer is None and time.monotonic() < self._rejoin_at:
             time.sleep(min(timeout_s, _POLL_SLICE_S, self._rejoin_at - time.monotonic()))
             return []
-        if not self._subscribed:
-            self._subscribe()
+        self._joined()
         try:
             # consume(n, timeout) waits for n messages or the whole timeout, which would hold a
             # lone message back for up to timeout_s: wait for the first, then take what is
@@ -299,6 +337,7 @@ class KafkaConsumer:
                 lost = sorted(self._assigned)
                 self._in_loop(self._listener.on_revoked(lost, lost=True))
             self._assigned.clear()
+            self._unannounced.clear()
             try:
                 raw.close()
             except (KafkaException, RuntimeError) as exc:
