@@ -38,9 +38,14 @@ class MemoryAdmin:
         self._broker.changed()
 
     async def update_topic(self, config: TopicConfig) -> None:
-        """Grow partitions (never shrink) and set retention."""
+        """Grow partitions and set retention; raises TransportError for fewer partitions."""
         self._broker.check(f"update topic {config.name!r}")
         topic = self._broker.topic(config.name)
+        if config.partitions < len(topic.partitions):
+            raise TransportError(
+                f"topic {config.name!r} has {len(topic.partitions)} partitions; "
+                f"it cannot shrink to {config.partitions}"
+            )
         while len(topic.partitions) < config.partitions:
             topic.partitions.append([])
         if config.retention_ms is not None:

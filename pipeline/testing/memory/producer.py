@@ -38,12 +38,16 @@ class MemoryProducer:
         return self._append(topic, record)
 
     async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
-        """Append a batch in order; on a failure the others still go, then the first error."""
+        """Append a batch in order; on a failure the others still go, then the first error.
+
+        A message above ``max_message_bytes`` refuses the whole batch before any goes, as the
+        real transports check sizes before sending.
+        """
+        check_sizes(records, self._max_message_bytes)
         out: list[Delivered] = []
         first: PipelineError | None = None
         for record in records:
             try:
-                check_sizes([record], self._max_message_bytes)
                 out.append(self._append(topic, record))
             except PipelineError as exc:
                 first = first or exc

@@ -16,7 +16,7 @@ from contract.members import start_member
 
 from pipeline.config import Settings
 from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
-from pipeline.errors import BrokerUnavailable, MessageTooLarge, UnknownTopic
+from pipeline.errors import BrokerUnavailable, MessageTooLarge, TransportError, UnknownTopic
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import Consumer, TopicConfig, Transport
 
@@ -218,6 +218,21 @@ class TransportContract:
             await producer.send(topic, b"x" * 3_000_000)
         await producer.close()
 
+    async def test_a_batch_holding_an_oversized_message_is_refused_whole(
+        self, transport: Transport, unique: str
+    ) -> None:
+        """send_many with one message above max_message_bytes produces none of the batch."""
+        # The ingress's republish relies on it: it then sends the batch one by one to find the
+        # culprit, so messages already produced by the refused batch would be produced twice.
+        topic = f"t-{unique}"
+        await make_topic(transport, topic, 1)
+        producer = transport.producer()
+        batch = [Record(b"before"), Record(b"x" * 3_000_000), Record(b"after")]
+        with pytest.raises(MessageTooLarge, match="exceeds max_message_bytes"):
+            await producer.send_many(topic, batch)
+        await producer.close()
+        assert (await transport.admin().list_topics([topic]))[topic].message_count == 0
+
     async def test_unknown_topic_is_a_clear_error(self, transport: Transport, unique: str) -> None:
         """Producing to or consuming from an undeclared topic raises UnknownTopic."""
         producer = transport.producer()
@@ -253,7 +268,7 @@ class TransportContract:
     async def test_admin_reports_topics_and_group_lag(
         self, transport: Transport, unique: str
     ) -> None:
-        """Admin lists partitions and counts, grows partitions and reports lag and oldest age."""
+        """Admin lists topics, grows (never shrinks) partitions, reports lag and oldest age."""
         topic, group = f"t-{unique}", f"g-{unique}"
         await make_topic(transport, topic, 2)
         admin = transport.admin()
@@ -276,6 +291,9 @@ class TransportContract:
         grown = (await admin.list_topics())[topic]
         assert grown.partitions == 3
         assert grown.retention_ms == 3_600_000
+        with pytest.raises(TransportError, match=f"{topic}.*3 partitions.*cannot shrink.*to 2"):
+            await admin.update_topic(TopicConfig(topic, 2))
+        assert (await admin.list_topics())[topic].partitions == 3
         await admin.delete_topic(topic)
         assert topic not in await admin.list_topics()
 
