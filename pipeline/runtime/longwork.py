@@ -116,6 +116,10 @@ class LongWork:
         self._reconciler = (
             Reconciler(functions, timeouts) if functions is not None and timeouts else None
         )
+        self._synced = False
+        """The last tick reached Redis (False at start and after a failed tick)."""
+        self._sweep_from_s = 0.0
+        """When (monotonic) this member may judge runs again after a tick that failed."""
 
     @property
     def running(self) -> int:
@@ -253,6 +257,7 @@ class LongWork:
             try:
                 await self._sync(self._functions)
             except (rexc.RedisError, OSError, PipelineError) as exc:
+                self._synced = False
                 log.warning("could not sync cancellations and heartbeats with Redis: %s", exc)
         now = _now_ms()
         if self.selectors or any(run.facts and run.facts.abandon_ms for run in self._runs.values()):
@@ -284,7 +289,12 @@ class LongWork:
             self.selectors = Selectors(*await functions.selectors())
         for ident, reason in stopping.items():
             self.stop(ident, reason)
-        if self._reconciler is not None:
+        if not self._synced:
+            # Back from an outage (or just started): the other members send the beats they kept
+            # meanwhile on their next tick. Until then their runs only look silent.
+            self._synced = True
+            self._sweep_from_s = time.monotonic() + 2 * self._poll_s
+        if self._reconciler is not None and time.monotonic() >= self._sweep_from_s:
             await self._reconciler.sweep(self.selectors)
 
     async def close(self) -> None:
