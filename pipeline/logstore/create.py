@@ -23,6 +23,7 @@ def create_log_store(
         return PostgresLogStore(
             settings.postgres.url,
             schema=ingress.postgres_schema,
+            connect_timeout_s=settings.postgres.connect_timeout_s,
             max_batch=ingress.group_commit_max_rows,
             clock=clock,
         )

@@ -12,6 +12,7 @@ across them, and the sweeper's claims use ``FOR UPDATE SKIP LOCKED`` plus a leas
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ class PostgresLogStore:
         min_connections: int = 1,
         max_connections: int = 10,
         max_batch: int = 512,
+        connect_timeout_s: float = 3.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Describe the store; nothing connects until :meth:`open`.
@@ -50,9 +52,10 @@ class PostgresLogStore:
             min_connections: connections the pool keeps open.
             max_connections: most connections the pool opens.
             max_batch: most rows inserted by one statement.
+            connect_timeout_s: longest wait for a connection, pooled or new; an operation that
+                gets none in time fails (the server is unreachable).
             clock: seconds since the epoch; tests pass a fake one.
         """
-        self._url = url
         self._url = url
         self._schema = schema
         self._sql = Statements(schema)
@@ -61,7 +64,15 @@ class PostgresLogStore:
             url,
             min_size=min_connections,
             max_size=max_connections,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(connect_timeout_s))},
+            timeout=connect_timeout_s,
+            # A pooled connection broken while idle (the server restarted) is replaced before
+            # use instead of failing the group commit it was handed to.
+            check=AsyncConnectionPool.check_connection,
+            # Reconnection in the background gives up this soon, and the next operation starts
+            # a new attempt at once: the store is back within seconds of the server, not after
+            # a backoff that doubles up to minutes.
+            reconnect_timeout=connect_timeout_s,
             open=False,
         )
         self._inserts: Batcher[NewRow, bool] = Batcher(

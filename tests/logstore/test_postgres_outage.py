@@ -1,0 +1,171 @@
+"""With PostgreSQL unreachable, every insert fails within seconds, and the store recovers.
+
+The outage is a TCP relay in front of the real server that the test cuts (listener and every
+relayed connection closed) and brings back on the same port; the server itself keeps running.
+The bounds below are generous (15 s): the store fails in about its connection timeout (3 s by
+default), where a pool waiting its default 30 s per request would not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from logstore.helpers import FakeClock, new_row
+
+from pipeline.logstore import LogStoreError
+from pipeline.logstore.postgres import PostgresLogStore
+
+BOUND_S = 15.0  # far above the store's few seconds, far below a 30 s pool wait
+
+
+class Relay:
+    """A TCP relay to PostgreSQL that can drop its connections, or be cut and brought back."""
+
+    def __init__(self, host: str, port: int) -> None:
+        """Relay to ``host:port`` once started."""
+        self._target = (host, port)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def serving(self) -> bool:
+        """Whether the relay listens."""
+        return self._server is not None and self._server.is_serving()
+
+    async def start(self) -> None:
+        """Listen (on a free loopback port the first time, on the same one afterwards)."""
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def drop(self) -> None:
+        """Close every relayed connection (as a server restart does), still listening."""
+        for writer in list(self._writers):
+            writer.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def cut(self) -> None:
+        """Stop listening and close every relayed connection."""
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+        await self.drop()
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(client_w)
+        try:
+            server_r, server_w = await asyncio.open_connection(*self._target)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.add(server_w)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+
+        try:
+            await asyncio.wait(
+                [
+                    asyncio.ensure_future(pipe(client_r, server_w)),
+                    asyncio.ensure_future(pipe(server_r, client_w)),
+                ],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for writer in (client_w, server_w):
+                writer.close()
+                self._writers.discard(writer)
+            self._tasks.discard(task)
+
+
+@pytest.fixture
+async def relay(postgres_service: str) -> AsyncIterator[Relay]:
+    """A started relay to the test PostgreSQL, cut afterwards."""
+    url = urlsplit(postgres_service)
+    r = Relay(url.hostname or "127.0.0.1", url.port or 5432)
+    await r.start()
+    yield r
+    with contextlib.suppress(Exception):
+        await r.cut()
+
+
+@pytest.fixture
+async def store(postgres_service: str, relay: Relay) -> AsyncIterator[PostgresLogStore]:
+    """An open store of its own schema, connected through ``relay``; dropped afterwards."""
+    url = urlsplit(postgres_service)
+    through = url._replace(netloc=f"{url.username}:{url.password}@127.0.0.1:{relay.port}")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    s = PostgresLogStore(through.geturl(), schema=schema)
+    await s.open()
+    try:
+        yield s
+    finally:
+        if not relay.serving:
+            await relay.start()
+        await s.close()
+        async with await psycopg.AsyncConnection.connect(postgres_service, autocommit=True) as c:
+            await c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+async def test_inserts_fail_promptly_while_postgres_is_unreachable(
+    store: PostgresLogStore, relay: Relay
+) -> None:
+    """Each insert with the server unreachable raises LogStoreError in seconds, not a 30 s wait."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    await relay.cut()
+    for n in range(1, 4):  # the broken pooled connection, then the pool's wait for a new one
+        with pytest.raises(LogStoreError):
+            await asyncio.wait_for(store.insert(new_row(n, clock)), BOUND_S)
+    concurrent = [store.insert(new_row(n, clock)) for n in range(4, 8)]
+    results = await asyncio.wait_for(asyncio.gather(*concurrent, return_exceptions=True), BOUND_S)
+    assert all(isinstance(result, LogStoreError) for result in results), results
+
+
+async def test_connections_the_server_dropped_while_idle_are_not_used(
+    store: PostgresLogStore, relay: Relay
+) -> None:
+    """After the server closed the pooled connections (a restart), the next insert succeeds."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    await relay.drop()
+    assert await asyncio.wait_for(store.insert(new_row(1, clock)), BOUND_S) is True
+    assert (await store.get(new_row(1, clock).id)) is not None
+
+
+async def test_the_store_recovers_when_postgres_is_reachable_again(
+    store: PostgresLogStore, relay: Relay
+) -> None:
+    """After an outage, inserts succeed again within seconds of the server coming back."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    await relay.cut()
+    for n in range(1, 3):
+        with pytest.raises(LogStoreError):
+            await asyncio.wait_for(store.insert(new_row(n, clock)), BOUND_S)
+    await relay.start()
+
+    async def first_success() -> int:
+        for n in range(10, 100):  # each failure is a wait of the store's timeout, not a spin
+            try:
+                assert await store.insert(new_row(n, clock)) is True
+            except LogStoreError:
+                continue
+            return n
+        raise AssertionError("no insert succeeded")
+
+    n = await asyncio.wait_for(first_success(), BOUND_S)
+    assert (await store.get(new_row(n, clock).id)) is not None
