@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.errors import ConfigError
+
 __all__ = ["FIRST_GAP_S", "MAX_GAP_S", "RepeatFilter", "configure_logging"]
 
 _NUMBER = re.compile(r"\d+")
@@ -66,11 +68,18 @@ class RepeatFilter(logging.Filter):
         return True
 
 
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""What ``PIPELINE_LOG_LEVEL`` takes (any case)."""
+FORMATS = ("text", "json")
+"""What ``PIPELINE_LOG_FORMAT`` takes (any case)."""
+
+
 def configure_logging(level: str, fmt: str = "text") -> None:
     """Log to stderr at ``level``, one line per record, repeated warnings backed off.
 
     ``fmt`` is ``text`` (the default) or ``json`` (one object per line); either way each record
-    carries the current ``trace_id`` and ``span_id`` (:mod:`pipeline.tracing.logs`).
+    carries the current ``trace_id`` and ``span_id`` (:mod:`pipeline.tracing.logs`). Raises
+    :class:`ConfigError` naming the variable for a level or format that is not one.
     """
     from pipeline.tracing.logs import (  # noqa: PLC0415 - no cycle at import
         JsonFormatter,
@@ -78,7 +87,15 @@ def configure_logging(level: str, fmt: str = "text") -> None:
         TraceFilter,
     )
 
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if level.upper() not in LEVELS:
+        raise ConfigError(
+            f"PIPELINE_LOG_LEVEL={level!r} is not a log level: use {', '.join(LEVELS)}"
+        )
+    if fmt.lower() not in FORMATS:
+        raise ConfigError(f"PIPELINE_LOG_FORMAT={fmt!r} is not a log format: use text or json")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     # httpx logs every request's whole URL at INFO; a presigned S3 request's (the payload
     # store's deletes) carries a short-lived credential in its query.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -86,4 +103,4 @@ def configure_logging(level: str, fmt: str = "text") -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(repeats)
         handler.addFilter(traces)
-        handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+        handler.setFormatter(JsonFormatter() if fmt.lower() == "json" else TextFormatter())

@@ -608,11 +608,11 @@ def main() -> None:
     Errors raised before a command's runner (settings read at the edge, a client refusing its
     configuration) get the same one line and exit code as inside it.
     """
-    configure_logging(
-        os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
-        os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
-    )
     try:
+        configure_logging(
+            os.environ.get("PIPELINE_LOG_LEVEL", "WARNING"),
+            os.environ.get("PIPELINE_LOG_FORMAT", "text"),
+        )
         tracing.configure(
             os.environ,
             service=_service_name(sys.argv[1:]),

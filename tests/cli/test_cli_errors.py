@@ -246,3 +246,12 @@ def test_an_option_is_validated_as_its_variable_is(args: list[str], named: str) 
     """A value the setting's variable could not hold is refused as the option, before Redis."""
     line = assert_one_line(pipeline(*args), 2, named)
     assert "cannot reach" not in line
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("PIPELINE_LOG_LEVEL", "verbose"), ("PIPELINE_LOG_FORMAT", "jsonl")]
+)
+def test_a_log_variable_with_a_value_it_cannot_take_is_one_line(variable: str, value: str) -> None:
+    """A log level or format that is not one is refused by name, not a traceback or ignored."""
+    result = pipeline("topics", "list", env={variable: value})
+    assert_one_line(result, 2, variable, repr(value))
