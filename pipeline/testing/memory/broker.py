@@ -15,7 +15,8 @@ share it sees the same topics and groups. It implements the transport contract
 * a member commits only the partitions it owns: a stale commit for one that moved to another
   member is dropped with a warning, as the real transports fence it;
 * deleting a topic forgets every group's positions and delivery counts on it, so a topic
-  created again is read from offset 0, as Kafka forgets a deleted topic's offsets.
+  created again is read from offset 0, as Kafka forgets a deleted topic's offsets (its running
+  members lose the old partitions at their next poll and take the new ones up).
 
 Time is read from :func:`time.time` and :func:`time.monotonic`, so the virtual clock of
 :mod:`pipeline.testing.clock` moves it. Everything runs on one event loop; no locks are needed.

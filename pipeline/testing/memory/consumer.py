@@ -72,6 +72,7 @@ class MemoryConsumer:
             broker.topic(name)  # UnknownTopic for an undeclared one
         if self._joined and self.member_id not in broker.groups[self._group].members:
             await self._lose_all()  # expired: this member's ownership is already gone
+        await self._lose_replaced()
         broker.join(self._group, self.member_id, self._topics)
         self._joined = True
         broker.expire(self._group)
@@ -84,6 +85,29 @@ class MemoryConsumer:
         self._drop(self._owned)
         if lost and self._listener is not None:
             await self._listener.on_revoked(lost, lost=True)
+
+    async def _lose_replaced(self) -> None:
+        """Lose the partitions of a topic deleted (and maybe created again) since the last poll.
+
+        Their logs are gone: the member takes the new topic's partitions up afresh, from the
+        start (deleting the topic forgot the group's positions), as a Kafka member does.
+        """
+        topics = self._broker.topics
+        replaced = []
+        for tp, log in self._order:
+            topic = topics.get(tp.topic)
+            logs = topic.partitions if topic is not None else []
+            if tp.partition >= len(logs) or logs[tp.partition] is not log:
+                replaced.append(tp)
+        if not replaced:
+            return
+        self._drop(set(replaced))
+        owners = self._broker.groups[self._group].owners
+        for tp in replaced:
+            if owners.get(tp) == self.member_id:
+                del owners[tp]
+        if self._listener is not None:
+            await self._listener.on_revoked(replaced, lost=True)
 
     async def _release(self, leaving: list[TopicPartition]) -> None:
         """Revoke partitions that move to another member (the listener may commit first)."""
