@@ -58,4 +58,8 @@ def cancel_command(
             await redis.aclose()
 
     stopped = run_command(main())
-    typer.echo(f"cancelled {target} ({reason}); {stopped} running told to stop")
+    # Only long work (lanes with heartbeat_timeout) is registered, so only it can be counted.
+    typer.echo(
+        f"cancelled {target} ({reason}); long work told to stop: {stopped}; other work it covers,"
+        " running or not, stops when its member next looks (PIPELINE_RUNTIME__CANCEL_POLL_MS)"
+    )
