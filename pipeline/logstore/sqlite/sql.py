@@ -195,10 +195,19 @@ GET = f"SELECT {COLUMNS} FROM ingress_log WHERE id = ?"  # noqa: S608
 
 
 def purge(states: int) -> str:
-    """Delete old rows in ``states`` states; params: older_than_ms, then the states."""
+    """Delete the oldest ``?3`` old rows in ``states`` states; returns their receive times.
+
+    Params: older_than_ms, from_ms (the newest time an earlier chunk deleted, so rows it kept
+    are not scanned again), the most rows, then the states.
+    """
     return f"""
         DELETE FROM ingress_log
-        WHERE received_at_ms < ?1 AND state IN ({_marks(states, 2)})
+        WHERE id IN (
+            SELECT id FROM ingress_log
+            WHERE received_at_ms < ?1 AND received_at_ms >= ?2 AND state IN ({_marks(states, 4)})
+            ORDER BY received_at_ms LIMIT ?3
+        )
+        RETURNING received_at_ms
     """  # noqa: S608
 
 

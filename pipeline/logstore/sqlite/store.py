@@ -26,7 +26,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -43,6 +43,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _CHUNK = 500  # ids per UPDATE, well under SQLite's bound-parameter limit
+_PURGE_PAUSE_S = 0.1  # between two purge chunks: SQLite's busy handler sleeps 100 ms at most
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 
 
@@ -62,6 +63,7 @@ class SqliteLogStore:
         max_batch: int = 512,
         clock: Callable[[], float] = time.time,
         checkpoint_rows: int = 2_000,
+        purge_chunk_rows: int = 2_000,
     ) -> None:
         """Describe the store; nothing is opened until :meth:`open`.
 
@@ -71,6 +73,7 @@ class SqliteLogStore:
             max_batch: most rows committed in one transaction.
             clock: seconds since the epoch; tests pass a fake one.
             checkpoint_rows: rows committed between two background checkpoints.
+            purge_chunk_rows: most rows one transaction of :meth:`purge` deletes.
         """
         self._path = Path(path)
         self._synchronous = synchronous
@@ -82,11 +85,14 @@ class SqliteLogStore:
         self._checkpoint_pool = ThreadPoolExecutor(1, thread_name_prefix="logstore-sqlite-c")
         self._checkpointer: sqlite3.Connection | None = None
         self._checkpoint_rows = checkpoint_rows
+        self._purge_chunk_rows = purge_chunk_rows
         self._rows_since_checkpoint = 0
         self._checkpointing: asyncio.Future[None] | None = None
         self._inserts: Batcher[NewRow, bool] = Batcher(
             self._insert_batch, max_batch, alone_when=_row_fault
         )
+        self.purge_progress: Callable[[int], Awaitable[None]] | None = None
+        """Awaited between two chunks of a purge with the rows deleted so far (lock released)."""
 
     def __repr__(self) -> str:
         """Name the file and durability setting."""
@@ -336,12 +342,27 @@ class SqliteLogStore:
     async def purge(
         self, older_than_ms: int, states: Collection[RowState] = TERMINAL_STATES
     ) -> int:
-        """Delete old rows in ``states``; returns how many."""
+        """Delete old rows in ``states``, oldest first, in chunks; returns how many.
+
+        Each chunk of ``purge_chunk_rows`` is its own transaction, and the write lock stays free
+        for 100 ms after it: another process waiting to write (the ingress, whose busy handler
+        tries again every 100 ms at most) commits in between instead of waiting for the whole
+        purge, which for millions of rows would outlast its ``busy_timeout`` (10 s).
+        """
         chosen = sorted(str(state) for state in states)
         statement = sql.purge(len(chosen))
-        return await self._write(
-            self._transaction, lambda cur: cur.execute(statement, [older_than_ms, *chosen]).rowcount
-        )
+        deleted = 0
+        from_ms = -(2**63)
+        while True:
+            params = [older_than_ms, from_ms, self._purge_chunk_rows, *chosen]
+            times = await self._write(self._transaction, _fetch_all(statement, params))
+            deleted += len(times)
+            if len(times) < self._purge_chunk_rows:
+                return deleted
+            from_ms = max(received_at_ms for (received_at_ms,) in times)
+            if self.purge_progress is not None:
+                await self.purge_progress(deleted)
+            await asyncio.sleep(_PURGE_PAUSE_S)
 
     async def _update_ids(
         self, statement: Callable[[int], str], ids: Sequence[str], *first: Any
@@ -377,6 +398,11 @@ def _row(r: Sequence[Any]) -> LogRow:
         last_error=r[13],
         produced_at_ms=r[14],
     )
+
+
+def _fetch_all(statement: str, params: Sequence[object]) -> Callable[[sqlite3.Cursor], list[Any]]:
+    """A transaction body running ``statement`` and returning its rows."""
+    return lambda cur: cur.execute(statement, params).fetchall()
 
 
 def _row_fault(exc: Exception) -> bool:
