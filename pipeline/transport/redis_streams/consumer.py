@@ -242,32 +242,57 @@ class RedisStreamsConsumer:
     async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
         """Reclaimed entries of a previous owner first (in order), then new entries."""
         try:
-            if self._heartbeat_task is None:
-                await self._start()
-            elif self._owned and self._stalled():
-                # Stalled past half a lease (a frozen process, a long pause of the loop): the
-                # leases may be another member's by now. Read nothing before finding out, or
-                # new entries of a taken partition would go to this member's pending list,
-                # where the new owner, past its take-over, never looks.
-                await self._heartbeat()
-            if self._changed.is_set():
-                try:
-                    await self._apply_changes()
-                except BaseException:
-                    self._changed.set()  # not applied: the next poll tries again
-                    raise
-            try:
-                out = await self._reclaim_some(max_messages)
-                if not out:
-                    out = await self._read_new(max_messages, timeout_s)
-            except BaseException:
-                self._claim_undelivered_again()
-                raise
+            out = await self._fetch(max_messages, timeout_s)
+        except rexc.ResponseError as exc:
+            if not str(exc).startswith("NOGROUP"):
+                raise translate(exc, f"consume {self._topics}") from exc
+            await self._take_up_again(exc)
+            return []
         except rexc.RedisError as exc:
             raise translate(exc, f"consume {self._topics}") from exc
         for msg in out:
             self._delivered[msg.tp] = msg.offset + 1
         return out
+
+    async def _fetch(self, max_messages: int, timeout_s: float) -> list[Message]:
+        if self._heartbeat_task is None:
+            await self._start()
+        elif self._owned and self._stalled():
+            # Stalled past half a lease (a frozen process, a long pause of the loop): the
+            # leases may be another member's by now. Read nothing before finding out, or
+            # new entries of a taken partition would go to this member's pending list,
+            # where the new owner, past its take-over, never looks.
+            await self._heartbeat()
+        if self._changed.is_set():
+            try:
+                await self._apply_changes()
+            except BaseException:
+                self._changed.set()  # not applied: the next poll tries again
+                raise
+        try:
+            out = await self._reclaim_some(max_messages)
+            if not out:
+                out = await self._read_new(max_messages, timeout_s)
+        except BaseException:
+            self._claim_undelivered_again()
+            raise
+        return out
+
+    async def _take_up_again(self, error: rexc.ResponseError) -> None:
+        """A stream or its group is gone (the topic deleted and created again, the group deleted).
+
+        Every partition is revoked as lost and taken up again at the next poll, its group made
+        anew on the stream and read from the positions committed since (none for a topic
+        created again: offset 0), as a Kafka member takes a recreated topic up. A topic deleted
+        and not created again raises :class:`UnknownTopic`, as on Kafka.
+        """
+        for topic in self._topics:
+            await read_meta(self._client, self._keys, topic, self._settings.max_len)
+        log.warning(
+            "%s of %s: %s; taking its partitions up again", self.member_id, self._group, error
+        )
+        self._rejoining = True
+        self._changed.set()
 
     def _claim_undelivered_again(self) -> None:
         """After a failed read, claim what it may have taken before anything new is read.
