@@ -575,10 +575,29 @@ def _not_json(known: dict[str, Any]) -> str:
         try:
             json.loads(os.environ[name])
         except ValueError:
-            return (
-                f'{name}: not valid JSON (expected an object such as {{"fetch.wait.max.ms": "50"}})'
-            )
+            return f"{name}: not valid JSON (expected {_json_example(name, annotation)})"
     return "a PIPELINE_* variable that holds JSON is not valid JSON"
+
+
+_JSON_EXAMPLES = {
+    "PIPELINE_KAFKA__CLIENT": '{"fetch.wait.max.ms": "50"}',
+    "PIPELINE_INGRESS__SWEEPER__LANE_GROUPS": '{"messages": "messages"}',
+}
+"""What each mapping-valued variable takes, shown when its value is not JSON."""
+
+
+def _json_example(name: str, annotation: Any) -> str:
+    """An example value ``name`` itself takes: a section's first setting, or the mapping's."""
+    if name in _JSON_EXAMPLES:
+        return f"an object such as {_JSON_EXAMPLES[name]}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field, info = next(iter(annotation.model_fields.items()))
+        try:
+            value = json.dumps(info.get_default(call_default_factory=True))
+        except TypeError:
+            return f'an object of its settings such as {{"{field}": ...}}'
+        return f'an object of its settings such as {{"{field}": {value}}}'
+    return "a JSON object"
 
 
 class _TopicsDirOnly(BaseSettings):

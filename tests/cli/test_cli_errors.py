@@ -255,3 +255,20 @@ def test_a_log_variable_with_a_value_it_cannot_take_is_one_line(variable: str, v
     """A log level or format that is not one is refused by name, not a traceback or ignored."""
     result = pipeline("topics", "list", env={variable: value})
     assert_one_line(result, 2, variable, repr(value))
+
+
+@pytest.mark.parametrize(
+    ("variable", "example"),
+    [
+        ("PIPELINE_KAFKA__CLIENT", '{"fetch.wait.max.ms": "50"}'),
+        ("PIPELINE_RUNTIME__PRESSURE", '{"enabled": true}'),
+        ("PIPELINE_INGRESS__SWEEPER__LANE_GROUPS", '{"messages": "messages"}'),
+    ],
+)
+def test_a_json_variable_that_is_not_json_is_shown_an_example_of_its_own(
+    variable: str, example: str
+) -> None:
+    """The example in the error is one the variable itself takes, not another's."""
+    result = pipeline("topics", "list", env={variable: "off"})
+    line = assert_one_line(result, 2, f"{variable}: not valid JSON")
+    assert example in line
