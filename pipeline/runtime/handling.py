@@ -176,11 +176,19 @@ class HandlerStage:
         """Count a finished turn, dead-letter it if it failed for good; False: run it again.
 
         ``cancelled``: messages left out of their turn as cancelled work (counted where they
-        were found); they are finished.
+        were found); they are finished. A turn whose handler ran is one delivery of its lane,
+        timed, with the outcome the turn had (its messages were each counted as buffered).
         """
         if turn.outcome == "cancelled":
             self._rows_finished(turn.messages)
             return True
+        outcome = await self._settle_turn(lane, turn)
+        if self._metrics is not None and turn.duration_s is not None:
+            self._metrics.delivered(lane.name, outcome or "unrouted", turn.duration_s)
+        return outcome in ("handled", "skipped", "dead_lettered")
+
+    async def _settle_turn(self, lane: Lane, turn: TurnOutcome) -> str | None:
+        """The turn's outcome once counted and routed: ``retried`` runs it again; None unrouted."""
         if turn.outcome in ("handled", "skipped"):
             self._stats.turns += 1
             if self._turn_metrics is not None:
@@ -190,19 +198,19 @@ class HandlerStage:
             else:
                 self._stats.skipped += len(turn.messages)
             self._rows_finished(turn.messages)
-            return True
+            return turn.outcome
         error = turn.error
         fatal = error is not None and not self._app.retryable(error)
         if turn.outcome == "failed" and not fatal:
             self._stats.turn_retries += 1
-            return False
+            return "retried"
         reason = getattr(error, "dead_reason", "fatal") if fatal else "exhausted"
         for message in turn.messages:  # in order: a sequenced dead letter
             routed = await self._routing.dead_letter(lane, message, reason, error)
             if routed is None:
-                return False
+                return None
         self._rows_finished(turn.messages)
-        return True
+        return "dead_lettered"
 
     def feedback(self, lane: Lane, message: Message, held_keys: Sequence[str]) -> list[Feedback]:
         """How the call went, for the adaptive keys ``message`` held (none if it made none)."""

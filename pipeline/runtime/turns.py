@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,8 @@ class TurnOutcome:
     error: Exception | None = None
     lateness_s: float = 0.0
     """How late the turn fired after it was due."""
+    duration_s: float | None = None
+    """How long its handler ran (decoding included); None when the handler did not run."""
 
 
 def _left(messages: list[Message], kept: list[Message]) -> list[Message]:
@@ -155,6 +158,7 @@ class DebouncedLanes:
                 f"the turn of {turn.key!r} started {turn.attempt - 1} times and never finished"
             )
             return await self._settle(lane, TurnOutcome(messages, "exhausted", error, late_s))
+        called = time.perf_counter()
         try:
             with tracing.turn(lane.name, messages, first_ms, turn.fired_ms):
                 events = [
@@ -164,9 +168,12 @@ class DebouncedLanes:
                 context = Context(messages[-1], lane.name, turn.attempt, self._idempotency)
                 await lane.handler(events, context)
         except Skip:
-            return await self._settle(lane, TurnOutcome(messages, "skipped", None, late_s))
+            ran_s = time.perf_counter() - called
+            return await self._settle(lane, TurnOutcome(messages, "skipped", None, late_s, ran_s))
         except Exception as exc:  # every turn failure is settled, none escapes
+            ran_s = time.perf_counter() - called
             exhausted = turn.attempt >= lane.routes.max_attempts
             outcome = "exhausted" if exhausted else "failed"
-            return await self._settle(lane, TurnOutcome(messages, outcome, exc, late_s))
-        return await self._settle(lane, TurnOutcome(messages, "handled", None, late_s))
+            return await self._settle(lane, TurnOutcome(messages, outcome, exc, late_s, ran_s))
+        ran_s = time.perf_counter() - called
+        return await self._settle(lane, TurnOutcome(messages, "handled", None, late_s, ran_s))

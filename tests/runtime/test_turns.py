@@ -16,7 +16,7 @@ from pipeline import headers as h
 from pipeline.admission.debounce import Debouncer
 from pipeline.envelope import Record
 from pipeline.errors import ConfigError, DeadLetter, Retry
-from pipeline.observability.facades import DebounceMetrics
+from pipeline.observability.facades import DebounceMetrics, RuntimeMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
@@ -107,6 +107,54 @@ async def test_a_members_turn_metrics_count_turns_and_superseded_schedules(
     value = metrics.registry.get_sample_value
     assert value("pipeline_debounce_turns_total", {"lane": spec.lane}) == 2
     assert value("pipeline_debounce_superseded_total", {"lane": spec.lane}) == 6
+
+
+async def test_a_turns_handler_run_is_timed_with_the_outcome_it_had(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """Each turn's handler run is one ``pipeline_handler_duration_seconds`` sample, by outcome.
+
+    Before, a turn's run recorded nothing: its messages showed only as ``buffered``, so a member
+    never measured a debounced lane's service time and ``pipeline capacity`` used the default.
+    """
+    spec = lane_spec(f"turntimed_{unique}", 1, debounce=QUIET, retry={"max_attempts": 2})
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        if events[0].conversation_id == "broken":
+            raise Retry("model busy")
+
+    await produce(
+        transport, spec.name, [said("c1", 0), said("c1", 1), said("c1", 2), said("broken", 0)]
+    )
+    metrics = Metrics()
+    member = Member(
+        app,
+        transport,
+        f"g-{unique}",
+        FAST,
+        redis=redis,
+        redis_prefix=f"t{unique}",
+        metrics=RuntimeMetrics(metrics),
+        turn_metrics=DebounceMetrics(metrics),
+    )
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 3 and member.stats.dead_lettered == 1)
+    value = metrics.registry.get_sample_value
+    durations = {
+        outcome: value(
+            "pipeline_handler_duration_seconds_count", {"lane": spec.lane, "outcome": outcome}
+        )
+        for outcome in ("handled", "retried", "dead_lettered", "buffered")
+    }
+    assert durations == {"handled": 1, "retried": 1, "dead_lettered": 1, "buffered": 4}
+    handled_s = value(
+        "pipeline_handler_duration_seconds_sum", {"lane": spec.lane, "outcome": "handled"}
+    )
+    assert handled_s is not None
+    assert handled_s > 0
 
 
 async def test_a_failed_turn_runs_again_and_a_fatal_one_is_dead_lettered_in_order(
