@@ -138,10 +138,12 @@ class PostgresSettings(_Section):
 
     url: str = "postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline"
     connect_timeout_s: float = Field(default=3.0, gt=0, le=60)
-    """Longest wait for a connection to the log database (a pooled one, or a new one: libpq
-    ``connect_timeout``, at least 2 s there) before the operation fails; with the server
-    unreachable a webhook is answered 503 + Retry-After within about twice this (the group
-    commit ahead of it, then its own), well inside a provider's own timeout (GitHub: 10 s)."""
+    """Longest wait for the log database before the operation fails: for a connection (a pooled
+    one, or a new one: libpq ``connect_timeout``, at least 2 s there), and for the answer to a
+    statement of the ingress, the sweeper or ``mark_processed`` (then its connection is closed;
+    purge, replay and status reads are not bounded); with the server unreachable or not
+    answering a webhook is answered 503 + Retry-After within about twice this (the group commit
+    ahead of it, then its own), well inside a provider's own timeout (GitHub: 10 s)."""
 
     @field_validator("url")
     @classmethod

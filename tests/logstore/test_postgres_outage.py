@@ -1,9 +1,12 @@
-"""With PostgreSQL unreachable, every insert fails within seconds, and the store recovers.
+"""With PostgreSQL unreachable or not answering, operations fail within seconds; the store recovers.
 
 The outage is a TCP relay in front of the real server that the test cuts (listener and every
-relayed connection closed) and brings back on the same port; the server itself keeps running.
-The bounds below are generous (15 s): the store fails in about its connection timeout (3 s by
-default), where a pool waiting its default 30 s per request would not.
+relayed connection closed) and brings back on the same port, or stalls (every connection kept
+open, no byte forwarded either way: a hung server, or a dead network path) and resumes; the
+server itself keeps running. The bounds below are generous (15 s, 30 s with a stalled server):
+the store fails in about its connection and answer timeouts (3 s each by default), where a pool
+waiting its default 30 s per request, or a statement waiting for an answer without end, would
+not.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ import psycopg
 import pytest
 from logstore.helpers import FakeClock, new_row
 
-from pipeline.logstore import LogStoreError
+from pipeline.logstore import LogStoreError, Selection
 from pipeline.logstore.postgres import PostgresLogStore
 
 BOUND_S = 15.0  # far above the store's few seconds, far below a 30 s pool wait
+STALLED_BOUND_S = 30.0  # far above the store's few seconds; without an answer timeout: forever
 
 
 class Relay:
-    """A TCP relay to PostgreSQL that can drop its connections, or be cut and brought back."""
+    """A TCP relay to PostgreSQL that can drop its connections, be cut, or stall; and come back."""
 
     def __init__(self, host: str, port: int) -> None:
         """Relay to ``host:port`` once started."""
@@ -33,6 +37,8 @@ class Relay:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self.port = 0
 
     @property
@@ -58,6 +64,14 @@ class Relay:
         await self._server.wait_closed()
         await self.drop()
 
+    def stall(self) -> None:
+        """Keep every connection (and accept new ones) but forward no byte, either way."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Forward again, starting with what was held during the stall."""
+        self._flowing.set()
+
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -73,6 +87,7 @@ class Relay:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError):
                 while data := await src.read(65536):
+                    await self._flowing.wait()
                     dst.write(data)
                     await dst.drain()
 
@@ -98,21 +113,30 @@ async def relay(postgres_service: str) -> AsyncIterator[Relay]:
     r = Relay(url.hostname or "127.0.0.1", url.port or 5432)
     await r.start()
     yield r
+    r.resume()
     with contextlib.suppress(Exception):
         await r.cut()
 
 
 @pytest.fixture
-async def store(postgres_service: str, relay: Relay) -> AsyncIterator[PostgresLogStore]:
+def schema() -> str:
+    """The schema of the test's store."""
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def store(
+    postgres_service: str, relay: Relay, schema: str
+) -> AsyncIterator[PostgresLogStore]:
     """An open store of its own schema, connected through ``relay``; dropped afterwards."""
     url = urlsplit(postgres_service)
     through = url._replace(netloc=f"{url.username}:{url.password}@127.0.0.1:{relay.port}")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
     s = PostgresLogStore(through.geturl(), schema=schema)
     await s.open()
     try:
         yield s
     finally:
+        relay.resume()  # a statement still waiting for its answer gets it, and close() ends
         if not relay.serving:
             await relay.start()
         await s.close()
@@ -169,3 +193,109 @@ async def test_the_store_recovers_when_postgres_is_reachable_again(
 
     n = await asyncio.wait_for(first_success(), BOUND_S)
     assert (await store.get(new_row(n, clock).id)) is not None
+
+
+async def test_inserts_fail_promptly_while_postgres_does_not_answer(
+    store: PostgresLogStore, relay: Relay
+) -> None:
+    """With the server's connections open but silent, inserts raise LogStoreError in seconds."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    relay.stall()
+    with pytest.raises(LogStoreError):
+        await asyncio.wait_for(store.insert(new_row(1, clock)), STALLED_BOUND_S)
+    concurrent = [store.insert(new_row(n, clock)) for n in range(2, 8)]
+    results = await asyncio.wait_for(
+        asyncio.gather(*concurrent, return_exceptions=True), STALLED_BOUND_S
+    )
+    assert all(isinstance(result, LogStoreError) for result in results), results
+
+
+async def test_sweeper_and_dispatcher_operations_fail_promptly_while_postgres_does_not_answer(
+    store: PostgresLogStore, relay: Relay
+) -> None:
+    """With the server silent, claims, produce bookkeeping and lookups raise LogStoreError."""
+    clock = FakeClock()
+    row = new_row(0, clock)
+    assert await store.insert(row) is True
+    relay.stall()
+    operations = [
+        store.claim_unproduced(clock.now_ms + 1, 10, 30_000),
+        store.claim_unprocessed(clock.now_ms + 1, 10, 30_000),
+        store.mark_produced([row.id]),
+        store.record_failure([row.id], "broker down"),
+        store.mark_processed([row.id]),
+        store.get(row.id),
+    ]
+    results = await asyncio.wait_for(
+        asyncio.gather(*operations, return_exceptions=True), STALLED_BOUND_S
+    )
+    assert all(isinstance(result, LogStoreError) for result in results), results
+
+
+async def test_the_store_recovers_when_postgres_answers_again(
+    store: PostgresLogStore, relay: Relay
+) -> None:
+    """Connections left without an answer are discarded: once the server answers, all work again."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    relay.stall()
+    unknown = new_row(1, clock)
+    with pytest.raises(LogStoreError):
+        await asyncio.wait_for(store.insert(unknown), STALLED_BOUND_S)
+    relay.resume()
+
+    async def first_success() -> int:
+        for n in range(10, 100):  # each failure is a wait of the store's timeout, not a spin
+            try:
+                assert await store.insert(new_row(n, clock)) is True
+            except LogStoreError:
+                continue
+            return n
+        raise AssertionError("no insert succeeded")
+
+    n = await asyncio.wait_for(first_success(), STALLED_BOUND_S)
+    # Every pooled connection answers (none was put back with a statement still pending), and
+    # the insert whose outcome was unknown is stored once, whether or not it had landed.
+    found = await asyncio.wait_for(
+        asyncio.gather(*(store.get(new_row(m, clock).id) for m in (0, n, n, n, n, n))),
+        STALLED_BOUND_S,
+    )
+    assert all(row is not None for row in found)
+    assert await store.insert(unknown) in (True, False)
+    assert (await store.get(unknown.id)) is not None
+
+
+async def test_a_group_commit_left_unanswered_fails_in_time_and_is_stored_once(
+    store: PostgresLogStore, postgres_service: str, schema: str
+) -> None:
+    """A group commit the server holds (table locked) fails in seconds, and those queued behind."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    locker = await psycopg.AsyncConnection.connect(postgres_service)
+    try:
+        await locker.execute(f'LOCK TABLE "{schema}".ingress_log IN ACCESS EXCLUSIVE MODE')
+        first = asyncio.ensure_future(store.insert(new_row(1, clock)))
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass"
+        table = f'"{schema}".ingress_log'
+
+        async def commit_blocked() -> None:
+            async with await psycopg.AsyncConnection.connect(postgres_service) as probe:
+                while (await (await probe.execute(waiting, [table])).fetchall())[0][0] == 0:  # noqa: ASYNC110 - polls the server's locks; no event signals it
+                    await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(commit_blocked(), STALLED_BOUND_S)
+        queued = [store.insert(new_row(n, clock)) for n in range(2, 6)]  # behind the first
+        results = await asyncio.wait_for(
+            asyncio.gather(first, *queued, return_exceptions=True), STALLED_BOUND_S
+        )
+        assert all(isinstance(result, LogStoreError) for result in results), results
+        assert "did not answer" in str(results[0])
+    finally:
+        await locker.rollback()
+        await locker.close()
+    # Each outcome was unknown: a row that landed after all is a duplicate when sent again.
+    for n in range(1, 6):
+        assert await store.insert(new_row(n, clock)) in (True, False)
+    counts = await store.count_by_state(Selection())
+    assert sum(counts.values()) == 6

@@ -7,15 +7,26 @@ mode, so it is durable when it returns (with the server's default ``synchronous_
 
 Several ingress replicas share the table: the unique ``(source, event_id)`` constraint dedupes
 across them, and the sweeper's claims use ``FOR UPDATE SKIP LOCKED`` plus a lease column.
+
+A statement the ingress, its dispatcher, the sweeper or ``mark_processed`` waits on must be
+answered within the connection timeout: a server that hangs, or a network path that died with
+the connection open, would otherwise hold a group commit, and every webhook queued behind it,
+without end. Past the timeout the connection's socket is shut down, so the statement fails at
+once (no cancel request to a server that does not answer), and the pool discards it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
+import socket
 import time
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager, suppress
+from types import TracebackType
+from typing import Any, Self
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -52,14 +63,16 @@ class PostgresLogStore:
             min_connections: connections the pool keeps open.
             max_connections: most connections the pool opens.
             max_batch: most rows inserted by one statement.
-            connect_timeout_s: longest wait for a connection, pooled or new; an operation that
-                gets none in time fails (the server is unreachable).
+            connect_timeout_s: longest wait for a connection, pooled or new, and for the answer
+                to a statement (except the bulk ones: purge, replay pages, counts); an operation
+                that gets neither in time fails (the server is unreachable or does not answer).
             clock: seconds since the epoch; tests pass a fake one.
         """
         self._url = url
         self._schema = schema
         self._sql = Statements(schema)
         self._clock = clock
+        self._answer_timeout_s = connect_timeout_s
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
             url,
             min_size=min_connections,
@@ -67,8 +80,9 @@ class PostgresLogStore:
             kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(connect_timeout_s))},
             timeout=connect_timeout_s,
             # A pooled connection broken while idle (the server restarted) is replaced before
-            # use instead of failing the group commit it was handed to.
-            check=AsyncConnectionPool.check_connection,
+            # use instead of failing the group commit it was handed to; a check the server does
+            # not answer fails in time too.
+            check=self._check,
             # Reconnection in the background gives up this soon, and the next operation starts
             # a new attempt at once: the store is back within seconds of the server, not after
             # a backoff that doubles up to minutes.
@@ -115,23 +129,46 @@ class PostgresLogStore:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    async def _execute(self, query: Query, params: Sequence[object] | dict[str, object]) -> int:
+    async def _check(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        with _Deadline(conn, self._answer_timeout_s):
+            await AsyncConnectionPool.check_connection(conn)
+
+    @asynccontextmanager
+    async def _connection(self, *, bounded: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection; with ``bounded``, one whose statements must be answered in time.
+
+        psycopg errors become :class:`LogStoreError`. A connection left without an answer is
+        shut down (and so discarded by the pool): the statement's outcome is unknown, and the
+        caller fails as for any other error (an insert that did land is deduplicated when the
+        provider retries, and produced by the sweeper).
+        """
+        deadline: _Deadline | None = None
         try:
             async with self._pool.connection() as conn:
-                cur = await conn.execute(query, params)
-                return cur.rowcount
+                with _Deadline(conn, self._answer_timeout_s if bounded else None) as deadline:
+                    yield conn
         except psycopg.Error as exc:
+            if deadline is not None and deadline.expired:
+                raise LogStoreError(
+                    f"the log database did not answer within {self._answer_timeout_s:g} s"
+                    " (PIPELINE_POSTGRES__CONNECT_TIMEOUT_S): connection closed, the statement"
+                    " may or may not have taken effect"
+                ) from exc
             raise LogStoreError(f"log database error: {exc}") from exc
 
+    async def _execute(
+        self, query: Query, params: Sequence[object] | dict[str, object], *, bounded: bool = True
+    ) -> int:
+        async with self._connection(bounded=bounded) as conn:
+            cur = await conn.execute(query, params)
+            return cur.rowcount
+
     async def _fetch(
-        self, query: Query, params: Sequence[object] | dict[str, object]
+        self, query: Query, params: Sequence[object] | dict[str, object], *, bounded: bool = True
     ) -> list[TupleRow]:
-        try:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(query, params)
-                return await cur.fetchall()
-        except psycopg.Error as exc:
-            raise LogStoreError(f"log database error: {exc}") from exc
+        async with self._connection(bounded=bounded) as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
 
     # IngressLog
 
@@ -230,18 +267,20 @@ class PostgresLogStore:
     async def select(self, selection: Selection, *, after_id: str = "", limit: int) -> list[LogRow]:
         """A page of ``selection`` in id order."""
         query, params = self._sql.select(selection)
-        return [_row(r) for r in await self._fetch(query, [*params, after_id, limit])]
+        rows = await self._fetch(query, [*params, after_id, limit], bounded=False)
+        return [_row(r) for r in rows]
 
     async def last_id(self, selection: Selection) -> str | None:
         """The highest id of ``selection``, or None."""
         query, params = self._sql.last_id(selection)
-        rows = await self._fetch(query, params)
+        rows = await self._fetch(query, params, bounded=False)
         return str(rows[0][0]) if rows else None
 
     async def count_by_state(self, selection: Selection) -> dict[RowState, int]:
         """Rows of ``selection`` per state."""
         query, params = self._sql.count_by_state(selection)
-        return {RowState(state): count for state, count in await self._fetch(query, params)}
+        rows = await self._fetch(query, params, bounded=False)
+        return {RowState(state): count for state, count in rows}
 
     async def get(self, row_id: str) -> LogRow | None:
         """One row by id."""
@@ -255,7 +294,7 @@ class PostgresLogStore:
     ) -> int:
         """Delete old rows in ``states``; returns how many."""
         chosen = sorted(str(state) for state in states)
-        return await self._execute(self._sql.purge, [older_than_ms, chosen])
+        return await self._execute(self._sql.purge, [older_than_ms, chosen], bounded=False)
 
 
 def _row(r: Sequence[Any]) -> LogRow:
@@ -276,6 +315,50 @@ def _row(r: Sequence[Any]) -> LogRow:
         last_error=r[13],
         produced_at_ms=r[14],
     )
+
+
+class _Deadline:
+    """Shuts ``conn``'s socket down if the block is still running after ``seconds`` (None: never).
+
+    A shut-down socket makes the statement waiting on it fail at once with a psycopg
+    ``OperationalError``, and leaves the connection closed (so the pool discards it). Cancelling
+    the statement instead would make psycopg send a cancel request and wait for the server's
+    answer, which a server that does not answer never gives (5 s, then 5 s more).
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], seconds: float | None) -> None:
+        """Arm the deadline on entering the block."""
+        self._conn = conn
+        self._seconds = seconds
+        self._timer: asyncio.TimerHandle | None = None
+        self.expired = False
+
+    def __enter__(self) -> Self:
+        """Start the clock."""
+        if self._seconds is not None:
+            self._timer = asyncio.get_running_loop().call_later(self._seconds, self._expire)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the clock."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expire(self) -> None:
+        self.expired = True
+        try:
+            fd = self._conn.pgconn.socket
+        except psycopg.Error:  # already closed
+            return
+        # A duplicate of the descriptor: shutdown acts on the connection, and libpq still owns
+        # (and later closes) its own descriptor, which is never closed under it.
+        with socket.socket(fileno=os.dup(fd)) as sock, suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _row_fault(exc: Exception) -> bool:
