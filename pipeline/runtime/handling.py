@@ -205,7 +205,9 @@ class HandlerStage:
             self._stats.turn_retries += 1
             return "retried"
         reason = getattr(error, "dead_reason", "fatal") if fatal else "exhausted"
+        attempts = str(turn.attempts).encode()
         for message in turn.messages:  # in order: a sequenced dead letter
+            message.headers[h.ATTEMPT] = attempts  # the turn's, not the buffered message's
             routed = await self._routing.dead_letter(lane, message, reason, error)
             if routed is None:
                 return None

@@ -82,6 +82,8 @@ class TurnOutcome:
     """How late the turn fired after it was due."""
     duration_s: float | None = None
     """How long its handler ran (decoding included); None when the handler did not run."""
+    attempts: int = 1
+    """How many runs of these messages started (this one included, if it ran)."""
 
 
 def _left(messages: list[Message], kept: list[Message]) -> list[Message]:
@@ -154,11 +156,13 @@ class DebouncedLanes:
         if turn.attempt > lane.routes.max_attempts:
             # Every run it was allowed started and never finished (its member died, or hung
             # past its lease): running it again would only take down one more member.
-            error = PoisonMessage(
+            poison = PoisonMessage(
                 f"the turn of {turn.key!r} started {turn.attempt - 1} times and never finished"
             )
-            return await self._settle(lane, TurnOutcome(messages, "exhausted", error, late_s))
+            outcome = TurnOutcome(messages, "exhausted", poison, late_s, None, turn.attempt - 1)
+            return await self._settle(lane, outcome)
         called = time.perf_counter()
+        error: Exception | None = None
         try:
             with tracing.turn(lane.name, messages, first_ms, turn.fired_ms):
                 events = [
@@ -168,12 +172,12 @@ class DebouncedLanes:
                 context = Context(messages[-1], lane.name, turn.attempt, self._idempotency)
                 await lane.handler(events, context)
         except Skip:
-            ran_s = time.perf_counter() - called
-            return await self._settle(lane, TurnOutcome(messages, "skipped", None, late_s, ran_s))
+            ended = "skipped"
         except Exception as exc:  # every turn failure is settled, none escapes
-            ran_s = time.perf_counter() - called
-            exhausted = turn.attempt >= lane.routes.max_attempts
-            outcome = "exhausted" if exhausted else "failed"
-            return await self._settle(lane, TurnOutcome(messages, outcome, exc, late_s, ran_s))
+            ended = "exhausted" if turn.attempt >= lane.routes.max_attempts else "failed"
+            error = exc
+        else:
+            ended = "handled"
         ran_s = time.perf_counter() - called
-        return await self._settle(lane, TurnOutcome(messages, "handled", None, late_s, ran_s))
+        outcome = TurnOutcome(messages, ended, error, late_s, ran_s, turn.attempt)
+        return await self._settle(lane, outcome)

@@ -192,6 +192,36 @@ async def test_a_failed_turn_runs_again_and_a_fatal_one_is_dead_lettered_in_orde
     assert all(m.headers[h.DEAD_REASON] == b"fatal" for m in dead)
 
 
+async def test_a_turns_dead_letters_carry_the_attempts_the_turn_made(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A turn that failed on each of its 2 attempts dead-letters its messages with attempt 2.
+
+    Before, each dead letter of a turn said ``pl-attempt`` 1, whatever the turn had tried.
+    """
+    spec = lane_spec(f"turnattempt_{unique}", 1, debounce=QUIET, retry={"max_attempts": 2})
+    await declare(transport, spec)
+    app = App([spec])
+    attempts: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        raise Retry("model busy")
+
+    await produce(transport, spec.name, [said("c1", 0), said("c1", 1)])
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered == 2)
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    dead = await consume_until(dlq, lambda got: len(got) == 2)
+    await dlq.close()
+    await transport.admin().delete_group(f"dlq-{unique}", [spec.dead_letter])
+    assert attempts == [1, 2]
+    assert [m.headers[h.ATTEMPT] for m in dead] == [b"2", b"2"]
+    assert all(m.headers[h.DEAD_REASON] == b"exhausted" for m in dead)
+
+
 async def test_without_redis_every_message_is_a_turn_of_its_own(
     transport: Transport, unique: str
 ) -> None:
@@ -294,6 +324,7 @@ async def test_a_turn_whose_runs_never_finished_is_dead_lettered_as_poison_unrun
     assert handled == []
     assert [Said.model_validate_json(m.value).n for m in dead] == [0, 1]
     assert all(m.headers[h.DEAD_REASON] == b"poison" for m in dead)
+    assert [m.headers[h.ATTEMPT] for m in dead] == [b"2", b"2"]  # both runs it was allowed
     await transport.admin().delete_group(f"read-{unique}", [spec.name])
 
 
