@@ -72,9 +72,10 @@ invalid value stops the program with the variable's name, the problem and the va
 Unknown variables under a section are rejected too. Lists and mappings are written as JSON
 (`PIPELINE_KAFKA__CLIENT='{"security.protocol": "SASL_SSL"}'`).
 
-Read apart from the settings: `PIPELINE_LOG_LEVEL` (default `WARNING`, `INFO` for `pipeline
-consume`), `PIPELINE_LOG_FORMAT` (`text` or `json`) and the standard OpenTelemetry `OTEL_*`
-variables that turn tracing on ([operations.md](operations.md#tracing)).
+Read apart from the settings: `PIPELINE_LOG_LEVEL` (`DEBUG`, `INFO`, `WARNING`, `ERROR` or
+`CRITICAL`; default `WARNING`, `INFO` for `pipeline consume`), `PIPELINE_LOG_FORMAT` (`text` or
+`json`; any other value of either is refused with one line and exit 2) and the standard
+OpenTelemetry `OTEL_*` variables that turn tracing on ([operations.md](operations.md#tracing)).
 """
 
 
