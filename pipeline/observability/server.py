@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -28,7 +30,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.observability import metrics as m
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.sources import SnapshotSource
@@ -179,17 +181,50 @@ class _Server(uvicorn.Server):
         yield
 
 
+def metrics_socket(host: str, port: int, variable: str, host_variable: str) -> socket.socket:
+    """A socket bound to ``host:port`` for :func:`serve_metrics`, bound as uvicorn binds.
+
+    Binding it before anything else starts lets a process that cannot listen there stop at
+    once, in one line naming ``variable`` (the port's setting) or ``host_variable``.
+
+    Raises:
+        ConfigError: the port is held by another process, needs privileges, or the address is
+            not one of this machine's.
+    """
+    where = f"cannot listen on {host}:{port} for /metrics"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            fix = f"another process holds it: stop that process or set {variable} to a free port"
+        elif exc.errno == errno.EACCES:
+            fix = f"a port below 1024 needs privileges: set {variable} to a port above 1023"
+        elif isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+            fix = f"set {host_variable} to an address of this machine (127.0.0.1, or 0.0.0.0)"
+        else:
+            fix = f"check {host_variable} and {variable}"
+        raise ConfigError(f"{where}: {exc.strerror or exc}; {fix}") from None
+    return sock
+
+
 async def serve_metrics(
     server: MetricsServer,
     host: str,
     port: int,
     stop: asyncio.Event,
     on_ready: Callable[[str, int], None] | None = None,
+    *,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve ``server`` on ``host:port`` with uvicorn and run its refresher until ``stop``.
 
     For processes without an HTTP server of their own (a consumer-group member). Port 0 picks
-    a free port; ``on_ready(host, port)`` is called once it listens.
+    a free port; ``on_ready(host, port)`` is called once it listens. ``sock``: a socket
+    :func:`metrics_socket` bound to ``host:port`` already (it is closed when serving ends).
     """
     config = uvicorn.Config(
         server,
@@ -202,7 +237,7 @@ async def serve_metrics(
     )
     http = _Server(config)
     server.start()
-    serving = asyncio.create_task(http.serve())
+    serving = asyncio.create_task(http.serve(sockets=None if sock is None else [sock]))
     try:
         while not http.started and not serving.done():  # noqa: ASYNC110 - uvicorn has no started event
             await asyncio.sleep(0.01)
@@ -217,3 +252,5 @@ async def serve_metrics(
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         await server.close()
+        if sock is not None:
+            sock.close()

@@ -23,7 +23,7 @@ from pipeline.heap import freeze_startup
 from pipeline.logstore.create import create_log_store
 from pipeline.observability import stacks
 from pipeline.observability.deletion_cost import DeletionCost, pod_from_environment
-from pipeline.observability.server import MetricsServer, serve_metrics
+from pipeline.observability.server import MetricsServer, metrics_socket, serve_metrics
 from pipeline.observability.wiring import MemberTelemetry, member_telemetry
 from pipeline.redis_channel import channel_of, open_channel
 from pipeline.registry.client.http import RegistryClient
@@ -150,6 +150,17 @@ async def serve(
     cancellation at shutdown (:attr:`Member.abandoned`). The event loop cannot close while they
     run, so the caller exits without waiting for them.
     """
+    port = settings.runtime.metrics_port
+    listening = (  # before anything is opened: a port it cannot have stops it in one line
+        None
+        if port is None
+        else metrics_socket(
+            settings.runtime.metrics_host,
+            port,
+            "PIPELINE_RUNTIME__METRICS_PORT",
+            "PIPELINE_RUNTIME__METRICS_HOST",
+        )
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -192,10 +203,11 @@ async def serve(
     )
     telemetry.server.sources.append(ParkedKeysSource(member, runtime_metrics))
     endpoint = None
-    port = settings.runtime.metrics_port
     if port is not None:
         endpoint = asyncio.create_task(
-            serve_metrics(telemetry.server, settings.runtime.metrics_host, port, stop)
+            serve_metrics(
+                telemetry.server, settings.runtime.metrics_host, port, stop, sock=listening
+            )
         )
     ready = asyncio.create_task(_ready_when_polling(member, telemetry.server))
     progress = Progress(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import Counter
 
 import httpx
+import pytest
 
+from pipeline.errors import ConfigError
 from pipeline.ingress.app import IngressApp
 from pipeline.observability.facades import IngressMetrics, RuntimeMetrics
 from pipeline.observability.metrics import Metrics
-from pipeline.observability.server import MetricsServer, serve_metrics
+from pipeline.observability.server import MetricsServer, metrics_socket, serve_metrics
 from pipeline.observability.sources import IngressSource
 
 
@@ -127,6 +130,43 @@ async def test_serve_metrics_listens_on_a_real_port():
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+async def test_serve_metrics_serves_on_the_socket_bound_before_it():
+    """A socket bound by metrics_socket is the one served on, and it is closed at the end."""
+    sock = metrics_socket("127.0.0.1", 0, "PORT_VARIABLE", "HOST_VARIABLE")
+    port = sock.getsockname()[1]
+    server = MetricsServer(Metrics(), interval_s=3600)
+    stop = asyncio.Event()
+    bound: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        serve_metrics(
+            server, "127.0.0.1", port, stop, lambda h, p: bound.set_result((h, p)), sock=sock
+        )
+    )
+    try:
+        assert await asyncio.wait_for(bound, 10) == ("127.0.0.1", port)
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"http://127.0.0.1:{port}/metrics")
+        assert response.status_code == 200
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert sock.fileno() == -1
+
+
+def test_a_metrics_port_held_by_another_process_is_one_line_naming_its_variable():
+    """The port is taken: a ConfigError naming the address, the variable and what to do."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ConfigError) as caught:
+            metrics_socket("127.0.0.1", port, "PORT_VARIABLE", "HOST_VARIABLE")
+    assert str(caught.value) == (
+        f"cannot listen on 127.0.0.1:{port} for /metrics: Address already in use; another "
+        "process holds it: stop that process or set PORT_VARIABLE to a free port"
+    )
 
 
 async def test_ingress_app_serves_metrics_with_its_counters():
