@@ -66,9 +66,14 @@ class Chain:
         settle: Settle,
         throttle: Admitter | None = None,
         fleet: FleetLimits | None = None,
+        group: str = "",
     ) -> None:
-        """Build the stages; :meth:`start` binds the due stage to the consumer's pauses."""
+        """Build the stages; :meth:`start` binds the due stage to the consumer's pauses.
+
+        ``group``: the consumer group, named on each delivery's ``process`` span.
+        """
         self._app = app
+        self._group = group
         self._guard = guard
         self._handler = handler
         self._settle = settle
@@ -90,7 +95,7 @@ class Chain:
     def enter(self, message: Message, offsets: PartitionOffsets | None = None) -> None:
         """A polled message enters the chain with its lane (and its partition's ``offsets``)."""
         work = Work(message, self._app.lane_of(message.topic), offsets=offsets)
-        work.trace = tracing.process(message, work.lane.name)
+        work.trace = tracing.process(message, work.lane.name, self._group)
         if h.DUE_MS in message.headers:
             assert self.due is not None  # noqa: S101 - start() ran before the first poll
             self.due.offer(work)

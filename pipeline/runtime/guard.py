@@ -92,13 +92,16 @@ class RunGuard:
         settled: Settled,
         claims: dict[str, LaneClaims] | None = None,
         checkpoint_s: float = 0.5,
+        group: str = "",
     ) -> None:
         """Guard the lanes that have a store (Redis); others go straight to ``call``.
 
         Lanes in ``claims`` run first deliveries under claimed ranges (``runtime/claims.py``).
         ``checkpoint_s``: the ends of released followers that ran are recorded at least this
-        often (the member's commit interval), however long their release is.
+        often (the member's commit interval), however long their release is. ``group``: the
+        consumer group, named on a released follower's ``process`` span.
         """
+        self._group = group
         self._checkpoint_s = checkpoint_s
         self._stores = stores
         self._claims = claims or {}
@@ -589,7 +592,7 @@ class RunGuard:
             if self._telling:
                 _tell(lane, start, f"released: {release.decision}")
             async with self._gate(release.decision):  # a suspect is released alone
-                delivery = tracing.process(message, lane.name)  # the follower's own trace
+                delivery = tracing.process(message, lane.name, self._group)  # its own trace
                 with tracing.guard(delivery):
                     outcome, ending, _ = await self._decided(  # ends go to gd_end_many
                         lane, store, message, start, release.decision, 0

@@ -188,6 +188,7 @@ class Member:
                 else None
             ),
             checkpoint_s=settings.commit_interval_ms / 1000,
+            group=group,
         )
         self._chain = Chain(
             app,
@@ -197,6 +198,7 @@ class Member:
             settle=self._settle,
             throttle=throttle,
             fleet=fleet,
+            group=group,
         )
         debounced = [lane for lane in chosen if lane.turns]
         self._turns: DebouncedLanes | None = None
@@ -210,6 +212,7 @@ class Member:
                 superseded=None if turn_metrics is None else turn_metrics.superseded,
                 idempotency=idempotency,
                 cancelled=self._longwork.skips,
+                group=group,
             )
             self._handler.turns = self._turns
         elif debounced:

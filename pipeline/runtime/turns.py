@@ -106,6 +106,7 @@ class DebouncedLanes:
         superseded: Callable[[str], None] | None = None,
         idempotency: IdempotencyGuard | None = None,
         cancelled: Callable[[Lane, Message], bool] | None = None,
+        group: str = "",
     ) -> None:
         """Debounce ``lanes``; ``settle`` is told how each turn ended and routes failures.
 
@@ -115,8 +116,10 @@ class DebouncedLanes:
         a turn's ``ctx.once`` (the turn's last message names its event), as it does a
         message's. ``cancelled(lane, message)`` says (and counts) whether a buffered message
         is cancelled work (``pipeline cancel``): it is left out of its turn when the turn comes
-        up, and a turn of cancelled messages only is not run.
+        up, and a turn of cancelled messages only is not run. ``group``: the consumer group,
+        named on each turn's span.
         """
+        self._group = group
         self._lanes = {lane.name: lane for lane in lanes}
         self._idempotency = idempotency
         self._cancelled = cancelled
@@ -164,7 +167,7 @@ class DebouncedLanes:
         called = time.perf_counter()
         error: Exception | None = None
         try:
-            with tracing.turn(lane.name, messages, first_ms, turn.fired_ms):
+            with tracing.turn(lane.name, messages, first_ms, turn.fired_ms, self._group):
                 events = [
                     await self._payloads.event(lane, m) if OFFLOAD in m.headers else lane.decode(m)
                     for m in messages

@@ -190,6 +190,7 @@ class Spans:
             "messaging.operation.name": "process",
             "messaging.destination.name": d.topic,
             "messaging.destination.partition.id": str(d.partition),
+            **({"messaging.consumer.group.name": d.group} if d.group else {}),
             "messaging.message.id": f"{d.partition}-{d.offset}",
             "pipeline.lane": d.lane,
             "pipeline.attempt": int_or(d.attempt, 1),

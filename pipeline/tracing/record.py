@@ -78,6 +78,8 @@ class DeliveryRecord(NamedTuple):
     partition: int
     offset: int
     lane: str
+    group: str
+    """The consumer group (``messaging.consumer.group.name``); empty: none named."""
     attempt: bytes | None
     delivery_count: int
     tenant: bytes | None
@@ -429,6 +431,7 @@ class Delivery:
         "entered_ns",
         "events",
         "failure",
+        "group",
         "guard_end_ns",
         "guard_events",
         "guard_start_ns",
@@ -452,12 +455,14 @@ class Delivery:
         message: Message,
         lane: str,
         system: str,
+        group: str = "",
     ) -> None:
         """Start the ``process`` span now, under the ``traceparent`` ``raw`` (None: a new trace).
 
         ``ids``: (trace id, parent span id) when the caller parsed ``raw`` already; otherwise
         they are parsed only if a child span or a log line needs them, and else by the
-        exporting process. ``message``, ``lane`` and ``system`` name what is processed.
+        exporting process. ``message``, ``lane`` and ``system`` name what is processed,
+        ``group`` the consumer group processing it.
         """
         self.buffer = buffer
         self.raw = raw
@@ -466,6 +471,7 @@ class Delivery:
         self.message = message
         self.lane = lane
         self.system = system
+        self.group = group
         self.entered_ns = time.time_ns()
         self.admitted_ns = self.guard_start_ns = self.guard_end_ns = 0
         self.handler_start_ns = self.handler_end_ns = 0
@@ -538,6 +544,7 @@ class Delivery:
                 message.partition,
                 message.offset,
                 self.lane,
+                self.group,
                 headers.get(ATTEMPT),
                 message.delivery_count,
                 headers.get(TENANT),

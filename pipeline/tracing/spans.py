@@ -198,8 +198,10 @@ def sending(
 # -- consuming --------------------------------------------------------------------------------
 
 
-def process(message: Message, lane: str) -> Delivery | None:
+def process(message: Message, lane: str, group: str = "") -> Delivery | None:
     """Open the CONSUMER span of a polled message, after its ``partition wait`` span.
+
+    ``group``: the consumer group processing it (``messaging.consumer.group.name``).
 
     Both are children of the ``traceparent`` the message carries (a message without one starts
     a trace: its ``process`` span is the root and the wait its child); the wait runs from the
@@ -219,7 +221,7 @@ def process(message: Message, lane: str) -> Delivery | None:
         ids = (carried[0], carried[1]) if carried is not None else (r.new_trace_id(), 0)
         if not _sampler.sampled(ids[0], message.topic, remote):
             return None
-    return Delivery(_buffer, raw, ids, message, lane, _system)
+    return Delivery(_buffer, raw, ids, message, lane, _system, group)
 
 
 def admitted(delivery: Delivery | None) -> None:
@@ -310,12 +312,13 @@ def finish(delivery: Delivery | None, outcome: str | None) -> None:
 
 
 def turn(
-    lane: str, messages: Sequence[Message], first_ms: int, fired_ms: int
+    lane: str, messages: Sequence[Message], first_ms: int, fired_ms: int, group: str = ""
 ) -> AbstractContextManager[Any]:
     """The CONSUMER span of a debounced turn, linked to each message it coalesced.
 
     Its ``debounce wait`` child runs from the turn's first message (``first_ms``) to when it
     fired (``fired_ms``, both ms since the epoch); the span is current while the handler runs.
+    ``group``: the consumer group running it (``messaging.consumer.group.name``).
     """
     if _buffer is None:
         return _NULL
@@ -333,6 +336,8 @@ def turn(
         "messaging.batch.message_count": len(messages),
         "pipeline.lane": lane,
     }
+    if group:
+        span.attributes["messaging.consumer.group.name"] = group
     if first_ms:
         wait = Span(
             _buffer,

@@ -99,7 +99,8 @@ class _Parts:
     process: bytes
     """Process: name and kind."""
     destination: bytes
-    """Process: the attributes before the message id (system, operation, topic, partition)."""
+    """Process: the attributes before the message id (system, operation, topic, partition,
+    consumer group)."""
     lane: bytes
     """Process and handler: the ``pipeline.lane`` attribute."""
     handler: otlp.FixedSpan
@@ -109,7 +110,7 @@ class _Parts:
 
 
 @functools.lru_cache(maxsize=4096)
-def _parts(system: str, topic: str, partition: int, lane: str) -> _Parts:
+def _parts(system: str, topic: str, partition: int, lane: str, group: str) -> _Parts:
     partition_id = otlp.attribute("messaging.destination.partition.id", str(partition))
     destination = (
         otlp.attribute("messaging.system", system),
@@ -117,6 +118,7 @@ def _parts(system: str, topic: str, partition: int, lane: str) -> _Parts:
         otlp.attribute("messaging.operation.name", "process"),
         otlp.attribute("messaging.destination.name", topic),
         partition_id,
+        otlp.attribute("messaging.consumer.group.name", group) if group else b"",
     )
     lane_attribute = otlp.attribute("pipeline.lane", lane)
     return _Parts(
@@ -173,6 +175,7 @@ def delivery_spans(record: Record) -> list[bytes]:
         partition,
         offset,
         lane,
+        group,
         attempt,
         delivery_count,
         tenant,
@@ -186,7 +189,7 @@ def delivery_spans(record: Record) -> list[bytes]:
     guard_id = span_id_bytes(guard_number) if guard_number else b""
     if not guard_id and guard_start:  # a guard span whose id the member did not make
         guard_id = _new_id()
-    parts = _parts(system, topic, partition, lane)
+    parts = _parts(system, topic, partition, lane, group)
     waited_from = min(produced, entered) if produced else entered
     out = [parts.wait(trace_id, wait_id, parent_id or process_id, waited_from, entered)]
     attributes = _process_attributes(

@@ -48,7 +48,7 @@ def records() -> list[Record]:
         T0 + 9,
         failure,
         T0 + 30,
-        *("kafka", "orders", 3, 41, "orders", b"2", 1, b"tenant-a", b"key-1"),
+        *("kafka", "orders", 3, 41, "orders", "replies", b"2", 1, b"tenant-a", b"key-1"),
         "retried",
         [("retried", T0 + 30, None)],
         [("dead_letter_reason", T0 + 10, {"pipeline.detail": "poison"})],
@@ -200,7 +200,7 @@ def _delivery(**changes: object) -> Record:
     fields = [
         *("kind", "carried", "produced", "entered", "admitted", "keys", "priority"),
         *("guard_id", "guard_start", "guard_end", "handler_start", "handler_end", "failure"),
-        *("end", "system", "topic", "partition", "offset", "lane", "attempt", "count"),
+        *("end", "system", "topic", "partition", "offset", "lane", "group", "attempt", "count"),
         *("tenant", "key", "outcome", "events", "guard_events"),
     ]
     values = dict(zip(fields, records()[0], strict=True))
@@ -235,6 +235,8 @@ DELIVERY_VARIANTS = {
     "key and tenant not UTF-8": _delivery(key=b"\xff\xfe", tenant=b"\xc3"),
     "offset of many bytes": _delivery(offset=2**40 + 3, partition=130),
     "admitted before it entered": _delivery(admitted=T0 - 10),
+    "no consumer group": _delivery(group=""),
+    "a consumer group name not ASCII": _delivery(group="réponses"),
 }
 
 

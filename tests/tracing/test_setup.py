@@ -229,7 +229,7 @@ def _one_delivery() -> tuple[Any, list[Any]]:
     t0 = 1_764_590_000_000_000_000
     delivery = (
         *("d", TRACEPARENT, t0 - 5_000, t0, 0, None, 0, 0, t0 + 4_000, t0 + 20_000),
-        *(t0 + 5_000, t0 + 9_000, None, t0 + 30_000, "kafka", "orders", 3, 41, "orders"),
+        *(t0 + 5_000, t0 + 9_000, None, t0 + 30_000, "kafka", "orders", 3, 41, "orders", ""),
         *(None, 1, b"tenant-a", b"key-1", "handled", None, None),
     )
     resource = Resource.create({"service.name": "pipeline-test"})

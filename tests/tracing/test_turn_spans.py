@@ -114,3 +114,45 @@ async def test_a_dead_lettered_turn_sends_each_message_on_in_its_own_trace(
     sends = [s for s in spans if s.name == f"send {spec.dead_letter}"]
     assert sorted((s.trace_id, s.parent_id) for s in sends) == contexts
     assert {s.attributes["pipeline.dead_reason"] for s in sends} == {"fatal"}
+
+
+async def test_process_and_turn_spans_name_the_consumer_group(
+    transport: Transport, redis: Redis, unique: str, traced: OtlpReceiver
+) -> None:
+    """Each ``process`` span and the turn's carry ``messaging.consumer.group.name``.
+
+    Before, no span named the group, which the messaging conventions ask of a consumer's
+    ``process`` spans.
+    """
+    spec = lane_spec(f"turngroup_{unique}", 1, debounce=QUIET)
+    await declare(transport, spec)
+    app = App([spec])
+    seen: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        seen.extend(e.n for e in events)
+
+    records = [
+        Record(Said(conversation_id="c1", n=n).model_dump_json().encode(), b"c1") for n in (0, 1)
+    ]
+    producer = transport.producer()
+    await producer.send_many(spec.name, records)
+    await producer.close()
+    group = f"g-{unique}"
+    member = Member(app, transport, group, FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: seen == [0, 1])
+    tracing.shutdown()
+    admin = transport.admin()
+    await admin.delete_group(group, [spec.name])
+    for name in spec.topic_names():
+        await admin.delete_topic(name)
+    keys = [key async for key in redis.scan_iter(f"*t{unique}*")]
+    if keys:
+        await redis.delete(*keys)
+
+    spans = [s for trace in traced.traces().values() for s in trace]
+    named = [s for s in spans if s.name in (f"process {spec.name}", f"process {spec.lane} turn")]
+    assert len(named) == 3
+    assert [s.attributes.get("messaging.consumer.group.name") for s in named] == [group] * 3
