@@ -16,6 +16,7 @@ least once).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -382,13 +383,15 @@ class Member:
             self._flow.removed(message.tp)
         self._delivered(lane, message, outcome, duration_s)
         if log.isEnabledFor(logging.DEBUG):
+            tenant = message.headers.get(h.TENANT)
             log.debug(
                 "delivery",
                 extra={
                     "topic": message.topic,
                     "partition": message.partition,
                     "offset": message.offset,
-                    "key": message.key,
+                    "key": _key_text(message.key),
+                    "tenant": None if tenant is None else tenant.decode(errors="replace"),
                     "attempt": h.int_header(message.headers, h.ATTEMPT, 1),
                     "outcome": outcome,
                     "duration_s": duration_s,
@@ -571,6 +574,16 @@ class Member:
                 self._pauses.forget(tp)
         log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
         return positions
+
+
+def _key_text(key: bytes | None) -> str | None:
+    """A message key for a log line: its text, or base64 when it is not UTF-8."""
+    if key is None:
+        return None
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        return base64.b64encode(key).decode()
 
 
 def _check_heartbeats(lanes: Sequence[Lane], settings: RuntimeSettings) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import random
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 
+import pytest
 from contract.helpers import consume_until
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
 
@@ -17,6 +20,7 @@ from pipeline.errors import DeadLetter, Retry
 from pipeline.runtime import App, Context
 from pipeline.runtime.due import due_ms
 from pipeline.runtime.member import Member
+from pipeline.tracing.logs import JsonFormatter
 from pipeline.transport.protocol import Transport
 
 
@@ -306,3 +310,41 @@ async def test_a_due_retry_copy_goes_ahead_of_the_buffer_on_an_unordered_lane(
         await eventually(lambda: member.stats.handled == 601)
     copy = ran.index((b"first", 2))
     assert len(ran) - 1 - copy >= 100, f"the copy ran {copy}th of {len(ran)}"
+
+
+async def test_the_debug_delivery_line_has_the_key_as_text_and_the_tenant(
+    transport: Transport, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ``delivery`` line's key is decoded (base64 when not text) and its tenant is there.
+
+    Before, the key was the raw bytes (``"b'c1'"`` in JSON logs) and the tenant was missing,
+    against the fields docs/glossary.md lists.
+    """
+    spec = lane_spec(f"deliverylog_{unique}", 1)
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        """Nothing: the line is what is looked at."""
+
+    producer = transport.producer()
+    await producer.send_many(
+        spec.name,
+        [Record(b"1", b"c1", {h.TENANT: b"acme"}), Record(b"2", b"\xff\xfe"), Record(b"3")],
+    )
+    await producer.close()
+    caplog.set_level(logging.DEBUG, logger="pipeline.runtime.member")
+    member = Member(app, transport, f"g-{unique}", FAST)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 3)
+    lines = [
+        json.loads(JsonFormatter().format(r))
+        for r in caplog.records
+        if r.name == "pipeline.runtime.member" and r.getMessage() == "delivery"
+    ]
+    assert [(line["key"], line["tenant"]) for line in lines] == [
+        ("c1", "acme"),
+        ("//4=", None),
+        (None, None),
+    ]
