@@ -244,7 +244,7 @@ def export_encode_s() -> tuple[float, float]:
     record = (
         *(DELIVERY, TRACEPARENT, t0 - 5_000_000, t0, 0, None, 0, 0, t0 + 4_000, t0 + 20_000),
         *(t0 + 5_000, t0 + 9_000, None, t0 + 30_000, "kafka", "orders", 3, 1_234_567, "orders"),
-        *(None, 1, None, b"conversation-42", "handled", None, None),
+        *("orders-workers", None, 1, None, b"conversation-42", "handled", None, None),
     )
     return _encode_s([record])
 
