@@ -37,6 +37,8 @@ LAST_FAILURE_MS = "pl-last-failure-ms"
 DEAD_REASON = "pl-dead-reason"
 """Why a message is in the dead-letter topic: fatal, exhausted, expired, poison."""
 REDRIVE_COUNT = "pl-redrive-count"
+REDRIVEN_FROM = "pl-redriven-from"
+"""The dead letter a redriven message came from: ``<topic>:<partition>:<offset>``."""
 REPLAY_COUNT = "pl-replay-count"
 
 

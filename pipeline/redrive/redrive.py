@@ -50,7 +50,6 @@ _DROPPED_HEADERS = {
     h.ORIGIN_PARTITION,
     h.ORIGIN_OFFSET,
 }
-REDRIVEN_FROM = "pl-redriven-from"
 _RECHECK_S = 2.0
 """How often at most a run whose polls bring nothing asks which messages the DLQ still holds."""
 
@@ -100,7 +99,7 @@ def redriven(message: Message, dlq_name: str) -> Record:
     """The message as it goes back: same key and value, failure headers gone, count raised."""
     out = {k: v for k, v in message.headers.items() if k not in _DROPPED_HEADERS}
     out[h.REDRIVE_COUNT] = b"%d" % (h.int_header(message.headers, h.REDRIVE_COUNT) + 1)
-    out[REDRIVEN_FROM] = f"{dlq_name}:{message.partition}:{message.offset}".encode()
+    out[h.REDRIVEN_FROM] = f"{dlq_name}:{message.partition}:{message.offset}".encode()
     return Record(message.value, message.key, out)
 
 

@@ -7,9 +7,6 @@ from typing import Any
 from pipeline import headers as h
 from pipeline.offload import reference
 
-REDRIVEN_FROM = "pl-redriven-from"
-"""Set by `pipeline redrive` (`pipeline.redrive.redrive`, a layer above this one)."""
-
 
 def _text(description: str) -> dict[str, Any]:
     return {"type": "string", "description": description}
@@ -36,7 +33,7 @@ _EVENT = {
     h.ROW_ID: _text("The ingress log row the event came from."),
     h.REDRIVE_COUNT: _int("How often the event was redriven from a dead-letter topic"),
     h.REPLAY_COUNT: _int("How often the ingress replayed its log row"),
-    REDRIVEN_FROM: _text("The dead letter it was redriven from: `<topic>:<partition>:<offset>`."),
+    h.REDRIVEN_FROM: _text("The dead letter it was redriven from: `<topic>:<partition>:<offset>`."),
     h.ABANDON_AFTER_MS: _ms(
         "After this no one waits for the result: the event is cancelled wherever it is"
     ),
