@@ -84,6 +84,8 @@ class TurnOutcome:
     """How long its handler ran (decoding included); None when the handler did not run."""
     attempts: int = 1
     """How many runs of these messages started (this one included, if it ran)."""
+    first_failure_ms: int | None = None
+    """When an earlier run of these messages first failed (Redis clock); None: none did."""
 
 
 def _left(messages: list[Message], kept: list[Message]) -> list[Message]:
@@ -162,7 +164,9 @@ class DebouncedLanes:
             poison = PoisonMessage(
                 f"the turn of {turn.key!r} started {turn.attempt - 1} times and never finished"
             )
-            outcome = TurnOutcome(messages, "exhausted", poison, late_s, None, turn.attempt - 1)
+            outcome = TurnOutcome(
+                messages, "exhausted", poison, late_s, None, turn.attempt - 1, turn.first_failure_ms
+            )
             return await self._settle(lane, outcome)
         called = time.perf_counter()
         error: Exception | None = None
@@ -182,5 +186,7 @@ class DebouncedLanes:
         else:
             ended = "handled"
         ran_s = time.perf_counter() - called
-        outcome = TurnOutcome(messages, ended, error, late_s, ran_s, turn.attempt)
+        outcome = TurnOutcome(
+            messages, ended, error, late_s, ran_s, turn.attempt, turn.first_failure_ms
+        )
         return await self._settle(lane, outcome)

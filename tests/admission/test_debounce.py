@@ -14,6 +14,7 @@ from runtime.helpers import eventually
 
 from pipeline.admission.debounce import Debouncer, Turn
 from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.debouncer import Ending
 from pipeline.admission.debounce.runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.topics.spec import DebouncePolicy
@@ -238,6 +239,42 @@ async def test_failed_turn_keeps_its_messages_and_runs_again_with_a_higher_attem
     assert all(texts(t) == ["m0", "m1", "m2"] for t in recorder.turns)
     assert debouncer.stats.failed_turns == 2
     assert await redis.exists(debounce_keys.buffer_key(PREFIX, lane, "flaky")) == 0
+
+
+async def test_a_turn_carries_the_time_of_its_first_failure_until_it_succeeds(redis, lane):
+    """Each retry of a failed turn says when its first run failed; a turn after a success, none.
+
+    Before, the debouncer kept no failure time, so a turn dead-lettered after several runs could
+    only give its last run's time as its first failure.
+    """
+    debouncer = Debouncer(redis, PREFIX, lane, policy(quiet_s=0.05))
+
+    async def claim_one() -> Turn:
+        while True:
+            turns = (await debouncer.claim(1)).turns
+            if turns:
+                return turns[0]
+            await asyncio.sleep(0.02)
+
+    async def fail(turn: Turn) -> int:
+        step = await debouncer.step(0, [Ending(turn.key, turn.token, ok=False, retry_in_ms=0)])
+        assert step.outcomes == ("scheduled",)
+        return step.now_ms
+
+    await debouncer.record("conv", message(0, "m0"))
+    first = await asyncio.wait_for(claim_one(), 30)
+    assert first.first_failure_ms is None
+    failed_ms = await fail(first)
+    second = await asyncio.wait_for(claim_one(), 30)
+    await fail(second)
+    third = await asyncio.wait_for(claim_one(), 30)
+    assert [t.attempt for t in (first, second, third)] == [1, 2, 3]
+    assert second.first_failure_ms == third.first_failure_ms == failed_ms
+    assert await debouncer.finish(third, ok=True) == "done"
+    await debouncer.record("conv", message(1, "m1"))
+    after = await asyncio.wait_for(claim_one(), 30)
+    assert (after.attempt, after.first_failure_ms) == (1, None)
+    assert await debouncer.finish(after, ok=True) == "done"
 
 
 async def test_expired_lease_is_claimed_again_and_the_old_holder_cannot_finish(redis, lane):

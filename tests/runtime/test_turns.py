@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import pytest
@@ -220,6 +221,40 @@ async def test_a_turns_dead_letters_carry_the_attempts_the_turn_made(
     assert attempts == [1, 2]
     assert [m.headers[h.ATTEMPT] for m in dead] == [b"2", b"2"]
     assert all(m.headers[h.DEAD_REASON] == b"exhausted" for m in dead)
+
+
+async def test_a_turns_dead_letters_carry_the_time_of_its_first_failure(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A turn that failed 3 times dead-letters each message with its first failure's time.
+
+    Before, each dead letter gave the time of the turn's last run as ``pl-first-failure-ms``.
+    """
+    spec = lane_spec(f"turnfirst_{unique}", 1, debounce=QUIET, retry={"max_attempts": 3})
+    await declare(transport, spec)
+    app = App([spec])
+    started_ms: list[int] = []
+    failed_ms: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(events: list[Said], ctx: Context) -> None:
+        started_ms.append(int(time.time() * 1000))
+        failed_ms.append(int(time.time() * 1000))
+        raise Retry("model busy")
+
+    await produce(transport, spec.name, [said("c1", 0), said("c1", 1)])
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered == 2)
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    dead = await consume_until(dlq, lambda got: len(got) == 2)
+    await dlq.close()
+    await transport.admin().delete_group(f"dlq-{unique}", [spec.dead_letter])
+    assert len(started_ms) == 3
+    firsts = [int(m.headers[h.FIRST_FAILURE_MS]) for m in dead]
+    assert firsts[0] == firsts[1]
+    assert failed_ms[0] <= firsts[0] <= started_ms[1]  # the first run's failure, not a later one
+    assert all(int(m.headers[h.LAST_FAILURE_MS]) >= failed_ms[2] for m in dead)
 
 
 async def test_without_redis_every_message_is_a_turn_of_its_own(

@@ -23,7 +23,8 @@ of :mod:`pipeline.admission.debounce.functions`):
   holding a lease leaves the key to be claimed again when the lease runs out (attempt + 1).
 - ``finish`` ends a turn: on success exactly the turn's messages leave the buffer; messages that
   arrived during the turn stay, and their turn is scheduled by their own arrival times. On
-  failure every message stays and the turn is due again after a backoff, its attempt raised.
+  failure every message stays and the turn is due again after a backoff, its attempt raised
+  (the time of its first failure is kept until a turn of the key succeeds).
 - ``step`` is what a runner calls: it finishes the turns the runner ended since its last call
   and claims what is due, in one call; the runner then holds the timer for the lane's next due
   time.
@@ -94,6 +95,8 @@ class Turn:
         fired_ms: when it was claimed (Redis clock); ``fired_ms - due_ms`` is its lateness.
         token: the lease token; ``finish`` and ``renew`` act only while it holds the lease.
         arrivals_ms: when each message was recorded (Redis clock), for waiting-time metrics.
+        first_failure_ms: when the first failed run of these messages finished (Redis clock),
+            kept until a turn of the key succeeds; None before any run of them failed.
     """
 
     lane: str
@@ -104,6 +107,7 @@ class Turn:
     fired_ms: int
     token: str
     arrivals_ms: tuple[int, ...] = ()
+    first_failure_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +348,8 @@ class Debouncer:
         Args:
             turn: a turn from :meth:`claim`.
             ok: True if it succeeded: its messages leave the buffer. False: they stay, the
-                attempt count rises and the turn is due again in ``retry_in_ms``.
+                attempt count rises (the first failure's time is kept: ``first_failure_ms``)
+                and the turn is due again in ``retry_in_ms``.
             retry_in_ms: the backoff after a failure.
 
         Returns:
@@ -407,7 +412,7 @@ class Debouncer:
 
     def _turn(self, raw: list[Any], now_ms: int) -> Turn:
         messages, arrivals_ms = [], []
-        for element in raw[4:]:
+        for element in raw[5:]:
             arrival, _, data = bytes(element).partition(b":")
             arrivals_ms.append(int(arrival))
             messages.append(decode(data))
@@ -420,4 +425,5 @@ class Debouncer:
             fired_ms=now_ms,
             token=raw[1].decode(),
             arrivals_ms=tuple(arrivals_ms),
+            first_failure_ms=None if int(raw[4]) < 0 else int(raw[4]),
         )

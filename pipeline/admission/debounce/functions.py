@@ -24,7 +24,8 @@ Outcome = Literal["done", "scheduled", "lost"]
 """How a turn ended: nothing left buffered; a next turn scheduled; lease lost (no change)."""
 
 RawTurn = list[Any]
-"""A leased turn as the Lua returns it: key, token, attempt, due_ms, then "arrival:message"."""
+"""A leased turn as the Lua returns it: key, token, attempt, due_ms, first_failure_ms (-1: none),
+then "arrival:message"."""
 
 
 @dataclass(frozen=True, slots=True)

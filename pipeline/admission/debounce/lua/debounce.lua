@@ -15,6 +15,8 @@
 --                                   (or a retried call) and is not buffered again
 --                              last arrival of the newest message (ms)
 --                              att  failed attempts of the messages at the head of the buffer
+--                              ff   when the first failed finish of those messages ended their
+--                                   run (ms; kept by later failures, cleared with att)
 --                              tok  lease token of the running turn, lu its expiry (ms),
 --                              n    how many messages (from the head) the running turn holds
 --                              ra   after a failed turn: not due again before this (ms)
@@ -135,8 +137,9 @@ local function record(keys, args)
 end
 
 -- Lease up to `limit` due keys of the zset `due_key`; returns the turns and the stale count.
--- Each turn is {key, token, attempt, due_ms, message...}. A key whose lease expired (its member
--- died) is claimed again with its attempt raised. stale counts due entries with nothing to run.
+-- Each turn is {key, token, attempt, due_ms, first_failure_ms or -1, message...}. A key whose
+-- lease expired (its member died) is claimed again with its attempt raised. stale counts due
+-- entries with nothing to run.
 local function claim_due(due_key, limit, lease, max_batch, token_prefix, prefix, now)
   local turns, stale = {}, 0
   local due = redis.call('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
@@ -148,14 +151,16 @@ local function claim_due(due_key, limit, lease, max_batch, token_prefix, prefix,
       redis.call('ZREM', due_key, key)
       stale = stale + 1
     else
-      local state = redis.call('HMGET', st, 'tok', 'att')
+      local state = redis.call('HMGET', st, 'tok', 'att', 'ff')
       local attempt = tonumber(state[2]) or 0
+      local failed = -1  -- ff counts only while att does (the turn has not succeeded since)
+      if attempt > 0 and state[3] then failed = tonumber(state[3]) end
       if state[1] then attempt = attempt + 1 end  -- the lease of the last holder ran out
       local n = math.min(len, max_batch)
       local token = token_prefix .. ':' .. ((i + 1) / 2)
       redis.call('HSET', st, 'tok', token, 'lu', now + lease, 'n', n, 'att', attempt)
       redis.call('ZADD', due_key, now + lease, key)
-      local turn = {key, token, attempt + 1, due_ms}
+      local turn = {key, token, attempt + 1, due_ms, failed}
       for _, element in ipairs(redis.call('LRANGE', buf, 0, n - 1)) do
         turn[#turn + 1] = element
       end
@@ -185,24 +190,26 @@ end
 -- End one claimed turn of `key` (buffer `buf`, state `st`); returns {outcome, due_ms, buffered}.
 -- Succeeded (ok == '1'): the turn's messages leave the buffer; messages that arrived meanwhile
 -- get a turn due by the quiet period and max wait from their own arrival. Failed: every message
--- stays, the attempt count rises and the turn is due again after retry_ms. outcome is done
--- (nothing left), scheduled, or lost (the token no longer holds the lease: another member
--- claimed the key; nothing changed).
+-- stays, the attempt count rises (the first failure's time is kept) and the turn is due again
+-- after retry_ms. outcome is done (nothing left), scheduled, or lost (the token no longer holds
+-- the lease: another member claimed the key; nothing changed).
 local function finish_one(due_key, buf, st, key, token, ok, retry_ms, quiet, max_wait,
                           max_batch, idle_ttl, now)
-  local state = redis.call('HMGET', st, 'tok', 'n')
+  local state = redis.call('HMGET', st, 'tok', 'n', 'att', 'ff')
   if state[1] ~= token then
     return {'lost', -1, redis.call('LLEN', buf)}
   end
   local due
   if ok == '1' then
     redis.call('LTRIM', buf, tonumber(state[2]), -1)
-    redis.call('HDEL', st, 'tok', 'lu', 'n', 'ra', 'att')
+    redis.call('HDEL', st, 'tok', 'lu', 'n', 'ra', 'att', 'ff')
   else
     redis.call('HDEL', st, 'tok', 'lu', 'n')
     redis.call('HINCRBY', st, 'att', 1)
     due = now + retry_ms
-    redis.call('HSET', st, 'ra', due)
+    local failed = state[4]
+    if not failed or (tonumber(state[3]) or 0) == 0 then failed = now end  -- its first failure
+    redis.call('HSET', st, 'ra', due, 'ff', failed)
   end
   local buffered = redis.call('LLEN', buf)
   if buffered == 0 then
