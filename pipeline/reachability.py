@@ -8,7 +8,9 @@ replaced by ``***``.
 
 from __future__ import annotations
 
+import errno
 import re
+import socket
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,6 +22,7 @@ __all__ = [
     "Service",
     "checked_http_url",
     "how_to_fix",
+    "listen_error",
     "named_with_fix",
     "safe_url",
     "unreachable",
@@ -94,3 +97,40 @@ def unreachable(settings: Settings, service: Service, reason: str) -> str:
     """The line that says ``service`` cannot be reached, where, why and what to do."""
     address, variable = where(settings, service)
     return unreachable_at(_NAMES[service], address, variable, reason)
+
+
+def listen_error(
+    host: str, port: int, exc: OSError, variable: str, host_variable: str, what: str = ""
+) -> ConfigError:
+    """The one line saying why ``host:port`` cannot be bound, and which setting to change.
+
+    ``variable`` sets the port, ``host_variable`` the address; ``what`` says what would have
+    listened there (`` for /metrics``), after the address.
+    """
+    where = f"cannot listen on {host}:{port}{what}"
+    if isinstance(exc, socket.gaierror):  # the address is neither an IP address nor a known name
+        if re.fullmatch(r"[\d.]+", host) or ":" in host:
+            return ConfigError(
+                f"{where}: {host!r} is not a valid IP address; set {host_variable} to an "
+                "address of this machine (127.0.0.1, or 0.0.0.0 for all)"
+            )
+        return ConfigError(
+            f"{where}: cannot resolve the host name {host!r} ({exc.strerror or exc}); set "
+            f"{host_variable} to an address or name of this machine"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(
+            f"{where}: {host} is not an address of this machine; set {host_variable} to one "
+            "of its addresses (127.0.0.1, or 0.0.0.0 for all)"
+        )
+    if exc.errno == errno.EACCES:
+        return ConfigError(
+            f"{where}: {exc.strerror} (a port below 1024 needs privileges); set {variable} to "
+            "a port above 1023"
+        )
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(
+            f"{where}: {exc.strerror}; another process holds it: stop that process or set "
+            f"{variable} to a free port"
+        )
+    return ConfigError(f"{where}: {exc.strerror or exc}; check {host_variable} and {variable}")

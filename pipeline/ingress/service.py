@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import logging
-import re
 import socket
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -21,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import IngressSettings, Settings
-from pipeline.errors import ConfigError
 from pipeline.heap import freeze_startup
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
@@ -40,6 +37,7 @@ from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
 from pipeline.offload.rows import offload_row
 from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
+from pipeline.reachability import listen_error
 from pipeline.registry.client.http import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
@@ -243,39 +241,6 @@ def require_free_port(
             probe.bind((host, port))
         except OSError as exc:
             raise listen_error(host, port, exc, variable, host_variable) from None
-
-
-def listen_error(
-    host: str, port: int, exc: OSError, variable: str, host_variable: str = HOST_VARIABLE
-) -> ConfigError:
-    """The one line saying why ``host:port`` cannot be bound, and which setting to change."""
-    where = f"cannot listen on {host}:{port}"
-    if isinstance(exc, socket.gaierror):  # the address is neither an IP address nor a known name
-        if re.fullmatch(r"[\d.]+", host) or ":" in host:
-            return ConfigError(
-                f"{where}: {host!r} is not a valid IP address; set {host_variable} to an "
-                "address of this machine (127.0.0.1, or 0.0.0.0 for all)"
-            )
-        return ConfigError(
-            f"{where}: cannot resolve the host name {host!r} ({exc.strerror or exc}); set "
-            f"{host_variable} to an address or name of this machine"
-        )
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return ConfigError(
-            f"{where}: {host} is not an address of this machine; set {host_variable} to one "
-            "of its addresses (127.0.0.1, or 0.0.0.0 for all)"
-        )
-    if exc.errno == errno.EACCES:
-        return ConfigError(
-            f"{where}: {exc.strerror} (a port below 1024 needs privileges); set {variable} to "
-            "a port above 1023"
-        )
-    if exc.errno == errno.EADDRINUSE:
-        return ConfigError(
-            f"{where}: {exc.strerror}; another process holds it: stop that process or set "
-            f"{variable} to a free port"
-        )
-    return ConfigError(f"{where}: {exc.strerror or exc}; check {host_variable} and {variable}")
 
 
 def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) -> uvicorn.Server:

@@ -53,7 +53,8 @@ from typing import Any
 import typer
 
 from pipeline.errors import ConfigError
-from pipeline.ingress.service import PORT_VARIABLE, listen_error
+from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE
+from pipeline.reachability import listen_error
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
         sock.setblocking(False)  # noqa: FBT003 - the socket API
     except OSError as exc:
         sock.close()
-        raise listen_error(host, port, exc, PORT_VARIABLE) from None
+        raise listen_error(host, port, exc, PORT_VARIABLE, HOST_VARIABLE) from None
     return sock
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 import time
@@ -30,10 +29,11 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import PipelineError
 from pipeline.observability import metrics as m
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.sources import SnapshotSource
+from pipeline.reachability import listen_error
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,6 @@ def metrics_socket(host: str, port: int, variable: str, host_variable: str) -> s
         ConfigError: the port is held by another process, needs privileges, or the address is
             not one of this machine's.
     """
-    where = f"cannot listen on {host}:{port} for /metrics"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -199,15 +198,7 @@ def metrics_socket(host: str, port: int, variable: str, host_variable: str) -> s
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            fix = f"another process holds it: stop that process or set {variable} to a free port"
-        elif exc.errno == errno.EACCES:
-            fix = f"a port below 1024 needs privileges: set {variable} to a port above 1023"
-        elif isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
-            fix = f"set {host_variable} to an address of this machine (127.0.0.1, or 0.0.0.0)"
-        else:
-            fix = f"check {host_variable} and {variable}"
-        raise ConfigError(f"{where}: {exc.strerror or exc}; {fix}") from None
+        raise listen_error(host, port, exc, variable, host_variable, " for /metrics") from None
     return sock
 
 
