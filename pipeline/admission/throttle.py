@@ -69,6 +69,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+MAX_LIMIT = 2**31 - 1
+"""The largest limit or reserve ``set_limit``/``set_reserve`` take; Lua numbers are doubles, and a
+larger one would come back from Redis in exponent notation (``1e+23``), not as an integer."""
 _UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, OSError)
 _FAILED = (rexc.RedisError, OSError)
 """Redis out of reach, or answering an error (out of memory, read-only replica, ACL)."""
@@ -280,8 +283,8 @@ class Throttle:
 
     async def set_limit(self, key: str, limit: int | None) -> None:
         """Set ``key``'s limit (``None``: back to the default); new room goes to its waiters."""
-        if limit is not None and limit < 0:
-            raise ValueError("limit must be >= 0")
+        if limit is not None and not 0 <= limit <= MAX_LIMIT:
+            raise ValueError(f"limit must be 0..{MAX_LIMIT} (got {limit})")
         self._woken((await self._call(self._functions.set_limit(key, limit))).woken)
 
     async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
@@ -291,8 +294,8 @@ class Throttle:
         of the reserve while it is unused). ``None`` stops keeping any; freed room goes to the
         waiters. Sized by :mod:`pipeline.admission.reserve`.
         """
-        if slots is not None and slots < 0:
-            raise ValueError("reserve slots must be >= 0")
+        if slots is not None and not 0 <= slots <= MAX_LIMIT:
+            raise ValueError(f"reserve slots must be 0..{MAX_LIMIT} (got {slots})")
         if not 0 <= min_priority <= MAX_PRIORITY:
             raise ValueError(f"priority must be 0..{MAX_PRIORITY}")
         reserved = await self._call(self._functions.set_reserve(key, slots, min_priority))

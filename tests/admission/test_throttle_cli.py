@@ -141,3 +141,34 @@ async def test_set_reserve_keeps_slots_for_better_priorities_and_status_counts_t
         async for name in client.scan_iter(match=f"*r{unique}*"):
             await client.delete(name)
         await client.aclose()
+
+
+async def test_a_limit_or_reserve_too_large_is_refused_and_status_still_reads(
+    redis_service, unique
+):
+    """A limit or reserve past what Redis keeps as an integer exits 2 in one line, not stored."""
+    env, client, throttle = await _throttle(redis_service, f"b{unique}", 2)
+    try:
+        for bad in (["set-limit", "pool", str(10**23)], ["set-reserve", "pool", str(10**23)]):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "pipeline",
+                "throttle",
+                *bad,
+                env={**os.environ, **env},
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, stderr = await proc.communicate()
+            assert proc.returncode == 2
+            assert len(stderr.decode().strip().splitlines()) == 1
+            assert "must be" in stderr.decode()
+        code, out = await _cli("status", "pool", "--json", env=env)
+        assert code == 0
+        assert json.loads(out)["limit"] == 2
+    finally:
+        await throttle.close()
+        async for name in client.scan_iter(match=f"*b{unique}*"):
+            await client.delete(name)
+        await client.aclose()
