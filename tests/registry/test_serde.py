@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,12 +15,15 @@ from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentSeri
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from pipeline.errors import DeadLetter
 from pipeline.registry.canonical import parse
 from pipeline.registry.client.events import SCHEMA_FILES, MessageReceivedRecord, model_mismatches
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer, JsonSerializer
 from pipeline.registry.client.wire import header, schema_id_of
 from pipeline.registry.errors import SerdeError, SubjectNotFound
+from pipeline.retry.policy import default_retryable
+from pipeline.runtime.app import App
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 V1 = json.dumps(
@@ -169,3 +173,32 @@ def test_bad_frames_and_values_raise_serde_errors(ours: RegistryClient) -> None:
         deserializer(header(schema_id))  # framed, but the body is missing
     with pytest.raises(SerdeError):
         header(2**32)
+
+
+def test_registry_down_at_first_sight_of_an_id_is_retried_not_dead_lettered() -> None:
+    """A registry that does not answer when a message's schema id is new fails it retryably."""
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = RegistryClient(f"http://127.0.0.1:{port}", timeout_s=2)
+    app = App(topics=[])
+    app.avro = AvroDeserializer(client)
+    with pytest.raises(Exception, match="cannot reach the schema registry") as info:
+        app.decode_model(header(1) + b"\x02", MessageReceivedRecord)
+    client.close()
+    assert not isinstance(info.value, DeadLetter)
+    assert default_retryable(info.value)
+    assert f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_reader_that_cannot_read_the_writer_raises_serde_error(ours: RegistryClient) -> None:
+    """An enum symbol the reader lacks (and has no default for) is a SerdeError, as documented."""
+    color = {"type": "enum", "name": "Color", "symbols": ["RED", "BLUE"]}
+    writer = {"type": "record", "name": "Paint", "fields": [{"name": "c", "type": color}]}
+    data = AvroSerializer(ours, json.dumps(writer), "paint-value")({"c": "BLUE"})
+    old = {**writer, "fields": [{"name": "c", "type": {**color, "symbols": ["RED"]}}]}
+    with pytest.raises(SerdeError, match="BLUE"):
+        AvroDeserializer(ours, reader_schema=json.dumps(old))(data)
+    with_default = {**color, "symbols": ["RED"], "default": "RED"}
+    tolerant = {**writer, "fields": [{"name": "c", "type": with_default}]}
+    assert AvroDeserializer(ours, reader_schema=json.dumps(tolerant))(data) == {"c": "RED"}

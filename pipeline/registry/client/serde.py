@@ -25,12 +25,18 @@ from io import BytesIO
 from typing import Any, TypeVar
 
 from fastavro import schemaless_reader, schemaless_writer
+from fastavro.read import SchemaResolutionError
 from pydantic import BaseModel, ValidationError
 
 from pipeline.registry.canonical import ParsedSchema, parse, parse_json
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.wire import HEADER_BYTES, header, schema_id_of
-from pipeline.registry.errors import InvalidSchema, RegistryError, SerdeError
+from pipeline.registry.errors import (
+    InvalidSchema,
+    RegistryError,
+    RegistryUnreachable,
+    SerdeError,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -151,6 +157,9 @@ class AvroDeserializer:
         if plan is None:
             try:
                 writer = parse(self._client.schema(schema_id))
+            except RegistryUnreachable as exc:
+                # Not a SerdeError: the message is fine and the next attempt may fetch it.
+                raise RegistryError(f"schema {schema_id} not fetched: {exc}") from exc
             except InvalidSchema as exc:
                 raise SerdeError(f"schema {schema_id} from the registry is invalid: {exc}") from exc
             reader = self._reader
@@ -163,8 +172,10 @@ class AvroDeserializer:
         """The record in ``data`` (a dict), or the JSON value if ``allow_json``.
 
         Raises:
-            SerdeError: not a framed message (nor JSON), or the body does not match its schema.
-            RegistryError: the writer schema could not be fetched.
+            SerdeError: not a framed message (nor JSON), the body does not match its schema, or
+                the reader schema cannot read it.
+            RegistryError: the writer schema could not be fetched (the registry is down, slow
+                or does not know the id): not a SerdeError, so a consumer retries it.
         """
         if self._allow_json and data[:1] == b"{":
             try:
@@ -176,7 +187,15 @@ class AvroDeserializer:
         buf.seek(HEADER_BYTES)
         try:
             return schemaless_reader(buf, writer, reader)
-        except (ValueError, TypeError, KeyError, IndexError, EOFError, StopIteration) as exc:
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            EOFError,
+            StopIteration,
+            SchemaResolutionError,
+        ) as exc:
             raise SerdeError(f"message does not match its schema: {exc}") from exc
 
     __call__ = deserialize
