@@ -19,6 +19,7 @@ restarts the window from the value set. See ``lua/throttle.lua`` (``adapt``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -72,13 +73,19 @@ def feedback_for(
             continue
         blamed = throttled and dependency in (None, key, key.removeprefix("dep:"))
         if blamed:
-            after = round((retry_after_s or 0) * 1000)
-            out.append(Feedback(key, "throttled", policy, max(0, after)))
+            out.append(Feedback(key, "throttled", policy, _closed_for_ms(retry_after_s)))
         elif policy.latency_ms is not None and duration_s * 1000 > policy.latency_ms:
             out.append(Feedback(key, "slow", policy))
         else:
             out.append(Feedback(key, "ok", policy))
     return out
+
+
+def _closed_for_ms(retry_after_s: float | None) -> int:
+    """A Retry-After in whole ms; none for one that is not a finite time (NaN, inf) or negative."""
+    if retry_after_s is None or not math.isfinite(retry_after_s) or retry_after_s <= 0:
+        return 0
+    return round(retry_after_s * 1000)
 
 
 def release_args(feedback: Sequence[Feedback]) -> list[str | int | float]:

@@ -1,0 +1,81 @@
+"""A dependency's odd Retry-After (NaN, infinite, negative) on a lane with an adaptive key."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from runtime.helpers import FAST, declare, eventually, lane_spec, running
+
+from pipeline import headers as h
+from pipeline.admission.adaptive import feedback_for
+from pipeline.admission.throttle import Throttle
+from pipeline.envelope import Message, Record
+from pipeline.errors import Throttled
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.topics.spec import AdaptivePolicy
+from pipeline.transport.protocol import Transport
+
+pytestmark = pytest.mark.redis
+
+POLICY = AdaptivePolicy.model_validate({"min": 1, "max": 8, "cooldown": "1h"})
+
+
+@pytest.fixture
+async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
+    """A started throttle in a namespace of its own."""
+    client = Redis.from_url(redis_service)
+    limiter = Throttle(client, prefix=f"t{unique}", namespace=unique, default_limit=2)
+    await limiter.start()
+    yield limiter
+    await limiter.close()
+    await client.aclose()
+
+
+@pytest.mark.parametrize("retry_after_s", [math.nan, math.inf, -math.inf, -5.0])
+def test_a_retry_after_that_is_no_time_closes_nothing(retry_after_s: float) -> None:
+    """A Retry-After that is not a finite time (NaN, infinite) or is negative closes nothing."""
+    (feedback,) = feedback_for(
+        ["dep:vision"],
+        {"dep:vision": POLICY},
+        duration_s=0.1,
+        throttled=True,
+        retry_after_s=retry_after_s,
+    )
+    assert (feedback.outcome, feedback.retry_after_ms) == ("throttled", 0)
+
+
+async def test_a_nan_retry_after_is_retried_and_the_slot_returned(
+    transport: Transport, throttle: Throttle, unique: str
+) -> None:
+    """``Throttled(retry_after_s=float("nan"))`` is retried like any 429 and frees its slots."""
+    spec = lane_spec(
+        f"thrnan_{unique}",
+        1,
+        ordered=False,
+        retry={"tiers": ["200ms"], "max_attempts": 3},
+        throttle={
+            "keys": ["org:{tenant}", "dep:vision"],
+            "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
+        },
+    )
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        if ctx.attempt == 1:
+            raise Throttled(retry_after_s=float("nan"), dependency="vision")
+
+    await throttle.set_limit("dep:vision", 1)
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"{}", b"k0", headers={h.TENANT: b"acme"})])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST, throttle=throttle)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 1)
+    assert member.stats.retried == 1
+    assert not (await throttle.status("dep:vision")).holders
