@@ -202,3 +202,15 @@ def test_reader_that_cannot_read_the_writer_raises_serde_error(ours: RegistryCli
     with_default = {**color, "symbols": ["RED"], "default": "RED"}
     tolerant = {**writer, "fields": [{"name": "c", "type": with_default}]}
     assert AvroDeserializer(ours, reader_schema=json.dumps(tolerant))(data) == {"c": "RED"}
+
+
+def test_serializer_refuses_numbers_the_schema_cannot_hold(ours: RegistryClient) -> None:
+    """A float or an out-of-range integer for an Avro int is a SerdeError, not silently altered."""
+    schema = json.dumps(
+        {"type": "record", "name": "Nums", "fields": [{"name": "n", "type": "int"}]}
+    )
+    serialize = AvroSerializer(ours, schema, "nums-value")
+    assert AvroDeserializer(ours)(serialize({"n": 7})) == {"n": 7}
+    for bad in (2.7, 2**40, True):
+        with pytest.raises(SerdeError, match=r"Nums\.n"):
+            serialize({"n": bad})

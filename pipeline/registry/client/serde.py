@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
+from fastavro.validation import ValidationError as AvroValidationError
+from fastavro.validation import validate
 from pydantic import BaseModel, ValidationError
 
 from pipeline.registry.canonical import ParsedSchema, parse, parse_json
@@ -120,8 +122,16 @@ class AvroSerializer:
             self._resolve()
         buf = BytesIO()
         buf.write(self._header)
+        record = _record(value)
         try:
-            schemaless_writer(buf, self._writer, _record(value))
+            # The writer alone would truncate 2.7 to 2 for an int, or write an int past 32 bits
+            # that other Avro readers refuse: check the value first.
+            validate(record, self._writer, raise_errors=True)
+            schemaless_writer(buf, self._writer, record)
+        except AvroValidationError as exc:
+            problems = "; ".join(str(e)[:200] for e in exc.errors[:3])
+            reason = f"value does not fit the schema of {self._subject}: {problems}"
+            raise SerdeError(reason) from exc
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise SerdeError(f"value does not fit the schema of {self._subject}: {exc}") from exc
         return buf.getvalue()
