@@ -214,3 +214,10 @@ def test_serializer_refuses_numbers_the_schema_cannot_hold(ours: RegistryClient)
     for bad in (2.7, 2**40, True):
         with pytest.raises(SerdeError, match=r"Nums\.n"):
             serialize({"n": bad})
+
+
+def test_a_body_cut_short_says_so(ours: RegistryClient) -> None:
+    """A framed message whose Avro body ends early gets a reason that says so, not a blank."""
+    schema_id = ours.register("pings-value", V1)
+    with pytest.raises(SerdeError, match="ends before"):
+        AvroDeserializer(ours)(header(schema_id))

@@ -206,7 +206,8 @@ class AvroDeserializer:
             StopIteration,
             SchemaResolutionError,
         ) as exc:
-            raise SerdeError(f"message does not match its schema: {exc}") from exc
+            detail = str(exc) or "the body ends before the record does"  # a bare EOFError
+            raise SerdeError(f"message does not match its schema: {detail}") from exc
 
     __call__ = deserialize
 
