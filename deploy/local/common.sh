@@ -13,6 +13,11 @@ die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
 # port_open HOST PORT: true when something accepts TCP connections there.
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
+# held_by_stranger NAME PORT VARIABLE: die saying the port is taken by a program that is not NAME.
+held_by_stranger() {
+  die "127.0.0.1:$2 is held by something that does not answer as $1: stop it or set $3 to a free port"
+}
+
 # wait_until SECONDS DESCRIPTION CMD...: polls CMD every 0.2 s until it succeeds or time runs out.
 # Readiness is always checked by asking the service, never assumed after a fixed sleep.
 wait_until() {

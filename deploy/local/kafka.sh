@@ -19,8 +19,19 @@ java_cp() { java -Xms64m -Xmx256m -cp "$LIBS/*" "$@"; }
 
 ready() { [ -f "$DIR/broker.ready" ] || grep -q "Kafka Server started" "$DIR/logs/server.log" 2>/dev/null; }
 
+# kafka_answers: the program on PORT answers a Kafka ApiVersions v0 request (api key 18,
+# correlation id 1, no client id) with correlation id 1.
+kafka_answers() {
+  local reply
+  reply="$(timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"
+    printf "\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff" >&3
+    head -c 8 <&3' "$PORT" 2>/dev/null | od -An -tx1 | tr -d ' \n' || true)"
+  [ "${reply:8:8}" = 00000001 ]
+}
+
 up() {
   if port_open 127.0.0.1 "$PORT"; then
+    kafka_answers || held_by_stranger kafka "$PORT" KAFKA_PORT
     log "kafka already running on 127.0.0.1:$PORT (left as it is)"
     return
   fi

@@ -13,6 +13,10 @@ up() {
     apt_install postgresql postgresql-client
   fi
   if port_open 127.0.0.1 "$PORT"; then
+    # pg_isready exits 2 when nothing on the port answers as PostgreSQL (1: it is starting).
+    local rc=0
+    pg_isready -h 127.0.0.1 -p "$PORT" -t 5 -q || rc=$?
+    [ "$rc" != 2 ] || held_by_stranger postgresql "$PORT" PGPORT
     log "postgresql already running on 127.0.0.1:$PORT (left as it is)"
   else
     local c

@@ -4,12 +4,19 @@ source "$(dirname "$0")/common.sh"
 PORT="${REDIS_PORT:-6379}"
 DIR="$STATE_DIR/redis"
 
-ping() { redis-cli -h 127.0.0.1 -p "$PORT" ping | grep -q PONG; }
+# The timeout: a program on the port that accepts connections but never answers would hang redis-cli.
+ping() { timeout 5 redis-cli -h 127.0.0.1 -p "$PORT" ping 2>&1 | grep -q PONG; }
 
 up() {
   command -v redis-server >/dev/null || apt_install redis-server redis-tools
   if port_open 127.0.0.1 "$PORT"; then
-    wait_until 30 "redis on 127.0.0.1:$PORT" ping
+    # A Redis still loading its data answers LOADING: wait for it; anything else is not Redis.
+    local reply
+    reply="$(timeout 5 redis-cli -h 127.0.0.1 -p "$PORT" ping 2>&1 || true)"
+    case "$reply" in
+      PONG|*LOADING*) wait_until 30 "redis on 127.0.0.1:$PORT" ping ;;
+      *) held_by_stranger redis "$PORT" REDIS_PORT ;;
+    esac
     log "redis already running on 127.0.0.1:$PORT (left as it is)"
     return
   fi

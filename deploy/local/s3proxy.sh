@@ -23,8 +23,18 @@ fetch_jar() {
 
 ready() { grep -q "Started" "$DIR/s3proxy.log" 2>/dev/null; }
 
+# s3_answers: the program on PORT answers an HTTP request as an S3 service (x-amz-request-id).
+s3_answers() {
+  local reply
+  reply="$(timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"
+    printf "GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" >&3
+    head -c 4096 <&3' "$PORT" 2>/dev/null || true)"
+  grep -qi '^x-amz-request-id:' <<<"$reply"
+}
+
 up() {
   if port_open 127.0.0.1 "$PORT"; then
+    s3_answers || held_by_stranger s3proxy "$PORT" S3PROXY_PORT
     log "s3proxy already running on 127.0.0.1:$PORT (left as it is)"
     return
   fi

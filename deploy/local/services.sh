@@ -3,7 +3,13 @@
 # Usage: services.sh up|down|status [redis] [postgres] [kafka] [redis-cluster] [s3proxy] [jaeger]
 # (default: all but jaeger for up, which builds it the first time, ~8 min; all for down, status)
 source "$(dirname "$0")/common.sh"
+USAGE="usage: services.sh up|down|status [redis] [postgres] [kafka] [redis-cluster] [s3proxy] [jaeger]"
 action="${1:-up}"; shift || true
+case "$action" in
+  up|down|status) ;;
+  -h|--help|help) echo "$USAGE"; exit 0 ;;
+  *) printf "[services] error: unknown subcommand '%s'\n%s\n" "$action" "$USAGE" >&2; exit 2 ;;
+esac
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   names=(redis postgres kafka redis-cluster s3proxy)
