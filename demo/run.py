@@ -195,6 +195,8 @@ class Demo:
                     await process.stop(_STOP_GRACE_S)
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
+                if self.interrupted.is_set():
+                    self._say_interrupted()
             with contextlib.suppress(PipelineError, RedisError):
                 await watcher.observe()
                 await watcher.poll_counts()
@@ -213,6 +215,16 @@ class Demo:
             await self._clean_up(redis)
             await redis.aclose()
             await transport.close()
+
+    def _say_interrupted(self) -> None:
+        """Say, after Ctrl-C or SIGTERM, which processes were stopped and what comes next."""
+        stopped = ", ".join(p.name for p in self.processes if p.proc is not None)
+        keys = "kept (--keep-keys)" if self.options.keep_keys else "deleted"
+        self.console.print(
+            f"interrupted: stopped {stopped or 'nothing (none had started)'}; no audit; the"
+            f" run's Redis keys are {keys}, its offloaded objects deleted",
+            highlight=False,
+        )
 
     async def _finish(self, watcher: Watcher, found: Audit | None) -> dict[str, Any]:
         """Write the summary and the plots, print the summary table; return the summary."""

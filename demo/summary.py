@@ -164,7 +164,8 @@ def _fmt(name: str, value: object) -> str:
 
 def summary_table(data: dict[str, Any]) -> Table:
     """The summary as a two-column table for the terminal."""
-    table = Table("measure", "value", title="demo summary")
+    title = "demo summary (interrupted: Ctrl-C or SIGTERM)" if data["interrupted"] else None
+    table = Table("measure", "value", title=title or "demo summary")
     for name in (
         "accepted",
         "handled",

@@ -136,6 +136,29 @@ def test_an_incomplete_audit_reports_lost_as_unknown():
     assert "unknown (audit incomplete)" in console.export_text()
 
 
+def test_an_interrupted_run_says_so_in_its_summary_table():
+    """The table printed after Ctrl-C says the run was interrupted; a finished run's does not."""
+    snapshot = Snapshot(
+        transport="redis",
+        elapsed_s=1.0,
+        duration_s=60.0,
+        phase="done",
+        traffic={"accepted": 10},
+        rows={RowState.PROCESSED: 10},
+        dead_lettered=0,
+        retried=0,
+        in_retry=0,
+        collector=Collector(start_ms=0),
+        interrupted=True,
+    )
+    console = Console(record=True, width=120)
+    console.print(summary_table(summary(snapshot)))
+    assert "demo summary (interrupted: Ctrl-C or SIGTERM)" in console.export_text()
+    snapshot.interrupted = False
+    console.print(summary_table(summary(snapshot)))
+    assert console.export_text().count("interrupted") == 0
+
+
 @pytest.mark.redis
 async def test_observations_round_trip_through_a_bounded_stream(redis_service, unique):
     """Observations written with XADD MAXLEN ~ read back in order and the stream stays bounded."""
