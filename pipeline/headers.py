@@ -51,3 +51,12 @@ def int_header(headers: dict[str, bytes], name: str, default: int = 0) -> int:
         return int(raw)
     except ValueError:
         return default
+
+
+def attempt_header(headers: dict[str, bytes]) -> int:
+    """The ``pl-attempt`` of a delivery: 1 when absent, malformed or below 1.
+
+    A producer may write any value; a count below 1 would route a failure to no tier, or retry
+    it without end.
+    """
+    return max(1, int_header(headers, ATTEMPT, 1))

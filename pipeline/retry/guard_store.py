@@ -487,7 +487,7 @@ def start_of(message: Message, *, ordered: bool) -> Start:
     headers = message.headers
     if h.ORIGIN_TOPIC not in headers:  # a first delivery: its id is where it was read
         return Start(at, encode_key(message.key), at, ordered, 1)
-    attempt = h.int_header(headers, h.ATTEMPT, 1)
+    attempt = h.attempt_header(headers)
     return Start(message_id(message), encode_key(message.key), at, ordered, attempt)
 
 

@@ -88,7 +88,7 @@ class HandlerStage:
         reason = None if deferred else self._expired(lane, message)
         if deferred or reason is not None:  # not on the path of a message that runs now
             return await self._not_now(lane, message, reason)
-        attempt = h.int_header(message.headers, h.ATTEMPT, 1)
+        attempt = h.attempt_header(message.headers)
         self._routing.processed(lane)
         if self._metrics is not None and h.DUE_MS in message.headers:  # a retry-tier copy
             self._metrics.retry_started(lane.name, time.time() - due_ms(message) / 1000)

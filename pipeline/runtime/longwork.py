@@ -208,7 +208,7 @@ class LongWork:
             timeout_ms,
         )
         error = HandlerHung(f"silent for more than {timeout_ms} ms (heartbeat_timeout)")
-        attempt = h.int_header(message.headers, h.ATTEMPT, 1)
+        attempt = h.attempt_header(message.headers)
         return await self._routing.failure(lane, message, attempt, error)
 
     def _cancelled(self, lane: Lane, message: Message, reason: str, how: str) -> None:

@@ -392,7 +392,7 @@ class Member:
                     "offset": message.offset,
                     "key": _key_text(message.key),
                     "tenant": None if tenant is None else tenant.decode(errors="replace"),
-                    "attempt": h.int_header(message.headers, h.ATTEMPT, 1),
+                    "attempt": h.attempt_header(message.headers),
                     "outcome": outcome,
                     "duration_s": duration_s,
                 },

@@ -1,0 +1,48 @@
+"""Garbled ``pl-*`` headers written by any producer, consumed by a real member on both brokers.
+
+Each message must be processed or dead-lettered with a reason, and the member keeps going: a
+message that neither ends nor is routed holds its partition's committed position for good.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from contract.helpers import consume_until
+from redis.asyncio import Redis
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+
+from pipeline import headers as h
+from pipeline.envelope import Record
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.transport.protocol import Transport
+
+
+async def test_a_negative_attempt_is_counted_as_a_first_attempt(
+    transport: Transport, unique: str, redis: Redis
+) -> None:
+    """A failing message with ``pl-attempt: -1`` goes through the tiers and ends in the DLQ."""
+    spec = lane_spec(f"neg_{unique}", 1, retry={"tiers": ["100ms"], "max_attempts": 2})
+    await declare(transport, spec)
+    app = App([spec])
+    attempts: dict[bytes, list[int]] = defaultdict(list)
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        attempts[event].append(ctx.attempt)
+        raise RuntimeError("upstream 503")
+
+    records = [Record(b"neg", b"k1", {h.ATTEMPT: b"-1"}), Record(b"zero", b"k2", {h.ATTEMPT: b"0"})]
+    await produce(transport, spec.name, records)
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered == 2)
+    assert attempts == {b"neg": [1, 2], b"zero": [1, 2]}
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    dead = await consume_until(dlq, lambda got: len(got) >= 2)
+    await dlq.close()
+    assert sorted((m.value, m.headers[h.DEAD_REASON], m.headers[h.ATTEMPT]) for m in dead) == [
+        (b"neg", b"exhausted", b"2"),
+        (b"zero", b"exhausted", b"2"),
+    ]
