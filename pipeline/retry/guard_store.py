@@ -89,14 +89,17 @@ RELEASE_BATCH = 32
 
 
 def message_id(message: Message) -> str:
-    """Where the message was first delivered (``topic:partition:offset``), stable across tiers."""
+    """Where the message was first delivered (``topic:partition:offset``), stable across tiers.
+
+    Any producer can write the origin headers: bytes that are not UTF-8 are escaped, never
+    refused (the id stays distinct per origin).
+    """
     headers = message.headers
     topic = headers.get(h.ORIGIN_TOPIC)
     if topic is None:
         return position(message)
-    partition = headers.get(h.ORIGIN_PARTITION, b"")
-    offset = headers.get(h.ORIGIN_OFFSET, b"")
-    return f"{topic.decode()}:{partition.decode()}:{offset.decode()}"
+    origin = (topic, headers.get(h.ORIGIN_PARTITION, b""), headers.get(h.ORIGIN_OFFSET, b""))
+    return ":".join(part.decode(errors="backslashreplace") for part in origin)
 
 
 def position(message: Message) -> str:

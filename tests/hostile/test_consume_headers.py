@@ -46,3 +46,24 @@ async def test_a_negative_attempt_is_counted_as_a_first_attempt(
         (b"neg", b"exhausted", b"2"),
         (b"zero", b"exhausted", b"2"),
     ]
+
+
+async def test_an_origin_header_that_is_not_utf8_does_not_stop_its_message(
+    transport: Transport, unique: str, redis: Redis
+) -> None:
+    """A message whose ``pl-origin-*`` headers are not UTF-8 is handled like any other."""
+    spec = lane_spec(f"orig_{unique}", 1, retry={"tiers": ["100ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    handled: list[bytes] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        handled.append(event)
+
+    garbled = {h.ORIGIN_TOPIC: b"\xff\xfe", h.ORIGIN_PARTITION: b"\xc3(", h.ORIGIN_OFFSET: b"x"}
+    await produce(transport, spec.name, [Record(b"garbled", b"k", garbled), Record(b"next", b"k")])
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: len(handled) == 2)
+    assert handled == [b"garbled", b"next"]
