@@ -98,7 +98,7 @@ class Chain:
         work.trace = tracing.process(message, work.lane.name, self._group)
         if h.DUE_MS in message.headers:
             assert self.due is not None  # noqa: S101 - start() ran before the first poll
-            self.due.offer(work)
+            self.due.offer(work, max(work.lane.routes.backoff.tiers_ms, default=0))
         else:
             self._batch(work)
 

@@ -9,7 +9,9 @@ the earliest due time held. The partition keeps flowing while it holds fewer tha
 :data:`HOLD_AHEAD` messages, so the copies behind are already here when they fall due (on Kafka
 a paused partition drops what the client fetched of it, and what it fetches again after the
 resume arrives behind every other partition's read-ahead); past that it is paused, and it
-resumes once it holds half as many. A message is never released before its due time.
+resumes once it holds half as many. A message is never released before its due time, unless
+that time is further ahead than its lane's longest tier (written by some other producer): it then
+waits that tier's delay.
 """
 
 from __future__ import annotations
@@ -51,12 +53,20 @@ class DueGate(Generic[T]):
         """Per partition, the due time its timer is set for, and the timer."""
         self._arrivals = itertools.count()
 
-    def offer(self, message: T) -> None:
-        """Release ``message`` now if it is due; otherwise hold it until it is."""
+    def offer(self, message: T, longest_ms: int | None = None) -> None:
+        """Release ``message`` now if it is due; otherwise hold it until it is.
+
+        ``longest_ms``: the longest delay its lane's tiers give a copy. Any producer can write
+        ``pl-due-ms``: a due time further ahead than that is held only that long, so that it
+        cannot hold its partition's committed position for years.
+        """
         due = due_ms(message)
-        if due <= time.time() * 1000:
+        now_ms = time.time() * 1000
+        if due <= now_ms:
             self._release(message)
             return
+        if longest_ms is not None:
+            due = min(due, int(now_ms) + longest_ms)
         tp = message.tp
         held = self._held.get(tp)
         if held is None:

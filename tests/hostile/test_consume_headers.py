@@ -6,6 +6,7 @@ message that neither ends nor is routed holds its partition's committed position
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 from contract.helpers import consume_until
@@ -17,6 +18,8 @@ from pipeline.envelope import Record
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
+
+CENTURY_MS = 100 * 365 * 86_400_000
 
 
 async def test_a_negative_attempt_is_counted_as_a_first_attempt(
@@ -67,3 +70,28 @@ async def test_an_origin_header_that_is_not_utf8_does_not_stop_its_message(
     async with running(member):
         await eventually(lambda: len(handled) == 2)
     assert handled == [b"garbled", b"next"]
+
+
+async def test_a_retry_copy_due_in_a_century_waits_no_longer_than_its_tier(
+    transport: Transport, unique: str, redis: Redis
+) -> None:
+    """A copy in a retry tier whose ``pl-due-ms`` is 100 years ahead runs after the tier's delay."""
+    spec = lane_spec(f"due_{unique}", 1, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    handled: list[bytes] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        handled.append(event)
+
+    far = str(int(time.time() * 1000) + CENTURY_MS).encode()
+    copies = [
+        Record(b"far", b"k", {h.DUE_MS: far, h.ATTEMPT: b"2"}),
+        Record(b"year-1e9", b"j", {h.DUE_MS: b"3" * 20}),
+    ]
+    await produce(transport, spec.retry_topic_names()[0], copies)
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: len(handled) == 2, timeout_s=30)
+    assert sorted(handled) == [b"far", b"year-1e9"]
