@@ -416,8 +416,9 @@ class Member:
             return
         for message in messages:
             row = message.headers.get(h.ROW_ID)
-            if row is not None:
-                self._finished_rows.append(row.decode())
+            if row is not None and b"\x00" not in row:  # no log store keeps a NUL in an id
+                with contextlib.suppress(UnicodeDecodeError):  # nor bytes that are not text
+                    self._finished_rows.append(row.decode())
 
     # -- offsets ------------------------------------------------------------------------------
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from pathlib import Path
 
-from contract.helpers import consume_until
+from contract.helpers import consume_until, wait_for
+from logstore.helpers import FakeClock, new_row, real_log_store
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
@@ -95,3 +97,35 @@ async def test_a_retry_copy_due_in_a_century_waits_no_longer_than_its_tier(
     async with running(member):
         await eventually(lambda: len(handled) == 2, timeout_s=30)
     assert sorted(handled) == [b"far", b"year-1e9"]
+
+
+async def test_a_row_id_postgresql_cannot_store_does_not_keep_other_rows_unprocessed(
+    transport: Transport, unique: str, postgres_service: str, tmp_path: Path
+) -> None:
+    """A ``pl-row-id`` with a NUL byte (or not UTF-8) is ignored; the other rows are marked."""
+    spec = lane_spec(f"rows_{unique}", 1)
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        pass
+
+    async with real_log_store("postgres", tmp_path, postgres_service) as store:
+        row = new_row(1, FakeClock(time.time()))
+        await store.insert(row)
+        records = [
+            Record(b"nul", b"a", {h.ROW_ID: b"bad\x00id"}),
+            Record(b"binary", b"b", {h.ROW_ID: b"\xff\xfe"}),
+            Record(b"real", b"c", {h.ROW_ID: row.id.encode()}),
+        ]
+        await produce(transport, spec.name, records)
+        member = Member(app, transport, f"g-{unique}", FAST, processed=store)
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 3)
+
+            async def marked() -> bool:  # at the commit tick that commits its message
+                found = await store.get(row.id)
+                return found is not None and found.state == "processed"
+
+            await wait_for(marked)
