@@ -8,6 +8,7 @@ field.
 
 from __future__ import annotations
 
+import string
 from typing import Literal
 
 from pydantic import (
@@ -108,15 +109,19 @@ class ThrottlePolicy(SpecModel):
     def _templates(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
         for template in keys:
             try:
-                template.format_map(_AnyField())
-            except (ValueError, IndexError) as exc:
+                fields = list(string.Formatter().parse(template))
+            except ValueError as exc:
                 raise ValueError(f"bad key template {template!r}: {exc}") from None
+            for _, name, spec, conversion in fields:
+                # A message's values fill the fields at run time: an index, attribute, format
+                # spec or conversion could raise there, on a value the check never saw.
+                if name is not None and (spec or conversion or not name.isidentifier()):
+                    raise ValueError(
+                        f"bad key template {template!r}: only plain fields such as {{tenant}}"
+                        f" are allowed, not {{{name}{'!' + conversion if conversion else ''}"
+                        f"{':' + spec if spec else ''}}}"
+                    )
         return keys
-
-
-class _AnyField(dict[str, str]):
-    def __missing__(self, name: str) -> str:
-        return name
 
 
 class RetryBudgetPolicy(SpecModel):

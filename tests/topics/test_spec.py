@@ -261,6 +261,10 @@ def test_custom_dead_letter_name_is_used():
         ),
         ("name: m\npartitions: 1\nthrottle: 5\n", "throttle", "valid dictionary"),
         ("name: m\npartitions: 1\nthrottle: {keys: ['org:{x'] }\n", "throttle.keys", "bad key"),
+        ("name: m\npartitions: 1\nthrottle: {keys: ['{tenant[0]}']}\n", "throttle.keys", "plain"),
+        ("name: m\npartitions: 1\nthrottle: {keys: ['{tenant.x}']}\n", "throttle.keys", "plain"),
+        ("name: m\npartitions: 1\nthrottle: {keys: ['{tenant:d}']}\n", "throttle.keys", "plain"),
+        ("name: m\npartitions: 1\nthrottle: {keys: ['{tenant!r}']}\n", "throttle.keys", "plain"),
         ("name: m\npartitions: 1\nthrottle: {keys: []}\n", "throttle.keys", "at least 1"),
         ("name: m\npartitions: 1\ncolour: red\n", "colour", "unknown field"),
         (
