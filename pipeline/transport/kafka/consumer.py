@@ -217,8 +217,9 @@ class KafkaConsumer:
     def _on_revoke(self, _raw: Any, partitions: list[Any], *, lost: bool = False) -> None:
         # Only what the listener holds: a client closed after its partitions were revoked as
         # lost (a rejoin, a fatal error) revokes them again inside close().
-        self._unannounced.difference_update(_tps(partitions))  # never given to the listener
-        tps = [tp for tp in _tps(partitions) if tp in self._assigned]
+        revoked = _tps(partitions)
+        self._unannounced.difference_update(revoked)  # never given to the listener
+        tps = [tp for tp in revoked if tp in self._assigned]
         if self._listener and tps:
             positions = self._in_loop(self._listener.on_revoked(tps, lost=lost))
             if positions and not lost:

@@ -48,6 +48,11 @@ async def read_meta(client: Redis, keys: Keys, topic: str, default_max_len: int)
             f"topic {topic!r} does not exist "
             "(declare it in topics/ and run `pipeline topics apply`)"
         )
+    return decode_meta(raw, default_max_len)
+
+
+def decode_meta(raw: bytes | str, default_max_len: int) -> TopicMeta:
+    """A topic's metadata from its stored value in ``pl:topics``."""
     data = json.loads(raw)
     return TopicMeta(
         int(data["partitions"]),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -34,7 +33,7 @@ from pipeline.config import RedisSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.transport.protocol import RebalanceListener, StartAt
-from pipeline.transport.redis_streams.admin import read_meta
+from pipeline.transport.redis_streams.admin import decode_meta, read_meta
 from pipeline.transport.redis_streams.errors import translate
 from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import (
@@ -119,11 +118,11 @@ class RedisStreamsConsumer:
     # -- membership -------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        ids = []
+        counts = []
         for topic in self._topics:
             meta = await read_meta(self._client, self._keys, topic, self._settings.max_len)
-            ids += [partition_id(topic, p) for p in range(meta.partitions)]
-        self._partition_ids = sorted(ids)
+            counts.append(meta.partitions)
+        self._partition_ids = _partition_ids(self._topics, counts)
         await self._heartbeat()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_forever())
 
@@ -149,16 +148,10 @@ class RedisStreamsConsumer:
         partitions known before are kept.
         """
         raw: list[Any] = await self._client.hmget(self._keys.topics, self._topics)
-        counts = []
-        for value in raw:
-            if value is None:
-                return
-            counts.append(int(json.loads(value)["partitions"]))
-        self._partition_ids = sorted(
-            partition_id(topic, p)
-            for topic, count in zip(self._topics, counts, strict=True)
-            for p in range(count)
-        )
+        if None in raw:
+            return
+        counts = [decode_meta(value, self._settings.max_len).partitions for value in raw]
+        self._partition_ids = _partition_ids(self._topics, counts)
 
     def _renewal_age_s(self) -> float:
         """Seconds since the leases were last renewed."""
@@ -524,3 +517,9 @@ class RedisStreamsConsumer:
                 [partition_id(tp.topic, tp.partition) for tp in owned],
                 leave=True,
             )
+
+
+def _partition_ids(topics: Sequence[str], counts: Sequence[int]) -> list[str]:
+    """The ids of every partition of ``topics``, whose partition counts are ``counts``, sorted."""
+    pairs = zip(topics, counts, strict=True)
+    return sorted(partition_id(topic, p) for topic, count in pairs for p in range(count))
