@@ -9,6 +9,7 @@ thing everywhere: every message of that partition below N is done.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -100,3 +101,16 @@ class Message:
         if tp is None:
             tp = self._tp = TopicPartition(self.topic, self.partition)
         return tp
+
+
+def printable(raw: bytes | None, *, base64_mark: str = "") -> str | None:
+    """Bytes of a message (key, value, header) for a log line or a screen.
+
+    Their text when they are UTF-8, else their base64 after ``base64_mark``; None stays None.
+    """
+    if raw is None:
+        return None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return base64_mark + base64.b64encode(raw).decode()

@@ -7,7 +7,6 @@ non-zero, never a traceback: 1 for a failed operation, 2 for bad input or config
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -39,7 +38,7 @@ from pipeline.cli.status_checks import PROBE_TIMEOUT_MS, reach_broker, reach_red
 from pipeline.cli.status_view import status_command
 from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, out_console, run_command
 from pipeline.config import Settings, load_settings
-from pipeline.envelope import Message
+from pipeline.envelope import Message, printable
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
@@ -259,12 +258,7 @@ def produce(
 
 
 def _text(raw: bytes | None) -> str | None:
-    if raw is None:
-        return None
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(raw).decode()
+    return printable(raw, base64_mark="base64:")
 
 
 def _render(msg: Message, *, as_json: bool) -> str:

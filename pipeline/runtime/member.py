@@ -16,7 +16,6 @@ least once).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,7 @@ from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
 from pipeline.cancel.functions import CancelFunctions
 from pipeline.config import RuntimeSettings
-from pipeline.envelope import Message, Position, TopicPartition
+from pipeline.envelope import Message, Position, TopicPartition, printable
 from pipeline.errors import ConfigError, PipelineError, TransportError, UnknownTopic
 from pipeline.logstore import ProcessedMarker
 from pipeline.observability.deletion_cost import DeletionCost
@@ -390,7 +389,7 @@ class Member:
                     "topic": message.topic,
                     "partition": message.partition,
                     "offset": message.offset,
-                    "key": _key_text(message.key),
+                    "key": printable(message.key),
                     "tenant": None if tenant is None else tenant.decode(errors="replace"),
                     "attempt": h.attempt_header(message.headers),
                     "outcome": outcome,
@@ -575,16 +574,6 @@ class Member:
                 self._pauses.forget(tp)
         log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
         return positions
-
-
-def _key_text(key: bytes | None) -> str | None:
-    """A message key for a log line: its text, or base64 when it is not UTF-8."""
-    if key is None:
-        return None
-    try:
-        return key.decode()
-    except UnicodeDecodeError:
-        return base64.b64encode(key).decode()
 
 
 def _check_heartbeats(lanes: Sequence[Lane], settings: RuntimeSettings) -> None:
