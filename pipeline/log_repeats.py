@@ -12,6 +12,7 @@ above are touched.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -19,7 +20,13 @@ from dataclasses import dataclass
 
 from pipeline.errors import ConfigError
 
-__all__ = ["FIRST_GAP_S", "MAX_GAP_S", "RepeatFilter", "configure_logging"]
+__all__ = [
+    "FIRST_GAP_S",
+    "MAX_GAP_S",
+    "RepeatFilter",
+    "configure_logging",
+    "logging_from_environment",
+]
 
 _NUMBER = re.compile(r"\d+")
 
@@ -72,6 +79,17 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """What ``PIPELINE_LOG_LEVEL`` takes (any case)."""
 FORMATS = ("text", "json")
 """What ``PIPELINE_LOG_FORMAT`` takes (any case)."""
+
+
+def logging_from_environment() -> tuple[str, str]:
+    """The level and format a command logs at, for :func:`configure_logging`.
+
+    ``PIPELINE_LOG_LEVEL`` (default ``WARNING``) and ``PIPELINE_LOG_FORMAT`` (default ``text``).
+    """
+    return (
+        os.environ.get("PIPELINE_LOG_LEVEL", "WARNING"),
+        os.environ.get("PIPELINE_LOG_FORMAT", "text"),
+    )
 
 
 def configure_logging(level: str, fmt: str = "text") -> None:

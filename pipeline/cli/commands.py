@@ -43,7 +43,7 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
-from pipeline.log_repeats import configure_logging
+from pipeline.log_repeats import configure_logging, logging_from_environment
 from pipeline.offload.cli import app as offload_app
 from pipeline.offload.writer import Offloader, topic_policies, with_offload
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
@@ -603,10 +603,7 @@ def main() -> None:
     configuration) get the same one line and exit code as inside it.
     """
     try:
-        configure_logging(
-            os.environ.get("PIPELINE_LOG_LEVEL", "WARNING"),
-            os.environ.get("PIPELINE_LOG_FORMAT", "text"),
-        )
+        configure_logging(*logging_from_environment())
         tracing.configure(
             os.environ,
             service=_service_name(sys.argv[1:]),

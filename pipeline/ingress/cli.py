@@ -47,6 +47,7 @@ from pipeline.ingress.workers import (
     refuse_sqlite,
     reuse_port_socket,
 )
+from pipeline.log_repeats import logging_from_environment
 from pipeline.logstore import LogStore, RowState, Selection
 from pipeline.logstore.create import create_log_store
 from pipeline.observability.metrics import Metrics
@@ -171,8 +172,7 @@ def serve_workers(
             ingress.port if port is None else port,
             sources,
             transport,
-            os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
-            os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
+            *logging_from_environment(),
             limits_checked=built.limits_checked,
         )
 

@@ -40,7 +40,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from pipeline.errors import PipelineError
 from pipeline.heap import freeze_startup
-from pipeline.log_repeats import configure_logging
+from pipeline.log_repeats import configure_logging, logging_from_environment
 from pipeline.tracing import otlp
 from pipeline.tracing.framing import FrameReader
 from pipeline.tracing.pacing import Backlog, CpuWatch, cpu_seconds_of, paced
@@ -368,10 +368,7 @@ def main() -> None:
     _yield_cpu()
     # Its own lines (a failed export) go to the traced process's stderr: in the same format.
     with contextlib.suppress(ValueError, PipelineError):  # refused there first: plain lines
-        configure_logging(
-            os.environ.get("PIPELINE_LOG_LEVEL", "WARNING").upper(),
-            os.environ.get("PIPELINE_LOG_FORMAT", "text").lower(),
-        )
+        configure_logging(*logging_from_environment())
     service = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
     # OTEL_SERVICE_NAME, else service.name in OTEL_RESOURCE_ATTRIBUTES, else the command's name.
     named = OTELResourceDetector().detect().attributes.get(SERVICE_NAME)
