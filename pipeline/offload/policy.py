@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, field_validator
 
-__all__ = ["DEFAULT_ABOVE_BYTES", "OffloadPolicy", "parse_size_bytes"]
+__all__ = ["DEFAULT_ABOVE_BYTES", "OffloadPolicy", "format_size_bytes", "parse_size_bytes"]
 
 DEFAULT_ABOVE_BYTES = 256 * 1024
 """Payloads larger than this go to the store when ``above`` is not given."""
@@ -54,6 +54,14 @@ def parse_size_bytes(value: Any) -> int:
     if size <= 0:
         raise ValueError(f"a size must be larger than zero (got {value!r})")
     return size
+
+
+def format_size_bytes(size_bytes: int) -> str:
+    """A byte count in the coarsest binary unit that divides it (``65536`` -> ``64KiB``)."""
+    for unit in ("GiB", "MiB", "KiB"):
+        if size_bytes % _UNITS[unit] == 0:
+            return f"{size_bytes // _UNITS[unit]}{unit}"
+    return f"{size_bytes}B"
 
 
 class OffloadPolicy(BaseModel):

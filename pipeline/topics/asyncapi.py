@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from pipeline import headers as h
 from pipeline.errors import ConfigError
 from pipeline.offload import reference
+from pipeline.offload.policy import format_size_bytes
 from pipeline.topics.asyncapi_headers import DEAD_LETTER_HEADERS, EVENT_HEADERS, RETRY_HEADERS
 from pipeline.topics.spec import TopicSpec, format_duration_ms
 
@@ -131,7 +132,7 @@ def _describe(spec: TopicSpec) -> str:
         )
     if spec.offload:
         parts.append(
-            f"Payloads above {_size(spec.offload.above_bytes)} travel by reference to "
+            f"Payloads above {format_size_bytes(spec.offload.above_bytes)} travel by reference to "
             f"{spec.offload.store}: the body is then a JSON reference, marked by header "
             f"{reference.OFFLOAD}."
         )
@@ -141,14 +142,6 @@ def _describe(spec: TopicSpec) -> str:
             f"done within {format_duration_ms(spec.batch.sla_ms)}."
         )
     return " ".join(parts)
-
-
-def _size(size_bytes: int) -> str:
-    """A byte count in the coarsest binary unit that divides it (``65536`` -> ``64KiB``)."""
-    for unit, unit_bytes in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if size_bytes % unit_bytes == 0:
-            return f"{size_bytes // unit_bytes}{unit}"
-    return f"{size_bytes}B"
 
 
 def _extension(spec: TopicSpec) -> dict[str, Any]:
