@@ -209,3 +209,45 @@ def test_registering_a_soft_deleted_schema_again_removes_its_deleted_versions(
     sr_client.clear_caches()
     assert sr_client.register_schema("again-value", V1) == id1
     assert sr_client.get_versions("again-value", deleted=True) == [2, 4]
+
+
+def test_no_schema_id_past_2_31_minus_1_is_generated(registry_url: str) -> None:
+    """Confluent ids are Java ints: once 2^31-1 is taken a new schema is refused, not given 2^31."""
+    httpx.put(f"{registry_url}/mode/top-value", json={"mode": "IMPORT"})
+    top = httpx.post(
+        f"{registry_url}/subjects/top-value/versions",
+        json={"schema": V1.schema_str, "id": 2**31 - 1, "version": 1},
+    )
+    assert top.json() == {"id": 2**31 - 1}
+    refused = httpx.post(
+        f"{registry_url}/subjects/next-value/versions", json={"schema": OTHER.schema_str}
+    )
+    assert (refused.status_code, refused.json()["error_code"]) == (500, 50001), refused.text
+    assert "2^31-1" in refused.json()["message"], refused.text
+    assert "IMPORT" in refused.json()["message"], refused.text
+    # Nothing was stored: the subject has no version, and a schema the registry holds still
+    # registers under its id.
+    assert httpx.get(f"{registry_url}/subjects/next-value/versions").status_code == 404
+    again = httpx.post(
+        f"{registry_url}/subjects/next-value/versions", json={"schema": V1.schema_str}
+    )
+    assert again.json() == {"id": 2**31 - 1}, again.text
+
+
+def test_no_version_past_2_31_minus_1_is_appended(registry_url: str) -> None:
+    """A subject whose last version is 2^31-1 refuses another one with a line, not a 500 or 2^31."""
+    httpx.put(f"{registry_url}/mode/last-value", json={"mode": "IMPORT"})
+    top = httpx.post(
+        f"{registry_url}/subjects/last-value/versions",
+        json={"schema": V1.schema_str, "id": 5, "version": 2**31 - 1},
+    )
+    assert top.json() == {"id": 5}
+    httpx.put(f"{registry_url}/mode/last-value", json={"mode": "READWRITE"})
+    httpx.put(f"{registry_url}/config/last-value", json={"compatibility": "NONE"})
+    refused = httpx.post(
+        f"{registry_url}/subjects/last-value/versions", json={"schema": OTHER.schema_str}
+    )
+    assert (refused.status_code, refused.json()["error_code"]) == (500, 50001), refused.text
+    assert "2^31-1" in refused.json()["message"], refused.text
+    assert "last-value" in refused.json()["message"], refused.text
+    assert httpx.get(f"{registry_url}/subjects/last-value/versions").json() == [2**31 - 1]

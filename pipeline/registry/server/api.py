@@ -40,6 +40,7 @@ from pipeline.registry.errors import (
 from pipeline.registry.server.auth import CHALLENGE, Authenticator
 from pipeline.registry.server.service import Registry, require_text
 from pipeline.registry.stores.protocol import (
+    MAX_ID,
     Check,
     RegistryStore,
     SettingKind,
@@ -49,8 +50,6 @@ from pipeline.registry.stores.protocol import (
 
 log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/vnd.schemaregistry.v1+json"
-MAX_ID = 2**31 - 1
-"""The largest schema id and version, as in Confluent (a Java ``int``)."""
 Params = dict[str, str]
 
 

@@ -28,6 +28,9 @@ from pipeline.registry.canonical import ParsedSchema
 SettingKind = Literal["compatibility", "mode"]
 GLOBAL = ""
 """The ``subject`` under which global settings are kept."""
+MAX_ID = 2**31 - 1
+"""The largest schema id and version number, as in Confluent (a Java ``int``): clients read
+nothing larger, so the stores never generate a larger one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ class SchemaStore(Protocol):
 
         Raises:
             IdConflict: ``schema_id`` already holds another schema, or ``version`` exists.
+            RegistryError: the id or version number generated would pass :data:`MAX_ID`
+                (nothing is stored).
             StoreError: the database failed.
         """
         ...

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, closing
 from typing import Any, ClassVar, NamedTuple
 
-from pipeline.registry.stores.protocol import SettingKind, StoredSchema, SubjectVersion
+from pipeline.registry.errors import IdConflict, RegistryError
+from pipeline.registry.stores.protocol import MAX_ID, SettingKind, StoredSchema, SubjectVersion
 
 
 class Statements(NamedTuple):
@@ -41,6 +42,40 @@ class Statements(NamedTuple):
 def version_row(row: Sequence[Any]) -> SubjectVersion:
     """A version row (subject, version, id, schema, fingerprint, deleted) as a model."""
     return SubjectVersion(row[0], row[1], row[2], row[3], row[4], bool(row[5]))
+
+
+def generated_id(new_id: int) -> int:
+    """``new_id``, a schema id the database generated, if clients can read it.
+
+    Raises:
+        RegistryError: it is past :data:`MAX_ID` (the caller's transaction rolls back).
+    """
+    if new_id > MAX_ID:
+        raise RegistryError(
+            f"no schema id left for a new schema: the next one would be {new_id}, past 2^31-1, "
+            "the largest id Confluent clients read; a new schema can still be registered with "
+            "a free id given explicitly in IMPORT mode"
+        )
+    return new_id
+
+
+def appended_version(subject: str, existing: Sequence[SubjectVersion], wanted: int | None) -> int:
+    """The number of the version appended to ``subject``: ``wanted``, else one above the last.
+
+    Raises:
+        IdConflict: ``wanted`` is taken.
+        RegistryError: the next number would be past :data:`MAX_ID`.
+    """
+    if wanted is not None and any(v.version == wanted for v in existing):
+        raise IdConflict(f"subject {subject!r} already has a version {wanted}")
+    number = wanted or max((v.version for v in existing), default=0) + 1
+    if number > MAX_ID:
+        raise RegistryError(
+            f"subject {subject!r} has no version number left: the next one would be {number}, "
+            "past 2^31-1, the largest version Confluent clients read; permanently delete its "
+            "last version to free the number, or register under another subject"
+        )
+    return number
 
 
 class SqlRegistryStore(abc.ABC):

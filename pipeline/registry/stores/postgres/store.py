@@ -29,7 +29,13 @@ from psycopg_pool import ConnectionPool
 from pipeline.registry.canonical import ParsedSchema
 from pipeline.registry.errors import IdConflict, StoreError
 from pipeline.registry.stores.protocol import Check, SubjectVersion
-from pipeline.registry.stores.sql import SqlRegistryStore, Statements, version_row
+from pipeline.registry.stores.sql import (
+    SqlRegistryStore,
+    Statements,
+    appended_version,
+    generated_id,
+    version_row,
+)
 
 _LOCK_CLASS = 0x5C4E  # first key of every advisory lock this store takes ("SchEma")
 _DDL_LOCK = "SELECT pg_advisory_xact_lock(%s, 0)"
@@ -173,9 +179,7 @@ class PostgresSchemaStore(SqlRegistryStore):
                     return v
             check(live)
             new_id = self._schema_id(conn, schema, schema_id)
-            if version is not None and any(v.version == version for v in existing):
-                raise IdConflict(f"subject {subject!r} already has a version {version}")
-            number = version or max((v.version for v in existing), default=0) + 1
+            number = appended_version(subject, existing, version)
             # As Confluent does, a new version removes the soft-deleted earlier ones of its id.
             for v in existing:
                 if v.deleted and v.schema_id == new_id and v.version < number:
@@ -208,7 +212,7 @@ class PostgresSchemaStore(SqlRegistryStore):
             inserted = conn.execute(_ID_BY_FINGERPRINT, (schema.fingerprint,)).fetchone()
         if inserted is None:
             raise StoreError("schema row vanished while registering")
-        return int(inserted[0])
+        return generated_id(int(inserted[0]))
 
     def close(self) -> None:
         """Close every pooled connection."""

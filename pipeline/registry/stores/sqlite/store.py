@@ -16,7 +16,13 @@ from contextlib import contextmanager
 from pipeline.registry.canonical import ParsedSchema
 from pipeline.registry.errors import IdConflict, StoreError
 from pipeline.registry.stores.protocol import Check, SubjectVersion
-from pipeline.registry.stores.sql import SqlRegistryStore, Statements, version_row
+from pipeline.registry.stores.sql import (
+    SqlRegistryStore,
+    Statements,
+    appended_version,
+    generated_id,
+    version_row,
+)
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS registry_schemas (
@@ -133,9 +139,7 @@ class SqliteSchemaStore(SqlRegistryStore):
                     return v
             check(live)
             new_id = self._schema_id(db, schema, schema_id)
-            if version is not None and any(v.version == version for v in existing):
-                raise IdConflict(f"subject {subject!r} already has a version {version}")
-            number = version or max((v.version for v in existing), default=0) + 1
+            number = appended_version(subject, existing, version)
             # As Confluent does, a new version removes the soft-deleted earlier ones of its id.
             for v in existing:
                 if v.deleted and v.schema_id == new_id and v.version < number:
@@ -164,7 +168,7 @@ class SqliteSchemaStore(SqlRegistryStore):
         inserted: int = db.execute(
             _INSERT_SCHEMA, (schema.fingerprint, "AVRO", schema.normalized)
         ).fetchall()[0][0]
-        return inserted
+        return generated_id(inserted)
 
     def close(self) -> None:
         """Close the connection."""
