@@ -83,7 +83,9 @@ class LazyPayload:
         Raises:
             PayloadMissing: the object is gone.
             PayloadCorrupt: its size or digest differs from the reference's (raised after
-                the last chunk: a streaming reader must not commit anything before that).
+                the last chunk: a streaming reader must not commit anything before that; an
+                object larger than the reference says is refused at the chunk that passes the
+                size: no more than ``size`` bytes are yielded, one chunk past them read).
             OffloadError: the store failed (retried like any failure).
         """
         if self._body is not None:
@@ -107,6 +109,11 @@ class LazyPayload:
             if chunk is None:
                 break
             size += len(chunk)
+            if size > self.reference.size:  # never read on past the promised size
+                raise PayloadCorrupt(
+                    f"offloaded payload {self.reference.store}/{self.reference.key}: the object "
+                    f"holds more than the {self.reference.size} bytes its reference says"
+                )
             yield chunk
         self._check(size, digest.hexdigest())
         if self._observer is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -85,3 +86,35 @@ async def test_s3_writes_with_and_without_a_signed_payload(
     assert b"".join([c async for c in store.chunks("sha256/bb/signed", 1 << 20)]) == body
     await store.delete("sha256/bb/signed")
     monkeypatch.delenv("AWS_UNSIGNED_PAYLOAD", raising=False)
+
+
+async def test_an_object_larger_than_its_reference_is_corrupt_before_it_is_read_whole(
+    store_url: str,
+) -> None:
+    """Reading stops at the first byte past the reference's size: PayloadCorrupt, nothing more."""
+    store = open_store(store_url)
+    reference = ref.reference_for(store_url, b"r" * 1000)
+    await store.put(reference.key, b"y" * (8 * 1024 * 1024))  # far larger than referenced
+    pulled: list[int] = []
+
+    class Counting:
+        url = store.url
+
+        async def chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+            async for chunk in store.chunks(key, chunk_bytes):
+                pulled.append(len(chunk))
+                yield chunk
+
+    yielded = 0
+
+    async def stream() -> None:
+        nonlocal yielded
+        async for chunk in LazyPayload(reference, Counting()).chunks(65_536):  # type: ignore[arg-type]
+            yielded += len(chunk)
+
+    with pytest.raises(PayloadCorrupt, match="more than the 1000 bytes"):
+        await stream()
+    assert yielded <= reference.size
+    assert len(pulled) == 1  # not streamed to its end
+    with pytest.raises(PayloadCorrupt):
+        await LazyPayload(reference, store).read()
