@@ -130,8 +130,11 @@ class Producer(Protocol):
     ) -> Delivered:
         """Produce one message and wait for the broker's acknowledgement.
 
+        ``partition`` chooses the partition (else the key's, or any for no key).
+
         Raises:
-            UnknownTopic: the topic does not exist.
+            UnknownTopic: the topic does not exist, or ``partition`` is not one of its
+                partitions (``0`` to the count less one; a negative one never is).
             MessageTooLarge: the message exceeds ``max_message_bytes``.
             BrokerUnavailable: the broker could not be reached in time.
             DeliveryFailed: the broker refused the message.
@@ -143,7 +146,9 @@ class Producer(Protocol):
 
         Cheaper per message than awaiting :meth:`send` for each. Returns the receipts in the
         order of ``records``. If any message fails, raises the first error after the others
-        settled; the ones that succeeded stay produced (delivery is at least once).
+        settled; the ones that succeeded stay produced (delivery is at least once). A record
+        above ``max_message_bytes`` (MessageTooLarge) or naming a partition the topic lacks
+        (UnknownTopic) refuses the whole batch before any of it is sent.
         """
         ...
 

@@ -7,9 +7,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from pipeline.envelope import Delivered, Record
-from pipeline.errors import DeliveryFailed, PipelineError
+from pipeline.errors import PipelineError
 from pipeline.testing.memory.broker import Entry, MemoryBroker
-from pipeline.transport.limits import check_sizes
+from pipeline.transport.limits import check_partitions, check_sizes
 from pipeline.transport.partitioner import partition_for
 
 
@@ -33,17 +33,18 @@ class MemoryProducer:
         partition: int | None = None,
     ) -> Delivered:
         """Append one message; acknowledged at once."""
-        record = Record(value, key, headers, partition)
-        check_sizes([record], self._max_message_bytes)
-        return self._append(topic, record)
+        (delivered,) = await self.send_many(topic, [Record(value, key, headers, partition)])
+        return delivered
 
     async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
         """Append a batch in order; on a failure the others still go, then the first error.
 
-        A message above ``max_message_bytes`` refuses the whole batch before any goes, as the
-        real transports check sizes before sending.
+        A message above ``max_message_bytes`` or one naming a partition the topic lacks refuses
+        the whole batch before any goes, as the real transports check both before sending.
         """
         check_sizes(records, self._max_message_bytes)
+        self._broker.check(f"produce to {topic!r}")
+        check_partitions(topic, records, len(self._broker.topic(topic).partitions))
         out: list[Delivered] = []
         first: PipelineError | None = None
         for record in records:
@@ -59,8 +60,6 @@ class MemoryProducer:
         self._broker.check(f"produce to {topic!r}")
         partitions = len(self._broker.topic(topic).partitions)
         if record.partition is not None:
-            if not 0 <= record.partition < partitions:
-                raise DeliveryFailed(f"topic {topic!r} has no partition {record.partition}")
             chosen = record.partition
         elif record.key is None:
             chosen = random.randrange(partitions)

@@ -34,7 +34,7 @@ from pipeline.config import KafkaSettings
 from pipeline.envelope import Delivered, Record
 from pipeline.errors import TransportError
 from pipeline.transport.kafka.errors import client_config_error, translate
-from pipeline.transport.limits import check_sizes
+from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,8 @@ class KafkaProducer:
             self._raw = _RawProducer(producer_config(settings, max_message_bytes))
         except KafkaException as exc:
             raise client_config_error(exc) or translate(exc, "create producer") from None
-        self._known_topics: set[str] = set()
+        self._known_topics: dict[str, int] = {}
+        """Partition counts of the topics this producer checked."""
         self._checks: dict[str, asyncio.Future[None]] = {}
         self._lock = threading.Lock()  # a flush in a worker thread also serves reports
         self._complete: list[_Batch] = []
@@ -224,7 +225,7 @@ class KafkaProducer:
         if found is None or found.error is not None:
             error = found.error if found else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
             raise translate(error, f"produce to {topic!r}")
-        self._known_topics.add(topic)
+        self._known_topics[topic] = len(found.partitions)
 
     async def send(
         self,
@@ -244,6 +245,9 @@ class KafkaProducer:
         check_sizes(records, self._max_message_bytes)
         if topic not in self._known_topics:
             await self._ensure_topic(topic)
+        if missing_partition(records, self._known_topics[topic]) is not None:
+            await self._ensure_topic(topic)  # grown since it was checked, perhaps: ask again
+            check_partitions(topic, records, self._known_topics[topic])
         if not records:
             return []
         loop = asyncio.get_running_loop()

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from pipeline.envelope import Delivered, Record
 from pipeline.errors import DeliveryFailed, TransportError
-from pipeline.transport.limits import check_sizes
+from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.redis_streams.admin import TopicMeta, read_meta
 from pipeline.transport.redis_streams.errors import translate
@@ -90,13 +90,11 @@ class RedisStreamsProducer:
         self._meta[topic] = (time.monotonic(), meta)
         return meta
 
-    def _partition(self, topic: str, meta: TopicMeta, record: Record) -> int:
+    def _partition(self, meta: TopicMeta, record: Record) -> int:
         if record.partition is None:
             if record.key is None:
                 return random.randrange(meta.partitions)
             return partition_for(record.key, meta.partitions)
-        if not 0 <= record.partition < meta.partitions:
-            raise DeliveryFailed(f"topic {topic!r} has no partition {record.partition}")
         return record.partition
 
     async def send(
@@ -116,12 +114,16 @@ class RedisStreamsProducer:
         """Append ``records`` in order; one ``pl_produce`` per run of one partition."""
         check_sizes(records, self._max_message_bytes)
         meta = await self._topic(topic)
+        if missing_partition(records, meta.partitions) is not None:
+            self._meta.pop(topic, None)  # grown since it was cached, perhaps: read it again
+            meta = await self._topic(topic)
+            check_partitions(topic, records, meta.partitions)
         loop = asyncio.get_running_loop()
         runs: list[_Run] = []
         placed: list[tuple[_Run, int]] = []  # (run, index within the run) per record
         open_runs: dict[int, _Run] = {}
         for record in records:
-            partition = self._partition(topic, meta, record)
+            partition = self._partition(meta, record)
             run = open_runs.get(partition)
             if run is None or len(run.fields) >= _MAX_BATCH:
                 run = _Run(topic, partition, meta.max_len, [], loop.create_future())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections import defaultdict
 from typing import ClassVar
 
@@ -457,3 +458,20 @@ class TransportContract:
             await first.close()
             await second.close()
             await transport.admin().delete_group(group, [topic])
+
+    @pytest.mark.parametrize("partition", [3, -1])
+    async def test_a_partition_the_topic_lacks_refuses_the_whole_call(
+        self, transport: Transport, unique: str, partition: int
+    ) -> None:
+        """A send or batch naming a partition the topic lacks raises UnknownTopic and sends none."""
+        topic = f"t-{unique}"
+        await make_topic(transport, topic, 3)
+        producer = transport.producer()
+        message = re.escape(f"topic {topic!r} has no partition {partition} (it has 3: 0 to 2)")
+        with pytest.raises(UnknownTopic, match=message):
+            await producer.send(topic, b"x", partition=partition)
+        batch = [Record(b"before", partition=0), Record(b"x", partition=partition), Record(b"z")]
+        with pytest.raises(UnknownTopic, match=message):
+            await producer.send_many(topic, batch)
+        await producer.close()
+        assert (await transport.admin().list_topics([topic]))[topic].message_count == 0
