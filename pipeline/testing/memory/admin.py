@@ -57,9 +57,12 @@ class MemoryAdmin:
 
         As Kafka forgets a deleted topic's offsets: a topic created again under the name starts
         at offset 0, and a group keeping the old positions would skip its first messages.
+        A topic that does not exist raises :class:`~pipeline.errors.UnknownTopic`, as on the
+        brokers.
         """
         self._broker.check(f"delete topic {name!r}")
-        self._broker.topics.pop(name, None)
+        self._broker.topic(name)
+        del self._broker.topics[name]
         for group in self._broker.groups:
             self._broker.forget_topics(group, (name,))
         self._broker.changed()

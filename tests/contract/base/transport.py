@@ -475,3 +475,10 @@ class TransportContract:
             await producer.send_many(topic, batch)
         await producer.close()
         assert (await transport.admin().list_topics([topic]))[topic].message_count == 0
+
+    async def test_deleting_a_topic_that_does_not_exist_is_unknown_topic(
+        self, transport: Transport, unique: str
+    ) -> None:
+        """Admin.delete_topic of a topic the broker does not have raises UnknownTopic."""
+        with pytest.raises(UnknownTopic, match=f"missing-{unique}"):
+            await transport.admin().delete_topic(f"missing-{unique}")
