@@ -232,7 +232,7 @@ class Admin(Protocol):
         ...
 
     async def delete_topic(self, name: str) -> None:
-        """Delete a topic and its messages."""
+        """Delete a topic and its messages; raises UnknownTopic if it does not exist."""
         ...
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
