@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from logstore.helpers import FakeClock, new_row
 
-from pipeline.logstore import LogStoreError, Selection
+from pipeline.logstore import LogStoreError, RowState, Selection
 from pipeline.logstore.postgres import PostgresLogStore
 
 BOUND_S = 15.0  # far above the store's few seconds, far below a 30 s pool wait
@@ -299,3 +299,60 @@ async def test_a_group_commit_left_unanswered_fails_in_time_and_is_stored_once(
         assert await store.insert(new_row(n, clock)) in (True, False)
     counts = await store.count_by_state(Selection())
     assert sum(counts.values()) == 6
+
+
+async def _blocked_on_lock(postgres_service: str, schema: str, count: int) -> None:
+    """Return once ``count`` statements wait for a lock on the test's table, on the server."""
+    waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass"
+    table = f'"{schema}".ingress_log'
+    async with await psycopg.AsyncConnection.connect(postgres_service) as probe:
+        while (await (await probe.execute(waiting, [table])).fetchall())[0][0] < count:  # noqa: ASYNC110 - polls the server's locks; no event signals it
+            await asyncio.sleep(0.05)
+
+
+async def test_replay_status_and_purge_reads_fail_in_time_when_postgres_stops_answering(
+    store: PostgresLogStore, relay: Relay, postgres_service: str, schema: str
+) -> None:
+    """Status and replay reads, and purge, under way when the server falls silent, fail in time."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    locker = await psycopg.AsyncConnection.connect(postgres_service)
+    try:
+        await locker.execute(f'LOCK TABLE "{schema}".ingress_log IN ACCESS EXCLUSIVE MODE')
+        operations = [
+            asyncio.ensure_future(store.count_by_state(Selection())),
+            asyncio.ensure_future(store.last_id(Selection())),
+            asyncio.ensure_future(store.select(Selection(), limit=10)),
+            asyncio.ensure_future(store.purge(clock.now_ms + 1)),
+        ]
+        await asyncio.wait_for(_blocked_on_lock(postgres_service, schema, 4), STALLED_BOUND_S)
+        relay.stall()  # each statement is on the server: its answer never comes back
+    finally:
+        await locker.rollback()
+        await locker.close()
+    results = await asyncio.wait_for(
+        asyncio.gather(*operations, return_exceptions=True), STALLED_BOUND_S
+    )
+    assert all(isinstance(result, LogStoreError) for result in results), results
+    assert all("did not answer" in str(result) for result in results), results
+
+
+async def test_a_bulk_read_the_server_works_on_past_the_answer_timeout_is_not_cut(
+    store: PostgresLogStore, postgres_service: str, schema: str
+) -> None:
+    """A count held by a lock for twice the answer timeout, the server answering, completes."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    locker = await psycopg.AsyncConnection.connect(postgres_service)
+    try:
+        await locker.execute(f'LOCK TABLE "{schema}".ingress_log IN ACCESS EXCLUSIVE MODE')
+        counting = asyncio.ensure_future(store.count_by_state(Selection()))
+        await asyncio.wait_for(_blocked_on_lock(postgres_service, schema, 1), STALLED_BOUND_S)
+        # The lock is held on the server for twice the store's answer timeout (3 s).
+        await locker.execute("SELECT pg_sleep(6.5)")
+        assert not counting.done()
+    finally:
+        await locker.rollback()
+        await locker.close()
+    counts = await asyncio.wait_for(counting, STALLED_BOUND_S)
+    assert counts == {RowState.RECEIVED: 1}

@@ -12,7 +12,10 @@ A statement the ingress, its dispatcher, the sweeper or ``mark_processed`` waits
 answered within the connection timeout: a server that hangs, or a network path that died with
 the connection open, would otherwise hold a group commit, and every webhook queued behind it,
 without end. Past the timeout the connection's socket is shut down, so the statement fails at
-once (no cancel request to a server that does not answer), and the pool discards it.
+once (no cancel request to a server that does not answer), and the pool discards it. A bulk
+statement (purge, replay pages, counts, read by ``pipeline purge``, ``replay`` and ``status``)
+may rightly take longer: while it runs the server is checked on another connection every
+timeout, and the statement is failed the same way once a check goes unanswered.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -64,8 +68,9 @@ class PostgresLogStore:
             max_connections: most connections the pool opens.
             max_batch: most rows inserted by one statement.
             connect_timeout_s: longest wait for a connection, pooled or new, and for the answer
-                to a statement (except the bulk ones: purge, replay pages, counts); an operation
-                that gets neither in time fails (the server is unreachable or does not answer).
+                to a statement; an operation that gets neither in time fails (the server is
+                unreachable or does not answer). A bulk statement (purge, replay pages, counts)
+                may run longer, as long as the server answers a check within it meanwhile.
             clock: seconds since the epoch; tests pass a fake one.
         """
         self._url = url
@@ -143,10 +148,18 @@ class PostgresLogStore:
         provider retries, and produced by the sweeper).
         """
         deadline: _Deadline | None = None
+        watch: asyncio.Task[None] | None = None
         try:
             async with self._pool.connection() as conn:
                 with _Deadline(conn, self._answer_timeout_s if bounded else None) as deadline:
-                    yield conn
+                    if not bounded:
+                        watch = asyncio.create_task(self._until_silent())
+                        watch.add_done_callback(_expire_unless_cancelled(deadline))
+                    try:
+                        yield conn
+                    finally:
+                        if watch is not None:
+                            watch.cancel()
         except psycopg.Error as exc:
             if deadline is not None and deadline.expired:
                 raise LogStoreError(
@@ -155,6 +168,21 @@ class PostgresLogStore:
                     " may or may not have taken effect"
                 ) from exc
             raise LogStoreError(f"log database error: {exc}") from exc
+
+    async def _until_silent(self) -> None:
+        """Return once the server leaves a check on another connection unanswered.
+
+        A bulk statement (purge, replay pages, counts) may rightly run for longer than the
+        answer timeout; while it runs the server is asked, every answer timeout, to answer an
+        empty query within it. A server that does not (hung, or its network path dead) would
+        never answer the bulk statement either.
+        """
+        while True:
+            await asyncio.sleep(self._answer_timeout_s)
+            try:
+                await self._execute(sql.SQL(""), [])
+            except LogStoreError:
+                return
 
     async def _execute(
         self, query: Query, params: Sequence[object] | dict[str, object], *, bounded: bool = True
@@ -317,6 +345,16 @@ def _row(r: Sequence[Any]) -> LogRow:
     )
 
 
+def _expire_unless_cancelled(deadline: _Deadline) -> Callable[[asyncio.Task[None]], None]:
+    """A done callback expiring ``deadline`` when its watch returned (the server fell silent)."""
+
+    def done(watch: asyncio.Task[None]) -> None:
+        if not watch.cancelled():
+            deadline.expire()
+
+    return done
+
+
 class _Deadline:
     """Shuts ``conn``'s socket down if the block is still running after ``seconds`` (None: never).
 
@@ -336,7 +374,7 @@ class _Deadline:
     def __enter__(self) -> Self:
         """Start the clock."""
         if self._seconds is not None:
-            self._timer = asyncio.get_running_loop().call_later(self._seconds, self._expire)
+            self._timer = asyncio.get_running_loop().call_later(self._seconds, self.expire)
         return self
 
     def __exit__(
@@ -349,7 +387,8 @@ class _Deadline:
         if self._timer is not None:
             self._timer.cancel()
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """Shut the connection's socket down now (the statement waiting on it fails)."""
         self.expired = True
         try:
             fd = self._conn.pgconn.socket
