@@ -30,6 +30,7 @@ so the order is visible here and a stage can change without reading the others.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -47,6 +48,8 @@ from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.throttle_gate import Admitter, ThrottleGate, tenant_of
 from pipeline.runtime.work import Work
+
+log = logging.getLogger(__name__)
 
 Settle = Callable[[Work, str | None, float], None]
 """The member's last step: record a message's outcome (None: it could not be routed) and how
@@ -147,23 +150,52 @@ class Chain:
         self.lanes.submit(work, ordered=work.lane.spec.ordered, first=work.due)
 
     async def _run(self, work: Work) -> None:
-        """Guard and handler (the guard calls the handler stage), then release and settle."""
+        """Guard and handler (the guard calls the handler stage), then release and settle.
+
+        Whatever raises on the way (a bug, a user's ``retryable`` or a ``Throttled`` whose
+        ``retry_after_s`` is no number) is logged naming the message, and the message is still
+        released and settled: its throttle slots freed, its key's next message let through, an
+        unfinished run left for redelivery. Otherwise its slots would stay held for as long as
+        the member lives, its key's later messages waiting for them, and the offset of a
+        message its handler had finished would never be committed.
+        """
         started = time.perf_counter()
         if self.gate is not None and work.trace is not None and work.lane.spec.throttle:
             policy = work.lane.spec.throttle
             tracing.throttle_waited(work.trace, self.gate.held_keys(work), policy.priority)
         trace = work.trace
-        if trace is None:
-            outcome = await self._guard.run(work.lane, work.message)
-        else:
-            token = tracing.guard_entered(trace)
-            try:
+        try:
+            if trace is None:
                 outcome = await self._guard.run(work.lane, work.message)
-            finally:
-                tracing.guard_left(trace, token)
+            else:
+                token = tracing.guard_entered(trace)
+                try:
+                    outcome = await self._guard.run(work.lane, work.message)
+                finally:
+                    tracing.guard_left(trace, token)
+        except Exception as exc:
+            _failed(work, exc, "failed before it was routed; it is left for redelivery")
+            outcome = None
+        try:
+            self._release(work, started)
+        except Exception as exc:
+            _failed(work, exc, f"could not be released after it ended {outcome or 'unrouted'}")
+        try:
+            self._settle(work, outcome, time.perf_counter() - started)
+            if work.trace is not None:
+                tracing.finish(work.trace, outcome)
+        except Exception as exc:
+            _failed(work, exc, f"could not be settled after it ended {outcome or 'unrouted'}")
+
+    def _release(self, work: Work, started: float) -> None:
+        """A message is done: its throttle slots (with their feedback) and its batch lane."""
         if self.gate is not None:
             lane, message = work.lane, work.message
-            feedback = self._handler.feedback(lane, message, self.gate.held_keys(work))
+            try:
+                feedback = self._handler.feedback(lane, message, self.gate.held_keys(work))
+            except Exception as exc:
+                _failed(work, exc, "got no throttle feedback; its slots are released without it")
+                feedback = []
             self.gate.finished(work, feedback)
             if self._fleet is not None and lane.spec.throttle is not None:
                 self._fleet.finished(tenant_of(work), time.perf_counter() - started)
@@ -172,12 +204,25 @@ class Chain:
         deferring = self._handler.deferring
         if deferring:
             deferring.discard((work.tp, work.offset))  # whatever parking decided
-        self._settle(work, outcome, time.perf_counter() - started)
-        if work.trace is not None:
-            tracing.finish(work.trace, outcome)
 
     # -- load ---------------------------------------------------------------------------------
 
     def _load(self) -> tuple[int, int]:
         """Handlers in use or queued in the key lanes, and the concurrency limit."""
         return self.lanes.buffered, self.lanes.limit
+
+
+def _failed(work: Work, error: Exception, what: str) -> None:
+    """Log that ``work``'s message ``what``, in a line naming it and ``error``, then its trace."""
+    message = work.message
+    log.error(
+        "lane %s: message %s[%d]@%d %s: %s: %s",
+        work.lane.name,
+        message.topic,
+        message.partition,
+        message.offset,
+        what,
+        type(error).__name__,
+        error,
+        exc_info=error,
+    )

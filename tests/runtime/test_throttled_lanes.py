@@ -14,7 +14,7 @@ from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.limits import LimitPolicy, OrgLimits
 from pipeline.admission.throttle import Throttle
-from pipeline.envelope import Message, Record, TopicPartition
+from pipeline.envelope import Message, Position, Record, TopicPartition
 from pipeline.errors import Throttled
 from pipeline.observability.facades import AdmissionMetrics
 from pipeline.observability.metrics import Metrics
@@ -361,3 +361,34 @@ async def test_a_run_still_going_when_its_partition_is_revoked_keeps_its_tenants
                 break
             await asyncio.sleep(0.02)
         assert (await throttle.status("org:acme")).holders == ()
+
+
+async def test_a_retry_after_given_as_header_text_does_not_wedge_the_lane(
+    transport: Transport, throttle: Throttle, unique: str
+) -> None:
+    """A ``Throttled`` given a Retry-After header's text still settles and frees its slots."""
+    spec = lane_spec(
+        f"thrtxt_{unique}",
+        1,
+        ordered=False,
+        retry={"tiers": ["200ms"], "max_attempts": 5},
+        throttle={
+            "keys": ["org:{tenant}", "dep:vision"],
+            "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
+        },
+    )
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        if event.offset == 0 and ctx.attempt == 1:
+            raise Throttled(retry_after_s="1", dependency="vision")  # type: ignore[arg-type]
+
+    await throttle.set_limit("org:acme", 1)
+    await produce(transport, spec.name, [record("acme", n) for n in range(4)])
+    member, _ = metered(app, transport, unique, throttle)
+    tp = TopicPartition(spec.name, 0)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 4, timeout_s=20)
+        await eventually(lambda: member._committed.get(tp) == Position(tp, 4), timeout_s=20)
