@@ -48,12 +48,22 @@ log = logging.getLogger(__name__)
 _PAUSED_BLOCK_MS = 50
 """Longest blocking read while some owned partition is paused (it resumes on the next read)."""
 
+_TIMESTAMP_DIGITS = 19
+"""The most digits a ``t`` field is read with (a signed 64-bit number's)."""
+
 
 def decode_entry(
     tp: TopicPartition, entry_id_raw: bytes, fields: dict[bytes, bytes], delivery_count: int = 1
 ) -> Message:
-    """Build a :class:`Message` from one stream entry."""
-    headers = {k[2:].decode(): v for k, v in fields.items() if k.startswith(b"h.")}
+    r"""Build a :class:`Message` from one stream entry.
+
+    Any client can ``XADD`` to a topic's stream: a header name that is not UTF-8 comes with its
+    bytes escaped (``\xff``), and a ``t`` that is no whole number reads as 0, as a missing one
+    does, so such an entry is delivered instead of failing every poll of its partition.
+    """
+    headers = {
+        k[2:].decode(errors="backslashreplace"): v for k, v in fields.items() if k.startswith(b"h.")
+    }
     return Message(
         topic=tp.topic,
         partition=tp.partition,
@@ -61,9 +71,16 @@ def decode_entry(
         key=fields.get(b"k"),
         value=fields.get(b"v", b""),
         headers=headers,
-        timestamp_ms=int(fields.get(b"t", 0)),
+        timestamp_ms=_timestamp_ms(fields.get(b"t")),
         delivery_count=delivery_count,
     )
+
+
+def _timestamp_ms(raw: bytes | None) -> int:
+    """The entry's ``t`` field (set by ``pl_produce``); 0 when absent or no whole number."""
+    if raw is None or not raw.isdigit() or len(raw) > _TIMESTAMP_DIGITS:
+        return 0
+    return int(raw)
 
 
 class RedisStreamsConsumer:
