@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from pipeline.errors import DeadLetter, PipelineError, Retry
 
+_METADATA_HOST = "169.254.169.254"
+"""The instance metadata service, where the S3 client looks for credentials last."""
+
 
 class OffloadError(PipelineError):
     """The payload store could not be reached or refused an operation."""
@@ -39,3 +42,19 @@ class PayloadCorrupt(DeadLetter):
     """The referenced object's size or SHA-256 differs from the reference's."""
 
     dead_reason = "payload_corrupt"
+
+
+def client_error_text(exc: BaseException) -> str:
+    """A store client's error as one line: obstore's first line, without its debug dump.
+
+    When the client fell back to the instance metadata service for credentials, the line says
+    which variables to set (no ``AWS_ACCESS_KEY_ID`` was given).
+    """
+    lines = str(exc).strip().splitlines()
+    text = lines[0].strip() if lines else type(exc).__name__
+    if _METADATA_HOST in text:
+        text += (
+            " (no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run"
+            " where the instance metadata service serves them)"
+        )
+    return text

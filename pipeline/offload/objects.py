@@ -17,7 +17,7 @@ from typing import Any
 
 import obstore
 
-from pipeline.offload.errors import OffloadError, PayloadMissing
+from pipeline.offload.errors import OffloadError, PayloadMissing, client_error_text
 from pipeline.offload.store import StoredObject
 
 
@@ -46,14 +46,18 @@ class ObjectPayloadStore:
         except FileNotFoundError:
             return None
         except Exception as exc:
-            raise OffloadError(f"offload store {self.url}: cannot read {key}: {exc}") from exc
+            raise OffloadError(
+                f"offload store {self.url}: cannot read {key}: {client_error_text(exc)}"
+            ) from exc
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         """Write ``data`` at ``key`` (a multipart upload above obstore's chunk size on S3)."""
         try:
             await asyncio.to_thread(obstore.put, self._store, key, data)
         except Exception as exc:
-            raise OffloadError(f"offload store {self.url}: cannot write {key}: {exc}") from exc
+            raise OffloadError(
+                f"offload store {self.url}: cannot write {key}: {client_error_text(exc)}"
+            ) from exc
 
     async def chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         """The object's bytes in chunks of at least ``chunk_bytes`` (the last may be shorter)."""
@@ -67,7 +71,9 @@ class ObjectPayloadStore:
         except PayloadMissing:
             raise
         except Exception as exc:
-            raise OffloadError(f"offload store {self.url}: cannot read {key}: {exc}") from exc
+            raise OffloadError(
+                f"offload store {self.url}: cannot read {key}: {client_error_text(exc)}"
+            ) from exc
 
     async def list(self, prefix: str = "") -> AsyncIterator[StoredObject]:
         """Every object under ``prefix``, page by page.
@@ -80,7 +86,9 @@ class ObjectPayloadStore:
         except FileNotFoundError:
             return
         except Exception as exc:
-            raise OffloadError(f"offload store {self.url}: cannot list: {exc}") from exc
+            raise OffloadError(
+                f"offload store {self.url}: cannot list: {client_error_text(exc)}"
+            ) from exc
         for meta in found:
             yield _stored(meta)
 
@@ -99,4 +107,6 @@ class ObjectPayloadStore:
         except FileNotFoundError:
             return
         except Exception as exc:
-            raise OffloadError(f"offload store {self.url}: cannot delete {key}: {exc}") from exc
+            raise OffloadError(
+                f"offload store {self.url}: cannot delete {key}: {client_error_text(exc)}"
+            ) from exc

@@ -22,7 +22,7 @@ import httpx
 import obstore
 from obstore.store import S3Store
 
-from pipeline.offload.errors import OffloadError
+from pipeline.offload.errors import OffloadError, client_error_text
 from pipeline.offload.objects import ObjectPayloadStore
 
 if TYPE_CHECKING:
@@ -69,7 +69,9 @@ class S3PayloadStore(ObjectPayloadStore):
             async with httpx.AsyncClient(timeout=30.0, verify=_tls()) as client:
                 answer = await client.delete(url)
         except Exception as exc:
-            raise OffloadError(f"offload store {self.url}: cannot delete {key}: {exc}") from exc
+            raise OffloadError(
+                f"offload store {self.url}: cannot delete {key}: {client_error_text(exc)}"
+            ) from exc
         if answer.status_code not in (200, 204, 404):
             raise OffloadError(
                 f"offload store {self.url}: cannot delete {key}: HTTP {answer.status_code}"

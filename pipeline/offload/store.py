@@ -16,7 +16,7 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 from pipeline.errors import ConfigError
-from pipeline.offload.errors import OffloadError
+from pipeline.offload.errors import OffloadError, client_error_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,4 +79,6 @@ def open_store(url: str) -> PayloadStore:
 
         return DirectoryPayloadStore(url)
     except Exception as exc:
-        raise OffloadError(f"offload store {url}: cannot open it: {exc}") from exc
+        raise OffloadError(
+            f"offload store {url}: cannot open it: {client_error_text(exc)}"
+        ) from exc

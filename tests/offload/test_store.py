@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
 
 from pipeline.offload import reference as ref
-from pipeline.offload.errors import PayloadCorrupt, PayloadMissing
+from pipeline.offload.errors import OffloadError, PayloadCorrupt, PayloadMissing
 from pipeline.offload.lazy import LazyPayload, read_body
 from pipeline.offload.policy import OffloadPolicy
 from pipeline.offload.store import open_store
@@ -118,3 +119,39 @@ async def test_an_object_larger_than_its_reference_is_corrupt_before_it_is_read_
     assert len(pulled) == 1  # not streamed to its end
     with pytest.raises(PayloadCorrupt):
         await LazyPayload(reference, store).read()
+
+
+async def test_a_store_that_is_down_fails_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 down: each failed call is one OffloadError line naming the store, the call and the URL."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "pipeline")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pipeline-local-secret")
+    store = open_store("s3://pipeline/down")
+    with pytest.raises(OffloadError) as written:
+        await store.put("sha256/aa/one", b"x")
+    with pytest.raises(OffloadError) as listed:
+        [o async for o in store.list()]
+    for caught, what in ((written, "cannot write sha256/aa/one"), (listed, "cannot list")):
+        text = str(caught.value)
+        assert "\n" not in text
+        assert f"offload store s3://pipeline/down: {what}: " in text
+        assert f"127.0.0.1:{port}" in text
+
+
+async def test_missing_credentials_fail_in_one_line_that_says_so(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No AWS credentials: one OffloadError line saying which variables to set, no debug dump."""
+    if not store_url.startswith("s3://"):
+        pytest.skip("a directory store needs no credentials")
+    with monkeypatch.context() as env:  # the fixture's cleanup needs them back
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            env.delenv(name, raising=False)
+        with pytest.raises(OffloadError) as caught:
+            await open_store(store_url).head("sha256/aa/one")
+    text = str(caught.value)
+    assert "\n" not in text
+    assert "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in text
