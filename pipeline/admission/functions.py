@@ -2,8 +2,10 @@
 
 One :class:`ThrottleFunctions` per (namespace, Redis client): every function takes the
 namespace's ``T:meta`` key (from :mod:`pipeline.admission.keys`) as ``KEYS[1]`` and derives the
-rest from its hash tag; the Lua header says what each does. Each reply comes back typed, with
-the caller's own permits that the call completed (``woken``: ``"HOLDER GRANT_MS"`` entries).
+rest from its hash tag; ``KEYS[2]``, ``T:slot_guard``, is never written, so Redis Cluster refuses
+a call (``TRYAGAIN``) while the namespace's slot migrates rather than run it on part of its keys.
+The Lua header says what each does. Each reply comes back typed, with the caller's own permits
+that the call completed (``woken``: ``"HOLDER GRANT_MS"`` entries).
 The library is loaded once per client under its versioned name (:mod:`pipeline.redis_functions`)
 and reloaded if Redis lost it.
 """
@@ -61,6 +63,7 @@ class ThrottleFunctions(FunctionLibrary):
         """Bind to ``client``, the namespace's keys, the calling member and the default limit."""
         super().__init__(client, LIBRARY)
         self.meta = keys.meta(prefix, namespace)
+        self.declared = [self.meta, keys.slot_guard(prefix, namespace)]
         self.member = member
         self.default_limit = default_limit
 
@@ -83,26 +86,26 @@ class ThrottleFunctions(FunctionLibrary):
             "1" if try_only else "0",
             *wanted,
         ]
-        state, held, woken = await self.fcall("thr_acquire", [self.meta], args)
+        state, held, woken = await self.fcall("thr_acquire", self.declared, args)
         return Acquired(_text(state), int(held), tuple(woken))
 
     async def release(self, holder: str, feedback: Sequence[str | int | float] = ()) -> Counted:
         """``thr_release``: give up a permit (held or waiting), applying adaptive feedback first."""
         args = [holder, self.default_limit, self.member, *feedback]
-        freed, woken = await self.fcall("thr_release", [self.meta], args)
+        freed, woken = await self.fcall("thr_release", self.declared, args)
         return Counted(int(freed), tuple(woken))
 
     async def renew(self, holders: Sequence[str] = ()) -> Renewed:
         """``thr_renew``: extend the leases of ``holders`` (none: only expire and reopen)."""
         args = [self.default_limit, self.member, *holders]
-        letters, woken = await self.fcall("thr_renew", [self.meta], args)
+        letters, woken = await self.fcall("thr_renew", self.declared, args)
         return Renewed(_text(letters), tuple(woken))
 
     async def set_limit(self, key: str, limit: int | None) -> Counted:
         """``thr_set_limit``: set (None: clear) ``key``'s limit; new room goes to its waiters."""
         value = "" if limit is None else limit
         args = [key, value, self.default_limit, self.member]
-        count, woken = await self.fcall("thr_set_limit", [self.meta], args)
+        count, woken = await self.fcall("thr_set_limit", self.declared, args)
         return Counted(int(count), tuple(woken))
 
     async def set_reserve(self, key: str, slots: int | None, min_priority: int) -> Counted:
@@ -112,7 +115,7 @@ class ThrottleFunctions(FunctionLibrary):
         """
         value = "" if slots is None else slots
         args = [key, value, min_priority, self.default_limit, self.member]
-        count, woken = await self.fcall("thr_set_reserve", [self.meta], args)
+        count, woken = await self.fcall("thr_set_reserve", self.declared, args)
         return Counted(int(count), tuple(woken))
 
 

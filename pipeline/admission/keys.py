@@ -20,6 +20,16 @@ def meta(prefix: str, namespace: str) -> str:
     return f"{tag(prefix, namespace)}:meta"
 
 
+def slot_guard(prefix: str, namespace: str) -> str:
+    """Never written; ``KEYS[2]`` of every throttle function, beside ``meta``.
+
+    A call whose declared keys are partly missing while their Redis Cluster slot migrates is
+    refused (``TRYAGAIN``) before it runs. With ``meta`` alone declared, Redis ran the function
+    on the migrating node and stopped it at the first key missing there, after its first writes.
+    """
+    return f"{tag(prefix, namespace)}:slot_guard"
+
+
 def limits(prefix: str, namespace: str) -> str:
     """Hash: throttle key -> concurrency limit."""
     return f"{tag(prefix, namespace)}:limits"

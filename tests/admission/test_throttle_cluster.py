@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis import exceptions as rexc
+from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from runtime.helpers import eventually
 from support import require_service
 
 from pipeline.admission import keys as k
+from pipeline.admission.functions import ThrottleFunctions
 from pipeline.admission.throttle import Throttle
 
 pytestmark = pytest.mark.redis
@@ -44,3 +47,51 @@ async def test_multi_key_acquire_and_handover_on_cluster(unique):
         await t.close()
     for c in clients[::2]:
         await c.aclose()
+
+
+def _owner_and_other(client: RedisCluster, slot: int) -> tuple[Redis, Redis]:
+    """Plain clients on the primary serving ``slot`` and on another primary."""
+    owner = client.nodes_manager.get_node_from_slot(slot)
+    other = next(n for n in client.get_primaries() if n.name != owner.name)
+    return Redis(host=owner.host, port=owner.port), Redis(host=other.host, port=other.port)
+
+
+async def test_a_call_during_a_slot_migration_changes_nothing(unique):
+    """A throttle call refused while its slot migrates leaves no half-done change behind.
+
+    The functions declared only ``T:meta``, so Redis ran them on the migrating node and stopped
+    one at the first key missing there: a lapsed holder was already removed from the key when
+    its hand-over failed, and the waiter it was owed never got the free slot, after the
+    migration as well.
+    """
+    require_service("redis cluster (deploy/local/redis-cluster.sh)", "127.0.0.1", CLUSTER_PORT)
+    client = RedisCluster.from_url(f"redis://127.0.0.1:{CLUSTER_PORT}")
+    namespace = f"mig{unique}"
+    dead = ThrottleFunctions(client, "pltest", namespace, member="dead", default_limit=1)
+    alive = ThrottleFunctions(client, "pltest", namespace, member="alive", default_limit=1)
+    tag = k.tag("pltest", namespace)
+    slot = await client.cluster_keyslot(k.meta("pltest", namespace))
+    source, target = _owner_and_other(client, slot)
+    try:
+        assert (await dead.acquire("held", 0, 60_000, ["org:a"], try_only=False)).state == "granted"
+        assert (
+            await alive.acquire("owed", 0, 60_000, ["org:a"], try_only=False)
+        ).state == "waiting"
+        await client.zadd(k.leases("pltest", namespace), {"held": 1})  # its member died long ago
+        source_id = (await source.execute_command("CLUSTER", "MYID")).decode()
+        target_id = (await target.execute_command("CLUSTER", "MYID")).decode()
+        await target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        await source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        try:
+            with pytest.raises(rexc.RedisError):  # refused while the slot migrates
+                await alive.renew(["owed"])
+        finally:
+            for node in (target, source):
+                await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        assert (await alive.renew(["owed"])).letters == "g"  # the lapsed slot went to the waiter
+    finally:
+        async for key in client.scan_iter(match=f"{tag}*"):
+            await client.delete(key)
+        for c in (source, target):
+            await c.aclose()
+        await client.aclose()

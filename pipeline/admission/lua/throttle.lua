@@ -7,7 +7,9 @@
 -- Every key of one namespace shares the hash tag {PREFIX:thr:NAMESPACE} (written T below), so a
 -- multi-key decision stays in one Redis Cluster slot. KEYS[1] is always T:meta; the function
 -- derives every other key from its tag. They all hash to KEYS[1]'s slot, which is what Redis
--- Cluster checks.
+-- Cluster checks. KEYS[2] is always T:slot_guard, a key never written: while the slot migrates,
+-- Redis Cluster refuses (TRYAGAIN) a call declaring a key it does not have, before it runs,
+-- instead of stopping it part way at the first key that is missing on that node.
 --
 --   T:meta        hash   seq: the last arrival sequence handed out (FIFO order of waiters)
 --   T:limits      hash   throttle key -> concurrency limit (absent: ARGV default_limit)
@@ -278,7 +280,7 @@ local function unique(list)
 end
 
 -- thr_acquire: ask for a slot on every key of a job, in one step.
--- KEYS[1] T:meta
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard
 -- ARGV[1] holder id (unique per acquisition)   ARGV[2] member id   ARGV[3] priority 0..1000
 -- ARGV[4] lease_ms   ARGV[5] default_limit   ARGV[6] "1": try only (never queue)
 -- ARGV[7..] the throttle keys in the canonical order (throttle.py canonical_order: narrowest
@@ -315,7 +317,8 @@ local function acquire(keys, args)
 end
 
 -- thr_release: give up a permit (held or still waiting); its slots go to the next waiters.
--- KEYS[1] T:meta   ARGV[1] holder id   ARGV[2] default_limit   ARGV[3] calling member id
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] holder id   ARGV[2] default_limit
+-- ARGV[3] calling member id
 -- ARGV[4..] feedback on adaptive keys, 7 values each (see adapt), applied first, so the freed
 --           slots go out under the new limits
 -- Returns {freed, woken}: slots freed (0 if the permit was unknown: already expired or
@@ -333,7 +336,8 @@ local function release(keys, args)
 end
 
 -- thr_renew: extend the leases of a member's live permits (its heartbeat).
--- KEYS[1] T:meta   ARGV[1] default_limit   ARGV[2] calling member id   ARGV[3..] holder ids
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] default_limit   ARGV[2] calling member id
+-- ARGV[3..] holder ids
 -- Returns {letters, woken}: one letter per holder, g (granted) | w (waiting) | x (unknown:
 -- expired or state lost).
 local function renew(keys, args)
@@ -360,7 +364,8 @@ local function renew(keys, args)
 end
 
 -- thr_set_limit: set (or with an empty ARGV[2], clear) a key's limit and hand out new room.
--- KEYS[1] T:meta   ARGV[1] throttle key   ARGV[2] limit or ""   ARGV[3] default_limit
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] throttle key   ARGV[2] limit or ""
+-- ARGV[3] default_limit
 -- ARGV[4] calling member id
 -- Returns {woken_count, woken}: waiters completed, and those of them that are the caller's.
 local function set_limit(keys, args)
@@ -382,7 +387,8 @@ end
 
 -- thr_set_reserve: keep (or with an empty ARGV[2], stop keeping) the last slots of a key for
 -- permits of priority >= ARGV[3]; room a smaller reserve frees goes to the waiters.
--- KEYS[1] T:meta   ARGV[1] throttle key   ARGV[2] slots or ""   ARGV[3] min priority
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] throttle key   ARGV[2] slots or ""
+-- ARGV[3] min priority
 -- ARGV[4] default_limit   ARGV[5] calling member id
 -- Returns {woken_count, woken} as thr_set_limit.
 local function set_reserve(keys, args)
