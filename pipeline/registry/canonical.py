@@ -13,7 +13,8 @@ A schema string becomes a :class:`ParsedSchema` with two derived texts:
   fingerprint (``rabin_fingerprint``) is the one Avro single-object encoding uses.
 
 Parsing validates with fastavro (types, default values) plus the checks fastavro leaves out:
-name syntax, duplicate field names, duplicate or nested union branches, missing ``fields``.
+name syntax, duplicate field names, duplicate or nested union branches, missing ``fields``,
+a field's ``order`` and ``aliases``, a ``type`` attribute that is no type name.
 Every failure raises :class:`~pipeline.registry.errors.InvalidSchema` naming the reason.
 """
 
@@ -34,6 +35,8 @@ PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "by
 NAMED = frozenset({"record", "error", "enum", "fixed"})
 _CONTAINERS = {"array": "items", "map": "values"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ORDERS = ("ascending", "descending", "ignore")
+"""A field's sort orders; Avro's Java parser fails on any other ``order``."""
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Attributes with a fixed place at the front of a normalised object; the rest follow sorted.
 _LEADING = ("name", "type", "fields", "symbols", "items", "values", "size")
@@ -210,6 +213,8 @@ class _Normalizer:
         if not isinstance(schema, dict):
             raise InvalidSchema(f"Invalid schema: expected a type at {where}, got {schema!r}")
         kind = schema.get("type")
+        if isinstance(kind, dict | list):  # Avro's parsers refuse a nested type here
+            raise InvalidSchema(f"Invalid schema: 'type' must be a type name at {where}.type")
         if kind in NAMED:
             return self.named(schema, namespace, where)
         if kind in _CONTAINERS:
@@ -297,10 +302,19 @@ class _Normalizer:
             names.add(name)
             entry: dict[str, Any] = {"name": name}
             entry["type"] = self.node(f["type"], namespace, f"{where}.{name}")
-            if f.get("aliases") is not None:
-                entry["aliases"] = sorted(_check_name(a, where) for a in f["aliases"])
-            if f.get("order", "ascending") != "ascending":
-                entry["order"] = f["order"]
+            aliases = f.get("aliases")
+            if aliases is not None:
+                if not isinstance(aliases, list):
+                    raise InvalidSchema(f"Invalid schema: aliases must be a list at {where}.{name}")
+                entry["aliases"] = sorted(_check_name(a, where) for a in aliases)
+            order = f.get("order", "ascending")
+            if order not in _ORDERS:
+                raise InvalidSchema(
+                    "Invalid schema: order must be ascending, descending or ignore at "
+                    f"{where}.{name}"
+                )
+            if order != "ascending":
+                entry["order"] = order
             entry.update(_rest(f, ("order",)))
             out.append(entry)
         return out

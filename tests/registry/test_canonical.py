@@ -102,6 +102,29 @@ def test_parsing_canonical_form_follows_the_spec() -> None:
             "defined twice",
         ),
         ("{}", "missing 'type'"),
+        ('{"type": {"type": "int"}}', r"'type' must be a type name at \$\.type"),
+        ('{"type": ["null", "int"]}', r"'type' must be a type name at \$\.type"),
+        (
+            (
+                '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int", '
+                '"aliases": 5}]}'
+            ),
+            r"aliases must be a list at \$<R>\.a",
+        ),
+        (
+            (
+                '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int", '
+                '"aliases": "xy"}]}'
+            ),
+            r"aliases must be a list at \$<R>\.a",
+        ),
+        (
+            (
+                '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int", '
+                '"order": "bogus"}]}'
+            ),
+            r"order must be ascending, descending or ignore at \$<R>\.a",
+        ),
     ],
 )
 def test_invalid_schemas_are_refused_with_a_reason(text: str, reason: str) -> None:
