@@ -16,7 +16,9 @@ Reads for the replay CLI run on a second connection and thread, so they never wa
 writer (WAL readers do not block the writer nor the writer them). Checkpoints (copying the WAL
 back into the database) run on a third connection and thread, in ``PASSIVE`` mode, after every
 ``checkpoint_rows`` committed rows: SQLite's automatic checkpoint would run inside a commit and
-stall every webhook waiting on it for the whole copy.
+stall every webhook waiting on it for the whole copy. What was committed during the copy is
+then copied by the writer between two commits (a few pages), so that the next commit starts the
+WAL over: otherwise, under steady load, it would grow without end.
 """
 
 from __future__ import annotations
@@ -153,10 +155,7 @@ class SqliteLogStore:
         if self._rows_since_checkpoint < self._checkpoint_rows or self._checkpointing is not None:
             return
         self._rows_since_checkpoint = 0
-        loop = asyncio.get_running_loop()
-        self._checkpointing = loop.run_in_executor(
-            self._checkpoint_pool, self._checkpoint, "PASSIVE"
-        )
+        self._checkpointing = asyncio.ensure_future(self._checkpoint_passive())
 
         def done(future: asyncio.Future[None]) -> None:
             self._checkpointing = None
@@ -164,6 +163,17 @@ class SqliteLogStore:
                 log.warning("WAL checkpoint failed: %s", future.exception())
 
         self._checkpointing.add_done_callback(done)
+
+    async def _checkpoint_passive(self) -> None:
+        """Copy the WAL back in the background, then the little committed meanwhile, in line.
+
+        SQLite starts the WAL over (instead of appending to it) only at a commit that finds all
+        of it copied; under steady load rows are always committed while the background copy
+        runs, so that never happens and the WAL would grow without end. What they added is
+        copied by the writer between two commits, a short stall, and the next commit rewinds.
+        """
+        await self._on(self._checkpoint_pool, self._checkpoint, "PASSIVE")
+        await self._write(lambda: self._w.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall())
 
     @property
     def _w(self) -> sqlite3.Connection:
