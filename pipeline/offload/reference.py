@@ -115,7 +115,7 @@ def decode(value: bytes, headers: Mapping[str, bytes]) -> Reference:
             sha256=str(doc["sha256"]),
             content_type=str(doc.get("content_type", "")),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: a size Infinity
         raise ReferenceRefused("a pl-offload message whose body is not a reference") from None
     if not _KEY.fullmatch(ref.key) or ref.key != key_for(ref.sha256):
         raise ReferenceRefused(f"payload reference key {ref.key[:100]!r} is not content-addressed")

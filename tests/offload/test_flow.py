@@ -455,3 +455,32 @@ async def test_a_debounced_turn_resolves_its_buffered_references(
             await eventually(lambda: member.stats.handled == 3)
         assert turns == [events]
         await transport.admin().delete_group(group, spec.topic_names())
+
+
+async def test_a_reference_with_an_impossible_size_is_refused_not_a_crash(
+    transport: Transport, redis: Redis, store_url: str, unique: str
+) -> None:
+    """A forged reference whose size is Infinity is a ReferenceRefused dead letter, member alive."""
+    spec = offload_lane(f"forged_{unique}", store_url)
+    value, headers = ref.reference_for(store_url, b"f" * 300_000).encode()
+    forged = value.replace(b'"size":300000', b'"size":Infinity')
+    async with declared(transport, redis, unique, spec):
+        producer = transport.producer()  # not an offloading one: it is sent as forged
+        await producer.send(spec.name, forged, key=b"k", headers=headers)
+        await producer.close()
+        app = App([spec])
+
+        @app.handler(spec.lane)
+        async def handle(event: bytes, ctx: Context) -> None:
+            raise AssertionError("a forged reference reached the handler")
+
+        group = f"g-{unique}"
+        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
+        async with running(member):
+            await eventually(lambda: member.stats.dead_lettered == 1)
+        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
+        await dlq.close()
+        assert dead.headers[h.ERROR_CLASS] == b"pipeline.offload.errors.ReferenceRefused"
+        assert b"not a reference" in dead.headers[h.ERROR_MESSAGE]
+        await transport.admin().delete_group(group, spec.topic_names())
