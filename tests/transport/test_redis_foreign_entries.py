@@ -12,6 +12,7 @@ from contract.helpers import consume_until, make_topic
 from redis.asyncio import Redis
 
 from pipeline.config import Settings
+from pipeline.envelope import Record
 from pipeline.transport.redis_streams.keys import Keys
 from pipeline.transport.redis_streams.transport import RedisStreamsTransport
 
@@ -46,6 +47,49 @@ async def test_raw_entries_with_unreadable_fields_are_delivered_in_order(
         ]
         assert got[1].headers == {"\\xff\\xfe": b"x"}
         assert got[2].timestamp_ms == 0
+    finally:
+        await consumer.close()
+        await producer.close()
+        await transport.admin().delete_group(group, [topic])
+        await transport.close()
+
+
+async def test_production_continues_after_a_raw_entry_with_an_id_above_the_counter(
+    settings: Settings, redis: Redis, unique: str
+) -> None:
+    """After raw XADDs with an auto id and an explicit id above the counter, sends still land."""
+    transport = RedisStreamsTransport(settings)
+    topic, group = f"foreign_{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 1)
+    stream = Keys(settings.redis.key_prefix).stream(topic, 0)
+    producer = transport.producer()
+    consumer = transport.consumer(group, [topic])
+    admin = transport.admin()
+    try:
+        await producer.send(topic, b"before", partition=0)
+        await redis.xadd(stream, {b"v": b"auto-id", b"t": b"1"})  # id: Redis's clock, ~1.8e12
+        sent = [await producer.send(topic, b"after-auto", partition=0)]
+        top = sent[0].offset + 1  # that entry's id is top-0
+        await redis.xadd(stream, {b"v": b"explicit-id", b"t": b"1"}, id=f"{top + 5}-0")
+        sent += await producer.send_many(topic, [Record(b"after-explicit", partition=0)] * 2)
+
+        got = await consume_until(consumer, lambda r: len(r) >= 6, timeout_s=30)
+
+        assert [m.value for m in got] == [
+            b"before",
+            b"auto-id",
+            b"after-auto",
+            b"explicit-id",
+            b"after-explicit",
+            b"after-explicit",
+        ]
+        offsets = [m.offset for m in got]
+        assert offsets == sorted(set(offsets))
+        assert [d.offset for d in sent] == [offsets[2], offsets[4], offsets[5]]
+        (lag,) = await admin.group_lag(group, topic)
+        assert (lag.committed, lag.end, lag.oldest_unconsumed_ms) == (offsets[-1] + 1,) * 2 + (
+            None,
+        )
     finally:
         await consumer.close()
         await producer.close()

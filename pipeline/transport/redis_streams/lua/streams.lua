@@ -8,12 +8,26 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The offset above every id of stream `s` (its last-generated-id's milliseconds): the first
+-- whose entry id (offset + 1)-0 XADD takes.
+local function past_top(s)
+  local info = redis.call('XINFO', 'STREAM', s)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then
+      return tonumber(string.match(info[i + 1], '^%d+'))
+    end
+  end
+end
+
 -- pl_produce: append a batch of messages to one partition, giving them consecutive offsets.
 -- KEYS[1] stream {P:T:p}:s      KEYS[2] offset counter {P:T:p}:n
 -- ARGV[1] max_len (approximate entries kept, XADD MAXLEN ~)   ARGV[2] n, the number of messages
 -- then per message: the count of the field/value arguments that follow, then those fields:
 --   k (key, absent for none), v (value), h.<name> (headers)
 -- Returns {first offset, timestamp_ms}. The entry id of offset o is (o + 1)-0 (ids start at 1-0).
+-- Another client may have appended an entry with a raw XADD whose id is at or above the next
+-- one (an auto id is Redis's clock in ms): the batch then goes on past it, the counter moved
+-- there, so the offsets in between stay unused and production does not stop.
 local function produce(keys, args)
   local n = tonumber(args[2])
   local first = redis.call('INCRBY', keys[2], n) - n
@@ -21,8 +35,18 @@ local function produce(keys, args)
   local i = 3
   for m = 0, n - 1 do
     local nf = tonumber(args[i])
-    redis.call('XADD', keys[1], 'MAXLEN', '~', args[1], (first + m + 1) .. '-0', 't', ts,
-               unpack(args, i + 1, i + nf))
+    local added = redis.pcall('XADD', keys[1], 'MAXLEN', '~', args[1],
+                              string.format('%d-0', first + m + 1), 't', ts,
+                              unpack(args, i + 1, i + nf))
+    if type(added) == 'table' and added.err then
+      if m > 0 or not string.find(added.err, 'equal or smaller', 1, true) then
+        return redis.error_reply(added.err)
+      end
+      first = past_top(keys[1])
+      redis.call('SET', keys[2], first + n)
+      redis.call('XADD', keys[1], 'MAXLEN', '~', args[1], string.format('%d-0', first + 1),
+                 't', ts, unpack(args, i + 1, i + nf))
+    end
     i = i + nf + 1
   end
   return {first, ts}
