@@ -19,34 +19,46 @@ pytestmark = pytest.mark.redis
 CLUSTER_PORT = 7000
 
 
+async def _delete_namespace(client: RedisCluster, prefix: str, namespace: str) -> None:
+    """Delete every key of a throttle namespace (the test's own, named with its suffix)."""
+    async for key in client.scan_iter(match=f"{k.tag(prefix, namespace)}*"):
+        await client.delete(key)
+
+
 async def test_multi_key_acquire_and_handover_on_cluster(unique):
     """Multi-key acquisition, hand-over and wake work across the cluster's nodes."""
     require_service("redis cluster (deploy/local/redis-cluster.sh)", "127.0.0.1", CLUSTER_PORT)
     url = f"redis://127.0.0.1:{CLUSTER_PORT}"
     clients = [RedisCluster.from_url(url) for _ in range(4)]
+    namespaces = [f"a{unique}", f"b{unique}"]
     throttles = []
-    for i, ns in enumerate([f"a{unique}", f"b{unique}"]):
-        t = Throttle(clients[2 * i], namespace=ns, default_limit=1, wake_client=clients[2 * i + 1])
-        await t.start()
-        throttles.append(t)
-    slots = {await clients[0].cluster_keyslot(k.meta("pl", f"{c}{unique}")) for c in "ab"}
-    assert len(slots) == 2  # namespaces spread over slots; one namespace is one slot
-    for t in throttles:
-        keys = ["org:acme", "sub:acme/t42", "job:doc-17"]
-        held = await t.acquire(keys)
-        waiting = asyncio.create_task(t.acquire(["job:doc-17", "org:acme"], priority=3))
-        await eventually(lambda t=t: t.waited == 1, 10)
-        status = await t.status("job:doc-17")  # the first of its keys in canonical order
-        assert status.waiters_by_priority() == {3: 1}
-        await t.release(held)
-        permit = await asyncio.wait_for(waiting, 10)
-        assert t.wakes == 1
-        await t.release(permit)
-        assert (await t.status("job:doc-17")).holders == ()
-    for t in throttles:
-        await t.close()
-    for c in clients[::2]:
-        await c.aclose()
+    try:
+        for i, ns in enumerate(namespaces):
+            wake = clients[2 * i + 1]
+            t = Throttle(clients[2 * i], namespace=ns, default_limit=1, wake_client=wake)
+            await t.start()
+            throttles.append(t)
+        slots = {await clients[0].cluster_keyslot(k.meta("pl", ns)) for ns in namespaces}
+        assert len(slots) == 2  # namespaces spread over slots; one namespace is one slot
+        for t in throttles:
+            keys = ["org:acme", "sub:acme/t42", "job:doc-17"]
+            held = await t.acquire(keys)
+            waiting = asyncio.create_task(t.acquire(["job:doc-17", "org:acme"], priority=3))
+            await eventually(lambda t=t: t.waited == 1, 10)
+            status = await t.status("job:doc-17")  # the first of its keys in canonical order
+            assert status.waiters_by_priority() == {3: 1}
+            await t.release(held)
+            permit = await asyncio.wait_for(waiting, 10)
+            assert t.wakes == 1
+            await t.release(permit)
+            assert (await t.status("job:doc-17")).holders == ()
+    finally:
+        for t in throttles:
+            await t.close()
+        for ns in namespaces:
+            await _delete_namespace(clients[0], "pl", ns)
+        for c in clients[::2]:
+            await c.aclose()
 
 
 def _owner_and_other(client: RedisCluster, slot: int) -> tuple[Redis, Redis]:
@@ -69,7 +81,6 @@ async def test_a_call_during_a_slot_migration_changes_nothing(unique):
     namespace = f"mig{unique}"
     dead = ThrottleFunctions(client, "pltest", namespace, member="dead", default_limit=1)
     alive = ThrottleFunctions(client, "pltest", namespace, member="alive", default_limit=1)
-    tag = k.tag("pltest", namespace)
     slot = await client.cluster_keyslot(k.meta("pltest", namespace))
     source, target = _owner_and_other(client, slot)
     try:
@@ -90,8 +101,7 @@ async def test_a_call_during_a_slot_migration_changes_nothing(unique):
                 await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
         assert (await alive.renew(["owed"])).letters == "g"  # the lapsed slot went to the waiter
     finally:
-        async for key in client.scan_iter(match=f"{tag}*"):
-            await client.delete(key)
+        await _delete_namespace(client, "pltest", namespace)
         for c in (source, target):
             await c.aclose()
         await client.aclose()
