@@ -141,7 +141,8 @@ class PostgresSettings(_Section):
     """Longest wait for the log database before the operation fails: for a connection (a pooled
     one, or a new one: libpq ``connect_timeout``, at least 2 s there), and for the answer to a
     statement of the ingress, the sweeper or ``mark_processed`` (then its connection is closed;
-    purge, replay and status reads are not bounded); with the server unreachable or not
+    a purge, replay or status read may run longer while the server answers a check sent on
+    another connection every this many seconds); with the server unreachable or not
     answering a webhook is answered 503 + Retry-After within about twice this (the group commit
     ahead of it, then its own), well inside a provider's own timeout (GitHub: 10 s)."""
 
