@@ -23,6 +23,7 @@ on a core they want.
 from __future__ import annotations
 
 import contextlib
+import logging
 import marshal
 import os
 import signal
@@ -35,6 +36,7 @@ import requests
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -58,6 +60,8 @@ from pipeline.tracing.record import (
 from pipeline.tracing.wire_delivery import delivery_spans, int_or, trace_context
 from pipeline.tracing.wire_ingress import send_span, webhook_spans
 
+log = logging.getLogger("pipeline.tracing.export")  # run as __main__
+
 READY = b"r"
 SCOPE = "pipeline"
 MAX_EXPORT_BATCH = 512
@@ -66,6 +70,9 @@ traced process's thread) and spans per request from it."""
 SCHEDULE_DELAY_MS = 5000
 """The SDK's default ``OTEL_BSP_SCHEDULE_DELAY``: how long a record may wait in the traced
 process's buffer, and then here (:mod:`.pacing`)."""
+EXITING = signal.SIGUSR1
+"""Sent by the traced process when it stops: from then on a failed export ends the exporting
+(what is left is counted and dropped) and the client no longer backs off to retry."""
 NICENESS = 10
 """Exporting yields the CPU to the pipeline's own work: on a busy machine spans wait (up to
 ``OTEL_BSP_MAX_QUEUE_SIZE``) rather than messages."""
@@ -381,13 +388,19 @@ def main() -> None:
     size = bsp_setting(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH)
     delay_s = bsp_setting(os.environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS) / 1000
 
+    exiting = _Exiting(exporter)
+    signal.signal(EXITING, lambda *_: exiting.begin())  # before READY: the parent waits for it
+
     def export(body: bytes) -> None:
         out = spans.encoded(marshal.loads(body))  # noqa: S302 - the parent's, same interpreter
         for start in range(0, len(out), size):
-            if send is not None:
-                send(otlp.request(resource.attributes, SCOPE, out[start : start + size]))
+            batch = out[start : start + size]
+            if exiting.failed is not None:
+                exiting.dropped += len(batch)
+            elif send is not None:
+                exiting.sent(send(otlp.request(resource.attributes, SCOPE, batch)), len(batch))
             else:
-                exporter.export(out[start : start + size])
+                exiting.sent(exporter.export(batch), len(batch))
 
     freeze_startup()  # full collections skip the SDK's and the exporter's start-up objects
     sys.stdout.buffer.write(READY)  # the parent waits for this before its first record
@@ -397,6 +410,54 @@ def main() -> None:
         paced(FrameReader(sys.stdin.fileno()), Backlog(delay_s), watch.busy, export)
     finally:
         exporter.shutdown()  # type: ignore[no-untyped-call]
+    exiting.report()
+
+
+class _Exiting:
+    """The last sends, once the traced process stops (:data:`EXITING`): none past a failure.
+
+    A collector that is down or does not answer while the traced process stops is tried once
+    more (the request in flight, or the next; the exporter's client retries a connection error
+    once at once, then no backoff), not once a batch with its retries, so a process stopping
+    during a collector outage exits within about one request's ``OTEL_EXPORTER_OTLP_TIMEOUT``;
+    the spans left are dropped and counted in one line.
+    """
+
+    def __init__(self, exporter: OTLPSpanExporter) -> None:
+        self._exporter = exporter
+        self.ending = False
+        self.failed: str | None = None
+        self.dropped = 0
+
+    def begin(self) -> None:
+        """The traced process stops: the exporter's client no longer waits to retry."""
+        self.ending = True
+        client = getattr(self._exporter, "_client", None)
+        stop = getattr(client, "_shutdown_event", None)
+        if stop is not None:
+            stop.set()
+
+    def sent(self, result: object, spans: int) -> None:
+        """What one request of ``spans`` spans came to (the client's result or the exporter's)."""
+        if not self.ending or getattr(result, "success", result == SpanExportResult.SUCCESS):
+            return
+        code = getattr(result, "status_code", None)
+        error = getattr(result, "error", None) or getattr(result, "reason", None)
+        self.failed = f"HTTP {code}" if code is not None else str(error or "no answer")
+        self.dropped += spans
+
+    def report(self) -> None:
+        """One line for the spans the collector did not take at exit, if any."""
+        if self.failed is None:
+            return
+        endpoint = getattr(getattr(self._exporter, "_client", None), "_endpoint", None)
+        log.warning(
+            "tracing: %d spans not exported at exit: the collector at %s did not take them (%s); "
+            "they are dropped (check the collector and OTEL_EXPORTER_OTLP_ENDPOINT)",
+            self.dropped,
+            endpoint or getattr(self._exporter, "_endpoint", "?"),
+            self.failed,
+        )
 
 
 def _yield_cpu() -> None:

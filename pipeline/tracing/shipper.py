@@ -19,7 +19,13 @@ import threading
 from collections.abc import Mapping
 from typing import IO
 
-from pipeline.tracing.export import MAX_EXPORT_BATCH, READY, SCHEDULE_DELAY_MS, bsp_setting
+from pipeline.tracing.export import (
+    EXITING,
+    MAX_EXPORT_BATCH,
+    READY,
+    SCHEDULE_DELAY_MS,
+    bsp_setting,
+)
 from pipeline.tracing.framing import frame
 from pipeline.tracing.record import Buffer, Record
 
@@ -72,7 +78,14 @@ class Shipper:
             log.warning("tracing: the exporting process exited; spans are no longer exported")
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Hand over what is buffered, let the exporting process flush it, and wait for it."""
+        """Hand over what is buffered, let the exporting process flush it, and wait for it.
+
+        The exporting process is told first (:data:`.export.EXITING`): a collector that is
+        down or does not answer then costs one more try, not every batch's retries.
+        """
+        if not self._broken and self._process.poll() is None:
+            with contextlib.suppress(OSError):  # gone in between
+                self._process.send_signal(EXITING)
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout_s)
@@ -85,6 +98,11 @@ class Shipper:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+            log.warning(
+                "tracing: the exporting process was still sending %.0f s after the exit began; "
+                "stopped, the spans it still held are dropped",
+                timeout_s,
+            )
         if self._process.stdout is not None:
             self._process.stdout.close()
         if self.buffer.dropped:

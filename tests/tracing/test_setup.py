@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -417,3 +418,72 @@ def test_a_service_manager_stopping_the_whole_group_loses_no_span(otlp: OtlpRece
             proc.stdout.close()
     processed = [span for span in otlp.spans if span.name == "process t"]
     assert len(processed) == n
+
+
+_RECORDS_AND_EXITS = """
+import os, sys
+from pipeline import tracing
+from pipeline.envelope import Message
+assert tracing.configure(os.environ, service="pipeline-test")
+message = Message("t", 0, 1, b"k", b"v", {"traceparent": sys.argv[1].encode()}, 1)
+for offset in range(int(sys.argv[2])):
+    message.offset = offset
+    delivery = tracing.process(message, "lane")
+    tracing.guard_left(delivery, tracing.guard_entered(delivery))
+    tracing.finish(delivery, "handled")
+"""
+
+
+def test_a_collector_that_is_down_at_exit_costs_one_attempt_and_one_line() -> None:
+    """At exit a collector that drops every connection is tried once, not once a batch with backoff.
+
+    The spans it did not take are dropped and counted in one line naming the collector, so a
+    fleet restarting during a collector outage is not held up by retries at every exit.
+    """
+    attempts: list[int] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+
+    def drop_every_connection() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            attempts.append(1)
+            connection.close()  # closed before any answer: a connection error, retried
+
+    thread = threading.Thread(target=drop_every_connection, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    n = 400  # 1,200 spans (partition wait, process, guard): three requests of 512
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{port}/v1/traces",
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "3",
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_BSP_SCHEDULE_DELAY": "60000",
+        "PIPELINE_LOG_FORMAT": "text",
+        "PIPELINE_LOG_LEVEL": "WARNING",
+    }
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _RECORDS_AND_EXITS, TRACEPARENT.decode(), str(n)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        listener.close()
+        thread.join()
+    assert out.returncode == 0, out.stderr
+    assert len(attempts) <= 2  # one request, and the client's immediate reconnect
+    (line,) = [line for line in out.stderr.splitlines() if "not exported" in line]
+    assert f"{3 * n} spans not exported" in line
+    assert f"127.0.0.1:{port}" in line
+    assert "Traceback" not in out.stderr
