@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from pipeline.config import Settings
 from pipeline.envelope import Record
-from pipeline.transport.redis_streams.keys import Keys
+from pipeline.transport.redis_streams.keys import Keys, offset_of
 from pipeline.transport.redis_streams.transport import RedisStreamsTransport
 
 pytestmark = pytest.mark.usefixtures("redis_service")
@@ -90,6 +90,36 @@ async def test_production_continues_after_a_raw_entry_with_an_id_above_the_count
         assert (lag.committed, lag.end, lag.oldest_unconsumed_ms) == (offsets[-1] + 1,) * 2 + (
             None,
         )
+    finally:
+        await consumer.close()
+        await producer.close()
+        await transport.admin().delete_group(group, [topic])
+        await transport.close()
+
+
+async def test_lag_counts_a_raw_entry_above_the_counter_and_reads_one_without_t(
+    settings: Settings, redis: Redis, unique: str
+) -> None:
+    """group_lag ends past a raw auto-id entry nothing followed yet and reads a missing t as 0."""
+    transport = RedisStreamsTransport(settings)
+    topic, group = f"foreign_{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 1)
+    stream = Keys(settings.redis.key_prefix).stream(topic, 0)
+    producer = transport.producer()
+    consumer = transport.consumer(group, [topic])
+    admin = transport.admin()
+    try:
+        await producer.send(topic, b"before", partition=0)
+        await consume_until(consumer, lambda r: len(r) >= 1, timeout_s=30)
+        foreign = offset_of(await redis.xadd(stream, {b"v": b"no-t"}))
+
+        (lag,) = await admin.group_lag(group, topic)
+
+        assert (lag.committed, lag.end, lag.oldest_unconsumed_ms) == (1, foreign + 1, 0)
+        (got,) = await consume_until(consumer, lambda r: len(r) >= 1, timeout_s=30)
+        assert (got.offset, got.value) == (foreign, b"no-t")
+        (lag,) = await admin.group_lag(group, topic)
+        assert (lag.committed, lag.end, lag.lag) == (foreign + 1, foreign + 1, 0)
     finally:
         await consumer.close()
         await producer.close()

@@ -22,6 +22,9 @@ from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 from pipeline.transport.redis_streams.errors import translate
 from pipeline.transport.redis_streams.keys import Keys, entry_id, offset_of, partition_id
 
+_TIMESTAMP_DIGITS = 19
+"""The most digits a ``t`` field is read with (a signed 64-bit number's)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TopicMeta:
@@ -49,6 +52,16 @@ async def read_meta(client: Redis, keys: Keys, topic: str, default_max_len: int)
             "(declare it in topics/ and run `pipeline topics apply`)"
         )
     return decode_meta(raw, default_max_len)
+
+
+def timestamp_of(raw: bytes | None) -> int:
+    """An entry's ``t`` field (set by ``pl_produce``); 0 when absent or no whole number.
+
+    Another client's raw ``XADD`` may leave it out or write anything there.
+    """
+    if raw is None or not raw.isdigit() or len(raw) > _TIMESTAMP_DIGITS:
+        return 0
+    return int(raw)
 
 
 def decode_meta(raw: bytes | str, default_max_len: int) -> TopicMeta:
@@ -164,8 +177,11 @@ class RedisStreamsAdmin:
                 pipe.get(self._keys.sequence(topic, p))
                 pipe.hget(self._keys.positions(group), partition_id(topic, p))
                 pipe.xrange(stream, count=1)
-                end_raw, committed_raw, held = await pipe.execute()
-                end = int(end_raw or 0)
+                pipe.xrevrange(stream, count=1)
+                end_raw, committed_raw, held, top = await pipe.execute()
+                # An entry another client XADDed above the counter (an auto id) is the next
+                # produce's to go past (pl_produce), so the end is past it already.
+                end = max(int(end_raw or 0), offset_of(top[0][0]) + 1 if top else 0)
                 committed = int(committed_raw) if committed_raw is not None else None
                 start = min(offset_of(held[0][0]), end) if held else end
                 oldest = None
@@ -178,7 +194,7 @@ class RedisStreamsAdmin:
                         )
                     )
                     if first:
-                        oldest = int(first[0][1][b"t"])
+                        oldest = timestamp_of(first[0][1].get(b"t"))
                 out.append(PartitionLag(TopicPartition(topic, p), committed, end, oldest, start))
         except rexc.RedisError as exc:
             raise translate(exc, f"lag of {topic!r}") from exc

@@ -33,7 +33,7 @@ from pipeline.config import RedisSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.transport.protocol import RebalanceListener, StartAt
-from pipeline.transport.redis_streams.admin import decode_meta, read_meta
+from pipeline.transport.redis_streams.admin import decode_meta, read_meta, timestamp_of
 from pipeline.transport.redis_streams.errors import translate
 from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import (
@@ -47,9 +47,6 @@ from pipeline.transport.redis_streams.keys import (
 log = logging.getLogger(__name__)
 _PAUSED_BLOCK_MS = 50
 """Longest blocking read while some owned partition is paused (it resumes on the next read)."""
-
-_TIMESTAMP_DIGITS = 19
-"""The most digits a ``t`` field is read with (a signed 64-bit number's)."""
 
 
 def decode_entry(
@@ -71,16 +68,9 @@ def decode_entry(
         key=fields.get(b"k"),
         value=fields.get(b"v", b""),
         headers=headers,
-        timestamp_ms=_timestamp_ms(fields.get(b"t")),
+        timestamp_ms=timestamp_of(fields.get(b"t")),
         delivery_count=delivery_count,
     )
-
-
-def _timestamp_ms(raw: bytes | None) -> int:
-    """The entry's ``t`` field (set by ``pl_produce``); 0 when absent or no whole number."""
-    if raw is None or not raw.isdigit() or len(raw) > _TIMESTAMP_DIGITS:
-        return 0
-    return int(raw)
 
 
 class RedisStreamsConsumer:
