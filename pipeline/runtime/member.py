@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from redis.asyncio import Redis
 
@@ -69,6 +69,8 @@ class Member:
     """Runs still going at the end of shutdown: their handlers ignored their cancellation."""
     _deadline_s: float | None = None
     """When shutdown's grace ends (event loop time); None until shutdown starts."""
+    _hurry: asyncio.Event | None = None
+    """Set to end shutdown's grace at once (a second signal); see :meth:`run`."""
 
     def __init__(
         self,
@@ -246,8 +248,13 @@ class Member:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set, then shut down gracefully."""
+    async def run(self, stop: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
+        """Consume until ``stop`` is set, then shut down gracefully.
+
+        ``hurry``, set during the shutdown, ends its grace at once: what still runs is
+        cancelled (not committed, so delivered again), then the member commits and leaves.
+        """
+        self._hurry = hurry
         await self._longwork.tick()  # the standing cancellations, before the first message
         consumer = self._transport.consumer(self.group, self._topics, listener=self)
         self._consumer = consumer
@@ -314,12 +321,18 @@ class Member:
         stop_s = self._settings.cancel_grace_s + _STOP_MARGIN_S
         late: set[asyncio.Task[None]] = set()
         if runners:  # running turns finish within the grace period; unfinished ones run again
-            _, late = await asyncio.wait(runners, timeout=self._grace_left_s())
+            await self._within_grace(asyncio.wait(runners))
+            late = {task for task in runners if not task.done()}
             for task in late:
                 task.cancel()
         lanes = self._chain.lanes
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(lanes.wait_idle(), self._grace_left_s())
+        await self._within_grace(lanes.wait_idle())
+        if self._hurry is not None and self._hurry.is_set():
+            log.warning(
+                "stopping now (a second signal): %d run(s) still going cancelled, not committed"
+                " (delivered again to their partitions' next owners)",
+                lanes.running + len(late),
+            )
         left = await lanes.close(stop_s)  # what still runs is cancelled
         if late:
             await asyncio.wait(late, timeout=stop_s)
@@ -349,6 +362,19 @@ class Member:
         await self._handler.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
+
+    async def _within_grace(self, waiting: Awaitable[object]) -> None:
+        """Wait for ``waiting`` until the grace ends or is cut short (``hurry``)."""
+        tasks: set[asyncio.Future[object]] = {asyncio.ensure_future(waiting)}
+        if self._hurry is not None:
+            tasks.add(asyncio.ensure_future(self._hurry.wait()))
+        try:
+            await asyncio.wait(
+                tasks, timeout=self._grace_left_s(), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waited in tasks:
+                waited.cancel()
 
     def _grace_left_s(self) -> float:
         """How long running work may still take: the whole grace, or what shutdown left of it."""

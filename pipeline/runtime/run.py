@@ -141,10 +141,25 @@ async def _close_redis(redis: Redis) -> None:
     await redis.aclose()
 
 
+def _stop_signals(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Event, asyncio.Event]:
+    """SIGTERM or SIGINT sets the first event (drain); another sets the second (stop now)."""
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def stopping() -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping)
+    return stop, hurry
+
+
 async def serve(
     app: App, settings: Settings, group: str, *, lanes: Sequence[str] | None = None
 ) -> int:
     """Run one member of ``group``; SIGTERM or SIGINT starts a graceful shutdown.
+
+    A second SIGTERM or SIGINT during it ends its grace at once: what still runs is cancelled
+    and not committed (delivered again), what finished is committed, and the member leaves.
 
     Returns how many runs were left behind, still going: handlers that ignored their
     cancellation at shutdown (:attr:`Member.abandoned`). The event loop cannot close while they
@@ -161,10 +176,8 @@ async def serve(
             "PIPELINE_RUNTIME__METRICS_HOST",
         )
     )
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop, hurry = _stop_signals(loop)
     stacks.install(loop)  # kill -USR1: every thread's and task's stack on stderr
     transport = create_transport(settings)
     redis = _redis(settings)
@@ -223,7 +236,7 @@ async def serve(
     reporting = asyncio.create_task(progress.run(member.polling, stop))
     freeze_startup()  # the clients are built: full collections skip them from now on
     try:
-        await member.run(stop)
+        await member.run(stop, hurry)
         return member.abandoned
     finally:
         ready.cancel()

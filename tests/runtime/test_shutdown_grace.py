@@ -129,3 +129,47 @@ async def test_consume_exits_after_sigterm_when_a_handler_ignores_its_cancellati
             await proc.wait()
     assert proc.returncode == 0
     assert b"did not stop when cancelled at shutdown" in stderr
+
+
+async def test_a_second_signal_stops_consume_without_waiting_out_the_grace(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A second signal during the drain cancels what still runs and exits, saying so."""
+    spec = lane_spec(f"sleepy_cli_{unique}", 1)
+    await declare(transport, spec)
+    group, started = f"g-{unique}", f"started-{unique}"
+    delete_group_after(transport, group, spec.topic_names())
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"slow", b"a")])
+    await producer.close()
+    env = {
+        **os.environ,
+        "SLEEPY_TOPIC": spec.name,
+        "SLEEPY_STARTED": started,
+        "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "3600",  # never waited out by the test
+        "PIPELINE_RUNTIME__CANCEL_GRACE_S": "0.2",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "pipeline", "consume", "runtime.sleepy_app:app", "--group", group),
+        *("-t", transport.name),
+        cwd=str(Path(__file__).parents[1]),
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        while not await redis.llen(started):
+            assert proc.returncode is None, "the member ended before the handler started"
+            await asyncio.sleep(0.05)
+        await redis.delete(started)
+        proc.send_signal(signal.SIGTERM)  # the drain: it would wait for the handler an hour
+        proc.send_signal(signal.SIGINT)  # the second Ctrl-C: stop now
+        _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    assert b"1 run(s) still going cancelled, not committed" in stderr, stderr.decode()
+    lag = await transport.admin().group_lag(group, spec.name)
+    assert [p.committed for p in lag] in ([0], [None])  # the message is delivered again
