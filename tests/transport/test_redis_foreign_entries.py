@@ -125,3 +125,26 @@ async def test_lag_counts_a_raw_entry_above_the_counter_and_reads_one_without_t(
         await producer.close()
         await transport.admin().delete_group(group, [topic])
         await transport.close()
+
+
+async def test_raw_entries_of_one_millisecond_are_acknowledged_by_a_commit_past_them(
+    settings: Settings, redis: Redis, unique: str
+) -> None:
+    """Raw entries whose ids share their milliseconds (100-0, 100-1) leave nothing pending."""
+    transport = RedisStreamsTransport(settings)
+    topic, group = f"foreign_{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 1)
+    stream = Keys(settings.redis.key_prefix).stream(topic, 0)
+    consumer = transport.consumer(group, [topic])
+    try:
+        for seq, value in enumerate((b"first", b"second")):
+            await redis.xadd(stream, {b"v": value}, id=f"100-{seq}")
+
+        got = await consume_until(consumer, lambda r: len(r) >= 2, timeout_s=30)
+
+        assert [(m.offset, m.value) for m in got] == [(99, b"first"), (99, b"second")]
+        assert (await redis.xpending(stream, group))["pending"] == 0
+    finally:
+        await consumer.close()
+        await transport.admin().delete_group(group, [topic])
+        await transport.close()

@@ -111,7 +111,9 @@ class RedisStreamsConsumer:
         self._owned: set[TopicPartition] = set()
         self._paused: set[TopicPartition] = set()
         self._reclaim: dict[TopicPartition, str] = {}  # partition -> XAUTOCLAIM cursor
-        self._unacked: dict[TopicPartition, deque[int]] = {}
+        # (offset, entry id) delivered and not acknowledged: entries another client XADDed
+        # within one millisecond share an offset, so each is acknowledged by its own id.
+        self._unacked: dict[TopicPartition, deque[tuple[int, bytes]]] = {}
         self._delivered: dict[TopicPartition, int] = {}  # one past the last offset returned
         self._target_owned: set[TopicPartition] = set()
         self._to_release: set[TopicPartition] = set()
@@ -308,7 +310,7 @@ class RedisStreamsConsumer:
             start = self._delivered.get(tp)
             self._reclaim[tp] = "0-0" if start is None else entry_id(start)
             pending = self._unacked.get(tp, ())
-            self._unacked[tp] = deque(o for o in pending if start is not None and o < start)
+            self._unacked[tp] = deque(e for e in pending if start is not None and e[0] < start)
 
     async def _reclaim_some(self, max_messages: int) -> list[Message]:
         out: list[Message] = []
@@ -336,7 +338,7 @@ class RedisStreamsConsumer:
             counts = await self._delivery_counts(stream, live[0][0], live[-1][0], len(live))
             for eid, fields in live:
                 msg = decode_entry(tp, eid, fields, counts.get(eid, 1))
-                self._unacked[tp].append(msg.offset)
+                self._unacked[tp].append((msg.offset, eid))
                 out.append(msg)
         return out
 
@@ -379,7 +381,7 @@ class RedisStreamsConsumer:
             tp = by_stream[stream_raw.decode()]
             for eid, fields in entries:
                 msg = decode_entry(tp, eid, fields)
-                self._unacked.setdefault(tp, deque()).append(msg.offset)
+                self._unacked.setdefault(tp, deque()).append((msg.offset, eid))
                 out.append(msg)
         return out
 
@@ -410,8 +412,8 @@ class RedisStreamsConsumer:
             for pos in positions:
                 pending = self._unacked.get(pos.tp, deque())
                 ids = []
-                while pending and pending[0] < pos.offset:
-                    ids.append(entry_id(pending.popleft()))
+                while pending and pending[0][0] < pos.offset:
+                    ids.append(pending.popleft()[1])
                 if ids and pos.tp not in taken:
                     pipe.xack(self._keys.stream(pos.tp.topic, pos.tp.partition), self._group, *ids)
             await pipe.execute()
@@ -470,7 +472,7 @@ class RedisStreamsConsumer:
             raise translate(exc, f"seek {tp}") from exc
         pending = self._unacked.get(tp)
         if pending is not None:
-            self._unacked[tp] = deque(o for o in pending if o < offset)
+            self._unacked[tp] = deque(e for e in pending if e[0] < offset)
         self._delivered[tp] = offset
         self._reclaim.pop(tp, None)
 
