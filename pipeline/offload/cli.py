@@ -54,7 +54,8 @@ async def _purge(
 ) -> list[PurgeReport]:
     settings = load_settings(**({"transport": transport_name} if transport_name else {}))
     specs = load_specs(settings.topics_dir)
-    urls = [store_url] if store_url else stores(specs)
+    # As a lane's offload.store is read: without a trailing slash, or no lane's floor would count.
+    urls = [store_url.rstrip("/")] if store_url else stores(specs)
     if not urls:
         raise ConfigError("no lane in the topics directory declares offload: (give --store)")
     log_ms = _duration_ms(log_retention, "--log-retention") or LOG_RETENTION_MS

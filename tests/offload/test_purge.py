@@ -205,3 +205,35 @@ async def test_an_unread_oldest_message_stops_the_purge() -> None:
     """Held messages whose age is unknown: an error naming the partition, never a guess."""
     with pytest.raises(TransportError, match=r"up\[0\] holds messages from offset 4"):
         await oldest_held_ms(_Unread(), ["up"])  # type: ignore[arg-type]
+
+
+def test_a_store_given_with_a_trailing_slash_keeps_its_lanes_floor(
+    tmp_path: Path, redis_service: str
+) -> None:
+    """`--store file:///dir/` is the lane's `file:///dir`: its 90-day retention still counts."""
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    store = f"file://{tmp_path}/payloads"
+    spec = {"name": "kept", "partitions": 1, "retention": "90d", "offload": {"store": store}}
+    (topics / "kept.yaml").write_text(yaml.safe_dump(spec))
+    held = tmp_path / "payloads" / "sha256" / "aa" / "held"
+    held.parent.mkdir(parents=True)
+    held.write_bytes(b"a payload a 90-day lane may still point to")
+    forty_days_ago_s = time.time() - 40 * 86_400
+    os.utime(held, (forty_days_ago_s, forty_days_ago_s))
+    env = {
+        **os.environ,
+        "PIPELINE_TOPICS_DIR": str(topics),
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_service,
+    }
+    for given in (store, f"{store}/"):
+        ran = subprocess.run(
+            [sys.executable, "-m", "pipeline", "offload", "purge", "--store", given, "--dry-run"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert '"deleted": 0' in ran.stdout, given
+        assert f'"store": "{store}"' in ran.stdout
