@@ -200,7 +200,7 @@ class HandlerStage:
             self._rows_finished(turn.messages)
             return turn.outcome
         error = turn.error
-        fatal = error is not None and not self._app.retryable(error)
+        fatal = error is not None and not self._routing.retryable(lane, error, "a turn")
         if turn.outcome == "failed" and not fatal:
             self._stats.turn_retries += 1
             return "retried"

@@ -19,7 +19,7 @@ from pipeline.errors import TransportError
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.offload.errors import OffloadError
 from pipeline.retry.budget import RetryBudget
-from pipeline.retry.policy import Retryable
+from pipeline.retry.policy import Retryable, default_retryable
 from pipeline.retry.router import LaneRoutes, RetryRouter
 from pipeline.runtime.app import Lane
 from pipeline.runtime.stats import Stats
@@ -71,7 +71,9 @@ class Redirector:
         tier, or to the longest tier once the lane's retry budget is spent.
         """
         routes = lane.routes
-        if not self._retryable(error):
+        if not self.retryable(
+            lane, error, f"{message.topic}[{message.partition}]@{message.offset}"
+        ):
             reason = getattr(error, "dead_reason", "fatal")  # payload_missing, payload_corrupt
             return await self.dead_letter(lane, message, reason, error)
         if attempt >= routes.max_attempts or not routes.retry_topics:
@@ -92,6 +94,28 @@ class Redirector:
             lambda r, m: self._router.retry(r, m, attempt, error, longest=longest),
             label,
         )
+
+    def retryable(self, lane: Lane, error: BaseException, where: str) -> bool:
+        """Whether ``error`` (of ``where`` on ``lane``) is retried, by the app's function.
+
+        A function that raises is a bug of the app's: the failure is routed by
+        :func:`~pipeline.retry.policy.default_retryable` instead, with one error line, so the
+        message is neither lost nor left unfinished.
+        """
+        try:
+            return self._retryable(error)
+        except Exception as exc:
+            log.error(  # noqa: TRY400 - the line says it all; the app's function is at fault
+                "lane %s: %s: the app's retryable function raised %s: %s on %s: %s;"
+                " routed by the default rule instead (fix the function)",
+                lane.name,
+                where,
+                type(exc).__name__,
+                exc,
+                type(error).__name__,
+                error,
+            )
+            return default_retryable(error)
 
     async def dead_letter(
         self, lane: Lane, message: Message, reason: str, error: BaseException | None

@@ -348,3 +348,34 @@ async def test_the_debug_delivery_line_has_the_key_as_text_and_the_tenant(
         ("//4=", None),
         (None, None),
     ]
+
+
+async def test_a_retryable_function_that_raises_leaves_no_message_stuck(
+    transport: Transport, unique: str
+) -> None:
+    """An ``App(retryable=...)`` that raises falls back to the default rule, once per failure."""
+    spec = lane_spec(f"rtyraise_{unique}", 1, retry={"tiers": ["100ms"]})
+    await declare(transport, spec)
+
+    def retryable(error: BaseException) -> bool:
+        return error.args[0].status == 503  # type: ignore[no-any-return] # a bug: no .status
+
+    app = App([spec], retryable=retryable)
+    attempts: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise Retry("upstream 503")
+
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"v", b"k")])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 1, timeout_s=20)
+    assert attempts == [1, 2]
+    assert member.stats.retried == 1
+    lag = await transport.admin().group_lag(f"g-{unique}", spec.name)
+    assert [p.committed for p in lag] == [1]
