@@ -186,6 +186,20 @@ def _check_name(name: Any, where: str) -> str:
     return name
 
 
+def _full_name(schema: dict[str, Any], namespace: str, where: str) -> str:
+    """A named type's full name, its name and namespace checked as Avro's parsers check them."""
+    name = _check_name(schema.get("name"), where)
+    space = schema.get("namespace")
+    if space is not None and not isinstance(space, str):
+        raise InvalidSchema(f"Invalid schema: namespace must be a string at {where}")
+    if space and not all(_NAME.fullmatch(p) for p in space.split(".")):
+        raise InvalidSchema(f"Invalid schema: invalid namespace {space!r} at {where}")
+    full = _full(name, space if space is not None else namespace)
+    if full in PRIMITIVES:  # a reference to it would be ambiguous
+        raise InvalidSchema(f"Invalid schema: {full!r} is a primitive type's name at {where}")
+    return full
+
+
 class _Normalizer:
     """One pass over the schema JSON: validates names and writes the normalised tree."""
 
@@ -256,11 +270,7 @@ class _Normalizer:
         return {"type": schema["type"], key: inner, **_rest(schema, (key,))}
 
     def named(self, schema: dict[str, Any], namespace: str, where: str) -> dict[str, Any]:
-        name = _check_name(schema.get("name"), where)
-        space = schema.get("namespace")
-        if space is not None and not isinstance(space, str):
-            raise InvalidSchema(f"Invalid schema: namespace must be a string at {where}")
-        full = _full(name, space if space is not None else namespace)
+        full = _full_name(schema, namespace, where)
         if full in self.defined:
             raise InvalidSchema(f"Invalid schema: type {full!r} is defined twice")
         self.defined.add(full)

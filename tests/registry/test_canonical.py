@@ -125,6 +125,22 @@ def test_parsing_canonical_form_follows_the_spec() -> None:
             ),
             r"order must be ascending, descending or ignore at \$<R>\.a",
         ),
+        (
+            '{"type": "record", "name": "R", "namespace": "1x", "fields": []}',
+            r"invalid namespace '1x' at \$",
+        ),
+        (
+            '{"type": "record", "name": "R", "namespace": "com..x", "fields": []}',
+            r"invalid namespace 'com\.\.x' at \$",
+        ),
+        ('{"type": "fixed", "name": "int", "size": 4}', "'int' is a primitive type's name"),
+        (
+            (
+                '{"type": "record", "name": "R", "fields": [{"name": "a", "type": '
+                '{"type": "enum", "name": "long", "symbols": ["A"]}}]}'
+            ),
+            r"'long' is a primitive type's name at \$<R>\.a",
+        ),
     ],
 )
 def test_invalid_schemas_are_refused_with_a_reason(text: str, reason: str) -> None:
