@@ -51,6 +51,7 @@ def configure(environ: Mapping[str, str], *, service: str, system: str = "redis"
 
     Raises:
         TracingUnavailable: an endpoint is set but ``pipeline[otel]`` is not installed.
+        ConfigError: a variable the SDK reads at start is malformed (a span limit).
     """
     global _shipper  # noqa: PLW0603 - one exporting process per process, shut down at exit
     if not wanted(environ):
@@ -68,7 +69,10 @@ def configure(environ: Mapping[str, str], *, service: str, system: str = "redis"
             "install pipeline[otel] (pip install 'pipeline[otel]') or unset the variable"
         ) from None
     shutdown()
-    sampler = TracerProvider(shutdown_on_exit=False).sampler  # OTEL_TRACES_SAMPLER(_ARG)
+    try:
+        sampler = TracerProvider(shutdown_on_exit=False).sampler  # OTEL_TRACES_SAMPLER(_ARG)
+    except ValueError as exc:  # the SDK refuses a malformed OTEL_*_LIMIT, naming it
+        raise ConfigError(f"{exc} (an OpenTelemetry variable: correct it or unset it)") from None
     description = sampler.get_description()
     always = None
     if description.startswith(("AlwaysOnSampler", "ParentBased{root:AlwaysOnSampler")):

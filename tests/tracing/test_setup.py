@@ -89,6 +89,33 @@ def test_an_endpoint_without_the_sdk_is_one_line_and_exit_2() -> None:
 
 
 @pytest.mark.parametrize(
+    "variable", ["OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"]
+)
+def test_a_malformed_span_limit_is_one_line_and_exit_2(variable: str) -> None:
+    """A span limit variable that is not a number stops the CLI with one line naming it."""
+    env = {**os.environ, **ENDPOINT, variable: "many", "COLUMNS": "200"}
+    code = (
+        "import sys\n"
+        "sys.argv = ['pipeline', 'topics', 'list']\n"
+        "from pipeline.cli import main\n"
+        "main()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert variable in line
+    assert "many" in line
+
+
+@pytest.mark.parametrize(
     ("service_name", "expected"),
     [(None, "orders-consumer"), ("orders-v2", "orders-v2")],
     ids=["resource attributes", "service name first"],
