@@ -6,11 +6,16 @@ member spends on a message; writing the wire format directly from :mod:`.record`
 costs a fraction of that. Field numbers are those of ``opentelemetry/proto/trace/v1/
 trace.proto``, ``common.proto`` and ``resource.proto``; the tests decode the result with
 ``opentelemetry-proto``.
+
+String attribute values are cut as the SDK cuts them: a span's to
+``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` characters (else ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``),
+an event's to ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``; unset, they are not cut.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -23,6 +28,34 @@ KIND = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consumer": 5}
 STATUS_ERROR = 2
 SAMPLED_FLAGS = 0x1
 """``Span.flags``: the W3C trace flags (sampled); whether the parent is remote is left unsaid."""
+
+
+def _chars_max(*names: str) -> int | None:
+    """The first of the ``names`` set to a whole number (the SDK refused other values first)."""
+    for name in names:
+        raw = os.environ.get(name, "").strip()
+        if raw.isdigit():
+            return int(raw)
+    return None
+
+
+EVENT_VALUE_CHARS_MAX = _chars_max("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+"""The longest string value of an event's attribute (None: no limit)."""
+SPAN_VALUE_CHARS_MAX = _chars_max(
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+)
+"""The longest string value of a span's attribute (None: no limit)."""
+
+
+def _cut(value: Any, chars_max: int | None) -> Any:
+    """``value`` with its strings (its items' too) cut to ``chars_max`` characters."""
+    if chars_max is None:
+        return value
+    if isinstance(value, str):
+        return value[:chars_max] if len(value) > chars_max else value
+    if isinstance(value, (list, tuple)):
+        return [_cut(item, chars_max) for item in value]
+    return value
 
 
 _MORE = 0x80
@@ -104,9 +137,12 @@ def any_value(value: Any) -> bytes:  # noqa: PLR0911 - one return per AnyValue c
 
 
 def attributes(field: int, values: Mapping[str, Any] | None) -> bytes:
-    """Repeated ``KeyValue`` under ``field``."""
+    """Repeated ``KeyValue`` under ``field`` (a span's 9 and an event's 3 with values cut)."""
     if not values:
         return b""
+    chars_max = _VALUE_CHARS_MAX.get(field)
+    if chars_max is not None:
+        values = {key: _cut(value, chars_max) for key, value in values.items()}
     return b"".join(
         _len(field, _key_value(key, value) if type(value) in _SCALAR else _kv(key, value))
         for key, value in values.items()
@@ -114,6 +150,8 @@ def attributes(field: int, values: Mapping[str, Any] | None) -> bytes:
 
 
 _SCALAR = frozenset({str, int, bool, float})
+_VALUE_CHARS_MAX = {9: SPAN_VALUE_CHARS_MAX, 3: EVENT_VALUE_CHARS_MAX}
+"""The limit of each attributes field: a span's, an event's (a resource's is not cut)."""
 
 
 def _kv(key: str, value: Any) -> bytes:
@@ -285,6 +323,8 @@ def string_attribute(key: bytes, value: str) -> bytes:
 
 def utf8_attribute(key: bytes, value: bytes) -> bytes:
     """:func:`string_attribute` of a string given as its UTF-8 bytes."""
+    if SPAN_VALUE_CHARS_MAX is not None and len(value) > SPAN_VALUE_CHARS_MAX:
+        value = value.decode(errors="replace")[:SPAN_VALUE_CHARS_MAX].encode(errors="replace")
     size = len(value)
     total = len(key) + size + 4
     if total < _MORE:  # every length fits one byte: one format
@@ -313,7 +353,7 @@ def _attribute(key: bytes, any_value_body: bytes) -> bytes:
 @functools.lru_cache(maxsize=16384, typed=True)
 def attribute(key: str, value: str | float) -> bytes:
     """A span attribute (field 9) with a scalar value that repeats, kept encoded."""
-    return _len(9, _key_value(key, value))
+    return _len(9, _key_value(key, _cut(value, SPAN_VALUE_CHARS_MAX)))
 
 
 def request(resource: Mapping[str, Any], scope: str, spans: Sequence[bytes]) -> bytes:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -514,3 +515,49 @@ def test_a_collector_that_is_down_at_exit_costs_one_attempt_and_one_line() -> No
     assert f"{3 * n} spans not exported" in line
     assert f"127.0.0.1:{port}" in line
     assert "Traceback" not in out.stderr
+
+
+def test_the_attribute_value_length_limits_cut_long_values(
+    otlp: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT cuts span attributes, the general one events'.
+
+    As the SDK cuts them: a message key or tenant of thousands of characters, or a handler's
+    exception message, no longer rides every span whole when the operator set a limit.
+    """
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: PLC0415
+        ExportTraceServiceRequest,
+    )
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.endpoint)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "16")
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "24")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", f"deployment.name={'d' * 40}")
+    assert tracing.configure(os.environ, service="pipeline-test")
+    try:
+        message = Message("t", 0, 1, "ключ".encode() * 500, b"v", {"pl-tenant": b"T" * 5000}, 1)
+        delivery = tracing.process(message, "lane")
+        assert delivery is not None
+        token = tracing.guard_entered(delivery)
+        tracing.handler_ran("lane", time.perf_counter(), RuntimeError("boom " * 1000))
+        tracing.guard_left(delivery, token)
+        tracing.finish(delivery, "retried")
+    finally:
+        tracing.shutdown()
+    values: list[tuple[str, str]] = []
+    for body in otlp.bodies:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        for resource in request.resource_spans:
+            values += [("resource", a.value.string_value) for a in resource.resource.attributes]
+        for scope in (s for r in request.resource_spans for s in r.scope_spans):
+            for span in scope.spans:
+                values += [("span", a.value.string_value) for a in span.attributes]
+                for event in span.events:
+                    values += [("event", a.value.string_value) for a in event.attributes]
+    assert max(len(v) for kind, v in values if kind == "span") == 16
+    assert max(len(v) for kind, v in values if kind == "event") == 24
+    assert ("span", "ключ" * 4) in values
+    assert ("span", "T" * 16) in values
+    assert ("resource", "d" * 40) in values  # the resource is not cut, as in the SDK
