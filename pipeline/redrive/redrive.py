@@ -12,10 +12,10 @@ commits what was already produced, so an interrupted redrive run again with the 
 continues where it stopped: nothing is moved twice, except the one batch in flight if the
 process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
 from the DLQ, before the run or while it runs, are neither waited for nor counted. A dry run
-counts from the position of the redrive it previews, with a group of its own that it deletes
-afterwards. One a killed dry run left behind does not change what the next one counts: it
-holds no committed position (a dry run commits nothing), on Redis Streams its pending entries
-are read again in order, and whatever comes below the redrive's position is skipped by a seek.
+counts from the position of the redrive it previews, with a group of its own named for that one
+run (so dry runs at the same time do not split the DLQ's partitions between them) that it
+deletes afterwards; it commits nothing, so it moves no group's position. A killed (not stopped)
+dry run leaves its group behind, holding no position, and no later run reads it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -175,8 +176,9 @@ class Redrive:
         return sum(end - first for first, end in starts.values())
 
     def _group(self) -> str:
+        """The redrive's group, or for a dry run a group of this run's own."""
         base = group_name(self._dlq, self._to, self._selection)
-        return f"{base}.dry" if self._dry_run else base
+        return f"{base}.dry.{uuid.uuid4().hex[:8]}" if self._dry_run else base
 
     async def _starts(self, admin: Admin) -> dict[TopicPartition, tuple[int, int]]:
         """Per partition, the first offset this run reads and the end seen now.

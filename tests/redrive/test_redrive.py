@@ -226,8 +226,8 @@ async def test_a_dry_run_left_behind_by_a_killed_one_counts_all_that_is_ahead(
     assert (await Redrive(transport, dlq, Selection(), limit=10).run()).moved == 10
     dry = await asyncio.wait_for(Redrive(transport, dlq, Selection(), dry_run=True).run(), 60)
     assert (dry.scanned, dry.selected) == (290, 290)
-    dry_group = f"{group_name(dlq, None, Selection())}.dry"
-    assert all(p.committed is None for p in await transport.admin().group_lag(dry_group, dlq))
+    lags = await transport.admin().group_lag(group_name(dlq, None, Selection()), dlq)
+    assert sum(p.committed or 0 for p in lags) == 10  # the dry runs moved not its position
     assert (await Redrive(transport, dlq, Selection()).run()).moved == 290
 
 
@@ -267,3 +267,52 @@ async def test_the_admin_clients_of_a_redrive_are_closed(
             await job.run()
     assert len(made) == 4
     assert all(client.closed for client in made)
+
+
+class _PollTogether:
+    """A consumer whose first poll waits until every consumer of the test has polled once."""
+
+    def __init__(
+        self, consumer: Consumer, polled: list[_PollTogether], all_in: asyncio.Event
+    ) -> None:
+        self._consumer = consumer
+        self._polled = polled
+        self._all_in = all_in
+        self._first = True
+
+    async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
+        """Poll; the first time, wait for the others' first poll before returning."""
+        messages = await self._consumer.poll(max_messages, timeout_s)
+        if self._first:
+            self._first = False
+            self._polled.append(self)
+            if len(self._polled) == 2:
+                self._all_in.set()
+            await self._all_in.wait()
+        return messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+async def test_two_dry_runs_at_once_each_count_everything(
+    transport: Transport, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two dry runs of one redrive at the same time each count every dead letter, and both end."""
+    spec = lane_spec(f"rd_{unique}", 2)
+    await declare(transport, spec)
+    dlq = spec.dead_letter
+    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    await produce(transport, dlq, [Record(b"v%d" % i, b"k%d" % i, headers) for i in range(1000)])
+    polled: list[_PollTogether] = []
+    all_in = asyncio.Event()
+    consumer = transport.consumer
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            transport,
+            "consumer",
+            lambda *a, **kw: _PollTogether(consumer(*a, **kw), polled, all_in),
+        )
+        first, second = (Redrive(transport, dlq, Selection(), dry_run=True) for _ in range(2))
+        reports = await asyncio.wait_for(asyncio.gather(first.run(), second.run()), 60)
+    assert [(r.scanned, r.selected) for r in reports] == [(1000, 1000), (1000, 1000)]
