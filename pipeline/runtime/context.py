@@ -67,14 +67,25 @@ class Context:
         """
         return liveness.cancelled()
 
-    async def once(self, name: str, effect: Callable[[], Awaitable[T]]) -> T | None:
-        """Run ``effect`` once per event, across redeliveries and retries.
+    def once(self, name: str, effect: Callable[[], Awaitable[T]]) -> Awaitable[T | None]:
+        """Run ``effect`` once per event, across redeliveries and retries (``await`` it).
 
         :mod:`pipeline.runtime.idempotency` says exactly what is guaranteed. The event is
         identified by its event-id header, else by where it was first delivered.
         Returns the effect's result, or None if an earlier delivery already ran it.
+
+        Raises:
+            ConfigError: at the call, in a ``cpu=True`` handler (its worker process has no
+                Redis; a plain ``def`` could not await it anyway), or in a member run without
+                a Redis client. Retried like any other error the handler raises.
         """
+        if liveness.worker_beat is not None:  # set only in a cpu=True worker process
+            raise ConfigError(
+                f"ctx.once({name!r}) is not available in cpu=True handlers (lane {self.lane!r}): "
+                "call it from an async handler, e.g. split the work into a cpu=True lane and "
+                "a lane whose handler makes the side effect"
+            )
         if self.guard is None:
             raise ConfigError("ctx.once needs Redis: run the member with a Redis client")
         event = self.event_id or message_id(self.message)
-        return await self.guard.once(self.lane, event, name, effect)
+        return self.guard.once(self.lane, event, name, effect)

@@ -95,3 +95,13 @@ def answer(event: bytes, ctx: Context) -> threading.Lock:
 def whoami(lane: str) -> None:
     """Record the worker's pid under ``lane`` (called through the pool directly)."""
     _record(lane, f"pid:{os.getpid()}")
+
+
+def _send() -> None:
+    """A side effect ``once`` would guard; never reached in a worker."""
+
+
+def remember(event: bytes, ctx: Context) -> None:
+    """Call ``ctx.once`` as a plain ``def`` can (without ``await``), then record the attempt."""
+    ctx.once("send", _send)  # type: ignore[arg-type]
+    _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")

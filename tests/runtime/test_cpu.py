@@ -99,6 +99,32 @@ async def test_a_cpu_handler_that_returns_what_pickle_cannot_copy_succeeds(
     assert {v.decode() for v in await redis.smembers(key)} == {"done:1"}
 
 
+async def test_ctx_once_in_a_cpu_handler_fails_saying_it_is_not_available_there(
+    transport: Transport, done_set: tuple[Redis, str], unique: str
+) -> None:
+    """ctx.once in a worker fails at the call, saying why, instead of silently not running."""
+    redis, key = done_set
+    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=30.0)(cpu_app.remember)
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"once")])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", FAST)
+    async with running(member):
+        await eventually(
+            lambda: member.stats.handled + member.stats.dead_lettered >= 1, timeout_s=90
+        )
+    assert (member.stats.handled, member.stats.dead_lettered) == (0, 1)
+    assert await redis.smembers(key) == set()  # the handler stopped at the call
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    (dead,) = await consume_until(dlq, lambda got: len(got) >= 1)
+    await dlq.close()
+    assert dead.headers[h.ERROR_CLASS] == b"pipeline.errors.ConfigError"
+    assert b"not available in cpu=True handlers" in dead.headers[h.ERROR_MESSAGE]
+
+
 async def test_a_worker_that_died_while_idle_does_not_fail_the_next_call(
     done_set: tuple[Redis, str], unique: str
 ) -> None:
