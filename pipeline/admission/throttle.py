@@ -16,12 +16,13 @@ waiter that ends up holding all its keys is woken through its member's wake list
   ``lease_ms / 3`` for all its permits; a killed member's slots return within the lease and
   go to the next waiters, and its waiters leave the queues.
 
-If Redis cannot be reached, :meth:`Throttle.acquire` fails open: it returns an unconditional
-permit (``Permit.unconditional``), logs a warning and counts it in ``fail_open``; waiting
-acquisitions are granted the same way once heartbeats have failed for a whole lease. If Redis
-comes back without the throttle state (a restart without persistence), the heartbeat finds this
-member's permits unknown: waiting ones are queued again in their original order, held ones keep
-running and are no longer counted (see ``docs/admission.md``).
+If Redis cannot be reached (or the namespace's Redis Cluster slot is migrating),
+:meth:`Throttle.acquire` fails open: it returns an unconditional permit
+(``Permit.unconditional``), logs a warning and counts it in ``fail_open``; waiting acquisitions
+are granted the same way once heartbeats have failed for a whole lease. If Redis comes back
+without the throttle state (a restart without persistence), the heartbeat finds this member's
+permits unknown: waiting ones are queued again in their original order, held ones keep running
+and are no longer counted (see ``docs/admission.md``).
 
 Usage::
 
@@ -72,7 +73,16 @@ T = TypeVar("T")
 MAX_LIMIT = 2**31 - 1
 """The largest limit or reserve ``set_limit``/``set_reserve`` take; Lua numbers are doubles, and a
 larger one would come back from Redis in exponent notation (``1e+23``), not as an integer."""
-_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, OSError)
+_UNAVAILABLE = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    OSError,
+    rexc.ClusterError,
+    rexc.TryAgainError,
+    rexc.AskError,
+)
+"""Redis out of reach, or its Redis Cluster slot migrating: refused (``TRYAGAIN``, an ``ASK`` or
+``MOVED`` loop, redis-py's ``TTL exhausted.``) before the call ran, until the slot has moved."""
 _FAILED = (rexc.RedisError, OSError)
 """Redis out of reach, or answering an error (out of memory, read-only replica, ACL)."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 from redis import exceptions as rexc
@@ -101,6 +103,56 @@ async def test_a_call_during_a_slot_migration_changes_nothing(unique):
                 await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
         assert (await alive.renew(["owed"])).letters == "g"  # the lapsed slot went to the waiter
     finally:
+        await _delete_namespace(client, "pltest", namespace)
+        for c in (source, target):
+            await c.aclose()
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _migrating(source: Redis, target: Redis, slot: int) -> AsyncIterator[None]:
+    """Put ``slot`` into the migrating state from ``source`` to ``target``; stable again after."""
+    source_id = (await source.execute_command("CLUSTER", "MYID")).decode()
+    target_id = (await target.execute_command("CLUSTER", "MYID")).decode()
+    await target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    await source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    try:
+        yield
+    finally:
+        for node in (target, source):
+            await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+
+
+async def test_an_acquisition_during_a_slot_migration_fails_open(unique, caplog):
+    """An acquisition refused while its slot migrates is admitted unconditionally, in one line."""
+    require_service("redis cluster (deploy/local/redis-cluster.sh)", "127.0.0.1", CLUSTER_PORT)
+    client = RedisCluster.from_url(f"redis://127.0.0.1:{CLUSTER_PORT}")
+    namespace = f"mfo{unique}"
+    throttle = Throttle(
+        client,
+        prefix="pltest",
+        namespace=namespace,
+        default_limit=1,
+        wake_client=RedisCluster.from_url(f"redis://127.0.0.1:{CLUSTER_PORT}"),
+    )
+    await throttle.start()
+    slot = await client.cluster_keyslot(k.meta("pltest", namespace))
+    source, target = _owner_and_other(client, slot)
+    try:
+        await throttle.release(await throttle.acquire(["org:a"]))  # the namespace's keys exist
+        caplog.clear()
+        async with _migrating(source, target, slot):
+            waited = await throttle.acquire(["org:a"])
+            tried = await throttle.try_acquire(["org:a"])
+        assert waited.unconditional
+        assert tried is not None
+        assert tried.unconditional
+        assert throttle.fail_open == 2
+        warnings = [r for r in caplog.records if r.name == "pipeline.admission.throttle"]
+        assert [r.exc_info for r in warnings] == [None, None]
+        assert all("admitting ['org:a'] without it" in r.getMessage() for r in warnings)
+    finally:
+        await throttle.close()
         await _delete_namespace(client, "pltest", namespace)
         for c in (source, target):
             await c.aclose()
