@@ -2,7 +2,9 @@
 
 A produced row that nobody has processed yet is most likely queued behind a backlog, not lost;
 replaying it then only adds work exactly when the consumers are behind. :class:`GroupLagBacklog`
-reads the lag of the consumer group that consumes each lane (:meth:`Admin.group_lag`).
+reads the lag of the consumer group that consumes each lane (:meth:`Admin.group_lag`), over the
+topics it is given: the sweeper gives a lane's main and retry-tier topics, since a copy waiting in
+a retry tier is late too.
 """
 
 from __future__ import annotations

@@ -67,7 +67,11 @@ def build_sweeper(
     """A sweeper over ``store`` that reads lane backlogs with ``admin``."""
     lanes = lane_topics(specs)
     s = ingress.sweeper
-    backlog = GroupLagBacklog(admin, lanes, s.lane_groups, s.backlog_threshold)
+    # A copy waiting in a retry tier is late, not lost: the tiers count towards the backlog.
+    queued: dict[str, list[str]] = defaultdict(list)
+    for spec in specs:
+        queued[spec.lane] += [spec.name, *spec.retry_topic_names()]
+    backlog = GroupLagBacklog(admin, queued, s.lane_groups, s.backlog_threshold)
     return Sweeper(store, producer, backlog, lanes, s)
 
 
