@@ -6,7 +6,8 @@ a PodDisruptionBudget and a KEDA ScaledObject, plus the ``kustomization.yaml`` l
 (``--check`` only compares; a test does the same, so a lane added to ``topics/`` without its
 consumer group fails the build instead of stranding its messages).
 
-Scaling follows the age of the oldest waiting message, the members' slot utilisation (plus the
+Scaling follows the age of the oldest waiting message (not on a lane of long work, whose oldest
+is usually running), the members' slot utilisation (plus the
 members a backlog needs, :mod:`pipeline.capacity.triggers`) and the lane's forecast member
 count (``pipeline_desired_members``, docs/capacity.md), all read from
 Prometheus; never CPU, which stays low while handlers wait on I/O. The termination
@@ -182,15 +183,17 @@ def lane_manifests(
                     }
                 }
             },
-            "triggers": [
-                _prometheus(
-                    f'max(pipeline_oldest_message_age_seconds{{lane="{lane}",group="{lane}"}})',
-                    age_target_s,
-                ),
-                _prometheus(slot_trigger, slots),
-            ],
+            "triggers": [_prometheus(slot_trigger, slots)],
         },
     }
+    # The oldest uncommitted message of a lane of long work (heartbeat_timeout) is, most of the
+    # time, one that is running: its age is its run so far, not a wait, and one 10-minute run
+    # would ask for 20 members. Such a lane scales on its busy slots and its backlog instead
+    # (a batch lane keeps its age trigger: hours past its runs, it is how it meets its SLA).
+    long_work = any(spec.heartbeat_timeout_ms is not None for spec in specs)
+    if batch is not None or not long_work:
+        age = f'max(pipeline_oldest_message_age_seconds{{lane="{lane}",group="{lane}"}})'
+        scaled["spec"]["triggers"].insert(0, _prometheus(age, age_target_s))
     if batch is None:
         # Ahead of the day: the forecast's member count (pipeline/capacity), read as a count
         # (threshold 1). A batch lane never asks for members on its own, so it has none.

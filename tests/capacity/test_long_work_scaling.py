@@ -1,0 +1,30 @@
+"""A lane of long work scales on what waits, not on how long its running messages have run."""
+
+from __future__ import annotations
+
+from pipeline.config import RuntimeSettings
+from pipeline.topics.spec import TopicSpec
+from scripts.manifests import lane_manifests
+
+
+def _queries(spec: TopicSpec) -> list[str]:
+    *_, scaled = lane_manifests(spec.lane, [spec], RuntimeSettings())
+    return [t["metadata"]["query"] for t in scaled["spec"]["triggers"]]
+
+
+def test_a_long_work_lane_has_no_age_trigger() -> None:
+    """A running 10-minute message is its group's oldest uncommitted one, so age would scale out."""
+    long_work = TopicSpec.model_validate(
+        {"name": "vision", "partitions": 12, "heartbeat_timeout": "5m"}
+    )
+    queries = _queries(long_work)
+    assert not [q for q in queries if "pipeline_oldest_message_age_seconds" in q]
+    # What waits still scales it: busy slots plus the backlog term, and the forecast.
+    assert any("pipeline_consumer_lag_messages" in q for q in queries)
+    assert any("pipeline_desired_members" in q for q in queries)
+
+
+def test_an_interactive_lane_keeps_its_age_trigger() -> None:
+    """Short handlers' oldest message has mostly waited: its age stays a scaling signal."""
+    queries = _queries(TopicSpec.model_validate({"name": "replies", "partitions": 4}))
+    assert any("pipeline_oldest_message_age_seconds" in q for q in queries)
