@@ -102,6 +102,7 @@ class DebounceFunctions(FunctionLibrary):
         self.armed_key = keys.armed_key(prefix, lane)
         self.wake_key = keys.wake_key(prefix, lane)
         self.key_prefix = keys.key_prefix(prefix, lane)
+        self.slot_guard = keys.slot_guard(prefix, lane)
 
     async def record(
         self,
@@ -131,7 +132,7 @@ class DebounceFunctions(FunctionLibrary):
         """``db_claim``: lease up to ``limit`` due turns; the caller takes the lane's timer."""
         reply = await self.fcall(
             "db_claim",
-            [self.due_key, self.armed_key],
+            [self.due_key, self.armed_key, self.slot_guard],
             [limit, lease_ms, max_batch, token, self.key_prefix, self.grace_ms, self.owner],
         )
         return Leased(int(reply[0]), _due(reply[1]), int(reply[2]), (), tuple(reply[3:]))
@@ -169,7 +170,9 @@ class DebounceFunctions(FunctionLibrary):
         ]
         for ending in endings:
             args += (ending.key, ending.token, "1" if ending.ok else "0", ending.retry_in_ms)
-        reply = await self.fcall("db_step", [self.due_key, self.armed_key, self.wake_key], args)
+        reply = await self.fcall(
+            "db_step", [self.due_key, self.armed_key, self.wake_key, self.slot_guard], args
+        )
         outcomes = tuple(_outcome(o) for o in reply[3])
         return Leased(
             int(reply[0]), _due(reply[1]), int(reply[2]), outcomes, tuple(reply[5:]), _due(reply[4])

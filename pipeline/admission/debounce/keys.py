@@ -7,7 +7,8 @@ All keys of a lane share the hash tag ``{PREFIX:deb:LANE}``:
 - ``{PREFIX:deb:LANE}:b:KEY``: the conversation's buffer of messages;
 - ``{PREFIX:deb:LANE}:s:KEY``: the conversation's state (marker, lease, attempts);
 - ``{PREFIX:deb:LANE}:armed``: the due time some runner holds a timer for;
-- ``{PREFIX:deb:LANE}:wake``: the list runners block on (BLPOP) to learn of earlier due times.
+- ``{PREFIX:deb:LANE}:wake``: the list runners block on (BLPOP) to learn of earlier due times;
+- ``{PREFIX:deb:LANE}:slot_guard``: never written (see :func:`slot_guard`).
 
 Cluster trade-off: one function call must stay in one Redis Cluster slot. ``record`` and
 ``finish`` touch a conversation's keys *and* the lane's sorted set, and one ``claim`` leases many
@@ -44,6 +45,17 @@ def armed_key(prefix: str, lane: str) -> str:
 def wake_key(prefix: str, lane: str) -> str:
     """The list of due times that wake a blocked runner (``BLPOP``), newest first."""
     return f"{lane_tag(prefix, lane)}:wake"
+
+
+def slot_guard(prefix: str, lane: str) -> str:
+    """Never written; declared by ``db_claim`` and ``db_step``, beside the lane's keys.
+
+    They reach conversation keys they do not declare. A call whose declared keys are partly
+    missing while their Redis Cluster slot migrates is refused (``TRYAGAIN``) before it runs;
+    with the lane's keys alone declared, Redis ran it on the migrating node and stopped it at the
+    first conversation already moved, after leasing the turns before it to no caller.
+    """
+    return f"{lane_tag(prefix, lane)}:slot_guard"
 
 
 def buffer_key(prefix: str, lane: str, key: str) -> str:

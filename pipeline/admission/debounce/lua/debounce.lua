@@ -38,8 +38,11 @@
 -- has no armed time, no timers and makes no calls.
 --
 -- Times come from Redis (TIME), so members with skewed clocks agree on what is due.
--- db_claim reaches the per-key list and hash of the keys it claims by name (built from ARGV
--- prefix): they carry the same hash tag as KEYS[1], so they live in its slot.
+-- db_claim and db_step reach the per-key list and hash of the keys they claim or finish by name
+-- (built from ARGV prefix): they carry the same hash tag as KEYS[1], so they live in its slot.
+-- Both also declare {P:deb:LANE}:slot_guard, a key never written: while the slot migrates, Redis
+-- Cluster refuses (TRYAGAIN) a call declaring a key it does not have, before it runs, instead of
+-- stopping it part way at the first conversation already moved (its earlier leases kept).
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -228,7 +231,7 @@ end
 
 -- db_claim: lease up to ARGV[1] due keys and return their turns; the caller takes the timer
 -- for the lane's next due time.
--- KEYS[1] due zset   KEYS[2] armed
+-- KEYS[1] due zset   KEYS[2] armed   KEYS[3] slot guard (never written)
 -- ARGV[1] limit   ARGV[2] lease_ms   ARGV[3] max_batch   ARGV[4] token prefix (unique per call)
 -- ARGV[5] key name prefix "{P:deb:LANE}:" (buffer = prefix .. "b:" .. key, state = .. "s:")
 -- ARGV[6] grace_ms   ARGV[7] the caller's runner id
@@ -261,7 +264,7 @@ local function finish(keys, args)
 end
 
 -- db_step: a runner's one call per wake-up: end the turns it finished, lease what is due.
--- KEYS[1] due zset   KEYS[2] armed   KEYS[3] wake
+-- KEYS[1] due zset   KEYS[2] armed   KEYS[3] wake   KEYS[4] slot guard (never written)
 -- ARGV[1] limit (0: finish only)   ARGV[2] lease_ms   ARGV[3] max_batch   ARGV[4] token prefix
 -- ARGV[5] key name prefix   ARGV[6] grace_ms   ARGV[7] quiet_ms   ARGV[8] max_wait_ms
 -- ARGV[9] idle_ttl_ms   ARGV[10] the caller's runner id
