@@ -526,7 +526,8 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
     moved = report.selected - report.refused_loops - report.no_origin if dry_run else report.moved
     typer.echo(
         f"scanned {report.scanned}, selected {report.selected}, {verb} {moved}, "
-        f"refused {report.refused_loops} (redriven too often), {report.no_origin} without origin"
+        f"refused {report.refused_loops} (redriven too often), {report.no_origin} without an origin"
+        " topic to go back to"
     )
     for target, count in report.moved_to.items():
         typer.echo(f"  -> {target}: {count}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 import time
 import uuid
 from collections import Counter
@@ -51,6 +52,8 @@ _DROPPED_HEADERS = {
     h.ORIGIN_PARTITION,
     h.ORIGIN_OFFSET,
 }
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+"""A name a topic can have on either broker (Kafka's rule); any other names none there is."""
 _RECHECK_S = 2.0
 """How often at most a run whose polls bring nothing asks which messages the DLQ still holds."""
 
@@ -64,6 +67,7 @@ class Report:
     moved: int = 0
     refused_loops: int = 0
     no_origin: int = 0
+    """Selected but left in the DLQ: no origin topic, or one naming the DLQ or no topic there is."""
     reasons: Counter[str] = field(default_factory=Counter)
     moved_to: Counter[str] = field(default_factory=Counter)
 
@@ -161,6 +165,7 @@ class Redrive:
         self._max_redrives = max_redrives
         self._dry_run = dry_run
         self._offloader = offloader
+        self._exists: dict[str, bool] = {}  # target topic -> whether the broker has it
         self.report = Report()
 
     async def total(self) -> int:
@@ -208,6 +213,11 @@ class Redrive:
 
     async def _run(self, admin: Admin, progress: Callable[[int], None] | None) -> None:
         group = self._group()
+        if self._to is not None and not await self._takes(admin, self._to):
+            raise ConfigError(
+                f"--to {self._to!r}: no such topic, or the dead-letter topic being redriven;"
+                " name a topic that exists (`pipeline topics list`)"
+            )
         # Read each partition from this redrive's position up to the end seen now; one holding
         # nothing from there on (its messages expired) is not waited for.
         starts = await self._starts(admin)
@@ -226,7 +236,7 @@ class Redrive:
                         await self._skip_expired(admin, nexts, ends)
                         checked = time.monotonic()
                     continue
-                handled = await self._settle(batch, consumer, producer, nexts)
+                handled = await self._settle(batch, admin, consumer, producer, nexts)
                 if progress:
                     progress(handled)
                 if handled < len(batch.messages):
@@ -273,6 +283,7 @@ class Redrive:
     async def _settle(
         self,
         batch: _Batch,
+        admin: Admin,
         consumer: Consumer,
         producer: Producer,
         nexts: dict[TopicPartition, int],
@@ -282,7 +293,7 @@ class Redrive:
         A stop or failure part way still commits what was settled before it, then propagates.
         """
         try:
-            handled = await self._move(batch, producer)
+            handled = await self._move(batch, admin, producer)
         except BaseException:
             with contextlib.suppress(Exception):  # the stop (or the failure) is what to report
                 await self._commit(batch, consumer, nexts)
@@ -299,7 +310,7 @@ class Redrive:
         if not self._dry_run:
             await consumer.commit(positions)
 
-    async def _move(self, batch: _Batch, producer: Producer) -> int:
+    async def _move(self, batch: _Batch, admin: Admin, producer: Producer) -> int:
         """Handle the batch in order; returns how many were handled (all unless a limit hit).
 
         A message with nothing to produce is settled at once, one to produce when the broker
@@ -311,7 +322,7 @@ class Redrive:
             if self._limit is not None and self.report.selected >= self._limit:
                 break
             handled += 1
-            target = self._target(message)
+            target = await self._target(message, admin)
             if target is None or self._dry_run:
                 batch.settled[i] = True
             else:
@@ -320,8 +331,20 @@ class Redrive:
             await self._send_paced(producer, target, picked, batch)
         return handled
 
-    def _target(self, message: Message) -> str | None:
-        """Count ``message`` in the report; the topic it goes back to, or None if it stays."""
+    async def _takes(self, admin: Admin, topic: str) -> bool:
+        """Whether ``topic`` can take redriven messages: it exists and is not the DLQ read."""
+        if topic == self._dlq or not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
+            return False
+        if topic not in self._exists:
+            self._exists[topic] = topic in await admin.list_topics([topic])
+        return self._exists[topic]
+
+    async def _target(self, message: Message, admin: Admin) -> str | None:
+        """Count ``message`` in the report; the topic it goes back to, or None if it stays.
+
+        One whose origin header is missing, names the DLQ itself (it would loop) or a topic
+        the broker does not have (it would stop the run at every try) stays, counted.
+        """
         self.report.scanned += 1
         if not self._selection.matches(message):
             return None
@@ -331,9 +354,10 @@ class Redrive:
             self.report.refused_loops += 1
             return None
         origin = message.headers.get(h.ORIGIN_TOPIC)
-        target = self._to or (origin.decode() if origin else None)
-        if target is None:
+        target = self._to or (origin.decode(errors="replace") if origin else None)
+        if target is None or not await self._takes(admin, target):
             self.report.no_origin += 1
+            return None
         return target
 
     async def _send_paced(

@@ -13,7 +13,7 @@ from runtime.helpers import declare, lane_spec, produce
 from pipeline import headers as h
 from pipeline.config import Settings
 from pipeline.envelope import Delivered, Message, Record
-from pipeline.errors import DeadLetter
+from pipeline.errors import ConfigError, DeadLetter
 from pipeline.redrive.redrive import Redrive, Report, group_name
 from pipeline.redrive.select import Selection
 from pipeline.retry.policy import Backoff
@@ -316,3 +316,34 @@ async def test_two_dry_runs_at_once_each_count_everything(
         first, second = (Redrive(transport, dlq, Selection(), dry_run=True) for _ in range(2))
         reports = await asyncio.wait_for(asyncio.gather(first.run(), second.run()), 60)
     assert [(r.scanned, r.selected) for r in reports] == [(1000, 1000), (1000, 1000)]
+
+
+async def test_dead_letters_whose_origin_cannot_take_them_stay_and_the_rest_move(
+    transport: Transport, unique: str
+) -> None:
+    """An origin naming the DLQ itself, a missing topic or an invalid name leaves it in the DLQ."""
+    spec = lane_spec(f"rd_{unique}", 2)
+    await declare(transport, spec)
+    dlq = spec.dead_letter
+    origins = [spec.name, dlq, f"gone_{unique}", "no topic\N{SNOWMAN}", spec.name]
+    records = [
+        Record(b"v%d" % i, b"one-key", {h.ORIGIN_TOPIC: origin.encode(), h.DEAD_REASON: b"fatal"})
+        for i, origin in enumerate(origins)
+    ]
+    await produce(transport, dlq, records)
+    report = await asyncio.wait_for(Redrive(transport, dlq, Selection()).run(), 60)
+    assert (report.scanned, report.moved, report.no_origin) == (5, 2, 3)
+    counts = await transport.admin().list_topics([spec.name, dlq])
+    assert (counts[spec.name].message_count, counts[dlq].message_count) == (2, 5)
+
+
+async def test_a_target_that_cannot_take_the_dead_letters_is_refused_first(
+    transport: Transport, unique: str
+) -> None:
+    """--to the DLQ itself or a topic that does not exist is a ConfigError; nothing is moved."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    dlq = routes.dead_letter_topic
+    for to in (dlq, f"gone_{unique}"):
+        with pytest.raises(ConfigError, match=f"--to '{to}'"):
+            await asyncio.wait_for(Redrive(transport, dlq, Selection(), to=to).run(), 60)
+    assert (await Redrive(transport, dlq, Selection(), dry_run=True).run()).scanned == 6
