@@ -2,7 +2,8 @@
 
 :func:`parse_duration_ms` reads one (or an int of milliseconds), :func:`format_duration_ms` writes
 the canonical label that retry topic names are made of, and :data:`Duration` is the pydantic type
-that validates a field with them.
+that validates a field with them; :data:`RedisDuration` also keeps it within
+:data:`MAX_REDIS_DURATION_MS`, for the fields Redis expiries are made from.
 """
 
 from __future__ import annotations
@@ -12,13 +13,29 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
-__all__ = ["DURATION_HINT", "Duration", "format_duration_ms", "parse_duration_ms"]
+__all__ = [
+    "DURATION_HINT",
+    "MAX_REDIS_DURATION_MS",
+    "Duration",
+    "RedisDuration",
+    "format_duration_ms",
+    "parse_duration_ms",
+]
 
 DURATION_HINT = "expected a duration like 500ms, 30s, 5m, 2h, 7d"
 
 # Largest unit first, so format_duration_ms picks the coarsest exact label.
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+
+MAX_REDIS_DURATION_MS = 365 * 86_400_000
+"""Longest retry tier, throttle lease or cooldown, debounce window: 365 days.
+
+Redis expiries are made from them (the run guard keeps its state for the longest tier times
+twice one more than the attempts, plus an hour) and Redis refuses one past a signed 64-bit
+count of milliseconds: a longer value made those calls fail, and the state they guard fail
+open with no expiry.
+"""
 
 
 def parse_duration_ms(value: str | int) -> int:
@@ -62,4 +79,20 @@ def format_duration_ms(duration_ms: int) -> str:
     return f"{duration_ms}ms"
 
 
+def parse_redis_duration_ms(value: str | int) -> int:
+    """:func:`parse_duration_ms`, refusing a duration past :data:`MAX_REDIS_DURATION_MS`.
+
+    Raises:
+        ValueError: as :func:`parse_duration_ms`, or the duration is longer than 365 days.
+    """
+    duration_ms = parse_duration_ms(value)
+    if duration_ms > MAX_REDIS_DURATION_MS:
+        longest = format_duration_ms(MAX_REDIS_DURATION_MS)
+        raise ValueError(
+            f"must be at most {longest}: Redis expiries are made from it (got {value!r})"
+        )
+    return duration_ms
+
+
 Duration = Annotated[int, BeforeValidator(parse_duration_ms)]
+RedisDuration = Annotated[int, BeforeValidator(parse_redis_duration_ms)]

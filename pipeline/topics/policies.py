@@ -21,7 +21,12 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.topics.durations import Duration, format_duration_ms
+from pipeline.topics.durations import (
+    MAX_REDIS_DURATION_MS,
+    Duration,
+    RedisDuration,
+    format_duration_ms,
+)
 
 __all__ = [
     "AdaptivePolicy",
@@ -60,7 +65,7 @@ class AdaptivePolicy(SpecModel):
     max: int = Field(ge=1, strict=True)
     decrease: float = Field(default=0.5, gt=0, lt=1)
     latency_ms: Duration | None = Field(default=None, alias="latency")
-    cooldown_ms: Duration = Field(default=1_000, alias="cooldown")
+    cooldown_ms: RedisDuration = Field(default=1_000, alias="cooldown")
 
     @model_validator(mode="after")
     def _bounds(self) -> AdaptivePolicy:
@@ -91,7 +96,7 @@ class ThrottlePolicy(SpecModel):
 
     keys: tuple[StrictStr, ...] = Field(min_length=1)
     priority: int = Field(default=0, ge=0, le=1000, strict=True)
-    lease_ms: Duration = Field(default=60_000, alias="lease", ge=30)
+    lease_ms: RedisDuration = Field(default=60_000, alias="lease", ge=30)
     max_waiting: int = Field(default=1000, ge=1, strict=True)
     adaptive: dict[str, AdaptivePolicy] = Field(default_factory=dict)
 
@@ -181,7 +186,7 @@ class RetryPolicy(SpecModel):
         budget: an optional retry budget (see :class:`RetryBudgetPolicy`).
     """
 
-    tiers_ms: tuple[Duration, ...] = Field(default=(), alias="tiers")
+    tiers_ms: tuple[RedisDuration, ...] = Field(default=(), alias="tiers")
     max_attempts: int = Field(
         default_factory=lambda data: len(data["tiers_ms"]) + 1, ge=1, strict=True
     )
@@ -221,6 +226,17 @@ class DebouncePolicy(SpecModel):
         default_factory=lambda data: max(DEFAULT_MAX_WAIT_S, data["quiet_s"]), gt=0
     )
     max_batch: int = Field(default=100, ge=1, strict=True)
+
+    @field_validator("quiet_s", "max_wait_s")
+    @classmethod
+    def _within_redis_range(cls, seconds: float) -> float:
+        if not seconds <= MAX_REDIS_DURATION_MS / 1000:  # also refuses .inf and .nan
+            longest_s = MAX_REDIS_DURATION_MS // 1000
+            raise ValueError(
+                f"must be at most 365d ({longest_s} s): Redis expiries are made from it "
+                f"(got {seconds})"
+            )
+        return seconds
 
     @field_validator("max_wait_s")
     @classmethod

@@ -292,6 +292,40 @@ def test_invalid_field_is_reported_with_file_and_field_path(tmp_path, text, fiel
 
 
 @pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("retry: {tiers: [5s, 100000000000d]}", "retry.tiers[1]"),
+        ("retry: {tiers: [366d]}", "retry.tiers[0]"),
+        ("throttle: {keys: [k], lease: 100000000000d}", "throttle.lease"),
+        (
+            "throttle: {keys: [dep:x], adaptive: {dep:x: {max: 3, cooldown: 400d}}}",
+            "throttle.adaptive.dep:x.cooldown",
+        ),
+        ("debounce: {key: c, quiet_s: 1.0e+20}", "debounce.quiet_s"),
+        ("debounce: {key: c, quiet_s: .inf}", "debounce.quiet_s"),
+        ("debounce: {key: c, quiet_s: 1, max_wait_s: 1.0e+20}", "debounce.max_wait_s"),
+    ],
+)
+def test_a_lane_duration_past_a_year_is_refused_naming_file_field_and_bound(tmp_path, text, field):
+    """A lane duration past 365 days, whose Redis expiries would overflow, is refused at load."""
+    write(tmp_path, "long.yaml", f"name: m\npartitions: 1\n{text}\n")
+    with pytest.raises(TopicSpecError) as info:
+        load_specs(tmp_path)
+    (line,) = str(info.value).splitlines()
+    assert line.startswith(f"{tmp_path / 'long.yaml'}: {field}: ")
+    assert "at most 365d" in line
+
+
+def test_a_lane_duration_of_a_year_and_a_longer_retention_still_load(tmp_path):
+    """The bound is inclusive, and retention (the broker's, no Redis expiry) is not bound by it."""
+    text = "retry: {tiers: [365d]}\ndebounce: {key: c, quiet_s: 31536000}\nretention: 3650d\n"
+    write(tmp_path, "year.yaml", f"name: m\npartitions: 1\n{text}")
+    (spec,) = load_specs(tmp_path)
+    assert spec.retry.tiers_ms == (365 * DAY_MS,)
+    assert spec.retention_ms == 3650 * DAY_MS
+
+
+@pytest.mark.parametrize(
     ("text", "field", "expected"),
     [
         (
