@@ -80,10 +80,12 @@ _UNAVAILABLE = (
     rexc.ClusterError,
     rexc.TryAgainError,
     rexc.AskError,
+    rexc.RedisClusterException,
 )
-"""Redis out of reach, or its Redis Cluster slot migrating: refused (``TRYAGAIN``, an ``ASK`` or
-``MOVED`` loop, redis-py's ``TTL exhausted.``) before the call ran, until the slot has moved."""
-_FAILED = (rexc.RedisError, OSError)
+"""Redis out of reach (a Redis Cluster with no node answering: ``RedisClusterException``), or
+its Redis Cluster slot migrating: refused (``TRYAGAIN``, an ``ASK`` or ``MOVED`` loop, redis-py's
+``TTL exhausted.``) before the call ran, until the slot has moved."""
+_FAILED = (rexc.RedisError, rexc.RedisClusterException, OSError)
 """Redis out of reach, or answering an error (out of memory, read-only replica, ACL)."""
 
 

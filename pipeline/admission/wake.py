@@ -24,6 +24,8 @@ from redis.asyncio import ConnectionPool, Redis
 log = logging.getLogger(__name__)
 
 _DRAIN = 256  # wake entries taken per LPOP after a BLPOP returned one
+_FAILED = (rexc.RedisError, rexc.RedisClusterException, OSError)
+"""Redis out of reach or answering an error (a Redis Cluster with no node answering included)."""
 _RETRY_S = 0.5  # back-off before reconnecting after a Redis error, so an outage is not a spin
 
 
@@ -65,7 +67,7 @@ class WakeListener:
         while not self._stop.is_set():
             try:
                 item = await self._client.blpop([self._key], timeout=self._block_s)
-            except (rexc.RedisError, OSError) as exc:
+            except _FAILED as exc:
                 self.errors += 1
                 log.warning("throttle wake channel %s unavailable: %s", self._key, exc)
                 await _wait_or_stop(self._stop, _RETRY_S)
@@ -76,7 +78,7 @@ class WakeListener:
             try:  # drain what else arrived meanwhile in one more call, not one BLPOP each
                 more = await self._client.lpop(self._key, _DRAIN)
                 entries += more if isinstance(more, list) else []
-            except (rexc.RedisError, OSError):
+            except _FAILED:
                 self.errors += 1
             for entry in entries:
                 self.wakes += 1

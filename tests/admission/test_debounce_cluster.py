@@ -87,3 +87,13 @@ async def test_a_claim_during_a_slot_migration_leases_nothing(unique):
         async for key in client.scan_iter(match=f"{dk.lane_tag(PREFIX, lane)}*"):
             await client.delete(key)
         await client.aclose()
+
+
+async def test_a_record_on_an_unreachable_cluster_is_unavailable(unique):
+    """With no cluster node reachable, a record raises DebounceUnavailable (handled alone)."""
+    client = RedisCluster.from_url("redis://127.0.0.1:1")
+    debouncer = Debouncer(client, PREFIX, f"down{unique}", DebouncePolicy(key="c", quiet_s=1))
+    with pytest.raises(DebounceUnavailable):
+        await debouncer.record("a", Message("chat", 0, 1, b"a", b"x", {}, 1_000))
+    assert debouncer.stats.fail_open == 1
+    await client.aclose()

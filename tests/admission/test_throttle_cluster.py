@@ -157,3 +157,22 @@ async def test_an_acquisition_during_a_slot_migration_fails_open(unique, caplog)
         for c in (source, target):
             await c.aclose()
         await client.aclose()
+
+
+async def test_fails_open_when_the_cluster_is_unreachable(unique):
+    """With no cluster node reachable, the throttle starts, admits unconditionally and closes."""
+    url = "redis://127.0.0.1:1"
+    throttle = Throttle(
+        RedisCluster.from_url(url),
+        namespace=f"t{unique}",
+        wake_block_s=0.2,
+        wake_client=RedisCluster.from_url(url),
+    )
+    await throttle.start()
+    permit = await throttle.acquire(["org:a"])
+    assert permit.unconditional
+    assert throttle.fail_open == 1
+    await throttle.release(permit)
+    await eventually(lambda: throttle._wake.errors > 0, 10)  # the wake read failed, and goes on
+    await throttle.close()
+    await throttle.client.aclose()

@@ -398,7 +398,8 @@ class Debouncer:
         self.stats.redis_calls += 1
         try:
             return await call
-        except (rexc.RedisError, OSError) as exc:  # any failure fails open, never drops
+        except (rexc.RedisError, rexc.RedisClusterException, OSError) as exc:
+            # any failure fails open, never drops (RedisClusterException: no cluster node answers)
             raise DebounceUnavailable(f"debounce on lane {self.lane}: {exc}") from exc
 
     def _turns(self, leased: Leased) -> tuple[Turn, ...]:
