@@ -6,6 +6,8 @@ measured; ``PIPELINE_CAPACITY__TARGET_UTILISATION=0.7`` is the Little's-law head
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["CapacitySettings"]
@@ -14,7 +16,8 @@ __all__ = ["CapacitySettings"]
 class CapacitySettings(BaseModel):
     """Arrival history, the forecast and the desired member counts derived from it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # An infinite lead, interval or service time is no plan (ceil(inf) raises): finite only.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     record: bool = False
     """Count produced events per lane in the arrival history and export the plan (the ingress;
@@ -37,5 +40,5 @@ class CapacitySettings(BaseModel):
     """Handler slots of one member; none: `RUNTIME__MAX_CONCURRENCY`."""
     default_service_s: float = Field(default=0.1, gt=0)
     """Service time assumed for a lane with no measurement and no entry in `SERVICE_S`."""
-    service_s: dict[str, float] = Field(default_factory=dict)
+    service_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     """JSON object: lane to its service time in seconds, used until one is measured."""
