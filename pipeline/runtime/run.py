@@ -153,6 +153,26 @@ def _stop_signals(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Event, async
     return stop, hurry
 
 
+def _require_log_database(settings: Settings) -> None:
+    """Refuse to mark rows processed in an SQLite log database that does not exist.
+
+    Opening it would create an empty one (and its directory), where a mistyped path would
+    mark nothing for as long as the member runs; only ``pipeline ingress serve`` creates it.
+
+    Raises:
+        ConfigError: one line naming the path and both settings.
+    """
+    ingress = settings.ingress
+    path = ingress.sqlite_path
+    if settings.runtime.mark_processed and ingress.log_store == "sqlite" and not path.is_file():
+        raise ConfigError(
+            f"no log database at {path.absolute()} (PIPELINE_INGRESS__SQLITE_PATH), where "
+            "PIPELINE_RUNTIME__MARK_PROCESSED=true marks handled rows: point it at the "
+            "ingress's database (only `pipeline ingress serve` creates one; start it first) "
+            "or turn marking off"
+        )
+
+
 async def serve(
     app: App, settings: Settings, group: str, *, lanes: Sequence[str] | None = None
 ) -> int:
@@ -165,6 +185,7 @@ async def serve(
     cancellation at shutdown (:attr:`Member.abandoned`). The event loop cannot close while they
     run, so the caller exits without waiting for them.
     """
+    _require_log_database(settings)
     port = settings.runtime.metrics_port
     listening = (  # before anything is opened: a port it cannot have stops it in one line
         None
