@@ -4,7 +4,8 @@ The names come from :mod:`pipeline.headers`. The consumer runtime reads ``pl-row
 the row processed (:meth:`pipeline.logstore.ProcessedMarker.mark_processed`) and
 ``pl-event-id`` for idempotency; ``pl-replay-count`` is 0 on the first production and counts
 sweeper and CLI replays after it. ``traceparent`` is the W3C trace context the row was stored
-with (:mod:`pipeline.tracing`), when it has one.
+with (:mod:`pipeline.tracing`), when it has one, and ``tracestate`` the provider's vendor state
+that came with it, when it sent a valid one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pipeline import headers as names
 from pipeline.logstore import LogRow, NewRow
 from pipeline.offload.rows import reference_headers
-from pipeline.tracing import TRACEPARENT
+from pipeline.tracing import TRACEPARENT, TRACESTATE
 
 ROW_ID = names.ROW_ID
 SOURCE = names.SOURCE
@@ -36,6 +37,9 @@ def event_headers(row: NewRow | LogRow, replay_count: int = 0) -> dict[str, byte
     context = row.headers.get(TRACEPARENT)
     if context:
         out[TRACEPARENT] = context.encode()
+        state = row.headers.get(TRACESTATE)
+        if state:
+            out[TRACESTATE] = state.encode()
     return out
 
 

@@ -4,9 +4,10 @@ Off by default and then free: no SDK is imported and every helper of :mod:`.span
 its first line without allocating. :func:`configure` turns it on from the standard ``OTEL_*``
 variables (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
 ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``, ...) when the ``pipeline[otel]`` extra is
-installed. The context travels as a W3C ``traceparent`` header: kept with the ingress log row,
-carried by every event, retry copy, held follower, dead letter and redriven message, so one
-event's retries and redrives stay one trace. The spans, in the order an event meets them::
+installed. The context travels as a W3C ``traceparent`` header (with the provider's
+``tracestate`` when it sent one): kept with the ingress log row, carried by every event, retry
+copy, held follower, dead letter and redriven message, so one event's retries and redrives stay
+one trace. The spans, in the order an event meets them::
 
     POST /hooks/{source}       SERVER    the webhook request (continues the provider's traceparent)
       verify                   INTERNAL  signature check
@@ -34,6 +35,7 @@ from __future__ import annotations
 from pipeline.tracing.setup import TracingUnavailable, configure, shutdown
 from pipeline.tracing.spans import (
     TRACEPARENT,
+    TRACESTATE,
     Delivery,
     admitted,
     event,
@@ -57,6 +59,7 @@ from pipeline.tracing.spans import (
 
 __all__ = [
     "TRACEPARENT",
+    "TRACESTATE",
     "Delivery",
     "TracingUnavailable",
     "admitted",

@@ -17,6 +17,7 @@ The sampling decision is the configured sampler's, made once where a trace enter
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 import traceback
@@ -166,6 +167,34 @@ def parse(raw: bytes | str | None) -> tuple[int, int, bool] | None:
     if not trace_id or not span_id:
         return None
     return trace_id, span_id, bool(sampled)
+
+
+TRACESTATE_CHARS_MAX = 512
+"""The longest ``tracestate`` carried: what the W3C rules ask every participant to propagate."""
+TRACESTATE_MEMBERS_MAX = 32
+_TRACESTATE_MEMBER = re.compile(
+    r"(?:[a-z][a-z0-9_*/-]{0,255}|[a-z0-9][a-z0-9_*/-]{0,240}@[a-z][a-z0-9_*/-]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+
+
+def tracestate(raw: str | None) -> str | None:
+    """A W3C ``tracestate`` value to carry on, or None if ``raw`` is none or not one.
+
+    Its list members (``key=value``, at most 32, keys unique, in the W3C grammar) joined by
+    ``,`` without the optional spaces and empty members; a value over 512 characters, or one
+    that does not follow the grammar, is discarded whole, as the W3C rules allow.
+    """
+    if not raw or len(raw) > TRACESTATE_CHARS_MAX:
+        return None
+    members = [member for part in raw.split(",") if (member := part.strip(" \t"))]
+    if not members or len(members) > TRACESTATE_MEMBERS_MAX:
+        return None
+    if not all(_TRACESTATE_MEMBER.fullmatch(member) for member in members):
+        return None
+    if len({member.split("=", 1)[0] for member in members}) != len(members):
+        return None
+    return ",".join(members)
 
 
 def traceparent(trace_id: int, span_id: int, *, sampled: bool) -> str:
@@ -354,6 +383,7 @@ class Span(_Recording):
         "span_id",
         "start_ns",
         "trace_id",
+        "tracestate",
     )
 
     def __init__(
@@ -383,6 +413,8 @@ class Span(_Recording):
         self.events: list[tuple[str, int, dict[str, Any] | None]] | None = None
         self.error: str | None = None
         self.token: Token[Span | Delivery | Webhook | None] | None = None
+        self.tracestate: str | None = None
+        """The ``tracestate`` that came with the context it continues (a request's)."""
 
     def traceparent(self) -> str:
         """This span's context as a ``traceparent`` value."""
@@ -574,12 +606,23 @@ class Webhook(_Recording):
         "stages",
         "start_ns",
         "trace_id",
+        "tracestate",
     )
 
     sampled = True
 
-    def __init__(self, buffer: Buffer, source: str, trace_id: int, parent_id: int) -> None:
-        """Start the request's span now, in trace ``trace_id`` under ``parent_id`` (0: a root)."""
+    def __init__(
+        self,
+        buffer: Buffer,
+        source: str,
+        trace_id: int,
+        parent_id: int,
+        tracestate: str | None = None,
+    ) -> None:
+        """Start the request's span now, in trace ``trace_id`` under ``parent_id`` (0: a root).
+
+        ``tracestate``: the provider's, carried on with the request's context.
+        """
         self.buffer = buffer
         self.source = source
         self.trace_id = trace_id
@@ -591,6 +634,7 @@ class Webhook(_Recording):
         self.error: str | None = None
         self.stages: list[tuple[str, int, int, str | None, Events | None]] = []
         self.token: Token[Span | Delivery | Webhook | None] | None = None
+        self.tracestate = tracestate
 
     def traceparent(self) -> str:
         """The request span's context as a ``traceparent`` value."""

@@ -35,10 +35,12 @@ if TYPE_CHECKING:
 
     from pipeline.envelope import Message, Record
 
-__all__ = ["TRACEPARENT", "Delivery"]
+__all__ = ["TRACEPARENT", "TRACESTATE", "Delivery"]
 
 TRACEPARENT = "traceparent"
 """The W3C trace context header, on webhooks, log rows and every produced event."""
+TRACESTATE = "tracestate"
+"""The W3C vendor trace state sent with a ``traceparent``, carried on beside it unchanged."""
 
 _NULL: AbstractContextManager[None] = contextlib.nullcontext()
 _buffer: Buffer | None = None
@@ -81,18 +83,27 @@ def on() -> bool:
 
 
 def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[Any]:
-    """The SERVER span of one webhook request, continuing the provider's ``traceparent``."""
+    """The SERVER span of one webhook request, continuing the provider's ``traceparent``.
+
+    Its ``tracestate`` goes on with it.
+    """
     if _buffer is None:
         return _NULL
     name = f"POST /hooks/{source}"
     carried = headers.get(TRACEPARENT)
     if carried:  # the HTTP layer keeps whitespace after a value, which is no part of it
         carried = carried.strip(_OWS)
-    trace_id, parent_id, sampled = _entered(name, r.parse(carried))
+    parsed = r.parse(carried)
+    # The provider's tracestate goes on with its context (the W3C rules); without a valid
+    # traceparent it is not read.
+    state = r.tracestate(headers.get(TRACESTATE)) if parsed is not None else None
+    trace_id, parent_id, sampled = _entered(name, parsed)
     if sampled:
-        return Webhook(_buffer, source, trace_id, parent_id)  # current inside its with
+        return Webhook(_buffer, source, trace_id, parent_id, state)  # current inside its with
     # Not recorded: it only carries its ids and the "not sampled" flag to what it produces.
-    return Span(_buffer, name, trace_id, parent_id, sampled=False, kind=r.SERVER)
+    span = Span(_buffer, name, trace_id, parent_id, sampled=False, kind=r.SERVER)
+    span.tracestate = state
+    return span
 
 
 def stage(name: str) -> AbstractContextManager[Any]:
@@ -112,6 +123,7 @@ def stage(name: str) -> AbstractContextManager[Any]:
 def outgoing(headers: Mapping[str, str], tenant: str = "") -> Mapping[str, str]:
     """``headers`` with the current span's ``traceparent``: what a log row keeps of its trace.
 
+    The provider's ``tracestate`` too, when it sent a valid one with a valid ``traceparent``.
     ``tenant`` is recorded on the current (webhook) span as ``pipeline.tenant``.
     """
     if _buffer is None:
@@ -121,6 +133,9 @@ def outgoing(headers: Mapping[str, str], tenant: str = "") -> Mapping[str, str]:
         return headers
     if tenant:
         current.set_attribute("pipeline.tenant", tenant)
+    state = getattr(current, "tracestate", None)
+    if state:
+        return {**headers, TRACEPARENT: current.traceparent(), TRACESTATE: state}
     return {**headers, TRACEPARENT: current.traceparent()}
 
 

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from contract.helpers import consume_until, make_topic
 from ingress.helpers import META, build, client, meta_body
 from ingress.signing import hub_signature
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
@@ -236,3 +237,50 @@ def _jaeger_spans(trace_id: str) -> set[tuple[str, str, str]]:
         parents = [r["spanID"] for r in span["references"] if r["refType"] == "CHILD_OF"]
         out.add((span["spanID"], parents[0] if parents else "", span["operationName"]))
     return out
+
+
+@pytest.mark.parametrize(
+    ("tracestate", "carried"),
+    [
+        ("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7", "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"),
+        ("bad key=1", None),  # not the W3C list grammar: discarded
+        ("a=" + "x" * 600, None),  # over 512 characters: discarded
+    ],
+    ids=["valid", "malformed", "oversized"],
+)
+async def test_the_providers_tracestate_travels_with_the_event(
+    tmp_path: Path,
+    sqlite_store: SqliteLogStore,
+    transport: Transport,
+    unique: str,
+    traced: OtlpReceiver,
+    tracestate: str,
+    carried: str | None,
+) -> None:
+    """A valid ``tracestate`` sent with the ``traceparent`` is carried by the produced event."""
+    topic = f"tracestate_{unique}"
+    await make_topic(transport, topic, 1)
+    sources = build(tmp_path, {"whatsapp": {**META, "topic": topic, "routes": []}}, {topic: topic})
+    producer = transport.producer()
+    dispatcher = Dispatcher(producer, sqlite_store)
+    _, http = client(sources, sqlite_store, dispatcher)
+    body = meta_body(1)
+    headers = {
+        "x-hub-signature-256": hub_signature(SECRET, body),
+        "traceparent": f"00-{uuid.uuid4().hex}-{PROVIDER_SPAN}-01",
+        "tracestate": tracestate,
+    }
+    async with http:
+        answer = await http.post("/hooks/whatsapp", content=body, headers=headers)
+        assert answer.json()["status"] == "accepted"
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    try:
+        (event,) = await consume_until(consumer, lambda got: len(got) >= 1)
+    finally:
+        await consumer.close()
+        await dispatcher.close()
+        await producer.close()
+        await transport.admin().delete_group(f"g-{unique}", [topic])
+    assert event.headers["traceparent"].decode().split("-")[1] == headers["traceparent"][3:35]
+    got = event.headers.get("tracestate")
+    assert (got.decode() if got is not None else None) == carried
