@@ -40,6 +40,7 @@ from pipeline import tracing
 from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch, TooLarge
+from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
 from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
@@ -288,7 +289,18 @@ def _same(given: str, expected: str) -> bool:
 
 
 def _headers(scope: Scope) -> dict[str, str]:
-    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+    """The request's headers; a repeated name keeps its last value, but trace context joins them.
+
+    ``traceparent`` and ``tracestate`` repeats are joined with ``,``
+    (:data:`~pipeline.ingress.headers.JOINED_REQUEST_HEADERS`), as the HTTP layer does.
+    """
+    out: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+        if name in JOINED_REQUEST_HEADERS and name in out:
+            value = f"{out[name]},{value}"
+        out[name] = value
+    return out
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

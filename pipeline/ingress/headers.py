@@ -22,6 +22,13 @@ EVENT_ID = names.EVENT_ID
 RECEIVED_AT_MS = names.RECEIVED_AT_MS
 REPLAY_COUNT = names.REPLAY_COUNT
 
+JOINED_REQUEST_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
+"""Request headers whose repeats are joined with ``,`` (HTTP's rule for a repeated field).
+
+Elsewhere the last value is kept. Two ``traceparent`` values joined are no valid context (the
+W3C rules: a new trace), and repeated ``tracestate`` values are one list, in order.
+"""
+
 
 def event_headers(row: NewRow | LogRow, replay_count: int = 0) -> dict[str, bytes]:
     """The headers of the event produced for ``row``."""

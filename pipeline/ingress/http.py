@@ -44,6 +44,7 @@ from urllib.parse import unquote
 import httptools
 
 from pipeline.ingress.app import AsgiMessage, declared_over
+from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
 
 if TYPE_CHECKING:
     from pipeline.ingress.app import IngressApp
@@ -238,8 +239,16 @@ class IngressProtocol(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """One header; a repeated name keeps its last value."""
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        """One header; a repeated name keeps its last value, but trace context joins them.
+
+        ``traceparent`` and ``tracestate`` repeats are joined with ``,``
+        (:data:`~pipeline.ingress.headers.JOINED_REQUEST_HEADERS`).
+        """
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        if key in JOINED_REQUEST_HEADERS and key in self._headers:
+            text = f"{self._headers[key]},{text}"
+        self._headers[key] = text
 
     def on_headers_complete(self) -> None:
         """Route the request, refuse a head over the cap or a body declared too large."""

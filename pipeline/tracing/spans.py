@@ -85,7 +85,8 @@ def on() -> bool:
 def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[Any]:
     """The SERVER span of one webhook request, continuing the provider's ``traceparent``.
 
-    Its ``tracestate`` goes on with it.
+    Its ``tracestate`` goes on with it; a request with more than one ``traceparent`` (joined
+    with ``,`` by the HTTP layer) starts a new trace, as one with an invalid value does.
     """
     if _buffer is None:
         return _NULL
@@ -93,7 +94,9 @@ def webhook(source: str, headers: Mapping[str, str]) -> AbstractContextManager[A
     carried = headers.get(TRACEPARENT)
     if carried:  # the HTTP layer keeps whitespace after a value, which is no part of it
         carried = carried.strip(_OWS)
-    parsed = r.parse(carried)
+    # Repeated headers come joined with "," (HTTP's rule): more than one is no context at all,
+    # even where the first would read as a later version's value.
+    parsed = None if carried and "," in carried else r.parse(carried)
     # The provider's tracestate goes on with its context (the W3C rules); without a valid
     # traceparent it is not read.
     state = r.tracestate(headers.get(TRACESTATE)) if parsed is not None else None
