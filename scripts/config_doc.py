@@ -74,7 +74,9 @@ Unknown variables under a section are rejected too. Lists and mappings are writt
 
 Read apart from the settings: `PIPELINE_LOG_LEVEL` (`DEBUG`, `INFO`, `WARNING`, `ERROR` or
 `CRITICAL`; default `WARNING`, `INFO` for `pipeline consume`), `PIPELINE_LOG_FORMAT` (`text` or
-`json`; any other value of either is refused with one line and exit 2) and the standard
+`json`; any other value of either is refused with one line and exit 2),
+`PIPELINE_OFFLOAD_TIMEOUT_S` (seconds an S3 payload store's request may go without progress;
+default `5`, at most `300`: [offload.md](offload.md#declaring-it)) and the standard
 OpenTelemetry `OTEL_*` variables that turn tracing on ([operations.md](operations.md#tracing)).
 """
 

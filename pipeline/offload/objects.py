@@ -39,6 +39,10 @@ class ObjectPayloadStore:
         self.url = url
         self._store = store
 
+    def _error_text(self, exc: BaseException) -> str:
+        """The client's error ``exc`` as one line."""
+        return client_error_text(exc)
+
     async def head(self, key: str) -> StoredObject | None:
         """The object at ``key``, or None (HEAD on S3, a stat on a directory)."""
         try:
@@ -47,7 +51,7 @@ class ObjectPayloadStore:
             return None
         except Exception as exc:
             raise OffloadError(
-                f"offload store {self.url}: cannot read {key}: {client_error_text(exc)}"
+                f"offload store {self.url}: cannot read {key}: {self._error_text(exc)}"
             ) from exc
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
@@ -56,7 +60,7 @@ class ObjectPayloadStore:
             await asyncio.to_thread(obstore.put, self._store, key, data)
         except Exception as exc:
             raise OffloadError(
-                f"offload store {self.url}: cannot write {key}: {client_error_text(exc)}"
+                f"offload store {self.url}: cannot write {key}: {self._error_text(exc)}"
             ) from exc
 
     async def chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
@@ -72,7 +76,7 @@ class ObjectPayloadStore:
             raise
         except Exception as exc:
             raise OffloadError(
-                f"offload store {self.url}: cannot read {key}: {client_error_text(exc)}"
+                f"offload store {self.url}: cannot read {key}: {self._error_text(exc)}"
             ) from exc
 
     async def list(self, prefix: str = "") -> AsyncIterator[StoredObject]:
@@ -87,7 +91,7 @@ class ObjectPayloadStore:
             return
         except Exception as exc:
             raise OffloadError(
-                f"offload store {self.url}: cannot list: {client_error_text(exc)}"
+                f"offload store {self.url}: cannot list: {self._error_text(exc)}"
             ) from exc
         for meta in found:
             yield _stored(meta)
@@ -108,5 +112,5 @@ class ObjectPayloadStore:
             return
         except Exception as exc:
             raise OffloadError(
-                f"offload store {self.url}: cannot delete {key}: {client_error_text(exc)}"
+                f"offload store {self.url}: cannot delete {key}: {self._error_text(exc)}"
             ) from exc

@@ -5,6 +5,14 @@ by obstore: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKE
 ``AWS_REGION`` and ``AWS_ENDPOINT_URL`` (for a service other than AWS; an ``http://``
 endpoint is allowed, for a local S3Proxy). The bucket must exist.
 
+Every request gives up after ``PIPELINE_OFFLOAD_TIMEOUT_S`` (default 5 s) without progress:
+connecting, waiting for an answer, or between two slices of a write's body. A write is one
+``PUT`` (presigned, its body streamed with httpx in 64 KiB slices, each with its own timeout),
+so a large payload whose bytes keep flowing takes as long as it needs, while a store that
+accepts the connection and never reads or answers fails within the timeout. The S3 client's
+own timeout bounds a request as a whole from its start, body included; a write through it
+would fail whenever its body took longer than that.
+
 Deletes are single-object ``DeleteObject`` requests (presigned, sent with httpx): obstore
 deletes through the batch ``DeleteObjects`` call, which not every S3-compatible service
 implements (S3Proxy's filesystem backend answers 501).
@@ -12,9 +20,14 @@ implements (S3Proxy's filesystem backend answers 501).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
+import re
+import socket
 import ssl
+import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -22,6 +35,7 @@ import httpx
 import obstore
 from obstore.store import S3Store
 
+from pipeline.errors import ConfigError
 from pipeline.offload.errors import OffloadError, client_error_text
 from pipeline.offload.objects import ObjectPayloadStore
 
@@ -30,6 +44,49 @@ if TYPE_CHECKING:
 
 
 _SIGNED_FOR = timedelta(minutes=5)
+TIMEOUT_VARIABLE = "PIPELINE_OFFLOAD_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 5.0
+"""Seconds a request may go without progress (connect, answer, a slice of a body)."""
+_MAX_TIMEOUT_S = 300.0
+_SLICE_BYTES = 64 * 1024
+_PUT_ATTEMPTS = 4
+"""A write's tries, as the S3 client's ``max_retries`` of 3 (within the timeout)."""
+_S3_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
+_UNSENT_CAP = (
+    [(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, _SLICE_BYTES)]
+    if hasattr(socket, "TCP_NOTSENT_LOWAT")
+    else []
+)
+"""A write waits while more than a slice is queued in the kernel unsent, so the wait for the
+answer after the last slice is not also the time to send megabytes the kernel took at once."""
+
+
+def timeout_s() -> float:
+    """``PIPELINE_OFFLOAD_TIMEOUT_S`` in seconds (default 5).
+
+    Raises:
+        ConfigError: not a number of seconds above 0 and at most 300.
+    """
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= _MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"{TIMEOUT_VARIABLE}={text!r}: expected seconds above 0 and at most"
+            f" {_MAX_TIMEOUT_S:g}, like 5 or 2.5"
+        )
+    return value
+
+
+async def _slices(data: bytes | memoryview) -> AsyncIterator[bytes]:
+    """``data`` in slices of 64 KiB: each is sent under its own write timeout."""
+    view = memoryview(data)
+    for start in range(0, len(view), _SLICE_BYTES):
+        yield bytes(view[start : start + _SLICE_BYTES])
 
 
 @functools.cache
@@ -42,17 +99,26 @@ class S3PayloadStore(ObjectPayloadStore):
     """A payload store in an S3 bucket, under the URL's prefix."""
 
     def __init__(self, url: str) -> None:
-        """Open ``url`` (``s3://bucket/prefix``); nothing is contacted yet."""
+        """Open ``url`` (``s3://bucket/prefix``); nothing is contacted yet.
+
+        Raises:
+            ConfigError: a bad ``PIPELINE_OFFLOAD_TIMEOUT_S``.
+        """
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
+        self.timeout_s = timeout_s()
+        timeout = timedelta(seconds=self.timeout_s)
         options: ClientConfig = {
             "allow_http": endpoint.startswith("http://"),
-            "connect_timeout": timedelta(seconds=5),
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
         }
         # A webhook waits on the write: give up within seconds (503, the provider retries)
-        # rather than obstore's default of ten retries over three minutes.
-        retry: RetryConfig = {"max_retries": 3, "retry_timeout": timedelta(seconds=15)}
+        # rather than obstore's default of ten retries over three minutes. A failure that
+        # comes at once is retried; a request that timed out is not tried again.
+        retry: RetryConfig = {"max_retries": 3, "retry_timeout": timeout}
         config: S3Config = {}
-        if not os.environ.get("AWS_UNSIGNED_PAYLOAD"):
+        self._signed_bodies = bool(os.environ.get("AWS_UNSIGNED_PAYLOAD"))
+        if not self._signed_bodies:
             # Every read checks the payload's SHA-256 against its reference, end to end: signing
             # the body as well would hash it once more here and once more in the service.
             config["unsigned_payload"] = True
@@ -62,6 +128,74 @@ class S3PayloadStore(ObjectPayloadStore):
             url, S3Store.from_url(url, config=config, client_options=options, retry_config=retry)
         )
 
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``key`` with one presigned ``PUT``, its body streamed in slices.
+
+        A failure that comes at once (a refused connection, a 5xx) is tried again, as the S3
+        client does, while the first try began less than the timeout ago. With
+        ``AWS_UNSIGNED_PAYLOAD`` set (bodies signed), through the S3 client instead: each of
+        its requests, body included, must then finish within the timeout.
+        """
+        if self._signed_bodies:
+            await super().put(key, data)
+            return
+        began = time.monotonic()
+        try:
+            url = obstore.sign(self._store, "PUT", key, _SIGNED_FOR)  # local: no request
+        except Exception as exc:  # no credentials
+            raise OffloadError(
+                f"offload store {self.url}: cannot write {key}: {self._error_text(exc)}"
+            ) from exc
+        for attempt in range(_PUT_ATTEMPTS):
+            try:
+                answer = await self._put_once(url, data)
+            except httpx.TimeoutException as exc:
+                raise OffloadError(
+                    f"offload store {self.url}: cannot write {key}: {self._error_text(exc)}"
+                ) from exc
+            except Exception as exc:
+                failure: BaseException | httpx.Response = exc
+            else:
+                if answer.status_code == httpx.codes.OK:
+                    return
+                failure = answer
+            transient = (
+                not isinstance(failure, httpx.Response)
+                or failure.status_code >= httpx.codes.INTERNAL_SERVER_ERROR
+            )
+            waited_s = time.monotonic() - began
+            if not transient or attempt + 1 == _PUT_ATTEMPTS or waited_s >= self.timeout_s:
+                break
+            await asyncio.sleep(0.1 * 2**attempt)
+        if isinstance(failure, httpx.Response):
+            code = _S3_CODE.search(failure.text)
+            raise OffloadError(
+                f"offload store {self.url}: cannot write {key}: HTTP {failure.status_code}"
+                f"{' ' + code[1] if code else ''} from {failure.url.host}:{failure.url.port}"
+            )
+        raise OffloadError(
+            f"offload store {self.url}: cannot write {key}: {self._error_text(failure)}"
+        ) from failure
+
+    async def _put_once(self, url: str, data: bytes | memoryview) -> httpx.Response:
+        transport = httpx.AsyncHTTPTransport(verify=_tls(), socket_options=_UNSENT_CAP)
+        async with httpx.AsyncClient(timeout=self.timeout_s, transport=transport) as client:
+            return await client.put(
+                url, content=_slices(data), headers={"Content-Length": str(len(data))}
+            )
+
+    def _error_text(self, exc: BaseException) -> str:
+        """The client's error ``exc`` as one line; a timeout says so and names the variable."""
+        waited = f"no answer within {self.timeout_s:g} s ({TIMEOUT_VARIABLE})"
+        if isinstance(exc, httpx.RequestError):
+            where = f"{exc.request.url.host}:{exc.request.url.port}"
+            if isinstance(exc, httpx.TimeoutException):
+                return f"{waited} from {where}"
+            return f"{client_error_text(exc)} ({where})"
+        if "kind: Timeout" in str(exc):  # the S3 client's debug text of a timed-out request
+            return f"{waited}: {client_error_text(exc)}"
+        return client_error_text(exc)
+
     async def delete(self, key: str) -> None:
         """Delete ``key`` with one ``DELETE`` (S3 answers 204 whether or not it existed)."""
         try:
@@ -70,7 +204,7 @@ class S3PayloadStore(ObjectPayloadStore):
                 answer = await client.delete(url)
         except Exception as exc:
             raise OffloadError(
-                f"offload store {self.url}: cannot delete {key}: {client_error_text(exc)}"
+                f"offload store {self.url}: cannot delete {key}: {self._error_text(exc)}"
             ) from exc
         if answer.status_code not in (200, 204, 404):
             raise OffloadError(

@@ -63,7 +63,7 @@ def open_store(url: str) -> PayloadStore:
     """The store of ``url`` (``s3://bucket/prefix`` or ``file:///dir``), not yet contacted.
 
     Raises:
-        ConfigError: another scheme.
+        ConfigError: another scheme, or a bad ``PIPELINE_OFFLOAD_TIMEOUT_S``.
         OffloadError: the store cannot be opened (a file where the directory should be, a
             malformed URL).
     """
@@ -78,6 +78,8 @@ def open_store(url: str) -> PayloadStore:
         from pipeline.offload.directory import DirectoryPayloadStore  # noqa: PLC0415
 
         return DirectoryPayloadStore(url)
+    except ConfigError:
+        raise
     except Exception as exc:
         raise OffloadError(
             f"offload store {url}: cannot open it: {client_error_text(exc)}"

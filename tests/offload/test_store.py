@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
 import socket
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 
+from pipeline.errors import ConfigError
 from pipeline.offload import reference as ref
 from pipeline.offload.errors import OffloadError, PayloadCorrupt, PayloadMissing
 from pipeline.offload.lazy import LazyPayload, read_body
@@ -155,3 +160,112 @@ async def test_missing_credentials_fail_in_one_line_that_says_so(
     text = str(caught.value)
     assert "\n" not in text
     assert "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in text
+
+
+@contextmanager
+def black_hole() -> Iterator[int]:
+    """A loopback port that accepts connections and never reads or answers; its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+@asynccontextmanager
+async def trickling_relay(target_port: int, slice_bytes: int, pause_s: float) -> AsyncIterator[int]:
+    """A loopback relay to ``target_port``; requests pass ``slice_bytes`` per ``pause_s``."""
+
+    async def pipe(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pause: float
+    ) -> None:
+        try:
+            while data := await reader.read(slice_bytes):
+                writer.write(data)
+                await writer.drain()
+                await asyncio.sleep(pause)
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target_port)
+        await asyncio.gather(pipe(reader, up_writer, pause_s), pipe(up_reader, writer, 0.0))
+
+    # A small receive window, so the writer's bytes wait on the relay, not in socket buffers.
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, slice_bytes)
+    listener.bind(("127.0.0.1", 0))
+    server = await asyncio.start_server(relay, sock=listener, limit=slice_bytes)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_a_black_holed_store_fails_within_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that takes connections and never answers fails each call in one line, timed out."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "pipeline")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pipeline-local-secret")
+    monkeypatch.setenv("PIPELINE_OFFLOAD_TIMEOUT_S", "1")
+    with black_hole() as port:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        store = open_store("s3://pipeline/black-hole")
+        calls = (
+            ("cannot write sha256/aa/one", store.put("sha256/aa/one", b"x" * 300_000)),
+            ("cannot read sha256/aa/one", store.head("sha256/aa/one")),
+        )
+        for what, call in calls:
+            with pytest.raises(OffloadError) as caught:
+                await asyncio.wait_for(call, 20.0)  # the client's own default was 30 s
+            text = str(caught.value)
+            assert "\n" not in text
+            assert f"offload store s3://pipeline/black-hole: {what}: " in text
+            assert "no answer within 1 s (PIPELINE_OFFLOAD_TIMEOUT_S)" in text
+
+
+async def test_a_large_upload_still_flowing_outlasts_the_timeout(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A multi-MiB write whose bytes keep flowing completes, though longer than the timeout."""
+    if not store_url.startswith("s3://"):
+        pytest.skip("a directory store has no network timeout")
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("PIPELINE_OFFLOAD_TIMEOUT_S", "1")
+    body = os.urandom(4 * 1024 * 1024)
+    # 64 slices of 64 KiB, each followed by 50 ms: the write takes over 3 s, never 1 s idle.
+    async with trickling_relay(int(endpoint.rsplit(":", 1)[1]), 64 * 1024, 0.05) as relay_port:
+        with monkeypatch.context() as env:  # the fixture's cleanup goes to the store itself
+            env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{relay_port}")
+            await open_store(store_url).put("sha256/aa/big", body)
+    chunks = [chunk async for chunk in open_store(store_url).chunks("sha256/aa/big", 1 << 20)]
+    assert b"".join(chunks) == body
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "301"])
+def test_a_bad_timeout_is_refused_naming_the_variable(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PIPELINE_OFFLOAD_TIMEOUT_S not in (0, 300] seconds is refused in one line naming it."""
+    monkeypatch.setenv("PIPELINE_OFFLOAD_TIMEOUT_S", value)
+    with pytest.raises(ConfigError) as caught:
+        open_store("s3://pipeline/any")
+    assert "PIPELINE_OFFLOAD_TIMEOUT_S" in str(caught.value)
+    assert repr(value) in str(caught.value)
