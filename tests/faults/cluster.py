@@ -25,6 +25,7 @@ from faults.services import free_port, port_open
 from support import delete_after_test, delete_group_after
 
 from pipeline.config import Settings, load_settings
+from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.retry.keys import encode_key
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
@@ -184,6 +185,10 @@ class Cluster:
         """
         try:
             await self.declare()
+            if ingress:  # the members mark rows processed in it: it exists before any starts
+                log_store = SqliteLogStore(self.directory / "ingress.db")
+                await log_store.open()
+                await log_store.close()
             for slot in range(self.member_count):
                 self.members[slot] = await self._member()
             if ingress:
