@@ -302,12 +302,15 @@ class SweeperSettings(_Section):
         interval_s: pause between sweeps.
         unproduced_after_s: a row still unproduced this long after receipt is produced.
         patience_s: a produced row unprocessed this long is replayed if its lane has no backlog.
-        max_patience_s: past this it is replayed regardless (late is not lost, but bounded).
+        max_patience_s: past this it is replayed regardless (late is not lost, but bounded); a
+            lane whose events wait longer by design (its retry tiers, a batch SLA) gets that wait
+            plus patience_s instead, when longer.
         max_replays: replays before a row is abandoned (logged CRITICAL, counted).
         batch_size: rows claimed per query.
         lease_s: how long a claimed row is reserved for this sweeper.
         lane_groups: the consumer group that consumes each lane, for its backlog (lag).
-        backlog_threshold: a lane is backed up when its group's lag exceeds this.
+        backlog_threshold: a lane is backed up when its group's lag, over the lane's main and
+            retry-tier topics, exceeds this.
     """
 
     enabled: bool = True

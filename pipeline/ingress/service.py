@@ -57,6 +57,28 @@ def lane_topics(specs: Sequence[TopicSpec]) -> dict[str, list[str]]:
     return dict(lanes)
 
 
+def lane_delays_s(specs: Sequence[TopicSpec]) -> dict[str, float]:
+    """The longest each lane's events wait by design, in seconds: its retries and batch SLA.
+
+    The retries are the tiers its failed deliveries go through (``max_attempts - 1`` of them,
+    the last tier repeated; every one the longest with a retry budget, which may send there).
+    """
+    delays_s: dict[str, float] = {}
+    for spec in specs:
+        tiers_ms = spec.retry.tiers_ms
+        retries = spec.retry.max_attempts - 1
+        if not tiers_ms:
+            retries_ms = 0
+        elif spec.retry.budget is not None:
+            retries_ms = retries * tiers_ms[-1]
+        else:
+            retries_ms = sum(tiers_ms[min(n, len(tiers_ms) - 1)] for n in range(retries))
+        batch_ms = spec.batch.sla_ms if spec.batch is not None else 0
+        delay_s = (retries_ms + batch_ms) / 1000
+        delays_s[spec.lane] = max(delays_s.get(spec.lane, 0.0), delay_s)
+    return delays_s
+
+
 def build_sweeper(
     store: LogStore,
     producer: Producer,
@@ -72,7 +94,7 @@ def build_sweeper(
     for spec in specs:
         queued[spec.lane] += [spec.name, *spec.retry_topic_names()]
     backlog = GroupLagBacklog(admin, queued, s.lane_groups, s.backlog_threshold)
-    return Sweeper(store, producer, backlog, lanes, s)
+    return Sweeper(store, producer, backlog, lanes, s, lane_delays_s=lane_delays_s(specs))
 
 
 @dataclass

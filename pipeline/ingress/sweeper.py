@@ -8,8 +8,10 @@ Each sweep, for rows it claims (leases) in the log store:
 2. **Unprocessed**: rows ``produced`` but not reported processed ``patience_s`` after their last
    production are replayed, but only while their lane has no backlog (then they are most likely
    queued, not lost), and regardless once ``max_patience_s`` has passed (late is not lost, yet a
-   lost event's wait stays bounded). Each replay increments the row's ``replay_count``, which
-   travels in the event's ``replay-count`` header.
+   lost event's wait stays bounded). A lane whose events wait longer than that by design (retry
+   tiers, a batch SLA: ``lane_delays_s``) is given its wait plus ``patience_s`` instead, so an
+   event that is merely waiting its turn is neither copied nor abandoned. Each replay
+   increments the row's ``replay_count``, which travels in the event's ``replay-count`` header.
 3. **Abandoned**: a row due for a replay that already had ``max_replays`` is abandoned instead:
    something in it keeps its consumer from finishing, and replaying it would keep doing so. It
    is logged at CRITICAL with the reason, and counted.
@@ -74,8 +76,13 @@ class Sweeper:
         *,
         clock: Callable[[], float] = time.time,
         on_sweep: Callable[[SweepReport], None] | None = None,
+        lane_delays_s: Mapping[str, float] | None = None,
     ) -> None:
         """Sweep ``log_store``; ``lane_topics`` lists the topics of every lane it may replay.
+
+        ``lane_delays_s`` is the longest a lane's events wait by design (its retry tiers, its
+        batch SLA); a backed-up lane's rows are overdue only once that plus ``patience_s`` has
+        passed, when it is longer than ``max_patience_s``.
 
         ``on_sweep`` is told each sweep (the rows metric, and for a ``finished`` one the
         heartbeat that shows the sweeper is alive).
@@ -84,6 +91,7 @@ class Sweeper:
         self._producer = producer
         self._backlog = backlog
         self._lane_topics = lane_topics
+        self._lane_delays_s = lane_delays_s or {}
         self._settings = settings
         self._clock = clock
         self.totals = SweepReport()
@@ -163,6 +171,13 @@ class Sweeper:
         patient = [lane for lane in self._lane_topics if await self._backlog.is_backlogged(lane)]
         report.patient_lanes = tuple(patient)
         patient_topics = {topic for lane in patient for topic in self._lane_topics[lane]}
+        # A lane that waits longer by design is overdue only once its own wait has passed too.
+        late_s = {
+            topic: s.patience_s + delay_s
+            for lane in patient
+            if (delay_s := self._lane_delays_s.get(lane, 0.0)) + s.patience_s > s.max_patience_s
+            for topic in self._lane_topics[lane]
+        }
         for _ in range(_MAX_BATCHES_PER_SWEEP):
             if self._stopping():
                 return
@@ -172,6 +187,7 @@ class Sweeper:
                 int(s.lease_s * 1000),
                 patient_topics=patient_topics,
                 overdue_before_ms=self._ms(s.max_patience_s),
+                overdue_by_topic_ms={topic: self._ms(wait_s) for topic, wait_s in late_s.items()},
             )
             spent = [row for row in rows if row.replay_count >= s.max_replays]
             for row in spent:

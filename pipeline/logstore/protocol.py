@@ -174,11 +174,13 @@ class SweepLog(IngressLog, Protocol):
         *,
         patient_topics: Collection[str] = (),
         overdue_before_ms: int = 0,
+        overdue_by_topic_ms: Mapping[str, int] | None = None,
     ) -> list[LogRow]:
         """Lease up to ``limit`` ``produced`` rows last produced before ``produced_before_ms``.
 
         Rows of ``patient_topics`` (lanes with a backlog) are claimed only when they were last
-        produced before ``overdue_before_ms`` (the maximum patience).
+        produced before ``overdue_before_ms`` (the maximum patience), or before their topic's
+        time in ``overdue_by_topic_ms`` (a lane whose events wait longer by design).
         """
         ...
 

@@ -12,9 +12,10 @@ from logstore.helpers import FakeClock, new_row
 
 from pipeline.config import IngressSettings, Settings, SweeperSettings
 from pipeline.ingress.service import build_sweeper
-from pipeline.logstore import RowState
+from pipeline.ingress.sweeper import SweepReport
+from pipeline.logstore import LogRow, RowState
 from pipeline.logstore.sqlite import SqliteLogStore
-from pipeline.topics.spec import load_specs
+from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
@@ -27,41 +28,112 @@ async def redis(settings: Settings, redis_service: str) -> AsyncIterator[Transpo
     await transport.close()
 
 
+async def declare(redis: Transport, tmp_path: Path, declaration: str) -> TopicSpec:
+    """Load ``declaration`` as the only topic file and create its main and retry topics."""
+    (tmp_path / "topics").mkdir()
+    (tmp_path / "topics" / "lane.yaml").write_text(declaration)
+    spec = load_specs(tmp_path / "topics")[0]
+    for name in (spec.name, *spec.retry_topic_names()):
+        await make_topic(redis, name, 1)
+    return spec
+
+
+async def wait_in_retry_tier(redis: Transport, spec: TopicSpec, group: str) -> None:
+    """The first attempt was read and committed; it failed, and its copy waits in the last tier."""
+    await redis.producer().send(spec.name, b"first attempt", key=b"k")
+    consumer = redis.consumer(group, [spec.name])
+    await consume_until(consumer, lambda got: len(got) >= 1)
+    await consumer.close()
+    await redis.producer().send(spec.retry_topic_names()[-1], b"retry copy", key=b"k")
+
+
+async def sweep_a_row_produced_ago(
+    redis: Transport, tmp_path: Path, spec: TopicSpec, group: str, ago_s: float
+) -> tuple[SweepReport, LogRow | None]:
+    """Sweep once a log holding one row of ``spec``'s lane produced ``ago_s`` ago."""
+    clock = FakeClock(start_s=time.time() - ago_s)
+    store = SqliteLogStore(tmp_path / "log.db", clock=clock)
+    await store.open()
+    try:
+        row = new_row(1, clock, topic=spec.name, lane=spec.lane)
+        await store.insert(row)
+        await store.mark_produced([row.id])
+        ingress = IngressSettings(
+            sweeper=SweeperSettings(
+                patience_s=300, max_patience_s=900, lane_groups={spec.lane: group}
+            )
+        )
+        sweeper = build_sweeper(store, redis.producer(), redis.admin(), [spec], ingress)
+        return await sweeper.sweep_once(), await store.get(row.id)
+    finally:
+        await store.close()
+
+
 async def test_a_row_whose_event_waits_in_a_retry_tier_is_not_replayed(
     tmp_path: Path, redis: Transport, unique: str
 ) -> None:
     """A row past patience whose event waits in its lane's retry tier counts as backed up."""
     topic, lane, group = f"messages-{unique}", f"lane_{unique}", f"g-{unique}"
-    (tmp_path / "topics").mkdir()
-    (tmp_path / "topics" / "lane.yaml").write_text(
-        f"name: {topic}\npartitions: 1\nlane: {lane}\nretry:\n  tiers: [5s, 1m, 10m]\n"
+    spec = await declare(
+        redis,
+        tmp_path,
+        f"name: {topic}\npartitions: 1\nlane: {lane}\nretry:\n  tiers: [5s, 1m, 10m]\n",
     )
-    specs = load_specs(tmp_path / "topics")
-    tier = specs[0].retry_topic_names()[-1]
-    for name in (topic, *specs[0].retry_topic_names()):
-        await make_topic(redis, name, 1)
-    # The first attempt was read and committed; it failed, and its copy waits in the 10m tier.
-    await redis.producer().send(topic, b"first attempt", key=b"k")
-    consumer = redis.consumer(group, [topic])
-    await consume_until(consumer, lambda got: len(got) >= 1)
-    await consumer.close()
-    await redis.producer().send(tier, b"retry copy, due in 10 minutes", key=b"k")
+    await wait_in_retry_tier(redis, spec, group)
+    # produced 400 s ago: past patience (300 s)
+    report, got = await sweep_a_row_produced_ago(redis, tmp_path, spec, group, 400)
+    assert report.patient_lanes == (lane,)
+    assert report.replayed == 0
+    assert got is not None
+    assert (got.state, got.replay_count) == (RowState.PRODUCED, 0)
 
-    clock = FakeClock(start_s=time.time() - 400)  # produced 400 s ago: past patience (300 s)
-    store = SqliteLogStore(tmp_path / "log.db", clock=clock)
-    await store.open()
-    try:
-        row = new_row(1, clock, topic=topic, lane=lane)
-        await store.insert(row)
-        await store.mark_produced([row.id])
-        ingress = IngressSettings(
-            sweeper=SweeperSettings(patience_s=300, max_patience_s=900, lane_groups={lane: group})
-        )
-        sweeper = build_sweeper(store, redis.producer(), redis.admin(), specs, ingress)
-        report = await sweeper.sweep_once()
-        got = await store.get(row.id)
-    finally:
-        await store.close()
+
+async def test_a_retry_path_longer_than_max_patience_is_waited_out(
+    tmp_path: Path, redis: Transport, unique: str
+) -> None:
+    """A backed-up lane whose tiers sum past max_patience_s is replayed only after them."""
+    topic, lane, group = f"messages-{unique}", f"lane_{unique}", f"g-{unique}"
+    spec = await declare(
+        redis,
+        tmp_path,
+        f"name: {topic}\npartitions: 1\nlane: {lane}\nretry:\n  tiers: [1m, 10m, 1h]\n",
+    )
+    await wait_in_retry_tier(redis, spec, group)
+    # 1000 s ago: past max_patience_s (900 s), inside the retries' 71 minutes plus patience
+    report, got = await sweep_a_row_produced_ago(redis, tmp_path, spec, group, 1000)
+    assert report.replayed == 0
+    assert got is not None
+    assert (got.state, got.replay_count) == (RowState.PRODUCED, 0)
+
+
+async def test_a_row_past_its_lanes_retry_path_is_replayed(
+    tmp_path: Path, redis: Transport, unique: str
+) -> None:
+    """Past the lane's retries (71 minutes) plus patience, a backed-up lane's row is replayed."""
+    topic, lane, group = f"messages-{unique}", f"lane_{unique}", f"g-{unique}"
+    spec = await declare(
+        redis,
+        tmp_path,
+        f"name: {topic}\npartitions: 1\nlane: {lane}\nretry:\n  tiers: [1m, 10m, 1h]\n",
+    )
+    await wait_in_retry_tier(redis, spec, group)
+    report, got = await sweep_a_row_produced_ago(redis, tmp_path, spec, group, 4260 + 300 + 60)
+    assert report.replayed == 1
+    assert got is not None
+    assert got.replay_count == 1
+
+
+async def test_a_batch_lane_is_given_its_sla(tmp_path: Path, redis: Transport, unique: str) -> None:
+    """A batch message waiting for idle capacity within its SLA (12 h) is not replayed."""
+    topic, lane, group = f"reports-{unique}", f"lane_{unique}", f"g-{unique}"
+    spec = await declare(
+        redis, tmp_path, f"name: {topic}\npartitions: 1\nlane: {lane}\nbatch:\n  sla: 12h\n"
+    )
+    # The batch message waits, read but not committed: the group's lag over the main topic.
+    await redis.producer().send(spec.name, b"waits for idle capacity", key=b"k")
+    consumer = redis.consumer(group, [spec.name])
+    await consumer.close()
+    report, got = await sweep_a_row_produced_ago(redis, tmp_path, spec, group, 3600)
     assert report.patient_lanes == (lane,)
     assert report.replayed == 0
     assert got is not None

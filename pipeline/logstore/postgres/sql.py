@@ -104,7 +104,10 @@ UPDATE {table} SET lease_until_ms = %(lease_until)s
 WHERE id IN (
     SELECT id FROM {table}
     WHERE state = 'produced' AND lease_until_ms <= %(now)s AND produced_at_ms < %(before)s
-      AND (NOT (topic = ANY(%(patient)s)) OR produced_at_ms < %(overdue)s)
+      AND (NOT (topic = ANY(%(patient)s)) OR produced_at_ms < COALESCE(
+        (SELECT o.at_ms FROM unnest(%(overdue_topics)s::text[], %(overdue_times)s::bigint[])
+            AS o(name, at_ms) WHERE o.name = topic),
+        %(overdue)s))
     ORDER BY produced_at_ms LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )

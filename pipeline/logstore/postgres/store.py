@@ -26,7 +26,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from types import TracebackType
 from typing import Any, Self
@@ -266,15 +266,19 @@ class PostgresLogStore:
         *,
         patient_topics: Collection[str] = (),
         overdue_before_ms: int = 0,
+        overdue_by_topic_ms: Mapping[str, int] | None = None,
     ) -> list[LogRow]:
         """Lease produced rows past patience (patient topics only once overdue)."""
         now_ms = self._now_ms()
+        later = sorted((overdue_by_topic_ms or {}).items())
         params: dict[str, object] = {
             "lease_until": now_ms + lease_ms,
             "now": now_ms,
             "before": produced_before_ms,
             "patient": sorted(patient_topics),
             "overdue": overdue_before_ms,
+            "overdue_topics": [topic for topic, _ in later],
+            "overdue_times": [before for _, before in later],
             "limit": limit,
         }
         rows = await self._fetch(self._sql.claim_unprocessed, params)

@@ -124,18 +124,26 @@ CLAIM_UNPRODUCED = f"""
 """  # noqa: S608
 
 
-def claim_unprocessed(patient_topics: int) -> str:
+def claim_unprocessed(patient_topics: int, overdue_topics: int = 0) -> str:
     """Lease produced rows past patience; ``patient_topics`` placeholders from ``?5`` on.
 
-    Params: lease_until, now, before, overdue_before, then the patient topics.
+    Params: lease_until, now, before, overdue_before, the patient topics, limit, then
+    ``overdue_topics`` pairs of a patient topic and its own overdue_before.
     """
     patient = f"topic IN ({_marks(patient_topics, 5)})" if patient_topics else "0"
+    first = 6 + patient_topics
+    overdue = "?4"
+    if overdue_topics:
+        whens = " ".join(
+            f"WHEN ?{first + 2 * n} THEN ?{first + 2 * n + 1}" for n in range(overdue_topics)
+        )
+        overdue = f"CASE topic {whens} ELSE ?4 END"
     return f"""
         UPDATE ingress_log SET lease_until_ms = ?1
         WHERE id IN (
             SELECT id FROM ingress_log
             WHERE state = 'produced' AND lease_until_ms <= ?2 AND produced_at_ms < ?3
-              AND (NOT ({patient}) OR produced_at_ms < ?4)
+              AND (NOT ({patient}) OR produced_at_ms < {overdue})
             ORDER BY produced_at_ms LIMIT ?{5 + patient_topics}
         )
         RETURNING {COLUMNS}

@@ -28,7 +28,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -303,12 +303,15 @@ class SqliteLogStore:
         *,
         patient_topics: Collection[str] = (),
         overdue_before_ms: int = 0,
+        overdue_by_topic_ms: Mapping[str, int] | None = None,
     ) -> list[LogRow]:
         """Lease produced rows past patience (patient topics only once overdue)."""
         now_ms = self._now_ms()
         topics = sorted(patient_topics)
-        statement = sql.claim_unprocessed(len(topics))
+        later = sorted((overdue_by_topic_ms or {}).items())
+        statement = sql.claim_unprocessed(len(topics), len(later))
         params = [now_ms + lease_ms, now_ms, produced_before_ms, overdue_before_ms, *topics, limit]
+        params += [value for pair in later for value in pair]
         rows = await self._write(
             self._transaction, lambda cur: cur.execute(statement, params).fetchall()
         )
