@@ -5,9 +5,27 @@ org, sub-tenant and document keys together is one call on one Redis Cluster slot
 that one namespace lives on one cluster node; a fleet that outgrows a node splits its throttles
 into namespaces (for example one per region or per product line), each its own slot, since the
 keys of one job never span two namespaces.
+
+A throttle key or a conversation key comes from the message (its ``pl-tenant`` header, its key,
+a field of its JSON event) and goes into key names after the namespace's or lane's hash tag, so
+no character of it moves the tag. :func:`key_text` is the one form every such key is stored in.
 """
 
 from __future__ import annotations
+
+import re
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def key_text(key: str) -> str:
+    """``key`` with each lone surrogate replaced by U+FFFD, as Redis can store it.
+
+    A JSON string may escape half of a surrogate pair alone, which has no UTF-8 form;
+    the replacement is the one a message key or ``pl-tenant`` header that is no UTF-8 gets when
+    it is read. Every other key is returned as it is.
+    """
+    return key if key.isascii() else _SURROGATE.sub("\ufffd", key)
 
 
 def tag(prefix: str, namespace: str) -> str:

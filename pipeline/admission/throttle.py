@@ -205,7 +205,8 @@ class Throttle:
         """Wait until this job holds a slot on every key; one round trip, then no polling.
 
         Args:
-            keys: throttle keys of the job, in any order (duplicates are ignored).
+            keys: throttle keys of the job, in any order (duplicates are ignored); a lone
+                surrogate in one is taken as U+FFFD (:func:`~pipeline.admission.keys.key_text`).
             priority: 0..1000; a higher priority is served first, FIFO within a priority.
             lease_ms: the permit's lease (default: the throttle's); it is renewed while live.
 
@@ -297,7 +298,7 @@ class Throttle:
         """Set ``key``'s limit (``None``: back to the default); new room goes to its waiters."""
         if limit is not None and not 0 <= limit <= MAX_LIMIT:
             raise ValueError(f"limit must be 0..{MAX_LIMIT} (got {limit})")
-        self._woken((await self._call(self._functions.set_limit(key, limit))).woken)
+        self._woken((await self._call(self._functions.set_limit(k.key_text(key), limit))).woken)
 
     async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
         """Keep the last ``slots`` of ``key``'s limit for permits of ``min_priority`` or more.
@@ -310,13 +311,17 @@ class Throttle:
             raise ValueError(f"reserve slots must be 0..{MAX_LIMIT} (got {slots})")
         if not 0 <= min_priority <= MAX_PRIORITY:
             raise ValueError(f"priority must be 0..{MAX_PRIORITY}")
-        reserved = await self._call(self._functions.set_reserve(key, slots, min_priority))
+        reserved = await self._call(
+            self._functions.set_reserve(k.key_text(key), slots, min_priority)
+        )
         self._woken(reserved.woken)
 
     async def status(self, key: str) -> ThrottleStatus:
         """Read ``key``'s limit, holders, waiters and recent grants in one transaction."""
         self.roundtrips += 1
-        return await read_status(self.client, self.prefix, self.namespace, key, self.default_limit)
+        return await read_status(
+            self.client, self.prefix, self.namespace, k.key_text(key), self.default_limit
+        )
 
     async def active_keys(self) -> list[str]:
         """Throttle keys of the namespace that have holders or waiters now, sorted."""
@@ -332,7 +337,7 @@ class Throttle:
             raise ValueError(f"priority must be 0..{MAX_PRIORITY}")
         return Permit(
             holder=uuid.uuid4().hex,
-            keys=canonical_order(keys),
+            keys=canonical_order([k.key_text(key) for key in keys]),
             priority=priority,
             lease_ms=lease_ms or self.lease_ms,
         )

@@ -339,3 +339,15 @@ async def test_an_acquisition_whose_reply_was_lost_leaves_no_slot_held(make, mon
     granted = await asyncio.wait_for(t.acquire(["org:lost"]), 10)  # the slot is free again
     assert not granted.unconditional
     await t.release(granted)
+
+
+async def test_a_key_with_a_lone_surrogate_is_throttled_like_any_other(make):
+    """A key holding a lone surrogate (from a JSON field of a template) is held to its limit."""
+    t = await make(default_limit=1)
+    key = "sub:acme/\ud800"
+    held = await t.acquire(["org:acme", key])
+    assert t.fail_open == 0
+    assert await t.try_acquire([key]) is None  # the one slot is taken: no barging past it
+    assert (await t.status(key)).holders[0][0] == held.holder
+    await t.release(held)
+    assert (await t.status(key)).holders == ()
