@@ -358,3 +358,14 @@ async def test_a_redelivered_message_is_not_buffered_twice(redis, lane):
     assert await debouncer.record("again", message(1, "m1")) > 0  # max_batch: due at once
     claim = await debouncer.claim(10)
     assert [texts(t) for t in claim.turns] == [["m3", "m4", "anew", "m1"]]
+
+
+async def test_a_conversation_key_with_a_lone_surrogate_is_debounced(redis, lane):
+    """A conversation key holding a lone surrogate (half a pair escaped in JSON) gets its turn."""
+    debouncer = Debouncer(redis, PREFIX, lane, policy(quiet_s=0.05))
+    recorder = Recorder()
+    async with running(TurnRunner(debouncer, recorder)):
+        await debouncer.record("conv-\ud800", message(0, "m0"))
+        await debouncer.record("conv-\ud800", message(1, "m1"))
+        await eventually(lambda: recorder.turns)
+    assert [(t.key, texts(t)) for t in recorder.turns] == [("conv-\ufffd", ["m0", "m1"])]

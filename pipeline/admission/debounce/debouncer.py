@@ -53,6 +53,7 @@ from redis.asyncio import Redis
 
 from pipeline.admission.debounce.codec import BufferedMessage, decode, encode
 from pipeline.admission.debounce.functions import DebounceFunctions, Ending, Leased, Outcome
+from pipeline.admission.keys import key_text
 from pipeline.envelope import Message
 from pipeline.errors import DebounceUnavailable
 from pipeline.topics.spec import DebouncePolicy
@@ -238,7 +239,8 @@ class Debouncer:
         One ``FCALL db_record``. A message among the last 64 recorded for ``key`` (same id and
         timestamp: a redelivery after a crash before the commit, or a call retried after it
         had run) is not buffered again, while the key's state lives (``idle_ttl_ms`` after its
-        last turn).
+        last turn). A lone surrogate in ``key`` (half a surrogate pair escaped in JSON) is
+        stored, and given to the turn, as U+FFFD.
 
         Returns:
             When the key's turn is due (Redis clock, ms); while a turn of the key is running,
@@ -250,7 +252,7 @@ class Debouncer:
         """
         buffered = message if isinstance(message, BufferedMessage) else BufferedMessage.of(message)
         record = self.functions.record(
-            key,
+            key_text(key),
             buffered.message_id,
             encode(buffered),
             self._quiet_ms,
