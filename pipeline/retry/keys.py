@@ -17,19 +17,24 @@ def lane_tag(prefix: str, lane: str) -> str:
 
 _ENCODED: dict[bytes, str] = {}
 _ENCODED_MAX = 65_536
+_ENCODED_KEY_MAX_BYTES = 128
 
 
 def encode_key(key: bytes | None) -> str:
     """A message key as it appears in guard key names (url-safe base64: printable, no braces).
 
-    Keys repeat (a conversation, a tenant), so the last 65,536 encodings are remembered.
+    Keys repeat (a conversation, a tenant), so the encodings of the last 65,536 keys of up to
+    128 bytes are remembered (some 30 MiB at most); a longer key, which any producer may send,
+    is encoded each time rather than kept.
     """
     raw = key or b""
     encoded = _ENCODED.get(raw)
     if encoded is None:
-        if len(_ENCODED) >= _ENCODED_MAX:
-            _ENCODED.clear()
-        encoded = _ENCODED[raw] = base64.urlsafe_b64encode(raw).decode()
+        encoded = base64.urlsafe_b64encode(raw).decode()
+        if len(raw) <= _ENCODED_KEY_MAX_BYTES:
+            if len(_ENCODED) >= _ENCODED_MAX:
+                _ENCODED.clear()
+            _ENCODED[raw] = encoded
     return encoded
 
 
