@@ -79,6 +79,19 @@ def lane_delays_s(specs: Sequence[TopicSpec]) -> dict[str, float]:
     return delays_s
 
 
+def lane_windows_s(specs: Sequence[TopicSpec]) -> dict[str, float]:
+    """The longest each debounced lane's events wait for their turn, in seconds: ``max_wait_s``.
+
+    A recorded event's offset is committed while its turn is still to come, so that wait shows
+    in no lag: the sweeper counts it in the lane's patience instead.
+    """
+    windows_s: dict[str, float] = {}
+    for spec in specs:
+        if spec.debounce is not None:
+            windows_s[spec.lane] = max(windows_s.get(spec.lane, 0.0), spec.debounce.max_wait_s)
+    return windows_s
+
+
 def build_sweeper(
     store: LogStore,
     producer: Producer,
@@ -94,7 +107,15 @@ def build_sweeper(
     for spec in specs:
         queued[spec.lane] += [spec.name, *spec.retry_topic_names()]
     backlog = GroupLagBacklog(admin, queued, s.lane_groups, s.backlog_threshold)
-    return Sweeper(store, producer, backlog, lanes, s, lane_delays_s=lane_delays_s(specs))
+    return Sweeper(
+        store,
+        producer,
+        backlog,
+        lanes,
+        s,
+        lane_delays_s=lane_delays_s(specs),
+        lane_windows_s=lane_windows_s(specs),
+    )
 
 
 @dataclass

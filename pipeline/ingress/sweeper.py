@@ -10,7 +10,10 @@ Each sweep, for rows it claims (leases) in the log store:
    queued, not lost), and regardless once ``max_patience_s`` has passed (late is not lost, yet a
    lost event's wait stays bounded). A lane whose events wait longer than that by design (retry
    tiers, a batch SLA: ``lane_delays_s``) is given its wait plus ``patience_s`` instead, so an
-   event that is merely waiting its turn is neither copied nor abandoned. Each replay
+   event that is merely waiting its turn is neither copied nor abandoned. A debounced lane's
+   events wait for their turn with their offsets committed, a wait no lag shows: its rows are
+   given the lane's debounce window (``lane_windows_s``) on top of their patience, backed up or
+   not. Each replay
    increments the row's ``replay_count``, which travels in the event's ``replay-count`` header.
 3. **Abandoned**: a row due for a replay that already had ``max_replays`` is abandoned instead:
    something in it keeps its consumer from finishing, and replaying it would keep doing so. It
@@ -77,12 +80,15 @@ class Sweeper:
         clock: Callable[[], float] = time.time,
         on_sweep: Callable[[SweepReport], None] | None = None,
         lane_delays_s: Mapping[str, float] | None = None,
+        lane_windows_s: Mapping[str, float] | None = None,
     ) -> None:
         """Sweep ``log_store``; ``lane_topics`` lists the topics of every lane it may replay.
 
         ``lane_delays_s`` is the longest a lane's events wait by design (its retry tiers, its
         batch SLA); a backed-up lane's rows are overdue only once that plus ``patience_s`` has
-        passed, when it is longer than ``max_patience_s``.
+        passed, when it is longer than ``max_patience_s``. ``lane_windows_s`` is the longest a
+        debounced lane's events wait for their turn (its ``max_wait_s``), which shows in no lag:
+        it is added to the lane's patience, and to its overdue bound when backed up.
 
         ``on_sweep`` is told each sweep (the rows metric, and for a ``finished`` one the
         heartbeat that shows the sweeper is alive).
@@ -92,6 +98,7 @@ class Sweeper:
         self._backlog = backlog
         self._lane_topics = lane_topics
         self._lane_delays_s = lane_delays_s or {}
+        self._lane_windows_s = lane_windows_s or {}
         self._settings = settings
         self._clock = clock
         self.totals = SweepReport()
@@ -170,14 +177,22 @@ class Sweeper:
         s = self._settings
         patient = [lane for lane in self._lane_topics if await self._backlog.is_backlogged(lane)]
         report.patient_lanes = tuple(patient)
+        # A lane that waits longer by design is overdue only once its own wait has passed too;
+        # a debounced lane's rows, backed up or not, wait out its window on top of patience.
+        late_s: dict[str, float] = {}
+        for lane, topics in self._lane_topics.items():
+            window_s = self._lane_windows_s.get(lane, 0.0)
+            if lane in patient:
+                wait_s = s.patience_s + self._lane_delays_s.get(lane, 0.0) + window_s
+                if wait_s <= s.max_patience_s:
+                    continue
+            elif window_s > 0:
+                wait_s = s.patience_s + window_s
+            else:
+                continue
+            late_s.update(dict.fromkeys(topics, wait_s))
         patient_topics = {topic for lane in patient for topic in self._lane_topics[lane]}
-        # A lane that waits longer by design is overdue only once its own wait has passed too.
-        late_s = {
-            topic: s.patience_s + delay_s
-            for lane in patient
-            if (delay_s := self._lane_delays_s.get(lane, 0.0)) + s.patience_s > s.max_patience_s
-            for topic in self._lane_topics[lane]
-        }
+        patient_topics.update(late_s)  # a topic of its own overdue time is claimed only past it
         for _ in range(_MAX_BATCHES_PER_SWEEP):
             if self._stopping():
                 return
