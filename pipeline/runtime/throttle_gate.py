@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import string
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from typing import Any, Generic, NamedTuple, Protocol
@@ -54,6 +56,38 @@ class _Fields(dict[str, str]):
     """Template values; a missing one raises KeyError, which leaves that key out."""
 
 
+@functools.lru_cache(maxsize=256)
+def _separators(template: str) -> frozenset[str]:
+    """What a value must not carry as itself into ``template``'s keys (empty: anything may).
+
+    A template of two fields or more joins them with its own text (``sub:{tenant}/{customer_id}``),
+    so a value holding the text between them could give two messages one key (tenant ``a/b``
+    with customer ``c``, tenant ``a`` with customer ``b/c``): those characters and ``%`` are
+    written percent-encoded (UTF-8). One field alone cannot collide (the text around it is
+    fixed), so its values stay as they are.
+    """
+    fields = [(text, field) for text, field, _, _ in string.Formatter().parse(template)]
+    between = "".join(text for text, field in fields[1:] if field is not None)
+    return frozenset("%" + between) if between else frozenset()
+
+
+def _escaped(value: str, separators: frozenset[str]) -> str:
+    if not separators.intersection(value):
+        return value
+    return "".join(
+        "".join(f"%{b:02X}" for b in c.encode(errors="surrogatepass")) if c in separators else c
+        for c in value
+    )
+
+
+def _fill(template: str, values: _Fields) -> str:
+    separators = _separators(template)
+    if not separators:
+        return template.format_map(values)
+    escaped = _Fields({name: _escaped(value, separators) for name, value in values.items()})
+    return template.format_map(escaped)
+
+
 def throttle_keys(policy: ThrottlePolicy, lane: str, message: Item) -> list[str]:
     """The throttle keys ``message`` needs, from the policy's templates."""
     values = _Fields(lane=lane)
@@ -66,7 +100,7 @@ def throttle_keys(policy: ThrottlePolicy, lane: str, message: Item) -> list[str]
     out: list[str] = []
     for template in policy.keys:
         try:
-            out.append(template.format_map(values))
+            out.append(_fill(template, values))
             continue
         except KeyError:
             pass
@@ -80,7 +114,7 @@ def throttle_keys(policy: ThrottlePolicy, lane: str, message: Item) -> list[str]
                     if isinstance(value, str | int) and name not in values:
                         values[name] = str(value)
         with contextlib.suppress(KeyError):
-            out.append(template.format_map(values))
+            out.append(_fill(template, values))
     return out
 
 

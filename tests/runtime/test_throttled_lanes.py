@@ -65,6 +65,20 @@ def test_key_templates_take_the_tenant_header_and_event_fields() -> None:
     assert throttle_keys(policy, "lane", message) == ["org:acme", "sub:acme/c9"]
 
 
+def test_two_tenants_never_share_a_key_of_a_template_with_two_fields() -> None:
+    """A value holding the template's separator is escaped, so no two messages' keys meet."""
+    policy = ThrottlePolicy(keys=("org:{tenant}", "sub:{tenant}/{customer_id}"))
+    first = Message("t", 0, 0, b"k", b'{"customer_id": "c"}', {h.TENANT: b"a/b"})
+    second = Message("t", 0, 1, b"k", b'{"customer_id": "b/c"}', {h.TENANT: b"a"})
+    third = Message("t", 0, 2, b"k", b'{"customer_id": "b%2Fc"}', {h.TENANT: b"a"})
+    keys = [throttle_keys(policy, "lane", m) for m in (first, second, third)]
+    assert keys == [
+        ["org:a/b", "sub:a%2Fb/c"],
+        ["org:a", "sub:a/b%2Fc"],
+        ["org:a", "sub:a/b%252Fc"],
+    ]
+
+
 async def test_a_tenant_never_runs_more_than_its_limit(
     transport: Transport, throttle: Throttle, unique: str
 ) -> None:
