@@ -45,7 +45,7 @@ from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging, logging_from_environment
 from pipeline.offload.cli import app as offload_app
-from pipeline.offload.writer import Offloader, topic_policies, with_offload
+from pipeline.offload.writer import Offloader, check_lane_stores, topic_policies, with_offload
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
 from pipeline.redrive.select import Selection
 from pipeline.registry.cli import app as registry_app
@@ -375,6 +375,8 @@ def consume(
         settings = settings.model_copy(update={"membership": membership})
         try:
             await _reach_services(settings)
+            chosen = [each.spec for name, each in loaded.lanes.items() if not lane or name in lane]
+            await check_lane_stores(chosen)  # no credentials: exit 2 now, not at the first payload
             abandoned = await serve(loaded, settings, group, lanes=lane or None)
         finally:
             identity.release()

@@ -53,7 +53,7 @@ from pipeline.logstore.create import create_log_store
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import sweeper_heartbeat
-from pipeline.offload.writer import with_offload
+from pipeline.offload.writer import check_lane_stores, with_offload
 from pipeline.topics.spec import load_specs, parse_duration_ms
 from pipeline.transport import create_transport
 
@@ -128,6 +128,7 @@ def serve_command(
         _check_port_option(port)
         settings, ingress = worker_settings(transport, sources)
         built = build_ingress(settings, ingress)
+        await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
         await serve(built, host or ingress.host, ingress.port if port is None else port, _ready)
 
     _run(main())
@@ -166,6 +167,7 @@ def serve_workers(
                     f"PIPELINE_INGRESS__METRICS_PORT (worker {index} uses it plus {index})",
                     host_variable="PIPELINE_INGRESS__METRICS_HOST",
                 )
+        await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
         await built.preflight()  # the log database, the topics' limits: before any worker
         return WorkerArgs(
             host or ingress.host,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pipeline.errors import DeadLetter, PipelineError, Retry
 
-_METADATA_HOST = "169.254.169.254"
+METADATA_HOST = "169.254.169.254"
 """The instance metadata service, where the S3 client looks for credentials last."""
 
 
@@ -52,7 +52,7 @@ def client_error_text(exc: BaseException) -> str:
     """
     lines = str(exc).strip().splitlines()
     text = lines[0].strip() if lines else type(exc).__name__
-    if _METADATA_HOST in text:
+    if METADATA_HOST in text:
         text += (
             " (no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run"
             " where the instance metadata service serves them)"

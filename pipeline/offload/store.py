@@ -9,14 +9,20 @@ volume every member mounts).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 from urllib.parse import urlparse
 
 from pipeline.errors import ConfigError
-from pipeline.offload.errors import OffloadError, client_error_text
+from pipeline.offload.errors import METADATA_HOST, OffloadError, client_error_text
+
+log = logging.getLogger(__name__)
+
+_PROBE_KEY = "sha256/00/start-check"
+"""A key no payload has (not 64 hex digits): its HEAD answers 404 from a store that works."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +90,33 @@ def open_store(url: str) -> PayloadStore:
         raise OffloadError(
             f"offload store {url}: cannot open it: {client_error_text(exc)}"
         ) from exc
+
+
+async def check_stores(urls: Iterable[str]) -> None:
+    """At start: one HEAD on each store, so a store that cannot work is known before a payload.
+
+    For ``pipeline ingress serve`` and ``pipeline consume`` with offloading lanes. No credentials
+    stop the process (they cannot appear while it runs); a store that fails otherwise (down,
+    refusing, timed out) is one warning line and the process goes on: it may come back, and
+    each write or read that fails meanwhile is answered as the docs say (a 503, a retry).
+
+    Raises:
+        ConfigError: no credentials for an S3 store: one line saying which variables to set.
+    """
+    for url in sorted(set(urls)):
+        try:
+            await open_store(url).head(_PROBE_KEY)
+        except OffloadError as exc:
+            if METADATA_HOST in str(exc):  # the client looked for credentials last there
+                raise ConfigError(
+                    f"offload store {url}: no credentials: set AWS_ACCESS_KEY_ID and"
+                    " AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary ones), or run"
+                    " where the instance metadata service serves them"
+                ) from None
+            reason = str(exc).split(f"{_PROBE_KEY}: ", 1)[-1]
+            log.warning(
+                "offload store %s does not answer at start (%s); going on: its payloads fail"
+                " until it does",
+                url,
+                reason,
+            )

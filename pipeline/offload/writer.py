@@ -31,7 +31,7 @@ from pipeline.offload.errors import PayloadCorrupt, PayloadMissing, ReferenceRef
 from pipeline.offload.lazy import LazyPayload
 from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.policy import OffloadPolicy
-from pipeline.offload.store import PayloadStore, open_store
+from pipeline.offload.store import PayloadStore, check_stores, open_store
 from pipeline.transport.protocol import Producer
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,15 @@ def topic_policies(specs: Sequence[object]) -> dict[str, OffloadPolicy]:
         if isinstance(policy, OffloadPolicy):
             out.update(dict.fromkeys(spec.topic_names(), policy))  # type: ignore[attr-defined]
     return out
+
+
+async def check_lane_stores(specs: Sequence[object]) -> None:
+    """At a process's start: the stores the lanes of ``specs`` offload to, each looked at once.
+
+    Raises:
+        ConfigError: no credentials for one (see :func:`~pipeline.offload.store.check_stores`).
+    """
+    await check_stores(policy.store for policy in topic_policies(specs).values())
 
 
 class OffloadingProducer:

@@ -1,0 +1,128 @@
+"""The ingress and `pipeline consume` look at their lanes' payload stores once, at start."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from support import run_pipeline
+
+S3PROXY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "pipeline", "AWS_SECRET_ACCESS_KEY": "pipeline-local"}
+APP = '''
+from pipeline.runtime import App, Context
+
+app = App()
+
+
+@app.handler("{lane}")
+async def handle(event: bytes, ctx: Context) -> None:
+    """Nothing: the member never gets to run it."""
+'''
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def environment(tmp_path: Path, lane: str, **extra: str) -> dict[str, str]:
+    """No AWS credentials, a lane offloading to S3Proxy, an ingress with no sources, Redis down."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PIPELINE_")
+        and k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    }
+    topics = tmp_path / "topics"
+    topics.mkdir(exist_ok=True)
+    (topics / f"{lane}.yaml").write_text(
+        f"name: {lane}\npartitions: 1\noffload:\n  store: s3://pipeline/start-{lane}\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "sources.yaml").write_text("sources: {}\n", encoding="utf-8")
+    return env | {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": f"redis://127.0.0.1:{closed_port()}/0",
+        "PIPELINE_TOPICS_DIR": str(topics),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
+        **extra,
+    }
+
+
+def refused_for_credentials(result: subprocess.CompletedProcess[str], lane: str) -> None:
+    """Exit 2, one stderr line naming the store and the variables to set, no traceback."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"offload store s3://pipeline/start-{lane}: no credentials" in lines[0]
+    assert "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in lines[0]
+
+
+def test_the_ingress_without_credentials_stops_at_start(tmp_path: Path, unique: str) -> None:
+    """`ingress serve` with an S3 lane and no credentials exits 2 naming the variables to set."""
+    lane = f"nocreds_{unique}"
+    env = environment(tmp_path, lane)
+    refused_for_credentials(
+        run_pipeline("ingress", "serve", "--port", "0", env=env, cwd=tmp_path), lane
+    )
+    workers = run_pipeline(
+        "ingress", "serve", "--port", "0", "--workers", "2",
+        env=env | {"PIPELINE_INGRESS__LOG_STORE": "postgres"}, cwd=tmp_path,
+    )  # fmt: skip
+    refused_for_credentials(workers, lane)
+
+
+def test_consume_without_credentials_stops_at_start(
+    redis_service: str, tmp_path: Path, unique: str
+) -> None:
+    """`pipeline consume` of an S3 lane without credentials exits 2 naming the variables to set."""
+    lane = f"nocreds_{unique}"
+    (tmp_path / f"{lane}.py").write_text(APP.format(lane=lane), encoding="utf-8")
+    env = environment(tmp_path, lane, PIPELINE_REDIS__URL=redis_service)
+    result = run_pipeline("consume", f"{lane}:app", "-g", f"g-{unique}", env=env, cwd=tmp_path)
+    refused_for_credentials(result, lane)
+
+
+def test_the_ingress_with_its_store_down_warns_once_and_serves(tmp_path: Path, unique: str) -> None:
+    """A store that does not answer at start is one warning line; the ingress serves anyway."""
+    lane = f"down_{unique}"
+    port = closed_port()
+    env = environment(tmp_path, lane, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    env |= S3PROXY_CREDENTIALS
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "ingress", "serve", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    errors: list[str] = []
+    reader = threading.Thread(
+        target=lambda: errors.extend(proc.stderr or []), daemon=True
+    )  # drained, so the child never blocks on a full pipe
+    reader.start()
+    try:
+        assert proc.stdout is not None
+        listening = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        reader.join(5)
+    text = "".join(errors)
+    assert listening.startswith("ingress listening on "), text
+    assert "Traceback" not in text
+    warned = [line for line in errors if f"offload store s3://pipeline/start-{lane}" in line]
+    assert len(warned) == 1, text
+    assert "does not answer at start" in warned[0]
+    assert f"127.0.0.1:{port}" in warned[0]
