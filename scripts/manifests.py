@@ -9,7 +9,8 @@ consumer group fails the build instead of stranding its messages).
 Scaling follows the age of the oldest waiting message (not on a lane of long work, whose oldest
 is usually running), the members' slot utilisation (plus the
 members a backlog needs, :mod:`pipeline.capacity.triggers`) and the lane's forecast member
-count (``pipeline_desired_members``, docs/capacity.md), all read from
+count (``pipeline_desired_members``, docs/capacity.md), and on a lane of long work the members
+running it (``pipeline_long_work_running``), all read from
 Prometheus; never CPU, which stays low while handlers wait on I/O. The termination
 grace period is the handler grace (``RuntimeSettings.shutdown_grace_s``) plus
 :data:`SHUTDOWN_MARGIN_S` for the last commit and leaving the group.
@@ -194,6 +195,12 @@ def lane_manifests(
     if batch is not None or not long_work:
         age = f'max(pipeline_oldest_message_age_seconds{{lane="{lane}",group="{lane}"}})'
         scaled["spec"]["triggers"].insert(0, _prometheus(age, age_target_s))
+    if long_work:
+        # Busy slots ask for ceil(runs / threshold) members: with fewer idle members than the
+        # scale-in removes, the pod-deletion-cost ranking alone would stop runs minutes deep.
+        # Every member with protected long work (pipeline/runtime/protection.py) is kept.
+        protected = f'count(pipeline_long_work_running{{pod=~"{pods_of(name)}"}} > 0) or vector(0)'
+        scaled["spec"]["triggers"].append(_prometheus(protected, 1))
     if batch is None:
         # Ahead of the day: the forecast's member count (pipeline/capacity), read as a count
         # (threshold 1). A batch lane never asks for members on its own, so it has none.
