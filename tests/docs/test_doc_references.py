@@ -22,8 +22,13 @@ from pipeline.observability.metrics import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-READ_APART = {"PIPELINE_LOG_LEVEL", "PIPELINE_LOG_FORMAT", "PIPELINE_CACHE_DIR"}
-"""Read directly, not through Settings (pipeline/config.py, deploy/local/common.sh)."""
+READ_APART = {
+    "PIPELINE_LOG_LEVEL",
+    "PIPELINE_LOG_FORMAT",
+    "PIPELINE_CACHE_DIR",
+    "PIPELINE_OFFLOAD_TIMEOUT_S",
+}
+"""Read directly, not through Settings (config.py, offload/s3.py, deploy/local/common.sh)."""
 TEST_ONLY = {"PIPELINE_TEST_LEFTOVERS"}
 """The test suite's own switch (tests/conftest.py), named in README.md."""
 SCRAPE_LABELS = {"pod", "instance", "job", "le"}
