@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import socket
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -98,8 +99,10 @@ def build_sweeper(
     admin: Admin,
     specs: Sequence[TopicSpec],
     ingress: IngressSettings,
+    *,
+    clock: Callable[[], float] = time.time,
 ) -> Sweeper:
-    """A sweeper over ``store`` that reads lane backlogs with ``admin``."""
+    """A sweeper over ``store`` that reads lane backlogs with ``admin``, on ``clock``."""
     lanes = lane_topics(specs)
     s = ingress.sweeper
     # A copy waiting in a retry tier is late, not lost: the tiers count towards the backlog.
@@ -113,6 +116,7 @@ def build_sweeper(
         backlog,
         lanes,
         s,
+        clock=clock,
         lane_delays_s=lane_delays_s(specs),
         lane_windows_s=lane_windows_s(specs),
     )

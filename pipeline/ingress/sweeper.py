@@ -6,7 +6,8 @@ Each sweep, for rows it claims (leases) in the log store:
    died between commit and produce, or the broker was down) are produced. A failure only counts
    an attempt: the broker being down is never a reason to give up on a row.
 2. **Unprocessed**: rows ``produced`` but not reported processed ``patience_s`` after their last
-   production are replayed, but only while their lane has no backlog (then they are most likely
+   production (or the last tick of a member that showed their long work still running:
+   ``mark_running``) are replayed, but only while their lane has no backlog (then they are most likely
    queued, not lost), and regardless once ``max_patience_s`` has passed (late is not lost, yet a
    lost event's wait stays bounded). A lane whose events wait longer than that by design (retry
    tiers, a batch SLA: ``lane_delays_s``) is given its wait plus ``patience_s`` instead, so an

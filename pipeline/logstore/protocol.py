@@ -81,7 +81,8 @@ class LogRow:
         produce_attempts: produce attempts so far (fast path, sweeps and replays), failed or not.
         replay_count: how many times the row was produced again after its first production.
         last_error: the last produce failure or the abandonment reason, or "".
-        produced_at_ms: when the broker last acknowledged it, or None if never.
+        produced_at_ms: when the broker last acknowledged it, or a member last showed its event
+            still running as long work (:meth:`ProcessedMarker.mark_running`); None if never.
     """
 
     id: str
@@ -153,6 +154,14 @@ class ProcessedMarker(Protocol):
         """Mark these rows processed in one batch; returns how many changed state.
 
         Idempotent; unknown ids and abandoned rows are left alone.
+        """
+        ...
+
+    async def mark_running(self, ids: Sequence[str]) -> int:
+        """Show these ``produced`` rows' events still running, in one batch; returns how many.
+
+        Their ``produced_at_ms`` becomes now: the sweeper's patience counts from it, so a long
+        run shown alive this way is not replayed under it. Other rows are left alone.
         """
         ...
 

@@ -126,6 +126,10 @@ class LongWork:
         """Runs in this member now."""
         return len(self._runs)
 
+    def long_messages(self) -> list[Message]:
+        """The messages of the long work (lanes with ``heartbeat_timeout``) running here now."""
+        return [run.message for run in self._runs.values() if run.long]
+
     # -- the gate -----------------------------------------------------------------------------
 
     async def __call__(self, lane: Lane, message: Message) -> str | None:

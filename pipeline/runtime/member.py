@@ -439,11 +439,7 @@ class Member:
     def _rows_finished(self, messages: Sequence[Message]) -> None:
         if self._processed is None:
             return
-        for message in messages:
-            row = message.headers.get(h.ROW_ID)
-            if row is not None and b"\x00" not in row:  # no log store keeps a NUL in an id
-                with contextlib.suppress(UnicodeDecodeError):  # nor bytes that are not text
-                    self._finished_rows.append(row.decode())
+        self._finished_rows += _row_ids(messages)
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -501,8 +497,20 @@ class Member:
             self._admission_metrics.throttled_tenants(lane, tenants)
 
     async def _mark_processed(self) -> None:
-        """Tell the log store which rows are finished (one batch per commit tick)."""
-        if self._processed is None or not self._finished_rows:
+        """Tell the log store which rows are finished (one batch per commit tick).
+
+        The rows of the long work still running here are shown alive first (one batch too), so
+        the ingress's sweeper does not replay a run that outlasts its patience.
+        """
+        if self._processed is None:
+            return
+        running = _row_ids(self._longwork.long_messages())
+        if running:
+            try:
+                await self._processed.mark_running(running)
+            except PipelineError as exc:
+                log.warning("could not show %d running log rows alive: %s", len(running), exc)
+        if not self._finished_rows:
             return
         rows, self._finished_rows = self._finished_rows, []
         try:
@@ -600,6 +608,17 @@ class Member:
                 self._pauses.forget(tp)
         log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
         return positions
+
+
+def _row_ids(messages: Sequence[Message]) -> list[str]:
+    """The ingress log rows (``pl-row-id``) of ``messages`` that have one."""
+    ids: list[str] = []
+    for message in messages:
+        row = message.headers.get(h.ROW_ID)
+        if row is not None and b"\x00" not in row:  # no log store keeps a NUL in an id
+            with contextlib.suppress(UnicodeDecodeError):  # nor bytes that are not text
+                ids.append(row.decode())
+    return ids
 
 
 def _check_heartbeats(lanes: Sequence[Lane], settings: RuntimeSettings) -> None:

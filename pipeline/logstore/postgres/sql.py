@@ -75,6 +75,11 @@ UPDATE {table} SET state = 'processed', lease_until_ms = 0
 WHERE state IN ('received', 'produced') AND id = ANY(%s)
 """
 
+_MARK_RUNNING = """
+UPDATE {table} SET produced_at_ms = %s
+WHERE state = 'produced' AND id = ANY(%s)
+"""
+
 _MARK_REPLAYED = """
 UPDATE {table}
 SET replay_count = replay_count + 1, produce_attempts = produce_attempts + 1,
@@ -135,6 +140,7 @@ class Statements:
         self.mark_produced = compose(_MARK_PRODUCED)
         self.record_failure = compose(_RECORD_FAILURE)
         self.mark_processed = compose(_MARK_PROCESSED)
+        self.mark_running = compose(_MARK_RUNNING)
         self.mark_replayed = compose(_MARK_REPLAYED)
         self.abandon = compose(_ABANDON)
         self.claim_unproduced = compose(_CLAIM_UNPRODUCED)

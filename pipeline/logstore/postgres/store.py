@@ -242,6 +242,12 @@ class PostgresLogStore:
             return 0
         return await self._execute(self._sql.mark_processed, [list(ids)])
 
+    async def mark_running(self, ids: Sequence[str]) -> int:
+        """Show produced rows' events still running (their patience starts again)."""
+        if not ids:
+            return 0
+        return await self._execute(self._sql.mark_running, [self._now_ms(), list(ids)])
+
     # SweepLog
 
     async def claim_unproduced(

@@ -94,6 +94,14 @@ def mark_processed(count: int) -> str:
     """  # noqa: S608
 
 
+def mark_running(count: int) -> str:
+    """A ``produced`` row's event still runs: its patience starts again; params: now, ids."""
+    return f"""
+        UPDATE ingress_log SET produced_at_ms = ?1
+        WHERE state = 'produced' AND id IN ({_marks(count, 2)})
+    """  # noqa: S608
+
+
 def mark_replayed(count: int) -> str:
     """One more replay for ``count`` ids (abandoned rows are watched again); params: now, ids."""
     return f"""

@@ -277,6 +277,10 @@ class SqliteLogStore:
         """Mark rows processed in one transaction; returns how many changed state."""
         return await self._update_ids(sql.mark_processed, ids)
 
+    async def mark_running(self, ids: Sequence[str]) -> int:
+        """Show produced rows' events still running (their patience starts again)."""
+        return await self._update_ids(sql.mark_running, ids, self._now_ms())
+
     # SweepLog
 
     async def claim_unproduced(

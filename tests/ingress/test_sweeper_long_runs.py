@@ -1,0 +1,139 @@
+"""The sweeper does not replay a webhook whose long work is still running on a member."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from logstore.helpers import FakeClock, new_row, real_log_store
+from runtime.helpers import declare, eventually, lane_spec, running
+
+from pipeline.config import IngressSettings, RuntimeSettings, Settings, SweeperSettings
+from pipeline.ingress import headers as h
+from pipeline.ingress.service import build_sweeper
+from pipeline.ingress.sweeper import Sweeper
+from pipeline.logstore import LogStore, RowState
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
+
+QUICK = RuntimeSettings(
+    commit_interval_ms=100, shutdown_grace_s=0.2, cancel_poll_ms=50, cancel_grace_s=0.1
+)
+
+
+@pytest.fixture
+async def redis(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
+    """The real Redis Streams transport."""
+    transport = create_transport(settings, "redis")
+    yield transport
+    await transport.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings, clock: FakeClock
+) -> AsyncIterator[LogStore]:
+    """A real, empty log store of each kind on the test's clock."""
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_service")
+    async with real_log_store(request.param, tmp_path, settings.postgres.url, clock) as log:
+        yield log
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock the test moves by hand (the log store's and the sweeper's)."""
+    return FakeClock()
+
+
+async def ticks(member: Member, count: int) -> None:
+    """Wait until ``member`` has made ``count`` more commit ticks."""
+    target = member._ticks + count
+    await eventually(lambda: member._ticks >= target)
+
+
+async def test_a_long_run_past_the_overdue_bound_is_not_replayed_while_it_runs(
+    redis: Transport, store: LogStore, clock: FakeClock, unique: str
+) -> None:
+    """A row whose long work runs past max_patience_s shows life through its member's ticks."""
+    spec = lane_spec(f"jobs_{unique}", 1, heartbeat_timeout="1h")
+    await declare(redis, spec)
+    app = App([spec])
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        started.set()
+        await finish.wait()  # a 20-minute render
+
+    row = new_row(1, clock, topic=spec.name, lane=spec.lane)
+    await store.insert(row)
+    await store.mark_produced([row.id])
+    await redis.producer().send(spec.name, b"render", key=b"k", headers={h.ROW_ID: row.id.encode()})
+    group = f"g-{unique}"
+    sweeper = sweeper_of(store, redis, spec.lane, spec.name, group, clock)
+    member = Member(app, redis, group, QUICK, processed=store)
+    async with running(member):
+        await started.wait()
+        clock.advance(1000)  # past max_patience_s (900 s) since it was produced
+        await ticks(member, 2)
+        report = await sweeper.sweep_once()
+        assert report.replayed == 0
+        got = await store.get(row.id)
+        assert got is not None
+        assert (got.state, got.replay_count) == (RowState.PRODUCED, 0)
+        finish.set()
+        await eventually(lambda: member.stats.handled == 1)
+        await ticks(member, 2)
+    got = await store.get(row.id)
+    assert got is not None
+    assert got.state == RowState.PROCESSED
+
+
+async def test_a_long_run_whose_member_stopped_is_replayed_after_patience(
+    redis: Transport, store: LogStore, clock: FakeClock, unique: str
+) -> None:
+    """A run that no member shows alive any more is replayed once its bound passed again."""
+    spec = lane_spec(f"jobs_{unique}", 1, heartbeat_timeout="1h")
+    await declare(redis, spec)
+    app = App([spec])
+    started = asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        started.set()
+        await asyncio.Event().wait()  # never ends: its member stops under it
+
+    row = new_row(1, clock, topic=spec.name, lane=spec.lane)
+    await store.insert(row)
+    await store.mark_produced([row.id])
+    await redis.producer().send(spec.name, b"render", key=b"k", headers={h.ROW_ID: row.id.encode()})
+    group = f"g-{unique}"
+    sweeper = sweeper_of(store, redis, spec.lane, spec.name, group, clock)
+    member = Member(app, redis, group, QUICK, processed=store)
+    async with running(member):
+        await started.wait()
+        clock.advance(1000)
+        await ticks(member, 2)
+    assert (await sweeper.sweep_once()).replayed == 0
+    clock.advance(901)  # the lane is backed up (its message was never committed)
+    report = await sweeper.sweep_once()
+    assert report.replayed == 1
+
+
+def sweeper_of(
+    store: LogStore, redis: Transport, lane: str, topic: str, group: str, clock: FakeClock
+) -> Sweeper:
+    """The sweeper of ``lane`` (read by ``group``) with the default patience, on ``clock``."""
+    return build_sweeper(
+        store,
+        redis.producer(),
+        redis.admin(),
+        [lane_spec(topic, 1, lane=lane, heartbeat_timeout="1h")],
+        IngressSettings(sweeper=SweeperSettings(lane_groups={lane: group})),
+        clock=clock,
+    )
