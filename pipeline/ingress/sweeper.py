@@ -7,15 +7,15 @@ Each sweep, for rows it claims (leases) in the log store:
    an attempt: the broker being down is never a reason to give up on a row.
 2. **Unprocessed**: rows ``produced`` but not reported processed ``patience_s`` after their last
    production (or the last tick of a member that showed their long work still running:
-   ``mark_running``) are replayed, but only while their lane has no backlog (then they are most likely
-   queued, not lost), and regardless once ``max_patience_s`` has passed (late is not lost, yet a
-   lost event's wait stays bounded). A lane whose events wait longer than that by design (retry
-   tiers, a batch SLA: ``lane_delays_s``) is given its wait plus ``patience_s`` instead, so an
-   event that is merely waiting its turn is neither copied nor abandoned. A debounced lane's
-   events wait for their turn with their offsets committed, a wait no lag shows: its rows are
-   given the lane's debounce window (``lane_windows_s``) on top of their patience, backed up or
-   not. Each replay
-   increments the row's ``replay_count``, which travels in the event's ``replay-count`` header.
+   ``mark_running``) are replayed, but only while their lane has no backlog (then they are most
+   likely queued, not lost), and regardless once ``max_patience_s`` has passed (late is not lost,
+   yet a lost event's wait stays bounded). A lane whose events wait longer than that by design
+   (retry tiers, a batch SLA: ``lane_delays_s``) is given its wait plus ``patience_s`` instead, so
+   an event that is merely waiting its turn is neither copied nor abandoned. A debounced lane's
+   events wait for their turn with their offsets committed, a wait no lag shows: its rows are given
+   the lane's debounce window (``lane_windows_s``) on top of their patience, backed up or not. Each
+   replay increments the row's ``replay_count``, which travels in the event's ``replay-count``
+   header.
 3. **Abandoned**: a row due for a replay that already had ``max_replays`` is abandoned instead:
    something in it keeps its consumer from finishing, and replaying it would keep doing so. It
    is logged at CRITICAL with the reason, and counted.
