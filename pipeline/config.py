@@ -36,6 +36,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from redis.asyncio.connection import Connection as RedisConnection
+from redis.asyncio.connection import parse_url as parse_redis_url
+from redis.exceptions import RedisError
 
 from pipeline.capacity.settings import CapacitySettings
 from pipeline.errors import ConfigError
@@ -82,7 +85,31 @@ class RedisSettings(_Section):
             urlsplit(value).port  # noqa: B018 - parsing the port is the check
         except ValueError as exc:
             raise ValueError(f"expected redis://host:port/db, port 0-65535 ({exc})") from None
+        problem = _redis_query_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
+
+
+def _redis_query_problem(url: str) -> str | None:
+    """Why redis-py cannot build a connection from ``url``'s query options, or None.
+
+    redis-py reads them only when it opens the first connection, where a misspelt option or a
+    TLS option on a ``redis://`` URL is a ``TypeError``: build one (it connects to nothing) now.
+    """
+    try:
+        kwargs: dict[str, Any] = dict(parse_redis_url(url))
+        connection_class: type[RedisConnection] = kwargs.pop("connection_class", RedisConnection)
+        connection_class(**kwargs)
+    except TypeError as exc:
+        found = re.search(r"keyword argument '([^']+)'", str(exc))
+        name = found.group(1) if found else str(exc)
+        if name.startswith("ssl") and not url.startswith("rediss://"):
+            return f"{name} is a TLS option: use a rediss:// URL for a TLS connection"
+        return f"{name} is not a connection option redis-py knows (see redis-py's from_url)"
+    except (ValueError, RedisError) as exc:
+        return str(exc)
+    return None
 
 
 class KafkaSettings(_Section):
