@@ -7,7 +7,7 @@ endpoint is allowed, for a local S3Proxy). The bucket must exist.
 
 Every request gives up after ``PIPELINE_OFFLOAD_TIMEOUT_S`` (default 5 s) without progress:
 connecting, waiting for an answer, or between two slices of a write's body. A write is one
-``PUT`` (presigned, its body streamed with httpx in 64 KiB slices, each with its own timeout),
+``PUT`` (presigned, its body streamed with httpx in 256 KiB slices, each with its own timeout),
 so a large payload whose bytes keep flowing takes as long as it needs, while a store that
 accepts the connection and never reads or answers fails within the timeout. The S3 client's
 own timeout bounds a request as a whole from its start, body included; a write through it
@@ -48,7 +48,7 @@ TIMEOUT_VARIABLE = "PIPELINE_OFFLOAD_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 5.0
 """Seconds a request may go without progress (connect, answer, a slice of a body)."""
 _MAX_TIMEOUT_S = 300.0
-_SLICE_BYTES = 64 * 1024
+_SLICE_BYTES = 256 * 1024
 _PUT_ATTEMPTS = 4
 """A write's tries, as the S3 client's ``max_retries`` of 3 (within the timeout)."""
 _S3_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
@@ -83,7 +83,7 @@ def timeout_s() -> float:
 
 
 async def _slices(data: bytes | memoryview) -> AsyncIterator[bytes]:
-    """``data`` in slices of 64 KiB: each is sent under its own write timeout."""
+    """``data`` in slices of 256 KiB: each is sent under its own write timeout."""
     view = memoryview(data)
     for start in range(0, len(view), _SLICE_BYTES):
         yield bytes(view[start : start + _SLICE_BYTES])
