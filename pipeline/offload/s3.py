@@ -10,8 +10,10 @@ connecting, waiting for an answer, or between two slices of a write's body. A wr
 ``PUT`` (presigned, its body streamed with httpx in 256 KiB slices, each with its own timeout),
 so a large payload whose bytes keep flowing takes as long as it needs, while a store that
 accepts the connection and never reads or answers fails within the timeout. The S3 client's
-own timeout bounds a request as a whole from its start, body included; a write through it
-would fail whenever its body took longer than that.
+read timeout runs from a request's start until its answer, body included; a write through it
+would fail whenever its body took longer than that. Reads go through the S3 client, with no
+bound on a request as a whole: a handler may take a payload's chunks as slowly as it needs,
+and only a read that waits the timeout for bytes fails.
 
 Deletes are single-object ``DeleteObject`` requests (presigned, sent with httpx): obstore
 deletes through the batch ``DeleteObjects`` call, which not every S3-compatible service
@@ -49,6 +51,7 @@ DEFAULT_TIMEOUT_S = 5.0
 """Seconds a request may go without progress (connect, answer, a slice of a body)."""
 _MAX_TIMEOUT_S = 300.0
 _SLICE_BYTES = 256 * 1024
+_WHOLE_REQUEST = timedelta(days=1)
 _PUT_ATTEMPTS = 4
 """A write's tries, as the S3 client's ``max_retries`` of 3 (within the timeout)."""
 _S3_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
@@ -111,6 +114,9 @@ class S3PayloadStore(ObjectPayloadStore):
             "allow_http": endpoint.startswith("http://"),
             "connect_timeout": timeout,
             "read_timeout": timeout,
+            # No bound on a request as a whole (the client's default is 30 s): a handler may
+            # stream a large payload into a slow sink for longer; a stalled read still fails.
+            "timeout": _WHOLE_REQUEST,
         }
         # A webhook waits on the write: give up within seconds (503, the provider retries)
         # rather than obstore's default of ten retries over three minutes. A failure that

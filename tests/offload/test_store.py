@@ -259,6 +259,23 @@ async def test_a_large_upload_still_flowing_outlasts_the_timeout(
     assert b"".join(chunks) == body
 
 
+async def test_a_read_taken_slowly_outlasts_the_timeout(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload read in chunks over longer than the timeout completes: only a stall fails."""
+    if not store_url.startswith("s3://"):
+        pytest.skip("a directory store has no network timeout")
+    monkeypatch.setenv("PIPELINE_OFFLOAD_TIMEOUT_S", "1")
+    store = open_store(store_url)
+    body = os.urandom(4 * 1024 * 1024)
+    await store.put("sha256/aa/slow", body)
+    chunks = []
+    async for chunk in store.chunks("sha256/aa/slow", 1024 * 1024):
+        chunks.append(chunk)
+        await asyncio.sleep(0.6)  # a handler feeding a slow sink: 2.4 s in all
+    assert b"".join(chunks) == body
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "soon", "301"])
 def test_a_bad_timeout_is_refused_naming_the_variable(
     value: str, monkeypatch: pytest.MonkeyPatch
