@@ -41,13 +41,28 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-@lru_cache(maxsize=65_536)
+_CACHED_KEY_BYTES = 128
+"""Longer keys are hashed each time: 65,536 remembered keys of any size could hold gigabytes."""
+
+
 def partition_for(key: bytes, partitions: int) -> int:
     """The partition of ``key`` among ``partitions``: ``toPositive(murmur2(key)) % partitions``.
 
-    Remembered for the most recent 65,536 keys: the same contacts and tenants come back all
-    the time, and the pure-Python hash costs more than verifying a webhook's signature.
+    Remembered for the most recent 65,536 keys of up to 128 bytes: the same contacts and
+    tenants come back all the time, and the pure-Python hash costs more than verifying a
+    webhook's signature.
     """
+    if len(key) <= _CACHED_KEY_BYTES:
+        return _remembered(key, partitions)
+    return _partition(key, partitions)
+
+
+@lru_cache(maxsize=65_536)
+def _remembered(key: bytes, partitions: int) -> int:
+    return _partition(key, partitions)
+
+
+def _partition(key: bytes, partitions: int) -> int:
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
     return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from pipeline.transport.partitioner import murmur2, partition_for
@@ -32,3 +34,18 @@ def test_partition_count_must_be_positive() -> None:
     """Zero partitions is a programming error, reported clearly."""
     with pytest.raises(ValueError, match="partitions must be >= 1"):
         partition_for(b"k", 0)
+
+
+def test_long_keys_are_not_kept_in_the_partition_cache() -> None:
+    """Partitioning many distinct 8 KiB keys retains no memory for them."""
+    partition_for(b"warm", 4)  # the cache exists before the measure
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(100):
+            partition_for(n.to_bytes(2, "big") + b"k" * 8_190, 12)  # 8 KiB, one per message
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < 100 << 10, f"{retained} bytes kept for 100 keys of 8 KiB"
+    assert partition_for(b"k" * 200, 7) == (murmur2(b"k" * 200) & 0x7FFFFFFF) % 7
