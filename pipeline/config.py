@@ -328,10 +328,12 @@ class SweeperSettings(_Section):
         enabled: run the sweeper as a task of ``pipeline ingress serve``.
         interval_s: pause between sweeps.
         unproduced_after_s: a row still unproduced this long after receipt is produced.
-        patience_s: a produced row unprocessed this long is replayed if its lane has no backlog.
+        patience_s: a produced row unprocessed this long is replayed if its lane has no backlog
+            (a debounced lane's rows wait its max_wait_s more; a long run shown alive by its
+            member counts from its last sign of life).
         max_patience_s: past this it is replayed regardless (late is not lost, but bounded); a
-            lane whose events wait longer by design (its retry tiers, a batch SLA) gets that wait
-            plus patience_s instead, when longer.
+            lane whose events wait longer by design (its retry tiers, a batch SLA, a debounce
+            window) gets that wait plus patience_s instead, when longer.
         max_replays: replays before a row is abandoned (logged CRITICAL, counted).
         batch_size: rows claimed per query.
         lease_s: how long a claimed row is reserved for this sweeper.
