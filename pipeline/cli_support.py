@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from pipeline.config import load_settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
-from pipeline.reachability import named_with_fix
+from pipeline.reachability import Service, named_with_fix
 
 T = TypeVar("T")
 
@@ -77,4 +77,5 @@ def _where(exc: BrokerUnavailable) -> str:
         settings = load_settings()
     except ConfigError:
         return ""
-    return f" ({named_with_fix(settings, 'redis' if 'redis unreachable' in text else 'kafka')})"
+    service: Service = "redis" if "redis unreachable" in text else "kafka"
+    return f" ({named_with_fix(settings, service, reason=text)})"

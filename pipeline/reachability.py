@@ -2,8 +2,10 @@
 
 Every command that reaches Kafka, Redis or the schema registry says it the same way:
 ``cannot reach Redis at redis://127.0.0.1:6379/0 (PIPELINE_REDIS__URL): <reason>; start it
-(`make services`) or point PIPELINE_REDIS__URL at a running one``. Passwords in URLs are
-replaced by ``***``.
+(`make services`) or point PIPELINE_REDIS__URL at a running one``. A Redis that refuses the
+URL's credentials or whose TLS handshake fails runs: its line says what to change in the URL
+instead. Passwords in URLs are replaced by ``***``; of ``PIPELINE_KAFKA__CLIENT`` only the keys
+are shown.
 """
 
 from __future__ import annotations
@@ -77,14 +79,21 @@ def how_to_fix(variable: str, start: str = START, instead: str = "a running one"
     return f"start it ({start}) or point {variable} at {instead}"
 
 
-def named_with_fix(settings: Settings, service: Service, instead: str = "a running one") -> str:
+def named_with_fix(
+    settings: Settings, service: Service, instead: str = "a running one", reason: str = ""
+) -> str:
     """``service``, its address and variable, and the fix: to follow an error that lacks them.
+
+    ``reason`` is the error's text: a refused password or TLS handshake has another fix.
 
     ``Redis at redis://127.0.0.1:6379/0, PIPELINE_REDIS__URL: start it (`make services`) or
     point PIPELINE_REDIS__URL at a running one``.
     """
     address, variable = where(settings, service)
-    return f"{_NAMES[service]} at {address}, {variable}: {how_to_fix(variable, instead=instead)}"
+    fix = _refusal_fix(service, variable, reason) or how_to_fix(variable, instead=instead)
+    if service == "kafka":
+        fix += _kafka_client_hint(settings)
+    return f"{_NAMES[service]} at {address}, {variable}: {fix}"
 
 
 def unreachable_at(name: str, address: str, variable: str, reason: str, start: str = START) -> str:
@@ -94,9 +103,59 @@ def unreachable_at(name: str, address: str, variable: str, reason: str, start: s
 
 
 def unreachable(settings: Settings, service: Service, reason: str) -> str:
-    """The line that says ``service`` cannot be reached, where, why and what to do."""
+    """The line that says ``service`` cannot be reached, where, why and what to do.
+
+    A Redis that answered but refused the URL's credentials, or whose TLS handshake failed, is
+    no service to start: its line says so and what to change in ``PIPELINE_REDIS__URL``. For
+    Kafka with connection properties in ``PIPELINE_KAFKA__CLIENT`` (a wrong ``security.protocol``
+    only times out) the line names them too, by key: their values may be secrets.
+    """
     address, variable = where(settings, service)
-    return unreachable_at(_NAMES[service], address, variable, reason)
+    refused = _refused(service, address, variable, reason)
+    if refused is not None:
+        return refused
+    line = unreachable_at(_NAMES[service], address, variable, reason)
+    return line + _kafka_client_hint(settings) if service == "kafka" else line
+
+
+_AUTH_FAILED = ("WRONGPASS", "NOAUTH", "invalid username-password pair", "Authentication required")
+_TLS_FAILED = ("SSL", "TLS", "certificate")
+
+
+def _refused(service: Service, address: str, variable: str, reason: str) -> str | None:
+    """The line for a Redis that refused the credentials or the TLS handshake, else None."""
+    fix = _refusal_fix(service, variable, reason)
+    if fix is None:
+        return None
+    why = reason.rstrip(". ")
+    if any(sign in reason for sign in _AUTH_FAILED):
+        return f"Redis at {address} ({variable}) refused the credentials: {why}; {fix}"
+    return f"TLS with Redis at {address} ({variable}) failed: {why}; {fix}"
+
+
+def _refusal_fix(service: Service, variable: str, reason: str) -> str | None:
+    """What to change when Redis refused the credentials or the TLS handshake, else None."""
+    if service != "redis":
+        return None
+    if any(sign in reason for sign in _AUTH_FAILED):
+        return f"set the user and password it expects in {variable} (redis://USER:PASSWORD@host:port/db)"
+    if any(sign in reason for sign in _TLS_FAILED):
+        return (
+            f"use rediss:// only for a TLS port and give the CA that signed the server's"
+            f" certificate in {variable} (?ssl_ca_certs=/path/ca.pem)"
+        )
+    return None
+
+
+def _kafka_client_hint(settings: Settings) -> str:
+    """``PIPELINE_KAFKA__CLIENT``'s connection properties, by key, to check; "" if none."""
+    keys = sorted(k for k in settings.kafka.client if k.startswith(("security.", "sasl.", "ssl.")))
+    if not keys:
+        return ""
+    return (
+        f"; if it runs, check {ENV_PREFIX}KAFKA__CLIENT ({', '.join(keys)}) against the"
+        " broker's listener"
+    )
 
 
 def listen_error(

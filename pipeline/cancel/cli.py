@@ -52,7 +52,7 @@ def cancel_command(
         try:
             return await cancel(redis, settings.redis.key_prefix, target, reason)
         except CancelFailed as exc:
-            hint = named_with_fix(settings, "redis", instead="the members' Redis")
+            hint = named_with_fix(settings, "redis", "the members' Redis", str(exc))
             raise CancelFailed(f"{exc} ({hint})") from None
         finally:
             await redis.aclose()
