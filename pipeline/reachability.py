@@ -57,11 +57,16 @@ def checked_http_url(url: str, source: str) -> str:
     return url
 
 
+_QUERY_PASSWORD = re.compile(r"(?<=[?&;])(password=)[^&;#]*", re.IGNORECASE)
+
+
 def safe_url(url: str) -> str:
-    """``url`` without its password, fit to print."""
+    """``url`` without its password (in its authority, or a ``password=`` option), fit to print."""
     parts = urlsplit(url)
+    if parts.query:
+        parts = parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", "?" + parts.query)[1:])
     if parts.password is None:
-        return url
+        return urlunsplit(parts)
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else f"***@{netloc}"))

@@ -25,6 +25,7 @@ from pipeline.observability import stacks
 from pipeline.observability.deletion_cost import DeletionCost, pod_from_environment
 from pipeline.observability.server import MetricsServer, metrics_socket, serve_metrics
 from pipeline.observability.wiring import MemberTelemetry, member_telemetry
+from pipeline.reachability import safe_url
 from pipeline.redis_channel import channel_of, open_channel
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
@@ -69,7 +70,7 @@ def _address(settings: Settings, transport: str) -> str:
     if transport == "kafka":
         return settings.kafka.bootstrap_servers
     url = urlsplit(settings.redis.url)
-    return url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
+    return safe_url(url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl())
 
 
 async def _ready_when_polling(member: Member, server: MetricsServer) -> None:

@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from pipeline.config import load_settings
+from pipeline.runtime.run import _address
 from pipeline.testing.ports import free_port
 
 SECRET = "wr0ng-pw-never-shown"  # noqa: S105 - a test value that must never be printed
@@ -150,3 +152,26 @@ def test_kafka_security_properties_are_named_when_the_broker_does_not_answer(
     assert "PIPELINE_KAFKA__BOOTSTRAP_SERVERS" in line
     assert "PIPELINE_KAFKA__CLIENT (security.protocol, ssl.key.password)" in line
     assert SECRET not in result.stdout + result.stderr
+
+
+def test_a_password_in_the_url_query_is_not_printed(redis_service: str) -> None:
+    """redis-py also reads ``?username=&password=``: the refusal line masks that password too."""
+    address = urlsplit(redis_service)
+    user = f"nobody-{uuid.uuid4().hex[:8]}"
+    url = f"redis://{address.hostname}:{address.port or 6379}/0?username={user}&password={SECRET}"
+    result = pipeline("status", "-t", "redis", env={"PIPELINE_REDIS__URL": url})
+    line = one_line(result)
+    assert "refused the credentials" in line
+    assert "password=***" in line
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_the_members_start_line_masks_a_query_password() -> None:
+    """The address ``pipeline consume`` logs when it starts shows no password, in either place."""
+    for url in (
+        f"redis://app:{SECRET}@10.0.0.5:6380/2",
+        f"redis://10.0.0.5:6380/2?password={SECRET}",
+    ):
+        shown = _address(load_settings(redis={"url": url}), "redis")
+        assert SECRET not in shown
+        assert "10.0.0.5:6380/2" in shown
