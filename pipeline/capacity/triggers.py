@@ -9,7 +9,9 @@ KEDA asks for ``ceil(busy / threshold) + backlog_members(waiting)``:
 - *waiting* is the group's lag (``pipeline_consumer_lag_messages``: produced, not committed)
   less the busy slots (``pipeline_worker_slots_busy``) and the messages held by the lane's
   per-tenant throttle (``pipeline_throttle_waiting``: a tenant's wait for its own slots is not
-  a shortage of members), the messages that wait for a slot;
+  a shortage of members) and the messages the members finished behind a lower offset not yet
+  done (``pipeline_finished_uncommitted_messages``: behind a long run, the lag keeps them until
+  it ends), the messages that wait for a slot;
 - the service time is the lane's, as the capacity planner exports it
   (``pipeline_service_time_seconds``); with no planner running the backlog term is 0 and the
   trigger is the plain busy-slot one.
@@ -45,6 +47,8 @@ def slot_query(
     lag = f'max(pipeline_consumer_lag_messages{{lane="{lane}",group="{group}"}})'
     service = f'max(pipeline_service_time_seconds{{lane="{lane}"}})'
     throttled = f'(sum(pipeline_throttle_waiting{{lane="{lane}"}}) or vector(0))'
-    waiting_beyond = f"clamp_min({lag} - {busy} - {throttled} - {slots_per_member}, 0)"
+    finished_uncommitted = f'pipeline_finished_uncommitted_messages{{lane="{lane}",pod=~"{pods}"}}'
+    finished = f"(sum({finished_uncommitted}) or vector(0))"
+    waiting_beyond = f"clamp_min({lag} - {busy} - {throttled} - {finished} - {slots_per_member}, 0)"
     backlog = f"ceil({waiting_beyond} * {service} / {slots_per_member * drain_s:g})"
     return f"{busy} + {threshold} * ({backlog} or vector(0))"

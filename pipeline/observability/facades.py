@@ -50,6 +50,7 @@ class RuntimeMetrics:
         self._cancelled = metrics.counter(m.CANCELLED)
         self._hung = metrics.counter(m.HUNG)
         self._long_work = metrics.gauge(m.LONG_WORK)
+        self._finished_uncommitted = metrics.gauge(m.FINISHED_UNCOMMITTED)
         self.offload = OffloadMetrics(metrics)
         """The member's payload-store reads (offloaded payloads), in the same registry."""
 
@@ -88,6 +89,10 @@ class RuntimeMetrics:
     def long_work(self, running: int) -> None:
         """``running`` runs of long-work lanes protect this member from scale-in."""
         self._long_work.set(running)
+
+    def finished_uncommitted(self, lane: str, count: int) -> None:
+        """``count`` messages of ``lane`` are finished but behind a lower offset not yet done."""
+        self._finished_uncommitted.labels(lane).set(count)
 
     def parked_keys(self, lane: str, count: int) -> None:
         """``count`` keys of ``lane`` are parked behind a message in a retry tier now."""

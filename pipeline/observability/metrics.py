@@ -142,6 +142,15 @@ LONG_WORK = Family(
     (),
     "runs",
 )
+FINISHED_UNCOMMITTED = Family(
+    "pipeline_finished_uncommitted_messages",
+    "gauge",
+    "Messages of the lane's main topics this member finished above a lower offset not yet "
+    "done (a long run): the lag counts them until that offset is done; the slot trigger "
+    "subtracts them.",
+    ("lane",),
+    "messages",
+)
 PARKED_KEYS = Family(
     "pipeline_parked_keys",
     "gauge",

@@ -125,6 +125,8 @@ class Member:
             lane.name: lane.spec.batch.sla_ms / 1000 for lane in chosen if lane.spec.batch
         }
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
+        self._main_topics = {lane.spec.name: lane.name for lane in chosen}
+        """Each lane's main topic, the topic its lag is read on, and the lane's name."""
         self._routing = Redirector(
             RetryRouter(
                 offloading(  # references produced again are kept young for the purge
@@ -480,6 +482,8 @@ class Member:
             self._metrics.slots(busy, self._chain.lanes.limit)  # batch work never asks to scale up
             for name, sla_s in self._batch_slas.items():
                 self._metrics.batch_lane(name, sla_s, self._chain.batch.waiting_in(name))
+            for name, count in self._finished_ahead().items():  # in the lag, yet done
+                self._metrics.finished_uncommitted(name, count)
         if self._admission_metrics is None or self._chain.gate is None:
             return
         granted, failed_open = self._chain.gate.take_counts()
@@ -495,6 +499,14 @@ class Member:
         for lane, tenants in by_lane.items():
             self._admission_metrics.waiting(lane, sum(tenants.values()))
             self._admission_metrics.throttled_tenants(lane, tenants)
+
+    def _finished_ahead(self) -> dict[str, int]:
+        """Per lane, messages of its main topics done above their partition's lowest not done."""
+        ahead = dict.fromkeys(self._main_topics.values(), 0)
+        for tp, offsets in self._offsets.items():
+            if tp.topic in self._main_topics:
+                ahead[self._main_topics[tp.topic]] += offsets.done_ahead
+        return ahead
 
     async def _mark_processed(self) -> None:
         """Tell the log store which rows are finished (one batch per commit tick).

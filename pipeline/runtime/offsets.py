@@ -99,6 +99,12 @@ class PartitionOffsets:
         """Messages started and not yet done."""
         return len(self._pending)
 
+    @property
+    def done_ahead(self) -> int:
+        """Messages done above the lowest one not done: finished, yet counted in the lag."""
+        base = min(self._pending) if self._pending else self._next
+        return sum(1 for o in self._done | self._preloaded if o > base)
+
     def position(self) -> Position:
         """What to commit: the lowest offset not done, with the done ones above it."""
         base = min(self._pending) if self._pending else self._next

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from pipeline.config import RuntimeSettings
+import asyncio
+import math
+import re
+
+from runtime.helpers import FAST, declare, eventually, produce, running
+
+from pipeline.config import PressureSettings, RuntimeSettings
+from pipeline.envelope import Record
+from pipeline.observability.facades import RuntimeMetrics
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
 from pipeline.topics.spec import TopicSpec
+from pipeline.transport.protocol import Transport
 from scripts.manifests import lane_manifests
 
 
@@ -46,3 +58,77 @@ def test_a_long_work_lane_keeps_every_member_that_runs_long_work() -> None:
     assert protecting["threshold"] == "1"
     interactive = TopicSpec.model_validate({"name": "replies", "partitions": 4})
     assert not [q for q in _queries(interactive) if "pipeline_long_work_running" in q]
+
+
+def _evaluate(query: str, values: dict[str, float]) -> float:
+    """``query`` with each ``agg(family{...})`` read as ``values[family]`` (0 when absent).
+
+    Enough PromQL for the slot trigger: sums, maxima, ``clamp_min``, ``ceil`` and ``or
+    vector(0)`` on single numbers.
+    """
+    numbers = re.sub(
+        r'(?:sum|max|count)\((pipeline_[a-z_]+)\{(?:[^"}]|"[^"]*")*\}\)',
+        lambda m: repr(float(values.get(m.group(1), 0.0))),
+        query,
+    )
+    python = numbers.replace(" or vector(0)", "").replace("clamp_min(", "max(")
+    return float(eval(python, {"ceil": math.ceil, "max": max}))  # noqa: S307 - numbers only
+
+
+async def test_messages_finished_behind_a_long_run_ask_for_no_members(
+    transport: Transport, unique: str
+) -> None:
+    """Finished messages behind a running one stay in the lag, so the member says how many."""
+    spec = TopicSpec.model_validate(
+        {"name": f"longlag_{unique}", "partitions": 1, "heartbeat_timeout": "5m", "ordered": False}
+    )
+    await declare(transport, spec)
+    app = App([spec])
+    release = asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"long":
+            await release.wait()
+
+    await produce(
+        transport,
+        spec.name,
+        [Record(b"long", b"k0")] + [Record(b"short", f"k{i}".encode()) for i in range(1, 51)],
+    )
+    metrics = Metrics()
+    settings = FAST.model_copy(
+        update={"max_concurrency": 4, "pressure": PressureSettings(enabled=False)}
+    )
+    member = Member(app, transport, f"g-{unique}", settings, metrics=RuntimeMetrics(metrics))
+    value = metrics.registry.get_sample_value
+    shown = {"lane": spec.lane}
+    try:
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 50)
+            await eventually(
+                lambda: value("pipeline_finished_uncommitted_messages", shown) == 50, 15.0
+            )
+            lag = sum(p.lag for p in await transport.admin().group_lag(f"g-{unique}", spec.name))
+            busy = value("pipeline_worker_slots_busy", {})
+            release.set()
+    finally:
+        release.set()
+    assert (lag, busy) == (51, 1)  # the running message and the 50 finished behind it
+    *_, scaled = lane_manifests(spec.lane, [spec], settings)
+    (slots,) = [
+        t["metadata"]
+        for t in scaled["spec"]["triggers"]
+        if "pipeline_worker_slots_busy" in t["metadata"]["query"]
+    ]
+    asked = _evaluate(
+        slots["query"],
+        {
+            "pipeline_worker_slots_busy": busy,
+            "pipeline_consumer_lag_messages": lag,
+            "pipeline_service_time_seconds": 40.0,  # the lane's mean run, as the planner says
+            "pipeline_finished_uncommitted_messages": 50,
+        },
+    )
+    # KEDA asks for ceil(value / threshold) members: one, for the one run in progress.
+    assert math.ceil(asked / float(slots["threshold"])) == 1

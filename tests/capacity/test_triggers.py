@@ -69,7 +69,9 @@ def test_an_interactive_lanes_slot_trigger_adds_the_members_its_backlog_needs() 
     assert query == slot_query(spec.lane, spec.lane, pods, slots_per_member=16, threshold=threshold)
     assert query.startswith(f'sum(pipeline_worker_slots_busy{{pod=~"{pods}"}}) + 11 * (ceil(')
     assert f'max(pipeline_consumer_lag_messages{{lane="{spec.lane}",group="{spec.lane}"}})' in query
-    assert f'(sum(pipeline_throttle_waiting{{lane="{spec.lane}"}}) or vector(0)) - 16, 0)' in query
+    assert f'(sum(pipeline_throttle_waiting{{lane="{spec.lane}"}}) or vector(0)) - (' in query
+    finished = f'sum(pipeline_finished_uncommitted_messages{{lane="{spec.lane}",pod=~"{pods}"}})'
+    assert f"({finished} or vector(0)) - 16, 0)" in query
     assert f'max(pipeline_service_time_seconds{{lane="{spec.lane}"}}) / 4800)' in query
     assert query.endswith(" or vector(0))")  # no planner yet: the plain busy-slot trigger
     for name, labels in re.findall(r"(pipeline_[a-z_]+)\{([^}]*)\}", query):
