@@ -47,6 +47,7 @@ class RuntimeMetrics:
         self._utilisation = metrics.gauge(m.SLOT_UTILISATION)
         self._batch_waiting = metrics.gauge(m.BATCH_WAITING)
         self._batch_sla = metrics.gauge(m.BATCH_SLA)
+        self._long_work_timeout = metrics.gauge(m.LONG_WORK_TIMEOUT)
         self._cancelled = metrics.counter(m.CANCELLED)
         self._hung = metrics.counter(m.HUNG)
         self._long_work = metrics.gauge(m.LONG_WORK)
@@ -102,6 +103,10 @@ class RuntimeMetrics:
         """A batch lane's SLA, and how many of its messages wait for idle capacity."""
         self._batch_sla.labels(lane).set(sla_s)
         self._batch_waiting.labels(lane).set(waiting)
+
+    def long_work_lane(self, lane: str, heartbeat_timeout_s: float) -> None:
+        """``lane`` is a lane of long work with this heartbeat timeout."""
+        self._long_work_timeout.labels(lane).set(heartbeat_timeout_s)
 
     def slots(self, busy: int, total: int) -> None:
         """``busy`` of the member's ``total`` handler slots are in use."""

@@ -188,6 +188,15 @@ BATCH_SLA = Family(
     ("lane",),
     "seconds",
 )
+LONG_WORK_TIMEOUT = Family(
+    "pipeline_long_work_heartbeat_timeout_seconds",
+    "gauge",
+    "The heartbeat_timeout of a lane of long work; other lanes have none. Its oldest "
+    "uncommitted message is usually running, not waiting: age alerts leave such lanes to "
+    "PipelineHungHandlers.",
+    ("lane",),
+    "seconds",
+)
 SLOT_UTILISATION = Family(
     "pipeline_worker_slot_utilization_ratio",
     "gauge",

@@ -126,6 +126,11 @@ class Member:
         }
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
         self._main_topics = {lane.spec.name: lane.name for lane in chosen}
+        self._heartbeat_timeouts = {
+            lane.name: lane.spec.heartbeat_timeout_ms / 1000
+            for lane in chosen
+            if lane.spec.heartbeat_timeout_ms is not None
+        }
         """Each lane's main topic, the topic its lag is read on, and the lane's name."""
         self._routing = Redirector(
             RetryRouter(
@@ -477,13 +482,7 @@ class Member:
         if self._chain.batch.waiting:
             self._chain.batch.pump()  # promotion is by age: look again on every tick
         if self._metrics is not None:
-            batch = [tp for tp in self._offsets if tp.topic in self._batch_topics]
-            busy = self._chain.lanes.running - (self._chain.lanes.running_on(batch) if batch else 0)
-            self._metrics.slots(busy, self._chain.lanes.limit)  # batch work never asks to scale up
-            for name, sla_s in self._batch_slas.items():
-                self._metrics.batch_lane(name, sla_s, self._chain.batch.waiting_in(name))
-            for name, count in self._finished_ahead().items():  # in the lag, yet done
-                self._metrics.finished_uncommitted(name, count)
+            self._report_lanes(self._metrics)
         if self._admission_metrics is None or self._chain.gate is None:
             return
         granted, failed_open = self._chain.gate.take_counts()
@@ -499,6 +498,18 @@ class Member:
         for lane, tenants in by_lane.items():
             self._admission_metrics.waiting(lane, sum(tenants.values()))
             self._admission_metrics.throttled_tenants(lane, tenants)
+
+    def _report_lanes(self, metrics: RuntimeMetrics) -> None:
+        """Busy slots, batch lanes, lanes of long work and finished messages still in the lag."""
+        batch = [tp for tp in self._offsets if tp.topic in self._batch_topics]
+        busy = self._chain.lanes.running - (self._chain.lanes.running_on(batch) if batch else 0)
+        metrics.slots(busy, self._chain.lanes.limit)  # batch work never asks to scale up
+        for name, sla_s in self._batch_slas.items():
+            metrics.batch_lane(name, sla_s, self._chain.batch.waiting_in(name))
+        for name, timeout_s in self._heartbeat_timeouts.items():  # its age is a run's
+            metrics.long_work_lane(name, timeout_s)
+        for name, count in self._finished_ahead().items():  # in the lag, yet done
+            metrics.finished_uncommitted(name, count)
 
     def _finished_ahead(self) -> dict[str, int]:
         """Per lane, messages of its main topics done above their partition's lowest not done."""
