@@ -37,11 +37,14 @@ class LaneStatus:
         report: lag, oldest age, retry-tier depths and dead letters.
         throttled: the most throttled tenants, with their waiting messages.
         error: why the lane could not be read, or "".
+        long_work: the lane runs long work (``heartbeat_timeout``): its oldest uncommitted
+            message is usually one still running, not one waiting.
     """
 
     report: LaneReport
     throttled: tuple[tuple[str, int], ...] = ()
     error: str = ""
+    long_work: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ class Status:
                     ],
                     "missing_topics": list(lane.report.missing_topics),
                     "error": lane.error or None,
+                    "long_work": lane.long_work,
                 }
                 for lane in self.lanes
             ],

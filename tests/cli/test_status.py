@@ -137,3 +137,20 @@ def test_every_column_of_a_lane_with_figures_shows_one():
     (lane_row,) = [line for line in console.export_text().splitlines() if "messages" in line]
     cells = [cell.strip() for cell in lane_row.strip("│ ").split("│")]
     assert cells == ["messages", "g", "3", "5.0s", "5s:1", "2", "acme (4)"]
+
+
+def test_the_oldest_of_a_lane_of_long_work_is_not_shown_as_a_page() -> None:
+    """A long-work lane's old message is marked as likely running, not painted as overdue."""
+    reports = (LaneReport("scans", "g", 1, 720.0, {}, 0), LaneReport("hooks", "g", 1, 720.0, {}, 0))
+    status = Status("redis", (LaneStatus(reports[0], long_work=True), LaneStatus(reports[1])))
+    console = Console(record=True, width=200, force_terminal=True, color_system="standard")
+    render(status, console)
+    lines = console.export_text(styles=True, clear=False).splitlines()
+    (scans,) = [line for line in lines if "scans" in line and "│" in line]
+    (hooks,) = [line for line in lines if "hooks" in line and "│" in line]
+    assert "12.0m*" in scans
+    assert "\x1b[31m" not in scans
+    assert "\x1b[31m" in hooks  # a waiting message this old pages
+    text = console.export_text()
+    assert "* a lane of long work" in text
+    assert json.loads(json.dumps(status.to_json()))["lanes"][0]["long_work"] is True
