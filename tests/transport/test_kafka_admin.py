@@ -163,3 +163,24 @@ async def test_a_lag_read_of_a_deep_backlog_finds_each_partitions_oldest_waiting
     assert {p.tp.partition: p.lag for p in lag} == {p: 1024 - o for p, o in committed.items()}
     oldest = {p.tp.partition: p.oldest_unconsumed_ms for p in lag}
     assert oldest == {p: base + p * 100_000 + o for p, o in committed.items()}
+
+
+async def test_a_lag_read_works_with_a_poll_interval_below_librdkafkas_session_default(
+    settings: Settings, kafka_service: str, unique: str
+) -> None:
+    """A max.poll.interval.ms the members accept (above their session) fails no lag read."""
+    kafka = settings.kafka.model_copy(
+        update={"session_timeout_ms": 6000, "client": {"max.poll.interval.ms": "8000"}}
+    )
+    transport = create_transport(settings.model_copy(update={"kafka": kafka}), "kafka")
+    topic = f"lag_{unique}"
+    await make_topic(transport, topic, 1)
+    producer = transport.producer()
+    await producer.send(topic, b"waiting")
+    await producer.close()
+    try:
+        (lag,) = await transport.admin().group_lag(f"g-{unique}", topic)
+    finally:
+        await transport.close()
+    assert (lag.committed, lag.lag) == (None, 1)
+    assert lag.oldest_unconsumed_ms is not None  # the waiting record was read

@@ -43,6 +43,20 @@ _ONE_RECORD = {
     "fetch.queue.backoff.ms": 10,
 }
 _NO_LEADER = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+# A probe never joins its group, so a member's timings in PIPELINE_KAFKA__CLIENT mean nothing to
+# it; passed on, a max.poll.interval.ms below librdkafka's default session timeout (45 s) would
+# make every probe, and so every lag read, fail to be created.
+_MEMBERSHIP_ONLY = frozenset(
+    {
+        "max.poll.interval.ms",
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "group.instance.id",
+        "group.protocol",
+        "group.remote.assignor",
+        "partition.assignment.strategy",
+    }
+)
 
 
 def _broker_configs(config: TopicConfig) -> dict[str, str]:
@@ -349,7 +363,7 @@ class KafkaAdmin:
                 "group.id": group,
                 "enable.auto.commit": False,
                 "logger": logging.getLogger("pipeline.librdkafka"),
-                **self._settings.client,
+                **{k: v for k, v in self._settings.client.items() if k not in _MEMBERSHIP_ONLY},
                 **_ONE_RECORD,
             }
         )
