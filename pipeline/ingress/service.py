@@ -11,12 +11,15 @@ import asyncio
 import contextlib
 import functools
 import logging
+import signal
 import socket
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import uvicorn
 
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import IngressSettings, Settings
@@ -43,9 +46,6 @@ from pipeline.registry.client.http import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport
-
-if TYPE_CHECKING:
-    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -294,13 +294,35 @@ def require_free_port(
             raise listen_error(host, port, exc, variable, host_variable) from None
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which does not raise the stop signal again once it has served.
+
+    uvicorn raises a SIGTERM or SIGINT it caught once more when :meth:`serve` ends, so that
+    the process dies of it: a SIGTERM then killed the ingress before :func:`serve` stopped
+    ``built`` (its queued events unproduced, the produced ones unmarked, the log store left
+    open). The ingress stops itself and exits 0 instead.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Turn SIGTERM and SIGINT into uvicorn's graceful shutdown while serving."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        stops = (signal.SIGTERM, signal.SIGINT)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) -> uvicorn.Server:
     """The uvicorn server of ``built`` (the ingress's own HTTP layer), not started.
 
     With ``lifespan`` the server starts and stops ``built`` itself; without, the caller does.
     """
-    import uvicorn  # noqa: PLC0415 - the server is only needed by this command
-
     config = uvicorn.Config(
         built.app,
         host=host,
@@ -313,7 +335,7 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
         log_level="warning",
         timeout_graceful_shutdown=10,
     )
-    return uvicorn.Server(config)
+    return _Server(config)
 
 
 async def serve(
