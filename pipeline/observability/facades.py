@@ -299,6 +299,23 @@ class LagMetrics:
         self._dlq.labels(lane).set(count)
 
 
+class RetentionLossMetrics:
+    """Messages lost to retention, fed from the transport's per-process tally at each refresh."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._lost = metrics.counter(m.LOST_TO_RETENTION)
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def sync(self, lost: Mapping[tuple[str, str], int]) -> None:
+        """Add the growth of the cumulative (topic, group) counts since the previous call."""
+        for (topic, group), total in lost.items():
+            delta = total - self._seen.get((topic, group), 0)
+            self._seen[(topic, group)] = total
+            if delta > 0:
+                self._lost.labels(topic, group).inc(delta)
+
+
 class CapacityMetrics:
     """The forecast and desired member count of each lane (the capacity planner's gauges)."""
 

@@ -221,6 +221,14 @@ LAG = Family(
     LG,
     "messages",
 )
+LOST_TO_RETENTION = Family(
+    "pipeline_messages_lost_to_retention_total",
+    "counter",
+    "Messages of the topic this member found removed by retention (Kafka retention, Redis "
+    "MAXLEN trimming) before its group read or finished them; each loss is also one ERROR line.",
+    ("topic", "group"),
+    "messages",
+)
 RETRY_DEPTH = Family(
     "pipeline_retry_tier_messages",
     "gauge",

@@ -13,9 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from pipeline.logstore import ReplayLog, RowState, Selection
-from pipeline.observability.facades import IngressMetrics, LagMetrics, LogStoreMetrics
+from pipeline.observability.facades import (
+    IngressMetrics,
+    LagMetrics,
+    LogStoreMetrics,
+    RetentionLossMetrics,
+)
 from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane, retained_dead_letters
 from pipeline.transport.protocol import Admin
+from pipeline.transport.retention import lost_to_retention
 
 __all__ = [
     "CountingApp",
@@ -72,6 +78,20 @@ class GroupLagSource:
             self._metrics.dead_letters(report.lane, report.dead_letters)
             reports.append(report)
         self.reports = reports
+
+
+class RetentionLossSource:
+    """Messages this process's consumers found removed by retention before their group read them."""
+
+    name = "lost_to_retention"
+
+    def __init__(self, metrics: RetentionLossMetrics) -> None:
+        """Write into ``metrics``."""
+        self._metrics = metrics
+
+    async def refresh(self) -> None:
+        """Count what the transports reported since the last refresh."""
+        self._metrics.sync(lost_to_retention())
 
 
 class LogStoreSource:

@@ -18,6 +18,7 @@ from pipeline.observability.facades import (
     IngressMetrics,
     LagMetrics,
     LogStoreMetrics,
+    RetentionLossMetrics,
     SweeperMetrics,
 )
 from pipeline.observability.lanes import lane_watches
@@ -28,6 +29,7 @@ from pipeline.observability.sources import (
     GroupLagSource,
     IngressSource,
     LogStoreSource,
+    RetentionLossSource,
     SnapshotSource,
 )
 from pipeline.topics.spec import TopicSpec
@@ -77,8 +79,11 @@ def ingress_sources(
 def member_sources(
     metrics: Metrics, admin: Admin, specs: Sequence[TopicSpec], group: str
 ) -> list[SnapshotSource]:
-    """The lag and age of the lanes of ``specs`` as consumed by ``group`` (one member's view)."""
-    return [GroupLagSource(admin, lane_watches(specs, only_groups=[group]), LagMetrics(metrics))]
+    """One member's view of ``group``: its lanes' lag and age, its messages lost to retention."""
+    return [
+        GroupLagSource(admin, lane_watches(specs, only_groups=[group]), LagMetrics(metrics)),
+        RetentionLossSource(RetentionLossMetrics(metrics)),
+    ]
 
 
 def sweeper_heartbeat(metrics: Metrics) -> Callable[[SweepCounts], None]:

@@ -43,6 +43,7 @@ from pipeline.transport.redis_streams.keys import (
     parse_partition_id,
     partition_id,
 )
+from pipeline.transport.retention import report_lost
 
 log = logging.getLogger(__name__)
 _PAUSED_BLOCK_MS = 50
@@ -115,6 +116,10 @@ class RedisStreamsConsumer:
         # within one millisecond share an offset, so each is acknowledged by its own id.
         self._unacked: dict[TopicPartition, deque[tuple[int, bytes]]] = {}
         self._delivered: dict[TopicPartition, int] = {}  # one past the last offset returned
+        # One past the group's last-delivered id: where XREADGROUP's next entry should be. An
+        # entry read above it, with the stream now starting above it too, means MAXLEN trimmed
+        # the entries in between before the group read them.
+        self._next_new: dict[TopicPartition, int] = {}
         self._target_owned: set[TopicPartition] = set()
         self._to_release: set[TopicPartition] = set()
         self._changed = asyncio.Event()
@@ -205,6 +210,7 @@ class RedisStreamsConsumer:
             for tp in gone:
                 self._unacked.pop(tp, None)
                 self._delivered.pop(tp, None)
+                self._next_new.pop(tp, None)
                 self._reclaim.pop(tp, None)
                 self._paused.discard(tp)
         # A heartbeat may claim a dead member's partition for us and, before we took it up, a
@@ -231,13 +237,39 @@ class RedisStreamsConsumer:
                 await self._listener.on_assigned(sorted(new), await self.committed(sorted(new)))
 
     async def _ensure_group(self, tp: TopicPartition) -> None:
-        with contextlib.suppress(rexc.ResponseError):  # BUSYGROUP: it exists already
+        """Create the group on the partition's stream, or note where the existing one reads."""
+        try:
             await self._client.xgroup_create(
                 self._keys.stream(tp.topic, tp.partition),
                 self._group,
                 id=self._start_id,
                 mkstream=True,
             )
+        except rexc.ResponseError:  # BUSYGROUP: it exists already
+            await self._read_last_delivered(tp)
+
+    async def _read_last_delivered(self, tp: TopicPartition) -> None:
+        """Note where the group's next new entry of ``tp`` should be (``XINFO GROUPS``)."""
+        groups: list[dict[str, Any]] = await self._client.xinfo_groups(
+            self._keys.stream(tp.topic, tp.partition)
+        )
+        for group in groups:
+            name = group["name"]
+            if (name.decode() if isinstance(name, bytes) else name) == self._group:
+                self._next_new[tp] = offset_of(group["last-delivered-id"]) + 1
+
+    async def _report_trimmed(self, tp: TopicPartition, stream: str, read: int) -> None:
+        """Entries read from ``read`` on, above the next one expected: were those between trimmed?
+
+        They were when the stream now starts above the expected offset (an entry another
+        client appended with an auto id leaves unused offsets below it, never trimmed ones).
+        """
+        expected = self._next_new.get(tp)
+        if expected is None or read <= expected:
+            return
+        held: Any = await self._client.xrange(stream, count=1)
+        start = offset_of(held[0][0]) if held else read
+        report_lost(self._group, tp, expected, min(start, read), transport="redis")
 
     # -- fetching -----------------------------------------------------------------------------
 
@@ -277,6 +309,7 @@ class RedisStreamsConsumer:
                 out = await self._read_new(max_messages, timeout_s)
         except BaseException:
             self._claim_undelivered_again()
+            self._next_new.clear()  # a failed read may have moved the group past entries
             raise
         return out
 
@@ -318,7 +351,7 @@ class RedisStreamsConsumer:
             if tp in self._paused or len(out) >= max_messages:
                 continue
             stream = self._keys.stream(tp.topic, tp.partition)
-            cursor, entries, *_ = await self._client.xautoclaim(
+            cursor, entries, *deleted = await self._client.xautoclaim(
                 stream,
                 self._group,
                 self.member_id,
@@ -332,6 +365,10 @@ class RedisStreamsConsumer:
                 await self._functions.forget_consumers(stream, self._group, self.member_id)
             else:
                 self._reclaim[tp] = cursor
+            # Pending entries trimmed before this member claimed them (Redis drops them from
+            # the pending list and names them): delivered once, never finished, now gone.
+            for first, end in _runs(sorted(offset_of(eid) for eid in (deleted or [[]])[0])):
+                report_lost(self._group, tp, first, end, transport="redis")
             live = [(eid, fields) for eid, fields in entries if fields]
             if not live:
                 continue
@@ -379,6 +416,10 @@ class RedisStreamsConsumer:
         out: list[Message] = []
         for stream_raw, entries in reply or []:
             tp = by_stream[stream_raw.decode()]
+            if not entries:
+                continue
+            await self._report_trimmed(tp, stream_raw.decode(), offset_of(entries[0][0]))
+            self._next_new[tp] = offset_of(entries[-1][0]) + 1
             for eid, fields in entries:
                 msg = decode_entry(tp, eid, fields)
                 self._unacked.setdefault(tp, deque()).append((msg.offset, eid))
@@ -474,6 +515,7 @@ class RedisStreamsConsumer:
         if pending is not None:
             self._unacked[tp] = deque(e for e in pending if e[0] < offset)
         self._delivered[tp] = offset
+        self._next_new[tp] = offset
         self._reclaim.pop(tp, None)
 
     async def rejoin(self) -> None:
@@ -532,3 +574,14 @@ def _partition_ids(topics: Sequence[str], counts: Sequence[int]) -> list[str]:
     """The ids of every partition of ``topics``, whose partition counts are ``counts``, sorted."""
     pairs = zip(topics, counts, strict=True)
     return sorted(partition_id(topic, p) for topic, count in pairs for p in range(count))
+
+
+def _runs(offsets: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ``offsets`` as runs of consecutive ones, each ``(first, one past the last)``."""
+    runs: list[tuple[int, int]] = []
+    for offset in offsets:
+        if runs and runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], offset + 1)
+        elif not runs or runs[-1][1] < offset:
+            runs.append((offset, offset + 1))
+    return runs

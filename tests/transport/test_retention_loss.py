@@ -1,0 +1,74 @@
+"""A group behind retention loses what the broker removed; its member says so, loudly.
+
+Kafka deletes a partition's oldest records by retention (here ``delete_records``); Redis
+Streams trims a stream by length (``XADD MAXLEN ~``, here ``XTRIM``) whatever the groups have
+read. A member that takes a partition up past such a removal logs one ERROR line naming the
+topic, partition, offsets and count, and counts them for
+``pipeline_messages_lost_to_retention_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from contract.helpers import consume_until, expire_below, make_topic
+
+from pipeline.config import Settings
+from pipeline.envelope import Position, TopicPartition
+from pipeline.observability.facades import RetentionLossMetrics
+from pipeline.observability.metrics import Metrics
+from pipeline.observability.sources import RetentionLossSource
+from pipeline.transport.protocol import Transport
+from pipeline.transport.retention import lost_to_retention, report_lost
+
+
+@pytest.mark.parametrize("transport", ["redis"], indirect=True)
+@pytest.mark.parametrize("delivered", [2, 10])
+async def test_a_group_behind_retention_is_told_what_it_lost(
+    transport: Transport,
+    settings: Settings,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    delivered: int,
+) -> None:
+    """Committed at 2, the first 7 of 10 removed: offsets 2..6 are reported lost, 7..9 read."""
+    topic, group = f"lost_{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 1)
+    producer = transport.producer()
+    for i in range(10):
+        await producer.send(topic, b"%d" % i, key=b"k", partition=0)
+    await producer.close()
+    tp = TopicPartition(topic, 0)
+    first = transport.consumer(group, [topic])
+    read: list[int] = []
+    while len(read) < delivered:  # delivered, only the first two committed
+        read += [m.offset for m in await first.poll(max_messages=delivered - len(read))]
+    await first.commit([Position(tp, 2)])
+    await first.close()
+    assert read == list(range(delivered))
+    await expire_below(transport, settings, tp, 7)
+    before = lost_to_retention().get((topic, group), 0)
+    second = transport.consumer(group, [topic])
+    with caplog.at_level(logging.ERROR, logger="pipeline.transport"):
+        rest = await consume_until(second, lambda r: any(m.offset == 9 for m in r))
+    await second.close()
+    assert [m.offset for m in rest if m.offset >= 7][:1] == [7]
+    assert lost_to_retention().get((topic, group), 0) - before == 5
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert [line for line in lines if f"{topic}[0]" in line and "2..6" in line and " 5 " in line]
+
+
+async def test_the_member_metrics_count_the_messages_lost_to_retention() -> None:
+    """A loss the transport reported shows in pipeline_messages_lost_to_retention_total once."""
+    topic, group = f"counted_{uuid.uuid4().hex[:10]}", "g"
+    metrics = Metrics()
+    source = RetentionLossSource(RetentionLossMetrics(metrics))
+    report_lost(group, TopicPartition(topic, 1), 4, 10, transport="redis")
+    await source.refresh()
+    await source.refresh()
+    sample = metrics.registry.get_sample_value(
+        "pipeline_messages_lost_to_retention_total", {"topic": topic, "group": group}
+    )
+    assert sample == 6
