@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services jaeger jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-redis-calls bench-hostile bench-offload soak demo generate clean
+.PHONY: asyncapi-parser setup lock wheel services jaeger promtool jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-redis-calls bench-hostile bench-offload soak demo generate clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -42,6 +42,11 @@ services:
 ## (OTLP 4317/4318, query API on 16686); `make services jaeger` starts everything
 jaeger:
 	bash deploy/local/services.sh up jaeger
+
+## promtool: build Prometheus's promtool once (several minutes, cached in ~/.cache/pipeline);
+## tests/deploy/test_promtool.py checks the alerts and the KEDA queries with it, else skips
+promtool:
+	bash deploy/local/promtool.sh build
 
 ## jaeger-ui: build the Jaeger UI once with npm from a jaeger-ui v1.76.0 source tree
 ## (JAEGER_UI_SRC=path), cached in ~/.cache/pipeline; Jaeger serves it from its next start
