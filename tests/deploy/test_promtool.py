@@ -93,3 +93,65 @@ def test_alert_rule_unit_tests(promtool: Path, tmp_path: Path, name: str) -> Non
     shutil.copy(RULE_TESTS / f"{name}.yaml", tmp_path / "test.yaml")
     result = run(promtool, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+MEMBER = 'job="kubernetes-pods",instance="10.42.0.{n}:9100",pod="consumer-messages-7d9f8c6b5-{pod}"'
+OTHER_LANE = (
+    'job="kubernetes-pods",instance="10.42.0.40:9100",pod="consumer-messages-eu-7d9f8-ab3d9"'
+)
+INGRESS = 'job="kubernetes-pods",instance="10.42.0.9:9100",pod="ingress-6f7c9d8b4-q8w2n"'
+
+
+@pytest.mark.parametrize(("service_s", "slot_value"), [(0.6, 172.0), (None, 128.0)])
+def test_the_keda_queries_of_a_lane_read_its_members(
+    promtool: Path, tmp_path: Path, service_s: float | None, slot_value: float
+) -> None:
+    """On the series its members and the ingress export, each messages trigger asks for its count.
+
+    Two members with all 64 slots busy and 1000 messages of lag: 808 wait beyond one member's
+    slots, which at 0.6 s each drain in 300 s with one more member (threshold 44); with no
+    planner's service time the slot trigger is the busy slots alone. A pod of another lane whose
+    name extends this one's is not counted.
+    """
+    (scaled,) = [
+        document
+        for document in yaml.safe_load_all((K8S / "base/consumers/messages.yaml").read_text())
+        if document["kind"] == "ScaledObject"
+    ]
+    age, slots, desired = (t["metadata"]["query"] for t in scaled["spec"]["triggers"])
+    first, second = MEMBER.format(n=17, pod="x2k4q"), MEMBER.format(n=18, pod="m9z7p")
+    group = 'group="messages",lane="messages"'
+    series = [
+        (f"pipeline_worker_slots_busy{{{first}}}", "64"),
+        (f"pipeline_worker_slots_busy{{{second}}}", "64"),
+        (f"pipeline_worker_slots_busy{{{OTHER_LANE}}}", "50"),
+        (f'pipeline_throttle_waiting{{lane="messages",{first}}}', "0"),
+        (f'pipeline_finished_uncommitted_messages{{lane="messages",{second}}}', "0"),
+        (f"pipeline_consumer_lag_messages{{{group},{first}}}", "1000"),
+        (f"pipeline_consumer_lag_messages{{{group},{INGRESS}}}", "1000"),
+        (f"pipeline_oldest_message_age_seconds{{{group},{first}}}", "45"),
+        (f"pipeline_oldest_message_age_seconds{{{group},{INGRESS}}}", "46"),
+        (f'pipeline_desired_members{{lane="messages",{INGRESS}}}', "3"),
+    ]
+    if service_s is not None:
+        series.append(
+            (f'pipeline_service_time_seconds{{lane="messages",{INGRESS}}}', f"{service_s}")
+        )
+    expected = [(age, 46.0), (slots, slot_value), (desired, 3.0)]
+    document = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": f"{v}x5"} for s, v in series],
+                "promql_expr_test": [
+                    {"expr": q, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": v}]}
+                    for q, v in expected
+                ],
+            }
+        ],
+    }
+    (tmp_path / "keda_test.yaml").write_text(yaml.safe_dump(document), encoding="utf-8")
+    result = run(promtool, "test", "rules", "keda_test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
