@@ -105,8 +105,18 @@ class SqliteLogStore:
         self._inserts.committed = committed
 
     async def open(self) -> None:
-        """Open both connections, switch to WAL and create the table and indexes."""
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        """Open both connections, switch to WAL and create the table and indexes.
+
+        Raises:
+            LogStoreError: the database or its directory cannot be made or opened.
+        """
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LogStoreError(
+                f"cannot open the log database {self._path}: its directory cannot be made "
+                f"({exc.strerror or exc})"
+            ) from exc
         self._writer = await self._write(self._connect)
         self._reader = await self._read(self._connect)
         self._checkpointer = await self._on(self._checkpoint_pool, self._connect)
