@@ -96,3 +96,25 @@ maven_fetch() {
     || die "maven could not fetch $name (see $mvn_log)"
   mv "$tmp" "$libs"
 }
+
+# go_tool_build NAME VERSION PACKAGE BIN: build the Go command PACKAGE at VERSION once into BIN
+# (in a scratch module under $CACHE_DIR, log in $CACHE_DIR/NAME-build.log); installs Go first
+# when it is missing. Does nothing when BIN is already built.
+go_tool_build() {
+  local name=$1 version=$2 package=$3 bin=$4
+  [ -x "$bin" ] && return
+  command -v go >/dev/null || apt_install golang-go
+  local scratch="$CACHE_DIR/$name-$version.build" build_log="$CACHE_DIR/$name-build.log"
+  rm -rf "$scratch"; mkdir -p "$scratch"
+  log "building $name $version from $package (several minutes)"
+  (
+    cd "$scratch"
+    go mod init "pipeline.local/$name" >/dev/null 2>&1
+    go get -tool "$package@$version"
+    go build -trimpath -o "$name" "$package"
+  ) >"$build_log" 2>&1 || die "$name build failed (see $build_log)"
+  mkdir -p "$(dirname "$bin")"
+  mv "$scratch/$name" "$bin"
+  rm -rf "$scratch"
+  log "$name $version built: $bin"
+}

@@ -13,23 +13,7 @@ QUERY_PORT="${JAEGER_QUERY_PORT:-16686}"
 OTLP_HTTP_PORT="${JAEGER_OTLP_HTTP_PORT:-4318}"
 DIR="$STATE_DIR/jaeger"
 
-build() {
-  [ -x "$BIN" ] && return
-  command -v go >/dev/null || apt_install golang-go
-  local scratch="$CACHE_DIR/jaeger-$VERSION.build"
-  rm -rf "$scratch"; mkdir -p "$scratch"
-  log "building jaeger $VERSION from github.com/jaegertracing/jaeger/cmd/jaeger (several minutes)"
-  (
-    cd "$scratch"
-    go mod init pipeline.local/jaeger >/dev/null 2>&1
-    go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$VERSION"
-    go build -trimpath -o jaeger github.com/jaegertracing/jaeger/cmd/jaeger
-  ) >"$CACHE_DIR/jaeger-build.log" 2>&1 || die "jaeger build failed (see $CACHE_DIR/jaeger-build.log)"
-  mkdir -p "$(dirname "$BIN")"
-  mv "$scratch/jaeger" "$BIN"
-  rm -rf "$scratch"
-  log "jaeger $VERSION built: $BIN"
-}
+build() { go_tool_build jaeger "$VERSION" github.com/jaegertracing/jaeger/cmd/jaeger "$BIN"; }
 
 up() {
   if port_open 127.0.0.1 "$QUERY_PORT"; then
