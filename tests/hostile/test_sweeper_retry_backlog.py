@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from contract.helpers import consume_until, make_topic
-from logstore.helpers import FakeClock, new_row
+from ingress.helpers import sweep_a_row_produced_ago
 
-from pipeline.config import IngressSettings, Settings, SweeperSettings
-from pipeline.ingress.service import build_sweeper
-from pipeline.ingress.sweeper import SweepReport
-from pipeline.logstore import LogRow, RowState
-from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.config import Settings
+from pipeline.logstore import RowState
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
@@ -45,28 +41,6 @@ async def wait_in_retry_tier(redis: Transport, spec: TopicSpec, group: str) -> N
     await consume_until(consumer, lambda got: len(got) >= 1)
     await consumer.close()
     await redis.producer().send(spec.retry_topic_names()[-1], b"retry copy", key=b"k")
-
-
-async def sweep_a_row_produced_ago(
-    redis: Transport, tmp_path: Path, spec: TopicSpec, group: str, ago_s: float
-) -> tuple[SweepReport, LogRow | None]:
-    """Sweep once a log holding one row of ``spec``'s lane produced ``ago_s`` ago."""
-    clock = FakeClock(start_s=time.time() - ago_s)
-    store = SqliteLogStore(tmp_path / "log.db", clock=clock)
-    await store.open()
-    try:
-        row = new_row(1, clock, topic=spec.name, lane=spec.lane)
-        await store.insert(row)
-        await store.mark_produced([row.id])
-        ingress = IngressSettings(
-            sweeper=SweeperSettings(
-                patience_s=300, max_patience_s=900, lane_groups={spec.lane: group}
-            )
-        )
-        sweeper = build_sweeper(store, redis.producer(), redis.admin(), [spec], ingress)
-        return await sweeper.sweep_once(), await store.get(row.id)
-    finally:
-        await store.close()
 
 
 async def test_a_row_whose_event_waits_in_a_retry_tier_is_not_replayed(

@@ -1,4 +1,4 @@
-"""Helpers shared by the ingress tests: topic and source files, and an app over a real store."""
+"""Helpers shared by the ingress tests: topic and source files, an app over a store, a sweep."""
 
 from __future__ import annotations
 
@@ -6,19 +6,25 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+from logstore.helpers import FakeClock, new_row
 
-from pipeline.config import IngressSlotSettings
+from pipeline.config import IngressSettings, IngressSlotSettings, SweeperSettings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.service import build_sweeper
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import Source, build_sources
-from pipeline.logstore import IngressLog
-from pipeline.topics.spec import load_specs
+from pipeline.ingress.sweeper import SweepReport
+from pipeline.logstore import IngressLog, LogRow
+from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.topics.spec import TopicSpec, load_specs
+from pipeline.transport.protocol import Transport
 
 MAX_MESSAGE_BYTES = 1_048_576 + 65_536
 PIPELINE = Path(sys.executable).with_name("pipeline")
@@ -125,3 +131,25 @@ def meta_body(n: int, field: str = "messages", size: int = 0) -> bytes:
     return json.dumps(
         {"object": "whatsapp_business_account", "entry": [{"id": "biz-1", "changes": [change]}]}
     ).encode()
+
+
+async def sweep_a_row_produced_ago(
+    redis: Transport, tmp_path: Path, spec: TopicSpec, group: str, ago_s: float
+) -> tuple[SweepReport, LogRow | None]:
+    """Sweep once a log holding one row of ``spec``'s lane produced ``ago_s`` ago."""
+    clock = FakeClock(start_s=time.time() - ago_s)
+    store = SqliteLogStore(tmp_path / "log.db", clock=clock)
+    await store.open()
+    try:
+        row = new_row(1, clock, topic=spec.name, lane=spec.lane)
+        await store.insert(row)
+        await store.mark_produced([row.id])
+        ingress = IngressSettings(
+            sweeper=SweeperSettings(
+                patience_s=300, max_patience_s=900, lane_groups={spec.lane: group}
+            )
+        )
+        sweeper = build_sweeper(store, redis.producer(), redis.admin(), [spec], ingress)
+        return await sweeper.sweep_once(), await store.get(row.id)
+    finally:
+        await store.close()
