@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
 from contract.helpers import consume_until
 from redis.asyncio import Redis
 from runtime import cpu_app
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
 from pipeline.envelope import Record
@@ -19,6 +19,7 @@ from pipeline.errors import ConfigError
 from pipeline.runtime import App, Context
 from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.member import Member
+from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
 
 
@@ -32,19 +33,31 @@ async def done_set(redis_service: str, unique: str) -> AsyncIterator[tuple[Redis
     await client.aclose()
 
 
+async def cpu_lane(
+    transport: Transport,
+    unique: str,
+    handler: Callable[[bytes, Context], object],
+    values: Sequence[bytes],
+    *,
+    time_limit_s: float = 30.0,
+) -> tuple[TopicSpec, Member]:
+    """The lane cpu_<unique> holding ``values``, and a member of g-<unique> running ``handler``."""
+    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=time_limit_s)(handler)
+    await produce(transport, spec.name, [Record(value) for value in values])
+    return spec, Member(app, transport, f"g-{unique}", FAST)
+
+
 async def test_hung_and_crashed_workers_are_replaced_and_retried(
     transport: Transport, done_set: tuple[Redis, str], unique: str
 ) -> None:
     """A handler past its limit is killed, one that kills its worker is caught; both retry."""
     redis, key = done_set
-    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    app.handler(spec.lane, cpu=True, time_limit_s=2.0)(cpu_app.crunch)
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"hang"), Record(b"crash"), Record(b"fine")])
-    await producer.close()
-    member = Member(app, transport, f"g-{unique}", FAST)
+    _, member = await cpu_lane(
+        transport, unique, cpu_app.crunch, [b"hang", b"crash", b"fine"], time_limit_s=2.0
+    )
     expected = sum(i * i for i in range(200_000))
     async with running(member):
         await eventually(lambda: member.stats.handled == 3, timeout_s=90)
@@ -58,14 +71,7 @@ async def test_a_cpu_handlers_errors_keep_their_kind_across_the_process_boundary
 ) -> None:
     """A fatal error pickle cannot rebuild is still fatal, an unpicklable one still retried."""
     redis, key = done_set
-    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    app.handler(spec.lane, cpu=True, time_limit_s=30.0)(cpu_app.refuse)
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"refuse"), Record(b"lock")])
-    await producer.close()
-    member = Member(app, transport, f"g-{unique}", FAST)
+    spec, member = await cpu_lane(transport, unique, cpu_app.refuse, [b"refuse", b"lock"])
     async with running(member):
         await eventually(lambda: member.stats.dead_lettered == 2, timeout_s=90)
     assert {v.decode() for v in await redis.smembers(key)} == {"refuse:1", "lock:1", "lock:2"}
@@ -85,14 +91,7 @@ async def test_a_cpu_handler_that_returns_what_pickle_cannot_copy_succeeds(
 ) -> None:
     """The runtime has no use for a handler's return value, so it cannot fail the run."""
     redis, key = done_set
-    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    app.handler(spec.lane, cpu=True, time_limit_s=30.0)(cpu_app.answer)
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"done")])
-    await producer.close()
-    member = Member(app, transport, f"g-{unique}", FAST)
+    _, member = await cpu_lane(transport, unique, cpu_app.answer, [b"done"])
     async with running(member):
         await eventually(lambda: member.stats.handled + member.stats.retried >= 1, timeout_s=90)
     assert (member.stats.handled, member.stats.retried) == (1, 0)
@@ -104,14 +103,7 @@ async def test_ctx_once_in_a_cpu_handler_fails_saying_it_is_not_available_there(
 ) -> None:
     """ctx.once in a worker fails at the call, saying why, instead of silently not running."""
     redis, key = done_set
-    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    app.handler(spec.lane, cpu=True, time_limit_s=30.0)(cpu_app.remember)
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"once")])
-    await producer.close()
-    member = Member(app, transport, f"g-{unique}", FAST)
+    spec, member = await cpu_lane(transport, unique, cpu_app.remember, [b"once"])
     async with running(member):
         await eventually(
             lambda: member.stats.handled + member.stats.dead_lettered >= 1, timeout_s=90
