@@ -24,7 +24,6 @@ from pipeline.transport.protocol import Transport
 from pipeline.transport.retention import lost_to_retention, report_lost
 
 
-@pytest.mark.parametrize("transport", ["redis"], indirect=True)
 @pytest.mark.parametrize("delivered", [2, 10])
 async def test_a_group_behind_retention_is_told_what_it_lost(
     transport: Transport,
@@ -72,3 +71,35 @@ async def test_the_member_metrics_count_the_messages_lost_to_retention() -> None
         "pipeline_messages_lost_to_retention_total", {"topic": topic, "group": group}
     )
     assert sample == 6
+
+
+async def test_a_running_member_behind_retention_is_told_what_it_lost(
+    transport: Transport,
+    settings: Settings,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A member that read 0..1, paused while the first 7 of 10 went, reports 2..6 and reads on."""
+    topic, group = f"behind_{unique}", f"g-{unique}"
+    await make_topic(transport, topic, 1)
+    producer = transport.producer()
+    for i in range(10):
+        await producer.send(topic, b"%d" % i, key=b"k", partition=0)
+    await producer.close()
+    tp = TopicPartition(topic, 0)
+    member = transport.consumer(group, [topic])
+    read: list[int] = []
+    while len(read) < 2:
+        read += [m.offset for m in await member.poll(max_messages=2 - len(read))]
+    await member.commit([Position(tp, 2)])
+    member.pause([tp])  # what a member's flow control does; the refetch starts at 2
+    await expire_below(transport, settings, tp, 7)
+    before = lost_to_retention().get((topic, group), 0)
+    member.resume([tp])
+    with caplog.at_level(logging.ERROR, logger="pipeline.transport"):
+        rest = await consume_until(member, lambda r: any(m.offset == 9 for m in r))
+    await member.close()
+    assert [m.offset for m in rest] == [7, 8, 9]
+    assert lost_to_retention().get((topic, group), 0) - before == 5
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert [line for line in lines if f"{topic}[0]" in line and "2..6" in line and " 5 " in line]

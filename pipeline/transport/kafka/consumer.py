@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -35,6 +36,7 @@ from pipeline.transport.kafka.group import (
 )
 from pipeline.transport.kafka.stranded import StrandWatch
 from pipeline.transport.protocol import RebalanceListener, StartAt
+from pipeline.transport.retention import report_lost
 
 log = logging.getLogger(__name__)
 _POLL_SLICE_S = 0.05
@@ -44,6 +46,9 @@ _ANNOUNCE_RETRY_S = 1.0
 _SELF_FENCE_WINDOW_S = 10.0
 """A fence this soon after the consumer's own session timed out is its own rejoin's doing."""
 T = TypeVar("T")
+
+_OFFSET_RESET = re.compile(r"(\S+) \[(\d+)\]: offset reset \(at offset (\d+)")
+"""librdkafka's line for a fetch position it moved: "T [p]: offset reset (at offset N ..."."""
 
 _IGNORED = {KafkaError._PARTITION_EOF}  # noqa: SLF001 - librdkafka's local error code
 _FATAL_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}  # noqa: SLF001
@@ -64,6 +69,31 @@ def _to_message(raw: Any) -> Message:
 
 def _tps(raw: Sequence[Any]) -> list[TopicPartition]:
     return [TopicPartition(p.topic, p.partition) for p in raw]
+
+
+class _MemberLog(SessionLog):
+    """A member's librdkafka lines, with the fetch positions librdkafka reset kept too.
+
+    A fetch below the partition's first record (retention removed the records the group had
+    not read) fails with "Offset out of range", and ``auto.offset.reset`` moves the position
+    on without an error to the application: this line is the only sign. The logger is served
+    by ``poll`` on the consumer's thread (``log.queue``), before the records fetched after it.
+    """
+
+    __slots__ = ("resets",)
+
+    def __init__(self, target: logging.Logger) -> None:
+        """Pass lines on to ``target``; no reset yet."""
+        super().__init__(target)
+        self.resets: list[tuple[TopicPartition, int]] = []
+        """(partition, offset it was fetched at) of each reset not yet reported."""
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """One librdkafka log line."""
+        found = _OFFSET_RESET.search(str(args[-1])) if args and args[0] == "OFFSET" else None
+        if found is not None:
+            self.resets.append((TopicPartition(found[1], int(found[2])), int(found[3])))
+        super().log(level, msg, *args)
 
 
 class KafkaConsumer:
@@ -108,7 +138,7 @@ class KafkaConsumer:
         self._announce_at = 0.0
         self._worker = ConsumerThread(f"kafka-consumer-{group}")
         self._raw_consumer: Any = None
-        self._session_log = SessionLog(logging.getLogger("pipeline.librdkafka"))
+        self._session_log = _MemberLog(logging.getLogger("pipeline.librdkafka"))
         self._rejoin_at = 0.0
         self._subscribed = False
         self._closed = False
@@ -266,6 +296,47 @@ class KafkaConsumer:
                 raise translate(error, f"consume {self._topics}")
 
     def _consume(self, max_messages: int, timeout_s: float) -> list[Any]:
+        batch = self._fetch(max_messages, timeout_s)
+        if self._session_log.resets and self._raw_consumer is not None:
+            self._report_resets(batch)
+        return batch
+
+    def _report_resets(self, batch: Sequence[Any]) -> None:
+        """Report what each reset position skipped: the records retention removed unread.
+
+        The skipped range ends at the partition's first record (its low watermark, read from
+        the broker), or at the first record delivered after the reset if that is lower (the
+        watermark read after further deletions).
+        """
+        resets, self._session_log.resets = self._session_log.resets, []
+        timeout_s = self._settings.request_timeout_ms / 1000
+        for tp, at in resets:
+            raw_tp = _RawTP(tp.topic, tp.partition)
+            try:
+                low, _high = self._raw.get_watermark_offsets(raw_tp, timeout_s, cached=False)
+            except KafkaException as exc:
+                log.error(  # noqa: TRY400 - the broker error is the whole story
+                    "group %r lost messages of %s[%d] to retention from offset %d (Kafka no "
+                    "longer held it; how many is unknown, its first offset could not be read: "
+                    "%s); raise the topic's retention or add members",
+                    self._group,
+                    tp.topic,
+                    tp.partition,
+                    at,
+                    exc,
+                )
+                continue
+            delivered = [
+                m.offset()
+                for m in batch
+                if m.error() is None
+                and m.topic() == tp.topic
+                and m.partition() == tp.partition
+                and m.offset() >= at
+            ]
+            report_lost(self._group, tp, at, min([low, *delivered]), transport="kafka")
+
+    def _fetch(self, max_messages: int, timeout_s: float) -> list[Any]:
         if self._raw_consumer is None and time.monotonic() < self._rejoin_at:
             time.sleep(min(timeout_s, _POLL_SLICE_S, self._rejoin_at - time.monotonic()))
             return []
