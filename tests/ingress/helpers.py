@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -56,6 +57,37 @@ def start_empty_ingress(tmp_path: Path, redis_url: str, **extra: str) -> subproc
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def serve_until_listening(
+    env: dict[str, str],
+    started: list[subprocess.Popen[str]],
+    *options: str,
+    timeout_s: float = 60.0,
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``pipeline ingress serve OPTIONS --port 0`` into ``started``; its URL once listening.
+
+    Fails, with its stderr, when it exits or does not listen within ``timeout_s``.
+    """
+    proc = subprocess.Popen(
+        [PIPELINE, "ingress", "serve", *options, "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started.append(proc)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("ingress listening on "):
+                return proc, line.removeprefix("ingress listening on ").strip()
+    proc.kill()
+    _, stderr = proc.communicate()
+    raise AssertionError(f"the ingress did not start: {stderr}")
 
 
 def write_topics(directory: Path, topics: dict[str, str]) -> Path:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from contract.helpers import consume_until, make_topic
-from ingress.helpers import META, PIPELINE, meta_body, write_sources, write_topics
+from ingress.helpers import (
+    META,
+    meta_body,
+    serve_until_listening,
+    write_sources,
+    write_topics,
+)
 from ingress.redis_server import RedisServer
 from ingress.signing import hub_signature
 
@@ -76,31 +80,6 @@ async def env(
     await transport.close()
 
 
-def serve(
-    env: dict[str, str], started: list[subprocess.Popen[str]]
-) -> tuple[subprocess.Popen[str], str]:
-    """Start ``pipeline ingress serve --port 0``; its URL once it listens."""
-    proc = subprocess.Popen(
-        [PIPELINE, "ingress", "serve", "--port", "0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    started.append(proc)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            if line.startswith("ingress listening on "):
-                return proc, line.removeprefix("ingress listening on ").strip()
-    proc.kill()
-    _, stderr = proc.communicate()
-    raise AssertionError(f"the ingress did not start: {stderr}")
-
-
 async def post(url: str, numbers: range) -> list[int]:
     """POST the numbered Meta deliveries, signed; their status codes."""
     statuses = []
@@ -124,7 +103,7 @@ async def test_a_stop_signal_produces_the_queued_events_and_exits_0(
     stop: signal.Signals,
 ) -> None:
     """Events accepted but not yet produced when the signal comes are produced before the exit."""
-    proc, url = serve(env, started)
+    proc, url = serve_until_listening(env, started)
     assert private_redis.process is not None
     private_redis.process.send_signal(signal.SIGSTOP)  # the broker stalls: produces wait
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -28,7 +27,7 @@ import psutil
 import psycopg
 import pytest
 from contract.helpers import consume_until, make_topic
-from ingress.helpers import META, meta_body, write_sources, write_topics
+from ingress.helpers import META, meta_body, serve_until_listening, write_sources, write_topics
 from ingress.signing import hub_signature
 from redis.asyncio import Redis
 from support import StackDumps
@@ -106,25 +105,7 @@ def serve(
     env: dict[str, str], started: list[subprocess.Popen[str]], workers: int = 2
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``pipeline ingress serve --workers N --port 0``; its URL once all are listening."""
-    proc = subprocess.Popen(
-        [PIPELINE, "ingress", "serve", "--workers", str(workers), "--port", "0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    started.append(proc)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and proc.poll() is None:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            if line.startswith("ingress listening on "):
-                return proc, line.removeprefix("ingress listening on ").strip()
-    proc.kill()
-    _, stderr = proc.communicate()
-    raise AssertionError(f"workers did not start: {stderr}")
+    return serve_until_listening(env, started, "--workers", str(workers), timeout_s=90)
 
 
 def workers_of(proc: subprocess.Popen[str]) -> list[psutil.Process]:
