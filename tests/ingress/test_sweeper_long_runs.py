@@ -14,9 +14,10 @@ from pipeline.config import IngressSettings, RuntimeSettings, Settings, SweeperS
 from pipeline.ingress import headers as h
 from pipeline.ingress.service import build_sweeper
 from pipeline.ingress.sweeper import Sweeper
-from pipeline.logstore import LogStore, RowState
+from pipeline.logstore import LogRow, LogStore, RowState
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
+from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
@@ -70,13 +71,7 @@ async def test_a_long_run_past_the_overdue_bound_is_not_replayed_while_it_runs(
         started.set()
         await finish.wait()  # a 20-minute render
 
-    row = new_row(1, clock, topic=spec.name, lane=spec.lane)
-    await store.insert(row)
-    await store.mark_produced([row.id])
-    await redis.producer().send(spec.name, b"render", key=b"k", headers={h.ROW_ID: row.id.encode()})
-    group = f"g-{unique}"
-    sweeper = sweeper_of(store, redis, spec.lane, spec.name, group, clock)
-    member = Member(app, redis, group, QUICK, processed=store)
+    row, sweeper, member = await render_run(redis, store, clock, app, spec, unique)
     async with running(member):
         await started.wait()
         clock.advance(1000)  # past max_patience_s (900 s) since it was produced
@@ -108,13 +103,7 @@ async def test_a_long_run_whose_member_stopped_is_replayed_after_patience(
         started.set()
         await asyncio.Event().wait()  # never ends: its member stops under it
 
-    row = new_row(1, clock, topic=spec.name, lane=spec.lane)
-    await store.insert(row)
-    await store.mark_produced([row.id])
-    await redis.producer().send(spec.name, b"render", key=b"k", headers={h.ROW_ID: row.id.encode()})
-    group = f"g-{unique}"
-    sweeper = sweeper_of(store, redis, spec.lane, spec.name, group, clock)
-    member = Member(app, redis, group, QUICK, processed=store)
+    _, sweeper, member = await render_run(redis, store, clock, app, spec, unique)
     async with running(member):
         await started.wait()
         clock.advance(1000)
@@ -123,6 +112,19 @@ async def test_a_long_run_whose_member_stopped_is_replayed_after_patience(
     clock.advance(901)  # the lane is backed up (its message was never committed)
     report = await sweeper.sweep_once()
     assert report.replayed == 1
+
+
+async def render_run(
+    redis: Transport, store: LogStore, clock: FakeClock, app: App, spec: TopicSpec, unique: str
+) -> tuple[LogRow, Sweeper, Member]:
+    """A row of ``spec``'s lane produced to it, the lane's sweeper, and a member of g-<unique>."""
+    row = new_row(1, clock, topic=spec.name, lane=spec.lane)
+    await store.insert(row)
+    await store.mark_produced([row.id])
+    await redis.producer().send(spec.name, b"render", key=b"k", headers={h.ROW_ID: row.id.encode()})
+    group = f"g-{unique}"
+    sweeper = sweeper_of(store, redis, spec.lane, spec.name, group, clock)
+    return row, sweeper, Member(app, redis, group, QUICK, processed=store)
 
 
 def sweeper_of(
