@@ -85,6 +85,10 @@ class RedisSettings(_Section):
             urlsplit(value).port  # noqa: B018 - parsing the port is the check
         except ValueError as exc:
             raise ValueError(f"expected redis://host:port/db, port 0-65535 ({exc})") from None
+        path = urlsplit(value).path
+        if not value.startswith("unix://") and not re.fullmatch(r"/?\d*", path):
+            # redis-py would use database 0 for "/x" and 1 for "/0/1", without a word
+            raise ValueError(f"expected redis://host:port/db with a database number, got {path!r}")
         problem = _redis_query_problem(value)
         if problem is not None:
             raise ValueError(problem)

@@ -39,7 +39,7 @@ NOTES = {
     "MAX_MESSAGE_BYTES": "largest message (value + key + headers), both transports",
     "REDIS__URL": "`redis://[user:password@]host:port/db`, `rediss://` (TLS; the server's CA "
     "in `?ssl_ca_certs=/path/ca.pem`) or `unix://` URL; query options are redis-py's "
-    "`from_url` ones, checked at start",
+    "`from_url` ones and the database a number, checked at start",
     "REDIS__KEY_PREFIX": "prefix of every Redis key the pipeline writes",
     "REDIS__SOCKET_TIMEOUT_S": "Redis connect and read timeout",
     "KAFKA__BOOTSTRAP_SERVERS": "`host:port[,host:port...]`",

@@ -18,8 +18,17 @@ SECRET = "s3cret-redis-pw"  # noqa: S105 - a test value that must never be print
         (f"redis://app:{SECRET}@127.0.0.1:6379/0?socket_timeout=abc", "socket_timeout"),
         (f"redis://app:{SECRET}@127.0.0.1:6379/0?sockettimeout=5", "sockettimeout"),
         (f"rediss://app:{SECRET}@127.0.0.1:6379/0?ssl_cert_reqs=bogus", "Requirements Flag: bogus"),
+        (f"redis://app:{SECRET}@127.0.0.1:6379/x", "database number"),
+        (f"redis://app:{SECRET}@127.0.0.1:6379/0/1", "database number"),
     ],
-    ids=["tls-option-on-redis-scheme", "bad-number", "unknown-option", "bad-cert-reqs"],
+    ids=[
+        "tls-option-on-redis-scheme",
+        "bad-number",
+        "unknown-option",
+        "bad-cert-reqs",
+        "db-not-a-number",
+        "db-path-of-two-parts",
+    ],
 )
 def test_a_redis_url_with_an_unusable_query_is_one_line(url: str, said: str) -> None:
     """The command exits 2 naming the variable and the bad option, never the password."""
