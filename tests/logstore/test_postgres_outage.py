@@ -266,39 +266,18 @@ async def test_the_store_recovers_when_postgres_answers_again(
     assert (await store.get(unknown.id)) is not None
 
 
-async def test_a_group_commit_left_unanswered_fails_in_time_and_is_stored_once(
-    store: PostgresLogStore, postgres_service: str, schema: str
-) -> None:
-    """A group commit the server holds (table locked) fails in seconds, and those queued behind."""
-    clock = FakeClock()
-    assert await store.insert(new_row(0, clock)) is True
+@contextlib.asynccontextmanager
+async def table_locked(
+    postgres_service: str, schema: str
+) -> AsyncIterator[psycopg.AsyncConnection]:
+    """The test's table locked (ACCESS EXCLUSIVE) by a connection of its own, released on exit."""
     locker = await psycopg.AsyncConnection.connect(postgres_service)
     try:
         await locker.execute(f'LOCK TABLE "{schema}".ingress_log IN ACCESS EXCLUSIVE MODE')
-        first = asyncio.ensure_future(store.insert(new_row(1, clock)))
-        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass"
-        table = f'"{schema}".ingress_log'
-
-        async def commit_blocked() -> None:
-            async with await psycopg.AsyncConnection.connect(postgres_service) as probe:
-                while (await (await probe.execute(waiting, [table])).fetchall())[0][0] == 0:  # noqa: ASYNC110 - polls the server's locks; no event signals it
-                    await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(commit_blocked(), STALLED_BOUND_S)
-        queued = [store.insert(new_row(n, clock)) for n in range(2, 6)]  # behind the first
-        results = await asyncio.wait_for(
-            asyncio.gather(first, *queued, return_exceptions=True), STALLED_BOUND_S
-        )
-        assert all(isinstance(result, LogStoreError) for result in results), results
-        assert "did not answer" in str(results[0])
+        yield locker
     finally:
         await locker.rollback()
         await locker.close()
-    # Each outcome was unknown: a row that landed after all is a duplicate when sent again.
-    for n in range(1, 6):
-        assert await store.insert(new_row(n, clock)) in (True, False)
-    counts = await store.count_by_state(Selection())
-    assert sum(counts.values()) == 6
 
 
 async def _blocked_on_lock(postgres_service: str, schema: str, count: int) -> None:
@@ -310,15 +289,35 @@ async def _blocked_on_lock(postgres_service: str, schema: str, count: int) -> No
             await asyncio.sleep(0.05)
 
 
+async def test_a_group_commit_left_unanswered_fails_in_time_and_is_stored_once(
+    store: PostgresLogStore, postgres_service: str, schema: str
+) -> None:
+    """A group commit the server holds (table locked) fails in seconds, and those queued behind."""
+    clock = FakeClock()
+    assert await store.insert(new_row(0, clock)) is True
+    async with table_locked(postgres_service, schema):
+        first = asyncio.ensure_future(store.insert(new_row(1, clock)))
+        await asyncio.wait_for(_blocked_on_lock(postgres_service, schema, 1), STALLED_BOUND_S)
+        queued = [store.insert(new_row(n, clock)) for n in range(2, 6)]  # behind the first
+        results = await asyncio.wait_for(
+            asyncio.gather(first, *queued, return_exceptions=True), STALLED_BOUND_S
+        )
+        assert all(isinstance(result, LogStoreError) for result in results), results
+        assert "did not answer" in str(results[0])
+    # Each outcome was unknown: a row that landed after all is a duplicate when sent again.
+    for n in range(1, 6):
+        assert await store.insert(new_row(n, clock)) in (True, False)
+    counts = await store.count_by_state(Selection())
+    assert sum(counts.values()) == 6
+
+
 async def test_replay_status_and_purge_reads_fail_in_time_when_postgres_stops_answering(
     store: PostgresLogStore, relay: Relay, postgres_service: str, schema: str
 ) -> None:
     """Status and replay reads, and purge, under way when the server falls silent, fail in time."""
     clock = FakeClock()
     assert await store.insert(new_row(0, clock)) is True
-    locker = await psycopg.AsyncConnection.connect(postgres_service)
-    try:
-        await locker.execute(f'LOCK TABLE "{schema}".ingress_log IN ACCESS EXCLUSIVE MODE')
+    async with table_locked(postgres_service, schema):
         operations = [
             asyncio.ensure_future(store.count_by_state(Selection())),
             asyncio.ensure_future(store.last_id(Selection())),
@@ -327,9 +326,6 @@ async def test_replay_status_and_purge_reads_fail_in_time_when_postgres_stops_an
         ]
         await asyncio.wait_for(_blocked_on_lock(postgres_service, schema, 4), STALLED_BOUND_S)
         relay.stall()  # each statement is on the server: its answer never comes back
-    finally:
-        await locker.rollback()
-        await locker.close()
     results = await asyncio.wait_for(
         asyncio.gather(*operations, return_exceptions=True), STALLED_BOUND_S
     )
@@ -343,16 +339,11 @@ async def test_a_bulk_read_the_server_works_on_past_the_answer_timeout_is_not_cu
     """A count held by a lock for twice the answer timeout, the server answering, completes."""
     clock = FakeClock()
     assert await store.insert(new_row(0, clock)) is True
-    locker = await psycopg.AsyncConnection.connect(postgres_service)
-    try:
-        await locker.execute(f'LOCK TABLE "{schema}".ingress_log IN ACCESS EXCLUSIVE MODE')
+    async with table_locked(postgres_service, schema) as locker:
         counting = asyncio.ensure_future(store.count_by_state(Selection()))
         await asyncio.wait_for(_blocked_on_lock(postgres_service, schema, 1), STALLED_BOUND_S)
         # The lock is held on the server for twice the store's answer timeout (3 s).
         await locker.execute("SELECT pg_sleep(6.5)")
         assert not counting.done()
-    finally:
-        await locker.rollback()
-        await locker.close()
     counts = await asyncio.wait_for(counting, STALLED_BOUND_S)
     assert counts == {RowState.RECEIVED: 1}
