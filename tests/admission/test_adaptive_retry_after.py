@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, running, vision_lane
 
 from pipeline import headers as h
 from pipeline.admission.adaptive import feedback_for
@@ -52,16 +52,7 @@ async def test_a_nan_retry_after_is_retried_and_the_slot_returned(
     transport: Transport, throttle: Throttle, unique: str
 ) -> None:
     """``Throttled(retry_after_s=float("nan"))`` is retried like any 429 and frees its slots."""
-    spec = lane_spec(
-        f"thrnan_{unique}",
-        1,
-        ordered=False,
-        retry={"tiers": ["200ms"], "max_attempts": 3},
-        throttle={
-            "keys": ["org:{tenant}", "dep:vision"],
-            "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
-        },
-    )
+    spec = vision_lane(f"thrnan_{unique}", max_attempts=3)
     await declare(transport, spec)
     app = App([spec])
 

@@ -25,6 +25,24 @@ def lane_spec(name: str, partitions: int = 3, **fields: Any) -> TopicSpec:
     return TopicSpec.model_validate({"name": name, "partitions": partitions, **fields})
 
 
+def vision_lane(name: str, max_attempts: int) -> TopicSpec:
+    """A one-partition lane throttled on ``org:{tenant}`` and on an adaptive ``dep:vision`` key.
+
+    The adaptive key's limit moves between 1 and 8 (cooldown 1 h); a message is retried every
+    200 ms, ``max_attempts`` attempts at most.
+    """
+    return lane_spec(
+        name,
+        1,
+        ordered=False,
+        retry={"tiers": ["200ms"], "max_attempts": max_attempts},
+        throttle={
+            "keys": ["org:{tenant}", "dep:vision"],
+            "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
+        },
+    )
+
+
 async def declare(transport: Transport, *specs: TopicSpec) -> None:
     """Create the lanes' topics (main, retry tiers, dead letter); deleted when the test ends."""
     delete_after_test(transport, [name for spec in specs for name in spec.topic_names()])

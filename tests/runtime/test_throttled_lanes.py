@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running, vision_lane
 
 from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
@@ -265,16 +265,7 @@ async def test_a_dependency_that_answers_429_gets_fewer_calls_from_the_fleet(
     The key is closed until the Retry-After passed, the message is retried, and successes grow
     the limit back.
     """
-    spec = lane_spec(
-        f"thrdep_{unique}",
-        1,
-        ordered=False,
-        retry={"tiers": ["200ms"], "max_attempts": 5},
-        throttle={
-            "keys": ["org:{tenant}", "dep:vision"],
-            "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
-        },
-    )
+    spec = vision_lane(f"thrdep_{unique}", max_attempts=5)
     await declare(transport, spec)
     app = App([spec])
     calls: list[int] = []
@@ -381,16 +372,7 @@ async def test_a_retry_after_given_as_header_text_does_not_wedge_the_lane(
     transport: Transport, throttle: Throttle, unique: str
 ) -> None:
     """A ``Throttled`` given a Retry-After header's text still settles and frees its slots."""
-    spec = lane_spec(
-        f"thrtxt_{unique}",
-        1,
-        ordered=False,
-        retry={"tiers": ["200ms"], "max_attempts": 5},
-        throttle={
-            "keys": ["org:{tenant}", "dep:vision"],
-            "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
-        },
-    )
+    spec = vision_lane(f"thrtxt_{unique}", max_attempts=5)
     await declare(transport, spec)
     app = App([spec])
 
