@@ -325,6 +325,7 @@ class Member:
         consumer = self._consumer
         assert consumer is not None  # noqa: S101 - run() set it
         consumer.pause(sorted(self._offsets))
+        polling = asyncio.create_task(self._keep_polling(consumer))
         stop_s = self._settings.cancel_grace_s + _STOP_MARGIN_S
         late: set[asyncio.Task[None]] = set()
         if runners:  # running turns finish within the grace period; unfinished ones run again
@@ -360,6 +361,9 @@ class Member:
             await committer
         with contextlib.suppress(TransportError):
             await self._commit(consumer)
+        polling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await polling
         await consumer.close()  # revokes what is left through on_revoked
         if self._background:  # claims of lost partitions: given up once their work ended
             await asyncio.wait(set(self._background), timeout=stop_s)
@@ -369,6 +373,24 @@ class Member:
         await self._handler.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
+
+    async def _keep_polling(self, consumer: Consumer) -> None:
+        """Poll while shutdown drains, so the group keeps the member and its partitions.
+
+        Kafka drops a member that has not polled for ``max.poll.interval.ms``, and its
+        partitions' next owners would run what still runs here. The partitions are paused: a
+        message that comes back all the same (of a partition assigned meanwhile) is not
+        started, so it is not committed and its partition's next owner reads it.
+        """
+        while True:
+            try:
+                batch = await consumer.poll(self._settings.poll_max, 0.5)
+            except TransportError as exc:
+                log.warning("poll during shutdown failed, retrying in 0.5 s: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            if batch:
+                consumer.pause(sorted({message.tp for message in batch}))
 
     async def _within_grace(self, waiting: Awaitable[object]) -> None:
         """Wait for ``waiting`` until the grace ends or is cut short (``hurry``)."""
@@ -382,6 +404,17 @@ class Member:
         finally:
             for waited in tasks:
                 waited.cancel()
+
+    def _revoke_wait_s(self) -> float:
+        """How long a revocation waits on running work: the grace left, within the group's budget.
+
+        A Kafka member answers a rebalance inside its poll; waiting there longer than the
+        group allows (``max.poll.interval.ms``) would get it dropped, losing every partition.
+        """
+        budget_s = getattr(self._consumer, "revoke_budget_s", None)
+        if isinstance(budget_s, float):
+            return min(self._grace_left_s(), budget_s)
+        return self._grace_left_s()
 
     def _grace_left_s(self) -> float:
         """How long running work may still take: the whole grace, or what shutdown left of it."""
@@ -608,7 +641,7 @@ class Member:
         self._chain.batch.drop(tps)
         if not lost:  # at shutdown, running work had its grace already
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._chain.lanes.wait_idle(tps), self._grace_left_s())
+                await asyncio.wait_for(self._chain.lanes.wait_idle(tps), self._revoke_wait_s())
         if self._chain.gate is not None:  # a run still going keeps its tenant's slots
             running = [(work.tp, work.offset) for work in self._chain.lanes.running_of(tps)]
             self._chain.gate.drop(tps, running)

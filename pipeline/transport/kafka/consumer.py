@@ -45,6 +45,10 @@ _ANNOUNCE_RETRY_S = 1.0
 """How soon a failed read of assigned partitions' committed positions is tried again."""
 _SELF_FENCE_WINDOW_S = 10.0
 """A fence this soon after the consumer's own session timed out is its own rejoin's doing."""
+_POLL_INTERVAL_MS = 300_000
+"""librdkafka's default ``max.poll.interval.ms``."""
+_REVOKE_MARGIN_S = 5.0
+"""What a revocation leaves of the poll interval for the commit and the rebalance's own steps."""
 T = TypeVar("T")
 
 _OFFSET_RESET = re.compile(r"(\S+) \[(\d+)\]: offset reset \(at offset (\d+)")
@@ -146,6 +150,21 @@ class KafkaConsumer:
         self._watch: StrandWatch | None = None
         """Classic groups: partitions a rebalance left to no member are found and given out."""
         self._watching: asyncio.Task[object] | None = None
+
+    @property
+    def revoke_budget_s(self) -> float:
+        """How long a revocation may wait on running work before the group drops this member.
+
+        The group's rebalance timeout, and librdkafka's own check that the member polls, is
+        ``max.poll.interval.ms``; the listener runs inside a poll, so it must return well within
+        it: the interval less :data:`_REVOKE_MARGIN_S` (half of a shorter interval).
+        """
+        try:
+            interval_ms = int(self._settings.client.get("max.poll.interval.ms", _POLL_INTERVAL_MS))
+        except ValueError:  # librdkafka refuses it when the client is built
+            interval_ms = _POLL_INTERVAL_MS
+        interval_s = interval_ms / 1000
+        return interval_s - min(_REVOKE_MARGIN_S, interval_s / 2)
 
     @property
     def _raw(self) -> Any:
