@@ -144,6 +144,11 @@ class KafkaSettings(_Section):
     KIP-848 refuses a killed static member's name until its session ends. Under ``consumer``
     ``session_timeout_ms`` is set on the group (``consumer.session.timeout.ms``)."""
     client: dict[str, str] = Field(default_factory=dict)
+    """JSON object of librdkafka properties that override ours (security, tuning). Each client
+    gets those that apply to it: a consumer property (``C`` in librdkafka's CONFIGURATION.md,
+    such as ``max.poll.interval.ms``) goes to group members only, a producer property (``P``,
+    such as ``linger.ms`` or ``acks``) to producers only, neither to admin clients, and any other
+    to every client, so a misspelt one still stops every command."""
 
 
 class MembershipSettings(_Section):

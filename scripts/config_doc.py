@@ -47,7 +47,6 @@ NOTES = {
     "KAFKA__SESSION_TIMEOUT_MS": "group session timeout: a dead member's partitions move after it",
     "KAFKA__REQUEST_TIMEOUT_MS": "admin and metadata request timeout; produce gives up after "
     "3x this (at least 30 s)",
-    "KAFKA__CLIENT": "JSON object of librdkafka properties that override ours (security, tuning)",
     "POSTGRES__URL": "PostgreSQL of the ingress log store (also read by `mark_processed` and "
     "`pipeline status`; the registry's store is `REGISTRY__STORE`)",
     "RUNTIME__POLL_MAX": "messages fetched per poll",

@@ -25,7 +25,7 @@ from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.kafka.errors import translate
-from pipeline.transport.kafka.group import admin_client
+from pipeline.transport.kafka.group import admin_client, client_properties
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
 T = TypeVar("T")
@@ -363,7 +363,11 @@ class KafkaAdmin:
                 "group.id": group,
                 "enable.auto.commit": False,
                 "logger": logging.getLogger("pipeline.librdkafka"),
-                **{k: v for k, v in self._settings.client.items() if k not in _MEMBERSHIP_ONLY},
+                **{
+                    k: v
+                    for k, v in client_properties(self._settings, "consumer").items()
+                    if k not in _MEMBERSHIP_ONLY
+                },
                 **_ONE_RECORD,
             }
         )

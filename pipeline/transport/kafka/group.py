@@ -40,6 +40,80 @@ Protocol = Literal["consumer", "classic"]
 PROTOCOLS_CONFIG = "group.coordinator.rebalance.protocols"
 CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
 
+CONSUMER_ONLY = frozenset(
+    {
+        "group.id",
+        "group.instance.id",
+        "partition.assignment.strategy",
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "group.protocol.type",
+        "group.protocol",
+        "group.remote.assignor",
+        "coordinator.query.interval.ms",
+        "max.poll.interval.ms",
+        "enable.auto.commit",
+        "auto.commit.interval.ms",
+        "enable.auto.offset.store",
+        "queued.min.messages",
+        "queued.max.messages.kbytes",
+        "fetch.wait.max.ms",
+        "fetch.queue.backoff.ms",
+        "fetch.message.max.bytes",
+        "max.partition.fetch.bytes",
+        "fetch.max.bytes",
+        "fetch.min.bytes",
+        "fetch.error.backoff.ms",
+        "isolation.level",
+        "enable.partition.eof",
+        "check.crcs",
+        "auto.offset.reset",
+    }
+)
+"""librdkafka's consumer properties (``C`` in its CONFIGURATION.md).
+
+A producer or an admin client given one ignores it with a ``CONFWARN`` warning.
+"""
+PRODUCER_ONLY = frozenset(
+    {
+        "transactional.id",
+        "transaction.timeout.ms",
+        "enable.idempotence",
+        "enable.gapless.guarantee",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+        "queue.buffering.max.ms",
+        "linger.ms",
+        "message.send.max.retries",
+        "retries",
+        "queue.buffering.backpressure.threshold",
+        "compression.codec",
+        "compression.type",
+        "compression.level",
+        "batch.num.messages",
+        "batch.size",
+        "delivery.report.only.error",
+        "sticky.partitioning.linger.ms",
+        "request.required.acks",
+        "acks",
+        "request.timeout.ms",
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "partitioner",
+    }
+)
+"""librdkafka's producer properties (``P`` in its CONFIGURATION.md).
+
+A consumer given one ignores it with a ``CONFWARN`` warning; an admin client (a producer
+instance inside librdkafka) has no use for them.
+"""
+ClientKind = Literal["producer", "consumer", "admin"]
+_NOT_FOR: dict[ClientKind, frozenset[str]] = {
+    "producer": CONSUMER_ONLY,
+    "consumer": PRODUCER_ONLY,
+    "admin": CONSUMER_ONLY | PRODUCER_ONLY,
+}
+
 _offered: dict[str, frozenset[str]] = {}
 _offered_lock = threading.Lock()
 _timeouts_applied: dict[str, bool] = {}
@@ -64,12 +138,25 @@ def broker_protocols(settings: KafkaSettings) -> frozenset[str]:
         return offered
 
 
-def admin_config(settings: KafkaSettings) -> dict[str, Any]:
-    """An admin client's properties: the cluster, and every property of ``PIPELINE_KAFKA__CLIENT``.
+def client_properties(settings: KafkaSettings, kind: ClientKind) -> dict[str, str]:
+    """The properties of ``PIPELINE_KAFKA__CLIENT`` that apply to a client of this kind.
 
-    All of them, as the producer and the consumer get them: a connection needs more than its
-    ``security.``/``sasl.``/``ssl.`` properties (``enable.ssl.certificate.verification``,
-    ``client.dns.lookup``, ``broker.address.family``...).
+    A consumer gets all but :data:`PRODUCER_ONLY`, a producer all but :data:`CONSUMER_ONLY`, an
+    admin client neither, so no client logs a ``CONFWARN`` warning for a property meant for
+    another. Any other name goes to every client: librdkafka checks it when the client is built,
+    so a misspelt one still fails every command.
+    """
+    dropped = _NOT_FOR[kind]
+    return {k: v for k, v in settings.client.items() if k not in dropped}
+
+
+def admin_config(settings: KafkaSettings) -> dict[str, Any]:
+    """An admin client's properties: the cluster, and those of ``PIPELINE_KAFKA__CLIENT`` for it.
+
+    All but the consumer's and the producer's own (:func:`client_properties`): a connection
+    needs more than its ``security.``/``sasl.``/``ssl.`` properties
+    (``enable.ssl.certificate.verification``, ``client.dns.lookup``,
+    ``broker.address.family``...).
     """
     return {
         "bootstrap.servers": settings.bootstrap_servers,
@@ -79,7 +166,7 @@ def admin_config(settings: KafkaSettings) -> dict[str, Any]:
         "allow.auto.create.topics": False,
         # librdkafka's own lines go through our logging (rate-limited), not raw to stderr
         "logger": logging.getLogger("pipeline.librdkafka"),
-        **settings.client,
+        **client_properties(settings, "admin"),
     }
 
 
@@ -209,7 +296,7 @@ def consumer_config(
     protocol: Protocol = "classic",
     instance: str | None = None,
 ) -> dict[str, Any]:
-    """Librdkafka properties of a group member (``settings.client`` overrides them).
+    """Librdkafka properties of a group member (its :func:`client_properties` override them).
 
     Args:
         settings: the Kafka section of the settings.
@@ -238,7 +325,7 @@ def consumer_config(
         config["heartbeat.interval.ms"] = max(settings.session_timeout_ms // 5, 100)
     if instance is not None:
         config["group.instance.id"] = instance
-    return {**config, **settings.client}
+    return {**config, **client_properties(settings, "consumer")}
 
 
 def client_error(exc: KafkaException, protocol: Protocol) -> ConfigError | None:

@@ -34,6 +34,7 @@ from pipeline.config import KafkaSettings
 from pipeline.envelope import Delivered, Record
 from pipeline.errors import TransportError
 from pipeline.transport.kafka.errors import client_config_error, translate
+from pipeline.transport.kafka.group import client_properties
 from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,10 @@ _FLUSH_SLICE_S = 0.05
 
 
 def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str, Any]:
-    """The librdkafka properties of the pipeline's producer (settings.client overrides them)."""
+    """The librdkafka properties of the pipeline's producer (its client properties override them).
+
+    Those of ``settings.client`` that apply to a producer (:func:`.group.client_properties`).
+    """
     return {
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": settings.client_id,
@@ -61,7 +65,7 @@ def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str
         # (librdkafka's producer asks for auto-creation unless told not to).
         "allow.auto.create.topics": False,
         "logger": logging.getLogger("pipeline.librdkafka"),
-        **settings.client,
+        **client_properties(settings, "producer"),
     }
 
 
