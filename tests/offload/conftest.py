@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import obstore
 import pytest
 from obstore.store import S3Store
+from offload.helpers import closed_port
 from support import require_service
 
 from pipeline.offload.store import open_store
@@ -47,3 +48,13 @@ async def store_url(
     for key in sorted(markers, key=len, reverse=True):
         await store.delete(key)
     await store.delete("")  # the prefix itself
+
+
+@pytest.fixture
+def s3_down_port(monkeypatch: pytest.MonkeyPatch) -> int:
+    """S3 (``AWS_ENDPOINT_URL``) at a loopback port nothing listens on, with S3Proxy's keys."""
+    port = closed_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "pipeline")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pipeline-local-secret")
+    return port

@@ -1,7 +1,8 @@
-"""Helpers for the offload tests: an offloading lane on a real broker, removed afterwards."""
+"""Helpers for the offload tests: an offloading lane on a real broker, a port nothing serves."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -35,3 +36,10 @@ async def declared(
         keys = [key async for key in redis.scan_iter(match=f"*{prefix}*")]
         if keys:
             await redis.delete(*keys)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

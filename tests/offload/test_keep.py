@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -168,14 +167,9 @@ async def test_a_reference_outside_the_topics_store_or_policy_is_not_touched(
     assert counting.heads == 0
 
 
-async def test_an_unreachable_store_stops_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("s3_down_port")
+async def test_an_unreachable_store_stops_the_reference() -> None:
     """The store is down: OffloadError, so the caller does not produce the copy unchecked."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "pipeline")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pipeline-local-secret")
     url = "s3://pipeline/down"
     value, headers = ref.reference_for(url, BODY).encode()
     with pytest.raises(OffloadError, match="cannot read"):

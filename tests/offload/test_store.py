@@ -126,14 +126,9 @@ async def test_an_object_larger_than_its_reference_is_corrupt_before_it_is_read_
         await LazyPayload(reference, store).read()
 
 
-async def test_a_store_that_is_down_fails_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_store_that_is_down_fails_in_one_line(s3_down_port: int) -> None:
     """S3 down: each failed call is one OffloadError line naming the store, the call and the URL."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "pipeline")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pipeline-local-secret")
+    port = s3_down_port
     store = open_store("s3://pipeline/down")
     with pytest.raises(OffloadError) as written:
         await store.put("sha256/aa/one", b"x")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from offload.helpers import closed_port
 from support import run_pipeline
 
 S3PROXY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "pipeline", "AWS_SECRET_ACCESS_KEY": "pipeline-local"}
@@ -22,13 +22,6 @@ app = App()
 async def handle(event: bytes, ctx: Context) -> None:
     """Nothing: the member never gets to run it."""
 '''
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def environment(tmp_path: Path, lane: str, **extra: str) -> dict[str, str]:
