@@ -91,9 +91,12 @@ class RuntimeMetrics:
         """``running`` runs of long-work lanes protect this member from scale-in."""
         self._long_work.set(running)
 
-    def finished_uncommitted(self, lane: str, count: int) -> None:
-        """``count`` messages of ``lane`` are finished but behind a lower offset not yet done."""
-        self._finished_uncommitted.labels(lane).set(count)
+    def finished_uncommitted(self, lane: str, group: str, count: int) -> None:
+        """``count`` messages of ``lane`` are finished but behind a lower offset not yet done.
+
+        They are in ``group``'s lag, which PipelineLagGrowing reads per lane and group.
+        """
+        self._finished_uncommitted.labels(lane, group).set(count)
 
     def parked_keys(self, lane: str, count: int) -> None:
         """``count`` keys of ``lane`` are parked behind a message in a retry tier now."""

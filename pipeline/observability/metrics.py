@@ -145,10 +145,10 @@ LONG_WORK = Family(
 FINISHED_UNCOMMITTED = Family(
     "pipeline_finished_uncommitted_messages",
     "gauge",
-    "Messages of the lane's main topics this member finished above a lower offset not yet "
-    "done (a long run): the lag counts them until that offset is done; the slot trigger "
-    "subtracts them.",
-    ("lane",),
+    "Messages of the lane's main topics this member of the group finished above a lower "
+    "offset not yet done (a long run): the group's lag counts them until that offset is done; "
+    "the slot trigger and PipelineLagGrowing subtract them.",
+    ("lane", "group"),
     "messages",
 )
 PARKED_KEYS = Family(

@@ -542,7 +542,7 @@ class Member:
         for name, timeout_s in self._heartbeat_timeouts.items():  # its age is a run's
             metrics.long_work_lane(name, timeout_s)
         for name, count in self._finished_ahead().items():  # in the lag, yet done
-            metrics.finished_uncommitted(name, count)
+            metrics.finished_uncommitted(name, self.group, count)
 
     def _finished_ahead(self) -> dict[str, int]:
         """Per lane, messages of its main topics done above their partition's lowest not done."""

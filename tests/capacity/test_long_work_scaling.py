@@ -102,7 +102,7 @@ async def test_messages_finished_behind_a_long_run_ask_for_no_members(
     )
     member = Member(app, transport, f"g-{unique}", settings, metrics=RuntimeMetrics(metrics))
     value = metrics.registry.get_sample_value
-    shown = {"lane": spec.lane}
+    shown = {"lane": spec.lane, "group": f"g-{unique}"}
     try:
         async with running(member):
             await eventually(lambda: member.stats.handled == 50)

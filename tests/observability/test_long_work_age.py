@@ -73,3 +73,39 @@ async def test_a_long_run_is_not_paged_as_a_message_waiting(
     assert len(alerts) == 2
     for name, expr in alerts.items():
         assert f"unless on (lane) max by (lane) ({GAUGE})" in expr, name
+
+
+async def test_messages_finished_behind_a_long_run_are_counted_for_their_group(
+    transport: Transport, unique: str
+) -> None:
+    """The gauge PipelineLagGrowing subtracts from a group's lag carries that group's name."""
+    spec = TopicSpec.model_validate(
+        {"name": f"longgrp_{unique}", "partitions": 1, "heartbeat_timeout": "5m", "ordered": False}
+    )
+    await declare(transport, spec)
+    app = App([spec])
+    release = asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"long":
+            await release.wait()
+
+    records = [Record(b"long", b"k0")] + [Record(b"short", f"k{i}".encode()) for i in range(1, 6)]
+    await produce(transport, spec.name, records)
+    metrics = Metrics()
+    settings = FAST.model_copy(
+        update={"max_concurrency": 4, "pressure": PressureSettings(enabled=False)}
+    )
+    member = Member(app, transport, f"g-{unique}", settings, metrics=RuntimeMetrics(metrics))
+    finished = {"lane": spec.lane, "group": f"g-{unique}"}
+    value = metrics.registry.get_sample_value
+    try:
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 5)
+            await eventually(
+                lambda: value("pipeline_finished_uncommitted_messages", finished) == 5, 15.0
+            )
+            release.set()
+    finally:
+        release.set()
