@@ -46,6 +46,19 @@ BROKER_DOWN = [
 ]
 """A transport, the environment that points it at a closed port, what the error must name."""
 
+# The source of an app of one lane whose handler does nothing, for `pipeline consume` runs that
+# stop before a member handles anything; IDLE_APP.format(lane=...) is the module's text.
+IDLE_APP = '''
+from pipeline.runtime import App, Context
+
+app = App()
+
+
+@app.handler("{lane}")
+async def handle(event: bytes, ctx: Context) -> None:
+    """Nothing: the member never gets to run it."""
+'''
+
 
 def run_pipeline(
     *args: str, env: dict[str, str], cwd: str | os.PathLike[str] | None = None

@@ -9,19 +9,9 @@ import threading
 from pathlib import Path
 
 from offload.helpers import closed_port
-from support import run_pipeline
+from support import IDLE_APP, run_pipeline
 
 S3PROXY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "pipeline", "AWS_SECRET_ACCESS_KEY": "pipeline-local"}
-APP = '''
-from pipeline.runtime import App, Context
-
-app = App()
-
-
-@app.handler("{lane}")
-async def handle(event: bytes, ctx: Context) -> None:
-    """Nothing: the member never gets to run it."""
-'''
 
 
 def environment(tmp_path: Path, lane: str, **extra: str) -> dict[str, str]:
@@ -80,7 +70,7 @@ def test_consume_without_credentials_stops_at_start(
 ) -> None:
     """`pipeline consume` of an S3 lane without credentials exits 2 naming the variables to set."""
     lane = f"nocreds_{unique}"
-    (tmp_path / f"{lane}.py").write_text(APP.format(lane=lane), encoding="utf-8")
+    (tmp_path / f"{lane}.py").write_text(IDLE_APP.format(lane=lane), encoding="utf-8")
     env = environment(tmp_path, lane, PIPELINE_REDIS__URL=redis_service)
     result = run_pipeline("consume", f"{lane}:app", "-g", f"g-{unique}", env=env, cwd=tmp_path)
     refused_for_credentials(result, lane)

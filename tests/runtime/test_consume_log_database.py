@@ -5,18 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from support import run_pipeline
-
-APP = '''
-from pipeline.runtime import App, Context
-
-app = App()
-
-
-@app.handler("{lane}")
-async def handle(event: bytes, ctx: Context) -> None:
-    """Nothing: the member never gets to run it."""
-'''
+from support import IDLE_APP, run_pipeline
 
 
 def test_a_missing_log_database_is_refused_in_one_line_not_created(
@@ -30,7 +19,7 @@ def test_a_missing_log_database_is_refused_in_one_line_not_created(
     lane = f"nolog_{unique}"
     (tmp_path / "topics").mkdir()
     (tmp_path / "topics" / f"{lane}.yaml").write_text(f"name: {lane}\npartitions: 1\n")
-    (tmp_path / f"nolog_{unique}.py").write_text(APP.format(lane=lane))
+    (tmp_path / f"nolog_{unique}.py").write_text(IDLE_APP.format(lane=lane))
     mistyped = tmp_path / "ingres" / "ingress.db"
     env = {
         **os.environ,

@@ -6,18 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from support import run_pipeline
-
-APP = '''
-from pipeline.runtime import App, Context
-
-app = App()
-
-
-@app.handler("{lane}")
-async def handle(event: bytes, ctx: Context) -> None:
-    """Nothing: the member never gets to run it."""
-'''
+from support import IDLE_APP, run_pipeline
 
 
 def test_a_busy_metrics_port_is_one_line_naming_the_variable(
@@ -31,7 +20,7 @@ def test_a_busy_metrics_port_is_one_line_naming_the_variable(
     lane = f"busyport_{unique}"
     (tmp_path / "topics").mkdir()
     (tmp_path / "topics" / f"{lane}.yaml").write_text(f"name: {lane}\npartitions: 1\n")
-    (tmp_path / f"busy_{unique}.py").write_text(APP.format(lane=lane))
+    (tmp_path / f"busy_{unique}.py").write_text(IDLE_APP.format(lane=lane))
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
