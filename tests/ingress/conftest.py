@@ -1,10 +1,12 @@
-"""Fixtures for the ingress tests: a real SQLite log store per test."""
+"""Fixtures for the ingress tests: a real SQLite log store, the ingress processes a test started."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipeline.logstore.sqlite import SqliteLogStore
@@ -17,3 +19,16 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteLogStore]:
     await store.open()
     yield store
     await store.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """Ingress processes a test started; any still running at the end is killed with its workers."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.communicate()

@@ -42,17 +42,6 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[str]]]:
-    """Ingress processes a test started; any still running at the end is killed."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
-@pytest.fixture
 async def env(
     tmp_path: Path, settings: Settings, private_redis: RedisServer, unique: str
 ) -> AsyncIterator[dict[str, str]]:

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,19 +86,6 @@ async def setup(
     await transport.close()
     async with await psycopg.AsyncConnection.connect(postgres_service, autocommit=True) as conn:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[str]]]:
-    """Supervisors a test started; any still running at the end is killed with its workers."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-            proc.kill()
-            proc.communicate()
 
 
 def serve(
