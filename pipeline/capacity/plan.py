@@ -88,6 +88,16 @@ class LanePlan:
         return mean_wait_s(self.rate_per_s, self.service_s, self.slots)
 
 
+def _by_day(start: int, end: int) -> list[tuple[int, int]]:
+    """The epoch-minute span ``[start, end)`` cut at UTC midnights, one span per day."""
+    spans = []
+    while start < end:
+        day_end = min(end, (start // MINUTES_PER_DAY + 1) * MINUTES_PER_DAY)
+        spans.append((start, day_end))
+        start = day_end
+    return spans
+
+
 async def plan_lane(
     history: ArrivalHistory,
     lane: str,
@@ -101,16 +111,24 @@ async def plan_lane(
     now = int(now_s // 60)  # the current, partial minute is left out
     recent_min = settings.trend_min
     horizon = max(1, math.ceil(settings.lead_s / 60))
-    spans = [(now - recent_min, now)]
+    # The recent minutes are read a day at a time: a day with no key had no arrivals recorded
+    # (a quiet day writes none), so it counts as zeros, not as hiding today's minutes.
+    recent_spans = _by_day(now - recent_min, now)
+    spans = list(recent_spans)
     for period in (_WEEK_MIN, MINUTES_PER_DAY):
         spans += [
             (now - s * period - recent_min, now - s * period + horizon)
             for s in range(1, MAX_SEASONS + 1)
         ]
     windows = await history.windows(lane, spans)
-    recent = windows[0] or [0] * recent_min
-    weekly = [w for w in windows[1 : MAX_SEASONS + 1] if w is not None]
-    daily = [w for w in windows[MAX_SEASONS + 1 :] if w is not None]
+    recent = [
+        count
+        for (start, end), window in zip(recent_spans, windows, strict=False)
+        for count in (window if window is not None else [0] * (end - start))
+    ]
+    seasonal = windows[len(recent_spans) :]
+    weekly = [w for w in seasonal[:MAX_SEASONS] if w is not None]
+    daily = [w for w in seasonal[MAX_SEASONS:] if w is not None]
     season, past = ("week", weekly) if weekly else ("day", daily) if daily else ("none", [])
     forecast = seasonal_forecast([float(c) for c in recent], past, horizon)
     rate_per_s = sum(recent[-5:]) / (5 * 60.0)
