@@ -85,6 +85,20 @@ def timeout_s() -> float:
     return value
 
 
+def _unsigned_payload() -> bool:
+    """``AWS_UNSIGNED_PAYLOAD``: true (the default) leaves bodies unsigned, false signs them.
+
+    Raises:
+        ConfigError: a value that is neither.
+    """
+    text = os.environ.get("AWS_UNSIGNED_PAYLOAD", "").strip().lower()
+    if text in {"", "true", "1", "yes", "on"}:
+        return True
+    if text in {"false", "0", "no", "off"}:
+        return False
+    raise ConfigError(f"AWS_UNSIGNED_PAYLOAD={text!r}: expected true (the default) or false")
+
+
 async def _slices(data: bytes | memoryview) -> AsyncIterator[bytes]:
     """``data`` in slices of 256 KiB: each is sent under its own write timeout."""
     view = memoryview(data)
@@ -123,7 +137,7 @@ class S3PayloadStore(ObjectPayloadStore):
         # comes at once is retried; a request that timed out is not tried again.
         retry: RetryConfig = {"max_retries": 3, "retry_timeout": timeout}
         config: S3Config = {}
-        self._signed_bodies = bool(os.environ.get("AWS_UNSIGNED_PAYLOAD"))
+        self._signed_bodies = not _unsigned_payload()
         if not self._signed_bodies:
             # Every read checks the payload's SHA-256 against its reference, end to end: signing
             # the body as well would hash it once more here and once more in the service.
@@ -139,7 +153,7 @@ class S3PayloadStore(ObjectPayloadStore):
 
         A failure that comes at once (a refused connection, a 5xx) is tried again, as the S3
         client does, while the first try began less than the timeout ago. With
-        ``AWS_UNSIGNED_PAYLOAD`` set (bodies signed), through the S3 client instead: each of
+        ``AWS_UNSIGNED_PAYLOAD=false`` (bodies signed), through the S3 client instead: each of
         its requests, body included, must then finish within the timeout.
         """
         if self._signed_bodies:

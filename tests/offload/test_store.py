@@ -236,14 +236,22 @@ async def test_a_black_holed_store_fails_within_its_timeout(
             assert "no answer within 1 s (PIPELINE_OFFLOAD_TIMEOUT_S)" in text
 
 
+@pytest.mark.parametrize("unsigned", [None, "true"])
 async def test_a_large_upload_still_flowing_outlasts_the_timeout(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str, unsigned: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A multi-MiB write whose bytes keep flowing completes, though longer than the timeout."""
+    """A multi-MiB write whose bytes keep flowing completes, though longer than the timeout.
+
+    ``AWS_UNSIGNED_PAYLOAD=true`` is the default said aloud: bodies unsigned, sent in slices.
+    """
     if not store_url.startswith("s3://"):
         pytest.skip("a directory store has no network timeout")
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     monkeypatch.setenv("PIPELINE_OFFLOAD_TIMEOUT_S", "1")
+    if unsigned is None:
+        monkeypatch.delenv("AWS_UNSIGNED_PAYLOAD", raising=False)
+    else:
+        monkeypatch.setenv("AWS_UNSIGNED_PAYLOAD", unsigned)
     body = os.urandom(4 * 1024 * 1024)
     # 64 slices of 64 KiB, each followed by 50 ms: the write takes over 3 s, never 1 s idle.
     async with trickling_relay(int(endpoint.rsplit(":", 1)[1]), 64 * 1024, 0.05) as relay_port:
