@@ -117,7 +117,8 @@ class ThrottlePolicy(SpecModel):
                 fields = list(string.Formatter().parse(template))
             except ValueError as exc:
                 raise ValueError(f"bad key template {template!r}: {exc}") from None
-            for _, name, spec, conversion in fields:
+            before: str | None = None
+            for text, name, spec, conversion in fields:
                 # A message's values fill the fields at run time: an index, attribute, format
                 # spec or conversion could raise there, on a value the check never saw.
                 if name is not None and (spec or conversion or not name.isidentifier()):
@@ -126,6 +127,13 @@ class ThrottlePolicy(SpecModel):
                         f" are allowed, not {{{name}{'!' + conversion if conversion else ''}"
                         f"{':' + spec if spec else ''}}}"
                     )
+                if name is not None and before is not None and not text:
+                    # tenant "ab" with customer "c" and tenant "a" with "bc" would share a key
+                    raise ValueError(
+                        f"bad key template {template!r}: put text between {{{before}}} and"
+                        f" {{{name}}} (such as /), or two messages could share one key"
+                    )
+                before = name
         return keys
 
 

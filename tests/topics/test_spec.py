@@ -265,6 +265,11 @@ def test_custom_dead_letter_name_is_used():
         ("name: m\npartitions: 1\nthrottle: {keys: ['{tenant.x}']}\n", "throttle.keys", "plain"),
         ("name: m\npartitions: 1\nthrottle: {keys: ['{tenant:d}']}\n", "throttle.keys", "plain"),
         ("name: m\npartitions: 1\nthrottle: {keys: ['{tenant!r}']}\n", "throttle.keys", "plain"),
+        (
+            "name: m\npartitions: 1\nthrottle: {keys: ['x{tenant}{customer}']}\n",
+            "throttle.keys",
+            "put text between {tenant} and {customer}",
+        ),
         ("name: m\npartitions: 1\nthrottle: {keys: []}\n", "throttle.keys", "at least 1"),
         ("name: m\npartitions: 1\ncolour: red\n", "colour", "unknown field"),
         (
