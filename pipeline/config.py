@@ -388,6 +388,9 @@ class IngressSettings(_Section):
         group_commit_max_rows: most rows committed in one transaction.
         produce_queue_max: rows waiting for the fast produce path; past it the sweeper
             produces them (nothing is lost, memory stays bounded).
+        produce_queue_max_bytes: body bytes of the rows waiting for the fast produce path;
+            past it, as past ``produce_queue_max``, the sweeper produces them (the default
+            keeps a stalled broker's backlog well inside the pod's 1 GiB memory limit).
         produce_batch_max: most events handed to the producer in one call.
         admission: the default admission of every source.
         sweeper: the sweeper.
@@ -409,6 +412,7 @@ class IngressSettings(_Section):
     postgres_schema: str = Field(default="public", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     group_commit_max_rows: int = Field(default=512, ge=1)
     produce_queue_max: int = Field(default=10_000, ge=1)
+    produce_queue_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     produce_batch_max: int = Field(default=500, ge=1)
     admission: IngressSlotSettings = Field(default_factory=IngressSlotSettings)
     sweeper: SweeperSettings = Field(default_factory=SweeperSettings)

@@ -5,7 +5,8 @@ Rows queue per topic; one pump per topic hands everything queued to
 like group commit) and, on the broker's acknowledgement, queues the row ids for one batched
 :meth:`~pipeline.logstore.IngressLog.mark_produced`. A failed produce counts an attempt on the
 rows and leaves them ``received``: the sweeper produces them later, so a broker outage costs
-latency, never events. The queue is bounded; a row that does not fit is left to the sweeper.
+latency, never events. The queue is bounded in rows and in body bytes (a stalled broker must not
+hold thousands of 1 MiB bodies in memory); a row that does not fit is left to the sweeper.
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ class Dispatcher:
         log_store: IngressLog,
         *,
         queue_max: int = 10_000,
+        queue_max_bytes: int = 64 * 1024 * 1024,
         batch_max: int = 500,
         linger_s: float = 0.005,
         mark_interval_s: float = 0.2,
     ) -> None:
         """Produce with ``producer``; keep at most ``queue_max`` rows waiting.
+
+        The bodies of the rows waiting (queued or being produced) total at most
+        ``queue_max_bytes``.
 
         ``linger_s`` lets a batch fill before it is produced (the webhook is already answered,
         so this costs no accept latency, and fewer, larger batches cost the broker client less
@@ -59,11 +64,13 @@ class Dispatcher:
         self._producer = producer
         self._log = log_store
         self._queue_max = queue_max
+        self._queue_max_bytes = queue_max_bytes
         self._batch_max = batch_max
         self._linger_s = linger_s
         self._mark_interval_s = mark_interval_s
         self._queued: dict[str, list[NewRow]] = defaultdict(list)
         self._size = 0
+        self._bytes = 0
         self._pumps: dict[str, asyncio.Task[None]] = {}
         self._marks: list[str] = []
         self._marker: asyncio.Task[None] | None = None
@@ -75,13 +82,26 @@ class Dispatcher:
         """Rows queued or being produced."""
         return self._size
 
+    @property
+    def waiting_bytes(self) -> int:
+        """Body bytes of the rows queued or being produced."""
+        return self._bytes
+
     def submit(self, row: NewRow) -> bool:
-        """Queue ``row`` for production; False (left to the sweeper) when the queue is full."""
-        if not self._accepting or self._size >= self._queue_max:
+        """Queue ``row`` for production; False (left to the sweeper) when the queue is full.
+
+        Full is ``queue_max`` rows, or ``row``'s body not fitting in ``queue_max_bytes``.
+        """
+        if (
+            not self._accepting
+            or self._size >= self._queue_max
+            or self._bytes + len(row.body) > self._queue_max_bytes
+        ):
             self.counters.overflowed += 1
             return False
         self._queued[row.topic].append(row)
         self._size += 1
+        self._bytes += len(row.body)
         if row.topic not in self._pumps:
             self._pumps[row.topic] = asyncio.create_task(self._pump(row.topic))
         return True
@@ -115,6 +135,7 @@ class Dispatcher:
                     await self._produce(topic, rows)
                 finally:
                     self._size -= len(rows)
+                    self._bytes -= sum(len(row.body) for row in rows)
         finally:
             del self._pumps[topic]
 

@@ -179,6 +179,7 @@ class Ingress:
             self.producer,
             self.store,
             queue_max=self.ingress.produce_queue_max,
+            queue_max_bytes=self.ingress.produce_queue_max_bytes,
             batch_max=self.ingress.produce_batch_max,
         )
         self.app.dispatcher = self.dispatcher
