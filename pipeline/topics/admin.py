@@ -7,8 +7,9 @@ the broker reports and lists the actions that bring the broker up to the declara
 to other partitions). Planning is deterministic (declaration order, then main, retry tiers
 shortest first, dead letter), so a dry run shows exactly what a real run does.
 
-Only partitions and retention are compared, because :class:`TopicInfo` reports nothing else;
-``max_len`` and ``configs`` are sent when a topic is created and again whenever it is updated.
+Partitions, retention, Kafka's ``max.message.bytes`` and, on Redis Streams, ``max_len`` are
+compared (what :class:`TopicInfo` reports); other ``configs`` are sent when a topic is created and
+again whenever it is updated for one of those.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class Action:
 
     Attributes:
         kind: ``create`` a missing topic, ``add_partitions`` to an existing one, or
-            ``update_configs`` when its retention differs from the declaration.
+            ``update_configs`` when its retention, ``max.message.bytes`` (Kafka) or ``max_len``
+            (Redis Streams) differs from the declaration.
         topic: the topic's name.
         detail: what changes, for people (``12 partitions, retention 7d``).
     """
@@ -98,6 +100,10 @@ def plan(
                 f"retention {_describe_retention(info.retention_ms)} -> "
                 f"{_describe_retention(config.retention_ms)}"
             )
+            actions.append(Action("update_configs", config.name, detail))
+        # Only Redis Streams keeps a topic by length; the other transports report None.
+        if info.max_len is not None and config.max_len not in {None, info.max_len}:
+            detail = f"max_len {info.max_len} -> {config.max_len}"
             actions.append(Action("update_configs", config.name, detail))
         wanted = config.configs.get(_MAX_BYTES)
         if wanted is not None and info.max_message_bytes not in {None, int(wanted)}:

@@ -48,6 +48,9 @@ class TopicInfo:
     max_message_bytes: int | None = None
     """The largest message the broker takes on this topic (Kafka ``max.message.bytes``); None
     where the transport has no per-topic limit (Redis Streams)."""
+    max_len: int | None = None
+    """Entries kept per partition stream (Redis Streams ``XADD MAXLEN ~``); None where the
+    transport does not keep a topic by length (Kafka, the in-memory transport)."""
 
     @property
     def message_count(self) -> int:

@@ -94,7 +94,7 @@ class RedisStreamsAdmin:
         self._default_max_len = default_max_len
 
     async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
-        """Every declared topic (or those of ``names``) with partitions and retained counts."""
+        """Every declared topic (or those of ``names``) with partitions, max_len and counts."""
         try:
             raw: dict[bytes, bytes] = await self._client.hgetall(self._keys.topics)  # type: ignore[assignment]
             out = {}
@@ -102,12 +102,14 @@ class RedisStreamsAdmin:
                 name = name_b.decode()
                 if names is not None and name not in names:
                     continue
-                meta = json.loads(raw[name_b])
+                meta = decode_meta(raw[name_b], self._default_max_len)
                 pipe = self._client.pipeline(transaction=False)
-                for p in range(meta["partitions"]):
+                for p in range(meta.partitions):
                     pipe.xlen(self._keys.stream(name, p))
                 counts = tuple(int(c) for c in await pipe.execute())
-                out[name] = TopicInfo(name, meta["partitions"], meta.get("retention_ms"), counts)
+                out[name] = TopicInfo(
+                    name, meta.partitions, meta.retention_ms, counts, max_len=meta.max_len
+                )
         except rexc.RedisError as exc:
             raise translate(exc, "list topics") from exc
         return out

@@ -29,6 +29,8 @@ from pipeline.transport.redis_streams.keys import Keys
 
 _MAX_BATCH = 1_000
 _META_TTL_S = 5.0
+"""How long a topic's metadata (partitions, max_len) is used before it is read again: a
+``max_len`` that ``pipeline topics apply`` changed trims from the sends after that."""
 
 
 def encode_fields(record: Record) -> list[Any]:
