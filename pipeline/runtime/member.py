@@ -365,8 +365,12 @@ class Member:
         with contextlib.suppress(asyncio.CancelledError):
             await polling
         await consumer.close()  # revokes what is left through on_revoked
-        if self._background:  # claims of lost partitions: given up once their work ended
+        if self._background:  # claims of revoked partitions: given up once their work ended
             await asyncio.wait(set(self._background), timeout=stop_s)
+            for task in list(self._background):  # a run left behind keeps its claims
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._guard.close()
         if self._chain.gate is not None:
             await self._chain.gate.close()
@@ -594,9 +598,13 @@ class Member:
     async def _give_up_when_idle(
         self, tps: set[TopicPartition], claimed: dict[str, list[TopicPartition]]
     ) -> None:
-        """Give up the claims of lost partitions once nothing of theirs runs here."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._chain.lanes.wait_idle(tps), self._grace_left_s())
+        """Give up the claims of revoked partitions once nothing of theirs runs here.
+
+        A run of theirs still going (lost partitions, or past the revocation's wait) keeps its
+        claim, so the partition's next owner waits for it instead of running its message beside
+        it; for as long as it runs, or until this process's liveness runs out.
+        """
+        await self._chain.lanes.wait_idle(tps)
         await self._guard.give_up(claimed)
 
     def _superseded(self, _tps: list[TopicPartition]) -> None:
@@ -648,7 +656,7 @@ class Member:
         if not lost:
             await self._guard.flush()
         claimed = self._guard.revoked(tps)
-        if lost:  # work of these partitions may still run here: give up its claims after it
+        if lost or self._chain.lanes.running_on(tps):  # give up the claims once it all ended
             task = asyncio.create_task(self._give_up_when_idle(tps, claimed))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
