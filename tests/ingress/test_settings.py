@@ -169,10 +169,10 @@ def test_a_sources_admission_overrides_only_what_it_sets(tmp_path: Path) -> None
         tmp_path,
         {"meta": {**META, "admission": {"max_in_flight": 1}}},
         TOPICS,
-        admission=IngressSlotSettings(max_in_flight=512, max_retry_after_s=5),
+        admission=IngressSlotSettings(max_in_flight=512, max_retry_after_s=1),
     )
     slots = sources["meta"].admission
-    assert slots.retry_after_s() == 5  # nothing drained yet: the largest Retry-After
+    assert slots.retry_after_s() == 1  # the cold-start 2 s, clamped to the environment's 1 s
     assert slots.in_flight == 0
 
 

@@ -10,13 +10,18 @@ from pipeline.ingress.slots import DrainRate, SourceSlots
 
 
 def test_drain_rate_converges_to_the_completion_rate() -> None:
-    """Ten completions a second for a while read as about ten a second, then decay when idle."""
+    """Ten completions a second read as about ten, held while idle, falling when stalled."""
     clock = FakeClock(0.0)
     rate = DrainRate(tau_s=1.0, clock=clock)
+    rate.busy()
     for _ in range(100):
         clock.advance(0.1)
         rate.record()
     assert 9.0 < rate.per_s() < 11.0
+    rate.idle()
+    clock.advance(5)
+    assert 9.0 < rate.per_s() < 11.0
+    rate.busy()
     clock.advance(5)
     assert rate.per_s() < 0.1
 
@@ -52,7 +57,8 @@ def test_retry_after_follows_the_drain_rate() -> None:
     admission = SourceSlots(
         max_in_flight=100, queue_timeout_ms=0, max_retry_after_s=30, clock=clock
     )
-    assert admission.retry_after_s() == 30  # nothing drained yet: the maximum
+    assert admission.retry_after_s() == 2  # nothing drained yet: the cold-start default
+    admission._drain.busy()
     for _ in range(50):
         clock.advance(0.1)
         admission._drain.record()
