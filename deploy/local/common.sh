@@ -34,12 +34,23 @@ apt_install() {
   command -v apt-get >/dev/null || die "apt-get not found: install $* by hand"
   [ "$(id -u)" = 0 ] || die "installing $* needs root (or install it yourself and re-run)"
   if [ ! -f "$APT_UPDATED" ]; then
-    log "apt-get update"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-    touch "$APT_UPDATED"
+    apt_update "$@"
   fi
   log "apt-get install $*"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  then
+    # package lists from an earlier run may name versions the mirror no longer has
+    log "apt-get install $* failed; updating the package lists and trying once more"
+    apt_update "$@"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+      || die "apt-get install $* failed (above): check the network and apt sources, or install it yourself and re-run"
+  fi
+}
+apt_update() {
+  log "apt-get update"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
+    || die "apt-get update failed (above), so $* cannot be installed: check the network and apt sources, or install it yourself and re-run"
+  touch "$APT_UPDATED"
 }
 
 # mark_started NAME / started_by_us NAME / clear_started NAME: services-down stops only what

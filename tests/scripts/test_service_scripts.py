@@ -83,3 +83,44 @@ def test_up_on_a_port_held_by_something_else_says_so(
         f" {name}: stop it or set {variable} to a free port"
     )
     assert errors == [expected]
+
+
+@pytest.mark.parametrize("failing", ["install", "update"])
+def test_a_package_install_that_fails_is_one_services_line(tmp_path: Path, failing: str) -> None:
+    """apt-get failing (no network, no such package) ends in one [services] line, after one retry.
+
+    apt-get is a stand-in on PATH that fails the given step: the step of the machine's package
+    manager is not the unit under test, the scripts' handling of its failure is.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    fake = bin_dir / "apt-get"
+    fake.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        f'case "$*" in *{failing}*) echo "E: Unable to fetch" >&2; exit 100;; esac\nexit 0\n',
+        encoding="utf-8",
+    )
+    fake.chmod(0o755)
+    (tmp_path / "state").mkdir()
+    if failing == "install":
+        (tmp_path / "state" / ".apt-updated").touch()  # package lists from an earlier run
+    script = f"source {SCRIPTS / 'common.sh'}; apt_install some-package"
+    result = subprocess.run(
+        ["bash", "-c", script],
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "PIPELINE_STATE_DIR": str(tmp_path / "state"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("[services] error: ")
+    assert "some-package" in last
+    steps = calls.read_text(encoding="utf-8").splitlines()
+    assert any("update" in step for step in steps)  # stale lists are refreshed before giving up
