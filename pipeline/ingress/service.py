@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 
 import uvicorn
 
@@ -48,6 +49,19 @@ from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, Producer, Transport
 
 log = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_S = 10
+"""How long uvicorn answers the requests in flight after a stop signal (its graceful shutdown)."""
+STOP_WITHIN_S = 35.0
+"""How long after a stop signal the ingress ends by itself, whatever its broker does.
+
+Under the 40 s the ``--workers`` supervisor (``STOP_GRACE_S``) and Kubernetes
+(``terminationGracePeriodSeconds``) give before SIGKILL, with room to close and exit.
+"""
+DRAIN_S = 10.0
+"""The longest the sweeper's batch in hand, then the queued events, get each to go on a stop."""
+_CLOSE_RESERVE_S = 3.0
+"""What a stop keeps, of :data:`STOP_WITHIN_S`, for closing the log store and the transport."""
 
 
 def lane_topics(specs: Sequence[TopicSpec]) -> dict[str, list[str]]:
@@ -234,21 +248,48 @@ class Ingress:
                 await self.store.close()
             await self.transport.close()
 
-    async def stop(self) -> None:
-        """Stop the sweeper, let queued events go, then close everything."""
+    async def stop(self, deadline: float | None = None) -> None:
+        """Stop the sweeper, let queued events go, then close everything, by ``deadline``.
+
+        ``deadline`` (``time.monotonic()``) defaults to what :data:`STOP_WITHIN_S` leaves after
+        uvicorn's graceful shutdown. The sweeper's batch in hand and the queued events get
+        :data:`DRAIN_S` each at most, the producer's flush what is left but
+        :data:`_CLOSE_RESERVE_S`; a broker that does not answer then costs no more. Events not
+        produced stay ``received`` for a sweeper; their count is logged in one line.
+        """
+        if deadline is None:
+            deadline = time.monotonic() + STOP_WITHIN_S - GRACEFUL_SHUTDOWN_S
+
+        def left_s(most_s: float = float("inf")) -> float:
+            return max(0.0, min(most_s, deadline - time.monotonic() - _CLOSE_RESERVE_S))
+
         self.observer.ready = False
         await self.observer.close()
         if self.app.schemas is not None:
             await self.app.schemas.close()
         if self._stop is not None and self._sweeping is not None:
             self._stop.set()
+            await asyncio.wait([self._sweeping], timeout=left_s(DRAIN_S))
+            self._sweeping.cancel()  # a batch the broker does not take: its lease runs out
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeping
+        unproduced = 0
         if self.dispatcher is not None:
-            await self.dispatcher.close()
+            waiting, produced = self.dispatcher.waiting, self.dispatcher.counters.produced
+            await self.dispatcher.close(left_s(DRAIN_S))
+            unproduced = waiting - (self.dispatcher.counters.produced - produced)
         if self.producer is not None:
+            # Unacknowledged events stay 'received'; a flush cut short at the deadline is counted
+            # in ``unproduced`` already.
             with contextlib.suppress(Exception):
-                await self.producer.close()  # unacknowledged events stay 'received'
+                async with asyncio.timeout(left_s()):
+                    await self.producer.close()
+        if unproduced > 0:
+            log.warning(
+                "ingress stopped with %d events left unproduced; they stay 'received' in the "
+                "log for a sweeper (the next ingress's, or `pipeline sweep`)",
+                unproduced,
+            )
         if self.capacity is not None:
             await self.capacity.close()
         await self.store.close()
@@ -304,6 +345,15 @@ class _Server(uvicorn.Server):
     open). The ingress stops itself and exits 0 instead.
     """
 
+    signalled_at: float | None = None
+    """When (``time.monotonic()``) the first stop signal came; None before."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Note when the first stop signal came (the grace runs from it), then stop serving."""
+        if self.signalled_at is None:
+            self.signalled_at = time.monotonic()
+        super().handle_exit(sig, frame)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """Turn SIGTERM and SIGINT into uvicorn's graceful shutdown while serving."""
@@ -334,7 +384,7 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
     return _Server(config)
 
@@ -377,22 +427,22 @@ async def serve(
         raise
     loop = asyncio.get_running_loop()
     stacks.install(loop)  # kill -USR1: every thread's and task's stack on stderr
+    server = http_server(built, host, port, lifespan=False)
     try:
-        await _serve_started(built, host, port, on_ready, sock)
+        await _serve_started(built, server, on_ready, sock)
     finally:
         stacks.remove(loop)
-        await built.stop()
+        signalled_at = getattr(server, "signalled_at", None)  # the grace runs from the signal
+        await built.stop(None if signalled_at is None else signalled_at + STOP_WITHIN_S)
 
 
 async def _serve_started(
     built: Ingress,
-    host: str,
-    port: int,
+    server: uvicorn.Server,
     on_ready: Callable[[str, int], None] | None,
     sock: socket.socket | None,
 ) -> None:
-    """Serve an ingress that :meth:`Ingress.start` has started, until interrupted."""
-    server = http_server(built, host, port, lifespan=False)
+    """Serve an ingress that :meth:`Ingress.start` has started on ``server``, until interrupted."""
     stop_metrics = asyncio.Event()
     metrics = await _serve_metrics_apart(built, stop_metrics)
 

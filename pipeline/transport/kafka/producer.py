@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -312,8 +313,18 @@ class KafkaProducer:
                 self._replace(raw, batch.fatal)
 
     async def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until every message sent so far is acknowledged."""
-        remaining = await asyncio.to_thread(self._raw.flush, timeout_s)
+        """Wait until every message sent so far is acknowledged.
+
+        It waits in slices of ``_FLUSH_SLICE_S``: a flush cancelled (a close its caller bounds)
+        stops at once, instead of leaving a thread blocked in librdkafka, which holds the
+        process's exit, for the rest of ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            slice_s = min(_FLUSH_SLICE_S, max(0.0, deadline - time.monotonic()))
+            remaining = await asyncio.to_thread(self._raw.flush, slice_s)
+            if not remaining or time.monotonic() >= deadline:
+                break
         for old in self._retired:  # they hold only messages failing with the fatal error
             await asyncio.to_thread(old.flush, _FLUSH_SLICE_S)
         self._retired = [old for old in self._retired if len(old)]

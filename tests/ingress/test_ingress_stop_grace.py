@@ -1,0 +1,120 @@
+"""``pipeline ingress serve`` stopped while its broker does not answer ends within its grace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from faults.services import KafkaServer, kafka_libs
+from ingress.helpers import META, meta_body, serve_until_listening, write_sources, write_topics
+from ingress.signing import hub_signature
+
+from pipeline.config import Settings
+from pipeline.ingress.workers import STOP_GRACE_S
+from pipeline.logstore import RowState, Selection
+from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import TopicConfig
+
+SECRET = "stop-grace-secret"  # noqa: S105 - a test secret
+
+
+@pytest.fixture
+def paused_kafka(tmp_path: Path) -> Iterator[KafkaServer]:
+    """A single-node Kafka broker of this test's own, which the test may pause (SIGSTOP)."""
+    libs = kafka_libs()
+    if libs is None or shutil.which("java") is None:
+        pytest.skip("the Kafka jars are not cached; run `make services` once")
+    server = KafkaServer(tmp_path / "kafka", libs)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def post(url: str, numbers: range) -> list[int]:
+    """POST the numbered Meta deliveries, signed; their status codes."""
+    statuses = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        for n in numbers:
+            body = meta_body(n)
+            headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
+            statuses.append(
+                (await http.post("/hooks/whatsapp", content=body, headers=headers)).status_code
+            )
+    return statuses
+
+
+async def until_produced(store: SqliteLogStore, count: int, timeout_s: float = 30.0) -> None:
+    """Poll the log until ``count`` rows are marked produced; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (await store.count_by_state(Selection())).get(RowState.PRODUCED, 0) < count:
+        assert time.monotonic() < deadline, "the first event was not produced"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stop_with_the_broker_silent_ends_within_the_grace_and_says_what_is_left(
+    tmp_path: Path,
+    settings: Settings,
+    paused_kafka: KafkaServer,
+    started: list[subprocess.Popen[str]],
+    unique: str,
+) -> None:
+    """A SIGTERM while Kafka does not answer ends the process, exit 0, before STOP_GRACE_S."""
+    topic = f"messages-{unique}"
+    broker = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={"bootstrap_servers": paused_kafka.bootstrap_servers}
+            )
+        }
+    )
+    transport = create_transport(broker, "kafka")
+    try:
+        await transport.admin().create_topic(TopicConfig(topic, 2))
+    finally:
+        await transport.close()
+    write_topics(tmp_path / "topics", {topic: "messages"})
+    source = {**META, "secrets": ["env:PIPELINE_TEST_GRACE_SECRET"], "topic": topic, "routes": []}
+    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env |= {
+        "PIPELINE_TEST_GRACE_SECRET": SECRET,
+        "PIPELINE_TRANSPORT": "kafka",
+        "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": paused_kafka.bootstrap_servers,
+        # Sends wait 60 s (message.timeout.ms) for a broker that does not answer: longer than
+        # the producer's own 30 s flush on close.
+        "PIPELINE_KAFKA__REQUEST_TIMEOUT_MS": "20000",
+        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+    }
+    proc, url = serve_until_listening(env, started)
+    store = SqliteLogStore(tmp_path / "ingress.db")
+    await store.open()
+    try:
+        assert await post(url, range(1)) == [200]  # the producer knows the topic and the broker
+        await until_produced(store, 1)
+        paused_kafka.pause()  # connections stay open, nothing answers
+        assert await post(url, range(1, 6)) == [200] * 5
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = proc.communicate(timeout=STOP_GRACE_S)
+        finally:
+            paused_kafka.resume()
+        assert proc.returncode == 0, stderr
+        assert "5 events left unproduced" in stderr, stderr
+        assert await store.count_by_state(Selection()) == {
+            RowState.PRODUCED: 1,
+            RowState.RECEIVED: 5,
+        }
+    finally:
+        await store.close()
