@@ -14,6 +14,13 @@ Values may be mappings or pydantic models whose fields match the record (see
 :mod:`pipeline.registry.client.events`): ``datetime`` for ``timestamp-millis``, ``dict`` for maps,
 ``None`` for a ``null`` union branch. Both are wire-compatible with ``confluent_kafka``'s own
 Avro serdes. Encoding failures raise :class:`~pipeline.registry.errors.SerdeError`.
+
+A body is read only within bounds: fastavro builds every item an array block claims, and an item
+of a type that takes no bytes (``null``, a record of no fields) costs nothing to send, so a few
+bytes could claim 2^62 of them; and it recurses in C per nesting level, so a 10 kB body nesting
+a recursive record 10 000 deep crashes the process. Bodies of writer schemas that allow either
+are scanned first (:class:`_BodyScan`) and refused past :data:`MAX_EMPTY_ITEMS` items that take
+no bytes, or past :data:`MAX_NESTING` levels.
 """
 
 from __future__ import annotations
@@ -41,6 +48,187 @@ from pipeline.registry.errors import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_EMPTY_ITEMS = 65_536
+"""Array items of types that take no bytes one message may hold (fastavro builds each one)."""
+MAX_NESTING = 256
+"""Levels (records, arrays, maps, unions) one message's value may nest (fastavro crashes past
+~5000: it recurses in C)."""
+
+_FIXED_BYTES = {"boolean": 1, "float": 4, "double": 8}
+_VARINTS = frozenset({"int", "long", "enum"})
+_LONG_MAX_SHIFT = 63
+_VARINT_MORE = 0x80
+_DEFINED = frozenset({"record", "error", "enum", "fixed", "array", "map"})
+
+
+class _Malformed(Exception):
+    """The body does not follow its schema (fastavro will say how)."""
+
+
+def _named(tree: Any, names: dict[str, Any]) -> dict[str, Any]:
+    """Every named type in ``tree`` (normalised: full names, each defined once) by full name."""
+    if isinstance(tree, list):
+        for branch in tree:
+            _named(branch, names)
+    elif isinstance(tree, dict):
+        if tree.get("type") in ("record", "error", "enum", "fixed") and "name" in tree:
+            names[tree["name"]] = tree
+        for part in ("fields", "items", "values"):
+            inner = tree.get(part)
+            if isinstance(inner, list) and part == "fields":
+                for f in inner:
+                    _named(f["type"], names)
+            elif inner is not None:
+                _named(inner, names)
+        if isinstance(tree.get("type"), dict | list):
+            _named(tree["type"], names)
+    return names
+
+
+class _BodyScan:
+    """What a writer schema allows that needs bounds, and the check of one body against them."""
+
+    def __init__(self, tree: Any) -> None:
+        self._names = _named(tree, {})
+        self._tree = tree
+        self._empty: dict[int, bool] = {}
+
+    def resolve(self, schema: Any) -> Any:
+        """``schema`` with named references and wrapped types (``{"type": "long", ...}``) undone."""
+        while True:
+            if isinstance(schema, str) and schema in self._names:
+                schema = self._names[schema]
+            elif isinstance(schema, dict) and schema["type"] not in _DEFINED:
+                schema = schema["type"]
+            else:
+                return schema
+
+    def takes_no_bytes(self, schema: Any, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether every value of ``schema`` encodes to zero bytes (null, records of such)."""
+        schema = self.resolve(schema)
+        if schema == "null":
+            return True
+        if not isinstance(schema, dict):
+            return False
+        if schema["type"] == "fixed":
+            return bool(schema["size"] == 0)
+        if schema["type"] not in ("record", "error") or schema["name"] in seen:
+            return False  # a record holding itself outside a union has no finite value
+        key = id(schema)
+        if key not in self._empty:
+            inner = seen | {schema["name"]}
+            self._empty[key] = all(self.takes_no_bytes(f["type"], inner) for f in schema["fields"])
+        return self._empty[key]
+
+    def needed(self) -> bool:
+        """Whether the schema allows an unbounded value: items that take no bytes, or recursion."""
+
+        def walk(schema: Any, stack: frozenset[str]) -> bool:
+            if isinstance(schema, list):
+                return any(walk(branch, stack) for branch in schema)
+            if isinstance(schema, str):
+                return schema in stack
+            kind = schema["type"]
+            if kind not in _DEFINED:
+                return walk(kind, stack)
+            if kind in ("record", "error"):
+                inner = stack | {schema["name"]}
+                return any(walk(f["type"], inner) for f in schema["fields"])
+            if kind == "array":
+                return self.takes_no_bytes(schema["items"]) or walk(schema["items"], stack)
+            return kind == "map" and walk(schema["values"], stack)
+
+        return walk(self._tree, frozenset())
+
+    def check(self, body: bytes, start: int) -> None:
+        """Refuse ``body[start:]`` if its value is past the bounds, without building it.
+
+        Raises:
+            SerdeError: past MAX_EMPTY_ITEMS items that take no bytes, or MAX_NESTING levels.
+            _Malformed: the body does not follow the schema.
+        """
+        _Walk(self, body, start).value(self._tree, 0)
+
+
+class _Walk:
+    """One body's walk (a deserializer is shared between threads: the position lives here)."""
+
+    def __init__(self, scan: _BodyScan, body: bytes, start: int) -> None:
+        self._scan = scan
+        self._body = body
+        self._pos = start
+        self._empty_items = 0
+
+    def _long(self) -> int:
+        shift = result = 0
+        while True:
+            if self._pos >= len(self._body) or shift > _LONG_MAX_SHIFT:
+                raise _Malformed
+            byte = self._body[self._pos]
+            self._pos += 1
+            result |= (byte & 0x7F) << shift
+            if byte < _VARINT_MORE:
+                return (result >> 1) ^ -(result & 1)
+            shift += 7
+
+    def _skip(self, n_bytes: int) -> None:
+        if n_bytes < 0 or self._pos + n_bytes > len(self._body):
+            raise _Malformed
+        self._pos += n_bytes
+
+    def value(self, schema: Any, depth: int) -> None:
+        """Skip one value of ``schema``, nested ``depth`` levels down."""
+        schema = self._scan.resolve(schema)
+        if isinstance(schema, list | dict):
+            self._nested(schema, depth)
+        elif schema in _VARINTS:
+            self._long()
+        elif schema in _FIXED_BYTES:
+            self._skip(_FIXED_BYTES[schema])
+        elif schema in ("string", "bytes"):
+            self._skip(self._long())
+
+    def _nested(self, schema: list[Any] | dict[str, Any], depth: int) -> None:
+        if isinstance(schema, dict) and schema["type"] == "enum":
+            self._long()
+            return
+        if isinstance(schema, dict) and schema["type"] == "fixed":
+            self._skip(schema["size"])
+            return
+        if depth >= MAX_NESTING:
+            raise SerdeError(f"message nests deeper than {MAX_NESTING} levels; refused unread")
+        if isinstance(schema, list):  # a union: the branch's index, then its value
+            index = self._long()
+            if not 0 <= index < len(schema):
+                raise _Malformed
+            self.value(schema[index], depth + 1)
+        elif schema["type"] in ("record", "error"):
+            for f in schema["fields"]:
+                self.value(f["type"], depth + 1)
+        else:
+            self._blocks(schema, depth + 1)
+
+    def _blocks(self, schema: dict[str, Any], depth: int) -> None:
+        is_map = schema["type"] == "map"
+        items = schema["values"] if is_map else schema["items"]
+        empty = not is_map and self._scan.takes_no_bytes(items)
+        while count := self._long():
+            if count < 0:
+                count = -count
+                self._long()  # the block's size in bytes
+            if empty:
+                self._empty_items += count
+                if self._empty_items > MAX_EMPTY_ITEMS:
+                    raise SerdeError(
+                        f"message claims over {MAX_EMPTY_ITEMS} array items that take no bytes "
+                        "(null, records of no fields); refused unread"
+                    )
+                continue
+            for _ in range(count):  # each item takes a byte at least: bounded by the body
+                if is_map:
+                    self._skip(self._long())
+                self.value(items, depth)
 
 
 def _parsed(schema: str | Mapping[str, Any] | ParsedSchema) -> ParsedSchema:
@@ -160,9 +348,9 @@ class AvroDeserializer:
         self._client = client
         self._reader = _parsed(reader_schema) if reader_schema is not None else None
         self._allow_json = allow_json
-        self._plans: dict[int, tuple[Any, Any]] = {}
+        self._plans: dict[int, tuple[Any, Any, _BodyScan | None]] = {}
 
-    def _plan(self, schema_id: int) -> tuple[Any, Any]:
+    def _plan(self, schema_id: int) -> tuple[Any, Any, _BodyScan | None]:
         plan = self._plans.get(schema_id)
         if plan is None:
             try:
@@ -174,7 +362,12 @@ class AvroDeserializer:
                 raise SerdeError(f"schema {schema_id} from the registry is invalid: {exc}") from exc
             reader = self._reader
             same = reader is None or reader.fingerprint == writer.fingerprint
-            plan = (writer.parsed, None if same or reader is None else reader.parsed)
+            scan = _BodyScan(writer.tree)
+            plan = (
+                writer.parsed,
+                None if same or reader is None else reader.parsed,
+                scan if scan.needed() else None,
+            )
             self._plans[schema_id] = plan
         return plan
 
@@ -192,11 +385,15 @@ class AvroDeserializer:
                 return json.loads(data)
             except ValueError as exc:
                 raise SerdeError(f"invalid JSON message: {exc}") from exc
-        writer, reader = self._plan(schema_id_of(data))
+        writer, reader, scan = self._plan(schema_id_of(data))
         buf = BytesIO(data)
         buf.seek(HEADER_BYTES)
         try:
+            if scan is not None:
+                scan.check(data, HEADER_BYTES)
             return schemaless_reader(buf, writer, reader)
+        except _Malformed:
+            raise SerdeError("message does not match its schema: its body is malformed") from None
         except (
             ValueError,
             TypeError,
