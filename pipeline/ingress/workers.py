@@ -53,13 +53,13 @@ from typing import Any
 import typer
 
 from pipeline.errors import ConfigError
-from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE
+from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE, STOP_WITHIN_S
 from pipeline.reachability import listen_error
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 40.0
-"""How long stopped workers get to drain (uvicorn's 10 s, then produce and close) before SIGKILL."""
+STOP_GRACE_S = STOP_WITHIN_S + 5.0
+"""How long stopped workers get before SIGKILL: each ends by itself within ``STOP_WITHIN_S``."""
 MAX_RESTARTS = 5
 """Most worker exits tolerated within :data:`RESTART_WINDOW_S` before the supervisor gives up."""
 RESTART_WINDOW_S = 60.0
