@@ -108,3 +108,11 @@ def test_values_nested_past_the_bound_are_refused_not_a_crash(ours: RegistryClie
         chain = {"next": chain}
     data = AvroSerializer(ours, json.dumps(NODE), "node-value")(chain)
     assert deserialize(data) == chain
+
+
+def test_json_nested_too_deep_for_the_parser_is_a_serde_error() -> None:
+    """With allow_json, JSON nested past the parser's depth is a SerdeError, not RecursionError."""
+    client = RegistryClient("http://127.0.0.1:9")  # never called: JSON needs no registry
+    with pytest.raises(SerdeError, match="invalid JSON message"):
+        AvroDeserializer(client, allow_json=True)(b'{"a":' + b"[" * 100_000)
+    client.close()

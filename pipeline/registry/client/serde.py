@@ -383,7 +383,7 @@ class AvroDeserializer:
         if self._allow_json and data[:1] == b"{":
             try:
                 return json.loads(data)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
                 raise SerdeError(f"invalid JSON message: {exc}") from exc
         writer, reader, scan = self._plan(schema_id_of(data))
         buf = BytesIO(data)
