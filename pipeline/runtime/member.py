@@ -559,12 +559,15 @@ class Member:
     async def _mark_processed(self) -> None:
         """Tell the log store which rows are finished (one batch per commit tick).
 
-        The rows of the long work still running here are shown alive first (one batch too), so
-        the ingress's sweeper does not replay a run that outlasts its patience.
+        The rows of the long work and of the debounced turns still running here are shown alive
+        first (one batch too), so the ingress's sweeper does not replay a run that outlasts its
+        patience.
         """
         if self._processed is None:
             return
         running = _row_ids(self._longwork.long_messages())
+        if self._turns is not None:
+            running += _row_ids(self._turns.running_messages())
         if running:
             try:
                 await self._processed.mark_running(running)

@@ -127,6 +127,7 @@ class DebouncedLanes:
         self._cancelled = cancelled
         self._payloads = Payloads(lanes)  # buffered references are resolved when the turn runs
         self._settle = settle
+        self._running: dict[int, list[Message]] = {}  # per running turn, by its Turn's id
         self.debouncers: dict[str, Debouncer] = {}
         self.runners: dict[str, TurnRunner] = {}
         for lane in lanes:
@@ -146,6 +147,10 @@ class DebouncedLanes:
         assert lane.spec.debounce is not None  # noqa: S101
         key = conversation_key(event, message, lane.spec.debounce.key)
         await self.debouncers[lane.name].record(key, message)
+
+    def running_messages(self) -> list[Message]:
+        """The messages of the turns whose handler runs here now (their settling included)."""
+        return [m for messages in self._running.values() for m in messages]
 
     async def _run(self, lane: Lane, turn: Turn) -> bool:
         messages = [to_message(m) for m in turn.messages]
@@ -168,6 +173,16 @@ class DebouncedLanes:
                 messages, "exhausted", poison, late_s, None, turn.attempt - 1, turn.first_failure_ms
             )
             return await self._settle(lane, outcome)
+        self._running[id(turn)] = messages
+        try:
+            return await self._run_handler(lane, turn, messages, late_s, first_ms)
+        finally:
+            del self._running[id(turn)]
+
+    async def _run_handler(
+        self, lane: Lane, turn: Turn, messages: list[Message], late_s: float, first_ms: int
+    ) -> bool:
+        """Call the lane's handler with the turn's events and settle how it ended."""
         called = time.perf_counter()
         error: Exception | None = None
         try:
