@@ -131,8 +131,8 @@ class Selectors:
                 if value is None:
                     continue
                 entry = self._entries.get(f"{kind}:{scope}:{value}")
-                if entry is None:
-                    continue
+                if entry is None or int(str(entry.get("until") or 0)) < now_ms:
+                    continue  # none, or past its keep time (pruned at the next transition)
                 at = int(str(entry.get("at", 0)))
                 if kind == "event" or facts.origin_ms <= at:
                     return str(entry.get("reason") or "cancelled")

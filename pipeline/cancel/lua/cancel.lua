@@ -8,7 +8,7 @@
 --                   kind is event, key or tenant; lane is a lane name or "*" (every lane).
 --                   An event selector covers that event whenever it comes up; a key or tenant
 --                   selector covers the messages that existed at "at" (origin <= at).
---                   Entries past "until" (ms) are pruned by the next transition.
+--                   Entries past "until" (ms) cover nothing; the next transition prunes them.
 --   T:ver     int   bumped by every transition: members reread T:sel when it changes
 --   T:runs    hash  run id -> JSON {lane, member, event, key, tenant, origin, abandon}: long work
 --                   running now (registered and removed by its member, cn_sync)
@@ -108,7 +108,7 @@ local function sync(keys, args)
   return {tonumber(redis.call('GET', ver) or '0'), stopping}
 end
 
-local function selector_reason(sel, rec)
+local function selector_reason(sel, rec, now)
   local fields = {}
   for _, lane in ipairs({'*', rec.lane}) do
     if rec.event then fields[#fields + 1] = {'event', 'event:' .. lane .. ':' .. rec.event} end
@@ -119,7 +119,8 @@ local function selector_reason(sel, rec)
     local raw = redis.call('HGET', sel, field[2])
     if raw then
       local entry = cjson.decode(raw)
-      if field[1] == 'event' or (tonumber(rec.origin) or 0) <= tonumber(entry.at) then
+      local standing = (tonumber(entry['until']) or 0) >= now  -- else past its keep time
+      if standing and (field[1] == 'event' or (tonumber(rec.origin) or 0) <= tonumber(entry.at)) then
         return entry.reason
       end
     end
@@ -149,7 +150,7 @@ local function settle(keys, args)
   if abandon > 0 and abandon <= now then
     reason = 'abandoned'
   else
-    reason = selector_reason(k.sel, rec)
+    reason = selector_reason(k.sel, rec, now)
   end
   if not reason then
     if beat > now - timeout then return 'alive' end  -- a heartbeat landed: it wins
