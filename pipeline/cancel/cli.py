@@ -7,6 +7,7 @@ The command calls the same transition as ``await app.cancel(...)`` and the recon
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -22,6 +23,15 @@ from pipeline.reachability import named_with_fix
 from pipeline.topics.spec import load_specs
 
 
+def _as_read(value: str) -> str:
+    """An argument as the members read keys, tenants and event ids (invalid UTF-8 replaced).
+
+    An argument that is not UTF-8 reaches Python with its bytes escaped as surrogates, which
+    Redis cannot be sent; a member decodes such bytes in a message with U+FFFD in their place.
+    """
+    return os.fsencode(value).decode(errors="replace")
+
+
 def cancel_command(
     event: Annotated[str | None, typer.Option("--event", help="An event id (pl-event-id).")] = None,
     key: Annotated[str | None, typer.Option("--key", help="A message key.")] = None,
@@ -32,6 +42,8 @@ def cancel_command(
     ] = "cancelled",
 ) -> None:
     """Cancel queued, parked, retry-tier and running work of an event, key or tenant."""
+    event, key, tenant = (v if v is None else _as_read(v) for v in (event, key, tenant))
+    reason = _as_read(reason)
     try:
         target = Target.of(event=event, key=key, tenant=tenant, lane=lane)
     except ConfigError as exc:
