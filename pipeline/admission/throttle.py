@@ -144,6 +144,11 @@ class Throttle:
         )
         self._live: dict[str, Permit] = {}
         self._waiting: dict[str, asyncio.Future[Permit]] = {}
+        self._confirmed_at: dict[str, float] = {}
+        """Loop time at which each live permit's last acquire or renewal was sent: its lease in
+        Redis runs at least ``lease_ms`` from then."""
+        self._suspect: set[str] = set()
+        """Waiting permits found lapsed and queued again: a wake for one may predate that."""
         self._renewer: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -221,6 +226,7 @@ class Throttle:
         future: asyncio.Future[Permit] = asyncio.get_running_loop().create_future()
         self._waiting[permit.holder] = future  # before the call: a wake may overtake its reply
         self._live[permit.holder] = permit
+        self._confirmed_at[permit.holder] = asyncio.get_running_loop().time()
         try:
             state = await self._call_acquire(permit, try_only=False)
             if state == "granted":
@@ -365,8 +371,28 @@ class Throttle:
     def _forget(self, holder: str) -> None:
         self._live.pop(holder, None)
         self._waiting.pop(holder, None)
+        self._confirmed_at.pop(holder, None)
+        self._suspect.discard(holder)
 
-    def _grant(self, holder: str) -> None:
+    def _grant(self, holder: str, *, verified: bool = False) -> None:
+        """Complete a waiting permit that Redis granted.
+
+        A grant read once the permit's lease may have lapsed (this process stopped or stalled
+        for a lease: a ``SIGSTOP``, a VM pause), or for a permit found lapsed and queued again
+        since, may be stale: Redis expired the permit and handed its slots on, so running the
+        job would exceed the limit beside their new holders. Such a grant is checked with
+        Redis first (one renewal of that permit) and completes only if Redis still has it
+        granted; a lapsed one is queued again.
+        """
+        permit = self._live.get(holder)
+        if not verified and permit is not None and holder in self._waiting:
+            confirmed_at = self._confirmed_at.get(holder)
+            now = asyncio.get_running_loop().time()
+            stale = confirmed_at is None or (now - confirmed_at) * 1000 >= permit.lease_ms
+            if stale or holder in self._suspect:
+                self._spawn(self._verify(holder))
+                return
+        self._suspect.discard(holder)
         future = self._waiting.pop(holder, None)
         permit = self._live.get(holder)
         if future is not None and permit is not None and not future.done():
@@ -452,8 +478,17 @@ class Throttle:
                 if (now - down_since) * 1000 >= min(leases):
                     self._fail_open_waiters(exc)
 
-    async def _renew_once(self) -> None:
-        holders = list(self._live)
+    async def _verify(self, holder: str) -> None:
+        """Complete ``holder`` only if Redis has it granted; failing that, the heartbeat does."""
+        with contextlib.suppress(*_FAILED):
+            await self._renew_once([holder])
+
+    async def _renew_once(self, only: Sequence[str] | None = None) -> None:
+        holders = list(self._live) if only is None else [h for h in only if h in self._live]
+        if not holders:
+            return
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
         renewed = await self._call(self._functions.renew(holders))
         self._woken(renewed.woken)
         states = renewed.letters
@@ -461,22 +496,27 @@ class Throttle:
             permit = self._live.get(holder)
             if permit is None:
                 continue  # released meanwhile
+            if state in ("g", "w"):
+                self._confirmed_at[holder] = sent_at
             if state == "g":
-                self._grant(holder)  # a wake that was lost (or not read yet)
+                self._grant(holder, verified=True)  # a wake that was lost (or not read yet)
             elif state == "x" and holder in self._waiting:
                 self.lost += 1
                 log.warning("throttle lost waiting permit %s; queueing it again", holder)
+                self._suspect.add(holder)  # a wake read from now on may be the lapsed one's
+                self._confirmed_at[holder] = loop.time()
                 if await self._call_acquire(permit, try_only=False) == "granted":
-                    self._grant(holder)
+                    self._grant(holder, verified=True)
             elif state == "x":
                 self.lost += 1
                 self._live.pop(holder, None)
+                self._confirmed_at.pop(holder, None)
                 log.warning("throttle lost held permit %s (lease lapsed or state lost)", holder)
 
     def _fail_open_waiters(self, exc: BaseException) -> None:
         for holder, future in list(self._waiting.items()):
-            permit = self._live.pop(holder, None)
-            self._waiting.pop(holder, None)
+            permit = self._live.get(holder)
+            self._forget(holder)
             if permit is not None and not future.done():
                 future.set_result(self._fail_open(permit, exc))
 
