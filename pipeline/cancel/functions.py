@@ -48,7 +48,10 @@ class CancelFunctions(FunctionLibrary):
     async def cancel(
         self, kind: str, lane: str, value: str, reason: str, now_ms: int, keep_ms: int
     ) -> tuple[int, int]:
-        """``cn_cancel``: the transition; returns (new version, registered runs told to stop)."""
+        """``cn_cancel``: the transition; returns (new version, registered runs told to stop).
+
+        ``now_ms`` 0 is the Redis server's time.
+        """
         k = self.keys
         version, marked = await self.fcall(
             "cn_cancel",

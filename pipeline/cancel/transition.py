@@ -11,7 +11,6 @@ are stopped (asyncio cancellation and ``ctx.cancelled``; SIGTERM, then SIGKILL a
 from __future__ import annotations
 
 import logging
-import time
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -42,16 +41,16 @@ async def cancel(
     """Cancel the work ``target`` covers, for ``reason``; returns running long work told to stop.
 
     Idempotent: cancelling again refreshes the cancellation's time, so it also covers work
-    that appeared since.
+    that appeared since. That time is the Redis server's clock (``now_ms`` overrides it), the
+    clock Redis Streams stamps messages with, so the canceller's own clock does not matter.
 
     Raises:
         CancelFailed: Redis did not answer or refused the call.
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
     try:
         functions = CancelFunctions(redis, prefix)
         _, stopped = await functions.cancel(
-            target.kind, target.lane or "*", target.value, reason, now, keep_ms
+            target.kind, target.lane or "*", target.value, reason, now_ms or 0, keep_ms
         )
     except (rexc.RedisError, OSError) as exc:
         raise CancelFailed(f"could not cancel {target} in Redis: {exc}") from exc

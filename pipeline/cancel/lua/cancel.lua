@@ -19,6 +19,7 @@
 -- Functions:
 --   cn_cancel  KEYS sel, ver, runs, stop
 --              ARGV kind, lane, value, reason, now_ms, keep_ms -> {version, runs told to stop}
+--              (now_ms 0: the Redis server's time, which Redis Streams stamps messages with)
 --   cn_sync    KEYS runs, beats, stop, ver, counts
 --              ARGV now_ms, n, (id, record)*n, n, (id)*n, n, (id, beat_ms)*n, n, (field, count)*n,
 --                   id* -> {version, {id, reason}*}: register begun runs, remove ended ones,
@@ -63,9 +64,17 @@ local function transition(k, kind, lane, value, reason, now, keep_ms)
   return {redis.call('INCR', k.ver), marked}
 end
 
+-- The Redis server's clock in ms: the one Redis Streams stamps messages with (pl_produce).
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 local function cancel(keys, args)
   local k = {sel = keys[1], ver = keys[2], runs = keys[3], stop = keys[4]}
-  return transition(k, args[1], args[2], args[3], args[4], tonumber(args[5]), tonumber(args[6]))
+  local now = tonumber(args[5])
+  if now == 0 then now = server_ms() end
+  return transition(k, args[1], args[2], args[3], args[4], now, tonumber(args[6]))
 end
 
 local function sync(keys, args)
