@@ -14,7 +14,9 @@ A schema string becomes a :class:`ParsedSchema` with two derived texts:
 
 Parsing validates with fastavro (types, default values) plus the checks fastavro leaves out:
 name syntax, duplicate field names, duplicate or nested union branches, missing ``fields``,
-a field's ``order`` and ``aliases``, a ``type`` attribute that is no type name.
+a field's ``order`` and ``aliases``, a ``type`` attribute that is no type name, and a field
+default checked all the way down (every record field, array item and map value), as Avro's
+Java parser checks it.
 Every failure raises :class:`~pipeline.registry.errors.InvalidSchema` naming the reason.
 """
 
@@ -24,6 +26,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +132,7 @@ def parse_json(raw: Any) -> ParsedSchema:
     try:
         tree = _Normalizer().node(raw, "", "$")
         parsed = parse_schema(tree)
+        _check_defaults(tree)
         # From the tree, not from ``parsed``: fastavro re-parses a parsed union branch by branch,
         # copying every named type into each (quadratic: 12 000 branches took 13 s).
         canonical = to_parsing_canonical_form(tree)
@@ -174,6 +178,91 @@ def _check_values(raw: Any) -> None:
                 raise InvalidSchema("Invalid schema: a string holds the NUL character (U+0000)")
             if _SURROGATE.search(value):
                 raise InvalidSchema("Invalid schema: a string holds a lone surrogate (U+D800-DFFF)")
+
+
+def _is_int(bound: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and -bound <= v < bound
+
+
+_SCALAR_DEFAULTS: dict[str, Callable[[Any], bool]] = {
+    "null": lambda v: v is None,
+    "boolean": lambda v: isinstance(v, bool),
+    "int": _is_int(2**31),
+    "long": _is_int(2**63),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "double": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "bytes": lambda v: isinstance(v, str),
+    "enum": lambda v: isinstance(v, str),
+    "fixed": lambda v: isinstance(v, str),
+}
+"""What a default of each non-container type must be in JSON (Java's ``isValidValue``)."""
+
+
+def _check_defaults(tree: Any) -> None:
+    """Refuse a field default that does not match the field's type, as Avro's Java parser does.
+
+    fastavro checks a default only at its top (a record default need only be an object), so a
+    record default lacking a field or an array default holding a string would be registered,
+    and read back as data of the wrong shape. A union default may match any branch; an enum or
+    fixed default need only be text (Java's rules). ``tree`` is the normalised tree, whose
+    references fastavro has already resolved.
+    """
+    names, records = _named_types(tree)
+    for record in records:
+        for f in record["fields"]:
+            if "default" not in f:
+                continue
+            where = f"default of field {f['name']!r} in {record['name']!r}"
+            try:
+                valid = _matches(f["type"], f["default"], names)
+            except RecursionError:
+                raise InvalidSchema(f"Invalid schema: {where} nests too deep to check") from None
+            if not valid:
+                default = json.dumps(f["default"], ensure_ascii=False)
+                raise InvalidSchema(
+                    f"Invalid schema: {where} does not match the field's type: {default[:80]}"
+                )
+
+
+def _named_types(tree: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The named types of a normalised tree by full name, and its records."""
+    names: dict[str, Any] = {}
+    records: list[dict[str, Any]] = []
+    pending: list[Any] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, list):
+            pending.extend(node)
+        elif isinstance(node, dict):
+            if node.get("type") in NAMED:
+                names[node["name"]] = node
+            if "fields" in node:
+                records.append(node)
+                pending.extend(f["type"] for f in node["fields"])
+            pending.extend(node[k] for k in ("items", "values") if k in node)
+    return names, records
+
+
+def _matches(schema: Any, value: Any, names: dict[str, Any]) -> bool:
+    """Whether the JSON ``value`` is a valid default of ``schema`` (Java's ``isValidValue``)."""
+    if isinstance(schema, list):
+        return any(_matches(branch, value, names) for branch in schema)
+    if isinstance(schema, str) and schema not in PRIMITIVES:
+        schema = names[schema]
+    kind = schema if isinstance(schema, str) else schema["type"]
+    if kind in _SCALAR_DEFAULTS:
+        return _SCALAR_DEFAULTS[kind](value)
+    if kind == "array":
+        return isinstance(value, list) and all(_matches(schema["items"], v, names) for v in value)
+    if kind == "map":
+        return isinstance(value, dict) and all(
+            _matches(schema["values"], v, names) for v in value.values()
+        )
+    return isinstance(value, dict) and all(  # a record: a missing field needs its own default
+        _matches(f["type"], value[f["name"]], names) if f["name"] in value else "default" in f
+        for f in schema["fields"]
+    )
 
 
 def _full(name: str, namespace: str) -> str:
