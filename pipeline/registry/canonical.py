@@ -332,9 +332,16 @@ class _Normalizer:
         if schema in PRIMITIVES:
             return schema
         full = _full(_check_name(schema, where), namespace)
-        if full not in self.defined and schema not in self.defined:
+        if full in self.defined:
+            return full
+        if schema in self.defined and namespace:  # Avro's spec resolves it in the namespace
+            raise InvalidSchema(
+                f"Invalid schema: unknown type {full!r} at {where}: {schema!r} of no namespace"
+                f" cannot be named from inside namespace {namespace!r}"
+            )
+        if schema not in self.defined:
             raise InvalidSchema(f"Invalid schema: unknown type {schema!r} at {where}")
-        return full if full in self.defined else schema
+        return schema
 
     def union(self, branches: list[Any], namespace: str, where: str) -> list[Any]:
         if not branches:

@@ -136,6 +136,15 @@ def test_parsing_canonical_form_follows_the_spec() -> None:
         ('{"type": "fixed", "name": "int", "size": 4}', "'int' is a primitive type's name"),
         (
             (
+                '{"type": "record", "name": "R", "fields": [{"name": "c", "type": {"type": '
+                '"enum", "name": "Color", "symbols": ["A"]}}, {"name": "i", "type": {"type": '
+                '"record", "name": "Inner", "namespace": "com.x", "fields": [{"name": "cc", '
+                '"type": "Color"}]}}]}'
+            ),
+            r"unknown type 'com.x.Color' at \$<R>\.i<com\.x\.Inner>\.cc: 'Color' of no namespace",
+        ),
+        (
+            (
                 '{"type": "record", "name": "R", "fields": [{"name": "a", "type": '
                 '{"type": "enum", "name": "long", "symbols": ["A"]}}]}'
             ),
