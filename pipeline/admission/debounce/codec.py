@@ -14,10 +14,12 @@ about twice as fast to write and read back (``bench/debounce.py --codec`` measur
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass, field
 
 from pipeline.envelope import Message
+from pipeline.headers import EVENT_ID
 
 VERSION = 1
 _HEAD = struct.Struct(">BIqqHiIH")
@@ -67,6 +69,15 @@ class BufferedMessage:
     def message_id(self) -> str:
         """``topic:partition:offset``, the id stamped into the conversation's marker."""
         return f"{self.topic}:{self.partition}:{self.offset}"
+
+    @property
+    def event_digest(self) -> str:
+        """A digest of the ``pl-event-id`` header (16 hex digits), or "" when it has none.
+
+        Copies of one event (a replay of the ingress's sweeper) share it at different offsets.
+        """
+        event_id = self.headers.get(EVENT_ID)
+        return hashlib.blake2b(event_id, digest_size=8).hexdigest() if event_id else ""
 
 
 def encode(message: BufferedMessage) -> bytes:

@@ -163,7 +163,8 @@ class DebounceStats:
         redis_calls: Redis calls made (every function call and blocking read of the wake
             list; the library load is not counted).
         fail_open: messages ``record`` could not buffer (processed on their own instead).
-        repeated: messages ``record`` found already recorded (redeliveries): not buffered again.
+        repeated: messages ``record`` found already recorded (redeliveries), or copies of an
+            event still buffered (replays): not buffered again.
         wakeups: wake-ups read from the wake list (a runner learnt of an earlier due time).
         steps: ``step`` calls (each finishes and claims in one round trip).
     """
@@ -239,13 +240,15 @@ class Debouncer:
         One ``FCALL db_record``. A message among the last 64 recorded for ``key`` (same id and
         timestamp: a redelivery after a crash before the commit, or a call retried after it
         had run) is not buffered again, while the key's state lives (``idle_ttl_ms`` after its
-        last turn). A lone surrogate in ``key`` (half a surrogate pair escaped in JSON) is
-        stored, and given to the turn, as U+FFFD.
+        last turn); nor is a message whose ``pl-event-id`` one of the last 64 recorded for
+        ``key`` had, while that one is still buffered (waiting or in its running turn): a copy
+        the ingress's sweeper replayed at another offset. A lone surrogate in ``key`` (half a
+        surrogate pair escaped in JSON) is stored, and given to the turn, as U+FFFD.
 
         Returns:
             When the key's turn is due (Redis clock, ms); while a turn of the key is running,
             the end of its lease (the rest is scheduled when it finishes); -1 for a message
-            already recorded (counted in ``stats.repeated``).
+            already recorded, or a copy of a buffered event (counted in ``stats.repeated``).
 
         Raises:
             DebounceUnavailable: Redis cannot be reached; process the message on its own.
@@ -259,6 +262,7 @@ class Debouncer:
             self._max_wait_ms,
             self.policy.max_batch,
             buffered.timestamp_ms,
+            buffered.event_digest,
         )
         try:
             reply = await self._call(record)

@@ -113,17 +113,17 @@ class DebounceFunctions(FunctionLibrary):
         max_wait_ms: int,
         batch: int,
         timestamp_ms: int = 0,
+        event: str = "",
     ) -> Recorded:
         """``db_record``: buffer one encoded message for ``key`` and (re)schedule its turn.
 
-        ``due_ms`` is -1 when the message was recorded already (see the Lua).
+        ``event`` is a digest of the message's event id (whitespace-free; "" when it has none).
+        ``due_ms`` is -1 when the message, or a copy of its event still buffered, was recorded
+        already (see the Lua).
         """
         names = [*keys.conversation_keys(self.prefix, self.lane, key), self.armed_key]
-        reply = await self.fcall(
-            "db_record",
-            [*names, self.wake_key],
-            [key, message_id, data, quiet_ms, max_wait_ms, batch, self.grace_ms, timestamp_ms],
-        )
+        args = [key, message_id, data, quiet_ms, max_wait_ms, batch, self.grace_ms, timestamp_ms]
+        reply = await self.fcall("db_record", [*names, self.wake_key], [*args, event])
         return Recorded(
             int(reply[0]), bool(int(reply[1])), int(reply[2]), int(reply[3]), bool(int(reply[4]))
         )

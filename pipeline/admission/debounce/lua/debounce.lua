@@ -13,6 +13,11 @@
 --                              rc   the key's last RECENT recorded messages, " id@timestamp "
 --                                   each, newest first: a message found there is a redelivery
 --                                   (or a retried call) and is not buffered again
+--                              re   the event ids of the key's last RECENT recorded messages
+--                                   that had one, " event@arrival@element " each, newest first
+--                                   (event: a digest of the id, element: of the buffered
+--                                   element): a copy of an event still in the buffer (a replay
+--                                   at another offset) is not buffered again
 --                              last arrival of the newest message (ms)
 --                              att  failed attempts of the messages at the head of the buffer
 --                              ff   when the first failed finish of those messages ended their
@@ -103,28 +108,55 @@ local function remember(recent, token)
   return token .. table.concat(kept, ' ') .. ' '
 end
 
+-- Whether the buffer `buf` still holds the element that `events` (the `re` field) says was
+-- recorded for `event`: its newest entry's element, looked for among those of its arrival.
+local function holds_event(buf, events, event)
+  local arrival, element = string.match(events, ' ' .. event .. '@(%d+)@(%x+) ')
+  if not arrival then return false end
+  local at = tonumber(arrival)
+  for _, buffered in ipairs(redis.call('LRANGE', buf, 0, -1)) do
+    local when = arrival_of(buffered)
+    if when > at then return false end  -- arrivals only grow along the buffer
+    if when == at and string.sub(redis.sha1hex(buffered), 1, 16) == element then return true end
+  end
+  return false
+end
+
 -- db_record: buffer one message and (re)schedule its key's turn.
 -- KEYS[1] due zset   KEYS[2] buffer list   KEYS[3] state hash   KEYS[4] armed   KEYS[5] wake
 -- ARGV[1] conversation key   ARGV[2] message id (the marker)   ARGV[3] encoded message
 -- ARGV[4] quiet_ms   ARGV[5] max_wait_ms   ARGV[6] max_batch   ARGV[7] grace_ms
--- ARGV[8] the message's timestamp (ms)
+-- ARGV[8] the message's timestamp (ms)   ARGV[9] a digest of its event id ('' when none)
 -- Returns {due_ms, superseded, buffered, now_ms, woke}: superseded is 1 when the key already
 -- had a scheduled turn (it does not fire on its own: this message's turn replaces it). While a
 -- turn of the key runs, due_ms is its lease expiry; db_finish schedules the rest. woke is 1
 -- when the turn is due before any armed timer: a wake-up was pushed for it. due_ms is -1 when
 -- the message (its id "topic:partition:offset" and timestamp) is among the key's RECENT last
 -- recorded ones (a redelivery after a crash before the commit, or a retried call that had
--- run): nothing changed.
+-- run), or when a message with its event id (ARGV[9]) among the RECENT last recorded is still
+-- in the buffer (a copy the ingress's sweeper replayed while the first waited or ran): nothing
+-- changed, but for the copy's id remembered.
 local function record(keys, args)
   local now = now_ms()
   local token = ' ' .. args[2] .. '@' .. (args[8] or '') .. ' '
-  local recent = redis.call('HGET', keys[3], 'rc') or ' '
+  local recent, events = unpack(redis.call('HMGET', keys[3], 'rc', 're'))
+  recent, events = recent or ' ', events or ' '
   if string.find(recent, token, 1, true) then
     return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
   end
+  local event = args[9] or ''
+  if event ~= '' and holds_event(keys[2], events, event) then
+    redis.call('HSET', keys[3], 'rc', remember(recent, token))
+    return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
+  end
   local state = redis.call('HMGET', keys[3], 'lu', 'ra')
-  local buffered = redis.call('RPUSH', keys[2], now .. ':' .. args[3])
+  local element = now .. ':' .. args[3]
+  local buffered = redis.call('RPUSH', keys[2], element)
   redis.call('HSET', keys[3], 'mk', args[2], 'last', now, 'rc', remember(recent, token))
+  if event ~= '' then
+    local entry = ' ' .. event .. '@' .. now .. '@' .. string.sub(redis.sha1hex(element), 1, 16) .. ' '
+    redis.call('HSET', keys[3], 're', remember(events, entry))
+  end
   if buffered == 1 then redis.call('PERSIST', keys[3]) end  -- it expires only while idle
   local lease_until = tonumber(state[1])
   if lease_until and lease_until > now then
