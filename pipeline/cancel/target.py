@@ -72,7 +72,8 @@ class Facts:
     key: str | None
     tenant: str | None
     origin_ms: int
-    """When the work first existed: the earliest of its production, ingress and first failure."""
+    """When the work first existed: the earliest of its production (a retry copy's
+    ``pl-produced-at-ms``), ingress and, lacking that header, first failure."""
     abandon_ms: int
     """``pl-abandon-after-ms``: after it no one waits for the result (0: never)."""
 
@@ -85,7 +86,14 @@ def facts_of(message: Message, fallback_event: str) -> Facts:
     """The facts of ``message``; ``fallback_event`` identifies it when it has no event id."""
     headers = message.headers
     times = [message.timestamp_ms]
-    for name in (h.RECEIVED_AT_MS, h.FIRST_FAILURE_MS):
+    names = [h.RECEIVED_AT_MS, h.FIRST_FAILURE_MS]
+    produced_ms = h.int_header(headers, h.PRODUCED_AT_MS)
+    if 0 < produced_ms <= message.timestamp_ms:
+        # A retry copy: its first delivery's time. Its first failure's is left out, taken on the
+        # failing member's clock, which may lag; a value later than the copy itself is ignored.
+        times = [produced_ms]
+        names.remove(h.FIRST_FAILURE_MS)
+    for name in names:
         value = h.int_header(headers, name)
         if value > 0:
             times.append(value)

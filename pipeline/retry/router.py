@@ -1,7 +1,8 @@
 """Route a failed message to its next retry tier or to the dead-letter topic.
 
 A retry keeps the message's key and value and adds headers: the next attempt number, the due
-time, the origin (topic, partition, offset of the first delivery) and the error. A dead letter
+time, the origin (topic, partition, offset and production time of the first delivery) and the
+error. A dead letter
 carries the same plus the reason (``fatal``, ``exhausted``, ``expired``, ``poison``) and first and
 last failure times, so a redrive can put it back where it came from.
 """
@@ -51,11 +52,17 @@ def error_digest(error: BaseException) -> str:
 
 
 def _with_origin(message: Message) -> dict[str, bytes]:
-    """The message's headers plus where it was first delivered (kept if already there)."""
+    """The message's headers plus where and when it was first delivered (kept if already there).
+
+    The copy is a new record with a time of its own; ``pl-produced-at-ms`` keeps the first
+    delivery's, so a cancellation covers the copy as it covered the message it came from.
+    """
     out = dict(message.headers)
     out.setdefault(h.ORIGIN_TOPIC, message.topic.encode())
     out.setdefault(h.ORIGIN_PARTITION, str(message.partition).encode())
     out.setdefault(h.ORIGIN_OFFSET, str(message.offset).encode())
+    if message.timestamp_ms > 0:
+        out.setdefault(h.PRODUCED_AT_MS, str(message.timestamp_ms).encode())
     return out
 
 

@@ -51,6 +51,7 @@ _RETRY = {
     h.ORIGIN_TOPIC: _text("The topic the event was first delivered from."),
     h.ORIGIN_PARTITION: _int("Its partition there"),
     h.ORIGIN_OFFSET: _int("Its offset there"),
+    h.PRODUCED_AT_MS: _ms("When the event was first produced (its first delivery's time)"),
     h.ERROR_CLASS: _text("The dotted class name of the last error."),
     h.ERROR_MESSAGE: _text("The last error's text, at most 500 characters."),
     h.ERROR_DIGEST: _text("A short hash of the traceback's frames, grouping failures by cause."),
