@@ -1,4 +1,4 @@
-"""Fixtures for the ingress tests: a real SQLite log store, the ingress processes a test started."""
+"""Fixtures for the ingress tests: real log stores, the ingress processes a test started."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from logstore.helpers import FakeClock, real_log_store
 
+from pipeline.config import Settings
+from pipeline.logstore import LogStore
 from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
 
 
 @pytest.fixture
@@ -32,3 +37,28 @@ def started() -> Iterator[list[subprocess.Popen[str]]]:
                 child.kill()
             proc.kill()
             proc.communicate()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock the test moves by hand (the log store's and the sweeper's)."""
+    return FakeClock()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings, clock: FakeClock
+) -> AsyncIterator[LogStore]:
+    """A real, empty log store of each kind on the test's clock."""
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_service")
+    async with real_log_store(request.param, tmp_path, settings.postgres.url, clock) as log:
+        yield log
+
+
+@pytest.fixture
+async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
+    """The real Redis Streams transport."""
+    transport = create_transport(settings, "redis")
+    yield transport
+    await transport.close()

@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import yaml
 from logstore.helpers import FakeClock, new_row
+from runtime.helpers import eventually
 
-from pipeline.config import IngressSettings, IngressSlotSettings, SweeperSettings
+from pipeline.config import IngressSettings, IngressSlotSettings, RuntimeSettings, SweeperSettings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.service import build_sweeper
@@ -24,6 +25,7 @@ from pipeline.ingress.source import Source, build_sources
 from pipeline.ingress.sweeper import SweepReport
 from pipeline.logstore import IngressLog, LogRow
 from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.runtime.member import Member
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport.protocol import Transport
 
@@ -185,3 +187,15 @@ async def sweep_a_row_produced_ago(
         return await sweeper.sweep_once(), await store.get(row.id)
     finally:
         await store.close()
+
+
+QUICK = RuntimeSettings(
+    commit_interval_ms=100, shutdown_grace_s=0.2, cancel_poll_ms=50, cancel_grace_s=0.1
+)
+"""A member's settings for the sweeper tests: quick commit ticks and a short shutdown."""
+
+
+async def ticks(member: Member, count: int) -> None:
+    """Wait until ``member`` has made ``count`` more commit ticks."""
+    target = member._ticks + count
+    await eventually(lambda: member._ticks >= target)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-from logstore.helpers import FakeClock, new_row, real_log_store
+from ingress.helpers import QUICK, ticks
+from logstore.helpers import FakeClock, new_row
 from runtime.helpers import declare, eventually, lane_spec, running
 
-from pipeline.config import IngressSettings, RuntimeSettings, Settings, SweeperSettings
+from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.ingress import headers as h
 from pipeline.ingress.service import build_sweeper
 from pipeline.ingress.sweeper import Sweeper
@@ -18,51 +16,15 @@ from pipeline.logstore import LogRow, LogStore, RowState
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.topics.spec import TopicSpec
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
-
-QUICK = RuntimeSettings(
-    commit_interval_ms=100, shutdown_grace_s=0.2, cancel_poll_ms=50, cancel_grace_s=0.1
-)
-
-
-@pytest.fixture
-async def redis(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The real Redis Streams transport."""
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings, clock: FakeClock
-) -> AsyncIterator[LogStore]:
-    """A real, empty log store of each kind on the test's clock."""
-    if request.param == "postgres":
-        request.getfixturevalue("postgres_service")
-    async with real_log_store(request.param, tmp_path, settings.postgres.url, clock) as log:
-        yield log
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    """A clock the test moves by hand (the log store's and the sweeper's)."""
-    return FakeClock()
-
-
-async def ticks(member: Member, count: int) -> None:
-    """Wait until ``member`` has made ``count`` more commit ticks."""
-    target = member._ticks + count
-    await eventually(lambda: member._ticks >= target)
 
 
 async def test_a_long_run_past_the_overdue_bound_is_not_replayed_while_it_runs(
-    redis: Transport, store: LogStore, clock: FakeClock, unique: str
+    streams: Transport, store: LogStore, clock: FakeClock, unique: str
 ) -> None:
     """A row whose long work runs past max_patience_s shows life through its member's ticks."""
     spec = lane_spec(f"jobs_{unique}", 1, heartbeat_timeout="1h")
-    await declare(redis, spec)
+    await declare(streams, spec)
     app = App([spec])
     started, finish = asyncio.Event(), asyncio.Event()
 
@@ -71,7 +33,7 @@ async def test_a_long_run_past_the_overdue_bound_is_not_replayed_while_it_runs(
         started.set()
         await finish.wait()  # a 20-minute render
 
-    row, sweeper, member = await render_run(redis, store, clock, app, spec, unique)
+    row, sweeper, member = await render_run(streams, store, clock, app, spec, unique)
     async with running(member):
         await started.wait()
         clock.advance(1000)  # past max_patience_s (900 s) since it was produced
@@ -90,11 +52,11 @@ async def test_a_long_run_past_the_overdue_bound_is_not_replayed_while_it_runs(
 
 
 async def test_a_long_run_whose_member_stopped_is_replayed_after_patience(
-    redis: Transport, store: LogStore, clock: FakeClock, unique: str
+    streams: Transport, store: LogStore, clock: FakeClock, unique: str
 ) -> None:
     """A run that no member shows alive any more is replayed once its bound passed again."""
     spec = lane_spec(f"jobs_{unique}", 1, heartbeat_timeout="1h")
-    await declare(redis, spec)
+    await declare(streams, spec)
     app = App([spec])
     started = asyncio.Event()
 
@@ -103,7 +65,7 @@ async def test_a_long_run_whose_member_stopped_is_replayed_after_patience(
         started.set()
         await asyncio.Event().wait()  # never ends: its member stops under it
 
-    _, sweeper, member = await render_run(redis, store, clock, app, spec, unique)
+    _, sweeper, member = await render_run(streams, store, clock, app, spec, unique)
     async with running(member):
         await started.wait()
         clock.advance(1000)

@@ -4,58 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-from logstore.helpers import FakeClock, new_row, real_log_store
+from ingress.helpers import QUICK, ticks
+from logstore.helpers import FakeClock, new_row
 from redis.asyncio import Redis
 from runtime.helpers import declare, eventually, lane_spec, running
 
-from pipeline.config import IngressSettings, RuntimeSettings, Settings, SweeperSettings
+from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.ingress import headers as h
 from pipeline.ingress.service import build_sweeper
 from pipeline.logstore import LogStore, RowState
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
-QUICK = RuntimeSettings(
-    commit_interval_ms=100, shutdown_grace_s=0.2, cancel_poll_ms=50, cancel_grace_s=0.1
-)
 QUIET = {"key": "conversation_id", "quiet_s": 0.05, "max_wait_s": 1, "max_batch": 50}
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The real Redis Streams transport."""
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings, clock: FakeClock
-) -> AsyncIterator[LogStore]:
-    """A real, empty log store of each kind on the test's clock."""
-    if request.param == "postgres":
-        request.getfixturevalue("postgres_service")
-    async with real_log_store(request.param, tmp_path, settings.postgres.url, clock) as log:
-        yield log
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    """A clock the test moves by hand (the log store's and the sweeper's)."""
-    return FakeClock()
-
-
-async def ticks(member: Member, count: int) -> None:
-    """Wait until ``member`` has made ``count`` more commit ticks."""
-    target = member._ticks + count
-    await eventually(lambda: member._ticks >= target)
 
 
 async def test_a_turn_running_past_patience_is_not_replayed_while_it_runs(
