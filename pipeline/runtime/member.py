@@ -126,12 +126,12 @@ class Member:
         }
         self._batch_topics = {t for lane in chosen if lane.spec.batch for t in lane.topics}
         self._main_topics = {lane.spec.name: lane.name for lane in chosen}
-        self._heartbeat_timeouts = {
+        """Each lane's main topic, the topic its lag is read on, and the lane's name."""
+        self._heartbeat_timeouts = {  # each lane of long work: its heartbeat timeout (s)
             lane.name: lane.spec.heartbeat_timeout_ms / 1000
             for lane in chosen
             if lane.spec.heartbeat_timeout_ms is not None
         }
-        """Each lane's main topic, the topic its lag is read on, and the lane's name."""
         self._routing = Redirector(
             RetryRouter(
                 offloading(  # references produced again are kept young for the purge
