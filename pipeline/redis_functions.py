@@ -32,6 +32,10 @@ from redis.asyncio import Redis
 
 from pipeline.redis_channel import channel_of
 
+FAILED = (rexc.RedisError, rexc.RedisClusterException, OSError)
+"""Redis out of reach or answering an error; ``RedisClusterException`` (no node of a Redis
+Cluster answering) is no ``RedisError``."""
+
 
 def is_missing(error: BaseException) -> bool:
     """True if ``error`` says the called function is not loaded."""

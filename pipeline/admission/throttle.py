@@ -56,6 +56,7 @@ from pipeline.admission.status import MAX_PRIORITY, ThrottleStatus, read_active_
 from pipeline.admission.wake import WakeListener, dedicated_client
 from pipeline.config import Settings
 from pipeline.errors import ThrottleClosed
+from pipeline.redis_functions import FAILED
 
 __all__ = [
     "MAX_PRIORITY",
@@ -85,8 +86,6 @@ _UNAVAILABLE = (
 """Redis out of reach (a Redis Cluster with no node answering: ``RedisClusterException``), or
 its Redis Cluster slot migrating: refused (``TRYAGAIN``, an ``ASK`` or ``MOVED`` loop, redis-py's
 ``TTL exhausted.``) before the call ran, until the slot has moved."""
-_FAILED = (rexc.RedisError, rexc.RedisClusterException, OSError)
-"""Redis out of reach, or answering an error (out of memory, read-only replica, ACL)."""
 
 
 class Throttle:
@@ -286,7 +285,7 @@ class Throttle:
             closed_for_ms = max((f.retry_after_ms for f in feedback), default=0)
             if closed_for_ms:
                 self._spawn(self._reopen_after(closed_for_ms / 1000 + 0.02))
-        except _FAILED as exc:
+        except FAILED as exc:
             log.warning("throttle release of %s failed, lease will lapse: %s", permit.holder, exc)
 
     @contextlib.asynccontextmanager
@@ -413,7 +412,7 @@ class Throttle:
 
     async def _withdraw(self, holder: str) -> None:
         self._forget(holder)
-        with contextlib.suppress(*_FAILED):  # its lease lapses
+        with contextlib.suppress(*FAILED):  # its lease lapses
             self._woken((await self._call(self._functions.release(holder))).woken)
 
     async def _withdraw_when_back(self, permit: Permit) -> None:
@@ -429,7 +428,7 @@ class Throttle:
         while not self._closed.is_set():
             try:
                 self._woken((await self._call(self._functions.release(permit.holder))).woken)
-            except _FAILED:
+            except FAILED:
                 if asyncio.get_running_loop().time() + pause_s > deadline:
                     return  # its lease lapses by itself
                 with contextlib.suppress(TimeoutError):
@@ -447,7 +446,7 @@ class Throttle:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._closed.wait(), delay_s)
             return
-        with contextlib.suppress(*_FAILED):  # the next call of any member reopens them
+        with contextlib.suppress(*FAILED):  # the next call of any member reopens them
             self._woken((await self._call(self._functions.renew())).woken)
 
     def _spawn(self, coro: Any) -> None:
@@ -467,7 +466,7 @@ class Throttle:
             try:
                 await self._renew_once()
                 down_since = None
-            except _FAILED as exc:
+            except FAILED as exc:
                 # Unreachable, or answering errors (out of memory, a read-only replica after a
                 # failover, ACL): a spell shorter than the lease changes nothing, the permits are
                 # still in Redis; past it, waiters are let go (fail open) rather than held.
@@ -480,7 +479,7 @@ class Throttle:
 
     async def _verify(self, holder: str) -> None:
         """Complete ``holder`` only if Redis has it granted; failing that, the heartbeat does."""
-        with contextlib.suppress(*_FAILED):
+        with contextlib.suppress(*FAILED):
             await self._renew_once([holder])
 
     async def _renew_once(self, only: Sequence[str] | None = None) -> None:

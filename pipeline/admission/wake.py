@@ -18,14 +18,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from redis import exceptions as rexc
 from redis.asyncio import ConnectionPool, Redis
+
+from pipeline.redis_functions import FAILED
 
 log = logging.getLogger(__name__)
 
 _DRAIN = 256  # wake entries taken per LPOP after a BLPOP returned one
-_FAILED = (rexc.RedisError, rexc.RedisClusterException, OSError)
-"""Redis out of reach or answering an error (a Redis Cluster with no node answering included)."""
 _RETRY_S = 0.5  # back-off before reconnecting after a Redis error, so an outage is not a spin
 
 
@@ -67,7 +66,7 @@ class WakeListener:
         while not self._stop.is_set():
             try:
                 item = await self._client.blpop([self._key], timeout=self._block_s)
-            except _FAILED as exc:
+            except FAILED as exc:
                 self.errors += 1
                 log.warning("throttle wake channel %s unavailable: %s", self._key, exc)
                 await _wait_or_stop(self._stop, _RETRY_S)
@@ -78,7 +77,7 @@ class WakeListener:
             try:  # drain what else arrived meanwhile in one more call, not one BLPOP each
                 more = await self._client.lpop(self._key, _DRAIN)
                 entries += more if isinstance(more, list) else []
-            except _FAILED:
+            except FAILED:
                 self.errors += 1
             for entry in entries:
                 self.wakes += 1

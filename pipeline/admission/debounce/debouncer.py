@@ -48,7 +48,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.admission.debounce.codec import BufferedMessage, decode, encode
@@ -56,6 +55,7 @@ from pipeline.admission.debounce.functions import DebounceFunctions, Ending, Lea
 from pipeline.admission.keys import key_text
 from pipeline.envelope import Message
 from pipeline.errors import DebounceUnavailable
+from pipeline.redis_functions import FAILED
 from pipeline.topics.spec import DebouncePolicy
 
 __all__ = [
@@ -404,8 +404,7 @@ class Debouncer:
         self.stats.redis_calls += 1
         try:
             return await call
-        except (rexc.RedisError, rexc.RedisClusterException, OSError) as exc:
-            # any failure fails open, never drops (RedisClusterException: no cluster node answers)
+        except FAILED as exc:  # any failure fails open, never drops
             raise DebounceUnavailable(f"debounce on lane {self.lane}: {exc}") from exc
 
     def _turns(self, leased: Leased) -> tuple[Turn, ...]:
