@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
@@ -108,8 +107,16 @@ class FleetLimits:
         self._finished.setdefault(org, []).append(duration_s)
 
     async def tick(self, now_s: float | None = None) -> Mapping[str, int] | None:
-        """Report, and recompute if this member wins the tick; returns the limits it set."""
-        now_s = time.time() if now_s is None else now_s
+        """Report, and recompute if this member wins the tick; returns the limits it set.
+
+        Every time in a tick (which tick it is, the age of the members' reports, the minute
+        the stats go to, when an org was last seen) is read from Redis (``TIME``), the one
+        clock the whole fleet shares: judged by a member's own clock, a few seconds off (a VM
+        resumed from suspend, a container without NTP), other members' reports looked stale
+        and were dropped, orgs they saw looked gone and lost their limits, and stats went to
+        minutes the recomputing member did not read. ``now_s`` stands for that clock (tests).
+        """
+        now_s = await self._server_s() if now_s is None else now_s
         now_ms = int(now_s * 1000)
         await self._report(now_s, now_ms)
         tick = now_ms // self._interval_ms
@@ -140,6 +147,11 @@ class FleetLimits:
         )
         self.recomputed += 1
         return self.last
+
+    async def _server_s(self) -> float:
+        """Redis's clock, in seconds."""
+        seconds, micros = await self._client.time()
+        return int(seconds) + int(micros) / 1_000_000
 
     async def _report(self, now_s: float, now_ms: int) -> None:
         submitted, self._submitted = self._submitted, Counter()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import pytest
 from redis.asyncio import Redis
@@ -26,6 +28,17 @@ async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     yield t
     await t.close()
     await t.client.aclose()
+
+
+@contextmanager
+def _host_clock_off_by(monkeypatch: pytest.MonkeyPatch, offset_s: float) -> Iterator[None]:
+    """The host's wall clock reads ``offset_s`` off while the block runs (a member's host)."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + offset_s)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(time, "time", real)
 
 
 def _member(throttle: Throttle, name: str, running: int, slots: int) -> FleetLimits:
@@ -97,3 +110,20 @@ async def test_an_org_that_went_quiet_leaves_no_limit_behind(throttle) -> None:
     assert "brief" not in (await fleet.tick(later) or {})
     assert not await throttle.client.hexists(limits_key, "org:brief")
     assert (await throttle.status("org:brief")).limit == throttle.default_limit
+
+
+async def test_a_member_whose_clock_is_behind_still_counts_and_keeps_its_orgs_limits(
+    throttle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members whose host clocks disagree (one 10 min behind) still share one fleet clock."""
+    a, b = _member(throttle, "a", 10, 50), _member(throttle, "b", 10, 50)
+    for _ in range(600):  # the flooding org is seen only by the member whose clock is behind
+        b.submitted("flood")
+        b.finished("flood", 3.0)
+    with _host_clock_off_by(monkeypatch, -600.0):  # a VM resumed from suspend, not synced yet
+        await b.tick()
+    await a.tick()  # the same moment, on a host whose clock is right
+    # Whoever recomputed: flood 100/min of 3 s -> ceiling 8, factor f_max 2 -> 16. Judged by
+    # its own clock, "a" took b's report for a stale one and flood for gone (default limit).
+    assert (await throttle.status("org:flood")).limit == 16
+    assert set(await throttle.client.hgetall(fleet_load(throttle.prefix))) == {b"a", b"b"}
