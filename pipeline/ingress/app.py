@@ -33,6 +33,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -176,11 +177,14 @@ class IngressApp:
             self.counters[source.name, "shed"] += 1
             retry_after = str(admission.retry_after_s()).encode()
             return 503, _OVERLOADED, [(b"retry-after", retry_after)]
+        completed = False  # a 503 of a failing store is no drain: the Retry-After must grow
         try:
             with tracing.webhook(source.name, headers):
-                return await self._accept(source, headers, body)
+                answer = await self._accept(source, headers, body)
+            completed = answer[0] != HTTPStatus.SERVICE_UNAVAILABLE
+            return answer
         finally:
-            admission.release()
+            admission.release(completed=completed)
 
     async def _accept(  # noqa: C901, PLR0911 - one branch per answer of the module docstring
         self, source: Source, headers: Mapping[str, str], body: bytes

@@ -5,9 +5,10 @@ its answer, so memory and database load stay bounded whatever the offered load (
 store cannot keep up, slots stay taken, and a request that cannot get one within
 ``queue_timeout_ms`` is shed: it is answered 503 at once, cheaply, instead of queueing behind
 work its sender will time out on (the limit is on the wait, not the length, as in CoDel). The
-Retry-After is how long the work ahead of it takes to drain at the measured completion rate,
-measured over the time the source had work in hand: an idle spell keeps the rate it last drained
-at, and before anything completed the answer is :data:`COLD_START_RETRY_AFTER_S`.
+Retry-After is how long the work ahead of it takes to drain at the measured completion rate
+(a request the log store failed is no completion), measured over the time the source had work in
+hand: an idle spell keeps the rate it last drained at, and before anything completed the answer
+is :data:`COLD_START_RETRY_AFTER_S`.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class SourceSlots:
             return waiter.done() and not waiter.cancelled()
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.release()  # handed a slot, then cancelled: pass it on
+                self.release(completed=False)  # handed a slot, then cancelled: pass it on
             raise
         finally:
             if not waiter.done():
@@ -140,9 +141,14 @@ class SourceSlots:
                 self._waiters.remove(waiter)
         return True
 
-    def release(self) -> None:
-        """Give a slot back, straight to the oldest waiter if there is one."""
-        self._drain.record()
+    def release(self, *, completed: bool = True) -> None:
+        """Give a slot back, straight to the oldest waiter if there is one.
+
+        ``completed`` is False for work that failed for want of the log store (or the payload
+        store): it left the slot but did not drain, so it does not count in the drain rate.
+        """
+        if completed:
+            self._drain.record()
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

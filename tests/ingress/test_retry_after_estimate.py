@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
-from ingress.helpers import META, meta_body, serve_until_listening, write_sources, write_topics
+from ingress.helpers import (
+    META,
+    build,
+    meta_body,
+    serve_until_listening,
+    write_sources,
+    write_topics,
+)
 from ingress.signing import hub_signature
 from logstore.helpers import FakeClock
 
+from pipeline.ingress.app import IngressApp
 from pipeline.ingress.slots import COLD_START_RETRY_AFTER_S, SourceSlots
+from pipeline.logstore.sqlite import SqliteLogStore
 
 SECRET = "retry-after-secret"  # noqa: S105 - a test secret
 SLOTS = 4
@@ -140,3 +151,50 @@ def test_a_source_stalled_from_the_start_is_told_to_wait_longer_as_it_stays_stal
 async def _fill(slots: SourceSlots) -> None:
     while await slots.acquire():
         pass
+
+
+class TickingClock:
+    """A monotonic clock that moves 10 ms each time it is read: each request spans 10 ms."""
+
+    def __init__(self) -> None:
+        """Start at zero."""
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        """The time, then 10 ms later."""
+        self.now_s += 0.01
+        return self.now_s
+
+
+async def test_a_log_store_that_fails_every_insert_does_not_count_as_draining(
+    tmp_path: Path, sqlite_store: SqliteLogStore
+) -> None:
+    """With every insert failing, the 503s are no drain: the shed Retry-After grows, not 1 s."""
+    sources = build(
+        tmp_path,
+        {"whatsapp": {**META, "secrets": [SECRET], "routes": []}},
+        {"messages": "messages"},
+    )
+    slots = SourceSlots(
+        max_in_flight=50, queue_timeout_ms=0, max_retry_after_s=60, clock=TickingClock()
+    )
+    source = dataclasses.replace(sources["whatsapp"], admission=slots)
+    app = IngressApp({"whatsapp": source}, sqlite_store, None)
+
+    async def deliver(first: int, count: int) -> set[int]:
+        statuses = set()
+        for n in range(first, first + count):
+            body = meta_body(n)
+            headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
+            statuses.add((await app.webhook(source, headers, body))[0])
+        return statuses
+
+    assert await deliver(0, 100) == {200}  # a drain measured: each request in hand 10 ms
+    with sqlite3.connect(tmp_path / "ingress.db") as db:  # the database now refuses every row
+        db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON ingress_log "
+            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+        )
+    assert await deliver(100, 300) == {503}  # 3 s of work in hand, none of it stored
+    await _fill(slots)
+    assert slots.retry_after_s() >= 5  # the store's own 503 says 5 s; the shed say no less
