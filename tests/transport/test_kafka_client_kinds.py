@@ -92,8 +92,7 @@ async def test_a_consumer_property_reaches_the_member_and_spares_the_producer(
 def test_a_producer_property_reaches_the_producer_alone(settings: Settings) -> None:
     """A malformed ``linger.ms`` fails the producer; members and admin clients never get it."""
     tuned = with_client(settings, {"linger.ms": "soon"})
-    # librdkafka names linger.ms by the property it is an alias of, queue.buffering.max.ms
-    with pytest.raises(ConfigError, match=r"^PIPELINE_KAFKA__CLIENT: .*buffering\.max\.ms"):
+    with pytest.raises(ConfigError, match=r"^PIPELINE_KAFKA__CLIENT: .*\"linger\.ms\""):
         KafkaProducer(tuned.kafka, 1_000_000)
     admin_client(tuned.kafka)
     assert "linger.ms" not in consumer_config(tuned.kafka, "g", "m")
@@ -107,3 +106,58 @@ def test_a_property_no_client_knows_still_fails_every_kind(settings: Settings) -
     with pytest.raises(ConfigError, match=r"^PIPELINE_KAFKA__CLIENT: .*max\.pol\.interval\.ms"):
         admin_client(tuned.kafka)
     assert consumer_config(tuned.kafka, "g", "m")["max.pol.interval.ms"] == "600000"
+
+
+@pytest.mark.parametrize(
+    ("client", "named"),
+    [
+        ({"linger.ms": "soon"}, "linger.ms"),
+        ({"acks": "many"}, "acks"),
+        ({"compression.type": "zip"}, "compression.type"),
+        ({"retries": "-1"}, "retries"),
+        ({"max.in.flight": "0"}, "max.in.flight"),
+        ({"delivery.timeout.ms": "1"}, "delivery.timeout.ms"),
+    ],
+)
+def test_a_producer_alias_is_refused_in_one_line_under_the_name_written(
+    settings: Settings, client: dict[str, str], named: str
+) -> None:
+    """A bad alias (linger.ms) is named as written, not as librdkafka's property, on one line."""
+    with pytest.raises(ConfigError) as refused:
+        KafkaProducer(with_client(settings, client).kafka, 1_000_000)
+    line = str(refused.value)
+    assert line.startswith("PIPELINE_KAFKA__CLIENT: ")
+    assert f'"{named}"' in line or f"`{named}`" in line, line
+    assert "\n" not in line
+    assert "Failed to create" not in line
+
+
+async def test_a_member_alias_is_refused_under_the_name_written(
+    settings: Settings, unique: str
+) -> None:
+    """A malformed max.partition.fetch.bytes stops the member with a line naming it so."""
+    tuned = with_client(settings, {"max.partition.fetch.bytes": "lots"}, group_protocol="classic")
+    transport = KafkaTransport(tuned)
+    topic = f"kinds_{unique}"
+    await make_topic(transport, topic, 1)
+    consumer = transport.consumer(f"g-{unique}", [topic])
+    try:
+        with pytest.raises(ConfigError, match=r'"max\.partition\.fetch\.bytes"'):
+            await consumer.poll(10, 0.2)
+    finally:
+        await consumer.close()
+        await transport.close()
+
+
+async def test_a_bad_consumer_property_fails_a_lag_read_with_one_line(
+    settings: Settings, unique: str
+) -> None:
+    """A lag read (status, the ingress's backlog) given a malformed consumer property: one line."""
+    transport = KafkaTransport(with_client(settings, {"fetch.min.bytes": "lots"}))
+    topic = f"kinds_{unique}"
+    await make_topic(transport, topic, 1)
+    try:
+        with pytest.raises(ConfigError, match=r'^PIPELINE_KAFKA__CLIENT: .*"fetch\.min\.bytes"'):
+            await transport.admin().group_lag(f"g-{unique}", topic)
+    finally:
+        await transport.close()

@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
-from pipeline.transport.kafka.errors import translate
+from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.kafka.group import admin_client, client_properties
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 
@@ -357,6 +357,14 @@ class KafkaAdmin:
         }
 
     def _probe(self, group: str) -> _RawConsumer:
+        """A consumer of ``group`` that never joins it; bad client properties are a ConfigError."""
+        try:
+            return self._open_probe(group)
+        except KafkaException as exc:
+            problem = client_config_error(exc, self._settings.client)
+            raise problem or translate(exc, f"probe of group {group!r}") from None
+
+    def _open_probe(self, group: str) -> _RawConsumer:
         return _RawConsumer(
             {
                 "bootstrap.servers": self._settings.bootstrap_servers,

@@ -190,7 +190,7 @@ class KafkaConsumer:
                 {**config, "auto.offset.reset": self._start_at, "logger": self._session_log}
             )
         except KafkaException as exc:
-            problem = client_error(exc, protocol)
+            problem = client_error(exc, protocol, self._settings)
             if problem is not None:
                 raise problem from None
             raise translate(exc, "create consumer") from exc

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 from confluent_kafka import KafkaError, KafkaException
 
 from pipeline.errors import (
@@ -50,15 +53,39 @@ def translate(error: KafkaError | KafkaException, context: str) -> TransportErro
 
 CLIENT_VARIABLE = "PIPELINE_KAFKA__CLIENT"
 
+ALIASES = {
+    "acks": "request.required.acks",
+    "bootstrap.servers": "metadata.broker.list",
+    "compression.type": "compression.codec",
+    "delivery.timeout.ms": "message.timeout.ms",
+    "linger.ms": "queue.buffering.max.ms",
+    "max.in.flight": "max.in.flight.requests.per.connection",
+    "max.partition.fetch.bytes": "fetch.message.max.bytes",
+    "retries": "message.send.max.retries",
+    "sasl.mechanism": "sasl.mechanisms",
+}
+"""librdkafka's aliases and the property each stands for, which its errors name instead."""
 
-def client_config_error(exc: KafkaException, hint: str = "fix or remove it") -> ConfigError | None:
+
+def client_config_error(
+    exc: KafkaException, client: Mapping[str, str], hint: str = "fix or remove it"
+) -> ConfigError | None:
     """The one-line error for a client its properties could not build, if that is the cause.
 
     librdkafka checks every property when a client is built and names the one at fault; the
-    properties come from the defaults and ``PIPELINE_KAFKA__CLIENT``.
+    properties come from the defaults and ``client`` (``PIPELINE_KAFKA__CLIENT``). Where the
+    user set an alias (``linger.ms``), librdkafka names the property it stands for
+    (``queue.buffering.max.ms``): the line names the alias, as written, with it.
     """
     err = exc.args[0] if exc.args else None
     if not isinstance(err, KafkaError) or err.code() != KafkaError._INVALID_ARG:  # noqa: SLF001
         return None
-    reason = err.str().removeprefix("Failed to create consumer: ")
-    return ConfigError(f"{CLIENT_VARIABLE}: {reason} ({hint})")
+    reason = re.sub(r"^Failed to create (consumer|producer): ", "", err.str().strip())
+    for alias, canonical in ALIASES.items():
+        if alias in client and canonical not in client:
+            reason = re.sub(
+                rf"([\"`]){re.escape(canonical)}\1",
+                rf"\g<1>{alias}\g<1> (librdkafka's {canonical})",
+                reason,
+            )
+    return ConfigError(f"{CLIENT_VARIABLE}: {' '.join(reason.split())} ({hint})")

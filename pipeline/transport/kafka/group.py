@@ -180,7 +180,8 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
     try:
         return AdminClient(admin_config(settings))
     except KafkaException as exc:
-        raise client_config_error(exc) or translate(exc, "create admin client") from None
+        problem = client_config_error(exc, settings.client)
+        raise problem or translate(exc, "create admin client") from None
 
 
 def _describe(settings: KafkaSettings) -> frozenset[str] | None:
@@ -328,7 +329,9 @@ def consumer_config(
     return {**config, **client_properties(settings, "consumer")}
 
 
-def client_error(exc: KafkaException, protocol: Protocol) -> ConfigError | None:
+def client_error(
+    exc: KafkaException, protocol: Protocol, settings: KafkaSettings
+) -> ConfigError | None:
     """The one-line error for a member its properties could not build, if that is the cause."""
     text = str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc)
     if protocol == "consumer" and any(p in text for p in CLASSIC_ONLY):
@@ -336,5 +339,5 @@ def client_error(exc: KafkaException, protocol: Protocol) -> ConfigError | None:
             "the consumer protocol (KIP-848) takes it from the broker: remove it, or set"
             " PIPELINE_KAFKA__GROUP_PROTOCOL=classic"
         )
-        return client_config_error(exc, hint)
-    return client_config_error(exc)
+        return client_config_error(exc, settings.client, hint)
+    return client_config_error(exc, settings.client)

@@ -121,7 +121,8 @@ class KafkaProducer:
         try:
             self._raw = _RawProducer(producer_config(settings, max_message_bytes))
         except KafkaException as exc:
-            raise client_config_error(exc) or translate(exc, "create producer") from None
+            problem = client_config_error(exc, settings.client)
+            raise problem or translate(exc, "create producer") from None
         self._known_topics: dict[str, int] = {}
         """Partition counts of the topics this producer checked."""
         self._checks: dict[str, asyncio.Future[None]] = {}
