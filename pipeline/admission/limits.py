@@ -155,8 +155,9 @@ class LimitTracker:
             await pipe.execute()
 
     async def rates(self, org: str, *, now_s: float | None = None) -> tuple[float, float]:
-        """(submissions per minute, mean duration in s) over the last whole minutes; one read."""
-        minute = int((time.time() if now_s is None else now_s) // 60)
+        """(submissions per minute, mean duration in s) over the window up to now; one read."""
+        now_s = time.time() if now_s is None else now_s
+        minute = int(now_s // 60)
         raw = await self._client.hgetall(k.limit_stats(self._prefix, org))
         window = range(minute - self._window_min, minute + 1)
         sums = {"n": 0.0, "c": 0.0, "d": 0.0}
@@ -165,7 +166,8 @@ class LimitTracker:
             if kind in sums and int(at) in window:
                 sums[kind] += float(value)
         # The current minute is partial: count it, but divide by the minutes actually covered.
-        rate = sums["n"] / (self._window_min + 1)
+        covered_min = self._window_min + (now_s % 60) / 60
+        rate = sums["n"] / covered_min if covered_min > 0 else 0.0
         duration = sums["d"] / sums["c"] if sums["c"] else 0.0
         return rate, duration
 

@@ -63,11 +63,11 @@ async def test_one_member_recomputes_per_tick_from_every_members_reports(throttl
         results = [await a.tick(now + tick * INTERVAL_S), await b.tick(now + tick * INTERVAL_S)]
         assert sum(r is not None for r in results) == 1, "exactly one member recomputed"
     limits = next(r for r in results if r is not None)
-    # R is averaged over the 6-minute stats window: flood 100/min of 3 s -> base 5, ceiling 8;
-    # steady 20/min of 1 s -> base 2 (the floor), ceiling 4. Fleet: 100 slots * 0.8 = 80
-    # target, 20 in flight: factor 4, clamped to f_max 2.
-    assert limits == {"flood": 16, "steady": 8}
-    assert (await throttle.status("org:flood")).limit == 16
+    # R is averaged over the 5 2/3 minutes the stats window covers at second 40: flood
+    # 106/min of 3 s -> base 6, ceiling 9; steady 21/min of 1 s -> base 2 (the floor), ceiling
+    # 4. Fleet: 100 slots * 0.8 = 80 target, 20 in flight: factor 4, clamped to f_max 2.
+    assert limits == {"flood": 18, "steady": 8}
+    assert (await throttle.status("org:flood")).limit == 18
     assert (await throttle.status("org:steady")).limit == 8
 
 
@@ -123,7 +123,8 @@ async def test_a_member_whose_clock_is_behind_still_counts_and_keeps_its_orgs_li
     with _host_clock_off_by(monkeypatch, -600.0):  # a VM resumed from suspend, not synced yet
         await b.tick()
     await a.tick()  # the same moment, on a host whose clock is right
-    # Whoever recomputed: flood 100/min of 3 s -> ceiling 8, factor f_max 2 -> 16. Judged by
-    # its own clock, "a" took b's report for a stale one and flood for gone (default limit).
-    assert (await throttle.status("org:flood")).limit == 16
+    # Whoever recomputed: flood 600 in the 5-6 minutes the window covers, of 3 s -> base 6,
+    # ceiling 9, factor f_max 2 -> 18. Judged by its own clock, "a" took b's report for a stale
+    # one and flood for gone (the default limit).
+    assert (await throttle.status("org:flood")).limit == 18
     assert set(await throttle.client.hgetall(fleet_load(throttle.prefix))) == {b"a", b"b"}

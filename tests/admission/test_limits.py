@@ -92,7 +92,7 @@ async def test_higher_submission_rate_raises_the_limit(redis_service, unique):
         await tracker.record("busy", submitted=300, durations_s=[2.0] * 10, now_s=at)
         await tracker.record("calm", submitted=6, durations_s=[2.0] * 10, now_s=at)
     rate, duration = await tracker.rates("busy", now_s=now_s)
-    assert rate == pytest.approx(1500 / 6)
+    assert rate == pytest.approx(300)
     assert duration == pytest.approx(2.0)
     policy = LimitPolicy()
     limits = await tracker.recompute(
@@ -109,4 +109,18 @@ async def test_higher_submission_rate_raises_the_limit(redis_service, unique):
     assert (await throttle.status("org:calm")).limit == limits["calm"] >= 50
     await client.delete(org_config(f"p{unique}"))
     await throttle.close()
+    await client.aclose()
+
+
+@pytest.mark.redis
+async def test_a_steady_rate_reads_the_same_at_any_second_of_the_minute(redis_service, unique):
+    """A steady 60 jobs a minute reads as 60/min, not 5/6 of it early in each minute."""
+    client = Redis.from_url(redis_service)
+    tracker = LimitTracker(client, f"p{unique}")
+    minute_s = 1_800_000_000.0  # the start of a minute
+    for back in range(1, 7):  # six whole minutes of one job a second
+        await tracker.record("steady", submitted=60, now_s=minute_s - 60 * back)
+    assert (await tracker.rates("steady", now_s=minute_s))[0] == pytest.approx(60)
+    await tracker.record("steady", submitted=30, now_s=minute_s + 29)  # half the minute gone
+    assert (await tracker.rates("steady", now_s=minute_s + 30))[0] == pytest.approx(60)
     await client.aclose()
