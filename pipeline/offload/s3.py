@@ -18,6 +18,12 @@ and only a read that waits the timeout for bytes fails.
 Deletes are single-object ``DeleteObject`` requests (presigned, sent with httpx): obstore
 deletes through the batch ``DeleteObjects`` call, which not every S3-compatible service
 implements (S3Proxy's filesystem backend answers 501).
+
+Writes and deletes share a pool of kept-alive connections (at most
+:data:`KEPT_ALIVE_CONNECTIONS` idle, each kept :data:`KEPT_ALIVE_S`), one per event loop, so a
+burst of objects costs no TCP (and TLS) handshake per object and leaves no connection per
+object in ``TIME_WAIT``. A kept-alive connection the service closed fails before any answer;
+the request is then sent again on a fresh one. The pool is closed as its event loop shuts down.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -62,6 +68,11 @@ _UNSENT_CAP = (
 )
 """A write waits while more than a slice is queued in the kernel unsent, so the wait for the
 answer after the last slice is not also the time to send megabytes the kernel took at once."""
+KEPT_ALIVE_CONNECTIONS = 32
+"""Idle connections to the store kept for the next write or delete (more at once are opened)."""
+KEPT_ALIVE_S = 5.0
+"""Seconds an idle connection is kept: below the services' own idle timeouts (S3: about 20)."""
+_DELETE_TIMEOUT_S = 30.0
 
 
 def timeout_s() -> float:
@@ -108,8 +119,20 @@ async def _slices(data: bytes | memoryview) -> AsyncIterator[bytes]:
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    """One TLS context for every delete (loading the CA bundle costs ~0.1 s of CPU)."""
+    """One TLS context for every connection (loading the CA bundle costs ~0.1 s of CPU)."""
     return ssl.create_default_context()
+
+
+async def _pool_life(client: httpx.AsyncClient) -> AsyncGenerator[httpx.AsyncClient]:
+    """Holds ``client`` open; closed when its event loop shuts down or the store is dropped.
+
+    An async generator, so the loop's own hooks finalize it: ``asyncio.run`` closes it at the
+    end, and one dropped earlier is closed on its loop, never left to warn as unclosed.
+    """
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 class S3PayloadStore(ObjectPayloadStore):
@@ -147,6 +170,32 @@ class S3PayloadStore(ObjectPayloadStore):
         super().__init__(
             url, S3Store.from_url(url, config=config, client_options=options, retry_config=retry)
         )
+        self._pools: dict[
+            asyncio.AbstractEventLoop,
+            tuple[httpx.AsyncClient, AsyncGenerator[httpx.AsyncClient]],
+        ] = {}
+
+    async def _client(self) -> httpx.AsyncClient:
+        """The kept-alive connections of the running event loop (opened on first use)."""
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None or pool[0].is_closed:
+            for gone in [old for old in self._pools if old.is_closed()]:
+                del self._pools[gone]
+            limits = httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=KEPT_ALIVE_CONNECTIONS,
+                keepalive_expiry=KEPT_ALIVE_S,
+            )
+            transport = httpx.AsyncHTTPTransport(
+                verify=_tls(), socket_options=_UNSENT_CAP, limits=limits
+            )
+            client = httpx.AsyncClient(timeout=self.timeout_s, transport=transport)
+            life = _pool_life(client)
+            self._pools[loop] = (client, life)
+            await anext(life)  # the loop now finalizes it
+            return client
+        return pool[0]
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         """Write ``data`` at ``key`` with one presigned ``PUT``, its body streamed in slices.
@@ -198,11 +247,10 @@ class S3PayloadStore(ObjectPayloadStore):
         ) from failure
 
     async def _put_once(self, url: str, data: bytes | memoryview) -> httpx.Response:
-        transport = httpx.AsyncHTTPTransport(verify=_tls(), socket_options=_UNSENT_CAP)
-        async with httpx.AsyncClient(timeout=self.timeout_s, transport=transport) as client:
-            return await client.put(
-                url, content=_slices(data), headers={"Content-Length": str(len(data))}
-            )
+        client = await self._client()
+        return await client.put(
+            url, content=_slices(data), headers={"Content-Length": str(len(data))}
+        )
 
     def _error_text(self, exc: BaseException) -> str:
         """The client's error ``exc`` as one line; a timeout says so and names the variable."""
@@ -220,8 +268,12 @@ class S3PayloadStore(ObjectPayloadStore):
         """Delete ``key`` with one ``DELETE`` (S3 answers 204 whether or not it existed)."""
         try:
             url = obstore.sign(self._store, "DELETE", key, _SIGNED_FOR)  # local: no request
-            async with httpx.AsyncClient(timeout=30.0, verify=_tls()) as client:
-                answer = await client.delete(url)
+            client = await self._client()
+            try:
+                answer = await client.delete(url, timeout=_DELETE_TIMEOUT_S)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                # A kept-alive connection the service had closed: once more, on a fresh one.
+                answer = await client.delete(url, timeout=_DELETE_TIMEOUT_S)
         except Exception as exc:
             raise OffloadError(
                 f"offload store {self.url}: cannot delete {key}: {self._error_text(exc)}"

@@ -289,3 +289,80 @@ def test_a_bad_timeout_is_refused_naming_the_variable(
         open_store("s3://pipeline/any")
     assert "PIPELINE_OFFLOAD_TIMEOUT_S" in str(caught.value)
     assert repr(value) in str(caught.value)
+
+
+@asynccontextmanager
+async def counting_relay(
+    target_port: int, *, one_answer_each: bool = False
+) -> AsyncIterator[list[int]]:
+    """A loopback relay to ``target_port``: ``[port, connections accepted]``.
+
+    ``one_answer_each``: a connection that has relayed an answer is closed, unanswered, when the
+    next request arrives on it (a server closing a kept-alive connection as it is reused).
+    """
+    accepted = [0, 0]
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[1] += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target_port)
+        answered = False
+
+        async def upward() -> None:
+            while data := await reader.read(65_536):
+                if answered and one_answer_each:
+                    break
+                up_writer.write(data)
+                await up_writer.drain()
+            up_writer.close()
+            writer.close()
+
+        async def downward() -> None:
+            nonlocal answered
+            while data := await up_reader.read(65_536):
+                answered = True
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        try:
+            await asyncio.gather(upward(), downward())
+        except OSError:
+            pass
+        finally:
+            up_writer.close()
+            writer.close()
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    accepted[0] = server.sockets[0].getsockname()[1]
+    try:
+        yield accepted
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("closed_by_server", [False, True])
+async def test_sequential_s3_writes_and_deletes_reuse_connections(
+    store_url: str, closed_by_server: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten writes then ten deletes share kept-alive connections; one the server closed is retried.
+
+    Each write and each delete opened (and left in TIME_WAIT) a TCP connection of its own, a
+    handshake per object and ephemeral ports used up under a burst of large webhooks.
+    """
+    if not store_url.startswith("s3://"):
+        pytest.skip("a directory store has no connections")
+    monkeypatch.delenv("AWS_UNSIGNED_PAYLOAD", raising=False)
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    target = int(endpoint.rsplit(":", 1)[1])
+    async with counting_relay(target, one_answer_each=closed_by_server) as relay:
+        with monkeypatch.context() as env:  # the fixture's cleanup goes to the store itself
+            env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{relay[0]}")
+            store = open_store(store_url)
+            keys = [f"sha256/cc/{n}" for n in range(10)]
+            for key in keys:
+                await store.put(key, key.encode() * 40_000)
+            for key in keys:
+                await store.delete(key)
+    assert [o.key async for o in open_store(store_url).list("sha256/cc/")] == []
+    # Kept alive, one connection serves them all; closed after each answer, one per request.
+    assert relay[1] == (20 if closed_by_server else 1)
