@@ -20,6 +20,7 @@ from pipeline.envelope import Position, TopicPartition
 from pipeline.observability.facades import RetentionLossMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.sources import RetentionLossSource
+from pipeline.transport.kafka.transport import KafkaTransport
 from pipeline.transport.protocol import Transport
 from pipeline.transport.retention import lost_to_retention, report_lost
 
@@ -103,3 +104,38 @@ async def test_a_running_member_behind_retention_is_told_what_it_lost(
     assert lost_to_retention().get((topic, group), 0) - before == 5
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert [line for line in lines if f"{topic}[0]" in line and "2..6" in line and " 5 " in line]
+
+
+@pytest.mark.usefixtures("kafka_service")
+async def test_a_kafka_member_logging_only_errors_is_still_told_what_it_lost(
+    settings: Settings, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under log_level 3 a member still counts what it lost, and passes on no warning line."""
+    quiet = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"client": {"log_level": "3"}})}
+    )
+    transport = KafkaTransport(quiet)
+    topic, group = f"quiet_{unique}", f"g-{unique}"
+    try:
+        await make_topic(transport, topic, 1)
+        producer = transport.producer()
+        for i in range(10):
+            await producer.send(topic, b"%d" % i, key=b"k", partition=0)
+        await producer.close()
+        tp = TopicPartition(topic, 0)
+        first = transport.consumer(group, [topic])
+        read: list[int] = []
+        while len(read) < 2:
+            read += [m.offset for m in await first.poll(max_messages=2 - len(read))]
+        await first.commit([Position(tp, 2)])
+        await first.close()
+        await expire_below(transport, settings, tp, 7)
+        before = lost_to_retention().get((topic, group), 0)
+        second = transport.consumer(group, [topic])
+        with caplog.at_level(logging.DEBUG, logger="pipeline.librdkafka"):
+            await consume_until(second, lambda r: any(m.offset == 9 for m in r))
+        await second.close()
+        assert lost_to_retention().get((topic, group), 0) - before == 5
+        assert not [r for r in caplog.records if r.name == "pipeline.librdkafka"]
+    finally:
+        await transport.close()

@@ -187,7 +187,9 @@ class KafkaConsumer:
         )
         try:
             raw = _RawConsumer(
-                {**config, "auto.offset.reset": self._start_at, "logger": self._session_log}
+                self._session_log.heard(
+                    {**config, "auto.offset.reset": self._start_at, "logger": self._session_log}
+                )
             )
         except KafkaException as exc:
             problem = client_error(exc, protocol, self._settings)
