@@ -18,18 +18,21 @@ limits off the hot path, writing them with :meth:`Throttle.set_limit`.
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
 from pipeline.admission.throttle import Throttle
+from pipeline.validation import field_path
+
+log = logging.getLogger(__name__)
 
 WINDOW_MIN = 5
 """Minutes of history behind R and D."""
@@ -108,12 +111,30 @@ def load_policy(path: Path) -> LimitPolicy:
 
 
 async def load_org_overrides(client: Redis, prefix: str, policy: LimitPolicy) -> LimitPolicy:
-    """``policy`` with the per-org settings stored in Redis (org -> JSON) laid over it."""
-    raw = await client.hgetall(k.org_config(prefix))
+    """``policy`` with the per-org settings stored in Redis (org -> JSON) laid over it.
+
+    An entry that is not a valid :class:`OrgLimits` (written by hand, or by a newer release with
+    a field this one lacks) is skipped with one warning line: its org keeps ``policy``'s settings
+    and the other orgs' overrides still apply.
+    """
+    key = k.org_config(prefix)
+    raw = await client.hgetall(key)
     orgs = dict(policy.orgs)
     for org, value in raw.items():
-        name = org.decode() if isinstance(org, bytes) else str(org)
-        orgs[name] = OrgLimits.model_validate(json.loads(value))
+        name = org.decode(errors="replace") if isinstance(org, bytes) else str(org)
+        try:
+            orgs[name] = OrgLimits.model_validate_json(value)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{field_path(e['loc']) or 'the value'}: {e['msg']}" for e in exc.errors()
+            )
+            log.warning(
+                "dynamic limits: the override of org %r in Redis hash %s is not valid (%s), so "
+                "the policy's settings apply to it; store a valid one (store_org_override)",
+                name,
+                key,
+                problems,
+            )
     return policy.model_copy(update={"orgs": orgs})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -10,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from pipeline.admission.fleet import FleetLimits
-from pipeline.admission.keys import fleet_load
+from pipeline.admission.keys import fleet_load, org_config
 from pipeline.admission.limits import LimitPolicy, OrgLimits
 from pipeline.admission.throttle import Throttle
 
@@ -128,3 +129,21 @@ async def test_a_member_whose_clock_is_behind_still_counts_and_keeps_its_orgs_li
     # one and flood for gone (the default limit).
     assert (await throttle.status("org:flood")).limit == 18
     assert set(await throttle.client.hgetall(fleet_load(throttle.prefix))) == {b"a", b"b"}
+
+
+async def test_an_override_that_is_not_valid_skips_only_its_own_org(
+    throttle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A malformed per-org override in Redis leaves that org on the policy; the tick goes on."""
+    fleet = _member(throttle, "a", 1, 50)
+    for org in ("acme", "typo"):
+        fleet.submitted(org)
+    await throttle.client.hset(org_config(throttle.prefix), "typo", '{"flor": 5}')
+    await throttle.client.hset(org_config(throttle.prefix), "acme", '{"floor": 7}')
+    with caplog.at_level(logging.WARNING, logger="pipeline.admission.limits"):
+        limits = await fleet.tick(4_000_000.0)
+    # Factor f_max 2: acme's floor 7 -> ceiling 11; typo on the policy's defaults -> ceiling 4.
+    assert limits == {"acme": 22, "typo": 8}
+    (line,) = [r.getMessage() for r in caplog.records if "typo" in r.getMessage()]
+    assert "flor" in line
+    assert org_config(throttle.prefix) in line
