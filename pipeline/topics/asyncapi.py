@@ -7,7 +7,8 @@ producers (send to the main topic). Messages carry the pipeline's headers
 (:mod:`pipeline.headers`: tenant, event id, deadline, attempt, origin, error) and the payload
 schema: the Avro record registered under the declaration's ``schema:`` subject when
 ``schemas/`` has it, else the pydantic model the lane's handler takes (``--app``), else none.
-Servers are the Kafka bootstrap server and the Redis server of the settings.
+Servers are the Kafka bootstrap server and the Redis server of the settings (``rediss`` for
+a TLS one).
 
 The document is checked with the official ``@asyncapi/parser`` in ``tests/topics``.
 """
@@ -88,19 +89,40 @@ def _ident(name: str) -> str:
 
 
 def _servers(kafka_bootstrap: str, redis_url: str) -> dict[str, Any]:
-    redis = urlparse(redis_url)
     return {
         "kafka": {
             "host": kafka_bootstrap.split(",", maxsplit=1)[0],
             "protocol": "kafka",
             "description": "Apache Kafka: a topic's partitions are Kafka partitions.",
         },
-        "redis": {
-            "host": f"{redis.hostname or '127.0.0.1'}:{redis.port or 6379}",
+        "redis": _redis_server(redis_url),
+    }
+
+
+def _redis_server(redis_url: str) -> dict[str, Any]:
+    """The Redis server of ``redis_url`` (its password left out).
+
+    ``rediss://`` is TLS: its protocol is ``rediss``, as AsyncAPI names the TLS variant of a
+    protocol apart (``amqps``, ``kafka-secure``, ``wss``). An IPv6 address is bracketed before
+    its port; a ``unix://`` socket is ``localhost`` with the socket's path.
+    """
+    redis = urlparse(redis_url)
+    description = "Redis Streams: a stream per partition, owned by a group member."
+    if redis.scheme == "unix":
+        return {
+            "host": "localhost",
             "protocol": "redis",
-            "pathname": redis.path or "/0",
-            "description": "Redis Streams: a stream per partition, owned by a group member.",
-        },
+            "pathname": redis.path,
+            "description": f"{description} Over the Unix socket `{redis.path}`.",
+        }
+    hostname = redis.hostname or "127.0.0.1"
+    if ":" in hostname:
+        hostname = f"[{hostname}]"
+    return {
+        "host": f"{hostname}:{redis.port or 6379}",
+        "protocol": "rediss" if redis.scheme == "rediss" else "redis",
+        "pathname": redis.path or "/0",
+        "description": description + (" Over TLS." if redis.scheme == "rediss" else ""),
     }
 
 

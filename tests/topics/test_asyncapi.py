@@ -209,3 +209,32 @@ def test_the_official_parser_accepts_the_document(
     assert report["parsed"]
     assert report["channels"] == len(loaded["channels"])
     assert report["operations"] == len(loaded["operations"])
+
+
+@pytest.mark.parametrize(
+    ("redis_url", "server"),
+    [
+        ("rediss://:secret@cache.example:6380/2", ("rediss", "cache.example:6380", "/2")),
+        ("redis://[::1]:6379/0", ("redis", "[::1]:6379", "/0")),
+        ("rediss://[fd00::7]/1", ("rediss", "[fd00::7]:6379", "/1")),
+        ("unix:///run/redis/redis.sock?db=3", ("redis", "localhost", "/run/redis/redis.sock")),
+    ],
+    ids=["tls", "ipv6", "tls-ipv6-default-port", "unix-socket"],
+)
+def test_the_redis_server_is_where_and_how_the_pipeline_connects(
+    redis_url: str, server: tuple[str, str, str], tmp_path: Path
+) -> None:
+    """A TLS, IPv6 or Unix-socket Redis URL is documented as that server, valid for the parser."""
+    validator = _parser()
+    doc = document(load_specs(EVERY_OPTION), kafka_bootstrap="k:9092", redis_url=redis_url)
+    redis = doc["servers"]["redis"]
+    assert (redis["protocol"], redis["host"], redis["pathname"]) == server
+    assert "secret" not in json.dumps(doc)
+    path = tmp_path / "asyncapi.json"
+    path.write_text(json.dumps(doc))
+    checked = subprocess.run(
+        [*validator, str(path)], capture_output=True, text=True, check=False, timeout=120
+    )
+    report = json.loads(checked.stdout)
+    assert report["errors"] == [], report
+    assert checked.returncode == 0, checked.stderr
