@@ -17,6 +17,7 @@ from runtime.helpers import eventually
 
 from pipeline.admission.debounce import Debouncer, Turn
 from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.functions import Ending, Leased
 from pipeline.admission.debounce.runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.errors import DebounceUnavailable
@@ -189,3 +190,24 @@ async def test_redis_down_fails_open_and_buffered_messages_survive_a_restart(tmp
         await client.aclose()
         server.stop()
     assert [[m.value for m in t.messages] for t in turns] == [[b"m0"], [b"m1"]]
+
+
+async def test_a_step_sent_again_after_its_reply_was_lost_returns_the_same_turns(redis, unique):
+    """A db_step the client sends again (its reply lost) hands back its turns, attempt unraised."""
+    policy = DebouncePolicy(key="c", quiet_s=0.1, max_wait_s=5.0, max_batch=1)  # due at once
+    debouncer = Debouncer(redis, PREFIX, f"deb_{unique}", policy)
+    await debouncer.record("conv", message(0))
+    shape = ((0, 0, 1), 600_000)  # (quiet_ms, max_wait_ms, max_batch), idle_ttl_ms
+
+    async def step(endings: list[Ending]) -> Leased:  # the same call, as the retry policy sends it
+        return await debouncer.functions.step(10, 30_000, "runner:7", endings, *shape)
+
+    first = await step([])
+    again = await step([])  # the first reply was lost: its turn was leased to no one
+    assert again.turns == first.turns
+    (turn,) = again.turns
+    assert (turn[0], turn[1], int(turn[2])) == (b"conv", b"runner:7:1", 1)
+    ended = [Ending("conv", "runner:7:1", ok=True, retry_in_ms=0)]
+    finished = await debouncer.functions.step(10, 30_000, "runner:8", ended, *shape)
+    retried = await debouncer.functions.step(10, 30_000, "runner:8", ended, *shape)
+    assert finished.outcomes == retried.outcomes == ("done",)  # not a lost lease

@@ -103,6 +103,7 @@ class DebounceFunctions(FunctionLibrary):
         self.wake_key = keys.wake_key(prefix, lane)
         self.key_prefix = keys.key_prefix(prefix, lane)
         self.slot_guard = keys.slot_guard(prefix, lane)
+        self.step_key = keys.step_key(prefix, lane, owner)
 
     async def record(
         self,
@@ -152,6 +153,7 @@ class DebounceFunctions(FunctionLibrary):
         ``policy`` is (quiet_ms, max_wait_ms, max_batch). Leasing ``pass_at`` turns or more
         (0: never) passes the lane's timer to the next blocked runner instead of taking it.
         Leasing nothing while another runner holds the timer returns when that hold expires.
+        A call sent again with the same ``token`` (its reply lost) gets the first call's reply.
         """
         quiet_ms, max_wait_ms, max_batch = policy
         args: list[Any] = [
@@ -171,7 +173,9 @@ class DebounceFunctions(FunctionLibrary):
         for ending in endings:
             args += (ending.key, ending.token, "1" if ending.ok else "0", ending.retry_in_ms)
         reply = await self.fcall(
-            "db_step", [self.due_key, self.armed_key, self.wake_key, self.slot_guard], args
+            "db_step",
+            [self.due_key, self.armed_key, self.wake_key, self.slot_guard, self.step_key],
+            args,
         )
         outcomes = tuple(_outcome(o) for o in reply[3])
         return Leased(

@@ -8,6 +8,7 @@ All keys of a lane share the hash tag ``{PREFIX:deb:LANE}``:
 - ``{PREFIX:deb:LANE}:s:KEY``: the conversation's state (marker, lease, attempts);
 - ``{PREFIX:deb:LANE}:armed``: the due time some runner holds a timer for;
 - ``{PREFIX:deb:LANE}:wake``: the list runners block on (BLPOP) to learn of earlier due times;
+- ``{PREFIX:deb:LANE}:step:RUNNER``: a runner's last step and its reply (see :func:`step_key`);
 - ``{PREFIX:deb:LANE}:slot_guard``: never written (see :func:`slot_guard`).
 
 Cluster trade-off: one function call must stay in one Redis Cluster slot. ``record`` and
@@ -56,6 +57,15 @@ def slot_guard(prefix: str, lane: str) -> str:
     first conversation already moved, after leasing the turns before it to no caller.
     """
     return f"{lane_tag(prefix, lane)}:slot_guard"
+
+
+def step_key(prefix: str, lane: str, runner: str) -> str:
+    """The last ``db_step`` of ``runner`` that finished or leased turns, with its reply.
+
+    A step sent again with the same token (its reply lost) gets that reply instead of running
+    again, which would leave the turns it leased to no one and find its finishes lost.
+    """
+    return f"{lane_tag(prefix, lane)}:step:{runner}"
 
 
 def buffer_key(prefix: str, lane: str, key: str) -> str:

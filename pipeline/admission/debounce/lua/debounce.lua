@@ -34,6 +34,12 @@
 --                              over by a runner that db_step told of it).
 --   {P:deb:LANE}:wake    list  wake-ups for runners blocked on BLPOP: each element is a due
 --                              time (ms) earlier than any timer a runner held. Bounded (LTRIM).
+--   {P:deb:LANE}:step:R  list  the last db_step of runner R that finished or leased turns:
+--                              its token, then its reply flattened. A call sent again with that
+--                              token (its reply lost, e.g. a reset connection: the client's retry
+--                              policy sends it again) gets the same reply, so nothing is finished
+--                              twice and its turns are not left leased to no one, to be claimed
+--                              again with their attempt raised. Expires lease_ms after the call.
 --
 -- Runners never poll: the runner whose db_step leased turns takes the timer for the lane's next
 -- due time (the step stores it in `armed`); a db_record that makes a turn due earlier than the
@@ -295,8 +301,45 @@ local function finish(keys, args)
   return result
 end
 
+-- Keep a step's reply in the list `memo` for `ttl` ms: its token, now, timer, stale, backup,
+-- the count of outcomes and the outcomes, then per turn its length and its fields.
+local function save_step(memo, token, result, ttl)
+  local flat = {token, result[1], result[2], result[3], result[5], #result[4]}
+  for _, outcome in ipairs(result[4]) do flat[#flat + 1] = outcome end
+  for i = 6, #result do
+    flat[#flat + 1] = #result[i]
+    for _, field in ipairs(result[i]) do flat[#flat + 1] = field end
+  end
+  redis.call('DEL', memo)
+  for first = 1, #flat, 1000 do  -- a few at a time: unpack's arguments are bounded
+    redis.call('RPUSH', memo, unpack(flat, first, math.min(first + 999, #flat)))
+  end
+  redis.call('PEXPIRE', memo, ttl)
+end
+
+-- The reply save_step kept in `memo` for the step of `token`, or nil.
+local function saved_step(memo, token)
+  if redis.call('LINDEX', memo, 0) ~= token then return nil end
+  local flat = redis.call('LRANGE', memo, 1, -1)
+  local result = {tonumber(flat[1]), tonumber(flat[2]), tonumber(flat[3]), {}, tonumber(flat[4])}
+  local at = 6
+  for i = 1, tonumber(flat[5]) do
+    result[4][i] = flat[at]
+    at = at + 1
+  end
+  while at <= #flat do
+    local turn = {}
+    for j = 1, tonumber(flat[at]) do turn[j] = flat[at + j] end
+    for j = 3, 5 do turn[j] = tonumber(turn[j]) end  -- attempt, due, first failure
+    result[#result + 1] = turn
+    at = at + #turn + 1
+  end
+  return result
+end
+
 -- db_step: a runner's one call per wake-up: end the turns it finished, lease what is due.
 -- KEYS[1] due zset   KEYS[2] armed   KEYS[3] wake   KEYS[4] slot guard (never written)
+-- KEYS[5] the caller's last step ({P:deb:LANE}:step:RUNNER)
 -- ARGV[1] limit (0: finish only)   ARGV[2] lease_ms   ARGV[3] max_batch   ARGV[4] token prefix
 -- ARGV[5] key name prefix   ARGV[6] grace_ms   ARGV[7] quiet_ms   ARGV[8] max_wait_ms
 -- ARGV[9] idle_ttl_ms   ARGV[10] the caller's runner id
@@ -312,6 +355,8 @@ end
 -- the runners; finishing only, it holds a timer for the earliest turn it scheduled before the
 -- armed time.
 local function step(keys, args)
+  local saved = saved_step(keys[5], args[4])
+  if saved then return saved end  -- this very call ran already: its reply was lost, not its work
   local now = now_ms()
   local limit, grace = tonumber(args[1]), tonumber(args[6])
   local quiet, max_wait, max_batch = tonumber(args[7]), tonumber(args[8]), tonumber(args[3])
@@ -350,6 +395,7 @@ local function step(keys, args)
   end
   local result = {now, timer, stale, outcomes, backup}
   for _, turn in ipairs(turns) do result[#result + 1] = turn end
+  if #turns > 0 or #outcomes > 0 then save_step(keys[5], args[4], result, tonumber(args[2])) end
   return result
 end
 
