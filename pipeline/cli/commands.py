@@ -158,7 +158,7 @@ def topics_list(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per topic.")] = False,
     transport: TransportOpt = None,
 ) -> None:
-    """Show every topic with partitions, retention and retained message counts."""
+    """Show every topic with partitions, retention, max_len (Redis) and retained message counts."""
 
     async def main() -> None:
         settings = _settings(transport)
@@ -176,15 +176,21 @@ def topics_list(
                             "topic": info.name,
                             "partitions": info.partitions,
                             "retention_ms": info.retention_ms,
+                            "max_len": info.max_len,
                             "messages": info.message_count,
                         }
                     )
                 )
             return
-        table = Table("topic", "partitions", "retention", "messages", title=f"topics on {t.name}")
+        table = Table(
+            "topic", "partitions", "retention", "max_len", "messages", title=f"topics on {t.name}"
+        )
         for info in infos.values():
             retention = format_duration_ms(info.retention_ms) if info.retention_ms else "-"
-            table.add_row(info.name, str(info.partitions), retention, str(info.message_count))
+            max_len = str(info.max_len) if info.max_len is not None else "-"
+            table.add_row(
+                info.name, str(info.partitions), retention, max_len, str(info.message_count)
+            )
         out_console().print(table)
 
     _run(main())
