@@ -75,12 +75,12 @@ def erlang_c(servers: int, offered: float) -> float:
         return 0.0
     if offered >= servers:
         return 1.0
-    term, below = 1.0, 0.0  # term = A^k / k!, summed for k < servers
-    for k in range(servers):
-        below += term
-        term *= offered / (k + 1)
-    waiting = term * servers / (servers - offered)
-    return waiting / (below + waiting)
+    # Erlang B by its recursion, then C from B: the terms A^k / k! themselves overflow a float
+    # past about 710 Erlangs (and the quotient of two infinities is NaN).
+    blocked = 1.0
+    for k in range(1, servers + 1):
+        blocked = offered * blocked / (k + offered * blocked)
+    return servers * blocked / (servers - offered * (1.0 - blocked))
 
 
 def reserve_slots(arrival_per_s: float, service_s: float, target: float = TARGET) -> int:
