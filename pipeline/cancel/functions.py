@@ -44,6 +44,9 @@ class CancelFunctions(FunctionLibrary):
         """Bind to ``client``; the library is loaded on first use."""
         super().__init__(client, LIBRARY)
         self.keys = CancelKeys(prefix)
+        self._held: tuple[int, dict[str, dict[str, object]]] | None = None
+        self.entries_read = 0
+        """How many selector entries :meth:`selectors` has read from Redis, in all."""
 
     async def cancel(
         self, kind: str, lane: str, value: str, reason: str, now_ms: int, keep_ms: int
@@ -55,7 +58,7 @@ class CancelFunctions(FunctionLibrary):
         k = self.keys
         version, marked = await self.fcall(
             "cn_cancel",
-            [k.selectors, k.version, k.runs, k.stops],
+            [k.selectors, k.version, k.runs, k.stops, k.until, k.changes, k.meta],
             [kind, lane, value, reason, now_ms, keep_ms],
         )
         return int(version), int(marked)
@@ -96,16 +99,40 @@ class CancelFunctions(FunctionLibrary):
         return _text(
             await self.fcall(
                 "cn_settle",
-                [k.selectors, k.version, k.runs, k.stops, k.beats],
+                [k.selectors, k.version, k.runs, k.stops, k.beats, k.meta],
                 [now_ms, timeout_ms, ident],
             )
         )
 
     async def selectors(self) -> tuple[int, dict[str, dict[str, object]]]:
-        """The version and every standing selector (``kind:lane:value`` -> at, reason, until)."""
+        """The version and every standing selector (``kind:lane:value`` -> at, reason, until).
+
+        The first call reads them all; later ones read only the selectors set or removed since
+        the version the previous call returned (``cn_read``), and all of them again only when
+        Redis no longer keeps those changes. The map returned is the one later calls update in
+        place.
+        """
+        if self._held is not None:
+            version, entries = self._held
+            k = self.keys
+            reply = await self.fcall(
+                "cn_read", [k.selectors, k.version, k.changes, k.meta], [version]
+            )
+            if int(reply[1]):
+                pairs = reply[2:]
+                for raw_field, raw in zip(pairs[::2], pairs[1::2], strict=True):
+                    if raw:
+                        entries[_text(raw_field)] = json.loads(raw)
+                    else:
+                        entries.pop(_text(raw_field), None)
+                self.entries_read += len(pairs) // 2
+                self._held = (int(reply[0]), entries)
+                return self._held
         pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.keys.version)
+        pipe.get(self.keys.version)  # before the entries: they are at least as new as it says
         pipe.hgetall(self.keys.selectors)
-        version, raw = await pipe.execute()
-        entries: Mapping[bytes, bytes] = raw
-        return int(version or 0), {_text(f): json.loads(v) for f, v in entries.items()}
+        raw_version, raw_entries = await pipe.execute()
+        every: Mapping[bytes, bytes] = raw_entries
+        self.entries_read += len(every)
+        self._held = (int(raw_version or 0), {_text(f): json.loads(v) for f, v in every.items()})
+        return self._held

@@ -26,9 +26,24 @@ class CancelKeys:
         return f"{self.tag}:sel"
 
     @property
+    def until(self) -> str:
+        """The selectors' end times (field -> until ms), so pruning reads only expired ones."""
+        return f"{self.tag}:until"
+
+    @property
     def version(self) -> str:
         """Bumped by every transition, so members know when to reread the selectors."""
         return f"{self.tag}:ver"
+
+    @property
+    def changes(self) -> str:
+        """Selector field -> the version that last set or removed it: what members reread."""
+        return f"{self.tag}:changes"
+
+    @property
+    def meta(self) -> str:
+        """The change log's bounds (``floor``, ``logged``) and the index's progress."""
+        return f"{self.tag}:meta"
 
     @property
     def runs(self) -> str:
@@ -52,4 +67,14 @@ class CancelKeys:
 
     def all(self) -> list[str]:
         """Every key, for tests and clean-up."""
-        return [self.selectors, self.version, self.runs, self.beats, self.stops, self.counts]
+        return [
+            self.selectors,
+            self.until,
+            self.version,
+            self.changes,
+            self.meta,
+            self.runs,
+            self.beats,
+            self.stops,
+            self.counts,
+        ]

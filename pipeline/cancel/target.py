@@ -3,8 +3,9 @@
 A :class:`Target` names the work: one event (by its event id, wherever and whenever it comes
 up), or every message of a key or of a tenant that exists at the moment of the cancellation
 (work that first exists after that millisecond is new work and runs), optionally on one lane
-only. :class:`Selectors` is a member's copy of the standing cancellations, read from Redis
-when their version changes, and answers for a message in memory.
+only. :class:`Selectors` is a member's copy of the standing cancellations, brought up to date
+from Redis when their version changes (:meth:`~pipeline.cancel.functions.CancelFunctions.selectors`
+reads only what changed), and answers for a message in memory.
 """
 
 from __future__ import annotations

@@ -8,8 +8,19 @@
 --                   kind is event, key or tenant; lane is a lane name or "*" (every lane).
 --                   An event selector covers that event whenever it comes up; a key or tenant
 --                   selector covers the messages that existed at "at" (origin <= at).
---                   Entries past "until" (ms) cover nothing; the next transition prunes them.
---   T:ver     int   bumped by every transition: members reread T:sel when it changes
+--                   Entries past "until" (ms) cover nothing; transitions prune them.
+--   T:until   zset  T:sel field -> its until: pruning reads only the expired entries, at most
+--                   PRUNED_PER_CALL per transition. Selectors written before this index existed
+--                   (or by a release that does not keep it) are indexed INDEXED_PER_CALL a
+--                   transition (HSCAN, cursor in T:meta "indexed", "done" once complete).
+--   T:ver     int   bumped by every transition: members reread what changed when it moves
+--   T:changes zset  T:sel field -> the version that last set or removed it (a removed field
+--                   is absent from T:sel): a member holding version v reads the fields scored
+--                   above v (cn_read). The CHANGES_KEPT latest are kept.
+--   T:meta    hash  floor: the changes above it are all in T:changes (a member below it rereads
+--                   everything); logged: the version of the latest transition logged here (a
+--                   T:ver past it was bumped by a release without the log: reread everything);
+--                   indexed: see T:until
 --   T:runs    hash  run id -> JSON {lane, member, event, key, tenant, origin, abandon}: long work
 --                   running now (registered and removed by its member, cn_sync)
 --   T:beats   zset  run id -> ms of its last heartbeat
@@ -17,16 +28,23 @@
 --   T:counts  hash  "lane:cancelled", "lane:hung" -> how many
 --
 -- Functions:
---   cn_cancel  KEYS sel, ver, runs, stop
+--   cn_cancel  KEYS sel, ver, runs, stop, until, changes, meta
 --              ARGV kind, lane, value, reason, now_ms, keep_ms -> {version, runs told to stop}
 --              (now_ms 0: the Redis server's time, which Redis Streams stamps messages with)
+--   cn_read    KEYS sel, ver, changes, meta
+--              ARGV version -> {version, 0} when the caller must reread all of T:sel, else
+--              {version, 1, (field, JSON or "" if removed)*}: what changed since ``version``
 --   cn_sync    KEYS runs, beats, stop, ver, counts
 --              ARGV now_ms, n, (id, record)*n, n, (id)*n, n, (id, beat_ms)*n, n, (field, count)*n,
 --                   id* -> {version, {id, reason}*}: register begun runs, remove ended ones,
 --                   record heartbeats and counts, and say which of the listed runs must stop
---   cn_settle  KEYS sel, ver, runs, stop, beats
+--   cn_settle  KEYS sel, ver, runs, stop, beats, meta
 --              ARGV now_ms, timeout_ms, id -> alive | gone | stopping | dropped | <reason>:
 --              the reconciler's re-check of one candidate, in one step with its transition
+
+local PRUNED_PER_CALL = 1000
+local INDEXED_PER_CALL = 1000
+local CHANGES_KEPT = 10000
 
 local function covers(kind, lane, value, at, rec)
   if lane ~= '*' and rec.lane ~= lane then return false end
@@ -37,17 +55,84 @@ local function covers(kind, lane, value, at, rec)
   return false
 end
 
+-- The next version, logged in T:meta. A T:ver that moved past the last logged version was
+-- bumped by a release without the change log: the log is complete only from here on, and that
+-- release may have written selectors without indexing them.
+local function next_version(k)
+  local before = tonumber(redis.call('GET', k.ver) or '0')
+  if tonumber(redis.call('HGET', k.meta, 'logged')) ~= before then
+    redis.call('HSET', k.meta, 'floor', before)
+    redis.call('HDEL', k.meta, 'indexed')
+  end
+  local version = redis.call('INCR', k.ver)
+  redis.call('HSET', k.meta, 'logged', version)
+  return version
+end
+
+-- One bounded step of indexing the selectors T:until does not know yet.
+local function index_step(k)
+  local cursor = redis.call('HGET', k.meta, 'indexed')
+  if cursor == 'done' then return end
+  if not cursor then
+    if redis.call('EXISTS', k.sel) == 0 then
+      redis.call('HSET', k.meta, 'indexed', 'done')
+      return
+    end
+    cursor = '0'
+  end
+  local scan = redis.call('HSCAN', k.sel, cursor, 'COUNT', INDEXED_PER_CALL)
+  local items = scan[2]
+  for i = 1, #items, 2 do
+    local ok, entry = pcall(cjson.decode, items[i + 1])
+    local until_ms = ok and type(entry) == 'table' and tonumber(entry['until']) or 0
+    redis.call('ZADD', k['until'], until_ms, items[i])
+  end
+  redis.call('HSET', k.meta, 'indexed', scan[1] == '0' and 'done' or scan[1])
+end
+
+-- Remove at most PRUNED_PER_CALL selectors past their until, found by the index.
+local function prune(k, now, version)
+  local expired = redis.call('ZRANGEBYSCORE', k['until'], '-inf', '(' .. now, 'LIMIT', 0, PRUNED_PER_CALL)
+  for _, field in ipairs(expired) do
+    local raw = redis.call('HGET', k.sel, field)
+    local ok, entry = pcall(cjson.decode, raw or '')
+    local until_ms = ok and type(entry) == 'table' and tonumber(entry['until']) or 0
+    if raw and until_ms >= now then
+      redis.call('ZADD', k['until'], until_ms, field)  -- set again by a writer without the index
+    else
+      redis.call('HDEL', k.sel, field)
+      redis.call('ZREM', k['until'], field)
+      redis.call('ZADD', k.changes, version, field)
+    end
+  end
+end
+
+-- Keep the CHANGES_KEPT latest changes; members below the new floor reread everything.
+local function trim_changes(k)
+  local over = redis.call('ZCARD', k.changes) - CHANGES_KEPT
+  if over <= 0 then return end
+  local last = redis.call('ZRANGE', k.changes, over - 1, over - 1, 'WITHSCORES')
+  redis.call('ZREMRANGEBYRANK', k.changes, 0, over - 1)
+  if tonumber(last[2]) > tonumber(redis.call('HGET', k.meta, 'floor') or '0') then
+    redis.call('HSET', k.meta, 'floor', last[2])
+  end
+end
+
 -- The one transition to cancelled. kind "run" stops one running run (value is its id);
 -- the other kinds record a standing selector and stop every registered run it covers.
 local function transition(k, kind, lane, value, reason, now, keep_ms)
   local marked = 0
+  local version = next_version(k)
   if kind == 'run' then
     if redis.call('HEXISTS', k.runs, value) == 1 and redis.call('HSETNX', k.stop, value, reason) == 1 then
       marked = 1
     end
   else
-    redis.call('HSET', k.sel, kind .. ':' .. lane .. ':' .. value,
-      cjson.encode({at = now, reason = reason, ['until'] = now + keep_ms}))
+    index_step(k)
+    local field = kind .. ':' .. lane .. ':' .. value
+    redis.call('HSET', k.sel, field, cjson.encode({at = now, reason = reason, ['until'] = now + keep_ms}))
+    redis.call('ZADD', k['until'], now + keep_ms, field)
+    redis.call('ZADD', k.changes, version, field)
     local runs = redis.call('HGETALL', k.runs)
     for i = 1, #runs, 2 do
       local rec = cjson.decode(runs[i + 1])
@@ -55,13 +140,10 @@ local function transition(k, kind, lane, value, reason, now, keep_ms)
         marked = marked + 1
       end
     end
-    local sel = redis.call('HGETALL', k.sel)
-    for i = 1, #sel, 2 do
-      local entry = cjson.decode(sel[i + 1])
-      if (tonumber(entry['until']) or 0) < now then redis.call('HDEL', k.sel, sel[i]) end
-    end
+    prune(k, now, version)
+    trim_changes(k)
   end
-  return {redis.call('INCR', k.ver), marked}
+  return {version, marked}
 end
 
 -- The Redis server's clock in ms: the one Redis Streams stamps messages with (pl_produce).
@@ -71,10 +153,30 @@ local function server_ms()
 end
 
 local function cancel(keys, args)
-  local k = {sel = keys[1], ver = keys[2], runs = keys[3], stop = keys[4]}
+  local k = {sel = keys[1], ver = keys[2], runs = keys[3], stop = keys[4], ['until'] = keys[5],
+    changes = keys[6], meta = keys[7]}
   local now = tonumber(args[5])
   if now == 0 then now = server_ms() end
   return transition(k, args[1], args[2], args[3], args[4], now, tonumber(args[6]))
+end
+
+-- What changed in T:sel since the version a member holds, or {version, 0}: reread it all.
+local function read(keys, args)
+  local sel, ver, changes, meta = keys[1], keys[2], keys[3], keys[4]
+  local since = tonumber(args[1])
+  local version = tonumber(redis.call('GET', ver) or '0')
+  if since == version then return {version, 1} end
+  local floor = tonumber(redis.call('HGET', meta, 'floor'))
+  local logged = tonumber(redis.call('HGET', meta, 'logged'))
+  if floor == nil or logged ~= version or since < floor or since > version then
+    return {version, 0}
+  end
+  local out = {version, 1}
+  for _, field in ipairs(redis.call('ZRANGEBYSCORE', changes, '(' .. since, '+inf')) do
+    out[#out + 1] = field
+    out[#out + 1] = redis.call('HGET', sel, field) or ''
+  end
+  return out
 end
 
 local function sync(keys, args)
@@ -138,7 +240,7 @@ local function selector_reason(sel, rec, now)
 end
 
 local function settle(keys, args)
-  local k = {sel = keys[1], ver = keys[2], runs = keys[3], stop = keys[4]}
+  local k = {sel = keys[1], ver = keys[2], runs = keys[3], stop = keys[4], meta = keys[6]}
   local beats = keys[5]
   local now, timeout, id = tonumber(args[1]), tonumber(args[2]), args[3]
   local raw = redis.call('HGET', k.runs, id)
@@ -170,5 +272,6 @@ local function settle(keys, args)
 end
 
 redis.register_function('cn_cancel', cancel)
+redis.register_function('cn_read', read)
 redis.register_function('cn_sync', sync)
 redis.register_function('cn_settle', settle)
