@@ -7,11 +7,13 @@ non-zero, never a traceback: 1 for a failed operation, 2 for bad input or config
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import sys
 import uuid
 from collections.abc import Coroutine
@@ -504,12 +506,49 @@ def redrive(
             total = await job.total()
             with Progress(console=err, transient=True) as bar:
                 task = bar.add_task(f"{'scanning' if dry_run else 'redriving'} {dlq}", total=total)
-                report = await job.run(lambda n: bar.advance(task, n))
+                report = await _until_sigterm(job.run(lambda n: bar.advance(task, n)))
+        except _Terminated:
+            err.print(
+                f"[red]error:[/red] redrive of {escape(dlq)} stopped by SIGTERM after moving"
+                f" {job.report.moved} (committed); run the same command again to resume",
+                highlight=False,
+            )
+            raise typer.Exit(143) from None
         finally:
             await t.close()
         _print_redrive(report, dry_run=dry_run)
 
     _run(main())
+
+
+class _Terminated(Exception):
+    """The process got SIGTERM while :func:`_until_sigterm` awaited."""
+
+
+async def _until_sigterm(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro``; SIGTERM stops it as Ctrl-C does (cancelled, its cleanup run).
+
+    Raises:
+        _Terminated: SIGTERM came and ``coro`` was cancelled.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    terminated = False
+
+    def stop() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")

@@ -7,10 +7,11 @@ the DLQ, the target and the filters as typed (``--since 2h`` stays ``2h``, see
 message that passes the filters is produced to ``--to`` or to its origin topic with its original
 key, value and event id, its failure headers removed and ``pl-redrive-count`` raised by one; a
 message already redriven ``max_redrives`` times is refused (it would loop). Positions are
-committed after each produced batch, and a stop (cancellation, Ctrl-C) in the middle of one
-commits what was already produced, so an interrupted redrive run again with the same arguments
-continues where it stopped: nothing is moved twice, except the one batch in flight if the
-process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
+committed after each produced batch, and a stop (cancellation; Ctrl-C or SIGTERM in
+``pipeline redrive``) in the middle of one waits for the broker's answer to the records on their
+way and commits what was already produced, so an interrupted redrive run again with the same
+arguments continues where it stopped: nothing is moved twice, except the one batch in flight if
+the process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
 from the DLQ, before the run or while it runs, are neither waited for nor counted. A dry run
 counts from the position of the redrive it previews, with a group of its own named for that one
 run (so dry runs at the same time do not split the DLQ's partitions between them) that it
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 from pipeline import headers as h
 from pipeline import tracing
-from pipeline.envelope import Message, Position, Record, TopicPartition
+from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
 from pipeline.errors import ConfigError
 from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
@@ -377,16 +378,33 @@ class Redrive:
     ) -> None:
         """Produce in order, all at once or one at a time spaced to the rate cap.
 
-        Each message of ``batch`` is settled as the broker acknowledges its record.
+        Each message of ``batch`` is settled as the broker acknowledges its record. A stop that
+        comes while records are on their way waits for the broker's answer first: records it
+        took are settled (and so committed) before the stop propagates, not sent again next run.
         """
         step = 1 if self._interval_s else len(picked)
         for at in range(0, len(picked), step):
             chunk = picked[at : at + step]
             started = time.monotonic()
-            await producer.send_many(target, [record for _, record in chunk])
-            for i, _ in chunk:
-                batch.settled[i] = True
-            self.report.moved += len(chunk)
-            self.report.moved_to[target] += len(chunk)
+            records = [record for _, record in chunk]
+            sending: asyncio.Future[list[Delivered]] = asyncio.ensure_future(
+                producer.send_many(target, records)
+            )
+            try:
+                await asyncio.shield(sending)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):  # a failed send settles nothing
+                    await sending
+                if sending.done() and not sending.cancelled() and sending.exception() is None:
+                    self._settled(chunk, target, batch)
+                raise
+            self._settled(chunk, target, batch)
             if self._interval_s:
                 await asyncio.sleep(max(0.0, self._interval_s - (time.monotonic() - started)))
+
+    def _settled(self, chunk: list[tuple[int, Record]], target: str, batch: _Batch) -> None:
+        """Mark the messages of ``chunk``, whose records the broker took, settled and moved."""
+        for i, _ in chunk:
+            batch.settled[i] = True
+        self.report.moved += len(chunk)
+        self.report.moved_to[target] += len(chunk)

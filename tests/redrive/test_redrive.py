@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from contract.helpers import consume_until, expire_below
 from runtime.helpers import declare, lane_spec, produce
+from support import delete_group_after
 
 from pipeline import headers as h
 from pipeline.config import Settings
@@ -139,6 +145,42 @@ async def test_a_stopped_redrive_resumes_after_what_it_sent(
         stopper.task = asyncio.create_task(job.run())
         with pytest.raises(asyncio.CancelledError):
             await stopper.task
+    rest = await Redrive(transport, routes.dead_letter_topic, Selection(), rate_per_s=1000).run()
+    info = (await transport.admin().list_topics())[routes.topic]
+    assert (job.report.moved, rest.moved, info.message_count) == (1, 4, 5)
+
+
+class _CancelDuringFirstSend:
+    """A producer that cancels ``task`` while its first send is on its way to the broker."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+        self.task: asyncio.Task[Report] | None = None
+
+    async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
+        """Cancel the run the first time, then send: the stop comes before the broker answers."""
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        return await self._producer.send_many(topic, records)
+
+    async def close(self) -> None:
+        """Close the real producer."""
+        await self._producer.close()
+
+
+async def test_a_redrive_stopped_during_a_send_settles_what_the_broker_took(
+    transport: Transport, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop while a record is on its way waits for the broker: it is committed, not resent."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    stopper = _CancelDuringFirstSend(transport.producer())
+    with monkeypatch.context() as patch:
+        patch.setattr(transport, "producer", lambda: stopper)
+        job = Redrive(transport, routes.dead_letter_topic, Selection(), rate_per_s=1000)
+        stopper.task = task = asyncio.create_task(job.run())
+        with pytest.raises(asyncio.CancelledError):
+            await task
     rest = await Redrive(transport, routes.dead_letter_topic, Selection(), rate_per_s=1000).run()
     info = (await transport.admin().list_topics())[routes.topic]
     assert (job.report.moved, rest.moved, info.message_count) == (1, 4, 5)
@@ -347,3 +389,39 @@ async def test_a_target_that_cannot_take_the_dead_letters_is_refused_first(
         with pytest.raises(ConfigError, match=f"--to '{to}'"):
             await asyncio.wait_for(Redrive(transport, dlq, Selection(), to=to).run(), 60)
     assert (await Redrive(transport, dlq, Selection(), dry_run=True).run()).scanned == 6
+
+
+async def test_a_redrive_stopped_by_sigterm_commits_what_it_sent(
+    transport: Transport, unique: str, tmp_path: Path
+) -> None:
+    """`pipeline redrive` stopped by SIGTERM commits what it sent: the next run sends the rest."""
+    spec = lane_spec(f"rd_{unique}", 2)
+    await declare(transport, spec)
+    dlq = spec.dead_letter
+    (tmp_path / "lane.yaml").write_text(f"name: {spec.name}\npartitions: 2\n")
+    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    await produce(transport, dlq, [Record(b"v%d" % i, b"k%d" % i, headers) for i in range(200)])
+    delete_group_after(transport, group_name(dlq, None, Selection.typed_as()), [dlq])
+    command = [sys.executable, "-m", "pipeline", "redrive", dlq, "-t", transport.name]
+    env = {**os.environ, "PIPELINE_TOPICS_DIR": str(tmp_path)}
+    admin = transport.admin()
+    pipe = asyncio.subprocess.PIPE
+    first = await asyncio.create_subprocess_exec(
+        *command, "--rate", "40", env=env, stdout=pipe, stderr=pipe
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while (await admin.list_topics([spec.name]))[spec.name].message_count == 0:
+            assert first.returncode is None, await first.communicate()
+            assert time.monotonic() < deadline, "the redrive moved nothing in 60 s"
+            await asyncio.sleep(0.05)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(first.communicate(), 60)
+    assert first.returncode == 143
+    assert b"Traceback" not in stderr, stderr
+    assert b"run the same command again to resume" in stderr
+    rest = await asyncio.create_subprocess_exec(*command, env=env, stdout=pipe, stderr=pipe)
+    _, stderr = await asyncio.wait_for(rest.communicate(), 90)
+    assert rest.returncode == 0, stderr
+    assert (await admin.list_topics([spec.name]))[spec.name].message_count == 200
