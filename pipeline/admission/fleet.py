@@ -15,7 +15,9 @@ Every ``interval_s`` each member (``pipeline consume`` with ``throttle.dynamic.e
 
 So a flooding org earns more only while the fleet has room for it; once the pool is full, its
 share shrinks with everyone's and its floor-protected neighbours keep theirs. Redis unavailable:
-the tick is skipped (logged); the limits last set stay in force.
+the tick is skipped (logged); the limits last set stay in force. Any other failure of a tick
+(a computed limit the throttle refuses, a bug) is logged with its traceback and skipped the same
+way: the fleet task never ends before the member does.
 """
 
 from __future__ import annotations
@@ -187,11 +189,21 @@ class FleetLimits:
         return max(1, math.floor(slots * self._pool_ratio)), running
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Tick every interval until ``stop`` is set; a Redis failure skips a tick."""
+        """Tick every interval until ``stop`` is set; a failed tick is logged and skipped.
+
+        A Redis failure is one warning line; any other error (a limit the throttle refuses, a
+        bug) is logged with its traceback. Either way the next tick runs on time: the limits
+        last set stay in force meanwhile, and the member goes on.
+        """
         while not stop.is_set():
             try:
                 await self.tick()
             except (rexc.RedisError, OSError) as exc:
                 log.warning("dynamic limits: tick skipped, Redis unavailable: %s", exc)
+            except Exception:
+                log.exception(
+                    "dynamic limits: tick failed, the limits last set stay in force; retrying"
+                    " at the next tick"
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._interval_ms / 1000)

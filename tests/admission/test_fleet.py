@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -9,6 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 from redis.asyncio import Redis
+from runtime.helpers import eventually
 
 from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.keys import fleet_load, org_config
@@ -147,3 +149,32 @@ async def test_an_override_that_is_not_valid_skips_only_its_own_org(
     (line,) = [r.getMessage() for r in caplog.records if "typo" in r.getMessage()]
     assert "flor" in line
     assert org_config(throttle.prefix) in line
+
+
+async def test_a_tick_that_raises_is_logged_and_the_next_tick_still_runs(
+    throttle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tick failing on an error not of Redis (a limit past the maximum) is logged, not fatal."""
+    fleet = FleetLimits(
+        throttle.client, throttle.prefix, throttle, POLICY, member="a", interval_s=0.05
+    )
+    fleet.bind(lambda: (1, 50))
+    fleet.submitted("huge")
+    await throttle.client.hset(org_config(throttle.prefix), "huge", '{"dedicated": 4000000000}')
+    stop = asyncio.Event()
+    with caplog.at_level(logging.ERROR, logger="pipeline.admission.fleet"):
+        task = asyncio.create_task(fleet.run(stop))
+        try:
+            await eventually(lambda: task.done() or bool(caplog.records), timeout_s=10.0)
+            assert not task.done(), f"the fleet task ended: {task.exception()!r}"
+            (record,) = caplog.records[:1]
+            assert "dynamic limits" in record.getMessage()
+            assert record.exc_info is not None  # the traceback, for a bug
+            await throttle.client.hset(org_config(throttle.prefix), "huge", '{"dedicated": 4}')
+            fleet.submitted("huge")
+            await eventually(lambda: task.done() or fleet.recomputed > 0, timeout_s=10.0)
+            assert not task.done(), f"the fleet task ended: {task.exception()!r}"
+            assert fleet.last["huge"] > 4
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10.0)
