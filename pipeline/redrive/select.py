@@ -48,6 +48,15 @@ def reason(message: Message) -> str:
     return f"{why}: {error_class(message)}"
 
 
+def _typed_bytes(text: str) -> bytes:
+    """The bytes of a filter as typed: UTF-8, and bytes that are not UTF-8 as they came.
+
+    Python hands command-line bytes that are not UTF-8 over as lone surrogates
+    (``surrogateescape``); they are turned back into those bytes, so a binary key matches.
+    """
+    return text.encode(errors="surrogateescape")
+
+
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Filters; a message is selected when it passes every one that is set."""
@@ -94,11 +103,11 @@ class Selection:
             return False
         if self.until_ms is not None and message.timestamp_ms >= self.until_ms:
             return False
-        if self.tenant is not None and message.headers.get(h.TENANT) != self.tenant.encode():
+        if self.tenant is not None and message.headers.get(h.TENANT) != _typed_bytes(self.tenant):
             return False
         if self.error_class is not None and not error_class(message).endswith(self.error_class):
             return False
-        return self.key is None or message.key == self.key.encode()
+        return self.key is None or message.key == _typed_bytes(self.key)
 
     def fingerprint(self) -> str:
         """A stable text of the filters (names the redrive's resumable position)."""

@@ -425,3 +425,12 @@ async def test_a_redrive_stopped_by_sigterm_commits_what_it_sent(
     _, stderr = await asyncio.wait_for(rest.communicate(), 90)
     assert rest.returncode == 0, stderr
     assert (await admin.list_topics([spec.name]))[spec.name].message_count == 200
+
+
+def test_a_key_or_tenant_typed_with_bytes_not_utf8_matches_those_bytes() -> None:
+    """`--key`/`--tenant` bytes that are not UTF-8 (argv carries them escaped) match, no crash."""
+    typed = b"a\xffb".decode(errors="surrogateescape")  # how Python hands `$'a\xffb'` over
+    selection = Selection.typed_as(key=typed, tenant=typed)
+    same = Message("t.dlq", 0, 1, b"a\xffb", b"v", {h.TENANT: b"a\xffb"})
+    other = Message("t.dlq", 0, 2, b"ab", b"v", {h.TENANT: b"a\xffb"})
+    assert (selection.matches(same), selection.matches(other)) == (True, False)
