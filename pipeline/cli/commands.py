@@ -508,11 +508,14 @@ def redrive(
                 task = bar.add_task(f"{'scanning' if dry_run else 'redriving'} {dlq}", total=total)
                 report = await _until_sigterm(job.run(lambda n: bar.advance(task, n)))
         except _Terminated:
-            err.print(
-                f"[red]error:[/red] redrive of {escape(dlq)} stopped by SIGTERM after moving"
-                f" {job.report.moved} (committed); run the same command again to resume",
-                highlight=False,
+            done = (
+                f"dry run of {escape(dlq)} stopped by SIGTERM after scanning"
+                f" {job.report.scanned}; nothing was moved"
+                if dry_run
+                else f"redrive of {escape(dlq)} stopped by SIGTERM after moving"
+                f" {job.report.moved} (committed); run the same command again to resume"
             )
+            err.print(f"[red]error:[/red] {done}", highlight=False)
             raise typer.Exit(143) from None
         finally:
             await t.close()
