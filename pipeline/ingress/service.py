@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 import uvicorn
+from redis.asyncio import Redis
 
+from pipeline.admission.debounce.held import BufferedEvents
 from pipeline.capacity.feed import CapacityFeed
-from pipeline.config import IngressSettings, Settings
+from pipeline.config import IngressSettings, RedisSettings, Settings
 from pipeline.heap import freeze_startup
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
@@ -115,8 +117,14 @@ def build_sweeper(
     ingress: IngressSettings,
     *,
     clock: Callable[[], float] = time.time,
+    redis: RedisSettings | None = None,
 ) -> Sweeper:
-    """A sweeper over ``store`` that reads lane backlogs with ``admin``, on ``clock``."""
+    """A sweeper over ``store`` that reads lane backlogs with ``admin``, on ``clock``.
+
+    With ``redis`` (the members' settings), the sweeper asks the debouncer there which events
+    of the debounced lanes still wait for their turn, and leaves their rows; close it
+    (:meth:`Sweeper.close`) to close that client.
+    """
     lanes = lane_topics(specs)
     s = ingress.sweeper
     # A copy waiting in a retry tier is late, not lost: the tiers count towards the backlog.
@@ -124,6 +132,15 @@ def build_sweeper(
     for spec in specs:
         queued[spec.lane] += [spec.name, *spec.retry_topic_names()]
     backlog = GroupLagBacklog(admin, queued, s.lane_groups, s.backlog_threshold)
+    windows_s = lane_windows_s(specs)
+    buffered = None
+    if redis is not None and windows_s:
+        client = Redis.from_url(
+            redis.url,
+            socket_timeout=redis.socket_timeout_s,
+            socket_connect_timeout=redis.socket_timeout_s,
+        )
+        buffered = BufferedEvents(client, redis.key_prefix, windows_s)
     return Sweeper(
         store,
         producer,
@@ -132,7 +149,8 @@ def build_sweeper(
         s,
         clock=clock,
         lane_delays_s=lane_delays_s(specs),
-        lane_windows_s=lane_windows_s(specs),
+        lane_windows_s=windows_s,
+        buffered=buffered,
     )
 
 
@@ -210,7 +228,12 @@ class Ingress:
                 else OffloadingProducer(self.producer, self.offloader)
             )
             self.sweeper = build_sweeper(
-                self.store, swept, self.transport.admin(), self.specs, self.ingress
+                self.store,
+                swept,
+                self.transport.admin(),
+                self.specs,
+                self.ingress,
+                redis=self.settings.redis,
             )
             self._stop = asyncio.Event()
             self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))
@@ -273,6 +296,9 @@ class Ingress:
             self._sweeping.cancel()  # a batch the broker does not take: its lease runs out
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeping
+        if self.sweeper is not None:
+            with contextlib.suppress(Exception):  # only a client of its own to release
+                await self.sweeper.close()
         unproduced = 0
         if self.dispatcher is not None:
             waiting, produced = self.dispatcher.waiting, self.dispatcher.counters.produced

@@ -13,9 +13,12 @@ Each sweep, for rows it claims (leases) in the log store:
    (retry tiers, a batch SLA: ``lane_delays_s``) is given its wait plus ``patience_s`` instead, so
    an event that is merely waiting its turn is neither copied nor abandoned. A debounced lane's
    events wait for their turn with their offsets committed, a wait no lag shows: its rows are given
-   the lane's debounce window (``lane_windows_s``) on top of their patience, backed up or not. Each
-   replay increments the row's ``replay_count``, which travels in the event's ``replay-count``
-   header.
+   the lane's debounce window (``lane_windows_s``) on top of their patience, backed up or not. A
+   row of a debounced lane whose event the debouncer still holds in a buffer (its turn waiting
+   or running, however long: ``buffered``) is not replayed: it is shown running
+   (``mark_running``), so its patience starts again, its ``replay_count`` unchanged; when Redis
+   does not answer, or holds no such event, the row is replayed. Each replay increments the row's
+   ``replay_count``, which travels in the event's ``replay-count`` header.
 3. **Abandoned**: a row due for a replay that already had ``max_replays`` is abandoned instead:
    something in it keeps its consumer from finishing, and replaying it would keep doing so. It
    is logged at CRITICAL with the reason, and counted.
@@ -32,19 +35,41 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pipeline.config import SweeperSettings
 from pipeline.errors import MessageTooLarge, PipelineError
 from pipeline.ingress.backlog import Backlog
 from pipeline.ingress.republish import produce_rows
-from pipeline.logstore import LogRow, SweepLog
+from pipeline.logstore import LogRow, ProcessedMarker, SweepLog
 from pipeline.transport.protocol import Producer
 
 log = logging.getLogger(__name__)
 
 _MAX_BATCHES_PER_SWEEP = 1_000  # bounds one sweep; the next one continues
+
+
+class SweptLog(SweepLog, ProcessedMarker, Protocol):
+    """What the sweeper needs of a log store: claims, replays, and showing rows still running."""
+
+
+class BufferedEvents(Protocol):
+    """Which events still wait in a debounced lane's buffers (the debouncer's Redis)."""
+
+    def watches(self, lane: str) -> bool:
+        """Whether ``lane`` is a debounced lane this asks about."""
+        ...
+
+    async def held(self, lane: str, event_ids: Sequence[str], keep_ms: int) -> set[str]:
+        """The ids among ``event_ids`` still buffered in ``lane``, kept ``keep_ms`` more."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connection."""
+        ...
 
 
 @dataclass(slots=True)
@@ -55,6 +80,8 @@ class SweepReport:
     replayed: int = 0
     abandoned: int = 0
     failed: int = 0
+    buffered: int = 0
+    """Rows left to their turn: their event still waits in a debounced lane's buffer."""
     patient_lanes: tuple[str, ...] = ()
     finished: bool = True
     """False for a sweep that raised part way: its rows count, its run does not."""
@@ -65,6 +92,7 @@ class SweepReport:
         self.replayed += other.replayed
         self.abandoned += other.abandoned
         self.failed += other.failed
+        self.buffered += other.buffered
 
 
 class Sweeper:
@@ -72,7 +100,7 @@ class Sweeper:
 
     def __init__(
         self,
-        log_store: SweepLog,
+        log_store: SweptLog,
         producer: Producer,
         backlog: Backlog,
         lane_topics: Mapping[str, Sequence[str]],
@@ -82,6 +110,7 @@ class Sweeper:
         on_sweep: Callable[[SweepReport], None] | None = None,
         lane_delays_s: Mapping[str, float] | None = None,
         lane_windows_s: Mapping[str, float] | None = None,
+        buffered: BufferedEvents | None = None,
     ) -> None:
         """Sweep ``log_store``; ``lane_topics`` lists the topics of every lane it may replay.
 
@@ -90,6 +119,8 @@ class Sweeper:
         passed, when it is longer than ``max_patience_s``. ``lane_windows_s`` is the longest a
         debounced lane's events wait for their turn (its ``max_wait_s``), which shows in no lag:
         it is added to the lane's patience, and to its overdue bound when backed up.
+        ``buffered`` tells which of those lanes' events still wait in the debouncer's buffers:
+        their rows are shown running instead of being replayed (closed by :meth:`close`).
 
         ``on_sweep`` is told each sweep (the rows metric, and for a ``finished`` one the
         heartbeat that shows the sweeper is alive).
@@ -100,6 +131,7 @@ class Sweeper:
         self._lane_topics = lane_topics
         self._lane_delays_s = lane_delays_s or {}
         self._lane_windows_s = lane_windows_s or {}
+        self._buffered = buffered
         self._settings = settings
         self._clock = clock
         self.totals = SweepReport()
@@ -132,6 +164,11 @@ class Sweeper:
                 ", ".join(report.patient_lanes) or "none",
             )
         return report
+
+    async def close(self) -> None:
+        """Release what the sweeper holds of its own (the debouncer's Redis client)."""
+        if self._buffered is not None:
+            await self._buffered.close()
 
     def _count(self, report: SweepReport) -> None:
         self.totals.add(report)
@@ -205,6 +242,8 @@ class Sweeper:
                 overdue_before_ms=self._ms(s.max_patience_s),
                 overdue_by_topic_ms={topic: self._ms(wait_s) for topic, wait_s in late_s.items()},
             )
+            claimed = len(rows)
+            rows = await self._leave_buffered(rows, report)
             spent = [row for row in rows if row.replay_count >= s.max_replays]
             for row in spent:
                 await self._abandon(
@@ -217,8 +256,49 @@ class Sweeper:
                 await self._log.mark_replayed([row.id for row in outcome.delivered])
                 report.replayed += len(outcome.delivered)
                 await self._failed(outcome.failed, report)
-            if len(rows) < s.batch_size:
+            if claimed < s.batch_size:
                 return
+
+    async def _leave_buffered(self, rows: list[LogRow], report: SweepReport) -> list[LogRow]:
+        """``rows`` but those whose event waits in a debounced lane's buffer, shown running.
+
+        One call per debounced lane of the batch. A lane whose Redis does not answer keeps its
+        rows: they are replayed, as they would be without a debouncer (a copy, never a loss).
+        """
+        asked: dict[str, list[LogRow]] = defaultdict(list)
+        if self._buffered is not None:
+            for row in rows:
+                if row.event_id and self._buffered.watches(row.lane):
+                    asked[row.lane].append(row)
+        if not asked:
+            return rows
+        s = self._settings
+        keep_ms = round(
+            2
+            * 1000
+            * (
+                s.patience_s
+                + s.interval_s
+                + s.lease_s
+                + max(self._lane_windows_s.values(), default=0.0)
+            )
+        )
+        assert self._buffered is not None  # noqa: S101 - asked is empty otherwise
+        left: set[str] = set()
+        for lane, lane_rows in asked.items():
+            try:
+                held = await self._buffered.held(lane, [r.event_id for r in lane_rows], keep_ms)
+            except PipelineError as exc:
+                log.warning(
+                    "cannot tell which events of lane %s wait for their turn: %s", lane, exc
+                )
+                continue
+            left.update(row.id for row in lane_rows if row.event_id in held)
+        if not left:
+            return rows
+        await self._log.mark_running(sorted(left))
+        report.buffered += len(left)
+        return [row for row in rows if row.id not in left]
 
     async def _failed(
         self, failed: list[tuple[LogRow, PipelineError]], report: SweepReport

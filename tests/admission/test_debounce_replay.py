@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 from pipeline import headers as h
 from pipeline.admission.debounce import Debouncer, Turn
 from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.admission.debounce.codec import event_digest
 from pipeline.envelope import Message
 from pipeline.topics.spec import DebouncePolicy
 
@@ -98,3 +99,26 @@ async def test_messages_without_an_event_id_are_told_apart_by_their_offset(debou
     await debouncer.record("c1", webhook(6, None, "b"))
     (turn,) = (await debouncer.claim(10)).turns
     assert texts(turn) == ["a", "b"]
+
+
+def digest(event_id: str) -> str:
+    """The digest the debouncer keeps of ``event_id``."""
+    return event_digest(event_id.encode())
+
+
+async def test_a_buffered_event_is_held_until_its_turn_succeeds(debouncer, redis):
+    """An event is held while waiting, failing or running, and forgotten once its turn succeeds."""
+    held = debouncer.functions.held
+    events = [digest("evt-1"), digest("evt-2"), digest("evt-3")]
+    await debouncer.record("c1", webhook(5, "evt-1", "hi"))
+    await debouncer.record("c1", webhook(6, "evt-2", "open?"))
+    assert await held(events, 1_000) == [True, True, False]
+    (turn,) = (await debouncer.claim(10)).turns
+    assert await debouncer.finish(turn, ok=False, retry_in_ms=0) == "scheduled"
+    (retry,) = (await debouncer.claim(10)).turns
+    await debouncer.record("c1", webhook(7, "evt-3", "sunday"))  # arrives during the turn
+    assert await held(events, 1_000) == [True, True, True]
+    assert await debouncer.finish(retry, ok=True) == "scheduled"
+    assert await held(events, 1_000) == [False, False, True]
+    index = debounce_keys.event_key(PREFIX, debouncer.lane, digest("evt-1"))
+    assert await redis.exists(index) == 0

@@ -77,7 +77,12 @@ class BufferedMessage:
         Copies of one event (a replay of the ingress's sweeper) share it at different offsets.
         """
         event_id = self.headers.get(EVENT_ID)
-        return hashlib.blake2b(event_id, digest_size=8).hexdigest() if event_id else ""
+        return event_digest(event_id) if event_id else ""
+
+
+def event_digest(event_id: bytes) -> str:
+    """The digest of an event id (16 hex digits) the debouncer keeps and is asked about."""
+    return hashlib.blake2b(event_id, digest_size=8).hexdigest()
 
 
 def encode(message: BufferedMessage) -> bytes:

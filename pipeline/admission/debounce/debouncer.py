@@ -79,6 +79,8 @@ Finish = Outcome
 """What ``finish`` did: nothing left buffered; a next turn scheduled; lease lost (no change)."""
 GRACE_MS = 1_000
 """How long past the armed due time a record treats the runner holding that timer as gone."""
+HELD_TTL_MS = 3_600_000
+"""How long past ``max_wait_s`` the sweeper can find a buffered event no sweep asked about."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +199,7 @@ class Debouncer:
         lease_ms: int = 30_000,
         idle_ttl_ms: int = 600_000,
         grace_ms: int = GRACE_MS,
+        held_ttl_ms: int = HELD_TTL_MS,
     ) -> None:
         """Debounce ``lane`` with ``policy``, keeping its state under ``prefix``.
 
@@ -209,6 +212,9 @@ class Debouncer:
                 (the runner renews it while the turn runs).
             idle_ttl_ms: how long the state of a conversation with nothing buffered is kept.
             grace_ms: how long past an armed due time before a record wakes another runner.
+            held_ttl_ms: how long past ``max_wait_s`` a buffered event stays findable by the
+                ingress's sweeper (:class:`~pipeline.admission.debounce.held.BufferedEvents`)
+                when no sweep asks about it; each sweep that finds it keeps it longer.
         """
         self._token_prefix = uuid.uuid4().hex[:12]
         self.functions = DebounceFunctions(
@@ -220,6 +226,7 @@ class Debouncer:
         self._idle_ttl_ms = idle_ttl_ms
         self._quiet_ms = round(policy.quiet_s * 1000)
         self._max_wait_ms = round(policy.max_wait_s * 1000)
+        self._held_ttl_ms = self._max_wait_ms + held_ttl_ms
         self._policy = (self._quiet_ms, self._max_wait_ms, policy.max_batch)
         self._claims = 0
         self._listeners: list[Callable[[int], None]] = []
@@ -263,6 +270,7 @@ class Debouncer:
             self.policy.max_batch,
             buffered.timestamp_ms,
             buffered.event_digest,
+            self._held_ttl_ms,
         )
         try:
             reply = await self._call(record)

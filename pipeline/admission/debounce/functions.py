@@ -115,19 +115,35 @@ class DebounceFunctions(FunctionLibrary):
         batch: int,
         timestamp_ms: int = 0,
         event: str = "",
+        held_ttl_ms: int = 3_600_000,
     ) -> Recorded:
         """``db_record``: buffer one encoded message for ``key`` and (re)schedule its turn.
 
-        ``event`` is a digest of the message's event id (whitespace-free; "" when it has none).
-        ``due_ms`` is -1 when the message, or a copy of its event still buffered, was recorded
-        already (see the Lua).
+        ``event`` is a digest of the message's event id (hex digits; "" when it has none): a
+        buffered event's conversation is kept ``held_ttl_ms`` for :meth:`held`. ``due_ms`` is -1
+        when the message, or a copy of its event still buffered, was recorded already (see the
+        Lua).
         """
         names = [*keys.conversation_keys(self.prefix, self.lane, key), self.armed_key]
+        names.append(self.wake_key)
+        if event:
+            names.append(keys.event_key(self.prefix, self.lane, event))
         args = [key, message_id, data, quiet_ms, max_wait_ms, batch, self.grace_ms, timestamp_ms]
-        reply = await self.fcall("db_record", [*names, self.wake_key], [*args, event])
+        reply = await self.fcall("db_record", names, [*args, event, held_ttl_ms])
         return Recorded(
             int(reply[0]), bool(int(reply[1])), int(reply[2]), int(reply[3]), bool(int(reply[4]))
         )
+
+    async def held(self, events: Sequence[str], keep_ms: int) -> list[bool]:
+        """``db_held``: per event digest, whether its message still waits in a buffer.
+
+        A held event stays findable at least ``keep_ms`` more.
+        """
+        if not events:
+            return []
+        names = [keys.event_key(self.prefix, self.lane, event) for event in events]
+        reply = await self.fcall("db_held", names, [self.key_prefix, keep_ms])
+        return [bool(int(found)) for found in reply]
 
     async def claim(self, limit: int, lease_ms: int, max_batch: int, token: str) -> Leased:
         """``db_claim``: lease up to ``limit`` due turns; the caller takes the lane's timer."""

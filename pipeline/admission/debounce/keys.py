@@ -9,6 +9,7 @@ All keys of a lane share the hash tag ``{PREFIX:deb:LANE}``:
 - ``{PREFIX:deb:LANE}:armed``: the due time some runner holds a timer for;
 - ``{PREFIX:deb:LANE}:wake``: the list runners block on (BLPOP) to learn of earlier due times;
 - ``{PREFIX:deb:LANE}:step:RUNNER``: a runner's last step and its reply (see :func:`step_key`);
+- ``{PREFIX:deb:LANE}:e:EVENT``: the conversation of a buffered event (see :func:`event_key`);
 - ``{PREFIX:deb:LANE}:slot_guard``: never written (see :func:`slot_guard`).
 
 Cluster trade-off: one function call must stay in one Redis Cluster slot. ``record`` and
@@ -76,6 +77,15 @@ def buffer_key(prefix: str, lane: str, key: str) -> str:
 def state_key(prefix: str, lane: str, key: str) -> str:
     """The hash with a conversation's marker, lease and attempt count."""
     return f"{key_prefix(prefix, lane)}s:{key}"
+
+
+def event_key(prefix: str, lane: str, event: str) -> str:
+    """The conversation key of the buffered message whose event id has the digest ``event``.
+
+    Written by ``db_record`` and deleted when the message leaves the buffer, so that the
+    ingress's sweeper can ask (``db_held``) whether a webhook's event still waits for its turn.
+    """
+    return f"{key_prefix(prefix, lane)}e:{event}"
 
 
 def conversation_keys(prefix: str, lane: str, key: str) -> list[str]:

@@ -27,6 +27,12 @@
 --                              ra   after a failed turn: not due again before this (ms)
 --                              Persists while the buffer holds messages; expires (ARGV
 --                              idle_ttl_ms) once the key is idle.
+--   {P:deb:LANE}:e:EVENT string the conversation key of the buffered message whose event id has
+--                              the digest EVENT (the `re` entry), for the ingress's sweeper to
+--                              ask whether a webhook's event still waits (db_held). Written by
+--                              db_record, deleted once db_finish sees the message leave the
+--                              buffer; expires ARGV held_ttl_ms after it was written (each
+--                              db_held that finds it held keeps it that long again).
 --   {P:deb:LANE}:armed   string "<due_ms>:<holder>": the due time (ms) some runner holds a
 --                              timer for (holder '' when a wake-up was pushed for it): the
 --                              lane's earliest due time as last announced. Expires `grace` ms
@@ -141,7 +147,8 @@ end
 -- recorded ones (a redelivery after a crash before the commit, or a retried call that had
 -- run), or when a message with its event id (ARGV[9]) among the RECENT last recorded is still
 -- in the buffer (a copy the ingress's sweeper replayed while the first waited or ran): nothing
--- changed, but for the copy's id remembered.
+-- changed, but for the copy's id remembered. KEYS[6] ({P:deb:LANE}:e:EVENT, given with an event
+-- id) is set to the conversation key for ARGV[10] ms (held_ttl_ms), the copy's drop included.
 local function record(keys, args)
   local now = now_ms()
   local token = ' ' .. args[2] .. '@' .. (args[8] or '') .. ' '
@@ -153,6 +160,7 @@ local function record(keys, args)
   local event = args[9] or ''
   if event ~= '' and holds_event(keys[2], events, event) then
     redis.call('HSET', keys[3], 'rc', remember(recent, token))
+    if keys[6] then redis.call('SET', keys[6], args[1], 'PX', tonumber(args[10])) end
     return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
   end
   local state = redis.call('HMGET', keys[3], 'lu', 'ra')
@@ -162,6 +170,7 @@ local function record(keys, args)
   if event ~= '' then
     local entry = ' ' .. event .. '@' .. now .. '@' .. string.sub(redis.sha1hex(element), 1, 16) .. ' '
     redis.call('HSET', keys[3], 're', remember(events, entry))
+    if keys[6] then redis.call('SET', keys[6], args[1], 'PX', tonumber(args[10])) end
   end
   if buffered == 1 then redis.call('PERSIST', keys[3]) end  -- it expires only while idle
   local lease_until = tonumber(state[1])
@@ -228,6 +237,46 @@ local function take_timer(due_key, armed_key, now, grace, owner)
   return -1
 end
 
+-- After a turn succeeded: drop from the `re` field of state `st` the events whose messages left
+-- the buffer `buf`, and their {P:deb:LANE}:e:EVENT keys (`prefix` .. 'e:' .. event).
+local function forget_events(buf, st, prefix)
+  local events = redis.call('HGET', st, 're')
+  if not events then return end
+  local head = redis.call('LINDEX', buf, 0)
+  local first = head and arrival_of(head)
+  local at_first = nil  -- digests of the buffered elements that arrived at `first`
+  local kept = {}
+  for entry in string.gmatch(events, '%S+') do
+    local event, arrival, element = string.match(entry, '^(%x+)@(%d+)@(%x+)$')
+    local held = false
+    if event and first then
+      arrival = tonumber(arrival)
+      if arrival > first then
+        held = true
+      elseif arrival == first then
+        if not at_first then
+          at_first = {}
+          for _, buffered in ipairs(redis.call('LRANGE', buf, 0, -1)) do
+            if arrival_of(buffered) ~= first then break end
+            at_first[string.sub(redis.sha1hex(buffered), 1, 16)] = true
+          end
+        end
+        held = at_first[element] == true
+      end
+    end
+    if held then
+      kept[#kept + 1] = entry
+    elseif event then
+      redis.call('DEL', prefix .. 'e:' .. event)
+    end
+  end
+  if #kept == 0 then
+    redis.call('HDEL', st, 're')
+  else
+    redis.call('HSET', st, 're', ' ' .. table.concat(kept, ' ') .. ' ')
+  end
+end
+
 -- End one claimed turn of `key` (buffer `buf`, state `st`); returns {outcome, due_ms, buffered}.
 -- Succeeded (ok == '1'): the turn's messages leave the buffer; messages that arrived meanwhile
 -- get a turn due by the quiet period and max wait from their own arrival. Failed: every message
@@ -235,7 +284,7 @@ end
 -- after retry_ms. outcome is done (nothing left), scheduled, or lost (the token no longer holds
 -- the lease: another member claimed the key; nothing changed).
 local function finish_one(due_key, buf, st, key, token, ok, retry_ms, quiet, max_wait,
-                          max_batch, idle_ttl, now)
+                          max_batch, idle_ttl, now, prefix)
   local state = redis.call('HMGET', st, 'tok', 'n', 'att', 'ff')
   if state[1] ~= token then
     return {'lost', -1, redis.call('LLEN', buf)}
@@ -244,6 +293,7 @@ local function finish_one(due_key, buf, st, key, token, ok, retry_ms, quiet, max
   if ok == '1' then
     redis.call('LTRIM', buf, tonumber(state[2]), -1)
     redis.call('HDEL', st, 'tok', 'lu', 'n', 'ra', 'att', 'ff')
+    forget_events(buf, st, prefix)
   else
     redis.call('HDEL', st, 'tok', 'lu', 'n')
     redis.call('HINCRBY', st, 'att', 1)
@@ -292,9 +342,10 @@ end
 -- Returns {outcome, due_ms or -1, buffered}.
 local function finish(keys, args)
   local now = now_ms()
+  local prefix = string.sub(keys[3], 1, #keys[3] - #args[1] - 2)  -- state = prefix .. 's:' .. key
   local result = finish_one(keys[1], keys[2], keys[3], args[1], args[2], args[3],
     tonumber(args[4]), tonumber(args[5]), tonumber(args[6]), tonumber(args[7]),
-    tonumber(args[8]), now)
+    tonumber(args[8]), now, prefix)
   if result[1] == 'scheduled' then
     arm(keys[4], nil, result[2], now, tonumber(args[9]), false, args[10])
   end
@@ -368,7 +419,7 @@ local function step(keys, args)
     local key = args[at + 1]
     local done = finish_one(keys[1], prefix .. 'b:' .. key, prefix .. 's:' .. key, key,
       args[at + 2], args[at + 3], tonumber(args[at + 4]), quiet, max_wait, max_batch, idle_ttl,
-      now)
+      now, prefix)
     outcomes[i] = done[1]
     if done[1] == 'scheduled' and limit == 0
         and arm(keys[2], nil, done[2], now, grace, false, me) == 1 then
@@ -436,7 +487,34 @@ local function next_due(keys, _args)
   return {now_ms(), tonumber(first[2]) or -1}
 end
 
+-- db_held: which of the given events still wait in the lane's buffers (the ingress's sweeper
+-- asks before it replays a webhook of a debounced lane).
+-- KEYS[i] {P:deb:LANE}:e:EVENT of each event asked about
+-- ARGV[1] key name prefix "{P:deb:LANE}:"   ARGV[2] keep_ms
+-- Returns one 1 (held: waiting for its turn, or in its running turn) or 0 per key. The key of a
+-- held event is kept at least keep_ms more; that of an event no longer buffered is deleted.
+local function held(keys, args)
+  local prefix, keep = args[1], tonumber(args[2])
+  local found = {}
+  for i, index in ipairs(keys) do
+    found[i] = 0
+    local key = redis.call('GET', index)
+    if key then
+      local event = string.sub(index, #prefix + 3)
+      local events = redis.call('HGET', prefix .. 's:' .. key, 're')
+      if events and holds_event(prefix .. 'b:' .. key, events, event) then
+        found[i] = 1
+        if redis.call('PTTL', index) < keep then redis.call('PEXPIRE', index, keep) end
+      else
+        redis.call('DEL', index)
+      end
+    end
+  end
+  return found
+end
+
 redis.register_function('db_record', record)
+redis.register_function('db_held', held)
 redis.register_function('db_claim', claim)
 redis.register_function('db_finish', finish)
 redis.register_function('db_step', step)
