@@ -11,6 +11,9 @@ Delivery guarantee: a message's offset is committed only after its handler retur
 or its failure was durably routed to a retry tier or the dead-letter topic (or it was held
 behind its parked key, in Redis). Everything else is redelivered after a crash or rebalance (at
 least once).
+
+The member cannot run without its commit loop, its debounced lanes' turn runners and its
+long-work tick: the first of them to fail stops it (:mod:`pipeline.runtime.supervision`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from pipeline.runtime.pressure import ConcurrencyGovernor
 from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.stats import Stats
+from pipeline.runtime.supervision import Essential
 from pipeline.runtime.throttle_gate import Admitter
 from pipeline.runtime.turns import DebouncedLanes
 from pipeline.runtime.work import Work
@@ -260,6 +264,11 @@ class Member:
 
         ``hurry``, set during the shutdown, ends its grace at once: what still runs is
         cancelled (not committed, so delivered again), then the member commits and leaves.
+
+        Raises:
+            PipelineError: an essential background task (the commit loop, a debounced lane's
+                turn runner, the long-work tick) failed; the member shut down as on ``stop``
+                (:mod:`pipeline.runtime.supervision`).
         """
         self._hurry = hurry
         await self._longwork.tick()  # the standing cancellations, before the first message
@@ -270,11 +279,13 @@ class Member:
             self._pauses, self._settings.partition_high_water, self._settings.partition_low_water
         )
         self._chain.start(self._pauses)
-        committer = asyncio.create_task(self._commit_forever())
+        # Without any of these the member must not run on: the first to fail stops it.
+        essential = Essential(f"member of group {self.group}")
+        committer = essential.start(self._commit_forever(), "commit loop")
         turns_stop = asyncio.Event()
         runners = [
-            asyncio.create_task(runner.run(turns_stop))
-            for runner in (self._turns.runners.values() if self._turns else ())
+            essential.start(runner.run(turns_stop), f"debounced lane {name}'s turn runner")
+            for name, runner in (self._turns.runners.items() if self._turns else ())
         ]
         if self._settings.pressure.enabled:
             governor = ConcurrencyGovernor(
@@ -283,10 +294,12 @@ class Member:
             runners.append(asyncio.create_task(governor.run(turns_stop)))
         if self._fleet is not None:
             runners.append(asyncio.create_task(self._fleet.run(turns_stop)))
-        longwork = asyncio.create_task(self._longwork.run(turns_stop))
+        longwork = essential.start(
+            self._longwork.run(turns_stop), "long-work tick (heartbeats, cancellations)"
+        )
         pause_s = 0.5
         try:
-            while not stop.is_set():
+            while not stop.is_set() and not essential.failed.is_set():
                 try:
                     batch = await consumer.poll(self._settings.poll_max, 0.5)
                 except UnknownTopic:
@@ -305,10 +318,14 @@ class Member:
                 for message in batch:
                     self._dispatch(message)
         finally:
+            essential.closing()
             turns_stop.set()
-            await self._shutdown(committer, runners)
-            await longwork
-            await self._longwork.close()
+            try:
+                await self._shutdown(committer, runners)
+                await asyncio.wait([longwork])
+                await self._longwork.close()
+            finally:
+                essential.check()  # a failed essential task: one line, a non-zero exit
 
     async def _shutdown(
         self, committer: asyncio.Task[None], runners: Sequence[asyncio.Task[None]] = ()
@@ -357,10 +374,8 @@ class Member:
         if stuck:
             log.warning("%d debounced turn(s) did not stop when cancelled at shutdown", len(stuck))
         committer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await committer
-        with contextlib.suppress(TransportError):
-            await self._commit(consumer)
+        await asyncio.wait([committer])  # a failed one was logged already
+        await self._last_commit(consumer)
         polling.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await polling
@@ -377,6 +392,21 @@ class Member:
         await self._handler.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
+
+    async def _last_commit(self, consumer: Consumer) -> None:
+        """Commit what finished before leaving; a failure leaves it to be delivered again.
+
+        A failure that is not the broker's (the one that stopped the commit loop, say) is
+        logged with its traceback, and the member still leaves its group.
+        """
+        try:
+            await self._commit(consumer)
+        except TransportError:
+            pass
+        except Exception:
+            log.exception(
+                "%s: the last commit failed; its messages are delivered again", self.group
+            )
 
     async def _keep_polling(self, consumer: Consumer) -> None:
         """Poll while shutdown drains, so the group keeps the member and its partitions.
