@@ -134,8 +134,20 @@ class DeletionCost:
         if cost == self._sent or (not force and now - self._sent_at < self._min_interval_s):
             return False
         self._sent_at = now
+        path = self._pod.token_path
         try:
-            token = self._pod.token_path.read_text(encoding="utf-8").strip()
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:  # a token of bytes that are not text too
+            log.warning(
+                "could not set %s=%d on pod %s: cannot read the service-account token %s: %s",
+                ANNOTATION,
+                cost,
+                self._pod.name,
+                path,
+                exc,
+            )
+            return False
+        try:
             response = await self._client.send(patch_request(self._pod, cost, token))
             response.raise_for_status()
         except (OSError, httpx.HTTPError) as exc:

@@ -94,3 +94,17 @@ async def test_a_refused_patch_is_logged_not_raised(tmp_path):
         assert not await cost.update(2)  # not recorded as sent, so it is tried again
     finally:
         await cost.close()
+
+
+async def test_a_token_that_is_not_text_is_logged_not_raised(tmp_path, caplog):
+    """A token file of bytes that are not UTF-8 fails the patch with a warning, never raises."""
+    (tmp_path / "token").write_bytes(b"\xff\xfe-not-utf8")
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(200)))
+    pod = PodRef("ns", "p", "https://k8s", token_path=tmp_path / "token")
+    cost = DeletionCost(pod, client=client, min_interval_s=0.0)
+    try:
+        assert not await cost.update(2)
+    finally:
+        await cost.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert str(tmp_path / "token") in line
