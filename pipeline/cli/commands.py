@@ -320,19 +320,17 @@ def tail(
                 await t.close()
                 raise
             wanted = min(limit, held[topic].message_count) if topic in held else limit
-        group = f"pipeline-tail-{uuid.uuid4().hex[:8]}"
-        consumer = t.consumer(group, [topic], start_at="earliest" if from_beginning else "latest")
+        # A reader in no consumer group: a tail killed leaves nothing on the broker.
+        reader = t.reader([topic], start_at="earliest" if from_beginning else "latest")
         seen = 0
         try:
             while wanted is None or seen < wanted:
-                for msg in await consumer.poll(wanted - seen if wanted else 500, 0.5):
+                for msg in await reader.poll(wanted - seen if wanted else 500, 0.5):
                     typer.echo(_render(msg, as_json=as_json))
                     seen += 1
                 sys.stdout.flush()
         finally:
-            await consumer.close()
-            with contextlib.suppress(PipelineError):
-                await t.admin().delete_group(group, [topic])
+            await reader.close()
             await t.close()
 
     _run(main())

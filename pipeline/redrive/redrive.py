@@ -13,10 +13,10 @@ way and commits what was already produced, so an interrupted redrive run again w
 arguments continues where it stopped: nothing is moved twice, except the one batch in flight if
 the process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
 from the DLQ, before the run or while it runs, are neither waited for nor counted. A dry run
-counts from the position of the redrive it previews, with a group of its own named for that one
-run (so dry runs at the same time do not split the DLQ's partitions between them) that it
-deletes afterwards; it commits nothing, so it moves no group's position. A killed (not stopped)
-dry run leaves its group behind, holding no position, and no later run reads it.
+counts from the position of the redrive it previews, read by a reader in no consumer group
+(:meth:`~pipeline.transport.protocol.Transport.reader`, so dry runs at the same time each read
+every partition): it commits nothing, moves no group's position and, even killed, leaves nothing
+on the broker.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import re
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from pipeline.errors import ConfigError
 from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
 from pipeline.topics.spec import TopicSpec
-from pipeline.transport.protocol import Admin, Consumer, Producer, Transport
+from pipeline.transport.protocol import Admin, Consumer, Producer, Reader, Transport
 
 _DROPPED_HEADERS = {
     h.ATTEMPT,
@@ -181,11 +180,6 @@ class Redrive:
             await admin.close()
         return sum(end - first for first, end in starts.values())
 
-    def _group(self) -> str:
-        """The redrive's group, or for a dry run a group of this run's own."""
-        base = group_name(self._dlq, self._to, self._selection)
-        return f"{base}.dry.{uuid.uuid4().hex[:8]}" if self._dry_run else base
-
     async def _starts(self, admin: Admin) -> dict[TopicPartition, tuple[int, int]]:
         """Per partition, the first offset this run reads and the end seen now.
 
@@ -213,7 +207,6 @@ class Redrive:
         return self.report
 
     async def _run(self, admin: Admin, progress: Callable[[int], None] | None) -> None:
-        group = self._group()
         if self._to is not None and not await self._takes(admin, self._to):
             raise ConfigError(
                 f"--to {self._to!r}: no such topic, or the dead-letter topic being redriven;"
@@ -224,14 +217,19 @@ class Redrive:
         starts = await self._starts(admin)
         nexts = {tp: first for tp, (first, _) in starts.items()}  # the next offset to handle
         ends = {tp: end for tp, (first, end) in starts.items() if first < end}
-        consumer = self._transport.consumer(group, [self._dlq])
+        group = group_name(self._dlq, self._to, self._selection)
+        consumer: Consumer | None = None  # the redrive's group member; a dry run has none
+        if self._dry_run:
+            reader: Consumer | Reader = self._transport.reader([self._dlq])
+        else:
+            reader = consumer = self._transport.consumer(group, [self._dlq])
         producer = self._transport.producer()
         if self._offloader is not None:
             producer = OffloadingProducer(producer, self._offloader)
         checked = time.monotonic()
         try:
             while not self._finished(ends, nexts):
-                batch = _Batch(await self._poll(consumer, nexts, ends))
+                batch = _Batch(await self._poll(reader, nexts, ends))
                 if not batch.messages:
                     if time.monotonic() - checked >= _RECHECK_S:
                         await self._skip_expired(admin, nexts, ends)
@@ -243,10 +241,8 @@ class Redrive:
                 if handled < len(batch.messages):
                     break
         finally:
-            await consumer.close()
+            await reader.close()
             await producer.close()
-            if self._dry_run:
-                await admin.delete_group(group, [self._dlq])
 
     async def _skip_expired(
         self, admin: Admin, nexts: dict[TopicPartition, int], ends: dict[TopicPartition, int]
@@ -263,17 +259,20 @@ class Redrive:
                 nexts[tp] = min(first, ends[tp])
 
     async def _poll(
-        self, consumer: Consumer, nexts: dict[TopicPartition, int], ends: dict[TopicPartition, int]
+        self,
+        reader: Consumer | Reader,
+        nexts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
     ) -> list[Message]:
         """The next messages to handle, each below the end its partition had at start.
 
-        A partition that delivers messages below where this run reads it (the dry run's fresh
-        group starts at the beginning) is moved there, and its messages of this poll dropped.
+        A partition that delivers messages below where this run reads it (the dry run's reader
+        starts at the beginning) is moved there, and its messages of this poll dropped.
         """
-        polled = await consumer.poll(200, 0.5)
+        polled = await reader.poll(200, 0.5)
         behind = {m.tp for m in polled if m.offset < nexts.get(m.tp, 0)}
         for tp in behind:
-            await consumer.seek(tp, nexts[tp])
+            await reader.seek(tp, nexts[tp])
         return [m for m in polled if m.tp not in behind and m.offset < ends.get(m.tp, 0)]
 
     def _finished(self, ends: dict[TopicPartition, int], nexts: dict[TopicPartition, int]) -> bool:
@@ -285,7 +284,7 @@ class Redrive:
         self,
         batch: _Batch,
         admin: Admin,
-        consumer: Consumer,
+        consumer: Consumer | None,
         producer: Producer,
         nexts: dict[TopicPartition, int],
     ) -> int:
@@ -303,12 +302,12 @@ class Redrive:
         return handled
 
     async def _commit(
-        self, batch: _Batch, consumer: Consumer, nexts: dict[TopicPartition, int]
+        self, batch: _Batch, consumer: Consumer | None, nexts: dict[TopicPartition, int]
     ) -> None:
-        """Advance each partition past what the batch settled; commit that unless dry."""
+        """Advance each partition past what the batch settled; commit that unless dry (None)."""
         positions = batch.positions()
         nexts.update((p.tp, p.offset) for p in positions)
-        if not self._dry_run:
+        if consumer is not None:
             await consumer.commit(positions)
 
     async def _move(self, batch: _Batch, admin: Admin, producer: Producer) -> int:

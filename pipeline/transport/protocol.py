@@ -215,6 +215,35 @@ class Consumer(Protocol):
         ...
 
 
+@runtime_checkable
+class Reader(Protocol):
+    """Reads topics from positions of its own, for a look (``pipeline tail``, a dry run).
+
+    It is no member of a consumer group: it commits nothing and moves no group's position, and
+    when its process is killed it leaves nothing on the broker that holds messages or memory
+    (Redis Streams reads with ``XREAD``; Kafka's group of its own, which never commits, is
+    forgotten by the broker once empty).
+    """
+
+    async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
+        """Return up to ``max_messages`` messages, waiting at most ``timeout_s`` for the first.
+
+        Messages of one partition come in offset order.
+
+        Raises:
+            UnknownTopic: a topic read does not exist.
+        """
+        ...
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Make the next polls of ``tp`` start at ``offset``."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the reader holds."""
+        ...
+
+
 class Admin(Protocol):
     """Creates and inspects topics and consumer-group positions."""
 
@@ -256,7 +285,7 @@ class Admin(Protocol):
 
 
 class Transport(Protocol):
-    """A broker: the factory for producers, group consumers and the admin client."""
+    """A broker: the factory for producers, group consumers, readers and the admin client."""
 
     name: str
 
@@ -277,6 +306,15 @@ class Transport(Protocol):
 
         ``start_at`` says where a group with no committed position starts reading: the oldest
         retained message (``earliest``) or only messages produced from now on (``latest``).
+        """
+        ...
+
+    def reader(self, topics: Sequence[str], *, start_at: StartAt = "earliest") -> Reader:
+        """A new reader of every partition of ``topics``, in no consumer group.
+
+        ``start_at`` says where it starts: the oldest retained message (``earliest``) or only
+        messages produced from its first poll on (``latest``; on Kafka, from when its group of
+        its own is given the partitions, in its first polls).
         """
         ...
 

@@ -8,6 +8,7 @@ from pipeline.testing.memory.admin import MemoryAdmin
 from pipeline.testing.memory.broker import MemoryBroker
 from pipeline.testing.memory.consumer import MemoryConsumer
 from pipeline.testing.memory.producer import MemoryProducer
+from pipeline.transport.group_reader import GroupReader
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 DEFAULT_MAX_MESSAGE_BYTES = 1_114_112
@@ -53,6 +54,15 @@ class MemoryTransport:
         """A new member of ``group`` subscribed to ``topics``."""
         return MemoryConsumer(
             self.broker, group, topics, listener=listener, member_id=member_id, start_at=start_at
+        )
+
+    def reader(self, topics: Sequence[str], *, start_at: StartAt = "earliest") -> GroupReader:
+        """A new reader of ``topics``: a member of a group of its own that never commits."""
+        return GroupReader(
+            lambda group, start: self.consumer(group, topics, member_id=group, start_at=start),
+            self.admin,
+            topics,
+            start_at=start_at,
         )
 
     def admin(self) -> MemoryAdmin:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.config import Settings
+from pipeline.transport.group_reader import GroupReader
 from pipeline.transport.kafka.admin import KafkaAdmin
 from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.producer import KafkaProducer
@@ -45,6 +46,15 @@ class KafkaTransport:
             listener=listener,
             member_id=member_id or membership.instance,
             instance=static if member_id is None else None,
+            start_at=start_at,
+        )
+
+    def reader(self, topics: Sequence[str], *, start_at: StartAt = "earliest") -> GroupReader:
+        """A new reader of ``topics``: a member of a group of its own that never commits."""
+        return GroupReader(
+            lambda group, start: self.consumer(group, topics, member_id=group, start_at=start),
+            self.admin,
+            topics,
             start_at=start_at,
         )
 

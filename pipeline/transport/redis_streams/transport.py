@@ -15,6 +15,7 @@ from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import Keys
 from pipeline.transport.redis_streams.packing import pack_in_one_pass
 from pipeline.transport.redis_streams.producer import RedisStreamsProducer
+from pipeline.transport.redis_streams.reader import RedisStreamsReader
 
 
 class RedisStreamsTransport:
@@ -76,6 +77,14 @@ class RedisStreamsTransport:
             member_id=member_id or membership.instance,
             start_at=start_at,
             hold_on_close=named and membership.shutdown == "hold",
+        )
+
+    def reader(
+        self, topics: Sequence[str], *, start_at: StartAt = "earliest"
+    ) -> RedisStreamsReader:
+        """A new reader of ``topics`` in no consumer group (``XREAD``): it leaves nothing behind."""
+        return RedisStreamsReader(
+            self.client, self._keys, self._settings.redis, topics, start_at=start_at
         )
 
     def admin(self) -> RedisStreamsAdmin:
