@@ -614,10 +614,13 @@ def asyncapi_command(
             for name, lane in load_app(target).lanes.items()
             if (model := asyncapi.model_of(lane.handler)) is not None
         }
+        protocol, mechanism = asyncapi.kafka_security(settings.kafka.client)
         doc = asyncapi.document(
             specs,
             kafka_bootstrap=settings.kafka.bootstrap_servers,
             redis_url=settings.redis.url,
+            kafka_security_protocol=protocol,
+            kafka_sasl_mechanism=mechanism,
             avro=avro,
             models=models,
             groups=lane_groups,

@@ -7,8 +7,8 @@ producers (send to the main topic). Messages carry the pipeline's headers
 (:mod:`pipeline.headers`: tenant, event id, deadline, attempt, origin, error) and the payload
 schema: the Avro record registered under the declaration's ``schema:`` subject when
 ``schemas/`` has it, else the pydantic model the lane's handler takes (``--app``), else none.
-Servers are the Kafka bootstrap server and the Redis server of the settings (``rediss`` for
-a TLS one).
+Servers are the Kafka bootstrap server and the Redis server of the settings (``kafka-secure``
+and ``rediss`` for TLS ones; the Kafka server's SASL mechanism as its security scheme).
 
 The document is checked with the official ``@asyncapi/parser`` in ``tests/topics``.
 """
@@ -36,6 +36,22 @@ from pipeline.topics.spec import TopicSpec, format_duration_ms
 ASYNCAPI_VERSION = "3.0.0"
 KAFKA_BINDING = "0.5.0"
 AVRO_FORMAT = "application/vnd.apache.avro+json;version=1.9.0"
+KAFKA_PROTOCOLS = {
+    "PLAINTEXT": "kafka",
+    "SSL": "kafka-secure",
+    "SASL_PLAINTEXT": "kafka",
+    "SASL_SSL": "kafka-secure",
+}
+"""librdkafka's ``security.protocol`` values and AsyncAPI's protocol names for them."""
+SASL_SCHEMES = {
+    "GSSAPI": "gssapi",
+    "PLAIN": "plain",
+    "SCRAM-SHA-256": "scramSha256",
+    "SCRAM-SHA-512": "scramSha512",
+    "OAUTHBEARER": "oauth2",
+}
+"""librdkafka's SASL mechanisms and AsyncAPI's security scheme types for them."""
+KAFKA_SCHEME = "kafkaSasl"
 Schema = dict[str, Any]
 
 
@@ -88,15 +104,57 @@ def _ident(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
-def _servers(kafka_bootstrap: str, redis_url: str) -> dict[str, Any]:
-    return {
-        "kafka": {
-            "host": kafka_bootstrap.split(",", maxsplit=1)[0],
-            "protocol": "kafka",
-            "description": "Apache Kafka: a topic's partitions are Kafka partitions.",
-        },
-        "redis": _redis_server(redis_url),
+def kafka_security(client: Mapping[str, str]) -> tuple[str, str | None]:
+    """The security protocol and SASL mechanism of ``PIPELINE_KAFKA__CLIENT``'s properties.
+
+    ``security.protocol`` (default ``PLAINTEXT``) and, for ``SASL_*``, ``sasl.mechanism`` or
+    its alias ``sasl.mechanisms`` (default ``GSSAPI``, as in librdkafka), both upper-cased; the
+    mechanism is None without SASL. No credential is read.
+
+    Raises:
+        ConfigError: a protocol or mechanism librdkafka does not know; the message names it.
+    """
+    protocol = client.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in KAFKA_PROTOCOLS:
+        raise ConfigError(
+            f"PIPELINE_KAFKA__CLIENT: security.protocol {protocol!r} is not one of "
+            f"{', '.join(KAFKA_PROTOCOLS)}"
+        )
+    if not protocol.startswith("SASL_"):
+        return protocol, None
+    mechanism = client.get("sasl.mechanism", client.get("sasl.mechanisms", "GSSAPI")).upper()
+    if mechanism not in SASL_SCHEMES:
+        raise ConfigError(
+            f"PIPELINE_KAFKA__CLIENT: sasl.mechanism {mechanism!r} is not one of "
+            f"{', '.join(SASL_SCHEMES)}"
+        )
+    return protocol, mechanism
+
+
+def _kafka_scheme(mechanism: str) -> Schema:
+    """The AsyncAPI security scheme of a SASL mechanism."""
+    scheme: Schema = {
+        "type": SASL_SCHEMES[mechanism],
+        "description": f"SASL {mechanism}, as `sasl.mechanism` in PIPELINE_KAFKA__CLIENT.",
     }
+    if mechanism == "OAUTHBEARER":
+        scheme["flows"] = {}  # the token comes from the client's own sasl.oauthbearer.* setup
+    return scheme
+
+
+def _kafka_server(bootstrap: str, protocol: str, mechanism: str | None) -> dict[str, Any]:
+    """The Kafka server: ``kafka-secure`` over TLS (AsyncAPI's name), its SASL scheme if any."""
+    description = "Apache Kafka: a topic's partitions are Kafka partitions."
+    if protocol.endswith("SSL"):
+        description += " Over TLS."
+    server: dict[str, Any] = {
+        "host": bootstrap.split(",", maxsplit=1)[0],
+        "protocol": KAFKA_PROTOCOLS[protocol],
+        "description": description,
+    }
+    if mechanism is not None:
+        server["security"] = [{"$ref": f"#/components/securitySchemes/{KAFKA_SCHEME}"}]
+    return server
 
 
 def _redis_server(redis_url: str) -> dict[str, Any]:
@@ -327,6 +385,8 @@ def document(
     *,
     kafka_bootstrap: str,
     redis_url: str,
+    kafka_security_protocol: str = "PLAINTEXT",
+    kafka_sasl_mechanism: str | None = None,
     avro: Mapping[str, Schema] | None = None,
     models: Mapping[str, type[BaseModel]] | None = None,
     groups: Mapping[str, str] | None = None,
@@ -339,15 +399,29 @@ def document(
         specs: the topic declarations.
         kafka_bootstrap: the Kafka server (``host:port[,...]``).
         redis_url: the Redis server.
+        kafka_security_protocol: librdkafka's ``security.protocol`` (``SSL`` and ``SASL_SSL``
+            make the Kafka server ``kafka-secure``); see :func:`kafka_security`.
+        kafka_sasl_mechanism: the SASL mechanism of a ``SASL_*`` protocol (``PLAIN``,
+            ``SCRAM-SHA-256``, ...): the Kafka server's security scheme.
         avro: Avro records by subject (see :func:`avro_schemas`).
         models: the pydantic event model of each lane (see :func:`model_of`).
         groups: the consumer group of each lane (default: the lane's name).
         title: the document's title.
         version: the version of the described interface.
+
+    Raises:
+        ConfigError: a security protocol or SASL mechanism librdkafka does not know.
     """
+    protocol, mechanism = kafka_security(
+        {"security.protocol": kafka_security_protocol}
+        | ({"sasl.mechanism": kafka_sasl_mechanism} if kafka_sasl_mechanism else {})
+    )
     builder = _Builder(avro or {}, models or {})
     for spec in sorted(specs, key=lambda s: s.name):
         builder.lane(spec, (groups or {}).get(spec.lane, spec.lane))
+    components: dict[str, Any] = {"schemas": builder.schemas, "messages": builder.messages}
+    if mechanism is not None:
+        components["securitySchemes"] = {KAFKA_SCHEME: _kafka_scheme(mechanism)}
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {
@@ -359,8 +433,11 @@ def document(
             ),
         },
         "defaultContentType": "application/json",
-        "servers": _servers(kafka_bootstrap, redis_url),
+        "servers": {
+            "kafka": _kafka_server(kafka_bootstrap, protocol, mechanism),
+            "redis": _redis_server(redis_url),
+        },
         "channels": builder.channels,
         "operations": builder.operations,
-        "components": {"schemas": builder.schemas, "messages": builder.messages},
+        "components": components,
     }

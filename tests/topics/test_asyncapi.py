@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -27,11 +28,12 @@ PARSER_DIR = Path(__file__).with_name("asyncapi")
 APPS = ["consumers.messages:app", "consumers.ai_turns:app", "consumers.engagement:app"]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``pipeline asyncapi ARGS`` from the repository root."""
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``pipeline asyncapi ARGS`` from the repository root, ``env`` added to its environment."""
     return subprocess.run(
         [sys.executable, "-m", "pipeline", "asyncapi", *args],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         check=False,
@@ -238,3 +240,75 @@ def test_the_redis_server_is_where_and_how_the_pipeline_connects(
     report = json.loads(checked.stdout)
     assert report["errors"] == [], report
     assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("client", "protocol", "scheme"),
+    [
+        ({"security.protocol": "SSL"}, "kafka-secure", None),
+        (
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"},
+            "kafka-secure",
+            {"type": "scramSha512"},
+        ),
+        (
+            {"security.protocol": "sasl_ssl", "sasl.mechanisms": "SCRAM-SHA-256"},
+            "kafka-secure",
+            {"type": "scramSha256"},
+        ),
+        (
+            {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"},
+            "kafka",
+            {"type": "plain"},
+        ),
+        ({"security.protocol": "SASL_SSL"}, "kafka-secure", {"type": "gssapi"}),
+        (
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"},
+            "kafka-secure",
+            {"type": "oauth2"},
+        ),
+    ],
+    ids=["ssl", "scram-512", "scram-256-lowercase", "plain", "default-gssapi", "oauthbearer"],
+)
+def test_the_kafka_server_says_tls_and_the_sasl_mechanism(
+    client: dict[str, str], protocol: str, scheme: dict[str, str] | None, tmp_path: Path
+) -> None:
+    """The client's TLS and SASL mechanism become the Kafka server's protocol and security."""
+    validator = _parser()
+    secret = {"sasl.username": "svc-pipeline", "sasl.password": "hunter2"}
+    out = cli(
+        str(EVERY_OPTION.relative_to(ROOT)),
+        "--format",
+        "json",
+        env={"PIPELINE_KAFKA__CLIENT": json.dumps({**client, **secret})},
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    kafka = doc["servers"]["kafka"]
+    assert kafka["protocol"] == protocol
+    if scheme is None:
+        assert "security" not in kafka
+    else:
+        (ref,) = kafka["security"]
+        name = ref["$ref"].rsplit("/", 1)[1]
+        assert doc["components"]["securitySchemes"][name].items() >= scheme.items()
+    assert "hunter2" not in out.stdout
+    assert "svc-pipeline" not in out.stdout
+    path = tmp_path / "asyncapi.json"
+    path.write_text(out.stdout)
+    checked = subprocess.run(
+        [*validator, str(path)], capture_output=True, text=True, check=False, timeout=120
+    )
+    report = json.loads(checked.stdout)
+    assert report["errors"] == [], report
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_an_unknown_kafka_security_protocol_is_one_line_and_exit_2() -> None:
+    """A security.protocol librdkafka does not know is refused with one line naming it."""
+    out = cli(env={"PIPELINE_KAFKA__CLIENT": json.dumps({"security.protocol": "TLS"})})
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert "security.protocol" in line
+    assert "TLS" in line
+    assert "Traceback" not in out.stderr
