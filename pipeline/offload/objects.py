@@ -12,6 +12,7 @@ Client errors are translated here: a missing object is
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -19,6 +20,11 @@ import obstore
 
 from pipeline.offload.errors import OffloadError, PayloadMissing, client_error_text
 from pipeline.offload.store import StoredObject
+
+CHECK_TO_DELETE_S = 1.0
+"""The purge sends an object's delete within this many seconds of asking for its last write
+time, or keeps it for its next run: a writer that rewrote the object meanwhile looks again
+later than that (:data:`~pipeline.offload.writer.RECHECK_AFTER_S`) and writes it once more."""
 
 
 def _stored(meta: Any) -> StoredObject:
@@ -114,3 +120,22 @@ class ObjectPayloadStore:
             raise OffloadError(
                 f"offload store {self.url}: cannot delete {key}: {self._error_text(exc)}"
             ) from exc
+
+    async def delete_unless_written_since(self, key: str, cutoff_s: float) -> bool:
+        """Delete ``key`` unless last written at or after ``cutoff_s``: a look, then a delete.
+
+        Not atomic: a write between the two is deleted. The delete is sent within
+        :data:`CHECK_TO_DELETE_S` of the look or not at all (False, kept), so a writer that
+        looks again after :data:`~pipeline.offload.writer.RECHECK_AFTER_S` finds it gone and
+        writes it again.
+        """
+        began = time.monotonic()
+        current = await self.head(key)
+        if current is None:
+            return True
+        if current.last_modified.timestamp() >= cutoff_s:
+            return False
+        if time.monotonic() - began > CHECK_TO_DELETE_S:
+            return False
+        await self.delete(key)
+        return True

@@ -144,14 +144,11 @@ async def purge(
         else:
             report.kept += 1
     for obj in old:
-        if not dry_run:
-            # A writer rewrites an object it finds old and hands out a new reference to it
-            # (identical bodies share one): one rewritten since the listing is kept.
-            current = await store.head(obj.key)
-            if current is not None and current.last_modified.timestamp() >= cutoff_s:
-                report.kept += 1
-                continue
-            await store.delete(obj.key)
+        # A writer rewrites an object it finds old and hands out a new reference to it
+        # (identical bodies share one): one rewritten since the listing is kept.
+        if not dry_run and not await store.delete_unless_written_since(obj.key, cutoff_s):
+            report.kept += 1
+            continue
         report.deleted += 1
         report.deleted_bytes += obj.size
     if observer is not None and not dry_run and report.deleted:

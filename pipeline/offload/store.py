@@ -64,6 +64,13 @@ class PayloadStore(Protocol):
         """Delete the object at ``key`` (nothing if there is none)."""
         ...
 
+    async def delete_unless_written_since(self, key: str, cutoff_s: float) -> bool:
+        """Delete the object at ``key`` unless it was last written at or after ``cutoff_s``.
+
+        For the purge. True when it is gone (deleted, or there was none), False when kept.
+        """
+        ...
+
 
 def open_store(url: str) -> PayloadStore:
     """The store of ``url`` (``s3://bucket/prefix`` or ``file:///dir``), not yet contacted.

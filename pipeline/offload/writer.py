@@ -21,7 +21,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,13 +31,20 @@ from pipeline.offload.errors import PayloadCorrupt, PayloadMissing, ReferenceRef
 from pipeline.offload.lazy import LazyPayload
 from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.policy import OffloadPolicy
-from pipeline.offload.store import PayloadStore, check_stores, open_store
+from pipeline.offload.store import PayloadStore, StoredObject, check_stores, open_store
 from pipeline.transport.protocol import Producer
 
 log = logging.getLogger(__name__)
 
 REFRESH_AFTER_S = 86_400.0
 """An existing object older than this is written again rather than reused (see the purge)."""
+PURGEABLE_AFTER_S = 15 * 86_400.0
+"""The youngest age the purge deletes at (unless forced): the dead-letter topic's 14 days plus
+:data:`REFRESH_AFTER_S` (:func:`pipeline.offload.purge.floor_ms`)."""
+RECHECK_AFTER_S = 2.0
+"""A writer that rewrote an object at least :data:`PURGEABLE_AFTER_S` old looks at it again this
+long after, and writes it once more if a purge deleted it meanwhile: the purge sends its delete
+within :data:`~pipeline.offload.objects.CHECK_TO_DELETE_S` of its look, or not at all."""
 KNOWN_FRESH_KEYS = 10_000
 """Objects an :class:`Offloader` remembers as young enough, so producing their references again
 costs no HEAD (the memory is cleared when it grows past this)."""
@@ -77,6 +84,9 @@ class Offloader:
     refresh_after_s: float = REFRESH_AFTER_S
     counters: OffloadCounters = field(default_factory=OffloadCounters)
     observer: OffloadObserver | None = None
+    purgeable_after_s: float = PURGEABLE_AFTER_S
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """How the writer waits :data:`RECHECK_AFTER_S` before it looks again (tests replace it)."""
     _stores: dict[str, PayloadStore] = field(default_factory=dict)
     _fresh_until: dict[str, float] = field(default_factory=dict)
 
@@ -124,7 +134,7 @@ class Offloader:
                 self.observer.reused(store.url)
             self._remember(reference, existing.last_modified.timestamp())
         else:
-            await self._write(store, reference, body)
+            await self._write(store, reference, body, existing)
         return reference.encode()
 
     async def keep(self, topic: str, value: bytes, headers: Mapping[str, bytes]) -> None:
@@ -157,7 +167,7 @@ class Offloader:
         except (PayloadMissing, PayloadCorrupt) as exc:
             log.warning("%s; the reference produced to %s will be a dead letter", exc, topic)
             return
-        await self._write(store, reference, body)
+        await self._write(store, reference, body, existing)
         self.counters.refreshed += 1
 
     def _own_reference(
@@ -173,13 +183,36 @@ class Offloader:
             return None
         return reference if reference.store == policy.store else None
 
-    async def _write(self, store: PayloadStore, reference: ref.Reference, body: bytes) -> None:
+    async def _write(
+        self,
+        store: PayloadStore,
+        reference: ref.Reference,
+        body: bytes,
+        found: StoredObject | None,
+    ) -> None:
+        """Write ``body``; over an object ``found`` old enough to be purged, make sure it stays.
+
+        A purge that looked at that object just before this write deletes it just after (an S3
+        delete cannot be made conditional): so look again once its delete must have gone out,
+        and write it once more if it is gone.
+        """
         await store.put(reference.key, body)
         self.counters.written += 1
         self.counters.bytes_written += len(body)
         if self.observer is not None:
             self.observer.written(store.url, len(body))
         self._remember(reference, time.time())
+        if found is not None and time.time() - found.last_modified.timestamp() >= (
+            self.purgeable_after_s
+        ):
+            await self.pause(RECHECK_AFTER_S)
+            if await store.head(reference.key) is None:
+                log.warning(
+                    "offloaded payload %s/%s was purged as it was written again; written once more",
+                    store.url,
+                    reference.key,
+                )
+                await store.put(reference.key, body)
 
     def _remember(self, reference: ref.Reference, written_s: float) -> None:
         if len(self._fresh_until) >= KNOWN_FRESH_KEYS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -20,6 +21,8 @@ from redis.asyncio import Redis
 from pipeline.envelope import TopicPartition
 from pipeline.errors import TransportError
 from pipeline.offload import reference as ref
+from pipeline.offload.directory import DirectoryPayloadStore
+from pipeline.offload.policy import OffloadPolicy
 from pipeline.offload.purge import (
     floor_ms,
     measured_floor_ms,
@@ -27,7 +30,9 @@ from pipeline.offload.purge import (
     purge,
     topics_of,
 )
+from pipeline.offload.s3 import S3PayloadStore
 from pipeline.offload.store import PayloadStore, StoredObject, open_store
+from pipeline.offload.writer import Offloader
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import PartitionLag, Transport
 
@@ -90,6 +95,102 @@ async def test_an_object_rewritten_after_the_listing_is_kept(tmp_path: Path) -> 
     report = await purge(_RewrittenWhileListed(store, reference.key, body), 31 * DAY_MS)  # type: ignore[arg-type]
     assert (report.deleted, report.kept) == (0, 1)
     assert await store.head(reference.key) is not None
+
+
+class _RewrittenOnceLookedAt(DirectoryPayloadStore):
+    """A real directory store whose object a writer rewrites right after the purge looks at it."""
+
+    def __init__(self, url: str, body: bytes) -> None:
+        super().__init__(url)
+        self._body = body
+
+    async def head(self, key: str) -> StoredObject | None:
+        found = await super().head(key)
+        await self.put(key, self._body)  # refreshed for a new reference
+        return found
+
+
+async def test_an_object_rewritten_after_the_purge_looked_at_it_is_kept(tmp_path: Path) -> None:
+    """A 40-day-old file a writer rewrites between the purge's look and its delete stays."""
+    url = f"file://{tmp_path}/payloads"
+    body = b"w" * 5000
+    store = _RewrittenOnceLookedAt(url, body)
+    reference = ref.reference_for(url, body)
+    await store.put(reference.key, body)
+    path = tmp_path / "payloads" / reference.key
+    old_s = time.time() - 40 * 86_400
+    os.utime(path, (old_s, old_s))
+    report = await purge(store, 31 * DAY_MS)
+    assert (report.deleted, report.kept) == (0, 1)
+    assert path.read_bytes() == body
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no tombstone left
+
+
+class _Written:
+    """An observer that tells when the writer's object was written; the rest is not expected."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def written(self, store: str, size: int) -> None:  # noqa: ARG002
+        self.event.set()
+
+    def reused(self, store: str) -> None: ...
+
+    def fetched(self, store: str, size: int, duration_s: float) -> None: ...
+
+    def missing(self, store: str) -> None: ...
+
+    def purged(self, store: str, objects: int) -> None: ...
+
+
+class _WriterBetweenLookAndDelete(S3PayloadStore):
+    """A real S3 store whose purge lets a writer rewrite the object between look and delete."""
+
+    def __init__(self, url: str, writer: Any) -> None:
+        super().__init__(url)
+        self._writer = writer
+        self.task: asyncio.Task[Any] | None = None
+        self.deleted = asyncio.Event()
+        self.written = _Written()
+
+    async def head(self, key: str) -> StoredObject | None:
+        found = await super().head(key)
+        if self.task is None:  # the purge's look: the writer writes before the purge deletes
+            self.task = asyncio.create_task(self._writer())
+            await self.written.event.wait()
+        return found
+
+    async def delete(self, key: str) -> None:
+        await super().delete(key)
+        self.deleted.set()
+
+
+async def test_a_body_written_again_during_the_purge_survives_on_s3(store_url: str) -> None:
+    """A writer that rewrites an old object the purge is deleting writes it again after."""
+    if not store_url.startswith("s3://"):
+        pytest.skip("the S3 writer's check after a rewrite")
+    body = b"s" * 5000
+    reference = ref.reference_for(store_url, body)
+    offloader = Offloader({"up": OffloadPolicy(above=1024, store=store_url)}, refresh_after_s=0)
+    store = _WriterBetweenLookAndDelete(
+        store_url, lambda: offloader.offload("up", body, sha256=reference.sha256)
+    )
+    offloader._stores[store_url] = store  # one pool of connections, closed with the loop
+    offloader.observer = store.written
+    offloader.purgeable_after_s = 0.0  # this object is as old as the purge wants it
+
+    async def until_deleted(seconds: float) -> None:
+        await store.deleted.wait()
+
+    offloader.pause = until_deleted
+    await store.put(reference.key, body)
+    report = await purge(store, 1000, now_s=time.time() + 3600)
+    assert store.task is not None
+    await store.task
+    assert report.deleted == 1  # the purge deleted it under the writer ...
+    assert await store.head(reference.key) is not None  # ... which wrote it again
+    assert b"".join([c async for c in store.chunks(reference.key, 1 << 20)]) == body
 
 
 def test_the_command_refuses_an_age_younger_than_the_floor(
