@@ -326,6 +326,24 @@ def _rate(value: str | None) -> float | None:
     return float(match[1])
 
 
+def _stored_text(value: str, option: str) -> str:
+    """``value`` if a log row can hold it; else ConfigError naming ``option`` (exit 2).
+
+    The log keeps sources, tenants and row ids as UTF-8 text (the ingress refuses a request
+    whose tenant is not). Command-line bytes that are not UTF-8 come as lone surrogates
+    (``surrogateescape``): no row could match them, and the database driver would fail on them.
+    """
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        typed = value.encode(errors="surrogateescape").decode(errors="backslashreplace")
+        raise ConfigError(
+            f"{option} '{typed}' is not UTF-8 text, which every row of the log holds, so no row"
+            " could match it; type it in UTF-8 (check the terminal's locale)"
+        ) from None
+    return value
+
+
 def _memory_ms(value: str) -> int:
     """``--idempotency-memory`` in milliseconds (ConfigError naming the option otherwise)."""
     try:
@@ -377,12 +395,12 @@ def replay_command(
         if not states and not include_processed:
             states = tuple(s for s in RowState if s is not RowState.PROCESSED)
         selection = Selection(
-            source=source,
-            tenant=tenant,
+            source=None if source is None else _stored_text(source, "--source"),
+            tenant=None if tenant is None else _stored_text(tenant, "--tenant"),
             since_ms=_when(since, "--since"),
             until_ms=_when(until, "--until"),
             states=states,
-            ids=tuple(row_id or ()),
+            ids=tuple(_stored_text(each, "--id") for each in row_id or ()),
         )
         per_s = _rate(rate)
         forgotten_ms = _ago_ms(_memory_ms(memory))

@@ -301,3 +301,22 @@ def test_purge_has_no_transport_option(tmp_path: Path) -> None:
     result = pipeline(tmp_path, "purge", "-t", "kafka", env=env)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("option", ["--tenant", "--source", "--id"])
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_a_replay_filter_typed_with_bytes_not_utf8_is_one_line(
+    tmp_path: Path, request: pytest.FixtureRequest, store: str, option: str
+) -> None:
+    """A `replay` filter holding bytes that are not UTF-8 is one line naming it, exit 2."""
+    db = tmp_path / "ingress.db"
+    seed_one_due_row(db)
+    extra = {"PIPELINE_INGRESS__LOG_STORE": store}
+    if store == "postgres":
+        extra["PIPELINE_POSTGRES__URL"] = request.getfixturevalue("postgres_service")
+    env = environment(tmp_path, PIPELINE_TRANSPORT="redis", **extra)
+    typed = b"a\xffb".decode(errors="surrogateescape")  # how Python hands `$'a\xffb'` over
+    line = one_line(pipeline(tmp_path, "replay", "--dry-run", option, typed, env=env), 2)
+    assert f"{option} 'a\\xffb'" in line
+    assert "UTF-8" in line
+    assert row_bookkeeping(db) == ("received", 0, 0, 0)
