@@ -309,6 +309,14 @@ def tail(
     """
 
     async def main() -> None:
+        try:
+            topic.encode()
+        except UnicodeEncodeError:  # argv bytes that are not UTF-8 come as lone surrogates
+            typed = topic.encode(errors="surrogateescape").decode(errors="backslashreplace")
+            raise ConfigError(
+                f"topic '{typed}' is not UTF-8 text, so no topic has that name;"
+                " type the name in UTF-8 (`pipeline topics list` shows them)"
+            ) from None
         settings = _settings(transport)
         await reach_broker(settings)  # a consumer would wait on a broker that is down
         t = create_transport(settings)

@@ -39,3 +39,25 @@ async def test_tail_stops_after_what_the_topic_holds(transport: Transport, uniqu
     assert process.returncode == 0, stderr.decode()
     assert "only one" in stdout.decode()
     assert b"Traceback" not in stderr
+
+
+async def test_a_topic_named_with_bytes_not_utf8_is_one_line(transport: Transport) -> None:
+    """`tail` of a topic name with bytes that are not UTF-8 exits 2 with one line, no traceback."""
+    typed = b"a\xffb".decode(errors="surrogateescape")  # how Python hands `$'a\xffb'` over
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pipeline",
+        "tail",
+        typed,
+        "-t",
+        transport.name,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    assert process.returncode == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: topic 'a\\xffb'"), lines
