@@ -31,9 +31,9 @@ QUICK = RuntimeSettings(
 
 @pytest.fixture
 async def prefix(prefix: str, redis: Redis, unique: str) -> AsyncIterator[str]:
-    """The shared prefix (tests/runtime/conftest.py); the workers' result set is deleted too."""
+    """The shared prefix (tests/runtime/conftest.py); the workers' result sets are deleted too."""
     yield prefix
-    await redis.delete(f"cpu-done:cpu_{unique}")
+    await redis.delete(f"cpu-done:cpu_{unique}", f"cpu-done:warm_{unique}")
 
 
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 60.0) -> None:
@@ -58,18 +58,29 @@ async def test_a_hung_cpu_handler_is_killed_and_retried(
     transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """A worker that froze (no heartbeats past heartbeat_timeout) is killed; the retry runs."""
+    # The member beats for no cpu=True run while it waits for the pool to start: the frozen
+    # event is sent only once a warm-up event has started the one worker and imported the
+    # handlers, so its run is judged hung after the handler froze, never before it began.
+    # 2s is twice the worker's beat interval, so the retry's fresh worker is not judged hung.
+    warm = lane_spec(f"warm_{unique}", 1)
     spec = lane_spec(
-        f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]}, heartbeat_timeout="1s"
+        f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]}, heartbeat_timeout="2s"
     )
-    await lanes(spec)
-    app = App([spec])
+    await lanes(warm, spec)
+    app = App([warm, spec])
+    app.handler(warm.lane, cpu=True, time_limit_s=120)(cpu_app.crunch)
     app.handler(spec.lane, cpu=True, time_limit_s=120)(cpu_app.stall)
+    settings = QUICK.model_copy(update={"cpu_workers": 1})
+    member = Member(app, transport, f"g-{unique}", settings, redis=redis, redis_prefix=prefix)
     producer = transport.producer()
-    await producer.send(spec.name, b"frozen")
-    await producer.close()
-    member = Member(app, transport, f"g-{unique}", QUICK, redis=redis, redis_prefix=prefix)
-    async with running(member):
-        await eventually(lambda: member.stats.handled == 1, timeout_s=90)
+    try:
+        async with running(member):
+            await producer.send(warm.name, b"warm")
+            await eventually(lambda: member.stats.handled == 1, timeout_s=90)
+            await producer.send(spec.name, b"frozen")
+            await eventually(lambda: member.stats.handled == 2, timeout_s=90)
+    finally:
+        await producer.close()
     assert (member.stats.hung, member.stats.retried) == (1, 1)
     results = await redis.smembers(f"cpu-done:{spec.lane}")
     (pid,) = [int(r.split(b":")[1]) for r in results if r.startswith(b"pid:")]
