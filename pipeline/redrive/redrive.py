@@ -96,7 +96,8 @@ def require_dead_letter_topic(name: str, specs: Sequence[TopicSpec]) -> None:
 
 def group_name(dlq: str, target: str | None, selection: Selection) -> str:
     """The consumer group that remembers how far this redrive got."""
-    digest = hashlib.sha256(f"{target}|{selection.fingerprint()}".encode()).hexdigest()[:10]
+    typed = f"{target}|{selection.fingerprint()}".encode(errors="surrogateescape")  # as typed
+    digest = hashlib.sha256(typed).hexdigest()[:10]
     return f"pipeline-redrive.{dlq}.{digest}"
 
 

@@ -476,3 +476,16 @@ async def test_a_killed_dry_run_leaves_no_group_on_the_redis_dlq(
     left = [g["name"] for stream in streams for g in await redis.xinfo_groups(stream)]
     assert left == []
     assert await redis.keys(f"*pipeline-redrive.{dlq}.*") == []
+
+
+async def test_a_target_typed_with_bytes_not_utf8_is_refused_as_no_such_topic(
+    transport: Transport, unique: str
+) -> None:
+    """`--to` holding bytes that are not UTF-8 is the ConfigError of a missing topic, no crash."""
+    routes = await _fill_dlq(transport, f"rd_{unique}")
+    typed = b"a\xffb".decode(errors="surrogateescape")  # how Python hands `$'a\xffb'` over
+    for dry_run in (True, False):
+        job = Redrive(transport, routes.dead_letter_topic, Selection(), to=typed, dry_run=dry_run)
+        assert await job.total() == 6
+        with pytest.raises(ConfigError, match="--to"):
+            await asyncio.wait_for(job.run(), 60)
