@@ -310,6 +310,7 @@ class Ingress:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(left_s()):
                     await self.producer.close()
+        await self._settle_offloads(left_s())
         if unproduced > 0:
             log.warning(
                 "ingress stopped with %d events left unproduced; they stay 'received' in the "
@@ -320,6 +321,13 @@ class Ingress:
             await self.capacity.close()
         await self.store.close()
         await self.transport.close()
+
+    async def _settle_offloads(self, within_s: float) -> None:
+        """Wait up to ``within_s`` for the looks after rewrites of old payloads (see the purge)."""
+        if self.offloader is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within_s):
+                    await self.offloader.settle()
 
 
 def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:

@@ -27,7 +27,12 @@ from pathlib import Path
 
 from pipeline.envelope import Delivered, Record
 from pipeline.offload import reference as ref
-from pipeline.offload.errors import PayloadCorrupt, PayloadMissing, ReferenceRefused
+from pipeline.offload.errors import (
+    OffloadError,
+    PayloadCorrupt,
+    PayloadMissing,
+    ReferenceRefused,
+)
 from pipeline.offload.lazy import LazyPayload
 from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.policy import OffloadPolicy
@@ -44,7 +49,9 @@ PURGEABLE_AFTER_S = 15 * 86_400.0
 RECHECK_AFTER_S = 2.0
 """A writer that rewrote an object at least :data:`PURGEABLE_AFTER_S` old looks at it again this
 long after, and writes it once more if a purge deleted it meanwhile: the purge sends its delete
-within :data:`~pipeline.offload.objects.CHECK_TO_DELETE_S` of its look, or not at all."""
+within :data:`~pipeline.offload.objects.CHECK_TO_DELETE_S` of its look, or not at all. The look
+runs beside the caller (the webhook is answered, the message produced, without waiting for it);
+:meth:`Offloader.settle` waits for the looks still to come."""
 KNOWN_FRESH_KEYS = 10_000
 """Objects an :class:`Offloader` remembers as young enough, so producing their references again
 costs no HEAD (the memory is cleared when it grows past this)."""
@@ -89,6 +96,7 @@ class Offloader:
     """How the writer waits :data:`RECHECK_AFTER_S` before it looks again (tests replace it)."""
     _stores: dict[str, PayloadStore] = field(default_factory=dict)
     _fresh_until: dict[str, float] = field(default_factory=dict)
+    _rechecks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def policy(self, topic: str) -> OffloadPolicy | None:
         """The offload policy of ``topic``, or None when its payloads always travel inline."""
@@ -205,6 +213,13 @@ class Offloader:
         if found is not None and time.time() - found.last_modified.timestamp() >= (
             self.purgeable_after_s
         ):
+            task = asyncio.create_task(self._recheck(store, reference, body))
+            self._rechecks.add(task)
+            task.add_done_callback(self._rechecks.discard)
+
+    async def _recheck(self, store: PayloadStore, reference: ref.Reference, body: bytes) -> None:
+        """Once a purge's delete must have gone out, write a rewritten old object again if gone."""
+        try:
             await self.pause(RECHECK_AFTER_S)
             if await store.head(reference.key) is None:
                 log.warning(
@@ -213,6 +228,18 @@ class Offloader:
                     reference.key,
                 )
                 await store.put(reference.key, body)
+        except OffloadError as exc:
+            log.warning(
+                "offloaded payload %s/%s: could not look at it again after its rewrite: %s",
+                store.url,
+                reference.key,
+                exc,
+            )
+
+    async def settle(self) -> None:
+        """Wait for the looks after rewrites still to come (:data:`RECHECK_AFTER_S` at most)."""
+        while self._rechecks:
+            await asyncio.gather(*self._rechecks, return_exceptions=True)
 
     def _remember(self, reference: ref.Reference, written_s: float) -> None:
         if len(self._fresh_until) >= KNOWN_FRESH_KEYS:
@@ -299,7 +326,8 @@ class OffloadingProducer:
         await self._inner.flush(timeout_s)
 
     async def close(self) -> None:
-        """Close the inner producer."""
+        """Wait for the offloader's looks after rewrites, then close the inner producer."""
+        await self._offloader.settle()
         await self._inner.close()
 
 
