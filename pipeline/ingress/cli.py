@@ -212,8 +212,10 @@ def sweep_command(
         broker = create_transport(settings)
         await store.open()
         producer = with_offload(broker.producer(), settings.topics_dir)  # refs kept young
+        sweeper = build_sweeper(  # asks the debouncer which rows' events wait their turn
+            store, producer, broker.admin(), specs, ingress, redis=settings.redis
+        )
         try:
-            sweeper = build_sweeper(store, producer, broker.admin(), specs, ingress)
             if loop:
                 await _sweep_forever(sweeper, ingress)
             report = await sweeper.sweep_once()
@@ -226,6 +228,7 @@ def sweep_command(
             if report.failed:
                 raise typer.Exit(1)
         finally:
+            await sweeper.close()
             await producer.close()
             await store.close()
             await broker.close()

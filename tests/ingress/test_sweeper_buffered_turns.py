@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import yaml
 from logstore.helpers import FakeClock, new_row
 from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec
@@ -18,7 +25,9 @@ from pipeline.ingress import headers as h
 from pipeline.ingress.service import build_sweeper
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogRow, LogStore, RowState
+from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.topics.spec import TopicSpec
+from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 WINDOW = {"key": "conversation_id", "quiet_s": 60, "max_wait_s": 120, "max_batch": 1}
@@ -117,3 +126,56 @@ async def test_a_row_whose_buffered_state_is_gone_is_replayed(
     got = await store.get(row.id)
     assert got is not None
     assert (got.state, got.replay_count) == (RowState.PRODUCED, 1)
+
+
+async def test_pipeline_sweep_leaves_a_buffered_row_as_the_ingress_does(
+    redis: Redis, settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    """`pipeline sweep` asks the debouncer too: a row whose event is held is not replayed."""
+    prefix = f"t{unique}"
+    local = settings.model_copy(
+        update={"redis": settings.redis.model_copy(update={"key_prefix": prefix})}
+    )
+    spec = lane_spec(f"chats_{unique}", 1, debounce=WINDOW)
+    clock = FakeClock(time.time() - PAST_ALL_WAITS_S)  # received long before every wait
+    streams = create_transport(local, "redis")
+    store = SqliteLogStore(tmp_path / "log.db", clock=clock)
+    await store.open()
+    try:
+        row = await buffered_row(streams, redis, store, clock, spec, prefix, leased=True)
+    finally:
+        await store.close()
+        await streams.close()
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    (topics / "chats.yaml").write_text(
+        yaml.safe_dump({"name": spec.name, "partitions": 1, "debounce": WINDOW})
+    )
+    env = {
+        **os.environ,
+        "PIPELINE_TOPICS_DIR": str(topics),
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": local.redis.url,
+        "PIPELINE_REDIS__KEY_PREFIX": prefix,
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "log.db"),
+        "PIPELINE_INGRESS__SWEEPER__LANE_GROUPS": json.dumps({spec.lane: "g-none"}),
+    }
+    for _ in range(SweeperSettings().max_replays + 1):
+        swept = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "pipeline", "sweep"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+        assert "replayed 0, abandoned 0" in swept.stdout, swept.stdout + swept.stderr
+    store = SqliteLogStore(tmp_path / "log.db")
+    await store.open()
+    try:
+        got = await store.get(row.id)
+    finally:
+        await store.close()
+    assert got is not None
+    assert (got.state, got.replay_count) == (RowState.PRODUCED, 0)
