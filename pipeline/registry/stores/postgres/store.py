@@ -10,7 +10,9 @@ Several registry replicas may share one database:
   (``pg_advisory_xact_lock``), so the compatibility check and the append are one atomic step
   across replicas;
 * the tables are created at start under an advisory lock, so replicas starting together do not
-  race on ``CREATE TABLE``.
+  race on ``CREATE TABLE``;
+* a pooled connection is checked before use, so one the server closed while idle (a restart,
+  a failover) is replaced rather than failing a request.
 
 ``db_schema`` puts the tables in a PostgreSQL schema of their own (created if missing) through
 the connection's ``search_path``; tests use a uuid-named one each.
@@ -139,6 +141,9 @@ class PostgresSchemaStore(SqlRegistryStore):
             max_size=max(1, pool_max),
             kwargs=kwargs,
             timeout=connect_timeout_s,
+            # A pooled connection the server closed while idle (a restart, a failover) is
+            # replaced before use, instead of failing the request it was handed to with a 500.
+            check=ConnectionPool.check_connection,
             open=False,
         )
         try:
