@@ -4,9 +4,9 @@ The outage is a TCP relay in front of the real server that the test cuts (listen
 relayed connection closed) and brings back on the same port, or stalls (every connection kept
 open, no byte forwarded either way: a hung server, or a dead network path) and resumes; the
 server itself keeps running. The bounds below are generous (15 s, 30 s with a stalled server):
-the store fails in about its connection and answer timeouts (3 s each by default), where a pool
-waiting its default 30 s per request, or a statement waiting for an answer without end, would
-not.
+the store fails in about its connection and answer timeouts (3 s each by default, ``TIMEOUT_S``
+here, so that each wait the tests prove costs a second), where a pool waiting its default 30 s
+per request, or a statement waiting for an answer without end, would not.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from logstore.helpers import FakeClock, new_row
 from pipeline.logstore import LogStoreError, RowState, Selection
 from pipeline.logstore.postgres import PostgresLogStore
 
+TIMEOUT_S = 1.0  # the store's connection and answer timeout (connect_timeout_s), 3 s by default
 BOUND_S = 15.0  # far above the store's few seconds, far below a 30 s pool wait
 STALLED_BOUND_S = 30.0  # far above the store's few seconds; without an answer timeout: forever
 
@@ -131,7 +132,7 @@ async def store(
     """An open store of its own schema, connected through ``relay``; dropped afterwards."""
     url = urlsplit(postgres_service)
     through = url._replace(netloc=f"{url.username}:{url.password}@127.0.0.1:{relay.port}")
-    s = PostgresLogStore(through.geturl(), schema=schema)
+    s = PostgresLogStore(through.geturl(), schema=schema, connect_timeout_s=TIMEOUT_S)
     await s.open()
     try:
         yield s
@@ -342,8 +343,8 @@ async def test_a_bulk_read_the_server_works_on_past_the_answer_timeout_is_not_cu
     async with table_locked(postgres_service, schema) as locker:
         counting = asyncio.ensure_future(store.count_by_state(Selection()))
         await asyncio.wait_for(_blocked_on_lock(postgres_service, schema, 1), STALLED_BOUND_S)
-        # The lock is held on the server for twice the store's answer timeout (3 s).
-        await locker.execute("SELECT pg_sleep(6.5)")
+        # The lock is held on the server for twice the store's answer timeout, and then some.
+        await locker.execute("SELECT pg_sleep(%s)", [2 * TIMEOUT_S + 0.5])
         assert not counting.done()
     counts = await asyncio.wait_for(counting, STALLED_BOUND_S)
     assert counts == {RowState.RECEIVED: 1}
