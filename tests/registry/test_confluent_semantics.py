@@ -251,3 +251,24 @@ def test_no_version_past_2_31_minus_1_is_appended(registry_url: str) -> None:
     assert "2^31-1" in refused.json()["message"], refused.text
     assert "last-value" in refused.json()["message"], refused.text
     assert httpx.get(f"{registry_url}/subjects/last-value/versions").json() == [2**31 - 1]
+
+
+def test_a_refused_import_leaves_the_generated_ids_alone(registry_url: str) -> None:
+    """An IMPORT refused for its taken version stores nothing, so new schemas still get ids."""
+    httpx.put(f"{registry_url}/mode/moved-value", json={"mode": "IMPORT"})
+    first = httpx.post(
+        f"{registry_url}/subjects/moved-value/versions",
+        json={"schema": V1.schema_str, "id": 5, "version": 1},
+    )
+    assert first.json() == {"id": 5}, first.text
+    taken = httpx.post(
+        f"{registry_url}/subjects/moved-value/versions",
+        json={"schema": OTHER.schema_str, "id": 2**31 - 1, "version": 1},
+    )
+    assert (taken.status_code, taken.json()["error_code"]) == (422, 42207), taken.text
+    assert httpx.get(f"{registry_url}/schemas/ids/{2**31 - 1}").status_code == 404
+    fresh = httpx.post(
+        f"{registry_url}/subjects/new-value/versions", json={"schema": V2.schema_str}
+    )
+    assert fresh.status_code == 200, fresh.text
+    assert fresh.json()["id"] < 2**31 - 1

@@ -183,8 +183,9 @@ class PostgresSchemaStore(SqlRegistryStore):
                 if v.fingerprint == schema.fingerprint and schema_id in {None, v.schema_id}:
                     return v
             check(live)
-            new_id = self._schema_id(conn, schema, schema_id)
+            # The number first: an imported id moves the id sequence, which no rollback undoes.
             number = appended_version(subject, existing, version)
+            new_id = self._schema_id(conn, schema, schema_id)
             # As Confluent does, a new version removes the soft-deleted earlier ones of its id.
             for v in existing:
                 if v.deleted and v.schema_id == new_id and v.version < number:
