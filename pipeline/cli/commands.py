@@ -198,16 +198,52 @@ def topics_list(
     _run(main())
 
 
+def _typed_bytes(text: str) -> bytes:
+    """The bytes of an argument as typed: UTF-8, and bytes that are not UTF-8 as they came.
+
+    Python hands command-line bytes that are not UTF-8 over as lone surrogates
+    (``surrogateescape``); they are turned back into those bytes.
+    """
+    return text.encode(errors="surrogateescape")
+
+
+def _as_typed(text: str) -> str:
+    r"""``text`` for an error line: bytes that are not UTF-8 shown as ``\xff``."""
+    return _typed_bytes(text).decode(errors="backslashreplace")
+
+
+def _require_topic_text(topic: str) -> None:
+    """Refuse a topic name that is not UTF-8 text: no topic can have it (ConfigError, exit 2)."""
+    try:
+        topic.encode()
+    except UnicodeEncodeError:  # argv bytes that are not UTF-8 come as lone surrogates
+        raise ConfigError(
+            f"topic '{_as_typed(topic)}' is not UTF-8 text, so no topic has that name;"
+            " type the name in UTF-8 (`pipeline topics list` shows them)"
+        ) from None
+
+
 def _parse_headers(pairs: list[str]) -> dict[str, bytes]:
+    """``--header name=value`` options; a value's bytes as typed, a name in UTF-8 (else exit 2)."""
     headers = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             err.print(
-                f"[red]error:[/red] --header expects name=value, got {pair!r}", highlight=False
+                f"[red]error:[/red] --header expects name=value, got {escape(repr(pair))}",
+                highlight=False,
             )
             raise typer.Exit(2)
-        headers[name] = value.encode()
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            err.print(
+                f"[red]error:[/red] --header name '{escape(_as_typed(name))}' is not UTF-8"
+                " text, which header names are on both transports; type the name in UTF-8",
+                highlight=False,
+            )
+            raise typer.Exit(2) from None
+        headers[name] = _typed_bytes(value)
     return headers
 
 
@@ -234,18 +270,19 @@ def produce(
     if (value is None) == (file is None):
         err.print("[red]error:[/red] give exactly one of --value or --file", highlight=False)
         raise typer.Exit(2)
-    payload = value.encode() if value is not None else file.read_bytes()  # type: ignore[union-attr]
+    payload = _typed_bytes(value) if value is not None else file.read_bytes()  # type: ignore[union-attr]
     headers = _parse_headers(header or [])
     headers.setdefault(h.EVENT_ID, uuid.uuid4().hex.encode())
 
     async def main() -> None:
+        _require_topic_text(topic)
         settings = _settings(transport)
         await reach_broker(settings)  # in seconds, one line, if it is down
         t = create_transport(settings)
         producer = with_offload(t.producer(), settings.topics_dir)  # a large value by reference
         try:
             delivered = await producer.send(
-                topic, payload, key=key.encode() if key is not None else None, headers=headers
+                topic, payload, key=_typed_bytes(key) if key is not None else None, headers=headers
             )
         finally:
             with contextlib.suppress(PipelineError):
@@ -309,14 +346,7 @@ def tail(
     """
 
     async def main() -> None:
-        try:
-            topic.encode()
-        except UnicodeEncodeError:  # argv bytes that are not UTF-8 come as lone surrogates
-            typed = topic.encode(errors="surrogateescape").decode(errors="backslashreplace")
-            raise ConfigError(
-                f"topic '{typed}' is not UTF-8 text, so no topic has that name;"
-                " type the name in UTF-8 (`pipeline topics list` shows them)"
-            ) from None
+        _require_topic_text(topic)
         settings = _settings(transport)
         await reach_broker(settings)  # a consumer would wait on a broker that is down
         t = create_transport(settings)
