@@ -21,7 +21,7 @@ from pipeline.registry.client.events import SCHEMA_FILES, MessageReceivedRecord,
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer, JsonSerializer
 from pipeline.registry.client.wire import header, schema_id_of
-from pipeline.registry.errors import SerdeError, SubjectNotFound
+from pipeline.registry.errors import RegistryError, SerdeError, SubjectNotFound
 from pipeline.retry.policy import default_retryable
 from pipeline.runtime.app import App
 
@@ -188,6 +188,20 @@ def test_registry_down_at_first_sight_of_an_id_is_retried_not_dead_lettered() ->
     client.close()
     assert not isinstance(info.value, DeadLetter)
     assert default_retryable(info.value)
+    assert f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_registry_down_when_serializing_is_a_registry_error_not_a_bad_value() -> None:
+    """A serializer whose registry is down raises RegistryError, not the bad-value SerdeError."""
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = RegistryClient(f"http://127.0.0.1:{port}", timeout_s=2)
+    serialize = AvroSerializer(client, V1, "pings-value")
+    with pytest.raises(RegistryError, match="cannot reach the schema registry") as info:
+        serialize({"n": 1})
+    client.close()
+    assert not isinstance(info.value, SerdeError)
     assert f"127.0.0.1:{port}" in str(info.value)
 
 

@@ -287,15 +287,19 @@ class AvroSerializer:
         with self._lock:
             if self._header:
                 return
-            if self._use_latest:
-                latest = self._client.latest(self._subject)
-                schema_id, writer = latest.schema_id, parse(latest.schema).parsed
-            elif self._auto_register:
-                schema_id = self._client.register(self._subject, self._schema.normalized)
-                writer = self._schema.parsed
-            else:
-                schema_id = self._client.lookup(self._subject, self._schema.normalized).schema_id
-                writer = self._schema.parsed
+            try:
+                if self._use_latest:
+                    latest = self._client.latest(self._subject)
+                    schema_id, writer = latest.schema_id, parse(latest.schema).parsed
+                elif self._auto_register:
+                    schema_id = self._client.register(self._subject, self._schema.normalized)
+                    writer = self._schema.parsed
+                else:
+                    found = self._client.lookup(self._subject, self._schema.normalized)
+                    schema_id, writer = found.schema_id, self._schema.parsed
+            except RegistryUnreachable as exc:
+                # Not a SerdeError: the value is fine and the next attempt may resolve the id.
+                raise RegistryError(str(exc)) from exc
             self._writer = writer
             self._header = header(schema_id)
 
