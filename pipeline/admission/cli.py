@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from rich.markup import escape
 from rich.table import Table
 
+from pipeline.admission.keys import key_text
 from pipeline.admission.status import ThrottleStatus, read_active_keys, read_status
 from pipeline.admission.throttle import Throttle
 from pipeline.cli_support import err, out_console, run_command
@@ -69,7 +70,8 @@ def status(
         client = _client(settings)
         prefix, ns = settings.redis.key_prefix, settings.throttle.namespace
         try:
-            wanted = [key] if key else await read_active_keys(client, prefix, ns)
+            # As set-limit stores it: bytes typed that are not UTF-8 are U+FFFD, as members read.
+            wanted = [key_text(key)] if key else await read_active_keys(client, prefix, ns)
             return [
                 await read_status(client, prefix, ns, k, settings.throttle.default_limit)
                 for k in wanted
