@@ -19,7 +19,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.envelope import Delivered, Record
-from pipeline.errors import DeliveryFailed, TransportError
+from pipeline.errors import BrokerUnavailable, DeliveryFailed
 from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.redis_streams.admin import TopicMeta, read_meta
@@ -156,16 +156,20 @@ class RedisStreamsProducer:
                 calls.append((keys, args))
             try:
                 results = await self._functions.produce_batch(calls)
+                for run, result in zip(batch, results, strict=True):
+                    if run.future.done():
+                        continue
+                    if isinstance(result, Exception):
+                        error = DeliveryFailed(f"produce to {run.topic!r}: {result}")
+                        run.future.set_exception(error)
+                    else:
+                        run.future.set_result(int(result[0]))
             except rexc.RedisError as exc:
                 _fail(batch, translate(exc, "produce"))
-                continue
-            for run, result in zip(batch, results, strict=True):
-                if run.future.done():
-                    continue
-                if isinstance(result, Exception):
-                    run.future.set_exception(DeliveryFailed(f"produce to {run.topic!r}: {result}"))
-                else:
-                    run.future.set_result(int(result[0]))
+            except OSError as exc:  # a socket error the client let through
+                _fail(batch, BrokerUnavailable(f"produce: redis unreachable: {exc}"))
+            except Exception as exc:  # a bug: the batch's sends raise it rather than wait forever
+                _fail(batch, exc)
 
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every queued message is acknowledged."""
@@ -177,7 +181,8 @@ class RedisStreamsProducer:
         await self.flush()
 
 
-def _fail(runs: Sequence[_Run], error: TransportError) -> None:
+def _fail(runs: Sequence[_Run], error: Exception) -> None:
+    """Fail every send of ``runs`` still waiting with ``error``."""
     for run in runs:
         if not run.future.done():
             run.future.set_exception(error)
