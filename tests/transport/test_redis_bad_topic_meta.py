@@ -61,6 +61,7 @@ async def test_malformed_topic_metadata_keeps_the_heartbeat_and_the_partitions(
     assert isinstance(consumer, RedisStreamsConsumer)
     keys = Keys(transport._settings.redis.key_prefix)
     good = await redis.hget(keys.topics, topic)
+    assert good is not None
     try:
         await wait_for(lambda: _owns(consumer, topic, 2), timeout_s=30)
         caplog.set_level(logging.WARNING, "pipeline.transport.redis_streams.consumer")
@@ -77,10 +78,10 @@ async def test_malformed_topic_metadata_keeps_the_heartbeat_and_the_partitions(
         assert not consumer._heartbeat_task.done()
         assert consumer.assignment() == {TopicPartition(topic, p) for p in range(2)}
 
-        assert good is not None
         await redis.hset(keys.topics, topic, good.replace(b'"partitions": 2', b'"partitions": 3'))
         await wait_for(lambda: _owns(consumer, topic, 3), timeout_s=30)
     finally:
+        await redis.hset(keys.topics, topic, good)  # readable, so deleted after the test
         await consumer.close()
         await transport.admin().delete_group(group, [topic])
 
