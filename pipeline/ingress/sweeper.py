@@ -178,7 +178,10 @@ class Sweeper:
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every ``interval_s`` until ``stop`` is set; a failed sweep is logged, not fatal.
 
-        Once ``stop`` is set, the sweep under way ends after the batch in hand.
+        A known failure (a broker or store down) is one warning line; any other error is logged
+        with its traceback. Either way the next sweep runs at the next interval, and a sweeper
+        that keeps failing leaves its last-run time behind for the silent-sweeper alert. Once
+        ``stop`` is set, the sweep under way ends after the batch in hand.
         """
         self._stop = stop
         while not stop.is_set():
@@ -186,6 +189,13 @@ class Sweeper:
                 await self.sweep_once()
             except PipelineError as exc:  # a known failure (a broker or store down): one line
                 log.warning("sweep failed: %s; retrying in %.0fs", exc, self._settings.interval_s)
+            except Exception as exc:  # a bug, or data no check foresaw: its traceback too
+                log.exception(
+                    "sweep failed (%s: %s); retrying in %.0fs",
+                    type(exc).__name__,
+                    exc,  # noqa: TRY401 - the line says the cause where a traceback is cut off
+                    self._settings.interval_s,
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._settings.interval_s)
 

@@ -18,13 +18,14 @@ import pytest
 from contract.helpers import consume_until, expire_below, make_topic
 from ingress.helpers import write_topics
 from logstore.helpers import FakeClock, new_row
+from redis import Redis as SyncRedis
 
 from pipeline.config import Settings, SweeperSettings
 from pipeline.envelope import Delivered, Message, Record, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.ingress import headers as h
 from pipeline.ingress.backlog import GroupLagBacklog
-from pipeline.ingress.sweeper import Sweeper
+from pipeline.ingress.sweeper import Sweeper, SweepReport
 from pipeline.logstore import RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.observability.metrics import Metrics
@@ -364,3 +365,55 @@ async def test_a_lane_whose_unread_messages_all_expired_is_not_backed_up(
     assert await backlog.is_backlogged("messages")
     await expire_below(redis, settings, TopicPartition(topic, 0), 3)
     assert not await backlog.is_backlogged("messages")
+
+
+async def test_a_sweep_failing_with_an_unexpected_error_is_logged_and_the_loop_goes_on(
+    redis: Transport,
+    settings: Settings,
+    store: SqliteLogStore,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sweep raising no PipelineError is logged with its traceback and the next one runs.
+
+    Here a lane's topic metadata was left unreadable in Redis (a hand edit): reading the lane's
+    lag raised ValueError. Before, that ended the sweeper's task for good while the ingress stayed
+    healthy and ready; the loop now logs it and sweeps again at the next interval.
+    """
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 1)
+    topics_key = f"{settings.redis.key_prefix}:topics"
+    client = SyncRedis.from_url(settings.redis.url)
+    good = client.hget(topics_key, topic)
+    assert good is not None
+    client.hset(topics_key, topic, '{"partitions": "one"}')
+    stop = asyncio.Event()
+    reports: list[bool] = []
+
+    def swept(report: SweepReport) -> None:
+        reports.append(report.finished)
+        if not report.finished:
+            client.hset(topics_key, topic, good)  # fixed by hand: the next sweep reads it
+        else:
+            stop.set()
+
+    sweeper = Sweeper(
+        store,
+        redis.producer(),
+        GroupLagBacklog(redis.admin(), {"messages": [topic]}, {"messages": f"g-{unique}"}),
+        {"messages": [topic]},
+        SETTINGS.model_copy(update={"interval_s": 0.01}),
+        clock=clock,
+        on_sweep=swept,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipeline.ingress.sweeper"):
+            await asyncio.wait_for(sweeper.run(stop), 30)
+    finally:
+        client.hset(topics_key, topic, good)
+        client.close()
+    assert reports == [False, True]
+    (line,) = [r for r in caplog.records if "sweep failed" in r.getMessage()]
+    assert "ValueError" in line.getMessage()
+    assert line.exc_info is not None
