@@ -114,6 +114,10 @@ def _load(directory: Path) -> list[tuple[Path, str, ParsedSchema]]:
     for path in files:
         try:
             parsed = parse(path.read_text(encoding="utf-8"))
+        except OSError as exc:  # a directory named *.avsc, no permission
+            raise _fail(f"{path}: cannot read the schema file: {exc.strerror}", 2) from None
+        except UnicodeDecodeError as exc:
+            raise _fail(f"{path}: not UTF-8 text: {exc.reason}; save it as UTF-8", 2) from None
         except InvalidSchema as exc:
             raise _fail(f"{path}: {exc}", 2) from None
         tree: Any = parsed.tree

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,23 @@ def test_schemas_with_a_registry_variable_that_is_not_a_url_names_it() -> None:
     result = pipeline("schemas", "ls", env={"PIPELINE_REGISTRY__URL": "http://u:hunter2@[::1"})
     line = assert_one_line(result, 2, "PIPELINE_REGISTRY__URL")
     assert "hunter2" not in line
+
+
+@pytest.mark.parametrize("command", [["check"], ["push", "--dry-run"]])
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda path: path.write_bytes(b'{"type": "string", "doc": "\xff"}'), "not UTF-8"),
+        (lambda path: path.mkdir(), "Is a directory"),
+    ],
+)
+def test_schemas_with_a_schema_file_it_cannot_read_names_the_file(
+    tmp_path: Path, command: list[str], make: Callable[[Path], object], problem: str
+) -> None:
+    """A ``.avsc`` that is not UTF-8 or is a directory is one line naming the file, exit 2."""
+    make(tmp_path / "broken.avsc")
+    result = pipeline("schemas", *command, str(tmp_path))
+    assert_one_line(result, 2, str(tmp_path / "broken.avsc"), problem)
 
 
 # pipeline asyncapi: its schemas, apps and groups.
