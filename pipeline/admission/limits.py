@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
-from pipeline.admission.throttle import Throttle
+from pipeline.admission.throttle import MAX_LIMIT, Throttle
 from pipeline.validation import field_path
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class OrgLimits(BaseModel):
     """Concurrency the org can always count on, even under pressure."""
     burst_floor: int = Field(default=2, ge=0)
     """Least burst room above the earned base."""
-    burst_pct: float = Field(default=0.5, ge=0)
+    burst_pct: float = Field(default=0.5, ge=0, allow_inf_nan=False)
     """Burst room as a share of the earned base."""
     dedicated: int = Field(default=0, ge=0)
     """Capacity reserved for this org, added on top of everything else."""
@@ -61,9 +61,9 @@ class LimitPolicy(BaseModel):
 
     defaults: OrgLimits = Field(default_factory=OrgLimits)
     orgs: dict[str, OrgLimits] = Field(default_factory=dict)
-    f_min: float = Field(default=0.25, gt=0)
+    f_min: float = Field(default=0.25, gt=0, allow_inf_nan=False)
     """Least pressure factor: how far ceilings shrink when the pool is over-committed."""
-    f_max: float = Field(default=2.0, gt=0)
+    f_max: float = Field(default=2.0, gt=0, allow_inf_nan=False)
     """Greatest pressure factor: how far ceilings grow when the pool is idle."""
 
     def for_org(self, org: str) -> OrgLimits:
@@ -205,13 +205,16 @@ class LimitTracker:
         """Compute each org's limit and set it on the throttle key ``org:ORG``; returns them.
 
         Run it periodically off the hot path with the cached fleet size (``pool_target``) and the
-        fleet's current in-flight count.
+        fleet's current in-flight count. A limit above the most a throttle takes
+        (:data:`~pipeline.admission.throttle.MAX_LIMIT`, a huge ``floor`` or ``dedicated``) is
+        set as that most, with a warning naming the org.
         """
         computed: dict[str, int] = {}
         for org in orgs:
             rate, duration = await self.rates(org, now_s=now_s)
+            settings = policy.for_org(org)
             limit = dynamic_limit(
-                policy.for_org(org),
+                settings,
                 rate_per_min=rate,
                 duration_s=duration,
                 pool_target=pool_target,
@@ -219,6 +222,18 @@ class LimitTracker:
                 f_min=policy.f_min,
                 f_max=policy.f_max,
             )
+            if limit > MAX_LIMIT:
+                log.warning(
+                    "dynamic limits: org %r's limit comes to %d (floor %d, dedicated %d), above "
+                    "the most a throttle takes; it is set to %d: lower the org's floor or "
+                    "dedicated",
+                    org,
+                    limit,
+                    settings.floor,
+                    settings.dedicated,
+                    MAX_LIMIT,
+                )
+                limit = MAX_LIMIT
             await throttle.set_limit(f"org:{org}", limit)
             computed[org] = limit
         return computed

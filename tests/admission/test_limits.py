@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from pipeline.admission.keys import org_config
@@ -20,7 +21,7 @@ from pipeline.admission.limits import (
     pressure_factor,
     store_org_override,
 )
-from pipeline.admission.throttle import Throttle
+from pipeline.admission.throttle import MAX_LIMIT, Throttle
 
 
 def test_earned_base_is_littles_law_with_a_floor():
@@ -124,3 +125,60 @@ async def test_a_steady_rate_reads_the_same_at_any_second_of_the_minute(redis_se
     await tracker.record("steady", submitted=30, now_s=minute_s + 29)  # half the minute gone
     assert (await tracker.rates("steady", now_s=minute_s + 30))[0] == pytest.approx(60)
     await client.aclose()
+
+
+@pytest.mark.redis
+async def test_an_org_whose_limit_passes_the_throttles_maximum_gets_the_maximum(
+    redis_service, unique, caplog
+):
+    """A limit over 2^31-1 is set as 2^31-1 with a warning, and the orgs after it still get theirs.
+
+    Before, set_limit refused it with ValueError part way: every tick skipped that org and every
+    org sorted after it.
+    """
+    client = Redis.from_url(redis_service)
+    throttle = Throttle(client, prefix=f"p{unique}", namespace="lim", default_limit=1)
+    await throttle.start()
+    tracker = LimitTracker(client, f"p{unique}")
+    await store_org_override(client, f"p{unique}", "aaa", OrgLimits(dedicated=2**31))
+    policy = await load_org_overrides(client, f"p{unique}", LimitPolicy())
+    try:
+        limits = await tracker.recompute(
+            throttle, ["aaa", "zzz"], policy, pool_target=100, in_flight=100
+        )
+        assert limits == {"aaa": MAX_LIMIT, "zzz": limits["zzz"]}
+        assert (await throttle.status("org:aaa")).limit == MAX_LIMIT
+        assert (await throttle.status("org:zzz")).limit == limits["zzz"] >= 2
+        (line,) = [r.getMessage() for r in caplog.records if "'aaa'" in r.getMessage()]
+        assert "dedicated" in line
+        assert str(MAX_LIMIT) in line
+    finally:
+        await client.delete(org_config(f"p{unique}"))
+        await throttle.close()
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "text", ["defaults: {burst_pct: .inf}", "f_max: .inf", "orgs: {a: {burst_pct: .inf}}"]
+)
+def test_a_policy_with_an_infinite_factor_is_refused(tmp_path: Path, text: str):
+    """An infinite factor is refused where the policy is loaded, not at every tick."""
+    path = tmp_path / "limits.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValidationError, match="finite"):
+        load_policy(path)
+
+
+@pytest.mark.redis
+async def test_an_override_with_an_infinite_burst_share_is_skipped(redis_service, unique, caplog):
+    """An override whose burst_pct is Infinity is one warning naming the org and the field."""
+    client = Redis.from_url(redis_service)
+    try:
+        await client.hset(org_config(f"p{unique}"), "acme", '{"burst_pct": Infinity}')
+        policy = await load_org_overrides(client, f"p{unique}", LimitPolicy())
+        assert policy.for_org("acme") == LimitPolicy().defaults
+        (line,) = [r.getMessage() for r in caplog.records if "'acme'" in r.getMessage()]
+        assert "burst_pct" in line
+    finally:
+        await client.delete(org_config(f"p{unique}"))
+        await client.aclose()
