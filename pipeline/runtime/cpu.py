@@ -13,10 +13,12 @@ the dead one's place.
 While a handler runs, a thread of its worker sends a heartbeat every :data:`BEAT_EVERY_S` until the
 handler calls ``ctx.heartbeat()`` (from then on only its own calls send one); the member counts each
 as a heartbeat of the run, so a worker that froze or was stopped falls silent
-(:mod:`pipeline.runtime.longwork`). Each worker leads its own process group: a cancelled call sends
-the group SIGTERM (in the worker it turns ``ctx.cancelled`` true, and the worker exits once the
-handler returns), then SIGKILL after the pool's grace period, so processes the handler started go
-with it.
+(:mod:`pipeline.runtime.longwork`). Until the handler begins (the pool starting, every worker busy,
+the worker importing the handler) the member beats for the run as often.
+
+Each worker leads its own process group: a cancelled call sends the group SIGTERM (in the worker
+it turns ``ctx.cancelled`` true, and the worker exits once the handler returns), then SIGKILL
+after the pool's grace period, so processes the handler started go with it.
 """
 
 from __future__ import annotations
@@ -291,10 +293,7 @@ class ProcessPool:
         Cancelling the call stops its worker (SIGTERM, SIGKILL after the grace period) and
         puts a fresh one in its place.
         """
-        if self._started is None:  # the first call starts the workers; the others wait for it
-            self._started = asyncio.ensure_future(self._start())
-        await asyncio.shield(self._started)
-        worker = await self._idle.get()
+        worker = await self._idle_worker(BEAT_EVERY_S)
         try:
             try:
                 ok, value = await _call(worker, ref, args, time_limit_s)
@@ -314,6 +313,29 @@ class ProcessPool:
             self._idle.put_nowait(worker)
         if not ok:
             raise value
+
+    async def _idle_worker(self, every_s: float) -> _Worker:
+        """An idle worker once there is one; meanwhile the current run beats every ``every_s``.
+
+        Waiting for the pool to start or for a busy worker is not the handler's silence.
+        """
+        if self._started is None:  # the first call starts the workers; the others wait for it
+            self._started = asyncio.ensure_future(self._start())
+        taking = asyncio.ensure_future(self._take(self._started))
+        try:
+            while not taking.done():
+                liveness.automatic()
+                await asyncio.wait({taking}, timeout=every_s)
+        except asyncio.CancelledError:
+            if taking.done() and not taking.cancelled() and taking.exception() is None:
+                self._idle.put_nowait(taking.result())  # taken as the call was cancelled
+            taking.cancel()
+            raise
+        return taking.result()
+
+    async def _take(self, started: asyncio.Future[None]) -> _Worker:
+        await asyncio.shield(started)
+        return await self._idle.get()
 
     async def _stop(self, worker: _Worker) -> _Worker:
         """SIGTERM the worker's group, SIGKILL it after the grace period; a fresh worker."""

@@ -44,6 +44,17 @@ def stall(event: bytes, ctx: Context) -> None:
     _record(ctx.lane, f"{event.decode()}:{ctx.attempt}")
 
 
+def hold(event: bytes, ctx: Context) -> None:
+    """Keep the worker busy for the seconds after the event's ``:`` (none: 0), then record.
+
+    ``long:5`` records ``long:began`` first, then sleeps 5 s, then records ``long:1``.
+    """
+    name, _, seconds = event.decode().partition(":")
+    _record(ctx.lane, f"{name}:began")
+    time.sleep(float(seconds or 0))  # the handler's work: the worker stays alive and beating
+    _record(ctx.lane, f"{name}:{ctx.attempt}")
+
+
 def spawn(event: bytes, ctx: Context) -> None:
     """Start a child process, record both pids, and wait for the child (until cancelled)."""
     child = subprocess.Popen(["sleep", "600"])

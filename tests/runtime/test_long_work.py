@@ -58,10 +58,8 @@ async def test_a_hung_cpu_handler_is_killed_and_retried(
     transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
 ) -> None:
     """A worker that froze (no heartbeats past heartbeat_timeout) is killed; the retry runs."""
-    # The member beats for no cpu=True run while it waits for the pool to start: the frozen
-    # event is sent only once a warm-up event has started the one worker and imported the
-    # handlers, so its run is judged hung after the handler froze, never before it began.
-    # 2s is twice the worker's beat interval, so the retry's fresh worker is not judged hung.
+    # The frozen event is sent only once a warm-up event has started the one worker and
+    # imported the handlers, so the frozen pid recorded is the one whose silence is judged.
     warm = lane_spec(f"warm_{unique}", 1)
     spec = lane_spec(
         f"cpu_{unique}", 1, ordered=False, retry={"tiers": ["200ms"]}, heartbeat_timeout="2s"
@@ -269,3 +267,35 @@ def test_a_heartbeat_timeout_under_two_ticks_is_refused(transport: Transport) ->
 
     with pytest.raises(ConfigError, match=r"lane beats_too_fast: heartbeat_timeout \(200ms\)"):
         Member(app, transport, "g-never", RuntimeSettings())
+
+
+async def test_a_cpu_run_waiting_for_a_busy_worker_is_not_hung(
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
+) -> None:
+    """A cpu=True run queued behind a busy worker past heartbeat_timeout is alive, not hung.
+
+    The member beat for no cpu=True run while it waited for the pool to start or for a free
+    worker, so the queued run was stopped as hung (and, with no retry tier, dead-lettered) before
+    its handler ever began.
+    """
+    spec = lane_spec(f"cpu_{unique}", 1, ordered=False, heartbeat_timeout="2s")
+    await lanes(spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=120)(cpu_app.hold)
+    settings = QUICK.model_copy(update={"cpu_workers": 1})
+    member = Member(app, transport, f"g-{unique}", settings, redis=redis, redis_prefix=prefix)
+    results = f"cpu-done:{spec.lane}"
+    producer = transport.producer()
+    try:
+        async with running(member):
+            await producer.send(spec.name, b"long:5", key=b"a")  # holds the one worker 5 s
+
+            async def began() -> bool:
+                return b"long:began" in await redis.smembers(results)
+
+            await _until(began)
+            await producer.send(spec.name, b"queued", key=b"b")  # waits for the worker
+            await eventually(lambda: member.stats.handled == 2 or member.stats.hung > 0, 90)
+    finally:
+        await producer.close()
+    assert (member.stats.hung, member.stats.dead_lettered, member.stats.handled) == (0, 0, 2)
