@@ -10,9 +10,10 @@ limit counts from the moment the worker has imported the handler, so a fresh wor
 is not billed to the first message it runs. Both are retryable failures, and a fresh worker takes
 the dead one's place.
 
-While a handler runs, a thread of its worker sends a heartbeat every :data:`BEAT_EVERY_S` until the
-handler calls ``ctx.heartbeat()`` (from then on only its own calls send one); the member counts each
-as a heartbeat of the run, so a worker that froze or was stopped falls silent
+While a handler runs, a thread of its worker sends a heartbeat every :data:`RUN_BEAT_EVERY_S` (a
+quarter of the lane's ``heartbeat_timeout``, at most :data:`BEAT_EVERY_S`) until the handler calls
+``ctx.heartbeat()`` (from then on only its own calls send one); the member counts each as a
+heartbeat of the run, so a worker that froze or was stopped falls silent
 (:mod:`pipeline.runtime.longwork`). Until the handler begins (the pool starting, every worker busy,
 the worker importing the handler) the member beats for the run as often.
 
@@ -32,8 +33,8 @@ import os
 import pickle
 import signal
 import threading
-import time
 import traceback
+from contextvars import ContextVar
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -45,7 +46,12 @@ log = logging.getLogger(__name__)
 _IMPORT_LIMIT_S = 120.0
 """How long a worker may take to import a handler's module before its time limit starts."""
 BEAT_EVERY_S = 1.0
-"""How often a worker running a handler sends a heartbeat on its own."""
+"""How often, at most, a worker running a handler sends a heartbeat on its own."""
+_MIN_BEAT_EVERY_S = 0.005
+"""A quarter of the shortest heartbeat timeout a member accepts (two of its shortest ticks)."""
+RUN_BEAT_EVERY_S: ContextVar[float] = ContextVar("pipeline_cpu_beat_every_s", default=BEAT_EVERY_S)
+"""How often the current run beats while it waits for its worker and while its handler runs
+(set by :mod:`pipeline.runtime.longwork` from the lane's ``heartbeat_timeout``)."""
 _BEAT = "beat"
 
 
@@ -55,6 +61,11 @@ class HandlerTimeout(PipelineError):
 
 class WorkerCrashed(PipelineError):
     """A CPU-bound handler's worker process died while running it (retryable)."""
+
+
+def beat_every_s(heartbeat_timeout_ms: int) -> float:
+    """How often a run of a lane with ``heartbeat_timeout_ms`` beats: 4 times a timeout or more."""
+    return min(BEAT_EVERY_S, max(_MIN_BEAT_EVERY_S, heartbeat_timeout_ms / 4000))
 
 
 def function_ref(fn: Any) -> str:
@@ -83,6 +94,8 @@ class _Beats:  # pragma: no cover - runs in the worker process
         self._lock = threading.Lock()
         self.running = threading.Event()
         self.manual = threading.Event()
+        self._wake = threading.Event()
+        self._every_s = BEAT_EVERY_S
         liveness.worker_beat = self.handler_beat
         threading.Thread(target=self._forever, daemon=True).start()
 
@@ -99,16 +112,24 @@ class _Beats:  # pragma: no cover - runs in the worker process
         self.manual.set()
         self.beat()
 
+    def start(self, every_s: float) -> None:
+        """A handler begins: beat now, then every ``every_s`` until it beats on its own."""
+        self._every_s = every_s
+        self.manual.clear()
+        self.running.set()
+        self._wake.set()  # not after the rest of a wait at the last call's pace
+
     def _forever(self) -> None:
         while True:
             self.running.wait()
             if not self.manual.is_set():
                 self.beat()
-            time.sleep(BEAT_EVERY_S)
+            self._wake.wait(self._every_s)
+            self._wake.clear()
 
 
 def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
-    """Worker loop: receive (function ref, args), send back (ok, result or exception).
+    """Worker loop: receive (function ref, args, beat every s), send back (ok, result or exception).
 
     Between the start mark ``(None, None)`` and the result it sends ``("beat", None)``
     heartbeats (:class:`_Beats`).
@@ -123,14 +144,13 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
     liveness.worker_cancelled = terminated.is_set
     while True:
         try:
-            ref, args = conn.recv()
+            ref, args, every_s = conn.recv()
         except EOFError:
             return
         try:
             fn = _resolve(ref)  # importing the handler's module is not part of its time limit
             beats.send((None, None))
-            beats.manual.clear()
-            beats.running.set()
+            beats.start(every_s)
             try:
                 fn(*args)  # its result is not used, so one pickle cannot copy fails nothing
             finally:
@@ -218,18 +238,23 @@ class _Unstarted(Exception):
 
 
 async def _call(
-    worker: _Worker, ref: str, args: tuple[Any, ...], time_limit_s: float
+    worker: _Worker, ref: str, args: tuple[Any, ...], time_limit_s: float, every_s: float
 ) -> tuple[bool, Any]:
     """Send the call to ``worker`` and wait for its outcome (:func:`_outcome`)."""
     try:
-        worker.conn.send((ref, args))
+        worker.conn.send((ref, args, every_s))
     except OSError as exc:  # a broken pipe: the worker is gone
         raise _Unstarted(ref) from exc
-    return await _outcome(worker.conn, ref, time_limit_s)
+    return await _outcome(worker.conn, ref, time_limit_s, every_s)
 
 
-async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[bool, Any]:
-    """Wait for a worker's (ok, result or exception), counting its heartbeats on the way."""
+async def _outcome(
+    conn: Connection, ref: str, time_limit_s: float, every_s: float
+) -> tuple[bool, Any]:
+    """Wait for a worker's (ok, result or exception), counting its heartbeats on the way.
+
+    Until the worker's start mark the run beats every ``every_s`` on the worker's behalf.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _IMPORT_LIMIT_S
     started = False
@@ -239,7 +264,7 @@ async def _outcome(conn: Connection, ref: str, time_limit_s: float) -> tuple[boo
             # A worker still starting or importing the handler is not the handler's silence:
             # the run beats on its behalf until the handler starts.
             liveness.automatic()
-            left_s = min(left_s, BEAT_EVERY_S)
+            left_s = min(left_s, every_s)
         if not await _readable(conn, left_s):
             if loop.time() < deadline:
                 continue
@@ -293,13 +318,14 @@ class ProcessPool:
         Cancelling the call stops its worker (SIGTERM, SIGKILL after the grace period) and
         puts a fresh one in its place.
         """
-        worker = await self._idle_worker(BEAT_EVERY_S)
+        every_s = RUN_BEAT_EVERY_S.get()
+        worker = await self._idle_worker(every_s)
         try:
             try:
-                ok, value = await _call(worker, ref, args, time_limit_s)
+                ok, value = await _call(worker, ref, args, time_limit_s, every_s)
             except _Unstarted:  # it died idle (the OOM killer): not this call's doing
                 worker = await self._replace(worker)
-                ok, value = await _call(worker, ref, args, time_limit_s)
+                ok, value = await _call(worker, ref, args, time_limit_s, every_s)
         except HandlerTimeout:
             worker = await self._replace(worker)
             raise

@@ -10,8 +10,9 @@ followers of its key come up next (and are cancelled too, if covered).
 Every other message runs, in its key lane's task, with a
 :class:`~pipeline.runtime.liveness.Liveness`: the handler's ``ctx.heartbeat()`` and
 ``ctx.cancelled`` reach it. Every ``runtime.cancel_poll_ms`` the member ticks: it beats for its
-``async`` runs (its event loop is alive; ``cpu=True`` runs beat from their worker) until a handler
-beats on its own (``ctx.heartbeat()``), sends the heartbeats of its long work (lanes with
+``async`` runs (its event loop is alive; a ``cpu=True`` run beats from its worker, four times a
+heartbeat timeout, and from the pool while it waits for one: :mod:`pipeline.runtime.cpu`) until
+a handler beats on its own (``ctx.heartbeat()``), sends the heartbeats of its long work (lanes with
 ``heartbeat_timeout``) to Redis with the runs begun and ended since the last tick, rereads the
 standing cancellations when their version moved, stops the runs they cover or that Redis says must
 stop, runs the reconciler (:mod:`pipeline.cancel.reconcile`) and publishes its scale-in protection
@@ -47,6 +48,7 @@ from pipeline.errors import PipelineError
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.retry.guard_store import message_id
 from pipeline.runtime.app import Lane
+from pipeline.runtime.cpu import RUN_BEAT_EVERY_S, beat_every_s
 from pipeline.runtime.liveness import CURRENT, HandlerHung, Liveness
 from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
@@ -161,6 +163,10 @@ class LongWork:
         # The handler runs in this task (no task of its own: none to create per message); a
         # stop cancels this task and the cancellation is taken back here (uncancel).
         token = CURRENT.set(liveness)
+        timeout_ms = lane.spec.heartbeat_timeout_ms
+        beats = None
+        if timeout_ms is not None and lane.cpu_ref is not None:  # its worker beats this often
+            beats = RUN_BEAT_EVERY_S.set(beat_every_s(timeout_ms))
         taken_back = False
         try:
             return await self._call(lane, message)
@@ -172,6 +178,8 @@ class LongWork:
             return await self._stopped(run, liveness.reason)
         finally:
             CURRENT.reset(token)
+            if beats is not None:
+                RUN_BEAT_EVERY_S.reset(beats)
             del self._runs[run.ident]
             if liveness.reason is not None and not taken_back and task.cancelling() > 0:
                 task.uncancel()  # the handler swallowed its cancellation: take ours back

@@ -299,3 +299,27 @@ async def test_a_cpu_run_waiting_for_a_busy_worker_is_not_hung(
     finally:
         await producer.close()
     assert (member.stats.hung, member.stats.dead_lettered, member.stats.handled) == (0, 0, 2)
+
+
+async def test_a_cpu_run_on_a_short_heartbeat_timeout_is_not_hung(
+    transport: Transport, redis: Redis, prefix: str, unique: str, lanes: Declare
+) -> None:
+    """A healthy cpu=True run on a lane whose heartbeat_timeout is under a second is not hung.
+
+    Its worker beat once a second whatever the lane's timeout, so with ``500ms`` every healthy
+    run fell silent for half a second between beats and was stopped as hung.
+    """
+    spec = lane_spec(f"cpu_{unique}", 1, heartbeat_timeout="500ms")
+    await lanes(spec)
+    app = App([spec])
+    app.handler(spec.lane, cpu=True, time_limit_s=120)(cpu_app.hold)
+    settings = QUICK.model_copy(update={"cpu_workers": 1})
+    member = Member(app, transport, f"g-{unique}", settings, redis=redis, redis_prefix=prefix)
+    producer = transport.producer()
+    try:
+        await producer.send(spec.name, b"busy:2", key=b"a")  # 2 s of work, four timeouts
+        async with running(member):
+            await eventually(lambda: member.stats.handled == 1 or member.stats.hung > 0, 90)
+    finally:
+        await producer.close()
+    assert (member.stats.hung, member.stats.dead_lettered, member.stats.handled) == (0, 0, 1)
