@@ -26,7 +26,7 @@ from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import Transport
 
 pytestmark = pytest.mark.usefixtures("kafka_service")
-POLL_INTERVAL_MS = 7000
+POLL_INTERVAL_MS = 6000  # the session timeout below: the least librdkafka allows
 PATIENT = FAST.model_copy(update={"shutdown_grace_s": 30.0})
 """A grace far longer than the poll interval: only the group's budget may bound the waits."""
 
