@@ -286,6 +286,7 @@ class LagMetrics:
         self._age = metrics.gauge(m.OLDEST_AGE)
         self._lag = metrics.gauge(m.LAG)
         self._tier = metrics.gauge(m.RETRY_DEPTH)
+        self._overdue = metrics.gauge(m.RETRY_OVERDUE)
         self._dlq = metrics.gauge(m.DLQ_DEPTH)
 
     def lane(self, lane: str, group: str, *, lag: int, oldest_age_s: float) -> None:
@@ -293,9 +294,16 @@ class LagMetrics:
         self._lag.labels(lane, group).set(lag)
         self._age.labels(lane, group).set(oldest_age_s)
 
-    def retry_tier(self, lane: str, group: str, tier: str, depth: int) -> None:
-        """Messages waiting in retry tier ``tier`` of ``lane`` for ``group``."""
+    def retry_tier(
+        self, lane: str, group: str, tier: str, depth: int, overdue_s: float = 0.0
+    ) -> None:
+        """Messages waiting in retry tier ``tier`` of ``lane`` for ``group``.
+
+        ``overdue_s`` is how long past the tier's delay the oldest of them has waited (0.0:
+        none past it).
+        """
         self._tier.labels(lane, group, tier).set(depth)
+        self._overdue.labels(lane, group, tier).set(overdue_s)
 
     def dead_letters(self, lane: str, count: int) -> None:
         """Messages retained in the lane's dead-letter topic."""

@@ -3,7 +3,8 @@
 One probe serves both the ``/metrics`` refresher and ``pipeline status``. For a lane and the
 group that consumes it, :func:`probe_lane` reads :meth:`~pipeline.transport.protocol.Admin.
 group_lag` on the lane's main topics (lag and the age of the oldest message not yet committed:
-the alarm signal), on each retry tier topic (depth), and the dead-letter topic's retained count.
+the alarm signal), on each retry tier topic (depth, and how long past the tier's delay its oldest
+copy has waited), and the dead-letter topic's retained count.
 
 Which group consumes a lane: :func:`lane_watches` takes an explicit mapping, and otherwise
 assumes the group is named after the lane (the convention of ``deploy/k8s``).
@@ -33,6 +34,7 @@ class LaneWatch:
         topics: the lane's main topics.
         retry_topics: each retry tier's label (``5s``, ``1m``) and its topics.
         dead_letters: the lane's dead-letter topics.
+        retry_delays_ms: each retry tier's label and its delay in milliseconds.
     """
 
     lane: str
@@ -40,6 +42,7 @@ class LaneWatch:
     topics: tuple[str, ...]
     retry_topics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     dead_letters: tuple[str, ...] = ()
+    retry_delays_ms: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,11 @@ class LaneReport:
         retry_tiers: messages waiting in each retry tier for the group, by tier label.
         dead_letters: messages retained in the dead-letter topics.
         missing_topics: topics of the lane the broker does not have (``pipeline topics apply``).
+        retry_overdue_s: by tier label, how long past the tier's delay the oldest copy not yet
+            committed by the group has waited, in seconds (0.0: none is past it). A copy is due
+            at most the tier's delay after it was written (jitter only shortens it), so a
+            positive value is a retry held up: no member reads the tier, or its run is still
+            going.
     """
 
     lane: str
@@ -64,6 +72,7 @@ class LaneReport:
     retry_tiers: Mapping[str, int]
     dead_letters: int
     missing_topics: tuple[str, ...] = ()
+    retry_overdue_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def lane_watches(
@@ -86,9 +95,11 @@ def lane_watches(
     watches: list[LaneWatch] = []
     for lane, lane_specs in sorted(by_lane.items()):
         tiers: dict[str, list[str]] = defaultdict(list)
+        delays_ms: dict[str, int] = {}
         for spec in lane_specs:
             for delay_ms, topic in zip(spec.retry.tiers_ms, spec.retry_topic_names(), strict=True):
                 tiers[format_duration_ms(delay_ms)].append(topic)
+                delays_ms[format_duration_ms(delay_ms)] = delay_ms
         chosen = list(only_groups) or list((groups or {}).get(lane, ())) or [lane]
         watches.extend(
             LaneWatch(
@@ -97,6 +108,7 @@ def lane_watches(
                 topics=tuple(spec.name for spec in lane_specs),
                 retry_topics={tier: tuple(topics) for tier, topics in tiers.items()},
                 dead_letters=tuple(spec.dead_letter for spec in lane_specs),
+                retry_delays_ms=dict(delays_ms),
             )
             for group in chosen
         )
@@ -141,12 +153,16 @@ async def probe_lane(
     main: list[PartitionLag] = []
     for topic in watch.topics:
         main.extend(await _lag(admin, watch.group, topic, missing))
+    now_ms = int(clock() * 1000)
     tiers = {}
+    overdue = {}
     for tier, topics in watch.retry_topics.items():
-        depth = 0
+        held: list[PartitionLag] = []
         for topic in topics:
-            depth += sum(p.lag for p in await _lag(admin, watch.group, topic, missing))
-        tiers[tier] = depth
+            held.extend(await _lag(admin, watch.group, topic, missing))
+        tiers[tier] = sum(p.lag for p in held)
+        delay_s = watch.retry_delays_ms.get(tier, 0) / 1000
+        overdue[tier] = max(0.0, oldest_age_s(held, now_ms) - delay_s)
     dead = 0
     for topic in watch.dead_letters:
         if topic in retained:
@@ -157,10 +173,11 @@ async def probe_lane(
         lane=watch.lane,
         group=watch.group,
         lag=sum(p.lag for p in main),
-        oldest_age_s=oldest_age_s(main, int(clock() * 1000)),
+        oldest_age_s=oldest_age_s(main, now_ms),
         retry_tiers=tiers,
         dead_letters=dead,
         missing_topics=tuple(missing),
+        retry_overdue_s=overdue,
     )
 
 

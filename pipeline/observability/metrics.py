@@ -236,6 +236,14 @@ RETRY_DEPTH = Family(
     ("lane", "group", "tier"),
     "messages",
 )
+RETRY_OVERDUE = Family(
+    "pipeline_retry_tier_overdue_seconds",
+    "gauge",
+    "How long past the tier's delay the oldest copy waiting in one retry tier of the lane for "
+    "the group has waited (0: none past it): a retry no member runs.",
+    ("lane", "group", "tier"),
+    "seconds",
+)
 DLQ_DEPTH = Family(
     "pipeline_dead_letter_messages",
     "gauge",

@@ -44,7 +44,7 @@ class SnapshotSource(Protocol):
 
 
 class GroupLagSource:
-    """Lag, oldest-message age, retry-tier depths and dead letters per (lane, group)."""
+    """Lag, oldest-message age, retry-tier depths and lateness, dead letters per (lane, group)."""
 
     name = "group_lag"
 
@@ -74,7 +74,8 @@ class GroupLagSource:
                 report.lane, report.group, lag=report.lag, oldest_age_s=report.oldest_age_s
             )
             for tier, depth in report.retry_tiers.items():
-                self._metrics.retry_tier(report.lane, report.group, tier, depth)
+                overdue_s = report.retry_overdue_s.get(tier, 0.0)
+                self._metrics.retry_tier(report.lane, report.group, tier, depth, overdue_s)
             self._metrics.dead_letters(report.lane, report.dead_letters)
             reports.append(report)
         self.reports = reports

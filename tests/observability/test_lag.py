@@ -81,3 +81,34 @@ async def test_expired_messages_are_not_counted_as_lag(transport, settings, uniq
             assert value("pipeline_oldest_message_age_seconds", labels) == 0
     finally:
         await drop(transport, spec)
+
+
+async def test_a_retry_copy_waiting_past_its_tier_delay_reads_as_overdue(transport, unique):
+    """A retry copy still waiting 100 s past its 5 s tier's delay shows 100 s overdue, then 0."""
+    spec = lane_spec(f"obs-overdue-{unique}")
+    group = f"g-{unique}"
+    tier = {"lane": spec.lane, "group": group, "tier": "5s"}
+    try:
+        async with partly_consumed(transport, spec, group, produced=1, committed=1):
+            admin = transport.admin()
+            (copy, *_) = await admin.group_lag(group, spec.retry_topic_names()[0])
+            assert copy.oldest_unconsumed_ms is not None
+            now_s = (copy.oldest_unconsumed_ms + 3_000) / 1000
+            metrics = Metrics()
+            value = metrics.registry.get_sample_value
+            source = GroupLagSource(
+                admin,
+                lane_watches([spec], only_groups=[group]),
+                LagMetrics(metrics),
+                clock=lambda: now_s,
+            )
+            await source.refresh()
+            assert value("pipeline_retry_tier_overdue_seconds", tier) == 0  # not due yet
+
+            now_s = (copy.oldest_unconsumed_ms + 105_000) / 1000
+            await source.refresh()
+            assert value("pipeline_retry_tier_messages", tier) == 1
+            assert value("pipeline_retry_tier_overdue_seconds", tier) == pytest.approx(100.0)
+            assert source.reports[0].retry_overdue_s == {"5s": pytest.approx(100.0)}
+    finally:
+        await drop(transport, spec)
