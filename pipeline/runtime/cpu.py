@@ -302,12 +302,19 @@ class ProcessPool:
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
         self._started: asyncio.Future[None] | None = None
+        self._unstarted = size
+        """Workers the start has still to start."""
 
     async def _start(self) -> None:
-        for _ in range(self._size):
-            worker = await asyncio.to_thread(_Worker, self._ctx)
-            self._all.add(worker)
-            self._idle.put_nowait(worker)
+        try:
+            while self._unstarted > 0:
+                worker = await asyncio.to_thread(_Worker, self._ctx)
+                self._unstarted -= 1
+                self._all.add(worker)
+                self._idle.put_nowait(worker)
+        except BaseException:
+            self._started = None  # a spawn failed (fork's EAGAIN): the next call starts the rest
+            raise
 
     async def run(self, ref: str, args: tuple[Any, ...], time_limit_s: float) -> None:
         """Run the function ``ref`` with ``args`` in a worker, within ``time_limit_s``.
@@ -383,3 +390,4 @@ class ProcessPool:
         self._all.clear()
         self._idle = asyncio.Queue()
         self._started = None
+        self._unstarted = self._size
