@@ -7,6 +7,7 @@ The runner turns pipeline errors into one stderr line and an exit code (never a 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Final, Literal, TypeVar
 
@@ -16,7 +17,7 @@ from rich.markup import escape
 
 from pipeline.config import load_settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
-from pipeline.reachability import Service, named_with_fix
+from pipeline.reachability import Service, listen_error, named_with_fix
 
 T = TypeVar("T")
 
@@ -41,6 +42,31 @@ TransportOpt = Annotated[
     Literal["kafka", "redis"] | None,
     typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),
 ]
+
+
+def require_listenable(host: str, port: int, *, variable: str, host_variable: str) -> None:
+    """Fail with one line, before anything is opened, when ``host:port`` cannot be listened on.
+
+    ``variable`` and ``host_variable`` name the settings (and options) of the port and of the
+    address.
+
+    Raises:
+        ConfigError: the host is no address or name of this machine, or the port is taken.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise listen_error(host, port, exc, variable, host_variable) from None
+        except (UnicodeError, TypeError):  # a label IDNA cannot encode, bytes not UTF-8
+            typed = host.encode(errors="surrogateescape").decode(errors="backslashreplace")
+            raise ConfigError(
+                f"cannot listen on {typed}:{port}: '{typed}' is no host name (a label is empty,"
+                f" longer than 63 characters or not UTF-8); set {host_variable} to an address"
+                " or name of this machine (127.0.0.1, or 0.0.0.0 for all)"
+            ) from None
 
 
 def run_command(

@@ -125,6 +125,7 @@ def serve_command(
         raise typer.Exit(serve_workers(workers, host, port, sources, transport))
 
     async def main() -> None:
+        _check_host_option(host)
         _check_port_option(port)
         settings, ingress = worker_settings(transport, sources)
         built = build_ingress(settings, ingress)
@@ -132,6 +133,20 @@ def serve_command(
         await serve(built, host or ingress.host, ingress.port if port is None else port, _ready)
 
     _run(main())
+
+
+def _check_host_option(host: str | None) -> None:
+    """Refuse a ``--host`` that is not UTF-8 text: no address or name of this machine is."""
+    if host is None:
+        return
+    try:
+        host.encode()
+    except UnicodeEncodeError:  # argv bytes that are not UTF-8 come as lone surrogates
+        typed = host.encode(errors="surrogateescape").decode(errors="backslashreplace")
+        raise ConfigError(
+            f"--host '{typed}' is not UTF-8 text, so it is no address or name of this machine;"
+            " give one of its addresses (127.0.0.1, or 0.0.0.0 for all) or its name"
+        ) from None
 
 
 def _check_port_option(port: int | None) -> None:
@@ -151,6 +166,7 @@ def serve_workers(
     """
 
     async def check() -> WorkerArgs:
+        _check_host_option(host)
         _check_port_option(port)
         settings, ingress = worker_settings(transport, sources)
         refuse_sqlite(count, ingress.log_store)

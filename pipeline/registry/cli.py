@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipeline.cli_support import HELP_MARKUP, out_console
+from pipeline.cli_support import HELP_MARKUP, out_console, require_listenable
 from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.reachability import checked_http_url, safe_url
@@ -80,6 +80,14 @@ def serve(
     problem = startup_problem(settings)
     if problem is not None:
         raise _fail(problem, 2)
+    _guard(
+        lambda: require_listenable(
+            settings.host,
+            settings.port,
+            variable="PIPELINE_REGISTRY__PORT (or --port)",
+            host_variable="PIPELINE_REGISTRY__HOST (or --host)",
+        )
+    )
     backing = _guard(lambda: open_store(settings.store, pool_max=settings.pool_max))
     registry = Registry(backing, default_compatibility=settings.default_compatibility)
     application = create_app(

@@ -131,6 +131,39 @@ def test_schemas_with_a_schema_file_it_cannot_read_names_the_file(
     assert_one_line(result, 2, str(tmp_path / "broken.avsc"), problem)
 
 
+# pipeline registry serve and ingress serve: the address to listen on.
+
+
+@pytest.mark.parametrize(
+    ("host", "named"),
+    [
+        ("a..b", "'a..b'"),
+        ("x" * 300, "PIPELINE_REGISTRY__HOST (or --host)"),
+        ("nosuch.invalid", "cannot resolve the host name 'nosuch.invalid'"),
+        (b"a\xffb".decode(errors="surrogateescape"), "'a\\xffb'"),
+    ],
+)
+def test_registry_serve_on_a_host_it_cannot_listen_on_names_it(
+    tmp_path: Path, host: str, named: str
+) -> None:
+    """`registry serve --host` that no socket can bind is one line naming the host, exit 2."""
+    store = f"sqlite:///{tmp_path}/registry.db"
+    result = pipeline("registry", "serve", "--host", host, "--port", "0", "--store", store)
+    assert_one_line(result, 2, "cannot listen on", named)
+    assert not (tmp_path / "registry.db").exists()
+
+
+def test_ingress_serve_on_a_host_not_utf8_names_it(tmp_path: Path) -> None:
+    """`ingress serve --host` with bytes that are not UTF-8 is one line naming it, exit 2."""
+    (tmp_path / "sources.yaml").write_text(
+        (ROOT / "deploy/local/sources.example.yaml").read_text(encoding="utf-8")
+    )
+    host = b"a\xffb".decode(errors="surrogateescape")
+    env = {**SECRETS, "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db")}
+    result = pipeline("ingress", "serve", "--host", host, "--port", "0", env=env, cwd=tmp_path)
+    assert_one_line(result, 2, "--host 'a\\xffb'")
+
+
 # pipeline asyncapi: its schemas, apps and groups.
 
 
