@@ -59,6 +59,7 @@ from pipeline.topics.admin import apply
 from pipeline.topics.spec import format_duration_ms, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.identity import claim_identity
+from pipeline.transport.redis_streams.admin import UnreadableTopicMeta
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
@@ -166,8 +167,11 @@ def topics_list(
         settings = _settings(transport)
         await reach_broker(settings)
         t = create_transport(settings)
+        unreadable: tuple[str, ...] = ()
         try:
             infos = await t.admin().list_topics()
+        except UnreadableTopicMeta as exc:  # the other topics are still shown, then the error
+            infos, unreadable = exc.readable, exc.lines
         finally:
             await t.close()
         if as_json:
@@ -183,17 +187,26 @@ def topics_list(
                         }
                     )
                 )
-            return
-        table = Table(
-            "topic", "partitions", "retention", "max_len", "messages", title=f"topics on {t.name}"
-        )
-        for info in infos.values():
-            retention = format_duration_ms(info.retention_ms) if info.retention_ms else "-"
-            max_len = str(info.max_len) if info.max_len is not None else "-"
-            table.add_row(
-                info.name, str(info.partitions), retention, max_len, str(info.message_count)
+        else:
+            table = Table(
+                "topic",
+                "partitions",
+                "retention",
+                "max_len",
+                "messages",
+                title=f"topics on {t.name}",
             )
-        out_console().print(table)
+            for info in infos.values():
+                retention = format_duration_ms(info.retention_ms) if info.retention_ms else "-"
+                max_len = str(info.max_len) if info.max_len is not None else "-"
+                table.add_row(
+                    info.name, str(info.partitions), retention, max_len, str(info.message_count)
+                )
+            out_console().print(table)
+        for line in unreadable:
+            err.print(f"[red]error:[/red] {escape(line)}", highlight=False)
+        if unreadable:
+            raise typer.Exit(1)
 
     _run(main())
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Collection, Sequence
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,26 @@ from pipeline.transport.redis_streams.keys import Keys, entry_id, offset_of, par
 
 _TIMESTAMP_DIGITS = 19
 """The most digits a ``t`` field is read with (a signed 64-bit number's)."""
+_GLOB = re.compile(r"[*?\[\]\\]")
+"""The characters a ``SCAN MATCH`` pattern reads as wildcards; escaped with a backslash."""
+
+
+class UnreadableTopicMeta(TransportError):
+    """A topic's entry in the topics hash cannot be read; the line names the topic and field.
+
+    Attributes:
+        lines: one line per unreadable entry (the message is the first, and how many more).
+        readable: from :meth:`RedisStreamsAdmin.list_topics`, the topics it could read.
+    """
+
+    def __init__(
+        self, lines: Sequence[str], readable: Mapping[str, TopicInfo] | None = None
+    ) -> None:
+        """The error of the entries ``lines`` describe; ``readable`` the topics read beside."""
+        more = f" (and {len(lines) - 1} more such entries)" if len(lines) > 1 else ""
+        super().__init__(lines[0] + more)
+        self.lines = tuple(lines)
+        self.readable = dict(readable or {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +61,7 @@ async def read_meta(client: Redis, keys: Keys, topic: str, default_max_len: int)
 
     Raises:
         UnknownTopic: the topic was never created.
+        UnreadableTopicMeta: its stored metadata cannot be read (see :func:`decode_meta`).
         BrokerUnavailable: Redis cannot be reached.
     """
     try:
@@ -51,7 +73,7 @@ async def read_meta(client: Redis, keys: Keys, topic: str, default_max_len: int)
             f"topic {topic!r} does not exist "
             "(declare it in topics/ and run `pipeline topics apply`)"
         )
-    return decode_meta(raw, default_max_len)
+    return decode_meta(raw, default_max_len, topic, keys)
 
 
 def timestamp_of(raw: bytes | None) -> int:
@@ -64,14 +86,58 @@ def timestamp_of(raw: bytes | None) -> int:
     return int(raw)
 
 
-def decode_meta(raw: bytes | str, default_max_len: int) -> TopicMeta:
-    """A topic's metadata from its stored value in ``pl:topics``."""
-    data = json.loads(raw)
+def decode_meta(raw: bytes | str, default_max_len: int, topic: str, keys: Keys) -> TopicMeta:
+    """A topic's metadata from its stored value in the topics hash ``keys.topics``.
+
+    Raises:
+        UnreadableTopicMeta: the value is no JSON object, its ``partitions`` is no whole number
+            above 0, its ``max_len`` none above 0 (absent or 0 is ``default_max_len``) or its
+            ``retention_ms`` none at or above 0 (absent or null is none): a hand edit, another
+            program or release wrote it. The line names the topic, the field and the fix.
+    """
+    try:
+        return _parsed(raw, default_max_len)
+    except ValueError as exc:
+        line = (
+            f"topic {topic!r} has unreadable metadata in the Redis hash {keys.topics!r}: {exc}; "
+            f"delete the entry (HDEL {keys.topics} {topic}) and run `pipeline topics apply` "
+            "to write it again from its declaration"
+        )
+        raise UnreadableTopicMeta([line]) from None
+
+
+def _parsed(raw: bytes | str, default_max_len: int) -> TopicMeta:
+    """:func:`decode_meta` without the topic: a ValueError says what is wrong."""
+    try:
+        data = json.loads(raw)
+    except ValueError:  # not JSON, or not UTF-8
+        raise ValueError(f"{raw[:100]!r} is not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{raw[:100]!r} is not a JSON object")  # noqa: TRY004 - one kind
+    retention_ms = data.get("retention_ms")
     return TopicMeta(
-        int(data["partitions"]),
-        int(data.get("max_len") or default_max_len),
-        data.get("retention_ms"),
+        _whole(data, "partitions", least=1),
+        _whole(data, "max_len", least=1) if data.get("max_len") else default_max_len,
+        None if retention_ms is None else _whole(data, "retention_ms", least=0),
     )
+
+
+def _whole(data: dict[str, Any], field: str, *, least: int) -> int:
+    """The whole number ``data[field]``, at least ``least``.
+
+    Raises:
+        ValueError: it is missing or no such number; the message names the field.
+    """
+    value = data.get(field)
+    try:
+        number = int(value)  # type: ignore[arg-type]  # anything else raises below
+    except (TypeError, ValueError, OverflowError):
+        number = least - 1
+    if number < least or isinstance(value, bool):
+        raise ValueError(
+            f"its field {field!r} is {value!r}, not a whole number of at least {least}"
+        )
+    return number
 
 
 def _encode(config: TopicConfig, default_max_len: int) -> str:
@@ -94,15 +160,35 @@ class RedisStreamsAdmin:
         self._default_max_len = default_max_len
 
     async def list_topics(self, names: Collection[str] | None = None) -> dict[str, TopicInfo]:
-        """Every declared topic (or those of ``names``) with partitions, max_len and counts."""
+        """Every declared topic (or those of ``names``) with partitions, max_len and counts.
+
+        Raises:
+            UnreadableTopicMeta: an entry of the topics hash cannot be read, one line for each;
+                its ``readable`` holds the other topics.
+        """
+        unreadable = []
         try:
             raw: dict[bytes, bytes] = await self._client.hgetall(self._keys.topics)  # type: ignore[assignment]
             out = {}
             for name_b in sorted(raw):
-                name = name_b.decode()
+                try:
+                    name = name_b.decode()
+                except UnicodeDecodeError:
+                    if names is None:
+                        typed = name_b.decode("ascii", "backslashreplace")
+                        unreadable.append(
+                            f"the Redis hash {self._keys.topics!r} has a field {name_b[:100]!r} "
+                            f"that is no topic name (not UTF-8); delete it (redis-cli HDEL "
+                            f'{self._keys.topics} "{typed}")'
+                        )
+                    continue
                 if names is not None and name not in names:
                     continue
-                meta = decode_meta(raw[name_b], self._default_max_len)
+                try:
+                    meta = decode_meta(raw[name_b], self._default_max_len, name, self._keys)
+                except UnreadableTopicMeta as exc:
+                    unreadable.extend(exc.lines)
+                    continue
                 pipe = self._client.pipeline(transaction=False)
                 for p in range(meta.partitions):
                     pipe.xlen(self._keys.stream(name, p))
@@ -112,6 +198,8 @@ class RedisStreamsAdmin:
                 )
         except rexc.RedisError as exc:
             raise translate(exc, "list topics") from exc
+        if unreadable:
+            raise UnreadableTopicMeta(unreadable, out)
         return out
 
     async def create_topic(self, config: TopicConfig) -> None:
@@ -145,17 +233,39 @@ class RedisStreamsAdmin:
 
         The positions groups committed on it go too, as Kafka forgets a deleted topic's
         offsets: a topic created again under the name starts at offset 0, and a group keeping
-        the old positions would skip its first messages as done.
+        the old positions would skip its first messages as done. A topic whose metadata cannot
+        be read loses the partitions whose stream or offset counter exists.
         """
-        meta = await read_meta(self._client, self._keys, name, self._default_max_len)
         try:
-            for p in range(meta.partitions):
+            partitions: Iterable[int] = range(
+                (await read_meta(self._client, self._keys, name, self._default_max_len)).partitions
+            )
+        except UnreadableTopicMeta:
+            partitions = await self._partitions_found(name)
+        try:
+            for p in partitions:
                 stream = self._keys.stream(name, p)
                 await self._forget_positions(stream, partition_id(name, p))
                 await self._client.delete(stream, self._keys.sequence(name, p))
             await self._client.hdel(self._keys.topics, name)
         except rexc.RedisError as exc:
             raise translate(exc, f"delete topic {name!r}") from exc
+
+    async def _partitions_found(self, name: str) -> set[int]:
+        """The partitions of topic ``name`` whose stream or offset counter exists (a ``SCAN``)."""
+        head = self._keys.stream(name, 0).removesuffix("0}:s")  # {P:T:
+        own = re.compile(re.escape(head) + r"(\d+)\}:[sn]")
+        found = set()
+        try:
+            async for key in self._client.scan_iter(
+                match=_GLOB.sub(r"\\\g<0>", head) + "*", count=1000
+            ):
+                match = own.fullmatch(key.decode(errors="replace"))
+                if match:  # not a partition of a topic named "T:1" and so on
+                    found.add(int(match[1]))
+        except rexc.RedisError as exc:
+            raise translate(exc, f"delete topic {name!r}") from exc
+        return found
 
     async def _forget_positions(self, stream: str, pid: str) -> None:
         """Drop the committed position of partition ``pid`` in every group reading ``stream``."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -34,7 +33,12 @@ from pipeline.config import RedisSettings
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.transport.protocol import RebalanceListener, StartAt
-from pipeline.transport.redis_streams.admin import read_meta, timestamp_of
+from pipeline.transport.redis_streams.admin import (
+    UnreadableTopicMeta,
+    decode_meta,
+    read_meta,
+    timestamp_of,
+)
 from pipeline.transport.redis_streams.errors import translate
 from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import (
@@ -170,14 +174,13 @@ class RedisStreamsConsumer:
         counts = []
         for topic, value in zip(self._topics, raw, strict=True):
             try:
-                counts.append(_stored_partitions(value))
-            except ValueError as exc:
+                counts.append(
+                    decode_meta(value, self._settings.max_len, topic, self._keys).partitions
+                )
+            except UnreadableTopicMeta as exc:
                 log.warning(
-                    "%s: topic %r has unreadable metadata in %s: %s; the member keeps the "
-                    "partitions it knew until it is fixed",
+                    "%s: %s; the member keeps the partitions it knew until it is fixed",
                     self.member_id,
-                    topic,
-                    self._keys.topics,
                     exc,
                 )
                 return
@@ -584,29 +587,6 @@ class RedisStreamsConsumer:
                 [partition_id(tp.topic, tp.partition) for tp in owned],
                 leave=True,
             )
-
-
-def _stored_partitions(raw: bytes) -> int:
-    """The partition count in a topic's stored metadata (as ``admin.decode_meta`` reads it).
-
-    Raises:
-        ValueError: the value is no JSON object, or its ``partitions`` is no whole number above
-            0; the message says which.
-    """
-    try:
-        data = json.loads(raw)
-    except ValueError:  # not JSON, or not UTF-8
-        raise ValueError(f"{raw[:100]!r} is not JSON") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{raw[:100]!r} is not a JSON object")  # noqa: TRY004 - one kind
-    value = data.get("partitions")
-    try:
-        count = int(value)  # type: ignore[arg-type]  # anything else raises below
-    except (TypeError, ValueError):
-        count = 0
-    if count < 1 or isinstance(value, bool):
-        raise ValueError(f"its field 'partitions' is {value!r}, not a whole number above 0")
-    return count
 
 
 def _partition_ids(topics: Sequence[str], counts: Sequence[int]) -> list[str]:
