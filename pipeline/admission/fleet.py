@@ -16,8 +16,9 @@ Every ``interval_s`` each member (``pipeline consume`` with ``throttle.dynamic.e
 So a flooding org earns more only while the fleet has room for it; once the pool is full, its
 share shrinks with everyone's and its floor-protected neighbours keep theirs. Redis unavailable:
 the tick is skipped (logged); the limits last set stay in force. Any other failure of a tick
-(a computed limit the throttle refuses, a bug) is logged with its traceback and skipped the same
-way: the fleet task never ends before the member does.
+(a member's load report in the fleet hash that is no JSON, a bug) is logged with its traceback
+and skipped the same way: the fleet task never ends before the member does. A computed limit
+above the most a throttle takes is no failure: it is set as that most, with a warning.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ class FleetLimits:
     async def run(self, stop: asyncio.Event) -> None:
         """Tick every interval until ``stop`` is set; a failed tick is logged and skipped.
 
-        A Redis failure is one warning line; any other error (a limit the throttle refuses, a
+        A Redis failure is one warning line; any other error (a load report that is no JSON, a
         bug) is logged with its traceback. Either way the next tick runs on time: the limits
         last set stay in force meanwhile, and the member goes on.
         """
