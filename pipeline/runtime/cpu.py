@@ -268,7 +268,7 @@ async def _outcome(
         if not await _readable(conn, left_s):
             if loop.time() < deadline:
                 continue
-            raise HandlerTimeout(f"{ref} ran past its {time_limit_s}s limit; worker killed")
+            raise _overran(ref, time_limit_s, started=started)
         try:
             ok, value = conn.recv()
         except (EOFError, OSError) as exc:
@@ -284,6 +284,16 @@ async def _outcome(
                 current.beat()  # the worker sends only the beats that count
         else:
             return bool(ok), value
+
+
+def _overran(ref: str, time_limit_s: float, *, started: bool) -> HandlerTimeout:
+    """The error of a call whose worker is killed: past its time limit, or its module's import."""
+    if started:
+        return HandlerTimeout(f"{ref} ran past its {time_limit_s}s limit; worker killed")
+    return HandlerTimeout(
+        f"{ref} never began: importing its module took over {_IMPORT_LIMIT_S:g}s"
+        " (move slow work out of import time); worker killed"
+    )
 
 
 class ProcessPool:
