@@ -15,9 +15,10 @@ Every ``interval_s`` each member (``pipeline consume`` with ``throttle.dynamic.e
 
 So a flooding org earns more only while the fleet has room for it; once the pool is full, its
 share shrinks with everyone's and its floor-protected neighbours keep theirs. Redis unavailable:
-the tick is skipped (logged); the limits last set stay in force. Any other failure of a tick
-(a member's load report in the fleet hash that is no JSON, a bug) is logged with its traceback
-and skipped the same way: the fleet task never ends before the member does. A computed limit
+the tick is skipped (logged); the limits last set stay in force. A member's load report in
+the fleet hash that cannot be read is deleted with a warning (it reports again at its next tick).
+Any other failure of a tick (a bug) is logged with its traceback and skipped the same way: the
+fleet task never ends before the member does. A computed limit
 above the most a throttle takes is no failure: it is set as that most, with a warning.
 """
 
@@ -179,12 +180,26 @@ class FleetLimits:
         slots = running = 0
         stale = []
         for member, value in raw.items():
-            report = json.loads(value)
-            if now_ms - int(report["at_ms"]) > self._interval_ms * STALE_TICKS:
+            try:
+                report = json.loads(value)
+                at_ms, member_slots = int(report["at_ms"]), int(report["slots"])
+                member_running = int(report["running"])
+            except (ValueError, TypeError, KeyError) as exc:  # it would fail every tick
+                log.warning(
+                    "dynamic limits: member %r's load report in %s is unreadable (%s: %s);"
+                    " deleted, it reports again at its next tick",
+                    member,
+                    k.fleet_load(self._prefix),
+                    type(exc).__name__,
+                    exc,
+                )
                 stale.append(member)
                 continue
-            slots += int(report["slots"])
-            running += int(report["running"])
+            if now_ms - at_ms > self._interval_ms * STALE_TICKS:
+                stale.append(member)
+                continue
+            slots += member_slots
+            running += member_running
         if stale:
             await self._client.hdel(k.fleet_load(self._prefix), *stale)
         return max(1, math.floor(slots * self._pool_ratio)), running
@@ -192,8 +207,8 @@ class FleetLimits:
     async def run(self, stop: asyncio.Event) -> None:
         """Tick every interval until ``stop`` is set; a failed tick is logged and skipped.
 
-        A Redis failure is one warning line; any other error (a load report that is no JSON, a
-        bug) is logged with its traceback. Either way the next tick runs on time: the limits
+        A Redis failure is one warning line; any other error (a bug) is logged with its
+        traceback. Either way the next tick runs on time: the limits
         last set stay in force meanwhile, and the member goes on.
         """
         while not stop.is_set():

@@ -154,13 +154,19 @@ async def test_an_override_that_is_not_valid_skips_only_its_own_org(
 async def test_a_tick_that_raises_is_logged_and_the_next_tick_still_runs(
     throttle, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A tick failing on an error not of Redis (a fleet report no JSON) is logged, not fatal."""
+    """A tick failing on an error not of Redis (here the member's own load, once) is logged."""
     fleet = FleetLimits(
         throttle.client, throttle.prefix, throttle, POLICY, member="a", interval_s=0.05
     )
-    fleet.bind(lambda: (1, 50))
+    failures = [RuntimeError("a bug")]
+
+    def load() -> tuple[int, int]:
+        if failures:
+            raise failures.pop()
+        return (1, 50)
+
+    fleet.bind(load)
     fleet.submitted("huge")
-    await throttle.client.hset(fleet_load(throttle.prefix), "other", "not json")
     stop = asyncio.Event()
     with caplog.at_level(logging.ERROR, logger="pipeline.admission.fleet"):
         task = asyncio.create_task(fleet.run(stop))
@@ -170,7 +176,6 @@ async def test_a_tick_that_raises_is_logged_and_the_next_tick_still_runs(
             (record,) = caplog.records[:1]
             assert "dynamic limits" in record.getMessage()
             assert record.exc_info is not None  # the traceback, for a bug
-            await throttle.client.hdel(fleet_load(throttle.prefix), "other")
             fleet.submitted("huge")
             await eventually(lambda: task.done() or fleet.recomputed > 0, timeout_s=10.0)
             assert not task.done(), f"the fleet task ended: {task.exception()!r}"
@@ -178,3 +183,22 @@ async def test_a_tick_that_raises_is_logged_and_the_next_tick_still_runs(
         finally:
             stop.set()
             await asyncio.wait_for(task, 10.0)
+
+
+@pytest.mark.parametrize("report", ["not json", "[]", '{"at_ms": "soon"}', '{"slots": 1}'])
+async def test_an_unreadable_load_report_is_dropped_and_the_tick_goes_on(
+    throttle, caplog: pytest.LogCaptureFixture, report: str
+) -> None:
+    """A member's load report that cannot be read is one warning, deleted; the tick still runs."""
+    fleet = FleetLimits(throttle.client, throttle.prefix, throttle, POLICY, member="a")
+    fleet.bind(lambda: (1, 50))
+    fleet.submitted("huge")
+    await throttle.client.hset(fleet_load(throttle.prefix), "other", report)
+    with caplog.at_level(logging.WARNING, logger="pipeline.admission.fleet"):
+        await fleet.tick()
+    assert fleet.recomputed > 0
+    assert fleet.last["huge"] >= POLICY.defaults.floor
+    (line,) = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert "'other'" in line
+    assert fleet_load(throttle.prefix) in line
+    assert not await throttle.client.hexists(fleet_load(throttle.prefix), "other")
