@@ -49,7 +49,7 @@ from pipeline.log_repeats import configure_logging, logging_from_environment
 from pipeline.offload.cli import app as offload_app
 from pipeline.offload.writer import Offloader, check_lane_stores, topic_policies, with_offload
 from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
-from pipeline.redrive.select import Selection
+from pipeline.redrive.select import Selection, parse_time_ms
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
 from pipeline.runtime import App
@@ -525,6 +525,8 @@ def redrive(
 ) -> None:
     """Move dead letters back to their origin topic; run again to resume after an interruption."""
     try:
+        for option, when in (("--since", since), ("--until", until)):
+            _check_time(option, when)
         selection = Selection.typed_as(
             since=since, until=until, tenant=tenant, error_class=error_class, key=key
         )
@@ -571,6 +573,21 @@ def redrive(
         _print_redrive(report, dry_run=dry_run)
 
     _run(main())
+
+
+def _check_time(option: str, value: str | None) -> None:
+    """Raise ValueError naming ``option`` unless ``value`` is an ISO time or a clock's age."""
+    if not value:
+        return
+    try:
+        parse_time_ms(value)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+    except OverflowError:  # an age of more days than a float of seconds holds
+        raise ValueError(
+            f"{option}: an age longer ago than any time a clock holds (got {value!r}); give a"
+            " shorter age or an ISO time (without --since, every dead letter from the oldest)"
+        ) from None
 
 
 class _Terminated(Exception):

@@ -265,6 +265,19 @@ def test_consume_says_what_is_wrong_with_its_arguments_before_reaching_a_service
     assert "cannot reach" not in line
 
 
+# pipeline redrive: its times.
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--since", "abc"), ("--until", "yesterday"), ("--since", "1" + "0" * 400 + "d")],
+)
+def test_redrive_names_the_time_option_it_cannot_read(option: str, value: str) -> None:
+    """A --since or --until that is no time, or an age past any clock, is one line naming it."""
+    result = pipeline("redrive", "messages.dlq", option, value, "--dry-run")
+    assert_one_line(result, 2, f"{option}: ")
+
+
 # pipeline capacity: the declarations it reads.
 
 
