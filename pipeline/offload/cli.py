@@ -39,9 +39,11 @@ def _duration_ms(value: str | None, option: str) -> int | None:
     if value is None:
         return None
     try:
-        return parse_duration_ms(value)
+        duration_ms = parse_duration_ms(value)
     except ValueError as exc:
         raise ConfigError(f"{option}: {exc}") from None
+    # An age reaching past 1970 reaches no object, as one of 1970 does; a float holds no more.
+    return min(duration_ms, int(time.time() * 1000))
 
 
 async def _purge(
