@@ -23,7 +23,7 @@ import os
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, get_origin
+from typing import Any, ClassVar, Literal, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -397,7 +397,18 @@ class IngressSettings(_Section):
         body_timeout_s: a request body not fully received this long after its head is
             answered 408 (no admission slot is held while a body arrives).
         max_head_bytes: a request line plus headers larger than this is answered 431.
+        stop_within_s: how long after SIGTERM the ingress ends by itself, whatever its broker
+            does: uvicorn's graceful shutdown, the sweeper's batch in hand and the queued
+            events get a third each of what is left after 3 s kept for closing (at most 10 s
+            each), the producer's flush the rest; keep it under the pod's
+            ``terminationGracePeriodSeconds`` less its preStop hook (``--workers``: the
+            supervisor kills a worker 5 s after it).
+        metrics_interval_s: how often the ingress's metrics snapshot (log backlog, group lag,
+            sweeper heartbeat) is refreshed.
     """
+
+    CLOSE_RESERVE_S: ClassVar[float] = 3.0
+    """What a stop keeps, of ``stop_within_s``, for closing the log store and the transport."""
 
     sources_file: Path = Path("sources.yaml")
     host: str = "127.0.0.1"
@@ -416,6 +427,21 @@ class IngressSettings(_Section):
     produce_batch_max: int = Field(default=500, ge=1)
     admission: IngressSlotSettings = Field(default_factory=IngressSlotSettings)
     sweeper: SweeperSettings = Field(default_factory=SweeperSettings)
+    stop_within_s: float = Field(default=35.0, gt=0)
+    metrics_interval_s: float = Field(default=15.0, gt=0)
+
+    @field_validator("stop_within_s")
+    @classmethod
+    def _stop_leaves_room_to_drain(cls, value: float) -> float:
+        least_s = cls.CLOSE_RESERVE_S + 2
+        if value < least_s:
+            raise ValueError(
+                f"expected at least {least_s:g} s: a stop keeps {cls.CLOSE_RESERVE_S:g} s for"
+                " closing the log store and the transport, and needs the rest to answer the"
+                " requests in flight and produce the queued events; raise"
+                " PIPELINE_INGRESS__STOP_WITHIN_S"
+            )
+        return value
 
 
 # The schema registry's section (PIPELINE_REGISTRY__*) and the types it is made of.

@@ -52,18 +52,21 @@ from pipeline.transport.protocol import Admin, Producer, Transport
 
 log = logging.getLogger(__name__)
 
-GRACEFUL_SHUTDOWN_S = 10
-"""How long uvicorn answers the requests in flight after a stop signal (its graceful shutdown)."""
-STOP_WITHIN_S = 35.0
-"""How long after a stop signal the ingress ends by itself, whatever its broker does.
-
-Under the 40 s the ``--workers`` supervisor (``STOP_GRACE_S``) and Kubernetes
-(``terminationGracePeriodSeconds``) give before SIGKILL, with room to close and exit.
-"""
 DRAIN_S = 10.0
-"""The longest the sweeper's batch in hand, then the queued events, get each to go on a stop."""
-_CLOSE_RESERVE_S = 3.0
-"""What a stop keeps, of :data:`STOP_WITHIN_S`, for closing the log store and the transport."""
+"""The longest each step of a stop gets: uvicorn's graceful shutdown (answering the requests in
+flight), the sweeper's batch in hand, the queued events (see :func:`step_s`)."""
+
+
+def step_s(ingress: IngressSettings) -> float:
+    """What each of a stop's three steps gets at most: a third of what closing leaves.
+
+    Of ``ingress.stop_within_s`` (the bound after a stop signal, under the ``--workers``
+    supervisor's and Kubernetes' grace), :attr:`IngressSettings.CLOSE_RESERVE_S` is kept for
+    closing the log store and the transport; uvicorn's graceful shutdown, the sweeper's batch in
+    hand and the queued events get a third each of the rest, at most :data:`DRAIN_S` (10 s of
+    the default 35 s bound); the producer's flush gets what they leave.
+    """
+    return min(DRAIN_S, (ingress.stop_within_s - IngressSettings.CLOSE_RESERVE_S) / 3)
 
 
 def lane_topics(specs: Sequence[TopicSpec]) -> dict[str, list[str]]:
@@ -185,7 +188,7 @@ class Ingress:
             shutdown=self.stop,
             body_timeout_s=self.ingress.body_timeout_s,
         )
-        self.observer = MetricsServer(Metrics())
+        self.observer = MetricsServer(Metrics(), interval_s=self.ingress.metrics_interval_s)
         self.app.observer = self.observer
         policies = topic_policies(self.specs)
         self.offloader: Offloader | None = None
@@ -274,17 +277,19 @@ class Ingress:
     async def stop(self, deadline: float | None = None) -> None:
         """Stop the sweeper, let queued events go, then close everything, by ``deadline``.
 
-        ``deadline`` (``time.monotonic()``) defaults to what :data:`STOP_WITHIN_S` leaves after
-        uvicorn's graceful shutdown. The sweeper's batch in hand and the queued events get
-        :data:`DRAIN_S` each at most, the producer's flush what is left but
-        :data:`_CLOSE_RESERVE_S`; a broker that does not answer then costs no more. Events not
-        produced stay ``received`` for a sweeper; their count is logged in one line.
+        ``deadline`` (``time.monotonic()``) defaults to what ``ingress.stop_within_s`` leaves
+        after uvicorn's graceful shutdown. The sweeper's batch in hand and the queued events get
+        :func:`step_s` each at most, the producer's flush what is left but
+        ``IngressSettings.CLOSE_RESERVE_S``; a broker that does not answer then costs no more.
+        Events not produced stay ``received`` for a sweeper; their count is logged in one line.
         """
+        drain_s = step_s(self.ingress)
         if deadline is None:
-            deadline = time.monotonic() + STOP_WITHIN_S - GRACEFUL_SHUTDOWN_S
+            deadline = time.monotonic() + self.ingress.stop_within_s - drain_s
+        reserve_s = IngressSettings.CLOSE_RESERVE_S
 
         def left_s(most_s: float = float("inf")) -> float:
-            return max(0.0, min(most_s, deadline - time.monotonic() - _CLOSE_RESERVE_S))
+            return max(0.0, min(most_s, deadline - time.monotonic() - reserve_s))
 
         self.observer.ready = False
         await self.observer.close()
@@ -292,7 +297,7 @@ class Ingress:
             await self.app.schemas.close()
         if self._stop is not None and self._sweeping is not None:
             self._stop.set()
-            await asyncio.wait([self._sweeping], timeout=left_s(DRAIN_S))
+            await asyncio.wait([self._sweeping], timeout=left_s(drain_s))
             self._sweeping.cancel()  # a batch the broker does not take: its lease runs out
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeping
@@ -302,7 +307,7 @@ class Ingress:
         unproduced = 0
         if self.dispatcher is not None:
             waiting, produced = self.dispatcher.waiting, self.dispatcher.counters.produced
-            await self.dispatcher.close(left_s(DRAIN_S))
+            await self.dispatcher.close(left_s(drain_s))
             unproduced = waiting - (self.dispatcher.counters.produced - produced)
         if self.producer is not None:
             # Unacknowledged events stay 'received'; a flush cut short at the deadline is counted
@@ -418,7 +423,7 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=max(1, int(step_s(built.ingress))),  # whole seconds
     )
     return _Server(config)
 
@@ -467,7 +472,8 @@ async def serve(
     finally:
         stacks.remove(loop)
         signalled_at = getattr(server, "signalled_at", None)  # the grace runs from the signal
-        await built.stop(None if signalled_at is None else signalled_at + STOP_WITHIN_S)
+        stop_within_s = built.ingress.stop_within_s
+        await built.stop(None if signalled_at is None else signalled_at + stop_within_s)
 
 
 async def _serve_started(

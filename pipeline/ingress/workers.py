@@ -15,8 +15,8 @@ holds the port (bound, not listening, so ``--port 0`` resolves once for every wo
 workers, and prints ``ingress listening on ...`` once all are listening. Then:
 
 * SIGTERM or SIGINT: SIGTERM to every worker (each drains like a single ingress: uvicorn's
-  graceful shutdown, queued events produced, pools closed), SIGKILL to any still alive after
-  :data:`STOP_GRACE_S`; exit 0.
+  graceful shutdown, queued events produced, pools closed), SIGKILL to any still alive
+  :data:`STOP_MARGIN_S` after their own stop bound (``PIPELINE_INGRESS__STOP_WITHIN_S``); exit 0.
 * SIGUSR1: passed on to every listening worker, which writes its threads' and tasks' stacks to
   stderr, in one piece (the dumps follow one another), and goes on
   (:mod:`pipeline.observability.stacks`).
@@ -53,13 +53,14 @@ from typing import Any
 import typer
 
 from pipeline.errors import ConfigError
-from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE, STOP_WITHIN_S
+from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE
 from pipeline.reachability import listen_error
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = STOP_WITHIN_S + 5.0
-"""How long stopped workers get before SIGKILL: each ends by itself within ``STOP_WITHIN_S``."""
+STOP_MARGIN_S = 5.0
+"""What stopped workers get beyond their stop bound before SIGKILL (each ends by itself within
+``ingress.stop_within_s``): room to exit."""
 MAX_RESTARTS = 5
 """Most worker exits tolerated within :data:`RESTART_WINDOW_S` before the supervisor gives up."""
 RESTART_WINDOW_S = 60.0
@@ -188,9 +189,15 @@ class Supervisor:
     _workers: dict[int, _Worker] = field(default_factory=dict)
     _exits: deque[float] = field(default_factory=deque)
     _announced: bool = False
+    _stop_grace_s: float = 0.0
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT (0), a crash loop (1) or a worker that cannot start."""
+        from pipeline.ingress.cli import worker_settings  # noqa: PLC0415 - avoids an import cycle
+
+        # The settings the workers read: checked by the command before it got here.
+        _, ingress = worker_settings(self.args.transport, self.args.sources)
+        self._stop_grace_s = ingress.stop_within_s + STOP_MARGIN_S
         context = multiprocessing.get_context("spawn")
         wake_r, wake_w = socket.socketpair()
         wake_w.setblocking(False)  # noqa: FBT003 - the socket API
@@ -298,7 +305,7 @@ class Supervisor:
         alive = [w for w in self._workers.values() if w.process.is_alive()]
         for worker in alive:
             worker.process.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = time.monotonic() + self._stop_grace_s
         for worker in alive:
             worker.process.join(max(0.0, deadline - time.monotonic()))
             if worker.process.is_alive():

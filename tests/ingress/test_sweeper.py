@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 from contract.helpers import consume_until, expire_below, make_topic
-from ingress.helpers import write_topics
+from ingress.helpers import META, serve_until_listening, write_sources, write_topics
 from logstore.helpers import FakeClock, new_row
 from redis import Redis as SyncRedis
 
-from pipeline.config import Settings, SweeperSettings
+from pipeline.config import IngressSettings, Settings, SweeperSettings
 from pipeline.envelope import Delivered, Message, Record, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.ingress import headers as h
@@ -239,6 +239,63 @@ async def test_a_sweeper_looping_on_its_own_serves_its_heartbeat(
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+async def test_an_ingress_refreshes_its_metrics_every_metrics_interval(
+    tmp_path: Path,
+    settings: Settings,
+    redis: Transport,
+    unique: str,
+    started: list[subprocess.Popen[str]],
+) -> None:
+    """``ingress serve`` refreshes ``/metrics`` every ``ingress.metrics_interval_s``, not 15 s."""
+    topic = f"messages-{unique}"
+    await make_topic(redis, topic, 2)
+    write_topics(tmp_path / "topics", {topic: "messages"})
+    source = {**META, "secrets": ["env:PIPELINE_TEST_METRICS_SECRET"], "topic": topic, "routes": []}
+    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    with socket.socket() as probe:  # a port free now, for the ingress's metrics
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env |= {
+        "PIPELINE_TEST_METRICS_SECRET": "metrics-interval-secret",
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": settings.redis.url,
+        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__INTERVAL_S": "0.2",
+        "PIPELINE_INGRESS__METRICS_PORT": str(port),
+        "PIPELINE_INGRESS__METRICS_INTERVAL_S": "0.2",
+    }
+    proc, _ = serve_until_listening(env, started)
+    refreshed = "pipeline_metrics_refresh_timestamp_seconds "
+    stamps: list[float] = []
+    swept = 0.0
+    try:
+        deadline = time.monotonic() + 60
+        async with httpx.AsyncClient() as http:
+            while len(stamps) < 3 or swept <= 0:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, f"refreshes seen: {stamps}"
+                text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+                stamp = _gauge(text, refreshed)
+                if stamp > 0 and (not stamps or stamp != stamps[-1]):
+                    stamps.append(stamp)
+                swept = _gauge(text, "pipeline_sweeper_last_run_timestamp_seconds ")
+                await asyncio.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    # Two successive refreshes, timed by the ingress itself: the interval set, not the default.
+    assert stamps[2] - stamps[1] < IngressSettings().metrics_interval_s / 2, stamps
+
+
+def _gauge(text: str, prefix: str) -> float:
+    """The value of the exposition line starting with ``prefix`` (0 when there is none)."""
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(lines[0].removeprefix(prefix)) if lines else 0.0
 
 
 class _Unreachable:
