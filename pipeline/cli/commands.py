@@ -422,6 +422,7 @@ def consume(
             settings = settings.model_copy(update={"runtime": runtime})
         # What to run is checked before any service is asked, so a usage error is not hidden
         # behind a service that is down.
+        _require_group(group)
         loaded = load_app(target)
         _require_lanes(loaded, target, lane or [])
         membership = settings.membership
@@ -460,6 +461,25 @@ def _with_option(section: M, field: str, value: object, option: str) -> M:
     except ValidationError as exc:
         problem = "; ".join(error["msg"] for error in exc.errors())
         raise ConfigError(f"{option} {value!r}: {problem}") from None
+
+
+def _require_group(group: str) -> None:
+    """Refuse a ``--group`` no member should join: empty (an unset variable) or not UTF-8.
+
+    Such a group would be a new one, reading the lanes again apart from their own group.
+    """
+    if not group.strip():
+        raise ConfigError(
+            f"--group {group!r}: a consumer group needs a name (is the variable that gives it"
+            " unset?); give the lane's group, e.g. --group replies"
+        )
+    try:
+        group.encode()
+    except UnicodeEncodeError:  # argv bytes that are not UTF-8 come as lone surrogates
+        raise ConfigError(
+            f"--group '{_as_typed(group)}' is not UTF-8 text, which group names are on both"
+            " transports; type the name in UTF-8"
+        ) from None
 
 
 def _require_lanes(loaded: App, target: str, lanes: list[str]) -> None:

@@ -265,6 +265,21 @@ def test_consume_says_what_is_wrong_with_its_arguments_before_reaching_a_service
     assert "cannot reach" not in line
 
 
+@pytest.mark.parametrize(
+    ("group", "named"),
+    [
+        ("", "--group ''"),
+        ("  ", "--group '  '"),
+        (b"a\xffb".decode(errors="surrogateescape"), "'a\\xffb'"),
+    ],
+)
+def test_consume_refuses_a_group_no_member_should_join(group: str, named: str) -> None:
+    """An empty --group (an unset variable) or one not UTF-8 is exit 2 naming it, no member runs."""
+    result = pipeline("consume", "consumers.messages:app", "-g", group, "-t", "redis")
+    line = assert_one_line(result, 2, named)
+    assert "cannot reach" not in line
+
+
 # pipeline redrive: its times.
 
 
