@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlparse
 
 import typer
+from rich.markup import escape
 
-from pipeline.cli_support import TransportOpt, run_command
+from pipeline.cli_support import TransportOpt, err, run_command
 from pipeline.config import load_settings
 from pipeline.errors import ConfigError
 from pipeline.offload.purge import (
@@ -44,6 +47,21 @@ def _duration_ms(value: str | None, option: str) -> int | None:
         raise ConfigError(f"{option}: {exc}") from None
     # An age reaching past 1970 reaches no object, as one of 1970 does; a float holds no more.
     return min(duration_ms, int(time.time() * 1000))
+
+
+def _require_store_directory(store_url: str | None) -> None:
+    """Refuse a ``--store file:///dir`` that is not there: opening it would create it, empty.
+
+    Raises:
+        ConfigError: the directory does not exist (a typo), naming the option.
+    """
+    if store_url and urlparse(store_url).scheme == "file":
+        directory = Path(urlparse(store_url).path)
+        if not directory.is_dir():
+            raise ConfigError(
+                f"--store {store_url}: no such directory ({directory}); point it at the"
+                " lanes' payload directory (their offload.store)"
+            )
 
 
 async def _purge(
@@ -111,6 +129,11 @@ def purge_command(
     it may point to is deleted. Prints one JSON line per store: scanned, deleted,
     deleted_bytes, kept.
     """
+    try:
+        _require_store_directory(store)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
     reports = run_command(_purge(store, older_than, log_retention, dry_run, force, transport))
     for report in reports:
         typer.echo(

@@ -1,4 +1,4 @@
-"""`pipeline offload purge` given ages longer than any clock reaches."""
+"""`pipeline offload purge` given ages longer than any clock reaches, or a store not there."""
 
 from __future__ import annotations
 
@@ -32,3 +32,21 @@ def test_an_age_past_any_clock_deletes_nothing(
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["deleted"] == 0
+
+
+def test_a_store_directory_not_there_is_refused(tmp_path: Path) -> None:
+    """A --store file:// directory that does not exist (a typo) is one line, exit 2, not created."""
+    missing = tmp_path / "nonexistent"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "offload", "purge", "--store", f"file://{missing}"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PIPELINE_REDIS__URL": "redis://127.0.0.1:1/0"},
+        check=False,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"error: --store file://{missing}: no such directory"), lines
+    assert not missing.exists()
