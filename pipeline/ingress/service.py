@@ -177,6 +177,7 @@ class Ingress:
     observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
     _sweeping: asyncio.Task[None] | None = None
+    _debounce_redis: Redis | None = None
 
     def __post_init__(self) -> None:
         """Create the ASGI app; its lifespan events start and stop this ingress."""
@@ -241,6 +242,14 @@ class Ingress:
             self._stop = asyncio.Event()
             self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))
             self.sweeper.on_sweep = sweeper_heartbeat(self.observer.metrics)
+        if any(spec.debounce is not None for spec in self.specs):
+            # Debounced turns wait in the members' Redis: reported here too, should they all die.
+            redis = self.settings.redis
+            self._debounce_redis = Redis.from_url(
+                redis.url,
+                socket_timeout=redis.socket_timeout_s,
+                socket_connect_timeout=redis.socket_timeout_s,
+            )
         self.observer.sources = ingress_sources(
             self.observer.metrics,
             self.app,
@@ -248,6 +257,8 @@ class Ingress:
             self.transport.admin(),
             self.specs,
             self.ingress.sweeper.lane_groups,
+            redis=self._debounce_redis,
+            redis_prefix=self.settings.redis.key_prefix,
         )
         if self.capacity is not None:
             self.observer.sources.append(self.capacity.source(self.observer.metrics))
@@ -291,8 +302,7 @@ class Ingress:
         def left_s(most_s: float = float("inf")) -> float:
             return max(0.0, min(most_s, deadline - time.monotonic() - reserve_s))
 
-        self.observer.ready = False
-        await self.observer.close()
+        await self._close_observer()
         if self.app.schemas is not None:
             await self.app.schemas.close()
         if self._stop is not None and self._sweeping is not None:
@@ -326,6 +336,14 @@ class Ingress:
             await self.capacity.close()
         await self.store.close()
         await self.transport.close()
+
+    async def _close_observer(self) -> None:
+        """Turn unready, stop refreshing ``/metrics`` and release the Redis client it read."""
+        self.observer.ready = False
+        await self.observer.close()
+        if self._debounce_redis is not None:
+            with contextlib.suppress(Exception):  # only a client of its own to release
+                await self._debounce_redis.aclose()
 
     async def _settle_offloads(self, within_s: float) -> None:
         """Wait up to ``within_s`` for the looks after rewrites of old payloads (see the purge)."""

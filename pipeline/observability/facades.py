@@ -164,6 +164,7 @@ class DebounceMetrics:
         self._superseded = metrics.counter(m.DEBOUNCE_SUPERSEDED)
         self._messages = metrics.histogram(m.DEBOUNCE_TURN_MESSAGES)
         self._lateness = metrics.histogram(m.DEBOUNCE_LATENESS)
+        self._overdue = metrics.gauge(m.DEBOUNCE_OVERDUE)
 
     def turn(self, lane: str, messages: int, lateness_s: float) -> None:
         """A turn ran with ``messages`` messages, ``lateness_s`` after its scheduled time."""
@@ -174,6 +175,10 @@ class DebounceMetrics:
     def superseded(self, lane: str) -> None:
         """A scheduled turn found a newer message and did nothing."""
         self._superseded.labels(lane).inc()
+
+    def overdue(self, lane: str, overdue_s: float) -> None:
+        """The earliest turn waiting in ``lane``'s buffers has been due ``overdue_s`` (0: none)."""
+        self._overdue.labels(lane).set(overdue_s)
 
 
 class IngressMetrics:

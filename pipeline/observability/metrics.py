@@ -316,6 +316,14 @@ DEBOUNCE_LATENESS = Family(
     "seconds",
     LATENESS_BUCKETS_S,
 )
+DEBOUNCE_OVERDUE = Family(
+    "pipeline_debounce_overdue_seconds",
+    "gauge",
+    "How long the lane's earliest debounced turn has been due (a running turn: its lease has "
+    "run out), by Redis's clock (0: none due): a turn no member runs.",
+    ("lane",),
+    "seconds",
+)
 # -- ingress ---------------------------------------------------------------------------------
 INGRESS_REQUESTS = Family(
     "pipeline_ingress_requests_total",

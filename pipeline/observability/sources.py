@@ -12,19 +12,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from redis.asyncio import Redis
+
+from pipeline.admission.debounce.keys import due_key
+from pipeline.errors import DebounceUnavailable
 from pipeline.logstore import ReplayLog, RowState, Selection
 from pipeline.observability.facades import (
+    DebounceMetrics,
     IngressMetrics,
     LagMetrics,
     LogStoreMetrics,
     RetentionLossMetrics,
 )
 from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane, retained_dead_letters
+from pipeline.redis_functions import FAILED
 from pipeline.transport.protocol import Admin
 from pipeline.transport.retention import lost_to_retention
 
 __all__ = [
     "CountingApp",
+    "DebounceOverdueSource",
     "GroupLagSource",
     "IngressSource",
     "LogStoreSource",
@@ -79,6 +86,62 @@ class GroupLagSource:
             self._metrics.dead_letters(report.lane, report.dead_letters)
             reports.append(report)
         self.reports = reports
+
+
+class DebounceOverdueSource:
+    """How long the earliest turn of each debounced lane has been due, read from Redis.
+
+    A debounced message's offset is committed once it is recorded, so a turn no member runs
+    (the lane's members died, or none runs the lane) shows in no lag or age: only in the lane's
+    sorted set of due times (``{P:deb:LANE}:due``), where a waiting turn's score is its due time
+    and a running turn's its lease expiry. One pipelined round trip reads Redis's ``TIME`` and
+    each lane's lowest score; due times are Redis-clock, so they are compared with its clock.
+    """
+
+    name = "debounce_overdue"
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        lanes: Sequence[str],
+        metrics: DebounceMetrics,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Read ``lanes``' due times under ``prefix`` in ``redis`` and write into ``metrics``.
+
+        ``clock`` gives the time in seconds to compare them with; None (the default) reads
+        Redis's ``TIME``. The caller keeps ``redis`` and closes it.
+        """
+        self._redis = redis
+        self._prefix = prefix
+        self._lanes = list(lanes)
+        self._metrics = metrics
+        self._clock = clock
+
+    async def refresh(self) -> None:
+        """Set ``pipeline_debounce_overdue_seconds`` for every lane (0 when nothing is due).
+
+        Raises:
+            DebounceUnavailable: Redis cannot be reached or answered an error.
+        """
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.time()
+                for lane in self._lanes:
+                    pipe.zrange(due_key(self._prefix, lane), 0, 0, withscores=True)
+                replies = await pipe.execute()
+        except FAILED as exc:
+            lanes = ", ".join(self._lanes)
+            raise DebounceUnavailable(f"debounce due times of lanes {lanes}: {exc}") from exc
+        seconds, micros = replies[0]
+        now_ms = seconds * 1000 + micros // 1000
+        if self._clock is not None:
+            now_ms = int(self._clock() * 1000)
+        for lane, earliest in zip(self._lanes, replies[1:], strict=True):
+            overdue_s = max(0.0, (now_ms - earliest[0][1]) / 1000) if earliest else 0.0
+            self._metrics.overdue(lane, overdue_s)
 
 
 class RetentionLossSource:

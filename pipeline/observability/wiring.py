@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from redis.asyncio import Redis
+
 from pipeline.logstore import ReplayLog
 from pipeline.observability.facades import (
     AdmissionMetrics,
@@ -26,6 +28,7 @@ from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer
 from pipeline.observability.sources import (
     CountingApp,
+    DebounceOverdueSource,
     GroupLagSource,
     IngressSource,
     LogStoreSource,
@@ -38,6 +41,7 @@ from pipeline.transport.protocol import Admin
 __all__ = [
     "MemberTelemetry",
     "SweepCounts",
+    "debounce_sources",
     "ingress_sources",
     "member_sources",
     "member_telemetry",
@@ -62,28 +66,62 @@ def ingress_sources(
     admin: Admin,
     specs: Sequence[TopicSpec],
     lane_groups: Mapping[str, str],
+    *,
+    redis: Redis | None = None,
+    redis_prefix: str = "",
 ) -> list[SnapshotSource]:
     """The ingress's counters, its log store, and the lag and age of every declared lane.
 
     ``lane_groups`` names the group consuming each lane (the sweeper's ``lane_groups``); a lane
-    without one is assumed to be consumed by a group of its own name.
+    without one is assumed to be consumed by a group of its own name. With ``redis`` (the
+    members' Redis, keys under ``redis_prefix``), the debounced lanes' overdue turns too: the
+    ingress outlives the members that would report them.
     """
     watches = lane_watches(specs, {lane: [group] for lane, group in lane_groups.items()})
-    return [
+    sources: list[SnapshotSource] = [
         IngressSource(app, IngressMetrics(metrics)),
         LogStoreSource(store, LogStoreMetrics(metrics)),
         GroupLagSource(admin, watches, LagMetrics(metrics)),
     ]
+    if redis is not None:
+        sources += debounce_sources(metrics, redis, redis_prefix, specs)
+    return sources
+
+
+def debounce_sources(
+    metrics: Metrics, redis: Redis, redis_prefix: str, specs: Sequence[TopicSpec]
+) -> list[SnapshotSource]:
+    """How long the earliest turn of each debounced lane of ``specs`` has been due; [] if none.
+
+    ``redis`` is the members' Redis (a client returning bytes, kept and closed by the caller),
+    its debounce keys under ``redis_prefix``.
+    """
+    lanes = sorted({spec.lane for spec in specs if spec.debounce is not None})
+    if not lanes:
+        return []
+    return [DebounceOverdueSource(redis, redis_prefix, lanes, DebounceMetrics(metrics))]
 
 
 def member_sources(
-    metrics: Metrics, admin: Admin, specs: Sequence[TopicSpec], group: str
+    metrics: Metrics,
+    admin: Admin,
+    specs: Sequence[TopicSpec],
+    group: str,
+    *,
+    redis: Redis | None = None,
+    redis_prefix: str = "",
 ) -> list[SnapshotSource]:
-    """One member's view of ``group``: its lanes' lag and age, its messages lost to retention."""
-    return [
+    """One member's view of ``group``: its lanes' lag and age, its messages lost to retention.
+
+    With ``redis`` (keys under ``redis_prefix``), its debounced lanes' overdue turns too.
+    """
+    sources: list[SnapshotSource] = [
         GroupLagSource(admin, lane_watches(specs, only_groups=[group]), LagMetrics(metrics)),
         RetentionLossSource(RetentionLossMetrics(metrics)),
     ]
+    if redis is not None:
+        sources += debounce_sources(metrics, redis, redis_prefix, specs)
+    return sources
 
 
 def sweeper_heartbeat(metrics: Metrics) -> Callable[[SweepCounts], None]:
@@ -124,13 +162,22 @@ class MemberTelemetry:
 
 
 def member_telemetry(
-    admin: Admin, specs: Sequence[TopicSpec], group: str, *, interval_s: float = 15.0
+    admin: Admin,
+    specs: Sequence[TopicSpec],
+    group: str,
+    *,
+    interval_s: float = 15.0,
+    redis: Redis | None = None,
+    redis_prefix: str = "",
 ) -> MemberTelemetry:
-    """The telemetry of one member of ``group`` consuming the lanes of ``specs``."""
+    """The telemetry of one member of ``group`` consuming the lanes of ``specs``.
+
+    With ``redis`` (the member's client, keys under ``redis_prefix``) its ``/metrics`` shows
+    how long its debounced lanes' earliest turns have been due.
+    """
     metrics = Metrics()
-    server = MetricsServer(
-        metrics, member_sources(metrics, admin, specs, group), interval_s=interval_s
-    )
+    sources = member_sources(metrics, admin, specs, group, redis=redis, redis_prefix=redis_prefix)
+    server = MetricsServer(metrics, sources, interval_s=interval_s)
     return MemberTelemetry(
         metrics,
         AdmissionMetrics(metrics),

@@ -214,7 +214,12 @@ async def serve(
     throttle, fleet = await _admission(redis, settings, chosen_lanes)
     specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(
-        transport.admin(), specs, group, interval_s=settings.runtime.metrics_interval_s
+        transport.admin(),
+        specs,
+        group,
+        interval_s=settings.runtime.metrics_interval_s,
+        redis=redis,
+        redis_prefix=settings.redis.key_prefix,
     )
     capacity, recorder = _service_times(settings, specs, telemetry)
     dlqs = {lane.name: lane.spec.dead_letter for lane in chosen_lanes}

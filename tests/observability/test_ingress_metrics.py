@@ -8,12 +8,16 @@ import time
 import httpx
 import yaml
 from lane_support import drop, lane_spec
+from redis.asyncio import Redis
 from support import delete_after_test
 from support import test_settings as settings_for
 
+from pipeline.admission.debounce import Debouncer
 from pipeline.config import IngressSettings, SweeperSettings
+from pipeline.envelope import Message
 from pipeline.ingress.service import build_ingress
 from pipeline.topics.admin import apply
+from pipeline.topics.spec import DebouncePolicy
 from pipeline.transport import create_transport
 
 
@@ -65,3 +69,40 @@ async def test_ingress_metrics_show_requests_and_the_sweeper_heartbeat(
         await http.aclose()
         await drop(broker, spec)
         await broker.close()
+
+
+async def test_ingress_metrics_show_how_long_a_debounced_turn_has_been_due(
+    redis_service, unique, tmp_path
+):
+    """A turn recorded in a debounced lane, with no member running it, is in the ingress's gauge."""
+    lane = f"obs_deb_{unique}"
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    declared = {"name": lane, "partitions": 1, "debounce": {"key": "c", "quiet_s": 4}}
+    (topics / "t.yaml").write_text(yaml.safe_dump(declared), encoding="utf-8")
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        yaml.safe_dump({"sources": {"plain": {"scheme": "none", "topic": lane}}}),
+        encoding="utf-8",
+    )
+    settings = settings_for(topics_dir=topics, transport="redis")
+    ingress = IngressSettings(
+        sources_file=sources,
+        sqlite_path=tmp_path / "ingress.db",
+        sweeper=SweeperSettings(enabled=False),
+    )
+    policy = DebouncePolicy(key="c", quiet_s=4, max_batch=1)  # one message: due at once
+    client = Redis.from_url(settings.redis.url)
+    debouncer = Debouncer(client, settings.redis.key_prefix, lane, policy)
+    built = build_ingress(settings, ingress)
+    try:
+        await debouncer.record("c1", Message(lane, 0, 1, b"c1", b"{}", {}, 1_000))
+        await built.start()
+        assert await built.observer.refresh_once()
+        overdue = "pipeline_debounce_overdue_seconds"
+        value = built.observer.metrics.registry.get_sample_value(overdue, {"lane": lane})
+        assert value is not None
+        assert value >= 0
+    finally:
+        await built.stop()
+        await client.aclose()
