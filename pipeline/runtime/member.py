@@ -61,7 +61,10 @@ from pipeline.transport.protocol import Consumer, Transport
 log = logging.getLogger(__name__)
 _STOP_MARGIN_S = 5.0
 """How long past ``cancel_grace_s`` shutdown waits for cancelled runs to end (a ``cpu=True``
-run's worker is killed after that grace, then replaced)."""
+run's worker is killed after that grace, then replaced): one deadline for all of them."""
+_GIVE_UP_FLOOR_S = 1.0
+"""How long shutdown lets revoked partitions whose runs ended give up their claims (Redis
+calls under way), when waiting for a run that did not end used the stop deadline up."""
 # Outcomes after which an event's obligation is met (P1): its log row is processed.
 _SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate", "cancelled"})
 
@@ -235,7 +238,8 @@ class Member:
             fleet.bind(lambda: (lanes_.running, lanes_.limit))
         self._reap_every = max(1, round(2000 / settings.commit_interval_ms))
         self._ticks = 0
-        self._background: set[asyncio.Task[None]] = set()
+        # Tasks of the member's own, each with the partitions whose runs it waits for.
+        self._background: dict[asyncio.Task[None], set[TopicPartition]] = {}
         self._rejoining = False
         self.polling = asyncio.Event()
         """Set once the member's first poll returned (it is in the group and fetching)."""
@@ -343,7 +347,6 @@ class Member:
         assert consumer is not None  # noqa: S101 - run() set it
         consumer.pause(sorted(self._offsets))
         polling = asyncio.create_task(self._keep_polling(consumer))
-        stop_s = self._settings.cancel_grace_s + _STOP_MARGIN_S
         late: set[asyncio.Task[None]] = set()
         if runners:  # running turns finish within the grace period; unfinished ones run again
             await self._within_grace(asyncio.wait(runners))
@@ -358,9 +361,12 @@ class Member:
                 " (delivered again to their partitions' next owners)",
                 lanes.running + len(late),
             )
+        # One deadline for every cancelled run to end: a stuck one is waited for once.
+        stop_s = self._settings.cancel_grace_s + _STOP_MARGIN_S
+        ends_s = loop.time() + stop_s
         left = await lanes.close(stop_s)  # what still runs is cancelled
         if late:
-            await asyncio.wait(late, timeout=stop_s)
+            await asyncio.wait(late, timeout=max(0.0, ends_s - loop.time()))
         stuck = [task for task in late if not task.done()]
         self.abandoned = len(left) + len(stuck)
         for work in left:
@@ -380,18 +386,29 @@ class Member:
         with contextlib.suppress(asyncio.CancelledError):
             await polling
         await consumer.close()  # revokes what is left through on_revoked
-        if self._background:  # claims of revoked partitions: given up once their work ended
-            await asyncio.wait(set(self._background), timeout=stop_s)
-            for task in list(self._background):  # a run left behind keeps its claims
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await self._end_background({work.message.tp for work in left}, ends_s)
         await self._guard.close()
         if self._chain.gate is not None:
             await self._chain.gate.close()
         await self._handler.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
+
+    async def _end_background(self, stuck: set[TopicPartition], ends_s: float) -> None:
+        """Let revoked partitions whose runs ended give up their claims, then stop the rest.
+
+        A task waiting for a run left behind (on a partition in ``stuck``) is stopped at once:
+        that run keeps its claims, and shutdown waited for it until ``ends_s`` already. The
+        others get until ``ends_s`` (event loop time), at least :data:`_GIVE_UP_FLOOR_S`.
+        """
+        waiting = {task for task, tps in self._background.items() if not tps & stuck}
+        if waiting:
+            loop = asyncio.get_running_loop()
+            await asyncio.wait(waiting, timeout=max(ends_s - loop.time(), _GIVE_UP_FLOOR_S))
+        for task in list(self._background):  # a run left behind keeps its claims
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _last_commit(self, consumer: Consumer) -> None:
         """Commit what finished before leaving; a failure leaves it to be delivered again.
@@ -647,8 +664,8 @@ class Member:
             return
         self._rejoining = True
         task = asyncio.create_task(self._rejoin(consumer))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background[task] = set()
+        task.add_done_callback(self._background.pop)
 
     async def _rejoin(self, consumer: Consumer) -> None:
         try:
@@ -691,8 +708,8 @@ class Member:
         claimed = self._guard.revoked(tps)
         if lost or self._chain.lanes.running_on(tps):  # give up the claims once it all ended
             task = asyncio.create_task(self._give_up_when_idle(tps, claimed))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background[task] = tps
+            task.add_done_callback(self._background.pop)
         else:
             await self._guard.give_up(claimed)
         positions = [] if lost else self._positions(sorted(tps))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ from support import delete_group_after
 
 from pipeline.envelope import Record
 from pipeline.runtime import App, Context
-from pipeline.runtime.member import Member
+from pipeline.runtime.member import _STOP_MARGIN_S, Member
 from pipeline.transport.protocol import Transport
 
 IMPATIENT = FAST.model_copy(update={"shutdown_grace_s": 0.2, "cancel_grace_s": 0.2})
@@ -89,6 +90,42 @@ async def test_a_handler_that_ignores_its_cancellation_does_not_hold_the_member_
     assert member.abandoned == 1
     lag = await transport.admin().group_lag(f"g-{unique}", spec.name)
     assert [p.committed for p in lag] == [0]  # the stubborn message is delivered again
+
+
+async def test_a_handler_that_ignores_its_cancellation_holds_the_shutdown_one_margin_only(
+    transport: Transport, unique: str
+) -> None:
+    """A stubborn run is waited for once (cancel_grace_s and the margin), not again at its claim."""
+    spec = lane_spec(f"stubborn_once_{unique}", 1)
+    await declare(transport, spec)
+    app = App([spec])
+    release = asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed: the handler goes on
+                await release.wait()
+
+    producer = transport.producer()
+    await producer.send_many(spec.name, [Record(b"stubborn", b"a")])
+    await producer.close()
+    member = Member(app, transport, f"g-{unique}", IMPATIENT)
+    stop = asyncio.Event()
+    task = asyncio.create_task(member.run(stop))
+    await eventually(lambda: member._chain.lanes.running == 1)
+    stop.set()
+    # A bound, not a measure: one margin and two seconds for the commit and leaving, while two
+    # margins (the stuck run's claims waited for again) would pass it by seconds.
+    bound_s = IMPATIENT.shutdown_grace_s + IMPATIENT.cancel_grace_s + _STOP_MARGIN_S + 2
+    try:
+        finished, _ = await asyncio.wait({task}, timeout=bound_s)
+        assert finished, f"the member took more than {bound_s} s to stop"
+        await task
+    finally:
+        release.set()  # lets the stubborn handler end, so the test's loop can close
+        await asyncio.wait({task}, timeout=60)
+    assert member.abandoned == 1
 
 
 async def test_consume_exits_after_sigterm_when_a_handler_ignores_its_cancellation(
