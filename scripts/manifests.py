@@ -12,8 +12,9 @@ members a backlog needs, :mod:`pipeline.capacity.triggers`) and the lane's forec
 count (``pipeline_desired_members``, docs/capacity.md), and on a lane of long work the members
 running it (``pipeline_long_work_running``), all read from
 Prometheus; never CPU, which stays low while handlers wait on I/O. The termination
-grace period is the handler grace (``RuntimeSettings.shutdown_grace_s``) plus
-:data:`SHUTDOWN_MARGIN_S` for the last commit and leaving the group.
+grace period is the longest a member's shutdown waits for its work
+(:func:`pipeline.runtime.member.longest_stop_s`: the handler grace, the cancel grace and their
+margins) plus :data:`SHUTDOWN_MARGIN_S` for the last commit and leaving the group.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import yaml
 
 from pipeline.capacity.triggers import busy_query, slot_query
 from pipeline.config import RuntimeSettings
+from pipeline.runtime.member import longest_stop_s
 from pipeline.topics.spec import TopicSpec, load_specs
 
 __all__ = ["SHUTDOWN_MARGIN_S", "lane_manifests", "main", "render_all"]
@@ -48,8 +50,9 @@ CONTAINER_SECURITY = {
     "capabilities": {"drop": ["ALL"]},
 }
 METRICS_PORT = 9100
-SHUTDOWN_MARGIN_S = 20
-"""Seconds beyond the handler grace: the final commit, leaving the group, closing clients."""
+SHUTDOWN_MARGIN_S = 10
+"""Seconds beyond the member's longest wait for its work: the final commit, leaving the group,
+closing clients."""
 PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 AGE_TARGET_S = 30
 """Scale out by one member per this many seconds of the oldest message's wait."""
@@ -93,6 +96,7 @@ def lane_manifests(
         "pipeline.dev/lane": lane,
     }
     grace_s = math.ceil(runtime.shutdown_grace_s)
+    pod_grace_s = math.ceil(longest_stop_s(runtime)) + SHUTDOWN_MARGIN_S
     partitions = max(spec.partitions for spec in specs)
     container = {
         "name": "consumer",
@@ -104,6 +108,7 @@ def lane_manifests(
         ],
         "env": [
             {"name": "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S", "value": str(grace_s)},
+            {"name": "PIPELINE_RUNTIME__CANCEL_GRACE_S", "value": f"{runtime.cancel_grace_s:g}"},
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
         ],
@@ -134,7 +139,7 @@ def lane_manifests(
                 },
                 "spec": {
                     "serviceAccountName": "pipeline-consumer",
-                    "terminationGracePeriodSeconds": grace_s + SHUTDOWN_MARGIN_S,
+                    "terminationGracePeriodSeconds": pod_grace_s,
                     "securityContext": POD_SECURITY,
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],

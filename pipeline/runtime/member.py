@@ -65,6 +65,17 @@ run's worker is killed after that grace, then replaced): one deadline for all of
 _GIVE_UP_FLOOR_S = 1.0
 """How long shutdown lets revoked partitions whose runs ended give up their claims (Redis
 calls under way), when waiting for a run that did not end used the stop deadline up."""
+
+
+def longest_stop_s(settings: RuntimeSettings) -> float:
+    """The longest a member's shutdown waits for its work, in seconds.
+
+    The handler grace, the cancel grace and its margin, and the claims' floor; the last commit
+    and leaving the group come after.
+    """
+    return settings.shutdown_grace_s + settings.cancel_grace_s + _STOP_MARGIN_S + _GIVE_UP_FLOOR_S
+
+
 # Outcomes after which an event's obligation is met (P1): its log row is processed.
 _SETTLED = frozenset({"handled", "skipped", "expired", "dead_lettered", "duplicate", "cancelled"})
 

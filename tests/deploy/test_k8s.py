@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,9 @@ import pytest
 import yaml
 
 from pipeline.config import RuntimeSettings
+from pipeline.runtime.member import longest_stop_s
 from pipeline.topics.spec import TopicSpec, load_specs
+from scripts import manifests
 from scripts.manifests import AGE_TARGET_S, lane_manifests
 
 ROOT = Path(__file__).parents[2]
@@ -109,15 +110,36 @@ def consumer_deployments() -> list[dict[str, Any]]:
     ]
 
 
-def test_termination_grace_covers_the_handler_grace():
-    """A consumer pod gets at least the handler grace period (its own and the default) to drain."""
-    default_grace_s = RuntimeSettings().shutdown_grace_s
+def test_termination_grace_covers_the_longest_shutdown():
+    """A consumer pod outlasts its member's longest shutdown, with room to commit and leave.
+
+    The member waits up to the handler grace, then the cancel grace and its margin for what it
+    cancelled (docs/runtime.md); the kubelet must not SIGKILL it before it commits.
+    """
     for doc in consumer_deployments():
         pod = doc["spec"]["template"]["spec"]
         env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
-        grace_s = float(env.get("PIPELINE_RUNTIME__SHUTDOWN_GRACE_S") or default_grace_s)
-        assert pod["terminationGracePeriodSeconds"] >= math.ceil(max(grace_s, default_grace_s))
-        assert pod["terminationGracePeriodSeconds"] > grace_s  # room to commit and leave
+        runtime = RuntimeSettings()
+        for name, field in (
+            ("PIPELINE_RUNTIME__SHUTDOWN_GRACE_S", "shutdown_grace_s"),
+            ("PIPELINE_RUNTIME__CANCEL_GRACE_S", "cancel_grace_s"),
+        ):
+            if env.get(name):
+                runtime = runtime.model_copy(update={field: float(env[name])})
+        longest_s = longest_stop_s(runtime)
+        assert pod["terminationGracePeriodSeconds"] >= longest_s + 5  # room to commit and leave
+
+
+def test_a_longer_cancel_grace_lengthens_the_pod_grace():
+    """Manifests rendered with a raised cancel grace give the pod that much longer, and say it."""
+    runtime = RuntimeSettings(cancel_grace_s=60)
+    for name, text in manifests.render_all(load_specs(ROOT / "topics"), runtime).items():
+        for doc in yaml.safe_load_all(text):
+            if doc and doc["kind"] == "Deployment":
+                pod = doc["spec"]["template"]["spec"]
+                env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+                assert env["PIPELINE_RUNTIME__CANCEL_GRACE_S"] == "60", name
+                assert pod["terminationGracePeriodSeconds"] >= longest_stop_s(runtime) + 5, name
 
 
 def test_every_deployment_has_a_disruption_budget():
