@@ -340,6 +340,10 @@ def _render(msg: Message, *, as_json: bool) -> str:
     )
 
 
+_TAIL_BATCH = 500
+"""Most messages ``tail`` asks its reader for at once (Kafka takes 1,000,000, Redis 2**63-1)."""
+
+
 @app.command()
 def tail(
     topic: Annotated[str, typer.Argument(help="Topic to read.")],
@@ -376,7 +380,9 @@ def tail(
         seen = 0
         try:
             while wanted is None or seen < wanted:
-                for msg in await reader.poll(wanted - seen if wanted else 500, 0.5):
+                # A batch of at most 500: a broker refuses a count past its own bound.
+                batch = min(wanted - seen, _TAIL_BATCH) if wanted else _TAIL_BATCH
+                for msg in await reader.poll(batch, 0.5):
                     typer.echo(_render(msg, as_json=as_json))
                     seen += 1
                 sys.stdout.flush()

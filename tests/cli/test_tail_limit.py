@@ -61,3 +61,33 @@ async def test_a_topic_named_with_bytes_not_utf8_is_one_line(transport: Transpor
     assert process.returncode == 2, lines
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: topic 'a\\xffb'"), lines
+
+
+async def test_a_limit_past_any_batch_is_read_in_batches(transport: Transport, unique: str) -> None:
+    """`tail --limit 10**30` prints what arrives, its first read not refused by the broker."""
+    topic = f"tail_{unique}"
+    admin = transport.admin()
+    await admin.create_topic(TopicConfig(topic, 1))
+    producer = transport.producer()
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "pipeline", "tail", topic, "--limit", str(10**30)),
+        *("-t", transport.name),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    assert process.stdout is not None
+    try:
+        # "latest" starts at the reader's first poll: send until one is printed or tail ends.
+        line = asyncio.ensure_future(process.stdout.readline())
+        while not line.done():
+            await producer.send(topic, b"arrived", key=b"k")
+            await asyncio.wait([line], timeout=0.5)
+        printed = line.result()
+    finally:
+        if process.returncode is None:
+            process.kill()  # it would tail on: what it printed is what is asserted
+        _, stderr = await asyncio.wait_for(process.communicate(), 60)
+        await producer.close()
+        await admin.delete_topic(topic)
+    assert printed.startswith(f"{topic}[0]@".encode()), stderr.decode(errors="replace")
