@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -30,6 +31,7 @@ from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
 from pipeline.admission.throttle import MAX_LIMIT, Throttle
+from pipeline.errors import ConfigError
 from pipeline.validation import field_path
 
 log = logging.getLogger(__name__)
@@ -105,9 +107,47 @@ def dynamic_limit(
     return max(org.floor, math.floor(top * factor)) + org.dedicated
 
 
+_POLICY_VARIABLE = "PIPELINE_THROTTLE__DYNAMIC__POLICY_FILE"
+
+
 def load_policy(path: Path) -> LimitPolicy:
-    """Read a :class:`LimitPolicy` from a YAML file."""
-    return LimitPolicy.model_validate(yaml.safe_load(path.read_text()) or {})
+    """Read a :class:`LimitPolicy` from a YAML file (an empty file: the defaults).
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, is not a mapping or is no valid
+            policy; each line names the file, the field and the variable that points at it.
+    """
+    where = f"(the limit policy, {_POLICY_VARIABLE})"
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read {where}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: "
+        problem = getattr(exc, "problem", None) or exc
+        raise ConfigError(f"{path}: {at}invalid YAML {where}: {problem}") from None
+    if document is None:
+        return LimitPolicy()
+    if not isinstance(document, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping such as 'defaults: {{floor: 2}}' {where},"
+            f" got a {type(document).__name__}"
+        )
+    try:
+        return LimitPolicy.model_validate(document)
+    except ValidationError as exc:
+        problems = [
+            f"{path}: {field_path(e['loc'])}: {_policy_problem(e)} {where}" for e in exc.errors()
+        ]
+        raise ConfigError("\n".join(problems)) from None
+
+
+def _policy_problem(error: Any) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    message = str(error["msg"])
+    return message[:1].lower() + message[1:]
 
 
 async def load_org_overrides(client: Redis, prefix: str, policy: LimitPolicy) -> LimitPolicy:

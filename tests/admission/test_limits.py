@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from pipeline.admission.keys import org_config
@@ -22,6 +21,7 @@ from pipeline.admission.limits import (
     store_org_override,
 )
 from pipeline.admission.throttle import MAX_LIMIT, Throttle
+from pipeline.errors import ConfigError
 
 
 def test_earned_base_is_littles_law_with_a_floor():
@@ -165,8 +165,35 @@ def test_a_policy_with_an_infinite_factor_is_refused(tmp_path: Path, text: str):
     """An infinite factor is refused where the policy is loaded, not at every tick."""
     path = tmp_path / "limits.yaml"
     path.write_text(text + "\n")
-    with pytest.raises(ValidationError, match="finite"):
+    with pytest.raises(ConfigError, match="finite"):
         load_policy(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (None, "cannot read"),
+        ("defaults: {floor: -1}\n", "defaults.floor: input should be greater than or equal to 0"),
+        ("f_mn: 1\n", "f_mn: unknown field"),
+        ("defaults: [1\n", "invalid YAML"),
+        ("- floor: 1\n", "expected a mapping"),
+        (b"f_min: \xff\n", "cannot read"),
+    ],
+)
+def test_a_bad_policy_file_is_one_line_naming_file_and_field(tmp_path: Path, text, problem):
+    """A missing, unreadable, malformed or invalid policy file is one ConfigError naming it."""
+    path = tmp_path / "limits.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_policy(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ")
+    assert problem in message
+    assert "PIPELINE_THROTTLE__DYNAMIC__POLICY_FILE" in message
+    assert "\n" not in message
 
 
 @pytest.mark.redis
