@@ -290,7 +290,7 @@ async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:
             "PIPELINE_INGRESS__METRICS_PORT",
             host_variable="PIPELINE_INGRESS__METRICS_HOST",
         )
-        server = MetricsServer(Metrics())
+        server = MetricsServer(Metrics(), interval_s=ingress.metrics_interval_s)
         sweeper.on_sweep = sweeper_heartbeat(server.metrics)
         server.ready = True
         serving = asyncio.create_task(serve_metrics(server, ingress.metrics_host, port, stop))

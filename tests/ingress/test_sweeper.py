@@ -198,7 +198,8 @@ async def test_a_sweeper_looping_on_its_own_serves_its_heartbeat(
     """``pipeline sweep --loop`` with a metrics port shows when it last swept.
 
     It served no metrics: with the ingress's sweeper off and this loop sweeping,
-    ``PipelineSweeperSilent`` paged although sweeps happened.
+    ``PipelineSweeperSilent`` paged although sweeps happened. It refreshes them every
+    ``ingress.metrics_interval_s`` (it used 15 s whatever that setting said).
     """
     topic = f"messages-{unique}"
     await make_topic(redis, topic, 2)
@@ -214,6 +215,7 @@ async def test_a_sweeper_looping_on_its_own_serves_its_heartbeat(
         "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
         "PIPELINE_INGRESS__SWEEPER__INTERVAL_S": "0.2",
         "PIPELINE_INGRESS__METRICS_PORT": str(port),
+        "PIPELINE_INGRESS__METRICS_INTERVAL_S": "0.2",
     }
     proc = subprocess.Popen(  # noqa: ASYNC220 - the sweeper runs beside this test's loop
         [Path(sys.executable).with_name("pipeline"), "sweep", "--loop"],
@@ -221,23 +223,28 @@ async def test_a_sweeper_looping_on_its_own_serves_its_heartbeat(
         stderr=subprocess.PIPE,
         text=True,
     )
-    stamp = "pipeline_sweeper_last_run_timestamp_seconds "
+    refreshed = "pipeline_metrics_refresh_timestamp_seconds "
+    stamps: list[float] = []
+    swept = 0.0
     try:
         deadline = time.monotonic() + 60
-        swept = 0.0
         async with httpx.AsyncClient() as http:
-            while swept <= 0:
+            while len(stamps) < 3 or swept <= 0:
                 assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "no sweep shown on /metrics"
+                assert time.monotonic() < deadline, f"swept {swept}, refreshes seen: {stamps}"
                 with contextlib.suppress(httpx.TransportError):  # not listening yet
                     text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-                    lines = [line for line in text.splitlines() if line.startswith(stamp)]
-                    swept = float(lines[0].removeprefix(stamp)) if lines else 0.0
-                await asyncio.sleep(0.1)
+                    stamp = _gauge(text, refreshed)
+                    if stamp > 0 and (not stamps or stamp != stamps[-1]):
+                        stamps.append(stamp)
+                    swept = _gauge(text, "pipeline_sweeper_last_run_timestamp_seconds ")
+                await asyncio.sleep(0.05)
         assert swept > time.time() - 60
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+    # Two successive refreshes, timed by the loop itself: the interval set, not the default.
+    assert stamps[2] - stamps[1] < IngressSettings().metrics_interval_s / 2, stamps
 
 
 async def test_an_ingress_refreshes_its_metrics_every_metrics_interval(
