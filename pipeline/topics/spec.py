@@ -71,6 +71,10 @@ __all__ = [
 DLQ_MIN_RETENTION_MS = 14 * 86_400_000
 """Dead letters wait for a human; keep them at least two weeks whatever the main retention."""
 MAX_NAME_LENGTH = 200
+MAX_DOCUMENT_VALUES = 10_000
+"""Most values a declaration holds once its YAML aliases are expanded (a real one has dozens):
+a few hundred bytes of nested aliases expand to billions, which validation and its error
+messages would walk and print."""
 MAX_PARTITIONS = 10_000
 
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -296,6 +300,11 @@ def load_spec(path: Path) -> TopicSpec:
     if not isinstance(document, dict):
         found = "an empty document" if document is None else f"a {type(document).__name__}"
         raise TopicSpecError(f"{path}: expected a mapping such as 'name: ...', got {found}")
+    if _exceeds(document, MAX_DOCUMENT_VALUES):
+        raise TopicSpecError(
+            f"{path}: more than {MAX_DOCUMENT_VALUES} values once its YAML aliases are"
+            " expanded: write the declaration out without nesting aliases"
+        )
     try:
         return TopicSpec.model_validate(document)
     except ValidationError as exc:
@@ -303,6 +312,23 @@ def load_spec(path: Path) -> TopicSpec:
         # any field failed; pydantic reports that as an error of its own, which is only noise.
         problems = [e for e in exc.errors() if e["type"] != "default_factory_not_called"]
         raise TopicSpecError("\n".join(f"{path}: {_describe(e)}" for e in problems)) from None
+
+
+def _exceeds(document: Any, most: int) -> bool:
+    """Whether ``document`` holds more than ``most`` values, counting an aliased one each time."""
+    pending = [document]
+    count = 0
+    while pending:
+        value = pending.pop()
+        count += 1
+        if count > most:
+            return True
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return False
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

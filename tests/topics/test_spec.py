@@ -497,3 +497,20 @@ def test_repository_declarations_load():
     }
     assert specs["engagement"].ordered is False
     assert specs["engagement"].partitions == 6
+
+
+@pytest.mark.parametrize(
+    "field_text", ["configs: {x: *l6}", "retention: *l6", "throttle: {keys: *l6}"]
+)
+def test_a_yaml_alias_bomb_is_refused_in_a_short_line(tmp_path, field_text):
+    """A few hundred bytes of nested aliases expanding to millions of values are refused briefly."""
+    anchors = ['  l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    anchors += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 7)]
+    text = "anchors:\n" + "\n".join(anchors) + f"\nname: m\npartitions: 1\n{field_text}\n"
+    path = write(tmp_path, "bomb.yaml", text)
+    with pytest.raises(TopicSpecError) as info:
+        load_spec(path)
+    (line,) = str(info.value).splitlines()
+    assert line.startswith(f"{path}: ")
+    assert "aliases" in line
+    assert len(line) < 500
