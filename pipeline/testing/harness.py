@@ -292,11 +292,12 @@ class TestApp:
 
     def runs(self, lane: str, where: Callable[[Run], bool] | None = None) -> list[Run]:
         """Every handler call of ``lane`` so far, in start order (those ``where`` accepts)."""
+        self._spec(lane)  # a misspelt lane is an error, not an empty list
         return self.recorder.of(lane, where)
 
     def handled(self, lane: str) -> list[Any]:
         """The events (of a debounced lane: the turns) whose handler call returned."""
-        return [r.event for r in self.recorder.of(lane) if r.outcome == "handled"]
+        return [r.event for r in self.runs(lane) if r.outcome == "handled"]
 
     def messages(self, topic: str) -> list[Message]:
         """Every message on ``topic`` (any topic: a lane's, or one a handler produced to)."""
@@ -304,11 +305,7 @@ class TestApp:
 
     def retried(self, lane: str) -> list[Message]:
         """Messages sent to ``lane``'s retry tiers, in order (headers say attempt and due time)."""
-        spec = self._spec(lane)
-        return sorted(
-            (m for name in spec.retry_topic_names() for m in self.messages(name)),
-            key=lambda m: m.timestamp_ms,
-        )
+        return messages_on(self.transport.broker, *self._spec(lane).retry_topic_names())
 
     def dead_letters(self, lane: str) -> list[DeadLettered]:
         """Messages on ``lane``'s dead-letter topic, with reason, error and origin."""
@@ -323,6 +320,7 @@ class TestApp:
 
     def peak_concurrency(self, lane: str, *, tenant: str | None = None) -> int:
         """The most handler calls of ``lane`` (of ``tenant``, if given) that overlapped."""
+        self._spec(lane)
         if tenant is None:
             return self.recorder.peak_concurrency(lane)
         return self.recorder.peak_concurrency(lane, lambda r: r.tenant == tenant)

@@ -78,6 +78,8 @@ class Recorder:
     """Collects the :class:`Run` of every wrapped handler, in the order they started."""
 
     runs: list[Run] = field(default_factory=list)
+    steps: list[tuple[Run, int]] = field(default_factory=list)
+    """Every start (+1) and end (-1) of a run, in the order they happened."""
 
     def wrap(self, lane: str, handler: Handler) -> Handler:
         """``handler`` recording each call; same signature, so the App decodes as before."""
@@ -86,6 +88,7 @@ class Recorder:
         async def recorded(event: Any, ctx: Context) -> None:
             run = Run(lane, event, ctx, time.time())
             self.runs.append(run)
+            self.steps.append((run, 1))
             try:
                 await handler(event, ctx)
             except BaseException as exc:
@@ -96,6 +99,7 @@ class Recorder:
                 raise
             finally:
                 run.ended_s = time.time()
+                self.steps.append((run, -1))
 
         return recorded
 
@@ -108,13 +112,16 @@ class Recorder:
         return sum(1 for r in self.runs if r.ended_s is None)
 
     def peak_concurrency(self, lane: str, where: Callable[[Run], bool] | None = None) -> int:
-        """The most calls of ``lane`` (those ``where`` accepts) that ran at the same time."""
-        edges: list[tuple[float, int]] = []
-        for run in self.of(lane, where):
-            edges.append((run.started_s, 1))
-            edges.append((run.ended_s if run.ended_s is not None else float("inf"), -1))
+        """The most calls of ``lane`` (those ``where`` accepts) that ran at the same time.
+
+        Counted in the order starts and ends happened, not by their virtual times: a call that
+        took no virtual time still ran, and one that ended before another started, in the same
+        virtual instant, did not overlap it.
+        """
+        chosen = {id(run) for run in self.of(lane, where)}
         peak = current = 0
-        for _, step in sorted(edges):  # an end sorts before a start at the same instant
-            current += step
-            peak = max(peak, current)
+        for run, step in self.steps:
+            if id(run) in chosen:
+                current += step
+                peak = max(peak, current)
         return peak

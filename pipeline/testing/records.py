@@ -9,14 +9,15 @@ from pipeline.envelope import Message
 from pipeline.testing.memory.broker import MemoryBroker
 
 
-def messages_on(broker: MemoryBroker, topic: str) -> list[Message]:
-    """Every message stored on ``topic``, in produce order (by timestamp, then partition/offset)."""
-    out = [
-        Message(topic, p, offset, e.key, e.value, dict(e.headers), e.timestamp_ms)
+def messages_on(broker: MemoryBroker, *topics: str) -> list[Message]:
+    """Every message stored on ``topics``, in the order they were produced (across them all)."""
+    stored = [
+        (e.seq, Message(topic, p, offset, e.key, e.value, dict(e.headers), e.timestamp_ms))
+        for topic in topics
         for p, log in enumerate(broker.topic(topic).partitions)
         for offset, e in enumerate(log)
     ]
-    return sorted(out, key=lambda m: (m.timestamp_ms, m.partition, m.offset))
+    return [message for _, message in sorted(stored, key=lambda pair: pair[0])]
 
 
 def _text(message: Message, name: str) -> str | None:

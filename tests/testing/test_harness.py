@@ -141,3 +141,36 @@ async def test_an_unknown_lane_is_a_clear_error_naming_the_lanes() -> None:
             t.dead_letters("oders")
         with pytest.raises(ConfigError, match=r"no lane 'oders' in this TestApp \(lanes: orders\)"):
             t.retried("oders")
+
+
+async def test_messages_and_retries_are_listed_in_produce_order() -> None:
+    """Messages produced in one virtual millisecond are listed as sent, not by partition."""
+    async with TestApp(orders_app([])) as t:
+        sent = [f"o{i}" for i in range(8)]
+        for order_id in sent:  # keys spread over the 4 partitions, all in the same millisecond
+            await t.send("orders", Order(order_id=order_id, fail_times=1), key=order_id)
+        await t.drain()
+        assert [Order.model_validate_json(m.value).order_id for m in t.messages("orders")] == sent
+        retried = [Order.model_validate_json(m.value).order_id for m in t.retried("orders")]
+        assert retried == [r.event.order_id for r in t.runs("orders") if r.attempt == 1]
+
+
+async def test_peak_concurrency_counts_calls_that_took_no_virtual_time() -> None:
+    """A call that returned in the virtual instant it started still ran: the peak is 1, not 0."""
+    async with TestApp(orders_app([])) as t:
+        for order_id in ("a", "b", "c"):
+            await t.send("orders", Order(order_id=order_id), key=order_id, tenant="acme")
+        await t.drain()
+        assert [r.ended_s == r.started_s for r in t.runs("orders")] == [True, True, True]
+        assert t.peak_concurrency("orders") == 1
+        assert t.peak_concurrency("orders", tenant="acme") == 1
+
+
+async def test_asking_what_ran_on_an_unknown_lane_is_a_clear_error() -> None:
+    """runs, handled and peak_concurrency of a misspelt lane raise, not answer an empty list."""
+    async with TestApp(orders_app([])) as t:
+        await t.send("orders", Order(order_id="o1"), key="o1")
+        await t.drain()
+        for ask in (t.runs, t.handled, t.peak_concurrency):
+            with pytest.raises(ConfigError, match=r"no lane 'oders' in this TestApp"):
+                ask("oders")
