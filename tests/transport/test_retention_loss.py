@@ -139,3 +139,115 @@ async def test_a_kafka_member_logging_only_errors_is_still_told_what_it_lost(
         assert not [r for r in caplog.records if r.name == "pipeline.librdkafka"]
     finally:
         await transport.close()
+
+
+async def _take_up_and_leave(transport: KafkaTransport, group: str, topic: str) -> int:
+    """A member takes ``topic`` up, polls until it counted a loss, and leaves committing nothing.
+
+    Returns how many messages it counted.
+    """
+    before = lost_to_retention().get((topic, group), 0)
+    member = transport.consumer(group, [topic])
+    try:
+        await consume_until(
+            member,
+            lambda _r: lost_to_retention().get((topic, group), 0) > before,
+            commit=False,
+        )
+    finally:
+        await member.close()
+    return lost_to_retention().get((topic, group), 0) - before
+
+
+@pytest.mark.usefixtures("kafka_service")
+async def test_a_kafka_loss_is_counted_once_when_the_partition_moves_before_a_commit(
+    settings: Settings, unique: str
+) -> None:
+    """A member that counted a gap and left committing nothing leaves its successor none."""
+    transport = KafkaTransport(settings)
+    topic, group = f"once_{unique}", f"g-{unique}"
+    try:
+        await make_topic(transport, topic, 1)
+        producer = transport.producer()
+        for i in range(10):
+            await producer.send(topic, b"%d" % i, key=b"k", partition=0)
+        await producer.close()
+        tp = TopicPartition(topic, 0)
+        first = transport.consumer(group, [topic])
+        while not first.assignment():
+            await first.poll(max_messages=1, timeout_s=0.5)
+        await first.commit([Position(tp, 2)])
+        await first.close()
+        await expire_below(transport, settings, tp, 7)
+        assert await _take_up_and_leave(transport, group, topic) == 5
+        before = lost_to_retention().get((topic, group), 0)
+        second = transport.consumer(group, [topic])
+        rest = await consume_until(second, lambda r: any(m.offset == 9 for m in r))
+        await second.close()
+        assert [m.offset for m in rest][:1] == [7]
+        assert lost_to_retention().get((topic, group), 0) - before == 0
+    finally:
+        await transport.close()
+
+
+async def _committed_at_2(
+    transport: KafkaTransport, group: str, topic: str, records: int, metadata: str
+) -> TopicPartition:
+    """``records`` records in a new ``topic``, ``group`` committed at 2 with ``metadata``."""
+    await make_topic(transport, topic, 1)
+    producer = transport.producer()
+    for i in range(records):
+        await producer.send(topic, b"%d" % i, key=b"k", partition=0)
+    await producer.close()
+    tp = TopicPartition(topic, 0)
+    first = transport.consumer(group, [topic])
+    while not first.assignment():
+        await first.poll(max_messages=1, timeout_s=0.5)
+    await first.commit([Position(tp, 2, metadata)])
+    await first.close()
+    return tp
+
+
+@pytest.mark.usefixtures("kafka_service")
+async def test_a_kafka_member_past_a_gap_keeps_the_runtimes_commit_metadata(
+    settings: Settings, unique: str
+) -> None:
+    """Offsets 8 and 9 recorded done above position 2 are kept as they were past a loss of 2..6."""
+    transport = KafkaTransport(settings)
+    topic, group = f"meta_{unique}", f"g-{unique}"
+    try:
+        tp = await _committed_at_2(transport, group, topic, 10, "pl1:6-7")
+        await expire_below(transport, settings, tp, 7)
+        assert await _take_up_and_leave(transport, group, topic) == 5
+        reader = transport.consumer(group, [topic])
+        try:
+            committed = await reader.committed([tp])
+        finally:
+            await reader.close()
+        assert committed[tp] == Position(tp, 2, "pl1:6-7")
+    finally:
+        await transport.close()
+
+
+@pytest.mark.usefixtures("kafka_service")
+async def test_a_kafka_partition_emptied_by_retention_is_counted_once(
+    settings: Settings, unique: str
+) -> None:
+    """With every record gone, the next owner counts nothing again, commit metadata or not."""
+    transport = KafkaTransport(settings)
+    topic, group = f"empty_{unique}", f"g-{unique}"
+    try:
+        tp = await _committed_at_2(transport, group, topic, 10, "pl1:3")
+        await expire_below(transport, settings, tp, 10)
+        assert await _take_up_and_leave(transport, group, topic) == 8
+        producer = transport.producer()
+        await producer.send(topic, b"10", key=b"k", partition=0)
+        await producer.close()
+        before = lost_to_retention().get((topic, group), 0)
+        second = transport.consumer(group, [topic])
+        rest = await consume_until(second, lambda r: any(m.offset == 10 for m in r))
+        await second.close()
+        assert [m.offset for m in rest] == [10]
+        assert lost_to_retention().get((topic, group), 0) - before == 0
+    finally:
+        await transport.close()

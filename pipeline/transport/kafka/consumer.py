@@ -327,14 +327,16 @@ class KafkaConsumer:
 
         The skipped range ends at the partition's first record (its low watermark, read from
         the broker), or at the first record delivered after the reset if that is lower (the
-        watermark read after further deletions).
+        watermark read after further deletions). The group's position is then moved past the
+        gap (:meth:`_commit_past`), so a member that takes the partition over before this one
+        commits does not count the same range again.
         """
         resets, self._session_log.resets = self._session_log.resets, []
         timeout_s = self._settings.request_timeout_ms / 1000
         for tp, at in resets:
             raw_tp = _RawTP(tp.topic, tp.partition)
             try:
-                low, _high = self._raw.get_watermark_offsets(raw_tp, timeout_s, cached=False)
+                low, high = self._raw.get_watermark_offsets(raw_tp, timeout_s, cached=False)
             except KafkaException as exc:
                 log.error(  # noqa: TRY400 - the broker error is the whole story
                     "group %r lost messages of %s[%d] to retention from offset %d (Kafka no "
@@ -355,7 +357,36 @@ class KafkaConsumer:
                 and m.partition() == tp.partition
                 and m.offset() >= at
             ]
-            report_lost(self._group, tp, at, min([low, *delivered]), transport="kafka")
+            end = min([low, *delivered])
+            report_lost(self._group, tp, at, end, transport="kafka")
+            if end > at:
+                self._commit_past(tp, at, end, empty=low >= high)
+
+    def _commit_past(self, tp: TopicPartition, at: int, end: int, *, empty: bool) -> None:
+        """Commit ``end`` for ``tp`` if the group's position is still ``at``, below the gap.
+
+        Only a position the group committed is moved (a reset at this member's own position,
+        with records it holds below it, is left to the member's next commit), and only when no
+        metadata would be lost: the committed one is empty, or the partition holds no record
+        any more (metadata speaks of offsets the partition held). Otherwise the member's next
+        commit past the gap does it.
+        """
+        if tp not in self._assigned:
+            return
+        try:
+            committed = self._committed_sync([tp]).get(tp)
+            if committed is None or committed.offset != at or (committed.metadata and not empty):
+                return
+            self._raw.commit(offsets=[_RawTP(tp.topic, tp.partition, end)], asynchronous=False)
+        except KafkaException as exc:
+            log.warning(
+                "group %r: could not commit %s[%d] past the records retention removed (%s); "
+                "a member that takes it over counts them again",
+                self._group,
+                tp.topic,
+                tp.partition,
+                exc,
+            )
 
     def _fetch(self, max_messages: int, timeout_s: float) -> list[Any]:
         if self._raw_consumer is None and time.monotonic() < self._rejoin_at:
