@@ -62,6 +62,8 @@ __all__ = [
     "SojournPolicy",
     "ThrottlePolicy",
     "TopicSpec",
+    "UniqueKeyLoader",
+    "describe_yaml_error",
     "format_duration_ms",
     "load_spec",
     "load_specs",
@@ -292,11 +294,11 @@ def load_spec(path: Path) -> TopicSpec:
             not a mapping, or fails validation; every line names the file and the field.
     """
     try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except (OSError, UnicodeDecodeError) as exc:
         raise TopicSpecError(f"{path}: cannot read: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise TopicSpecError(f"{path}: {_describe_yaml_error(exc)}") from exc
+        raise TopicSpecError(f"{path}: {describe_yaml_error(exc)}") from exc
     if not isinstance(document, dict):
         found = "an empty document" if document is None else f"a {type(document).__name__}"
         raise TopicSpecError(f"{path}: expected a mapping such as 'name: ...', got {found}")
@@ -331,13 +333,14 @@ def _exceeds(document: Any, most: int) -> bool:
     return False
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.safe_load`` that refuses a key given twice in one mapping.
 
     YAML requires unique keys; PyYAML would keep the last value and drop the first unsaid.
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """The mapping of ``node``; a key it gives twice is a ``ConstructorError`` at its line."""
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -355,7 +358,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _describe_yaml_error(exc: yaml.YAMLError) -> str:
+def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """``line L, column C: invalid YAML: <problem>``, without the file's text around it."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         return f"line {mark.line + 1}, column {mark.column + 1}: invalid YAML: {exc.problem}"

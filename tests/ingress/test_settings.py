@@ -133,6 +133,37 @@ def test_missing_or_invalid_files_are_named(tmp_path: Path) -> None:
         load_sources(listing, set(TOPICS))
 
 
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (
+            (
+                "sources:\n  github: {scheme: none, topic: messages}\n"
+                "  github: {scheme: none, topic: engagement}\n"
+            ),
+            "'github'",
+        ),
+        (
+            (
+                "sources:\n  github:\n    scheme: github\n    secrets: [old-secret]\n"
+                "    topic: messages\n    secrets: [new-secret]\n"
+            ),
+            "'secrets'",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path: Path, text: str, key: str) -> None:
+    """A source or field given twice is refused with its line, not silently replaced by the last."""
+    path = tmp_path / "sources.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_sources(path, set(TOPICS))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: line ")
+    assert f"duplicate key {key}" in message
+    assert "secret" not in message.replace("'secrets'", "")
+
+
 def test_a_body_cap_above_the_message_size_is_an_error(tmp_path: Path) -> None:
     """A source whose bodies could not be produced is refused at start."""
     write_topics(tmp_path / "topics", TOPICS)
