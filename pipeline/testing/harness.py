@@ -103,7 +103,7 @@ class TestApp:
             group: the consumer group name.
             lanes: the lanes to run (default: every lane with a handler).
             settings: runtime, throttle and Redis-prefix settings (default: from the environment,
-                committing every :data:`COMMIT_INTERVAL_MS`).
+                committing every :data:`COMMIT_INTERVAL_MS`, with no pressure governor).
             throttle_limits: limits of throttle keys, e.g. ``{"org:acme": 2}``; other keys have
                 ``settings.throttle.default_limit``.
             clock: the virtual clock (default: one starting at the real time now).
@@ -114,6 +114,9 @@ class TestApp:
             runtime={
                 "commit_interval_ms": COMMIT_INTERVAL_MS,
                 "liveness_ms": 10 * COMMIT_INTERVAL_MS,
+                # The pressure governor reads the host's CPU and memory pressure: a test's
+                # concurrency must not depend on how busy the machine running it is.
+                "pressure": {"enabled": False},
             }
         )
         self.clock = clock or VirtualClock()

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from pipeline.errors import ConfigError, Retry, Skip
 from pipeline.runtime import App, Context
+from pipeline.runtime.pressure import LinuxProbe, Pressure
 from pipeline.testing import TestApp
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import TopicConfig
@@ -174,3 +175,26 @@ async def test_asking_what_ran_on_an_unknown_lane_is_a_clear_error() -> None:
         for ask in (t.runs, t.handled, t.peak_concurrency):
             with pytest.raises(ConfigError, match=r"no lane 'oders' in this TestApp"):
                 ask("oders")
+
+
+async def test_how_busy_the_machine_running_the_test_is_does_not_change_concurrency(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host under CPU pressure does not shrink a TestApp's concurrency: results are the same."""
+    monkeypatch.setattr(LinuxProbe, "read", lambda _probe: Pressure(cpu_psi=99.0))
+    spec = TopicSpec.model_validate({"name": "slow", "partitions": 4})
+    app = App([spec])
+
+    @app.handler("slow")
+    async def handle(event: Order, ctx: Context) -> None:
+        await asyncio.sleep(10)
+
+    async with TestApp(app) as t:
+        most = t.settings.runtime.max_concurrency
+        for burst in ("a", "b"):
+            await t.advance(60)  # the member idles a while between bursts
+            for order_id in [f"{burst}{i}" for i in range(most)]:
+                await t.send("slow", Order(order_id=order_id), key=order_id)
+            await t.drain()
+        second = t.recorder.peak_concurrency("slow", lambda r: r.event.order_id[0] == "b")
+        assert second == most
