@@ -198,3 +198,14 @@ async def test_how_busy_the_machine_running_the_test_is_does_not_change_concurre
             await t.drain()
         second = t.recorder.peak_concurrency("slow", lambda r: r.event.order_id[0] == "b")
         assert second == most
+
+
+async def test_a_text_header_value_arrives_as_bytes_as_on_the_real_transports() -> None:
+    """A str header given to send is stored as UTF-8 bytes, as Kafka and Redis Streams do."""
+    async with TestApp(orders_app([])) as t:
+        await t.send(
+            "orders", Order(order_id="o1", fail_times=1), key="o1", headers={"x-trace": "ü1"}
+        )  # type: ignore[dict-item]
+        await t.drain()
+        assert [(r.attempt, r.outcome) for r in t.runs("orders")] == [(1, "failed"), (2, "handled")]
+        assert [m.headers["x-trace"] for m in t.retried("orders")] == ["ü1".encode()]

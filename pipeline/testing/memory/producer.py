@@ -13,6 +13,11 @@ from pipeline.transport.limits import check_partitions, check_sizes
 from pipeline.transport.partitioner import partition_for
 
 
+def _as_bytes(raw: bytes | str) -> bytes:
+    """A header value as the real clients store it: text as UTF-8 (read back as bytes)."""
+    return raw.encode() if isinstance(raw, str) else raw
+
+
 class MemoryProducer:
     """Appends to a :class:`MemoryBroker`; a keyed message goes to its murmur2 partition."""
 
@@ -65,7 +70,8 @@ class MemoryProducer:
             chosen = random.randrange(partitions)
         else:
             chosen = partition_for(record.key, partitions)
-        entry = Entry(record.key, record.value, dict(record.headers or {}), int(time.time() * 1000))
+        headers = {name: _as_bytes(raw) for name, raw in (record.headers or {}).items()}
+        entry = Entry(record.key, record.value, headers, int(time.time() * 1000))
         offset = self._broker.append(topic, chosen, entry)
         delivered = Delivered(topic, chosen, offset)
         self.sent.append((topic, record, delivered))
