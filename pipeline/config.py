@@ -625,9 +625,16 @@ def _variables(model: type[BaseModel], prefix: str) -> dict[str, Any]:
 
 
 def _warn_unknown(known: dict[str, Any]) -> None:
-    """Warn of a variable that looks like a misspelt setting (others may be secrets' names)."""
+    """Warn of a variable that looks like a misspelt setting (others may be secrets' names).
+
+    One inside a section (``PIPELINE_REDIS__URI``) is not ignored but refused by the section:
+    :func:`_not_a_setting` words that error instead.
+    """
     for name in sorted(os.environ):
         if not name.startswith(ENV_PREFIX) or name in known or name in _OTHER_VARIABLES:
+            continue
+        parent = known.get(name.rsplit("__", 1)[0]) if "__" in name else None
+        if isinstance(parent, type) and issubclass(parent, BaseModel):
             continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
         if close:
@@ -636,6 +643,14 @@ def _warn_unknown(known: dict[str, Any]) -> None:
             log.warning(
                 "%s is not a setting and is ignored (docs/configuration.md lists them)", name
             )
+
+
+def _not_a_setting(name: str, known: dict[str, Any]) -> str:
+    """What a section says of ``name``, a variable it does not have, with the closest one."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+    if close:
+        return f"{name}: not a setting; did you mean {close[0]}?"
+    return f"{name}: not a setting (docs/configuration.md lists them)"
 
 
 def _not_json(known: dict[str, Any]) -> str:
@@ -706,7 +721,12 @@ def load_settings(**overrides: Any) -> Settings:
     except SettingsError:
         raise ConfigError(_not_json(known)) from None
     except ValidationError as exc:
-        problems = [f"{_env_name(err['loc'])}: {err['msg']}{_got(err)}" for err in exc.errors()]
+        problems = [
+            _not_a_setting(_env_name(err["loc"]), known)
+            if err["type"] == "extra_forbidden"
+            else f"{_env_name(err['loc'])}: {err['msg']}{_got(err)}"
+            for err in exc.errors()
+        ]
         if len(problems) == 1:  # the common case: one line
             raise ConfigError(f"invalid configuration: {problems[0]}") from None
         raise ConfigError(
