@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 from pipeline.admission import keys as k
 from pipeline.admission.throttle import MAX_LIMIT, Throttle
 from pipeline.errors import ConfigError
+from pipeline.topics.spec import UniqueKeyLoader, describe_yaml_error
 from pipeline.validation import field_path
 
 log = logging.getLogger(__name__)
@@ -119,14 +120,11 @@ def load_policy(path: Path) -> LimitPolicy:
     """
     where = f"(the limit policy, {_POLICY_VARIABLE})"
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read {where}: {exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: "
-        problem = getattr(exc, "problem", None) or exc
-        raise ConfigError(f"{path}: {at}invalid YAML {where}: {problem}") from None
+        raise ConfigError(f"{path}: {describe_yaml_error(exc)} {where}") from None
     if document is None:
         return LimitPolicy()
     if not isinstance(document, dict):

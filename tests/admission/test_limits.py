@@ -178,6 +178,7 @@ def test_a_policy_with_an_infinite_factor_is_refused(tmp_path: Path, text: str):
         ("defaults: [1\n", "invalid YAML"),
         ("- floor: 1\n", "expected a mapping"),
         (b"f_min: \xff\n", "cannot read"),
+        ("orgs:\n  acme: {floor: 8}\n  acme: {floor: 1}\n", "duplicate key 'acme'"),
     ],
 )
 def test_a_bad_policy_file_is_one_line_naming_file_and_field(tmp_path: Path, text, problem):
