@@ -72,6 +72,8 @@ __all__ = [
 
 DLQ_MIN_RETENTION_MS = 14 * 86_400_000
 """Dead letters wait for a human; keep them at least two weeks whatever the main retention."""
+MAX_RETENTION_MS = 2**63 - 1
+"""Kafka's ``retention.ms`` is a signed 64-bit count of milliseconds."""
 MAX_NAME_LENGTH = 200
 MAX_DOCUMENT_VALUES = 10_000
 """Most values a declaration holds once its YAML aliases are expanded (a real one has dozens):
@@ -191,6 +193,16 @@ class TopicSpec(SpecModel):
                 " is only recorded there; its turn runs later, outside them)"
             )
         return self
+
+    @field_validator("retention_ms")
+    @classmethod
+    def _retention_kafka_holds(cls, retention_ms: int | None) -> int | None:
+        if retention_ms is not None and retention_ms > MAX_RETENTION_MS:
+            raise ValueError(
+                f"must be at most {MAX_RETENTION_MS} ms (Kafka's retention.ms is a 64-bit count;"
+                f" got {format_duration_ms(retention_ms)})"
+            )
+        return retention_ms
 
     @field_validator("lane")
     @classmethod

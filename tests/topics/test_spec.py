@@ -514,3 +514,12 @@ def test_a_yaml_alias_bomb_is_refused_in_a_short_line(tmp_path, field_text):
     assert line.startswith(f"{path}: ")
     assert "aliases" in line
     assert len(line) < 500
+
+
+def test_a_retention_past_a_64_bit_count_of_milliseconds_is_refused_at_load(tmp_path):
+    """A retention Kafka's retention.ms cannot hold is refused naming the file and the field."""
+    path = write(tmp_path, "m.yaml", "name: m\npartitions: 1\nretention: 99999999999999999999d\n")
+    with pytest.raises(TopicSpecError) as info:
+        load_spec(path)
+    (line,) = str(info.value).splitlines()
+    assert line.startswith(f"{path}: retention: must be at most 9223372036854775807 ms")
