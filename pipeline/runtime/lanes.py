@@ -138,12 +138,12 @@ class KeyLanes(Generic[T]):
     async def _work(self, index: int) -> None:
         task = asyncio.current_task()
         while True:
-            while index >= self._limit:  # resting while the limit is lowered
-                self._limit_raised.clear()
-                await self._limit_raised.wait()
+            if index >= self._limit:
+                await self._rest(index)
             ready = self._ready
-            while not ready:
+            if not ready:
                 await self._wait_ready()
+                continue  # the limit may have been lowered while this worker waited
             key = ready.popleft()
             queue = self._queues.get(key)
             if not queue:  # dropped while waiting
@@ -173,6 +173,14 @@ class KeyLanes(Generic[T]):
                 # absorbed below it (asyncio.wait_for on Python 3.11, as redis-py writes: CPython
                 # issue 86296); a stop a run takes back (LongWork) leaves no request behind.
                 raise asyncio.CancelledError
+
+    async def _rest(self, index: int) -> None:
+        """Wait while the limit is below this worker; a wake-up it had goes to another."""
+        if self._ready:  # woken for work over the limit: one under it takes the work instead
+            self._wake_one()
+        while index >= self._limit:
+            self._limit_raised.clear()
+            await self._limit_raised.wait()
 
     def _make_ready(self, key: LaneKey, *, first: bool = False) -> None:
         """Queue ``key`` for a worker (at the front if ``first``) and wake one waiting worker."""
