@@ -248,7 +248,9 @@ class TopicSpec(SpecModel):
         """What the broker needs for the main, each retry tier and the dead-letter topic.
 
         All have the main topic's partition count, so a key maps to the same partition number
-        on every hop. Retry topics keep the main retention; the dead-letter topic keeps at least
+        on every hop. A retry topic keeps the main retention, or twice its tier's delay if that
+        is longer (with a main retention shorter than a tier's delay, its copies would be
+        deleted before they are due); the dead-letter topic keeps at least
         :data:`DLQ_MIN_RETENTION_MS`, or the main retention if that is longer.
 
         Args:
@@ -266,9 +268,18 @@ class TopicSpec(SpecModel):
             )
 
         dlq_retention_ms = max(DLQ_MIN_RETENTION_MS, self.retention_ms or 0)
+        main_ms = self.retention_ms
         return [
-            config(self.name, self.retention_ms),
-            *(config(name, self.retention_ms) for name in self.retry_topic_names()),
+            config(self.name, main_ms),
+            *(
+                config(
+                    name,
+                    None if main_ms is None else min(max(main_ms, 2 * delay_ms), MAX_RETENTION_MS),
+                )
+                for name, delay_ms in zip(
+                    self.retry_topic_names(), self.retry.tiers_ms, strict=True
+                )
+            ),
             config(self.dead_letter, dlq_retention_ms),
         ]
 

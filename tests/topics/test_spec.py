@@ -183,6 +183,20 @@ def test_topic_configs_expand_main_retry_tiers_and_dead_letter():
     ]
 
 
+def test_a_retry_copy_is_kept_past_its_tier_delay_however_short_the_retention():
+    """With a retention shorter than a tier's delay, that tier's topic keeps twice the delay.
+
+    Before, retry topics kept the main retention: with `retention: 1m` and a 1 h tier, Kafka
+    deleted every copy waiting in that tier before it was due (lost to retention).
+    """
+    spec = spec_of(retention="1m", retry={"tiers": ["10m", "1h"]})
+    _, ten_minutes, hour, _ = spec.topic_configs(default_max_len=1)
+    assert ten_minutes.retention_ms == 20 * 60_000
+    assert hour.retention_ms == 2 * 3_600_000
+    unset = spec_of(retry={"tiers": ["1h"]}).topic_configs(default_max_len=1)
+    assert unset[1].retention_ms is None  # the broker's default, as the main topic's
+
+
 def test_dead_letter_keeps_a_longer_main_retention():
     """When the main retention exceeds 14 days the dead-letter topic keeps it too."""
     dlq = spec_of(retention="30d").topic_configs(default_max_len=1)[-1]
