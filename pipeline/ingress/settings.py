@@ -8,7 +8,8 @@ documents every field. :func:`load_sources` turns every problem in it into one
 :class:`~pipeline.errors.ConfigError` whose lines read ``<file>: <field path>: <problem>``.
 
 Secrets are never written in the file: ``env:NAME`` reads the environment variable ``NAME`` at
-start, and a missing or empty one is an error (a misconfigured verifier fails closed).
+start, and a missing or empty one is an error (a misconfigured verifier fails closed), as is one
+that is only whitespace or begins or ends with whitespace (a trailing newline from ``echo``).
 """
 
 from __future__ import annotations
@@ -48,12 +49,34 @@ def _secret(value: str) -> str:
     if value.startswith("env:"):
         name = value.removeprefix("env:")
         resolved = os.environ.get(name, "")
-        if not resolved:
-            raise ValueError(f"environment variable {name} is not set or empty")
+        if not resolved.strip():
+            raise ValueError(
+                f"environment variable {name} is not set or empty (or only whitespace)"
+            )
+        if problem := _spaced(resolved):
+            raise ValueError(f"environment variable {name} {problem}")
         return resolved
-    if not value:
+    if not value.strip():
         raise ValueError("a secret must not be empty")
+    if problem := _spaced(value):
+        raise ValueError(f"a secret {problem}")
     return value
+
+
+def _spaced(secret: str) -> str | None:
+    """Why ``secret`` cannot be meant as it is (whitespace around it), or None.
+
+    No provider's secret begins or ends with whitespace; one that does was written by ``echo``
+    or copied with a space, and would make every signature fail (401) with nothing saying why.
+    """
+    if secret.endswith("\n"):
+        return (
+            "ends with a newline (as `echo` writes it): remove it "
+            "(`printf %s`, `kubectl create secret --from-literal`)"
+        )
+    if secret != secret.strip():
+        return "begins or ends with whitespace: remove it"
+    return None
 
 
 def _pointer(value: str) -> str:

@@ -73,6 +73,51 @@ def test_a_secret_is_read_from_the_environment(
 
 
 @pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("gh-secret\n", "ends with a newline"),
+        ("gh-secret\r\n", "ends with a newline"),
+        ("gh-secret  ", "begins or ends with whitespace"),
+        ("\tgh-secret", "begins or ends with whitespace"),
+        (" \n ", "is not set or empty"),
+    ],
+    ids=["newline", "crlf", "trailing-spaces", "leading-tab", "only-whitespace"],
+)
+def test_a_secret_from_the_environment_with_surrounding_whitespace_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, problem: str
+) -> None:
+    """A secret variable with whitespace around it (echo) is refused, not a 401 on every request."""
+    monkeypatch.setenv("PIPELINE_TEST_SPACED_SECRET", value)
+    message = load_error(
+        tmp_path, {"whatsapp": {**META, "secrets": ["env:PIPELINE_TEST_SPACED_SECRET"]}}
+    )
+    assert (
+        "sources.whatsapp.secrets[0]: environment variable PIPELINE_TEST_SPACED_SECRET" in message
+    )
+    assert problem in message
+    assert "gh-secret" not in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("secrets", ["meta-app-secret "], "secrets[0]: a secret begins or ends with whitespace"),
+        ("secrets", ["   "], "secrets[0]: a secret must not be empty"),
+        ("verify_token", "let-me-in\n", "verify_token: a secret ends with a newline"),
+    ],
+    ids=["trailing-space", "only-spaces", "token-newline"],
+)
+def test_a_secret_written_with_surrounding_whitespace_is_refused(
+    tmp_path: Path, field: str, value: object, problem: str
+) -> None:
+    """A literal secret or verify token with whitespace around it, or only spaces, is refused."""
+    message = load_error(tmp_path, {"whatsapp": {**META, field: value}})
+    assert f"sources.whatsapp.{problem}" in message
+    assert "meta-app-secret" not in message
+    assert "let-me-in" not in message
+
+
+@pytest.mark.parametrize(
     ("change", "expected"),
     [
         ({"secrets": []}, "scheme 'meta' needs at least one secret"),
