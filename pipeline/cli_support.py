@@ -2,6 +2,9 @@
 
 The runner turns pipeline errors into one stderr line and an exit code (never a traceback):
 2 for bad input or configuration, 1 for a failed operation, 130 for Ctrl-C.
+
+Every command module imports this one to declare its options, so it imports no more than that
+takes: the settings (pydantic, redis-py) are imported when a command runs.
 """
 
 from __future__ import annotations
@@ -9,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pipeline.config import load_settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
-from pipeline.reachability import Service, listen_error, named_with_fix
+
+if TYPE_CHECKING:
+    from pipeline.reachability import Service
 
 T = TypeVar("T")
 
@@ -53,6 +57,8 @@ def require_listenable(host: str, port: int, *, variable: str, host_variable: st
     Raises:
         ConfigError: the host is no address or name of this machine, or the port is taken.
     """
+    from pipeline.reachability import listen_error  # noqa: PLC0415 - it imports the settings
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
@@ -99,6 +105,9 @@ def _where(exc: BrokerUnavailable) -> str:
     text = str(exc)
     if "PIPELINE_" in text:  # already says where (pipeline status)
         return ""
+    from pipeline.config import load_settings  # noqa: PLC0415 - imported when a command runs
+    from pipeline.reachability import named_with_fix  # noqa: PLC0415 - it imports the settings
+
     try:
         settings = load_settings()
     except ConfigError:

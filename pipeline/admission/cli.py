@@ -3,6 +3,9 @@
 Settings come from ``PIPELINE_REDIS__*`` and ``PIPELINE_THROTTLE__*``; ``--namespace``
 overrides the namespace. Errors print one line to stderr and exit 1 (Redis unreachable) or 2
 (a value the throttle refuses).
+
+Redis, the settings and the throttle are imported when a command runs: registering the commands
+in ``pipeline`` loads none of them.
 """
 
 from __future__ import annotations
@@ -10,22 +13,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
-from redis import exceptions as rexc
-from redis.asyncio import Redis
 from rich.markup import escape
 from rich.table import Table
 
-from pipeline.admission.keys import key_text
-from pipeline.admission.status import ThrottleStatus, read_active_keys, read_status
-from pipeline.admission.throttle import Throttle
 from pipeline.cli_support import err, out_console, run_command
-from pipeline.config import Settings, load_settings
 from pipeline.errors import ConfigError
-from pipeline.reachability import unreachable
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from pipeline.admission.status import ThrottleStatus
+    from pipeline.admission.throttle import Throttle
+    from pipeline.config import Settings
 
 app = typer.Typer(help="Inspect and tune the fair admission throttles.", no_args_is_help=True)
 
@@ -41,6 +43,10 @@ def _settings(namespace: str | None) -> Settings:
     Raises:
         ConfigError: the namespace is one the setting refuses (exit 2, before Redis is asked).
     """
+    from pydantic import ValidationError  # noqa: PLC0415 - see the module doc
+
+    from pipeline.config import load_settings  # noqa: PLC0415
+
     settings = load_settings()
     if namespace:
         fields = {**settings.throttle.model_dump(), "namespace": namespace}
@@ -54,6 +60,8 @@ def _settings(namespace: str | None) -> Settings:
 
 
 def _client(settings: Settings) -> Redis:
+    from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
+
     return Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
 
 
@@ -64,6 +72,11 @@ def status(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Show limit, holders, waiters per priority and recent grants of throttle keys."""
+    from redis import exceptions as rexc  # noqa: PLC0415 - see the module doc
+
+    from pipeline.admission.keys import key_text  # noqa: PLC0415
+    from pipeline.admission.status import read_active_keys, read_status  # noqa: PLC0415
+    from pipeline.reachability import unreachable  # noqa: PLC0415
 
     async def main() -> list[ThrottleStatus]:
         settings = _settings(namespace)
@@ -156,6 +169,11 @@ async def _on_throttle(
     A value the throttle refuses (a negative limit, a priority out of range) prints one line and
     exits 2; Redis down, one line and exit 1.
     """
+    from redis import exceptions as rexc  # noqa: PLC0415 - see the module doc
+
+    from pipeline.admission.throttle import Throttle  # noqa: PLC0415
+    from pipeline.reachability import unreachable  # noqa: PLC0415
+
     settings = _settings(namespace)
     client = _client(settings)
     throttle = Throttle.from_settings(client, settings)

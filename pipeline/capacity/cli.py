@@ -5,6 +5,9 @@ where it came from, the slots of ``--members`` members (default: the desired cou
 utilisation and the M/M/c expected wait at that utilisation, and the members needed for the
 target utilisation and for the target wait (``PIPELINE_CAPACITY__*``). Redis unreachable or an
 unknown lane: one line on stderr, exit 1 or 2.
+
+Redis, the settings and the declarations are imported when the command runs, not when
+``pipeline`` registers it.
 """
 
 from __future__ import annotations
@@ -12,20 +15,16 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from redis import exceptions as rexc
-from redis.asyncio import Redis
 from rich.markup import escape
 
-from pipeline.capacity.history import ArrivalHistory
-from pipeline.capacity.plan import LanePlan, plan_lane
 from pipeline.cli_support import err, run_command
-from pipeline.config import load_settings
 from pipeline.errors import ConfigError
-from pipeline.reachability import unreachable
-from pipeline.topics.spec import load_specs
+
+if TYPE_CHECKING:
+    from pipeline.capacity.plan import LanePlan
 
 __all__ = ["as_dict", "capacity_command", "render"]
 
@@ -89,6 +88,14 @@ def capacity_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Size a lane: arrivals, service time, slots, utilisation, expected wait, members needed."""
+    from redis import exceptions as rexc  # noqa: PLC0415 - see the module doc
+    from redis.asyncio import Redis  # noqa: PLC0415
+
+    from pipeline.capacity.history import ArrivalHistory  # noqa: PLC0415
+    from pipeline.capacity.plan import plan_lane  # noqa: PLC0415
+    from pipeline.config import load_settings  # noqa: PLC0415
+    from pipeline.reachability import unreachable  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
     async def main() -> LanePlan:
         # In the runner: a missing or invalid declaration is exit 2, as for every command.

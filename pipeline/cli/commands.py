@@ -3,6 +3,9 @@
 Every command reads settings from the environment (``PIPELINE_*``, see :mod:`pipeline.config`);
 ``--transport`` overrides ``PIPELINE_TRANSPORT``. Errors print one line to stderr and exit
 non-zero, never a traceback: 1 for a failed operation, 2 for bad input or configuration.
+
+A command imports what it runs on (the settings, the transports, the stages) when it runs, so
+that ``pipeline --help``, or one command, does not load every other command's stack.
 """
 
 from __future__ import annotations
@@ -18,48 +21,36 @@ import sys
 import uuid
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
-import yaml
-from confluent_kafka import KafkaError, KafkaException
-from pydantic import BaseModel, ValidationError
-from redis.asyncio import Redis
 from rich.markup import escape
-from rich.progress import Progress
 from rich.table import Table
 
 from pipeline import headers as h
 from pipeline import tracing
 from pipeline.admission.cli import app as throttle_app
-from pipeline.cancel.cli import cancel_command
 from pipeline.capacity.cli import capacity_command
-from pipeline.cli.status_checks import PROBE_TIMEOUT_MS, reach_broker, reach_redis
+from pipeline.cli.cancel import cancel_command
+from pipeline.cli.offload import app as offload_app
 from pipeline.cli.status_view import status_command
 from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, out_console, run_command
-from pipeline.config import Settings, load_settings
 from pipeline.envelope import Message, printable
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
-from pipeline.ingress.send import send_command
 from pipeline.log_repeats import configure_logging, logging_from_environment
-from pipeline.offload.cli import app as offload_app
-from pipeline.offload.writer import Offloader, check_lane_stores, topic_policies, with_offload
-from pipeline.redrive.redrive import Redrive, Report, require_dead_letter_topic
-from pipeline.redrive.select import Selection, parse_time_ms
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
-from pipeline.runtime import App
-from pipeline.runtime.run import load_app, serve
-from pipeline.topics import asyncapi
-from pipeline.topics.admin import apply
-from pipeline.topics.spec import format_duration_ms, load_specs
 from pipeline.transport import create_transport
-from pipeline.transport.identity import claim_identity
-from pipeline.transport.redis_streams.admin import UnreadableTopicMeta
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from pipeline.config import Settings
+    from pipeline.redrive.redrive import Report
+    from pipeline.runtime import App
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
@@ -86,6 +77,8 @@ app.command("cancel")(cancel_command)
 
 def _print_version(given: bool) -> None:
     if given:
+        from importlib import metadata  # noqa: PLC0415 - only for --version
+
         typer.echo(f"pipeline {metadata.version('pipeline')}")
         raise typer.Exit
 
@@ -102,10 +95,36 @@ def _root(
     """pipeline: webhook ingress to keyed, partitioned topics."""
 
 
-app.command("send")(send_command)
+@app.command("send")
+def send_command(
+    source: Annotated[str, typer.Argument(help="The source, as in /hooks/SOURCE.")],
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Read the body from a file.")
+    ] = None,
+    raw_json: Annotated[str | None, typer.Option("--json", help="The body, as JSON.")] = None,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="The ingress (default: PIPELINE_INGRESS__HOST and __PORT)."),
+    ] = None,
+    header: Annotated[
+        list[str] | None, typer.Option("--header", "-H", help="Extra request header name=value.")
+    ] = None,
+) -> None:
+    """Sign a webhook with the source's secret and scheme and post it to a running ingress.
+
+    Prints the ingress's answer, then the topic, partition, key and tenant the source's routes
+    give it. Exits 1 when the ingress refuses it, 2 for a bad body or source.
+    """
+    # pipeline.ingress.send's command, declared again here so that registering it imports
+    # neither the ingress nor the settings (tests/cli/test_cli_imports.py holds them equal).
+    from pipeline.ingress import send  # noqa: PLC0415 - the ingress, when the command runs
+
+    send.send_command(source, file, raw_json, url, header)
 
 
 def _settings(transport: str | None) -> Settings:
+    from pipeline.config import load_settings  # noqa: PLC0415 - imported when a command runs
+
     settings = load_settings(**({"transport": transport} if transport else {}))
     tracing.use_system(settings.transport)
     return settings
@@ -128,6 +147,9 @@ def topics_apply(
     transport: TransportOpt = None,
 ) -> None:
     """Make the broker's topics match topics/*.yaml (main, retry tiers, dead letter)."""
+    from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415 - see the module doc
+    from pipeline.topics.admin import apply  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
     async def main() -> None:
         settings = _settings(transport)
@@ -162,6 +184,9 @@ def topics_list(
     transport: TransportOpt = None,
 ) -> None:
     """Show every topic with partitions, retention, max_len (Redis) and retained message counts."""
+    from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415 - see the module doc
+    from pipeline.topics.spec import format_duration_ms  # noqa: PLC0415
+    from pipeline.transport.redis_streams.admin import UnreadableTopicMeta  # noqa: PLC0415
 
     async def main() -> None:
         settings = _settings(transport)
@@ -286,6 +311,8 @@ def produce(
     payload = _typed_bytes(value) if value is not None else file.read_bytes()  # type: ignore[union-attr]
     headers = _parse_headers(header or [])
     headers.setdefault(h.EVENT_ID, uuid.uuid4().hex.encode())
+    from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415 - see the module doc
+    from pipeline.offload.writer import with_offload  # noqa: PLC0415
 
     async def main() -> None:
         _require_topic_text(topic)
@@ -361,6 +388,7 @@ def tail(
     With --from-beginning and --limit it stops after the messages the topic held at start when
     there are fewer than the limit.
     """
+    from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415 - see the module doc
 
     async def main() -> None:
         _require_topic_text(topic)
@@ -418,6 +446,9 @@ def consume(
     """
     if "PIPELINE_LOG_LEVEL" not in os.environ:
         logging.getLogger().setLevel(logging.INFO)
+    from pipeline.offload.writer import check_lane_stores  # noqa: PLC0415 - see the module doc
+    from pipeline.runtime.run import load_app, serve  # noqa: PLC0415
+    from pipeline.transport.identity import claim_identity  # noqa: PLC0415
 
     async def main() -> None:
         settings = _settings(transport)
@@ -453,7 +484,7 @@ def consume(
     _run(main())
 
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 
 def _with_option(section: M, field: str, value: object, option: str) -> M:
@@ -462,6 +493,8 @@ def _with_option(section: M, field: str, value: object, option: str) -> M:
     Raises:
         ConfigError: the value is one the setting refuses; the message names ``option``.
     """
+    from pydantic import ValidationError  # noqa: PLC0415 - see the module doc
+
     try:
         return type(section).model_validate({**section.model_dump(), field: value})
     except ValidationError as exc:
@@ -504,6 +537,14 @@ async def _reach_services(settings: Settings) -> None:
     A member already running rides out an outage with backoff; one that never reached its
     broker or Redis would only log retries, so it stops with one line instead.
     """
+    from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
+
+    from pipeline.cli.status_checks import (  # noqa: PLC0415
+        PROBE_TIMEOUT_MS,
+        reach_broker,
+        reach_redis,
+    )
+
     await reach_broker(settings)
     if settings.transport != "redis":  # the member keeps its guard and throttles in Redis
         timeout_s = PROBE_TIMEOUT_MS / 1000
@@ -550,6 +591,8 @@ def redrive(
     transport: TransportOpt = None,
 ) -> None:
     """Move dead letters back to their origin topic; run again to resume after an interruption."""
+    from pipeline.redrive.select import Selection  # noqa: PLC0415 - see the module doc
+
     try:
         for option, when in (("--since", since), ("--until", until)):
             _check_time(option, when)
@@ -560,6 +603,12 @@ def redrive(
     except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
+    from rich.progress import Progress  # noqa: PLC0415 - see the module doc
+
+    from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415
+    from pipeline.offload.writer import Offloader, topic_policies  # noqa: PLC0415
+    from pipeline.redrive.redrive import Redrive, require_dead_letter_topic  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
     async def main() -> None:
         settings = _settings(transport)
@@ -605,6 +654,8 @@ def _check_time(option: str, value: str | None) -> None:
     """Raise ValueError naming ``option`` unless ``value`` is an ISO time or a clock's age."""
     if not value:
         return
+    from pipeline.redrive.select import parse_time_ms  # noqa: PLC0415 - see the module doc
+
     try:
         parse_time_ms(value)
     except ValueError as exc:
@@ -695,6 +746,13 @@ def asyncapi_command(
     ] = None,
 ) -> None:
     """Print an AsyncAPI 3.0 document of the declared topics, their messages and groups."""
+    import yaml  # noqa: PLC0415 - see the module doc
+
+    from pipeline.config import load_settings  # noqa: PLC0415
+    from pipeline.runtime.run import load_app  # noqa: PLC0415
+    from pipeline.topics import asyncapi  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
+
     try:
         settings = load_settings()
         specs = load_specs(directory or settings.topics_dir)
@@ -762,8 +820,14 @@ def main() -> None:
     except PipelineError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(1)
-    except KafkaException as exc:  # librdkafka refused its properties before any request
-        reason = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc
+    except Exception as exc:
+        # librdkafka refused its properties before any request; imported only by Kafka's client
+        kafka = sys.modules.get("confluent_kafka")
+        if kafka is None or not isinstance(exc, kafka.KafkaException):
+            raise
+        reason = (
+            exc.args[0].str() if exc.args and isinstance(exc.args[0], kafka.KafkaError) else exc
+        )
         err.print(
             f"[red]error:[/red] Kafka client: {reason} (check PIPELINE_KAFKA__CLIENT and the "
             "other PIPELINE_KAFKA__* variables)",

@@ -4,31 +4,29 @@ Lanes come from ``topics/*.yaml``; the group of each lane from ``--group`` (ever
 ``PIPELINE_INGRESS__SWEEPER__LANE_GROUPS``, else a group named after the lane. The ingress log is
 read when it is configured and reachable (SQLite: only when its file exists, so a status never
 creates one).
+
+What the report reads (the log store, the transports, the throttles) is imported when
+:func:`gather` runs, not when the command is registered.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.admission.view import ThrottledTenants
-from pipeline.cancel.status import read_counts, render_counts
-from pipeline.cli.status import LaneStatus, Status, collect_status
-from pipeline.cli.status_checks import reach_broker, reach_redis
 from pipeline.cli_support import TransportOpt, run_command
-from pipeline.config import Settings, load_settings
 from pipeline.errors import PipelineError
-from pipeline.logstore import LogStore
-from pipeline.logstore.create import create_log_store
-from pipeline.observability.lanes import lane_watches
-from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
+
+if TYPE_CHECKING:
+    from pipeline.cli.status import LaneStatus, Status
+    from pipeline.config import Settings
+    from pipeline.logstore import LogStore
 
 __all__ = ["gather", "render", "status_command"]
 
@@ -57,6 +55,8 @@ def _oldest(lane: LaneStatus) -> str:
 
 def render(status: Status, console: Console) -> None:
     """Print ``status`` as tables: lanes first, then the ingress log."""
+    from pipeline.cancel.status import render_counts  # noqa: PLC0415 - see the module doc
+
     table = Table(title=f"pipeline status ({status.transport})")
     for column in ("lane", "group", "lag", "oldest", "retry tiers", "DLQ"):
         table.add_column(column, justify="left" if column in {"lane", "group"} else "right")
@@ -120,6 +120,8 @@ def render(status: Status, console: Console) -> None:
 
 
 def _log_store(settings: Settings) -> LogStore | None:
+    from pipeline.logstore.create import create_log_store  # noqa: PLC0415 - see the module doc
+
     ingress = settings.ingress
     if ingress.log_store == "sqlite" and not ingress.sqlite_path.exists():
         return None
@@ -134,6 +136,15 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
             :data:`~pipeline.cli.status_checks.PROBE_TIMEOUT_MS`; the message names its
             address and variable. An unreachable Redis on Kafka only leaves the throttles out.
     """
+    from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
+
+    from pipeline.admission.view import ThrottledTenants  # noqa: PLC0415
+    from pipeline.cancel.status import read_counts  # noqa: PLC0415
+    from pipeline.cli.status import collect_status  # noqa: PLC0415
+    from pipeline.cli.status_checks import reach_broker, reach_redis  # noqa: PLC0415
+    from pipeline.observability.lanes import lane_watches  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
+
     specs = load_specs(settings.topics_dir)
     lane_groups = {lane: [g] for lane, g in settings.ingress.sweeper.lane_groups.items()}
     watches = lane_watches(specs, lane_groups, only_groups=groups)
@@ -195,6 +206,8 @@ def status_command(
     Exits 1 with one line naming the address when the broker cannot be reached, and 1 after the
     report when a part of it (a lane, the ingress log, the throttles) could not be read.
     """
+    from pipeline.config import load_settings  # noqa: PLC0415 - see the module doc
+
     settings = load_settings(**({"transport": transport} if transport else {}))
     status = run_command(gather(settings, group or [], with_log=log))
     if as_json:

@@ -5,6 +5,9 @@ Two Typer apps: :data:`app` holds ``serve`` (registered as ``pipeline ingress``)
 ``pipeline replay``, ``pipeline purge``; merged with ``app.add_typer(ops_app)``, no name).
 Settings come from the environment (``PIPELINE_*``, ``PIPELINE_INGRESS__*``). Errors print one
 line to stderr and exit non-zero: 1 for a failed operation, 2 for bad input or configuration.
+
+The service, the log stores, the transports and the settings are imported when a command runs,
+not when ``pipeline`` registers the commands.
 """
 
 from __future__ import annotations
@@ -17,45 +20,25 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-import uvloop
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from pipeline import tracing
 from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command
-from pipeline.config import ENV_PREFIX, IngressSettings, Settings, load_settings
 from pipeline.errors import ConfigError
-from pipeline.ingress.replay import ReplaySummary, replay
-from pipeline.ingress.service import (
-    PORT_VARIABLE,
-    build_ingress,
-    build_sweeper,
-    require_free_port,
-    serve,
-)
-from pipeline.ingress.sweeper import Sweeper
-from pipeline.ingress.workers import (
-    Supervisor,
-    WorkerArgs,
-    refuse_sqlite,
-    reuse_port_socket,
-)
 from pipeline.log_repeats import logging_from_environment
 from pipeline.logstore import LogStore, RowState, Selection
-from pipeline.logstore.create import create_log_store
-from pipeline.observability.metrics import Metrics
-from pipeline.observability.server import MetricsServer, serve_metrics
-from pipeline.observability.wiring import sweeper_heartbeat
-from pipeline.offload.writer import check_lane_stores, with_offload
-from pipeline.topics.spec import load_specs, parse_duration_ms
 from pipeline.transport import create_transport
+
+if TYPE_CHECKING:
+    from pipeline.config import IngressSettings, Settings
+    from pipeline.ingress.replay import ReplaySummary
+    from pipeline.ingress.sweeper import Sweeper
+    from pipeline.ingress.workers import WorkerArgs
 
 T = TypeVar("T")
 
@@ -67,22 +50,33 @@ _MAX_PORT = 65_535
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
 
 
-class _IngressEnv(BaseSettings):
-    """Reads ``PIPELINE_INGRESS__*`` until the root settings carry an ``ingress`` section."""
+def _ingress_from_environment() -> IngressSettings:
+    """``PIPELINE_INGRESS__*`` read on their own, for root settings without an ``ingress``."""
+    from pydantic import Field  # noqa: PLC0415 - see the module doc
+    from pydantic_settings import BaseSettings, SettingsConfigDict  # noqa: PLC0415
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore"
-    )
-    ingress: IngressSettings = Field(default_factory=IngressSettings)
+    from pipeline.config import ENV_PREFIX, IngressSettings  # noqa: PLC0415
+
+    class _IngressEnv(BaseSettings):
+        """Reads ``PIPELINE_INGRESS__*`` until the root settings carry an ``ingress`` section."""
+
+        model_config = SettingsConfigDict(
+            env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore"
+        )
+        ingress: IngressSettings = Field(default_factory=IngressSettings)
+
+    return _IngressEnv().ingress
 
 
 def _settings(transport: str | None) -> tuple[Settings, IngressSettings]:
+    from pipeline.config import IngressSettings, load_settings  # noqa: PLC0415 - see module doc
+
     settings = load_settings(**({"transport": transport} if transport else {}))
     tracing.use_system(settings.transport)
     ingress = getattr(settings, "ingress", None)
     if not isinstance(ingress, IngressSettings):
         try:
-            ingress = _IngressEnv().ingress
+            ingress = _ingress_from_environment()
         except ValueError as exc:
             raise ConfigError(f"invalid PIPELINE_INGRESS__* settings: {exc}") from None
     return settings, ingress
@@ -90,6 +84,8 @@ def _settings(transport: str | None) -> tuple[Settings, IngressSettings]:
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on uvloop (see :func:`pipeline.cli_support.run_command`)."""
+    import uvloop  # noqa: PLC0415 - see the module doc
+
     return run_command(coro, loop_factory=uvloop.new_event_loop)
 
 
@@ -123,6 +119,8 @@ def serve_command(
     """Serve POST /hooks/{source} (and Meta's GET handshake) until interrupted."""
     if workers > 1:
         raise typer.Exit(serve_workers(workers, host, port, sources, transport))
+    from pipeline.ingress.service import build_ingress, serve  # noqa: PLC0415 - see module doc
+    from pipeline.offload.writer import check_lane_stores  # noqa: PLC0415
 
     async def main() -> None:
         _check_host_option(host)
@@ -164,6 +162,18 @@ def serve_workers(
     database and the topics' limits (:meth:`~pipeline.ingress.service.Ingress.preflight`), each
     failure one line from this process before any worker starts.
     """
+    from pipeline.ingress.service import (  # noqa: PLC0415 - see the module doc
+        PORT_VARIABLE,
+        build_ingress,
+        require_free_port,
+    )
+    from pipeline.ingress.workers import (  # noqa: PLC0415
+        Supervisor,
+        WorkerArgs,
+        refuse_sqlite,
+        reuse_port_socket,
+    )
+    from pipeline.offload.writer import check_lane_stores  # noqa: PLC0415
 
     async def check() -> WorkerArgs:
         _check_host_option(host)
@@ -217,6 +227,10 @@ def sweep_command(
     one line. ``--loop`` runs beside the ingress as its sweeper does: it may start first (and
     create the database), and a broker that is down only fails its sweeps until it is back.
     """
+    from pipeline.ingress.service import build_sweeper  # noqa: PLC0415 - see the module doc
+    from pipeline.logstore.create import create_log_store  # noqa: PLC0415
+    from pipeline.offload.writer import with_offload  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
     async def main() -> None:
         settings, ingress = _settings(transport)
@@ -280,6 +294,11 @@ async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:
     With ``PIPELINE_INGRESS__METRICS_PORT`` set, ``/metrics`` is served with the sweeper's
     heartbeat, so that ``PipelineSweeperSilent`` sees a sweeper that runs on its own.
     """
+    from pipeline.ingress.service import require_free_port  # noqa: PLC0415 - see module doc
+    from pipeline.observability.metrics import Metrics  # noqa: PLC0415
+    from pipeline.observability.server import MetricsServer, serve_metrics  # noqa: PLC0415
+    from pipeline.observability.wiring import sweeper_heartbeat  # noqa: PLC0415
+
     stop = asyncio.Event()
     serving = None
     port = ingress.metrics_port
@@ -310,6 +329,8 @@ def _when(value: str | None, option: str) -> int | None:
     """
     if value is None:
         return None
+    from pipeline.topics.spec import parse_duration_ms  # noqa: PLC0415 - see the module doc
+
     try:
         return _ago_ms(parse_duration_ms(value))
     except ValueError:
@@ -365,6 +386,8 @@ def _stored_text(value: str, option: str) -> str:
 
 def _memory_ms(value: str) -> int:
     """``--idempotency-memory`` in milliseconds (ConfigError naming the option otherwise)."""
+    from pipeline.topics.spec import parse_duration_ms  # noqa: PLC0415 - see the module doc
+
     try:
         return parse_duration_ms(value)
     except ValueError as exc:
@@ -407,6 +430,17 @@ def replay_command(
     too). Rows received longer ago than the consumers' idempotency memory would run their side
     effects again: they are refused unless ``--force`` is given.
     """
+    from rich.progress import (  # noqa: PLC0415 - see the module doc
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from pipeline.ingress.replay import replay  # noqa: PLC0415
+    from pipeline.logstore.create import create_log_store  # noqa: PLC0415
+    from pipeline.offload.writer import with_offload  # noqa: PLC0415
 
     async def main() -> ReplaySummary:
         settings, ingress = _settings(transport)
@@ -512,6 +546,7 @@ def purge_command(
     ] = None,
 ) -> None:
     """Delete old log rows that are finished (retention)."""
+    from pipeline.logstore.create import create_log_store  # noqa: PLC0415 - see the module doc
 
     async def main() -> int:
         settings, ingress = _settings(None)

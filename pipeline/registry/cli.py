@@ -7,6 +7,9 @@ record-name subject strategy), or under the file's stem for an unnamed type. Set
 ``PIPELINE_REGISTRY__*`` (see :mod:`pipeline.registry.settings`), options override them. Errors
 print one line to stderr: exit 1 for a failed operation or an incompatible schema, 2 for bad
 input or configuration.
+
+The server, the client, the stores and the settings are imported when a command runs, not when
+``pipeline`` registers the commands.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -24,17 +27,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline.cli_support import HELP_MARKUP, out_console, require_listenable
-from pipeline.config import RegistrySettings
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.reachability import checked_http_url, safe_url
-from pipeline.registry.canonical import ParsedSchema, parse
-from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
-from pipeline.registry.server.api import create_app
-from pipeline.registry.server.serve import serve as serve_app
-from pipeline.registry.server.service import Registry
-from pipeline.registry.settings import load_registry_settings, startup_problem
-from pipeline.registry.stores.protocol import open_store
+
+if TYPE_CHECKING:
+    from pipeline.config import RegistrySettings
+    from pipeline.registry.canonical import ParsedSchema
+    from pipeline.registry.client.http import RegistryClient
 
 T = TypeVar("T")
 app = typer.Typer(help="The schema registry server.", no_args_is_help=True)
@@ -73,6 +72,13 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the Confluent-compatible registry API until interrupted."""
+    from pipeline.reachability import safe_url  # noqa: PLC0415 - see the module doc
+    from pipeline.registry.server.api import create_app  # noqa: PLC0415
+    from pipeline.registry.server.serve import serve as serve_app  # noqa: PLC0415
+    from pipeline.registry.server.service import Registry  # noqa: PLC0415
+    from pipeline.registry.settings import load_registry_settings, startup_problem  # noqa: PLC0415
+    from pipeline.registry.stores.protocol import open_store  # noqa: PLC0415
+
     given = {"host": host, "port": port, "store": store, "default_compatibility": compatibility}
     settings = _guard(lambda: load_registry_settings(**{k: v for k, v in given.items() if v}))
     if port == 0:
@@ -108,6 +114,10 @@ def serve(
 
 
 def _client(url: str | None) -> tuple[RegistryClient, RegistrySettings]:
+    from pipeline.reachability import checked_http_url  # noqa: PLC0415 - see the module doc
+    from pipeline.registry.client.http import RegistryClient  # noqa: PLC0415
+    from pipeline.registry.settings import load_registry_settings  # noqa: PLC0415
+
     if url:  # checked as the option it is, before the settings would name their variable
         _guard(lambda: checked_http_url(url, "--url"))
     settings = _guard(lambda: load_registry_settings(**({"url": url} if url else {})))
@@ -115,6 +125,8 @@ def _client(url: str | None) -> tuple[RegistryClient, RegistrySettings]:
 
 
 def _load(directory: Path) -> list[tuple[Path, str, ParsedSchema]]:
+    from pipeline.registry.canonical import parse  # noqa: PLC0415 - see the module doc
+
     files = sorted(directory.glob("*.avsc"))
     if not files:
         raise _fail(f"no *.avsc files in {directory}", 2)

@@ -5,6 +5,10 @@ or, when the lanes' topics still hold an older message, that message's age plus 
 window (:func:`pipeline.offload.purge.measured_floor_ms`), so the transport is asked first. A
 younger ``--older-than`` is refused unless ``--force``, since it could delete a payload a
 message, a dead letter or a replayable log row still points to.
+
+It lives in :mod:`pipeline.cli`, not in :mod:`pipeline.offload` (whose package imports
+pydantic), and imports the stores, the transports and the settings when the command runs, not
+when ``pipeline`` registers it.
 """
 
 from __future__ import annotations
@@ -12,28 +16,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlparse
 
 import typer
 from rich.markup import escape
 
 from pipeline.cli_support import TransportOpt, err, run_command
-from pipeline.config import load_settings
 from pipeline.errors import ConfigError
-from pipeline.offload.purge import (
-    LOG_RETENTION_MS,
-    PurgeReport,
-    floor_ms,
-    measured_floor_ms,
-    oldest_held_ms,
-    purge,
-    stores,
-    topics_of,
-)
-from pipeline.offload.store import open_store
-from pipeline.topics.spec import format_duration_ms, load_specs, parse_duration_ms
 from pipeline.transport import create_transport
+
+if TYPE_CHECKING:
+    from pipeline.offload.purge import PurgeReport
 
 app = typer.Typer(help="Offloaded payloads (large bodies by reference).", no_args_is_help=True)
 
@@ -41,6 +35,8 @@ app = typer.Typer(help="Offloaded payloads (large bodies by reference).", no_arg
 def _duration_ms(value: str | None, option: str) -> int | None:
     if value is None:
         return None
+    from pipeline.topics.spec import parse_duration_ms  # noqa: PLC0415 - see the module doc
+
     try:
         duration_ms = parse_duration_ms(value)
     except ValueError as exc:
@@ -72,6 +68,19 @@ async def _purge(
     force: bool,
     transport_name: str | None,
 ) -> list[PurgeReport]:
+    from pipeline.config import load_settings  # noqa: PLC0415 - see the module doc
+    from pipeline.offload.purge import (  # noqa: PLC0415
+        LOG_RETENTION_MS,
+        floor_ms,
+        measured_floor_ms,
+        oldest_held_ms,
+        purge,
+        stores,
+        topics_of,
+    )
+    from pipeline.offload.store import open_store  # noqa: PLC0415
+    from pipeline.topics.spec import format_duration_ms, load_specs  # noqa: PLC0415
+
     settings = load_settings(**({"transport": transport_name} if transport_name else {}))
     specs = load_specs(settings.topics_dir)
     # As a lane's offload.store is read: without a trailing slash, or no lane's floor would count.

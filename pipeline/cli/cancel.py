@@ -3,6 +3,10 @@
 The command calls the same transition as ``await app.cancel(...)`` and the reconciler
 (:func:`pipeline.cancel.cancel`), against the Redis the members use (``PIPELINE_REDIS__URL``,
 ``PIPELINE_REDIS__KEY_PREFIX``).
+
+It lives in :mod:`pipeline.cli`, not in :mod:`pipeline.cancel` (whose package imports
+redis-py), and imports Redis, the settings and the declarations when the command runs, not when
+``pipeline`` registers it.
 """
 
 from __future__ import annotations
@@ -11,16 +15,10 @@ import os
 from typing import Annotated
 
 import typer
-from redis.asyncio import Redis
 from rich.markup import escape
 
-from pipeline.cancel.target import Target
-from pipeline.cancel.transition import CancelFailed, cancel
 from pipeline.cli_support import err, run_command
-from pipeline.config import load_settings
 from pipeline.errors import ConfigError
-from pipeline.reachability import named_with_fix
-from pipeline.topics.spec import load_specs
 
 
 def _as_read(value: str) -> str:
@@ -42,6 +40,14 @@ def cancel_command(
     ] = "cancelled",
 ) -> None:
     """Cancel queued, parked, retry-tier and running work of an event, key or tenant."""
+    from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
+
+    from pipeline.cancel.target import Target  # noqa: PLC0415
+    from pipeline.cancel.transition import CancelFailed, cancel  # noqa: PLC0415
+    from pipeline.config import load_settings  # noqa: PLC0415
+    from pipeline.reachability import named_with_fix  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
+
     event, key, tenant = (v if v is None else _as_read(v) for v in (event, key, tenant))
     reason = _as_read(reason)
     try:
