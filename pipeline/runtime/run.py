@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,10 +74,29 @@ def _address(settings: Settings, transport: str) -> str:
     return safe_url(url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl())
 
 
-async def _ready_when_polling(member: Member, server: MetricsServer) -> None:
-    """``/readyz`` turns ready once the member is in its group and fetching."""
+async def _ready_when_polling(member: Member, server: MetricsServer, stop: asyncio.Event) -> None:
+    """``/readyz`` turns ready once the member is in its group and fetching, unready at ``stop``."""
     await member.polling.wait()
-    server.ready = True
+    if not stop.is_set():
+        server.ready = True
+    await stop.wait()
+    server.ready = False
+
+
+def _endpoint(
+    server: MetricsServer, settings: Settings, listening: socket.socket | None
+) -> tuple[asyncio.Task[None] | None, asyncio.Event]:
+    """Serve ``server`` on ``listening`` (None: no metrics port) until the event returned is set.
+
+    Set once the member has left, not at the stop signal: through the drain ``/healthz`` stays
+    200, ``/readyz`` answers 503 and ``/metrics`` shows the drain.
+    """
+    left = asyncio.Event()
+    port = settings.runtime.metrics_port
+    if listening is None or port is None:
+        return None, left
+    serving = serve_metrics(server, settings.runtime.metrics_host, port, left, sock=listening)
+    return asyncio.create_task(serving), left
 
 
 async def _admission(
@@ -242,14 +262,8 @@ async def serve(
         deletion_cost=DeletionCost(pod) if pod is not None else None,
     )
     telemetry.server.sources.append(ParkedKeysSource(member, runtime_metrics))
-    endpoint = None
-    if port is not None:
-        endpoint = asyncio.create_task(
-            serve_metrics(
-                telemetry.server, settings.runtime.metrics_host, port, stop, sock=listening
-            )
-        )
-    ready = asyncio.create_task(_ready_when_polling(member, telemetry.server))
+    endpoint, left = _endpoint(telemetry.server, settings, listening)
+    ready = asyncio.create_task(_ready_when_polling(member, telemetry.server, stop))
     progress = Progress(
         group=group,
         lanes=[lane.name for lane in chosen_lanes],
@@ -268,7 +282,8 @@ async def serve(
     finally:
         ready.cancel()
         reporting.cancel()
-        stop.set()  # also ends the metrics endpoint when the member failed
+        stop.set()
+        left.set()
         if endpoint is not None:
             await endpoint
         if throttle is not None:
