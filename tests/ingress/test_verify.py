@@ -188,8 +188,18 @@ def test_standard_webhooks_rotation_with_several_secrets_and_signatures() -> Non
         ({"webhook-signature": None}, SVIX_TIMESTAMP, "missing signature header"),
         ({"webhook-timestamp": "soon"}, SVIX_TIMESTAMP, "malformed signature header"),
         ({"webhook-signature": "v2,abc"}, SVIX_TIMESTAMP, "malformed signature header"),
+        ({"webhook-signature": "v1,\xe9"}, SVIX_TIMESTAMP, "malformed signature header"),
     ],
-    ids=["tampered", "other-id", "stale", "future", "missing", "bad-timestamp", "no-v1"],
+    ids=[
+        "tampered",
+        "other-id",
+        "stale",
+        "future",
+        "missing",
+        "bad-timestamp",
+        "no-v1",
+        "non-ascii",
+    ],
 )
 def test_standard_webhooks_rejections(change: dict[str, object], now_s: int, expected: str) -> None:
     """Tampered body or id, stale or future timestamp, missing or malformed header: rejected."""
@@ -204,6 +214,16 @@ def test_standard_webhooks_rejections(change: dict[str, object], now_s: int, exp
     verifier = StandardWebhooksVerifier([SVIX_SECRET], 300)
     assert isinstance(body, bytes)
     assert reason(lambda: verifier.verify(present, body, now_s)) == expected
+
+
+def test_standard_webhooks_skips_a_non_ascii_entry_and_checks_the_others() -> None:
+    """A ``v1`` entry with a non-ASCII byte is skipped, not a crash; a valid one still counts."""
+    headers = {
+        "webhook-id": SVIX_ID,
+        "webhook-timestamp": str(SVIX_TIMESTAMP),
+        "webhook-signature": f"v1,\xe9== {SVIX_SIGNATURE}",
+    }
+    StandardWebhooksVerifier([SVIX_SECRET], 300).verify(headers, SVIX_BODY, SVIX_TIMESTAMP)
 
 
 def test_standard_webhooks_wrong_secret_is_rejected() -> None:

@@ -69,7 +69,7 @@ class StandardWebhooksVerifier:
                 continue
             try:
                 candidates.append(base64.b64decode(encoded, validate=True))
-            except binascii.Error:
+            except ValueError:  # binascii.Error, or a character outside ASCII
                 continue
         if not candidates:
             raise Rejected("malformed signature header")
