@@ -34,6 +34,8 @@ def erlang_c(servers: int, offered: float) -> float:
 
     Computed through the Erlang B recursion, which stays stable for thousands of servers.
     Returns 1.0 when the load is at or past the servers' capacity (the queue never drains).
+    Once the blocking probability falls below the smallest float it stays 0 for every further
+    server, so a huge ``servers`` costs about as much as the load, not as the servers.
     """
     if servers <= 0 or offered >= servers:
         return 1.0
@@ -42,6 +44,8 @@ def erlang_c(servers: int, offered: float) -> float:
     blocking = 1.0
     for k in range(1, servers + 1):
         blocking = offered * blocking / (k + offered * blocking)
+        if blocking == 0.0:
+            return 0.0
     utilisation = offered / servers
     return blocking / (1 - utilisation * (1 - blocking))
 
@@ -56,15 +60,25 @@ def mean_wait_s(rate_per_s: float, service_s: float, servers: int) -> float:
     return erlang_c(servers, offered) * service_s / (servers - offered)
 
 
-def slots_for_wait(
-    rate_per_s: float, service_s: float, target_wait_s: float, *, limit: int = 1_000_000
-) -> int:
-    """The fewest slots whose M/M/c mean wait is at most ``target_wait_s`` (at least 1)."""
+def slots_for_wait(rate_per_s: float, service_s: float, target_wait_s: float) -> int:
+    """The fewest slots whose M/M/c mean wait is at most ``target_wait_s`` (at least 1).
+
+    One pass of the Erlang B recursion gives the blocking probability of each slot count in
+    turn, so the search costs as much as one :func:`erlang_c` at the answer, however far above
+    the load the answer lies.
+    """
     offered = busy_slots(rate_per_s, service_s)
-    servers = max(1, math.floor(offered) + 1) if offered > 0 else 1
-    while servers < limit and mean_wait_s(rate_per_s, service_s, servers) > target_wait_s:
+    if offered <= 0:
+        return 1
+    target = max(target_wait_s, 0.0)
+    blocking, servers = 1.0, 0
+    while True:
         servers += 1
-    return servers
+        blocking = offered * blocking / (servers + offered * blocking)
+        if servers > offered:
+            waits = blocking / (1 - offered / servers * (1 - blocking))
+            if waits * service_s / (servers - offered) <= target:
+                return servers
 
 
 def members_for(

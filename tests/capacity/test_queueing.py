@@ -58,3 +58,43 @@ def test_a_backlog_beyond_one_member_gets_the_members_to_drain_it() -> None:
     # 16 + 480 waiting: 480 x 20 s = 9,600 slot-seconds, 32 slots for 300 s: two members
     assert backlog_members(16 + 480, 20.0, 16, drain_s=300.0) == 2
     assert backlog_members(16 + 481, 20.0, 16, drain_s=300.0) == 3
+
+
+def _independent_mean_wait_s(rate_per_s: float, service_s: float, servers: int) -> float:
+    """M/M/c mean wait from Erlang C's own sums, in logs (A^k/k! overflows a float otherwise).
+
+    Terms further than 60 standard deviations below the load are below e^-1800 of the largest
+    and are left out.
+    """
+    offered = rate_per_s * service_s
+    first = max(0, int(offered - 60 * math.sqrt(offered)))
+
+    def log_term(k: int) -> float:
+        return k * math.log(offered) - math.lgamma(k + 1)
+
+    top = log_term(servers)
+    below = math.fsum(math.exp(log_term(k) - top) for k in range(first, servers))
+    waiting = servers / (servers - offered)
+    return waiting / (below + waiting) * service_s / (servers - offered)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("rate_per_s", "service_s", "target_wait_s"),
+    [(8.0, 0.5, 0.05), (4e4, 10.0, 0.01), (1e5, 10.0, 1.0)],
+)
+def test_slots_for_wait_meets_the_target_for_huge_loads(
+    rate_per_s: float, service_s: float, target_wait_s: float
+) -> None:
+    """From 4 to a million busy slots, the slots returned meet the target and one fewer does not."""
+    slots = slots_for_wait(rate_per_s, service_s, target_wait_s)
+    assert _independent_mean_wait_s(rate_per_s, service_s, slots) <= target_wait_s
+    assert _independent_mean_wait_s(rate_per_s, service_s, slots - 1) > target_wait_s
+
+
+@pytest.mark.timeout(30)
+def test_the_wait_of_a_huge_slot_count_is_computed_at_once() -> None:
+    """A trillion slots (pipeline capacity --members with a typo) wait 0 s; no hang."""
+    assert erlang_c(10**12, 1.0) == 0.0
+    assert mean_wait_s(10.0, 0.1, 10**12) == 0.0
+    assert mean_wait_s(3.2, 1.0, 4) == pytest.approx(0.74, abs=0.01)
