@@ -115,8 +115,6 @@ def send_command(
     Prints the ingress's answer, then the topic, partition, key and tenant the source's routes
     give it. Exits 1 when the ingress refuses it, 2 for a bad body or source.
     """
-    # pipeline.ingress.send's command, declared again here so that registering it imports
-    # neither the ingress nor the settings (tests/cli/test_cli_imports.py holds them equal).
     from pipeline.ingress import send  # noqa: PLC0415 - the ingress, when the command runs
 
     send.send_command(source, file, raw_json, url, header)

@@ -15,7 +15,6 @@ import json
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated
 
 import httpx
 import typer
@@ -158,23 +157,15 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
 
 
 def send_command(
-    source: Annotated[str, typer.Argument(help="The source, as in /hooks/SOURCE.")],
-    file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="Read the body from a file.")
-    ] = None,
-    raw_json: Annotated[str | None, typer.Option("--json", help="The body, as JSON.")] = None,
-    url: Annotated[
-        str | None,
-        typer.Option("--url", help="The ingress (default: PIPELINE_INGRESS__HOST and __PORT)."),
-    ] = None,
-    header: Annotated[
-        list[str] | None, typer.Option("--header", "-H", help="Extra request header name=value.")
-    ] = None,
+    source: str,
+    file: Path | None,
+    raw_json: str | None,
+    url: str | None,
+    header: list[str] | None,
 ) -> None:
-    """Sign a webhook with the source's secret and scheme and post it to a running ingress.
+    """Run ``pipeline send`` (its options and help: :mod:`pipeline.cli.commands`).
 
-    Prints the ingress's answer, then the topic, partition, key and tenant the source's routes
-    give it. Exits 1 when the ingress refuses it, 2 for a bad body or source.
+    Exits 1 when the ingress refuses the webhook, 2 for a bad body or source.
     """
     try:
         body = _body(file, raw_json)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
-
-from pipeline.cli import commands
-from pipeline.ingress import send
 
 HEAVY = (
     # clients, servers and codecs a command opens when it runs, not when it is listed
@@ -69,9 +65,3 @@ def test_help_of_every_command_loads_no_command_stack() -> None:
         "        app([*args, '--help'])\n"
     )
     assert _imported_after(code, tuple(m for m in HEAVY if m != "pydantic")) == []
-
-
-def test_send_is_registered_with_the_signature_of_its_implementation() -> None:
-    """The CLI's ``send`` takes the options and help of pipeline.ingress.send's command."""
-    assert inspect.signature(commands.send_command) == inspect.signature(send.send_command)
-    assert commands.send_command.__doc__ == send.send_command.__doc__
