@@ -79,11 +79,18 @@ class Status:
     throttle_error: str = ""
     cancellations: Mapping[str, Mapping[str, int]] | None = None
     """Lane -> cancelled and hung counts (:mod:`pipeline.cancel.status`); None: unreadable."""
+    cancellations_error: str = ""
+    """Why the cancelled and hung counts could not be read, or ""."""
 
     @property
     def healthy(self) -> bool:
         """Every part could be read (``pipeline status`` exits 1 otherwise)."""
-        return not (self.log_error or self.throttle_error or any(lane.error for lane in self.lanes))
+        return not (
+            self.log_error
+            or self.throttle_error
+            or self.cancellations_error
+            or any(lane.error for lane in self.lanes)
+        )
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready document (seconds as floats, counts as ints)."""
@@ -118,6 +125,7 @@ class Status:
             "log_error": self.log_error or None,
             "throttle_error": self.throttle_error or None,
             "cancellations": None if self.cancellations is None else dict(self.cancellations),
+            "cancellations_error": self.cancellations_error or None,
         }
 
 

@@ -110,7 +110,14 @@ def render(status: Status, console: Console) -> None:
             highlight=False,
             soft_wrap=True,
         )
-    render_counts(status.cancellations, console)
+    if status.cancellations_error:
+        console.print(
+            f"cancelled / hung: [yellow]unavailable[/yellow] ({status.cancellations_error})",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        render_counts(status.cancellations, console)
     if status.throttle_error:
         console.print(
             f"throttled tenants: [yellow]unavailable[/yellow] ({status.throttle_error})",
@@ -184,7 +191,15 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
         long_work = {spec.lane for spec in specs if spec.heartbeat_timeout_ms}
         lanes = tuple(replace(s, long_work=s.report.lane in long_work) for s in status.lanes)
         status = replace(status, lanes=lanes)
-        status = replace(status, cancellations=await read_counts(redis, settings.redis.key_prefix))
+        counts = await read_counts(redis, settings.redis.key_prefix)
+        status = replace(status, cancellations=counts)
+        if counts is None:  # why, and where: the one line of an unreachable Redis
+            try:
+                await reach_redis(settings, redis)
+            except PipelineError as exc:
+                status = replace(status, cancellations_error=str(exc))
+            else:
+                status = replace(status, cancellations_error="Redis failed the read; try again")
     finally:
         if store is not None:
             await store.close()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +73,21 @@ def test_password_is_not_printed() -> None:
     line = unreachable(settings, "redis", "timed out")
     assert "s3cret" not in line
     assert "redis://app:***@10.0.0.5:6380/2" in line
+
+
+def test_redis_down_on_kafka_without_throttled_lanes_is_a_partial_report(
+    kafka_service: str, tmp_path: Path, unique: str
+) -> None:
+    """The cancelled and hung counts it cannot read say where Redis is, and status exits 1."""
+    lane = f"plain_{unique}"
+    (tmp_path / f"{lane}.yaml").write_text(f"name: {lane}\npartitions: 1\n")
+    env = {"PIPELINE_REDIS__URL": DOWN_REDIS, "PIPELINE_TOPICS_DIR": str(tmp_path)}
+    result = status("-t", "kafka", "--no-log", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("cancelled / hung")]
+    assert DOWN_REDIS in line
+    assert "PIPELINE_REDIS__URL" in line
+    document = status("-t", "kafka", "--no-log", "--json", env=env)
+    assert document.returncode == 1
+    assert DOWN_REDIS in json.loads(document.stdout)["cancellations_error"]
