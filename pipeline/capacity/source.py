@@ -74,7 +74,9 @@ class ServiceTimeSource:
     Arrivals are counted per message, so the service time must be per message too. On a
     debounced lane one handler call runs a whole turn of several messages: its handled calls are
     multiplied by the mean messages per turn the lane's turns received in the same interval
-    (``pipeline_debounce_turn_messages``), so the recorded time is per message.
+    (``pipeline_debounce_turn_messages``), so the recorded time is per message. A turn is
+    counted when it starts and its call when it ends: an interval whose calls belong to turns
+    that started before it uses the mean messages per turn since the member started.
     """
 
     name = "service_time"
@@ -102,6 +104,9 @@ class ServiceTimeSource:
             last = self._seen.get(lane, (0.0, 0.0, 0.0, 0.0))
             self._seen[lane] = (count, total_s, turns, messages)
             calls, new_turns = count - last[0], turns - last[2]
-            per_call = (messages - last[3]) / new_turns if new_turns > 0 else 1.0
+            if new_turns > 0:
+                per_call = (messages - last[3]) / new_turns
+            else:  # calls of turns that started before the last refresh: the mean so far
+                per_call = messages / turns if turns > 0 else 1.0
             self._recorder.served(lane, round(calls * max(per_call, 1.0)), total_s - last[1])
         await self._recorder.flush()

@@ -190,6 +190,31 @@ async def test_a_debounced_lanes_service_time_is_per_message_not_per_turn(
             await redis.delete(*found)
 
 
+async def test_a_turn_handled_after_the_refresh_it_started_in_is_still_per_message(
+    redis: Redis, unique: str
+) -> None:
+    """A turn of 4 that started before a refresh and ended after it records 4 messages, not 1."""
+    prefix = f"t{unique}"
+    history = ArrivalHistory(redis, prefix)
+    metrics = Metrics()
+    runtime, debounce = RuntimeMetrics(metrics), DebounceMetrics(metrics)
+    source = ServiceTimeSource(metrics, ArrivalRecorder(history), ["ai_turns"])
+    try:
+        debounce.turn("ai_turns", 4, 0.0)
+        runtime.delivered("ai_turns", "handled", 2.0)
+        await source.refresh()
+        debounce.turn("ai_turns", 4, 0.0)  # a long turn: started here ...
+        await source.refresh()
+        runtime.delivered("ai_turns", "handled", 8.0)  # ... handled after the next refresh
+        await source.refresh()
+        sample = await history.service("ai_turns", int(time.time() // 60) + 1)
+        assert (sample.count, sample.total_s) == (8, 10.0)
+    finally:
+        found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]
+        if found:
+            await redis.delete(*found)
+
+
 def test_the_runbooks_service_time_query_reads_what_a_member_measures() -> None:
     """docs/operations.md sizes a lane from handled messages only, as ServiceTimeSource does.
 
