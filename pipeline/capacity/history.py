@@ -3,8 +3,9 @@
 Each lane has one key per UTC day holding 1440 unsigned 32-bit counters (5,760 bytes), written
 with `BITFIELD INCRBY <https://redis.io/docs/latest/commands/bitfield/>`_ (saturating) and read
 with `GETRANGE <https://redis.io/docs/latest/commands/getrange/>`_. A day key expires
-``retention_days`` after its day, so a lane costs at most ``5,760 x (retention_days + 1)`` bytes
-(about 166 kB for four weeks) however busy it is. A day with no key is *missing* (before the
+``retention_days + 1`` days after its last write (at the latest just after its day ends), so a
+lane costs at most ``5,760 x (retention_days + 2)`` bytes (about 173 kB for four weeks) however
+busy it is. A day with no key is *missing* (before the
 lane was recorded, or expired), which the forecast tells apart from a day of zero arrivals.
 
 Service times are kept beside them for the last :data:`SERVICE_WINDOW_MIN` minutes in a small
