@@ -93,6 +93,7 @@ def capacity_command(
 
     from pipeline.capacity.history import ArrivalHistory  # noqa: PLC0415
     from pipeline.capacity.plan import plan_lane  # noqa: PLC0415
+    from pipeline.capacity.settings import check_service_lanes  # noqa: PLC0415
     from pipeline.config import load_settings  # noqa: PLC0415
     from pipeline.reachability import unreachable  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
@@ -106,6 +107,7 @@ def capacity_command(
                 f"unknown lane {lane!r} in {settings.topics_dir} "
                 f"(lanes: {', '.join(sorted(lanes))})"
             )
+        check_service_lanes(settings.capacity, lanes, settings.topics_dir)
         slots = settings.capacity.slots_per_member or settings.runtime.max_concurrency
         client = Redis.from_url(settings.redis.url, socket_timeout=settings.redis.socket_timeout_s)
         history = ArrivalHistory(

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.recorder import ArrivalRecorder, CountingProducer
+from pipeline.capacity.settings import check_service_lanes
 from pipeline.capacity.source import CapacitySource, ServiceTimeSource
 from pipeline.config import Settings
 from pipeline.observability.facades import CapacityMetrics
@@ -53,11 +54,17 @@ class CapacityFeed:
         return CountingProducer(producer, self.recorder, self._lanes)
 
     def source(self, metrics: Metrics) -> CapacitySource:
-        """The ``/metrics`` source of every lane's forecast and desired members."""
+        """The ``/metrics`` source of every lane's forecast and desired members.
+
+        The lanes are those of every declared topic (the ingress's): a ``SERVICE_S`` entry for
+        any other lane is a ConfigError (:func:`~pipeline.capacity.settings.check_service_lanes`).
+        """
         capacity = self._settings.capacity
+        lanes = sorted(set(self._lanes.values()))
+        check_service_lanes(capacity, lanes, self._settings.topics_dir)
         return CapacitySource(
             self.history,
-            sorted(set(self._lanes.values())),
+            lanes,
             capacity,
             CapacityMetrics(metrics),
             slots_per_member=capacity.slots_per_member or self._settings.runtime.max_concurrency,

@@ -6,11 +6,15 @@ measured; ``PIPELINE_CAPACITY__TARGET_UTILISATION=0.7`` is the Little's-law head
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CapacitySettings"]
+from pipeline.errors import ConfigError
+
+__all__ = ["CapacitySettings", "check_service_lanes"]
 
 
 class CapacitySettings(BaseModel):
@@ -42,3 +46,20 @@ class CapacitySettings(BaseModel):
     """Service time assumed for a lane with no measurement and no entry in `SERVICE_S`."""
     service_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     """JSON object: lane to its service time in seconds, used until one is measured."""
+
+
+def check_service_lanes(
+    settings: CapacitySettings, lanes: Collection[str], topics_dir: Path
+) -> None:
+    """ConfigError when ``SERVICE_S`` names a lane none of ``lanes`` (those declared) is.
+
+    Such an entry (a misspelt lane) would never be used: the lane it was meant for would be
+    sized with ``DEFAULT_SERVICE_S`` without a word.
+    """
+    unknown = sorted(set(settings.service_s) - set(lanes))
+    if unknown:
+        raise ConfigError(
+            f"PIPELINE_CAPACITY__SERVICE_S names {', '.join(map(repr, unknown))}, which no topic "
+            f"of {topics_dir} declares as a lane (lanes: {', '.join(sorted(lanes))}); correct "
+            "the name or remove the entry"
+        )

@@ -8,16 +8,19 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 from redis.asyncio import Redis
 from support import delete_after_test
 from support import test_settings as settings_for
 
+from pipeline.capacity.feed import CapacityFeed
 from pipeline.capacity.history import ArrivalHistory
 from pipeline.capacity.settings import CapacitySettings
 from pipeline.config import IngressSettings, SweeperSettings
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.service import build_ingress
+from pipeline.observability.metrics import Metrics
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
@@ -78,3 +81,15 @@ async def test_produced_webhooks_land_in_the_lane_history(
         found = [key async for key in redis.scan_iter(match=pattern)]
         if found:
             await redis.delete(*found)
+
+
+async def test_the_ingress_refuses_a_service_time_for_a_lane_no_topic_declares() -> None:
+    """The plan the ingress exports would size a misspelt lane with the default service time."""
+    spec = TopicSpec.model_validate({"name": "messages", "partitions": 2})
+    settings = settings_for(capacity=CapacitySettings(record=True, service_s={"mesages": 4.0}))
+    feed = CapacityFeed(settings, [spec])
+    try:
+        with pytest.raises(ConfigError, match=r"PIPELINE_CAPACITY__SERVICE_S .*'mesages'"):
+            feed.source(Metrics())
+    finally:
+        await feed.close()

@@ -133,6 +133,20 @@ def test_the_cli_names_an_unknown_lane_in_one_line(monkeypatch: pytest.MonkeyPat
     assert "Traceback" not in result.output
 
 
+def test_the_cli_refuses_a_service_time_for_a_lane_no_topic_declares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A misspelt lane in SERVICE_S is one line naming it and the variable, not a default plan."""
+    monkeypatch.setenv("PIPELINE_REDIS__URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("PIPELINE_CAPACITY__SERVICE_S", '{"mesages": 4.0}')
+    result = CliRunner().invoke(app, ["capacity", "messages"])
+    assert result.exit_code == 2, result.output
+    assert "PIPELINE_CAPACITY__SERVICE_S" in result.output
+    assert "'mesages'" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
 def test_the_cli_says_where_redis_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis unreachable: exit 1 with the URL and how to start it."""
     monkeypatch.setenv("PIPELINE_REDIS__URL", "redis://127.0.0.1:1/0")
