@@ -25,14 +25,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
 from pipeline.admission.throttle import MAX_LIMIT, Throttle
 from pipeline.errors import ConfigError
-from pipeline.topics.spec import UniqueKeyLoader, describe_yaml_error
+from pipeline.topics.spec import read_yaml
 from pipeline.validation import field_path
 
 log = logging.getLogger(__name__)
@@ -119,12 +118,7 @@ def load_policy(path: Path) -> LimitPolicy:
             policy; each line names the file, the field and the variable that points at it.
     """
     where = f"(the limit policy, {_POLICY_VARIABLE})"
-    try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read {where}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {describe_yaml_error(exc)} {where}") from None
+    document = read_yaml(path, ConfigError, where)
     if document is None:
         return LimitPolicy()
     if not isinstance(document, dict):

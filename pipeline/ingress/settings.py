@@ -19,7 +19,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -34,7 +33,7 @@ from pydantic import (
 from pipeline.config import IngressSlotSettings
 from pipeline.errors import ConfigError
 from pipeline.ingress.extract import parse_pointer
-from pipeline.topics.spec import UniqueKeyLoader, describe_yaml_error
+from pipeline.topics.spec import read_yaml
 from pipeline.validation import field_path
 
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -184,12 +183,7 @@ def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
         ConfigError: the file is missing or invalid, a secret is missing, or a source routes
             to a topic that is not declared; every line names the file and the field.
     """
-    try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the sources file: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from exc
+    document = read_yaml(path, ConfigError, "(the sources file)")
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping with a 'sources' key")
     try:

@@ -47,7 +47,7 @@ from pipeline.transport.protocol import TopicConfig
 from pipeline.validation import field_path
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from pydantic_core import ErrorDetails
@@ -68,6 +68,7 @@ __all__ = [
     "load_spec",
     "load_specs",
     "parse_duration_ms",
+    "read_yaml",
 ]
 
 DLQ_MIN_RETENTION_MS = 14 * 86_400_000
@@ -316,20 +317,10 @@ def load_spec(path: Path) -> TopicSpec:
         TopicSpecError: the file cannot be read, is not YAML (the message gives the line), is
             not a mapping, or fails validation; every line names the file and the field.
     """
-    try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopicSpecError(f"{path}: cannot read: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise TopicSpecError(f"{path}: {describe_yaml_error(exc)}") from exc
+    document = read_yaml(path, TopicSpecError)
     if not isinstance(document, dict):
         found = "an empty document" if document is None else f"a {type(document).__name__}"
         raise TopicSpecError(f"{path}: expected a mapping such as 'name: ...', got {found}")
-    if _exceeds(document, MAX_DOCUMENT_VALUES):
-        raise TopicSpecError(
-            f"{path}: more than {MAX_DOCUMENT_VALUES} values once its YAML aliases are"
-            " expanded: write the declaration out without nesting aliases"
-        )
     try:
         return TopicSpec.model_validate(document)
     except ValidationError as exc:
@@ -337,6 +328,30 @@ def load_spec(path: Path) -> TopicSpec:
         # any field failed; pydantic reports that as an error of its own, which is only noise.
         problems = [e for e in exc.errors() if e["type"] != "default_factory_not_called"]
         raise TopicSpecError("\n".join(f"{path}: {_describe(e)}" for e in problems)) from None
+
+
+def read_yaml(path: Path, error: Callable[[str], Exception], where: str = "") -> Any:
+    """The YAML document of a file the user wrote: keys unique, aliases bounded.
+
+    Every failure is ``error`` of one line naming ``path`` (and ``where``, e.g. "(the limit
+    policy, PIPELINE_...)"): the file cannot be read or is no UTF-8, is not YAML (its line and
+    column, never its text, which may hold a secret), gives a key twice in one mapping, or holds
+    more than :data:`MAX_DOCUMENT_VALUES` values once its aliases are expanded (a few hundred
+    bytes of nested aliases expand to billions, which validation and its messages would walk).
+    """
+    suffix = f" {where}" if where else ""
+    try:
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: cannot read{suffix}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: {describe_yaml_error(exc)}{suffix}") from None
+    if _exceeds(document, MAX_DOCUMENT_VALUES):
+        raise error(
+            f"{path}: more than {MAX_DOCUMENT_VALUES} values once its YAML aliases are"
+            f" expanded{suffix}: write it out without nesting aliases"
+        )
+    return document
 
 
 def _exceeds(document: Any, most: int) -> bool:

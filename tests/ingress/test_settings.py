@@ -178,6 +178,24 @@ def test_missing_or_invalid_files_are_named(tmp_path: Path) -> None:
         load_sources(listing, set(TOPICS))
 
 
+def test_a_sources_file_of_nested_aliases_is_refused_in_a_short_line(tmp_path: Path) -> None:
+    """A few hundred bytes of nested YAML aliases expanding to millions of values are refused.
+
+    Before, the sources file was walked whole (and its error printed whole), as topic files
+    were before 69d76ed.
+    """
+    anchors = ['  l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    anchors += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 7)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("anchors:\n" + "\n".join(anchors) + "\nsources: *l6\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_sources(bomb, set(TOPICS))
+    (line,) = str(info.value).splitlines()
+    assert line.startswith(f"{bomb}: ")
+    assert "aliases" in line
+    assert len(line) < 500
+
+
 @pytest.mark.parametrize(
     ("text", "key"),
     [
