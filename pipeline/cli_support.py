@@ -10,7 +10,6 @@ takes: the settings (pydantic, redis-py) are imported when a command runs.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
@@ -49,30 +48,14 @@ TransportOpt = Annotated[
 
 
 def require_listenable(host: str, port: int, *, variable: str, host_variable: str) -> None:
-    """Fail with one line, before anything is opened, when ``host:port`` cannot be listened on.
-
-    ``variable`` and ``host_variable`` name the settings (and options) of the port and of the
-    address.
+    """:func:`pipeline.reachability.require_listenable`, imported when called.
 
     Raises:
         ConfigError: the host is no address or name of this machine, or the port is taken.
     """
-    from pipeline.reachability import listen_error  # noqa: PLC0415 - it imports the settings
+    from pipeline.reachability import require_listenable as check  # noqa: PLC0415 - settings
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise listen_error(host, port, exc, variable, host_variable) from None
-        except (UnicodeError, TypeError):  # a label IDNA cannot encode, bytes not UTF-8
-            typed = host.encode(errors="surrogateescape").decode(errors="backslashreplace")
-            raise ConfigError(
-                f"cannot listen on {typed}:{port}: '{typed}' is no host name (a label is empty,"
-                f" longer than 63 characters or not UTF-8); set {host_variable} to an address"
-                " or name of this machine (127.0.0.1, or 0.0.0.0 for all)"
-            ) from None
+    check(host, port, variable=variable, host_variable=host_variable)
 
 
 def run_command(

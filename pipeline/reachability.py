@@ -26,6 +26,7 @@ __all__ = [
     "how_to_fix",
     "listen_error",
     "named_with_fix",
+    "require_listenable",
     "safe_url",
     "unreachable",
     "unreachable_at",
@@ -161,6 +162,31 @@ def _kafka_client_hint(settings: Settings) -> str:
         f"; if it runs, check {ENV_PREFIX}KAFKA__CLIENT ({', '.join(keys)}) against the"
         " broker's listener"
     )
+
+
+def require_listenable(host: str, port: int, *, variable: str, host_variable: str) -> None:
+    """Fail with one line, before anything is opened, when ``host:port`` cannot be listened on.
+
+    ``variable`` and ``host_variable`` name the settings (and options) of the port and of the
+    address.
+
+    Raises:
+        ConfigError: the host is no address or name of this machine, or the port is taken.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise listen_error(host, port, exc, variable, host_variable) from None
+        except (UnicodeError, TypeError):  # a label IDNA cannot encode, bytes not UTF-8
+            typed = host.encode(errors="surrogateescape").decode(errors="backslashreplace")
+            raise ConfigError(
+                f"cannot listen on {typed}:{port}: '{typed}' is no host name (a label is empty,"
+                f" longer than 63 characters or not UTF-8); set {host_variable} to an address"
+                " or name of this machine (127.0.0.1, or 0.0.0.0 for all)"
+            ) from None
 
 
 def listen_error(

@@ -44,7 +44,7 @@ from pipeline.observability.server import MetricsServer, serve_metrics
 from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
 from pipeline.offload.rows import offload_row
 from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
-from pipeline.reachability import listen_error
+from pipeline.reachability import require_listenable
 from pipeline.registry.client.http import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
@@ -384,13 +384,7 @@ def require_free_port(
 
     ``variable`` and ``host_variable`` name the settings of the port and of the address.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise listen_error(host, port, exc, variable, host_variable) from None
+    require_listenable(host, port, variable=variable, host_variable=host_variable)
 
 
 class _Server(uvicorn.Server):
