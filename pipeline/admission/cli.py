@@ -59,6 +59,18 @@ def _settings(namespace: str | None) -> Settings:
     return settings
 
 
+def _named(key: str) -> str:
+    """``key``, or one line and exit 2 when it is empty (no lane's template makes such a key)."""
+    if not key.strip():
+        err.print(
+            "[red]error:[/red] the throttle key is empty: give one, e.g. org:acme"
+            " (`pipeline throttle status` lists the active keys)",
+            highlight=False,
+        )
+        raise typer.Exit(2)
+    return key
+
+
 def _client(settings: Settings) -> Redis:
     from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
 
@@ -77,6 +89,9 @@ def status(
     from pipeline.admission.keys import key_text  # noqa: PLC0415
     from pipeline.admission.status import read_active_keys, read_status  # noqa: PLC0415
     from pipeline.reachability import unreachable  # noqa: PLC0415
+
+    if key is not None:
+        _named(key)
 
     async def main() -> list[ThrottleStatus]:
         settings = _settings(namespace)
@@ -133,6 +148,7 @@ def set_limit(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Set a key's concurrency limit now, for every member; new room goes to its waiters."""
+    _named(key)
     run_command(_on_throttle(namespace, lambda throttle: throttle.set_limit(key, limit)))
     typer.echo(f"{key}: limit {'default' if limit is None else limit}")
 
@@ -154,6 +170,7 @@ def set_reserve(
     smaller reserve frees goes to the waiters. ``status`` shows how often the kept priorities
     still queued.
     """
+    _named(key)
     run_command(
         _on_throttle(namespace, lambda throttle: throttle.set_reserve(key, slots, min_priority))
     )

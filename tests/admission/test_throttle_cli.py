@@ -172,3 +172,32 @@ async def test_a_limit_or_reserve_too_large_is_refused_and_status_still_reads(
         async for name in client.scan_iter(match=f"*b{unique}*"):
             await client.delete(name)
         await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "args", [["set-limit", "", "3"], ["set-reserve", " ", "1"], ["status", ""]], ids=str
+)
+async def test_an_empty_key_is_refused_in_one_line(redis_service, unique, args):
+    """An empty key (a variable left unset) is one line and exit 2, nothing stored or listed.
+
+    Before, set-limit stored a limit on a key no lane's template can make, and status '' listed
+    every active key as if no key had been given.
+    """
+    env = {"PIPELINE_REDIS__URL": redis_service, "PIPELINE_THROTTLE__NAMESPACE": f"e{unique}"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "pipeline", "throttle", *args),
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert out == b""
+    (line,) = err.decode().strip().splitlines()
+    assert "the throttle key is empty" in line
+    client = Redis.from_url(redis_service)
+    try:
+        assert [name async for name in client.scan_iter(match=f"*e{unique}*")] == []
+    finally:
+        await client.aclose()
