@@ -43,7 +43,8 @@ callers never need to import a client library to handle a failure::
     │   ├── UnknownTopic            the topic is not declared / does not exist on the broker
     │   ├── MessageTooLarge         the message exceeds the configured maximum size
     │   ├── DeliveryFailed          the broker refused or lost a produced message
-    │   └── GroupNotEmpty           a consumer group to delete still has members
+    │   ├── GroupNotEmpty           a consumer group to delete still has members
+    │   └── UnreadableTopicMeta     a Redis topic's entry in the topics hash cannot be read
     ├── DebounceUnavailable         the debouncer's Redis cannot be reached: the message is
     │                               processed on its own (fail open)
     ├── ThrottleClosed              the throttle closed while a message waited for its slots
