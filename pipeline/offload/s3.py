@@ -23,7 +23,8 @@ Writes and deletes share a pool of kept-alive connections (at most
 :data:`KEPT_ALIVE_CONNECTIONS` idle, each kept :data:`KEPT_ALIVE_S`), one per event loop, so a
 burst of objects costs no TCP (and TLS) handshake per object and leaves no connection per
 object in ``TIME_WAIT``. A kept-alive connection the service closed fails before any answer;
-the request is then sent again on a fresh one. The pool is closed as its event loop shuts down.
+the request is then sent again on a fresh one. The pool is closed as its event loop shuts down,
+even when its store was dropped before.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import re
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -123,11 +125,20 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-async def _pool_life(client: httpx.AsyncClient) -> AsyncGenerator[httpx.AsyncClient]:
-    """Holds ``client`` open; closed when its event loop shuts down or the store is dropped.
+_LIVES: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, list[AsyncGenerator[httpx.AsyncClient]]
+] = weakref.WeakKeyDictionary()
+"""Every pool's holder, kept until its event loop shuts down, whatever its store's life: a
+holder finalized when its store was dropped would close the pool in a task the loop's shutdown
+may cancel first (its sockets then left to warn as unclosed)."""
 
-    An async generator, so the loop's own hooks finalize it: ``asyncio.run`` closes it at the
-    end, and one dropped earlier is closed on its loop, never left to warn as unclosed.
+
+async def _pool_life(client: httpx.AsyncClient) -> AsyncGenerator[httpx.AsyncClient]:
+    """Holds ``client`` open; closed when its event loop shuts down.
+
+    An async generator, kept in :data:`_LIVES`, so the loop's own shutdown closes it:
+    ``asyncio.run`` (and any ``asyncio.Runner``) finalizes the live ones after cancelling the
+    tasks, so the close itself is never cancelled.
     """
     try:
         yield client
@@ -193,6 +204,7 @@ class S3PayloadStore(ObjectPayloadStore):
             client = httpx.AsyncClient(timeout=self.timeout_s, transport=transport)
             life = _pool_life(client)
             self._pools[loop] = (client, life)
+            _LIVES.setdefault(loop, []).append(life)
             await anext(life)  # the loop now finalizes it
             return client
         return pool[0]
