@@ -62,9 +62,23 @@ log = logging.getLogger(__name__)
 _STOP_MARGIN_S = 5.0
 """How long past ``cancel_grace_s`` shutdown waits for cancelled runs to end (a ``cpu=True``
 run's worker is killed after that grace, then replaced): one deadline for all of them."""
+_RECANCEL_S = 0.5
+"""How long shutdown waits for a cancelled background task before cancelling it again."""
 _GIVE_UP_FLOOR_S = 1.0
 """How long shutdown lets revoked partitions whose runs ended give up their claims (Redis
 calls under way), when waiting for a run that did not end used the stop deadline up."""
+
+
+async def _cancel_for_good(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling again while it goes on.
+
+    A cancellation can be absorbed below the task (``asyncio.wait_for`` on Python 3.11, as
+    redis-py calls it: CPython issue 86296): the commit loop then went on committing, and a
+    shutdown waiting for it never ended.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=_RECANCEL_S)
 
 
 def longest_stop_s(settings: RuntimeSettings) -> float:
@@ -390,8 +404,7 @@ class Member:
             )
         if stuck:
             log.warning("%d debounced turn(s) did not stop when cancelled at shutdown", len(stuck))
-        committer.cancel()
-        await asyncio.wait([committer])  # a failed one was logged already
+        await _cancel_for_good(committer)  # a failed one was logged already
         await self._last_commit(consumer)
         polling.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -1,0 +1,34 @@
+"""A member's shutdown ends its commit loop even when a cancellation is absorbed below it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.runtime import member
+
+
+async def test_a_cancellation_absorbed_below_the_task_is_sent_again() -> None:
+    """A loop that loses its first cancellation is cancelled again until it ends.
+
+    asyncio.wait_for under redis-py can lose one on Python 3.11 (CPython issue 86296); the
+    shutdown used to wait on the commit loop for ever then.
+    """
+    absorbed = 0
+
+    async def commit_forever() -> None:
+        nonlocal absorbed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if absorbed or current is None:
+                    raise
+                absorbed += 1
+                current.uncancel()  # lost, as in wait_for racing a reply
+
+    task = asyncio.create_task(commit_forever())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(member._cancel_for_good(task), 10)
+    assert task.cancelled()
+    assert absorbed == 1
