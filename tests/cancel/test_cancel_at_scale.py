@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
-import pytest
 from redis.asyncio import Redis
 
 from pipeline.cancel import Target, cancel
@@ -17,16 +15,6 @@ PRUNED_PER_CANCEL = 1_000
 """``cancel.lua``'s bound on the expired selectors one transition removes."""
 CHANGES_KEPT = 10_000
 """``cancel.lua``'s bound on the changes kept for members to catch up from."""
-
-
-@pytest.fixture
-async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of the test's own; every key under it is deleted after."""
-    name = f"t{unique}"
-    yield name
-    left = [k async for k in redis.scan_iter(f"{{{name}:*")]
-    if left:
-        await redis.delete(*left)
 
 
 async def _cancel_keys(redis: Redis, prefix: str, n: int, *, keep_ms: int, now_ms: int) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import eventually, lane_spec, running
-from runtime.owned import Declare, owned_lanes
+from runtime.owned import Declare
 
 from pipeline.cancel.keys import CancelKeys
 from pipeline.config import RuntimeSettings
@@ -19,22 +18,6 @@ from pipeline.transport.protocol import Transport
 
 QUICK = RuntimeSettings(commit_interval_ms=100, shutdown_grace_s=5.0, cancel_poll_ms=50)
 SKEW_S = 60.0
-
-
-@pytest.fixture
-async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of the test's own; its cancellation and guard keys are deleted after."""
-    name = f"t{unique}"
-    yield name
-    left = [k async for k in redis.scan_iter(f"{{{name}:*")]
-    await redis.delete(*CancelKeys(name).all(), *left)
-
-
-@pytest.fixture
-async def lanes(transport: Transport, unique: str) -> AsyncIterator[Declare]:
-    """Declare lanes for the test; their topics and its group are deleted after."""
-    async for declare_owned in owned_lanes(transport, f"g-{unique}"):
-        yield declare_owned
 
 
 async def _cancel_with_clock_off(

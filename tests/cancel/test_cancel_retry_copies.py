@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import eventually, lane_spec, running
-from runtime.owned import Declare, owned_lanes
+from runtime.owned import Declare
 
 from pipeline import headers as h
 from pipeline.cancel.keys import CancelKeys
@@ -30,22 +29,6 @@ LOOKS_WHEN_TOLD = RuntimeSettings(
 )
 """A member that learns of cancellations at its start, then only when the test ticks it."""
 BEHIND_S = 60.0
-
-
-@pytest.fixture
-async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of the test's own; its cancellation and guard keys are deleted after."""
-    name = f"t{unique}"
-    yield name
-    left = [k async for k in redis.scan_iter(f"{{{name}:*")]
-    await redis.delete(*CancelKeys(name).all(), *left)
-
-
-@pytest.fixture
-async def lanes(transport: Transport, unique: str) -> AsyncIterator[Declare]:
-    """Declare lanes for the test; their topics and its group are deleted after."""
-    async for declare_owned in owned_lanes(transport, f"g-{unique}"):
-        yield declare_owned
 
 
 def _cancel_blocking(app: App, url: str, prefix: str, key: str) -> None:
