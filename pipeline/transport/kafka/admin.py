@@ -24,6 +24,7 @@ from confluent_kafka.admin import (
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
+from pipeline.transport.kafka.detached import detached
 from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.kafka.group import admin_client, client_properties
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
@@ -146,7 +147,7 @@ class KafkaAdmin:
     async def _metadata(self, topic: str | None = None) -> Any:
         """The cluster's metadata, or only ``topic``'s (its cost does not grow with the cluster)."""
         try:
-            return await asyncio.to_thread(self._raw.list_topics, topic, self._timeout_s)
+            return await detached(self._raw.list_topics, topic, self._timeout_s)
         except KafkaException as exc:
             raise translate(exc, "list topics") from exc
 
@@ -296,7 +297,7 @@ class KafkaAdmin:
         if info is None or info.error is not None:
             raise translate(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), f"lag of {topic!r}")
         tps = [_RawTP(topic, p) for p in sorted(info.partitions)]
-        committed = await asyncio.to_thread(self._committed, group, tps)
+        committed = await detached(self._committed, group, tps)
         end = await self._offsets(tps, OffsetSpec.latest())
         start = await self._offsets(tps, OffsetSpec.earliest())
         first_unconsumed = {
@@ -304,7 +305,7 @@ class KafkaAdmin:
             for tp in end
             if max(committed.get(tp) or 0, start[tp]) < end[tp]
         }
-        oldest = await asyncio.to_thread(self._timestamps_at, first_unconsumed)
+        oldest = await detached(self._timestamps_at, first_unconsumed)
         return [
             PartitionLag(tp, committed.get(tp), end[tp], oldest.get(tp), min(start[tp], end[tp]))
             for tp in sorted(end)

@@ -34,6 +34,7 @@ from confluent_kafka import Producer as _RawProducer
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Delivered, Record
 from pipeline.errors import TransportError
+from pipeline.transport.kafka.detached import detached
 from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.kafka.group import client_properties
 from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
@@ -224,7 +225,7 @@ class KafkaProducer:
     async def _check_topic(self, topic: str) -> None:
         timeout_s = self._settings.request_timeout_ms / 1000
         try:
-            meta = await asyncio.to_thread(self._raw.list_topics, topic, timeout_s)
+            meta = await detached(self._raw.list_topics, topic, timeout_s)
         except KafkaException as exc:
             raise translate(exc, f"produce to {topic!r}") from exc
         found = meta.topics.get(topic)
