@@ -286,9 +286,20 @@ class KafkaAdmin:
             await self._wait(altered[resource], f"alter configs of {config.name!r}")
 
     async def delete_topic(self, name: str) -> None:
-        """Delete the topic."""
+        """Delete the topic; return once the broker's metadata no longer lists it.
+
+        The broker acknowledges a deletion before every metadata answer has caught up: without
+        the wait, a listing right after it could still show the topic.
+        """
         futures = self._raw.delete_topics([name], request_timeout=self._timeout_s)
         await self._wait(futures[name], f"delete topic {name!r}")
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:
+            found = (await self._metadata()).topics.get(name)
+            if found is None or found.error is not None:
+                return
+            await asyncio.sleep(0.05)  # metadata propagation: re-check shortly
+        raise TransportError(f"topic {name!r} deleted but still listed after {self._timeout_s}s")
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
         """Committed position, end offset and oldest unconsumed timestamp per partition."""
