@@ -36,7 +36,7 @@ def started() -> Iterator[list[subprocess.Popen[str]]]:
             for child in psutil.Process(proc.pid).children(recursive=True):
                 child.kill()
             proc.kill()
-            proc.communicate()
+        proc.communicate()  # also closes its pipes, of a process that ended by itself too
 
 
 @pytest.fixture
