@@ -285,6 +285,10 @@ class Ingress:
                 await self.store.close()
             await self.transport.close()
 
+    def unready(self) -> None:
+        """Answer ``/readyz`` 503 from now on (a stop signal came: take no new traffic)."""
+        self.observer.ready = False
+
     async def stop(self, deadline: float | None = None) -> None:
         """Stop the sweeper, let queued events go, then close everything, by ``deadline``.
 
@@ -398,11 +402,15 @@ class _Server(uvicorn.Server):
 
     signalled_at: float | None = None
     """When (``time.monotonic()``) the first stop signal came; None before."""
+    on_signal: Callable[[], None] | None = None
+    """Told of the first stop signal (the ingress turns unready at once)."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Note when the first stop signal came (the grace runs from it), then stop serving."""
         if self.signalled_at is None:
             self.signalled_at = time.monotonic()
+            if self.on_signal is not None:
+                self.on_signal()
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
@@ -479,24 +487,31 @@ async def serve(
     loop = asyncio.get_running_loop()
     stacks.install(loop)  # kill -USR1: every thread's and task's stack on stderr
     server = http_server(built, host, port, lifespan=False)
+    if isinstance(server, _Server):
+        server.on_signal = built.unready
+    # The metrics port serves until the stop has ended: /readyz 503 and /healthz 200 meanwhile.
+    stop_metrics = asyncio.Event()
+    metrics = await _serve_metrics_apart(built, stop_metrics)
     try:
-        await _serve_started(built, server, on_ready, sock)
+        await _serve_started(server, on_ready, sock)
     finally:
         stacks.remove(loop)
         signalled_at = getattr(server, "signalled_at", None)  # the grace runs from the signal
         stop_within_s = built.ingress.stop_within_s
-        await built.stop(None if signalled_at is None else signalled_at + stop_within_s)
+        try:
+            await built.stop(None if signalled_at is None else signalled_at + stop_within_s)
+        finally:
+            stop_metrics.set()
+            if metrics is not None:
+                await metrics
 
 
 async def _serve_started(
-    built: Ingress,
     server: uvicorn.Server,
     on_ready: Callable[[str, int], None] | None,
     sock: socket.socket | None,
 ) -> None:
     """Serve an ingress that :meth:`Ingress.start` has started on ``server``, until interrupted."""
-    stop_metrics = asyncio.Event()
-    metrics = await _serve_metrics_apart(built, stop_metrics)
 
     async def announce() -> None:
         while not server.started:
@@ -513,9 +528,6 @@ async def _serve_started(
         await server.serve(sockets=None if sock is None else [sock])
     finally:
         announcing.cancel()
-        stop_metrics.set()
-        if metrics is not None:
-            await metrics
 
 
 async def _serve_metrics_apart(built: Ingress, stop: asyncio.Event) -> asyncio.Task[None] | None:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -70,7 +71,11 @@ async def test_a_stop_with_the_broker_silent_ends_within_the_grace_and_says_what
     started: list[subprocess.Popen[str]],
     unique: str,
 ) -> None:
-    """A SIGTERM while Kafka does not answer ends the process, exit 0, within its stop bound."""
+    """A SIGTERM while Kafka does not answer ends the process, exit 0, within its stop bound.
+
+    Through the stop its metrics port answers ``/readyz`` 503 and ``/healthz`` 200 (it used to
+    close as soon as the webhook port stopped serving, before the stop was done).
+    """
     topic = f"messages-{unique}"
     broker = settings.model_copy(
         update={
@@ -87,6 +92,9 @@ async def test_a_stop_with_the_broker_silent_ends_within_the_grace_and_says_what
     write_topics(tmp_path / "topics", {topic: "messages"})
     source = {**META, "secrets": ["env:PIPELINE_TEST_GRACE_SECRET"], "topic": topic, "routes": []}
     write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    with socket.socket() as probe:  # a port free now, for the ingress's metrics
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
     env |= {
         "PIPELINE_TEST_GRACE_SECRET": SECRET,
@@ -100,6 +108,7 @@ async def test_a_stop_with_the_broker_silent_ends_within_the_grace_and_says_what
         "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
         "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
         "PIPELINE_INGRESS__STOP_WITHIN_S": str(STOP_WITHIN_S),
+        "PIPELINE_INGRESS__METRICS_PORT": str(metrics_port),
     }
     proc, url = serve_until_listening(env, started)
     store = SqliteLogStore(tmp_path / "ingress.db")
@@ -111,9 +120,17 @@ async def test_a_stop_with_the_broker_silent_ends_within_the_grace_and_says_what
         assert await post(url, range(1, 6)) == [200] * 5
         proc.send_signal(signal.SIGTERM)
         try:
+            async with httpx.AsyncClient(timeout=5) as http:
+                probes = f"http://127.0.0.1:{metrics_port}"
+                ready = 200
+                while ready == 200:  # until the signal is handled
+                    ready = (await http.get(f"{probes}/readyz")).status_code
+                    await asyncio.sleep(0.02)
+                alive = (await http.get(f"{probes}/healthz")).status_code
             _, stderr = proc.communicate(timeout=STOP_WITHIN_S + 5)  # the supervisor's margin
         finally:
             paused_kafka.resume()
+        assert alive == 200
         assert proc.returncode == 0, stderr
         assert "5 events left unproduced" in stderr, stderr
         assert await store.count_by_state(Selection()) == {
