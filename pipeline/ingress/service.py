@@ -30,6 +30,7 @@ from pipeline.heap import freeze_startup
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
+from pipeline.ingress.exit_bound import exit_by
 from pipeline.ingress.http import ingress_protocol
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import load_sources
@@ -497,9 +498,11 @@ async def serve(
     finally:
         stacks.remove(loop)
         signalled_at = getattr(server, "signalled_at", None)  # the grace runs from the signal
-        stop_within_s = built.ingress.stop_within_s
+        deadline = None if signalled_at is None else signalled_at + built.ingress.stop_within_s
+        if deadline is not None:
+            exit_by(deadline, "PIPELINE_INGRESS__STOP_WITHIN_S")  # whatever holds the exit
         try:
-            await built.stop(None if signalled_at is None else signalled_at + stop_within_s)
+            await built.stop(deadline)
         finally:
             stop_metrics.set()
             if metrics is not None:
