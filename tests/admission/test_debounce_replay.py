@@ -122,3 +122,24 @@ async def test_a_buffered_event_is_held_until_its_turn_succeeds(debouncer, redis
     assert await held(events, 1_000) == [False, False, True]
     index = debounce_keys.event_key(PREFIX, debouncer.lane, digest("evt-1"))
     assert await redis.exists(index) == 0
+
+
+async def test_every_buffered_event_is_held_and_its_copy_dropped_past_the_last_64(debouncer):
+    """Of a conversation with 70 events buffered, each is held and a copy of each is dropped."""
+    ids = [f"evt-{n}" for n in range(70)]
+    for offset, event_id in enumerate(ids):
+        assert await debouncer.record("c1", webhook(offset, event_id, event_id)) != -1
+    assert await debouncer.functions.held([digest(e) for e in ids], 1_000) == [True] * 70
+    for offset, event_id in enumerate(ids, start=100):
+        assert await debouncer.record("c1", webhook(offset, event_id, event_id, 1)) == -1
+    assert debouncer.stats.repeated == 70
+    assert await debouncer.functions.held([digest(e) for e in ids], 1_000) == [True] * 70
+
+
+async def test_an_index_written_by_an_earlier_release_still_finds_its_event(debouncer, redis):
+    """An e:EVENT key holding the conversation key alone (an earlier release's) is still read."""
+    await debouncer.record("c1", webhook(5, "evt-1", "hi"))
+    index = debounce_keys.event_key(PREFIX, debouncer.lane, digest("evt-1"))
+    await redis.set(index, "c1", px=60_000)
+    assert await debouncer.functions.held([digest("evt-1")], 1_000) == [True]
+    assert await debouncer.record("c1", webhook(9, "evt-1", "hi", replays=1)) == -1

@@ -101,6 +101,38 @@ async def test_a_row_whose_event_stays_buffered_is_neither_replayed_nor_abandone
     assert not [r for r in caplog.records if r.levelno >= logging.CRITICAL]
 
 
+async def test_rows_of_a_conversation_with_more_than_64_events_buffered_are_all_left(
+    streams: Transport,
+    redis: Redis,
+    store: LogStore,
+    clock: FakeClock,
+    settings: Settings,
+    unique: str,
+) -> None:
+    """Every row of a conversation with 70 events waiting for its turn, not its last 64, is left."""
+    window = {**WINDOW, "max_batch": 100}
+    spec = lane_spec(f"chats_{unique}", 1, debounce=window)
+    prefix = f"t{unique}"
+    await declare(streams, spec)
+    assert spec.debounce is not None
+    debouncer = Debouncer(redis, prefix, spec.lane, spec.debounce, lease_ms=3_600_000)
+    body = json.dumps({"conversation_id": "c1"}).encode()
+    for n in range(70):
+        row = new_row(n, clock, topic=spec.name, lane=spec.lane)
+        await store.insert(row)
+        await store.mark_produced([row.id])
+        headers = {h.ROW_ID: row.id.encode(), h.EVENT_ID: row.event_id.encode()}
+        assert await debouncer.record("c1", Message(spec.name, 0, n, b"c1", body, headers, 1)) > 0
+    redis_settings = settings.redis.model_copy(update={"key_prefix": prefix})
+    sweeper = sweeper_of(streams, store, clock, spec, redis_settings)
+    try:
+        clock.advance(PAST_ALL_WAITS_S)
+        report = await sweeper.sweep_once()
+    finally:
+        await sweeper.close()
+    assert (report.replayed, report.buffered) == (0, 70)
+
+
 async def test_a_row_whose_buffered_state_is_gone_is_replayed(
     streams: Transport,
     redis: Redis,

@@ -247,9 +247,9 @@ class Debouncer:
         One ``FCALL db_record``. A message among the last 64 recorded for ``key`` (same id and
         timestamp: a redelivery after a crash before the commit, or a call retried after it
         had run) is not buffered again, while the key's state lives (``idle_ttl_ms`` after its
-        last turn); nor is a message whose ``pl-event-id`` one of the last 64 recorded for
-        ``key`` had, while that one is still buffered (waiting or in its running turn): a copy
-        the ingress's sweeper replayed at another offset. A lone surrogate in ``key`` (half a
+        last turn); nor is a message whose ``pl-event-id`` a message still buffered for ``key``
+        had (waiting or in its running turn), however many were recorded since: a copy the
+        ingress's sweeper replayed at another offset. A lone surrogate in ``key`` (half a
         surrogate pair escaped in JSON) is stored, and given to the turn, as U+FFFD.
 
         Returns:

@@ -9,7 +9,7 @@ All keys of a lane share the hash tag ``{PREFIX:deb:LANE}``:
 - ``{PREFIX:deb:LANE}:armed``: the due time some runner holds a timer for;
 - ``{PREFIX:deb:LANE}:wake``: the list runners block on (BLPOP) to learn of earlier due times;
 - ``{PREFIX:deb:LANE}:step:RUNNER``: a runner's last step and its reply (see :func:`step_key`);
-- ``{PREFIX:deb:LANE}:e:EVENT``: the conversation of a buffered event (see :func:`event_key`);
+- ``{PREFIX:deb:LANE}:e:EVENT``: where a buffered event waits (see :func:`event_key`);
 - ``{PREFIX:deb:LANE}:slot_guard``: never written (see :func:`slot_guard`).
 
 Cluster trade-off: one function call must stay in one Redis Cluster slot. ``record`` and
@@ -80,10 +80,12 @@ def state_key(prefix: str, lane: str, key: str) -> str:
 
 
 def event_key(prefix: str, lane: str, event: str) -> str:
-    """The conversation key of the buffered message whose event id has the digest ``event``.
+    """Where the buffered message whose event id has the digest ``event`` waits.
 
-    Written by ``db_record`` and deleted when the message leaves the buffer, so that the
-    ingress's sweeper can ask (``db_held``) whether a webhook's event still waits for its turn.
+    ``<arrival>@<element digest>@<conversation key>``, written by ``db_record`` and deleted when
+    the message leaves the buffer, so that the ingress's sweeper can ask (``db_held``) whether a
+    webhook's event still waits for its turn, and ``db_record`` drop a replayed copy of it,
+    however many messages its conversation buffered since.
     """
     return f"{key_prefix(prefix, lane)}e:{event}"
 

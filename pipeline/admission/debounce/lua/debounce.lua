@@ -27,12 +27,17 @@
 --                              ra   after a failed turn: not due again before this (ms)
 --                              Persists while the buffer holds messages; expires (ARGV
 --                              idle_ttl_ms) once the key is idle.
---   {P:deb:LANE}:e:EVENT string the conversation key of the buffered message whose event id has
---                              the digest EVENT (the `re` entry), for the ingress's sweeper to
---                              ask whether a webhook's event still waits (db_held). Written by
---                              db_record, deleted once db_finish sees the message leave the
---                              buffer; expires ARGV held_ttl_ms after it was written (each
---                              db_held that finds it held keeps it that long again).
+--   {P:deb:LANE}:e:EVENT string where the buffered message whose event id has the digest EVENT
+--                              waits: "<arrival>@<element>@<conversation key>" (as in its `re`
+--                              entry; an earlier release wrote the conversation key alone), for
+--                              the ingress's sweeper to ask whether a webhook's event still waits
+--                              (db_held) and for db_record to drop a copy of it, however many
+--                              messages the conversation recorded since. Written by db_record,
+--                              deleted once db_finish sees the message leave the buffer (while
+--                              `re` still lists it) or once db_held finds it gone; expires ARGV
+--                              held_ttl_ms after it was written (each db_held that finds it held
+--                              keeps it that long again), so there is at most one per event
+--                              recorded within that time.
 --   {P:deb:LANE}:armed   string "<due_ms>:<holder>": the due time (ms) some runner holds a
 --                              timer for (holder '' when a wake-up was pushed for it): the
 --                              lane's earliest due time as last announced. Expires `grace` ms
@@ -120,11 +125,9 @@ local function remember(recent, token)
   return token .. table.concat(kept, ' ') .. ' '
 end
 
--- Whether the buffer `buf` still holds the element that `events` (the `re` field) says was
--- recorded for `event`: its newest entry's element, looked for among those of its arrival.
-local function holds_event(buf, events, event)
-  local arrival, element = string.match(events, ' ' .. event .. '@(%d+)@(%x+) ')
-  if not arrival then return false end
+-- Whether the buffer `buf` still holds the element whose digest is `element`, arrived at
+-- `arrival` (ms): it is looked for among the elements of that arrival.
+local function holds_element(buf, arrival, element)
   local at = tonumber(arrival)
   for _, buffered in ipairs(redis.call('LRANGE', buf, 0, -1)) do
     local when = arrival_of(buffered)
@@ -132,6 +135,34 @@ local function holds_event(buf, events, event)
     if when == at and string.sub(redis.sha1hex(buffered), 1, 16) == element then return true end
   end
   return false
+end
+
+-- The value of {P:deb:LANE}:e:EVENT: where the event's message is buffered.
+local function locator(arrival, element, key)
+  return arrival .. '@' .. element .. '@' .. key
+end
+
+-- The arrival, element digest and conversation key of an e:EVENT value; an earlier release
+-- wrote the conversation key alone (then arrival and element are nil).
+local function located(value)
+  local arrival, element, key = string.match(value, '^(%d+)@(%x+)@(.*)$')
+  if arrival then return arrival, element, key end
+  return nil, nil, value
+end
+
+-- Where conversation `key` (buffer `buf`, `re` field `events`) still buffers `event`, found by
+-- its newest `re` entry or by `index` (the value of its e:EVENT key, or nil): its arrival and
+-- element digest, or nil when it is buffered no more.
+local function buffered_at(buf, events, event, index, key)
+  local arrival, element = string.match(events or ' ', ' ' .. event .. '@(%d+)@(%x+) ')
+  if arrival and holds_element(buf, arrival, element) then return arrival, element end
+  if not index then return nil end
+  local at, digest, of = located(index)
+  if at and of == key and (at ~= arrival or digest ~= element)
+      and holds_element(buf, at, digest) then
+    return at, digest
+  end
+  return nil
 end
 
 -- db_record: buffer one message and (re)schedule its key's turn.
@@ -145,10 +176,11 @@ end
 -- when the turn is due before any armed timer: a wake-up was pushed for it. due_ms is -1 when
 -- the message (its id "topic:partition:offset" and timestamp) is among the key's RECENT last
 -- recorded ones (a redelivery after a crash before the commit, or a retried call that had
--- run), or when a message with its event id (ARGV[9]) among the RECENT last recorded is still
--- in the buffer (a copy the ingress's sweeper replayed while the first waited or ran): nothing
--- changed, but for the copy's id remembered. KEYS[6] ({P:deb:LANE}:e:EVENT, given with an event
--- id) is set to the conversation key for ARGV[10] ms (held_ttl_ms), the copy's drop included.
+-- run), or when a message with its event id (ARGV[9]) is still in the buffer, found by its `re`
+-- entry or by KEYS[6] (a copy the ingress's sweeper replayed while the first waited or ran):
+-- nothing changed, but for the copy's id remembered. KEYS[6] ({P:deb:LANE}:e:EVENT, given with
+-- an event id) is set to where the buffered message waits for ARGV[10] ms (held_ttl_ms), the
+-- copy's drop included.
 local function record(keys, args)
   local now = now_ms()
   local token = ' ' .. args[2] .. '@' .. (args[8] or '') .. ' '
@@ -158,19 +190,28 @@ local function record(keys, args)
     return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
   end
   local event = args[9] or ''
-  if event ~= '' and holds_event(keys[2], events, event) then
-    redis.call('HSET', keys[3], 'rc', remember(recent, token))
-    if keys[6] then redis.call('SET', keys[6], args[1], 'PX', tonumber(args[10])) end
-    return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
+  if event ~= '' then
+    local index = keys[6] and redis.call('GET', keys[6]) or nil
+    local arrival, element = buffered_at(keys[2], events, event, index, args[1])
+    if arrival then
+      redis.call('HSET', keys[3], 'rc', remember(recent, token))
+      if keys[6] then
+        redis.call('SET', keys[6], locator(arrival, element, args[1]), 'PX', tonumber(args[10]))
+      end
+      return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
+    end
   end
   local state = redis.call('HMGET', keys[3], 'lu', 'ra')
   local element = now .. ':' .. args[3]
   local buffered = redis.call('RPUSH', keys[2], element)
   redis.call('HSET', keys[3], 'mk', args[2], 'last', now, 'rc', remember(recent, token))
   if event ~= '' then
-    local entry = ' ' .. event .. '@' .. now .. '@' .. string.sub(redis.sha1hex(element), 1, 16) .. ' '
+    local digest = string.sub(redis.sha1hex(element), 1, 16)
+    local entry = ' ' .. event .. '@' .. now .. '@' .. digest .. ' '
     redis.call('HSET', keys[3], 're', remember(events, entry))
-    if keys[6] then redis.call('SET', keys[6], args[1], 'PX', tonumber(args[10])) end
+    if keys[6] then
+      redis.call('SET', keys[6], locator(now, digest, args[1]), 'PX', tonumber(args[10]))
+    end
   end
   if buffered == 1 then redis.call('PERSIST', keys[3]) end  -- it expires only while idle
   local lease_until = tonumber(state[1])
@@ -498,11 +539,12 @@ local function held(keys, args)
   local found = {}
   for i, index in ipairs(keys) do
     found[i] = 0
-    local key = redis.call('GET', index)
-    if key then
+    local value = redis.call('GET', index)
+    if value then
       local event = string.sub(index, #prefix + 3)
+      local _, _, key = located(value)
       local events = redis.call('HGET', prefix .. 's:' .. key, 're')
-      if events and holds_event(prefix .. 'b:' .. key, events, event) then
+      if buffered_at(prefix .. 'b:' .. key, events, event, value, key) then
         found[i] = 1
         if redis.call('PTTL', index) < keep then redis.call('PEXPIRE', index, keep) end
       else
