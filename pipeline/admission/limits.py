@@ -74,8 +74,17 @@ class LimitPolicy(BaseModel):
 
 
 def earned_base(floor: int, rate_per_min: float, duration_s: float) -> int:
-    """``max(floor, ceil(R * D / 60))``: the jobs in flight the org's recent traffic needs."""
-    return max(floor, math.ceil(max(rate_per_min, 0.0) * max(duration_s, 0.0) / 60.0))
+    """``max(floor, ceil(R * D / 60))``: the jobs in flight the org's recent traffic needs.
+
+    Demand with no job finished in the window (``D`` unknown, 0) needs one job in flight, as
+    any measured ``D`` would give: otherwise an org with ``floor`` and ``burst_floor`` 0, once
+    squeezed to 0 while its jobs waited, could never finish one to measure ``D`` by, and would
+    stay at 0 for as long as its jobs kept arriving, however idle the fleet.
+    """
+    needed = math.ceil(max(rate_per_min, 0.0) * max(duration_s, 0.0) / 60.0)
+    if rate_per_min > 0:
+        needed = max(needed, 1)
+    return max(floor, needed)
 
 
 def ceiling(base: int, burst_floor: int, burst_pct: float) -> int:

@@ -87,6 +87,33 @@ async def test_a_full_pool_shrinks_every_ceiling_down_to_the_floors(throttle) ->
     assert limits["quiet"] == 2  # floor(4 * 0.25) = 1, held at the floor
 
 
+async def test_an_org_with_floor_zero_held_at_zero_gets_a_slot_once_the_fleet_has_room(
+    throttle,
+) -> None:
+    """An org with floor 0 and burst_floor 0 squeezed to 0 while its jobs wait gets room again."""
+    policy = LimitPolicy(defaults=OrgLimits(floor=0, burst_floor=0, burst_pct=0.5), f_min=0.25)
+    load = [(400, 100)]  # 400 running for a target of 80: factor f_min
+    fleet = FleetLimits(throttle.client, throttle.prefix, throttle, policy, member="a")
+    fleet.bind(lambda: load[0])
+    for _ in range(6):  # 6 jobs of 1 s: base 1, ceiling 2, squeezed to floor(2 * 0.25) = 0
+        fleet.submitted("small")
+        fleet.finished("small", 1.0)
+    now = 1_000_000.0
+    assert await fleet.tick(now) == {"small": 0}
+    for minute in range(1, 8):  # its jobs keep arriving and wait; its last finish leaves the window
+        fleet.submitted("small")
+        await fleet.tick(now + 60 * minute)
+    load[0] = (0, 100)  # the fleet goes idle
+    fleet.submitted("small")
+    limits = await fleet.tick(now + 60 * 8)
+    assert limits is not None
+    # Demand with no job finished in the window: base 1, ceiling 2, factor f_max 2 -> 4.
+    assert limits["small"] == 4
+    permit = await throttle.try_acquire(["org:small"])
+    assert permit is not None
+    await throttle.release(permit)
+
+
 async def test_members_that_stopped_reporting_leave_the_fleet(throttle) -> None:
     """A member silent for three intervals no longer counts towards slots or work in flight."""
     gone = _member(throttle, "gone", 0, 1000)

@@ -33,6 +33,13 @@ def test_earned_base_is_littles_law_with_a_floor():
     assert earned_base(0, -3, 5) == 0  # nonsense rates count as none
 
 
+def test_demand_with_no_finished_job_earns_one_slot_above_a_zero_floor():
+    """An org submitting but with no job finished in the window (D unknown) needs one slot."""
+    assert earned_base(0, 5, 0.0) == 1
+    assert earned_base(0, 0, 0.0) == 0  # no demand, nothing earned
+    assert earned_base(3, 5, 0.0) == 3
+
+
 def test_ceiling_takes_the_larger_burst():
     """The ceiling adds the larger of the burst floor and the burst share of the base."""
     assert ceiling(10, 2, 0.5) == 15
