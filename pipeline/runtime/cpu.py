@@ -212,25 +212,33 @@ class _Worker:
 
 
 async def _readable(conn: Connection, timeout_s: float) -> bool:
-    """Wait (without a thread, so a cancellation is immediate) until ``conn`` has data."""
+    """Wait (without a thread, so a cancellation is immediate) until ``conn`` has data.
+
+    Not under ``asyncio.wait_for``: on Python 3.11 it drops a cancellation that lands once the
+    data has come (CPython issue 86296), and the stop of a run whose worker had just beaten was
+    lost (its worker never got SIGTERM).
+    """
     if conn.poll(0):
         return True
     loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
+    ready: asyncio.Future[bool] = loop.create_future()
     fd = conn.fileno()
 
     def wake() -> None:
         if not ready.done():
-            ready.set_result(None)
+            ready.set_result(True)
+
+    def expire() -> None:
+        if not ready.done():
+            ready.set_result(False)
 
     loop.add_reader(fd, wake)
+    timer = loop.call_later(max(timeout_s, 0.0), expire)
     try:
-        await asyncio.wait_for(ready, max(timeout_s, 0.0))
-    except TimeoutError:
-        return False
+        return await ready
     finally:
+        timer.cancel()
         loop.remove_reader(fd)
-    return True
 
 
 class _Unstarted(Exception):
