@@ -294,20 +294,22 @@ class Registry:
             SubjectNotFound, SubjectSoftDeleted, SubjectNotSoftDeleted, OperationNotPermitted.
         """
         self._writable(subject)
+
+        def soft_deleted(every: Sequence[SubjectVersion]) -> None:
+            if not every:
+                raise SubjectNotFound(f"Subject '{subject}' not found.")
+            if any(not v.deleted for v in every):
+                raise SubjectNotSoftDeleted(
+                    f"Subject '{subject}' was not deleted first before being permanently deleted"
+                )
+
+        if permanent:
+            # One step with registrations: one that comes after (and its settings) is kept.
+            return self.store.purge_subject(subject, soft_deleted)
         every = self.store.versions(subject)
         if not every:
             raise SubjectNotFound(f"Subject '{subject}' not found.")
         live = [v.version for v in every if not v.deleted]
-        if permanent:
-            if live:
-                raise SubjectNotSoftDeleted(
-                    f"Subject '{subject}' was not deleted first before being permanently deleted"
-                )
-            numbers = [v.version for v in every]
-            self.store.purge(subject, numbers)
-            self.store.delete_setting("compatibility", subject)
-            self.store.delete_setting("mode", subject)
-            return numbers
         if not live:
             raise SubjectSoftDeleted(
                 f"Subject '{subject}' was soft deleted.Set permanent=true to delete permanently"

@@ -120,7 +120,20 @@ class VersionRemover(Protocol):
         ...
 
     def purge(self, subject: str, versions: Sequence[int]) -> None:
-        """Remove these versions for good; their schema ids stay valid."""
+        """Remove these versions for good if they are soft-deleted; their schema ids stay valid.
+
+        A live version is left alone: its number may be a new version's, registered after the
+        caller saw the soft-deleted one it means.
+        """
+        ...
+
+    def purge_subject(self, subject: str, check: Check) -> list[int]:
+        """Remove every version of ``subject`` and its own settings for good; their numbers.
+
+        One atomic step with registrations: ``check`` is called with every version (soft-deleted
+        ones included, oldest first) under the lock a registration takes, and raises to refuse
+        (nothing is removed); a registration or setting that comes after is kept.
+        """
         ...
 
 

@@ -13,7 +13,13 @@ from contextlib import AbstractContextManager, closing
 from typing import Any, ClassVar, NamedTuple
 
 from pipeline.registry.errors import IdConflict, RegistryError
-from pipeline.registry.stores.protocol import MAX_ID, SettingKind, StoredSchema, SubjectVersion
+from pipeline.registry.stores.protocol import (
+    MAX_ID,
+    Check,
+    SettingKind,
+    StoredSchema,
+    SubjectVersion,
+)
 
 
 class Statements(NamedTuple):
@@ -30,7 +36,7 @@ class Statements(NamedTuple):
     mark_deleted: str
     """(subject, version) -> soft-delete."""
     purge: str
-    """(subject, version) -> delete."""
+    """(subject, version) -> delete if soft-deleted."""
     get_setting: str
     """(kind, subject) -> (value,)."""
     set_setting: str
@@ -113,8 +119,24 @@ class SqlRegistryStore(abc.ABC):
         self._each(self._sql.mark_deleted, [(subject, v) for v in versions])
 
     def purge(self, subject: str, versions: Sequence[int]) -> None:
-        """Remove these versions for good; their schema ids stay valid."""
+        """Remove these versions for good if soft-deleted (see the protocol); ids stay valid."""
         self._each(self._sql.purge, [(subject, v) for v in versions])
+
+    def purge_subject(self, subject: str, check: Check) -> list[int]:
+        """Remove every version and own setting of ``subject`` in one step (see the protocol)."""
+        with self._tx(write=True) as conn:
+            self._lock_subject(conn, subject)
+            every = [version_row(r) for r in conn.execute(self._sql.versions, (subject,))]
+            check(every)
+            for v in every:
+                conn.execute(self._sql.purge, (subject, v.version))
+            for kind in ("compatibility", "mode"):
+                conn.execute(self._sql.delete_setting, (kind, subject)).fetchall()
+        return [v.version for v in every]
+
+    @abc.abstractmethod
+    def _lock_subject(self, conn: Any, subject: str) -> None:
+        """Take, for the write transaction ``conn``, the subject lock registrations take."""
 
     def get_setting(self, kind: SettingKind, subject: str) -> str | None:
         """The value set for ``subject`` (``""`` for global), or None."""

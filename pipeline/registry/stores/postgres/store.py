@@ -8,7 +8,7 @@ Several registry replicas may share one database:
   waits for the winner's commit, then reads its row);
 * appending a version takes a transaction-scoped advisory lock on the subject
   (``pg_advisory_xact_lock``), so the compatibility check and the append are one atomic step
-  across replicas;
+  across replicas; a permanent subject delete takes it too;
 * the tables are created at start under an advisory lock, so replicas starting together do not
   race on ``CREATE TABLE``;
 * a pooled connection is checked before use, so one the server closed while idle (a restart,
@@ -92,7 +92,7 @@ _SUBJECTS = (
     "SELECT subject, bool_and(deleted) FROM registry_versions GROUP BY subject ORDER BY subject"
 )
 _MARK_DELETED = "UPDATE registry_versions SET deleted = TRUE WHERE subject = %s AND version = %s"
-_PURGE = "DELETE FROM registry_versions WHERE subject = %s AND version = %s"
+_PURGE = "DELETE FROM registry_versions WHERE subject = %s AND version = %s AND deleted"
 _GET_SETTING = "SELECT value FROM registry_settings WHERE kind = %s AND subject = %s"
 _SET_SETTING = (
     "INSERT INTO registry_settings (kind, subject, value) VALUES (%s, %s, %s) "
@@ -164,6 +164,10 @@ class PostgresSchemaStore(SqlRegistryStore):
                 yield conn
         except psycopg.Error as exc:
             raise StoreError(f"registry database error: {exc}") from exc
+
+    def _lock_subject(self, conn: psycopg.Connection[Any], subject: str) -> None:
+        """The subject's advisory lock, as ``register`` takes it."""
+        conn.execute(_SUBJECT_LOCK, (_LOCK_CLASS, subject))
 
     def register(
         self,

@@ -66,7 +66,7 @@ _INSERT_VERSION = (
 )
 _SUBJECTS = "SELECT subject, MIN(deleted) FROM registry_versions GROUP BY subject ORDER BY subject"
 _MARK_DELETED = "UPDATE registry_versions SET deleted = 1 WHERE subject = ? AND version = ?"
-_PURGE = "DELETE FROM registry_versions WHERE subject = ? AND version = ?"
+_PURGE = "DELETE FROM registry_versions WHERE subject = ? AND version = ? AND deleted = 1"
 _GET_SETTING = "SELECT value FROM registry_settings WHERE kind = ? AND subject = ?"
 _SET_SETTING = (
     "INSERT INTO registry_settings (kind, subject, value) VALUES (?, ?, ?) "
@@ -120,6 +120,9 @@ class SqliteSchemaStore(SqlRegistryStore):
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise StoreError(f"registry database error: {exc}") from exc
+
+    def _lock_subject(self, conn: sqlite3.Connection, subject: str) -> None:
+        """Nothing more: a write transaction already holds the database's write lock."""
 
     def register(
         self,
