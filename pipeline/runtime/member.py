@@ -722,8 +722,12 @@ class Member:
             self._chain.due.drop(tps)
         self._chain.batch.drop(tps)
         if not lost:  # at shutdown, running work had its grace already
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancellation that lands as the
+            # runs end (CPython issue 86296), and a Redis Streams poll that the shutdown had
+            # cancelled went on polling for ever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._chain.lanes.wait_idle(tps), self._revoke_wait_s())
+                async with asyncio.timeout(self._revoke_wait_s()):
+                    await self._chain.lanes.wait_idle(tps)
         if self._chain.gate is not None:  # a run still going keeps its tenant's slots
             running = [(work.tp, work.offset) for work in self._chain.lanes.running_of(tps)]
             self._chain.gate.drop(tps, running)
