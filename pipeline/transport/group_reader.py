@@ -1,9 +1,10 @@
-"""A reader made of a member of a group of its own, for brokers on which such a group lasts not.
+"""A reader made of a member of a group of its own, for the in-memory broker.
 
-Kafka forgets a group that has no members and no committed offsets, and the in-memory broker
-lives in its process: on them a :class:`~pipeline.transport.protocol.Reader` is a consumer of a
-one-off group that never commits, deleted on close. (Redis Streams keeps a group and its pending
-entries until deleted, so its reader uses no group: ``redis_streams/reader.py``.)
+The in-memory broker lives in its process: there a :class:`~pipeline.transport.protocol.Reader`
+is a consumer of a one-off group that never commits, deleted on close. (Redis Streams keeps a
+group and its pending entries until deleted, so its reader uses no group:
+``redis_streams/reader.py``; Kafka keeps a killed member's group until it expires, so its reader
+assigns itself the partitions and joins no group: ``kafka/reader.py``.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pipeline.errors import PipelineError
 from pipeline.transport.protocol import Admin, Consumer, StartAt
 
 READER_GROUP_PREFIX = "pipeline-reader-"
-"""The name of every group of a reader begins so; a random part follows."""
+"""The name of every group of a reader begins so (on Kafka: the ``group.id`` it never joins)."""
 
 
 def reader_group() -> str:

@@ -1,13 +1,18 @@
-"""`pipeline tail` killed on Redis Streams leaves nothing on the topic's streams."""
+"""`pipeline tail` stopped or killed leaves nothing on the broker (Redis streams, Kafka groups)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import signal
 import sys
 import time
 
+import pytest
+from confluent_kafka.admin import AdminClient
 from redis.asyncio import Redis
+from support import delete_group_after_test
 
 from pipeline.config import Settings
 from pipeline.transport import create_transport
@@ -51,3 +56,71 @@ async def test_a_killed_tail_leaves_no_group_on_the_streams(
     finally:
         await admin.delete_topic(topic)
         await transport.close()
+
+
+_STOPPED = {signal.SIGINT: 130, signal.SIGTERM: -signal.SIGTERM, signal.SIGKILL: -signal.SIGKILL}
+"""How a tail stopped by each signal exits: Ctrl-C is a clean stop (exit 130), the others kill."""
+
+
+@pytest.mark.parametrize("stop", list(_STOPPED), ids=lambda s: signal.Signals(s).name)
+async def test_a_stopped_kafka_tail_ends_at_once_and_leaves_no_group(
+    settings: Settings, kafka_service: str, unique: str, stop: signal.Signals
+) -> None:
+    """A Kafka tail stopped by Ctrl-C, SIGTERM or SIGKILL once it printed ends, leaving no group."""
+    topic = f"tail_{unique}"
+    transport = create_transport(settings, "kafka")
+    admin = transport.admin()
+    await admin.create_topic(TopicConfig(topic, 2))
+    stderr = b""
+    try:
+        producer = transport.producer()
+        await producer.send(topic, b"one", key=b"k")
+        await producer.close()
+        client_id = f"tail-{unique}"
+        env = {
+            **os.environ,
+            "PIPELINE_LOG_LEVEL": "INFO",  # a member logs its group's name
+            "PIPELINE_KAFKA__CLIENT_ID": client_id,
+            "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "6000",  # the broker's least
+        }
+        command = [sys.executable, "-m", "pipeline", "tail", topic, "--from-beginning"]
+        pipe = asyncio.subprocess.PIPE
+        tail = await asyncio.create_subprocess_exec(
+            *command, "-t", "kafka", env=env, stdout=pipe, stderr=pipe
+        )
+        assert tail.stdout is not None
+        try:
+            printed = await asyncio.wait_for(tail.stdout.readline(), 60)
+            assert printed.startswith(f"{topic}[".encode()), await tail.communicate()
+            tail.send_signal(stop)
+            _, stderr = await asyncio.wait_for(tail.communicate(), 10)  # a hang fails here
+        finally:
+            if tail.returncode is None:
+                tail.kill()
+                _, stderr = await tail.communicate()
+        assert tail.returncode == _STOPPED[stop], stderr.decode(errors="replace")
+        assert await _groups_of(settings, client_id, stderr) == set()
+    finally:
+        for group in set(re.findall(rb"pipeline-reader-\w+", stderr)):
+            delete_group_after_test(settings, "kafka", group.decode(), [topic])
+        await admin.delete_topic(topic)
+        await transport.close()
+
+
+async def _groups_of(settings: Settings, client_id: str, stderr: bytes) -> set[str]:
+    """The groups on the broker that a tail of ``client_id`` joined (named in its log or not)."""
+    named = {g.decode() for g in re.findall(rb"pipeline-reader-\w+", stderr)}
+    client = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    listed = await asyncio.to_thread(
+        lambda: client.list_consumer_groups(request_timeout=10).result()
+    )
+    readers = [g.group_id for g in listed.valid if g.group_id.startswith("pipeline-reader-")]
+    if not readers:
+        return set()
+    described = client.describe_consumer_groups(readers, request_timeout=10)
+    joined = set()
+    for group, future in described.items():
+        members = (await asyncio.wrap_future(future)).members
+        if group in named or any(m.client_id.startswith(f"{client_id}-") for m in members):
+            joined.add(group)
+    return joined

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.config import Settings
-from pipeline.transport.group_reader import GroupReader
 from pipeline.transport.kafka.admin import KafkaAdmin
 from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.producer import KafkaProducer
+from pipeline.transport.kafka.reader import KafkaReader
 from pipeline.transport.protocol import RebalanceListener, StartAt
 
 
@@ -49,14 +49,9 @@ class KafkaTransport:
             start_at=start_at,
         )
 
-    def reader(self, topics: Sequence[str], *, start_at: StartAt = "earliest") -> GroupReader:
-        """A new reader of ``topics``: a member of a group of its own that never commits."""
-        return GroupReader(
-            lambda group, start: self.consumer(group, topics, member_id=group, start_at=start),
-            self.admin,
-            topics,
-            start_at=start_at,
-        )
+    def reader(self, topics: Sequence[str], *, start_at: StartAt = "earliest") -> KafkaReader:
+        """A new reader of ``topics``: their partitions assigned to a consumer in no group."""
+        return KafkaReader(self._settings.kafka, topics, start_at=start_at)
 
     def admin(self) -> KafkaAdmin:
         """A new admin client."""
