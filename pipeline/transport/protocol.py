@@ -220,9 +220,9 @@ class Reader(Protocol):
     """Reads topics from positions of its own, for a look (``pipeline tail``, a dry run).
 
     It is no member of a consumer group: it commits nothing and moves no group's position, and
-    when its process is killed it leaves nothing on the broker that holds messages or memory
-    (Redis Streams reads with ``XREAD``; Kafka's group of its own, which never commits, is
-    forgotten by the broker once empty).
+    when its process is killed it leaves nothing on the broker (Redis Streams reads with
+    ``XREAD``; Kafka's reader assigns itself every partition of its topics and joins no group).
+    Partitions added to a topic after the reader started are not read.
     """
 
     async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:

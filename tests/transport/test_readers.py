@@ -49,7 +49,7 @@ async def _reads_from_its_own_positions(transport: Transport, topic: str) -> Non
             assert again[0].value == b"v0"
             new: list[Message] = []
             deadline = time.monotonic() + 60
-            while not new:  # Kafka's reader starts once its group assigned it the partitions
+            while not new:  # Kafka's reader starts once it has assigned itself the partitions
                 assert time.monotonic() < deadline, "the latest reader read nothing in 60 s"
                 await producer.send(topic, b"new", key=b"k")
                 new = await latest.poll(500, 0.2)
