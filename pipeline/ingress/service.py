@@ -265,6 +265,12 @@ class Ingress:
             self.observer.sources.append(self.capacity.source(self.observer.metrics))
         self.observer.start()
         self.observer.ready = True
+        if not self.sources:  # a placeholder (deploy/k8s/base) or a file not filled in yet
+            log.warning(
+                "%s declares no sources: every POST /hooks/{source} is answered 404; add one"
+                " (deploy/local/sources.example.yaml documents every field)",
+                self.ingress.sources_file,
+            )
 
     async def preflight(self) -> None:
         """Check what :meth:`start` would refuse, then close: the log store, the topic limits.
