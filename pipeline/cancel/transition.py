@@ -11,6 +11,7 @@ are stopped (asyncio cancellation and ``ctx.cancelled``; SIGTERM, then SIGKILL a
 from __future__ import annotations
 
 import logging
+import weakref
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -27,6 +28,20 @@ KEEP_MS = 7 * 24 * 3_600_000
 
 class CancelFailed(PipelineError):
     """Redis could not record a cancellation (nothing was cancelled)."""
+
+
+_BOUND: weakref.WeakKeyDictionary[Redis, dict[str, CancelFunctions]] = weakref.WeakKeyDictionary()
+"""The library bound to each client and prefix, so that it is loaded once per client (a new
+binding per call sent ``FUNCTION LOAD REPLACE`` with every cancellation)."""
+
+
+def _functions(redis: Redis, prefix: str) -> CancelFunctions:
+    """The library's binding to ``redis`` under ``prefix``, made on first use."""
+    bound = _BOUND.setdefault(redis, {})
+    functions = bound.get(prefix)
+    if functions is None:
+        functions = bound[prefix] = CancelFunctions(redis, prefix)
+    return functions
 
 
 async def cancel(
@@ -48,7 +63,7 @@ async def cancel(
         CancelFailed: Redis did not answer or refused the call.
     """
     try:
-        functions = CancelFunctions(redis, prefix)
+        functions = _functions(redis, prefix)
         _, stopped = await functions.cancel(
             target.kind, target.lane or "*", target.value, reason, now_ms or 0, keep_ms
         )
