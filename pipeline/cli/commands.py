@@ -626,21 +626,29 @@ def redrive(
             dry_run=dry_run,
             offloader=Offloader(policies) if policies else None,  # day-old payloads kept
         )
+
+        def stopped(by: str) -> str:
+            if dry_run:
+                return (
+                    f"dry run of {escape(dlq)} stopped by {by} after scanning"
+                    f" {job.report.scanned}; nothing was moved"
+                )
+            return (
+                f"redrive of {escape(dlq)} stopped by {by} after moving {job.report.moved}"
+                " (committed); run the same command again to resume"
+            )
+
         try:
             total = await job.total()
             with Progress(console=err, transient=True) as bar:
                 task = bar.add_task(f"{'scanning' if dry_run else 'redriving'} {dlq}", total=total)
                 report = await _until_sigterm(job.run(lambda n: bar.advance(task, n)))
         except _Terminated:
-            done = (
-                f"dry run of {escape(dlq)} stopped by SIGTERM after scanning"
-                f" {job.report.scanned}; nothing was moved"
-                if dry_run
-                else f"redrive of {escape(dlq)} stopped by SIGTERM after moving"
-                f" {job.report.moved} (committed); run the same command again to resume"
-            )
-            err.print(f"[red]error:[/red] {done}", highlight=False)
+            err.print(f"[red]error:[/red] {stopped('SIGTERM')}", highlight=False)
             raise typer.Exit(143) from None
+        except asyncio.CancelledError:  # Ctrl-C: the runner exits 130 once this propagates
+            err.print(f"[red]error:[/red] {stopped('Ctrl-C')}", highlight=False)
+            raise
         finally:
             await t.close()
         _print_redrive(report, dry_run=dry_run)

@@ -427,6 +427,39 @@ async def test_a_redrive_stopped_by_sigterm_commits_what_it_sent(
     assert (await admin.list_topics([spec.name]))[spec.name].message_count == 200
 
 
+async def test_a_redrive_stopped_by_ctrl_c_says_how_far_it_got(
+    transport: Transport, unique: str, tmp_path: Path
+) -> None:
+    """`pipeline redrive` stopped by Ctrl-C says what it moved and how to resume (exit 130)."""
+    spec = lane_spec(f"rd_{unique}", 2)
+    await declare(transport, spec)
+    dlq = spec.dead_letter
+    (tmp_path / "lane.yaml").write_text(f"name: {spec.name}\npartitions: 2\n")
+    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    await produce(transport, dlq, [Record(b"v%d" % i, b"k%d" % i, headers) for i in range(200)])
+    delete_group_after(transport, group_name(dlq, None, Selection.typed_as()), [dlq])
+    command = [sys.executable, "-m", "pipeline", "redrive", dlq, "-t", transport.name]
+    env = {**os.environ, "PIPELINE_TOPICS_DIR": str(tmp_path)}
+    admin = transport.admin()
+    pipe = asyncio.subprocess.PIPE
+    first = await asyncio.create_subprocess_exec(
+        *command, "--rate", "40", env=env, stdout=pipe, stderr=pipe
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while (await admin.list_topics([spec.name]))[spec.name].message_count == 0:
+            assert first.returncode is None, await first.communicate()
+            assert time.monotonic() < deadline, "the redrive moved nothing in 60 s"
+            await asyncio.sleep(0.05)
+    finally:
+        first.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(first.communicate(), 60)
+    assert first.returncode == 130
+    assert b"Traceback" not in stderr, stderr
+    assert b"stopped by Ctrl-C after moving" in stderr, stderr
+    assert b"run the same command again to resume" in stderr
+
+
 def test_a_key_or_tenant_typed_with_bytes_not_utf8_matches_those_bytes() -> None:
     """`--key`/`--tenant` bytes that are not UTF-8 (argv carries them escaped) match, no crash."""
     typed = b"a\xffb".decode(errors="surrogateescape")  # how Python hands `$'a\xffb'` over
