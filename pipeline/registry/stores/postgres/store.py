@@ -9,6 +9,10 @@ Several registry replicas may share one database:
 * appending a version takes a transaction-scoped advisory lock on the subject
   (``pg_advisory_xact_lock``), so the compatibility check and the append are one atomic step
   across replicas; a permanent subject delete takes it too;
+* inserting a new schema (a generated id or an imported one) takes, after the subject's, one
+  advisory lock for the whole registry until commit, so an import's id and its move of the id
+  sequence never interleave with another registration's uncommitted id (which it could not see:
+  a generated id handed out twice, or a clash reported as a database error);
 * the tables are created at start under an advisory lock, so replicas starting together do not
   race on ``CREATE TABLE``;
 * a pooled connection is checked before use, so one the server closed while idle (a restart,
@@ -64,6 +68,9 @@ CREATE TABLE IF NOT EXISTS registry_settings (
 );
 """
 _SUBJECT_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+# Held from a new schema's id to commit. Only ever taken after the subject's lock, so it cannot
+# deadlock; a subject whose hashtext is 1 shares its key, which only makes that subject wait.
+_ID_LOCK = "SELECT pg_advisory_xact_lock(%s, 1)"
 _VERSION_COLUMNS = """
 SELECT v.subject, v.version, v.schema_id, s.schema, s.fingerprint, v.deleted
 FROM registry_versions v JOIN registry_schemas s ON s.id = v.schema_id
@@ -201,6 +208,8 @@ class PostgresSchemaStore(SqlRegistryStore):
 
     @staticmethod
     def _schema_id(conn: psycopg.Connection[Any], schema: ParsedSchema, wanted: int | None) -> int:
+        if wanted is not None:
+            conn.execute(_ID_LOCK, (_LOCK_CLASS,))
         found = conn.execute(_ID_BY_FINGERPRINT, (schema.fingerprint,)).fetchone()
         if wanted is not None:
             if found is not None and found[0] != wanted:
@@ -215,6 +224,7 @@ class PostgresSchemaStore(SqlRegistryStore):
             return wanted
         if found is not None:
             return int(found[0])
+        conn.execute(_ID_LOCK, (_LOCK_CLASS,))
         inserted = conn.execute(
             _INSERT_SCHEMA, (schema.fingerprint, "AVRO", schema.normalized)
         ).fetchone()
