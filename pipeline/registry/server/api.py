@@ -128,6 +128,12 @@ class _WithoutNulSubjects:
     def purge(self, subject: str, versions: Sequence[int]) -> None:
         self._store.purge(subject, versions)
 
+    def purge_subject(self, subject: str, check: Check) -> list[int]:
+        if "\x00" in subject:
+            check([])  # no versions: refused as an unknown subject
+            return []
+        return self._store.purge_subject(subject, check)
+
     def get_setting(self, kind: SettingKind, subject: str) -> str | None:
         return None if "\x00" in subject else self._store.get_setting(kind, subject)
 
