@@ -32,6 +32,7 @@ callers never need to import a client library to handle a failure::
     │   ├── InvalidCompatibility
     │   ├── InvalidMode
     │   ├── OperationNotPermitted
+    │   │   └── SchemaIdTaken
     │   ├── IdConflict
     │   ├── StoreError
     │   ├── Unauthorized

@@ -19,7 +19,9 @@ They extend the project's tree (:mod:`pipeline.errors`) with one branch::
         ├── InvalidCompatibility      42203
         ├── InvalidMode               42204
         ├── OperationNotPermitted     42205 (READONLY / IMPORT mode rules)
-        ├── IdConflict                42207 (IMPORT with an id that holds another schema)
+        │   └── SchemaIdTaken         42205 (IMPORT with an id that holds another schema)
+        ├── IdConflict                42207 (IMPORT of a schema under a second id, or of a
+        │                                    version number the subject has)
         ├── StoreError                50001 (the database failed; translated from sqlite3/psycopg)
         ├── Unauthorized              401   (missing or wrong credentials)
         ├── Forbidden                 403   (a read-only principal tried to write)
@@ -155,8 +157,20 @@ class OperationNotPermitted(RegistryError):
     error_code = 42205
 
 
+class SchemaIdTaken(OperationNotPermitted):
+    """An imported id already holds a different schema (Confluent's "Overwrite new schema")."""
+
+    def __init__(self, schema_id: int) -> None:
+        """The refusal of an import of ``schema_id``, in Confluent's words."""
+        super().__init__(f"Overwrite new schema with id {schema_id} is not permitted.")
+
+
 class IdConflict(RegistryError):
-    """An imported id already holds a different schema."""
+    """An import refused here that Confluent would take (see docs/registry.md).
+
+    A schema this registry holds under another id (it keeps one id per schema), or a version
+    number the subject already has (it never overwrites one).
+    """
 
     http_status = 422
     error_code = 42207

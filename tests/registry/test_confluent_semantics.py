@@ -253,6 +253,26 @@ def test_no_version_past_2_31_minus_1_is_appended(registry_url: str) -> None:
     assert httpx.get(f"{registry_url}/subjects/last-value/versions").json() == [2**31 - 1]
 
 
+def test_an_import_of_an_id_holding_another_schema_is_refused_in_confluents_words(
+    registry_url: str,
+) -> None:
+    """42205 "Overwrite new schema with id N is not permitted.", as Confluent answers it."""
+    httpx.put(f"{registry_url}/mode/first-value", json={"mode": "IMPORT"})
+    httpx.put(f"{registry_url}/mode/second-value", json={"mode": "IMPORT"})
+    first = httpx.post(
+        f"{registry_url}/subjects/first-value/versions", json={"schema": V1.schema_str, "id": 7}
+    )
+    assert first.json() == {"id": 7}, first.text
+    taken = httpx.post(
+        f"{registry_url}/subjects/second-value/versions", json={"schema": OTHER.schema_str, "id": 7}
+    )
+    assert taken.status_code == 422, taken.text
+    assert taken.json() == {
+        "error_code": 42205,
+        "message": "Overwrite new schema with id 7 is not permitted.",
+    }
+
+
 def test_a_refused_import_leaves_the_generated_ids_alone(registry_url: str) -> None:
     """An IMPORT refused for its taken version stores nothing, so new schemas still get ids."""
     httpx.put(f"{registry_url}/mode/moved-value", json={"mode": "IMPORT"})

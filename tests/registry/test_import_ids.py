@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from pipeline.registry.canonical import parse
-from pipeline.registry.errors import IdConflict
+from pipeline.registry.errors import IdConflict, RegistryError, SchemaIdTaken
 from pipeline.registry.server.api import create_app
 from pipeline.registry.server.serve import BackgroundServer
 from pipeline.registry.server.service import Registry
@@ -168,14 +168,17 @@ def test_an_import_below_a_pending_generated_id_never_hands_that_id_out_again(
 
 
 @pytest.mark.parametrize(
-    ("text", "wanted"),
-    [(schema_text(99), 3), (schema_text(20), 9)],
+    ("text", "wanted", "refusal"),
+    [(schema_text(99), 3, SchemaIdTaken), (schema_text(20), 9, IdConflict)],
     ids=["another-schema-same-id", "same-schema-another-id"],
 )
 def test_an_import_clashing_with_a_pending_new_schema_is_refused_as_a_conflict(
-    replicas: tuple[Replica, Callable[[str], bool]], text: str, wanted: int
+    replicas: tuple[Replica, Callable[[str], bool]],
+    text: str,
+    wanted: int,
+    refusal: type[RegistryError],
 ) -> None:
-    """An import of the id (or schema) a pending registration is inserting is 42207, not a 500."""
+    """An import of the id (or schema) a pending registration is inserting is refused, no 500."""
     make, waiting = replicas
     live = make("live")
     live.register("base-value", schema_text(1))
@@ -193,7 +196,7 @@ def test_an_import_clashing_with_a_pending_new_schema_is_refused_as_a_conflict(
 
         pause_after(live, pg._INSERT_SCHEMA, compete)
         paused = live.register("live-value", schema_text(20))
-        with pytest.raises(IdConflict):
+        with pytest.raises(refusal):
             futures[0].result()
     assert paused.schema_id == 3
     assert_resolves(live, paused, schema_text(20))

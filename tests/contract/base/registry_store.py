@@ -13,7 +13,7 @@ import pytest
 from registry.stores import open_test_store
 
 from pipeline.registry.canonical import parse
-from pipeline.registry.errors import IdConflict, IncompatibleSchema
+from pipeline.registry.errors import IdConflict, IncompatibleSchema, SchemaIdTaken
 from pipeline.registry.stores.protocol import GLOBAL, RegistryStore, SubjectVersion
 
 A = parse('{"type": "record", "name": "A", "fields": [{"name": "x", "type": "int"}]}')
@@ -82,7 +82,9 @@ class RegistryStoreContract:
         """Given ids and versions are kept; generated ids continue above them; clashes refused."""
         imported = store.register("s", A, allow, schema_id=500, version=10)
         assert (imported.schema_id, imported.version) == (500, 10)
-        with pytest.raises(IdConflict):
+        with pytest.raises(
+            SchemaIdTaken, match="Overwrite new schema with id 500 is not permitted"
+        ):
             store.register("t", B, allow, schema_id=500)
         with pytest.raises(IdConflict):
             store.register("t", A, allow, schema_id=501)

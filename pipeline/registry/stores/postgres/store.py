@@ -33,7 +33,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from pipeline.registry.canonical import ParsedSchema
-from pipeline.registry.errors import IdConflict, StoreError
+from pipeline.registry.errors import IdConflict, SchemaIdTaken, StoreError
 from pipeline.registry.stores.protocol import Check, SubjectVersion
 from pipeline.registry.stores.sql import (
     SqlRegistryStore,
@@ -216,7 +216,7 @@ class PostgresSchemaStore(SqlRegistryStore):
                 raise IdConflict(f"the schema already has id {found[0]}, not {wanted}")
             if found is None:
                 if conn.execute(_SCHEMA, (wanted,)).fetchone() is not None:
-                    raise IdConflict(f"id {wanted} already holds a different schema")
+                    raise SchemaIdTaken(wanted)
                 conn.execute(
                     _INSERT_SCHEMA_WITH_ID, (wanted, schema.fingerprint, "AVRO", schema.normalized)
                 )

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pipeline.registry.canonical import ParsedSchema
-from pipeline.registry.errors import IdConflict, StoreError
+from pipeline.registry.errors import IdConflict, SchemaIdTaken, StoreError
 from pipeline.registry.stores.protocol import Check, SubjectVersion
 from pipeline.registry.stores.sql import (
     SqlRegistryStore,
@@ -160,7 +160,7 @@ class SqliteSchemaStore(SqlRegistryStore):
                 raise IdConflict(f"the schema already has id {found[0]}, not {wanted}")
             holder = db.execute(_SCHEMA, (wanted,)).fetchone()
             if found is None and holder is not None:
-                raise IdConflict(f"id {wanted} already holds a different schema")
+                raise SchemaIdTaken(wanted)
             if found is None:
                 db.execute(
                     _INSERT_SCHEMA_WITH_ID, (wanted, schema.fingerprint, "AVRO", schema.normalized)
