@@ -13,6 +13,7 @@ when ``pipeline`` registers it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -67,10 +68,16 @@ async def _purge(
     dry_run: bool,
     force: bool,
     transport_name: str | None,
-) -> list[PurgeReport]:
+    reports: list[PurgeReport],
+) -> None:
+    """Purge each store, appending its report to ``reports`` before it starts and counting in it.
+
+    So a purge stopped part way (Ctrl-C) leaves in ``reports`` what each store got to.
+    """
     from pipeline.config import load_settings  # noqa: PLC0415 - see the module doc
     from pipeline.offload.purge import (  # noqa: PLC0415
         LOG_RETENTION_MS,
+        PurgeReport,
         floor_ms,
         measured_floor_ms,
         oldest_held_ms,
@@ -101,7 +108,6 @@ async def _purge(
             await admin.close()
     finally:
         await transport.close()
-    reports = []
     for url in urls:
         declared, oldest = floors[url]
         floor = measured_floor_ms(declared, oldest, int(time.time() * 1000))
@@ -112,8 +118,9 @@ async def _purge(
                 f"({format_duration_ms(floor)}: the longest lane, dead-letter and log retention"
                 f"{held}, plus the writers' refresh window); give --force to delete anyway"
             )
-        reports.append(await purge(open_store(url), given_ms or floor, dry_run=dry_run))
-    return reports
+        report = PurgeReport(url)
+        reports.append(report)
+        await purge(open_store(url), given_ms or floor, dry_run=dry_run, report=report)
 
 
 @app.command("purge")
@@ -136,24 +143,57 @@ def purge_command(
 
     Asks the broker (``--transport``) for the oldest message the lanes still hold, so nothing
     it may point to is deleted. Prints one JSON line per store: scanned, deleted,
-    deleted_bytes, kept.
+    deleted_bytes, kept. Stopped by Ctrl-C (exit 130), it prints those of the stores it got to,
+    the last one marked ``"interrupted": true``.
     """
     try:
         _require_store_directory(store)
     except ConfigError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
-    reports = run_command(_purge(store, older_than, log_retention, dry_run, force, transport))
-    for report in reports:
-        typer.echo(
-            json.dumps(
-                {
-                    "store": report.store,
-                    "scanned": report.scanned,
-                    "deleted": report.deleted,
-                    "deleted_bytes": report.deleted_bytes,
-                    "kept": report.kept,
-                    "dry_run": dry_run,
-                }
+    reports: list[PurgeReport] = []
+    run_command(
+        _purge_or_say_how_far(reports, store, older_than, log_retention, dry_run, force, transport)
+    )
+    _print_reports(reports, dry_run=dry_run)
+
+
+async def _purge_or_say_how_far(
+    reports: list[PurgeReport],
+    store_url: str | None,
+    older_than: str | None,
+    log_retention: str,
+    dry_run: bool,
+    force: bool,
+    transport_name: str | None,
+) -> None:
+    """:func:`_purge`; stopped by Ctrl-C, print what each store got to and how to go on."""
+    try:
+        await _purge(store_url, older_than, log_retention, dry_run, force, transport_name, reports)
+    except asyncio.CancelledError:  # Ctrl-C: the runner exits 130 once this propagates
+        if reports:
+            _print_reports(reports, dry_run=dry_run, interrupted=True)
+            done = "counted" if dry_run else "deleted"
+            err.print(
+                f"[red]error:[/red] offload purge stopped by Ctrl-C in {escape(reports[-1].store)}"
+                f" after it {done} {reports[-1].deleted} objects; run it again to finish: it"
+                " deletes only what is still old",
+                highlight=False,
             )
-        )
+        raise
+
+
+def _print_reports(reports: list[PurgeReport], *, dry_run: bool, interrupted: bool = False) -> None:
+    """One JSON line per store; the last one ``"interrupted": true`` if the purge was stopped."""
+    for i, report in enumerate(reports):
+        line: dict[str, object] = {
+            "store": report.store,
+            "scanned": report.scanned,
+            "deleted": report.deleted,
+            "deleted_bytes": report.deleted_bytes,
+            "kept": report.kept,
+            "dry_run": dry_run,
+        }
+        if interrupted and i == len(reports) - 1:
+            line["interrupted"] = True
+        typer.echo(json.dumps(line))

@@ -128,14 +128,17 @@ async def purge(
     dry_run: bool = False,
     now_s: float | None = None,
     observer: OffloadObserver | None = None,
+    report: PurgeReport | None = None,
 ) -> PurgeReport:
     """Delete (or with ``dry_run`` only count) objects last written over ``older_than_ms`` ago.
 
     Idempotent: a run interrupted half way is finished by the next one. ``observer`` is told
-    how many objects were deleted (not on a dry run).
+    how many objects were deleted (not on a dry run). ``report``, when given, is counted in as
+    the purge goes, so that a caller whose purge is stopped (Ctrl-C) can say how far it got.
     """
     cutoff_s = (time.time() if now_s is None else now_s) - older_than_ms / 1000
-    report = PurgeReport(store.url)
+    if report is None:
+        report = PurgeReport(store.url)
     old = []
     async for obj in store.list("sha256/"):
         report.scanned += 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -345,3 +347,53 @@ def test_a_store_given_with_a_trailing_slash_keeps_its_lanes_floor(
         )
         assert '"deleted": 0' in ran.stdout, given
         assert f'"store": "{store}"' in ran.stdout
+
+
+def test_a_purge_stopped_by_ctrl_c_says_what_it_deleted(tmp_path: Path, redis_service: str) -> None:
+    """Ctrl-C during `pipeline offload purge` prints the store's line so far and how to finish."""
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    root = tmp_path / "payloads"
+    store = f"file://{root}"
+    (topics / "up.yaml").write_text(
+        yaml.safe_dump({"name": "up", "partitions": 1, "offload": {"store": store}})
+    )
+    old_s = time.time() - 400 * 86_400
+    count = 20_000  # a few seconds of deletes: the signal comes while they go on
+    for n in range(count):
+        path = root / "sha256" / f"{n % 256:02x}" / f"{n:064x}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"p")
+        os.utime(path, (old_s, old_s))
+    env = {
+        **os.environ,
+        "PIPELINE_TOPICS_DIR": str(topics),
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_service,
+    }
+    purging = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "offload", "purge"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while sum(len(files) for _, _, files in os.walk(root)) == count:
+            assert purging.poll() is None, purging.communicate()
+            assert time.monotonic() < deadline, "the purge deleted nothing in 60 s"
+            time.sleep(0.02)
+    finally:
+        purging.send_signal(signal.SIGINT)
+        out, err = purging.communicate(timeout=60)
+    assert purging.returncode == 130, (out, err)
+    assert "Traceback" not in err, err
+    left = sum(len(files) for _, _, files in os.walk(root))
+    line = json.loads(out)
+    assert line["store"] == store
+    assert line["interrupted"] is True
+    assert 0 < line["deleted"] <= count - left <= line["deleted"] + 1  # one may be under way
+    assert len(err.strip().splitlines()) == 1
+    assert "stopped by Ctrl-C" in err
+    assert "run it again" in err
