@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
@@ -471,6 +472,7 @@ def replay_command(
         producer = (  # a row's reference is kept young enough for the payload purge
             with_offload(broker.producer(), settings.topics_dir) if broker is not None else None
         )
+        handled = total = 0
         try:
             total = sum((await store.count_by_state(selection)).values())
             with Progress(
@@ -482,14 +484,26 @@ def replay_command(
                 disable=dry_run or not total,
             ) as bar:
                 task = bar.add_task("replay", total=total)
-                advance: Callable[[int], None] = lambda n: bar.advance(task, n)  # noqa: E731
-                return await replay(
-                    store,
-                    producer,
-                    selection,
-                    rate_per_s=per_s,
-                    dry_run=dry_run,
-                    progress=advance,
+
+                def advance(n: int) -> None:
+                    nonlocal handled
+                    handled += n
+                    bar.advance(task, n)
+
+                return await _until_stopped(
+                    replay(
+                        store,
+                        producer,
+                        selection,
+                        rate_per_s=per_s,
+                        dry_run=dry_run,
+                        progress=advance,
+                    ),
+                    lambda by: (
+                        f"replay stopped by {by} after {handled} of {total} rows; the same"
+                        " command replays its whole selection again (consumers drop repeats by"
+                        " event id)"
+                    ),
                 )
         finally:
             if producer is not None:
@@ -502,6 +516,33 @@ def replay_command(
     _print_summary(summary)
     if summary.failed:
         raise typer.Exit(1)
+
+
+async def _until_stopped(coro: Coroutine[Any, Any, T], said: Callable[[str], str]) -> T:
+    """Await ``coro``; Ctrl-C or SIGTERM cancels it and prints ``said("Ctrl-C")`` (or SIGTERM).
+
+    Ctrl-C goes on to exit 130, SIGTERM exits 143.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        by = "SIGTERM" if terminated else "Ctrl-C"
+        err.print(f"[red]error:[/red] {escape(said(by))}", highlight=False)
+        if terminated:
+            raise typer.Exit(143) from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def _refuse_forgotten(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -164,3 +167,51 @@ def test_cli_replay_dry_run_and_purge(
     purged = runner.invoke(ops_app, ["purge", "--older-than", "30d"])
     assert purged.exit_code == 0, purged.output
     assert "purged 1 rows" in purged.output
+
+
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+async def test_a_replay_stopped_says_how_far_it_got(
+    tmp_path: Path, redis: Transport, unique: str, stop: signal.Signals, code: int
+) -> None:
+    """`pipeline replay` stopped by Ctrl-C or SIGTERM says on one line how far it got."""
+    db = tmp_path / "log.db"
+    store = SqliteLogStore(db, clock=FakeClock(start_s=time.time()))
+    await store.open()
+    topic = f"t-{unique}"
+    await make_topic(redis, topic, 1)
+    for n in range(200):
+        await store.insert(new_row(n, FakeClock(start_s=time.time()), topic=topic))
+    await store.close()
+    env = {
+        **os.environ,
+        "PIPELINE_INGRESS__SQLITE_PATH": str(db),
+        "PIPELINE_TRANSPORT": "redis",
+    }
+    pipe = asyncio.subprocess.PIPE
+    replaying = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pipeline",
+        "replay",
+        "--rate",
+        "40/s",
+        env=env,
+        stdout=pipe,
+        stderr=pipe,
+    )
+    admin = redis.admin()
+    try:
+        deadline = time.monotonic() + 60
+        while (await admin.list_topics([topic]))[topic].message_count == 0:
+            assert replaying.returncode is None, await replaying.communicate()
+            assert time.monotonic() < deadline, "the replay produced nothing in 60 s"
+            await asyncio.sleep(0.05)
+    finally:
+        replaying.send_signal(stop)
+        _, stderr = await asyncio.wait_for(replaying.communicate(), 60)
+    assert replaying.returncode == code, stderr
+    text = stderr.decode()
+    assert "Traceback" not in text, text
+    (said,) = [line for line in text.splitlines() if "error:" in line]
+    assert "replay stopped by" in said
+    assert " of 200 rows" in said
