@@ -88,27 +88,31 @@ class ObjectPayloadStore:
     async def list(self, prefix: str = "") -> AsyncIterator[StoredObject]:
         """Every object under ``prefix``, page by page.
 
-        Entries without an ETag are left out: a filesystem-backed S3 service (S3Proxy) lists
-        its directories as objects without one; every stored payload has one.
+        A page is handed out before the next is read, so a listing (a purge's) holds one page,
+        however large the store. Entries without an ETag are left out: a filesystem-backed S3
+        service (S3Proxy) lists its directories as objects without one; every stored payload
+        has one.
         """
-        try:
-            found = await asyncio.to_thread(self._list, prefix)
-        except FileNotFoundError:
-            return
-        except Exception as exc:
-            raise OffloadError(
-                f"offload store {self.url}: cannot list: {self._error_text(exc)}"
-            ) from exc
-        for meta in found:
-            yield _stored(meta)
+        pages: Iterator[Sequence[Any]] | None = None
+        while True:
+            try:
+                if pages is None:
+                    pages = await asyncio.to_thread(self._pages, prefix)
+                page = await asyncio.to_thread(next, pages, None)
+            except FileNotFoundError:
+                return
+            except Exception as exc:
+                raise OffloadError(
+                    f"offload store {self.url}: cannot list: {self._error_text(exc)}"
+                ) from exc
+            if page is None:
+                return
+            for meta in page:
+                if meta.get("e_tag") is not None:
+                    yield _stored(meta)
 
-    def _list(self, prefix: str) -> Sequence[Any]:
-        return [
-            meta
-            for page in obstore.list(self._store, prefix or None)
-            for meta in page
-            if meta.get("e_tag") is not None
-        ]
+    def _pages(self, prefix: str) -> Iterator[Sequence[Any]]:
+        return iter(obstore.list(self._store, prefix or None))
 
     async def delete(self, key: str) -> None:
         """Delete ``key``; a key already gone is not an error."""

@@ -366,3 +366,36 @@ async def test_sequential_s3_writes_and_deletes_reuse_connections(
     assert [o.key async for o in open_store(store_url).list("sha256/cc/")] == []
     # Kept alive, one connection serves them all; closed after each answer, one per request.
     assert relay[1] == (20 if closed_by_server else 1)
+
+
+async def test_a_listing_hands_out_each_page_before_reading_the_next(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first object comes before the last pages are read: memory stays a page deep.
+
+    The S3 listing read every page into one list first, so a purge of a store with a million
+    payloads held about 0.85 KB per object before it deleted any.
+    """
+    if not store_url.startswith("s3://"):
+        pytest.skip("a directory store lists its directories as it walks them")
+    import obstore  # noqa: PLC0415 - only the S3 store's client
+
+    store = open_store(store_url)
+    for n in range(6):
+        await store.put(f"sha256/cc/{n}", b"x")
+    pages_read = 0
+    real_list = obstore.list
+
+    def list_in_pages_of_two(*args: object, **kwargs: object) -> Iterator[object]:
+        nonlocal pages_read
+        for page in real_list(*args, **{**kwargs, "chunk_size": 2}):  # type: ignore[arg-type]
+            pages_read += 1
+            yield page
+
+    monkeypatch.setattr(obstore, "list", list_in_pages_of_two)
+    listing = store.list()
+    first = await anext(listing)
+    read_before_first = pages_read
+    rest = [obj.key async for obj in listing]
+    assert sorted([first.key, *rest]) == [f"sha256/cc/{n}" for n in range(6)]
+    assert read_before_first < pages_read  # the later pages were read after the first object
