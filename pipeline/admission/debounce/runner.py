@@ -108,6 +108,7 @@ class TurnRunner:
         self._finish_delay_s = finish_delay_ms / 1000
         self._pass_at = pass_at
         self._running: set[asyncio.Task[None]] = set()
+        self._calls: set[asyncio.Future[bool]] = set()  # the callbacks of the running turns
         self._wake = asyncio.Event()
         self._timer_ms = math.inf  # the due time (Redis clock) this runner holds a timer for
         self._timer_woken = False  # the timer came from the wake list (it is not handed on)
@@ -133,7 +134,11 @@ class TurnRunner:
         return len(self._running)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim and run turns until ``stop`` is set, then wait for the running turns to end."""
+        """Claim and run turns until ``stop`` is set, then wait for the running turns to end.
+
+        Cancelled, it cancels the callbacks still running and waits for them (a turn cancelled
+        so keeps its messages: its lease runs out and it runs again, its attempt raised).
+        """
         stopping = asyncio.ensure_future(stop.wait())
         stopping.add_done_callback(lambda _: self._wake.set())
         listener = asyncio.create_task(self._listen())
@@ -143,15 +148,13 @@ class TurnRunner:
                 self._wake.clear()
                 delay_s = await self._tick()
                 if delay_s > 0 and not stop.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay_s)
-            while self._running or self._endings:  # let running turns end and finish them
-                self._wake.clear()
-                if self._endings:
-                    await self._step(0)
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), 1.0)
+                    await self._sleep(delay_s)
+            await self._drain()
+        except asyncio.CancelledError:  # what still runs is cancelled, then waited for
+            for call in self._calls:
+                call.cancel()
+            await self._drain()
+            raise
         finally:
             stopping.cancel()
             listener.cancel()
@@ -159,6 +162,34 @@ class TurnRunner:
                 await listener
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _sleep(self, delay_s: float) -> None:
+        """Wait until woken or ``delay_s`` has passed.
+
+        On Python 3.11 ``asyncio.wait_for`` drops a cancellation that lands as the runner is
+        woken (CPython issue 86296): it is raised here all the same.
+        """
+        current = asyncio.current_task()
+        asked = 0 if current is None else current.cancelling()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay_s)
+        if current is not None and current.cancelling() > asked:
+            raise asyncio.CancelledError
+
+    async def _drain(self) -> None:
+        """Let the running turns end and finish them (their finishes go in steps of no claim).
+
+        Its waits are under ``asyncio.timeout``: ``asyncio.wait_for`` on Python 3.11 drops a
+        cancellation that lands as the runner is woken (CPython issue 86296).
+        """
+        while self._running or self._endings:
+            self._wake.clear()
+            if self._endings:
+                await self._step(0)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await self._wake.wait()
 
     async def _tick(self) -> float:
         """Step, hand over or wait: return how long to sleep (s) before looking again."""
@@ -206,6 +237,9 @@ class TurnRunner:
             self._retry_at = time.monotonic() + self._error_backoff_s
             self._timer_ms = -math.inf  # claim once Redis is back
             return
+        except asyncio.CancelledError:  # the runner's stop: they go in the drain that follows
+            self._endings = endings + self._endings
+            raise
         for _, done in endings:
             done.set_result(None)
         self._clock(step, sent)
@@ -295,6 +329,8 @@ class TurnRunner:
 
     async def _run(self, turn: Turn) -> None:
         call = asyncio.ensure_future(self._call(turn))
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
         renew_s = self._debouncer.lease_ms / 3000
         while True:
             done, _ = await asyncio.wait({call}, timeout=renew_s)
