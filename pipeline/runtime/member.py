@@ -406,9 +406,9 @@ class Member:
             log.warning("%d debounced turn(s) did not stop when cancelled at shutdown", len(stuck))
         await _cancel_for_good(committer)  # a failed one was logged already
         await self._last_commit(consumer)
-        polling.cancel()
+        await _cancel_for_good(polling)  # its polls go through redis-py too (see the function)
         with contextlib.suppress(asyncio.CancelledError):
-            await polling
+            polling.result()  # an error it ended with is raised, as when it was awaited
         await consumer.close()  # revokes what is left through on_revoked
         await self._end_background({work.message.tp for work in left}, ends_s)
         await self._guard.close()
