@@ -10,6 +10,7 @@ takes: the settings (pydantic, redis-py) are imported when a command runs.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
@@ -78,6 +79,33 @@ def run_command(
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+async def until_stopped(coro: Coroutine[Any, Any, T], said: Callable[[str], str]) -> T:
+    """Await ``coro``; Ctrl-C or SIGTERM cancels it (its cleanup runs) and prints ``said(by)``.
+
+    ``by`` is ``"Ctrl-C"`` or ``"SIGTERM"``. Ctrl-C goes on to exit 130, SIGTERM exits 143.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        by = "SIGTERM" if terminated else "Ctrl-C"
+        err.print(f"[red]error:[/red] {escape(said(by))}", highlight=False)
+        if terminated:
+            raise typer.Exit(143) from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _where(exc: BrokerUnavailable) -> str:

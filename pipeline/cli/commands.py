@@ -10,13 +10,11 @@ that ``pipeline --help``, or one command, does not load every other command's st
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import re
-import signal
 import sys
 import uuid
 from collections.abc import Coroutine
@@ -35,7 +33,14 @@ from pipeline.capacity.cli import capacity_command
 from pipeline.cli.cancel import cancel_command
 from pipeline.cli.offload import app as offload_app
 from pipeline.cli.status_view import status_command
-from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, out_console, run_command
+from pipeline.cli_support import (
+    HELP_MARKUP,
+    TransportOpt,
+    err,
+    out_console,
+    run_command,
+    until_stopped,
+)
 from pipeline.envelope import Message, printable
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
@@ -630,11 +635,11 @@ def redrive(
         def stopped(by: str) -> str:
             if dry_run:
                 return (
-                    f"dry run of {escape(dlq)} stopped by {by} after scanning"
+                    f"dry run of {dlq} stopped by {by} after scanning"
                     f" {job.report.scanned}; nothing was moved"
                 )
             return (
-                f"redrive of {escape(dlq)} stopped by {by} after moving {job.report.moved}"
+                f"redrive of {dlq} stopped by {by} after moving {job.report.moved}"
                 " (committed); run the same command again to resume"
             )
 
@@ -642,13 +647,7 @@ def redrive(
             total = await job.total()
             with Progress(console=err, transient=True) as bar:
                 task = bar.add_task(f"{'scanning' if dry_run else 'redriving'} {dlq}", total=total)
-                report = await _until_sigterm(job.run(lambda n: bar.advance(task, n)))
-        except _Terminated:
-            err.print(f"[red]error:[/red] {stopped('SIGTERM')}", highlight=False)
-            raise typer.Exit(143) from None
-        except asyncio.CancelledError:  # Ctrl-C: the runner exits 130 once this propagates
-            err.print(f"[red]error:[/red] {stopped('Ctrl-C')}", highlight=False)
-            raise
+                report = await until_stopped(job.run(lambda n: bar.advance(task, n)), stopped)
         finally:
             await t.close()
         _print_redrive(report, dry_run=dry_run)
@@ -671,36 +670,6 @@ def _check_time(option: str, value: str | None) -> None:
             f"{option}: an age longer ago than any time a clock holds (got {value!r}); give a"
             " shorter age or an ISO time (without --since, every dead letter from the oldest)"
         ) from None
-
-
-class _Terminated(Exception):
-    """The process got SIGTERM while :func:`_until_sigterm` awaited."""
-
-
-async def _until_sigterm(coro: Coroutine[Any, Any, T]) -> T:
-    """Await ``coro``; SIGTERM stops it as Ctrl-C does (cancelled, its cleanup run).
-
-    Raises:
-        _Terminated: SIGTERM came and ``coro`` was cancelled.
-    """
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(coro)
-    terminated = False
-
-    def stop() -> None:
-        nonlocal terminated
-        terminated = True
-        task.cancel()
-
-    loop.add_signal_handler(signal.SIGTERM, stop)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if terminated:
-            raise _Terminated from None
-        raise
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")

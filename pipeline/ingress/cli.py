@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline import tracing
-from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command
+from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command, until_stopped
 from pipeline.errors import ConfigError
 from pipeline.log_repeats import logging_from_environment
 from pipeline.logstore import LogStore, RowState, Selection
@@ -490,7 +489,7 @@ def replay_command(
                     handled += n
                     bar.advance(task, n)
 
-                return await _until_stopped(
+                return await until_stopped(
                     replay(
                         store,
                         producer,
@@ -516,33 +515,6 @@ def replay_command(
     _print_summary(summary)
     if summary.failed:
         raise typer.Exit(1)
-
-
-async def _until_stopped(coro: Coroutine[Any, Any, T], said: Callable[[str], str]) -> T:
-    """Await ``coro``; Ctrl-C or SIGTERM cancels it and prints ``said("Ctrl-C")`` (or SIGTERM).
-
-    Ctrl-C goes on to exit 130, SIGTERM exits 143.
-    """
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(coro)
-    terminated = False
-
-    def terminate() -> None:
-        nonlocal terminated
-        terminated = True
-        task.cancel()
-
-    loop.add_signal_handler(signal.SIGTERM, terminate)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        by = "SIGTERM" if terminated else "Ctrl-C"
-        err.print(f"[red]error:[/red] {escape(said(by))}", highlight=False)
-        if terminated:
-            raise typer.Exit(143) from None
-        raise
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def _refuse_forgotten(
