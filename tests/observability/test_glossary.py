@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -29,3 +30,39 @@ def test_every_header_is_in_the_glossary():
     assert names
     missing = [name for name in names if f"| `{name}` |" not in text]
     assert missing == []
+
+
+def _refresh_source_names() -> set[str]:
+    """The ``name`` of every snapshot source class under pipeline/ (a class with an async refresh).
+
+    It is the ``source`` label of ``pipeline_metrics_refresh_errors_total``.
+    """
+    names = set()
+    for path in (GLOSSARY.parents[1] / "pipeline").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            refreshes = any(
+                isinstance(item, ast.AsyncFunctionDef) and item.name == "refresh"
+                for item in node.body
+            )
+            for item in node.body:
+                if (
+                    refreshes
+                    and isinstance(item, ast.Assign)
+                    and [getattr(t, "id", None) for t in item.targets] == ["name"]
+                    and isinstance(item.value, ast.Constant)
+                ):
+                    names.add(item.value.value)
+    return names
+
+
+def test_every_refresh_source_is_a_documented_source_label_value():
+    """Each snapshot source's name, the refresh error counter's source label, is in the glossary."""
+    sources = _refresh_source_names()
+    assert {"group_lag", "log_store", "debounce_overdue"} <= sources
+    text = GLOSSARY.read_text(encoding="utf-8").partition("### Label values")[2]
+    (row,) = re.findall(r"^\| `source` \|(.*)$", text, re.MULTILINE)
+    documented = set(re.findall(r"`(\w+)`", row.partition("refresh errors:")[2]))
+    assert sorted(sources - documented) == []
+    assert sorted(documented - sources) == []
