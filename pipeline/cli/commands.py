@@ -606,9 +606,8 @@ def redrive(
     except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
-    from rich.progress import Progress  # noqa: PLC0415 - see the module doc
-
     from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415
+    from pipeline.cli_progress import progress  # noqa: PLC0415 - see the module doc
     from pipeline.offload.writer import Offloader, topic_policies  # noqa: PLC0415
     from pipeline.redrive.redrive import Redrive, require_dead_letter_topic  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
@@ -645,9 +644,9 @@ def redrive(
 
         try:
             total = await job.total()
-            with Progress(console=err, transient=True) as bar:
-                task = bar.add_task(f"{'scanning' if dry_run else 'redriving'} {dlq}", total=total)
-                report = await until_stopped(job.run(lambda n: bar.advance(task, n)), stopped)
+            what = f"{'scanning' if dry_run else 'redriving'} {dlq}"
+            with progress(what, total, console=err) as advance:
+                report = await until_stopped(job.run(advance), stopped)
         finally:
             await t.close()
         _print_redrive(report, dry_run=dry_run)

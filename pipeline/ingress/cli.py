@@ -430,14 +430,7 @@ def replay_command(
     too). Rows received longer ago than the consumers' idempotency memory would run their side
     effects again: they are refused unless ``--force`` is given.
     """
-    from rich.progress import (  # noqa: PLC0415 - see the module doc
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
+    from pipeline.cli_progress import progress  # noqa: PLC0415 - see the module doc
     from pipeline.ingress.replay import replay  # noqa: PLC0415
     from pipeline.logstore.create import create_log_store  # noqa: PLC0415
     from pipeline.offload.writer import with_offload  # noqa: PLC0415
@@ -474,20 +467,12 @@ def replay_command(
         handled = total = 0
         try:
             total = sum((await store.count_by_state(selection)).values())
-            with Progress(
-                TextColumn("replay"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                console=err,
-                disable=dry_run or not total,
-            ) as bar:
-                task = bar.add_task("replay", total=total)
+            with progress("replay", total, console=err, disable=dry_run or not total) as bar:
 
                 def advance(n: int) -> None:
                     nonlocal handled
                     handled += n
-                    bar.advance(task, n)
+                    bar(n)
 
                 return await until_stopped(
                     replay(
