@@ -1,4 +1,4 @@
-"""deploy/prometheus/alerts.yaml: well-formed rules on defined metrics, with runbook anchors."""
+"""deploy/: alert rules and KEDA triggers read defined metrics and labels; runbook anchors exist."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ RUNBOOK = ROOT / "docs" / "operations.md"
 DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 # PromQL words that look like metric names: functions, aggregations, keywords, modifiers.
 PROMQL_WORDS = {
-    "abs", "absent", "and", "avg", "bool", "by", "count", "delta", "deriv", "group_left",
+    "abs", "absent", "and", "avg", "bool", "by", "ceil", "clamp_max", "clamp_min", "count",
+    "delta", "deriv", "floor", "group_left",
     "group_right", "histogram_quantile", "ignoring", "increase", "irate", "label_replace",
     "max", "min",
-    "offset", "on", "or", "rate", "sum", "time", "topk", "unless", "without",
+    "offset", "on", "or", "rate", "round", "sum", "time", "topk", "unless", "vector", "without",
 }  # fmt: skip
 
 
@@ -134,3 +135,146 @@ def test_slot_saturation_is_judged_per_fleet():
         assert match is not None, pod
         assert match.group(1) == expected, pod
     assert fleet.fullmatch("laptop") is None  # no fleet label: one fleet ""
+
+
+SCRAPE_LABELS = {"job", "instance", "pod"}
+"""Labels Prometheus adds to every scraped series (the manifests' pod annotation gives ``pod``)."""
+FAMILY_OF = {
+    **{name: family for family in FAMILIES for name in family.exposed_names()},
+    **{
+        family.name.removesuffix("_total") + "_created": family
+        for family in FAMILIES
+        if family.kind == "counter"
+    },
+}
+"""Each sample name a scrape shows, to its family."""
+
+
+def _replaced_labels(expr: str) -> set[str]:
+    """The labels label_replace() writes (its second argument)."""
+    return set(re.findall(r'label_replace\((?:[^()"]|\([^()]*\))*?,\s*"(\w+)"', expr))
+
+
+def promql_problems(expr: str) -> list[str]:
+    """What in ``expr`` reads a series no scrape of the pipeline has.
+
+    A selector's matchers and the labels of ``by``/``on``/``without``/``ignoring``/``group_*``
+    are labels of the families used (or Prometheus's own scrape labels, or one label_replace
+    writes); rate/irate/increase read counters (or a histogram's samples), delta/deriv gauges.
+    """
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    problems = [f"no metric {name}" for name in metric_names(expr) if name not in FAMILY_OF]
+    used = [FAMILY_OF[name] for name in metric_names(expr) if name in FAMILY_OF]
+    known = {label for family in used for label in family.labels}
+    known |= SCRAPE_LABELS | _replaced_labels(expr)
+    for name, body in re.findall(r"\b([a-zA-Z_:][\w:]*)\{([^}]*)\}", expr):
+        family = FAMILY_OF.get(name)
+        labels = re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", body)
+        allowed = (set(family.labels) if family else set()) | SCRAPE_LABELS
+        if name.endswith("_bucket"):
+            allowed.add("le")
+        problems += [f"{name} has no label {label}" for label in labels if label not in allowed]
+    grouping = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
+    for clause in re.findall(grouping, bare):
+        for label in re.findall(r"\w+", clause):
+            if label not in known | {"le"}:
+                problems.append(f"no metric of the expression has the label {label}")
+    return problems + _kind_problems(bare)
+
+
+def _kind_problems(bare: str) -> list[str]:
+    """rate/irate/increase given a gauge, or delta/deriv given a counter or histogram."""
+    problems = []
+    for function, name in re.findall(r"\b(rate|irate|increase|delta|deriv)\(\s*(\w+)", bare):
+        family = FAMILY_OF.get(name)
+        if family is None:
+            continue
+        if function in ("rate", "irate", "increase"):
+            wrong = family.kind == "gauge"
+        else:
+            wrong = family.kind != "gauge" or name.endswith("_created")
+        if wrong:
+            problems.append(f"{function}() of {name}, a {family.kind}")
+    return problems
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda rule: rule["alert"])
+def test_rule_reads_the_labels_its_metrics_have(rule):
+    """Every label the expression matches, groups or joins on is one its metrics are scraped by."""
+    assert promql_problems(rule["expr"]) == []
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda rule: rule["alert"])
+def test_rule_annotations_use_labels_the_alert_has(rule):
+    """A {{ $labels.X }} in an annotation is a label the expression keeps (not rendered empty)."""
+    kept = set()
+    for clause in re.findall(r"\bby\s*\(([^)]*)\)", rule["expr"]):
+        kept |= set(re.findall(r"\w+", clause))
+    kept |= _replaced_labels(rule["expr"])
+    for text in rule["annotations"].values():
+        for label in re.findall(r"\$labels\.(\w+)", text):
+            assert label in kept, f"{rule['alert']}: {label} is not kept by {rule['expr']}"
+
+
+def keda_queries() -> list[tuple[str, str]]:
+    """(where, query) of every Prometheus trigger of every ScaledObject under deploy/k8s."""
+    found = []
+    for path in sorted((ROOT / "deploy" / "k8s").rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if not isinstance(document, dict) or document.get("kind") != "ScaledObject":
+                continue
+            for index, trigger in enumerate(document["spec"]["triggers"]):
+                if trigger["type"] == "prometheus":
+                    where = f"{path.relative_to(ROOT)}#{index}"
+                    found.append((where, trigger["metadata"]["query"]))
+    return found
+
+
+def generated_queries() -> list[tuple[str, str]]:
+    """The queries scripts/manifests.py writes for a batch lane and a lane of long work."""
+    from pipeline.config import RuntimeSettings  # noqa: PLC0415 - only these tests need them
+    from pipeline.topics.spec import TopicSpec  # noqa: PLC0415
+    from scripts.manifests import lane_manifests  # noqa: PLC0415
+
+    found = []
+    for declared in (
+        {"name": "reindex", "partitions": 4, "batch": {"sla": "12h", "promote_at": 0.75}},
+        {"name": "vision", "partitions": 12, "heartbeat_timeout": "5m"},
+        {"name": "chat", "partitions": 6},
+    ):
+        spec = TopicSpec.model_validate(declared)
+        *_, scaled = lane_manifests(spec.lane, [spec], RuntimeSettings())
+        for index, trigger in enumerate(scaled["spec"]["triggers"]):
+            found.append((f"{spec.lane}#{index}", trigger["metadata"]["query"]))
+    return found
+
+
+def test_every_keda_query_reads_exported_metrics_with_their_labels():
+    """Each ScaledObject trigger (deploy/k8s and generated) reads defined metrics and labels.
+
+    A trigger on a name or label no member exports reads nothing: it never scales.
+    """
+    queries = keda_queries() + generated_queries()
+    assert len(queries) >= 10
+    wrong = [f"{where}: {problem}" for where, q in queries for problem in promql_problems(q)]
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        ('max(pipeline_oldest_message_age_seconds{lane="a",tier="5s"})', "has no label tier"),
+        ("max by (lane, tenant) (pipeline_oldest_message_age_seconds)", "the label tenant"),
+        ("sum(rate(pipeline_consumer_lag_messages[5m]))", "rate() of pipeline_consumer_lag"),
+        ("delta(pipeline_dead_letters_total[5m])", "delta() of pipeline_dead_letters_total"),
+        ("max(pipeline_oldest_message_age)", "no metric pipeline_oldest_message_age"),
+        ("sum(pipeline_worker_slots_busy) on (lane) max(pipeline_batch_sla_seconds)", None),
+    ],
+)
+def test_the_promql_check_catches_what_it_is_for(expr, problem):
+    """A wrong label, a gauge given to rate() or a counter to delta() is reported."""
+    problems = promql_problems(expr)
+    if problem is None:
+        assert problems == []
+    else:
+        assert any(problem in p for p in problems), problems
