@@ -7,7 +7,8 @@
 - :class:`PredictivePolicy`: the utilisation policy plus the members a backlog needs, but never
   below the members the seasonal forecast (:mod:`pipeline.capacity.forecast`) of the next
   ``lookahead_min`` minutes needs by Little's law: the manifests' slot trigger (busy slots plus
-  ``pipeline_backlog_members``) beside their ``pipeline_desired_members`` trigger.
+  the members the backlog needs, computed in its query by :mod:`pipeline.capacity.triggers`)
+  beside their ``pipeline_desired_members`` trigger.
 
 :func:`week_rates` draws the simulated week: weekday peaks in the late morning and the
 afternoon, quiet nights and weekends, minute-level noise, and one unannounced spike.
