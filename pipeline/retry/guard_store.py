@@ -223,19 +223,17 @@ class GuardStore:
         Raises redis errors: the caller decides how to fail open.
         """
         k = self.keys
-        now_ms = int(time.time() * 1000)
         # The first call also says this process is alive; the member's tick renews it (live()).
-        live_until = "" if self._live_sent else str(now_ms + self.live_ms)
+        live_for = "" if self._live_sent else str(self.live_ms)
         text = await self._functions.fcall(
             "gd_begin",
             [k.run, k.gone, k.parked, k.alone, k.live],
             [
-                now_ms,
                 self.ttl_ms,
                 "\n".join(ended),
                 "\n".join(start.line for start in starts),
                 self.instance,
-                live_until,
+                live_for,
                 *(start.body for start in starts if start.body is not None),
             ],
         )
@@ -260,7 +258,6 @@ class GuardStore:
                     start.attempt,
                     encode_held(message),
                     self.instance,
-                    int(time.time() * 1000),
                 ],
             )
         except (rexc.RedisError, OSError) as exc:
@@ -303,7 +300,6 @@ class GuardStore:
         """
         k = self.keys
         args: list[str | int] = [
-            int(time.time() * 1000),
             self.ttl_ms,
             self.lease_ms,
             k.tag,
@@ -348,7 +344,7 @@ class GuardStore:
             flat = await self._functions.fcall(
                 "gd_reap",
                 [k.releases],
-                [int(time.time() * 1000), self.ttl_ms, self.lease_ms, k.tag, limit, self.instance],
+                [self.ttl_ms, self.lease_ms, k.tag, limit, self.instance],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not look for stalled releases: %s", exc)
@@ -361,12 +357,9 @@ class GuardStore:
         While it is, a copy of one of its running starts read by another member process waits
         (``busy``) instead of running beside it as a suspect.
         """
-        now_ms = int(time.time() * 1000)
         sent_s = time.monotonic()
         try:
-            await self._functions.fcall(
-                "gd_live", [self.keys.live], [self.instance, now_ms + self.live_ms, now_ms]
-            )
+            await self._functions.fcall("gd_live", [self.keys.live], [self.instance, self.live_ms])
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not renew this member's liveness: %s", exc)
             return
@@ -447,8 +440,9 @@ class GuardStore:
         pipe = self._client.pipeline(transaction=False)
         pipe.hmget(key, list(instances))
         pipe.hmget(self.keys.live, list(instances))
-        claimed, until = await pipe.execute()
-        now_ms = int(time.time() * 1000)
+        pipe.time()  # liveness is written in Redis's clock (gd_live), so it is judged by it
+        claimed, until, (now_s, now_us) = await pipe.execute()
+        now_ms = now_s * 1000 + now_us // 1000
         alive: list[str] = []
         dead: list[str] = []
         for instance, claim, live in zip(instances, claimed, until, strict=True):
@@ -478,7 +472,7 @@ class GuardStore:
             await self._functions.fcall(
                 "gd_renew",
                 [self.keys.releases],
-                [int(time.time() * 1000) + self.lease_ms, *keys],
+                [self.lease_ms, *keys],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not renew %d releases: %s", len(keys), exc)

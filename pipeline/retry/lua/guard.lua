@@ -17,7 +17,8 @@
 --   T:gone    zset  message id -> ms it left a parked key (handled or dead-lettered): a copy of
 --                   it that shows up again is stale. Entries older than ttl_ms are pruned
 --   T:parked  hash  key -> 1 while the key has parked messages (the batch call's index)
---   T:rel     zset  key -> lease expiry ms of a release in progress (gd_reap takes over late ones)
+--   T:rel     zset  key -> lease expiry ms (Redis clock) of a release in progress (gd_reap takes
+--                   over late ones)
 --   T:claims:TOPIC:P  hash  instance -> "lo|hi": the offsets of a main partition that member
 --                   process claimed (pipeline/runtime/claims.py); "@owner" -> the instance the
 --                   partition was assigned to last (gd_take), until it gives its claim up
@@ -47,6 +48,13 @@
 --   sequenced  it follows a dead-lettered head: dead-letter it without running
 
 local CHUNK = 1000  -- arguments per multi-field command (Lua's stack has a limit)
+
+-- Every time here (liveness, release leases, when a message left its key) is Redis's own
+-- clock (TIME), never a member's: members on hosts whose clocks disagree judge each other alike.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 
 local function bulk(command, key, items)
   local out = {}
@@ -194,14 +202,15 @@ end
 
 -- gd_begin: end the given starts, then decide a batch of starts, in one call.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone   KEYS[5] T:live
--- ARGV[1] now_ms   ARGV[2] ttl_ms (for the per-key state of held starts; gd_reap keeps the
--- lane-wide hashes' expiry)
--- ARGV[3] ended starts, one per line: id TAB position [TAB 1 if its retry copy was produced]
--- ARGV[4] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
+-- ARGV[1] ttl_ms (for the per-key state of held starts; gd_reap keeps the lane-wide hashes'
+-- expiry)
+-- ARGV[2] ended starts, one per line: id TAB position [TAB 1 if its retry copy was produced]
+-- ARGV[3] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
 -- inherited (1: its partition's previous owner died with it in its claimed range, or 0) TAB
--- body (1: its encoded message is among ARGV[7...], in the order of the starts, or 0)
--- ARGV[5] the calling member process's instance id   ARGV[6] its liveness until (ms), or empty
--- when it was renewed recently (gd_live)   ARGV[7...] the bodies of the starts that carry one
+-- body (1: its encoded message is among ARGV[6...], in the order of the starts, or 0)
+-- ARGV[4] the calling member process's instance id   ARGV[5] how long it is alive from now
+-- (ms), or empty when it was renewed recently (gd_live)   ARGV[6...] the bodies of the starts
+-- that carry one
 -- An empty position is the id itself (a first delivery).
 -- Returns the decisions as one string, one "<letter><starts>" per start, comma-separated:
 -- p process, s suspect, c copy, x stale, w slow (the key is parked: ask gd_key_begin), b busy
@@ -235,18 +244,18 @@ local function as_head(k, id, pos, attempt, me, now)
   return 'head', starts
 end
 local function begin_many(keys, args)
-  local now, me = tonumber(args[1]), args[5]
-  local ttl = tonumber(args[2])
+  local now, me = now_ms(), args[4]
+  local ttl = tonumber(args[1])
   local tag = string.sub(keys[1], 1, -5)  -- T:run without ':run'
-  if args[6] and args[6] ~= '' then
-    redis.call('HSET', keys[5], me, args[6])
-    redis.call('PEXPIRE', keys[5], 2 * (tonumber(args[6]) - now))
+  if args[5] and args[5] ~= '' then
+    redis.call('HSET', keys[5], me, now + tonumber(args[5]))
+    redis.call('PEXPIRE', keys[5], 2 * tonumber(args[5]))
   end
-  local ended, positions_ended, routed_ended = end_lines(args[3])
+  local ended, positions_ended, routed_ended = end_lines(args[2])
   local ids, names, positions, ordered, attempts, inherited, bodies = {}, {}, {}, {}, {}, {}, {}
   local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)\t([01])\t([01])'
-  local body = 6
-  for id, key, pos, o, attempt, inh, b in string.gmatch(args[4], pattern) do
+  local body = 5
+  for id, key, pos, o, attempt, inh, b in string.gmatch(args[3], pattern) do
     ids[#ids + 1] = id
     names[#names + 1] = key
     positions[#positions + 1] = pos == '' and id or pos
@@ -335,11 +344,11 @@ end
 -- KEYS[7] T:live
 -- ARGV[1] ttl_ms   ARGV[2] id   ARGV[3] key   ARGV[4] position   ARGV[5] attempt
 -- ARGV[6] the encoded message (stored if it is held)   ARGV[7] the calling member process's
--- instance id   ARGV[8] now_ms
+-- instance id
 -- Returns {decision, starts}; busy as in gd_begin.
 local function begin_parked(keys, args)
   local ttl, id, key, pos, attempt, blob = tonumber(args[1]), args[2], args[3], args[4], args[5], args[6]
-  local me, now = args[7], tonumber(args[8])
+  local me, now = args[7], now_ms()
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
   local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6]}
   local held = hold(k, ttl, id, key, blob)
@@ -519,21 +528,21 @@ end
 -- gd_end_many: record how messages of parked keys ended (finish_one), several in one call, in
 -- order.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
--- ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T   ARGV[5] the calling
--- member process, then six per end: id, key, outcome (done | parked | dead | back), "follow"
+-- ARGV[1] ttl_ms   ARGV[2] lease_ms   ARGV[3] the tag T   ARGV[4] the calling member process,
+-- then six per end: id, key, outcome (done | parked | dead | back), "follow"
 -- or "", the position of the start that ended, how many followers to release after it (0:
 -- none).
 -- Returns one list per end: the followers released after it, three entries each (decision,
 -- id, message), none if it released none.
 local function finish_many(keys, args)
-  local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
+  local now, ttl, lease, tag = now_ms(), tonumber(args[1]), tonumber(args[2]), args[3]
   local out = {}
-  for i = 6, #args, 6 do
+  for i = 5, #args, 6 do
     local key = args[i + 1]
     local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
                       rel = keys[5]}, tag, key)
     out[#out + 1] = finish_one(k, now, ttl, lease, args[i], key, args[i + 2], args[i + 3],
-                               args[i + 4], tonumber(args[i + 5]), args[5])
+                               args[i + 4], tonumber(args[i + 5]), args[4])
   end
   return out
 end
@@ -559,20 +568,20 @@ local function solo(keys, args)
 end
 
 -- gd_reap: take over releases whose member stopped renewing their lease (it died mid-release).
--- KEYS[1] T:rel   ARGV[1] now_ms   ARGV[2] ttl_ms   ARGV[3] lease_ms   ARGV[4] the tag T
--- ARGV[5] at most this many keys   ARGV[6] the calling member process (the releases' holder)
+-- KEYS[1] T:rel   ARGV[1] ttl_ms   ARGV[2] lease_ms   ARGV[3] the tag T
+-- ARGV[4] at most this many keys   ARGV[5] the calling member process (the releases' holder)
 -- Returns a flat list: key, decision, id, message for each follower taken over.
 local function reap(keys, args)
-  local now, ttl, lease, tag = tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), args[4]
+  local now, ttl, lease, tag = now_ms(), tonumber(args[1]), tonumber(args[2]), args[3]
   -- The batched starts (gd_begin) leave the lane's expiry and trimming to this periodic call.
   redis.call('ZREMRANGEBYSCORE', tag .. ':gone', '-inf', now - ttl)
   expire(ttl, tag .. ':run', tag .. ':alone')
-  local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
+  local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[4]))
   local out = {}
   for _, key in ipairs(due) do
     local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
                       rel = keys[1]}, tag, key)
-    local released = release_next(k, now, ttl, key, lease, 1, args[6])
+    local released = release_next(k, now, ttl, key, lease, 1, args[5])
     if released[1] then
       out[#out + 1] = key
       out[#out + 1] = released[1]
@@ -584,20 +593,21 @@ local function reap(keys, args)
 end
 
 -- gd_renew: extend the leases of the releases this member runs.
--- KEYS[1] T:rel   ARGV[1] the new expiry ms, then the keys
+-- KEYS[1] T:rel   ARGV[1] the lease ms (from now, Redis's clock), then the keys
 local function renew(keys, args)
-  for i = 2, #args do redis.call('ZADD', keys[1], 'XX', args[1], args[i]) end
+  local until_ms = now_ms() + tonumber(args[1])
+  for i = 2, #args do redis.call('ZADD', keys[1], 'XX', until_ms, args[i]) end
   return #args - 1
 end
 
--- gd_live: the calling member process is alive until ARGV[2] (ms); its marks of a copy that
--- another process reads meanwhile answer busy instead of suspect.
--- KEYS[1] T:live   ARGV[1] instance id   ARGV[2] until ms   ARGV[3] now ms
+-- gd_live: the calling member process is alive for ARGV[2] ms from now (Redis's clock); its
+-- marks of a copy that another process reads meanwhile answer busy instead of suspect.
+-- KEYS[1] T:live   ARGV[1] instance id   ARGV[2] live ms
 -- Drops the entries of processes whose liveness ran out.
 local function live_renew(keys, args)
-  redis.call('HSET', keys[1], args[1], args[2])
-  local now = tonumber(args[3])
-  redis.call('PEXPIRE', keys[1], 2 * (tonumber(args[2]) - now))  -- gone once nobody renews
+  local now, live_ms = now_ms(), tonumber(args[2])
+  redis.call('HSET', keys[1], args[1], now + live_ms)
+  redis.call('PEXPIRE', keys[1], 2 * live_ms)  -- gone once nobody renews
   local flat = redis.call('HGETALL', keys[1])
   for i = 1, #flat, 2 do
     if tonumber(flat[i + 1]) <= now then redis.call('HDEL', keys[1], flat[i]) end
