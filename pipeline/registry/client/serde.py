@@ -25,6 +25,8 @@ no bytes, or past :data:`MAX_NESTING` levels.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import threading
 from collections.abc import Mapping
@@ -32,7 +34,7 @@ from io import BytesIO
 from typing import Any, TypeVar
 
 from fastavro import schemaless_reader, schemaless_writer
-from fastavro.read import SchemaResolutionError
+from fastavro.read import LOGICAL_READERS, SchemaResolutionError
 from fastavro.validation import ValidationError as AvroValidationError
 from fastavro.validation import validate
 from pydantic import BaseModel, ValidationError
@@ -231,6 +233,99 @@ class _Walk:
                 self.value(items, depth)
 
 
+_JSON_KIND: dict[str, type | tuple[type, ...]] = {
+    "null": type(None),
+    "boolean": bool,
+    "int": int,
+    "long": int,
+    "float": (int, float),
+    "double": (int, float),
+    "string": str,
+    "bytes": str,
+    "fixed": str,
+    "enum": str,
+    "array": list,
+    "map": dict,
+    "record": dict,
+    "error": dict,
+}
+
+
+def _union_branch(union: list[Any], value: Any, names: Mapping[str, Any]) -> Any:
+    """The first branch of ``union`` whose JSON form ``value`` is (None if none is)."""
+    for branch in union:
+        resolved = names.get(branch, branch) if isinstance(branch, str) else branch
+        kind = resolved if isinstance(resolved, str) else resolved.get("type")
+        fits = isinstance(value, _JSON_KIND.get(kind, ()))
+        if fits and (kind == "boolean" or not isinstance(value, bool)):
+            return resolved
+    return None
+
+
+def _default_value(schema: Any, value: Any, names: Mapping[str, Any]) -> Any:
+    """A default as the schema's JSON gives it, as the value a reader returns for it.
+
+    Avro writes a ``bytes`` or ``fixed`` default as a string whose code points 0-255 are the
+    bytes, and a logical type's default as its underlying value; fastavro fills defaults in as
+    they stand, so a reader got a str for bytes and an int for a timestamp, and the writer
+    refused a value that left such a field out.
+    """
+    if isinstance(schema, str):
+        schema = names.get(schema, schema)
+    if isinstance(schema, list):
+        branch = _union_branch(schema, value, names)
+        return value if branch is None else _default_value(branch, value, names)
+    kind = schema if isinstance(schema, str) else schema["type"]
+    if isinstance(kind, dict | list):
+        return _default_value(kind, value, names)
+    if kind in ("bytes", "fixed") and isinstance(value, str):
+        try:
+            value = value.encode("latin-1")
+        except UnicodeEncodeError:
+            return value
+    elif kind in ("record", "error") and isinstance(value, dict):
+        value = {
+            f["name"]: _default_value(f["type"], value.get(f["name"], f.get("default")), names)
+            for f in schema["fields"]
+            if f["name"] in value or "default" in f
+        }
+    elif kind == "array" and isinstance(value, list):
+        value = [_default_value(schema["items"], item, names) for item in value]
+    elif kind == "map" and isinstance(value, dict):
+        value = {k: _default_value(schema["values"], v, names) for k, v in value.items()}
+    logical = schema.get("logicalType") if isinstance(schema, dict) else None
+    convert = LOGICAL_READERS.get(f"{kind}-{logical}")
+    # The registry checked the default's type: a value the conversion refuses is left as is.
+    with contextlib.suppress(ValueError, TypeError, OverflowError):
+        value = value if convert is None else convert(value, schema, schema)
+    return value
+
+
+def _with_defaults_decoded(parsed: Any) -> Any:
+    """A copy of a fastavro parsed schema whose field defaults are the values they stand for."""
+    parsed = copy.deepcopy(parsed)
+    names = parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {}
+    seen: set[int] = set()
+    pending = [parsed, *names.values()]
+    while pending:
+        schema = pending.pop()
+        if isinstance(schema, list):
+            pending.extend(schema)
+        if not isinstance(schema, dict) or id(schema) in seen:
+            continue
+        seen.add(id(schema))
+        pending.extend(
+            schema[part]
+            for part in ("items", "values", "type")
+            if isinstance(schema.get(part), dict | list)
+        )
+        for f in schema.get("fields", ()) if schema.get("type") in ("record", "error") else ():
+            pending.append(f["type"])
+            if "default" in f:
+                f["default"] = _default_value(f["type"], f["default"], names)
+    return parsed
+
+
 def _parsed(schema: str | Mapping[str, Any] | ParsedSchema) -> ParsedSchema:
     if isinstance(schema, ParsedSchema):
         return schema
@@ -300,7 +395,7 @@ class AvroSerializer:
             except RegistryUnreachable as exc:
                 # Not a SerdeError: the value is fine and the next attempt may resolve the id.
                 raise RegistryError(str(exc)) from exc
-            self._writer = writer
+            self._writer = _with_defaults_decoded(writer)
             self._header = header(schema_id)
 
     def serialize(self, value: Mapping[str, Any] | BaseModel) -> bytes:
@@ -351,6 +446,9 @@ class AvroDeserializer:
         """
         self._client = client
         self._reader = _parsed(reader_schema) if reader_schema is not None else None
+        self._reader_parsed = (
+            _with_defaults_decoded(self._reader.parsed) if self._reader is not None else None
+        )
         self._allow_json = allow_json
         self._plans: dict[int, tuple[Any, Any, _BodyScan | None]] = {}
 
@@ -369,7 +467,7 @@ class AvroDeserializer:
             scan = _BodyScan(writer.tree)
             plan = (
                 writer.parsed,
-                None if same or reader is None else reader.parsed,
+                None if same or reader is None else self._reader_parsed,
                 scan if scan.needed() else None,
             )
             self._plans[schema_id] = plan
