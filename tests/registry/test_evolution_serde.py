@@ -7,12 +7,17 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeline.registry.client.events import MessageReceivedRecord
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer
+from pipeline.runtime.app import App
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 @pytest.fixture
@@ -21,6 +26,19 @@ def ours(sqlite_registry_url: str) -> Iterator[RegistryClient]:
     client = RegistryClient(sqlite_registry_url)
     yield client
     client.close()
+
+
+def message() -> MessageReceivedRecord:
+    """A sample inbound message."""
+    return MessageReceivedRecord(
+        event_id="evt-1",
+        tenant="acme",
+        source="meta",
+        conversation_id="conv-9",
+        text="hello",
+        received_at=datetime(2025, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC),
+        headers={"x-request-id": "r1"},
+    )
 
 
 def _record(*fields: dict[str, Any]) -> str:
@@ -74,3 +92,17 @@ def test_serializer_writes_a_missing_field_with_its_binary_default(ours: Registr
     subject = f"doc-{uuid.uuid4().hex}-value"
     data = AvroSerializer(ours, _record(*ADDED), subject)({"n": 3})
     assert AvroDeserializer(ours)(data) == {"n": 3, **EXPECTED}
+
+
+def test_consumer_on_the_old_model_ignores_a_field_the_new_schema_adds(
+    ours: RegistryClient,
+) -> None:
+    """A handler whose model forbids extras reads a v2 message as v1, skipping the new field."""
+    tree = json.loads((SCHEMAS / "message_received.avsc").read_text())
+    added = {"name": "lang", "type": "string", "default": "und"}
+    v2 = json.dumps({**tree, "fields": [*tree["fields"], added]})
+    subject = f"messages-{uuid.uuid4().hex}-value"
+    data = AvroSerializer(ours, v2, subject)({**message().model_dump(), "lang": "fr"})
+    app = App(topics=[])
+    app.avro = AvroDeserializer(ours)
+    assert app.decode_model(data, MessageReceivedRecord) == message()

@@ -513,14 +513,29 @@ class AvroDeserializer:
     def to_model(self, data: bytes, model: type[M]) -> M:
         """The record in ``data`` as ``model``.
 
+        The model is the reader: as in Avro schema resolution, fields of the writer's record
+        that a model forbidding extras lacks (a newer schema's additions) are skipped.
+
         Raises:
             SerdeError: as :meth:`deserialize`, or the record does not validate as ``model``.
         """
         record = self.deserialize(data)
+        if data[:1] != b"{" and isinstance(record, dict):
+            record = _reader_fields(record, model)
         try:
             return model.model_validate(record)
         except ValidationError as exc:
             raise SerdeError(f"record does not fit {model.__name__}: {exc}") from exc
+
+
+def _reader_fields(record: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """``record`` without the fields ``model`` lacks, if it forbids extras (else as it is)."""
+    if model.model_config.get("extra") != "forbid":
+        return record
+    known = set(model.model_fields)
+    for info in model.model_fields.values():
+        known.update(a for a in (info.alias, info.validation_alias) if isinstance(a, str))
+    return {name: value for name, value in record.items() if name in known}
 
 
 class JsonSerializer:
