@@ -31,6 +31,43 @@ from pipeline.registry.errors import RegistryError
 log = logging.getLogger(__name__)
 
 
+def _as_string(schema: Any, binary: frozenset[str]) -> Any:
+    """``schema`` (fastavro's parsed form) with ``bytes`` and ``fixed`` types read as strings."""
+    if isinstance(schema, str):
+        return "string" if schema == "bytes" or schema in binary else schema
+    if isinstance(schema, list):
+        return [_as_string(branch, binary) for branch in schema]
+    kind = schema["type"]
+    if kind in ("bytes", "fixed") or schema.get("name") in binary:
+        return "string"
+    if kind in ("record", "error"):
+        fields = [{**f, "type": _as_string(f["type"], binary)} for f in schema["fields"]]
+        return {**schema, "fields": fields}
+    if kind in ("array", "map"):
+        part = "items" if kind == "array" else "values"
+        return {**schema, part: _as_string(schema[part], binary)}
+    return (
+        schema
+        if not isinstance(kind, dict | list)
+        else {**schema, "type": _as_string(kind, binary)}
+    )
+
+
+def _json_form(parsed: Any) -> Any:
+    """The schema a JSON payload is checked against: Avro's JSON encoding of ``parsed``.
+
+    JSON has no bytes: Avro writes ``bytes`` and ``fixed`` values (and their defaults) as
+    strings, so fastavro's validator, which wants Python bytes there, refused every payload of
+    a subject with such a field, even one that left a defaulted field out.
+    """
+    if not isinstance(parsed, dict):
+        return parse_schema(_as_string(parsed, frozenset()))
+    named = parsed.get("__named_schemas", {})
+    binary = frozenset(name for name, t in named.items() if t.get("type") == "fixed")
+    tree = {k: v for k, v in parsed.items() if not k.startswith("__")}
+    return parse_schema(_as_string(tree, binary))
+
+
 class LaneSchemas:
     """The latest registered schema of each validated lane, checked against payloads."""
 
@@ -49,7 +86,7 @@ class LaneSchemas:
         for lane, subject in self._subjects.items():
             try:
                 latest = await asyncio.to_thread(self._client.latest, subject)
-                self._schemas[lane] = parse_schema(json.loads(latest.schema))
+                self._schemas[lane] = _json_form(parse_schema(json.loads(latest.schema)))
             except (RegistryError, ValueError, OSError, SchemaParseException) as exc:
                 # SchemaParseException: a registry that accepts what fastavro refuses (an
                 # invalid default: Confluent's does) must not stop the start or the refreshes.
