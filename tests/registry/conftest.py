@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from registry.stores import pg_stores, store  # noqa: F401 - fixtures for this suite
 
+from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.server.api import create_app
 from pipeline.registry.server.serve import BackgroundServer
 from pipeline.registry.stores.protocol import RegistryStore
@@ -39,5 +40,13 @@ def sqlite_registry_url(tmp_path: Path) -> Iterator[str]:
 def sr_client(registry_url: str) -> Iterator[SchemaRegistryClient]:
     """confluent-kafka's SchemaRegistryClient pointed at our server (no retry sleeps)."""
     client = SchemaRegistryClient({"url": registry_url, "max.retries": 0})
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def ours(sqlite_registry_url: str) -> Iterator[RegistryClient]:
+    """Our registry client on a real registry server (SQLite store)."""
+    client = RegistryClient(sqlite_registry_url)
     yield client
     client.close()

@@ -11,8 +11,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentDeserializer
 from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from registry.samples import message
 from support import delete_group_after_test, test_settings
-from test_serde import message
 
 from pipeline.registry.client.events import MessageReceivedRecord
 from pipeline.registry.client.http import RegistryClient

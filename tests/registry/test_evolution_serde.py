@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pytest
+from registry.samples import message
 
 from pipeline.registry.client.events import MessageReceivedRecord
 from pipeline.registry.client.http import RegistryClient
@@ -18,27 +17,6 @@ from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer
 from pipeline.runtime.app import App
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
-
-
-@pytest.fixture
-def ours(sqlite_registry_url: str) -> Iterator[RegistryClient]:
-    """Our registry client on a real registry server (SQLite store)."""
-    client = RegistryClient(sqlite_registry_url)
-    yield client
-    client.close()
-
-
-def message() -> MessageReceivedRecord:
-    """A sample inbound message."""
-    return MessageReceivedRecord(
-        event_id="evt-1",
-        tenant="acme",
-        source="meta",
-        conversation_id="conv-9",
-        text="hello",
-        received_at=datetime(2025, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC),
-        headers={"x-request-id": "r1"},
-    )
 
 
 def _record(*fields: dict[str, Any]) -> str:

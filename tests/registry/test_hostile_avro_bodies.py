@@ -63,14 +63,6 @@ def _naming(case: str) -> Iterator[None]:
         raise AssertionError(f"{case}: {exc}") from None
 
 
-@pytest.fixture
-def ours(sqlite_registry_url: str) -> Iterator[RegistryClient]:
-    """Our registry client on a real registry server."""
-    client = RegistryClient(sqlite_registry_url)
-    yield client
-    client.close()
-
-
 def test_arrays_of_items_that_take_no_bytes_cannot_claim_millions(ours: RegistryClient) -> None:
     """A few bytes claiming millions of null or empty-record items are a SerdeError, not a stall."""
     schema_id = ours.register("nulls-value", json.dumps(NULLS))

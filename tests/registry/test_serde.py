@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentDe
 from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
+from registry.samples import message
 
 from pipeline.errors import DeadLetter
 from pipeline.registry.canonical import parse
@@ -49,27 +49,6 @@ def confluent(sqlite_registry_url: str) -> Iterator[SchemaRegistryClient]:
     client = SchemaRegistryClient({"url": sqlite_registry_url, "max.retries": 0})
     yield client
     client.close()
-
-
-@pytest.fixture
-def ours(sqlite_registry_url: str) -> Iterator[RegistryClient]:
-    """Our registry client on the same server."""
-    client = RegistryClient(sqlite_registry_url)
-    yield client
-    client.close()
-
-
-def message() -> MessageReceivedRecord:
-    """A sample inbound message."""
-    return MessageReceivedRecord(
-        event_id="evt-1",
-        tenant="acme",
-        source="meta",
-        conversation_id="conv-9",
-        text="hello",
-        received_at=datetime(2025, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC),
-        headers={"x-request-id": "r1"},
-    )
 
 
 def test_confluent_serializer_round_trip(confluent: SchemaRegistryClient) -> None:
