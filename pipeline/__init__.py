@@ -10,9 +10,9 @@ The packages are the stages, in the order an event travels::
 Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``envelope`` and
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
-for users' tests), ``cli`` with ``cli_support``, ``redis_functions`` with ``redis_channel``,
-``heap`` (start-up objects kept out of full collections), ``log_repeats``, ``reachability``
-(the line for a service that is down) and ``validation``.
+for users' tests), ``cli`` with ``cli_support`` and ``cli_progress``, ``redis_functions`` with
+``redis_channel``, ``heap`` (start-up objects kept out of full collections), ``log_repeats``,
+``reachability`` (the line for a service that is down) and ``validation``.
 Import what you use from its module (``from pipeline.runtime import App``); ``__all__`` names
 these modules, as docs/architecture.md does.
 """
@@ -22,6 +22,7 @@ __all__ = [
     "cancel",
     "capacity",
     "cli",
+    "cli_progress",
     "cli_support",
     "config",
     "envelope",
