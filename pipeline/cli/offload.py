@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlparse
 
 import typer
@@ -152,24 +153,17 @@ def purge_command(
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     reports: list[PurgeReport] = []
-    run_command(
-        _purge_or_say_how_far(reports, store, older_than, log_retention, dry_run, force, transport)
-    )
+    purging = _purge(store, older_than, log_retention, dry_run, force, transport, reports)
+    run_command(_saying_how_far(purging, reports, dry_run=dry_run))
     _print_reports(reports, dry_run=dry_run)
 
 
-async def _purge_or_say_how_far(
-    reports: list[PurgeReport],
-    store_url: str | None,
-    older_than: str | None,
-    log_retention: str,
-    dry_run: bool,
-    force: bool,
-    transport_name: str | None,
+async def _saying_how_far(
+    purging: Coroutine[Any, Any, None], reports: list[PurgeReport], *, dry_run: bool
 ) -> None:
-    """:func:`_purge`; stopped by Ctrl-C, print what each store got to and how to go on."""
+    """Await ``purging``; stopped by Ctrl-C, print what each store got to and how to go on."""
     try:
-        await _purge(store_url, older_than, log_retention, dry_run, force, transport_name, reports)
+        await purging
     except asyncio.CancelledError:  # Ctrl-C: the runner exits 130 once this propagates
         if reports:
             _print_reports(reports, dry_run=dry_run, interrupted=True)
