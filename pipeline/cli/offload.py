@@ -13,7 +13,6 @@ when ``pipeline`` registers it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Coroutine
@@ -24,7 +23,7 @@ from urllib.parse import urlparse
 import typer
 from rich.markup import escape
 
-from pipeline.cli_support import TransportOpt, err, run_command
+from pipeline.cli_support import TransportOpt, err, run_command, until_stopped
 from pipeline.errors import ConfigError
 from pipeline.transport import create_transport
 
@@ -73,7 +72,7 @@ async def _purge(
 ) -> None:
     """Purge each store, appending its report to ``reports`` before it starts and counting in it.
 
-    So a purge stopped part way (Ctrl-C) leaves in ``reports`` what each store got to.
+    So a purge stopped part way (Ctrl-C, SIGTERM) leaves in ``reports`` what each store got to.
     """
     from pipeline.config import load_settings  # noqa: PLC0415 - see the module doc
     from pipeline.offload.purge import (  # noqa: PLC0415
@@ -144,8 +143,8 @@ def purge_command(
 
     Asks the broker (``--transport``) for the oldest message the lanes still hold, so nothing
     it may point to is deleted. Prints one JSON line per store: scanned, deleted,
-    deleted_bytes, kept. Stopped by Ctrl-C (exit 130), it prints those of the stores it got to,
-    the last one marked ``"interrupted": true``.
+    deleted_bytes, kept. Stopped by Ctrl-C or SIGTERM (exit 130 or 143), it prints those of the
+    stores it got to, the last one marked ``"interrupted": true``.
     """
     try:
         _require_store_directory(store)
@@ -161,20 +160,23 @@ def purge_command(
 async def _saying_how_far(
     purging: Coroutine[Any, Any, None], reports: list[PurgeReport], *, dry_run: bool
 ) -> None:
-    """Await ``purging``; stopped by Ctrl-C, print what each store got to and how to go on."""
-    try:
-        await purging
-    except asyncio.CancelledError:  # Ctrl-C: the runner exits 130 once this propagates
-        if reports:
-            _print_reports(reports, dry_run=dry_run, interrupted=True)
-            done = "counted" if dry_run else "deleted"
-            err.print(
-                f"[red]error:[/red] offload purge stopped by Ctrl-C in {escape(reports[-1].store)}"
-                f" after it {done} {reports[-1].deleted} objects; run it again to finish: it"
-                " deletes only what is still old",
-                highlight=False,
-            )
-        raise
+    """Await ``purging``; stopped, print what each store got to and how to go on.
+
+    Ctrl-C exits 130, SIGTERM (a CronJob's pod stopped) 143, as :func:`until_stopped` does.
+    """
+
+    def stopped(by: str) -> str:
+        if not reports:
+            return f"offload purge stopped by {by} before it reached a store; nothing was deleted"
+        _print_reports(reports, dry_run=dry_run, interrupted=True)
+        done = "counted" if dry_run else "deleted"
+        return (
+            f"offload purge stopped by {by} in {reports[-1].store} after it {done}"
+            f" {reports[-1].deleted} objects; run it again to finish: it deletes only what is"
+            " still old"
+        )
+
+    await until_stopped(purging, stopped)
 
 
 def _print_reports(reports: list[PurgeReport], *, dry_run: bool, interrupted: bool = False) -> None:
