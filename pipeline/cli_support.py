@@ -1,7 +1,8 @@
 """What every command-line module shares: the error console, --transport and the runner.
 
 The runner turns pipeline errors into one stderr line and an exit code (never a traceback):
-2 for bad input or configuration, 1 for a failed operation, 130 for Ctrl-C.
+2 for bad input or configuration, 1 for a failed operation, 130 for Ctrl-C, and 143 for SIGTERM
+in a command that awaits :func:`until_stopped`.
 
 Every command module imports this one to declare its options, so it imports no more than that
 takes: the settings (pydantic, redis-py) are imported when a command runs.
@@ -81,10 +82,12 @@ def run_command(
         raise typer.Exit(130) from None
 
 
-async def until_stopped(coro: Coroutine[Any, Any, T], said: Callable[[str], str]) -> T:
+async def until_stopped(coro: Coroutine[Any, Any, T], said: Callable[[str], str | None]) -> T:
     """Await ``coro``; Ctrl-C or SIGTERM cancels it (its cleanup runs) and prints ``said(by)``.
 
-    ``by`` is ``"Ctrl-C"`` or ``"SIGTERM"``. Ctrl-C goes on to exit 130, SIGTERM exits 143.
+    ``by`` is ``"Ctrl-C"`` or ``"SIGTERM"``. ``said`` is called once, after the cleanup; it may
+    print the command's own output of how far it got (a purge's report lines) and returns the
+    stderr line, or None for none. Ctrl-C goes on to exit 130, SIGTERM exits 143.
     """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(coro)
@@ -99,8 +102,9 @@ async def until_stopped(coro: Coroutine[Any, Any, T], said: Callable[[str], str]
     try:
         return await task
     except asyncio.CancelledError:
-        by = "SIGTERM" if terminated else "Ctrl-C"
-        err.print(f"[red]error:[/red] {escape(said(by))}", highlight=False)
+        line = said("SIGTERM" if terminated else "Ctrl-C")
+        if line is not None:
+            err.print(f"[red]error:[/red] {escape(line)}", highlight=False)
         if terminated:
             raise typer.Exit(143) from None
         raise

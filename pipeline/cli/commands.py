@@ -389,11 +389,20 @@ def tail(
     """Print messages (partition, offset, key, headers, timestamp) as they arrive; Ctrl-C stops.
 
     With --from-beginning and --limit it stops after the messages the topic held at start when
-    there are fewer than the limit.
+    there are fewer than the limit. SIGTERM stops it too, with a line saying how many messages
+    it printed (exit 143).
     """
     from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415 - see the module doc
 
+    seen = 0
+
+    def stopped(by: str) -> str | None:
+        if by == "Ctrl-C":  # the usual end of a tail: exit 130 without a word
+            return None
+        return f"tail of {topic} stopped by {by} after {seen} message{'' if seen == 1 else 's'}"
+
     async def main() -> None:
+        nonlocal seen
         _require_topic_text(topic)
         settings = _settings(transport)
         await reach_broker(settings)  # a consumer would wait on a broker that is down
@@ -408,7 +417,6 @@ def tail(
             wanted = min(limit, held[topic].message_count) if topic in held else limit
         # A reader in no consumer group: a tail killed leaves nothing on the broker.
         reader = t.reader([topic], start_at="earliest" if from_beginning else "latest")
-        seen = 0
         try:
             while wanted is None or seen < wanted:
                 # A batch of at most 500: a broker refuses a count past its own bound.
@@ -421,7 +429,7 @@ def tail(
             await reader.close()
             await t.close()
 
-    _run(main())
+    _run(until_stopped(main(), stopped))
 
 
 @app.command()
