@@ -6,7 +6,8 @@ They extend the project's tree (:mod:`pipeline.errors`) with one branch::
     └── RegistryError                 a registry operation failed (http_status, error_code)
         ├── SubjectNotFound           40401
         ├── VersionNotFound           40402
-        ├── SchemaNotFound            40403
+        ├── SchemaNotFound            40403 (also a deserializer's: a message's schema id the
+        │                                    registry lacks, named with its URL; retried)
         ├── SubjectSoftDeleted        40404 (soft-deleting twice)
         ├── SubjectNotSoftDeleted     40405 (permanent delete before the soft one)
         ├── VersionSoftDeleted        40406
@@ -16,6 +17,7 @@ They extend the project's tree (:mod:`pipeline.errors`) with one branch::
         ├── IncompatibleSchema        409   (the compatibility rules refused the schema)
         ├── InvalidSchema             42201 (malformed JSON body, or not a valid Avro schema)
         ├── InvalidVersion            42202
+        ├── InvalidSubject            42208 (a control character in the name, or over 2 KiB)
         ├── InvalidCompatibility      42203
         ├── InvalidMode               42204
         ├── OperationNotPermitted     42205 (READONLY / IMPORT mode rules)
@@ -26,6 +28,7 @@ They extend the project's tree (:mod:`pipeline.errors`) with one branch::
         ├── Unauthorized              401   (missing or wrong credentials)
         ├── Forbidden                 403   (a read-only principal tried to write)
         └── SerdeError                a client-side failure: wire format, HTTP, encoding
+            └── RegistryUnreachable   the registry did not answer (refused, timed out)
 
 The API turns every :class:`RegistryError` into the Confluent body
 ``{"error_code": ..., "message": ...}`` with :attr:`RegistryError.http_status`.

@@ -69,6 +69,11 @@ class RegistryClient:
         self._schemas: dict[int, str] = {}
         self._lock = threading.Lock()
 
+    @property
+    def url(self) -> str:
+        """The registry's URL as error messages name it (credentials left out)."""
+        return self._where
+
     @classmethod
     def from_settings(cls, settings: RegistrySettings) -> RegistryClient:
         """A client for ``settings.url`` with the configured client credentials."""
@@ -132,6 +137,15 @@ class RegistryClient:
             with self._lock:
                 self._schemas[schema_id] = hit
         return hit
+
+    def subject_versions(self, schema_id: int) -> list[tuple[str, int]]:
+        """Every live subject version holding ``schema_id``, as ``(subject, version)``.
+
+        Raises:
+            SchemaNotFound: no schema has this id.
+        """
+        got = self._call("GET", f"/schemas/ids/{schema_id}/versions")
+        return [(str(v["subject"]), int(v["version"])) for v in got]
 
     def subjects(self) -> list[str]:
         """Every live subject."""

@@ -46,6 +46,7 @@ from pipeline.registry.errors import (
     InvalidSchema,
     RegistryError,
     RegistryUnreachable,
+    SchemaNotFound,
     SerdeError,
 )
 
@@ -56,6 +57,13 @@ MAX_EMPTY_ITEMS = 65_536
 MAX_NESTING = 256
 """Levels (records, arrays, maps, unions) one message's value may nest (fastavro crashes past
 ~5000: it recurses in C)."""
+
+_PROBLEMS_SAID = 3
+"""Validation errors a reason spells out (a dead letter keeps 500 characters of it)."""
+_VERSIONS_SAID = 3
+"""Subject versions a reason names for the schema id a message was written with."""
+_INPUT_CHARS = 60
+_ENUM_ERRORS = frozenset({"enum", "literal_error"})
 
 _FIXED_BYTES = {"boolean": 1, "float": 4, "double": 8}
 _VARINTS = frozenset({"int", "long", "enum"})
@@ -451,6 +459,7 @@ class AvroDeserializer:
         )
         self._allow_json = allow_json
         self._plans: dict[int, tuple[Any, Any, _BodyScan | None]] = {}
+        self._written: dict[int, str] = {}
 
     def _plan(self, schema_id: int) -> tuple[Any, Any, _BodyScan | None]:
         plan = self._plans.get(schema_id)
@@ -460,6 +469,14 @@ class AvroDeserializer:
             except RegistryUnreachable as exc:
                 # Not a SerdeError: the message is fine and the next attempt may fetch it.
                 raise RegistryError(f"schema {schema_id} not fetched: {exc}") from exc
+            except SchemaNotFound as exc:
+                # Retried too (a replica may be catching up), so this is what the dead letter
+                # says once the tiers are spent: where it asked, and what to do about it.
+                raise SchemaNotFound(
+                    f"schema id {schema_id} is not in the registry at {self._client.url}: the "
+                    "message was produced against another registry, or its schema was "
+                    "hard-deleted; redrive it once the schema is registered there"
+                ) from exc
             except InvalidSchema as exc:
                 raise SerdeError(f"schema {schema_id} from the registry is invalid: {exc}") from exc
             reader = self._reader
@@ -473,6 +490,24 @@ class AvroDeserializer:
             self._plans[schema_id] = plan
         return plan
 
+    def _written_with(self, schema_id: int) -> str:
+        """``schema id 3 (pings-value version 2)``: how a reason names a message's schema."""
+        named = self._written.get(schema_id)
+        if named is not None:
+            return named
+        named = f"schema id {schema_id}"
+        try:
+            versions = self._client.subject_versions(schema_id)
+        except RegistryError:  # only the reason is at stake: it names the id alone
+            return named
+        said = [f"{subject} version {version}" for subject, version in versions[:_VERSIONS_SAID]]
+        if len(versions) > _VERSIONS_SAID:
+            said.append(f"{len(versions) - _VERSIONS_SAID} more")
+        if said:
+            named += f" ({', '.join(said)})"
+        self._written[schema_id] = named
+        return named
+
     def deserialize(self, data: bytes) -> Any:
         """The record in ``data`` (a dict), or the JSON value if ``allow_json``.
 
@@ -480,14 +515,16 @@ class AvroDeserializer:
             SerdeError: not a framed message (nor JSON), the body does not match its schema, or
                 the reader schema cannot read it.
             RegistryError: the writer schema could not be fetched (the registry is down, slow
-                or does not know the id): not a SerdeError, so a consumer retries it.
+                or does not know the id: :class:`SchemaNotFound`, naming the registry): not a
+                SerdeError, so a consumer retries it.
         """
         if self._allow_json and data[:1] == b"{":
             try:
                 return json.loads(data)
             except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
                 raise SerdeError(f"invalid JSON message: {exc}") from exc
-        writer, reader, scan = self._plan(schema_id_of(data))
+        schema_id = schema_id_of(data)
+        writer, reader, scan = self._plan(schema_id)
         buf = BytesIO(data)
         buf.seek(HEADER_BYTES)
         try:
@@ -496,6 +533,9 @@ class AvroDeserializer:
             return schemaless_reader(buf, writer, reader)
         except _Malformed:
             raise SerdeError("message does not match its schema: its body is malformed") from None
+        except SchemaResolutionError as exc:  # e.g. a symbol the reader's enum lacks, no default
+            written = self._written_with(schema_id)
+            raise SerdeError(f"message written with {written} does not resolve: {exc}") from exc
         except (
             ValueError,
             TypeError,
@@ -503,7 +543,6 @@ class AvroDeserializer:
             IndexError,
             EOFError,
             StopIteration,
-            SchemaResolutionError,
         ) as exc:
             detail = str(exc) or "the body ends before the record does"  # a bare EOFError
             raise SerdeError(f"message does not match its schema: {detail}") from exc
@@ -514,18 +553,49 @@ class AvroDeserializer:
         """The record in ``data`` as ``model``.
 
         The model is the reader: as in Avro schema resolution, fields of the writer's record
-        that a model forbidding extras lacks (a newer schema's additions) are skipped.
+        that a model forbidding extras lacks (a newer schema's additions) are skipped, and an
+        enum symbol the model's enum lacks is its default if it has one (an ``enum.Enum``
+        whose ``_missing_`` returns a member), else an error.
 
         Raises:
-            SerdeError: as :meth:`deserialize`, or the record does not validate as ``model``.
+            SerdeError: as :meth:`deserialize`, or the record does not validate as ``model``
+                (the reason names the schema id and its subject versions).
         """
         record = self.deserialize(data)
-        if data[:1] != b"{" and isinstance(record, dict):
+        framed = data[:1] != b"{"
+        if framed and isinstance(record, dict):
             record = _reader_fields(record, model)
         try:
             return model.model_validate(record)
         except ValidationError as exc:
-            raise SerdeError(f"record does not fit {model.__name__}: {exc}") from exc
+            written = f"written with {self._written_with(schema_id_of(data))} " if framed else ""
+            reason = f"record {written}does not fit {model.__name__}: {_problems(exc)}"
+            raise SerdeError(reason) from exc
+
+
+def _problems(exc: ValidationError) -> str:
+    """The first few of ``exc``'s errors on one line, a symbol the model's enum lacks said so."""
+    errors = exc.errors(include_url=False)
+    said: list[str] = []
+    for error in errors[:_PROBLEMS_SAID]:
+        where = ".".join(str(part) for part in error["loc"]) or "the record"
+        given = error.get("input")
+        if error["type"] in _ENUM_ERRORS and isinstance(given, str):
+            expected = error.get("ctx", {}).get("expected", "")
+            said.append(
+                f"{where}: symbol {given!r} is not in the model's enum ({expected}), which has "
+                "no default for symbols it lacks (an enum.Enum's _missing_ gives one)"
+            )
+        elif error["type"] == "missing":
+            said.append(f"{where}: {error['msg']}")
+        else:
+            shown = repr(given)
+            if len(shown) > _INPUT_CHARS:
+                shown = shown[: _INPUT_CHARS - 3] + "..."
+            said.append(f"{where}: {error['msg']} (got {shown})")
+    if len(errors) > len(said):
+        said.append(f"{len(errors) - len(said)} more")
+    return "; ".join(said)
 
 
 def _reader_fields(record: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
