@@ -344,7 +344,8 @@ class ProcessPool:
         puts a fresh one in its place.
         """
         every_s = RUN_BEAT_EVERY_S.get()
-        worker = await self._idle_worker(every_s)
+        worker: _Worker | None = await self._idle_worker(every_s)
+        assert worker is not None  # noqa: S101 - just taken
         try:
             try:
                 ok, value = await _call(worker, ref, args, time_limit_s, every_s)
@@ -355,13 +356,17 @@ class ProcessPool:
             worker = await self._replace(worker)
             raise
         except asyncio.CancelledError:
-            worker = await asyncio.shield(self._stop(worker))
+            stopping = asyncio.ensure_future(self._stop(worker))
+            worker = None  # the stop hands its fresh worker to the idle queue itself
+            stopping.add_done_callback(self._stopped)
+            await asyncio.shield(stopping)  # cancelled again: the stop goes on regardless
             raise
         except (_Unstarted, EOFError, OSError) as exc:
             worker = await self._replace(worker)
             raise WorkerCrashed(f"the worker running {ref} died") from exc
         finally:
-            self._idle.put_nowait(worker)
+            if worker is not None:
+                self._idle.put_nowait(worker)
         if not ok:
             raise value
 
@@ -387,6 +392,11 @@ class ProcessPool:
     async def _take(self, started: asyncio.Future[None]) -> _Worker:
         await asyncio.shield(started)
         return await self._idle.get()
+
+    def _stopped(self, stopping: asyncio.Future[_Worker]) -> None:
+        """A cancelled call's worker was stopped: its fresh replacement is idle."""
+        if not stopping.cancelled() and stopping.exception() is None:
+            self._idle.put_nowait(stopping.result())
 
     async def _stop(self, worker: _Worker) -> _Worker:
         """SIGTERM the worker's group, SIGKILL it after the grace period; a fresh worker."""
