@@ -71,8 +71,17 @@ class RuntimeMetrics:
         """A retry-tier copy's handler started ``lateness_s`` after the copy's due time."""
         self._retry_lateness.labels(lane).observe(max(0.0, lateness_s))
 
-    def dead_lettered(self, lane: str, reason: str) -> None:
-        """A message went to the dead-letter topic; ``reason`` is its ``pl-dead-reason``."""
+    def dead_lettered(
+        self,
+        lane: str,
+        reason: str,
+        error: BaseException | None = None,  # noqa: ARG002 - for the facades that say it
+    ) -> None:
+        """A message went to the dead-letter topic; ``reason`` is its ``pl-dead-reason``.
+
+        ``error``, what ended it when it is known, is not a label (it is said by
+        :class:`~pipeline.runtime.progress.DeadLetterWarnings`).
+        """
         self._dead.labels(lane, reason).inc()
 
     def expired(self, lane: str) -> None:

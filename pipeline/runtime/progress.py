@@ -45,13 +45,33 @@ class DeadLetterWarnings(RuntimeMetrics):
         super().__init__(metrics)
         self._dlq = dead_letter_topics
 
-    def dead_lettered(self, lane: str, reason: str) -> None:
-        """Count the dead letter and say where it went and how to look at it."""
-        super().dead_lettered(lane, reason)
+    def dead_lettered(self, lane: str, reason: str, error: BaseException | None = None) -> None:
+        """Count the dead letter and say where it went, what ended it and how to look at it."""
+        super().dead_lettered(lane, reason, error)
         dlq = self._dlq.get(lane, f"{lane}.dlq")
         log.warning(
-            "dead letter on lane %s: %s (inspect: pipeline redrive %s --dry-run)", lane, reason, dlq
+            "dead letter on lane %s: %s%s (inspect: pipeline redrive %s --dry-run)",
+            lane,
+            reason,
+            _said(error),
+            dlq,
         )
+
+
+_SAID_CHARS = 300
+"""The longest error text a dead letter's line repeats (the dead letter's headers hold it all)."""
+
+
+def _said(error: BaseException | None) -> str:
+    """``": Class: first line of the message"`` for the dead letter's line; empty without one."""
+    if error is None:
+        return ""
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > _SAID_CHARS:
+        first = first[: _SAID_CHARS - 3] + "..."
+    more = " ..." if len(text) > 1 else ""
+    return f": {type(error).__name__}: {first}{more}" if first else f": {type(error).__name__}"
 
 
 class ParkingView(Protocol):

@@ -128,6 +128,7 @@ class Redirector:
             "dead_lettered",
             lambda r, m: self._router.dead_letter(r, m, reason, error),
             reason,
+            error,
         )
 
     async def divert(self, lane: Lane, message: Message, outcome: str) -> str | None:
@@ -144,6 +145,7 @@ class Redirector:
         outcome: str,
         send: Callable[[LaneRoutes, Message], Awaitable[Delivered]],
         detail: str = "",
+        error: BaseException | None = None,
     ) -> str | None:
         """Produce a routed message, retrying while the broker or payload store is unavailable.
 
@@ -163,11 +165,13 @@ class Redirector:
                     return None
                 await asyncio.sleep(pause_s)  # back off while the broker is unavailable
             else:
-                self._count(lane, outcome, detail)
+                self._count(lane, outcome, detail, error)
                 return outcome
         return None
 
-    def _count(self, lane: Lane, outcome: str, detail: str) -> None:
+    def _count(
+        self, lane: Lane, outcome: str, detail: str, error: BaseException | None = None
+    ) -> None:
         if outcome == "retried":
             self._stats.retried += 1
             if self._metrics is not None:
@@ -175,7 +179,7 @@ class Redirector:
         elif outcome == "dead_lettered":
             self._stats.dead_lettered += 1
             if self._metrics is not None:
-                self._metrics.dead_lettered(lane.name, detail)
+                self._metrics.dead_lettered(lane.name, detail, error)
         elif outcome == "deferred":
             self._stats.deferred += 1
         else:

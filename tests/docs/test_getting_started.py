@@ -81,7 +81,7 @@ async def test_the_guide_runs_as_written(
     for background in session.running:
         assert "Traceback" not in background.output, background.output
     consumer = session.running[1].output
-    assert "dead letter on lane messages" in consumer
+    assert "dead letter on lane messages: fatal: DeadLetter: empty message" in consumer
     if kafka_topics is None:
         assert await redis.exists(f"{prefix}:topics")
         return

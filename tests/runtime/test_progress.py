@@ -129,3 +129,20 @@ def test_dead_letter_warns_and_still_counts(caplog: pytest.LogCaptureFixture) ->
         "pipeline_retries_total", {"lane": "messages", "tier": "5s"}
     )
     assert retries == 2.0  # one set of instruments for both
+
+
+def test_a_dead_letters_line_says_the_error_that_ended_it(caplog: pytest.LogCaptureFixture) -> None:
+    """The error's class and the first line of its message, cut short; the rest is in the DLQ."""
+    facade = DeadLetterWarnings(Metrics(), {"messages": "messages.dlq"})
+    long = "x" * 1000
+    with caplog.at_level(logging.WARNING, logger="pipeline.runtime.progress"):
+        facade.dead_lettered("messages", "exhausted", ConnectionError("refused\n  at the bank"))
+        facade.dead_lettered("messages", "fatal", ValueError(long))
+        facade.dead_lettered("messages", "fatal", ValueError(""))
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == (
+        "dead letter on lane messages: exhausted: ConnectionError: refused ... "
+        "(inspect: pipeline redrive messages.dlq --dry-run)"
+    )
+    assert f": ValueError: {'x' * 297}... (inspect" in said[1]
+    assert said[2].startswith("dead letter on lane messages: fatal: ValueError (inspect")
