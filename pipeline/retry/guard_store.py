@@ -43,6 +43,15 @@ the rarer parked-key starts (``gd_key_begin``) make a call of their own. The lan
 housekeeping (the expiry of its marks and lone-start counts, the trimming of finished ids)
 rides on the periodic ``gd_reap`` instead of every ``gd_begin``.
 
+**Expiry.** Every key expires some time after its last change, so the state of messages that
+vanished frees itself: the lane-wide marks, lone-start counts and finished ids after the lane's
+retry path plus an hour (:func:`retry_path_ms`), a parked key's state (its order, its held
+followers, its release, its entry in the lane's index) only after the lane's retention plus
+that (:func:`parked_state_ms`). Held followers' offsets are committed: were their state to
+expire while every member is down (a broken deploy over a night) and the head's copy waits in
+its tier, they would be lost without a word once the head ran. A key left with nothing parked
+has its state deleted at once, so the long bound holds memory only for keys that still wait.
+
 If Redis cannot be reached the runtime fails open: messages run (order across retries is not
 guarded for that time, and poison is not counted), and each such decision is logged.
 """
@@ -86,6 +95,14 @@ RELEASED_POSITION = "rel"
 """The position of a start made by releasing a held follower."""
 RELEASE_BATCH = 32
 """Held followers released to a member in one call at most (``gd_end_many``)."""
+SLACK_MS = 3_600_000
+"""What the guard's state outlives a lane's retry path by (ms)."""
+BROKER_RETENTION_MS = 7 * 86_400_000
+"""How long a lane declared without ``retention`` keeps its messages: Kafka's default
+``log.retention.hours`` of 168."""
+MAX_HOLD_MS = 2**62
+"""The longest a parked key's state is kept: Redis refuses an expiry that reaches past 2**63 ms
+from the epoch, and a lane's retention may be up to that."""
 
 
 def message_id(message: Message) -> str:
@@ -192,19 +209,25 @@ class GuardStore:
         lane: str,
         *,
         ttl_ms: int,
+        hold_ms: int | None = None,
         lease_ms: int = 15_000,
         live_ms: int = LIVE_MS,
     ) -> None:
         """Keep the guard state of ``lane`` under ``prefix`` for ``ttl_ms`` after each change.
 
-        ``lease_ms`` is how long a release stays with its member without a renewal;
-        ``live_ms`` how long this member process counts as alive after each :meth:`live`.
+        A parked key's state (its held followers, its order, its release) is kept ``hold_ms``
+        after each change instead (``ttl_ms`` if None): the followers' offsets are committed,
+        so it must last while the head's copy can still come back from its tier, through an
+        outage of every member (:func:`lane_guards`). ``lease_ms`` is how long a release stays
+        with its member without a renewal; ``live_ms`` how long this member process counts as
+        alive after each :meth:`live`.
         """
         self._client = client
         self._functions = FunctionLibrary(client, LIBRARY)
         self.lane = lane
         self.keys: GuardKeys = guard_keys(prefix, lane)
         self.ttl_ms = ttl_ms
+        self.hold_ms = ttl_ms if hold_ms is None else hold_ms
         self.lease_ms = lease_ms
         self.live_ms = live_ms
         self.instance = uuid.uuid4().hex[:16]
@@ -229,7 +252,7 @@ class GuardStore:
             "gd_begin",
             [k.run, k.gone, k.parked, k.alone, k.live],
             [
-                self.ttl_ms,
+                self.hold_ms,
                 "\n".join(ended),
                 "\n".join(start.line for start in starts),
                 self.instance,
@@ -252,6 +275,7 @@ class GuardStore:
                 [k.run, k.gone, k.parked, z, state, held, k.live],
                 [
                     self.ttl_ms,
+                    self.hold_ms,
                     start.ident,
                     start.key,
                     start.position,
@@ -279,6 +303,7 @@ class GuardStore:
                 [k.run, k.gone, k.parked, z, state],
                 [
                     self.ttl_ms,
+                    self.hold_ms,
                     start.ident,
                     start.key,
                     start.position,
@@ -301,6 +326,7 @@ class GuardStore:
         k = self.keys
         args: list[str | int] = [
             self.ttl_ms,
+            self.hold_ms,
             self.lease_ms,
             k.tag,
             self.instance,
@@ -344,7 +370,7 @@ class GuardStore:
             flat = await self._functions.fcall(
                 "gd_reap",
                 [k.releases],
-                [self.ttl_ms, self.lease_ms, k.tag, limit, self.instance],
+                [self.ttl_ms, self.hold_ms, self.lease_ms, k.tag, limit, self.instance],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not look for stalled releases: %s", exc)
@@ -488,18 +514,46 @@ def start_of(message: Message, *, ordered: bool) -> Start:
     return Start(message_id(message), encode_key(message.key), at, ordered, attempt)
 
 
+def retry_path_ms(spec: TopicSpec) -> int:
+    """How long the guard's lane-wide state lasts after each change: the retry path plus an hour.
+
+    Twice the longest tier's delay for each attempt, plus :data:`SLACK_MS`.
+    """
+    return max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2 + SLACK_MS
+
+
+def parked_state_ms(spec: TopicSpec) -> int:
+    """How long a parked key's state lasts after each change: the lane's retention, and the path.
+
+    Its held followers' offsets are committed, so Redis keeps their only copy; they run once
+    the head's copy comes back from its tier, which keeps it for the lane's retention (the
+    broker's default, :data:`BROKER_RETENTION_MS`, when the lane declares none) or longer.
+    While the whole fleet is down (a broken deploy over a night) nothing renews the state, so
+    it must last that long, not just the retry path. A key that has nothing parked any more
+    has its state deleted at once, so this costs memory only for keys that still wait.
+    """
+    retention_ms = BROKER_RETENTION_MS if spec.retention_ms is None else spec.retention_ms
+    return min(retention_ms + retry_path_ms(spec), MAX_HOLD_MS)
+
+
 def lane_guards(
     client: Redis, prefix: str, specs: Sequence[TopicSpec], *, live_ms: int = LIVE_MS
 ) -> dict[str, GuardStore]:
-    """The guard store of each lane; its state outlives the lane's retry path plus an hour.
+    """The guard store of each lane: its state lasts :func:`retry_path_ms`, parked keys' longer.
 
-    ``live_ms`` is both this process's liveness and its release leases (both renewed every
-    commit tick): after a crash, its suspects and its releases wait this long.
+    A parked key's state lasts :func:`parked_state_ms`. ``live_ms`` is both this process's
+    liveness and its release leases (both renewed every commit tick): after a crash, its
+    suspects and its releases wait this long.
     """
-    out = {}
-    for spec in specs:
-        ttl_ms = max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2
-        out[spec.lane] = GuardStore(
-            client, prefix, spec.lane, ttl_ms=ttl_ms + 3_600_000, lease_ms=live_ms, live_ms=live_ms
+    return {
+        spec.lane: GuardStore(
+            client,
+            prefix,
+            spec.lane,
+            ttl_ms=retry_path_ms(spec),
+            hold_ms=parked_state_ms(spec),
+            lease_ms=live_ms,
+            live_ms=live_ms,
         )
-    return out
+        for spec in specs
+    }

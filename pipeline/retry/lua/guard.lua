@@ -18,7 +18,7 @@
 --                   it that shows up again is stale. Entries older than ttl_ms are pruned
 --   T:parked  hash  key -> 1 while the key has parked messages (the batch call's index)
 --   T:rel     zset  key -> lease expiry ms (Redis clock) of a release in progress (gd_reap takes
---                   over late ones)
+--                   over late ones, even after every member was down for days)
 --   T:claims:TOPIC:P  hash  instance -> "lo|hi": the offsets of a main partition that member
 --                   process claimed (pipeline/runtime/claims.py); "@owner" -> the instance the
 --                   partition was assigned to last (gd_take), until it gives its claim up
@@ -32,7 +32,15 @@
 --                   followers from any other one release nothing more)
 --   T:f:K     hash  message id -> the held follower (encoded message): it waits here, written
 --                   once, until the messages ahead of it finished
--- Every key expires (ARGV ttl_ms after its last change), so state of vanished messages frees itself.
+-- Every key expires, so state of vanished messages frees itself: ARGV ttl_ms after its last
+-- change (the lane's retry path plus an hour), except what a parked key needs to run its held
+-- followers once its head's copy comes back from its tier (T:z:K, T:h:K, T:f:K, T:parked,
+-- T:rel): their offsets are committed, Redis holds their only copy, and that copy can come back
+-- after a consumer outage of days (while the tier keeps it), when nothing changed these keys.
+-- Those expire ARGV hold_ms after their last change (the lane's retention plus ttl_ms) and are
+-- deleted as soon as the key has nothing parked (release_next, gd_key_begin), so the longer
+-- bound costs memory only for keys that still wait. T:gone keeps the short bound: it gets an
+-- entry per message that left a parked key, which over a retention would grow without need.
 -- The batch call reads and writes with one multi-field command per kind, so its cost in Redis
 -- commands does not grow with the number of starts it carries.
 --
@@ -161,8 +169,10 @@ local function end_marks(run, alone, ids, positions, routed, marks)
   return ended
 end
 
-local function expire(ttl, ...)
-  for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
+-- PEXPIRE each key: `ms` as ARGV gave it (a string; a Lua number past 2^53 would reach Redis
+-- in exponent form, which PEXPIRE refuses).
+local function expire(ms, ...)
+  for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ms) end
 end
 
 -- Add the names of parked key K's state (T:z:K, T:h:K, T:f:K) to `k`, for the calls that
@@ -186,8 +196,8 @@ end
 -- Hold `id` (its encoded message `blob`) behind the live head of its parked key: written once
 -- into T:f:K, in its turn in T:z:K. k: gone, parked, z, h, f. Returns 'copy' if it is held
 -- already (its release runs it), 'held', or nil when the key has no live head or `id` is the
--- head itself (gd_key_begin decides those).
-local function hold(k, ttl, id, key, blob)
+-- head itself (gd_key_begin decides those). `hold_ms`: the per-key state's expiry.
+local function hold(k, hold_ms, id, key, blob)
   local head = live_head(k.gone, k.z, k.f)
   if not head then return nil end
   if redis.call('HEXISTS', k.f, id) == 1 then return 'copy' end
@@ -196,14 +206,14 @@ local function hold(k, ttl, id, key, blob)
     redis.call('ZADD', k.z, redis.call('HINCRBY', k.h, 'seq', 1), id)
   end
   redis.call('HSET', k.f, id, blob)
-  expire(ttl, k.z, k.h, k.f, k.parked)
+  expire(hold_ms, k.z, k.h, k.f, k.parked)
   return 'held'
 end
 
 -- gd_begin: end the given starts, then decide a batch of starts, in one call.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone   KEYS[5] T:live
--- ARGV[1] ttl_ms (for the per-key state of held starts; gd_reap keeps the lane-wide hashes'
--- expiry)
+-- ARGV[1] hold_ms (the expiry of the per-key state of held starts and of T:parked; gd_reap
+-- keeps the lane-wide hashes' expiry)
 -- ARGV[2] ended starts, one per line: id TAB position [TAB 1 if its retry copy was produced]
 -- ARGV[3] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
 -- inherited (1: its partition's previous owner died with it in its claimed range, or 0) TAB
@@ -245,7 +255,7 @@ local function as_head(k, id, pos, attempt, me, now)
 end
 local function begin_many(keys, args)
   local now, me = now_ms(), args[4]
-  local ttl = tonumber(args[1])
+  local hold_ms = args[1]
   local tag = string.sub(keys[1], 1, -5)  -- T:run without ':run'
   if args[5] and args[5] ~= '' then
     redis.call('HSET', keys[5], me, now + tonumber(args[5]))
@@ -298,7 +308,7 @@ local function begin_many(keys, args)
         local key = names[i]
         local k = of_key({run = keys[1], gone = keys[2], parked = keys[3], live = keys[5]}, tag,
                          key)
-        if bodies[i] then held = hold(k, ttl, id, key, bodies[i]) end
+        if bodies[i] then held = hold(k, hold_ms, id, key, bodies[i]) end
         if not held then
           held, held_starts = as_head(k, id, positions[i], attempts[i], me, now)
         end
@@ -342,16 +352,18 @@ end
 -- gd_key_begin: decide a start of a message whose key is parked.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K   KEYS[6] T:f:K
 -- KEYS[7] T:live
--- ARGV[1] ttl_ms   ARGV[2] id   ARGV[3] key   ARGV[4] position   ARGV[5] attempt
--- ARGV[6] the encoded message (stored if it is held)   ARGV[7] the calling member process's
--- instance id
--- Returns {decision, starts}; busy as in gd_begin.
+-- ARGV[1] ttl_ms (T:run)   ARGV[2] hold_ms (the key's state and T:parked)   ARGV[3] id
+-- ARGV[4] key   ARGV[5] position   ARGV[6] attempt   ARGV[7] the encoded message (stored if it
+-- is held)   ARGV[8] the calling member process's instance id
+-- Returns {decision, starts}; busy as in gd_begin. A key found with no live head is unparked
+-- and its state deleted here.
 local function begin_parked(keys, args)
-  local ttl, id, key, pos, attempt, blob = tonumber(args[1]), args[2], args[3], args[4], args[5], args[6]
-  local me, now = args[7], now_ms()
+  local ttl, hold_ms = args[1], args[2]
+  local id, key, pos, attempt, blob = args[3], args[4], args[5], args[6], args[7]
+  local me, now = args[8], now_ms()
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
   local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6]}
-  local held = hold(k, ttl, id, key, blob)
+  local held = hold(k, hold_ms, id, key, blob)
   if held then return {held, 0} end
   local head, head_seq = live_head(keys[2], keys[4], keys[6])
   if not head then
@@ -370,12 +382,14 @@ end
 
 -- gd_route: a started message is about to be produced to a retry tier (a failure, or a deferral).
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K
--- ARGV[1] ttl_ms   ARGV[2] id   ARGV[3] key   ARGV[4] position   ARGV[5] the copy's attempt
--- ARGV[6] "1" to park the key (an ordered lane)
+-- ARGV[1] ttl_ms (T:run)   ARGV[2] hold_ms (the key's state and T:parked)   ARGV[3] id
+-- ARGV[4] key   ARGV[5] position   ARGV[6] the copy's attempt   ARGV[7] "1" to park the key
+-- (an ordered lane)
 -- Parks the key first, so the copy can never find its key unparked, and lets that copy (by its
 -- attempt) take the start mark over even if this start has not ended yet.
 local function route(keys, args)
-  local ttl, id, key, pos, attempt = tonumber(args[1]), args[2], args[3], args[4], args[5]
+  local ttl, hold_ms = args[1], args[2]
+  local id, key, pos, attempt = args[3], args[4], args[5], args[6]
   local mark = redis.call('HGET', keys[1], id)
   local starts, at = 1, pos
   if mark then starts, at = parse(mark) end
@@ -383,12 +397,12 @@ local function route(keys, args)
     redis.call('HSET', keys[1], id, math.max(starts, 1) .. '|' .. pos .. '|' .. attempt)
     redis.call('PEXPIRE', keys[1], ttl)
   end
-  if args[6] == '1' and not redis.call('ZSCORE', keys[2], id) then
+  if args[7] == '1' and not redis.call('ZSCORE', keys[2], id) then
     if not redis.call('ZSCORE', keys[4], id) then
       redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
     end
     redis.call('HSET', keys[3], key, 1)
-    expire(ttl, keys[4], keys[5], keys[3])
+    expire(hold_ms, keys[4], keys[5], keys[3])
   end
   return 1
 end
@@ -399,8 +413,9 @@ end
 -- that is a plain process come more: the held followers right behind it whose start is fresh
 -- (no mark), each marked as started here. A suspect or a sequenced follower is always released
 -- alone, so its end is recorded before anything after it runs. k: run, gone, parked, z, h, f,
--- rel (as in finish_one). Returns a flat list, three per follower: decision, id, message.
-local function release_next(k, now, ttl, key, lease, n, me)
+-- rel (as in finish_one); `ttl` the expiry of T:run, `hold_ms` that of the key's state and
+-- T:rel. Returns a flat list, three per follower: decision, id, message.
+local function release_next(k, now, ttl, hold_ms, key, lease, n, me)
   local head, seq = live_head(k.gone, k.z, k.f)
   if not head then
     redis.call('DEL', k.z, k.h, k.f)
@@ -416,7 +431,7 @@ local function release_next(k, now, ttl, key, lease, n, me)
   end
   redis.call('HSET', k.h, 'rel', head, 'by', me)
   redis.call('ZADD', k.rel, now + lease, key)
-  expire(ttl, k.z, k.h, k.f, k.rel)
+  expire(hold_ms, k.z, k.h, k.f, k.rel)
   if seq <= tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then
     return {'sequenced', head, blob}
   end
@@ -446,7 +461,8 @@ end
 -- Record how message `id` of parked key `key` ended (or how a message came to park its key).
 -- k: run, alone, gone, parked, z, h, f, rel. `follow` is "follow" if followers of a
 -- dead-lettered head follow it into the DLQ; `pos` the position of the start that ended (its
--- mark is left alone if a copy took it over; "rel" for a released follower); `lease` the
+-- mark is left alone if a copy took it over; "rel" for a released follower); `ttl` the expiry
+-- of T:run and T:gone, `hold_ms` that of the key's state, T:parked and T:rel; `lease` the
 -- release lease (ms); `n` how many followers to release after it (0: none, the caller has them
 -- already). `outcome`:
 --   done    handled (or skipped, expired): it leaves the parked set, the next followers are
@@ -460,7 +476,7 @@ end
 -- or the message left the parked set already) is stale and changes nothing; `me` is the
 -- calling member process.
 -- Returns the followers released to the caller: a flat list, three per follower.
-local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n, me)
+local function finish_one(k, now, ttl, hold_ms, lease, id, key, outcome, follow, pos, n, me)
   -- A released follower's end from a member whose release another took over (gd_reap, while
   -- it was stalled): what it ran is recorded, but the release is the other member's now.
   local taken = false
@@ -509,7 +525,7 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n, 
     end
     if redis.call('EXISTS', k.z) == 1 then
       redis.call('HSET', k.parked, key, 1)
-      expire(ttl, k.z, k.h, k.parked)
+      expire(hold_ms, k.z, k.h, k.parked)
     end
     return {}
   end
@@ -522,27 +538,29 @@ local function finish_one(k, now, ttl, lease, id, key, outcome, follow, pos, n, 
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
   end
   if n == 0 or taken then return {} end
-  return release_next(k, now, ttl, key, lease, n, me)
+  return release_next(k, now, ttl, hold_ms, key, lease, n, me)
 end
 
 -- gd_end_many: record how messages of parked keys ended (finish_one), several in one call, in
 -- order.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
--- ARGV[1] ttl_ms   ARGV[2] lease_ms   ARGV[3] the tag T   ARGV[4] the calling member process,
+-- ARGV[1] ttl_ms (T:run, T:gone)   ARGV[2] hold_ms (the keys' state, T:parked, T:rel)
+-- ARGV[3] lease_ms   ARGV[4] the tag T   ARGV[5] the calling member process,
 -- then six per end: id, key, outcome (done | parked | dead | back), "follow"
 -- or "", the position of the start that ended, how many followers to release after it (0:
 -- none).
 -- Returns one list per end: the followers released after it, three entries each (decision,
 -- id, message), none if it released none.
 local function finish_many(keys, args)
-  local now, ttl, lease, tag = now_ms(), tonumber(args[1]), tonumber(args[2]), args[3]
+  local now, ttl, hold_ms = now_ms(), args[1], args[2]
+  local lease, tag = tonumber(args[3]), args[4]
   local out = {}
-  for i = 5, #args, 6 do
+  for i = 6, #args, 6 do
     local key = args[i + 1]
     local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
                       rel = keys[5]}, tag, key)
-    out[#out + 1] = finish_one(k, now, ttl, lease, args[i], key, args[i + 2], args[i + 3],
-                               args[i + 4], tonumber(args[i + 5]), args[4])
+    out[#out + 1] = finish_one(k, now, ttl, hold_ms, lease, args[i], key, args[i + 2],
+                               args[i + 3], args[i + 4], tonumber(args[i + 5]), args[5])
   end
   return out
 end
@@ -568,20 +586,22 @@ local function solo(keys, args)
 end
 
 -- gd_reap: take over releases whose member stopped renewing their lease (it died mid-release).
--- KEYS[1] T:rel   ARGV[1] ttl_ms   ARGV[2] lease_ms   ARGV[3] the tag T
--- ARGV[4] at most this many keys   ARGV[5] the calling member process (the releases' holder)
+-- KEYS[1] T:rel   ARGV[1] ttl_ms (T:run, T:alone, and how long T:gone keeps an entry)
+-- ARGV[2] hold_ms (the state of the keys taken over)   ARGV[3] lease_ms   ARGV[4] the tag T
+-- ARGV[5] at most this many keys   ARGV[6] the calling member process (the releases' holder)
 -- Returns a flat list: key, decision, id, message for each follower taken over.
 local function reap(keys, args)
-  local now, ttl, lease, tag = now_ms(), tonumber(args[1]), tonumber(args[2]), args[3]
+  local now, ttl, hold_ms = now_ms(), args[1], args[2]
+  local lease, tag = tonumber(args[3]), args[4]
   -- The batched starts (gd_begin) leave the lane's expiry and trimming to this periodic call.
-  redis.call('ZREMRANGEBYSCORE', tag .. ':gone', '-inf', now - ttl)
+  redis.call('ZREMRANGEBYSCORE', tag .. ':gone', '-inf', now - tonumber(ttl))
   expire(ttl, tag .. ':run', tag .. ':alone')
-  local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[4]))
+  local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
   local out = {}
   for _, key in ipairs(due) do
     local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
                       rel = keys[1]}, tag, key)
-    local released = release_next(k, now, ttl, key, lease, 1, args[5])
+    local released = release_next(k, now, ttl, hold_ms, key, lease, 1, args[6])
     if released[1] then
       out[#out + 1] = key
       out[#out + 1] = released[1]
