@@ -31,6 +31,7 @@ from pipeline.redis_channel import channel_of, open_channel
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
+from pipeline.runtime.eviction import warn_if_evicting
 from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Progress
 from pipeline.topics.spec import TopicSpec
@@ -231,6 +232,7 @@ async def serve(
         app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
     chosen_lanes = [app.lanes[name] for name in chosen if name in app.lanes]
+    await warn_if_evicting(redis, settings.redis.url, chosen_lanes)  # held followers, buffers
     throttle, fleet = await _admission(redis, settings, chosen_lanes)
     specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(

@@ -1,0 +1,74 @@
+"""Say at ``pipeline consume`` start when the member's Redis may evict what only it keeps.
+
+A follower held behind a parked key (an ordered lane with retry tiers) and a message waiting in
+a debounce buffer have their offsets committed: Redis keeps their only copy. A Redis with
+``maxmemory`` and an eviction policy drops keys under memory pressure, silently: a ``volatile-*``
+policy the keys that have an expiry, which every key of the run guard has (a parked key's held
+followers among them), an ``allkeys-*`` policy any key, debounce buffers too. Only
+``noeviction`` (writes refused when full, which the runtime fails open on, logged) loses
+nothing. The member reads the two settings once (``CONFIG GET``) and logs one warning line; a
+managed Redis that refuses ``CONFIG`` (or a Redis out of reach) makes it say nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from pipeline.reachability import safe_url
+from pipeline.redis_functions import FAILED
+from pipeline.runtime.app import Lane
+from pipeline.runtime.guard import ordered_retries
+
+log = logging.getLogger(__name__)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def what_it_evicts(policy: str, lanes: Sequence[Lane]) -> list[str]:
+    """What of ``lanes``' state in Redis an eviction ``policy`` can drop (empty: nothing)."""
+    if not policy.startswith(("volatile-", "allkeys-")):  # noeviction
+        return []
+    ordered = [lane.name for lane in lanes if ordered_retries(lane)]
+    debounced = [lane.name for lane in lanes if lane.turns]
+    out = []
+    if ordered:
+        out.append(f"held followers of parked keys (lanes {', '.join(ordered)})")
+    if debounced and policy.startswith("allkeys-"):  # no expiry on buffers: volatile-* spares them
+        out.append(f"debounce buffers (lanes {', '.join(debounced)})")
+    if out:
+        out[-1] += ", whose offsets are committed (Redis holds their only copy)"
+    else:
+        out.append("the run guard's start marks (a crash then goes uncounted towards poison)")
+    return out
+
+
+async def warn_if_evicting(redis: Redis, url: str, lanes: Sequence[Lane]) -> str | None:
+    """Log one warning if the Redis at ``url`` may evict state of ``lanes``; the line, or None.
+
+    Reads ``maxmemory`` and ``maxmemory-policy`` (``CONFIG GET``): a warning when the first is
+    above 0 and the second is not ``noeviction``. Says nothing when the Redis refuses ``CONFIG``
+    (managed services often do) or cannot be reached (the runtime says so on its first call).
+    """
+    try:
+        memory = await redis.config_get("maxmemory")
+        policy_reply = await redis.config_get("maxmemory-policy")
+    except FAILED as exc:
+        log.debug("could not read the eviction policy of Redis %s: %s", safe_url(url), exc)
+        return None
+    maxmemory = int(_text(next(iter(memory.values()), "0")) or 0)
+    policy = _text(next(iter(policy_reply.values()), "noeviction"))
+    evicts = what_it_evicts(policy, lanes)
+    if maxmemory <= 0 or not evicts:
+        return None
+    line = (
+        f"Redis {safe_url(url)} has maxmemory {maxmemory} bytes and maxmemory-policy {policy}: "
+        f"when full it silently evicts {' and '.join(evicts)}; "
+        "set maxmemory-policy noeviction"
+    )
+    log.warning(line)
+    return line
