@@ -5,12 +5,17 @@ time, the origin (topic, partition, offset and production time of the first deli
 error. A dead letter
 carries the same plus the reason (``fatal``, ``exhausted``, ``expired``, ``poison``) and first and
 last failure times, so a redrive can put it back where it came from.
+
+The due time and the failure times are read off the router's clock: in a member with Redis,
+Redis's clock (:class:`~pipeline.runtime.shared_clock.SharedClock`), the one every member judges
+due times by, so a copy waits its tier's delay whatever the failing host's clock says.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline import headers as h
@@ -21,6 +26,11 @@ from pipeline.retry.policy import Backoff
 from pipeline.transport.protocol import Producer
 
 _MAX_ERROR_CHARS = 500
+
+
+def _host_ms() -> int:
+    """The host's clock in ms since the epoch (``time.time``, looked up at every call)."""
+    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +92,14 @@ def _failure_headers(
 class RetryRouter:
     """Produces failed messages to retry tiers and dead-letter topics."""
 
-    def __init__(self, producer: Producer) -> None:
-        """Use ``producer`` for every routed message."""
+    def __init__(self, producer: Producer, clock_ms: Callable[[], int] = _host_ms) -> None:
+        """Use ``producer`` for every routed message.
+
+        ``clock_ms``: now in ms since the epoch, for due and failure times (the host's clock
+        unless given; a member gives Redis's).
+        """
         self._producer = producer
+        self._clock_ms = clock_ms
 
     async def retry(
         self,
@@ -104,7 +119,7 @@ class RetryRouter:
             return await self.dead_letter(routes, message, "exhausted", error)
         last = len(routes.retry_topics)
         tier = (last if longest else min(attempt, last)) - 1
-        now_ms = int(time.time() * 1000)
+        now_ms = self._clock_ms()
         out = _failure_headers(message, error, now_ms)
         out[h.ATTEMPT] = str(attempt + 1).encode()
         out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(tier)).encode()
@@ -118,7 +133,7 @@ class RetryRouter:
         Not a failure: the attempt count stays, and the message is due after the first tier's
         delay, when it checks again whether it is the key's head.
         """
-        now_ms = int(time.time() * 1000)
+        now_ms = self._clock_ms()
         out = _with_origin(message)
         out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(0)).encode()
         topic = routes.retry_topics[0]
@@ -131,7 +146,7 @@ class RetryRouter:
         """Send to the lane's dead-letter topic with the reason and the error."""
         if error is None:  # every dead letter says what ended it, for redrive's filters
             error = DeadLetter(reason)
-        out = _failure_headers(message, error, int(time.time() * 1000))
+        out = _failure_headers(message, error, self._clock_ms())
         out[h.DEAD_REASON] = reason.encode()
         out.setdefault(h.ATTEMPT, b"1")
         out.pop(h.DUE_MS, None)

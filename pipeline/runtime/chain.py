@@ -23,6 +23,10 @@
   routing of its failure to a retry tier or the dead-letter topic.
 * **settle**: the member records the outcome (offsets to commit, log rows, metrics).
 
+The due and batch stages judge times other hosts wrote (a due time, a produce time) by the
+chain's clock: in a member with Redis, Redis's
+(:class:`~pipeline.runtime.shared_clock.SharedClock`).
+
 A :class:`~pipeline.runtime.work.Work` carries the message and its lane (looked up once, on
 entry) from stage to stage. Each stage is told only of its successor, by the hop methods below,
 so the order is visible here and a stage can change without reading the others.
@@ -46,6 +50,7 @@ from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
+from pipeline.runtime.shared_clock import local_ms
 from pipeline.runtime.throttle_gate import Admitter, ThrottleGate, tenant_of
 from pipeline.runtime.work import Work
 
@@ -70,19 +75,23 @@ class Chain:
         throttle: Admitter | None = None,
         fleet: FleetLimits | None = None,
         group: str = "",
+        clock_ms: Callable[[], int] = local_ms,
     ) -> None:
         """Build the stages; :meth:`start` binds the due stage to the consumer's pauses.
 
         ``group``: the consumer group, named on each delivery's ``process`` span.
+        ``clock_ms``: now in ms since the epoch, by which due times and batch promotion are
+        judged.
         """
         self._app = app
+        self._clock_ms = clock_ms
         self._group = group
         self._guard = guard
         self._handler = handler
         self._settle = settle
         self._fleet = fleet
         self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
-        self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load)
+        self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load, clock_ms)
         self.gate: ThrottleGate[Work] | None = None
         if throttle is not None:
             self.gate = ThrottleGate(throttle, self._key_lanes, self._defer)
@@ -90,7 +99,7 @@ class Chain:
 
     def start(self, pauses: PauseBook) -> None:
         """Start the key lanes' workers; the due stage pauses partitions through ``pauses``."""
-        self.due = DueGate(pauses, self._due)
+        self.due = DueGate(pauses, self._due, self._clock_ms)
         self.lanes.start()
 
     # -- the hops, in order -------------------------------------------------------------------

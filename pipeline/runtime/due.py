@@ -12,6 +12,11 @@ resume arrives behind every other partition's read-ahead); past that it is pause
 resumes once it holds half as many. A message is never released before its due time, unless
 that time is further ahead than its lane's longest tier (written by some other producer): it then
 waits that tier's delay.
+
+Due times are judged by the gate's clock: in a member with Redis the
+:class:`~pipeline.runtime.shared_clock.SharedClock`, Redis's clock, which the retry router
+stamped them with on whichever member failed the message; so hosts whose clocks disagree do not
+run a copy early or late by the difference. A timer waits the due time less that clock's now.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ import asyncio
 import heapq
 import itertools
 import logging
-import time
 from collections.abc import Callable
 from typing import Generic
 
 from pipeline import headers as h
 from pipeline.envelope import TopicPartition
 from pipeline.runtime.flow import PauseBook
+from pipeline.runtime.shared_clock import local_ms
 from pipeline.runtime.work import Item, T
 
 log = logging.getLogger(__name__)
@@ -43,10 +48,19 @@ def due_ms(message: Item) -> int:
 class DueGate(Generic[T]):
     """Holds messages of retry-tier partitions until they are due, earliest due first."""
 
-    def __init__(self, pauses: PauseBook, release: Callable[[T], None]) -> None:
-        """Release due messages through ``release``; pause and resume through ``pauses``."""
+    def __init__(
+        self,
+        pauses: PauseBook,
+        release: Callable[[T], None],
+        clock_ms: Callable[[], int] = local_ms,
+    ) -> None:
+        """Release due messages through ``release``; pause and resume through ``pauses``.
+
+        ``clock_ms``: now in ms since the epoch, the clock due times were written with.
+        """
         self._pauses = pauses
         self._release = release
+        self._clock_ms = clock_ms
         self._held: dict[TopicPartition, list[tuple[int, int, T]]] = {}
         """Per partition, a heap of (due ms, arrival, message): equal due times in arrival order."""
         self._timers: dict[TopicPartition, tuple[int, asyncio.TimerHandle]] = {}
@@ -61,12 +75,12 @@ class DueGate(Generic[T]):
         cannot hold its partition's committed position for years.
         """
         due = due_ms(message)
-        now_ms = time.time() * 1000
+        now_ms = self._clock_ms()
         if due <= now_ms:
             self._release(message)
             return
         if longest_ms is not None:
-            due = min(due, int(now_ms) + longest_ms)
+            due = min(due, now_ms + longest_ms)
         tp = message.tp
         held = self._held.get(tp)
         if held is None:
@@ -83,7 +97,7 @@ class DueGate(Generic[T]):
 
     def _arm(self, tp: TopicPartition) -> None:
         due = self._held[tp][0][0]
-        delay_s = max(0.0, due / 1000 - time.time())
+        delay_s = max(0.0, (due - self._clock_ms()) / 1000)
         loop = asyncio.get_running_loop()
         self._timers[tp] = (due, loop.call_later(delay_s, self._fire, tp))
 
@@ -92,7 +106,7 @@ class DueGate(Generic[T]):
         held = self._held.get(tp)
         if not held:
             return
-        now_ms = time.time() * 1000
+        now_ms = self._clock_ms()
         while held and held[0][0] <= now_ms:
             self._release(heapq.heappop(held)[2])
         if held:

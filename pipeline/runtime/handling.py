@@ -7,6 +7,10 @@ event loop, in the CPU pool for ``cpu=True`` lanes, or, on debounced lanes, the 
 recorded for its conversation's turn (:mod:`~pipeline.runtime.turns`). Every failure is routed
 by :class:`~pipeline.runtime.redirect.Redirector` (retry tier or dead-letter topic); the outcome
 string says what happened.
+
+Deadlines and waiting times compare now with times other hosts wrote (a ticker's
+``pl-deadline-ms``, a retry copy's due time): now is read off the stage's clock, which in a
+member with Redis is Redis's (:class:`~pipeline.runtime.shared_clock.SharedClock`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pipeline.runtime.due import due_ms
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.payloads import Payloads
 from pipeline.runtime.redirect import Redirector
+from pipeline.runtime.shared_clock import local_ms
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
 from pipeline.runtime.stats import Stats
 from pipeline.runtime.turns import DebouncedLanes, TurnOutcome
@@ -54,13 +59,16 @@ class HandlerStage:
         turn_metrics: DebounceMetrics | None = None,
         rows_finished: Callable[[Sequence[Message]], None] = lambda _: None,
         cancel_grace_s: float = 5.0,
+        clock_ms: Callable[[], int] = local_ms,
     ) -> None:
         """Serve ``lanes`` of ``app``; ``rows_finished`` is told of settled debounced turns.
 
         ``throttled``: the member admits through a throttle, so adaptive lanes' calls are
-        timed and reported when their slots are released.
+        timed and reported when their slots are released. ``clock_ms``: now in ms since the
+        epoch, against which deadlines and due times are judged.
         """
         self._app = app
+        self._clock_ms = clock_ms
         self._routing = routing
         self._stats = stats
         self._cpu_workers = cpu_workers
@@ -91,7 +99,7 @@ class HandlerStage:
         attempt = h.attempt_header(message.headers)
         self._routing.processed(lane)
         if self._metrics is not None and h.DUE_MS in message.headers:  # a retry-tier copy
-            self._metrics.retry_started(lane.name, time.time() - due_ms(message) / 1000)
+            self._metrics.retry_started(lane.name, (self._clock_ms() - due_ms(message)) / 1000)
         called = time.perf_counter()
         try:
             if OFFLOAD in message.headers:  # a reference: resolved off the loop, or lazily
@@ -122,7 +130,7 @@ class HandlerStage:
 
     def _expired(self, lane: Lane, message: Message) -> str | None:
         """Why ``message`` must not run now (``expired`` or ``shed``), or None to run it."""
-        now_ms = int(time.time() * 1000)
+        now_ms = self._clock_ms()
         deadline = deadline_ms(message, lane.spec)
         if deadline is not None and now_ms > deadline:
             self._stats.expired += 1

@@ -50,6 +50,7 @@ from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.pressure import ConcurrencyGovernor
 from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
+from pipeline.runtime.shared_clock import SharedClock
 from pipeline.runtime.stats import Stats
 from pipeline.runtime.supervision import Essential
 from pipeline.runtime.throttle_gate import Admitter
@@ -104,7 +105,7 @@ class Member:
     _hurry: asyncio.Event | None = None
     """Set to end shutdown's grace at once (a second signal); see :meth:`run`."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - the wiring of every stage, one statement each
         self,
         app: App,
         transport: Transport,
@@ -164,13 +165,16 @@ class Member:
             for lane in chosen
             if lane.spec.heartbeat_timeout_ms is not None
         }
+        # Due times, failure times and deadlines are read off Redis's clock, whatever this host's.
+        self._clock = SharedClock(redis)
         self._routing = Redirector(
             RetryRouter(
                 offloading(  # references produced again are kept young for the purge
                     self._producer,
                     [lane.spec for lane in chosen],
                     None if metrics is None else metrics.offload,
-                )
+                ),
+                self._clock.now_ms,
             ),
             self.stats,
             app.retryable,
@@ -194,6 +198,7 @@ class Member:
             turn_metrics=turn_metrics,
             rows_finished=self._rows_finished,
             cancel_grace_s=settings.cancel_grace_s,
+            clock_ms=self._clock.now_ms,
         )
         self._longwork = LongWork(
             self._handler,
@@ -240,6 +245,7 @@ class Member:
             throttle=throttle,
             fleet=fleet,
             group=group,
+            clock_ms=self._clock.now_ms,
         )
         debounced = [lane for lane in chosen if lane.turns]
         self._turns: DebouncedLanes | None = None
@@ -300,6 +306,7 @@ class Member:
                 (:mod:`pipeline.runtime.supervision`).
         """
         self._hurry = hurry
+        await self._clock.measure()  # Redis's clock, before the first due time is read
         await self._longwork.tick()  # the standing cancellations, before the first message
         consumer = self._transport.consumer(self.group, self._topics, listener=self)
         self._consumer = consumer
@@ -323,6 +330,7 @@ class Member:
             runners.append(asyncio.create_task(governor.run(turns_stop)))
         if self._fleet is not None:
             runners.append(asyncio.create_task(self._fleet.run(turns_stop)))
+        runners.append(asyncio.create_task(self._clock.run(turns_stop)))
         longwork = essential.start(
             self._longwork.run(turns_stop), "long-work tick (heartbeats, cancellations)"
         )
