@@ -12,7 +12,8 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
 for users' tests), ``cli`` with ``cli_support`` and ``cli_progress``, ``redis_functions`` with
 ``redis_channel``, ``heap`` (start-up objects kept out of full collections), ``log_repeats``,
-``reachability`` (the line for a service that is down) and ``validation``.
+``reachability`` (the line for a service that is down), ``cancel_tasks`` (stopping tasks
+though a cancellation is lost below them) and ``validation``.
 Import what you use from its module (``from pipeline.runtime import App``); ``__all__`` names
 these modules, as docs/architecture.md does.
 """
@@ -20,6 +21,7 @@ these modules, as docs/architecture.md does.
 __all__ = [
     "admission",
     "cancel",
+    "cancel_tasks",
     "capacity",
     "cli",
     "cli_progress",

@@ -30,6 +30,7 @@ from typing import Any
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
+from pipeline.cancel_tasks import raise_absorbed_cancel
 from pipeline.redis_channel import channel_of
 
 FAILED = (rexc.RedisError, rexc.RedisClusterException, OSError)
@@ -93,20 +94,17 @@ class FunctionLibrary:
         Through the client's :class:`~pipeline.redis_channel.FunctionChannel` when one is bound
         to it (``pipeline consume`` binds one), else through redis-py.
         """
-        task = asyncio.current_task()
-        asked = task.cancelling() if task is not None else 0
-        if not self._loaded:
-            await self.ensure_loaded()
-        loaded = self.name(name)
-        try:
-            reply = await self._call(loaded, keys, args)
-        except rexc.ResponseError as exc:
-            if not is_missing(exc):
-                raise
-            await self.load()
-            reply = await self._call(loaded, keys, args)
-        if task is not None and task.cancelling() > asked:
-            raise asyncio.CancelledError  # requested during the call and absorbed on the way
+        with raise_absorbed_cancel():  # requested during the call and absorbed on the way
+            if not self._loaded:
+                await self.ensure_loaded()
+            loaded = self.name(name)
+            try:
+                reply = await self._call(loaded, keys, args)
+            except rexc.ResponseError as exc:
+                if not is_missing(exc):
+                    raise
+                await self.load()
+                reply = await self._call(loaded, keys, args)
         return reply
 
     async def _call(self, loaded: str, keys: Sequence[str], args: Sequence[Any]) -> Any:

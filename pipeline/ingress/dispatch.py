@@ -12,12 +12,12 @@ hold thousands of 1 MiB bodies in memory); a row that does not fit is left to th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
 from pipeline import tracing
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import Record
 from pipeline.errors import PipelineError
 from pipeline.ingress.headers import event_headers, event_key
@@ -115,11 +115,7 @@ class Dispatcher:
         pumps = list(self._pumps.values())
         if pumps:
             _, pending = await asyncio.wait(pumps, timeout=timeout_s)
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_until_done(*pending)  # a produce below may lose a first cancellation
         while self._marker is not None:
             await asyncio.shield(self._marker)
 

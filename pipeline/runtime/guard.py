@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from pipeline import tracing
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import PoisonMessage, SequencedDeadLetter
 from pipeline.retry.guard_store import (
@@ -693,10 +694,7 @@ class RunGuard:
 
     async def close(self) -> None:
         """Stop releases taken over from other members (their leases lapse and return)."""
-        for task in list(self._reaped):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_until_done(*self._reaped)  # their handlers may lose a first cancellation
         for claims in self._claims.values():
             await claims.close()
 

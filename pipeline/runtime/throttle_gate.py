@@ -29,6 +29,7 @@ from typing import Any, Generic, NamedTuple, Protocol
 
 from pipeline import headers as h
 from pipeline.admission.adaptive import Feedback
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import TopicPartition
 from pipeline.runtime.work import Item, T
 from pipeline.topics.spec import ThrottlePolicy
@@ -316,11 +317,7 @@ class ThrottleGate(Generic[T]):
 
     async def close(self) -> None:
         """Withdraw every waiting acquisition and wait for pending releases."""
-        for task in list(self._acquiring.values()):
-            task.cancel()
-        for task in list(self._acquiring.values()):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_until_done(*self._acquiring.values())
         self._acquiring.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)

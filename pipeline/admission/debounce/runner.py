@@ -49,6 +49,7 @@ from redis.asyncio import Redis
 
 from pipeline.admission.debounce.debouncer import Debouncer, DebounceStats, Ending, Step, Turn
 from pipeline.admission.wake import dedicated_client
+from pipeline.cancel_tasks import cancel_until_done, raise_absorbed_cancel
 from pipeline.errors import DebounceUnavailable
 
 __all__ = ["TurnRunner", "exponential_backoff_ms"]
@@ -157,9 +158,7 @@ class TurnRunner:
             raise
         finally:
             stopping.cancel()
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            await cancel_until_done(listener)  # its BLPOP's write may lose a first cancellation
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
 
@@ -169,12 +168,8 @@ class TurnRunner:
         On Python 3.11 ``asyncio.wait_for`` drops a cancellation that lands as the runner is
         woken (CPython issue 86296): it is raised here all the same.
         """
-        current = asyncio.current_task()
-        asked = 0 if current is None else current.cancelling()
-        with contextlib.suppress(TimeoutError):
+        with raise_absorbed_cancel(), contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), delay_s)
-        if current is not None and current.cancelling() > asked:
-            raise asyncio.CancelledError
 
     async def _drain(self) -> None:
         """Let the running turns end and finish them (their finishes go in steps of no claim).

@@ -1,0 +1,145 @@
+"""Tasks end when stopped although a cancellation is lost below them (CPython issue 86296).
+
+On Python 3.11 ``asyncio.wait_for`` returns the awaited result instead of raising when the
+cancellation lands as that result arrives; redis-py writes each command under it. The first
+tests show that on the real Redis, the others hold the two guards of :mod:`pipeline.cancel_tasks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from pipeline.cancel_tasks import cancel_until_done, raise_absorbed_cancel
+
+lost_on_311 = pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="asyncio.wait_for keeps the cancellation since 3.12"
+)
+
+
+@pytest.fixture
+async def timed_redis(redis_service: str) -> AsyncIterator[Redis]:
+    """A client with a socket timeout, as the pipeline's are: its writes go through wait_for."""
+    client = Redis.from_url(redis_service, socket_timeout=5)
+    await client.ping()  # connected: the next command's first await is its write
+    yield client
+    await client.aclose()
+
+
+@lost_on_311
+async def test_a_loop_of_redis_calls_absorbing_its_cancellation_is_cancelled_again(
+    timed_redis: Redis, unique: str
+) -> None:
+    """A loop of GETs goes on after one cancellation; cancel_until_done still ends it."""
+    went_on = asyncio.Event()
+    calls = 0
+
+    async def read_forever() -> None:
+        nonlocal calls
+        while True:
+            await timed_redis.get(f"absorbed:{unique}")
+            calls += 1
+            if calls == 2:
+                went_on.set()
+
+    task = asyncio.create_task(read_forever())
+    await asyncio.sleep(0)  # one step: the task now waits in its first write's wait_for
+    task.cancel()
+    await asyncio.wait_for(went_on.wait(), 10)  # the cancellation was lost: it read on
+    await asyncio.wait_for(cancel_until_done(task), 10)
+    assert task.cancelled()
+
+
+@lost_on_311
+async def test_a_redis_call_whose_cancellation_was_absorbed_raises_it(
+    timed_redis: Redis, unique: str
+) -> None:
+    """A GET inside raise_absorbed_cancel raises the cancellation its write swallowed."""
+    returned: list[object] = []
+
+    async def read_once() -> None:
+        with raise_absorbed_cancel():
+            returned.append(await timed_redis.get(f"absorbed:{unique}"))
+
+    task = asyncio.create_task(read_once())
+    await asyncio.sleep(0)  # as above: the cancellation lands in the write's wait_for
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert returned == [None]  # the GET itself returned: the block raised it at its end
+
+
+async def test_a_task_absorbing_its_first_cancellation_is_cancelled_until_it_ends() -> None:
+    """A task that catches the first cancellation and loops on ends at the second."""
+    absorbed = 0
+
+    async def loop_forever() -> None:
+        nonlocal absorbed
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if absorbed:
+                    raise
+                absorbed += 1  # lost, as wait_for loses it when the reply lands with it
+
+    task = asyncio.create_task(loop_forever())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_until_done(task, recancel_s=0.05), 10)
+    assert task.cancelled()
+    assert absorbed == 1
+
+
+async def test_tasks_are_stopped_together_and_what_they_ended_with_stays_in_them() -> None:
+    """All tasks are cancelled at once; an error one ended with is left in it, not raised."""
+    started = asyncio.Event()
+
+    async def wait_forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def fail_when_cancelled() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("failed while stopping") from None
+
+    async def done_already() -> str:
+        return "done"
+
+    ended = asyncio.create_task(done_already())
+    await ended
+    waiting = asyncio.create_task(wait_forever())
+    failing = asyncio.create_task(fail_when_cancelled())
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(cancel_until_done(ended, waiting, failing), 10)
+    assert ended.result() == "done"
+    assert waiting.cancelled()
+    assert isinstance(failing.exception(), RuntimeError)
+
+
+async def test_a_block_without_a_cancellation_ends_normally() -> None:
+    """raise_absorbed_cancel leaves a block alone when no cancellation came during it."""
+    with raise_absorbed_cancel():
+        await asyncio.sleep(0)
+
+
+async def test_a_block_keeps_its_own_error() -> None:
+    """A block that raises keeps its error, though a cancellation was absorbed during it."""
+
+    async def absorb_then_fail() -> None:
+        with raise_absorbed_cancel():
+            with contextlib.suppress(asyncio.CancelledError):  # absorbed below the block
+                await asyncio.Event().wait()
+            raise KeyError("own")
+
+    task = asyncio.create_task(absorb_then_fail())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(KeyError):
+        await task
