@@ -59,8 +59,11 @@ class MemoryConsumer:
                 remaining_s = deadline - time.monotonic()
                 if out or remaining_s <= 0:
                     return out
+                # Not asyncio.wait_for: on Python 3.11 it loses a cancellation that lands as
+                # the change wakes it (CPython issue 86296).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), remaining_s)
+                    async with asyncio.timeout(remaining_s):
+                        await changed.wait()
             finally:
                 self._broker.forget(changed)
 
