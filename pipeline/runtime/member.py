@@ -48,6 +48,7 @@ from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.longwork import LongWork
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.pressure import ConcurrencyGovernor
+from pipeline.runtime.progress import partitions_text
 from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.shared_clock import SharedClock
@@ -718,7 +719,9 @@ class Member:
             if tp in committed:
                 self._committed[tp] = committed[tp]
         await self._guard.assigned(partitions, committed)
-        log.info("%s assigned %s", self.group, [f"{tp.topic}[{tp.partition}]" for tp in partitions])
+        log.info(
+            "%s assigned %s", self.group, partitions_text(partitions) if partitions else "nothing"
+        )
 
     async def on_revoked(
         self, partitions: Sequence[TopicPartition], *, lost: bool
@@ -756,7 +759,9 @@ class Member:
                 self._flow.forget(tp)
             if self._pauses is not None:
                 self._pauses.forget(tp)
-        log.info("%s revoked %s (lost=%s)", self.group, sorted(tps), lost)
+        log.info(
+            "%s revoked %s%s", self.group, partitions_text(sorted(tps)), " (lost)" if lost else ""
+        )
         return positions
 
 
