@@ -4,7 +4,12 @@
 event (same event id, or same origin message) already ran it to success. What it guarantees:
 
 * after ``send()`` returned and its success was recorded, it never runs again for that event
-  (for ``ttl_s``, default 7 days);
+  for as long as the record is kept: the longest any of the lane's topics keeps a copy of the
+  event (its dead letters wait at least two weeks, longer on a lane retaining more) plus its
+  retry path (:func:`once_ttl_ms`; :data:`ONCE_TTL_MS`, 15 days, for a lane the guard was not
+  told of), and again that long after each delivery that finds it done. So a dead letter
+  redriven at the end of its topic's retention, after the effect ran, does not run it again;
+  past that bound it does;
 * two deliveries of one event never run it at the same time: the second waits (backing off,
   for at most about one lease) until the first recorded its end, then returns or runs it; only
   if the claim is still held after that does it raise ``Retry`` and come back later;
@@ -22,30 +27,75 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from pipeline.errors import Retry
+from pipeline.retry.guard_store import BROKER_RETENTION_MS, MAX_HOLD_MS, retry_path_ms
 from pipeline.runtime.keys import once_key
 from pipeline.runtime.once_functions import Claim, OnceFunctions
+from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
 
 T = TypeVar("T")
+
+ONCE_TTL_MS = DLQ_MIN_RETENTION_MS + 86_400_000
+"""How long a done record is kept on a lane the guard has no bound for (15 days): a dead-letter
+topic's least retention, two weeks, and a day for the retry path before it."""
+
+
+def once_ttl_ms(spec: TopicSpec) -> int:
+    """How long a done record of ``spec``'s lane is kept: as long as its topics keep a copy.
+
+    The longest retention among the lane's topics (its dead letters': at least
+    :data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`, or the lane's retention if longer; an
+    undeclared retention is Kafka's 7 days), plus its retry path and an hour
+    (:func:`~pipeline.retry.guard_store.retry_path_ms`): the effect ran at the latest before
+    the message was dead-lettered, and a redrive may come as late as its dead letter's last day.
+    """
+    kept_ms = max(
+        BROKER_RETENTION_MS if topic.retention_ms is None else topic.retention_ms
+        for topic in spec.topic_configs(0)
+    )
+    return min(kept_ms + retry_path_ms(spec), MAX_HOLD_MS)
+
+
+def lane_once_ttls(specs: Sequence[TopicSpec]) -> dict[str, int]:
+    """:func:`once_ttl_ms` of each lane (the longest of a lane's declarations)."""
+    ttls: dict[str, int] = {}
+    for spec in specs:
+        ttls[spec.lane] = max(ttls.get(spec.lane, 0), once_ttl_ms(spec))
+    return ttls
 
 
 class IdempotencyGuard:
     """Records side effects in Redis per (lane, event, name)."""
 
     def __init__(
-        self, client: Redis, prefix: str, *, lease_ms: int = 15_000, ttl_s: int = 7 * 86_400
+        self,
+        client: Redis,
+        prefix: str,
+        *,
+        lease_ms: int = 15_000,
+        lane_ttl_ms: Mapping[str, int] | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
-        """Keep records under ``prefix``; a claim lapses after ``lease_ms``."""
+        """Keep records under ``prefix``; a claim lapses after ``lease_ms``.
+
+        A done record of lane L is kept ``lane_ttl_ms[L]`` (:func:`lane_once_ttls`), one of a
+        lane not in it ``ttl_ms`` (:data:`ONCE_TTL_MS` if None).
+        """
         self._functions = OnceFunctions(client)
         self._prefix = prefix
         self._lease_ms = lease_ms
-        self._ttl_ms = ttl_s * 1000
+        self._lane_ttl_ms = dict(lane_ttl_ms or {})
+        self._ttl_ms = ONCE_TTL_MS if ttl_ms is None else ttl_ms
+
+    def ttl_ms(self, lane: str) -> int:
+        """How long a done record of ``lane`` is kept after its last use."""
+        return self._lane_ttl_ms.get(lane, self._ttl_ms)
 
     async def once(
         self, lane: str, event: str, name: str, effect: Callable[[], Awaitable[T]]
@@ -57,7 +107,8 @@ class IdempotencyGuard:
         """
         key = once_key(self._prefix, lane, event, name)
         token = uuid.uuid4().hex
-        state = await self._claim(key, token)
+        ttl_ms = self.ttl_ms(lane)
+        state = await self._claim(key, token, ttl_ms)
         if state == "done":
             return None
         if state == "busy":
@@ -70,15 +121,18 @@ class IdempotencyGuard:
             await self._functions.settle(key, token, done=False, ttl_ms=0)
             raise
         renewer.cancel()
-        await self._functions.settle(key, token, done=True, ttl_ms=self._ttl_ms)
+        await self._functions.settle(key, token, done=True, ttl_ms=ttl_ms)
         return result
 
-    async def _claim(self, key: str, token: str) -> Claim:
-        """Claim the record, waiting out a claim held by another delivery for about a lease."""
+    async def _claim(self, key: str, token: str, ttl_ms: int) -> Claim:
+        """Claim the record, waiting out a claim held by another delivery for about a lease.
+
+        A record found done is kept ``ttl_ms`` again.
+        """
         pause_s = 0.05
         deadline = time.monotonic() + self._lease_ms / 1000 + 1.0
         while True:
-            state = await self._functions.claim(key, token, self._lease_ms)
+            state = await self._functions.claim(key, token, self._lease_ms, ttl_ms=ttl_ms)
             if state != "busy" or time.monotonic() + pause_s > deadline:
                 return state
             # Another delivery runs it (or died running it: its claim lapses within a lease).

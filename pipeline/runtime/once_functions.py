@@ -27,9 +27,15 @@ class OnceFunctions:
         """Call the functions through ``client`` (the library loads on first use)."""
         self._functions = FunctionLibrary(client, LIBRARY)
 
-    async def claim(self, key: str, token: str, lease_ms: int) -> Claim:
-        """Take the right to run the effect recorded at ``key`` for ``lease_ms``."""
-        raw = await self._functions.fcall("pl_once_claim", [key], [token, lease_ms])
+    async def claim(
+        self, key: str, token: str, lease_ms: int, *, ttl_ms: int | None = None
+    ) -> Claim:
+        """Take the right to run the effect recorded at ``key`` for ``lease_ms``.
+
+        A record found done is kept ``ttl_ms`` again (its expiry left alone if None).
+        """
+        args = [token, lease_ms] if ttl_ms is None else [token, lease_ms, ttl_ms]
+        raw = await self._functions.fcall("pl_once_claim", [key], args)
         state = raw.decode() if isinstance(raw, bytes) else str(raw)
         if state not in ("claimed", "done", "busy"):
             raise ValueError(f"pl_once_claim answered {state!r}")

@@ -1,14 +1,19 @@
 #!lua name=pipeline_once
 -- The idempotency guard's record of side effects (pipeline/runtime/idempotency.py).
 -- A record {P:once:LANE}:ID:NAME holds "run:<token>" while a holder runs the side effect (with
--- a lease) and "done" once it succeeded (kept ttl_ms).
+-- a lease) and "done" once it succeeded (kept ttl_ms: the longest the lane's topics keep a copy
+-- of the event, its dead letters' retention, plus its retry path; each delivery that finds it
+-- done keeps it ttl_ms again, so a dead letter redriven, failed and redriven again is covered).
 
 -- pl_once_claim: take the right to run a side effect.
--- KEYS[1] the record   ARGV[1] token   ARGV[2] lease_ms
+-- KEYS[1] the record   ARGV[1] token   ARGV[2] lease_ms   ARGV[3] ttl_ms of "done" (optional)
 -- Returns "claimed", "done" (it already ran) or "busy" (another holder runs it now).
 local function claim(keys, args)
   local cur = redis.call('GET', keys[1])
-  if cur == 'done' then return 'done' end
+  if cur == 'done' then
+    if args[3] then redis.call('PEXPIRE', keys[1], args[3]) end
+    return 'done'
+  end
   if cur then return 'busy' end
   redis.call('SET', keys[1], 'run:' .. args[1], 'PX', args[2])
   return 'claimed'

@@ -1,0 +1,85 @@
+"""A ``ctx.once`` record outlives every copy of its event the lane's topics can still give back.
+
+A message whose effect ran and that then failed for good waits in the dead-letter topic (at
+least two weeks) for a human to redrive it, with its event id, so that the effect does not run
+again. Its record must outlast that wait, and the retry path before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from runtime.helpers import lane_spec
+
+from pipeline.retry.guard_store import retry_path_ms
+from pipeline.runtime import idempotency
+from pipeline.runtime.idempotency import IdempotencyGuard, lane_once_ttls
+from pipeline.runtime.keys import once_key
+from pipeline.topics.spec import DLQ_MIN_RETENTION_MS
+
+DAY_MS = 86_400_000
+
+
+@pytest.fixture
+async def client(redis_service: str) -> AsyncIterator[Redis]:
+    """A client of the test Redis (keys under a ``unique`` prefix, deleted after the test)."""
+    client = Redis.from_url(redis_service)
+    yield client
+    await client.aclose()
+
+
+async def _noop() -> None:
+    return None
+
+
+async def test_the_record_outlives_the_dead_letter_topics_retention(
+    client: Redis, unique: str
+) -> None:
+    """As the member builds it, a done record outlives two weeks of dead letters."""
+    guard = IdempotencyGuard(client, f"t{unique}", lease_ms=2_000)
+    await guard.once("orders", "evt-1", "charge", _noop)
+    ttl_ms = await client.pttl(once_key(f"t{unique}", "orders", "evt-1", "charge"))
+    assert ttl_ms > DLQ_MIN_RETENTION_MS
+
+
+async def test_a_lane_keeping_its_messages_longer_keeps_its_records_longer(
+    client: Redis, unique: str
+) -> None:
+    """A lane retaining 30 days keeps its dead letters 30 days: its records last that, and more."""
+    long = lane_spec(f"long_{unique}", 1, retention="30d", retry={"tiers": ["5s", "1m", "10m"]})
+    short = lane_spec(f"short_{unique}", 1, retry={"tiers": ["1s"]})
+    # The largest retention a lane may declare: kept as long as Redis can say.
+    huge = lane_spec(f"huge_{unique}", 1, retention=2**63 - 1)
+    ttls = lane_once_ttls([long, short, huge])
+    assert ttls[long.lane] >= 30 * DAY_MS + retry_path_ms(long)
+    assert ttls[short.lane] >= DLQ_MIN_RETENTION_MS + retry_path_ms(short)
+    guard = IdempotencyGuard(client, f"t{unique}", lease_ms=2_000, lane_ttl_ms=ttls)
+    for spec in (long, short, huge):
+        await guard.once(spec.lane, "evt-1", "charge", _noop)
+        ttl_ms = await client.pttl(once_key(f"t{unique}", spec.lane, "evt-1", "charge"))
+        assert ttl_ms > min(ttls[spec.lane], 2**61) - 60_000, spec.lane
+
+
+async def test_a_redelivery_after_the_bound_runs_the_effect_again_and_one_before_does_not(
+    client: Redis, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound is what the guarantee lasts: a record found done is kept that long again."""
+    monkeypatch.setattr(idempotency, "ONCE_TTL_MS", 600)
+    guard = IdempotencyGuard(client, f"t{unique}", lease_ms=2_000)
+    calls: list[str] = []
+
+    async def charge() -> None:
+        calls.append("charge")
+
+    key = once_key(f"t{unique}", "orders", "evt-1", "charge")
+    await guard.once("orders", "evt-1", "charge", charge)
+    await client.pexpire(key, 100)  # most of the bound has passed
+    # A redrive finds it done, and keeps it the whole bound again (a later redrive is covered).
+    assert await guard.once("orders", "evt-1", "charge", charge) is None
+    assert await client.pttl(key) > 100
+    await asyncio.sleep(0.7)  # time passing, past the bound: Redis's expiry, nothing to await
+    await guard.once("orders", "evt-1", "charge", charge)
+    assert calls == ["charge", "charge"]
