@@ -19,29 +19,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from types import TracebackType
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 RECANCEL_S = 0.5
 """How long :func:`cancel_until_done` waits for cancelled tasks before cancelling them again."""
 
 
-async def cancel_until_done(*tasks: asyncio.Task[Any], recancel_s: float = RECANCEL_S) -> None:
+async def cancel_until_done(
+    *tasks: asyncio.Task[Any], recancel_s: float = RECANCEL_S, report: bool = True
+) -> None:
     """Cancel ``tasks`` and wait until every one has ended, cancelling again those still going.
 
-    Whatever they ended with is left in them, not raised (read it with ``task.result()`` where
-    it matters); a task that had ended already is left alone. A task that ignores every
-    cancellation is still waited for, as ``await task`` would.
+    What they ended with is not raised, so one task's error does not cut the rest of a stop
+    short: with ``report`` an error (other than the cancellation) is logged, one line each with
+    its traceback; without, it is left in the task for the caller to read (``task.result()``).
+    A task that had ended already is left alone. A task that ignores every cancellation is
+    still waited for, as ``await task`` would.
 
     Args:
         tasks: the tasks to stop.
         recancel_s: seconds to wait after each cancellation before cancelling again.
+        report: log the errors the tasks ended with.
     """
     going = {task for task in tasks if not task.done()}
+    stopped = list(going)
     while going:
         for task in going:
             task.cancel()
         _, going = await asyncio.wait(going, timeout=recancel_s)
+    if not report:
+        return
+    for task in stopped:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.error(
+                "%s ended with an error as it was stopped: %r",
+                task.get_name(),
+                error,
+                exc_info=error,
+            )
 
 
 class _RaiseAbsorbed(contextlib.AbstractContextManager[None]):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 from collections.abc import AsyncIterator
 
@@ -95,8 +96,10 @@ async def test_a_task_absorbing_its_first_cancellation_is_cancelled_until_it_end
     assert absorbed == 1
 
 
-async def test_tasks_are_stopped_together_and_what_they_ended_with_stays_in_them() -> None:
-    """All tasks are cancelled at once; an error one ended with is left in it, not raised."""
+async def test_tasks_are_stopped_together_and_what_they_ended_with_stays_in_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """All tasks are cancelled at once; an error one ended with is logged, and left in it."""
     started = asyncio.Event()
 
     async def wait_forever() -> None:
@@ -115,12 +118,37 @@ async def test_tasks_are_stopped_together_and_what_they_ended_with_stays_in_them
     ended = asyncio.create_task(done_already())
     await ended
     waiting = asyncio.create_task(wait_forever())
-    failing = asyncio.create_task(fail_when_cancelled())
+    failing = asyncio.create_task(fail_when_cancelled(), name="pump-1")
     await asyncio.wait_for(started.wait(), 10)
-    await asyncio.wait_for(cancel_until_done(ended, waiting, failing), 10)
+    with caplog.at_level(logging.ERROR, logger="pipeline.cancel_tasks"):
+        await asyncio.wait_for(cancel_until_done(ended, waiting, failing), 10)
     assert ended.result() == "done"
     assert waiting.cancelled()
     assert isinstance(failing.exception(), RuntimeError)
+    (line,) = caplog.records
+    assert line.getMessage() == (
+        "pump-1 ended with an error as it was stopped: RuntimeError('failed while stopping')"
+    )
+
+
+async def test_an_error_is_left_unsaid_for_a_caller_that_reads_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``report=False``: the caller reads the error itself (``task.result()``), said once."""
+
+    async def fail_when_cancelled() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("failed while stopping") from None
+
+    failing = asyncio.create_task(fail_when_cancelled())
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.ERROR, logger="pipeline.cancel_tasks"):
+        await asyncio.wait_for(cancel_until_done(failing, report=False), 10)
+    assert caplog.records == []
+    with pytest.raises(RuntimeError, match="failed while stopping"):
+        failing.result()
 
 
 async def test_a_block_without_a_cancellation_ends_normally() -> None:

@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
 from pipeline.cancel.functions import CancelFunctions
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Position, TopicPartition, printable
 from pipeline.errors import ConfigError, PipelineError, TransportError, UnknownTopic
@@ -64,23 +65,9 @@ log = logging.getLogger(__name__)
 _STOP_MARGIN_S = 5.0
 """How long past ``cancel_grace_s`` shutdown waits for cancelled runs to end (a ``cpu=True``
 run's worker is killed after that grace, then replaced): one deadline for all of them."""
-_RECANCEL_S = 0.5
-"""How long shutdown waits for a cancelled background task before cancelling it again."""
 _GIVE_UP_FLOOR_S = 1.0
 """How long shutdown lets revoked partitions whose runs ended give up their claims (Redis
 calls under way), when waiting for a run that did not end used the stop deadline up."""
-
-
-async def _cancel_for_good(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` and wait until it has ended, cancelling again while it goes on.
-
-    A cancellation can be absorbed below the task (``asyncio.wait_for`` on Python 3.11, as
-    redis-py calls it: CPython issue 86296): the commit loop then went on committing, and a
-    shutdown waiting for it never ended.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=_RECANCEL_S)
 
 
 def longest_stop_s(settings: RuntimeSettings) -> float:
@@ -413,9 +400,9 @@ class Member:
             )
         if stuck:
             log.warning("%d debounced turn(s) did not stop when cancelled at shutdown", len(stuck))
-        await _cancel_for_good(committer)  # a failed one was logged already
+        await cancel_until_done(committer, report=False)  # a failed one was logged already
         await self._last_commit(consumer)
-        await _cancel_for_good(polling)  # its polls go through redis-py too (see the function)
+        await cancel_until_done(polling, report=False)  # its polls go through redis-py too
         with contextlib.suppress(asyncio.CancelledError):
             polling.result()  # an error it ended with is raised, as when it was awaited
         await consumer.close()  # revokes what is left through on_revoked

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.runtime import member
+from pipeline.cancel_tasks import cancel_until_done
 
 
 async def test_a_cancellation_absorbed_below_the_task_is_sent_again() -> None:
@@ -29,6 +29,6 @@ async def test_a_cancellation_absorbed_below_the_task_is_sent_again() -> None:
 
     task = asyncio.create_task(commit_forever())
     await asyncio.sleep(0)
-    await asyncio.wait_for(member._cancel_for_good(task), 10)
+    await asyncio.wait_for(cancel_until_done(task), 10)
     assert task.cancelled()
     assert absorbed == 1
