@@ -8,7 +8,10 @@ running stale work, since the next tick will do it with fresher data.
 
 Several replicas may run the same ticker: each tick is claimed once across the fleet with one
 Redis ``SET NX PX`` (``{prefix}:tick:{name}:{tick_ms}``), so it is produced once. Without Redis,
-every replica produces it.
+every replica produces it. With Redis the ticks follow Redis's clock
+(:class:`~pipeline.runtime.shared_clock.SharedClock`, the one the members judge deadlines by),
+so a replica whose host clock runs ahead neither produces ticks early nor stamps them with
+deadlines the members read as far off.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.errors import TransportError
 from pipeline.runtime.keys import tick_key
+from pipeline.runtime.shared_clock import REFRESH_S, SharedClock
 from pipeline.transport.protocol import Producer
 
 log = logging.getLogger(__name__)
@@ -43,9 +47,13 @@ class Ticker:
         name: str | None = None,
         redis: Redis | None = None,
         prefix: str = "pl",
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        """Tick every ``every_s`` seconds; ``fan_out(tick_ms)`` gives the tick's records."""
+        """Tick every ``every_s`` seconds; ``fan_out(tick_ms)`` gives the tick's records.
+
+        ``clock`` (seconds since the epoch): by default Redis's clock when ``redis`` is given,
+        else the host's.
+        """
         if every_s <= 0:
             raise ValueError(f"every_s must be > 0, got {every_s}")
         self._producer = producer
@@ -55,11 +63,24 @@ class Ticker:
         self._name = name or topic
         self._redis = redis
         self._prefix = prefix
-        self._clock = clock
+        self._shared = SharedClock(redis) if clock is None and redis is not None else None
+        self._clock = clock or (self._shared_s if self._shared is not None else time.time)
+        self._measured_at = -REFRESH_S
+        """When (monotonic s) the shared clock was last measured."""
         self.ticks = 0
         self.produced = 0
         self.skipped = 0
         """Ticks another replica claimed first."""
+
+    def _shared_s(self) -> float:
+        assert self._shared is not None  # noqa: S101 - the clock only when there is one
+        return self._shared.now_ms() / 1000
+
+    async def _measure(self) -> None:
+        """Measure Redis's clock again every :data:`REFRESH_S` (a failure keeps the last)."""
+        if self._shared is not None and time.monotonic() - self._measured_at >= REFRESH_S:
+            self._measured_at = time.monotonic()
+            await self._shared.measure()
 
     def _next_tick_ms(self, now_ms: int) -> int:
         return (now_ms // self._every_ms + 1) * self._every_ms
@@ -97,6 +118,7 @@ class Ticker:
     async def run(self, stop: asyncio.Event) -> None:
         """Tick on every multiple of the cadence until ``stop`` is set."""
         while not stop.is_set():
+            await self._measure()
             now_ms = int(self._clock() * 1000)
             tick_ms = self._next_tick_ms(now_ms)
             try:
