@@ -418,7 +418,7 @@ def replay_command(
             "--idempotency-memory",
             help="How long consumers remember event ids (ctx.once); older rows need --force.",
         ),
-    ] = "7d",
+    ] = "14d",
     force: Annotated[
         bool, typer.Option("--force", help="Replay rows older than the idempotency memory.")
     ] = False,

@@ -44,7 +44,7 @@ from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.flow import FlowControl, PauseBook
 from pipeline.runtime.guard import RunGuard, ordered_retries
 from pipeline.runtime.handling import HandlerStage
-from pipeline.runtime.idempotency import IdempotencyGuard
+from pipeline.runtime.idempotency import IdempotencyGuard, lane_once_ttls
 from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.longwork import LongWork
 from pipeline.runtime.offsets import PartitionOffsets
@@ -170,7 +170,12 @@ class Member:
             metrics,
         )
         idempotency = (  # ctx.once, for messages and debounced turns alike
-            IdempotencyGuard(redis, redis_prefix, lease_ms=settings.liveness_ms)
+            IdempotencyGuard(
+                redis,
+                redis_prefix,
+                lease_ms=settings.liveness_ms,
+                lane_ttl_ms=lane_once_ttls([lane.spec for lane in chosen]),
+            )
             if redis is not None
             else None
         )

@@ -12,13 +12,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import lane_spec
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
+from pipeline import headers as h
+from pipeline.envelope import Record
 from pipeline.retry.guard_store import retry_path_ms
-from pipeline.runtime import idempotency
+from pipeline.runtime import App, Context, idempotency
 from pipeline.runtime.idempotency import IdempotencyGuard, lane_once_ttls
 from pipeline.runtime.keys import once_key
+from pipeline.runtime.member import Member
 from pipeline.topics.spec import DLQ_MIN_RETENTION_MS
+from pipeline.transport.protocol import Transport
 
 DAY_MS = 86_400_000
 
@@ -33,6 +37,10 @@ async def client(redis_service: str) -> AsyncIterator[Redis]:
 
 async def _noop() -> None:
     return None
+
+
+async def _charged() -> str:
+    return "charged"
 
 
 async def test_the_record_outlives_the_dead_letter_topics_retention(
@@ -83,3 +91,25 @@ async def test_a_redelivery_after_the_bound_runs_the_effect_again_and_one_before
     await asyncio.sleep(0.7)  # time passing, past the bound: Redis's expiry, nothing to await
     await guard.once("orders", "evt-1", "charge", charge)
     assert calls == ["charge", "charge"]
+
+
+async def test_a_members_records_last_as_long_as_their_lanes_topics(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """The member gives its guard each lane's bound: a lane retaining 30 days keeps 30 days."""
+    spec = lane_spec(f"oncelong_{unique}", 1, retention="30d")
+    await declare(transport, spec)
+    app = App([spec])
+    ran: list[str] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        await ctx.once("charge", _charged)
+        ran.append(ctx.event_id or "")
+
+    await produce(transport, spec.name, [Record(b"x", b"k", {h.EVENT_ID: b"evt-1"})])
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: len(ran) == 1)
+    ttl_ms = await redis.pttl(once_key(f"t{unique}", spec.lane, "evt-1", "charge"))
+    assert ttl_ms > 30 * DAY_MS
