@@ -31,8 +31,12 @@ class SyncBatch:
     """Run id -> its JSON record, for runs started since the last tick."""
     ended: list[str] = field(default_factory=list)
     """Runs that finished since the last tick."""
+    ages: dict[str, int] = field(default_factory=dict)
+    """Run id -> how many ms ago its latest heartbeat was, by the member's monotonic clock:
+    Redis records the heartbeat at its own time less that, so no host's clock is written."""
     beats: dict[str, int] = field(default_factory=dict)
-    """Run id -> ms of its latest heartbeat."""
+    """Run id -> ms of its latest heartbeat on the clock of the call's ``now_ms``, which must
+    then be given (a moment replayed, in tests); members send :attr:`ages`."""
     counts: dict[str, int] = field(default_factory=dict)
     """``lane:cancelled`` / ``lane:hung`` -> how many more since the last tick."""
 
@@ -68,17 +72,27 @@ class CancelFunctions(FunctionLibrary):
     ) -> tuple[int, dict[str, str]]:
         """``cn_sync``: record ``batch``; returns (version, runs of ``running`` told to stop).
 
-        The runs told to stop come as run id -> reason.
+        ``now_ms`` 0 is the Redis server's time: runs begun are registered, and heartbeats
+        recorded, by Redis's clock, which every member judges them by. The runs told to stop
+        come as run id -> reason.
+
+        Raises:
+            ValueError: ``batch.beats`` given with ``now_ms`` 0 (they need their clock).
         """
         k = self.keys
+        ages = dict(batch.ages)
+        if batch.beats:
+            if not now_ms:
+                raise ValueError("heartbeat times need the now_ms of their clock; send ages")
+            ages.update({ident: now_ms - beat_ms for ident, beat_ms in batch.beats.items()})
         args: list[str | int] = [now_ms, len(batch.begun)]
         for ident, record in batch.begun.items():
             args += [ident, record]
         args.append(len(batch.ended))
         args += batch.ended
-        args.append(len(batch.beats))
-        for ident, beat_ms in batch.beats.items():
-            args += [ident, beat_ms]
+        args.append(len(ages))
+        for ident, age_ms in ages.items():
+            args += [ident, age_ms]
         args.append(len(batch.counts))
         for name, count in batch.counts.items():
             args += [name, count]
@@ -92,6 +106,7 @@ class CancelFunctions(FunctionLibrary):
     async def settle(self, now_ms: int, timeout_ms: int, ident: str) -> str:
         """``cn_settle``: re-check one candidate and stop it if it still must stop.
 
+        ``now_ms`` 0 is the Redis server's time, the clock the heartbeats are recorded by.
         Returns ``alive`` (a heartbeat landed in time), ``gone`` (it ended), ``stopping``
         (already told), ``dropped`` (its member is gone) or the reason it was told to stop.
         """

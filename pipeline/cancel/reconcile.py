@@ -7,13 +7,19 @@ cancellation covers (a tenant marked gone, a key cancelled upstream). Each candi
 re-checked and, if it still must stop, stopped in one atomic step (``cn_settle``) through the
 same transition as every other cancellation. A heartbeat that lands between the pick and the
 step wins: the run is left alone. Every stop is logged with its reason.
+
+Whose clock: Redis's. The heartbeats are recorded by the Redis server's clock (members send how
+long ago they beat, ``cn_sync``), the candidates are picked against the server's ``TIME``, read
+with the runs, and ``cn_settle`` reads it itself, so a member whose host's clock runs a minute
+ahead does not find every other member's runs a minute silent, nor one a minute behind miss a
+hung run. A run's ``pl-abandon-after-ms``, which a client wrote with its own clock, is judged
+by Redis's too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Mapping
 
 from pipeline.cancel.functions import CancelFunctions
@@ -31,13 +37,17 @@ class Reconciler:
         self._timeouts_ms = dict(timeouts_ms)
 
     async def candidates(self, selectors: Selectors, now_ms: int | None = None) -> list[str]:
-        """Run ids that look as if they must stop (re-checked by :meth:`settle`)."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        """Run ids that look as if they must stop (re-checked by :meth:`settle`).
+
+        Judged at ``now_ms``, by default the Redis server's time, read with the runs.
+        """
         client, keys = self._functions.client, self._functions.keys
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(keys.runs)
         pipe.zrange(keys.beats, 0, -1, withscores=True)
-        raw_runs, raw_beats = await pipe.execute()
+        pipe.time()  # the heartbeats are recorded by Redis's clock, so they are judged by it
+        raw_runs, raw_beats, (now_s, now_us) = await pipe.execute()
+        now = int(now_s) * 1000 + int(now_us) // 1000 if now_ms is None else now_ms
         beats = {ident.decode(): int(score) for ident, score in raw_beats}
         found = []
         for raw_ident, raw in raw_runs.items():
@@ -59,9 +69,11 @@ class Reconciler:
         return found
 
     async def settle(self, ident: str, lane: str, now_ms: int | None = None) -> str:
-        """Re-check one candidate and stop it if it still must stop; returns the verdict."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        verdict = await self._functions.settle(now, self._timeouts_ms[lane], ident)
+        """Re-check one candidate and stop it if it still must stop; returns the verdict.
+
+        Judged at ``now_ms``, by default the Redis server's time (read by ``cn_settle``).
+        """
+        verdict = await self._functions.settle(now_ms or 0, self._timeouts_ms[lane], ident)
         if verdict not in ("alive", "gone", "stopping"):
             log.warning("reconciler: %s run %s on lane %s", verdict, ident, lane)
         return verdict

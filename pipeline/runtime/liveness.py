@@ -7,6 +7,10 @@ its event loop or worker process is alive; from that call on only the handler's 
 a handler that stops making progress falls silent. In a ``cpu=True`` worker process there is no such
 variable: there :func:`heartbeat` sends a beat over the worker's pipe (:mod:`pipeline.runtime.cpu`),
 where the member turns it into a heartbeat of the run waiting for that worker.
+
+A heartbeat is kept on the monotonic clock only: the member sends Redis how long ago it was
+(:mod:`pipeline.runtime.longwork`), and Redis records it by its own clock, so another member,
+whose host's clock may disagree, judges it by the same clock.
 """
 
 from __future__ import annotations
@@ -25,16 +29,16 @@ class HandlerHung(PipelineError):
 class Liveness:
     """One run's last heartbeat and, once told to stop, why."""
 
-    __slots__ = ("beat_ms", "beat_s", "manual", "reason", "started_s")
+    __slots__ = ("beat_s", "manual", "reason", "started_s")
 
     def __init__(self, *, timed: bool = True) -> None:
         """A run that beat just now and was not told to stop.
 
-        ``timed=False`` (work that keeps no heartbeats) leaves the clocks unread until a beat.
+        ``timed=False`` (work that keeps no heartbeats) leaves the clock unread until a beat.
         """
         self.started_s = time.monotonic() if timed else 0.0
         self.beat_s = self.started_s
-        self.beat_ms = int(time.time() * 1000) if timed else 0
+        """When it last beat, by the monotonic clock (no host's wall clock: see above)."""
         self.reason: str | None = None
         self.manual = False
         """The handler called ``ctx.heartbeat()``: from then on only its own beats count."""
@@ -42,7 +46,6 @@ class Liveness:
     def beat(self, *, manual: bool = False) -> None:
         """Record a heartbeat now (``manual``: the handler's own, see :attr:`manual`)."""
         self.beat_s = time.monotonic()
-        self.beat_ms = int(time.time() * 1000)
         self.manual = self.manual or manual
 
 

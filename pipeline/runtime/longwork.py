@@ -22,6 +22,13 @@ routed like a failure (retry tier or dead-letter topic), any other ends ``cancel
 
 Without Redis nothing is cancelled and no heartbeats are kept; Redis errors are logged and the
 member carries on (fail open).
+
+Whose clock: a heartbeat leaves the member as how long ago it was (monotonic), and Redis records
+it by its own clock, which the reconciler of any member judges it by, so hosts whose clocks
+disagree judge each other's runs alike. ``pl-abandon-after-ms`` is a time a client wrote with its
+own clock: the member judges it by the clock it is given (``clock_ms``: the member's shared
+clock, Redis's time, :mod:`pipeline.runtime.shared_clock`), so members agree with each other and
+the reconciler's re-check in Redis; the client's own clock still matters.
 """
 
 from __future__ import annotations
@@ -52,16 +59,13 @@ from pipeline.runtime.cpu import RUN_BEAT_EVERY_S, beat_every_s
 from pipeline.runtime.liveness import CURRENT, HandlerHung, Liveness
 from pipeline.runtime.protection import ScaleInProtection
 from pipeline.runtime.redirect import Redirector
+from pipeline.runtime.shared_clock import local_ms
 from pipeline.runtime.stats import Stats
 
 log = logging.getLogger(__name__)
 
 Call = Callable[[Lane, Message], Coroutine[Any, Any, str | None]]
 """The next stage: the handler stage."""
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(slots=True, eq=False)
@@ -78,7 +82,8 @@ class _Run:
     task: asyncio.Task[Any]
     """The task the run is in (a key lane's worker): a stop cancels it."""
     long: bool
-    synced_beat_ms: int = 0
+    synced_beat_s: float = -1.0
+    """The monotonic time of the last heartbeat that reached Redis (-1: none yet)."""
 
 
 class LongWork:
@@ -95,8 +100,14 @@ class LongWork:
         poll_s: float,
         protection: ScaleInProtection | None = None,
         metrics: RuntimeMetrics | None = None,
+        clock_ms: Callable[[], int] = local_ms,
     ) -> None:
-        """Gate the runs of ``call``; ``functions`` (Redis) holds cancellations and beats."""
+        """Gate the runs of ``call``; ``functions`` (Redis) holds cancellations and beats.
+
+        ``clock_ms`` is the now that ``pl-abandon-after-ms`` and the cancellations' keep times
+        are judged by: the member's shared clock (Redis's), the host's by default.
+        """
+        self._clock_ms = clock_ms
         self._call = call
         self._routing = routing
         self._stats = stats
@@ -140,7 +151,7 @@ class LongWork:
         facts: Facts | None = None
         if long or self.selectors or h.ABANDON_AFTER_MS in message.headers:
             facts = facts_of(message, message_id(message))
-            reason = self.selectors.reason(lane.name, facts, _now_ms())
+            reason = self.selectors.reason(lane.name, facts, self._clock_ms())
             if reason is not None:
                 self._cancelled(lane, message, reason, "skipped")
                 return "cancelled"
@@ -195,7 +206,7 @@ class LongWork:
         if not self.selectors and h.ABANDON_AFTER_MS not in message.headers:
             return False
         facts = facts_of(message, message_id(message))
-        reason = self.selectors.reason(lane.name, facts, _now_ms())
+        reason = self.selectors.reason(lane.name, facts, self._clock_ms())
         if reason is None:
             return False
         self._cancelled(lane, message, reason, "skipped")
@@ -271,7 +282,7 @@ class LongWork:
             except (rexc.RedisError, OSError, PipelineError) as exc:
                 self._synced = False
                 log.warning("could not sync cancellations and heartbeats with Redis: %s", exc)
-        now = _now_ms()
+        now = self._clock_ms()
         if self.selectors or any(run.facts and run.facts.abandon_ms for run in self._runs.values()):
             for run in list(self._runs.values()):  # standing cancellations cover running work too
                 reason = self.selectors.reason(run.lane.name, _facts(run), now)
@@ -285,18 +296,20 @@ class LongWork:
     async def _sync(self, functions: CancelFunctions) -> None:
         batch, self._batch = self._batch, SyncBatch()
         long = [run for run in self._runs.values() if run.long]
-        for run in long:
-            if run.liveness.beat_ms > run.synced_beat_ms:
-                batch.beats[str(run.ident)] = run.liveness.beat_ms
+        # Each heartbeat goes as its age, by the monotonic clock: Redis records it by its own
+        # clock (its time less the age), which every member's reconciler judges it by. The age
+        # is read before the call: a run looks fresher by the call's way there, never staler.
+        sent = {run: run.liveness.beat_s for run in long if run.liveness.beat_s > run.synced_beat_s}
+        now_s = time.monotonic()
+        for run, beat_s in sent.items():
+            batch.ages[str(run.ident)] = int((now_s - beat_s) * 1000)
         try:
-            version, stopping = await functions.sync(
-                _now_ms(), batch, [str(run.ident) for run in long]
-            )
+            version, stopping = await functions.sync(0, batch, [str(run.ident) for run in long])
         except BaseException:
             self._batch = _merged(batch, self._batch)
             raise
-        for run in long:
-            run.synced_beat_ms = max(run.synced_beat_ms, batch.beats.get(str(run.ident), 0))
+        for run, beat_s in sent.items():
+            run.synced_beat_s = max(run.synced_beat_s, beat_s)
         if version != self.selectors.version:
             self.selectors = Selectors(*await functions.selectors())
         for ident, reason in stopping.items():
@@ -341,7 +354,11 @@ def _record(run: _Run, member: str) -> str:
 
 
 def _merged(first: SyncBatch, then: SyncBatch) -> SyncBatch:
-    """A batch that failed to send, with what was added since, to send on the next tick."""
+    """A batch that failed to send, with what was added since, to send on the next tick.
+
+    Its heartbeats' ages are left out: they grow stale, and the next tick sends each run's
+    latest heartbeat again, with its age then (the runs' synced times did not move).
+    """
     merged = SyncBatch({**first.begun, **then.begun}, first.ended + then.ended)
     merged.beats = {**first.beats, **then.beats}
     for name, count in [*first.counts.items(), *then.counts.items()]:

@@ -23,7 +23,10 @@
 --                   indexed: see T:until
 --   T:runs    hash  run id -> JSON {lane, member, event, key, tenant, origin, abandon}: long work
 --                   running now (registered and removed by its member, cn_sync)
---   T:beats   zset  run id -> ms of its last heartbeat
+--   T:beats   zset  run id -> ms of its last heartbeat, by the Redis server's clock: members
+--                   send how long ago they beat (their monotonic clock), never a time of their
+--                   host's, so members whose hosts' clocks disagree judge each other's runs
+--                   alike (a release before this one wrote its member's own clock, same unit)
 --   T:stop    hash  run id -> reason: the run must stop (its member cancels it, then removes it)
 --   T:counts  hash  "lane:cancelled", "lane:hung" -> how many
 --
@@ -35,12 +38,14 @@
 --              ARGV version -> {version, 0} when the caller must reread all of T:sel, else
 --              {version, 1, (field, JSON or "" if removed)*}: what changed since ``version``
 --   cn_sync    KEYS runs, beats, stop, ver, counts
---              ARGV now_ms, n, (id, record)*n, n, (id)*n, n, (id, beat_ms)*n, n, (field, count)*n,
+--              ARGV now_ms, n, (id, record)*n, n, (id)*n, n, (id, age_ms)*n, n, (field, count)*n,
 --                   id* -> {version, {id, reason}*}: register begun runs, remove ended ones,
---                   record heartbeats and counts, and say which of the listed runs must stop
+--                   record heartbeats (each age_ms ago) and counts, and say which of the listed
+--                   runs must stop (now_ms 0: the Redis server's time, what members send)
 --   cn_settle  KEYS sel, ver, runs, stop, beats, meta
 --              ARGV now_ms, timeout_ms, id -> alive | gone | stopping | dropped | <reason>:
 --              the reconciler's re-check of one candidate, in one step with its transition
+--              (now_ms 0: the Redis server's time, what members send)
 
 local PRUNED_PER_CALL = 1000
 local INDEXED_PER_CALL = 1000
@@ -182,6 +187,7 @@ end
 local function sync(keys, args)
   local runs, beats, stop, ver, counts = keys[1], keys[2], keys[3], keys[4], keys[5]
   local now = tonumber(args[1])
+  if now == 0 then now = server_ms() end
   local i = 2
   local n = tonumber(args[i]); i = i + 1
   for _ = 1, n do
@@ -199,7 +205,7 @@ local function sync(keys, args)
   n = tonumber(args[i]); i = i + 1
   for _ = 1, n do
     if redis.call('HEXISTS', runs, args[i]) == 1 then
-      redis.call('ZADD', beats, 'GT', args[i + 1], args[i])
+      redis.call('ZADD', beats, 'GT', now - tonumber(args[i + 1]), args[i])
     end
     i = i + 2
   end
@@ -243,6 +249,7 @@ local function settle(keys, args)
   local k = {sel = keys[1], ver = keys[2], runs = keys[3], stop = keys[4], meta = keys[6]}
   local beats = keys[5]
   local now, timeout, id = tonumber(args[1]), tonumber(args[2]), args[3]
+  if now == 0 then now = server_ms() end
   local raw = redis.call('HGET', k.runs, id)
   if not raw then return 'gone' end
   local beat = tonumber(redis.call('ZSCORE', beats, id) or '0')
