@@ -79,8 +79,12 @@ Finish = Outcome
 """What ``finish`` did: nothing left buffered; a next turn scheduled; lease lost (no change)."""
 GRACE_MS = 1_000
 """How long past the armed due time a record treats the runner holding that timer as gone."""
-HELD_TTL_MS = 3_600_000
-"""How long past ``max_wait_s`` the sweeper can find a buffered event no sweep asked about."""
+HELD_TTL_MS = 7 * 24 * 3_600_000
+"""The bound, past ``max_wait_s``, on a buffered event's locator (where the ingress's sweeper
+finds it): Kafka's default retention. A locator is deleted by the finish that takes its event
+out of the buffer, so it lasts as long as the event waits (a night without members or ingress,
+a turn failing for hours); the bound only ends one that no finish deleted (a finish of an
+earlier release deletes only those of a conversation's last 64 events)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +216,11 @@ class Debouncer:
                 (the runner renews it while the turn runs).
             idle_ttl_ms: how long the state of a conversation with nothing buffered is kept.
             grace_ms: how long past an armed due time before a record wakes another runner.
-            held_ttl_ms: how long past ``max_wait_s`` a buffered event stays findable by the
-                ingress's sweeper (:class:`~pipeline.admission.debounce.held.BufferedEvents`)
-                when no sweep asks about it; each sweep that finds it keeps it longer.
+            held_ttl_ms: a buffered event stays findable by the ingress's sweeper
+                (:class:`~pipeline.admission.debounce.held.BufferedEvents`) until its turn
+                succeeds, however long it waits; this bounds, past ``max_wait_s``, a locator no
+                finish deleted (:data:`HELD_TTL_MS`; the lane's retention, if longer, keeps
+                events findable that long).
         """
         self._token_prefix = uuid.uuid4().hex[:12]
         self.functions = DebounceFunctions(

@@ -115,19 +115,21 @@ class DebounceFunctions(FunctionLibrary):
         batch: int,
         timestamp_ms: int = 0,
         event: str = "",
-        held_ttl_ms: int = 3_600_000,
+        held_ttl_ms: int = 604_800_000,
     ) -> Recorded:
         """``db_record``: buffer one encoded message for ``key`` and (re)schedule its turn.
 
-        ``event`` is a digest of the message's event id (hex digits; "" when it has none): a
-        buffered event's conversation is kept ``held_ttl_ms`` for :meth:`held`. ``due_ms`` is -1
-        when the message, or a copy of its event still buffered, was recorded already (see the
-        Lua).
+        ``event`` is a digest of the message's event id (hex digits; "" when it has none): where
+        a buffered event waits is kept for :meth:`held` until the finish that takes it out of
+        the buffer, ``held_ttl_ms`` at most (a bound against a locator no finish deleted).
+        ``due_ms`` is -1 when the message, or a copy of its event still buffered, was recorded
+        already (see the Lua).
         """
         names = [*keys.conversation_keys(self.prefix, self.lane, key), self.armed_key]
         names.append(self.wake_key)
         if event:
             names.append(keys.event_key(self.prefix, self.lane, event))
+            names.append(keys.locators_key(self.prefix, self.lane, key))
         args = [key, message_id, data, quiet_ms, max_wait_ms, batch, self.grace_ms, timestamp_ms]
         reply = await self.fcall("db_record", names, [*args, event, held_ttl_ms])
         return Recorded(
@@ -207,6 +209,7 @@ class DebounceFunctions(FunctionLibrary):
         """``db_finish``: end one turn; ``policy`` is (quiet_ms, max_wait_ms, max_batch)."""
         quiet_ms, max_wait_ms, max_batch = policy
         names = [*keys.conversation_keys(self.prefix, self.lane, ending.key), self.armed_key]
+        names.append(keys.locators_key(self.prefix, self.lane, ending.key))
         args = [
             ending.key,
             ending.token,

@@ -10,6 +10,8 @@ All keys of a lane share the hash tag ``{PREFIX:deb:LANE}``:
 - ``{PREFIX:deb:LANE}:wake``: the list runners block on (BLPOP) to learn of earlier due times;
 - ``{PREFIX:deb:LANE}:step:RUNNER``: a runner's last step and its reply (see :func:`step_key`);
 - ``{PREFIX:deb:LANE}:e:EVENT``: where a buffered event waits (see :func:`event_key`);
+- ``{PREFIX:deb:LANE}:l:KEY``: the locators of a conversation's buffered events (see
+  :func:`locators_key`);
 - ``{PREFIX:deb:LANE}:slot_guard``: never written (see :func:`slot_guard`).
 
 Cluster trade-off: one function call must stay in one Redis Cluster slot. ``record`` and
@@ -83,11 +85,21 @@ def event_key(prefix: str, lane: str, event: str) -> str:
     """Where the buffered message whose event id has the digest ``event`` waits.
 
     ``<arrival>@<element digest>@<conversation key>``, written by ``db_record`` and deleted when
-    the message leaves the buffer, so that the ingress's sweeper can ask (``db_held``) whether a
-    webhook's event still waits for its turn, and ``db_record`` drop a replayed copy of it,
-    however many messages its conversation buffered since.
+    the message leaves the buffer (however long it waited: its expiry only bounds a locator no
+    finish deleted), so that the ingress's sweeper can ask (``db_held``) whether a webhook's
+    event still waits for its turn, and ``db_record`` drop a replayed copy of it, however many
+    messages its conversation buffered since.
     """
     return f"{key_prefix(prefix, lane)}e:{event}"
+
+
+def locators_key(prefix: str, lane: str, key: str) -> str:
+    """The list of the locators written for a conversation's buffered events, in buffer order.
+
+    ``<event>@<arrival>@<element digest>`` each; the finish that takes messages out of the
+    buffer pops their entries and deletes their locators (:func:`event_key`).
+    """
+    return f"{key_prefix(prefix, lane)}l:{key}"
 
 
 def conversation_keys(prefix: str, lane: str, key: str) -> list[str]:

@@ -33,11 +33,19 @@
 --                              the ingress's sweeper to ask whether a webhook's event still waits
 --                              (db_held) and for db_record to drop a copy of it, however many
 --                              messages the conversation recorded since. Written by db_record,
---                              deleted once db_finish sees the message leave the buffer (while
---                              `re` still lists it) or once db_held finds it gone; expires ARGV
---                              held_ttl_ms after it was written (each db_held that finds it held
---                              keeps it that long again), so there is at most one per event
---                              recorded within that time.
+--                              deleted by the finish that takes the message out of the buffer
+--                              (found through l:KEY, or `re`) or once db_held finds it gone. It
+--                              lives as long as its message waits, however long that is (a
+--                              night without members or ingress, a turn failing for hours): its
+--                              expiry, ARGV held_ttl_ms after it was written (a week past the
+--                              window by default), only bounds one no finish deleted (a finish
+--                              of an earlier release deletes only the locators `re` lists).
+--   {P:deb:LANE}:l:KEY   list  the locators written for the conversation's buffered messages, in
+--                              buffer order: "<event>@<arrival>@<element>" each (as in `re`), so
+--                              that a finish deletes the locator of every event that left the
+--                              buffer, not only of the last RECENT. A finish pops the entries of
+--                              the messages that left; deleted with the buffer; expires ARGV
+--                              held_ttl_ms after the last record that pushed to it.
 --   {P:deb:LANE}:armed   string "<due_ms>:<holder>": the due time (ms) some runner holds a
 --                              timer for (holder '' when a wake-up was pushed for it): the
 --                              lane's earliest due time as last announced. Expires `grace` ms
@@ -167,6 +175,7 @@ end
 
 -- db_record: buffer one message and (re)schedule its key's turn.
 -- KEYS[1] due zset   KEYS[2] buffer list   KEYS[3] state hash   KEYS[4] armed   KEYS[5] wake
+-- KEYS[6] {P:deb:LANE}:e:EVENT and KEYS[7] {P:deb:LANE}:l:KEY, given with an event id
 -- ARGV[1] conversation key   ARGV[2] message id (the marker)   ARGV[3] encoded message
 -- ARGV[4] quiet_ms   ARGV[5] max_wait_ms   ARGV[6] max_batch   ARGV[7] grace_ms
 -- ARGV[8] the message's timestamp (ms)   ARGV[9] a digest of its event id ('' when none)
@@ -179,8 +188,9 @@ end
 -- run), or when a message with its event id (ARGV[9]) is still in the buffer, found by its `re`
 -- entry or by KEYS[6] (a copy the ingress's sweeper replayed while the first waited or ran):
 -- nothing changed, but for the copy's id remembered. KEYS[6] ({P:deb:LANE}:e:EVENT, given with
--- an event id) is set to where the buffered message waits for ARGV[10] ms (held_ttl_ms), the
--- copy's drop included.
+-- an event id) is set to where the buffered message waits for ARGV[10] ms (held_ttl_ms: the
+-- finish that takes the message out deletes it sooner), the copy's drop included, and an entry
+-- for it pushed onto KEYS[7] ({P:deb:LANE}:l:KEY, given with KEYS[6]), kept as long.
 local function record(keys, args)
   local now = now_ms()
   local token = ' ' .. args[2] .. '@' .. (args[8] or '') .. ' '
@@ -196,7 +206,14 @@ local function record(keys, args)
     if arrival then
       redis.call('HSET', keys[3], 'rc', remember(recent, token))
       if keys[6] then
-        redis.call('SET', keys[6], locator(arrival, element, args[1]), 'PX', tonumber(args[10]))
+        local ttl = tonumber(args[10])
+        redis.call('SET', keys[6], locator(arrival, element, args[1]), 'PX', ttl)
+        -- the first copy's own entry may be missing (recorded by an earlier release), so one
+        -- more: an entry behind later ones is popped with them, never before its message left
+        if keys[7] then
+          redis.call('RPUSH', keys[7], event .. '@' .. arrival .. '@' .. element)
+          redis.call('PEXPIRE', keys[7], ttl)
+        end
       end
       return {-1, 0, redis.call('LLEN', keys[2]), now, 0}
     end
@@ -210,7 +227,12 @@ local function record(keys, args)
     local entry = ' ' .. event .. '@' .. now .. '@' .. digest .. ' '
     redis.call('HSET', keys[3], 're', remember(events, entry))
     if keys[6] then
-      redis.call('SET', keys[6], locator(now, digest, args[1]), 'PX', tonumber(args[10]))
+      local ttl = tonumber(args[10])
+      redis.call('SET', keys[6], locator(now, digest, args[1]), 'PX', ttl)
+      if keys[7] then
+        redis.call('RPUSH', keys[7], event .. '@' .. now .. '@' .. digest)
+        redis.call('PEXPIRE', keys[7], ttl)
+      end
     end
   end
   if buffered == 1 then redis.call('PERSIST', keys[3]) end  -- it expires only while idle
@@ -278,43 +300,81 @@ local function take_timer(due_key, armed_key, now, grace, owner)
   return -1
 end
 
--- After a turn succeeded: drop from the `re` field of state `st` the events whose messages left
--- the buffer `buf`, and their {P:deb:LANE}:e:EVENT keys (`prefix` .. 'e:' .. event).
-local function forget_events(buf, st, prefix)
-  local events = redis.call('HGET', st, 're')
-  if not events then return end
+-- After a turn succeeded (the buffer `buf` lost its head): a test of whether the element whose
+-- digest is `element`, arrived at `arrival`, is still in `buf`: it is if it arrived after the
+-- new head, or at the head's arrival and among the buffered elements of that arrival.
+local function still_buffered(buf)
   local head = redis.call('LINDEX', buf, 0)
   local first = head and arrival_of(head)
   local at_first = nil  -- digests of the buffered elements that arrived at `first`
+  return function(arrival, element)
+    if not first then return false end
+    arrival = tonumber(arrival)
+    if arrival ~= first then return arrival > first end
+    if not at_first then
+      at_first = {}
+      local from = 0
+      repeat
+        local chunk = redis.call('LRANGE', buf, from, from + 63)
+        for _, buffered in ipairs(chunk) do
+          if arrival_of(buffered) ~= first then chunk = {} break end
+          at_first[string.sub(redis.sha1hex(buffered), 1, 16)] = true
+        end
+        from = from + 64
+      until #chunk < 64
+    end
+    return at_first[element] == true
+  end
+end
+
+-- Delete the locator of `event` if it still says its message waits at `arrival`/`element` of
+-- conversation `key` (or names the conversation alone, as an earlier release wrote it): a copy
+-- of the event buffered since has a locator of its own, which stays.
+local function drop_locator(prefix, event, arrival, element, key)
+  local name = prefix .. 'e:' .. event
+  local value = redis.call('GET', name)
+  if value and (value == locator(arrival, element, key) or value == key) then
+    redis.call('DEL', name)
+  end
+end
+
+-- After a turn succeeded: drop from the `re` field of state `st` of conversation `key` the
+-- events whose messages left the buffer (`still`: still_buffered), and their locators.
+local function forget_events(st, prefix, key, still)
+  local events = redis.call('HGET', st, 're')
+  if not events then return end
   local kept = {}
   for entry in string.gmatch(events, '%S+') do
     local event, arrival, element = string.match(entry, '^(%x+)@(%d+)@(%x+)$')
-    local held = false
-    if event and first then
-      arrival = tonumber(arrival)
-      if arrival > first then
-        held = true
-      elseif arrival == first then
-        if not at_first then
-          at_first = {}
-          for _, buffered in ipairs(redis.call('LRANGE', buf, 0, -1)) do
-            if arrival_of(buffered) ~= first then break end
-            at_first[string.sub(redis.sha1hex(buffered), 1, 16)] = true
-          end
-        end
-        held = at_first[element] == true
-      end
-    end
-    if held then
+    if event and still(arrival, element) then
       kept[#kept + 1] = entry
     elseif event then
-      redis.call('DEL', prefix .. 'e:' .. event)
+      drop_locator(prefix, event, arrival, element, key)
     end
   end
   if #kept == 0 then
     redis.call('HDEL', st, 're')
   else
     redis.call('HSET', st, 're', ' ' .. table.concat(kept, ' ') .. ' ')
+  end
+end
+
+-- After a turn succeeded: delete the locators of every event whose message left the buffer
+-- (`still`: still_buffered), popped from the head of the conversation's list `list` of them
+-- (buffer order) up to the first whose message is still buffered. Entries an earlier release's
+-- finish left (it trims the buffer, not the list) go with them.
+local function forget_located(list, prefix, key, still)
+  while true do
+    local entries = redis.call('LRANGE', list, 0, 63)
+    local gone = 0
+    for _, entry in ipairs(entries) do
+      local event, arrival, element = string.match(entry, '^(%x+)@(%d+)@(%x+)$')
+      if event and still(arrival, element) then break end
+      if event then drop_locator(prefix, event, arrival, element, key) end
+      gone = gone + 1
+    end
+    if gone > 0 then redis.call('LTRIM', list, gone, -1) end
+    if gone < 64 then return end
   end
 end
 
@@ -334,7 +394,9 @@ local function finish_one(due_key, buf, st, key, token, ok, retry_ms, quiet, max
   if ok == '1' then
     redis.call('LTRIM', buf, tonumber(state[2]), -1)
     redis.call('HDEL', st, 'tok', 'lu', 'n', 'ra', 'att', 'ff')
-    forget_events(buf, st, prefix)
+    local still = still_buffered(buf)
+    forget_events(st, prefix, key, still)
+    forget_located(prefix .. 'l:' .. key, prefix, key, still)
   else
     redis.call('HDEL', st, 'tok', 'lu', 'n')
     redis.call('HINCRBY', st, 'att', 1)
@@ -377,6 +439,7 @@ end
 -- db_finish: end a claimed turn (see finish_one); a next turn due before the armed time is
 -- armed for the caller, whose runner holds its timer.
 -- KEYS[1] due zset   KEYS[2] buffer list   KEYS[3] state hash   KEYS[4] armed
+-- KEYS[5] the conversation's locators list ({P:deb:LANE}:l:KEY; reached by name as in db_step)
 -- ARGV[1] conversation key   ARGV[2] lease token   ARGV[3] "1" if the turn succeeded
 -- ARGV[4] retry_in_ms (after a failure)   ARGV[5] quiet_ms   ARGV[6] max_wait_ms
 -- ARGV[7] max_batch   ARGV[8] idle_ttl_ms   ARGV[9] grace_ms   ARGV[10] the caller's runner id
