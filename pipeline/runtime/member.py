@@ -202,6 +202,7 @@ class Member:
             poll_s=settings.cancel_poll_ms / 1000,
             protection=ScaleInProtection(deletion_cost, metrics, max_s=settings.protect_max_s),
             metrics=metrics,
+            clock_ms=self._clock.now_ms,
         )
         stores = (
             lane_guards(redis, redis_prefix, [c.spec for c in chosen], live_ms=settings.liveness_ms)
