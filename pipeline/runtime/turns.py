@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from pipeline import tracing
 from pipeline.admission.debounce import Debouncer, Turn
 from pipeline.admission.debounce.codec import BufferedMessage
+from pipeline.admission.debounce.debouncer import HELD_TTL_MS
 from pipeline.admission.debounce.runner import TurnRunner
 from pipeline.envelope import Message
 from pipeline.errors import PoisonMessage, Skip
@@ -132,7 +133,13 @@ class DebouncedLanes:
         self.runners: dict[str, TurnRunner] = {}
         for lane in lanes:
             assert lane.spec.debounce is not None  # noqa: S101 - only debounced lanes
-            debouncer = Debouncer(redis, prefix, lane.name, lane.spec.debounce)
+            debouncer = Debouncer(
+                redis,
+                prefix,
+                lane.name,
+                lane.spec.debounce,
+                held_ttl_ms=max(HELD_TTL_MS, lane.spec.retention_ms or 0),
+            )
             if superseded is not None:
                 debouncer.on_superseded(functools.partial(superseded, lane.name))
             self.debouncers[lane.name] = debouncer
