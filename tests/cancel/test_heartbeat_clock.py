@@ -9,13 +9,11 @@ is untouched).
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from redis.asyncio import Redis
+from skewed_hosts import on_host, skewed_clocks
 
 from pipeline import headers as h
 from pipeline.cancel.functions import CancelFunctions
@@ -35,26 +33,12 @@ LIVE_TIMEOUT_MS = 10_000
 SILENT_TIMEOUT_MS = 300
 """A silent run's timeout: the test waits it out (in Redis's time)."""
 
-_SKEW_S: contextvars.ContextVar[float] = contextvars.ContextVar("skew_s", default=0.0)
 
-
-@pytest.fixture
-def skewable() -> Iterator[None]:
-    """``time.time`` runs ``_SKEW_S`` seconds off in the code run with a skew set."""
-    real = time.time
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(time, "time", lambda: real() + _SKEW_S.get())
+@pytest.fixture(name="skewable")
+def _skewable() -> Iterator[None]:
+    """``time.time`` runs as far off as the host of the code that reads it."""
+    with skewed_clocks():
         yield
-
-
-@contextmanager
-def _host(skew_s: float) -> Iterator[None]:
-    """Run the block (and the tasks it starts) on a host whose clock is ``skew_s`` off."""
-    token = _SKEW_S.set(skew_s)
-    try:
-        yield
-    finally:
-        _SKEW_S.reset(token)
 
 
 class _Routing:
@@ -136,16 +120,16 @@ async def test_a_live_run_is_not_hung_whatever_the_hosts_clocks(
     started = asyncio.Event()
     runner = _member(redis, prefix, lane, routing, started, silent=False)
     watcher = _member(redis, prefix, lane, routing, asyncio.Event(), silent=False)
-    with _host(runner_skew_s):
+    with on_host(runner_skew_s):
         run = asyncio.create_task(runner(lane, Message(lane.name, 0, 0, b"k", b"v")))
     try:
         await asyncio.wait_for(started.wait(), 10)
-        with _host(runner_skew_s):
+        with on_host(runner_skew_s):
             await runner.tick()  # registers the run and beats for it
         assert await redis.hlen(CancelKeys(prefix).runs) == 1
-        with _host(watcher_skew_s):
+        with on_host(watcher_skew_s):
             await watcher.tick()  # judges it
-        with _host(runner_skew_s):
+        with on_host(runner_skew_s):
             await runner.tick()  # would stop it, were it told to
         assert await redis.hgetall(CancelKeys(prefix).stops) == {}
         assert routing.failures == []
@@ -174,20 +158,20 @@ async def test_a_silent_run_is_hung_whatever_the_hosts_clocks(
     started = asyncio.Event()
     runner = _member(redis, prefix, lane, routing, started, silent=True)
     watcher = _member(redis, prefix, lane, routing, asyncio.Event(), silent=False)
-    with _host(runner_skew_s):
+    with on_host(runner_skew_s):
         run = asyncio.create_task(runner(lane, Message(lane.name, 0, 0, b"k", b"v")))
     try:
         await asyncio.wait_for(started.wait(), 10)
-        with _host(runner_skew_s):
+        with on_host(runner_skew_s):
             await runner.tick()  # registers the run with its one beat
         # Redis's time passes the real beat plus the timeout (the beat's age is under a tick).
         silent_from = await _redis_ms(redis) + SILENT_TIMEOUT_MS
         while await _redis_ms(redis) <= silent_from:
             continue  # each turn asks Redis its time again
-        with _host(watcher_skew_s):
+        with on_host(watcher_skew_s):
             await watcher.tick()  # judges it hung
         assert await redis.hgetall(CancelKeys(prefix).stops) != {}
-        with _host(runner_skew_s):
+        with on_host(runner_skew_s):
             await runner.tick()  # stops it
         assert await asyncio.wait_for(run, 10) == "retried"
         assert [type(e) for e in routing.failures] == [HandlerHung]
@@ -207,7 +191,7 @@ async def test_members_a_minute_apart_agree_when_work_is_abandoned(
         ran.append(message.value)
         return "handled"
 
-    with _host(SKEW_S):
+    with on_host(SKEW_S):
         clock = SharedClock(redis)
         assert await clock.measure()
         member = LongWork(

@@ -10,7 +10,6 @@ fails the first delivery, the reader's group records when the copy ran, in Redis
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from runtime.helpers import FAST, lane_spec, produce
 from runtime.owned import Declare
+from skewed_hosts import on_host, skewed_clocks
 from support import delete_group_after
 
 from pipeline import headers as h
@@ -43,15 +43,11 @@ LATE_BOUND_MS = 5_000
 WAIT_S = 20.0
 """How long the test waits for the copy: well below the minute a skewed due time would add."""
 
-_SKEW_S: contextvars.ContextVar[float] = contextvars.ContextVar("skew_s", default=0.0)
 
-
-@pytest.fixture
-def skewable() -> Iterator[None]:
-    """``time.time`` runs ``_SKEW_S`` seconds off in the tasks started with a skew set."""
-    real = time.time
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(time, "time", lambda: real() + _SKEW_S.get())
+@pytest.fixture(name="skewable")
+def _skewable() -> Iterator[None]:
+    """``time.time`` runs as far off as the host of the code that reads it."""
+    with skewed_clocks():
         yield
 
 
@@ -154,11 +150,8 @@ async def _copy_seen_by_reader(lane: TwoGroups, skew_s: float) -> Seen:
         redis_prefix=lane.prefixes[1],
     )
     stop = asyncio.Event()
-    token = _SKEW_S.set(skew_s)
-    try:  # the writer's tasks, and every task they start, see its clock
+    with on_host(skew_s):  # the writer's tasks, and every task they start, see its clock
         writing = asyncio.create_task(writer.run(stop))
-    finally:
-        _SKEW_S.reset(token)
     reading = asyncio.create_task(reader.run(stop))
     try:
         await asyncio.wait_for(asyncio.gather(writer.polling.wait(), reader.polling.wait()), WAIT_S)
@@ -195,15 +188,12 @@ async def test_the_shared_clock_reads_redis_time_whatever_the_hosts_clock(
 ) -> None:
     """Measured on a host a minute behind, or stepped a minute after, it still reads Redis's."""
     clock = SharedClock(redis)
-    token = _SKEW_S.set(-SKEW_S)
-    try:
+    with on_host(-SKEW_S):
         assert await clock.measure()
         before = await _redis_ms(redis)
         now = clock.now_ms()
         after = await _redis_ms(redis)
         assert before - SLACK_MS <= now <= after + SLACK_MS
-    finally:
-        _SKEW_S.reset(token)
     before = await _redis_ms(redis)  # the host's clock was put right: nothing moves
     now = clock.now_ms()
     after = await _redis_ms(redis)
@@ -231,8 +221,7 @@ async def test_a_failed_refresh_keeps_the_last_offset_and_is_logged_once(
     """Redis lost: the clock keeps Redis's time through the measured offset, one warning said."""
     flaky = _Unreachable(redis)
     clock = SharedClock(flaky)  # type: ignore[arg-type]
-    token = _SKEW_S.set(SKEW_S)  # a host a minute ahead
-    try:
+    with on_host(SKEW_S):  # a host a minute ahead
         assert await clock.measure()
         caplog.clear()
         flaky.lost = True
@@ -242,8 +231,6 @@ async def test_a_failed_refresh_keeps_the_last_offset_and_is_logged_once(
         assert len(caplog.records) == 1
         assert clock.now_ms() - await _redis_ms(redis) < SLACK_MS
         assert await _redis_ms(redis) - clock.now_ms() < SLACK_MS
-    finally:
-        _SKEW_S.reset(token)
 
 
 async def test_without_redis_the_clock_is_the_hosts() -> None:
