@@ -27,6 +27,8 @@ from pipeline.config import Settings, load_settings
 from pipeline.observability import stacks
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from pipeline.transport.protocol import Admin, Transport
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -392,3 +394,19 @@ def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
+
+
+async def pass_expiries(redis: Redis, match: str, duration_ms: int) -> None:
+    """Age the keys matching ``match`` by ``duration_ms``: each whose expiry falls within is gone.
+
+    What Redis's clock would do to them over an outage that long, in no time; keys without an
+    expiry are left as they are.
+    """
+    async for key in redis.scan_iter(match=match):
+        left = await redis.pttl(key)
+        if left < 0:
+            continue  # no expiry (-1), or gone meanwhile (-2)
+        if left <= duration_ms:
+            await redis.delete(key)
+        else:
+            await redis.pexpire(key, left - duration_ms)

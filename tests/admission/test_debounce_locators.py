@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from support import pass_expiries
 
 from pipeline import headers as h
 from pipeline.admission.debounce import Debouncer, Turn
@@ -34,14 +35,7 @@ async def outage(redis: Redis, lane: str, duration_ms: int) -> None:
     due = debounce_keys.due_key(PREFIX, lane)
     for member, score in await redis.zrange(due, 0, -1, withscores=True):
         await redis.zadd(due, {member: score - duration_ms})
-    async for key in redis.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, lane)}*"):
-        left = await redis.pttl(key)
-        if left < 0:
-            continue  # no expiry (-1), or gone meanwhile (-2)
-        if left <= duration_ms:
-            await redis.delete(key)
-        else:
-            await redis.pexpire(key, left - duration_ms)
+    await pass_expiries(redis, f"{debounce_keys.lane_tag(PREFIX, lane)}*", duration_ms)
 
 
 @pytest.fixture

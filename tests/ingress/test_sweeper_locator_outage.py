@@ -17,6 +17,7 @@ import pytest
 from logstore.helpers import FakeClock, new_row
 from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec
+from support import pass_expiries
 
 from pipeline.admission.debounce import Debouncer
 from pipeline.admission.debounce import keys as debounce_keys
@@ -35,14 +36,7 @@ EVENTS = 70  # more than the 64 a conversation's state remembers
 
 async def outage(redis: Redis, prefix: str, lane: str, duration_ms: int) -> None:
     """Move the lane's keys ``duration_ms`` on: each whose expiry falls within it is gone."""
-    async for key in redis.scan_iter(match=f"{debounce_keys.lane_tag(prefix, lane)}*"):
-        left = await redis.pttl(key)
-        if left < 0:
-            continue  # no expiry (-1), or gone meanwhile (-2)
-        if left <= duration_ms:
-            await redis.delete(key)
-        else:
-            await redis.pexpire(key, left - duration_ms)
+    await pass_expiries(redis, f"{debounce_keys.lane_tag(prefix, lane)}*", duration_ms)
 
 
 @pytest.mark.parametrize("turn", ["waiting", "failing"])
