@@ -113,10 +113,10 @@ async def test_redrive_refuses_a_topic_that_is_not_a_dead_letter_topic(
 
 
 def _seed_log(db: Path, topic: str) -> None:
-    """Rows of one topic: processed today, received today, received 8 days ago."""
+    """Rows of one topic: processed today, received today, received 20 days ago."""
 
     async def seed() -> None:
-        old_clock = FakeClock(start_s=time.time() - 8 * 86_400)
+        old_clock = FakeClock(start_s=time.time() - 20 * 86_400)
         clock = FakeClock(start_s=time.time() - 60)
         store = SqliteLogStore(db, clock=clock)
         await store.open()
@@ -169,7 +169,7 @@ def test_replay_skips_processed_rows_unless_asked(
 def test_replay_refuses_rows_beyond_the_idempotency_memory(
     tmp_path: Path, unique: str, redis_service: str
 ) -> None:
-    """A replay reaching rows older than 7 days exits 2 and sends nothing without ``--force``."""
+    """A replay reaching rows older than 14 days exits 2 and sends nothing without ``--force``."""
     del redis_service
     code, output, produced = _replay(tmp_path, unique)
     assert code == 2
