@@ -11,7 +11,7 @@ import enum
 import json
 import logging
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from contract.helpers import consume_until
@@ -24,7 +24,7 @@ from pipeline.errors import DeadLetter
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer, AvroSerializer
 from pipeline.registry.client.wire import header
-from pipeline.registry.errors import SchemaNotFound
+from pipeline.registry.errors import RegistryUnreachable, SchemaNotFound
 from pipeline.retry.policy import default_retryable
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
@@ -204,3 +204,38 @@ async def test_an_unknown_schema_id_goes_through_the_tiers_to_a_dead_letter_that
     assert "schema id 4711" in message
     assert sqlite_registry_url in message
     assert "redrive" in message
+
+
+class _VersionsDown:
+    """The real client, its subject-versions lookup failing (counted), as a registry timing out."""
+
+    def __init__(self, client: RegistryClient) -> None:
+        self._client = client
+        self.asked = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def subject_versions(self, schema_id: int) -> list[tuple[str, int]]:
+        self.asked += 1
+        raise RegistryUnreachable(f"schema {schema_id}'s versions: timed out")
+
+
+def test_a_failed_lookup_of_the_version_is_not_made_again_for_every_message(
+    ours: RegistryClient,
+) -> None:
+    """Only the reason's wording needs the versions: a registry that fails is asked once.
+
+    Each lookup blocks its caller (the member's event loop) for up to the client's timeout, so
+    asking again for every message that does not fit froze the member message after message.
+    """
+    subject = f"paint-{uuid.uuid4().hex}-value"
+    data = _green_in_v2(ours, subject, None)
+    down = _VersionsDown(ours)
+    app = App(topics=[])
+    app.avro = AvroDeserializer(down)  # type: ignore[arg-type] # the real client underneath
+    for _ in range(3):
+        with pytest.raises(DeadLetter) as info:
+            app.decode_model(data, Paint)
+        assert "'GREEN'" in str(info.value)
+    assert down.asked == 1

@@ -29,6 +29,7 @@ import contextlib
 import copy
 import json
 import threading
+import time
 from collections.abc import Mapping
 from io import BytesIO
 from typing import Any, TypeVar
@@ -62,6 +63,8 @@ _PROBLEMS_SAID = 3
 """Validation errors a reason spells out (a dead letter keeps 500 characters of it)."""
 _VERSIONS_SAID = 3
 """Subject versions a reason names for the schema id a message was written with."""
+_WRITTEN_KEPT_S = 300.0
+"""How long a schema id's subject versions (or the failure to get them) are kept for reasons."""
 _INPUT_CHARS = 60
 _ENUM_ERRORS = frozenset({"enum", "literal_error"})
 
@@ -459,7 +462,8 @@ class AvroDeserializer:
         )
         self._allow_json = allow_json
         self._plans: dict[int, tuple[Any, Any, _BodyScan | None]] = {}
-        self._written: dict[int, str] = {}
+        self._written: dict[int, tuple[str, float]] = {}
+        """Per schema id, how a reason names it and until when (monotonic s)."""
 
     def _plan(self, schema_id: int) -> tuple[Any, Any, _BodyScan | None]:
         plan = self._plans.get(schema_id)
@@ -491,21 +495,27 @@ class AvroDeserializer:
         return plan
 
     def _written_with(self, schema_id: int) -> str:
-        """``schema id 3 (pings-value version 2)``: how a reason names a message's schema."""
-        named = self._written.get(schema_id)
-        if named is not None:
-            return named
+        """``schema id 3 (pings-value version 2)``: how a reason names a message's schema.
+
+        Looked up once per id for :data:`_WRITTEN_KEPT_S` (a failed lookup too: it is only the
+        wording of a reason, and a registry that does not answer is not asked again for every
+        message that does not fit, each call blocking for its timeout).
+        """
+        now = time.monotonic()
+        kept = self._written.get(schema_id)
+        if kept is not None and kept[1] > now:
+            return kept[0]
         named = f"schema id {schema_id}"
         try:
             versions = self._client.subject_versions(schema_id)
         except RegistryError:  # only the reason is at stake: it names the id alone
-            return named
+            versions = []
         said = [f"{subject} version {version}" for subject, version in versions[:_VERSIONS_SAID]]
         if len(versions) > _VERSIONS_SAID:
             said.append(f"{len(versions) - _VERSIONS_SAID} more")
         if said:
             named += f" ({', '.join(said)})"
-        self._written[schema_id] = named
+        self._written[schema_id] = (named, now + _WRITTEN_KEPT_S)
         return named
 
     def deserialize(self, data: bytes) -> Any:
