@@ -10,6 +10,7 @@ from contract.helpers import make_topic
 from ingress.helpers import META, build, client, meta_body
 from ingress.signing import hub_signature
 
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.config import Settings
 from pipeline.envelope import Delivered, Record
 from pipeline.ingress.dispatch import Dispatcher
@@ -75,9 +76,12 @@ async def test_close_ends_though_a_produce_lost_its_cancellation(
     assert answer.json()["status"] == "accepted"
     await asyncio.wait_for(stalled.started.wait(), 10)
     closing = asyncio.create_task(dispatcher.close(timeout_s=0.1))
-    await asyncio.wait([closing], timeout=10)  # not wait_for: the close swallowed its cancel
-    assert closing.done(), "the dispatcher's close still waits for its pump"
-    assert stalled.absorbed == 1
-    assert await sqlite_store.count_by_state(Selection()) == {RowState.RECEIVED: 1}
-    await stalled.inner.close()
-    await transport.close()
+    try:
+        await asyncio.wait([closing], timeout=10)  # not wait_for: the close swallowed its cancel
+        assert closing.done(), "the dispatcher's close still waits for its pump"
+        assert stalled.absorbed == 1
+        assert await sqlite_store.count_by_state(Selection()) == {RowState.RECEIVED: 1}
+    finally:
+        await cancel_until_done(closing)  # a close that hung (the defect) does not outlive it
+        await stalled.inner.close()
+        await transport.close()

@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 from runtime.guard_parts import Handlers, guarded_lane, main_message, member_guard, retry_copy
 
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import Message
 from pipeline.runtime.app import Lane
 
@@ -73,7 +74,10 @@ async def test_close_ends_though_a_taken_over_release_lost_its_cancellation(
 
     await asyncio.wait_for(take_over(), 20)
     closing = asyncio.create_task(b.close())
-    await asyncio.wait([closing], timeout=10)  # not wait_for: the close swallowed its cancel
-    assert closing.done(), "the guard's close still waits for the release it took over"
-    assert handlers.absorbed == 1
-    await a.close()
+    try:
+        await asyncio.wait([closing], timeout=10)  # not wait_for: the close swallowed its cancel
+        assert closing.done(), "the guard's close still waits for the release it took over"
+        assert handlers.absorbed == 1
+    finally:
+        await cancel_until_done(closing)  # a close that hung (the defect) does not outlive it
+        await a.close()

@@ -63,4 +63,5 @@ async def test_a_skewed_host_ticks_on_redis_time(
         await running
         await redis.delete(*[k async for k in redis.scan_iter(f"t{unique}:*")])
     tick_ms = int(producer.sent[0].value)
-    assert produced_ms - 1000 <= tick_ms <= produced_ms + 50, (tick_ms, produced_ms)
+    # Off by at most half a round trip to Redis (a loaded machine: some 100 ms), not a minute.
+    assert produced_ms - 1000 <= tick_ms <= produced_ms + 250, (tick_ms, produced_ms)
