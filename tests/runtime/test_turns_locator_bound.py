@@ -46,3 +46,34 @@ async def test_a_lane_retaining_30_days_keeps_its_locators_30_days(
     finally:
         async for key in redis.scan_iter(match=f"{tag}*"):
             await redis.delete(key)
+
+
+async def test_a_lane_kept_for_ever_still_debounces(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A retention of 2**63-1 ms (Kafka's "forever"): the locator's bound stays one Redis takes.
+
+    Passed through Lua as a float, or past 2**63 ms from now, Redis refused the expiry and every
+    record failed: the lane ran each message as a turn of its own.
+    """
+    spec = lane_spec(f"turnforever_{unique}", 1, retention=2**63 - 1, debounce=WAITING)
+    await declare(transport, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(events: list[bytes], ctx: Context) -> None:
+        """Never called while the test looks (the turn waits a minute)."""
+
+    body = b'{"conversation_id": "c1"}'
+    await produce(transport, spec.name, [Record(body, b"c1", {h.EVENT_ID: b"evt-1"})])
+    prefix = f"t{unique}"
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=prefix)
+    tag = debounce_keys.lane_tag(prefix, spec.lane)
+    try:
+        async with running(member):
+            await eventually(lambda: member.stats.buffered == 1)
+        (locator,) = [k async for k in redis.scan_iter(match=f"{tag}:e:*")]
+        assert await redis.pttl(locator) > 365 * DAY_MS
+    finally:
+        async for key in redis.scan_iter(match=f"{tag}*"):
+            await redis.delete(key)

@@ -206,7 +206,7 @@ local function record(keys, args)
     if arrival then
       redis.call('HSET', keys[3], 'rc', remember(recent, token))
       if keys[6] then
-        local ttl = tonumber(args[10])
+        local ttl = args[10]  -- as sent: a number past 2^53 would reach Redis as a float
         redis.call('SET', keys[6], locator(arrival, element, args[1]), 'PX', ttl)
         -- the first copy's own entry may be missing (recorded by an earlier release), so one
         -- more: an entry behind later ones is popped with them, never before its message left
@@ -227,7 +227,7 @@ local function record(keys, args)
     local entry = ' ' .. event .. '@' .. now .. '@' .. digest .. ' '
     redis.call('HSET', keys[3], 're', remember(events, entry))
     if keys[6] then
-      local ttl = tonumber(args[10])
+      local ttl = args[10]  -- as sent (above)
       redis.call('SET', keys[6], locator(now, digest, args[1]), 'PX', ttl)
       if keys[7] then
         redis.call('RPUSH', keys[7], event .. '@' .. now .. '@' .. digest)
