@@ -44,13 +44,22 @@ housekeeping (the expiry of its marks and lone-start counts, the trimming of fin
 rides on the periodic ``gd_reap`` instead of every ``gd_begin``.
 
 **Expiry.** Every key expires some time after its last change, so the state of messages that
-vanished frees itself: the lane-wide marks, lone-start counts and finished ids after the lane's
-retry path plus an hour (:func:`retry_path_ms`), a parked key's state (its order, its held
-followers, its release, its entry in the lane's index) only after the lane's retention plus
-that (:func:`parked_state_ms`). Held followers' offsets are committed: were their state to
-expire while every member is down (a broken deploy over a night) and the head's copy waits in
-its tier, they would be lost without a word once the head ran. A key left with nothing parked
-has its state deleted at once, so the long bound holds memory only for keys that still wait.
+vanished frees itself: after the lane's retention plus its retry path plus an hour
+(:func:`parked_state_ms`), since copies come back from the topics that long after an outage of
+every member (a broken deploy over a night), when nothing renews the state. A parked key's
+state (its order, its held followers, its release, its entry in the lane's index) runs held
+followers whose offsets are committed: expired while the head's copy waits in its tier, they
+would be lost without a word once the head ran. A key left with nothing parked has its state
+deleted at once, so the long bound holds memory only for keys that still wait. The start marks
+and lone-start counts are lane-wide hashes the reap tick renews while any member runs; after
+the outage a delivery read again whose retry copy was produced is still stale (run, the
+message would run twice), and one whose member died mid-run is still a suspect whose crash
+counts (a poison message that kills its member, the fleet down past a shorter bound after each
+crash, would never reach ``poison_after``). The finished ids are trimmed to the retry path
+plus an hour (:func:`retry_path_ms`) of the lane's own clock, which stands still while no member
+reaps the lane: a head's copy whose offset was not committed before the outage is still stale
+after it, rather than held again behind, and run after, its followers. Claimed ranges, written
+at every tick, keep the shorter bound.
 
 If Redis cannot be reached the runtime fails open: messages run (order across retries is not
 guarded for that time, and poison is not counted), and each such decision is logged.
@@ -213,14 +222,14 @@ class GuardStore:
         lease_ms: int = 15_000,
         live_ms: int = LIVE_MS,
     ) -> None:
-        """Keep the guard state of ``lane`` under ``prefix`` for ``ttl_ms`` after each change.
+        """Keep the guard state of ``lane`` under ``prefix`` for ``hold_ms`` after each change.
 
-        A parked key's state (its held followers, its order, its release) is kept ``hold_ms``
-        after each change instead (``ttl_ms`` if None): the followers' offsets are committed,
-        so it must last while the head's copy can still come back from its tier, through an
-        outage of every member (:func:`lane_guards`). ``lease_ms`` is how long a release stays
-        with its member without a renewal; ``live_ms`` how long this member process counts as
-        alive after each :meth:`live`.
+        ``hold_ms`` (``ttl_ms`` if None) must last while copies can still come back from the
+        topics, through an outage of every member (:func:`lane_guards`). Finished ids are kept
+        ``ttl_ms`` of the lane's clock (which stands still while no member reaps the lane), and
+        claims ``ttl_ms`` after their last write. ``lease_ms`` is how long a release stays with
+        its member without a renewal; ``live_ms`` how long this member process counts as alive
+        after each :meth:`live`.
         """
         self._client = client
         self._functions = FunctionLibrary(client, LIBRARY)
@@ -274,7 +283,6 @@ class GuardStore:
                 "gd_key_begin",
                 [k.run, k.gone, k.parked, z, state, held, k.live],
                 [
-                    self.ttl_ms,
                     self.hold_ms,
                     start.ident,
                     start.key,
@@ -302,7 +310,6 @@ class GuardStore:
                 "gd_route",
                 [k.run, k.gone, k.parked, z, state],
                 [
-                    self.ttl_ms,
                     self.hold_ms,
                     start.ident,
                     start.key,
@@ -325,7 +332,6 @@ class GuardStore:
         """
         k = self.keys
         args: list[str | int] = [
-            self.ttl_ms,
             self.hold_ms,
             self.lease_ms,
             k.tag,
@@ -356,7 +362,7 @@ class GuardStore:
             verdict, alone = await self._functions.fcall(
                 "gd_solo",
                 [k.run, k.alone, k.gone],
-                [start.ident, start.position, self.ttl_ms, poison_after],
+                [start.ident, start.position, self.hold_ms, poison_after],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, running suspect %s uncounted: %s", start.ident, exc)
@@ -515,22 +521,25 @@ def start_of(message: Message, *, ordered: bool) -> Start:
 
 
 def retry_path_ms(spec: TopicSpec) -> int:
-    """How long the guard's lane-wide state lasts after each change: the retry path plus an hour.
+    """How long finished ids and claims last: the retry path plus an hour.
 
-    Twice the longest tier's delay for each attempt, plus :data:`SLACK_MS`.
+    Twice the longest tier's delay for each attempt, plus :data:`SLACK_MS`. Finished ids count
+    it on the lane's clock, which stands still while every member is down.
     """
     return max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2 + SLACK_MS
 
 
 def parked_state_ms(spec: TopicSpec) -> int:
-    """How long a parked key's state lasts after each change: the lane's retention, and the path.
+    """How long the guard's state lasts after each change: the lane's retention, and the path.
 
     Its held followers' offsets are committed, so Redis keeps their only copy; they run once
     the head's copy comes back from its tier, which keeps it for the lane's retention (the
     broker's default, :data:`BROKER_RETENTION_MS`, when the lane declares none) or longer.
     While the whole fleet is down (a broken deploy over a night) nothing renews the state, so
     it must last that long, not just the retry path. A key that has nothing parked any more
-    has its state deleted at once, so this costs memory only for keys that still wait.
+    has its state deleted at once, so this costs memory only for keys that still wait. The
+    lane's marks and lone-start counts last as long: renewed while any member runs, the bound
+    counts only through an outage, after which a copy read again needs them.
     """
     retention_ms = BROKER_RETENTION_MS if spec.retention_ms is None else spec.retention_ms
     return min(retention_ms + retry_path_ms(spec), MAX_HOLD_MS)
@@ -539,9 +548,9 @@ def parked_state_ms(spec: TopicSpec) -> int:
 def lane_guards(
     client: Redis, prefix: str, specs: Sequence[TopicSpec], *, live_ms: int = LIVE_MS
 ) -> dict[str, GuardStore]:
-    """The guard store of each lane: its state lasts :func:`retry_path_ms`, parked keys' longer.
+    """The guard store of each lane: its state lasts :func:`parked_state_ms`.
 
-    A parked key's state lasts :func:`parked_state_ms`. ``live_ms`` is both this process's
+    Finished ids and claims last :func:`retry_path_ms`. ``live_ms`` is both this process's
     liveness and its release leases (both renewed every commit tick): after a crash, its
     suspects and its releases wait this long.
     """

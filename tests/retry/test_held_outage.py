@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec
 
-from pipeline.envelope import Message, Record
+from pipeline.envelope import Message, Record, TopicPartition
 from pipeline.retry import guard_store
 from pipeline.retry.guard_store import KeyEnds, Start, lane_guards
 from pipeline.retry.keys import encode_key
@@ -100,7 +100,11 @@ def messages_lane(name: str) -> TopicSpec:
 async def test_a_parked_keys_state_lives_as_long_as_the_heads_copy_in_its_tier(
     redis: Redis, unique: str
 ) -> None:
-    """A parked key's state outlives the lane's retention; lane-wide ones keep the short bound."""
+    """A parked key's state and the lane's marks outlive its retention; claims the short bound.
+
+    The marks (``T:run``) and finished ids (``T:gone``) are read again when copies come back
+    after the outage (tests/retry/test_marks_outage.py).
+    """
     for spec, retention_ms in (
         (messages_lane(f"hold_{unique}"), 7 * 86_400_000),
         (lane_spec(f"dflt_{unique}", 1, retry={"tiers": ["1s"]}), KAFKA_DEFAULT_RETENTION_MS),
@@ -119,14 +123,18 @@ async def test_a_parked_keys_state_lives_as_long_as_the_heads_copy_in_its_tier(
         z, state, held = store.keys.of_key(key)
         for name in (z, state, held, store.keys.parked):
             assert await redis.pttl(name) > retention_ms, name
-        assert 0 < await redis.pttl(store.keys.run) <= store.ttl_ms < retention_ms
+        assert await redis.pttl(store.keys.run) > retention_ms
         # The head's copy succeeds: its follower is released under a lease as long-lived.
         copy = Start(head.ident, key, f"{spec.name}.retry.x:0:0", ordered=True, attempt=2)
         assert await store.begin_many([], [copy]) == [("head", 1)]
         [released] = await store.end_many([KeyEnds([(copy, "done")], follow_dead=False)])
         assert [r.ident for r in released] == [follower.ident]
         assert await redis.pttl(store.keys.releases) > retention_ms
-        assert 0 < await redis.pttl(store.keys.gone) <= store.ttl_ms
+        assert await redis.pttl(store.keys.gone) > retention_ms
+        # The claims of a partition: renewed at every tick, they keep the retry path's bound.
+        tp = TopicPartition(spec.name, 0)
+        await store.take_claims({tp: (0, 10)})
+        assert 0 < await redis.pttl(store.keys.claims(spec.name, 0)) <= store.ttl_ms < retention_ms
         # The follower ends: the drained key's state is deleted, not left to expire.
         rel = Start(follower.ident, key, "rel", ordered=True, attempt=0)
         assert await store.end_many([KeyEnds([(rel, "done")], follow_dead=False)]) == [[]]

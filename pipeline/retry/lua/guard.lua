@@ -14,8 +14,13 @@
 --                   takes it over, and the copy at position, delivered again (its offset was
 --                   not committed yet), is stale
 --   T:alone   hash  message id -> lone starts of a suspect (its runs alone after a crash)
---   T:gone    zset  message id -> ms it left a parked key (handled or dead-lettered): a copy of
---                   it that shows up again is stale. Entries older than ttl_ms are pruned
+--   T:gone    zset  message id -> when it left a parked key (handled or dead-lettered), by the
+--                   lane's clock: a copy of it that shows up again is stale. Entries older than
+--                   ttl_ms by that clock are pruned (gd_reap). Two more entries keep the clock:
+--                   @at, the Redis time of the lane's last gd_reap, and @off, how long (ms) no
+--                   member reaped the lane, past a lease, in all. The lane's clock is Redis's
+--                   less @off: it stands still while every member is down, so an outage does not
+--                   age the entries
 --   T:parked  hash  key -> 1 while the key has parked messages (the batch call's index)
 --   T:rel     zset  key -> lease expiry ms (Redis clock) of a release in progress (gd_reap takes
 --                   over late ones, even after every member was down for days)
@@ -32,15 +37,19 @@
 --                   followers from any other one release nothing more)
 --   T:f:K     hash  message id -> the held follower (encoded message): it waits here, written
 --                   once, until the messages ahead of it finished
--- Every key expires, so state of vanished messages frees itself: ARGV ttl_ms after its last
--- change (the lane's retry path plus an hour), except what a parked key needs to run its held
--- followers once its head's copy comes back from its tier (T:z:K, T:h:K, T:f:K, T:parked,
--- T:rel): their offsets are committed, Redis holds their only copy, and that copy can come back
--- after a consumer outage of days (while the tier keeps it), when nothing changed these keys.
--- Those expire ARGV hold_ms after their last change (the lane's retention plus ttl_ms) and are
--- deleted as soon as the key has nothing parked (release_next, gd_key_begin), so the longer
--- bound costs memory only for keys that still wait. T:gone keeps the short bound: it gets an
--- entry per message that left a parked key, which over a retention would grow without need.
+-- Every key expires, so state of vanished messages frees itself: ARGV hold_ms after its last
+-- change (the lane's retention plus ttl_ms, the retry path plus an hour), since what it holds
+-- is read again when copies come back after a consumer outage of days (while a tier or the
+-- main topic keeps them), when nothing changed these keys. A parked key's state (T:z:K, T:h:K,
+-- T:f:K, T:parked, T:rel) runs its held followers, whose offsets are committed: Redis holds
+-- their only copy. It is deleted as soon as the key has nothing parked (release_next,
+-- gd_key_begin), so the longer bound costs memory only for keys that still wait. The marks
+-- (T:run) and lone-start counts (T:alone) make a delivery read again after the outage stale
+-- (a start that produced its retry copy) or a suspect whose crashes count; gd_reap renews
+-- them while any member runs, so their bound counts only while every member is down. T:gone
+-- is trimmed to the entries younger than ARGV ttl_ms by the lane's clock, which stands still
+-- through an outage (it grows with every message that leaves a parked key); the claims expire
+-- ARGV ttl_ms after their last write, T:live twice the liveness.
 -- The batch call reads and writes with one multi-field command per kind, so its cost in Redis
 -- commands does not grow with the number of starts it carries.
 --
@@ -180,6 +189,14 @@ end
 local function of_key(k, tag, key)
   k.z, k.h, k.f = tag .. ':z:' .. key, tag .. ':h:' .. key, tag .. ':f:' .. key
   return k
+end
+
+-- The entries of T:gone that keep the lane's clock (no message id has this form).
+local CLOCK_AT, CLOCK_OFF = '@at', '@off'
+
+-- The lane's clock at Redis's `now`: T:gone's entries are scored and pruned by it.
+local function lane_now(gone, now)
+  return now - tonumber(redis.call('ZSCORE', gone, CLOCK_OFF) or '0')
 end
 
 -- Drop heads of a parked key that already finished (a copy re-parked them); the head or nil.
@@ -352,15 +369,15 @@ end
 -- gd_key_begin: decide a start of a message whose key is parked.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K   KEYS[6] T:f:K
 -- KEYS[7] T:live
--- ARGV[1] ttl_ms (T:run)   ARGV[2] hold_ms (the key's state and T:parked)   ARGV[3] id
--- ARGV[4] key   ARGV[5] position   ARGV[6] attempt   ARGV[7] the encoded message (stored if it
--- is held)   ARGV[8] the calling member process's instance id
+-- ARGV[1] hold_ms (T:run, the key's state and T:parked)   ARGV[2] id   ARGV[3] key
+-- ARGV[4] position   ARGV[5] attempt   ARGV[6] the encoded message (stored if it is held)
+-- ARGV[7] the calling member process's instance id
 -- Returns {decision, starts}; busy as in gd_begin. A key found with no live head is unparked
 -- and its state deleted here.
 local function begin_parked(keys, args)
-  local ttl, hold_ms = args[1], args[2]
-  local id, key, pos, attempt, blob = args[3], args[4], args[5], args[6], args[7]
-  local me, now = args[8], now_ms()
+  local hold_ms = args[1]
+  local id, key, pos, attempt, blob = args[2], args[3], args[4], args[5], args[6]
+  local me, now = args[7], now_ms()
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
   local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6]}
   local held = hold(k, hold_ms, id, key, blob)
@@ -370,34 +387,33 @@ local function begin_parked(keys, args)
     redis.call('DEL', keys[4], keys[5], keys[6])
     redis.call('HDEL', keys[3], key)
     local decision, starts = mark_start(keys[1], id, pos, attempt, false, me, keys[7], now)
-    redis.call('PEXPIRE', keys[1], ttl)
+    redis.call('PEXPIRE', keys[1], hold_ms)
     return {decision, starts}
   end
   local dead_until = tonumber(redis.call('HGET', keys[5], 'dead_until') or '0')
   if head_seq <= dead_until then return {'sequenced', 0} end
   local decision, starts = mark_start(keys[1], id, pos, attempt, false, me, keys[7], now)
-  redis.call('PEXPIRE', keys[1], ttl)
+  redis.call('PEXPIRE', keys[1], hold_ms)
   return {decision, starts}
 end
 
 -- gd_route: a started message is about to be produced to a retry tier (a failure, or a deferral).
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K
--- ARGV[1] ttl_ms (T:run)   ARGV[2] hold_ms (the key's state and T:parked)   ARGV[3] id
--- ARGV[4] key   ARGV[5] position   ARGV[6] the copy's attempt   ARGV[7] "1" to park the key
--- (an ordered lane)
+-- ARGV[1] hold_ms (T:run, the key's state and T:parked)   ARGV[2] id   ARGV[3] key
+-- ARGV[4] position   ARGV[5] the copy's attempt   ARGV[6] "1" to park the key (an ordered lane)
 -- Parks the key first, so the copy can never find its key unparked, and lets that copy (by its
 -- attempt) take the start mark over even if this start has not ended yet.
 local function route(keys, args)
-  local ttl, hold_ms = args[1], args[2]
-  local id, key, pos, attempt = args[3], args[4], args[5], args[6]
+  local hold_ms = args[1]
+  local id, key, pos, attempt = args[2], args[3], args[4], args[5]
   local mark = redis.call('HGET', keys[1], id)
   local starts, at = 1, pos
   if mark then starts, at = parse(mark) end
   if at == pos then
     redis.call('HSET', keys[1], id, math.max(starts, 1) .. '|' .. pos .. '|' .. attempt)
-    redis.call('PEXPIRE', keys[1], ttl)
+    redis.call('PEXPIRE', keys[1], hold_ms)
   end
-  if args[7] == '1' and not redis.call('ZSCORE', keys[2], id) then
+  if args[6] == '1' and not redis.call('ZSCORE', keys[2], id) then
     if not redis.call('ZSCORE', keys[4], id) then
       redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
     end
@@ -413,9 +429,9 @@ end
 -- that is a plain process come more: the held followers right behind it whose start is fresh
 -- (no mark), each marked as started here. A suspect or a sequenced follower is always released
 -- alone, so its end is recorded before anything after it runs. k: run, gone, parked, z, h, f,
--- rel (as in finish_one); `ttl` the expiry of T:run, `hold_ms` that of the key's state and
--- T:rel. Returns a flat list, three per follower: decision, id, message.
-local function release_next(k, now, ttl, hold_ms, key, lease, n, me)
+-- rel (as in finish_one); `hold_ms` the expiry of T:run, the key's state and T:rel. Returns a
+-- flat list, three per follower: decision, id, message.
+local function release_next(k, now, hold_ms, key, lease, n, me)
   local head, seq = live_head(k.gone, k.z, k.f)
   if not head then
     redis.call('DEL', k.z, k.h, k.f)
@@ -454,15 +470,15 @@ local function release_next(k, now, ttl, hold_ms, key, lease, n, me)
     end
     if #fresh > 0 then redis.call('HSET', k.run, unpack(fresh)) end
   end
-  redis.call('PEXPIRE', k.run, ttl)
+  redis.call('PEXPIRE', k.run, hold_ms)
   return out
 end
 
 -- Record how message `id` of parked key `key` ended (or how a message came to park its key).
 -- k: run, alone, gone, parked, z, h, f, rel. `follow` is "follow" if followers of a
 -- dead-lettered head follow it into the DLQ; `pos` the position of the start that ended (its
--- mark is left alone if a copy took it over; "rel" for a released follower); `ttl` the expiry
--- of T:run and T:gone, `hold_ms` that of the key's state, T:parked and T:rel; `lease` the
+-- mark is left alone if a copy took it over; "rel" for a released follower); `hold_ms` the
+-- expiry of T:run, T:gone, the key's state, T:parked and T:rel; `lease` the
 -- release lease (ms); `n` how many followers to release after it (0: none, the caller has them
 -- already). `outcome`:
 --   done    handled (or skipped, expired): it leaves the parked set, the next followers are
@@ -476,7 +492,7 @@ end
 -- or the message left the parked set already) is stale and changes nothing; `me` is the
 -- calling member process.
 -- Returns the followers released to the caller: a flat list, three per follower.
-local function finish_one(k, now, ttl, hold_ms, lease, id, key, outcome, follow, pos, n, me)
+local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos, n, me)
   -- A released follower's end from a member whose release another took over (gd_reap, while
   -- it was stalled): what it ran is recorded, but the release is the other member's now.
   local taken = false
@@ -530,44 +546,44 @@ local function finish_one(k, now, ttl, hold_ms, lease, id, key, outcome, follow,
     return {}
   end
   if redis.call('ZREM', k.z, id) == 1 then
-    redis.call('ZADD', k.gone, now, id)
-    redis.call('PEXPIRE', k.gone, ttl)
+    redis.call('ZADD', k.gone, lane_now(k.gone, now), id)
+    redis.call('PEXPIRE', k.gone, hold_ms)
   end
   if outcome == 'dead' and follow == 'follow' then
     local last = redis.call('ZRANGE', k.z, -1, -1, 'WITHSCORES')
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
   end
   if n == 0 or taken then return {} end
-  return release_next(k, now, ttl, hold_ms, key, lease, n, me)
+  return release_next(k, now, hold_ms, key, lease, n, me)
 end
 
 -- gd_end_many: record how messages of parked keys ended (finish_one), several in one call, in
 -- order.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
--- ARGV[1] ttl_ms (T:run, T:gone)   ARGV[2] hold_ms (the keys' state, T:parked, T:rel)
--- ARGV[3] lease_ms   ARGV[4] the tag T   ARGV[5] the calling member process,
+-- ARGV[1] hold_ms (T:run, T:gone, the keys' state, T:parked, T:rel)   ARGV[2] lease_ms
+-- ARGV[3] the tag T   ARGV[4] the calling member process,
 -- then six per end: id, key, outcome (done | parked | dead | back), "follow"
 -- or "", the position of the start that ended, how many followers to release after it (0:
 -- none).
 -- Returns one list per end: the followers released after it, three entries each (decision,
 -- id, message), none if it released none.
 local function finish_many(keys, args)
-  local now, ttl, hold_ms = now_ms(), args[1], args[2]
-  local lease, tag = tonumber(args[3]), args[4]
+  local now, hold_ms = now_ms(), args[1]
+  local lease, tag = tonumber(args[2]), args[3]
   local out = {}
-  for i = 6, #args, 6 do
+  for i = 5, #args, 6 do
     local key = args[i + 1]
     local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
                       rel = keys[5]}, tag, key)
-    out[#out + 1] = finish_one(k, now, ttl, hold_ms, lease, args[i], key, args[i + 2],
-                               args[i + 3], args[i + 4], tonumber(args[i + 5]), args[5])
+    out[#out + 1] = finish_one(k, now, hold_ms, lease, args[i], key, args[i + 2],
+                               args[i + 3], args[i + 4], tonumber(args[i + 5]), args[4])
   end
   return out
 end
 
 -- gd_solo: count a suspect's lone start, once nothing else runs beside it in its member.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone
--- ARGV[1] id   ARGV[2] position   ARGV[3] ttl_ms   ARGV[4] poison_after
+-- ARGV[1] id   ARGV[2] position   ARGV[3] hold_ms (T:alone)   ARGV[4] poison_after
 -- Its first interrupted start may have been a neighbour's fault; every lone start after that
 -- was interrupted by itself. Returns {verdict, lone starts}: stale if another copy finished it
 -- or took it over meanwhile, poison once the interruptions (the first plus the lone ones) reach
@@ -580,28 +596,37 @@ local function solo(keys, args)
   local starts, at = parse(mark)
   if at ~= pos or starts == 0 then return {'stale', 0} end
   local alone = redis.call('HINCRBY', keys[2], id, 1)
-  redis.call('PEXPIRE', keys[2], tonumber(args[3]))
+  redis.call('PEXPIRE', keys[2], args[3])
   if alone >= tonumber(args[4]) then return {'poison', alone} end
   return {'process', alone}
 end
 
 -- gd_reap: take over releases whose member stopped renewing their lease (it died mid-release).
--- KEYS[1] T:rel   ARGV[1] ttl_ms (T:run, T:alone, and how long T:gone keeps an entry)
--- ARGV[2] hold_ms (the state of the keys taken over)   ARGV[3] lease_ms   ARGV[4] the tag T
--- ARGV[5] at most this many keys   ARGV[6] the calling member process (the releases' holder)
+-- KEYS[1] T:rel   ARGV[1] ttl_ms (how long T:gone keeps an entry, by the lane's clock)
+-- ARGV[2] hold_ms (T:run, T:alone, T:gone and the state of the keys taken over)
+-- ARGV[3] lease_ms (also the longest gap between two reaps the lane's clock counts)
+-- ARGV[4] the tag T   ARGV[5] at most this many keys   ARGV[6] the calling member process (the
+-- releases' holder)
 -- Returns a flat list: key, decision, id, message for each follower taken over.
 local function reap(keys, args)
   local now, ttl, hold_ms = now_ms(), args[1], args[2]
   local lease, tag = tonumber(args[3]), args[4]
   -- The batched starts (gd_begin) leave the lane's expiry and trimming to this periodic call.
-  redis.call('ZREMRANGEBYSCORE', tag .. ':gone', '-inf', now - tonumber(ttl))
-  expire(ttl, tag .. ':run', tag .. ':alone')
+  -- A gap since the last reap longer than a lease is time every member was down: the lane's
+  -- clock skips it, so a copy read again once they are back still finds its message gone.
+  local gone = tag .. ':gone'
+  local at, off = unpack(redis.call('ZMSCORE', gone, CLOCK_AT, CLOCK_OFF))
+  off = tonumber(off or '0')
+  if at and now - tonumber(at) > lease then off = off + now - tonumber(at) - lease end
+  redis.call('ZREMRANGEBYSCORE', gone, '-inf', now - off - tonumber(ttl))
+  redis.call('ZADD', gone, now, CLOCK_AT, off, CLOCK_OFF)
+  expire(hold_ms, tag .. ':run', tag .. ':alone', gone)
   local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
   local out = {}
   for _, key in ipairs(due) do
     local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
                       rel = keys[1]}, tag, key)
-    local released = release_next(k, now, ttl, hold_ms, key, lease, 1, args[6])
+    local released = release_next(k, now, hold_ms, key, lease, 1, args[6])
     if released[1] then
       out[#out + 1] = key
       out[#out + 1] = released[1]
