@@ -63,15 +63,21 @@ _SAID_CHARS = 300
 
 
 def _said(error: BaseException | None) -> str:
-    """``": Class: first line of the message"`` for the dead letter's line; empty without one."""
+    """``": Class: its message"`` for the dead letter's line, on one line; empty without one.
+
+    A message of several lines (pydantic's: a count, then each problem indented) is joined with
+    ``; ``, leaving out pydantic's "For further information" links, and cut at
+    :data:`_SAID_CHARS`.
+    """
     if error is None:
         return ""
-    text = str(error).strip().splitlines()
-    first = text[0] if text else ""
-    if len(first) > _SAID_CHARS:
-        first = first[: _SAID_CHARS - 3] + "..."
-    more = " ..." if len(text) > 1 else ""
-    return f": {type(error).__name__}: {first}{more}" if first else f": {type(error).__name__}"
+    lines = [line.strip() for line in str(error).splitlines()]
+    said = "; ".join(
+        line for line in lines if line and not line.startswith("For further information visit")
+    )
+    if len(said) > _SAID_CHARS:
+        said = said[: _SAID_CHARS - 3] + "..."
+    return f": {type(error).__name__}: {said}" if said else f": {type(error).__name__}"
 
 
 class ParkingView(Protocol):

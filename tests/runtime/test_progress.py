@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from pipeline.envelope import TopicPartition
 from pipeline.observability.facades import RuntimeMetrics
@@ -132,17 +133,30 @@ def test_dead_letter_warns_and_still_counts(caplog: pytest.LogCaptureFixture) ->
 
 
 def test_a_dead_letters_line_says_the_error_that_ended_it(caplog: pytest.LogCaptureFixture) -> None:
-    """The error's class and the first line of its message, cut short; the rest is in the DLQ."""
+    """The error's class and its message on one line, cut short; all of it is in the DLQ."""
+
+    class Said(BaseModel):
+        text: str
+
+    with pytest.raises(ValidationError) as invalid:
+        Said.model_validate_json(b"not json")
     facade = DeadLetterWarnings(Metrics(), {"messages": "messages.dlq"})
     long = "x" * 1000
     with caplog.at_level(logging.WARNING, logger="pipeline.runtime.progress"):
         facade.dead_lettered("messages", "exhausted", ConnectionError("refused\n  at the bank"))
         facade.dead_lettered("messages", "fatal", ValueError(long))
         facade.dead_lettered("messages", "fatal", ValueError(""))
+        facade.dead_lettered("messages", "fatal", invalid.value)
     said = [r.getMessage() for r in caplog.records]
     assert said[0] == (
-        "dead letter on lane messages: exhausted: ConnectionError: refused ... "
+        "dead letter on lane messages: exhausted: ConnectionError: refused; at the bank "
         "(inspect: pipeline redrive messages.dlq --dry-run)"
     )
     assert f": ValueError: {'x' * 297}... (inspect" in said[1]
     assert said[2].startswith("dead letter on lane messages: fatal: ValueError (inspect")
+    # pydantic's first line only counts the errors: what is wrong comes after it.
+    assert said[3].startswith(
+        "dead letter on lane messages: fatal: ValidationError: 1 validation error for Said;"
+        " Invalid JSON: expected ident at line 1 column 2"
+    ), said[3]
+    assert "errors.pydantic.dev" not in said[3]
