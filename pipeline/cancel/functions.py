@@ -57,13 +57,14 @@ class CancelFunctions(FunctionLibrary):
     ) -> tuple[int, int]:
         """``cn_cancel``: the transition; returns (new version, registered runs told to stop).
 
-        ``now_ms`` 0 is the Redis server's time.
+        ``now_ms`` 0 is the Redis server's time. ``keep_ms`` (positive, at most 2**62) goes as
+        its digits and is added to the time exactly: a Lua number past 2**53 is a float.
         """
         k = self.keys
         version, marked = await self.fcall(
             "cn_cancel",
             [k.selectors, k.version, k.runs, k.stops, k.until, k.changes, k.meta],
-            [kind, lane, value, reason, now_ms, keep_ms],
+            [kind, lane, value, reason, now_ms, str(keep_ms)],
         )
         return int(version), int(marked)
 

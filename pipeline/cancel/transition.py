@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Iterable
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -19,11 +20,40 @@ from redis.asyncio import Redis
 from pipeline.cancel.functions import CancelFunctions
 from pipeline.cancel.target import Target
 from pipeline.errors import PipelineError
+from pipeline.retry.guard_store import BROKER_RETENTION_MS, retry_path_ms
+from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
 
 log = logging.getLogger(__name__)
 
-KEEP_MS = 7 * 24 * 3_600_000
-"""How long a standing cancellation is kept: longer than any message stays in a retry tier."""
+MAX_KEEP_MS = 2**62
+"""The longest a cancellation is kept: a lane may retain its messages up to 2**63-1 ms (Kafka's
+"forever"), and its end time, the moment plus this, must stay a count Redis takes."""
+KEEP_MS = DLQ_MIN_RETENTION_MS + 86_400_000
+"""How long a cancellation is kept when the lanes it covers are not known (15 days): the least a
+dead-letter topic keeps a message, two weeks, and a day for the retry path before it."""
+
+
+def keep_ms_of(specs: Iterable[TopicSpec], lane: str | None = None) -> int:
+    """How long a cancellation of ``lane``'s work (every lane's if None) is kept.
+
+    As long as the work it covers can come back: the longest retention among the covered
+    lanes' topics (a dead-letter topic's at least
+    :data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`, or its lane's retention if longer; an
+    undeclared retention is Kafka's 7 days) plus the lane's retry path and an hour, the bound
+    ``ctx.once`` keeps its records by (:func:`pipeline.runtime.idempotency.once_ttl_ms`), so a
+    dead letter redriven on its topic's last day stays cancelled. At most
+    :data:`MAX_KEEP_MS`; :data:`KEEP_MS` when no lane is covered.
+    """
+    kept = [
+        max(
+            BROKER_RETENTION_MS if topic.retention_ms is None else topic.retention_ms
+            for topic in spec.topic_configs(0)
+        )
+        + retry_path_ms(spec)
+        for spec in specs
+        if lane is None or spec.lane == lane
+    ]
+    return min(max(kept, default=KEEP_MS), MAX_KEEP_MS)
 
 
 class CancelFailed(PipelineError):
@@ -50,7 +80,8 @@ async def cancel(
     target: Target,
     reason: str = "cancelled",
     *,
-    keep_ms: int = KEEP_MS,
+    keep_ms: int | None = None,
+    specs: Iterable[TopicSpec] = (),
     now_ms: int | None = None,
 ) -> int:
     """Cancel the work ``target`` covers, for ``reason``; returns running long work told to stop.
@@ -58,14 +89,27 @@ async def cancel(
     Idempotent: cancelling again refreshes the cancellation's time, so it also covers work
     that appeared since. That time is the Redis server's clock (``now_ms`` overrides it), the
     clock Redis Streams stamps messages with, so the canceller's own clock does not matter.
+    It stands ``keep_ms`` from then (at most :data:`MAX_KEEP_MS`), by default as long as the
+    lanes of ``specs`` it covers can bring their work back (:func:`keep_ms_of`; ``pipeline
+    cancel`` gives the topics directory's, ``App.cancel`` its app's).
 
     Raises:
         CancelFailed: Redis did not answer or refused the call.
+        ValueError: ``keep_ms`` is not positive.
     """
+    if keep_ms is None:
+        keep_ms = keep_ms_of(specs, target.lane)
+    if keep_ms <= 0:
+        raise ValueError(f"keep_ms must be positive, got {keep_ms}")
     try:
         functions = _functions(redis, prefix)
         _, stopped = await functions.cancel(
-            target.kind, target.lane or "*", target.value, reason, now_ms or 0, keep_ms
+            target.kind,
+            target.lane or "*",
+            target.value,
+            reason,
+            now_ms or 0,
+            min(keep_ms, MAX_KEEP_MS),
         )
     except (rexc.RedisError, OSError) as exc:
         raise CancelFailed(f"could not cancel {target} in Redis: {exc}") from exc

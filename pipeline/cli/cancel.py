@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 
 from pipeline.cli_support import err, run_command
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, TopicSpecError
 
 
 def _as_read(value: str) -> str:
@@ -34,7 +34,15 @@ def cancel_command(
     event: Annotated[str | None, typer.Option("--event", help="An event id (pl-event-id).")] = None,
     key: Annotated[str | None, typer.Option("--key", help="A message key.")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant", help="A tenant (pl-tenant).")] = None,
-    lane: Annotated[str | None, typer.Option("--lane", help="Only this lane.")] = None,
+    lane: Annotated[
+        str | None,
+        typer.Option(
+            "--lane",
+            help="Only this lane. The cancellation stands as long as the lanes it covers"
+            " (this one, or every lane of PIPELINE_TOPICS_DIR) keep their work: their longest"
+            " retention (a dead-letter topic's at least 14 days) plus the retry path.",
+        ),
+    ] = None,
     reason: Annotated[
         str, typer.Option("--reason", help="Why, as logged by the members.")
     ] = "cancelled",
@@ -43,9 +51,10 @@ def cancel_command(
     from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
 
     from pipeline.cancel.target import Target  # noqa: PLC0415
-    from pipeline.cancel.transition import CancelFailed, cancel  # noqa: PLC0415
+    from pipeline.cancel.transition import KEEP_MS, CancelFailed, cancel  # noqa: PLC0415
     from pipeline.config import load_settings  # noqa: PLC0415
     from pipeline.reachability import named_with_fix  # noqa: PLC0415
+    from pipeline.topics.durations import format_duration_ms  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
     event, key, tenant = (v if v is None else _as_read(v) for v in (event, key, tenant))
@@ -59,16 +68,28 @@ def cancel_command(
     async def main() -> int:
         settings = load_settings()
         if lane is not None:
-            lanes = {spec.lane for spec in load_specs(settings.topics_dir)}
+            specs = load_specs(settings.topics_dir)
+            lanes = {spec.lane for spec in specs}
             if lane not in lanes:
                 known = ", ".join(sorted(lanes)) or "none"
                 raise ConfigError(f"--lane: no lane {lane!r} in {settings.topics_dir} ({known})")
+        else:
+            try:
+                specs = load_specs(settings.topics_dir)
+            except TopicSpecError as exc:
+                specs = []  # a cancellation is urgent: it stands the least bound, and says so
+                err.print(
+                    f"[yellow]warning:[/yellow] {escape(str(exc))}; the cancellation stands"
+                    f" {format_duration_ms(KEEP_MS)}, as long as a lane with the least retention"
+                    " keeps its work",
+                    highlight=False,
+                )
         timeout_s = settings.redis.socket_timeout_s
         redis = Redis.from_url(
             settings.redis.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
         )
         try:
-            return await cancel(redis, settings.redis.key_prefix, target, reason)
+            return await cancel(redis, settings.redis.key_prefix, target, reason, specs=specs)
         except CancelFailed as exc:
             hint = named_with_fix(settings, "redis", "the members' Redis", str(exc))
             raise CancelFailed(f"{exc} ({hint})") from None

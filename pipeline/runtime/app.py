@@ -204,6 +204,9 @@ class App:
         The same transition as ``pipeline cancel`` (:func:`pipeline.cancel.cancel`): queued,
         parked and retry-tier messages are skipped with outcome ``cancelled`` when they come
         up; running handlers are stopped. ``prefix`` is the members' ``redis.key_prefix``.
+        It stands as long as the covered lanes (``lane``, or every lane of the app) can bring
+        their work back (:func:`pipeline.cancel.transition.keep_ms_of`: their longest retention,
+        a dead-letter topic's at least 14 days, plus the retry path).
         Returns how many running long-work runs were told to stop.
 
         Raises:
@@ -214,7 +217,7 @@ class App:
             known = ", ".join(sorted(self._specs)) or "none"
             raise ConfigError(f"no lane {lane!r} is declared in topics/ (declared: {known})")
         target = Target.of(event=event, key=key, tenant=tenant, lane=lane)
-        return await cancel(redis, prefix, target, reason)
+        return await cancel(redis, prefix, target, reason, specs=self._specs.values())
 
     def lane_of(self, topic: str) -> Lane:
         """The lane a topic (main or retry tier) belongs to."""

@@ -5,6 +5,8 @@
 --
 -- Keys (T = {P:cancel}):
 --   T:sel     hash  "kind:lane:value" -> JSON {at, reason, until}: a standing cancellation.
+--                   until is a number, or its decimal digits as a string once past 10^14 (a
+--                   lane kept for ever: cjson writes a larger number with 14 digits only).
 --                   kind is event, key or tenant; lane is a lane name or "*" (every lane).
 --                   An event selector covers that event whenever it comes up; a key or tenant
 --                   selector covers the messages that existed at "at" (origin <= at).
@@ -33,7 +35,8 @@
 -- Functions:
 --   cn_cancel  KEYS sel, ver, runs, stop, until, changes, meta
 --              ARGV kind, lane, value, reason, now_ms, keep_ms -> {version, runs told to stop}
---              (now_ms 0: the Redis server's time, which Redis Streams stamps messages with)
+--              (now_ms 0: the Redis server's time, which Redis Streams stamps messages with;
+--              keep_ms as its decimal digits, up to 2^62, added to now_ms exactly: plus_ms)
 --   cn_read    KEYS sel, ver, changes, meta
 --              ARGV version -> {version, 0} when the caller must reread all of T:sel, else
 --              {version, 1, (field, JSON or "" if removed)*}: what changed since ``version``
@@ -123,6 +126,19 @@ local function trim_changes(k)
   end
 end
 
+-- now_ms + keep_ms as decimal digits, exact: keep_ms comes as sent (up to 2^62, past the 2^53
+-- a Lua number holds exactly) and is added in two halves of 9 digits, each exact.
+local BASE = 1000000000
+local function plus_ms(now, keep)
+  local low = tonumber(string.sub(keep, -9)) + now % BASE
+  local high = (tonumber(string.sub(keep, 1, -10)) or 0) + math.floor(now / BASE)
+  if low >= BASE then
+    low, high = low - BASE, high + 1
+  end
+  if high == 0 then return string.format('%d', low) end
+  return string.format('%d%09d', high, low)
+end
+
 -- The one transition to cancelled. kind "run" stops one running run (value is its id);
 -- the other kinds record a standing selector and stop every registered run it covers.
 local function transition(k, kind, lane, value, reason, now, keep_ms)
@@ -135,8 +151,12 @@ local function transition(k, kind, lane, value, reason, now, keep_ms)
   else
     index_step(k)
     local field = kind .. ':' .. lane .. ':' .. value
-    redis.call('HSET', k.sel, field, cjson.encode({at = now, reason = reason, ['until'] = now + keep_ms}))
-    redis.call('ZADD', k['until'], now + keep_ms, field)
+    local until_ms = plus_ms(now, keep_ms)
+    -- A number, as every release wrote it, while cjson writes all its digits (below 10^14);
+    -- past that its digits as a string, which every release reads too (int(str()), tonumber)
+    local until_json = tonumber(until_ms) < 1e14 and tonumber(until_ms) or until_ms
+    redis.call('HSET', k.sel, field, cjson.encode({at = now, reason = reason, ['until'] = until_json}))
+    redis.call('ZADD', k['until'], until_ms, field)
     redis.call('ZADD', k.changes, version, field)
     local runs = redis.call('HGETALL', k.runs)
     for i = 1, #runs, 2 do
@@ -160,9 +180,12 @@ end
 local function cancel(keys, args)
   local k = {sel = keys[1], ver = keys[2], runs = keys[3], stop = keys[4], ['until'] = keys[5],
     changes = keys[6], meta = keys[7]}
+  if not string.match(args[6], '^%d+$') or #args[6] > 19 then
+    return redis.error_reply('keep_ms must be a count of milliseconds, got ' .. args[6])
+  end
   local now = tonumber(args[5])
   if now == 0 then now = server_ms() end
-  return transition(k, args[1], args[2], args[3], args[4], now, tonumber(args[6]))
+  return transition(k, args[1], args[2], args[3], args[4], now, args[6])  -- keep_ms as sent
 end
 
 -- What changed in T:sel since the version a member holds, or {version, 0}: reread it all.
