@@ -17,15 +17,11 @@ WAITING = {"key": "conversation_id", "quiet_s": 60, "max_wait_s": 120, "max_batc
 """A turn that does not fire while the test looks."""
 
 
-async def test_a_lane_retaining_30_days_keeps_its_locators_30_days(
-    transport: Transport, redis: Redis, unique: str
-) -> None:
-    """The ingress's sweeper finds a buffered event by its locator as long as the lane keeps it.
-
-    The member built every lane's debouncer with the 7-day bound, so a lane retaining 30 days
-    had its buffered events reported as not held (and replayed) after a week of waiting.
-    """
-    spec = lane_spec(f"turnlocator_{unique}", 1, retention="30d", debounce=WAITING)
+async def _locator_ttl_ms(
+    transport: Transport, redis: Redis, unique: str, name: str, retention: int | str
+) -> int:
+    """The PTTL of the locator of an event a member buffered on a lane retaining ``retention``."""
+    spec = lane_spec(f"{name}_{unique}", 1, retention=retention, debounce=WAITING)
     await declare(transport, spec)
     app = App([spec])
 
@@ -42,10 +38,21 @@ async def test_a_lane_retaining_30_days_keeps_its_locators_30_days(
         async with running(member):
             await eventually(lambda: member.stats.buffered == 1)
         (locator,) = [k async for k in redis.scan_iter(match=f"{tag}:e:*")]
-        assert await redis.pttl(locator) > 29 * DAY_MS
+        return int(await redis.pttl(locator))
     finally:
         async for key in redis.scan_iter(match=f"{tag}*"):
             await redis.delete(key)
+
+
+async def test_a_lane_retaining_30_days_keeps_its_locators_30_days(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """The ingress's sweeper finds a buffered event by its locator as long as the lane keeps it.
+
+    The member built every lane's debouncer with the 7-day bound, so a lane retaining 30 days
+    had its buffered events reported as not held (and replayed) after a week of waiting.
+    """
+    assert await _locator_ttl_ms(transport, redis, unique, "turnlocator", "30d") > 29 * DAY_MS
 
 
 async def test_a_lane_kept_for_ever_still_debounces(
@@ -56,24 +63,5 @@ async def test_a_lane_kept_for_ever_still_debounces(
     Passed through Lua as a float, or past 2**63 ms from now, Redis refused the expiry and every
     record failed: the lane ran each message as a turn of its own.
     """
-    spec = lane_spec(f"turnforever_{unique}", 1, retention=2**63 - 1, debounce=WAITING)
-    await declare(transport, spec)
-    app = App([spec])
-
-    @app.handler(spec.lane)
-    async def handle(events: list[bytes], ctx: Context) -> None:
-        """Never called while the test looks (the turn waits a minute)."""
-
-    body = b'{"conversation_id": "c1"}'
-    await produce(transport, spec.name, [Record(body, b"c1", {h.EVENT_ID: b"evt-1"})])
-    prefix = f"t{unique}"
-    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=prefix)
-    tag = debounce_keys.lane_tag(prefix, spec.lane)
-    try:
-        async with running(member):
-            await eventually(lambda: member.stats.buffered == 1)
-        (locator,) = [k async for k in redis.scan_iter(match=f"{tag}:e:*")]
-        assert await redis.pttl(locator) > 365 * DAY_MS
-    finally:
-        async for key in redis.scan_iter(match=f"{tag}*"):
-            await redis.delete(key)
+    ttl_ms = await _locator_ttl_ms(transport, redis, unique, "turnforever", 2**63 - 1)
+    assert ttl_ms > 365 * DAY_MS
