@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
 
 if TYPE_CHECKING:
@@ -91,25 +92,27 @@ async def until_stopped(coro: Coroutine[Any, Any, T], said: Callable[[str], str 
     """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(coro)
-    terminated = False
+    stopping: asyncio.Task[None] | None = None
 
     def terminate() -> None:
-        nonlocal terminated
-        terminated = True
-        task.cancel()
+        nonlocal stopping
+        if stopping is None:  # cancelled again until it ends: a cancellation can be lost below
+            stopping = loop.create_task(cancel_until_done(task, report=False))
 
     loop.add_signal_handler(signal.SIGTERM, terminate)
     try:
         return await task
     except asyncio.CancelledError:
-        line = said("SIGTERM" if terminated else "Ctrl-C")
+        line = said("SIGTERM" if stopping is not None else "Ctrl-C")
         if line is not None:
             err.print(f"[red]error:[/red] {escape(line)}", highlight=False)
-        if terminated:
+        if stopping is not None:
             raise typer.Exit(143) from None
         raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        if stopping is not None:
+            await asyncio.wait([stopping])  # it ends with the task, which has ended
 
 
 def _where(exc: BrokerUnavailable) -> str:
