@@ -58,6 +58,48 @@ _IGNORED = {KafkaError._PARTITION_EOF}  # noqa: SLF001 - librdkafka's local erro
 _FATAL_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}  # noqa: SLF001
 
 
+def first_then_fetched(
+    raw: Any, max_messages: int, timeout_s: float, pending: Callable[[], bool]
+) -> list[Any]:
+    """Up to ``max_messages`` librdkafka messages: the first waited for, the rest already here.
+
+    ``consume(n, timeout)`` waits for n messages or the whole timeout, which would hold a lone
+    message back for up to ``timeout_s``: wait for the first, then take what is already fetched
+    without waiting. The wait is polled in short slices, and given up as soon as ``pending()``
+    says a call waits behind it on the client's thread, so a pause, resume, seek or commit
+    queued meanwhile runs at once instead of after the whole timeout (resuming a drained
+    partition is on the hot path of flow control).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        first = raw.poll(min(_POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
+        if first is not None:
+            break
+        if time.monotonic() >= deadline or pending():
+            return []
+    return [first, *raw.consume(max_messages - 1, 0)] if max_messages > 1 else [first]
+
+
+def messages_of(raw: Sequence[Any], role: str, topics: object) -> list[Message]:
+    """The messages among librdkafka's results for the ``role`` (consumer, reader) of ``topics``.
+
+    A missing topic raises its translation, a fatal error :class:`TransportError`; a partition's
+    end is no error, any other is logged.
+    """
+    out: list[Message] = []
+    for item in raw:
+        err = item.error()
+        if err is None:
+            out.append(_to_message(item))
+        elif err.code() in _FATAL_TOPIC:
+            raise translate(err, f"consume {topics}")
+        elif err.fatal():
+            raise TransportError(f"{role} of {topics}: {err.str()}")
+        elif err.code() not in _IGNORED:
+            log.warning("%s error: %s", role, err.str())
+    return out
+
+
 def _to_message(raw: Any) -> Message:
     headers = raw.headers()
     return Message(
@@ -394,23 +436,7 @@ class KafkaConsumer:
             return []
         self._joined()
         try:
-            # consume(n, timeout) waits for n messages or the whole timeout, which would hold a
-            # lone message back for up to timeout_s: wait for the first, then take what is
-            # already fetched without waiting.
-            # Poll in short slices so a pause, resume or commit queued meanwhile runs at once
-            # instead of after the whole timeout (resuming a drained partition is on the hot
-            # path of flow control).
-            deadline = time.monotonic() + timeout_s
-            while True:
-                first = self._raw.poll(min(_POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
-                if first is not None:
-                    break
-                if time.monotonic() >= deadline or self._worker.pending():
-                    return []
-            if max_messages <= 1:
-                batch = [first]
-            else:
-                batch = [first, *self._raw.consume(max_messages - 1, 0)]
+            batch = first_then_fetched(self._raw, max_messages, timeout_s, self._worker.pending)
         except KafkaException as exc:
             raise translate(exc, "consume") from exc
         for item in batch:
@@ -472,16 +498,7 @@ class KafkaConsumer:
         self._loop = asyncio.get_running_loop()
         self._watch_group()
         raw = await self._call(self._consume, max_messages, timeout_s)
-        out: list[Message] = []
-        for item in raw:
-            err = item.error()
-            if err is None:
-                out.append(_to_message(item))
-            elif err.code() in _FATAL_TOPIC:
-                raise translate(err, f"consume {self._topics}")
-            elif err.code() not in _IGNORED:
-                log.warning("consumer error: %s", err.str())
-        return out
+        return messages_of(raw, "consumer", self._topics)
 
     def _watch_group(self) -> None:
         """Start a check for partitions assigned to no member when one is due (classic groups)."""

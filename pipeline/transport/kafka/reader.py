@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -26,7 +25,7 @@ from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, TopicPartition
 from pipeline.errors import TransportError
 from pipeline.transport.group_reader import reader_group
-from pipeline.transport.kafka.consumer import _FATAL_TOPIC, _IGNORED, _POLL_SLICE_S, _to_message
+from pipeline.transport.kafka.consumer import _FATAL_TOPIC, first_then_fetched, messages_of
 from pipeline.transport.kafka.consumer_thread import ConsumerThread
 from pipeline.transport.kafka.errors import translate
 from pipeline.transport.kafka.group import Protocol, client_error, consumer_config
@@ -101,35 +100,16 @@ class KafkaReader:
         return out
 
     def _fetch(self, max_messages: int, timeout_s: float) -> list[Any]:
-        raw = self._raw
         try:
-            # Wait for the first message in short slices (a seek queued meanwhile runs at once),
-            # then take what is already fetched without waiting (see KafkaConsumer._fetch).
-            deadline = time.monotonic() + timeout_s
-            while True:
-                first = raw.poll(min(_POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
-                if first is not None:
-                    break
-                if time.monotonic() >= deadline or self._worker.pending():
-                    return []
-            return [first, *raw.consume(max_messages - 1, 0)] if max_messages > 1 else [first]
+            return first_then_fetched(self._raw, max_messages, timeout_s, self._worker.pending)
         except KafkaException as exc:
             raise translate(exc, "consume") from exc
 
     async def poll(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[Message]:
         """The next messages of the assigned partitions; nothing is ever committed."""
-        out: list[Message] = []
-        for item in await self._call(self._fetch, max_messages, timeout_s):
-            err = item.error()
-            if err is None:
-                out.append(_to_message(item))
-            elif err.code() in _FATAL_TOPIC:
-                raise translate(err, f"consume {self._topics}")
-            elif err.fatal():
-                raise TransportError(f"reader of {self._topics}: {err.str()}")
-            elif err.code() not in _IGNORED:
-                log.warning("reader error: %s", err.str())
-        return out
+        return messages_of(
+            await self._call(self._fetch, max_messages, timeout_s), "reader", self._topics
+        )
 
     def _seek(self, raw_tp: Any) -> None:
         self._raw.seek(raw_tp)
