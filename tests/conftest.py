@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from skewed_hosts import skewed_clocks
 from support import (
     IN_CI,
     delete_declared,
@@ -47,6 +48,13 @@ def redis_service(settings: Settings) -> str:
     url = urlparse(settings.redis.url)
     require_service("redis", url.hostname or "127.0.0.1", url.port or 6379)
     return settings.redis.url
+
+
+@pytest.fixture
+def skewable() -> Iterator[None]:
+    """``time.time`` runs as far off as the host of the code that reads it (``skewed_hosts``)."""
+    with skewed_clocks():
+        yield
 
 
 @pytest.fixture

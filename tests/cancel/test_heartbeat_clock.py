@@ -9,11 +9,10 @@ is untouched).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
-from skewed_hosts import on_host, skewed_clocks
+from skewed_hosts import on_host
 
 from pipeline import headers as h
 from pipeline.cancel.functions import CancelFunctions
@@ -32,13 +31,6 @@ LIVE_TIMEOUT_MS = 10_000
 """A healthy run's timeout: far longer than the test takes, far shorter than the skew."""
 SILENT_TIMEOUT_MS = 300
 """A silent run's timeout: the test waits it out (in Redis's time)."""
-
-
-@pytest.fixture(name="skewable")
-def _skewable() -> Iterator[None]:
-    """``time.time`` runs as far off as the host of the code that reads it."""
-    with skewed_clocks():
-        yield
 
 
 class _Routing:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from runtime.helpers import FAST, lane_spec, produce
 from runtime.owned import Declare
-from skewed_hosts import on_host, skewed_clocks
+from skewed_hosts import on_host
 from support import delete_group_after
 
 from pipeline import headers as h
@@ -43,13 +43,6 @@ LATE_BOUND_MS = 5_000
 """How late past its due time the copy may run (fetch, poll, a busy machine)."""
 WAIT_S = 20.0
 """How long the test waits for the copy: well below the minute a skewed due time would add."""
-
-
-@pytest.fixture(name="skewable")
-def _skewable() -> Iterator[None]:
-    """``time.time`` runs as far off as the host of the code that reads it."""
-    with skewed_clocks():
-        yield
 
 
 @dataclass
