@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from support import LosesFirstCancel
 
 from pipeline.cancel_tasks import cancel_until_done, raise_absorbed_cancel
 
@@ -77,23 +78,12 @@ async def test_a_redis_call_whose_cancellation_was_absorbed_raises_it(
 
 async def test_a_task_absorbing_its_first_cancellation_is_cancelled_until_it_ends() -> None:
     """A task that catches the first cancellation and loops on ends at the second."""
-    absorbed = 0
-
-    async def loop_forever() -> None:
-        nonlocal absorbed
-        while True:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                if absorbed:
-                    raise
-                absorbed += 1  # lost, as wait_for loses it when the reply lands with it
-
-    task = asyncio.create_task(loop_forever())
+    loop_forever = LosesFirstCancel()
+    task = asyncio.create_task(loop_forever.run())
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_until_done(task, recancel_s=0.05), 10)
     assert task.cancelled()
-    assert absorbed == 1
+    assert loop_forever.absorbed == 1
 
 
 async def test_tasks_are_stopped_together_and_what_they_ended_with_stays_in_them(

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 import typer
+from support import LosesFirstCancel
 
 from pipeline.cli_support import until_stopped
 
@@ -18,21 +19,7 @@ async def test_a_sigterm_whose_cancellation_is_absorbed_still_ends_the_command()
     A redis-py read under ``asyncio.wait_for`` loses one on Python 3.11 (CPython issue 86296):
     `pipeline tail` on Redis Streams then read on after SIGTERM and never exited.
     """
-    absorbed = 0
-    reading = asyncio.Event()
-
-    async def read_forever() -> None:
-        nonlocal absorbed
-        while True:
-            try:
-                reading.set()
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if absorbed or current is None:
-                    raise
-                absorbed += 1
-                current.uncancel()  # lost, as in wait_for racing a reply
+    read_forever = LosesFirstCancel()
 
     said: list[str] = []
 
@@ -41,8 +28,8 @@ async def test_a_sigterm_whose_cancellation_is_absorbed_still_ends_the_command()
         return f"stopped by {by}"
 
     async def command() -> None:
-        stopped = asyncio.ensure_future(until_stopped(read_forever(), say))
-        await asyncio.wait_for(reading.wait(), 10)
+        stopped = asyncio.ensure_future(until_stopped(read_forever.run(), say))
+        await asyncio.wait_for(read_forever.running.wait(), 10)
         os.kill(os.getpid(), signal.SIGTERM)
         done, _ = await asyncio.wait([stopped], timeout=10)  # not wait_for: see the docstring
         assert done, "the command read on after SIGTERM"
@@ -51,5 +38,5 @@ async def test_a_sigterm_whose_cancellation_is_absorbed_still_ends_the_command()
     with pytest.raises(typer.Exit) as stop:
         await command()
     assert stop.value.exit_code == 143
-    assert absorbed == 1
+    assert read_forever.absorbed == 1
     assert said == ["SIGTERM"]

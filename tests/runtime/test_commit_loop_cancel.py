@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from support import LosesFirstCancel
+
 from pipeline.cancel_tasks import cancel_until_done
 
 
@@ -13,22 +15,9 @@ async def test_a_cancellation_absorbed_below_the_task_is_sent_again() -> None:
     asyncio.wait_for under redis-py can lose one on Python 3.11 (CPython issue 86296); the
     shutdown used to wait on the commit loop for ever then.
     """
-    absorbed = 0
-
-    async def commit_forever() -> None:
-        nonlocal absorbed
-        while True:
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if absorbed or current is None:
-                    raise
-                absorbed += 1
-                current.uncancel()  # lost, as in wait_for racing a reply
-
-    task = asyncio.create_task(commit_forever())
+    commit_forever = LosesFirstCancel()
+    task = asyncio.create_task(commit_forever.run())
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_until_done(task), 10)
     assert task.cancelled()
-    assert absorbed == 1
+    assert commit_forever.absorbed == 1
