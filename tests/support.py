@@ -438,3 +438,52 @@ class LosesFirstCancel:
                     raise
                 self.absorbed += 1
                 current.uncancel()  # lost, as in wait_for racing a reply
+
+
+async def signalled_tail(
+    topic: str, transport_name: str, env: dict[str, str], stop: int, within_s: float
+) -> tuple[int, bytes]:
+    """Run ``pipeline tail TOPIC --from-beginning``, send ``stop`` once it printed a message.
+
+    Returns its exit code and stderr; a tail not gone ``within_s`` after the signal fails the
+    test (and is killed).
+    """
+    command = [sys.executable, "-m", "pipeline", "tail", topic, "--from-beginning"]
+    pipe = asyncio.subprocess.PIPE
+    tail = await asyncio.create_subprocess_exec(
+        *command, "-t", transport_name, env=env, stdout=pipe, stderr=pipe
+    )
+    assert tail.stdout is not None
+    stderr = b""
+    try:
+        printed = await asyncio.wait_for(tail.stdout.readline(), 60)
+        assert printed.startswith(f"{topic}[".encode()), await tail.communicate()
+        tail.send_signal(stop)
+        _, stderr = await asyncio.wait_for(tail.communicate(), within_s)  # a hang fails here
+    finally:
+        if tail.returncode is None:
+            tail.kill()
+            _, stderr = await tail.communicate()
+    assert tail.returncode is not None
+    return tail.returncode, stderr
+
+
+async def reader_groups_of(settings: Settings, client_id: str, stderr: bytes) -> set[str]:
+    """The groups on the broker that a tail of ``client_id`` joined (named in its log or not)."""
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415 - only the tail tests use it
+
+    named = {g.decode() for g in re.findall(rb"pipeline-reader-\w+", stderr)}
+    client = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    listed = await asyncio.to_thread(
+        lambda: client.list_consumer_groups(request_timeout=10).result()
+    )
+    readers = [g.group_id for g in listed.valid if g.group_id.startswith("pipeline-reader-")]
+    if not readers:
+        return set()
+    described = client.describe_consumer_groups(readers, request_timeout=10)
+    joined = set()
+    for group, future in described.items():
+        members = (await asyncio.wrap_future(future)).members
+        if group in named or any(m.client_id.startswith(f"{client_id}-") for m in members):
+            joined.add(group)
+    return joined

@@ -10,9 +10,8 @@ import sys
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient
 from redis.asyncio import Redis
-from support import delete_group_after_test
+from support import delete_group_after_test, reader_groups_of, signalled_tail
 
 from pipeline.config import Settings
 from pipeline.transport import create_transport
@@ -84,44 +83,11 @@ async def test_a_stopped_kafka_tail_ends_at_once_and_leaves_no_group(
             "PIPELINE_KAFKA__CLIENT_ID": client_id,
             "PIPELINE_KAFKA__SESSION_TIMEOUT_MS": "6000",  # the broker's least
         }
-        command = [sys.executable, "-m", "pipeline", "tail", topic, "--from-beginning"]
-        pipe = asyncio.subprocess.PIPE
-        tail = await asyncio.create_subprocess_exec(
-            *command, "-t", "kafka", env=env, stdout=pipe, stderr=pipe
-        )
-        assert tail.stdout is not None
-        try:
-            printed = await asyncio.wait_for(tail.stdout.readline(), 60)
-            assert printed.startswith(f"{topic}[".encode()), await tail.communicate()
-            tail.send_signal(stop)
-            _, stderr = await asyncio.wait_for(tail.communicate(), 10)  # a hang fails here
-        finally:
-            if tail.returncode is None:
-                tail.kill()
-                _, stderr = await tail.communicate()
-        assert tail.returncode == _STOPPED[stop], stderr.decode(errors="replace")
-        assert await _groups_of(settings, client_id, stderr) == set()
+        code, stderr = await signalled_tail(topic, "kafka", env, stop, within_s=10)
+        assert code == _STOPPED[stop], stderr.decode(errors="replace")
+        assert await reader_groups_of(settings, client_id, stderr) == set()
     finally:
         for group in set(re.findall(rb"pipeline-reader-\w+", stderr)):
             delete_group_after_test(settings, "kafka", group.decode(), [topic])
         await admin.delete_topic(topic)
         await transport.close()
-
-
-async def _groups_of(settings: Settings, client_id: str, stderr: bytes) -> set[str]:
-    """The groups on the broker that a tail of ``client_id`` joined (named in its log or not)."""
-    named = {g.decode() for g in re.findall(rb"pipeline-reader-\w+", stderr)}
-    client = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-    listed = await asyncio.to_thread(
-        lambda: client.list_consumer_groups(request_timeout=10).result()
-    )
-    readers = [g.group_id for g in listed.valid if g.group_id.startswith("pipeline-reader-")]
-    if not readers:
-        return set()
-    described = client.describe_consumer_groups(readers, request_timeout=10)
-    joined = set()
-    for group, future in described.items():
-        members = (await asyncio.wrap_future(future)).members
-        if group in named or any(m.client_id.startswith(f"{client_id}-") for m in members):
-            joined.add(group)
-    return joined
