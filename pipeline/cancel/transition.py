@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from pipeline.cancel.functions import CancelFunctions
 from pipeline.cancel.target import Target
 from pipeline.errors import PipelineError
-from pipeline.retry.guard_store import BROKER_RETENTION_MS, retry_path_ms
+from pipeline.retry.guard_store import copy_lifetime_ms
 from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -36,23 +36,13 @@ dead-letter topic keeps a message, two weeks, and a day for the retry path befor
 def keep_ms_of(specs: Iterable[TopicSpec], lane: str | None = None) -> int:
     """How long a cancellation of ``lane``'s work (every lane's if None) is kept.
 
-    As long as the work it covers can come back: the longest retention among the covered
-    lanes' topics (a dead-letter topic's at least
-    :data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`, or its lane's retention if longer; an
-    undeclared retention is Kafka's 7 days) plus the lane's retry path and an hour, the bound
-    ``ctx.once`` keeps its records by (:func:`pipeline.runtime.idempotency.once_ttl_ms`), so a
-    dead letter redriven on its topic's last day stays cancelled. At most
+    As long as the work it covers can come back
+    (:func:`~pipeline.retry.guard_store.copy_lifetime_ms` of each covered lane, the bound
+    ``ctx.once`` keeps its records by), so a dead letter redriven on its topic's last day stays
+    cancelled. At most
     :data:`MAX_KEEP_MS`; :data:`KEEP_MS` when no lane is covered.
     """
-    kept = [
-        max(
-            BROKER_RETENTION_MS if topic.retention_ms is None else topic.retention_ms
-            for topic in spec.topic_configs(0)
-        )
-        + retry_path_ms(spec)
-        for spec in specs
-        if lane is None or spec.lane == lane
-    ]
+    kept = [copy_lifetime_ms(spec) for spec in specs if lane is None or spec.lane == lane]
     return min(max(kept, default=KEEP_MS), MAX_KEEP_MS)
 
 

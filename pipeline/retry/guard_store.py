@@ -529,6 +529,23 @@ def retry_path_ms(spec: TopicSpec) -> int:
     return max(spec.retry.tiers_ms or (0,)) * (spec.retry.max_attempts + 1) * 2 + SLACK_MS
 
 
+def copy_lifetime_ms(spec: TopicSpec) -> int:
+    """How long a copy of a message of ``spec``'s lane can still come back to a member.
+
+    The longest retention among the lane's topics (its dead letters': at least
+    :data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`, or the lane's retention if longer; an
+    undeclared retention is :data:`BROKER_RETENTION_MS`), plus its retry path
+    (:func:`retry_path_ms`): a dead letter may be redriven on its topic's last day. What must
+    hold for as long (``ctx.once`` records, cancellations) is kept this long; at most
+    :data:`MAX_HOLD_MS`.
+    """
+    kept_ms = max(
+        BROKER_RETENTION_MS if topic.retention_ms is None else topic.retention_ms
+        for topic in spec.topic_configs(0)
+    )
+    return min(kept_ms + retry_path_ms(spec), MAX_HOLD_MS)
+
+
 def parked_state_ms(spec: TopicSpec) -> int:
     """How long the guard's state lasts after each change: the lane's retention, and the path.
 

@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from pipeline.errors import Retry
-from pipeline.retry.guard_store import BROKER_RETENTION_MS, MAX_HOLD_MS, retry_path_ms
+from pipeline.retry.guard_store import copy_lifetime_ms
 from pipeline.runtime.keys import once_key
 from pipeline.runtime.once_functions import Claim, OnceFunctions
 from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
@@ -49,17 +49,10 @@ topic's least retention, two weeks, and a day for the retry path before it."""
 def once_ttl_ms(spec: TopicSpec) -> int:
     """How long a done record of ``spec``'s lane is kept: as long as its topics keep a copy.
 
-    The longest retention among the lane's topics (its dead letters': at least
-    :data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`, or the lane's retention if longer; an
-    undeclared retention is Kafka's 7 days), plus its retry path and an hour
-    (:func:`~pipeline.retry.guard_store.retry_path_ms`): the effect ran at the latest before
+    :func:`~pipeline.retry.guard_store.copy_lifetime_ms`: the effect ran at the latest before
     the message was dead-lettered, and a redrive may come as late as its dead letter's last day.
     """
-    kept_ms = max(
-        BROKER_RETENTION_MS if topic.retention_ms is None else topic.retention_ms
-        for topic in spec.topic_configs(0)
-    )
-    return min(kept_ms + retry_path_ms(spec), MAX_HOLD_MS)
+    return copy_lifetime_ms(spec)
 
 
 def lane_once_ttls(specs: Sequence[TopicSpec]) -> dict[str, int]:
