@@ -33,6 +33,12 @@ from redis.asyncio import Redis
 from pipeline.cancel_tasks import raise_absorbed_cancel
 from pipeline.redis_channel import channel_of
 
+LONGEST_EXPIRY_MS = 2**62
+"""The longest expiry given a key (or an end time written) through these functions: Redis refuses
+one reaching past 2**63 ms from the epoch, and a lane may retain its messages up to 2**63-1 ms
+(Kafka's "forever"). Such a count passes 2**53, so the Lua takes it as its digits, never through
+``tonumber()`` (a float reaches Redis in a form it refuses)."""
+
 FAILED = (rexc.RedisError, rexc.RedisClusterException, OSError)
 """Redis out of reach or answering an error; ``RedisClusterException`` (no node of a Redis
 Cluster answering) is no ``RedisError``."""

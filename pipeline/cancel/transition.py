@@ -20,14 +20,14 @@ from redis.asyncio import Redis
 from pipeline.cancel.functions import CancelFunctions
 from pipeline.cancel.target import Target
 from pipeline.errors import PipelineError
+from pipeline.redis_functions import LONGEST_EXPIRY_MS
 from pipeline.retry.guard_store import copy_lifetime_ms
 from pipeline.topics.spec import DLQ_MIN_RETENTION_MS, TopicSpec
 
 log = logging.getLogger(__name__)
 
-MAX_KEEP_MS = 2**62
-"""The longest a cancellation is kept: a lane may retain its messages up to 2**63-1 ms (Kafka's
-"forever"), and its end time, the moment plus this, must stay a count Redis takes."""
+MAX_KEEP_MS = LONGEST_EXPIRY_MS
+"""The longest a cancellation is kept (a lane may retain its messages for ever)."""
 KEEP_MS = DLQ_MIN_RETENTION_MS + 86_400_000
 """How long a cancellation is kept when the lanes it covers are not known (15 days): the least a
 dead-letter topic keeps a message, two weeks, and a day for the retry path before it."""

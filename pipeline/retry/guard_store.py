@@ -81,7 +81,7 @@ from redis.asyncio import Redis
 
 from pipeline import headers as h
 from pipeline.envelope import Message, TopicPartition
-from pipeline.redis_functions import FunctionLibrary
+from pipeline.redis_functions import LONGEST_EXPIRY_MS, FunctionLibrary
 from pipeline.retry.held import decode_held, encode_held
 from pipeline.retry.keys import GuardKeys, encode_key, guard_keys
 from pipeline.topics.spec import TopicSpec
@@ -109,9 +109,8 @@ SLACK_MS = 3_600_000
 BROKER_RETENTION_MS = 7 * 86_400_000
 """How long a lane declared without ``retention`` keeps its messages: Kafka's default
 ``log.retention.hours`` of 168."""
-MAX_HOLD_MS = 2**62
-"""The longest a parked key's state is kept: Redis refuses an expiry that reaches past 2**63 ms
-from the epoch, and a lane's retention may be up to that."""
+MAX_HOLD_MS = LONGEST_EXPIRY_MS
+"""The longest a parked key's state is kept (a lane may retain its messages for ever)."""
 
 
 def message_id(message: Message) -> str:

@@ -55,7 +55,7 @@ from pipeline.admission.debounce.functions import DebounceFunctions, Ending, Lea
 from pipeline.admission.keys import key_text
 from pipeline.envelope import Message
 from pipeline.errors import DebounceUnavailable
-from pipeline.redis_functions import FAILED
+from pipeline.redis_functions import FAILED, LONGEST_EXPIRY_MS
 from pipeline.topics.spec import DebouncePolicy
 
 __all__ = [
@@ -79,9 +79,6 @@ Finish = Outcome
 """What ``finish`` did: nothing left buffered; a next turn scheduled; lease lost (no change)."""
 GRACE_MS = 1_000
 """How long past the armed due time a record treats the runner holding that timer as gone."""
-MAX_EXPIRY_MS = 2**62
-"""The longest expiry given a locator: Redis refuses one reaching past 2**63 ms from the epoch,
-and a lane may declare a retention up to that (Kafka's "forever")."""
 HELD_TTL_MS = 7 * 24 * 3_600_000
 """The bound, past ``max_wait_s``, on a buffered event's locator (where the ingress's sweeper
 finds it): Kafka's default retention. A locator is deleted by the finish that takes its event
@@ -235,7 +232,7 @@ class Debouncer:
         self._idle_ttl_ms = idle_ttl_ms
         self._quiet_ms = round(policy.quiet_s * 1000)
         self._max_wait_ms = round(policy.max_wait_s * 1000)
-        self._held_ttl_ms = min(self._max_wait_ms + held_ttl_ms, MAX_EXPIRY_MS)
+        self._held_ttl_ms = min(self._max_wait_ms + held_ttl_ms, LONGEST_EXPIRY_MS)
         self._policy = (self._quiet_ms, self._max_wait_ms, policy.max_batch)
         self._claims = 0
         self._listeners: list[Callable[[int], None]] = []
