@@ -9,6 +9,7 @@ from pathlib import Path
 from contract.helpers import make_topic
 from ingress.helpers import META, build, client, meta_body
 from ingress.signing import hub_signature
+from support import LosesFirstCancel
 
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.config import Settings
@@ -33,19 +34,12 @@ class StalledProducer:
     def __init__(self, inner: Producer) -> None:
         """Hold every send to ``inner``; nothing is sent."""
         self.inner = inner
-        self.started = asyncio.Event()
-        self.absorbed = 0
+        self.stall = LosesFirstCancel()
 
     async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:  # noqa: ARG002 - the protocol's signature
         """Wait for a broker that never answers; a first cancellation is lost on the way."""
-        self.started.set()
-        while True:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                if self.absorbed:
-                    raise
-                self.absorbed += 1
+        await self.stall.run()
+        raise AssertionError("unreachable: the stall ends only by its cancellation")
 
 
 async def test_close_ends_though_a_produce_lost_its_cancellation(
@@ -74,12 +68,12 @@ async def test_close_ends_though_a_produce_lost_its_cancellation(
             headers={"x-hub-signature-256": hub_signature(SECRET, body)},
         )
     assert answer.json()["status"] == "accepted"
-    await asyncio.wait_for(stalled.started.wait(), 10)
+    await asyncio.wait_for(stalled.stall.running.wait(), 10)
     closing = asyncio.create_task(dispatcher.close(timeout_s=0.1))
     try:
         await asyncio.wait([closing], timeout=10)  # not wait_for: the close swallowed its cancel
         assert closing.done(), "the dispatcher's close still waits for its pump"
-        assert stalled.absorbed == 1
+        assert stalled.stall.absorbed == 1
         assert await sqlite_store.count_by_state(Selection()) == {RowState.RECEIVED: 1}
     finally:
         await cancel_until_done(closing)  # a close that hung (the defect) does not outlive it

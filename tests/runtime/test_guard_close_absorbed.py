@@ -11,6 +11,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 from runtime.guard_parts import Handlers, guarded_lane, main_message, member_guard, retry_copy
+from support import LosesFirstCancel
 
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import Message
@@ -28,8 +29,7 @@ class AbsorbingHandlers(Handlers):
     def __init__(self) -> None:
         """No runs yet."""
         super().__init__()
-        self.waiting = asyncio.Event()
-        self.absorbed = 0
+        self.stall = LosesFirstCancel()
 
     def stage(self, member: str):  # type: ignore[no-untyped-def]
         """The recording stage, except for ``b``'s run of ``y``."""
@@ -38,14 +38,8 @@ class AbsorbingHandlers(Handlers):
         async def call(lane: Lane, message: Message) -> str | None:
             if member != "b" or message.value != b"y":
                 return await recording(lane, message)
-            self.waiting.set()
-            while True:
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    if self.absorbed:
-                        raise
-                    self.absorbed += 1
+            await self.stall.run()
+            return None  # unreachable: the stall ends only by its cancellation
 
         return call
 
@@ -68,7 +62,7 @@ async def test_close_ends_though_a_taken_over_release_lost_its_cancellation(
         await dying
 
     async def take_over() -> None:
-        while not handlers.waiting.is_set():  # b reaps the release once a's lease lapses
+        while not handlers.stall.running.is_set():  # b reaps the release once a's lease lapses
             await b.tick({lane.name: lane})
             await asyncio.sleep(0.05)
 
@@ -77,7 +71,7 @@ async def test_close_ends_though_a_taken_over_release_lost_its_cancellation(
     try:
         await asyncio.wait([closing], timeout=10)  # not wait_for: the close swallowed its cancel
         assert closing.done(), "the guard's close still waits for the release it took over"
-        assert handlers.absorbed == 1
+        assert handlers.stall.absorbed == 1
     finally:
         await cancel_until_done(closing)  # a close that hung (the defect) does not outlive it
         await a.close()
