@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 from redis.asyncio import Redis
+from runtime.helpers import RecordedFailures
 from skewed_hosts import on_host
 
 from pipeline import headers as h
@@ -33,20 +34,6 @@ SILENT_TIMEOUT_MS = 300
 """A silent run's timeout: the test waits it out (in Redis's time)."""
 
 
-class _Routing:
-    """Stands in for the member's router: records the failures a stopped run would route."""
-
-    def __init__(self) -> None:
-        self.failures: list[BaseException] = []
-
-    async def failure(self, *args: object) -> str:
-        """Record the error (the last argument); the run counts as retried."""
-        error = args[-1]
-        assert isinstance(error, BaseException)
-        self.failures.append(error)
-        return "retried"
-
-
 def _lane(unique: str, timeout_ms: int) -> Lane:
     spec = TopicSpec.model_validate(
         {"name": f"beatclock_{unique}", "partitions": 1, "heartbeat_timeout": f"{timeout_ms}ms"}
@@ -64,7 +51,7 @@ def _member(
     redis: Redis,
     prefix: str,
     lane: Lane,
-    routing: _Routing,
+    routing: RecordedFailures,
     started: asyncio.Event,
     *,
     silent: bool,
@@ -108,7 +95,7 @@ async def test_a_live_run_is_not_hung_whatever_the_hosts_clocks(
 ) -> None:
     """A run that beats on every tick is left alone by a member whose clock is a minute off."""
     lane = _lane(unique, LIVE_TIMEOUT_MS)
-    routing = _Routing()
+    routing = RecordedFailures()
     started = asyncio.Event()
     runner = _member(redis, prefix, lane, routing, started, silent=False)
     watcher = _member(redis, prefix, lane, routing, asyncio.Event(), silent=False)
@@ -146,7 +133,7 @@ async def test_a_silent_run_is_hung_whatever_the_hosts_clocks(
 ) -> None:
     """A run silent past its timeout (by Redis's clock) is found hung by a member a minute off."""
     lane = _lane(unique, SILENT_TIMEOUT_MS)
-    routing = _Routing()
+    routing = RecordedFailures()
     started = asyncio.Event()
     runner = _member(redis, prefix, lane, routing, started, silent=True)
     watcher = _member(redis, prefix, lane, routing, asyncio.Event(), silent=False)
@@ -188,7 +175,7 @@ async def test_members_a_minute_apart_agree_when_work_is_abandoned(
         assert await clock.measure()
         member = LongWork(
             call,
-            _Routing(),  # type: ignore[arg-type]
+            RecordedFailures(),  # type: ignore[arg-type]
             Stats(),
             [lane],
             functions=CancelFunctions(redis, prefix),

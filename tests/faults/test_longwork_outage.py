@@ -6,6 +6,7 @@ import asyncio
 
 from faults.services import PrivateRedis
 from redis.asyncio import Redis
+from runtime.helpers import RecordedFailures
 
 from pipeline.cancel.functions import CancelFunctions
 from pipeline.cancel.keys import CancelKeys
@@ -20,22 +21,8 @@ TIMEOUT_S = 0.3
 """The lane's heartbeat timeout: the outage lasts longer."""
 
 
-class _Routing:
-    """Stands in for the member's router: records the failures a stopped run would route."""
-
-    def __init__(self) -> None:
-        self.failures: list[BaseException] = []
-
-    async def failure(self, *args: object) -> str:
-        """Record the error (the last argument); the run counts as retried."""
-        error = args[-1]
-        assert isinstance(error, BaseException)
-        self.failures.append(error)
-        return "retried"
-
-
 def _member(
-    redis: Redis, prefix: str, lane: Lane, routing: _Routing, started: asyncio.Event
+    redis: Redis, prefix: str, lane: Lane, routing: RecordedFailures, started: asyncio.Event
 ) -> LongWork:
     async def call(lane: Lane, message: Message) -> str | None:
         started.set()
@@ -71,7 +58,7 @@ async def test_a_healthy_run_is_not_found_hung_after_an_outage_longer_than_its_t
 
     lane = app.lanes[spec.lane]
     clients = [Redis.from_url(private_redis.url, socket_timeout=1) for _ in range(2)]
-    routing = _Routing()
+    routing = RecordedFailures()
     started = asyncio.Event()
     runner, watcher = (_member(client, f"p{unique}", lane, routing, started) for client in clients)
     message = Message(spec.name, 0, 0, b"k", b"v")

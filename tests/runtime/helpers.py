@@ -77,3 +77,18 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 60.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met after {timeout_s}s")
         await asyncio.sleep(0.02)
+
+
+class RecordedFailures:
+    """Stands in for the member's router: records the failures a stopped run would route."""
+
+    def __init__(self) -> None:
+        """None yet."""
+        self.failures: list[BaseException] = []
+
+    async def failure(self, *args: object) -> str:
+        """Record the error (the last argument); the run counts as retried."""
+        error = args[-1]
+        assert isinstance(error, BaseException)
+        self.failures.append(error)
+        return "retried"
