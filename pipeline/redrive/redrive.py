@@ -11,12 +11,14 @@ committed after each produced batch, and a stop (cancellation; Ctrl-C or SIGTERM
 ``pipeline redrive``) in the middle of one waits for the broker's answer to the records on their
 way and commits what was already produced, so an interrupted redrive run again with the same
 arguments continues where it stopped: nothing is moved twice, except the one batch in flight if
-the process was killed (not stopped) in the middle of it. Messages that expired or were trimmed
-from the DLQ, before the run or while it runs, are neither waited for nor counted. A dry run
-counts from the position of the redrive it previews, read by a reader in no consumer group
-(:meth:`~pipeline.transport.protocol.Transport.reader`, so dry runs at the same time each read
-every partition): it commits nothing, moves no group's position and, even killed, leaves nothing
-on the broker.
+the process was killed (not stopped) in the middle of it. A dead letter left in the DLQ (no
+origin to go back to, redriven too often, or refused by its target as too large) is counted and
+named in one warning line (where it is, why, what to do), and the run goes on past it. Messages
+that expired or were trimmed from the DLQ, before the run or while it runs, are neither waited
+for nor counted. A dry run counts from the position of the redrive it previews, read by a
+reader in no consumer group (:meth:`~pipeline.transport.protocol.Transport.reader`, so dry runs
+at the same time each read every partition): it commits nothing, moves no group's position and,
+even killed, leaves nothing on the broker.
 """
 
 from __future__ import annotations
@@ -24,16 +26,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from pipeline import headers as h
 from pipeline import tracing
 from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, MessageTooLarge
 from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
 from pipeline.topics.spec import TopicSpec
@@ -56,6 +60,12 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 """A name a topic can have on either broker (Kafka's rule); any other names none there is."""
 _RECHECK_S = 2.0
 """How often at most a run whose polls bring nothing asks which messages the DLQ still holds."""
+_SHOWN_CHARS = 80
+"""The longest a key or header is shown in a line (a hostile one can be megabytes)."""
+_ROOM_BYTES = 1_024
+"""Room for a record's framing below a topic's ``max.message.bytes`` (see :meth:`_chunks`)."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,6 +78,8 @@ class Report:
     refused_loops: int = 0
     no_origin: int = 0
     """Selected but left in the DLQ: no origin topic, or one naming the DLQ or no topic there is."""
+    too_large: int = 0
+    """Selected but left in the DLQ: the target refused it as larger than it takes."""
     reasons: Counter[str] = field(default_factory=Counter)
     moved_to: Counter[str] = field(default_factory=Counter)
 
@@ -167,6 +179,7 @@ class Redrive:
         self._dry_run = dry_run
         self._offloader = offloader
         self._exists: dict[str, bool] = {}  # target topic -> whether the broker has it
+        self._max_bytes: dict[str, int | None] = {}  # target topic -> its max.message.bytes
         self.report = Report()
 
     async def total(self) -> int:
@@ -337,7 +350,9 @@ class Redrive:
         if topic == self._dlq or not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
             return False
         if topic not in self._exists:
-            self._exists[topic] = topic in await admin.list_topics([topic])
+            info = (await admin.list_topics([topic])).get(topic)
+            self._exists[topic] = info is not None
+            self._max_bytes[topic] = info.max_message_bytes if info is not None else None
         return self._exists[topic]
 
     async def _target(self, message: Message, admin: Admin) -> str | None:
@@ -351,15 +366,48 @@ class Redrive:
             return None
         self.report.selected += 1
         self.report.reasons[reason(message)] += 1
-        if h.int_header(message.headers, h.REDRIVE_COUNT) >= self._max_redrives:
+        count = h.int_header(message.headers, h.REDRIVE_COUNT)
+        if count >= self._max_redrives:
             self.report.refused_loops += 1
+            self._left(
+                message,
+                f"redriven {count} times already (--max-redrives {self._max_redrives});"
+                f" find why it keeps failing (`pipeline tail {self._dlq}`) before a redrive"
+                " with a higher --max-redrives",
+            )
             return None
         origin = message.headers.get(h.ORIGIN_TOPIC)
         target = self._to or (origin.decode(errors="replace") if origin else None)
         if target is None or not await self._takes(admin, target):
             self.report.no_origin += 1
+            if target is None:
+                why = f"no {h.ORIGIN_TOPIC} header"
+            elif target == self._dlq:
+                why = f"its {h.ORIGIN_TOPIC} names the dead-letter topic itself"
+            else:
+                why = f"its {h.ORIGIN_TOPIC} {_shown(origin or b'')} is no topic the broker has"
+            self._left(message, f"{why}; move it with --to <topic> and filters selecting it")
             return None
         return target
+
+    def _left(self, message: Message, why: str) -> None:
+        """Say on one line which dead letter stays in the DLQ, why, and what would move it.
+
+        This redrive goes on past it: run again, the same command does not come back to it; a
+        new one (other filters) does: ``--key`` and its time (``--since T --until T+1ms``).
+        """
+        log.warning(
+            "%s[%d]@%d (key %s, dead-lettered %s): %s: %s",
+            self._dlq,
+            message.partition,
+            message.offset,
+            _shown(message.key),
+            _time_of(message.timestamp_ms),
+            "would stay in the DLQ"
+            if self._dry_run
+            else "left in the DLQ, passed over by this redrive",
+            why,
+        )
 
     async def _send_paced(
         self, producer: Producer, target: str, picked: list[tuple[int, Record]], batch: _Batch
@@ -376,31 +424,89 @@ class Redrive:
     async def _send_records(
         self, producer: Producer, target: str, picked: list[tuple[int, Record]], batch: _Batch
     ) -> None:
-        """Produce in order, all at once or one at a time spaced to the rate cap.
+        """Produce in order, in chunks (:meth:`_chunks`), or one at a time spaced to the rate cap.
 
-        Each message of ``batch`` is settled as the broker acknowledges its record. A stop that
-        comes while records are on their way waits for the broker's answer first: records it
-        took are settled (and so committed) before the stop propagates, not sent again next run.
+        Each message of ``batch`` is settled as the broker acknowledges its record. A record
+        the target refuses as too large stays in the DLQ, settled and named (one line): a chunk
+        refused so is sent again one record at a time, so the others still go.
         """
-        step = 1 if self._interval_s else len(picked)
-        for at in range(0, len(picked), step):
-            chunk = picked[at : at + step]
+        for chunk in self._chunks(target, picked):
             started = time.monotonic()
-            records = [record for _, record in chunk]
-            sending: asyncio.Future[list[Delivered]] = asyncio.ensure_future(
-                producer.send_many(target, records)
-            )
             try:
-                await asyncio.shield(sending)
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):  # a failed send settles nothing
-                    await sending
-                if sending.done() and not sending.cancelled() and sending.exception() is None:
-                    self._settled(chunk, target, batch)
-                raise
-            self._settled(chunk, target, batch)
+                await self._send_chunk(producer, target, chunk, batch)
+            except MessageTooLarge as exc:
+                if len(chunk) == 1:
+                    self._too_large(chunk, target, batch, exc)
+                else:
+                    for one in chunk:
+                        try:
+                            await self._send_chunk(producer, target, [one], batch)
+                        except MessageTooLarge as alone:
+                            self._too_large([one], target, batch, alone)
             if self._interval_s:
                 await asyncio.sleep(max(0.0, self._interval_s - (time.monotonic() - started)))
+
+    def _chunks(
+        self, target: str, picked: list[tuple[int, Record]]
+    ) -> list[list[tuple[int, Record]]]:
+        """``picked`` in order as the sends to make: one record each under a rate cap, else all.
+
+        Without a cap, a record that may be too large for the target's ``max.message.bytes``
+        (Kafka: the broker refuses it after taking the records of the batch's other
+        partitions; with compression it may also take it) goes in a send of its own, so that a
+        refusal does not take the records around it down with it, and sent again, twice.
+        """
+        if self._interval_s:
+            return [[one] for one in picked]
+        limit = self._max_bytes.get(target)
+        if limit is None:
+            return [picked] if picked else []
+        chunks: list[list[tuple[int, Record]]] = []
+        run: list[tuple[int, Record]] = []
+        for one in picked:
+            if one[1].size + _ROOM_BYTES > limit:
+                chunks += [run, [one]] if run else [[one]]
+                run = []
+            else:
+                run.append(one)
+        return [*chunks, run] if run else chunks
+
+    async def _send_chunk(
+        self, producer: Producer, target: str, chunk: list[tuple[int, Record]], batch: _Batch
+    ) -> None:
+        """Produce ``chunk`` and settle its messages once the broker took all of it.
+
+        A stop that comes while records are on their way waits for the broker's answer first:
+        records it took are settled (and so committed) before the stop propagates, not sent
+        again next run.
+        """
+        records = [record for _, record in chunk]
+        sending: asyncio.Future[list[Delivered]] = asyncio.ensure_future(
+            producer.send_many(target, records)
+        )
+        try:
+            await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # a failed send settles nothing
+                await sending
+            if sending.done() and not sending.cancelled() and sending.exception() is None:
+                self._settled(chunk, target, batch)
+            raise
+        self._settled(chunk, target, batch)
+
+    def _too_large(
+        self, chunk: list[tuple[int, Record]], target: str, batch: _Batch, exc: MessageTooLarge
+    ) -> None:
+        """Settle the one message of ``chunk``, refused by ``target`` as too large, as left."""
+        ((i, record),) = chunk
+        batch.settled[i] = True
+        self.report.too_large += 1
+        self._left(
+            batch.messages[i],
+            f"{target} refused its {record.size} bytes as too large ({exc}); raise"
+            " PIPELINE_MAX_MESSAGE_BYTES (Kafka: and the topic's max.message.bytes), then move"
+            " it with filters selecting it",
+        )
 
     def _settled(self, chunk: list[tuple[int, Record]], target: str, batch: _Batch) -> None:
         """Mark the messages of ``chunk``, whose records the broker took, settled and moved."""
@@ -408,3 +514,17 @@ class Redrive:
             batch.settled[i] = True
         self.report.moved += len(chunk)
         self.report.moved_to[target] += len(chunk)
+
+
+def _time_of(ms: int) -> str:
+    """The ISO time of ``ms`` since the epoch, or the number if no clock holds it (hostile)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return f"at {ms} ms"
+
+
+def _shown(raw: bytes | None) -> str:
+    """``raw`` for a log line: its repr, cut at :data:`_SHOWN_CHARS` characters."""
+    text = repr(raw[:_SHOWN_CHARS] if raw is not None else raw)
+    return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
