@@ -58,8 +58,15 @@ counts (a poison message that kills its member, the fleet down past a shorter bo
 crash, would never reach ``poison_after``). The finished ids are trimmed to the retry path
 plus an hour (:func:`retry_path_ms`) of the lane's own clock, which stands still while no member
 reaps the lane: a head's copy whose offset was not committed before the outage is still stale
-after it, rather than held again behind, and run after, its followers. Claimed ranges, written
-at every tick, keep the shorter bound.
+after it, rather than held again behind, and run after, its followers. The lane's index of
+parked keys and its releases in progress are renewed with every write of a key's state (and
+by the reap tick), so neither expires before the state it points to: a new message of a key
+whose release an outage cut short is still held behind its followers, and that release is
+still taken over. Claimed ranges, written at every tick, last as long as the marks: a
+crashed member's claim is what sends the range it may have been running to the exact path,
+so after the outage its first deliveries are still counted as interrupted (a poison message
+that downs the fleet past the retry path after each crash still reaches ``poison_after``)
+and a failed one whose retry copy was produced is still stale.
 
 If Redis cannot be reached the runtime fails open: messages run (order across retries is not
 guarded for that time, and poison is not counted), and each such decision is logged.
@@ -224,11 +231,11 @@ class GuardStore:
         """Keep the guard state of ``lane`` under ``prefix`` for ``hold_ms`` after each change.
 
         ``hold_ms`` (``ttl_ms`` if None) must last while copies can still come back from the
-        topics, through an outage of every member (:func:`lane_guards`). Finished ids are kept
-        ``ttl_ms`` of the lane's clock (which stands still while no member reaps the lane), and
-        claims ``ttl_ms`` after their last write. ``lease_ms`` is how long a release stays with
-        its member without a renewal; ``live_ms`` how long this member process counts as alive
-        after each :meth:`live`.
+        topics, through an outage of every member (:func:`lane_guards`); claims are kept as
+        long after their last write. Finished ids are kept ``ttl_ms`` of the lane's clock
+        (which stands still while no member reaps the lane). ``lease_ms`` is how long a release
+        stays with its member without a renewal; ``live_ms`` how long this member process counts
+        as alive after each :meth:`live`.
         """
         self._client = client
         self._functions = FunctionLibrary(client, LIBRARY)
@@ -437,8 +444,13 @@ class GuardStore:
         tps: Sequence[TopicPartition],
         ranges: Mapping[TopicPartition, tuple[int, int]],
     ) -> Any:
-        """``FCALL function`` over the claims of ``tps``: this instance, the expiry, the ranges."""
-        args: list[object] = [self.instance, self.ttl_ms]
+        """``FCALL function`` over the claims of ``tps``: this instance, the expiry, the ranges.
+
+        A claim lasts as long as the marks (``hold_ms``): left behind by a crash, it is what
+        makes the partition's next owner take the exact path for the range, and that owner may
+        come only after an outage of every member (see the module's **Expiry**).
+        """
+        args: list[object] = [self.instance, self.hold_ms]
         for tp in tps:
             args += ranges[tp]
         keys = [self.keys.claims(tp.topic, tp.partition) for tp in tps]
@@ -520,7 +532,7 @@ def start_of(message: Message, *, ordered: bool) -> Start:
 
 
 def retry_path_ms(spec: TopicSpec) -> int:
-    """How long finished ids and claims last: the retry path plus an hour.
+    """How long finished ids last: the retry path plus an hour.
 
     Twice the longest tier's delay for each attempt, plus :data:`SLACK_MS`. Finished ids count
     it on the lane's clock, which stands still while every member is down.
@@ -555,7 +567,8 @@ def parked_state_ms(spec: TopicSpec) -> int:
     it must last that long, not just the retry path. A key that has nothing parked any more
     has its state deleted at once, so this costs memory only for keys that still wait. The
     lane's marks and lone-start counts last as long: renewed while any member runs, the bound
-    counts only through an outage, after which a copy read again needs them.
+    counts only through an outage, after which a copy read again needs them; so do the
+    claims, which tell the partition's next owner which first deliveries may have been running.
     """
     retention_ms = BROKER_RETENTION_MS if spec.retention_ms is None else spec.retention_ms
     return min(retention_ms + retry_path_ms(spec), MAX_HOLD_MS)
@@ -566,7 +579,7 @@ def lane_guards(
 ) -> dict[str, GuardStore]:
     """The guard store of each lane: its state lasts :func:`parked_state_ms`.
 
-    Finished ids and claims last :func:`retry_path_ms`. ``live_ms`` is both this process's
+    Finished ids last :func:`retry_path_ms`. ``live_ms`` is both this process's
     liveness and its release leases (both renewed every commit tick): after a crash, its
     suspects and its releases wait this long.
     """

@@ -43,13 +43,18 @@
 -- main topic keeps them), when nothing changed these keys. A parked key's state (T:z:K, T:h:K,
 -- T:f:K, T:parked, T:rel) runs its held followers, whose offsets are committed: Redis holds
 -- their only copy. It is deleted as soon as the key has nothing parked (release_next,
--- gd_key_begin), so the longer bound costs memory only for keys that still wait. The marks
+-- gd_key_begin), so the longer bound costs memory only for keys that still wait. Every write
+-- of a key's state renews T:parked and T:rel with it (keep_key), and gd_reap renews them
+-- while any member runs: neither index expires before a key's state it points to. The marks
 -- (T:run) and lone-start counts (T:alone) make a delivery read again after the outage stale
 -- (a start that produced its retry copy) or a suspect whose crashes count; gd_reap renews
 -- them while any member runs, so their bound counts only while every member is down. T:gone
 -- is trimmed to the entries younger than ARGV ttl_ms by the lane's clock, which stands still
--- through an outage (it grows with every message that leaves a parked key); the claims expire
--- ARGV ttl_ms after their last write, T:live twice the liveness.
+-- through an outage (it grows with every message that leaves a parked key). The claims expire
+-- as the marks do, ARGV hold_ms after their last write (renewed at every tick of their
+-- member): a crashed member's claim is what makes the partition's next owner, perhaps back
+-- only after the outage, take the exact path over the range it may have been running.
+-- T:live expires twice the liveness after its last write.
 -- The batch call reads and writes with one multi-field command per kind, so its cost in Redis
 -- commands does not grow with the number of starts it carries.
 --
@@ -191,6 +196,22 @@ local function of_key(k, tag, key)
   return k
 end
 
+-- The lane's tag T, from the name of one of its lane-wide keys (T:run, T:rel, ...).
+local function tag_of(name)
+  return string.match(name, '^(.*):[^:]+$')
+end
+
+-- A parked key's state was written: it, and the lane-wide keys that index it (T:parked, by
+-- which a new message of the key is held behind it; T:rel, by which a release whose member
+-- died is taken over), expire `hold_ms` from now. Every write of a key's state renews both
+-- (gd_reap too, while any member runs), so neither can expire before a key's state it points
+-- to: a T:parked gone first would let a new message of the key run ahead of its held
+-- followers, a T:rel gone first would leave a release nobody takes over, its followers held
+-- until their state expires. k: z, h, f, parked, rel.
+local function keep_key(hold_ms, k)
+  expire(hold_ms, k.z, k.h, k.f, k.parked, k.rel)
+end
+
 -- The entries of T:gone that keep the lane's clock (no message id has this form).
 local CLOCK_AT, CLOCK_OFF = '@at', '@off'
 
@@ -211,7 +232,7 @@ local function live_head(gone, z, f)
 end
 
 -- Hold `id` (its encoded message `blob`) behind the live head of its parked key: written once
--- into T:f:K, in its turn in T:z:K. k: gone, parked, z, h, f. Returns 'copy' if it is held
+-- into T:f:K, in its turn in T:z:K. k: gone, parked, rel, z, h, f. Returns 'copy' if it is held
 -- already (its release runs it), 'held', or nil when the key has no live head or `id` is the
 -- head itself (gd_key_begin decides those). `hold_ms`: the per-key state's expiry.
 local function hold(k, hold_ms, id, key, blob)
@@ -223,14 +244,14 @@ local function hold(k, hold_ms, id, key, blob)
     redis.call('ZADD', k.z, redis.call('HINCRBY', k.h, 'seq', 1), id)
   end
   redis.call('HSET', k.f, id, blob)
-  expire(hold_ms, k.z, k.h, k.f, k.parked)
+  keep_key(hold_ms, k)
   return 'held'
 end
 
 -- gd_begin: end the given starts, then decide a batch of starts, in one call.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:alone   KEYS[5] T:live
--- ARGV[1] hold_ms (the expiry of the per-key state of held starts and of T:parked; gd_reap
--- keeps the lane-wide hashes' expiry)
+-- ARGV[1] hold_ms (the expiry of the per-key state of held starts, of T:parked and T:rel;
+-- gd_reap keeps the lane-wide hashes' expiry)
 -- ARGV[2] ended starts, one per line: id TAB position [TAB 1 if its retry copy was produced]
 -- ARGV[3] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
 -- inherited (1: its partition's previous owner died with it in its claimed range, or 0) TAB
@@ -273,7 +294,7 @@ end
 local function begin_many(keys, args)
   local now, me = now_ms(), args[4]
   local hold_ms = args[1]
-  local tag = string.sub(keys[1], 1, -5)  -- T:run without ':run'
+  local tag = tag_of(keys[1])
   if args[5] and args[5] ~= '' then
     redis.call('HSET', keys[5], me, now + tonumber(args[5]))
     redis.call('PEXPIRE', keys[5], 2 * tonumber(args[5]))
@@ -323,8 +344,8 @@ local function begin_many(keys, args)
       local held, held_starts = nil, 0
       if ordered[i] and parked[i] and not gone[i] then
         local key = names[i]
-        local k = of_key({run = keys[1], gone = keys[2], parked = keys[3], live = keys[5]}, tag,
-                         key)
+        local k = of_key({run = keys[1], gone = keys[2], parked = keys[3], live = keys[5],
+                          rel = tag .. ':rel'}, tag, key)
         if bodies[i] then held = hold(k, hold_ms, id, key, bodies[i]) end
         if not held then
           held, held_starts = as_head(k, id, positions[i], attempts[i], me, now)
@@ -369,7 +390,7 @@ end
 -- gd_key_begin: decide a start of a message whose key is parked.
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K   KEYS[6] T:f:K
 -- KEYS[7] T:live
--- ARGV[1] hold_ms (T:run, the key's state and T:parked)   ARGV[2] id   ARGV[3] key
+-- ARGV[1] hold_ms (T:run, the key's state, T:parked and T:rel)   ARGV[2] id   ARGV[3] key
 -- ARGV[4] position   ARGV[5] attempt   ARGV[6] the encoded message (stored if it is held)
 -- ARGV[7] the calling member process's instance id
 -- Returns {decision, starts}; busy as in gd_begin. A key found with no live head is unparked
@@ -379,7 +400,8 @@ local function begin_parked(keys, args)
   local id, key, pos, attempt, blob = args[2], args[3], args[4], args[5], args[6]
   local me, now = args[7], now_ms()
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
-  local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6]}
+  local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6],
+             rel = tag_of(keys[1]) .. ':rel'}
   local held = hold(k, hold_ms, id, key, blob)
   if held then return {held, 0} end
   local head, head_seq = live_head(keys[2], keys[4], keys[6])
@@ -399,7 +421,7 @@ end
 
 -- gd_route: a started message is about to be produced to a retry tier (a failure, or a deferral).
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K
--- ARGV[1] hold_ms (T:run, the key's state and T:parked)   ARGV[2] id   ARGV[3] key
+-- ARGV[1] hold_ms (T:run, the key's state, T:parked and T:rel)   ARGV[2] id   ARGV[3] key
 -- ARGV[4] position   ARGV[5] the copy's attempt   ARGV[6] "1" to park the key (an ordered lane)
 -- Parks the key first, so the copy can never find its key unparked, and lets that copy (by its
 -- attempt) take the start mark over even if this start has not ended yet.
@@ -418,7 +440,9 @@ local function route(keys, args)
       redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
     end
     redis.call('HSET', keys[3], key, 1)
-    expire(hold_ms, keys[4], keys[5], keys[3])
+    local tag = tag_of(keys[1])
+    keep_key(hold_ms, {z = keys[4], h = keys[5], f = tag .. ':f:' .. key, parked = keys[3],
+                       rel = tag .. ':rel'})
   end
   return 1
 end
@@ -429,8 +453,8 @@ end
 -- that is a plain process come more: the held followers right behind it whose start is fresh
 -- (no mark), each marked as started here. A suspect or a sequenced follower is always released
 -- alone, so its end is recorded before anything after it runs. k: run, gone, parked, z, h, f,
--- rel (as in finish_one); `hold_ms` the expiry of T:run, the key's state and T:rel. Returns a
--- flat list, three per follower: decision, id, message.
+-- rel (as in finish_one); `hold_ms` the expiry of T:run, the key's state, T:parked and T:rel.
+-- Returns a flat list, three per follower: decision, id, message.
 local function release_next(k, now, hold_ms, key, lease, n, me)
   local head, seq = live_head(k.gone, k.z, k.f)
   if not head then
@@ -447,7 +471,7 @@ local function release_next(k, now, hold_ms, key, lease, n, me)
   end
   redis.call('HSET', k.h, 'rel', head, 'by', me)
   redis.call('ZADD', k.rel, now + lease, key)
-  expire(hold_ms, k.z, k.h, k.f, k.rel)
+  keep_key(hold_ms, k)
   if seq <= tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then
     return {'sequenced', head, blob}
   end
@@ -541,7 +565,7 @@ local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos,
     end
     if redis.call('EXISTS', k.z) == 1 then
       redis.call('HSET', k.parked, key, 1)
-      expire(hold_ms, k.z, k.h, k.parked)
+      keep_key(hold_ms, k)
     end
     return {}
   end
@@ -603,7 +627,8 @@ end
 
 -- gd_reap: take over releases whose member stopped renewing their lease (it died mid-release).
 -- KEYS[1] T:rel   ARGV[1] ttl_ms (how long T:gone keeps an entry, by the lane's clock)
--- ARGV[2] hold_ms (T:run, T:alone, T:gone and the state of the keys taken over)
+-- ARGV[2] hold_ms (T:run, T:alone, T:gone, T:parked, T:rel and the state of the keys taken
+-- over)
 -- ARGV[3] lease_ms (also the longest gap between two reaps the lane's clock counts)
 -- ARGV[4] the tag T   ARGV[5] at most this many keys   ARGV[6] the calling member process (the
 -- releases' holder)
@@ -620,7 +645,7 @@ local function reap(keys, args)
   if at and now - tonumber(at) > lease then off = off + now - tonumber(at) - lease end
   redis.call('ZREMRANGEBYSCORE', gone, '-inf', now - off - tonumber(ttl))
   redis.call('ZADD', gone, now, CLOCK_AT, off, CLOCK_OFF)
-  expire(hold_ms, tag .. ':run', tag .. ':alone', gone)
+  expire(hold_ms, tag .. ':run', tag .. ':alone', gone, tag .. ':parked', keys[1])
   local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
   local out = {}
   for _, key in ipairs(due) do
@@ -664,7 +689,7 @@ end
 local OWNER = '@owner'
 
 -- gd_take: the partitions were assigned to the calling process, which becomes their owner.
--- KEYS the claims hashes   ARGV[1] instance id   ARGV[2] ttl ms   then per key: lo, least hi
+-- KEYS the claims hashes   ARGV[1] instance id   ARGV[2] expiry ms   then per key: lo, least hi
 -- Claims lo..hi, hi the larger of least hi and the top of every other process's claim, in the
 -- same step as it reads those claims: a process that took the partition earlier is seen here,
 -- one that takes it later sees this claim. Returns per key {hi, {instance, "lo|hi", ...}}.
@@ -700,7 +725,7 @@ end
 -- another process was assigned since this one's last gd_take: that process may be running the
 -- offsets above what this one claimed then. On a partition nobody owns the writer becomes the
 -- owner again.
--- KEYS the claims hashes   ARGV[1] instance id   ARGV[2] ttl ms   then per key: lo, hi
+-- KEYS the claims hashes   ARGV[1] instance id   ARGV[2] expiry ms   then per key: lo, hi
 -- Returns per key 1 (written) or 0 (the partition is another process's now).
 local function claim(keys, args)
   local me, ttl = args[1], args[2]
