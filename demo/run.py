@@ -202,12 +202,12 @@ class Demo:
                 await watcher.poll_counts()
             found = None
             if opened and not self.interrupted.is_set():
-                self.console.print("auditing unfinished events in the topics ...")
+                self.console.print("auditing unfinished events in the topics ...", soft_wrap=True)
                 try:
                     finished = collector.finished_events
                     found = await audit(transport, store, collector.start_ms, self.groups, finished)
                 except (PipelineError, RedisError) as exc:
-                    self.console.print(f"[yellow]audit failed:[/yellow] {exc}", highlight=False)
+                    self._say(f"[yellow]audit failed:[/yellow] {exc}")
             return await self._finish(watcher, found)
         finally:
             if opened:
@@ -224,6 +224,7 @@ class Demo:
             f"interrupted: stopped {stopped or 'nothing (none had started)'}; no audit; the"
             f" run's Redis keys are {keys}, its offloaded objects deleted",
             highlight=False,
+            soft_wrap=True,
         )
 
     async def _finish(self, watcher: Watcher, found: Audit | None) -> dict[str, Any]:
@@ -237,7 +238,7 @@ class Demo:
         self.console.print(summary_table(data))
         where = ", ".join(str(p) for p in [self.output / "summary.json", *plots])
         note = "" if plots else " (no plots: pip install -e '.[demo]' for matplotlib)"
-        self.console.print(f"written: {where}{note}; logs in {self.logs}", highlight=False)
+        self._say(f"written: {where}{note}; logs in {self.logs}")
         return data
 
     async def _offloaded(self) -> int | None:
@@ -247,11 +248,12 @@ class Demo:
         try:
             objects, size = await large.stored(self.offload_store)
         except OffloadError as exc:
-            self.console.print(f"[yellow]offload count failed:[/yellow] {exc}", highlight=False)
+            self._say(f"[yellow]offload count failed:[/yellow] {exc}")
             return None
         self.console.print(
             f"offload: {objects} objects, {size / 2**20:.1f} MiB in {self.offload_store}",
             highlight=False,
+            soft_wrap=True,
         )
         return objects
 
@@ -277,7 +279,9 @@ class Demo:
 
     async def _start(self) -> str:
         pipeline = self._bin("pipeline")
-        self.console.print(f"[bold]demo[/bold] on {self.options.transport}, prefix {self.prefix}")
+        self.console.print(
+            f"[bold]demo[/bold] on {self.options.transport}, prefix {self.prefix}", soft_wrap=True
+        )
         if self.offload_store is not None:
             where = f"{self.offload_store} (S3Proxy)"
             self.console.print(
@@ -312,7 +316,7 @@ class Demo:
                 "--concurrency", str(_CONCURRENCY[lane]),
             ).start()  # fmt: skip
         await self._process("sweeper", pipeline, "sweep", "--loop").start()
-        self.console.print(f"ingress {url}, registry {registry_url}", highlight=False)
+        self._say(f"ingress {url}, registry {registry_url}")
         return url
 
     async def _warm_up(self, url: str, redis: Redis) -> None:
@@ -426,7 +430,11 @@ class Demo:
         return self.options.headless or not sys.stdout.isatty()
 
     def _progress(self, s: Snapshot) -> None:
-        self.console.print(progress_line(s), highlight=False)
+        self._say(progress_line(s))
+
+    def _say(self, line: str) -> None:
+        """Print one line whole: a pipe or a CI log gets no fold at the console's 80 columns."""
+        self.console.print(line, highlight=False, soft_wrap=True)
 
     def _snapshot(self, watcher: Watcher) -> Snapshot:
         return Snapshot(
