@@ -62,6 +62,8 @@ _RECHECK_S = 2.0
 """How often at most a run whose polls bring nothing asks which messages the DLQ still holds."""
 _SHOWN_CHARS = 80
 """The longest a key or header is shown in a line (a hostile one can be megabytes)."""
+_BATCH = 200
+"""The most messages read at once; under a rate cap, at most a second's worth (:meth:`_poll`)."""
 _ROOM_BYTES = 1_024
 """Room for a record's framing below a topic's ``max.message.bytes`` (see :meth:`_chunks`)."""
 
@@ -175,6 +177,7 @@ class Redrive:
         self._to = to
         self._limit = limit
         self._interval_s = 1 / rate_per_s if rate_per_s else 0.0
+        self._batch = max(1, min(_BATCH, int(rate_per_s))) if rate_per_s else _BATCH
         self._max_redrives = max_redrives
         self._dry_run = dry_run
         self._offloader = offloader
@@ -282,8 +285,13 @@ class Redrive:
 
         A partition that delivers messages below where this run reads it (the dry run's reader
         starts at the beginning) is moved there, and its messages of this poll dropped.
+
+        Under a rate cap a poll takes a second's worth (one message below 1/s): a batch is
+        committed once sent, and one sent slower than Kafka's ``max.poll.interval.ms`` (300 s;
+        200 messages at 0.5/s took 400 s) dropped the run from its group, which failed the commit
+        and had every run again send the same batch again; a killed run sends its batch again.
         """
-        polled = await reader.poll(200, 0.5)
+        polled = await reader.poll(self._batch, 0.5)
         behind = {m.tp for m in polled if m.offset < nexts.get(m.tp, 0)}
         for tp in behind:
             await reader.seek(tp, nexts[tp])
