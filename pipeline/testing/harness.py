@@ -57,8 +57,10 @@ from pipeline.transport.protocol import Producer
 _STEP_S = 1.0
 """How often :meth:`TestApp.drain` looks whether everything settled (virtual seconds)."""
 COMMIT_INTERVAL_MS = 5_000
-"""The default settings' commit interval (virtual): an idle tick costs real time in a test, and
-commits only decide what a crash would redeliver, which a TestApp never has."""
+"""The longest commit interval (virtual) of the default settings: an idle tick costs real time
+in a test, and commits only decide what a crash would redeliver, which a TestApp never has. The
+member's liveness (the ``ctx.once`` lease, the guard's leases) stays the environment's, as
+``pipeline consume`` runs it, so the interval is at most half of it (:func:`default_settings`)."""
 
 
 def _stored_in(spec: TopicSpec, payloads: Path | None) -> TopicSpec:
@@ -67,6 +69,26 @@ def _stored_in(spec: TopicSpec, payloads: Path | None) -> TopicSpec:
         return spec
     store = f"file://{payloads.resolve()}/{spec.lane}"
     return spec.model_copy(update={"offload": spec.offload.model_copy(update={"store": store})})
+
+
+def default_settings() -> Settings:
+    """The environment's settings, with fewer idle commits and no pressure governor.
+
+    Commits every :data:`COMMIT_INTERVAL_MS` at most, and at most every half of
+    ``runtime.liveness_ms`` (the runtime renews its liveness on each commit tick). The liveness
+    itself is left as ``pipeline consume`` has it: it is the lease a second delivery of an
+    event waits out in ``ctx.once`` before it retries (5 s by default), which a test sees.
+    """
+    liveness_ms = load_settings().runtime.liveness_ms
+    return load_settings(
+        runtime={
+            "commit_interval_ms": min(COMMIT_INTERVAL_MS, liveness_ms // 2),
+            "liveness_ms": liveness_ms,
+            # The pressure governor reads the host's CPU and memory pressure: a test's
+            # concurrency must not depend on how busy the machine running it is.
+            "pressure": {"enabled": False},
+        }
+    )
 
 
 def encode_value(event: Any) -> bytes:
@@ -102,23 +124,16 @@ class TestApp:
             app: the App under test (left unchanged).
             group: the consumer group name.
             lanes: the lanes to run (default: every lane with a handler).
-            settings: runtime, throttle and Redis-prefix settings (default: from the environment,
-                committing every :data:`COMMIT_INTERVAL_MS`, with no pressure governor).
+            settings: runtime, throttle and Redis-prefix settings (default:
+                :func:`default_settings`, the environment's with fewer idle commits and no
+                pressure governor).
             throttle_limits: limits of throttle keys, e.g. ``{"org:acme": 2}``; other keys have
                 ``settings.throttle.default_limit``.
             clock: the virtual clock (default: one starting at the real time now).
             payloads: a directory standing in for the store of every lane that declares
                 ``offload:`` (``file://<payloads>/<lane>``); default: the declared stores.
         """
-        self.settings = settings or load_settings(
-            runtime={
-                "commit_interval_ms": COMMIT_INTERVAL_MS,
-                "liveness_ms": 10 * COMMIT_INTERVAL_MS,
-                # The pressure governor reads the host's CPU and memory pressure: a test's
-                # concurrency must not depend on how busy the machine running it is.
-                "pressure": {"enabled": False},
-            }
-        )
+        self.settings = settings or default_settings()
         self.clock = clock or VirtualClock()
         self.recorder = Recorder()
         self.transport = MemoryTransport(max_message_bytes=self.settings.max_message_bytes)

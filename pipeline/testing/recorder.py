@@ -73,6 +73,17 @@ class Run:
         return "failed"
 
 
+def _leave_out_of_traceback(exc: BaseException, wrapper: Callable[..., Any]) -> None:
+    """Drop ``wrapper``'s own frame from the traceback ``exc`` carries on (re-raised bare).
+
+    The retry router's ``pl-error-digest`` hashes every frame an error was raised through: with
+    the recording wrapper's frame in it, each failure got another digest than in production.
+    """
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is wrapper.__code__:
+        exc.__traceback__ = tb.tb_next
+
+
 @dataclass
 class Recorder:
     """Collects the :class:`Run` of every wrapped handler, in the order they started."""
@@ -96,6 +107,7 @@ class Recorder:
                 run_liveness = liveness.CURRENT.get()
                 if isinstance(exc, asyncio.CancelledError) and run_liveness is not None:
                     run.stopped_for = run_liveness.reason
+                _leave_out_of_traceback(exc, recorded)
                 raise
             finally:
                 run.ended_s = time.time()
