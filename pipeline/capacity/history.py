@@ -8,6 +8,10 @@ lane costs at most ``5,760 x (retention_days + 2)`` bytes (about 173 kB for four
 busy it is. A day with no key is *missing* (before the
 lane was recorded, or expired), which the forecast tells apart from a day of zero arrivals.
 
+The recorder writes through :meth:`ArrivalHistory.add_once` (the ``cap_add`` function of
+``lua/arrivals.lua``): each flush carries its writer's id and number, so a flush sent again after
+Redis applied it and the reply was lost adds nothing twice.
+
 Service times are kept beside them for the last :data:`SERVICE_WINDOW_MIN` minutes in a small
 hash (finished count and handler seconds per minute), as the dynamic limits do per org.
 """
@@ -16,17 +20,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 
+from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.capacity import keys as k
+from pipeline.redis_functions import FunctionLibrary, is_missing
 
-__all__ = ["MINUTES_PER_DAY", "SERVICE_WINDOW_MIN", "ArrivalHistory", "ServiceSample"]
+__all__ = [
+    "MINUTES_PER_DAY",
+    "SERVICE_WINDOW_MIN",
+    "ArrivalHistory",
+    "Flush",
+    "ServiceSample",
+]
+
+LIBRARY = resources.files("pipeline.capacity").joinpath("lua/arrivals.lua").read_text()
 
 MINUTES_PER_DAY = 1440
 _WIDTH = 4  # bytes per counter (u32)
 SERVICE_WINDOW_MIN = 60
 """Minutes of service times kept and averaged."""
+Flush = tuple[int, Mapping[tuple[str, int], int]]
+"""A writer's flush: its number and the arrivals it adds per (lane, epoch minute)."""
 SERVICE_TTL_MIN = SERVICE_WINDOW_MIN + 1
 """A lane's service-time hash expires this long after its last write."""
 
@@ -52,12 +69,14 @@ class ArrivalHistory:
         self._client = client
         self._prefix = prefix
         self._ttl_s = (retention_days + 1) * 86_400
+        self._functions = FunctionLibrary(client, LIBRARY)
 
     async def add(self, counts: Mapping[tuple[str, int], int]) -> None:
         """Add arrivals per (lane, epoch minute), in one pipelined round trip.
 
         Each day key is also stretched to its full 1440 counters (an increment by 0 of the
-        last one), so a short read means a missing day, never a short one.
+        last one), so a short read means a missing day, never a short one. Not idempotent: a
+        call repeated after a lost reply adds twice (the recorder uses :meth:`add_once`).
         """
         by_key: dict[str, list[tuple[int, int]]] = {}
         for (lane, minute), count in counts.items():
@@ -73,6 +92,56 @@ class ArrivalHistory:
                 args += ["INCRBY", "u32", f"#{MINUTES_PER_DAY - 1}", 0]
                 pipe.execute_command("BITFIELD", key, *args)
                 pipe.expire(key, self._ttl_s)
+            await pipe.execute()
+
+    async def add_once(
+        self, writer: str, flushes: Sequence[Flush], *, settled: Mapping[str, Sequence[int]]
+    ) -> None:
+        """Add each of ``writer``'s ``flushes`` at most once, in one pipelined round trip.
+
+        A flush whose reply was lost (Redis applied it, the caller saw a timeout) can be sent
+        again under its number: Redis remembers the numbers it applied (``cap_add``) until the
+        writer, having had the reply, lists them in ``settled`` (lane to flush numbers) with a
+        later call. A writer's numbers must not repeat; its id is its own (a random one).
+        """
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for number, counts in flushes:
+            lanes: dict[str, dict[int, list[tuple[int, int]]]] = {}
+            for (lane, minute), count in counts.items():
+                day, offset = divmod(minute, MINUTES_PER_DAY)
+                lanes.setdefault(lane, {}).setdefault(day, []).append((offset, count))
+            for lane, days in lanes.items():
+                keys = [k.flushes(self._prefix, lane, writer)]
+                args: list[str | int] = [self._ttl_s, number]
+                for day, items in days.items():
+                    keys.append(k.arrivals_day(self._prefix, lane, day))
+                    args.append(len(items))
+                    args += [value for item in items for value in item]
+                calls.append((keys, args))
+        forget = {lane: numbers for lane, numbers in settled.items() if numbers}
+        if not calls and not forget:
+            return
+        await self._functions.ensure_loaded()
+        try:
+            await self._add_calls(writer, calls, forget)
+        except rexc.ResponseError as exc:  # Redis lost the library: nothing was added
+            if not is_missing(exc):
+                raise
+            await self._functions.load()
+            await self._add_calls(writer, calls, forget)
+
+    async def _add_calls(
+        self,
+        writer: str,
+        calls: Sequence[tuple[list[str], list[str | int]]],
+        forget: Mapping[str, Sequence[int]],
+    ) -> None:
+        function = self._functions.name("cap_add")
+        async with self._client.pipeline(transaction=False) as pipe:
+            for lane, numbers in forget.items():
+                pipe.hdel(k.flushes(self._prefix, lane, writer), *map(str, numbers))
+            for keys, args in calls:
+                pipe.execute_command("FCALL", function, len(keys), *keys, *args)
             await pipe.execute()
 
     async def windows(self, lane: str, spans: Sequence[tuple[int, int]]) -> list[list[int] | None]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["arrivals_day", "service"]
+__all__ = ["arrivals_day", "flushes", "service"]
 
 
 def _tag(prefix: str, lane: str) -> str:
@@ -21,3 +21,12 @@ def arrivals_day(prefix: str, lane: str, day: int) -> str:
 def service(prefix: str, lane: str) -> str:
     """Hash: the lane's finished messages (``c:MINUTE``) and handler seconds (``s:MINUTE``)."""
     return f"{_tag(prefix, lane)}:svc"
+
+
+def flushes(prefix: str, lane: str, writer: str) -> str:
+    """Hash: ``writer``'s flushes of the lane that Redis applied, by number, until it forgets them.
+
+    A flush sent again after a lost reply finds its number and is not added twice; the writer
+    clears the numbers it had replies for with its next flush. Expires with the day keys.
+    """
+    return f"{_tag(prefix, lane)}:f:{writer}"

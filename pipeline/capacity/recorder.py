@@ -3,9 +3,12 @@
 A producer calls :meth:`ArrivalRecorder.add` once per produced batch (a dictionary add, no I/O);
 every ``flush_interval_s`` the counts gathered since the last flush go to
 :class:`~pipeline.capacity.history.ArrivalHistory` in one pipelined round trip. When Redis
-fails the counts are kept and retried at the next flush, up to :data:`MAX_PENDING` distinct
+fails the counts are kept and sent again at the next flush, up to :data:`MAX_PENDING` distinct
 (lane, minute) cells; past that the oldest are dropped and counted in :attr:`dropped`
-(history is a forecast input, never worth blocking or growing without bound for).
+(history is a forecast input, never worth blocking or growing without bound for). A failed
+flush is sent again as it was, under its number
+(:meth:`~pipeline.capacity.history.ArrivalHistory.add_once`): when Redis had applied it and only
+the reply was lost, it is not added twice.
 
 :class:`CountingProducer` wraps any :class:`~pipeline.transport.protocol.Producer` and records
 each acknowledged batch under its topic's lane; topics that are not a lane's main topic (retry
@@ -18,12 +21,13 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from redis import exceptions as rexc
 
-from pipeline.capacity.history import ArrivalHistory
+from pipeline.capacity.history import ArrivalHistory, Flush
 from pipeline.envelope import Delivered, Record
 from pipeline.transport.protocol import Producer
 
@@ -50,6 +54,13 @@ class ArrivalRecorder:
         self._interval_s = flush_interval_s
         self._clock = clock
         self._counts: Counter[tuple[str, int]] = Counter()
+        self._writer = uuid.uuid4().hex
+        self._numbered = 0
+        self._unsent: list[tuple[int, Counter[tuple[str, int]]]] = []
+        """Flushes sent without a reply (Redis may have applied them), oldest first."""
+        self._settled: dict[str, list[int]] = {}
+        """Flushes applied, per lane, whose numbers Redis may forget (sent with the next)."""
+        self._flushing = asyncio.Lock()
         self._served: dict[tuple[str, int], tuple[int, float]] = {}
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -61,7 +72,7 @@ class ArrivalRecorder:
     @property
     def pending(self) -> int:
         """Arrivals counted and not yet written."""
-        return sum(self._counts.values())
+        return sum(self._counts.values()) + sum(sum(c.values()) for _, c in self._unsent)
 
     def add(self, lane: str, count: int) -> None:
         """Count ``count`` arrivals on ``lane`` now (no I/O; safe on the hot path)."""
@@ -95,30 +106,43 @@ class ArrivalRecorder:
     async def flush(self) -> None:
         """Write the counts gathered so far; on a Redis error keep them for the next flush.
 
+        The counts become a numbered flush, sent with the flushes that failed before; one that
+        failed is sent again unchanged, and Redis adds none twice. Flushes run one at a time.
         Service times are a recent mean only: a failed write of them is dropped, not retried.
         """
-        if self._served:
-            served, self._served = self._served, {}
-            with contextlib.suppress(rexc.RedisError, OSError):
-                await self._history.add_service(served)
-        if not self._counts:
-            return
-        batch, self._counts = self._counts, Counter()
-        try:
-            await self._history.add(batch)
-        except (rexc.RedisError, OSError) as exc:
-            batch.update(self._counts)
-            self._counts = batch
-            self._trim()
-            log.warning("arrival history not written, will retry: %s", exc)
-            return
-        self.flushed += sum(batch.values())
+        async with self._flushing:
+            if self._served:
+                served, self._served = self._served, {}
+                with contextlib.suppress(rexc.RedisError, OSError):
+                    await self._history.add_service(served)
+            if self._counts:
+                self._numbered += 1
+                self._unsent.append((self._numbered, self._counts))
+                self._counts = Counter()
+            if not self._unsent and not self._settled:
+                return
+            sent: list[Flush] = list(self._unsent)
+            try:
+                await self._history.add_once(self._writer, sent, settled=self._settled)
+            except (rexc.RedisError, OSError) as exc:
+                self._trim()
+                log.warning("arrival history not written, will retry: %s", exc)
+                return
+            self._unsent = []
+            self._settled = {}
+            for number, counts in sent:
+                for lane in {lane for lane, _ in counts}:
+                    self._settled.setdefault(lane, []).append(number)
+                self.flushed += sum(counts.values())
 
     def _trim(self) -> None:
-        excess = len(self._counts) - MAX_PENDING
+        """Drop the oldest minutes' counts past :data:`MAX_PENDING` cells of unsent flushes."""
+        cells = [(cell[1], index, cell) for index, (_, c) in enumerate(self._unsent) for cell in c]
+        excess = len(cells) - MAX_PENDING
         if excess > 0:
-            for cell in sorted(self._counts, key=lambda item: item[1])[:excess]:
-                self.dropped += self._counts.pop(cell)
+            for _, index, cell in sorted(cells)[:excess]:
+                self.dropped += self._unsent[index][1].pop(cell)
+            self._unsent = [(number, counts) for number, counts in self._unsent if counts]
 
     async def _run(self) -> None:
         while not self._stop.is_set():
