@@ -31,7 +31,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from pipeline import headers as h
@@ -123,6 +123,46 @@ def redriven(message: Message, dlq_name: str) -> Record:
     return Record(message.value, message.key, out)
 
 
+@dataclass(frozen=True)
+class _Pin:
+    """The times a redrive's ``--since``/``--until`` resolved to when it began, and its ends.
+
+    The ends are those it then read to, per partition. It rides on its commits as their
+    metadata, ``redrive-times:S:U:0=E0,1=E1,...`` (S or U empty when not given).
+    """
+
+    since_ms: int | None
+    until_ms: int | None
+    ends: dict[int, int]
+
+    _PREFIX = "redrive-times:"
+
+    def text(self) -> str:
+        """The metadata committed with each position."""
+        since = "" if self.since_ms is None else str(self.since_ms)
+        until = "" if self.until_ms is None else str(self.until_ms)
+        ends = ",".join(f"{p}={end}" for p, end in sorted(self.ends.items()))
+        return f"{self._PREFIX}{since}:{until}:{ends}"
+
+    @classmethod
+    def parse(cls, metadata: str) -> _Pin | None:
+        """The pin of ``metadata``, or None if it holds none (or one this cannot read)."""
+        if not metadata.startswith(cls._PREFIX):
+            return None
+        try:
+            since, until, ends = metadata[len(cls._PREFIX) :].split(":")
+            return cls(
+                int(since) if since else None,
+                int(until) if until else None,
+                {
+                    int(p): int(end)
+                    for p, end in (pair.split("=") for pair in ends.split(",") if pair)
+                },
+            )
+        except ValueError:
+            return None
+
+
 @dataclass
 class _Batch:
     """One poll's messages in order, each marked once settled: produced, or nothing to produce."""
@@ -183,6 +223,8 @@ class Redrive:
         self._offloader = offloader
         self._exists: dict[str, bool] = {}  # target topic -> whether the broker has it
         self._max_bytes: dict[str, int | None] = {}  # target topic -> its max.message.bytes
+        self._pin: _Pin | None = None  # the times the redrive began with (--since/--until)
+        self._pinned = selection  # the selection by those times
         self.report = Report()
 
     async def total(self) -> int:
@@ -234,12 +276,7 @@ class Redrive:
         starts = await self._starts(admin)
         nexts = {tp: first for tp, (first, _) in starts.items()}  # the next offset to handle
         ends = {tp: end for tp, (first, end) in starts.items() if first < end}
-        group = group_name(self._dlq, self._to, self._selection)
-        consumer: Consumer | None = None  # the redrive's group member; a dry run has none
-        if self._dry_run:
-            reader: Consumer | Reader = self._transport.reader([self._dlq])
-        else:
-            reader = consumer = self._transport.consumer(group, [self._dlq])
+        consumer, reader = await self._open(admin, starts)
         producer = self._transport.producer()
         if self._offloader is not None:
             producer = OffloadingProducer(producer, self._offloader)
@@ -260,6 +297,62 @@ class Redrive:
         finally:
             await reader.close()
             await producer.close()
+
+    async def _open(
+        self, admin: Admin, starts: dict[TopicPartition, tuple[int, int]]
+    ) -> tuple[Consumer | None, Consumer | Reader]:
+        """The redrive's group member (a dry run has none) and what reads the DLQ for it.
+
+        The selection's times are pinned first (:meth:`_pin_times`).
+        """
+        group = group_name(self._dlq, self._to, self._selection)
+        consumer = None if self._dry_run else self._transport.consumer(group, [self._dlq])
+        try:
+            await self._pin_times(admin, group, consumer, starts)
+        except BaseException:
+            if consumer is not None:
+                await consumer.close()
+            raise
+        return consumer, consumer or self._transport.reader([self._dlq])
+
+    async def _pin_times(
+        self,
+        admin: Admin,
+        group: str,
+        consumer: Consumer | None,
+        starts: dict[TopicPartition, tuple[int, int]],
+    ) -> None:
+        """Select what the redrive set out to move by the times its filters first resolved to.
+
+        An age (``--since 2h``) resolves against the clock of each run, while the group, named
+        after the text typed, keeps the position: a run resumed an hour later went on past the
+        dead letters of the hour the window had moved off, which the first run had selected,
+        as not selected. The first run's times and the ends it read to ride on its commits
+        (:class:`_Pin`); a run finding them selects the dead letters below those ends by those
+        times, and those after by its own (the same command run again after the redrive was
+        done starts a window of its own). A dry run reads them too, by a member that joins
+        nothing, and only when the redrive has committed (nothing is left on the broker).
+        """
+        since, until = self._selection.since_ms, self._selection.until_ms
+        if since is None and until is None:
+            return
+        stored: dict[TopicPartition, Position] = {}
+        if consumer is not None:
+            stored = await consumer.committed(list(starts))
+        elif any(p.committed is not None for p in await admin.group_lag(group, self._dlq)):
+            looker = self._transport.consumer(group, [self._dlq])
+            try:
+                stored = await looker.committed(list(starts))
+            finally:
+                await looker.close()
+        pins = (_Pin.parse(position.metadata) for position in stored.values())
+        pin = next((found for found in pins if found is not None), None)
+        if pin is None or all(
+            first >= pin.ends.get(tp.partition, 0) for tp, (first, _) in starts.items()
+        ):
+            pin = _Pin(since, until, {tp.partition: end for tp, (_, end) in starts.items()})
+        self._pin = pin
+        self._pinned = replace(self._selection, since_ms=pin.since_ms, until_ms=pin.until_ms)
 
     async def _skip_expired(
         self, admin: Admin, nexts: dict[TopicPartition, int], ends: dict[TopicPartition, int]
@@ -330,6 +423,8 @@ class Redrive:
         positions = batch.positions()
         nexts.update((p.tp, p.offset) for p in positions)
         if consumer is not None:
+            if self._pin is not None:
+                positions = [replace(p, metadata=self._pin.text()) for p in positions]
             await consumer.commit(positions)
 
     async def _move(self, batch: _Batch, admin: Admin, producer: Producer) -> int:
@@ -370,7 +465,8 @@ class Redrive:
         the broker does not have (it would stop the run at every try) stays, counted.
         """
         self.report.scanned += 1
-        if not self._selection.matches(message):
+        pinned = self._pin is not None and message.offset < self._pin.ends.get(message.partition, 0)
+        if not (self._pinned if pinned else self._selection).matches(message):
             return None
         self.report.selected += 1
         self.report.reasons[reason(message)] += 1
