@@ -3,7 +3,9 @@
 Inserts are group-committed like on SQLite (:class:`~pipeline.logstore.batch.Batcher`), here as
 one multi-row ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING id`` per
 batch: one round trip and one WAL flush for many webhooks. Each statement runs in autocommit
-mode, so it is durable when it returns (with the server's default ``synchronous_commit=on``).
+mode, so it is durable when it returns: a session whose ``synchronous_commit`` the database, role
+or server sets to ``off`` (a commit returns before its WAL is flushed, and a server crash loses
+it) is set to ``on`` when the pool opens it; ``local`` and the stronger modes are kept.
 
 Several ingress replicas share the table: the unique ``(source, event_id)`` constraint dedupes
 across them, and the sweeper's claims use ``FOR UPDATE SKIP LOCKED`` plus a lease column.
@@ -43,6 +45,11 @@ from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState
 
 Query = Any  # a composed psycopg query
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
+_SYNCHRONOUS_COMMIT = sql.SQL(
+    "SELECT set_config('synchronous_commit', 'on', false)"
+    " WHERE current_setting('synchronous_commit') = 'off'"
+)
+"""Only ``off`` answers before the flush; ``local`` to ``remote_apply`` are durable already."""
 
 
 class PostgresLogStore:
@@ -88,6 +95,7 @@ class PostgresLogStore:
             # use instead of failing the group commit it was handed to; a check the server does
             # not answer fails in time too.
             check=self._check,
+            configure=self._configure,
             # Reconnection in the background gives up this soon, and the next operation starts
             # a new attempt at once: the store is back within seconds of the server, not after
             # a backoff that doubles up to minutes.
@@ -133,6 +141,11 @@ class PostgresLogStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+    async def _configure(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        """Make a new session's commits wait for their WAL flush (the row survives a crash)."""
+        with _Deadline(conn, self._answer_timeout_s):
+            await conn.execute(_SYNCHRONOUS_COMMIT)
 
     async def _check(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         with _Deadline(conn, self._answer_timeout_s):
