@@ -62,6 +62,8 @@ _RECHECK_S = 2.0
 """How often at most a run whose polls bring nothing asks which messages the DLQ still holds."""
 _SHOWN_CHARS = 80
 """The longest a key or header is shown in a line (a hostile one can be megabytes)."""
+_PIN_BYTES = 3_500
+"""The longest commit metadata a redrive's pin (:class:`_Pin`) takes, below Kafka's 4096."""
 _BATCH = 200
 """The most messages read at once; under a rate cap, at most a second's worth (:meth:`_poll`)."""
 _ROOM_BYTES = 1_024
@@ -142,7 +144,10 @@ class _Pin:
         since = "" if self.since_ms is None else str(self.since_ms)
         until = "" if self.until_ms is None else str(self.until_ms)
         ends = ",".join(f"{p}={end}" for p, end in sorted(self.ends.items()))
-        return f"{self._PREFIX}{since}:{until}:{ends}"
+        text = f"{self._PREFIX}{since}:{until}:{ends}"
+        # Kafka refuses metadata above offset.metadata.max.bytes (4096 by default): a DLQ of some
+        # 250 partitions and more is not pinned (each run selects by its own clock, as before).
+        return text if len(text) <= _PIN_BYTES else ""
 
     @classmethod
     def parse(cls, metadata: str) -> _Pin | None:
