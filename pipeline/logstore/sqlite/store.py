@@ -139,12 +139,25 @@ class SqliteLogStore:
         return conn
 
     async def close(self) -> None:
-        """Commit what is pending, checkpoint, then close every connection."""
+        """Commit what is pending, checkpoint, then close every connection.
+
+        A checkpoint that fails (a full disk: the database cannot grow to take the WAL) is
+        logged, not raised: every committed row is in the WAL, which the next open reads (and a
+        later checkpoint copies back), and the connections are closed all the same.
+        """
         await self._inserts.drain()
-        if self._checkpointing is not None:
-            await self._checkpointing
-        if self._checkpointer is not None:
-            await self._on(self._checkpoint_pool, self._checkpoint, "TRUNCATE")
+        try:
+            if self._checkpointing is not None:
+                await self._checkpointing
+            if self._checkpointer is not None:
+                await self._on(self._checkpoint_pool, self._checkpoint, "TRUNCATE")
+        except LogStoreError as exc:
+            log.warning(
+                "WAL checkpoint at close failed: %s; the rows stay in %s-wal, read when the "
+                "database is next opened",
+                exc,
+                self._path,
+            )
         for conn, pool in (
             (self._writer, self._writer_pool),
             (self._reader, self._reader_pool),
