@@ -458,10 +458,15 @@ class Member:
         partitions' next owners would run what still runs here. The partitions are paused: a
         message that comes back all the same (of a partition assigned meanwhile) is not
         started, so it is not committed and its partition's next owner reads it.
+
+        A topic that does not exist ends it quietly, as it ends :meth:`run`'s polling: it is
+        what stopped the member (``run`` raises it), not a failure to retry and log again.
         """
         while True:
             try:
                 batch = await consumer.poll(self._settings.poll_max, 0.5)
+            except UnknownTopic:
+                return
             except TransportError as exc:
                 log.warning("poll during shutdown failed, retrying in 0.5 s: %s", exc)
                 await asyncio.sleep(0.5)
