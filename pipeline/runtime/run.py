@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
@@ -43,17 +44,24 @@ def load_app(target: str) -> App:
 
     Raises:
         ConfigError: ``target`` is no ``MODULE:APP``, its module cannot be imported (missing, or
-            raising as it runs: the error's class and first line), or its attribute is no App.
-            A pipeline error the module raises (an undeclared lane) is raised as it is.
+            raising as it runs: the error's class and first line; a file path in its place gets
+            the dotted module to type), or its attribute is missing or no App (the module's
+            Apps are named). A pipeline error the module raises (an undeclared lane) is raised
+            as it is.
     """
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"expected MODULE:APP, e.g. consumers.messages:app (got {target!r})")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
+    path_like = "/" in module_name or "\\" in module_name or module_name.startswith(".")
+    if path_like:  # never importable: say so before trying
+        raise ConfigError(_path_given(module_name, attribute))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if module_name.endswith(".py") and getattr(exc, "name", None) == module_name:
+            raise ConfigError(_path_given(module_name, attribute)) from exc
         raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
     except PipelineError:
         raise
@@ -61,10 +69,44 @@ def load_app(target: str) -> App:
         first = next(iter(str(exc).strip().splitlines()), "")
         reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
         raise ConfigError(f"cannot import {module_name!r}: {reason}") from exc
+    return _app_of(module, target)
+
+
+def _app_of(module: ModuleType, target: str) -> App:
+    """The App ``target``'s attribute names in ``module``; else an error naming its Apps."""
+    module_name, _, attribute = target.partition(":")
     app = getattr(module, attribute, None)
-    if not isinstance(app, App):
-        raise ConfigError(f"{target!r} is not a pipeline App (got {type(app).__name__})")
-    return app
+    if isinstance(app, App):
+        return app
+    if hasattr(module, attribute):
+        problem = f"{target!r} is not a pipeline App (got {type(app).__name__})"
+    else:
+        problem = f"module {module_name!r} has no attribute {attribute!r}"
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    if not apps:
+        raise ConfigError(f"{problem}, and it defines no pipeline App: name the module that does")
+    label = "its App" if len(apps) == 1 else "its Apps"
+    raise ConfigError(f"{problem}; {label}: " + ", ".join(f"`{module_name}:{a}`" for a in apps))
+
+
+def _path_given(module_name: str, attribute: str) -> str:
+    """The error for a file path given as MODULE (``consumers/messages.py``): the dotted form.
+
+    A path under the current directory becomes its dotted module (the current directory is
+    importable); any other is named by its file, to be run from its directory.
+    """
+    path = Path(module_name.replace("\\", "/").removesuffix(".py"))
+    where = ""
+    if path.is_absolute():
+        try:
+            path = path.relative_to(Path.cwd())
+        except ValueError:
+            path, where = Path(path.name), f" (run from {path.parent})"
+    dotted = ".".join(part for part in path.parts if part not in {"", "."})
+    return (
+        f"cannot import {module_name!r}: MODULE:APP takes a dotted module, not a file path;"
+        f" use `{dotted}:{attribute}`{where}"
+    )
 
 
 def _address(settings: Settings, transport: str) -> str:

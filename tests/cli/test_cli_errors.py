@@ -251,7 +251,7 @@ def test_an_app_module_that_fails_at_import_is_one_line(
     [
         (["bad"], "MODULE:APP"),
         (["nosuch_module:app"], "'nosuch_module'"),
-        (["consumers.messages:nosuch"], "'consumers.messages:nosuch'"),
+        (["consumers.messages:nosuch"], "'consumers.messages' has no attribute 'nosuch'"),
         (["consumers.messages:app", "-l", "nosuchlane"], "--lane"),
         (["consumers.messages:app", "--instance", "bad name"], "--instance 'bad name'"),
     ],
