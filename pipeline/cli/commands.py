@@ -702,7 +702,7 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
     typer.echo(
         f"scanned {report.scanned}, selected {report.selected}, {verb} {moved}, "
         f"refused {report.refused_loops} (redriven too often), {report.no_origin} without an origin"
-        " topic to go back to"
+        f" topic to go back to, {report.too_large} too large for their topic"
     )
     for target, count in report.moved_to.items():
         typer.echo(f"  -> {target}: {count}")
