@@ -139,6 +139,11 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
             "(PIPELINE_INGRESS__HOST, PIPELINE_INGRESS__PORT)"
         ) from exc
     typer.echo(f"{answer.status_code} {answer.text.strip()}")
+    if answer.status_code == httpx.codes.UNAUTHORIZED:  # the verifier's answer, nothing else's
+        err.print(
+            f"[red]error:[/red] {escape(_refused(endpoint, source, ingress.sources_file))}",
+            highlight=False,
+        )
     if answer.is_success:
         partitions = next(spec.partitions for spec in specs if spec.name == row.topic)
         partition = partition_for(row.key.encode(), partitions) if row.key else None
@@ -154,6 +159,15 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
         )
         return 0
     return 1
+
+
+def _refused(endpoint: str, source: str, sources_file: Path) -> str:
+    """What a 401 means: the two environments sign with different secrets."""
+    return (
+        f"the ingress at {endpoint} refused the signature: the secrets of sources.{source} in"
+        f" {sources_file} must be the same here and where the ingress runs (export the same"
+        " values in both, from the same sources file)"
+    )
 
 
 def send_command(
