@@ -180,9 +180,15 @@ def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
         topics: the names of the topics declared in ``topics/*.yaml``.
 
     Raises:
-        ConfigError: the file is missing or invalid, a secret is missing, or a source routes
-            to a topic that is not declared; every line names the file and the field.
+        ConfigError: the file is missing (the line says what to copy or set) or invalid, a
+            secret is missing, or a source routes to a topic that is not declared; every line
+            names the file and the field.
     """
+    if not path.exists():  # the first run's usual miss: say what to copy or set
+        raise ConfigError(
+            f"no sources file at {path}: copy deploy/local/sources.example.yaml there, or set"
+            " PIPELINE_INGRESS__SOURCES_FILE (pipeline ingress serve: --sources) to yours"
+        )
     document = read_yaml(path, ConfigError, "(the sources file)")
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping with a 'sources' key")

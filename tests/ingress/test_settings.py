@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ingress.helpers import META, build, write_sources, write_topics
+from ingress.helpers import META, ROOT, build, write_sources, write_topics
 
-from pipeline.config import IngressSettings, IngressSlotSettings
+from pipeline.config import IngressSettings, IngressSlotSettings, load_settings
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import build_sources
@@ -176,6 +176,25 @@ def test_missing_or_invalid_files_are_named(tmp_path: Path) -> None:
     listing.write_text("- a\n- b\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_sources(listing, set(TOPICS))
+
+
+def test_a_missing_sources_file_says_what_to_copy_or_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No file at the path: one line naming it, the example to copy and the setting to change."""
+    missing = tmp_path / "sources.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_sources(missing, set(TOPICS))
+    (line,) = str(caught.value).splitlines()
+    assert line.startswith(f"no sources file at {missing}: "), line
+    assert "Errno" not in line
+    example = "deploy/local/sources.example.yaml"
+    assert f"copy {example}" in line
+    assert (ROOT / example).is_file()  # what it names is there to copy
+    assert "PIPELINE_INGRESS__SOURCES_FILE" in line
+    assert "--sources" in line
+    monkeypatch.setenv("PIPELINE_INGRESS__SOURCES_FILE", str(missing))  # and is the setting
+    assert load_settings().ingress.sources_file == missing
 
 
 def test_a_sources_file_of_nested_aliases_is_refused_in_a_short_line(tmp_path: Path) -> None:
