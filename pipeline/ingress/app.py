@@ -196,12 +196,19 @@ class IngressApp:
                 source.verifier.verify(headers, body, now_s)
         except Rejected as exc:
             self.counters[source.name, f"rejected:{exc.reason}"] += 1
-            log.info("webhook rejected", extra={"source": source.name, "reason": exc.reason})
+            log.info(
+                "webhook rejected from source %s: %s",
+                source.name,
+                exc.reason,
+                extra={"source": source.name, "reason": exc.reason},
+            )
             return 401, _UNAUTHORIZED, []
         except Exception:
             # A verifier bug must never let a request through: fail closed.
             self.counters[source.name, "rejected:verifier error"] += 1
-            log.exception("verifier failed", extra={"source": source.name})
+            log.exception(
+                "verifier of source %s failed", source.name, extra={"source": source.name}
+            )
             return 401, _UNAUTHORIZED, []
         digest = None  # a large body where lanes offload: hashed once, off the loop
         if self.offload is not None and len(body) >= HASH_OFF_LOOP_BYTES:
