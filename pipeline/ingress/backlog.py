@@ -9,6 +9,7 @@ a retry tier is late too.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -53,7 +54,13 @@ class GroupLagBacklog:
         """Whether the group's lag over the lane's topics exceeds the threshold."""
         group = self._lane_groups.get(lane)
         if group is None:
-            self._warn_once(lane, "no consumer group configured (sweeper.lane_groups)")
+            example = json.dumps({lane: "GROUP"})
+            self._warn_once(
+                lane,
+                "no consumer group configured for it: add its group to"
+                " PIPELINE_INGRESS__SWEEPER__LANE_GROUPS, a JSON object of lane to group"
+                f" ('{example}', GROUP being the group that consumes it)",
+            )
             return True
         lag = 0
         try:
