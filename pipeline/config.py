@@ -724,7 +724,7 @@ def load_settings(**overrides: Any) -> Settings:
         problems = [
             _not_a_setting(_env_name(err["loc"]), known)
             if err["type"] == "extra_forbidden"
-            else f"{_env_name(err['loc'])}: {err['msg']}{_got(err)}"
+            else f"{_env_name(err['loc'])}: {_reason(err)}{_got(err)}"
             for err in exc.errors()
         ]
         if len(problems) == 1:  # the common case: one line
@@ -732,6 +732,11 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(
             f"invalid configuration ({len(problems)} problems):\n  " + "\n  ".join(problems)
         ) from None
+
+
+def _reason(err: Any) -> str:
+    """Pydantic's message, without the "Value error, " it puts before our validators' own."""
+    return str(err["msg"]).removeprefix("Value error, ")
 
 
 _SENSITIVE = re.compile(r"pas|pw|secret|token|auth|user|url|dsn|cred|key|store", re.IGNORECASE)
