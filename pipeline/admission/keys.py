@@ -94,7 +94,10 @@ def waiters(prefix: str, namespace: str, key: str) -> str:
 
 
 def grants(prefix: str, namespace: str, key: str) -> str:
-    """List: the last 20 grants of ``key`` as ``"HOLDER NOW_MS"``, newest first; 1 h TTL."""
+    """List: the last 20 grants of ``key`` as ``"HOLDER NOW_MS"``, newest first.
+
+    Deleted with the key's last holder or waiter (an hour's TTL besides).
+    """
     return f"{tag(prefix, namespace)}:g:{key}"
 
 
