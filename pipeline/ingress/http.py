@@ -21,6 +21,10 @@ At the door, before the app sees a byte:
 * a request not whole within the app's ``body_timeout_s`` of the read that left it incomplete
   is **408** (a body counted ``body_timeout``; a head that never ends too), and a connection
   that sends nothing is closed after ``timeout_keep_alive``;
+* the bodies left unfinished by a read are counted across every connection of the server: a
+  read that takes them past :data:`MAX_UNFINISHED_BODY_BYTES` is **503** (Retry-After 1),
+  counted ``body_budget``, and its bytes let go, so connections that each hold most of a
+  large body cannot take memory without bound; a body whole within its read is never counted;
 * a client gone mid-body is counted ``disconnected``; nothing is stored;
 * bytes that are not HTTP/1.1 are **400**.
 
@@ -38,6 +42,7 @@ import logging
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
@@ -55,12 +60,21 @@ log = logging.getLogger(__name__)
 PIPELINE_DEPTH = 8
 """Parsed requests that may wait on one connection before reading pauses."""
 
+MAX_UNFINISHED_BODY_BYTES = 256 * 1024 * 1024
+"""Bytes of bodies left unfinished by a read that one server holds, over all its connections.
+
+Nothing is known of a sender before its body is whole (no signature, no tenant), and a body may
+take ``body_timeout_s`` to come: without this bound, connections that each send most of a
+``max_body_bytes`` body and stall hold that much each, as many as are opened.
+"""
+
 _STATUS = {
     code: b"HTTP/1.1 %d %s\r\n" % (code, http.HTTPStatus(code).phrase.encode())
     for code in (status.value for status in http.HTTPStatus)
 }
 _JSON = (b"content-type", b"application/json")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_RETRY_1 = (b"retry-after", b"1")
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -85,11 +99,23 @@ def _refusal(status: int, error: str) -> _Request:
     return _Request(b"", "", b"", {}, b"", keep_alive=False, source=None, refusal=(status, body))
 
 
+class UnfinishedBodies:
+    """The bytes of unfinished bodies the connections of one server hold, and their bound."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        """Nothing held yet; at most ``limit`` bytes."""
+        self.limit = limit
+        self.held = 0
+
+
 class IngressProtocol(asyncio.Protocol):
     """One client connection. :func:`ingress_protocol` binds the app and the head cap."""
 
     app: IngressApp
     max_head_bytes = 65_536
+    unfinished = UnfinishedBodies(MAX_UNFINISHED_BODY_BYTES)
 
     def __init__(
         self,
@@ -130,6 +156,7 @@ class IngressProtocol(asyncio.Protocol):
         self._limit: int | None = None  # None: the body is dropped
         self._size = 0
         self._body: list[bytes] = []
+        self._held = 0  # bytes of the unfinished body counted in ``unfinished``
         self._keep_alive = True
 
     # -- the connection --------------------------------------------------------------------
@@ -153,6 +180,7 @@ class IngressProtocol(asyncio.Protocol):
         self._connections.discard(self)
         self._stopped = True
         self._cancel_timers()
+        self._hold(0)
         if self._in_body and self._source is not None:
             self.app.counters[self._source.name, "disconnected"] += 1
         self._in_body = False
@@ -187,6 +215,9 @@ class IngressProtocol(asyncio.Protocol):
         if self._head_bytes is not None and self._head_over(len(data)):
             self._refuse_head()
             return
+        if self._in_body and self._size > self._held and self._hold(self._size):
+            self._over_budget()
+            return
         if self._body_timer is None and (self._in_body or self._head_bytes is not None):
             # Inside a request that is not whole yet: it has body_timeout_s from here.
             self._body_timer = self._loop.call_later(self.app.body_timeout_s, self._body_late)
@@ -199,6 +230,13 @@ class IngressProtocol(asyncio.Protocol):
         else:
             self._head_bytes += read_bytes
         return self._head_bytes > self.max_head_bytes
+
+    def _hold(self, size: int) -> bool:
+        """Count ``size`` bytes of unfinished body for this connection; whether past the bound."""
+        unfinished = self.unfinished
+        unfinished.held += size - self._held
+        self._held = size
+        return unfinished.held > unfinished.limit
 
     def pause_writing(self) -> None:
         """The socket's buffer is full: read no more requests until it drains."""
@@ -303,6 +341,8 @@ class IngressProtocol(asyncio.Protocol):
         if self._stopped:
             return
         self._in_body = False
+        if self._held:
+            self._hold(0)
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
@@ -331,6 +371,12 @@ class IngressProtocol(asyncio.Protocol):
             self.app.counters[self._source.name, "too_large"] += 1
         self._refuse(_refusal(413, "body too large"))
 
+    def _over_budget(self) -> None:
+        if self._source is not None:
+            self.app.counters[self._source.name, "body_budget"] += 1
+        log.info("unfinished bodies over %d bytes: request refused (503)", self.unfinished.limit)
+        self._refuse(_refusal(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded"))
+
     def _refuse_head(self) -> None:
         log.info("request head over %d bytes refused (431)", self.max_head_bytes)
         self._refuse(_refusal(431, "request head too large"))
@@ -351,6 +397,8 @@ class IngressProtocol(asyncio.Protocol):
         """Answer ``refusal`` after the requests before it, read nothing more, then close."""
         self._in_body = False
         self._head_bytes = None
+        self._body = []
+        self._hold(0)
         self._stop()
         self._waiting.append(refusal)
         if not self._busy:
@@ -397,7 +445,8 @@ class IngressProtocol(asyncio.Protocol):
         request = self._waiting.popleft()
         if request.refusal is not None:
             status, body = request.refusal
-            self._write(request, status, [_JSON], body)
+            headers = [_JSON, _RETRY_1] if status == HTTPStatus.SERVICE_UNAVAILABLE else [_JSON]
+            self._write(request, status, headers, body)
             return
         self._busy = True
         task = self._loop.create_task(self._serve(request))
@@ -496,7 +545,22 @@ class IngressProtocol(asyncio.Protocol):
         return answer["status"], headers, b"".join(body)
 
 
-def ingress_protocol(app: IngressApp, max_head_bytes: int) -> type[IngressProtocol]:
-    """The protocol class for uvicorn's ``http`` setting: ``app``'s, heads capped."""
-    attributes: Mapping[str, Any] = {"app": app, "max_head_bytes": max_head_bytes}
+def ingress_protocol(
+    app: IngressApp, max_head_bytes: int, max_unfinished_body_bytes: int | None = None
+) -> type[IngressProtocol]:
+    """The protocol class for uvicorn's ``http`` setting: ``app``'s, heads capped.
+
+    Its connections share one bound on unfinished bodies, ``max_unfinished_body_bytes``
+    (:data:`MAX_UNFINISHED_BODY_BYTES` when None).
+    """
+    limit = (
+        MAX_UNFINISHED_BODY_BYTES
+        if max_unfinished_body_bytes is None
+        else max_unfinished_body_bytes
+    )
+    attributes: Mapping[str, Any] = {
+        "app": app,
+        "max_head_bytes": max_head_bytes,
+        "unfinished": UnfinishedBodies(limit),
+    }
     return type("IngressHttp", (IngressProtocol,), dict(attributes))

@@ -1,0 +1,113 @@
+"""Unfinished bodies held by many connections: the memory they take is bounded.
+
+A body is buffered until it is whole, and nothing about the sender is known before that: no
+signature, no tenant. Without a bound, connections that each send most of a ``max_body_bytes``
+body and stall (for up to ``body_timeout_s``) hold that much memory each, as many connections as
+the attacker opens (400 of them took the ingress from 78 MB to 490 MB). The bytes of the bodies
+left unfinished by a read are counted across every connection of the server; a read that takes
+them past :data:`pipeline.ingress.http.MAX_UNFINISHED_BODY_BYTES` is answered 503, its
+connection closed and its bytes let go, and a body that is whole within its read is never
+counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from hostile.ingress_server import running_ingress, status_of
+from ingress.signing import hub_signature
+from runtime.helpers import eventually
+
+from pipeline.ingress import http
+
+SECRET = "unfinished-secret"  # noqa: S105 - a test secret
+GITHUB = {
+    "github": {
+        "scheme": "github",
+        "secrets": [SECRET],
+        "tenant": {"pointer": "/repository/owner/login"},
+        "max_body_bytes": 1_048_576,
+    }
+}
+BUDGET_BYTES = 3_000_000
+HELD_BYTES = 900_000
+CONNECTIONS = 6
+FIT = BUDGET_BYTES // HELD_BYTES
+
+
+def _head(port: int, length: int, signature: str = "sha256=" + "0" * 64) -> bytes:
+    return (
+        f"POST /hooks/github HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nX-Hub-Signature-256: {signature}\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def _answer(reader: asyncio.StreamReader) -> int:
+    """The status of the answer, 0 when the connection was closed (or reset) without one."""
+    try:
+        async with asyncio.timeout(20):
+            return status_of(await reader.read(65_536))
+    except (ConnectionError, OSError):
+        return 0
+
+
+async def test_unfinished_bodies_past_the_budget_are_refused_and_others_still_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six connections each hold 900 KB of a 1 MiB body under a 3 MB budget.
+
+    At most three fit: the reads past the budget are refused 503 and their connections closed.
+    Once three are refused, each connection's body is finished (forged, so 401): the ones still
+    open are answered, none waits for the body timeout.
+    The budget is let go with the bodies, so a signed large body sent in two parts afterwards
+    and a small one are accepted.
+    """
+    monkeypatch.setattr(http, "MAX_UNFINISHED_BODY_BYTES", BUDGET_BYTES, raising=False)
+    length = 1_000_000
+    async with running_ingress(tmp_path, GITHUB, body_timeout_s=60) as ingress:
+        conns = [
+            await asyncio.open_connection("127.0.0.1", ingress.port) for _ in range(CONNECTIONS)
+        ]
+        for _, writer in conns:
+            writer.write(_head(ingress.port, length) + b"x" * HELD_BYTES)
+        for _, writer in conns:
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.drain()
+        counters = ingress.built.app.counters
+        # At most three hold their 900 KB: the others are refused as the server reads them.
+        await eventually(lambda: counters["github", "body_budget"] >= CONNECTIONS - FIT)
+        for _, writer in conns:  # the rest of each body: a whole (forged) request
+            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                writer.write(b"x" * (length - HELD_BYTES))
+                await writer.drain()
+        statuses = [await _answer(reader) for reader, _ in conns]
+        for _, writer in conns:
+            writer.close()
+        refused = counters["github", "body_budget"]
+
+        body = json.dumps({"repository": {"owner": {"login": "octo"}}, "pad": "p" * 600_000})
+        signed = body.encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", ingress.port)
+        writer.write(_head(ingress.port, len(signed), hub_signature(SECRET, signed)))
+        writer.write(signed[:300_000])
+        await writer.drain()
+        writer.write(signed[300_000:])
+        large = await _answer(reader)
+        writer.close()
+        small = json.dumps({"repository": {"owner": {"login": "small"}}}).encode()
+        async with httpx.AsyncClient(base_url=ingress.url) as client:
+            answer = await client.post(
+                "/hooks/github",
+                content=small,
+                headers={"x-hub-signature-256": hub_signature(SECRET, small)},
+            )
+    assert refused >= CONNECTIONS - FIT, statuses
+    assert statuses.count(401) <= FIT, statuses
+    assert set(statuses) <= {401, 503, 0}, statuses
+    assert (large, answer.status_code) == (200, 200)
