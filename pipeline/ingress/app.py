@@ -230,9 +230,15 @@ class IngressApp:
         try:
             with tracing.stage("log commit"):
                 inserted = await self._log.insert(row)
-        except LogStoreError:
+        except LogStoreError as exc:
             self.counters[source.name, "store_error"] += 1
-            log.exception("log store insert failed", extra={"source": source.name})
+            # A known failure: what and why on one line (repeats back off), no traceback.
+            log.error(  # noqa: TRY400
+                "log store insert failed on source %s: %s",
+                source.name,
+                exc,
+                extra={"source": source.name},
+            )
             return 503, _encode({"error": "log store unavailable"}), [_RETRY_5]
         if not inserted:
             self.counters[source.name, "duplicate"] += 1

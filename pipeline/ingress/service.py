@@ -343,10 +343,12 @@ class Ingress:
                 "log for a sweeper (the next ingress's, or `pipeline sweep`)",
                 unproduced,
             )
-        if self.capacity is not None:
-            await self.capacity.close()
-        await self.store.close()
-        await self.transport.close()
+        try:
+            if self.capacity is not None:
+                await self.capacity.close()
+            await self.store.close()
+        finally:  # the transport's clients are released whatever the store's close says
+            await self.transport.close()
 
     async def _close_observer(self) -> None:
         """Turn unready, stop refreshing ``/metrics`` and release the Redis client it read."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -270,3 +271,20 @@ async def test_a_failing_log_store_answers_503(tmp_path: Path) -> None:
         response = await http.post("/hooks/whatsapp", content=body, headers=signed(body))
     assert response.status_code == 503
     assert "retry-after" in response.headers
+
+
+async def test_a_failing_log_store_is_one_line_naming_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store outage logs what failed and why on one line, not a traceback per webhook."""
+    store = SqliteLogStore(tmp_path / "closed.db")  # never opened: every insert fails
+    _, http = client(build(tmp_path, {"whatsapp": META}, TOPICS), store)
+    body = meta_body(1)
+    caplog.set_level(logging.ERROR, logger="pipeline.ingress.app")
+    async with http:
+        response = await http.post("/hooks/whatsapp", content=body, headers=signed(body))
+    assert response.status_code == 503
+    (record,) = [r for r in caplog.records if "log store insert failed" in r.getMessage()]
+    assert record.exc_info is None
+    assert record.getMessage().startswith("log store insert failed on source whatsapp: ")
+    assert len(record.getMessage()) > len("log store insert failed on source whatsapp: ")
