@@ -41,7 +41,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from redis import exceptions as rexc
@@ -56,6 +56,7 @@ from pipeline.admission.status import MAX_PRIORITY, ThrottleStatus, read_active_
 from pipeline.admission.wake import WakeListener, dedicated_client
 from pipeline.config import Settings
 from pipeline.errors import ThrottleClosed
+from pipeline.redis_channel import channel_of
 from pipeline.redis_functions import FAILED
 
 __all__ = [
@@ -148,6 +149,8 @@ class Throttle:
         Redis runs at least ``lease_ms`` from then."""
         self._suspect: set[str] = set()
         """Waiting permits found lapsed and queued again: a wake for one may predate that."""
+        self._pool_calls = _pool_share(client)
+        """Bounds this throttle's calls that go through redis-py's pool (no function channel)."""
         self._renewer: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -356,9 +359,29 @@ class Throttle:
         self._woken(acquired.woken)
         return acquired.state
 
-    async def _call(self, call: Awaitable[T]) -> T:
+    async def _call(self, call: Coroutine[Any, Any, T]) -> T:
+        """Make one Redis call, queued in this process while the client's pool is taken.
+
+        A client without a function channel (TLS, a Unix socket) sends each call on a
+        connection of redis-py's pool, which refuses one past its ``max_connections`` with a
+        ``ConnectionError`` ("Too many connections") rather than wait. Taken as Redis being
+        down, that failed open every acquisition of a burst beyond the pool: 300 tenants polled
+        at once ran 200 at a time on a key limited to 4. So at most half the pool's connections
+        carry throttle calls at once (the rest stay for the member's other Redis users); the
+        others wait their turn here.
+        """
         self.roundtrips += 1
-        return await call
+        if self._pool_calls is None or channel_of(self.client) is not None:
+            return await call
+        try:
+            await self._pool_calls.acquire()
+        except BaseException:
+            call.close()  # never started
+            raise
+        try:
+            return await call
+        finally:
+            self._pool_calls.release()
 
     def _fail_open(self, permit: Permit, exc: BaseException) -> Permit:
         self.fail_open += 1
@@ -518,6 +541,18 @@ class Throttle:
             self._forget(holder)
             if permit is not None and not future.done():
                 future.set_result(self._fail_open(permit, exc))
+
+
+def _pool_share(client: Redis) -> asyncio.Semaphore | None:
+    """Half the connections of ``client``'s pool, for the throttle's calls; None if unbounded.
+
+    A Redis Cluster client keeps a pool per node without such a small bound: it needs none.
+    """
+    pool = getattr(client, "connection_pool", None)
+    most = getattr(pool, "max_connections", None)
+    if not isinstance(most, int) or most >= 2**31 - 1:
+        return None
+    return asyncio.Semaphore(max(1, most // 2))
 
 
 def _text(value: Any) -> str:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from runtime.helpers import eventually
 
 from pipeline.admission import keys as k
 from pipeline.admission.throttle import Throttle
@@ -86,3 +87,36 @@ async def test_a_hostile_tenant_id_is_throttled_alone_and_leaves_nothing(throttl
     await t.set_limit(key, None)
     left = {key.split(b"}:", 1)[1] for key in await _namespace_keys(t)}
     assert left <= {b"meta"}, sorted(left)[:5]
+
+
+async def test_a_burst_of_tenants_beyond_the_clients_connections_is_still_throttled(
+    redis_service: str, unique: str
+) -> None:
+    """More acquisitions at once than the client has connections wait for one, not fail open.
+
+    A member whose Redis client has no function channel (TLS, a Unix socket) sends its calls
+    through redis-py's pool, which refuses a call past its ``max_connections`` (100 by default)
+    with a ``ConnectionError``, "Too many connections". The throttle took that as Redis being
+    down and admitted the job unconditionally: 300 one-message tenants polled at once ran 200
+    at a time on a pool key limited to 4.
+    """
+    client = Redis.from_url(redis_service, max_connections=10)
+    t = Throttle(client, namespace=f"b{unique}", default_limit=2)
+    await t.start()
+    try:
+        await t.set_limit("pool", 4)
+        jobs = [asyncio.create_task(t.acquire([f"org:tenant-{i}", "pool"])) for i in range(60)]
+        await eventually(lambda: t.acquired + t.waited + t.fail_open == len(jobs), 30)
+        assert t.fail_open == 0
+        assert t.acquired == 4
+        assert len((await t.status("pool")).holders) == 4
+        while jobs:  # every one is granted in its turn, through the same small pool
+            done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
+            for job in done:
+                jobs.remove(job)
+                await t.release(job.result())
+        assert t.fail_open == 0
+        assert t.acquired == 60
+    finally:
+        await t.close()
+        await client.aclose()
