@@ -3,8 +3,9 @@
 Prints the lane's arrival rate (last five minutes) and forecast peak, its service time and
 where it came from, the slots of ``--members`` members (default: the desired count), their
 utilisation and the M/M/c expected wait at that utilisation, and the members needed for the
-target utilisation and for the target wait (``PIPELINE_CAPACITY__*``). Redis unreachable or an
-unknown lane: one line on stderr, exit 1 or 2.
+target utilisation and for the target wait (``PIPELINE_CAPACITY__*``). Redis unreachable, a
+capacity key of another type (Redis answering ``WRONGTYPE``) or an unknown lane: one line on
+stderr, exit 1, 1 or 2.
 
 Redis, the settings and the declarations are imported when the command runs, not when
 ``pipeline`` registers it.
@@ -122,6 +123,15 @@ def capacity_command(
                 now_s=time.time(),
                 members=members,
             )
+        except rexc.ResponseError as exc:  # Redis answered: reachable, but the keys are not ours
+            keys = f"{{{settings.redis.key_prefix}:cap:{lane}}}*"
+            err.print(
+                f"[red]error:[/red] Redis refused reading lane {escape(repr(lane))}'s capacity "
+                f"keys {escape(keys)}: {escape(str(exc))}; a key there was written by something "
+                "else: remove it, or give this fleet another PIPELINE_REDIS__KEY_PREFIX",
+                highlight=False,
+            )
+            raise typer.Exit(1) from None
         except (rexc.RedisError, OSError) as exc:
             line = unreachable(settings, "redis", str(exc))
             err.print(f"[red]error:[/red] {escape(str(line))}", highlight=False)

@@ -18,6 +18,7 @@ hash (finished count and handler seconds per minute), as the dynamic limits do p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -57,8 +58,14 @@ class ServiceSample:
 
     @property
     def mean_s(self) -> float | None:
-        """Mean service time in seconds (None: nothing finished in the window)."""
-        return self.total_s / self.count if self.count else None
+        """Mean service time in seconds (None: nothing finished in the window).
+
+        None too for a mean that is no positive number (a hash written by something else):
+        sized by it, a lane would need no slot at all.
+        """
+        if self.count <= 0 or not 0 < self.total_s < math.inf:
+            return None
+        return self.total_s / self.count
 
 
 class ArrivalHistory:
@@ -196,16 +203,28 @@ class ArrivalHistory:
             await pipe.execute()
 
     async def service(self, lane: str, now_minute: int) -> ServiceSample:
-        """Finished messages and handler seconds of the lane in the last window; one read."""
+        """Finished messages and handler seconds of the lane in the last window; one read.
+
+        Only minutes holding both a count and seconds, each a number, are summed: the two are
+        written together, so a minute with one alone (a write cut between them, or a field
+        written by something else) would skew the mean.
+        """
         fields = await self._client.hgetall(k.service(self._prefix, lane))
-        count, total_s = 0, 0.0
+        counts: dict[str, int] = {}
+        seconds: dict[str, float] = {}
         for raw_field, raw_value in fields.items():
             name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
             kind, _, minute = name.partition(":")
             if not minute.isdigit() or int(minute) <= now_minute - SERVICE_WINDOW_MIN:
                 continue
-            if kind == "c":
-                count += int(raw_value)
-            elif kind == "s":
-                total_s += float(raw_value)
+            try:
+                if kind == "c":
+                    counts[minute] = int(raw_value)
+                elif kind == "s":
+                    seconds[minute] = float(raw_value)
+            except ValueError:
+                continue
+        both = counts.keys() & seconds.keys()
+        count = sum(counts[minute] for minute in both)
+        total_s = math.fsum(seconds[minute] for minute in both)
         return ServiceSample(count, total_s)

@@ -7,7 +7,8 @@ how busy the slots are: for random arrivals and random service times with ``c`` 
 queue (M/M/c) the probability of waiting at all is Erlang's C formula, and the mean wait is
 ``C / (c·μ - λ)``; with ``c = 1`` this is seed 003's ``rho / (1 - rho)`` task lengths.
 
-All functions are pure; rates are per second, times in seconds.
+All functions are pure; rates are per second, times in seconds. A rate, service time or load
+that is NaN or infinite is no load: ValueError (the slot searches would never end).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ __all__ = [
 
 def busy_slots(rate_per_s: float, service_s: float) -> float:
     """Little's law: slots busy on average (``λ · s``), in slots."""
-    return max(rate_per_s, 0.0) * max(service_s, 0.0)
+    return max(_finite(rate_per_s, "rate_per_s"), 0.0) * max(_finite(service_s, "service_s"), 0.0)
+
+
+def _finite(value: float, name: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, not {value!r}")
+    return value
 
 
 def erlang_c(servers: int, offered: float) -> float:
@@ -37,7 +44,7 @@ def erlang_c(servers: int, offered: float) -> float:
     Once the blocking probability falls below the smallest float it stays 0 for every further
     server, so a huge ``servers`` costs about as much as the load, not as the servers.
     """
-    if servers <= 0 or offered >= servers:
+    if servers <= 0 or _finite(offered, "offered") >= servers:
         return 1.0
     if offered <= 0:
         return 0.0

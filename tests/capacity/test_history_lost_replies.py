@@ -72,11 +72,12 @@ class ReplyDropper:
 
 @pytest.fixture
 async def relayed(redis: Redis, unique: str) -> AsyncIterator[tuple[Redis, ReplyDropper, str]]:
-    """A client through a :class:`ReplyDropper` (short socket timeout) and a key prefix."""
+    """A client through a :class:`ReplyDropper` (a 2 s socket timeout) and a key prefix."""
     kwargs = redis.connection_pool.connection_kwargs
     relay = ReplyDropper(kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379))
     url = await relay.start()
-    client = Redis.from_url(url, db=kwargs.get("db", 0), socket_timeout=0.5)
+    # 2 s: long enough for a loaded machine's replies, short for the one that never comes
+    client = Redis.from_url(url, db=kwargs.get("db", 0), socket_timeout=2.0)
     prefix = f"t{unique}"
     yield client, relay, prefix
     await client.aclose()
