@@ -3,8 +3,8 @@
 Every ``interval_s`` each member (``pipeline consume`` with ``throttle.dynamic.enabled``):
 
 1. adds the submissions and finished-job durations it counted per org since its last tick to
-   the org's per-minute stats (:class:`~pipeline.admission.limits.LimitTracker`, one round trip
-   per org it saw) and marks those orgs as seen;
+   the org's per-minute stats (:class:`~pipeline.admission.limits.LimitTracker`, pipelined: one
+   round trip per thousand orgs it saw) and marks those orgs as seen;
 2. reports its own load, handlers running and its slot limit, in the fleet hash;
 3. tries to claim the tick (``SET NX`` on the tick's key): the one member that wins reads the
    fleet hash (members silent for three intervals are dropped from it), so the fleet size is
@@ -136,8 +136,7 @@ class FleetLimits:
         # the throttle's limits hash is removed, so tenants that left leave nothing behind.
         gone: list[bytes] = await self._client.zrangebyscore(seen, "-inf", now_ms - window_ms)  # type: ignore[assignment]
         await self._client.zremrangebyscore(seen, "-inf", now_ms - window_ms)
-        for org in gone:
-            await self._throttle.set_limit(f"org:{org.decode()}", None)
+        await self._throttle.set_limits({f"org:{org.decode()}": None for org in gone})
         members: list[bytes] = await self._client.zrange(seen, 0, -1)  # type: ignore[assignment]
         orgs = sorted(o.decode() for o in members)
         policy = await load_org_overrides(self._client, self._prefix, self._policy)
@@ -160,10 +159,11 @@ class FleetLimits:
     async def _report(self, now_s: float, now_ms: int) -> None:
         submitted, self._submitted = self._submitted, Counter()
         finished, self._finished = self._finished, {}
-        for org in sorted(set(submitted) | set(finished)):
-            await self._tracker.record(
-                org, submitted=submitted[org], durations_s=finished.get(org, ()), now_s=now_s
-            )
+        counts = {
+            org: (submitted[org], finished.get(org, []))
+            for org in sorted(set(submitted) | set(finished))
+        }
+        await self._tracker.record_many(counts, now_s=now_s)
         running, slots = self._load()
         report = json.dumps({"running": running, "slots": slots, "at_ms": now_ms})
         async with self._client.pipeline(transaction=False) as pipe:

@@ -108,6 +108,14 @@ class ThrottleFunctions(FunctionLibrary):
         count, woken = await self.fcall("thr_set_limit", self.declared, args)
         return Counted(int(count), tuple(woken))
 
+    async def set_limits(self, limits: Sequence[tuple[str, int | None]]) -> Counted:
+        """``thr_set_limits``: :meth:`set_limit` for each (key, limit) pair, in one call."""
+        args: list[str | int] = [self.default_limit, self.member]
+        for key, limit in limits:
+            args += [key, "" if limit is None else limit]
+        count, woken = await self.fcall("thr_set_limits", self.declared, args)
+        return Counted(int(count), tuple(woken))
+
     async def set_reserve(self, key: str, slots: int | None, min_priority: int) -> Counted:
         """``thr_set_reserve``: keep ``slots`` of ``key`` (None: none) for ``min_priority`` up.
 

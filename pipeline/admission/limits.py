@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 WINDOW_MIN = 5
 """Minutes of history behind R and D."""
+ORGS_A_ROUND_TRIP = 1000
+"""Orgs whose stats one pipeline writes or reads."""
 _CLEANUP_SPAN_MIN = 10  # stale minutes deleted on each write; with the key TTL this bounds the hash
 
 
@@ -202,25 +204,57 @@ class LimitTracker:
         now_s: float | None = None,
     ) -> None:
         """Count ``submitted`` new jobs and add finished jobs' durations, in one round trip."""
+        await self.record_many({org: (submitted, list(durations_s))}, now_s=now_s)
+
+    async def record_many(
+        self, counts: Mapping[str, tuple[int, Sequence[float]]], *, now_s: float | None = None
+    ) -> None:
+        """:meth:`record` for each org of ``counts`` (submitted, durations), pipelined.
+
+        A thousand orgs go in one round trip: a tick's report costs a few round trips however
+        many tenants of one message each it counted, not one per tenant.
+        """
         minute = int((time.time() if now_s is None else now_s) // 60)
-        key = k.limit_stats(self._prefix, org)
-        done = list(durations_s)
-        async with self._client.pipeline(transaction=True) as pipe:
-            if submitted:
-                pipe.hincrby(key, f"n:{minute}", submitted)
-            if done:
-                pipe.hincrby(key, f"c:{minute}", len(done))
-                pipe.hincrbyfloat(key, f"d:{minute}", sum(done))
-            stale = range(minute - self._window_min - _CLEANUP_SPAN_MIN, minute - self._window_min)
-            pipe.hdel(key, *(f"{kind}:{m}" for m in stale for kind in "ncd"))
-            pipe.pexpire(key, (self._window_min + 1) * 60_000)
-            await pipe.execute()
+        stale = range(minute - self._window_min - _CLEANUP_SPAN_MIN, minute - self._window_min)
+        gone = [f"{kind}:{m}" for m in stale for kind in "ncd"]
+        items = list(counts.items())
+        for start in range(0, len(items), ORGS_A_ROUND_TRIP):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for org, (submitted, done) in items[start : start + ORGS_A_ROUND_TRIP]:
+                    key = k.limit_stats(self._prefix, org)
+                    if submitted:
+                        pipe.hincrby(key, f"n:{minute}", submitted)
+                    if done:
+                        pipe.hincrby(key, f"c:{minute}", len(done))
+                        pipe.hincrbyfloat(key, f"d:{minute}", sum(done))
+                    pipe.hdel(key, *gone)
+                    pipe.pexpire(key, (self._window_min + 1) * 60_000)
+                await pipe.execute()
 
     async def rates(self, org: str, *, now_s: float | None = None) -> tuple[float, float]:
         """(submissions per minute, mean duration in s) over the window up to now; one read."""
+        return (await self.rates_many([org], now_s=now_s))[org]
+
+    async def rates_many(
+        self, orgs: Iterable[str], *, now_s: float | None = None
+    ) -> dict[str, tuple[float, float]]:
+        """:meth:`rates` of each org, a thousand orgs a round trip."""
         now_s = time.time() if now_s is None else now_s
+        wanted = list(dict.fromkeys(orgs))
+        out: dict[str, tuple[float, float]] = {}
+        for start in range(0, len(wanted), ORGS_A_ROUND_TRIP):
+            chunk = wanted[start : start + ORGS_A_ROUND_TRIP]
+            async with self._client.pipeline(transaction=False) as pipe:
+                for org in chunk:
+                    pipe.hgetall(k.limit_stats(self._prefix, org))
+                replies = await pipe.execute()
+            for org, raw in zip(chunk, replies, strict=True):
+                out[org] = self._rates_of(raw, now_s)
+        return out
+
+    def _rates_of(self, raw: Mapping[Any, Any], now_s: float) -> tuple[float, float]:
+        """(submissions per minute, mean duration in s) from an org's stats hash."""
         minute = int(now_s // 60)
-        raw = await self._client.hgetall(k.limit_stats(self._prefix, org))
         window = range(minute - self._window_min, minute + 1)
         sums = {"n": 0.0, "c": 0.0, "d": 0.0}
         for field, value in raw.items():
@@ -251,8 +285,8 @@ class LimitTracker:
         set as that most, with a warning naming the org.
         """
         computed: dict[str, int] = {}
-        for org in orgs:
-            rate, duration = await self.rates(org, now_s=now_s)
+        rates = await self.rates_many(orgs, now_s=now_s)
+        for org, (rate, duration) in rates.items():
             settings = policy.for_org(org)
             limit = dynamic_limit(
                 settings,
@@ -275,6 +309,6 @@ class LimitTracker:
                     MAX_LIMIT,
                 )
                 limit = MAX_LIMIT
-            await throttle.set_limit(f"org:{org}", limit)
             computed[org] = limit
+        await throttle.set_limits({f"org:{org}": limit for org, limit in computed.items()})
         return computed

@@ -41,7 +41,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from redis import exceptions as rexc
@@ -75,6 +75,8 @@ T = TypeVar("T")
 MAX_LIMIT = 2**31 - 1
 """The largest limit or reserve ``set_limit``/``set_reserve`` take; Lua numbers are doubles, and a
 larger one would come back from Redis in exponent notation (``1e+23``), not as an integer."""
+_LIMITS_A_CALL = 500
+"""Keys one ``set_limits`` call sets: a Redis call of a few milliseconds at most."""
 _UNAVAILABLE = (
     rexc.ConnectionError,
     rexc.TimeoutError,
@@ -307,6 +309,16 @@ class Throttle:
         if limit is not None and not 0 <= limit <= MAX_LIMIT:
             raise ValueError(f"limit must be 0..{MAX_LIMIT} (got {limit})")
         self._woken((await self._call(self._functions.set_limit(k.key_text(key), limit))).woken)
+
+    async def set_limits(self, limits: Mapping[str, int | None]) -> None:
+        """:meth:`set_limit` for every key of ``limits``, a few hundred keys a call."""
+        for limit in limits.values():
+            if limit is not None and not 0 <= limit <= MAX_LIMIT:
+                raise ValueError(f"limit must be 0..{MAX_LIMIT} (got {limit})")
+        pairs = [(k.key_text(key), limit) for key, limit in limits.items()]
+        for start in range(0, len(pairs), _LIMITS_A_CALL):
+            chunk = pairs[start : start + _LIMITS_A_CALL]
+            self._woken((await self._call(self._functions.set_limits(chunk))).woken)
 
     async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
         """Keep the last ``slots`` of ``key``'s limit for permits of ``min_priority`` or more.

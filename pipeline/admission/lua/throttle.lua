@@ -372,20 +372,40 @@ end
 -- ARGV[3] default_limit
 -- ARGV[4] calling member id
 -- Returns {woken_count, woken}: waiters completed, and those of them that are the caller's.
-local function set_limit(keys, args)
-  local tag, key, default_limit = tag_of(keys[1]), args[1], tonumber(args[3])
-  begin_call(args[4])
-  if args[2] == '' then
+local function put_limit(tag, key, value)
+  if value == '' then
     redis.call('HDEL', tag .. ':limits', key)
   else
-    redis.call('HSET', tag .. ':limits', key, tonumber(args[2]))
+    redis.call('HSET', tag .. ':limits', key, tonumber(value))
   end
   -- An adaptive key starts its window again from what the operator set, and opens now.
   redis.call('DEL', tag .. ':aimd:' .. key)
   redis.call('ZREM', tag .. ':closed', key)
+end
+
+local function set_limit(keys, args)
+  local tag, key, default_limit = tag_of(keys[1]), args[1], tonumber(args[3])
+  begin_call(args[4])
+  put_limit(tag, key, args[2])
   local now = now_ms()
   expire_lapsed(tag, now, default_limit)
   local count = pump(tag, key, now, default_limit)
+  return {count, call.woken}
+end
+
+-- thr_set_limits: thr_set_limit for many keys in one call (the fleet's dynamic limits, one
+-- call per batch of orgs rather than one per org).
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] default_limit   ARGV[2] calling member id
+-- ARGV[3..] pairs of throttle key and limit (or "")
+-- Returns {woken_count, woken} as thr_set_limit.
+local function set_limits(keys, args)
+  local tag, default_limit = tag_of(keys[1]), tonumber(args[1])
+  begin_call(args[2])
+  for i = 3, #args, 2 do put_limit(tag, args[i], args[i + 1]) end
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local count = 0
+  for i = 3, #args, 2 do count = count + pump(tag, args[i], now, default_limit) end
   return {count, call.woken}
 end
 
@@ -413,4 +433,5 @@ redis.register_function('thr_acquire', acquire)
 redis.register_function('thr_release', release)
 redis.register_function('thr_renew', renew)
 redis.register_function('thr_set_limit', set_limit)
+redis.register_function('thr_set_limits', set_limits)
 redis.register_function('thr_set_reserve', set_reserve)
