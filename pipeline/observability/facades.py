@@ -21,6 +21,7 @@ __all__ = [
     "AdmissionMetrics",
     "CapacityMetrics",
     "DebounceMetrics",
+    "HeldReleaseMetrics",
     "IngressMetrics",
     "LagMetrics",
     "LogCommitMetrics",
@@ -187,6 +188,18 @@ class DebounceMetrics:
 
     def overdue(self, lane: str, overdue_s: float) -> None:
         """The earliest turn waiting in ``lane``'s buffers has been due ``overdue_s`` (0: none)."""
+        self._overdue.labels(lane).set(overdue_s)
+
+
+class HeldReleaseMetrics:
+    """How long each ordered lane's held followers have waited past their release's lease."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        """Write into ``metrics``."""
+        self._overdue = metrics.gauge(m.HELD_RELEASE_OVERDUE)
+
+    def overdue(self, lane: str, overdue_s: float) -> None:
+        """``lane``'s oldest release has been past its lease ``overdue_s`` (0: none)."""
         self._overdue.labels(lane).set(overdue_s)
 
 

@@ -324,6 +324,14 @@ DEBOUNCE_OVERDUE = Family(
     ("lane",),
     "seconds",
 )
+HELD_RELEASE_OVERDUE = Family(
+    "pipeline_held_release_overdue_seconds",
+    "gauge",
+    "How long the lease of the lane's oldest release of held followers (an ordered lane's key "
+    "parked behind a retry) has run out, by Redis's clock (0: none): followers no member runs.",
+    ("lane",),
+    "seconds",
+)
 # -- ingress ---------------------------------------------------------------------------------
 INGRESS_REQUESTS = Family(
     "pipeline_ingress_requests_total",

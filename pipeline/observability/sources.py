@@ -15,10 +15,11 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 from pipeline.admission.debounce.keys import due_key
-from pipeline.errors import DebounceUnavailable
+from pipeline.errors import DebounceUnavailable, PipelineError
 from pipeline.logstore import ReplayLog, RowState, Selection
 from pipeline.observability.facades import (
     DebounceMetrics,
+    HeldReleaseMetrics,
     IngressMetrics,
     LagMetrics,
     LogStoreMetrics,
@@ -26,6 +27,7 @@ from pipeline.observability.facades import (
 )
 from pipeline.observability.lanes import LaneReport, LaneWatch, probe_lane, retained_dead_letters
 from pipeline.redis_functions import FAILED
+from pipeline.retry.keys import guard_keys
 from pipeline.transport.protocol import Admin
 from pipeline.transport.retention import lost_to_retention
 
@@ -33,6 +35,7 @@ __all__ = [
     "CountingApp",
     "DebounceOverdueSource",
     "GroupLagSource",
+    "HeldReleaseOverdueSource",
     "IngressSource",
     "LogStoreSource",
     "SnapshotSource",
@@ -139,6 +142,51 @@ class DebounceOverdueSource:
         now_ms = seconds * 1000 + micros // 1000
         if self._clock is not None:
             now_ms = int(self._clock() * 1000)
+        for lane, earliest in zip(self._lanes, replies[1:], strict=True):
+            overdue_s = max(0.0, (now_ms - earliest[0][1]) / 1000) if earliest else 0.0
+            self._metrics.overdue(lane, overdue_s)
+
+
+class HeldReleaseOverdueSource:
+    """How long past its lease each ordered lane's oldest release of held followers is.
+
+    Followers held behind a parked key have their offsets committed: Redis holds their only
+    copy, and once the head's copy succeeded they wait only for their release, which its member
+    holds under a lease renewed every commit tick (``{P:guard:LANE}:rel``, key -> lease expiry,
+    Redis clock) and another member's reaper takes over once it ran out. A release whose lease
+    ran out long ago is one no member takes over (the lane's members died in a quiet hour, or
+    none reaps it), which no lag, age or retry-tier gauge shows. One pipelined round trip reads
+    Redis's ``TIME`` and each lane's lowest lease expiry.
+    """
+
+    name = "held_release_overdue"
+
+    def __init__(
+        self, redis: Redis, prefix: str, lanes: Sequence[str], metrics: HeldReleaseMetrics
+    ) -> None:
+        """Read ``lanes``' releases under ``prefix`` in ``redis`` (the caller closes it)."""
+        self._redis = redis
+        self._keys = [guard_keys(prefix, lane).releases for lane in lanes]
+        self._lanes = list(lanes)
+        self._metrics = metrics
+
+    async def refresh(self) -> None:
+        """Set ``pipeline_held_release_overdue_seconds`` for every lane (0: none past its lease).
+
+        Raises:
+            PipelineError: Redis cannot be reached or answered an error.
+        """
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.time()
+                for key in self._keys:
+                    pipe.zrange(key, 0, 0, withscores=True)
+                replies = await pipe.execute()
+        except FAILED as exc:
+            lanes = ", ".join(self._lanes)
+            raise PipelineError(f"held-follower releases of lanes {lanes}: {exc}") from exc
+        seconds, micros = replies[0]
+        now_ms = seconds * 1000 + micros // 1000
         for lane, earliest in zip(self._lanes, replies[1:], strict=True):
             overdue_s = max(0.0, (now_ms - earliest[0][1]) / 1000) if earliest else 0.0
             self._metrics.overdue(lane, overdue_s)

@@ -17,6 +17,7 @@ from pipeline.logstore import ReplayLog
 from pipeline.observability.facades import (
     AdmissionMetrics,
     DebounceMetrics,
+    HeldReleaseMetrics,
     IngressMetrics,
     LagMetrics,
     LogStoreMetrics,
@@ -30,6 +31,7 @@ from pipeline.observability.sources import (
     CountingApp,
     DebounceOverdueSource,
     GroupLagSource,
+    HeldReleaseOverdueSource,
     IngressSource,
     LogStoreSource,
     RetentionLossSource,
@@ -42,6 +44,7 @@ __all__ = [
     "MemberTelemetry",
     "SweepCounts",
     "debounce_sources",
+    "held_release_sources",
     "ingress_sources",
     "member_sources",
     "member_telemetry",
@@ -74,8 +77,9 @@ def ingress_sources(
 
     ``lane_groups`` names the group consuming each lane (the sweeper's ``lane_groups``); a lane
     without one is assumed to be consumed by a group of its own name. With ``redis`` (the
-    members' Redis, keys under ``redis_prefix``), the debounced lanes' overdue turns too: the
-    ingress outlives the members that would report them.
+    members' Redis, keys under ``redis_prefix``), the debounced lanes' overdue turns and the
+    ordered lanes' overdue releases of held followers too: the ingress outlives the members
+    that would report them.
     """
     watches = lane_watches(specs, {lane: [group] for lane, group in lane_groups.items()})
     sources: list[SnapshotSource] = [
@@ -85,6 +89,7 @@ def ingress_sources(
     ]
     if redis is not None:
         sources += debounce_sources(metrics, redis, redis_prefix, specs)
+        sources += held_release_sources(metrics, redis, redis_prefix, specs)
     return sources
 
 
@@ -102,6 +107,20 @@ def debounce_sources(
     return [DebounceOverdueSource(redis, redis_prefix, lanes, DebounceMetrics(metrics))]
 
 
+def held_release_sources(
+    metrics: Metrics, redis: Redis, redis_prefix: str, specs: Sequence[TopicSpec]
+) -> list[SnapshotSource]:
+    """How long past its lease each ordered lane's oldest release of held followers is; [] if none.
+
+    Only an ordered lane with retry tiers holds followers (behind a parked key). ``redis`` is
+    the members' Redis (kept and closed by the caller), its guard keys under ``redis_prefix``.
+    """
+    lanes = sorted({spec.lane for spec in specs if spec.ordered and spec.retry.tiers_ms})
+    if not lanes:
+        return []
+    return [HeldReleaseOverdueSource(redis, redis_prefix, lanes, HeldReleaseMetrics(metrics))]
+
+
 def member_sources(
     metrics: Metrics,
     admin: Admin,
@@ -113,7 +132,8 @@ def member_sources(
 ) -> list[SnapshotSource]:
     """One member's view of ``group``: its lanes' lag and age, its messages lost to retention.
 
-    With ``redis`` (keys under ``redis_prefix``), its debounced lanes' overdue turns too.
+    With ``redis`` (keys under ``redis_prefix``), its debounced lanes' overdue turns and its
+    ordered lanes' overdue releases of held followers too.
     """
     sources: list[SnapshotSource] = [
         GroupLagSource(admin, lane_watches(specs, only_groups=[group]), LagMetrics(metrics)),
@@ -121,6 +141,7 @@ def member_sources(
     ]
     if redis is not None:
         sources += debounce_sources(metrics, redis, redis_prefix, specs)
+        sources += held_release_sources(metrics, redis, redis_prefix, specs)
     return sources
 
 
