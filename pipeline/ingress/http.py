@@ -21,10 +21,11 @@ At the door, before the app sees a byte:
 * a request not whole within the app's ``body_timeout_s`` of the read that left it incomplete
   is **408** (a body counted ``body_timeout``; a head that never ends too), and a connection
   that sends nothing is closed after ``timeout_keep_alive``;
-* the bodies left unfinished by a read are counted across every connection of the server: a
-  read that takes them past :data:`MAX_UNFINISHED_BODY_BYTES` is **503** (Retry-After 1),
-  counted ``body_budget``, and its bytes let go, so connections that each hold most of a
-  large body cannot take memory without bound; a body whole within its read is never counted;
+* the heads and bodies left unfinished by a read are counted across every connection of the
+  server: a read that takes them past :data:`MAX_UNFINISHED_BODY_BYTES` is **503**
+  (Retry-After 1; a body's counted ``body_budget``), and its bytes let go, so connections
+  that each hold most of a large head or body cannot take memory without bound; a request
+  whole within its read is never counted;
 * a client gone mid-body is counted ``disconnected``; nothing is stored;
 * bytes that are not HTTP/1.1 are **400**.
 
@@ -61,11 +62,13 @@ PIPELINE_DEPTH = 8
 """Parsed requests that may wait on one connection before reading pauses."""
 
 MAX_UNFINISHED_BODY_BYTES = 256 * 1024 * 1024
-"""Bytes of bodies left unfinished by a read that one server holds, over all its connections.
+"""Bytes of request heads and bodies left unfinished by a read that one server holds, over all
+its connections.
 
-Nothing is known of a sender before its body is whole (no signature, no tenant), and a body may
-take ``body_timeout_s`` to come: without this bound, connections that each send most of a
-``max_body_bytes`` body and stall hold that much each, as many as are opened.
+Nothing is known of a sender before its request is whole (no signature, no tenant), and a
+request may take ``body_timeout_s`` to come: without this bound, connections that each send
+most of a ``max_body_bytes`` body (or of a ``max_head_bytes`` head) and stall hold that much
+each, as many as are opened.
 """
 
 _STATUS = {
@@ -156,7 +159,7 @@ class IngressProtocol(asyncio.Protocol):
         self._limit: int | None = None  # None: the body is dropped
         self._size = 0
         self._body: list[bytes] = []
-        self._held = 0  # bytes of the unfinished body counted in ``unfinished``
+        self._held = 0  # bytes of the unfinished head or body counted in ``unfinished``
         self._keep_alive = True
 
     # -- the connection --------------------------------------------------------------------
@@ -215,7 +218,7 @@ class IngressProtocol(asyncio.Protocol):
         if self._head_bytes is not None and self._head_over(len(data)):
             self._refuse_head()
             return
-        if self._in_body and self._size > self._held and self._hold(self._size):
+        if self._grew_past_bound():
             self._over_budget()
             return
         if self._body_timer is None and (self._in_body or self._head_bytes is not None):
@@ -231,8 +234,16 @@ class IngressProtocol(asyncio.Protocol):
             self._head_bytes += read_bytes
         return self._head_bytes > self.max_head_bytes
 
+    def _grew_past_bound(self) -> bool:
+        """Count what a read left of an unfinished head or body; whether it passed the bound."""
+        held = self._size if self._in_body else max(self._head_bytes or 0, 0)
+        if held == self._held:
+            return False
+        grew = held > self._held
+        return self._hold(held) and grew
+
     def _hold(self, size: int) -> bool:
-        """Count ``size`` bytes of unfinished body for this connection; whether past the bound."""
+        """Count ``size`` unfinished bytes for this connection; whether all are past the bound."""
         unfinished = self.unfinished
         unfinished.held += size - self._held
         self._held = size
@@ -374,7 +385,7 @@ class IngressProtocol(asyncio.Protocol):
     def _over_budget(self) -> None:
         if self._source is not None:
             self.app.counters[self._source.name, "body_budget"] += 1
-        log.info("unfinished bodies over %d bytes: request refused (503)", self.unfinished.limit)
+        log.info("unfinished requests over %d bytes: one refused (503)", self.unfinished.limit)
         self._refuse(_refusal(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded"))
 
     def _refuse_head(self) -> None:
