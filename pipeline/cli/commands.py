@@ -533,7 +533,12 @@ def _require_group(group: str) -> None:
 
 
 def _require_lanes(loaded: App, target: str, lanes: list[str]) -> None:
-    """Every ``--lane`` is one ``loaded`` has a handler for."""
+    """``loaded`` has a handler, and one for every ``--lane``."""
+    if not loaded.lanes:  # a member of no lane would idle for ever, joined to nothing
+        raise ConfigError(
+            f"{target} has no handler: nothing to consume (register one with"
+            ' @app.handler("<lane>") in its module)'
+        )
     missing = [name for name in lanes if name not in loaded.lanes]
     if missing:
         known = ", ".join(sorted(loaded.lanes)) or "none"

@@ -226,6 +226,11 @@ class App:
     def topics(self, lanes: Sequence[str] | None = None) -> list[str]:
         """Every topic to subscribe to for ``lanes`` (default: all registered lanes)."""
         chosen = lanes or sorted(self.lanes)
+        if not chosen:  # a member of no lane would idle for ever, joined to nothing
+            raise ConfigError(
+                "the App has no handler: nothing to consume (register one with"
+                ' @app.handler("<lane>") in the module `pipeline consume` names)'
+            )
         missing = [lane for lane in chosen if lane not in self.lanes]
         if missing:
             raise ConfigError(f"no handler registered for lane(s) {', '.join(missing)}")

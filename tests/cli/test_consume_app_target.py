@@ -53,3 +53,16 @@ def test_a_file_path_is_answered_with_the_dotted_module(target: str) -> None:
     assert "dotted module" in line
     assert "`consumers.messages:app`" in line
     assert "No module named" not in line
+
+
+def test_an_app_without_handlers_is_refused_instead_of_idling(tmp_path: Path) -> None:
+    """An App with no handler would join no lane and idle for ever: one line says why it stops."""
+    (tmp_path / "nohandlers.py").write_text("from pipeline.runtime import App\n\napp = App()\n")
+    result = run_pipeline(
+        "consume", "nohandlers:app", "-g", "g", "-t", "redis",
+        env={**os.environ, **DOWN}, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: nohandlers:app has no handler: nothing to consume"), line
+    assert '@app.handler("<lane>")' in line
