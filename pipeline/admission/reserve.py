@@ -253,9 +253,13 @@ class ReserveSizer:
     async def resize(
         self, arrival_per_s: float, service_s: float, pool_service_s: float
     ) -> ReservePlan:
-        """Recompute from the rates; the throttle is told only when the headroom changes."""
+        """Recompute from the rates and set the headroom on the throttle (one call).
+
+        It is set at every resize, changed or not: told only of changes, a Redis that lost its
+        state (a restart without persistence, a flush) kept no reserve for as long as the
+        rates held steady, and the small tenants' slots went to the flooder.
+        """
         sized = plan(self._slots, arrival_per_s, service_s, pool_service_s, self._target)
-        if self.current is None or sized.headroom != self.current.headroom:
-            await self._throttle.set_reserve(self._key, sized.headroom, self._min_priority)
+        await self._throttle.set_reserve(self._key, sized.headroom, self._min_priority)
         self.current = sized
         return sized
