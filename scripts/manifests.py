@@ -104,7 +104,7 @@ def lane_manifests(
         "args": ["consume", f"consumers.{lane}:app", "--group", lane, "--lane", lane],
         "envFrom": [
             {"configMapRef": {"name": "pipeline-config"}},
-            {"secretRef": {"name": "pipeline-secrets", "optional": True}},
+            {"secretRef": {"name": "pipeline-secrets"}},
         ],
         "env": [
             {"name": "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S", "value": str(grace_s)},

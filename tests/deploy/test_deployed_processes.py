@@ -269,6 +269,7 @@ def test_consumers_mark_in_the_ingress_log_what_they_finished(
         assert member.ingress.postgres_schema == sweeping.postgres_schema, name
         secrets = [s["secretRef"] for s in container["envFrom"] if "secretRef" in s]
         assert [s["name"] for s in secrets] == ["pipeline-secrets"], name  # PIPELINE_POSTGRES__URL
+        assert not any(s.get("optional") for s in secrets), name  # a missing one: no start
 
 
 # The rendered processes, run here.
