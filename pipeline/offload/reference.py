@@ -9,12 +9,19 @@ reference from a payload without parsing the body::
     pl-offload-content-type  application/json      the payload's content type ("" if unknown)
 
     {"offload": 1, "store": "s3://pipeline/payloads", "key": "sha256/9f/9f86d08...",
-     "size": 20971520, "sha256": "9f86d08...", "content_type": "application/json"}
+     "size": 20971520, "sha256": "9f86d08...", "content_type": "application/json",
+     "written_ms": 1765000000000}
 
 The key is derived from the digest (content-addressed), so the same payload written twice is
 one object. A member reads ``pl-offload``: a format it does not know is refused
 (:class:`~pipeline.offload.errors.ReferenceRefused`), never handed to a handler. The whole
 reference stays well under 1 KiB.
+
+``written_ms`` (optional: references written before it have none) is when the writer knew the
+object last written, in ms since the epoch: no later than the store's own last write time. A
+member whose store does not answer can still send a copy of a reference written less than a
+day ago to a retry tier or the dead-letter topic without asking the store
+(:meth:`~pipeline.offload.writer.Offloader.keep`).
 """
 
 from __future__ import annotations
@@ -47,20 +54,23 @@ class Reference:
     size: int
     sha256: str
     content_type: str = ""
+    written_ms: int | None = None
+    """When its object was known last written (ms since the epoch, at or before the store's
+    own time of that write), or None when not known."""
 
     def encode(self) -> tuple[bytes, dict[str, bytes]]:
         """The reference's body and headers."""
-        body = json.dumps(
-            {
-                "offload": FORMAT,
-                "store": self.store,
-                "key": self.key,
-                "size": self.size,
-                "sha256": self.sha256,
-                "content_type": self.content_type,
-            },
-            separators=(",", ":"),
-        ).encode()
+        doc: dict[str, object] = {
+            "offload": FORMAT,
+            "store": self.store,
+            "key": self.key,
+            "size": self.size,
+            "sha256": self.sha256,
+            "content_type": self.content_type,
+        }
+        if self.written_ms is not None:
+            doc["written_ms"] = self.written_ms
+        body = json.dumps(doc, separators=(",", ":")).encode()
         headers = {
             OFFLOAD: str(FORMAT).encode(),
             SIZE: str(self.size).encode(),
@@ -114,9 +124,17 @@ def decode(value: bytes, headers: Mapping[str, bytes]) -> Reference:
             size=int(doc["size"]),
             sha256=str(doc["sha256"]),
             content_type=str(doc.get("content_type", "")),
+            written_ms=_written_ms(doc.get("written_ms")),
         )
     except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: a size Infinity
         raise ReferenceRefused("a pl-offload message whose body is not a reference") from None
     if not _KEY.fullmatch(ref.key) or ref.key != key_for(ref.sha256):
         raise ReferenceRefused(f"payload reference key {ref.key[:100]!r} is not content-addressed")
     return ref
+
+
+def _written_ms(value: object) -> int | None:
+    """A reference's ``written_ms``: a count of ms since the epoch, else None (not known)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63:
+        return value
+    return None

@@ -18,6 +18,7 @@ oldest copy still held.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -96,6 +97,7 @@ class Offloader:
     """How the writer waits :data:`RECHECK_AFTER_S` before it looks again (tests replace it)."""
     _stores: dict[str, PayloadStore] = field(default_factory=dict)
     _fresh_until: dict[str, float] = field(default_factory=dict)
+    _written_s: dict[str, float] = field(default_factory=dict)
     _rechecks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def policy(self, topic: str) -> OffloadPolicy | None:
@@ -140,10 +142,13 @@ class Offloader:
             self.counters.reused += 1
             if self.observer is not None:
                 self.observer.reused(store.url)
-            self._remember(reference, existing.last_modified.timestamp())
+            # This process's own write, when it made it: a duplicate gets the same reference.
+            written_s = self._written_s.get(_memo(reference), existing.last_modified.timestamp())
+            self._remember(reference, existing.last_modified.timestamp(), written_s)
         else:
-            await self._write(store, reference, body, existing)
-        return reference.encode()
+            written_s = time.time()  # before the write: never later than the store's own time
+            await self._write(store, reference, body, existing, written_s)
+        return dataclasses.replace(reference, written_ms=int(written_s * 1000)).encode()
 
     async def keep(self, topic: str, value: bytes, headers: Mapping[str, bytes]) -> None:
         """Before a reference to ``topic`` is produced again: make its object young enough.
@@ -156,17 +161,36 @@ class Offloader:
         without a policy, a reference to another store than the topic's, or one this version
         cannot read (the member refuses those), nor for an object already gone or no longer
         matching its reference (the member dead-letters those as ``payload_missing`` or
-        ``payload_corrupt``; a warning says so here).
+        ``payload_corrupt``; a warning says so here). When the store fails, a reference whose
+        ``written_ms`` is less than ``refresh_after_s`` ago goes out without the look (a
+        warning says so): the copy is then as safe from the purge as the message it copies, and
+        a member whose store is down still sends its failed message to a retry tier instead of
+        leaving it undelivered until it restarts.
 
         Raises:
-            OffloadError: the store failed (the reference must not be produced then).
+            OffloadError: the store failed and the reference does not say its object was
+                written less than ``refresh_after_s`` ago (it must not be produced then).
         """
         reference = self._own_reference(topic, value, headers)
         now = time.time()
         if reference is None or self._fresh_until.get(_memo(reference), 0.0) > now:
             return
         store = self.store(reference.store)
-        existing = await store.head(reference.key)
+        try:
+            existing = await store.head(reference.key)
+        except OffloadError as exc:
+            if not self._written_lately(reference, now):
+                raise
+            # Written less than a day ago by the reference's own word: the copy is as safe from
+            # the purge as its writer's message was, so a store outage does not hold it back.
+            log.warning(
+                "%s; the reference produced to %s goes out unchecked: its object was written"
+                " less than %g s ago",
+                exc,
+                topic,
+                self.refresh_after_s,
+            )
+            return
         if existing is not None and now - existing.last_modified.timestamp() < self.refresh_after_s:
             self._remember(reference, existing.last_modified.timestamp())
             return
@@ -177,6 +201,12 @@ class Offloader:
             return
         await self._write(store, reference, body, existing)
         self.counters.refreshed += 1
+
+    def _written_lately(self, reference: ref.Reference, now_s: float) -> bool:
+        """Whether ``reference`` says its object was written less than ``refresh_after_s`` ago."""
+        if reference.written_ms is None:
+            return False
+        return 0.0 <= now_s - reference.written_ms / 1000 < self.refresh_after_s
 
     def _own_reference(
         self, topic: str, value: bytes, headers: Mapping[str, bytes]
@@ -197,6 +227,7 @@ class Offloader:
         reference: ref.Reference,
         body: bytes,
         found: StoredObject | None,
+        began_s: float | None = None,
     ) -> None:
         """Write ``body``; over an object ``found`` old enough to be purged, make sure it stays.
 
@@ -209,7 +240,7 @@ class Offloader:
         self.counters.bytes_written += len(body)
         if self.observer is not None:
             self.observer.written(store.url, len(body))
-        self._remember(reference, time.time())
+        self._remember(reference, time.time(), began_s)
         if found is not None and time.time() - found.last_modified.timestamp() >= (
             self.purgeable_after_s
         ):
@@ -241,10 +272,19 @@ class Offloader:
         while self._rechecks:
             await asyncio.gather(*self._rechecks, return_exceptions=True)
 
-    def _remember(self, reference: ref.Reference, written_s: float) -> None:
+    def _remember(
+        self, reference: ref.Reference, written_s: float, began_s: float | None = None
+    ) -> None:
+        """Remember the object as last written at ``written_s``.
+
+        ``began_s``: when this process began writing it (its references' ``written_ms``).
+        """
         if len(self._fresh_until) >= KNOWN_FRESH_KEYS:
             self._fresh_until.clear()
+            self._written_s.clear()
         self._fresh_until[_memo(reference)] = written_s + self.refresh_after_s
+        if began_s is not None:
+            self._written_s[_memo(reference)] = began_s
 
 
 def _memo(reference: ref.Reference) -> str:
