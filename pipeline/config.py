@@ -397,6 +397,9 @@ class IngressSettings(_Section):
         body_timeout_s: a request body not fully received this long after its head is
             answered 408 (no admission slot is held while a body arrives).
         max_head_bytes: a request line plus headers larger than this is answered 431.
+        max_unfinished_bytes: heads and bodies left unfinished by a read, over all connections
+            of a process, past this: the read that passes it is answered 503 and closed (at
+            least 128 KiB, two heads of the default cap).
         stop_within_s: how long after SIGTERM the ingress ends by itself, whatever its broker
             does: uvicorn's graceful shutdown, the sweeper's batch in hand and the queued
             events get a third each of what is left after 3 s kept for closing (at most 10 s
@@ -415,6 +418,7 @@ class IngressSettings(_Section):
     port: int = Field(default=8080, ge=0, le=65535)
     body_timeout_s: float = Field(default=10.0, gt=0)
     max_head_bytes: int = Field(default=65_536, ge=4096)
+    max_unfinished_bytes: int = Field(default=268_435_456, ge=131_072)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
     log_store: Literal["sqlite", "postgres"] = "sqlite"

@@ -5,7 +5,8 @@ a few function calls deep). Per POST, in this order:
 
 1. the body, capped at ``max_body_bytes``, else **413** (Content-Length is checked first), and
    read within ``body_timeout_s``, else **408** (a client that goes away mid-body gets nothing
-   and nothing is stored);
+   and nothing is stored); while the heads and bodies left unfinished on all connections are
+   past ``max_unfinished_bytes``, **503** (:mod:`pipeline.ingress.http`);
 2. admission: a slot of the source, else **503** with Retry-After (counted as shed); the slot is
    taken only once the whole body is in, so idle or slow bodies cannot hold the slots;
 3. verification of the raw bytes, else **401** (counted by reason; nothing stored); a header the

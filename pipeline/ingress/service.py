@@ -447,7 +447,9 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
         host=host,
         port=port,
         loop="none",
-        http=ingress_protocol(built.app, built.ingress.max_head_bytes),
+        http=ingress_protocol(
+            built.app, built.ingress.max_head_bytes, built.ingress.max_unfinished_bytes
+        ),
         lifespan="on" if lifespan else "off",
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,

@@ -5,7 +5,7 @@ signature, no tenant. Without a bound, connections that each send most of a ``ma
 body and stall (for up to ``body_timeout_s``) hold that much memory each, as many connections as
 the attacker opens (400 of them took the ingress from 78 MB to 490 MB). The bytes of the bodies
 left unfinished by a read are counted across every connection of the server; a read that takes
-them past :data:`pipeline.ingress.http.MAX_UNFINISHED_BODY_BYTES` is answered 503, its
+them past ``PIPELINE_INGRESS__MAX_UNFINISHED_BYTES`` is answered 503, its
 connection closed and its bytes let go, and a body that is whole within its read is never
 counted.
 """
@@ -18,12 +18,9 @@ import json
 from pathlib import Path
 
 import httpx
-import pytest
 from hostile.ingress_server import running_ingress, status_of
 from ingress.signing import hub_signature
 from runtime.helpers import eventually
-
-from pipeline.ingress import http
 
 SECRET = "unfinished-secret"  # noqa: S105 - a test secret
 GITHUB = {
@@ -61,7 +58,7 @@ async def _answer(reader: asyncio.StreamReader) -> int:
 
 
 async def test_unfinished_bodies_past_the_budget_are_refused_and_others_still_served(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """Six connections each hold 900 KB of a 1 MiB body under a 3 MB budget.
 
@@ -71,9 +68,10 @@ async def test_unfinished_bodies_past_the_budget_are_refused_and_others_still_se
     The budget is let go with the bodies, so a signed large body sent in two parts afterwards
     and a small one are accepted.
     """
-    monkeypatch.setattr(http, "MAX_UNFINISHED_BODY_BYTES", BUDGET_BYTES, raising=False)
     length = 1_000_000
-    async with running_ingress(tmp_path, GITHUB, body_timeout_s=60) as ingress:
+    async with running_ingress(
+        tmp_path, GITHUB, body_timeout_s=60, max_unfinished_bytes=BUDGET_BYTES
+    ) as ingress:
         conns = [
             await asyncio.open_connection("127.0.0.1", ingress.port) for _ in range(CONNECTIONS)
         ]
@@ -116,17 +114,16 @@ async def test_unfinished_bodies_past_the_budget_are_refused_and_others_still_se
     assert (large, answer.status_code) == (200, 200)
 
 
-async def test_unfinished_heads_count_towards_the_same_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_unfinished_heads_count_towards_the_same_bound(tmp_path: Path) -> None:
     """Six connections each send 50 KB of a head (under the 64 KiB cap) under a 160 KB bound.
 
     At most three fit: the others are answered 503 (or closed) before their heads end. The
     heads of the ones left open are then finished and answered (401: no signature).
     """
-    monkeypatch.setattr(http, "MAX_UNFINISHED_BODY_BYTES", 160_000, raising=False)
     pad = b"a" * 50_000
-    async with running_ingress(tmp_path, GITHUB, body_timeout_s=60) as ingress:
+    async with running_ingress(
+        tmp_path, GITHUB, body_timeout_s=60, max_unfinished_bytes=160_000
+    ) as ingress:
         conns = [
             await asyncio.open_connection("127.0.0.1", ingress.port) for _ in range(CONNECTIONS)
         ]
