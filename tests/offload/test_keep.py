@@ -8,6 +8,7 @@ copy still points to it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -262,6 +263,8 @@ async def test_a_retry_copy_waits_for_a_store_that_does_not_answer(tmp_path: Pat
         """Never called here."""
 
     value, headers = await written(offloader(url))
+    # Without written_ms (a reference from before it), the copy must wait for the store.
+    value, headers = dataclasses.replace(ref.decode(value, headers), written_ms=None).encode()
     inner = Recorded()
     (lane,) = app.lanes.values()
     routed = offloading(inner, [lane.spec])  # type: ignore[arg-type]
