@@ -178,7 +178,7 @@ class Ingress:
     observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
     _sweeping: asyncio.Task[None] | None = None
-    _debounce_redis: Redis | None = None
+    _members_redis: Redis | None = None
 
     def __post_init__(self) -> None:
         """Create the ASGI app; its lifespan events start and stop this ingress."""
@@ -243,10 +243,14 @@ class Ingress:
             self._stop = asyncio.Event()
             self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))
             self.sweeper.on_sweep = sweeper_heartbeat(self.observer.metrics)
-        if any(spec.debounce is not None for spec in self.specs):
-            # Debounced turns wait in the members' Redis: reported here too, should they all die.
+        if any(
+            spec.debounce is not None or (spec.ordered and spec.retry.tiers_ms)
+            for spec in self.specs
+        ):
+            # Debounced turns and held followers wait in the members' Redis: reported here too,
+            # should they all die.
             redis = self.settings.redis
-            self._debounce_redis = Redis.from_url(
+            self._members_redis = Redis.from_url(
                 redis.url,
                 socket_timeout=redis.socket_timeout_s,
                 socket_connect_timeout=redis.socket_timeout_s,
@@ -258,7 +262,7 @@ class Ingress:
             self.transport.admin(),
             self.specs,
             self.ingress.sweeper.lane_groups,
-            redis=self._debounce_redis,
+            redis=self._members_redis,
             redis_prefix=self.settings.redis.key_prefix,
         )
         if self.capacity is not None:
@@ -354,9 +358,9 @@ class Ingress:
         """Turn unready, stop refreshing ``/metrics`` and release the Redis client it read."""
         self.observer.ready = False
         await self.observer.close()
-        if self._debounce_redis is not None:
+        if self._members_redis is not None:
             with contextlib.suppress(Exception):  # only a client of its own to release
-                await self._debounce_redis.aclose()
+                await self._members_redis.aclose()
 
     async def _settle_offloads(self, within_s: float) -> None:
         """Wait up to ``within_s`` for the looks after rewrites of old payloads (see the purge)."""
