@@ -337,8 +337,8 @@ INGRESS_REQUESTS = Family(
     "pipeline_ingress_requests_total",
     "counter",
     "Webhook requests by outcome (accepted, duplicate, rejected, shed, too_large, malformed, "
-    "store_error, offload_error, handshake, handshake_refused, body_timeout, disconnected) and "
-    "reason.",
+    "store_error, offload_error, handshake, handshake_refused, body_timeout, body_budget, "
+    "disconnected) and reason.",
     ("source", "outcome", "reason"),
     "requests",
 )
