@@ -23,6 +23,13 @@ Each sweep, for rows it claims (leases) in the log store:
    something in it keeps its consumer from finishing, and replaying it would keep doing so. It
    is logged at CRITICAL with the reason, and counted.
 
+Members mark rows only with ``PIPELINE_RUNTIME__MARK_PROCESSED=true``: without it every webhook
+of their lane is handled, then replayed and abandoned all the same. Before it replays or abandons
+rows of a lane, the sweeper asks the log whether any row of the lane was ever marked processed
+(:meth:`~pipeline.logstore.SweepLog.has_processed`, one index probe, asked once a sweep until
+one is found): while none is, the lane is named in one warning (per process, not per row or
+sweep) with its consumer group and the setting, and its abandonments' reason says so too.
+
 The sweeper never consumes the lanes it watches, so a backed-up lane cannot hold it up. Asked
 to stop (:meth:`Sweeper.run`'s event), a sweep ends once the batch in hand is produced and
 marked: it claims no further batch, so stopping never waits for the rest of a long sweep (a
@@ -137,6 +144,10 @@ class Sweeper:
         self.totals = SweepReport()
         self.on_sweep = on_sweep
         self._stop: asyncio.Event | None = None
+        self._marking_lanes: set[str] = set()
+        """Lanes a row of which was found processed: their members mark, never asked again."""
+        self._unmarked_lanes: set[str] = set()
+        """Lanes none of whose rows was processed when last asked (each warned about once)."""
 
     async def sweep_once(self) -> SweepReport:
         """One full sweep: unproduced rows, then unprocessed ones past patience.
@@ -241,6 +252,7 @@ class Sweeper:
             late_s.update(dict.fromkeys(topics, wait_s))
         patient_topics = {topic for lane in patient for topic in self._lane_topics[lane]}
         patient_topics.update(late_s)  # a topic of its own overdue time is claimed only past it
+        asked: set[str] = set()  # lanes asked whether their rows are ever marked, this sweep
         for _ in range(_MAX_BATCHES_PER_SWEEP):
             if self._stopping():
                 return
@@ -254,11 +266,10 @@ class Sweeper:
             )
             claimed = len(rows)
             rows = await self._leave_buffered(rows, report)
+            await self._ask_marked(rows, asked)
             spent = [row for row in rows if row.replay_count >= s.max_replays]
             for row in spent:
-                await self._abandon(
-                    row, f"abandoned after {row.replay_count} replays without being processed"
-                )
+                await self._abandon(row, self._spent(row))
             report.abandoned += len(spent)
             due = [row for row in rows if row.replay_count < s.max_replays]
             if due:
@@ -268,6 +279,53 @@ class Sweeper:
                 await self._failed(outcome.failed, report)
             if claimed < s.batch_size:
                 return
+
+    async def _ask_marked(self, rows: list[LogRow], asked: set[str]) -> None:
+        """Ask whether a row of each lane of ``rows`` was ever processed; warn once for each not.
+
+        ``asked`` holds the lanes asked this sweep already (this adds to it). A lane found
+        marked is never asked again; one that is not is asked again the next sweep with rows of
+        it due, so that its abandonments lose the hint once its members mark. A log store that
+        does not answer leaves what is known as it was.
+        """
+        lanes = {row.lane for row in rows} - asked - self._marking_lanes
+        asked.update(lanes)
+        for lane in sorted(lanes):
+            try:
+                marked = await self._log.has_processed(lane)
+            except PipelineError as exc:
+                log.debug("cannot tell whether rows of lane %s are ever marked: %s", lane, exc)
+                continue
+            if marked:
+                self._marking_lanes.add(lane)
+                self._unmarked_lanes.discard(lane)
+                continue
+            if lane not in self._unmarked_lanes:
+                self._unmarked_lanes.add(lane)
+                log.warning(
+                    "%s",
+                    self._unmarked(lane),
+                    extra={"lane": lane, "group": self._settings.lane_groups.get(lane, "")},
+                )
+
+    def _spent(self, row: LogRow) -> str:
+        """Why ``row``, replayed ``max_replays`` times, is abandoned."""
+        reason = f"abandoned after {row.replay_count} replays without being processed"
+        if row.lane in self._unmarked_lanes:
+            reason += f"; {self._unmarked(row.lane)}"
+        return reason
+
+    def _unmarked(self, lane: str) -> str:
+        """Why every row of ``lane``, none of which was ever marked processed, is abandoned."""
+        s = self._settings
+        group = s.lane_groups.get(lane)
+        patience_s = s.patience_s + self._lane_windows_s.get(lane, 0.0)
+        return (
+            f"no row of lane {lane}{f' (consumer group {group})' if group else ''} was ever "
+            "marked processed in the log: its members run without "
+            "PIPELINE_RUNTIME__MARK_PROCESSED=true (or none consumes it), so every webhook of it "
+            f"is replayed after {patience_s:g} s and abandoned after {s.max_replays} replays"
+        )
 
     async def _leave_buffered(self, rows: list[LogRow], report: SweepReport) -> list[LogRow]:
         """``rows`` but those whose event waits in a debounced lane's buffer, shown running.

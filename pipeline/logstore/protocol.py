@@ -193,6 +193,14 @@ class SweepLog(IngressLog, Protocol):
         """
         ...
 
+    async def has_processed(self, lane: str) -> bool:
+        """Whether any row of ``lane`` is ``processed``: has a member of it ever marked one?
+
+        One probe of an index of the processed rows' lanes, however many rows the log holds
+        (a lane none of whose rows was ever marked would otherwise scan it whole).
+        """
+        ...
+
     async def mark_replayed(self, ids: Sequence[str]) -> None:
         """Count one more replay on these rows, acknowledged by the broker just now.
 

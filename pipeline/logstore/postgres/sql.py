@@ -1,8 +1,8 @@
 """Every SQL statement of the PostgreSQL log store, composed with the configured schema.
 
-The table mirrors the SQLite one (see :mod:`pipeline.logstore.sqlite.sql`), with ``jsonb``
-headers and ``bytea`` bodies. Claims use ``FOR UPDATE SKIP LOCKED`` so several sweepers (one per
-ingress replica) take disjoint rows without waiting on each other.
+The table and its indexes mirror the SQLite ones (see :mod:`pipeline.logstore.sqlite.sql`), with
+``jsonb`` headers and ``bytea`` bodies. Claims use ``FOR UPDATE SKIP LOCKED`` so several sweepers
+(one per ingress replica) take disjoint rows without waiting on each other.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ CREATE INDEX IF NOT EXISTS ingress_log_unproduced ON {table} (received_at_ms)
 CREATE INDEX IF NOT EXISTS ingress_log_unprocessed ON {table} (produced_at_ms)
     WHERE state = 'produced';
 CREATE INDEX IF NOT EXISTS ingress_log_received ON {table} (received_at_ms);
+CREATE INDEX IF NOT EXISTS ingress_log_processed ON {table} (lane)
+    WHERE state = 'processed';
 """
 
 _INSERT = """
@@ -119,6 +121,10 @@ WHERE id IN (
 RETURNING {columns}
 """
 
+_HAS_PROCESSED = """
+SELECT EXISTS (SELECT 1 FROM {table} WHERE lane = %s AND state = 'processed')
+"""
+
 _GET = "SELECT {columns} FROM {table} WHERE id = %s"
 
 _PURGE = "DELETE FROM {table} WHERE received_at_ms < %s AND state = ANY(%s)"
@@ -145,6 +151,7 @@ class Statements:
         self.abandon = compose(_ABANDON)
         self.claim_unproduced = compose(_CLAIM_UNPRODUCED)
         self.claim_unprocessed = compose(_CLAIM_UNPROCESSED)
+        self.has_processed = compose(_HAS_PROCESSED)
         self.get = compose(_GET)
         self.purge = compose(_PURGE)
 

@@ -303,6 +303,11 @@ class PostgresLogStore:
         rows = await self._fetch(self._sql.claim_unprocessed, params)
         return sorted((_row(r) for r in rows), key=lambda row: row.produced_at_ms or 0)
 
+    async def has_processed(self, lane: str) -> bool:
+        """Whether a row of ``lane`` is processed (one probe of an index)."""
+        rows = await self._fetch(self._sql.has_processed, [lane])
+        return bool(rows[0][0])
+
     async def mark_replayed(self, ids: Sequence[str]) -> None:
         """Count one more replay, acknowledged now."""
         if ids:

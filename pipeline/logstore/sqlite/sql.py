@@ -3,6 +3,8 @@
 One table, ``ingress_log``. Times are integers of milliseconds since the epoch; ``headers`` is a
 JSON object; ``lease_until_ms`` is the claim lease of the sweeper (0 when unclaimed). The two
 partial indexes serve the sweeper's two claims and stay small: only rows still owed are in them.
+A third, of the processed rows' lanes, answers :data:`HAS_PROCESSED` in one probe, where the
+table would be scanned whole for a lane none of whose rows was ever marked.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ SCHEMA = (
         ON ingress_log (produced_at_ms) WHERE state = 'produced'
     """,
     "CREATE INDEX IF NOT EXISTS ingress_log_received ON ingress_log (received_at_ms)",
+    """
+    CREATE INDEX IF NOT EXISTS ingress_log_processed
+        ON ingress_log (lane) WHERE state = 'processed'
+    """,
 )
 
 COLUMNS = (
@@ -206,6 +212,9 @@ def count_by_state(selection: Selection) -> tuple[str, list[object]]:
     clause, params = where(selection)
     return f"SELECT state, count(*) FROM ingress_log WHERE {clause} GROUP BY state", params  # noqa: S608
 
+
+HAS_PROCESSED = "SELECT 1 FROM ingress_log WHERE lane = ? AND state = 'processed' LIMIT 1"
+"""Whether a row of a lane is processed (``ingress_log_processed``); params: the lane."""
 
 GET = f"SELECT {COLUMNS} FROM ingress_log WHERE id = ?"  # noqa: S608
 

@@ -344,6 +344,11 @@ class SqliteLogStore:
         )
         return sorted((_row(r) for r in rows), key=lambda row: row.produced_at_ms or 0)
 
+    async def has_processed(self, lane: str) -> bool:
+        """Whether a row of ``lane`` is processed (one probe of an index)."""
+        found = await self._read(lambda: self._r.execute(sql.HAS_PROCESSED, (lane,)).fetchone())
+        return found is not None
+
     async def mark_replayed(self, ids: Sequence[str]) -> None:
         """Count one more replay, acknowledged now."""
         await self._update_ids(sql.mark_replayed, ids, self._now_ms())

@@ -1,0 +1,180 @@
+"""The sweeper says so, once per lane, when no row of a lane it replays was ever marked processed.
+
+Members mark rows only with ``PIPELINE_RUNTIME__MARK_PROCESSED=true`` (off by default, the
+sweeper on by default): without it every webhook is handled, replayed ``max_replays`` times and
+abandoned, and each abandonment alone said "abandoned after 3 replays without being processed".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from contract.helpers import make_topic
+from logstore.helpers import FakeClock, new_row, real_log_store
+
+from pipeline.config import Settings, SweeperSettings
+from pipeline.ingress.backlog import GroupLagBacklog
+from pipeline.ingress.sweeper import Sweeper
+from pipeline.logstore import LogStore, RowState
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
+
+HINT = "PIPELINE_RUNTIME__MARK_PROCESSED=true"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock the test moves by hand."""
+    return FakeClock()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings, clock: FakeClock
+) -> AsyncIterator[LogStore]:
+    """A real, empty log store of each kind on the fake clock."""
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_service")
+    async with real_log_store(request.param, tmp_path, settings.postgres.url, clock) as log:
+        yield log
+
+
+@pytest.fixture
+async def redis(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
+    """The real Redis Streams transport."""
+    transport = create_transport(settings, "redis")
+    yield transport
+    await transport.close()
+
+
+async def sweeper_for(
+    store: LogStore, redis: Transport, clock: FakeClock, unique: str, lanes: list[str]
+) -> Sweeper:
+    """A sweeper of ``lanes`` (one fresh topic each, group ``<lane>-workers``) on ``store``."""
+    topics = {lane: [f"{lane}-{unique}"] for lane in lanes}
+    for (topic,) in topics.values():
+        await make_topic(redis, topic, 1)
+    groups = {lane: f"{lane}-workers" for lane in lanes}
+    settings = SweeperSettings(
+        patience_s=300, max_patience_s=900, max_replays=2, lease_s=30, lane_groups=groups
+    )
+    backlog = GroupLagBacklog(redis.admin(), topics, groups)
+    return Sweeper(store, redis.producer(), backlog, topics, settings, clock=clock)
+
+
+async def produced(
+    store: LogStore, clock: FakeClock, unique: str, lane: str, numbers: range
+) -> list[str]:
+    """Rows of ``lane`` (its topic of :func:`sweeper_for`), inserted and produced; their ids."""
+    topic = f"{lane}-{unique}"
+    rows = [new_row(n, clock, topic=topic, lane=lane, event_id=f"{lane}-{n}") for n in numbers]
+    for row in rows:
+        await store.insert(row)
+    await store.mark_produced([row.id for row in rows])
+    return [row.id for row in rows]
+
+
+def hints(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The sweeper's warnings that name the marking setting."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and HINT in r.getMessage()
+    ]
+
+
+def abandonments(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The sweeper's CRITICAL lines."""
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+
+
+async def test_a_lane_never_marked_is_named_once_and_its_abandonments_say_why(
+    store: LogStore,
+    redis: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two lanes never marked: one warning each, not one per row or sweep; hints on CRITICAL."""
+    sweeper = await sweeper_for(store, redis, clock, unique, ["messages", "engagement"])
+    messages = await produced(store, clock, unique, "messages", range(5))
+    await produced(store, clock, unique, "engagement", range(10, 13))
+    counts = []
+    with caplog.at_level(logging.INFO, logger="pipeline.ingress.sweeper"):
+        for _ in range(4):
+            clock.advance(1_000)  # past the maximum patience: replayed backed up or not
+            report = await sweeper.sweep_once()
+            counts.append((report.replayed, report.abandoned))
+    assert counts == [(8, 0), (8, 0), (0, 8), (0, 0)]
+    warned = hints(caplog)
+    assert len(warned) == 2, warned
+    by_lane = {line.split()[4]: line for line in warned}
+    assert set(by_lane) == {"messages", "engagement"}
+    assert by_lane["messages"] == (
+        "no row of lane messages (consumer group messages-workers) was ever marked processed "
+        "in the log: its members run without PIPELINE_RUNTIME__MARK_PROCESSED=true (or none "
+        "consumes it), so every webhook of it is replayed after 300 s and abandoned after 2 "
+        "replays"
+    )
+    critical = abandonments(caplog)
+    assert len(critical) == 8
+    assert all(HINT in line for line in critical), critical
+    assert sum("no row of lane engagement " in line for line in critical) == 3
+    row = await store.get(messages[0])
+    assert row is not None
+    assert row.state is RowState.ABANDONED
+    assert row.last_error.startswith("abandoned after 2 replays without being processed; ")
+    assert HINT in row.last_error
+
+
+async def test_a_lane_whose_rows_are_marked_gets_no_warning_for_the_one_that_went_missing(
+    store: LogStore,
+    redis: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Marked rows in the lane, one never processed: replayed and abandoned as before, no hint."""
+    sweeper = await sweeper_for(store, redis, clock, unique, ["messages"])
+    ids = await produced(store, clock, unique, "messages", range(4))
+    assert await store.mark_processed(ids[1:]) == 3
+    with caplog.at_level(logging.INFO, logger="pipeline.ingress.sweeper"):
+        for _ in range(3):
+            clock.advance(1_000)
+            await sweeper.sweep_once()
+    assert hints(caplog) == []
+    assert abandonments(caplog) == [
+        "webhook abandoned: abandoned after 2 replays without being processed"
+    ]
+
+
+async def test_once_a_row_of_the_lane_is_marked_its_abandonments_lose_the_hint(
+    store: LogStore,
+    redis: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The members fixed after the warning: no second warning, and later abandonments are plain."""
+    sweeper = await sweeper_for(store, redis, clock, unique, ["messages"])
+    before = await produced(store, clock, unique, "messages", range(2))
+    with caplog.at_level(logging.INFO, logger="pipeline.ingress.sweeper"):
+        clock.advance(1_000)
+        assert (await sweeper.sweep_once()).replayed == 2
+        assert len(hints(caplog)) == 1
+        fixed = await produced(store, clock, unique, "messages", range(20, 22))
+        assert await store.mark_processed(fixed[:1]) == 1  # a member marks now
+        for _ in range(3):
+            clock.advance(1_000)
+            await sweeper.sweep_once()
+    assert len(hints(caplog)) == 1
+    critical = abandonments(caplog)
+    assert len(critical) == 3  # the two rows from before and the fixed lane's lost one
+    assert all(HINT not in line for line in critical), critical
+    for row_id in (*before, fixed[1]):
+        row = await store.get(row_id)
+        assert row is not None
+        assert row.state is RowState.ABANDONED
