@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
@@ -37,6 +37,9 @@ from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Progress
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
+
+MEMBER_CONNECTIONS = 100
+"""Connections in the pool of a member's Redis client (redis-py's default pool size)."""
 
 
 def load_app(target: str) -> App:
@@ -180,15 +183,28 @@ def _service_times(
 
 
 def redis_client(settings: Settings) -> Redis:
-    """The member's Redis client as ``pipeline consume`` configures it, without its channel."""
+    """The member's Redis client as ``pipeline consume`` configures it, without its channel.
+
+    Its pool holds :data:`MEMBER_CONNECTIONS` connections, and a call finding them all taken
+    waits for one, at most ``socket_timeout_s``, then fails with ``ConnectionError`` ("No
+    connection available."), as a call Redis does not answer fails after it. redis-py's
+    default pool refuses such a call at once ("Too many connections"), which the guard,
+    parking, ``ctx.once``, debouncing and the throttle take for Redis down: without a function
+    channel (TLS, a Unix socket) every call takes a connection, and 300 handlers of a lane with
+    ``ctx.once`` started at once had 200 of them fail (dead-lettered, or run twice).
+    """
     # One quick retry: admission, parking and debouncing fail open when Redis is down, so a
     # call must fail fast rather than hold a message through seconds of client backoff.
-    return Redis.from_url(
+    timeout_s = settings.redis.socket_timeout_s
+    pool = BlockingConnectionPool.from_url(
         settings.redis.url,
-        socket_timeout=settings.redis.socket_timeout_s,
-        socket_connect_timeout=settings.redis.socket_timeout_s,
+        max_connections=MEMBER_CONNECTIONS,
+        timeout=timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
     )
+    return Redis.from_pool(pool)  # closing the client closes its pool
 
 
 def _redis(settings: Settings) -> Redis:
