@@ -134,15 +134,30 @@ local function remember(recent, token)
 end
 
 -- Whether the buffer `buf` still holds the element whose digest is `element`, arrived at
--- `arrival` (ms): it is looked for among the elements of that arrival.
+-- `arrival` (ms): it is looked for among the elements of that arrival, found by a binary search
+-- (arrivals only grow along the buffer) and read a few at a time. The work does not grow with
+-- the buffer: reading it whole, for each event the sweeper asked about, held Redis for seconds
+-- once a conversation buffered 100,000 messages behind a failing turn.
 local function holds_element(buf, arrival, element)
   local at = tonumber(arrival)
-  for _, buffered in ipairs(redis.call('LRANGE', buf, 0, -1)) do
-    local when = arrival_of(buffered)
-    if when > at then return false end  -- arrivals only grow along the buffer
-    if when == at and string.sub(redis.sha1hex(buffered), 1, 16) == element then return true end
+  local low, high = 0, redis.call('LLEN', buf)  -- the first element of that arrival, or high
+  while low < high do
+    local middle = math.floor((low + high) / 2)
+    if arrival_of(redis.call('LINDEX', buf, middle)) < at then
+      low = middle + 1
+    else
+      high = middle
+    end
   end
-  return false
+  while true do
+    local chunk = redis.call('LRANGE', buf, low, low + 15)
+    for _, buffered in ipairs(chunk) do
+      if arrival_of(buffered) ~= at then return false end
+      if string.sub(redis.sha1hex(buffered), 1, 16) == element then return true end
+    end
+    if #chunk < 16 then return false end
+    low = low + 16
+  end
 end
 
 -- The value of {P:deb:LANE}:e:EVENT: where the event's message is buffered.
