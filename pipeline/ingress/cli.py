@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from collections.abc import Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -435,7 +435,10 @@ def replay_command(
     from pipeline.logstore.create import create_log_store  # noqa: PLC0415
     from pipeline.offload.writer import with_offload  # noqa: PLC0415
 
+    again = _Again("the same command replays its selection again")
+
     async def main() -> ReplaySummary:
+        nonlocal again
         settings, ingress = _settings(transport)
         states = tuple(state or ())
         if not states and not include_processed:
@@ -450,6 +453,9 @@ def replay_command(
         )
         per_s = _rate(rate)
         forgotten_ms = _ago_ms(_memory_ms(memory))
+        again = _Again.of(selection, since=since, until=until)
+        if not dry_run and again.window:  # kept in the job's log should it be killed (-9)
+            err.print(f"replaying rows received {again.window}", highlight=False)
         _require_log_database(ingress)
         if not dry_run:
             await _reach_broker(settings)  # in seconds, one line, before any row is read
@@ -484,9 +490,8 @@ def replay_command(
                         progress=advance,
                     ),
                     lambda by: (
-                        f"replay stopped by {by} after {handled} of {total} rows; the same"
-                        " command replays its whole selection again (consumers drop repeats by"
-                        " event id)"
+                        f"replay stopped by {by} after {handled} of {total} rows; {again.text};"
+                        " consumers drop repeats by event id"
                     ),
                 )
         finally:
@@ -498,8 +503,90 @@ def replay_command(
 
     summary = _run(main())
     _print_summary(summary)
-    if summary.failed:
+    if summary.failed or summary.stopped is not None:
+        _say_failures(summary, again)
         raise typer.Exit(1)
+
+
+def _say_failures(summary: ReplaySummary, again: _Again) -> None:
+    """One line per topic and error of the rows not replayed, then how to replay them."""
+    stopped = None if summary.stopped is None else type(summary.stopped).__name__
+    for (topic, error), (count, text) in sorted(summary.failures.items()):
+        if error != stopped:  # the last line says it
+            err.print(
+                f"[red]error:[/red] {count} rows to {escape(topic)} failed: {error}:"
+                f" {escape(text)}",
+                highlight=False,
+            )
+    if summary.stopped is not None:
+        err.print(
+            f"[red]error:[/red] replay stopped after {summary.handled} of {summary.total} rows:"
+            f" {escape(str(summary.stopped))}; the rest were not attempted; once the broker is"
+            f" back, {escape(again.text)}",
+            highlight=False,
+        )
+    else:
+        err.print(
+            f"[red]error:[/red] {sum(summary.failed.values())} of {summary.total} rows were not"
+            f" replayed (above); once they can be, {escape(again.text)}",
+            highlight=False,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Again:
+    """How to replay a selection again: the same command, or its ages as the times they meant.
+
+    An age (``--since 2h``) resolves against the clock of each run, so the same command run
+    again later selects another window, without the rows that have aged out of it since: those
+    a stopped replay had not reached yet would be passed over without a word.
+    """
+
+    text: str
+    window: str = ""  # "since ... until ..." when an age was given, else empty
+
+    @classmethod
+    def of(cls, selection: Selection, *, since: str | None, until: str | None) -> _Again:
+        """The hint for ``selection``, which ``since`` and ``until`` (as typed) resolved to."""
+        pinned = [
+            (option, typed, ms)
+            for option, typed, ms in (
+                ("--since", since, selection.since_ms),
+                ("--until", until, selection.until_ms),
+            )
+            if typed is not None and ms is not None and _is_age(typed)
+        ]
+        if not pinned:
+            return cls("the same command replays its selection again")
+        options = " ".join(f"{option} {_iso(ms)}" for option, _, ms in pinned)
+        meant = ", ".join(f"{option} {typed}" for option, typed, _ in pinned)
+        window = " ".join(
+            f"{word} {_iso(ms)}"
+            for word, ms in (("since", selection.since_ms), ("before", selection.until_ms))
+            if ms is not None
+        )
+        return cls(
+            f"run it again with {options} (what {meant} meant when it began) to replay its"
+            " selection again: the same command would select a later window, passing over the"
+            " rows that aged out of it",
+            window,
+        )
+
+
+def _is_age(value: str) -> bool:
+    """Whether ``value`` is a duration ago (``2h``), not a time."""
+    from pipeline.topics.spec import parse_duration_ms  # noqa: PLC0415 - see the module doc
+
+    try:
+        parse_duration_ms(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _iso(ms: int) -> str:
+    """``ms`` since the epoch as ISO 8601 in UTC to the millisecond (``_when`` reads it back)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 async def _refuse_forgotten(

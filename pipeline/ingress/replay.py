@@ -11,6 +11,12 @@ id of the one before (ids are unique: no row is read twice or passed over). A ro
 while the replay runs is left out; one that leaves the selection meanwhile (processed by a
 consumer) is skipped without letting another in; one that joins it below the bound (abandoned
 by the sweeper) is taken if its page is still ahead. Only ids are compared, never clocks.
+
+A page the broker could not take because it was unreachable (:class:`BrokerUnavailable`: Redis
+down, Kafka's brokers gone past the message timeout) ends the replay there: the pages after it
+would each fail the same way (on Kafka only after the timeout, page by page), so they are not
+attempted, and the summary says where it stopped. A row that failed on its own (its topic gone,
+too large for it now) is counted per topic and error, and the rest go on.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from pipeline.errors import BrokerUnavailable
 from pipeline.ingress.republish import produce_rows
 from pipeline.logstore import LogStore, RowState, Selection
 from pipeline.transport.protocol import Producer
@@ -38,6 +45,10 @@ class ReplaySummary:
         failed: rows whose produce failed, by error class.
         by_topic: rows replayed per topic.
         dry_run: whether nothing was produced.
+        handled: rows of the pages attempted (replayed, failed, or left the selection).
+        failures: rows whose produce failed per (topic, error class), with the first error's
+            text.
+        stopped: the broker error that ended the replay before its last page, if one did.
     """
 
     matched: dict[RowState, int]
@@ -45,6 +56,16 @@ class ReplaySummary:
     failed: Counter[str] = field(default_factory=Counter)
     by_topic: Counter[str] = field(default_factory=Counter)
     dry_run: bool = False
+    handled: int = 0
+    failures: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    stopped: BrokerUnavailable | None = None
+
+    def fail(self, topic: str, exc: Exception) -> None:
+        """Count one row to ``topic`` whose produce raised ``exc``."""
+        name = type(exc).__name__
+        self.failed[name] += 1
+        count, text = self.failures.get((topic, name), (0, str(exc)))
+        self.failures[(topic, name)] = (count + 1, text)
 
     @property
     def total(self) -> int:
@@ -117,9 +138,14 @@ async def replay(
         await log_store.mark_replayed([row.id for row in outcome.delivered])
         summary.replayed += len(outcome.delivered)
         summary.by_topic.update(row.topic for row in outcome.delivered)
-        summary.failed.update(type(exc).__name__ for _, exc in outcome.failed)
+        for row, exc in outcome.failed:
+            summary.fail(row.topic, exc)
+        summary.handled += len(rows)
         if progress is not None:
             progress(len(rows))
-        if len(rows) < page_size:
+        summary.stopped = next(
+            (exc for _, exc in outcome.failed if isinstance(exc, BrokerUnavailable)), None
+        )
+        if summary.stopped is not None or len(rows) < page_size:
             break
     return summary
