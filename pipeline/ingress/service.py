@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from pipeline.admission.debounce.held import BufferedEvents
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import IngressSettings, RedisSettings, Settings
+from pipeline.errors import ConfigError
 from pipeline.heap import freeze_startup
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
@@ -348,9 +349,11 @@ class Ingress:
                 unproduced,
             )
         try:
-            if self.capacity is not None:
-                await self.capacity.close()
-            await self.store.close()
+            try:
+                if self.capacity is not None:
+                    await self.capacity.close()
+            finally:
+                await self.store.close()
         finally:  # the transport's clients are released whatever the store's close says
             await self.transport.close()
 
@@ -380,6 +383,7 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
         admission=ingress.admission,
         max_message_bytes=settings.max_message_bytes,
     )
+    _check_unfinished_bound(ingress, sources)
     return Ingress(
         settings=settings,
         ingress=ingress,
@@ -388,6 +392,26 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
         store=create_log_store(settings, ingress),
         transport=create_transport(settings),
     )
+
+
+def _check_unfinished_bound(ingress: IngressSettings, sources: Mapping[str, Source]) -> None:
+    """ConfigError unless one whole request of every source fits the unfinished-bytes bound.
+
+    Below it, every body of that source arriving in more than one read would be refused 503,
+    the server idle or not, and its sender would retry for ever.
+    """
+    if not sources:
+        return
+    name = max(sources, key=lambda each: sources[each].max_body_bytes)
+    body = sources[name].max_body_bytes
+    need = body + ingress.max_head_bytes
+    if ingress.max_unfinished_bytes < need:
+        raise ConfigError(
+            f"PIPELINE_INGRESS__MAX_UNFINISHED_BYTES={ingress.max_unfinished_bytes} is below one"
+            f" request of source {name} (max_body_bytes {body} + PIPELINE_INGRESS__MAX_HEAD_BYTES"
+            f" {ingress.max_head_bytes}): its bodies arriving in more than one read would all be"
+            f" refused; raise it to at least {need}, better a few times that"
+        )
 
 
 PORT_VARIABLE = "PIPELINE_INGRESS__PORT (or --port)"

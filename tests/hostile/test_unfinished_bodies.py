@@ -18,9 +18,12 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 from hostile.ingress_server import running_ingress, status_of
 from ingress.signing import hub_signature
 from runtime.helpers import eventually
+
+from pipeline.errors import ConfigError
 
 SECRET = "unfinished-secret"  # noqa: S105 - a test secret
 GITHUB = {
@@ -121,8 +124,9 @@ async def test_unfinished_heads_count_towards_the_same_bound(tmp_path: Path) -> 
     heads of the ones left open are then finished and answered (401: no signature).
     """
     pad = b"a" * 50_000
+    small = {"github": {**GITHUB["github"], "max_body_bytes": 65_536}}  # one request fits
     async with running_ingress(
-        tmp_path, GITHUB, body_timeout_s=60, max_unfinished_bytes=160_000
+        tmp_path, small, body_timeout_s=60, max_unfinished_bytes=160_000
     ) as ingress:
         conns = [
             await asyncio.open_connection("127.0.0.1", ingress.port) for _ in range(CONNECTIONS)
@@ -156,3 +160,13 @@ async def test_unfinished_heads_count_towards_the_same_bound(tmp_path: Path) -> 
     assert values.count(401) <= 3, values
     assert set(values) <= {401, 503, 0}, values
     assert answer.status_code == 200
+
+
+async def test_a_bound_below_one_request_of_a_source_is_refused_at_start(tmp_path: Path) -> None:
+    """Below one whole request, every body arriving in parts would be refused: one line, now."""
+    with pytest.raises(ConfigError) as refused:
+        async with running_ingress(tmp_path, GITHUB, max_unfinished_bytes=262_144):
+            pass
+    line = str(refused.value)
+    assert "PIPELINE_INGRESS__MAX_UNFINISHED_BYTES=262144 is below one request of source" in line
+    assert f"raise it to at least {1_048_576 + 65_536}" in line
