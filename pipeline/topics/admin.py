@@ -10,6 +10,12 @@ shortest first, dead letter), so a dry run shows exactly what a real run does.
 Partitions, retention, Kafka's ``max.message.bytes`` and, on Redis Streams, ``max_len`` are
 compared (what :class:`TopicInfo` reports); other ``configs`` are sent when a topic is created and
 again whenever it is updated for one of those.
+
+:func:`hazards` names what a change does to work already waiting, which the broker alone cannot
+show: partitions added to an ordered lane (its keys move), retry tiers and a default dead-letter
+topic no longer declared while they hold messages (no member reads a tier it is not declared
+with), and a retention or ``max_len`` lowered (the broker deletes waiting work past it).
+:func:`apply` reports each as one warning line, dry run or not.
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ from pipeline.errors import TopicSpecError
 from pipeline.topics.spec import format_duration_ms
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from pipeline.topics.spec import TopicSpec
     from pipeline.transport.protocol import Admin, TopicConfig, TopicInfo
 
-__all__ = ["Action", "ActionKind", "apply", "plan"]
+__all__ = ["Action", "ActionKind", "apply", "hazards", "plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +86,15 @@ def plan(
             ``max.message.bytes`` below ``max_message_bytes``.
     """
     actions: list[Action] = []
-    shrinks: list[str] = []
+    owner = {name: spec.name for spec in specs for name in spec.topic_names()}
+    shrinks: dict[str, list[tuple[TopicConfig, TopicInfo]]] = {}
     for config in _desired(specs, default_max_len, max_message_bytes).values():
         info = existing.get(config.name)
         if info is None:
             actions.append(Action("create", config.name, _describe_new(config)))
             continue
         if config.partitions < info.partitions:
-            shrinks.append(
-                f"topic {config.name!r}: declared with {config.partitions} partitions but the "
-                f"broker has {info.partitions}; partitions cannot be reduced"
-            )
+            shrinks.setdefault(owner.get(config.name, config.name), []).append((config, info))
         elif config.partitions > info.partitions:
             detail = f"{info.partitions} -> {config.partitions} partitions"
             actions.append(Action("add_partitions", config.name, detail))
@@ -110,8 +114,21 @@ def plan(
             detail = f"{_MAX_BYTES} {info.max_message_bytes} -> {wanted}"
             actions.append(Action("update_configs", config.name, detail))
     if shrinks:
-        raise TopicSpecError("\n".join(shrinks))
+        raise TopicSpecError("\n".join(_shrink_line(found) for found in shrinks.values()))
     return actions
+
+
+def _shrink_line(found: Sequence[tuple[TopicConfig, TopicInfo]]) -> str:
+    """One line for a declaration whose topics have more partitions than it declares."""
+    config, info = found[0]
+    also = [c.name for c, i in found[1:] if i.partitions == info.partitions]
+    odd = [f"{c.name} has {i.partitions}" for c, i in found[1:] if i.partitions != info.partitions]
+    tail = "".join(f" ({', '.join(names)} too)" for names in (also, odd) if names)
+    return (
+        f"topic {config.name!r}: declared with {config.partitions} partitions but the broker has "
+        f"{info.partitions}{tail}; partitions cannot be reduced (keys would move partition): "
+        f"declare {info.partitions} again"
+    )
 
 
 async def apply(
@@ -121,8 +138,12 @@ async def apply(
     *,
     dry_run: bool,
     max_message_bytes: int | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> list[Action]:
     """Plan against the broker's current topics and, unless ``dry_run``, carry the plan out.
+
+    Before anything runs, each of :func:`hazards`' lines goes to ``warn`` (default: a warning
+    logged by this module): they are not refusals, the plan is carried out all the same.
 
     Actions run in plan order: :meth:`Admin.create_topic` for ``create``, and
     :meth:`Admin.update_topic` for the others, called once per topic because it applies
@@ -136,6 +157,7 @@ async def apply(
         dry_run: plan only; change nothing.
         max_message_bytes: the least ``max.message.bytes`` of every Kafka topic (see
             :func:`plan`); None leaves the broker's default.
+        warn: where each hazard line goes.
 
     Returns:
         The planned actions, all carried out unless ``dry_run``.
@@ -144,7 +166,13 @@ async def apply(
         TopicSpecError: the plan is impossible (see :func:`plan`); nothing was changed.
         TransportError: the broker refused an action; earlier actions stay applied.
     """
-    actions = plan(specs, await admin.list_topics(), default_max_len, max_message_bytes)
+    existing = await admin.list_topics()
+    actions = plan(specs, existing, default_max_len, max_message_bytes)
+    for line in hazards(specs, existing, default_max_len):
+        if warn is None:
+            logger.warning("%s", line)
+        else:
+            warn(line)
     if dry_run:
         return actions
     desired = _desired(specs, default_max_len, max_message_bytes)
@@ -158,6 +186,106 @@ async def apply(
             updated.add(action.topic)
         logger.info("topic %s", action)
     return actions
+
+
+def hazards(
+    specs: Sequence[TopicSpec], existing: Mapping[str, TopicInfo], default_max_len: int
+) -> list[str]:
+    """One line for each change of ``specs`` that strands, reorders or deletes waiting work.
+
+    Each line names the lane, the topics, what happens to the work waiting in them and what to
+    do. Work kept in the members' Redis (held followers, debounce buffers) is
+    :func:`pipeline.topics.stranded.stranded_in_redis`'s; the rest (``max_attempts``, a
+    declaration removed) is in docs/topics.md, "Changing a running lane".
+
+    Args:
+        specs: the declarations about to be applied.
+        existing: the broker's topics by name (:meth:`Admin.list_topics`).
+        default_max_len: Redis Streams entries kept per partition when a spec sets no max_len.
+    """
+    lines: list[str] = []
+    declared = {name for spec in specs for name in spec.topic_names()}
+    for spec in specs:
+        where = f"lane {spec.lane!r}"
+        main = existing.get(spec.name)
+        if main is not None and spec.ordered and spec.partitions > main.partitions:
+            lines.append(
+                f"{where}: {spec.name} goes from {main.partitions} to {spec.partitions} "
+                "partitions, so most keys move to another partition: a key's messages still "
+                "waiting on its old partition (and in its retry tiers) can run after or beside "
+                "its new ones, out of order; add partitions while the lane's group has no lag "
+                "(pipeline status), with the ingress stopped if order must hold"
+            )
+        retired = sorted(
+            name
+            for name, info in existing.items()
+            if name.startswith(f"{spec.name}.retry.")
+            and name not in declared
+            and info.message_count
+        )
+        if retired:
+            held = ", ".join(f"{n} ({_count(existing[n].message_count)})" for n in retired)
+            lines.append(
+                f"{where}: retry tier topic(s) {held} no longer declared: members read only "
+                "the tiers declared now, so copies still waiting there never run (nor the "
+                "followers of an ordered lane parked behind them); keep the old tier in "
+                "retry.tiers until the lane's group has no lag on it (pipeline status), then "
+                "remove it"
+            )
+        old_dlq = existing.get(f"{spec.name}.dlq")
+        if old_dlq is not None and old_dlq.name not in declared and old_dlq.message_count:
+            lines.append(
+                f"{where}: dead letters now go to {spec.dead_letter}; the "
+                f"{_count(old_dlq.message_count)} in {old_dlq.name} stay there: redrive them "
+                f"from {old_dlq.name} (pipeline redrive)"
+            )
+        lines.extend(_shorter_keep(where, spec, existing, default_max_len))
+    return lines
+
+
+def _shorter_keep(
+    where: str, spec: TopicSpec, existing: Mapping[str, TopicInfo], default_max_len: int
+) -> list[str]:
+    """Lines for a retention (Kafka) or ``max_len`` (Redis Streams) lowered on a lane's topics."""
+    retention: list[str] = []
+    length: list[str] = []
+    for config in spec.topic_configs(default_max_len):
+        info = existing.get(config.name)
+        if info is None or not info.message_count:
+            continue
+        # Redis Streams keeps by length (max_len); its retention_ms is shown, never enforced.
+        if info.max_len is None and config.retention_ms is not None:
+            old = info.retention_ms
+            if old is not None and (old < 0 or config.retention_ms < old):
+                retention.append(
+                    f"{config.name} {_describe_retention(old)} -> "
+                    f"{_describe_retention(config.retention_ms)}"
+                )
+        if (
+            info.max_len is not None
+            and config.max_len is not None
+            and config.max_len < info.max_len
+        ):
+            length.append(f"{config.name} {info.max_len} -> {config.max_len}")
+    lines: list[str] = []
+    if retention:
+        lines.append(
+            f"{where}: retention lowered ({', '.join(retention)}): the broker deletes messages "
+            "older than that whether or not a member has read them (a lagging group's backlog, "
+            "retry copies, dead letters); check the lane's oldest unconsumed age (pipeline "
+            "status) first"
+        )
+    if length:
+        lines.append(
+            f"{where}: max_len lowered ({', '.join(length)}): the next sends trim each "
+            "partition's stream to about that many entries whether or not a member has read "
+            "them; check the lane's group lag (pipeline status) first"
+        )
+    return lines
+
+
+def _count(messages: int) -> str:
+    return f"{messages} message{'' if messages == 1 else 's'}"
 
 
 def _desired(
