@@ -6,12 +6,24 @@ lanes. The head of a lane's FIFO starts only while the member's handlers in use 
 queued stay below ``idle_below`` of its concurrency limit, so interactive work always finds
 room: batch work yields to it, and never makes a member look busy (the member leaves it out of
 ``pipeline_worker_slots_busy``, the autoscaler's signal). A message that has waited
-``promote_at`` of its SLA since it was produced is promoted: it starts at once, whatever the
-load, so it still completes in time.
+``promote_at`` of its SLA since it was produced is promoted: it starts like interactive work,
+whatever ``idle_below`` says, so it still completes in time. It takes turns with interactive
+work rather than going ahead of it all: a promoted message starts while the handlers in use or
+queued are below twice the limit (:data:`_PROMOTED_ROOM`), so a promoted backlog is queued one
+limit's worth at a time, and an interactive message read meanwhile waits behind that much at
+most.
+
+A retry-tier copy (a ``pl-due-ms`` header: its tier's delay is over) counts its wait from when
+its event was first produced (``pl-produced-at-ms``), not from when the copy was written: the
+SLA is the event's, so a message promoted near it and failing once is not held for another
+``promote_at`` of it. Copies wait in a FIFO of their own ahead of the lane's fresh messages, as
+the key lanes put them ahead of the keys waiting for a worker. A redriven message carries no
+due time: it is new work, judged by its own production.
 
 Held messages keep their partition's flow-control count, so a partition whose batch backlog
-reaches the high-water mark is paused: the backlog stays in the broker, not in memory. The FIFO
-keeps per-key order; a revoked partition's held messages are dropped (the next owner reads them
+reaches the high-water mark is paused: the backlog stays in the broker, not in memory. Each
+FIFO keeps per-key order (on an ordered lane a copy's key's later messages wait parked behind it,
+as on any lane); a revoked partition's held messages are dropped (the next owner reads them
 again).
 """
 
@@ -22,9 +34,34 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Generic
 
+from pipeline import headers as h
 from pipeline.envelope import TopicPartition
 from pipeline.runtime.work import T
 from pipeline.topics.spec import BatchPolicy
+
+_PROMOTED_ROOM = 2
+"""Promoted work starts while the handlers in use or queued are below this many times the limit:
+the key lanes run what is queued in turn, so a promoted backlog let in whole (up to
+``partition_high_water`` a partition) would run before every interactive message read after it;
+this way one limit's worth at most is queued ahead of them, and promoted work still gets its
+turn between them."""
+
+_Held = tuple[T, BatchPolicy, int]
+"""A held message, its lane's policy and when its event was produced (ms since the epoch)."""
+
+
+def _produced_ms(message: T) -> int:
+    """When ``message``'s event was produced: a retry-tier copy's first production, else its own.
+
+    A copy's ``pl-produced-at-ms`` is its first delivery's time (it is never later than the
+    copy's own); a redriven message has none that counts (no ``pl-due-ms``).
+    """
+    own = message.timestamp_ms
+    headers = message.headers
+    if h.DUE_MS not in headers:
+        return own
+    first = h.int_header(headers, h.PRODUCED_AT_MS)
+    return first if 0 < first < own else own
 
 
 class BatchGate(Generic[T]):
@@ -40,59 +77,81 @@ class BatchGate(Generic[T]):
         self._start = start
         self._load = load
         self._clock_ms = clock_ms
-        self._held: dict[str, deque[tuple[T, BatchPolicy]]] = {}
+        # Per lane: its retry copies, then its fresh messages; each a FIFO.
+        self._held: dict[str, tuple[deque[_Held[T]], deque[_Held[T]]]] = {}
         self.started = 0
         self.promoted = 0
 
     @property
     def waiting(self) -> int:
         """Batch messages held back now."""
-        return sum(len(q) for q in self._held.values())
+        return sum(len(c) + len(f) for c, f in self._held.values())
 
     @property
     def any_waiting(self) -> bool:
         """Whether a batch message is held back now (asked after every run: no sum)."""
-        return any(self._held.values())
+        return bool(self._held)
 
     def waiting_in(self, lane: str) -> int:
         """Batch messages of ``lane`` held back now."""
-        return len(self._held.get(lane, ()))
+        copies, fresh = self._held.get(lane, ((), ()))
+        return len(copies) + len(fresh)
 
     def offer(self, message: T, lane: str, policy: BatchPolicy) -> None:
         """Hold ``message`` behind the earlier ones of its lane, then start what may start."""
-        self._held.setdefault(lane, deque()).append((message, policy))
+        copies, fresh = self._held.setdefault(lane, (deque(), deque()))
+        (copies if h.DUE_MS in message.headers else fresh).append(
+            (message, policy, _produced_ms(message))
+        )
         self.pump()
 
     def pump(self) -> None:
-        """Start each lane's heads while the member is idle enough, or promoted by age."""
+        """Start each lane's heads while the member is idle enough, or promoted by age.
+
+        A promoted head starts whether or not the other FIFO's head may: a copy past its
+        promotion point is not held behind fresh work that is not, nor the other way round.
+        """
         now = self._clock_ms()
         progressed = True
         while progressed:
             progressed = False
-            for lane, queue in list(self._held.items()):
-                if not queue:
+            for lane, (copies, fresh) in list(self._held.items()):
+                if not copies and not fresh:
                     del self._held[lane]
                     continue
-                message, policy = queue[0]
-                in_use, limit = self._load()
-                if now - message.timestamp_ms >= policy.promote_after_ms:
-                    self.promoted += 1
-                elif in_use >= policy.idle_below * limit:
+                queue = self._next(copies, fresh, now)
+                if queue is None:
                     continue
-                queue.popleft()
+                message, _, _ = queue.popleft()
                 self.started += 1
                 self._start(message)
                 progressed = True
+
+    def _next(
+        self, copies: deque[_Held[T]], fresh: deque[_Held[T]], now: int
+    ) -> deque[_Held[T]] | None:
+        """The FIFO whose head starts now (promoted first, copies before fresh), or None."""
+        heads = [queue for queue in (copies, fresh) if queue]
+        in_use, limit = self._load()
+        if in_use < _PROMOTED_ROOM * limit:
+            for queue in heads:
+                _, policy, produced = queue[0]
+                if now - produced >= policy.promote_after_ms:
+                    self.promoted += 1
+                    return queue
+        _, policy, _ = heads[0][0]
+        return heads[0] if in_use < policy.idle_below * limit else None
 
     def drop(self, partitions: Iterable[TopicPartition]) -> list[T]:
         """Forget held messages of revoked partitions; returns them."""
         wanted = set(partitions)
         dropped: list[T] = []
-        for lane, queue in list(self._held.items()):
-            kept = deque(entry for entry in queue if entry[0].tp not in wanted)
-            dropped += [m for m, _ in queue if m.tp in wanted]
-            if kept:
-                self._held[lane] = kept
-            else:
+        for lane, queues in list(self._held.items()):
+            for queue in queues:
+                kept = [entry for entry in queue if entry[0].tp not in wanted]
+                dropped += [entry[0] for entry in queue if entry[0].tp in wanted]
+                queue.clear()
+                queue.extend(kept)
+            if not any(queues):
                 del self._held[lane]
         return dropped
