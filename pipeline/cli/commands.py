@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pipeline.config import Settings
     from pipeline.redrive.redrive import Report
     from pipeline.runtime import App
+    from pipeline.topics.spec import TopicSpec
 
 T = TypeVar("T")
 TransportName = Literal["kafka", "redis"]
@@ -166,9 +167,11 @@ def topics_apply(
                 settings.redis.max_len,
                 dry_run=dry_run,
                 max_message_bytes=settings.max_message_bytes,
+                warn=_warn_line,
             )
         finally:
             await t.close()
+        await _warn_stranded(settings, specs)
         verb = "would apply" if dry_run else "applied"
         for action in actions:
             typer.echo(f"{'(dry run) ' if dry_run else ''}{action}")
@@ -179,6 +182,37 @@ def topics_apply(
         )
 
     _run(main())
+
+
+def _warn_line(line: str) -> None:
+    """One warning line on stderr, as printed (never merged with another by the log filter)."""
+    typer.echo(f"warning: {line}", err=True)
+
+
+async def _warn_stranded(settings: Settings, specs: Sequence[TopicSpec]) -> None:
+    """Warn of work the members' Redis holds for lanes ``specs`` no longer release."""
+    from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
+    from redis.exceptions import RedisError  # noqa: PLC0415
+
+    from pipeline.topics.stranded import stranded_in_redis  # noqa: PLC0415
+
+    redis = Redis.from_url(
+        settings.redis.url,
+        socket_timeout=settings.redis.socket_timeout_s,
+        socket_connect_timeout=settings.redis.socket_timeout_s,
+    )
+    try:
+        lines = await stranded_in_redis(redis, settings.redis.key_prefix, specs)
+    except (RedisError, OSError) as exc:
+        _warn_line(
+            f"cannot check the members' Redis ({settings.redis.url}, PIPELINE_REDIS__URL) for"
+            f" held followers or debounce buffers these declarations strand: {exc}"
+        )
+        return
+    finally:
+        await redis.aclose()
+    for line in lines:
+        _warn_line(line)
 
 
 @topics_app.command("list")

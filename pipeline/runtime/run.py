@@ -32,7 +32,7 @@ from pipeline.redis_channel import channel_of, open_channel
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
-from pipeline.runtime.eviction import warn_if_evicting
+from pipeline.runtime.eviction import warn_if_evicting, warn_stranded
 from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Progress
 from pipeline.topics.spec import TopicSpec
@@ -207,6 +207,12 @@ def redis_client(settings: Settings) -> Redis:
     return Redis.from_pool(pool)  # closing the client closes its pool
 
 
+async def _warn_of_losable_state(redis: Redis, settings: Settings, lanes: list[Lane]) -> None:
+    """One line each for held followers and buffers Redis may evict or no member releases."""
+    await warn_if_evicting(redis, settings.redis.url, lanes)
+    await warn_stranded(redis, settings.redis.key_prefix, lanes)
+
+
 def _redis(settings: Settings) -> Redis:
     """The member's Redis client, with a function channel bound to it for the Lua calls."""
     redis = redis_client(settings)
@@ -290,7 +296,7 @@ async def serve(
         app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
     chosen_lanes = [app.lanes[name] for name in chosen if name in app.lanes]
-    await warn_if_evicting(redis, settings.redis.url, chosen_lanes)  # held followers, buffers
+    await _warn_of_losable_state(redis, settings, chosen_lanes)
     throttle, fleet = await _admission(redis, settings, chosen_lanes)
     specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(

@@ -28,17 +28,24 @@ __all__ = ["stranded_in_redis"]
 _SCAN_COUNT = 1000
 
 
-async def stranded_in_redis(redis: Redis, prefix: str, specs: Sequence[TopicSpec]) -> list[str]:
+async def stranded_in_redis(
+    redis: Redis, prefix: str, specs: Sequence[TopicSpec], *, scan: bool = True
+) -> list[str]:
     """One line for each lane whose held followers or debounce buffers no member will release.
 
     Args:
         redis: the members' Redis (``PIPELINE_REDIS__URL``).
         prefix: their key prefix (``PIPELINE_REDIS__KEY_PREFIX``).
         specs: the declarations the members run (or are about to).
+        scan: also find lanes no declaration names (renamed or removed) by scanning the keys;
+            without, only ``specs``' own lanes are asked (two calls a lane: a member's start).
     """
     by_lane = {spec.lane: spec for spec in specs}
-    guarded = await _lanes_with(redis, f"{{{prefix}:guard:", "}:parked")
-    buffered = await _lanes_with(redis, f"{{{prefix}:deb:", "}:due")
+    if scan:
+        guarded = await _lanes_with(redis, f"{{{prefix}:guard:", "}:parked")
+        buffered = await _lanes_with(redis, f"{{{prefix}:deb:", "}:due")
+    else:
+        guarded = buffered = set(by_lane)
     lines: list[str] = []
     for lane in sorted(guarded):
         spec = by_lane.get(lane)

@@ -5,22 +5,27 @@ Held followers and debounce buffers are left there by a real member, then looked
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
+from pathlib import Path
 
+import yaml
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from support import run_pipeline
 
 from pipeline.envelope import Record
 from pipeline.retry.keys import guard_keys
 from pipeline.runtime import App, Context
+from pipeline.runtime.eviction import warn_stranded
 from pipeline.runtime.member import Member
 from pipeline.topics.stranded import stranded_in_redis
 from pipeline.transport.protocol import Transport
 
 
 async def test_followers_parked_on_a_lane_made_unordered_or_renamed_are_named(
-    transport: Transport, redis: Redis, unique: str
+    transport: Transport, redis: Redis, unique: str, tmp_path: Path
 ) -> None:
     """ordered: true -> false while a key is parked: the head's copy runs, its follower never."""
     before = lane_spec(f"park_{unique}", 1, retry={"tiers": ["3s"]})
@@ -61,6 +66,26 @@ async def test_followers_parked_on_a_lane_made_unordered_or_renamed_are_named(
             " members until pipeline status shows nothing held, then make the change"
         )
     ]
+    # Asked for its own lanes only (no key scan), a member finds the same line at its start.
+    assert await stranded_in_redis(redis, prefix, [unordered], scan=False) == said
+    assert await warn_stranded(redis, prefix, list(app.lanes.values())) == said
+    # So does `pipeline topics apply` of the changed declaration, on stderr, as printed.
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    (topics / "lane.yaml").write_text(
+        yaml.safe_dump(
+            {"name": before.name, "partitions": 1, "ordered": False, "retry": {"tiers": ["3s"]}}
+        ),
+        encoding="utf-8",
+    )
+    env = {
+        **os.environ,
+        "PIPELINE_TOPICS_DIR": str(topics),
+        "PIPELINE_REDIS__KEY_PREFIX": prefix,
+    }
+    applied = run_pipeline("topics", "apply", "--dry-run", "-t", transport.name, env=env)
+    assert applied.returncode == 0, applied.stderr
+    assert f"warning: {said[0]}" in applied.stderr.splitlines()
     renamed = before.model_copy(update={"lane": f"renamed_{unique}"})
     [line] = await stranded_in_redis(redis, prefix, [renamed])
     assert line.startswith(f"lane {before.lane!r}: 1 key(s) parked")
