@@ -28,7 +28,9 @@ of their lane is handled, then replayed and abandoned all the same. Before it re
 rows of a lane, the sweeper asks the log whether any row of the lane was ever marked processed
 (:meth:`~pipeline.logstore.SweepLog.has_processed`, one index probe, asked once a sweep until
 one is found): while none is, the lane is named in one warning (per process, not per row or
-sweep) with its consumer group and the setting, and its abandonments' reason says so too.
+sweep) with its consumer group and the setting, and its abandonments' reason says so too. A log
+without that index (too large to build it at open: the store warned, naming the command that
+builds it) cannot tell, and the sweeper neither warns nor adds the hint until it is built.
 
 The sweeper never consumes the lanes it watches, so a backed-up lane cannot hold it up. Asked
 to stop (:meth:`Sweeper.run`'s event), a sweep ends once the batch in hand is produced and
@@ -286,7 +288,8 @@ class Sweeper:
         ``asked`` holds the lanes asked this sweep already (this adds to it). A lane found
         marked is never asked again; one that is not is asked again the next sweep with rows of
         it due, so that its abandonments lose the hint once its members mark. A log store that
-        does not answer leaves what is known as it was.
+        does not answer, or cannot tell (a log too large to index at open, until the operator
+        builds the index), leaves what is known as it was: no warning, and no hint.
         """
         lanes = {row.lane for row in rows} - asked - self._marking_lanes
         asked.update(lanes)
@@ -295,6 +298,8 @@ class Sweeper:
                 marked = await self._log.has_processed(lane)
             except PipelineError as exc:
                 log.debug("cannot tell whether rows of lane %s are ever marked: %s", lane, exc)
+                continue
+            if marked is None:  # the log has no index to ask (a warning at its open said so)
                 continue
             if marked:
                 self._marking_lanes.add(lane)

@@ -193,11 +193,14 @@ class SweepLog(IngressLog, Protocol):
         """
         ...
 
-    async def has_processed(self, lane: str) -> bool:
+    async def has_processed(self, lane: str) -> bool | None:
         """Whether any row of ``lane`` is ``processed``: has a member of it ever marked one?
 
         One probe of an index of the processed rows' lanes, however many rows the log holds
-        (a lane none of whose rows was ever marked would otherwise scan it whole).
+        (a lane none of whose rows was ever marked would otherwise scan it whole). None, unknown,
+        while that index is missing: a log too large when this version first opened it is not
+        indexed at open (the build would hold its writes), but by the operator (a warning at open
+        names the command); the question never scans the table instead.
         """
         ...
 

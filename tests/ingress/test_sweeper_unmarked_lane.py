@@ -3,14 +3,21 @@
 Members mark rows only with ``PIPELINE_RUNTIME__MARK_PROCESSED=true`` (off by default, the
 sweeper on by default): without it every webhook is handled, replayed ``max_replays`` times and
 abandoned, and each abandonment alone said "abandoned after 3 replays without being processed".
+
+The log answers from an index of the processed rows' lanes, which a store opening a log made
+before it builds only when the log is small: a larger one cannot tell until the operator builds
+it, and the sweeper then neither warns nor adds the hint.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from pathlib import Path
 
+import psycopg
 import pytest
 from contract.helpers import make_topic
 from logstore.helpers import FakeClock, new_row, real_log_store
@@ -19,6 +26,8 @@ from pipeline.config import Settings, SweeperSettings
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore, RowState
+from pipeline.logstore.postgres import PostgresLogStore
+from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
@@ -178,3 +187,89 @@ async def test_once_a_row_of_the_lane_is_marked_its_abandonments_lose_the_hint(
         row = await store.get(row_id)
         assert row is not None
         assert row.state is RowState.ABANDONED
+
+
+async def test_a_log_too_large_to_index_at_open_cannot_tell_and_the_sweeper_does_not_warn(
+    store: LogStore,
+    redis: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A log made before the index and above the bound: unknown, so no warning and no hint.
+
+    The rows of a lane never marked are replayed and abandoned as before the warning existed;
+    only the store's own warning at open (the command that builds the index) is logged.
+    """
+    await produced(store, clock, unique, "messages", range(5))
+    await drop_processed_index(store)
+    upgraded = reopened(store, bound=3, clock=clock)
+    with caplog.at_level(logging.INFO):
+        await upgraded.open()
+        try:
+            assert await upgraded.has_processed("messages") is None
+            sweeper = await sweeper_for(upgraded, redis, clock, unique, ["messages"])
+            counts = []
+            for _ in range(4):
+                clock.advance(1_000)
+                report = await sweeper.sweep_once()
+                counts.append((report.replayed, report.abandoned))
+        finally:
+            await upgraded.close()
+    assert counts == [(5, 0), (5, 0), (0, 5), (0, 0)]
+    assert hints(caplog) == []
+    opened = [r.getMessage() for r in caplog.records if r.name.startswith("pipeline.logstore")]
+    assert len(opened) == 1
+    assert "CREATE INDEX" in opened[0]
+    assert (
+        abandonments(caplog)
+        == ["webhook abandoned: abandoned after 2 replays without being processed"] * 5
+    )
+
+
+async def test_a_small_log_made_before_the_index_gets_it_at_open_and_the_warning(
+    store: LogStore,
+    redis: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Within the bound the index is built at open, and the lane never marked is named."""
+    await produced(store, clock, unique, "messages", range(5))
+    await drop_processed_index(store)
+    upgraded = reopened(store, bound=1_000, clock=clock)
+    with caplog.at_level(logging.INFO):
+        await upgraded.open()
+        try:
+            sweeper = await sweeper_for(upgraded, redis, clock, unique, ["messages"])
+            clock.advance(1_000)
+            assert (await sweeper.sweep_once()).replayed == 5
+        finally:
+            await upgraded.close()
+    assert [r for r in caplog.records if r.name.startswith("pipeline.logstore")] == []
+    assert len(hints(caplog)) == 1
+
+
+async def drop_processed_index(store: LogStore) -> None:
+    """Take ``store``'s log back to before ``ingress_log_processed`` (a log made before it)."""
+    if isinstance(store, SqliteLogStore):
+        with closing(sqlite3.connect(store._path, isolation_level=None)) as conn:
+            conn.execute("DROP INDEX ingress_log_processed")
+        return
+    assert isinstance(store, PostgresLogStore)
+    async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
+        await conn.execute(
+            psycopg.sql.SQL("DROP INDEX {}").format(
+                psycopg.sql.Identifier(store._schema, "ingress_log_processed")
+            )
+        )
+
+
+def reopened(store: LogStore, *, bound: int, clock: FakeClock) -> LogStore:
+    """Another store on ``store``'s log, its index built at open only up to ``bound`` rows."""
+    if isinstance(store, SqliteLogStore):
+        return SqliteLogStore(store._path, clock=clock, processed_index_max_rows=bound)
+    assert isinstance(store, PostgresLogStore)
+    return PostgresLogStore(
+        store._url, schema=store._schema, clock=clock, processed_index_max_rows=bound
+    )

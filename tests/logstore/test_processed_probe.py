@@ -4,13 +4,20 @@ The sweeper asks it once a sweep for a lane none of whose rows was marked, the v
 rows fill the log (replayed, then abandoned and kept): without an index of the processed rows'
 lanes that answer is a scan of the whole table, which on PostgreSQL outlasts the answer timeout
 the sweeper's statements are held to.
+
+The index is built when a store opens a log made before it, but only a new or small one: the
+build reads the whole table and holds its writes meanwhile (every replica's webhooks, minutes on
+a large log). A larger log opens without it, one warning names the command that builds it, and
+until then ``has_processed`` answers None (unknown) without reading the table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from pathlib import Path
 
 import psycopg
@@ -85,4 +92,191 @@ async def test_the_probe_reads_an_index_not_the_table(store: LogStore) -> None:
     shown = await plan(store, "messages")
     assert "ingress_log_processed" in shown, shown
     assert "SCAN ingress_log" not in shown, shown  # SQLite's words for a table scan
-    assert "Seq Scan" not in shown, shown  # PostgreSQL's
+    assert "Seq Scan on ingress_log" not in shown, shown  # PostgreSQL's (the catalog's may be)
+
+
+# A log made before the index (this version's first open of it) -------------------------------
+
+BOUND = 50
+"""The lowered bound of the reopened stores, under the 203 rows of a large log."""
+
+
+def reopened(store: LogStore, bound: int) -> LogStore:
+    """Another store on ``store``'s log, building the index at open only up to ``bound`` rows."""
+    if isinstance(store, SqliteLogStore):
+        return SqliteLogStore(store._path, processed_index_max_rows=bound)
+    assert isinstance(store, PostgresLogStore)
+    return PostgresLogStore(store._url, schema=store._schema, processed_index_max_rows=bound)
+
+
+async def run_sql(store: LogStore, statement: str) -> list[tuple[object, ...]]:
+    """``statement`` on a connection of its own (an operator's); ``{schema}`` is the store's."""
+    if isinstance(store, SqliteLogStore):
+        with closing(sqlite3.connect(store._path, isolation_level=None)) as conn:
+            return conn.execute(statement.replace("{schema}.", "")).fetchall()
+    assert isinstance(store, PostgresLogStore)
+    async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
+        cur = await conn.execute(statement.replace("{schema}", store._schema).encode())
+        return list(await cur.fetchall()) if cur.description else []
+
+
+async def index_state(store: LogStore) -> bool | None:
+    """Whether ``ingress_log_processed`` is valid; None: there is none."""
+    if isinstance(store, SqliteLogStore):
+        found = await run_sql(store, sqlite_sql.PROCESSED_EXISTS)
+        return True if found else None
+    found = await run_sql(
+        store,
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = '{schema}' AND c.relname = 'ingress_log_processed'",
+    )
+    return bool(found[0][0]) if found else None
+
+
+async def old_log(store: LogStore, rows: int) -> None:
+    """``store`` holding ``rows`` rows, some processed, and no index of the processed rows."""
+    clock = FakeClock()
+    new = [new_row(n, clock, lane="messages") for n in range(rows)]
+    new += [new_row(n, clock, lane="engagement") for n in range(rows, rows + 3)]
+    await asyncio.gather(*(store.insert(row) for row in new))
+    await store.mark_produced([row.id for row in new])
+    await store.mark_processed([row.id for row in new[:2]])
+    await run_sql(store, "DROP INDEX {schema}.ingress_log_processed")
+    assert await index_state(store) is None
+
+
+def index_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The stores' warnings about the index."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("pipeline.logstore")
+        and r.levelno == logging.WARNING
+        and "ingress_log_processed" in r.getMessage()
+    ]
+
+
+async def probe_read_the_table(store: LogStore, lane: str) -> bool:
+    """Whether :meth:`has_processed` of ``lane`` reads the table's rows (runs the lane's probe)."""
+    if isinstance(store, SqliteLogStore):
+        statements: list[str] = []
+        store._r.set_trace_callback(statements.append)
+        try:
+            await store.has_processed(lane)
+        finally:
+            store._r.set_trace_callback(None)
+        return sqlite_sql.HAS_PROCESSED in statements
+    assert isinstance(store, PostgresLogStore)
+    async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
+        query = psycopg.sql.SQL("EXPLAIN (ANALYZE, COSTS OFF) ") + store._sql.has_processed
+        found = await conn.execute(query, [lane])
+        lines = [str(row[0]) for row in await found.fetchall()]
+    # Its scans of the table or the index, by either name ("Seq Scan on ingress_log", "Index
+    # Only Scan using ingress_log_processed on ingress_log"): planned, never executed.
+    scans = [line for line in lines if " on ingress_log " in line]
+    assert scans, lines
+    return any("never executed" not in line for line in scans)
+
+
+async def test_a_log_above_the_bound_opens_without_the_index_and_says_how_to_build_it(
+    store: LogStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not built at open (it would hold the writes): one warning with the command; unknown."""
+    await old_log(store, 200)
+    if isinstance(store, PostgresLogStore):
+        await run_sql(store, "ANALYZE {schema}.ingress_log")  # as autovacuum would have
+    upgraded = reopened(store, BOUND)
+    with caplog.at_level(logging.WARNING, logger="pipeline.logstore"):
+        await upgraded.open()
+    try:
+        warned = index_warnings(caplog)
+        assert len(warned) == 1, warned
+        assert "about 203 rows" in warned[0]
+        assert await index_state(store) is None
+        assert await upgraded.has_processed("messages") is None
+        assert await upgraded.has_processed("engagement") is None
+        assert not await probe_read_the_table(upgraded, "messages")
+        command = warned[0].split(" with: ", 1)[1]
+        if isinstance(store, PostgresLogStore):
+            assert command == (
+                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS ingress_log_processed ON "
+                f"{store._schema}.ingress_log (lane) WHERE state = 'processed'"
+            )
+            await run_sql(store, command)  # what the operator runs, the ingress running
+        else:
+            assert command == (
+                f'sqlite3 {store._path} "CREATE INDEX IF NOT EXISTS ingress_log_processed ON '
+                "ingress_log (lane) WHERE state = 'processed'\""
+            )
+            await run_sql(store, command.split('"')[1])
+        # The store running since asks the index now, without being opened again.
+        assert await upgraded.has_processed("messages") is True
+        assert await upgraded.has_processed("engagement") is False
+        assert "ingress_log_processed" in await plan(upgraded, "messages")
+    finally:
+        await upgraded.close()
+    caplog.clear()
+    again = reopened(store, BOUND)
+    with caplog.at_level(logging.WARNING, logger="pipeline.logstore"):
+        await again.open()
+    await again.close()
+    assert index_warnings(caplog) == []
+
+
+async def test_a_log_within_the_bound_gets_the_index_at_open(
+    store: LogStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A small log made before the index: built at open, no warning, the lanes answered.
+
+    On PostgreSQL the table was never analyzed: the planner's estimate is from its pages.
+    """
+    await old_log(store, 20)
+    upgraded = reopened(store, 1_000)
+    with caplog.at_level(logging.WARNING, logger="pipeline.logstore"):
+        await upgraded.open()
+    try:
+        assert index_warnings(caplog) == []
+        assert await index_state(store) is True
+        assert await upgraded.has_processed("messages") is True
+        assert await upgraded.has_processed("engagement") is False
+    finally:
+        await upgraded.close()
+
+
+async def test_an_index_left_invalid_by_a_failed_concurrent_build_counts_as_missing(
+    tmp_path: Path, settings: Settings, postgres_service: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL: an INVALID index is not asked; a large table's is named, a small one rebuilt."""
+    async with real_log_store("postgres", tmp_path, settings.postgres.url) as store:
+        await old_log(store, 200)
+        await run_sql(store, "ANALYZE {schema}.ingress_log")  # as autovacuum would have
+        with pytest.raises(psycopg.errors.UniqueViolation):  # two processed rows of messages
+            await run_sql(
+                store,
+                "CREATE UNIQUE INDEX CONCURRENTLY ingress_log_processed"
+                " ON {schema}.ingress_log (lane) WHERE state = 'processed'",
+            )
+        assert await index_state(store) is False
+        assert await store.has_processed("messages") is None
+        assert not await probe_read_the_table(store, "messages")
+        upgraded = reopened(store, BOUND)
+        with caplog.at_level(logging.WARNING, logger="pipeline.logstore"):
+            await upgraded.open()
+        await upgraded.close()
+        warned = index_warnings(caplog)
+        assert len(warned) == 1, warned
+        assert "about 203 rows" in warned[0]
+        assert warned[0].endswith(
+            f"with: DROP INDEX CONCURRENTLY {store._schema}.ingress_log_processed; "
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS ingress_log_processed ON "
+            f"{store._schema}.ingress_log (lane) WHERE state = 'processed'"
+        )
+        assert await index_state(store) is False
+        small = reopened(store, 1_000)
+        await small.open()
+        try:
+            assert await index_state(store) is True
+            assert await small.has_processed("messages") is True
+        finally:
+            await small.close()

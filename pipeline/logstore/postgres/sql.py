@@ -45,9 +45,42 @@ CREATE INDEX IF NOT EXISTS ingress_log_unproduced ON {table} (received_at_ms)
 CREATE INDEX IF NOT EXISTS ingress_log_unprocessed ON {table} (produced_at_ms)
     WHERE state = 'produced';
 CREATE INDEX IF NOT EXISTS ingress_log_received ON {table} (received_at_ms);
-CREATE INDEX IF NOT EXISTS ingress_log_processed ON {table} (lane)
-    WHERE state = 'processed';
 """
+"""Run in one transaction. The index of the processed rows' lanes, added later, is not in it.
+
+A plain ``CREATE INDEX`` holds off every insert and update of the table while it reads it, so
+that one is built only on a new or small table (the store's ``processed_index_max_rows``, from
+:data:`_PROCESSED` and :data:`_ROWS`); a larger table's is left to :data:`PROCESSED_COMMAND`.
+"""
+
+_PROCESSED = """
+SELECT i.indisvalid, pg_relation_size(t.oid)
+FROM pg_class t
+JOIN pg_namespace n ON n.oid = t.relnamespace
+LEFT JOIN pg_class ic ON ic.relnamespace = n.oid AND ic.relname = 'ingress_log_processed'
+LEFT JOIN pg_index i ON i.indexrelid = ic.oid AND i.indrelid = t.oid
+WHERE n.nspname = {schema_name} AND t.relname = 'ingress_log'
+"""
+"""Whether ``ingress_log_processed`` is valid (None: missing), and the table's bytes."""
+
+_ROWS = "EXPLAIN (FORMAT JSON) SELECT FROM {table}"
+"""The planner's estimate of the table's rows: no row is read, nothing is locked for writes.
+
+The last ``ANALYZE``'s rows per page times the pages the table has now (never analyzed: its
+pages, at least 10, and the width of its columns).
+"""
+
+_CREATE_PROCESSED = """
+DROP INDEX IF EXISTS {processed};
+CREATE INDEX ingress_log_processed ON {table} (lane) WHERE state = 'processed';
+"""
+"""(Re)build the index of the processed rows' lanes: only a new or small table's."""
+
+PROCESSED_COMMAND = (
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS ingress_log_processed ON {table} (lane)"
+    " WHERE state = 'processed'"
+)
+"""What an operator runs for a large table's index (a ``str.format`` of the table's name)."""
 
 _INSERT = """
 INSERT INTO {table}
@@ -122,7 +155,17 @@ RETURNING {columns}
 """
 
 _HAS_PROCESSED = """
-SELECT EXISTS (SELECT 1 FROM {table} WHERE lane = %s AND state = 'processed')
+SELECT CASE WHEN EXISTS (
+    SELECT FROM pg_index i
+    JOIN pg_class c ON c.oid = i.indexrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = {schema_name} AND c.relname = 'ingress_log_processed' AND i.indisvalid
+) THEN EXISTS (SELECT FROM {table} WHERE lane = %s AND state = 'processed') END
+"""
+"""Whether a row of a lane is processed; NULL without a valid ``ingress_log_processed``.
+
+The lane's rows are looked for only with the index (the uncorrelated subquery is evaluated when
+the ``CASE`` reaches it): without it the question would scan the table.
 """
 
 _GET = "SELECT {columns} FROM {table} WHERE id = %s"
@@ -136,12 +179,21 @@ class Statements:
     def __init__(self, schema: str) -> None:
         """Compose every statement for ``schema``.``ingress_log``."""
         self.table = sql.Identifier(schema, "ingress_log")
-        names = {"schema": sql.Identifier(schema), "table": self.table, "columns": COLUMNS}
+        names = {
+            "schema": sql.Identifier(schema),
+            "schema_name": sql.Literal(schema),
+            "table": self.table,
+            "processed": sql.Identifier(schema, "ingress_log_processed"),
+            "columns": COLUMNS,
+        }
 
         def compose(text: LiteralString) -> sql.Composed:
             return sql.SQL(text).format(**names)
 
         self.schema = compose(_SCHEMA)
+        self.processed = compose(_PROCESSED)
+        self.rows = compose(_ROWS)
+        self.create_processed = compose(_CREATE_PROCESSED)
         self.insert = compose(_INSERT)
         self.mark_produced = compose(_MARK_PRODUCED)
         self.record_failure = compose(_RECORD_FAILURE)

@@ -3,8 +3,9 @@
 One table, ``ingress_log``. Times are integers of milliseconds since the epoch; ``headers`` is a
 JSON object; ``lease_until_ms`` is the claim lease of the sweeper (0 when unclaimed). The two
 partial indexes serve the sweeper's two claims and stay small: only rows still owed are in them.
-A third, of the processed rows' lanes, answers :data:`HAS_PROCESSED` in one probe, where the
-table would be scanned whole for a lane none of whose rows was ever marked.
+A third, of the processed rows' lanes (:data:`CREATE_PROCESSED`, not in :data:`SCHEMA`: built at
+open only on a new or small table), answers :data:`HAS_PROCESSED` in one probe, where the table
+would be scanned whole for a lane none of whose rows was ever marked.
 """
 
 from __future__ import annotations
@@ -49,11 +50,24 @@ SCHEMA = (
         ON ingress_log (produced_at_ms) WHERE state = 'produced'
     """,
     "CREATE INDEX IF NOT EXISTS ingress_log_received ON ingress_log (received_at_ms)",
-    """
-    CREATE INDEX IF NOT EXISTS ingress_log_processed
-        ON ingress_log (lane) WHERE state = 'processed'
-    """,
 )
+
+CREATE_PROCESSED = (
+    "CREATE INDEX IF NOT EXISTS ingress_log_processed ON ingress_log (lane)"
+    " WHERE state = 'processed'"
+)
+"""The index of the processed rows' lanes; its build reads the whole table, under the write lock."""
+
+PROCESSED_EXISTS = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'ingress_log_processed'"
+)
+
+ROWS = "SELECT (SELECT max(rowid) FROM ingress_log) - (SELECT min(rowid) FROM ingress_log) + 1"
+"""The table's rows, about: the span of its rowids (two seeks; NULL when empty).
+
+Rows are deleted oldest first (the purge), so the span is their number, or more when rows in
+between are gone (purged processed rows among kept abandoned ones): never fewer.
+"""
 
 COLUMNS = (
     "id, source, tenant, key, topic, lane, event_id, received_at_ms, headers, body, state,"
@@ -214,7 +228,10 @@ def count_by_state(selection: Selection) -> tuple[str, list[object]]:
 
 
 HAS_PROCESSED = "SELECT 1 FROM ingress_log WHERE lane = ? AND state = 'processed' LIMIT 1"
-"""Whether a row of a lane is processed (``ingress_log_processed``); params: the lane."""
+"""Whether a row of a lane is processed (``ingress_log_processed``); params: the lane.
+
+Run only once :data:`PROCESSED_EXISTS` found the index: without it, it scans the table.
+"""
 
 GET = f"SELECT {COLUMNS} FROM ingress_log WHERE id = ?"  # noqa: S608
 
