@@ -11,6 +11,7 @@ from pipeline.admission.debounce.debouncer import (
     Debouncer,
     DebounceStats,
     Finish,
+    Renewal,
     Step,
     Turn,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "DebounceStats",
     "Debouncer",
     "Finish",
+    "Renewal",
     "Step",
     "Turn",
     "TurnRunner",

@@ -51,7 +51,13 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 
 from pipeline.admission.debounce.codec import BufferedMessage, decode, encode
-from pipeline.admission.debounce.functions import DebounceFunctions, Ending, Leased, Outcome
+from pipeline.admission.debounce.functions import (
+    DebounceFunctions,
+    Ending,
+    Leased,
+    Outcome,
+    Renewal,
+)
 from pipeline.admission.keys import key_text
 from pipeline.envelope import Message
 from pipeline.errors import DebounceUnavailable
@@ -65,6 +71,7 @@ __all__ = [
     "Debouncer",
     "Ending",
     "Finish",
+    "Renewal",
     "Step",
     "Turn",
 ]
@@ -394,8 +401,12 @@ class Debouncer:
                 "debounce lease of %s on lane %s lost before its turn finished", key, self.lane
             )
 
-    async def renew(self, turn: Turn) -> bool:
-        """Extend the lease of a running ``turn`` by ``lease_ms``; False if it was lost.
+    async def renew(self, turn: Turn) -> Renewal:
+        """Extend the lease of a running ``turn`` by ``lease_ms`` (``renewed``).
+
+        ``taken``: its lease lapsed (its runner stalled past it) and another runner claimed
+        the turn, which it runs now or has run; ``lost``: no runner holds it (the turn was
+        claimed again and finished, or its state is gone with Redis's data).
 
         Raises:
             DebounceUnavailable: Redis cannot be reached.

@@ -23,6 +23,9 @@ LIBRARY = resources.files("pipeline.admission.debounce").joinpath("lua/debounce.
 Outcome = Literal["done", "scheduled", "lost"]
 """How a turn ended: nothing left buffered; a next turn scheduled; lease lost (no change)."""
 
+Renewal = Literal["renewed", "taken", "lost"]
+"""What a renewal found: the lease extended; held by another token; held by none."""
+
 RawTurn = list[Any]
 """A leased turn as the Lua returns it: key, token, attempt, due_ms, first_failure_ms (-1: none),
 then "arrival:message"."""
@@ -225,10 +228,15 @@ class DebounceFunctions(FunctionLibrary):
         reply = await self.fcall("db_finish", names, args)
         return Finished(_outcome(reply[0]), _due(reply[1]), int(reply[2]))
 
-    async def renew(self, key: str, token: str, lease_ms: int) -> bool:
-        """``db_renew``: extend a running turn's lease; False if the token lost it."""
+    async def renew(self, key: str, token: str, lease_ms: int) -> Renewal:
+        """``db_renew``: extend a running turn's lease (``renewed``).
+
+        ``taken``: another token holds it (the lease lapsed and the turn was claimed again);
+        ``lost``: no token does (the turn finished by its new holder, or the state gone).
+        """
         state = keys.state_key(self.prefix, self.lane, key)
-        return bool(await self.fcall("db_renew", [self.due_key, state], [key, token, lease_ms]))
+        reply = int(await self.fcall("db_renew", [self.due_key, state], [key, token, lease_ms]))
+        return "renewed" if reply > 0 else "taken" if reply < 0 else "lost"
 
     async def next_due(self) -> int | None:
         """``db_next``: the lane's earliest due time (Redis clock, ms), or None."""

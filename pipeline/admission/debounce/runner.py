@@ -29,7 +29,11 @@ runner at the cost of one wake-up read per such step.
 A runner whose timer fires while it has no free slot hands the timer to another runner through
 the wake list (once; a runner woken that way keeps the timer until a slot frees).
 
-While a callback runs its lease is renewed every third of ``lease_ms``. A callback that returns
+While a callback runs its lease is renewed every third of ``lease_ms``; a renewal that finds
+another runner holding it (this one stalled past the lease, and the turn was claimed again)
+cancels the callback, so a stalled runner does not run on beside the new holder's run or the
+conversation's next turn (a renewal that finds no holder, the state gone with Redis's data, lets
+it run on: its messages may be nowhere else). A callback that returns
 True ends the turn; False or an exception keeps its messages and schedules the turn again after
 ``backoff(attempt)`` ms (the callback sees ``turn.attempt`` and dead-letters the turn itself once
 it has had enough attempts, then returns True). A runner killed mid-turn loses nothing: the
@@ -332,10 +336,22 @@ class TurnRunner:
             if done:
                 break
             try:
-                if not await self._debouncer.renew(turn):
-                    log.warning("debounce lease of %s lost while its turn ran", turn.key)
+                renewal = await self._debouncer.renew(turn)
             except DebounceUnavailable as exc:
                 log.warning("debounce lease of %s not renewed: %s", turn.key, exc)
+                continue
+            if renewal == "taken":  # another runner has these messages: stop running them here
+                log.warning(
+                    "debounce lease of %s on lane %s lapsed and another runner took its turn "
+                    "(this one stalled past lease_ms): the turn is stopped here",
+                    turn.key,
+                    turn.lane,
+                )
+                self._debouncer.stats.lost_leases += 1
+                await cancel_until_done(call)
+                return
+            if renewal == "lost":
+                log.warning("debounce lease of %s lost while its turn ran", turn.key)
         ok = call.result()
         retry_in_ms = 0 if ok else self._backoff(turn.attempt)
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -589,9 +589,12 @@ end
 -- db_renew: extend the lease of a running turn.
 -- KEYS[1] due zset   KEYS[2] state hash
 -- ARGV[1] conversation key   ARGV[2] lease token   ARGV[3] lease_ms
--- Returns 1 if the token still held the lease (now extended), else 0.
+-- Returns 1 if the token still held the lease (now extended), -1 if another token holds it (its
+-- lease lapsed and another runner claimed the turn: the caller stops running it), 0 if none does
+-- (the turn was finished by the one that claimed it, or the state is gone with Redis's data).
 local function renew(keys, args)
-  if redis.call('HGET', keys[2], 'tok') ~= args[2] then return 0 end
+  local holder = redis.call('HGET', keys[2], 'tok')
+  if holder ~= args[2] then return holder and -1 or 0 end
   local lu = now_ms() + tonumber(args[3])
   redis.call('HSET', keys[2], 'lu', lu)
   redis.call('ZADD', keys[1], lu, args[1])

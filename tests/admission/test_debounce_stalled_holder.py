@@ -1,0 +1,142 @@
+"""A runner whose turn's lease lapsed while it was stalled (not dead) stops that turn.
+
+A member paused past its lease (a stop-the-world pause, a frozen VM, SIGSTOP) has its turn
+claimed again by another member, which runs the same messages, and then the conversation's
+next turn. The paused member, once it runs again, went on with its handler to the end: the
+same turn twice at once, or a turn running beside its conversation's next one, out of order.
+Its next renewal now finds another holder and cancels the handler. A renewal that finds no
+holder at all (the state lost with Redis's data) lets it run on: its messages may be nowhere
+else. The pause is the lease's expiry moved into the past in Redis, not waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from pipeline.admission.debounce import Debouncer, Renewal, Turn, TurnRunner
+from pipeline.admission.debounce import keys as debounce_keys
+from pipeline.envelope import Message
+from pipeline.topics.spec import DebouncePolicy
+
+pytestmark = pytest.mark.redis
+PREFIX = "pltest"
+LEASE_MS = 1_500  # renewed every 0.5 s
+BOUND_S = 30  # how long a failing run may wait before the test gives up
+
+
+@pytest.fixture
+async def lane(redis: Redis, unique: str) -> AsyncIterator[str]:
+    """A lane no other test uses; its keys are deleted after the test."""
+    name = f"debstall_{unique}"
+    yield name
+    async for key in redis.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, name)}*"):
+        await redis.unlink(key)
+
+
+def debouncer_of(redis: Redis, lane: str, lease_ms: int = LEASE_MS) -> Debouncer:
+    """A debouncer whose turns are due 50 ms after a conversation's last message."""
+    policy = DebouncePolicy(key="conversation_id", quiet_s=0.05, max_wait_s=1.0)
+    return Debouncer(redis, PREFIX, lane, policy, lease_ms=lease_ms)
+
+
+def message(offset: int, text: str) -> Message:
+    """A consumed message whose value is ``text``."""
+    return Message("chat", 0, offset, b"c1", text.encode(), {}, 1_000 + offset)
+
+
+class Stalled:
+    """A handler that starts and waits to be let go, noting how its run ended."""
+
+    def __init__(self) -> None:
+        """Nothing started yet."""
+        self.started = asyncio.Event()
+        self.let_go = asyncio.Event()
+        self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def __call__(self, _turn: Turn) -> bool:
+        """Wait to be let go; note whether the run ended or was cancelled."""
+        self.started.set()
+        try:
+            await self.let_go.wait()
+        except asyncio.CancelledError:
+            self.note("cancelled")
+            raise
+        self.note("ended")
+        return True
+
+    def note(self, how: str) -> None:
+        """Keep how the first run ended."""
+        if not self.ended.done():
+            self.ended.set_result(how)
+
+
+async def lapse(redis: Redis, lane: str) -> None:
+    """Move the lease of conversation c1 into the past, as a pause longer than it would."""
+    await redis.zadd(debounce_keys.due_key(PREFIX, lane), {"c1": 0})
+    await redis.hset(debounce_keys.state_key(PREFIX, lane, "c1"), "lu", 0)
+
+
+async def test_a_stalled_runner_stops_the_turn_another_member_took_over(
+    redis: Redis, lane: str
+) -> None:
+    """The lapsed holder's handler is cancelled at its next renewal; the new holder's run ends."""
+    stalled = Stalled()
+    runner = TurnRunner(debouncer_of(redis, lane), stalled)
+    other = debouncer_of(redis, lane, lease_ms=120_000)  # its lease holds while it runs
+    stop = asyncio.Event()
+    running = asyncio.create_task(runner.run(stop))
+    try:
+        await other.record("c1", message(0, "hi"))
+        await other.record("c1", message(1, "open?"))
+        await asyncio.wait_for(stalled.started.wait(), BOUND_S)
+        taken: list[Turn] = []
+        while not taken:  # a renewal between the lapse and the claim extends the lease again
+            await lapse(redis, lane)
+            taken = list((await other.claim(1)).turns)
+        assert taken[0].attempt == 2
+        assert [m.value for m in taken[0].messages] == [b"hi", b"open?"]
+        ended = await asyncio.wait_for(asyncio.shield(stalled.ended), BOUND_S)
+        assert ended == "cancelled"
+        assert await other.finish(taken[0], ok=True) == "done"
+    finally:
+        stalled.let_go.set()
+        stop.set()
+        await asyncio.wait_for(running, BOUND_S)
+    assert await redis.llen(debounce_keys.buffer_key(PREFIX, lane, "c1")) == 0
+
+
+async def test_a_runner_whose_turn_lost_its_state_runs_it_to_the_end(
+    redis: Redis, lane: str
+) -> None:
+    """A renewal that finds no holder (the state gone with Redis's data) does not stop the turn."""
+    stalled = Stalled()
+    debouncer = debouncer_of(redis, lane)
+    renewed: asyncio.Queue[bool] = asyncio.Queue()
+    renew = debouncer.renew
+
+    async def noting(turn: Turn) -> Renewal:
+        result = await renew(turn)
+        renewed.put_nowait(result == "renewed")
+        return result
+
+    debouncer.renew = noting  # type: ignore[method-assign]
+    runner = TurnRunner(debouncer, stalled)
+    stop = asyncio.Event()
+    running = asyncio.create_task(runner.run(stop))
+    try:
+        await debouncer.record("c1", message(0, "hi"))
+        await asyncio.wait_for(stalled.started.wait(), BOUND_S)
+        await redis.delete(*debounce_keys.conversation_keys(PREFIX, lane, "c1"))
+        await redis.zrem(debounce_keys.due_key(PREFIX, lane), "c1")
+        while await asyncio.wait_for(renewed.get(), BOUND_S):
+            pass  # renewed before the state went
+        stalled.let_go.set()
+        assert await asyncio.wait_for(asyncio.shield(stalled.ended), BOUND_S) == "ended"
+    finally:
+        stalled.let_go.set()
+        stop.set()
+        await asyncio.wait_for(running, BOUND_S)
