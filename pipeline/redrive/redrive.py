@@ -41,6 +41,7 @@ from pipeline.errors import ConfigError, MessageTooLarge
 from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
 from pipeline.topics.spec import TopicSpec
+from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import Admin, Consumer, Producer, Reader, Transport
 
 _DROPPED_HEADERS = {
@@ -67,7 +68,12 @@ _PIN_BYTES = 3_500
 _BATCH = 200
 """The most messages read at once; under a rate cap, at most a second's worth (:meth:`_poll`)."""
 _ROOM_BYTES = 1_024
-"""Room for a record's framing below a topic's ``max.message.bytes`` (see :meth:`_chunks`)."""
+"""Room for a batch's framing (Kafka: a 61-byte header) below ``max.message.bytes`` (_chunks)."""
+_RECORD_FRAMING = 36
+"""The most a record's own framing takes in a Kafka batch (its varints: length, attributes,
+timestamp and offset deltas, key and value lengths, header count), beyond :attr:`Record.size`."""
+_HEADER_FRAMING = 10
+"""The most each header's framing takes in a Kafka batch (its name's and value's lengths)."""
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +234,7 @@ class Redrive:
         self._offloader = offloader
         self._exists: dict[str, bool] = {}  # target topic -> whether the broker has it
         self._max_bytes: dict[str, int | None] = {}  # target topic -> its max.message.bytes
+        self._partitions: dict[str, int] = {}  # target topic -> its partition count
         self._pin: _Pin | None = None  # the times the redrive began with (--since/--until)
         self._pinned = selection  # the selection by those times
         self.report = Report()
@@ -337,6 +344,10 @@ class Redrive:
         times, and those after by its own (the same command run again after the redrive was
         done starts a window of its own). A dry run reads them too, by a member that joins
         nothing, and only when the redrive has committed (nothing is left on the broker).
+
+        Each partition holds the pin of the last run that committed on it, so one a stopped run
+        had nothing to read on still holds an older, finished pin: the pin resumed is the one
+        whose ends some partition has not reached (:func:`_unfinished`), never the first found.
         """
         since, until = self._selection.since_ms, self._selection.until_ms
         if since is None and until is None:
@@ -350,11 +361,10 @@ class Redrive:
                 stored = await looker.committed(list(starts))
             finally:
                 await looker.close()
+        firsts = {tp.partition: first for tp, (first, _) in starts.items()}
         pins = (_Pin.parse(position.metadata) for position in stored.values())
-        pin = next((found for found in pins if found is not None), None)
-        if pin is None or all(
-            first >= pin.ends.get(tp.partition, 0) for tp, (first, _) in starts.items()
-        ):
+        pin = _unfinished([found for found in pins if found is not None], firsts)
+        if pin is None:
             pin = _Pin(since, until, {tp.partition: end for tp, (_, end) in starts.items()})
         self._pin = pin
         self._pinned = replace(self._selection, since_ms=pin.since_ms, until_ms=pin.until_ms)
@@ -461,6 +471,7 @@ class Redrive:
             info = (await admin.list_topics([topic])).get(topic)
             self._exists[topic] = info is not None
             self._max_bytes[topic] = info.max_message_bytes if info is not None else None
+            self._partitions[topic] = info.partitions if info is not None else 0
         return self._exists[topic]
 
     async def _target(self, message: Message, admin: Admin) -> str | None:
@@ -537,7 +548,11 @@ class Redrive:
 
         Each message of ``batch`` is settled as the broker acknowledges its record. A record
         the target refuses as too large stays in the DLQ, settled and named (one line): a chunk
-        refused so is sent again one record at a time, so the others still go.
+        refused so is sent again one record at a time, so the others still go. A chunk is so
+        refused whole, before any of it is sent, when a record is above what this process's
+        producer takes; the broker refuses a chunk :meth:`_chunks` kept within the topic's
+        ``max.message.bytes`` only if that was lowered after this run read it (read again for
+        the next batch), and then what it took of the chunk's other partitions goes twice.
         """
         for chunk in self._chunks(target, picked):
             started = time.monotonic()
@@ -547,6 +562,7 @@ class Redrive:
                 if len(chunk) == 1:
                     self._too_large(chunk, target, batch, exc)
                 else:
+                    self._exists.pop(target, None)  # its limit is read again for the next batch
                     for one in chunk:
                         try:
                             await self._send_chunk(producer, target, [one], batch)
@@ -558,26 +574,45 @@ class Redrive:
     def _chunks(
         self, target: str, picked: list[tuple[int, Record]]
     ) -> list[list[tuple[int, Record]]]:
-        """``picked`` in order as the sends to make: one record each under a rate cap, else all.
+        """``picked`` in order as the sends to make: one record each under a rate cap, else few.
 
-        Without a cap, a record that may be too large for the target's ``max.message.bytes``
-        (Kafka: the broker refuses it after taking the records of the batch's other
-        partitions; with compression it may also take it) goes in a send of its own, so that a
-        refusal does not take the records around it down with it, and sent again, twice.
+        Without a cap, on a target with a ``max.message.bytes`` (Kafka), each partition's share
+        of a send stays within it: librdkafka batches a send's records of one partition
+        together, and the broker refuses a batch larger than that whole, after taking those of
+        the other partitions, so the chunk was sent again and what was taken was written twice
+        (three 1,500-byte records of one key under 3,000 bytes). A share counts
+        each record with the most its framing takes (:func:`_framed`) and keeps
+        :data:`_ROOM_BYTES` for the batch's own; a record without a key (placed at random)
+        counts against every partition. A record over that by itself goes alone, so that the
+        refusal does not take the records around it down with it.
         """
         if self._interval_s:
             return [[one] for one in picked]
         limit = self._max_bytes.get(target)
-        if limit is None:
+        partitions = self._partitions.get(target, 0)
+        if limit is None or partitions < 1:
             return [picked] if picked else []
+        room = limit - _ROOM_BYTES
         chunks: list[list[tuple[int, Record]]] = []
         run: list[tuple[int, Record]] = []
+        shares: Counter[int] = Counter()  # bytes of ``run`` per partition
+        anywhere = 0  # bytes of ``run`` without a key
         for one in picked:
-            if one[1].size + _ROOM_BYTES > limit:
+            size = _framed(one[1])
+            if size > room:
                 chunks += [run, [one]] if run else [[one]]
-                run = []
+                run, shares, anywhere = [], Counter(), 0
+                continue
+            where = _placed(one[1], partitions)
+            share = max(shares.values(), default=0) if where is None else shares[where]
+            if anywhere + share + size > room:
+                chunks.append(run)
+                run, shares, anywhere = [], Counter(), 0
+            run.append(one)
+            if where is None:
+                anywhere += size
             else:
-                run.append(one)
+                shares[where] += size
         return [*chunks, run] if run else chunks
 
     async def _send_chunk(
@@ -623,6 +658,38 @@ class Redrive:
             batch.settled[i] = True
         self.report.moved += len(chunk)
         self.report.moved_to[target] += len(chunk)
+
+
+def _framed(record: Record) -> int:
+    """The most bytes ``record`` takes in a Kafka batch: its size and its framing."""
+    return record.size + _RECORD_FRAMING + _HEADER_FRAMING * len(record.headers or ())
+
+
+def _placed(record: Record, partitions: int) -> int | None:
+    """The partition ``record`` goes to among ``partitions``, or None if placed at random."""
+    if record.partition is not None:
+        return record.partition
+    return None if record.key is None else partition_for(record.key, partitions)
+
+
+def _unfinished(pins: Sequence[_Pin], firsts: dict[int, int]) -> _Pin | None:
+    """The pin of the redrive still under way: the one with an end some partition is short of.
+
+    ``firsts`` is where each partition is read from now. A position only moves forward and a
+    partition's end only grows, so a pin every partition has reached stays reached, and a run
+    begins a new pin only when none is left unreached: at most one is unreached, whichever
+    partitions each run committed on (a partition a run had nothing to read on keeps the pin
+    of the run before). Two could be only if two runs of the same command began at once, each
+    committing its own; then the one begun last (the higher ends, then the later times).
+    """
+    unreached = [
+        pin for pin in pins if any(first < pin.ends.get(p, 0) for p, first in firsts.items())
+    ]
+    return max(
+        unreached,
+        key=lambda pin: (sum(pin.ends.values()), pin.since_ms or 0, pin.until_ms or 0),
+        default=None,
+    )
 
 
 def _time_of(ms: int) -> str:
