@@ -19,7 +19,8 @@ the worker importing the handler) the member beats for the run as often.
 
 Each worker leads its own process group: a cancelled call sends the group SIGTERM (in the worker
 it turns ``ctx.cancelled`` true, and the worker exits once the handler returns), then SIGKILL
-after the pool's grace period, so processes the handler started go with it.
+after the pool's grace period, so processes the handler started go with it. A worker whose
+member is gone (killed, or leaving without a stop) kills itself and its group, idle or busy.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import threading
 import traceback
@@ -128,14 +130,41 @@ class _Beats:  # pragma: no cover - runs in the worker process
             self._wake.clear()
 
 
+def _die_with_member(conn: Connection) -> None:  # pragma: no cover - runs in the worker
+    """Kill the worker and its process group once the member's end of ``conn`` is closed.
+
+    The worker is a child of the forkserver, not of the member, and holds the forkserver alive
+    itself, so nothing else ends it: a handler that never returns (or one the member was killed
+    in the middle of, by kill -9 or the OOM killer) would go on, with what it started, for as
+    long as it runs. Every way the member leaves closes its end (a stop SIGKILLs first).
+    """
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP)  # the peer closed; not its messages
+    while True:
+        try:
+            events = [mask for _, mask in poller.poll()]
+        except InterruptedError:
+            continue
+        if any(mask & select.POLLNVAL for mask in events):
+            return  # the worker closed its own end: it is exiting
+        if events:
+            break
+    with contextlib.suppress(OSError):
+        if os.getpgid(0) == os.getpid():  # the worker leads its group: the handler's children
+            os.killpg(0, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
     """Worker loop: receive (function ref, args, beat every s), send back (ok, result or exception).
 
     Between the start mark ``(None, None)`` and the result it sends ``("beat", None)``
-    heartbeats (:class:`_Beats`).
+    heartbeats (:class:`_Beats`). Once the member's end of ``conn`` closes, the worker and its
+    process group are killed, busy or not (:func:`_die_with_member`).
     """
     with contextlib.suppress(OSError):
         os.setsid()  # its own process group: a cancellation stops the handler's children too
+    threading.Thread(target=_die_with_member, args=(conn,), daemon=True).start()
     beats = _Beats(conn)
     terminated = threading.Event()
     # SIGTERM is the cancellation: ctx.cancelled turns true and the handler may return; the
