@@ -95,6 +95,35 @@ class RedisSettings(_Section):
         return value
 
 
+_QUERY_SECRET = re.compile(r"[?&;]password=([^&;#]*)", re.IGNORECASE)
+_DELIMITERS = re.compile(r"[:/?#@%&;=\[\]]")
+_MIN_HIDDEN_CHARS = 2
+
+
+def hide_credentials(text: str, url: str) -> str:
+    """``text`` with every piece of ``url``'s password replaced by ``***``.
+
+    The password is read from the raw string, not from a parse of it: a ``/``, ``?``, ``#`` or
+    ``%`` left unencoded in it makes ``urlsplit`` or libpq split the URL elsewhere and echo a
+    piece of the password as a port, path, database or token ("Port could not be cast to
+    integer value as 's3cr'"). So whatever lies between the scheme's ``//`` and the URL's last
+    ``@`` after the first ``:`` (all of it without a ``:``: a lone token), each piece of it
+    between delimiters, and each ``password=`` option's value, are hidden wherever they occur
+    in ``text``; single characters are left (they are in every message).
+    """
+    secrets: list[str] = [found.group(1) for found in _QUERY_SECRET.finditer(url)]
+    start = url.find("//")
+    end = url.rfind("@")
+    if start != -1 and end > start:
+        userinfo = url[start + 2 : end]
+        secrets.append(userinfo.partition(":")[2] if ":" in userinfo else userinfo)
+    pieces = {part for secret in secrets for part in (secret, *_DELIMITERS.split(secret))}
+    for piece in sorted(pieces, key=len, reverse=True):
+        if len(piece) >= _MIN_HIDDEN_CHARS:
+            text = text.replace(piece, "***")
+    return text
+
+
 def _redis_query_problem(url: str) -> str | None:
     """Why redis-py cannot build a connection from ``url``'s query options, or None.
 
@@ -187,7 +216,32 @@ class PostgresSettings(_Section):
     def _pg_scheme(cls, value: str) -> str:
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("expected postgresql://user:password@host:port/database")
+        problem = postgres_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
+
+
+def postgres_url_problem(url: str) -> str | None:
+    """Why libpq cannot read ``url``, its password hidden, or None.
+
+    libpq reads a URL only when it connects, and its parse errors quote the token at fault: a
+    ``%`` left unencoded in the password put the whole password in every line that said the
+    log database could not be reached (``invalid percent-encoded token: "..."``), at each of the
+    pool's retries. Parse it now (it connects to nothing).
+    """
+    from psycopg import ProgrammingError  # noqa: PLC0415 - only where a URL is set
+    from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
+
+    try:
+        conninfo_to_dict(url)
+    except ProgrammingError as exc:
+        said = hide_credentials(str(exc).strip(), url)
+        return (
+            f"libpq cannot read the URL ({said}); a '%', '/', '?', '#' or '@' in the user or"
+            " password must be percent-encoded (%25, %2F, %3F, %23, %40)"
+        )
+    return None
 
 
 class PressureSettings(_Section):
@@ -570,6 +624,9 @@ class RegistrySettings(BaseModel):
     def _store_scheme(cls, value: str) -> str:
         if not value.startswith(("sqlite://", "postgresql://", "postgres://")):
             raise ValueError("expected sqlite:///path or postgresql://user:password@host/db")
+        problem = None if value.startswith("sqlite://") else postgres_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("url")
@@ -739,8 +796,15 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _reason(err: Any) -> str:
-    """Pydantic's message, without the "Value error, " it puts before our validators' own."""
-    return str(err["msg"]).removeprefix("Value error, ")
+    """Pydantic's message, without the "Value error, " it puts before our validators' own.
+
+    A URL's password never shows: a parser that split it elsewhere (a ``/`` or ``%`` left
+    unencoded) names a piece of it as the port, path or token at fault
+    (:func:`hide_credentials`).
+    """
+    reason = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    return hide_credentials(reason, value) if isinstance(value, str) else reason
 
 
 _SENSITIVE = re.compile(r"pas|pw|secret|token|auth|user|url|dsn|cred|key|store", re.IGNORECASE)

@@ -16,7 +16,7 @@ import socket
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.config import ENV_PREFIX, Settings, http_url_problem
+from pipeline.config import ENV_PREFIX, Settings, hide_credentials, http_url_problem
 from pipeline.errors import ConfigError
 
 __all__ = [
@@ -53,8 +53,9 @@ def checked_http_url(url: str, source: str) -> str:
     """
     problem = http_url_problem(url)
     if problem is not None:
-        shown = _USERINFO.sub("***@", url)
-        raise ConfigError(f"{source} {shown!r} is not an http(s) URL: {problem}")
+        shown = hide_credentials(_USERINFO.sub("***@", url), url)
+        said = hide_credentials(problem, url)
+        raise ConfigError(f"{source} {shown!r} is not an http(s) URL: {said}")
     return url
 
 
@@ -62,15 +63,21 @@ _QUERY_PASSWORD = re.compile(r"(?<=[?&;])(password=)[^&;#]*", re.IGNORECASE)
 
 
 def safe_url(url: str) -> str:
-    """``url`` without its password (in its authority, or a ``password=`` option), fit to print."""
+    """``url`` without its password (in its authority, or a ``password=`` option), fit to print.
+
+    A password with a ``/``, ``?`` or ``#`` left unencoded is no password to ``urlsplit`` (it
+    ends the authority there): whatever remains of it is hidden by :func:`hide_credentials`.
+    """
     parts = urlsplit(url)
+    if parts.password is None and not _QUERY_PASSWORD.search("?" + parts.query):
+        return hide_credentials(url, url)  # as given: urlunsplit would drop sqlite:///'s "//"
     if parts.query:
         parts = parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", "?" + parts.query)[1:])
-    if parts.password is None:
-        return urlunsplit(parts)
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else f"***@{netloc}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = parts.username or ""
+        parts = parts._replace(netloc=f"{user}:***@{netloc}" if user else f"***@{netloc}")
+    return hide_credentials(urlunsplit(parts), url)
 
 
 def where(settings: Settings, service: Service) -> tuple[str, str]:

@@ -194,6 +194,7 @@ async def _warn_stranded(settings: Settings, specs: Sequence[TopicSpec]) -> None
     from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
     from redis.exceptions import RedisError  # noqa: PLC0415
 
+    from pipeline.reachability import safe_url  # noqa: PLC0415
     from pipeline.topics.stranded import stranded_in_redis  # noqa: PLC0415
 
     redis = Redis.from_url(
@@ -205,8 +206,9 @@ async def _warn_stranded(settings: Settings, specs: Sequence[TopicSpec]) -> None
         lines = await stranded_in_redis(redis, settings.redis.key_prefix, specs)
     except (RedisError, OSError) as exc:
         _warn_line(
-            f"cannot check the members' Redis ({settings.redis.url}, PIPELINE_REDIS__URL) for"
-            f" held followers or debounce buffers these declarations strand: {exc}"
+            f"cannot check the members' Redis ({safe_url(settings.redis.url)},"
+            " PIPELINE_REDIS__URL) for held followers or debounce buffers these declarations"
+            f" strand: {exc}"
         )
         return
     finally:

@@ -219,7 +219,9 @@ def list_subjects(
         for r in rows:
             typer.echo(json.dumps({"subject": r.subject, "version": r.version, "id": r.schema_id}))
         return
-    table = Table("subject", "latest version", "id", title=f"subjects at {settings.url}")
+    from pipeline.reachability import safe_url  # noqa: PLC0415 - see the module doc
+
+    table = Table("subject", "latest version", "id", title=f"subjects at {safe_url(settings.url)}")
     for r in rows:
         table.add_row(r.subject, str(r.version), str(r.schema_id))
     out_console().print(table)
