@@ -18,9 +18,24 @@ COLUMNS = sql.SQL(
     " produce_attempts, replay_count, last_error, produced_at_ms"
 )
 
-_SCHEMA = """
-SELECT pg_advisory_xact_lock(hashtext('pipeline.logstore.migrate'));
-CREATE SCHEMA IF NOT EXISTS {schema};
+_MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pipeline.logstore.migrate'))"
+"""Serialises the migrations of every store of the database, held to the migration's commit."""
+
+_FOUND = """
+SELECT c.relname::text
+FROM pg_namespace n
+LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = ANY(%s)
+WHERE n.nspname = {schema_name}
+"""
+"""Which of the names given exist in the schema (one NULL row: the schema only; none: not it).
+
+A name of any relation, as ``IF NOT EXISTS`` would find it. Read from the catalog: no lock is
+taken on the table.
+"""
+
+_CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
+
+_CREATE_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
     id               text PRIMARY KEY,
     source           text NOT NULL,
@@ -39,18 +54,41 @@ CREATE TABLE IF NOT EXISTS {table} (
     produced_at_ms   bigint,
     lease_until_ms   bigint NOT NULL DEFAULT 0,
     UNIQUE (source, event_id)
-);
-CREATE INDEX IF NOT EXISTS ingress_log_unproduced ON {table} (received_at_ms)
-    WHERE state = 'received';
-CREATE INDEX IF NOT EXISTS ingress_log_unprocessed ON {table} (produced_at_ms)
-    WHERE state = 'produced';
-CREATE INDEX IF NOT EXISTS ingress_log_received ON {table} (received_at_ms);
+)
 """
-"""Run in one transaction. The index of the processed rows' lanes, added later, is not in it.
 
-A plain ``CREATE INDEX`` holds off every insert and update of the table while it reads it, so
-that one is built only on a new or small table (the store's ``processed_index_max_rows``, from
-:data:`_PROCESSED` and :data:`_ROWS`); a larger table's is left to :data:`PROCESSED_COMMAND`.
+_OBJECTS: tuple[tuple[str, LiteralString], ...] = (
+    ("ingress_log", _CREATE_TABLE),
+    (
+        "ingress_log_unproduced",
+        (
+            "CREATE INDEX IF NOT EXISTS ingress_log_unproduced ON {table} (received_at_ms)"
+            " WHERE state = 'received'"
+        ),
+    ),
+    (
+        "ingress_log_unprocessed",
+        (
+            "CREATE INDEX IF NOT EXISTS ingress_log_unprocessed ON {table} (produced_at_ms)"
+            " WHERE state = 'produced'"
+        ),
+    ),
+    (
+        "ingress_log_received",
+        "CREATE INDEX IF NOT EXISTS ingress_log_received ON {table} (received_at_ms)",
+    ),
+)
+"""The table and its first indexes, each with the statement that makes it, in creation order.
+
+Run in one transaction under :data:`_MIGRATE_LOCK`, and only those :data:`_FOUND` does not
+find: ``CREATE INDEX IF NOT EXISTS`` of an index that exists still takes the table's SHARE lock
+and holds it to the commit, so an open that ran them all queued behind any long write of the
+table (a purge), and every insert of every replica queued behind that open. A log with all of
+them is opened without a lock on its table. The index of the processed rows' lanes, added
+later, is not among them: a plain ``CREATE INDEX`` holds off every insert and update of the
+table while it reads it, so that one is built only on a new or small table (the store's
+``processed_index_max_rows``, from :data:`_PROCESSED` and :data:`_ROWS`); a larger table's is
+left to :data:`PROCESSED_COMMAND`.
 """
 
 _PROCESSED = """
@@ -170,7 +208,28 @@ the ``CASE`` reaches it): without it the question would scan the table.
 
 _GET = "SELECT {columns} FROM {table} WHERE id = %s"
 
-_PURGE = "DELETE FROM {table} WHERE received_at_ms < %s AND state = ANY(%s)"
+_PURGE = """
+WITH chosen AS (
+    SELECT id, received_at_ms FROM {table}
+    WHERE received_at_ms < %(before)s AND received_at_ms >= %(from)s AND state = ANY(%(states)s)
+    ORDER BY received_at_ms LIMIT %(limit)s
+), gone AS (
+    DELETE FROM {table}
+    WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+      AND received_at_ms < %(before)s AND state = ANY(%(states)s)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM chosen),
+    (SELECT max(received_at_ms) FROM chosen)
+"""
+"""One batch of a purge: the oldest ``limit`` old rows in ``states`` from ``from``, deleted.
+
+Returns the rows deleted, the rows chosen (fewer than ``limit``: the last batch) and the newest
+time chosen (where the next batch starts, so rows kept are not read again). The chosen rows are
+found by their primary key (a join would read the whole table each batch). The conditions are
+repeated on the deleted row: one another transaction changed meanwhile (an abandoned row
+replayed) is read again after it commits and kept if it no longer matches.
+"""
 
 
 class Statements:
@@ -190,7 +249,10 @@ class Statements:
         def compose(text: LiteralString) -> sql.Composed:
             return sql.SQL(text).format(**names)
 
-        self.schema = compose(_SCHEMA)
+        self.migrate_lock = compose(_MIGRATE_LOCK)
+        self.found = compose(_FOUND)
+        self.create_schema = compose(_CREATE_SCHEMA)
+        self.objects = [(name, compose(statement)) for name, statement in _OBJECTS]
         self.processed = compose(_PROCESSED)
         self.rows = compose(_ROWS)
         self.create_processed = compose(_CREATE_PROCESSED)
