@@ -74,7 +74,12 @@ class Authenticator:
         # Compare even for an unknown user, so timing does not tell which user names exist.
         expected = user.password.get_secret_value() if user else "\x00unknown-user"
         if not sep or not hmac.compare_digest(password.encode(), expected.encode()) or not user:
-            log.warning("registry request refused: bad basic credentials for user %r", username)
+            # Only a configured user is named: the caller chose the rest, and a credential
+            # without its ':' (or a password typed as the user) is all secret.
+            log.warning(
+                "registry request refused: bad basic credentials for %s",
+                f"user {username!r}" if user else "a user not configured",
+            )
             raise Unauthorized("Unauthorized: invalid username or password")
         return user.username, user.role
 
