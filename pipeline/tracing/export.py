@@ -450,12 +450,15 @@ class _Exiting:
         """One line for the spans the collector did not take at exit, if any."""
         if self.failed is None:
             return
+        from pipeline.reachability import safe_url  # noqa: PLC0415 - the settings' imports: only here
+
         endpoint = getattr(getattr(self._exporter, "_client", None), "_endpoint", None)
+        endpoint = endpoint or getattr(self._exporter, "_endpoint", "?")
         log.warning(
             "tracing: %d spans not exported at exit: the collector at %s did not take them (%s); "
             "they are dropped (check the collector and OTEL_EXPORTER_OTLP_ENDPOINT)",
             self.dropped,
-            endpoint or getattr(self._exporter, "_endpoint", "?"),
+            safe_url(str(endpoint)),  # a user and password in the endpoint's URL stay hidden
             self.failed,
         )
 
