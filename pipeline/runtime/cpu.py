@@ -55,6 +55,9 @@ RUN_BEAT_EVERY_S: ContextVar[float] = ContextVar("pipeline_cpu_beat_every_s", de
 """How often the current run beats while it waits for its worker and while its handler runs
 (set by :mod:`pipeline.runtime.longwork` from the lane's ``heartbeat_timeout``)."""
 _BEAT = "beat"
+_RESPAWN_FIRST_S = 0.1
+_RESPAWN_LAST_S = 5.0
+"""A replacement worker that failed to start is tried again after 0.1 s, doubling to 5 s."""
 
 
 class HandlerTimeout(PipelineError):
@@ -351,6 +354,8 @@ class ProcessPool:
         self._started: asyncio.Future[None] | None = None
         self._unstarted = size
         """Workers the start has still to start."""
+        self._respawns: set[asyncio.Future[None]] = set()
+        """Starts of a replacement worker being tried again after a failure."""
 
     async def _start(self) -> None:
         try:
@@ -373,25 +378,29 @@ class ProcessPool:
         puts a fresh one in its place.
         """
         every_s = RUN_BEAT_EVERY_S.get()
-        worker: _Worker | None = await self._idle_worker(every_s)
-        assert worker is not None  # noqa: S101 - just taken
+        taken = await self._idle_worker(every_s)
+        worker: _Worker | None = taken  # None once it is no longer this call's to give back
         try:
             try:
-                ok, value = await _call(worker, ref, args, time_limit_s, every_s)
+                ok, value = await _call(taken, ref, args, time_limit_s, every_s)
             except _Unstarted:  # it died idle (the OOM killer): not this call's doing
-                worker = await self._replace(worker)
-                ok, value = await _call(worker, ref, args, time_limit_s, every_s)
+                worker = None
+                await self._swap(taken)
+                taken = worker = await self._idle_worker(every_s)
+                ok, value = await _call(taken, ref, args, time_limit_s, every_s)
         except HandlerTimeout:
-            worker = await self._replace(worker)
+            dead, worker = worker, None
+            await self._swap(dead)
             raise
         except asyncio.CancelledError:
-            stopping = asyncio.ensure_future(self._stop(worker))
-            worker = None  # the stop hands its fresh worker to the idle queue itself
-            stopping.add_done_callback(self._stopped)
-            await asyncio.shield(stopping)  # cancelled again: the stop goes on regardless
+            if worker is not None:  # else: cancelled while a swap or the wait for a worker ran
+                stopping = asyncio.ensure_future(self._stop(worker))
+                worker = None  # the stop puts its fresh worker in the idle queue itself
+                await asyncio.shield(stopping)  # cancelled again: the stop goes on regardless
             raise
         except (_Unstarted, EOFError, OSError) as exc:
-            worker = await self._replace(worker)
+            dead, worker = worker, None
+            await self._swap(dead)
             raise WorkerCrashed(f"the worker running {ref} died") from exc
         finally:
             if worker is not None:
@@ -422,26 +431,57 @@ class ProcessPool:
         await asyncio.shield(started)
         return await self._idle.get()
 
-    def _stopped(self, stopping: asyncio.Future[_Worker]) -> None:
-        """A cancelled call's worker was stopped: its fresh replacement is idle."""
-        if not stopping.cancelled() and stopping.exception() is None:
-            self._idle.put_nowait(stopping.result())
-
-    async def _stop(self, worker: _Worker) -> _Worker:
-        """SIGTERM the worker's group, SIGKILL it after the grace period; a fresh worker."""
+    async def _stop(self, worker: _Worker) -> None:
+        """SIGTERM the worker's group, SIGKILL it after the grace period, then replace it."""
         worker.signal_group(signal.SIGTERM)
         await asyncio.to_thread(worker.process.join, self._grace_s)
-        return await self._replace(worker)
+        await self._replace(worker)
 
-    async def _replace(self, worker: _Worker) -> _Worker:
-        worker.kill()
+    async def _swap(self, worker: _Worker | None) -> None:
+        """:meth:`_replace` ``worker``, to the end even if the call waiting for it is cancelled."""
+        if worker is not None:
+            await asyncio.shield(asyncio.ensure_future(self._replace(worker)))
+
+    async def _replace(self, worker: _Worker) -> None:
+        """Kill ``worker`` and put a fresh one in the idle queue in its place.
+
+        One that fails to start (fork's EAGAIN or ENOMEM, under the pressure that may have
+        killed the last) is started again in the background until one does: a slot lost there
+        left the pool a worker short for good, and with none left every call waited for ever.
+        """
         self._all.discard(worker)
-        fresh = await asyncio.to_thread(_Worker, self._ctx)
+        await asyncio.to_thread(worker.kill)  # its join must not hold the loop (a D-state exit)
+        try:
+            fresh = await asyncio.to_thread(_Worker, self._ctx)
+        except Exception:
+            log.warning("cpu pool: a worker failed to start; starting it again", exc_info=True)
+            respawn = asyncio.ensure_future(self._respawn())
+            self._respawns.add(respawn)
+            respawn.add_done_callback(self._respawns.discard)
+            return
         self._all.add(fresh)
-        return fresh
+        self._idle.put_nowait(fresh)
+
+    async def _respawn(self) -> None:
+        """Start a worker into the idle queue; after a failure again (0.1 s, doubling to 5 s)."""
+        delay_s = _RESPAWN_FIRST_S
+        while True:
+            await asyncio.sleep(delay_s)
+            try:
+                fresh = await asyncio.to_thread(_Worker, self._ctx)
+            except Exception as exc:
+                log.debug("cpu pool: a worker failed to start again: %s", exc)
+                delay_s = min(delay_s * 2, _RESPAWN_LAST_S)
+                continue
+            self._all.add(fresh)
+            self._idle.put_nowait(fresh)
+            return
 
     async def close(self) -> None:
         """Kill every worker."""
+        for respawn in list(self._respawns):
+            respawn.cancel()
+        self._respawns.clear()
         for worker in list(self._all):
             await asyncio.to_thread(worker.kill)
         self._all.clear()
