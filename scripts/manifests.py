@@ -139,6 +139,9 @@ def lane_manifests(
                 },
                 "spec": {
                     "serviceAccountName": "pipeline-consumer",
+                    # The pause process is PID 1 and reaps what a killed cpu=True handler
+                    # started (pipeline would be PID 1 otherwise, and reaps no orphans).
+                    "shareProcessNamespace": True,
                     "terminationGracePeriodSeconds": pod_grace_s,
                     "securityContext": POD_SECURITY,
                     "containers": [container],

@@ -179,6 +179,16 @@ def test_consumer_probes_and_deletion_cost_permissions():
         assert {"POD_NAME", "POD_NAMESPACE"} <= env
 
 
+def test_consumers_leave_reaping_to_the_pods_pause_process():
+    """pipeline is not PID 1 in a consumer's pod, so what a killed handler started is reaped.
+
+    As PID 1 it would inherit every process a cpu=True handler started and a timeout or a
+    cancellation killed, and reap none: each stays <defunct>, holding a pid of the pod's limit.
+    """
+    for doc in consumer_deployments():
+        assert doc["spec"]["template"]["spec"]["shareProcessNamespace"] is True
+
+
 def test_a_batch_lane_scales_on_age_only_past_its_promotion_point():
     """Batch work waits for idle capacity by design: it asks for members near its SLA only."""
     batch = TopicSpec.model_validate(
