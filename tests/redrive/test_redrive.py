@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from contract.helpers import consume_until, expire_below
 from redis.asyncio import Redis
+from redrive.helpers import dead_letter_lane
 from runtime.helpers import declare, lane_spec, produce
 from support import delete_group_after
 
@@ -257,10 +258,7 @@ async def test_a_dry_run_left_behind_by_a_killed_one_counts_all_that_is_ahead(
     transport: Transport, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A dry run that died without deleting its group does not make the next one count less."""
-    spec = lane_spec(f"rd_{unique}", 2)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    _, dlq, headers = await dead_letter_lane(transport, unique, 2)
     await produce(transport, dlq, [Record(b"v%d" % i, b"one-key", headers) for i in range(300)])
     admin = transport.admin()
     with monkeypatch.context() as patch:  # as if killed: its group is not deleted
@@ -343,10 +341,7 @@ async def test_two_dry_runs_at_once_each_count_everything(
     transport: Transport, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two dry runs of one redrive at the same time each count every dead letter, and both end."""
-    spec = lane_spec(f"rd_{unique}", 2)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    _, dlq, headers = await dead_letter_lane(transport, unique, 2)
     await produce(transport, dlq, [Record(b"v%d" % i, b"k%d" % i, headers) for i in range(1000)])
     polled: list[_PollTogether] = []
     all_in = asyncio.Event()
@@ -475,10 +470,7 @@ async def test_a_killed_dry_run_leaves_no_group_on_the_redis_dlq(
     """A `pipeline redrive --dry-run` killed (SIGKILL) midway on Redis leaves no group behind."""
     transport = create_transport(settings, "redis")
     try:
-        spec = lane_spec(f"rd_{unique}", 2)
-        await declare(transport, spec)
-        dlq = spec.dead_letter
-        headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+        spec, dlq, headers = await dead_letter_lane(transport, unique, 2)
         records = [Record(b"v%d" % i, b"k%d" % i, headers) for i in range(20_000)]
         await produce(transport, dlq, records)
     finally:

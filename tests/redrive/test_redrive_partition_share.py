@@ -6,19 +6,13 @@ import asyncio
 import os
 
 import pytest
-from runtime.helpers import declare, lane_spec, produce
+from redrive.helpers import dead_letter_lane, keys_for
+from runtime.helpers import produce
 
-from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.redrive.redrive import Redrive
 from pipeline.redrive.select import Selection
-from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import TopicConfig, Transport
-
-
-def _keys(partition: int, n: int) -> list[bytes]:
-    """``n`` keys the transports place on ``partition`` of four."""
-    return [b"k%d" % i for i in range(2_000) if partition_for(b"k%d" % i, 4) == partition][:n]
 
 
 async def test_records_over_the_limit_together_on_one_partition_are_each_moved_once(
@@ -31,16 +25,13 @@ async def test_records_over_the_limit_together_on_one_partition_are_each_moved_o
     made again one record at a time, so those six were written twice (the origin held 15 for 9
     moved).
     """
-    spec = lane_spec(f"rd_{unique}", 4)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    spec, dlq, headers = await dead_letter_lane(transport, unique, 4)
     if transport.name == "kafka":
         await transport.admin().update_topic(
             TopicConfig(spec.name, 4, configs={"max.message.bytes": "3000"})
         )
-    (same,) = _keys(0, 1)
-    others = _keys(1, 2) + _keys(2, 2) + _keys(3, 2)
+    (same,) = keys_for(0, 4, 1)
+    others = keys_for(1, 4, 2) + keys_for(2, 4, 2) + keys_for(3, 4, 2)
     records = [Record(os.urandom(1_500), same, headers, 0) for _ in range(3)]
     records += [Record(b"small%d" % i, key, headers, 0) for i, key in enumerate(others)]
     await produce(transport, dlq, records)  # one partition of the DLQ: one poll reads them all
@@ -57,15 +48,12 @@ async def test_a_partition_share_of_many_small_records_stays_under_the_limit(
     transport: Transport, unique: str
 ) -> None:
     """150 dead letters of 40 bytes on one partition: together well over an origin's 3,000 bytes."""
-    spec = lane_spec(f"rd_{unique}", 4)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    spec, dlq, headers = await dead_letter_lane(transport, unique, 4)
     await transport.admin().update_topic(
         TopicConfig(spec.name, 4, configs={"max.message.bytes": "3000"})
     )
-    (same,) = _keys(2, 1)
-    others = [Record(b"other%d" % i, key, headers, 0) for i, key in enumerate(_keys(3, 5))]
+    (same,) = keys_for(2, 4, 1)
+    others = [Record(b"other%d" % i, key, headers, 0) for i, key in enumerate(keys_for(3, 4, 5))]
     records = [Record(os.urandom(40), same, headers, 0) for _ in range(150)]
     await produce(transport, dlq, [*others[:2], *records, *others[2:]])  # one poll reads them
     report = await asyncio.wait_for(Redrive(transport, dlq, Selection()).run(), 60)

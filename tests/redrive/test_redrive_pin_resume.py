@@ -5,28 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from runtime.helpers import declare, lane_spec, produce
+from redrive.helpers import HOUR_S, dead_letter_lane, keys_for, since_2h
+from runtime.helpers import produce
 
-from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.redrive.redrive import Redrive
-from pipeline.redrive.select import Selection
-from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import Transport
-
-_HOUR_S = 3_600
-
-
-def _since_2h(now_s: float) -> Selection:
-    """``--since 2h`` as typed by an operator whose clock reads ``now_s``."""
-    return Selection.typed_as(since="2h", now_s=now_s)
-
-
-def _key_for(partition: int, partitions: int) -> bytes:
-    """A key the transports place on ``partition``."""
-    return next(
-        b"k%d" % i for i in range(1_000) if partition_for(b"k%d" % i, partitions) == partition
-    )
 
 
 async def test_a_second_redrive_stopped_on_one_partition_resumes_its_window(
@@ -38,24 +22,21 @@ async def test_a_second_redrive_stopped_on_one_partition_resumes_its_window(
     run had nothing to read on, still held the first run's (finished), so the third run started
     a window of its own clock and passed the 7 left over as not selected (scanned 7, moved 0).
     """
-    spec = lane_spec(f"rd_{unique}", 2)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
-    k0, k1 = _key_for(0, 2), _key_for(1, 2)
+    spec, dlq, headers = await dead_letter_lane(transport, unique, 2)
+    (k0,), (k1,) = keys_for(0, 2, 1), keys_for(1, 2, 1)
     await produce(
         transport, dlq, [Record(b"a%d" % i, k, headers) for i in range(2) for k in (k0, k1)]
     )
     now = time.time()
-    first = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(now)).run(), 60)
+    first = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now)).run(), 60)
     assert first.moved == 4
     await produce(transport, dlq, [Record(b"b%d" % i, k1, headers) for i in range(10)])
-    second = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(now), limit=3).run(), 60)
+    second = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now), limit=3).run(), 60)
     assert second.moved == 3
-    later = now + 2.5 * _HOUR_S
-    dry = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(later), dry_run=True).run(), 60)
+    later = now + 2.5 * HOUR_S
+    dry = await asyncio.wait_for(Redrive(transport, dlq, since_2h(later), dry_run=True).run(), 60)
     assert (dry.scanned, dry.selected) == (7, 7)
-    rest = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(later)).run(), 60)
+    rest = await asyncio.wait_for(Redrive(transport, dlq, since_2h(later)).run(), 60)
     assert (rest.scanned, rest.selected, rest.moved) == (7, 7, 7)
     counts = await transport.admin().list_topics([spec.name])
     assert counts[spec.name].message_count == 14
@@ -68,23 +49,20 @@ async def test_a_run_stopped_on_the_other_partition_resumes_its_window_too(
 
     Then, with every window finished, the same command starts one of its own clock again.
     """
-    spec = lane_spec(f"rd_{unique}", 2)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
-    k0, k1 = _key_for(0, 2), _key_for(1, 2)
+    _, dlq, headers = await dead_letter_lane(transport, unique, 2)
+    (k0,), (k1,) = keys_for(0, 2, 1), keys_for(1, 2, 1)
     await produce(
         transport, dlq, [Record(b"a%d" % i, k, headers) for i in range(2) for k in (k0, k1)]
     )
     now = time.time()
-    first = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(now)).run(), 60)
+    first = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now)).run(), 60)
     assert first.moved == 4
     await produce(transport, dlq, [Record(b"b%d" % i, k0, headers) for i in range(6)])
-    second = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(now), limit=2).run(), 60)
+    second = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now), limit=2).run(), 60)
     assert second.moved == 2
-    later = now + 2.5 * _HOUR_S
-    rest = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(later)).run(), 60)
+    later = now + 2.5 * HOUR_S
+    rest = await asyncio.wait_for(Redrive(transport, dlq, since_2h(later)).run(), 60)
     assert (rest.scanned, rest.moved) == (4, 4)
     await produce(transport, dlq, [Record(b"c%d" % i, k1, headers) for i in range(3)])
-    after = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(later)).run(), 60)
+    after = await asyncio.wait_for(Redrive(transport, dlq, since_2h(later)).run(), 60)
     assert (after.scanned, after.selected) == (3, 0)  # dead-lettered now, 0.5 h before its window

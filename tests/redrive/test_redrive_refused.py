@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import pytest
+from redrive.helpers import dead_letter_lane
 from runtime.helpers import declare, lane_spec, produce
 
 from pipeline import headers as h
@@ -25,10 +26,7 @@ async def test_a_dead_letter_too_large_for_its_origin_stays_and_the_rest_move_on
     Before, the run failed on it every time it was run again, never moving what came after it,
     and on Kafka sent again, at each try, what the broker had taken of the failed batch.
     """
-    spec = lane_spec(f"rd_{unique}", 4)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    spec, dlq, headers = await dead_letter_lane(transport, unique, 4)
     small = [Record(b"v%d" % i, b"k%d" % i, {**headers, h.EVENT_ID: b"e%d" % i}) for i in range(20)]
     if transport.name == "kafka":  # the origin now takes less than the dead-letter topic
         await transport.admin().update_topic(

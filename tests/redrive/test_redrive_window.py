@@ -5,20 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from runtime.helpers import declare, lane_spec, produce
+from redrive.helpers import HOUR_S, dead_letter_lane, since_2h
+from runtime.helpers import produce
 
-from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.redrive.redrive import Redrive
-from pipeline.redrive.select import Selection
 from pipeline.transport.protocol import Transport
-
-_HOUR_S = 3_600
-
-
-def _since_2h(now_s: float) -> Selection:
-    """``--since 2h`` as typed by an operator whose clock reads ``now_s``."""
-    return Selection.typed_as(since="2h", now_s=now_s)
 
 
 async def test_a_redrive_resumed_hours_later_moves_what_it_had_selected(
@@ -29,18 +21,15 @@ async def test_a_redrive_resumed_hours_later_moves_what_it_had_selected(
     Before, the window moved with the clock of the run that resumed: the 7 dead letters the
     first run had selected and not reached were scanned, not selected and passed over for good.
     """
-    spec = lane_spec(f"rd_{unique}", 2)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    spec, dlq, headers = await dead_letter_lane(transport, unique, 2)
     await produce(transport, dlq, [Record(b"v%d" % i, b"k", headers) for i in range(10)])
     now = time.time()
-    first = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(now), limit=3).run(), 60)
+    first = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now), limit=3).run(), 60)
     assert first.moved == 3
-    later = now + 2.5 * _HOUR_S
-    dry = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(later), dry_run=True).run(), 60)
+    later = now + 2.5 * HOUR_S
+    dry = await asyncio.wait_for(Redrive(transport, dlq, since_2h(later), dry_run=True).run(), 60)
     assert (dry.scanned, dry.selected) == (7, 7)
-    rest = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(later)).run(), 60)
+    rest = await asyncio.wait_for(Redrive(transport, dlq, since_2h(later)).run(), 60)
     assert (rest.scanned, rest.moved) == (7, 7)
     counts = await transport.admin().list_topics([spec.name])
     assert counts[spec.name].message_count == 10
@@ -50,14 +39,11 @@ async def test_dead_letters_after_a_finished_redrive_are_judged_by_the_clock_of_
     transport: Transport, unique: str
 ) -> None:
     """The same command run after the redrive was done selects by its own window, not the old."""
-    spec = lane_spec(f"rd_{unique}", 2)
-    await declare(transport, spec)
-    dlq = spec.dead_letter
-    headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
+    _, dlq, headers = await dead_letter_lane(transport, unique, 2)
     await produce(transport, dlq, [Record(b"old%d" % i, b"k", headers) for i in range(4)])
     now = time.time()
-    done = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(now + 3 * _HOUR_S)).run(), 60)
+    done = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now + 3 * HOUR_S)).run(), 60)
     assert (done.scanned, done.selected) == (4, 0)  # all older than its window
     await produce(transport, dlq, [Record(b"new%d" % i, b"k", headers) for i in range(5)])
-    again = await asyncio.wait_for(Redrive(transport, dlq, _since_2h(now)).run(), 60)
+    again = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now)).run(), 60)
     assert (again.scanned, again.moved) == (5, 5)
