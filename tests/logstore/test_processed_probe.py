@@ -58,17 +58,22 @@ async def fill(store: LogStore) -> tuple[list[str], list[str]]:
     return ids[:ROWS], ids[ROWS:]
 
 
+def probe_params(lane: str) -> dict[str, object]:
+    """The parameters of PostgreSQL's probe of ``lane``."""
+    return {"lane": lane}
+
+
 async def plan(store: LogStore, lane: str) -> str:
     """The database's plan for the probe of ``lane``."""
     if isinstance(store, SqliteLogStore):
         with sqlite3.connect(store._path) as conn:
-            found = conn.execute(f"EXPLAIN QUERY PLAN {sqlite_sql.HAS_PROCESSED}", (lane,))
-            return "\n".join(str(row[-1]) for row in found.fetchall())
+            steps = conn.execute(f"EXPLAIN QUERY PLAN {sqlite_sql.HAS_PROCESSED}", (lane,))
+            return "\n".join(str(row[-1]) for row in steps.fetchall())
     assert isinstance(store, PostgresLogStore)
     async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
         await conn.execute(psycopg.sql.SQL("ANALYZE {}").format(store._sql.table))
         query = psycopg.sql.SQL("EXPLAIN ") + store._sql.has_processed
-        found = await conn.execute(query, [lane])
+        found = await conn.execute(query, probe_params(lane))
         return "\n".join(str(row[0]) for row in await found.fetchall())
 
 
@@ -170,7 +175,7 @@ async def probe_read_the_table(store: LogStore, lane: str) -> bool:
     assert isinstance(store, PostgresLogStore)
     async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
         query = psycopg.sql.SQL("EXPLAIN (ANALYZE, COSTS OFF) ") + store._sql.has_processed
-        found = await conn.execute(query, [lane])
+        found = await conn.execute(query, probe_params(lane))
         lines = [str(row[0]) for row in await found.fetchall()]
     # Its scans of the table or the index, by either name ("Seq Scan on ingress_log", "Index
     # Only Scan using ingress_log_processed on ingress_log"): planned, never executed.
@@ -205,6 +210,7 @@ async def test_a_log_above_the_bound_opens_without_the_index_and_says_how_to_bui
             )
             await run_sql(store, command)  # what the operator runs, the ingress running
         else:
+            assert isinstance(store, SqliteLogStore)
             assert command == (
                 f'sqlite3 {store._path} "CREATE INDEX IF NOT EXISTS ingress_log_processed ON '
                 "ingress_log (lane) WHERE state = 'processed'\""
@@ -267,6 +273,7 @@ async def test_an_index_left_invalid_by_a_failed_concurrent_build_counts_as_miss
         warned = index_warnings(caplog)
         assert len(warned) == 1, warned
         assert "about 203 rows" in warned[0]
+        assert isinstance(store, PostgresLogStore)
         assert warned[0].endswith(
             f"with: DROP INDEX CONCURRENTLY {store._schema}.ingress_log_processed; "
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS ingress_log_processed ON "
@@ -280,3 +287,101 @@ async def test_an_index_left_invalid_by_a_failed_concurrent_build_counts_as_miss
             assert await small.has_processed("messages") is True
         finally:
             await small.close()
+
+
+# A log of a realistic mix, analyzed --------------------------------------------------------
+
+MIX = 100_000
+"""Rows of the mix: half of lane messages, never marked, half of lane engagement, processed."""
+
+
+async def fill_mix(store: LogStore) -> None:
+    """``MIX`` rows in one statement, then the statistics autovacuum or ``ANALYZE`` would keep.
+
+    The lane the sweeper asks about (messages: produced and abandoned rows, none processed)
+    beside another's processed rows: the planner, multiplying the selectivities of the lane and
+    of the state, expects thousands of the lane's processed rows, so a scan that stops at the
+    first looks cheap, and finds none.
+    """
+    if isinstance(store, SqliteLogStore):
+        with closing(sqlite3.connect(store._path)) as conn, conn:
+            conn.execute(
+                "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?)"
+                " INSERT INTO ingress_log (id, source, tenant, key, topic, lane, event_id,"
+                " received_at_ms, headers, body, state)"
+                " SELECT 'mix-' || n, 's', 't', 'k', 'x',"
+                " CASE WHEN n % 2 = 0 THEN 'messages' ELSE 'engagement' END, 'e' || n, n,"
+                " '{}', x'', CASE WHEN n % 2 = 1 THEN 'processed'"
+                " WHEN n % 4 = 0 THEN 'produced' ELSE 'abandoned' END FROM g",
+                (MIX,),
+            )
+            conn.execute("ANALYZE")
+            stat = "SELECT stat FROM sqlite_stat1 WHERE idx = 'ingress_log_processed'"
+            assert conn.execute(stat).fetchone() is not None
+        return
+    assert isinstance(store, PostgresLogStore)
+    async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as pg:
+        fill = psycopg.sql.SQL(
+            "INSERT INTO {} (id, source, tenant, key, topic, lane, event_id, received_at_ms,"
+            " headers, body, state)"
+            " SELECT 'mix-' || n, 's', 't', 'k', 'x',"
+            " CASE WHEN n %% 2 = 0 THEN 'messages' ELSE 'engagement' END, 'e' || n, n,"
+            " '{{}}', '', CASE WHEN n %% 2 = 1 THEN 'processed'"
+            " WHEN n %% 4 = 0 THEN 'produced' ELSE 'abandoned' END"
+            " FROM generate_series(1, %s) n"
+        )
+        await pg.execute(fill.format(store._sql.table), [MIX])
+        await pg.execute(psycopg.sql.SQL("ANALYZE {}").format(store._sql.table))
+
+
+def scan_of_the_table(lines: list[str]) -> list[str]:
+    """The node of an ``EXPLAIN`` that reads ``ingress_log`` and its detail lines."""
+    starts = [n for n, line in enumerate(lines) if " on ingress_log " in line]
+    assert len(starts) == 1, lines
+    start = starts[0]
+    depth = len(lines[start]) - len(lines[start].lstrip())
+    block = [lines[start]]
+    for line in lines[start + 1 :]:
+        if len(line) - len(line.lstrip()) <= depth or line.lstrip().startswith("->"):
+            break
+        block.append(line)
+    return block
+
+
+async def test_the_probe_of_a_lane_never_marked_reads_no_row_of_a_large_analyzed_log(
+    store: LogStore,
+) -> None:
+    """The sweeper's very question, with statistics: one look into the index, not a scan."""
+    await fill_mix(store)
+    assert await store.has_processed("messages") is False
+    assert await store.has_processed("engagement") is True
+    assert await store.has_processed("a") is False  # before every processed lane
+    assert await store.has_processed("nowhere") is False  # after them
+    if isinstance(store, SqliteLogStore):
+        shown = await plan(store, "messages")
+        assert "USING INDEX ingress_log_processed" in shown, shown
+        assert "SCAN ingress_log" not in shown, shown
+        steps = 0
+
+        def count() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        store._r.set_progress_handler(count, 1)  # one call a virtual machine instruction
+        try:
+            assert await store.has_processed("messages") is False
+        finally:
+            store._r.set_progress_handler(None, 1)
+        assert steps < 100, steps  # a scan: several instructions a row
+        return
+    assert isinstance(store, PostgresLogStore)
+    async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
+        query = psycopg.sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) ")
+        found = await conn.execute(query + store._sql.has_processed, probe_params("messages"))
+        lines = [str(row[0]) for row in await found.fetchall()]
+    scan = scan_of_the_table(lines)
+    assert "Seq Scan" not in scan[0], lines
+    assert "using ingress_log_processed" in scan[0], lines
+    assert "actual rows=0 " in scan[0] or "actual rows=1 " in scan[0], lines
+    assert not any("Rows Removed" in line for line in scan), lines

@@ -198,12 +198,22 @@ SELECT CASE WHEN EXISTS (
     JOIN pg_class c ON c.oid = i.indexrelid
     JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = {schema_name} AND c.relname = 'ingress_log_processed' AND i.indisvalid
-) THEN EXISTS (SELECT FROM {table} WHERE lane = %s AND state = 'processed') END
+) THEN COALESCE((
+    SELECT lane FROM {table} WHERE state = 'processed' AND lane >= %(lane)s
+    ORDER BY lane LIMIT 1
+) = %(lane)s, false) END
 """
 """Whether a row of a lane is processed; NULL without a valid ``ingress_log_processed``.
 
 The lane's rows are looked for only with the index (the uncorrelated subquery is evaluated when
-the ``CASE`` reaches it): without it the question would scan the table.
+the ``CASE`` reaches it): without it the question would scan the table. With it, the first
+processed lane from the one asked, in the index's order (none: false), is one look into the
+index, reading at most one entry; any other plan would read and sort every processed row.
+
+Not ``EXISTS (... WHERE lane = %(lane)s AND state = 'processed')``: the planner multiplies the
+selectivities of the two conditions, expects thousands of matches on an analyzed table of many
+processed rows, and scans the table to stop at the first; for exactly the lane the sweeper asks
+about (none of whose rows is processed) it finds none and reads every row, every sweep.
 """
 
 _GET = "SELECT {columns} FROM {table} WHERE id = %s"

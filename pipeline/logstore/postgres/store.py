@@ -408,7 +408,7 @@ class PostgresLogStore:
 
     async def has_processed(self, lane: str) -> bool | None:
         """Whether a row of ``lane`` is processed (one probe of an index); None without it."""
-        rows = await self._fetch(self._sql.has_processed, [lane])
+        rows = await self._fetch(self._sql.has_processed, {"lane": lane})
         found = rows[0][0]
         return None if found is None else bool(found)
 
