@@ -129,22 +129,16 @@ class DebounceOverdueSource:
         Raises:
             DebounceUnavailable: Redis cannot be reached or answered an error.
         """
+        keys = [due_key(self._prefix, lane) for lane in self._lanes]
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.time()
-                for lane in self._lanes:
-                    pipe.zrange(due_key(self._prefix, lane), 0, 0, withscores=True)
-                replies = await pipe.execute()
+            now_ms, earliest = await _lowest_scores(self._redis, keys)
         except FAILED as exc:
             lanes = ", ".join(self._lanes)
             raise DebounceUnavailable(f"debounce due times of lanes {lanes}: {exc}") from exc
-        seconds, micros = replies[0]
-        now_ms = seconds * 1000 + micros // 1000
         if self._clock is not None:
             now_ms = int(self._clock() * 1000)
-        for lane, earliest in zip(self._lanes, replies[1:], strict=True):
-            overdue_s = max(0.0, (now_ms - earliest[0][1]) / 1000) if earliest else 0.0
-            self._metrics.overdue(lane, overdue_s)
+        for lane, due_ms in zip(self._lanes, earliest, strict=True):
+            self._metrics.overdue(lane, _overdue_s(now_ms, due_ms))
 
 
 class HeldReleaseOverdueSource:
@@ -177,19 +171,32 @@ class HeldReleaseOverdueSource:
             PipelineError: Redis cannot be reached or answered an error.
         """
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.time()
-                for key in self._keys:
-                    pipe.zrange(key, 0, 0, withscores=True)
-                replies = await pipe.execute()
+            now_ms, earliest = await _lowest_scores(self._redis, self._keys)
         except FAILED as exc:
             lanes = ", ".join(self._lanes)
             raise PipelineError(f"held-follower releases of lanes {lanes}: {exc}") from exc
-        seconds, micros = replies[0]
-        now_ms = seconds * 1000 + micros // 1000
-        for lane, earliest in zip(self._lanes, replies[1:], strict=True):
-            overdue_s = max(0.0, (now_ms - earliest[0][1]) / 1000) if earliest else 0.0
-            self._metrics.overdue(lane, overdue_s)
+        for lane, expiry_ms in zip(self._lanes, earliest, strict=True):
+            self._metrics.overdue(lane, _overdue_s(now_ms, expiry_ms))
+
+
+async def _lowest_scores(redis: Redis, keys: Sequence[str]) -> tuple[int, list[float | None]]:
+    """Redis's ``TIME`` in ms and each sorted set's lowest score (None: empty), one round trip.
+
+    Raises:
+        RedisError, RedisClusterException, OSError: Redis cannot be reached or answered an error.
+    """
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.time()
+        for key in keys:
+            pipe.zrange(key, 0, 0, withscores=True)
+        replies = await pipe.execute()
+    seconds, micros = replies[0]
+    return seconds * 1000 + micros // 1000, [zset[0][1] if zset else None for zset in replies[1:]]
+
+
+def _overdue_s(now_ms: int, due_ms: float | None) -> float:
+    """Seconds ``now_ms`` is past ``due_ms`` (0: not yet, or nothing due)."""
+    return 0.0 if due_ms is None else max(0.0, (now_ms - due_ms) / 1000)
 
 
 class RetentionLossSource:
