@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,10 +19,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlparse
 
 import pytest
+import yaml
 
 from pipeline.config import Settings, load_settings
 from pipeline.observability import stacks
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from pipeline.transport.protocol import Admin, Transport
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+ROOT = Path(__file__).parents[1]
 
 
 BROKER_DOWN = [
@@ -487,3 +491,39 @@ async def reader_groups_of(settings: Settings, client_id: str, stderr: bytes) ->
         if group in named or any(m.client_id.startswith(f"{client_id}-") for m in members):
             joined.add(group)
     return joined
+
+
+@functools.cache
+def rendered_k8s() -> tuple[dict[str, Any], ...]:
+    """Every document `kubectl kustomize deploy/k8s` prints."""
+    if shutil.which("kubectl") is None:
+        message = "kubectl is needed to render deploy/k8s (apt-get install kubectl)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / "deploy" / "k8s")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def k8s_of_kind(kind: str) -> list[dict[str, Any]]:
+    """The documents of one kind `kubectl kustomize deploy/k8s` prints."""
+    return [doc for doc in rendered_k8s() if doc["kind"] == kind]
+
+
+def promtool_binary() -> Path:
+    """The cached promtool (deploy/local/promtool.sh); skip when it is not built."""
+    where = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "local" / "promtool.sh"), "path"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(where).is_file():
+        pytest.skip("promtool is not built (make promtool builds it once, several minutes)")
+    return Path(where)

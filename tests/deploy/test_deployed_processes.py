@@ -13,14 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import httpx
 import psycopg
 import pytest
 import typer
-import yaml
+from support import k8s_of_kind, rendered_k8s
 
 from pipeline.cli import app as cli
 from pipeline.config import _OTHER_VARIABLES, ENV_PREFIX, Settings, _variables, load_settings
@@ -46,29 +44,6 @@ SECRETS = {  # what the Secrets the manifests name would hold (docs/operations.m
 FIELDS = {"metadata.name": "consumer-messages-5d8f7c9b4-x2k9q", "metadata.namespace": "pipeline"}
 
 
-@cache
-def rendered() -> tuple[dict[str, Any], ...]:
-    """Every document `kubectl kustomize deploy/k8s` prints."""
-    if shutil.which("kubectl") is None:
-        message = "kubectl is needed to render deploy/k8s (apt-get install kubectl)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / "deploy" / "k8s")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
-
-
-def of_kind(kind: str) -> list[dict[str, Any]]:
-    """The rendered documents of one kind."""
-    return [doc for doc in rendered() if doc["kind"] == kind]
-
-
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
     """The pod spec of a Deployment or a CronJob."""
     spec = workload["spec"]
@@ -81,7 +56,7 @@ def containers() -> list[tuple[str, dict[str, Any]]]:
     """(workload name, container) of every workload."""
     return [
         (w["metadata"]["name"], c)
-        for w in rendered()
+        for w in rendered_k8s()
         if w["kind"] in WORKLOADS
         for c in pod_spec(w)["containers"]
     ]
@@ -91,7 +66,7 @@ def component(name: str) -> list[dict[str, Any]]:
     """The Deployments of one component (ingress, registry, consumer)."""
     return [
         d
-        for d in of_kind("Deployment")
+        for d in k8s_of_kind("Deployment")
         if d["metadata"]["labels"]["app.kubernetes.io/component"] == name
     ]
 
@@ -102,7 +77,7 @@ def environment(container: dict[str, Any]) -> dict[str, str]:
     Secrets referred to as a whole (`pipeline-secrets`) hold only secrets' names the test gives
     later; single keys come from SECRETS, downward-API fields from FIELDS.
     """
-    maps = {d["metadata"]["name"]: d.get("data", {}) for d in of_kind("ConfigMap")}
+    maps = {d["metadata"]["name"]: d.get("data", {}) for d in k8s_of_kind("ConfigMap")}
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         if "configMapRef" in source:
@@ -196,7 +171,7 @@ def test_probes_and_ports_are_what_each_process_serves(
     registry its API on --port; bound to 127.0.0.1 (the default) the kubelet could not reach
     them and every probe would fail.
     """
-    for deployment in of_kind("Deployment"):
+    for deployment in k8s_of_kind("Deployment"):
         (container,) = pod_spec(deployment)["containers"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         for probe in ("readinessProbe", "livenessProbe"):
@@ -333,7 +308,7 @@ def wait_ready(url: str, run: Run) -> None:
 def stop(name: str, run: Run) -> None:
     """SIGTERM, as the kubelet sends it; the process must end, exit 0, inside the pod's grace."""
     process, _, log = run
-    (deployment,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == name]
+    (deployment,) = [d for d in k8s_of_kind("Deployment") if d["metadata"]["name"] == name]
     grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
     process.send_signal(signal.SIGTERM)
     try:
@@ -427,7 +402,9 @@ def test_the_rendered_ingress_and_consumer_run_mark_scale_and_stop(
     """
     (ingress,) = component("ingress")
     (consumer,) = [d for d in component("consumer") if d["metadata"]["name"] == "consumer-messages"]
-    (scaled,) = [d for d in of_kind("ScaledObject") if d["metadata"]["name"] == "consumer-messages"]
+    (scaled,) = [
+        d for d in k8s_of_kind("ScaledObject") if d["metadata"]["name"] == "consumer-messages"
+    ]
     sources = tmp_path / "sources.yaml"
     sources.write_text(WHATSAPP, encoding="utf-8")
     here = load_settings()

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support import promtool_binary
 
 from pipeline.config import RuntimeSettings
 from pipeline.topics.spec import TopicSpec
@@ -31,16 +32,7 @@ RULE_TESTS = Path(__file__).parent / "promtool"
 @pytest.fixture(scope="module")
 def promtool() -> Path:
     """The cached promtool binary; skip when it has not been built."""
-    where = subprocess.run(
-        ["bash", str(ROOT / "deploy" / "local" / "promtool.sh"), "path"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    binary = Path(where)
-    if not binary.is_file():
-        pytest.skip("promtool is not built (make promtool builds it once, several minutes)")
-    return binary
+    return promtool_binary()
 
 
 def run(promtool: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -9,18 +9,14 @@ policies, RBAC, resources and the registry's single store.
 from __future__ import annotations
 
 import copy
-import os
 import re
-import shutil
-import subprocess
 from collections.abc import Callable, Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
+from support import k8s_of_kind, rendered_k8s
 
 ROOT = Path(__file__).parents[2]
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}
@@ -38,32 +34,9 @@ SAFE_SYSCTLS = {
 Pod = dict[str, Any]
 
 
-@cache
-def rendered() -> tuple[dict[str, Any], ...]:
-    """Every document `kubectl kustomize deploy/k8s` prints."""
-    if shutil.which("kubectl") is None:
-        message = "kubectl is needed to render deploy/k8s (apt-get install kubectl)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / "deploy" / "k8s")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
-
-
-def of_kind(kind: str) -> list[dict[str, Any]]:
-    """The rendered documents of one kind."""
-    return [doc for doc in rendered() if doc["kind"] == kind]
-
-
 def workloads() -> list[dict[str, Any]]:
     """Every rendered object that carries a pod template."""
-    return [doc for doc in rendered() if doc["kind"] in WORKLOADS]
+    return [doc for doc in rendered_k8s() if doc["kind"] in WORKLOADS]
 
 
 def template(workload: dict[str, Any]) -> dict[str, Any]:
@@ -218,7 +191,7 @@ def workload_names() -> list[str]:
 def pod_of(name: str) -> Pod:
     """The pod spec of the workload ``Kind/name``."""
     kind, _, plain = name.partition("/")
-    (doc,) = [d for d in of_kind(kind) if d["metadata"]["name"] == plain]
+    (doc,) = [d for d in k8s_of_kind(kind) if d["metadata"]["name"] == plain]
     return template(doc)["spec"]  # type: ignore[no-any-return]
 
 
@@ -251,10 +224,12 @@ def test_the_rules_catch_a_pod_that_breaks_them():
 
 def test_the_namespace_enforces_the_restricted_profile():
     """The API server itself refuses a non-compliant pod in the namespace."""
-    (namespace,) = of_kind("Namespace")
+    (namespace,) = k8s_of_kind("Namespace")
     labels = namespace["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    names = {doc["metadata"].get("namespace") for doc in rendered() if doc["kind"] != "Namespace"}
+    names = {
+        doc["metadata"].get("namespace") for doc in rendered_k8s() if doc["kind"] != "Namespace"
+    }
     assert names <= {namespace["metadata"]["name"], None}
 
 
@@ -268,7 +243,7 @@ def test_every_image_is_pinned_by_digest():
 def test_every_rendered_object_validates():
     """The rendered objects (namespaced, digests set) validate strictly against the schemas."""
     version = kubernetes_validate.latest_version()
-    for doc in rendered():
+    for doc in rendered_k8s():
         if doc["kind"] != "ScaledObject":
             kubernetes_validate.validate(doc, version, strict=True)
 
@@ -287,7 +262,7 @@ def test_every_workload_has_a_disruption_budget():
 
     A CronJob's runs are not: an evicted run is retried, or left to the next day's.
     """
-    budgets = [d["spec"]["selector"]["matchLabels"] for d in of_kind("PodDisruptionBudget")]
+    budgets = [d["spec"]["selector"]["matchLabels"] for d in k8s_of_kind("PodDisruptionBudget")]
     for w in workloads():
         if w["kind"] != "CronJob":
             assert w["spec"]["selector"]["matchLabels"] in budgets, w["metadata"]["name"]
@@ -297,7 +272,7 @@ def component(name: str) -> dict[str, Any]:
     """The Deployment of a component."""
     (doc,) = [
         d
-        for d in of_kind("Deployment")
+        for d in k8s_of_kind("Deployment")
         if d["metadata"]["labels"]["app.kubernetes.io/component"] == name
     ]
     return doc
@@ -309,19 +284,19 @@ def test_only_consumers_get_an_api_token_and_they_may_only_patch_pods():
         pod = component(name)["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
         assert pod["serviceAccountName"] != "pipeline-consumer"
-    (role,) = of_kind("Role")
+    (role,) = k8s_of_kind("Role")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
-    (binding,) = of_kind("RoleBinding")
+    (binding,) = k8s_of_kind("RoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "pipeline-consumer", "namespace": "pipeline"}
     ]
-    assert of_kind("ClusterRoleBinding") == []
+    assert k8s_of_kind("ClusterRoleBinding") == []
 
 
 def test_consumers_may_patch_only_their_own_pods_deletion_cost():
     """The admission policy ties a consumer's patch to its own Pod name and one annotation."""
-    (policy,) = of_kind("ValidatingAdmissionPolicy")
-    (binding,) = of_kind("ValidatingAdmissionPolicyBinding")
+    (policy,) = k8s_of_kind("ValidatingAdmissionPolicy")
+    (binding,) = k8s_of_kind("ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     spec = policy["spec"]
@@ -337,7 +312,7 @@ def test_consumers_may_patch_only_their_own_pods_deletion_cost():
 def policy_for(component_name: str | None) -> list[dict[str, Any]]:
     """The ingress rules of the policies selecting pods with that component label."""
     rules = []
-    for doc in of_kind("NetworkPolicy"):
+    for doc in k8s_of_kind("NetworkPolicy"):
         labels = doc["spec"]["podSelector"].get("matchLabels", {})
         if component_name is None or labels.get("app.kubernetes.io/component") == component_name:
             rules.extend(doc["spec"].get("ingress", []))
@@ -346,13 +321,13 @@ def policy_for(component_name: str | None) -> list[dict[str, Any]]:
 
 def test_network_policies_open_only_the_webhook_port_to_the_world():
     """Default deny; the webhook port is open; registry, metrics and Redis only from inside."""
-    deny = [d for d in of_kind("NetworkPolicy") if d["spec"]["podSelector"] == {}]
+    deny = [d for d in k8s_of_kind("NetworkPolicy") if d["spec"]["podSelector"] == {}]
     assert deny
     assert deny[0]["spec"]["policyTypes"] == ["Ingress"]
     assert "ingress" not in deny[0]["spec"]
     from_anywhere = [
         (d["metadata"]["name"], p["port"])
-        for d in of_kind("NetworkPolicy")
+        for d in k8s_of_kind("NetworkPolicy")
         for rule in d["spec"].get("ingress", [])
         if "from" not in rule
         for p in rule["ports"]
@@ -362,7 +337,7 @@ def test_network_policies_open_only_the_webhook_port_to_the_world():
     prometheus = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     }
-    for doc in of_kind("NetworkPolicy"):
+    for doc in k8s_of_kind("NetworkPolicy"):
         for rule in doc["spec"].get("ingress", []):
             for peer in rule.get("from", []):
                 assert peer in (inside, prometheus), doc["metadata"]["name"]
@@ -370,7 +345,7 @@ def test_network_policies_open_only_the_webhook_port_to_the_world():
                     assert [p["port"] for p in rule["ports"]] == ["metrics"]
     selected = {
         doc["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/name")
-        for doc in of_kind("NetworkPolicy")
+        for doc in k8s_of_kind("NetworkPolicy")
     }
     assert "redis" in selected
 
@@ -390,7 +365,7 @@ def test_metrics_have_a_port_of_their_own():
     ingress = component("ingress")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in ingress["env"]}
     assert env["PIPELINE_INGRESS__METRICS_PORT"] == "9100"
-    for service in of_kind("Service"):
+    for service in k8s_of_kind("Service"):
         assert all(p["targetPort"] != "metrics" for p in service["spec"]["ports"])
 
 
@@ -405,13 +380,13 @@ def test_the_registry_has_one_store_and_auth_on():
         ref = env[name]["valueFrom"]["secretKeyRef"]
         assert ref.get("optional", False) is False
     assert all(not ref.get("secretRef", {}).get("optional") for ref in container["envFrom"])
-    config = {d["metadata"]["name"]: d for d in of_kind("ConfigMap")}["pipeline-config"]
+    config = {d["metadata"]["name"]: d for d in k8s_of_kind("ConfigMap")}["pipeline-config"]
     assert not any(k.startswith("PIPELINE_REGISTRY__STORE") for k in config["data"])
 
 
 def test_the_ingress_log_is_purged_daily_by_a_job_that_changes_nothing_else():
     """A CronJob runs `pipeline purge --older-than 30d` daily, one run at a time, no API token."""
-    (job,) = [d for d in of_kind("CronJob") if d["metadata"]["name"] == "log-purge"]
+    (job,) = [d for d in k8s_of_kind("CronJob") if d["metadata"]["name"] == "log-purge"]
     assert job["spec"]["concurrencyPolicy"] == "Forbid"
     pod = template(job)["spec"]
     assert pod["automountServiceAccountToken"] is False

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from retry.test_marks_outage import guard, ordered_lane, start_of
 from retry.test_release_outage import parked_with, pass_time, ran_on_reap
-from support import test_settings
+from support import promtool_binary, test_settings
 
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer
@@ -111,19 +111,6 @@ def test_lanes_that_never_hold_followers_get_no_source(redis: Redis) -> None:
     plain = TopicSpec.model_validate({"name": "events", "partitions": 1, "ordered": False})
     untiered = TopicSpec.model_validate({"name": "messages", "partitions": 1})
     assert held_release_sources(Metrics(), redis, "p", [plain, untiered]) == []
-
-
-def promtool_binary() -> Path:
-    """The cached promtool (deploy/local/promtool.sh); skip when it is not built."""
-    where = subprocess.run(
-        ["bash", str(ROOT / "deploy" / "local" / "promtool.sh"), "path"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    if not Path(where).is_file():
-        pytest.skip("promtool is not built (make promtool builds it once, several minutes)")
-    return Path(where)
 
 
 async def test_the_alert_pages_on_the_scraped_series_and_resolves_once_reaped(
