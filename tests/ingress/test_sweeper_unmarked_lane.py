@@ -13,65 +13,37 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
 from contextlib import closing
-from pathlib import Path
 
 import psycopg
 import pytest
 from contract.helpers import make_topic
-from logstore.helpers import FakeClock, new_row, real_log_store
+from logstore.helpers import FakeClock, new_row
 
-from pipeline.config import Settings, SweeperSettings
+from pipeline.config import SweeperSettings
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore, RowState
 from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 HINT = "PIPELINE_RUNTIME__MARK_PROCESSED=true"
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    """A clock the test moves by hand."""
-    return FakeClock()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, settings: Settings, clock: FakeClock
-) -> AsyncIterator[LogStore]:
-    """A real, empty log store of each kind on the fake clock."""
-    if request.param == "postgres":
-        request.getfixturevalue("postgres_service")
-    async with real_log_store(request.param, tmp_path, settings.postgres.url, clock) as log:
-        yield log
-
-
-@pytest.fixture
-async def redis(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The real Redis Streams transport."""
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
-
-
 async def sweeper_for(
-    store: LogStore, redis: Transport, clock: FakeClock, unique: str, lanes: list[str]
+    store: LogStore, streams: Transport, clock: FakeClock, unique: str, lanes: list[str]
 ) -> Sweeper:
     """A sweeper of ``lanes`` (one fresh topic each, group ``<lane>-workers``) on ``store``."""
     topics = {lane: [f"{lane}-{unique}"] for lane in lanes}
     for (topic,) in topics.values():
-        await make_topic(redis, topic, 1)
+        await make_topic(streams, topic, 1)
     groups = {lane: f"{lane}-workers" for lane in lanes}
     settings = SweeperSettings(
         patience_s=300, max_patience_s=900, max_replays=2, lease_s=30, lane_groups=groups
     )
-    backlog = GroupLagBacklog(redis.admin(), topics, groups)
-    return Sweeper(store, redis.producer(), backlog, topics, settings, clock=clock)
+    backlog = GroupLagBacklog(streams.admin(), topics, groups)
+    return Sweeper(store, streams.producer(), backlog, topics, settings, clock=clock)
 
 
 async def produced(
@@ -102,13 +74,13 @@ def abandonments(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 async def test_a_lane_never_marked_is_named_once_and_its_abandonments_say_why(
     store: LogStore,
-    redis: Transport,
+    streams: Transport,
     clock: FakeClock,
     unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Two lanes never marked: one warning each, not one per row or sweep; hints on CRITICAL."""
-    sweeper = await sweeper_for(store, redis, clock, unique, ["messages", "engagement"])
+    sweeper = await sweeper_for(store, streams, clock, unique, ["messages", "engagement"])
     messages = await produced(store, clock, unique, "messages", range(5))
     await produced(store, clock, unique, "engagement", range(10, 13))
     counts = []
@@ -141,13 +113,13 @@ async def test_a_lane_never_marked_is_named_once_and_its_abandonments_say_why(
 
 async def test_a_lane_whose_rows_are_marked_gets_no_warning_for_the_one_that_went_missing(
     store: LogStore,
-    redis: Transport,
+    streams: Transport,
     clock: FakeClock,
     unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Marked rows in the lane, one never processed: replayed and abandoned as before, no hint."""
-    sweeper = await sweeper_for(store, redis, clock, unique, ["messages"])
+    sweeper = await sweeper_for(store, streams, clock, unique, ["messages"])
     ids = await produced(store, clock, unique, "messages", range(4))
     assert await store.mark_processed(ids[1:]) == 3
     with caplog.at_level(logging.INFO, logger="pipeline.ingress.sweeper"):
@@ -162,13 +134,13 @@ async def test_a_lane_whose_rows_are_marked_gets_no_warning_for_the_one_that_wen
 
 async def test_once_a_row_of_the_lane_is_marked_its_abandonments_lose_the_hint(
     store: LogStore,
-    redis: Transport,
+    streams: Transport,
     clock: FakeClock,
     unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The members fixed after the warning: no second warning, and later abandonments are plain."""
-    sweeper = await sweeper_for(store, redis, clock, unique, ["messages"])
+    sweeper = await sweeper_for(store, streams, clock, unique, ["messages"])
     before = await produced(store, clock, unique, "messages", range(2))
     with caplog.at_level(logging.INFO, logger="pipeline.ingress.sweeper"):
         clock.advance(1_000)
@@ -191,7 +163,7 @@ async def test_once_a_row_of_the_lane_is_marked_its_abandonments_lose_the_hint(
 
 async def test_a_log_too_large_to_index_at_open_cannot_tell_and_the_sweeper_does_not_warn(
     store: LogStore,
-    redis: Transport,
+    streams: Transport,
     clock: FakeClock,
     unique: str,
     caplog: pytest.LogCaptureFixture,
@@ -208,7 +180,7 @@ async def test_a_log_too_large_to_index_at_open_cannot_tell_and_the_sweeper_does
         await upgraded.open()
         try:
             assert await upgraded.has_processed("messages") is None
-            sweeper = await sweeper_for(upgraded, redis, clock, unique, ["messages"])
+            sweeper = await sweeper_for(upgraded, streams, clock, unique, ["messages"])
             counts = []
             for _ in range(4):
                 clock.advance(1_000)
@@ -229,7 +201,7 @@ async def test_a_log_too_large_to_index_at_open_cannot_tell_and_the_sweeper_does
 
 async def test_a_small_log_made_before_the_index_gets_it_at_open_and_the_warning(
     store: LogStore,
-    redis: Transport,
+    streams: Transport,
     clock: FakeClock,
     unique: str,
     caplog: pytest.LogCaptureFixture,
@@ -241,7 +213,7 @@ async def test_a_small_log_made_before_the_index_gets_it_at_open_and_the_warning
     with caplog.at_level(logging.INFO):
         await upgraded.open()
         try:
-            sweeper = await sweeper_for(upgraded, redis, clock, unique, ["messages"])
+            sweeper = await sweeper_for(upgraded, streams, clock, unique, ["messages"])
             clock.advance(1_000)
             assert (await sweeper.sweep_once()).replayed == 5
         finally:
