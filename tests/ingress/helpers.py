@@ -15,11 +15,12 @@ import httpx
 import yaml
 from logstore.helpers import FakeClock, new_row
 from runtime.helpers import eventually
+from support import test_settings
 
 from pipeline.config import IngressSettings, IngressSlotSettings, RuntimeSettings, SweeperSettings
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.dispatch import Dispatcher
-from pipeline.ingress.service import build_sweeper
+from pipeline.ingress.service import build_ingress, build_sweeper
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import Source, build_sources
 from pipeline.ingress.sweeper import SweepReport
@@ -199,3 +200,27 @@ async def ticks(member: Member, count: int) -> None:
     """Wait until ``member`` has made ``count`` more commit ticks."""
     target = member._ticks + count
     await eventually(lambda: member._ticks >= target)
+
+
+async def started_and_stopped(
+    tmp_path: Path, lane: dict[str, Any], sources: dict[str, Any]
+) -> set[str]:
+    """Start an ingress over one lane and ``sources`` (Redis, sweeper off), then stop it.
+
+    ``lane`` is the lane's topics/*.yaml; returns the names of the metric sources it refreshed.
+    """
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    (topics / "t.yaml").write_text(yaml.safe_dump(lane), encoding="utf-8")
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump({"sources": sources}), encoding="utf-8")
+    settings = test_settings(topics_dir=topics, transport="redis")
+    ingress = IngressSettings(
+        sources_file=path, sqlite_path=tmp_path / "i.db", sweeper=SweeperSettings(enabled=False)
+    )
+    built = build_ingress(settings, ingress)
+    try:
+        await built.start()
+        return {source.name for source in built.observer.sources}
+    finally:
+        await built.stop()

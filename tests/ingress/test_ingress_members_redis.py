@@ -6,35 +6,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from support import test_settings as settings_for
-
-from pipeline.config import IngressSettings, SweeperSettings
-from pipeline.ingress.service import build_ingress
+from ingress.helpers import started_and_stopped
 
 pytestmark = pytest.mark.usefixtures("redis_service")
 
 
 async def _sources_of(tmp_path: Path, spec: dict[str, Any]) -> set[str]:
     """The names of the metric sources an ingress over the one lane ``spec`` refreshes."""
-    topics = tmp_path / "topics"
-    topics.mkdir()
-    (topics / "t.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
-    path = tmp_path / "sources.yaml"
-    path.write_text(
-        yaml.safe_dump({"sources": {"plain": {"scheme": "none", "topic": spec["name"]}}}),
-        encoding="utf-8",
-    )
-    settings = settings_for(topics_dir=topics, transport="redis")
-    ingress = IngressSettings(
-        sources_file=path, sqlite_path=tmp_path / "i.db", sweeper=SweeperSettings(enabled=False)
-    )
-    built = build_ingress(settings, ingress)
-    try:
-        await built.start()
-        return {source.name for source in built.observer.sources}
-    finally:
-        await built.stop()
+    sources = {"plain": {"scheme": "none", "topic": spec["name"]}}
+    return await started_and_stopped(tmp_path, spec, sources)
 
 
 async def test_an_ordered_lane_with_tiers_gets_its_held_releases_reported(

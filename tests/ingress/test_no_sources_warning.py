@@ -6,32 +6,13 @@ import logging
 from pathlib import Path
 
 import pytest
-import yaml
-from support import test_settings as settings_for
-
-from pipeline.config import IngressSettings, SweeperSettings
-from pipeline.ingress.service import build_ingress
+from ingress.helpers import started_and_stopped
 
 pytestmark = pytest.mark.usefixtures("redis_service")
 
 
 async def _started_with(tmp_path: Path, sources: dict[str, object]) -> None:
-    topics = tmp_path / "topics"
-    topics.mkdir()
-    (topics / "t.yaml").write_text(
-        yaml.safe_dump({"name": "t", "partitions": 1, "lane": "plain"}), encoding="utf-8"
-    )
-    path = tmp_path / "sources.yaml"
-    path.write_text(yaml.safe_dump({"sources": sources}), encoding="utf-8")
-    settings = settings_for(topics_dir=topics, transport="redis")
-    ingress = IngressSettings(
-        sources_file=path, sqlite_path=tmp_path / "i.db", sweeper=SweeperSettings(enabled=False)
-    )
-    built = build_ingress(settings, ingress)
-    try:
-        await built.start()
-    finally:
-        await built.stop()
+    await started_and_stopped(tmp_path, {"name": "t", "partitions": 1, "lane": "plain"}, sources)
 
 
 async def test_no_source_is_one_warning_naming_the_file(
