@@ -30,22 +30,11 @@ from runtime.guard_parts import (
     retry_copy,
     routing_guard,
 )
-from runtime.helpers import lane_spec
+from runtime.helpers import join, lane_spec
 
-from pipeline.envelope import Message, TopicPartition
 from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
 from pipeline.runtime.guard import RunGuard
-
-
-def _tp(lane: Lane) -> TopicPartition:
-    return TopicPartition(lane.spec.name, 0)
-
-
-async def _join(guard: RunGuard, lane: Lane, message: Message) -> None:
-    """The partition is assigned to ``guard``'s member (nothing committed) and polled."""
-    await guard.assigned([_tp(lane)], {})
-    await guard.extend([message])
 
 
 async def _crash(guard: RunGuard, lane: Lane, redis: Redis, task: asyncio.Task[object]) -> None:
@@ -75,7 +64,7 @@ async def test_a_crash_under_a_claim_before_an_outage_counts_towards_poison_afte
     crashes = 0
     for member in range(poison_after + 4):
         guard = member_guard(redis, f"t{unique}", lane, handlers, f"m{member}", claims=True)
-        await _join(guard, lane, poison)
+        await join(guard, lane, [poison])
         started = handlers.started[b"poison"] = asyncio.Event()
         run = asyncio.create_task(guard.run(lane, poison))
         entered = asyncio.create_task(started.wait())
@@ -117,7 +106,7 @@ async def test_a_failed_claimed_delivery_read_again_after_an_outage_does_not_run
     lane = _plain_lane(f"plain_{unique}")
     a, failed_runs = routing_guard(redis, f"t{unique}", lane, b"v", claims=True)
     delivery = main_message(lane, 3, b"v")
-    await _join(a, lane, delivery)
+    await join(a, lane, [delivery])
     assert await a.run(lane, delivery) is not None  # failed, its copy produced (attempt 2)
     assert failed_runs == [b"v"]
     assert a.calls == 0  # it ran under the claim, unmarked
@@ -128,7 +117,7 @@ async def test_a_failed_claimed_delivery_read_again_after_an_outage_does_not_run
 
     handlers = Handlers()
     b = member_guard(redis, f"t{unique}", lane, handlers, "b", claims=True)
-    await _join(b, lane, delivery)
+    await join(b, lane, [delivery])
     again = await b.run(lane, delivery)
     copy = retry_copy(lane, 3, 0, b"v")
     assert await b.run(lane, copy) == "handled"

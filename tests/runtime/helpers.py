@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from support import delete_after_test
+from support import delete_after_test, delete_group_after
 
 from pipeline.config import RuntimeSettings
-from pipeline.envelope import Record
+from pipeline.envelope import Message, Record, TopicPartition
+from pipeline.runtime.app import Lane
+from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.member import Member
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
@@ -68,6 +72,53 @@ async def running(member: Member) -> AsyncIterator[Member]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+def partition_0(lane: Lane) -> TopicPartition:
+    """Partition 0 of ``lane``'s main topic."""
+    return TopicPartition(lane.spec.name, 0)
+
+
+async def join(guard: RunGuard, lane: Lane, messages: list[Message]) -> None:
+    """Partition 0 is assigned to ``guard``'s member (nothing committed) and ``messages`` polled."""
+    await guard.assigned([partition_0(lane)], {})
+    await guard.extend(messages)
+
+
+async def consume_process(
+    transport: Transport,
+    spec: TopicSpec,
+    app: str,
+    group: str,
+    record: Record,
+    env: dict[str, str],
+    stderr: int,
+) -> asyncio.subprocess.Process:
+    """`pipeline consume <app>` (a ``module:attribute`` below tests/) started in a process.
+
+    ``spec`` is declared and ``record`` sent to it first; the group is deleted when the test
+    ends. ``env`` is the process's whole environment; ``stderr`` is where its log goes.
+    """
+    await declare(transport, spec)
+    delete_group_after(transport, group, spec.topic_names())
+    await produce(transport, spec.name, [record])
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "pipeline", "consume", app, "--group", group),
+        *("-t", transport.name),
+        cwd=str(Path(__file__).parents[1]),
+        env=env,
+        stderr=stderr,
+    )
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting to be reaped does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
 
 
 async def eventually(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:

@@ -24,7 +24,7 @@ from runtime.guard_parts import (
     retry_copy,
     routing_guard,
 )
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, join, lane_spec, partition_0, running
 
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.retry.guard_store import GuardStore, KeyEnds, Release, Start, lane_guards
@@ -39,22 +39,12 @@ from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
 
-def _tp(lane: Lane) -> TopicPartition:
-    return TopicPartition(lane.spec.name, 0)
-
-
-async def _join(guard: RunGuard, lane: Lane, messages: list[Message]) -> None:
-    """The partition is assigned to ``guard``'s member (nothing committed) and polled."""
-    await guard.assigned([_tp(lane)], {})
-    await guard.extend(messages)
-
-
 async def _one_member(
     redis: Redis, prefix: str, lane: Lane
 ) -> tuple[RunGuard, GuardStore, str, LaneClaims]:
     """One member that holds the lane's partition: its guard, store, claims key and claims."""
     guard = member_guard(redis, prefix, lane, Handlers(), "a", claims=True)
-    await _join(guard, lane, [main_message(lane, 0, b"x")])
+    await join(guard, lane, [main_message(lane, 0, b"x")])
     store = guard._stores[lane.name]
     return guard, store, store.keys.claims(lane.spec.name, 0), guard._claims[lane.name]
 
@@ -63,7 +53,7 @@ async def _started(
     guard: RunGuard, lane: Lane, handlers: Handlers, message: Message
 ) -> asyncio.Task[str | None]:
     """A new owner joins and runs ``message`` until its handler has started (and holds)."""
-    await _join(guard, lane, [message])
+    await join(guard, lane, [message])
     handlers.started.pop(message.value, None)
     task = asyncio.create_task(guard.run(lane, message))
     await asyncio.wait_for(handlers.started.setdefault(message.value, asyncio.Event()).wait(), 10)
@@ -114,7 +104,7 @@ async def test_first_deliveries_under_a_claim_make_no_call(
     handlers = Handlers()
     guard = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     messages = [main_message(lane, i, b"v%d" % i, key=b"k%d" % i) for i in range(50)]
-    await _join(guard, lane, messages)
+    await join(guard, lane, messages)
     outcomes = await asyncio.gather(*(guard.run(lane, m) for m in messages))
     assert outcomes == ["handled"] * 50
     assert guard.calls == 0
@@ -124,7 +114,7 @@ async def test_first_deliveries_under_a_claim_make_no_call(
     assert lo == 0
     assert hi >= 49
     assert await redis.hlen(store.keys.run) == 0  # no marks to end
-    await guard.give_up(guard.revoked([_tp(lane)]))
+    await guard.give_up(guard.revoked([partition_0(lane)]))
     assert await redis.hlen(claims_key) == 0
 
 
@@ -169,9 +159,9 @@ async def _waiting_for_a(
 ) -> tuple[RunGuard, RunGuard, asyncio.Task[str | None]]:
     """A claims ``message`` and stays alive; B joins and runs it, waiting (asked twice) for A."""
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
-    await _join(a, lane, [message])  # A claimed it and is alive (assigned() renewed it)
+    await join(a, lane, [message])  # A claimed it and is alive (assigned() renewed it)
     b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
-    await _join(b, lane, [message])
+    await join(b, lane, [message])
     asked = 0
     store_b = b._stores[lane.name]
     claiming = store_b.claiming
@@ -197,7 +187,7 @@ async def test_a_live_previous_owner_is_waited_for_until_it_gives_up(
     a, _, run_b = await _waiting_for_a(redis, prefix, lane, handlers, message)
     assert not run_b.done()
     assert handlers.runs == []
-    await a.give_up(a.revoked([_tp(lane)]))  # A's revocation ended its work here
+    await a.give_up(a.revoked([partition_0(lane)]))  # A's revocation ended its work here
     assert await asyncio.wait_for(run_b, 10) == "handled"
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"x")]
 
@@ -214,11 +204,11 @@ async def test_a_run_waiting_for_a_previous_owner_does_not_start_once_revoked(
     handlers = Handlers()
     message = main_message(lane, 2, b"x")
     a, b, run_b = await _waiting_for_a(redis, prefix, lane, handlers, message)
-    await b.give_up(b.revoked([_tp(lane)]))  # B loses the partition while it waits
-    await a.give_up(a.revoked([_tp(lane)]))
+    await b.give_up(b.revoked([partition_0(lane)]))  # B loses the partition while it waits
+    await a.give_up(a.revoked([partition_0(lane)]))
     assert await asyncio.wait_for(run_b, 10) is None  # not run: delivered again to the owner
     c = member_guard(redis, prefix, lane, handlers, "c", claims=True)
-    await _join(c, lane, [message])
+    await join(c, lane, [message])
     assert await asyncio.wait_for(c.run(lane, message), 10) == "handled"
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("c", b"x")]
 
@@ -238,15 +228,15 @@ async def test_a_claim_whose_deletion_failed_is_deleted_at_the_next_tick(
         return False  # as GuardStore.unclaim answers when Redis fails (and logs it)
 
     monkeypatch.setattr(store, "unclaim", unreachable)
-    await a.give_up(a.revoked([_tp(lane)]))
+    await a.give_up(a.revoked([partition_0(lane)]))
     assert await redis.hget(key, store.instance) is not None
     monkeypatch.setattr(store, "unclaim", real_unclaim)
     await claims.keep()
     assert await redis.hget(key, store.instance) is None
-    await a.assigned([_tp(lane)], {})  # taken back before a retry: its new claim stays
+    await a.assigned([partition_0(lane)], {})  # taken back before a retry: its new claim stays
     monkeypatch.setattr(store, "unclaim", unreachable)
-    await a.give_up(a.revoked([_tp(lane)]))
-    await a.assigned([_tp(lane)], {})
+    await a.give_up(a.revoked([partition_0(lane)]))
+    await a.assigned([partition_0(lane)], {})
     monkeypatch.setattr(store, "unclaim", real_unclaim)
     await claims.keep()
     assert await redis.hget(key, store.instance) == b"0|99"
@@ -261,15 +251,15 @@ async def test_keys_parked_before_or_here_take_the_exact_path(
     handlers.outcomes[b"x"] = ["retried"]  # X fails once: its key parks
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     first = [main_message(lane, 0, b"x"), main_message(lane, 1, b"y")]
-    await _join(a, lane, first)
+    await join(a, lane, first)
     assert await a.run(lane, first[0]) == "retried"
     assert a.calls == 0  # X itself ran under the claim
     assert await a.run(lane, first[1]) == "parked"  # Y: its key parked here, so asked and held
-    await a.give_up(a.revoked([_tp(lane)]))
+    await a.give_up(a.revoked([partition_0(lane)]))
 
     b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
     later = [main_message(lane, 2, b"z")]
-    await _join(b, lane, later)  # the key was parked when the partition came here
+    await join(b, lane, later)  # the key was parked when the partition came here
     assert await b.run(lane, later[0]) == "parked"
     other = main_message(lane, 3, b"w", key=b"other")
     await b.extend([other])
@@ -306,15 +296,15 @@ async def test_a_claim_written_while_its_partition_is_revoked_is_not_left_behind
         held.sent.clear()
         held.go.clear()
         if assign_back:
-            await _join(guard, lane, [main_message(lane, 0, b"x")])
+            await join(guard, lane, [main_message(lane, 0, b"x")])
         held.hold()
         far = main_message(lane, 500, b"far")
         extending = asyncio.create_task(guard.extend([far]))
         await asyncio.wait_for(held.sent.wait(), 10)
-        await guard.give_up(guard.revoked([_tp(lane)]))
+        await guard.give_up(guard.revoked([partition_0(lane)]))
         if assign_back:
             held.pass_through()
-            await guard.assigned([_tp(lane)], {})
+            await guard.assigned([partition_0(lane)], {})
             held.hold()
         held.go.set()
         await extending
@@ -341,11 +331,11 @@ async def test_keys_parked_since_the_first_assignment_are_known_at_the_next(
     await b.assigned([other], {})  # B's first assignment: nothing parked yet
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     head, follower = main_message(lane, 0, b"x"), main_message(lane, 1, b"y")
-    await _join(a, lane, [head])
+    await join(a, lane, [head])
     handlers.outcomes[b"x"] = ["retried"]
     assert await a.run(lane, head) == "retried"  # A parks the key
-    await a.give_up(a.revoked([_tp(lane)]))  # and hands the partition over cleanly
-    await _join(b, lane, [follower])
+    await a.give_up(a.revoked([partition_0(lane)]))  # and hands the partition over cleanly
+    await join(b, lane, [follower])
     assert await b.run(lane, follower) == "parked"  # held behind X, not run before it
     assert [value for _, value, _, _ in handlers.runs] == [b"x"]
 
@@ -365,7 +355,7 @@ async def test_a_claim_is_grown_ahead_of_the_batches_without_waiting(
     held.hold()
     await asyncio.wait_for(guard.extend([main_message(lane, 60, b"mid")]), 10)  # no wait
     await asyncio.wait_for(held.sent.wait(), 10)
-    assert writes == [{_tp(lane): (0, 199)}]
+    assert writes == [{partition_0(lane): (0, 199)}]
     assert claims.unmarked(main_message(lane, 99, b"in", key=b"in")) is not None
     assert claims.unmarked(main_message(lane, 150, b"grown", key=b"grown")) is None  # not yet
     far = asyncio.create_task(guard.extend([main_message(lane, 250, b"far")]))
@@ -373,7 +363,7 @@ async def test_a_claim_is_grown_ahead_of_the_batches_without_waiting(
     assert len(writes) == 1  # past the claim, it waits for the growth under way, not beside it
     held.go.set()
     await asyncio.wait_for(far, 10)
-    assert writes[-1] == {_tp(lane): (0, 350)}
+    assert writes[-1] == {partition_0(lane): (0, 350)}
     assert await redis.hget(key, store.instance) == b"0|350"
     assert claims.unmarked(main_message(lane, 150, b"grown", key=b"grown")) is not None
     assert claims.unmarked(main_message(lane, 350, b"top", key=b"top")) is not None
@@ -391,7 +381,7 @@ async def test_a_claim_grown_while_its_partition_is_revoked_is_not_left_behind(
     await guard.extend([main_message(lane, 60, b"mid")])
     await asyncio.wait_for(held.sent.wait(), 10)
     held.pass_through()
-    await guard.give_up(guard.revoked([_tp(lane)]))
+    await guard.give_up(guard.revoked([partition_0(lane)]))
     assert await redis.hget(key, store.instance) is None
     held.go.set()
     await guard.close()  # waits for the growth, which deletes what it wrote
@@ -410,9 +400,9 @@ async def _taken_over(
     told: list[list[TopicPartition]] = []
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     a._claims[lane.name]._on_superseded = told.append
-    await _join(a, lane, [main_message(lane, 0, b"first")])
+    await join(a, lane, [main_message(lane, 0, b"first")])
     b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
-    tp = _tp(lane)
+    tp = partition_0(lane)
     await b.assigned([tp], {tp: Position(tp, 50)})
     return a, b, told
 
@@ -432,8 +422,8 @@ async def test_a_process_whose_partition_was_assigned_elsewhere_starts_nothing_m
     above = main_message(lane, 120, b"above")  # above A's claim: B's own range (100..149)
     assert claims_b.unmarked(above) is not None
     await a.extend([above])  # A polls past its claim: growing it is refused
-    assert told == [[_tp(lane)]]
-    assert a._claims[lane.name].superseded(_tp(lane))
+    assert told == [[partition_0(lane)]]
+    assert a._claims[lane.name].superseded(partition_0(lane))
     assert await a.run(lane, above) is None  # not run, not routed: B's now
     within = main_message(lane, 60, b"within", key=b"other")  # A's claim, fetched by A before
     assert await a.run(lane, within) is None
@@ -441,12 +431,12 @@ async def test_a_process_whose_partition_was_assigned_elsewhere_starts_nothing_m
     assert await b.run(lane, above) == "handled"
     assert b.calls == 0  # unmarked: nobody else can start it any more
     await a._claims[lane.name].keep()  # told again until revoked: the rejoin may have failed
-    assert told == [[_tp(lane)], [_tp(lane)]]
+    assert told == [[partition_0(lane)], [partition_0(lane)]]
     waiting = asyncio.create_task(b.run(lane, within))  # inherited from A: waits for A
     await b.extend([within])
     await asyncio.sleep(0)
     assert not waiting.done()
-    await a.give_up(a.revoked([_tp(lane)]))  # A's rejoin revokes the partition there
+    await a.give_up(a.revoked([partition_0(lane)]))  # A's rejoin revokes the partition there
     assert await asyncio.wait_for(waiting, 10) == "handled"
     assert [(m, v) for m, v, _, _ in handlers.runs] == [("b", b"above"), ("b", b"within")]
     await a.close()
@@ -467,17 +457,17 @@ async def test_a_quiet_process_finds_its_partition_taken_over_at_its_next_tick(
     store_a = a._stores[lane.name]
     key = store_a.keys.claims(lane.spec.name, 0)
     await a._claims[lane.name].keep()
-    assert told == [[_tp(lane)]]
+    assert told == [[partition_0(lane)]]
     assert await redis.hget(key, store_a.instance) == b"0|99"
     assert await redis.hget(key, "@owner") == b._stores[lane.name].instance.encode()
-    await a.give_up(a.revoked([_tp(lane)]))
-    await b.give_up(b.revoked([_tp(lane)]))
-    await a.assigned([_tp(lane)], {})  # the group gives it back to A
-    assert not a._claims[lane.name].superseded(_tp(lane))
+    await a.give_up(a.revoked([partition_0(lane)]))
+    await b.give_up(b.revoked([partition_0(lane)]))
+    await a.assigned([partition_0(lane)], {})  # the group gives it back to A
+    assert not a._claims[lane.name].superseded(partition_0(lane))
     await a.extend([main_message(lane, 150, b"far")])
     assert await redis.hget(key, store_a.instance) == b"0|250"
     await a._claims[lane.name].keep()
-    assert told == [[_tp(lane)]]
+    assert told == [[partition_0(lane)]]
     await a.close()
     await b.close()
 
@@ -545,7 +535,7 @@ async def test_a_process_stalled_past_its_liveness_asks_before_it_starts_anythin
     store.live_until_s = time.monotonic()  # frozen again, and B is assigned meanwhile
     await b()
     assert await asyncio.gather(*(a.run(lane, m) for m in messages[1:])) == [None, None]
-    assert told == [[_tp(lane)]]  # one confirmation for both, which found it taken over
+    assert told == [[partition_0(lane)]]  # one confirmation for both, which found it taken over
     assert [v for _, v, _, _ in handlers.runs] == [b"v1"]
     await a.close()
 
@@ -584,7 +574,7 @@ async def test_a_claimed_run_that_waited_for_the_gate_through_a_freeze_asks_befo
     suspect_done.set()
     await lone
     assert await asyncio.wait_for(waiting, 10) is None  # not run, not routed: B's now
-    assert told == [[_tp(lane)]]
+    assert told == [[partition_0(lane)]]
     assert handlers.runs == []
     assert a.calls == 0
     await a.close()
@@ -597,11 +587,11 @@ async def _taken_over_later(
     told: list[list[TopicPartition]] = []
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     a._claims[lane.name]._on_superseded = told.append
-    await _join(a, lane, [main_message(lane, 3, b"top")])
+    await join(a, lane, [main_message(lane, 3, b"top")])
     b = member_guard(redis, prefix, lane, handlers, "b", claims=True)
 
     async def assign_b() -> None:
-        await b.assigned([_tp(lane)], {})
+        await b.assigned([partition_0(lane)], {})
 
     return a, assign_b, told
 
@@ -620,7 +610,7 @@ async def test_keys_no_longer_parked_are_forgotten_once_many_are_remembered(
     a = member_guard(redis, prefix, lane, handlers, "a", claims=True)
     keys = [b"k0", b"k1", b"k2", b"k3"]
     heads = [main_message(lane, i, b"x%d" % i, key=key) for i, key in enumerate(keys)]
-    await _join(a, lane, heads)
+    await join(a, lane, heads)
     for head in heads:
         handlers.outcomes[head.value] = ["retried"]
         assert await a.run(lane, head) == "retried"  # each key parks
@@ -737,7 +727,7 @@ async def test_a_key_whose_parking_calls_timed_out_is_asked_for_after_a_reading(
     a, runs = routing_guard(redis, prefix, lane, b"x", claims=True)  # x...: fails once, routed
     keys = [b"k0", b"k1", b"k2"]
     heads = [main_message(lane, i, b"x%d" % i, key=key) for i, key in enumerate(keys)]
-    await _join(a, lane, heads)
+    await join(a, lane, heads)
     store = a._stores[lane.name]
     route, end_many = store.route, store.end_many
     late: list[Callable[[], Awaitable[object]]] = []

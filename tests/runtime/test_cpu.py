@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
 
 import pytest
 from contract.helpers import consume_until
 from redis.asyncio import Redis
 from runtime import cpu_app
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.helpers import FAST, alive, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
 from pipeline.envelope import Record
@@ -128,20 +127,11 @@ async def test_a_worker_that_died_while_idle_does_not_fail_the_next_call(
         (first,) = {v.decode() for v in await redis.smembers(key)}
         pid = int(first.removeprefix("pid:"))
         os.kill(pid, signal.SIGKILL)
-        await eventually(lambda: not _alive(pid))
+        await eventually(lambda: not alive(pid))
         await pool.run("runtime.cpu_app:whoami", (f"cpu_{unique}",), 30.0)
     finally:
         await pool.close()
     assert len(await redis.smembers(key)) == 2
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting to be reaped does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_cpu_handlers_must_be_plain_module_functions() -> None:

@@ -11,26 +11,14 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import declare, eventually, lane_spec
-from support import delete_group_after
+from runtime.helpers import alive, consume_process, eventually, lane_spec
 
 from pipeline.envelope import Record
 from pipeline.transport.protocol import Transport
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting to be reaped does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture
@@ -39,12 +27,7 @@ async def spinning(
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, list[int]]]:
     """`pipeline consume` running spinning_app's handler, and its worker's and child's pids."""
     spec = lane_spec(f"spinning_{unique}", 1, ordered=False)
-    await declare(transport, spec)
     group, started = f"g-{unique}", f"spinning-started-{unique}"
-    delete_group_after(transport, group, spec.topic_names())
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"spin", b"a")])
-    await producer.close()
     env = {
         **os.environ,
         "SPINNING_TOPIC": spec.name,
@@ -52,13 +35,14 @@ async def spinning(
         "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "0.2",
         "PIPELINE_RUNTIME__CANCEL_GRACE_S": "0.2",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "pipeline", "consume", "runtime.spinning_app:app", "--group", group),
-        *("-t", transport.name),
-        cwd=str(Path(__file__).parents[1]),
-        env=env,
-        stderr=asyncio.subprocess.DEVNULL,
+    proc = await consume_process(
+        transport,
+        spec,
+        "runtime.spinning_app:app",
+        group,
+        Record(b"spin", b"a"),
+        env,
+        asyncio.subprocess.DEVNULL,
     )
     pids: list[int] = []
     try:
@@ -82,11 +66,11 @@ async def test_a_busy_worker_and_its_children_die_with_a_killed_member(
 ) -> None:
     """The member killed (kill -9): its worker, busy in the handler, and the child go too."""
     proc, (worker, child) = spinning
-    assert _alive(worker)
-    assert _alive(child)
+    assert alive(worker)
+    assert alive(child)
     proc.kill()
     await proc.wait()
-    await eventually(lambda: not _alive(worker) and not _alive(child), timeout_s=30)
+    await eventually(lambda: not alive(worker) and not alive(child), timeout_s=30)
 
 
 async def test_a_busy_worker_and_its_children_are_stopped_when_the_member_is_stopped(
@@ -96,4 +80,4 @@ async def test_a_busy_worker_and_its_children_are_stopped_when_the_member_is_sto
     proc, (worker, child) = spinning
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 60) == 0
-    await eventually(lambda: not _alive(worker) and not _alive(child), timeout_s=30)
+    await eventually(lambda: not alive(worker) and not alive(child), timeout_s=30)

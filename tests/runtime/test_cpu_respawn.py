@@ -38,6 +38,14 @@ def _fail_next_spawn(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return armed
 
 
+async def _runs_on_its_one_worker(pool: ProcessPool, tmp_path: Path) -> None:
+    """The next call runs, and the pool is back to its one worker."""
+    again = tmp_path / "again"
+    await asyncio.wait_for(pool.run(REF, (str(again), 0.0), 60.0), 60)
+    assert again.exists()
+    assert len(pool._all) == 1
+
+
 async def test_a_cancelled_calls_worker_whose_replacement_failed_to_start_is_replaced_later(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -55,10 +63,7 @@ async def test_a_cancelled_calls_worker_whose_replacement_failed_to_start_is_rep
         call.cancel()
         await asyncio.wait({call})
         await eventually(lambda: not armed)  # the replacement's start failed
-        again = tmp_path / "again"
-        await asyncio.wait_for(pool.run(REF, (str(again), 0.0), 60.0), 60)
-        assert again.exists()
-        assert len(pool._all) == 1
+        await _runs_on_its_one_worker(pool, tmp_path)
     finally:
         await pool.close()
 
@@ -74,9 +79,6 @@ async def test_a_timed_out_calls_worker_whose_replacement_failed_to_start_is_rep
         with pytest.raises((cpu.HandlerTimeout, BlockingIOError)):
             await pool.run(REF, (str(tmp_path / "late"), 60.0), 0.2)
         assert not armed
-        again = tmp_path / "again"
-        await asyncio.wait_for(pool.run(REF, (str(again), 0.0), 60.0), 60)
-        assert again.exists()
-        assert len(pool._all) == 1
+        await _runs_on_its_one_worker(pool, tmp_path)
     finally:
         await pool.close()

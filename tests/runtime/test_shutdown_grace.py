@@ -6,12 +6,9 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
-from pathlib import Path
 
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec
-from support import delete_group_after
+from runtime.helpers import FAST, consume_process, declare, eventually, lane_spec
 
 from pipeline.envelope import Record
 from pipeline.runtime import App, Context
@@ -133,12 +130,7 @@ async def test_consume_exits_after_sigterm_when_a_handler_ignores_its_cancellati
 ) -> None:
     """`pipeline consume` stops on SIGTERM, saying which run it left behind, not never."""
     spec = lane_spec(f"stubborn_cli_{unique}", 1)
-    await declare(transport, spec)
     group, started = f"g-{unique}", f"started-{unique}"
-    delete_group_after(transport, group, spec.topic_names())
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"stubborn", b"a")])
-    await producer.close()
     env = {
         **os.environ,
         "STUBBORN_TOPIC": spec.name,
@@ -146,13 +138,14 @@ async def test_consume_exits_after_sigterm_when_a_handler_ignores_its_cancellati
         "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "0.2",
         "PIPELINE_RUNTIME__CANCEL_GRACE_S": "0.2",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "pipeline", "consume", "runtime.stubborn_app:app", "--group", group),
-        *("-t", transport.name),
-        cwd=str(Path(__file__).parents[1]),
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
+    proc = await consume_process(
+        transport,
+        spec,
+        "runtime.stubborn_app:app",
+        group,
+        Record(b"stubborn", b"a"),
+        env,
+        asyncio.subprocess.PIPE,
     )
     try:
         while not await redis.llen(started):
@@ -173,12 +166,7 @@ async def test_a_second_signal_stops_consume_without_waiting_out_the_grace(
 ) -> None:
     """A second signal during the drain cancels what still runs and exits, saying so."""
     spec = lane_spec(f"sleepy_cli_{unique}", 1)
-    await declare(transport, spec)
     group, started = f"g-{unique}", f"started-{unique}"
-    delete_group_after(transport, group, spec.topic_names())
-    producer = transport.producer()
-    await producer.send_many(spec.name, [Record(b"slow", b"a")])
-    await producer.close()
     env = {
         **os.environ,
         "SLEEPY_TOPIC": spec.name,
@@ -186,13 +174,14 @@ async def test_a_second_signal_stops_consume_without_waiting_out_the_grace(
         "PIPELINE_RUNTIME__SHUTDOWN_GRACE_S": "3600",  # never waited out by the test
         "PIPELINE_RUNTIME__CANCEL_GRACE_S": "0.2",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "pipeline", "consume", "runtime.sleepy_app:app", "--group", group),
-        *("-t", transport.name),
-        cwd=str(Path(__file__).parents[1]),
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
+    proc = await consume_process(
+        transport,
+        spec,
+        "runtime.sleepy_app:app",
+        group,
+        Record(b"slow", b"a"),
+        env,
+        asyncio.subprocess.PIPE,
     )
     try:
         while not await redis.llen(started):
