@@ -81,6 +81,22 @@ def run_pipeline(
     )
 
 
+def cli_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without its PIPELINE_ variables, plus ``extra``.
+
+    The topics are the project's, the ingress's sources file (none) and log in ``tmp_path``.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources: {}\n", encoding="utf-8")
+    return env | {
+        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        **extra,
+    }
+
+
 def reachable(host: str, port: int) -> bool:
     """Whether something accepts TCP connections on ``host:port`` within a second."""
     try:

@@ -8,17 +8,14 @@ runs them; nothing is created on the running services.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from support import run_pipeline
+from support import cli_environment, run_pipeline
 
 from pipeline.config import hide_credentials, load_settings
 from pipeline.errors import ConfigError
 from pipeline.reachability import checked_http_url, safe_url
-
-ROOT = Path(__file__).parents[1]
 
 
 def refused(variable: str, value: str, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -109,25 +106,12 @@ def test_hide_credentials_leaves_a_message_without_them_alone() -> None:
     assert hide_credentials(text, "redis://127.0.0.1:6379/0") == text
 
 
-def _environment(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without its PIPELINE_ variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    sources = tmp_path / "sources.yaml"
-    sources.write_text("sources: {}\n", encoding="utf-8")
-    return env | {
-        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        **extra,
-    }
-
-
 @pytest.mark.parametrize("command", [["status"], ["ingress", "serve", "--port", "0"]])
 def test_a_log_database_url_with_a_stray_percent_is_not_printed(
     command: list[str], tmp_path: Path
 ) -> None:
     """Neither 'status' nor 'ingress serve' prints a log database password holding a '%'."""
-    env = _environment(
+    env = cli_environment(
         tmp_path,
         PIPELINE_INGRESS__LOG_STORE="postgres",
         PIPELINE_POSTGRES__URL="postgresql://pipeline:Pipe%lineSesame@127.0.0.1:1/pipeline",
@@ -143,7 +127,7 @@ def test_topics_apply_names_the_members_redis_without_its_password(
     tmp_path: Path, kafka_service: str
 ) -> None:
     """The warning of 'topics apply' that the members' Redis cannot be read hides its password."""
-    env = _environment(
+    env = cli_environment(
         tmp_path,
         PIPELINE_TRANSPORT="kafka",
         PIPELINE_KAFKA__BOOTSTRAP_SERVERS=kafka_service,

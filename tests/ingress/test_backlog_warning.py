@@ -5,31 +5,23 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
 
 import pytest
 
-from pipeline.config import Settings, load_settings
+from pipeline.config import load_settings
 from pipeline.ingress.backlog import GroupLagBacklog
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 
-@pytest.fixture
-async def redis(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The real Redis Streams transport."""
-    del redis_service
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
-
-
 async def test_a_lane_without_a_group_names_the_variable_that_gives_it_one(
-    redis: Transport, unique: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    streams: Transport,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The lane counts as backed up, and the line names PIPELINE_INGRESS__SWEEPER__LANE_GROUPS."""
     lane = f"lane_{unique}"
-    backlog = GroupLagBacklog(redis.admin(), {lane: [lane]}, {})
+    backlog = GroupLagBacklog(streams.admin(), {lane: [lane]}, {})
     caplog.set_level(logging.WARNING, logger="pipeline.ingress.backlog")
     assert await backlog.is_backlogged(lane)
     (line,) = [r.getMessage() for r in caplog.records]

@@ -7,7 +7,6 @@ loopback port named in the environment; nothing is created on the running servic
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import socket
 import sqlite3
@@ -19,26 +18,16 @@ from pathlib import Path
 
 import pytest
 from logstore.helpers import FakeClock, new_row
-from support import BROKER_DOWN, run_pipeline
+from support import BROKER_DOWN, cli_environment, run_pipeline
 
 from pipeline.logstore.sqlite import SqliteLogStore
 
-ROOT = Path(__file__).parents[2]
 CLOSED_POSTGRES = "postgresql://pipeline:not-a-secret@127.0.0.1:1/pipeline"
 
 
 def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without its PIPELINE_ variables, plus a log in ``tmp_path``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    sources = tmp_path / "sources.yaml"
-    sources.write_text("sources: {}\n", encoding="utf-8")
-    return env | {
-        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        **extra,
-    }
+    """:func:`support.cli_environment` with the sweeper off."""
+    return cli_environment(tmp_path, **{"PIPELINE_INGRESS__SWEEPER__ENABLED": "false", **extra})
 
 
 def pipeline(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
