@@ -404,9 +404,10 @@ class Debouncer:
     async def renew(self, turn: Turn) -> Renewal:
         """Extend the lease of a running ``turn`` by ``lease_ms`` (``renewed``).
 
-        ``taken``: its lease lapsed (its runner stalled past it) and another runner claimed
-        the turn, which it runs now or has run; ``lost``: no runner holds it (the turn was
-        claimed again and finished, or its state is gone with Redis's data).
+        ``taken``: its lease lapsed (its runner stalled past it) and a claim took the turn over:
+        another runner runs it now or has run it; ``lost``: the lease is gone and no claim took
+        it over (the state went with Redis's data, even if a new turn of the conversation has
+        been claimed since): its messages may be nowhere else.
 
         Raises:
             DebounceUnavailable: Redis cannot be reached.

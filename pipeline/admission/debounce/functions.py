@@ -24,7 +24,7 @@ Outcome = Literal["done", "scheduled", "lost"]
 """How a turn ended: nothing left buffered; a next turn scheduled; lease lost (no change)."""
 
 Renewal = Literal["renewed", "taken", "lost"]
-"""What a renewal found: the lease extended; held by another token; held by none."""
+"""What a renewal found: the lease extended; taken over by a claim; gone, taken by none."""
 
 RawTurn = list[Any]
 """A leased turn as the Lua returns it: key, token, attempt, due_ms, first_failure_ms (-1: none),
@@ -231,8 +231,9 @@ class DebounceFunctions(FunctionLibrary):
     async def renew(self, key: str, token: str, lease_ms: int) -> Renewal:
         """``db_renew``: extend a running turn's lease (``renewed``).
 
-        ``taken``: another token holds it (the lease lapsed and the turn was claimed again);
-        ``lost``: no token does (the turn finished by its new holder, or the state gone).
+        ``taken``: a claim displaced the token (its lease lapsed and the turn was claimed
+        again); ``lost``: the token no longer holds the lease and no claim displaced it (the
+        state gone with Redis's data, a new turn claimed since or not).
         """
         state = keys.state_key(self.prefix, self.lane, key)
         reply = int(await self.fcall("db_renew", [self.due_key, state], [key, token, lease_ms]))

@@ -30,11 +30,12 @@ A runner whose timer fires while it has no free slot hands the timer to another 
 the wake list (once; a runner woken that way keeps the timer until a slot frees).
 
 While a callback runs its lease is renewed every third of ``lease_ms``; a renewal that finds
-another runner holding it (this one stalled past the lease, and the turn was claimed again)
+the turn taken over (this runner stalled past the lease, and a claim took the turn again)
 cancels the callback, so a stalled runner does not run on beside the new holder's run or the
-conversation's next turn (a renewal that finds no holder, the state gone with Redis's data, lets
-it run on: its messages may be nowhere else). A callback that returns
-True ends the turn; False or an exception keeps its messages and schedules the turn again after
+conversation's next turn. A renewal that finds the lease gone but not taken over (the state
+gone with Redis's data, even if a new message of the conversation has been claimed as a new
+turn since) lets it run on: its messages may be nowhere else. A callback that returns True
+ends the turn; False or an exception keeps its messages and schedules the turn again after
 ``backoff(attempt)`` ms (the callback sees ``turn.attempt`` and dead-letters the turn itself once
 it has had enough attempts, then returns True). A runner killed mid-turn loses nothing: the
 lease runs out and another runner claims the turn again, its attempt raised.

@@ -25,6 +25,10 @@
 --                              tok  lease token of the running turn, lu its expiry (ms),
 --                              n    how many messages (from the head) the running turn holds
 --                              ra   after a failed turn: not due again before this (ms)
+--                              xt   the lease tokens whose lease lapsed and whose turn another
+--                                   claim took over, " token " each, newest first (the last
+--                                   DISPLACED): db_renew answers -1 to them alone. Kept by
+--                                   finish (a token displaced stays displaced).
 --                              Persists while the buffer holds messages; expires (ARGV
 --                              idle_ttl_ms) once the key is idle.
 --   {P:deb:LANE}:e:EVENT string where the buffered message whose event id has the digest EVENT
@@ -122,11 +126,17 @@ end
 -- commit interval's worth, 500 ms by default); past this many, a redelivery is buffered again.
 local RECENT = 64
 
--- `recent` (" a b ... ") with `token` (" x ") put first, the oldest dropped past RECENT.
-local function remember(recent, token)
+-- How many displaced lease tokens a conversation remembers (its `xt`): a holder stalled past
+-- its lease is told its turn was taken at its next renewal unless more takeovers came between.
+local DISPLACED = 8
+
+-- `recent` (" a b ... ") with `token` (" x ") put first, the oldest dropped past `keep`
+-- (RECENT when not given).
+local function remember(recent, token, keep)
+  keep = keep or RECENT
   local kept = {}
   for element in string.gmatch(recent, '%S+') do
-    if #kept + 1 >= RECENT then break end
+    if #kept + 1 >= keep then break end
     kept[#kept + 1] = element
   end
   if #kept == 0 then return token end
@@ -266,8 +276,9 @@ end
 
 -- Lease up to `limit` due keys of the zset `due_key`; returns the turns and the stale count.
 -- Each turn is {key, token, attempt, due_ms, first_failure_ms or -1, message...}. A key whose
--- lease expired (its member died) is claimed again with its attempt raised. stale counts due
--- entries with nothing to run.
+-- lease expired (its member died, or stalled past it) is claimed again with its attempt raised,
+-- and the token it displaced is added to `xt` (its holder's next renewal is told the turn was
+-- taken). stale counts due entries with nothing to run.
 local function claim_due(due_key, limit, lease, max_batch, token_prefix, prefix, now)
   local turns, stale = {}, 0
   local due = redis.call('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
@@ -279,11 +290,14 @@ local function claim_due(due_key, limit, lease, max_batch, token_prefix, prefix,
       redis.call('ZREM', due_key, key)
       stale = stale + 1
     else
-      local state = redis.call('HMGET', st, 'tok', 'att', 'ff')
+      local state = redis.call('HMGET', st, 'tok', 'att', 'ff', 'xt')
       local attempt = tonumber(state[2]) or 0
       local failed = -1  -- ff counts only while att does (the turn has not succeeded since)
       if attempt > 0 and state[3] then failed = tonumber(state[3]) end
-      if state[1] then attempt = attempt + 1 end  -- the lease of the last holder ran out
+      if state[1] then  -- the lease of the last holder ran out: its turn is taken over
+        attempt = attempt + 1
+        redis.call('HSET', st, 'xt', remember(state[4] or ' ', ' ' .. state[1] .. ' ', DISPLACED))
+      end
       local n = math.min(len, max_batch)
       local token = token_prefix .. ':' .. ((i + 1) / 2)
       redis.call('HSET', st, 'tok', token, 'lu', now + lease, 'n', n, 'att', attempt)
@@ -589,12 +603,19 @@ end
 -- db_renew: extend the lease of a running turn.
 -- KEYS[1] due zset   KEYS[2] state hash
 -- ARGV[1] conversation key   ARGV[2] lease token   ARGV[3] lease_ms
--- Returns 1 if the token still held the lease (now extended), -1 if another token holds it (its
--- lease lapsed and another runner claimed the turn: the caller stops running it), 0 if none does
--- (the turn was finished by the one that claimed it, or the state is gone with Redis's data).
+-- Returns 1 if the token still held the lease (now extended); -1 if a claim took its turn over
+-- after its lease lapsed (the token is in `xt`: another runner runs or ran the turn, whose
+-- messages stay buffered until a turn of them succeeds; the caller stops running it); 0
+-- otherwise, so that a turn whose state went with Redis's data runs on (its messages may be
+-- nowhere else), whether or not a new turn of the conversation has been claimed since. 0 also
+-- answers a displacement not recorded: by a claim of an earlier release (which writes no `xt`),
+-- more than DISPLACED takeovers ago, or once the idle conversation's state expired.
 local function renew(keys, args)
-  local holder = redis.call('HGET', keys[2], 'tok')
-  if holder ~= args[2] then return holder and -1 or 0 end
+  local state = redis.call('HMGET', keys[2], 'tok', 'xt')
+  if state[1] ~= args[2] then
+    if state[2] and string.find(state[2], ' ' .. args[2] .. ' ', 1, true) then return -1 end
+    return 0
+  end
   local lu = now_ms() + tonumber(args[3])
   redis.call('HSET', keys[2], 'lu', lu)
   redis.call('ZADD', keys[1], lu, args[1])
