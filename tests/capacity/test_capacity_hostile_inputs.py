@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -19,16 +18,6 @@ from pipeline.cli import app
 
 NOW_S = 20_000 * 86_400 + 14 * 3600.0
 NOW_MIN = int(NOW_S // 60)
-
-
-@pytest.fixture
-async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of this test's own; its keys are deleted afterwards."""
-    name = f"t{unique}"
-    yield name
-    found = [key async for key in redis.scan_iter(match=f"{{{name}:cap:*")]
-    if found:
-        await redis.delete(*found)
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
-import pytest
 from redis.asyncio import Redis
 
 from pipeline.capacity import keys as k
@@ -13,16 +12,6 @@ from pipeline.capacity.recorder import ArrivalRecorder, CountingProducer
 from pipeline.envelope import Delivered, Record
 
 DAY0 = 20_000  # a UTC day number (2024-10-04)
-
-
-@pytest.fixture
-async def prefix(redis: Redis, unique: str) -> AsyncIterator[str]:
-    """A key prefix of this test's own; its keys are deleted afterwards."""
-    name = f"t{unique}"
-    yield name
-    found = [key async for key in redis.scan_iter(match=f"{{{name}:cap:*")]
-    if found:
-        await redis.delete(*found)
 
 
 async def test_counts_round_trip_per_minute_across_midnight(redis: Redis, prefix: str) -> None:
