@@ -21,8 +21,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
-from retry.test_marks_outage import guard, ordered_lane, start_of
-from retry.test_release_outage import parked_with, pass_time, ran_on_reap
+from retry.test_marks_outage import guard, ordered_lane, pass_time, start_of
+from retry.test_release_outage import parked_with, ran_on_reap
 from support import promtool_binary, test_settings
 
 from pipeline.observability.metrics import Metrics

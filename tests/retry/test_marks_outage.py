@@ -38,14 +38,22 @@ def guard(redis: Redis, unique: str, spec: TopicSpec) -> GuardStore:
 async def outage(redis: Redis, store: GuardStore) -> None:
     """Every member goes down for the retry path plus an hour and a minute, by Redis's clock.
 
-    The members' last reap tick runs first (it renews the lane's expiry, about every 2 s).
-    Then each key of the lane whose expiry falls within is removed and the others' are
-    shortened, as Redis would by then, and the times kept in Redis's clock (when a message left
-    its parked key, a release's lease, the lane's last reap) grow as old.
+    The members' last reap tick runs first (it renews the lane's expiry, about every 2 s); then
+    the time passes as :func:`pass_time` has it.
     """
     await store.reap()
     duration_ms = store.ttl_ms + 60_000
     assert duration_ms < store.hold_ms  # the parked keys' state outlives it
+    await pass_time(redis, store, duration_ms)
+
+
+async def pass_time(redis: Redis, store: GuardStore, duration_ms: int) -> None:
+    """``duration_ms`` pass by Redis's clock, with nothing written to the lane meanwhile.
+
+    The lane's keys whose expiry falls within are removed and the others' shortened, and the
+    times kept in Redis's clock (when a message left its parked key, a release's lease, the
+    lane's last reap) grow as old.
+    """
     for zset in (store.keys.gone, store.keys.releases):
         aged = {
             m: s - duration_ms

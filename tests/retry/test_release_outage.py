@@ -18,8 +18,7 @@ Time is moved on in Redis instead of waited for, as in ``test_marks_outage.py``.
 from __future__ import annotations
 
 from redis.asyncio import Redis
-from retry.test_marks_outage import guard, ordered_lane, start_of
-from support import pass_expiries
+from retry.test_marks_outage import guard, ordered_lane, pass_time, start_of
 
 from pipeline.envelope import Message
 from pipeline.retry.guard_store import Ending, GuardStore, KeyEnds, Start
@@ -27,24 +26,6 @@ from pipeline.retry.keys import encode_key
 
 KEY = encode_key(b"k")
 DAY_MS = 86_400_000
-
-
-async def pass_time(redis: Redis, store: GuardStore, duration_ms: int) -> None:
-    """``duration_ms`` pass by Redis's clock, with nothing written to the lane meanwhile.
-
-    The lane's keys whose expiry falls within are removed and the others' shortened, and the
-    times kept in Redis's clock (when a message left its parked key, a release's lease, the
-    lane's last reap) grow as old.
-    """
-    for zset in (store.keys.gone, store.keys.releases):
-        aged = {
-            m: s - duration_ms
-            for m, s in await redis.zrange(zset, 0, -1, withscores=True)
-            if m != b"@off"  # a length of time, not a time (guard.lua)
-        }
-        if aged:
-            await redis.zadd(zset, aged, xx=True)  # type: ignore[arg-type]
-    await pass_expiries(redis, f"{store.keys.tag}*", duration_ms)
 
 
 async def outage(redis: Redis, store: GuardStore, duration_ms: int) -> None:
