@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -71,12 +72,22 @@ async def real_log_store(
         finally:
             await sqlite.close()
         return
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    pg = PostgresLogStore(postgres_url, schema=schema, **extra)
-    await pg.open()
-    try:
+    async with postgres_log_store(postgres_url, **extra) as pg:
         yield pg
+
+
+@asynccontextmanager
+async def postgres_log_store(url: str, **options: Any) -> AsyncIterator[PostgresLogStore]:
+    """An open PostgreSQL log store at ``url`` in a schema of its own, dropped afterwards.
+
+    ``options`` are the store's other arguments (``clock``, ``min_connections``, ...).
+    """
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    store = PostgresLogStore(url, schema=schema, **options)
+    await store.open()
+    try:
+        yield store
     finally:
-        await pg.close()
-        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as c:
+        await store.close()
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
             await c.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -9,29 +9,13 @@ commit with ``on``. Here the URL's ``options`` stand in for such a database defa
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from urllib.parse import quote
 
-import psycopg
 import pytest
-from logstore.helpers import FakeClock, new_row
+from logstore.helpers import FakeClock, new_row, postgres_log_store
 
 from pipeline.logstore.postgres import PostgresLogStore
-
-
-@asynccontextmanager
-async def _store(url: str) -> AsyncIterator[PostgresLogStore]:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    store = PostgresLogStore(url, schema=schema, min_connections=2)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
-            await c.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def _with_default(url: str, setting: str) -> str:
@@ -51,7 +35,9 @@ async def _session_settings(store: PostgresLogStore) -> set[str]:
 @pytest.fixture
 async def asynchronous_store(postgres_service: str) -> AsyncIterator[PostgresLogStore]:
     """A store on a database whose sessions default to ``synchronous_commit=off``."""
-    async with _store(_with_default(postgres_service, "off")) as store:
+    async with postgres_log_store(
+        _with_default(postgres_service, "off"), min_connections=2
+    ) as store:
         yield store
 
 
@@ -68,6 +54,8 @@ async def test_a_durable_server_default_is_left_as_it_is(
     postgres_service: str, setting: str
 ) -> None:
     """A default that flushes locally (``local``, or stronger) is the operator's choice: kept."""
-    async with _store(_with_default(postgres_service, setting)) as store:
+    async with postgres_log_store(
+        _with_default(postgres_service, setting), min_connections=2
+    ) as store:
         assert await store.insert(new_row(0, FakeClock())) is True
         assert await _session_settings(store) == {setting}
