@@ -12,6 +12,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -543,3 +544,23 @@ def promtool_binary() -> Path:
     if not Path(where).is_file():
         pytest.skip("promtool is not built (make promtool builds it once, several minutes)")
     return Path(where)
+
+
+async def stopped_once_it_sent(
+    proc: asyncio.subprocess.Process, admin: Admin, topic: str, stop: signal.Signals, what: str
+) -> bytes:
+    """Send ``proc`` ``stop`` once ``topic`` holds a message; its stderr, once it ended.
+
+    ``proc`` (its stdout and stderr piped) must not end first, nor take more than 60 s; ``what``
+    names it in the failure ("the replay").
+    """
+    try:
+        deadline = time.monotonic() + 60
+        while (await admin.list_topics([topic]))[topic].message_count == 0:
+            assert proc.returncode is None, await proc.communicate()
+            assert time.monotonic() < deadline, f"{what} sent nothing in 60 s"
+            await asyncio.sleep(0.05)
+    finally:
+        proc.send_signal(stop)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    return stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from contract.helpers import consume_until, make_topic
 from logstore.helpers import FakeClock, new_row
+from support import stopped_once_it_sent
 from typer.testing import CliRunner
 
 from pipeline.config import Settings
@@ -200,15 +201,7 @@ async def test_a_replay_stopped_says_how_far_it_got(
         stderr=pipe,
     )
     admin = redis.admin()
-    try:
-        deadline = time.monotonic() + 60
-        while (await admin.list_topics([topic]))[topic].message_count == 0:
-            assert replaying.returncode is None, await replaying.communicate()
-            assert time.monotonic() < deadline, "the replay produced nothing in 60 s"
-            await asyncio.sleep(0.05)
-    finally:
-        replaying.send_signal(stop)
-        _, stderr = await asyncio.wait_for(replaying.communicate(), 60)
+    stderr = await stopped_once_it_sent(replaying, admin, topic, stop, "the replay")
     assert replaying.returncode == code, stderr
     text = stderr.decode()
     assert "Traceback" not in text, text

@@ -19,6 +19,7 @@ import pytest
 from contract.helpers import make_topic
 from ingress.redis_server import RedisServer
 from logstore.helpers import FakeClock, new_row
+from support import stopped_once_it_sent
 from typer.testing import CliRunner
 
 from pipeline.config import Settings
@@ -153,15 +154,7 @@ async def test_a_replay_of_an_age_stopped_says_the_time_to_run_it_again_with(
         stderr=pipe,
     )
     admin = redis.admin()
-    try:
-        deadline = time.monotonic() + 60
-        while (await admin.list_topics([topic]))[topic].message_count == 0:
-            assert replaying.returncode is None, await replaying.communicate()
-            assert time.monotonic() < deadline, "the replay produced nothing in 60 s"
-            await asyncio.sleep(0.05)
-    finally:
-        replaying.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(replaying.communicate(), 60)
+    stderr = await stopped_once_it_sent(replaying, admin, topic, signal.SIGTERM, "the replay")
     ended_ms = int(time.time() * 1000)
     assert replaying.returncode == 143, stderr
     text = stderr.decode()

@@ -16,7 +16,7 @@ from contract.helpers import consume_until, expire_below
 from redis.asyncio import Redis
 from redrive.helpers import dead_letter_lane
 from runtime.helpers import declare, lane_spec, produce
-from support import delete_group_after
+from support import delete_group_after, stopped_once_it_sent
 
 from pipeline import headers as h
 from pipeline.config import Settings
@@ -404,15 +404,7 @@ async def test_a_redrive_stopped_by_sigterm_commits_what_it_sent(
     first = await asyncio.create_subprocess_exec(
         *command, "--rate", "40", env=env, stdout=pipe, stderr=pipe
     )
-    try:
-        deadline = time.monotonic() + 60
-        while (await admin.list_topics([spec.name]))[spec.name].message_count == 0:
-            assert first.returncode is None, await first.communicate()
-            assert time.monotonic() < deadline, "the redrive moved nothing in 60 s"
-            await asyncio.sleep(0.05)
-    finally:
-        first.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(first.communicate(), 60)
+    stderr = await stopped_once_it_sent(first, admin, spec.name, signal.SIGTERM, "the redrive")
     assert first.returncode == 143
     assert b"Traceback" not in stderr, stderr
     assert b"run the same command again to resume" in stderr
@@ -440,15 +432,7 @@ async def test_a_redrive_stopped_by_ctrl_c_says_how_far_it_got(
     first = await asyncio.create_subprocess_exec(
         *command, "--rate", "40", env=env, stdout=pipe, stderr=pipe
     )
-    try:
-        deadline = time.monotonic() + 60
-        while (await admin.list_topics([spec.name]))[spec.name].message_count == 0:
-            assert first.returncode is None, await first.communicate()
-            assert time.monotonic() < deadline, "the redrive moved nothing in 60 s"
-            await asyncio.sleep(0.05)
-    finally:
-        first.send_signal(signal.SIGINT)
-        _, stderr = await asyncio.wait_for(first.communicate(), 60)
+    stderr = await stopped_once_it_sent(first, admin, spec.name, signal.SIGINT, "the redrive")
     assert first.returncode == 130
     assert b"Traceback" not in stderr, stderr
     assert b"stopped by Ctrl-C after moving" in stderr, stderr
