@@ -10,7 +10,26 @@ from runtime.helpers import produce
 
 from pipeline.envelope import Record
 from pipeline.redrive.redrive import Redrive
+from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
+
+
+async def _four_moved(
+    transport: Transport, unique: str
+) -> tuple[TopicSpec, dict[str, bytes], tuple[bytes, bytes], float]:
+    """Two dead letters on each of two partitions, moved by a ``--since 2h`` run at ``now``.
+
+    Returns the lane, a dead letter's headers, a key of each partition and ``now``.
+    """
+    spec, dlq, headers = await dead_letter_lane(transport, unique, 2)
+    (k0,), (k1,) = keys_for(0, 2, 1), keys_for(1, 2, 1)
+    await produce(
+        transport, dlq, [Record(b"a%d" % i, k, headers) for i in range(2) for k in (k0, k1)]
+    )
+    now = time.time()
+    first = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now)).run(), 60)
+    assert first.moved == 4
+    return spec, headers, (k0, k1), now
 
 
 async def test_a_second_redrive_stopped_on_one_partition_resumes_its_window(
@@ -22,14 +41,8 @@ async def test_a_second_redrive_stopped_on_one_partition_resumes_its_window(
     run had nothing to read on, still held the first run's (finished), so the third run started
     a window of its own clock and passed the 7 left over as not selected (scanned 7, moved 0).
     """
-    spec, dlq, headers = await dead_letter_lane(transport, unique, 2)
-    (k0,), (k1,) = keys_for(0, 2, 1), keys_for(1, 2, 1)
-    await produce(
-        transport, dlq, [Record(b"a%d" % i, k, headers) for i in range(2) for k in (k0, k1)]
-    )
-    now = time.time()
-    first = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now)).run(), 60)
-    assert first.moved == 4
+    spec, headers, (_, k1), now = await _four_moved(transport, unique)
+    dlq = spec.dead_letter
     await produce(transport, dlq, [Record(b"b%d" % i, k1, headers) for i in range(10)])
     second = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now), limit=3).run(), 60)
     assert second.moved == 3
@@ -49,14 +62,8 @@ async def test_a_run_stopped_on_the_other_partition_resumes_its_window_too(
 
     Then, with every window finished, the same command starts one of its own clock again.
     """
-    _, dlq, headers = await dead_letter_lane(transport, unique, 2)
-    (k0,), (k1,) = keys_for(0, 2, 1), keys_for(1, 2, 1)
-    await produce(
-        transport, dlq, [Record(b"a%d" % i, k, headers) for i in range(2) for k in (k0, k1)]
-    )
-    now = time.time()
-    first = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now)).run(), 60)
-    assert first.moved == 4
+    spec, headers, (k0, k1), now = await _four_moved(transport, unique)
+    dlq = spec.dead_letter
     await produce(transport, dlq, [Record(b"b%d" % i, k0, headers) for i in range(6)])
     second = await asyncio.wait_for(Redrive(transport, dlq, since_2h(now), limit=2).run(), 60)
     assert second.moved == 2
