@@ -180,7 +180,7 @@ def test_consumer_probes_and_deletion_cost_permissions():
 
 
 def test_consumers_leave_reaping_to_the_pods_pause_process():
-    """pipeline is not PID 1 in a consumer's pod, so what a killed handler started is reaped.
+    """Not PID 1 in a consumer's pod, pipeline leaves reaping what killed handlers started.
 
     As PID 1 it would inherit every process a cpu=True handler started and a timeout or a
     cancellation killed, and reap none: each stays <defunct>, holding a pid of the pod's limit.
