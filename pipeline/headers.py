@@ -31,6 +31,11 @@ ORIGIN_OFFSET = "pl-origin-offset"
 PRODUCED_AT_MS = "pl-produced-at-ms"
 """When the message a retry copy or dead letter came from was first produced (its broker time):
 a cancellation by key or tenant covers the copy as it covered that message."""
+SLA_FROM_MS = "pl-sla-from-ms"
+"""When the SLA clock of a retry copy started (:func:`sla_from_ms`): the time of the delivery
+the first copy was made of, kept through later tiers. It is the event's first production,
+or its last redrive or replay: a redriven or replayed message is new work, and a copy of it does
+not count from a production days before."""
 ERROR_CLASS = "pl-error-class"
 ERROR_MESSAGE = "pl-error-message"
 ERROR_DIGEST = "pl-error-digest"
@@ -63,3 +68,22 @@ def attempt_header(headers: dict[str, bytes]) -> int:
     it without end.
     """
     return max(1, int_header(headers, ATTEMPT, 1))
+
+
+def sla_from_ms(headers: dict[str, bytes], timestamp_ms: int) -> int:
+    """When the SLA clock of a delivery with ``headers`` and broker time ``timestamp_ms`` started.
+
+    A message without ``pl-due-ms`` is no retry copy: new work (produced, redriven or replayed),
+    whose clock starts with it. A copy's starts at its ``pl-sla-from-ms``; a copy written before
+    that header counts from ``pl-produced-at-ms`` unless it came from a redriven message (its
+    ``pl-produced-at-ms`` is the dead letter's first production), which counts from its own time.
+    A start after ``timestamp_ms`` (another producer's clock) is taken as ``timestamp_ms``.
+    """
+    if DUE_MS not in headers:
+        return timestamp_ms
+    start = int_header(headers, SLA_FROM_MS)
+    if start <= 0 and SLA_FROM_MS not in headers and REDRIVE_COUNT not in headers:
+        start = int_header(headers, PRODUCED_AT_MS)
+    if start <= 0:
+        return timestamp_ms
+    return min(start, timestamp_ms) if timestamp_ms > 0 else start

@@ -56,6 +56,7 @@ _DROPPED_HEADERS = {
     h.ORIGIN_TOPIC,
     h.ORIGIN_PARTITION,
     h.ORIGIN_OFFSET,
+    h.SLA_FROM_MS,
 }
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 """A name a topic can have on either broker (Kafka's rule); any other names none there is."""

@@ -66,6 +66,8 @@ def _with_origin(message: Message) -> dict[str, bytes]:
 
     The copy is a new record with a time of its own; ``pl-produced-at-ms`` keeps the first
     delivery's, so a cancellation covers the copy as it covered the message it came from.
+    ``pl-sla-from-ms`` keeps when its SLA clock started (:func:`~pipeline.headers.sla_from_ms`):
+    a message that is no copy starts it, whatever a redrive left of its dead letter's.
     """
     out = dict(message.headers)
     out.setdefault(h.ORIGIN_TOPIC, message.topic.encode())
@@ -73,6 +75,11 @@ def _with_origin(message: Message) -> dict[str, bytes]:
     out.setdefault(h.ORIGIN_OFFSET, str(message.offset).encode())
     if message.timestamp_ms > 0:
         out.setdefault(h.PRODUCED_AT_MS, str(message.timestamp_ms).encode())
+    sla_from = h.sla_from_ms(message.headers, message.timestamp_ms)
+    if sla_from > 0:
+        out[h.SLA_FROM_MS] = str(sla_from).encode()
+    else:
+        out.pop(h.SLA_FROM_MS, None)
     return out
 
 

@@ -14,11 +14,14 @@ limit's worth at a time, and an interactive message read meanwhile waits behind 
 most.
 
 A retry-tier copy (a ``pl-due-ms`` header: its tier's delay is over) counts its wait from when
-its event was first produced (``pl-produced-at-ms``), not from when the copy was written: the
-SLA is the event's, so a message promoted near it and failing once is not held for another
-``promote_at`` of it. Copies wait in a FIFO of their own ahead of the lane's fresh messages, as
-the key lanes put them ahead of the keys waiting for a worker. A redriven message carries no
-due time: it is new work, judged by its own production.
+its event was first produced, not from when the copy was written: the SLA is the event's, so a
+message promoted near it and failing once is not held for another ``promote_at`` of it.
+Copies wait in a FIFO of their own ahead of the lane's fresh messages, as the key lanes put them
+ahead of the keys waiting for a worker. A redriven or replayed message carries no due time: it
+is new work, judged by its own production, and so are its copies: their clock starts at the
+redrive (``pl-sla-from-ms``, :func:`~pipeline.headers.sla_from_ms`), not at the dead letter's
+first production (``pl-produced-at-ms``, which a redrive keeps for cancellations), so a
+redriven backlog failing once is not promoted ahead of interactive work all at once.
 
 Held messages keep their partition's flow-control count, so a partition whose batch backlog
 reaches the high-water mark is paused: the backlog stays in the broker, not in memory. Each
@@ -51,17 +54,12 @@ _Held = tuple[T, BatchPolicy, int]
 
 
 def _produced_ms(message: T) -> int:
-    """When ``message``'s event was produced: a retry-tier copy's first production, else its own.
+    """When ``message``'s SLA clock started: a retry-tier copy's ``pl-sla-from-ms``, else its time.
 
-    A copy's ``pl-produced-at-ms`` is its first delivery's time (it is never later than the
-    copy's own); a redriven message has none that counts (no ``pl-due-ms``).
+    A copy's is the time of the delivery that failed first: its event's first production, or
+    its last redrive or replay (never later than the copy's own time).
     """
-    own = message.timestamp_ms
-    headers = message.headers
-    if h.DUE_MS not in headers:
-        return own
-    first = h.int_header(headers, h.PRODUCED_AT_MS)
-    return first if 0 < first < own else own
+    return h.sla_from_ms(message.headers, message.timestamp_ms)
 
 
 class BatchGate(Generic[T]):

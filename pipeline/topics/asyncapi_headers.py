@@ -52,6 +52,10 @@ _RETRY = {
     h.ORIGIN_PARTITION: _int("Its partition there"),
     h.ORIGIN_OFFSET: _int("Its offset there"),
     h.PRODUCED_AT_MS: _ms("When the event was first produced (its first delivery's time)"),
+    h.SLA_FROM_MS: _ms(
+        "When a batch lane's SLA clock started for the copy: the time of the delivery that"
+        " first failed, the event's first production or its last redrive or replay"
+    ),
     h.ERROR_CLASS: _text("The dotted class name of the last error."),
     h.ERROR_MESSAGE: _text("The last error's text, at most 500 characters."),
     h.ERROR_DIGEST: _text("A short hash of the traceback's frames, grouping failures by cause."),
