@@ -2,9 +2,12 @@
 
 The default age is the store's floor: the declared one (:func:`pipeline.offload.purge.floor_ms`)
 or, when the lanes' topics still hold an older message, that message's age plus the refresh
-window (:func:`pipeline.offload.purge.measured_floor_ms`), so the transport is asked first. A
-younger ``--older-than`` is refused unless ``--force``, since it could delete a payload a
-message, a dead letter or a replayable log row still points to.
+window (:func:`pipeline.offload.purge.measured_floor_ms`), so the transport is asked first; and
+when the ingress log (the settings' ``PIPELINE_INGRESS__*``) holds a row neither processed nor
+abandoned received before that, that row's age plus the window
+(:func:`pipeline.offload.purge.oldest_unfinished_row_ms`), so the log is asked next. A younger
+``--older-than`` is refused unless ``--force``, since it could delete a payload a message, a dead
+letter or a replayable log row still points to.
 
 It lives in :mod:`pipeline.cli`, not in :mod:`pipeline.offload` (whose package imports
 pydantic), and imports the stores, the transports and the settings when the command runs, not
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlparse
@@ -28,6 +32,7 @@ from pipeline.errors import ConfigError
 from pipeline.transport import create_transport
 
 if TYPE_CHECKING:
+    from pipeline.config import Settings
     from pipeline.offload.purge import PurgeReport
 
 app = typer.Typer(help="Offloaded payloads (large bodies by reference).", no_args_is_help=True)
@@ -108,19 +113,73 @@ async def _purge(
             await admin.close()
     finally:
         await transport.close()
+    now_ms = int(time.time() * 1000)
+    # One question covers every store: the oldest unfinished row below the youngest declared
+    # floor, which measured_floor_ms then weighs against each store's own.
+    unfinished = (
+        None
+        if given_ms is not None and force
+        else await _oldest_unfinished(settings, min(d for d, _ in floors.values()), now_ms)
+    )
     for url in urls:
         declared, oldest = floors[url]
-        floor = measured_floor_ms(declared, oldest, int(time.time() * 1000))
+        held_floor = measured_floor_ms(declared, oldest, now_ms)
+        floor = measured_floor_ms(held_floor, unfinished, now_ms)
         if given_ms is not None and given_ms < floor and not force:
-            held = "" if floor == declared else " and the oldest message its lanes still hold"
+            held = "" if held_floor == declared else " and the oldest message its lanes still hold"
+            if floor > held_floor:
+                held += " and the oldest log row not yet processed or abandoned"
             raise ConfigError(
                 f"--older-than {older_than} is younger than what {url} must keep "
                 f"({format_duration_ms(floor)}: the longest lane, dead-letter and log retention"
                 f"{held}, plus the writers' refresh window); give --force to delete anyway"
             )
+        if given_ms is None and unfinished is not None and floor > held_floor:
+            err.print(
+                f"{escape(url)}: kept every object written in the last"
+                f" {format_duration_ms(floor)}, not {format_duration_ms(held_floor)}: the ingress"
+                f" log still holds a row received {_iso(unfinished)} that is neither processed"
+                " nor abandoned, which the sweeper or `pipeline replay` may produce again",
+                highlight=False,
+                soft_wrap=True,
+            )
         report = PurgeReport(url)
         reports.append(report)
         await purge(open_store(url), given_ms or floor, dry_run=dry_run, report=report)
+
+
+async def _oldest_unfinished(settings: Settings, declared_ms: int, now_ms: int) -> int | None:
+    """The oldest unfinished row of the ingress log the settings choose, older than the floor.
+
+    None when there is none, or when the log is an SQLite database that does not exist (no
+    ingress writes one at that path: ``PIPELINE_INGRESS__SQLITE_PATH``).
+
+    Raises:
+        LogStoreError: the log did not answer: one line, and nothing is purged.
+    """
+    from pipeline.logstore import LogStoreError  # noqa: PLC0415 - see the module doc
+    from pipeline.logstore.create import create_log_store  # noqa: PLC0415
+    from pipeline.offload.purge import oldest_unfinished_row_ms  # noqa: PLC0415
+
+    ingress = settings.ingress
+    if ingress.log_store == "sqlite" and not ingress.sqlite_path.is_file():
+        return None
+    log = create_log_store(settings, ingress)
+    try:
+        await log.open()
+        return await oldest_unfinished_row_ms(log, declared_ms, now_ms)
+    except LogStoreError as exc:
+        raise LogStoreError(
+            f"the ingress log ({ingress.log_store}) did not answer: {exc}; nothing was purged,"
+            " since a row it holds may still point to a payload (run it again once it answers)"
+        ) from exc
+    finally:
+        await log.close()
+
+
+def _iso(ms: int) -> str:
+    """``ms`` since the epoch as ISO 8601 in UTC, to the second."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")[:-6] + "Z"
 
 
 @app.command("purge")
@@ -141,10 +200,12 @@ def purge_command(
 ) -> None:
     """Delete payload objects no message, dead letter or log row can still point to.
 
-    Asks the broker (``--transport``) for the oldest message the lanes still hold, so nothing
-    it may point to is deleted. Prints one JSON line per store: scanned, deleted,
-    deleted_bytes, kept. Stopped by Ctrl-C or SIGTERM (exit 130 or 143), it prints those of the
-    stores it got to, the last one marked ``"interrupted": true``.
+    Asks the broker (``--transport``) for the oldest message the lanes still hold, and the
+    ingress log (its settings) for the oldest row neither processed nor abandoned, so nothing
+    either may point to is deleted; one line says when such a row keeps objects. Prints one
+    JSON line per store: scanned, deleted, deleted_bytes, kept. Stopped by Ctrl-C or SIGTERM
+    (exit 130 or 143), it prints those of the stores it got to, the last one marked
+    ``"interrupted": true``.
     """
     try:
         _require_store_directory(store)

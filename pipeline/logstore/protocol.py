@@ -263,3 +263,13 @@ class LogStore(SweepLog, ProcessedMarker, ReplayLog, Protocol):
     ) -> int:
         """Delete rows received before ``older_than_ms`` in ``states``; returns how many."""
         ...
+
+    async def oldest_unfinished_ms(self, received_before_ms: int) -> int | None:
+        """When the oldest row neither processed nor abandoned received before then arrived.
+
+        None when there is none. Such a row may still be produced again (the sweeper,
+        ``pipeline replay``), so the offload purge keeps what it points to. One walk of the
+        ``received_at_ms`` index from its oldest end, stopping at the first such row: it reads
+        only the finished rows older than that, which ``pipeline purge`` deletes.
+        """
+        ...

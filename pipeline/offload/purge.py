@@ -16,8 +16,13 @@ has no reference left that may still be read. :func:`floor_ms` is the declared p
 :data:`~pipeline.topics.spec.DLQ_MIN_RETENTION_MS`, and the log's); :func:`oldest_held_ms` asks
 the transport for the oldest message its topics still hold, which is what counts on Redis
 Streams (kept by length, not age) or on a Kafka topic kept longer than declared;
-:func:`measured_floor_ms` takes the larger. :func:`purge` deletes what is older. A reference
-read after its object is gone is a ``payload_missing`` dead letter, never a crash.
+:func:`measured_floor_ms` takes the larger. The ingress log is measured too: ``pipeline purge``
+deletes only processed and abandoned rows, so a row still ``received`` or ``produced`` (its
+members do not mark rows processed, or it is stuck) outlives the log's declared retention and can
+still be produced again by the sweeper or ``pipeline replay``; :func:`oldest_unfinished_row_ms`
+finds the oldest one the declared floor does not cover, and counts as a message still held.
+:func:`purge` deletes what is older. A reference read after its object is gone is a
+``payload_missing`` dead letter, never a crash.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pipeline.errors import TransportError, UnknownTopic
 from pipeline.offload.observer import OffloadObserver
@@ -112,6 +118,34 @@ async def oldest_held_ms(admin: Admin, topics: Sequence[str]) -> int | None:
             if oldest is None or held < oldest:
                 oldest = held
     return oldest
+
+
+class UnfinishedRows(Protocol):
+    """What the purge asks the ingress log (every :class:`~pipeline.logstore.LogStore` answers)."""
+
+    async def oldest_unfinished_ms(self, received_before_ms: int) -> int | None:
+        """The receive time of the oldest row neither processed nor abandoned, received before."""
+        ...
+
+
+async def oldest_unfinished_row_ms(
+    log: UnfinishedRows, declared_ms: int, now_ms: int
+) -> int | None:
+    """When the oldest log row a replay may still produce, older than ``declared_ms`` covers, came.
+
+    A row neither processed nor abandoned keeps its reference replayable (the sweeper, ``pipeline
+    replay``) however old it is, and its object was last written less than the refresh window
+    before it came (a writer rewrites an object older than that instead of reusing it), so it
+    counts as a message still held (:func:`measured_floor_ms`). Only rows received before
+    ``now_ms - declared_ms`` plus the refresh window are looked at (younger ones are covered by
+    the declared floor): the log walks its ``received_at_ms`` index over the rows older than that,
+    which ``pipeline purge`` deletes once they are finished, and stops at the first unfinished one.
+    None when there is none.
+
+    Raises:
+        LogStoreError: the log did not answer (the purge must not guess).
+    """
+    return await log.oldest_unfinished_ms(now_ms - declared_ms + int(REFRESH_AFTER_S * 1000))
 
 
 def measured_floor_ms(declared_ms: int, oldest_held: int | None, now_ms: int) -> int:

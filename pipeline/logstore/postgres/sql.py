@@ -218,6 +218,12 @@ about (none of whose rows is processed) it finds none and reads every row, every
 
 _GET = "SELECT {columns} FROM {table} WHERE id = %s"
 
+_OLDEST_UNFINISHED = """
+SELECT received_at_ms FROM {table}
+WHERE received_at_ms < %s AND state IN ('received', 'produced')
+ORDER BY received_at_ms LIMIT 1
+"""
+
 _PURGE = """
 WITH chosen AS (
     SELECT id, received_at_ms FROM {table}
@@ -277,6 +283,7 @@ class Statements:
         self.claim_unprocessed = compose(_CLAIM_UNPROCESSED)
         self.has_processed = compose(_HAS_PROCESSED)
         self.get = compose(_GET)
+        self.oldest_unfinished = compose(_OLDEST_UNFINISHED)
         self.purge = compose(_PURGE)
 
     def select(self, selection: Selection) -> tuple[sql.Composed, list[object]]:

@@ -449,6 +449,11 @@ class PostgresLogStore:
 
     # LogStore
 
+    async def oldest_unfinished_ms(self, received_before_ms: int) -> int | None:
+        """The receive time of the oldest unfinished row received before the given time."""
+        rows = await self._fetch(self._sql.oldest_unfinished, [received_before_ms])
+        return int(rows[0][0]) if rows else None
+
     async def purge(
         self, older_than_ms: int, states: Collection[RowState] = TERMINAL_STATES
     ) -> int:

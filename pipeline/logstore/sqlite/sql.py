@@ -235,6 +235,17 @@ Run only once :data:`PROCESSED_EXISTS` found the index: without it, it scans the
 
 GET = f"SELECT {COLUMNS} FROM ingress_log WHERE id = ?"  # noqa: S608
 
+OLDEST_UNFINISHED = """
+    SELECT received_at_ms FROM ingress_log
+    WHERE received_at_ms < ? AND state IN ('received', 'produced')
+    ORDER BY received_at_ms LIMIT 1
+"""
+"""The receive time of the oldest row not processed or abandoned received before ``?``.
+
+It walks ``ingress_log_received`` from its oldest end and stops at the first such row: it reads
+only the finished rows older than that, which ``pipeline purge`` deletes.
+"""
+
 
 def purge(states: int) -> str:
     """Delete the oldest ``?3`` old rows in ``states`` states; returns their receive times.

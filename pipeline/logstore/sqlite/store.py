@@ -430,6 +430,14 @@ class SqliteLogStore:
 
     # LogStore
 
+    async def oldest_unfinished_ms(self, received_before_ms: int) -> int | None:
+        """The receive time of the oldest unfinished row received before the given time."""
+        statement = sql.OLDEST_UNFINISHED
+        found = await self._read(
+            lambda: self._r.execute(statement, (received_before_ms,)).fetchone()
+        )
+        return int(found[0]) if found is not None else None
+
     async def purge(
         self, older_than_ms: int, states: Collection[RowState] = TERMINAL_STATES
     ) -> int:
