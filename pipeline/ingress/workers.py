@@ -17,6 +17,8 @@ workers, and prints ``ingress listening on ...`` once all are listening. Then:
 * SIGTERM or SIGINT: SIGTERM to every worker (each drains like a single ingress: uvicorn's
   graceful shutdown, queued events produced, pools closed), SIGKILL to any still alive
   :data:`STOP_MARGIN_S` after their own stop bound (``PIPELINE_INGRESS__STOP_WITHIN_S``); exit 0.
+  A further SIGTERM or SIGINT meanwhile is passed on to every worker, which takes it as a single
+  ingress takes a second signal (a second Ctrl-C ends the wait for the requests in flight).
 * SIGUSR1: passed on to every listening worker, which writes its threads' and tasks' stacks to
   stderr, in one piece (the dumps follow one another), and goes on
   (:mod:`pipeline.observability.stacks`).
@@ -25,6 +27,11 @@ workers, and prints ``ingress listening on ...`` once all are listening. Then:
   1 (a crash loop is not hidden).
 * a worker that exits before it was listening (a database or broker that refuses it) stops every
   worker; the supervisor exits with that worker's code (1 if it had none).
+
+With ``PIPELINE_INGRESS__METRICS_PORT=P`` worker *i* serves ``/metrics`` on port P + *i*.
+Without it the webhook port answers ``/metrics`` 404 saying so (the supervisor warns once at
+start): the kernel hands each scrape to any worker, so a scraper read one worker's counters, then
+another's. ``/healthz`` and ``/readyz`` stay on the webhook port, each worker answering for itself.
 
 Workers run in their own process group (a terminal's Ctrl-C reaches the supervisor only, which
 stops them once) and, on Linux, get SIGTERM if the supervisor dies (``PR_SET_PDEATHSIG``), so a
@@ -48,13 +55,20 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE
 from pipeline.reachability import listen_error
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from pipeline.ingress.app import Receive, Scope, Send
+
+    ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +158,8 @@ async def _serve_worker(index: int, args: WorkerArgs, ready: Connection) -> None
         ingress = ingress.model_copy(update={"metrics_port": ingress.metrics_port + index})
     built = build_ingress(settings, ingress)
     built.limits_checked = args.limits_checked
+    if not ingress.metrics_port and built.app.observer is not None:
+        built.app.observer = _without_metrics(built.app.observer)
     sock = reuse_port_socket(args.host, args.port)
 
     def announce(host: str, port: int) -> None:
@@ -153,6 +169,34 @@ async def _serve_worker(index: int, args: WorkerArgs, ready: Connection) -> None
         await serve(built, args.host, args.port, announce, sock=sock)
     finally:
         sock.close()
+
+
+_NO_SHARED_METRICS = (
+    b"not served on the webhook port with --workers: each scrape would reach one worker's "
+    b"counters, a different one each time; set PIPELINE_INGRESS__METRICS_PORT=P and scrape "
+    b"worker i on port P + i\n"
+)
+
+
+def _without_metrics(observer: ASGIApp) -> ASGIApp:
+    """``observer`` (``/metrics``, ``/healthz``, ``/readyz``) but for ``/metrics``: 404, why.
+
+    On the shared webhook port the kernel hands each scrape's connection to any worker, so the
+    counters a scraper read went up and down between the workers' own (Prometheus reads a drop
+    as a restart, and its rates multiplied). The health endpoints stay: each answers for the
+    worker that takes the connection, which is what a load balancer asks.
+    """
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] != "/metrics":
+            await observer(scope, receive, send)
+            return
+        length = str(len(_NO_SHARED_METRICS)).encode()
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", length)]
+        await send({"type": "http.response.start", "status": 404, "headers": headers})
+        await send({"type": "http.response.body", "body": _NO_SHARED_METRICS})
+
+    return serve
 
 
 def _uvloop() -> Callable[[], Any]:
@@ -198,6 +242,13 @@ class Supervisor:
         # The settings the workers read: checked by the command before it got here.
         _, ingress = worker_settings(self.args.transport, self.args.sources)
         self._stop_grace_s = ingress.stop_within_s + STOP_MARGIN_S
+        if not ingress.metrics_port:
+            log.warning(
+                "%d ingress workers without PIPELINE_INGRESS__METRICS_PORT: /metrics is not "
+                "served (the webhook port answers it 404); set it to P and scrape worker i on "
+                "port P + i",
+                self.count,
+            )
         context = multiprocessing.get_context("spawn")
         wake_r, wake_w = socket.socketpair()
         wake_w.setblocking(False)  # noqa: FBT003 - the socket API
@@ -213,7 +264,7 @@ class Supervisor:
                 self._start(context, index)
             code = self._watch(context, wake_r, stopping)
         finally:
-            self._stop_all()
+            self._stop_all(wake_r, stopping)
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -300,18 +351,35 @@ class Supervisor:
         self._start(context, worker.index)
         return None
 
-    def _stop_all(self) -> None:
-        """SIGTERM every worker, wait for them to drain, SIGKILL the ones that do not."""
+    def _stop_all(self, wake: socket.socket, stopping: list[int]) -> None:
+        """SIGTERM every worker, wait for them to drain, SIGKILL the ones that do not.
+
+        A further SIGINT or SIGTERM meanwhile (a second Ctrl-C) is passed on to every worker,
+        which takes it as a single ingress does: a SIGINT ends uvicorn's wait for the requests
+        in flight, and either ends a worker already closing its log store and producer.
+        """
         alive = [w for w in self._workers.values() if w.process.is_alive()]
         for worker in alive:
             worker.process.terminate()
+        passed_on = 1 if stopping else 0  # the first stop signal is the SIGTERM just sent
         deadline = time.monotonic() + self._stop_grace_s
+        while (running := [w for w in alive if w.process.is_alive()]) and (
+            left := deadline - time.monotonic()
+        ) > 0:
+            for signum in stopping[passed_on:]:
+                log.warning("ingress workers: signal %d again, passed on to every worker", signum)
+                for worker in running:
+                    if worker.process.pid is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(worker.process.pid, signum)
+            passed_on = max(passed_on, len(stopping))
+            if wake in wait([wake, *(w.process.sentinel for w in running)], timeout=left):
+                wake.recv(64)
         for worker in alive:
-            worker.process.join(max(0.0, deadline - time.monotonic()))
             if worker.process.is_alive():
                 log.error("ingress worker %d did not stop in time; killing it", worker.index)
                 worker.process.kill()
-                worker.process.join()
+            worker.process.join()
         for worker in self._workers.values():
             worker.ready.close()
         self._workers.clear()
