@@ -21,6 +21,10 @@ Each worker leads its own process group: a cancelled call sends the group SIGTER
 it turns ``ctx.cancelled`` true, and the worker exits once the handler returns), then SIGKILL
 after the pool's grace period, so processes the handler started go with it. A worker whose
 member is gone (killed, or leaving without a stop) kills itself and its group, idle or busy.
+
+:meth:`ProcessPool.close` kills every worker; a stop, a replacement or a start still going then
+starts no worker into the closed pool (one already starting is killed once started, and
+``close`` waits for it), and a replacement that failed to start is not tried again.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ import select
 import signal
 import threading
 import traceback
+from collections.abc import Coroutine
 from contextvars import ContextVar
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from pipeline.cancel_tasks import cancel_until_done
 from pipeline.errors import PipelineError
 from pipeline.runtime import liveness
 
@@ -354,18 +360,23 @@ class ProcessPool:
         self._started: asyncio.Future[None] | None = None
         self._unstarted = size
         """Workers the start has still to start."""
-        self._respawns: set[asyncio.Future[None]] = set()
-        """Starts of a replacement worker being tried again after a failure."""
+        self._generation = 0
+        """Bumped by :meth:`close`: work begun before it puts no worker into the pool."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Stops and replacements of workers, and starts tried again after a failure."""
+        self._spawning: set[asyncio.Task[bool]] = set()
+        """Workers being started (:meth:`_spawn`), which :meth:`close` waits for."""
 
     async def _start(self) -> None:
+        generation = self._generation
         try:
             while self._unstarted > 0:
-                worker = await asyncio.to_thread(_Worker, self._ctx)
+                if not await self._spawn(generation) or generation != self._generation:
+                    return  # closed meanwhile: close() reset what is left to start
                 self._unstarted -= 1
-                self._all.add(worker)
-                self._idle.put_nowait(worker)
         except BaseException:
-            self._started = None  # a spawn failed (fork's EAGAIN): the next call starts the rest
+            if generation == self._generation:
+                self._started = None  # a spawn failed (fork's EAGAIN): the next starts the rest
             raise
 
     async def run(self, ref: str, args: tuple[Any, ...], time_limit_s: float) -> None:
@@ -378,6 +389,7 @@ class ProcessPool:
         puts a fresh one in its place.
         """
         every_s = RUN_BEAT_EVERY_S.get()
+        generation = self._generation
         taken = await self._idle_worker(every_s)
         worker: _Worker | None = taken  # None once it is no longer this call's to give back
         try:
@@ -386,6 +398,8 @@ class ProcessPool:
             except _Unstarted:  # it died idle (the OOM killer): not this call's doing
                 worker = None
                 await self._swap(taken)
+                if generation != self._generation:  # not into a pool started after close()
+                    raise WorkerCrashed(f"the pool closed before {ref} began") from None
                 taken = worker = await self._idle_worker(every_s)
                 ok, value = await _call(taken, ref, args, time_limit_s, every_s)
         except HandlerTimeout:
@@ -394,7 +408,7 @@ class ProcessPool:
             raise
         except asyncio.CancelledError:
             if worker is not None:  # else: cancelled while a swap or the wait for a worker ran
-                stopping = asyncio.ensure_future(self._stop(worker))
+                stopping = self._background(self._stop(worker))
                 worker = None  # the stop puts its fresh worker in the idle queue itself
                 await asyncio.shield(stopping)  # cancelled again: the stop goes on regardless
             raise
@@ -404,7 +418,7 @@ class ProcessPool:
             raise WorkerCrashed(f"the worker running {ref} died") from exc
         finally:
             if worker is not None:
-                self._idle.put_nowait(worker)
+                self._give_back(worker)
         if not ok:
             raise value
 
@@ -422,7 +436,7 @@ class ProcessPool:
                 await asyncio.wait({taking}, timeout=every_s)
         except asyncio.CancelledError:
             if taking.done() and not taking.cancelled() and taking.exception() is None:
-                self._idle.put_nowait(taking.result())  # taken as the call was cancelled
+                self._give_back(taking.result())  # taken as the call was cancelled
             taking.cancel()
             raise
         return taking.result()
@@ -431,8 +445,22 @@ class ProcessPool:
         await asyncio.shield(started)
         return await self._idle.get()
 
+    def _give_back(self, worker: _Worker) -> None:
+        """Put ``worker`` back in the idle queue, unless :meth:`close` killed it."""
+        if worker in self._all:
+            self._idle.put_nowait(worker)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` as a task that :meth:`close` cancels."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     async def _stop(self, worker: _Worker) -> None:
         """SIGTERM the worker's group, SIGKILL it after the grace period, then replace it."""
+        if worker not in self._all:
+            return  # close() killed it, and the pool it belonged to
         worker.signal_group(signal.SIGTERM)
         await asyncio.to_thread(worker.process.join, self._grace_s)
         await self._replace(worker)
@@ -440,7 +468,10 @@ class ProcessPool:
     async def _swap(self, worker: _Worker | None) -> None:
         """:meth:`_replace` ``worker``, to the end even if the call waiting for it is cancelled."""
         if worker is not None:
-            await asyncio.shield(asyncio.ensure_future(self._replace(worker)))
+            replacing = self._background(self._replace(worker))
+            await asyncio.wait({replacing})  # cancelled: the replacement goes on regardless
+            if not replacing.cancelled():  # else close() stopped it
+                replacing.result()
 
     async def _replace(self, worker: _Worker) -> None:
         """Kill ``worker`` and put a fresh one in the idle queue in its place.
@@ -448,43 +479,80 @@ class ProcessPool:
         One that fails to start (fork's EAGAIN or ENOMEM, under the pressure that may have
         killed the last) is started again in the background until one does: a slot lost there
         left the pool a worker short for good, and with none left every call waited for ever.
+        After :meth:`close` nothing is started: its pool is gone.
         """
+        if worker not in self._all:
+            return  # close() killed it
+        generation = self._generation
         self._all.discard(worker)
         await asyncio.to_thread(worker.kill)  # its join must not hold the loop (a D-state exit)
-        try:
-            fresh = await asyncio.to_thread(_Worker, self._ctx)
-        except Exception:
-            log.warning("cpu pool: a worker failed to start; starting it again", exc_info=True)
-            respawn = asyncio.ensure_future(self._respawn())
-            self._respawns.add(respawn)
-            respawn.add_done_callback(self._respawns.discard)
+        if generation != self._generation:
             return
-        self._all.add(fresh)
-        self._idle.put_nowait(fresh)
+        try:
+            await self._spawn(generation)
+        except Exception:
+            if generation != self._generation:
+                return
+            log.warning("cpu pool: a worker failed to start; starting it again", exc_info=True)
+            self._background(self._respawn(generation))
 
-    async def _respawn(self) -> None:
+    async def _respawn(self, generation: int) -> None:
         """Start a worker into the idle queue; after a failure again (0.1 s, doubling to 5 s)."""
         delay_s = _RESPAWN_FIRST_S
-        while True:
+        while generation == self._generation:
             await asyncio.sleep(delay_s)
+            if generation != self._generation:
+                return
             try:
-                fresh = await asyncio.to_thread(_Worker, self._ctx)
+                await self._spawn(generation)
             except Exception as exc:
                 log.debug("cpu pool: a worker failed to start again: %s", exc)
                 delay_s = min(delay_s * 2, _RESPAWN_LAST_S)
                 continue
-            self._all.add(fresh)
-            self._idle.put_nowait(fresh)
             return
 
+    async def _spawn(self, generation: int) -> bool:
+        """Start a worker into the idle queue of the pool of ``generation``; False if closed.
+
+        The start goes on when the caller is cancelled (by :meth:`close`, which waits for it):
+        a worker it starts after the pool was closed is killed, never left running.
+        """
+        spawning = asyncio.ensure_future(self._spawn_into(generation))
+        self._spawning.add(spawning)
+        spawning.add_done_callback(self._spawned)
+        return await asyncio.shield(spawning)
+
+    def _spawned(self, spawning: asyncio.Task[bool]) -> None:
+        self._spawning.discard(spawning)
+        if not spawning.cancelled():
+            spawning.exception()  # retrieved: its caller, cancelled, may not be there to read it
+
+    async def _spawn_into(self, generation: int) -> bool:
+        fresh = await asyncio.to_thread(_Worker, self._ctx)
+        if generation != self._generation:
+            await asyncio.to_thread(fresh.kill)
+            return False
+        self._all.add(fresh)
+        self._idle.put_nowait(fresh)
+        return True
+
     async def close(self) -> None:
-        """Kill every worker."""
-        for respawn in list(self._respawns):
-            respawn.cancel()
-        self._respawns.clear()
-        for worker in list(self._all):
-            await asyncio.to_thread(worker.kill)
-        self._all.clear()
+        """Kill every worker, and start none in their place.
+
+        Stops and replacements still going are cancelled; a worker they or the pool's start
+        were starting is killed once started, and waited for. A later call starts a new pool.
+        """
+        self._generation += 1
+        workers = list(self._all)
+        self._all.clear()  # a stop, a replacement or a call finding its worker gone: close's
         self._idle = asyncio.Queue()
-        self._started = None
+        starting, self._started = self._started, None
         self._unstarted = self._size
+        await cancel_until_done(*self._tasks)
+        for worker in workers:
+            await asyncio.to_thread(worker.kill)
+        going: set[asyncio.Future[Any]] = set(self._spawning)
+        if starting is not None:
+            going.add(starting)
+        if going:
+            await asyncio.wait(going)
