@@ -95,7 +95,7 @@ class RedisSettings(_Section):
         return value
 
 
-_QUERY_SECRET = re.compile(r"[?&;]password=([^&;#]*)", re.IGNORECASE)
+_QUERY_SECRET = re.compile(r"[?&;]password=(.*)", re.IGNORECASE | re.DOTALL)
 _DELIMITERS = re.compile(r"[:/?#@%&;=\[\]]")
 _MIN_HIDDEN_CHARS = 2
 
@@ -107,9 +107,11 @@ def hide_credentials(text: str, url: str) -> str:
     ``%`` left unencoded in it makes ``urlsplit`` or libpq split the URL elsewhere and echo a
     piece of the password as a port, path, database or token ("Port could not be cast to
     integer value as 's3cr'"). So whatever lies between the scheme's ``//`` and the URL's last
-    ``@`` after the first ``:`` (all of it without a ``:``: a lone token), each piece of it
-    between delimiters, and each ``password=`` option's value, are hidden wherever they occur
-    in ``text``; single characters are left (they are in every message).
+    ``@`` after the first ``:`` (all of it without a ``:``: a lone token), everything after a
+    ``password=`` option (a ``&``, ``;`` or ``#`` left unencoded in its value ends no part of
+    it: the options after it are hidden too), and each piece of these between delimiters, are
+    hidden wherever they occur in ``text``; single characters are left (they are in every
+    message).
     """
     secrets: list[str] = [found.group(1) for found in _QUERY_SECRET.finditer(url)]
     start = url.find("//")
@@ -222,17 +224,30 @@ class PostgresSettings(_Section):
         return value
 
 
+_AUTHORITY = re.compile(r"[^:]*://([^/?#]*)")
+
+
 def postgres_url_problem(url: str) -> str | None:
     """Why libpq cannot read ``url``, its password hidden, or None.
 
     libpq reads a URL only when it connects, and its parse errors quote the token at fault: a
     ``%`` left unencoded in the password put the whole password in every line that said the
     log database could not be reached (``invalid percent-encoded token: "..."``), at each of the
-    pool's retries. Parse it now (it connects to nothing).
+    pool's retries. Parse it now (it connects to nothing). An ``@`` left unencoded it reads
+    without complaint: the user info ends at the first ``@`` and the rest of the password
+    becomes the host, named in every failure to resolve it; an authority with more than one
+    ``@`` is refused (no host holds one).
     """
     from psycopg import ProgrammingError  # noqa: PLC0415 - only where a URL is set
     from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
 
+    authority = _AUTHORITY.match(url)
+    if authority is not None and authority.group(1).count("@") > 1:
+        return (
+            "more than one '@' in the URL's user, password and host (libpq ends the password at"
+            " the first and takes the rest for the host name); a '%', '/', '?', '#' or '@' in the"
+            " user or password must be percent-encoded (%25, %2F, %3F, %23, %40)"
+        )
     try:
         conninfo_to_dict(url)
     except ProgrammingError as exc:

@@ -59,7 +59,7 @@ def checked_http_url(url: str, source: str) -> str:
     return url
 
 
-_QUERY_PASSWORD = re.compile(r"(?<=[?&;])(password=)[^&;#]*", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"(?<=[?&;])(password=).*", re.IGNORECASE | re.DOTALL)
 
 
 def safe_url(url: str) -> str:
@@ -67,12 +67,16 @@ def safe_url(url: str) -> str:
 
     A password with a ``/``, ``?`` or ``#`` left unencoded is no password to ``urlsplit`` (it
     ends the authority there): whatever remains of it is hidden by :func:`hide_credentials`.
+    A ``password=`` option hides all that follows it, the fragment included: a ``&``, ``;`` or
+    ``#`` left unencoded in its value would have the rest of it printed as another option or
+    as the fragment.
     """
     parts = urlsplit(url)
     if parts.password is None and not _QUERY_PASSWORD.search("?" + parts.query):
         return hide_credentials(url, url)  # as given: urlunsplit would drop sqlite:///'s "//"
-    if parts.query:
-        parts = parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", "?" + parts.query)[1:])
+    if _QUERY_PASSWORD.search("?" + parts.query):
+        query = _QUERY_PASSWORD.sub(r"\1***", "?" + parts.query)[1:]
+        parts = parts._replace(query=query, fragment="")
     if parts.password is not None:
         netloc = parts.netloc.rsplit("@", 1)[1]
         user = parts.username or ""

@@ -1,9 +1,9 @@
 """A password in a setting's URL never reaches an error, a warning or a printed address.
 
 The passwords here hold a character a URL must percent-encode and a user may leave as typed
-(``/``, ``#``, ``%``): the parsers then split the URL elsewhere and quote a piece of the
-password as the port, path or token at fault. The commands run as subprocesses, as an operator
-runs them; nothing is created on the running services.
+(``/``, ``#``, ``%``, ``@``, ``&``): the parsers then split the URL elsewhere and quote a piece
+of the password as the port, path, host, option or token at fault. The commands run as
+subprocesses, as an operator runs them; nothing is created on the running services.
 """
 
 from __future__ import annotations
@@ -76,6 +76,36 @@ def test_a_postgres_url_libpq_cannot_read_is_refused_at_start(
     assert "must be percent-encoded (%25" in message
 
 
+@pytest.mark.parametrize("variable", ["PIPELINE_POSTGRES__URL", "PIPELINE_REGISTRY__STORE"])
+def test_a_postgres_url_with_a_second_at_is_refused_at_start(
+    variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An '@' left unencoded in the password ends it for libpq: refused, in one line, hidden.
+
+    libpq reads such a URL without complaint (the user info ends at the first '@') and then
+    names the password's tail as the host it cannot resolve, at every retry.
+    """
+    url = "postgresql://pipeline:Sesa@meTail@127.0.0.1:1/pipeline"
+    message = refused(variable, url, monkeypatch)
+    assert message.startswith(f"invalid configuration: {variable}: "), message
+    assert "more than one '@'" in message, message
+    assert "\n" not in message.strip(), message
+    for piece in ("Sesa", "meTail"):
+        assert piece not in message, message
+
+
+@pytest.mark.parametrize("variable", ["PIPELINE_POSTGRES__URL", "PIPELINE_REGISTRY__STORE"])
+def test_a_postgres_password_option_with_an_ampersand_is_hidden(
+    variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal of a '?password=' value libpq cuts at an unencoded '&' quotes no piece."""
+    url = "postgresql://pipeline@127.0.0.1:1/pipeline?password=Sesa&meTail"
+    message = refused(variable, url, monkeypatch)
+    assert message.startswith(f"invalid configuration: {variable}: libpq cannot read"), message
+    for piece in ("Sesa", "meTail"):
+        assert piece not in message, message
+
+
 def test_a_postgres_url_libpq_reads_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     """A well-formed URL, its password percent-encoded, passes the check."""
     url = "postgresql://pipeline:Ses%25ame%2FTail@127.0.0.1:5432/pipeline?sslmode=disable"
@@ -91,6 +121,11 @@ def test_a_postgres_url_libpq_reads_is_accepted(monkeypatch: pytest.MonkeyPatch)
         ("postgresql://u:Ses/ame@h:5432/db", "postgresql://u:***@h:5432/db"),
         ("redis://u:Sesame@h:6379/0", "redis://u:***@h:6379/0"),
         ("redis://h:6379/0?password=Sesame", "redis://h:6379/0?password=***"),
+        ("redis://h:6379/0?password=Sesa#meTail", "redis://h:6379/0?password=***"),
+        ("redis://h:6379/0?password=Sesa&meTail", "redis://h:6379/0?password=***"),
+        ("redis://h:6379/0?db=1&password=Sesa;me#Tail", "redis://h:6379/0?db=1&password=***"),
+        ("postgresql://u@h/db?password=Ses/a?me#Tail", "postgresql://u@h/db?password=***"),
+        ("redis://h:6379/0#Sesame", "redis://h:6379/0#Sesame"),
         ("sqlite:///registry.db", "sqlite:///registry.db"),
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     ],
@@ -100,6 +135,22 @@ def test_safe_url_hides_a_password_urlsplit_does_not_see(url: str, shown: str) -
     assert safe_url(url) == shown
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:1/0?password=Sesa#meTail",
+        "postgresql://u@h/db?password=Sesa&meTail",
+        "postgresql://u@h/db?sslmode=disable;password=Sesa;meTail",
+    ],
+)
+def test_hide_credentials_hides_all_that_follows_a_password_option(url: str) -> None:
+    """A '#', '&' or ';' left unencoded in a '?password=' value ends no part of the secret."""
+    text = f"cannot reach {url}: bad option 'meTail' after 'Sesa'"
+    said = hide_credentials(text, url)
+    for piece in ("Sesa", "meTail"):
+        assert piece not in said, said
+
+
 def test_hide_credentials_leaves_a_message_without_them_alone() -> None:
     """A URL without a user, password or password option changes nothing in the text."""
     text = "cannot reach Redis at redis://127.0.0.1:6379/0: refused"
@@ -107,14 +158,19 @@ def test_hide_credentials_leaves_a_message_without_them_alone() -> None:
 
 
 @pytest.mark.parametrize("command", [["status"], ["ingress", "serve", "--port", "0"]])
-def test_a_log_database_url_with_a_stray_percent_is_not_printed(
-    command: list[str], tmp_path: Path
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://pipeline:Pipe%lineSesame@127.0.0.1:1/pipeline",
+        "postgresql://pipeline:Pipe@lineSesame@127.0.0.1:1/pipeline",  # libpq: host 'line...'
+    ],
+)
+def test_a_log_database_url_with_a_stray_character_is_not_printed(
+    command: list[str], url: str, tmp_path: Path
 ) -> None:
-    """Neither 'status' nor 'ingress serve' prints a log database password holding a '%'."""
+    """Neither 'status' nor 'ingress serve' prints a log database password with a '%' or '@'."""
     env = cli_environment(
-        tmp_path,
-        PIPELINE_INGRESS__LOG_STORE="postgres",
-        PIPELINE_POSTGRES__URL="postgresql://pipeline:Pipe%lineSesame@127.0.0.1:1/pipeline",
+        tmp_path, PIPELINE_INGRESS__LOG_STORE="postgres", PIPELINE_POSTGRES__URL=url
     )
     result = run_pipeline(*command, env=env, cwd=tmp_path)
     said = result.stdout + result.stderr
@@ -137,3 +193,17 @@ def test_topics_apply_names_the_members_redis_without_its_password(
     assert result.returncode == 0, result.stderr
     assert "MembersSesame" not in result.stdout + result.stderr
     assert "cannot check the members' Redis (redis://***@127.0.0.1:1/0," in result.stderr
+
+
+def test_status_names_a_redis_url_without_a_password_option_cut_at_a_hash(
+    tmp_path: Path,
+) -> None:
+    """'status' prints no piece of a Redis '?password=' whose '#' urlsplit reads as a fragment."""
+    env = cli_environment(
+        tmp_path, PIPELINE_REDIS__URL="redis://127.0.0.1:1/0?password=Sesa#meTail"
+    )
+    result = run_pipeline("status", env=env, cwd=tmp_path)
+    said = result.stdout + result.stderr
+    assert "redis://127.0.0.1:1/0?password=***" in said, said
+    for piece in ("Sesa", "meTail"):
+        assert piece not in said, said
