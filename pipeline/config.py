@@ -800,7 +800,7 @@ def load_settings(**overrides: Any) -> Settings:
         problems = [
             _not_a_setting(_env_name(err["loc"]), known)
             if err["type"] == "extra_forbidden"
-            else f"{_env_name(err['loc'])}: {_reason(err)}{_got(err)}"
+            else f"{_env_name(err['loc'])}: {setting_reason(err)}{_got(err)}"
             for err in exc.errors()
         ]
         if len(problems) == 1:  # the common case: one line
@@ -810,7 +810,7 @@ def load_settings(**overrides: Any) -> Settings:
         ) from None
 
 
-def _reason(err: Any) -> str:
+def setting_reason(err: Any) -> str:
     """Pydantic's message, without the "Value error, " it puts before our validators' own.
 
     A URL's password never shows: a parser that split it elsewhere (a ``/`` or ``%`` left

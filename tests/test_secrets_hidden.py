@@ -207,3 +207,19 @@ def test_status_names_a_redis_url_without_a_password_option_cut_at_a_hash(
     assert "redis://127.0.0.1:1/0?password=***" in said, said
     for piece in ("Sesa", "meTail"):
         assert piece not in said, said
+
+
+def test_a_registry_servers_settings_error_quotes_no_piece_of_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`pipeline registry serve`'s own settings hide a password its URL parser split."""
+    from pipeline.registry.settings import load_registry_settings  # noqa: PLC0415
+
+    monkeypatch.setenv("PIPELINE_REGISTRY__URL", "http://reader:Sesame/Tail@127.0.0.1:8081")
+    with pytest.raises(ConfigError) as caught:
+        load_registry_settings()
+    line = str(caught.value)
+    assert line.startswith("invalid registry configuration: PIPELINE_REGISTRY__URL: "), line
+    assert "Sesame" not in line
+    assert "Tail" not in line
+    assert "Value error, " not in line

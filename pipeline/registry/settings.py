@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.config import RegistrySettings
+from pipeline.config import RegistrySettings, setting_reason
 from pipeline.errors import ConfigError
 
 ENV_PREFIX = "PIPELINE_REGISTRY__"
@@ -67,7 +67,7 @@ def load_registry_settings(**overrides: Any) -> RegistrySettings:
         return _RegistryEnv(registry=overrides).registry
     except ValidationError as exc:
         problems = [
-            f"PIPELINE_{'__'.join(str(p).upper() for p in err['loc'])}: {err['msg']}"
+            f"PIPELINE_{'__'.join(str(p).upper() for p in err['loc'])}: {setting_reason(err)}"
             for err in exc.errors()
         ]
         if len(problems) == 1:  # the common case: one line, as load_settings gives it

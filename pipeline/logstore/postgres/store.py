@@ -40,6 +40,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
+from pipeline.config import hide_credentials
 from pipeline.logstore import LogStoreError
 from pipeline.logstore.batch import Batcher, Committed
 from pipeline.logstore.postgres.sql import PROCESSED_COMMAND, Statements
@@ -173,6 +174,7 @@ class PostgresLogStore:
                 for line in str(exc).splitlines()
             ]
             reason = " ".join(dict.fromkeys(line for line in lines if line))  # one per host tried
+            reason = hide_credentials(reason, self._url)  # a store built without the settings
             raise LogStoreError(
                 f"cannot connect to the log database (PIPELINE_POSTGRES__URL): {reason}"
             ) from exc
