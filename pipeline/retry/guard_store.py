@@ -33,6 +33,16 @@ into the dead-letter topic by those parked behind it (``after_dead_letter: follo
 runs; a member that dies mid-release leaves the lease to expire and another member's reaper
 takes the release over.
 
+**A lane that stops parking.** Declared unordered, or left without retry tiers, while keys are
+parked, a lane no longer parks, but its members still drain what it parked (``gd_reap``'s
+drain): a retry copy that is its parked key's head runs as that head, and its end releases the
+followers as above (order kept); the reap tick releases the followers of a key whose head's copy
+is not expected: at once on a lane without tiers (no member reads them), else once the key's
+state has not changed for twice the longest tier's delay plus a lease, its head's copy not
+running. Those followers then run before that copy, if it ever comes (the lane keeps no order
+across retries any more); each runs at least once, as any release. Only a retry copy asks, and
+only while the lane has parked keys (counted by each reap): first deliveries pay nothing.
+
 **Cost.** Starts and ends of messages whose key is not parked are batched: one ``gd_begin`` call
 for all the starts the member makes in one turn of its event loop, carrying the ends recorded
 since the last call; ends left over are flushed before every commit. A start of a key the
@@ -163,6 +173,10 @@ class Start:
     inherited: bool = False
     """Its partition's previous owner died with this message in its claimed range
     (``runtime/claims.py``): it may have been running it, so the start counts as a second."""
+    drains: bool = False
+    """A retry copy on a lane that no longer parks, while keys it parked remain: if its key is
+    parked and it is the key's head, it runs as that head (``head``) and its end releases the
+    followers; else it is decided as an unordered start."""
     body: bytes | None = None
     """The encoded message (``retry/held.py``), sent when its key may be parked: ``gd_begin``
     then holds it behind the key's head at once (``held``) instead of answering ``slow``."""
@@ -171,8 +185,9 @@ class Start:
     def line(self) -> str:
         """The start as ``gd_begin`` reads it (an empty position: the id itself)."""
         at = "" if self.position == self.ident else self.position
+        kind = "1" if self.ordered else "2" if self.drains else "0"
         flags = (
-            f"{'1' if self.ordered else '0'}\t{self.attempt}\t{'1' if self.inherited else '0'}"
+            f"{kind}\t{self.attempt}\t{'1' if self.inherited else '0'}"
             f"\t{'0' if self.body is None else '1'}"
         )
         return f"{self.ident}\t{self.key}\t{at}\t{flags}"
@@ -250,6 +265,8 @@ class GuardStore:
         self.live_until_s = -math.inf
         """Until when (``time.monotonic``) the liveness last written to Redis surely holds."""
         self._live_sent = False
+        self.parked = 0
+        """How many keys of the lane were parked at the last :meth:`reap`."""
 
     async def begin_many(
         self, ended: Sequence[str], starts: Sequence[Start]
@@ -375,18 +392,27 @@ class GuardStore:
             return "process", 0
         return _text(verdict), int(alone)
 
-    async def reap(self, *, limit: int = 16) -> list[Release]:
-        """Take over releases whose lease expired (``FCALL gd_reap``)."""
+    async def reap(self, *, limit: int = 16, drain_ms: int | None = None) -> list[Release]:
+        """Take over releases whose lease expired (``FCALL gd_reap``).
+
+        ``drain_ms``: the lane no longer parks (unordered, or without retry tiers), so its
+        members release what it parked before: each parked key with no release in progress
+        releases its next follower here, its head let go once it waited ``drain_ms`` in a tier
+        without a change (its copy, if any, is then not waited for). Sets :attr:`parked`.
+        """
         k = self.keys
+        drain = "" if drain_ms is None else str(drain_ms)
         try:
-            flat = await self._functions.fcall(
+            reply = await self._functions.fcall(
                 "gd_reap",
                 [k.releases],
-                [self.ttl_ms, self.hold_ms, self.lease_ms, k.tag, limit, self.instance],
+                [self.ttl_ms, self.hold_ms, self.lease_ms, k.tag, limit, self.instance, drain],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not look for stalled releases: %s", exc)
             return []
+        self.parked = int(reply[0])
+        flat = reply[1:]
         return [_release(_text(flat[i]), *flat[i + 1 : i + 4]) for i in range(0, len(flat), 4)]
 
     async def live(self) -> None:

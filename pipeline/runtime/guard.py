@@ -25,6 +25,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from redis import exceptions as rexc
+
+from pipeline import headers as h
 from pipeline import tracing
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import Message, Position, TopicPartition
@@ -114,6 +117,11 @@ class RunGuard:
         self._call = call
         self._settled = settled
         self._releasing: dict[str, set[str]] = {lane: set() for lane in stores}
+        self._draining: set[str] = set()
+        """Lanes that no longer park but whose Redis had parked keys when last asked: a retry
+        copy of theirs asks whether it is its parked key's head (:meth:`tick`)."""
+        self._drain_known: set[str] = set()
+        """Lanes whose parked keys were counted once (their first retry copy, or a reap)."""
         self._running: dict[str, Start | Message] = {}
         """Starts running in this member, by message id, until they end or are routed (a first
         delivery under a claim: the message, its start built only if it is routed)."""
@@ -171,6 +179,8 @@ class RunGuard:
                 return await self._run_claimed(lane, message, ident)
         ordered = ordered_retries(lane)
         start = start_of(message, ordered=ordered)
+        if not ordered and h.ORIGIN_TOPIC in message.headers and await self._drains(lane):
+            start.drains = True  # perhaps a head parked before the lane stopped parking
         if start.ident in self._running:  # another copy runs in this member right now
             self._stats.duplicates += 1
             return "duplicate"
@@ -185,6 +195,21 @@ class RunGuard:
         if decision == "process":  # the common case, without the general path's layers
             return await self._process(lane, store, window, message, start, ordered)
         return await self._general(lane, store, message, start, decision, starts)
+
+    async def _drains(self, lane: Lane) -> bool:
+        """Whether ``lane`` (which does not park) still has keys it parked before.
+
+        Counted (one ``HLEN``) at its first retry copy, which may come before the first reap
+        tick; the reap keeps it up to date after that.
+        """
+        if lane.name not in self._drain_known:
+            self._drain_known.add(lane.name)
+            try:
+                if await self._stores[lane.name].parked_count():
+                    self._draining.add(lane.name)
+            except (rexc.RedisError, OSError) as exc:
+                log.warning("parking unavailable, could not count parked keys: %s", exc)
+        return lane.name in self._draining
 
     async def _held_back(self, claims: LaneClaims, message: Message, start: Start) -> bool:
         """Whether ``message`` must not run here: it would run beside its partition's owner.
@@ -675,7 +700,12 @@ class RunGuard:
             await window.flush()
 
     async def tick(self, lanes: dict[str, Lane]) -> None:
-        """Renew this member's liveness, claims and release leases; take over dead releases."""
+        """Renew this member's liveness, claims and release leases; take over dead releases.
+
+        A lane that no longer parks (made unordered, or left without retry tiers) drains the
+        keys it parked before: their followers are released here (see ``gd_reap``), and while
+        any is parked its retry copies ask whether they are a parked key's head.
+        """
         for name, store in self._stores.items():
             await store.live()
             await store.renew(sorted(self._releasing[name]))
@@ -686,8 +716,23 @@ class RunGuard:
             lane = lanes.get(name)
             if lane is None:
                 continue
-            for release in await store.reap():
-                log.warning("taking over the release of %s on lane %s", release.ident, name)
+            drain_ms = None if ordered_retries(lane) else _drain_grace_ms(lane, store)
+            released = await store.reap(drain_ms=drain_ms)
+            self._drain_known.add(name)
+            if drain_ms is not None and store.parked:
+                self._draining.add(name)
+            else:
+                self._draining.discard(name)
+            for release in released:
+                if drain_ms is None:
+                    log.warning("taking over the release of %s on lane %s", release.ident, name)
+                else:
+                    log.warning(
+                        "releasing %s on lane %s, parked before the lane stopped parking (or"
+                        " its release taken over)",
+                        release.ident,
+                        name,
+                    )
                 task = asyncio.create_task(self._release(lane, store, [release]))
                 self._reaped.add(task)
                 task.add_done_callback(self._reaped.discard)
@@ -715,6 +760,18 @@ def _tell(lane: Lane, start: Start, what: str) -> None:
 def ordered_retries(lane: Lane) -> bool:
     """Whether ``lane`` keeps per-key order across retries (parking): ordered, with tiers."""
     return lane.spec.ordered and bool(lane.routes.retry_topics)
+
+
+def _drain_grace_ms(lane: Lane, store: GuardStore) -> int:
+    """How long a lane that no longer parks waits for a parked head's copy before letting it go.
+
+    Twice its longest tier's delay plus a release lease: the copy of a head still in a tier the
+    lane reads comes back by then, and its end releases the followers in order. None comes back
+    to a lane without tiers (no member reads them): its followers are released at once.
+    """
+    if not lane.routes.retry_topics:
+        return 0
+    return 2 * max(lane.spec.retry.tiers_ms) + store.lease_ms
 
 
 def _released_start(release: Release) -> Start:

@@ -253,7 +253,9 @@ end
 -- ARGV[1] hold_ms (the expiry of the per-key state of held starts, of T:parked and T:rel;
 -- gd_reap keeps the lane-wide hashes' expiry)
 -- ARGV[2] ended starts, one per line: id TAB position [TAB 1 if its retry copy was produced]
--- ARGV[3] starts, one per line: id TAB key TAB position TAB ordered (1 or 0) TAB attempt TAB
+-- ARGV[3] starts, one per line: id TAB key TAB position TAB ordered (1, 0, or 2: a retry copy
+-- on a lane that no longer parks while keys it parked remain, decided as its key's head if it is
+-- that, else as unordered; see gd_reap's drain) TAB attempt TAB
 -- inherited (1: its partition's previous owner died with it in its claimed range, or 0) TAB
 -- body (1: its encoded message is among ARGV[6...], in the order of the starts, or 0)
 -- ARGV[4] the calling member process's instance id   ARGV[5] how long it is alive from now
@@ -301,13 +303,15 @@ local function begin_many(keys, args)
   end
   local ended, positions_ended, routed_ended = end_lines(args[2])
   local ids, names, positions, ordered, attempts, inherited, bodies = {}, {}, {}, {}, {}, {}, {}
-  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([01])\t(%d+)\t([01])\t([01])'
+  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([012])\t(%d+)\t([01])\t([01])'
+  local draining = {}
   local body = 5
   for id, key, pos, o, attempt, inh, b in string.gmatch(args[3], pattern) do
     ids[#ids + 1] = id
     names[#names + 1] = key
     positions[#positions + 1] = pos == '' and id or pos
     ordered[#ordered + 1] = o == '1'
+    draining[#ids] = o == '2'
     attempts[#attempts + 1] = attempt
     inherited[#inherited + 1] = inh == '1'
     if b == '1' then
@@ -331,9 +335,9 @@ local function begin_many(keys, args)
   local out = {}
   if #ids > 0 then
     -- Only ordered starts can find their key parked or their id gone (both come from parking):
-    -- a lane without ordered retries reads neither.
+    -- a lane without ordered retries reads neither, unless it drains what it parked before.
     local any_ordered = false
-    for i = 1, #ids do any_ordered = any_ordered or ordered[i] end
+    for i = 1, #ids do any_ordered = any_ordered or ordered[i] or draining[i] end
     local gone, parked = {}, {}
     if any_ordered then
       gone = bulk('ZMSCORE', keys[2], ids)
@@ -342,16 +346,16 @@ local function begin_many(keys, args)
     local writes, seen = {}, {}
     for i, id in ipairs(ids) do
       local held, held_starts = nil, 0
-      if ordered[i] and parked[i] and not gone[i] then
+      if (ordered[i] or draining[i]) and parked[i] and not gone[i] then
         local key = names[i]
         local k = of_key({run = keys[1], gone = keys[2], parked = keys[3], live = keys[5],
                           rel = tag .. ':rel'}, tag, key)
-        if bodies[i] then held = hold(k, hold_ms, id, key, bodies[i]) end
+        if bodies[i] and ordered[i] then held = hold(k, hold_ms, id, key, bodies[i]) end
         if not held then
           held, held_starts = as_head(k, id, positions[i], attempts[i], me, now)
         end
       end
-      if gone[i] then
+      if gone[i] and ordered[i] then
         out[i] = 'x0'
       elseif held then
         out[i] = CODES[held] .. held_starts
@@ -625,14 +629,60 @@ local function solo(keys, args)
   return {'process', alone}
 end
 
+-- A lane that no longer parks (made unordered, or left without retry tiers) has no head of its
+-- own to release what it parked before: its members' reap releases each parked key with no
+-- release in progress (at most `limit`) to the caller. A held follower at the head is released as
+-- usual (release_next). A head waiting in a retry tier is let go (as if it had ended: the key's
+-- followers no longer wait for it, and its copy, if one comes back, runs on its own) once no
+-- copy of it can be expected: `grace_ms` after the key's state last changed (0 on a lane left
+-- without tiers, whose copies no member reads), and not while a copy of it runs. A head's copy
+-- that comes back within the grace runs as the head (gd_begin's ordered 2) and its end releases
+-- the followers, in order.
+-- Returns a flat list as gd_reap's.
+local function drain(tag, parked, rel, now, hold_ms, lease, grace_ms, limit, me)
+  local out = {}
+  local fields = redis.call('HSCAN', parked, 0, 'COUNT', limit)[2]
+  for i = 1, #fields, 2 do
+    if #out >= 4 * limit then break end
+    local key = fields[i]
+    if not redis.call('ZSCORE', rel, key) then
+      local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = parked, rel = rel},
+                       tag, key)
+      local head = live_head(k.gone, k.z, k.f)
+      local due = true
+      if head and redis.call('HEXISTS', k.f, head) == 0 then  -- waiting in a retry tier
+        -- Not while a copy of it runs as the head (its end releases the key), and not before
+        -- the grace: a copy of it may still come back and run first.
+        local mark = redis.call('HGET', k.run, head)
+        local ttl = redis.call('PTTL', k.z)
+        due = not (mark and parse(mark) > 0) and (ttl < 0 or tonumber(hold_ms) - ttl >= grace_ms)
+        if due then redis.call('ZREM', k.z, head) end
+      end
+      if due then
+        local released = release_next(k, now, hold_ms, key, lease, 1, me)
+        if released[1] then
+          out[#out + 1] = key
+          out[#out + 1] = released[1]
+          out[#out + 1] = released[2]
+          out[#out + 1] = released[3]
+        end
+      end
+    end
+  end
+  return out
+end
+
 -- gd_reap: take over releases whose member stopped renewing their lease (it died mid-release).
 -- KEYS[1] T:rel   ARGV[1] ttl_ms (how long T:gone keeps an entry, by the lane's clock)
 -- ARGV[2] hold_ms (T:run, T:alone, T:gone, T:parked, T:rel and the state of the keys taken
 -- over)
 -- ARGV[3] lease_ms (also the longest gap between two reaps the lane's clock counts)
 -- ARGV[4] the tag T   ARGV[5] at most this many keys   ARGV[6] the calling member process (the
--- releases' holder)
--- Returns a flat list: key, decision, id, message for each follower taken over.
+-- releases' holder)   ARGV[7] empty while the lane parks (ordered with retry tiers); else the
+-- drain's grace (ms): the lane no longer parks, so nothing else releases the keys it parked
+-- (drain)
+-- Returns the number of keys parked now, then a flat list: key, decision, id, message for each
+-- follower taken over or drained.
 local function reap(keys, args)
   local now, ttl, hold_ms = now_ms(), args[1], args[2]
   local lease, tag = tonumber(args[3]), args[4]
@@ -659,6 +709,13 @@ local function reap(keys, args)
       out[#out + 1] = released[3]
     end
   end
+  local parked = tag .. ':parked'
+  if args[7] and args[7] ~= '' then
+    local drained = drain(tag, parked, keys[1], now, hold_ms, lease, tonumber(args[7]),
+                          tonumber(args[5]), args[6])
+    for _, v in ipairs(drained) do out[#out + 1] = v end
+  end
+  table.insert(out, 1, redis.call('HLEN', parked))
   return out
 end
 
