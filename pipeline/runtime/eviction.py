@@ -7,9 +7,8 @@ policy the keys that have an expiry, which every key of the run guard has (a par
 followers among them), an ``allkeys-*`` policy any key, debounce buffers too. Only
 ``noeviction`` (writes refused when full, which the runtime fails open on, logged) loses
 nothing. The member reads the two settings once (``CONFIG GET``) and logs one warning line; a
-managed Redis that refuses ``CONFIG`` (or a Redis out of reach) makes it say nothing. Held
-followers or buffers of a lane whose declaration changed (no longer ordered with retry tiers, no
-longer debounced) are released by no member: one warning line per lane too.
+managed Redis that refuses ``CONFIG`` (or a Redis out of reach) makes it say nothing. The
+buffers of a lane no longer debounced are turned by no member: one warning line per lane too.
 """
 
 from __future__ import annotations
@@ -79,10 +78,10 @@ async def warn_if_evicting(redis: Redis, url: str, lanes: Sequence[Lane]) -> str
 async def warn_stranded(redis: Redis, prefix: str, lanes: Sequence[Lane]) -> list[str]:
     """Log a warning for each of ``lanes`` whose Redis state its declaration no longer releases.
 
-    A lane declared unordered or without retry tiers now, whose keys are still parked with
-    followers held behind them, or no longer debounced with conversations still buffered: no
-    member releases them (:func:`pipeline.topics.stranded.stranded_in_redis`; two calls a lane,
-    no key scan). Says nothing when Redis fails (the runtime says so on its first call).
+    A lane no longer debounced with conversations still buffered: no member turns them
+    (:func:`pipeline.topics.stranded.stranded_in_redis`; one call a lane, no key scan; what a
+    lane parked is released whatever it is declared now). Says nothing when Redis fails (the
+    runtime says so on its first call).
     """
     from pipeline.topics.stranded import stranded_in_redis  # noqa: PLC0415 - a start-only read
 

@@ -2,10 +2,9 @@
 
 On an ordered lane with retry tiers the followers held behind a parked key wait only in Redis
 (their offsets are committed) under ``{P:guard:LANE}``, and a debounced lane's buffered messages
-wait under ``{P:deb:LANE}``. Members release them only for a lane declared so now: a lane made
-unordered (``ordered: false``) or left without ``retry.tiers`` runs the head's copy unguarded and
-never releases its followers, a lane renamed or removed is no longer read at all, and a lane whose
-``debounce`` is removed never turns its buffers again. The broker shows none of it, so
+wait under ``{P:deb:LANE}``. A lane still declared releases what it parked, ordered or not now
+(:mod:`pipeline.runtime.guard`), but a lane renamed or removed is no longer read at all, and a
+lane whose ``debounce`` is removed never turns its buffers again. The broker shows none of it, so
 :func:`stranded_in_redis` looks in the members' Redis and gives one line for each such lane.
 """
 
@@ -38,7 +37,7 @@ async def stranded_in_redis(
         prefix: their key prefix (``PIPELINE_REDIS__KEY_PREFIX``).
         specs: the declarations the members run (or are about to).
         scan: also find lanes no declaration names (renamed or removed) by scanning the keys;
-            without, only ``specs``' own lanes are asked (two calls a lane: a member's start).
+            without, only ``specs``' own lanes are asked (one call a lane: a member's start).
     """
     by_lane = {spec.lane: spec for spec in specs}
     if scan:
@@ -48,19 +47,14 @@ async def stranded_in_redis(
         guarded = buffered = set(by_lane)
     lines: list[str] = []
     for lane in sorted(guarded):
-        spec = by_lane.get(lane)
-        if spec is not None and spec.ordered and spec.retry.tiers_ms:
+        if lane in by_lane:  # its members release what it parked, ordered or not now
             continue
         parked = guard_keys(prefix, lane).parked
         count = int(await redis.hlen(parked))
         if not count:
             continue
-        if spec is None:
-            why = "no declaration names the lane now (renamed or removed)"
-            fix = f"declare lane {lane!r} again, ordered with its retry tiers"
-        else:
-            why = "the lane is no longer ordered with retry tiers"
-            fix = "declare it ordered: true with its retry tiers again"
+        why = "no declaration names the lane now (renamed or removed)"
+        fix = f"declare lane {lane!r} again"
         lines.append(
             f"lane {lane!r}: {count} key(s) parked in Redis ({parked}) with followers held "
             f"behind them, but {why}, so no member releases them: {fix} and run its members "

@@ -24,10 +24,10 @@ from pipeline.topics.stranded import stranded_in_redis
 from pipeline.transport.protocol import Transport
 
 
-async def test_followers_parked_on_a_lane_made_unordered_or_renamed_are_named(
+async def test_followers_parked_on_a_renamed_lane_are_named_on_an_unordered_one_not(
     transport: Transport, redis: Redis, unique: str, tmp_path: Path
 ) -> None:
-    """ordered: true -> false while a key is parked, or the lane renamed: said by apply and consume.
+    """A lane renamed while a key is parked is named by apply; one made unordered is not.
 
     A member of the unordered lane drains the key itself (test_lane_drained); a renamed lane's
     followers are read by no member.
@@ -55,25 +55,31 @@ async def test_followers_parked_on_a_lane_made_unordered_or_renamed_are_named(
     app.handler(unordered.lane)(handle)
     assert await redis.hlen(guard_keys(prefix, before.lane).parked) == 1
 
-    said = await stranded_in_redis(redis, prefix, [unordered])
+    # Still declared, unordered now: its members release what it parked (test_lane_drained.py).
+    assert await stranded_in_redis(redis, prefix, [unordered]) == []
+    assert await warn_stranded(redis, prefix, list(app.lanes.values())) == []
+    renamed = before.model_copy(update={"lane": f"renamed_{unique}"})
+    said = await stranded_in_redis(redis, prefix, [renamed])
     parked = f"{{{prefix}:guard:{before.lane}}}:parked"
     assert said == [
         (
             f"lane {before.lane!r}: 1 key(s) parked in Redis ({parked}) with followers held"
-            " behind them, but the lane is no longer ordered with retry tiers, so no member"
-            " releases them: declare it ordered: true with its retry tiers again and run its"
-            " members until pipeline status shows nothing held, then make the change"
+            " behind them, but no declaration names the lane now (renamed or removed), so no"
+            f" member releases them: declare lane {before.lane!r} again and run its members"
+            " until pipeline status shows nothing held, then make the change"
         )
     ]
-    # Asked for its own lanes only (no key scan), a member finds the same line at its start.
-    assert await stranded_in_redis(redis, prefix, [unordered], scan=False) == said
-    assert await warn_stranded(redis, prefix, list(app.lanes.values())) == said
-    # So does `pipeline topics apply` of the changed declaration, on stderr, as printed.
+    # `pipeline topics apply` of the renamed declaration says so on stderr, as printed.
     topics = tmp_path / "topics"
     topics.mkdir()
     (topics / "lane.yaml").write_text(
         yaml.safe_dump(
-            {"name": before.name, "partitions": 1, "ordered": False, "retry": {"tiers": ["3s"]}}
+            {
+                "name": before.name,
+                "lane": renamed.lane,
+                "partitions": 1,
+                "retry": {"tiers": ["3s"]},
+            }
         ),
         encoding="utf-8",
     )
@@ -85,10 +91,6 @@ async def test_followers_parked_on_a_lane_made_unordered_or_renamed_are_named(
     applied = run_pipeline("topics", "apply", "--dry-run", "-t", transport.name, env=env)
     assert applied.returncode == 0, applied.stderr
     assert f"warning: {said[0]}" in applied.stderr.splitlines()
-    renamed = before.model_copy(update={"lane": f"renamed_{unique}"})
-    [line] = await stranded_in_redis(redis, prefix, [renamed])
-    assert line.startswith(f"lane {before.lane!r}: 1 key(s) parked")
-    assert "no declaration names the lane now (renamed or removed)" in line
     # Declared as it was, the parked key is its members' to release: nothing to say.
     assert await stranded_in_redis(redis, prefix, [before]) == []
 
