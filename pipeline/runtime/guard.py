@@ -292,6 +292,10 @@ class RunGuard:
         outcome, ending, routed = await self._decided(
             lane, store, message, start, decision, run.starts
         )
+        if parked and start.drains and _ENDINGS.get(outcome or "") == "parked":
+            # A head of a lane that stopped parking, retried again: it stays its key's head
+            # (its mark kept for its next copy), its followers held until that copy ends.
+            ending = "parked"
         # Ended as usual, in the next batched call; a run left unrouted ends its mark too, as
         # in _process, so that the mark does not hold its next delivery back.
         usual = outcome is not None and (ending == "done" or (ending and not start.ordered))

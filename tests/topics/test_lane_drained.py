@@ -41,11 +41,11 @@ async def _parked(
     return spec, prefix
 
 
-def _app(spec: TopicSpec, ran: Ran) -> App:
-    """A lane whose handler fails a1's first attempt and records every other run by key."""
+def _app(spec: TopicSpec, ran: Ran, failing: int = 1) -> App:
+    """A lane whose handler fails a1's first ``failing`` attempts and records every other run."""
 
     async def handle(event: bytes, ctx: Context) -> None:
-        if event == b"a1" and ctx.attempt == 1:
+        if event == b"a1" and ctx.attempt <= failing:
             raise RuntimeError("dependency down")
         ran[ctx.message.key or b""].append(event)
 
@@ -76,6 +76,33 @@ async def test_a_lane_made_unordered_runs_the_held_follower_after_its_heads_copy
     assert await redis.zcard(keys.releases) == 0
     # Released by the end of a1's copy, run as its key's head, not by the reap's drain.
     assert not [r for r in caplog.records if DRAINED in r.getMessage()]
+
+
+async def test_a_heads_copy_that_fails_again_keeps_its_follower_held_behind_it(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """ordered: true -> false and a1's copy fails again: a2 waits for a1's next attempt.
+
+    The copy ran as its key's head; failing, it stays the head (its mark kept for its next
+    copy), so a2 is not released before a1 has succeeded, and a1 is not run twice.
+    """
+    ran: Ran = defaultdict(list)
+    before, prefix = await _parked(transport, redis, unique, ran)
+    unordered = lane_spec(before.name, 1, ordered=False, retry={"tiers": ["3s"], "max_attempts": 3})
+    member = Member(
+        _app(unordered, ran, failing=2),
+        transport,
+        f"g-{unique}",
+        FAST,
+        redis=redis,
+        redis_prefix=prefix,
+    )
+    async with running(member):
+        await eventually(lambda: len(ran[b"a"]) == 2)
+        assert member.stats.retried == 1  # a1's second attempt went to the tier again
+    assert ran[b"a"] == [b"a1", b"a2"]
+    keys = guard_keys(prefix, before.lane)
+    assert await redis.hlen(keys.parked) == 0
 
 
 async def test_a_lane_left_without_tiers_releases_the_follower_whose_head_never_comes_back(
