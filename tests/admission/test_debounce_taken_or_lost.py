@@ -15,17 +15,13 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from admission.turn_leases import BOUND_S, PREFIX, debouncer_of, drop_lane, lapse, message
 from redis.asyncio import Redis
 
 from pipeline.admission.debounce import Debouncer, Renewal, Turn, TurnRunner
 from pipeline.admission.debounce import keys as debounce_keys
-from pipeline.envelope import Message
-from pipeline.topics.spec import DebouncePolicy
 
 pytestmark = pytest.mark.redis
-PREFIX = "pltest"
-LEASE_MS = 1_500  # renewed every 0.5 s
-BOUND_S = 30  # how long a failing run may wait before the test gives up
 
 
 @pytest.fixture
@@ -33,31 +29,13 @@ async def lane(redis: Redis, unique: str) -> AsyncIterator[str]:
     """A lane no other test uses; its keys are deleted after the test."""
     name = f"debtaken_{unique}"
     yield name
-    async for key in redis.scan_iter(match=f"{debounce_keys.lane_tag(PREFIX, name)}*"):
-        await redis.unlink(key)
-
-
-def debouncer_of(redis: Redis, lane: str, lease_ms: int = LEASE_MS) -> Debouncer:
-    """A debouncer whose turns are due 50 ms after a conversation's last message."""
-    policy = DebouncePolicy(key="conversation_id", quiet_s=0.05, max_wait_s=1.0)
-    return Debouncer(redis, PREFIX, lane, policy, lease_ms=lease_ms)
-
-
-def message(offset: int, text: str) -> Message:
-    """A consumed message of conversation c1 whose value is ``text``."""
-    return Message("chat", 0, offset, b"c1", text.encode(), {}, 1_000 + offset)
+    await drop_lane(redis, name)
 
 
 async def lose_state(redis: Redis, lane: str) -> None:
     """What a Redis restarted without persistence leaves of conversation c1: nothing."""
     await redis.delete(*debounce_keys.conversation_keys(PREFIX, lane, "c1"))
     await redis.zrem(debounce_keys.due_key(PREFIX, lane), "c1")
-
-
-async def lapse(redis: Redis, lane: str) -> None:
-    """Move the lease of conversation c1 into the past, as a pause longer than it would."""
-    await redis.zadd(debounce_keys.due_key(PREFIX, lane), {"c1": 0})
-    await redis.hset(debounce_keys.state_key(PREFIX, lane, "c1"), "lu", 0)
 
 
 async def claim_one(debouncer: Debouncer) -> Turn:
