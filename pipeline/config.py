@@ -467,8 +467,10 @@ class IngressSettings(_Section):
             answered 408 (no admission slot is held while a body arrives).
         max_head_bytes: a request line plus headers larger than this is answered 431.
         max_unfinished_bytes: heads and bodies left unfinished by a read, over all connections
-            of a process, past this: the read that passes it is answered 503 and closed (at
-            least 128 KiB, two heads of the default cap).
+            of a process (at least 128 KiB, and at least one whole request of every source, its
+            ``max_body_bytes`` plus ``MAX_HEAD_BYTES``, else the ingress refuses to start): the
+            read that passes it is answered 503 + Retry-After and its connection closed, so
+            stalled senders cannot use up the ingress's memory ([ingress.md](ingress.md)).
         stop_within_s: how long after SIGTERM the ingress ends by itself, whatever its broker
             does: uvicorn's graceful shutdown, the sweeper's batch in hand and the queued
             events get a third each of what is left after 3 s kept for closing (at most 10 s

@@ -41,7 +41,10 @@ NOTES = {
     "in `?ssl_ca_certs=/path/ca.pem`) or `unix://` URL; query options are redis-py's "
     "`from_url` ones and the database a number, checked at start",
     "REDIS__KEY_PREFIX": "prefix of every Redis key the pipeline writes",
-    "REDIS__SOCKET_TIMEOUT_S": "Redis connect and read timeout",
+    "REDIS__SOCKET_TIMEOUT_S": "Redis connect and read timeout; also the longest a member's "
+    "call waits for a free connection of its client's pool (100 connections; on `rediss://` "
+    "and `unix://`, which have no function channel, every call takes one) before the call "
+    "fails as Redis unreachable",
     "KAFKA__BOOTSTRAP_SERVERS": "`host:port[,host:port...]`",
     "KAFKA__CLIENT_ID": "librdkafka `client.id` prefix",
     "KAFKA__SESSION_TIMEOUT_MS": "group session timeout: a dead member's partitions move after it",
