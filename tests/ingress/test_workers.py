@@ -19,16 +19,15 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
-import psycopg
 import pytest
-from contract.helpers import consume_until, make_topic
-from ingress.helpers import META, meta_body, serve_until_listening, write_sources, write_topics
+from contract.helpers import consume_until
+from ingress.helpers import meta_body, serve_until_listening
 from ingress.signing import hub_signature
+from ingress.supervised import Setup, workers_of, workers_setup
 from redis.asyncio import Redis
 from support import StackDumps
 from tracing.otlp_receiver import OtlpReceiver
@@ -38,8 +37,6 @@ from pipeline.ingress import headers as h
 from pipeline.ingress.ids import new_row_id
 from pipeline.logstore import NewRow, RowState, Selection
 from pipeline.logstore.postgres import PostgresLogStore
-from pipeline.transport import create_transport
-from pipeline.transport.protocol import Transport
 from pipeline.transport.redis_streams.keys import Keys
 
 SECRET = "workers-secret"  # noqa: S105 - a test secret
@@ -47,45 +44,15 @@ PIPELINE = Path(sys.executable).with_name("pipeline")
 UNSIGNED = {"content-type": "application/json", "x-hub-signature-256": "sha256=" + "0" * 64}
 
 
-@dataclass
-class Setup:
-    """One test's topic, PostgreSQL schema and environment for ``pipeline ingress serve``."""
-
-    topic: str
-    schema: str
-    env: dict[str, str]
-    transport: Transport
-
-
 @pytest.fixture
 async def setup(
     tmp_path: Path, settings: Settings, redis_service: str, postgres_service: str, unique: str
 ) -> AsyncIterator[Setup]:
     """A Redis topic and a PostgreSQL schema of the test's own, both removed after it."""
-    topic = f"messages-{unique}"
-    schema = f"w_{uuid.uuid4().hex[:12]}"
-    transport = create_transport(settings, "redis")
-    await make_topic(transport, topic, 2)
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": ["env:PIPELINE_TEST_WORKERS_SECRET"], "topic": topic, "routes": []}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    env |= {
-        "PIPELINE_TEST_WORKERS_SECRET": SECRET,
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_POSTGRES__URL": postgres_service,
-        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
-        "PIPELINE_INGRESS__LOG_STORE": "postgres",
-        "PIPELINE_INGRESS__POSTGRES_SCHEMA": schema,
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-    }
-    yield Setup(topic, schema, env, transport)
-    await transport.admin().delete_topic(topic)
-    await transport.close()
-    async with await psycopg.AsyncConnection.connect(postgres_service, autocommit=True) as conn:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    async with workers_setup(
+        tmp_path, settings, redis_service, postgres_service, unique, SECRET
+    ) as made:
+        yield made
 
 
 def serve(
@@ -93,22 +60,6 @@ def serve(
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``pipeline ingress serve --workers N --port 0``; its URL once all are listening."""
     return serve_until_listening(env, started, "--workers", str(workers), timeout_s=90)
-
-
-def workers_of(proc: subprocess.Popen[str]) -> list[psutil.Process]:
-    """The supervisor's live worker processes (not multiprocessing's resource tracker).
-
-    A killed worker the supervisor has not reaped yet is a zombie: not a worker any more.
-    """
-    workers = []
-    for child in psutil.Process(proc.pid).children():
-        try:
-            command = " ".join(child.cmdline())
-        except (psutil.ZombieProcess, psutil.NoSuchProcess):
-            continue
-        if "resource_tracker" not in command:
-            workers.append(child)
-    return workers
 
 
 def signed(body: bytes) -> bytes:

@@ -9,40 +9,26 @@ single ingress.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import re
 import signal
 import socket
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
-import psutil
-import psycopg
 import pytest
-from contract.helpers import make_topic
-from ingress.helpers import META, meta_body, serve_until_listening, write_sources, write_topics
+from ingress.helpers import meta_body, serve_until_listening
 from ingress.signing import hub_signature
+from ingress.supervised import Setup, workers_setup
 
 from pipeline.config import Settings
 from pipeline.ingress.workers import Supervisor, WorkerArgs, _Worker
-from pipeline.transport import create_transport
 
 SECRET = "supervision-secret"  # noqa: S105 - a test secret
-
-
-@dataclass
-class Setup:
-    """One test's topic, PostgreSQL schema and environment for ``pipeline ingress serve``."""
-
-    topic: str
-    env: dict[str, str]
 
 
 @pytest.fixture
@@ -50,32 +36,10 @@ async def setup(
     tmp_path: Path, settings: Settings, redis_service: str, postgres_service: str, unique: str
 ) -> AsyncIterator[Setup]:
     """A Redis topic and a PostgreSQL schema of the test's own, both removed after it."""
-    topic = f"messages-{unique}"
-    schema = f"ws_{uuid.uuid4().hex[:12]}"
-    transport = create_transport(settings, "redis")
-    await make_topic(transport, topic, 2)
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": ["env:PIPELINE_TEST_SUPERVISION_SECRET"], "topic": topic}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": {**source, "routes": []}})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    env |= {
-        "PIPELINE_TEST_SUPERVISION_SECRET": SECRET,
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_POSTGRES__URL": postgres_service,
-        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
-        "PIPELINE_INGRESS__LOG_STORE": "postgres",
-        "PIPELINE_INGRESS__POSTGRES_SCHEMA": schema,
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-    }
-    try:
-        yield Setup(topic, env)
-    finally:
-        await transport.admin().delete_topic(topic)
-        await transport.close()
-        async with await psycopg.AsyncConnection.connect(postgres_service, autocommit=True) as c:
-            await c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    async with workers_setup(
+        tmp_path, settings, redis_service, postgres_service, unique, SECRET
+    ) as made:
+        yield made
 
 
 def accepted_count(text: str) -> float:
@@ -120,19 +84,6 @@ def post_signed(url: str, numbers: range) -> None:
             assert (
                 http.post(f"{url}/hooks/whatsapp", content=body, headers=headers).status_code == 200
             )
-
-
-def workers_of(proc: subprocess.Popen[str]) -> list[psutil.Process]:
-    """The supervisor's live worker processes (not multiprocessing's resource tracker)."""
-    found = []
-    for child in psutil.Process(proc.pid).children():
-        try:
-            command = " ".join(child.cmdline())
-        except (psutil.ZombieProcess, psutil.NoSuchProcess):
-            continue
-        if "resource_tracker" not in command:
-            found.append(child)
-    return found
 
 
 def test_the_webhook_port_serves_no_metrics_of_one_worker(
