@@ -41,10 +41,9 @@ async def stranded_in_redis(
     """
     by_lane = {spec.lane: spec for spec in specs}
     if scan:
-        guarded = await _lanes_with(redis, f"{{{prefix}:guard:", "}:parked")
-        buffered = await _lanes_with(redis, f"{{{prefix}:deb:", "}:due")
-    else:
-        guarded = buffered = set(by_lane)
+        guarded, buffered = await _lanes_with(redis, prefix)
+    else:  # a declared lane's members release what it parked: only its buffers are asked
+        guarded, buffered = set(), set(by_lane)
     lines: list[str] = []
     for lane in sorted(guarded):
         if lane in by_lane:  # its members release what it parked, ordered or not now
@@ -81,12 +80,19 @@ async def stranded_in_redis(
     return lines
 
 
-async def _lanes_with(redis: Redis, start: str, end: str) -> set[str]:
-    """Lanes having a key ``<start>LANE<end>`` (lanes are identifiers: no glob characters)."""
-    found: set[str] = set()
-    async for raw in redis.scan_iter(match=f"{start}*{end}", count=_SCAN_COUNT):
+async def _lanes_with(redis: Redis, prefix: str) -> tuple[set[str], set[str]]:
+    """Lanes having a parked-keys index, and lanes having a debounce due set, in one key scan.
+
+    The keys are ``{P:guard:LANE}:parked`` and ``{P:deb:LANE}:due`` (lanes are identifiers: no
+    glob characters).
+    """
+    kinds = ((f"{{{prefix}:guard:", "}:parked"), (f"{{{prefix}:deb:", "}:due"))
+    found: tuple[set[str], set[str]] = (set(), set())
+    async for raw in redis.scan_iter(match=f"{{{prefix}:*", count=_SCAN_COUNT):
         name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        lane = name[len(start) : -len(end)]
-        if lane and "}" not in lane:
-            found.add(lane)
+        for (start, end), lanes in zip(kinds, found, strict=True):
+            if name.startswith(start) and name.endswith(end):
+                lane = name[len(start) : -len(end)]
+                if lane and "}" not in lane:
+                    lanes.add(lane)
     return found
