@@ -72,9 +72,10 @@ def safe_url(url: str) -> str:
     as the fragment.
     """
     parts = urlsplit(url)
-    if parts.password is None and not _QUERY_PASSWORD.search("?" + parts.query):
+    in_query = _QUERY_PASSWORD.search("?" + parts.query) is not None
+    if parts.password is None and not in_query:
         return hide_credentials(url, url)  # as given: urlunsplit would drop sqlite:///'s "//"
-    if _QUERY_PASSWORD.search("?" + parts.query):
+    if in_query:
         query = _QUERY_PASSWORD.sub(r"\1***", "?" + parts.query)[1:]
         parts = parts._replace(query=query, fragment="")
     if parts.password is not None:
