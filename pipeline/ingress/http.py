@@ -557,21 +557,15 @@ class IngressProtocol(asyncio.Protocol):
 
 
 def ingress_protocol(
-    app: IngressApp, max_head_bytes: int, max_unfinished_body_bytes: int | None = None
+    app: IngressApp, max_head_bytes: int, max_unfinished_body_bytes: int = MAX_UNFINISHED_BODY_BYTES
 ) -> type[IngressProtocol]:
     """The protocol class for uvicorn's ``http`` setting: ``app``'s, heads capped.
 
-    Its connections share one bound on unfinished bodies, ``max_unfinished_body_bytes``
-    (:data:`MAX_UNFINISHED_BODY_BYTES` when None).
+    Its connections share one bound on unfinished heads and bodies, ``max_unfinished_body_bytes``.
     """
-    limit = (
-        MAX_UNFINISHED_BODY_BYTES
-        if max_unfinished_body_bytes is None
-        else max_unfinished_body_bytes
-    )
     attributes: Mapping[str, Any] = {
         "app": app,
         "max_head_bytes": max_head_bytes,
-        "unfinished": UnfinishedBodies(limit),
+        "unfinished": UnfinishedBodies(max_unfinished_body_bytes),
     }
     return type("IngressHttp", (IngressProtocol,), dict(attributes))
