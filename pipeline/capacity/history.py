@@ -78,29 +78,6 @@ class ArrivalHistory:
         self._ttl_s = (retention_days + 1) * 86_400
         self._functions = FunctionLibrary(client, LIBRARY)
 
-    async def add(self, counts: Mapping[tuple[str, int], int]) -> None:
-        """Add arrivals per (lane, epoch minute), in one pipelined round trip.
-
-        Each day key is also stretched to its full 1440 counters (an increment by 0 of the
-        last one), so a short read means a missing day, never a short one. Not idempotent: a
-        call repeated after a lost reply adds twice (the recorder uses :meth:`add_once`).
-        """
-        by_key: dict[str, list[tuple[int, int]]] = {}
-        for (lane, minute), count in counts.items():
-            day, offset = divmod(minute, MINUTES_PER_DAY)
-            by_key.setdefault(k.arrivals_day(self._prefix, lane, day), []).append((offset, count))
-        if not by_key:
-            return
-        async with self._client.pipeline(transaction=False) as pipe:
-            for key, items in by_key.items():
-                args: list[str | int] = ["OVERFLOW", "SAT"]
-                for offset, count in items:
-                    args += ["INCRBY", "u32", f"#{offset}", count]
-                args += ["INCRBY", "u32", f"#{MINUTES_PER_DAY - 1}", 0]
-                pipe.execute_command("BITFIELD", key, *args)
-                pipe.expire(key, self._ttl_s)
-            await pipe.execute()
-
     async def add_once(
         self, writer: str, flushes: Sequence[Flush], *, settled: Mapping[str, Sequence[int]]
     ) -> None:

@@ -38,7 +38,9 @@ async def test_a_corrupt_service_time_falls_back_to_the_configured_one(
     await redis.hset(key, mapping={f"{kind}:{minute}": v for kind, v in fields.items()})
     await redis.hset(key, mapping={f"c:{minute - 1}": "1"})  # a count with no seconds
     history = ArrivalHistory(redis, prefix)
-    await history.add({("messages", m): 600 for m in range(NOW_MIN - 15, NOW_MIN)})
+    await history.add_once(
+        "test", [(1, {("messages", m): 600 for m in range(NOW_MIN - 15, NOW_MIN)})], settled={}
+    )
     settings = CapacitySettings(service_s={"messages": 2.0})
     plan = await plan_lane(history, "messages", settings, slots_per_member=4, now_s=NOW_S)
     assert (plan.service_s, plan.service_source) == (2.0, "configured")

@@ -18,8 +18,12 @@ async def test_counts_round_trip_per_minute_across_midnight(redis: Redis, prefix
     """Counts added per minute read back in order, across two day keys, zeros where none."""
     history = ArrivalHistory(redis, prefix)
     last = DAY0 * MINUTES_PER_DAY + MINUTES_PER_DAY - 1
-    await history.add({("messages", last - 1): 5, ("messages", last): 7})
-    await history.add({("messages", last): 1, ("messages", last + 1): 3})
+    await history.add_once(
+        "test", [(1, {("messages", last - 1): 5, ("messages", last): 7})], settled={}
+    )
+    await history.add_once(
+        "test", [(2, {("messages", last): 1, ("messages", last + 1): 3})], settled={}
+    )
     (window,) = await history.windows("messages", [(last - 2, last + 3)])
     assert window == [0, 5, 8, 3, 0]
 
@@ -29,7 +33,7 @@ async def test_a_day_key_is_fixed_size_and_expires_after_the_retention(
 ) -> None:
     """Each day is one 5,760-byte string that expires retention_days + 1 days out."""
     history = ArrivalHistory(redis, prefix, retention_days=7)
-    await history.add({("messages", DAY0 * MINUTES_PER_DAY + 3): 2})
+    await history.add_once("test", [(1, {("messages", DAY0 * MINUTES_PER_DAY + 3): 2})], settled={})
     key = k.arrivals_day(prefix, "messages", DAY0)
     assert await redis.strlen(key) == MINUTES_PER_DAY * 4
     assert 7 * 86_400 < await redis.ttl(key) <= 8 * 86_400
@@ -39,7 +43,7 @@ async def test_a_day_never_recorded_reads_as_missing(redis: Redis, prefix: str) 
     """A window touching a day with no key is None, so the forecast leaves it out."""
     history = ArrivalHistory(redis, prefix)
     start = DAY0 * MINUTES_PER_DAY
-    await history.add({("messages", start): 1})
+    await history.add_once("test", [(1, {("messages", start): 1})], settled={})
     windows = await history.windows("messages", [(start, start + 2), (start - 5, start + 1)])
     assert windows == [[1, 0], None]
 

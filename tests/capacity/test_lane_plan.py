@@ -38,8 +38,9 @@ async def history(redis: Redis, unique: str) -> AsyncIterator[ArrivalHistory]:
     prefix = f"t{unique}"
     store = ArrivalHistory(redis, prefix)
     start = NOW_MIN - 8 * MINUTES_PER_DAY
-    for first in range(start, NOW_MIN, 720):
-        await store.add({("messages", m): per_minute(m) for m in range(first, first + 720)})
+    for number, first in enumerate(range(start, NOW_MIN, 720)):
+        counts = {("messages", m): per_minute(m) for m in range(first, first + 720)}
+        await store.add_once("test", [(number, counts)], settled={})
     await store.add_service({("messages", NOW_MIN - 1): (100, 25.0)})  # 0.25 s each
     yield store
     found = [key async for key in redis.scan_iter(match=f"{{{prefix}:cap:*")]

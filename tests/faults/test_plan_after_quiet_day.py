@@ -30,7 +30,11 @@ async def test_arrivals_since_midnight_count_when_the_day_before_had_none(
     history: ArrivalHistory,
 ) -> None:
     """A quiet day leaves no key: today's arrivals still make the rate, not zero."""
-    await history.add({("messages", m): 600 for m in range(DAY * MINUTES_PER_DAY, NOW_MIN)})
+    await history.add_once(
+        "test",
+        [(1, {("messages", m): 600 for m in range(DAY * MINUTES_PER_DAY, NOW_MIN)})],
+        settled={},
+    )
     settings = CapacitySettings(default_service_s=1.0, min_members=1)
     plan = await plan_lane(history, "messages", settings, slots_per_member=4, now_s=NOW_S)
     assert plan.rate_per_s == pytest.approx(10.0)
