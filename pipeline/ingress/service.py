@@ -43,7 +43,11 @@ from pipeline.observability import stacks
 from pipeline.observability.facades import LogCommitMetrics, OffloadMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.server import MetricsServer, serve_metrics
-from pipeline.observability.wiring import ingress_sources, sweeper_heartbeat
+from pipeline.observability.wiring import (
+    ingress_sources,
+    sweeper_heartbeat,
+    waits_in_members_redis,
+)
 from pipeline.offload.rows import offload_row
 from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
 from pipeline.reachability import require_listenable
@@ -244,10 +248,7 @@ class Ingress:
             self._stop = asyncio.Event()
             self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))
             self.sweeper.on_sweep = sweeper_heartbeat(self.observer.metrics)
-        if any(
-            spec.debounce is not None or (spec.ordered and spec.retry.tiers_ms)
-            for spec in self.specs
-        ):
+        if waits_in_members_redis(self.specs):
             # Debounced turns and held followers wait in the members' Redis: reported here too,
             # should they all die.
             redis = self.settings.redis

@@ -93,6 +93,24 @@ def ingress_sources(
     return sources
 
 
+def waits_in_members_redis(specs: Sequence[TopicSpec]) -> bool:
+    """Whether work of ``specs`` can wait in the members' Redis (debounced turns, held followers).
+
+    Such work has its offsets committed, so no broker figure shows it: the ingress reads its
+    overdue gauges from that Redis too (:func:`debounce_sources`, :func:`held_release_sources`).
+    """
+    return any(_debounced(spec) or _holds_followers(spec) for spec in specs)
+
+
+def _debounced(spec: TopicSpec) -> bool:
+    return spec.debounce is not None
+
+
+def _holds_followers(spec: TopicSpec) -> bool:
+    """Only an ordered lane with retry tiers holds followers, behind a parked key."""
+    return spec.ordered and bool(spec.retry.tiers_ms)
+
+
 def debounce_sources(
     metrics: Metrics, redis: Redis, redis_prefix: str, specs: Sequence[TopicSpec]
 ) -> list[SnapshotSource]:
@@ -101,7 +119,7 @@ def debounce_sources(
     ``redis`` is the members' Redis (a client returning bytes, kept and closed by the caller),
     its debounce keys under ``redis_prefix``.
     """
-    lanes = sorted({spec.lane for spec in specs if spec.debounce is not None})
+    lanes = sorted({spec.lane for spec in specs if _debounced(spec)})
     if not lanes:
         return []
     return [DebounceOverdueSource(redis, redis_prefix, lanes, DebounceMetrics(metrics))]
@@ -115,7 +133,7 @@ def held_release_sources(
     Only an ordered lane with retry tiers holds followers (behind a parked key). ``redis`` is
     the members' Redis (kept and closed by the caller), its guard keys under ``redis_prefix``.
     """
-    lanes = sorted({spec.lane for spec in specs if spec.ordered and spec.retry.tiers_ms})
+    lanes = sorted({spec.lane for spec in specs if _holds_followers(spec)})
     if not lanes:
         return []
     return [HeldReleaseOverdueSource(redis, redis_prefix, lanes, HeldReleaseMetrics(metrics))]
