@@ -42,7 +42,7 @@ from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.partitioner import partition_for
-from pipeline.transport.protocol import Admin, Consumer, Producer, Reader, Transport
+from pipeline.transport.protocol import Admin, Consumer, Producer, Reader, TopicInfo, Transport
 
 _DROPPED_HEADERS = {
     h.ATTEMPT,
@@ -233,9 +233,7 @@ class Redrive:
         self._max_redrives = max_redrives
         self._dry_run = dry_run
         self._offloader = offloader
-        self._exists: dict[str, bool] = {}  # target topic -> whether the broker has it
-        self._max_bytes: dict[str, int | None] = {}  # target topic -> its max.message.bytes
-        self._partitions: dict[str, int] = {}  # target topic -> its partition count
+        self._topics: dict[str, TopicInfo | None] = {}  # target -> as the broker told (None: gone)
         self._pin: _Pin | None = None  # the times the redrive began with (--since/--until)
         self._pinned = selection  # the selection by those times
         self.report = Report()
@@ -468,12 +466,9 @@ class Redrive:
         """Whether ``topic`` can take redriven messages: it exists and is not the DLQ read."""
         if topic == self._dlq or not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
             return False
-        if topic not in self._exists:
-            info = (await admin.list_topics([topic])).get(topic)
-            self._exists[topic] = info is not None
-            self._max_bytes[topic] = info.max_message_bytes if info is not None else None
-            self._partitions[topic] = info.partitions if info is not None else 0
-        return self._exists[topic]
+        if topic not in self._topics:
+            self._topics[topic] = (await admin.list_topics([topic])).get(topic)
+        return self._topics[topic] is not None
 
     async def _target(self, message: Message, admin: Admin) -> str | None:
         """Count ``message`` in the report; the topic it goes back to, or None if it stays.
@@ -563,7 +558,7 @@ class Redrive:
                 if len(chunk) == 1:
                     self._too_large(chunk, target, batch, exc)
                 else:
-                    self._exists.pop(target, None)  # its limit is read again for the next batch
+                    self._topics.pop(target, None)  # its limit is read again for the next batch
                     for one in chunk:
                         try:
                             await self._send_chunk(producer, target, [one], batch)
@@ -589,8 +584,9 @@ class Redrive:
         """
         if self._interval_s:
             return [[one] for one in picked]
-        limit = self._max_bytes.get(target)
-        partitions = self._partitions.get(target, 0)
+        info = self._topics.get(target)
+        limit = info.max_message_bytes if info is not None else None
+        partitions = info.partitions if info is not None else 0
         if limit is None or partitions < 1:
             return [picked] if picked else []
         room = limit - _ROOM_BYTES
