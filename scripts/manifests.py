@@ -127,7 +127,9 @@ def lane_manifests(
         "kind": "Deployment",
         "metadata": {"name": name, "labels": labels},
         "spec": {
-            "replicas": 1,
+            # No ``replicas``: the ScaledObject's HPA owns the count (minReplicaCount 1). With
+            # the field here, every ``kubectl apply`` of a change would set the fleet back to
+            # it, mid-burst, and KEDA would scale it up again: two rebalances of the group.
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {

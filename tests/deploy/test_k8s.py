@@ -204,3 +204,19 @@ def test_a_batch_lane_scales_on_age_only_past_its_promotion_point():
 
     assert age_threshold(batch) == 9 * 3600
     assert age_threshold(interactive) == AGE_TARGET_S
+
+
+def test_a_scaled_deployment_leaves_its_replica_count_to_the_autoscaler():
+    """A Deployment a ScaledObject scales names no ``replicas``, so an apply keeps the fleet.
+
+    With the field in the manifest, each ``kubectl apply`` of any change would set the count back
+    to it (Kubernetes' advice for a workload under an HPA), mid-burst, and KEDA would scale it up
+    again: two rebalances of the group for a config change.
+    """
+    scaled = {doc["spec"]["scaleTargetRef"]["name"] for doc in of_kind("ScaledObject")}
+    assert scaled, "no ScaledObject rendered"
+    deployments = {doc["metadata"]["name"]: doc for doc in of_kind("Deployment")}
+    for name in scaled:
+        assert "replicas" not in deployments[name]["spec"], name
+    for name in set(deployments) - scaled:
+        assert deployments[name]["spec"]["replicas"] >= 1, name
