@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from support import LosesFirstCancel
 
 from pipeline.cancel_tasks import cancel_until_done, raise_absorbed_cancel
@@ -33,28 +34,47 @@ async def timed_redis(redis_service: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
+TRIES = 20
+"""Where the cancellation lands depends on when Redis's answer arrives: a try in which it did not
+land inside the write (the task was cancelled at once, or its connection dropped under the
+cancellation) shows nothing and is made again; on Python 3.11 one of the first few is lost."""
+
+
 @lost_on_311
 async def test_a_loop_of_redis_calls_absorbing_its_cancellation_is_cancelled_again(
     timed_redis: Redis, unique: str
 ) -> None:
     """A loop of GETs goes on after one cancellation; cancel_until_done still ends it."""
-    went_on = asyncio.Event()
+    for _ in range(TRIES):
+        went_on = asyncio.Event()
+        task = asyncio.create_task(_read_forever(timed_redis, f"absorbed:{unique}", went_on))
+        await asyncio.sleep(0)  # one step: the task now waits in its first write's wait_for
+        task.cancel()
+        signal = asyncio.create_task(went_on.wait())
+        await asyncio.wait({task, signal}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        signal.cancel()
+        if went_on.is_set():  # the cancellation was lost: it read on
+            await asyncio.wait_for(cancel_until_done(task), 10)
+            assert task.cancelled()
+            return
+        await _ended(task)
+    pytest.fail(f"no cancellation of a GET was lost in {TRIES} tries")
+
+
+async def _read_forever(redis: Redis, key: str, went_on: asyncio.Event) -> None:
+    """GET ``key`` in a loop; ``went_on`` set at the second answer."""
     calls = 0
+    while True:
+        await redis.get(key)
+        calls += 1
+        if calls == 2:
+            went_on.set()
 
-    async def read_forever() -> None:
-        nonlocal calls
-        while True:
-            await timed_redis.get(f"absorbed:{unique}")
-            calls += 1
-            if calls == 2:
-                went_on.set()
 
-    task = asyncio.create_task(read_forever())
-    await asyncio.sleep(0)  # one step: the task now waits in its first write's wait_for
-    task.cancel()
-    await asyncio.wait_for(went_on.wait(), 10)  # the cancellation was lost: it read on
-    await asyncio.wait_for(cancel_until_done(task), 10)
-    assert task.cancelled()
+async def _ended(task: asyncio.Task[None]) -> None:
+    """Wait for a try's task to end, however it ended (cancelled, or its connection dropped)."""
+    with contextlib.suppress(asyncio.CancelledError, RedisError):
+        await asyncio.wait_for(task, 10)
 
 
 @lost_on_311
@@ -62,18 +82,23 @@ async def test_a_redis_call_whose_cancellation_was_absorbed_raises_it(
     timed_redis: Redis, unique: str
 ) -> None:
     """A GET inside raise_absorbed_cancel raises the cancellation its write swallowed."""
-    returned: list[object] = []
+    for _ in range(TRIES):
+        returned: list[object] = []
 
-    async def read_once() -> None:
-        with raise_absorbed_cancel():
-            returned.append(await timed_redis.get(f"absorbed:{unique}"))
+        async def read_once(into: list[object] = returned) -> None:
+            with raise_absorbed_cancel():
+                into.append(await timed_redis.get(f"absorbed:{unique}"))
 
-    task = asyncio.create_task(read_once())
-    await asyncio.sleep(0)  # as above: the cancellation lands in the write's wait_for
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert returned == [None]  # the GET itself returned: the block raised it at its end
+        task = asyncio.create_task(read_once())
+        await asyncio.sleep(0)  # as above: the cancellation lands in the write's wait_for
+        task.cancel()
+        with pytest.raises((asyncio.CancelledError, RedisError)) as raised:
+            await asyncio.wait_for(task, 10)
+        if returned:  # the GET itself returned: the block raised the cancellation at its end
+            assert raised.type is asyncio.CancelledError
+            assert returned == [None]
+            return
+    pytest.fail(f"no cancellation of a GET was absorbed in {TRIES} tries")
 
 
 async def test_a_task_absorbing_its_first_cancellation_is_cancelled_until_it_ends() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import ast
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from pipeline import headers
@@ -32,29 +34,45 @@ def test_every_header_is_in_the_glossary():
     assert missing == []
 
 
+_SOURCE_NAMES = """
+import ast, json, pathlib, sys
+names = set()
+for path in pathlib.Path(sys.argv[1]).rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        if not any(
+            isinstance(item, ast.AsyncFunctionDef) and item.name == "refresh" for item in node.body
+        ):
+            continue
+        for item in node.body:
+            if (
+                isinstance(item, ast.Assign)
+                and [getattr(t, "id", None) for t in item.targets] == ["name"]
+                and isinstance(item.value, ast.Constant)
+            ):
+                names.add(item.value.value)
+print(json.dumps(sorted(names)))
+"""
+
+
 def _refresh_source_names() -> set[str]:
     """The ``name`` of every snapshot source class under pipeline/ (a class with an async refresh).
 
-    It is the ``source`` label of ``pipeline_metrics_refresh_errors_total``.
+    It is the ``source`` label of ``pipeline_metrics_refresh_errors_total``. The sources are
+    parsed in a fresh interpreter: Python 3.11 keeps the AST constructor's depth in state shared
+    by the whole process, so an ``ast.parse`` here that overlaps another (a thread left by an
+    earlier test formatting a traceback: 3.11's tracebacks parse their source lines) failed once
+    with "AST constructor recursion depth mismatch" (CPython gh-106905).
     """
-    names = set()
-    for path in (GLOSSARY.parents[1] / "pipeline").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            refreshes = any(
-                isinstance(item, ast.AsyncFunctionDef) and item.name == "refresh"
-                for item in node.body
-            )
-            for item in node.body:
-                if (
-                    refreshes
-                    and isinstance(item, ast.Assign)
-                    and [getattr(t, "id", None) for t in item.targets] == ["name"]
-                    and isinstance(item.value, ast.Constant)
-                ):
-                    names.add(item.value.value)
-    return names
+    found = subprocess.run(
+        [sys.executable, "-c", _SOURCE_NAMES, str(GLOSSARY.parents[1] / "pipeline")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return set(json.loads(found.stdout))
 
 
 def test_every_refresh_source_is_a_documented_source_label_value():
