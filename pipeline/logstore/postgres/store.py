@@ -123,7 +123,15 @@ class PostgresLogStore:
             url,
             min_size=min_connections,
             max_size=max_connections,
-            kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(connect_timeout_s))},
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(2, math.ceil(connect_timeout_s)),
+                # No server-side prepared statements: behind a transaction-mode PgBouncer each
+                # statement may reach another server connection, where the one psycopg prepared
+                # (after 5 runs) is missing, or is another client's statement of the same name.
+                # All they saved was the server's parse and plan of a short statement.
+                "prepare_threshold": None,
+            },
             timeout=connect_timeout_s,
             # A pooled connection broken while idle (the server restarted) is replaced before
             # use instead of failing the group commit it was handed to; a check the server does

@@ -137,7 +137,11 @@ class PostgresSchemaStore(SqlRegistryStore):
         Raises:
             StoreError: the database cannot be reached or initialised.
         """
-        kwargs: dict[str, Any] = {"autocommit": True}
+        # No server-side prepared statements: behind a transaction-mode PgBouncer each
+        # transaction may reach another server connection, where the one psycopg prepared (after
+        # 5 runs) is missing or is another client's of the same name. All they saved was the
+        # server's parse and plan of a short statement.
+        kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
         if db_schema is not None:
             if not _SCHEMA_NAME.fullmatch(db_schema):
                 raise StoreError(f"invalid PostgreSQL schema name {db_schema!r}")
