@@ -471,6 +471,13 @@ class IngressSettings(_Section):
             ``max_body_bytes`` plus ``MAX_HEAD_BYTES``, else the ingress refuses to start): the
             read that passes it is answered 503 + Retry-After and its connection closed, so
             stalled senders cannot use up the ingress's memory ([ingress.md](ingress.md)).
+        max_connections: client connections one process holds open (None: its open-file
+            limit less 128 descriptors kept for the log store, the broker and the metrics
+            port; a value above that refuses to start). A connection past it closes the
+            oldest one that has no request being answered (an unfinished head or body is
+            answered 503), or is closed at once when every one is answering, so connections
+            that send nothing or stall cannot take the descriptors legitimate webhooks and
+            the log store need; counted ``connection_limit`` and logged once per 10 s.
         stop_within_s: how long after SIGTERM the ingress ends by itself, whatever its broker
             does: uvicorn's graceful shutdown, the sweeper's batch in hand and the queued
             events get a third each of what is left after 3 s kept for closing (at most 10 s
@@ -490,6 +497,7 @@ class IngressSettings(_Section):
     body_timeout_s: float = Field(default=10.0, gt=0)
     max_head_bytes: int = Field(default=65_536, ge=4096)
     max_unfinished_bytes: int = Field(default=268_435_456, ge=131_072)
+    max_connections: int | None = Field(default=None, ge=1)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
     log_store: Literal["sqlite", "postgres"] = "sqlite"

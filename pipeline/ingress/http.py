@@ -26,6 +26,12 @@ At the door, before the app sees a byte:
   (Retry-After 1; a body's counted ``body_budget``), and its bytes let go, so connections
   that each hold most of a large head or body cannot take memory without bound; a request
   whole within its read is never counted;
+* the connections of the server are bounded (:class:`OpenConnections`): a connection past
+  ``max_connections`` closes the oldest one with no request being answered (its unfinished
+  head or body is **503**), or, when every one is answering, is closed at once; each is
+  counted ``connection_limit`` and a line logged at most once per :data:`LIMIT_LOG_EVERY_S`,
+  so stalled connections cannot take the descriptors legitimate webhooks, the log store and
+  the broker need;
 * a client gone mid-body is counted ``disconnected``; nothing is stored;
 * bytes that are not HTTP/1.1 are **400**.
 
@@ -71,6 +77,9 @@ most of a ``max_body_bytes`` body (or of a ``max_head_bytes`` head) and stall ho
 each, as many as are opened.
 """
 
+LIMIT_LOG_EVERY_S = 10.0
+"""At most one log line per this many seconds says connections past the bound were closed."""
+
 _STATUS = {
     code: b"HTTP/1.1 %d %s\r\n" % (code, http.HTTPStatus(code).phrase.encode())
     for code in (status.value for status in http.HTTPStatus)
@@ -113,12 +122,69 @@ class UnfinishedBodies:
         self.held = 0
 
 
+class OpenConnections:
+    """The connections one server holds open, oldest first, and their bound.
+
+    Touched once when a connection opens and once when it closes, never per request.
+    """
+
+    __slots__ = ("closed", "last_logged", "limit", "open", "refused")
+
+    def __init__(self, limit: int | None) -> None:
+        """No connection yet; at most ``limit`` (None: no bound)."""
+        self.limit = limit
+        self.open: dict[IngressProtocol, None] = {}  # insertion order: oldest first
+        self.closed = 0  # stalled connections closed since the last log line
+        self.refused = 0  # new connections closed at once since the last log line
+        self.last_logged: float | None = None
+
+    def admit(self, connection: IngressProtocol) -> bool:
+        """Hold ``connection``, closing the oldest stalled one at the bound; False: refuse it."""
+        limit = self.limit
+        if limit is not None and len(self.open) >= limit and not self._close_stalled():
+            self.refused += 1
+            connection.app.counters["", "connection_limit:refused"] += 1
+            self._report(connection)
+            return False
+        self.open[connection] = None
+        return True
+
+    def _close_stalled(self) -> bool:
+        """Close the oldest connection with no request being answered; whether there was one."""
+        for victim in self.open:
+            if victim.stalled():
+                del self.open[victim]
+                victim.evict()
+                self.closed += 1
+                victim.app.counters["", "connection_limit:closed"] += 1
+                self._report(victim)
+                return True
+        return False
+
+    def _report(self, connection: IngressProtocol) -> None:
+        """One log line for what was closed since the last one, at most every few seconds."""
+        now = connection.now()
+        if self.last_logged is not None and now - self.last_logged < LIMIT_LOG_EVERY_S:
+            return
+        self.last_logged = now
+        log.warning(
+            "%d connections open, the bound (PIPELINE_INGRESS__MAX_CONNECTIONS): %d stalled"
+            " ones closed for new ones, %d new ones closed at once (every one answering),"
+            " since the last such line",
+            self.limit,
+            self.closed,
+            self.refused,
+        )
+        self.closed = self.refused = 0
+
+
 class IngressProtocol(asyncio.Protocol):
     """One client connection. :func:`ingress_protocol` binds the app and the head cap."""
 
     app: IngressApp
     max_head_bytes = 65_536
     unfinished = UnfinishedBodies(MAX_UNFINISHED_BODY_BYTES)
+    connections = OpenConnections(None)
 
     def __init__(
         self,
@@ -167,6 +233,10 @@ class IngressProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Count the connection for uvicorn's shutdown."""
         self._transport = cast("asyncio.Transport", transport)  # a stream server's (uvloop's)
+        if not self.connections.admit(self):
+            self._stopped = True
+            self._transport.close()
+            return
         self._connections.add(self)
         # A client that connects and sends nothing is closed like an idle keep-alive one.
         self._idle = self._loop.call_later(self._keep_alive_s, self._idle_out)
@@ -180,6 +250,7 @@ class IngressProtocol(asyncio.Protocol):
         that pass is rare, and closed connections would pile up in memory until it came.
         """
         del exc
+        self.connections.open.pop(self, None)
         self._connections.discard(self)
         self._stopped = True
         self._cancel_timers()
@@ -258,6 +329,24 @@ class IngressProtocol(asyncio.Protocol):
         """The socket's buffer drained."""
         self._write_paused = False
         self._reading()
+
+    def stalled(self) -> bool:
+        """Whether no request of this connection is being answered or waits for its turn."""
+        return not self._busy and not self._waiting
+
+    def evict(self) -> None:
+        """Close this stalled connection for a new one: an unfinished request is answered 503."""
+        if self._stopped or self._transport is None:
+            return
+        if self._in_body or self._head_bytes is not None:
+            self._refuse(_refusal(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded"))
+        else:
+            self._stop()
+            self._transport.close()
+
+    def now(self) -> float:
+        """The event loop's clock."""
+        return self._loop.time()
 
     def shutdown(self) -> None:
         """The server shuts down gracefully: close now if idle, else once the answers are out."""
@@ -557,15 +646,20 @@ class IngressProtocol(asyncio.Protocol):
 
 
 def ingress_protocol(
-    app: IngressApp, max_head_bytes: int, max_unfinished_body_bytes: int = MAX_UNFINISHED_BODY_BYTES
+    app: IngressApp,
+    max_head_bytes: int,
+    max_unfinished_body_bytes: int = MAX_UNFINISHED_BODY_BYTES,
+    max_connections: int | None = None,
 ) -> type[IngressProtocol]:
     """The protocol class for uvicorn's ``http`` setting: ``app``'s, heads capped.
 
-    Its connections share one bound on unfinished heads and bodies, ``max_unfinished_body_bytes``.
+    Its connections share one bound on unfinished heads and bodies, ``max_unfinished_body_bytes``,
+    and are at most ``max_connections`` (None: no bound).
     """
     attributes: Mapping[str, Any] = {
         "app": app,
         "max_head_bytes": max_head_bytes,
         "unfinished": UnfinishedBodies(max_unfinished_body_bytes),
+        "connections": OpenConnections(max_connections),
     }
     return type("IngressHttp", (IngressProtocol,), dict(attributes))

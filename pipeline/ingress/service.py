@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import resource
 import signal
 import socket
 import threading
@@ -385,6 +386,7 @@ def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
         max_message_bytes=settings.max_message_bytes,
     )
     _check_unfinished_bound(ingress, sources)
+    max_connections(ingress)  # a bound above the open-file limit stops the start here
     return Ingress(
         settings=settings,
         ingress=ingress,
@@ -413,6 +415,39 @@ def _check_unfinished_bound(ingress: IngressSettings, sources: Mapping[str, Sour
             f" {ingress.max_head_bytes}): its bodies arriving in more than one read would all be"
             f" refused; raise it to at least {need}, better a few times that"
         )
+
+
+FD_RESERVE = 128
+"""Descriptors kept from client connections for the log store, the broker, the metrics port,
+the sweeper and the logs (an ingress at rest holds about 25)."""
+
+
+def max_connections(ingress: IngressSettings) -> int | None:
+    """How many client connections one process holds: the setting, else its fd limit less a reserve.
+
+    None when the open-file limit is unlimited and nothing is set.
+
+    Raises:
+        ConfigError: ``max_connections`` leaves less than :data:`FD_RESERVE` of the open-file
+            limit: a flood of connections could then take the descriptors the log store and the
+            broker need.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = None if soft == resource.RLIM_INFINITY else soft - FD_RESERVE
+    if room is not None and room < 1:
+        raise ConfigError(
+            f"the open-file limit ({soft}) leaves no descriptor for client connections once"
+            f" {FD_RESERVE} are kept for the log store and the broker; raise it (ulimit -n)"
+        )
+    if ingress.max_connections is None:
+        return room
+    if room is not None and ingress.max_connections > room:
+        raise ConfigError(
+            f"PIPELINE_INGRESS__MAX_CONNECTIONS={ingress.max_connections} leaves less than"
+            f" {FD_RESERVE} of the open-file limit ({soft}) for the log store and the broker;"
+            f" lower it to at most {room} or raise the limit (ulimit -n)"
+        )
+    return ingress.max_connections
 
 
 PORT_VARIABLE = "PIPELINE_INGRESS__PORT (or --port)"
@@ -477,7 +512,10 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
         port=port,
         loop="none",
         http=ingress_protocol(
-            built.app, built.ingress.max_head_bytes, built.ingress.max_unfinished_bytes
+            built.app,
+            built.ingress.max_head_bytes,
+            built.ingress.max_unfinished_bytes,
+            max_connections(built.ingress),
         ),
         lifespan="on" if lifespan else "off",
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less
