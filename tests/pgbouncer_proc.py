@@ -18,16 +18,27 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from support import IN_CI
 
 POOL_SIZE = 2
 """Server connections per database and user: fewer than the store's, so clients share them."""
 
 
 def require_pgbouncer() -> str:
-    """The path of the ``pgbouncer`` binary, or skip the test."""
-    binary = shutil.which("pgbouncer")
+    """The path of the ``pgbouncer`` binary; skip (locally) or fail (under CI=true) without it.
+
+    ``make services`` installs it with PostgreSQL (deploy/local/postgres.sh); Debian puts it in
+    /usr/sbin, which a non-root PATH may lack.
+    """
+    binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
     if binary is None:
-        pytest.skip("the pgbouncer binary is not installed (Debian: apt-get install pgbouncer)")
+        message = (
+            "the pgbouncer binary is not installed; `make services` installs it"
+            " (Debian: apt-get install pgbouncer)"
+        )
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
     return binary
 
 

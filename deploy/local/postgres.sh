@@ -12,6 +12,9 @@ up() {
   if ! command -v pg_lsclusters >/dev/null || [ -z "$(ls /usr/lib/postgresql 2>/dev/null)" ]; then
     apt_install postgresql postgresql-client
   fi
+  # The tests also run the PostgreSQL stores through a transaction-mode PgBouncer of their own
+  # (each starts one on a free port; the package's own service is not used).
+  command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
   if port_open 127.0.0.1 "$PORT"; then
     # pg_isready exits 2 when nothing on the port answers as PostgreSQL (1: it is starting).
     local rc=0

@@ -338,7 +338,7 @@ INGRESS_REQUESTS = Family(
     "counter",
     "Webhook requests by outcome (accepted, duplicate, rejected, shed, too_large, malformed, "
     "store_error, offload_error, handshake, handshake_refused, body_timeout, body_budget, "
-    "disconnected) and reason.",
+    "disconnected, connection_limit) and reason.",
     ("source", "outcome", "reason"),
     "requests",
 )
