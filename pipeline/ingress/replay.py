@@ -1,10 +1,15 @@
 """Replaying log rows by hand (``pipeline replay``): select, pace, produce, count.
 
 Rows are read in id (arrival) order, a page at a time, and produced to the topic they were
-routed to, with their original key, event id and body; each replay increments the row's
-``replay_count`` (sent as the ``replay-count`` header) and marks it produced again, so a replayed
-abandoned row is watched by the sweeper once more. Consumers deduplicate on the event id, so
-replaying a row that was in fact processed is harmless. A dry run only counts the selection.
+routed to, with their original key, event id and body, and marked produced again: a replayed
+abandoned row is watched by the sweeper once more. A replay by hand is a fresh start for the
+sweeper: the row's ``replay_count``, which the sweeper counts against ``max_replays``, is set
+back to 0, and its patience counts from now. An operator who replays a window, fixes the handler
+and replays it again has not spent the sweeper's replays, and an abandonment the sweeper pages
+about afterwards counts the sweeper's own replays only. The copy still says it is one: its
+``replay-count`` header is the row's count before the replay plus one, never 0. Consumers
+deduplicate on the event id, so replaying a row that was in fact processed is harmless. A dry run
+only counts the selection.
 
 The pages stop at the selection's last id when the replay starts, and each begins after the last
 id of the one before (ids are unique: no row is read twice or passed over). A row that arrives
@@ -135,7 +140,7 @@ async def replay(
         after_id = rows[-1].id
         await pacer.wait(len(rows))
         outcome = await produce_rows(producer, rows, replay=True)
-        await log_store.mark_replayed([row.id for row in outcome.delivered])
+        await log_store.mark_replayed_by_hand([row.id for row in outcome.delivered])
         summary.replayed += len(outcome.delivered)
         summary.by_topic.update(row.topic for row in outcome.delivered)
         for row, exc in outcome.failed:

@@ -79,7 +79,8 @@ class LogRow:
     Attributes:
         state: where the row is in its life.
         produce_attempts: produce attempts so far (fast path, sweeps and replays), failed or not.
-        replay_count: how many times the row was produced again after its first production.
+        replay_count: how many times the sweeper produced the row again since its first
+            production or its last replay by hand (which starts the count again).
         last_error: the last produce failure or the abandonment reason, or "".
         produced_at_ms: when the broker last acknowledged it, or a member last showed its event
             still running as long work (:meth:`ProcessedMarker.mark_running`); None if never.
@@ -234,6 +235,15 @@ class ReplayLog(Protocol):
 
     async def get(self, row_id: str) -> LogRow | None:
         """One row by id, or None."""
+        ...
+
+    async def mark_replayed_by_hand(self, ids: Sequence[str]) -> None:
+        """Record a replay by hand of these rows, acknowledged by the broker just now.
+
+        A fresh start for the sweeper: their ``replay_count`` (counted against its
+        ``max_replays``) is 0 again and their patience counts from now. A received or abandoned
+        row becomes produced (watched by the sweeper again); a processed row stays processed.
+        """
         ...
 
 

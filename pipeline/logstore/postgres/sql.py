@@ -161,6 +161,14 @@ SET replay_count = replay_count + 1, produce_attempts = produce_attempts + 1,
 WHERE id = ANY(%s)
 """
 
+_MARK_REPLAYED_BY_HAND = """
+UPDATE {table}
+SET replay_count = 0, produce_attempts = produce_attempts + 1,
+    produced_at_ms = %s, lease_until_ms = 0,
+    state = CASE WHEN state IN ('received', 'abandoned') THEN 'produced' ELSE state END
+WHERE id = ANY(%s)
+"""
+
 _ABANDON = """
 UPDATE {table} SET state = 'abandoned', last_error = %s, lease_until_ms = 0
 WHERE state IN ('received', 'produced') AND id = ANY(%s)
@@ -278,6 +286,7 @@ class Statements:
         self.mark_processed = compose(_MARK_PROCESSED)
         self.mark_running = compose(_MARK_RUNNING)
         self.mark_replayed = compose(_MARK_REPLAYED)
+        self.mark_replayed_by_hand = compose(_MARK_REPLAYED_BY_HAND)
         self.abandon = compose(_ABANDON)
         self.claim_unproduced = compose(_CLAIM_UNPRODUCED)
         self.claim_unprocessed = compose(_CLAIM_UNPROCESSED)

@@ -457,6 +457,11 @@ class PostgresLogStore:
         rows = await self._fetch(self._sql.get, [row_id])
         return _row(rows[0]) if rows else None
 
+    async def mark_replayed_by_hand(self, ids: Sequence[str]) -> None:
+        """A replay by hand, acknowledged now: the sweeper's count and patience start again."""
+        if ids:
+            await self._execute(self._sql.mark_replayed_by_hand, [self._now_ms(), list(ids)])
+
     # LogStore
 
     async def oldest_unfinished_ms(self, received_before_ms: int) -> int | None:

@@ -133,6 +133,17 @@ def mark_replayed(count: int) -> str:
     """  # noqa: S608
 
 
+def mark_replayed_by_hand(count: int) -> str:
+    """A replay by hand for ``count`` ids: the sweeper's count starts again; params: now, ids."""
+    return f"""
+        UPDATE ingress_log
+        SET replay_count = 0, produce_attempts = produce_attempts + 1,
+            produced_at_ms = ?1, lease_until_ms = 0,
+            state = CASE WHEN state IN ('received', 'abandoned') THEN 'produced' ELSE state END
+        WHERE id IN ({_marks(count, 2)})
+    """  # noqa: S608
+
+
 def abandon(count: int) -> str:
     """``-> abandoned`` for ``count`` ids not yet processed; params: reason, then the ids."""
     return f"""

@@ -428,6 +428,10 @@ class SqliteLogStore:
         found = await self._read(lambda: self._r.execute(sql.GET, (row_id,)).fetchone())
         return _row(found) if found is not None else None
 
+    async def mark_replayed_by_hand(self, ids: Sequence[str]) -> None:
+        """A replay by hand, acknowledged now: the sweeper's count and patience start again."""
+        await self._update_ids(sql.mark_replayed_by_hand, ids, self._now_ms())
+
     # LogStore
 
     async def oldest_unfinished_ms(self, received_before_ms: int) -> int | None:
