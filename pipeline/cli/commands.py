@@ -629,7 +629,15 @@ def redrive(
         str | None, typer.Option("--error-class", help="Error class (suffix match).")
     ] = None,
     key: Annotated[str | None, typer.Option("--key", help="Only this message key.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Move at most N.")] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            min=1,
+            help="Move at most N (dead letters left in the DLQ do not count); exit 3 if the"
+            " DLQ has more still unread.",
+        ),
+    ] = None,
     rate: Annotated[
         str | None,
         typer.Option("--rate", help="At most N messages per second: 50 or 50/s, as replay."),
@@ -642,7 +650,14 @@ def redrive(
     ] = False,
     transport: TransportOpt = None,
 ) -> None:
-    """Move dead letters back to their origin topic; run again to resume after an interruption."""
+    """Move dead letters back to their origin topic; run again to resume after an interruption.
+
+    Exit 0: every dead letter selected, to the end of the DLQ, was moved. Exit 3: stopped at
+    --limit with dead letters still unread (the same command continues). Exit 4: some selected
+    were left in the DLQ, each named in a warning (no origin topic, redriven too often, too large
+    for their topic); the same command does not come back to them. A dry run exits 0. Errors
+    exit 1 (the broker) or 2 (the arguments), Ctrl-C 130 and SIGTERM 143.
+    """
     from pipeline.redrive.select import Selection  # noqa: PLC0415 - see the module doc
 
     try:
@@ -661,7 +676,7 @@ def redrive(
     from pipeline.redrive.redrive import Redrive, require_dead_letter_topic  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
-    async def main() -> None:
+    async def main() -> int:
         settings = _settings(transport)
         specs = load_specs(settings.topics_dir)
         require_dead_letter_topic(dlq, specs)
@@ -699,8 +714,15 @@ def redrive(
         finally:
             await t.close()
         _print_redrive(report, dry_run=dry_run)
+        if dry_run:
+            return 0
+        line, code = _redrive_outcome(report, dlq, limit)
+        typer.echo(line)
+        return code
 
-    _run(main())
+    code = _run(main())
+    if code:
+        raise typer.Exit(code)
 
 
 def _check_time(option: str, value: str | None) -> None:
@@ -747,6 +769,39 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
     )
     for target, count in report.moved_to.items():
         typer.echo(f"  -> {target}: {count}")
+
+
+def _redrive_outcome(report: Report, dlq: str, limit: int | None) -> tuple[str, int]:
+    """The last line of a redrive and its exit code: all moved (0), more unread (3), left (4).
+
+    Left dead letters need an operator (another command: ``--to``, ``--max-redrives``, a larger
+    topic), so they win over a limit's rest, which only needs the same command again.
+    """
+    if report.left:
+        them = "it" if report.left == 1 else "them"
+        line = (
+            f"{_count(report.left, 'selected dead letter')} left in {dlq} (each named in a"
+            f" warning above): the same command does not come back to {them}"
+        )
+        if report.unread:
+            line += (
+                f"; {_count(report.unread, 'dead letter')} still unread: run the same command"
+                " again for those"
+            )
+        return f"{line} (exit 4)", 4
+    if report.unread:
+        line = (
+            f"stopped at --limit {limit} with {_count(report.unread, 'dead letter')} of {dlq}"
+            " still unread: run the same command again to continue"
+        )
+        return f"{line} (exit 3)", 3
+    if not report.selected:
+        return "done: no dead letter selected", 0
+    return "done: every selected dead letter was moved", 0
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 @app.command("asyncapi")

@@ -13,7 +13,11 @@ way and commits what was already produced, so an interrupted redrive run again w
 arguments continues where it stopped: nothing is moved twice, except the one batch in flight if
 the process was killed (not stopped) in the middle of it. A dead letter left in the DLQ (no
 origin to go back to, redriven too often, or refused by its target as too large) is counted and
-named in one warning line (where it is, why, what to do), and the run goes on past it. Messages
+named in one warning line (where it is, why, what to do), and the run goes on past it. A
+``limit`` counts the dead letters the run sends (or, dry, would send): those left in the DLQ
+before a send do not count, so ``--limit 100`` moves 100 if the DLQ has them (one its target
+refuses as too large, known only once sent, counts). A run stopped there counts the DLQ's
+messages it did not reach (:attr:`Report.unread`): the same command run again reads them. Messages
 that expired or were trimmed from the DLQ, before the run or while it runs, are neither waited
 for nor counted. A dry run counts from the position of the redrive it previews, read by a
 reader in no consumer group (:meth:`~pipeline.transport.protocol.Transport.reader`, so dry runs
@@ -93,6 +97,14 @@ class Report:
     """Selected but left in the DLQ: the target refused it as larger than it takes."""
     reasons: Counter[str] = field(default_factory=Counter)
     moved_to: Counter[str] = field(default_factory=Counter)
+    unread: int = 0
+    """Messages of the DLQ (up to its end seen at start) a run stopped at its limit did not read:
+    the same command run again reads them (those expired meanwhile excepted)."""
+
+    @property
+    def left(self) -> int:
+        """Selected dead letters left in the DLQ, each named in a warning: the run passed them."""
+        return self.refused_loops + self.no_origin + self.too_large
 
 
 def require_dead_letter_topic(name: str, specs: Sequence[TopicSpec]) -> None:
@@ -236,6 +248,7 @@ class Redrive:
         self._topics: dict[str, TopicInfo | None] = {}  # target -> as the broker told (None: gone)
         self._pin: _Pin | None = None  # the times the redrive began with (--since/--until)
         self._pinned = selection  # the selection by those times
+        self._taken = 0  # dead letters sent or, dry, that would be: what ``limit`` counts
         self.report = Report()
 
     async def total(self) -> int:
@@ -305,6 +318,7 @@ class Redrive:
                     progress(handled)
                 if handled < len(batch.messages):
                     break
+            self.report.unread = sum(max(0, end - nexts[tp]) for tp, end in ends.items())
         finally:
             await reader.close()
             await producer.close()
@@ -405,9 +419,11 @@ class Redrive:
         return [m for m in polled if m.tp not in behind and m.offset < ends.get(m.tp, 0)]
 
     def _finished(self, ends: dict[TopicPartition, int], nexts: dict[TopicPartition, int]) -> bool:
-        if self._limit is not None and self.report.selected >= self._limit:
-            return True
-        return all(nexts[tp] >= end for tp, end in ends.items())
+        return self._limited() or all(nexts[tp] >= end for tp, end in ends.items())
+
+    def _limited(self) -> bool:
+        """Whether the run has taken as many dead letters to move as its limit allows."""
+        return self._limit is not None and self._taken >= self._limit
 
     async def _settle(
         self,
@@ -445,15 +461,17 @@ class Redrive:
         """Handle the batch in order; returns how many were handled (all unless a limit hit).
 
         A message with nothing to produce is settled at once, one to produce when the broker
-        acknowledged it.
+        acknowledged it. Only those to produce count against the limit.
         """
         by_target: dict[str, list[tuple[int, Record]]] = {}
         handled = 0
         for i, message in enumerate(batch.messages):
-            if self._limit is not None and self.report.selected >= self._limit:
+            if self._limited():
                 break
             handled += 1
             target = await self._target(message, admin)
+            if target is not None:
+                self._taken += 1
             if target is None or self._dry_run:
                 batch.settled[i] = True
             else:
