@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import pytest
@@ -229,6 +228,8 @@ async def test_a_turns_dead_letters_carry_the_time_of_its_first_failure(
     """A turn that failed 3 times dead-letters each message with its first failure's time.
 
     Before, each dead letter gave the time of the turn's last run as ``pl-first-failure-ms``.
+    The handler reads the member's own clock (Redis's, through the offset it measured): the
+    host's, read a moment before the member's, was once later than it on a loaded machine.
     """
     spec = lane_spec(f"turnfirst_{unique}", 1, debounce=QUIET, retry={"max_attempts": 3})
     await declare(transport, spec)
@@ -238,8 +239,8 @@ async def test_a_turns_dead_letters_carry_the_time_of_its_first_failure(
 
     @app.handler(spec.lane)
     async def handle(events: list[Said], ctx: Context) -> None:
-        started_ms.append(int(time.time() * 1000))
-        failed_ms.append(int(time.time() * 1000))
+        started_ms.append(member._clock.now_ms())
+        failed_ms.append(member._clock.now_ms())
         raise Retry("model busy")
 
     await produce(transport, spec.name, [said("c1", 0), said("c1", 1)])
