@@ -335,14 +335,25 @@ class IngressProtocol(asyncio.Protocol):
         return not self._busy and not self._waiting
 
     def evict(self) -> None:
-        """Close this stalled connection for a new one: an unfinished request is answered 503."""
-        if self._stopped or self._transport is None:
+        """Close this stalled connection for a new one: an unfinished request is answered 503.
+
+        A transport closed with output still buffered keeps its descriptor until the client
+        reads that output, and a client that reads nothing would keep it past the bound for
+        ever: such a connection is aborted, its buffered answers dropped (each was answered
+        after its row was durable; the sender sends again).
+        """
+        transport = self._transport
+        if transport is None:
             return
-        if self._in_body or self._head_bytes is not None:
+        if self._stopped:
+            pass  # already closing: an answer before the close, or the idle timer
+        elif self._in_body or self._head_bytes is not None:
             self._refuse(_refusal(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded"))
         else:
             self._stop()
-            self._transport.close()
+        transport.close()
+        if transport.get_write_buffer_size():
+            transport.abort()
 
     def now(self) -> float:
         """The event loop's clock."""
