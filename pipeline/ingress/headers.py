@@ -2,10 +2,11 @@
 
 The names come from :mod:`pipeline.headers`. The consumer runtime reads ``pl-row-id`` to mark
 the row processed (:meth:`pipeline.logstore.ProcessedMarker.mark_processed`) and
-``pl-event-id`` for idempotency; ``pl-replay-count`` is 0 on the first production and counts
-sweeper and CLI replays after it. ``traceparent`` is the W3C trace context the row was stored
-with (:mod:`pipeline.tracing`), when it has one, and ``tracestate`` the provider's vendor state
-that came with it, when it sent a valid one.
+``pl-event-id`` for idempotency; ``pl-replay-count`` is 0 on the first production; a sweeper
+replay sends the sweeper's replays since the first production or the last replay by hand, a
+replay by hand the count before it plus one. ``traceparent`` is the W3C trace context the row
+was stored with (:mod:`pipeline.tracing`), when it has one, and ``tracestate`` the provider's
+vendor state that came with it, when it sent a valid one.
 """
 
 from __future__ import annotations

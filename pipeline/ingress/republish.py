@@ -24,10 +24,11 @@ class Produced:
 
 
 async def produce_rows(producer: Producer, rows: Sequence[LogRow], *, replay: bool) -> Produced:
-    """Produce ``rows`` (one ``send_many`` per topic); ``replay`` counts one more replay.
+    """Produce ``rows`` (one ``send_many`` per topic); ``replay`` marks the copies as replays.
 
-    The ``replay-count`` header is the row's count, plus one when ``replay`` is set, which is
-    what the row's counter becomes once the replay is recorded.
+    The ``replay-count`` header is the row's count, plus one when ``replay`` is set: what the
+    row's counter becomes once a sweeper replay is recorded (a replay by hand sets the counter
+    back to 0, so the sweeper's budget starts again, and its copy still says it is a replay).
     """
     by_topic: dict[str, list[LogRow]] = defaultdict(list)
     for row in rows:

@@ -32,7 +32,11 @@ _EVENT = {
     h.RECEIVED_AT_MS: _ms("When the ingress accepted the webhook"),
     h.ROW_ID: _text("The ingress log row the event came from."),
     h.REDRIVE_COUNT: _int("How often the event was redriven from a dead-letter topic"),
-    h.REPLAY_COUNT: _int("How often the ingress replayed its log row"),
+    h.REPLAY_COUNT: _int(
+        "0 on the first production; above 0, a replay of its log row (the sweeper's replays"
+        " since the first production or the last replay by hand; by hand, the count before it"
+        " plus one)"
+    ),
     h.REDRIVEN_FROM: _text("The dead letter it was redriven from: `<topic>:<partition>:<offset>`."),
     h.ABANDON_AFTER_MS: _ms(
         "After this no one waits for the result: the event is cancelled wherever it is"

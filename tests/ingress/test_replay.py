@@ -81,7 +81,7 @@ async def test_replay_produces_exactly_the_selection(
     for message in got:
         row = await store.get(message.headers[h.ROW_ID].decode())
         assert row is not None
-        assert row.replay_count == 1
+        assert row.replay_count == 0  # a replay by hand gives the sweeper its whole budget again
     await store.close()
 
 
@@ -134,7 +134,7 @@ async def test_replaying_an_abandoned_row_puts_it_back_under_watch(
     await replay(store, redis.producer(), Selection(states=(RowState.ABANDONED,)))
     got = await store.get(row.id)
     assert got is not None
-    assert (got.state, got.replay_count) == (RowState.PRODUCED, 1)
+    assert (got.state, got.replay_count) == (RowState.PRODUCED, 0)
     assert await store.mark_processed([row.id]) == 1
     await store.close()
 
