@@ -473,11 +473,12 @@ class IngressSettings(_Section):
             stalled senders cannot use up the ingress's memory ([ingress.md](ingress.md)).
         max_connections: client connections one process holds open (None: its open-file
             limit less 128 descriptors kept for the log store, the broker and the metrics
-            port; a value above that refuses to start). A connection past it closes the
-            oldest one that has no request being answered (an unfinished head or body is
-            answered 503), or is closed at once when every one is answering, so connections
-            that send nothing or stall cannot take the descriptors legitimate webhooks and
-            the log store need; counted ``connection_limit`` and logged once per 10 s.
+            port; a value above that refuses to start). A connection past it closes, of
+            those with no request being answered, the one that has sent nothing for the
+            longest (an unfinished head or body is answered 503), or is closed at once when
+            every one is answering, so connections that send nothing or stall cannot take
+            the descriptors legitimate webhooks and the log store need; counted
+            ``connection_limit`` and logged once per 10 s.
         stop_within_s: how long after SIGTERM the ingress ends by itself, whatever its broker
             does: uvicorn's graceful shutdown, the sweeper's batch in hand and the queued
             events get a third each of what is left after 3 s kept for closing (at most 10 s

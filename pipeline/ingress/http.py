@@ -27,8 +27,9 @@ At the door, before the app sees a byte:
   that each hold most of a large head or body cannot take memory without bound; a request
   whole within its read is never counted;
 * the connections of the server are bounded (:class:`OpenConnections`): a connection past
-  ``max_connections`` closes the oldest one with no request being answered (its unfinished
-  head or body is **503**), or, when every one is answering, is closed at once; each is
+  ``max_connections`` closes, of those with no request being answered, the one that has
+  sent nothing for the longest (its unfinished head or body is **503**; answers it has not
+  read are dropped), or, when every one is answering, is closed at once; each is
   counted ``connection_limit`` and a line logged at most once per :data:`LIMIT_LOG_EVERY_S`,
   so stalled connections cannot take the descriptors legitimate webhooks, the log store and
   the broker need;
@@ -46,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -123,43 +124,54 @@ class UnfinishedBodies:
 
 
 class OpenConnections:
-    """The connections one server holds open, oldest first, and their bound.
+    """The connections one server holds open, their bound, and which one to evict first.
 
-    Touched once when a connection opens and once when it closes, never per request.
+    ``stalled`` holds the open connections with no request being answered, the one that has
+    sent nothing for the longest first: a connection leaves it while a request of its own is
+    answered and comes back last, and a read moves it last. The one evicted is then found in
+    O(1), however many are answering, and a slow upload that keeps sending outlives the
+    connections that stall, however many an attacker opens after it.
     """
 
-    __slots__ = ("closed", "last_logged", "limit", "open", "refused")
+    __slots__ = ("closed", "count", "last_logged", "limit", "refused", "stalled")
 
     def __init__(self, limit: int | None) -> None:
         """No connection yet; at most ``limit`` (None: no bound)."""
         self.limit = limit
-        self.open: dict[IngressProtocol, None] = {}  # insertion order: oldest first
+        self.count = 0  # connections admitted and not yet lost or evicted
+        self.stalled: OrderedDict[IngressProtocol, None] = OrderedDict()
         self.closed = 0  # stalled connections closed since the last log line
         self.refused = 0  # new connections closed at once since the last log line
         self.last_logged: float | None = None
 
     def admit(self, connection: IngressProtocol) -> bool:
-        """Hold ``connection``, closing the oldest stalled one at the bound; False: refuse it."""
+        """Hold ``connection``, evicting a stalled one at the bound; False: refuse it."""
         limit = self.limit
-        if limit is not None and len(self.open) >= limit and not self._close_stalled():
+        if limit is not None and self.count >= limit and not self._close_stalled():
             self.refused += 1
             connection.app.counters["", "connection_limit:refused"] += 1
             self._report(connection)
             return False
-        self.open[connection] = None
+        self.count += 1
+        self.stalled[connection] = None
         return True
 
+    def leave(self, connection: IngressProtocol) -> None:
+        """``connection`` is lost: it no longer counts."""
+        self.stalled.pop(connection, None)
+        self.count -= 1
+
     def _close_stalled(self) -> bool:
-        """Close the oldest connection with no request being answered; whether there was one."""
-        for victim in self.open:
-            if victim.stalled():
-                del self.open[victim]
-                victim.evict()
-                self.closed += 1
-                victim.app.counters["", "connection_limit:closed"] += 1
-                self._report(victim)
-                return True
-        return False
+        """Evict the connection stalled for the longest; whether there was one."""
+        if not self.stalled:
+            return False
+        victim, _ = self.stalled.popitem(last=False)
+        self.count -= 1
+        victim.evict()
+        self.closed += 1
+        victim.app.counters["", "connection_limit:closed"] += 1
+        self._report(victim)
+        return True
 
     def _report(self, connection: IngressProtocol) -> None:
         """One log line for what was closed since the last one, at most every few seconds."""
@@ -227,6 +239,7 @@ class IngressProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._held = 0  # bytes of the unfinished head or body counted in ``unfinished``
         self._keep_alive = True
+        self._counted = False  # admitted under the bound, and neither lost nor evicted yet
 
     # -- the connection --------------------------------------------------------------------
 
@@ -237,6 +250,7 @@ class IngressProtocol(asyncio.Protocol):
             self._stopped = True
             self._transport.close()
             return
+        self._counted = True
         self._connections.add(self)
         # A client that connects and sends nothing is closed like an idle keep-alive one.
         self._idle = self._loop.call_later(self._keep_alive_s, self._idle_out)
@@ -250,7 +264,9 @@ class IngressProtocol(asyncio.Protocol):
         that pass is rare, and closed connections would pile up in memory until it came.
         """
         del exc
-        self.connections.open.pop(self, None)
+        if self._counted:
+            self._counted = False
+            self.connections.leave(self)
         self._connections.discard(self)
         self._stopped = True
         self._cancel_timers()
@@ -267,9 +283,7 @@ class IngressProtocol(asyncio.Protocol):
         parser = self._parser
         if self._stopped or parser is None:
             return
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._active()
         self._chunk_bytes = len(data)
         self._between = self._head_bytes is None and not self._in_body
         try:
@@ -295,6 +309,15 @@ class IngressProtocol(asyncio.Protocol):
         if self._body_timer is None and (self._in_body or self._head_bytes is not None):
             # Inside a request that is not whole yet: it has body_timeout_s from here.
             self._body_timer = self._loop.call_later(self.app.body_timeout_s, self._body_late)
+
+    def _active(self) -> None:
+        """The client sent bytes: no idle timeout, and the last stalled connection to evict."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        stalled = self.connections.stalled
+        if self in stalled:
+            stalled.move_to_end(self)
 
     def _head_over(self, read_bytes: int) -> bool:
         """Count a read that left a head unfinished; whether the head is past the cap."""
@@ -330,18 +353,17 @@ class IngressProtocol(asyncio.Protocol):
         self._write_paused = False
         self._reading()
 
-    def stalled(self) -> bool:
-        """Whether no request of this connection is being answered or waits for its turn."""
-        return not self._busy and not self._waiting
-
     def evict(self) -> None:
         """Close this stalled connection for a new one: an unfinished request is answered 503.
+
+        It no longer counts under the bound.
 
         A transport closed with output still buffered keeps its descriptor until the client
         reads that output, and a client that reads nothing would keep it past the bound for
         ever: such a connection is aborted, its buffered answers dropped (each was answered
         after its row was durable; the sender sends again).
         """
+        self._counted = False
         transport = self._transport
         if transport is None:
             return
@@ -560,6 +582,8 @@ class IngressProtocol(asyncio.Protocol):
             self._write(request, status, headers, body)
             return
         self._busy = True
+        if self._counted:  # answering: not to be evicted
+            self.connections.stalled.pop(self, None)
         task = self._loop.create_task(self._serve(request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -580,6 +604,8 @@ class IngressProtocol(asyncio.Protocol):
             status, headers, body = 500, [_JSON], b'{"error": "internal error"}'
             request.keep_alive = False
         self._busy = False
+        if self._counted:  # answered: the last one to evict
+            self.connections.stalled[self] = None
         if self._transport is None or self._transport.is_closing():
             return
         self._write(request, status, headers, body)
