@@ -21,20 +21,22 @@ A page the broker could not take because it was unreachable (:class:`BrokerUnava
 down, Kafka's brokers gone past the message timeout) ends the replay there: the pages after it
 would each fail the same way (on Kafka only after the timeout, page by page), so they are not
 attempted, and the summary says where it stopped. A row that failed on its own (its topic gone,
-too large for it now) is counted per topic and error, and the rest go on.
+too large for it now) is counted per topic and error, and the rest go on. Each row whose produce
+failed keeps its state and ``replay_count`` and has the attempt counted and the error kept as
+its ``last_error``, as after a failed produce of the sweeper's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pipeline.errors import BrokerUnavailable
+from pipeline.errors import BrokerUnavailable, PipelineError
 from pipeline.ingress.republish import produce_rows
-from pipeline.logstore import LogStore, RowState, Selection
+from pipeline.logstore import LogRow, LogStore, RowState, Selection
 from pipeline.transport.protocol import Producer
 
 _PAGE = 200
@@ -143,6 +145,7 @@ async def replay(
         await log_store.mark_replayed_by_hand([row.id for row in outcome.delivered])
         summary.replayed += len(outcome.delivered)
         summary.by_topic.update(row.topic for row in outcome.delivered)
+        await _record_failures(log_store, outcome.failed)
         for row, exc in outcome.failed:
             summary.fail(row.topic, exc)
         summary.handled += len(rows)
@@ -154,3 +157,17 @@ async def replay(
         if summary.stopped is not None or len(rows) < page_size:
             break
     return summary
+
+
+async def _record_failures(
+    log_store: LogStore, failed: Sequence[tuple[LogRow, PipelineError]]
+) -> None:
+    """Count the failed attempt on each row and keep its error, one write per error text.
+
+    The rows keep their state and ``replay_count``, as after a sweeper's failed produce.
+    """
+    by_error: dict[str, list[str]] = defaultdict(list)
+    for row, exc in failed:
+        by_error[f"{type(exc).__name__}: {exc}"].append(row.id)
+    for error, ids in by_error.items():
+        await log_store.record_failure(ids, error)

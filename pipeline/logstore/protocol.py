@@ -206,10 +206,10 @@ class SweepLog(IngressLog, Protocol):
         ...
 
     async def mark_replayed(self, ids: Sequence[str]) -> None:
-        """Count one more replay on these rows, acknowledged by the broker just now.
+        """Count one more replay of the sweeper's on these rows, acknowledged just now.
 
-        A received or abandoned row becomes produced (a hand replay puts an abandoned row back
-        under the sweeper's watch); a processed row stays processed.
+        A received or abandoned row becomes produced; a processed row stays processed. A replay
+        by hand is :meth:`ReplayLog.mark_replayed_by_hand`, which starts the count again.
         """
         ...
 
