@@ -21,7 +21,8 @@ a few function calls deep). Per POST, in this order:
    a redelivery inserts nothing and is answered **200** ``duplicate``;
 6. **200** ``accepted`` with the row id, then the event is produced in the background.
 
-A log store failure is answered 503: the row is not durable, so the provider must retry.
+A log store failure is answered 503: the row is not durable, so the provider must retry (and the
+ingress tells :attr:`IngressApp.log_failed`, which turns ``/readyz`` 503 until the log writes).
 Oversized request heads are refused by the HTTP layer (431, :mod:`pipeline.ingress.http`).
 """
 
@@ -112,6 +113,8 @@ class IngressApp:
         self.offload: Callable[[NewRow, str | None], Awaitable[NewRow]] | None = None
         """Writes a large body to its lane's payload store and returns the reference row (given
         the body's SHA-256 when it was computed already: a large body is hashed once)."""
+        self.log_failed: Callable[[LogStoreError], None] | None = None
+        """Told of each insert the log store failed (the ingress turns unready), when set."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -240,6 +243,8 @@ class IngressApp:
                 exc,
                 extra={"source": source.name},
             )
+            if self.log_failed is not None:
+                self.log_failed(exc)
             return 503, _encode({"error": "log store unavailable"}), [_RETRY_5]
         if not inserted:
             self.counters[source.name, "duplicate"] += 1

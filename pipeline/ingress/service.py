@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Protocol, runtime_checkable
 
 import uvicorn
 from redis.asyncio import Redis
@@ -38,7 +39,7 @@ from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import Source, build_sources, check_topic_limits
 from pipeline.ingress.sweeper import Sweeper
-from pipeline.logstore import LogStore
+from pipeline.logstore import LogStore, LogStoreError
 from pipeline.logstore.create import create_log_store
 from pipeline.observability import stacks
 from pipeline.observability.facades import LogCommitMetrics, OffloadMetrics
@@ -62,6 +63,18 @@ log = logging.getLogger(__name__)
 DRAIN_S = 10.0
 """The longest each step of a stop gets: uvicorn's graceful shutdown (answering the requests in
 flight), the sweeper's batch in hand, the queued events (see :func:`step_s`)."""
+
+
+WRITE_PROBE_S = 1.0
+"""How often an ingress whose log store failed an insert tries a write, to turn ready again."""
+
+
+@runtime_checkable
+class WriteProbe(Protocol):
+    """A log store that can try a write without keeping anything (the SQLite log)."""
+
+    async def probe_write(self) -> None:
+        """Commit nothing lasting; raise LogStoreError while the store cannot write."""
 
 
 def step_s(ingress: IngressSettings) -> float:
@@ -185,6 +198,8 @@ class Ingress:
     _stop: asyncio.Event | None = None
     _sweeping: asyncio.Task[None] | None = None
     _members_redis: Redis | None = None
+    _unwritable: asyncio.Task[None] | None = None
+    _stopping: bool = False
 
     def __post_init__(self) -> None:
         """Create the ASGI app; its lifespan events start and stop this ingress."""
@@ -272,6 +287,8 @@ class Ingress:
             self.observer.sources.append(self.capacity.source(self.observer.metrics))
         self.observer.start()
         self.observer.ready = True
+        if isinstance(self.store, WriteProbe):
+            self.app.log_failed = functools.partial(self._log_failed, self.store)
         if not self.sources:  # a placeholder (deploy/k8s/base) or a file not filled in yet
             log.warning(
                 "%s declares no sources: every POST /hooks/{source} is answered 404; add one"
@@ -301,7 +318,38 @@ class Ingress:
 
     def unready(self) -> None:
         """Answer ``/readyz`` 503 from now on (a stop signal came: take no new traffic)."""
+        self._stopping = True
         self.observer.ready = False
+
+    def _log_failed(self, probe: WriteProbe, _exc: LogStoreError) -> None:
+        """An insert failed: ``/readyz`` 503 until a write probe commits again."""
+        if self._unwritable is not None or self._stopping:
+            return
+        self.observer.ready = False
+        self._unwritable = asyncio.create_task(self._until_writable(probe))
+
+    async def _until_writable(self, probe: WriteProbe) -> None:
+        """Try a write every :data:`WRITE_PROBE_S` until one commits, then turn ready again."""
+        log.error(
+            "ingress unready (/readyz 503) until its log store %s can write again (the error "
+            "above says why); a write is tried every %g s",
+            self.store,
+            WRITE_PROBE_S,
+        )
+        since = time.monotonic()
+        while True:
+            await asyncio.sleep(WRITE_PROBE_S)
+            with contextlib.suppress(LogStoreError):
+                await probe.probe_write()
+                break
+        self._unwritable = None
+        if not self._stopping:
+            self.observer.ready = True
+            log.warning(
+                "the log store %s writes again after %.1f s: ingress ready (/readyz 200)",
+                self.store,
+                time.monotonic() - since,
+            )
 
     async def stop(self, deadline: float | None = None) -> None:
         """Stop the sweeper, let queued events go, then close everything, by ``deadline``.
@@ -360,8 +408,13 @@ class Ingress:
             await self.transport.close()
 
     async def _close_observer(self) -> None:
-        """Turn unready, stop refreshing ``/metrics`` and release the Redis client it read."""
+        """Turn unready for good, stop refreshing ``/metrics`` and release its Redis client."""
+        self._stopping = True
         self.observer.ready = False
+        if self._unwritable is not None:  # no longer tries writes to turn ready again
+            self._unwritable.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._unwritable
         await self.observer.close()
         if self._members_redis is not None:
             with contextlib.suppress(Exception):  # only a client of its own to release

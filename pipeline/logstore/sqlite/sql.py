@@ -81,6 +81,9 @@ INSERT = """
     ON CONFLICT (source, event_id) DO NOTHING
 """
 
+DELETE_PROBE = "DELETE FROM ingress_log WHERE id = ?"
+"""Delete the row a write probe inserted in the same transaction; params: its id."""
+
 
 def existing_ids(count: int) -> str:
     """Which of ``count`` ids exist; params: the ids."""

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 500  # ids per UPDATE, well under SQLite's bound-parameter limit
 _PURGE_PAUSE_S = 0.1  # between two purge chunks: SQLite's busy handler sleeps 100 ms at most
+_IOERR_SHMSIZE = 4874  # SQLITE_IOERR_SHMSIZE: the -shm file could not be sized
+_PROBE_ROW = ("~write-probe", "~", "~", "~", "~", "~", "~write-probe", 0, "{}", b"")
+"""The row :meth:`SqliteLogStore.probe_write` inserts and deletes again (no real row's id)."""
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 PROCESSED_INDEX_MAX_ROWS = 1_000_000
 """The most rows of a log whose ``ingress_log_processed`` :meth:`SqliteLogStore.open` builds.
@@ -176,7 +179,8 @@ class SqliteLogStore:
                 conn.execute(pragma)
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
         except sqlite3.Error as exc:
-            raise LogStoreError(f"cannot open the log database {self._path}: {exc}") from exc
+            reason = full_volume(self._path, exc) or str(exc)
+            raise LogStoreError(f"cannot open the log database {self._path}: {reason}") from exc
         return conn
 
     async def close(self) -> None:
@@ -260,15 +264,15 @@ class SqliteLogStore:
     async def _read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._on(self._reader_pool, fn, *args, **kwargs)
 
-    @staticmethod
     async def _on(
-        pool: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+        self, pool: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         def call() -> T:
             try:
                 return fn(*args, **kwargs)
             except sqlite3.Error as exc:
-                raise LogStoreError(f"log database error: {exc}") from exc
+                reason = full_volume(self._path, exc) or f"log database error: {exc}"
+                raise LogStoreError(reason) from exc
 
         return await asyncio.get_running_loop().run_in_executor(pool, call)
 
@@ -284,6 +288,22 @@ class SqliteLogStore:
                 cur.execute("ROLLBACK")
             raise
         return result
+
+    async def probe_write(self) -> None:
+        """Commit a row and its deletion in one transaction: whether a webhook's row would commit.
+
+        Nothing is left of it (no reader sees the row). While the log cannot write (its volume
+        is full) this raises what an insert would.
+
+        Raises:
+            LogStoreError: the transaction could not commit.
+        """
+
+        def body(cur: sqlite3.Cursor) -> None:
+            cur.execute(sql.INSERT, _PROBE_ROW)
+            cur.execute(sql.DELETE_PROBE, (_PROBE_ROW[0],))
+
+        await self._write(self._transaction, body)
 
     # IngressLog
 
@@ -506,6 +526,22 @@ def _row(r: Sequence[Any]) -> LogRow:
 def _fetch_all(statement: str, params: Sequence[object]) -> Callable[[sqlite3.Cursor], list[Any]]:
     """A transaction body running ``statement`` and returning its rows."""
     return lambda cur: cur.execute(statement, params).fetchall()
+
+
+def full_volume(path: Path, exc: sqlite3.Error) -> str | None:
+    """What to do, on one line, when ``exc`` says the volume of the database ``path`` is full.
+
+    SQLite says ``SQLITE_FULL`` when a write finds no room, and ``SQLITE_IOERR_SHMSIZE`` when
+    opening a log in WAL mode cannot make its ``-shm`` file (a cleanly closed log on a full
+    volume). None for any other error.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None or (code & 0xFF != sqlite3.SQLITE_FULL and code != _IOERR_SHMSIZE):
+        return None
+    return (
+        f"the volume of the log database {path} is full ({exc}): free space on the volume of "
+        f"{path} (delete other files there, or grow it); writes succeed again once there is room"
+    )
 
 
 def _row_fault(exc: Exception) -> bool:
