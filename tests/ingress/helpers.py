@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import yaml
@@ -35,31 +38,92 @@ PIPELINE = Path(sys.executable).with_name("pipeline")
 ROOT = Path(__file__).parents[2]
 
 
+LISTENING = "ingress listening on "
+"""How the first line ``pipeline ingress serve`` writes on its stdout begins: then its URL."""
+
+
+def ingress_env(
+    tmp_path: Path, redis_url: str, topics_dir: Path | None = None, **extra: str
+) -> dict[str, str]:
+    """The environment of an ingress on Redis at ``redis_url``, sweeper off, files in ``tmp_path``.
+
+    Its sources file is ``tmp_path/sources.yaml``, its log ``tmp_path/ingress.db``, its topics
+    ``topics_dir`` (by default ``tmp_path/topics``); none of the caller's ``PIPELINE_`` variables
+    (``extra``: more variables).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    return env | {
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_url,
+        "PIPELINE_TOPICS_DIR": str(topics_dir or tmp_path / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        **extra,
+    }
+
+
+def start_ingress(
+    env: dict[str, str],
+    *options: str,
+    cwd: Path | None = None,
+    stderr: IO[str] | int = subprocess.PIPE,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.Popen[str]:
+    """``pipeline ingress serve OPTIONS --port 0``; its stdout is a pipe, its first line says where.
+
+    ``stderr``: a pipe unless given; ``preexec_fn``: run in the child before it execs.
+    """
+    return subprocess.Popen(
+        [PIPELINE, "ingress", "serve", *options, "--port", "0"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        preexec_fn=preexec_fn,  # noqa: PLW1509 - a caller's only sets a limit, before exec
+    )
+
+
 def start_empty_ingress(tmp_path: Path, redis_url: str, **extra: str) -> subprocess.Popen[str]:
     """``pipeline ingress serve --port 0`` with no sources on Redis (``extra``: more variables).
 
     Its stdout and stderr are pipes; the first stdout line says where it listens.
     """
-    sources = tmp_path / "sources.yaml"
-    sources.write_text("sources: {}\n", encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    env |= {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_url,
-        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        **extra,
-    }
-    return subprocess.Popen(
-        [PIPELINE, "ingress", "serve", "--port", "0"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    (tmp_path / "sources.yaml").write_text("sources: {}\n", encoding="utf-8")
+    return start_ingress(ingress_env(tmp_path, redis_url, ROOT / "topics", **extra), cwd=tmp_path)
+
+
+def listening_url(proc: subprocess.Popen[str], log: Path | None = None) -> str:
+    """The URL ``proc`` (from :func:`start_ingress`) listens on, from its first stdout line.
+
+    Fails with that line, or the text of ``log`` (where its stderr goes) when given.
+    """
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith(LISTENING), log.read_text(encoding="utf-8") if log else line
+    return line.removeprefix(LISTENING).strip()
+
+
+def stop(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
+    """SIGTERM to ``proc``, then reap it; killed, and a failure, if alive after ``timeout_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"the ingress did not end within {timeout_s} s of SIGTERM") from None
+
+
+@contextmanager
+def stopped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``proc`` for the ``with`` block, :func:`stop`-ped at its end, pass or fail."""
+    try:
+        yield proc
+    finally:
+        stop(proc)
 
 
 def serve_until_listening(
@@ -72,13 +136,7 @@ def serve_until_listening(
 
     Fails, with its stderr, when it exits or does not listen within ``timeout_s``.
     """
-    proc = subprocess.Popen(
-        [PIPELINE, "ingress", "serve", *options, "--port", "0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_ingress(env, *options)
     started.append(proc)
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
@@ -86,8 +144,8 @@ def serve_until_listening(
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)
         if ready:
             line = proc.stdout.readline()
-            if line.startswith("ingress listening on "):
-                return proc, line.removeprefix("ingress listening on ").strip()
+            if line.startswith(LISTENING):
+                return proc, line.removeprefix(LISTENING).strip()
     proc.kill()
     _, stderr = proc.communicate()
     raise AssertionError(f"the ingress did not start: {stderr}")
@@ -107,6 +165,16 @@ def write_sources(path: Path, sources: dict[str, Any]) -> Path:
     """Write a sources file."""
     path.write_text(yaml.safe_dump({"sources": sources}), encoding="utf-8")
     return path
+
+
+def write_whatsapp_source(tmp_path: Path, topic: str, secret: str) -> None:
+    """Write ``tmp_path``'s topics/ and sources.yaml: the source ``whatsapp``, all to ``topic``.
+
+    A Meta source whose deliveries are signed with ``secret``; ``topic`` is on lane messages.
+    """
+    write_topics(tmp_path / "topics", {topic: "messages"})
+    source = {**META, "secrets": [secret], "topic": topic, "routes": []}
+    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
 
 
 def build(

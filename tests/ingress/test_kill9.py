@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import select
 import signal
 import subprocess
@@ -13,8 +12,7 @@ from pathlib import Path
 
 import httpx
 from contract.helpers import consume_until, make_topic
-from ingress.helpers import META, meta_body, write_sources, write_topics
-from ingress.redis_server import free_port
+from ingress.helpers import ingress_env, meta_body, write_whatsapp_source
 from ingress.signing import hub_signature
 
 from pipeline.config import Settings, SweeperSettings
@@ -22,6 +20,7 @@ from pipeline.ingress import headers as h
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import RowState, Selection
 from pipeline.logstore.sqlite import SqliteLogStore
+from pipeline.testing.ports import free_port
 from pipeline.transport import create_transport
 
 SECRET = "kill-nine-secret"  # noqa: S105 - a test secret
@@ -77,20 +76,9 @@ async def test_kill_9_between_commit_and_produce_then_sweep(
     topic = f"messages-{unique}"
     transport = create_transport(settings, "redis")
     await make_topic(transport, topic, 2)
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": ["env:PIPELINE_TEST_KILL_SECRET"], "topic": topic, "routes": []}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    write_whatsapp_source(tmp_path, topic, "env:PIPELINE_TEST_KILL_SECRET")
     db = tmp_path / "ingress.db"
-    env = {
-        **os.environ,
-        "PIPELINE_TEST_KILL_SECRET": SECRET,
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(db),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        "PIPELINE_REDIS__URL": settings.redis.url,
-    }
+    env = ingress_env(tmp_path, settings.redis.url, PIPELINE_TEST_KILL_SECRET=SECRET)
 
     # Phase 1: a healthy ingress produces its 20 events, then is killed.
     healthy, url = start_ingress(env)

@@ -19,11 +19,13 @@ from pipeline.ingress import headers as h
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.replay import replay
 from pipeline.ingress.sweeper import Sweeper
-from pipeline.logstore import LogStore, RowState, Selection
+from pipeline.logstore import LogStore, NewRow, RowState, Selection
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 SETTINGS = SweeperSettings(patience_s=300, max_patience_s=900, max_replays=3, lease_s=30)
+THREE_REPLAYS_THEN_ABANDONED = [(1, 0), (1, 0), (1, 0), (0, 1)]
+"""(replayed, abandoned) of the sweeps from a row's last production until it is abandoned."""
 
 
 @pytest.fixture
@@ -55,15 +57,28 @@ async def sweeps_until_abandoned(sweeper: Sweeper, clock: FakeClock) -> list[tup
     return counts
 
 
+async def produced_row(store: LogStore, kafka: Transport, clock: FakeClock, unique: str) -> NewRow:
+    """A row of lane ``messages`` on a topic of its own, ``messages-{unique}``, produced now."""
+    row = new_row(1, clock, topic=f"messages-{unique}", lane="messages")
+    await make_topic(kafka, row.topic, 1)
+    await store.insert(row)
+    await store.mark_produced([row.id])
+    return row
+
+
+async def replay_counts(kafka: Transport, topic: str, unique: str, count: int) -> list[bytes]:
+    """The ``pl-replay-count`` of the first ``count`` messages on ``topic``, in order."""
+    consumer = kafka.consumer(f"check-{unique}", [topic])
+    got = await consume_until(consumer, lambda r: len(r) >= count)
+    await consumer.close()
+    return [m.headers[h.REPLAY_COUNT] for m in got]
+
+
 async def test_two_replays_by_hand_leave_the_sweeper_its_whole_budget(
     store: LogStore, kafka: Transport, clock: FakeClock, unique: str
 ) -> None:
     """Replayed twice by hand, an unprocessed row is still replayed 3 times before abandoned."""
-    topic = f"messages-{unique}"
-    await make_topic(kafka, topic, 1)
-    row = new_row(1, clock, topic=topic, lane="messages")
-    await store.insert(row)
-    await store.mark_produced([row.id])
+    row = await produced_row(store, kafka, clock, unique)
     producer = kafka.producer()
     for _ in range(2):  # the first try, then the rerun once the handler is fixed
         clock.advance(60)
@@ -72,28 +87,21 @@ async def test_two_replays_by_hand_leave_the_sweeper_its_whole_budget(
     got = await store.get(row.id)
     assert got is not None
     assert (got.state, got.produced_at_ms) == (RowState.PRODUCED, clock.now_ms)
-    sweeper = sweeper_for(store, kafka, topic, unique, clock)
+    sweeper = sweeper_for(store, kafka, row.topic, unique, clock)
     clock.advance(SETTINGS.patience_s - 1)  # the patience counts from the last replay by hand
     assert (await sweeper.sweep_once()).replayed == 0
-    assert await sweeps_until_abandoned(sweeper, clock) == [(1, 0), (1, 0), (1, 0), (0, 1)]
-    consumer = kafka.consumer(f"check-{unique}", [topic])
-    got_messages = await consume_until(consumer, lambda r: len(r) >= 5)
-    await consumer.close()
+    assert await sweeps_until_abandoned(sweeper, clock) == THREE_REPLAYS_THEN_ABANDONED
     # the copies sent by hand say they are replays; the sweeper's count its own from 1
-    assert [m.headers[h.REPLAY_COUNT] for m in got_messages] == [b"1", b"1", b"1", b"2", b"3"]
+    assert await replay_counts(kafka, row.topic, unique, 5) == [b"1", b"1", b"1", b"2", b"3"]
 
 
 async def test_an_abandoned_row_replayed_by_hand_is_replayed_again_before_a_page(
     store: LogStore, kafka: Transport, clock: FakeClock, unique: str
 ) -> None:
     """A row abandoned after 3 replays, replayed by hand, gets 3 more before it is abandoned."""
-    topic = f"messages-{unique}"
-    await make_topic(kafka, topic, 1)
-    row = new_row(1, clock, topic=topic, lane="messages")
-    await store.insert(row)
-    await store.mark_produced([row.id])
-    sweeper = sweeper_for(store, kafka, topic, unique, clock)
-    assert await sweeps_until_abandoned(sweeper, clock) == [(1, 0), (1, 0), (1, 0), (0, 1)]
+    row = await produced_row(store, kafka, clock, unique)
+    sweeper = sweeper_for(store, kafka, row.topic, unique, clock)
+    assert await sweeps_until_abandoned(sweeper, clock) == THREE_REPLAYS_THEN_ABANDONED
     producer = kafka.producer()
     summary = await replay(store, producer, Selection(states=(RowState.ABANDONED,)))
     await producer.close()
@@ -101,12 +109,9 @@ async def test_an_abandoned_row_replayed_by_hand_is_replayed_again_before_a_page
     got = await store.get(row.id)
     assert got is not None
     assert got.state == RowState.PRODUCED
-    assert await sweeps_until_abandoned(sweeper, clock) == [(1, 0), (1, 0), (1, 0), (0, 1)]
-    consumer = kafka.consumer(f"check-{unique}", [topic])
-    got_messages = await consume_until(consumer, lambda r: len(r) >= 7)
-    await consumer.close()
+    assert await sweeps_until_abandoned(sweeper, clock) == THREE_REPLAYS_THEN_ABANDONED
     # the copy sent by hand says how many replays the row had had, plus itself
-    assert [m.headers[h.REPLAY_COUNT] for m in got_messages] == [
+    assert await replay_counts(kafka, row.topic, unique, 7) == [
         b"1",
         b"2",
         b"3",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -13,10 +12,10 @@ import pytest
 from ingress.helpers import (
     META,
     build,
+    ingress_env,
     meta_body,
     serve_until_listening,
-    write_sources,
-    write_topics,
+    write_whatsapp_source,
 )
 from ingress.signing import hub_signature
 from logstore.helpers import FakeClock
@@ -33,21 +32,13 @@ BURST = 100
 @pytest.fixture
 def env(tmp_path: Path, redis_service: str, unique: str) -> dict[str, str]:
     """An ingress on SQLite and the shared Redis: 4 slots, shedding at once, a topic of its own."""
-    topic = f"messages-{unique}"
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": [SECRET], "topic": topic, "routes": []}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
-    variables = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    return variables | {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        "PIPELINE_INGRESS__ADMISSION__MAX_IN_FLIGHT": str(SLOTS),
-        "PIPELINE_INGRESS__ADMISSION__QUEUE_TIMEOUT_MS": "0",
-    }
+    write_whatsapp_source(tmp_path, f"messages-{unique}", SECRET)
+    return ingress_env(
+        tmp_path,
+        redis_service,
+        PIPELINE_INGRESS__ADMISSION__MAX_IN_FLIGHT=str(SLOTS),
+        PIPELINE_INGRESS__ADMISSION__QUEUE_TIMEOUT_MS="0",
+    )
 
 
 def _request(url: str, n: int) -> bytes:
