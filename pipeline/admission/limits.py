@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis import exceptions as rexc
 from redis.asyncio import Redis, RedisCluster
 
 from pipeline.admission import keys as k
@@ -199,8 +200,11 @@ class LimitTracker:
         self._prefix = prefix
         self._window_min = window_min
         # Each org's stats key is a hash tag of its own: a Redis Cluster refuses one call over
-        # many of them, so there the same commands go in pipelines.
-        self._functions = None if isinstance(client, RedisCluster) else LimitFunctions(client)
+        # many of them, so there the same commands go in pipelines. A cluster reached through a
+        # plain client (one shard holding every slot, or a proxy) says so at the first call.
+        self._functions: LimitFunctions | None = (
+            None if isinstance(client, RedisCluster) else LimitFunctions(client)
+        )
 
     async def record(
         self,
@@ -233,19 +237,44 @@ class LimitTracker:
         step = ORGS_A_CALL if self._functions else ORGS_A_ROUND_TRIP
         for start in range(0, len(items), step):
             chunk = items[start : start + step]
-            if self._functions:
-                await self._functions.record(
-                    [k.limit_stats(self._prefix, org) for org, _ in chunk],
-                    fields,
-                    ttl_ms,
-                    gone,
-                    [
-                        (submitted, len(done), sum(done) if done else 0)
-                        for _, (submitted, done) in chunk
-                    ],
-                )
-            else:
+            if not await self._record_called(chunk, fields, ttl_ms, gone):
                 await self._record_pipelined(chunk, fields, ttl_ms, gone)
+
+    async def _record_called(
+        self,
+        chunk: Sequence[tuple[str, tuple[int, Sequence[float]]]],
+        fields: tuple[str, str, str],
+        ttl_ms: int,
+        gone: Sequence[str],
+    ) -> bool:
+        """``lim_record`` of ``chunk``; False, having written nothing, where it cannot be called."""
+        if self._functions is None:
+            return False
+        try:
+            await self._functions.record(
+                [k.limit_stats(self._prefix, org) for org, _ in chunk],
+                fields,
+                ttl_ms,
+                gone,
+                [
+                    (submitted, len(done), sum(done) if done else 0)
+                    for _, (submitted, done) in chunk
+                ],
+            )
+        except rexc.ClusterCrossSlotError as exc:
+            self._refused(exc)
+            return False
+        return True
+
+    def _refused(self, error: rexc.ClusterCrossSlotError) -> None:
+        """Redis refused a call over several orgs' keys before running it: pipelines from now."""
+        self._functions = None
+        log.warning(
+            "dynamic limits: Redis refuses one call over the stats of several orgs (CROSSSLOT: %s;"
+            " a Redis Cluster reached through a plain client or a proxy), so each org's stats go"
+            " in pipelines of their own commands from now on",
+            error,
+        )
 
     async def _record_pipelined(
         self,
@@ -282,17 +311,23 @@ class LimitTracker:
         step = ORGS_A_CALL if self._functions else ORGS_A_ROUND_TRIP
         for start in range(0, len(wanted), step):
             chunk = wanted[start : start + step]
-            stats = [k.limit_stats(self._prefix, org) for org in chunk]
-            if self._functions:
-                replies = await self._functions.read(stats)
-            else:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for key in stats:
-                        pipe.hgetall(key)
-                    replies = await pipe.execute()
+            replies = await self._read([k.limit_stats(self._prefix, org) for org in chunk])
             for org, raw in zip(chunk, replies, strict=True):
                 out[org] = self._rates_of(raw, now_s)
         return out
+
+    async def _read(self, stats: Sequence[str]) -> Sequence[Mapping[Any, Any]]:
+        """The ``stats`` hashes: one ``lim_read`` call, or a pipeline where it cannot be called."""
+        if self._functions is not None:
+            try:
+                return await self._functions.read(stats)
+            except rexc.ClusterCrossSlotError as exc:
+                self._refused(exc)
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key in stats:
+                pipe.hgetall(key)
+            replies: list[Mapping[Any, Any]] = await pipe.execute()
+        return replies
 
     def _rates_of(self, raw: Mapping[Any, Any], now_s: float) -> tuple[float, float]:
         """(submissions per minute, mean duration in s) from an org's stats hash."""
