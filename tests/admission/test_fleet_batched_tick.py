@@ -2,15 +2,18 @@
 
 Through pipelines each org cost five commands a tick (its stats written, read back), and
 redis-py's packing and parsing of each made a tick of 50,000 orgs longer than its 10 s interval.
-One ``lim_record`` and one ``lim_read`` call per batch must leave the same stats and set the
-same limits as the pipelined commands, which a Redis Cluster still uses. Work is counted in
-commands sent, never timed.
+One ``lim_record`` and one ``lim_read`` call per batch must leave the same stats, with the same
+expiry, and set the same limits as the pipelined commands did before batching: the reference is
+that code, frozen here (:class:`PreBatchingTracker`), not the Redis Cluster path that ships
+beside the Lua and could drift with it. Members of both kinds write the same keys during a
+rolling deploy. Work is counted in commands sent, never timed.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import pytest
 from redis.asyncio import Redis
@@ -19,14 +22,72 @@ from redis.asyncio.connection import AbstractConnection
 from pipeline.admission import keys as k
 from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.limit_functions import LimitFunctions
-from pipeline.admission.limits import ORGS_A_CALL, LimitPolicy, OrgLimits, store_org_override
+from pipeline.admission.limits import (
+    ORGS_A_CALL,
+    LimitPolicy,
+    LimitTracker,
+    OrgLimits,
+    store_org_override,
+)
 from pipeline.admission.throttle import Throttle
 
 pytestmark = pytest.mark.redis
 
 POLICY = LimitPolicy(defaults=OrgLimits(floor=2, burst_floor=2, burst_pct=0.5), f_min=0.25)
 ORGS = 2 * ORGS_A_CALL + 37  # three batches, the last one partial
-DURATIONS = (0.1, 0.2, 1 / 3, 2.5, 7.0, 0.0, 13.37)  # sums that are no exact binary fractions
+DURATIONS = (0.1, 0.2, 1 / 3, 2.5, 7.0, 0.0, 13.37, 1e-9, 86_399.999_999)  # inexact sums
+TTL_MS = 6 * 60_000  # the stats window and the current minute
+
+
+def _name(i: int) -> str:
+    """Org ``i``'s id: most plain, some with colons, braces, non-ASCII or 2,000 characters."""
+    odd = (f"acme:{i}:eu", f"{{t{i}}}", f"}}{{x{i}", f"ünïcødé-☃-{i}", f"long-{i}-" + "x" * 2000)
+    return odd[i % 10] if i % 10 < len(odd) and i >= 10 else f"org-{i}"
+
+
+NAMES = [_name(i) for i in range(ORGS)]
+
+
+class PreBatchingTracker(LimitTracker):
+    """The per-org writes and reads as they were before batching (cf6a16a^), kept verbatim."""
+
+    async def record_many(
+        self, counts: Mapping[str, tuple[int, Sequence[float]]], *, now_s: float | None = None
+    ) -> None:
+        """Up to five pipelined commands an org, a thousand orgs a pipeline."""
+        minute = int((time.time() if now_s is None else now_s) // 60)
+        stale = range(minute - self._window_min - 10, minute - self._window_min)
+        gone = [f"{kind}:{m}" for m in stale for kind in "ncd"]
+        items = list(counts.items())
+        for start in range(0, len(items), 1000):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for org, (submitted, done) in items[start : start + 1000]:
+                    key = k.limit_stats(self._prefix, org)
+                    if submitted:
+                        pipe.hincrby(key, f"n:{minute}", submitted)
+                    if done:
+                        pipe.hincrby(key, f"c:{minute}", len(done))
+                        pipe.hincrbyfloat(key, f"d:{minute}", sum(done))
+                    pipe.hdel(key, *gone)
+                    pipe.pexpire(key, (self._window_min + 1) * 60_000)
+                await pipe.execute()
+
+    async def rates_many(
+        self, orgs: Iterable[str], *, now_s: float | None = None
+    ) -> dict[str, tuple[float, float]]:
+        """One pipelined ``HGETALL`` an org, a thousand orgs a pipeline."""
+        now_s = time.time() if now_s is None else now_s
+        wanted = list(dict.fromkeys(orgs))
+        out: dict[str, tuple[float, float]] = {}
+        for start in range(0, len(wanted), 1000):
+            chunk = wanted[start : start + 1000]
+            async with self._client.pipeline(transaction=False) as pipe:
+                for org in chunk:
+                    pipe.hgetall(k.limit_stats(self._prefix, org))
+                replies = await pipe.execute()
+            for org, raw in zip(chunk, replies, strict=True):
+                out[org] = self._rates_of(raw, now_s)
+        return out
 
 
 @pytest.fixture
@@ -63,17 +124,16 @@ def _fleet(throttle: Throttle, load: Callable[[], tuple[int, int]]) -> FleetLimi
     return fleet
 
 
-def _pipelined(fleet: FleetLimits) -> FleetLimits:
-    """``fleet`` writing and reading its stats through pipelines, as on a Redis Cluster."""
-    fleet._tracker._functions = None  # the path a Redis Cluster takes
+def _pre_batching(fleet: FleetLimits) -> FleetLimits:
+    """``fleet`` writing and reading its stats as a member of the release before batching."""
+    fleet._tracker = PreBatchingTracker(fleet._client, fleet._prefix)
     return fleet
 
 
 def _traffic(rng: random.Random, tick: int) -> dict[str, tuple[int, list[float]]]:
     """One tick's counts: busy orgs every tick, others now and then, new ones later on."""
     counts: dict[str, tuple[int, list[float]]] = {}
-    for i in range(ORGS):
-        org = f"org-{i}"
+    for i, org in enumerate(NAMES):
         if i < 40:  # busy: many jobs of varied durations each tick
             counts[org] = (rng.randint(50, 400), rng.choices(DURATIONS, k=rng.randint(20, 200)))
         elif i < ORGS - 100 and rng.random() < 0.3:  # now and then, one or a few jobs
@@ -99,19 +159,30 @@ async def _upset(tick: int, pair: tuple[Throttle, Throttle], load: list[tuple[in
     if tick == 5:  # a flood: the fleet runs four times its target, every share shrinks
         load[0] = (320, 100)
     if tick == 7:  # stats lost for some orgs (evicted, a failover without persistence)
-        lost = [f"org-{i}" for i in range(0, ORGS, 7)]
+        lost = NAMES[::7]
         for throttle in pair:
             await client.delete(*(k.limit_stats(throttle.prefix, org) for org in lost))
     if tick == 8:  # the library lost (FUNCTION FLUSH, a restart without persistence)
         await client.function_delete(f"pipeline_limits_{LimitFunctions(client).version}")
 
 
-async def _state(client: Redis, prefix: str) -> tuple[dict[str, dict[bytes, bytes]], object]:
-    """Every org's stats, and the limits set on the throttle."""
-    stats = {
-        f"org-{i}": await client.hgetall(k.limit_stats(prefix, f"org-{i}")) for i in range(ORGS)
-    }
-    return stats, await client.hgetall(k.limits(prefix, "n"))
+async def _state(client: Redis, prefix: str) -> tuple[object, ...]:
+    """Every org's stats, when each org was last seen, and the limits set on the throttle."""
+    stats = {org: await client.hgetall(k.limit_stats(prefix, org)) for org in NAMES}
+    seen = await client.zrange(k.orgs_seen(prefix), 0, -1, withscores=True)
+    return stats, seen, await client.hgetall(k.limits(prefix, "n"))
+
+
+async def _server_ms(client: Redis) -> int:
+    seconds, micros = await client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def _assert_expiry(client: Redis, prefix: str, orgs: Iterable[str], lo: int, hi: int) -> None:
+    """Each of ``orgs``' stats expires ``TTL_MS`` after a write between ``lo`` and ``hi`` (ms)."""
+    for org in orgs:
+        at = await client.pexpiretime(k.limit_stats(prefix, org))
+        assert lo + TTL_MS <= at <= hi + TTL_MS, org
 
 
 async def test_the_batched_tick_sets_the_same_limits_and_stats_as_the_pipelined_one(
@@ -121,24 +192,32 @@ async def test_the_batched_tick_sets_the_same_limits_and_stats_as_the_pipelined_
 
     Busy orgs, orgs seen now and then (idle in between), new ones, a flood while the fleet runs
     four times its target (every share shrinks), an override, stats lost for some orgs and the
-    library itself lost from Redis between ticks; stale minutes are deleted on the way.
+    library itself lost from Redis between ticks; stale minutes are deleted on the way. Org ids
+    hold colons, braces, non-ASCII and 2,000 characters; every key written expires as before.
     """
     client = pair[0].client
     load = [(10, 100)]
     batched = _fleet(pair[0], lambda: load[0])
-    pipelined = _pipelined(_fleet(pair[1], lambda: load[0]))
+    before = _pre_batching(_fleet(pair[1], lambda: load[0]))
     for throttle in pair:
-        await store_org_override(client, throttle.prefix, "org-3", OrgLimits(dedicated=5))
+        await store_org_override(client, throttle.prefix, NAMES[13], OrgLimits(dedicated=5))
     rng = random.Random(7)
     for tick in range(10):
-        _feed((batched, pipelined), _traffic(rng, tick))
+        counts = _traffic(rng, tick)
+        _feed((batched, before), counts)
         await _upset(tick, pair, load)
         at = 1_000_000.0 + tick * 47.0  # ticks on different seconds of different minutes
-        expected = await pipelined.tick(at)
+        started = await _server_ms(client)
+        expected = await before.tick(at)
         got = await batched.tick(at)
+        ended = await _server_ms(client)
         assert expected is not None
+        assert got is not None
         assert got == expected, f"tick {tick}"
         assert await _state(client, pair[0].prefix) == await _state(client, pair[1].prefix)
+        written = [org for org, (submitted, done) in counts.items() if submitted or done]
+        for throttle in pair:
+            await _assert_expiry(client, throttle.prefix, written, started, ended)
     assert 2 * ORGS_A_CALL < len(got) < ORGS  # over three batches; orgs gone quiet dropped
     assert len(set(got.values())) >= 5  # floors, earned bases, the override's dedicated 5
 
@@ -169,3 +248,31 @@ async def test_a_tick_over_several_batches_sends_a_few_commands_a_batch_and_cove
             pipe.hgetall(k.limit_stats(throttle.prefix, org))
         stats = await pipe.execute()
     assert stats == [{b"n:16666": b"1", b"c:16666": b"1", b"d:16666": b"1"}] * len(orgs)
+
+
+async def test_members_before_and_after_batching_share_the_stats_during_a_rolling_deploy(
+    pair: tuple[Throttle, Throttle],
+) -> None:
+    """A member of each release counting the same orgs add up as two members of the old one.
+
+    The stats keys, their fields and the numbers in them are the same either way: what one
+    release wrote, the other adds to, deletes as stale and reads.
+    """
+    client = pair[0].client
+    mixed, old = pair[0].prefix, pair[1].prefix
+    rng = random.Random(11)
+    writers = {
+        mixed: (LimitTracker(client, mixed), PreBatchingTracker(client, mixed)),
+        old: (PreBatchingTracker(client, old), PreBatchingTracker(client, old)),
+    }
+    for minute in range(12):  # past the window: stale minutes are deleted by either release
+        at = 1_000_000.0 + minute * 60.0
+        for member in range(2):
+            counts = _traffic(rng, minute)
+            for prefix in (mixed, old):
+                await writers[prefix][member].record_many(counts, now_s=at)
+        assert await _state(client, mixed) == await _state(client, old), f"minute {minute}"
+        for reader in (*writers[mixed], *writers[old]):
+            assert await reader.rates_many(NAMES, now_s=at) == await writers[old][0].rates_many(
+                NAMES, now_s=at
+            )
