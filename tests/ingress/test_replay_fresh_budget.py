@@ -69,8 +69,11 @@ async def produced_row(store: LogStore, kafka: Transport, clock: FakeClock, uniq
 async def replay_counts(kafka: Transport, topic: str, unique: str, count: int) -> list[bytes]:
     """The ``pl-replay-count`` of the first ``count`` messages on ``topic``, in order."""
     consumer = kafka.consumer(f"check-{unique}", [topic])
-    got = await consume_until(consumer, lambda r: len(r) >= count)
-    await consumer.close()
+    try:
+        got = await consume_until(consumer, lambda r: len(r) >= count)
+    finally:
+        await consumer.close()
+        await kafka.admin().delete_group(f"check-{unique}", [topic])
     return [m.headers[h.REPLAY_COUNT] for m in got]
 
 
