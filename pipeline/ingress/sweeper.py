@@ -21,7 +21,9 @@ Each sweep, for rows it claims (leases) in the log store:
    ``replay_count``, which travels in the event's ``replay-count`` header.
 3. **Abandoned**: a row due for a replay that already had ``max_replays`` is abandoned instead:
    something in it keeps its consumer from finishing, and replaying it would keep doing so. It
-   is logged at CRITICAL with the reason, and counted.
+   is logged at CRITICAL with the reason, and counted. The abandon is written only while the
+   row's ``replay_count`` still says it is spent: a replay by hand that lands between the claim
+   and the abandon (its count 0 again) leaves it to the fresh start it gives.
 
 Members mark rows only with ``PIPELINE_RUNTIME__MARK_PROCESSED=true``: without it every webhook
 of their lane is handled, then replayed and abandoned all the same. Before it replays or abandons
@@ -269,18 +271,22 @@ class Sweeper:
             claimed = len(rows)
             rows = await self._leave_buffered(rows, report)
             await self._ask_marked(rows, asked)
-            spent = [row for row in rows if row.replay_count >= s.max_replays]
-            for row in spent:
-                await self._abandon(row, self._spent(row))
-            report.abandoned += len(spent)
-            due = [row for row in rows if row.replay_count < s.max_replays]
-            if due:
-                outcome = await produce_rows(self._producer, due, replay=True)
-                await self._log.mark_replayed([row.id for row in outcome.delivered])
-                report.replayed += len(outcome.delivered)
-                await self._failed(outcome.failed, report)
+            await self._replay_or_abandon(rows, report)
             if claimed < s.batch_size:
                 return
+
+    async def _replay_or_abandon(self, rows: list[LogRow], report: SweepReport) -> None:
+        """Abandon the claimed ``rows`` that had ``max_replays``, replay the others."""
+        s = self._settings
+        for row in rows:
+            if row.replay_count >= s.max_replays:
+                report.abandoned += await self._abandon_spent(row)
+        due = [row for row in rows if row.replay_count < s.max_replays]
+        if due:
+            outcome = await produce_rows(self._producer, due, replay=True)
+            await self._log.mark_replayed([row.id for row in outcome.delivered])
+            report.replayed += len(outcome.delivered)
+            await self._failed(outcome.failed, report)
 
     async def _ask_marked(self, rows: list[LogRow], asked: set[str]) -> None:
         """Ask whether a row of each lane of ``rows`` was ever processed; warn once for each not.
@@ -379,13 +385,28 @@ class Sweeper:
         report.failed += len(failed)
         for row, exc in failed:
             if isinstance(exc, MessageTooLarge):
-                await self._abandon(row, f"unproducible: {exc}")
-                report.abandoned += 1
+                report.abandoned += await self._abandon(row, f"unproducible: {exc}")
             else:
                 await self._log.record_failure([row.id], f"{type(exc).__name__}: {exc}")
 
-    async def _abandon(self, row: LogRow, reason: str) -> None:
-        await self._log.abandon([row.id], reason)
+    async def _abandon_spent(self, row: LogRow) -> int:
+        """Abandon ``row``, spent when claimed, unless its count started again since: 1 or 0.
+
+        A replay by hand that lands between the claim and the abandon sets the row's
+        ``replay_count`` back to 0 (a fresh start): the store then leaves it as it is.
+        """
+        abandoned = await self._abandon(row, self._spent(row), self._settings.max_replays)
+        if not abandoned:
+            log.info(
+                "not abandoned: the row was replayed by hand or processed since it was claimed",
+                extra={"row_id": row.id, "lane": row.lane, "topic": row.topic},
+            )
+        return abandoned
+
+    async def _abandon(self, row: LogRow, reason: str, min_replays: int = 0) -> int:
+        """Abandon ``row`` (logged CRITICAL) if it still has ``min_replays``; 1 if it was, or 0."""
+        if not await self._log.abandon([row.id], reason, min_replays=min_replays):
+            return 0
         log.critical(
             "webhook abandoned: %s",
             reason,
@@ -399,3 +420,4 @@ class Sweeper:
                 "replay_count": row.replay_count,
             },
         )
+        return 1

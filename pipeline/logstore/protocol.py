@@ -213,8 +213,14 @@ class SweepLog(IngressLog, Protocol):
         """
         ...
 
-    async def abandon(self, ids: Sequence[str], reason: str) -> None:
-        """Give up on these rows (``-> abandoned``) and keep ``reason`` as their last error."""
+    async def abandon(self, ids: Sequence[str], reason: str, *, min_replays: int = 0) -> int:
+        """Give up on these rows (``-> abandoned``) and keep ``reason`` as their last error.
+
+        Only rows still ``received`` or ``produced`` whose ``replay_count`` is at least
+        ``min_replays`` change; returns how many did. The sweeper passes its ``max_replays``
+        for a row it found spent when it claimed it: one replayed by hand since (its count 0
+        again, :meth:`ReplayLog.mark_replayed_by_hand`) is left to its fresh start.
+        """
         ...
 
 

@@ -171,7 +171,7 @@ WHERE id = ANY(%s)
 
 _ABANDON = """
 UPDATE {table} SET state = 'abandoned', last_error = %s, lease_until_ms = 0
-WHERE state IN ('received', 'produced') AND id = ANY(%s)
+WHERE state IN ('received', 'produced') AND replay_count >= %s AND id = ANY(%s)
 """
 
 _CLAIM_UNPRODUCED = """

@@ -427,10 +427,11 @@ class PostgresLogStore:
         if ids:
             await self._execute(self._sql.mark_replayed, [self._now_ms(), list(ids)])
 
-    async def abandon(self, ids: Sequence[str], reason: str) -> None:
-        """Give up on rows not yet processed."""
-        if ids:
-            await self._execute(self._sql.abandon, [reason[:2000], list(ids)])
+    async def abandon(self, ids: Sequence[str], reason: str, *, min_replays: int = 0) -> int:
+        """Give up on rows not yet processed, replayed ``min_replays`` times; returns how many."""
+        if not ids:
+            return 0
+        return await self._execute(self._sql.abandon, [reason[:2000], min_replays, list(ids)])
 
     # ReplayLog
 

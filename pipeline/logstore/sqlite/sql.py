@@ -148,10 +148,14 @@ def mark_replayed_by_hand(count: int) -> str:
 
 
 def abandon(count: int) -> str:
-    """``-> abandoned`` for ``count`` ids not yet processed; params: reason, then the ids."""
+    """``-> abandoned`` for ``count`` ids not yet processed, replayed at least ``?2`` times.
+
+    Params: reason, min_replays, then the ids.
+    """
     return f"""
         UPDATE ingress_log SET state = 'abandoned', last_error = ?1, lease_until_ms = 0
-        WHERE state IN ('received', 'produced') AND id IN ({_marks(count, 2)})
+        WHERE state IN ('received', 'produced') AND replay_count >= ?2
+          AND id IN ({_marks(count, 3)})
     """  # noqa: S608
 
 

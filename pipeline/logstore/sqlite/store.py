@@ -419,9 +419,9 @@ class SqliteLogStore:
         """Count one more replay, acknowledged now."""
         await self._update_ids(sql.mark_replayed, ids, self._now_ms())
 
-    async def abandon(self, ids: Sequence[str], reason: str) -> None:
-        """Give up on rows not yet processed."""
-        await self._update_ids(sql.abandon, ids, reason[:2000])
+    async def abandon(self, ids: Sequence[str], reason: str, *, min_replays: int = 0) -> int:
+        """Give up on rows not yet processed, replayed ``min_replays`` times; returns how many."""
+        return await self._update_ids(sql.abandon, ids, reason[:2000], min_replays)
 
     # ReplayLog
 

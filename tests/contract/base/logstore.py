@@ -203,6 +203,35 @@ class LogStoreContract:
         clock.advance(60)
         assert await store.claim_unprocessed(clock.now_ms, limit=10, lease_ms=1) == []
 
+    async def test_abandon_with_min_replays_takes_only_rows_still_spent(
+        self, store: LogStore, clock: FakeClock
+    ) -> None:
+        """With ``min_replays``, a row whose count is below it (replayed by hand) is left as is.
+
+        The count of rows abandoned is returned; without the condition any row not finished goes.
+        """
+        spent, fresh, low, unproduced = (new_row(n, clock) for n in range(4))
+        for row in (spent, fresh, low, unproduced):
+            await store.insert(row)
+        await store.mark_produced([spent.id, fresh.id, low.id])
+        for _ in range(3):
+            await store.mark_replayed([spent.id, fresh.id])
+        await store.mark_replayed([low.id])
+        await store.mark_replayed_by_hand([fresh.id])  # a fresh start: its count is 0 again
+        ids = [spent.id, fresh.id, low.id, unproduced.id, "no-such-row"]
+        assert await store.abandon(ids, "spent", min_replays=3) == 1
+        got = {row.id: await store.get(row.id) for row in (spent, fresh, low, unproduced)}
+        assert {row_id: (r.state, r.replay_count) for row_id, r in got.items() if r} == {
+            spent.id: (RowState.ABANDONED, 3),
+            fresh.id: (RowState.PRODUCED, 0),
+            low.id: (RowState.PRODUCED, 1),
+            unproduced.id: (RowState.RECEIVED, 0),
+        }
+        assert [r.last_error for r in got.values() if r] == ["spent", "", "", ""]
+        assert await store.abandon(ids, "spent", min_replays=3) == 0  # abandoned already
+        assert await store.abandon(ids, "poison") == 3
+        assert await store.count_by_state(Selection()) == {RowState.ABANDONED: 4}
+
     async def test_selection_filters_and_pages(self, store: LogStore, clock: FakeClock) -> None:
         """Select filters by source, tenant, time, state and id, and pages in id order."""
         rows = []
