@@ -169,9 +169,16 @@ class Dispatcher:
                 ids, self._marks = self._marks, []
                 try:
                     await self._log.mark_produced(ids)
-                except PipelineError:
+                except PipelineError as exc:
                     # The events are out; unmarked rows get produced once more by the sweeper
-                    # and deduplicated downstream by event id.
-                    log.exception("could not mark %d rows produced", len(ids))
+                    # and deduplicated downstream by event id. A known failure (a full log
+                    # volume fails every batch): one line, its repeats backed off by the
+                    # handlers' RepeatFilter (numbers aside, every batch's line is alike).
+                    log.warning(
+                        "could not mark %d rows produced in the log store: %s; they stay "
+                        "received and the sweeper will produce them again",
+                        len(ids),
+                        exc,
+                    )
         finally:
             self._marker = None
