@@ -38,8 +38,9 @@ class LimitFunctions(FunctionLibrary):
     ) -> int:
         """``lim_record``: add ``counts`` (submitted, finished, their durations summed) per key.
 
-        ``fields`` are this minute's n, c and d fields; ``gone`` the stale fields deleted from
-        each key; each key expires ``ttl_ms`` from now. Returns the number of keys written.
+        ``fields`` are this minute's n, c and d fields; ``gone`` the stale fields, deleted from
+        each key that holds them; each key expires ``ttl_ms`` from now. Returns the number of
+        keys written.
         """
         args: list[Any] = [*fields, ttl_ms, len(gone), *gone]
         for submitted, finished, seconds in counts:
