@@ -4,7 +4,7 @@ Every ``interval_s`` each member (``pipeline consume`` with ``throttle.dynamic.e
 
 1. adds the submissions and finished-job durations it counted per org since its last tick to
    the org's per-minute stats (:class:`~pipeline.admission.limits.LimitTracker`: one Redis
-   Functions call per 250 orgs it saw, a few milliseconds of Redis each) and marks those orgs
+   Functions call per 125 orgs it saw, about a millisecond of Redis each) and marks those orgs
    as seen;
 2. reports its own load, handlers running and its slot limit, in the fleet hash;
 3. tries to claim the tick (``SET NX`` on the tick's key): the one member that wins reads the

@@ -225,7 +225,7 @@ async def test_the_batched_tick_sets_the_same_limits_and_stats_as_the_pipelined_
 async def test_a_tick_over_several_batches_sends_a_few_commands_a_batch_and_covers_every_org(
     pair: tuple[Throttle, Throttle], commands: list[int]
 ) -> None:
-    """2,000 orgs, eight batches: a few dozen commands a tick where five per org went out.
+    """2,000 orgs, sixteen batches: a few dozen commands a tick where five per org went out.
 
     Each org's stats are written, read back and its limit set, the last batch's as the first's.
     """

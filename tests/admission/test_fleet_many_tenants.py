@@ -65,7 +65,7 @@ async def test_a_tick_with_many_one_message_tenants_takes_a_bounded_number_of_ro
     now = 1_000_000.0
     before = round_trips[0]
     limits = await fleet.tick(now)
-    assert round_trips[0] - before <= 40  # a few, not one per tenant
+    assert round_trips[0] - before <= 60  # a few, not one per tenant
     assert limits is not None
     assert len(limits) == TENANTS
     assert set(limits.values()) == {8}  # base 2, ceiling 4, an idle fleet's factor 2
@@ -76,6 +76,6 @@ async def test_a_tick_with_many_one_message_tenants_takes_a_bounded_number_of_ro
     later = now + 60 * 60  # an hour without a job from any of them
     before = round_trips[0]
     assert await fleet.tick(later) == {}
-    assert round_trips[0] - before <= 40
+    assert round_trips[0] - before <= 60
     assert await throttle.client.hlen(limits_key) == 0
     assert await throttle.client.zcard(k.orgs_seen(throttle.prefix)) == 0
