@@ -158,8 +158,15 @@ class Dispatcher:
     async def _record_failure(self, rows: list[NewRow], exc: PipelineError) -> None:
         try:
             await self._log.record_failure([row.id for row in rows], f"{type(exc).__name__}: {exc}")
-        except PipelineError:
-            log.exception("could not record a produce failure in the log store")
+        except PipelineError as failed:
+            # The rows stay received either way: the sweeper produces them again. One line
+            # (the log store's reason names a full volume), backed off like the mark's below.
+            log.warning(
+                "could not record a produce failure of %d rows in the log store: %s; they stay "
+                "received and the sweeper will produce them again",
+                len(rows),
+                failed,
+            )
 
     async def _mark(self) -> None:
         try:

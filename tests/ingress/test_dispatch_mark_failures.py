@@ -97,3 +97,49 @@ async def test_failed_marks_log_one_line_without_a_traceback(
     assert "could not mark 1 rows produced" in message
     assert str(log.error) in message  # what failed and where: the volume to free
     assert "sweeper will produce them again" in message
+
+
+class FullVolumeForFailures(FullVolume):
+    """A full volume that also fails to record a produce failure, as a full volume does."""
+
+    async def record_failure(self, ids: Sequence[str], error: str) -> None:  # noqa: ARG002
+        """Fail as the store does when its volume is full."""
+        self.marks += 1
+        self.marked.set()
+        raise LogStoreError(str(self.error))
+
+
+async def test_failed_records_of_produce_failures_log_one_line_without_a_traceback(
+    tmp_path: Path,
+    sqlite_store: SqliteLogStore,
+    streams: Transport,
+    clock: FakeClock,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Produces that fail (no such topic) on a full volume: a line each, once, no traceback."""
+    log = FullVolumeForFailures(sqlite_store, tmp_path / "ingress.db")
+    producer = streams.producer()
+    dispatcher = Dispatcher(producer, log, linger_s=0, mark_interval_s=0)
+    rows = [new_row(n, clock, topic=f"absent-{unique}") for n in range(FAILED_MARKS)]
+    repeats = RepeatFilter(clock=lambda: 0.0)
+    caplog.handler.addFilter(repeats)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipeline.ingress.dispatch"):
+            for row in rows:
+                log.marked.clear()
+                await log.insert(row)
+                assert dispatcher.submit(row)
+                await log.marked.wait()
+            await dispatcher.close()
+    finally:
+        caplog.handler.removeFilter(repeats)
+        await producer.close()
+    assert (log.marks, dispatcher.counters.produced) == (FAILED_MARKS, 0)
+    lines = [r for r in caplog.records if r.name == "pipeline.ingress.dispatch"]
+    failed, unrecorded = lines  # the produce's line and the record's, each once
+    assert failed.getMessage() == "produce failed; the sweeper will retry"
+    assert all((line.exc_info, line.exc_text) == (None, None) for line in lines)
+    message = unrecorded.getMessage()
+    assert "could not record a produce failure of 1 rows" in message
+    assert str(log.error) in message
