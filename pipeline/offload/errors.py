@@ -18,10 +18,21 @@ writes as the dead letter's ``pl-dead-reason``.
 
 from __future__ import annotations
 
+import re
+
 from pipeline.errors import DeadLetter, PipelineError, Retry
 
 METADATA_HOST = "169.254.169.254"
 """The instance metadata service, where the S3 client looks for credentials last."""
+
+REFUSED_CREDENTIALS = (
+    "the store refused the credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    " (and AWS_SESSION_TOKEN for temporary ones), and that the key may use the bucket"
+)
+"""What a 403 from the store means and what to check (never the key itself)."""
+
+_FORBIDDEN = "403 Forbidden"
+_S3_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
 
 
 class OffloadError(PipelineError):
@@ -48,13 +59,24 @@ def client_error_text(exc: BaseException) -> str:
     """A store client's error as one line: obstore's first line, without its debug dump.
 
     When the client fell back to the instance metadata service for credentials, the line says
-    which variables to set (no ``AWS_ACCESS_KEY_ID`` was given).
+    which variables to set (no ``AWS_ACCESS_KEY_ID`` was given); when the store answered 403
+    (a wrong secret, an unknown key id, a key without access), it keeps the store's error code
+    of its XML answer, not the answer, and says which variables to check.
     """
     lines = str(exc).strip().splitlines()
     text = lines[0].strip() if lines else type(exc).__name__
+    if _FORBIDDEN in text and METADATA_HOST not in text:  # its XML answer follows: the code
+        code = _S3_CODE.search(text)
+        text = text.split(_FORBIDDEN, 1)[0] + _FORBIDDEN + (f" {code[1]}" if code else "")
+        return f"{text} ({REFUSED_CREDENTIALS})"
     if METADATA_HOST in text:
         text += (
             " (no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run"
             " where the instance metadata service serves them)"
         )
     return text
+
+
+def refused_credentials(text: str) -> bool:
+    """Whether an :class:`OffloadError`'s text says the store refused the credentials (403)."""
+    return REFUSED_CREDENTIALS in text

@@ -46,7 +46,7 @@ import obstore
 from obstore.store import S3Store
 
 from pipeline.errors import ConfigError
-from pipeline.offload.errors import OffloadError, client_error_text
+from pipeline.offload.errors import REFUSED_CREDENTIALS, OffloadError, client_error_text
 from pipeline.offload.objects import ObjectPayloadStore
 
 if TYPE_CHECKING:
@@ -75,6 +75,11 @@ KEPT_ALIVE_CONNECTIONS = 32
 KEPT_ALIVE_S = 5.0
 """Seconds an idle connection is kept: below the services' own idle timeouts (S3: about 20)."""
 _DELETE_TIMEOUT_S = 30.0
+
+
+def _refused(status: int) -> str:
+    """What a 403 from the store means, as a suffix of its line; "" for another status."""
+    return f" ({REFUSED_CREDENTIALS})" if status == httpx.codes.FORBIDDEN else ""
 
 
 def timeout_s() -> float:
@@ -253,6 +258,7 @@ class S3PayloadStore(ObjectPayloadStore):
             raise OffloadError(
                 f"offload store {self.url}: cannot write {key}: HTTP {failure.status_code}"
                 f"{' ' + code[1] if code else ''} from {failure.url.host}:{failure.url.port}"
+                f"{_refused(failure.status_code)}"
             )
         raise OffloadError(
             f"offload store {self.url}: cannot write {key}: {self._error_text(failure)}"
@@ -293,4 +299,5 @@ class S3PayloadStore(ObjectPayloadStore):
         if answer.status_code not in (200, 204, 404):
             raise OffloadError(
                 f"offload store {self.url}: cannot delete {key}: HTTP {answer.status_code}"
+                f"{_refused(answer.status_code)}"
             )

@@ -17,7 +17,12 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 from pipeline.errors import ConfigError
-from pipeline.offload.errors import METADATA_HOST, OffloadError, client_error_text
+from pipeline.offload.errors import (
+    METADATA_HOST,
+    OffloadError,
+    client_error_text,
+    refused_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +107,15 @@ def open_store(url: str) -> PayloadStore:
 async def check_stores(urls: Iterable[str]) -> None:
     """At start: one HEAD on each store, so a store that cannot work is known before a payload.
 
-    For ``pipeline ingress serve`` and ``pipeline consume`` with offloading lanes. No credentials
-    stop the process (they cannot appear while it runs); a store that fails otherwise (down,
+    For ``pipeline ingress serve`` and ``pipeline consume`` with offloading lanes. No credentials,
+    or credentials the store refuses (403), stop the process (they cannot change while it
+    runs); a store that fails otherwise (down,
     refusing, timed out) is one warning line and the process goes on: it may come back, and
     each write or read that fails meanwhile is answered as the docs say (a 503, a retry).
 
     Raises:
-        ConfigError: no credentials for an S3 store: one line saying which variables to set.
+        ConfigError: no credentials for an S3 store, or refused ones: one line saying which
+            variables to set or check.
     """
     for url in sorted(set(urls)):
         try:
@@ -121,6 +128,8 @@ async def check_stores(urls: Iterable[str]) -> None:
                     " where the instance metadata service serves them"
                 ) from None
             reason = str(exc).split(f"{_PROBE_KEY}: ", 1)[-1]
+            if refused_credentials(reason):  # read at start: no later try can succeed
+                raise ConfigError(f"offload store {url}: {reason}") from None
             log.warning(
                 "offload store %s does not answer at start (%s); going on: its payloads fail"
                 " until it does",

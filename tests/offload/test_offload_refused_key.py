@@ -1,0 +1,97 @@
+"""A payload store that refuses the key (a wrong AWS_SECRET_ACCESS_KEY, an unknown key id).
+
+S3Proxy answers 403 (SignatureDoesNotMatch, InvalidAccessKeyId). The ingress and `pipeline
+consume` stop at start with one line saying the store refused the credentials and which
+variables to check, as they do without credentials: a key read at start cannot change while
+the process runs. `pipeline offload purge` says the same in one line, without the store's XML.
+No secret is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from offload.helpers import closed_port
+from support import IDLE_APP, require_service, run_pipeline
+
+WRONG_SECRET = "wrong-secret-6c1f9d"  # noqa: S105 - what S3Proxy must refuse
+
+
+def environment(
+    tmp_path: Path, lane: str, key_id: str = "pipeline", **extra: str
+) -> dict[str, str]:
+    """S3Proxy with a wrong secret, a lane offloading to it, an ingress with no sources."""
+    require_service("s3proxy", "127.0.0.1", 9000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIPELINE_", "AWS_"))}
+    topics = tmp_path / "topics"
+    topics.mkdir(exist_ok=True)
+    (topics / f"{lane}.yaml").write_text(
+        f"name: {lane}\npartitions: 1\noffload:\n  store: s3://pipeline/refused-{lane}\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "sources.yaml").write_text("sources: {}\n", encoding="utf-8")
+    return env | {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": key_id,
+        "AWS_SECRET_ACCESS_KEY": WRONG_SECRET,
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": f"redis://127.0.0.1:{closed_port()}/0",
+        "PIPELINE_TOPICS_DIR": str(topics),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
+        **extra,
+    }
+
+
+def one_refusal_line(result: subprocess.CompletedProcess[str], lane: str, code: int) -> str:
+    """Exit ``code``; one stderr line naming the store, the refusal and the variables."""
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    assert WRONG_SECRET not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert f"offload store s3://pipeline/refused-{lane}" in line
+    assert "refused the credentials" in line
+    assert "AWS_ACCESS_KEY_ID" in line
+    assert "AWS_SECRET_ACCESS_KEY" in line
+    assert "<?xml" not in line
+    return line
+
+
+@pytest.mark.parametrize("key_id", ["pipeline", "no-such-key"])
+def test_the_ingress_with_a_refused_key_stops_at_start(
+    tmp_path: Path, unique: str, key_id: str
+) -> None:
+    """`ingress serve` with a wrong secret (or key id) exits 2 at start, not serving on."""
+    lane = f"refused_{unique}"
+    env = environment(tmp_path, lane, key_id)
+    result = run_pipeline("ingress", "serve", "--port", "0", env=env, cwd=tmp_path)
+    one_refusal_line(result, lane, 2)
+
+
+def test_consume_with_a_refused_key_stops_at_start(
+    redis_service: str, tmp_path: Path, unique: str
+) -> None:
+    """`pipeline consume` of a lane whose store refuses the key exits 2 at start."""
+    lane = f"refused_{unique}"
+    (tmp_path / f"{lane}.py").write_text(IDLE_APP.format(lane=lane), encoding="utf-8")
+    env = environment(tmp_path, lane, PIPELINE_REDIS__URL=redis_service)
+    result = run_pipeline("consume", f"{lane}:app", "-g", f"g-{unique}", env=env, cwd=tmp_path)
+    one_refusal_line(result, lane, 2)
+
+
+def test_purge_with_a_refused_key_is_one_line(tmp_path: Path, unique: str) -> None:
+    """`offload purge` against a store refusing the key: exit 1, one line, no XML, no secret."""
+    lane = f"refused_{unique}"
+    env = environment(tmp_path, lane)
+    store = f"s3://pipeline/refused-{lane}-purged"  # no lane's: the broker is not asked
+    result = run_pipeline("offload", "purge", "--store", store, "--dry-run", env=env, cwd=tmp_path)
+    line = one_refusal_line(result, lane, 1)
+    assert "SignatureDoesNotMatch" in line
