@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from pipeline.errors import (
     BrokerUnavailable,
@@ -15,6 +17,9 @@ from pipeline.errors import (
     TransportError,
     UnknownTopic,
 )
+
+if TYPE_CHECKING:
+    from pipeline.config import KafkaSettings
 
 _UNAVAILABLE = {
     KafkaError._TRANSPORT,  # noqa: SLF001 - librdkafka's local error codes are "private" names
@@ -52,6 +57,7 @@ def translate(error: KafkaError | KafkaException, context: str) -> TransportErro
 
 
 CLIENT_VARIABLE = "PIPELINE_KAFKA__CLIENT"
+BOOTSTRAP_VARIABLE = "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"
 
 ALIASES = {
     "acks": "request.required.acks",
@@ -89,3 +95,76 @@ def client_config_error(
                 reason,
             )
     return ConfigError(f"{CLIENT_VARIABLE}: {' '.join(reason.split())} ({hint})")
+
+
+LOGIN_PROBE_S = 3.0
+"""How long :func:`login_problem` listens to one client for the broker's answer."""
+_SASL_REFUSAL = re.compile(r"(SASL authentication error: .*?)(?: \(after \d+ms in state \w+\))?$")
+_CLOSED_BY_BROKER = "connection closed by peer"
+_DOWN = ("Connection refused", "brokers are down", "Failed to resolve")
+
+
+class _Heard:
+    """The ``logger`` and ``error_cb`` of a probe: what librdkafka said, kept as text."""
+
+    def __init__(self) -> None:
+        self.refused: str | None = None
+        self.lines: list[str] = []
+
+    def log(self, level: int, msg: str, *args: object) -> None:  # noqa: ARG002 - any level
+        """One librdkafka log line."""
+        self.lines.append(msg % args if args else msg)
+
+    def error(self, err: KafkaError) -> None:
+        """One client-level error; a refused SASL login is kept."""
+        if err.code() == KafkaError._AUTHENTICATION:  # noqa: SLF001
+            found = _SASL_REFUSAL.search(err.str())
+            self.refused = found[1] if found else err.str()
+
+    def settled(self) -> bool:
+        """Whether the broker's answer is known: a refused login, a closed or no connection."""
+        text = " ".join(self.lines)
+        return self.refused is not None or any(s in text for s in (_CLOSED_BY_BROKER, *_DOWN))
+
+
+def login_problem(settings: KafkaSettings, timeout_s: float = LOGIN_PROBE_S) -> str | None:
+    """The line for a broker that refused this client's login or protocol, else None.
+
+    librdkafka retries a refused SASL login without telling the caller: a request only times
+    out. After a request timed out, one client with the same properties listens for up to
+    ``timeout_s`` to what librdkafka reports (served by polling, which the admin client never
+    does): a refused login names ``PIPELINE_KAFKA__CLIENT``'s keys to check (never their
+    values); a broker that answers and closes the connection, a listener that may expect
+    another ``security.protocol``. None when the broker said neither (down, or slow).
+    """
+    from pipeline.transport.kafka.group import client_properties  # noqa: PLC0415 - a cycle
+
+    heard = _Heard()
+    try:
+        producer = Producer(
+            {
+                "bootstrap.servers": settings.bootstrap_servers,
+                **client_properties(settings, "producer"),
+                "logger": heard,
+                "error_cb": heard.error,
+            }
+        )
+    except KafkaException:  # properties it refuses: the command's own line says so
+        return None
+    deadline = time.monotonic() + timeout_s
+    while not heard.settled() and time.monotonic() < deadline:
+        producer.poll(0.1)
+    producer.poll(0)
+    where = f"Kafka at {settings.bootstrap_servers} ({BOOTSTRAP_VARIABLE})"
+    if heard.refused is not None:
+        return (
+            f"{where} refused the login: {heard.refused}; check sasl.username, sasl.password"
+            f" and sasl.mechanism in {CLIENT_VARIABLE} against the users of its listener"
+        )
+    if any(_CLOSED_BY_BROKER in line for line in heard.lines):
+        return (
+            f"{where} answered, then closed the connection: its listener may expect another"
+            f" security.protocol (SASL or TLS); set security.protocol and the sasl.* or ssl.*"
+            f" properties it needs in {CLIENT_VARIABLE}"
+        )
+    return None
