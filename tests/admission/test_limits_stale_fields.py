@@ -10,12 +10,11 @@ counted in the commands Redis runs, on a redis-server of the test's own, never t
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from ingress.redis_server import RedisServer
+from ingress.redis_server import command_calls, private_client
 from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
@@ -31,22 +30,8 @@ START_S = 1_000_000 * 60.0  # the start of a minute
 @pytest.fixture
 async def private(tmp_path: Path) -> AsyncIterator[Redis]:
     """A client of a redis-server of this test's own: its command counts are the test's alone."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed; run `make services`")
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    client = Redis.from_url(server.url)
-    try:
+    async with private_client(tmp_path / "redis") as client:
         yield client
-    finally:
-        await client.aclose()
-        server.stop()
-
-
-async def _hdels(client: Redis) -> int:
-    """How many HDEL commands the server has run (those called from Lua included)."""
-    stats = await client.info("commandstats")
-    return int(stats.get("cmdstat_hdel", {}).get("calls", 0))
 
 
 def _orgs() -> list[str]:
@@ -70,9 +55,11 @@ async def test_a_write_deletes_no_field_where_no_stale_minute_is_left(private: R
     first = int(START_S // 60)
     for minute in range(WINDOW_MIN + 1):  # the whole window filled, nothing stale yet
         await _tick(tracker, START_S + minute * 60)
-    before = await _hdels(private)
+    before = await command_calls(private, "hdel")
     await _tick(tracker, START_S + WINDOW_MIN * 60 + 30)  # later in the same minute
-    assert await _hdels(private) == before  # 30 fields looked up in each org's stats before
+    assert (
+        await command_calls(private, "hdel") == before
+    )  # 30 fields looked up in each org's stats before
     assert await _minutes(private, "org-0") == set(range(first, first + WINDOW_MIN + 1))
 
 
@@ -81,8 +68,10 @@ async def test_a_new_minute_deletes_the_one_that_left_the_window(private: Redis)
     tracker = LimitTracker(private, PREFIX)
     first = int(START_S // 60)
     for minute in range(WINDOW_MIN + 2):  # the last tick pushes the first minute out
-        before = await _hdels(private)
+        before = await command_calls(private, "hdel")
         await _tick(tracker, START_S + minute * 60)
-        assert await _hdels(private) - before == (ORGS if minute > WINDOW_MIN else 0), minute
+        assert await command_calls(private, "hdel") - before == (
+            ORGS if minute > WINDOW_MIN else 0
+        ), minute
     for org in _orgs():
         assert await _minutes(private, org) == set(range(first + 1, first + WINDOW_MIN + 2))

@@ -8,13 +8,12 @@ to its append-only file and its replicas.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from ingress.redis_server import RedisServer
+from ingress.redis_server import command_calls, private_client
 from redis.asyncio import Redis
 
 from pipeline.cancel import cancel
@@ -26,22 +25,8 @@ CANCELS = 20
 @pytest.fixture
 async def private(tmp_path: Path) -> AsyncIterator[Redis]:
     """A client of a redis-server of this test's own: its command counts are the test's alone."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed; run `make services`")
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    client = Redis.from_url(server.url)
-    try:
+    async with private_client(tmp_path / "redis") as client:
         yield client
-    finally:
-        await client.aclose()
-        server.stop()
-
-
-async def _loads(client: Redis) -> int:
-    """How many FUNCTION LOAD calls the server has run."""
-    stats = await client.info("commandstats")
-    return int(stats.get("cmdstat_function|load", {}).get("calls", 0))
 
 
 async def test_many_cancellations_load_the_library_once(private: Redis) -> None:
@@ -49,7 +34,7 @@ async def test_many_cancellations_load_the_library_once(private: Redis) -> None:
     prefix = f"t{uuid.uuid4().hex[:8]}"
     for n in range(CANCELS):
         await cancel(private, prefix, Target.of(key=f"conversation-{n}"))
-    assert await _loads(private) == 1
+    assert await command_calls(private, "function|load") == 1
 
 
 async def test_a_library_redis_lost_is_loaded_again(private: Redis) -> None:
@@ -58,4 +43,4 @@ async def test_a_library_redis_lost_is_loaded_again(private: Redis) -> None:
     await cancel(private, prefix, Target.of(key="first"))
     await private.function_flush()
     await cancel(private, prefix, Target.of(key="second"))
-    assert await _loads(private) == 2
+    assert await command_calls(private, "function|load") == 2

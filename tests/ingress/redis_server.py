@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
 
 from pipeline.testing.ports import free_port
 
@@ -67,3 +73,27 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(timeout=10)
             self.process = None
+
+
+@contextlib.asynccontextmanager
+async def private_client(directory: Path) -> AsyncIterator[Redis]:
+    """A client of a redis-server of its own in ``directory``: its command counts are the caller's.
+
+    Skips the test when ``redis-server`` is not installed.
+    """
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed; run `make services`")
+    server = RedisServer(directory)
+    server.start()
+    client = Redis.from_url(server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def command_calls(client: Redis, command: str) -> int:
+    """How many ``command`` calls the server has run (those called from Lua included)."""
+    stats = await client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))

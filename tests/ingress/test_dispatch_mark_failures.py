@@ -56,6 +56,32 @@ class FullVolume:
         await self.store.record_failure(ids, error)
 
 
+async def _dispatch_one_at_a_time(
+    log: FullVolume, streams: Transport, rows: list[NewRow], caplog: pytest.LogCaptureFixture
+) -> tuple[Dispatcher, list[logging.LogRecord]]:
+    """Dispatch ``rows`` one at a time through ``log``; the dispatcher's lines, backed off.
+
+    The handlers' :class:`RepeatFilter` sits on pytest's one capture handler for the session
+    while the rows go, and is removed after.
+    """
+    producer = streams.producer()
+    dispatcher = Dispatcher(producer, log, linger_s=0, mark_interval_s=0)
+    repeats = RepeatFilter(clock=lambda: 0.0)  # as configure_logging installs; no time passes
+    caplog.handler.addFilter(repeats)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipeline.ingress.dispatch"):
+            for row in rows:  # one row, one produce, one failed write at a time
+                log.marked.clear()
+                await log.insert(row)
+                assert dispatcher.submit(row)
+                await log.marked.wait()
+            await dispatcher.close()
+    finally:
+        caplog.handler.removeFilter(repeats)
+        await producer.close()
+    return dispatcher, [r for r in caplog.records if r.name == "pipeline.ingress.dispatch"]
+
+
 async def test_failed_marks_log_one_line_without_a_traceback(
     tmp_path: Path,
     sqlite_store: SqliteLogStore,
@@ -68,28 +94,13 @@ async def test_failed_marks_log_one_line_without_a_traceback(
     topic = f"messages-{unique}"
     await make_topic(streams, topic, 1)
     log = FullVolume(sqlite_store, tmp_path / "ingress.db")
-    producer = streams.producer()
-    dispatcher = Dispatcher(producer, log, linger_s=0, mark_interval_s=0)
     rows = [new_row(n, clock, topic=topic) for n in range(FAILED_MARKS)]
-    repeats = RepeatFilter(clock=lambda: 0.0)  # as configure_logging installs; no time passes
-    caplog.handler.addFilter(repeats)  # pytest's one handler for the session: removed below
-    try:
-        with caplog.at_level(logging.WARNING, logger="pipeline.ingress.dispatch"):
-            for row in rows:  # one row, one produce, one failed mark at a time
-                log.marked.clear()
-                await log.insert(row)
-                assert dispatcher.submit(row)
-                await log.marked.wait()
-            await dispatcher.close()
-    finally:
-        caplog.handler.removeFilter(repeats)
-        await producer.close()
+    dispatcher, lines = await _dispatch_one_at_a_time(log, streams, rows, caplog)
     assert (log.marks, dispatcher.counters.produced) == (FAILED_MARKS, FAILED_MARKS)
     for row in rows:  # out on the broker, not marked: the sweeper produces them again
         got = await sqlite_store.get(row.id)
         assert got is not None
         assert got.state is RowState.RECEIVED
-    lines = [r for r in caplog.records if r.name == "pipeline.ingress.dispatch"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     line = lines[0]
     assert (line.exc_info, line.exc_text) == (None, None)
@@ -119,24 +130,9 @@ async def test_failed_records_of_produce_failures_log_one_line_without_a_traceba
 ) -> None:
     """Produces that fail (no such topic) on a full volume: a line each, once, no traceback."""
     log = FullVolumeForFailures(sqlite_store, tmp_path / "ingress.db")
-    producer = streams.producer()
-    dispatcher = Dispatcher(producer, log, linger_s=0, mark_interval_s=0)
     rows = [new_row(n, clock, topic=f"absent-{unique}") for n in range(FAILED_MARKS)]
-    repeats = RepeatFilter(clock=lambda: 0.0)
-    caplog.handler.addFilter(repeats)
-    try:
-        with caplog.at_level(logging.WARNING, logger="pipeline.ingress.dispatch"):
-            for row in rows:
-                log.marked.clear()
-                await log.insert(row)
-                assert dispatcher.submit(row)
-                await log.marked.wait()
-            await dispatcher.close()
-    finally:
-        caplog.handler.removeFilter(repeats)
-        await producer.close()
+    dispatcher, lines = await _dispatch_one_at_a_time(log, streams, rows, caplog)
     assert (log.marks, dispatcher.counters.produced) == (FAILED_MARKS, 0)
-    lines = [r for r in caplog.records if r.name == "pipeline.ingress.dispatch"]
     failed, unrecorded = lines  # the produce's line and the record's, each once
     assert failed.getMessage() == "produce failed; the sweeper will retry"
     assert all((line.exc_info, line.exc_text) == (None, None) for line in lines)
