@@ -136,7 +136,14 @@ def unreachable(settings: Settings, service: Service, reason: str) -> str:
     return line + _kafka_client_hint(settings) if service == "kafka" else line
 
 
-_AUTH_FAILED = ("WRONGPASS", "NOAUTH", "invalid username-password pair", "Authentication required")
+_AUTH_FAILED = (
+    "WRONGPASS",
+    "NOAUTH",
+    "invalid username-password pair",
+    "Authentication required",
+    # A password left out: redis-py strips the NOAUTH prefix from the answer to its HELLO.
+    "HELLO must be called with the client already authenticated",
+)
 _TLS_FAILED = ("SSL", "TLS", "certificate")
 
 

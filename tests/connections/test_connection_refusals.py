@@ -175,3 +175,47 @@ def test_the_members_start_line_masks_a_query_password() -> None:
         shown = _address(load_settings(redis={"url": url}), "redis")
         assert SECRET not in shown
         assert "10.0.0.5:6380/2" in shown
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[int]:
+    """A redis-server of this test's own that requires a password; its port. Killed at the end."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed; run `make services`")
+    port = free_port()
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--requirepass", SECRET,
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"-NOAUTH"):
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"the redis-server on {port} did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def test_a_password_left_out_says_to_give_the_credentials(password_redis: int) -> None:
+    """A URL without the password a Redis requires: the credentials, not "start it".
+
+    redis-py reports it as "HELLO must be called with the client already authenticated" (the
+    NOAUTH prefix stripped), which read as Redis not running.
+    """
+    url = f"redis://127.0.0.1:{password_redis}/0"
+    result = pipeline("status", "-t", "redis", env={"PIPELINE_REDIS__URL": url})
+    line = one_line(result)
+    assert "refused the credentials" in line
+    assert "PIPELINE_REDIS__URL" in line
+    assert "make services" not in line

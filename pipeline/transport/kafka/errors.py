@@ -162,9 +162,10 @@ def login_problem(settings: KafkaSettings, timeout_s: float = LOGIN_PROBE_S) -> 
             f" and sasl.mechanism in {CLIENT_VARIABLE} against the users of its listener"
         )
     if any(_CLOSED_BY_BROKER in line for line in heard.lines):
+        keys = sorted(k for k in settings.client if k.startswith(("security.", "sasl.", "ssl.")))
         return (
             f"{where} answered, then closed the connection: its listener may expect another"
             f" security.protocol (SASL or TLS); set security.protocol and the sasl.* or ssl.*"
-            f" properties it needs in {CLIENT_VARIABLE}"
+            f" properties it needs in {CLIENT_VARIABLE} ({', '.join(keys) or 'none set'})"
         )
     return None
