@@ -20,5 +20,8 @@ async def test_a_wrong_password_is_one_error_with_the_servers_reason(postgres_se
     message = str(caught.value)
     assert "PIPELINE_POSTGRES__URL" in message
     assert "password authentication failed" in message
+    assert message.endswith(
+        "set the user and password the server expects in PIPELINE_POSTGRES__URL"
+    )
     assert "\n" not in message
     assert "wrong-password" not in message

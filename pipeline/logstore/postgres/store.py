@@ -183,8 +183,11 @@ class PostgresLogStore:
             ]
             reason = " ".join(dict.fromkeys(line for line in lines if line))  # one per host tried
             reason = hide_credentials(reason, self._url)  # a store built without the settings
+            fix = ""
+            if "password authentication failed" in reason:  # not a server to start or wait for
+                fix = "; set the user and password the server expects in PIPELINE_POSTGRES__URL"
             raise LogStoreError(
-                f"cannot connect to the log database (PIPELINE_POSTGRES__URL): {reason}"
+                f"cannot connect to the log database (PIPELINE_POSTGRES__URL): {reason}{fix}"
             ) from exc
         async with self._pool.connection() as conn, conn.transaction():
             await self._migrate(conn)
