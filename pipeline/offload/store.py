@@ -20,6 +20,7 @@ from pipeline.errors import ConfigError
 from pipeline.offload.errors import (
     METADATA_HOST,
     OffloadError,
+    PayloadMissing,
     client_error_text,
     refused_credentials,
 )
@@ -108,10 +109,11 @@ async def check_stores(urls: Iterable[str]) -> None:
     """At start: one HEAD on each store, so a store that cannot work is known before a payload.
 
     For ``pipeline ingress serve`` and ``pipeline consume`` with offloading lanes. No credentials,
-    or credentials the store refuses (403), stop the process (they cannot change while it
-    runs); a store that fails otherwise (down,
-    refusing, timed out) is one warning line and the process goes on: it may come back, and
-    each write or read that fails meanwhile is answered as the docs say (a 503, a retry).
+    or a key the store refuses (a wrong secret, an unknown key id), stop the process (they cannot
+    change while it runs); a store that fails otherwise (down, refusing, timed out) is one
+    warning line and the process goes on: it may come back, and each write or read that fails
+    meanwhile is answered as the docs say (a 503, a retry). A HEAD's 403 has no body to say
+    which; :func:`_key_refused` asks with a GET.
 
     Raises:
         ConfigError: no credentials for an S3 store, or refused ones: one line saying which
@@ -128,11 +130,32 @@ async def check_stores(urls: Iterable[str]) -> None:
                     " where the instance metadata service serves them"
                 ) from None
             reason = str(exc).split(f"{_PROBE_KEY}: ", 1)[-1]
-            if refused_credentials(reason):  # read at start: no later try can succeed
-                raise ConfigError(f"offload store {url}: {reason}") from None
+            if refused_credentials(reason) and await _key_refused(open_store(url)):
+                raise ConfigError(f"offload store {url}: {reason}") from None  # read at start
             log.warning(
                 "offload store %s does not answer at start (%s); going on: its payloads fail"
                 " until it does",
                 url,
                 reason,
             )
+
+
+_BAD_KEY = ("InvalidAccessKeyId", "SignatureDoesNotMatch")
+"""S3 error codes of a key refused whatever it asks: no later try with it can succeed."""
+
+
+async def _key_refused(store: PayloadStore) -> bool:
+    """Whether a store that answered the start HEAD 403 refuses the key itself.
+
+    A GET's answer names the error. ``AccessDenied`` is also what S3 answers for a missing
+    object to a key without ``s3:ListBucket`` (a least-privilege policy), which reads and writes
+    every payload: that store starts, with the warning.
+    """
+    try:
+        async for _ in store.chunks(_PROBE_KEY, 1):
+            break
+    except PayloadMissing:
+        return False
+    except OffloadError as exc:
+        return any(code in str(exc) for code in _BAD_KEY)
+    return False

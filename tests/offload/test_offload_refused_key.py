@@ -3,19 +3,25 @@
 S3Proxy answers 403 (SignatureDoesNotMatch, InvalidAccessKeyId). The ingress and `pipeline
 consume` stop at start with one line saying the store refused the credentials and which
 variables to check, as they do without credentials: a key read at start cannot change while
-the process runs. `pipeline offload purge` says the same in one line, without the store's XML.
-No secret is printed.
+the process runs. Not on AccessDenied, which S3 also answers a key without s3:ListBucket that
+asks for a missing object (the start probe's case): such a key reads and writes every payload.
+`pipeline offload purge` says the same in one line, without the store's XML. No secret is
+printed.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from offload.helpers import closed_port
 from support import IDLE_APP, require_service, run_pipeline
+
+from pipeline.offload.errors import OffloadError, PayloadMissing
+from pipeline.offload.store import _key_refused
 
 WRONG_SECRET = "wrong-secret-6c1f9d"  # noqa: S105 - what S3Proxy must refuse
 
@@ -95,3 +101,33 @@ def test_purge_with_a_refused_key_is_one_line(tmp_path: Path, unique: str) -> No
     result = run_pipeline("offload", "purge", "--store", store, "--dry-run", env=env, cwd=tmp_path)
     line = one_refusal_line(result, lane, 1)
     assert "SignatureDoesNotMatch" in line
+
+
+class _AnswersGet:
+    """A store whose GET of the start probe fails with ``error`` (the rest is never called)."""
+
+    url = "s3://pipeline/least-privilege"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:  # noqa: ARG002
+        raise self.error
+        yield b""  # an async generator, as the stores' chunks are
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        (OffloadError("cannot read k: 403 Forbidden SignatureDoesNotMatch (...)"), True),
+        (OffloadError("cannot read k: 403 Forbidden InvalidAccessKeyId (...)"), True),
+        # S3's answer for a missing object to a key without s3:ListBucket: it works for payloads
+        (OffloadError("cannot read k: 403 Forbidden AccessDenied (...)"), False),
+        (PayloadMissing("no object"), False),
+    ],
+)
+async def test_only_a_key_refused_whatever_it_asks_stops_the_start(
+    error: Exception, refused: bool
+) -> None:
+    """A HEAD's 403 has no body: the GET's code decides, and AccessDenied starts (warned)."""
+    assert await _key_refused(_AnswersGet(error)) is refused  # type: ignore[arg-type]
