@@ -74,7 +74,7 @@ def run_command(
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     except BrokerUnavailable as exc:
-        line = _refused_by_kafka(exc) or str(exc) + _where(exc)
+        line = (exc.diagnose() if exc.diagnose else None) or str(exc) + _where(exc)
         err.print(f"[red]error:[/red] {escape(line)}", highlight=False)
         raise typer.Exit(1) from None
     except PipelineError as exc:
@@ -133,21 +133,3 @@ def _where(exc: BrokerUnavailable) -> str:
         return ""
     service: Service = "redis" if "redis unreachable" in text else "kafka"
     return f" ({named_with_fix(settings, service, reason=text)})"
-
-
-def _refused_by_kafka(exc: BrokerUnavailable) -> str | None:
-    """The line for a Kafka broker that refused the login or protocol, if that was the cause.
-
-    A refused SASL login only times out a request (librdkafka retries it silently), so the
-    broker is asked once more, briefly (:func:`pipeline.transport.kafka.errors.login_problem`).
-    """
-    if "redis" in str(exc).lower():
-        return None
-    from pipeline.config import load_settings  # noqa: PLC0415 - imported when a command runs
-    from pipeline.transport.kafka.errors import login_problem  # noqa: PLC0415 - confluent-kafka
-
-    try:
-        settings = load_settings()
-        return login_problem(settings.kafka)
-    except PipelineError:  # a setting it cannot read, a client it cannot build: as it was
-        return None

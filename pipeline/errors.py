@@ -74,6 +74,8 @@ Whether any other exception a handler raises is retried is decided by one functi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class PipelineError(Exception):
     """Base class of every error the pipeline raises on purpose."""
@@ -93,6 +95,10 @@ class TransportError(PipelineError):
 
 class BrokerUnavailable(TransportError):
     """The broker cannot be reached (connection refused, timed out, all brokers down)."""
+
+    diagnose: Callable[[], str | None] | None = None
+    """Asks the broker, briefly, why it did not answer, for a command's line (a refused login);
+    set by the transport that knows how, None when there is nothing more to ask."""
 
 
 class UnknownTopic(TransportError):

@@ -40,7 +40,9 @@ async def reach_broker(settings: Settings) -> None:
     except PipelineError as exc:
         reason = str(exc).removeprefix("list topics: ").removeprefix("redis unreachable: ")
         service: Service = "kafka" if transport.name == "kafka" else "redis"
-        raise BrokerUnavailable(unreachable(settings, service, reason)) from exc
+        unavailable = BrokerUnavailable(unreachable(settings, service, reason))
+        unavailable.diagnose = getattr(exc, "diagnose", None)  # a refused login, asked for
+        raise unavailable from exc
     finally:
         await transport.close()
 

@@ -14,6 +14,7 @@ from pipeline.errors import (
     ConfigError,
     DeliveryFailed,
     MessageTooLarge,
+    PipelineError,
     TransportError,
     UnknownTopic,
 )
@@ -48,7 +49,9 @@ def translate(error: KafkaError | KafkaException, context: str) -> TransportErro
     code = err.code()
     text = f"{context}: {err.str()}"
     if code in _UNAVAILABLE:
-        return BrokerUnavailable(text)
+        unavailable = BrokerUnavailable(text)
+        unavailable.diagnose = login_line
+        return unavailable
     if code in _UNKNOWN_TOPIC:
         return UnknownTopic(f"{text} (declare it in topics/ and run `pipeline topics apply`)")
     if code in _TOO_LARGE:
@@ -169,3 +172,17 @@ def login_problem(settings: KafkaSettings, timeout_s: float = LOGIN_PROBE_S) -> 
             f" properties it needs in {CLIENT_VARIABLE} ({', '.join(keys) or 'none set'})"
         )
     return None
+
+
+def login_line() -> str | None:
+    """:func:`login_problem` for the process's settings; None when they cannot be read.
+
+    Set as :attr:`BrokerUnavailable.diagnose <pipeline.errors.BrokerUnavailable.diagnose>` of
+    the errors :func:`translate` makes, so a command's line can say a refused login.
+    """
+    from pipeline.config import load_settings  # noqa: PLC0415 - the settings, when asked
+
+    try:
+        return login_problem(load_settings().kafka)
+    except PipelineError:  # a setting it cannot read, a client it cannot build
+        return None
