@@ -131,6 +131,9 @@ ON CONFLICT (source, event_id) DO NOTHING
 RETURNING id
 """
 
+_DELETE_PROBE = "DELETE FROM {table} WHERE id = %s"
+"""Delete the row a write probe inserted in the same transaction; params: its id."""
+
 _MARK_PRODUCED = """
 UPDATE {table}
 SET state = CASE WHEN state = 'received' THEN 'produced' ELSE state END,
@@ -281,6 +284,7 @@ class Statements:
         self.rows = compose(_ROWS)
         self.create_processed = compose(_CREATE_PROCESSED)
         self.insert = compose(_INSERT)
+        self.delete_probe = compose(_DELETE_PROBE)
         self.mark_produced = compose(_MARK_PRODUCED)
         self.record_failure = compose(_RECORD_FAILURE)
         self.mark_processed = compose(_MARK_PROCESSED)

@@ -67,6 +67,8 @@ Measured (PostgreSQL 15, rows of a 700-byte body, from memory): one statement de
 rows in 0.22 s, about a second a million, so one statement for the tens of millions of a busy
 log's month runs for tens of seconds, longer from disk; a batch of 5,000 took 30 ms.
 """
+_PROBE_ROW = ("~write-probe", "~", "~", "~", "~", "~", "~write-probe", 0, "{}", b"")
+"""The row :meth:`PostgresLogStore.probe_write` inserts and deletes again (no real row's id)."""
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 _SYNCHRONOUS_COMMIT = sql.SQL(
     "SELECT set_config('synchronous_commit', 'on', false)"
@@ -286,6 +288,11 @@ class PostgresLogStore:
                         watch.add_done_callback(_expire_unless_cancelled(deadline))
                     try:
                         yield conn
+                    except psycopg.errors.ReadOnlySqlTransaction:
+                        # Opened while the server or database was read-only, the session stays
+                        # so after it writes again: closed, the pool opens another.
+                        await conn.close()
+                        raise
                     finally:
                         if watch is not None:
                             watch.cancel()
@@ -326,6 +333,22 @@ class PostgresLogStore:
         async with self._connection(bounded=bounded) as conn:
             cur = await conn.execute(query, params)
             return await cur.fetchall()
+
+    async def probe_write(self) -> None:
+        """Commit a row and its deletion in one transaction: whether a webhook's row would commit.
+
+        The row is inserted by the statement inserts use, in a transaction begun as theirs are
+        (a server read-only after a failover, or a database or role whose sessions default to
+        read-only, refuses it), and answered within the connection timeout. Nothing is left of
+        it: no other session ever sees the row.
+
+        Raises:
+            LogStoreError: the transaction could not commit.
+        """
+        columns = [[value] for value in _PROBE_ROW]
+        async with self._connection(bounded=True) as conn, conn.transaction():
+            await conn.execute(self._sql.insert, columns)
+            await conn.execute(self._sql.delete_probe, [_PROBE_ROW[0]])
 
     # IngressLog
 
@@ -588,4 +611,6 @@ class _Deadline:
 
 def _row_fault(exc: Exception) -> bool:
     """Whether a failed batch insert may be one row's fault (not an unreachable server)."""
-    return not isinstance(exc.__cause__, psycopg.OperationalError)
+    return not isinstance(
+        exc.__cause__, psycopg.OperationalError | psycopg.errors.ReadOnlySqlTransaction
+    )

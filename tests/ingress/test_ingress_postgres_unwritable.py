@@ -1,0 +1,245 @@
+"""``pipeline ingress serve`` whose PostgreSQL log stops taking writes, then takes them again.
+
+The faults are real ones. Read-only: a database of the test's own is set
+``default_transaction_read_only`` (as a server read-only after a failover refuses writes) and its
+sessions are ended, so the ones the ingress opens next cannot write; the setting is then reset,
+and nothing else is done (the sessions opened meanwhile stay read-only). Unreachable: the ingress
+reaches the server through a relay that is cut (a network partition of this replica), then
+listens again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import psycopg
+import pytest
+from ingress.helpers import (
+    META,
+    PIPELINE,
+    meta_body,
+    serve_until_listening,
+    write_sources,
+    write_topics,
+)
+from ingress.signing import hub_signature
+from logstore.test_postgres_outage import Relay
+from psycopg import sql
+
+from pipeline.config import Settings
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import TopicConfig
+
+SECRET = "pg-unwritable-secret"  # noqa: S105 - a test secret
+STATES = ("received", "produced", "processed", "abandoned")
+
+
+@pytest.fixture
+async def database(postgres_service: str, unique: str) -> AsyncIterator[str]:
+    """The URL of a database made for the test, dropped after it (its sessions ended)."""
+    name = f"pgready_{unique}"
+    async with await psycopg.AsyncConnection.connect(postgres_service, autocommit=True) as admin:
+        await admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield urlsplit(postgres_service)._replace(path=f"/{name}").geturl()
+        finally:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            await admin.execute(drop.format(sql.Identifier(name)))
+
+
+async def read_only(admin: str, url: str, *, on: bool) -> None:
+    """Set or reset ``default_transaction_read_only`` of ``url``'s database, from ``admin``'s.
+
+    Set: the database's sessions are ended too (the setting applies to new sessions only).
+    """
+    name = sql.Identifier(urlsplit(url).path.lstrip("/"))
+    alter = sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
+    if not on:
+        alter = sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only")
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        await conn.execute(alter.format(name))
+        if on:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                [urlsplit(url).path.lstrip("/")],
+            )
+
+
+@pytest.fixture
+async def relay(postgres_service: str) -> AsyncIterator[Relay]:
+    """A started relay to the test PostgreSQL, cut afterwards."""
+    url = urlsplit(postgres_service)
+    r = Relay(url.hostname or "127.0.0.1", url.port or 5432)
+    await r.start()
+    yield r
+    if r.serving:
+        await r.cut()
+
+
+@pytest.fixture
+async def topic(settings: Settings, redis_service: str, unique: str) -> AsyncIterator[str]:
+    """A Redis Streams topic of the test's own, deleted after it."""
+    name = f"messages-{unique}"
+    transport = create_transport(settings, "redis")
+    await transport.admin().create_topic(TopicConfig(name, 2))
+    try:
+        yield name
+    finally:
+        await transport.admin().delete_topic(name)
+        await transport.close()
+
+
+def variables(tmp_path: Path, redis_url: str, topic: str, log_url: str) -> dict[str, str]:
+    """The ingress's environment: sources and topic files here, the log at ``log_url``."""
+    write_topics(tmp_path / "topics", {topic: "messages"})
+    source = {**META, "secrets": [SECRET], "topic": topic, "routes": []}
+    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    return env | {
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_url,
+        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+        "PIPELINE_INGRESS__LOG_STORE": "postgres",
+        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
+        "PIPELINE_POSTGRES__URL": log_url,
+        "PIPELINE_POSTGRES__CONNECT_TIMEOUT_S": "1",
+    }
+
+
+class Sender:
+    """Signed Meta deliveries, numbered on; remembers which were answered 2xx."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        """Send through ``http``."""
+        self.http = http
+        self.next = 0
+        self.accepted: list[str] = []
+
+    async def send(self) -> httpx.Response:
+        """POST the next delivery."""
+        body = meta_body(self.next)
+        self.next += 1
+        headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
+        answer = await self.http.post("/hooks/whatsapp", content=body, headers=headers)
+        if answer.is_success:
+            self.accepted.append(f"wamid.{self.next - 1}")
+        return answer
+
+
+async def ready(http: httpx.AsyncClient) -> int:
+    """The status of ``/readyz``."""
+    return (await http.get("/readyz")).status_code
+
+
+async def until_ready(http: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
+    """Poll ``/readyz`` until it answers 200; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while await ready(http) != 200:
+        assert time.monotonic() < deadline, "/readyz did not answer 200 again"
+        await asyncio.sleep(0.05)
+
+
+async def stored(url: str) -> dict[str, int]:
+    """Rows of the log per source, read directly."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT source, count(*) FROM ingress_log GROUP BY source")
+        return dict(await cur.fetchall())
+
+
+async def run(env: dict[str, str], *args: str) -> str:
+    """Run ``pipeline *args``; what it printed (it must succeed)."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(PIPELINE), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+async def assert_no_probe_row(env: dict[str, str], database: str, sender: Sender) -> None:
+    """Only the accepted webhooks' rows are kept: status, replay and purge never meet a probe's."""
+    accepted = len(sender.accepted)
+    assert await stored(database) == {"whatsapp": accepted}
+    shown = await run(env, "status")
+    line = next(line for line in shown.splitlines() if line.startswith("ingress log:"))
+    counts = re.findall(r"(?:produced|received|processed) (\d+)", line.split(";")[0])
+    assert sum(int(count) for count in counts) == accepted, shown
+    shown = await run(env, "replay", "--dry-run", "--since", "1970-01-01T00:00:00Z")
+    assert re.search(rf"total\W+{accepted}\b", shown), shown
+    states = [arg for state in STATES for arg in ("--state", state)]
+    shown = await run(env, "purge", "--older-than", "2999-01-01T00:00:00Z", *states)
+    assert f"purged {accepted} rows" in shown, shown
+
+
+async def test_a_read_only_log_answers_503_turns_unready_and_recovers(
+    tmp_path: Path,
+    redis_service: str,
+    topic: str,
+    database: str,
+    postgres_service: str,
+    started: list[subprocess.Popen[str]],
+) -> None:
+    """Read-only: webhooks and /readyz 503; writable again: /readyz and webhooks 200."""
+    env = variables(tmp_path, redis_service, topic, database)
+    proc, url = await asyncio.to_thread(serve_until_listening, env, started)  # relay runs
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        sender = Sender(http)
+        for _ in range(3):
+            assert (await sender.send()).status_code == 200
+        await read_only(postgres_service, database, on=True)
+        answers = [await sender.send() for _ in range(5)]
+        assert {a.status_code for a in answers} == {503}, [a.text for a in answers]
+        assert all(a.headers.get("retry-after") for a in answers)
+        assert await ready(http) == 503  # a load balancer stops sending
+        await read_only(postgres_service, database, on=False)
+        await until_ready(http)  # by itself: nothing is sent to it meanwhile
+        assert (await sender.send()).status_code == 200
+        assert await ready(http) == 200
+    proc.terminate()
+    _, stderr = proc.communicate(timeout=60)
+    assert "read-only transaction" in stderr, stderr
+    await assert_no_probe_row(env, database, sender)
+
+
+async def test_an_unreachable_log_answers_503_turns_unready_and_recovers(
+    tmp_path: Path,
+    redis_service: str,
+    topic: str,
+    database: str,
+    relay: Relay,
+    started: list[subprocess.Popen[str]],
+) -> None:
+    """Cut off: webhooks and /readyz 503; reachable again: /readyz and webhooks 200."""
+    parts = urlsplit(database)
+    through = parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{relay.port}")
+    env = variables(tmp_path, redis_service, topic, through.geturl())
+    proc, url = await asyncio.to_thread(serve_until_listening, env, started)  # relay runs
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        sender = Sender(http)
+        for _ in range(3):
+            assert (await sender.send()).status_code == 200
+        await relay.cut()
+        answers = [await sender.send() for _ in range(2)]
+        assert {a.status_code for a in answers} == {503}, [a.text for a in answers]
+        assert await ready(http) == 503
+        await relay.start()
+        await until_ready(http)
+        assert (await sender.send()).status_code == 200
+        assert await ready(http) == 200
+    proc.terminate()
+    await asyncio.to_thread(proc.communicate, timeout=60)
+    await assert_no_probe_row(env | {"PIPELINE_POSTGRES__URL": database}, database, sender)
