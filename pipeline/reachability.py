@@ -26,6 +26,7 @@ __all__ = [
     "how_to_fix",
     "listen_error",
     "named_with_fix",
+    "refusal",
     "require_listenable",
     "safe_url",
     "unreachable",
@@ -134,6 +135,16 @@ def unreachable(settings: Settings, service: Service, reason: str) -> str:
         return refused
     line = unreachable_at(_NAMES[service], address, variable, reason)
     return line + _kafka_client_hint(settings) if service == "kafka" else line
+
+
+def refusal(settings: Settings, service: Service, reason: str) -> str | None:
+    """The line for a ``service`` that answered but refused the credentials or TLS, else None.
+
+    ``reason`` is the error's text. Only a Redis is recognised here (Kafka's refused SASL login
+    is asked of the broker: :func:`pipeline.transport.kafka.errors.login_problem`).
+    """
+    address, variable = where(settings, service)
+    return _refused(service, address, variable, reason)
 
 
 _AUTH_FAILED = (

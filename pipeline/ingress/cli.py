@@ -29,7 +29,7 @@ from rich.table import Table
 
 from pipeline import tracing
 from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command, until_stopped
-from pipeline.errors import ConfigError
+from pipeline.errors import BrokerUnavailable, ConfigError
 from pipeline.log_repeats import logging_from_environment
 from pipeline.logstore import LogStore, RowState, Selection
 from pipeline.transport import create_transport
@@ -128,6 +128,7 @@ def serve_command(
         settings, ingress = worker_settings(transport, sources)
         built = build_ingress(settings, ingress)
         await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
+        await refuse_a_refused_login(settings)
         await serve(built, host or ingress.host, ingress.port if port is None else port, _ready)
 
     _run(main())
@@ -194,6 +195,7 @@ def serve_workers(
                     host_variable="PIPELINE_INGRESS__METRICS_HOST",
                 )
         await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
+        await refuse_a_refused_login(settings)
         await built.preflight()  # the log database, the topics' limits: before any worker
         return WorkerArgs(
             host or ingress.host,
@@ -286,6 +288,42 @@ async def _reach_broker(settings: Settings) -> None:
     from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415
 
     await reach_broker(settings)
+
+
+_LISTING = "list topics: "
+_UNREACHABLE = "redis unreachable: "
+"""The prefixes of the Redis transport's error, before what Redis said."""
+
+
+async def refuse_a_refused_login(settings: Settings) -> None:
+    """Stop the start (ConfigError: exit 2) when the broker refuses this ingress's login or TLS.
+
+    The broker is asked once, within the status probe's bound. One that does not answer is no
+    reason to stop: the ingress serves into its durable log and the sweeper produces once it
+    answers. A refused password does not heal by waiting: the ingress would accept webhooks it
+    never produces. The line names the service, its address (password hidden) and the setting.
+    """
+    try:
+        await _reach_broker(settings)
+    except BrokerUnavailable as exc:
+        line = await _refusal(settings, exc)
+        if line is not None:
+            raise ConfigError(line) from None
+
+
+async def _refusal(settings: Settings, exc: BrokerUnavailable) -> str | None:
+    """The line for a broker that answered ``exc``'s request with a refusal, else None.
+
+    A Redis's refusal is in the error's text; a Kafka broker's is asked of it (up to 3 s).
+    """
+    from pipeline.reachability import refusal  # noqa: PLC0415 - see the module doc
+
+    if settings.transport == "redis":
+        said = str(exc.__cause__ or exc)
+        return refusal(settings, "redis", said.removeprefix(_LISTING).removeprefix(_UNREACHABLE))
+    if exc.diagnose is None:
+        return None
+    return await asyncio.to_thread(exc.diagnose)
 
 
 async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:

@@ -14,57 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faults.services import KafkaServer, kafka_libs
+from faults.sasl_kafka import WRONG, sasl_client, sasl_kafka
 from support import cli_environment, run_pipeline
 
 pytestmark = pytest.mark.slow
-
-WRONG = "wrong-password-5b2e"
-_JAAS = (
-    "org.apache.kafka.common.security.plain.PlainLoginModule required"
-    ' username="admin" password="admin-pw" user_admin="admin-pw" user_app="app-pw";'
-)
-
-
-class SaslKafka(KafkaServer):
-    """A private broker whose one client listener is SASL_PLAINTEXT with PLAIN users."""
-
-    def _configure(self) -> Path:
-        properties = super()._configure()
-        text = properties.read_text(encoding="utf-8")
-        lines = [
-            line.replace("PLAINTEXT://", "SASL_PLAINTEXT://", 1)
-            if line.startswith(("listeners=", "advertised.listeners="))
-            else line
-            for line in text.splitlines()
-        ]
-        text = "\n".join(lines).replace(
-            "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-        )
-        text = text.replace(
-            "inter.broker.listener.name=PLAINTEXT", "inter.broker.listener.name=SASL_PLAINTEXT"
-        )
-        text += (
-            "\nsasl.enabled.mechanisms=PLAIN\nsasl.mechanism.inter.broker.protocol=PLAIN\n"
-            f"listener.name.sasl_plaintext.plain.sasl.jaas.config={_JAAS}\n"
-        )
-        properties.write_text(text, encoding="utf-8")
-        return properties
 
 
 @pytest.fixture(scope="module")
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The bootstrap address of a private SASL broker, stopped after the module."""
-    libs = kafka_libs()
-    if libs is None:
-        pytest.skip("no cached Kafka jars (run deploy/local/kafka.sh once)")
-    server = SaslKafka(tmp_path_factory.mktemp("sasl-kafka"), libs)
-    server.start()
-    try:
-        yield server.bootstrap_servers
-    finally:
-        server.stop()
+    with sasl_kafka(tmp_path_factory.mktemp("sasl-kafka")) as bootstrap:
+        yield bootstrap
 
 
 def kafka_env(tmp_path: Path, bootstrap: str, client: dict[str, str] | None) -> dict[str, str]:
@@ -99,13 +59,7 @@ def test_a_wrong_password_is_named_as_a_refused_login(
     sasl_broker: str, tmp_path: Path, command: tuple[str, ...]
 ) -> None:
     """A wrong sasl.password: the broker refused the login, the keys to check, not 'start it'."""
-    client = {
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "PLAIN",
-        "sasl.username": "app",
-        "sasl.password": WRONG,
-    }
-    env = kafka_env(tmp_path, sasl_broker, client)
+    env = kafka_env(tmp_path, sasl_broker, sasl_client(WRONG))
     line = one_line(run_pipeline(*command, env=env, cwd=Path(__file__).parents[2]))
     assert f"Kafka at {sasl_broker}" in line
     assert "refused the login" in line
