@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -9,13 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 import yaml
+from ingress.signing import hub_signature
 from logstore.helpers import FakeClock, new_row
 from runtime.helpers import eventually
 from support import test_settings
@@ -175,6 +177,76 @@ def write_whatsapp_source(tmp_path: Path, topic: str, secret: str) -> None:
     write_topics(tmp_path / "topics", {topic: "messages"})
     source = {**META, "secrets": [secret], "topic": topic, "routes": []}
     write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+
+
+def whatsapp_ingress_env(
+    tmp_path: Path, redis_url: str, topic: str, secret: str, **extra: str
+) -> dict[str, str]:
+    """:func:`ingress_env` of an ingress with :func:`write_whatsapp_source`'s files written."""
+    write_whatsapp_source(tmp_path, topic, secret)
+    return ingress_env(tmp_path, redis_url, None, **extra)
+
+
+class Webhooks:
+    """A served ingress's HTTP side: signed Meta deliveries numbered on, and its ``/readyz``.
+
+    Remembers the event ids of the deliveries answered 2xx.
+    """
+
+    def __init__(self, http: httpx.AsyncClient, secret: str, size: int = 0) -> None:
+        """Send through ``http`` deliveries of about ``size`` bytes, signed with ``secret``."""
+        self.http = http
+        self.secret = secret
+        self.size = size
+        self.next = 0
+        self.accepted: list[str] = []
+
+    async def send(self) -> httpx.Response:
+        """POST the next delivery to ``/hooks/whatsapp``."""
+        body = meta_body(self.next, size=self.size)
+        self.next += 1
+        headers = {"x-hub-signature-256": hub_signature(self.secret, body)}
+        answer = await self.http.post("/hooks/whatsapp", content=body, headers=headers)
+        if answer.is_success:
+            self.accepted.append(f"wamid.{self.next - 1}")
+        return answer
+
+    async def send_accepted(self, count: int) -> None:
+        """Send ``count`` deliveries; each must be answered 200."""
+        for _ in range(count):
+            assert (await self.send()).status_code == 200
+
+    async def ready(self) -> int:
+        """The status of ``/readyz``."""
+        return (await self.http.get("/readyz")).status_code
+
+    async def until_ready(self, timeout_s: float = 30.0) -> None:
+        """Poll ``/readyz`` until it answers 200; fail after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while await self.ready() != 200:
+            assert time.monotonic() < deadline, "/readyz did not answer 200 again"
+            await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def serving(
+    env: dict[str, str], started: list[subprocess.Popen[str]], secret: str, size: int = 0
+) -> AsyncIterator[tuple[subprocess.Popen[str], Webhooks]]:
+    """An ingress :func:`serve_until_listening` (into ``started``), and :class:`Webhooks` to it.
+
+    The event loop runs while it starts (a relay in it may carry its connections); the process is
+    left running at the end of the block: :func:`terminated` ends it.
+    """
+    proc, url = await asyncio.to_thread(serve_until_listening, env, started)
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        yield proc, Webhooks(http, secret, size)
+
+
+async def terminated(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> str:
+    """SIGTERM to ``proc``, then its stderr once it ended (within ``timeout_s``)."""
+    proc.terminate()
+    _, stderr = await asyncio.to_thread(proc.communicate, timeout=timeout_s)
+    return stderr
 
 
 def build(

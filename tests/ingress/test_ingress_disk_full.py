@@ -8,24 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 import sqlite3
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from ingress.helpers import (
-    META,
-    PIPELINE,
-    meta_body,
-    serve_until_listening,
-    write_sources,
-    write_topics,
-)
-from ingress.signing import hub_signature
+from ingress.helpers import PIPELINE, serving, terminated, whatsapp_ingress_env
 
 from pipeline.config import Settings
 from pipeline.transport import create_transport
@@ -74,59 +63,11 @@ async def env(
     transport = create_transport(settings, "redis")
     await transport.admin().create_topic(TopicConfig(topic, 2))
     try:
-        yield _variables(tmp_path, volume, redis_service, topic)
+        log = {"PIPELINE_INGRESS__SQLITE_PATH": str(volume / "ingress.db")}
+        yield whatsapp_ingress_env(tmp_path, redis_service, topic, SECRET, **log)
     finally:
         await transport.admin().delete_topic(topic)
         await transport.close()
-
-
-def _variables(tmp_path: Path, volume: Path, redis_url: str, topic: str) -> dict[str, str]:
-    """The ingress's environment: sources and topic files here, the log on ``volume``."""
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": [SECRET], "topic": topic, "routes": []}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
-    variables = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    return variables | {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_url,
-        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(volume / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-    }
-
-
-class Sender:
-    """Signed Meta deliveries, numbered on; remembers which were answered 2xx."""
-
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        """Send through ``http``."""
-        self.http = http
-        self.next = 0
-        self.accepted: list[str] = []
-
-    async def send(self) -> httpx.Response:
-        """POST the next delivery."""
-        body = meta_body(self.next, size=2000)
-        self.next += 1
-        headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
-        answer = await self.http.post("/hooks/whatsapp", content=body, headers=headers)
-        if answer.is_success:
-            self.accepted.append(f"wamid.{self.next - 1}")
-        return answer
-
-
-async def ready(http: httpx.AsyncClient) -> int:
-    """The status of ``/readyz``."""
-    return (await http.get("/readyz")).status_code
-
-
-async def until_ready(http: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
-    """Poll ``/readyz`` until it answers 200; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while await ready(http) != 200:
-        assert time.monotonic() < deadline, "/readyz did not answer 200 again"
-        await asyncio.sleep(0.05)
 
 
 def stored_event_ids(database: Path) -> set[str]:
@@ -139,41 +80,33 @@ async def test_a_full_volume_answers_503_turns_unready_says_so_once_and_recovers
     env: dict[str, str], volume: Path, started: list[subprocess.Popen[str]]
 ) -> None:
     """Full: 503 with Retry-After, /readyz 503, one line naming the volume; freed: it recovers."""
-    proc, url = serve_until_listening(env, started)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        sender = Sender(http)
-        for _ in range(5):
-            assert (await sender.send()).status_code == 200
+    async with serving(env, started, SECRET, size=2000) as (proc, hooks):
+        await hooks.send_accepted(5)
         fill(volume / "filler")
-        answers = [await sender.send() for _ in range(20)]
+        answers = [await hooks.send() for _ in range(20)]
         assert {a.status_code for a in answers} == {503}, [a.text for a in answers]
         assert all(a.headers.get("retry-after") for a in answers)
         assert {a.json()["error"] for a in answers} == {"log store unavailable"}
-        assert await ready(http) == 503  # a load balancer stops sending
+        assert await hooks.ready() == 503  # a load balancer stops sending
         (volume / "filler").unlink()
-        await until_ready(http)  # by itself: nothing is sent to it meanwhile
-        assert (await sender.send()).status_code == 200
-        assert await ready(http) == 200
-    proc.terminate()
-    _, stderr = proc.communicate(timeout=60)
+        await hooks.until_ready()  # by itself: nothing is sent to it meanwhile
+        assert (await hooks.send()).status_code == 200
+        assert await hooks.ready() == 200
+    stderr = await terminated(proc)
     full_lines = [line for line in stderr.splitlines() if ADVICE in line]
     assert full_lines, stderr
     assert len(full_lines) <= 3, stderr  # said once (and the unready line), not per request
     assert str(volume / "ingress.db") in full_lines[0]
-    assert set(sender.accepted) <= stored_event_ids(volume / "ingress.db")
+    assert set(hooks.accepted) <= stored_event_ids(volume / "ingress.db")
 
 
 async def test_a_purge_on_a_full_volume_says_what_to_do(
     env: dict[str, str], volume: Path, started: list[subprocess.Popen[str]]
 ) -> None:
     """A purge that cannot write (SQLite's delete needs room too) names the volume to free."""
-    proc, url = serve_until_listening(env, started)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        sender = Sender(http)
-        for _ in range(3):
-            assert (await sender.send()).status_code == 200
-    proc.terminate()
-    proc.communicate(timeout=60)
+    async with serving(env, started, SECRET, size=2000) as (proc, hooks):
+        await hooks.send_accepted(3)
+    await terminated(proc)
     fill(volume / "filler")
     done = await asyncio.to_thread(
         subprocess.run,

@@ -11,26 +11,15 @@ listens again.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
 import psycopg
 import pytest
-from ingress.helpers import (
-    META,
-    PIPELINE,
-    meta_body,
-    serve_until_listening,
-    write_sources,
-    write_topics,
-)
-from ingress.signing import hub_signature
+from ingress.helpers import PIPELINE, Webhooks, serving, terminated, whatsapp_ingress_env
 from logstore.test_postgres_outage import Relay
 from psycopg import sql
 
@@ -99,53 +88,12 @@ async def topic(settings: Settings, redis_service: str, unique: str) -> AsyncIte
 
 def variables(tmp_path: Path, redis_url: str, topic: str, log_url: str) -> dict[str, str]:
     """The ingress's environment: sources and topic files here, the log at ``log_url``."""
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": [SECRET], "topic": topic, "routes": []}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    return env | {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_url,
-        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+    log = {
         "PIPELINE_INGRESS__LOG_STORE": "postgres",
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
         "PIPELINE_POSTGRES__URL": log_url,
         "PIPELINE_POSTGRES__CONNECT_TIMEOUT_S": "1",
     }
-
-
-class Sender:
-    """Signed Meta deliveries, numbered on; remembers which were answered 2xx."""
-
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        """Send through ``http``."""
-        self.http = http
-        self.next = 0
-        self.accepted: list[str] = []
-
-    async def send(self) -> httpx.Response:
-        """POST the next delivery."""
-        body = meta_body(self.next)
-        self.next += 1
-        headers = {"x-hub-signature-256": hub_signature(SECRET, body)}
-        answer = await self.http.post("/hooks/whatsapp", content=body, headers=headers)
-        if answer.is_success:
-            self.accepted.append(f"wamid.{self.next - 1}")
-        return answer
-
-
-async def ready(http: httpx.AsyncClient) -> int:
-    """The status of ``/readyz``."""
-    return (await http.get("/readyz")).status_code
-
-
-async def until_ready(http: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
-    """Poll ``/readyz`` until it answers 200; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while await ready(http) != 200:
-        assert time.monotonic() < deadline, "/readyz did not answer 200 again"
-        await asyncio.sleep(0.05)
+    return whatsapp_ingress_env(tmp_path, redis_url, topic, SECRET, **log)
 
 
 async def stored(url: str) -> dict[str, int]:
@@ -170,9 +118,9 @@ async def run(env: dict[str, str], *args: str) -> str:
     return done.stdout + done.stderr
 
 
-async def assert_no_probe_row(env: dict[str, str], database: str, sender: Sender) -> None:
+async def assert_no_probe_row(env: dict[str, str], database: str, hooks: Webhooks) -> None:
     """Only the accepted webhooks' rows are kept: status, replay and purge never meet a probe's."""
-    accepted = len(sender.accepted)
+    accepted = len(hooks.accepted)
     assert await stored(database) == {"whatsapp": accepted}
     shown = await run(env, "status")
     line = next(line for line in shown.splitlines() if line.startswith("ingress log:"))
@@ -195,24 +143,20 @@ async def test_a_read_only_log_answers_503_turns_unready_and_recovers(
 ) -> None:
     """Read-only: webhooks and /readyz 503; writable again: /readyz and webhooks 200."""
     env = variables(tmp_path, redis_service, topic, database)
-    proc, url = await asyncio.to_thread(serve_until_listening, env, started)  # relay runs
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        sender = Sender(http)
-        for _ in range(3):
-            assert (await sender.send()).status_code == 200
+    async with serving(env, started, SECRET) as (proc, hooks):
+        await hooks.send_accepted(3)
         await read_only(postgres_service, database, on=True)
-        answers = [await sender.send() for _ in range(5)]
+        answers = [await hooks.send() for _ in range(5)]
         assert {a.status_code for a in answers} == {503}, [a.text for a in answers]
         assert all(a.headers.get("retry-after") for a in answers)
-        assert await ready(http) == 503  # a load balancer stops sending
+        assert await hooks.ready() == 503  # a load balancer stops sending
         await read_only(postgres_service, database, on=False)
-        await until_ready(http)  # by itself: nothing is sent to it meanwhile
-        assert (await sender.send()).status_code == 200
-        assert await ready(http) == 200
-    proc.terminate()
-    _, stderr = proc.communicate(timeout=60)
+        await hooks.until_ready()  # by itself: nothing is sent to it meanwhile
+        assert (await hooks.send()).status_code == 200
+        assert await hooks.ready() == 200
+    stderr = await terminated(proc)
     assert "read-only transaction" in stderr, stderr
-    await assert_no_probe_row(env, database, sender)
+    await assert_no_probe_row(env, database, hooks)
 
 
 async def test_an_unreachable_log_answers_503_turns_unready_and_recovers(
@@ -227,19 +171,15 @@ async def test_an_unreachable_log_answers_503_turns_unready_and_recovers(
     parts = urlsplit(database)
     through = parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{relay.port}")
     env = variables(tmp_path, redis_service, topic, through.geturl())
-    proc, url = await asyncio.to_thread(serve_until_listening, env, started)  # relay runs
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        sender = Sender(http)
-        for _ in range(3):
-            assert (await sender.send()).status_code == 200
+    async with serving(env, started, SECRET) as (proc, hooks):  # the relay runs meanwhile
+        await hooks.send_accepted(3)
         await relay.cut()
-        answers = [await sender.send() for _ in range(2)]
+        answers = [await hooks.send() for _ in range(2)]
         assert {a.status_code for a in answers} == {503}, [a.text for a in answers]
-        assert await ready(http) == 503
+        assert await hooks.ready() == 503
         await relay.start()
-        await until_ready(http)
-        assert (await sender.send()).status_code == 200
-        assert await ready(http) == 200
-    proc.terminate()
-    await asyncio.to_thread(proc.communicate, timeout=60)
-    await assert_no_probe_row(env | {"PIPELINE_POSTGRES__URL": database}, database, sender)
+        await hooks.until_ready()
+        assert (await hooks.send()).status_code == 200
+        assert await hooks.ready() == 200
+    await terminated(proc)
+    await assert_no_probe_row(env | {"PIPELINE_POSTGRES__URL": database}, database, hooks)

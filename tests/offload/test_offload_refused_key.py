@@ -11,14 +11,13 @@ printed.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from offload.helpers import closed_port
-from support import IDLE_APP, require_service, run_pipeline
+from offload.helpers import consume_idle, offload_env
+from support import require_service, run_pipeline
 
 from pipeline.offload.errors import OffloadError, PayloadMissing
 from pipeline.offload.store import _key_refused
@@ -31,28 +30,15 @@ def environment(
 ) -> dict[str, str]:
     """S3Proxy with a wrong secret, a lane offloading to it, an ingress with no sources."""
     require_service("s3proxy", "127.0.0.1", 9000)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIPELINE_", "AWS_"))}
-    topics = tmp_path / "topics"
-    topics.mkdir(exist_ok=True)
-    (topics / f"{lane}.yaml").write_text(
-        f"name: {lane}\npartitions: 1\noffload:\n  store: s3://pipeline/refused-{lane}\n",
-        encoding="utf-8",
-    )
-    (tmp_path / "sources.yaml").write_text("sources: {}\n", encoding="utf-8")
-    return env | {
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
-        "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": key_id,
-        "AWS_SECRET_ACCESS_KEY": WRONG_SECRET,
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": f"redis://127.0.0.1:{closed_port()}/0",
-        "PIPELINE_TOPICS_DIR": str(topics),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
+    return offload_env(
+        tmp_path,
+        lane,
+        f"s3://pipeline/refused-{lane}",
+        AWS_REGION="us-east-1",
+        AWS_ACCESS_KEY_ID=key_id,
+        AWS_SECRET_ACCESS_KEY=WRONG_SECRET,
         **extra,
-    }
+    )
 
 
 def one_refusal_line(result: subprocess.CompletedProcess[str], lane: str, code: int) -> str:
@@ -87,10 +73,8 @@ def test_consume_with_a_refused_key_stops_at_start(
 ) -> None:
     """`pipeline consume` of a lane whose store refuses the key exits 2 at start."""
     lane = f"refused_{unique}"
-    (tmp_path / f"{lane}.py").write_text(IDLE_APP.format(lane=lane), encoding="utf-8")
     env = environment(tmp_path, lane, PIPELINE_REDIS__URL=redis_service)
-    result = run_pipeline("consume", f"{lane}:app", "-g", f"g-{unique}", env=env, cwd=tmp_path)
-    one_refusal_line(result, lane, 2)
+    one_refusal_line(consume_idle(tmp_path, lane, f"g-{unique}", env), lane, 2)
 
 
 def test_purge_with_a_refused_key_is_one_line(tmp_path: Path, unique: str) -> None:

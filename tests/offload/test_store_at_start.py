@@ -2,44 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from offload.helpers import closed_port
-from support import IDLE_APP, run_pipeline
+from offload.helpers import closed_port, consume_idle, offload_env
+from support import run_pipeline
 
 S3PROXY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "pipeline", "AWS_SECRET_ACCESS_KEY": "pipeline-local"}
 
 
 def environment(tmp_path: Path, lane: str, **extra: str) -> dict[str, str]:
     """No AWS credentials, a lane offloading to S3Proxy, an ingress with no sources, Redis down."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("PIPELINE_")
-        and k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-    }
-    topics = tmp_path / "topics"
-    topics.mkdir(exist_ok=True)
-    (topics / f"{lane}.yaml").write_text(
-        f"name: {lane}\npartitions: 1\noffload:\n  store: s3://pipeline/start-{lane}\n",
-        encoding="utf-8",
-    )
-    (tmp_path / "sources.yaml").write_text("sources: {}\n", encoding="utf-8")
-    return env | {
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": f"redis://127.0.0.1:{closed_port()}/0",
-        "PIPELINE_TOPICS_DIR": str(topics),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
-        **extra,
-    }
+    return offload_env(tmp_path, lane, f"s3://pipeline/start-{lane}", **extra)
 
 
 def refused_for_credentials(result: subprocess.CompletedProcess[str], lane: str) -> None:
@@ -70,10 +46,8 @@ def test_consume_without_credentials_stops_at_start(
 ) -> None:
     """`pipeline consume` of an S3 lane without credentials exits 2 naming the variables to set."""
     lane = f"nocreds_{unique}"
-    (tmp_path / f"{lane}.py").write_text(IDLE_APP.format(lane=lane), encoding="utf-8")
     env = environment(tmp_path, lane, PIPELINE_REDIS__URL=redis_service)
-    result = run_pipeline("consume", f"{lane}:app", "-g", f"g-{unique}", env=env, cwd=tmp_path)
-    refused_for_credentials(result, lane)
+    refused_for_credentials(consume_idle(tmp_path, lane, f"g-{unique}", env), lane)
 
 
 def test_the_ingress_with_its_store_down_warns_once_and_serves(tmp_path: Path, unique: str) -> None:
