@@ -629,6 +629,17 @@ local function solo(keys, args)
   return {'process', alone}
 end
 
+-- Appends a follower release_next released (key, decision, id, message) to out; nothing when
+-- it released none.
+local function add_released(out, key, released)
+  if released[1] then
+    out[#out + 1] = key
+    out[#out + 1] = released[1]
+    out[#out + 1] = released[2]
+    out[#out + 1] = released[3]
+  end
+end
+
 -- A lane that no longer parks (made unordered, or left without retry tiers) has no head of its
 -- own to release what it parked before: its members' reap releases each parked key with no
 -- release in progress (at most `limit`) to the caller. A held follower at the head is released as
@@ -659,13 +670,7 @@ local function drain(tag, parked, rel, now, hold_ms, lease, grace_ms, limit, me)
         if due then redis.call('ZREM', k.z, head) end
       end
       if due then
-        local released = release_next(k, now, hold_ms, key, lease, 1, me)
-        if released[1] then
-          out[#out + 1] = key
-          out[#out + 1] = released[1]
-          out[#out + 1] = released[2]
-          out[#out + 1] = released[3]
-        end
+        add_released(out, key, release_next(k, now, hold_ms, key, lease, 1, me))
       end
     end
   end
@@ -701,13 +706,7 @@ local function reap(keys, args)
   for _, key in ipairs(due) do
     local k = of_key({run = tag .. ':run', gone = tag .. ':gone', parked = tag .. ':parked',
                       rel = keys[1]}, tag, key)
-    local released = release_next(k, now, hold_ms, key, lease, 1, args[6])
-    if released[1] then
-      out[#out + 1] = key
-      out[#out + 1] = released[1]
-      out[#out + 1] = released[2]
-      out[#out + 1] = released[3]
-    end
+    add_released(out, key, release_next(k, now, hold_ms, key, lease, 1, args[6]))
   end
   local parked = tag .. ':parked'
   if args[7] and args[7] ~= '' then
