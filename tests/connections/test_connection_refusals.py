@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from ingress.redis_server import password_redis as private_password_redis
 
 from pipeline.config import load_settings
 from pipeline.runtime.run import _address
@@ -178,33 +179,10 @@ def test_the_members_start_line_masks_a_query_password() -> None:
 
 
 @pytest.fixture
-def password_redis(tmp_path: Path) -> Iterator[int]:
-    """A redis-server of this test's own that requires a password; its port. Killed at the end."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed; run `make services`")
-    port = free_port()
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--requirepass", SECRET,
-         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"-NOAUTH"):
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"the redis-server on {port} did not start"
-            time.sleep(0.05)
+def password_redis() -> Iterator[int]:
+    """A redis-server of this test's own that requires a password; its port."""
+    with private_password_redis(SECRET) as port:
         yield port
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def test_a_password_left_out_says_to_give_the_credentials(password_redis: int) -> None:

@@ -7,7 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -97,3 +97,35 @@ async def command_calls(client: Redis, command: str) -> int:
     """How many ``command`` calls the server has run (those called from Lua included)."""
     stats = await client.info("commandstats")
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+@contextlib.contextmanager
+def password_redis(password: str) -> Iterator[int]:
+    """The port of a private ``redis-server --requirepass PASSWORD``, stopped at the end.
+
+    Without persistence; ready when its log says it accepts connections (a ``PING`` would only
+    be refused). Skips the test when ``redis-server`` is not installed.
+    """
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed; run `make services`")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            *("redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+            *("--appendonly", "no", "--requirepass", password, "--daemonize", "no"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # its log says when it accepts connections
+            if "Ready to accept connections" in line:
+                break
+        else:
+            raise AssertionError(f"redis-server on port {port} did not start")
+        yield port
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import json
 import select
-import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from faults.sasl_kafka import WRONG, sasl_client, sasl_kafka
 from ingress.helpers import LISTENING, start_ingress
+from ingress.redis_server import password_redis
 from support import BROKER_DOWN, cli_environment
-
-from pipeline.testing.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -31,34 +28,6 @@ RIGHT = "right-password-7c41"
 POSTGRES = "postgresql://pipeline:pipeline@127.0.0.1:5432/pipeline"
 START_S = 60.0
 """The longest a start may take to listen or to exit; a bound, not a wait."""
-
-
-@contextmanager
-def password_redis() -> Iterator[int]:
-    """The port of a private ``redis-server --requirepass RIGHT``, stopped at the end."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed; run `make services`")
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            *("redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
-            *("--appendonly", "no", "--requirepass", RIGHT, "--daemonize", "no"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:  # its log says when it accepts connections
-            if "Ready to accept connections" in line:
-                break
-        else:
-            raise AssertionError(f"redis-server on port {port} did not start")
-        yield port
-    finally:
-        process.terminate()
-        process.communicate(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +78,7 @@ def refused_line(env: dict[str, str], cwd: Path, secret: str, *options: str) -> 
 
 def test_a_wrong_redis_password_stops_the_start(tmp_path: Path) -> None:
     """PIPELINE_TRANSPORT=redis with a password Redis refuses: exit 2, Redis's address hidden."""
-    with password_redis() as port:
+    with password_redis(RIGHT) as port:
         url = f"redis://:{WRONG}@127.0.0.1:{port}/0"
         env = cli_environment(tmp_path, PIPELINE_TRANSPORT="redis", PIPELINE_REDIS__URL=url)
         line = refused_line(env, tmp_path, WRONG)
@@ -121,7 +90,7 @@ def test_a_wrong_redis_password_stops_the_start(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_a_wrong_redis_password_stops_the_workers_start(tmp_path: Path) -> None:
     """``--workers 2``: the supervisor says it once, exit 2, before any worker starts."""
-    with password_redis() as port:
+    with password_redis(RIGHT) as port:
         url = f"redis://:{WRONG}@127.0.0.1:{port}/0"
         env = cli_environment(
             tmp_path,
@@ -137,7 +106,7 @@ def test_a_wrong_redis_password_stops_the_workers_start(tmp_path: Path) -> None:
 
 def test_the_right_redis_password_serves(tmp_path: Path) -> None:
     """The password Redis expects: the ingress listens (the check refuses only a refusal)."""
-    with password_redis() as port:
+    with password_redis(RIGHT) as port:
         url = f"redis://:{RIGHT}@127.0.0.1:{port}/0"
         env = cli_environment(tmp_path, PIPELINE_TRANSPORT="redis", PIPELINE_REDIS__URL=url)
         listened, result = started(env, tmp_path)
