@@ -20,7 +20,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Protocol, runtime_checkable
 
 import uvicorn
 from redis.asyncio import Redis
@@ -67,14 +66,6 @@ flight), the sweeper's batch in hand, the queued events (see :func:`step_s`)."""
 
 WRITE_PROBE_S = 1.0
 """How often an ingress whose log store failed an insert tries a write, to turn ready again."""
-
-
-@runtime_checkable
-class WriteProbe(Protocol):
-    """A log store that can try a write without keeping anything (the SQLite log)."""
-
-    async def probe_write(self) -> None:
-        """Commit nothing lasting; raise LogStoreError while the store cannot write."""
 
 
 def step_s(ingress: IngressSettings) -> float:
@@ -287,8 +278,7 @@ class Ingress:
             self.observer.sources.append(self.capacity.source(self.observer.metrics))
         self.observer.start()
         self.observer.ready = True
-        if isinstance(self.store, WriteProbe):
-            self.app.log_failed = functools.partial(self._log_failed, self.store)
+        self.app.log_failed = self._log_failed
         if not self.sources:  # a placeholder (deploy/k8s/base) or a file not filled in yet
             log.warning(
                 "%s declares no sources: every POST /hooks/{source} is answered 404; add one"
@@ -321,14 +311,14 @@ class Ingress:
         self._stopping = True
         self.observer.ready = False
 
-    def _log_failed(self, probe: WriteProbe, _exc: LogStoreError) -> None:
+    def _log_failed(self, _exc: LogStoreError) -> None:
         """An insert failed: ``/readyz`` 503 until a write probe commits again."""
         if self._unwritable is not None or self._stopping:
             return
         self.observer.ready = False
-        self._unwritable = asyncio.create_task(self._until_writable(probe))
+        self._unwritable = asyncio.create_task(self._until_writable())
 
-    async def _until_writable(self, probe: WriteProbe) -> None:
+    async def _until_writable(self) -> None:
         """Try a write every :data:`WRITE_PROBE_S` until one commits, then turn ready again."""
         log.error(
             "ingress unready (/readyz 503) until its log store %s can write again (the error "
@@ -340,7 +330,7 @@ class Ingress:
         while True:
             await asyncio.sleep(WRITE_PROBE_S)
             with contextlib.suppress(LogStoreError):
-                await probe.probe_write()
+                await self.store.probe_write()
                 break
         self._unwritable = None
         if not self._stopping:

@@ -272,6 +272,18 @@ class LogStore(SweepLog, ProcessedMarker, ReplayLog, Protocol):
         """Finish pending writes and release connections."""
         ...
 
+    async def probe_write(self) -> None:
+        """Commit a write that keeps nothing: whether a webhook's row would commit now.
+
+        A row inserted and deleted in one transaction, which no reader sees. The ingress tries
+        it each second while unready after a failed insert.
+
+        Raises:
+            LogStoreError: the store cannot write (a full volume, a read-only or unreachable
+                server).
+        """
+        ...
+
     async def purge(
         self,
         older_than_ms: int,
