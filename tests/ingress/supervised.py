@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import psycopg
 from contract.helpers import make_topic
-from ingress.helpers import META, write_sources, write_topics
+from ingress.helpers import write_whatsapp_source
 
 from pipeline.config import Settings
 from pipeline.transport import create_transport
@@ -48,9 +48,7 @@ async def workers_setup(
     schema = f"w_{uuid.uuid4().hex[:12]}"
     transport = create_transport(settings, "redis")
     await make_topic(transport, topic, 2)
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": ["env:PIPELINE_TEST_WORKERS_SECRET"], "topic": topic, "routes": []}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    write_whatsapp_source(tmp_path, topic, "env:PIPELINE_TEST_WORKERS_SECRET")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
     env |= {
         "PIPELINE_TEST_WORKERS_SECRET": secret,

@@ -12,11 +12,9 @@ import httpx
 import pytest
 from contract.helpers import consume_until, make_topic
 from ingress.helpers import (
-    META,
     meta_body,
     serve_until_listening,
-    write_sources,
-    write_topics,
+    write_whatsapp_source,
 )
 from ingress.redis_server import RedisServer
 from ingress.signing import hub_signature
@@ -52,9 +50,7 @@ async def env(
     )
     transport = create_transport(broker, "redis")
     await make_topic(transport, topic, 2)
-    write_topics(tmp_path / "topics", {topic: "messages"})
-    source = {**META, "secrets": ["env:PIPELINE_TEST_LIFE_SECRET"], "topic": topic, "routes": []}
-    write_sources(tmp_path / "sources.yaml", {"whatsapp": source})
+    write_whatsapp_source(tmp_path, topic, "env:PIPELINE_TEST_LIFE_SECRET")
     variables = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
     yield variables | {
         "PIPELINE_TEST_LIFE_SECRET": SECRET,
