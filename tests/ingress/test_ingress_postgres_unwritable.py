@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 from ingress.helpers import PIPELINE, Webhooks, serving, terminated, whatsapp_ingress_env
-from logstore.test_postgres_outage import Relay
+from logstore.relay import Relay, relay_to
 from psycopg import sql
 
 from pipeline.config import Settings
@@ -65,12 +65,8 @@ async def read_only(admin: str, url: str, *, on: bool) -> None:
 @pytest.fixture
 async def relay(postgres_service: str) -> AsyncIterator[Relay]:
     """A started relay to the test PostgreSQL, cut afterwards."""
-    url = urlsplit(postgres_service)
-    r = Relay(url.hostname or "127.0.0.1", url.port or 5432)
-    await r.start()
-    yield r
-    if r.serving:
-        await r.cut()
+    async with relay_to(postgres_service) as started:
+        yield started
 
 
 @pytest.fixture
