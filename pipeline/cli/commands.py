@@ -41,6 +41,7 @@ from pipeline.cli_support import (
     run_command,
     until_stopped,
 )
+from pipeline.descriptors import raise_open_file_limit
 from pipeline.envelope import Message, printable
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
@@ -881,11 +882,14 @@ def _lane_groups(pairs: list[str], lanes: set[str]) -> dict[str, str]:
 def main() -> None:
     """Console-script entry point; ``PIPELINE_LOG_LEVEL`` (default WARNING) sets the log level.
 
-    Errors raised before a command's runner (settings read at the edge, a client refusing its
-    configuration) get the same one line and exit code as inside it.
+    Every command runs with its soft open-file limit raised to the hard one
+    (:mod:`pipeline.descriptors`), as do the processes it starts. Errors raised before a
+    command's runner (settings read at the edge, a client refusing its configuration) get the
+    same one line and exit code as inside it.
     """
     try:
         configure_logging(*logging_from_environment())
+        raise_open_file_limit()
         tracing.configure(
             os.environ,
             service=_service_name(sys.argv[1:]),

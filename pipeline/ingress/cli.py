@@ -29,6 +29,7 @@ from rich.table import Table
 
 from pipeline import tracing
 from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command, until_stopped
+from pipeline.descriptors import raise_open_file_limit
 from pipeline.errors import BrokerUnavailable, ConfigError
 from pipeline.log_repeats import logging_from_environment
 from pipeline.logstore import LogStore, RowState, Selection
@@ -698,6 +699,7 @@ def purge_command(
 
 def main() -> None:  # pragma: no cover - for `python -m pipeline.ingress.cli`
     """Run the ingress commands on their own (before they are registered in pipeline.cli)."""
+    raise_open_file_limit()
     tracing.configure(os.environ, service="pipeline-ingress")
     root = typer.Typer(
         no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=HELP_MARKUP

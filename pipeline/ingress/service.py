@@ -463,17 +463,30 @@ def _check_unfinished_bound(ingress: IngressSettings, sources: Mapping[str, Sour
 FD_RESERVE = 128
 """Descriptors kept from client connections for the log store, the broker, the metrics port,
 the sweeper and the logs (an ingress at rest holds about 25)."""
+CONNECTIONS_CAP = 16_384
+"""The most client connections one process holds by default, whatever its open-file limit.
+
+The bound's default follows the open-file limit, which each command raises to the hard limit
+(:mod:`pipeline.descriptors`; systemd's is 524288): memory runs out long before descriptors
+would. An idle connection costs the ingress about 5.3 KiB of resident memory (measured: 10,000
+idle connections added 52 MiB), plus the kernel's socket memory and up to
+``PIPELINE_INGRESS__MAX_UNFINISHED_BYTES`` of unfinished requests over all of them: at the cap
+about 85 MiB of the process, at 524288 connections about 2.7 GiB. A larger
+``PIPELINE_INGRESS__MAX_CONNECTIONS`` is taken, up to the open-file limit less the reserve."""
 
 
-def max_connections(ingress: IngressSettings) -> int | None:
-    """How many client connections one process holds: the setting, else its fd limit less a reserve.
+def max_connections(ingress: IngressSettings) -> int:
+    """How many client connections one process holds: the setting, else a default.
 
-    None when the open-file limit is unlimited and nothing is set.
+    The default is the open-file limit less :data:`FD_RESERVE`, at most
+    :data:`CONNECTIONS_CAP` (the cap alone when the limit is unlimited); a setting may go past
+    the cap, up to the limit less the reserve.
 
     Raises:
-        ConfigError: ``max_connections`` leaves less than :data:`FD_RESERVE` of the open-file
-            limit: a flood of connections could then take the descriptors the log store and the
-            broker need.
+        ConfigError: the open-file limit leaves no descriptor for connections once
+            :data:`FD_RESERVE` are kept, or ``max_connections`` leaves less than the reserve: a
+            flood of connections could then take the descriptors the log store and the broker
+            need.
     """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     room = None if soft == resource.RLIM_INFINITY else soft - FD_RESERVE
@@ -483,7 +496,7 @@ def max_connections(ingress: IngressSettings) -> int | None:
             f" {FD_RESERVE} are kept for the log store and the broker; raise it (ulimit -n)"
         )
     if ingress.max_connections is None:
-        return room
+        return CONNECTIONS_CAP if room is None else min(room, CONNECTIONS_CAP)
     if room is not None and ingress.max_connections > room:
         raise ConfigError(
             f"PIPELINE_INGRESS__MAX_CONNECTIONS={ingress.max_connections} leaves less than"
@@ -491,6 +504,20 @@ def max_connections(ingress: IngressSettings) -> int | None:
             f" lower it to at most {room} or raise the limit (ulimit -n)"
         )
     return ingress.max_connections
+
+
+def _log_connection_bound(ingress: IngressSettings, bound: int) -> None:
+    """One info line at start: the connection bound, and the open-file limits it came from."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    log.info(
+        "ingress: at most %d client connections (%s; open-file limit %s, hard %s)",
+        bound,
+        "PIPELINE_INGRESS__MAX_CONNECTIONS"
+        if ingress.max_connections is not None
+        else f"default: the open-file limit less {FD_RESERVE}, at most {CONNECTIONS_CAP}",
+        "unlimited" if soft == resource.RLIM_INFINITY else soft,
+        "unlimited" if hard == resource.RLIM_INFINITY else hard,
+    )
 
 
 PORT_VARIABLE = "PIPELINE_INGRESS__PORT (or --port)"
@@ -549,16 +576,15 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
 
     With ``lifespan`` the server starts and stops ``built`` itself; without, the caller does.
     """
+    bound = max_connections(built.ingress)
+    _log_connection_bound(built.ingress, bound)
     config = uvicorn.Config(
         built.app,
         host=host,
         port=port,
         loop="none",
         http=ingress_protocol(
-            built.app,
-            built.ingress.max_head_bytes,
-            built.ingress.max_unfinished_bytes,
-            max_connections(built.ingress),
+            built.app, built.ingress.max_head_bytes, built.ingress.max_unfinished_bytes, bound
         ),
         lifespan="on" if lifespan else "off",
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less

@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline.cli_support import HELP_MARKUP, out_console, require_listenable
+from pipeline.descriptors import raise_open_file_limit
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
 
@@ -238,5 +239,6 @@ def standalone() -> typer.Typer:
 
 
 def main() -> None:
-    """Entry point for ``python -m pipeline.registry``."""
+    """Entry point for ``python -m pipeline.registry``; the open-file limit raised first."""
+    raise_open_file_limit()
     standalone()()

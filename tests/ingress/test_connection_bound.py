@@ -5,12 +5,14 @@ send nothing, half a head or half a body took every descriptor under the open-fi
 then accepted each new connection and closed it at once (its EMFILE fallback), so a signed
 webhook on a fresh connection was cut off without an answer, and without a log line, for as long
 as the flood held. ``PIPELINE_INGRESS__MAX_CONNECTIONS`` (by default the open-file limit less
-:data:`FD_RESERVE` for the log store and the broker) bounds them: a connection past the bound
-evicts a stalled one (answered 503 if it can be). The tests show, in order:
+:data:`FD_RESERVE` for the log store and the broker, at most :data:`CONNECTIONS_CAP`) bounds
+them: a connection past the bound evicts a stalled one (answered 503 if it can be). The tests
+show, in order:
 
 - a flood of 330 stalled connections under an open-file limit of 256 leaves room for webhooks:
   each is accepted and logged, a few log lines and a counter say connections were evicted;
-- the bound's default is the open-file limit less the reserve, and a bound above that refuses;
+- the bound's default is the open-file limit less the reserve, at most a cap (a setting may pass
+  the cap), and a bound above the limit less the reserve refuses;
 - every way a connection ends (an answer with ``Connection: close``, a 400, a 431, a reset
   mid-head, the client's close after keep-alive, an eviction) gives its place back exactly once:
   after hundreds of them the bound still holds BOUND connections and evicts the oldest stalled;
@@ -51,7 +53,7 @@ from runtime.helpers import eventually
 
 from pipeline.config import IngressSettings, Settings
 from pipeline.errors import ConfigError
-from pipeline.ingress.service import FD_RESERVE, max_connections
+from pipeline.ingress.service import CONNECTIONS_CAP, FD_RESERVE, max_connections
 from pipeline.testing.ports import free_port
 from pipeline.transport import create_transport
 
@@ -224,15 +226,37 @@ async def test_stalled_connections_past_the_fd_limit_leave_room_for_webhooks(
 # The default
 
 
+@contextlib.contextmanager
+def _soft_limit(soft: int) -> Iterator[None]:
+    """This process's soft open-file limit ``soft`` for the ``with`` block, then as it was."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if before[1] != resource.RLIM_INFINITY and before[1] < soft:
+        pytest.skip(f"a soft open-file limit of {soft} is above this process's hard {before[1]}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
 def test_the_bound_defaults_to_the_open_file_limit_less_the_reserve() -> None:
     """Unset, the bound leaves :data:`FD_RESERVE` descriptors; a bound above that refuses."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        pytest.skip("no open-file limit to derive the bound from")
-    assert max_connections(IngressSettings()) == soft - FD_RESERVE
-    assert max_connections(IngressSettings(max_connections=10)) == 10
-    with pytest.raises(ConfigError, match="PIPELINE_INGRESS__MAX_CONNECTIONS"):
-        max_connections(IngressSettings(max_connections=soft - FD_RESERVE + 1))
+    with _soft_limit(1024):
+        assert max_connections(IngressSettings()) == 1024 - FD_RESERVE
+        assert max_connections(IngressSettings(max_connections=10)) == 10
+        with pytest.raises(ConfigError, match="PIPELINE_INGRESS__MAX_CONNECTIONS"):
+            max_connections(IngressSettings(max_connections=1024 - FD_RESERVE + 1))
+
+
+def test_the_default_bound_is_capped_and_a_setting_may_pass_the_cap() -> None:
+    """Under a limit far above the cap the default is the cap; a setting goes up to the limit."""
+    soft = CONNECTIONS_CAP + FD_RESERVE + 1000
+    with _soft_limit(soft):
+        assert max_connections(IngressSettings()) == CONNECTIONS_CAP
+        room = soft - FD_RESERVE
+        assert max_connections(IngressSettings(max_connections=room)) == room
+        with pytest.raises(ConfigError, match="PIPELINE_INGRESS__MAX_CONNECTIONS"):
+            max_connections(IngressSettings(max_connections=room + 1))
 
 
 # Every ending gives the place back once
