@@ -229,6 +229,16 @@ LOST_TO_RETENTION = Family(
     ("topic", "group"),
     "messages",
 )
+REDIS_STATE_LOST = Family(
+    "pipeline_redis_state_lost_total",
+    "counter",
+    "Times this member found its Redis had lost its data (restarted empty, flushed, or failed "
+    "over to a replica that lagged): the followers held behind parked keys and the messages "
+    "buffered for debounced turns went with it; each is also one CRITICAL line. Every member "
+    "using that Redis counts the same loss once.",
+    ("group",),
+    "losses",
+)
 RETRY_DEPTH = Family(
     "pipeline_retry_tier_messages",
     "gauge",

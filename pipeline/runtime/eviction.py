@@ -30,17 +30,46 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def holding_lanes(lanes: Sequence[Lane]) -> list[Lane]:
+    """The lanes of ``lanes`` that hold followers of parked keys in Redis (ordered, retry tiers)."""
+    return [lane for lane in lanes if ordered_retries(lane)]
+
+
+def buffering_lanes(lanes: Sequence[Lane]) -> list[Lane]:
+    """The lanes of ``lanes`` that buffer messages in Redis for their debounced turns."""
+    return [lane for lane in lanes if lane.turns]
+
+
+def held_text(lanes: Sequence[Lane]) -> str:
+    """``held followers of parked keys (lanes a, b)``."""
+    return f"held followers of parked keys (lanes {', '.join(lane.name for lane in lanes)})"
+
+
+def buffers_text(lanes: Sequence[Lane]) -> str:
+    """``debounce buffers (lanes a, b)``."""
+    return f"debounce buffers (lanes {', '.join(lane.name for lane in lanes)})"
+
+
+def kept_only_in_redis(lanes: Sequence[Lane]) -> list[str]:
+    """What of ``lanes``' messages only Redis keeps: held followers, debounce buffers (or none)."""
+    out = []
+    if holding := holding_lanes(lanes):
+        out.append(held_text(holding))
+    if buffering := buffering_lanes(lanes):
+        out.append(buffers_text(buffering))
+    return out
+
+
 def what_it_evicts(policy: str, lanes: Sequence[Lane]) -> list[str]:
     """What of ``lanes``' state in Redis an eviction ``policy`` can drop (empty: nothing)."""
     if not policy.startswith(("volatile-", "allkeys-")):  # noeviction
         return []
-    ordered = [lane.name for lane in lanes if ordered_retries(lane)]
-    debounced = [lane.name for lane in lanes if lane.turns]
+    holding, buffering = holding_lanes(lanes), buffering_lanes(lanes)
     out = []
-    if ordered:
-        out.append(f"held followers of parked keys (lanes {', '.join(ordered)})")
-    if debounced and policy.startswith("allkeys-"):  # no expiry on buffers: volatile-* spares them
-        out.append(f"debounce buffers (lanes {', '.join(debounced)})")
+    if holding:
+        out.append(held_text(holding))
+    if buffering and policy.startswith("allkeys-"):  # no expiry on buffers: volatile-* spares them
+        out.append(buffers_text(buffering))
     if out:
         out[-1] += ", whose offsets are committed (Redis holds their only copy)"
     else:

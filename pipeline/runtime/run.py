@@ -32,9 +32,11 @@ from pipeline.redis_channel import channel_of, open_channel
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
 from pipeline.runtime.app import App, Lane
-from pipeline.runtime.eviction import warn_if_evicting, warn_stranded
+from pipeline.runtime.eviction import kept_only_in_redis, warn_if_evicting, warn_stranded
 from pipeline.runtime.member import Member
+from pipeline.runtime.persistence import warn_if_not_persisting
 from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Progress
+from pipeline.runtime.state_loss import StateLostCounter, StateWatch
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 
@@ -207,10 +209,38 @@ def redis_client(settings: Settings) -> Redis:
     return Redis.from_pool(pool)  # closing the client closes its pool
 
 
-async def _warn_of_losable_state(redis: Redis, settings: Settings, lanes: list[Lane]) -> None:
-    """One line each for held followers and buffers Redis may evict or no member releases."""
-    await warn_if_evicting(redis, settings.redis.url, lanes)
+async def _warn_of_losable_state(
+    redis: Redis, settings: Settings, group: str, lanes: list[Lane]
+) -> StateWatch | None:
+    """One line each for held followers and buffers Redis may evict, lose or no member releases.
+
+    Returns the started watch for a Redis that loses its data while the member runs, when
+    ``lanes`` keep messages only there (:mod:`pipeline.runtime.state_loss`).
+    """
+    url = settings.redis.url
+    await warn_if_evicting(redis, url, lanes)
+    await warn_if_not_persisting(redis, url, lanes)
     await warn_stranded(redis, settings.redis.key_prefix, lanes)
+    if not kept_only_in_redis(lanes):
+        return None
+    watch = StateWatch(redis, url, settings.redis.key_prefix, group, lanes)
+    await watch.start()
+    return watch
+
+
+async def _report(
+    progress: Progress,
+    polling: asyncio.Event,
+    stop: asyncio.Event,
+    watch: StateWatch | None,
+    telemetry: MemberTelemetry,
+) -> None:
+    """The start and progress lines until ``stop``; beside them, the watch of the member's Redis."""
+    if watch is None:
+        await progress.run(polling, stop)
+        return
+    watch.counter = StateLostCounter(telemetry.metrics, watch.group)
+    await asyncio.gather(progress.run(polling, stop), watch.run(stop))
 
 
 def _redis(settings: Settings) -> Redis:
@@ -296,7 +326,7 @@ async def serve(
         app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
     chosen_lanes = [app.lanes[name] for name in chosen if name in app.lanes]
-    await _warn_of_losable_state(redis, settings, chosen_lanes)
+    watch = await _warn_of_losable_state(redis, settings, group, chosen_lanes)
     throttle, fleet = await _admission(redis, settings, chosen_lanes)
     specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(
@@ -340,7 +370,7 @@ async def serve(
         stats=member.stats,
         assignment=lambda: member.assignment,
     )
-    reporting = asyncio.create_task(progress.run(member.polling, stop))
+    reporting = asyncio.create_task(_report(progress, member.polling, stop, watch, telemetry))
     freeze_startup()  # the clients are built: full collections skip them from now on
     try:
         await member.run(stop, hurry)

@@ -1,0 +1,263 @@
+"""A member says so when its Redis loses its data, held followers and buffers with it.
+
+Before, a Redis restarted empty (or flushed) under a member took the followers held behind a
+parked key with it, and nothing said so: they never ran, with no log line and no metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from runtime.helpers import declare, lane_spec
+from support import delete_group_after
+
+from pipeline.config import Settings
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime import App, Context
+from pipeline.runtime.state_loss import StateLostCounter, StateWatch, marker_key
+from pipeline.testing.ports import free_port
+from pipeline.transport import create_transport
+
+ORDERED_APP = '''
+from pipeline.runtime import App, Context
+
+app = App()
+
+
+@app.handler("{lane}")
+async def handle(event: bytes, ctx: Context) -> None:
+    """Nothing: no message is produced."""
+'''
+
+
+class BareRedis:
+    """A private redis-server without persistence: a restart starts it empty."""
+
+    def __init__(self) -> None:
+        """Pick a free port; nothing starts yet."""
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it (``--appendonly no --save ""``) and wait until it answers."""
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--appendonly", "no", "--save", ""),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise AssertionError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop it: what it held is gone."""
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@contextmanager
+def bare_redis() -> Iterator[BareRedis]:
+    """A started :class:`BareRedis`, stopped at the end."""
+    server = BareRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def next_line(stream: asyncio.StreamReader, lines: list[str], needle: str) -> str:
+    """Read ``stream`` into ``lines`` until a line holds ``needle``; that line."""
+    while True:
+        raw = await asyncio.wait_for(stream.readline(), 60)
+        assert raw, "".join(lines)  # the member ended without that line
+        lines.append(raw.decode())
+        if needle in lines[-1]:
+            return lines[-1]
+
+
+async def lost_count(port: int, group: str, expected: float) -> None:
+    """Scrape the member's /metrics until its group's loss count is ``expected``."""
+    sample = re.compile(
+        rf'^pipeline_redis_state_lost_total\{{group="{group}"\}} (\S+)$', re.MULTILINE
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 60
+    seen = None
+    while time.monotonic() < deadline:
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        found = sample.search(body.decode())
+        seen = None if found is None else float(found.group(1))
+        if seen == expected:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"pipeline_redis_state_lost_total is {seen}, not {expected}")
+
+
+async def marked_again(client: Redis, key: str) -> None:
+    """Wait until the member has written its marker ``key`` again (right after its line)."""
+    deadline = time.monotonic() + 60
+    while await client.get(key) is None:
+        assert time.monotonic() < deadline, f"{key} was not written again"
+        await asyncio.sleep(0.02)
+
+
+def says_what_was_lost(line: str, url: str, lane: str, group: str) -> None:
+    """``line`` is CRITICAL and names the Redis, the loss, where the messages are, the fix."""
+    assert "CRITICAL" in line
+    assert url in line
+    assert f"held followers of parked keys (lanes {lane})" in line
+    assert f"Group {group} committed their offsets" in line
+    assert f"(held: {lane})" in line
+    assert "docs/operations.md#redis-or-kafka-outage" in line
+    assert "appendonly yes and appendfsync everysec" in line
+
+
+async def consume(
+    cwd: Path, app: str, group: str, env: dict[str, str]
+) -> asyncio.subprocess.Process:
+    """``pipeline consume APP -g GROUP`` started in ``cwd`` with ``env``; its log on a pipe."""
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "pipeline", "consume", app, "-g", group),
+        cwd=str(cwd),
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
+    settings: Settings, kafka_service: str, tmp_path: Path, unique: str
+) -> None:
+    """FLUSHALL, then a restart without persistence: one CRITICAL line and one count each."""
+    name, group, prefix = f"lost_{unique}", f"g-{unique}", f"t{unique}"
+    spec = lane_spec(name, 1, retry={"tiers": ["1s"]})  # ordered: followers are held in Redis
+    transport = create_transport(settings, "kafka")
+    try:
+        await declare(transport, spec)
+        delete_group_after(transport, group, spec.topic_names())
+    finally:
+        await transport.close()
+    (tmp_path / "topics").mkdir()
+    (tmp_path / "topics" / f"{name}.yaml").write_text(
+        f"name: {name}\npartitions: 1\nordered: true\nretry:\n  tiers: [1s]\n"
+    )
+    (tmp_path / f"{name}.py").write_text(ORDERED_APP.format(lane=name))
+    metrics_port = free_port()
+    with bare_redis() as server:
+        env = {
+            **os.environ,
+            "PIPELINE_TRANSPORT": "kafka",
+            "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": kafka_service,
+            "PIPELINE_REDIS__URL": server.url,
+            "PIPELINE_REDIS__KEY_PREFIX": prefix,
+            "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+            "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
+            "PIPELINE_RUNTIME__METRICS_HOST": "127.0.0.1",
+            "PIPELINE_RUNTIME__METRICS_PORT": str(metrics_port),
+        }
+        proc = await consume(tmp_path, f"{name}:app", group, env)
+        assert proc.stderr is not None
+        lines: list[str] = []
+        client = Redis.from_url(server.url)
+        try:
+            await next_line(proc.stderr, lines, "consuming as group")
+            assert await client.get(marker_key(prefix)) is not None
+            await lost_count(metrics_port, group, 0.0)
+            await client.flushall()
+            flushed = await next_line(proc.stderr, lines, "lost its data")
+            await lost_count(metrics_port, group, 1.0)
+            await marked_again(client, marker_key(prefix))
+            await client.aclose()
+            server.stop()
+            server.start()
+            client = Redis.from_url(server.url)
+            restarted = await next_line(proc.stderr, lines, "lost its data")
+            await lost_count(metrics_port, group, 2.0)
+            proc.send_signal(signal.SIGTERM)
+            _, rest = await asyncio.wait_for(proc.communicate(), 60)
+            lines += rest.decode().splitlines(keepends=True)
+        finally:
+            await client.aclose()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 0, "".join(lines)
+    assert len([line for line in lines if "lost its data" in line]) == 2, "".join(lines)
+    for line in (flushed, restarted):
+        says_what_was_lost(line, server.url, name, group)
+    assert f"marker {marker_key(prefix)} gone" in flushed
+
+
+async def test_members_sharing_a_redis_each_report_one_loss_once(
+    unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two members, one FLUSHALL: one line and one count each, then nothing more."""
+    name, prefix = f"shared_{unique}", f"t{unique}"
+    app = App([lane_spec(name, 1, retry={"tiers": ["1s"]})])
+
+    @app.handler(name)
+    async def handle(event: bytes, ctx: Context) -> None:
+        """Never called."""
+
+    metrics = Metrics()
+    with bare_redis() as server:
+        client = Redis.from_url(server.url)
+        try:
+            watches = [
+                StateWatch(
+                    client,
+                    server.url,
+                    prefix,
+                    group,
+                    [app.lanes[name]],
+                    StateLostCounter(metrics, group),
+                )
+                for group in ("g-a", "g-b")
+            ]
+            for watch in watches:
+                await watch.start()
+            assert [await watch.check() for watch in watches] == [False, False]
+            await client.flushall()
+            with caplog.at_level(logging.CRITICAL, logger="pipeline.runtime.state_loss"):
+                assert [await watch.check() for watch in watches] == [True, True]
+                assert [await watch.check() for watch in watches] == [False, False]
+        finally:
+            await client.aclose()
+    assert [r.levelno for r in caplog.records] == [logging.CRITICAL] * 2
+    assert f"marker {marker_key(prefix)} gone" in caplog.records[0].getMessage()
+    # The second found the marker the first wrote again.
+    assert f"marker {marker_key(prefix)} changed" in caplog.records[1].getMessage()
+    for group in ("g-a", "g-b"):
+        count = metrics.registry.get_sample_value(
+            "pipeline_redis_state_lost_total", {"group": group}
+        )
+        assert count == 1.0
