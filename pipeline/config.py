@@ -472,8 +472,10 @@ class IngressSettings(_Section):
             read that passes it is answered 503 + Retry-After and its connection closed, so
             stalled senders cannot use up the ingress's memory ([ingress.md](ingress.md)).
         max_connections: client connections one process holds open (None: its open-file
-            limit less 128 descriptors kept for the log store, the broker and the metrics
-            port; a value above that refuses to start). A connection past it closes, of
+            limit, which each command raises to its hard limit at start, less 128
+            descriptors kept for the log store, the broker and the metrics port, at most
+            16,384, about 85 MiB of idle connections; a value may pass 16,384 up to the limit
+            less 128, and a value above that refuses to start). A connection past it closes, of
             those with no request being answered, the one that has sent nothing for the
             longest (an unfinished head or body is answered 503), or is closed at once when
             every one is answering, so connections that send nothing or stall cannot take
