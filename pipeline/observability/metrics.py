@@ -232,10 +232,10 @@ LOST_TO_RETENTION = Family(
 REDIS_STATE_LOST = Family(
     "pipeline_redis_state_lost_total",
     "counter",
-    "Times this member found its Redis had lost its data (restarted empty, flushed, or failed "
-    "over to a replica that lagged): the followers held behind parked keys and the messages "
-    "buffered for debounced turns went with it; each is also one CRITICAL line. Every member "
-    "using that Redis counts the same loss once.",
+    "Times this member found its Redis had lost its data (restarted empty or from an older "
+    "snapshot, flushed, or failed over to a replica that lagged): the followers held behind "
+    "parked keys and the messages buffered for debounced turns went with it; each is also one "
+    "CRITICAL line. Every member using that Redis counts the same loss once.",
     ("group",),
     "losses",
 )

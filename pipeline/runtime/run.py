@@ -223,7 +223,14 @@ async def _warn_of_losable_state(
     await warn_stranded(redis, settings.redis.key_prefix, lanes)
     if not kept_only_in_redis(lanes):
         return None
-    watch = StateWatch(redis, url, settings.redis.key_prefix, group, lanes)
+    watch = StateWatch(
+        redis,
+        url,
+        settings.redis.key_prefix,
+        group,
+        lanes,
+        marks_processed=settings.runtime.mark_processed,
+    )
     await watch.start()
     return watch
 

@@ -2,17 +2,22 @@
 
 A follower held behind a parked key (an ordered lane with retry tiers) and a message waiting in
 a debounce buffer have their offsets committed: Redis keeps their only copy. A Redis that comes
-back empty (restarted without persistence, flushed, failed over to a replica that lagged)
-loses them, and nothing else would say so: they simply never run.
+back empty (restarted without persistence, flushed) or with part of its data (restarted from a
+snapshot older than its last writes, failed over to a replica that lagged) loses them, and
+nothing else would say so: they simply never run.
 
-The member writes a marker under its key prefix, without expiry, at start (``SET NX`` of a
-random epoch; a marker already there, another member's, is adopted), and reads it back every
-:data:`CHECK_INTERVAL_S` (one ``GET``; never per message). Gone or changed, the Redis lost its
-data since the last look: one CRITICAL line (what was lost, where its messages are, what to
-do), ``pipeline_redis_state_lost_total`` counted once, and the marker written again. Every
-member using that Redis sees the same loss once: one line and one count per member, each
-naming its own group. A Redis out of reach is skipped (the runtime says so on its calls).
-A marker missing at start cannot be told from a first start: nothing is said then.
+The member keeps a marker under its key prefix, a hash without expiry: a random epoch, written
+if missing (``HSETNX``; one already there, another member's, is adopted), and a count that
+every look adds one to (``HINCRBY``). It looks at start and every :data:`CHECK_INTERVAL_S` (one
+transaction of three commands; never per message). The epoch gone or changed, the Redis lost
+everything since the last look; the count not past the one seen last, it went back to an older
+state of its data. Either way: one CRITICAL line (what was lost, where its messages are, what to
+do) and ``pipeline_redis_state_lost_total`` counted once; the look itself wrote the marker
+again. Every member using that Redis sees the same loss once: one line and one count per
+member, each naming its own group. A Redis out of reach is skipped (the runtime says so on its
+calls). A marker missing at start cannot be told from a first start: nothing is said then. A
+rollback to a state taken after this member's last look goes unseen by it (the members that
+looked since see it).
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ RUNBOOK = "docs/operations.md#redis-or-kafka-outage"
 
 
 def marker_key(prefix: str) -> str:
-    """The marker of the data of the Redis the members of key prefix ``prefix`` use."""
-    return f"{prefix}:state-epoch"
+    """The marker of the data of the Redis the members of key prefix ``prefix`` use (a hash)."""
+    return f"{prefix}:state-marker"
 
 
 class LossCounter(Protocol):
@@ -71,26 +76,51 @@ def _topics(lanes: Sequence[Lane]) -> str:
     return ", ".join(lane.spec.name for lane in lanes)
 
 
-def lost_line(url: str, group: str, lanes: Sequence[Lane], how: str) -> str:
-    """The CRITICAL line for a loss found by the member of ``group`` on ``lanes``."""
+_EMPTIED = "restarted without persistence, flushed, or failed over to a replica without it"
+_ROLLED_BACK = (
+    "restarted from a snapshot older than its last writes, or failed over to a replica that lagged"
+)
+
+
+def lost_line(
+    url: str, group: str, lanes: Sequence[Lane], how: str, *, marks_processed: bool = False
+) -> str:
+    """The CRITICAL line for a loss found by the member of ``group`` on ``lanes``.
+
+    ``how`` says what the marker showed and what that means; ``marks_processed``, whether the
+    member marks its log rows processed (then the ingress's sweeper replays the webhooks among
+    the lost messages).
+    """
     lost = " and ".join(kept_only_in_redis(lanes))
     topics = ", ".join(
         f"{what}: {_topics(chosen)}"
         for what, chosen in (("held", holding_lanes(lanes)), ("buffered", buffering_lanes(lanes)))
         if chosen
     )
+    if marks_processed:
+        recover = (
+            f"Group {group} committed their offsets: the ingress's sweeper replays those that"
+            " came through it (their log rows were never marked processed), so replay none of"
+            f" them by hand; the others are still in their topics ({topics}) below the group's"
+            " positions, but nothing tells which"
+        )
+    else:
+        recover = (
+            f"Group {group} committed their offsets, so they are still in their topics"
+            f" ({topics}) below the group's positions, but nothing tells which: find them there,"
+            " or those that came through the ingress in its log (pipeline replay; with"
+            " PIPELINE_RUNTIME__MARK_PROCESSED=true the ingress's sweeper replays them on its"
+            " own)"
+        )
     return (
-        f"Redis {safe_url(url)} lost its data ({how}: restarted without persistence, flushed, "
-        f"or failed over to a replica that lagged): the {lost} it had are gone and will not "
-        f"run. Group {group} committed their offsets, so they are still in their topics "
-        f"({topics}) below the group's positions, but nothing tells which: find them there, or "
-        f"in the ingress log (pipeline replay); see {RUNBOOK}. Run that Redis with appendonly "
-        "yes and appendfsync everysec. Every member using this Redis reports this once."
+        f"Redis {safe_url(url)} lost its data ({how}): the {lost} it had are"
+        f" gone and will not run. {recover}; see {RUNBOOK}. Run that Redis with appendonly yes"
+        " and appendfsync everysec. Every member using this Redis reports this once."
     )
 
 
 class StateWatch:
-    """The marker of one member's Redis: written at :meth:`start`, read by :meth:`check`."""
+    """The marker of one member's Redis: written at :meth:`start`, looked at by :meth:`check`."""
 
     def __init__(
         self,
@@ -101,9 +131,13 @@ class StateWatch:
         lanes: Sequence[Lane],
         counter: LossCounter | None = None,
         *,
+        marks_processed: bool = False,
         interval_s: float = CHECK_INTERVAL_S,
     ) -> None:
-        """Watch the Redis at ``url`` (``redis``) for the member of ``group`` running ``lanes``."""
+        """Watch the Redis at ``url`` (``redis``) for the member of ``group`` running ``lanes``.
+
+        ``marks_processed``: the member marks its log rows processed (said in the line).
+        """
         self._redis = redis
         self._url = url
         self._key = marker_key(prefix)
@@ -112,9 +146,12 @@ class StateWatch:
         self._lanes = list(lanes)
         self.counter = counter
         """Where a loss is counted (None: nowhere; set once the member's metrics exist)."""
+        self._marks_processed = marks_processed
         self._interval_s = interval_s
         self._epoch: bytes | None = None
-        """The marker's value as last seen; None until it could be read or written."""
+        """The marker's epoch as last seen; None until it could be read."""
+        self._count = 0
+        """The marker's count as last seen."""
 
     @property
     def key(self) -> str:
@@ -124,45 +161,45 @@ class StateWatch:
     async def start(self) -> None:
         """Write the marker unless it is there (another member's: adopted). Quiet on failure."""
         with contextlib.suppress(*FAILED):
-            self._epoch = await self._mark()
+            _, self._epoch, self._count = await self._look()
 
-    async def _mark(self) -> bytes | None:
-        """Write a new epoch if no marker is there; the marker's value now (None: none read)."""
-        epoch = secrets.token_hex(8).encode()
-        if await self._redis.set(self._key, epoch, nx=True):
-            return epoch
-        value = await self._redis.get(self._key)  # another member's, written first
-        return value if isinstance(value, bytes) else None
+    async def _look(self) -> tuple[bool, bytes | None, int]:
+        """Count one look (the epoch written first if missing): written, the epoch, the count."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(self._key, "epoch", secrets.token_hex(8))
+            pipe.hincrby(self._key, "count", 1)
+            pipe.hget(self._key, "epoch")
+            written, count, epoch = await pipe.execute()
+        if isinstance(epoch, str):
+            epoch = epoch.encode()
+        return bool(written), epoch if isinstance(epoch, bytes) else None, int(count)
 
     async def check(self) -> bool:
-        """Read the marker once; True if the Redis lost its data since the last read.
+        """Look at the marker once; True if the Redis lost its data since the last look.
 
-        A loss is logged (CRITICAL), counted, and the marker written again (one call more).
+        A loss is logged (CRITICAL) and counted; the look wrote the marker again.
         """
         try:
-            value = await self._redis.get(self._key)
+            written, epoch, count = await self._look()
         except FAILED as exc:
             url = safe_url(self._url)
-            log.debug("could not read the marker %s of Redis %s: %s", self._key, url, exc)
+            log.debug("could not look at the marker %s of Redis %s: %s", self._key, url, exc)
             return False
-        if self._epoch is None or value == self._epoch:
-            if value is None:  # never written (Redis was out of reach at start): write it now
-                with contextlib.suppress(*FAILED):
-                    self._epoch = await self._mark()
-            else:
-                self._epoch = value if isinstance(value, bytes) else None
+        seen, last = self._epoch, self._count
+        self._epoch, self._count = epoch, count
+        if seen is None or (epoch == seen and count > last):
             return False
-        how = f"marker {self._key} {'gone' if value is None else 'changed'}"
-        log.critical(lost_line(self._url, self.group, self._lanes, how))
+        if epoch != seen:
+            how = f"marker {self._key} {'gone' if written else 'changed'}: {_EMPTIED}"
+        else:
+            went = f"went back from {last} to {count - 1}"
+            how = f"marker {self._key}'s count {went}: {_ROLLED_BACK}"
+        line = lost_line(
+            self._url, self.group, self._lanes, how, marks_processed=self._marks_processed
+        )
+        log.critical(line)
         if self.counter is not None:
             self.counter.lost()
-        if value is None:
-            try:
-                self._epoch = await self._mark()
-            except FAILED:
-                self._epoch = None  # written again at the next check
-        else:  # another member saw the loss first and wrote it again
-            self._epoch = value if isinstance(value, bytes) else None
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -11,18 +11,15 @@ import logging
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec
+from runtime.private_redis import bare_redis
 from support import delete_group_after
 
 from pipeline.config import Settings
@@ -42,57 +39,6 @@ app = App()
 async def handle(event: bytes, ctx: Context) -> None:
     """Nothing: no message is produced."""
 '''
-
-
-class BareRedis:
-    """A private redis-server without persistence: a restart starts it empty."""
-
-    def __init__(self) -> None:
-        """Pick a free port; nothing starts yet."""
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start it (``--appendonly no --save ""``) and wait until it answers."""
-        self.process = subprocess.Popen(
-            [
-                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--appendonly", "no", "--save", ""),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise AssertionError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        """Stop it: what it held is gone."""
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-
-
-@contextmanager
-def bare_redis() -> Iterator[BareRedis]:
-    """A started :class:`BareRedis`, stopped at the end."""
-    server = BareRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def next_line(stream: asyncio.StreamReader, lines: list[str], needle: str) -> str:
@@ -126,7 +72,7 @@ async def lost_count(port: int, group: str, expected: float) -> None:
 async def marked_again(client: Redis, key: str) -> None:
     """Wait until the member has written its marker ``key`` again (right after its line)."""
     deadline = time.monotonic() + 60
-    while await client.get(key) is None:
+    while await client.hget(key, "epoch") is None:
         assert time.monotonic() < deadline, f"{key} was not written again"
         await asyncio.sleep(0.02)
 
@@ -190,7 +136,7 @@ async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
         client = Redis.from_url(server.url)
         try:
             await next_line(proc.stderr, lines, "consuming as group")
-            assert await client.get(marker_key(prefix)) is not None
+            assert await client.hget(marker_key(prefix), "epoch") is not None
             await lost_count(metrics_port, group, 0.0)
             await client.flushall()
             flushed = await next_line(proc.stderr, lines, "lost its data")
@@ -212,6 +158,7 @@ async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
                 await proc.wait()
     assert proc.returncode == 0, "".join(lines)
     assert len([line for line in lines if "lost its data" in line]) == 2, "".join(lines)
+    assert not [line for line in lines if "Task" in line or "Traceback" in line], "".join(lines)
     for line in (flushed, restarted):
         says_what_was_lost(line, server.url, name, group)
     assert f"marker {marker_key(prefix)} gone" in flushed
