@@ -6,18 +6,19 @@ back empty (restarted without persistence, flushed) or with part of its data (re
 snapshot older than its last writes, failed over to a replica that lagged) loses them, and
 nothing else would say so: they simply never run.
 
-The member keeps a marker under its key prefix, a hash without expiry: a random epoch, written
-if missing (``HSETNX``; one already there, another member's, is adopted), and a count that
-every look adds one to (``HINCRBY``). It looks at start and every :data:`CHECK_INTERVAL_S` (one
-transaction of three commands; never per message). The epoch gone or changed, the Redis lost
-everything since the last look; the count not past the one seen last, it went back to an older
-state of its data. Either way: one CRITICAL line (what was lost, where its messages are, what to
-do) and ``pipeline_redis_state_lost_total`` counted once; the look itself wrote the marker
-again. Every member using that Redis sees the same loss once: one line and one count per
-member, each naming its own group. A Redis out of reach is skipped (the runtime says so on its
-calls). A marker missing at start cannot be told from a first start: nothing is said then. A
-rollback to a state taken after this member's last look goes unseen by it (the members that
-looked since see it).
+The member keeps a marker under its key prefix (:func:`marker_key`), a hash without expiry:
+a random epoch, written if missing (``HSETNX``; one already there, another member's, is
+adopted), and a count that every look adds one to (``HINCRBY``). It looks at start and every
+:data:`CHECK_INTERVAL_S` (one transaction of three commands; never per message). The epoch gone
+or changed, the Redis lost everything since the last look; the count not past the one seen
+last, it went back to an older state of its data. Either way: one CRITICAL line (what was lost,
+where its messages are, what to do) and ``pipeline_redis_state_lost_total`` counted once; the
+look itself wrote the marker again. Every member using that Redis sees the same loss once: one
+line and one count per member, each naming its own group. A Redis out of reach is skipped (the
+runtime says so on its calls); one that refuses the marker (an ACL without it, a read-only
+replica) is one warning line per run of refusals. A marker missing at start cannot be told from
+a first start: nothing is said then. A rollback to a state taken after this member's last look
+goes unseen by it (the members that looked since see it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from pipeline.observability.metrics import REDIS_STATE_LOST, Metrics
 from pipeline.reachability import safe_url
@@ -48,8 +50,12 @@ RUNBOOK = "docs/operations.md#redis-or-kafka-outage"
 
 
 def marker_key(prefix: str) -> str:
-    """The marker of the data of the Redis the members of key prefix ``prefix`` use (a hash)."""
-    return f"{prefix}:state-marker"
+    """The marker of the data of the Redis the members of key prefix ``prefix`` use (a hash).
+
+    Hash-tagged as the pipeline's other keys (``{PREFIX:...}``), so an ACL granting those
+    grants it.
+    """
+    return f"{{{prefix}:state}}:marker"
 
 
 class LossCounter(Protocol):
@@ -152,6 +158,8 @@ class StateWatch:
         """The marker's epoch as last seen; None until it could be read."""
         self._count = 0
         """The marker's count as last seen."""
+        self._refused = False
+        """Whether the last look was refused (warned once)."""
 
     @property
     def key(self) -> str:
@@ -159,9 +167,38 @@ class StateWatch:
         return self._key
 
     async def start(self) -> None:
-        """Write the marker unless it is there (another member's: adopted). Quiet on failure."""
-        with contextlib.suppress(*FAILED):
+        """Write the marker unless it is there (another member's: adopted).
+
+        Quiet when Redis is out of reach; a refusal is one warning (:meth:`_failed`).
+        """
+        try:
             _, self._epoch, self._count = await self._look()
+        except FAILED as exc:
+            self._failed(exc)
+        else:
+            self._refused = False
+
+    def _failed(self, exc: BaseException) -> None:
+        """One warning for the first of a run of refusals; DEBUG for the rest and for no answer.
+
+        Redis out of reach says so on the member's own calls; a refusal (an ACL without the
+        marker's key or commands, a read-only replica) is this watch's alone, and while it lasts
+        a loss goes unseen.
+        """
+        url = safe_url(self._url)
+        if not isinstance(exc, ResponseError) or self._refused:
+            log.debug("could not look at the marker %s of Redis %s: %s", self._key, url, exc)
+            return
+        self._refused = True
+        log.warning(
+            "Redis %s refused the state-loss marker %s (%s): until it takes it, a loss of its"
+            " data (and of the held followers and buffered messages in it) goes unseen; grant"
+            " the member's user HSETNX, HINCRBY, HGET, MULTI and EXEC on that key, or point"
+            " PIPELINE_REDIS__URL at the primary",
+            url,
+            self._key,
+            exc,
+        )
 
     async def _look(self) -> tuple[bool, bytes | None, int]:
         """Count one look (the epoch written first if missing): written, the epoch, the count."""
@@ -182,9 +219,9 @@ class StateWatch:
         try:
             written, epoch, count = await self._look()
         except FAILED as exc:
-            url = safe_url(self._url)
-            log.debug("could not look at the marker %s of Redis %s: %s", self._key, url, exc)
+            self._failed(exc)
             return False
+        self._refused = False
         seen, last = self._epoch, self._count
         self._epoch, self._count = epoch, count
         if seen is None or (epoch == seen and count > last):
