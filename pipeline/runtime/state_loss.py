@@ -240,9 +240,28 @@ class StateWatch:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        """:meth:`check` every interval until ``stop`` is set."""
+        """:meth:`check` every interval until ``stop`` is set.
+
+        A look failing unforeseen (not Redis out of reach or refusing) does not end the watch:
+        the first of a run of them is one ERROR line with its traceback, and it looks again.
+        """
+        broken = False
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._interval_s)
-            if not stop.is_set():
+            if stop.is_set():
+                return
+            try:
                 await self.check()
+            except Exception:
+                (log.debug if broken else log.exception)(
+                    "could not look at the state-loss marker %s of Redis %s (it looks again"
+                    " every %gs; until it can, a loss of its data goes unseen): please report it",
+                    self._key,
+                    safe_url(self._url),
+                    self._interval_s,
+                    exc_info=True,
+                )
+                broken = True
+            else:
+                broken = False
