@@ -6,6 +6,9 @@ epoch), so any tool (kcat, redis-cli) can read them.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 ROW_ID = "pl-row-id"
 """The ingress log row this event came from (the runtime marks it processed)."""
 SOURCE = "pl-source"
@@ -49,6 +52,11 @@ REDRIVEN_FROM = "pl-redriven-from"
 """The dead letter a redriven message came from: ``<topic>:<partition>:<offset>``."""
 REPLAY_COUNT = "pl-replay-count"
 
+_RETRY_INFIX = ".retry."
+"""What separates a lane's main topic name from its tier's (``messages.retry.5s``)."""
+_POSITION = re.compile(rb"[0-9]{1,19}")
+"""A partition or offset as the router writes it: ASCII digits, at most an int64's."""
+
 
 def int_header(headers: dict[str, bytes], name: str, default: int = 0) -> int:
     """An integer header, or ``default`` when absent or malformed."""
@@ -87,3 +95,29 @@ def sla_from_ms(headers: dict[str, bytes], timestamp_ms: int) -> int:
     if start <= 0:
         return timestamp_ms
     return min(start, timestamp_ms) if timestamp_ms > 0 else start
+
+
+def origin(topic: str, headers: Mapping[str, bytes]) -> str | None:
+    """Where a copy read from ``topic`` was first delivered (``topic:partition:offset``), or None.
+
+    None when ``headers`` hold no ``pl-origin-topic`` (a first delivery), and when the origin
+    headers name no position of ``topic``'s lane: a topic other than its main topic or one of its
+    retry tiers, or a partition or offset that is not a decimal number. Any producer can write
+    them; trusted, such garbage would give unrelated messages one id, each a "duplicate" of the
+    other, dropped unhandled. A message with them is read as a first delivery.
+    """
+    raw = headers.get(ORIGIN_TOPIC)
+    if raw is None:
+        return None
+    partition = headers.get(ORIGIN_PARTITION, b"")
+    offset = headers.get(ORIGIN_OFFSET, b"")
+    if not (_POSITION.fullmatch(partition) and _POSITION.fullmatch(offset)):
+        return None
+    lane = topic.split(_RETRY_INFIX, 1)[0]
+    try:
+        name = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    if name != lane and not name.startswith(lane + _RETRY_INFIX):
+        return None
+    return f"{name}:{partition.decode()}:{offset.decode()}"

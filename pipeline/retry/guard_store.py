@@ -130,18 +130,16 @@ MAX_HOLD_MS = LONGEST_EXPIRY_MS
 """The longest a parked key's state is kept (a lane may retain its messages for ever)."""
 
 
+_ORIGIN_HEADERS = (h.ORIGIN_TOPIC, h.ORIGIN_PARTITION, h.ORIGIN_OFFSET)
+
+
 def message_id(message: Message) -> str:
     """Where the message was first delivered (``topic:partition:offset``), stable across tiers.
 
-    Any producer can write the origin headers: bytes that are not UTF-8 are escaped, never
-    refused (the id stays distinct per origin).
+    Any producer can write the origin headers: unless they name a position of the message's lane
+    (:func:`~pipeline.headers.origin`), the message is a first delivery, its id where it was read.
     """
-    headers = message.headers
-    topic = headers.get(h.ORIGIN_TOPIC)
-    if topic is None:
-        return position(message)
-    origin = (topic, headers.get(h.ORIGIN_PARTITION, b""), headers.get(h.ORIGIN_OFFSET, b""))
-    return ":".join(part.decode(errors="backslashreplace") for part in origin)
+    return h.origin(message.topic, message.headers) or position(message)
 
 
 def position(message: Message) -> str:
@@ -551,10 +549,19 @@ def start_of(message: Message, *, ordered: bool) -> Start:
     """The start of ``message`` as the guard records it."""
     at = position(message)
     headers = message.headers
-    if h.ORIGIN_TOPIC not in headers:  # a first delivery: its id is where it was read
+    origin = h.origin(message.topic, headers)
+    if origin is None:  # a first delivery: its id is where it was read
+        if h.ORIGIN_TOPIC in headers:
+            log.warning(
+                "%s: its origin headers (%s %s) name no position of its lane; run as a first"
+                " delivery, with that id",
+                at,
+                ", ".join(_ORIGIN_HEADERS),
+                " ".join(repr(headers.get(n, b"")[:40]) for n in _ORIGIN_HEADERS),
+            )
         return Start(at, encode_key(message.key), at, ordered, 1)
     attempt = h.attempt_header(headers)
-    return Start(message_id(message), encode_key(message.key), at, ordered, attempt)
+    return Start(origin, encode_key(message.key), at, ordered, attempt)
 
 
 def retry_path_ms(spec: TopicSpec) -> int:

@@ -64,15 +64,18 @@ def error_digest(error: BaseException) -> str:
 def _with_origin(message: Message) -> dict[str, bytes]:
     """The message's headers plus where and when it was first delivered (kept if already there).
 
-    The copy is a new record with a time of its own; ``pl-produced-at-ms`` keeps the first
+    Origin headers that name no position of the message's lane (any producer can write them,
+    :func:`~pipeline.headers.origin`) are replaced with where it was read, the id its guard
+    gave it. The copy is a new record with a time of its own; ``pl-produced-at-ms`` keeps the first
     delivery's, so a cancellation covers the copy as it covered the message it came from.
     ``pl-sla-from-ms`` keeps when its SLA clock started (:func:`~pipeline.headers.sla_from_ms`):
     a message that is no copy starts it, whatever a redrive left of its dead letter's.
     """
     out = dict(message.headers)
-    out.setdefault(h.ORIGIN_TOPIC, message.topic.encode())
-    out.setdefault(h.ORIGIN_PARTITION, str(message.partition).encode())
-    out.setdefault(h.ORIGIN_OFFSET, str(message.offset).encode())
+    if h.origin(message.topic, message.headers) is None:  # a first delivery, or read as one
+        out[h.ORIGIN_TOPIC] = message.topic.encode()
+        out[h.ORIGIN_PARTITION] = str(message.partition).encode()
+        out[h.ORIGIN_OFFSET] = str(message.offset).encode()
     if message.timestamp_ms > 0:
         out.setdefault(h.PRODUCED_AT_MS, str(message.timestamp_ms).encode())
     sla_from = h.sla_from_ms(message.headers, message.timestamp_ms)

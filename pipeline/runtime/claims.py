@@ -368,7 +368,7 @@ class LaneClaims:
             return None
         if self.stalled():
             return None  # not confirmed since a stall: another process may run its range
-        if h.ORIGIN_TOPIC in message.headers:
+        if h.origin(message.topic, message.headers) is not None:
             return None  # a retry-tier copy (or a redriven one) on the main topic
         parked = self.maybe_parked
         if parked is None or (parked and encode_key(message.key) in parked):
@@ -377,9 +377,9 @@ class LaneClaims:
 
     def inherited(self, message: Message) -> bool:
         """Whether ``message`` lies in a range another process claimed before this one."""
-        return h.ORIGIN_TOPIC not in message.headers and message.offset <= self._inherited_hi.get(
-            message.tp, -1
-        )
+        if h.origin(message.topic, message.headers) is not None:
+            return False  # a copy: its id is its origin's, not where it was read
+        return message.offset <= self._inherited_hi.get(message.tp, -1)
 
     async def wait_for_holders(self, tp: TopicPartition) -> bool:
         """Wait while a process that claimed ``tp`` before is alive and still claims it.

@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 from redis import exceptions as rexc
 
-from pipeline import headers as h
 from pipeline import tracing
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import Message, Position, TopicPartition
@@ -179,7 +178,7 @@ class RunGuard:
                 return await self._run_claimed(lane, message, ident)
         ordered = ordered_retries(lane)
         start = start_of(message, ordered=ordered)
-        if not ordered and h.ORIGIN_TOPIC in message.headers and await self._drains(lane):
+        if not ordered and start.ident != start.position and await self._drains(lane):
             start.drains = True  # perhaps a head parked before the lane stopped parking
         if start.ident in self._running:  # another copy runs in this member right now
             self._stats.duplicates += 1
