@@ -67,6 +67,15 @@ def _healthy(proc: subprocess.Popen[str], port: int) -> bool:
         return False
 
 
+async def _serving(proc: subprocess.Popen[str], port: int) -> None:
+    """Until ``proc`` answers ``/healthz`` on ``port``; failing, with what it logged so far."""
+    try:
+        await eventually(lambda: _healthy(proc, port), timeout_s=60)
+    except AssertionError as exc:
+        proc.terminate()
+        raise AssertionError(f"{exc}; its log: {proc.communicate(timeout=60)[1]}") from None
+
+
 @pytest.mark.parametrize(
     "argv",
     [[str(PIPELINE)], [sys.executable, "-m", "pipeline.registry"]],
@@ -93,7 +102,7 @@ async def test_the_sweeper_loop(tmp_path: Path, redis_service: str) -> None:
         PIPELINE_INGRESS__METRICS_PORT=str(port),
     )
     with _started([str(PIPELINE), "sweep", "--loop"], env, tmp_path) as proc:
-        await eventually(lambda: _healthy(proc, port), timeout_s=60)
+        await _serving(proc, port)
         assert open_file_limits(proc.pid) == (HARD, HARD)
 
 
@@ -112,5 +121,5 @@ async def test_a_consumer(tmp_path: Path, redis_service: str, unique: str) -> No
     )
     argv = [str(PIPELINE), "consume", f"nofile_{unique}:app", "-g", f"g-{unique}"]
     with _started(argv, env, tmp_path) as proc:
-        await eventually(lambda: _healthy(proc, port), timeout_s=60)
+        await _serving(proc, port)
         assert open_file_limits(proc.pid) == (HARD, HARD)
