@@ -26,11 +26,13 @@ At the door, before the app sees a byte:
   (Retry-After 1; a body's counted ``body_budget``), and its bytes let go, so connections
   that each hold most of a large head or body cannot take memory without bound; a request
   whole within its read is never counted;
-* the connections of the server are bounded (:class:`OpenConnections`): a connection past
+* the connections of the server are bounded
+  (:class:`~pipeline.observability.connections.OpenConnections`): a connection past
   ``max_connections`` closes, of those with no request being answered, the one that has
   sent nothing for the longest (its unfinished head or body is **503**; answers it has not
   read are dropped), or, when every one is answering, is closed at once; each is
-  counted ``connection_limit`` and a line logged at most once per :data:`LIMIT_LOG_EVERY_S`,
+  counted ``connection_limit`` and a line logged at most once per
+  :data:`~pipeline.observability.connections.LIMIT_LOG_EVERY_S`,
   so stalled connections cannot take the descriptors legitimate webhooks, the log store and
   the broker need;
 * a client gone mid-body is counted ``disconnected``; nothing is stored;
@@ -45,9 +47,8 @@ cannot take more output. An idle keep-alive connection closes after uvicorn's
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -58,6 +59,8 @@ import httptools
 
 from pipeline.ingress.app import AsgiMessage, declared_over
 from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
+from pipeline.observability.answers import Headers, answer_head
+from pipeline.observability.connections import OpenConnections
 
 if TYPE_CHECKING:
     from pipeline.ingress.app import IngressApp
@@ -78,18 +81,9 @@ most of a ``max_body_bytes`` body (or of a ``max_head_bytes`` head) and stall ho
 each, as many as are opened.
 """
 
-LIMIT_LOG_EVERY_S = 10.0
-"""At most one log line per this many seconds says connections past the bound were closed."""
-
-_STATUS = {
-    code: b"HTTP/1.1 %d %s\r\n" % (code, http.HTTPStatus(code).phrase.encode())
-    for code in (status.value for status in http.HTTPStatus)
-}
 _JSON = (b"content-type", b"application/json")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _RETRY_1 = (b"retry-after", b"1")
-
-Headers = list[tuple[bytes, bytes]]
 
 
 @dataclass(slots=True)
@@ -123,80 +117,13 @@ class UnfinishedBodies:
         self.held = 0
 
 
-class OpenConnections:
-    """The connections one server holds open, their bound, and which one to evict first.
-
-    ``stalled`` holds the open connections with no request being answered, the one that has
-    sent nothing for the longest first: a connection leaves it while a request of its own is
-    answered and comes back last, and a read moves it last. The one evicted is then found in
-    O(1), however many are answering, and a slow upload that keeps sending outlives the
-    connections that stall, however many an attacker opens after it.
-    """
-
-    __slots__ = ("closed", "count", "last_logged", "limit", "refused", "stalled")
-
-    def __init__(self, limit: int | None) -> None:
-        """No connection yet; at most ``limit`` (None: no bound)."""
-        self.limit = limit
-        self.count = 0  # connections admitted and not yet lost or evicted
-        self.stalled: OrderedDict[IngressProtocol, None] = OrderedDict()
-        self.closed = 0  # stalled connections closed since the last log line
-        self.refused = 0  # new connections closed at once since the last log line
-        self.last_logged: float | None = None
-
-    def admit(self, connection: IngressProtocol) -> bool:
-        """Hold ``connection``, evicting a stalled one at the bound; False: refuse it."""
-        limit = self.limit
-        if limit is not None and self.count >= limit and not self._close_stalled():
-            self.refused += 1
-            connection.app.counters["", "connection_limit:refused"] += 1
-            self._report(connection)
-            return False
-        self.count += 1
-        self.stalled[connection] = None
-        return True
-
-    def leave(self, connection: IngressProtocol) -> None:
-        """``connection`` is lost: it no longer counts."""
-        self.stalled.pop(connection, None)
-        self.count -= 1
-
-    def _close_stalled(self) -> bool:
-        """Evict the connection stalled for the longest; whether there was one."""
-        if not self.stalled:
-            return False
-        victim, _ = self.stalled.popitem(last=False)
-        self.count -= 1
-        victim.evict()
-        self.closed += 1
-        victim.app.counters["", "connection_limit:closed"] += 1
-        self._report(victim)
-        return True
-
-    def _report(self, connection: IngressProtocol) -> None:
-        """One log line for what was closed since the last one, at most every few seconds."""
-        now = connection.now()
-        if self.last_logged is not None and now - self.last_logged < LIMIT_LOG_EVERY_S:
-            return
-        self.last_logged = now
-        log.warning(
-            "%d connections open, the bound (PIPELINE_INGRESS__MAX_CONNECTIONS): %d stalled"
-            " ones closed for new ones, %d new ones closed at once (every one answering),"
-            " since the last such line",
-            self.limit,
-            self.closed,
-            self.refused,
-        )
-        self.closed = self.refused = 0
-
-
 class IngressProtocol(asyncio.Protocol):
     """One client connection. :func:`ingress_protocol` binds the app and the head cap."""
 
     app: IngressApp
     max_head_bytes = 65_536
     unfinished = UnfinishedBodies(MAX_UNFINISHED_BODY_BYTES)
-    connections = OpenConnections(None)
+    connections: OpenConnections[IngressProtocol] = OpenConnections(None)
 
     def __init__(
         self,
@@ -315,9 +242,7 @@ class IngressProtocol(asyncio.Protocol):
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        stalled = self.connections.stalled
-        if self in stalled:
-            stalled.move_to_end(self)
+        self.connections.active(self)
 
     def _head_over(self, read_bytes: int) -> bool:
         """Count a read that left a head unfinished; whether the head is past the cap."""
@@ -376,10 +301,6 @@ class IngressProtocol(asyncio.Protocol):
         transport.close()
         if transport.get_write_buffer_size():
             transport.abort()
-
-    def now(self) -> float:
-        """The event loop's clock."""
-        return self._loop.time()
 
     def shutdown(self) -> None:
         """The server shuts down gracefully: close now if idle, else once the answers are out."""
@@ -614,13 +535,7 @@ class IngressProtocol(asyncio.Protocol):
         transport = self._transport
         assert transport is not None  # noqa: S101 - only called once connected
         keep_alive = request.keep_alive and not self._closing
-        parts = [_STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status]
-        for name, value in headers:
-            parts += (name, b": ", value, b"\r\n")
-        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n")
-        if not keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
+        parts = answer_head(status, headers, len(body), keep_alive=keep_alive)
         if request.method != b"HEAD":
             parts.append(body)
         transport.write(b"".join(parts))
@@ -693,10 +608,19 @@ def ingress_protocol(
     Its connections share one bound on unfinished heads and bodies, ``max_unfinished_body_bytes``,
     and are at most ``max_connections`` (None: no bound).
     """
+
+    def count(outcome: str) -> None:
+        app.counters["", f"connection_limit:{outcome}"] += 1
+
     attributes: Mapping[str, Any] = {
         "app": app,
         "max_head_bytes": max_head_bytes,
         "unfinished": UnfinishedBodies(max_unfinished_body_bytes),
-        "connections": OpenConnections(max_connections),
+        "connections": OpenConnections[IngressProtocol](
+            max_connections,
+            bound="the bound (PIPELINE_INGRESS__MAX_CONNECTIONS)",
+            log=log,
+            counted=count,
+        ),
     }
     return type("IngressHttp", (IngressProtocol,), dict(attributes))

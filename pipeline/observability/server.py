@@ -31,7 +31,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import PipelineError
 from pipeline.observability import metrics as m
+from pipeline.observability.answers import Headers
 from pipeline.observability.metrics import Metrics
+from pipeline.observability.metrics_http import metrics_protocol
 from pipeline.observability.sources import SnapshotSource
 from pipeline.reachability import listen_error
 
@@ -43,6 +45,9 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 """The paths this app answers."""
+
+_TEXT = (b"content-type", b"text/plain; charset=utf-8")
+_EXPOSITION = (b"content-type", CONTENT_TYPE_LATEST.encode())
 
 
 class MetricsServer:
@@ -132,20 +137,20 @@ class MetricsServer:
             return
         if scope["type"] != "http":
             return
-        path = scope["path"]
-        if scope["method"] not in {"GET", "HEAD"}:
-            await _send(send, 405, b"method not allowed\n", [(b"allow", b"GET, HEAD")])
-        elif path == "/metrics":
-            await _send(
-                send, 200, self._snapshot, [(b"content-type", CONTENT_TYPE_LATEST.encode())]
-            )
-        elif path == "/healthz":
-            await _send(send, 200, b"ok\n")
-        elif path == "/readyz":
+        await _send(send, *self.answer(scope["method"], scope["path"]))
+
+    def answer(self, method: str, path: str) -> tuple[int, bytes, Headers]:
+        """The status, body and headers (without Content-Length) of ``method path``."""
+        if method not in {"GET", "HEAD"}:
+            return 405, b"method not allowed\n", [_TEXT, (b"allow", b"GET, HEAD")]
+        if path == "/metrics":
+            return 200, self._snapshot, [_EXPOSITION]
+        if path == "/healthz":
+            return 200, b"ok\n", [_TEXT]
+        if path == "/readyz":
             status, body = (200, b"ready\n") if self.ready else (503, b"not ready\n")
-            await _send(send, status, body)
-        else:
-            await _send(send, 404, b"not found\n")
+            return status, body, [_TEXT]
+        return 404, b"not found\n", [_TEXT]
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
@@ -158,15 +163,12 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-async def _send(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    head = headers or [(b"content-type", b"text/plain; charset=utf-8")]
+async def _send(send: Send, status: int, body: bytes, headers: Headers) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [*head, (b"content-length", str(len(body)).encode())],
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -213,6 +215,10 @@ async def serve_metrics(
 ) -> None:
     """Serve ``server`` on ``host:port`` with uvicorn and run its refresher until ``stop``.
 
+    Through :class:`~pipeline.observability.metrics_http.MetricsProtocol`: at most
+    :data:`~pipeline.observability.metrics_http.MAX_CONNECTIONS` connections, each request due
+    within :data:`~pipeline.observability.metrics_http.REQUEST_WITHIN_S`.
+
     For processes without an HTTP server of their own (a consumer-group member). Port 0 picks
     a free port; ``on_ready(host, port)`` is called once it listens. ``sock``: a socket
     :func:`metrics_socket` bound to ``host:port`` already (it is closed when serving ends).
@@ -222,6 +228,7 @@ async def serve_metrics(
         host=host,
         port=port,
         loop="none",
+        http=metrics_protocol(server),
         lifespan="off",
         access_log=False,
         log_level="warning",
