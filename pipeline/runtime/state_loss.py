@@ -18,7 +18,9 @@ line and one count per member, each naming its own group. A Redis out of reach i
 runtime says so on its calls); one that refuses the marker (an ACL without it, a read-only
 replica) is one warning line per run of refusals. A marker missing at start cannot be told from
 a first start: nothing is said then. A rollback to a state taken after this member's last look
-goes unseen by it (the members that looked since see it).
+goes unseen by it (the members that looked since see it). A Redis evicting under an
+``allkeys-*`` policy may evict the marker, and held followers and buffers with it: a loss found
+on a Redis that has evicted keys names the eviction too (two ``INFO`` calls, at a loss only).
 """
 
 from __future__ import annotations
@@ -88,14 +90,26 @@ _ROLLED_BACK = (
 )
 
 
+_PERSIST = "Run that Redis with appendonly yes and appendfsync everysec"
+_NO_EVICTION = (
+    "Run that Redis with maxmemory-policy noeviction, appendonly yes and appendfsync everysec"
+)
+
+
 def lost_line(
-    url: str, group: str, lanes: Sequence[Lane], how: str, *, marks_processed: bool = False
+    url: str,
+    group: str,
+    lanes: Sequence[Lane],
+    how: str,
+    *,
+    marks_processed: bool = False,
+    fix: str = _PERSIST,
 ) -> str:
     """The CRITICAL line for a loss found by the member of ``group`` on ``lanes``.
 
     ``how`` says what the marker showed and what that means; ``marks_processed``, whether the
     member marks its log rows processed (then the ingress's sweeper replays the webhooks among
-    the lost messages).
+    the lost messages); ``fix``, how to run that Redis so that it loses nothing.
     """
     lost = " and ".join(kept_only_in_redis(lanes))
     topics = ", ".join(
@@ -120,8 +134,8 @@ def lost_line(
         )
     return (
         f"Redis {safe_url(url)} lost its data ({how}): the {lost} it had are"
-        f" gone and will not run. {recover}; see {RUNBOOK}. Run that Redis with appendonly yes"
-        " and appendfsync everysec. Every member using this Redis reports this once."
+        f" gone and will not run. {recover}; see {RUNBOOK}. {fix}. Every member using this Redis"
+        " reports this once."
     )
 
 
@@ -223,21 +237,46 @@ class StateWatch:
             return False
         self._refused = False
         seen, last = self._epoch, self._count
-        self._epoch, self._count = epoch, count
         if seen is None or (epoch == seen and count > last):
+            self._epoch, self._count = epoch, count
             return False
+        fix = _PERSIST
         if epoch != seen:
             how = f"marker {self._key} {'gone' if written else 'changed'}: {_EMPTIED}"
+            if evicting := await self._evicting():
+                how = f"{how}, or evicted: {evicting}"
+                fix = _NO_EVICTION
         else:
             went = f"went back from {last} to {count - 1}"
             how = f"marker {self._key}'s count {went}: {_ROLLED_BACK}"
         line = lost_line(
-            self._url, self.group, self._lanes, how, marks_processed=self._marks_processed
+            self._url,
+            self.group,
+            self._lanes,
+            how,
+            marks_processed=self._marks_processed,
+            fix=fix,
         )
         log.critical(line)
         if self.counter is not None:
             self.counter.lost()
+        self._epoch, self._count = epoch, count  # seen once reported: a failure before, again
         return True
+
+    async def _evicting(self) -> str | None:
+        """How this Redis evicts keys, if it has evicted any since it started (else None).
+
+        Two ``INFO`` calls, made only once a loss is found; None when refused.
+        """
+        try:
+            memory = await self._redis.info("memory")
+            stats = await self._redis.info("stats")
+        except FAILED:
+            return None
+        policy, evicted = str(memory.get("maxmemory_policy", "")), stats.get("evicted_keys", 0)
+        if not policy.startswith("allkeys-") or not isinstance(evicted, int) or evicted < 1:
+            return None
+        return f"it has evicted {evicted} keys under maxmemory-policy {policy}"
 
     async def run(self, stop: asyncio.Event) -> None:
         """:meth:`check` every interval until ``stop`` is set.
