@@ -54,19 +54,29 @@ REPLAY_COUNT = "pl-replay-count"
 
 _RETRY_INFIX = ".retry."
 """What separates a lane's main topic name from its tier's (``messages.retry.5s``)."""
+_INT64 = re.compile(rb"-?[0-9]{1,19}")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _POSITION = re.compile(rb"[0-9]{1,19}")
 """A partition or offset as the router writes it: ASCII digits, at most an int64's."""
 
 
+def parse_int(raw: bytes | None) -> int | None:
+    """``raw`` as the pipeline writes numbers: ASCII decimal within a signed 64-bit integer.
+
+    None for anything else: no value, text that is not such a number (blanks, ``1_000``,
+    ``1e3``), or one beyond 64 bits, which as milliseconds or seconds overflows a float
+    (``(now - due) / 1000``) and which Redis refuses as an integer argument.
+    """
+    if raw is None or not _INT64.fullmatch(raw):
+        return None
+    value = int(raw)
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
 def int_header(headers: dict[str, bytes], name: str, default: int = 0) -> int:
-    """An integer header, or ``default`` when absent or malformed."""
-    raw = headers.get(name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        return default
+    """An integer header (:func:`parse_int`), or ``default`` when absent or malformed."""
+    value = parse_int(headers.get(name))
+    return default if value is None else value
 
 
 def attempt_header(headers: dict[str, bytes]) -> int:

@@ -98,7 +98,7 @@ class HandlerStage:
             return await self._not_now(lane, message, reason)
         attempt = h.attempt_header(message.headers)
         self._routing.processed(lane)
-        if self._metrics is not None and h.DUE_MS in message.headers:  # a retry-tier copy
+        if self._metrics is not None and due_ms(message) > 0:  # a retry-tier copy
             self._metrics.retry_started(lane.name, (self._clock_ms() - due_ms(message)) / 1000)
         called = time.perf_counter()
         try:

@@ -16,11 +16,14 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Record
+from pipeline.observability.facades import RuntimeMetrics
+from pipeline.observability.metrics import Metrics
 from pipeline.offload import reference as offload
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
@@ -77,11 +80,13 @@ VALUES = (
     b"1_000",
     "\u00e9\u65e5\u672c".encode(),
     b"\xff\xfe\x00\xc3(",
+    b"9" * 400,
+    b"-" + b"9" * 400,
     b"9" * 5_000,
     b"00-" + b"f" * 32 + b"-" + b"f" * 16 + b"-ff",
 )
 """Values any producer may write: empty, unparsable, signed, float, overflowing, not ASCII or
-not UTF-8, over Python's integer digit limit, a well-formed but invalid traceparent."""
+not UTF-8, beyond a float, over Python's integer digit limit, a well-formed bogus traceparent."""
 
 
 class Repeated(Mapping[str, bytes]):
@@ -234,7 +239,15 @@ async def test_hostile_headers_keys_and_values_are_each_handled_or_dead_lettered
 
     group = f"g-{unique}"
     dlq, admin = transport.reader([spec.dead_letter]), transport.admin()
-    member = Member(app, transport, group, FAST, redis=redis, redis_prefix=f"t{unique}")
+    member = Member(
+        app,
+        transport,
+        group,
+        FAST,
+        redis=redis,
+        redis_prefix=f"t{unique}",
+        metrics=RuntimeMetrics(Metrics()),
+    )
     reading = asyncio.create_task(outcomes.read_dead(dlq))
     try:
         async with running(member):
@@ -285,3 +298,49 @@ async def test_messages_with_the_same_garbled_origin_are_each_handled(
     async with running(member):
         await eventually(lambda: len(handled) + member.stats.duplicates == 3)
     assert sorted(handled) == [b"a", b"b", b"c"]
+
+
+async def test_a_due_time_beyond_a_float_is_due_now_not_a_failure_left_for_redelivery(
+    transport: Transport, unique: str, redis: Redis
+) -> None:
+    """``pl-due-ms`` of 400 digits: the member's lateness metric took it as a number and raised."""
+    spec = lane_spec(f"fzd_{unique}", 1, retry={"tiers": ["100ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    handled: list[bytes] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        handled.append(event)
+
+    copies = [Record(b"far", b"k1", {h.DUE_MS: b"9" * 400}), Record(b"next", b"k2")]
+    await produce(transport, spec.retry_topic_names()[0], copies)
+    metrics = RuntimeMetrics(Metrics())
+    member = Member(
+        app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}", metrics=metrics
+    )
+    async with running(member):
+        await eventually(lambda: len(handled) == 2, timeout_s=30)
+    assert sorted(handled) == [b"far", b"next"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        (b"12", 12),
+        (b"-1", -1),
+        (b"9223372036854775807", 2**63 - 1),
+        (b"9223372036854775808", None),
+        (b"9" * 400, None),
+        (b" 12 ", None),
+        (b"1_000", None),
+        (b"+5", None),
+        (b"1e309", None),
+        (b"nan", None),
+        (b"", None),
+        (b"\xff", None),
+    ],
+)
+def test_a_number_header_is_ascii_decimal_within_64_bits(raw: bytes, value: int | None) -> None:
+    """What :func:`pipeline.headers.parse_int` takes; anything else is malformed."""
+    assert h.parse_int(raw) == value
