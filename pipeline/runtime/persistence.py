@@ -7,7 +7,8 @@ every restart, so a restart loses them all, silently. The member reads the two s
 (``CONFIG GET``) and logs one warning line when its lanes keep such messages; a managed Redis
 that refuses ``CONFIG`` (or a Redis out of reach) makes it say nothing, as
 :func:`pipeline.runtime.eviction.warn_if_evicting` does. A Redis that snapshots only is not
-named: it loses what changed since its last snapshot, not everything.
+named: it loses what changed since its last snapshot, not everything (the member's watch,
+:mod:`pipeline.runtime.state_loss`, reports such a loss when it happens).
 """
 
 from __future__ import annotations
