@@ -4,8 +4,10 @@ Every command that reaches Kafka, Redis or the schema registry says it the same 
 ``cannot reach Redis at redis://127.0.0.1:6379/0 (PIPELINE_REDIS__URL): <reason>; start it
 (`make services`) or point PIPELINE_REDIS__URL at a running one``. A Redis that refuses the
 URL's credentials or whose TLS handshake fails runs: its line says what to change in the URL
-instead. Passwords in URLs are replaced by ``***``; of ``PIPELINE_KAFKA__CLIENT`` only the keys
-are shown.
+instead. So does a ``rediss://`` address whose TLS handshake timed out or failed without a word
+at a port that speaks plain text (a plain Redis, asked over TLS, never answers the handshake):
+asked of the port once, only then, so a host that is really down keeps the line above. Passwords
+in URLs are replaced by ``***``; of ``PIPELINE_KAFKA__CLIENT`` only the keys are shown.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import errno
 import re
 import socket
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from pipeline.config import ENV_PREFIX, Settings, hide_credentials, http_url_problem
 from pipeline.errors import ConfigError
@@ -103,13 +105,15 @@ def named_with_fix(
 ) -> str:
     """``service``, its address and variable, and the fix: to follow an error that lacks them.
 
-    ``reason`` is the error's text: a refused password or TLS handshake has another fix.
+    ``reason`` is the error's text: a refused password or TLS handshake has another fix, as has
+    a ``rediss://`` port that does not speak TLS (asked of it: see :func:`refusal`).
 
     ``Redis at redis://127.0.0.1:6379/0, PIPELINE_REDIS__URL: start it (`make services`) or
     point PIPELINE_REDIS__URL at a running one``.
     """
     address, variable = where(settings, service)
-    fix = _refusal_fix(service, variable, reason) or how_to_fix(variable, instead=instead)
+    kind = _refusal_kind(service, address, reason)
+    fix = how_to_fix(variable, instead=instead) if kind is None else _refusal_fix(kind, variable)
     if service == "kafka":
         fix += _kafka_client_hint(settings)
     return f"{_NAMES[service]} at {address}, {variable}: {fix}"
@@ -124,8 +128,9 @@ def unreachable_at(name: str, address: str, variable: str, reason: str, start: s
 def unreachable(settings: Settings, service: Service, reason: str) -> str:
     """The line that says ``service`` cannot be reached, where, why and what to do.
 
-    A Redis that answered but refused the URL's credentials, or whose TLS handshake failed, is
-    no service to start: its line says so and what to change in ``PIPELINE_REDIS__URL``. For
+    A Redis that answered but refused the URL's credentials, or whose TLS handshake failed (or
+    timed out at a port that takes plain connections: :func:`refusal`), is no service to start:
+    its line says so and what to change in ``PIPELINE_REDIS__URL``. For
     Kafka with connection properties in ``PIPELINE_KAFKA__CLIENT`` (a wrong ``security.protocol``
     only times out) the line names them too, by key: their values may be secrets.
     """
@@ -141,7 +146,11 @@ def refusal(settings: Settings, service: Service, reason: str) -> str | None:
     """The line for a ``service`` that answered but refused the credentials or TLS, else None.
 
     ``reason`` is the error's text. Only a Redis is recognised here (Kafka's refused SASL login
-    is asked of the broker: :func:`pipeline.transport.kafka.errors.login_problem`).
+    is asked of the broker: :func:`pipeline.transport.kafka.errors.login_problem`). A
+    ``rediss://`` connection that timed out, or failed without a reason, is followed by one plain
+    TCP connection to its port (up to 1 s a step): a port that answers a plain ``PING`` (after a
+    timeout), or accepts (after a silent failure), makes it a TLS handshake a plain-text port
+    never finished, not a Redis that is down.
     """
     address, variable = where(settings, service)
     return _refused(service, address, variable, reason)
@@ -156,31 +165,96 @@ _AUTH_FAILED = (
     "HELLO must be called with the client already authenticated",
 )
 _TLS_FAILED = ("SSL", "TLS", "certificate")
+_CONNECT_TIMED_OUT = "Timeout connecting to server"
+"""redis-py's error for a connection not made in time: the TCP connect or the TLS handshake."""
+_CONNECT_FAILED_SILENTLY = re.compile(r"Error connecting to \S+\.?\s*$")
+"""redis-py's error for a connection that failed without a reason (asyncio's TLS EOF)."""
+_PLAIN_PROBE_S = 1.0
+"""How long the plain TCP connection asked of a ``rediss://`` port that did not do TLS may take."""
+_REDIS_PORT = 6379
+
+Refusal = Literal["credentials", "tls", "plain port"]
 
 
 def _refused(service: Service, address: str, variable: str, reason: str) -> str | None:
     """The line for a Redis that refused the credentials or the TLS handshake, else None."""
-    fix = _refusal_fix(service, variable, reason)
-    if fix is None:
+    kind = _refusal_kind(service, address, reason)
+    if kind is None:
         return None
+    fix = _refusal_fix(kind, variable)
     why = reason.rstrip(". ")
-    if any(sign in reason for sign in _AUTH_FAILED):
+    if kind == "credentials":
         return f"Redis at {address} ({variable}) refused the credentials: {why}; {fix}"
+    if kind == "plain port":
+        how = "timed out" if _CONNECT_TIMED_OUT in reason else "failed"
+        return f"TLS handshake with Redis at {address} ({variable}) {how} ({why}): {fix}"
     return f"TLS with Redis at {address} ({variable}) failed: {why}; {fix}"
 
 
-def _refusal_fix(service: Service, variable: str, reason: str) -> str | None:
-    """What to change when Redis refused the credentials or the TLS handshake, else None."""
+def _refusal_kind(service: Service, address: str, reason: str) -> Refusal | None:
+    """Whether Redis refused the credentials or the TLS handshake, or a plain port got TLS."""
     if service != "redis":
         return None
     if any(sign in reason for sign in _AUTH_FAILED):
-        return f"set the user and password it expects in {variable} (redis://USER:PASSWORD@host:port/db)"
+        return "credentials"
     if any(sign in reason for sign in _TLS_FAILED):
-        return (
-            f"use rediss:// only for a TLS port and give the CA that signed the server's"
-            f" certificate in {variable} (?ssl_ca_certs=/path/ca.pem)"
-        )
+        return "tls"
+    if _plain_port(address, reason):
+        return "plain port"
     return None
+
+
+def _refusal_fix(kind: Refusal, variable: str) -> str:
+    """What to change in ``variable`` for a Redis that refused ``kind``."""
+    if kind == "credentials":
+        return f"set the user and password it expects in {variable} (redis://USER:PASSWORD@host:port/db)"
+    if kind == "plain port":
+        return (
+            "the port accepts connections but does not speak TLS? use redis:// for a plain-text"
+            f" port, or the server's TLS port, in {variable}"
+        )
+    return (
+        f"use rediss:// only for a TLS port and give the CA that signed the server's"
+        f" certificate in {variable} (?ssl_ca_certs=/path/ca.pem)"
+    )
+
+
+def _plain_port(address: str, reason: str) -> bool:
+    """Whether ``address`` is ``rediss://`` and its TLS handshake failed at a plain-text port.
+
+    Only a connection that timed out or failed without a reason is looked at, and only then is
+    a plain TCP connection opened to the port (each step within :data:`_PLAIN_PROBE_S`). After
+    a timeout the port must also answer a plain-text ``PING`` as Redis does (``+PONG``, or an
+    error such as ``-NOAUTH``): a TLS Redis too busy to finish handshakes takes connections too,
+    and is no plain-text port. A connection that failed without a reason was closed on its TLS
+    greeting: one the port accepts is enough.
+    """
+    if not address.startswith("rediss://"):
+        return False
+    timed_out = _CONNECT_TIMED_OUT in reason
+    if not timed_out and not _CONNECT_FAILED_SILENTLY.search(reason):
+        return False
+    host_port = _host_port(address)
+    if host_port is None:
+        return False
+    try:
+        with socket.create_connection(host_port, timeout=_PLAIN_PROBE_S) as plain:
+            if not timed_out:
+                return True
+            plain.sendall(b"PING\r\n")
+            return plain.recv(1)[:1] in (b"+", b"-")
+    except (OSError, UnicodeError):
+        return False
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The host and port of Redis URL ``address``, or None if it names none."""
+    try:
+        parts: SplitResult = urlsplit(address)
+        host, port = parts.hostname, parts.port or _REDIS_PORT
+    except ValueError:
+        return None
+    return (host, port) if host else None
 
 
 def _kafka_client_hint(settings: Settings) -> str:
