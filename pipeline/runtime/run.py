@@ -230,6 +230,7 @@ async def _warn_of_losable_state(
         group,
         lanes,
         marks_processed=settings.runtime.mark_processed,
+        topics_in_redis=settings.transport == "redis",  # its streams use the same Redis URL
     )
     await watch.start()
     return watch

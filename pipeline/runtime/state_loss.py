@@ -103,13 +103,16 @@ def lost_line(
     how: str,
     *,
     marks_processed: bool = False,
+    topics_in_redis: bool = False,
     fix: str = _PERSIST,
 ) -> str:
     """The CRITICAL line for a loss found by the member of ``group`` on ``lanes``.
 
     ``how`` says what the marker showed and what that means; ``marks_processed``, whether the
     member marks its log rows processed (then the ingress's sweeper replays the webhooks among
-    the lost messages); ``fix``, how to run that Redis so that it loses nothing.
+    the lost messages); ``topics_in_redis``, whether the topics are streams in that same Redis
+    (``PIPELINE_TRANSPORT=redis``: they went with it); ``fix``, how to run that Redis so that it
+    loses nothing.
     """
     lost = " and ".join(kept_only_in_redis(lanes))
     topics = ", ".join(
@@ -117,7 +120,20 @@ def lost_line(
         for what, chosen in (("held", holding_lanes(lanes)), ("buffered", buffering_lanes(lanes)))
         if chosen
     )
-    if marks_processed:
+    if topics_in_redis:
+        names = ", ".join(dict.fromkeys(lane.spec.name for lane in lanes))
+        sweeper = (
+            "the ingress's sweeper replays those that came through it (their log rows were never"
+            " marked processed), so replay none of them by hand"
+            if marks_processed
+            else "those that came through the ingress are in its log (pipeline replay)"
+        )
+        recover = (
+            f"Group {group} committed their offsets, and their topics ({names}) were in this"
+            f" Redis and went with it (PIPELINE_TRANSPORT=redis): {sweeper}; nothing else has"
+            " the others"
+        )
+    elif marks_processed:
         recover = (
             f"Group {group} committed their offsets: the ingress's sweeper replays those that"
             " came through it (their log rows were never marked processed), so replay none of"
@@ -152,11 +168,13 @@ class StateWatch:
         counter: LossCounter | None = None,
         *,
         marks_processed: bool = False,
+        topics_in_redis: bool = False,
         interval_s: float = CHECK_INTERVAL_S,
     ) -> None:
         """Watch the Redis at ``url`` (``redis``) for the member of ``group`` running ``lanes``.
 
-        ``marks_processed``: the member marks its log rows processed (said in the line).
+        ``marks_processed``: the member marks its log rows processed; ``topics_in_redis``: its
+        topics are streams in that Redis (both said in the line).
         """
         self._redis = redis
         self._url = url
@@ -167,6 +185,7 @@ class StateWatch:
         self.counter = counter
         """Where a loss is counted (None: nowhere; set once the member's metrics exist)."""
         self._marks_processed = marks_processed
+        self._topics_in_redis = topics_in_redis
         self._interval_s = interval_s
         self._epoch: bytes | None = None
         """The marker's epoch as last seen; None until it could be read."""
@@ -255,6 +274,7 @@ class StateWatch:
             self._lanes,
             how,
             marks_processed=self._marks_processed,
+            topics_in_redis=self._topics_in_redis,
             fix=fix,
         )
         log.critical(line)

@@ -208,3 +208,39 @@ async def test_members_sharing_a_redis_each_report_one_loss_once(
             "pipeline_redis_state_lost_total", {"group": group}
         )
         assert count == 1.0
+
+
+async def test_on_the_redis_transport_the_line_says_the_topics_went_too(
+    unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``PIPELINE_TRANSPORT=redis``: the topics were in that Redis, so they are not where to look.
+
+    The line said the lost messages were still in their topics below the group's positions; on
+    the Redis Streams transport the streams and the positions are in the Redis that lost its
+    data, and went with it (a FLUSHALL under ``pipeline consume`` there stops it at its next
+    poll: its topics no longer exist; a rollback to an older snapshot leaves it running).
+    """
+    name, prefix = f"rs_{unique}", f"t{unique}"
+    app = App([lane_spec(name, 1, retry={"tiers": ["1s"]})])
+
+    @app.handler(name)
+    async def handle(event: bytes, ctx: Context) -> None:
+        """Never called."""
+
+    with bare_redis() as server:
+        client = Redis.from_url(server.url)
+        try:
+            watch = StateWatch(
+                client, server.url, prefix, "g-rs", [app.lanes[name]], topics_in_redis=True
+            )
+            await watch.start()
+            await client.flushall()
+            with caplog.at_level(logging.CRITICAL, logger="pipeline.runtime.state_loss"):
+                assert await watch.check() is True
+        finally:
+            await client.aclose()
+    (record,) = caplog.records
+    line = record.getMessage()
+    assert "still in their topics" not in line, line
+    assert "PIPELINE_TRANSPORT=redis" in line
+    assert f"their topics ({name}) were in this Redis and went with it" in line
