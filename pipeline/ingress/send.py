@@ -3,7 +3,9 @@
 The counterpart of the verifiers in :mod:`pipeline.ingress.verify`, for trying a source by hand
 (as ``stripe trigger`` does for Stripe): the body is signed with the source's first active
 secret in its configured scheme, posted to ``/hooks/SOURCE`` of a running ingress, and the
-ingress's answer is printed with the topic and partition the source's routes send it to.
+ingress's answer is printed with the topic and partition the source's routes send it to. Only
+that source of the sources file is validated and only its signing secrets are read: the other
+sources' secrets need not be exported where it runs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pipeline.cli_support import err, run_command
 from pipeline.config import ENV_PREFIX, IngressSettings, http_url_problem, load_settings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.errors import IngressError
-from pipeline.ingress.settings import SourceConfig, load_sources
+from pipeline.ingress.settings import SourceConfig, load_source
 from pipeline.ingress.source import build_sources
 from pipeline.reachability import checked_http_url
 from pipeline.topics.spec import load_specs
@@ -106,11 +108,8 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
     ingress = settings.ingress
     target = checked_http_url(url, "--url") if url else _default_target(ingress)
     specs = load_specs(settings.topics_dir)
-    configs = load_sources(ingress.sources_file, {spec.name for spec in specs})
-    if source not in configs:
-        known = ", ".join(sorted(configs)) or "none"
-        raise ConfigError(f"{ingress.sources_file}: no source {source!r} (declared: {known})")
-    config = configs[source]
+    # Only this source's secrets: the other sources' need not be exported to sign for this one.
+    config = load_source(ingress.sources_file, {spec.name for spec in specs}, source)
     built = build_sources(
         {source: config},
         specs,

@@ -5,7 +5,8 @@
 ``PIPELINE_INGRESS__SWEEPER__PATIENCE_S=300``).
 The sources file declares one entry per ``/hooks/{source}``; ``deploy/local/sources.example.yaml``
 documents every field. :func:`load_sources` turns every problem in it into one
-:class:`~pipeline.errors.ConfigError` whose lines read ``<file>: <field path>: <problem>``.
+:class:`~pipeline.errors.ConfigError` whose lines read ``<file>: <field path>: <problem>``;
+:func:`load_source` does the same for one source only (``pipeline send``).
 
 Secrets are never written in the file: ``env:NAME`` reads the environment variable ``NAME`` at
 start, and a missing or empty one is an error (a misconfigured verifier fails closed), as is one
@@ -184,6 +185,41 @@ def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
             secret is missing, or a source routes to a topic that is not declared; every line
             names the file and the field.
     """
+    parsed = _validated(path, _document(path))
+    _check_names_and_topics(path, parsed.sources, topics)
+    return dict(parsed.sources)
+
+
+def load_source(path: Path, topics: set[str], name: str) -> SourceConfig:
+    """Read, validate and resolve only source ``name`` of the sources file, to sign for it.
+
+    ``pipeline send`` signs with one source's secrets: the other sources' secrets, and this
+    one's ``verify_token`` (Meta's subscription handshake, which nothing sends), need not be
+    exported where it runs. The errors of this source's own fields read as
+    :func:`load_sources` says them (``<file>: sources.<name>.secrets[0]: ...``); the ingress
+    still validates every source at start.
+
+    Raises:
+        ConfigError: the file is missing or is no mapping of sources, ``name`` is not declared
+            in it (the line names the declared ones), or the source is invalid.
+    """
+    document = _document(path)
+    sources = document.get("sources")
+    if isinstance(sources, dict) and name not in sources:
+        known = ", ".join(sorted(str(key) for key in sources)) or "none"
+        raise ConfigError(f"{path}: no source {name!r} (declared: {known})")
+    if isinstance(sources, dict):
+        entry = sources[name]
+        if isinstance(entry, dict):
+            entry = {key: value for key, value in entry.items() if key != "verify_token"}
+        document = {**document, "sources": {name: entry}}
+    parsed = _validated(path, document)
+    _check_names_and_topics(path, parsed.sources, topics)
+    return parsed.sources[name]
+
+
+def _document(path: Path) -> dict[Any, Any]:
+    """The sources file's YAML mapping, or ConfigError (a missing file: what to copy or set)."""
     if not path.exists():  # the first run's usual miss: say what to copy or set
         raise ConfigError(
             f"no sources file at {path}: copy deploy/local/sources.example.yaml there, or set"
@@ -192,13 +228,22 @@ def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
     document = read_yaml(path, ConfigError, "(the sources file)")
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping with a 'sources' key")
+    return document
+
+
+def _validated(path: Path, document: dict[Any, Any]) -> SourcesFile:
+    """``document`` as a :class:`SourcesFile` (secrets read), or one line per problem."""
     try:
-        parsed = SourcesFile.model_validate(document)
+        return SourcesFile.model_validate(document)
     except ValidationError as exc:
         lines = [f"{path}: {field_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
         raise ConfigError("invalid sources file:\n  " + "\n  ".join(lines)) from None
+
+
+def _check_names_and_topics(path: Path, sources: dict[str, SourceConfig], topics: set[str]) -> None:
+    """ConfigError, one line per problem, for a bad source name or an undeclared topic."""
     problems = []
-    for name, source in parsed.sources.items():
+    for name, source in sources.items():
         if not _SOURCE_NAME.fullmatch(name):
             problems.append(f"{path}: sources.{name}: expected letters, digits, '.', '_', '-'")
         targets = [("topic", source.topic)]
@@ -211,7 +256,6 @@ def load_sources(path: Path, topics: set[str]) -> dict[str, SourceConfig]:
         )
     if problems:
         raise ConfigError("invalid sources file:\n  " + "\n  ".join(problems))
-    return dict(parsed.sources)
 
 
 def _message(error: Any) -> str:
