@@ -84,12 +84,16 @@ class Status:
 
     @property
     def healthy(self) -> bool:
-        """Every part could be read (``pipeline status`` exits 1 otherwise)."""
+        """Every part could be read and every declared topic exists (else status exits 1).
+
+        A lane whose topics are missing shows lag 0 with nothing to read it from: a script
+        reading the exit code must not take that for a lane that is caught up.
+        """
         return not (
             self.log_error
             or self.throttle_error
             or self.cancellations_error
-            or any(lane.error for lane in self.lanes)
+            or any(lane.error or lane.report.missing_topics for lane in self.lanes)
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -219,7 +219,8 @@ def status_command(
     """Lag, oldest waiting message, retry tiers, dead letters and abandoned rows per lane.
 
     Exits 1 with one line naming the address when the broker cannot be reached, and 1 after the
-    report when a part of it (a lane, the ingress log, the throttles) could not be read.
+    report when a part of it (a lane, the ingress log, the throttles) could not be read or a
+    declared topic is missing on the broker (listed: run `pipeline topics apply`).
     """
     from pipeline.config import load_settings  # noqa: PLC0415 - see the module doc
 
