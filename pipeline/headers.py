@@ -123,11 +123,20 @@ def origin(topic: str, headers: Mapping[str, bytes]) -> str | None:
     offset = headers.get(ORIGIN_OFFSET, b"")
     if not (_POSITION.fullmatch(partition) and _POSITION.fullmatch(offset)):
         return None
-    lane = topic.split(_RETRY_INFIX, 1)[0]
     try:
         name = raw.decode()
     except UnicodeDecodeError:
         return None
-    if name != lane and not name.startswith(lane + _RETRY_INFIX):
+    if _main_topic(name) != _main_topic(topic):
         return None
     return f"{name}:{partition.decode()}:{offset.decode()}"
+
+
+def _main_topic(topic: str) -> str:
+    """The main topic of ``topic``'s lane: ``topic`` itself, or the one its retry tier is of.
+
+    A tier is ``<main>.retry.<delay>``: a main topic holds no ``.retry.`` but may end in
+    ``.retry`` (``pay.retry.retry.5s`` is a tier of ``pay.retry``), and a delay holds no dot, so
+    the tier's suffix starts at the last ``.retry.``.
+    """
+    return topic.rsplit(_RETRY_INFIX, 1)[0]
