@@ -132,6 +132,25 @@ def origin(topic: str, headers: Mapping[str, bytes]) -> str | None:
     return f"{name}:{partition.decode()}:{offset.decode()}"
 
 
+def origin_fault(topic: str, headers: Mapping[str, bytes]) -> str:
+    """Why :func:`origin` found no position of ``topic``'s lane in ``headers``, for a log line.
+
+    It names the header at fault, never what it holds (any producer writes it: garbage that
+    differs on every message would make every line a new one, which no backoff of repeated
+    lines would hold back).
+    """
+    if ORIGIN_TOPIC not in headers:
+        return f"no {ORIGIN_TOPIC}"
+    for name in (ORIGIN_PARTITION, ORIGIN_OFFSET):
+        if not _POSITION.fullmatch(headers.get(name, b"")):
+            return f"its {name} is no decimal number within 64 bits"
+    try:
+        headers[ORIGIN_TOPIC].decode()
+    except UnicodeDecodeError:
+        return f"its {ORIGIN_TOPIC} is not UTF-8"
+    return f"its {ORIGIN_TOPIC} is neither {_main_topic(topic)} nor one of its retry tiers"
+
+
 def _main_topic(topic: str) -> str:
     """The main topic of ``topic``'s lane: ``topic`` itself, or the one its retry tier is of.
 

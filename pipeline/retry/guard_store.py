@@ -130,9 +130,6 @@ MAX_HOLD_MS = LONGEST_EXPIRY_MS
 """The longest a parked key's state is kept (a lane may retain its messages for ever)."""
 
 
-_ORIGIN_HEADERS = (h.ORIGIN_TOPIC, h.ORIGIN_PARTITION, h.ORIGIN_OFFSET)
-
-
 def message_id(message: Message) -> str:
     """Where the message was first delivered (``topic:partition:offset``), stable across tiers.
 
@@ -551,13 +548,12 @@ def start_of(message: Message, *, ordered: bool) -> Start:
     headers = message.headers
     origin = h.origin(message.topic, headers)
     if origin is None:  # a first delivery: its id is where it was read
-        if h.ORIGIN_TOPIC in headers:
+        if h.ORIGIN_TOPIC in headers:  # the line names no header's bytes: repeats back off
             log.warning(
-                "%s: its origin headers (%s %s) name no position of its lane; run as a first"
+                "%s: its origin headers name no position of its lane (%s): run as a first"
                 " delivery, with that id",
                 at,
-                ", ".join(_ORIGIN_HEADERS),
-                " ".join(repr(headers.get(n, b"")[:40]) for n in _ORIGIN_HEADERS),
+                h.origin_fault(message.topic, headers),
             )
         return Start(at, encode_key(message.key), at, ordered, 1)
     attempt = h.attempt_header(headers)

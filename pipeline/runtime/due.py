@@ -75,13 +75,14 @@ class DueGate(Generic[T]):
         cannot hold its partition's committed position for years.
         """
         due = due_ms(message)
-        if due == 0 and h.parse_int(message.headers.get(h.DUE_MS)) is None:
-            log.warning(
-                "%s of %s@%d is no time in ms since the epoch (%r): it is due now",
+        raw = message.headers.get(h.DUE_MS)
+        if due == 0 and raw is not None and h.parse_int(raw) is None:
+            log.warning(  # the line shows no garbage, which differs per message: repeats back off
+                "%s of %s@%d is no time in ms since the epoch (ASCII decimal within 64 bits):"
+                " it is due now",
                 h.DUE_MS,
                 message.tp,
                 message.offset,
-                message.headers.get(h.DUE_MS, b"")[:40],
             )
         now_ms = self._clock_ms()
         if due <= now_ms:
