@@ -71,14 +71,17 @@ async def relay(postgres_service: str) -> AsyncIterator[Relay]:
 
 @pytest.fixture
 async def topic(settings: Settings, redis_service: str, unique: str) -> AsyncIterator[str]:
-    """A Redis Streams topic of the test's own, deleted after it."""
+    """A Redis Streams topic of the test's own and its dead-letter topic, deleted after it."""
     name = f"messages-{unique}"
     transport = create_transport(settings, "redis")
-    await transport.admin().create_topic(TopicConfig(name, 2))
+    admin = transport.admin()
+    await admin.create_topic(TopicConfig(name, 2))
+    await admin.create_topic(TopicConfig(f"{name}.dlq", 2))
     try:
         yield name
     finally:
-        await transport.admin().delete_topic(name)
+        await admin.delete_topic(name)
+        await admin.delete_topic(f"{name}.dlq")
         await transport.close()
 
 
