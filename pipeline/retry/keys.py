@@ -78,6 +78,11 @@ class GuardKeys:
         """Releases in progress, by lease expiry."""
         return f"{self.tag}:rel"
 
+    @property
+    def group(self) -> str:
+        """The lane's group lease: the one group consuming the lane (``runtime/lane_lease.py``)."""
+        return f"{self.tag}:group"
+
     def of_key(self, encoded: str) -> tuple[str, str, str]:
         """The parked zset, state hash and held-followers hash of one (encoded) key."""
         return f"{self.tag}:z:{encoded}", f"{self.tag}:h:{encoded}", f"{self.tag}:f:{encoded}"

@@ -46,6 +46,7 @@ from pipeline.runtime.guard import RunGuard, ordered_retries
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.idempotency import IdempotencyGuard, lane_once_ttls
 from pipeline.runtime.isolation import Isolation
+from pipeline.runtime.lane_lease import LaneLease, lease_ms
 from pipeline.runtime.longwork import LongWork
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.pressure import ConcurrencyGovernor
@@ -262,6 +263,17 @@ class Member:
             lanes_ = self._chain.lanes
             fleet.bind(lambda: (lanes_.running, lanes_.limit))
         self._reap_every = max(1, round(2000 / settings.commit_interval_ms))
+        self._lease = (  # a lane is consumed by one group at a time (runtime/lane_lease.py)
+            LaneLease(
+                redis,
+                redis_prefix,
+                [lane.spec.lane for lane in chosen],  # the lanes of the guard's keys
+                group,
+                lease_ms=lease_ms(settings.liveness_ms),
+            )
+            if redis is not None
+            else None
+        )
         self._ticks = 0
         # Tasks of the member's own, each with the partitions whose runs it waits for.
         self._background: dict[asyncio.Task[None], set[TopicPartition]] = {}
@@ -294,12 +306,18 @@ class Member:
         ``hurry``, set during the shutdown, ends its grace at once: what still runs is
         cancelled (not committed, so delivered again), then the member commits and leaves.
 
+        A lane held by another group's lease is waited for before the member joins its group;
+        one taken by another group while the member runs stops it
+        (:mod:`pipeline.runtime.lane_lease`).
+
         Raises:
             PipelineError: an essential background task (the commit loop, a debounced lane's
                 turn runner, the long-work tick) failed; the member shut down as on ``stop``
                 (:mod:`pipeline.runtime.supervision`).
         """
         self._hurry = hurry
+        if not await self._lanes_held(stop):
+            return
         await self._clock.measure()  # Redis's clock, before the first due time is read
         await self._longwork.tick()  # the standing cancellations, before the first message
         consumer = self._transport.consumer(self.group, self._topics, listener=self)
@@ -357,6 +375,19 @@ class Member:
                 await self._longwork.close()
             finally:
                 essential.check()  # a failed essential task: one line, a non-zero exit
+
+    async def _lanes_held(self, stop: asyncio.Event) -> bool:
+        """Hold the lanes' group leases, waiting while another group holds one; False at stop.
+
+        Stopped while waiting, the member gives up what it held and closes what it opened.
+        """
+        if self._lease is None or await self._lease.wait(stop):
+            return True
+        await self._lease.leave()
+        await self._handler.close()
+        with contextlib.suppress(TransportError):
+            await self._producer.close()
+        return False
 
     async def _shutdown(
         self, committer: asyncio.Task[None], runners: Sequence[asyncio.Task[None]] = ()
@@ -419,6 +450,8 @@ class Member:
         await self._handler.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
+        if self._lease is not None:  # out of the group: its last member frees its lanes
+            await self._lease.leave()
 
     async def _end_background(self, stuck: set[TopicPartition], ends_s: float) -> None:
         """Let revoked partitions whose runs ended give up their claims, then stop the rest.
@@ -665,6 +698,8 @@ class Member:
         self._ticks += 1
         if self._ticks % self._reap_every == 0:
             await self._guard.tick(self.app.lanes)
+            if self._lease is not None and self._deadline_s is None:  # LaneTaken stops it
+                await self._lease.renew()
         # Ends first: a committed message must not look started to the next member.
         await self._guard.flush()
         # Positions first: every offset about to be committed has its log row in the batch
