@@ -17,13 +17,17 @@ scrapes were refused. :class:`MetricsProtocol` plugs into uvicorn's server
   has sent nothing for the longest (:class:`~pipeline.observability.connections.OpenConnections`,
   one log line at most every few seconds), so a flood keeps a few dozen descriptors and the
   scrape or probe that comes last is answered;
-* an answer the client does not read pauses reading; its connection is closed at its deadline.
+* an answer the client does not read pauses reading, and the requests it pipelined after it
+  wait unanswered (at most :data:`MAX_WAITING`, else the connection is closed): the answers a
+  client has not read take its socket's buffers and one transport buffer, not one exposition
+  for each request it sent; its connection is closed at its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, cast
 
@@ -46,7 +50,13 @@ REQUEST_WITHIN_S = 10.0
 MAX_REQUEST_BYTES = 16_384
 """Bytes of one request, head and body; a probe's or a scrape's head is a few hundred."""
 
+MAX_WAITING = 32
+"""Requests of one connection that may wait behind answers it has not read; past it, closed."""
+
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+
+_Answer = tuple[int, bytes, Headers, bool, bool]
+"""Status, body, headers, whether the body is sent (not for HEAD), whether to keep alive."""
 
 
 class MetricsProtocol(asyncio.Protocol):
@@ -75,6 +85,8 @@ class MetricsProtocol(asyncio.Protocol):
         self._bytes = 0  # bytes received since the last answer
         self._size = 0  # bytes of the request being parsed
         self._url = b""
+        self._paused = False  # the transport's buffer is full: answers wait in ``_waiting``
+        self._waiting: deque[_Answer] = deque()  # answers to requests pipelined, not written
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Admit the connection under the bound; its first request is due in time."""
@@ -99,6 +111,7 @@ class MetricsProtocol(asyncio.Protocol):
             self._deadline = None
         self._parser = None
         self._transport = None
+        self._waiting.clear()
 
     def data_received(self, data: bytes) -> None:
         """Parse ``data``; each request it completes is answered at once, in order."""
@@ -117,13 +130,17 @@ class MetricsProtocol(asyncio.Protocol):
             self._too_large()
 
     def pause_writing(self) -> None:
-        """The client reads nothing: read no more of its requests."""
+        """The client reads nothing: read no more of its requests, answer none until it reads."""
+        self._paused = True
         if self._transport is not None:
             self._transport.pause_reading()
 
     def resume_writing(self) -> None:
-        """The client read its answers."""
-        if self._transport is not None and not self._stopped:
+        """The client read its answers: write those waiting, then read again."""
+        self._paused = False
+        while self._waiting and not self._paused and not self._stopped:
+            self._answer(self._waiting.popleft())
+        if self._transport is not None and not self._stopped and not self._paused:
             self._transport.resume_reading()
 
     def evict(self) -> None:
@@ -165,11 +182,25 @@ class MetricsProtocol(asyncio.Protocol):
             return
         path = httptools.parse_url(self._url).path.decode("latin-1")
         method = parser.get_method().decode("latin-1")
-        status, body, headers = self.server.answer(method, path)
+        status, body, headers = self.server.answer(method, path)  # the body is not copied
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        self._write(
-            status, headers, b"" if method == "HEAD" else body, len(body), keep_alive=keep_alive
-        )
+        answer = (status, body, headers, method != "HEAD", keep_alive)
+        if not self._paused and not self._waiting:
+            self._answer(answer)
+        elif len(self._waiting) < MAX_WAITING:
+            self._waiting.append(answer)
+        else:
+            log.info(
+                "metrics port: a client pipelined more than %d requests without reading their"
+                " answers; its connection is closed",
+                MAX_WAITING,
+            )
+            self._close()
+
+    def _answer(self, answer: _Answer) -> None:
+        """Write ``answer``; the next request is then due in time (or the connection ends)."""
+        status, body, headers, with_body, keep_alive = answer
+        self._write(status, headers, body if with_body else b"", len(body), keep_alive=keep_alive)
         if keep_alive:
             self._bytes = 0
             self._due()
@@ -184,7 +215,7 @@ class MetricsProtocol(asyncio.Protocol):
 
     def _late(self) -> None:
         self._deadline = None
-        if self._stopped:  # closed after an answer the client has not read yet
+        if self._stopped or self._paused or self._waiting:  # answers the client has not read
             self._close()
         elif self._bytes:  # a request begun and not finished
             log.info("metrics port: request not received in time refused (408)")
@@ -197,6 +228,9 @@ class MetricsProtocol(asyncio.Protocol):
         self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
 
     def _refuse(self, status: HTTPStatus) -> None:
+        if self._waiting:  # its answer would come before theirs: end the connection instead
+            self._close()
+            return
         body = f"{status.phrase.lower()}\n".encode()
         self._write(status, _TEXT, body, len(body), keep_alive=False)
 
