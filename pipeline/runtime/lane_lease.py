@@ -13,10 +13,18 @@ the member's reap tick (about every 2 s, one call per lane, never per message):
 
 - :meth:`LaneLease.wait`, before the member joins its group: a lane held by another group's live
   lease is waited for (one WARNING line when the wait starts, one every
-  :data:`WAIT_LINE_EVERY_S`; the member is not ready meanwhile), and taken once free.
+  :data:`WAIT_LINE_EVERY_S`; the member is not ready meanwhile), and taken once free. The lanes
+  are taken one by one in one order (sorted by name), and a member that finds one held gives
+  back those it took in that look: a waiting member holds no lane, so two groups that each want
+  lanes the other took never wait for each other, and a lane is not kept from a group by a
+  member that does not consume it yet.
 - :meth:`LaneLease.renew`: a lane found held by another group while the member runs (its own
   lease ran out during a Redis outage and the other group took the lane) is one CRITICAL line
   and :class:`LaneTaken`, which stops the member; started again, it waits as above.
+- :meth:`LaneLease.confirm`, before a polled batch starts: no Redis call while the last
+  renewal is recent (less than half a lease ago, on this host's clock); after a stall (a frozen
+  VM, a paused process) it renews first, so a member whose lane another group took meanwhile
+  stops before it runs any more of the lane's messages.
 - :meth:`LaneLease.leave`, at a graceful stop: the member gives up its hold, and the last live
   member of the group frees the lane at once. A member that crashed holds it until its lease
   runs out.
@@ -31,7 +39,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from redis.asyncio import Redis
 
@@ -41,7 +50,14 @@ from pipeline.redis_functions import FAILED
 from pipeline.retry.keys import guard_keys
 from pipeline.runtime.lane_lease_functions import Holder, LaneLeaseFunctions
 
-__all__ = ["CHECK_EVERY_S", "WAIT_LINE_EVERY_S", "LaneLease", "LaneTaken", "lease_ms"]
+__all__ = [
+    "CHECK_EVERY_S",
+    "WAIT_LINE_EVERY_S",
+    "LaneLease",
+    "LaneTaken",
+    "host_clock",
+    "lease_ms",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +69,12 @@ WAIT_LINE_EVERY_S = 30.0
 """How often a waiting member says again what it waits for."""
 _LEAVE_S = 5.0
 """The longest a stopping member tries to give its holds up (they run out by themselves)."""
+
+
+def host_clock() -> float:
+    """Seconds on this host's clock that also runs while the host sleeps (else monotonic)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
 def lease_ms(liveness_ms: int) -> int:
@@ -88,15 +110,18 @@ class LaneLease:
         *,
         lease_ms: int,
         check_s: float = CHECK_EVERY_S,
+        clock: Callable[[], float] = host_clock,
     ) -> None:
         """Hold ``lanes``' leases (keys under ``prefix``) for ``lease_ms`` after each renewal."""
         self._functions = LaneLeaseFunctions(redis)
-        self._keys = {lane: guard_keys(prefix, lane).group for lane in lanes}
+        self._keys = {lane: guard_keys(prefix, lane).group for lane in sorted(set(lanes))}
         self._group = group
         self._lease_ms = lease_ms
         self._check_s = check_s
         self._token = secrets.token_hex(8)
         self._where = redis_where(redis)
+        self._clock = clock
+        self._fresh_until = float("-inf")  # on ``clock``: no renewal needed before a batch
         self._failing = False
         self._taken = False
 
@@ -108,26 +133,27 @@ class LaneLease:
         said: dict[str, float] = {}  # each lane waited for: when its line was last logged
         loop = asyncio.get_running_loop()
         while True:
+            sent = self._clock()
             try:
-                holders = await self._hold_all()
+                other = await self._take_in_order()
             except FAILED as exc:
                 self._unreachable(exc)
                 if not said:
                     return True
             else:
                 self._reachable()
-                others = {lane: holder for lane, holder in holders.items() if not holder.ours}
-                if not others:
+                if other is None:
+                    self._fresh_until = sent + self._lease_ms / 2000
                     if said:
                         log.warning(
                             "lane(s) %s free: group %r consumes them now", _names(said), self._group
                         )
                     return True
+                lane, holder = other
                 now = loop.time()
-                for lane, holder in others.items():
-                    if now - said.get(lane, -WAIT_LINE_EVERY_S) >= WAIT_LINE_EVERY_S:
-                        said[lane] = now
-                        log.warning("%s", self._waiting_line(lane, holder))
+                if now - said.get(lane, -WAIT_LINE_EVERY_S) >= WAIT_LINE_EVERY_S:
+                    said[lane] = now
+                    log.warning("%s", self._waiting_line(lane, holder))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._check_s):
                     await stop.wait()
@@ -142,12 +168,16 @@ class LaneLease:
         """
         if self._taken:
             return
+        sent = self._clock()
         try:
             holders = await self._hold_all()
         except FAILED as exc:
             self._unreachable(exc)
             return
         self._reachable()
+        if all(holder.ours for holder in holders.values()):
+            # Redis set the lease's end at or after ``sent``: half a lease is a safe margin.
+            self._fresh_until = sent + self._lease_ms / 2000
         for lane, holder in holders.items():
             if not holder.ours:
                 self._taken = True
@@ -156,6 +186,22 @@ class LaneLease:
                     f"lane {lane!r} is consumed by group {holder.group!r} now: group"
                     f" {self._group!r} stopped consuming it"
                 )
+
+    async def confirm(self) -> None:
+        """Before a batch starts: renew now if the last renewal is half a lease old or more.
+
+        No Redis call while the reap tick renews (about every 2 s); after a stall of the
+        process or its host the lease may have run out, and another group taken the lane.
+        A Redis out of reach is tried again here no sooner than every few seconds.
+
+        Raises:
+            LaneTaken: another group holds a lane now (one CRITICAL line logged); raised once.
+        """
+        if self._taken or self._clock() < self._fresh_until:
+            return
+        await self.renew()
+        if self._failing:
+            self._fresh_until = self._clock() + self._check_s
 
     async def leave(self) -> None:
         """Give up this member's holds; the lanes are free once no live member holds them."""
@@ -177,6 +223,23 @@ class LaneLease:
                 _seconds(self._lease_ms),
                 self._group,
             )
+
+    async def _take_in_order(self) -> tuple[str, Holder] | None:
+        """Take the lanes one by one (in name order); None once all are held.
+
+        At the first lane another group holds, the lanes taken in this look are given back
+        (this member's hold only: other members of the group keep theirs) and that lane and its
+        holder are the answer.
+        """
+        taken: list[str] = []
+        for lane, key in self._keys.items():
+            holder = await self._functions.hold(key, self._group, self._token, self._lease_ms)
+            if not holder.ours:
+                for given in taken:
+                    await self._functions.leave(self._keys[given], self._group, self._token)
+                return lane, holder
+            taken.append(lane)
+        return None
 
     async def _hold_all(self) -> dict[str, Holder]:
         replies = await asyncio.gather(

@@ -363,7 +363,7 @@ class Member:
                     continue
                 pause_s = 0.5
                 self.polling.set()
-                await self._guard.extend(batch)  # claimed before any of it runs
+                await self._claim(batch)  # claimed before any of it runs
                 for message in batch:
                     self._dispatch(message)
         finally:
@@ -375,6 +375,17 @@ class Member:
                 await self._longwork.close()
             finally:
                 essential.check()  # a failed essential task: one line, a non-zero exit
+
+    async def _claim(self, batch: Sequence[Message]) -> None:
+        """Claim ``batch`` in the run guard, the lanes' group leases confirmed first.
+
+        A stall (a frozen host, a paused process) may have outlived the leases: renewed before
+        anything polled after it runs, a lane another group took stops the member
+        (:meth:`LaneLease.confirm`); otherwise no Redis call.
+        """
+        if self._lease is not None and batch:
+            await self._lease.confirm()
+        await self._guard.extend(batch)
 
     async def _lanes_held(self, stop: asyncio.Event) -> bool:
         """Hold the lanes' group leases, waiting while another group holds one; False at stop.

@@ -40,16 +40,24 @@ end
 -- KEYS[1] the lease   ARGV[1] group   ARGV[2] member token
 -- Returns 1 if the lane is free now, 0 if another live member of the group still holds it,
 -- -1 if the lease names another group (or none): left alone.
+-- A lease kept by other members ends when the last of their holds ends: the leaving member's
+-- own (longer, or renewed later) hold no longer keeps the lane from another group.
 local function leave(keys, args)
   if redis.call('HGET', keys[1], 'group') ~= args[1] then return -1 end
   redis.call('HDEL', keys[1], 'm:' .. args[2])
   local now = now_ms()
   local fields = redis.call('HGETALL', keys[1])
+  local last = 0
   for i = 1, #fields, 2 do
-    if string.sub(fields[i], 1, 2) == 'm:' and tonumber(fields[i + 1]) > now then return 0 end
+    local ends = tonumber(fields[i + 1])
+    if string.sub(fields[i], 1, 2) == 'm:' and ends > now and ends > last then last = ends end
   end
-  redis.call('DEL', keys[1])
-  return 1
+  if last == 0 then
+    redis.call('DEL', keys[1])
+    return 1
+  end
+  redis.call('PEXPIRE', keys[1], last - now)
+  return 0
 end
 
 redis.register_function('pl_lane_hold', hold)
