@@ -7,9 +7,11 @@ the broker reports and lists the actions that bring the broker up to the declara
 to other partitions). Planning is deterministic (declaration order, then main, retry tiers
 shortest first, dead letter), so a dry run shows exactly what a real run does.
 
-Partitions, retention, Kafka's ``max.message.bytes`` and, on Redis Streams, ``max_len`` are
-compared (what :class:`TopicInfo` reports); other ``configs`` are sent when a topic is created and
-again whenever it is updated for one of those.
+Partitions, retention, Kafka's ``max.message.bytes`` (on retry tiers and dead-letter topics
+:data:`~pipeline.transport.limits.COPY_HEADROOM_BYTES` above the main topic's, for the headers a
+copy adds) and, on Redis Streams, ``max_len`` are compared (what :class:`TopicInfo` reports);
+other ``configs`` are sent when a topic is created and again whenever it is updated for one of
+those.
 
 :func:`hazards` names what a change does to work already waiting, which the broker alone cannot
 show: partitions added to an ordered lane (its keys move), retry tiers and a default dead-letter
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pipeline.errors import TopicSpecError
 from pipeline.topics.spec import format_duration_ms
+from pipeline.transport.limits import COPY_HEADROOM_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -78,7 +81,9 @@ def plan(
         default_max_len: Redis Streams entries kept per partition when a spec sets no max_len.
         max_message_bytes: the largest message the pipeline produces
             (``PIPELINE_MAX_MESSAGE_BYTES``): every Kafka topic gets at least this
-            ``max.message.bytes``, so nothing the ingress accepts is refused by the broker.
+            ``max.message.bytes``, so nothing the ingress accepts is refused by the broker;
+            retry tiers and dead-letter topics get :data:`COPY_HEADROOM_BYTES` more than their
+            main topic (declared or this), so a copy of anything it took can be routed.
 
     Raises:
         TopicSpecError: a declaration has fewer partitions than the broker's topic (every such
@@ -291,14 +296,31 @@ def _count(messages: int) -> str:
 def _desired(
     specs: Sequence[TopicSpec], default_max_len: int, max_message_bytes: int | None = None
 ) -> dict[str, TopicConfig]:
-    """Every declared topic by name, in plan order, with its message size limit."""
+    """Every declared topic by name, in plan order, with its message size limit.
+
+    A lane's retry tiers and dead-letter topic take :data:`COPY_HEADROOM_BYTES` more than its
+    main topic: a copy is the message plus the headers the router adds.
+    """
     desired: dict[str, TopicConfig] = {}
     for spec in specs:
         for config in spec.topic_configs(default_max_len):
             if config.name in desired:
                 raise TopicSpecError(f"topic {config.name!r} is declared more than once")
-            desired[config.name] = _with_size_limit(config, max_message_bytes)
+            sized = _with_size_limit(config, max_message_bytes)
+            if config.name != spec.name:
+                sized = _with_copy_headroom(sized)
+            desired[config.name] = sized
     return desired
+
+
+def _with_copy_headroom(config: TopicConfig) -> TopicConfig:
+    """``config`` of a retry tier or dead-letter topic: its limit raised by the copy headroom."""
+    limit = config.configs.get(_MAX_BYTES)
+    if limit is None:  # neither declared nor PIPELINE_MAX_MESSAGE_BYTES: the broker's default
+        return config
+    return replace(
+        config, configs={**config.configs, _MAX_BYTES: str(int(limit) + COPY_HEADROOM_BYTES)}
+    )
 
 
 def _with_size_limit(config: TopicConfig, max_message_bytes: int | None) -> TopicConfig:
