@@ -46,7 +46,7 @@ from pipeline.runtime.guard import RunGuard, ordered_retries
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.idempotency import IdempotencyGuard, lane_once_ttls
 from pipeline.runtime.isolation import Isolation
-from pipeline.runtime.lane_lease import LaneLease, lease_ms
+from pipeline.runtime.lane_lease import LaneLease, LaneTaken, lease_ms
 from pipeline.runtime.longwork import LongWork
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.pressure import ConcurrencyGovernor
@@ -709,8 +709,8 @@ class Member:
         self._ticks += 1
         if self._ticks % self._reap_every == 0:
             await self._guard.tick(self.app.lanes)
-            if self._lease is not None and self._deadline_s is None:  # LaneTaken stops it
-                await self._lease.renew()
+            if self._lease is not None:
+                await self._renew_lease(self._lease)
         # Ends first: a committed message must not look started to the next member.
         await self._guard.flush()
         # Positions first: every offset about to be committed has its log row in the batch
@@ -721,6 +721,18 @@ class Member:
             await consumer.commit(positions)
             for position in positions:
                 self._committed[position.tp] = position
+
+    async def _renew_lease(self, lease: LaneLease) -> None:
+        """Renew the lanes' group leases: a lane taken stops the member (:class:`LaneTaken`).
+
+        Renewed through the shutdown's drain too, which may outlast a lease: the lanes stay
+        this group's until the member leaves. Taken during the drain, the member stops anyway.
+        """
+        if self._deadline_s is None:
+            await lease.renew()
+            return
+        with contextlib.suppress(LaneTaken):  # its CRITICAL line was logged
+            await lease.renew()
 
     async def _give_up_when_idle(
         self, tps: set[TopicPartition], claimed: dict[str, list[TopicPartition]]
