@@ -16,7 +16,6 @@ are expected to fail (strictly) until it does.
 
 from __future__ import annotations
 
-import pytest
 from contract.helpers import consume_until, wait_for
 from redis.asyncio import Redis
 from runtime.helpers import FAST, eventually, lane_spec, running
@@ -33,18 +32,6 @@ from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
 
 KEY = b"k"
-
-
-def producer_limit_pending(request: pytest.FixtureRequest, transport: Transport) -> None:
-    """On Kafka: expect a failure until the producer's limit takes the copy headroom."""
-    if transport.name == "kafka":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="producer_config's message.max.bytes is PIPELINE_MAX_MESSAGE_BYTES, not"
-                " PIPELINE_MAX_MESSAGE_BYTES + COPY_HEADROOM_BYTES: librdkafka refuses the copy",
-            )
-        )
 
 
 async def declare_sized(transport: Transport, spec: TopicSpec, max_message_bytes: int) -> None:
@@ -117,10 +104,8 @@ async def test_a_failing_message_near_the_limit_is_retried_then_dead_lettered(
     unique: str,
     redis: Redis,
     settings: Settings,
-    request: pytest.FixtureRequest,
 ) -> None:
     """Its retry copy goes to the tier, its dead letter to the DLQ, each with its whole value."""
-    producer_limit_pending(request, transport)
     spec = lane_spec(
         f"near_{unique}",
         1,
@@ -146,10 +131,8 @@ async def test_a_dead_letter_near_the_limit_reaches_the_dlq(
     unique: str,
     redis: Redis,
     settings: Settings,
-    request: pytest.FixtureRequest,
 ) -> None:
     """``raise DeadLetter`` on a message near the limit: its copy reaches the DLQ whole."""
-    producer_limit_pending(request, transport)
     spec = lane_spec(
         f"neardl_{unique}",
         1,

@@ -37,7 +37,12 @@ from pipeline.errors import TransportError
 from pipeline.transport.kafka.detached import detached
 from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.kafka.group import client_properties
-from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
+from pipeline.transport.limits import (
+    COPY_HEADROOM_BYTES,
+    check_partitions,
+    check_sizes,
+    missing_partition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +65,9 @@ def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str
         "acks": "all",
         "partitioner": "murmur2_random",  # the Java client's placement for keyed messages
         "linger.ms": 2,
-        "message.max.bytes": max_message_bytes,
+        # Retry and dead-letter copies carry the router's bounded headers on top of a message
+        # the main topic took; their topics take that much more (pipeline/topics/admin.py).
+        "message.max.bytes": max_message_bytes + COPY_HEADROOM_BYTES,
         "message.timeout.ms": max(settings.request_timeout_ms * 3, 30_000),
         "socket.timeout.ms": settings.request_timeout_ms,
         # An undeclared topic is UnknownTopic, never one made with the broker's defaults
