@@ -111,14 +111,21 @@ class LaneLease:
         lease_ms: int,
         check_s: float = CHECK_EVERY_S,
         clock: Callable[[], float] = host_clock,
+        member: str | None = None,
     ) -> None:
-        """Hold ``lanes``' leases (keys under ``prefix``) for ``lease_ms`` after each renewal."""
+        """Hold ``lanes``' leases (keys under ``prefix``) for ``lease_ms`` after each renewal.
+
+        ``member`` names this member's hold: the stable member name (``--instance``), so a
+        member restarted after a crash under the same name takes its old hold over instead of
+        leaving it to run out (its graceful stop then frees the lane at once); None: a name of
+        this process's own.
+        """
         self._functions = LaneLeaseFunctions(redis)
         self._keys = {lane: guard_keys(prefix, lane).group for lane in sorted(set(lanes))}
         self._group = group
         self._lease_ms = lease_ms
         self._check_s = check_s
-        self._token = secrets.token_hex(8)
+        self._token = member if member is not None else secrets.token_hex(8)
         self._where = redis_where(redis)
         self._clock = clock
         self._fresh_until = float("-inf")  # on ``clock``: no renewal needed before a batch

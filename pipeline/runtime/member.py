@@ -111,6 +111,7 @@ class Member:
         admission_metrics: AdmissionMetrics | None = None,
         fleet: FleetLimits | None = None,
         deletion_cost: DeletionCost | None = None,
+        instance: str | None = None,
     ) -> None:
         """Prepare the member; :meth:`run` joins the group.
 
@@ -122,7 +123,9 @@ class Member:
         ``turn_metrics`` receive every delivery and debounced turn (Prometheus facades).
         ``fleet`` (dynamic per-org limits) is told of every throttled job and ticks while the
         member runs. ``deletion_cost`` (in Kubernetes) publishes the member's long work as its
-        Pod's deletion cost (:mod:`pipeline.runtime.protection`).
+        Pod's deletion cost (:mod:`pipeline.runtime.protection`). ``instance``, the member's
+        stable name, names its hold of its lanes' group leases (a restart under the same name
+        takes its old hold over: :class:`LaneLease`).
         """
         self.app = app
         self.group = group
@@ -270,6 +273,7 @@ class Member:
                 [lane.spec.lane for lane in chosen],  # the lanes of the guard's keys
                 group,
                 lease_ms=lease_ms(settings.liveness_ms),
+                member=instance,
             )
             if redis is not None
             else None

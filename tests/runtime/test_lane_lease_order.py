@@ -133,3 +133,17 @@ async def test_a_lease_kept_by_other_members_ends_with_their_holds(
     await longer.leave()
     assert await redis.hget(key, "group") == b"one"  # the crashed member's hold is still on
     assert 0 < await redis.pttl(key) <= LEASE_MS  # not the leaving member's 10 minutes
+
+
+async def test_a_member_restarted_under_its_name_takes_its_old_hold_over(
+    redis: Redis, prefix: str, lanes: tuple[str, str]
+) -> None:
+    """Killed, restarted as the same ``--instance``: its graceful stop frees the lane at once."""
+    a, _ = lanes
+    key = guard_keys(prefix, a).group
+    killed = LaneLease(redis, prefix, [a], "one", lease_ms=LEASE_MS, member="consumer-0")
+    assert await killed.wait(asyncio.Event())  # then SIGKILL: it never leaves
+    restarted = LaneLease(redis, prefix, [a], "one", lease_ms=LEASE_MS, member="consumer-0")
+    assert await restarted.wait(asyncio.Event())
+    await restarted.leave()
+    assert await redis.exists(key) == 0  # not held for the killed process's lease
