@@ -34,6 +34,10 @@ FIRST_GAP_S = 1.0
 """Seconds after a warning before the first of its repeats is logged."""
 MAX_GAP_S = 60.0
 """The longest gap between two logged repeats of one warning."""
+MAX_KEPT = 4096
+"""Warnings remembered at most: a text with parts other than numbers that differ each time
+(a producer's bytes, a key) must not grow the table for the process's life. Past it, those
+quiet for :data:`MAX_GAP_S` (which would start over anyway) are forgotten, then the oldest."""
 
 
 @dataclass
@@ -61,6 +65,8 @@ class RepeatFilter(logging.Filter):
         now = self._clock()
         seen = self._seen.get(key)
         if seen is None or now - seen.last_s >= MAX_GAP_S:
+            if seen is None and len(self._seen) >= MAX_KEPT:
+                self._forget(now)
             self._seen[key] = _Seen(now + FIRST_GAP_S, FIRST_GAP_S, last_s=now)
             return True
         seen.last_s = now
@@ -73,6 +79,19 @@ class RepeatFilter(logging.Filter):
         seen.next_at_s = now + seen.gap_s
         seen.held = 0
         return True
+
+    def _forget(self, now: float) -> None:
+        """Make room: drop the warnings quiet for :data:`MAX_GAP_S`, else the least recent.
+
+        A quarter of the table goes when none is quiet; a warning still repeating keeps its
+        backoff.
+        """
+        quiet = [key for key, seen in self._seen.items() if now - seen.last_s >= MAX_GAP_S]
+        if not quiet:
+            by_last = sorted(self._seen.items(), key=lambda item: item[1].last_s)
+            quiet = [key for key, _ in by_last[: MAX_KEPT // 4]]
+        for key in quiet:
+            del self._seen[key]
 
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

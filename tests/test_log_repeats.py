@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.log_repeats import FIRST_GAP_S, MAX_GAP_S, RepeatFilter, configure_logging
+from pipeline.log_repeats import FIRST_GAP_S, MAX_GAP_S, MAX_KEPT, RepeatFilter, configure_logging
 
 
 class Clock:
@@ -80,3 +80,37 @@ def test_http_clients_request_lines_stay_out_of_info_logs() -> None:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
         logging.getLogger("httpx").setLevel(logging.NOTSET)
+
+
+def test_warnings_whose_text_differs_each_time_keep_the_table_bounded() -> None:
+    """A warning naming a producer's bytes each time does not grow the filter for good.
+
+    Before the bound, 20,000 such warnings left 20,000 entries. A warning still repeating
+    when the table fills keeps its backoff: its repeats are held back or logged with their
+    count, never logged anew.
+    """
+    clock = Clock()
+    repeats = RepeatFilter(clock)
+    assert repeats.filter(record("lane %s stalled", arg="messages"))
+    clock.now_s += 0.1
+    for n in range(20_000):
+        clock.now_s += 0.001
+        repeats.filter(record("garbled header from %s", arg=letters(n)))
+        if n % 1000 == 0:  # held back, or logged as a counted repeat: never anew
+            stalled = record("lane %s stalled", arg="messages")
+            assert not repeats.filter(stalled) or "more like this" in stalled.msg
+    assert len(repeats._seen) <= MAX_KEPT
+    clock.now_s += MAX_GAP_S
+    for n in range(MAX_KEPT):
+        repeats.filter(record("another text %s", arg=letters(n)))
+    assert len(repeats._seen) <= MAX_KEPT
+
+
+def letters(n: int) -> str:
+    """``n`` written in letters, so no two differ only in numbers."""
+    out = ""
+    while True:
+        n, digit = divmod(n, 26)
+        out += chr(97 + digit)
+        if not n:
+            return out
