@@ -357,6 +357,7 @@ async def serve(
         lane_names=lanes,
         redis=redis,
         redis_prefix=settings.redis.key_prefix,
+        instance=settings.membership.instance,  # its lane lease hold, taken over on a restart
         processed=store,
         throttle=throttle,
         metrics=runtime_metrics,
