@@ -36,7 +36,12 @@ from pipeline.ingress.exit_bound import exit_by
 from pipeline.ingress.http import ingress_protocol
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.settings import load_sources
-from pipeline.ingress.source import Source, build_sources, check_topic_limits
+from pipeline.ingress.source import (
+    HEADROOM_BYTES,
+    Source,
+    build_sources,
+    check_topic_limits,
+)
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore, LogStoreError
 from pipeline.logstore.create import create_log_store
@@ -66,6 +71,19 @@ flight), the sweeper's batch in hand, the queued events (see :func:`step_s`)."""
 
 WRITE_PROBE_S = 1.0
 """How often an ingress whose log store failed an insert tries a write, to turn ready again."""
+
+
+def probe_bytes(sources: Mapping[str, Source], max_message_bytes: int) -> int:
+    """The body of the write that turns an unready ingress ready: the largest its rows carry.
+
+    A source's body is at most its ``max_body_bytes``; where that passes the message size, its
+    topics offload, and the row keeps a body of at most the inline bound (the message size less
+    :data:`~pipeline.ingress.source.HEADROOM_BYTES`) and a reference for the rest. A smaller
+    probe commits on a nearly full volume where the next webhook of ordinary size does not:
+    readiness would come back each second, and go with that webhook.
+    """
+    inline = max_message_bytes - HEADROOM_BYTES
+    return max((min(s.max_body_bytes, inline) for s in sources.values()), default=0)
 
 
 def step_s(ingress: IngressSettings) -> float:
@@ -319,18 +337,25 @@ class Ingress:
         self._unwritable = asyncio.create_task(self._until_writable())
 
     async def _until_writable(self) -> None:
-        """Try a write every :data:`WRITE_PROBE_S` until one commits, then turn ready again."""
+        """Try a write every :data:`WRITE_PROBE_S` until one commits, then turn ready again.
+
+        The write carries a body of :func:`probe_bytes`: the room of the largest row, not of a
+        small one (deleted in the same transaction, it keeps nothing).
+        """
+        size = probe_bytes(self.sources, self.settings.max_message_bytes)
         log.error(
             "ingress unready (/readyz 503) until its log store %s can write again (the error "
-            "above says why); a write is tried every %g s",
+            "above says why); a write of a %d-byte body (the largest a source stores) is tried "
+            "every %g s",
             self.store,
+            size,
             WRITE_PROBE_S,
         )
         since = time.monotonic()
         while True:
             await asyncio.sleep(WRITE_PROBE_S)
             with contextlib.suppress(LogStoreError):
-                await self.store.probe_write()
+                await self.store.probe_write(size)
                 break
         self._unwritable = None
         if not self._stopping:

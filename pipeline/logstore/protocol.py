@@ -272,11 +272,13 @@ class LogStore(SweepLog, ProcessedMarker, ReplayLog, Protocol):
         """Finish pending writes and release connections."""
         ...
 
-    async def probe_write(self) -> None:
+    async def probe_write(self, body_bytes: int = 0) -> None:
         """Commit a write that keeps nothing: whether a webhook's row would commit now.
 
-        A row inserted and deleted in one transaction, which no reader sees. The ingress tries
-        it each second while unready after a failed insert.
+        A row whose body is ``body_bytes`` (incompressible) bytes, inserted and deleted in one
+        transaction, which no reader sees. The ingress tries it each second while unready after
+        a failed insert, as large as the largest row body its sources write: on a nearly full
+        volume a small row commits where a webhook of ordinary size does not.
 
         Raises:
             LogStoreError: the store cannot write (a full volume, a read-only or unreachable

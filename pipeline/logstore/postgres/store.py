@@ -67,8 +67,9 @@ Measured (PostgreSQL 15, rows of a 700-byte body, from memory): one statement de
 rows in 0.22 s, about a second a million, so one statement for the tens of millions of a busy
 log's month runs for tens of seconds, longer from disk; a batch of 5,000 took 30 ms.
 """
-_PROBE_ROW = ("~write-probe", "~", "~", "~", "~", "~", "~write-probe", 0, "{}", b"")
-"""The row :meth:`PostgresLogStore.probe_write` inserts and deletes again (no real row's id)."""
+_PROBE_ID = "~write-probe"
+"""The id and event id of the row :meth:`PostgresLogStore.probe_write` inserts and deletes again
+(no real row's id)."""
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 _SYNCHRONOUS_COMMIT = sql.SQL(
     "SELECT set_config('synchronous_commit', 'on', false)"
@@ -334,21 +335,24 @@ class PostgresLogStore:
             cur = await conn.execute(query, params)
             return await cur.fetchall()
 
-    async def probe_write(self) -> None:
+    async def probe_write(self, body_bytes: int = 0) -> None:
         """Commit a row and its deletion in one transaction: whether a webhook's row would commit.
 
         The row is inserted by the statement inserts use, in a transaction begun as theirs are
         (a server read-only after a failover, or a database or role whose sessions default to
-        read-only, refuses it), and answered within the connection timeout. Nothing is left of
-        it: no other session ever sees the row.
+        read-only, refuses it), and answered within the connection timeout. Its body is
+        ``body_bytes`` random bytes, which TOAST cannot compress: the server writes them (WAL
+        and table) as a webhook's of that size. Nothing is left of it: no other session ever
+        sees the row.
 
         Raises:
             LogStoreError: the transaction could not commit.
         """
-        columns = [[value] for value in _PROBE_ROW]
+        row = (_PROBE_ID, "~", "~", "~", "~", "~", _PROBE_ID, 0, "{}", os.urandom(body_bytes))
+        columns = [[value] for value in row]
         async with self._connection(bounded=True) as conn, conn.transaction():
             await conn.execute(self._sql.insert, columns)
-            await conn.execute(self._sql.delete_probe, [_PROBE_ROW[0]])
+            await conn.execute(self._sql.delete_probe, [_PROBE_ID])
 
     # IngressLog
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -47,8 +48,9 @@ log = logging.getLogger(__name__)
 _CHUNK = 500  # ids per UPDATE, well under SQLite's bound-parameter limit
 _PURGE_PAUSE_S = 0.1  # between two purge chunks: SQLite's busy handler sleeps 100 ms at most
 _IOERR_SHMSIZE = 4874  # SQLITE_IOERR_SHMSIZE: the -shm file could not be sized
-_PROBE_ROW = ("~write-probe", "~", "~", "~", "~", "~", "~write-probe", 0, "{}", b"")
-"""The row :meth:`SqliteLogStore.probe_write` inserts and deletes again (no real row's id)."""
+_PROBE_ID = "~write-probe"
+"""The id and event id of the row :meth:`SqliteLogStore.probe_write` inserts and deletes again
+(no real row's id)."""
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 PROCESSED_INDEX_MAX_ROWS = 1_000_000
 """The most rows of a log whose ``ingress_log_processed`` :meth:`SqliteLogStore.open` builds.
@@ -289,19 +291,23 @@ class SqliteLogStore:
             raise
         return result
 
-    async def probe_write(self) -> None:
+    async def probe_write(self, body_bytes: int = 0) -> None:
         """Commit a row and its deletion in one transaction: whether a webhook's row would commit.
 
-        Nothing is left of it (no reader sees the row). While the log cannot write (its volume
-        is full) this raises what an insert would.
+        The row's body is ``body_bytes`` random bytes, written to the WAL as a webhook's would
+        be: on a nearly full volume a small row still commits where a webhook of that size does
+        not. Nothing is left of it (no reader sees the row); its WAL frames take their room until
+        the next checkpoint. While the log cannot write (its volume is full) this raises what an
+        insert would.
 
         Raises:
             LogStoreError: the transaction could not commit.
         """
+        row = (_PROBE_ID, "~", "~", "~", "~", "~", _PROBE_ID, 0, "{}", os.urandom(body_bytes))
 
         def body(cur: sqlite3.Cursor) -> None:
-            cur.execute(sql.INSERT, _PROBE_ROW)
-            cur.execute(sql.DELETE_PROBE, (_PROBE_ROW[0],))
+            cur.execute(sql.INSERT, row)
+            cur.execute(sql.DELETE_PROBE, (_PROBE_ID,))
 
         await self._write(self._transaction, body)
 
