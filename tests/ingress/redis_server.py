@@ -16,6 +16,47 @@ from redis.asyncio import Redis
 from pipeline.testing.ports import free_port
 
 
+def start_redis(port: int, *options: str, timeout_s: float = 10.0) -> subprocess.Popen[bytes]:
+    """``redis-server`` on loopback ``port`` with ``options``, once it answers ``PING``.
+
+    A server that exits or does not answer within ``timeout_s`` fails the test (and is killed).
+    """
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    return process
+        except OSError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            process.wait(timeout=10)
+            raise AssertionError(f"redis-server on port {port} did not start")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def private_redis(*options: str) -> Iterator[str]:
+    """The URL of a private ``redis-server`` on a free port started with ``options``.
+
+    Stopped (SIGTERM) at the end.
+    """
+    port = free_port()
+    process = start_redis(port, *options)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 class RedisServer:
     """``redis-server`` with an append-only file, so its data survives a stop and start."""
 
@@ -33,39 +74,12 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0) -> None:
         """Start the server and wait until it accepts connections."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--dir",
-                str(self.directory),
-                "--daemonize",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        self.process = start_redis(
+            self.port,
+            *("--save", "", "--appendonly", "yes", "--appendfsync", "always"),
+            *("--dir", str(self.directory), "--daemonize", "no"),
+            timeout_s=timeout_s,
         )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.05)
 
     def stop(self) -> None:
         """Stop the server (SIGTERM: it writes its append-only file and exits)."""

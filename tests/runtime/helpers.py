@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -10,10 +12,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from support import delete_after_test, delete_group_after
+from support import IDLE_APP, delete_after_test, delete_group_after
 
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Record, TopicPartition
+from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
 from pipeline.runtime.guard import RunGuard
 from pipeline.runtime.member import Member
@@ -45,6 +48,17 @@ def vision_lane(name: str, max_attempts: int) -> TopicSpec:
             "adaptive": {"dep:vision": {"min": 1, "max": 8, "cooldown": "1h"}},
         },
     )
+
+
+def idle_lane(name: str, partitions: int = 1, **fields: Any) -> Lane:
+    """A lane of an App of its own, declared with ``fields``, whose handler is never called."""
+    app = App([lane_spec(name, partitions, **fields)])
+
+    @app.handler(name)
+    async def handle(event: bytes, ctx: Context) -> None:
+        """Never called."""
+
+    return app.lanes[name]
 
 
 async def declare(transport: Transport, *specs: TopicSpec) -> None:
@@ -143,3 +157,53 @@ class RecordedFailures:
         assert isinstance(error, BaseException)
         self.failures.append(error)
         return "retried"
+
+
+def write_idle_app(directory: Path, lane: str) -> None:
+    """``directory/topics/LANE.yaml`` (one partition, ordered, a 1 s retry tier) and its app.
+
+    The app is ``directory/LANE.py`` (``LANE:app`` run from ``directory``), its handler idle.
+    """
+    (directory / "topics").mkdir()
+    (directory / "topics" / f"{lane}.yaml").write_text(
+        f"name: {lane}\npartitions: 1\nordered: true\nretry:\n  tiers: [1s]\n"
+    )
+    (directory / f"{lane}.py").write_text(IDLE_APP.format(lane=lane))
+
+
+async def consume_until_logged(tmp_path: Path, lane: str, redis_url: str, marker: str) -> list[str]:
+    """The log lines of `pipeline consume` on the Redis transport, stopped once one has ``marker``.
+
+    The app (``tmp_path/LANE.py``) has one ordered lane with a retry tier and an idle handler;
+    the member is sent SIGTERM once a line holds ``marker``, and the lines it logs until it
+    ended are returned too. A member that ends without that line fails the test.
+    """
+    write_idle_app(tmp_path, lane)
+    env = {
+        **os.environ,
+        "PIPELINE_TRANSPORT": "redis",
+        "PIPELINE_REDIS__URL": redis_url,
+        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+        "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "pipeline", "consume", f"{lane}:app", "-g", "g"),
+        cwd=str(tmp_path),
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    lines: list[str] = []
+    try:
+        while not any(marker in line for line in lines):
+            line = await asyncio.wait_for(proc.stderr.readline(), 60)
+            assert line, "".join(lines)  # the member ended without the line
+            lines.append(line.decode())
+        proc.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(proc.communicate(), 60)
+        lines += rest.decode().splitlines(keepends=True)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return lines

@@ -8,12 +8,13 @@ is gone, as after a crash of a Redis that snapshots).
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+
+from ingress.redis_server import start_redis
+from redis.asyncio import Redis
 
 from pipeline.testing.ports import free_port
 
@@ -31,26 +32,7 @@ class BareRedis:
     def start(self) -> None:
         """Start it (on its snapshot, if any) and wait until it answers."""
         where = () if self.directory is None else ("--dir", str(self.directory))
-        self.process = subprocess.Popen(
-            [
-                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--appendonly", "no", "--save", "", *where),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise AssertionError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.05)
+        self.process = start_redis(self.port, "--appendonly", "no", "--save", "", *where)
 
     def stop(self) -> None:
         """Stop it (SIGTERM; with no save points it writes nothing)."""
@@ -76,3 +58,14 @@ def bare_redis(directory: Path | None = None) -> Iterator[BareRedis]:
         yield server
     finally:
         server.stop()
+
+
+@asynccontextmanager
+async def bare_client(directory: Path | None = None) -> AsyncIterator[tuple[BareRedis, Redis]]:
+    """A started :class:`BareRedis` and a client of it; closed and stopped at the end."""
+    with bare_redis(directory) as server:
+        client = Redis.from_url(server.url)
+        try:
+            yield server, client
+        finally:
+            await client.aclose()

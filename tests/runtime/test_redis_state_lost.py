@@ -18,27 +18,15 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import declare, lane_spec
-from runtime.private_redis import bare_redis
+from runtime.helpers import declare, idle_lane, lane_spec, write_idle_app
+from runtime.private_redis import bare_client, bare_redis
 from support import delete_group_after
 
 from pipeline.config import Settings
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime import App, Context
 from pipeline.runtime.state_loss import StateLostCounter, StateWatch, marker_key
 from pipeline.testing.ports import free_port
 from pipeline.transport import create_transport
-
-ORDERED_APP = '''
-from pipeline.runtime import App, Context
-
-app = App()
-
-
-@app.handler("{lane}")
-async def handle(event: bytes, ctx: Context) -> None:
-    """Nothing: no message is produced."""
-'''
 
 
 async def next_line(stream: asyncio.StreamReader, lines: list[str], needle: str) -> str:
@@ -112,11 +100,7 @@ async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
         delete_group_after(transport, group, spec.topic_names())
     finally:
         await transport.close()
-    (tmp_path / "topics").mkdir()
-    (tmp_path / "topics" / f"{name}.yaml").write_text(
-        f"name: {name}\npartitions: 1\nordered: true\nretry:\n  tiers: [1s]\n"
-    )
-    (tmp_path / f"{name}.py").write_text(ORDERED_APP.format(lane=name))
+    write_idle_app(tmp_path, name)
     metrics_port = free_port()
     with bare_redis() as server:
         env = {
@@ -169,36 +153,20 @@ async def test_members_sharing_a_redis_each_report_one_loss_once(
 ) -> None:
     """Two members, one FLUSHALL: one line and one count each, then nothing more."""
     name, prefix = f"shared_{unique}", f"t{unique}"
-    app = App([lane_spec(name, 1, retry={"tiers": ["1s"]})])
-
-    @app.handler(name)
-    async def handle(event: bytes, ctx: Context) -> None:
-        """Never called."""
-
+    lanes = [idle_lane(name, retry={"tiers": ["1s"]})]
     metrics = Metrics()
-    with bare_redis() as server:
-        client = Redis.from_url(server.url)
-        try:
-            watches = [
-                StateWatch(
-                    client,
-                    server.url,
-                    prefix,
-                    group,
-                    [app.lanes[name]],
-                    StateLostCounter(metrics, group),
-                )
-                for group in ("g-a", "g-b")
-            ]
-            for watch in watches:
-                await watch.start()
+    async with bare_client() as (server, client):
+        watches = [
+            StateWatch(client, server.url, prefix, group, lanes, StateLostCounter(metrics, group))
+            for group in ("g-a", "g-b")
+        ]
+        for watch in watches:
+            await watch.start()
+        assert [await watch.check() for watch in watches] == [False, False]
+        await client.flushall()
+        with caplog.at_level(logging.CRITICAL, logger="pipeline.runtime.state_loss"):
+            assert [await watch.check() for watch in watches] == [True, True]
             assert [await watch.check() for watch in watches] == [False, False]
-            await client.flushall()
-            with caplog.at_level(logging.CRITICAL, logger="pipeline.runtime.state_loss"):
-                assert [await watch.check() for watch in watches] == [True, True]
-                assert [await watch.check() for watch in watches] == [False, False]
-        finally:
-            await client.aclose()
     assert [r.levelno for r in caplog.records] == [logging.CRITICAL] * 2
     assert f"marker {marker_key(prefix)} gone" in caplog.records[0].getMessage()
     # The second found the marker the first wrote again.
@@ -221,24 +189,13 @@ async def test_on_the_redis_transport_the_line_says_the_topics_went_too(
     poll: its topics no longer exist; a rollback to an older snapshot leaves it running).
     """
     name, prefix = f"rs_{unique}", f"t{unique}"
-    app = App([lane_spec(name, 1, retry={"tiers": ["1s"]})])
-
-    @app.handler(name)
-    async def handle(event: bytes, ctx: Context) -> None:
-        """Never called."""
-
-    with bare_redis() as server:
-        client = Redis.from_url(server.url)
-        try:
-            watch = StateWatch(
-                client, server.url, prefix, "g-rs", [app.lanes[name]], topics_in_redis=True
-            )
-            await watch.start()
-            await client.flushall()
-            with caplog.at_level(logging.CRITICAL, logger="pipeline.runtime.state_loss"):
-                assert await watch.check() is True
-        finally:
-            await client.aclose()
+    lanes = [idle_lane(name, retry={"tiers": ["1s"]})]
+    async with bare_client() as (server, client):
+        watch = StateWatch(client, server.url, prefix, "g-rs", lanes, topics_in_redis=True)
+        await watch.start()
+        await client.flushall()
+        with caplog.at_level(logging.CRITICAL, logger="pipeline.runtime.state_loss"):
+            assert await watch.check() is True
     (record,) = caplog.records
     line = record.getMessage()
     assert "still in their topics" not in line, line

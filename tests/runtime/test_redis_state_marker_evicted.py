@@ -11,11 +11,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from redis.asyncio import Redis
-from runtime.helpers import lane_spec
-from runtime.private_redis import bare_redis
+from runtime.helpers import idle_lane
+from runtime.private_redis import bare_client
 
-from pipeline.runtime import App, Context
 from pipeline.runtime.state_loss import StateWatch, marker_key
 
 LOGGER = "pipeline.runtime.state_loss"
@@ -26,32 +24,23 @@ async def test_an_evicted_marker_names_the_eviction(
 ) -> None:
     """allkeys-random under 2 MB: keys written until the marker goes; the line names eviction."""
     name, prefix = f"ev_{unique}", f"t{unique}"
-    app = App([lane_spec(name, 1, retry={"tiers": ["1s"]})])
-
-    @app.handler(name)
-    async def handle(event: bytes, ctx: Context) -> None:
-        """Never called."""
-
-    with bare_redis() as server:
-        client = Redis.from_url(server.url)
-        try:
-            await client.config_set("maxmemory", "2mb")
-            await client.config_set("maxmemory-policy", "allkeys-random")
-            watch = StateWatch(client, server.url, prefix, "g-ev", [app.lanes[name]])
-            await watch.start()
-            filler = b"x" * 1000
-            for batch in range(2000):  # about 2,000 keys fill it; the marker goes at random
-                async with client.pipeline(transaction=False) as pipe:
-                    for n in range(100):
-                        pipe.set(f"fill:{batch}:{n}", filler)
-                    await pipe.execute()
-                if not await client.exists(marker_key(prefix)):
-                    break
-            assert not await client.exists(marker_key(prefix)), "the marker was never evicted"
-            with caplog.at_level(logging.CRITICAL, logger=LOGGER):
-                assert await watch.check() is True
-        finally:
-            await client.aclose()
+    lane = idle_lane(name, retry={"tiers": ["1s"]})
+    async with bare_client() as (server, client):
+        await client.config_set("maxmemory", "2mb")
+        await client.config_set("maxmemory-policy", "allkeys-random")
+        watch = StateWatch(client, server.url, prefix, "g-ev", [lane])
+        await watch.start()
+        filler = b"x" * 1000
+        for batch in range(2000):  # about 2,000 keys fill it; the marker goes at random
+            async with client.pipeline(transaction=False) as pipe:
+                for n in range(100):
+                    pipe.set(f"fill:{batch}:{n}", filler)
+                await pipe.execute()
+            if not await client.exists(marker_key(prefix)):
+                break
+        assert not await client.exists(marker_key(prefix)), "the marker was never evicted"
+        with caplog.at_level(logging.CRITICAL, logger=LOGGER):
+            assert await watch.check() is True
     (record,) = caplog.records
     line = record.getMessage()
     assert "evicted" in line

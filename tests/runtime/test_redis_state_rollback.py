@@ -16,26 +16,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
-from runtime.helpers import lane_spec
-from runtime.private_redis import bare_redis
+from runtime.helpers import idle_lane
+from runtime.private_redis import bare_client
 
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime import App, Context
-from pipeline.runtime.app import Lane
 from pipeline.runtime.state_loss import StateLostCounter, StateWatch, marker_key
 
 LOGGER = "pipeline.runtime.state_loss"
-
-
-def _ordered_lane(name: str) -> Lane:
-    app = App([lane_spec(name, 1, retry={"tiers": ["1s"]})])
-
-    @app.handler(name)
-    async def handle(event: bytes, ctx: Context) -> None:
-        """Never called."""
-
-    return app.lanes[name]
 
 
 async def test_a_redis_back_on_an_older_snapshot_is_a_loss(
@@ -45,32 +32,23 @@ async def test_a_redis_back_on_an_older_snapshot_is_a_loss(
     name, prefix, group = f"rb_{unique}", f"t{unique}", f"g-{unique}"
     held = f"{{{prefix}:guard:{name}}}:held"
     metrics = Metrics()
-    with bare_redis(tmp_path) as server:
-        client = Redis.from_url(server.url)
-        try:
-            watch = StateWatch(
-                client,
-                server.url,
-                prefix,
-                group,
-                [_ordered_lane(name)],
-                StateLostCounter(metrics, group),
-            )
-            await watch.start()
+    lanes = [idle_lane(name, retry={"tiers": ["1s"]})]
+    async with bare_client(tmp_path) as (server, client):
+        counter = StateLostCounter(metrics, group)
+        watch = StateWatch(client, server.url, prefix, group, lanes, counter)
+        await watch.start()
+        assert await watch.check() is False
+        assert await client.save()  # the marker is in the snapshot
+        assert await watch.check() is False  # the member keeps looking
+        await client.set(held, b"a follower held behind its parked key")
+        server.crash()
+        server.start()
+        await client.connection_pool.disconnect()  # its sockets went with the old process
+        assert await client.exists(held) == 0  # the follower is lost
+        assert await client.exists(marker_key(prefix)) == 1  # the marker is not
+        with caplog.at_level(logging.CRITICAL, logger=LOGGER):
+            assert await watch.check() is True
             assert await watch.check() is False
-            assert await client.save()  # the marker is in the snapshot
-            assert await watch.check() is False  # the member keeps looking
-            await client.set(held, b"a follower held behind its parked key")
-            server.crash()
-            server.start()
-            await client.connection_pool.disconnect()  # its sockets went with the old process
-            assert await client.exists(held) == 0  # the follower is lost
-            assert await client.exists(marker_key(prefix)) == 1  # the marker is not
-            with caplog.at_level(logging.CRITICAL, logger=LOGGER):
-                assert await watch.check() is True
-                assert await watch.check() is False
-        finally:
-            await client.aclose()
     assert [r.levelno for r in caplog.records] == [logging.CRITICAL], caplog.text
     line = caplog.records[0].getMessage()
     assert f"marker {marker_key(prefix)}'s count went back" in line
@@ -85,23 +63,15 @@ async def test_the_line_says_who_replays_the_webhooks(
 ) -> None:
     """Rows marked processed: the sweeper replays the lost webhooks; else ``pipeline replay``."""
     name, prefix = f"rp_{unique}", f"t{unique}"
-    with bare_redis() as server:
-        client = Redis.from_url(server.url)
-        try:
-            watch = StateWatch(
-                client,
-                server.url,
-                prefix,
-                f"g-{unique}",
-                [_ordered_lane(name)],
-                marks_processed=marks_processed,
-            )
-            await watch.start()
-            await client.flushall()
-            with caplog.at_level(logging.CRITICAL, logger=LOGGER):
-                assert await watch.check() is True
-        finally:
-            await client.aclose()
+    lanes = [idle_lane(name, retry={"tiers": ["1s"]})]
+    async with bare_client() as (server, client):
+        watch = StateWatch(
+            client, server.url, prefix, f"g-{unique}", lanes, marks_processed=marks_processed
+        )
+        await watch.start()
+        await client.flushall()
+        with caplog.at_level(logging.CRITICAL, logger=LOGGER):
+            assert await watch.check() is True
     (record,) = caplog.records
     line = record.getMessage()
     assert "\n" not in line

@@ -11,26 +11,37 @@ line per run of refusals.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import lane_spec
-from runtime.private_redis import bare_redis
+from runtime.helpers import idle_lane
+from runtime.private_redis import bare_client
 
-from pipeline.runtime import App, Context
 from pipeline.runtime.state_loss import StateWatch, marker_key
 
 LOGGER = "pipeline.runtime.state_loss"
 
 
-def _watch(client: Redis, url: str, prefix: str, name: str) -> StateWatch:
-    app = App([lane_spec(name, 1, retry={"tiers": ["1s"]})])
+@asynccontextmanager
+async def member_watch(
+    prefix: str, lane: str, keys: str
+) -> AsyncIterator[tuple[Redis, StateWatch]]:
+    """A client of a private Redis as its default user, and a watch of user ``member``.
 
-    @app.handler(name)
-    async def handle(event: bytes, ctx: Context) -> None:
-        """Never called."""
-
-    return StateWatch(client, url, prefix, "g-acl", [app.lanes[name]])
+    ``member`` may use every command on the keys of the ACL pattern ``keys``; the watch (group
+    ``g-acl``) is of one ordered lane with a retry tier.
+    """
+    async with bare_client() as (server, admin):
+        await admin.execute_command("ACL", "SETUSER", "member", "on", ">pw", keys, "+@all")
+        url = f"redis://member:pw@127.0.0.1:{server.port}/0"
+        client = Redis.from_url(url)
+        try:
+            lanes = [idle_lane(lane, retry={"tiers": ["1s"]})]
+            yield admin, StateWatch(client, url, prefix, "g-acl", lanes)
+        finally:
+            await client.aclose()
 
 
 async def test_a_user_limited_to_the_pipelines_keys_sees_a_loss(
@@ -38,23 +49,12 @@ async def test_a_user_limited_to_the_pipelines_keys_sees_a_loss(
 ) -> None:
     """ACL ``~{PREFIX:*``: the marker is among its keys, and a FLUSHALL is one CRITICAL line."""
     prefix = f"t{unique}"
-    with bare_redis() as server:
-        admin = Redis.from_url(server.url)
-        await admin.execute_command(
-            "ACL", "SETUSER", "member", "on", ">pw", f"~{{{prefix}:*", "+@all"
-        )
-        url = f"redis://member:pw@127.0.0.1:{server.port}/0"
-        client = Redis.from_url(url)
-        try:
-            watch = _watch(client, url, prefix, f"acl_{unique}")
-            with caplog.at_level(logging.WARNING, logger=LOGGER):
-                await watch.start()
-                assert await watch.check() is False
-                await admin.flushall()
-                assert await watch.check() is True
-        finally:
-            await client.aclose()
-            await admin.aclose()
+    async with member_watch(prefix, f"acl_{unique}", f"~{{{prefix}:*") as (admin, watch):
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            await watch.start()
+            assert await watch.check() is False
+            await admin.flushall()
+            assert await watch.check() is True
     assert marker_key(prefix).startswith(f"{{{prefix}:")
     assert [r.levelno for r in caplog.records] == [logging.CRITICAL], caplog.text
 
@@ -64,19 +64,10 @@ async def test_a_refused_marker_is_one_warning(
 ) -> None:
     """A user refused the marker's key: one WARNING naming it and the fix, not one per look."""
     prefix = f"t{unique}"
-    with bare_redis() as server:
-        admin = Redis.from_url(server.url)
-        await admin.execute_command("ACL", "SETUSER", "member", "on", ">pw", "~other:*", "+@all")
-        url = f"redis://member:pw@127.0.0.1:{server.port}/0"
-        client = Redis.from_url(url)
-        try:
-            watch = _watch(client, url, prefix, f"acl_{unique}")
-            with caplog.at_level(logging.WARNING, logger=LOGGER):
-                await watch.start()
-                assert [await watch.check() for _ in range(3)] == [False] * 3
-        finally:
-            await client.aclose()
-            await admin.aclose()
+    async with member_watch(prefix, f"acl_{unique}", "~other:*") as (_, watch):
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            await watch.start()
+            assert [await watch.check() for _ in range(3)] == [False] * 3
     assert [r.levelno for r in caplog.records] == [logging.WARNING], caplog.text
     line = caplog.records[0].getMessage()
     assert marker_key(prefix) in line
