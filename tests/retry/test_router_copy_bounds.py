@@ -1,8 +1,8 @@
 """What the router adds to a copy is bounded, so the copy fits the headroom its topics have.
 
-The router produces through a recording producer that applies the transports' own size check
-(:func:`~pipeline.transport.limits.check_sizes`); a dead-letter topic made by hand with a small
-limit is a producer refusing that topic's records above it.
+The router produces through the in-memory producer, which applies the transports' own size check
+(:func:`~pipeline.transport.limits.check_sizes`) and records what it sent; a dead-letter topic
+made by hand with a small limit is that producer refusing the topic's records above it.
 """
 
 from __future__ import annotations
@@ -24,50 +24,32 @@ from pipeline.retry.router import (
     LaneRoutes,
     RetryRouter,
 )
+from pipeline.testing.memory.broker import MemoryBroker, Topic
+from pipeline.testing.memory.producer import MemoryProducer
 from pipeline.transport.limits import COPY_HEADROOM_BYTES, CopyHeaders, check_sizes
 
 LIMIT = 1_114_112
 ROUTES = LaneRoutes("m", ("m.retry.1s",), "m.dlq", 3, Backoff((1_000,)))
 
 
-class CheckingProducer:
-    """Checks sizes as every transport does, then keeps each record by topic."""
+class CheckingProducer(MemoryProducer):
+    """The in-memory producer (the transports' own size check) on topics ``m``, its tier and DLQ."""
 
     def __init__(self, refuse_above: Mapping[str, int] | None = None) -> None:
         """``refuse_above``: topics that refuse records larger than that (their own limit)."""
+        broker = MemoryBroker()
+        for topic in (ROUTES.topic, *ROUTES.retry_topics, ROUTES.dead_letter_topic):
+            broker.topics[topic] = Topic(topic, [[]])
+        super().__init__(broker, LIMIT)
         self.refuse_above = dict(refuse_above or {})
-        self.sent: list[tuple[str, Record]] = []
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        headers: Mapping[str, bytes] | None = None,
-        partition: int | None = None,
-    ) -> Delivered:
-        """Check and keep one record."""
-        (delivered,) = await self.send_many(topic, [Record(value, key, headers, partition)])
-        return delivered
 
     async def send_many(self, topic: str, records: Sequence[Record]) -> list[Delivered]:
-        """Check and keep ``records``."""
+        """Check the sizes, refuse what ``topic``'s own limit does, append the rest."""
         check_sizes(records, LIMIT)
         most = self.refuse_above.get(topic)
         if most is not None and any(r.size > most for r in records):
             raise MessageTooLarge(f"produce to {topic!r}: Broker: Message size too large")
-        out = []
-        for record in records:
-            self.sent.append((topic, record))
-            out.append(Delivered(topic, 0, len(self.sent) - 1))
-        return out
-
-    async def flush(self, timeout_s: float = 30.0) -> None:
-        """Nothing waits."""
-
-    async def close(self) -> None:
-        """Nothing to release."""
+        return await super().send_many(topic, records)
 
 
 def near_limit(headers: dict[str, bytes] | None = None) -> Message:
@@ -111,7 +93,7 @@ async def test_copies_of_a_message_near_the_limit_fit_whatever_the_error() -> No
     message = near_limit()
     await router.retry(ROUTES, message, 1, Hostile())
     await router.dead_letter(ROUTES, message, "fatal" * 1_000, Hostile())
-    (_, retry), (_, dead) = producer.sent
+    (_, retry, _), (_, dead, _) = producer.sent
     for copy in (retry, dead):
         assert copy.value == message.value
         assert copy.size <= LIMIT + COPY_HEADROOM_BYTES
@@ -129,7 +111,7 @@ async def test_a_dead_letter_carries_the_attempt_the_member_counted() -> None:
     router = RetryRouter(producer, lambda: 1_700_000_000_000)
     await router.dead_letter(ROUTES, near_limit({h.ATTEMPT: b"9" * 100_000}), "fatal", None)
     await router.dead_letter(ROUTES, near_limit({h.ATTEMPT: b"3"}), "exhausted", None)
-    assert [r.headers[h.ATTEMPT] for _, r in producer.sent if r.headers] == [b"1", b"3"]
+    assert [r.headers[h.ATTEMPT] for _, r, _ in producer.sent if r.headers] == [b"1", b"3"]
 
 
 async def test_a_dead_letter_its_topic_refuses_is_replaced_by_a_marker(
@@ -141,7 +123,7 @@ async def test_a_dead_letter_its_topic_refuses_is_replaced_by_a_marker(
     message = near_limit({h.EVENT_ID: b"e-1"})
     with caplog.at_level(logging.ERROR, "pipeline.retry.router"):
         delivered = await router.dead_letter(ROUTES, message, "fatal", DeadLetter("bad input"))
-    ((topic, copy),) = producer.sent
+    ((topic, copy, _),) = producer.sent
     assert (topic, delivered.topic) == ("m.dlq", "m.dlq")
     assert copy.key == b"k"
     assert copy.headers is not None
