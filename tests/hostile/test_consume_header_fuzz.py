@@ -18,7 +18,15 @@ from dataclasses import dataclass
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.helpers import (
+    FAST,
+    declare,
+    eventually,
+    handled_by_a_member,
+    lane_spec,
+    produce,
+    running,
+)
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Record
@@ -282,21 +290,12 @@ async def test_messages_with_the_same_garbled_origin_are_each_handled(
 ) -> None:
     """Origin headers naming no position of the lane give no id: neither is a "duplicate"."""
     spec = lane_spec(f"fzo_{unique}", 1, retry={"tiers": ["100ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    handled: list[bytes] = []
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        handled.append(ctx.message.value)
-
     garbled = {h.ORIGIN_TOPIC: b"abc", h.ORIGIN_PARTITION: b"0", h.ORIGIN_OFFSET: b"1"}
-    main = [Record(b"a", b"k1", garbled), Record(b"b", b"k2", garbled)]
-    await produce(transport, spec.name, main)
-    await produce(transport, spec.retry_topic_names()[0], [Record(b"c", b"k3", garbled)])
-    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
-    async with running(member):
-        await eventually(lambda: len(handled) + member.stats.duplicates == 3)
+    sends = {
+        spec.name: [Record(b"a", b"k1", garbled), Record(b"b", b"k2", garbled)],
+        spec.retry_topic_names()[0]: [Record(b"c", b"k3", garbled)],
+    }
+    handled = await handled_by_a_member(transport, redis, unique, spec, sends, 3)
     assert sorted(handled) == [b"a", b"b", b"c"]
 
 
@@ -305,22 +304,17 @@ async def test_a_due_time_beyond_a_float_is_due_now_not_a_failure_left_for_redel
 ) -> None:
     """``pl-due-ms`` of 400 digits: the member's lateness metric took it as a number and raised."""
     spec = lane_spec(f"fzd_{unique}", 1, retry={"tiers": ["100ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    handled: list[bytes] = []
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        handled.append(event)
-
     copies = [Record(b"far", b"k1", {h.DUE_MS: b"9" * 400}), Record(b"next", b"k2")]
-    await produce(transport, spec.retry_topic_names()[0], copies)
-    metrics = RuntimeMetrics(Metrics())
-    member = Member(
-        app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}", metrics=metrics
+    handled = await handled_by_a_member(
+        transport,
+        redis,
+        unique,
+        spec,
+        {spec.retry_topic_names()[0]: copies},
+        2,
+        metrics=RuntimeMetrics(Metrics()),
+        timeout_s=30,
     )
-    async with running(member):
-        await eventually(lambda: len(handled) == 2, timeout_s=30)
     assert sorted(handled) == [b"far", b"next"]
 
 

@@ -13,7 +13,15 @@ from pathlib import Path
 from contract.helpers import consume_until, wait_for
 from logstore.helpers import FakeClock, new_row, real_log_store
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.helpers import (
+    FAST,
+    declare,
+    eventually,
+    handled_by_a_member,
+    lane_spec,
+    produce,
+    running,
+)
 
 from pipeline import headers as h
 from pipeline.envelope import Record
@@ -58,19 +66,9 @@ async def test_an_origin_header_that_is_not_utf8_does_not_stop_its_message(
 ) -> None:
     """A message whose ``pl-origin-*`` headers are not UTF-8 is handled like any other."""
     spec = lane_spec(f"orig_{unique}", 1, retry={"tiers": ["100ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    handled: list[bytes] = []
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        handled.append(event)
-
     garbled = {h.ORIGIN_TOPIC: b"\xff\xfe", h.ORIGIN_PARTITION: b"\xc3(", h.ORIGIN_OFFSET: b"x"}
-    await produce(transport, spec.name, [Record(b"garbled", b"k", garbled), Record(b"next", b"k")])
-    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
-    async with running(member):
-        await eventually(lambda: len(handled) == 2)
+    records = [Record(b"garbled", b"k", garbled), Record(b"next", b"k")]
+    handled = await handled_by_a_member(transport, redis, unique, spec, {spec.name: records}, 2)
     assert handled == [b"garbled", b"next"]
 
 
@@ -79,23 +77,13 @@ async def test_a_retry_copy_due_in_a_century_waits_no_longer_than_its_tier(
 ) -> None:
     """A copy in a retry tier whose ``pl-due-ms`` is 100 years ahead runs after the tier's delay."""
     spec = lane_spec(f"due_{unique}", 1, retry={"tiers": ["200ms"]})
-    await declare(transport, spec)
-    app = App([spec])
-    handled: list[bytes] = []
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        handled.append(event)
-
     far = str(int(time.time() * 1000) + CENTURY_MS).encode()
     copies = [
         Record(b"far", b"k", {h.DUE_MS: far, h.ATTEMPT: b"2"}),
         Record(b"year-1e9", b"j", {h.DUE_MS: b"3" * 20}),
     ]
-    await produce(transport, spec.retry_topic_names()[0], copies)
-    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
-    async with running(member):
-        await eventually(lambda: len(handled) == 2, timeout_s=30)
+    sends = {spec.retry_topic_names()[0]: copies}
+    handled = await handled_by_a_member(transport, redis, unique, spec, sends, 2, timeout_s=30)
     assert sorted(handled) == [b"far", b"year-1e9"]
 
 

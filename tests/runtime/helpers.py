@@ -7,15 +7,17 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from redis.asyncio import Redis
 from support import IDLE_APP, delete_after_test, delete_group_after
 
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Record, TopicPartition
+from pipeline.observability.facades import RuntimeMetrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
 from pipeline.runtime.guard import RunGuard
@@ -86,6 +88,41 @@ async def running(member: Member) -> AsyncIterator[Member]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+async def handled_by_a_member(
+    transport: Transport,
+    redis: Redis,
+    unique: str,
+    spec: TopicSpec,
+    sends: Mapping[str, Sequence[Record]],
+    count: int,
+    *,
+    metrics: RuntimeMetrics | None = None,
+    timeout_s: float = 60.0,
+) -> list[bytes]:
+    """The events a member of ``spec``'s lane handled, in order, of ``sends`` (records by topic).
+
+    ``spec`` is declared and each topic's records sent; a member of group ``g-UNIQUE`` (Redis
+    prefix ``tUNIQUE``, ``metrics`` if given) runs until ``count`` messages were handled or
+    skipped as duplicates, within ``timeout_s``.
+    """
+    await declare(transport, spec)
+    app = App([spec])
+    handled: list[bytes] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        handled.append(event)
+
+    for topic, records in sends.items():
+        await produce(transport, topic, records)
+    member = Member(
+        app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}", metrics=metrics
+    )
+    async with running(member):
+        await eventually(lambda: len(handled) + member.stats.duplicates >= count, timeout_s)
+    return handled
 
 
 def partition_0(lane: Lane) -> TopicPartition:
