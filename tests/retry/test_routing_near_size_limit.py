@@ -16,6 +16,7 @@ are expected to fail (strictly) until it does.
 
 from __future__ import annotations
 
+import pytest
 from contract.helpers import consume_until, wait_for
 from redis.asyncio import Redis
 from runtime.helpers import FAST, eventually, lane_spec, running
@@ -99,51 +100,49 @@ async def dead_letters(transport: Transport, spec: TopicSpec, unique: str) -> li
     return [Record(m.value, m.key, m.headers) for m in got]
 
 
-async def test_a_failing_message_near_the_limit_is_retried_then_dead_lettered(
+@pytest.mark.parametrize(
+    ("error", "max_attempts", "retried", "dead_headers"),
+    [
+        pytest.param(
+            RuntimeError("upstream said: " + "é" * 5_000),  # a long error text, 2-byte chars
+            2,
+            1,
+            {h.DEAD_REASON: b"exhausted", h.ATTEMPT: b"2"},
+            id="retried-then-exhausted",
+        ),
+        pytest.param(
+            DeadLetter("bad input"),
+            3,
+            0,
+            {h.ATTEMPT: b"1", h.ERROR_MESSAGE: b"bad input"},
+            id="dead-letter-raised",
+        ),
+    ],
+)
+async def test_a_failing_message_near_the_limit_reaches_the_dlq_whole(
     transport: Transport,
     unique: str,
     redis: Redis,
     settings: Settings,
+    error: Exception,
+    max_attempts: int,
+    retried: int,
+    dead_headers: dict[str, bytes],
 ) -> None:
-    """Its retry copy goes to the tier, its dead letter to the DLQ, each with its whole value."""
+    """Retried through the tier, or ``raise DeadLetter``: its dead letter has its whole value."""
     spec = lane_spec(
         f"near_{unique}",
         1,
-        retry={"tiers": ["100ms"], "max_attempts": 2, "after_dead_letter": "proceed"},
+        retry={"tiers": ["100ms"], "max_attempts": max_attempts, "after_dead_letter": "proceed"},
     )
     await declare_sized(transport, spec, settings.max_message_bytes)
     big = near_limit(settings.max_message_bytes)
-    error = RuntimeError("upstream said: " + "é" * 5_000)  # a long error text, 2-byte chars
     member, _ = await run_lane(transport, redis, unique, spec, big, error)
-    assert member.stats.retried >= 1
+    assert member.stats.retried >= retried
     assert member.stats.dead_lettered == 1
     (dead,) = await dead_letters(transport, spec, unique)
     assert dead.value == big.value
     assert dead.key == KEY
     assert dead.headers is not None
-    assert dead.headers[h.DEAD_REASON] == b"exhausted"
-    assert dead.headers[h.ATTEMPT] == b"2"
+    assert {name: dead.headers.get(name) for name in dead_headers} == dead_headers
     assert dead.headers[h.ORIGIN_TOPIC] == spec.name.encode()
-
-
-async def test_a_dead_letter_near_the_limit_reaches_the_dlq(
-    transport: Transport,
-    unique: str,
-    redis: Redis,
-    settings: Settings,
-) -> None:
-    """``raise DeadLetter`` on a message near the limit: its copy reaches the DLQ whole."""
-    spec = lane_spec(
-        f"neardl_{unique}",
-        1,
-        retry={"tiers": ["100ms"], "max_attempts": 3, "after_dead_letter": "proceed"},
-    )
-    await declare_sized(transport, spec, settings.max_message_bytes)
-    big = near_limit(settings.max_message_bytes)
-    member, _ = await run_lane(transport, redis, unique, spec, big, DeadLetter("bad input"))
-    assert member.stats.dead_lettered == 1
-    (dead,) = await dead_letters(transport, spec, unique)
-    assert dead.value == big.value
-    assert dead.headers is not None
-    assert dead.headers[h.ATTEMPT] == b"1"
-    assert dead.headers[h.ERROR_MESSAGE] == b"bad input"
