@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from ingress.helpers import ROOT, serve_until_listening
+from ingress.helpers import (
+    ROOT,
+    ingress_env,
+    killed_at_end,
+    serve_until_listening,
+    write_example_sources,
+)
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import load_sources
@@ -23,34 +27,17 @@ SECRET_VARIABLES = ("META_APP_SECRET", "META_VERIFY_TOKEN", "GITHUB_WEBHOOK_SECR
 @pytest.fixture
 def started() -> Iterator[list[subprocess.Popen[str]]]:
     """Ingress processes the test started; any still running at the end is killed."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-            proc.kill()
-        proc.communicate()
+    with killed_at_end() as procs:
+        yield procs
 
 
 def environment(tmp_path: Path, redis_service: str, unique: str) -> dict[str, str]:
     """The example sources and topics on the test Redis, and none of the sources' secrets."""
-    sources = tmp_path / "sources.yaml"
-    sources.write_text((ROOT / "deploy/local/sources.example.yaml").read_text(encoding="utf-8"))
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("PIPELINE_") and k not in SECRET_VARIABLES
-    }
-    return env | {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_REDIS__KEY_PREFIX": f"t{unique}",
-        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-    }
+    write_example_sources(tmp_path)
+    env = ingress_env(
+        tmp_path, redis_service, ROOT / "topics", PIPELINE_REDIS__KEY_PREFIX=f"t{unique}"
+    )
+    return {k: v for k, v in env.items() if k not in SECRET_VARIABLES}
 
 
 def send(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -117,8 +104,7 @@ def test_the_ingress_still_needs_every_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ingress's loader (load_sources) names every source's missing secret, as before."""
-    sources = tmp_path / "sources.yaml"
-    sources.write_text((ROOT / "deploy/local/sources.example.yaml").read_text(encoding="utf-8"))
+    sources = write_example_sources(tmp_path)
     for name in SECRET_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("META_APP_SECRET", "app-secret")

@@ -6,8 +6,8 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
+from ingress.helpers import killed_at_end
 from logstore.helpers import FakeClock, real_log_store
 
 from pipeline.config import Settings
@@ -29,14 +29,8 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteLogStore]:
 @pytest.fixture
 def started() -> Iterator[list[subprocess.Popen[str]]]:
     """Ingress processes a test started; any still running at the end is killed with its workers."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-            proc.kill()
-        proc.communicate()  # also closes its pipes, of a process that ended by itself too
+    with killed_at_end() as procs:
+        yield procs
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+import psutil
 import yaml
 from ingress.signing import hub_signature
 from logstore.helpers import FakeClock, new_row
@@ -126,6 +127,32 @@ def stopped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
         yield proc
     finally:
         stop(proc)
+
+
+@contextmanager
+def killed_at_end() -> Iterator[list[subprocess.Popen[str]]]:
+    """A list for the ingress processes a test starts; those still running at the end are killed.
+
+    Killed with their workers; each is reaped, which also closes its pipes (of a process that
+    ended by itself too).
+    """
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
+                proc.kill()
+            proc.communicate()
+
+
+def write_example_sources(directory: Path) -> Path:
+    """``directory/sources.yaml``: a copy of ``deploy/local/sources.example.yaml``; its path."""
+    sources = directory / "sources.yaml"
+    sources.write_text((ROOT / "deploy/local/sources.example.yaml").read_text(encoding="utf-8"))
+    return sources
 
 
 def serve_until_listening(

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from ingress.helpers import ROOT, serve_until_listening
+from ingress.helpers import ROOT, ingress_env, serve_until_listening, write_example_sources
 
 WEBHOOK = str(ROOT / "deploy/local/webhooks/whatsapp-message.json")
 
@@ -16,20 +15,11 @@ def test_a_refused_signature_says_the_secrets_differ(
     tmp_path: Path, redis_service: str, unique: str, started: list[subprocess.Popen[str]]
 ) -> None:
     """A 401 is printed as answered, then one error line naming the source and sources file."""
-    sources = tmp_path / "sources.yaml"
-    sources.write_text((ROOT / "deploy/local/sources.example.yaml").read_text(encoding="utf-8"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    env |= {
-        "PIPELINE_TRANSPORT": "redis",
-        "PIPELINE_REDIS__URL": redis_service,
-        "PIPELINE_REDIS__KEY_PREFIX": f"t{unique}",
-        "PIPELINE_TOPICS_DIR": str(ROOT / "topics"),
-        "PIPELINE_INGRESS__SOURCES_FILE": str(sources),
-        "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
-        "PIPELINE_INGRESS__SWEEPER__ENABLED": "false",
-        "META_VERIFY_TOKEN": "token",
-        "GITHUB_WEBHOOK_SECRET": "ingress-secret",
-    }
+    sources = write_example_sources(tmp_path)
+    env = ingress_env(
+        tmp_path, redis_service, ROOT / "topics", PIPELINE_REDIS__KEY_PREFIX=f"t{unique}"
+    )
+    env |= {"META_VERIFY_TOKEN": "token", "GITHUB_WEBHOOK_SECRET": "ingress-secret"}
     _, url = serve_until_listening({**env, "META_APP_SECRET": "ingress-secret"}, started)
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", "send", "whatsapp", "--file", WEBHOOK, "--url", url],
