@@ -33,14 +33,17 @@ LEASE = "pipeline.runtime.lane_lease"
 LEASE_S = lease_ms(FAST.liveness_ms) / 1000
 
 
-def _app(spec: TopicSpec, seen: list[bytes]) -> App:
+def _member(
+    spec: TopicSpec, seen: list[bytes], transport: Transport, group: str, redis: Redis, prefix: str
+) -> Member:
+    """A member of ``group`` whose handler of ``spec``'s lane appends each event to ``seen``."""
     app = App([spec])
 
     @app.handler(spec.lane)
     async def handle(event: bytes, ctx: Context) -> None:
         seen.append(event)
 
-    return app
+    return Member(app, transport, group, FAST, redis=redis, redis_prefix=prefix)
 
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int, text: str) -> list[str]:
@@ -62,12 +65,8 @@ async def test_a_second_group_waits_for_the_first_then_takes_over(
     delete_group_after(transport, second_group, [spec.name])
     first_seen: list[bytes] = []
     second_seen: list[bytes] = []
-    first = Member(
-        _app(spec, first_seen), transport, first_group, FAST, redis=redis, redis_prefix=prefix
-    )
-    second = Member(
-        _app(spec, second_seen), transport, second_group, FAST, redis=redis, redis_prefix=prefix
-    )
+    first = _member(spec, first_seen, transport, first_group, redis, prefix)
+    second = _member(spec, second_seen, transport, second_group, redis, prefix)
     stop_second = asyncio.Event()
     async with running(first):
         await asyncio.wait_for(first.polling.wait(), 60)
@@ -116,8 +115,8 @@ async def test_members_of_one_group_share_the_lane(
     seen: list[bytes] = []
     key = guard_keys(prefix, spec.lane).group
     group = f"g-{unique}"
-    one = Member(_app(spec, seen), transport, group, FAST, redis=redis, redis_prefix=prefix)
-    two = Member(_app(spec, seen), transport, group, FAST, redis=redis, redis_prefix=prefix)
+    one = _member(spec, seen, transport, group, redis, prefix)
+    two = _member(spec, seen, transport, group, redis, prefix)
     async with running(one):
         async with running(two):
             await asyncio.wait_for(asyncio.gather(one.polling.wait(), two.polling.wait()), 60)
@@ -136,9 +135,7 @@ async def test_a_member_whose_lane_another_group_took_stops(
     await declare(transport, spec)
     seen: list[bytes] = []
     key = guard_keys(prefix, spec.lane).group
-    member = Member(
-        _app(spec, seen), transport, f"g-{unique}", FAST, redis=redis, redis_prefix=prefix
-    )
+    member = _member(spec, seen, transport, f"g-{unique}", redis, prefix)
     stop = asyncio.Event()
     task = asyncio.create_task(member.run(stop))
     try:
@@ -170,9 +167,7 @@ async def test_a_redis_out_of_reach_at_start_does_not_hold_the_start(
     dead = Redis(
         host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=ClientRetry(NoBackoff(), 0)
     )
-    member = Member(
-        _app(spec, seen), transport, f"g-{unique}", FAST, redis=dead, redis_prefix=f"t{unique}"
-    )
+    member = _member(spec, seen, transport, f"g-{unique}", dead, f"t{unique}")
     try:
         async with running(member):
             await produce(transport, spec.name, [Record(b"m-%d" % i, b"k") for i in range(3)])
