@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlparse
@@ -29,6 +29,7 @@ import yaml
 
 from pipeline.config import Settings, load_settings
 from pipeline.observability import stacks
+from pipeline.observability.server import MetricsServer, serve_metrics
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -564,3 +565,22 @@ async def stopped_once_it_sent(
         proc.send_signal(stop)
         _, stderr = await asyncio.wait_for(proc.communicate(), 60)
     return stderr
+
+
+@contextlib.asynccontextmanager
+async def serving_metrics(server: MetricsServer) -> AsyncIterator[int]:
+    """:func:`serve_metrics` of ``server`` in this process on a free loopback port: the port.
+
+    Stopped at the end.
+    """
+    stop = asyncio.Event()
+    bound: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        serve_metrics(server, "127.0.0.1", 0, stop, lambda h, p: bound.set_result((h, p)))
+    )
+    try:
+        _, port = await asyncio.wait_for(bound, 10)
+        yield port
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

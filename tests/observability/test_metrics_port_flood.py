@@ -33,13 +33,13 @@ import httpx
 from ingress.helpers import ROOT, ingress_env, listening_url, start_ingress, stopped
 from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec, produce
-from support import delete_group_after
+from support import delete_group_after, serving_metrics
 
 from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.metrics_http import MAX_CONNECTIONS, MAX_REQUEST_BYTES
-from pipeline.observability.server import MetricsServer, serve_metrics
+from pipeline.observability.server import MetricsServer
 from pipeline.testing.ports import free_port
 from pipeline.transport import create_transport
 
@@ -222,17 +222,8 @@ async def _serving() -> AsyncIterator[int]:
     """:func:`serve_metrics` in this process, on a free port; stopped at the end."""
     server = MetricsServer(Metrics(), interval_s=3600)
     server.ready = True
-    stop = asyncio.Event()
-    bound: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        serve_metrics(server, "127.0.0.1", 0, stop, lambda h, p: bound.set_result((h, p)))
-    )
-    try:
-        _, port = await asyncio.wait_for(bound, 10)
+    async with serving_metrics(server) as port:
         yield port
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 async def _exchange(port: int, request: bytes) -> bytes:

@@ -19,10 +19,11 @@ from collections.abc import AsyncIterator
 
 import httpx
 from prometheus_client import Gauge
+from support import serving_metrics
 
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.metrics_http import MAX_WAITING
-from pipeline.observability.server import MetricsServer, serve_metrics
+from pipeline.observability.server import MetricsServer
 
 SERIES = 5_000  # an exposition of about 370 KB
 SENT = 400  # requests pipelined in one write
@@ -39,17 +40,8 @@ async def _serving() -> AsyncIterator[tuple[int, MetricsServer]]:
     server = MetricsServer(metrics, interval_s=3600)
     server.ready = True
     await server.refresh_once()
-    stop = asyncio.Event()
-    bound: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        serve_metrics(server, "127.0.0.1", 0, stop, lambda h, p: bound.set_result((h, p)))
-    )
-    try:
-        _, port = await asyncio.wait_for(bound, 10)
+    async with serving_metrics(server) as port:
         yield port, server
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 def _answers(received: bytes, snapshot: bytes) -> int:
