@@ -52,7 +52,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httptools
@@ -60,6 +60,7 @@ import httptools
 from pipeline.ingress.app import AsgiMessage, declared_over
 from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
 from pipeline.observability.answers import Headers, answer_head
+from pipeline.observability.bounded import BoundedProtocol
 from pipeline.observability.connections import OpenConnections
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class UnfinishedBodies:
         self.held = 0
 
 
-class IngressProtocol(asyncio.Protocol):
+class IngressProtocol(BoundedProtocol):
     """One client connection. :func:`ingress_protocol` binds the app and the head cap."""
 
     app: IngressApp
@@ -134,15 +135,12 @@ class IngressProtocol(asyncio.Protocol):
     ) -> None:
         """As uvicorn constructs its protocols; ``app_state`` is not used."""
         del app_state
-        self._loop = _loop or asyncio.get_event_loop()
+        super().__init__(server_state, _loop)  # once _stopped: answer what waits, then close
         self._keep_alive_s: float = config.timeout_keep_alive
-        self._connections: set[Any] = server_state.connections
         self._tasks: set[asyncio.Task[None]] = server_state.tasks
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
         self._waiting: deque[_Request] = deque()
         self._busy = False  # a request is being answered
-        self._stopped = False  # nothing more is read: answer what waits, then close
         self._closing = False  # server shutdown: close once nothing is in flight
         self._write_paused = False
         self._read_paused = False
@@ -166,19 +164,13 @@ class IngressProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._held = 0  # bytes of the unfinished head or body counted in ``unfinished``
         self._keep_alive = True
-        self._counted = False  # admitted under the bound, and neither lost nor evicted yet
 
     # -- the connection --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Count the connection for uvicorn's shutdown."""
-        self._transport = cast("asyncio.Transport", transport)  # a stream server's (uvloop's)
-        if not self.connections.admit(self):
-            self._stopped = True
-            self._transport.close()
+        if not self._admit(transport):
             return
-        self._counted = True
-        self._connections.add(self)
         # A client that connects and sends nothing is closed like an idle keep-alive one.
         self._idle = self._loop.call_later(self._keep_alive_s, self._idle_out)
 
@@ -191,11 +183,7 @@ class IngressProtocol(asyncio.Protocol):
         that pass is rare, and closed connections would pile up in memory until it came.
         """
         del exc
-        if self._counted:
-            self._counted = False
-            self.connections.leave(self)
-        self._connections.discard(self)
-        self._stopped = True
+        self._let_go()
         self._cancel_timers()
         self._hold(0)
         if self._in_body and self._source is not None:

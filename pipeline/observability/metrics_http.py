@@ -29,11 +29,12 @@ import asyncio
 import logging
 from collections import deque
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import httptools
 
 from pipeline.observability.answers import Headers, answer_head
+from pipeline.observability.bounded import BoundedProtocol
 from pipeline.observability.connections import OpenConnections
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ _Answer = tuple[int, bytes, Headers, bool, bool]
 """Status, body, headers, whether the body is sent (not for HEAD), whether to keep alive."""
 
 
-class MetricsProtocol(asyncio.Protocol):
+class MetricsProtocol(BoundedProtocol):
     """One client connection. :func:`metrics_protocol` binds the server and the bound."""
 
     server: MetricsServer
@@ -75,13 +76,9 @@ class MetricsProtocol(asyncio.Protocol):
     ) -> None:
         """As uvicorn constructs its protocols; ``config`` and ``app_state`` are not used."""
         del config, app_state
-        self._loop = _loop or asyncio.get_event_loop()
-        self._connections: set[Any] = server_state.connections
+        super().__init__(server_state, _loop)
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
-        self._counted = False  # admitted under the bound, and neither lost nor evicted yet
-        self._stopped = False  # an answer closed it: nothing more is read
         self._bytes = 0  # bytes received since the last answer
         self._size = 0  # bytes of the request being parsed
         self._url = b""
@@ -90,22 +87,13 @@ class MetricsProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Admit the connection under the bound; its first request is due in time."""
-        self._transport = cast("asyncio.Transport", transport)
-        if not self.connections.admit(self):
-            self._transport.close()
-            return
-        self._counted = True
-        self._connections.add(self)
-        self._due()
+        if self._admit(transport):
+            self._due()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """It no longer counts; the parser and the transport are let go."""
         del exc
-        if self._counted:
-            self._counted = False
-            self.connections.leave(self)
-        self._connections.discard(self)
-        self._stopped = True
+        self._let_go()
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
