@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from ingress.helpers import (
     serve_until_listening,
     write_example_sources,
 )
+from support import run_pipeline
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.settings import load_sources
@@ -40,19 +40,6 @@ def environment(tmp_path: Path, redis_service: str, unique: str) -> dict[str, st
     return {k: v for k, v in env.items() if k not in SECRET_VARIABLES}
 
 
-def send(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``pipeline send ARGS`` with ``env`` (only it)."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", "send", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env=env,
-        check=False,
-    )
-
-
 def test_send_whatsapp_with_only_its_secret_is_accepted(
     tmp_path: Path, redis_service: str, unique: str, started: list[subprocess.Popen[str]]
 ) -> None:
@@ -65,7 +52,8 @@ def test_send_whatsapp_with_only_its_secret_is_accepted(
         "GITHUB_WEBHOOK_SECRET": "github-secret",
     }
     _, url = serve_until_listening(ingress, started)
-    result = send(
+    result = run_pipeline(
+        "send",
         "whatsapp",
         "--file",
         WEBHOOK,
@@ -83,7 +71,7 @@ def test_send_whatsapp_with_only_its_secret_is_accepted(
 def test_send_names_only_its_own_missing_secret(tmp_path: Path, redis_service: str) -> None:
     """Without META_APP_SECRET, send whatsapp exits 2 with that source's line, no other's."""
     env = environment(tmp_path, redis_service, "none")
-    result = send("whatsapp", "--file", WEBHOOK, env=env, cwd=tmp_path)
+    result = run_pipeline("send", "whatsapp", "--file", WEBHOOK, env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert "sources.whatsapp.secrets[0]: environment variable META_APP_SECRET" in result.stderr
@@ -94,7 +82,7 @@ def test_send_names_only_its_own_missing_secret(tmp_path: Path, redis_service: s
 def test_send_still_refuses_an_undeclared_source(tmp_path: Path, redis_service: str) -> None:
     """An undeclared source is one line naming the declared ones, secrets or not."""
     env = environment(tmp_path, redis_service, "none")
-    result = send("shopify", "--json", "{}", env=env, cwd=tmp_path)
+    result = run_pipeline("send", "shopify", "--json", "{}", env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert "no source 'shopify' (declared: github, whatsapp)" in line
