@@ -244,3 +244,10 @@ async def consume_until_logged(tmp_path: Path, lane: str, redis_url: str, marker
             proc.kill()
             await proc.wait()
     return lines
+
+
+def the_line(lines: Sequence[str], text: str) -> str:
+    """The one line of ``lines`` holding ``text``; fails, showing them all, unless exactly one."""
+    holding = [line for line in lines if text in line]
+    assert len(holding) == 1, "".join(lines)
+    return holding[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ingress.redis_server import private_redis
 from redis.asyncio import Redis
-from runtime.helpers import consume_until_logged, idle_lane
+from runtime.helpers import consume_until_logged, idle_lane, the_line
 
 from pipeline.runtime.eviction import warn_if_evicting
 
@@ -29,9 +29,7 @@ async def test_consume_warns_once_when_its_redis_evicts_keys_with_an_expiry(
     """With maxmemory and volatile-lru: one WARNING line: the URL, the policy, the loss, the fix."""
     lane = f"evict_{unique}"
     lines = await consume_until_logged(tmp_path, lane, evicting_redis, "maxmemory-policy")
-    warned = [line for line in lines if "maxmemory" in line]
-    assert len(warned) == 1, "".join(lines)
-    [line] = warned
+    line = the_line(lines, "maxmemory")
     assert "WARNING" in line
     assert evicting_redis in line
     assert "volatile-lru" in line

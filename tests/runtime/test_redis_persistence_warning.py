@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ingress.redis_server import private_redis
 from redis.asyncio import Redis
-from runtime.helpers import consume_until_logged, idle_lane
+from runtime.helpers import consume_until_logged, idle_lane, the_line
 
 from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
@@ -35,9 +35,7 @@ async def test_consume_warns_once_when_its_redis_persists_nothing(
     name = f"persist_{unique}"
     with private_redis(*NO_PERSISTENCE) as url:
         lines = await consume_until_logged(tmp_path, name, url, "persists nothing")
-    warned = [line for line in lines if "persists nothing" in line]
-    assert len(warned) == 1, "".join(lines)
-    [line] = warned
+    line = the_line(lines, "persists nothing")
     assert "WARNING" in line
     assert url in line
     assert f"held followers of parked keys (lanes {name})" in line
