@@ -8,6 +8,7 @@ from collections import Counter
 
 import httpx
 import pytest
+from support import serving_metrics
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.app import IngressApp
@@ -116,20 +117,10 @@ async def test_healthz_and_readyz_follow_the_ready_flag():
 async def test_serve_metrics_listens_on_a_real_port():
     """serve_metrics serves the snapshot over HTTP until stopped."""
     server = MetricsServer(Metrics(), interval_s=3600)
-    stop = asyncio.Event()
-    bound: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        serve_metrics(server, "127.0.0.1", 0, stop, lambda h, p: bound.set_result((h, p)))
-    )
-    try:
-        host, port = await asyncio.wait_for(bound, 10)
-        async with httpx.AsyncClient() as http:
-            response = await http.get(f"http://{host}:{port}/metrics")
-        assert response.status_code == 200
-        assert b"pipeline_metrics_refresh_timestamp_seconds" in response.content
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
+    async with serving_metrics(server) as port, httpx.AsyncClient() as http:
+        response = await http.get(f"http://127.0.0.1:{port}/metrics")
+    assert response.status_code == 200
+    assert b"pipeline_metrics_refresh_timestamp_seconds" in response.content
 
 
 async def test_serve_metrics_serves_on_the_socket_bound_before_it():
