@@ -6,7 +6,7 @@ import asyncio
 
 from ingress.helpers import QUICK, ticks
 from logstore.helpers import FakeClock, new_row
-from runtime.helpers import declare, eventually, lane_spec, running
+from runtime.helpers import declare, eventually, held_app, lane_spec, running
 
 from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.ingress import headers as h
@@ -25,14 +25,7 @@ async def test_a_long_run_past_the_overdue_bound_is_not_replayed_while_it_runs(
     """A row whose long work runs past max_patience_s shows life through its member's ticks."""
     spec = lane_spec(f"jobs_{unique}", 1, heartbeat_timeout="1h")
     await declare(streams, spec)
-    app = App([spec])
-    started, finish = asyncio.Event(), asyncio.Event()
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        started.set()
-        await finish.wait()  # a 20-minute render
-
+    app, started, finish = held_app(spec)  # each run a 20-minute render, until finish is set
     row, sweeper, member = await render_run(streams, store, clock, app, spec, unique)
     async with running(member):
         await started.wait()

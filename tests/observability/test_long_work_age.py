@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import yaml
-from runtime.helpers import FAST, declare, eventually, produce, running
+from runtime.helpers import FAST, declare, eventually, held_app, produce, running
 
 from pipeline.config import PressureSettings
 from pipeline.envelope import Record
@@ -41,14 +41,7 @@ async def test_a_long_run_is_not_paged_as_a_message_waiting(
         {"name": f"longage_{unique}", "partitions": 1, "heartbeat_timeout": "5m"}
     )
     await declare(transport, spec)
-    app = App([spec])
-    started, release = asyncio.Event(), asyncio.Event()
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        started.set()
-        await release.wait()
-
+    app, started, release = held_app(spec)
     await produce(transport, spec.name, [Record(b"long", b"k")])
     metrics = Metrics()
     settings = FAST.model_copy(update={"pressure": PressureSettings(enabled=False)})

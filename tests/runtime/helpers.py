@@ -63,6 +63,22 @@ def idle_lane(name: str, partitions: int = 1, **fields: Any) -> Lane:
     return app.lanes[name]
 
 
+def held_app(spec: TopicSpec) -> tuple[App, asyncio.Event, asyncio.Event]:
+    """An App whose handler of ``spec``'s lane holds each run: the app, ``started``, ``release``.
+
+    Each run sets ``started``, then waits until ``release`` is set.
+    """
+    app = App([spec])
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        started.set()
+        await release.wait()
+
+    return app, started, release
+
+
 async def declare(transport: Transport, *specs: TopicSpec) -> None:
     """Create the lanes' topics (main, retry tiers, dead letter); deleted when the test ends."""
     delete_after_test(transport, [name for spec in specs for name in spec.topic_names()])

@@ -11,11 +11,10 @@ import asyncio
 import time
 
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, lane_spec, produce
+from runtime.helpers import FAST, declare, held_app, lane_spec, produce
 
 from pipeline.envelope import Record
 from pipeline.retry.keys import guard_keys
-from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
@@ -29,14 +28,7 @@ async def test_the_lease_is_renewed_while_the_member_drains(
     """A run outlasting the stop: the lease's renewal time moves on until the member leaves."""
     spec = lane_spec(f"drain_{unique}", 1)
     await declare(transport, spec)
-    app = App([spec])
-    started, release = asyncio.Event(), asyncio.Event()
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        started.set()
-        await release.wait()
-
+    app, started, release = held_app(spec)
     settings = FAST.model_copy(update={"shutdown_grace_s": 120.0})
     member = Member(app, transport, f"g-{unique}", settings, redis=redis, redis_prefix=prefix)
     key = guard_keys(prefix, spec.lane).group
