@@ -9,9 +9,8 @@ both brokers, routes such a message and handles the next one of its key behind i
 committed position reaches the end of the main topic.
 
 On Kafka the producer's own limit (librdkafka's ``message.max.bytes``, set by
-:func:`pipeline.transport.kafka.producer.producer_config` to ``PIPELINE_MAX_MESSAGE_BYTES``)
-refuses such a copy before the broker sees it until it takes the headroom too: the Kafka cases
-are expected to fail (strictly) until it does.
+:func:`pipeline.transport.kafka.producer.producer_config`) takes the headroom too, or it would
+refuse such a copy before the broker sees it.
 """
 
 from __future__ import annotations
