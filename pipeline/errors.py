@@ -54,6 +54,7 @@ callers never need to import a client library to handle a failure::
     ├── HandlerHung                 a handler fell silent past its heartbeat timeout (retryable)
     ├── CancelFailed                Redis could not record a cancellation (pipeline/cancel)
     ├── OffloadError                the payload store failed or refused (pipeline/offload)
+    ├── LaneTaken                   another group took a lane this member consumes (lane lease)
     └── HandlerOutcome              raised by a handler to choose what happens to its message
         ├── Retry                   try again later, through the lane's next retry tier
         │   ├── Throttled           a dependency refused for now (429): retry, and slow its key
