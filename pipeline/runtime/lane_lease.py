@@ -129,6 +129,7 @@ class LaneLease:
         self._where = redis_where(redis)
         self._clock = clock
         self._fresh_until = float("-inf")  # on ``clock``: no renewal needed before a batch
+        self._renewed_at: float | None = None  # on ``clock``: this member's last full hold
         self._failing = False
         self._taken = False
 
@@ -150,7 +151,7 @@ class LaneLease:
             else:
                 self._reachable()
                 if other is None:
-                    self._fresh_until = sent + self._lease_ms / 2000
+                    self._renewed(sent)
                     if said:
                         log.warning(
                             "lane(s) %s free: group %r consumes them now", _names(said), self._group
@@ -183,8 +184,7 @@ class LaneLease:
             return
         self._reachable()
         if all(holder.ours for holder in holders.values()):
-            # Redis set the lease's end at or after ``sent``: half a lease is a safe margin.
-            self._fresh_until = sent + self._lease_ms / 2000
+            self._renewed(sent)
         for lane, holder in holders.items():
             if not holder.ours:
                 self._taken = True
@@ -221,15 +221,33 @@ class LaneLease:
                     )
                 )
         except (*FAILED, TimeoutError) as exc:
-            log.warning(
-                "could not give up the lease of lane(s) %s in Redis %s (%s): it ends %s s after"
-                " group %r's last renewal",
-                _names(self._keys),
-                self._where,
-                exc,
-                _seconds(self._lease_ms),
-                self._group,
+            log_line = self._leave_failed_line(exc)
+            if self._renewed_at is None:
+                log.info("%s", log_line)
+            else:
+                log.warning("%s", log_line)
+
+    def _renewed(self, sent: float) -> None:
+        """Every lane held at ``sent`` (on ``clock``)."""
+        self._renewed_at = sent
+        # Redis set the lease's end at or after ``sent``: half a lease is a safe margin.
+        self._fresh_until = sent + self._lease_ms / 2000
+
+    def _leave_failed_line(self, exc: BaseException) -> str:
+        """What a failed :meth:`leave` means: nothing was held, or the hold runs out by itself."""
+        reason = str(exc) or type(exc).__name__
+        if self._renewed_at is None:
+            return (
+                f"group {self._group!r} never held the lease of lane(s) {_names(self._keys)}"
+                f" in this member: nothing to give up (Redis {self._where} out of reach: {reason})"
             )
+        ago = max(0.0, self._clock() - self._renewed_at)
+        return (
+            f"could not give up the lease of lane(s) {_names(self._keys)} held for group"
+            f" {self._group!r} in Redis {self._where} ({reason}): this member's hold ends"
+            f" {_seconds(self._lease_ms)} s after its last renewal ({ago:.0f} s ago), and the"
+            " lane is free for another group once no member of this one holds it"
+        )
 
     async def _take_in_order(self) -> tuple[str, Holder] | None:
         """Take the lanes one by one (in name order); None once all are held.
