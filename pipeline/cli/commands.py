@@ -889,7 +889,7 @@ def main() -> None:
     """
     try:
         configure_logging(*logging_from_environment())
-        raise_open_file_limit()
+        raise_open_file_limit(sys.argv[1:])
         tracing.configure(
             os.environ,
             service=_service_name(sys.argv[1:]),

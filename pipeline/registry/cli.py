@@ -29,6 +29,7 @@ from rich.table import Table
 from pipeline.cli_support import HELP_MARKUP, out_console, require_listenable
 from pipeline.descriptors import raise_open_file_limit
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.log_repeats import configure_logging, logging_from_environment
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
 
 if TYPE_CHECKING:
@@ -239,6 +240,14 @@ def standalone() -> typer.Typer:
 
 
 def main() -> None:
-    """Entry point for ``python -m pipeline.registry``; the open-file limit raised first."""
-    raise_open_file_limit()
+    """Entry point for ``python -m pipeline.registry``; logging and the open-file limit first.
+
+    Logging as ``pipeline``'s (``PIPELINE_LOG_LEVEL``, ``PIPELINE_LOG_FORMAT``), so a refused
+    raise of the limit is a formatted line, logged by the server only (``registry serve``).
+    """
+    try:
+        configure_logging(*logging_from_environment())
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
+    raise_open_file_limit(sys.argv[1:])
     standalone()()
