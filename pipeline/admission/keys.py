@@ -8,24 +8,31 @@ keys of one job never span two namespaces.
 
 A throttle key or a conversation key comes from the message (its ``pl-tenant`` header, its key,
 a field of its JSON event) and goes into key names after the namespace's or lane's hash tag, so
-no character of it moves the tag. :func:`key_text` is the one form every such key is stored in.
+no character of it moves the tag. :func:`key_text` is the one form every such key is stored in:
+one longer than :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes is named by its digest
+(:mod:`pipeline.redis_keys`), so a producer's 1 MiB ``pl-tenant`` is no 1 MiB key name.
 """
 
 from __future__ import annotations
 
 import re
 
+from pipeline.redis_keys import bounded
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def key_text(key: str) -> str:
-    """``key`` with each lone surrogate replaced by U+FFFD, as Redis can store it.
+    """``key`` as Redis stores it: lone surrogates as U+FFFD, and bounded in size.
 
     A JSON string may escape half of a surrogate pair alone, which has no UTF-8 form;
     the replacement is the one a message key or ``pl-tenant`` header that is no UTF-8 gets when
-    it is read. Every other key is returned as it is.
+    it is read. A key longer than :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes becomes
+    ``#sha256:<hex>`` of it (:func:`~pipeline.redis_keys.bounded`), in Redis, in status and in
+    log lines; one at most that long is returned as it is. ``key_text`` of its own result is
+    that result.
     """
-    return key if key.isascii() else _SURROGATE.sub("\ufffd", key)
+    return bounded(key if key.isascii() else _SURROGATE.sub("\ufffd", key))
 
 
 def tag(prefix: str, namespace: str) -> str:
@@ -107,8 +114,12 @@ def wake(prefix: str, namespace: str, member: str) -> str:
 
 
 def limit_stats(prefix: str, org: str) -> str:
-    """Hash: an org's per-minute submission counts and duration sums (see ``limits.py``)."""
-    return f"{{{prefix}:lim:{org}}}:stats"
+    """Hash: an org's per-minute submission counts and duration sums (see ``limits.py``).
+
+    The org is a ``pl-tenant`` a producer sent: one longer than
+    :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes is named by its digest.
+    """
+    return f"{{{prefix}:lim:{bounded(org)}}}:stats"
 
 
 def org_config(prefix: str) -> str:
