@@ -11,10 +11,10 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
 for users' tests), ``cli`` with ``cli_support`` and ``cli_progress``, ``redis_functions`` with
-``redis_channel``, ``heap`` (start-up objects kept out of full collections), ``descriptors``
-(the open-file limit raised at start), ``log_repeats``, ``reachability`` (the line for a
-service that is down), ``cancel_tasks`` (stopping tasks though a cancellation is lost below
-them) and ``validation``.
+``redis_channel``, ``redis_keys`` (key-name parts from messages, bounded), ``heap`` (start-up
+objects kept out of full collections), ``descriptors`` (the open-file limit raised at start),
+``log_repeats``, ``reachability`` (the line for a service that is down), ``cancel_tasks``
+(stopping tasks though a cancellation is lost below them) and ``validation``.
 Import what you use from its module (``from pipeline.runtime import App``); ``__all__`` names
 these modules, as docs/architecture.md does.
 """
@@ -41,6 +41,7 @@ __all__ = [
     "reachability",
     "redis_channel",
     "redis_functions",
+    "redis_keys",
     "redrive",
     "registry",
     "retry",

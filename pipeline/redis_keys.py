@@ -21,8 +21,11 @@ import hashlib
 
 __all__ = ["DIGEST_PREFIX", "NAME_PART_MAX_BYTES", "bounded", "digest"]
 
-NAME_PART_MAX_BYTES = 256
-"""The longest part of a key name (UTF-8 bytes) kept as it is; a longer one is digested."""
+NAME_PART_MAX_BYTES = 1024
+"""The longest part of a key name (UTF-8 bytes) kept as it is; a longer one is digested.
+
+Far above any tenant, conversation or event id seen in practice, so the keys members of an
+earlier release wrote keep their names; a part longer than this was named in full before."""
 
 DIGEST_PREFIX = "#sha256:"
 """How a digested part starts (``#`` and ``:`` never occur in url-safe base64)."""

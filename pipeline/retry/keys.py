@@ -21,7 +21,7 @@ _ENCODED: dict[bytes, str] = {}
 _ENCODED_MAX = 65_536
 _ENCODED_KEY_MAX_BYTES = 128
 _BASE64_MAX_BYTES = NAME_PART_MAX_BYTES // 4 * 3
-"""The longest key whose base64 form fits the bound (192 bytes: 256 characters)."""
+"""The longest key whose base64 form fits the bound (768 bytes: 1,024 characters)."""
 
 
 def encode_key(key: bytes | None) -> str:
@@ -30,7 +30,7 @@ def encode_key(key: bytes | None) -> str:
     Keys repeat (a conversation, a tenant), so the encodings of the last 65,536 keys of up to
     128 bytes are remembered (some 30 MiB at most); a longer key, which any producer may send,
     is encoded each time rather than kept. A key whose base64 form would be longer than
-    :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` (over 192 bytes) is named by its digest,
+    :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` (over 768 bytes) is named by its digest,
     ``#sha256:<hex>`` (:func:`~pipeline.redis_keys.digest`; ``#`` and ``:`` are no base64).
     """
     raw = key or b""
