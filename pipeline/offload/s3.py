@@ -46,7 +46,12 @@ import obstore
 from obstore.store import S3Store
 
 from pipeline.errors import ConfigError
-from pipeline.offload.errors import REFUSED_CREDENTIALS, OffloadError, client_error_text
+from pipeline.offload.errors import (
+    REFUSED_CREDENTIALS,
+    OffloadError,
+    client_error_text,
+    unanswered,
+)
 from pipeline.offload.objects import ObjectPayloadStore
 
 if TYPE_CHECKING:
@@ -80,6 +85,25 @@ _DELETE_TIMEOUT_S = 30.0
 def _refused(status: int) -> str:
     """What a 403 from the store means, as a suffix of its line; "" for another status."""
     return f" ({REFUSED_CREDENTIALS})" if status == httpx.codes.FORBIDDEN else ""
+
+
+_CHAIN_MOST = 12
+"""The most exceptions of a chain :func:`_chain` says."""
+
+
+def _chain(exc: BaseException) -> str:
+    """``exc`` and what caused it, each as ``Type: text`` (a refused connection is wrapped)."""
+    said: list[str] = []
+    seen: list[BaseException] = [exc]
+    while seen and len(said) < _CHAIN_MOST:
+        current = seen.pop(0)
+        said.append(f"{type(current).__name__}: {current}")
+        if isinstance(current, BaseExceptionGroup):
+            seen.extend(current.exceptions)
+        cause = current.__cause__ or current.__context__
+        if cause is not None:
+            seen.append(cause)
+    return " | ".join(said)
 
 
 def timeout_s() -> float:
@@ -277,6 +301,10 @@ class S3PayloadStore(ObjectPayloadStore):
             where = f"{exc.request.url.host}:{exc.request.url.port}"
             if isinstance(exc, httpx.TimeoutException):
                 return f"{waited} from {where}"
+            if isinstance(exc, httpx.ConnectError):
+                said = unanswered(_chain(exc), str(exc.request.url))
+                if said is not None:
+                    return said
             return f"{client_error_text(exc)} ({where})"
         if "kind: Timeout" in str(exc):  # the S3 client's debug text of a timed-out request
             return f"{waited}: {client_error_text(exc)}"
