@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -56,3 +57,24 @@ async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Trans
     transport = create_transport(settings, "redis")
     yield transport
     await transport.close()
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a 2 MiB tmpfs of the test's own, unmounted after it (full volumes)."""
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root with CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        with contextlib.suppress(OSError):
+            mount.rmdir()

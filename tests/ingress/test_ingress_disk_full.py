@@ -10,7 +10,7 @@ import contextlib
 import errno
 import sqlite3
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,25 +22,6 @@ from pipeline.transport.protocol import TopicConfig
 
 SECRET = "disk-full-secret"  # noqa: S105 - a test secret
 ADVICE = "free space on the volume of"
-
-
-@pytest.fixture
-def volume(tmp_path: Path) -> Iterator[Path]:
-    """A directory on a 2 MiB tmpfs of the test's own, unmounted after it."""
-    mount = tmp_path / "volume"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root with CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(path: Path) -> None:

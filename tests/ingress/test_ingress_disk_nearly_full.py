@@ -9,12 +9,11 @@ test (root with CAP_SYS_ADMIN only).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
@@ -36,27 +35,6 @@ LEFT = 48 * 1024
 """What the volume is filled down to: room for a small row, not for :data:`BODY`."""
 WATCH_S = 5 * WRITE_PROBE_S
 """How long readiness is watched on the nearly full volume: five write probes."""
-
-
-@pytest.fixture
-def volume(tmp_path: Path) -> Iterator[Path]:
-    """A directory on a 2 MiB tmpfs of the test's own, unmounted after it."""
-    mount = tmp_path / "volume"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root with CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-        with contextlib.suppress(OSError):
-            mount.rmdir()
 
 
 def free_bytes(path: Path) -> int:
