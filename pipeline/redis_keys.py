@@ -13,19 +13,28 @@ every member and in every release. The digest form is itself short, so :func:`bo
 itself: bounding twice is bounding once. (A producer may send ``#sha256:<hex>`` itself; it then
 shares the key of a value whose SHA-256 that is, which only someone holding that value could
 name, and who could send the value itself.)
+
+A whole key that is read back by its form (a throttle key, found among the active keys by its
+template's fixed text ``org:``) takes :func:`headed` instead: over the bound, its first
+:data:`HEAD_CHARS` characters stay before the digest of all of it, so ``org:`` and the start of
+the tenant still say whose key it is.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-__all__ = ["DIGEST_PREFIX", "NAME_PART_MAX_BYTES", "bounded", "digest"]
+__all__ = ["DIGEST_PREFIX", "HEAD_CHARS", "NAME_PART_MAX_BYTES", "bounded", "digest", "headed"]
 
 NAME_PART_MAX_BYTES = 1024
 """The longest part of a key name (UTF-8 bytes) kept as it is; a longer one is digested.
 
 Far above any tenant, conversation or event id seen in practice, so the keys members of an
 earlier release wrote keep their names; a part longer than this was named in full before."""
+
+HEAD_CHARS = 64
+"""The characters of a key over the bound that :func:`headed` keeps before its digest (at most
+256 bytes: the result, at most 328 bytes, is far under the bound)."""
 
 DIGEST_PREFIX = "#sha256:"
 """How a digested part starts (``#`` and ``:`` never occur in url-safe base64)."""
@@ -45,3 +54,17 @@ def bounded(part: str) -> str:
         return part
     raw = part.encode(errors="surrogatepass")
     return part if len(raw) <= NAME_PART_MAX_BYTES else digest(raw)
+
+
+def headed(part: str) -> str:
+    """``part`` if at most :data:`NAME_PART_MAX_BYTES` bytes, else its head and its digest.
+
+    The head is its first :data:`HEAD_CHARS` characters; the digest (:func:`digest`) is of all
+    of ``part``, so distinct values keep distinct names whatever their heads. The result is at
+    most 328 bytes: :func:`headed` of it is itself. ``part`` has a UTF-8 form (no lone
+    surrogate: :func:`~pipeline.admission.keys.key_text` replaces them first).
+    """
+    if len(part) * 4 <= NAME_PART_MAX_BYTES:
+        return part
+    raw = part.encode()
+    return part if len(raw) <= NAME_PART_MAX_BYTES else part[:HEAD_CHARS] + digest(raw)

@@ -9,15 +9,16 @@ keys of one job never span two namespaces.
 A throttle key or a conversation key comes from the message (its ``pl-tenant`` header, its key,
 a field of its JSON event) and goes into key names after the namespace's or lane's hash tag, so
 no character of it moves the tag. :func:`key_text` is the one form every such key is stored in:
-one longer than :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes is named by its digest
-(:mod:`pipeline.redis_keys`), so a producer's 1 MiB ``pl-tenant`` is no 1 MiB key name.
+one longer than :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes is named by its head and
+its digest (:func:`~pipeline.redis_keys.headed`), so a producer's 1 MiB ``pl-tenant`` is no 1 MiB
+key name, and ``pipeline status`` still finds the key by its template's fixed text (``org:``).
 """
 
 from __future__ import annotations
 
 import re
 
-from pipeline.redis_keys import bounded
+from pipeline.redis_keys import bounded, headed
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -28,11 +29,11 @@ def key_text(key: str) -> str:
     A JSON string may escape half of a surrogate pair alone, which has no UTF-8 form;
     the replacement is the one a message key or ``pl-tenant`` header that is no UTF-8 gets when
     it is read. A key longer than :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes becomes
-    ``#sha256:<hex>`` of it (:func:`~pipeline.redis_keys.bounded`), in Redis, in status and in
-    log lines; one at most that long is returned as it is. ``key_text`` of its own result is
-    that result.
+    its first 64 characters and ``#sha256:<hex>`` of all of it
+    (:func:`~pipeline.redis_keys.headed`), in Redis, in status and in log lines; one at most
+    that long is returned as it is. ``key_text`` of its own result is that result.
     """
-    return bounded(key if key.isascii() else _SURROGATE.sub("\ufffd", key))
+    return headed(key if key.isascii() else _SURROGATE.sub("\ufffd", key))
 
 
 def tag(prefix: str, namespace: str) -> str:
