@@ -47,6 +47,7 @@ _NOT_TLS = (
 )
 _TLS = ("tls", "ssl", "certificate", "handshake")
 _REFUSED = ("ConnectionRefused", "Connection refused")
+_DNS_AGAIN = "temporary failure in name resolution"  # EAI_AGAIN (glibc, musl, macOS), lower case
 _NO_HOST = ("dns error", "Name or service not known", "failed to lookup address", "nodename nor")
 _S3_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
 
@@ -110,7 +111,8 @@ def unanswered(detail: str, url: str) -> str | None:
     """Why a request to ``url`` got no answer, and what to do, from the client's ``detail``.
 
     A TLS handshake that failed (an ``https://`` endpoint whose port speaks plain HTTP, or an
-    untrusted certificate), a connection refused, a host name that does not resolve; None for
+    untrusted certificate), a connection refused, a host name that does not resolve or that the
+    resolver could not look up for now (``EAI_AGAIN``: the name may be right); None for
     anything else. Only the endpoint (scheme, host, port) of ``url`` is printed: a presigned
     URL's query carries a short-lived credential.
     """
@@ -127,6 +129,11 @@ def unanswered(detail: str, url: str) -> str | None:
         return (
             f"cannot reach S3 at {endpoint}: connection refused; start it, or set"
             f" {ENDPOINT_VARIABLE} to where it runs"
+        )
+    if _DNS_AGAIN in detail.lower():  # the name may be right: the resolver gave no answer
+        return (
+            f"cannot reach S3 at {endpoint}: its host name could not be looked up now (the DNS"
+            f" resolver did not answer); check this host's DNS, then {ENDPOINT_VARIABLE}"
         )
     if any(sign in detail for sign in _NO_HOST):
         return (
