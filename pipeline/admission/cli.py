@@ -150,7 +150,9 @@ def set_limit(
     """Set a key's concurrency limit now, for every member; new room goes to its waiters."""
     _named(key)
     run_command(_on_throttle(namespace, lambda throttle: throttle.set_limit(key, limit)))
-    typer.echo(f"{key}: limit {'default' if limit is None else limit}")
+    from pipeline.admission.keys import key_text  # noqa: PLC0415
+
+    typer.echo(f"{key_text(key)}: limit {'default' if limit is None else limit}")
 
 
 @app.command("set-reserve")
@@ -175,7 +177,9 @@ def set_reserve(
         _on_throttle(namespace, lambda throttle: throttle.set_reserve(key, slots, min_priority))
     )
     kept = "none" if slots is None else f"{slots} slots for priority {min_priority} and up"
-    typer.echo(f"{key}: reserve {kept}")
+    from pipeline.admission.keys import key_text  # noqa: PLC0415
+
+    typer.echo(f"{key_text(key)}: reserve {kept}")
 
 
 async def _on_throttle(
