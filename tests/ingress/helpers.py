@@ -34,7 +34,8 @@ from pipeline.logstore import IngressLog, LogRow
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.runtime.member import Member
 from pipeline.topics.spec import TopicSpec, load_specs
-from pipeline.transport.protocol import Transport
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import TopicConfig, Transport
 
 MAX_MESSAGE_BYTES = 1_048_576 + 65_536
 PIPELINE = Path(sys.executable).with_name("pipeline")
@@ -212,6 +213,22 @@ def whatsapp_ingress_env(
     """:func:`ingress_env` of an ingress with :func:`write_whatsapp_source`'s files written."""
     write_whatsapp_source(tmp_path, topic, secret)
     return ingress_env(tmp_path, redis_url, None, **extra)
+
+
+@asynccontextmanager
+async def volume_ingress_env(
+    tmp_path: Path, volume: Path, redis_url: str, unique: str, secret: str
+) -> AsyncIterator[dict[str, str]]:
+    """An ingress on Redis Streams with its log on ``volume``: a topic of its own, made here."""
+    topic = f"messages-{unique}"
+    transport = create_transport(test_settings(), "redis")
+    await transport.admin().create_topic(TopicConfig(topic, 2))
+    try:
+        log = {"PIPELINE_INGRESS__SQLITE_PATH": str(volume / "ingress.db")}
+        yield whatsapp_ingress_env(tmp_path, redis_url, topic, secret, **log)
+    finally:
+        await transport.admin().delete_topic(topic)
+        await transport.close()
 
 
 class Webhooks:

@@ -14,11 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from ingress.helpers import PIPELINE, serving, terminated, whatsapp_ingress_env
-
-from pipeline.config import Settings
-from pipeline.transport import create_transport
-from pipeline.transport.protocol import TopicConfig
+from ingress.helpers import PIPELINE, serving, terminated, volume_ingress_env
 
 SECRET = "disk-full-secret"  # noqa: S105 - a test secret
 ADVICE = "free space on the volume of"
@@ -37,18 +33,11 @@ def fill(path: Path) -> None:
 
 @pytest.fixture
 async def env(
-    tmp_path: Path, volume: Path, settings: Settings, redis_service: str, unique: str
+    tmp_path: Path, volume: Path, redis_service: str, unique: str
 ) -> AsyncIterator[dict[str, str]]:
     """An ingress on Redis Streams with its log on ``volume``: a topic of its own, made here."""
-    topic = f"messages-{unique}"
-    transport = create_transport(settings, "redis")
-    await transport.admin().create_topic(TopicConfig(topic, 2))
-    try:
-        log = {"PIPELINE_INGRESS__SQLITE_PATH": str(volume / "ingress.db")}
-        yield whatsapp_ingress_env(tmp_path, redis_service, topic, SECRET, **log)
-    finally:
-        await transport.admin().delete_topic(topic)
-        await transport.close()
+    async with volume_ingress_env(tmp_path, volume, redis_service, unique, SECRET) as variables:
+        yield variables
 
 
 def stored_event_ids(database: Path) -> set[str]:

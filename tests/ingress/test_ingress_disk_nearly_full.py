@@ -18,15 +18,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from ingress.helpers import serving, terminated, whatsapp_ingress_env
+from ingress.helpers import serving, terminated, volume_ingress_env
 
 from pipeline.config import Settings
 from pipeline.ingress.service import WRITE_PROBE_S
 from pipeline.logstore import LogStore, LogStoreError, NewRow, Selection
 from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.sqlite import SqliteLogStore
-from pipeline.transport import create_transport
-from pipeline.transport.protocol import TopicConfig
 
 SECRET = "nearly-full-secret"  # noqa: S105 - a test secret
 BODY = 64 * 1024
@@ -117,18 +115,11 @@ async def test_a_probe_writes_its_body_and_keeps_nothing(
 
 @pytest.fixture
 async def env(
-    tmp_path: Path, volume: Path, settings: Settings, redis_service: str, unique: str
+    tmp_path: Path, volume: Path, redis_service: str, unique: str
 ) -> AsyncIterator[dict[str, str]]:
     """An ingress on Redis Streams with its log on ``volume``: a topic of its own, made here."""
-    topic = f"messages-{unique}"
-    transport = create_transport(settings, "redis")
-    await transport.admin().create_topic(TopicConfig(topic, 2))
-    try:
-        log = {"PIPELINE_INGRESS__SQLITE_PATH": str(volume / "ingress.db")}
-        yield whatsapp_ingress_env(tmp_path, redis_service, topic, SECRET, **log)
-    finally:
-        await transport.admin().delete_topic(topic)
-        await transport.close()
+    async with volume_ingress_env(tmp_path, volume, redis_service, unique, SECRET) as variables:
+        yield variables
 
 
 async def test_readiness_stays_down_while_a_webhook_of_ordinary_size_cannot_be_stored(
