@@ -43,26 +43,44 @@ def _answers(port: int) -> bool:
         return False
 
 
+def _cluster_node(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A cluster-enabled redis-server answering on a free port; the process and its port.
+
+    Its cluster bus gets a free port of its own (``--cluster-port``): by default it is the port
+    plus 10,000, which another process may hold, and the server then exits at start. A start
+    that loses a port to another process all the same is made again on new ports.
+    """
+    for _ in range(5):
+        port = free_port()
+        bus = free_port()
+        if bus == port:
+            continue
+        process = subprocess.Popen(
+            [
+                "redis-server",
+                *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+                *("--cluster-enabled", "yes", "--cluster-port", str(bus)),
+                *("--cluster-config-file", str(tmp_path / f"nodes-{port}.conf")),
+                *("--dir", str(tmp_path)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not _answers(port) and process.poll() is None:
+            assert time.monotonic() < deadline, "redis-server does not answer"
+            time.sleep(0.05)
+        if process.poll() is None:
+            return process, port
+        process.wait(timeout=10)
+    raise AssertionError("redis-server exited at start five times (ports taken?)")
+
+
 @pytest.fixture
 def one_shard(tmp_path: Path) -> Iterator[str]:
     """A private cluster-enabled redis-server holding every slot; its URL. Killed at the end."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            "redis-server",
-            *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
-            *("--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf")),
-            *("--dir", str(tmp_path)),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process, port = _cluster_node(tmp_path)
     try:
-        deadline = time.monotonic() + 10
-        while not _answers(port):
-            assert process.poll() is None, "redis-server exited"
-            assert time.monotonic() < deadline, "redis-server does not answer"
-            time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.kill()
