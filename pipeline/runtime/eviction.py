@@ -14,7 +14,8 @@ buffers of a lane no longer debounced are turned by no member: one warning line 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -26,7 +27,9 @@ from pipeline.runtime.guard import ordered_retries
 log = logging.getLogger(__name__)
 
 
-def _text(value: object) -> str:
+def config_value(reply: Mapping[Any, Any], default: str) -> str:
+    """The one setting a ``CONFIG GET`` of one name answered, as text (``default`` if none)."""
+    value = next(iter(reply.values()), default)
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -90,8 +93,8 @@ async def warn_if_evicting(redis: Redis, url: str, lanes: Sequence[Lane]) -> str
     except FAILED as exc:
         log.debug("could not read the eviction policy of Redis %s: %s", safe_url(url), exc)
         return None
-    maxmemory = int(_text(next(iter(memory.values()), "0")) or 0)
-    policy = _text(next(iter(policy_reply.values()), "noeviction"))
+    maxmemory = int(config_value(memory, "0") or 0)
+    policy = config_value(policy_reply, "noeviction")
     evicts = what_it_evicts(policy, lanes)
     if maxmemory <= 0 or not evicts:
         return None

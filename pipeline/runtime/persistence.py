@@ -14,22 +14,16 @@ named: it loses what changed since its last snapshot, not everything (the member
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
 from pipeline.reachability import safe_url
 from pipeline.redis_functions import FAILED
 from pipeline.runtime.app import Lane
-from pipeline.runtime.eviction import kept_only_in_redis
+from pipeline.runtime.eviction import config_value, kept_only_in_redis
 
 log = logging.getLogger(__name__)
-
-
-def _setting(reply: Mapping[Any, Any], default: str) -> str:
-    value = next(iter(reply.values()), default)
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def warn_if_not_persisting(redis: Redis, url: str, lanes: Sequence[Lane]) -> str | None:
@@ -44,8 +38,8 @@ async def warn_if_not_persisting(redis: Redis, url: str, lanes: Sequence[Lane]) 
     if not kept:
         return None
     try:
-        appendonly = _setting(await redis.config_get("appendonly"), "yes")
-        save = _setting(await redis.config_get("save"), "?")
+        appendonly = config_value(await redis.config_get("appendonly"), "yes")
+        save = config_value(await redis.config_get("save"), "?")
     except FAILED as exc:
         log.debug("could not read the persistence of Redis %s: %s", safe_url(url), exc)
         return None
