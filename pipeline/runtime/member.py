@@ -398,10 +398,7 @@ class Member:
         """
         if self._lease is None or await self._lease.wait(stop):
             return True
-        await self._lease.leave()
-        await self._handler.close()
-        with contextlib.suppress(TransportError):
-            await self._producer.close()
+        await self._close_clients()
         return False
 
     async def _shutdown(
@@ -462,10 +459,17 @@ class Member:
         await self._guard.close()
         if self._chain.gate is not None:
             await self._chain.gate.close()
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        """Close the handler stage and the producer, then give up the lanes' group leases.
+
+        Out of the group (or never in it): its last member frees its lanes.
+        """
         await self._handler.close()
         with contextlib.suppress(TransportError):
             await self._producer.close()
-        if self._lease is not None:  # out of the group: its last member frees its lanes
+        if self._lease is not None:
             await self._lease.leave()
 
     async def _end_background(self, stuck: set[TopicPartition], ends_s: float) -> None:
