@@ -44,6 +44,7 @@ from pipeline.config import hide_credentials
 from pipeline.logstore import LogStoreError
 from pipeline.logstore.batch import Batcher, Committed
 from pipeline.logstore.postgres.sql import PROCESSED_COMMAND, Statements
+from pipeline.logstore.probe import PROBE_ID, probe_row
 from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState, Selection
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,6 @@ Measured (PostgreSQL 15, rows of a 700-byte body, from memory): one statement de
 rows in 0.22 s, about a second a million, so one statement for the tens of millions of a busy
 log's month runs for tens of seconds, longer from disk; a batch of 5,000 took 30 ms.
 """
-_PROBE_ID = "~write-probe"
-"""The id and event id of the row :meth:`PostgresLogStore.probe_write` inserts and deletes again
-(no real row's id)."""
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 _SYNCHRONOUS_COMMIT = sql.SQL(
     "SELECT set_config('synchronous_commit', 'on', false)"
@@ -351,11 +349,11 @@ class PostgresLogStore:
         # Drawn in a worker thread, not the event loop's: some 3 ms a MiB, each second while
         # unready, that the loop answering webhooks and /readyz would wait.
         random = await asyncio.to_thread(os.urandom, body_bytes) if body_bytes else b""
-        row = (_PROBE_ID, "~", "~", "~", "~", "~", _PROBE_ID, 0, "{}", random)
+        row = probe_row(random)
         columns = [[value] for value in row]
         async with self._connection(bounded=True) as conn, conn.transaction():
             await conn.execute(self._sql.insert, columns)
-            await conn.execute(self._sql.delete_probe, [_PROBE_ID])
+            await conn.execute(self._sql.delete_probe, [PROBE_ID])
 
     # IngressLog
 

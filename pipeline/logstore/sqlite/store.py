@@ -36,6 +36,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from pipeline.logstore import LogStoreError
 from pipeline.logstore.batch import Batcher, Committed
+from pipeline.logstore.probe import PROBE_ID, probe_row
 from pipeline.logstore.protocol import TERMINAL_STATES, LogRow, NewRow, RowState, Selection
 from pipeline.logstore.sqlite import sql
 
@@ -48,9 +49,6 @@ log = logging.getLogger(__name__)
 _CHUNK = 500  # ids per UPDATE, well under SQLite's bound-parameter limit
 _PURGE_PAUSE_S = 0.1  # between two purge chunks: SQLite's busy handler sleeps 100 ms at most
 _IOERR_SHMSIZE = 4874  # SQLITE_IOERR_SHMSIZE: the -shm file could not be sized
-_PROBE_ID = "~write-probe"
-"""The id and event id of the row :meth:`SqliteLogStore.probe_write` inserts and deletes again
-(no real row's id)."""
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per row
 PROCESSED_INDEX_MAX_ROWS = 1_000_000
 """The most rows of a log whose ``ingress_log_processed`` :meth:`SqliteLogStore.open` builds.
@@ -308,9 +306,9 @@ class SqliteLogStore:
             # Drawn in the writer's thread, not the event loop's: some 3 ms a MiB, each second
             # while unready, that the loop answering webhooks and /readyz would wait.
             random = os.urandom(body_bytes)
-            row = (_PROBE_ID, "~", "~", "~", "~", "~", _PROBE_ID, 0, "{}", random)
+            row = probe_row(random)
             cur.execute(sql.INSERT, row)
-            cur.execute(sql.DELETE_PROBE, (_PROBE_ID,))
+            cur.execute(sql.DELETE_PROBE, (PROBE_ID,))
 
         await self._write(self._transaction, body)
 
