@@ -120,8 +120,9 @@ async def check_stores(urls: Iterable[str]) -> None:
             variables to set or check.
     """
     for url in sorted(set(urls)):
+        store = open_store(url)
         try:
-            await open_store(url).head(_PROBE_KEY)
+            await store.head(_PROBE_KEY)
         except OffloadError as exc:
             if METADATA_HOST in str(exc):  # the client looked for credentials last there
                 raise ConfigError(
@@ -130,7 +131,7 @@ async def check_stores(urls: Iterable[str]) -> None:
                     " where the instance metadata service serves them"
                 ) from None
             reason = str(exc).split(f"{_PROBE_KEY}: ", 1)[-1]
-            if refused_credentials(reason) and await _key_refused(open_store(url)):
+            if refused_credentials(reason) and await _key_refused(store):
                 raise ConfigError(f"offload store {url}: {reason}") from None  # read at start
             log.warning(
                 "offload store %s does not answer at start (%s); going on: its payloads fail"
