@@ -11,6 +11,9 @@ import http
 
 Headers = list[tuple[bytes, bytes]]
 
+TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")
+"""The header of the short text answers (probes, refusals)."""
+
 _STATUS = {
     code: b"HTTP/1.1 %d %s\r\n" % (code, http.HTTPStatus(code).phrase.encode())
     for code in (status.value for status in http.HTTPStatus)

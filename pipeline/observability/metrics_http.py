@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from pipeline.observability.answers import Headers, answer_head
+from pipeline.observability.answers import TEXT_PLAIN, Headers, answer_head
 from pipeline.observability.bounded import BoundedProtocol
 from pipeline.observability.connections import OpenConnections
 
@@ -54,7 +54,6 @@ MAX_REQUEST_BYTES = 16_384
 MAX_WAITING = 32
 """Requests of one connection that may wait behind answers it has not read; past it, closed."""
 
-_TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 
 _Answer = tuple[int, bytes, Headers, bool, bool]
 """Status, body, headers, whether the body is sent (not for HEAD), whether to keep alive."""
@@ -220,7 +219,7 @@ class MetricsProtocol(BoundedProtocol):
             self._close()
             return
         body = f"{status.phrase.lower()}\n".encode()
-        self._write(status, _TEXT, body, len(body), keep_alive=False)
+        self._write(status, [TEXT_PLAIN], body, len(body), keep_alive=False)
 
     def _write(
         self, status: int, headers: Headers, body: bytes, length: int, *, keep_alive: bool

@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import PipelineError
 from pipeline.observability import metrics as m
-from pipeline.observability.answers import Headers
+from pipeline.observability.answers import TEXT_PLAIN, Headers
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.metrics_http import metrics_protocol
 from pipeline.observability.sources import SnapshotSource
@@ -46,7 +46,6 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 """The paths this app answers."""
 
-_TEXT = (b"content-type", b"text/plain; charset=utf-8")
 _EXPOSITION = (b"content-type", CONTENT_TYPE_LATEST.encode())
 
 
@@ -142,15 +141,15 @@ class MetricsServer:
     def answer(self, method: str, path: str) -> tuple[int, bytes, Headers]:
         """The status, body and headers (without Content-Length) of ``method path``."""
         if method not in {"GET", "HEAD"}:
-            return 405, b"method not allowed\n", [_TEXT, (b"allow", b"GET, HEAD")]
+            return 405, b"method not allowed\n", [TEXT_PLAIN, (b"allow", b"GET, HEAD")]
         if path == "/metrics":
             return 200, self._snapshot, [_EXPOSITION]
         if path == "/healthz":
-            return 200, b"ok\n", [_TEXT]
+            return 200, b"ok\n", [TEXT_PLAIN]
         if path == "/readyz":
             status, body = (200, b"ready\n") if self.ready else (503, b"not ready\n")
-            return status, body, [_TEXT]
-        return 404, b"not found\n", [_TEXT]
+            return status, body, [TEXT_PLAIN]
+        return 404, b"not found\n", [TEXT_PLAIN]
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
