@@ -269,16 +269,12 @@ class IngressProtocol(BoundedProtocol):
     def evict(self) -> None:
         """Close this stalled connection for a new one: an unfinished request is answered 503.
 
-        It no longer counts under the bound.
-
-        A transport closed with output still buffered keeps its descriptor until the client
-        reads that output, and a client that reads nothing would keep it past the bound for
-        ever: such a connection is aborted, its buffered answers dropped (each was answered
-        after its row was durable; the sender sends again).
+        It no longer counts under the bound. Answers it has not read are dropped with the
+        connection (:meth:`_drop`; each was answered after its row was durable; the sender
+        sends again).
         """
         self._counted = False
-        transport = self._transport
-        if transport is None:
+        if self._transport is None:
             return
         if self._stopped:
             pass  # already closing: an answer before the close, or the idle timer
@@ -286,9 +282,7 @@ class IngressProtocol(BoundedProtocol):
             self._refuse(_refusal(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded"))
         else:
             self._stop()
-        transport.close()
-        if transport.get_write_buffer_size():
-            transport.abort()
+        self._drop()
 
     def shutdown(self) -> None:
         """The server shuts down gracefully: close now if idle, else once the answers are out."""

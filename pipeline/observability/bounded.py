@@ -50,3 +50,18 @@ class BoundedProtocol(asyncio.Protocol):
             self.connections.leave(self)
         self._connections.discard(self)
         self._stopped = True
+
+    def _drop(self) -> None:
+        """Close the transport now; output the client has not read is dropped.
+
+        A transport closed with output still buffered keeps its descriptor until the client
+        reads it, and a client that reads nothing would keep it for ever: such a transport is
+        aborted instead.
+        """
+        transport = self._transport
+        if transport is None:
+            return
+        if transport.get_write_buffer_size():
+            transport.abort()
+        elif not transport.is_closing():
+            transport.close()

@@ -237,13 +237,7 @@ class MetricsProtocol(BoundedProtocol):
     def _close(self) -> None:
         """Close now; output the client has not read is dropped (it would hold the descriptor)."""
         self._stopped = True
-        transport = self._transport
-        if transport is None:
-            return
-        if transport.get_write_buffer_size():
-            transport.abort()
-        elif not transport.is_closing():
-            transport.close()
+        self._drop()
 
 
 def metrics_protocol(
