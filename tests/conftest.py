@@ -133,7 +133,9 @@ def _delete_declared_topics() -> Iterator[None]:
 # --- Leftovers: the suite deletes what it creates (asserted once, at the end of the run) ---
 
 _LEFT_AT_START = pytest.StashKey[dict[str, frozenset[str]]]()
-_STATE_MARKER = re.compile(r"\{[^}]*:state\}:marker")
+_STATE_MARKER = re.compile(r"redis key:\{[^}]*:state\}:marker")
+"""A key prefix's Redis state marker (pipeline/runtime/state_loss.py): it lives as long as its
+Redis by design, so the run deletes those its members wrote, as it would any other key."""
 _REDIS_GROUP_KEY = re.compile(r"\{(?P<prefix>.*):g:(?P<group>.*)\}:(?:pos|members|owners)")
 
 
@@ -170,11 +172,7 @@ def _left_now() -> dict[str, frozenset[str]]:
                     names.add(f"redis group:{match['prefix']}/{match['group']}")
             found["redis"] = frozenset(names)
             found["redis keys"] = frozenset(
-                f"redis key:{name}"
-                for key in client.scan_iter(count=1000)
-                # A prefix's state marker lives as long as its Redis, by design
-                # (pipeline/runtime/state_loss.py): one small hash, not a leftover.
-                if not _STATE_MARKER.fullmatch(name := key.decode(errors="replace"))
+                f"redis key:{key.decode(errors='replace')}" for key in client.scan_iter(count=1000)
             )
     return found
 
@@ -204,6 +202,16 @@ def pytest_testnodedown(node: Any, error: object) -> None:
     _STUBBORN_IN_WORKERS.extend(getattr(node, "workeroutput", {}).get("stubborn_groups", []))
 
 
+def _delete_state_markers(before: dict[str, frozenset[str]]) -> None:
+    """Delete the Redis state markers the run's members wrote (not those there at its start)."""
+    settings = test_settings()
+    with SyncRedis.from_url(settings.redis.url) as client, contextlib.suppress(RedisError):
+        for key in client.scan_iter(match="*:state}:marker", count=1000):
+            name = f"redis key:{key.decode(errors='replace')}"
+            if _STATE_MARKER.fullmatch(name) and name not in before.get("redis keys", ()):
+                client.delete(key)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the run (under CI=true; report it locally) if it left topics, groups or keys behind.
 
@@ -221,6 +229,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     before = session.config.stash.get(_LEFT_AT_START, {})
     if not before or session.config.option.collectonly:
         return
+    _delete_state_markers(before)
     after = _left_now()
     left = frozenset().union(*(after[s] - before[s] for s in before.keys() & after.keys()))
     if not left:
