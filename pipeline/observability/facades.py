@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 from pipeline.observability import metrics as m
 from pipeline.observability.metrics import TOP_TENANTS, Metrics
+from pipeline.redis_keys import headed
 
 __all__ = [
     "AdmissionMetrics",
@@ -154,10 +155,13 @@ class AdmissionMetrics:
     def throttled_tenants(self, lane: str, waiting_by_tenant: Mapping[str, int]) -> None:
         """Export the :data:`TOP_TENANTS` tenants with the most waiting messages on ``lane``.
 
-        Tenants that left the top are removed, so the series per lane stay bounded.
+        Tenants that left the top are removed, so the series per lane stay bounded. A tenant is
+        a producer's ``pl-tenant`` header: one over a Redis key part's bound is labelled as its
+        throttle keys are named (:func:`~pipeline.redis_keys.headed`: its head and its digest),
+        so a label stays a few hundred bytes and matches what ``pipeline status`` shows.
         """
         ranked = sorted(waiting_by_tenant.items(), key=lambda item: (-item[1], item[0]))
-        top = {tenant: count for tenant, count in ranked[:TOP_TENANTS] if count > 0}
+        top = {headed(tenant): count for tenant, count in ranked[:TOP_TENANTS] if count > 0}
         for gone in self._shown.get(lane, set()) - top.keys():
             self._tenants.remove(lane, gone)
         for tenant, count in top.items():
