@@ -273,7 +273,6 @@ class IngressProtocol(BoundedProtocol):
         connection (:meth:`_drop`; each was answered after its row was durable; the sender
         sends again).
         """
-        self._counted = False
         if self._transport is None:
             return
         if self._stopped:
@@ -485,8 +484,7 @@ class IngressProtocol(BoundedProtocol):
             self._write(request, status, headers, body)
             return
         self._busy = True
-        if self._counted:  # answering: not to be evicted
-            self.connections.stalled.pop(self, None)
+        self.connections.answering(self)  # not to be evicted while answering
         task = self._loop.create_task(self._serve(request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -507,8 +505,7 @@ class IngressProtocol(BoundedProtocol):
             status, headers, body = 500, [_JSON], b'{"error": "internal error"}'
             request.keep_alive = False
         self._busy = False
-        if self._counted:  # answered: the last one to evict
-            self.connections.stalled[self] = None
+        self.connections.answered(self)  # the last one to evict
         if self._transport is None or self._transport.is_closing():
             return
         self._write(request, status, headers, body)

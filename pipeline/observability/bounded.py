@@ -26,7 +26,7 @@ class BoundedProtocol(asyncio.Protocol):
         self._loop = loop or asyncio.get_event_loop()
         self._connections: set[Any] = server_state.connections
         self._transport: asyncio.Transport | None = None
-        self._counted = False  # admitted under the bound, and neither lost nor evicted yet
+        self.admitted = False  # counted under the bound: set and cleared by ``connections``
         self._stopped = False  # nothing more is read
 
     def _admit(self, transport: asyncio.BaseTransport) -> bool:
@@ -39,15 +39,12 @@ class BoundedProtocol(asyncio.Protocol):
             self._stopped = True
             self._transport.close()
             return False
-        self._counted = True
         self._connections.add(self)
         return True
 
     def _let_go(self) -> None:
         """The connection is lost: it no longer counts, nor is closed at shutdown; reads stop."""
-        if self._counted:
-            self._counted = False
-            self.connections.leave(self)
+        self.connections.leave(self)
         self._connections.discard(self)
         self._stopped = True
 

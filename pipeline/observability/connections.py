@@ -21,10 +21,17 @@ LIMIT_LOG_EVERY_S = 10.0
 
 
 class Evictable(Protocol):
-    """A connection :class:`OpenConnections` can close to make room for a new one."""
+    """A connection :class:`OpenConnections` can close to make room for a new one.
+
+    ``admitted`` starts False and only :class:`OpenConnections` changes it: True from the
+    connection's admission until it is lost or evicted, so a connection evicted, then lost,
+    leaves the count once, whatever its protocol does when it closes.
+    """
+
+    admitted: bool
 
     def evict(self) -> None:
-        """Close this connection now; it no longer counts under the bound."""
+        """Close this connection now; it no longer counts under the bound (already unmarked)."""
 
 
 C = TypeVar("C", bound=Evictable)
@@ -39,9 +46,11 @@ class OpenConnections(Generic[C]):
 
     ``stalled`` holds the open connections with no request being answered, the one that has
     sent nothing for the longest first: a connection leaves it while a request of its own is
-    answered and comes back last, and a read moves it last. The one evicted is then found in
-    O(1), however many are answering, and a slow upload that keeps sending outlives the
-    connections that stall, however many an attacker opens after it.
+    answered (:meth:`answering`) and comes back last (:meth:`answered`), and a read moves it
+    last (:meth:`active`). The one evicted is then found in O(1), however many are answering,
+    and a slow upload that keeps sending outlives the connections that stall, however many an
+    attacker opens after it. Only these methods touch ``stalled`` and each connection's
+    ``admitted``: a protocol tells what happened to its connection, never edits either.
     """
 
     __slots__ = (
@@ -92,13 +101,16 @@ class OpenConnections(Generic[C]):
             self._report()
             return False
         self.count += 1
+        connection.admitted = True
         self.stalled[connection] = None
         return True
 
     def leave(self, connection: C) -> None:
-        """``connection`` is lost: it no longer counts."""
-        self.stalled.pop(connection, None)
-        self.count -= 1
+        """``connection`` is lost: it no longer counts (if refused or evicted, it did not)."""
+        if connection.admitted:
+            connection.admitted = False
+            self.stalled.pop(connection, None)
+            self.count -= 1
 
     def active(self, connection: C) -> None:
         """``connection`` sent bytes: the last stalled one to evict."""
@@ -106,12 +118,22 @@ class OpenConnections(Generic[C]):
         if connection in stalled:
             stalled.move_to_end(connection)
 
+    def answering(self, connection: C) -> None:
+        """A request of ``connection`` is being answered: it is not evicted until answered."""
+        self.stalled.pop(connection, None)
+
+    def answered(self, connection: C) -> None:
+        """``connection``'s request is answered: the last one to evict, if it still counts."""
+        if connection.admitted:
+            self.stalled[connection] = None
+
     def _close_stalled(self) -> bool:
         """Evict the connection stalled for the longest; whether there was one."""
         if not self.stalled:
             return False
         victim, _ = self.stalled.popitem(last=False)
         self.count -= 1
+        victim.admitted = False
         victim.evict()
         self.closed += 1
         self.counted("closed")

@@ -132,7 +132,6 @@ class MetricsProtocol(BoundedProtocol):
 
     def evict(self) -> None:
         """Close this connection for a new one; answers it has not read are dropped."""
-        self._counted = False
         self._close()
 
     def shutdown(self) -> None:
