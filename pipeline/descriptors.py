@@ -10,14 +10,15 @@ asyncio and uvloop use epoll, psycopg's wait functions, redis-py (hiredis), http
 standard library's ``subprocess``, ``socketserver`` and ``multiprocessing`` use poll, librdkafka
 uses poll, and the span exporter selects on its standard input only (descriptor 0).
 
-:func:`raise_open_file_limit` runs once at the start of every command (``pipeline``'s entry
-point, and the stand-alone ones of the ingress and the registry, after logging is configured),
-so a long-running one (:data:`LONG_RUNNING`: ``pipeline ingress serve`` and its workers,
-``pipeline consume``, ``pipeline sweep --loop``, ``pipeline registry serve``) holds as many
-connections as its hard limit allows; the processes it starts inherit the raised limit. It never
-lowers a limit. A refusal (a sandbox that forbids ``setrlimit``) is one warning line from a
-long-running command, which runs on under the limit it was given; a short command (``--help``,
-``topics list``, ``sweep`` once) opens a handful of descriptors and says nothing (DEBUG).
+:func:`raise_open_file_limit` runs once at the start of every command, after logging is
+configured (:func:`pipeline.startup.start`, for ``pipeline``'s entry point and the stand-alone
+ones of the ingress and the registry), so a long-running one (:data:`LONG_RUNNING`:
+``pipeline ingress serve`` and its workers, ``pipeline consume``, ``pipeline sweep --loop``,
+``pipeline registry serve``) holds as many connections as its hard limit allows; the processes
+it starts inherit the raised limit. It never lowers a limit. A refusal (a sandbox that forbids
+``setrlimit``) is one warning line from a long-running command, which runs on under the limit it
+was given; a short command (``--help``, ``topics list``, ``sweep`` once) opens a handful of
+descriptors and says nothing (DEBUG).
 """
 
 from __future__ import annotations

@@ -41,14 +41,13 @@ from pipeline.cli_support import (
     run_command,
     until_stopped,
 )
-from pipeline.descriptors import raise_open_file_limit
 from pipeline.envelope import Message, printable
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
-from pipeline.log_repeats import configure_logging, logging_from_environment
 from pipeline.registry.cli import app as registry_app
 from pipeline.registry.cli import schemas_app
+from pipeline.startup import start
 from pipeline.transport import create_transport
 
 if TYPE_CHECKING:
@@ -888,8 +887,7 @@ def main() -> None:
     same one line and exit code as inside it.
     """
     try:
-        configure_logging(*logging_from_environment())
-        raise_open_file_limit(sys.argv[1:])
+        start(sys.argv[1:])
         tracing.configure(
             os.environ,
             service=_service_name(sys.argv[1:]),

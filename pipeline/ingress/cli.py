@@ -29,10 +29,10 @@ from rich.table import Table
 
 from pipeline import tracing
 from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command, until_stopped
-from pipeline.descriptors import raise_open_file_limit
 from pipeline.errors import BrokerUnavailable, ConfigError
-from pipeline.log_repeats import configure_logging, logging_from_environment
+from pipeline.log_repeats import logging_from_environment
 from pipeline.logstore import LogStore, RowState, Selection
+from pipeline.startup import start_standalone
 from pipeline.transport import create_transport
 
 if TYPE_CHECKING:
@@ -703,11 +703,7 @@ def main() -> None:  # pragma: no cover - for `python -m pipeline.ingress.cli`
     Logging first, as ``pipeline``'s, so a refused raise of the open-file limit is a formatted
     line, logged by the long-running commands only (``ingress serve``, ``sweep --loop``).
     """
-    try:
-        configure_logging(*logging_from_environment())
-    except ConfigError as exc:
-        sys.exit(f"error: {exc}")
-    raise_open_file_limit(sys.argv[1:])
+    start_standalone(sys.argv[1:])
     tracing.configure(os.environ, service="pipeline-ingress")
     root = typer.Typer(
         no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=HELP_MARKUP

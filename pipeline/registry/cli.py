@@ -27,10 +27,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline.cli_support import HELP_MARKUP, out_console, require_listenable
-from pipeline.descriptors import raise_open_file_limit
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.log_repeats import configure_logging, logging_from_environment
 from pipeline.registry.errors import InvalidSchema, SchemaNotFound, SubjectNotFound
+from pipeline.startup import start_standalone
 
 if TYPE_CHECKING:
     from pipeline.config import RegistrySettings
@@ -245,9 +244,5 @@ def main() -> None:
     Logging as ``pipeline``'s (``PIPELINE_LOG_LEVEL``, ``PIPELINE_LOG_FORMAT``), so a refused
     raise of the limit is a formatted line, logged by the server only (``registry serve``).
     """
-    try:
-        configure_logging(*logging_from_environment())
-    except ConfigError as exc:
-        sys.exit(f"error: {exc}")
-    raise_open_file_limit(sys.argv[1:])
+    start_standalone(sys.argv[1:])
     standalone()()
