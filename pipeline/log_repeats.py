@@ -11,6 +11,7 @@ above are touched.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import re
@@ -37,7 +38,8 @@ MAX_GAP_S = 60.0
 MAX_KEPT = 4096
 """Warnings remembered at most: a text with parts other than numbers that differ each time
 (a producer's bytes, a key) must not grow the table for the process's life. Past it, those
-quiet for :data:`MAX_GAP_S` (which would start over anyway) are forgotten, then the oldest."""
+quiet for :data:`MAX_GAP_S` (which would start over anyway) are forgotten, then the least
+recently seen, a quarter of the table at least each time."""
 
 
 @dataclass
@@ -81,17 +83,20 @@ class RepeatFilter(logging.Filter):
         return True
 
     def _forget(self, now: float) -> None:
-        """Make room: drop the warnings quiet for :data:`MAX_GAP_S`, else the least recent.
+        """Make room for a quarter of the table: the warnings quiet for :data:`MAX_GAP_S` first.
 
-        A quarter of the table goes when none is quiet; a warning still repeating keeps its
-        backoff.
+        All the quiet ones go; when they are fewer than a quarter, the least recently seen make
+        up the rest, so the next :data:`MAX_KEPT` // 4 new warnings find room without another
+        pass. A warning still repeating (seen lately) keeps its backoff.
         """
         quiet = [key for key, seen in self._seen.items() if now - seen.last_s >= MAX_GAP_S]
-        if not quiet:
-            by_last = sorted(self._seen.items(), key=lambda item: item[1].last_s)
-            quiet = [key for key, _ in by_last[: MAX_KEPT // 4]]
         for key in quiet:
             del self._seen[key]
+        short = MAX_KEPT // 4 - len(quiet)
+        if short > 0:
+            oldest = heapq.nsmallest(short, self._seen.items(), key=lambda item: item[1].last_s)
+            for key, _ in oldest:
+                del self._seen[key]
 
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
