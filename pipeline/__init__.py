@@ -13,7 +13,8 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 for users' tests), ``cli`` with ``cli_support`` and ``cli_progress``, ``redis_functions`` with
 ``redis_channel``, ``redis_keys`` (key-name parts from messages, bounded), ``heap`` (start-up
 objects kept out of full collections), ``descriptors`` (the open-file limit raised at start),
-``log_repeats``, ``reachability`` (the line for a service that is down), ``cancel_tasks``
+``startup`` (what every command does first: logging from the environment, then the open-file
+limit), ``log_repeats``, ``reachability`` (the line for a service that is down), ``cancel_tasks``
 (stopping tasks though a cancellation is lost below them) and ``validation``.
 Import what you use from its module (``from pipeline.runtime import App``); ``__all__`` names
 these modules, as docs/architecture.md does.
@@ -46,6 +47,7 @@ __all__ = [
     "registry",
     "retry",
     "runtime",
+    "startup",
     "testing",
     "topics",
     "tracing",

@@ -6,8 +6,8 @@ alike. :func:`start` configures logging from ``PIPELINE_LOG_LEVEL`` and ``PIPELI
 (:mod:`pipeline.log_repeats`), then raises the soft open-file limit (:mod:`pipeline.descriptors`):
 logging first, so a refused raise is a formatted line, from a long-running command only. A
 variable with a value it cannot take is :class:`ConfigError`, before the limit is touched;
-``pipeline`` prints it as its other errors (exit 2), and :func:`start_standalone` as one plain
-``error:`` line (exit 1).
+``pipeline`` prints it as its other errors, :func:`start_standalone` as one plain ``error:``
+line: exit 2 from both, as for any other bad configuration.
 
 The span exporter (:mod:`pipeline.tracing.export`) starts otherwise: its parent refused a bad
 variable already, and it inherits the parent's limit.
@@ -37,8 +37,9 @@ def start(argv: Sequence[str]) -> None:
 
 
 def start_standalone(argv: Sequence[str]) -> None:
-    """:func:`start`, for a stand-alone entry: a bad log variable is one line and exit 1."""
+    """:func:`start`, for a stand-alone entry: a bad log variable is one line and exit 2."""
     try:
         start(argv)
     except ConfigError as exc:
-        sys.exit(f"error: {exc}")
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)

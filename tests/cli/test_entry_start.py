@@ -22,8 +22,8 @@ from cli.limits_sandbox import hard_limit_at_least, limited
 PIPELINE = [str(Path(sys.executable).with_name("pipeline"))]
 REGISTRY = [sys.executable, "-m", "pipeline.registry"]
 INGRESS = [sys.executable, "-m", "pipeline.ingress.cli"]
-ENTRIES = [(PIPELINE, 2), (REGISTRY, 1), (INGRESS, 1)]
-"""Each entry, and its exit code for a log variable it cannot take."""
+ENTRIES = [(PIPELINE, 2), (REGISTRY, 2), (INGRESS, 2)]
+"""Each entry, and its exit code for a log variable it cannot take (bad configuration: 2)."""
 IDS = ["pipeline", "python -m pipeline.registry", "python -m pipeline.ingress.cli"]
 SOFT, HARD = 256, 4096
 
