@@ -28,6 +28,7 @@ __all__ = [
     "how_to_fix",
     "listen_error",
     "named_with_fix",
+    "no_answer",
     "refusal",
     "require_listenable",
     "safe_url",
@@ -134,10 +135,18 @@ def unreachable(settings: Settings, service: Service, reason: str) -> str:
     Kafka with connection properties in ``PIPELINE_KAFKA__CLIENT`` (a wrong ``security.protocol``
     only times out) the line names them too, by key: their values may be secrets.
     """
+    refused = refusal(settings, service, reason)
+    return refused if refused is not None else no_answer(settings, service, reason)
+
+
+def no_answer(settings: Settings, service: Service, reason: str) -> str:
+    """The line for a ``service`` that did not answer (``reason``), one :func:`refusal` cleared.
+
+    ``cannot reach ... ; start it (...) or point VARIABLE at a running one`` (and, for Kafka,
+    ``PIPELINE_KAFKA__CLIENT``'s connection properties by key), without asking again whether
+    the service refused: a caller that found no refusal says so without a second plain probe.
+    """
     address, variable = where(settings, service)
-    refused = _refused(service, address, variable, reason)
-    if refused is not None:
-        return refused
     line = unreachable_at(_NAMES[service], address, variable, reason)
     return line + _kafka_client_hint(settings) if service == "kafka" else line
 

@@ -4,7 +4,9 @@
 it must answer quickly and plainly when a service is down: :func:`reach_broker` asks the broker
 for its metadata with a short timeout before anything else, and :func:`reach_redis` pings the
 Redis that holds the throttles. Both raise :class:`~pipeline.errors.BrokerUnavailable` with a
-message that names the service, its address, the variable that sets it and the fix.
+message that names the service, its address, the variable that sets it and the fix. A broker
+that answered but refused the credentials or the TLS handshake raises :class:`BrokerRefused`,
+its subclass, so that a caller reads the refusal the probe found instead of working it out again.
 """
 
 from __future__ import annotations
@@ -14,19 +16,30 @@ from redis.asyncio import Redis
 
 from pipeline.config import Settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError
-from pipeline.reachability import Service, unreachable
+from pipeline.reachability import Service, no_answer, refusal, unreachable
 from pipeline.transport import create_transport
 
-__all__ = ["PROBE_TIMEOUT_MS", "reach_broker", "reach_redis"]
+__all__ = ["PROBE_TIMEOUT_MS", "BrokerRefused", "reach_broker", "reach_redis"]
 
 PROBE_TIMEOUT_MS = 3_000
 """How long the first request to a broker may take before status says it is unreachable."""
+
+
+class BrokerRefused(BrokerUnavailable):
+    """The broker answered, but refused the credentials or the TLS handshake (a Redis).
+
+    Its message is :func:`~pipeline.reachability.refusal`'s line: what was refused, where, what
+    to change in the setting. Raised where the refusal was found, so it is worked out once.
+    """
 
 
 async def reach_broker(settings: Settings) -> None:
     """Raise :class:`BrokerUnavailable` unless the transport's broker answers within the probe.
 
     Reads only the cluster metadata (Kafka) or the topic registry (Redis); creates nothing.
+    A Redis that refused the URL's credentials or its TLS handshake raises
+    :class:`BrokerRefused`. A Kafka broker's refused login is not in its error: the error's
+    ``diagnose`` asks the broker (up to 3 s), for the caller that wants to know.
     """
     kafka = settings.kafka
     capped = kafka.model_copy(
@@ -40,7 +53,10 @@ async def reach_broker(settings: Settings) -> None:
     except PipelineError as exc:
         reason = str(exc).removeprefix("list topics: ").removeprefix("redis unreachable: ")
         service: Service = "kafka" if transport.name == "kafka" else "redis"
-        unavailable = BrokerUnavailable(unreachable(settings, service, reason))
+        refused = refusal(settings, service, reason)
+        if refused is not None:
+            raise BrokerRefused(refused) from exc
+        unavailable = BrokerUnavailable(no_answer(settings, service, reason))
         unavailable.diagnose = getattr(exc, "diagnose", None)  # a refused login, asked for
         raise unavailable from exc
     finally:

@@ -129,7 +129,9 @@ def serve_command(
         settings, ingress = worker_settings(transport, sources)
         built = build_ingress(settings, ingress)
         await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
-        await refuse_a_refused_login(settings)
+        down = await refuse_a_refused_login(settings)
+        if down is not None:  # its bound is waited out once: the limits are not asked again
+            built.broker_down(str(down))
         await serve(built, host or ingress.host, ingress.port if port is None else port, _ready)
 
     _run(main())
@@ -196,7 +198,9 @@ def serve_workers(
                     host_variable="PIPELINE_INGRESS__METRICS_HOST",
                 )
         await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
-        await refuse_a_refused_login(settings)
+        down = await refuse_a_refused_login(settings)
+        if down is not None:  # its bound is waited out once: the limits are not asked again
+            built.broker_down(str(down))
         await built.preflight()  # the log database, the topics' limits: before any worker
         return WorkerArgs(
             host or ingress.host,
@@ -291,40 +295,32 @@ async def _reach_broker(settings: Settings) -> None:
     await reach_broker(settings)
 
 
-_LISTING = "list topics: "
-_UNREACHABLE = "redis unreachable: "
-"""The prefixes of the Redis transport's error, before what Redis said."""
-
-
-async def refuse_a_refused_login(settings: Settings) -> None:
+async def refuse_a_refused_login(settings: Settings) -> BrokerUnavailable | None:
     """Stop the start (ConfigError: exit 2) when the broker refuses this ingress's login or TLS.
 
     The broker is asked once, within the status probe's bound. One that does not answer is no
     reason to stop: the ingress serves into its durable log and the sweeper produces once it
     answers. A refused password does not heal by waiting: the ingress would accept webhooks it
     never produces. The line names the service, its address (password hidden) and the setting.
+
+    Returns:
+        The probe's error when the broker did not answer (the start asks it nothing more, see
+        :meth:`~pipeline.ingress.service.Ingress.broker_down`), None when it answered.
     """
+    # pipeline.cli registers these commands: imported here, when the command runs.
+    from pipeline.cli.status_checks import BrokerRefused, reach_broker  # noqa: PLC0415
+
     try:
-        await _reach_broker(settings)
+        await reach_broker(settings)
+    except BrokerRefused as exc:  # a Redis's refusal, in its answer: found by the probe
+        raise ConfigError(str(exc)) from None
     except BrokerUnavailable as exc:
-        line = await _refusal(settings, exc)
+        # A Kafka broker's refused login is asked of it (up to 3 s).
+        line = None if exc.diagnose is None else await asyncio.to_thread(exc.diagnose)
         if line is not None:
             raise ConfigError(line) from None
-
-
-async def _refusal(settings: Settings, exc: BrokerUnavailable) -> str | None:
-    """The line for a broker that answered ``exc``'s request with a refusal, else None.
-
-    A Redis's refusal is in the error's text; a Kafka broker's is asked of it (up to 3 s).
-    """
-    from pipeline.reachability import refusal  # noqa: PLC0415 - see the module doc
-
-    if settings.transport == "redis":
-        said = str(exc.__cause__ or exc)
-        return refusal(settings, "redis", said.removeprefix(_LISTING).removeprefix(_UNREACHABLE))
-    if exc.diagnose is None:
-        return None
-    return await asyncio.to_thread(exc.diagnose)
+        return exc
+    return None
 
 
 async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:

@@ -41,6 +41,7 @@ from pipeline.ingress.source import (
     Source,
     build_sources,
     check_topic_limits,
+    limits_not_checked,
 )
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore, LogStoreError
@@ -201,7 +202,8 @@ class Ingress:
     sweeper: Sweeper | None = None
     capacity: CapacityFeed | None = None
     limits_checked: bool = False
-    """The topics' size limits were checked already (by :meth:`preflight`, in the supervisor)."""
+    """The topics' size limits were checked already (by :meth:`preflight`, in the supervisor), or
+    skipped with their line (the broker down: :meth:`broker_down`); not asked at the start."""
     app: IngressApp = field(init=False)
     observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
@@ -304,8 +306,21 @@ class Ingress:
                 self.ingress.sources_file,
             )
 
+    def broker_down(self, reason: str) -> None:
+        """The start's probe found the broker down (``reason``): its limits are not asked.
+
+        Asked again, the broker would have a second bound (10 s) waited out before the ingress
+        serves. The line says the check was skipped, as :func:`check_topic_limits` says of a
+        broker that does not answer it: a body too large for its topic is reported when it is
+        produced, as it was then.
+        """
+        limits_not_checked(reason)
+        self.limits_checked = True
+
     async def preflight(self) -> None:
         """Check what :meth:`start` would refuse, then close: the log store, the topic limits.
+
+        The limits are not asked of a broker the start's probe found down (:meth:`broker_down`).
 
         ``ingress serve --workers N`` runs it before it starts a worker, so that a log database
         that is down or refuses the ingress is one line from the supervisor, not one per worker.
@@ -317,8 +332,9 @@ class Ingress:
         """
         try:
             await self.store.open()
-            await check_topic_limits(self.sources, self.transport.admin())
-            self.limits_checked = True
+            if not self.limits_checked:
+                await check_topic_limits(self.sources, self.transport.admin())
+                self.limits_checked = True
         finally:
             with contextlib.suppress(Exception):  # the check's own error is the one to report
                 await self.store.close()

@@ -262,8 +262,7 @@ async def check_topic_limits(sources: Mapping[str, Source], admin: Admin) -> Non
         async with asyncio.timeout(_CHECK_TIMEOUT_S):
             infos = await admin.list_topics(names)
     except Exception as exc:  # any broker failure only skips a best-effort check
-        reason = str(exc) or f"no answer within {_CHECK_TIMEOUT_S:g} s"
-        log.warning("topic size limits not checked (broker unreachable): %s", reason)
+        limits_not_checked(str(exc) or f"no answer within {_CHECK_TIMEOUT_S:g} s")
         return
     problems = [
         f"sources.{source.name}: max_body_bytes={source.max_body_bytes} plus {HEADROOM_BYTES} "
@@ -279,6 +278,11 @@ async def check_topic_limits(sources: Mapping[str, Source], admin: Admin) -> Non
     ]
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def limits_not_checked(reason: str) -> None:
+    """Say that the topics' size limits were skipped: the broker did not answer (``reason``)."""
+    log.warning("topic size limits not checked (broker unreachable): %s", reason)
 
 
 def build_verifier(config: SourceConfig) -> Verifier:
