@@ -41,6 +41,7 @@ callers never need to import a client library to handle a failure::
     │       └── RegistryUnreachable the registry did not answer (client side)
     ├── TransportError              a broker operation failed
     │   ├── BrokerUnavailable       the broker (Kafka or Redis) cannot be reached
+    │   │   └── BrokerRefused       it answered but refused the login or TLS (cli/status_checks)
     │   ├── UnknownTopic            the topic is not declared / does not exist on the broker
     │   ├── MessageTooLarge         the message exceeds the configured maximum size
     │   ├── DeliveryFailed          the broker refused or lost a produced message
