@@ -89,7 +89,9 @@ _LANE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _topic_name(value: str) -> str:
     if len(value) > MAX_NAME_LENGTH:
         raise ValueError(f"at most {MAX_NAME_LENGTH} characters (got {len(value)})")
-    if not _TOPIC_NAME.fullmatch(value) or value in {".", ".."}:
+    if value in {".", ".."}:
+        raise ValueError(f"'.' and '..' are not topic names (got {value!r})")
+    if not _TOPIC_NAME.fullmatch(value):
         raise ValueError(f"expected letters, digits, '.', '_' or '-' (got {value!r})")
     if ".retry." in value:
         raise ValueError(f"'.retry.' is reserved for retry tier topics (got {value!r})")

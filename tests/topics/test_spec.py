@@ -228,7 +228,7 @@ def test_custom_dead_letter_name_is_used():
         ("partitions: 12\n", "name", "required field is missing"),
         ("name: messages\n", "partitions", "required field is missing"),
         ("name: a b\npartitions: 1\n", "name", "expected letters, digits"),
-        ("name: ..\npartitions: 1\n", "name", "expected letters, digits"),
+        ("name: ..\npartitions: 1\n", "name", "'.' and '..' are not topic names"),
         (f"name: {'a' * 201}\npartitions: 1\n", "name", "at most 200 characters"),
         ("name: messages.dlq\npartitions: 1\n", "name", "reserved for dead-letter topics"),
         ("name: a.retry.b\npartitions: 1\n", "name", "reserved for retry tier topics"),
