@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.cli_support import err, out_console, run_command
 from pipeline.errors import ConfigError
@@ -126,7 +127,8 @@ def status(
     for s in statuses:
         waiting = " ".join(f"p{p}:{n}" for p, n in s.waiters_by_priority().items()) or "-"
         last = f"{(now_ms - s.recent_grants[0][1]) / 1000:.1f}s ago" if s.recent_grants else "-"
-        table.add_row(s.key, str(s.limit), str(len(s.holders)), waiting, last, _reserve_cell(s))
+        shown = Text(s.key)  # as a producer sent it: rich would read [..] and :..: in it
+        table.add_row(shown, str(s.limit), str(len(s.holders)), waiting, last, _reserve_cell(s))
     out_console().print(table)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 from rich.console import Console
+from rich.markup import escape
 
 from pipeline.cancel.keys import CancelKeys
 
@@ -42,7 +43,10 @@ def render_counts(counts: Mapping[str, Mapping[str, int]] | None, console: Conso
     for lane, kinds in sorted(counts.items()):
         hung = kinds.get("hung", 0)
         shown = f"[red]{hung}[/red]" if hung else "0"
-        parts.append(f"{lane} cancelled {kinds.get('cancelled', 0)}, hung {shown}")
+        parts.append(f"{escape(lane)} cancelled {kinds.get('cancelled', 0)}, hung {shown}")
     console.print(
-        f"cancelled / hung: {'; '.join(parts) or 'none'}", highlight=False, soft_wrap=True
+        f"cancelled / hung: {'; '.join(parts) or 'none'}",
+        highlight=False,
+        soft_wrap=True,
+        emoji=False,
     )

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.cli_support import TransportOpt, run_command
 from pipeline.errors import PipelineError
@@ -64,19 +66,19 @@ def render(status: Status, console: Console) -> None:
     for lane in status.lanes:
         r = lane.report
         if lane.error:
-            table.add_row(r.lane, r.group, f"[red]{lane.error}[/red]", "", "", "", "")
+            table.add_row(Text(r.lane), Text(r.group), Text(lane.error, "red"), "", "", "", "")
             continue
         tiers = " ".join(f"{tier}:{depth}" for tier, depth in r.retry_tiers.items()) or "-"
         oldest = _oldest(lane)
         throttled = ", ".join(f"{t} ({n})" for t, n in lane.throttled) or "-"
-        table.add_row(
-            r.lane,
-            r.group,
+        table.add_row(  # names and tenants as they are: rich would read [..] and :..: in them
+            Text(r.lane),
+            Text(r.group),
             str(r.lag),
             oldest,
-            tiers,
+            Text(tiers),
             f"[red]{r.dead_letters}[/red]" if r.dead_letters else "0",
-            throttled,
+            Text(throttled),
         )
     console.print(table)
     if any(lane.long_work and lane.report.oldest_age_s > 0 for lane in status.lanes):
@@ -89,13 +91,16 @@ def render(status: Status, console: Console) -> None:
     missing = sorted({t for lane in status.lanes for t in lane.report.missing_topics})
     if missing:
         console.print(
-            f"[yellow]missing topics[/yellow] (run `pipeline topics apply`): {', '.join(missing)}",
+            "[yellow]missing topics[/yellow] (run `pipeline topics apply`): "
+            f"{escape(', '.join(missing))}",
             highlight=False,
+            emoji=False,
             soft_wrap=True,
         )
     if status.log is not None:
         log = status.log
         rows = ", ".join(f"{state} {count}" for state, count in sorted(log.rows.items())) or "none"
+        rows = escape(rows)
         abandoned = f"[red]{log.abandoned}[/red]" if log.abandoned else "0"
         console.print(
             f"ingress log: {rows}; abandoned {abandoned}; oldest unproduced "
@@ -106,22 +111,26 @@ def render(status: Status, console: Console) -> None:
         )
     elif status.log_error:
         console.print(
-            f"ingress log: [yellow]unavailable[/yellow] ({status.log_error})",
+            f"ingress log: [yellow]unavailable[/yellow] ({escape(status.log_error)})",
             highlight=False,
+            emoji=False,
             soft_wrap=True,
         )
     if status.cancellations_error:
         console.print(
-            f"cancelled / hung: [yellow]unavailable[/yellow] ({status.cancellations_error})",
+            "cancelled / hung: [yellow]unavailable[/yellow] "
+            f"({escape(status.cancellations_error)})",
             highlight=False,
+            emoji=False,
             soft_wrap=True,
         )
     else:
         render_counts(status.cancellations, console)
     if status.throttle_error:
         console.print(
-            f"throttled tenants: [yellow]unavailable[/yellow] ({status.throttle_error})",
+            f"throttled tenants: [yellow]unavailable[/yellow] ({escape(status.throttle_error)})",
             highlight=False,
+            emoji=False,
             soft_wrap=True,
         )
 

@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.cli_support import HELP_MARKUP, out_console, require_listenable
 from pipeline.errors import ConfigError, PipelineError
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 app = typer.Typer(help="The schema registry server.", no_args_is_help=True)
 schemas_app = typer.Typer(help="Register and check schemas/*.avsc.", no_args_is_help=True)
-err = Console(stderr=True, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 UrlOpt = Annotated[
     str | None, typer.Option("--url", help="Registry URL (default: PIPELINE_REGISTRY__URL).")
@@ -173,9 +174,9 @@ def push(
             state, problems = _guard(partial(_plan, client, subject, parsed))
             if state == "incompatible":
                 failed += 1
-                err.print(f"{path.name}: {subject}: incompatible", highlight=False)
-                for problem in problems:
-                    err.print(f"  {problem}", highlight=False)
+                err.print(escape(f"{path.name}: {subject}: incompatible"), highlight=False)
+                for problem in problems:  # a default's text, a subject: rich would read [..]
+                    err.print(escape(f"  {problem}"), highlight=False)
             elif dry_run:
                 typer.echo(f"(dry run) {path.name}: {subject}: {state}")
             else:
@@ -224,7 +225,7 @@ def list_subjects(
 
     table = Table("subject", "latest version", "id", title=f"subjects at {safe_url(settings.url)}")
     for r in rows:
-        table.add_row(r.subject, str(r.version), str(r.schema_id))
+        table.add_row(Text(r.subject), str(r.version), str(r.schema_id))  # as registered
     out_console().print(table)
 
 
