@@ -227,9 +227,15 @@ class IngressApp:
         if self.offload is not None:  # a large body goes to its store first (durable before 2xx)
             try:
                 row = await self.offload(row, digest)
-            except OffloadError:
+            except OffloadError as exc:
                 self.counters[source.name, "offload_error"] += 1
-                log.exception("payload store write failed", extra={"source": source.name})
+                # A known failure: what and why on one line (repeats back off), no traceback.
+                log.error(  # noqa: TRY400
+                    "payload store write failed on source %s: %s",
+                    source.name,
+                    exc,
+                    extra={"source": source.name},
+                )
                 return 503, _encode({"error": "payload store unavailable"}), [_RETRY_5]
         try:
             with tracing.stage("log commit"):

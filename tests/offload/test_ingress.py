@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import uuid
 from pathlib import Path
 
@@ -54,8 +55,15 @@ def test_a_cap_above_the_message_size_needs_an_offloading_lane(tmp_path: Path) -
     assert sources(tmp_path, [offloading], 8 * MIB)["hooks"].offloads
 
 
-async def test_a_store_that_fails_gets_a_503_and_nothing_is_stored(tmp_path: Path) -> None:
-    """The body cannot be made durable in the store: 503 with Retry-After, no log row."""
+async def test_a_store_that_fails_gets_a_503_and_nothing_is_stored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body cannot be made durable in the store: 503 with Retry-After, no log row.
+
+    The failure is one line naming the source and the store's error, not a traceback (with the
+    store client's debug output) per webhook.
+    """
+    caplog.set_level(logging.ERROR, logger="pipeline.ingress.app")
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("a file where the store's directory should be")
     spec = TopicSpec.model_validate(
@@ -75,6 +83,10 @@ async def test_a_store_that_fails_gets_a_503_and_nothing_is_stored(tmp_path: Pat
     assert answer.status_code == 503
     assert answer.headers["retry-after"] == "5"
     assert app.counters["hooks", "offload_error"] == 1
+    (record,) = [r for r in caplog.records if "payload store write failed" in r.getMessage()]
+    assert record.exc_info is None
+    assert record.getMessage().startswith("payload store write failed on source hooks: ")
+    assert str(blocked) in record.getMessage()
     assert sum((await log_store.count_by_state(Selection())).values()) == 0
     await log_store.close()
 
