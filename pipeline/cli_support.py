@@ -1,4 +1,4 @@
-"""What every command-line module shares: the error console, --transport and the runner.
+"""What every command-line module shares: the error console, --transport, times and the runner.
 
 The runner turns pipeline errors into one stderr line and an exit code (never a traceback):
 2 for bad input or configuration, 1 for a failed operation, 130 for Ctrl-C, and 143 for SIGTERM
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
 import typer
@@ -42,6 +43,21 @@ def out_console() -> Console:
     """A stdout console: the terminal's width, or :data:`PIPE_WIDTH` when not on a terminal."""
     console = Console()
     return console if console.is_terminal else Console(width=PIPE_WIDTH)
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def utc_time(ms: int) -> str:
+    """``ms`` since the epoch as every command prints an instant: ``2026-12-07T05:40:00.123Z``.
+
+    ISO 8601 in UTC, to the millisecond, with ``Z``: what ``--since`` and ``--until`` read back.
+
+    Raises:
+        OverflowError: no calendar date holds ``ms`` (years 1 to 9999 only).
+    """
+    moment = _EPOCH + timedelta(milliseconds=ms)
+    return moment.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
 
 
 TransportOpt = Annotated[

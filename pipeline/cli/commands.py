@@ -40,6 +40,7 @@ from pipeline.cli_support import (
     out_console,
     run_command,
     until_stopped,
+    utc_time,
 )
 from pipeline.envelope import Message, printable
 from pipeline.errors import ConfigError, PipelineError
@@ -386,8 +387,13 @@ def _text(raw: bytes | None) -> str | None:
 
 
 def _render(msg: Message, *, as_json: bool) -> str:
-    stamp = datetime.fromtimestamp(msg.timestamp_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    """One message as ``tail`` prints it: a JSON object, or two lines of text.
+
+    The text shows the time as every command does (:func:`utc_time`); the JSON field keeps
+    its ``+00:00`` form, which scripts read.
+    """
     if as_json:
+        stamp = datetime.fromtimestamp(msg.timestamp_ms / 1000, UTC)
         return json.dumps(
             {
                 "topic": msg.topic,
@@ -396,12 +402,13 @@ def _render(msg: Message, *, as_json: bool) -> str:
                 "key": _text(msg.key),
                 "value": _text(msg.value),
                 "headers": {k: _text(v) for k, v in msg.headers.items()},
-                "timestamp": stamp,
+                "timestamp": stamp.isoformat(timespec="milliseconds"),
             }
         )
     headers = " ".join(f"{k}={_text(v)}" for k, v in msg.headers.items())
     return (
-        f"{msg.topic}[{msg.partition}]@{msg.offset} {stamp} key={_text(msg.key)}"
+        f"{msg.topic}[{msg.partition}]@{msg.offset} {utc_time(msg.timestamp_ms)}"
+        f" key={_text(msg.key)}"
         f"{' ' + headers if headers else ''}\n  {_text(msg.value)}"
     )
 

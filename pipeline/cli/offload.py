@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Coroutine
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlparse
@@ -27,7 +26,7 @@ from urllib.parse import urlparse
 import typer
 from rich.markup import escape
 
-from pipeline.cli_support import TransportOpt, err, run_command, until_stopped
+from pipeline.cli_support import TransportOpt, err, run_command, until_stopped, utc_time
 from pipeline.errors import ConfigError
 from pipeline.transport import create_transport
 
@@ -138,7 +137,7 @@ async def _purge(
             err.print(
                 f"{escape(url)}: kept every object written in the last"
                 f" {format_duration_ms(floor)}, not {format_duration_ms(held_floor)}: the ingress"
-                f" log still holds a row received {_iso(unfinished)} that is neither processed"
+                f" log still holds a row received {utc_time(unfinished)} that is neither processed"
                 " nor abandoned, which the sweeper or `pipeline replay` may produce again",
                 highlight=False,
                 soft_wrap=True,
@@ -175,11 +174,6 @@ async def _oldest_unfinished(settings: Settings, declared_ms: int, now_ms: int) 
         ) from exc
     finally:
         await log.close()
-
-
-def _iso(ms: int) -> str:
-    """``ms`` since the epoch as ISO 8601 in UTC, to the second."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")[:-6] + "Z"
 
 
 @app.command("purge")

@@ -28,7 +28,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline import tracing
-from pipeline.cli_support import HELP_MARKUP, TransportOpt, err, run_command, until_stopped
+from pipeline.cli_support import (
+    HELP_MARKUP,
+    TransportOpt,
+    err,
+    run_command,
+    until_stopped,
+    utc_time,
+)
 from pipeline.errors import BrokerUnavailable, ConfigError
 from pipeline.log_repeats import logging_from_environment
 from pipeline.logstore import LogStore, RowState, Selection
@@ -593,10 +600,10 @@ class _Again:
         ]
         if not pinned:
             return cls("the same command replays its selection again")
-        options = " ".join(f"{option} {_iso(ms)}" for option, _, ms in pinned)
+        options = " ".join(f"{option} {utc_time(ms)}" for option, _, ms in pinned)
         meant = ", ".join(f"{option} {typed}" for option, typed, _ in pinned)
         window = " ".join(
-            f"{word} {_iso(ms)}"
+            f"{word} {utc_time(ms)}"
             for word, ms in (("since", selection.since_ms), ("before", selection.until_ms))
             if ms is not None
         )
@@ -617,11 +624,6 @@ def _is_age(value: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _iso(ms: int) -> str:
-    """``ms`` since the epoch as ISO 8601 in UTC to the millisecond (``_when`` reads it back)."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 async def _refuse_forgotten(

@@ -36,10 +36,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 
 from pipeline import headers as h
 from pipeline import tracing
+from pipeline.cli_support import utc_time
 from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
 from pipeline.errors import ConfigError, MessageTooLarge
 from pipeline.offload.writer import Offloader, OffloadingProducer
@@ -708,10 +708,10 @@ def _unfinished(pins: Sequence[_Pin], firsts: dict[int, int]) -> _Pin | None:
 
 
 def _time_of(ms: int) -> str:
-    """The ISO time of ``ms`` since the epoch, or the number if no clock holds it (hostile)."""
+    """``ms`` since the epoch as the commands print a time, or the number if no date holds it."""
     try:
-        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
-    except (OverflowError, OSError, ValueError):
+        return utc_time(ms)
+    except OverflowError:
         return f"at {ms} ms"
 
 
