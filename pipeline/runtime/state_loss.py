@@ -16,11 +16,23 @@ where its messages are, what to do) and ``pipeline_redis_state_lost_total`` coun
 look itself wrote the marker again. Every member using that Redis sees the same loss once: one
 line and one count per member, each naming its own group. A Redis out of reach is skipped (the
 runtime says so on its calls); one that refuses the marker (an ACL without it, a read-only
-replica) is one warning line per run of refusals. A marker missing at start cannot be told from
-a first start: nothing is said then. A rollback to a state taken after this member's last look
-goes unseen by it (the members that looked since see it). A Redis evicting under an
-``allkeys-*`` policy may evict the marker, and held followers and buffers with it: a loss found
-on a Redis that has evicted keys names the eviction too (two ``INFO`` calls, at a loss only).
+replica) is one warning line per run of refusals.
+
+A marker missing at start is a first start, or a Redis that lost its data while no member ran
+(every member stopped, then the Redis flushed or restarted empty), or a new or another Redis.
+The broker tells them apart: when the member's lanes keep messages only in Redis, it is asked
+once whether the member's group has committed offsets on their main topics
+(``Admin.group_lag``, bounded by :data:`CONSUMED_TIMEOUT_S`). It has: one CRITICAL line
+and one count, by the member that found the marker missing only (the others find it written).
+It has not (a first start): nothing; it did not answer in time: a DEBUG line only. On the Redis
+Streams transport it is not asked: the streams and the group's positions are in that same
+Redis, so a Redis that lost the marker lost them too, and the broker can tell no more than the
+marker (the member's start finds its topics missing).
+
+A rollback to a state taken after this member's last look goes unseen by it (the members that
+looked since see it). A Redis evicting under an ``allkeys-*`` policy may evict the marker, and
+held followers and buffers with it: a loss found on a Redis that has evicted keys names the
+eviction too (two ``INFO`` calls, at a loss only).
 """
 
 from __future__ import annotations
@@ -35,18 +47,30 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from pipeline.errors import PipelineError
 from pipeline.observability.metrics import REDIS_STATE_LOST, Metrics
 from pipeline.reachability import safe_url
 from pipeline.redis_functions import FAILED
 from pipeline.runtime.app import Lane
 from pipeline.runtime.eviction import buffering_lanes, holding_lanes, kept_only_in_redis
+from pipeline.transport.protocol import PartitionLag
 
-__all__ = ["CHECK_INTERVAL_S", "RUNBOOK", "LossCounter", "StateLostCounter", "StateWatch"]
+__all__ = [
+    "CHECK_INTERVAL_S",
+    "CONSUMED_TIMEOUT_S",
+    "RUNBOOK",
+    "GroupPositions",
+    "LossCounter",
+    "StateLostCounter",
+    "StateWatch",
+]
 
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 5.0
 """Seconds between two reads of the marker: one Redis call each."""
+CONSUMED_TIMEOUT_S = 5.0
+"""Seconds the broker has at start to say whether the group consumed the lanes before."""
 RUNBOOK = "docs/operations.md#redis-or-kafka-outage"
 """Where the CRITICAL line sends the operator."""
 
@@ -58,6 +82,14 @@ def marker_key(prefix: str) -> str:
     grants it.
     """
     return f"{{{prefix}:state}}:marker"
+
+
+class GroupPositions(Protocol):
+    """Where the group's committed offsets are read (a transport's :class:`Admin`)."""
+
+    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
+        """The group's position, lag and oldest unconsumed timestamp per partition of ``topic``."""
+        ...
 
 
 class LossCounter(Protocol):
@@ -96,6 +128,44 @@ _NO_EVICTION = (
 )
 
 
+def _recover(
+    group: str, lanes: Sequence[Lane], *, marks_processed: bool, topics_in_redis: bool
+) -> str:
+    """Where the lost messages of ``lanes`` are, and who replays them (see :func:`lost_line`)."""
+    topics = ", ".join(
+        f"{what}: {_topics(chosen)}"
+        for what, chosen in (("held", holding_lanes(lanes)), ("buffered", buffering_lanes(lanes)))
+        if chosen
+    )
+    if topics_in_redis:
+        names = ", ".join(dict.fromkeys(lane.spec.name for lane in lanes))
+        sweeper = (
+            "the ingress's sweeper replays those that came through it (their log rows were never"
+            " marked processed), so replay none of them by hand"
+            if marks_processed
+            else "those that came through the ingress are in its log (pipeline replay)"
+        )
+        return (
+            f"Group {group} committed their offsets, and their topics ({names}) were in this"
+            f" Redis and went with it (PIPELINE_TRANSPORT=redis): {sweeper}; nothing else has"
+            " the others"
+        )
+    if marks_processed:
+        return (
+            f"Group {group} committed their offsets: the ingress's sweeper replays those that"
+            " came through it (their log rows were never marked processed), so replay none of"
+            f" them by hand; the others are still in their topics ({topics}) below the group's"
+            " positions, but nothing tells which"
+        )
+    return (
+        f"Group {group} committed their offsets, so they are still in their topics"
+        f" ({topics}) below the group's positions, but nothing tells which: find them there,"
+        " or those that came through the ingress in its log (pipeline replay; with"
+        " PIPELINE_RUNTIME__MARK_PROCESSED=true the ingress's sweeper replays them on its"
+        " own)"
+    )
+
+
 def lost_line(
     url: str,
     group: str,
@@ -115,43 +185,42 @@ def lost_line(
     loses nothing.
     """
     lost = " and ".join(kept_only_in_redis(lanes))
-    topics = ", ".join(
-        f"{what}: {_topics(chosen)}"
-        for what, chosen in (("held", holding_lanes(lanes)), ("buffered", buffering_lanes(lanes)))
-        if chosen
+    recover = _recover(
+        group, lanes, marks_processed=marks_processed, topics_in_redis=topics_in_redis
     )
-    if topics_in_redis:
-        names = ", ".join(dict.fromkeys(lane.spec.name for lane in lanes))
-        sweeper = (
-            "the ingress's sweeper replays those that came through it (their log rows were never"
-            " marked processed), so replay none of them by hand"
-            if marks_processed
-            else "those that came through the ingress are in its log (pipeline replay)"
-        )
-        recover = (
-            f"Group {group} committed their offsets, and their topics ({names}) were in this"
-            f" Redis and went with it (PIPELINE_TRANSPORT=redis): {sweeper}; nothing else has"
-            " the others"
-        )
-    elif marks_processed:
-        recover = (
-            f"Group {group} committed their offsets: the ingress's sweeper replays those that"
-            " came through it (their log rows were never marked processed), so replay none of"
-            f" them by hand; the others are still in their topics ({topics}) below the group's"
-            " positions, but nothing tells which"
-        )
-    else:
-        recover = (
-            f"Group {group} committed their offsets, so they are still in their topics"
-            f" ({topics}) below the group's positions, but nothing tells which: find them there,"
-            " or those that came through the ingress in its log (pipeline replay; with"
-            " PIPELINE_RUNTIME__MARK_PROCESSED=true the ingress's sweeper replays them on its"
-            " own)"
-        )
     return (
         f"Redis {safe_url(url)} lost its data ({how}): the {lost} it had are"
         f" gone and will not run. {recover}; see {RUNBOOK}. {fix}. Every member using this Redis"
         " reports this once."
+    )
+
+
+def missing_line(
+    url: str,
+    key: str,
+    group: str,
+    lanes: Sequence[Lane],
+    consumed: Sequence[str],
+    *,
+    evicting: str | None = None,
+    marks_processed: bool = False,
+) -> str:
+    """The CRITICAL line for a marker ``key`` missing at start though ``group`` consumed before.
+
+    ``consumed`` names the main topics the group has committed offsets on; ``evicting``, how
+    the Redis evicts keys, if it has (:meth:`StateWatch._evicting`).
+    """
+    lost = " and ".join(kept_only_in_redis(lanes))
+    evicted = f", evicted it ({evicting})" if evicting else ""
+    recover = _recover(group, lanes, marks_processed=marks_processed, topics_in_redis=False)
+    fix = _NO_EVICTION if evicting else _PERSIST
+    return (
+        f"Redis {safe_url(url)} holds no state-loss marker {key} although group {group} has"
+        f" consumed {', '.join(consumed)} before (its offsets are committed): that Redis lost"
+        f" its data while no member ran ({_EMPTIED}){evicted}, or it is a new or another Redis"
+        " than the one the members used (PIPELINE_REDIS__URL)."
+        f" The {lost} it had may be gone and will not run. {recover}; see {RUNBOOK}. {fix}."
+        " Only the member that found the marker missing reports this."
     )
 
 
@@ -170,11 +239,15 @@ class StateWatch:
         marks_processed: bool = False,
         topics_in_redis: bool = False,
         interval_s: float = CHECK_INTERVAL_S,
+        admin: GroupPositions | None = None,
+        consumed_timeout_s: float = CONSUMED_TIMEOUT_S,
     ) -> None:
         """Watch the Redis at ``url`` (``redis``) for the member of ``group`` running ``lanes``.
 
         ``marks_processed``: the member marks its log rows processed; ``topics_in_redis``: its
-        topics are streams in that Redis (both said in the line).
+        topics are streams in that Redis (both said in the line). ``admin``: the broker asked,
+        within ``consumed_timeout_s``, whether the group consumed the lanes before, when the
+        marker is missing at start (None, or ``topics_in_redis``: not asked).
         """
         self._redis = redis
         self._url = url
@@ -182,8 +255,11 @@ class StateWatch:
         self.group = group
         """The member's consumer group, named in the CRITICAL line."""
         self._lanes = list(lanes)
-        self.counter = counter
-        """Where a loss is counted (None: nowhere; set once the member's metrics exist)."""
+        self._counter = counter
+        self._uncounted = 0
+        """Losses found before there was a counter (at start), counted once it is set."""
+        self._admin = None if topics_in_redis else admin
+        self._consumed_timeout_s = consumed_timeout_s
         self._marks_processed = marks_processed
         self._topics_in_redis = topics_in_redis
         self._interval_s = interval_s
@@ -199,17 +275,85 @@ class StateWatch:
         """The marker's key."""
         return self._key
 
-    async def start(self) -> None:
-        """Write the marker unless it is there (another member's: adopted).
+    @property
+    def counter(self) -> LossCounter | None:
+        """Where a loss is counted (None: nowhere yet; set once the member's metrics exist)."""
+        return self._counter
 
-        Quiet when Redis is out of reach; a refusal is one warning (:meth:`_failed`).
+    @counter.setter
+    def counter(self, counter: LossCounter | None) -> None:
+        """Count into ``counter`` from now on, and the losses found before it was set."""
+        self._counter = counter
+        while counter is not None and self._uncounted:
+            self._uncounted -= 1
+            counter.lost()
+
+    def _lost(self) -> None:
+        """Count one loss, now or once there is a counter."""
+        if self._counter is None:
+            self._uncounted += 1
+        else:
+            self._counter.lost()
+
+    async def start(self) -> bool:
+        """Write the marker unless it is there (another member's: adopted); True if a loss.
+
+        Quiet when Redis is out of reach; a refusal is one warning (:meth:`_failed`). A marker
+        missing while the group has consumed its lanes before is a loss (:meth:`_consumed`):
+        logged (CRITICAL) and counted.
         """
         try:
-            _, self._epoch, self._count = await self._look()
+            written, self._epoch, self._count = await self._look()
         except FAILED as exc:
             self._failed(exc)
-        else:
-            self._refused = False
+            return False
+        self._refused = False
+        if not written or not (consumed := await self._consumed()):
+            return False
+        line = missing_line(
+            self._url,
+            self._key,
+            self.group,
+            self._lanes,
+            consumed,
+            evicting=await self._evicting(),
+            marks_processed=self._marks_processed,
+        )
+        log.critical(line)
+        self._lost()
+        return True
+
+    async def _consumed(self) -> list[str]:
+        """The main topics of the lanes keeping messages in Redis the group committed on.
+
+        One ``group_lag`` a topic, all at once, within ``consumed_timeout_s``, the first time
+        only; empty when not asked, when none (a first start), or when the broker did not
+        answer (DEBUG).
+        """
+        lanes = [*holding_lanes(self._lanes), *buffering_lanes(self._lanes)]
+        topics = list(dict.fromkeys(lane.spec.name for lane in lanes))
+        admin, self._admin = self._admin, None  # asked once: the client is not kept
+        if admin is None or not topics:
+            return []
+        try:
+            async with asyncio.timeout(self._consumed_timeout_s):
+                lags = await asyncio.gather(*(admin.group_lag(self.group, t) for t in topics))
+        except (PipelineError, TimeoutError) as exc:
+            log.debug(
+                "marker %s missing at start, and the broker did not say whether group %s"
+                " consumed %s before (%s): a loss of Redis %s while no member ran goes unseen",
+                self._key,
+                self.group,
+                ", ".join(topics),
+                str(exc) or f"no answer within {self._consumed_timeout_s:g}s",
+                safe_url(self._url),
+            )
+            return []
+        return [
+            topic
+            for topic, lag in zip(topics, lags, strict=True)
+            if any((p.committed or 0) > 0 for p in lag)
+        ]
 
     def _failed(self, exc: BaseException) -> None:
         """One warning for the first of a run of refusals; DEBUG for the rest and for no answer.
@@ -278,8 +422,7 @@ class StateWatch:
             fix=fix,
         )
         log.critical(line)
-        if self.counter is not None:
-            self.counter.lost()
+        self._lost()
         self._epoch, self._count = epoch, count  # seen once reported: a failure before, again
         return True
 
