@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-err = Console(stderr=True, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 PIPE_WIDTH = 200
 """Columns of a table printed to a pipe or file, where rich would otherwise assume 80."""
@@ -41,8 +41,8 @@ without them."""
 
 def out_console() -> Console:
     """A stdout console: the terminal's width, or :data:`PIPE_WIDTH` when not on a terminal."""
-    console = Console()
-    return console if console.is_terminal else Console(width=PIPE_WIDTH)
+    console = Console(emoji=False)  # ":name:" in a key or a topic is text, not an emoji
+    return console if console.is_terminal else Console(width=PIPE_WIDTH, emoji=False)
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -52,11 +52,13 @@ def utc_time(ms: int) -> str:
     """``ms`` since the epoch as every command prints an instant: ``2026-12-07T05:40:00.123Z``.
 
     ISO 8601 in UTC, to the millisecond, with ``Z``: what ``--since`` and ``--until`` read back.
-
-    Raises:
-        OverflowError: no calendar date holds ``ms`` (years 1 to 9999 only).
+    A number no calendar date holds (years 1 to 9999 only; a producer may set a message's time
+    to anything) is ``at N ms``.
     """
-    moment = _EPOCH + timedelta(milliseconds=ms)
+    try:
+        moment = _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:
+        return f"at {ms} ms"
     return moment.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from pipeline import headers as h
 from pipeline import tracing
@@ -264,8 +265,12 @@ def topics_list(
             for info in infos.values():
                 retention = format_duration_ms(info.retention_ms) if info.retention_ms else "-"
                 max_len = str(info.max_len) if info.max_len is not None else "-"
-                table.add_row(
-                    info.name, str(info.partitions), retention, max_len, str(info.message_count)
+                table.add_row(  # a name as the broker has it: rich would read [..] in it
+                    Text(info.name),
+                    str(info.partitions),
+                    retention,
+                    max_len,
+                    str(info.message_count),
                 )
             out_console().print(table)
         for line in unreadable:
@@ -390,10 +395,16 @@ def _render(msg: Message, *, as_json: bool) -> str:
     """One message as ``tail`` prints it: a JSON object, or two lines of text.
 
     The text shows the time as every command does (:func:`utc_time`); the JSON field keeps
-    its ``+00:00`` form, which scripts read.
+    its ``+00:00`` form, which scripts read, and is null for a time no calendar date holds (a
+    producer may set any); ``timestamp_ms`` is the number as the broker keeps it.
     """
     if as_json:
-        stamp = datetime.fromtimestamp(msg.timestamp_ms / 1000, UTC)
+        try:
+            stamp: str | None = datetime.fromtimestamp(msg.timestamp_ms / 1000, UTC).isoformat(
+                timespec="milliseconds"
+            )
+        except (OverflowError, OSError, ValueError):  # past what a date holds
+            stamp = None
         return json.dumps(
             {
                 "topic": msg.topic,
@@ -402,7 +413,8 @@ def _render(msg: Message, *, as_json: bool) -> str:
                 "key": _text(msg.key),
                 "value": _text(msg.value),
                 "headers": {k: _text(v) for k, v in msg.headers.items()},
-                "timestamp": stamp.isoformat(timespec="milliseconds"),
+                "timestamp": stamp,
+                "timestamp_ms": msg.timestamp_ms,
             }
         )
     headers = " ".join(f"{k}={_text(v)}" for k, v in msg.headers.items())

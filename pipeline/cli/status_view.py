@@ -238,8 +238,8 @@ def status_command(
     if as_json:
         typer.echo(json.dumps(status.to_json()))
     else:
-        console = Console()
+        console = Console(emoji=False)  # ":name:" in a tenant or a group is text, not an emoji
         # Off a terminal rich assumes 80 columns and would cut lane names: let lines run long.
-        render(status, console if console.is_terminal else Console(width=_PIPE_WIDTH))
+        render(status, console if console.is_terminal else Console(width=_PIPE_WIDTH, emoji=False))
     if not status.healthy:
         raise typer.Exit(1)

@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 app = typer.Typer(help="Webhook ingress.", no_args_is_help=True, pretty_exceptions_enable=False)
 ops_app = typer.Typer(help="Ingress log operations.", pretty_exceptions_enable=False)
-out = Console(soft_wrap=True)
+out = Console(soft_wrap=True, emoji=False)
 
 _MAX_PORT = 65_535
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")

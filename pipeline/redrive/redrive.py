@@ -536,7 +536,7 @@ class Redrive:
             message.partition,
             message.offset,
             _shown(message.key),
-            _time_of(message.timestamp_ms),
+            utc_time(message.timestamp_ms),
             "would stay in the DLQ"
             if self._dry_run
             else "left in the DLQ, passed over by this redrive",
@@ -705,14 +705,6 @@ def _unfinished(pins: Sequence[_Pin], firsts: dict[int, int]) -> _Pin | None:
         key=lambda pin: (sum(pin.ends.values()), pin.since_ms or 0, pin.until_ms or 0),
         default=None,
     )
-
-
-def _time_of(ms: int) -> str:
-    """``ms`` since the epoch as the commands print a time, or the number if no date holds it."""
-    try:
-        return utc_time(ms)
-    except OverflowError:
-        return f"at {ms} ms"
 
 
 def _shown(raw: bytes | None) -> str:
