@@ -39,6 +39,7 @@ from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Prog
 from pipeline.runtime.state_loss import StateLostCounter, StateWatch
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
+from pipeline.transport.protocol import Admin
 
 MEMBER_CONNECTIONS = 100
 """Connections in the pool of a member's Redis client (redis-py's default pool size)."""
@@ -210,12 +211,13 @@ def redis_client(settings: Settings) -> Redis:
 
 
 async def _warn_of_losable_state(
-    redis: Redis, settings: Settings, group: str, lanes: list[Lane]
+    redis: Redis, settings: Settings, group: str, lanes: list[Lane], admin: Admin
 ) -> StateWatch | None:
     """One line each for held followers and buffers Redis may evict, lose or no member releases.
 
     Returns the started watch for a Redis that loses its data while the member runs, when
-    ``lanes`` keep messages only there (:mod:`pipeline.runtime.state_loss`).
+    ``lanes`` keep messages only there (:mod:`pipeline.runtime.state_loss`); ``admin`` tells it
+    whether the group consumed before, when the marker is missing at start.
     """
     url = settings.redis.url
     await warn_if_evicting(redis, url, lanes)
@@ -231,6 +233,7 @@ async def _warn_of_losable_state(
         lanes,
         marks_processed=settings.runtime.mark_processed,
         topics_in_redis=settings.transport == "redis",  # its streams use the same Redis URL
+        admin=admin,
     )
     await watch.start()
     return watch
@@ -334,7 +337,7 @@ async def serve(
         app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
     chosen_lanes = [app.lanes[name] for name in chosen if name in app.lanes]
-    watch = await _warn_of_losable_state(redis, settings, group, chosen_lanes)
+    watch = await _warn_of_losable_state(redis, settings, group, chosen_lanes, transport.admin())
     throttle, fleet = await _admission(redis, settings, chosen_lanes)
     specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(
