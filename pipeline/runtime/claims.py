@@ -79,6 +79,13 @@ _CONFIRM_EVERY_S = 0.5
 """A stalled process whose confirmation failed tries again at most this often."""
 FORGET_PARKED_ABOVE = 10_000
 """Keys a member remembers as maybe parked before it asks Redis which of them still are."""
+UNSURE_KEPT_S = 1_200.0
+"""How long the key of a failed parking call is kept through readings of the parked keys.
+
+A call that got no answer may still reach Redis: sent, its bytes may be retransmitted until the
+kernel gives up, after about 924.6 s with Linux's default ``tcp_retries2`` (15), even once the
+client closed the connection on its timeout. A reading that starts 20 minutes after the failure
+and does not find the key parked lets it go, as it does any other key."""
 
 
 class LaneClaims:
@@ -134,9 +141,10 @@ class LaneClaims:
         """This member's calls that park a key in Redis and have not returned yet."""
         self._parked_meanwhile: set[str] | None = None
         """While the parked keys are read again: the keys this member learnt of meanwhile."""
-        self._unsure: set[str] = set()
-        """Keys whose parking call failed: it may still reach Redis after any later reading, so
-        they stay remembered until a message of theirs is found not parked."""
+        self._unsure: dict[str, float] = {}
+        """Keys whose parking call failed, with when (``time.monotonic``): it may still reach
+        Redis after a later reading, so they stay remembered until a message of theirs is found
+        not parked, or a reading :data:`UNSURE_KEPT_S` after the failure does not find them."""
         self._forget_above = FORGET_PARKED_ABOVE
 
     # -- assignment -------------------------------------------------------------------------
@@ -432,12 +440,14 @@ class LaneClaims:
     def unsure(self, key: str) -> None:
         """A call of this member that parks ``key`` failed (a timeout, a lost connection).
 
-        Redis may still run it later, after a reading of the parked keys: the key is never
-        forgotten by a reading, only once a later message of it is found not parked.
+        Redis may still run it later, after a reading of the parked keys: the key is not
+        forgotten by a reading for :data:`UNSURE_KEPT_S`, only once a later message of it is
+        found not parked. A key with no later message (a flood of distinct keys failing during
+        an outage) is forgotten by the first reading after that which does not find it parked.
         """
         if self.maybe_parked is not None:
             self._maybe(key)
-            self._unsure.add(key)
+            self._unsure[key] = time.monotonic()
 
     def decided(self, key: str, decision: str) -> None:
         """The exact path decided a message of ``key``: ``process`` means it is not parked."""
@@ -445,7 +455,7 @@ class LaneClaims:
             return
         if decision == "process":
             self.maybe_parked.discard(key)
-            self._unsure.discard(key)
+            self._unsure.pop(key, None)
         else:
             self._maybe(key)
 
@@ -467,7 +477,8 @@ class LaneClaims:
         after the reading); keys learnt of during the reading, and the keys of parking calls
         that failed (:meth:`unsure`), are kept; a key parked in
         Redis is otherwise parked by the calls of this member before its next message can run
-        here, or was parked already. On a Redis error the keys stay as they were.
+        here, or was parked already. On a Redis error the keys stay as they were. The key of a
+        failed call is kept for :data:`UNSURE_KEPT_S` after the failure, then only if found.
         """
         known = self.maybe_parked
         if (
@@ -478,6 +489,7 @@ class LaneClaims:
         ):
             return
         self._parked_meanwhile = set()
+        reading_s = time.monotonic()
         try:
             parked = await self._store.parked_keys()
         except (rexc.RedisError, OSError) as exc:
@@ -492,7 +504,12 @@ class LaneClaims:
             meanwhile, self._parked_meanwhile = self._parked_meanwhile, None
         current = self.maybe_parked  # an assignment meanwhile may have replaced `known`
         assert current is not None  # noqa: S101 - once loaded, never None again
-        kept = parked | meanwhile | self._unsure
+        self._unsure = {
+            key: failed_s
+            for key, failed_s in self._unsure.items()
+            if reading_s - failed_s < UNSURE_KEPT_S
+        }
+        kept = parked | meanwhile | self._unsure.keys()
         log.info(
             "%s: %d keys no longer parked forgotten, %d kept",
             self.topic,
