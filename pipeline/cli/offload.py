@@ -90,7 +90,8 @@ async def _purge(
         topics_of,
     )
     from pipeline.offload.store import open_store  # noqa: PLC0415
-    from pipeline.topics.spec import format_duration_ms, load_specs  # noqa: PLC0415
+    from pipeline.topics.durations import format_duration_up_ms  # noqa: PLC0415
+    from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
     settings = load_settings(**({"transport": transport_name} if transport_name else {}))
     specs = load_specs(settings.topics_dir)
@@ -130,15 +131,15 @@ async def _purge(
                 held += " and the oldest log row not yet processed or abandoned"
             raise ConfigError(
                 f"--older-than {older_than} is younger than what {url} must keep "
-                f"({format_duration_ms(floor)}: the longest lane, dead-letter and log retention"
+                f"({format_duration_up_ms(floor)}: the longest lane, dead-letter and log retention"
                 f"{held}, plus the writers' refresh window); give --force to delete anyway"
             )
         if given_ms is None and unfinished is not None and floor > held_floor:
             err.print(
                 f"{escape(url)}: kept every object written in the last"
-                f" {format_duration_ms(floor)}, not {format_duration_ms(held_floor)}: the ingress"
-                f" log still holds a row received {utc_time(unfinished)} that is neither processed"
-                " nor abandoned, which the sweeper or `pipeline replay` may produce again",
+                f" {format_duration_up_ms(floor)}, not {format_duration_up_ms(held_floor)}: the"
+                f" ingress log still holds a row received {utc_time(unfinished)} that is neither"
+                " processed nor abandoned, which the sweeper or `pipeline replay` may produce again",
                 highlight=False,
                 soft_wrap=True,
             )

@@ -19,6 +19,7 @@ __all__ = [
     "Duration",
     "RedisDuration",
     "format_duration_ms",
+    "format_duration_up_ms",
     "parse_duration_ms",
 ]
 
@@ -77,6 +78,25 @@ def format_duration_ms(duration_ms: int) -> str:
         if duration_ms % unit_ms == 0 and duration_ms >= unit_ms:
             return f"{duration_ms // unit_ms}{unit}"
     return f"{duration_ms}ms"
+
+
+def format_duration_up_ms(duration_ms: int) -> str:
+    """A measured duration for a reader: its two largest units, rounded up (``"41d 1h"``).
+
+    :func:`format_duration_ms` writes a measured ``3542403545`` as ``3542403545ms``; here it is
+    ``41d 1h``. Rounded up, so a bound printed from it (what a purge must keep) is never shorter
+    than the one measured. An exact duration (``"7d"``) is written as that function writes it.
+    """
+    exact = format_duration_ms(duration_ms)
+    units = list(_UNITS_MS.items())
+    for index, (unit, unit_ms) in enumerate(units[:-1]):
+        if duration_ms < unit_ms or not exact.endswith("ms"):
+            continue
+        small, small_ms = units[index + 1]
+        rounded = -(-duration_ms // small_ms) * small_ms  # whole smaller units, rounded up
+        whole, rest = divmod(rounded, unit_ms)
+        return f"{whole}{unit} {rest // small_ms}{small}" if rest else format_duration_ms(rounded)
+    return exact
 
 
 def parse_redis_duration_ms(value: str | int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -125,6 +126,8 @@ async def test_a_dead_letter_and_a_log_row_of_the_same_instant_print_it_the_same
     code, _, purged = await pipeline(env, "offload", "purge", "--dry-run")
     assert code == 0, purged
     assert f"the ingress log still holds a row received {shown} that" in purged, purged
+    # The floor it measured is in days and hours, rounded up, not a count of milliseconds.
+    assert re.search(r"kept every object written in the last 4\dd( \d+h)?, not ", purged), purged
     # An explicit --since and an age: the replay says the window first, then refuses rows older
     # than the consumers' idempotency memory (exit 2), replaying nothing.
     typed = datetime.fromtimestamp(instant_ms / 1000, UTC).isoformat(timespec="milliseconds")
