@@ -139,7 +139,8 @@ async def _purge(
                 f"{escape(url)}: kept every object written in the last"
                 f" {format_duration_up_ms(floor)}, not {format_duration_up_ms(held_floor)}: the"
                 f" ingress log still holds a row received {utc_time(unfinished)} that is neither"
-                " processed nor abandoned, which the sweeper or `pipeline replay` may produce again",
+                " processed nor abandoned, which the sweeper or `pipeline replay` may produce"
+                " again",
                 highlight=False,
                 soft_wrap=True,
             )
