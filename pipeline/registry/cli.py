@@ -123,6 +123,8 @@ def _client(url: str | None) -> tuple[RegistryClient, RegistrySettings]:
     if url:  # checked as the option it is, before the settings would name their variable
         _guard(lambda: checked_http_url(url, "--url"))
     settings = _guard(lambda: load_registry_settings(**({"url": url} if url else {})))
+    if url:  # a registry that does not answer is named by the option that gave its URL
+        return RegistryClient.from_settings(settings, named_by="--url"), settings
     return RegistryClient.from_settings(settings), settings
 
 

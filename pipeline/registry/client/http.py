@@ -56,8 +56,13 @@ class RegistryClient:
         password: str | None = None,
         token: str | None = None,
         timeout_s: float = 10.0,
+        named_by: str = REGISTRY_VARIABLE,
     ) -> None:
-        """Prepare a keep-alive HTTP client; ``username``/``password`` or ``token`` if protected."""
+        """Prepare a keep-alive HTTP client; ``username``/``password`` or ``token`` if protected.
+
+        ``named_by`` is where the URL came from, as an unreachable registry's line names it (the
+        variable, or a command's ``--url``).
+        """
         headers = {"Accept": _CONTENT_TYPE, "Content-Type": _CONTENT_TYPE}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -66,6 +71,7 @@ class RegistryClient:
             base_url=url.rstrip("/"), headers=headers, auth=auth, timeout=timeout_s
         )
         self._where = safe_url(url.rstrip("/"))
+        self._named_by = named_by
         self._schemas: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -75,7 +81,9 @@ class RegistryClient:
         return self._where
 
     @classmethod
-    def from_settings(cls, settings: RegistrySettings) -> RegistryClient:
+    def from_settings(
+        cls, settings: RegistrySettings, named_by: str = REGISTRY_VARIABLE
+    ) -> RegistryClient:
         """A client for ``settings.url`` with the configured client credentials."""
         return cls(
             settings.url,
@@ -85,6 +93,7 @@ class RegistryClient:
             else None,
             token=settings.client_token.get_secret_value() if settings.client_token else None,
             timeout_s=settings.timeout_s,
+            named_by=named_by,
         )
 
     def _call(self, method: str, path: str, body: Any = None, **params: str) -> Any:
@@ -95,7 +104,7 @@ class RegistryClient:
             line = unreachable_at(
                 "the schema registry",
                 self._where,
-                REGISTRY_VARIABLE,
+                self._named_by,
                 reason,
                 start="`pipeline registry serve`",
             )
