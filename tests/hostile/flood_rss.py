@@ -1,0 +1,198 @@
+"""By hand: the resident memory of a ``pipeline consume`` process fed distinct keys (not a test).
+
+``.venv/bin/python tests/hostile/flood_rss.py [MESSAGES] [CONVERSATIONS]`` declares the lanes
+of :mod:`flood_app` on Kafka, starts ``pipeline consume`` on them (dynamic limits on), feeds a
+warm-up batch, then ``MESSAGES`` messages each of its own key and tenant and ``CONVERSATIONS``
+conversations, and prints the process's ``VmRSS`` after the warm-up and after the flood has
+drained and the member idled for a few reap ticks. Its topics, group and Redis keys are
+deleted at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from redis import Redis as SyncRedis
+
+from pipeline import headers as h
+from pipeline.config import Settings
+from pipeline.envelope import Record
+from pipeline.topics.admin import apply
+from pipeline.topics.spec import TopicSpec
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Producer
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: tests/ holds its helpers
+UNIQUE = os.environ.setdefault("FLOOD_UNIQUE", uuid.uuid4().hex[:10])  # names flood_app's lanes
+from hostile.flood_app import DEBOUNCED, THROTTLED  # noqa: E402 - after the two lines above
+from support import cli_environment, test_settings  # noqa: E402
+
+WARM_UP = 5_000
+IDLE_S = 15.0
+ROUNDS = 2
+SPECS: list[TopicSpec] = [THROTTLED, DEBOUNCED]
+"""Floods one after the other: memory a flood leaves behind would grow with each."""
+
+
+def redis_kinds(url: str, unique: str) -> dict[str, tuple[int, int]]:
+    """The run's Redis keys by kind (their name's part after the prefix): (count, without TTL)."""
+    kinds: dict[str, tuple[int, int]] = {}
+    with SyncRedis.from_url(url) as client:
+        for name in client.scan_iter(match=f"*{unique}*", count=1000):
+            text = name.decode(errors="replace").replace(unique, "U")
+            kind = ":".join(part[:12] for part in text.split(":")[:3])
+            count, lasting = kinds.get(kind, (0, 0))
+            kinds[kind] = (count + 1, lasting + (client.pttl(name) < 0))
+    return kinds
+
+
+def say(line: str) -> None:
+    """Write one line of the figures to standard output."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def rss_kib(pid: int) -> int:
+    """The process's resident set (``VmRSS``), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def lag(bootstrap: str, group: str, topics: list[str]) -> int:
+    """Messages of ``topics`` the group has not committed yet."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        total = 0
+        for topic in topics:
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            tps = [TopicPartition(topic, p) for p in parts]
+            for tp in consumer.committed(tps, timeout=10):
+                _, high = consumer.get_watermark_offsets(tp, timeout=10)
+                total += high - max(tp.offset, 0)
+        return total
+    finally:
+        consumer.close()
+
+
+def keyed(n: int) -> Record:
+    """Message ``n`` of the throttled lane: its own key and tenant."""
+    return Record(b'{"n": %d}' % n, b"key-%d" % n, headers={h.TENANT: b"tenant-%d" % n})
+
+
+def conversation(n: int) -> Record:
+    """Message ``n`` of the debounced lane: its own key, tenant and conversation."""
+    body = b'{"conversation_id": "conv-%d", "n": %d}' % (n, n)
+    return Record(body, b"conv-%d" % n, headers={h.TENANT: b"tenant-c%d" % n})
+
+
+async def drained(bootstrap: str, group: str, topics: list[str], pid: int) -> int:
+    """Wait until the group committed every message of ``topics``; the highest VmRSS meanwhile."""
+    peak = rss_kib(pid)
+    while lag(bootstrap, group, topics) > 0:
+        peak = max(peak, rss_kib(pid))
+        await asyncio.sleep(1)  # the broker is polled: nothing here can say when it is done
+    return peak
+
+
+async def flood(producer: Producer, round_: int, messages: int, conversations: int) -> None:
+    """Send flood ``round_``: keys and conversations none of the earlier floods had."""
+    keys = range(WARM_UP + round_ * messages, WARM_UP + (round_ + 1) * messages)
+    talk = range(round_ * conversations, (round_ + 1) * conversations)
+    for start in range(keys.start, keys.stop, 10_000):
+        batch = range(start, min(start + 10_000, keys.stop))
+        await producer.send_many(THROTTLED.name, [keyed(n) for n in batch])
+    for start in range(talk.start, talk.stop, 10_000):
+        batch = range(start, min(start + 10_000, talk.stop))
+        await producer.send_many(DEBOUNCED.name, [conversation(n) for n in batch])
+
+
+async def measure(
+    producer: Producer, bootstrap: str, group: str, pid: int, messages: int, conversations: int
+) -> None:
+    """Warm the member up, then flood it :data:`ROUNDS` times; print VmRSS after each."""
+    consumed = [n for spec in SPECS for n in spec.topic_names() if n != spec.dead_letter]
+    await producer.send_many(THROTTLED.name, [keyed(n) for n in range(WARM_UP)])
+    await drained(bootstrap, group, consumed, pid)
+    await asyncio.sleep(IDLE_S)
+    warm = rss_kib(pid)
+    say(f"after warm-up of {WARM_UP}: VmRSS {warm} KiB")
+    for round_ in range(ROUNDS):
+        started = time.monotonic()
+        await flood(producer, round_, messages, conversations)
+        peak = await drained(bootstrap, group, consumed, pid)
+        drained_s = time.monotonic() - started
+        await asyncio.sleep(IDLE_S)
+        idle = rss_kib(pid)
+        say(
+            f"flood {round_ + 1}: {messages} keys/tenants + {conversations} conversations"
+            f" drained in {drained_s:.0f} s; VmRSS peak {peak} KiB, idle after"
+            f" {IDLE_S:.0f} s {idle} KiB ({idle - warm:+d} KiB on the warm-up)"
+        )
+
+
+def clean_up(settings: Settings, group: str) -> None:
+    """Delete the run's group, topics and Redis keys."""
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    for _ in range(30):  # the group empties once the broker saw the member leave
+        try:
+            for future in admin.delete_consumer_groups([group]).values():
+                future.result()
+            break
+        except KafkaException:
+            time.sleep(1)
+    for future in admin.delete_topics([n for s in SPECS for n in s.topic_names()]).values():
+        future.result()
+    with SyncRedis.from_url(settings.redis.url) as client:
+        names = list(client.scan_iter(match=f"*{UNIQUE}*", count=1000))
+        for at in range(0, len(names), 500):
+            client.unlink(*names[at : at + 500])
+
+
+async def main(messages: int, conversations: int) -> None:
+    """Run the measurement and print its figures."""
+    settings = test_settings()
+    group = f"g-{UNIQUE}"
+    transport = create_transport(settings, "kafka")
+    await apply(transport.admin(), SPECS, 100_000, dry_run=False)
+    producer = transport.producer()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = cli_environment(
+            Path(tmp),
+            FLOOD_UNIQUE=UNIQUE,
+            PIPELINE_REDIS__KEY_PREFIX=f"t{UNIQUE}",
+            PIPELINE_THROTTLE__DYNAMIC__ENABLED="true",
+            PIPELINE_THROTTLE__DYNAMIC__INTERVAL_S="1",
+            PIPELINE_LOG_LEVEL="WARNING",
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "pipeline", "consume", "hostile.flood_app:app", "--group", group),
+            *("-t", "kafka"),
+            cwd=str(Path(__file__).parents[1]),
+            env=env,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            bootstrap = settings.kafka.bootstrap_servers
+            await measure(producer, bootstrap, group, process.pid, messages, conversations)
+            say(f"Redis keys of the run: {redis_kinds(settings.redis.url, UNIQUE)}")
+        finally:
+            process.terminate()
+            await process.wait()
+            await producer.close()
+            await transport.close()
+            clean_up(settings, group)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*(int(a) for a in sys.argv[1:3])))
