@@ -31,8 +31,14 @@ from pipeline.reachability import safe_url
 from pipeline.redis_channel import channel_of, open_channel
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
+from pipeline.retry.rename_long_keys import rename_long_parked
 from pipeline.runtime.app import App, Lane
-from pipeline.runtime.eviction import kept_only_in_redis, warn_if_evicting, warn_stranded
+from pipeline.runtime.eviction import (
+    holding_lanes,
+    kept_only_in_redis,
+    warn_if_evicting,
+    warn_stranded,
+)
 from pipeline.runtime.member import Member
 from pipeline.runtime.persistence import warn_if_not_persisting
 from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Progress
@@ -215,6 +221,9 @@ async def _warn_of_losable_state(
 ) -> StateWatch | None:
     """One line each for held followers and buffers Redis may evict, lose or no member releases.
 
+    Also moves keys an earlier release parked under the long names of message keys over 768
+    bytes to their current names (:mod:`pipeline.retry.rename_long_keys`), before consuming.
+
     Returns the started watch for a Redis that loses its data while the member runs, when
     ``lanes`` keep messages only there (:mod:`pipeline.runtime.state_loss`); ``admin`` tells it
     whether the group consumed before, when the marker is missing at start.
@@ -223,6 +232,9 @@ async def _warn_of_losable_state(
     await warn_if_evicting(redis, url, lanes)
     await warn_if_not_persisting(redis, url, lanes)
     await warn_stranded(redis, settings.redis.key_prefix, lanes)
+    await rename_long_parked(
+        redis, settings.redis.key_prefix, [x.spec.lane for x in holding_lanes(lanes)]
+    )
     if not kept_only_in_redis(lanes):
         return None
     watch = StateWatch(
