@@ -777,7 +777,7 @@ def _per_s(value: str | None) -> float | None:
 def _print_redrive(report: Report, *, dry_run: bool) -> None:
     table = Table("reason", "messages", title="selected dead letters by reason")
     for why, count in report.reasons.most_common():
-        table.add_row(why, str(count))
+        table.add_row(Text(why), str(count))  # from the dead letter's headers: rich reads [..]
     out_console().print(table)
     verb = "would move" if dry_run else "moved"
     moved = report.selected - report.refused_loops - report.no_origin if dry_run else report.moved
