@@ -302,13 +302,14 @@ class StateWatch:
         missing while the group has consumed its lanes before is a loss (:meth:`_consumed`):
         logged (CRITICAL) and counted.
         """
+        admin, self._admin = self._admin, None  # asked at this start only: the client is let go
         try:
             written, self._epoch, self._count = await self._look()
         except FAILED as exc:
             self._failed(exc)
             return False
         self._refused = False
-        if not written or not (consumed := await self._consumed()):
+        if not written or not (consumed := await self._consumed(admin)):
             return False
         line = missing_line(
             self._url,
@@ -323,16 +324,15 @@ class StateWatch:
         self._lost()
         return True
 
-    async def _consumed(self) -> list[str]:
+    async def _consumed(self, admin: GroupPositions | None) -> list[str]:
         """The main topics of the lanes keeping messages in Redis the group committed on.
 
-        One ``group_lag`` a topic, all at once, within ``consumed_timeout_s``, the first time
-        only; empty when not asked, when none (a first start), or when the broker did not
-        answer (DEBUG).
+        One ``admin.group_lag`` a topic, all at once, within ``consumed_timeout_s``; empty when
+        not asked (no ``admin``), when none (a first start), or when the broker did not answer
+        (DEBUG).
         """
         lanes = [*holding_lanes(self._lanes), *buffering_lanes(self._lanes)]
         topics = list(dict.fromkeys(lane.spec.name for lane in lanes))
-        admin, self._admin = self._admin, None  # asked once: the client is not kept
         if admin is None or not topics:
             return []
         try:
