@@ -1,10 +1,11 @@
 """By hand: the resident memory of a ``pipeline consume`` process fed distinct keys (not a test).
 
-``.venv/bin/python tests/hostile/flood_rss.py [MESSAGES] [CONVERSATIONS]`` declares the lanes
+``.venv/bin/python tests/hostile/flood_rss.py MESSAGES CONVERSATIONS [PAUSE_S]`` declares the lanes
 of :mod:`flood_app` on Kafka, starts ``pipeline consume`` on them (dynamic limits on), feeds a
 warm-up batch, then ``MESSAGES`` messages each of its own key and tenant and ``CONVERSATIONS``
 conversations, and prints the process's ``VmRSS`` after the warm-up and after the flood has
-drained and the member idled for a few reap ticks. Its topics, group and Redis keys are
+drained and the member idled for a few reap ticks (and after ``PAUSE_S`` more, if given, before
+the next flood). Its topics, group and Redis keys are
 deleted at the end.
 """
 
@@ -117,9 +118,17 @@ async def flood(producer: Producer, round_: int, messages: int, conversations: i
 
 
 async def measure(
-    producer: Producer, bootstrap: str, group: str, pid: int, messages: int, conversations: int
+    producer: Producer,
+    bootstrap: str,
+    group: str,
+    pid: int,
+    sizes: tuple[int, int, float],
 ) -> None:
-    """Warm the member up, then flood it :data:`ROUNDS` times; print VmRSS after each."""
+    """Warm the member up, then flood it :data:`ROUNDS` times; print VmRSS after each.
+
+    ``sizes``: messages and conversations a flood, and the pause after a flood before the next.
+    """
+    messages, conversations, pause_s = sizes
     consumed = [n for spec in SPECS for n in spec.topic_names() if n != spec.dead_letter]
     await producer.send_many(THROTTLED.name, [keyed(n) for n in range(WARM_UP)])
     await drained(bootstrap, group, consumed, pid)
@@ -138,6 +147,10 @@ async def measure(
             f" drained in {drained_s:.0f} s; VmRSS peak {peak} KiB, idle after"
             f" {IDLE_S:.0f} s {idle} KiB ({idle - warm:+d} KiB on the warm-up)"
         )
+        if pause_s and round_ < ROUNDS - 1:
+            await asyncio.sleep(pause_s)
+            paused = rss_kib(pid)
+            say(f"after a pause of {pause_s:.0f} s: VmRSS {paused} KiB ({paused - warm:+d} KiB)")
 
 
 def clean_up(settings: Settings, group: str) -> None:
@@ -158,7 +171,7 @@ def clean_up(settings: Settings, group: str) -> None:
             client.unlink(*names[at : at + 500])
 
 
-async def main(messages: int, conversations: int) -> None:
+async def main(messages: int, conversations: int, pause_s: float = 0.0) -> None:
     """Run the measurement and print its figures."""
     settings = test_settings()
     group = f"g-{UNIQUE}"
@@ -184,8 +197,13 @@ async def main(messages: int, conversations: int) -> None:
         )
         try:
             bootstrap = settings.kafka.bootstrap_servers
-            await measure(producer, bootstrap, group, process.pid, messages, conversations)
-            say(f"Redis keys of the run: {redis_kinds(settings.redis.url, UNIQUE)}")
+            sizes = (messages, conversations, pause_s)
+            await measure(producer, bootstrap, group, process.pid, sizes)
+            kinds = redis_kinds(settings.redis.url, UNIQUE)
+            say(
+                f"Redis keys of the run: {sum(c for c, _ in kinds.values())}, without a TTL:"
+                f" {sum(n for _, n in kinds.values())}"
+            )
         finally:
             process.terminate()
             await process.wait()
@@ -195,4 +213,4 @@ async def main(messages: int, conversations: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*(int(a) for a in sys.argv[1:3])))
+    asyncio.run(main(*(int(a) for a in sys.argv[1:3]), *(float(a) for a in sys.argv[3:4])))
