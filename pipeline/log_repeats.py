@@ -15,6 +15,7 @@ import heapq
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,12 +59,20 @@ class RepeatFilter(logging.Filter):
         super().__init__()
         self._clock = clock
         self._seen: dict[tuple[str, int, str], _Seen] = {}
+        # A handler runs its filters before it takes its own lock, and warnings come from more
+        # than one thread (librdkafka's from the threads polling its clients).
+        self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True to log ``record`` (with a held-back count appended), False to hold it back."""
         if record.levelno < logging.WARNING:
             return True
         key = (record.name, record.levelno, _NUMBER.sub("#", record.getMessage()))
+        with self._lock:
+            return self._passes(record, key)
+
+    def _passes(self, record: logging.LogRecord, key: tuple[str, int, str]) -> bool:
+        """:meth:`filter` for a warning alike to those of ``key``, under the lock."""
         now = self._clock()
         seen = self._seen.get(key)
         if seen is None or now - seen.last_s >= MAX_GAP_S:
