@@ -42,7 +42,7 @@ from pipeline.runtime.eviction import (
 from pipeline.runtime.member import Member
 from pipeline.runtime.persistence import warn_if_not_persisting
 from pipeline.runtime.progress import DeadLetterWarnings, ParkedKeysSource, Progress
-from pipeline.runtime.state_loss import StateLostCounter, StateWatch
+from pipeline.runtime.state_loss import StateLostCounter, StateWatch, mark_present
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin
@@ -235,7 +235,8 @@ async def _warn_of_losable_state(
     await rename_long_parked(
         redis, settings.redis.key_prefix, [x.spec.lane for x in holding_lanes(lanes)]
     )
-    if not kept_only_in_redis(lanes):
+    if not kept_only_in_redis(lanes):  # nothing to watch; the marker still says "not lost"
+        await mark_present(redis, url, settings.redis.key_prefix)
         return None
     watch = StateWatch(
         redis,

@@ -63,6 +63,7 @@ __all__ = [
     "LossCounter",
     "StateLostCounter",
     "StateWatch",
+    "mark_present",
 ]
 
 log = logging.getLogger(__name__)
@@ -379,14 +380,7 @@ class StateWatch:
 
     async def _look(self) -> tuple[bool, bytes | None, int]:
         """Count one look (the epoch written first if missing): written, the epoch, the count."""
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(self._key, "epoch", secrets.token_hex(8))
-            pipe.hincrby(self._key, "count", 1)
-            pipe.hget(self._key, "epoch")
-            written, count, epoch = await pipe.execute()
-        if isinstance(epoch, str):
-            epoch = epoch.encode()
-        return bool(written), epoch if isinstance(epoch, bytes) else None, int(count)
+        return await _look(self._redis, self._key)
 
     async def check(self) -> bool:
         """Look at the marker once; True if the Redis lost its data since the last look.
@@ -467,3 +461,34 @@ class StateWatch:
                 broken = True
             else:
                 broken = False
+
+
+async def _look(redis: Redis, key: str) -> tuple[bool, bytes | None, int]:
+    """Count one look at marker ``key`` (its epoch written first if missing).
+
+    Returns whether this look wrote the epoch, the epoch and the count.
+    """
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hsetnx(key, "epoch", secrets.token_hex(8))
+        pipe.hincrby(key, "count", 1)
+        pipe.hget(key, "epoch")
+        written, count, epoch = await pipe.execute()
+    if isinstance(epoch, str):
+        epoch = epoch.encode()
+    return bool(written), epoch if isinstance(epoch, bytes) else None, int(count)
+
+
+async def mark_present(redis: Redis, url: str, prefix: str) -> None:
+    """Write the marker of key prefix ``prefix`` if missing, for a member that keeps no watch.
+
+    A member whose lanes keep nothing only in Redis watches nothing, but its group commits
+    offsets: without a marker, the first start after one of its lanes began keeping held
+    followers or debounce buffers (``retry:`` on an ordered lane, ``debounce:``) would take the
+    missing marker for a loss. One transaction at start; a Redis out of reach or refusing it is
+    a DEBUG line (the runtime's own calls say so).
+    """
+    try:
+        await _look(redis, marker_key(prefix))
+    except FAILED as exc:
+        log.debug("state marker not written at %s: %s", safe_url(url), exc)
+
