@@ -225,7 +225,9 @@ def list_subjects(
         return
     from pipeline.reachability import safe_url  # noqa: PLC0415 - see the module doc
 
-    table = Table("subject", "latest version", "id", title=f"subjects at {safe_url(settings.url)}")
+    # As text: rich would read an IPv6 host ("[fd00::5]") as a style and drop it from the title.
+    title = Text(f"subjects at {safe_url(settings.url)}")
+    table = Table("subject", "latest version", "id", title=title)
     for r in rows:
         table.add_row(Text(r.subject), str(r.version), str(r.schema_id))  # as registered
     out_console().print(table)
