@@ -491,4 +491,3 @@ async def mark_present(redis: Redis, url: str, prefix: str) -> None:
         await _look(redis, marker_key(prefix))
     except FAILED as exc:
         log.debug("state marker not written at %s: %s", safe_url(url), exc)
-
