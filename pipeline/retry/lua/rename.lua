@@ -11,15 +11,30 @@
 -- Returns one code per pair:
 --   1  moved: RENAME of each of T:z|h|f that exists (their expiry goes with them), the
 --      T:parked field and the T:rel entry (its lease as it was) under the current name. A key
---      with no release in progress is entered in T:rel as due now, so the lane's next gd_reap
---      looks at it: a held follower at its head (its head finished under another name
---      meanwhile) is released, a head waiting in a retry tier is left to its copy
+--      with no release in progress whose head waits in a retry tier (the usual state) needs
+--      none: its head's copy releases its followers. One whose head is a held follower, or
+--      finished already (under another name meanwhile), or that has no state left, is entered
+--      in T:rel as due now (Redis's clock), so the lane's next gd_reap releases its next
+--      follower or unparks it. (Entered at 0, every moved key read as a release 56 years past
+--      its lease, pipeline_held_release_overdue_seconds, and reaps took those first.)
 --   0  nothing to move: the earlier name is no longer parked (another member moved it, or it
 --      was released)
 --   2  both names are parked (a member of this release parked the key again meanwhile): both
 --      are left as they are
+
+-- Whether a moved key needs a release to go on: its head (the lowest of T:z:K) is a held
+-- follower (its body in T:f:K) or finished (in T:gone), or the key has no head left.
+local function release_due(tag, key)
+  local head = redis.call('ZRANGE', tag .. ':z:' .. key, 0, 0)[1]
+  if not head then return true end
+  return redis.call('HEXISTS', tag .. ':f:' .. key, head) == 1
+      or redis.call('ZSCORE', tag .. ':gone', head) ~= false
+end
+
 local function rename(keys, args)
-  local tag, out, moved = args[1], {}, false
+  local tag, out, entered = args[1], {}, false
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local kinds = {':z:', ':h:', ':f:'}
   for i = 2, #args - 1, 2 do
     local old, new = args[i], args[i + 1]
@@ -39,15 +54,18 @@ local function rename(keys, args)
       -- its expiry) in between.
       redis.call('HSET', keys[1], new, redis.call('HGET', keys[1], old))
       redis.call('HDEL', keys[1], old)
-      redis.call('ZADD', keys[2], redis.call('ZSCORE', keys[2], old) or 0, new)
+      local lease = redis.call('ZSCORE', keys[2], old)
+      if lease or release_due(tag, new) then
+        redis.call('ZADD', keys[2], lease or now, new)
+        entered = true
+      end
       redis.call('ZREM', keys[2], old)
-      moved = true
     end
     out[#out + 1] = code
   end
   -- A T:rel created here expires with T:parked, as every write of a key's state keeps them.
   local ttl = redis.call('PTTL', keys[1])
-  if moved and ttl > 0 and redis.call('PTTL', keys[2]) == -1 then
+  if entered and ttl > 0 and redis.call('PTTL', keys[2]) == -1 then
     redis.call('PEXPIRE', keys[2], ttl)
   end
   return out
