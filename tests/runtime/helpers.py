@@ -239,10 +239,22 @@ async def consume_until_logged(tmp_path: Path, lane: str, redis_url: str, marker
         "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
         "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
     }
+    lines, _ = await consume_until(tmp_path, f"{lane}:app", "g", env, marker)
+    return lines
+
+
+async def consume_until(
+    cwd: Path, app: str, group: str, env: Mapping[str, str], marker: str
+) -> tuple[list[str], int | None]:
+    """`pipeline consume APP -g GROUP` in ``cwd``, stopped (SIGTERM) once a line has ``marker``.
+
+    Returns the lines it logged until it ended, and its exit code. A member that ends without
+    that line fails the test.
+    """
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "pipeline", "consume", f"{lane}:app", "-g", "g"),
-        cwd=str(tmp_path),
-        env=env,
+        *(sys.executable, "-m", "pipeline", "consume", app, "-g", group),
+        cwd=str(cwd),
+        env=dict(env),
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
@@ -259,7 +271,30 @@ async def consume_until_logged(tmp_path: Path, lane: str, redis_url: str, marker
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    return lines
+    return lines, proc.returncode
+
+
+def private_member_env(
+    tmp_path: Path, kafka: str, redis_url: str, prefix: str, metrics_port: int | None = None
+) -> dict[str, str]:
+    """The environment of a Kafka member using the Redis at ``redis_url`` under ``prefix``.
+
+    Topics and the app are in ``tmp_path`` (:func:`write_idle_app`); with ``metrics_port``, its
+    ``/metrics`` is served on 127.0.0.1 there.
+    """
+    env = {
+        **os.environ,
+        "PIPELINE_TRANSPORT": "kafka",
+        "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": kafka,
+        "PIPELINE_REDIS__URL": redis_url,
+        "PIPELINE_REDIS__KEY_PREFIX": prefix,
+        "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+        "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
+    }
+    if metrics_port is not None:
+        env["PIPELINE_RUNTIME__METRICS_HOST"] = "127.0.0.1"
+        env["PIPELINE_RUNTIME__METRICS_PORT"] = str(metrics_port)
+    return env
 
 
 def the_line(lines: Sequence[str], text: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import signal
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import declare, idle_lane, lane_spec, write_idle_app
+from runtime.helpers import declare, idle_lane, lane_spec, private_member_env, write_idle_app
 from runtime.private_redis import bare_client, bare_redis
 from support import delete_group_after
 
@@ -103,17 +102,7 @@ async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
     write_idle_app(tmp_path, name)
     metrics_port = free_port()
     with bare_redis() as server:
-        env = {
-            **os.environ,
-            "PIPELINE_TRANSPORT": "kafka",
-            "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": kafka_service,
-            "PIPELINE_REDIS__URL": server.url,
-            "PIPELINE_REDIS__KEY_PREFIX": prefix,
-            "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
-            "PIPELINE_MEMBERSHIP__SLOT_DIR": str(tmp_path / "slots"),
-            "PIPELINE_RUNTIME__METRICS_HOST": "127.0.0.1",
-            "PIPELINE_RUNTIME__METRICS_PORT": str(metrics_port),
-        }
+        env = private_member_env(tmp_path, kafka_service, server.url, prefix, metrics_port)
         proc = await consume(tmp_path, f"{name}:app", group, env)
         assert proc.stderr is not None
         lines: list[str] = []
