@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pipeline import headers as h
 from pipeline import tracing
 from pipeline.admission.fleet import FleetLimits
-from pipeline.envelope import Message
+from pipeline.envelope import Message, TopicPartition
 from pipeline.runtime.app import App
 from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.due import DueGate
@@ -213,6 +213,24 @@ class Chain:
         deferring = self._handler.deferring
         if deferring:
             deferring.discard((work.tp, work.offset))  # whatever parking decided
+
+    # -- revocation ---------------------------------------------------------------------------
+
+    def drop(self, partitions: set[TopicPartition]) -> list[Work]:
+        """Forget the key lanes' queued (not running) work of revoked ``partitions``; returns it.
+
+        A deferred message among it goes unrun (the partition's next owner reads it again), so
+        its mark goes too: kept, it would stay for the process's life, and the same offset read
+        here again (the partition assigned back) would be taken for deferred though admitted.
+        """
+        dropped = self.lanes.drop(partitions)
+        deferring = self._handler.deferring
+        if deferring and dropped:
+            running = {(work.tp, work.offset) for work in self.lanes.running_of(partitions)}
+            deferring.difference_update(
+                (work.tp, work.offset) for work in dropped if (work.tp, work.offset) not in running
+            )
+        return dropped
 
     # -- load ---------------------------------------------------------------------------------
 

@@ -86,7 +86,8 @@ class HandlerStage:
         self.turns: DebouncedLanes | None = None
         """The debouncer, on a member with Redis and debounced lanes (set by the member)."""
         self.deferring: set[tuple[TopicPartition, int]] = set()
-        """Messages the admission gate chose to defer through the first retry tier."""
+        """Messages the admission gate chose to defer through the first retry tier, until their
+        run ends or their partition's revocation drops them unrun (the chain's ``drop``)."""
         self._calls: dict[tuple[TopicPartition, int], tuple[float, Throttled | None]] = {}
         """Duration and Throttled error of handler calls on adaptive lanes, until released."""
 

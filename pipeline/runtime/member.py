@@ -792,7 +792,7 @@ class Member:
     ) -> Sequence[Position]:
         """Drop queued work of leaving partitions, let running work finish, return positions."""
         tps = set(partitions)
-        self._chain.lanes.drop(tps)
+        self._chain.drop(tps)
         if self._chain.due is not None:
             self._chain.due.drop(tps)
         self._chain.batch.drop(tps)
