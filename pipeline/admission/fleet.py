@@ -29,6 +29,7 @@ above the most a throttle takes is no failure: it is set as that most, with a wa
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
@@ -60,6 +61,15 @@ ORGS_A_TICK = 10_000
 interval and a hundred Redis calls. Every org seen recomputed at every tick, a flood of
 100,000 one-message tenants took 6 to 10 s a tick, over a thousand calls and 10 to 23 MB sent,
 36 times in the window."""
+
+
+def _cursor(prefix: str) -> str:
+    """Hash: where the capped tick's two moving parts stopped, for the next tick to go on.
+
+    ``active``: the name of the last org with work reached; ``slice``: the time the last org
+    of the seen set reached was seen, and its name.
+    """
+    return f"{{{prefix}:lim}}:cursor"
 
 
 class FleetLimits:
@@ -147,7 +157,7 @@ class FleetLimits:
         pool_target, in_flight = await self._fleet(now_ms)
         cutoff_ms = now_ms - (WINDOW_MIN + 1) * 60_000
         await self._forget_gone(cutoff_ms)
-        orgs = await self._orgs_to_recompute(cutoff_ms, tick, counted)
+        orgs = await self._orgs_to_recompute(cutoff_ms, counted)
         policy = await load_org_overrides(self._client, self._prefix, self._policy)
         self.last = await self._tracker.recompute(
             self._throttle,
@@ -181,17 +191,18 @@ class FleetLimits:
         await self._client.zrem(seen, *gone)
         await self._throttle.set_limits({f"org:{org.decode()}": None for org in gone})
 
-    async def _orgs_to_recompute(
-        self, cutoff_ms: int, tick: int, counted: Counter[str]
-    ) -> list[str]:
+    async def _orgs_to_recompute(self, cutoff_ms: int, counted: Counter[str]) -> list[str]:
         """The orgs whose limits this tick sets: every org of the window, or the cap of them.
 
         Up to ``orgs_a_tick`` orgs in the window: all of them, every tick. More (a producer
         sending each message with a new ``pl-tenant``): a quarter of the cap for the orgs with
         work held or waiting in the throttle, a quarter for the orgs this member counted most
-        jobs of since its last tick, and the rest for a slice of the window's orgs that moves
-        on each tick (by rank), so every org seen gets its limit within a few ticks and the
-        tick's work stays the same however many tenants the flood brings.
+        jobs of since its last tick, and the rest for a slice of the window's orgs, so the
+        tick's work stays the same however many tenants the flood brings. The orgs with work
+        and the slice each go on from where the last tick (of any member) stopped, kept in
+        :func:`_cursor`: every org with work is reached within ``active / quarter`` ticks and
+        every org of the window within ``window / slice`` ticks, however many tenants come and
+        go meanwhile.
         """
         seen = k.orgs_seen(self._prefix)
         window = f"({cutoff_ms}"
@@ -199,25 +210,67 @@ class FleetLimits:
             members: list[bytes] = await self._client.zrangebyscore(seen, window, "+inf")  # type: ignore[assignment]
             return [org.decode() for org in members]
         share = self._orgs_a_tick // 4
-        active = [key[4:] for key in await self._throttle.active_keys() if key.startswith("org:")]
-        picked = dict.fromkeys(await self._in_window(active[:share], cutoff_ms))
+        cursor: dict[bytes, bytes] = await self._client.hgetall(_cursor(self._prefix))  # type: ignore[assignment]
+        busy, after = await self._with_work(share, cursor.get(b"active", b"").decode())
+        picked = dict.fromkeys(await self._in_window(busy, cutoff_ms))
         for org, _ in counted.most_common(share):
             picked[org] = None
-        slice_size = self._orgs_a_tick - 2 * share
-        total = await self._client.zcard(seen)
-        start = (tick * slice_size) % total
-        ranked: list[tuple[bytes, float]] = await self._client.zrange(  # type: ignore[assignment]
-            seen, start, start + slice_size - 1, withscores=True
-        )
-        if start + slice_size > total:  # the slice wraps round to the lowest ranks
-            wrapped: list[tuple[bytes, float]] = await self._client.zrange(  # type: ignore[assignment]
-                seen, 0, start + slice_size - total - 1, withscores=True
-            )
-            ranked += wrapped
+        ranked = await self._slice(self._orgs_a_tick - 2 * share, cursor.get(b"slice"))
         for member, score in ranked:
             if score > cutoff_ms:
                 picked[member.decode()] = None
+        last_member, last_score = ranked[-1]
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.hset(_cursor(self._prefix), "active", after)
+            pipe.hset(_cursor(self._prefix), "slice", f"{last_score!r} {last_member.decode()}")
+            pipe.pexpire(_cursor(self._prefix), (WINDOW_MIN + 1) * 60_000)
+            await pipe.execute()
         return list(picked)
+
+    async def _with_work(self, share: int, after: str) -> tuple[list[str], str]:
+        """``share`` orgs with work in the throttle, in name order from past ``after``, wrapping.
+
+        Returns them and the last one's name, where the next tick goes on. Cut at the first
+        ``share`` names every tick, an org named later with work waiting was never among them.
+        """
+        active = [key[4:] for key in await self._throttle.active_keys() if key.startswith("org:")]
+        if len(active) <= share:
+            return active, after
+        first = bisect.bisect_right(active, after)
+        taken = (active[first:] + active[:first])[:share]
+        return taken, taken[-1]
+
+    async def _slice(self, size: int, cursor: bytes | None) -> list[tuple[bytes, float]]:
+        """``size`` orgs of the seen set in (last seen, name) order from past ``cursor``, wrapping.
+
+        ``cursor`` is the last org the slice reached, with the time it was seen then. Started
+        at rank ``tick * size`` modulo the orgs seen, the slice jumped to an unrelated rank at
+        each tick the count changed (tenants coming and going): a quiet org was reached at
+        random, some never in their window. An org's place after the cursor only nears it as
+        the slice goes on (new orgs go in above it, gone ones leave from below), so the slice
+        reaches every org in one pass. Where the cursor's org was seen again since (or left),
+        the slice goes on from the first org seen when it was last: a few orgs again, none
+        skipped.
+        """
+        seen = k.orgs_seen(self._prefix)
+        start = 0
+        if cursor:
+            at, _, name = cursor.decode().partition(" ")
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zscore(seen, name)
+                pipe.zrank(seen, name)
+                pipe.zcount(seen, "-inf", f"({at}")
+                score, rank, below = await pipe.execute()
+            start = rank + 1 if score is not None and repr(float(score)) == at else below
+        ranked: list[tuple[bytes, float]] = await self._client.zrange(  # type: ignore[assignment]
+            seen, start, start + size - 1, withscores=True
+        )
+        if len(ranked) < size:  # the end of the seen set: on from its lowest ranks
+            wrapped: list[tuple[bytes, float]] = await self._client.zrange(  # type: ignore[assignment]
+                seen, 0, size - len(ranked) - 1, withscores=True
+            )
+            ranked += wrapped
+        return ranked
 
     async def _in_window(self, orgs: list[str], cutoff_ms: int) -> list[str]:
         """Those of ``orgs`` seen since ``cutoff_ms``."""
