@@ -63,15 +63,6 @@ interval and a hundred Redis calls. Every org seen recomputed at every tick, a f
 36 times in the window."""
 
 
-def _cursor(prefix: str) -> str:
-    """Hash: where the capped tick's two moving parts stopped, for the next tick to go on.
-
-    ``active``: the name of the last org with work reached; ``slice``: the time the last org
-    of the seen set reached was seen, and its name.
-    """
-    return f"{{{prefix}:lim}}:cursor"
-
-
 class FleetLimits:
     """One member's part in the dynamic limits of the fleet."""
 
@@ -200,9 +191,9 @@ class FleetLimits:
         jobs of since its last tick, and the rest for a slice of the window's orgs, so the
         tick's work stays the same however many tenants the flood brings. The orgs with work
         and the slice each go on from where the last tick (of any member) stopped, kept in
-        :func:`_cursor`: every org with work is reached within ``active / quarter`` ticks and
-        every org of the window within ``window / slice`` ticks, however many tenants come and
-        go meanwhile.
+        :func:`~pipeline.admission.keys.limits_cursor`: every org with work is reached within
+        ``active / quarter`` ticks and every org of the window within ``window / slice`` ticks,
+        however many tenants come and go meanwhile.
         """
         seen = k.orgs_seen(self._prefix)
         window = f"({cutoff_ms}"
@@ -210,7 +201,7 @@ class FleetLimits:
             members: list[bytes] = await self._client.zrangebyscore(seen, window, "+inf")  # type: ignore[assignment]
             return [org.decode() for org in members]
         share = self._orgs_a_tick // 4
-        cursor: dict[bytes, bytes] = await self._client.hgetall(_cursor(self._prefix))  # type: ignore[assignment]
+        cursor: dict[bytes, bytes] = await self._client.hgetall(k.limits_cursor(self._prefix))  # type: ignore[assignment]
         busy, after = await self._with_work(share, cursor.get(b"active", b"").decode())
         picked = dict.fromkeys(await self._in_window(busy, cutoff_ms))
         for org, _ in counted.most_common(share):
@@ -219,11 +210,13 @@ class FleetLimits:
         for member, score in ranked:
             if score > cutoff_ms:
                 picked[member.decode()] = None
-        last_member, last_score = ranked[-1]
+        where = k.limits_cursor(self._prefix)
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.hset(_cursor(self._prefix), "active", after)
-            pipe.hset(_cursor(self._prefix), "slice", f"{last_score!r} {last_member.decode()}")
-            pipe.pexpire(_cursor(self._prefix), (WINDOW_MIN + 1) * 60_000)
+            pipe.hset(where, "active", after)
+            if ranked:  # the window emptied meanwhile: the slice starts over next tick
+                last_member, last_score = ranked[-1]
+                pipe.hset(where, "slice", f"{last_score!r} {last_member.decode()}")
+            pipe.pexpire(where, (WINDOW_MIN + 1) * 60_000)
             await pipe.execute()
         return list(picked)
 

@@ -138,6 +138,15 @@ def orgs_seen(prefix: str) -> str:
     return f"{{{prefix}:lim}}:seen"
 
 
+def limits_cursor(prefix: str) -> str:
+    """Hash: where the dynamic limits' capped tick stopped, for the next tick to go on.
+
+    ``active``: the name of the last org with work reached; ``slice``: the time the last org
+    of the seen set reached was seen, and its name.
+    """
+    return f"{{{prefix}:lim}}:cursor"
+
+
 def limits_tick(prefix: str, tick: int) -> str:
     """String: who recomputes the dynamic limits of one tick (``SET NX``)."""
     return f"{{{prefix}:lim}}:tick:{tick}"
