@@ -80,12 +80,14 @@ _CONFIRM_EVERY_S = 0.5
 FORGET_PARKED_ABOVE = 10_000
 """Keys a member remembers as maybe parked before it asks Redis which of them still are."""
 UNSURE_KEPT_S = 1_200.0
-"""How long the key of a failed parking call is kept through readings of the parked keys.
+"""The least time the key of a failed parking call is kept through readings of the parked keys.
 
 A call that got no answer may still reach Redis: sent, its bytes may be retransmitted until the
 kernel gives up, after about 924.6 s with Linux's default ``tcp_retries2`` (15), even once the
-client closed the connection on its timeout. A reading that starts 20 minutes after the failure
-and does not find the key parked lets it go, as it does any other key."""
+client closed the connection on its timeout. The key is kept longer on a lane whose retry path
+is longer (:class:`LaneClaims`): the copy the failed call let through parks it when it fails
+again. A reading that starts after both and does not find the key parked lets it go, as it
+does any other key."""
 
 
 class LaneClaims:
@@ -143,8 +145,16 @@ class LaneClaims:
         """While the parked keys are read again: the keys this member learnt of meanwhile."""
         self._unsure: dict[str, float] = {}
         """Keys whose parking call failed, with when (``time.monotonic``): it may still reach
-        Redis after a later reading, so they stay remembered until a message of theirs is found
-        not parked, or a reading :data:`UNSURE_KEPT_S` after the failure does not find them."""
+        Redis after a later reading, and the retry copy it let through may park the key, so
+        they stay remembered until a message of theirs is found not parked, or a reading
+        :attr:`_unsure_kept_s` after the failure does not find them."""
+        self._unsure_kept_s = store.ttl_ms / 1000
+        """How long after a failed parking call the copy it let through may still park its key:
+        the lane's retry path, as the guard keeps finished ids for it (twice the longest tier's
+        delay for each attempt, plus an hour). When the call never reached Redis, the copy
+        parks the key where it fails again, in whichever member reads its tier, which tells no
+        other: forgotten before, the key's next first deliveries here would run at once, ahead
+        of the copy of the message before them."""
         self._forget_above = FORGET_PARKED_ABOVE
 
     # -- assignment -------------------------------------------------------------------------
@@ -440,10 +450,11 @@ class LaneClaims:
     def unsure(self, key: str) -> None:
         """A call of this member that parks ``key`` failed (a timeout, a lost connection).
 
-        Redis may still run it later, after a reading of the parked keys: the key is not
-        forgotten by a reading for :data:`UNSURE_KEPT_S`, only once a later message of it is
-        found not parked. A key with no later message (a flood of distinct keys failing during
-        an outage) is forgotten by the first reading after that which does not find it parked.
+        Redis may still run it later, after a reading of the parked keys, and the retry copy
+        of the failed message may park it: the key is not forgotten by a reading for the lane's
+        retry path (:attr:`_unsure_kept_s`), only once a later message of it is found not
+        parked. A key with no later message (a flood of distinct keys failing during an outage)
+        is forgotten by the first reading after that which does not find it parked.
         """
         if self.maybe_parked is not None:
             self._maybe(key)
@@ -478,7 +489,8 @@ class LaneClaims:
         that failed (:meth:`unsure`), are kept; a key parked in
         Redis is otherwise parked by the calls of this member before its next message can run
         here, or was parked already. On a Redis error the keys stay as they were. The key of a
-        failed call is kept for :data:`UNSURE_KEPT_S` after the failure, then only if found.
+        failed call is kept for the lane's retry path after the failure (at least
+        :data:`UNSURE_KEPT_S`), then only if found.
         """
         known = self.maybe_parked
         if (
@@ -504,10 +516,9 @@ class LaneClaims:
             meanwhile, self._parked_meanwhile = self._parked_meanwhile, None
         current = self.maybe_parked  # an assignment meanwhile may have replaced `known`
         assert current is not None  # noqa: S101 - once loaded, never None again
+        kept_s = max(UNSURE_KEPT_S, self._unsure_kept_s)
         self._unsure = {
-            key: failed_s
-            for key, failed_s in self._unsure.items()
-            if reading_s - failed_s < UNSURE_KEPT_S
+            key: failed_s for key, failed_s in self._unsure.items() if reading_s - failed_s < kept_s
         }
         kept = parked | meanwhile | self._unsure.keys()
         log.info(
