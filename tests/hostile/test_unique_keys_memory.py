@@ -185,6 +185,7 @@ async def test_keys_of_parking_calls_that_failed_are_let_go_after_their_bound(
     await guard.tick({lane.name: lane})
     assert len(claims.maybe_parked or ()) == FAILING  # within the bound: kept
     monkeypatch.setattr(claims_module, "UNSURE_KEPT_S", 0.0, raising=False)
+    monkeypatch.setattr(claims, "_unsure_kept_s", 0.0)  # and the lane's retry path
     for n in range(2 * FAILING + 1):  # the flood goes on: past twice what the reading kept
         claims.decided(f"later-{n}", "held")
     await guard.tick({lane.name: lane})
