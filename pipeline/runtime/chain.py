@@ -217,16 +217,26 @@ class Chain:
     # -- revocation ---------------------------------------------------------------------------
 
     def drop(self, partitions: set[TopicPartition]) -> list[Work]:
-        """Forget the key lanes' queued (not running) work of revoked ``partitions``; returns it.
+        """Forget the queued (not running) work of revoked ``partitions``; returns the lanes'.
 
-        A deferred message among it goes unrun (the partition's next owner reads it again), so
-        its mark goes too: kept, it would stay for the process's life, and the same offset read
-        here again (the partition assigned back) would be taken for deferred though admitted.
+        The key lanes' queued work and the throttle gate's waiting messages go at once, the
+        gate's acquisitions withdrawn and the slots of admitted work that will not run given
+        back; a run still going keeps its slots until it ends. Dropped from the key lanes only,
+        a message whose slots came while the revocation waited for the partition's runs was
+        queued after the drop and, once the wait ran out, ran after the revocation beside the
+        partition's next owner, its slots already given back.
+
+        A deferred message among the work goes unrun (the partition's next owner reads it
+        again), so its mark goes too: kept, it would stay for the process's life, and the same
+        offset read here again (the partition assigned back) would be taken for deferred though
+        admitted.
         """
         dropped = self.lanes.drop(partitions)
+        running = {(work.tp, work.offset) for work in self.lanes.running_of(partitions)}
+        if self.gate is not None:
+            self.gate.drop(partitions, running)
         deferring = self._handler.deferring
         if deferring and dropped:
-            running = {(work.tp, work.offset) for work in self.lanes.running_of(partitions)}
             deferring.difference_update(
                 (work.tp, work.offset) for work in dropped if (work.tp, work.offset) not in running
             )
