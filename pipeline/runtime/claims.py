@@ -88,6 +88,15 @@ client closed the connection on its timeout. The key is kept longer on a lane wh
 is longer (:class:`LaneClaims`): the copy the failed call let through parks it when it fails
 again. A reading that starts after both and does not find the key parked lets it go, as it
 does any other key."""
+UNSURE_KEPT_MAX = 100_000
+"""Keys of failed parking calls a lane remembers at most (17 MiB with keys of 16 bytes, counting
+the same keys among the maybe-parked ones).
+
+An outage with a flood of distinct keys fails a parking call for each, and each key is kept for
+the lane's retry path (an hour at least, days on a lane with long tiers). Past this many the
+oldest is let go, and until its retry path is over no first delivery of the lane runs on the
+claimed path here: each asks Redis whether its key is parked (a start mark, as on a lane
+without claims), so the key let go still waits behind the copy that parks it."""
 
 
 class LaneClaims:
@@ -147,7 +156,8 @@ class LaneClaims:
         """Keys whose parking call failed, with when (``time.monotonic``): it may still reach
         Redis after a later reading, and the retry copy it let through may park the key, so
         they stay remembered until a message of theirs is found not parked, or a reading
-        :attr:`_unsure_kept_s` after the failure does not find them."""
+        :attr:`_unsure_kept_s` after the failure does not find them; the oldest first, in
+        order, at most :data:`UNSURE_KEPT_MAX`."""
         self._unsure_kept_s = store.ttl_ms / 1000
         """How long after a failed parking call the copy it let through may still park its key:
         the lane's retry path, as the guard keeps finished ids for it (twice the longest tier's
@@ -155,6 +165,9 @@ class LaneClaims:
         parks the key where it fails again, in whichever member reads its tier, which tells no
         other: forgotten before, the key's next first deliveries here would run at once, ahead
         of the copy of the message before them."""
+        self._all_maybe_until_s = -math.inf
+        """Until then (``time.monotonic``) every key may be parked: keys of failed parking
+        calls were let go past :data:`UNSURE_KEPT_MAX` within their retry path."""
         self._forget_above = FORGET_PARKED_ABOVE
 
     # -- assignment -------------------------------------------------------------------------
@@ -391,6 +404,8 @@ class LaneClaims:
         parked = self.maybe_parked
         if parked is None or (parked and encode_key(message.key) in parked):
             return None
+        if self._all_maybe_until_s > time.monotonic():
+            return None  # keys of failed parking calls were let go (UNSURE_KEPT_MAX)
         return position(message)  # a first delivery's id is where it was read
 
     def inherited(self, message: Message) -> bool:
@@ -454,11 +469,29 @@ class LaneClaims:
         of the failed message may park it: the key is not forgotten by a reading for the lane's
         retry path (:attr:`_unsure_kept_s`), only once a later message of it is found not
         parked. A key with no later message (a flood of distinct keys failing during an outage)
-        is forgotten by the first reading after that which does not find it parked.
+        is forgotten by the first reading after that which does not find it parked. Past
+        :data:`UNSURE_KEPT_MAX` such keys the oldest is let go, and every key taken for maybe
+        parked until its retry path is over.
         """
-        if self.maybe_parked is not None:
-            self._maybe(key)
-            self._unsure[key] = time.monotonic()
+        if self.maybe_parked is None:
+            return
+        self._maybe(key)
+        unsure = self._unsure
+        unsure.pop(key, None)  # the newest last: the oldest is let go first
+        unsure[key] = time.monotonic()
+        if len(unsure) <= UNSURE_KEPT_MAX:
+            return
+        oldest = next(iter(unsure))
+        failed_s = unsure.pop(oldest)
+        if self._all_maybe_until_s < time.monotonic():
+            log.warning(
+                "%s: over %d keys whose parking call got no answer; the oldest are let go, and"
+                " first deliveries ask Redis whether their key is parked (no claimed path) for"
+                " the lane's retry path: is Redis reachable?",
+                self.topic,
+                UNSURE_KEPT_MAX,
+            )
+        self._all_maybe_until_s = failed_s + max(UNSURE_KEPT_S, self._unsure_kept_s)
 
     def decided(self, key: str, decision: str) -> None:
         """The exact path decided a message of ``key``: ``process`` means it is not parked."""
