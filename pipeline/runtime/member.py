@@ -803,9 +803,6 @@ class Member:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._revoke_wait_s()):
                     await self._chain.lanes.wait_idle(tps)
-        if self._chain.gate is not None:  # a run still going keeps its tenant's slots
-            running = [(work.tp, work.offset) for work in self._chain.lanes.running_of(tps)]
-            self._chain.gate.drop(tps, running)
         if not lost:
             await self._guard.flush()
         claimed = self._guard.revoked(tps)
