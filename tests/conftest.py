@@ -73,6 +73,15 @@ def postgres_service(settings: Settings) -> str:
     return settings.postgres.url
 
 
+@pytest.fixture
+async def kafka(settings: Settings, kafka_service: str) -> AsyncIterator[Transport]:
+    """The real Kafka transport, closed after the test."""
+    del kafka_service  # started (or the test skipped) by its fixture
+    made = create_transport(settings, "kafka")
+    yield made
+    await made.close()
+
+
 @pytest.fixture(params=["kafka", "redis"])
 async def transport(request: pytest.FixtureRequest, settings: Settings) -> AsyncIterator[Transport]:
     """Each real transport in turn, for contract tests."""

@@ -15,11 +15,9 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
 import yaml
 from confluent_kafka import Producer as RawProducer
 from runtime.helpers import declare, lane_spec
@@ -31,18 +29,9 @@ from pipeline.logstore import NewRow
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.redrive.redrive import group_name
 from pipeline.redrive.select import Selection
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 DAY_MS = 86_400_000
-
-
-@pytest.fixture
-async def kafka(kafka_service: str, settings: Settings) -> AsyncIterator[Transport]:
-    """The real Kafka transport."""
-    made = create_transport(settings, "kafka")
-    yield made
-    await made.close()
 
 
 async def pipeline(env: dict[str, str], *args: str) -> tuple[int, str, str]:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer as RawProducer
 from runtime.helpers import declare, lane_spec
 from support import delete_group_after
@@ -23,20 +21,10 @@ from pipeline import headers as h
 from pipeline.config import Settings
 from pipeline.redrive.redrive import group_name
 from pipeline.redrive.select import Selection
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 REASON = "fatal [/x] [bold]:smile:"
 ERROR_CLASS = "app.[/]Error"
-
-
-@pytest.fixture
-async def kafka(kafka_service: str, settings: Settings) -> AsyncIterator[Transport]:
-    """The real Kafka transport."""
-    del kafka_service
-    made = create_transport(settings, "kafka")
-    yield made
-    await made.close()
 
 
 async def test_redrive_dry_run_prints_a_hostile_reason_literally(

@@ -36,7 +36,6 @@ from pipeline.runtime import claims as claims_module
 from pipeline.runtime.claims import FORGET_PARKED_ABOVE
 from pipeline.runtime.member import Member
 from pipeline.runtime.run import redis_client
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 KEYS = 2_000
@@ -54,14 +53,6 @@ class Said(BaseModel):
 
     conversation_id: str
     n: int
-
-
-@pytest.fixture
-async def kafka(settings: Settings, kafka_service: str) -> AsyncIterator[Transport]:
-    """The Kafka transport."""
-    transport = create_transport(settings, "kafka")
-    yield transport
-    await transport.close()
 
 
 @pytest.fixture

@@ -7,33 +7,21 @@ it abandons it (a page), and the copies sent by hand still say they are replays.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 from contract.helpers import consume_until, make_topic
 from logstore.helpers import FakeClock, new_row
 from support import delete_group_after
 
-from pipeline.config import Settings, SweeperSettings
+from pipeline.config import SweeperSettings
 from pipeline.ingress import headers as h
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.replay import replay
 from pipeline.ingress.sweeper import Sweeper
 from pipeline.logstore import LogStore, NewRow, RowState, Selection
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 SETTINGS = SweeperSettings(patience_s=300, max_patience_s=900, max_replays=3, lease_s=30)
 THREE_REPLAYS_THEN_ABANDONED = [(1, 0), (1, 0), (1, 0), (0, 1)]
 """(replayed, abandoned) of the sweeps from a row's last production until it is abandoned."""
-
-
-@pytest.fixture
-async def kafka(settings: Settings, kafka_service: str) -> AsyncIterator[Transport]:
-    """The real Kafka transport."""
-    transport = create_transport(settings, "kafka")
-    yield transport
-    await transport.close()
 
 
 def sweeper_for(

@@ -12,10 +12,9 @@ import logging
 from typing import Any
 
 import pytest
-from ingress.test_replay_fresh_budget import (  # noqa: F401 - kafka is a fixture
+from ingress.test_replay_fresh_budget import (
     SETTINGS,
     THREE_REPLAYS_THEN_ABANDONED,
-    kafka,
     produced_row,
     sweeper_for,
     sweeps_until_abandoned,
@@ -60,7 +59,7 @@ class HandReplayAfterClaim:
 
 async def test_a_row_replayed_by_hand_after_the_claim_is_not_abandoned(
     store: LogStore,
-    kafka: Transport,  # noqa: F811 - the fixture imported above
+    kafka: Transport,
     clock: FakeClock,
     unique: str,
     caplog: pytest.LogCaptureFixture,

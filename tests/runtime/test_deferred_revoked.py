@@ -17,24 +17,14 @@ from runtime.helpers import FAST, declare, eventually, lane_spec, produce, runni
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
-from pipeline.config import Settings
 from pipeline.envelope import Message, Position, Record, TopicPartition
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 MESSAGES = 6
 """Messages of one tenant: one runs (held), one waits for a slot, the rest are deferred."""
 ONE_WORKER = FAST.model_copy(update={"max_concurrency": 1})
-
-
-@pytest.fixture
-async def kafka(settings: Settings, kafka_service: str) -> AsyncIterator[Transport]:
-    """The Kafka transport."""
-    transport = create_transport(settings, "kafka")
-    yield transport
-    await transport.close()
 
 
 @pytest.fixture

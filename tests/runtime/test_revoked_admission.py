@@ -18,23 +18,13 @@ from runtime.helpers import FAST, declare, eventually, lane_spec, produce, runni
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
-from pipeline.config import Settings
 from pipeline.envelope import Message, Record, TopicPartition
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 ONE_WORKER = FAST.model_copy(update={"max_concurrency": 1, "shutdown_grace_s": 1.0})
 """One worker, and a revocation that waits at most a second for the runs of its partitions."""
-
-
-@pytest.fixture
-async def kafka(settings: Settings, kafka_service: str) -> AsyncIterator[Transport]:
-    """The Kafka transport."""
-    transport = create_transport(settings, "kafka")
-    yield transport
-    await transport.close()
 
 
 @pytest.fixture
