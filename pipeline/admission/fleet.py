@@ -213,7 +213,7 @@ class FleetLimits:
         where = k.limits_cursor(self._prefix)
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.hset(where, "active", after)
-            if ranked:  # the window emptied meanwhile: the slice starts over next tick
+            if ranked:  # none: the window emptied meanwhile, and the cursor stays as it was
                 last_member, last_score = ranked[-1]
                 pipe.hset(where, "slice", f"{last_score!r} {last_member.decode()}")
             pipe.pexpire(where, (WINDOW_MIN + 1) * 60_000)
