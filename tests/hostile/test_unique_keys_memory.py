@@ -12,14 +12,13 @@ their own bound.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import pytest
 from flood_entries import PER_KEY, entries, member_ticks
 from pydantic import BaseModel
-from redis import exceptions as rexc
 from redis.asyncio import Redis
-from runtime.guard_parts import guarded_lane, main_message, routing_guard
+from runtime.guard_parts import guarded_lane, main_message, parking_calls_time_out, routing_guard
 from runtime.helpers import FAST, declare, eventually, join, lane_spec, produce, running
 from runtime.owned import prefix
 
@@ -30,7 +29,6 @@ from pipeline.admission.throttle import Throttle
 from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.errors import Retry
-from pipeline.retry.guard_store import KeyEnds, Release, Start
 from pipeline.runtime import App, Context
 from pipeline.runtime import claims as claims_module
 from pipeline.runtime.claims import FORGET_PARKED_ABOVE
@@ -160,14 +158,7 @@ async def test_keys_of_parking_calls_that_failed_are_let_go_after_their_bound(
     await join(guard, lane, heads)
     store = guard._stores[lane.name]
 
-    async def route_timed_out(start: Start, attempt: int, *, park: bool) -> bool:
-        return False  # what GuardStore.route answers on a timeout (logged)
-
-    async def end_timed_out(groups: Sequence[KeyEnds]) -> list[list[Release]]:
-        raise rexc.TimeoutError("Timeout reading from socket")
-
-    monkeypatch.setattr(store, "route", route_timed_out)
-    monkeypatch.setattr(store, "end_many", end_timed_out)
+    parking_calls_time_out(monkeypatch, store)
     for head in heads:
         assert await guard.run(lane, head) == "retried"
     monkeypatch.undo()

@@ -11,12 +11,14 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
+import pytest
+from redis import exceptions as rexc
 from redis.asyncio import Redis
 from runtime.helpers import lane_spec
 
 from pipeline import headers as h
 from pipeline.envelope import Delivered, Message, Record
-from pipeline.retry.guard_store import lane_guards
+from pipeline.retry.guard_store import GuardStore, KeyEnds, Release, Start, lane_guards
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime import App, Context
@@ -170,3 +172,20 @@ def routing_guard(
         chosen = {lane.name: LaneClaims(stores[lane.name], lane.spec.name, ordered=True, ahead=100)}
     guard = RunGuard(stores, routing, stats, Isolation(5.0), stage, lambda *_: None, claims=chosen)
     return guard, runs
+
+
+def parking_calls_time_out(monkeypatch: pytest.MonkeyPatch, store: GuardStore) -> None:
+    """``store``'s parking calls get no answer (until ``monkeypatch.undo()``).
+
+    ``route`` answers False, as :meth:`GuardStore.route` does on a timeout (logged), and
+    ``end_many`` raises the TimeoutError redis-py raises: Redis may still run either later.
+    """
+
+    async def route_timed_out(start: Start, attempt: int, *, park: bool) -> bool:
+        return False
+
+    async def end_timed_out(groups: Sequence[KeyEnds]) -> list[list[Release]]:
+        raise rexc.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(store, "route", route_timed_out)
+    monkeypatch.setattr(store, "end_many", end_timed_out)

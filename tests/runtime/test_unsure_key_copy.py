@@ -8,18 +8,21 @@ told. Its later first deliveries of the key must still ask Redis, and wait behin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
-from redis import exceptions as rexc
 from redis.asyncio import Redis
-from runtime.guard_parts import Producer, main_message, retry_copy, routing_guard
+from runtime.guard_parts import (
+    Producer,
+    main_message,
+    parking_calls_time_out,
+    retry_copy,
+    routing_guard,
+)
 from runtime.helpers import join, lane_spec
 from runtime.owned import prefix
 
 from pipeline.envelope import Message
 from pipeline.errors import Retry
-from pipeline.retry.guard_store import KeyEnds, Release, Start, lane_guards
+from pipeline.retry.guard_store import lane_guards
 from pipeline.retry.keys import encode_key
 from pipeline.retry.policy import default_retryable
 from pipeline.retry.router import RetryRouter
@@ -77,14 +80,7 @@ async def test_a_key_whose_parking_got_no_answer_holds_followers_once_its_copy_p
     await join(a, lane, [head, follower])
     store = a._stores[lane.name]
 
-    async def route_timed_out(start: Start, attempt: int, *, park: bool) -> bool:
-        return False  # what GuardStore.route answers on a timeout (logged)
-
-    async def end_timed_out(groups: Sequence[KeyEnds]) -> list[list[Release]]:
-        raise rexc.TimeoutError("Timeout reading from socket")
-
-    monkeypatch.setattr(store, "route", route_timed_out)
-    monkeypatch.setattr(store, "end_many", end_timed_out)
+    parking_calls_time_out(monkeypatch, store)
     assert await a.run(lane, head) == "retried"  # its copy is in the tier; K is not parked
     monkeypatch.undo()
     monkeypatch.setattr(claims_module, "FORGET_PARKED_ABOVE", 1)

@@ -9,17 +9,13 @@ here (each asks Redis), so a key let go still waits behind the copy that parks i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
-from redis import exceptions as rexc
 from redis.asyncio import Redis
-from runtime.guard_parts import main_message, retry_copy, routing_guard
+from runtime.guard_parts import main_message, parking_calls_time_out, retry_copy, routing_guard
 from runtime.helpers import join
 from runtime.owned import prefix
 from runtime.test_unsure_key_copy import failing_copies, half_hour_lane
 
-from pipeline.retry.guard_store import KeyEnds, Release, Start
 from pipeline.retry.keys import encode_key
 from pipeline.runtime import claims as claims_module
 
@@ -47,14 +43,7 @@ async def test_a_key_let_go_past_the_cap_still_waits_behind_its_copy(
     await join(a, lane, [head_k, head_l, follower])
     store = a._stores[lane.name]
 
-    async def route_timed_out(start: Start, attempt: int, *, park: bool) -> bool:
-        return False  # what GuardStore.route answers on a timeout (logged)
-
-    async def end_timed_out(groups: Sequence[KeyEnds]) -> list[list[Release]]:
-        raise rexc.TimeoutError("Timeout reading from socket")
-
-    monkeypatch.setattr(store, "route", route_timed_out)
-    monkeypatch.setattr(store, "end_many", end_timed_out)
+    parking_calls_time_out(monkeypatch, store)
     assert await a.run(lane, head_k) == "retried"
     assert await a.run(lane, head_l) == "retried"
     monkeypatch.undo()
