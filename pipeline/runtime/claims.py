@@ -491,7 +491,11 @@ class LaneClaims:
                 self.topic,
                 UNSURE_KEPT_MAX,
             )
-        self._all_maybe_until_s = failed_s + max(UNSURE_KEPT_S, self._unsure_kept_s)
+        self._all_maybe_until_s = failed_s + self._unsure_bound_s()
+
+    def _unsure_bound_s(self) -> float:
+        """Seconds a failed parking call's key is kept: its retry path, UNSURE_KEPT_S at least."""
+        return max(UNSURE_KEPT_S, self._unsure_kept_s)
 
     def decided(self, key: str, decision: str) -> None:
         """The exact path decided a message of ``key``: ``process`` means it is not parked."""
@@ -549,7 +553,7 @@ class LaneClaims:
             meanwhile, self._parked_meanwhile = self._parked_meanwhile, None
         current = self.maybe_parked  # an assignment meanwhile may have replaced `known`
         assert current is not None  # noqa: S101 - once loaded, never None again
-        kept_s = max(UNSURE_KEPT_S, self._unsure_kept_s)
+        kept_s = self._unsure_bound_s()
         self._unsure = {
             key: failed_s for key, failed_s in self._unsure.items() if reading_s - failed_s < kept_s
         }
