@@ -314,11 +314,10 @@ async def refuse_a_refused_login(settings: Settings) -> BrokerUnavailable | None
         The probe's error when the broker did not answer (the start asks it nothing more, see
         :meth:`~pipeline.ingress.service.Ingress.broker_down`), None when it answered.
     """
-    # pipeline.cli registers these commands: imported here, when the command runs.
-    from pipeline.cli.status_checks import BrokerRefused, reach_broker  # noqa: PLC0415
+    from pipeline.cli.status_checks import BrokerRefused  # noqa: PLC0415 - see _reach_broker
 
     try:
-        await reach_broker(settings)
+        await _reach_broker(settings)
     except BrokerRefused as exc:  # a Redis's refusal, in its answer: found by the probe
         raise ConfigError(str(exc)) from None
     except BrokerUnavailable as exc:
