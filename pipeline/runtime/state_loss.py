@@ -16,7 +16,9 @@ where its messages are, what to do) and ``pipeline_redis_state_lost_total`` coun
 look itself wrote the marker again. Every member using that Redis sees the same loss once: one
 line and one count per member, each naming its own group. A Redis out of reach is skipped (the
 runtime says so on its calls); one that refuses the marker (an ACL without it, a read-only
-replica) is one warning line per run of refusals.
+replica) is one warning line per run of refusals. A member whose lanes keep nothing only in
+Redis watches nothing, but writes the marker at start all the same (:func:`mark_present`), so
+that one of its lanes beginning to keep messages there is not taken for a loss.
 
 A marker missing at start is a first start, or a Redis that lost its data while no member ran
 (every member stopped, then the Redis flushed or restarted empty), or a new or another Redis.
