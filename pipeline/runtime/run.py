@@ -7,7 +7,7 @@ import importlib
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlsplit
@@ -217,7 +217,7 @@ def redis_client(settings: Settings) -> Redis:
 
 
 async def _warn_of_losable_state(
-    redis: Redis, settings: Settings, group: str, lanes: list[Lane], admin: Admin
+    redis: Redis, settings: Settings, group: str, lanes: list[Lane], admin: Callable[[], Admin]
 ) -> StateWatch | None:
     """One line each for held followers and buffers Redis may evict, lose or no member releases.
 
@@ -225,8 +225,8 @@ async def _warn_of_losable_state(
     bytes to their current names (:mod:`pipeline.retry.rename_long_keys`), before consuming.
 
     Returns the started watch for a Redis that loses its data while the member runs, when
-    ``lanes`` keep messages only there (:mod:`pipeline.runtime.state_loss`); ``admin`` tells it
-    whether the group consumed before, when the marker is missing at start.
+    ``lanes`` keep messages only there (:mod:`pipeline.runtime.state_loss`); ``admin`` makes the
+    client that tells it whether the group consumed before, when the marker is missing at start.
     """
     url = settings.redis.url
     await warn_if_evicting(redis, url, lanes)
@@ -246,7 +246,7 @@ async def _warn_of_losable_state(
         lanes,
         marks_processed=settings.runtime.mark_processed,
         topics_in_redis=settings.transport == "redis",  # its streams use the same Redis URL
-        admin=admin,
+        admin=admin(),  # made only here: a Kafka admin client is threads and a connection
     )
     await watch.start()
     return watch
@@ -350,7 +350,7 @@ async def serve(
         app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
     chosen_lanes = [app.lanes[name] for name in chosen if name in app.lanes]
-    watch = await _warn_of_losable_state(redis, settings, group, chosen_lanes, transport.admin())
+    watch = await _warn_of_losable_state(redis, settings, group, chosen_lanes, transport.admin)
     throttle, fleet = await _admission(redis, settings, chosen_lanes)
     specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(
