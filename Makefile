@@ -80,7 +80,7 @@ asyncapi-parser: $(ASYNCAPI_DIR)/node_modules/.installed
 
 ## test-only: run the suite against services that are already running (missing ones skip);
 ## TEST_WORKERS processes share it a test file at a time (0: one process)
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test-only: setup asyncapi-parser
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 

@@ -238,6 +238,8 @@ def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint)
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    # Every span is waited for: none may be dropped when a loaded machine exports slowly.
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", str(10 * FLOOD))
     assert tracing.configure(os.environ, service="pipeline-ingress")
     try:
         yield receiver
