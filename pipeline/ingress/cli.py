@@ -45,6 +45,7 @@ from pipeline.transport import create_transport
 if TYPE_CHECKING:
     from pipeline.config import IngressSettings, Settings
     from pipeline.ingress.replay import ReplaySummary
+    from pipeline.ingress.service import Ingress
     from pipeline.ingress.sweeper import Sweeper
     from pipeline.ingress.workers import WorkerArgs
 
@@ -128,17 +129,13 @@ def serve_command(
     if workers > 1:
         raise typer.Exit(serve_workers(workers, host, port, sources, transport))
     from pipeline.ingress.service import build_ingress, serve  # noqa: PLC0415 - see module doc
-    from pipeline.offload.writer import check_lane_stores  # noqa: PLC0415
 
     async def main() -> None:
         _check_host_option(host)
         _check_port_option(port)
         settings, ingress = worker_settings(transport, sources)
         built = build_ingress(settings, ingress)
-        await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
-        down = await refuse_a_refused_login(settings)
-        if down is not None:  # its bound is waited out once: the limits are not asked again
-            built.broker_down(str(down))
+        await _check_before_serving(settings, built)
         await serve(built, host or ingress.host, ingress.port if port is None else port, _ready)
 
     _run(main())
@@ -184,7 +181,6 @@ def serve_workers(
         refuse_sqlite,
         reuse_port_socket,
     )
-    from pipeline.offload.writer import check_lane_stores  # noqa: PLC0415
 
     async def check() -> WorkerArgs:
         _check_host_option(host)
@@ -204,10 +200,7 @@ def serve_workers(
                     f"PIPELINE_INGRESS__METRICS_PORT (worker {index} uses it plus {index})",
                     host_variable="PIPELINE_INGRESS__METRICS_HOST",
                 )
-        await check_lane_stores(built.specs)  # no credentials: exit 2 now, not a 503 per payload
-        down = await refuse_a_refused_login(settings)
-        if down is not None:  # its bound is waited out once: the limits are not asked again
-            built.broker_down(str(down))
+        await _check_before_serving(settings, built)
         await built.preflight()  # the log database, the topics' limits: before any worker
         return WorkerArgs(
             host or ingress.host,
@@ -300,6 +293,22 @@ async def _reach_broker(settings: Settings) -> None:
     from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415
 
     await reach_broker(settings)
+
+
+async def _check_before_serving(settings: Settings, built: Ingress) -> None:
+    """What ``ingress serve`` checks before it serves, with or without workers.
+
+    The lanes' payload stores take their credentials (exit 2 now, not a 503 per payload), and
+    the broker does not refuse the login (:func:`refuse_a_refused_login`); a broker that does
+    not answer has its bound waited out once: its topic limits are not asked again
+    (:meth:`~pipeline.ingress.service.Ingress.broker_down`).
+    """
+    from pipeline.offload.writer import check_lane_stores  # noqa: PLC0415 - see the module doc
+
+    await check_lane_stores(built.specs)
+    down = await refuse_a_refused_login(settings)
+    if down is not None:
+        built.broker_down(str(down))
 
 
 async def refuse_a_refused_login(settings: Settings) -> BrokerUnavailable | None:
