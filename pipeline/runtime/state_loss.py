@@ -307,7 +307,7 @@ class StateWatch:
         """
         admin, self._admin = self._admin, None  # asked at this start only: the client is let go
         try:
-            written, self._epoch, self._count = await self._look()
+            written, self._epoch, self._count = await _look(self._redis, self._key)
         except FAILED as exc:
             self._failed(exc)
             return False
@@ -380,17 +380,13 @@ class StateWatch:
             exc,
         )
 
-    async def _look(self) -> tuple[bool, bytes | None, int]:
-        """Count one look (the epoch written first if missing): written, the epoch, the count."""
-        return await _look(self._redis, self._key)
-
     async def check(self) -> bool:
         """Look at the marker once; True if the Redis lost its data since the last look.
 
         A loss is logged (CRITICAL) and counted; the look wrote the marker again.
         """
         try:
-            written, epoch, count = await self._look()
+            written, epoch, count = await _look(self._redis, self._key)
         except FAILED as exc:
             self._failed(exc)
             return False
