@@ -28,7 +28,8 @@ from support import delete_group_after
 from pipeline.config import KafkaSettings, Settings
 from pipeline.envelope import Record
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.state_loss import StateLostCounter, StateWatch, marker_key
+from pipeline.runtime.app import Lane
+from pipeline.runtime.state_loss import GroupPositions, StateLostCounter, StateWatch, marker_key
 from pipeline.testing.ports import free_port
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Admin, PartitionLag
@@ -63,6 +64,27 @@ class CountingAdmin:
         """The real reading, counted."""
         self.calls += 1
         return await self._admin.group_lag(group, topic)
+
+
+def watching(
+    client: Redis,
+    url: str,
+    prefix: str,
+    group: str,
+    lane: Lane,
+    admin: GroupPositions,
+    *,
+    metrics: Metrics | None = None,
+    timeout_s: float = GENEROUS_S,
+) -> StateWatch:
+    """The watch of the member of ``group`` running ``lane`` on the Redis at ``url``.
+
+    With ``metrics``, its losses are counted there; ``timeout_s``: the broker's bound at start.
+    """
+    counter = None if metrics is None else StateLostCounter(metrics, group)
+    return StateWatch(
+        client, url, prefix, group, [lane], counter, admin=admin, consumed_timeout_s=timeout_s
+    )
 
 
 def lost_count(metrics: Metrics, group: str) -> float | None:
@@ -148,15 +170,7 @@ async def test_a_loss_while_every_member_was_down_is_reported_once_at_start(
             assert await client.exists(marker_key(prefix)) == 1
             await client.flushall()  # no member runs: none of them can see it
             starts = [
-                StateWatch(
-                    client,
-                    server.url,
-                    prefix,
-                    group,
-                    [lane],
-                    admin=transport.admin(),
-                    consumed_timeout_s=GENEROUS_S,
-                )
+                watching(client, server.url, prefix, group, lane, transport.admin())
                 for _ in range(2)
             ]
             with caplog.at_level(logging.DEBUG, logger=LOGGER):
@@ -193,15 +207,14 @@ async def test_a_first_start_of_a_new_group_says_nothing(
         await produce(transport, name, [Record(b"waiting", b"k")])  # not consumed yet
         admin = CountingAdmin(transport.admin())
         async with bare_client() as (server, client):
-            watch = StateWatch(
+            watch = watching(
                 client,
                 server.url,
                 prefix,
                 group,
-                [lane],
-                StateLostCounter(metrics, group),
-                admin=admin,
-                consumed_timeout_s=GENEROUS_S,
+                lane,
+                admin,
+                metrics=metrics,
             )
             with caplog.at_level(logging.DEBUG, logger=LOGGER):
                 assert await watch.start() is False
@@ -224,26 +237,17 @@ async def test_a_restart_with_the_marker_intact_says_nothing(
     try:
         admin = CountingAdmin(transport.admin())
         async with bare_client() as (server, client):
-            first = StateWatch(
-                client,
-                server.url,
-                prefix,
-                group,
-                [lane],
-                admin=admin,
-                consumed_timeout_s=GENEROUS_S,
-            )
+            first = watching(client, server.url, prefix, group, lane, admin)
             assert await first.start() is False  # a first start: the group is new
             async with partly_consumed(transport, lane.spec, group, produced=3, committed=3):
-                restarted = StateWatch(
+                restarted = watching(
                     client,
                     server.url,
                     prefix,
                     group,
-                    [lane],
-                    StateLostCounter(metrics, group),
-                    admin=admin,
-                    consumed_timeout_s=GENEROUS_S,
+                    lane,
+                    admin,
+                    metrics=metrics,
                 )
                 with caplog.at_level(logging.DEBUG, logger=LOGGER):
                     assert await restarted.start() is False
@@ -264,14 +268,8 @@ async def test_a_broker_that_does_not_answer_is_a_debug_line_only(
     transport = create_transport(silent, "kafka")
     try:
         async with bare_client() as (server, client):
-            watch = StateWatch(
-                client,
-                server.url,
-                prefix,
-                group,
-                [lane],
-                admin=transport.admin(),
-                consumed_timeout_s=0.5,
+            watch = watching(
+                client, server.url, prefix, group, lane, transport.admin(), timeout_s=0.5
             )
             with caplog.at_level(logging.DEBUG, logger=LOGGER):
                 assert await watch.start() is False
