@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from pipeline.admission.throttle import Throttle
 from pipeline.config import Settings, load_settings
 from pipeline.observability import stacks
 from pipeline.observability.server import MetricsServer, serve_metrics
@@ -584,3 +585,22 @@ async def serving_metrics(server: MetricsServer) -> AsyncIterator[int]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def started_throttle(redis_url: str, **options: Any) -> AsyncIterator[Throttle]:
+    """A started :class:`Throttle` on a client of its own (``options`` as it takes them).
+
+    Closed, and its client with it, when the block ends; its keys are the test's to delete
+    (a namespace or prefix holding the test's ``unique`` suffix is deleted by that fixture).
+    """
+    from redis.asyncio import Redis  # noqa: PLC0415 - a name for annotations above
+
+    client = Redis.from_url(redis_url)
+    throttle = Throttle(client, **options)
+    await throttle.start()
+    try:
+        yield throttle
+    finally:
+        await throttle.close()
+        await client.aclose()

@@ -6,8 +6,8 @@ import math
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, running, vision_lane
+from support import started_throttle
 
 from pipeline import headers as h
 from pipeline.admission.adaptive import feedback_for
@@ -27,12 +27,10 @@ POLICY = AdaptivePolicy.model_validate({"min": 1, "max": 8, "cooldown": "1h"})
 @pytest.fixture
 async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle in a namespace of its own."""
-    client = Redis.from_url(redis_service)
-    limiter = Throttle(client, prefix=f"t{unique}", namespace=unique, default_limit=2)
-    await limiter.start()
-    yield limiter
-    await limiter.close()
-    await client.aclose()
+    async with started_throttle(
+        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=2
+    ) as limiter:
+        yield limiter
 
 
 @pytest.mark.parametrize("retry_after_s", [math.nan, math.inf, -math.inf, -5.0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
+from support import started_throttle
 
 from pipeline.admission import keys as k
 from pipeline.admission.reserve import ReserveSizer
@@ -23,11 +23,8 @@ HIGH, LOW = 10, 0
 @pytest.fixture
 async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle on a namespace of its own, default limit 4."""
-    t = Throttle(Redis.from_url(redis_service), namespace=f"s{unique}", default_limit=4)
-    await t.start()
-    yield t
-    await t.close()
-    await t.client.aclose()
+    async with started_throttle(redis_service, namespace=f"s{unique}", default_limit=4) as limiter:
+        yield limiter
 
 
 async def _lose_the_state(t: Throttle) -> None:

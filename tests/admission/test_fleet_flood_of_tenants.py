@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
+from support import started_throttle
 
 from pipeline.admission import keys as k
 from pipeline.admission.fleet import FleetLimits
@@ -34,11 +34,8 @@ NOW = 1_000_000.0
 @pytest.fixture
 async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle whose keys and limit stats live under a prefix of their own."""
-    t = Throttle(Redis.from_url(redis_service), prefix=f"f{unique}", namespace="n")
-    await t.start()
-    yield t
-    await t.close()
-    await t.client.aclose()
+    async with started_throttle(redis_service, prefix=f"f{unique}", namespace="n") as limiter:
+        yield limiter
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
+from support import started_throttle
 
 from pipeline.admission import keys as k
 from pipeline.admission.fleet import FleetLimits
@@ -26,11 +26,8 @@ POLICY = LimitPolicy(defaults=OrgLimits(floor=2, burst_floor=2, burst_pct=0.5), 
 @pytest.fixture
 async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle whose keys and limit stats live under a prefix of their own."""
-    t = Throttle(Redis.from_url(redis_service), prefix=f"m{unique}", namespace="n")
-    await t.start()
-    yield t
-    await t.close()
-    await t.client.aclose()
+    async with started_throttle(redis_service, prefix=f"m{unique}", namespace="n") as limiter:
+        yield limiter
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import eventually
+from support import started_throttle
 
 from pipeline.admission import keys as k
 from pipeline.admission.throttle import Throttle
@@ -24,11 +25,8 @@ TENANTS = 300
 @pytest.fixture
 async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle on a namespace of its own (its keys are deleted after the test)."""
-    t = Throttle(Redis.from_url(redis_service), namespace=f"h{unique}", default_limit=2)
-    await t.start()
-    yield t
-    await t.close()
-    await t.client.aclose()
+    async with started_throttle(redis_service, namespace=f"h{unique}", default_limit=2) as limiter:
+        yield limiter
 
 
 async def _namespace_keys(t: Throttle) -> list[bytes]:

@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from support import started_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
@@ -30,12 +30,10 @@ ONE_WORKER = FAST.model_copy(update={"max_concurrency": 1, "shutdown_grace_s": 1
 @pytest.fixture
 async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle in a namespace of the test's own."""
-    client = Redis.from_url(redis_service)
-    limiter = Throttle(client, prefix=f"t{unique}", namespace=unique, default_limit=1)
-    await limiter.start()
-    yield limiter
-    await limiter.close()
-    await client.aclose()
+    async with started_throttle(
+        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=1
+    ) as limiter:
+        yield limiter
 
 
 async def test_a_message_waiting_for_admission_is_not_admitted_during_the_revocation(

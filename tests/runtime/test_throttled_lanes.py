@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running, vision_lane
+from support import started_throttle
 
 from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
@@ -28,12 +29,10 @@ from pipeline.transport.protocol import Transport
 @pytest.fixture
 async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle in a namespace of its own (default limit 2)."""
-    client = Redis.from_url(redis_service)
-    limiter = Throttle(client, prefix=f"t{unique}", namespace=unique, default_limit=2)
-    await limiter.start()
-    yield limiter
-    await limiter.close()
-    await client.aclose()
+    async with started_throttle(
+        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=2
+    ) as limiter:
+        yield limiter
 
 
 def record(tenant: str, n: int, key: str | None = None) -> Record:
