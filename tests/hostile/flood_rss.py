@@ -43,6 +43,7 @@ from pipeline.transport.protocol import Producer
 sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: tests/ holds its helpers
 UNIQUE = os.environ.setdefault("FLOOD_UNIQUE", uuid.uuid4().hex[:10])  # names flood_app's lanes
 from hostile.flood_app import DEBOUNCED, THROTTLED  # noqa: E402 - after the two lines above
+from hostile.measure import rss_kib, say  # noqa: E402
 from support import cli_environment, test_settings  # noqa: E402
 
 WARM_UP = 5_000
@@ -62,20 +63,6 @@ def redis_kinds(url: str, unique: str) -> dict[str, tuple[int, int]]:
             count, lasting = kinds.get(kind, (0, 0))
             kinds[kind] = (count + 1, lasting + (client.pttl(name) < 0))
     return kinds
-
-
-def say(line: str) -> None:
-    """Write one line of the figures to standard output."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def rss_kib(pid: int) -> int:
-    """The process's resident set (``VmRSS``), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def lag(bootstrap: str, group: str, topics: list[str]) -> int:

@@ -30,6 +30,7 @@ from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: tests/ holds its helpers
+from hostile.measure import rss_kib, say
 from ingress.helpers import listening_url, start_ingress, stop
 from support import cli_environment, test_settings
 
@@ -37,20 +38,6 @@ SECRET = "flood-secret"  # noqa: S105 - signs the run's own webhooks
 CONNECTIONS = 32
 WARM_UP = 2_000
 IDLE_S = float(os.environ.get("FLOOD_IDLE_S", "20"))
-
-
-def say(line: str) -> None:
-    """Write one line of the figures to standard output."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def rss_kib(pid: int) -> int:
-    """The process's resident set (``VmRSS``), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def rss_parts(pid: int) -> str:
