@@ -12,9 +12,6 @@ each idle spell. The topic and the log are deleted at the end.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
 import os
 import sys
 import tempfile
@@ -30,11 +27,11 @@ from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: tests/ holds its helpers
+from hostile.flood_webhooks import SECRET, answer, webhook
 from hostile.measure import rss_kib, say
 from ingress.helpers import listening_url, start_ingress, stop
 from support import cli_environment, test_settings
 
-SECRET = "flood-secret"  # noqa: S105 - signs the run's own webhooks
 CONNECTIONS = 32
 WARM_UP = 2_000
 IDLE_S = float(os.environ.get("FLOOD_IDLE_S", "20"))
@@ -51,47 +48,13 @@ def rss_parts(pid: int) -> str:
     )
 
 
-def body(n: int, run: str) -> bytes:
-    """Webhook ``n``: a tenant, a contact (the key) and a message id of its own."""
-    value = {
-        "contacts": [{"wa_id": f"key-{run}-{n}"}],
-        "messages": [{"id": f"wamid.{run}.{n}", "text": {"body": "hello"}}],
-    }
-    doc = {
-        "entry": [{"id": f"tenant-{run}-{n}", "changes": [{"field": "messages", "value": value}]}]
-    }
-    return json.dumps(doc).encode()
-
-
-def request(n: int, run: str) -> bytes:
-    """The whole HTTP/1.1 request of webhook ``n``, signed, keep-alive."""
-    payload = body(n, run)
-    signature = "sha256=" + hmac.new(SECRET.encode(), payload, hashlib.sha256).hexdigest()
-    head = (
-        "POST /hooks/flood HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-        f"x-hub-signature-256: {signature}\r\ncontent-length: {len(payload)}\r\n\r\n"
-    )
-    return head.encode() + payload
-
-
-async def answer(reader: asyncio.StreamReader) -> int:
-    """Read one response; its status."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    length = next(
-        int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length")
-    )
-    await reader.readexactly(length)
-    return int(lines[0].split()[1])
-
-
 async def connection(port: int, numbers: range, statuses: dict[int, int]) -> None:
     """Send webhooks ``numbers`` one after the other over one keep-alive connection."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     run = os.environ["FLOOD_RUN"]
     try:
         for n in numbers:
-            writer.write(request(n, run))
+            writer.write(webhook(run, n))
             status = await answer(reader)
             statuses[status] = statuses.get(status, 0) + 1
     finally:

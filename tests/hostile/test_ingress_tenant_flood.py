@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
-import hmac
-import json
 import os
 import re
 import socket
@@ -30,6 +27,7 @@ from types import FrameType
 
 import pytest
 import yaml
+from hostile.flood_webhooks import SECRET, answer, webhook
 from runtime.helpers import eventually
 from support import delete_after_test, test_settings
 from tracing.otlp_receiver import OtlpReceiver
@@ -43,30 +41,10 @@ from pipeline.transport import create_transport
 
 pytestmark = pytest.mark.usefixtures("kafka_service")
 
-SECRET = "flood-secret"  # noqa: S105 - signs the test's own webhooks
 CONNECTIONS = 16
 WARM_UP = 200
 FLOOD = 3_000
 SERIES = re.compile(rb"^([^#\s][^\s]*)\s", re.MULTILINE)
-
-
-def webhook(run: str, n: int, *, secret: str = SECRET, tenant: str = "") -> bytes:
-    """The HTTP/1.1 request of webhook ``n``: its own tenant, contact and message id."""
-    value = {
-        "contacts": [{"wa_id": f"key-{run}-{n}"}],
-        "messages": [{"id": f"wamid.{run}.{n}"}],
-    }
-    entry = {
-        "id": tenant or f"tenant-{run}-{n}",
-        "changes": [{"field": "messages", "value": value}],
-    }
-    body = json.dumps({"entry": [entry]}).encode()
-    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    head = (
-        "POST /hooks/flood HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-        f"x-hub-signature-256: {signature}\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 def request(run: str, n: int) -> bytes:
@@ -84,15 +62,6 @@ def request(run: str, n: int) -> bytes:
             return webhook(run, n, secret="not-the-secret")  # noqa: S106 - a wrong one
         case _:
             return webhook(run, n)
-
-
-async def answer(reader: asyncio.StreamReader) -> int:
-    """Read one response; its status."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    length = next(int(v.split(":", 1)[1]) for v in lines if v.lower().startswith("content-length"))
-    await reader.readexactly(length)
-    return int(lines[0].split()[1])
 
 
 async def send(port: int, run: str, numbers: range) -> dict[int, int]:
