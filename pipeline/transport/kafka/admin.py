@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _RawConsumer
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as _RawTP
 from confluent_kafka.admin import (
     AlterConfigOpType,
@@ -44,6 +44,7 @@ _ONE_RECORD = {
     "fetch.queue.backoff.ms": 10,
 }
 _NO_LEADER = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+_UNKNOWN_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
 # A probe never joins its group, so a member's timings in PIPELINE_KAFKA__CLIENT mean nothing to
 # it; passed on, a max.poll.interval.ms below librdkafka's default session timeout (45 s) would
 # make every probe, and so every lag read, fail to be created.
@@ -181,8 +182,11 @@ class KafkaAdmin:
     async def _partitions(self, names: Collection[str] | None) -> dict[str, list[int]]:
         """Partition ids of every non-internal topic, or of those of ``names`` that exist.
 
-        Named topics are described in one request whose cost does not grow with the cluster
-        (the metrics refresher asks for a lane's few topics on a broker that may hold thousands).
+        Named topics are read from their own metadata, one request each on one thread, whose
+        cost does not grow with the cluster (the metrics refresher asks for a lane's few topics
+        on a broker that may hold thousands). Not ``describe_topics``: confluent-kafka 2.16
+        leaks the ``Uuid`` of each topic it describes (never freed: a member's metrics refresh
+        left one per dead-letter topic every 15 s).
         """
         if names is None:
             meta = await self._metadata()
@@ -193,16 +197,26 @@ class KafkaAdmin:
                 self._raw.describe_cluster(request_timeout=self._timeout_s), "list topics"
             )
             return {}
-        futures = self._raw.describe_topics(
-            TopicCollection(wanted), request_timeout=self._timeout_s
-        )
+        try:
+            return await detached(self._named_partitions, wanted)
+        except KafkaException as exc:
+            raise translate(exc, "list topics") from exc
+
+    def _named_partitions(self, names: list[str]) -> dict[str, list[int]]:
+        """:meth:`_partitions` of ``names``, blocking: a topic that does not exist is left out.
+
+        Raises:
+            KafkaException: the broker did not answer, or refused a topic's metadata.
+        """
         out: dict[str, list[int]] = {}
-        for name, fut in futures.items():
-            try:
-                described = await self._wait(fut, f"describe topic {name}")
-            except UnknownTopic:
-                continue
-            out[name] = [p.id for p in described.partitions]
+        for name in names:
+            found = self._raw.list_topics(name, timeout=self._timeout_s).topics.get(name)
+            error = None if found is None else found.error
+            if found is None or (error is not None and error.code() == _UNKNOWN_TOPIC):
+                continue  # deleted meanwhile, or never made
+            if error is not None and error.code() not in _NO_LEADER:
+                raise KafkaException(error)
+            out[name] = sorted(found.partitions)
         return out
 
     async def _describe(self, names: list[str]) -> dict[str, tuple[int | None, int | None]]:

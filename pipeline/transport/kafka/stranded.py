@@ -44,6 +44,13 @@ _MIN_INTERVAL_S = 5.0
 _SLICE_S = 0.1
 """A stopped watch gives up waiting for the coordinator, or for its nudge, within this."""
 
+_DESCRIBE_EVERY_S = 300.0
+"""The topics' partitions are described again at most this often, or sooner when the group's
+assignment names a partition not known yet (its topic grew) or leaves a known one to no member
+(confirmed on a fresh description). confluent-kafka 2.16 leaks the
+``Uuid`` of every topic it describes: described at every check, a member kept one more per
+topic every session timeout, for as long as it ran."""
+
 Partitions = frozenset[tuple[str, int]]
 T = TypeVar("T")
 
@@ -62,6 +69,9 @@ class StrandWatch:
         """What the previous check found assigned to no member."""
         self._admin: Any = None
         self._stopped = threading.Event()
+        self._partitions: Partitions = frozenset()
+        """Every partition of the topics, as last described."""
+        self._described_s = float("-inf")
 
     def due(self) -> bool:
         """Whether the next check is due (never, once stopped)."""
@@ -117,6 +127,15 @@ class StrandWatch:
             for member in group.members
             for tp in member.assignment.topic_partitions
         }
+        stale = time.monotonic() - self._described_s >= _DESCRIBE_EVERY_S
+        if stale or not owned <= self._partitions or self._partitions - owned:
+            # Unowned ones are confirmed on a fresh description (a topic made again smaller).
+            self._partitions = self._described(admin, timeout_s)
+            self._described_s = time.monotonic()
+        return frozenset(self._partitions - owned)
+
+    def _described(self, admin: Any, timeout_s: float) -> Partitions:
+        """Every partition of the topics, as the cluster describes them now."""
         every: set[tuple[str, int]] = set()
         topics = admin.describe_topics(TopicCollection(self._topics), request_timeout=timeout_s)
         for topic, described in topics.items():
@@ -125,7 +144,7 @@ class StrandWatch:
             except KafkaException:  # deleted meanwhile: nothing of it to own
                 continue
             every.update((topic, p.id) for p in partitions)
-        return frozenset(every - owned)
+        return frozenset(every)
 
     def _answer(self, future: Future[T], timeout_s: float) -> T:
         """``future``'s result, waited for in slices; TimeoutError once stopped or past due."""
