@@ -8,8 +8,9 @@ nothing else would say so: they simply never run.
 
 The member keeps a marker under its key prefix (:func:`marker_key`), a hash without expiry:
 a random epoch, written if missing (``HSETNX``; one already there, another member's, is
-adopted), and a count that every look adds one to (``HINCRBY``). It looks at start and every
-:data:`CHECK_INTERVAL_S` (one transaction of three commands; never per message). The epoch gone
+adopted), a count that every look adds one to (``HINCRBY``), and one field per group
+(:func:`group_field`) that every look of its members writes if missing. It looks at start and
+every :data:`CHECK_INTERVAL_S` (one transaction; never per message). The epoch gone
 or changed, the Redis lost everything since the last look; the count not past the one seen
 last, it went back to an older state of its data. Either way: one CRITICAL line (what was lost,
 where its messages are, what to do) and ``pipeline_redis_state_lost_total`` counted once; the
@@ -20,13 +21,18 @@ replica) is one warning line per run of refusals. A member whose lanes keep noth
 Redis watches nothing, but writes the marker at start all the same (:func:`mark_present`), so
 that one of its lanes beginning to keep messages there is not taken for a loss.
 
-A marker missing at start is a first start, or a Redis that lost its data while no member ran
-(every member stopped, then the Redis flushed or restarted empty), or a new or another Redis.
-The broker tells them apart: when the member's lanes keep messages only in Redis, it is asked
-once whether the member's group has committed offsets on their main topics
-(``Admin.group_lag``, bounded by :data:`CONSUMED_TIMEOUT_S`). It has: one CRITICAL line
-and one count, by the member that found the marker missing only (the others find it written).
-It has not (a first start): nothing; it did not answer in time: a DEBUG line only. On the Redis
+A marker missing at start, or its group's field missing from it, is a first start of the
+group, or a Redis that lost its data while no member of the group ran (every member stopped,
+then the Redis flushed or restarted empty; a member of another group may have written the
+marker again since), or a new or another Redis. The broker tells them apart: when the member's
+lanes keep messages only in Redis, it is asked once whether the member's group has committed
+offsets on their main topics (``Admin.group_lag``, bounded by :data:`CONSUMED_TIMEOUT_S`). It
+has: one CRITICAL line and one count, by the first member of the group to start only (the
+others find its field written). It has not (a first start): nothing; it did not answer in
+time: a DEBUG line only. A group's field tells only on a marker written by this release with
+every member since naming its group (:attr:`Look.tracked`): on one an earlier release wrote,
+every group's field is missing though nothing was lost, so nothing is asked until the marker
+is written anew (after a loss). On the Redis
 Streams transport it is not asked: the streams and the group's positions are in that same
 Redis, so a Redis that lost the marker lost them too, and the broker can tell no more than the
 marker (the member's start finds its topics missing).
@@ -44,6 +50,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from redis.asyncio import Redis
@@ -62,10 +69,14 @@ __all__ = [
     "CONSUMED_TIMEOUT_S",
     "RUNBOOK",
     "GroupPositions",
+    "Look",
     "LossCounter",
     "StateLostCounter",
     "StateWatch",
+    "group_field",
+    "look",
     "mark_present",
+    "marker_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -207,23 +218,31 @@ def missing_line(
     *,
     evicting: str | None = None,
     marks_processed: bool = False,
+    marker_missing: bool = True,
 ) -> str:
-    """The CRITICAL line for a marker ``key`` missing at start though ``group`` consumed before.
+    """The CRITICAL line for ``group``'s field of marker ``key`` missing at start.
 
     ``consumed`` names the main topics the group has committed offsets on; ``evicting``, how
-    the Redis evicts keys, if it has (:meth:`StateWatch._evicting`).
+    the Redis evicts keys, if it has (:meth:`StateWatch._evicting`); ``marker_missing``,
+    whether the whole marker was missing (else a member of another group wrote it again first).
     """
     lost = " and ".join(kept_only_in_redis(lanes))
     evicted = f", evicted it ({evicting})" if evicting else ""
     recover = _recover(group, lanes, marks_processed=marks_processed, topics_in_redis=False)
     fix = _NO_EVICTION if evicting else _PERSIST
+    missing = (
+        f"holds no state-loss marker {key}"
+        if marker_missing
+        else f"has no entry for group {group} in its state-loss marker {key} (a member of"
+        " another group wrote the marker again since)"
+    )
     return (
-        f"Redis {safe_url(url)} holds no state-loss marker {key} although group {group} has"
+        f"Redis {safe_url(url)} {missing} although group {group} has"
         f" consumed {', '.join(consumed)} before (its offsets are committed): that Redis lost"
-        f" its data while no member ran ({_EMPTIED}){evicted}, or it is a new or another Redis"
-        " than the one the members used (PIPELINE_REDIS__URL)."
+        f" its data while no member of group {group} ran ({_EMPTIED}){evicted}, or it is a new"
+        f" or another Redis than the one the group's members used (PIPELINE_REDIS__URL)."
         f" The {lost} it had may be gone and will not run. {recover}; see {RUNBOOK}. {fix}."
-        " Only the member that found the marker missing reports this."
+        f" Only the first member of group {group} to start reports this."
     )
 
 
@@ -307,12 +326,17 @@ class StateWatch:
         """
         admin, self._admin = self._admin, None  # asked at this start only: the client is let go
         try:
-            written, self._epoch, self._count = await _look(self._redis, self._key)
+            found = await look(self._redis, self._key, self.group)
         except FAILED as exc:
             self._failed(exc)
             return False
         self._refused = False
-        if not written or not (consumed := await self._consumed(admin)):
+        self._epoch, self._count = found.epoch, found.count
+        # The group's field missing from a marker that keeps every group's: no member of the
+        # group looked since the marker was written (after a loss, or on a new Redis).
+        if not (found.first_of_group and found.tracked):
+            return False
+        if not (consumed := await self._consumed(admin)):
             return False
         line = missing_line(
             self._url,
@@ -322,6 +346,7 @@ class StateWatch:
             consumed,
             evicting=await self._evicting(),
             marks_processed=self._marks_processed,
+            marker_missing=found.written,
         )
         log.critical(line)
         self._lost()
@@ -386,11 +411,12 @@ class StateWatch:
         A loss is logged (CRITICAL) and counted; the look wrote the marker again.
         """
         try:
-            written, epoch, count = await _look(self._redis, self._key)
+            found = await look(self._redis, self._key, self.group)
         except FAILED as exc:
             self._failed(exc)
             return False
         self._refused = False
+        written, epoch, count = found.written, found.epoch, found.count
         seen, last = self._epoch, self._count
         if seen is None or (epoch == seen and count > last):
             self._epoch, self._count = epoch, count
@@ -461,31 +487,87 @@ class StateWatch:
                 broken = False
 
 
-async def _look(redis: Redis, key: str) -> tuple[bool, bytes | None, int]:
-    """Count one look at marker ``key`` (its epoch written first if missing).
+EPOCH_FIELD = "epoch"
+"""The marker's random epoch, written when the marker is missing."""
+COUNT_FIELD = "count"
+"""The marker's count of looks."""
+GROUPS_FIELD = "groups"
+"""The epoch the marker began keeping one field per group at: its own when a member of this
+release wrote it, another when an earlier release did (its groups' fields then tell nothing)."""
+UNTRACKED_FIELD = "untracked"
+"""Set by a member that wrote the marker without naming its group: its groups' fields tell
+nothing until the marker is written anew."""
 
-    Returns whether this look wrote the epoch, the epoch and the count.
+
+def group_field(group: str) -> str:
+    """The marker's field of ``group``: written by each look of its members."""
+    return f"group:{group}"
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What one look at the marker found (:func:`look`)."""
+
+    written: bool
+    """Whether this look wrote the epoch: the marker was missing."""
+    epoch: bytes | None
+    """The marker's epoch."""
+    count: int
+    """The marker's count, this look's included."""
+    first_of_group: bool
+    """Whether this look wrote its group's field: no member of it looked since the marker was
+    written."""
+    tracked: bool
+    """Whether every member that looked since the marker was written wrote its group's field
+    (a marker an earlier release wrote, or a member that named no group, keeps it False)."""
+
+
+def _text(value: object) -> bytes | None:
+    if isinstance(value, str):
+        return value.encode()
+    return value if isinstance(value, bytes) else None
+
+
+async def look(redis: Redis, key: str, group: str | None) -> Look:
+    """Count one look at marker ``key`` by a member of ``group`` (its epoch written if missing).
+
+    One transaction: the epoch and the epoch the groups' fields began at are written if missing
+    (the same token, so they are equal only when this release wrote the marker), then the
+    group's field (``group`` None: the marker is left untracked), the count raised, and the
+    epochs read back.
     """
+    token = secrets.token_hex(8)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hsetnx(key, "epoch", secrets.token_hex(8))
-        pipe.hincrby(key, "count", 1)
-        pipe.hget(key, "epoch")
-        written, count, epoch = await pipe.execute()
-    if isinstance(epoch, str):
-        epoch = epoch.encode()
-    return bool(written), epoch if isinstance(epoch, bytes) else None, int(count)
+        pipe.hsetnx(key, EPOCH_FIELD, token)
+        pipe.hsetnx(key, GROUPS_FIELD, token)
+        pipe.hsetnx(key, UNTRACKED_FIELD if group is None else group_field(group), 1)
+        pipe.hincrby(key, COUNT_FIELD, 1)
+        pipe.hget(key, EPOCH_FIELD)
+        pipe.hget(key, GROUPS_FIELD)
+        pipe.hget(key, UNTRACKED_FIELD)
+        written, _, marked, count, epoch, since, untracked = await pipe.execute()
+    epoch = _text(epoch)
+    return Look(
+        written=bool(written),
+        epoch=epoch,
+        count=int(count),
+        first_of_group=group is not None and bool(marked),
+        tracked=epoch is not None and _text(since) == epoch and untracked is None,
+    )
 
 
-async def mark_present(redis: Redis, url: str, prefix: str) -> None:
+async def mark_present(redis: Redis, url: str, prefix: str, group: str | None = None) -> None:
     """Write the marker of key prefix ``prefix`` if missing, for a member that keeps no watch.
 
     A member whose lanes keep nothing only in Redis watches nothing, but its group commits
-    offsets: without a marker, the first start after one of its lanes began keeping held
-    followers or debounce buffers (``retry:`` on an ordered lane, ``debounce:``) would take the
-    missing marker for a loss. One transaction at start; a Redis out of reach or refusing it is
-    a DEBUG line (the runtime's own calls say so).
+    offsets: without a marker (and its ``group``'s field in it), the first start after one of
+    its lanes began keeping held followers or debounce buffers (``retry:`` on an ordered lane,
+    ``debounce:``) would take the missing marker for a loss. Without ``group`` the marker is
+    left untracked (:attr:`Look.tracked`): no group's missing field is taken for a loss until
+    it is written anew. One transaction at start; a Redis out of reach or refusing it is a
+    DEBUG line (the runtime's own calls say so).
     """
     try:
-        await _look(redis, marker_key(prefix))
+        await look(redis, marker_key(prefix), group)
     except FAILED as exc:
         log.debug("state marker not written at %s: %s", safe_url(url), exc)

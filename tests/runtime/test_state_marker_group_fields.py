@@ -1,0 +1,164 @@
+"""The marker's field per group: an upgraded marker, and members that name no group, page no one.
+
+A marker the previous release wrote has no group's field: a member of this release finding its
+group's field missing there must not take it for a loss (nothing was lost: the marker is
+there). Nor must a group whose member wrote the marker without naming its group. A marker this
+release wrote after a loss keeps every group's field, and each group that consumed before is
+reported once, at its first start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pytest
+from redis.asyncio import Redis
+from runtime.consumed_lane import consumed_lane
+from runtime.helpers import idle_lane
+from runtime.private_redis import bare_client
+
+from pipeline.config import Settings
+from pipeline.runtime.app import Lane
+from pipeline.runtime.state_loss import StateWatch, group_field, mark_present, marker_key
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Admin, PartitionLag
+
+LOGGER = "pipeline.runtime.state_loss"
+
+
+class CountingAdmin:
+    """The real admin client, its lag reads counted (the broker is asked only when needed)."""
+
+    def __init__(self, admin: Admin) -> None:
+        """Count the calls made through ``admin``."""
+        self._admin = admin
+        self.calls = 0
+
+    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
+        """The real reading, counted."""
+        self.calls += 1
+        return await self._admin.group_lag(group, topic)
+
+
+async def previous_release_look(client: Redis, prefix: str) -> None:
+    """The look of the previous release: an epoch written if missing, the count raised."""
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.hsetnx(marker_key(prefix), "epoch", "0123456789abcdef")
+        pipe.hincrby(marker_key(prefix), "count", 1)
+        pipe.hget(marker_key(prefix), "epoch")
+        await pipe.execute()
+
+
+async def two_consumed_groups(settings: Settings, unique: str) -> dict[str, Lane]:
+    """Groups A and B, each with committed offsets on an ordered lane with a tier of its own."""
+    lanes = {f"ga-{unique}": f"ua_{unique}", f"gb-{unique}": f"ub_{unique}"}
+    out = {}
+    for group, name in lanes.items():
+        lane = idle_lane(name, retry={"tiers": ["1h"]})
+        await consumed_lane(settings, lane.spec, group)
+        out[group] = lane
+    return out
+
+
+async def starts(
+    client: Redis, url: str, prefix: str, lanes: dict[str, Lane], admin: CountingAdmin
+) -> list[bool]:
+    """One member of each group starts, in order; whether each reported a loss."""
+    return [
+        await StateWatch(
+            client, url, prefix, group, [lane], admin=admin, consumed_timeout_s=60
+        ).start()
+        for group, lane in lanes.items()
+    ]
+
+
+def logged(caplog: pytest.LogCaptureFixture) -> Sequence[str]:
+    """The lines the watches logged."""
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER]
+
+
+async def test_an_upgraded_marker_pages_no_one_and_a_later_loss_every_group(
+    settings: Settings, kafka_service: str, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Previous release's marker: silent, broker not asked; FLUSHALL after: A and B each once."""
+    prefix = f"t{unique}"
+    lanes = await two_consumed_groups(settings, unique)
+    transport = create_transport(settings, "kafka")
+    try:
+        admin = CountingAdmin(transport.admin())
+        async with bare_client() as (server, client):
+            await previous_release_look(client, prefix)
+            with caplog.at_level(logging.DEBUG, logger=LOGGER):
+                assert await starts(client, server.url, prefix, lanes, admin) == [False, False]
+                assert admin.calls == 0  # the group's field missing there tells nothing
+                assert logged(caplog) == []
+                await client.flushall()  # no member runs
+                assert await starts(client, server.url, prefix, lanes, admin) == [True, True]
+                assert admin.calls == 2
+                # Restarted: each group's field is there now.
+                assert await starts(client, server.url, prefix, lanes, admin) == [False, False]
+            assert admin.calls == 2
+            for group in lanes:
+                assert await client.hexists(marker_key(prefix), group_field(group))
+    finally:
+        await transport.close()
+    first, second = logged(caplog)
+    group_a, group_b = lanes
+    assert f"holds no state-loss marker {marker_key(prefix)} although group {group_a}" in first
+    assert (
+        f"has no entry for group {group_b} in its state-loss marker {marker_key(prefix)}" in second
+    )
+    assert f"although group {group_b} has consumed {lanes[group_b].name} before" in second
+    assert f"Only the first member of group {group_b} to start reports this." in second
+
+
+async def test_a_loss_seen_while_running_is_not_reported_again_at_the_next_start(
+    settings: Settings, kafka_service: str, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A and B run through a FLUSHALL (each reports it), then restart: nothing more."""
+    prefix = f"t{unique}"
+    lanes = await two_consumed_groups(settings, unique)
+    transport = create_transport(settings, "kafka")
+    try:
+        admin = CountingAdmin(transport.admin())
+        async with bare_client() as (server, client):
+            await starts(client, server.url, prefix, lanes, admin)  # a new Redis: reported
+            caplog.clear()
+            running = [StateWatch(client, server.url, prefix, g, [x]) for g, x in lanes.items()]
+            for watch in running:
+                await watch.start()
+            await client.flushall()
+            with caplog.at_level(logging.DEBUG, logger=LOGGER):
+                assert [await watch.check() for watch in running] == [True, True]
+                calls = admin.calls
+                assert await starts(client, server.url, prefix, lanes, admin) == [False, False]
+            assert admin.calls == calls
+    finally:
+        await transport.close()
+    assert len(logged(caplog)) == 2  # the two running members' lines only
+
+
+async def test_members_naming_or_not_their_group_page_no_one(
+    settings: Settings, kafka_service: str, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B's member kept no watch: with its group named, its field is there; without, untracked."""
+    prefix = f"t{unique}"
+    lanes = await two_consumed_groups(settings, unique)
+    (group_a, lane_a), (group_b, lane_b) = lanes.items()
+    transport = create_transport(settings, "kafka")
+    try:
+        admin = CountingAdmin(transport.admin())
+        async with bare_client() as (server, client):
+            for named in (True, False):
+                await client.flushall()
+                first = StateWatch(client, server.url, prefix, group_a, [lane_a])
+                await first.start()  # a member of A wrote the marker anew
+                await mark_present(client, server.url, prefix, group_b if named else None)
+                watch = StateWatch(client, server.url, prefix, group_b, [lane_b], admin=admin)
+                with caplog.at_level(logging.DEBUG, logger=LOGGER):
+                    assert await watch.start() is False
+    finally:
+        await transport.close()
+    assert admin.calls == 0
+    assert logged(caplog) == []
