@@ -31,7 +31,8 @@ workers, and prints ``ingress listening on ...`` once all are listening. Then:
 With ``PIPELINE_INGRESS__METRICS_PORT=P`` worker *i* serves ``/metrics`` on port P + *i*.
 Without it the webhook port answers ``/metrics`` 404 saying so (the supervisor warns once at
 start): the kernel hands each scrape to any worker, so a scraper read one worker's counters, then
-another's. ``/healthz`` and ``/readyz`` stay on the webhook port, each worker answering for itself.
+another's. ``/healthz`` and ``/readyz`` stay on the webhook port, each worker answering for itself;
+its snapshot, served nowhere, is not refreshed (no lag asked of the broker, no backlog of the log).
 
 Workers run in their own process group (a terminal's Ctrl-C reaches the supervisor only, which
 stops them once) and, on Linux, get SIGTERM if the supervisor dies (``PR_SET_PDEATHSIG``), so a
@@ -61,6 +62,7 @@ import typer
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE
+from pipeline.observability.server import MetricsServer
 from pipeline.reachability import listen_error
 
 if TYPE_CHECKING:
@@ -158,8 +160,9 @@ async def _serve_worker(index: int, args: WorkerArgs, ready: Connection) -> None
         ingress = ingress.model_copy(update={"metrics_port": ingress.metrics_port + index})
     built = build_ingress(settings, ingress)
     built.limits_checked = args.limits_checked
-    if not ingress.metrics_port and built.app.observer is not None:
-        built.app.observer = _without_metrics(built.app.observer)
+    if not ingress.metrics_port:
+        built.observer = _Unscraped(built.observer.metrics)
+        built.app.observer = _without_metrics(built.observer)
     sock = reuse_port_socket(args.host, args.port)
 
     def announce(host: str, port: int) -> None:
@@ -197,6 +200,19 @@ def _without_metrics(observer: ASGIApp) -> ASGIApp:
         await send({"type": "http.response.body", "body": _NO_SHARED_METRICS})
 
     return serve
+
+
+class _Unscraped(MetricsServer):
+    """A worker's observer when no port of its own serves ``/metrics``: health, readiness.
+
+    Its snapshot is never served (:func:`_without_metrics`), so it is never refreshed: each
+    worker would ask the broker for the lanes' lag and the log store for its backlog every
+    interval for nothing, and with the broker down log its own timeout, N alike lines after
+    the supervisor's one.
+    """
+
+    def start(self) -> None:
+        """Start no refresher (see the class)."""
 
 
 def _uvloop() -> Callable[[], Any]:
