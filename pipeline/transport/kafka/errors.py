@@ -108,26 +108,36 @@ _DOWN = ("Connection refused", "brokers are down", "Failed to resolve")
 
 
 class _Heard:
-    """The ``logger`` and ``error_cb`` of a probe: what librdkafka said, kept as text."""
+    """The ``logger`` and ``error_cb`` of a probe: what librdkafka said that answers it.
+
+    Each line is read once, as it comes: the probe asks :attr:`settled` after each 0.1 s poll,
+    and no line is kept to be read again (nor joined with the others) at each.
+    """
+
+    __slots__ = ("closed_by_broker", "refused", "settled")
 
     def __init__(self) -> None:
         self.refused: str | None = None
-        self.lines: list[str] = []
+        """The broker's refusal of the SASL login, when it said one."""
+        self.closed_by_broker = False
+        """Whether the broker answered, then closed the connection."""
+        self.settled = False
+        """Whether the broker's answer is known: a refused login, a closed or no connection."""
 
     def log(self, level: int, msg: str, *args: object) -> None:  # noqa: ARG002 - any level
         """One librdkafka log line."""
-        self.lines.append(msg % args if args else msg)
+        line = msg % args if args else msg
+        if _CLOSED_BY_BROKER in line:
+            self.closed_by_broker = self.settled = True
+        elif any(s in line for s in _DOWN):
+            self.settled = True
 
     def error(self, err: KafkaError) -> None:
         """One client-level error; a refused SASL login is kept."""
         if err.code() == KafkaError._AUTHENTICATION:  # noqa: SLF001
             found = _SASL_REFUSAL.search(err.str())
             self.refused = found[1] if found else err.str()
-
-    def settled(self) -> bool:
-        """Whether the broker's answer is known: a refused login, a closed or no connection."""
-        text = " ".join(self.lines)
-        return self.refused is not None or any(s in text for s in (_CLOSED_BY_BROKER, *_DOWN))
+            self.settled = True
 
 
 def login_problem(settings: KafkaSettings, timeout_s: float = LOGIN_PROBE_S) -> str | None:
@@ -155,7 +165,7 @@ def login_problem(settings: KafkaSettings, timeout_s: float = LOGIN_PROBE_S) -> 
     except KafkaException:  # properties it refuses: the command's own line says so
         return None
     deadline = time.monotonic() + timeout_s
-    while not heard.settled() and time.monotonic() < deadline:
+    while not heard.settled and time.monotonic() < deadline:
         producer.poll(0.1)
     producer.poll(0)
     where = f"Kafka at {settings.bootstrap_servers} ({BOOTSTRAP_VARIABLE})"
@@ -164,7 +174,7 @@ def login_problem(settings: KafkaSettings, timeout_s: float = LOGIN_PROBE_S) -> 
             f"{where} refused the login: {heard.refused}; check sasl.username, sasl.password"
             f" and sasl.mechanism in {CLIENT_VARIABLE} against the users of its listener"
         )
-    if any(_CLOSED_BY_BROKER in line for line in heard.lines):
+    if heard.closed_by_broker:
         keys = sorted(k for k in settings.client if k.startswith(("security.", "sasl.", "ssl.")))
         return (
             f"{where} answered, then closed the connection: its listener may expect another"
