@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 
 from pipeline.config import RedisSettings
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.errors import TransportError
+from pipeline.errors import TransportError, UnknownTopic
 from pipeline.transport.protocol import RebalanceListener, StartAt
 from pipeline.transport.redis_streams.admin import (
     UnreadableTopicMeta,
@@ -48,6 +48,7 @@ from pipeline.transport.redis_streams.keys import (
     parse_partition_id,
     partition_id,
 )
+from pipeline.transport.redis_streams.lost import lost_or_deleted, vanished
 from pipeline.transport.retention import report_lost
 
 log = logging.getLogger(__name__)
@@ -297,7 +298,7 @@ class RedisStreamsConsumer:
         try:
             out = await self._fetch(max_messages, timeout_s)
         except rexc.ResponseError as exc:
-            if not str(exc).startswith("NOGROUP"):
+            if not vanished(exc):
                 raise translate(exc, f"consume {self._topics}") from exc
             await self._take_up_again(exc)
             return []
@@ -338,10 +339,22 @@ class RedisStreamsConsumer:
         Every partition is revoked as lost and taken up again at the next poll, its group made
         anew on the stream and read from the positions committed since (none for a topic
         created again: offset 0), as a Kafka member takes a recreated topic up. A topic deleted
-        and not created again raises :class:`UnknownTopic`, as on Kafka.
+        and not created again raises :class:`UnknownTopic`, as on Kafka; one gone with every
+        other topic, in a Redis that lost its data, raises it with a line saying so
+        (:mod:`pipeline.transport.redis_streams.lost`).
         """
         for topic in self._topics:
-            await read_meta(self._client, self._keys, topic, self._settings.max_len)
+            try:
+                await read_meta(self._client, self._keys, topic, self._settings.max_len)
+            except UnknownTopic as missing:
+                raise await lost_or_deleted(
+                    self._client,
+                    self._keys,
+                    self._settings.url,
+                    self._group,
+                    self._topics,
+                    missing,
+                ) from error
         log.warning(
             "%s of %s: %s; taking its partitions up again", self.member_id, self._group, error
         )
