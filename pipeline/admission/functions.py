@@ -116,6 +116,14 @@ class ThrottleFunctions(FunctionLibrary):
         count, woken = await self.fcall("thr_set_limits", self.declared, args)
         return Counted(int(count), tuple(woken))
 
+    async def set_shares(self, shares: Sequence[tuple[str, int, str]]) -> Counted:
+        """``thr_set_shares``: set each (key, limit, encoded share); new room goes to waiters."""
+        args: list[str | int] = [self.default_limit, self.member]
+        for key, limit, share in shares:
+            args += [key, limit, share]
+        count, woken = await self.fcall("thr_set_shares", self.declared, args)
+        return Counted(int(count), tuple(woken))
+
     async def set_reserve(self, key: str, slots: int | None, min_priority: int) -> Counted:
         """``thr_set_reserve``: keep ``slots`` of ``key`` (None: none) for ``min_priority`` up.
 

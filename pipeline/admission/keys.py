@@ -61,6 +61,20 @@ def limits(prefix: str, namespace: str) -> str:
     return f"{tag(prefix, namespace)}:limits"
 
 
+def shares(prefix: str, namespace: str) -> str:
+    """Hash: throttle key -> its :class:`~pipeline.admission.shares.Share` from the fleet."""
+    return f"{tag(prefix, namespace)}:shares"
+
+
+def fleet_factor(prefix: str, namespace: str) -> str:
+    """String: the fleet's pressure factor now, which admission applies to each share.
+
+    Set by the dynamic limits' tick (a TTL of a few ticks) in the namespace's hash tag, so
+    ``thr_acquire`` reads it in the same call and on the same Redis Cluster slot.
+    """
+    return f"{tag(prefix, namespace)}:factor"
+
+
 def reserve(prefix: str, namespace: str) -> str:
     """Throttle key -> ``"SLOTS:MIN_PRIO"``: slots of its limit kept for better priorities."""
     return f"{tag(prefix, namespace)}:reserve"
@@ -133,8 +147,19 @@ def fleet_load(prefix: str) -> str:
     return f"{{{prefix}:lim}}:fleet"
 
 
+def org_name(tenant: str) -> str:
+    """The name the dynamic limits know ``tenant`` by: what follows ``org:`` in its throttle key.
+
+    ``tenant`` itself up to :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes (without a
+    lone surrogate); a longer one is named as :func:`key_text` names its key ``org:TENANT`` (its
+    head and the digest of that key), so a 256 KiB ``pl-tenant`` is no 256 KiB member of
+    :func:`orgs_seen`, and ``org:`` and the name are the very key its jobs are admitted under.
+    """
+    return key_text(f"org:{tenant}")[4:]
+
+
 def orgs_seen(prefix: str) -> str:
-    """Zset: org -> when a member last saw work of it (ms), for the dynamic limits."""
+    """Zset: :func:`org_name` -> when a member last saw work of it (ms), for the dynamic limits."""
     return f"{{{prefix}:lim}}:seen"
 
 

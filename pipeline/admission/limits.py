@@ -13,7 +13,9 @@ when the fleet is over-committed every ceiling shrinks by the same factor. Per-o
 settings and dedicated capacity are :class:`OrgLimits`, loaded from YAML or from a Redis hash
 and so changed without a redeploy. :class:`LimitTracker` keeps each org's recent submissions and
 durations in a small per-minute Redis hash (one fixed-size read per org) and recomputes the
-limits off the hot path, writing them with :meth:`Throttle.set_limit`.
+limits off the hot path, writing them with :meth:`Throttle.set_shares`: each limit with the
+org's own part of it (:class:`~pipeline.admission.shares.Share`), which admission scales by the
+fleet's factor now, however long ago the org's limit was last computed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from redis.asyncio import Redis, RedisCluster
 
 from pipeline.admission import keys as k
 from pipeline.admission.limit_functions import LimitFunctions
-from pipeline.admission.throttle import MAX_LIMIT, Throttle
+from pipeline.admission.shares import MAX_LIMIT, Share
+from pipeline.admission.throttle import Throttle
 from pipeline.errors import ConfigError
 from pipeline.topics.spec import read_yaml
 from pipeline.validation import field_path
@@ -112,6 +115,13 @@ def pressure_factor(pool_target: int, in_flight: int, f_min: float, f_max: float
     return min(f_max, max(f_min, pool_target / in_flight))
 
 
+def org_share(org: OrgLimits, *, rate_per_min: float, duration_s: float) -> Share:
+    """The org's own part of its limit: its ceiling, floor and dedicated capacity."""
+    base = earned_base(org.floor, rate_per_min, duration_s)
+    top = ceiling(base, org.burst_floor, org.burst_pct)
+    return Share(top, org.floor, org.dedicated)
+
+
 def dynamic_limit(
     org: OrgLimits,
     *,
@@ -123,10 +133,8 @@ def dynamic_limit(
     f_max: float,
 ) -> int:
     """The org's limit now: its floor at least, plus its dedicated capacity on top."""
-    base = earned_base(org.floor, rate_per_min, duration_s)
-    top = ceiling(base, org.burst_floor, org.burst_pct)
-    factor = pressure_factor(pool_target, in_flight, f_min, f_max)
-    return max(org.floor, math.floor(top * factor)) + org.dedicated
+    share = org_share(org, rate_per_min=rate_per_min, duration_s=duration_s)
+    return share.limit(pressure_factor(pool_target, in_flight, f_min, f_max))
 
 
 _POLICY_VARIABLE = "PIPELINE_THROTTLE__DYNAMIC__POLICY_FILE"
@@ -363,41 +371,29 @@ class LimitTracker:
         """Compute each org's limit and set it on the throttle key ``org:ORG``; returns them.
 
         Run it periodically off the hot path with the cached fleet size (``pool_target``) and the
-        fleet's current in-flight count. A limit above the most a throttle takes
-        (:data:`~pipeline.admission.throttle.MAX_LIMIT`, a huge ``floor`` or ``dedicated``) is
-        set as that most, with a warning naming the org.
+        fleet's current in-flight count. Each key gets its limit and the org's
+        :class:`~pipeline.admission.shares.Share` (:meth:`Throttle.set_shares`), which admission
+        scales by the factor the fleet sets at each tick. A limit above the most a throttle
+        takes (:data:`~pipeline.admission.shares.MAX_LIMIT`, a huge ``floor`` or ``dedicated``)
+        is set as that most, with a warning naming the org.
         """
+        factor = pressure_factor(pool_target, in_flight, policy.f_min, policy.f_max)
         computed: dict[str, int] = {}
         wanted = list(dict.fromkeys(orgs))
         for start in range(0, len(wanted), ORGS_A_SET):
-            chunk: dict[str, int] = {}
+            chunk: dict[str, tuple[int, Share]] = {}
             rates = await self.rates_many(wanted[start : start + ORGS_A_SET], now_s=now_s)
             for org, (rate, duration) in rates.items():
-                chunk[org] = self._limit_of(org, rate, duration, policy, pool_target, in_flight)
-            await throttle.set_limits({f"org:{org}": limit for org, limit in chunk.items()})
-            computed.update(chunk)
+                share = org_share(policy.for_org(org), rate_per_min=rate, duration_s=duration)
+                chunk[org] = (self._limit_of(org, share, factor), share)
+            await throttle.set_shares({f"org:{org}": pair for org, pair in chunk.items()})
+            computed.update((org, limit) for org, (limit, _) in chunk.items())
         return computed
 
     @staticmethod
-    def _limit_of(
-        org: str,
-        rate: float,
-        duration: float,
-        policy: LimitPolicy,
-        pool_target: int,
-        in_flight: int,
-    ) -> int:
-        """``org``'s limit, :data:`~pipeline.admission.throttle.MAX_LIMIT` at most (warned)."""
-        settings = policy.for_org(org)
-        limit = dynamic_limit(
-            settings,
-            rate_per_min=rate,
-            duration_s=duration,
-            pool_target=pool_target,
-            in_flight=in_flight,
-            f_min=policy.f_min,
-            f_max=policy.f_max,
-        )
+    def _limit_of(org: str, share: Share, factor: float) -> int:
+        """``org``'s limit, :data:`~pipeline.admission.shares.MAX_LIMIT` at most (warned)."""
+        limit = share.limit(factor)
         if limit > MAX_LIMIT:
             log.warning(
                 "dynamic limits: org %r's limit comes to %d (floor %d, dedicated %d), above "
@@ -405,8 +401,8 @@ class LimitTracker:
                 "dedicated",
                 org,
                 limit,
-                settings.floor,
-                settings.dedicated,
+                share.floor,
+                share.dedicated,
                 MAX_LIMIT,
             )
             return MAX_LIMIT

@@ -8,6 +8,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from pipeline.admission import keys as k
+from pipeline.admission.shares import applied
 
 MAX_PRIORITY = 1000
 _SEQ_SPAN = 10**12  # waiter rank = (MAX_PRIORITY - priority) * _SEQ_SPAN + arrival sequence
@@ -19,6 +20,7 @@ class ThrottleStatus:
 
     key: str
     limit: int
+    """What admission applies now (a fleet share: at the fleet's factor now)."""
     holders: tuple[tuple[str, int], ...]
     """(holder, lease expiry as Unix ms), soonest expiry first."""
     waiters: tuple[tuple[str, int], ...]
@@ -63,7 +65,11 @@ class ThrottleStatus:
 async def read_status(
     client: Redis, prefix: str, namespace: str, key: str, default_limit: int
 ) -> ThrottleStatus:
-    """Read ``key``'s state in one ``MULTI`` transaction (one round trip)."""
+    """Read ``key``'s state in one ``MULTI`` transaction (one round trip).
+
+    Its limit is the one admission applies: a fleet share at the fleet's factor now, else the
+    limit set.
+    """
     async with client.pipeline(transaction=True) as pipe:
         pipe.hget(k.limits(prefix, namespace), key)
         pipe.zrange(k.holders(prefix, namespace, key), 0, -1, withscores=True)
@@ -72,10 +78,13 @@ async def read_status(
         pipe.hget(k.reserve(prefix, namespace), key)
         pipe.hget(k.reserved(prefix, namespace), key)
         pipe.hget(k.reserved_queued(prefix, namespace), key)
-        limit, holders, waiters, grants, reserve, asked, queued = await pipe.execute()
+        pipe.hget(k.shares(prefix, namespace), key)
+        pipe.get(k.fleet_factor(prefix, namespace))
+        replies = await pipe.execute()
+    limit, holders, waiters, grants, reserve, asked, queued, share, factor = replies
     return ThrottleStatus(
         key=key,
-        limit=default_limit if limit is None else int(limit),
+        limit=applied(limit, share, factor, default_limit),
         holders=tuple((_text(h), int(s)) for h, s in holders),
         waiters=tuple((_text(h), MAX_PRIORITY - int(s) // _SEQ_SPAN) for h, s in waiters),
         recent_grants=tuple(_grant(g) for g in grants),

@@ -52,6 +52,7 @@ from pipeline.admission.adaptive import Feedback, release_args
 from pipeline.admission.functions import ThrottleFunctions
 from pipeline.admission.order import SCOPE_RANK, canonical_order
 from pipeline.admission.permit import Permit, default_member_id
+from pipeline.admission.shares import MAX_LIMIT, Share, factor_text
 from pipeline.admission.status import MAX_PRIORITY, ThrottleStatus, read_active_keys, read_status
 from pipeline.admission.wake import WakeListener, dedicated_client
 from pipeline.config import Settings
@@ -60,6 +61,7 @@ from pipeline.redis_channel import channel_of
 from pipeline.redis_functions import FAILED
 
 __all__ = [
+    "MAX_LIMIT",
     "MAX_PRIORITY",
     "SCOPE_RANK",
     "Permit",
@@ -72,9 +74,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-MAX_LIMIT = 2**31 - 1
-"""The largest limit or reserve ``set_limit``/``set_reserve`` take; Lua numbers are doubles, and a
-larger one would come back from Redis in exponent notation (``1e+23``), not as an integer."""
 _LIMITS_A_CALL = 500
 """Keys one ``set_limits`` call sets: a Redis call of a few milliseconds at most."""
 _UNAVAILABLE = (
@@ -319,6 +318,34 @@ class Throttle:
         for start in range(0, len(pairs), _LIMITS_A_CALL):
             chunk = pairs[start : start + _LIMITS_A_CALL]
             self._woken((await self._call(self._functions.set_limits(chunk))).woken)
+
+    async def set_shares(self, shares: Mapping[str, tuple[int, Share]]) -> None:
+        """Set each key's limit and its :class:`~pipeline.admission.shares.Share` (the fleet's).
+
+        While the fleet's factor is set (:meth:`set_factor`) a key with a share is admitted up
+        to the share at that factor; the limit is what applies without it. A plain
+        :meth:`set_limit` or :meth:`set_limits` of the key drops its share.
+        """
+        triples: list[tuple[str, int, str]] = []
+        for key, (limit, share) in shares.items():
+            if not 0 <= limit <= MAX_LIMIT:
+                raise ValueError(f"limit must be 0..{MAX_LIMIT} (got {limit})")
+            if min(share.ceiling, share.floor, share.dedicated) < 0:
+                raise ValueError(f"a share's parts must be >= 0 (got {share})")
+            triples.append((k.key_text(key), limit, share.encoded()))
+        for start in range(0, len(triples), _LIMITS_A_CALL):
+            chunk = triples[start : start + _LIMITS_A_CALL]
+            self._woken((await self._call(self._functions.set_shares(chunk))).woken)
+
+    async def set_factor(self, factor: float, ttl_ms: int) -> None:
+        """Admit every key with a share at ``factor`` from now, for ``ttl_ms`` unless set again.
+
+        Room it gives goes to a key's waiters at the key's next release or limit set.
+        """
+        self.roundtrips += 1
+        await self.client.set(
+            k.fleet_factor(self.prefix, self.namespace), factor_text(factor), px=ttl_ms
+        )
 
     async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
         """Keep the last ``slots`` of ``key``'s limit for permits of ``min_priority`` or more.

@@ -13,6 +13,13 @@
 --
 --   T:meta        hash   seq: the last arrival sequence handed out (FIFO order of waiters)
 --   T:limits      hash   throttle key -> concurrency limit (absent: ARGV default_limit)
+--   T:shares      hash   throttle key -> "CEILING FLOOR DEDICATED": the org's own part of the
+--                        limit the fleet's dynamic limits computed (pipeline/admission/shares.py);
+--                        while T:factor exists the key's limit is
+--                        min(MAX_LIMIT, max(FLOOR, floor(CEILING * factor)) + DEDICATED), not
+--                        its T:limits entry (which holds that limit at the factor of its tick)
+--   T:factor      string the fleet's pressure factor now, set at every tick with a TTL of a few
+--                        ticks: absent (no fleet, or a fleet of an earlier release), T:limits rule
 --   T:leases      zset   holder -> lease expiry (ms); every permit, holding or waiting, is here
 --   T:active      set    throttle keys that have holders or waiters (for status listings)
 --   T:p:HOLDER    hash   one permit: member, prio, lease_ms, seq, keys (JSON array, in order),
@@ -51,14 +58,18 @@ local SEQ_SPAN = 1e12
 local GRANTS_KEPT = 20
 local GRANTS_TTL_MS = 3600000  -- a backstop: the history goes when its key is idle (forget_if_idle)
 local EXPIRE_BATCH = 64
+local MAX_LIMIT = 2147483647  -- the largest limit a throttle takes (shares.py MAX_LIMIT)
 
 -- The calling member and the permits of it that this call completed: they are returned to the
 -- caller instead of pushed onto its own wake list (one round trip less, no wake latency).
-local call = {member = '', woken = {}}
+-- factor: the fleet's pressure factor (T:factor), read once a call at its first limit (nil: not
+-- read yet, false: none).
+local call = {member = '', woken = {}, factor = nil}
 
 local function begin_call(member)
   call.member = member
   call.woken = {}
+  call.factor = nil
 end
 
 local function now_ms()
@@ -70,7 +81,28 @@ local function tag_of(meta)
   return string.sub(meta, 1, -6)  -- strip ":meta"
 end
 
+local function fleet_factor(tag)
+  if call.factor == nil then
+    local f = tonumber(redis.call('GET', tag .. ':factor') or '')
+    local finite = f and f == f and f ~= math.huge and f ~= -math.huge
+    call.factor = finite and f or false
+  end
+  return call.factor
+end
+
+-- KEY's limit: its share at the fleet's factor now, where the fleet set both; else its T:limits
+-- entry, else the default. A share is applied at every admission, so an org the capped tick did
+-- not reach again shrinks (or grows) with the fleet at once rather than when it is reached.
 local function limit_of(tag, key, default_limit)
+  local factor = fleet_factor(tag)
+  if factor then
+    local share = redis.call('HGET', tag .. ':shares', key)
+    local top, floor, dedicated = string.match(share or '', '^(%d+) (%d+) (%d+)$')
+    if top then
+      local scaled = math.max(tonumber(floor), math.floor(tonumber(top) * factor))
+      return math.min(MAX_LIMIT, scaled + tonumber(dedicated))
+    end
+  end
   local v = redis.call('HGET', tag .. ':limits', key)
   if v then return tonumber(v) end
   return default_limit
@@ -259,6 +291,7 @@ local function adapt(tag, f, now, default_limit)
   end
   window = math.max(lo, math.min(hi, window))
   redis.call('HSET', state, 'limit', tostring(window))
+  redis.call('HDEL', tag .. ':shares', key)  -- the window, not a fleet share, is its limit now
   if outcome == 'throttled' and retry_after > 0 then
     local until_ms = now + retry_after
     local closed = tonumber(redis.call('ZSCORE', tag .. ':closed', key) or '0')
@@ -372,11 +405,18 @@ end
 -- ARGV[3] default_limit
 -- ARGV[4] calling member id
 -- Returns {woken_count, woken}: waiters completed, and those of them that are the caller's.
-local function put_limit(tag, key, value)
+-- `share`: the key's share from the fleet (thr_set_shares), or nil: a plain limit, whose key
+-- keeps no share (an operator's limit rules over the fleet's until its next tick sets it again).
+local function put_limit(tag, key, value, share)
   if value == '' then
     redis.call('HDEL', tag .. ':limits', key)
   else
     redis.call('HSET', tag .. ':limits', key, tonumber(value))
+  end
+  if share then
+    redis.call('HSET', tag .. ':shares', key, share)
+  else
+    redis.call('HDEL', tag .. ':shares', key)
   end
   -- An adaptive key starts its window again from what the operator set, and opens now.
   redis.call('DEL', tag .. ':aimd:' .. key)
@@ -409,6 +449,27 @@ local function set_limits(keys, args)
   return {count, call.woken}
 end
 
+-- thr_set_shares: thr_set_limits for the fleet's dynamic limits, each key with its share.
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] default_limit   ARGV[2] calling member id
+-- ARGV[3..] triples of throttle key, limit (at the tick's factor, for T:limits) and share
+--           ("CEILING FLOOR DEDICATED", integers)
+-- Returns {woken_count, woken} as thr_set_limit.
+local function set_shares(keys, args)
+  local tag, default_limit = tag_of(keys[1]), tonumber(args[1])
+  begin_call(args[2])
+  for i = 3, #args, 3 do
+    if not string.match(args[i + 2], '^%d+ %d+ %d+$') then
+      return redis.error_reply('share must be "CEILING FLOOR DEDICATED" (got ' .. args[i + 2] .. ')')
+    end
+  end
+  for i = 3, #args, 3 do put_limit(tag, args[i], args[i + 1], args[i + 2]) end
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local count = 0
+  for i = 3, #args, 3 do count = count + pump(tag, args[i], now, default_limit) end
+  return {count, call.woken}
+end
+
 -- thr_set_reserve: keep (or with an empty ARGV[2], stop keeping) the last slots of a key for
 -- permits of priority >= ARGV[3]; room a smaller reserve frees goes to the waiters.
 -- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] throttle key   ARGV[2] slots or ""
@@ -434,4 +495,5 @@ redis.register_function('thr_release', release)
 redis.register_function('thr_renew', renew)
 redis.register_function('thr_set_limit', set_limit)
 redis.register_function('thr_set_limits', set_limits)
+redis.register_function('thr_set_shares', set_shares)
 redis.register_function('thr_set_reserve', set_reserve)
