@@ -64,7 +64,7 @@ STALE_TICKS = 3
 """A member that has not reported for this many intervals no longer counts in the fleet."""
 ORGS_A_TICK = 10_000
 """Most orgs whose limits one tick sets, and most gone orgs it removes: with 100,000 orgs in the
-window, a quiet tick takes 0.2 to 0.3 s of a 10 s interval and 65 Redis calls (0.5 MB sent).
+window, a quiet tick takes 0.2 to 0.4 s of a 10 s interval and 65 to 70 commands (0.4 MB sent).
 Every org seen recomputed at every tick, a flood of 100,000 one-message tenants took 6 to 10 s
 a tick, over a thousand calls and 10 to 23 MB sent, 36 times in the window."""
 
