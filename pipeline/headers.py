@@ -27,7 +27,9 @@ while its handler runs (:mod:`pipeline.cancel`)."""
 ATTEMPT = "pl-attempt"
 """Processing attempt this delivery is (1 for the first, absent means 1)."""
 DUE_MS = "pl-due-ms"
-"""A retry-tier message is not processed before this time."""
+"""A retry-tier message is not processed before this time. Only the retry router writes it, on
+retry-tier topics: on a message read from a main topic (any producer can write it there) it
+means nothing (:func:`retry_tier`)."""
 ORIGIN_TOPIC = "pl-origin-topic"
 ORIGIN_PARTITION = "pl-origin-partition"
 ORIGIN_OFFSET = "pl-origin-offset"
@@ -88,16 +90,27 @@ def attempt_header(headers: dict[str, bytes]) -> int:
     return max(1, int_header(headers, ATTEMPT, 1))
 
 
-def sla_from_ms(headers: dict[str, bytes], timestamp_ms: int) -> int:
+def retry_tier(topic: str) -> bool:
+    """Whether ``topic`` is a lane's retry tier (``<main>.retry.<delay>``), not a main topic.
+
+    A main topic's name holds no ``.retry.`` (:mod:`pipeline.topics.spec` refuses one), so the
+    name alone tells. Only a message read from a tier is a retry copy whose ``pl-due-ms`` counts.
+    """
+    return _RETRY_INFIX in topic
+
+
+def sla_from_ms(headers: dict[str, bytes], timestamp_ms: int, *, topic: str | None = None) -> int:
     """When the SLA clock of a delivery with ``headers`` and broker time ``timestamp_ms`` started.
 
-    A message without ``pl-due-ms`` is no retry copy: new work (produced, redriven or replayed),
-    whose clock starts with it. A copy's starts at its ``pl-sla-from-ms``; a copy written before
-    that header counts from ``pl-produced-at-ms`` unless it came from a redriven message (its
-    ``pl-produced-at-ms`` is the dead letter's first production), which counts from its own time.
+    A message without ``pl-due-ms``, or read from a main ``topic`` (when given), is no retry
+    copy: new work (produced, redriven or replayed, or a copy's headers pasted onto a main
+    topic), whose clock starts with it. A copy's starts at its ``pl-sla-from-ms``; a copy
+    written before that header counts from ``pl-produced-at-ms`` unless it came from a redriven
+    message (its ``pl-produced-at-ms`` is the dead letter's first production), which counts
+    from its own time.
     A start after ``timestamp_ms`` (another producer's clock) is taken as ``timestamp_ms``.
     """
-    if DUE_MS not in headers:
+    if DUE_MS not in headers or (topic is not None and not retry_tier(topic)):
         return timestamp_ms
     start = int_header(headers, SLA_FROM_MS)
     if start <= 0 and SLA_FROM_MS not in headers and REDRIVE_COUNT not in headers:

@@ -13,7 +13,8 @@ queued are below twice the limit (:data:`_PROMOTED_ROOM`), so a promoted backlog
 limit's worth at a time, and an interactive message read meanwhile waits behind that much at
 most.
 
-A retry-tier copy (a ``pl-due-ms`` header: its tier's delay is over) counts its wait from when
+A retry-tier copy (read from a tier, its ``pl-due-ms`` past: the chain says which are, a
+``pl-due-ms`` on a main-topic message makes none) counts its wait from when
 its event was first produced, not from when the copy was written: the SLA is the event's, so a
 message promoted near it and failing once is not held for another ``promote_at`` of it.
 Copies wait in a FIFO of their own ahead of the lane's fresh messages, as the key lanes put them
@@ -53,13 +54,13 @@ _Held = tuple[T, BatchPolicy, int]
 """A held message, its lane's policy and when its event was produced (ms since the epoch)."""
 
 
-def _produced_ms(message: T) -> int:
+def _produced_ms(message: T, copy: bool) -> int:
     """When ``message``'s SLA clock started: a retry-tier copy's ``pl-sla-from-ms``, else its time.
 
     A copy's is the time of the delivery that failed first: its event's first production, or
     its last redrive or replay (never later than the copy's own time).
     """
-    return h.sla_from_ms(message.headers, message.timestamp_ms)
+    return h.sla_from_ms(message.headers, message.timestamp_ms) if copy else message.timestamp_ms
 
 
 class BatchGate(Generic[T]):
@@ -95,12 +96,19 @@ class BatchGate(Generic[T]):
         copies, fresh = self._held.get(lane, ((), ()))
         return len(copies) + len(fresh)
 
-    def offer(self, message: T, lane: str, policy: BatchPolicy) -> None:
-        """Hold ``message`` behind the earlier ones of its lane, then start what may start."""
+    def offer(
+        self, message: T, lane: str, policy: BatchPolicy, *, copy: bool | None = None
+    ) -> None:
+        """Hold ``message`` behind the earlier ones of its lane, then start what may start.
+
+        ``copy``: whether it is a retry-tier copy whose delay is over (the chain's due stage
+        released it); None: whether it carries ``pl-due-ms``, for a caller that reads only
+        tiers' copies with one. The chain always says: on a main topic the header means nothing.
+        """
+        if copy is None:
+            copy = h.DUE_MS in message.headers
         copies, fresh = self._held.setdefault(lane, (deque(), deque()))
-        (copies if h.DUE_MS in message.headers else fresh).append(
-            (message, policy, _produced_ms(message))
-        )
+        (copies if copy else fresh).append((message, policy, _produced_ms(message, copy)))
         self.pump()
 
     def pump(self) -> None:

@@ -5,7 +5,9 @@
     poll ─▶ due ─▶ batch ─▶ throttle ─▶ key lanes ─▶ guard ─▶ cancel ─▶ handler ─▶ settle
 
 * **due** (:class:`~pipeline.runtime.due.DueGate`): a retry-tier message waits until its due
-  time (its partition paused once it holds many); others pass.
+  time (its partition paused once it holds many); others pass, a main-topic message carrying
+  ``pl-due-ms`` too (only the retry router writes it, on tiers: held, it would let its key's
+  later messages overtake it).
 * **batch** (:class:`~pipeline.runtime.batch.BatchGate`): a batch lane's message waits for idle
   capacity or its SLA's promotion point; others pass.
 * **throttle** (:class:`~pipeline.runtime.throttle_gate.ThrottleGate`): a throttled lane's message
@@ -96,6 +98,8 @@ class Chain:
         if throttle is not None:
             self.gate = ThrottleGate(throttle, self._key_lanes, self._defer)
         self.due: DueGate[Work] | None = None
+        self._due_ignored: set[str] = set()
+        """Lanes whose main topic brought a ``pl-due-ms`` (logged once per lane)."""
 
     def start(self, pauses: PauseBook) -> None:
         """Start the key lanes' workers; the due stage pauses partitions through ``pauses``."""
@@ -109,10 +113,31 @@ class Chain:
         work = Work(message, self._app.lane_of(message.topic), offsets=offsets)
         work.trace = tracing.process(message, work.lane.name, self._group)
         if h.DUE_MS in message.headers:
-            assert self.due is not None  # noqa: S101 - start() ran before the first poll
-            self.due.offer(work, max(work.lane.routes.backoff.tiers_ms, default=0))
-        else:
-            self._batch(work)
+            if h.retry_tier(message.topic):
+                assert self.due is not None  # noqa: S101 - start() ran before the first poll
+                self.due.offer(work, max(work.lane.routes.backoff.tiers_ms, default=0))
+                return
+            self._not_due(work)
+        self._batch(work)
+
+    def _not_due(self, work: Work) -> None:
+        """A main-topic message carries ``pl-due-ms``: no retry copy, it runs as new work.
+
+        Some producer other than the retry router wrote it (a copy pasted back, a replay tool,
+        a tenant). Held until that time, the key's later messages would overtake it. Said once
+        per lane, at debug: any producer can send it on every message.
+        """
+        lane = work.lane.name
+        if lane not in self._due_ignored:
+            self._due_ignored.add(lane)
+            log.debug(
+                "lane %s: %s@%d carries %s on the lane's main topic: ignored, it runs as new"
+                " work (only copies read from a retry tier have a due time); not said again",
+                lane,
+                work.tp,
+                work.offset,
+                h.DUE_MS,
+            )
 
     def _due(self, work: Work) -> None:
         """A retry-tier copy whose delay is over: it goes ahead of the keys waiting for a worker.
@@ -128,7 +153,7 @@ class Chain:
     def _batch(self, work: Work) -> None:
         policy = work.lane.spec.batch
         if policy is not None:
-            self.batch.offer(work, work.lane.name, policy)
+            self.batch.offer(work, work.lane.name, policy, copy=work.due)
         else:
             self._throttle(work)
 
@@ -150,7 +175,7 @@ class Chain:
 
     def _defer(self, work: Work) -> None:
         """Too many wait for admission: it goes through the first tier, its key parked."""
-        self._handler.deferring.add((work.tp, work.offset))
+        self._handler.deferred[id(work.message)] = work.message
         self._key_lanes(work)
 
     def _key_lanes(self, work: Work) -> None:
@@ -210,9 +235,9 @@ class Chain:
                 self._fleet.finished(tenant_of(work), time.perf_counter() - started)
         if self.batch.any_waiting:
             self.batch.pump()
-        deferring = self._handler.deferring
-        if deferring:
-            deferring.discard((work.tp, work.offset))  # whatever parking decided
+        deferred = self._handler.deferred
+        if deferred:
+            deferred.pop(id(work.message), None)  # whatever parking decided
 
     # -- revocation ---------------------------------------------------------------------------
 
@@ -227,19 +252,17 @@ class Chain:
         partition's next owner, its slots already given back.
 
         A deferred message among the work goes unrun (the partition's next owner reads it
-        again), so its mark goes too: kept, it would stay for the process's life, and the same
-        offset read here again (the partition assigned back) would be taken for deferred though
-        admitted.
+        again), so its mark goes too: kept, it would stay for the process's life. A run still
+        going keeps its own (a mark belongs to the message object, not to its offset).
         """
         dropped = self.lanes.drop(partitions)
         running = {(work.tp, work.offset) for work in self.lanes.running_of(partitions)}
         if self.gate is not None:
             self.gate.drop(partitions, running)
-        deferring = self._handler.deferring
-        if deferring and dropped:
-            deferring.difference_update(
-                (work.tp, work.offset) for work in dropped if (work.tp, work.offset) not in running
-            )
+        deferred = self._handler.deferred
+        if deferred and dropped:
+            for work in dropped:
+                deferred.pop(id(work.message), None)
         return dropped
 
     # -- load ---------------------------------------------------------------------------------

@@ -41,8 +41,16 @@ HOLD_AHEAD = 64
 
 
 def due_ms(message: Item) -> int:
-    """The message's due time in epoch milliseconds (0: due now)."""
-    return h.int_header(message.headers, h.DUE_MS)
+    """The message's due time in epoch milliseconds (0: due now, or no retry copy).
+
+    Only a copy read from a retry tier has one: on a main topic ``pl-due-ms`` means nothing
+    (:func:`~pipeline.headers.retry_tier`).
+    """
+    raw = message.headers.get(h.DUE_MS)
+    if raw is None or not h.retry_tier(message.tp.topic):
+        return 0
+    value = h.parse_int(raw)
+    return 0 if value is None else value
 
 
 class DueGate(Generic[T]):

@@ -85,15 +85,26 @@ class HandlerStage:
         self._payloads = Payloads(lanes, None if metrics is None else metrics.offload)
         self.turns: DebouncedLanes | None = None
         """The debouncer, on a member with Redis and debounced lanes (set by the member)."""
-        self.deferring: set[tuple[TopicPartition, int]] = set()
-        """Messages the admission gate chose to defer through the first retry tier, until their
-        run ends or their partition's revocation drops them unrun (the chain's ``drop``)."""
+        self.deferred: dict[int, Message] = {}
+        """Messages the admission gate chose to defer through the first retry tier, by identity
+        (``id``, each kept here so that no other object takes its id), until their run ends or
+        their partition's revocation drops them unrun (the chain's ``drop``).
+
+        Not by partition and offset: after a rejoin one offset can be in the member twice, a
+        run that outlived the revocation and the copy read again. The copy deferred, the
+        original's end would take its mark, and it would run holding no slot; an original
+        still on its way to the handler would be taken for the deferred copy."""
         self._calls: dict[tuple[TopicPartition, int], tuple[float, Throttled | None]] = {}
         """Duration and Throttled error of handler calls on adaptive lanes, until released."""
 
+    @property
+    def deferring(self) -> set[tuple[TopicPartition, int]]:
+        """Where the deferred messages were read (partition, offset), for status and tests."""
+        return {(message.tp, message.offset) for message in self.deferred.values()}
+
     async def __call__(self, lane: Lane, message: Message) -> str | None:
         """Run ``message``'s handler (unless it must not run now); the outcome, None if unrouted."""
-        deferred = bool(self.deferring) and (message.tp, message.offset) in self.deferring
+        deferred = bool(self.deferred) and id(message) in self.deferred
         reason = None if deferred else self._expired(lane, message)
         if deferred or reason is not None:  # not on the path of a message that runs now
             return await self._not_now(lane, message, reason)

@@ -20,8 +20,15 @@ from pipeline.topics.spec import SojournPolicy, TopicSpec
 
 
 def due_since_ms(message: Message) -> int:
-    """When ``message`` became due: its retry's due time, else its produce time (ms)."""
-    return h.int_header(message.headers, h.DUE_MS) or message.timestamp_ms
+    """When ``message`` became due: its retry's due time, else its produce time (ms).
+
+    Only a copy read from a retry tier has a due time: a ``pl-due-ms`` on a main topic (any
+    producer can write one) would otherwise push its ``max_age`` deadline, and the waiting time
+    the standing queue judges, as far ahead as it says.
+    """
+    if h.DUE_MS in message.headers and h.retry_tier(message.topic):
+        return h.int_header(message.headers, h.DUE_MS) or message.timestamp_ms
+    return message.timestamp_ms
 
 
 def deadline_ms(message: Message, spec: TopicSpec) -> int | None:
