@@ -18,7 +18,7 @@ from support import started_throttle
 
 from pipeline.admission import keys as k
 from pipeline.admission.fleet import FleetLimits
-from pipeline.admission.limits import WINDOW_MIN, LimitPolicy, OrgLimits, dynamic_limit
+from pipeline.admission.limits import LimitPolicy, OrgLimits, dynamic_limit
 from pipeline.admission.shares import Share
 from pipeline.admission.throttle import Permit, Throttle
 
@@ -200,31 +200,3 @@ async def test_admission_and_status_compute_a_share_as_the_tick_does(
             assert (await throttle.status(key)).limit == share.limit(factor)
         finally:
             await _release(throttle, permits)
-
-
-async def test_a_long_tenant_is_a_short_member_of_the_window_and_its_key_is_limited(
-    throttle: Throttle,
-) -> None:
-    """A 256 KiB ``pl-tenant``: named by head and digest in the window, limited, then forgotten."""
-    tenant = "t" * (256 * 1024)
-    key = f"org:{tenant}"
-    load = [SQUEEZED]
-    fleet = _fleet(throttle, load)
-    fleet.submitted(tenant)
-    fleet.finished(tenant, 0.5)
-    await fleet.tick(NOW)
-
-    seen = await throttle.client.zrange(k.orgs_seen(throttle.prefix), 0, -1)
-    assert len(seen) == 1
-    assert len(seen[0]) <= 328
-    assert f"org:{seen[0].decode()}" == k.key_text(key)
-    permits = await _admitted(throttle, key)
-    try:
-        assert len(permits) == 2
-        assert (await throttle.status(key)).limit == 2
-    finally:
-        await _release(throttle, permits)
-
-    await fleet.tick(NOW + (WINDOW_MIN + 2) * 60)  # gone for the window: back to the default
-    assert await throttle.client.zcard(k.orgs_seen(throttle.prefix)) == 0
-    assert (await throttle.status(key)).limit == throttle.default_limit
