@@ -1,14 +1,19 @@
-"""A serving process's start-up objects are set aside from the collector's full passes."""
+"""A serving process's start-up objects and freed C heap (pipeline/heap.py).
+
+The start-up objects are set aside from the collector's full passes; the C heap's free pages are
+handed back once the process goes quiet after work.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from pipeline.heap import freeze_startup
+from pipeline.heap import HeapTrim, freeze_startup, heap_trim, keep_trimmed
 
 
 class _Node:
@@ -51,3 +56,87 @@ def test_garbage_made_before_is_collected_not_frozen() -> None:
     del a, b
     freeze_startup()
     assert watch() is None
+
+
+class _Script:
+    """An activity count read from a script; ``stop`` is set when the script has run out."""
+
+    def __init__(self, counts: list[int], stop: asyncio.Event) -> None:
+        self._counts = iter(counts)
+        self._last = 0
+        self._stop = stop
+
+    def __call__(self) -> int:
+        nxt = next(self._counts, None)
+        if nxt is None:
+            self._stop.set()
+            return self._last
+        self._last = nxt
+        return nxt
+
+
+class _CountedTrim:
+    """glibc's malloc_trim, counting its calls and their answers."""
+
+    def __init__(self, trim: HeapTrim) -> None:
+        self._trim = trim
+        self.answers: list[int] = []
+
+    def __call__(self, pad: int, /) -> int:
+        answer = self._trim(pad)
+        self.answers.append(answer)
+        return answer
+
+
+def test_this_glibc_has_a_trim_that_runs_and_answers() -> None:
+    """On glibc the C library's ``malloc_trim`` is found, runs and says whether pages went back."""
+    trim = heap_trim()
+    assert trim is not None
+    blobs = [bytes(4096) for _ in range(10_000)]  # malloc'd (not pymalloc): 40 MB, then freed
+    del blobs
+    assert trim(0) in (0, 1)
+
+
+def test_a_c_library_without_malloc_trim_gives_none_and_nothing_runs() -> None:
+    """Where the library lacks the symbol (musl, macOS) or cannot be opened: no trim, no error."""
+
+    def no_library(_name: str | None) -> object:
+        raise OSError("not found")
+
+    assert heap_trim(lambda _name: object()) is None  # opened, but no malloc_trim in it
+    missing = heap_trim(no_library)
+    assert missing is None
+    never_stopped = asyncio.Event()
+    assert asyncio.run(keep_trimmed(lambda: 1, never_stopped, missing, check_s=0)) == 0
+
+
+def test_the_heap_is_trimmed_once_after_each_busy_spell() -> None:
+    """A count that moved and then stood still is trimmed for, once; a steady count is not."""
+    trim = heap_trim()
+    assert trim is not None
+    counted = _CountedTrim(trim)
+
+    async def run() -> int:
+        stop = asyncio.Event()
+        # start 0; busy 1, 2; quiet 2 (trim); quiet 2, 2 (trimmed already); busy 5; quiet 5 (trim)
+        activity = _Script([0, 1, 2, 2, 2, 2, 5, 5], stop)
+        return await keep_trimmed(activity, stop, counted, check_s=0, min_interval_s=0)
+
+    assert asyncio.run(run()) == 2
+    assert len(counted.answers) == 2
+    assert all(answer in (0, 1) for answer in counted.answers)
+
+
+def test_trims_are_at_least_the_minimum_interval_apart() -> None:
+    """Busy spells closer together than the minimum interval get no trim of their own."""
+    trim = heap_trim()
+    assert trim is not None
+    counted = _CountedTrim(trim)
+
+    async def run() -> int:
+        stop = asyncio.Event()
+        activity = _Script([0, 1, 1, 2, 2], stop)
+        return await keep_trimmed(activity, stop, counted, check_s=0, min_interval_s=3600)
+
+    assert asyncio.run(run()) == 0
+    assert counted.answers == []

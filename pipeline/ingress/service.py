@@ -28,7 +28,7 @@ from pipeline.admission.debounce.held import BufferedEvents
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import IngressSettings, RedisSettings, Settings
 from pipeline.errors import ConfigError
-from pipeline.heap import freeze_startup
+from pipeline.heap import freeze_startup, heap_trim, keep_trimmed
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.backlog import GroupLagBacklog
 from pipeline.ingress.dispatch import Dispatcher
@@ -680,9 +680,15 @@ async def serve(
     # The metrics port serves until the stop has ended: /readyz 503 and /healthz 200 meanwhile.
     stop_metrics = asyncio.Event()
     metrics = await _serve_metrics_apart(built, stop_metrics)
+    # Once the requests stop, the C heap they freed goes back to the system (pipeline/heap.py).
+    answered = built.app.counters
+    trimming = asyncio.create_task(
+        keep_trimmed(lambda: sum(answered.values()), stop_metrics, heap_trim())
+    )
     try:
         await _serve_started(server, on_ready, sock)
     finally:
+        trimming.cancel()
         stacks.remove(loop)
         signalled_at = getattr(server, "signalled_at", None)  # the grace runs from the signal
         deadline = None if signalled_at is None else signalled_at + built.ingress.stop_within_s

@@ -21,7 +21,7 @@ from pipeline.admission.throttle import Throttle
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.heap import freeze_startup
+from pipeline.heap import freeze_startup, heap_trim, keep_trimmed
 from pipeline.logstore.create import create_log_store
 from pipeline.observability import stacks
 from pipeline.observability.deletion_cost import DeletionCost, pod_from_environment
@@ -281,6 +281,20 @@ async def _close_redis(redis: Redis) -> None:
     await redis.aclose()
 
 
+def _serving_heap(member: Member, stop: asyncio.Event) -> asyncio.Task[int]:
+    """The heap of a member about to serve: start-up objects frozen, trims started till ``stop``.
+
+    The clients are built: full collections skip them from now on. Once a drain ends, the C
+    heap it freed goes back to the system (:mod:`pipeline.heap`).
+    """
+    freeze_startup()
+
+    def delivered() -> int:  # what the member did with messages: a count that moves as it works
+        return sum(vars(member.stats).values())
+
+    return asyncio.create_task(keep_trimmed(delivered, stop, heap_trim()))
+
+
 def _stop_signals(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Event, asyncio.Event]:
     """SIGTERM or SIGINT sets the first event (drain); another sets the second (stop now)."""
     stop, hurry = asyncio.Event(), asyncio.Event()
@@ -396,13 +410,13 @@ async def serve(
         assignment=lambda: member.assignment,
     )
     reporting = asyncio.create_task(_report(progress, member.polling, stop, watch, telemetry))
-    freeze_startup()  # the clients are built: full collections skip them from now on
+    trimming = _serving_heap(member, stop)
     try:
         await member.run(stop, hurry)
         return member.abandoned
     finally:
-        ready.cancel()
-        reporting.cancel()
+        for task in (ready, reporting, trimming):
+            task.cancel()
         stop.set()
         left.set()
         if endpoint is not None:
