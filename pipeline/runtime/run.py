@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import signal
 import socket
@@ -216,6 +217,17 @@ def redis_client(settings: Settings) -> Redis:
     return Redis.from_pool(pool)  # closing the client closes its pool
 
 
+async def _last_look(watch: StateWatch | None) -> None:
+    """One more look at the marker as the member ends.
+
+    An end caused by a Redis that lost its data (its topics gone under the member on Redis
+    Streams) is said before the exit line; a look that fails says nothing more.
+    """
+    if watch is not None:
+        with contextlib.suppress(Exception):
+            await watch.check()
+
+
 async def _warn_of_losable_state(
     redis: Redis, settings: Settings, group: str, lanes: list[Lane], admin: Callable[[], Admin]
 ) -> StateWatch | None:
@@ -236,7 +248,7 @@ async def _warn_of_losable_state(
         redis, settings.redis.key_prefix, [x.spec.lane for x in holding_lanes(lanes)]
     )
     if not kept_only_in_redis(lanes):  # nothing to watch; the marker still says "not lost"
-        await mark_present(redis, url, settings.redis.key_prefix)
+        await mark_present(redis, url, settings.redis.key_prefix, group)
         return None
     watch = StateWatch(
         redis,
@@ -417,6 +429,7 @@ async def serve(
     finally:
         for task in (ready, reporting, trimming):
             task.cancel()
+        await _last_look(watch)
         stop.set()
         left.set()
         if endpoint is not None:

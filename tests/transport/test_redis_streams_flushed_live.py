@@ -74,8 +74,11 @@ async def test_a_flush_under_a_member_ends_it_with_one_line_naming_the_loss(
     assert proc.returncode == 1, log
     assert "poll failed" not in log, log
     assert "Traceback" not in log, log
-    (line,) = [x for x in lines if "lost its data" in x]
-    assert line.startswith("error: "), log
+    (line,) = [x for x in lines if x.startswith("error: ")]
+    assert "lost its data" in line, log
+    (said,) = [x for x in lines if " CRITICAL " in x]
+    assert "lost its data (marker" in said, log
+    assert lines.index(said) < lines.index(line), log  # the watch's line comes before the exit
     assert f"Redis {server.url}" in line
     assert f"{name}, {name}.retry.1s" in line  # the topics the member read
     assert f"{prefix}:topics is gone" in line
