@@ -56,6 +56,11 @@ MAX_JSON_DEPTH = 512
 properties included). Above four times :data:`MAX_DEPTH`, so the type cap speaks first, and
 far enough below the recursion limit that a stored schema always parses again, from however
 deep in a request's stack."""
+MAX_DEFAULT_STEPS = 1_000_000
+"""Most comparisons of a default value with a type, over all defaults of one schema (about a
+second). Linear defaults take one per value and branch tried; a union of thousands of records
+against an array default of thousands of objects takes their product, and is refused past
+this bound instead of holding a worker for minutes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,15 +214,21 @@ def _check_defaults(tree: Any) -> None:
     references fastavro has already resolved.
     """
     names, records = _named_types(tree)
+    check = _DefaultCheck(names)
     for record in records:
         for f in record["fields"]:
             if "default" not in f:
                 continue
             where = f"default of field {f['name']!r} in {record['name']!r}"
             try:
-                valid = _matches(f["type"], f["default"], names)
+                valid = check.matches(f["type"], f["default"])
             except RecursionError:
                 raise InvalidSchema(f"Invalid schema: {where} nests too deep to check") from None
+            except _TooCostly:
+                raise InvalidSchema(
+                    f"Invalid schema: {where} takes more than {MAX_DEFAULT_STEPS} steps to check"
+                    " against the field's type: simplify the default or its union"
+                ) from None
             if not valid:
                 default = json.dumps(f["default"], ensure_ascii=False)
                 raise InvalidSchema(
@@ -244,25 +255,59 @@ def _named_types(tree: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return names, records
 
 
-def _matches(schema: Any, value: Any, names: dict[str, Any]) -> bool:
-    """Whether the JSON ``value`` is a valid default of ``schema`` (Java's ``isValidValue``)."""
-    if isinstance(schema, list):
-        return any(_matches(branch, value, names) for branch in schema)
-    if isinstance(schema, str) and schema not in PRIMITIVES:
-        schema = names[schema]
-    kind = schema if isinstance(schema, str) else schema["type"]
-    if kind in _SCALAR_DEFAULTS:
-        return _SCALAR_DEFAULTS[kind](value)
-    if kind == "array":
-        return isinstance(value, list) and all(_matches(schema["items"], v, names) for v in value)
-    if kind == "map":
-        return isinstance(value, dict) and all(
-            _matches(schema["values"], v, names) for v in value.values()
+class _TooCostly(Exception):
+    """The defaults of one schema took more than MAX_DEFAULT_STEPS comparisons."""
+
+
+class _DefaultCheck:
+    """Java's ``isValidValue`` over one schema's defaults, memoised and bounded.
+
+    A union default may match any branch, so a branch failing only deep down makes a nested
+    default be checked once per branch per level (doubling per level through a recursive
+    union). Only a union's branches reach one value by several ways, so each (union, object or
+    array) pair is decided once; and a schema's defaults together get at most
+    :data:`MAX_DEFAULT_STEPS` comparisons.
+    """
+
+    def __init__(self, names: dict[str, Any]) -> None:
+        self.names = names
+        self.steps = 0
+        self.known: dict[tuple[int, int], bool] = {}
+        """Decided (union, object or array) pairs, by identity: both live as long as the check."""
+
+    def matches(self, schema: Any, value: Any) -> bool:
+        """Whether the JSON ``value`` is a valid default of ``schema``.
+
+        Raises:
+            _TooCostly: past the step bound.
+        """
+        self.steps += 1
+        if self.steps > MAX_DEFAULT_STEPS:
+            raise _TooCostly
+        if isinstance(schema, list):
+            if not isinstance(value, dict | list):
+                return any(self.matches(branch, value) for branch in schema)
+            key = (id(schema), id(value))
+            known = self.known.get(key)
+            if known is None:
+                known = any(self.matches(branch, value) for branch in schema)
+                self.known[key] = known
+            return known
+        if isinstance(schema, str) and schema not in PRIMITIVES:
+            schema = self.names[schema]
+        kind = schema if isinstance(schema, str) else schema["type"]
+        if kind in _SCALAR_DEFAULTS:
+            return _SCALAR_DEFAULTS[kind](value)
+        if kind == "array":
+            return isinstance(value, list) and all(self.matches(schema["items"], v) for v in value)
+        if kind == "map":
+            return isinstance(value, dict) and all(
+                self.matches(schema["values"], v) for v in value.values()
+            )
+        return isinstance(value, dict) and all(  # a record: a missing field needs its own default
+            self.matches(f["type"], value[f["name"]]) if f["name"] in value else "default" in f
+            for f in schema["fields"]
         )
-    return isinstance(value, dict) and all(  # a record: a missing field needs its own default
-        _matches(f["type"], value[f["name"]], names) if f["name"] in value else "default" in f
-        for f in schema["fields"]
-    )
 
 
 def _full(name: str, namespace: str) -> str:
