@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
 import typer
@@ -22,6 +21,7 @@ from rich.markup import escape
 
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError, TopicSpecError
+from pipeline.times import utc_time as utc_time  # noqa: PLC0414 - re-exported for the commands
 
 if TYPE_CHECKING:
     from pipeline.reachability import Service
@@ -43,23 +43,6 @@ def out_console() -> Console:
     """A stdout console: the terminal's width, or :data:`PIPE_WIDTH` when not on a terminal."""
     console = Console(emoji=False)  # ":name:" in a key or a topic is text, not an emoji
     return console if console.is_terminal else Console(width=PIPE_WIDTH, emoji=False)
-
-
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def utc_time(ms: int) -> str:
-    """``ms`` since the epoch as every command prints an instant: ``2026-12-07T05:40:00.123Z``.
-
-    ISO 8601 in UTC, to the millisecond, with ``Z``: what ``--since`` and ``--until`` read back.
-    A number no calendar date holds (years 1 to 9999 only; a producer may set a message's time
-    to anything) is ``at N ms``.
-    """
-    try:
-        moment = _EPOCH + timedelta(milliseconds=ms)
-    except OverflowError:
-        return f"at {ms} ms"
-    return moment.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
 
 
 TransportOpt = Annotated[

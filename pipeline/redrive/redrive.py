@@ -39,11 +39,11 @@ from dataclasses import dataclass, field, replace
 
 from pipeline import headers as h
 from pipeline import tracing
-from pipeline.cli_support import utc_time
 from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
 from pipeline.errors import ConfigError, MessageTooLarge
 from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
+from pipeline.times import utc_time
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.protocol import Admin, Consumer, Producer, Reader, TopicInfo, Transport
