@@ -239,11 +239,12 @@ def hazards(
             )
         old_dlq = existing.get(f"{spec.name}.dlq")
         if old_dlq is not None and old_dlq.name not in declared and old_dlq.message_count:
+            one = old_dlq.message_count == 1
             lines.append(
                 f"{where}: dead letters now go to {spec.dead_letter}; the "
                 f"{_count(old_dlq.message_count)} in {old_dlq.name} "
-                f"{'stays' if old_dlq.message_count == 1 else 'stay'} there: redrive "
-                f"{'it' if old_dlq.message_count == 1 else 'them'} from {old_dlq.name} "
+                f"{'stays' if one else 'stay'} there: redrive "
+                f"{'it' if one else 'them'} from {old_dlq.name} "
                 "(pipeline redrive)"
             )
         lines.extend(_shorter_keep(where, spec, existing, default_max_len))
