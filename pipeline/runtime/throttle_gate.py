@@ -299,14 +299,19 @@ class ThrottleGate(Generic[T]):
         The slots of admitted messages that will not run are released. Those of ``running``
         ((partition, offset) of messages still running) stay held, and renewed, until each
         run ends (:meth:`finished`): the tenant's limit still counts the run, as it does any
-        other.
+        other. Its key stays active until then: the partition assigned back, the same offset
+        read again asks only once the run has ended, so it never takes the permit of that
+        partition and offset while the run holds it (the run's end would release the copy's
+        slots, and its own would stay live, renewed for the process's life).
         """
         wanted = set(partitions)
         keep = set(running)
+        holding = {self._permits[i][0] for i in keep if i in self._permits}
         for key in [k for k in self._queues if k[0] in wanted]:
             for entry in self._queues.pop(key):
                 self._forget_waiting(entry)
-            self._active.discard(key)
+            if key not in holding:
+                self._active.discard(key)
             task = self._acquiring.pop(key, None)
             if task is not None:
                 task.cancel()
