@@ -30,9 +30,10 @@ offsets on their main topics (``Admin.group_lag``, bounded by :data:`CONSUMED_TI
 has: one CRITICAL line and one count, by the first member of the group to start only (the
 others find its field written). It has not (a first start): nothing; it did not answer in
 time: a DEBUG line only. A group's field tells only on a marker written by this release with
-every member since naming its group (:attr:`Look.tracked`): on one an earlier release wrote,
-every group's field is missing though nothing was lost, so nothing is asked until the marker
-is written anew (after a loss). On the Redis
+every member since naming its group (:attr:`Look.tracked`): on one an earlier release wrote or
+looked at (a member of it beside this release's, in a rolling update), a group's field may be
+missing though nothing was lost, so nothing is asked until the marker is written anew (after
+a loss). On the Redis
 Streams transport it is not asked: the streams and the group's positions are in that same
 Redis, so a Redis that lost the marker lost them too, and the broker can tell no more than the
 marker (the member's start finds its topics missing).
@@ -491,12 +492,10 @@ EPOCH_FIELD = "epoch"
 """The marker's random epoch, written when the marker is missing."""
 COUNT_FIELD = "count"
 """The marker's count of looks."""
-GROUPS_FIELD = "groups"
-"""The epoch the marker began keeping one field per group at: its own when a member of this
-release wrote it, another when an earlier release did (its groups' fields then tell nothing)."""
-UNTRACKED_FIELD = "untracked"
-"""Set by a member that wrote the marker without naming its group: its groups' fields tell
-nothing until the marker is written anew."""
+NAMED_FIELD = "named"
+"""The marker's count of looks by members that wrote their group's field: equal to its count
+only when every look since the marker was written named its group (none by a member of an
+earlier release, which raises the count alone, or by one that named no group)."""
 
 
 def group_field(group: str) -> str:
@@ -519,7 +518,8 @@ class Look:
     written."""
     tracked: bool
     """Whether every member that looked since the marker was written wrote its group's field
-    (a marker an earlier release wrote, or a member that named no group, keeps it False)."""
+    (a marker an earlier release wrote or looked at, or a member that named no group, keeps it
+    False)."""
 
 
 def _text(value: object) -> bytes | None:
@@ -531,28 +531,26 @@ def _text(value: object) -> bytes | None:
 async def look(redis: Redis, key: str, group: str | None) -> Look:
     """Count one look at marker ``key`` by a member of ``group`` (its epoch written if missing).
 
-    One transaction: the epoch and the epoch the groups' fields began at are written if missing
-    (the same token, so they are equal only when this release wrote the marker), then the
-    group's field (``group`` None: the marker is left untracked), the count raised, and the
-    epochs read back.
+    One transaction: the epoch written if missing, then the group's field, the count and the
+    count of looks naming their group raised (``group`` None: the count alone, so the marker is
+    left untracked), and the epoch read back. A member of an earlier release raises the count
+    alone too: the marker it wrote, or looked at since, is untracked.
     """
-    token = secrets.token_hex(8)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hsetnx(key, EPOCH_FIELD, token)
-        pipe.hsetnx(key, GROUPS_FIELD, token)
-        pipe.hsetnx(key, UNTRACKED_FIELD if group is None else group_field(group), 1)
+        pipe.hsetnx(key, EPOCH_FIELD, secrets.token_hex(8))
+        if group is not None:
+            pipe.hsetnx(key, group_field(group), 1)
+            pipe.hincrby(key, NAMED_FIELD, 1)
         pipe.hincrby(key, COUNT_FIELD, 1)
         pipe.hget(key, EPOCH_FIELD)
-        pipe.hget(key, GROUPS_FIELD)
-        pipe.hget(key, UNTRACKED_FIELD)
-        written, _, marked, count, epoch, since, untracked = await pipe.execute()
+        written, *named, count, epoch = await pipe.execute()
     epoch = _text(epoch)
     return Look(
         written=bool(written),
         epoch=epoch,
         count=int(count),
-        first_of_group=group is not None and bool(marked),
-        tracked=epoch is not None and _text(since) == epoch and untracked is None,
+        first_of_group=bool(named) and bool(named[0]),
+        tracked=epoch is not None and bool(named) and int(named[1]) == int(count),
     )
 
 

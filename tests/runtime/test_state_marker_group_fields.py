@@ -162,3 +162,40 @@ async def test_members_naming_or_not_their_group_page_no_one(
         await transport.close()
     assert admin.calls == 0
     assert logged(caplog) == []
+
+
+@pytest.mark.parametrize("previous_first", [False, True])
+async def test_a_member_of_the_previous_release_beside_this_one_pages_no_one(
+    settings: Settings,
+    kafka_service: str,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    previous_first: bool,
+) -> None:
+    """A rolling update: a member of B of the previous release beside A's of this one.
+
+    It looks at the marker A's member wrote anew (or writes it, then A's looks): B's first
+    member of this release must not take B's field missing for a loss, nor ask the broker
+    (B's members ran all along).
+    """
+    prefix = f"t{unique}"
+    lanes = await two_consumed_groups(settings, unique)
+    (group_a, lane_a), (group_b, lane_b) = lanes.items()
+    transport = create_transport(settings, "kafka")
+    try:
+        admin = CountingAdmin(transport.admin())
+        async with bare_client() as (server, client):
+            await client.flushall()  # a loss while they ran: written anew by one of them
+            if previous_first:
+                await previous_release_look(client, prefix)
+            await StateWatch(client, server.url, prefix, group_a, [lane_a]).start()
+            await previous_release_look(client, prefix)  # B's member of the previous release
+            watch = StateWatch(
+                client, server.url, prefix, group_b, [lane_b], admin=admin, consumed_timeout_s=60
+            )
+            with caplog.at_level(logging.DEBUG, logger=LOGGER):
+                assert await watch.start() is False
+    finally:
+        await transport.close()
+    assert admin.calls == 0
+    assert logged(caplog) == []
