@@ -100,14 +100,7 @@ from pipeline import headers as h
 from pipeline.envelope import Message, TopicPartition
 from pipeline.redis_functions import LONGEST_EXPIRY_MS, FunctionLibrary
 from pipeline.retry.held import decode_held, encode_held
-from pipeline.retry.keys import (
-    DIGEST_MEMBER,
-    GuardKeys,
-    current_name,
-    earlier_name,
-    encode_key,
-    guard_keys,
-)
+from pipeline.retry.keys import GuardKeys, encode_key, guard_keys
 from pipeline.topics.spec import TopicSpec
 
 log = logging.getLogger(__name__)
@@ -182,24 +175,17 @@ class Start:
     body: bytes | None = None
     """The encoded message (``retry/held.py``), sent when its key may be parked: ``gd_begin``
     then holds it behind the key's head at once (``held``) instead of answering ``slow``."""
-    alias: str = ""
-    """A key over 768 bytes: its earlier name (:func:`~pipeline.retry.keys.earlier_name`), under
-    which a member of the release before the key bound parks it (:meth:`GuardStore.name_of`)."""
 
     @property
     def line(self) -> str:
         """The start as ``gd_begin`` reads it (an empty position: the id itself)."""
-        return self.named_line(self.key)
-
-    def named_line(self, name: str) -> str:
-        """The start as ``gd_begin`` reads it, its key sent as ``name``."""
         at = "" if self.position == self.ident else self.position
         kind = "1" if self.ordered else "2" if self.drains else "0"
         flags = (
             f"{kind}\t{self.attempt}\t{'1' if self.inherited else '0'}"
             f"\t{'0' if self.body is None else '1'}"
         )
-        return f"{self.ident}\t{name}\t{at}\t{flags}"
+        return f"{self.ident}\t{self.key}\t{at}\t{flags}"
 
     @property
     def end_line(self) -> str:
@@ -227,23 +213,15 @@ class Release:
     decision: Decision
     ident: str
     message: Message
-    alias: str = ""
-    """The key's earlier name, if it has one (:attr:`Start.alias`)."""
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _release(key: str, alias: str, decision: Any, ident: Any, held: bytes) -> Release:
+def _release(key: str, decision: Any, ident: Any, held: bytes) -> Release:
     """A follower as ``gd_end_many`` and ``gd_reap`` return it: decision, id, encoded message."""
-    return Release(key, _text(decision), _text(ident), decode_held(held), alias)  # type: ignore[arg-type]
-
-
-def _names(name: str) -> tuple[str, str]:
-    """A parked key's name as Redis has it: (its current name, its earlier one or "")."""
-    current = current_name(name)
-    return (name, "") if current is None else (current, name)
+    return Release(key, _text(decision), _text(ident), decode_held(held))  # type: ignore[arg-type]
 
 
 class GuardStore:
@@ -271,31 +249,19 @@ class GuardStore:
         """
         self._client = client
         self._functions = FunctionLibrary(client, LIBRARY)
-        self.prefix = prefix
         self.lane = lane
         self.keys: GuardKeys = guard_keys(prefix, lane)
         self.ttl_ms = ttl_ms
         self.hold_ms = ttl_ms if hold_ms is None else hold_ms
         self.lease_ms = lease_ms
         self.live_ms = live_ms
-        self.instance = uuid.uuid4().hex[:16] + DIGEST_MEMBER
-        """This member process: written into its start marks, alive while it renews (gd_live).
-        Its ending tells members of this release from those of the one before the key bound."""
-        self.earlier_live = True
-        """Whether a member of the release before the key bound was alive at the last
-        :meth:`live`: until one answers, a key over 768 bytes is parked under its earlier name,
-        the one such a member finds (:meth:`name_of`)."""
-        self._earlier_told = False
+        self.instance = uuid.uuid4().hex[:16]
+        """This member process: written into its start marks, alive while it renews (gd_live)."""
         self.live_until_s = -math.inf
         """Until when (``time.monotonic``) the liveness last written to Redis surely holds."""
         self._live_sent = False
         self.parked = 0
         """How many keys of the lane were parked at the last :meth:`reap`."""
-
-    @property
-    def client(self) -> Redis:
-        """The Redis client of its calls."""
-        return self._client
 
     async def begin_many(
         self, ended: Sequence[str], starts: Sequence[Start]
@@ -315,9 +281,7 @@ class GuardStore:
             [
                 self.hold_ms,
                 "\n".join(ended),
-                "\n".join(
-                    start.named_line(self.name_of(start.key, start.alias)) for start in starts
-                ),
+                "\n".join(start.line for start in starts),
                 self.instance,
                 live_for,
                 *(start.body for start in starts if start.body is not None),
@@ -331,8 +295,7 @@ class GuardStore:
     async def begin_parked(self, message: Message, start: Start) -> tuple[Decision, int]:
         """Decide a start of a message whose key is parked (``FCALL gd_key_begin``)."""
         k = self.keys
-        name = self.name_of(start.key, start.alias)
-        z, state, held = k.of_key(name.partition(" ")[0])
+        z, state, held = k.of_key(start.key)
         try:
             decision, starts = await self._functions.fcall(
                 "gd_key_begin",
@@ -340,7 +303,7 @@ class GuardStore:
                 [
                     self.hold_ms,
                     start.ident,
-                    name,
+                    start.key,
                     start.position,
                     start.attempt,
                     encode_held(message),
@@ -359,8 +322,7 @@ class GuardStore:
         and lets that copy take the start mark over. False if Redis failed (logged).
         """
         k = self.keys
-        name = self.name_of(start.key, start.alias)
-        z, state, _ = k.of_key(name.partition(" ")[0])
+        z, state, _ = k.of_key(start.key)
         try:
             await self._functions.fcall(
                 "gd_route",
@@ -368,7 +330,7 @@ class GuardStore:
                 [
                     self.hold_ms,
                     start.ident,
-                    name,
+                    start.key,
                     start.position,
                     attempt,
                     "1" if park else "0",
@@ -398,8 +360,7 @@ class GuardStore:
             last = len(group.ends) - 1
             for i, (start, ending) in enumerate(group.ends):
                 release = RELEASE_BATCH if group.release and i == last else 0
-                name = self.name_of(start.key, start.alias)
-                args += [start.ident, name, ending, follow, start.position, release]
+                args += [start.ident, start.key, ending, follow, start.position, release]
         replies = await self._functions.fcall(
             "gd_end_many", [k.run, k.alone, k.gone, k.parked, k.releases], args
         )
@@ -408,8 +369,8 @@ class GuardStore:
         for group in groups:
             flat = replies[at + len(group.ends) - 1]
             at += len(group.ends)
-            key, alias = group.ends[0][0].key, group.ends[0][0].alias
-            out.append([_release(key, alias, *flat[i : i + 3]) for i in range(0, len(flat), 3)])
+            key = group.ends[0][0].key
+            out.append([_release(key, *flat[i : i + 3]) for i in range(0, len(flat), 3)])
         return out
 
     async def solo(self, start: Start, *, poison_after: int) -> tuple[str, int]:
@@ -447,49 +408,21 @@ class GuardStore:
             return []
         self.parked = int(reply[0])
         flat = reply[1:]
-        return [
-            _release(*_names(_text(flat[i])), *flat[i + 1 : i + 4]) for i in range(0, len(flat), 4)
-        ]
+        return [_release(_text(flat[i]), *flat[i + 1 : i + 4]) for i in range(0, len(flat), 4)]
 
     async def live(self) -> None:
         """Say this member process is alive for ``live_ms`` more (``FCALL gd_live``).
 
         While it is, a copy of one of its running starts read by another member process waits
-        (``busy``) instead of running beside it as a suspect. Also learns whether a member of
-        the release before the key bound is alive (:attr:`earlier_live`).
+        (``busy``) instead of running beside it as a suspect.
         """
         sent_s = time.monotonic()
         try:
-            earlier = await self._functions.fcall(
-                "gd_live", [self.keys.live], [self.instance, self.live_ms, DIGEST_MEMBER]
-            )
+            await self._functions.fcall("gd_live", [self.keys.live], [self.instance, self.live_ms])
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, could not renew this member's liveness: %s", exc)
             return
         self.live_until_s = sent_s + self.live_ms / 1000
-        earlier_live = int(earlier) > 0
-        told = self._earlier_told  # the first answer is told only if one runs
-        if (earlier_live != self.earlier_live) if told else earlier_live:
-            log.info(
-                "lane %s: %s: message keys over 768 bytes are parked under their %s names",
-                self.lane,
-                f"{int(earlier)} members of the release before the key bound run"
-                if earlier_live
-                else "no member of the release before the key bound runs",
-                "base64 (the earlier release's)" if earlier_live else "digest",
-            )
-        self.earlier_live = earlier_live
-        self._earlier_told = True
-
-    def name_of(self, key: str, alias: str) -> str:
-        """How a key is named in a call: ``key``, or for a key of two names, both (resolve).
-
-        The first is the one a key not parked yet is parked under: its earlier name while a
-        member of the earlier release runs (only that name is found there), else its digest.
-        """
-        if not alias:
-            return key
-        return f"{alias} {key}" if self.earlier_live else f"{key} {alias}"
 
     # -- claimed ranges (runtime/claims.py) ------------------------------------------------------
 
@@ -593,7 +526,7 @@ class GuardStore:
 
         Raises redis errors: the caller decides how to fail open.
         """
-        return {_names(_text(key))[0] for key in await self._client.hkeys(self.keys.parked)}
+        return {_text(key) for key in await self._client.hkeys(self.keys.parked)}
 
     async def renew(self, keys: Sequence[str]) -> None:
         """Extend the leases of this member's releases in progress (``FCALL gd_renew``)."""
@@ -622,11 +555,9 @@ def start_of(message: Message, *, ordered: bool) -> Start:
                 at,
                 h.origin_fault(message.topic, headers),
             )
-        return Start(at, encode_key(message.key), at, ordered, 1, alias=earlier_name(message.key))
+        return Start(at, encode_key(message.key), at, ordered, 1)
     attempt = h.attempt_header(headers)
-    return Start(
-        origin, encode_key(message.key), at, ordered, attempt, alias=earlier_name(message.key)
-    )
+    return Start(origin, encode_key(message.key), at, ordered, attempt)
 
 
 def retry_path_ms(spec: TopicSpec) -> int:

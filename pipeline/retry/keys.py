@@ -7,10 +7,9 @@ many keys of a lane stays in one Redis Cluster slot; see ``lua/guard.lua`` for w
 from __future__ import annotations
 
 import base64
-import binascii
 from dataclasses import dataclass
 
-from pipeline.redis_keys import DIGEST_PREFIX, NAME_PART_MAX_BYTES, digest
+from pipeline.redis_keys import NAME_PART_MAX_BYTES, digest
 
 
 def lane_tag(prefix: str, lane: str) -> str:
@@ -45,52 +44,6 @@ def encode_key(key: bytes | None) -> str:
                 _ENCODED.clear()
             _ENCODED[raw] = encoded
     return encoded
-
-
-def earlier_name(key: bytes | None) -> str:
-    """The name the release before the key bound gave ``key``'s parked state, if another.
-
-    That release named every key by its url-safe base64, whatever its size; this one names a
-    key over 768 bytes by its digest (:func:`encode_key`). Empty for every other key (the hot
-    path's keys: one length check).
-    """
-    raw = key or b""
-    if len(raw) <= _BASE64_MAX_BYTES:
-        return ""
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def current_name(name: str) -> str | None:
-    """The current name of a key an earlier release parked as ``name``; None if unchanged.
-
-    Only a canonical url-safe base64 form over :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES`
-    characters (a key over 768 bytes) was named otherwise before; a digest form or anything
-    that is no such base64 is left alone.
-    """
-    if len(name) <= NAME_PART_MAX_BYTES or name.startswith(DIGEST_PREFIX):
-        return None
-    try:
-        raw = base64.b64decode(name, altchars=b"-_", validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    if base64.urlsafe_b64encode(raw).decode() != name:
-        return None
-    current = encode_key(raw)
-    return None if current == name else current
-
-
-DIGEST_MEMBER = ".d"
-"""How the instance id of a member process that names long keys by their digest ends.
-
-The release before the key bound wrote ids of 16 hex digits into ``T:live``: a live one without
-this ending is a member of that release, which finds a long key's state only under its base64
-name. While one runs, members of this release park long keys under that name too
-(``lua/guard.lua``, ``resolve``)."""
-
-
-def names_long_keys_by_digest(instance: str) -> bool:
-    """Whether the member process ``instance`` (a field of ``T:live``) is of this release."""
-    return instance.endswith(DIGEST_MEMBER)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,36 +1,25 @@
-"""Keep the state of parked long message keys under the name every running member finds.
+"""Move parked keys' state from the names an earlier release gave long message keys.
 
 A release before the key bound (``pipeline/redis_keys.py``) named a parked message key's state
 (``T:z|h|f:K``, its field in ``T:parked`` and its entry in ``T:rel``) by the url-safe base64 of
-the key whatever its size; this one names a key over 768 bytes by ``#sha256:<hex>`` of the key
-(:func:`~pipeline.retry.keys.encode_key`). A member of either release never finds state parked
-under the other's name: the key's held followers, whose offsets are committed, would never
-run. So:
+the key whatever its size; this one names a key over 768 bytes (a base64 form over 1,024
+characters) by ``#sha256:<hex>`` of the key (:func:`~pipeline.retry.keys.encode_key`). A member
+of this release never finds state parked under the longer name: the key's held followers,
+whose offsets are committed, would never run. :func:`rename_long_parked` moves such state to
+its current name when ``pipeline consume`` starts, before it consumes.
 
-- Every guard call of this release names such a key by both names and works on whichever is
-  parked (``lua/guard.lua``, ``resolve``): whatever a member of the earlier release parked is
-  found. It parks a key under its base64 name while a member of the earlier release is alive
-  (``T:live``, :data:`~pipeline.retry.keys.DIGEST_MEMBER`), under its digest otherwise.
-- :func:`rename_long_parked`, when ``pipeline consume`` starts, moves state parked under the
-  earlier names to the digest names, unless a member of the earlier release is alive (a
-  rolling update: that member would lose sight of it).
-- :class:`LongKeyNames`, on the member's reap tick: while a member of the earlier release is
-  alive, moves state parked under digest names (before it came: a rollback) to the base64
-  names, which it can see; once none is, moves the base64 ones to their digests.
-
-Cost: nothing per message for a key of up to 768 bytes (one length check); a longer one sends
-both names. A pass is one ``HSCAN`` of the lane's ``T:parked`` matching only the names to move,
-in pages bounded by bytes (:data:`PAGE_BYTES`: a base64 name of a 1 MiB key is 1.4 MB), and a
-page with any adds one atomic call (``lua/rename.lua``). The tick runs a pass only after the
-fleet changed (a member of the earlier release came or went) until one finds nothing left to
-move. Idempotent, and safe with members moving at once: a key is moved only while its name is
-still parked and its other one is not, and not while a release of it is in progress (its
-member renews it under the name it has; the key moves once that is over). A key parked under
-both names is left as it is, with one warning.
+Cost: one ``HSCAN`` pass of each lane's ``T:parked``, in pages of :data:`PAGE` fields; a page
+with a field of the earlier long form adds one ``gd_rename`` call (``lua/rename.lua``), which
+moves its keys atomically. Nothing else, and nothing per message. Idempotent, and safe with
+members starting at once: a key is moved only while its earlier name is still parked and its
+current one is not. A key parked under both (a member of this release parked it again while
+one of the earlier release held it) is left as it is, with one warning.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,36 +28,15 @@ from redis.asyncio import Redis
 
 from pipeline.redis_functions import FAILED
 from pipeline.redis_keys import DIGEST_PREFIX, NAME_PART_MAX_BYTES
-from pipeline.retry.keys import (
-    GuardKeys,
-    current_name,
-    guard_keys,
-    names_long_keys_by_digest,
-)
-from pipeline.retry.rename_functions import Moved, RenameFunctions
+from pipeline.retry.keys import encode_key, guard_keys
+from pipeline.retry.rename_functions import RenameFunctions
 
-__all__ = [
-    "PAGE",
-    "PAGE_BYTES",
-    "LongKeyNames",
-    "Renamed",
-    "current_name",
-    "earlier_members",
-    "rename_back_lane",
-    "rename_lane",
-    "rename_long_parked",
-]
+__all__ = ["PAGE", "Renamed", "current_name", "rename_lane", "rename_long_parked"]
 
 log = logging.getLogger(__name__)
 
 PAGE = 100
-"""Fields of a lane's ``T:parked`` read by one ``HSCAN`` at most (and moved by one call)."""
-PAGE_BYTES = 8 << 20
-"""About the most bytes of names one page reads: pages of long names hold fewer fields."""
-_FIRST_PAGE = 4
-"""Fields the first page of long names asks for, before their size is known."""
-_LONG = "?" * (NAME_PART_MAX_BYTES + 1) + "*"
-"""``HSCAN`` pattern of names over 1,024 characters (only such base64 names move)."""
+"""Fields of a lane's ``T:parked`` read by one ``HSCAN`` (and moved by one call at most)."""
 
 
 @dataclass(slots=True)
@@ -77,18 +45,26 @@ class Renamed:
 
     moved: int = 0
     both: list[str] = field(default_factory=list)
-    """Names of keys parked under both names (left as they are)."""
-    busy: int = 0
-    """Keys left for now: a release of theirs is in progress."""
-    unnamed: int = 0
-    """Digest-named keys whose earlier name is not kept (parked by a build that kept none)."""
+    """Current names of keys parked under both names (left as they are)."""
 
-    def add(self, names: Sequence[str], answers: Sequence[Moved]) -> None:
-        """Count one call's answers (``names``: the name each key had)."""
-        self.moved += answers.count("moved")
-        self.busy += answers.count("busy")
-        self.unnamed += answers.count("unnamed")
-        self.both += [name for name, moved in zip(names, answers, strict=True) if moved == "both"]
+
+def current_name(name: str) -> str | None:
+    """The current name of a key an earlier release parked as ``name``; None if unchanged.
+
+    Only a canonical url-safe base64 form over :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES`
+    characters (a key over 768 bytes) was named otherwise before; a digest form or anything
+    that is no such base64 is left alone.
+    """
+    if len(name) <= NAME_PART_MAX_BYTES or name.startswith(DIGEST_PREFIX):
+        return None
+    try:
+        raw = base64.b64decode(name, altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if base64.urlsafe_b64encode(raw).decode() != name:
+        return None
+    current = encode_key(raw)
+    return None if current == name else current
 
 
 def _text(raw: bytes | str) -> str | None:
@@ -97,7 +73,7 @@ def _text(raw: bytes | str) -> str | None:
     try:
         return raw.decode("ascii")
     except UnicodeDecodeError:
-        return None  # no base64, no digest
+        return None  # no base64
 
 
 def _pairs(fields: Iterable[bytes | str]) -> list[tuple[str, str]]:
@@ -110,103 +86,48 @@ def _pairs(fields: Iterable[bytes | str]) -> list[tuple[str, str]]:
     return pairs
 
 
-async def earlier_members(client: Redis, keys: GuardKeys) -> int:
-    """How many member processes of the release before the key bound are alive on the lane."""
-    until = await client.hgetall(keys.live)
-    seconds, micros = await client.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    return sum(
-        1
-        for instance, live in until.items()
-        if int(live) > now_ms and not names_long_keys_by_digest(_text(instance) or "")
-    )
-
-
 async def rename_lane(client: Redis, prefix: str, lane: str, *, page: int = PAGE) -> Renamed:
     """Move the keys ``lane`` parked under an earlier release's long names to their current ones.
 
-    Pages hold about :data:`PAGE_BYTES` of names, ``page`` fields at most. Raises redis errors:
-    the caller decides what to say.
-    """
-    keys = guard_keys(prefix, lane)
-    functions = RenameFunctions(client)
-    out = Renamed()
-    cursor, count = 0, min(page, _FIRST_PAGE)
-    while True:
-        cursor, fields = await client.hscan(keys.parked, cursor, match=_LONG, count=count)
-        pairs = _pairs(fields)
-        if pairs:
-            out.add([new for _, new in pairs], await functions.rename(keys, pairs))
-        longest = max((len(name) for name in fields), default=0)
-        count = max(1, min(page, PAGE_BYTES // longest)) if longest else min(page, 2 * count)
-        if not cursor:
-            return out
-
-
-async def rename_back_lane(client: Redis, prefix: str, lane: str, *, page: int = PAGE) -> Renamed:
-    """Move the keys ``lane`` parked under digest names to the earlier names they keep.
-
-    For a member of the release before the key bound, which finds only those. Raises redis
-    errors: the caller decides what to say.
+    Raises redis errors: the caller decides what to say.
     """
     keys = guard_keys(prefix, lane)
     functions = RenameFunctions(client)
     out = Renamed()
     cursor = 0
     while True:
-        cursor, fields = await client.hscan(
-            keys.parked, cursor, match=f"{DIGEST_PREFIX}*", count=page
-        )
-        names = [name for name in (_text(raw) for raw in fields) if name is not None]
-        if names:
-            out.add(names, await functions.rename_back(keys, names))
+        cursor, fields = await client.hscan(keys.parked, cursor, count=page)
+        pairs = _pairs(fields)
+        if pairs:
+            answers = await functions.rename(keys, pairs)
+            out.moved += answers.count("moved")
+            out.both += [
+                new for (_, new), moved in zip(pairs, answers, strict=True) if moved == "both"
+            ]
         if not cursor:
             return out
-
-
-def _warn_both(renamed: Renamed, lane: str) -> None:
-    for name in renamed.both:
-        log.warning(
-            "parked key %s of lane %s is parked under both its digest name and its earlier "
-            "(base64) one (a member of each release parked it while the other held it): both "
-            "left as they are; the followers held under the name a member does not find wait "
-            "until the other is released (moved by the reap tick then)",
-            name[:80],
-            lane,
-        )
 
 
 async def rename_long_parked(client: Redis, prefix: str, lanes: Sequence[str]) -> int:
     """Move what ``lanes`` parked under an earlier release's long names; how many keys moved.
 
-    Not on a lane where a member of that release is alive (a rolling update): it finds only
-    those names, and this release's members find both (:class:`LongKeyNames` moves them once
-    it stopped). One INFO line a lane that moved any, or was left for that reason, one WARNING
-    a key parked under both names; a Redis out of reach (or failing) ends the pass with one
-    WARNING naming the lanes left (the start goes on: the reap tick moves their keys).
+    One INFO line a lane that moved any, one WARNING a key parked under both names; a Redis out
+    of reach (or failing) ends the pass with one WARNING naming the lanes left (the start goes
+    on: their keys wait for the next start).
     """
     total = 0
     for at, lane in enumerate(lanes):
         try:
-            earlier = await earlier_members(client, guard_keys(prefix, lane))
-            renamed = Renamed() if earlier else await rename_lane(client, prefix, lane)
+            renamed = await rename_lane(client, prefix, lane)
         except FAILED as exc:  # out of reach: the other lanes' calls would wait as long
             log.warning(
                 "could not move keys parked under an earlier release's names on lanes %s "
-                "(Redis: %s): members of this release find them under either name, and the "
-                "reap tick moves them once Redis answers",
+                "(Redis: %s): held followers of message keys over 768 bytes parked before the "
+                "key bound wait until a member starts with Redis reachable",
                 ", ".join(lanes[at:]),
                 exc,
             )
             return total
-        if earlier:
-            log.info(
-                "lane %s: %d members of the release before the key bound run (a rolling "
-                "update): message keys over 768 bytes stay parked under their base64 names, "
-                "which those members find, until the last of them stops",
-                lane,
-                earlier,
-            )
         if renamed.moved:
             log.info(
                 "moved %d parked keys of lane %s from an earlier release's names (message "
@@ -215,63 +136,16 @@ async def rename_long_parked(client: Redis, prefix: str, lanes: Sequence[str]) -
                 renamed.moved,
                 lane,
             )
-        _warn_both(renamed, lane)
+        for name in renamed.both:
+            log.warning(
+                "parked key %s of lane %s is parked under both its earlier name and its "
+                "current one (a member of this release parked it again while one of the "
+                "earlier release held it): both left as they are; the followers held under "
+                "the earlier name wait until a member starts after the current one is released "
+                "(restart one once pipeline status shows the lane without parked keys), which "
+                "moves them",
+                name,
+                lane,
+            )
         total += renamed.moved
     return total
-
-
-class LongKeyNames:
-    """Moves one lane's parked long keys to the name every running member finds (reap tick).
-
-    :meth:`tick` is told whether a member of the release before the key bound is alive. After
-    that changes (and at first), a pass runs every tick until one leaves nothing it can move:
-    to the base64 names while such a member is alive (keys parked under digests before it came,
-    a rollback), to the digests once none is.
-    """
-
-    def __init__(self, client: Redis, prefix: str, lane: str) -> None:
-        """Keep the long keys of ``lane`` under ``prefix`` through ``client``."""
-        self._client = client
-        self._prefix = prefix
-        self.lane = lane
-        self._earlier: bool | None = None
-        self._pending = True
-
-    async def tick(self, earlier_live: bool) -> None:
-        """One pass if one is due (Redis errors: one WARNING; the next tick tries again)."""
-        if earlier_live != self._earlier:
-            self._earlier, self._pending = earlier_live, True
-        if not self._pending:
-            return
-        try:
-            if earlier_live:
-                renamed = await rename_back_lane(self._client, self._prefix, self.lane)
-            else:
-                renamed = await rename_lane(self._client, self._prefix, self.lane)
-        except FAILED as exc:
-            log.warning(
-                "could not move parked keys of lane %s to the names every member finds "
-                "(Redis: %s): the next reap tick tries again",
-                self.lane,
-                exc,
-            )
-            return
-        self._pending = bool(renamed.busy)
-        if renamed.moved:
-            log.info(
-                "moved %d parked keys of lane %s to their %s names (message keys over 768 "
-                "bytes), which every member running now finds",
-                renamed.moved,
-                self.lane,
-                "base64" if earlier_live else "digest",
-            )
-        if renamed.unnamed:
-            log.warning(
-                "%d parked keys of lane %s are named by their digest with no earlier name "
-                "kept (parked by a build before this one): a member of the release before the "
-                "key bound does not find them; their held followers run only through a member "
-                "of this release",
-                renamed.unnamed,
-                self.lane,
-            )
-        _warn_both(renamed, self.lane)

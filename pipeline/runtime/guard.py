@@ -44,7 +44,6 @@ from pipeline.retry.guard_store import (
 )
 from pipeline.retry.held import encode_held
 from pipeline.retry.keys import encode_key
-from pipeline.retry.rename_long_keys import LongKeyNames
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
 from pipeline.runtime.ends import EndWindow
@@ -117,10 +116,6 @@ class RunGuard:
         self._call = call
         self._settled = settled
         self._releasing: dict[str, set[str]] = {lane: set() for lane in stores}
-        self._long_names = {
-            lane: LongKeyNames(store.client, store.prefix, lane) for lane, store in stores.items()
-        }
-        """Each lane's long keys kept under the name every running member finds (:meth:`tick`)."""
         self._draining: set[str] = set()
         """Lanes that no longer park but whose Redis had parked keys when last asked: a retry
         copy of theirs asks whether it is its parked key's head (:meth:`tick`)."""
@@ -596,8 +591,7 @@ class RunGuard:
 
     async def _release(self, lane: Lane, store: GuardStore, first: list[Release]) -> None:
         """Run the followers released to this member, in order, until the key needs none."""
-        releasing = self._releasing[lane.name]
-        key = store.name_of(first[0].key, first[0].alias)  # renewed under either name
+        releasing, key = self._releasing[lane.name], first[0].key
         releasing.add(key)
         released = first
         try:
@@ -713,13 +707,10 @@ class RunGuard:
 
         A lane that no longer parks (made unordered, or left without retry tiers) drains the
         keys it parked before: their followers are released here (see ``gd_reap``), and while
-        any is parked its retry copies ask whether they are a parked key's head. Keys over 768
-        bytes parked under a name some running member does not find are moved (a member of the
-        release before the key bound came or went: ``retry/rename_long_keys.py``).
+        any is parked its retry copies ask whether they are a parked key's head.
         """
         for name, store in self._stores.items():
             await store.live()
-            await self._long_names[name].tick(store.earlier_live)
             await store.renew(sorted(self._releasing[name]))
             claims = self._claims.get(name)
             if claims is not None:
@@ -788,9 +779,7 @@ def _drain_grace_ms(lane: Lane, store: GuardStore) -> int:
 
 def _released_start(release: Release) -> Start:
     """The start of a follower released from its parked key."""
-    return Start(
-        release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0, alias=release.alias
-    )
+    return Start(release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0)
 
 
 def _given_back(unrun: Sequence[Release]) -> list[tuple[Start, Ending]]:

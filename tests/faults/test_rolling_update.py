@@ -3,10 +3,7 @@
 Opt-in: the previous build is a checkout of an earlier commit (CI has only this one), named by
 ``FAULTS_OLD_BUILD``, e.g. ``git worktree add /tmp/old-6a37647 6a37647`` and
 ``FAULTS_OLD_BUILD=/tmp/old-6a37647`` (``docs/operations.md``, upgrading). ``FAULTS_NEW_BUILD``
-may name a checkout of the new build too (by default the members run this one). For the long
-keys, the previous build is one before the key bound (9ee14fd), such as 6a37647: a commit after
-it names long keys by their digest already, with no mark on its member ids, and is taken for
-such a build (``pipeline/retry/keys.py``, ``DIGEST_MEMBER``).
+may name a checkout of the new build too (by default the members run this one).
 """
 
 from __future__ import annotations
@@ -79,7 +76,24 @@ async def test_rolling_update(
     )
 
 
-@pytest.mark.parametrize("direction", ["upgrade", "rollback", "new_only", "old_only"])
+MIXED_NAMES = pytest.mark.xfail(
+    strict=True,
+    reason="a key over 768 bytes is parked under its base64 by 6a37647 and under its digest"
+    " since the key bound: members of the two builds strand each other's held followers"
+    " (lost), and now and then run a stale retry copy beside a first delivery; roll that"
+    " change out as a recreate (docs/operations.md, rolling deploys)",
+)
+
+
+@pytest.mark.parametrize(
+    "direction",
+    [
+        pytest.param("upgrade", marks=MIXED_NAMES),
+        pytest.param("rollback", marks=MIXED_NAMES),
+        "new_only",
+        "old_only",
+    ],
+)
 async def test_rolling_update_long_keys(
     direction: str,
     tmp_path: Path,
@@ -90,10 +104,8 @@ async def test_rolling_update_long_keys(
     """As :func:`test_rolling_update` (settled), with message keys of 800 bytes.
 
     A key over 768 bytes names its parked state by its digest in the new build, by its base64
-    in the previous one (``pipeline/retry/keys.py``, ``encode_key``): the new build finds
-    either, and parks under the base64 while a member of the previous one runs
-    (``pipeline/retry/rename_long_keys.py``). ``new_only`` and ``old_only`` restart a member of
-    one build as the others do: the same load, no mixed fleet.
+    in the previous one (``pipeline/retry/keys.py``, ``encode_key``). ``new_only`` and
+    ``old_only`` restart a member of one build as the others do: the same load, no mixed fleet.
     """
     new, old = NEW, OLD
     first, by = {

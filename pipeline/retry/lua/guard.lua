@@ -29,13 +29,12 @@
 --                   partition was assigned to last (gd_take), until it gives its claim up
 --                   (gd_unclaim). A claim is only written again while no other instance is the
 --                   owner (gd_claim)
--- Per parked key K (its url-safe base64; over 768 bytes, its digest or its base64: resolve):
+-- Per parked key K (base64):
 --   T:z:K     zset  parked message id -> sequence; the lowest is the key's head
 --   T:h:K     hash  seq (last sequence given), dead_until (followers up to this sequence follow a
 --                   dead-lettered head), rel (the first follower of the release in
 --                   progress), by (the member process that holds that release: ends of its
---                   followers from any other one release nothing more), alias (a key over 768
---                   bytes: its other name, by which lua/rename.lua moves its state)
+--                   followers from any other one release nothing more)
 --   T:f:K     hash  message id -> the held follower (encoded message): it waits here, written
 --                   once, until the messages ahead of it finished
 -- Every key expires, so state of vanished messages frees itself: ARGV hold_ms after its last
@@ -210,24 +209,7 @@ end
 -- followers, a T:rel gone first would leave a release nobody takes over, its followers held
 -- until their state expires. k: z, h, f, parked, rel.
 local function keep_key(hold_ms, k)
-  if k.other then redis.call('HSETNX', k.h, 'alias', k.other) end
   expire(hold_ms, k.z, k.h, k.f, k.parked, k.rel)
-end
-
--- A message key over 768 bytes has two names (pipeline/retry/keys.py): its digest, and the
--- url-safe base64 the release before the key bound gave it, the only one a member of that
--- release finds during a rolling update. The caller sends such a key as "first second" (a space
--- is in neither form), the name it parks under first. Its state is under whichever is parked
--- (the first if both are, or neither: a key parked now is parked under the first), in the same
--- call that reads or writes it, so a move of the state (lua/rename.lua) between two calls of
--- one message is never missed. Returns the name and the other one (nil: a key of one name).
-local function resolve(parked, name)
-  local first, second = string.match(name, '^([^ ]+) ([^ ]+)$')
-  if not first then return name, nil end
-  if redis.call('HEXISTS', parked, first) == 1 or redis.call('HEXISTS', parked, second) == 0 then
-    return first, second
-  end
-  return second, first
 end
 
 -- The entries of T:gone that keep the lane's clock (no message id has this form).
@@ -321,7 +303,6 @@ local function begin_many(keys, args)
   end
   local ended, positions_ended, routed_ended = end_lines(args[2])
   local ids, names, positions, ordered, attempts, inherited, bodies = {}, {}, {}, {}, {}, {}, {}
-  local others = {}
   local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([012])\t(%d+)\t([01])\t([01])'
   local draining = {}
   local body = 5
@@ -360,9 +341,6 @@ local function begin_many(keys, args)
     local gone, parked = {}, {}
     if any_ordered then
       gone = bulk('ZMSCORE', keys[2], ids)
-      for i, name in ipairs(names) do
-        if string.find(name, ' ', 1, true) then names[i], others[i] = resolve(keys[3], name) end
-      end
       parked = bulk('HMGET', keys[3], names)
     end
     local writes, seen = {}, {}
@@ -371,7 +349,7 @@ local function begin_many(keys, args)
       if (ordered[i] or draining[i]) and parked[i] and not gone[i] then
         local key = names[i]
         local k = of_key({run = keys[1], gone = keys[2], parked = keys[3], live = keys[5],
-                          rel = tag .. ':rel', other = others[i]}, tag, key)
+                          rel = tag .. ':rel'}, tag, key)
         if bodies[i] and ordered[i] then held = hold(k, hold_ms, id, key, bodies[i]) end
         if not held then
           held, held_starts = as_head(k, id, positions[i], attempts[i], me, now)
@@ -419,31 +397,26 @@ end
 -- ARGV[1] hold_ms (T:run, the key's state, T:parked and T:rel)   ARGV[2] id   ARGV[3] key
 -- ARGV[4] position   ARGV[5] attempt   ARGV[6] the encoded message (stored if it is held)
 -- ARGV[7] the calling member process's instance id
--- A key of two names (resolve) comes with KEYS[4..6] of its first; its state is under the one
--- resolved (same slot: every name shares the lane's tag).
 -- Returns {decision, starts}; busy as in gd_begin. A key found with no live head is unparked
 -- and its state deleted here.
 local function begin_parked(keys, args)
   local hold_ms = args[1]
-  local id, pos, attempt, blob = args[2], args[4], args[5], args[6]
+  local id, key, pos, attempt, blob = args[2], args[3], args[4], args[5], args[6]
   local me, now = args[7], now_ms()
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
-  local tag = tag_of(keys[1])
-  local key, other = resolve(keys[3], args[3])
   local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6],
-             rel = tag .. ':rel', other = other}
-  if other then of_key(k, tag, key) end
+             rel = tag_of(keys[1]) .. ':rel'}
   local held = hold(k, hold_ms, id, key, blob)
   if held then return {held, 0} end
-  local head, head_seq = live_head(keys[2], k.z, k.f)
+  local head, head_seq = live_head(keys[2], keys[4], keys[6])
   if not head then
-    redis.call('DEL', k.z, k.h, k.f)
+    redis.call('DEL', keys[4], keys[5], keys[6])
     redis.call('HDEL', keys[3], key)
     local decision, starts = mark_start(keys[1], id, pos, attempt, false, me, keys[7], now)
     redis.call('PEXPIRE', keys[1], hold_ms)
     return {decision, starts}
   end
-  local dead_until = tonumber(redis.call('HGET', k.h, 'dead_until') or '0')
+  local dead_until = tonumber(redis.call('HGET', keys[5], 'dead_until') or '0')
   if head_seq <= dead_until then return {'sequenced', 0} end
   local decision, starts = mark_start(keys[1], id, pos, attempt, false, me, keys[7], now)
   redis.call('PEXPIRE', keys[1], hold_ms)
@@ -455,15 +428,10 @@ end
 -- ARGV[1] hold_ms (T:run, the key's state, T:parked and T:rel)   ARGV[2] id   ARGV[3] key
 -- ARGV[4] position   ARGV[5] the copy's attempt   ARGV[6] "1" to park the key (an ordered lane)
 -- Parks the key first, so the copy can never find its key unparked, and lets that copy (by its
--- attempt) take the start mark over even if this start has not ended yet. A key of two names
--- (resolve) comes with KEYS[4..5] of its first.
+-- attempt) take the start mark over even if this start has not ended yet.
 local function route(keys, args)
   local hold_ms = args[1]
-  local id, pos, attempt = args[2], args[4], args[5]
-  local tag = tag_of(keys[1])
-  local key, other = resolve(keys[3], args[3])
-  local z, h = keys[4], keys[5]
-  if other then z, h = tag .. ':z:' .. key, tag .. ':h:' .. key end
+  local id, key, pos, attempt = args[2], args[3], args[4], args[5]
   local mark = redis.call('HGET', keys[1], id)
   local starts, at = 1, pos
   if mark then starts, at = parse(mark) end
@@ -472,12 +440,13 @@ local function route(keys, args)
     redis.call('PEXPIRE', keys[1], hold_ms)
   end
   if args[6] == '1' and not redis.call('ZSCORE', keys[2], id) then
-    if not redis.call('ZSCORE', z, id) then
-      redis.call('ZADD', z, redis.call('HINCRBY', h, 'seq', 1), id)
+    if not redis.call('ZSCORE', keys[4], id) then
+      redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
     end
     redis.call('HSET', keys[3], key, 1)
-    keep_key(hold_ms, {z = z, h = h, f = tag .. ':f:' .. key, parked = keys[3],
-                       rel = tag .. ':rel', other = other})
+    local tag = tag_of(keys[1])
+    keep_key(hold_ms, {z = keys[4], h = keys[5], f = tag .. ':f:' .. key, parked = keys[3],
+                       rel = tag .. ':rel'})
   end
   return 1
 end
@@ -621,7 +590,7 @@ end
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
 -- ARGV[1] hold_ms (T:run, T:gone, the keys' state, T:parked, T:rel)   ARGV[2] lease_ms
 -- ARGV[3] the tag T   ARGV[4] the calling member process,
--- then six per end: id, key (two names: resolve), outcome (done | parked | dead | back), "follow"
+-- then six per end: id, key, outcome (done | parked | dead | back), "follow"
 -- or "", the position of the start that ended, how many followers to release after it (0:
 -- none).
 -- Returns one list per end: the followers released after it, three entries each (decision,
@@ -631,9 +600,9 @@ local function finish_many(keys, args)
   local lease, tag = tonumber(args[2]), args[3]
   local out = {}
   for i = 5, #args, 6 do
-    local key, other = resolve(keys[4], args[i + 1])
+    local key = args[i + 1]
     local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
-                      rel = keys[5], other = other}, tag, key)
+                      rel = keys[5]}, tag, key)
     out[#out + 1] = finish_one(k, now, hold_ms, lease, args[i], key, args[i + 2],
                                args[i + 3], args[i + 4], tonumber(args[i + 5]), args[4])
   end
@@ -750,38 +719,26 @@ local function reap(keys, args)
 end
 
 -- gd_renew: extend the leases of the releases this member runs.
--- KEYS[1] T:rel   ARGV[1] the lease ms (from now, Redis's clock), then the keys (a key of two
--- names: both, as only the one of its release is in T:rel)
+-- KEYS[1] T:rel   ARGV[1] the lease ms (from now, Redis's clock), then the keys
 local function renew(keys, args)
   local until_ms = now_ms() + tonumber(args[1])
-  for i = 2, #args do
-    for name in string.gmatch(args[i], '[^ ]+') do
-      redis.call('ZADD', keys[1], 'XX', until_ms, name)
-    end
-  end
+  for i = 2, #args do redis.call('ZADD', keys[1], 'XX', until_ms, args[i]) end
   return #args - 1
 end
 
 -- gd_live: the calling member process is alive for ARGV[2] ms from now (Redis's clock); its
 -- marks of a copy that another process reads meanwhile answer busy instead of suspect.
--- KEYS[1] T:live   ARGV[1] instance id   ARGV[2] live ms   ARGV[3] (optional) how the ids of
--- this release end (pipeline/retry/keys.py DIGEST_MEMBER)
--- Drops the entries of processes whose liveness ran out. Returns how many live ones are of an
--- earlier release (their id without ARGV[3]; 0 without it).
+-- KEYS[1] T:live   ARGV[1] instance id   ARGV[2] live ms
+-- Drops the entries of processes whose liveness ran out.
 local function live_renew(keys, args)
-  local now, live_ms, ending = now_ms(), tonumber(args[2]), args[3]
+  local now, live_ms = now_ms(), tonumber(args[2])
   redis.call('HSET', keys[1], args[1], now + live_ms)
   redis.call('PEXPIRE', keys[1], 2 * live_ms)  -- gone once nobody renews
   local flat = redis.call('HGETALL', keys[1])
-  local earlier = 0
   for i = 1, #flat, 2 do
-    if tonumber(flat[i + 1]) <= now then
-      redis.call('HDEL', keys[1], flat[i])
-    elseif ending and string.sub(flat[i], -#ending) ~= ending then
-      earlier = earlier + 1
-    end
+    if tonumber(flat[i + 1]) <= now then redis.call('HDEL', keys[1], flat[i]) end
   end
-  return earlier
+  return 1
 end
 
 -- Claimed ranges. OWNER is the field naming the process a partition was assigned to last.

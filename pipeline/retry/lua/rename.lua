@@ -1,17 +1,14 @@
 #!lua name=pipeline_guard_rename
--- Moving a parked key's state between its two names (pipeline/retry/rename_long_keys.py).
+-- Moving a parked key's state to the name this release gives it (pipeline/retry/rename_long_keys.py).
 -- A release before the key bound named the state of a parked message key K by K's url-safe
 -- base64 whatever its size; this one names a key over 768 bytes by `#sha256:<hex>` of K
--- (pipeline/retry/keys.py encode_key), and parks such a key under its base64 while a member of
--- that release runs (lua/guard.lua, resolve). The layout is the same (lua/guard.lua): T:z:K,
--- T:h:K, T:f:K, the field K of T:parked and the member K of T:rel, T = {P:guard:LANE}; every
--- name shares the lane's hash tag, so a call stays in one Redis Cluster slot.
+-- (pipeline/retry/keys.py encode_key). The layout is the same (lua/guard.lua): T:z:K, T:h:K,
+-- T:f:K, the field K of T:parked and the member K of T:rel, T = {P:guard:LANE}; every name
+-- shares the lane's hash tag, so a call stays in one Redis Cluster slot.
 
 -- gd_rename: move the state of parked keys from their earlier names to their current ones.
 -- KEYS[1] T:parked   KEYS[2] T:rel   ARGV[1] the tag T, then pairs: earlier name, current name
--- gd_rename_back: move the state of parked keys to the other name their T:h keeps (alias,
--- written by lua/guard.lua for a key of two names); ARGV[1] the tag T, then the names.
--- Returns one code per pair (per name):
+-- Returns one code per pair:
 --   1  moved: RENAME of each of T:z|h|f that exists (their expiry goes with them), the
 --      T:parked field and the T:rel entry (its lease as it was) under the current name. A key
 --      with no release in progress whose head waits in a retry tier (the usual state) needs
@@ -24,10 +21,6 @@
 --      was released)
 --   2  both names are parked (a member of this release parked the key again meanwhile): both
 --      are left as they are
---   3  a release of the key is in progress (its lease in T:rel has not run out): left as it is
---      for now (its member renews and ends it under the name it has; once over, or lapsed and
---      due to be taken over, the key can move)
---   4  (gd_rename_back) the key's other name is not known (parked by a build that kept none)
 
 -- Whether a moved key needs a release to go on: its head (the lowest of T:z:K) is a held
 -- follower (its body in T:f:K) or finished (in T:gone), or the key has no head left.
@@ -38,78 +31,44 @@ local function release_due(tag, key)
       or redis.call('ZSCORE', tag .. ':gone', head) ~= false
 end
 
-local KINDS = {':z:', ':h:', ':f:'}
-
--- Move one key's state from `old` to `new`; its code (above), and whether T:rel got an entry.
-local function move(keys, tag, now, old, new)
-  if redis.call('HEXISTS', keys[1], old) == 0 then return 0, false end
-  if redis.call('HEXISTS', keys[1], new) == 1
-      or redis.call('EXISTS', tag .. ':z:' .. new, tag .. ':h:' .. new, tag .. ':f:' .. new) > 0 then
-    return 2, false
-  end
-  local lease = redis.call('ZSCORE', keys[2], old)
-  if lease and tonumber(lease) > now then return 3, false end
-  for _, kind in ipairs(KINDS) do
-    if redis.call('EXISTS', tag .. kind .. old) == 1 then
-      redis.call('RENAME', tag .. kind .. old, tag .. kind .. new)
-    end
-  end
-  if redis.call('EXISTS', tag .. ':h:' .. new) == 1 then
-    redis.call('HSET', tag .. ':h:' .. new, 'alias', old)  -- its other name is now the old one
-  end
-  -- Added before the earlier entry goes, so neither index is ever empty (and deleted with
-  -- its expiry) in between.
-  redis.call('HSET', keys[1], new, redis.call('HGET', keys[1], old))
-  redis.call('HDEL', keys[1], old)
-  local entered = false
-  if lease or release_due(tag, new) then
-    redis.call('ZADD', keys[2], lease or now, new)
-    entered = true
-  end
-  redis.call('ZREM', keys[2], old)
-  return 1, entered
-end
-
-local function now_ms()
+local function rename(keys, args)
+  local tag, out, entered = args[1], {}, false
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- A T:rel created here expires with T:parked, as every write of a key's state keeps them.
-local function keep_rel(keys, entered)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local kinds = {':z:', ':h:', ':f:'}
+  for i = 2, #args - 1, 2 do
+    local old, new = args[i], args[i + 1]
+    local code = 1
+    if redis.call('HEXISTS', keys[1], old) == 0 then
+      code = 0
+    elseif redis.call('HEXISTS', keys[1], new) == 1
+        or redis.call('EXISTS', tag .. ':z:' .. new, tag .. ':h:' .. new, tag .. ':f:' .. new) > 0 then
+      code = 2
+    else
+      for _, kind in ipairs(kinds) do
+        if redis.call('EXISTS', tag .. kind .. old) == 1 then
+          redis.call('RENAME', tag .. kind .. old, tag .. kind .. new)
+        end
+      end
+      -- Added before the earlier entry goes, so neither index is ever empty (and deleted with
+      -- its expiry) in between.
+      redis.call('HSET', keys[1], new, redis.call('HGET', keys[1], old))
+      redis.call('HDEL', keys[1], old)
+      local lease = redis.call('ZSCORE', keys[2], old)
+      if lease or release_due(tag, new) then
+        redis.call('ZADD', keys[2], lease or now, new)
+        entered = true
+      end
+      redis.call('ZREM', keys[2], old)
+    end
+    out[#out + 1] = code
+  end
+  -- A T:rel created here expires with T:parked, as every write of a key's state keeps them.
   local ttl = redis.call('PTTL', keys[1])
   if entered and ttl > 0 and redis.call('PTTL', keys[2]) == -1 then
     redis.call('PEXPIRE', keys[2], ttl)
   end
-end
-
-local function rename(keys, args)
-  local tag, out, entered, now = args[1], {}, false, now_ms()
-  for i = 2, #args - 1, 2 do
-    local code, added = move(keys, tag, now, args[i], args[i + 1])
-    entered = entered or added
-    out[#out + 1] = code
-  end
-  keep_rel(keys, entered)
-  return out
-end
-
-local function rename_back(keys, args)
-  local tag, out, entered, now = args[1], {}, false, now_ms()
-  for i = 2, #args do
-    local alias = redis.call('HGET', tag .. ':h:' .. args[i], 'alias')
-    local code, added = 4, false
-    if redis.call('HEXISTS', keys[1], args[i]) == 0 then
-      code = 0
-    elseif alias then
-      code, added = move(keys, tag, now, args[i], alias)
-    end
-    entered = entered or added
-    out[#out + 1] = code
-  end
-  keep_rel(keys, entered)
   return out
 end
 
 redis.register_function('gd_rename', rename)
-redis.register_function('gd_rename_back', rename_back)
