@@ -46,8 +46,9 @@ _SLICE_S = 0.1
 
 _DESCRIBE_EVERY_S = 300.0
 """The topics' partitions are described again at most this often, or sooner when the group's
-assignment names a partition not known yet (its topic grew) or leaves a known one to no member
-(confirmed on a fresh description). confluent-kafka 2.16 leaks the
+assignment names a partition of them not known yet (its topic grew) or leaves a known one to
+no member (confirmed on a fresh description), and at the next check when a topic could not be
+described (deleted, or not answered in time). confluent-kafka 2.16 leaks the
 ``Uuid`` of every topic it describes: described at every check, a member kept one more per
 topic every session timeout, for as long as it ran."""
 
@@ -122,29 +123,34 @@ class StrandWatch:
         group = self._answer(future[self._group], timeout_s)
         if group.state != ConsumerGroupState.STABLE or not group.members:
             return frozenset()
+        watched = set(self._topics)  # other members may consume topics this one does not
         owned = {
             (tp.topic, tp.partition)
             for member in group.members
             for tp in member.assignment.topic_partitions
+            if tp.topic in watched
         }
         stale = time.monotonic() - self._described_s >= _DESCRIBE_EVERY_S
         if stale or not owned <= self._partitions or self._partitions - owned:
             # Unowned ones are confirmed on a fresh description (a topic made again smaller).
-            self._partitions = self._described(admin, timeout_s)
-            self._described_s = time.monotonic()
+            self._partitions, whole = self._described(admin, timeout_s)
+            # One that left a topic out is asked again at the next check, not kept 5 min.
+            self._described_s = time.monotonic() if whole else float("-inf")
         return frozenset(self._partitions - owned)
 
-    def _described(self, admin: Any, timeout_s: float) -> Partitions:
-        """Every partition of the topics, as the cluster describes them now."""
+    def _described(self, admin: Any, timeout_s: float) -> tuple[Partitions, bool]:
+        """Every partition of the topics, as the cluster describes them now; whether all were."""
         every: set[tuple[str, int]] = set()
+        whole = True
         topics = admin.describe_topics(TopicCollection(self._topics), request_timeout=timeout_s)
         for topic, described in topics.items():
             try:
                 partitions = self._answer(described, timeout_s).partitions
-            except KafkaException:  # deleted meanwhile: nothing of it to own
+            except KafkaException:  # deleted meanwhile, or not answered: nothing of it to own
+                whole = False
                 continue
             every.update((topic, p.id) for p in partitions)
-        return frozenset(every)
+        return frozenset(every), whole
 
     def _answer(self, future: Future[T], timeout_s: float) -> T:
         """``future``'s result, waited for in slices; TimeoutError once stopped or past due."""
