@@ -125,12 +125,17 @@ class FleetLimits:
         self._load = load
 
     def submitted(self, org: str) -> None:
-        """A job of ``org`` asked for admission."""
-        self._submitted[org] += 1
+        """A job of ``org`` asked for admission.
+
+        The org is counted, and known in Redis, by its :func:`~pipeline.admission.keys.org_name`:
+        a ``pl-tenant`` over a kilobyte by its head and digest, as its throttle key names it, so
+        the tick finds it among the keys with work (:meth:`_with_work`).
+        """
+        self._submitted[k.org_name(org)] += 1
 
     def finished(self, org: str, duration_s: float) -> None:
         """A job of ``org`` finished after ``duration_s`` seconds."""
-        self._finished.setdefault(org, []).append(duration_s)
+        self._finished.setdefault(k.org_name(org), []).append(duration_s)
 
     async def tick(self, now_s: float | None = None) -> Mapping[str, int] | None:
         """Report, and recompute if this member wins the tick; returns the limits it set.

@@ -161,14 +161,14 @@ async def _upset(tick: int, pair: tuple[Throttle, Throttle], load: list[tuple[in
     if tick == 7:  # stats lost for some orgs (evicted, a failover without persistence)
         lost = NAMES[::7]
         for throttle in pair:
-            await client.delete(*(k.limit_stats(throttle.prefix, org) for org in lost))
+            await client.delete(*(k.limit_stats(throttle.prefix, k.org_name(org)) for org in lost))
     if tick == 8:  # the library lost (FUNCTION FLUSH, a restart without persistence)
         await client.function_delete(f"pipeline_limits_{LimitFunctions(client).version}")
 
 
 async def _state(client: Redis, prefix: str) -> tuple[object, ...]:
     """Every org's stats, when each org was last seen, and the limits set on the throttle."""
-    stats = {org: await client.hgetall(k.limit_stats(prefix, org)) for org in NAMES}
+    stats = {org: await client.hgetall(k.limit_stats(prefix, k.org_name(org))) for org in NAMES}
     seen = await client.zrange(k.orgs_seen(prefix), 0, -1, withscores=True)
     return stats, seen, await client.hgetall(k.limits(prefix, "n"))
 
@@ -179,9 +179,13 @@ async def _server_ms(client: Redis) -> int:
 
 
 async def _assert_expiry(client: Redis, prefix: str, orgs: Iterable[str], lo: int, hi: int) -> None:
-    """Each of ``orgs``' stats expires ``TTL_MS`` after a write between ``lo`` and ``hi`` (ms)."""
+    """Each of ``orgs``' stats expires ``TTL_MS`` after a write between ``lo`` and ``hi`` (ms).
+
+    An org's stats go by its :func:`~pipeline.admission.keys.org_name` (a 2,000-character id by
+    its head and digest, as its throttle key), the name the fleet counts it by.
+    """
     for org in orgs:
-        at = await client.pexpiretime(k.limit_stats(prefix, org))
+        at = await client.pexpiretime(k.limit_stats(prefix, k.org_name(org)))
         assert lo + TTL_MS <= at <= hi + TTL_MS, org
 
 
