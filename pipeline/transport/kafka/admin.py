@@ -206,7 +206,8 @@ class KafkaAdmin:
         """:meth:`_partitions` of ``names``, blocking: a topic that does not exist is left out.
 
         Raises:
-            KafkaException: the broker did not answer, or refused a topic's metadata.
+            KafkaException: the broker did not answer.
+            TransportError: the broker refused a topic's metadata (the line names the topic).
         """
         out: dict[str, list[int]] = {}
         for name in names:
@@ -215,7 +216,7 @@ class KafkaAdmin:
             if found is None or (error is not None and error.code() == _UNKNOWN_TOPIC):
                 continue  # deleted meanwhile, or never made
             if error is not None and error.code() not in _NO_LEADER:
-                raise KafkaException(error)
+                raise translate(error, f"list topic {name}")  # not authorised, for one
             out[name] = sorted(found.partitions)
         return out
 
