@@ -67,14 +67,17 @@ def applied(limit: Any, share: Any, factor: Any, default_limit: int) -> int:
     """A key's limit as ``thr_acquire`` computes it, from what Redis holds for it.
 
     ``limit``, ``share`` and ``factor`` are its ``T:limits`` and ``T:shares`` entries and the
-    ``T:factor`` value (each None when absent).
+    ``T:factor`` value (each None when absent). A share counts only beside a limit: without one
+    (a member of an earlier release cleared it) the key has the default.
     """
+    if limit is None:
+        return default_limit
     parsed = Share.decoded(share)
     if parsed is not None and factor is not None:
         with_factor = _number(factor)
         if with_factor is not None:
             return min(MAX_LIMIT, parsed.limit(with_factor))
-    return default_limit if limit is None else int(limit)
+    return int(limit)
 
 
 def _number(value: Any) -> float | None:

@@ -15,9 +15,10 @@
 --   T:limits      hash   throttle key -> concurrency limit (absent: ARGV default_limit)
 --   T:shares      hash   throttle key -> "CEILING FLOOR DEDICATED": the org's own part of the
 --                        limit the fleet's dynamic limits computed (pipeline/admission/shares.py);
---                        while T:factor exists the key's limit is
+--                        while T:factor exists and the key has a T:limits entry, its limit is
 --                        min(MAX_LIMIT, max(FLOOR, floor(CEILING * factor)) + DEDICATED), not
---                        its T:limits entry (which holds that limit at the factor of its tick)
+--                        that entry (which holds that limit at the factor of its tick); without
+--                        the entry (cleared by a member of an earlier release) the default
 --   T:factor      string the fleet's pressure factor now, set at every tick with a TTL of a few
 --                        ticks: absent (no fleet, or a fleet of an earlier release), T:limits rule
 --   T:leases      zset   holder -> lease expiry (ms); every permit, holding or waiting, is here
@@ -90,10 +91,15 @@ local function fleet_factor(tag)
   return call.factor
 end
 
--- KEY's limit: its share at the fleet's factor now, where the fleet set both; else its T:limits
--- entry, else the default. A share is applied at every admission, so an org the capped tick did
--- not reach again shrinks (or grows) with the fleet at once rather than when it is reached.
+-- KEY's limit: the default without a T:limits entry; else its share at the fleet's factor now,
+-- where the fleet set both; else that entry. A share is applied at every admission, so an org
+-- the capped tick did not reach again shrinks (or grows) with the fleet at once rather than when
+-- it is reached. A share counts only beside a limit: a member of an earlier release clears a
+-- gone org's limit and knows no share, which must not outlive it. A key without a limit (sub:,
+-- job:, most keys) costs one HGET, as before shares.
 local function limit_of(tag, key, default_limit)
+  local v = redis.call('HGET', tag .. ':limits', key)
+  if not v then return default_limit end
   local factor = fleet_factor(tag)
   if factor then
     local share = redis.call('HGET', tag .. ':shares', key)
@@ -103,9 +109,7 @@ local function limit_of(tag, key, default_limit)
       return math.min(MAX_LIMIT, scaled + tonumber(dedicated))
     end
   end
-  local v = redis.call('HGET', tag .. ':limits', key)
-  if v then return tonumber(v) end
-  return default_limit
+  return tonumber(v)
 end
 
 local function load_permit(tag, holder)
