@@ -90,7 +90,12 @@ def _fill(template: str, values: _Fields) -> str:
 
 
 def throttle_keys(policy: ThrottlePolicy, lane: str, message: Item) -> list[str]:
-    """The throttle keys ``message`` needs, from the policy's templates."""
+    """The throttle keys ``message`` needs, from the policy's templates.
+
+    A template naming a field none of the key, the lane and ``pl-tenant`` fill reads the body;
+    a body that is no JSON object (not JSON, or nested too deep for ``json`` to read) fills
+    none, and a template it leaves unfilled gives no key.
+    """
     values = _Fields(lane=lane)
     if message.key is not None:
         values["key"] = message.key.decode(errors="replace")
@@ -108,7 +113,7 @@ def throttle_keys(policy: ThrottlePolicy, lane: str, message: Item) -> list[str]
         if document is None:
             try:
                 document = json.loads(message.value)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
                 document = {}
             if isinstance(document, dict):
                 for name, value in document.items():

@@ -1,0 +1,85 @@
+"""A body nested too deep for ``json`` takes no throttle key from its fields; it stops nothing.
+
+A throttled lane whose key template names a body field reads the body when the key, the lane
+and ``pl-tenant`` do not fill it. ``json.loads`` of a body nested some ten thousand levels
+deep raises ``RecursionError``, no ``ValueError``: it went up through the chain's ``enter``
+into the member's poll loop and ended the member, and every member that read the message
+after it, for as long as the partition held it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from runtime.guard_parts import Producer
+from runtime.helpers import eventually, lane_spec
+from support import started_throttle
+
+from pipeline.admission.throttle import Throttle
+from pipeline.envelope import Message
+from pipeline.retry.policy import default_retryable
+from pipeline.retry.router import RetryRouter
+from pipeline.runtime import App, Context
+from pipeline.runtime.chain import Chain
+from pipeline.runtime.guard import RunGuard
+from pipeline.runtime.handling import HandlerStage
+from pipeline.runtime.isolation import Isolation
+from pipeline.runtime.redirect import Redirector
+from pipeline.runtime.stats import Stats
+from pipeline.runtime.throttle_gate import throttle_keys
+from pipeline.runtime.work import Work
+
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+"""A body of 200 kB, well within a message's size, nested past any recursion limit."""
+
+
+@pytest.fixture
+async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
+    """A started throttle in a namespace of the test's own."""
+    async with started_throttle(
+        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=1
+    ) as limiter:
+        yield limiter
+
+
+async def test_a_deeply_nested_body_enters_and_runs(throttle: Throttle, unique: str) -> None:
+    """It is admitted without the body field's key and handled; the next message runs too."""
+    spec = lane_spec(
+        f"deepbody_{unique}", 1, throttle={"keys": ["cust:{customer_id}", "org:{tenant}"]}
+    )
+    app = App([spec])
+    ran: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        ran.append(ctx.message.offset)
+
+    lane = app.lanes[spec.lane]
+    stats = Stats()
+    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
+    handler = HandlerStage(app, routing, stats, [lane], cpu_workers=1, throttled=True)
+    settled: list[tuple[int, str | None]] = []
+
+    def settle(work: Work, outcome: str | None, _: float) -> None:
+        settled.append((work.offset, outcome))
+
+    guard = RunGuard({}, routing, stats, Isolation(5.0), handler, lambda *_: None)
+    chain = Chain(
+        app, max_concurrency=1, guard=guard, handler=handler, settle=settle, throttle=throttle
+    )
+    gate = chain.gate
+    assert gate is not None
+    deep = Message(spec.name, 0, 0, b"k", _DEEP, {})
+    assert spec.throttle is not None
+    assert throttle_keys(spec.throttle, spec.lane, deep) == []
+    chain.lanes.start()
+    try:
+        chain.enter(deep)
+        chain.enter(Message(spec.name, 0, 1, b"k", b'{"customer_id": "c1"}', {}))
+        await eventually(lambda: len(settled) == 2, 30)
+        assert settled == [(0, "handled"), (1, "handled")]
+        assert ran == [0, 1]
+    finally:
+        await chain.lanes.close(5)
+        await gate.close()
