@@ -122,44 +122,73 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def parse(schema_text: str) -> ParsedSchema:
+class DefaultsTooCostly(InvalidSchema):
+    """A schema's defaults take more than :data:`MAX_DEFAULT_STEPS` comparisons to check.
+
+    Attributes:
+        fingerprint: the schema's fingerprint, so that a registry can tell a schema it already
+            holds (stored by a release without the bound) from a new one.
+    """
+
+    def __init__(self, message: str, fingerprint: str) -> None:
+        """Refuse with ``message``; ``fingerprint`` is :attr:`ParsedSchema.fingerprint`'s."""
+        super().__init__(message)
+        self.fingerprint = fingerprint
+
+
+def parse(schema_text: str, *, bounded: bool = True) -> ParsedSchema:
     """Parse, validate and normalise one Avro schema given as JSON text.
+
+    ``bounded`` refuses defaults past :data:`MAX_DEFAULT_STEPS` comparisons, as the registry
+    refuses what a client sends; False for a schema read back from a store or a registry (a
+    release without the bound may have stored it) or an application's own schema.
 
     Raises:
         InvalidSchema: the text is not JSON, or not a valid Avro schema; the message says why.
+        DefaultsTooCostly: ``bounded``, and the defaults take too many steps to check.
     """
-    return parse_json(read_json(schema_text))
+    return parse_json(read_json(schema_text), bounded=bounded)
 
 
-def parse_json(raw: Any) -> ParsedSchema:
+def parse_json(raw: Any, *, bounded: bool = True) -> ParsedSchema:
     """Like :func:`parse` for a schema already decoded from JSON."""
     _check_values(raw)
     try:
         tree = _Normalizer().node(raw, "", "$")
         parsed = parse_schema(tree)
-        _check_defaults(tree)
+        _check_defaults(tree, bounded)
         # From the tree, not from ``parsed``: fastavro re-parses a parsed union branch by branch,
         # copying every named type into each (quadratic: 12 000 branches took 13 s).
         canonical = to_parsing_canonical_form(tree)
         rabin = fingerprint(canonical, "CRC-64-AVRO")
     except InvalidSchema:
         raise
+    except _TooCostly as exc:  # the tree is whole: its fingerprint names the schema
+        raise DefaultsTooCostly(str(exc), _fingerprint(_normalized(tree))) from None
     except Exception as exc:  # fastavro raises SchemaParseException, KeyError, TypeError, ...
         reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         kind = "missing attribute" if isinstance(exc, KeyError) else type(exc).__name__
         raise InvalidSchema(f"Invalid schema: {kind}: {reason}") from None
-    try:
-        normalized = json.dumps(tree, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except ValueError:  # a float NaN or infinity given as a value (JSON text never gets here)
-        raise InvalidSchema("Invalid schema: NaN and Infinity are not JSON numbers") from None
+    normalized = _normalized(tree)
     return ParsedSchema(
         normalized=normalized,
         canonical=canonical,
-        fingerprint=hashlib.sha256(normalized.encode()).hexdigest(),
+        fingerprint=_fingerprint(normalized),
         rabin_fingerprint=rabin,
         tree=tree,
         parsed=parsed,
     )
+
+
+def _normalized(tree: Any) -> str:
+    try:
+        return json.dumps(tree, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a float NaN or infinity given as a value (JSON text never gets here)
+        raise InvalidSchema("Invalid schema: NaN and Infinity are not JSON numbers") from None
+
+
+def _fingerprint(normalized: str) -> str:
+    return hashlib.sha256(normalized.encode()).hexdigest()
 
 
 def _check_values(raw: Any) -> None:
@@ -204,17 +233,18 @@ _SCALAR_DEFAULTS: dict[str, Callable[[Any], bool]] = {
 """What a default of each non-container type must be in JSON (Java's ``isValidValue``)."""
 
 
-def _check_defaults(tree: Any) -> None:
+def _check_defaults(tree: Any, bounded: bool) -> None:
     """Refuse a field default that does not match the field's type, as Avro's Java parser does.
 
     fastavro checks a default only at its top (a record default need only be an object), so a
     record default lacking a field or an array default holding a string would be registered,
     and read back as data of the wrong shape. A union default may match any branch; an enum or
     fixed default need only be text (Java's rules). ``tree`` is the normalised tree, whose
-    references fastavro has already resolved.
+    references fastavro has already resolved. ``bounded``: at most :data:`MAX_DEFAULT_STEPS`
+    comparisons over all defaults, else :class:`_TooCostly` naming the field.
     """
     names, records = _named_types(tree)
-    check = _DefaultCheck(names)
+    check = _DefaultCheck(names, MAX_DEFAULT_STEPS if bounded else None)
     for record in records:
         for f in record["fields"]:
             if "default" not in f:
@@ -225,7 +255,7 @@ def _check_defaults(tree: Any) -> None:
             except RecursionError:
                 raise InvalidSchema(f"Invalid schema: {where} nests too deep to check") from None
             except _TooCostly:
-                raise InvalidSchema(
+                raise _TooCostly(
                     f"Invalid schema: {where} takes more than {MAX_DEFAULT_STEPS} steps to check"
                     " against the field's type: simplify the default or its union"
                 ) from None
@@ -256,7 +286,11 @@ def _named_types(tree: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 class _TooCostly(Exception):
-    """The defaults of one schema took more than MAX_DEFAULT_STEPS comparisons."""
+    """The defaults of one schema took more than MAX_DEFAULT_STEPS comparisons.
+
+    Raised bare by the check; :func:`_check_defaults` raises it again with the message naming
+    the field, which :func:`parse_json` gives :class:`DefaultsTooCostly`.
+    """
 
 
 class _DefaultCheck:
@@ -269,8 +303,10 @@ class _DefaultCheck:
     :data:`MAX_DEFAULT_STEPS` comparisons.
     """
 
-    def __init__(self, names: dict[str, Any]) -> None:
+    def __init__(self, names: dict[str, Any], limit: int | None) -> None:
         self.names = names
+        self.limit = limit
+        """Most steps, or None for no bound (a schema already stored)."""
         self.steps = 0
         self.known: dict[tuple[int, int], bool] = {}
         """Decided (union, object or array) pairs, by identity: both live as long as the check."""
@@ -282,7 +318,7 @@ class _DefaultCheck:
             _TooCostly: past the step bound.
         """
         self.steps += 1
-        if self.steps > MAX_DEFAULT_STEPS:
+        if self.limit is not None and self.steps > self.limit:
             raise _TooCostly
         if isinstance(schema, list):
             if not isinstance(value, dict | list):

@@ -340,7 +340,10 @@ def _with_defaults_decoded(parsed: Any) -> Any:
 def _parsed(schema: str | Mapping[str, Any] | ParsedSchema) -> ParsedSchema:
     if isinstance(schema, ParsedSchema):
         return schema
-    return parse(schema) if isinstance(schema, str) else parse_json(dict(schema))
+    # Read from the registry or the application's own: no step bound, as the server's reads.
+    if isinstance(schema, str):
+        return parse(schema, bounded=False)
+    return parse_json(dict(schema), bounded=False)
 
 
 def _record(value: Mapping[str, Any] | BaseModel) -> Any:
@@ -396,7 +399,7 @@ class AvroSerializer:
             try:
                 if self._use_latest:
                     latest = self._client.latest(self._subject)
-                    schema_id, writer = latest.schema_id, parse(latest.schema).parsed
+                    schema_id, writer = latest.schema_id, parse(latest.schema, bounded=False).parsed
                 elif self._auto_register:
                     schema_id = self._client.register(self._subject, self._schema.normalized)
                     writer = self._schema.parsed
@@ -469,7 +472,7 @@ class AvroDeserializer:
         plan = self._plans.get(schema_id)
         if plan is None:
             try:
-                writer = parse(self._client.schema(schema_id))
+                writer = parse(self._client.schema(schema_id), bounded=False)
             except RegistryUnreachable as exc:
                 # Not a SerdeError: the message is fine and the next attempt may fetch it.
                 raise RegistryError(f"schema {schema_id} not fetched: {exc}") from exc

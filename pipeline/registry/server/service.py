@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 from pipeline.config import Compatibility
-from pipeline.registry.canonical import ParsedSchema, parse
+from pipeline.registry.canonical import DefaultsTooCostly, ParsedSchema, parse
 from pipeline.registry.compat import check
 from pipeline.registry.errors import (
     IncompatibleSchema,
@@ -126,15 +126,30 @@ class Registry:
         """Bytes of schema text held by the caches (parsed stored schemas and schemas by id)."""
         return self._parsed.size_bytes + self._by_id.size_bytes
 
-    def parse(self, text: str) -> ParsedSchema:
-        """Parse a schema a client sent (never cached: readers must not fill the memory)."""
-        return parse(text)
+    def parse(self, text: str, subject: str | None = None) -> ParsedSchema:
+        """Parse a schema a client sent (never cached: readers must not fill the memory).
+
+        Its defaults get the step bound unless ``subject`` already holds it (a version, live or
+        soft-deleted): a release without the bound may have stored it, and its clients must
+        still find and register it again.
+
+        Raises:
+            InvalidSchema: not a valid Avro schema, or one too costly to check that is new.
+        """
+        try:
+            return parse(text)
+        except DefaultsTooCostly as exc:
+            if subject is None or all(
+                v.fingerprint != exc.fingerprint for v in self.store.versions(subject)
+            ):
+                raise
+        return parse(text, bounded=False)
 
     def parse_stored(self, text: str) -> ParsedSchema:
-        """Parse a stored schema's text, memoised in a byte-bounded cache."""
+        """Parse a stored schema's text (no step bound), memoised in a byte-bounded cache."""
         hit = self._parsed.get(text)
         if hit is None:
-            hit = parse(text)
+            hit = parse(text, bounded=False)
             self._parsed.put(text, hit, len(text))
         return hit
 
@@ -171,7 +186,7 @@ class Registry:
                 every rule broken with its field path.
             OperationNotPermitted: the mode forbids a new version.
         """
-        parsed = self.parse(text)
+        parsed = self.parse(text, subject)
         mode = self.mode(subject)
         importing = mode is Mode.IMPORT
         if not importing and version is not None:
@@ -215,7 +230,7 @@ class Registry:
             SubjectNotFound: the subject has no versions (visible ones unless ``deleted``).
             SchemaNotFound: it has, but none holds this schema.
         """
-        fingerprint = self.parse(text).fingerprint
+        fingerprint = self.parse(text, subject).fingerprint
         visible = self.versions(subject, deleted=deleted)
         for v in reversed(visible):
             if v.fingerprint == fingerprint:
@@ -232,7 +247,7 @@ class Registry:
             InvalidVersion: ``version`` is not a version.
             VersionNotFound: a numbered ``version`` is not a live version of the subject.
         """
-        parsed = self.parse(text)
+        parsed = self.parse(text, subject)
         level = self.compatibility(subject)
         live = [v for v in self.store.versions(subject) if not v.deleted]
         if version is None:
