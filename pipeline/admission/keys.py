@@ -131,8 +131,9 @@ def wake(prefix: str, namespace: str, member: str) -> str:
 def limit_stats(prefix: str, org: str) -> str:
     """Hash: an org's per-minute submission counts and duration sums (see ``limits.py``).
 
-    The org is a ``pl-tenant`` a producer sent: one longer than
-    :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes is named by its digest.
+    The org is named as the seen window names it (:func:`org_name`: a ``pl-tenant`` over
+    :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes by its head and digest); a member of
+    an earlier release named such a tenant's stats by the digest of the tenant alone.
     """
     return f"{{{prefix}:lim:{bounded(org)}}}:stats"
 
