@@ -11,8 +11,9 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 ``headers`` (the message every stage sees), ``topics`` (declarations), ``registry`` (schemas),
 ``observability`` (metrics), ``tracing`` (spans), ``capacity`` (sizing), ``testing`` (doubles
 for users' tests), ``cli`` with ``cli_support`` and ``cli_progress``, ``redis_functions`` with
-``redis_channel``, ``redis_keys`` (key-name parts from messages, bounded), ``heap`` (start-up
-objects kept out of full collections), ``descriptors`` (the open-file limit raised at start),
+``redis_channel``, ``redis_keys`` (key-name parts from messages, bounded), ``heap`` (a serving
+process's heap: start-up objects kept out of full collections, freed memory handed back when
+quiet), ``times`` (how an instant is written), ``descriptors`` (the open-file limit raised at start),
 ``startup`` (what every command does first: logging from the environment, then the open-file
 limit), ``log_repeats``, ``reachability`` (the line for a service that is down), ``cancel_tasks``
 (stopping tasks though a cancellation is lost below them) and ``validation``.
@@ -49,6 +50,7 @@ __all__ = [
     "runtime",
     "startup",
     "testing",
+    "times",
     "topics",
     "tracing",
     "transport",
