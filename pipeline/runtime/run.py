@@ -21,7 +21,7 @@ from pipeline.admission.fleet import FleetLimits
 from pipeline.admission.throttle import Throttle
 from pipeline.capacity.feed import CapacityFeed
 from pipeline.config import Settings
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, PipelineError, UnknownTopic
 from pipeline.heap import freeze_startup, heap_trim, keep_trimmed
 from pipeline.logstore.create import create_log_store
 from pipeline.observability import stacks
@@ -218,14 +218,36 @@ def redis_client(settings: Settings) -> Redis:
 
 
 async def _last_look(watch: StateWatch | None) -> None:
-    """One more look at the marker as the member ends.
+    """One more look at the marker as the member ends because its topics are gone.
 
     An end caused by a Redis that lost its data (its topics gone under the member on Redis
-    Streams) is said before the exit line; a look that fails says nothing more.
+    Streams) is said before the exit line; a look that fails says nothing more. Not made at
+    other ends: with Redis out of reach a look takes up to twice its socket timeout, which a
+    SIGTERM'd member's exit cannot spare.
     """
     if watch is not None:
         with contextlib.suppress(Exception):
             await watch.check()
+
+
+async def _run_member(
+    member: Member,
+    stop: asyncio.Event,
+    hurry: asyncio.Event,
+    watch: StateWatch | None,
+    reporting: asyncio.Task[None],
+) -> int:
+    """:meth:`Member.run`, then its abandoned runs; its topics gone, a last look first.
+
+    The watch's own looks (in ``reporting``) end before it, so a loss is said once.
+    """
+    try:
+        await member.run(stop, hurry)
+    except UnknownTopic:
+        reporting.cancel()
+        await _last_look(watch)
+        raise
+    return member.abandoned
 
 
 async def _warn_of_losable_state(
@@ -424,12 +446,10 @@ async def serve(
     reporting = asyncio.create_task(_report(progress, member.polling, stop, watch, telemetry))
     trimming = _serving_heap(member, stop)
     try:
-        await member.run(stop, hurry)
-        return member.abandoned
+        return await _run_member(member, stop, hurry, watch, reporting)
     finally:
         for task in (ready, reporting, trimming):
             task.cancel()
-        await _last_look(watch)
         stop.set()
         left.set()
         if endpoint is not None:
