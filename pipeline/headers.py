@@ -85,9 +85,20 @@ def attempt_header(headers: dict[str, bytes]) -> int:
     """The ``pl-attempt`` of a delivery: 1 when absent, malformed or below 1.
 
     A producer may write any value; a count below 1 would route a failure to no tier, or retry
-    it without end.
+    it without end. It counts only on a retry copy (:func:`attempt`), or where the member wrote
+    it itself (a debounced turn's dead letters).
     """
     return max(1, int_header(headers, ATTEMPT, 1))
+
+
+def attempt(topic: str, headers: dict[str, bytes]) -> int:
+    """The attempt a delivery read from ``topic`` with ``headers`` is: 1 on a main topic.
+
+    Only the retry router writes ``pl-attempt``, on retry-tier copies; on a message read from a
+    main topic (any producer can write it there, and a redrive removes it) it means nothing:
+    trusted, a forged high count dead-letters the message at its first failure.
+    """
+    return attempt_header(headers) if retry_tier(topic) else 1
 
 
 def retry_tier(topic: str) -> bool:
@@ -123,14 +134,18 @@ def sla_from_ms(headers: dict[str, bytes], timestamp_ms: int, *, topic: str | No
 def origin(topic: str, headers: Mapping[str, bytes]) -> str | None:
     """Where a copy read from ``topic`` was first delivered (``topic:partition:offset``), or None.
 
-    None when ``headers`` hold no ``pl-origin-topic`` (a first delivery), and when the origin
-    headers name no position of ``topic``'s lane: a topic other than its main topic or one of its
-    retry tiers, or a partition or offset that is not a decimal number. Any producer can write
-    them; trusted, such garbage would give unrelated messages one id, each a "duplicate" of the
-    other, dropped unhandled. A message with them is read as a first delivery.
+    None when ``headers`` hold no ``pl-origin-topic`` (a first delivery); when ``topic`` is a
+    main topic: only the retry router writes the origin headers, on its copies to the retry tiers
+    and dead-letter topic (a redrive removes them), so on a main topic another producer wrote
+    them (or copied them with a dead letter it produced there again); and when they name no
+    position of ``topic``'s lane: a topic other than its main topic or one of its retry tiers, or
+    a partition or offset that is not a decimal number. Trusted, such headers give a message
+    another one's id: taken for a duplicate of a message that ran, it is dropped unhandled; taken
+    for a parked key's head, it runs as that head, releasing the key's followers ahead of the
+    real copy, which is then dropped. A message with them is read as a first delivery.
     """
     raw = headers.get(ORIGIN_TOPIC)
-    if raw is None:
+    if raw is None or not retry_tier(topic):
         return None
     partition = headers.get(ORIGIN_PARTITION, b"")
     offset = headers.get(ORIGIN_OFFSET, b"")
@@ -146,7 +161,7 @@ def origin(topic: str, headers: Mapping[str, bytes]) -> str | None:
 
 
 def origin_fault(topic: str, headers: Mapping[str, bytes]) -> str:
-    """Why :func:`origin` found no position of ``topic``'s lane in ``headers``, for a log line.
+    """Why :func:`origin` took no origin from ``headers`` read from ``topic``, for a log line.
 
     It names the header at fault, never what it holds (any producer writes it: garbage that
     differs on every message would make every line a new one, which no backoff of repeated
@@ -154,6 +169,8 @@ def origin_fault(topic: str, headers: Mapping[str, bytes]) -> str:
     """
     if ORIGIN_TOPIC not in headers:
         return f"no {ORIGIN_TOPIC}"
+    if not retry_tier(topic):
+        return f"it was read from the main topic {topic}, where only a retry tier's copy has them"
     for name in (ORIGIN_PARTITION, ORIGIN_OFFSET):
         if not _POSITION.fullmatch(headers.get(name, b"")):
             return f"its {name} is no decimal number within 64 bits"

@@ -549,15 +549,17 @@ def start_of(message: Message, *, ordered: bool) -> Start:
     origin = h.origin(message.topic, headers)
     if origin is None:  # a first delivery: its id is where it was read
         if h.ORIGIN_TOPIC in headers:  # the line names no header's bytes: repeats back off
-            log.warning(
-                "%s: its origin headers name no position of its lane (%s): run as a first"
-                " delivery, with that id",
+            # On a main topic they are a copy's headers produced there again (a dead letter
+            # re-produced by hand): expected, not worth a warning. On a tier, garbage.
+            level = logging.WARNING if h.retry_tier(message.topic) else logging.DEBUG
+            log.log(
+                level,
+                "%s: its origin headers do not count (%s): run as a first delivery, with that id",
                 at,
                 h.origin_fault(message.topic, headers),
             )
         return Start(at, encode_key(message.key), at, ordered, 1)
-    attempt = h.attempt_header(headers)
-    return Start(origin, encode_key(message.key), at, ordered, attempt)
+    return Start(origin, encode_key(message.key), at, ordered, h.attempt(message.topic, headers))
 
 
 def retry_path_ms(spec: TopicSpec) -> int:

@@ -115,12 +115,13 @@ def error_digest(error: BaseException) -> str:
 def _with_origin(message: Message) -> CopyHeaders:
     """The message's headers plus where and when it was first delivered (kept if already there).
 
-    Origin headers that name no position of the message's lane (any producer can write them,
-    :func:`~pipeline.headers.origin`) are replaced with where it was read, the id its guard
-    gave it. The copy is a new record with a time of its own; ``pl-produced-at-ms`` keeps the first
-    delivery's, so a cancellation covers the copy as it covered the message it came from.
-    ``pl-sla-from-ms`` keeps when its SLA clock started (:func:`~pipeline.headers.sla_from_ms`):
-    a message that is no copy starts it, whatever a redrive left of its dead letter's.
+    Origin headers of a message read from a main topic, or that name no position of the
+    message's lane (any producer can write them, :func:`~pipeline.headers.origin`), are replaced
+    with where it was read, the id its guard gave it. The copy is a new record with a time of its
+    own; ``pl-produced-at-ms`` keeps the first delivery's, so a cancellation covers the copy as it
+    covered the message it came from. ``pl-sla-from-ms`` keeps when its SLA clock started
+    (:func:`~pipeline.headers.sla_from_ms`): a message read from a main topic is no copy and
+    starts it, whatever a redrive left of its dead letter's or another producer wrote.
     """
     out = CopyHeaders(message.headers)
     if h.origin(message.topic, message.headers) is None:  # a first delivery, or read as one
@@ -129,7 +130,7 @@ def _with_origin(message: Message) -> CopyHeaders:
         out[h.ORIGIN_OFFSET] = str(message.offset).encode()
     if message.timestamp_ms > 0:
         out.setdefault(h.PRODUCED_AT_MS, str(message.timestamp_ms).encode())
-    sla_from = h.sla_from_ms(message.headers, message.timestamp_ms)
+    sla_from = h.sla_from_ms(message.headers, message.timestamp_ms, topic=message.topic)
     if sla_from > 0:
         out[h.SLA_FROM_MS] = str(sla_from).encode()
     else:

@@ -400,7 +400,7 @@ class LaneClaims:
         if self.stalled():
             return None  # not confirmed since a stall: another process may run its range
         if h.origin(message.topic, message.headers) is not None:
-            return None  # a retry-tier copy (or a redriven one) on the main topic
+            return None  # a retry-tier copy: its id is its origin's (headers.origin)
         parked = self.maybe_parked
         if parked is None or (parked and encode_key(message.key) in parked):
             return None
