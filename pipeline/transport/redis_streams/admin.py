@@ -235,6 +235,10 @@ class RedisStreamsAdmin:
         offsets: a topic created again under the name starts at offset 0, and a group keeping
         the old positions would skip its first messages as done. A topic whose metadata cannot
         be read loses the partitions whose stream or offset counter exists.
+
+        The metadata goes first: a member's read that a stream's deletion unblocks
+        (``UNBLOCKED``) then finds the topic gone, instead of taking its partition up again and
+        making the stream anew (``XGROUP CREATE MKSTREAM``).
         """
         try:
             partitions: Iterable[int] = range(
@@ -243,11 +247,11 @@ class RedisStreamsAdmin:
         except UnreadableTopicMeta:
             partitions = await self._partitions_found(name)
         try:
+            await self._client.hdel(self._keys.topics, name)
             for p in partitions:
                 stream = self._keys.stream(name, p)
                 await self._forget_positions(stream, partition_id(name, p))
                 await self._client.delete(stream, self._keys.sequence(name, p))
-            await self._client.hdel(self._keys.topics, name)
         except rexc.RedisError as exc:
             raise translate(exc, f"delete topic {name!r}") from exc
 
