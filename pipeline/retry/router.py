@@ -197,11 +197,13 @@ class RetryRouter:
     async def divert(self, routes: LaneRoutes, message: Message) -> Delivered:
         """Send a message of a parked key behind its head, through the first retry tier.
 
-        Not a failure: the attempt count stays, and the message is due after the first tier's
-        delay, when it checks again whether it is the key's head.
+        Not a failure: the attempt count stays (1 for a message read from a main topic, whatever
+        ``pl-attempt`` it carried), and the message is due after the first tier's delay, when
+        it checks again whether it is the key's head.
         """
         now_ms = self._clock_ms()
         out = _with_origin(message)
+        out[h.ATTEMPT] = str(h.attempt(message.topic, message.headers)).encode()
         out[h.DUE_MS] = str(now_ms + routes.backoff.compute_ms(0)).encode()
         topic = routes.retry_topics[0]
         with tracing.sending(topic, out, "divert"):

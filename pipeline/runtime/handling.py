@@ -108,7 +108,7 @@ class HandlerStage:
         reason = None if deferred else self._expired(lane, message)
         if deferred or reason is not None:  # not on the path of a message that runs now
             return await self._not_now(lane, message, reason)
-        attempt = h.attempt_header(message.headers)
+        attempt = h.attempt(message.topic, message.headers)
         self._routing.processed(lane)
         if self._metrics is not None and due_ms(message) > 0:  # a retry-tier copy
             self._metrics.retry_started(lane.name, (self._clock_ms() - due_ms(message)) / 1000)

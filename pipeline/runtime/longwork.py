@@ -231,7 +231,7 @@ class LongWork:
             timeout_ms,
         )
         error = HandlerHung(f"silent for more than {timeout_ms} ms (heartbeat_timeout)")
-        attempt = h.attempt_header(message.headers)
+        attempt = h.attempt(message.topic, message.headers)
         return await self._routing.failure(lane, message, attempt, error)
 
     def _cancelled(self, lane: Lane, message: Message, reason: str, how: str) -> None:

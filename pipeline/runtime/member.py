@@ -591,7 +591,7 @@ class Member:
                     "offset": message.offset,
                     "key": printable(message.key),
                     "tenant": None if tenant is None else tenant.decode(errors="replace"),
-                    "attempt": h.attempt_header(message.headers),
+                    "attempt": h.attempt(message.topic, message.headers),
                     "outcome": outcome,
                     "duration_s": duration_s,
                 },

@@ -135,7 +135,7 @@ class Redirector:
         """Send ``message`` through the first tier, not as a failure (parked or deferred)."""
         tracing.event("diverted", outcome)
         if self.on_route is not None:
-            await self.on_route(lane, message, h.attempt_header(message.headers))
+            await self.on_route(lane, message, h.attempt(message.topic, message.headers))
         return await self._send(lane, message, outcome, self._router.divert)
 
     async def _send(

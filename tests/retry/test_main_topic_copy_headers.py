@@ -12,7 +12,6 @@ copy, which a batch lane then promotes at once).
 
 from __future__ import annotations
 
-import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
@@ -128,11 +127,6 @@ async def test_a_forged_head_copy_on_the_main_topic_waits_behind_the_real_one(
     assert attempts == [1, 2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="handling.py and redirect.py still read pl-attempt with h.attempt_header; they must"
-    " use h.attempt(message.topic, message.headers)",
-)
 async def test_a_forged_attempt_on_the_main_topic_is_attempt_1(
     transport: Transport, redis: Redis, unique: str
 ) -> None:
