@@ -110,15 +110,20 @@ class Source:
         continues the request's trace.
 
         Raises:
-            Malformed: the body is not JSON (or nested too deeply) although the source reads
-                from it, or a tenant, key, event id or kept header is not storable
-                (:func:`pipeline.ingress.values.checked`).
+            Malformed: the body is not JSON (or nested too deeply, itself or a value read
+                from it as an id) although the source reads from it, or a tenant, key, event
+                id or kept header is not storable (:func:`pipeline.ingress.values.checked`).
         """
         payload: Any = None
         if self.needs_json:
             payload = _parse(headers, body)
-        route = self.router.route(payload)
-        event_id = None if self.event_id is None else self.event_id.extract(payload, headers)
+        try:
+            route = self.router.route(payload)
+            event_id = None if self.event_id is None else self.event_id.extract(payload, headers)
+            tenant = _value(self.tenant, payload, headers)
+            key = _value(self.key, payload, headers)
+        except RecursionError:  # an object value the parser read, too deep to write as its id
+            raise Malformed("body is nested too deeply") from None
         if not event_id:
             event_id = "sha256:" + (body_sha256 or hashlib.sha256(body).hexdigest())
         kept: Mapping[str, str] = {
@@ -126,14 +131,14 @@ class Source:
         }
         for name, value in kept.items():
             checked(f"header {name}", value, MAX_KEPT_HEADER_CHARS)
-        tenant = checked("tenant", _value(self.tenant, payload, headers))
+        tenant = checked("tenant", tenant)
         if tracing.on():  # the row keeps the request's trace context for every produce
             kept = tracing.outgoing(kept, tenant)
         return NewRow(
             id=new_row_id(now_s),
             source=self.name,
             tenant=tenant,
-            key=checked("key", _value(self.key, payload, headers)),
+            key=checked("key", key),
             topic=route.topic,
             lane=route.lane,
             event_id=checked("event id", event_id),
