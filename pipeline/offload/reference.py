@@ -126,7 +126,8 @@ def decode(value: bytes, headers: Mapping[str, bytes]) -> Reference:
             content_type=str(doc.get("content_type", "")),
             written_ms=_written_ms(doc.get("written_ms")),
         )
-    except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: a size Infinity
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        # OverflowError: a size Infinity; RecursionError: a body nested too deep for json
         raise ReferenceRefused("a pl-offload message whose body is not a reference") from None
     if not _KEY.fullmatch(ref.key) or ref.key != key_for(ref.sha256):
         raise ReferenceRefused(f"payload reference key {ref.key[:100]!r} is not content-addressed")

@@ -43,14 +43,18 @@ log = logging.getLogger(__name__)
 
 
 def conversation_key(event: Any, message: Message, field: str) -> str:
-    """The value of ``field`` in the event (a model attribute or a JSON member), else the key."""
+    """The value of ``field`` in the event (a model attribute or a JSON member), else the key.
+
+    A body that is no JSON object (not JSON, or nested too deep for ``json`` to read) has no
+    such member: its message key names its conversation.
+    """
     value: Any = None
     if isinstance(event, BaseModel):
         value = getattr(event, field, None)
     else:
         try:
             document = json.loads(message.value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
             document = None
         if isinstance(document, dict):
             value = document.get(field)
