@@ -250,11 +250,12 @@ async def _run_member(
     return member.abandoned
 
 
-async def _warn_of_losable_state(
+async def _prepare_redis_state(
     redis: Redis, settings: Settings, group: str, lanes: list[Lane], admin: Callable[[], Admin]
 ) -> StateWatch | None:
-    """One line each for held followers and buffers Redis may evict, lose or no member releases.
+    """Ready the Redis state of ``lanes`` before consuming, saying what it may lose.
 
+    One line each for held followers and buffers Redis may evict, lose or no member releases.
     Also moves keys an earlier release parked under the long names of message keys over 768
     bytes to their current names (:mod:`pipeline.retry.rename_long_keys`), before consuming.
 
@@ -398,7 +399,7 @@ async def serve(
         app.avro = AvroDeserializer(RegistryClient.from_settings(settings.registry))
     chosen = lanes or sorted(app.lanes)
     chosen_lanes = [app.lanes[name] for name in chosen if name in app.lanes]
-    watch = await _warn_of_losable_state(redis, settings, group, chosen_lanes, transport.admin)
+    watch = await _prepare_redis_state(redis, settings, group, chosen_lanes, transport.admin)
     throttle, fleet = await _admission(redis, settings, chosen_lanes)
     specs = [lane.spec for lane in chosen_lanes]
     telemetry = member_telemetry(
