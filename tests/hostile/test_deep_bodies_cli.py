@@ -1,10 +1,12 @@
 """Operators' commands on topics holding a body nested too deep for ``json``: no traceback.
 
-``pipeline tail`` prints bodies as text (never parsed); ``pipeline redrive`` sends a dead
-letter's body back as it is, but first looks at a ``pl-offload`` message's reference through
-the offloading producer (to write an old object again). ``json.loads`` of ``[[[...]]]`` nested
-100,000 deep raises ``RecursionError``, which that look did not catch: the redrive ended in a
-traceback and moved nothing. A body that is no reference is sent back as it is, as any other.
+``pipeline tail`` prints bodies as text (never parsed), ``pipeline replay`` produces a log
+row's body as it was received (a source that reads nothing from it stores it); ``pipeline
+redrive`` sends a dead letter's body back as it is, but first looks at a ``pl-offload``
+message's reference through the offloading producer (to write an old object again).
+``json.loads`` of ``[[[...]]]`` nested 100,000 deep raises ``RecursionError``, which that look
+did not catch: the redrive ended in a traceback and moved nothing. A body that is no reference
+is sent back as it is, as any other.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import json
 import os
 from pathlib import Path
 
+import httpx
 import yaml
 from contract.helpers import consume_until
+from hostile.ingress_server import running_ingress
 from offload.helpers import declared
 from redis.asyncio import Redis
-from support import run_pipeline
+from support import run_pipeline, test_settings
 
 from pipeline import headers as h
 from pipeline.offload import reference as ref
 from pipeline.redrive.redrive import group_name
 from pipeline.redrive.select import Selection
 from pipeline.topics.spec import TopicSpec
+from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -94,3 +99,44 @@ async def test_redrive_sends_a_deep_body_back(
         await admin.delete_group(f"check-{unique}", [spec.name])
     assert back.value == DEEP
     assert ref.is_reference(back.headers)
+
+
+async def test_replay_produces_a_deep_body_again(tmp_path: Path, redis_service: str) -> None:
+    """A row of a source that reads nothing from its body is produced again as it came."""
+    sources = {"opaque": {"scheme": "none"}}
+    async with (
+        running_ingress(tmp_path, sources) as ingress,
+        httpx.AsyncClient(base_url=ingress.url, timeout=30) as http,
+    ):
+        answer = await http.post("/hooks/opaque", content=DEEP)
+        assert answer.status_code == 200, answer.text
+        env = {
+            **os.environ,
+            "PIPELINE_TOPICS_DIR": str(tmp_path / "topics"),
+            "PIPELINE_TRANSPORT": "redis",
+            "PIPELINE_INGRESS__SOURCES_FILE": str(tmp_path / "sources.yaml"),
+            "PIPELINE_INGRESS__SQLITE_PATH": str(tmp_path / "ingress.db"),
+        }
+        replayed = run_pipeline(
+            "replay",
+            "--id",
+            answer.json()["id"],
+            "--state",
+            "received",
+            "--state",
+            "produced",
+            env=env,
+        )
+        broker = create_transport(test_settings(transport="redis"))
+        try:
+            reader = broker.reader([ingress.topic], start_at="earliest")
+            bodies: list[bytes] = []
+            for _ in range(60):  # polls of at most a second each, until both are read
+                if len(bodies) >= 2:
+                    break
+                bodies.extend(m.value for m in await reader.poll(10, 1.0))
+            await reader.close()
+        finally:
+            await broker.close()
+    assert replayed.returncode == 0, replayed.stderr
+    assert bodies == [DEEP, DEEP]  # the fast path's produce, then the replay's
