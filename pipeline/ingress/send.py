@@ -87,6 +87,8 @@ def _body(file: Path | None, raw_json: str | None) -> bytes:
         json.loads(raw_json)
     except ValueError as exc:
         raise ConfigError(f"--json is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError("--json is nested too deeply to read") from None
     return raw_json.encode()
 
 

@@ -95,3 +95,12 @@ def test_unknown_source_and_missing_secret_exit_2(tmp_path: Path) -> None:
     assert no_secret.returncode == 2
     assert "Traceback" not in no_secret.stderr
     assert "GITHUB_WEBHOOK_SECRET" in no_secret.stderr or "META_APP_SECRET" in no_secret.stderr
+
+
+def test_json_nested_past_the_parser_is_one_line(tmp_path: Path) -> None:
+    """``--json`` nested 10,000 deep is one error line with exit 2, not a RecursionError."""
+    deep = "[" * 10_000 + "]" * 10_000
+    sent = send("github", "--json", deep, tmp_path=tmp_path, env=SECRETS)
+    assert sent.returncode == 2, sent.stderr
+    assert "Traceback" not in sent.stderr
+    assert "--json is nested too deeply to read" in sent.stderr

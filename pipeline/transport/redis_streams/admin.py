@@ -110,7 +110,7 @@ def _parsed(raw: bytes | str, default_max_len: int) -> TopicMeta:
     """:func:`decode_meta` without the topic: a ValueError says what is wrong."""
     try:
         data = json.loads(raw)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser
         raise ValueError(f"{raw[:100]!r} is not JSON") from None
     if not isinstance(data, dict):
         raise ValueError(f"{raw[:100]!r} is not a JSON object")  # noqa: TRY004 - one kind
