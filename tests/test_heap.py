@@ -110,33 +110,34 @@ def test_a_c_library_without_malloc_trim_gives_none_and_nothing_runs() -> None:
     assert asyncio.run(keep_trimmed(lambda: 1, never_stopped, missing, check_s=0)) == 0
 
 
-def test_the_heap_is_trimmed_once_after_each_busy_spell() -> None:
-    """A count that moved and then stood still is trimmed for, once; a steady count is not."""
+def _trimmed(counts: list[int], min_interval_s: float) -> tuple[int, _CountedTrim]:
+    """:func:`keep_trimmed` over the activity ``counts`` with glibc's trim, checking at once.
+
+    What it returned (the trims it made) and the trim, counting its calls and their answers.
+    """
     trim = heap_trim()
     assert trim is not None
     counted = _CountedTrim(trim)
 
     async def run() -> int:
         stop = asyncio.Event()
-        # start 0; busy 1, 2; quiet 2 (trim); quiet 2, 2 (trimmed already); busy 5; quiet 5 (trim)
-        activity = _Script([0, 1, 2, 2, 2, 2, 5, 5], stop)
-        return await keep_trimmed(activity, stop, counted, check_s=0, min_interval_s=0)
+        activity = _Script(counts, stop)
+        return await keep_trimmed(activity, stop, counted, check_s=0, min_interval_s=min_interval_s)
 
-    assert asyncio.run(run()) == 2
+    return asyncio.run(run()), counted
+
+
+def test_the_heap_is_trimmed_once_after_each_busy_spell() -> None:
+    """A count that moved and then stood still is trimmed for, once; a steady count is not."""
+    # start 0; busy 1, 2; quiet 2 (trim); quiet 2, 2 (trimmed already); busy 5; quiet 5 (trim)
+    trims, counted = _trimmed([0, 1, 2, 2, 2, 2, 5, 5], min_interval_s=0)
+    assert trims == 2
     assert len(counted.answers) == 2
     assert all(answer in (0, 1) for answer in counted.answers)
 
 
 def test_trims_are_at_least_the_minimum_interval_apart() -> None:
     """Busy spells closer together than the minimum interval get no trim of their own."""
-    trim = heap_trim()
-    assert trim is not None
-    counted = _CountedTrim(trim)
-
-    async def run() -> int:
-        stop = asyncio.Event()
-        activity = _Script([0, 1, 1, 2, 2], stop)
-        return await keep_trimmed(activity, stop, counted, check_s=0, min_interval_s=3600)
-
-    assert asyncio.run(run()) == 0
+    trims, counted = _trimmed([0, 1, 1, 2, 2], min_interval_s=3600)
+    assert trims == 0
     assert counted.answers == []
