@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,29 @@ class LimitPolicy(BaseModel):
     """Greatest pressure factor: how far ceilings grow when the pool is idle."""
 
     def for_org(self, org: str) -> OrgLimits:
-        """``org``'s settings, or the defaults."""
-        return self.orgs.get(org, self.defaults)
+        """``org``'s settings, or the defaults.
+
+        ``org`` and the names in :attr:`orgs` are each a ``pl-tenant`` as sent or its
+        :func:`~pipeline.admission.keys.org_name` (the window names one over a kilobyte by head
+        and digest; a release before named it, and an operator types it, in full): an entry
+        under either name of the org applies, its exact name first.
+        """
+        found = self.orgs.get(org)
+        if found is None:
+            found = self._by_org_name().get(k.org_name(org))
+        return self.defaults if found is None else found
+
+    def _by_org_name(self) -> dict[str, OrgLimits]:
+        """:attr:`orgs` by :func:`~pipeline.admission.keys.org_name`, built once per ``orgs``."""
+        orgs, named = self._named_orgs
+        if orgs is not self.orgs:  # model_copy(update=...) copied another ``orgs``' table
+            del self.__dict__["_named_orgs"]
+            orgs, named = self._named_orgs
+        return named
+
+    @cached_property
+    def _named_orgs(self) -> tuple[dict[str, OrgLimits], dict[str, OrgLimits]]:
+        return self.orgs, {k.org_name(name): limits for name, limits in self.orgs.items()}
 
 
 def earned_base(floor: int, rate_per_min: float, duration_s: float) -> int:
