@@ -18,8 +18,8 @@ from confluent_kafka import Uuid
 from contract.helpers import make_topic
 
 from pipeline.config import Settings
-from pipeline.transport import create_transport
 from pipeline.transport.kafka.stranded import StrandWatch
+from pipeline.transport.protocol import Transport
 
 CALLS = 20
 
@@ -31,32 +31,27 @@ def _uuids() -> int:
 
 
 async def test_listing_named_topics_again_and_again_keeps_no_uuid(
-    settings: Settings, kafka_service: str, unique: str
+    kafka: Transport, unique: str
 ) -> None:
     """The metrics refresher's question (named topics, with partitions and counts) leaves none."""
-    transport = create_transport(settings, "kafka")
-    admin = transport.admin()
+    admin = kafka.admin()
     names = [f"uuid_a_{unique}", f"uuid_b_{unique}"]
-    try:
-        for name in names:
-            await make_topic(transport, name, 2)
-        assert set(await admin.list_topics(names)) == set(names)
-        before = _uuids()
-        for _ in range(CALLS):
-            listed = await admin.list_topics([*names, f"missing_{unique}"])
-            assert {n: i.partitions for n, i in listed.items()} == dict.fromkeys(names, 2)
-        assert _uuids() - before == 0
-    finally:
-        await transport.close()
+    for name in names:
+        await make_topic(kafka, name, 2)
+    assert set(await admin.list_topics(names)) == set(names)
+    before = _uuids()
+    for _ in range(CALLS):
+        listed = await admin.list_topics([*names, f"missing_{unique}"])
+        assert {n: i.partitions for n, i in listed.items()} == dict.fromkeys(names, 2)
+    assert _uuids() - before == 0
 
 
 async def test_strand_checks_of_a_stable_group_keep_no_uuid_per_check(
-    settings: Settings, kafka_service: str, unique: str
+    settings: Settings, kafka: Transport, unique: str
 ) -> None:
     """Checks of a stable group's partitions describe its topics once, not at every check."""
-    transport = create_transport(settings, "kafka")
     topic, group = f"uuid_s_{unique}", f"g-uuid-{unique}"
-    await make_topic(transport, topic, 2)
+    await make_topic(kafka, topic, 2)
     member = RawConsumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": group})
     assigned: list[bool] = []
     member.subscribe([topic], on_assign=lambda _c, _p: assigned.append(True))
@@ -76,5 +71,4 @@ async def test_strand_checks_of_a_stable_group_keep_no_uuid_per_check(
     finally:
         watch.stop()
         await asyncio.to_thread(member.close)
-        await transport.admin().delete_group(group, [topic])
-        await transport.close()
+        await kafka.admin().delete_group(group, [topic])

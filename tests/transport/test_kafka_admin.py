@@ -18,33 +18,28 @@ from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError
 from pipeline.transport import create_transport
 from pipeline.transport.kafka.admin import KafkaAdmin
-from pipeline.transport.protocol import Consumer
+from pipeline.transport.protocol import Consumer, Transport
 
 
 async def test_offsets_of_a_topic_deleted_meanwhile_are_skipped_only_when_asked(
-    settings: Settings, kafka_service: str, unique: str
+    kafka: Transport, unique: str
 ) -> None:
     """Listing topics tolerates a topic that vanished after the metadata was read."""
-    transport = create_transport(settings, "kafka")
-    admin = transport.admin()
+    admin = kafka.admin()
     gone = [RawTP(f"gone_{unique}", 0)]
-    try:
-        assert await admin._offsets(gone, OffsetSpec.latest(), skip_gone=True) == {}  # type: ignore[attr-defined]
-        with pytest.raises(TransportError):
-            await admin._offsets(gone, OffsetSpec.latest())  # type: ignore[attr-defined]
-    finally:
-        await transport.close()
+    assert await admin._offsets(gone, OffsetSpec.latest(), skip_gone=True) == {}  # type: ignore[attr-defined]
+    with pytest.raises(TransportError):
+        await admin._offsets(gone, OffsetSpec.latest())  # type: ignore[attr-defined]
 
 
 async def test_a_group_with_a_live_member_is_not_deleted_and_says_why(
-    settings: Settings, kafka_service: str, unique: str
+    kafka: Transport, unique: str
 ) -> None:
     """Deleting a group that still has a member fails with GroupNotEmpty; once it left, it works."""
-    transport = create_transport(settings, "kafka")
-    admin = transport.admin()
+    admin = kafka.admin()
     topic, group = f"busy_{unique}", f"g-{unique}"
-    await make_topic(transport, topic, 1)
-    consumer = transport.consumer(group, [topic])
+    await make_topic(kafka, topic, 1)
+    consumer = kafka.consumer(group, [topic])
     try:
         await wait_for(lambda: _assigned(consumer))
         with pytest.raises(GroupNotEmpty, match=f"{group}.*still has members"):
@@ -54,7 +49,6 @@ async def test_a_group_with_a_live_member_is_not_deleted_and_says_why(
     await admin.delete_group(group, [topic])
     listed = admin._raw.list_consumer_groups(request_timeout=10).result().valid  # type: ignore[attr-defined]
     assert group not in {g.group_id for g in listed}
-    await transport.close()
 
 
 async def _assigned(consumer: Consumer) -> bool:
@@ -115,16 +109,15 @@ async def test_a_partition_without_a_leader_is_asked_again_then_counts_as_gone(
 
 
 async def test_a_lag_read_of_a_deep_backlog_finds_each_partitions_oldest_waiting_record(
-    settings: Settings, kafka_service: str, unique: str
+    settings: Settings, kafka: Transport, unique: str
 ) -> None:
     """Four partitions of 2 MiB each: the timestamp at every committed position, exactly.
 
     The read takes one record a partition, its prefetch capped at 1 MiB (``_ONE_RECORD``): the
     partitions the cap holds back must still each give their own first waiting record.
     """
-    transport = create_transport(settings, "kafka")
     topic, group = f"backlog_{unique}", f"g-{unique}"
-    await make_topic(transport, topic, 4)
+    await make_topic(kafka, topic, 4)
     base = 1_700_000_000_000
     # Idempotent, so a batch the broker makes the producer send again still lands before the
     # batches behind it: a partition's timestamps then rise with its offsets, which is what the
@@ -152,13 +145,12 @@ async def test_a_lag_read_of_a_deep_backlog_finds_each_partitions_oldest_waiting
         )
     finally:
         group_client.close()
-    admin = transport.admin()
+    admin = kafka.admin()
     try:
         lag = await admin.group_lag(group, topic)
     finally:
         await admin.delete_group(group, [topic])
         await admin.delete_topic(topic)
-        await transport.close()
     assert {p.tp.partition: p.committed for p in lag} == committed
     assert {p.tp.partition: p.lag for p in lag} == {p: 1024 - o for p, o in committed.items()}
     oldest = {p.tp.partition: p.oldest_unconsumed_ms for p in lag}
