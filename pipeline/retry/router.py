@@ -210,19 +210,30 @@ class RetryRouter:
             return await self._send_copy(topic, message, out)
 
     async def dead_letter(
-        self, routes: LaneRoutes, message: Message, reason: str, error: BaseException | None
+        self,
+        routes: LaneRoutes,
+        message: Message,
+        reason: str,
+        error: BaseException | None,
+        *,
+        attempt: int | None = None,
     ) -> Delivered:
         """Send to the lane's dead-letter topic with the reason and the error.
 
-        Its ``pl-attempt`` is the attempt the member counted (:func:`~pipeline.headers.
-        attempt_header`), never a producer's malformed one. Refused as too large, a marker
-        (:func:`marker`) goes in its place, with one error line.
+        Its ``pl-attempt`` is ``attempt``, the attempt the member counted (the member's
+        :class:`~pipeline.runtime.redirect.Redirector` always gives it: on a main topic a
+        producer's ``pl-attempt`` is no count, :func:`~pipeline.headers.attempt`); None: the
+        message's own (:func:`~pipeline.headers.attempt_header`), never a producer's malformed
+        one. Refused as too large, a marker (:func:`marker`) goes in its place, with one error
+        line.
         """
         if error is None:  # every dead letter says what ended it, for redrive's filters
             error = DeadLetter(reason)
+        if attempt is None:
+            attempt = h.attempt_header(message.headers)
         out = _failure_headers(message, error, self._clock_ms())
         out[h.DEAD_REASON] = _cut(reason, MAX_REASON_BYTES)
-        out[h.ATTEMPT] = str(h.attempt_header(message.headers)).encode()
+        out[h.ATTEMPT] = str(max(1, attempt)).encode()
         out.pop(h.DUE_MS, None)
         topic = routes.dead_letter_topic
         with tracing.sending(topic, out, "dead_letter", reason):

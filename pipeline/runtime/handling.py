@@ -225,14 +225,14 @@ class HandlerStage:
             self._stats.turn_retries += 1
             return "retried"
         reason = getattr(error, "dead_reason", "fatal") if fatal else "exhausted"
-        attempts = str(turn.attempts).encode()
         first_ms = turn.first_failure_ms
         first_failure = None if first_ms is None else str(first_ms).encode()
         for message in turn.messages:  # in order: a sequenced dead letter
-            message.headers[h.ATTEMPT] = attempts  # the turn's, not the buffered message's
             if first_failure is not None:  # else this run's failure is the first
                 message.headers[h.FIRST_FAILURE_MS] = first_failure
-            routed = await self._routing.dead_letter(lane, message, reason, error)
+            routed = await self._routing.dead_letter(  # the turn's attempts, not the message's
+                lane, message, reason, error, attempt=turn.attempts
+            )
             if routed is None:
                 return None
         self._rows_finished(turn.messages)

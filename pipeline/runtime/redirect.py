@@ -118,15 +118,27 @@ class Redirector:
             return default_retryable(error)
 
     async def dead_letter(
-        self, lane: Lane, message: Message, reason: str, error: BaseException | None
+        self,
+        lane: Lane,
+        message: Message,
+        reason: str,
+        error: BaseException | None,
+        *,
+        attempt: int | None = None,
     ) -> str | None:
-        """Send ``message`` to the lane's DLQ with ``reason``."""
+        """Send ``message`` to the lane's DLQ with ``reason``.
+
+        Its ``pl-attempt`` says ``attempt`` (a debounced turn's count), by default the attempt
+        the member counts the message as (:func:`~pipeline.headers.attempt`: 1 on a main topic,
+        whatever ``pl-attempt`` a producer wrote there).
+        """
         tracing.event(reason)  # poison, expired, shed, fatal, exhausted, sequenced
+        counted = h.attempt(message.topic, message.headers) if attempt is None else attempt
         return await self._send(
             lane,
             message,
             "dead_lettered",
-            lambda r, m: self._router.dead_letter(r, m, reason, error),
+            lambda r, m: self._router.dead_letter(r, m, reason, error, attempt=counted),
             reason,
             error,
         )

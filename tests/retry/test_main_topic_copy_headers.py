@@ -12,12 +12,13 @@ copy, which a batch lane then promotes at once).
 
 from __future__ import annotations
 
+from contract.helpers import consume_until
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Record
-from pipeline.errors import Retry
+from pipeline.errors import DeadLetter, Retry
 from pipeline.retry.guard_store import message_id, start_of
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
@@ -180,3 +181,34 @@ async def test_a_forged_sla_start_on_the_main_topic_is_not_copied(
     first, copy = seen[1], seen[2]
     assert first.timestamp_ms > 1
     assert copy.headers[h.SLA_FROM_MS] == str(first.timestamp_ms).encode()
+
+
+async def test_a_forged_attempt_on_the_main_topic_is_not_its_dead_letters(
+    transport: Transport, redis: Redis, unique: str
+) -> None:
+    """A main-topic message with ``pl-attempt: 99`` dead-lettered at once says attempt 1.
+
+    The member counted it as attempt 1 (its handler's ``ctx.attempt``); before, its dead letter
+    kept the producer's 99, which the dead letter's ``pl-attempt`` never is to be.
+    """
+    spec = lane_spec(f"dla_{unique}", 1, retry={"tiers": ["200ms"], "max_attempts": 3})
+    await declare(transport, spec)
+    app = App([spec])
+    attempts: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        raise DeadLetter("refused")
+
+    await produce(transport, spec.name, [Record(b"m", b"k", {h.ATTEMPT: b"99"})])
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered >= 1, 30)
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    try:
+        (dead,) = await consume_until(dlq, lambda got: len(got) >= 1)
+    finally:
+        await dlq.close()
+    assert attempts == [1]
+    assert dead.headers[h.ATTEMPT] == b"1"
