@@ -85,8 +85,7 @@ def attempt_header(headers: dict[str, bytes]) -> int:
     """The ``pl-attempt`` of a delivery: 1 when absent, malformed or below 1.
 
     A producer may write any value; a count below 1 would route a failure to no tier, or retry
-    it without end. It counts only on a retry copy (:func:`attempt`), or where the member wrote
-    it itself (a debounced turn's dead letters).
+    it without end. It counts only on a retry copy (:func:`attempt`).
     """
     return max(1, int_header(headers, ATTEMPT, 1))
 
