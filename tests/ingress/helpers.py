@@ -181,6 +181,41 @@ def serve_until_listening(
     raise AssertionError(f"the ingress did not start: {stderr}")
 
 
+def listened_then_stopped(
+    argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 60.0
+) -> tuple[bool, subprocess.CompletedProcess[str]]:
+    """Run the ingress start ``argv`` until it listens, ends or ``timeout_s`` passes; then stop it.
+
+    Whether a stdout line said it listened, and how it ended: SIGTERM-ed if still running,
+    reaped with its remaining stdout and its stderr. Killed, and a failure, if it did not end
+    within ``timeout_s`` of SIGTERM.
+    """
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    listened = False
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and not listened:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                line = proc.stdout.readline()
+                listened = line.startswith(LISTENING)
+                if not line:
+                    break
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise AssertionError("the ingress did not end after SIGTERM") from None
+    return listened, subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def write_topics(directory: Path, topics: dict[str, str]) -> Path:
     """Write one declaration per topic (name -> lane) into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)

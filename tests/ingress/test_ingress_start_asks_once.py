@@ -10,19 +10,15 @@ now carries what it found, and a broker it found down has its limits skipped, wi
 
 from __future__ import annotations
 
-import select
-import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from ingress.helpers import LISTENING
+from ingress.helpers import listened_then_stopped
 from support import BROKER_DOWN, cli_environment
 
 from pipeline.config import load_settings
@@ -88,35 +84,10 @@ async def test_a_tls_timeout_is_asked_of_the_plain_port_once(silent_port: socket
 
 def serve_spied(env: dict[str, str], cwd: Path, *options: str) -> tuple[bool, str]:
     """Start the spied ingress with ``options``; whether it listened, its stderr once stopped."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SPIED_SERVE, *options],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    listened, ended = listened_then_stopped(
+        [sys.executable, "-c", SPIED_SERVE, *options], env, cwd, START_S
     )
-    assert proc.stdout is not None
-    listened = False
-    deadline = time.monotonic() + START_S
-    try:
-        while time.monotonic() < deadline and not listened:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if ready:
-                line = proc.stdout.readline()
-                listened = line.startswith(LISTENING)
-                if not line:
-                    break
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=START_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise AssertionError("the ingress did not end after SIGTERM") from None
-    return listened, err
+    return listened, ended.stderr
 
 
 def down_environment(tmp_path: Path, transport: str, **extra: str) -> dict[str, str]:

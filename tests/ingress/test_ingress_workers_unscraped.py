@@ -10,19 +10,15 @@ that the broker did not answer. A worker's snapshot is now refreshed only where 
 
 from __future__ import annotations
 
-import select
-import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from ingress.helpers import LISTENING
+from ingress.helpers import listened_then_stopped
 from support import BROKER_DOWN, cli_environment
 
 pytestmark = pytest.mark.postgres
@@ -79,37 +75,11 @@ def refreshing_processes(env: dict[str, str], cwd: Path) -> set[str]:
     A worker's refresher, when it has one, starts with the ingress: its first refresh is
     under way before the worker tells the supervisor it listens, so before the line is read.
     """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "ingress", "serve", "--port", "0", "--workers", "2"],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    listened = False
-    deadline = time.monotonic() + START_S
-    try:
-        while time.monotonic() < deadline and not listened:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if ready:
-                line = proc.stdout.readline()
-                listened = line.startswith(LISTENING)
-                if not line:
-                    break
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=START_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise AssertionError("the ingress did not end after SIGTERM") from None
-    assert listened, err
-    assert proc.returncode == 0, err
-    return {line.split()[-1] for line in err.splitlines() if line.startswith(REFRESHED)}
+    serve = [sys.executable, "-m", "pipeline", "ingress", "serve", "--port", "0", "--workers", "2"]
+    listened, ended = listened_then_stopped(serve, env, cwd, START_S)
+    assert listened, ended.stderr
+    assert ended.returncode == 0, ended.stderr
+    return {line.split()[-1] for line in ended.stderr.splitlines() if line.startswith(REFRESHED)}
 
 
 def consecutive_free_ports(count: int) -> int:
