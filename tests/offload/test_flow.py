@@ -22,7 +22,7 @@ from ingress.signing import hub_signature
 from offload.helpers import declared, offload_lane
 from pydantic import BaseModel
 from redis.asyncio import Redis
-from runtime.helpers import FAST, eventually, running
+from runtime.helpers import eventually, ran_until, running, the_dead_letter
 
 from pipeline import headers as h
 from pipeline.config import IngressSlotSettings
@@ -41,7 +41,6 @@ from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policie
 from pipeline.redrive.redrive import Redrive, group_name
 from pipeline.redrive.select import Selection
 from pipeline.runtime import App, Context
-from pipeline.runtime.member import Member
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
 
@@ -127,14 +126,11 @@ async def test_a_20_mib_webhook_travels_by_reference_through_retry_dlq_and_redri
             if failing:
                 raise RuntimeError("downstream unavailable")
 
-        group = f"g-{unique}"
-        member = Member(member_app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.dead_lettered == 1)
+        member = await ran_until(
+            member_app, transport, redis, unique, lambda m: m.stats.dead_lettered == 1
+        )
         assert handled == [(1, digest, "biz-1"), (2, digest, "biz-1")]
-        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
-        await dlq.close()
+        dead = await the_dead_letter(transport, spec, unique)
         assert dead.headers[h.DEAD_REASON] == b"exhausted"
         assert dead.headers[ref.SHA256] == digest.encode()
         wire = len(dead.value) + sum(len(k) + len(v) for k, v in dead.headers.items())
@@ -147,7 +143,7 @@ async def test_a_20_mib_webhook_travels_by_reference_through_retry_dlq_and_redri
             await eventually(lambda: member.stats.handled == 1)
         assert handled[-1] == (1, digest, "biz-1")
         assert [o.key async for o in store.list()] == [ref.key_for(digest)]  # still one object
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
     await log_store.close()
 
 
@@ -179,20 +175,19 @@ async def test_a_member_that_cannot_read_a_reference_refuses_it(
         async def handle_newer(event: bytes, ctx: Context) -> None:
             calls.append(event)
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.dead_lettered == 2)
+        member = await ran_until(
+            app, transport, redis, unique, lambda m: m.stats.dead_lettered == 2
+        )
         assert calls == []
         assert member.stats.retried == 2  # each went through the retry tier first
         for spec, why in ((plain, b"no offload store"), (newer, b"format '2'")):
-            dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-            (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
-            await dlq.close()
+            dead = await the_dead_letter(transport, spec, unique)
             assert dead.headers[h.ERROR_CLASS] == b"pipeline.offload.errors.ReferenceRefused"
             assert why in dead.headers[h.ERROR_MESSAGE]
             assert ref.is_reference(dead.headers)
-        await transport.admin().delete_group(group, [*plain.topic_names(), *newer.topic_names()])
+        await transport.admin().delete_group(
+            member.group, [*plain.topic_names(), *newer.topic_names()]
+        )
 
 
 async def test_a_deleted_object_is_a_payload_missing_dead_letter(
@@ -216,17 +211,14 @@ async def test_a_deleted_object_is_a_payload_missing_dead_letter(
         async def handle(event: bytes, ctx: Context) -> None:
             calls.append(event)
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.dead_lettered == 1)
+        member = await ran_until(
+            app, transport, redis, unique, lambda m: m.stats.dead_lettered == 1
+        )
         assert calls == []
         assert member.stats.retried == 0  # never a crash loop: straight to the DLQ
-        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
-        await dlq.close()
+        dead = await the_dead_letter(transport, spec, unique)
         assert dead.headers[h.DEAD_REASON] == b"payload_missing"
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
 
 
 async def test_a_retry_copy_of_a_2_day_old_reference_writes_its_object_again(
@@ -258,14 +250,11 @@ async def test_a_retry_copy_of_a_2_day_old_reference_writes_its_object_again(
                 raise RuntimeError("flaky dependency")
             done.append((ctx.attempt, body))
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: len(done) == 1)
+        member = await ran_until(app, transport, redis, unique, lambda _: len(done) == 1)
         assert done == [(2, payload)]
         assert path.stat().st_mtime > two_days_ago + 86_400  # written again before the copy
         assert path.read_bytes() == payload
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
 
 
 async def test_the_redrive_command_writes_a_2_day_old_object_again(
@@ -349,14 +338,11 @@ async def test_a_typed_handler_gets_its_model_decoded_from_the_fetched_body(
         async def handle(upload: Upload, ctx: Context) -> None:
             got.append((upload, len(ctx.message.value)))
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.handled == 1)
+        member = await ran_until(app, transport, redis, unique, lambda m: m.stats.handled == 1)
         ((upload, wire_value),) = got
         assert upload == event
         assert wire_value < 1024  # the message itself still holds the reference
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
 
 
 async def test_a_replayed_row_produces_the_reference_again(
@@ -413,13 +399,10 @@ async def test_a_parked_follower_keeps_its_reference_and_its_order(
                 raise RuntimeError("flaky dependency")
             done.append(body)
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: len(done) == 2)
+        member = await ran_until(app, transport, redis, unique, lambda _: len(done) == 2)
         assert done == [head, follower]
         assert member.stats.parked == 1
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
 
 
 class Said(BaseModel):
@@ -449,12 +432,9 @@ async def test_a_debounced_turn_resolves_its_buffered_references(
         async def handle(said: list[Said], ctx: Context) -> None:
             turns.append(said)
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.handled == 3)
+        member = await ran_until(app, transport, redis, unique, lambda m: m.stats.handled == 3)
         assert turns == [events]
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
 
 
 async def test_a_reference_with_an_impossible_size_is_refused_not_a_crash(
@@ -474,13 +454,10 @@ async def test_a_reference_with_an_impossible_size_is_refused_not_a_crash(
         async def handle(event: bytes, ctx: Context) -> None:
             raise AssertionError("a forged reference reached the handler")
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.dead_lettered == 1)
-        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
-        await dlq.close()
+        member = await ran_until(
+            app, transport, redis, unique, lambda m: m.stats.dead_lettered == 1
+        )
+        dead = await the_dead_letter(transport, spec, unique)
         assert dead.headers[h.ERROR_CLASS] == b"pipeline.offload.errors.ReferenceRefused"
         assert b"not a reference" in dead.headers[h.ERROR_MESSAGE]
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())

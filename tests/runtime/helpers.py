@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from contract.helpers import consume_until as polled_until
 from redis.asyncio import Redis
 from support import IDLE_APP, delete_after_test, delete_group_after
 
@@ -104,6 +105,38 @@ async def running(member: Member) -> AsyncIterator[Member]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+async def ran_until(
+    app: App,
+    transport: Transport,
+    redis: Redis,
+    unique: str,
+    done: Callable[[Member], bool],
+    timeout_s: float = 60.0,
+) -> Member:
+    """A member of ``app`` run until ``done(member)`` holds, within ``timeout_s``; then stopped.
+
+    Group ``g-UNIQUE``, Redis prefix ``UNIQUE``, settings :data:`FAST`; its stats are kept. Its
+    group is left on the broker: the caller deletes it (``member.group``) once done reading.
+    """
+    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=unique)
+    async with running(member):
+        await eventually(lambda: done(member), timeout_s)
+    return member
+
+
+async def the_dead_letter(transport: Transport, spec: TopicSpec, unique: str) -> Message:
+    """The one message on ``spec``'s dead-letter topic, read (and committed) by ``dlq-UNIQUE``.
+
+    Fails if the first poll that finds any finds more than one.
+    """
+    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
+    try:
+        (dead,) = await polled_until(dlq, lambda r: len(r) >= 1)
+    finally:
+        await dlq.close()
+    return dead
 
 
 async def handled_by_a_member(

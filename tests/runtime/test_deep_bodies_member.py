@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from contract.helpers import consume_until
 from offload.helpers import declared, offload_lane
 from pydantic import BaseModel
 from redis.asyncio import Redis
-from runtime.helpers import FAST, eventually, lane_spec, running
+from runtime.helpers import lane_spec, ran_until, the_dead_letter
 
 from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.offload import reference as ref
 from pipeline.runtime import App, Context
-from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -55,14 +53,11 @@ async def test_a_deep_body_on_a_debounced_lane_is_keyed_by_its_message_key(
         async def handle(events: list[bytes], ctx: Context) -> None:
             turns.append(events)
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.handled == 2, 30)
+        member = await ran_until(app, transport, redis, unique, lambda m: m.stats.handled == 2, 30)
         # One conversation, c1 (two message keys: the two may be buffered in either order).
         assert [sorted(turn) for turn in turns] == [[DEEP, b'{"conversation_id": "c1"}']]
         assert (member.stats.retried, member.stats.dead_lettered) == (0, 0)
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
 
 
 async def test_a_deep_body_as_a_reference_is_refused_not_a_handler_failure(
@@ -87,17 +82,19 @@ async def test_a_deep_body_as_a_reference_is_refused_not_a_handler_failure(
         async def handle(event: bytes, ctx: Context) -> None:
             calls.append(event)
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.dead_lettered == 1 and calls == [b"next"], 30)
-        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
-        await dlq.close()
+        member = await ran_until(
+            app,
+            transport,
+            redis,
+            unique,
+            lambda m: m.stats.dead_lettered == 1 and calls == [b"next"],
+            30,
+        )
+        dead = await the_dead_letter(transport, spec, unique)
         assert dead.headers[h.ERROR_CLASS] == b"pipeline.offload.errors.ReferenceRefused"
         assert b"not a reference" in dead.headers[h.ERROR_MESSAGE]
         assert dead.value == DEEP
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
 
 
 async def test_a_deep_body_on_a_typed_lane_is_dead_lettered_at_once(
@@ -118,14 +115,16 @@ async def test_a_deep_body_on_a_typed_lane_is_dead_lettered_at_once(
         async def handle(event: Said, ctx: Context) -> None:
             seen.append(event.conversation_id)
 
-        group = f"g-{unique}"
-        member = Member(app, transport, group, FAST, redis=redis, redis_prefix=unique)
-        async with running(member):
-            await eventually(lambda: member.stats.dead_lettered == 1 and seen == ["c2"], 30)
+        member = await ran_until(
+            app,
+            transport,
+            redis,
+            unique,
+            lambda m: m.stats.dead_lettered == 1 and seen == ["c2"],
+            30,
+        )
         assert member.stats.retried == 0
-        dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-        (dead,) = await consume_until(dlq, lambda r: len(r) >= 1)
-        await dlq.close()
+        dead = await the_dead_letter(transport, spec, unique)
         assert dead.headers[h.ERROR_CLASS] == b"pydantic_core._pydantic_core.ValidationError"
         assert b"recursion limit" in dead.headers[h.ERROR_MESSAGE]
-        await transport.admin().delete_group(group, spec.topic_names())
+        await transport.admin().delete_group(member.group, spec.topic_names())
