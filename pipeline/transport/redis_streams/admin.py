@@ -203,7 +203,12 @@ class RedisStreamsAdmin:
         return out
 
     async def create_topic(self, config: TopicConfig) -> None:
-        """Declare the topic; its streams appear with the first message or group."""
+        """Declare the topic; its streams appear with the first message or group.
+
+        A deletion of the name cut short (:meth:`delete_topic`) is finished first: the new
+        topic starts empty, at offset 0, with no group's positions.
+        """
+        await self._finish_deletion(config.name)
         try:
             created = await self._client.hsetnx(
                 self._keys.topics, config.name, _encode(config, self._default_max_len)
@@ -238,7 +243,9 @@ class RedisStreamsAdmin:
 
         The metadata goes first: a member's read that a stream's deletion unblocks
         (``UNBLOCKED``) then finds the topic gone, instead of taking its partition up again and
-        making the stream anew (``XGROUP CREATE MKSTREAM``).
+        making the stream anew (``XGROUP CREATE MKSTREAM``). Its partitions are recorded before
+        (``P:topics:deleting``) and forgotten last, so a deletion cut short (Redis gone, a
+        refusal) is finished by the next ``delete_topic`` or ``create_topic`` of the name.
         """
         try:
             partitions: Iterable[int] = range(
@@ -246,14 +253,45 @@ class RedisStreamsAdmin:
             )
         except UnreadableTopicMeta:
             partitions = await self._partitions_found(name)
+        except UnknownTopic:
+            if not await self._finish_deletion(name):
+                raise
+            return
+        await self._delete(name, partitions)
+
+    async def _delete(self, name: str, partitions: Iterable[int]) -> None:
+        """Record the deletion, drop the metadata, then each partition's keys and positions."""
+        chosen = sorted(set(partitions))
         try:
+            await self._client.hset(self._keys.deleting, name, ",".join(map(str, chosen)))
             await self._client.hdel(self._keys.topics, name)
-            for p in partitions:
+            for p in chosen:
                 stream = self._keys.stream(name, p)
                 await self._forget_positions(stream, partition_id(name, p))
                 await self._client.delete(stream, self._keys.sequence(name, p))
+            await self._client.hdel(self._keys.deleting, name)
         except rexc.RedisError as exc:
             raise translate(exc, f"delete topic {name!r}") from exc
+
+    async def _finish_deletion(self, name: str) -> bool:
+        """Finish a deletion of topic ``name`` cut short after its metadata went; whether one was.
+
+        Its recorded partitions are deleted; a record that is no list of partitions (written by
+        hand) is replaced by those whose stream or offset counter exists (a ``SCAN``).
+        """
+        try:
+            recorded = await self._client.hget(self._keys.deleting, name)
+        except rexc.RedisError as exc:
+            raise translate(exc, f"read the deletion of topic {name!r}") from exc
+        if recorded is None:
+            return False
+        try:
+            text = recorded.decode() if isinstance(recorded, bytes) else str(recorded)
+            partitions: Iterable[int] = [int(p) for p in text.split(",") if p]
+        except ValueError:
+            partitions = await self._partitions_found(name)
+        await self._delete(name, partitions)
+        return True
 
     async def _partitions_found(self, name: str) -> set[int]:
         """The partitions of topic ``name`` whose stream or offset counter exists (a ``SCAN``)."""

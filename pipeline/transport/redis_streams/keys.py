@@ -7,6 +7,8 @@ group share ``{prefix:g:group}``, so each multi-key function call stays in one R
 key                                type    holds
 =================================  ======  ==================================================
 ``P:topics``                       hash    topic name -> JSON metadata (partitions, max_len)
+``P:topics:deleting``              hash    topic name -> its partitions (``0,1,...``) while
+                                           its deletion is under way (its metadata gone)
 ``{P:T:p}:s``                      stream  the messages of partition p of topic T
 ``{P:T:p}:n``                      string  the next offset of that partition (INCR)
 ``{P:g:G}:members``                zset    live member id -> lease expiry (ms)
@@ -30,6 +32,11 @@ class Keys:
     def topics(self) -> str:
         """The topic metadata hash."""
         return f"{self.prefix}:topics"
+
+    @property
+    def deleting(self) -> str:
+        """The topics whose deletion is under way: name -> their partitions (``0,1,...``)."""
+        return f"{self.prefix}:topics:deleting"
 
     def stream(self, topic: str, partition: int) -> str:
         """The stream of one partition."""
