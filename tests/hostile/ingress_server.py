@@ -18,12 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import yaml
-from support import delete_after_test, test_settings
+from ingress.helpers import built_with_topics, one_lane_ingress
 
-from pipeline.config import IngressSettings, SweeperSettings
-from pipeline.ingress.service import Ingress, build_ingress, http_server
-from pipeline.topics.admin import apply
+from pipeline.ingress.service import Ingress, http_server
 from pipeline.transport import create_transport
 
 
@@ -37,43 +34,20 @@ class Running:
     topic: str
 
 
-def _write(tmp_path: Path, topic: str, sources: dict[str, Any]) -> tuple[Path, Path]:
-    topics = tmp_path / "topics"
-    topics.mkdir(exist_ok=True)
-    (topics / "t.yaml").write_text(
-        yaml.safe_dump({"name": topic, "partitions": 1, "lane": "hostile"}), encoding="utf-8"
-    )
-    resolved = {name: {**config, "topic": topic} for name, config in sources.items()}
-    path = tmp_path / "sources.yaml"
-    path.write_text(yaml.safe_dump({"sources": resolved}), encoding="utf-8")
-    return topics, path
-
-
 @asynccontextmanager
 async def running_ingress(
     tmp_path: Path, sources: dict[str, Any], **ingress: Any
 ) -> AsyncIterator[Running]:
     """Serve ``sources`` (their ``topic`` is filled in) with ``ingress`` settings overrides."""
     topic = f"hostile-{uuid.uuid4().hex[:10]}"
-    topics, sources_file = _write(tmp_path, topic, sources)
-    settings = test_settings(topics_dir=topics, transport="redis")
+    lane = {"name": topic, "partitions": 1, "lane": "hostile"}
+    resolved = {name: {**config, "topic": topic} for name, config in sources.items()}
     schema = None
     if ingress.get("log_store") == "postgres":
         schema = f"t_{uuid.uuid4().hex[:12]}"
         ingress["postgres_schema"] = schema
-    config = IngressSettings(
-        sources_file=sources_file,
-        sqlite_path=tmp_path / "ingress.db",
-        sweeper=SweeperSettings(enabled=False),
-        **ingress,
-    )
-    built = build_ingress(settings, config)
-    broker = create_transport(settings)
-    delete_after_test(broker, [name for spec in built.specs for name in spec.topic_names()])
-    try:
-        await apply(broker.admin(), built.specs, 1000, dry_run=False)
-    finally:
-        await broker.close()
+    settings, config = one_lane_ingress(tmp_path, lane, resolved, **ingress)
+    built = await built_with_topics(settings, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -26,18 +26,15 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
-import yaml
 from hostile.flood_webhooks import SECRET, answer, webhook
+from ingress.helpers import built_with_topics, one_lane_ingress
 from runtime.helpers import eventually
-from support import delete_after_test, test_settings
 from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
-from pipeline.config import IngressSettings, SweeperSettings
-from pipeline.ingress.service import Ingress, build_ingress, http_server
+from pipeline.config import SweeperSettings
+from pipeline.ingress.service import Ingress, http_server
 from pipeline.ingress.values import MAX_VALUE_CHARS
-from pipeline.topics.admin import apply
-from pipeline.transport import create_transport
 
 pytestmark = pytest.mark.usefixtures("kafka_service")
 
@@ -93,10 +90,7 @@ async def send(port: int, run: str, numbers: range) -> dict[int, int]:
 async def serving(tmp_path: Path, run: str) -> AsyncIterator[tuple[Ingress, int]]:
     """An ingress on Kafka (a topic of its own) and SQLite, served here; its port."""
     topic = f"tenants-{run}"
-    topics = tmp_path / "topics"
-    topics.mkdir()
     declaration = {"name": topic, "partitions": 2, "lane": f"tenants_{run}"}
-    (topics / "t.yaml").write_text(yaml.safe_dump(declaration), encoding="utf-8")
     source = {
         "scheme": "meta",
         "secrets": [SECRET],
@@ -105,21 +99,11 @@ async def serving(tmp_path: Path, run: str) -> AsyncIterator[tuple[Ingress, int]
         "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
         "topic": topic,
     }
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(yaml.safe_dump({"sources": {"flood": source}}), encoding="utf-8")
-    settings = test_settings(topics_dir=topics, transport="kafka")
-    config = IngressSettings(
-        sources_file=sources,
-        sqlite_path=tmp_path / "ingress.db",
-        sweeper=SweeperSettings(interval_s=0.5),
+    sweeping = SweeperSettings(interval_s=0.5)
+    settings, config = one_lane_ingress(
+        tmp_path, declaration, {"flood": source}, transport="kafka", sweeper=sweeping
     )
-    built = build_ingress(settings, config)
-    broker = create_transport(settings)
-    delete_after_test(broker, [name for spec in built.specs for name in spec.topic_names()])
-    try:
-        await apply(broker.admin(), built.specs, 1000, dry_run=False)
-    finally:
-        await broker.close()
+    built = await built_with_topics(settings, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)

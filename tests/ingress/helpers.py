@@ -21,18 +21,25 @@ import yaml
 from ingress.signing import hub_signature
 from logstore.helpers import FakeClock, new_row
 from runtime.helpers import eventually
-from support import test_settings
+from support import delete_after_test, test_settings
 
-from pipeline.config import IngressSettings, IngressSlotSettings, RuntimeSettings, SweeperSettings
+from pipeline.config import (
+    IngressSettings,
+    IngressSlotSettings,
+    RuntimeSettings,
+    Settings,
+    SweeperSettings,
+)
 from pipeline.ingress.app import IngressApp
 from pipeline.ingress.dispatch import Dispatcher
-from pipeline.ingress.service import build_ingress, build_sweeper
+from pipeline.ingress.service import Ingress, build_ingress, build_sweeper
 from pipeline.ingress.settings import load_sources
 from pipeline.ingress.source import Source, build_sources
 from pipeline.ingress.sweeper import SweepReport
 from pipeline.logstore import IngressLog, LogRow
 from pipeline.logstore.sqlite import SqliteLogStore
 from pipeline.runtime.member import Member
+from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec, load_specs
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import TopicConfig, Transport
@@ -232,6 +239,45 @@ def write_sources(path: Path, sources: dict[str, Any]) -> Path:
     return path
 
 
+def one_lane_ingress(
+    tmp_path: Path,
+    lane: dict[str, Any],
+    sources: dict[str, Any],
+    transport: str = "redis",
+    **ingress: Any,
+) -> tuple[Settings, IngressSettings]:
+    """The settings of an ingress over one lane, its files written in ``tmp_path``.
+
+    ``lane`` is its only topics/t.yaml, ``sources`` its sources.yaml, its log tmp_path/ingress.db;
+    on ``transport``, the sweeper off unless ``ingress`` (more ingress settings) says otherwise.
+    """
+    topics = tmp_path / "topics"
+    topics.mkdir(exist_ok=True)
+    (topics / "t.yaml").write_text(yaml.safe_dump(lane), encoding="utf-8")
+    settings = test_settings(topics_dir=topics, transport=transport)
+    config = IngressSettings(
+        sources_file=write_sources(tmp_path / "sources.yaml", sources),
+        sqlite_path=tmp_path / "ingress.db",
+        **{"sweeper": SweeperSettings(enabled=False), **ingress},
+    )
+    return settings, config
+
+
+async def built_with_topics(settings: Settings, config: IngressSettings) -> Ingress:
+    """:func:`build_ingress` of ``config``; its topics made on the broker, deleted after the test.
+
+    The topics are those of its declared lanes (``built.specs``), on ``settings``' broker.
+    """
+    built = build_ingress(settings, config)
+    broker = create_transport(settings)
+    delete_after_test(broker, [name for spec in built.specs for name in spec.topic_names()])
+    try:
+        await apply(broker.admin(), built.specs, 1000, dry_run=False)
+    finally:
+        await broker.close()
+    return built
+
+
 def write_whatsapp_source(tmp_path: Path, topic: str, secret: str) -> None:
     """Write ``tmp_path``'s topics/ and sources.yaml: the source ``whatsapp``, all to ``topic``.
 
@@ -428,16 +474,7 @@ async def started_and_stopped(
 
     ``lane`` is the lane's topics/*.yaml; returns the names of the metric sources it refreshed.
     """
-    topics = tmp_path / "topics"
-    topics.mkdir()
-    (topics / "t.yaml").write_text(yaml.safe_dump(lane), encoding="utf-8")
-    path = tmp_path / "sources.yaml"
-    path.write_text(yaml.safe_dump({"sources": sources}), encoding="utf-8")
-    settings = test_settings(topics_dir=topics, transport="redis")
-    ingress = IngressSettings(
-        sources_file=path, sqlite_path=tmp_path / "i.db", sweeper=SweeperSettings(enabled=False)
-    )
-    built = build_ingress(settings, ingress)
+    built = build_ingress(*one_lane_ingress(tmp_path, lane, sources))
     try:
         await built.start()
         return {source.name for source in built.observer.sources}

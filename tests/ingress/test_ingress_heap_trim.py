@@ -20,16 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
-from support import delete_after_test
-from support import test_settings as settings_for
+from ingress.helpers import built_with_topics, one_lane_ingress
 
 from pipeline import heap
-from pipeline.config import IngressSettings, SweeperSettings
 from pipeline.ingress import service
-from pipeline.ingress.service import Ingress, build_ingress
-from pipeline.topics.admin import apply
-from pipeline.transport import create_transport
+from pipeline.ingress.service import Ingress
 
 REQUESTS = 20
 
@@ -56,31 +51,9 @@ class _SeenTrim:
 async def _built(tmp_path: Path, unique: str) -> Ingress:
     """An ingress with one unsigned source on a lane of its own (its topics made, and dropped)."""
     topic = f"trim-{unique}"
-    topics = tmp_path / "topics"
-    topics.mkdir()
-    (topics / "t.yaml").write_text(
-        yaml.safe_dump({"name": topic, "partitions": 1, "lane": f"trim_{unique}"}),
-        encoding="utf-8",
-    )
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        yaml.safe_dump({"sources": {"plain": {"scheme": "none", "topic": topic}}}),
-        encoding="utf-8",
-    )
-    settings = settings_for(topics_dir=topics, transport="redis")
-    config = IngressSettings(
-        sources_file=sources,
-        sqlite_path=tmp_path / "ingress.db",
-        sweeper=SweeperSettings(enabled=False),
-    )
-    built = build_ingress(settings, config)
-    broker = create_transport(settings)
-    delete_after_test(broker, [n for spec in built.specs for n in spec.topic_names()])
-    try:
-        await apply(broker.admin(), built.specs, 1000, dry_run=False)
-    finally:
-        await broker.close()
-    return built
+    lane = {"name": topic, "partitions": 1, "lane": f"trim_{unique}"}
+    sources = {"plain": {"scheme": "none", "topic": topic}}
+    return await built_with_topics(*one_lane_ingress(tmp_path, lane, sources))
 
 
 async def test_a_serving_ingress_trims_its_heap_once_its_requests_stop(

@@ -6,14 +6,13 @@ import asyncio
 import time
 
 import httpx
-import yaml
+from ingress.helpers import one_lane_ingress
 from lane_support import drop, lane_spec
 from redis.asyncio import Redis
 from support import delete_after_test
-from support import test_settings as settings_for
 
 from pipeline.admission.debounce import Debouncer
-from pipeline.config import IngressSettings, SweeperSettings
+from pipeline.config import SweeperSettings
 from pipeline.envelope import Message
 from pipeline.ingress.service import build_ingress
 from pipeline.topics.admin import apply
@@ -26,20 +25,10 @@ async def test_ingress_metrics_show_requests_and_the_sweeper_heartbeat(
 ):
     """After one webhook and the first sweep, /metrics shows both and /readyz follows start/stop."""
     spec = lane_spec(f"obs-ingress-{unique}")
-    topics = tmp_path / "topics"
-    topics.mkdir()
-    (topics / "t.yaml").write_text(
-        yaml.safe_dump({"name": spec.name, "partitions": 2, "lane": spec.lane}), encoding="utf-8"
-    )
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        yaml.safe_dump({"sources": {"plain": {"scheme": "none", "topic": spec.name}}}),
-        encoding="utf-8",
-    )
-    settings = settings_for(topics_dir=topics, transport="redis")
-    ingress = IngressSettings(
-        sources_file=sources,
-        sqlite_path=tmp_path / "ingress.db",
+    settings, ingress = one_lane_ingress(
+        tmp_path,
+        {"name": spec.name, "partitions": 2, "lane": spec.lane},
+        {"plain": {"scheme": "none", "topic": spec.name}},
         sweeper=SweeperSettings(interval_s=3600),
     )
     broker = create_transport(settings)
@@ -76,21 +65,9 @@ async def test_ingress_metrics_show_how_long_a_debounced_turn_has_been_due(
 ):
     """A turn recorded in a debounced lane, with no member running it, is in the ingress's gauge."""
     lane = f"obs_deb_{unique}"
-    topics = tmp_path / "topics"
-    topics.mkdir()
     declared = {"name": lane, "partitions": 1, "debounce": {"key": "c", "quiet_s": 4}}
-    (topics / "t.yaml").write_text(yaml.safe_dump(declared), encoding="utf-8")
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        yaml.safe_dump({"sources": {"plain": {"scheme": "none", "topic": lane}}}),
-        encoding="utf-8",
-    )
-    settings = settings_for(topics_dir=topics, transport="redis")
-    ingress = IngressSettings(
-        sources_file=sources,
-        sqlite_path=tmp_path / "ingress.db",
-        sweeper=SweeperSettings(enabled=False),
-    )
+    sources = {"plain": {"scheme": "none", "topic": lane}}
+    settings, ingress = one_lane_ingress(tmp_path, declared, sources)
     policy = DebouncePolicy(key="c", quiet_s=4, max_batch=1)  # one message: due at once
     client = Redis.from_url(settings.redis.url)
     debouncer = Debouncer(client, settings.redis.key_prefix, lane, policy)
