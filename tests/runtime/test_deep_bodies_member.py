@@ -16,7 +16,7 @@ from pathlib import Path
 from offload.helpers import declared, offload_lane
 from pydantic import BaseModel
 from redis.asyncio import Redis
-from runtime.helpers import lane_spec, ran_until, the_dead_letter
+from runtime.helpers import lane_spec, produce, ran_until, the_dead_letter
 
 from pipeline import headers as h
 from pipeline.envelope import Record
@@ -42,11 +42,8 @@ async def test_a_deep_body_on_a_debounced_lane_is_keyed_by_its_message_key(
     spec = lane_spec(f"deepturn_{unique}", 1, debounce=QUIET, retry={"max_attempts": 2})
     turns: list[list[bytes]] = []
     async with declared(transport, redis, unique, spec):
-        producer = transport.producer()
-        await producer.send_many(
-            spec.name, [Record(DEEP, b"c1"), Record(b'{"conversation_id": "c1"}', b"other")]
-        )
-        await producer.close()
+        records = [Record(DEEP, b"c1"), Record(b'{"conversation_id": "c1"}', b"other")]
+        await produce(transport, spec.name, records)
         app = App([spec])
 
         @app.handler(spec.lane)
@@ -104,11 +101,8 @@ async def test_a_deep_body_on_a_typed_lane_is_dead_lettered_at_once(
     spec = lane_spec(f"deeptyped_{unique}", 1, retry={"tiers": ["200ms"], "max_attempts": 3})
     seen: list[str] = []
     async with declared(transport, redis, unique, spec):
-        producer = transport.producer()
-        await producer.send_many(
-            spec.name, [Record(DEEP, b"k"), Record(b'{"conversation_id": "c2"}', b"k")]
-        )
-        await producer.close()
+        records = [Record(DEEP, b"k"), Record(b'{"conversation_id": "c2"}', b"k")]
+        await produce(transport, spec.name, records)
         app = App([spec])
 
         @app.handler(spec.lane)
