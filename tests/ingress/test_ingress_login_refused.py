@@ -9,16 +9,13 @@ It now stops at start with the service, its address (password hidden) and the se
 from __future__ import annotations
 
 import json
-import select
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from faults.sasl_kafka import WRONG, sasl_client, sasl_kafka
-from ingress.helpers import LISTENING, start_ingress
+from ingress.helpers import PIPELINE, listened_then_stopped
 from ingress.redis_server import password_redis
 from support import BROKER_DOWN, cli_environment
 
@@ -41,26 +38,8 @@ def started(
     env: dict[str, str], cwd: Path, *options: str
 ) -> tuple[bool, subprocess.CompletedProcess[str]]:
     """Start ``pipeline ingress serve OPTIONS``: whether it listened, how it ended (stopped)."""
-    proc = start_ingress(env, *options, cwd=cwd)
-    assert proc.stdout is not None
-    listened = False
-    deadline = time.monotonic() + START_S
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if ready:
-                listened = proc.stdout.readline().startswith(LISTENING)
-                break
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=START_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise AssertionError("the ingress did not end after SIGTERM") from None
-    return listened, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    argv = [str(PIPELINE), "ingress", "serve", *options, "--port", "0"]
+    return listened_then_stopped(argv, env, cwd, START_S)
 
 
 def refused_line(env: dict[str, str], cwd: Path, secret: str, *options: str) -> str:
