@@ -199,3 +199,138 @@ async def test_a_member_of_the_previous_release_beside_this_one_pages_no_one(
         await transport.close()
     assert admin.calls == 0
     assert logged(caplog) == []
+
+
+# Each combination: what this release's members say. The running members start A's first, then
+# B's; "mixed": B's is of the previous release (47c84dd), its looks naming no group.
+# (origin, members, loss) -> (pages at the running members of this release's starts, at their
+# checks, at the starts after: A's then B's first member of this release).
+MATRIX = {
+    # A fresh Redis under groups that consumed is a new Redis: the first member of each says so.
+    ("fresh", "this", "none"): ([True, True], [False, False], [False, False]),
+    ("fresh", "this", "running"): ([True, True], [True, True], [False, False]),
+    ("fresh", "this", "stopped"): ([True, True], None, [True, True]),
+    # B's previous-release member says the new Redis itself (it wrote nothing of B's).
+    ("fresh", "mixed", "none"): ([True], [False], [False, False]),
+    ("fresh", "mixed", "running"): ([True], [True], [False, False]),
+    # A loss while none ran, B's member of the previous release starting after A's: B's is
+    # missed, as 47c84dd misses it (that member finds the marker there, and its look leaves the
+    # marker untracked). Starting first, it says B's loss itself, and A's is missed (as by
+    # 47c84dd: the marker is there). A look of the previous release names no group, so
+    # untracked is all this release can take it for.
+    ("fresh", "mixed", "stopped"): ([True], None, [True, False]),
+    ("fresh", "mixed", "stopped, previous first"): ([True], None, [False, False]),
+    ("previous", "this", "none"): ([False, False], [False, False], [False, False]),
+    ("previous", "this", "running"): ([False, False], [True, True], [False, False]),
+    ("previous", "this", "stopped"): ([False, False], None, [True, True]),
+    ("previous", "mixed", "none"): ([False], [False], [False, False]),
+    ("previous", "mixed", "running"): ([False], [True], [False, False]),
+    ("previous", "mixed", "stopped"): ([False], None, [True, False]),
+    ("previous", "mixed", "stopped, previous first"): ([False], None, [False, False]),
+    ("this", "this", "none"): ([False, False], [False, False], [False, False]),
+    ("this", "this", "running"): ([False, False], [True, True], [False, False]),
+    ("this", "this", "stopped"): ([False, False], None, [True, True]),
+    ("this", "mixed", "none"): ([False], [False], [False, False]),
+    ("this", "mixed", "running"): ([False], [True], [False, False]),
+    ("this", "mixed", "stopped"): ([False], None, [True, False]),
+    ("this", "mixed", "stopped, previous first"): ([False], None, [False, False]),
+}
+
+
+class Mix:
+    """The members of groups A and B on one private Redis, looking as each release looks."""
+
+    def __init__(
+        self, client: Redis, url: str, prefix: str, lanes: dict[str, Lane], admin: CountingAdmin
+    ) -> None:
+        """Members of ``lanes``' groups (A, then B) at marker prefix ``prefix``."""
+        self.client, self.url, self.prefix, self.admin = client, url, prefix, admin
+        (self.group_a, self.lane_a), (self.group_b, self.lane_b) = lanes.items()
+
+    def watch(self, group: str, lane: Lane) -> StateWatch:
+        """A member of this release of ``group``, asking the broker at its start."""
+        return StateWatch(
+            self.client,
+            self.url,
+            self.prefix,
+            group,
+            [lane],
+            admin=self.admin,
+            consumed_timeout_s=60,
+        )
+
+    async def previous(self) -> None:
+        """A look of B's member of the previous release (at its start or its check)."""
+        await previous_release_look(self.client, self.prefix)
+
+    async def origin(self, origin: str) -> None:
+        """The marker before the members start: none, the previous release's, or this one's."""
+        if origin == "previous":
+            await self.previous()
+        elif origin == "this":
+            for group in (self.group_a, self.group_b):
+                await mark_present(self.client, self.url, self.prefix, group)
+
+    async def starts_after(self, loss: str, mixed: bool) -> list[bool]:
+        """Every member stopped, FLUSHALL, then the first member of A and of B start."""
+        await self.client.flushall()
+        if loss == "stopped, previous first":
+            await self.previous()
+        after = [await self.watch(self.group_a, self.lane_a).start()]
+        if loss == "stopped" and mixed:
+            await self.previous()
+        after.append(await self.watch(self.group_b, self.lane_b).start())
+        return after
+
+
+@pytest.mark.parametrize(("origin", "members", "loss"), sorted(MATRIX))
+async def test_every_marker_member_mix_and_loss_pages_as_it_should(
+    settings: Settings,
+    kafka_service: str,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    origin: str,
+    members: str,
+    loss: str,
+) -> None:
+    """{no marker, 47c84dd's, this release's} x {this release only, B of 47c84dd} x loss.
+
+    No false page: a restart without loss and the starts after a loss the running members saw
+    page no one. A loss while none ran is paged for each group whose members are all of this
+    release; one with a member of the previous release is left to it (its start finds the
+    marker missing only if it is the first to start: beyond that, a miss as in 47c84dd).
+    """
+    lanes = await two_consumed_groups(settings, unique)
+    mixed = members == "mixed"
+    transport = create_transport(settings, "kafka")
+    try:
+        admin = CountingAdmin(transport.admin())
+        async with bare_client() as (server, client):
+            mix = Mix(client, server.url, f"t{unique}", lanes, admin)
+            await mix.origin(origin)
+            running = [mix.watch(mix.group_a, mix.lane_a)]
+            if not mixed:
+                running.append(mix.watch(mix.group_b, mix.lane_b))
+            started = []
+            checked = None
+            with caplog.at_level(logging.DEBUG, logger=LOGGER):
+                for each in running:
+                    started.append(await each.start())
+                    if mixed:
+                        await mix.previous()  # B's member's start
+                if loss.startswith("stopped"):
+                    after = await mix.starts_after(loss, mixed)
+                else:  # the running members look, then one more member of each group starts
+                    if loss == "running":
+                        await client.flushall()
+                    checked = [await each.check() for each in running]
+                    if mixed:
+                        await mix.previous()  # B's member's look
+                    after = [await mix.watch(g, lane).start() for g, lane in lanes.items()]
+    finally:
+        await transport.close()
+    expected = MATRIX[origin, members, loss]
+    assert (started, checked, after) == expected
+    assert len([r for r in caplog.records if r.levelno == logging.CRITICAL]) == sum(
+        sum(pages or []) for pages in expected
+    )
