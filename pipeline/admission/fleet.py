@@ -20,7 +20,8 @@ Every ``interval_s`` each member (``pipeline consume`` with ``throttle.dynamic.e
    org's own part (:class:`~pipeline.admission.shares.Share`) beside its limit, so admission
    scales every org by the factor now: one the tick did not reach again is admitted up to its
    share of the fleet as it is, not as it was when its limit was last set (up to
-   ``f_max / f_min``, 8, times that share).
+   ``f_max / f_min``, 8, times that share). The tick also drops a step of the shares left
+   without a limit (:meth:`Throttle.prune_shares`: orgs a member of an earlier release forgot).
 
 So a flooding org earns more only while the fleet has room for it; once the pool is full, its
 share shrinks with everyone's and its floor-protected neighbours keep theirs. Redis unavailable:
@@ -64,7 +65,7 @@ STALE_TICKS = 3
 """A member that has not reported for this many intervals no longer counts in the fleet."""
 ORGS_A_TICK = 10_000
 """Most orgs whose limits one tick sets, and most gone orgs it removes: with 100,000 orgs in the
-window, a quiet tick takes 0.2 to 0.4 s of a 10 s interval and 65 to 70 commands (0.4 MB sent).
+window, a quiet tick takes 0.2 to 0.4 s of a 10 s interval and 66 to 71 commands (0.4 MB sent).
 Every org seen recomputed at every tick, a flood of 100,000 one-message tenants took 6 to 10 s
 a tick, over a thousand calls and 10 to 23 MB sent, 36 times in the window."""
 
@@ -161,6 +162,7 @@ class FleetLimits:
         await self._throttle.set_factor(factor, self._interval_ms * STALE_TICKS)
         cutoff_ms = now_ms - (WINDOW_MIN + 1) * 60_000
         await self._forget_gone(cutoff_ms)
+        await self._throttle.prune_shares()  # of orgs an earlier release's member forgot
         orgs = await self._orgs_to_recompute(cutoff_ms, counted)
         policy = await load_org_overrides(self._client, self._prefix, self._policy)
         self.last = await self._tracker.recompute(

@@ -124,6 +124,10 @@ class ThrottleFunctions(FunctionLibrary):
         count, woken = await self.fcall("thr_set_shares", self.declared, args)
         return Counted(int(count), tuple(woken))
 
+    async def prune_shares(self) -> int:
+        """``thr_prune_shares``: drop a bounded step of shares left without a limit; how many."""
+        return int(await self.fcall("thr_prune_shares", self.declared, []))
+
     async def set_reserve(self, key: str, slots: int | None, min_priority: int) -> Counted:
         """``thr_set_reserve``: keep ``slots`` of ``key`` (None: none) for ``min_priority`` up.
 

@@ -347,6 +347,15 @@ class Throttle:
             k.fleet_factor(self.prefix, self.namespace), factor_text(factor), px=ttl_ms
         )
 
+    async def prune_shares(self) -> int:
+        """Drop the shares of up to some 500 keys left without a limit; returns how many.
+
+        A member of an earlier release that forgets a gone org clears its limit but not its
+        share, which no longer counts then but would stay in Redis; the fleet's tick calls this
+        once, each call going on from where the last stopped.
+        """
+        return await self._call(self._functions.prune_shares())
+
     async def set_reserve(self, key: str, slots: int | None, min_priority: int = 0) -> None:
         """Keep the last ``slots`` of ``key``'s limit for permits of ``min_priority`` or more.
 

@@ -11,7 +11,8 @@
 -- Redis Cluster refuses (TRYAGAIN) a call declaring a key it does not have, before it runs,
 -- instead of stopping it part way at the first key that is missing on that node.
 --
---   T:meta        hash   seq: the last arrival sequence handed out (FIFO order of waiters)
+--   T:meta        hash   seq: the last arrival sequence handed out (FIFO order of waiters);
+--                        shares_at: where thr_prune_shares's HSCAN of T:shares goes on
 --   T:limits      hash   throttle key -> concurrency limit (absent: ARGV default_limit)
 --   T:shares      hash   throttle key -> "CEILING FLOOR DEDICATED": the org's own part of the
 --                        limit the fleet's dynamic limits computed (pipeline/admission/shares.py);
@@ -19,6 +20,7 @@
 --                        min(MAX_LIMIT, max(FLOOR, floor(CEILING * factor)) + DEDICATED), not
 --                        that entry (which holds that limit at the factor of its tick); without
 --                        the entry (cleared by a member of an earlier release) the default
+--                        (an entry left without one is dropped by thr_prune_shares)
 --   T:factor      string the fleet's pressure factor now, set at every tick with a TTL of a few
 --                        ticks: absent (no fleet, or a fleet of an earlier release), T:limits rule
 --   T:leases      zset   holder -> lease expiry (ms); every permit, holding or waiting, is here
@@ -494,6 +496,33 @@ local function set_reserve(keys, args)
   return {count, call.woken}
 end
 
+-- thr_prune_shares: drop the shares of keys without a limit, PRUNED_A_CALL fields of T:shares
+-- a call, going on from where the last call stopped (T:meta shares_at). A member of an earlier
+-- release that forgets a gone org clears its limit and knows no share: a share counts only
+-- beside a limit (limit_of), and this removes the entry left behind, which nothing else would
+-- (the org is gone from the window too). The fleet's tick calls it once.
+-- KEYS[1] T:meta   KEYS[2] T:slot_guard
+-- Returns the number of shares dropped.
+local PRUNED_A_CALL = 500
+local function prune_shares(keys, args)
+  local tag = tag_of(keys[1])
+  local at = redis.call('HGET', keys[1], 'shares_at') or '0'
+  local scan = redis.call('HSCAN', tag .. ':shares', at, 'COUNT', PRUNED_A_CALL)
+  local fields, dropped = scan[2], 0
+  for i = 1, #fields, 2 do
+    if redis.call('HEXISTS', tag .. ':limits', fields[i]) == 0 then
+      redis.call('HDEL', tag .. ':shares', fields[i])
+      dropped = dropped + 1
+    end
+  end
+  if scan[1] == '0' then
+    redis.call('HDEL', keys[1], 'shares_at')
+  else
+    redis.call('HSET', keys[1], 'shares_at', scan[1])
+  end
+  return dropped
+end
+
 redis.register_function('thr_acquire', acquire)
 redis.register_function('thr_release', release)
 redis.register_function('thr_renew', renew)
@@ -501,3 +530,4 @@ redis.register_function('thr_set_limit', set_limit)
 redis.register_function('thr_set_limits', set_limits)
 redis.register_function('thr_set_shares', set_shares)
 redis.register_function('thr_set_reserve', set_reserve)
+redis.register_function('thr_prune_shares', prune_shares)
