@@ -26,7 +26,8 @@ from pipeline.transport.protocol import Transport
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 """A body of 200 kB, well within a message's size, nested past any recursion limit."""
-QUIET = {"key": "conversation_id", "quiet_s": 0.3, "max_wait_s": 5, "max_batch": 50}
+QUIET = {"key": "conversation_id", "quiet_s": 3, "max_wait_s": 20, "max_batch": 50}
+"""Quiet long enough that both messages, read together, are one turn on a loaded host."""
 
 
 class Said(BaseModel):
