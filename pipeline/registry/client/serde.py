@@ -430,14 +430,27 @@ class AvroSerializer:
             validate(record, self._writer, raise_errors=True)
             schemaless_writer(buf, self._writer, record)
         except AvroValidationError as exc:
-            problems = "; ".join(str(e)[:200] for e in exc.errors[:3])
-            reason = f"value does not fit the schema of {self._subject}: {problems}"
+            reason = f"value does not fit the schema of {self._subject}: {_avro_problems(exc)}"
             raise SerdeError(reason) from exc
+        except RecursionError:  # a recursive schema's value nested past the checker
+            reason = f"value does not fit the schema of {self._subject}: nested too deep to check"
+            raise SerdeError(reason) from None
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise SerdeError(f"value does not fit the schema of {self._subject}: {exc}") from exc
         return buf.getvalue()
 
     __call__ = serialize
+
+
+def _avro_problems(exc: AvroValidationError) -> str:
+    """The first three of a validation's problems, each cut to 200 characters.
+
+    A problem's text holds the value that failed, which may nest too deep to print.
+    """
+    try:
+        return "; ".join(str(e)[:200] for e in exc.errors[:3])
+    except RecursionError:
+        return "nested too deep to describe"
 
 
 class AvroDeserializer:
