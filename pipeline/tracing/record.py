@@ -25,7 +25,7 @@ from collections.abc import Callable
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, NamedTuple, Self, TypeGuard
 
-from pipeline.headers import ATTEMPT, TENANT
+from pipeline.headers import ATTEMPT, TENANT, retry_tier
 
 if TYPE_CHECKING:
     from pipeline.envelope import Message
@@ -577,7 +577,7 @@ class Delivery:
                 message.offset,
                 self.lane,
                 self.group,
-                headers.get(ATTEMPT),
+                headers.get(ATTEMPT) if retry_tier(message.topic) else None,  # 1 on a main topic
                 message.delivery_count,
                 headers.get(TENANT),
                 message.key,

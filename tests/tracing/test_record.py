@@ -309,15 +309,29 @@ def test_an_attempt_header_beyond_int64_is_exported_as_the_first_attempt(
     traced: OtlpReceiver, attempt: bytes
 ) -> None:
     """A ``pl-attempt`` no int64 holds neither stops the exporting process nor spoils its batch."""
-    for offset, headers in enumerate(({"pl-attempt": attempt}, {"pl-attempt": b"2"})):
-        message = Message("t", 0, offset, b"k", b"v", {"traceparent": VALID.encode(), **headers})
+    for offset, count in enumerate((attempt, b"2")):
+        headers = {"traceparent": VALID.encode(), "pl-attempt": count}
+        message = Message("t.retry.5s", 0, offset, b"k", b"v", headers)
         delivery = tracing.process(message, "lane")
         assert delivery is not None
         tracing.finish(delivery, "handled")
     tracing.shutdown()
-    processed = [s for s in traced.spans if s.name == "process t"]
+    processed = [s for s in traced.spans if s.name == "process t.retry.5s"]
     attempts = sorted(s.attributes["pipeline.attempt"] for s in processed)
     assert attempts == [1, 2]
+
+
+def test_an_attempt_header_on_a_main_topic_is_exported_as_the_first_attempt(
+    traced: OtlpReceiver,
+) -> None:
+    """Only retry-tier copies carry an attempt: a producer's ``pl-attempt: 99`` on ``t`` is 1."""
+    message = Message("t", 0, 0, b"k", b"v", {"traceparent": VALID.encode(), "pl-attempt": b"99"})
+    delivery = tracing.process(message, "lane")
+    assert delivery is not None
+    tracing.finish(delivery, "handled")
+    tracing.shutdown()
+    (span,) = [s for s in traced.spans if s.name == "process t"]
+    assert span.attributes["pipeline.attempt"] == 1
 
 
 def test_a_handler_error_whose_text_is_not_valid_unicode_is_exported_with_its_batch(
