@@ -604,3 +604,21 @@ async def started_throttle(redis_url: str, **options: Any) -> AsyncIterator[Thro
     finally:
         await throttle.close()
         await client.aclose()
+
+
+def own_throttle(default_limit: int) -> object:
+    """A fixture named ``throttle``, bound to that name at a test module's top level.
+
+    Each test taking ``throttle`` gets a started :class:`Throttle` (:func:`started_throttle`)
+    in a namespace of its own (``UNIQUE``, keys under the prefix ``tUNIQUE``), ``default_limit``
+    slots a key unless the test sets another limit.
+    """
+
+    @pytest.fixture(name="throttle")
+    async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
+        async with started_throttle(
+            redis_service, prefix=f"t{unique}", namespace=unique, default_limit=default_limit
+        ) as limiter:
+            yield limiter
+
+    return throttle

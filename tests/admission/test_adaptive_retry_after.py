@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
 
 import pytest
 from runtime.helpers import FAST, declare, eventually, running, vision_lane
-from support import started_throttle
+from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.adaptive import feedback_for
@@ -24,13 +23,8 @@ pytestmark = pytest.mark.redis
 POLICY = AdaptivePolicy.model_validate({"min": 1, "max": 8, "cooldown": "1h"})
 
 
-@pytest.fixture
-async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
-    """A started throttle in a namespace of its own."""
-    async with started_throttle(
-        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=2
-    ) as limiter:
-        yield limiter
+throttle = own_throttle(default_limit=2)
+"""A started throttle in a namespace of the test's own: two slots per tenant."""
 
 
 @pytest.mark.parametrize("retry_after_s", [math.nan, math.inf, -math.inf, -5.0])

@@ -9,12 +9,10 @@ ended, and the copy then ran its handler holding no slot at all.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 from runtime.guard_parts import Producer
 from runtime.helpers import eventually, lane_spec
-from support import started_throttle
+from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
@@ -30,14 +28,8 @@ from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.stats import Stats
 from pipeline.runtime.work import Work
 
-
-@pytest.fixture
-async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
-    """A started throttle in a namespace of the test's own: one slot per tenant."""
-    async with started_throttle(
-        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=1
-    ) as limiter:
-        yield limiter
+throttle = own_throttle(default_limit=1)
+"""A started throttle in a namespace of the test's own: one slot per tenant."""
 
 
 async def test_a_deferred_copy_keeps_its_mark_when_the_original_ends(

@@ -9,11 +9,10 @@ drops it unrun (its next owner reads it again), and its mark must go with it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
-import pytest
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
-from support import started_throttle
+from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
@@ -27,13 +26,8 @@ MESSAGES = 6
 ONE_WORKER = FAST.model_copy(update={"max_concurrency": 1})
 
 
-@pytest.fixture
-async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
-    """A started throttle in a namespace of the test's own."""
-    async with started_throttle(
-        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=1
-    ) as limiter:
-        yield limiter
+throttle = own_throttle(default_limit=1)
+"""A started throttle in a namespace of the test's own: one slot per tenant."""
 
 
 async def test_a_deferred_message_dropped_by_a_revocation_leaves_no_mark(

@@ -9,13 +9,11 @@ and the run's own permit stayed live, renewed for the process's life, a slot of 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from runtime.guard_parts import Producer
 from runtime.helpers import eventually, lane_spec
-from support import started_throttle
+from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
@@ -31,14 +29,8 @@ from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.stats import Stats
 from pipeline.runtime.work import Work
 
-
-@pytest.fixture
-async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
-    """A started throttle in a namespace of the test's own: two slots per tenant."""
-    async with started_throttle(
-        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=2
-    ) as limiter:
-        yield limiter
+throttle = own_throttle(default_limit=2)
+"""A started throttle in a namespace of the test's own: two slots per tenant."""
 
 
 async def test_a_run_past_its_revocation_releases_its_own_slots(

@@ -10,11 +10,9 @@ beside the partition's next owner, its slots already given back.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
-from support import started_throttle
+from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
@@ -27,13 +25,8 @@ ONE_WORKER = FAST.model_copy(update={"max_concurrency": 1, "shutdown_grace_s": 1
 """One worker, and a revocation that waits at most a second for the runs of its partitions."""
 
 
-@pytest.fixture
-async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
-    """A started throttle in a namespace of the test's own."""
-    async with started_throttle(
-        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=1
-    ) as limiter:
-        yield limiter
+throttle = own_throttle(default_limit=1)
+"""A started throttle in a namespace of the test's own: one slot per tenant."""
 
 
 async def test_a_message_waiting_for_admission_is_not_admitted_during_the_revocation(

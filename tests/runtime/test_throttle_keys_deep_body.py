@@ -9,12 +9,9 @@ after it, for as long as the partition held it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 from runtime.guard_parts import Producer
 from runtime.helpers import eventually, lane_spec
-from support import started_throttle
+from support import own_throttle
 
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message
@@ -34,13 +31,8 @@ _DEEP = b"[" * 100_000 + b"]" * 100_000
 """A body of 200 kB, well within a message's size, nested past any recursion limit."""
 
 
-@pytest.fixture
-async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
-    """A started throttle in a namespace of the test's own."""
-    async with started_throttle(
-        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=1
-    ) as limiter:
-        yield limiter
+throttle = own_throttle(default_limit=1)
+"""A started throttle in a namespace of the test's own: one slot per tenant."""
 
 
 async def test_a_deeply_nested_body_enters_and_runs(throttle: Throttle, unique: str) -> None:

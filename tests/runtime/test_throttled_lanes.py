@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
 
-import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running, vision_lane
-from support import started_throttle
+from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.fleet import FleetLimits
@@ -25,14 +23,8 @@ from pipeline.runtime.throttle_gate import throttle_keys
 from pipeline.topics.spec import ThrottlePolicy
 from pipeline.transport.protocol import Transport
 
-
-@pytest.fixture
-async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
-    """A started throttle in a namespace of its own (default limit 2)."""
-    async with started_throttle(
-        redis_service, prefix=f"t{unique}", namespace=unique, default_limit=2
-    ) as limiter:
-        yield limiter
+throttle = own_throttle(default_limit=2)
+"""A started throttle in a namespace of the test's own: two slots per tenant."""
 
 
 def record(tenant: str, n: int, key: str | None = None) -> Record:
