@@ -11,6 +11,9 @@ its subclass, so that a caller reads the refusal the probe found instead of work
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
@@ -42,6 +45,9 @@ async def reach_broker(settings: Settings) -> None:
     ``diagnose`` asks the broker (up to 3 s), for the caller that wants to know.
     """
     kafka = settings.kafka
+    if settings.transport == "kafka" and await _every_address_refuses(kafka.bootstrap_servers):
+        reason = "connection refused at every bootstrap address"
+        raise BrokerUnavailable(no_answer(settings, "kafka", reason))
     capped = kafka.model_copy(
         update={"request_timeout_ms": min(kafka.request_timeout_ms, PROBE_TIMEOUT_MS)}
     )
@@ -61,6 +67,44 @@ async def reach_broker(settings: Settings) -> None:
         raise unavailable from exc
     finally:
         await transport.close()
+
+
+REFUSAL_WAIT_S = 0.5
+"""How long a bootstrap address may take to accept or refuse a TCP connection in that check."""
+
+
+async def _every_address_refuses(servers: str) -> bool:
+    """Whether every bootstrap server in ``servers`` refused a TCP connection outright.
+
+    librdkafka retries a refused connection until the metadata request's timeout (3 s in the
+    probe) and then says only that it timed out; a port where nothing listens answers at once.
+    Any address that accepts, is slow, or cannot be resolved (DNS may recover) leaves the
+    answer to the metadata request: only a refusal from every address settles it here.
+    """
+    entries = [e.strip() for e in servers.split(",") if e.strip()]
+    if not entries:
+        return False
+    refusals = await asyncio.gather(*(_refuses(entry) for entry in entries))
+    return all(refusals)
+
+
+async def _refuses(entry: str) -> bool:
+    """Whether the bootstrap server ``entry`` (``[proto://]host[:port]``) refused a connection."""
+    address = entry.split("://", 1)[-1]
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():  # no port: librdkafka's default
+        host, port = address, "9092"
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), REFUSAL_WAIT_S)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, TimeoutError, ValueError):
+        return False  # unresolved, unreachable or slow: not a refusal
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
 
 
 async def reach_redis(settings: Settings, client: Redis) -> None:
