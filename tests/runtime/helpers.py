@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,23 @@ from contract.helpers import consume_until as polled_until
 from redis.asyncio import Redis
 from support import IDLE_APP, delete_after_test, delete_group_after
 
+from pipeline.admission.throttle import Throttle
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Record, TopicPartition
 from pipeline.observability.facades import RuntimeMetrics
+from pipeline.retry.policy import default_retryable
+from pipeline.retry.router import RetryRouter
 from pipeline.runtime import App, Context
 from pipeline.runtime.app import Lane
+from pipeline.runtime.chain import Chain
 from pipeline.runtime.guard import RunGuard
+from pipeline.runtime.handling import HandlerStage
+from pipeline.runtime.isolation import Isolation
 from pipeline.runtime.member import Member
+from pipeline.runtime.redirect import Redirector
+from pipeline.runtime.stats import Stats
+from pipeline.runtime.throttle_gate import ThrottleGate
+from pipeline.runtime.work import Work
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
@@ -183,6 +194,55 @@ async def join(guard: RunGuard, lane: Lane, messages: list[Message]) -> None:
     """Partition 0 is assigned to ``guard``'s member (nothing committed) and ``messages`` polled."""
     await guard.assigned([partition_0(lane)], {})
     await guard.extend(messages)
+
+
+@dataclass
+class ThrottledChain:
+    """A started chain admitting through a throttle (:func:`throttled_chain`) and its parts."""
+
+    chain: Chain
+    gate: ThrottleGate[Work]
+    handler: HandlerStage
+    settled: list[tuple[int, str | None]]
+    """Each run's offset and outcome, in the order they settled."""
+
+
+@asynccontextmanager
+async def throttled_chain(
+    app: App, throttle: Throttle, producer: object, max_concurrency: int
+) -> AsyncIterator[ThrottledChain]:
+    """The chain of ``app``'s lanes admitting through ``throttle``, its key lanes started.
+
+    One CPU worker, ``max_concurrency`` runs at once; its router sends through ``producer``
+    (the test's stand-in for the broker), its guard keeps no claims and stops nothing. Its key
+    lanes and gate are closed when the block ends.
+    """
+    lanes = list(app.lanes.values())
+    stats = Stats()
+    routing = Redirector(RetryRouter(producer), stats, default_retryable, lanes)  # type: ignore[arg-type]
+    handler = HandlerStage(app, routing, stats, lanes, cpu_workers=1, throttled=True)
+    settled: list[tuple[int, str | None]] = []
+
+    def settle(work: Work, outcome: str | None, _: float) -> None:
+        settled.append((work.offset, outcome))
+
+    guard = RunGuard({}, routing, stats, Isolation(5.0), handler, lambda *_: None)
+    chain = Chain(
+        app,
+        max_concurrency=max_concurrency,
+        guard=guard,
+        handler=handler,
+        settle=settle,
+        throttle=throttle,
+    )
+    gate = chain.gate
+    assert gate is not None
+    chain.lanes.start()
+    try:
+        yield ThrottledChain(chain, gate, handler, settled)
+    finally:
+        await chain.lanes.close(5)
+        await gate.close()
 
 
 async def consume_process(

@@ -11,22 +11,13 @@ from __future__ import annotations
 import asyncio
 
 from runtime.guard_parts import Producer
-from runtime.helpers import eventually, lane_spec
+from runtime.helpers import eventually, lane_spec, throttled_chain
 from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message, TopicPartition
-from pipeline.retry.policy import default_retryable
-from pipeline.retry.router import RetryRouter
 from pipeline.runtime import App, Context
-from pipeline.runtime.chain import Chain
-from pipeline.runtime.guard import RunGuard
-from pipeline.runtime.handling import HandlerStage
-from pipeline.runtime.isolation import Isolation
-from pipeline.runtime.redirect import Redirector
-from pipeline.runtime.stats import Stats
-from pipeline.runtime.work import Work
 
 throttle = own_throttle(default_limit=1)
 """A started throttle in a namespace of the test's own: one slot per tenant."""
@@ -59,30 +50,15 @@ async def test_a_deferred_copy_keeps_its_mark_when_the_original_ends(
         if ctx.message.offset == 0 and len(ran) == 1:
             await release.wait()
 
-    lane = app.lanes[spec.lane]
-    stats = Stats()
     producer = Producer()
-    routing = Redirector(RetryRouter(producer), stats, default_retryable, [lane])  # type: ignore[arg-type]
-    handler = HandlerStage(app, routing, stats, [lane], cpu_workers=1, throttled=True)
-    settled: list[tuple[int, str | None]] = []
-
-    def settle(work: Work, outcome: str | None, _: float) -> None:
-        settled.append((work.offset, outcome))
-
-    guard = RunGuard({}, routing, stats, Isolation(5.0), handler, lambda *_: None)
-    chain = Chain(
-        app, max_concurrency=1, guard=guard, handler=handler, settle=settle, throttle=throttle
-    )
-    gate = chain.gate
-    assert gate is not None
-    chain.lanes.start()
     tp = TopicPartition(spec.name, 0)
     tenant = {h.TENANT: b"acme"}
 
     def read(offset: int) -> Message:
         return Message(spec.name, 0, offset, b"k%d" % offset, b"{}", dict(tenant))
 
-    try:
+    async with throttled_chain(app, throttle, producer, max_concurrency=1) as parts:
+        chain, gate, handler, settled = parts.chain, parts.gate, parts.handler, parts.settled
         chain.enter(read(0))
         await eventually(lambda: ran == [0], 30)
         assert chain.drop({tp}) == []  # revoked: the original runs on, holding acme's slot
@@ -96,6 +72,3 @@ async def test_a_deferred_copy_keeps_its_mark_when_the_original_ends(
         assert ran == [0, 5]  # the copy did not run its handler
         assert [topic for topic, _ in producer.sent] == [spec.retry_topic_names()[0]]
         assert not handler.deferring
-    finally:
-        await chain.lanes.close(5)
-        await gate.close()

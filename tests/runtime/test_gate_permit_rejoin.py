@@ -12,22 +12,13 @@ import asyncio
 from typing import Any
 
 from runtime.guard_parts import Producer
-from runtime.helpers import eventually, lane_spec
+from runtime.helpers import eventually, lane_spec, throttled_chain
 from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message, TopicPartition
-from pipeline.retry.policy import default_retryable
-from pipeline.retry.router import RetryRouter
 from pipeline.runtime import App, Context
-from pipeline.runtime.chain import Chain
-from pipeline.runtime.guard import RunGuard
-from pipeline.runtime.handling import HandlerStage
-from pipeline.runtime.isolation import Isolation
-from pipeline.runtime.redirect import Redirector
-from pipeline.runtime.stats import Stats
-from pipeline.runtime.work import Work
 
 throttle = own_throttle(default_limit=2)
 """A started throttle in a namespace of the test's own: two slots per tenant."""
@@ -58,22 +49,6 @@ async def test_a_run_past_its_revocation_releases_its_own_slots(
         if len(ran) == 1:
             await release.wait()
 
-    lane = app.lanes[spec.lane]
-    stats = Stats()
-    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
-    handler = HandlerStage(app, routing, stats, [lane], cpu_workers=1, throttled=True)
-    settled: list[tuple[int, str | None]] = []
-
-    def settle(work: Work, outcome: str | None, _: float) -> None:
-        settled.append((work.offset, outcome))
-
-    guard = RunGuard({}, routing, stats, Isolation(5.0), handler, lambda *_: None)
-    chain = Chain(
-        app, max_concurrency=2, guard=guard, handler=handler, settle=settle, throttle=throttle
-    )
-    gate = chain.gate
-    assert gate is not None
-    chain.lanes.start()
     tp = TopicPartition(spec.name, 0)
     live: Any = throttle
 
@@ -83,7 +58,8 @@ async def test_a_run_past_its_revocation_releases_its_own_slots(
     def read(offset: int) -> Message:
         return Message(spec.name, 0, offset, b"a", b"{}", {h.TENANT: b"acme"})
 
-    try:
+    async with throttled_chain(app, throttle, Producer(), max_concurrency=2) as parts:
+        chain, gate, settled = parts.chain, parts.gate, parts.settled
         chain.enter(read(0))
         await eventually(lambda: ran == [0], 30)
         chain.enter(read(1))  # waits in the gate behind its key's running head
@@ -98,6 +74,3 @@ async def test_a_run_past_its_revocation_releases_its_own_slots(
         assert ran == [0, 0]
         await gate.released()
         assert live._live == {}  # every permit released: none renewed for ever
-    finally:
-        await chain.lanes.close(5)
-        await gate.close()

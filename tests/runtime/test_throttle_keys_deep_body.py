@@ -10,22 +10,13 @@ after it, for as long as the partition held it.
 from __future__ import annotations
 
 from runtime.guard_parts import Producer
-from runtime.helpers import eventually, lane_spec
+from runtime.helpers import eventually, lane_spec, throttled_chain
 from support import own_throttle
 
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message
-from pipeline.retry.policy import default_retryable
-from pipeline.retry.router import RetryRouter
 from pipeline.runtime import App, Context
-from pipeline.runtime.chain import Chain
-from pipeline.runtime.guard import RunGuard
-from pipeline.runtime.handling import HandlerStage
-from pipeline.runtime.isolation import Isolation
-from pipeline.runtime.redirect import Redirector
-from pipeline.runtime.stats import Stats
 from pipeline.runtime.throttle_gate import throttle_keys
-from pipeline.runtime.work import Work
 
 _DEEP = b"[" * 100_000 + b"]" * 100_000
 """A body of 200 kB, well within a message's size, nested past any recursion limit."""
@@ -47,31 +38,13 @@ async def test_a_deeply_nested_body_enters_and_runs(throttle: Throttle, unique: 
     async def handle(event: bytes, ctx: Context) -> None:
         ran.append(ctx.message.offset)
 
-    lane = app.lanes[spec.lane]
-    stats = Stats()
-    routing = Redirector(RetryRouter(Producer()), stats, default_retryable, [lane])  # type: ignore[arg-type]
-    handler = HandlerStage(app, routing, stats, [lane], cpu_workers=1, throttled=True)
-    settled: list[tuple[int, str | None]] = []
-
-    def settle(work: Work, outcome: str | None, _: float) -> None:
-        settled.append((work.offset, outcome))
-
-    guard = RunGuard({}, routing, stats, Isolation(5.0), handler, lambda *_: None)
-    chain = Chain(
-        app, max_concurrency=1, guard=guard, handler=handler, settle=settle, throttle=throttle
-    )
-    gate = chain.gate
-    assert gate is not None
     deep = Message(spec.name, 0, 0, b"k", _DEEP, {})
     assert spec.throttle is not None
     assert throttle_keys(spec.throttle, spec.lane, deep) == []
-    chain.lanes.start()
-    try:
+    async with throttled_chain(app, throttle, Producer(), max_concurrency=1) as parts:
+        chain, settled = parts.chain, parts.settled
         chain.enter(deep)
         chain.enter(Message(spec.name, 0, 1, b"k", b'{"customer_id": "c1"}', {}))
         await eventually(lambda: len(settled) == 2, 30)
         assert settled == [(0, "handled"), (1, "handled")]
         assert ran == [0, 1]
-    finally:
-        await chain.lanes.close(5)
-        await gate.close()
