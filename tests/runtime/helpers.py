@@ -91,6 +91,25 @@ def held_app(spec: TopicSpec) -> tuple[App, asyncio.Event, asyncio.Event]:
     return app, started, release
 
 
+def first_run_held(spec: TopicSpec) -> tuple[App, list[int], asyncio.Event]:
+    """An App whose handler of ``spec``'s lane holds its first run: the app, ``ran``, ``release``.
+
+    Each run appends its message's offset to ``ran``; the first then waits until ``release`` is
+    set, the others end at once.
+    """
+    app = App([spec])
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        ran.append(ctx.message.offset)
+        if len(ran) == 1:
+            await release.wait()
+
+    return app, ran, release
+
+
 async def declare(transport: Transport, *specs: TopicSpec) -> None:
     """Create the lanes' topics (main, retry tiers, dead letter); deleted when the test ends."""
     delete_after_test(transport, [name for spec in specs for name in spec.topic_names()])

@@ -8,16 +8,13 @@ ended, and the copy then ran its handler holding no slot at all.
 
 from __future__ import annotations
 
-import asyncio
-
 from runtime.guard_parts import Producer
-from runtime.helpers import eventually, lane_spec, throttled_chain
+from runtime.helpers import eventually, first_run_held, lane_spec, throttled_chain
 from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message, TopicPartition
-from pipeline.runtime import App, Context
 
 throttle = own_throttle(default_limit=1)
 """A started throttle in a namespace of the test's own: one slot per tenant."""
@@ -40,15 +37,7 @@ async def test_a_deferred_copy_keeps_its_mark_when_the_original_ends(
         retry={"tiers": ["100ms"]},
         throttle={"keys": ["org:{tenant}"], "max_waiting": 1},
     )
-    app = App([spec])
-    release = asyncio.Event()
-    ran: list[int] = []
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        ran.append(ctx.message.offset)
-        if ctx.message.offset == 0 and len(ran) == 1:
-            await release.wait()
+    app, ran, release = first_run_held(spec)  # offset 0's first run
 
     producer = Producer()
     tp = TopicPartition(spec.name, 0)

@@ -8,17 +8,15 @@ and the run's own permit stayed live, renewed for the process's life, a slot of 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from runtime.guard_parts import Producer
-from runtime.helpers import eventually, lane_spec, throttled_chain
+from runtime.helpers import eventually, first_run_held, lane_spec, throttled_chain
 from support import own_throttle
 
 from pipeline import headers as h
 from pipeline.admission.throttle import Throttle
 from pipeline.envelope import Message, TopicPartition
-from pipeline.runtime import App, Context
 
 throttle = own_throttle(default_limit=2)
 """A started throttle in a namespace of the test's own: two slots per tenant."""
@@ -39,15 +37,7 @@ async def test_a_run_past_its_revocation_releases_its_own_slots(
         retry={"tiers": ["100ms"]},
         throttle={"keys": ["org:{tenant}"], "max_waiting": 100},
     )
-    app = App([spec])
-    release = asyncio.Event()
-    ran: list[int] = []
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        ran.append(ctx.message.offset)
-        if len(ran) == 1:
-            await release.wait()
+    app, ran, release = first_run_held(spec)
 
     tp = TopicPartition(spec.name, 0)
     live: Any = throttle
