@@ -355,6 +355,42 @@ async def consume_until_logged(tmp_path: Path, lane: str, redis_url: str, marker
     return lines
 
 
+@asynccontextmanager
+async def consuming(
+    cwd: Path, app: str, group: str, env: Mapping[str, str]
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`pipeline consume APP -g GROUP` started in ``cwd`` with ``env``, its log on a pipe.
+
+    Killed (and reaped) when the block ends if it has not ended by then.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "pipeline", "consume", app, "-g", group),
+        cwd=str(cwd),
+        env=dict(env),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def logged_until(proc: asyncio.subprocess.Process, lines: list[str], needle: str) -> str:
+    """Read ``proc``'s log (its stderr) into ``lines`` until a line holds ``needle``: that line.
+
+    A process that ends without that line fails the test, showing what it logged.
+    """
+    assert proc.stderr is not None
+    while True:
+        raw = await asyncio.wait_for(proc.stderr.readline(), 60)
+        assert raw, "".join(lines)  # the member ended without that line
+        lines.append(raw.decode())
+        if needle in lines[-1]:
+            return lines[-1]
+
+
 async def consume_until(
     cwd: Path, app: str, group: str, env: Mapping[str, str], marker: str
 ) -> tuple[list[str], int | None]:
@@ -363,26 +399,12 @@ async def consume_until(
     Returns the lines it logged until it ended, and its exit code. A member that ends without
     that line fails the test.
     """
-    proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "pipeline", "consume", app, "-g", group),
-        cwd=str(cwd),
-        env=dict(env),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
     lines: list[str] = []
-    try:
-        while not any(marker in line for line in lines):
-            line = await asyncio.wait_for(proc.stderr.readline(), 60)
-            assert line, "".join(lines)  # the member ended without the line
-            lines.append(line.decode())
+    async with consuming(cwd, app, group, env) as proc:
+        await logged_until(proc, lines, marker)
         proc.send_signal(signal.SIGTERM)
         _, rest = await asyncio.wait_for(proc.communicate(), 60)
         lines += rest.decode().splitlines(keepends=True)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     return lines, proc.returncode
 
 

@@ -10,14 +10,21 @@ import asyncio
 import logging
 import re
 import signal
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import declare, idle_lane, lane_spec, private_member_env, write_idle_app
+from runtime.helpers import (
+    consuming,
+    declare,
+    idle_lane,
+    lane_spec,
+    logged_until,
+    private_member_env,
+    write_idle_app,
+)
 from runtime.private_redis import bare_client, bare_redis
 from support import delete_group_after
 
@@ -26,16 +33,6 @@ from pipeline.observability.metrics import Metrics
 from pipeline.runtime.state_loss import StateLostCounter, StateWatch, marker_key
 from pipeline.testing.ports import free_port
 from pipeline.transport import create_transport
-
-
-async def next_line(stream: asyncio.StreamReader, lines: list[str], needle: str) -> str:
-    """Read ``stream`` into ``lines`` until a line holds ``needle``; that line."""
-    while True:
-        raw = await asyncio.wait_for(stream.readline(), 60)
-        assert raw, "".join(lines)  # the member ended without that line
-        lines.append(raw.decode())
-        if needle in lines[-1]:
-            return lines[-1]
 
 
 async def lost_count(port: int, group: str, expected: float) -> None:
@@ -75,18 +72,6 @@ def says_what_was_lost(line: str, url: str, lane: str, group: str) -> None:
     assert "appendonly yes and appendfsync everysec" in line
 
 
-async def consume(
-    cwd: Path, app: str, group: str, env: dict[str, str]
-) -> asyncio.subprocess.Process:
-    """``pipeline consume APP -g GROUP`` started in ``cwd`` with ``env``; its log on a pipe."""
-    return await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "pipeline", "consume", app, "-g", group),
-        cwd=str(cwd),
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
 async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
     settings: Settings, kafka_service: str, tmp_path: Path, unique: str
 ) -> None:
@@ -103,32 +88,28 @@ async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
     metrics_port = free_port()
     with bare_redis() as server:
         env = private_member_env(tmp_path, kafka_service, server.url, prefix, metrics_port)
-        proc = await consume(tmp_path, f"{name}:app", group, env)
-        assert proc.stderr is not None
         lines: list[str] = []
         client = Redis.from_url(server.url)
         try:
-            await next_line(proc.stderr, lines, "consuming as group")
-            assert await client.hget(marker_key(prefix), "epoch") is not None
-            await lost_count(metrics_port, group, 0.0)
-            await client.flushall()
-            flushed = await next_line(proc.stderr, lines, "lost its data")
-            await lost_count(metrics_port, group, 1.0)
-            await marked_again(client, marker_key(prefix))
-            await client.aclose()
-            server.stop()
-            server.start()
-            client = Redis.from_url(server.url)
-            restarted = await next_line(proc.stderr, lines, "lost its data")
-            await lost_count(metrics_port, group, 2.0)
-            proc.send_signal(signal.SIGTERM)
-            _, rest = await asyncio.wait_for(proc.communicate(), 60)
-            lines += rest.decode().splitlines(keepends=True)
+            async with consuming(tmp_path, f"{name}:app", group, env) as proc:
+                await logged_until(proc, lines, "consuming as group")
+                assert await client.hget(marker_key(prefix), "epoch") is not None
+                await lost_count(metrics_port, group, 0.0)
+                await client.flushall()
+                flushed = await logged_until(proc, lines, "lost its data")
+                await lost_count(metrics_port, group, 1.0)
+                await marked_again(client, marker_key(prefix))
+                await client.aclose()
+                server.stop()
+                server.start()
+                client = Redis.from_url(server.url)
+                restarted = await logged_until(proc, lines, "lost its data")
+                await lost_count(metrics_port, group, 2.0)
+                proc.send_signal(signal.SIGTERM)
+                _, rest = await asyncio.wait_for(proc.communicate(), 60)
+                lines += rest.decode().splitlines(keepends=True)
         finally:
             await client.aclose()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
     assert proc.returncode == 0, "".join(lines)
     assert len([line for line in lines if "lost its data" in line]) == 2, "".join(lines)
     assert not [line for line in lines if "Task" in line or "Traceback" in line], "".join(lines)

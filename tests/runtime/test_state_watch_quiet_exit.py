@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from pathlib import Path
 
 from redis.asyncio import Redis
 from runtime.consumed_lane import consumed_lane
-from runtime.helpers import lane_spec, private_member_env, write_idle_app
+from runtime.helpers import consuming, lane_spec, private_member_env, write_idle_app
 from runtime.private_redis import bare_redis
 
 from pipeline.config import Settings
@@ -40,17 +39,13 @@ async def test_a_sigterm_exit_makes_no_last_look(
     with bare_redis() as server:
         env = private_member_env(tmp_path, kafka_service, server.url, prefix)
         client = Redis.from_url(server.url)
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "pipeline", "consume", f"{name}:app", "-g", group),
-            cwd=str(tmp_path),
-            env=env,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        assert proc.stderr is not None
         lines: list[str] = []
         after: list[str] = []
         try:
-            async with client.monitor() as monitor:
+            async with (
+                consuming(tmp_path, f"{name}:app", group, env) as proc,
+                client.monitor() as monitor,
+            ):
                 seen = 0
                 while seen < 2:  # the look at start, then a periodic one (5 s later)
                     command = str((await asyncio.wait_for(monitor.next_command(), 60))["command"])
@@ -66,9 +61,6 @@ async def test_a_sigterm_exit_makes_no_last_look(
                     after.append(command)
         finally:
             await client.aclose()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
     log = "\n".join(lines)
     assert proc.returncode == 0, log
     assert _looks(after, key) == 0, after

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import write_idle_app
+from runtime.helpers import consuming, logged_until, write_idle_app
 from runtime.private_redis import bare_client, bare_redis
 from support import run_pipeline
 
@@ -47,29 +46,17 @@ async def test_a_flush_under_a_member_ends_it_with_one_line_naming_the_loss(
         }
         applied = await asyncio.to_thread(run_pipeline, "topics", "apply", env=env, cwd=tmp_path)
         assert applied.returncode == 0, applied.stderr
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "pipeline", "consume", f"{name}:app", "-g", group),
-            cwd=str(tmp_path),
-            env=env,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        assert proc.stderr is not None
         lines: list[str] = []
         client = Redis.from_url(server.url)
         try:
-            while not any("consuming as group" in line for line in lines):
-                raw = await asyncio.wait_for(proc.stderr.readline(), 60)
-                assert raw, "".join(lines)
-                lines.append(raw.decode())
-            assert await client.exists(Keys(prefix).topics) == 1
-            await client.flushall()
-            _, rest = await asyncio.wait_for(proc.communicate(), 60)
-            lines += rest.decode().splitlines(keepends=True)
+            async with consuming(tmp_path, f"{name}:app", group, env) as proc:
+                await logged_until(proc, lines, "consuming as group")
+                assert await client.exists(Keys(prefix).topics) == 1
+                await client.flushall()
+                _, rest = await asyncio.wait_for(proc.communicate(), 60)
+                lines += rest.decode().splitlines(keepends=True)
         finally:
             await client.aclose()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
     log = "".join(lines)
     assert proc.returncode == 1, log
     assert "poll failed" not in log, log
