@@ -36,7 +36,7 @@ from pipeline.runtime.throttle_gate import ThrottleGate
 from pipeline.runtime.work import Work
 from pipeline.topics.admin import apply
 from pipeline.topics.spec import TopicSpec
-from pipeline.transport.protocol import Transport
+from pipeline.transport.protocol import Admin, PartitionLag, Transport
 
 FAST = RuntimeSettings(commit_interval_ms=100, shutdown_grace_s=5.0)
 
@@ -213,6 +213,20 @@ async def join(guard: RunGuard, lane: Lane, messages: list[Message]) -> None:
     """Partition 0 is assigned to ``guard``'s member (nothing committed) and ``messages`` polled."""
     await guard.assigned([partition_0(lane)], {})
     await guard.extend(messages)
+
+
+class CountingAdmin:
+    """The real admin client, its lag reads counted (the broker is asked only when needed)."""
+
+    def __init__(self, admin: Admin) -> None:
+        """Count the calls made through ``admin``."""
+        self._admin = admin
+        self.calls = 0
+
+    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
+        """The real reading, counted."""
+        self.calls += 1
+        return await self._admin.group_lag(group, topic)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from lane_support import partly_consumed
 from redis.asyncio import Redis
-from runtime.helpers import declare, idle_lane, produce
+from runtime.helpers import CountingAdmin, declare, idle_lane, produce
 from runtime.private_redis import bare_client
 from support import delete_group_after
 
@@ -32,7 +32,7 @@ from pipeline.runtime.app import Lane
 from pipeline.runtime.state_loss import GroupPositions, StateLostCounter, StateWatch, marker_key
 from pipeline.testing.ports import free_port
 from pipeline.transport import create_transport
-from pipeline.transport.protocol import Admin, PartitionLag
+from pipeline.transport.protocol import PartitionLag
 
 LOGGER = "pipeline.runtime.state_loss"
 GENEROUS_S = 60.0
@@ -50,20 +50,6 @@ async def handle(event: bytes, ctx: Context) -> None:
     if event == b"head":
         raise RuntimeError("the head fails")
 '''
-
-
-class CountingAdmin:
-    """The real admin client, its lag reads counted (the broker is asked only when needed)."""
-
-    def __init__(self, admin: Admin) -> None:
-        """Count the calls made through ``admin``."""
-        self._admin = admin
-        self.calls = 0
-
-    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
-        """The real reading, counted."""
-        self.calls += 1
-        return await self._admin.group_lag(group, topic)
 
 
 def watching(

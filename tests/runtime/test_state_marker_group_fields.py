@@ -15,30 +15,15 @@ from collections.abc import Sequence
 import pytest
 from redis.asyncio import Redis
 from runtime.consumed_lane import consumed_lane
-from runtime.helpers import idle_lane
+from runtime.helpers import CountingAdmin, idle_lane
 from runtime.private_redis import bare_client
 
 from pipeline.config import Settings
 from pipeline.runtime.app import Lane
 from pipeline.runtime.state_loss import StateWatch, group_field, mark_present, marker_key
 from pipeline.transport import create_transport
-from pipeline.transport.protocol import Admin, PartitionLag
 
 LOGGER = "pipeline.runtime.state_loss"
-
-
-class CountingAdmin:
-    """The real admin client, its lag reads counted (the broker is asked only when needed)."""
-
-    def __init__(self, admin: Admin) -> None:
-        """Count the calls made through ``admin``."""
-        self._admin = admin
-        self.calls = 0
-
-    async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
-        """The real reading, counted."""
-        self.calls += 1
-        return await self._admin.group_lag(group, topic)
 
 
 async def previous_release_look(client: Redis, prefix: str) -> None:
