@@ -10,7 +10,8 @@ reported once, at its first start.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
 from redis.asyncio import Redis
@@ -46,6 +47,26 @@ async def two_consumed_groups(settings: Settings, unique: str) -> dict[str, Lane
     return out
 
 
+@asynccontextmanager
+async def two_groups_on_a_private_redis(
+    settings: Settings, unique: str
+) -> AsyncIterator[tuple[dict[str, Lane], CountingAdmin, str, Redis]]:
+    """Groups A and B (:func:`two_consumed_groups`) and a private Redis of their members.
+
+    Yields their lanes by group, the broker's admin client counting its lag reads, the
+    Redis's URL and a client of it; the Redis is stopped and the broker's client closed at the
+    end.
+    """
+    lanes = await two_consumed_groups(settings, unique)
+    transport = create_transport(settings, "kafka")
+    try:
+        admin = CountingAdmin(transport.admin())
+        async with bare_client() as (server, client):
+            yield lanes, admin, server.url, client
+    finally:
+        await transport.close()
+
+
 async def starts(
     client: Redis, url: str, prefix: str, lanes: dict[str, Lane], admin: CountingAdmin
 ) -> list[bool]:
@@ -68,26 +89,20 @@ async def test_an_upgraded_marker_pages_no_one_and_a_later_loss_every_group(
 ) -> None:
     """Previous release's marker: silent, broker not asked; FLUSHALL after: A and B each once."""
     prefix = f"t{unique}"
-    lanes = await two_consumed_groups(settings, unique)
-    transport = create_transport(settings, "kafka")
-    try:
-        admin = CountingAdmin(transport.admin())
-        async with bare_client() as (server, client):
-            await previous_release_look(client, prefix)
-            with caplog.at_level(logging.DEBUG, logger=LOGGER):
-                assert await starts(client, server.url, prefix, lanes, admin) == [False, False]
-                assert admin.calls == 0  # the group's field missing there tells nothing
-                assert logged(caplog) == []
-                await client.flushall()  # no member runs
-                assert await starts(client, server.url, prefix, lanes, admin) == [True, True]
-                assert admin.calls == 2
-                # Restarted: each group's field is there now.
-                assert await starts(client, server.url, prefix, lanes, admin) == [False, False]
+    async with two_groups_on_a_private_redis(settings, unique) as (lanes, admin, url, client):
+        await previous_release_look(client, prefix)
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
+            assert await starts(client, url, prefix, lanes, admin) == [False, False]
+            assert admin.calls == 0  # the group's field missing there tells nothing
+            assert logged(caplog) == []
+            await client.flushall()  # no member runs
+            assert await starts(client, url, prefix, lanes, admin) == [True, True]
             assert admin.calls == 2
-            for group in lanes:
-                assert await client.hexists(marker_key(prefix), group_field(group))
-    finally:
-        await transport.close()
+            # Restarted: each group's field is there now.
+            assert await starts(client, url, prefix, lanes, admin) == [False, False]
+        assert admin.calls == 2
+        for group in lanes:
+            assert await client.hexists(marker_key(prefix), group_field(group))
     first, second = logged(caplog)
     group_a, group_b = lanes
     assert f"holds no state-loss marker {marker_key(prefix)} although group {group_a}" in first
@@ -103,24 +118,18 @@ async def test_a_loss_seen_while_running_is_not_reported_again_at_the_next_start
 ) -> None:
     """A and B run through a FLUSHALL (each reports it), then restart: nothing more."""
     prefix = f"t{unique}"
-    lanes = await two_consumed_groups(settings, unique)
-    transport = create_transport(settings, "kafka")
-    try:
-        admin = CountingAdmin(transport.admin())
-        async with bare_client() as (server, client):
-            await starts(client, server.url, prefix, lanes, admin)  # a new Redis: reported
-            caplog.clear()
-            running = [StateWatch(client, server.url, prefix, g, [x]) for g, x in lanes.items()]
-            for watch in running:
-                await watch.start()
-            await client.flushall()
-            with caplog.at_level(logging.DEBUG, logger=LOGGER):
-                assert [await watch.check() for watch in running] == [True, True]
-                calls = admin.calls
-                assert await starts(client, server.url, prefix, lanes, admin) == [False, False]
-            assert admin.calls == calls
-    finally:
-        await transport.close()
+    async with two_groups_on_a_private_redis(settings, unique) as (lanes, admin, url, client):
+        await starts(client, url, prefix, lanes, admin)  # a new Redis: reported
+        caplog.clear()
+        running = [StateWatch(client, url, prefix, g, [x]) for g, x in lanes.items()]
+        for watch in running:
+            await watch.start()
+        await client.flushall()
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
+            assert [await watch.check() for watch in running] == [True, True]
+            calls = admin.calls
+            assert await starts(client, url, prefix, lanes, admin) == [False, False]
+        assert admin.calls == calls
     assert len(logged(caplog)) == 2  # the two running members' lines only
 
 
@@ -129,22 +138,16 @@ async def test_members_naming_or_not_their_group_page_no_one(
 ) -> None:
     """B's member kept no watch: with its group named, its field is there; without, untracked."""
     prefix = f"t{unique}"
-    lanes = await two_consumed_groups(settings, unique)
-    (group_a, lane_a), (group_b, lane_b) = lanes.items()
-    transport = create_transport(settings, "kafka")
-    try:
-        admin = CountingAdmin(transport.admin())
-        async with bare_client() as (server, client):
-            for named in (True, False):
-                await client.flushall()
-                first = StateWatch(client, server.url, prefix, group_a, [lane_a])
-                await first.start()  # a member of A wrote the marker anew
-                await mark_present(client, server.url, prefix, group_b if named else None)
-                watch = StateWatch(client, server.url, prefix, group_b, [lane_b], admin=admin)
-                with caplog.at_level(logging.DEBUG, logger=LOGGER):
-                    assert await watch.start() is False
-    finally:
-        await transport.close()
+    async with two_groups_on_a_private_redis(settings, unique) as (lanes, admin, url, client):
+        (group_a, lane_a), (group_b, lane_b) = lanes.items()
+        for named in (True, False):
+            await client.flushall()
+            first = StateWatch(client, url, prefix, group_a, [lane_a])
+            await first.start()  # a member of A wrote the marker anew
+            await mark_present(client, url, prefix, group_b if named else None)
+            watch = StateWatch(client, url, prefix, group_b, [lane_b], admin=admin)
+            with caplog.at_level(logging.DEBUG, logger=LOGGER):
+                assert await watch.start() is False
     assert admin.calls == 0
     assert logged(caplog) == []
 
@@ -164,24 +167,18 @@ async def test_a_member_of_the_previous_release_beside_this_one_pages_no_one(
     (B's members ran all along).
     """
     prefix = f"t{unique}"
-    lanes = await two_consumed_groups(settings, unique)
-    (group_a, lane_a), (group_b, lane_b) = lanes.items()
-    transport = create_transport(settings, "kafka")
-    try:
-        admin = CountingAdmin(transport.admin())
-        async with bare_client() as (server, client):
-            await client.flushall()  # a loss while they ran: written anew by one of them
-            if previous_first:
-                await previous_release_look(client, prefix)
-            await StateWatch(client, server.url, prefix, group_a, [lane_a]).start()
-            await previous_release_look(client, prefix)  # B's member of the previous release
-            watch = StateWatch(
-                client, server.url, prefix, group_b, [lane_b], admin=admin, consumed_timeout_s=60
-            )
-            with caplog.at_level(logging.DEBUG, logger=LOGGER):
-                assert await watch.start() is False
-    finally:
-        await transport.close()
+    async with two_groups_on_a_private_redis(settings, unique) as (lanes, admin, url, client):
+        (group_a, lane_a), (group_b, lane_b) = lanes.items()
+        await client.flushall()  # a loss while they ran: written anew by one of them
+        if previous_first:
+            await previous_release_look(client, prefix)
+        await StateWatch(client, url, prefix, group_a, [lane_a]).start()
+        await previous_release_look(client, prefix)  # B's member of the previous release
+        watch = StateWatch(
+            client, url, prefix, group_b, [lane_b], admin=admin, consumed_timeout_s=60
+        )
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
+            assert await watch.start() is False
     assert admin.calls == 0
     assert logged(caplog) == []
 
@@ -285,35 +282,29 @@ async def test_every_marker_member_mix_and_loss_pages_as_it_should(
     release; one with a member of the previous release is left to it (its start finds the
     marker missing only if it is the first to start: beyond that, a miss as in 47c84dd).
     """
-    lanes = await two_consumed_groups(settings, unique)
     mixed = members == "mixed"
-    transport = create_transport(settings, "kafka")
-    try:
-        admin = CountingAdmin(transport.admin())
-        async with bare_client() as (server, client):
-            mix = Mix(client, server.url, f"t{unique}", lanes, admin)
-            await mix.origin(origin)
-            running = [mix.watch(mix.group_a, mix.lane_a)]
-            if not mixed:
-                running.append(mix.watch(mix.group_b, mix.lane_b))
-            started = []
-            checked = None
-            with caplog.at_level(logging.DEBUG, logger=LOGGER):
-                for each in running:
-                    started.append(await each.start())
-                    if mixed:
-                        await mix.previous()  # B's member's start
-                if loss.startswith("stopped"):
-                    after = await mix.starts_after(loss, mixed)
-                else:  # the running members look, then one more member of each group starts
-                    if loss == "running":
-                        await client.flushall()
-                    checked = [await each.check() for each in running]
-                    if mixed:
-                        await mix.previous()  # B's member's look
-                    after = [await mix.watch(g, lane).start() for g, lane in lanes.items()]
-    finally:
-        await transport.close()
+    async with two_groups_on_a_private_redis(settings, unique) as (lanes, admin, url, client):
+        mix = Mix(client, url, f"t{unique}", lanes, admin)
+        await mix.origin(origin)
+        running = [mix.watch(mix.group_a, mix.lane_a)]
+        if not mixed:
+            running.append(mix.watch(mix.group_b, mix.lane_b))
+        started = []
+        checked = None
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
+            for each in running:
+                started.append(await each.start())
+                if mixed:
+                    await mix.previous()  # B's member's start
+            if loss.startswith("stopped"):
+                after = await mix.starts_after(loss, mixed)
+            else:  # the running members look, then one more member of each group starts
+                if loss == "running":
+                    await client.flushall()
+                checked = [await each.check() for each in running]
+                if mixed:
+                    await mix.previous()  # B's member's look
+                after = [await mix.watch(g, lane).start() for g, lane in lanes.items()]
     expected = MATRIX[origin, members, loss]
     assert (started, checked, after) == expected
     assert len([r for r in caplog.records if r.levelno == logging.CRITICAL]) == sum(
