@@ -6,12 +6,11 @@ import asyncio
 import os
 import signal
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 from contract.helpers import consume_until
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, flaky_head, lane_spec, running
 from support import delete_group_after
 
 from pipeline import headers as h
@@ -29,14 +28,7 @@ async def test_a_failed_message_holds_back_the_rest_of_its_key(
     """Later messages of a key wait behind its retrying head; other keys are not held back."""
     spec = lane_spec(f"park_{unique}", 2, retry={"tiers": ["200ms", "300ms"]})
     await declare(transport, spec)
-    app = App([spec])
-    completed: dict[bytes, list[bytes]] = defaultdict(list)
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        if event == b"a1" and ctx.attempt < 3:
-            raise RuntimeError("flaky dependency")
-        completed[ctx.message.key or b""].append(event)
+    app, completed, _ = flaky_head(spec, failures=2)
 
     records = [
         Record(b"a1", b"a"),

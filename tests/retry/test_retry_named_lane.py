@@ -8,14 +8,11 @@ its own parked head, which never comes, with every later message of its key.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, running
+from runtime.helpers import FAST, declare, eventually, flaky_head, lane_spec, running
 
 from pipeline import headers as h
 from pipeline.envelope import Record
-from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
@@ -54,17 +51,7 @@ async def test_an_ordered_lane_named_dot_retry_retries_in_order(
         retry={"tiers": ["200ms"], "max_attempts": 3},
     )
     await declare(transport, spec)
-    app = App([spec])
-    completed: dict[bytes, list[bytes]] = defaultdict(list)
-    attempts: list[int] = []
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        if event == b"a1":
-            attempts.append(ctx.attempt)
-            if ctx.attempt < 2:
-                raise RuntimeError("flaky dependency")
-        completed[ctx.message.key or b""].append(event)
+    app, completed, attempts = flaky_head(spec, failures=1)
 
     producer = transport.producer()
     await producer.send_many(spec.name, [Record(b"a1", b"a"), Record(b"a2", b"a")])

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -108,6 +109,27 @@ def first_run_held(spec: TopicSpec) -> tuple[App, list[int], asyncio.Event]:
             await release.wait()
 
     return app, ran, release
+
+
+def flaky_head(spec: TopicSpec, failures: int) -> tuple[App, dict[bytes, list[bytes]], list[int]]:
+    """An App whose handler of ``spec``'s lane fails the first ``failures`` attempts of ``a1``.
+
+    Returns the app, the events each key completed (in the order they did) and the attempts
+    ``a1`` ran; each failing one raises ``RuntimeError("flaky dependency")``.
+    """
+    app = App([spec])
+    completed: dict[bytes, list[bytes]] = defaultdict(list)
+    attempts: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"a1":
+            attempts.append(ctx.attempt)
+            if ctx.attempt <= failures:
+                raise RuntimeError("flaky dependency")
+        completed[ctx.message.key or b""].append(event)
+
+    return app, completed, attempts
 
 
 async def declare(transport: Transport, *specs: TopicSpec) -> None:

@@ -9,14 +9,12 @@ overtake it.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.helpers import FAST, declare, eventually, flaky_head, lane_spec, produce, running
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Record
-from pipeline.runtime import App, Context
 from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.member import Member
 from pipeline.runtime.sojourn import deadline_ms, due_since_ms
@@ -37,14 +35,7 @@ async def test_a_main_topic_message_with_a_due_time_keeps_its_keys_order(
     """
     spec = lane_spec(f"duemain_{unique}", 1, retry={"tiers": ["300ms"]})
     await declare(transport, spec)
-    app = App([spec])
-    completed: dict[bytes, list[bytes]] = defaultdict(list)
-
-    @app.handler(spec.lane)
-    async def handle(event: bytes, ctx: Context) -> None:
-        if event == b"a1" and ctx.attempt < 2:
-            raise RuntimeError("flaky dependency")
-        completed[ctx.message.key or b""].append(event)
+    app, completed, _ = flaky_head(spec, failures=1)
 
     await produce(
         transport,
