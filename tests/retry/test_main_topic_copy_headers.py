@@ -12,9 +12,17 @@ copy, which a batch lane then promotes at once).
 
 from __future__ import annotations
 
-from contract.helpers import consume_until
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, flaky_head, lane_spec, produce, running
+from runtime.helpers import (
+    FAST,
+    declare,
+    eventually,
+    flaky_head,
+    lane_spec,
+    produce,
+    running,
+    the_dead_letter,
+)
 
 from pipeline import headers as h
 from pipeline.envelope import Message, Record
@@ -195,10 +203,6 @@ async def test_a_forged_attempt_on_the_main_topic_is_not_its_dead_letters(
     member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
     async with running(member):
         await eventually(lambda: member.stats.dead_lettered >= 1, 30)
-    dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
-    try:
-        (dead,) = await consume_until(dlq, lambda got: len(got) >= 1)
-    finally:
-        await dlq.close()
+    dead = await the_dead_letter(transport, spec, unique)
     assert attempts == [1]
     assert dead.headers[h.ATTEMPT] == b"1"
