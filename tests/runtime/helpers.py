@@ -391,20 +391,27 @@ async def consume_until_logged(tmp_path: Path, lane: str, redis_url: str, marker
     return lines
 
 
-@asynccontextmanager
-async def consuming(
+async def consume(
     cwd: Path, app: str, group: str, env: Mapping[str, str]
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`pipeline consume APP -g GROUP` started in ``cwd`` with ``env``, its log on a pipe.
+) -> asyncio.subprocess.Process:
+    """`pipeline consume APP -g GROUP` started in ``cwd`` with ``env``; its log on a pipe.
 
-    Killed (and reaped) when the block ends if it has not ended by then.
+    The caller kills it if it is still running at the end (:func:`consuming` does).
     """
-    proc = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "pipeline", "consume", app, "-g", group),
         cwd=str(cwd),
         env=dict(env),
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+@asynccontextmanager
+async def consuming(
+    cwd: Path, app: str, group: str, env: Mapping[str, str]
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """:func:`consume` for a block: killed (and reaped) at its end if still running then."""
+    proc = await consume(cwd, app, group, env)
     try:
         yield proc
     finally:
@@ -413,18 +420,23 @@ async def consuming(
             await proc.wait()
 
 
-async def logged_until(proc: asyncio.subprocess.Process, lines: list[str], needle: str) -> str:
-    """Read ``proc``'s log (its stderr) into ``lines`` until a line holds ``needle``: that line.
+async def next_line(stream: asyncio.StreamReader, lines: list[str], needle: str) -> str:
+    """Read ``stream`` into ``lines`` until a line holds ``needle``; that line.
 
-    A process that ends without that line fails the test, showing what it logged.
+    A stream that ends without that line fails the test, showing what it held.
     """
-    assert proc.stderr is not None
     while True:
-        raw = await asyncio.wait_for(proc.stderr.readline(), 60)
+        raw = await asyncio.wait_for(stream.readline(), 60)
         assert raw, "".join(lines)  # the member ended without that line
         lines.append(raw.decode())
         if needle in lines[-1]:
             return lines[-1]
+
+
+async def logged_until(proc: asyncio.subprocess.Process, lines: list[str], needle: str) -> str:
+    """:func:`next_line` of ``proc``'s log (its stderr, on a pipe)."""
+    assert proc.stderr is not None
+    return await next_line(proc.stderr, lines, needle)
 
 
 async def consume_until(
