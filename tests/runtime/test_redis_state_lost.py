@@ -16,10 +16,6 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-
-# consume and next_line are re-exported (``as`` themselves): test_state_lost_before_start_consume
-# imports them from this module.
-from runtime.helpers import consume as consume  # noqa: PLC0414
 from runtime.helpers import (
     consuming,
     declare,
@@ -29,7 +25,6 @@ from runtime.helpers import (
     private_member_env,
     write_idle_app,
 )
-from runtime.helpers import next_line as next_line  # noqa: PLC0414
 from runtime.private_redis import bare_client, bare_redis
 from support import delete_group_after
 

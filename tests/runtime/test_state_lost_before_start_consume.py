@@ -12,9 +12,9 @@ import signal
 from pathlib import Path
 
 from runtime.consumed_lane import consumed_lane
-from runtime.helpers import lane_spec, private_member_env, write_idle_app
+from runtime.helpers import consume, lane_spec, next_line, private_member_env, write_idle_app
 from runtime.private_redis import bare_redis
-from test_redis_state_lost import consume, lost_count, next_line
+from test_redis_state_lost import lost_count
 
 from pipeline.config import Settings
 from pipeline.testing.ports import free_port
