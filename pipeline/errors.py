@@ -27,6 +27,7 @@ callers never need to import a client library to handle a failure::
     │   ├── SubjectModeNotFound
     │   ├── IncompatibleSchema
     │   ├── InvalidSchema
+    │   │   └── DefaultsTooCostly   its field defaults take too many steps to check (canonical.py)
     │   ├── InvalidVersion
     │   ├── InvalidSubject
     │   ├── InvalidCompatibility
