@@ -13,8 +13,8 @@ Beside the flow: ``config`` (the settings), ``errors`` (the exception tree), ``e
 for users' tests), ``cli`` with ``cli_support`` and ``cli_progress``, ``redis_functions`` with
 ``redis_channel``, ``redis_keys`` (key-name parts from messages, bounded), ``heap`` (a serving
 process's heap: start-up objects kept out of full collections, freed memory handed back when
-quiet), ``times`` (how an instant is written), ``descriptors`` (the open-file limit raised at start),
-``startup`` (what every command does first: logging from the environment, then the open-file
+quiet), ``times`` (how an instant is written), ``descriptors`` (the open-file limit raised at
+start), ``startup`` (what every command does first: logging from the environment, then the open-file
 limit), ``log_repeats``, ``reachability`` (the line for a service that is down), ``cancel_tasks``
 (stopping tasks though a cancellation is lost below them) and ``validation``.
 Import what you use from its module (``from pipeline.runtime import App``); ``__all__`` names
