@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from admission.capped_fleet import capped_fleet
 from redis.asyncio.connection import AbstractConnection
 from support import started_throttle
 
@@ -53,17 +54,7 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _fleet(throttle: Throttle, load: list[tuple[int, int]]) -> FleetLimits:
-    fleet = FleetLimits(
-        throttle.client,
-        throttle.prefix,
-        throttle,
-        POLICY,
-        member="a",
-        interval_s=INTERVAL_S,
-        orgs_a_tick=CAP,
-    )
-    fleet.bind(lambda: load[0])
-    return fleet
+    return capped_fleet(throttle, POLICY, load, cap=CAP, interval_s=INTERVAL_S)
 
 
 async def _flooded(throttle: Throttle, fleet: FleetLimits) -> None:

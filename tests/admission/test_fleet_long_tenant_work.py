@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from admission.capped_fleet import capped_fleet
 from support import started_throttle
 
 from pipeline.admission import keys as k
@@ -44,17 +45,7 @@ async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
 
 
 def _fleet(throttle: Throttle, load: list[tuple[int, int]]) -> FleetLimits:
-    fleet = FleetLimits(
-        throttle.client,
-        throttle.prefix,
-        throttle,
-        POLICY,
-        member="a",
-        interval_s=INTERVAL_S,
-        orgs_a_tick=CAP,
-    )
-    fleet.bind(lambda: load[0])
-    return fleet
+    return capped_fleet(throttle, POLICY, load, cap=CAP, interval_s=INTERVAL_S)
 
 
 def _flooded(fleet: FleetLimits) -> None:
