@@ -183,7 +183,7 @@ class RetryRouter:
         spent).
         """
         if attempt >= routes.max_attempts or not routes.retry_topics:
-            return await self.dead_letter(routes, message, "exhausted", error)
+            return await self.dead_letter(routes, message, "exhausted", error, attempt=attempt)
         last = len(routes.retry_topics)
         tier = (last if longest else min(attempt, last)) - 1
         now_ms = self._clock_ms()

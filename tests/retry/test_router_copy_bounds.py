@@ -148,3 +148,19 @@ async def test_a_retry_copy_its_tier_refuses_says_which_limit_to_raise() -> None
     router = RetryRouter(CheckingProducer({"m.retry.1s": 10_000}), lambda: 1_700_000_000_000)
     with pytest.raises(MessageTooLarge, match=r"m\.retry\.1s's max\.message\.bytes to PIPELINE_"):
         await router.retry(ROUTES, near_limit(), 1, RuntimeError("503"))
+
+
+async def test_a_message_out_of_attempts_is_dead_lettered_with_the_attempt_given() -> None:
+    """``retry`` out of attempts dead-letters with its ``attempt``, not the message's header.
+
+    On a main topic a producer's ``pl-attempt`` is no count (:func:`~pipeline.headers.attempt`);
+    before, the dead letter of a message retried at its last attempt kept the producer's 99.
+    """
+    producer = CheckingProducer()
+    router = RetryRouter(producer, lambda: 1_700_000_000_000)
+    await router.retry(ROUTES, near_limit({h.ATTEMPT: b"99"}), ROUTES.max_attempts, DeadLetter("x"))
+    [(topic, dead, _)] = producer.sent
+    assert topic == ROUTES.dead_letter_topic
+    assert dead.headers is not None
+    assert dead.headers[h.DEAD_REASON] == b"exhausted"
+    assert dead.headers[h.ATTEMPT] == str(ROUTES.max_attempts).encode()
