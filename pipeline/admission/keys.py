@@ -151,12 +151,12 @@ def fleet_load(prefix: str) -> str:
 def org_name(tenant: str) -> str:
     """The name the dynamic limits know ``tenant`` by: what follows ``org:`` in its throttle key.
 
-    ``tenant`` itself up to :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes (without a
-    lone surrogate); a longer one is named as :func:`key_text` names its key ``org:TENANT`` (its
-    head and the digest of that key), so a 256 KiB ``pl-tenant`` is no 256 KiB member of
-    :func:`orgs_seen`, and ``org:`` and the name are the very key its jobs are admitted under:
-    the tick finds an org with work among the active keys by it. Its stats
-    (:func:`limit_stats`) go by this name too.
+    ``tenant`` itself while its key ``org:TENANT`` is at most
+    :data:`~pipeline.redis_keys.NAME_PART_MAX_BYTES` bytes (and has no lone surrogate); a longer
+    one is named as :func:`key_text` names that key (its head and the digest of the key), so a
+    256 KiB ``pl-tenant`` is no 256 KiB member of :func:`orgs_seen`, and ``org:`` and the name
+    are the very key its jobs are admitted under: the tick finds an org with work among the
+    active keys by it. Its stats (:func:`limit_stats`) go by this name too.
     """
     return key_text(f"org:{tenant}")[4:]
 
