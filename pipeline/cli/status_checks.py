@@ -40,9 +40,11 @@ async def reach_broker(settings: Settings) -> None:
     """Raise :class:`BrokerUnavailable` unless the transport's broker answers within the probe.
 
     Reads only the cluster metadata (Kafka) or the topic registry (Redis); creates nothing.
-    A Redis that refused the URL's credentials or its TLS handshake raises
-    :class:`BrokerRefused`. A Kafka broker's refused login is not in its error: the error's
-    ``diagnose`` asks the broker (up to 3 s), for the caller that wants to know.
+    A Kafka whose every bootstrap address refuses a TCP connection is reported at once, without
+    the metadata request (librdkafka would retry it for the whole probe). A Redis that refused
+    the URL's credentials or its TLS handshake raises :class:`BrokerRefused`. A Kafka broker's
+    refused login is not in its error: the error's ``diagnose`` asks the broker (up to 3 s), for
+    the caller that wants to know.
     """
     kafka = settings.kafka
     if settings.transport == "kafka" and await _every_address_refuses(kafka.bootstrap_servers):
