@@ -99,7 +99,7 @@ class HandlerStage:
 
     @property
     def deferring(self) -> set[tuple[TopicPartition, int]]:
-        """Where the deferred messages were read (partition, offset), for status and tests."""
+        """Where the deferred messages were read (partition, offset), for tests."""
         return {(message.tp, message.offset) for message in self.deferred.values()}
 
     async def __call__(self, lane: Lane, message: Message) -> str | None:
