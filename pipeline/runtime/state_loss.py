@@ -321,9 +321,10 @@ class StateWatch:
     async def start(self) -> bool:
         """Write the marker unless it is there (another member's: adopted); True if a loss.
 
-        Quiet when Redis is out of reach; a refusal is one warning (:meth:`_failed`). A marker
-        missing while the group has consumed its lanes before is a loss (:meth:`_consumed`):
-        logged (CRITICAL) and counted.
+        Quiet when Redis is out of reach; a refusal is one warning (:meth:`_failed`). A marker,
+        or the group's field in a tracked one (:attr:`Look.tracked`), missing while the group
+        has consumed its lanes before is a loss (:meth:`_consumed`): logged (CRITICAL) and
+        counted.
         """
         admin, self._admin = self._admin, None  # asked at this start only: the client is let go
         try:
