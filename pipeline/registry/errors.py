@@ -16,6 +16,7 @@ They extend the project's tree (:mod:`pipeline.errors`) with one branch::
         ├── SubjectModeNotFound       40409 (no subject-level mode)
         ├── IncompatibleSchema        409   (the compatibility rules refused the schema)
         ├── InvalidSchema             42201 (malformed JSON body, or not a valid Avro schema)
+        │   └── DefaultsTooCostly     42201 (its field defaults take too many steps to check)
         ├── InvalidVersion            42202
         ├── InvalidSubject            42208 (a control character in the name, or over 2 KiB)
         ├── InvalidCompatibility      42203
@@ -39,6 +40,19 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pipeline.errors import PipelineError
+
+MAX_MESSAGE_CHARS = 1000
+"""Longest text an error answer echoes in one piece: messages echo what the client sent (a
+name, a subject, a version, a level), and a 400 000-character name came back whole."""
+
+
+def cut_middle(text: str, most: int = MAX_MESSAGE_CHARS) -> str:
+    """``text``, its middle left out past ``most`` characters (its end is often the reason)."""
+    if len(text) <= most:
+        return text
+    half = most // 2
+    left_out = len(text) - 2 * half
+    return f"{text[:half]}...({left_out} characters left out)...{text[-half:]}"
 
 
 class RegistryError(PipelineError):

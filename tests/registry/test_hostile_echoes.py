@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from pipeline.registry.server.api import MAX_MESSAGE_CHARS
+from pipeline.registry.errors import MAX_MESSAGE_CHARS
 
 LONG = 400_000
 CASES = {
@@ -68,3 +68,26 @@ def test_a_short_message_is_unchanged(registry_url: str) -> None:
     """Messages within the bound are as before."""
     got = httpx.get(f"{registry_url}/subjects/nobody/versions")
     assert got.json() == {"error_code": 40401, "message": "Subject 'nobody' not found."}
+
+
+def test_a_broken_rule_naming_a_long_field_is_cut_but_every_rule_is_kept(
+    registry_url: str, unique: str
+) -> None:
+    """A 409 lists each broken rule; one echoing a 400 000-character field name is cut alone."""
+    subject = f"wide-{unique}"
+
+    def record(kind: str) -> dict[str, str]:
+        fields = [{"name": "f" * LONG, "type": kind}, {"name": "n", "type": kind}]
+        return {"schema": json.dumps({"type": "record", "name": "R", "fields": fields})}
+
+    first = httpx.post(f"{registry_url}/subjects/{subject}/versions", json=record("int"))
+    assert first.status_code == 200, first.text
+    got = httpx.post(
+        f"{registry_url}/subjects/{subject}/versions", json=record("string"), timeout=60
+    )
+    payload = got.json()
+    assert (got.status_code, payload["error_code"]) == (409, 409)
+    message = payload["message"]
+    assert len(message) < 4 * MAX_MESSAGE_CHARS, len(message)
+    assert "characters left out" in message
+    assert "TYPE_MISMATCH at 'R.n' (/fields/1/type)" in message  # the short rule, whole

@@ -37,6 +37,7 @@ from pipeline.registry.errors import (
     StoreError,
     SubjectNotFound,
     Unauthorized,
+    cut_middle,
 )
 from pipeline.registry.server.auth import CHALLENGE, Authenticator
 from pipeline.registry.server.service import Registry, require_text
@@ -163,23 +164,10 @@ class RegistryResponse(JSONResponse):
     media_type = MEDIA_TYPE
 
 
-MAX_MESSAGE_CHARS = 1000
-"""Longest error message sent, but for 409's list of broken rules: messages echo what the client
-sent (a name, a subject, a version, a level), and a 400 000-character name came back whole."""
-
-
-def _bounded(message: str) -> str:
-    """``message``, its middle left out past :data:`MAX_MESSAGE_CHARS` (its end is the reason)."""
-    if len(message) <= MAX_MESSAGE_CHARS:
-        return message
-    half = MAX_MESSAGE_CHARS // 2
-    left_out = len(message) - 2 * half
-    return f"{message[:half]}...({left_out} characters left out)...{message[-half:]}"
-
-
 def _error(exc: RegistryError) -> Response:
     headers = {"WWW-Authenticate": CHALLENGE} if isinstance(exc, Unauthorized) else None
-    message = str(exc) if isinstance(exc, IncompatibleSchema) else _bounded(str(exc))
+    # A 409 lists every broken rule, each cut where it was made (service.py); others are cut here
+    message = str(exc) if isinstance(exc, IncompatibleSchema) else cut_middle(str(exc))
     body = {"error_code": exc.error_code, "message": message}
     return RegistryResponse(body, status_code=exc.http_status, headers=headers)
 

@@ -44,6 +44,7 @@ from pipeline.registry.errors import (
     VersionNotFound,
     VersionNotSoftDeleted,
     VersionSoftDeleted,
+    cut_middle,
 )
 from pipeline.registry.server.cache import ByteBoundedCache
 from pipeline.registry.stores.protocol import GLOBAL, RegistryStore, StoredSchema, SubjectVersion
@@ -200,7 +201,7 @@ class Registry:
             if problems:
                 raise IncompatibleSchema(
                     "Schema being registered is incompatible with an earlier schema for "
-                    f'subject "{subject}", details: ' + "; ".join(problems)
+                    f'subject "{subject}", details: ' + "; ".join(cut_middle(p) for p in problems)
                 )
 
         # The check runs before the store's write lock is taken, so a slow check never stalls
