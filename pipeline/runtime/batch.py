@@ -102,11 +102,11 @@ class BatchGate(Generic[T]):
         """Hold ``message`` behind the earlier ones of its lane, then start what may start.
 
         ``copy``: whether it is a retry-tier copy whose delay is over (the chain's due stage
-        released it); None: whether it carries ``pl-due-ms``, for a caller that reads only
-        tiers' copies with one. The chain always says: on a main topic the header means nothing.
+        released it); None: whether it was read from a retry tier and carries ``pl-due-ms``
+        (the chain's own rule: on a main topic the header means nothing).
         """
         if copy is None:
-            copy = h.DUE_MS in message.headers
+            copy = h.DUE_MS in message.headers and h.retry_tier(message.tp.topic)
         copies, fresh = self._held.setdefault(lane, (deque(), deque()))
         (copies if copy else fresh).append((message, policy, _produced_ms(message, copy)))
         self.pump()

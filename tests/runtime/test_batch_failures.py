@@ -27,7 +27,7 @@ def _msg(offset: int, produced_ms: int, headers: dict[str, bytes] | None = None)
 def _copy(offset: int, copied_ms: int, first_produced_ms: int) -> Message:
     """A retry-tier copy written at ``copied_ms`` of an event first produced earlier."""
     headers = {h.DUE_MS: str(copied_ms).encode(), h.PRODUCED_AT_MS: str(first_produced_ms).encode()}
-    return _msg(offset, copied_ms, headers)
+    return Message("bulk.retry.1s", 0, offset, b"k%d" % offset, b"", headers, copied_ms)
 
 
 def test_a_retry_copy_is_promoted_by_its_first_production() -> None:

@@ -93,3 +93,17 @@ def test_a_batch_lane_takes_a_main_topic_due_time_for_fresh_work() -> None:
     assert started == []
     gate.offer(_message("bulk.retry.1s", headers), "bulk", policy, copy=True)
     assert started == [7]
+
+
+def test_the_batch_gate_judges_a_message_it_is_not_told_about_by_its_topic() -> None:
+    """Without ``copy=``, the batch gate follows the chain's rule: a copy is read from a tier."""
+    policy = BatchPolicy.model_validate({"idle_below": 0.5, "sla": "10s", "promote_at": 0.5})
+    started: list[int] = []
+    gate: BatchGate[Message] = BatchGate(
+        lambda m: started.append(m.offset), lambda: (4, 4), clock_ms=lambda: 1_000_100
+    )
+    headers = {h.DUE_MS: b"1000000", h.SLA_FROM_MS: b"5", h.PRODUCED_AT_MS: b"5"}
+    gate.offer(_message("bulk", headers), "bulk", policy)
+    assert started == []
+    gate.offer(_message("bulk.retry.1s", headers), "bulk", policy)
+    assert started == [7]
