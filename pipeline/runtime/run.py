@@ -221,9 +221,9 @@ async def _last_look(watch: StateWatch | None) -> None:
     """One more look at the marker as the member ends because its topics are gone.
 
     An end caused by a Redis that lost its data (its topics gone under the member on Redis
-    Streams) is said before the exit line; a look that fails says nothing more. Not made at
-    other ends: with Redis out of reach a look takes up to twice its socket timeout, which a
-    SIGTERM'd member's exit cannot spare.
+    Streams) is said before the exit line; a look that fails says no more than any failed look
+    (a refusal's one warning). Not made at other ends: with Redis out of reach a look takes up
+    to twice its socket timeout, which a SIGTERM'd member's exit cannot spare.
     """
     if watch is not None:
         with contextlib.suppress(Exception):
@@ -245,6 +245,7 @@ async def _run_member(
         await member.run(stop, hurry)
     except UnknownTopic:
         reporting.cancel()
+        await asyncio.wait({reporting})  # its look, if one was under way, ends first
         await _last_look(watch)
         raise
     return member.abandoned
