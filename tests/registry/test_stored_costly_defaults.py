@@ -96,3 +96,13 @@ def test_a_message_written_with_a_stored_costly_schema_is_decoded(
         assert AvroDeserializer(client).deserialize(framed) == {"d": []}
     finally:
         client.close()
+
+
+def test_a_costly_schema_a_subject_lacks_is_not_found_there(
+    registry_url: str, stored: SubjectVersion
+) -> None:
+    """A lookup compares fingerprints: one the subject does not hold is 40403, 40401 without it."""
+    elsewhere = post(f"{registry_url}/subjects/s", heavy_schema(extra=True))
+    assert (elsewhere.status_code, elsewhere.json()["error_code"]) == (404, 40403)
+    nowhere = post(f"{registry_url}/subjects/nobody", heavy_schema())
+    assert (nowhere.status_code, nowhere.json()["error_code"]) == (404, 40401)

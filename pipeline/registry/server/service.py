@@ -231,7 +231,10 @@ class Registry:
             SubjectNotFound: the subject has no versions (visible ones unless ``deleted``).
             SchemaNotFound: it has, but none holds this schema.
         """
-        fingerprint = self.parse(text, subject).fingerprint
+        try:
+            fingerprint = self.parse(text, subject).fingerprint
+        except DefaultsTooCostly as exc:  # new to the subject: not found there, as any other
+            fingerprint = exc.fingerprint
         visible = self.versions(subject, deleted=deleted)
         for v in reversed(visible):
             if v.fingerprint == fingerprint:
