@@ -137,7 +137,9 @@ def _load(directory: Path) -> list[tuple[Path, str, ParsedSchema]]:
     loaded = []
     for path in files:
         try:
-            parsed = parse(path.read_text(encoding="utf-8"))
+            # The operator's own files, unbounded: the registry bounds what clients send, and
+            # says whether it already holds a schema whose defaults pass the bound.
+            parsed = parse(path.read_text(encoding="utf-8"), bounded=False)
         except OSError as exc:  # a directory named *.avsc, no permission
             raise _fail(f"{path}: cannot read the schema file: {exc.strerror}", 2) from None
         except UnicodeDecodeError as exc:

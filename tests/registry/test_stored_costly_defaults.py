@@ -11,12 +11,15 @@ still decode messages written with it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from pipeline.registry import canonical
 from pipeline.registry.canonical import MAX_DEFAULT_STEPS, parse
+from pipeline.registry.cli import standalone
 from pipeline.registry.client.http import RegistryClient
 from pipeline.registry.client.serde import AvroDeserializer
 from pipeline.registry.errors import InvalidSchema
@@ -106,3 +109,20 @@ def test_a_costly_schema_a_subject_lacks_is_not_found_there(
     assert (elsewhere.status_code, elsewhere.json()["error_code"]) == (404, 40403)
     nowhere = post(f"{registry_url}/subjects/nobody", heavy_schema())
     assert (nowhere.status_code, nowhere.json()["error_code"]) == (404, 40401)
+
+
+def test_schemas_check_of_a_stored_costly_schema_says_unchanged(
+    registry_url: str, store: RegistryStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The operator's own files are read unbounded: the registry says whether it holds them."""
+    with monkeypatch.context() as unbounded:
+        unbounded.setattr(canonical, "MAX_DEFAULT_STEPS", 100 * MAX_DEFAULT_STEPS)
+        store.register("Top", parse(heavy_schema()), no_check)
+    folder = tmp_path / "schemas"
+    folder.mkdir()
+    (folder / "top.avsc").write_text(heavy_schema())
+    result = CliRunner().invoke(
+        standalone(), ["schemas", "check", str(folder), "--url", registry_url]
+    )
+    assert result.exit_code == 0, result.output
+    assert "top.avsc: Top: unchanged" in result.output
