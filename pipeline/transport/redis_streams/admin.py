@@ -274,10 +274,12 @@ class RedisStreamsAdmin:
             raise translate(exc, f"delete topic {name!r}") from exc
 
     async def _finish_deletion(self, name: str) -> bool:
-        """Finish a deletion of topic ``name`` cut short after its metadata went; whether one was.
+        """Finish a deletion of topic ``name`` that was cut short; whether one was recorded.
 
         Its recorded partitions are deleted; a record that is no list of partitions (written by
-        hand) is replaced by those whose stream or offset counter exists (a ``SCAN``).
+        hand) is replaced by those whose stream or offset counter exists (a ``SCAN``). A deletion
+        cut short before its metadata went is finished too, metadata and all: it was asked for,
+        so a ``create_topic`` of that name (``pipeline topics apply``) starts the topic anew.
         """
         try:
             recorded = await self._client.hget(self._keys.deleting, name)

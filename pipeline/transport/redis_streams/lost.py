@@ -46,7 +46,7 @@ def lost_line(url: str, keys: Keys, group: str, topics: Sequence[str]) -> str:
         " the ingress are in its log (pipeline replay; with"
         " PIPELINE_RUNTIME__MARK_PROCESSED=true its sweeper replays them), nothing else has"
         f" the others; see {RUNBOOK}. Run that Redis with appendonly yes and appendfsync"
-        " everysec"
+        " everysec."
     )
 
 
