@@ -439,20 +439,28 @@ local function set_limit(keys, args)
   return {count, call.woken}
 end
 
+-- Puts the limits (and shares) of ARGV[3..], `stride` values a key, then hands the new room of
+-- each key to its waiters. KEYS and ARGV[1..2] as thr_set_limits.
+local function put_limits(keys, args, stride)
+  local tag, default_limit = tag_of(keys[1]), tonumber(args[1])
+  begin_call(args[2])
+  for i = 3, #args, stride do
+    put_limit(tag, args[i], args[i + 1], stride == 3 and args[i + 2] or nil)
+  end
+  local now = now_ms()
+  expire_lapsed(tag, now, default_limit)
+  local count = 0
+  for i = 3, #args, stride do count = count + pump(tag, args[i], now, default_limit) end
+  return {count, call.woken}
+end
+
 -- thr_set_limits: thr_set_limit for many keys in one call (the fleet's dynamic limits, one
 -- call per batch of orgs rather than one per org).
 -- KEYS[1] T:meta   KEYS[2] T:slot_guard   ARGV[1] default_limit   ARGV[2] calling member id
 -- ARGV[3..] pairs of throttle key and limit (or "")
 -- Returns {woken_count, woken} as thr_set_limit.
 local function set_limits(keys, args)
-  local tag, default_limit = tag_of(keys[1]), tonumber(args[1])
-  begin_call(args[2])
-  for i = 3, #args, 2 do put_limit(tag, args[i], args[i + 1]) end
-  local now = now_ms()
-  expire_lapsed(tag, now, default_limit)
-  local count = 0
-  for i = 3, #args, 2 do count = count + pump(tag, args[i], now, default_limit) end
-  return {count, call.woken}
+  return put_limits(keys, args, 2)
 end
 
 -- thr_set_shares: thr_set_limits for the fleet's dynamic limits, each key with its share.
@@ -461,19 +469,12 @@ end
 --           ("CEILING FLOOR DEDICATED", integers)
 -- Returns {woken_count, woken} as thr_set_limit.
 local function set_shares(keys, args)
-  local tag, default_limit = tag_of(keys[1]), tonumber(args[1])
-  begin_call(args[2])
   for i = 3, #args, 3 do
     if not string.match(args[i + 2], '^%d+ %d+ %d+$') then
       return redis.error_reply('share must be "CEILING FLOOR DEDICATED" (got ' .. args[i + 2] .. ')')
     end
   end
-  for i = 3, #args, 3 do put_limit(tag, args[i], args[i + 1], args[i + 2]) end
-  local now = now_ms()
-  expire_lapsed(tag, now, default_limit)
-  local count = 0
-  for i = 3, #args, 3 do count = count + pump(tag, args[i], now, default_limit) end
-  return {count, call.woken}
+  return put_limits(keys, args, 3)
 end
 
 -- thr_set_reserve: keep (or with an empty ARGV[2], stop keeping) the last slots of a key for
