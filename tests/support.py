@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from pipeline.admission.throttle import Throttle
+from pipeline.admission.throttle import Permit, Throttle
 from pipeline.config import Settings, load_settings
 from pipeline.observability import stacks
 from pipeline.observability.server import MetricsServer, serve_metrics
@@ -604,6 +604,25 @@ async def started_throttle(redis_url: str, **options: Any) -> AsyncIterator[Thro
     finally:
         await throttle.close()
         await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def all_admitted(throttle: Throttle, key: str, most: int) -> AsyncIterator[list[Permit]]:
+    """The permits ``try_acquire`` grants on ``key`` until it refuses (at most ``most``).
+
+    Released again when the block ends, whatever it asserted.
+    """
+    permits: list[Permit] = []
+    try:
+        for _ in range(most):
+            permit = await throttle.try_acquire([key])
+            if permit is None:
+                break
+            permits.append(permit)
+        yield permits
+    finally:
+        for permit in permits:
+            await throttle.release(permit)
 
 
 def own_throttle(default_limit: int) -> object:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from support import started_throttle
+from support import all_admitted, started_throttle
 
 from pipeline.admission import keys as k
 from pipeline.admission.shares import Share
-from pipeline.admission.throttle import Permit, Throttle
+from pipeline.admission.throttle import Throttle
 
 pytestmark = pytest.mark.redis
 
@@ -31,17 +31,8 @@ async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
 
 async def _admitted(throttle: Throttle, key: str) -> int:
     """How many permits ``try_acquire`` grants on ``key`` (all released again)."""
-    permits: list[Permit] = []
-    try:
-        for _ in range(3 * throttle.default_limit):
-            permit = await throttle.try_acquire([key])
-            if permit is None:
-                break
-            permits.append(permit)
+    async with all_admitted(throttle, key, 3 * throttle.default_limit) as permits:
         return len(permits)
-    finally:
-        for permit in permits:
-            await throttle.release(permit)
 
 
 async def test_a_limit_an_earlier_release_cleared_takes_the_share_with_it(

@@ -12,10 +12,11 @@ orgs (``orgs_a_tick``, the fleet's own seam) so the window overflows with a few 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 from admission.capped_fleet import capped_fleet
-from support import started_throttle
+from support import all_admitted, started_throttle
 
 from pipeline.admission import keys as k
 from pipeline.admission.fleet import FleetLimits
@@ -63,20 +64,9 @@ def _share(in_flight: int) -> int:
     )
 
 
-async def _admitted(throttle: Throttle, key: str) -> list[Permit]:
+def _admitted(throttle: Throttle, key: str) -> AbstractAsyncContextManager[list[Permit]]:
     """Permits ``try_acquire`` grants on ``key`` until it refuses (a bound far above 8)."""
-    permits: list[Permit] = []
-    for _ in range(20):
-        permit = await throttle.try_acquire([key])
-        if permit is None:
-            break
-        permits.append(permit)
-    return permits
-
-
-async def _release(throttle: Throttle, permits: list[Permit]) -> None:
-    for permit in permits:
-        await throttle.release(permit)
+    return all_admitted(throttle, key, 20)
 
 
 async def test_a_quiet_org_the_tick_did_not_reach_is_admitted_only_to_its_current_share(
@@ -103,12 +93,9 @@ async def test_a_quiet_org_the_tick_did_not_reach_is_admitted_only_to_its_curren
     stored = await throttle.client.hget(k.limits(throttle.prefix, "n"), f"org:{QUIET}")
     assert stored == b"8"
 
-    permits = await _admitted(throttle, f"org:{QUIET}")
-    try:
+    async with _admitted(throttle, f"org:{QUIET}") as permits:
         assert len(permits) == _share(1_000) == 2
         assert (await throttle.status(f"org:{QUIET}")).limit == 2
-    finally:
-        await _release(throttle, permits)
 
 
 async def test_a_fleet_with_room_again_gives_a_quiet_org_its_grown_share(
@@ -129,11 +116,8 @@ async def test_a_fleet_with_room_again_gives_a_quiet_org_its_grown_share(
     assert later is not None
     assert QUIET not in later
 
-    permits = await _admitted(throttle, f"org:{QUIET}")
-    try:
+    async with _admitted(throttle, f"org:{QUIET}") as permits:
         assert len(permits) == 8
-    finally:
-        await _release(throttle, permits)
 
 
 async def test_without_the_factor_key_the_limits_last_set_apply(throttle: Throttle) -> None:
@@ -146,18 +130,12 @@ async def test_without_the_factor_key_the_limits_last_set_apply(throttle: Thrott
     await fleet.tick(NOW + INTERVAL_S)  # not capped: sets the quiet org at the squeezed factor
     await throttle.client.delete(k.fleet_factor(throttle.prefix, "n"))
 
-    permits = await _admitted(throttle, f"org:{QUIET}")
-    try:
+    async with _admitted(throttle, f"org:{QUIET}") as permits:
         assert len(permits) == 2  # the limits hash entry the last tick wrote
-    finally:
-        await _release(throttle, permits)
 
     await throttle.set_limits({"org:set-by-hand": 3})  # no share: a plain limit, as before
-    permits = await _admitted(throttle, "org:set-by-hand")
-    try:
+    async with _admitted(throttle, "org:set-by-hand") as permits:
         assert len(permits) == 3
-    finally:
-        await _release(throttle, permits)
 
 
 async def test_a_limit_an_operator_sets_overrides_the_orgs_share(throttle: Throttle) -> None:
@@ -168,12 +146,9 @@ async def test_a_limit_an_operator_sets_overrides_the_orgs_share(throttle: Throt
     await fleet.tick(NOW)
     await throttle.set_limit(f"org:{QUIET}", 5)
 
-    permits = await _admitted(throttle, f"org:{QUIET}")
-    try:
+    async with _admitted(throttle, f"org:{QUIET}") as permits:
         assert len(permits) == 5
         assert (await throttle.status(f"org:{QUIET}")).limit == 5
-    finally:
-        await _release(throttle, permits)
 
 
 @pytest.mark.parametrize("factor", [80 / 97, 80 / 333, 0.8, 1.3, 80 / 61])
@@ -185,9 +160,6 @@ async def test_admission_and_status_compute_a_share_as_the_tick_does(
     await throttle.set_shares({key: (0, share) for key, share in shares.items()})
     await throttle.set_factor(factor, ttl_ms=60_000)
     for key, share in shares.items():
-        permits = await _admitted(throttle, key)
-        try:
+        async with _admitted(throttle, key) as permits:
             assert len(permits) == share.limit(factor)
             assert (await throttle.status(key)).limit == share.limit(factor)
-        finally:
-            await _release(throttle, permits)
