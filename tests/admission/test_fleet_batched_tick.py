@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import pytest
 from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
 
 from pipeline.admission import keys as k
 from pipeline.admission.fleet import FleetLimits
@@ -102,20 +101,6 @@ async def pair(redis_service: str, unique: str) -> AsyncIterator[tuple[Throttle,
     for t in (a, b):
         await t.close()
     await client.aclose()
-
-
-@pytest.fixture
-def commands(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the commands redis-py sends, each command of a pipeline on its own."""
-    count = [0]
-    pack = AbstractConnection.pack_command
-
-    def counted(self: AbstractConnection, *args: object) -> list[bytes]:
-        count[0] += 1
-        return pack(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(AbstractConnection, "pack_command", counted)
-    return count
 
 
 def _fleet(throttle: Throttle, load: Callable[[], tuple[int, int]]) -> FleetLimits:

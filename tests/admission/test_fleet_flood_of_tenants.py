@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 from admission.capped_fleet import capped_fleet
-from redis.asyncio.connection import AbstractConnection
 from support import started_throttle
 
 from pipeline.admission import keys as k
@@ -37,20 +36,6 @@ async def throttle(redis_service: str, unique: str) -> AsyncIterator[Throttle]:
     """A started throttle whose keys and limit stats live under a prefix of their own."""
     async with started_throttle(redis_service, prefix=f"f{unique}", namespace="n") as limiter:
         yield limiter
-
-
-@pytest.fixture
-def commands(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the commands redis-py sends, each command of a pipeline on its own."""
-    count = [0]
-    pack = AbstractConnection.pack_command
-
-    def counted(self: AbstractConnection, *args: object) -> list[bytes]:
-        count[0] += 1
-        return pack(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(AbstractConnection, "pack_command", counted)
-    return count
 
 
 def _fleet(throttle: Throttle, load: list[tuple[int, int]]) -> FleetLimits:
