@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 
 from ingress.signing import hub_signature
 
@@ -41,3 +42,28 @@ async def answer(reader: asyncio.StreamReader) -> int:
     length = next(int(v.split(":", 1)[1]) for v in lines if v.lower().startswith("content-length"))
     await reader.readexactly(length)
     return int(lines[0].split()[1])
+
+
+def flood_source(topic: str) -> dict[str, object]:
+    """The ``flood`` source (Meta's scheme) routing to ``topic``: tenant, key and event id."""
+    return {
+        "scheme": "meta",
+        "secrets": [SECRET],
+        "tenant": {"pointer": "/entry/0/id"},
+        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
+        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
+        "topic": topic,
+    }
+
+
+async def send_in_turn(port: int, requests: Iterable[bytes], statuses: dict[int, int]) -> None:
+    """Send ``requests`` one after the other over one keep-alive connection; count statuses."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for request in requests:
+            writer.write(request)
+            status = await answer(reader)
+            statuses[status] = statuses.get(status, 0) + 1
+    finally:
+        writer.close()
+        await writer.wait_closed()

@@ -27,7 +27,7 @@ from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: tests/ holds its helpers
-from hostile.flood_webhooks import SECRET, answer, webhook
+from hostile.flood_webhooks import flood_source, send_in_turn, webhook
 from hostile.measure import rss_kib, say
 from ingress.helpers import listening_url, start_ingress, stop
 from support import cli_environment, test_settings
@@ -50,16 +50,8 @@ def rss_parts(pid: int) -> str:
 
 async def connection(port: int, numbers: range, statuses: dict[int, int]) -> None:
     """Send webhooks ``numbers`` one after the other over one keep-alive connection."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     run = os.environ["FLOOD_RUN"]
-    try:
-        for n in numbers:
-            writer.write(webhook(run, n))
-            status = await answer(reader)
-            statuses[status] = statuses.get(status, 0) + 1
-    finally:
-        writer.close()
-        await writer.wait_closed()
+    await send_in_turn(port, (webhook(run, n) for n in numbers), statuses)
 
 
 async def send(port: int, first: int, count: int) -> dict[int, int]:
@@ -118,14 +110,7 @@ def declaration(topic: str) -> dict[str, object]:
 
 def write_files(directory: Path, topic: str) -> None:
     """The sources file: one Meta source, ``flood``, to ``topic``."""
-    source = {
-        "scheme": "meta",
-        "secrets": [SECRET],
-        "tenant": {"pointer": "/entry/0/id"},
-        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
-        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
-        "topic": topic,
-    }
+    source = flood_source(topic)
     (directory / "sources.yaml").write_text(
         yaml.safe_dump({"sources": {"flood": source}}), encoding="utf-8"
     )

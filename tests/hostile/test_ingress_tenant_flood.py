@@ -26,7 +26,7 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
-from hostile.flood_webhooks import SECRET, answer, webhook
+from hostile.flood_webhooks import flood_source, send_in_turn, webhook
 from ingress.helpers import built_with_topics, one_lane_ingress
 from runtime.helpers import eventually
 from tracing.otlp_receiver import OtlpReceiver
@@ -65,21 +65,12 @@ async def send(port: int, run: str, numbers: range) -> dict[int, int]:
     """Send webhooks ``numbers`` over :data:`CONNECTIONS` keep-alive connections; statuses."""
     statuses: dict[int, int] = {}
 
-    async def one_connection(mine: list[int]) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            for n in mine:
-                writer.write(request(run, n))
-                status = await answer(reader)
-                statuses[status] = statuses.get(status, 0) + 1
-        finally:
-            writer.close()
-            await writer.wait_closed()
-
     # A block of ten goes on one connection: a redelivery comes after its original.
     await asyncio.gather(
         *(
-            one_connection([n for n in numbers if n // 10 % CONNECTIONS == c])
+            send_in_turn(
+                port, [request(run, n) for n in numbers if n // 10 % CONNECTIONS == c], statuses
+            )
             for c in range(CONNECTIONS)
         )
     )
@@ -91,14 +82,7 @@ async def serving(tmp_path: Path, run: str) -> AsyncIterator[tuple[Ingress, int]
     """An ingress on Kafka (a topic of its own) and SQLite, served here; its port."""
     topic = f"tenants-{run}"
     declaration = {"name": topic, "partitions": 2, "lane": f"tenants_{run}"}
-    source = {
-        "scheme": "meta",
-        "secrets": [SECRET],
-        "tenant": {"pointer": "/entry/0/id"},
-        "key": {"pointer": "/entry/0/changes/0/value/contacts/0/wa_id"},
-        "event_id": {"pointer": "/entry/0/changes/0/value/messages/0/id"},
-        "topic": topic,
-    }
+    source = flood_source(topic)
     sweeping = SweeperSettings(interval_s=0.5)
     settings, config = one_lane_ingress(
         tmp_path, declaration, {"flood": source}, transport="kafka", sweeper=sweeping
