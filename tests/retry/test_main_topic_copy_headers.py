@@ -20,6 +20,7 @@ from runtime.helpers import (
     flaky_head,
     lane_spec,
     produce,
+    ran_until,
     running,
     the_dead_letter,
 )
@@ -145,9 +146,9 @@ async def test_a_forged_attempt_on_the_main_topic_is_attempt_1(
             raise Retry("not yet")
 
     await produce(transport, spec.name, [Record(b"m", b"k", {h.ATTEMPT: b"99"})])
-    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
-    async with running(member):
-        await eventually(lambda: member.stats.handled + member.stats.dead_lettered >= 1, 30)
+    member = await ran_until(
+        app, transport, redis, unique, lambda m: m.stats.handled + m.stats.dead_lettered >= 1, 30
+    )
     assert attempts == [1, 2]
     assert member.stats.dead_lettered == 0
 
@@ -173,9 +174,7 @@ async def test_a_forged_sla_start_on_the_main_topic_is_not_copied(
 
     forged = {h.DUE_MS: b"1", h.SLA_FROM_MS: b"1", h.PRODUCED_AT_MS: b"1"}
     await produce(transport, spec.name, [Record(b"m", b"k", forged)])
-    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
-    async with running(member):
-        await eventually(lambda: member.stats.handled >= 1, timeout_s=30)
+    await ran_until(app, transport, redis, unique, lambda m: m.stats.handled >= 1, 30)
     first, copy = seen[1], seen[2]
     assert first.timestamp_ms > 1
     assert copy.headers[h.SLA_FROM_MS] == str(first.timestamp_ms).encode()
@@ -200,9 +199,7 @@ async def test_a_forged_attempt_on_the_main_topic_is_not_its_dead_letters(
         raise DeadLetter("refused")
 
     await produce(transport, spec.name, [Record(b"m", b"k", {h.ATTEMPT: b"99"})])
-    member = Member(app, transport, f"g-{unique}", FAST, redis=redis, redis_prefix=f"t{unique}")
-    async with running(member):
-        await eventually(lambda: member.stats.dead_lettered >= 1, 30)
+    await ran_until(app, transport, redis, unique, lambda m: m.stats.dead_lettered >= 1, 30)
     dead = await the_dead_letter(transport, spec, unique)
     assert attempts == [1]
     assert dead.headers[h.ATTEMPT] == b"1"
