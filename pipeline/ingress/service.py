@@ -204,6 +204,11 @@ class Ingress:
     limits_checked: bool = False
     """The topics' size limits were checked already (by :meth:`preflight`, in the supervisor), or
     skipped with their line (the broker down: :meth:`broker_down`); not asked at the start."""
+    snapshot_served: bool = True
+    """Something serves this process's metrics snapshot. A worker of ``--workers`` without a
+    metrics port of its own has none to serve it (its ``/metrics`` answers 404): its snapshot's
+    sources are neither built nor refreshed, so it asks the broker for no lag and the log for
+    no backlog, and with the broker down logs no timeout of its own."""
     app: IngressApp = field(init=False)
     observer: MetricsServer = field(init=False)
     _stop: asyncio.Event | None = None
@@ -275,6 +280,19 @@ class Ingress:
             self._stop = asyncio.Event()
             self._sweeping = asyncio.create_task(self.sweeper.run(self._stop))
             self.sweeper.on_sweep = sweeper_heartbeat(self.observer.metrics)
+        if self.snapshot_served:
+            self._start_snapshot()
+        self.observer.ready = True
+        self.app.log_failed = self._log_failed
+        if not self.sources:  # a placeholder (deploy/k8s/base) or a file not filled in yet
+            log.warning(
+                "%s declares no sources: every POST /hooks/{source} is answered 404; add one"
+                " (deploy/local/sources.example.yaml documents every field)",
+                self.ingress.sources_file,
+            )
+
+    def _start_snapshot(self) -> None:
+        """Build the metrics snapshot's sources and start refreshing it."""
         if waits_in_members_redis(self.specs):
             # Debounced turns and held followers wait in the members' Redis: reported here too,
             # should they all die.
@@ -297,14 +315,6 @@ class Ingress:
         if self.capacity is not None:
             self.observer.sources.append(self.capacity.source(self.observer.metrics))
         self.observer.start()
-        self.observer.ready = True
-        self.app.log_failed = self._log_failed
-        if not self.sources:  # a placeholder (deploy/k8s/base) or a file not filled in yet
-            log.warning(
-                "%s declares no sources: every POST /hooks/{source} is answered 404; add one"
-                " (deploy/local/sources.example.yaml documents every field)",
-                self.ingress.sources_file,
-            )
 
     def broker_down(self, reason: str) -> None:
         """The start's probe found the broker down (``reason``): its limits are not asked.

@@ -62,7 +62,6 @@ import typer
 
 from pipeline.errors import ConfigError
 from pipeline.ingress.service import HOST_VARIABLE, PORT_VARIABLE
-from pipeline.observability.server import MetricsServer
 from pipeline.reachability import listen_error
 
 if TYPE_CHECKING:
@@ -161,7 +160,7 @@ async def _serve_worker(index: int, args: WorkerArgs, ready: Connection) -> None
     built = build_ingress(settings, ingress)
     built.limits_checked = args.limits_checked
     if not ingress.metrics_port:
-        built.observer = _Unscraped(built.observer.metrics)
+        built.snapshot_served = False
         built.app.observer = _without_metrics(built.observer)
     sock = reuse_port_socket(args.host, args.port)
 
@@ -200,19 +199,6 @@ def _without_metrics(observer: ASGIApp) -> ASGIApp:
         await send({"type": "http.response.body", "body": _NO_SHARED_METRICS})
 
     return serve
-
-
-class _Unscraped(MetricsServer):
-    """A worker's observer when no port of its own serves ``/metrics``: health, readiness.
-
-    Its snapshot is never served (:func:`_without_metrics`), so it is never refreshed: each
-    worker would ask the broker for the lanes' lag and the log store for its backlog every
-    interval for nothing, and with the broker down log its own timeout, N alike lines after
-    the supervisor's one.
-    """
-
-    def start(self) -> None:
-        """Start no refresher (see the class)."""
 
 
 def _uvloop() -> Callable[[], Any]:
