@@ -109,18 +109,18 @@ def retry_tier(topic: str) -> bool:
     return _RETRY_INFIX in topic
 
 
-def sla_from_ms(headers: dict[str, bytes], timestamp_ms: int, *, topic: str | None = None) -> int:
-    """When the SLA clock of a delivery with ``headers`` and broker time ``timestamp_ms`` started.
+def sla_from_ms(headers: dict[str, bytes], timestamp_ms: int, *, topic: str) -> int:
+    """When the SLA clock of a delivery read from ``topic`` (``headers``, broker time) started.
 
-    A message without ``pl-due-ms``, or read from a main ``topic`` (when given), is no retry
-    copy: new work (produced, redriven or replayed, or a copy's headers pasted onto a main
-    topic), whose clock starts with it. A copy's starts at its ``pl-sla-from-ms``; a copy
+    A message without ``pl-due-ms``, or read from a main topic, is no retry copy: new work
+    (produced, redriven or replayed, or a copy's headers pasted onto a main topic), whose clock
+    starts with it (``timestamp_ms``). A copy's starts at its ``pl-sla-from-ms``; a copy
     written before that header counts from ``pl-produced-at-ms`` unless it came from a redriven
     message (its ``pl-produced-at-ms`` is the dead letter's first production), which counts
     from its own time.
     A start after ``timestamp_ms`` (another producer's clock) is taken as ``timestamp_ms``.
     """
-    if DUE_MS not in headers or (topic is not None and not retry_tier(topic)):
+    if DUE_MS not in headers or not retry_tier(topic):
         return timestamp_ms
     start = int_header(headers, SLA_FROM_MS)
     if start <= 0 and SLA_FROM_MS not in headers and REDRIVE_COUNT not in headers:

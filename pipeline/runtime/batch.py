@@ -60,7 +60,9 @@ def _produced_ms(message: T, copy: bool) -> int:
     A copy's is the time of the delivery that failed first: its event's first production, or
     its last redrive or replay (never later than the copy's own time).
     """
-    return h.sla_from_ms(message.headers, message.timestamp_ms) if copy else message.timestamp_ms
+    if not copy:
+        return message.timestamp_ms
+    return h.sla_from_ms(message.headers, message.timestamp_ms, topic=message.tp.topic)
 
 
 class BatchGate(Generic[T]):

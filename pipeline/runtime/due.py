@@ -46,11 +46,7 @@ def due_ms(message: Item) -> int:
     Only a copy read from a retry tier has one: on a main topic ``pl-due-ms`` means nothing
     (:func:`~pipeline.headers.retry_tier`).
     """
-    raw = message.headers.get(h.DUE_MS)
-    if raw is None or not h.retry_tier(message.tp.topic):
-        return 0
-    value = h.parse_int(raw)
-    return 0 if value is None else value
+    return h.int_header(message.headers, h.DUE_MS) if h.retry_tier(message.tp.topic) else 0
 
 
 class DueGate(Generic[T]):
