@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 import logging
 import time
@@ -68,10 +67,13 @@ class _Loader(Protocol):
 
 
 def heap_trim(loader: _Loader = ctypes.CDLL) -> HeapTrim | None:
-    """The C library's ``malloc_trim``, or None where it has none (not glibc)."""
-    name = ctypes.util.find_library("c")
+    """The C library's ``malloc_trim``, or None where it has none (not glibc).
+
+    Looked up in the process itself (``dlopen(NULL)``), which has the C library loaded:
+    ``ctypes.util.find_library`` would start ``ldconfig`` at every start to find its name.
+    """
     try:
-        libc = loader(name)
+        libc = loader(None)
     except OSError:
         return None
     trim = getattr(libc, "malloc_trim", None)
