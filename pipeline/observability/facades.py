@@ -12,11 +12,12 @@ one exception, :meth:`AdmissionMetrics.throttled_tenants`, keeps only the top
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 
+from pipeline.admission.keys import org_name
 from pipeline.observability import metrics as m
 from pipeline.observability.metrics import TOP_TENANTS, Metrics
-from pipeline.redis_keys import headed
 
 __all__ = [
     "AdmissionMetrics",
@@ -156,12 +157,19 @@ class AdmissionMetrics:
         """Export the :data:`TOP_TENANTS` tenants with the most waiting messages on ``lane``.
 
         Tenants that left the top are removed, so the series per lane stay bounded. A tenant is
-        a producer's ``pl-tenant`` header: one over a Redis key part's bound is labelled as its
-        throttle keys are named (:func:`~pipeline.redis_keys.headed`: its head and its digest),
-        so a label stays a few hundred bytes and matches what ``pipeline status`` shows.
+        a producer's ``pl-tenant`` header, labelled by :func:`~pipeline.admission.keys.org_name`:
+        what follows ``org:`` in its throttle key, the name ``pipeline status`` lists and
+        ``pipeline throttle status`` prints after ``org:`` (one whose key is over a Redis key
+        part's bound by its head and the key's digest, at most 312 bytes; a lone surrogate as
+        U+FFFD, so the exposition stays UTF-8). Tenants of one name are one throttle key: their
+        waiting messages are one series.
         """
-        ranked = sorted(waiting_by_tenant.items(), key=lambda item: (-item[1], item[0]))
-        top = {headed(tenant): count for tenant, count in ranked[:TOP_TENANTS] if count > 0}
+        named: Counter[str] = Counter()
+        for tenant, count in waiting_by_tenant.items():
+            if count > 0:
+                named[org_name(tenant)] += count
+        ranked = sorted(named.items(), key=lambda item: (-item[1], item[0]))
+        top = dict(ranked[:TOP_TENANTS])
         for gone in self._shown.get(lane, set()) - top.keys():
             self._tenants.remove(lane, gone)
         for tenant, count in top.items():
