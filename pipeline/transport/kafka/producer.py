@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -58,11 +57,10 @@ def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str
     """The librdkafka properties of the pipeline's producer (its client properties override them).
 
     Those of ``settings.client`` that apply to a producer (:func:`.group.client_properties`).
-    Its ``client.id`` is :func:`producer_client_id`.
     """
     return {
         "bootstrap.servers": settings.bootstrap_servers,
-        "client.id": producer_client_id(settings),
+        "client.id": settings.client_id,
         "enable.idempotence": True,  # implies acks=all and ordered, de-duplicated retries
         "acks": "all",
         "partitioner": "murmur2_random",  # the Java client's placement for keyed messages
@@ -78,21 +76,6 @@ def producer_config(settings: KafkaSettings, max_message_bytes: int) -> dict[str
         "logger": logging.getLogger("pipeline.librdkafka"),
         **client_properties(settings, "producer"),
     }
-
-
-def producer_client_id(settings: KafkaSettings) -> str:
-    """``<client_id>-producer-<process id>``: the producers of several processes told apart.
-
-    librdkafka names a client ``<client.id>#producer-<N>``, N counting the clients of one
-    process, and an admin client is a ``producer`` there too: with one ``client.id`` every
-    process's producer (the workers of ``pipeline ingress serve --workers N``) logged as
-    ``pipeline#producer-1``, and the broker saw one client. The process id tells which process
-    logged a line; the configured ``client_id`` stays its prefix, as in the group members'
-    ``<client_id>-<member>`` and the admin clients' ``<client_id>-admin``. Apache Kafka's
-    client-id quotas match a whole client id, not a prefix: a quota meant for every producer is
-    one on the user (principal), or the brokers' default client-id quota.
-    """
-    return f"{settings.client_id}-producer-{os.getpid()}"
 
 
 def _is_fatal(err: object) -> bool:
