@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from pipeline.admission.keys import org_name
 from pipeline.observability.facades import AdmissionMetrics
 from pipeline.observability.metrics import Metrics
-from pipeline.redis_keys import HEAD_CHARS, NAME_PART_MAX_BYTES, headed
+from pipeline.redis_keys import HEAD_CHARS, NAME_PART_MAX_BYTES
 
 
 def _tenant_labels(metrics: Metrics) -> list[str]:
@@ -27,7 +28,7 @@ def test_a_huge_tenant_is_exported_by_its_head_and_digest() -> None:
     labels = _tenant_labels(metrics)
     assert len(labels) == 10
     assert all(len(label.encode()) <= HEAD_CHARS + 72 for label in labels)
-    assert sorted(labels) == sorted(headed(tenant) for tenant in huge)
+    assert sorted(labels) == sorted(org_name(tenant) for tenant in huge)
     assert len(set(labels)) == 10  # distinct tenants keep distinct labels
     assert len(generate_latest(metrics.registry)) < 64 * 1024
     # One that leaves the top is removed under the same bounded label.
@@ -36,9 +37,9 @@ def test_a_huge_tenant_is_exported_by_its_head_and_digest() -> None:
 
 
 def test_a_tenant_within_the_bound_keeps_its_name() -> None:
-    """Within the Redis key part bound the label is the tenant itself, as status shows it."""
+    """While its key org:TENANT fits the bound the label is the tenant, as status shows it."""
     metrics = Metrics()
     admission = AdmissionMetrics(metrics)
-    tenant = "org:" + "é" * ((NAME_PART_MAX_BYTES - 4) // 2)
+    tenant = "org:" + "é" * ((NAME_PART_MAX_BYTES - 8) // 2)  # its key org:TENANT fits
     admission.throttled_tenants("engagement", {tenant: 2})
     assert _tenant_labels(metrics) == [tenant]
