@@ -125,17 +125,20 @@ def logging_from_environment() -> tuple[str, str]:
     )
 
 
-def configure_logging(level: str, fmt: str = "text") -> None:
+def configure_logging(level: str, fmt: str = "text", worker: int | None = None) -> None:
     """Log to stderr at ``level``, one line per record, repeated warnings backed off.
 
     ``fmt`` is ``text`` (the default) or ``json`` (one object per line); either way each record
-    carries the current ``trace_id`` and ``span_id`` (:mod:`pipeline.tracing.logs`). Raises
-    :class:`ConfigError` naming the variable for a level or format that is not one.
+    carries the current ``trace_id`` and ``span_id`` (:mod:`pipeline.tracing.logs`). ``worker``,
+    in a worker process of ``pipeline ingress serve --workers N``, is its index, on every line
+    (`` worker=I``; ``"worker": I``), librdkafka's too, so the workers' lines are told apart.
+    Raises :class:`ConfigError` naming the variable for a level or format that is not one.
     """
     from pipeline.tracing.logs import (  # noqa: PLC0415 - no cycle at import
         JsonFormatter,
         TextFormatter,
         TraceFilter,
+        WorkerFilter,
     )
 
     if level.upper() not in LEVELS:
@@ -154,4 +157,6 @@ def configure_logging(level: str, fmt: str = "text") -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(repeats)
         handler.addFilter(traces)
+        if worker is not None:
+            handler.addFilter(WorkerFilter(worker))
         handler.setFormatter(JsonFormatter() if fmt.lower() == "json" else TextFormatter())

@@ -139,7 +139,7 @@ def worker_main(index: int, args: WorkerArgs, ready: Connection, parent_pid: int
     from pipeline.log_repeats import configure_logging  # noqa: PLC0415
 
     # A spawned interpreter: the supervisor's logging and tracing are not inherited.
-    configure_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level, args.log_format, worker=index)
     system = args.transport or os.environ.get("PIPELINE_TRANSPORT", "redis")
     tracing.configure(os.environ, service="pipeline-ingress", system=system)
     try:

@@ -3,7 +3,8 @@
 :class:`TraceFilter` adds ``trace_id`` and ``span_id`` (hex, "" outside a span or with tracing
 off) to every record, so a log line can be found from its trace and back. :class:`TextFormatter`
 is the plain one-line format with `` trace=<trace_id> span=<span_id>`` appended when a record has
-them (so with tracing off a line is as it always was).
+them (so with tracing off a line is as it always was), and `` worker=<index>`` in an ingress
+worker process (:class:`WorkerFilter`).
 :class:`JsonFormatter` writes one JSON object per line (``PIPELINE_LOG_FORMAT=json``) with the
 time, level, logger, message, the trace fields and whatever ``extra`` the call passed (a value
 JSON cannot hold, such as NaN or a dict keyed by tuples, as its text).
@@ -38,8 +39,25 @@ class TraceFilter(logging.Filter):
         return True
 
 
+class WorkerFilter(logging.Filter):
+    """Adds ``worker``, the index of the ingress worker process that logs, to each record."""
+
+    def __init__(self, index: int) -> None:
+        """The filter of worker ``index``'s handlers."""
+        super().__init__()
+        self._index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always True: the record is annotated, never dropped."""
+        record.worker = self._index
+        return True
+
+
 class TextFormatter(logging.Formatter):
-    """``time level logger message``, plus the trace and span ids when the record has them."""
+    """``time level logger message``, plus the trace and span ids when the record has them.
+
+    A worker process's line ends with `` worker=<index>`` (:class:`WorkerFilter`).
+    """
 
     def __init__(self) -> None:
         """The project's one-line format."""
@@ -50,8 +68,9 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         trace_id = getattr(record, "trace_id", "")
         if trace_id:
-            return f"{line} trace={trace_id} span={getattr(record, 'span_id', '')}"
-        return line
+            line = f"{line} trace={trace_id} span={getattr(record, 'span_id', '')}"
+        worker = getattr(record, "worker", None)
+        return line if worker is None else f"{line} worker={worker}"
 
 
 class JsonFormatter(logging.Formatter):

@@ -142,3 +142,34 @@ def test_a_json_line_stays_json_whatever_the_extras_hold() -> None:
         assert "\n" not in line
         doc = _strict(line)
         assert (doc["message"], doc["lane"], doc[name]) == ("progress", "messages", str(value))
+
+
+_WORKER_LINES = """
+import logging, sys
+from pipeline.log_repeats import configure_logging
+configure_logging("INFO", sys.argv[1], worker=2)
+logging.getLogger("pipeline.transport.kafka").info("broker %s down", "b1")
+"""
+
+
+def test_an_ingress_workers_lines_name_the_worker() -> None:
+    """Each worker process of ``--workers N`` logs its index, in either format."""
+    lines: dict[str, str] = {}
+    for fmt in ("text", "json"):
+        out = subprocess.run(
+            [sys.executable, "-c", _WORKER_LINES, fmt],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        (lines[fmt],) = out.stderr.strip().splitlines()
+    assert lines["text"].endswith(" pipeline.transport.kafka broker b1 down worker=2")
+    assert json.loads(lines["json"])["worker"] == 2
+
+
+def test_a_line_outside_a_worker_names_none() -> None:
+    """A process that is no ingress worker logs as it always did."""
+    record = logging.makeLogRecord({"name": "pipeline.test", "msg": "hello", "levelname": "INFO"})
+    assert "worker" not in TextFormatter().format(record)
+    assert "worker" not in json.loads(JsonFormatter().format(record))
