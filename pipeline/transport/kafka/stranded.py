@@ -46,11 +46,13 @@ _SLICE_S = 0.1
 
 _DESCRIBE_EVERY_S = 300.0
 """The topics' partitions are described again at most this often, or sooner when the group's
-assignment names a partition of them not known yet (its topic grew) or leaves a known one to
-no member (confirmed on a fresh description), and at the next check when a topic could not be
-described (deleted, or not answered in time). confluent-kafka 2.16 leaks the
-``Uuid`` of every topic it describes: described at every check, a member kept one more per
-topic every session timeout, for as long as it ran."""
+assignment disagrees with them otherwise than it did at the last description: it names a
+partition of them not known yet (its topic grew) or leaves a known one to no member (confirmed
+on a fresh description), and at the next check when a topic could not be described (deleted, or
+not answered in time). The same partitions left unowned check after check (stranded, or their
+member slow to join) are confirmed once. confluent-kafka 2.16 leaks the ``Uuid`` of every topic
+it describes: described at every check, a member kept one more per topic every session timeout,
+for as long as it ran."""
 
 Partitions = frozenset[tuple[str, int]]
 T = TypeVar("T")
@@ -73,6 +75,8 @@ class StrandWatch:
         self._partitions: Partitions = frozenset()
         """Every partition of the topics, as last described."""
         self._described_s = float("-inf")
+        self._confirmed: Partitions = frozenset()
+        """The partitions unknown or unowned when the topics were last described."""
 
     def due(self) -> bool:
         """Whether the next check is due (never, once stopped)."""
@@ -131,9 +135,13 @@ class StrandWatch:
             if tp.topic in watched
         }
         stale = time.monotonic() - self._described_s >= _DESCRIBE_EVERY_S
-        if stale or not owned <= self._partitions or self._partitions - owned:
-            # Unowned ones are confirmed on a fresh description (a topic made again smaller).
+        disagreement = owned ^ self._partitions  # partitions not known, and ones left unowned
+        if stale or (disagreement and disagreement != self._confirmed):
+            # A new one is confirmed on a fresh description (a topic grown, or made again
+            # smaller); the same one at the next checks is not: a partition stranded for good
+            # would otherwise have the topics described at every check.
             self._partitions, whole = self._described(admin, timeout_s)
+            self._confirmed = frozenset(owned ^ self._partitions)
             # One that left a topic out is asked again at the next check, not kept 5 min.
             self._described_s = time.monotonic() if whole else float("-inf")
         return frozenset(self._partitions - owned)
