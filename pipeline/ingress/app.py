@@ -3,7 +3,8 @@
 A plain ASGI callable (no framework routing: two routes do not need one, and the hot path stays
 a few function calls deep). Per POST, in this order:
 
-1. the body, capped at ``max_body_bytes``, else **413** (Content-Length is checked first), and
+1. the body, capped at ``max_body_bytes``, else **413** (Content-Length is checked first; the
+   body names the cap and its setting, :func:`too_large`), and
    read within ``body_timeout_s``, else **408** (a client that goes away mid-body gets nothing
    and nothing is stored); while the heads and bodies left unfinished on all connections are
    past ``max_unfinished_bytes``, **503** (:mod:`pipeline.ingress.http`);
@@ -150,14 +151,14 @@ class IngressApp:
         headers = _headers(scope)
         if declared_over(headers.get("content-length", ""), source.max_body_bytes):
             self.counters[source.name, "too_large"] += 1
-            await _answer(send, 413, {"error": "body too large"})
+            await _send(send, 413, too_large(source), _JSON)
             return
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await _read_body(receive, source.max_body_bytes)
         except TooLarge:
             self.counters[source.name, "too_large"] += 1
-            await _answer(send, 413, {"error": "body too large"})
+            await _send(send, 413, too_large(source), _JSON)
             return
         except TimeoutError:
             self.counters[source.name, "body_timeout"] += 1
@@ -311,6 +312,20 @@ def declared_over(content_length: str, limit: int) -> bool:
     if not (content_length.isascii() and content_length.isdigit()):
         return False
     return len(content_length) > len(str(limit)) or int(content_length) > limit
+
+
+def too_large(source: Source) -> bytes:
+    """The 413 body of ``source``: the cap its body passed, and the setting that raises it.
+
+    The provider's delivery log then tells the operator what to change (the sources file's
+    ``sources.<name>.max_body_bytes``). Built on the refusal only: no cost to other requests.
+    """
+    answer = {
+        "error": "body too large",
+        "max_body_bytes": source.max_body_bytes,
+        "setting": f"sources.{source.name}.max_body_bytes",
+    }
+    return json.dumps(answer).encode()
 
 
 def _same(given: str, expected: str) -> bool:

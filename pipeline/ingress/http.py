@@ -9,15 +9,17 @@ point with its body already read. :class:`IngressProtocol` plugs into uvicorn's 
 
 At the door, before the app sees a byte:
 
-* a request head (request line and headers) past ``max_head_bytes`` is answered **431** and
-  the connection closed; httptools has no limit of its own (it buffers a header line whole), so
-  the bytes of a head are counted as they come, and at most one read chunk past the cap is
-  buffered (two for a head that starts inside a read after a pipelined request: the bytes of
-  that read before it belong to the request before, so only the reads after it are counted, and
-  the head's exact size is checked once it is whole);
+* a request head (request line and headers) past ``max_head_bytes`` is answered **431**, its
+  JSON body naming the cap and ``PIPELINE_INGRESS__MAX_HEAD_BYTES`` (a 64 KiB path too: uvicorn's
+  own protocols, whose answer to one is a plain-text 400, are not used), and the connection
+  closed; httptools has no limit of its own (it buffers a header line whole), so the bytes of a
+  head are counted as they come, and at most one read chunk past the cap is buffered (two for
+  a head that starts inside a read after a pipelined request: the bytes of that read before it
+  belong to the request before, so only the reads after it are counted, and the head's exact
+  size is checked once it is whole);
 * a body over its source's ``max_body_bytes`` (the declared Content-Length first, then the bytes
-  as they come) is **413**, counted ``too_large``; the body of any other request is read and
-  dropped (nothing else reads one);
+  as they come) is **413**, counted ``too_large``, its JSON body naming the cap and the setting
+  that raises it; the body of any other request is read and dropped (nothing else reads one);
 * a request not whole within the app's ``body_timeout_s`` of the read that left it incomplete
   is **408** (a body counted ``body_timeout``; a head that never ends too), and a connection
   that sends nothing is closed after ``timeout_keep_alive``;
@@ -36,7 +38,9 @@ At the door, before the app sees a byte:
   so stalled connections cannot take the descriptors legitimate webhooks, the log store and
   the broker need;
 * a client gone mid-body is counted ``disconnected``; nothing is stored;
-* bytes that are not HTTP/1.1 are **400**.
+* a request target (path and query) over :data:`MAX_TARGET_BYTES` that the head cap let
+  through (the cap raised past 64 KiB) is **414**; bytes that are not HTTP/1.1, or a target
+  that is not a URL, are **400**.
 
 Each of these answers closes the connection. Requests pipelined on one connection are answered
 in order, one at a time; reading pauses while :data:`PIPELINE_DEPTH` wait, or while the socket
@@ -47,6 +51,7 @@ cannot take more output. An idle keep-alive connection closes after uvicorn's
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from collections.abc import Mapping
@@ -57,7 +62,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from pipeline.ingress.app import AsgiMessage, declared_over
+from pipeline.ingress.app import AsgiMessage, declared_over, too_large
 from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
 from pipeline.observability.answers import Headers, answer_head
 from pipeline.observability.bounded import BoundedProtocol
@@ -82,6 +87,13 @@ most of a ``max_body_bytes`` body (or of a ``max_head_bytes`` head) and stall ho
 each, as many as are opened.
 """
 
+MAX_TARGET_BYTES = 65_535
+"""The longest request target (path and query) the ingress can read, whatever the head cap.
+
+httptools' URL parser refuses longer ones (its offsets are 16-bit; not a setting), so a target
+past it is answered **414** even where ``PIPELINE_INGRESS__MAX_HEAD_BYTES`` was raised above it.
+"""
+
 _JSON = (b"content-type", b"application/json")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _RETRY_1 = (b"retry-after", b"1")
@@ -103,7 +115,11 @@ class _Request:
 
 
 def _refusal(status: int, error: str) -> _Request:
-    body = b'{"error": "%s"}' % error.encode()
+    return _refused(status, b'{"error": "%s"}' % error.encode())
+
+
+def _refused(status: int, body: bytes) -> _Request:
+    """The door's answer ``status`` with the JSON ``body``, in place of a request."""
     return _Request(b"", "", b"", {}, b"", keep_alive=False, source=None, refusal=(status, body))
 
 
@@ -339,7 +355,11 @@ class IngressProtocol(BoundedProtocol):
         parser = self._parser
         if parser is None:  # the connection is gone
             return
-        url = httptools.parse_url(self._url)
+        try:
+            url = httptools.parse_url(self._url)
+        except httptools.HttpParserInvalidURLError:
+            self._refuse_target()
+            return
         self._raw_path = url.path
         path = url.path.decode("latin-1")
         self._path = unquote(path) if "%" in path else path
@@ -402,9 +422,11 @@ class IngressProtocol(BoundedProtocol):
     # -- refusals --------------------------------------------------------------------------
 
     def _too_large(self) -> None:
-        if self._source is not None:
-            self.app.counters[self._source.name, "too_large"] += 1
-        self._refuse(_refusal(413, "body too large"))
+        """413: the body passed its source's cap (the answer names it, :func:`too_large`)."""
+        source = self._source
+        assert source is not None  # noqa: S101 - only a source's body has a limit
+        self.app.counters[source.name, "too_large"] += 1
+        self._refuse(_refused(413, too_large(source)))
 
     def _over_budget(self) -> None:
         if self._source is not None:
@@ -413,8 +435,24 @@ class IngressProtocol(BoundedProtocol):
         self._refuse(_refusal(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded"))
 
     def _refuse_head(self) -> None:
-        log.info("request head over %d bytes refused (431)", self.max_head_bytes)
-        self._refuse(_refusal(431, "request head too large"))
+        cap = self.max_head_bytes
+        log.info("request head over %d bytes refused (431)", cap)
+        answer = {
+            "error": "request head too large",
+            "max_head_bytes": cap,
+            "setting": "PIPELINE_INGRESS__MAX_HEAD_BYTES",
+        }
+        self._refuse(_refused(431, json.dumps(answer).encode()))
+
+    def _refuse_target(self) -> None:
+        """A request target httptools cannot read: 414 past its length, else 400."""
+        if len(self._url) > MAX_TARGET_BYTES:
+            log.info("request target over %d bytes refused (414)", MAX_TARGET_BYTES)
+            answer = {"error": "request target too long", "max_target_bytes": MAX_TARGET_BYTES}
+            self._refuse(_refused(HTTPStatus.REQUEST_URI_TOO_LONG, json.dumps(answer).encode()))
+        else:
+            log.info("invalid request target refused (400)")
+            self._refuse(_refusal(400, "invalid HTTP request"))
 
     def _body_late(self) -> None:
         self._body_timer = None
