@@ -5,7 +5,8 @@ main or retry topic would copy live traffic. The DLQ is read by a consumer group
 the DLQ, the target and the filters as typed (``--since 2h`` stays ``2h``, see
 :meth:`~pipeline.redrive.select.Selection.typed_as`), up to the end offsets seen at start. A
 message that passes the filters is produced to ``--to`` or to its origin topic with its original
-key, value and event id, its failure headers removed and ``pl-redrive-count`` raised by one; a
+key, value and event id (one without: its first delivery's position, the name ``ctx.once`` knew
+it by, :func:`redriven`), its failure headers removed and ``pl-redrive-count`` raised by one; a
 message already redriven ``max_redrives`` times is refused (it would loop). Positions are
 committed after each produced batch, and a stop (cancellation; Ctrl-C or SIGTERM in
 ``pipeline redrive``) in the middle of one waits for the broker's answer to the records on their
@@ -34,7 +35,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pipeline import headers as h
@@ -62,6 +63,8 @@ _DROPPED_HEADERS = {
     h.ORIGIN_OFFSET,
     h.SLA_FROM_MS,
 }
+_DECIMAL = re.compile(rb"[0-9]{1,19}")
+"""A partition or offset as the origin headers write it."""
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 """A name a topic can have on either broker (Kafka's rule); any other names none there is."""
 _RECHECK_S = 2.0
@@ -100,6 +103,10 @@ class Report:
     unread: int = 0
     """Messages of the DLQ (up to its end seen at start) a run stopped at its limit did not read:
     the same command run again reads them (those expired meanwhile excepted)."""
+    unidentified: int = 0
+    """Moved (or, dry, to move) without an event id, their dead letters having neither one nor a
+    first delivery to name them by (:func:`first_delivery`; produced by hand): a handler's
+    ``ctx.once`` takes each for a new event and runs its effects again."""
 
     @property
     def left(self) -> int:
@@ -137,11 +144,37 @@ def group_name(dlq: str, target: str | None, selection: Selection) -> str:
 
 
 def redriven(message: Message, dlq_name: str) -> Record:
-    """The message as it goes back: same key and value, failure headers gone, count raised."""
+    """The message as it goes back: same key and value, failure headers gone, count raised.
+
+    A dead letter without an event id goes back with its first delivery's position as one
+    (:func:`first_delivery`), the name ``ctx.once`` knew the event by: its origin headers are
+    removed (on a main topic they would be read as another producer's), and without them the
+    message would be a new event whose effects run again.
+    """
     out = {k: v for k, v in message.headers.items() if k not in _DROPPED_HEADERS}
     out[h.REDRIVE_COUNT] = b"%d" % (h.int_header(message.headers, h.REDRIVE_COUNT) + 1)
     out[h.REDRIVEN_FROM] = f"{dlq_name}:{message.partition}:{message.offset}".encode()
+    if not out.get(h.EVENT_ID):
+        first = first_delivery(message.headers)
+        if first is not None:
+            out[h.EVENT_ID] = first
     return Record(message.value, message.key, out)
+
+
+def first_delivery(headers: Mapping[str, bytes]) -> bytes | None:
+    """``topic:partition:offset`` of a dead letter's first delivery, or None if it names none.
+
+    The retry router writes it in the origin headers of every copy: it is what the idempotency
+    guard names an event without ``pl-event-id`` by
+    (:func:`~pipeline.retry.guard_store.message_id`). A dead letter produced by hand (or one
+    lacking its partition or offset, or with one that is no decimal number) names none.
+    """
+    topic = headers.get(h.ORIGIN_TOPIC)
+    partition = headers.get(h.ORIGIN_PARTITION, b"")
+    offset = headers.get(h.ORIGIN_OFFSET, b"")
+    if not topic or not (_DECIMAL.fullmatch(partition) and _DECIMAL.fullmatch(offset)):
+        return None
+    return b"%s:%s:%s" % (topic, partition, offset)
 
 
 @dataclass(frozen=True)
@@ -474,6 +507,8 @@ class Redrive:
                 self._taken += 1
             if target is None or self._dry_run:
                 batch.settled[i] = True
+                if target is not None and _unidentified(redriven(message, self._dlq)):
+                    self.report.unidentified += 1
             else:
                 by_target.setdefault(target, []).append((i, redriven(message, self._dlq)))
         for target, picked in by_target.items():
@@ -672,7 +707,13 @@ class Redrive:
         for i, _ in chunk:
             batch.settled[i] = True
         self.report.moved += len(chunk)
+        self.report.unidentified += sum(1 for _, record in chunk if _unidentified(record))
         self.report.moved_to[target] += len(chunk)
+
+
+def _unidentified(record: Record) -> bool:
+    """Whether ``record`` goes back without an event id (``ctx.once`` sees a new event)."""
+    return not (record.headers or {}).get(h.EVENT_ID)
 
 
 def _framed(record: Record) -> int:
