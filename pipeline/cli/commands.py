@@ -788,6 +788,12 @@ def _print_redrive(report: Report, *, dry_run: bool) -> None:
     )
     for target, count in report.moved_to.items():
         typer.echo(f"  -> {target}: {count}")
+    if report.unidentified:
+        typer.echo(
+            f"  {report.unidentified} without pl-event-id or origin position: ctx.once in their"
+            " handler takes each for a new event and runs its effects again (give a dead letter"
+            " produced by hand the pl-event-id of its event)"
+        )
 
 
 def _redrive_outcome(report: Report, dlq: str, limit: int | None) -> tuple[str, int]:

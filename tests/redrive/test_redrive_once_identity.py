@@ -14,9 +14,10 @@ from redrive.helpers import dead_letter_lane
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
 from pipeline import headers as h
+from pipeline.cli.commands import _print_redrive
 from pipeline.envelope import Message, Record
 from pipeline.errors import DeadLetter
-from pipeline.redrive.redrive import Redrive, redriven
+from pipeline.redrive.redrive import Redrive, Report, redriven
 from pipeline.redrive.select import Selection
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
@@ -96,3 +97,13 @@ async def test_a_redrive_counts_the_dead_letters_once_cannot_recognise(
     dry = await Redrive(transport, dlq, Selection(), dry_run=True).run()
     report = await Redrive(transport, dlq, Selection()).run()
     assert (dry.unidentified, report.moved, report.unidentified) == (1, 3, 1)
+
+
+def test_the_redrive_command_says_how_many_once_cannot_recognise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Its summary names the dead letters moved without an identity, and what that costs."""
+    _print_redrive(Report(scanned=3, selected=3, moved=3, unidentified=2), dry_run=False)
+    assert "2 without pl-event-id or origin position: ctx.once" in capsys.readouterr().out
+    _print_redrive(Report(scanned=3, selected=3, moved=3), dry_run=False)
+    assert "ctx.once" not in capsys.readouterr().out
