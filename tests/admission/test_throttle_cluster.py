@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
+from itertools import count
 
 import pytest
+from admission.slot_migration import migrating, owner_and_other, private_cluster
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -19,6 +20,17 @@ from pipeline.admission.throttle import Throttle
 
 pytestmark = pytest.mark.redis
 CLUSTER_PORT = 7000
+
+
+@pytest.fixture(scope="module")
+def private_url() -> Iterator[str]:
+    """A Redis Cluster of this module's own, for the tests that migrate a slot.
+
+    A slot migrating on the shared cluster redirected a concurrent test's new key in that slot
+    to the importing node, where it stayed once the slot was stable again (``slot_migration``).
+    """
+    with private_cluster() as url:
+        yield url
 
 
 async def _delete_namespace(client: RedisCluster, prefix: str, namespace: str) -> None:
@@ -63,14 +75,7 @@ async def test_multi_key_acquire_and_handover_on_cluster(unique):
             await c.aclose()
 
 
-def _owner_and_other(client: RedisCluster, slot: int) -> tuple[Redis, Redis]:
-    """Plain clients on the primary serving ``slot`` and on another primary."""
-    owner = client.nodes_manager.get_node_from_slot(slot)
-    other = next(n for n in client.get_primaries() if n.name != owner.name)
-    return Redis(host=owner.host, port=owner.port), Redis(host=other.host, port=other.port)
-
-
-async def test_a_call_during_a_slot_migration_changes_nothing(unique):
+async def test_a_call_during_a_slot_migration_changes_nothing(private_url, unique):
     """A throttle call refused while its slot migrates leaves no half-done change behind.
 
     The functions declared only ``T:meta``, so Redis ran them on the migrating node and stopped
@@ -78,70 +83,43 @@ async def test_a_call_during_a_slot_migration_changes_nothing(unique):
     its hand-over failed, and the waiter it was owed never got the free slot, after the
     migration as well.
     """
-    require_service("redis cluster (deploy/local/redis-cluster.sh)", "127.0.0.1", CLUSTER_PORT)
-    client = RedisCluster.from_url(f"redis://127.0.0.1:{CLUSTER_PORT}")
+    client = RedisCluster.from_url(private_url)
     namespace = f"mig{unique}"
     dead = ThrottleFunctions(client, "pltest", namespace, member="dead", default_limit=1)
     alive = ThrottleFunctions(client, "pltest", namespace, member="alive", default_limit=1)
     slot = await client.cluster_keyslot(k.meta("pltest", namespace))
-    source, target = _owner_and_other(client, slot)
     try:
         assert (await dead.acquire("held", 0, 60_000, ["org:a"], try_only=False)).state == "granted"
         assert (
             await alive.acquire("owed", 0, 60_000, ["org:a"], try_only=False)
         ).state == "waiting"
         await client.zadd(k.leases("pltest", namespace), {"held": 1})  # its member died long ago
-        source_id = (await source.execute_command("CLUSTER", "MYID")).decode()
-        target_id = (await target.execute_command("CLUSTER", "MYID")).decode()
-        await target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-        await source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-        try:
+        async with migrating(client, slot):
             with pytest.raises(rexc.RedisError):  # refused while the slot migrates
                 await alive.renew(["owed"])
-        finally:
-            for node in (target, source):
-                await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
         assert (await alive.renew(["owed"])).letters == "g"  # the lapsed slot went to the waiter
     finally:
         await _delete_namespace(client, "pltest", namespace)
-        for c in (source, target):
-            await c.aclose()
         await client.aclose()
 
 
-@contextlib.asynccontextmanager
-async def _migrating(source: Redis, target: Redis, slot: int) -> AsyncIterator[None]:
-    """Put ``slot`` into the migrating state from ``source`` to ``target``; stable again after."""
-    source_id = (await source.execute_command("CLUSTER", "MYID")).decode()
-    target_id = (await target.execute_command("CLUSTER", "MYID")).decode()
-    await target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    await source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-    try:
-        yield
-    finally:
-        for node in (target, source):
-            await node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
-
-
-async def test_an_acquisition_during_a_slot_migration_fails_open(unique, caplog):
+async def test_an_acquisition_during_a_slot_migration_fails_open(private_url, unique, caplog):
     """An acquisition refused while its slot migrates is admitted unconditionally, in one line."""
-    require_service("redis cluster (deploy/local/redis-cluster.sh)", "127.0.0.1", CLUSTER_PORT)
-    client = RedisCluster.from_url(f"redis://127.0.0.1:{CLUSTER_PORT}")
+    client = RedisCluster.from_url(private_url)
     namespace = f"mfo{unique}"
     throttle = Throttle(
         client,
         prefix="pltest",
         namespace=namespace,
         default_limit=1,
-        wake_client=RedisCluster.from_url(f"redis://127.0.0.1:{CLUSTER_PORT}"),
+        wake_client=RedisCluster.from_url(private_url),
     )
     await throttle.start()
     slot = await client.cluster_keyslot(k.meta("pltest", namespace))
-    source, target = _owner_and_other(client, slot)
     try:
         await throttle.release(await throttle.acquire(["org:a"]))  # the namespace's keys exist
         caplog.clear()
-        async with _migrating(source, target, slot):
+        async with migrating(client, slot):
             waited = await throttle.acquire(["org:a"])
             tried = await throttle.try_acquire(["org:a"])
         assert waited.unconditional
@@ -154,8 +132,6 @@ async def test_an_acquisition_during_a_slot_migration_fails_open(unique, caplog)
     finally:
         await throttle.close()
         await _delete_namespace(client, "pltest", namespace)
-        for c in (source, target):
-            await c.aclose()
         await client.aclose()
 
 
@@ -176,3 +152,52 @@ async def test_fails_open_when_the_cluster_is_unreachable(unique):
     await eventually(lambda: throttle._wake.errors > 0, 10)  # the wake read failed, and goes on
     await throttle.close()
     await throttle.client.aclose()
+
+
+async def _keys_in_slot(client: RedisCluster, slot: int) -> dict[str, int]:
+    """How many keys of ``slot`` each primary holds, and ``"unstable"``: the slot marks seen.
+
+    A node shows a slot it migrates or imports as ``[slot->-id]`` or ``[slot-<-id]`` in the line
+    of ``CLUSTER NODES`` describing itself.
+    """
+    found = {"unstable": 0}
+    for node in client.get_primaries():
+        plain = Redis(host=node.host, port=node.port)
+        try:
+            found[node.name] = await plain.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+            lines = (await plain.execute_command("CLUSTER", "NODES")).decode().splitlines()
+            found["unstable"] += sum("myself" in line and "[" in line for line in lines)
+        finally:
+            await plain.aclose()
+    return found
+
+
+async def test_a_slot_migration_leaves_every_key_on_the_node_serving_its_slot(private_url):
+    """A key another client creates in a migrating slot is on the slot's owner after, readable.
+
+    The migrating node redirects (``ASK``) a command for a key it does not hold to the importing
+    node, which creates the key there; set ``STABLE`` again, the importing node kept it out of
+    every client's reach (and its test's cleanup), and the owner answered as if it had never
+    been written. So too when the test fails while the slot migrates.
+    """
+    client = RedisCluster.from_url(private_url)
+    other = RedisCluster.from_url(private_url)  # another test's client, unaware of the migration
+    slot = 5
+    key = next(name for i in count() if client.keyslot(name := f"{{other-{i}}}:stats") == slot)
+    mine = next(name for i in count() if client.keyslot(name := f"{{mine-{i}}}:x") == slot)
+    owner, importer = (node.name for node in await owner_and_other(client, slot))
+    try:
+        await client.set(mine, "1")
+        async with migrating(client, slot, moved=[mine]):
+            await other.hset(key, "n", "1")
+            assert (await _keys_in_slot(client, slot))[importer] == 2
+        assert (await other.hgetall(key), await client.get(mine)) == ({b"n": b"1"}, b"1")
+        assert await _keys_in_slot(client, slot) == {"unstable": 0, owner: 2, importer: 0}
+        with pytest.raises(RuntimeError, match="the test failed"):
+            async with migrating(client, slot, moved=[mine, key]):
+                raise RuntimeError("the test failed")
+        assert await _keys_in_slot(client, slot) == {"unstable": 0, owner: 2, importer: 0}
+    finally:
+        await client.delete(key, mine)
+        await client.aclose()
+        await other.aclose()
