@@ -1,4 +1,8 @@
-"""The throttle's key layout on a 3-node Redis Cluster (deploy/local/redis-cluster.sh)."""
+"""The throttle on a Redis Cluster: the shared one (deploy/local/redis-cluster.sh), or its own.
+
+The tests that migrate a slot do it on a private cluster (``slot_migration``): on the shared one
+a concurrent test's new key in that slot was redirected to the importing node and stranded there.
+"""
 
 from __future__ import annotations
 
