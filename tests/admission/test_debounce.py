@@ -99,8 +99,12 @@ async def running(*runners: TurnRunner) -> AsyncIterator[None]:
 
 
 async def test_burst_inside_quiet_period_gives_one_turn_with_every_message_in_order(redis, lane):
-    """A burst of M messages inside the quiet period gives one turn holding all M in order."""
-    debouncer = Debouncer(redis, PREFIX, lane, policy(quiet_s=0.3))
+    """A burst of M messages inside the quiet period gives one turn holding all M in order.
+
+    The runner claims while the burst is recorded; the quiet period (3 s) is long enough that a
+    loaded machine's stall between two records does not end it (at 0.3 s, one did).
+    """
+    debouncer = Debouncer(redis, PREFIX, lane, policy(quiet_s=3.0))
     recorder = Recorder()
     async with running(TurnRunner(debouncer, recorder)):
         for i in range(8):
@@ -122,13 +126,17 @@ async def test_burst_inside_quiet_period_gives_one_turn_with_every_message_in_or
 
 
 async def test_bursts_farther_apart_give_separate_turns(redis, lane):
-    """A burst recorded after the previous burst's turn fired gets a turn of its own."""
+    """A burst recorded after the previous burst's turn fired gets a turn of its own.
+
+    Each burst is recorded while no runner claims, so a stall between two of its records (a
+    loaded machine) cannot cut it: its turn runs once it is recorded.
+    """
     debouncer = Debouncer(redis, PREFIX, lane, policy())
     recorder = Recorder()
-    async with running(TurnRunner(debouncer, recorder)):
-        for burst in range(3):
-            for i in range(3):
-                await debouncer.record("conv-1", message(burst * 10 + i, f"b{burst}m{i}"))
+    for burst in range(3):
+        for i in range(3):
+            await debouncer.record("conv-1", message(burst * 10 + i, f"b{burst}m{i}"))
+        async with running(TurnRunner(debouncer, recorder)):
             await eventually(lambda n=burst + 1: len(recorder.turns) == n)
     assert [texts(t) for t in recorder.turns] == [[f"b{b}m{i}" for i in range(3)] for b in range(3)]
 
@@ -166,9 +174,13 @@ async def test_full_buffer_forces_a_turn(redis, lane):
 
 
 async def test_four_runners_give_one_turn_per_burst_in_order_without_overlap(redis, lane, settings):
-    """Four members on a lane: one turn per burst, in order, and a key's turns never overlap."""
+    """Four members on a lane: one turn per burst, in order, and a key's turns never overlap.
+
+    The runners claim while the bursts are recorded; the quiet period (3 s) is long enough that
+    a loaded machine's stall between two records of a key's burst does not cut it in two.
+    """
     clients = [Redis.from_url(settings.redis.url) for _ in range(4)]
-    debouncers = [Debouncer(c, PREFIX, lane, policy(quiet_s=0.15)) for c in clients]
+    debouncers = [Debouncer(c, PREFIX, lane, policy(quiet_s=3.0)) for c in clients]
     recorder = Recorder()
     runners = [TurnRunner(d, recorder, max_concurrency=4) for d in debouncers]
     keys = [f"conv-{i}" for i in range(40)]
@@ -206,9 +218,10 @@ async def test_message_during_a_running_turn_lands_in_the_next_turn(redis, lane)
         return True
 
     recorder = Recorder(hold_first)
+    # m0 and m1 are recorded before the runner claims: a stall between them cannot cut them.
+    await debouncer.record("conv", message(0, "m0"))
+    await debouncer.record("conv", message(1, "m1"))
     async with running(TurnRunner(debouncer, recorder)):
-        await debouncer.record("conv", message(0, "m0"))
-        await debouncer.record("conv", message(1, "m1"))
         await eventually(lambda: recorder.turns)
         await debouncer.record("conv", message(2, "m2"))
         release.set()
@@ -230,9 +243,9 @@ async def test_failed_turn_keeps_its_messages_and_runs_again_with_a_higher_attem
 
     recorder = Recorder(fail_twice)
     runner = TurnRunner(debouncer, recorder, backoff=lambda attempt: 50 * attempt)
+    for i in range(3):  # before the runner claims: a stall between two records cannot cut them
+        await debouncer.record("flaky", message(i, f"m{i}"))
     async with running(runner):
-        for i in range(3):
-            await debouncer.record("flaky", message(i, f"m{i}"))
         await eventually(lambda: len(recorder.turns) == 3)
         await eventually(lambda: runner.running == 0)
     assert [t.attempt for t in recorder.turns] == [1, 2, 3]
@@ -364,8 +377,9 @@ async def test_a_conversation_key_with_a_lone_surrogate_is_debounced(redis, lane
     """A conversation key holding a lone surrogate (half a pair escaped in JSON) gets its turn."""
     debouncer = Debouncer(redis, PREFIX, lane, policy(quiet_s=0.05))
     recorder = Recorder()
+    # Both recorded before the runner claims: a stall between them cannot cut them in two.
+    await debouncer.record("conv-\ud800", message(0, "m0"))
+    await debouncer.record("conv-\ud800", message(1, "m1"))
     async with running(TurnRunner(debouncer, recorder)):
-        await debouncer.record("conv-\ud800", message(0, "m0"))
-        await debouncer.record("conv-\ud800", message(1, "m1"))
         await eventually(lambda: recorder.turns)
     assert [(t.key, texts(t)) for t in recorder.turns] == [("conv-\ufffd", ["m0", "m1"])]
