@@ -42,10 +42,16 @@ At the door, before the app sees a byte:
   through (the cap raised past 64 KiB) is **414**; bytes that are not HTTP/1.1, or a target
   that is not a URL, are **400**.
 
-Each of these answers closes the connection. Requests pipelined on one connection are answered
-in order, one at a time; reading pauses while :data:`PIPELINE_DEPTH` wait, or while the socket
-cannot take more output. An idle keep-alive connection closes after uvicorn's
-``timeout_keep_alive``.
+Each of these answers closes the connection, lingering: the ingress ends its side after the
+answer, then reads and drops what the client still sends (the rest of a refused body) until the
+client closes, or for at most :data:`LINGER_BYTES`, :data:`LINGER_S` in all and
+:data:`LINGER_IDLE_S` of silence, counted under the connection bound all the while. Closed at
+once, a client still sending would be reset before it read the answer (Python's urllib, which
+sends the whole body first, got ``Broken pipe`` instead of a 413).
+
+Requests pipelined on one connection are answered in order, one at a time; reading pauses while
+:data:`PIPELINE_DEPTH` wait, or while the socket cannot take more output. An idle keep-alive
+connection closes after uvicorn's ``timeout_keep_alive``.
 """
 
 from __future__ import annotations
@@ -94,6 +100,23 @@ httptools' URL parser refuses longer ones (its offsets are 16-bit; not a setting
 past it is answered **414** even where ``PIPELINE_INGRESS__MAX_HEAD_BYTES`` was raised above it.
 """
 
+LINGER_BYTES = 16 * 1024 * 1024
+"""The most a refused connection is read after its answer; its bytes are dropped as they come.
+
+A client that writes its whole request before it reads its answer (Python's urllib) is still
+sending a body when the door refuses it. Closed with its bytes arriving, the connection is reset
+by the kernel and the client sees a broken pipe, not the refusal: so after a refusal the
+ingress ends its side and reads on (a lingering close, as nginx's ``lingering_close``), until
+the client closes, or this many bytes, :data:`LINGER_S` in all or :data:`LINGER_IDLE_S` of
+silence, whichever comes first.
+"""
+
+LINGER_S = 5.0
+"""The longest a refused connection is read after its answer (:data:`LINGER_BYTES`)."""
+
+LINGER_IDLE_S = 2.0
+"""A refused connection that sends nothing for this long after its answer is closed."""
+
 _JSON = (b"content-type", b"application/json")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _RETRY_1 = (b"retry-after", b"1")
@@ -141,6 +164,8 @@ class IngressProtocol(BoundedProtocol):
     max_head_bytes = 65_536
     unfinished = UnfinishedBodies(MAX_UNFINISHED_BODY_BYTES)
     connections: OpenConnections[IngressProtocol] = OpenConnections(None)
+    _linger_left: int | None = None  # refused and lingering: bytes it may still send
+    _linger_end: asyncio.TimerHandle | None = None
 
     def __init__(
         self,
@@ -213,6 +238,8 @@ class IngressProtocol(BoundedProtocol):
         """Parse ``data``; requests it completes are answered in order."""
         parser = self._parser
         if self._stopped or parser is None:
+            if self._linger_left is not None:
+                self._dropped(len(data))
             return
         self._active()
         self._chunk_bytes = len(data)
@@ -484,15 +511,15 @@ class IngressProtocol(BoundedProtocol):
         self._reading()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._idle, self._body_timer):
+        for timer in (self._idle, self._body_timer, self._linger_end):
             if timer is not None:
                 timer.cancel()
-        self._idle = self._body_timer = None
+        self._idle = self._body_timer = self._linger_end = None
 
     def _reading(self) -> None:
         """Pause or resume reading for the socket's output and the requests waiting."""
         transport = self._transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._linger_left is not None:
             return
         pause = self._stopped or self._write_paused or len(self._waiting) >= PIPELINE_DEPTH
         if pause != self._read_paused:
@@ -559,9 +586,45 @@ class IngressProtocol(BoundedProtocol):
         if not keep_alive:
             self._stopped = True
             self._waiting.clear()
-            transport.close()
+            if request.refusal is None or self._closing or not transport.can_write_eof():
+                transport.close()
+            else:
+                self._linger(transport)
             return
         self._next()
+
+    # -- lingering close -------------------------------------------------------------------
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """After a refusal: end this side, then read and drop what the client still sends.
+
+        The client may be sending the rest of its request (a body the door refused): closed
+        now, its bytes would be answered with a reset, and a client that reads only once it has
+        sent everything would see a broken pipe instead of the refusal. The connection is closed
+        when the client closes it, or after :data:`LINGER_BYTES`, :data:`LINGER_S` in all or
+        :data:`LINGER_IDLE_S` of silence; until then it counts under the connection bound (and
+        may be evicted for a new one). Nothing is logged: refusals come in floods.
+        """
+        transport.write_eof()  # after the answer
+        self._linger_left = LINGER_BYTES
+        self._linger_end = self._loop.call_later(LINGER_S, self._drop)
+        self._idle = self._loop.call_later(LINGER_IDLE_S, self._drop)
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+
+    def _dropped(self, size: int) -> None:
+        """``size`` bytes came after the refusal: dropped; closed past :data:`LINGER_BYTES`."""
+        left = self._linger_left
+        assert left is not None  # noqa: S101 - only called while lingering
+        self._linger_left = left = left - size
+        if self._idle is not None:
+            self._idle.cancel()
+        if left < 0:
+            self._idle = None
+            self._drop()
+        else:
+            self._idle = self._loop.call_later(LINGER_IDLE_S, self._drop)
 
     def _idle_out(self) -> None:
         self._idle = None
