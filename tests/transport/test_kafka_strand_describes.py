@@ -15,6 +15,8 @@ import asyncio
 import threading
 import time
 import uuid
+from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -165,3 +167,57 @@ async def test_unowned_partitions_that_stay_so_are_described_once_per_disagreeme
         3,  # the main topic unowned instead: a different set, described at once
         3,
     ]
+
+
+class _LaggingAdmin:
+    """The admin client's two answers the watch reads, as a broker whose metadata lags gives them.
+
+    A fake: a real single broker cannot answer a description from metadata older than its own.
+    """
+
+    def __init__(self) -> None:
+        self.owned: set[int] = set()
+        self.partitions = 2
+        self.described = 0
+
+    def describe_consumer_groups(self, groups: list[str], request_timeout: float) -> Any:  # noqa: ARG002
+        assignment = SimpleNamespace(
+            topic_partitions=[SimpleNamespace(topic="t", partition=p) for p in sorted(self.owned)]
+        )
+        group = SimpleNamespace(
+            state=ConsumerGroupState.STABLE, members=[SimpleNamespace(assignment=assignment)]
+        )
+        return {groups[0]: _done(group)}
+
+    def describe_topics(self, topics: Any, request_timeout: float) -> Any:  # noqa: ARG002
+        self.described += 1
+        ids = [SimpleNamespace(id=p) for p in range(self.partitions)]
+        return {"t": _done(SimpleNamespace(partitions=ids))}
+
+
+def _done(value: object) -> Future[object]:
+    future: Future[object] = Future()
+    future.set_result(value)
+    return future
+
+
+def test_partitions_owned_but_not_yet_described_are_asked_for_until_known() -> None:
+    """A grown topic described by a lagging broker is described again until it names them.
+
+    Kept as a confirmed disagreement, partitions 2 and 3 stayed unknown for 5 minutes, and
+    then, left to no member, went unseen: neither unowned nor unknown.
+    """
+    watch = StrandWatch(Settings().kafka, "g", ["t"])
+    admin = _LaggingAdmin()
+    watch._admin = admin
+    admin.owned = {0, 1}
+    assert watch._unowned() == frozenset()
+    admin.owned = {0, 1, 2, 3}  # the topic grew; the description still says 2
+    assert watch._unowned() == frozenset()
+    admin.partitions = 4  # the broker's metadata caught up
+    assert watch._unowned() == frozenset()
+    admin.owned = {0, 1}  # 2 and 3 left to no member
+    assert watch._unowned() == {("t", 2), ("t", 3)}
+    described = admin.described
+    assert watch._unowned() == {("t", 2), ("t", 3)}
+    assert admin.described == described  # the same unowned set is not described again

@@ -76,7 +76,7 @@ class StrandWatch:
         """Every partition of the topics, as last described."""
         self._described_s = float("-inf")
         self._confirmed: Partitions = frozenset()
-        """The partitions unknown or unowned when the topics were last described."""
+        """The partitions left unowned when the topics were last described."""
 
     def due(self) -> bool:
         """Whether the next check is due (never, once stopped)."""
@@ -135,13 +135,14 @@ class StrandWatch:
             if tp.topic in watched
         }
         stale = time.monotonic() - self._described_s >= _DESCRIBE_EVERY_S
-        disagreement = owned ^ self._partitions  # partitions not known, and ones left unowned
-        if stale or (disagreement and disagreement != self._confirmed):
-            # A new one is confirmed on a fresh description (a topic grown, or made again
-            # smaller); the same one at the next checks is not: a partition stranded for good
-            # would otherwise have the topics described at every check.
+        unknown, unowned = owned - self._partitions, self._partitions - owned
+        if stale or unknown or (unowned and unowned != self._confirmed):
+            # A partition owned but not known (its topic grew) is described at every check until
+            # a description names it; unowned ones are confirmed on a fresh description (a topic
+            # made again smaller), and the same ones at the next checks are not: a partition
+            # stranded for good would otherwise have the topics described at every check.
             self._partitions, whole = self._described(admin, timeout_s)
-            self._confirmed = frozenset(owned ^ self._partitions)
+            self._confirmed = frozenset(self._partitions - owned)
             # One that left a topic out is asked again at the next check, not kept 5 min.
             self._described_s = time.monotonic() if whole else float("-inf")
         return frozenset(self._partitions - owned)
