@@ -602,10 +602,11 @@ class IngressProtocol(BoundedProtocol):
         now, its bytes would be answered with a reset, and a client that reads only once it has
         sent everything would see a broken pipe instead of the refusal. The connection is closed
         when the client closes it, or after :data:`LINGER_BYTES`, :data:`LINGER_S` in all or
-        :data:`LINGER_IDLE_S` of silence; until then it counts under the connection bound (and
-        may be evicted for a new one). Nothing is logged: refusals come in floods.
+        :data:`LINGER_IDLE_S` of silence; until then it counts under the connection bound (the
+        first to be evicted for a new one). Nothing is logged: refusals come in floods.
         """
         transport.write_eof()  # after the answer
+        self.connections.done(self)  # the first to evict for a new connection
         self._linger_left = LINGER_BYTES
         self._linger_end = self._loop.call_later(LINGER_S, self._drop)
         self._idle = self._loop.call_later(LINGER_IDLE_S, self._drop)

@@ -47,10 +47,11 @@ class OpenConnections(Generic[C]):
     ``stalled`` holds the open connections with no request being answered, the one that has
     sent nothing for the longest first: a connection leaves it while a request of its own is
     answered (:meth:`answering`) and comes back last (:meth:`answered`), and a read moves it
-    last (:meth:`active`). The one evicted is then found in O(1), however many are answering,
-    and a slow upload that keeps sending outlives the connections that stall, however many an
-    attacker opens after it. Only these methods touch ``stalled`` and each connection's
-    ``admitted``: a protocol tells what happened to its connection, never edits either.
+    last (:meth:`active`); one that was refused and only closes moves first (:meth:`done`). The
+    one evicted is then found in O(1), however many are answering, and a slow upload that keeps
+    sending outlives the connections that stall, however many an attacker opens after it. Only
+    these methods touch ``stalled`` and each connection's ``admitted``: a protocol tells what
+    happened to its connection, never edits either.
     """
 
     __slots__ = (
@@ -126,6 +127,12 @@ class OpenConnections(Generic[C]):
         """``connection``'s request is answered: the last one to evict, if it still counts."""
         if connection.admitted:
             self.stalled[connection] = None
+
+    def done(self, connection: C) -> None:
+        """``connection`` has nothing more to ask (refused, closing): the first one to evict."""
+        if connection.admitted:
+            self.stalled[connection] = None
+            self.stalled.move_to_end(connection, last=False)
 
     def _close_stalled(self) -> bool:
         """Evict the connection stalled for the longest; whether there was one."""

@@ -121,3 +121,22 @@ def test_connections_closed_for_the_bound_are_logged_at_most_every_few_seconds(
     assert len(lines) == 2
     assert "the test bound: 1 stalled ones closed" in lines[0]
     assert "the test bound: 2 stalled ones closed" in lines[1]
+
+
+def test_a_connection_that_only_closes_is_evicted_first() -> None:
+    """A refused connection read until its client closes goes before the ones stalled longer.
+
+    The ingress reads a refused client on for a few seconds (a lingering close); those are the
+    connections with nothing more to ask, so a new connection takes the place of one of them,
+    not of a client whose request may still come. A lost one is not evicted.
+    """
+    connections, _ = _bound(3)
+    a, b, c = _admitted(connections, "a", "b", "c")
+    connections.answering(c)
+    connections.done(c)  # refused while answered, now only closing
+    _admitted(connections, "d")
+    assert (a.evictions, b.evictions, c.evictions) == (0, 0, 1)
+    connections.leave(b)
+    connections.done(b)  # lost before: nothing to evict, nothing counted
+    assert connections.count == 2
+    assert b not in connections.stalled

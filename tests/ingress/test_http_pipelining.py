@@ -49,8 +49,17 @@ class Wire:
         self.closed.set()
         self.changed.set()
 
+    def can_write_eof(self) -> bool:
+        """The server may end its side (a refusal's lingering close)."""
+        return True
+
+    def write_eof(self) -> None:
+        """The server ended its side after a refusal: the connection is over for the client."""
+        self.closed.set()
+        self.changed.set()
+
     def is_closing(self) -> bool:
-        """Whether :meth:`close` was called."""
+        """Whether :meth:`close` or :meth:`write_eof` was called."""
         return self.closed.is_set()
 
     def pause_reading(self) -> None:
