@@ -11,6 +11,7 @@ one exception, :meth:`AdmissionMetrics.throttled_tenants`, keeps only the top
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -161,15 +162,19 @@ class AdmissionMetrics:
         what follows ``org:`` in its throttle key, the name ``pipeline status`` lists and
         ``pipeline throttle status`` prints after ``org:`` (one whose key is over a Redis key
         part's bound by its head and the key's digest, at most 312 bytes; a lone surrogate as
-        U+FFFD, so the exposition stays UTF-8). Tenants of one name are one throttle key: their
-        waiting messages are one series.
+        U+FFFD, so the exposition stays UTF-8). Only the top tenants (twice as many as shown)
+        are named, since a name may cost a digest of a long header, at every tick; those of one
+        name are one throttle key, and their waiting messages one series.
         """
+        ranked = heapq.nsmallest(
+            2 * TOP_TENANTS,  # those that share a name have room to be one series
+            ((tenant, count) for tenant, count in waiting_by_tenant.items() if count > 0),
+            key=lambda item: (-item[1], item[0]),
+        )
         named: Counter[str] = Counter()
-        for tenant, count in waiting_by_tenant.items():
-            if count > 0:
-                named[org_name(tenant)] += count
-        ranked = sorted(named.items(), key=lambda item: (-item[1], item[0]))
-        top = dict(ranked[:TOP_TENANTS])
+        for tenant, count in ranked:
+            named[org_name(tenant)] += count
+        top = dict(sorted(named.items(), key=lambda item: (-item[1], item[0]))[:TOP_TENANTS])
         for gone in self._shown.get(lane, set()) - top.keys():
             self._tenants.remove(lane, gone)
         for tenant, count in top.items():
