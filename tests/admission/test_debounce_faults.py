@@ -134,13 +134,13 @@ async def test_runner_killed_mid_turn_loses_nothing_to_a_runner_already_waiting(
         turns.append(turn)
         return True
 
+    for i in range(3):  # before the member claims: a stall between two cannot cut them
+        await recorder.record("conv", message(i))
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", MEMBER, redis_service, lane, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert child.stdout is not None
-        for i in range(3):
-            await recorder.record("conv", message(i))
         line = await asyncio.wait_for(child.stdout.readline(), 60)
         assert line.split() == [b"claimed", b"conv", b"3"]
         async with running(TurnRunner(survivor, keep, poll_interval_ms=1500)):

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.redis
 PREFIX = "pltest"
 POLICY = DebouncePolicy(key="conversation_id", quiet_s=0.05, max_wait_s=5.0, max_batch=100)
 NEVER_MS = 3_600_000  # a watchdog interval no test outlives: only wake-ups can start a turn
+PATIENT = POLICY.model_copy(update={"quiet_s": 3.0})
+"""Quiet long enough that a loaded machine's stall between two records a test makes one after
+the other, while a runner waits, does not let the first one's turn fall due before the second."""
 
 
 class CountingConnection(Connection):
@@ -115,8 +118,8 @@ async def test_idle_lane_with_three_runners_sends_no_command(redis_service, lane
 async def test_record_in_another_process_wakes_a_blocked_runner(redis_service, lane):
     """A record by another member wakes a blocked runner through the wake list; the turn runs."""
     async with members(redis_service, 2) as (producer, member):
-        recorder = Debouncer(producer, PREFIX, lane, POLICY)  # no runner: no local wake-up
-        debouncer = Debouncer(member, PREFIX, lane, POLICY)
+        recorder = Debouncer(producer, PREFIX, lane, PATIENT)  # no runner: no local wake-up
+        debouncer = Debouncer(member, PREFIX, lane, PATIENT)
         keep = Keep()
         async with running(TurnRunner(debouncer, keep, poll_interval_ms=NEVER_MS)):
             await blocked(debouncer)
@@ -133,8 +136,8 @@ async def test_record_in_another_process_wakes_a_blocked_runner(redis_service, l
 async def test_runner_holds_the_timer_for_the_next_turn_without_a_wake_up(redis_service, lane):
     """After a step the runner holds the lane's next due time: a later turn needs no wake-up."""
     async with members(redis_service, 2) as (producer, member):
-        recorder = Debouncer(producer, PREFIX, lane, POLICY)
-        debouncer = Debouncer(member, PREFIX, lane, POLICY)
+        recorder = Debouncer(producer, PREFIX, lane, PATIENT)
+        debouncer = Debouncer(member, PREFIX, lane, PATIENT)
         keep = Keep()
         async with running(TurnRunner(debouncer, keep, poll_interval_ms=NEVER_MS)):
             await blocked(debouncer)
