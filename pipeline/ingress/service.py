@@ -641,6 +641,7 @@ def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) 
         proxy_headers=False,  # nothing reads the client address: one ASGI layer less
         access_log=False,
         log_level="warning",
+        log_config=None,  # its loggers propagate: the process's format, trace and worker fields
         timeout_graceful_shutdown=max(1, int(step_s(built.ingress))),  # whole seconds
     )
     return _Server(config)

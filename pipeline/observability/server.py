@@ -231,6 +231,7 @@ async def serve_metrics(
         lifespan="off",
         access_log=False,
         log_level="warning",
+        log_config=None,  # its loggers propagate: the process's format, trace and worker fields
     )
     http = _Server(config)
     server.start()

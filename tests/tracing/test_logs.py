@@ -173,3 +173,32 @@ def test_a_line_outside_a_worker_names_none() -> None:
     record = logging.makeLogRecord({"name": "pipeline.test", "msg": "hello", "levelname": "INFO"})
     assert "worker" not in TextFormatter().format(record)
     assert "worker" not in json.loads(JsonFormatter().format(record))
+
+
+_UVICORN_LINE = """
+import logging
+from starlette.applications import Starlette
+from pipeline.log_repeats import configure_logging
+from pipeline.registry.server.serve import uvicorn_config
+configure_logging("WARNING", "json", worker=1)
+uvicorn_config(Starlette(), "127.0.0.1", 0)  # uvicorn sets its loggers up here
+logging.getLogger("uvicorn.error").warning("graceful shutdown exceeded")
+"""
+
+
+def test_the_http_servers_own_lines_are_in_the_process_format() -> None:
+    """The HTTP server's loggers propagate: its lines are JSON with the process's fields.
+
+    With uvicorn's default logging config its lines came out as ``WARNING:  ...`` on a handler
+    of its own: neither JSON nor the worker's index, trace ids or the repeat backoff.
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", _UVICORN_LINE], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    (line,) = out.stderr.strip().splitlines()
+    doc = json.loads(line)
+    assert (doc["logger"], doc["message"], doc["worker"]) == (
+        "uvicorn.error",
+        "graceful shutdown exceeded",
+        1,
+    )

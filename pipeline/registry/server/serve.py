@@ -25,7 +25,14 @@ _SERVER_ERROR = 500
 def uvicorn_config(app: Starlette, host: str, port: int) -> uvicorn.Config:
     """The uvicorn settings for the registry: no websockets, no access log, no lifespan."""
     return uvicorn.Config(
-        app, host=host, port=port, ws="none", lifespan="off", access_log=False, log_level="warning"
+        app,
+        host=host,
+        port=port,
+        ws="none",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        log_config=None,  # its loggers propagate: the process's format and trace fields
     )
 
 
