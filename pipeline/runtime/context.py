@@ -44,7 +44,12 @@ class Context:
 
     @property
     def event_id(self) -> str | None:
-        """The provider's event id header, if the producer set one."""
+        """The provider's event id header, if the producer set one.
+
+        A redriven copy of an event that had none carries its first delivery's
+        ``topic:partition:offset`` here (what ``ctx.once`` knew it by), where the first run saw
+        None.
+        """
         raw = self.message.headers.get(h.EVENT_ID)
         return raw.decode(errors="replace") if raw else None
 
