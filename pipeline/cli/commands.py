@@ -32,6 +32,7 @@ from pipeline import tracing
 from pipeline.admission.cli import app as throttle_app
 from pipeline.capacity.cli import capacity_command
 from pipeline.cli.cancel import cancel_command
+from pipeline.cli.flags import show_flags_as_flags
 from pipeline.cli.offload import app as offload_app
 from pipeline.cli.status_view import status_command
 from pipeline.cli_support import (
@@ -81,6 +82,7 @@ app.add_typer(offload_app, name="offload")  # pipeline offload purge
 app.command("status")(status_command)
 app.command("capacity")(capacity_command)
 app.command("cancel")(cancel_command)
+show_flags_as_flags()  # every command's --help: --json, not --json <bool>
 
 
 def _print_version(given: bool) -> None:
