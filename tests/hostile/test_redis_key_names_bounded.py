@@ -166,7 +166,9 @@ async def test_a_debounced_lane_with_a_huge_conversation_key(
 ) -> None:
     """Two messages of one 1 MiB conversation key (JSON field): one turn, bounded names."""
     caplog.set_level(logging.INFO)
-    debounce = {"key": "conversation_id", "quiet_s": 0.3, "max_wait_s": 5, "max_batch": 50}
+    # Quiet long enough that the two are one turn on a loaded host: at 0.3 s, a stall of the
+    # member between its two records (each sends the 1 MiB key) let the first fall due alone.
+    debounce = {"key": "conversation_id", "quiet_s": 3, "max_wait_s": 20, "max_batch": 50}
     spec = lane_spec(f"debhuge_{unique}", 1, debounce=debounce)
     await declare(streams, spec)
     app = App([spec])

@@ -417,7 +417,9 @@ async def test_a_debounced_turn_resolves_its_buffered_references(
     transport: Transport, redis: Redis, store_url: str, unique: str
 ) -> None:
     """A debounced lane buffers references; its turn gets every large event decoded, in order."""
-    quiet = {"key": "conversation_id", "quiet_s": 0.3, "max_wait_s": 5, "max_batch": 50}
+    # Quiet long enough that the three are one turn on a loaded host: at 0.3 s, a stall of the
+    # member between two of its records let the first ones' turn fall due alone.
+    quiet = {"key": "conversation_id", "quiet_s": 3, "max_wait_s": 20, "max_batch": 50}
     spec = offload_lane(f"turns_{unique}", store_url, debounce=quiet)
     events = [Said(conversation_id="c1", n=n, text=str(n) * 300_000) for n in range(3)]
     async with declared(transport, redis, unique, spec):
