@@ -11,7 +11,6 @@ one exception, :meth:`AdmissionMetrics.throttled_tenants`, keeps only the top
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -141,6 +140,7 @@ class AdmissionMetrics:
         self._fail_open = metrics.counter(m.THROTTLE_FAIL_OPEN)
         self._tenants = metrics.gauge(m.THROTTLED_TENANTS)
         self._shown: dict[str, set[str]] = {}
+        self._names: dict[str, str] = {}  # the label of each tenant waiting at the last call
 
     def waiting(self, lane: str, count: int) -> None:
         """``count`` messages of ``lane`` wait for a throttle slot now."""
@@ -162,18 +162,21 @@ class AdmissionMetrics:
         what follows ``org:`` in its throttle key, the name ``pipeline status`` lists and
         ``pipeline throttle status`` prints after ``org:`` (one whose key is over a Redis key
         part's bound by its head and the key's digest, at most 312 bytes; a lone surrogate as
-        U+FFFD, so the exposition stays UTF-8). Only the top tenants (twice as many as shown)
-        are named, since a name may cost a digest of a long header, at every tick; those of one
-        name are one throttle key, and their waiting messages one series.
+        U+FFFD, so the exposition stays UTF-8). Tenants of one name are one throttle key: their
+        waiting messages are one series. The names of the tenants waiting are remembered until
+        the next call: one may cost a digest of a long header, and the same tenants wait tick
+        after tick.
         """
-        ranked = heapq.nsmallest(
-            2 * TOP_TENANTS,  # those that share a name have room to be one series
-            ((tenant, count) for tenant, count in waiting_by_tenant.items() if count > 0),
-            key=lambda item: (-item[1], item[0]),
-        )
+        known, names = self._names, {}
         named: Counter[str] = Counter()
-        for tenant, count in ranked:
-            named[org_name(tenant)] += count
+        for tenant, count in waiting_by_tenant.items():
+            if count > 0:
+                name = known.get(tenant)
+                if name is None:
+                    name = org_name(tenant)
+                names[tenant] = name
+                named[name] += count
+        self._names = names  # only those waiting now: a tenant's text is held as long as it waits
         top = dict(sorted(named.items(), key=lambda item: (-item[1], item[0]))[:TOP_TENANTS])
         for gone in self._shown.get(lane, set()) - top.keys():
             self._tenants.remove(lane, gone)

@@ -192,3 +192,16 @@ def test_labels_stay_few_short_and_valid_for_a_flood_of_hostile_tenants() -> Non
     assert len(_scraped(generate_latest(metrics.registry).decode())) == len(top) - 1
     admission.throttled_tenants(LANE, {})
     assert _scraped(generate_latest(metrics.registry).decode()) == {}
+
+
+def test_a_throttle_key_shared_by_many_tenants_is_ranked_by_their_sum() -> None:
+    """Tenants of one name are ranked as one: 4 x 15 waiting outrank 20 tenants of 20 each."""
+    metrics = Metrics()
+    admission = AdmissionMetrics(metrics)
+    waiting = {f"acme{chr(0xDC80 + n)}": 15 for n in range(4)}  # all "acme\ufffd" in Redis
+    waiting.update({f"other{n:02d}": 20 for n in range(20)})
+    for _ in range(2):  # the second tick names them from what the first learnt
+        admission.throttled_tenants(LANE, waiting)
+        scraped = _scraped(generate_latest(metrics.registry).decode())
+        assert scraped[org_name("acme" + LONE)] == 60
+        assert len(scraped) == TOP_TENANTS
