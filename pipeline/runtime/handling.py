@@ -6,7 +6,8 @@ does not reach its handler (:mod:`~pipeline.runtime.sojourn`). Otherwise the han
 event loop, in the CPU pool for ``cpu=True`` lanes, or, on debounced lanes, the message is
 recorded for its conversation's turn (:mod:`~pipeline.runtime.turns`). Every failure is routed
 by :class:`~pipeline.runtime.redirect.Redirector` (retry tier or dead-letter topic); the outcome
-string says what happened.
+string says what happened, and :class:`~pipeline.runtime.failure_log.FailureLog` logs it (with
+its traceback, repeats backed off).
 
 Deadlines and waiting times compare now with times other hosts wrote (a ticker's
 ``pl-deadline-ms``, a retry copy's due time): now is read off the stage's clock, which in a
@@ -31,6 +32,7 @@ from pipeline.runtime.app import App, Lane
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.due import due_ms
+from pipeline.runtime.failure_log import FailureLog
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.payloads import Payloads
 from pipeline.runtime.redirect import Redirector
@@ -83,6 +85,7 @@ class HandlerStage:
             lane.name: StandingQueue(lane.spec.sojourn) for lane in lanes if lane.spec.sojourn
         }
         self._payloads = Payloads(lanes, None if metrics is None else metrics.offload)
+        self._failures = FailureLog()
         self.turns: DebouncedLanes | None = None
         """The debouncer, on a member with Redis and debounced lanes (set by the member)."""
         self.deferred: dict[int, Message] = {}
@@ -133,7 +136,9 @@ class HandlerStage:
             tracing.handler_ran(lane.name, called, exc)
             if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
                 self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
-            return await self._routing.failure(lane, message, attempt, exc)
+            outcome = await self._routing.failure(lane, message, attempt, exc)
+            self._failures.failed(lane, message, attempt, exc, outcome)
+            return outcome
         tracing.handler_ran(lane.name, called, None)
         if self._adaptive(lane):
             self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
