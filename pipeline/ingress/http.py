@@ -166,6 +166,7 @@ class IngressProtocol(BoundedProtocol):
     connections: OpenConnections[IngressProtocol] = OpenConnections(None)
     _linger_left: int | None = None  # refused and lingering: bytes it may still send
     _linger_end: asyncio.TimerHandle | None = None
+    _linger_read = 0.0  # the loop's time of the last read while lingering
 
     def __init__(
         self,
@@ -606,10 +607,17 @@ class IngressProtocol(BoundedProtocol):
         first to be evicted for a new one). Nothing is logged: refusals come in floods.
         """
         transport.write_eof()  # after the answer
-        self.connections.done(self)  # the first to evict for a new connection
+        self.connections.done(self)  # evicted before the connections that may still ask
+        # What the refused request left (a head up to its cap) is let go: the door stopped
+        # counting it when it refused, and a lingering connection may live for LINGER_S more.
+        self._parser = None
+        self._url = b""
+        self._headers = {}
+        self._body = []
         self._linger_left = LINGER_BYTES
+        self._linger_read = self._loop.time()
         self._linger_end = self._loop.call_later(LINGER_S, self._drop)
-        self._idle = self._loop.call_later(LINGER_IDLE_S, self._drop)
+        self._idle = self._loop.call_later(LINGER_IDLE_S, self._linger_idle)
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
@@ -619,13 +627,18 @@ class IngressProtocol(BoundedProtocol):
         left = self._linger_left
         assert left is not None  # noqa: S101 - only called while lingering
         self._linger_left = left = left - size
-        if self._idle is not None:
-            self._idle.cancel()
+        self._linger_read = self._loop.time()
         if left < 0:
-            self._idle = None
             self._drop()
-        else:
-            self._idle = self._loop.call_later(LINGER_IDLE_S, self._drop)
+
+    def _linger_idle(self) -> None:
+        """Close a lingering connection silent for :data:`LINGER_IDLE_S`; else look again then."""
+        self._idle = None
+        quiet_until = self._linger_read + LINGER_IDLE_S
+        if self._loop.time() >= quiet_until:
+            self._drop()
+        elif self._transport is not None:
+            self._idle = self._loop.call_at(quiet_until, self._linger_idle)
 
     def _idle_out(self) -> None:
         self._idle = None

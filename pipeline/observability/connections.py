@@ -47,17 +47,19 @@ class OpenConnections(Generic[C]):
     ``stalled`` holds the open connections with no request being answered, the one that has
     sent nothing for the longest first: a connection leaves it while a request of its own is
     answered (:meth:`answering`) and comes back last (:meth:`answered`), and a read moves it
-    last (:meth:`active`); one that was refused and only closes moves first (:meth:`done`). The
-    one evicted is then found in O(1), however many are answering, and a slow upload that keeps
-    sending outlives the connections that stall, however many an attacker opens after it. Only
-    these methods touch ``stalled`` and each connection's ``admitted``: a protocol tells what
-    happened to its connection, never edits either.
+    last (:meth:`active`); one that was answered for good and only closes goes to ``closing``,
+    evicted before any stalled one (:meth:`done`). The one evicted is then found in O(1),
+    however many are answering, and a slow upload that keeps sending outlives the connections
+    that stall, however many an attacker opens after it. Only these methods touch ``stalled``,
+    ``closing`` and each connection's ``admitted``: a protocol tells what happened to its
+    connection, never edits any.
     """
 
     __slots__ = (
         "bound",
         "clock",
         "closed",
+        "closing",
         "count",
         "counted",
         "last_logged",
@@ -89,6 +91,7 @@ class OpenConnections(Generic[C]):
         self.clock = clock
         self.count = 0  # connections admitted and not yet lost or evicted
         self.stalled: OrderedDict[C, None] = OrderedDict()
+        self.closing: OrderedDict[C, None] = OrderedDict()  # answered for good (:meth:`done`)
         self.closed = 0  # stalled connections closed since the last log line
         self.refused = 0  # new connections closed at once since the last log line
         self.last_logged: float | None = None
@@ -111,6 +114,7 @@ class OpenConnections(Generic[C]):
         if connection.admitted:
             connection.admitted = False
             self.stalled.pop(connection, None)
+            self.closing.pop(connection, None)
             self.count -= 1
 
     def active(self, connection: C) -> None:
@@ -129,13 +133,24 @@ class OpenConnections(Generic[C]):
             self.stalled[connection] = None
 
     def done(self, connection: C) -> None:
-        """``connection`` has nothing more to ask (refused, closing): the first one to evict."""
+        """``connection`` was answered for the last time and only closes: evicted first.
+
+        Of such connections the oldest goes first (the newest is the likeliest to be still
+        sending what it was refused for, and to read its answer only once sent); its eviction
+        is neither counted nor logged as a stalled one's: it had its answer.
+        """
         if connection.admitted:
-            self.stalled[connection] = None
-            self.stalled.move_to_end(connection, last=False)
+            self.stalled.pop(connection, None)
+            self.closing[connection] = None
 
     def _close_stalled(self) -> bool:
-        """Evict the connection stalled for the longest; whether there was one."""
+        """Evict a closing connection, else the one stalled the longest; whether there was one."""
+        if self.closing:
+            victim, _ = self.closing.popitem(last=False)
+            self.count -= 1
+            victim.admitted = False
+            victim.evict()
+            return True
         if not self.stalled:
             return False
         victim, _ = self.stalled.popitem(last=False)

@@ -128,15 +128,24 @@ def test_a_connection_that_only_closes_is_evicted_first() -> None:
 
     The ingress reads a refused client on for a few seconds (a lingering close); those are the
     connections with nothing more to ask, so a new connection takes the place of one of them,
-    not of a client whose request may still come. A lost one is not evicted.
+    the oldest first (the newest is the likeliest to be still sending what it was refused
+    for), not of a client whose request may still come. Such an eviction is not counted as a
+    stalled one's. A lost one is not evicted.
     """
-    connections, _ = _bound(3)
-    a, b, c = _admitted(connections, "a", "b", "c")
+    connections, outcomes = _bound(4)
+    a, b, c, d = _admitted(connections, "a", "b", "c", "d")
     connections.answering(c)
     connections.done(c)  # refused while answered, now only closing
-    _admitted(connections, "d")
-    assert (a.evictions, b.evictions, c.evictions) == (0, 0, 1)
+    connections.done(d)  # refused after c
+    _admitted(connections, "e")
+    assert [x.evictions for x in (a, b, c, d)] == [0, 0, 1, 0]
+    _admitted(connections, "f")
+    assert [x.evictions for x in (a, b, c, d)] == [0, 0, 1, 1]
+    assert outcomes == []
     connections.leave(b)
     connections.done(b)  # lost before: nothing to evict, nothing counted
-    assert connections.count == 2
-    assert b not in connections.stalled
+    assert connections.count == 3
+    assert b not in connections.closing
+    _admitted(connections, "g")  # a free place: nothing evicted
+    _admitted(connections, "h")  # at the bound again: a, the stalled one, goes
+    assert (a.evictions, outcomes) == (1, ["closed"])
