@@ -39,12 +39,29 @@ class LaneStatus:
         error: why the lane could not be read, or "".
         long_work: the lane runs long work (``heartbeat_timeout``): its oldest uncommitted
             message is usually one still running, not one waiting.
+        no_group: the broker has no such group: its lag would count every message held, so
+            none is shown (:mod:`pipeline.cli.status_groups`).
+        readers: with ``no_group``, the groups that read the lane; None when the broker did
+            not tell.
     """
 
     report: LaneReport
     throttled: tuple[tuple[str, int], ...] = ()
     error: str = ""
     long_work: bool = False
+    no_group: bool = False
+    readers: tuple[str, ...] | None = None
+
+    def no_group_line(self) -> str:
+        """What to read instead of the lag of a group that does not exist: who reads the lane."""
+        group = self.report.group
+        if self.readers is None:
+            who = "the broker did not say which groups read it"
+        elif self.readers:
+            who = f"groups reading it: {', '.join(self.readers)}"
+        else:
+            who = "no group reads it yet"
+        return f"no consumer group {group!r} exists ({who}); name the lane's with --group"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +122,12 @@ class Status:
                 {
                     "lane": lane.report.lane,
                     "group": lane.report.group,
-                    "lag": lane.report.lag,
-                    "oldest_age_s": round(lane.report.oldest_age_s, 3),
-                    "retry_tiers": dict(lane.report.retry_tiers),
+                    # no figures for a group that does not exist: they would count every message
+                    "lag": None if lane.no_group else lane.report.lag,
+                    "oldest_age_s": None if lane.no_group else round(lane.report.oldest_age_s, 3),
+                    "retry_tiers": None if lane.no_group else dict(lane.report.retry_tiers),
+                    "group_exists": not lane.no_group,
+                    "groups_reading": None if lane.readers is None else list(lane.readers),
                     "dead_letters": lane.report.dead_letters,
                     "throttled_tenants": [
                         {"tenant": tenant, "waiting": waiting} for tenant, waiting in lane.throttled

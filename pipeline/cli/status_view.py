@@ -1,7 +1,9 @@
 """``pipeline status [--json] [--group G]``: one screen with a line per lane and group.
 
 Lanes come from ``topics/*.yaml``; the group of each lane from ``--group`` (every lane), else
-``PIPELINE_INGRESS__SWEEPER__LANE_GROUPS``, else a group named after the lane. The ingress log is
+``PIPELINE_INGRESS__SWEEPER__LANE_GROUPS``, else a group named after the lane. A group the broker
+does not have shows no figures (its lag would count every message held) but a line saying so,
+with the groups that read the lane (:mod:`pipeline.cli.status_groups`). The ingress log is
 read when it is configured and reachable (SQLite: only when its file exists, so a status never
 creates one).
 
@@ -26,9 +28,14 @@ from pipeline.errors import PipelineError
 from pipeline.transport import create_transport
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from redis.asyncio import Redis
+
     from pipeline.cli.status import LaneStatus, Status
     from pipeline.config import Settings
     from pipeline.logstore import LogStore
+    from pipeline.observability.lanes import LaneWatch
 
 __all__ = ["gather", "render", "status_command"]
 
@@ -55,6 +62,39 @@ def _oldest(lane: LaneStatus) -> str:
     return _age(age_s)
 
 
+def _row(lane: LaneStatus) -> tuple[Text | str, ...]:
+    """One lane's cells; names and tenants as they are: rich would read [..] and :..: in them."""
+    r = lane.report
+    if lane.error:
+        return Text(r.lane), Text(r.group), Text(lane.error, "red"), "", "", "", ""
+    dead = f"[red]{r.dead_letters}[/red]" if r.dead_letters else "0"
+    if lane.no_group:  # its lag would count every message held: no figures but the DLQ's
+        return Text(r.lane), Text(r.group), Text("no such group", "yellow"), "-", "-", dead, "-"
+    tiers = " ".join(f"{tier}:{depth}" for tier, depth in r.retry_tiers.items()) or "-"
+    throttled = ", ".join(f"{t} ({n})" for t, n in lane.throttled) or "-"
+    return (
+        Text(r.lane),
+        Text(r.group),
+        str(r.lag),
+        _oldest(lane),
+        Text(tiers),
+        dead,
+        Text(throttled),
+    )
+
+
+def _print_no_groups(status: Status, console: Console) -> None:
+    """A line for each lane read for a group that does not exist: why no figures, who reads it."""
+    for lane in status.lanes:
+        if lane.no_group and not lane.error:
+            console.print(
+                f"[yellow]lane {escape(lane.report.lane)}:[/yellow] {escape(lane.no_group_line())}",
+                highlight=False,
+                emoji=False,
+                soft_wrap=True,
+            )
+
+
 def render(status: Status, console: Console) -> None:
     """Print ``status`` as tables: lanes first, then the ingress log."""
     from pipeline.cancel.status import render_counts  # noqa: PLC0415 - see the module doc
@@ -64,23 +104,9 @@ def render(status: Status, console: Console) -> None:
         table.add_column(column, justify="left" if column in {"lane", "group"} else "right")
     table.add_column("throttled tenants")
     for lane in status.lanes:
-        r = lane.report
-        if lane.error:
-            table.add_row(Text(r.lane), Text(r.group), Text(lane.error, "red"), "", "", "", "")
-            continue
-        tiers = " ".join(f"{tier}:{depth}" for tier, depth in r.retry_tiers.items()) or "-"
-        oldest = _oldest(lane)
-        throttled = ", ".join(f"{t} ({n})" for t, n in lane.throttled) or "-"
-        table.add_row(  # names and tenants as they are: rich would read [..] and :..: in them
-            Text(r.lane),
-            Text(r.group),
-            str(r.lag),
-            oldest,
-            Text(tiers),
-            f"[red]{r.dead_letters}[/red]" if r.dead_letters else "0",
-            Text(throttled),
-        )
+        table.add_row(*_row(lane))
     console.print(table)
+    _print_no_groups(status, console)
     if any(lane.long_work and lane.report.oldest_age_s > 0 for lane in status.lanes):
         console.print(
             "* a lane of long work: its oldest is usually a run still going, not a wait "
@@ -198,8 +224,8 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
             transport.name, transport.admin(), watches, store=store, throttles=throttles
         )
         long_work = {spec.lane for spec in specs if spec.heartbeat_timeout_ms}
-        lanes = tuple(replace(s, long_work=s.report.lane in long_work) for s in status.lanes)
-        status = replace(status, lanes=lanes)
+        absent = await _missing_groups(settings, redis, watches)
+        status = replace(status, lanes=tuple(_marked(s, long_work, absent) for s in status.lanes))
         counts = await read_counts(redis, settings.redis.key_prefix)
         status = replace(status, cancellations=counts)
         if counts is None:  # why, and where: the one line of an unreachable Redis
@@ -215,6 +241,50 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
         await transport.close()
         await redis.aclose()
     return replace(status, log_error=log_error or status.log_error, throttle_error=throttle_error)
+
+
+def _marked(
+    lane: LaneStatus,
+    long_work: set[str],
+    absent: Mapping[tuple[str, str], tuple[str, ...] | None],
+) -> LaneStatus:
+    """``lane`` marked as running long work, or read for a group the broker does not have."""
+    pair = (lane.report.lane, lane.report.group)
+    return replace(
+        lane,
+        long_work=lane.report.lane in long_work,
+        no_group=pair in absent,
+        readers=absent.get(pair),
+    )
+
+
+async def _missing_groups(
+    settings: Settings, redis: Redis, watches: Sequence[LaneWatch]
+) -> Mapping[tuple[str, str], tuple[str, ...] | None]:
+    """The watched (lane, group) pairs whose group the broker does not have, and their readers.
+
+    A broker that cannot list its groups leaves every group taken as existing (its figures
+    shown as before), so a status never claims a group is missing without the broker's word.
+    """
+    from redis.exceptions import RedisError  # noqa: PLC0415 - see the module doc
+
+    from pipeline.cli.status_checks import PROBE_TIMEOUT_MS  # noqa: PLC0415
+    from pipeline.cli.status_groups import (  # noqa: PLC0415
+        GroupDirectory,
+        KafkaGroups,
+        RedisGroups,
+        missing_groups,
+    )
+
+    directory: GroupDirectory
+    if settings.transport == "kafka":
+        directory = KafkaGroups(settings.kafka, PROBE_TIMEOUT_MS / 1000)
+    else:
+        directory = RedisGroups(redis, settings.redis.key_prefix)
+    try:
+        return await missing_groups(directory, watches)
+    except (PipelineError, RedisError, OSError):
+        return {}
 
 
 def status_command(
