@@ -255,6 +255,11 @@ def topics_list(
                         }
                     )
                 )
+        elif not infos and not unreadable:  # an empty table would read as a broken listing
+            typer.echo(
+                f"no topics on {t.name} ({_address(settings)}): `pipeline topics apply` creates"
+                f" the ones declared in {settings.topics_dir}/"
+            )
         else:
             table = Table(
                 "topic",
@@ -281,6 +286,14 @@ def topics_list(
             raise typer.Exit(1)
 
     _run(main())
+
+
+def _address(settings: Settings) -> str:
+    """The transport's broker address and the variable that sets it, passwords hidden."""
+    from pipeline.reachability import where  # noqa: PLC0415 - it imports the settings
+
+    address, variable = where(settings, "kafka" if settings.transport == "kafka" else "redis")
+    return f"{address}, {variable}"
 
 
 def _typed_bytes(text: str) -> bytes:
