@@ -115,8 +115,19 @@ class App:
         (default ``topics``), so the lanes a member serves are the ones ``pipeline topics
         apply`` declared.
         """
+        # Where the lanes were declared and how to declare another, for a line naming one not
+        # declared: the directory actually read, which PIPELINE_TOPICS_DIR may have moved.
+        self._declared_in, self._to_declare = "the specs given to App()", "pass its spec too"
         if topics is None:
             topics = topics_dir()
+            self._to_declare = (
+                "declare it in a yaml file there, or set PIPELINE_TOPICS_DIR to the directory"
+                " that declares it"
+            )
+        elif isinstance(topics, (str, Path)):
+            self._to_declare = "declare it in a yaml file there"
+        if isinstance(topics, (str, Path)):
+            self._declared_in = f"{Path(topics)}/"
         specs = load_specs(Path(topics)) if isinstance(topics, (str, Path)) else list(topics)
         check_lanes(specs)
         self._specs = {spec.lane: spec for spec in specs}
@@ -138,8 +149,7 @@ class App:
         """
         spec = self._specs.get(lane)
         if spec is None:
-            known = ", ".join(sorted(self._specs)) or "none"
-            raise ConfigError(f"no lane {lane!r} is declared in topics/ (declared: {known})")
+            raise ConfigError(self._undeclared(lane))
 
         def register(fn: Handler) -> Handler:
             if cpu == inspect.iscoroutinefunction(fn):
@@ -214,10 +224,17 @@ class App:
             pipeline.cancel.CancelFailed: Redis did not record it.
         """
         if lane is not None and lane not in self._specs:
-            known = ", ".join(sorted(self._specs)) or "none"
-            raise ConfigError(f"no lane {lane!r} is declared in topics/ (declared: {known})")
+            raise ConfigError(self._undeclared(lane))
         target = Target.of(event=event, key=key, tenant=tenant, lane=lane)
         return await cancel(redis, prefix, target, reason, specs=self._specs.values())
+
+    def _undeclared(self, lane: str) -> str:
+        """The line for ``lane``, declared in none of the files read (it names the directory)."""
+        known = ", ".join(sorted(self._specs)) or "none"
+        return (
+            f"no lane {lane!r} is declared in {self._declared_in} (declared: {known});"
+            f" {self._to_declare}"
+        )
 
     def lane_of(self, topic: str) -> Lane:
         """The lane a topic (main or retry tier) belongs to."""
