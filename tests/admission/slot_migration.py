@@ -13,15 +13,13 @@ random names, so a test that migrates a slot does it on :func:`private_cluster`,
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from subprocess import Popen
 
-import pytest
-from ingress.redis_server import start_redis
+from ingress.redis_server import require_redis_server, start_redis
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -71,10 +69,9 @@ def private_cluster(nodes: int = 2) -> Iterator[str]:
 
     Each primary serves an equal range of slots. Ready once every node says the cluster is ok,
     knows every other node and sees every slot assigned. Its files go with it. Skips the test
-    when ``redis-server`` is not installed.
+    when ``redis-server`` is not installed (fails under CI=true).
     """
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed; run `make services`")
+    require_redis_server()
     with tempfile.TemporaryDirectory(prefix="pl-cluster-") as directory:
         started: list[tuple[Popen[bytes], int, int]] = []
         clients: list[SyncRedis] = []

@@ -12,34 +12,70 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from support import IN_CI
 
 from pipeline.testing.ports import free_port
 
 
 def start_redis(port: int, *options: str, timeout_s: float = 10.0) -> subprocess.Popen[bytes]:
-    """``redis-server`` on loopback ``port`` with ``options``, once it answers ``PING``.
+    """``redis-server`` on loopback ``port`` with ``options``, once it answers as itself.
 
-    A server that exits or does not answer within ``timeout_s`` fails the test (and is killed).
+    Ready when the server on ``port`` says its ``process_id`` is this process's: another test's
+    server that won the port would answer ``PING`` too. A server that exits or does not answer
+    within ``timeout_s`` fails the test; whatever ends the wait (a failure, an interrupt), the
+    process is killed unless returned.
     """
     process = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", *options],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(64).startswith(b"+PONG"):
-                    return process
-        except OSError:
-            pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            process.wait(timeout=10)
-            raise AssertionError(f"redis-server on port {port} did not start")
+    try:
+        started = _answered_as(process, port, time.monotonic() + timeout_s)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=10)
+        raise
+    if not started:
+        process.kill()
+        process.wait(timeout=10)
+        raise AssertionError(f"redis-server on port {port} did not start")
+    return process
+
+
+def _answered_as(process: subprocess.Popen[bytes], port: int, deadline: float) -> bool:
+    """Whether the server on ``port`` said it is ``process`` before ``deadline`` (or it ended)."""
+    mine = f"process_id:{process.pid}\r\n".encode()
+    while process.poll() is None and time.monotonic() < deadline:
+        if mine in _server_info(port):
+            return process.poll() is None
         time.sleep(0.05)
+    return False
+
+
+def _server_info(port: int) -> bytes:
+    """``INFO server`` of whatever listens on loopback ``port`` (b"" if nothing answers)."""
+    reply = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"INFO server\r\n")
+            while not reply.endswith(b"\r\n\r\n") or reply.count(b"\r\n") < 3:
+                part = sock.recv(65536)
+                if not part:
+                    break
+                reply += part
+    except OSError:
+        pass
+    return reply
+
+
+def require_redis_server() -> None:
+    """Skip (locally) or fail (under CI=true) when ``redis-server`` is not installed."""
+    if shutil.which("redis-server") is None:
+        message = "redis-server is not installed; run `make services`"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 @contextlib.contextmanager
@@ -95,8 +131,7 @@ async def private_client(directory: Path) -> AsyncIterator[Redis]:
 
     Skips the test when ``redis-server`` is not installed.
     """
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed; run `make services`")
+    require_redis_server()
     server = RedisServer(directory)
     server.start()
     client = Redis.from_url(server.url)
@@ -120,8 +155,7 @@ def password_redis(password: str) -> Iterator[int]:
     Without persistence; ready when its log says it accepts connections (a ``PING`` would only
     be refused). Skips the test when ``redis-server`` is not installed.
     """
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed; run `make services`")
+    require_redis_server()
     port = free_port()
     process = subprocess.Popen(
         [
