@@ -14,7 +14,9 @@ from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
 
-QUIET = {"key": "conversation_id", "quiet_s": 0.3, "max_wait_s": 5, "max_batch": 50}
+QUIET = {"key": "conversation_id", "quiet_s": 3, "max_wait_s": 20, "max_batch": 50}
+"""Quiet long enough that a burst read together is one turn on a loaded host: at 0.3 s, a stall
+of the member between two of its records let the first ones' turn fall due alone."""
 
 
 class Said(BaseModel):
