@@ -80,7 +80,12 @@ class RedisSettings(_Section):
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
         if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("expected redis://host:port/db, rediss://... or unix:///path")
+            hint = ""
+            if re.fullmatch(r"[^/@\s:]+:\d+(/\d+)?", value):  # host:port, the scheme left out
+                hint = (
+                    f"; for a plain connection write redis://{value}{'' if '/' in value else '/0'}"
+                )
+            raise ValueError(f"expected redis://host:port/db, rediss://... or unix:///path{hint}")
         try:
             urlsplit(value).port  # noqa: B018 - parsing the port is the check
         except ValueError as exc:
@@ -839,13 +844,26 @@ _SENSITIVE = re.compile(r"pas|pw|secret|token|auth|user|url|dsn|cred|key|store",
 _MAX_SHOWN_CHARS = 64
 
 
+_URL_SETTING = re.compile(r"(url|dsn)$", re.IGNORECASE)
+_MAX_SHOWN_URL_CHARS = 200
+
+
 def _got(err: Any) -> str:
-    """`` (got ...)`` for a value safe to echo; nothing for URLs, secrets or whole mappings.
+    """`` (got ...)`` for a value safe to echo; nothing for secrets or whole mappings.
 
     A misspelt key under a secret (``pasword``) carries the secret as its value, so anything
-    under a sensitive-looking name, any URL and any mapping or list is left out.
+    under a sensitive-looking name and any mapping or list is left out. A URL setting's value
+    (``PIPELINE_REDIS__URL=localhost:6379``) is shown with its credentials hidden
+    (:func:`_shown_url`), as the value given is what shows the mistake.
     """
     value = err.get("input")
+    *parents, last = [str(part) for part in err["loc"]] or [""]
+    if (
+        isinstance(value, str)
+        and _URL_SETTING.search(last)
+        and not any(_SENSITIVE.search(part) for part in parents)
+    ):
+        return f" (got {_shown_url(value)!r})"
     if any(_SENSITIVE.search(str(part)) for part in err["loc"]):
         return ""
     if isinstance(value, bool | int | float):
@@ -853,3 +871,21 @@ def _got(err: Any) -> str:
     if isinstance(value, str) and len(value) <= _MAX_SHOWN_CHARS and "://" not in value:
         return f" (got {value!r})"
     return ""
+
+
+def _shown_url(value: str) -> str:
+    """``value`` of a URL setting with its password hidden, cut to 200 characters.
+
+    :func:`hide_credentials` finds the password after a scheme's ``//``; a value without one
+    (``user:pw@host:6379``) has all before its last ``@`` hidden instead, and a query shows
+    only its first option's name (``?pasword=***``: a misspelt option may hold a password).
+    """
+    shown = hide_credentials(value, value)
+    if "//" not in shown and "@" in shown:
+        shown = "***@" + shown.rpartition("@")[2]
+    base, question, query = shown.partition("?")
+    if question and "=" in query:  # a misspelt password option's value is a password too
+        shown = f"{base}?{query.partition('=')[0]}=***"
+    if len(shown) > _MAX_SHOWN_URL_CHARS:
+        shown = shown[: _MAX_SHOWN_URL_CHARS - 3] + "..."
+    return shown
