@@ -45,14 +45,20 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _UnsetVariable(ValueError):
+    """An ``env:NAME`` secret whose variable is not set (or empty): the file itself is fine."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"environment variable {name} is not set or empty (or only whitespace)")
+        self.name = name
+
+
 def _secret(value: str) -> str:
     if value.startswith("env:"):
         name = value.removeprefix("env:")
         resolved = os.environ.get(name, "")
         if not resolved.strip():
-            raise ValueError(
-                f"environment variable {name} is not set or empty (or only whitespace)"
-            )
+            raise _UnsetVariable(name)
         if problem := _spaced(resolved):
             raise ValueError(f"environment variable {name} {problem}")
         return resolved
@@ -237,7 +243,19 @@ def _validated(path: Path, document: dict[Any, Any]) -> SourcesFile:
         return SourcesFile.model_validate(document)
     except ValidationError as exc:
         lines = [f"{path}: {field_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+        unset = [_unset_variable(e) for e in exc.errors()]
+        if all(unset):  # the file is fine: what is missing is where the command runs
+            names = ", ".join(dict.fromkeys(name for name in unset if name))
+            raise ConfigError(
+                "; ".join(lines) + f": export {names} where this command runs"
+            ) from None
         raise ConfigError("invalid sources file:\n  " + "\n  ".join(lines)) from None
+
+
+def _unset_variable(error: Any) -> str | None:
+    """The variable of an ``env:NAME`` secret that is not set, if that is ``error``."""
+    cause = error.get("ctx", {}).get("error") if error["type"] == "value_error" else None
+    return cause.name if isinstance(cause, _UnsetVariable) else None
 
 
 def _check_names_and_topics(path: Path, sources: dict[str, SourceConfig], topics: set[str]) -> None:
