@@ -36,6 +36,16 @@ class DispatchCounters:
     overflowed: int = 0
 
 
+REASON_CHARS = 300
+"""Most characters of a failure's reason in a log line (a broker's message can be long)."""
+
+
+def reason(exc: BaseException) -> str:
+    """``exc`` for one log line: its class and message, cut to :data:`REASON_CHARS`."""
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+
+
 class Dispatcher:
     """Produces committed rows in the background and marks them produced."""
 
@@ -143,8 +153,13 @@ class Dispatcher:
         except PipelineError as exc:
             tracing.sends_ended(sends, exc)
             self.counters.failed += len(rows)
+            # One line with the reason; repeats are backed off by the handlers' RepeatFilter,
+            # which takes lines alike but for their numbers (a count, a port, a timeout) as one.
             log.warning(
-                "produce failed; the sweeper will retry",
+                "produce of %d rows to %s failed (%s); the sweeper will retry",
+                len(rows),
+                topic,
+                reason(exc),
                 extra={"topic": topic, "rows": len(rows), "error": str(exc)},
             )
             await self._record_failure(rows, exc)
