@@ -43,6 +43,7 @@ from pipeline.retry.guard_store import (
     start_of,
 )
 from pipeline.retry.held import encode_held
+from pipeline.retry.incarnation import born_of
 from pipeline.retry.keys import encode_key
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
@@ -135,6 +136,8 @@ class RunGuard:
         self._assigned = itertools.count(1)
         self._telling = decisions.isEnabledFor(logging.DEBUG)
         """Whether each decision is logged (read once: the hot path pays one attribute)."""
+        self._stale_told: set[str] = set()
+        """Lanes that logged a copy dropped as stale (:meth:`_dropped_stale`)."""
 
     @property
     def calls(self) -> int:
@@ -240,6 +243,8 @@ class RunGuard:
         run = await self._final(lane, message, start, decision, starts)
         if run is None:
             return None  # revoked while it waited: the partition's next owner runs it
+        if run.decision == "stale":
+            self._dropped_stale(lane, store, start)
         skipped = self._not_run(run.decision)
         if skipped is not None:
             return skipped
@@ -503,6 +508,31 @@ class RunGuard:
         """
         return self._isolation.alone() if decision == "suspect" else _SHARED
 
+    def _dropped_stale(self, lane: Lane, store: GuardStore, start: Start) -> None:
+        """``start`` is dropped as stale, its id finished: say so once per lane (WARNING).
+
+        Its id is where its message was first delivered. A late duplicate after a crash is
+        dropped so, as it must be; so would a new message at a position given out again (its
+        topic created anew, or the lane run on the other transport under the same key prefix)
+        whose birth, or the finished one's, is not known (``retry/incarnation.py``).
+        """
+        if lane.name in self._stale_told:
+            return
+        self._stale_told.add(lane.name)
+        log.warning(
+            "lane %s: dropped %s read at %s without running it: that id finished before (%s),"
+            " so it is taken for a late duplicate, as after a crash; if it is a new message (its"
+            " topic deleted and created again, or the lane moved to the other transport, under"
+            " the same PIPELINE_REDIS__KEY_PREFIX) it was lost: produce it again, and delete %s"
+            " and %s while no member of the lane runs (logged once per lane and process)",
+            lane.name,
+            start.ident,
+            start.position,
+            store.keys.gone,
+            store.keys.gone,
+            store.keys.births,
+        )
+
     def _not_run(self, decision: str) -> str | None:
         """The outcome of a start that does not run here (a copy, or held), else None."""
         if decision in ("stale", "copy"):
@@ -546,7 +576,12 @@ class RunGuard:
         starts: int,
     ) -> tuple[str | None, Ending | None]:
         if decision == "sequenced":
-            log.warning("dead-lettering %s@%d: sequenced", message.tp, message.offset)
+            log.warning(
+                "dead-lettering %s[%d]@%d: sequenced",
+                message.topic,
+                message.partition,
+                message.offset,
+            )
             error = SequencedDeadLetter("it follows a dead-lettered message of its key")
             return await self._routing.dead_letter(lane, message, "sequenced", error), "dead"
         if decision == "suspect":
@@ -576,8 +611,9 @@ class RunGuard:
             # start count is not known here: 0).
             interrupted, lone = max(starts - 1, alone), alone - 1
             log.warning(
-                "dead-lettering %s@%d: poison (interrupted %d times, %d of them alone)",
-                message.tp,
+                "dead-lettering %s[%d]@%d: poison (interrupted %d times, %d of them alone)",
+                message.topic,
+                message.partition,
                 message.offset,
                 interrupted,
                 lone,
@@ -779,7 +815,8 @@ def _drain_grace_ms(lane: Lane, store: GuardStore) -> int:
 
 def _released_start(release: Release) -> Start:
     """The start of a follower released from its parked key."""
-    return Start(release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0)
+    born = born_of(release.message)
+    return Start(release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0, born=born)
 
 
 def _given_back(unrun: Sequence[Release]) -> list[tuple[Start, Ending]]:
