@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -98,8 +98,13 @@ def unique() -> Iterator[str]:
     After the test, pass or fail, the keys of the shared Redis whose names hold it are deleted.
     """
     value = uuid.uuid4().hex[:10]
+    _MINTED.add(value)
     yield value
     _delete_keys_holding(value)
+
+
+_MINTED: set[str] = set()
+"""Every value :func:`unique` gave in this process: the tests' own prefixes hold one."""
 
 
 def _delete_keys_holding(value: str) -> None:
@@ -142,9 +147,9 @@ def _delete_declared_topics() -> Iterator[None]:
 # --- Leftovers: the suite deletes what it creates (asserted once, at the end of the run) ---
 
 _LEFT_AT_START = pytest.StashKey[dict[str, frozenset[str]]]()
-_STATE_MARKER = re.compile(r"redis key:\{[^}]*:state\}:marker")
+_STATE_MARKER = re.compile(r"\{(?P<prefix>[^}]*):state\}:marker")
 """A key prefix's Redis state marker (pipeline/runtime/state_loss.py): it lives as long as its
-Redis by design, so the run deletes those its members wrote, as it would any other key."""
+Redis by design, so the run deletes those of its tests' prefixes (:func:`_delete_state_markers`)."""
 _REDIS_GROUP_KEY = re.compile(r"\{(?P<prefix>.*):g:(?P<group>.*)\}:(?:pos|members|owners)")
 
 
@@ -196,6 +201,8 @@ def _is_worker(config: pytest.Config) -> bool:
 
 
 _STUBBORN_IN_WORKERS: list[str] = []
+_MINTED_IN_WORKERS: list[str] = []
+"""The values :func:`unique` gave in the workers (their tests' prefixes hold them)."""
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -208,16 +215,34 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """A worker ended: keep the groups it could not delete, for the report below."""
-    _STUBBORN_IN_WORKERS.extend(getattr(node, "workeroutput", {}).get("stubborn_groups", []))
+    output = getattr(node, "workeroutput", {})
+    _STUBBORN_IN_WORKERS.extend(output.get("stubborn_groups", []))
+    _MINTED_IN_WORKERS.extend(output.get("minted", []))
 
 
-def _delete_state_markers(before: dict[str, frozenset[str]]) -> None:
-    """Delete the Redis state markers the run's members wrote (not those there at its start)."""
-    settings = test_settings()
-    with SyncRedis.from_url(settings.redis.url) as client, contextlib.suppress(RedisError):
+def _delete_state_markers(minted: Iterable[str], before: dict[str, frozenset[str]]) -> None:
+    """Delete the Redis state markers of the key prefixes this run's tests used, and no other.
+
+    A marker (``{PREFIX:state}:marker``, pipeline/runtime/state_loss.py) lives as long as its
+    Redis by design, so a test's member leaves one behind. A test's prefix holds a value
+    :func:`unique` gave (``t<unique>``, ``fx-<unique>``, ``lost_<unique>``, ...), or is the
+    test settings' default (:data:`~pipeline.config.RedisSettings.key_prefix`, for members run
+    without a prefix of their own), whose marker is deleted only when it was not there at the
+    run's start. A marker of any other prefix is someone else's: a member still running under
+    it (``make demo``, another checkout's run) would take its loss for Redis losing its data
+    and say, CRITICAL, that its held followers and buffers are gone.
+    """
+    values = frozenset(minted)
+    default = test_settings().redis.key_prefix
+    with SyncRedis.from_url(test_settings().redis.url) as client, contextlib.suppress(RedisError):
         for key in client.scan_iter(match="*:state}:marker", count=1000):
-            name = f"redis key:{key.decode(errors='replace')}"
-            if _STATE_MARKER.fullmatch(name) and name not in before.get("redis keys", ()):
+            name = key.decode(errors="replace")
+            if (found := _STATE_MARKER.fullmatch(name)) is None:
+                continue
+            prefix = found["prefix"]
+            if any(value in prefix for value in values) or (
+                prefix == default and f"redis key:{name}" not in before.get("redis keys", ())
+            ):
                 client.delete(key)
 
 
@@ -233,12 +258,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     busy = asyncio.run(delete_stubborn_groups())
     if _is_worker(session.config):
         session.config.workeroutput["stubborn_groups"] = busy
+        session.config.workeroutput["minted"] = sorted(_MINTED)
         return
     busy += _STUBBORN_IN_WORKERS
     before = session.config.stash.get(_LEFT_AT_START, {})
     if not before or session.config.option.collectonly:
         return
-    _delete_state_markers(before)
+    _delete_state_markers([*_MINTED, *_MINTED_IN_WORKERS], before)
     after = _left_now()
     left = frozenset().union(*(after[s] - before[s] for s in before.keys() & after.keys()))
     if not left:
