@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from demo.procs import ProcessFailed
 from demo.run import Demo, DemoOptions
+from demo.summary import lost_line
 from pipeline.errors import PipelineError
 from pipeline.topics.spec import parse_duration_ms
 
@@ -78,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return 1
     _trace_links(options.root)
-    return 130 if summary["interrupted"] else 0
+    if summary["interrupted"]:
+        return 130
+    if (line := lost_line(summary, options.output.resolve())) is not None:
+        print(line, file=sys.stderr)  # noqa: T201
+        return 1
+    return 0
 
 
 def _trace_links(root: Path) -> None:

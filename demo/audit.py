@@ -2,12 +2,13 @@
 
 An accepted webhook whose log row is not processed yet is not lost while its event still waits
 in a topic: in its lane's main topic (not yet handled, e.g. held by a throttle) or in a retry
-tier (retried, deferred by a throttle, or parked behind an earlier message of its key). The
-audit reads each consumer group's topics with a throwaway group, keeps the ``pl-row-id`` of every
-message at or past the real group's committed offset, and matches them against the log rows
-that are not processed. A row found nowhere whose event a handler call finished (the
-observations say so) was handled but never marked processed: the sweeper would replay it. What
-matches none of these is lost.
+tier (retried, deferred by a throttle, or parked behind an earlier message of its key), or held
+in Redis behind such a parked message (:mod:`.held`: its offset is committed, so it is in no
+topic). The audit reads each consumer group's topics with a throwaway group, keeps the
+``pl-row-id`` of every message at or past the real group's committed offset, adds the held
+followers' row ids, and matches them against the log rows that are not processed. A row found
+nowhere whose event a handler call finished (the observations say so) was handled but never
+marked processed: the sweeper would replay it. What matches none of these is lost.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ class Audit:
 
     Attributes:
         unfinished: rows received in the run and not processed.
-        in_retry: of those, events waiting in a retry tier.
+        in_retry: of those, events waiting in a retry tier, or held behind a parked key.
         waiting: of the rest, events not yet consumed from their main topic.
         complete: every topic was read to its end within the time allowed.
         unmarked: of the rest, events a handler call finished although their row is not
             marked processed.
+        held: of ``in_retry``, events held in Redis behind a parked key (in no topic).
     """
 
     unfinished: int
@@ -55,6 +57,7 @@ class Audit:
     waiting: int
     complete: bool
     unmarked: int = 0
+    held: int = 0
 
 
 async def _unfinished_ids(store: LogStore, since_ms: int) -> dict[str, str]:
@@ -118,10 +121,12 @@ async def audit(
     groups: Mapping[str, GroupTopics],
     finished_events: AbstractSet[str] = frozenset(),
     timeout_s: float = 60.0,
+    held: AbstractSet[str] = frozenset(),
 ) -> Audit:
     """Classify the run's unfinished rows (received since ``since_ms``) by where they wait.
 
-    ``finished_events`` are the event ids whose handler call finished (handled or dead-lettered).
+    ``finished_events`` are the event ids whose handler call finished (handled or dead-lettered);
+    ``held``, the row ids held in Redis behind a parked key (:func:`.held.held_rows`).
     """
     unfinished = await _unfinished_ids(store, since_ms)
     if not unfinished:
@@ -141,6 +146,15 @@ async def audit(
             complete = complete and retry_done and main_done
     finally:
         await admin.close()
+    held_now = (held & unfinished.keys()) - in_retry
+    in_retry |= held_now
     nowhere = unfinished.keys() - in_retry - in_main
     unmarked = sum(1 for row in nowhere if unfinished[row] in finished_events)
-    return Audit(len(unfinished), len(in_retry), len(in_main - in_retry), complete, unmarked)
+    return Audit(
+        len(unfinished),
+        len(in_retry),
+        len(in_main - in_retry),
+        complete,
+        unmarked,
+        held=len(held_now),
+    )

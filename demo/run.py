@@ -32,6 +32,7 @@ from demo import keys
 from demo import offload as large
 from demo.audit import Audit, GroupTopics, audit
 from demo.dashboard import progress_line, render
+from demo.held import held_rows
 from demo.observe import RedisObservations
 from demo.plots import write_plots
 from demo.procs import ManagedProcess, ProcessFailed, run_once
@@ -41,10 +42,12 @@ from demo.traffic import sign_hub
 from demo.watch import Watcher
 from pipeline.config import IngressSettings, Settings, load_settings
 from pipeline.errors import PipelineError
+from pipeline.logstore import LogStore
 from pipeline.logstore.create import create_log_store
 from pipeline.offload.errors import OffloadError
 from pipeline.topics.spec import load_specs
 from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
 
 SOURCES_FILE = Path(__file__).with_name("sources.yaml")
 _SECRET_ENV = "DEMO_WEBHOOK_SECRET"  # noqa: S105 - the variable's name, not a secret
@@ -202,12 +205,7 @@ class Demo:
                 await watcher.poll_counts()
             found = None
             if opened and not self.interrupted.is_set():
-                self.console.print("auditing unfinished events in the topics ...", soft_wrap=True)
-                try:
-                    finished = collector.finished_events
-                    found = await audit(transport, store, collector.start_ms, self.groups, finished)
-                except (PipelineError, RedisError) as exc:
-                    self._say(f"[yellow]audit failed:[/yellow] {exc}")
+                found = await self._audit(redis, transport, store, collector)
             return await self._finish(watcher, found)
         finally:
             if opened:
@@ -215,6 +213,28 @@ class Demo:
             await self._clean_up(redis)
             await redis.aclose()
             await transport.close()
+
+    async def _audit(
+        self, redis: Redis, transport: Transport, store: LogStore, collector: Collector
+    ) -> Audit | None:
+        """Where the run's unfinished events are, with every process stopped (None: failed).
+
+        The held followers of parked keys are read first: their only copy is in Redis.
+        """
+        self.console.print("auditing unfinished events in the topics ...", soft_wrap=True)
+        try:
+            held = await held_rows(redis, self.prefix, _LANES)
+            return await audit(
+                transport,
+                store,
+                collector.start_ms,
+                self.groups,
+                collector.finished_events,
+                held=held,
+            )
+        except (PipelineError, RedisError) as exc:
+            self._say(f"[yellow]audit failed:[/yellow] {exc}")
+            return None
 
     def _say_interrupted(self) -> None:
         """Say, after Ctrl-C or SIGTERM, which processes were stopped and what comes next."""

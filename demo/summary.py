@@ -190,3 +190,20 @@ def summary_table(data: dict[str, Any]) -> Table:
         style = "bold red" if name == "lost" and data[name] else None
         table.add_row(name, _fmt(name, data[name]), style=style)
     return table
+
+
+def lost_line(data: dict[str, Any], output: Path) -> str | None:
+    """The error line for a run that lost accepted events (None when ``lost`` is 0 or unknown).
+
+    ``data`` is the summary, ``output`` the run's output directory (summary, log store, logs).
+    """
+    lost = data.get("lost")
+    if not lost:
+        return None
+    return (
+        f"error: lost {lost} accepted webhook(s) (property P1): not handled, dead-lettered,"
+        " waiting in a main topic or a retry tier, held behind a parked key nor in a retrying"
+        " turn; they are among the log rows not marked processed (state received or produced)"
+        f" in {output / 'ingress.db'}; the consumers' logs are in {output / 'logs'}, the counts"
+        f" in {output / 'summary.json'} (docs/demo.md, Output)"
+    )
