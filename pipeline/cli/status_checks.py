@@ -64,11 +64,54 @@ async def reach_broker(settings: Settings) -> None:
         refused = refusal(settings, service, reason)
         if refused is not None:
             raise BrokerRefused(refused) from exc
+        other = await _not_a_broker(settings, reason) if service == "kafka" else None
+        if other is not None:  # no service to start: the address is another listener's
+            raise BrokerUnavailable(other) from exc
         unavailable = BrokerUnavailable(no_answer(settings, service, reason))
         unavailable.diagnose = getattr(exc, "diagnose", None)  # a refused login, asked for
         raise unavailable from exc
     finally:
         await transport.close()
+
+
+LISTENER_WAIT_S = 1.0
+"""How long a bootstrap address may take to answer the listener probe, each step."""
+_ENCRYPTED = ("SSL", "SASL_SSL")
+
+
+async def _not_a_broker(settings: Settings, reason: str) -> str | None:
+    """The line for bootstrap addresses that answer but are no broker's listener, else None.
+
+    After the metadata request failed: each address is asked what listens there
+    (:func:`~pipeline.cli.kafka_listener.listener_kind`, in plain text, so not when
+    ``security.protocol`` is TLS). When one answered and none is a broker (a KRaft controller's
+    listener, or another service), starting Kafka is the wrong advice: the address is.
+    """
+    from pipeline.cli.kafka_listener import listener_kind, split_address  # noqa: PLC0415
+
+    kafka = settings.kafka
+    if str(kafka.client.get("security.protocol", "")).upper() in _ENCRYPTED:
+        return None
+    addresses = [
+        found
+        for entry in kafka.bootstrap_servers.split(",")
+        if (found := split_address(entry)) is not None
+    ]
+    kinds = await asyncio.gather(*(listener_kind(h, p, LISTENER_WAIT_S) for h, p in addresses))
+    answered = {kind for kind in kinds if kind is not None}
+    if not answered or "broker" in answered:
+        return None
+    what = (
+        "a KRaft controller's, which serves no metadata"
+        if answered == {"controller"}
+        else "it gave no Kafka answer"
+    )
+    variable = "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"
+    return (
+        f"cannot use Kafka at {kafka.bootstrap_servers} ({variable}): something answers there"
+        f" that is not a Kafka broker's listener ({what}; {reason.rstrip('. ')}); check the"
+        f" listener: point {variable} at a broker's client listener (its advertised.listeners)"
+    )
 
 
 REFUSAL_WAIT_S = 0.5
