@@ -402,7 +402,7 @@ class GuardStore:
             verdict, alone = await self._functions.fcall(
                 "gd_solo",
                 [k.run, k.alone, k.gone],
-                [start.ident, start.position, self.hold_ms, poison_after],
+                [start.ident, start.position, self.hold_ms, poison_after, start.born_arg],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, running suspect %s uncounted: %s", start.ident, exc)

@@ -170,3 +170,17 @@ async def test_a_sequenced_dead_letter_is_logged_by_topic_partition_and_offset(
         )
     lines = [r.getMessage() for r in caplog.records]
     assert f"dead-lettering {lane.spec.name}[0]@1: sequenced" in lines
+
+
+@pytest.mark.parametrize(("born", "verdict"), [(NEW_MS, ("process", 1)), (OLD_MS, ("stale", 0))])
+async def test_a_suspect_born_anew_at_a_finished_position_is_counted_not_dropped(
+    redis: Redis, unique: str, prefix: str, born: int, verdict: tuple[str, int]
+) -> None:
+    """``gd_solo`` tells a new message at a finished id from the old one too."""
+    lane = guarded_lane(f"gv_{unique}")
+    guard, _ = routing_guard(redis, prefix, lane, b"x")
+    await _finished(guard, lane, OLD_MS)
+    store = guard._stores[lane.name]
+    start = start_of(_first(lane, b"x-new", born), ordered=True)
+    await redis.hset(store.keys.run, start.ident, f"2|{start.position}||dead-member")
+    assert await store.solo(start, poison_after=3) == verdict

@@ -663,13 +663,16 @@ end
 -- gd_solo: count a suspect's lone start, once nothing else runs beside it in its member.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone
 -- ARGV[1] id   ARGV[2] position   ARGV[3] hold_ms (T:alone)   ARGV[4] poison_after
+-- ARGV[5] the broker time of the message's first delivery, empty if not known (still_gone)
 -- Its first interrupted start may have been a neighbour's fault; every lone start after that
 -- was interrupted by itself. Returns {verdict, lone starts}: stale if another copy finished it
 -- or took it over meanwhile, poison once the interruptions (the first plus the lone ones) reach
 -- poison_after, else process.
 local function solo(keys, args)
   local id, pos = args[1], args[2]
-  if redis.call('ZSCORE', keys[3], id) then return {'stale', 0} end
+  if redis.call('ZSCORE', keys[3], id) and still_gone(keys[3], id, args[5]) then
+    return {'stale', 0}
+  end
   local mark = redis.call('HGET', keys[1], id)
   if not mark then return {'stale', 0} end
   local starts, at = parse(mark)
