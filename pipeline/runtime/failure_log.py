@@ -11,6 +11,13 @@ per failure shown:
 * an outcome the handler chose (``Retry``, ``Throttled``, ``DeadLetter``: a
   :class:`~pipeline.errors.HandlerOutcome`): one INFO line, no traceback.
 
+What happens next is what the redirector did (:class:`~pipeline.runtime.redirect.Routed`):
+the retry tier it sent the message to, or the dead letter's own reason (``fatal`` for a
+ValidationError on the last attempt, ``exhausted`` for a retryable error out of attempts). A
+debounced turn's failure (:meth:`FailureLog.turn_failed`) is logged alike, naming how many
+messages the turn held and where its last one was read; next, it runs again after backoff or
+its messages are dead letters.
+
 Repeats are backed off by a :class:`~pipeline.log_repeats.RepeatFilter` of the member's own,
 before anything is formatted: failures are alike when they share lane, exception type and the
 frame that raised it (its function and file), whatever the key, offset or exception text, so a
@@ -26,12 +33,14 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Sequence
 from types import FrameType
 
 from pipeline.envelope import Message, printable
-from pipeline.errors import DeadLetter, HandlerOutcome
+from pipeline.errors import HandlerOutcome, PoisonMessage
 from pipeline.log_repeats import RepeatFilter
 from pipeline.runtime.app import Lane
+from pipeline.runtime.redirect import Routed
 
 __all__ = [
     "CHAINED",
@@ -40,6 +49,7 @@ __all__ = [
     "MESSAGE_CHARS",
     "TAIL_FRAMES",
     "FailureLog",
+    "shown_now",
     "traceback_text",
 ]
 
@@ -72,32 +82,65 @@ class FailureLog:
         self._repeats = repeats or RepeatFilter()
 
     def failed(
-        self, lane: Lane, message: Message, attempt: int, error: Exception, outcome: str | None
+        self, lane: Lane, message: Message, attempt: int, error: Exception, routed: Routed
     ) -> None:
-        """Say that ``message``'s handler failed with ``error`` and it was routed to ``outcome``.
+        """Say that ``message``'s handler failed with ``error`` and where it was ``routed``.
 
-        ``outcome`` is the router's (``retried``, ``dead_lettered``, None: it could not be
-        routed). Costs a record and a look-up when held back; a traceback only when shown.
+        Costs a record and a look-up when held back; a traceback only when shown.
         """
-        chosen = isinstance(error, HandlerOutcome)
+        if routed.outcome == "retried":
+            then = f"retry tier {routed.detail}"
+        elif routed.outcome == "dead_lettered":
+            then = f"dead letter ({routed.detail})"
+        else:
+            then = "not routed, left for redelivery"
+        where = f"{message.topic}[{message.partition}]@{message.offset}"
+        self._say(lane, error, where, f"key {_key(message)}, ", attempt, then)
+
+    def turn_failed(
+        self,
+        lane: Lane,
+        messages: Sequence[Message],
+        attempt: int,
+        error: Exception,
+        routed: Routed,
+    ) -> None:
+        """Say that a debounced turn of ``messages`` failed with ``error``, and what comes next.
+
+        ``routed``: ``retried`` (the turn runs again after its backoff), ``dead_lettered`` with
+        its reason, or None (its dead letters could not all be produced: it runs again).
+        """
+        if routed.outcome == "retried":
+            then = "run again after backoff"
+        elif routed.outcome == "dead_lettered":
+            then = f"dead letter ({routed.detail})"
+        else:
+            then = "not routed, run again after backoff"
+        last = messages[-1]
+        count = f"{len(messages)} message{'' if len(messages) == 1 else 's'}"
+        where = f"a turn of {count} up to {last.topic}[{last.partition}]@{last.offset}"
+        self._say(lane, error, where, "", attempt, then)
+
+    def _say(
+        self, lane: Lane, error: Exception, where: str, about: str, attempt: int, then: str
+    ) -> None:
+        """The line of a failure on ``where`` (``about`` it, before the attempt), unless held."""
+        # PoisonMessage is the runtime's verdict on a turn whose runs never finished.
+        chosen = isinstance(error, HandlerOutcome) and not isinstance(error, PoisonMessage)
         level = logging.INFO if chosen else logging.WARNING
         if not log.isEnabledFor(level):
             return
         kind = f"lane {lane.name}: handler {'chose' if chosen else 'failed'}: {_type_name(error)}"
-        alike = f"{kind} in {_place(error)}"
         # Judged as a warning whatever the level: an INFO line of a storm (a dependency's 429s)
         # must back off too, and the filter lets anything below WARNING through.
-        gate = logging.LogRecord(log.name, logging.WARNING, __file__, 0, alike, None, None)
-        if not self._repeats.filter(gate):
+        held = shown_now(self._repeats, log, f"{kind} in {_place(error)}")
+        if held is None:
             return
-        held = gate.msg[len(alike) :]  # " [N more like this in the last Gs]" when some were
         what = f"chose {type(error).__name__} for" if chosen else "failed on"
         said = _one_line(error) if chosen else f"{_type_name(error)}: {_one_line(error)}"
         head = (
-            f"lane {lane.name}: handler {what} {message.topic}[{message.partition}]"
-            f"@{message.offset} (key {_key(message)}, attempt {attempt} of"
-            f" {lane.routes.max_attempts}): {said}; next: {_next(lane, attempt, error, outcome)}"
-            f"{held}"
+            f"lane {lane.name}: handler {what} {where} ({about}attempt {attempt} of"
+            f" {lane.routes.max_attempts}): {said}; next: {then}{held}"
         )
         if chosen:
             log.info("%s", head)
@@ -105,21 +148,18 @@ class FailureLog:
             log.warning("%s\n%s", head, traceback_text(error))
 
 
-def _next(lane: Lane, attempt: int, error: BaseException, outcome: str | None) -> str:
-    """What becomes of the message, as the router decided (``outcome``)."""
-    routes = lane.routes
-    if outcome == "retried":
-        if lane.spec.retry.budget is not None:  # spent, it sends to the longest tier
-            return "a retry tier"
-        return f"retry tier {routes.retry_topics[min(attempt, len(routes.retry_topics)) - 1]}"
-    if outcome == "dead_lettered":
-        if isinstance(error, DeadLetter):
-            return f"dead letter ({getattr(error, 'dead_reason', 'fatal')})"
-        exhausted = attempt >= routes.max_attempts or not routes.retry_topics
-        return f"dead letter ({'exhausted' if exhausted else 'fatal'})"
-    if outcome is None:
-        return "not routed, left for redelivery"
-    return outcome
+def shown_now(repeats: RepeatFilter, logger: logging.Logger, alike: str) -> str | None:
+    """Whether a warning of ``logger`` alike to those named ``alike`` is shown, by ``repeats``.
+
+    None: it is held back. Otherwise what its line ends with: ``" [N more like this in the last
+    Gs]"`` when some alike were held back, else nothing. Only ``alike`` is judged (its numbers
+    blanked), so lines whose own text differs each time (a key, an error's text) are backed off
+    by what they are about, and nothing of one held back is formatted.
+    """
+    gate = logging.LogRecord(logger.name, logging.WARNING, __file__, 0, alike, None, None)
+    if not repeats.filter(gate):
+        return None
+    return str(gate.msg)[len(alike) :]
 
 
 def _type_name(error: BaseException) -> str:

@@ -7,7 +7,7 @@ event loop, in the CPU pool for ``cpu=True`` lanes, or, on debounced lanes, the 
 recorded for its conversation's turn (:mod:`~pipeline.runtime.turns`). Every failure is routed
 by :class:`~pipeline.runtime.redirect.Redirector` (retry tier or dead-letter topic); the outcome
 string says what happened, and :class:`~pipeline.runtime.failure_log.FailureLog` logs it (with
-its traceback, repeats backed off).
+its traceback, repeats backed off), a debounced turn's failure too.
 
 Deadlines and waiting times compare now with times other hosts wrote (a ticker's
 ``pl-deadline-ms``, a retry copy's due time): now is read off the stage's clock, which in a
@@ -35,7 +35,7 @@ from pipeline.runtime.due import due_ms
 from pipeline.runtime.failure_log import FailureLog
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.payloads import Payloads
-from pipeline.runtime.redirect import Redirector
+from pipeline.runtime.redirect import Redirector, Routed
 from pipeline.runtime.shared_clock import local_ms
 from pipeline.runtime.sojourn import StandingQueue, deadline_ms, due_since_ms
 from pipeline.runtime.stats import Stats
@@ -136,9 +136,9 @@ class HandlerStage:
             tracing.handler_ran(lane.name, called, exc)
             if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
                 self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
-            outcome = await self._routing.failure(lane, message, attempt, exc)
-            self._failures.failed(lane, message, attempt, exc, outcome)
-            return outcome
+            routed = await self._routing.routed(lane, message, attempt, exc)
+            self._failures.failed(lane, message, attempt, exc, routed)
+            return routed.outcome
         tracing.handler_ran(lane.name, called, None)
         if self._adaptive(lane):
             self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
@@ -224,11 +224,18 @@ class HandlerStage:
                 self._stats.skipped += len(turn.messages)
             self._rows_finished(turn.messages)
             return turn.outcome
+        routed = await self._route_turn(lane, turn)
+        if turn.error is not None:
+            self._failures.turn_failed(lane, turn.messages, turn.attempts, turn.error, routed)
+        return routed.outcome
+
+    async def _route_turn(self, lane: Lane, turn: TurnOutcome) -> Routed:
+        """Where a failed turn goes: run again (``retried``) or its messages dead-lettered."""
         error = turn.error
         fatal = error is not None and not self._routing.retryable(lane, error, "a turn")
         if turn.outcome == "failed" and not fatal:
             self._stats.turn_retries += 1
-            return "retried"
+            return Routed("retried", "")
         reason = getattr(error, "dead_reason", "fatal") if fatal else "exhausted"
         first_ms = turn.first_failure_ms
         first_failure = None if first_ms is None else str(first_ms).encode()
@@ -239,9 +246,9 @@ class HandlerStage:
                 lane, message, reason, error, attempt=turn.attempts
             )
             if routed is None:
-                return None
+                return Routed(None, reason)
         self._rows_finished(turn.messages)
-        return "dead_lettered"
+        return Routed("dead_lettered", reason)
 
     def feedback(self, lane: Lane, message: Message, held_keys: Sequence[str]) -> list[Feedback]:
         """How the call went, for the adaptive keys ``message`` held (none if it made none)."""

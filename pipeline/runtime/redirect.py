@@ -3,7 +3,9 @@
 :class:`Redirector` decides the destination of a failure (one explicit retriability function,
 the lane's attempt limit and retry budget) and produces it through the
 :class:`~pipeline.retry.router.RetryRouter`, retrying while the broker is unavailable, counting
-every outcome in :class:`~pipeline.runtime.stats.Stats` and the member's metrics.
+every outcome in :class:`~pipeline.runtime.stats.Stats` and the member's metrics. Where a
+failure went, and why (:class:`Routed`), is what the failure log says
+(:mod:`~pipeline.runtime.failure_log`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from pipeline import headers as h
 from pipeline import tracing
@@ -27,6 +30,16 @@ from pipeline.runtime.stats import Stats
 log = logging.getLogger(__name__)
 _ROUTE_RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 OnRoute = Callable[[Lane, Message, int], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Where a handler's failure went, as :meth:`Redirector.routed` decided and sent it."""
+
+    outcome: str | None
+    """``retried``, ``dead_lettered``; None: it could not be produced (left for redelivery)."""
+    detail: str
+    """The retry tier's topic, or the dead letter's reason (``fatal``, ``exhausted``, ...)."""
 
 
 class Redirector:
@@ -65,7 +78,11 @@ class Redirector:
     async def failure(
         self, lane: Lane, message: Message, attempt: int, error: Exception
     ) -> str | None:
-        """Route a handler failure to a retry tier or the DLQ.
+        """Route a handler failure to a retry tier or the DLQ: :meth:`routed`'s outcome."""
+        return (await self.routed(lane, message, attempt, error)).outcome
+
+    async def routed(self, lane: Lane, message: Message, attempt: int, error: Exception) -> Routed:
+        """Route a handler failure to a retry tier or the DLQ; where it went, and why.
 
         A fatal error, or one out of attempts, goes to the DLQ; a retryable one to the next
         tier, or to the longest tier once the lane's retry budget is spent.
@@ -75,9 +92,9 @@ class Redirector:
             lane, error, f"{message.topic}[{message.partition}]@{message.offset}"
         ):
             reason = getattr(error, "dead_reason", "fatal")  # payload_missing, payload_corrupt
-            return await self.dead_letter(lane, message, reason, error)
+            return Routed(await self.dead_letter(lane, message, reason, error), reason)
         if attempt >= routes.max_attempts or not routes.retry_topics:
-            return await self.dead_letter(lane, message, "exhausted", error)
+            return Routed(await self.dead_letter(lane, message, "exhausted", error), "exhausted")
         budget = self._budgets.get(lane.name)
         longest = budget is not None and not budget.try_spend()
         if longest:
@@ -87,13 +104,14 @@ class Redirector:
         label = routes.retry_topics[tier - 1].rsplit(".", 1)[-1]  # the delay, as in the name
         if self.on_route is not None:
             await self.on_route(lane, message, attempt + 1)
-        return await self._send(
+        sent = await self._send(
             lane,
             message,
             "retried",
             lambda r, m: self._router.retry(r, m, attempt, error, longest=longest),
             label,
         )
+        return Routed(sent, routes.retry_topics[tier - 1])
 
     def retryable(self, lane: Lane, error: BaseException, where: str) -> bool:
         """Whether ``error`` (of ``where`` on ``lane``) is retried, by the app's function.

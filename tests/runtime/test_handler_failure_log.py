@@ -14,15 +14,18 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
+from pydantic import BaseModel
 from redis.asyncio import Redis
-from runtime.helpers import declare, idle_lane, lane_spec, produce, ran_until
+from runtime.helpers import declare, idle_lane, lane_spec, produce, ran_until, the_dead_letter
 
+from pipeline import headers as h
 from pipeline.config import Settings
 from pipeline.envelope import Message, Record
 from pipeline.errors import DeadLetter
 from pipeline.log_repeats import RepeatFilter
 from pipeline.runtime import App, Context
 from pipeline.runtime.failure_log import MAX_TRACEBACK_CHARS, FailureLog
+from pipeline.runtime.redirect import Routed
 from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
@@ -162,6 +165,42 @@ async def test_a_dead_letter_the_handler_chose_is_one_info_line(
     ) in text
 
 
+class Order(BaseModel):
+    """What the handler of the validation test expects."""
+
+    order_id: int
+
+
+async def test_a_fatal_error_on_the_last_attempt_says_the_dead_letters_own_reason(
+    streams: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ValidationError on the last attempt is dead-lettered as fatal, and the line says so.
+
+    Before, the line guessed the reason from the attempt: ``dead letter (exhausted)``, while
+    the dead letter said ``fatal``.
+    """
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    spec = lane_spec(f"fh_{unique}", 1, retry={"tiers": ["100ms"], "max_attempts": 2})
+    await declare(streams, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if ctx.attempt == 1:
+            raise ConnectionError("the bank is down")
+        Order.model_validate_json(event)
+
+    await produce(streams, spec.name, [Record(b"{}", b"k")])
+    await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 1)
+    dead = await the_dead_letter(streams, spec, unique)
+    assert dead.headers[h.DEAD_REASON] == b"fatal"
+    first, last = (r.getMessage().splitlines()[0] for r in _lines(caplog, logging.WARNING))
+    assert "(key k, attempt 1 of 2): ConnectionError: the bank is down;" in first
+    assert first.endswith(f"next: retry tier {spec.name}.retry.100ms")
+    assert "(key k, attempt 2 of 2): pydantic_core._pydantic_core.ValidationError:" in last
+    assert last.endswith("; next: dead letter (fatal)"), last
+
+
 def test_the_next_line_of_a_kind_counts_those_held_back(caplog: pytest.LogCaptureFixture) -> None:
     """Failures alike held back for a second are counted on the line shown after it."""
     caplog.set_level(logging.WARNING, logger=LOGGER)
@@ -177,7 +216,7 @@ def test_the_next_line_of_a_kind_counts_those_held_back(caplog: pytest.LogCaptur
             boom(offset)
         except RuntimeError as exc:
             message = Message("fhcount", 0, offset, f"key-{offset}".encode(), b"v", {}, 0)
-            failures.failed(lane, message, 1, exc, "dead_lettered")
+            failures.failed(lane, message, 1, exc, Routed("dead_lettered", "exhausted"))
 
     for offset in range(100):  # all within the first second
         now[0] = offset / 100
