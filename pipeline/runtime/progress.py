@@ -5,8 +5,10 @@
 - one start line once the member joined its group: group, lanes, partitions, transport;
 - a progress line every :data:`PROGRESS_INTERVAL_S` while anything moves: handled, retried and
   dead-lettered since start, and the group's lag on the member's lanes;
-- one WARNING per dead letter with its lane and reason (:class:`DeadLetterWarnings`, a
-  :class:`~pipeline.observability.facades.RuntimeMetrics` that also logs).
+- one WARNING per dead letter with its lane, reason and error (:class:`DeadLetterWarnings`, a
+  :class:`~pipeline.observability.facades.RuntimeMetrics` that also logs); alike ones (lane,
+  reason, exception type, whatever its text) are backed off like any repeated warning, the
+  next line shown counting those held back.
 
 :func:`pipeline.runtime.run.serve` wires all three; nothing here changes what the member does.
 """
@@ -21,8 +23,10 @@ from typing import Protocol
 
 from pipeline.envelope import TopicPartition
 from pipeline.errors import PipelineError
+from pipeline.log_repeats import RepeatFilter
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.observability.metrics import Metrics
+from pipeline.runtime.failure_log import shown_now
 from pipeline.runtime.stats import Stats
 from pipeline.transport.protocol import Admin
 
@@ -35,26 +39,44 @@ PROGRESS_INTERVAL_S = 30.0
 
 
 class DeadLetterWarnings(RuntimeMetrics):
-    """The member's metrics facade, plus one WARNING per dead letter naming its lane and reason."""
+    """The member's metrics facade, plus a WARNING per dead letter (alike ones backed off)."""
 
-    def __init__(self, metrics: Metrics, dead_letter_topics: dict[str, str]) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        dead_letter_topics: dict[str, str],
+        repeats: RepeatFilter | None = None,
+    ) -> None:
         """Write into ``metrics``; ``dead_letter_topics`` maps lane to DLQ.
 
         The instruments are the registry's own, looked up: no second set beside another facade.
+        ``repeats`` backs off alike dead letters' lines (a filter of its own by default).
         """
         super().__init__(metrics)
         self._dlq = dead_letter_topics
+        self._repeats = repeats or RepeatFilter()
 
     def dead_lettered(self, lane: str, reason: str, error: BaseException | None = None) -> None:
-        """Count the dead letter and say where it went, what ended it and how to look at it."""
+        """Count the dead letter and say where it went, what ended it and how to look at it.
+
+        Alike ones (lane, reason, the error's type) are held back by the repeat filter before
+        anything is formatted: the error's text (a key, an id) is not what makes them alike.
+        """
         super().dead_lettered(lane, reason, error)
+        if not log.isEnabledFor(logging.WARNING):
+            return
+        kind = "" if error is None else f": {type(error).__module__}.{type(error).__qualname__}"
+        held = shown_now(self._repeats, log, f"dead letter on lane {lane}: {reason}{kind}")
+        if held is None:
+            return
         dlq = self._dlq.get(lane, f"{lane}.dlq")
         log.warning(
-            "dead letter on lane %s: %s%s (inspect: pipeline redrive %s --dry-run)",
+            "dead letter on lane %s: %s%s (inspect: pipeline redrive %s --dry-run)%s",
             lane,
             reason,
             _said(error),
             dlq,
+            held,
         )
 
 

@@ -1,0 +1,105 @@
+"""A storm of dead letters is a few warnings: alike ones (lane, reason, type) held back, counted.
+
+A member on Redis Streams reports through :class:`~pipeline.runtime.progress.DeadLetterWarnings`,
+as ``pipeline consume`` does, and its records go through a
+:class:`~pipeline.log_repeats.RepeatFilter`, as every handler of ``configure_logging`` has one.
+Before, the line's text held the error's, so 300 dead letters whose errors named their keys were
+300 lines: the filter never found two alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+
+from pipeline.config import Settings
+from pipeline.envelope import Record
+from pipeline.log_repeats import RepeatFilter
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime import App, Context
+from pipeline.runtime.member import Member
+from pipeline.runtime.progress import DeadLetterWarnings
+from pipeline.transport import create_transport
+from pipeline.transport.protocol import Transport
+
+LOGGER = "pipeline.runtime.progress"
+
+
+@pytest.fixture
+async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
+    """The Redis Streams transport, closed after the test."""
+    del redis_service  # Redis answers (or the test is skipped)
+    transport = create_transport(settings, "redis")
+    yield transport
+    await transport.close()
+
+
+async def test_a_dead_letter_storm_over_varied_errors_is_a_few_counted_lines(
+    streams: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """300 ValueErrors naming their keys are a few lines; a KeyError among them is shown."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    caplog.handler.addFilter(RepeatFilter())  # as configure_logging puts on every handler
+    spec = lane_spec(f"dlw_{unique}", 1, ordered=False)  # no tiers: each failure dead-letters
+    await declare(streams, spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def handle(event: bytes, ctx: Context) -> None:
+        if event == b"other":
+            raise KeyError("customer")
+        raise ValueError(f"no order for {ctx.message.key!r}")
+
+    storm = [Record(b"v", f"key-{n:x}-{'ab'[n % 2]}".encode()) for n in range(300)]
+    await produce(streams, spec.name, [*storm[:150], Record(b"other", b"odd"), *storm[150:]])
+    warnings = DeadLetterWarnings(Metrics(), {spec.lane: spec.dead_letter})
+    member = Member(
+        app, streams, f"g-{unique}", FAST, redis=redis, redis_prefix=unique, metrics=warnings
+    )
+    async with running(member):
+        await eventually(lambda: member.stats.dead_lettered == 301)
+    said = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    hint = f"(inspect: pipeline redrive {spec.dead_letter} --dry-run)"
+    storm_lines = [line for line in said if ": ValueError: no order for" in line]
+    assert 1 <= len(storm_lines) <= 12, len(storm_lines)  # the first, then after 1 s, 2 s, ...
+    assert storm_lines[0].startswith(
+        f"dead letter on lane {spec.lane}: exhausted: ValueError: no order for b'key-"
+    )
+    assert storm_lines[0].endswith(f"' {hint}")
+    assert all(f"{hint} [" in line and "more like this" in line for line in storm_lines[1:])
+    (other,) = [line for line in said if "KeyError" in line]
+    assert other == f"dead letter on lane {spec.lane}: exhausted: KeyError: 'customer' {hint}"
+    assert len(said) == len(storm_lines) + 1
+
+
+async def test_a_varied_storm_of_one_unit_shows_the_first_and_counts_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Alike dead letters held back within a second are counted on the next line shown."""
+    now = [0.0]
+    repeats = RepeatFilter(lambda: now[0])
+    warnings = DeadLetterWarnings(Metrics(), {"messages": "messages.dlq"}, repeats)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for n in range(100):
+            now[0] = n / 100
+            warnings.dead_lettered("messages", "fatal", ValueError(f"bad key-{n:x}"))
+        warnings.dead_lettered("messages", "exhausted", ValueError("bad key-x"))  # another reason
+        warnings.dead_lettered("other", "fatal", ValueError("bad key-y"))  # another lane
+        now[0] = 1.0
+        warnings.dead_lettered("messages", "fatal", ValueError("bad key-z"))
+    said = [r.getMessage() for r in caplog.records]
+    hint = "(inspect: pipeline redrive messages.dlq --dry-run)"
+    held = "[99 more like this in the last 1s]"
+    assert said == [
+        f"dead letter on lane messages: fatal: ValueError: bad key-0 {hint}",
+        f"dead letter on lane messages: exhausted: ValueError: bad key-x {hint}",
+        (
+            "dead letter on lane other: fatal: ValueError: bad key-y"
+            " (inspect: pipeline redrive other.dlq --dry-run)"
+        ),
+        f"dead letter on lane messages: fatal: ValueError: bad key-z {hint} {held}",
+    ]
