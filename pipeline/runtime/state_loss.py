@@ -429,6 +429,8 @@ class StateWatch:
             if evicting := await self._evicting():
                 how = f"{how}, or evicted: {evicting}"
                 fix = _NO_EVICTION
+            if written:  # nothing but the marker tells; a deletion of it alone is told apart
+                how = f"{how}; unless someone deleted that key alone: then none is lost"
         else:
             went = f"went back from {last} to {count - 1}"
             how = f"marker {self._key}'s count {went}: {_ROLLED_BACK}"
