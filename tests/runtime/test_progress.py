@@ -145,7 +145,7 @@ def test_a_dead_letters_line_says_the_error_that_ended_it(caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING, logger="pipeline.runtime.progress"):
         facade.dead_lettered("messages", "exhausted", ConnectionError("refused\n  at the bank"))
         facade.dead_lettered("messages", "fatal", ValueError(long))
-        facade.dead_lettered("messages", "fatal", ValueError(""))
+        facade.dead_lettered("messages", "fatal", TimeoutError())  # a ValueError would be alike
         facade.dead_lettered("messages", "fatal", invalid.value)
     said = [r.getMessage() for r in caplog.records]
     assert said[0] == (
@@ -153,7 +153,7 @@ def test_a_dead_letters_line_says_the_error_that_ended_it(caplog: pytest.LogCapt
         "(inspect: pipeline redrive messages.dlq --dry-run)"
     )
     assert f": ValueError: {'x' * 297}... (inspect" in said[1]
-    assert said[2].startswith("dead letter on lane messages: fatal: ValueError (inspect")
+    assert said[2].startswith("dead letter on lane messages: fatal: TimeoutError (inspect")
     # pydantic's first line only counts the errors: what is wrong comes after it.
     assert said[3].startswith(
         "dead letter on lane messages: fatal: ValidationError: 1 validation error for Said;"
