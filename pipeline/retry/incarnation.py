@@ -7,18 +7,14 @@ when the lane runs on the other transport under the same Redis key prefix, while
 guard state stays: a new message there would be taken for a late copy of the finished one and
 dropped. The broker time of the first delivery (Kafka's message timestamp, a Redis Streams
 entry's produce time) tells the two apart: the guard keeps it beside each finished id, and the
-router writes it on every copy it makes (:data:`ORIGIN_MS`, with the other origin headers).
+router writes it on every copy it makes (:data:`~pipeline.headers.ORIGIN_MS`, with the other
+origin headers).
 """
 
 from __future__ import annotations
 
 from pipeline import headers as h
 from pipeline.envelope import Message
-
-ORIGIN_MS = "pl-origin-ms"
-"""The broker time (ms) of the delivery named by a copy's ``pl-origin-topic``, ``-partition``
-and ``-offset``: written, kept and replaced together with them (``retry/router.py``). A copy
-without it (made by an earlier release) is read as a message of unknown birth."""
 
 
 def born_ms(message: Message, origin: str | None) -> int | None:
@@ -31,7 +27,7 @@ def born_ms(message: Message, origin: str | None) -> int | None:
     if origin is None:
         born = message.timestamp_ms
     else:
-        born = h.parse_int(message.headers.get(ORIGIN_MS)) or 0
+        born = h.parse_int(message.headers.get(h.ORIGIN_MS)) or 0
     return born if born > 0 else None
 
 

@@ -35,7 +35,6 @@ from pipeline import headers as h
 from pipeline import tracing
 from pipeline.envelope import Delivered, Message
 from pipeline.errors import DeadLetter, MessageTooLarge
-from pipeline.retry.incarnation import ORIGIN_MS
 from pipeline.retry.policy import Backoff
 from pipeline.tracing import TRACEPARENT
 from pipeline.transport.limits import COPY_HEADROOM_BYTES, CopyHeaders
@@ -62,7 +61,7 @@ _WRITTEN = {
     h.ORIGIN_TOPIC: _TOPIC_BYTES,
     h.ORIGIN_PARTITION: _NUMBER_BYTES,
     h.ORIGIN_OFFSET: _NUMBER_BYTES,
-    ORIGIN_MS: _NUMBER_BYTES,
+    h.ORIGIN_MS: _NUMBER_BYTES,
     h.PRODUCED_AT_MS: _NUMBER_BYTES,
     h.SLA_FROM_MS: _NUMBER_BYTES,
     h.FIRST_FAILURE_MS: _NUMBER_BYTES,
@@ -134,9 +133,9 @@ def _with_origin(message: Message) -> CopyHeaders:
         out[h.ORIGIN_PARTITION] = str(message.partition).encode()
         out[h.ORIGIN_OFFSET] = str(message.offset).encode()
         if message.timestamp_ms > 0:
-            out[ORIGIN_MS] = str(message.timestamp_ms).encode()
+            out[h.ORIGIN_MS] = str(message.timestamp_ms).encode()
         else:
-            out.pop(ORIGIN_MS, None)  # its birth is not known: whatever a producer wrote goes
+            out.pop(h.ORIGIN_MS, None)  # its birth is not known: whatever a producer wrote goes
     if message.timestamp_ms > 0:
         out.setdefault(h.PRODUCED_AT_MS, str(message.timestamp_ms).encode())
     sla_from = h.sla_from_ms(message.headers, message.timestamp_ms, topic=message.topic)

@@ -18,8 +18,8 @@ from runtime.guard_parts import guarded_lane, routing_guard
 
 from pipeline import headers as h
 from pipeline.envelope import Delivered, Message, Record
+from pipeline.headers import ORIGIN_MS
 from pipeline.retry.guard_store import start_of
-from pipeline.retry.incarnation import ORIGIN_MS
 from pipeline.retry.router import RetryRouter
 from pipeline.runtime.app import Lane
 from pipeline.runtime.guard import RunGuard
