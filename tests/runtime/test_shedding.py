@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from contract.helpers import consume_until
 from runtime.helpers import FAST, declare, eventually, lane_spec, running
@@ -63,21 +64,25 @@ async def test_messages_older_than_the_lane_max_age_are_dead_lettered(
     transport: Transport, unique: str
 ) -> None:
     """A message that waited past max_age behind a slow one goes to the DLQ as expired."""
-    spec = lane_spec(f"maxage_{unique}", 1, max_age="2s", on_expiry="dead_letter")
+    spec = lane_spec(f"maxage_{unique}", 1, max_age="3s", on_expiry="dead_letter")
     await declare(transport, spec)
     app = App([spec])
     handled: list[bytes] = []
+    sent_at = [0.0]
 
     @app.handler(spec.lane)
     async def handle(event: bytes, ctx: Context) -> None:
         if event == b"slow":
-            await asyncio.sleep(2.5)  # the work itself is slow; the next message ages behind it
+            # The work itself is slow: it ends past the next message's max age however late it
+            # started (it had the whole max age to start: a loaded machine's delay is no expiry).
+            await asyncio.sleep(max(0.0, sent_at[0] + 3.5 - time.time()))
         handled.append(event)
 
     producer = transport.producer()
     member = Member(app, transport, f"g-{unique}", FAST)
     async with running(member):
         await eventually(lambda: bool(member.assignment))  # ages count from here, not the join
+        sent_at[0] = time.time()
         await producer.send_many(spec.name, [Record(b"slow", b"k"), Record(b"late", b"k")])
         await eventually(lambda: member.stats.handled == 1 and member.stats.dead_lettered == 1)
     dlq = transport.consumer(f"dlq-{unique}", [spec.dead_letter])
