@@ -33,11 +33,6 @@ means nothing (:func:`retry_tier`)."""
 ORIGIN_TOPIC = "pl-origin-topic"
 ORIGIN_PARTITION = "pl-origin-partition"
 ORIGIN_OFFSET = "pl-origin-offset"
-ORIGIN_MS = "pl-origin-ms"
-"""The broker time (ms) of the delivery named by a copy's ``pl-origin-topic``, ``-partition``
-and ``-offset``: written, kept and replaced together with them (``retry/router.py``). A copy
-without it (made by an earlier release) is read as a message of unknown birth
-(``retry/incarnation.py``)."""
 PRODUCED_AT_MS = "pl-produced-at-ms"
 """When the message a retry copy or dead letter came from was first produced (its broker time):
 a cancellation by key or tenant covers the copy as it covered that message."""

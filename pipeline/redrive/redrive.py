@@ -61,7 +61,6 @@ _DROPPED_HEADERS = {
     h.ORIGIN_TOPIC,
     h.ORIGIN_PARTITION,
     h.ORIGIN_OFFSET,
-    h.ORIGIN_MS,
     h.SLA_FROM_MS,
 }
 _DECIMAL = re.compile(rb"[0-9]{1,19}")

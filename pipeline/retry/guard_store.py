@@ -33,16 +33,6 @@ into the dead-letter topic by those parked behind it (``after_dead_letter: follo
 runs; a member that dies mid-release leaves the lease to expire and another member's reaper
 takes the release over.
 
-**Reused positions.** An id is a position, and a position is given out again when its topic
-is deleted and created anew (or the lane runs on the other transport under the same key
-prefix) while the lane's state stays. A finished id keeps the broker time of its message's
-first delivery (``T:born:gone``; copies carry it as ``pl-origin-ms``,
-:mod:`pipeline.retry.incarnation`): a start born at another time is a new message, so the old
-record is forgotten and it runs. A record or a start whose birth is not known (one of an
-earlier release, in a rolling update) keeps the old meaning: stale, dropped (logged once per
-lane). Only a start that finds its id finished reads a birth, and only an end that records one
-writes it: the clean path pays nothing.
-
 **A lane that stops parking.** Declared unordered, or left without retry tiers, while keys are
 parked, a lane no longer parks, but its members still drain what it parked (``gd_reap``'s
 drain): a retry copy that is its parked key's head runs as that head, and its end releases the
@@ -110,7 +100,6 @@ from pipeline import headers as h
 from pipeline.envelope import Message, TopicPartition
 from pipeline.redis_functions import LONGEST_EXPIRY_MS, FunctionLibrary
 from pipeline.retry.held import decode_held, encode_held
-from pipeline.retry.incarnation import born_ms
 from pipeline.retry.keys import GuardKeys, encode_key, guard_keys
 from pipeline.topics.spec import TopicSpec
 
@@ -186,9 +175,6 @@ class Start:
     body: bytes | None = None
     """The encoded message (``retry/held.py``), sent when its key may be parked: ``gd_begin``
     then holds it behind the key's head at once (``held``) instead of answering ``slow``."""
-    born: int | None = None
-    """The broker time of the message's first delivery (``retry/incarnation.py``), None if not
-    known: an id that finished as another message born at another time is not this one's."""
 
     @property
     def line(self) -> str:
@@ -197,14 +183,9 @@ class Start:
         kind = "1" if self.ordered else "2" if self.drains else "0"
         flags = (
             f"{kind}\t{self.attempt}\t{'1' if self.inherited else '0'}"
-            f"\t{'0' if self.body is None else '1'}\t{self.born_arg}"
+            f"\t{'0' if self.body is None else '1'}"
         )
         return f"{self.ident}\t{self.key}\t{at}\t{flags}"
-
-    @property
-    def born_arg(self) -> str:
-        """:attr:`born` as the ``gd_*`` functions read it (empty: not known)."""
-        return "" if self.born is None else str(self.born)
 
     @property
     def end_line(self) -> str:
@@ -327,7 +308,6 @@ class GuardStore:
                     start.attempt,
                     encode_held(message),
                     self.instance,
-                    start.born_arg,
                 ],
             )
         except (rexc.RedisError, OSError) as exc:
@@ -354,7 +334,6 @@ class GuardStore:
                     start.position,
                     attempt,
                     "1" if park else "0",
-                    start.born_arg,
                 ],
             )
         except (rexc.RedisError, OSError) as exc:
@@ -382,7 +361,6 @@ class GuardStore:
             for i, (start, ending) in enumerate(group.ends):
                 release = RELEASE_BATCH if group.release and i == last else 0
                 args += [start.ident, start.key, ending, follow, start.position, release]
-                args.append(start.born_arg)
         replies = await self._functions.fcall(
             "gd_end_many", [k.run, k.alone, k.gone, k.parked, k.releases], args
         )
@@ -402,7 +380,7 @@ class GuardStore:
             verdict, alone = await self._functions.fcall(
                 "gd_solo",
                 [k.run, k.alone, k.gone],
-                [start.ident, start.position, self.hold_ms, poison_after, start.born_arg],
+                [start.ident, start.position, self.hold_ms, poison_after],
             )
         except (rexc.RedisError, OSError) as exc:
             log.warning("parking unavailable, running suspect %s uncounted: %s", start.ident, exc)
@@ -580,10 +558,8 @@ def start_of(message: Message, *, ordered: bool) -> Start:
                 at,
                 h.origin_fault(message.topic, headers),
             )
-        return Start(at, encode_key(message.key), at, ordered, 1, born=born_ms(message, None))
-    attempt = h.attempt(message.topic, headers)
-    born = born_ms(message, origin)
-    return Start(origin, encode_key(message.key), at, ordered, attempt, born=born)
+        return Start(at, encode_key(message.key), at, ordered, 1)
+    return Start(origin, encode_key(message.key), at, ordered, h.attempt(message.topic, headers))
 
 
 def retry_path_ms(spec: TopicSpec) -> int:

@@ -77,15 +77,6 @@ class GuardKeys:
         return f"{self.tag}:gone"
 
     @property
-    def births(self) -> str:
-        """Ids of :attr:`gone` -> the broker time of the message's first delivery, when known.
-
-        Named under ``gone`` (a part of that record): a message at a position given out again,
-        born at another time, is not the one that finished (``retry/incarnation.py``).
-        """
-        return f"{self.tag}:born:gone"
-
-    @property
     def parked(self) -> str:
         """Keys that have parked messages."""
         return f"{self.tag}:parked"

@@ -61,7 +61,6 @@ _WRITTEN = {
     h.ORIGIN_TOPIC: _TOPIC_BYTES,
     h.ORIGIN_PARTITION: _NUMBER_BYTES,
     h.ORIGIN_OFFSET: _NUMBER_BYTES,
-    h.ORIGIN_MS: _NUMBER_BYTES,
     h.PRODUCED_AT_MS: _NUMBER_BYTES,
     h.SLA_FROM_MS: _NUMBER_BYTES,
     h.FIRST_FAILURE_MS: _NUMBER_BYTES,
@@ -120,22 +119,15 @@ def _with_origin(message: Message) -> CopyHeaders:
     message's lane (any producer can write them, :func:`~pipeline.headers.origin`), are replaced
     with where it was read, the id its guard gave it. The copy is a new record with a time of its
     own; ``pl-produced-at-ms`` keeps the first delivery's, so a cancellation covers the copy as it
-    covered the message it came from; ``pl-origin-ms`` is that delivery's broker time, written
-    with the other origin headers, by which the guard tells it from a later message at the
-    same position (:mod:`pipeline.retry.incarnation`). ``pl-sla-from-ms`` keeps when its SLA
-    clock started (:func:`~pipeline.headers.sla_from_ms`): a message read from a main topic is
-    no copy and starts it, whatever a redrive left of its dead letter's or another producer
-    wrote.
+    covered the message it came from. ``pl-sla-from-ms`` keeps when its SLA clock started
+    (:func:`~pipeline.headers.sla_from_ms`): a message read from a main topic is no copy and
+    starts it, whatever a redrive left of its dead letter's or another producer wrote.
     """
     out = CopyHeaders(message.headers)
     if h.origin(message.topic, message.headers) is None:  # a first delivery, or read as one
         out[h.ORIGIN_TOPIC] = message.topic.encode()
         out[h.ORIGIN_PARTITION] = str(message.partition).encode()
         out[h.ORIGIN_OFFSET] = str(message.offset).encode()
-        if message.timestamp_ms > 0:
-            out[h.ORIGIN_MS] = str(message.timestamp_ms).encode()
-        else:
-            out.pop(h.ORIGIN_MS, None)  # its birth is not known: whatever a producer wrote goes
     if message.timestamp_ms > 0:
         out.setdefault(h.PRODUCED_AT_MS, str(message.timestamp_ms).encode())
     sla_from = h.sla_from_ms(message.headers, message.timestamp_ms, topic=message.topic)

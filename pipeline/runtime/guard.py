@@ -43,7 +43,6 @@ from pipeline.retry.guard_store import (
     start_of,
 )
 from pipeline.retry.held import encode_held
-from pipeline.retry.incarnation import born_of
 from pipeline.retry.keys import encode_key
 from pipeline.runtime.app import Lane
 from pipeline.runtime.claims import LaneClaims
@@ -511,10 +510,10 @@ class RunGuard:
     def _dropped_stale(self, lane: Lane, store: GuardStore, start: Start) -> None:
         """``start`` is dropped as stale, its id finished: say so once per lane (WARNING).
 
-        Its id is where its message was first delivered. A late duplicate after a crash is
-        dropped so, as it must be; so would a new message at a position given out again (its
-        topic created anew, or the lane run on the other transport under the same key prefix)
-        whose birth, or the finished one's, is not known (``retry/incarnation.py``).
+        Its id is where its message was first delivered (``topic:partition:offset``). A late
+        duplicate after a crash is dropped so, as it must be; so is a new message at a position
+        given out again (its topic deleted and created anew, or the lane run on the other
+        transport, under the same key prefix, while the lane's guard state stayed in Redis).
         """
         if lane.name in self._stale_told:
             return
@@ -523,14 +522,14 @@ class RunGuard:
             "lane %s: dropped %s read at %s without running it: that id finished before (%s),"
             " so it is taken for a late duplicate, as after a crash; if it is a new message (its"
             " topic deleted and created again, or the lane moved to the other transport, under"
-            " the same PIPELINE_REDIS__KEY_PREFIX) it was lost: produce it again, and delete %s"
-            " and %s while no member of the lane runs (logged once per lane and process)",
+            " the same PIPELINE_REDIS__KEY_PREFIX) it was not run: delete the lane's guard keys"
+            " (%s*) while no member of the lane runs, then produce it again (logged once per lane"
+            " and process)",
             lane.name,
             start.ident,
             start.position,
             store.keys.gone,
-            store.keys.gone,
-            store.keys.births,
+            store.keys.tag,
         )
 
     def _not_run(self, decision: str) -> str | None:
@@ -815,8 +814,7 @@ def _drain_grace_ms(lane: Lane, store: GuardStore) -> int:
 
 def _released_start(release: Release) -> Start:
     """The start of a follower released from its parked key."""
-    born = born_of(release.message)
-    return Start(release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0, born=born)
+    return Start(release.ident, release.key, RELEASED_POSITION, ordered=True, attempt=0)
 
 
 def _given_back(unrun: Sequence[Release]) -> list[tuple[Start, Ending]]:

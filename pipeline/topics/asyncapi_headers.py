@@ -55,7 +55,6 @@ _RETRY = {
     h.ORIGIN_TOPIC: _text("The topic the event was first delivered from."),
     h.ORIGIN_PARTITION: _int("Its partition there"),
     h.ORIGIN_OFFSET: _int("Its offset there"),
-    h.ORIGIN_MS: _ms("The broker time of that first delivery"),
     h.PRODUCED_AT_MS: _ms("When the event was first produced (its first delivery's time)"),
     h.SLA_FROM_MS: _ms(
         "When a batch lane's SLA clock started for the copy: the time of the delivery that"

@@ -21,14 +21,6 @@
 --                   member reaped the lane, past a lease, in all. The lane's clock is Redis's
 --                   less @off: it stands still while every member is down, so an outage does not
 --                   age the entries
---   T:born:gone  hash  message id of T:gone -> the broker time (ms) of the first delivery of the
---                   message that finished under it (pipeline/retry/incarnation.py), when that
---                   was known. A position is given out again when its topic is created anew (or
---                   the lane runs on the other transport under the same key prefix): a start
---                   that knows its own birth and finds its id gone as a message born at another
---                   time is a new message; the old record is forgotten (still_gone) and it runs.
---                   An id gone without a birth (recorded by an earlier release, or by a copy
---                   that did not carry one) keeps its meaning: stale. Trimmed with T:gone
 --   T:parked  hash  key -> 1 while the key has parked messages (the batch call's index)
 --   T:rel     zset  key -> lease expiry ms (Redis clock) of a release in progress (gd_reap takes
 --                   over late ones, even after every member was down for days)
@@ -228,40 +220,6 @@ local function lane_now(gone, now)
   return now - tonumber(redis.call('ZSCORE', gone, CLOCK_OFF) or '0')
 end
 
--- T:born:gone, from T:gone's name (T .. ':gone').
-local function births_of(gone)
-  return string.sub(gone, 1, -6) .. ':born:gone'
-end
-
--- Whether `id`, found in T:gone, still counts as gone for a start of a message first delivered
--- at broker time `born` ('' or nil: not known). Not if it finished as a message born at another
--- time (T:born:gone): its position was given out again, and this start's message is a new one.
--- That record is then forgotten, so that nothing else (a parked key's head, an end) takes the
--- new message for the old one.
-local function still_gone(gone, id, born)
-  if not born or born == '' then return true end
-  local births = births_of(gone)
-  local was = redis.call('HGET', births, id)
-  if not was or was == born then return true end
-  redis.call('ZREM', gone, id)
-  redis.call('HDEL', births, id)
-  return false
-end
-
--- Record that `id` left its parked key (handled or dead-lettered), first delivered at broker
--- time `born` ('' or nil: not known, and any birth recorded for the id before is dropped).
-local function record_gone(gone, now, hold_ms, id, born)
-  redis.call('ZADD', gone, lane_now(gone, now), id)
-  redis.call('PEXPIRE', gone, hold_ms)
-  local births = births_of(gone)
-  if born and born ~= '' then
-    redis.call('HSET', births, id, born)
-    redis.call('PEXPIRE', births, hold_ms)
-  else
-    redis.call('HDEL', births, id)
-  end
-end
-
 -- Drop heads of a parked key that already finished (a copy re-parked them); the head or nil.
 local function live_head(gone, z, f)
   local head = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
@@ -299,8 +257,7 @@ end
 -- on a lane that no longer parks while keys it parked remain, decided as its key's head if it is
 -- that, else as unordered; see gd_reap's drain) TAB attempt TAB
 -- inherited (1: its partition's previous owner died with it in its claimed range, or 0) TAB
--- body (1: its encoded message is among ARGV[6...], in the order of the starts, or 0) TAB
--- born (the broker time of the message's first delivery, empty if not known; see still_gone)
+-- body (1: its encoded message is among ARGV[6...], in the order of the starts, or 0)
 -- ARGV[4] the calling member process's instance id   ARGV[5] how long it is alive from now
 -- (ms), or empty when it was renewed recently (gd_live)   ARGV[6...] the bodies of the starts
 -- that carry one
@@ -346,11 +303,10 @@ local function begin_many(keys, args)
   end
   local ended, positions_ended, routed_ended = end_lines(args[2])
   local ids, names, positions, ordered, attempts, inherited, bodies = {}, {}, {}, {}, {}, {}, {}
-  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([012])\t(%d+)\t([01])\t([01])\t(%d*)'
-  local draining, borns = {}, {}
+  local pattern = '([^\t\n]+)\t([^\t\n]*)\t([^\t\n]*)\t([012])\t(%d+)\t([01])\t([01])'
+  local draining = {}
   local body = 5
-  for id, key, pos, o, attempt, inh, b, born in string.gmatch(args[3], pattern) do
-    borns[#ids + 1] = born
+  for id, key, pos, o, attempt, inh, b in string.gmatch(args[3], pattern) do
     ids[#ids + 1] = id
     names[#names + 1] = key
     positions[#positions + 1] = pos == '' and id or pos
@@ -386,9 +342,6 @@ local function begin_many(keys, args)
     if any_ordered then
       gone = bulk('ZMSCORE', keys[2], ids)
       parked = bulk('HMGET', keys[3], names)
-      for i, id in ipairs(ids) do  -- a position given out again is not gone (still_gone)
-        if gone[i] and not still_gone(keys[2], id, borns[i]) then gone[i] = false end
-      end
     end
     local writes, seen = {}, {}
     for i, id in ipairs(ids) do
@@ -443,17 +396,14 @@ end
 -- KEYS[7] T:live
 -- ARGV[1] hold_ms (T:run, the key's state, T:parked and T:rel)   ARGV[2] id   ARGV[3] key
 -- ARGV[4] position   ARGV[5] attempt   ARGV[6] the encoded message (stored if it is held)
--- ARGV[7] the calling member process's instance id   ARGV[8] the broker time of the message's
--- first delivery, empty if not known (still_gone)
+-- ARGV[7] the calling member process's instance id
 -- Returns {decision, starts}; busy as in gd_begin. A key found with no live head is unparked
 -- and its state deleted here.
 local function begin_parked(keys, args)
   local hold_ms = args[1]
   local id, key, pos, attempt, blob = args[2], args[3], args[4], args[5], args[6]
   local me, now = args[7], now_ms()
-  if redis.call('ZSCORE', keys[2], id) and still_gone(keys[2], id, args[8]) then
-    return {'stale', 0}
-  end
+  if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
   local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6],
              rel = tag_of(keys[1]) .. ':rel'}
   local held = hold(k, hold_ms, id, key, blob)
@@ -477,7 +427,6 @@ end
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K
 -- ARGV[1] hold_ms (T:run, the key's state, T:parked and T:rel)   ARGV[2] id   ARGV[3] key
 -- ARGV[4] position   ARGV[5] the copy's attempt   ARGV[6] "1" to park the key (an ordered lane)
--- ARGV[7] the broker time of the message's first delivery, empty if not known (still_gone)
 -- Parks the key first, so the copy can never find its key unparked, and lets that copy (by its
 -- attempt) take the start mark over even if this start has not ended yet.
 local function route(keys, args)
@@ -490,8 +439,7 @@ local function route(keys, args)
     redis.call('HSET', keys[1], id, math.max(starts, 1) .. '|' .. pos .. '|' .. attempt)
     redis.call('PEXPIRE', keys[1], hold_ms)
   end
-  local gone = redis.call('ZSCORE', keys[2], id) and still_gone(keys[2], id, args[7])
-  if args[6] == '1' and not gone then
+  if args[6] == '1' and not redis.call('ZSCORE', keys[2], id) then
     if not redis.call('ZSCORE', keys[4], id) then
       redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
     end
@@ -570,10 +518,9 @@ end
 --           and it waits where it was, held
 -- A done or dead end of a copy another member process took over (its mark names that process,
 -- or the message left the parked set already) is stale and changes nothing; `me` is the
--- calling member process; `born` the broker time of the message's first delivery ('' if not
--- known), recorded with its id when it leaves (record_gone).
+-- calling member process.
 -- Returns the followers released to the caller: a flat list, three per follower.
-local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos, n, me, born)
+local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos, n, me)
   -- A released follower's end from a member whose release another took over (gd_reap, while
   -- it was stalled): what it ran is recorded, but the release is the other member's now.
   local taken = false
@@ -626,7 +573,10 @@ local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos,
     end
     return {}
   end
-  if redis.call('ZREM', k.z, id) == 1 then record_gone(k.gone, now, hold_ms, id, born) end
+  if redis.call('ZREM', k.z, id) == 1 then
+    redis.call('ZADD', k.gone, lane_now(k.gone, now), id)
+    redis.call('PEXPIRE', k.gone, hold_ms)
+  end
   if outcome == 'dead' and follow == 'follow' then
     local last = redis.call('ZRANGE', k.z, -1, -1, 'WITHSCORES')
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
@@ -640,22 +590,21 @@ end
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone   KEYS[4] T:parked   KEYS[5] T:rel
 -- ARGV[1] hold_ms (T:run, T:gone, the keys' state, T:parked, T:rel)   ARGV[2] lease_ms
 -- ARGV[3] the tag T   ARGV[4] the calling member process,
--- then seven per end: id, key, outcome (done | parked | dead | back), "follow"
+-- then six per end: id, key, outcome (done | parked | dead | back), "follow"
 -- or "", the position of the start that ended, how many followers to release after it (0:
--- none), the broker time of the message's first delivery (empty if not known).
+-- none).
 -- Returns one list per end: the followers released after it, three entries each (decision,
 -- id, message), none if it released none.
 local function finish_many(keys, args)
   local now, hold_ms = now_ms(), args[1]
   local lease, tag = tonumber(args[2]), args[3]
   local out = {}
-  for i = 5, #args, 7 do
+  for i = 5, #args, 6 do
     local key = args[i + 1]
     local k = of_key({run = keys[1], alone = keys[2], gone = keys[3], parked = keys[4],
                       rel = keys[5]}, tag, key)
     out[#out + 1] = finish_one(k, now, hold_ms, lease, args[i], key, args[i + 2],
-                               args[i + 3], args[i + 4], tonumber(args[i + 5]), args[4],
-                               args[i + 6])
+                               args[i + 3], args[i + 4], tonumber(args[i + 5]), args[4])
   end
   return out
 end
@@ -663,16 +612,13 @@ end
 -- gd_solo: count a suspect's lone start, once nothing else runs beside it in its member.
 -- KEYS[1] T:run   KEYS[2] T:alone   KEYS[3] T:gone
 -- ARGV[1] id   ARGV[2] position   ARGV[3] hold_ms (T:alone)   ARGV[4] poison_after
--- ARGV[5] the broker time of the message's first delivery, empty if not known (still_gone)
 -- Its first interrupted start may have been a neighbour's fault; every lone start after that
 -- was interrupted by itself. Returns {verdict, lone starts}: stale if another copy finished it
 -- or took it over meanwhile, poison once the interruptions (the first plus the lone ones) reach
 -- poison_after, else process.
 local function solo(keys, args)
   local id, pos = args[1], args[2]
-  if redis.call('ZSCORE', keys[3], id) and still_gone(keys[3], id, args[5]) then
-    return {'stale', 0}
-  end
+  if redis.call('ZSCORE', keys[3], id) then return {'stale', 0} end
   local mark = redis.call('HGET', keys[1], id)
   if not mark then return {'stale', 0} end
   local starts, at = parse(mark)
@@ -752,14 +698,9 @@ local function reap(keys, args)
   local at, off = unpack(redis.call('ZMSCORE', gone, CLOCK_AT, CLOCK_OFF))
   off = tonumber(off or '0')
   if at and now - tonumber(at) > lease then off = off + now - tonumber(at) - lease end
-  local births, oldest = births_of(gone), now - off - tonumber(ttl)
-  if redis.call('EXISTS', births) == 1 then  -- the births of the ids trimmed go with them
-    local trimmed = redis.call('ZRANGEBYSCORE', gone, '-inf', oldest)
-    if #trimmed > 0 then bulk('HDEL', births, trimmed) end
-  end
-  redis.call('ZREMRANGEBYSCORE', gone, '-inf', oldest)
+  redis.call('ZREMRANGEBYSCORE', gone, '-inf', now - off - tonumber(ttl))
   redis.call('ZADD', gone, now, CLOCK_AT, off, CLOCK_OFF)
-  expire(hold_ms, tag .. ':run', tag .. ':alone', gone, births, tag .. ':parked', keys[1])
+  expire(hold_ms, tag .. ':run', tag .. ':alone', gone, tag .. ':parked', keys[1])
   local due = redis.call('ZRANGEBYSCORE', keys[1], '-inf', now, 'LIMIT', 0, tonumber(args[5]))
   local out = {}
   for _, key in ipairs(due) do
