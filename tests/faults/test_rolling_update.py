@@ -76,9 +76,20 @@ async def test_rolling_update(
     )
 
 
+def _names_long_keys_by_base64(build: str | None) -> bool:
+    """Whether ``build`` parks a key over 768 bytes under its base64 (before 9ee14fd)."""
+    if build is None:
+        return False
+    keys = Path(build) / "pipeline" / "retry" / "keys.py"
+    text = keys.read_text() if keys.exists() else ""
+    return not any(word in text for word in ("sha256", "digest", "headed"))
+
+
 MIXED_NAMES = pytest.mark.xfail(
+    _names_long_keys_by_base64(OLD),
     strict=True,
-    reason="a key over 768 bytes is parked under its base64 by 6a37647 and under its digest"
+    reason="a key over 768 bytes is parked under its base64 by 6a37647 (and every build before"
+    " 9ee14fd) and under its digest"
     " since the key bound: members of the two builds strand each other's held followers"
     " (lost), and now and then run a stale retry copy beside a first delivery; roll that"
     " change out as a recreate (docs/operations.md, rolling deploys)",
