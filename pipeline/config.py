@@ -833,11 +833,35 @@ def setting_reason(err: Any) -> str:
 
     A URL's password never shows: a parser that split it elsewhere (a ``/`` or ``%`` left
     unencoded) names a piece of it as the port, path or token at fault
-    (:func:`hide_credentials`).
+    (:func:`hide_credentials`), and no piece of a URL setting's value that its echo hides
+    (:func:`shown_url`: a token in its path, a query value) shows in the reason either.
     """
     reason = str(err["msg"]).removeprefix("Value error, ")
     value = err.get("input")
-    return hide_credentials(reason, value) if isinstance(value, str) else reason
+    if not isinstance(value, str):
+        return reason
+    reason = hide_credentials(reason, value)
+    if _echoed_as_url(err):
+        shown = set(_PIECES.split(shown_url(value) or ""))
+        hidden = {piece for piece in _PIECES.split(value) if piece not in shown}
+        for piece in sorted(hidden, key=len, reverse=True):
+            if len(piece) >= _MIN_HIDDEN_CHARS:
+                reason = reason.replace(piece, _HIDDEN)
+    return reason
+
+
+def _echoed_as_url(err: Any) -> bool:
+    """Whether ``err``'s value is echoed as :func:`shown_url` shows it.
+
+    A URL setting's is, and any value holding an ``@``, unless under a secret-looking section.
+    """
+    value = err.get("input")
+    *parents, last = [str(part) for part in err["loc"]] or [""]
+    return (
+        isinstance(value, str)
+        and bool(_URL_SETTING.search(last) or "@" in value)
+        and not any(_SENSITIVE.search(part) for part in parents)
+    )
 
 
 _SENSITIVE = re.compile(r"pas|pw|secret|token|auth|user|url|dsn|cred|key|store", re.IGNORECASE)
@@ -853,17 +877,17 @@ def _got(err: Any) -> str:
 
     A misspelt key under a secret (``pasword``) carries the secret as its value, so anything
     under a sensitive-looking name and any mapping or list is left out. A URL setting's value
-    (``PIPELINE_REDIS__URL=localhost:6379``) is shown with its credentials hidden
-    (:func:`_shown_url`), as the value given is what shows the mistake.
+    (``PIPELINE_REDIS__URL=localhost:6379``), and any other holding an ``@``
+    (``PIPELINE_KAFKA__BOOTSTRAP_SERVERS=user:pw@kafka:9092``), is shown as :func:`shown_url`
+    shows it, as the value given is what shows the mistake; a value it cannot read only by
+    its length.
     """
     value = err.get("input")
-    *parents, last = [str(part) for part in err["loc"]] or [""]
-    if (
-        isinstance(value, str)
-        and _URL_SETTING.search(last)
-        and not any(_SENSITIVE.search(part) for part in parents)
-    ):
-        return f" (got {_shown_url(value)!r})"
+    if isinstance(value, str) and _echoed_as_url(err):
+        shown = shown_url(value)
+        return (
+            f" (got {len(value)} characters, not shown)" if shown is None else f" (got {shown!r})"
+        )
     if any(_SENSITIVE.search(str(part)) for part in err["loc"]):
         return ""
     if isinstance(value, bool | int | float):
@@ -873,19 +897,135 @@ def _got(err: Any) -> str:
     return ""
 
 
-def _shown_url(value: str) -> str:
-    """``value`` of a URL setting with its password hidden, cut to 200 characters.
+_HIDDEN = "***"
+_PIECES = re.compile(r"[\s/:@?&;=#'\"]+")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
+_SECRET_NAME = re.compile(r"pas|pw|secret|token|key|auth|cred|sig|session|cert|priv", re.IGNORECASE)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,39}")
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*")
+_PORT = re.compile(r"\d{1,5}")
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.:-]{1,63}")
+_KEYWORD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']*)\s*")
+_PARTS = re.compile(r"([^?#]*)(\?[^#]*)?(#.*)?", re.DOTALL)
+_LONG_TOKEN_CHARS = 16
+_LONGEST_WORD_CHARS = 24
 
-    :func:`hide_credentials` finds the password after a scheme's ``//``; a value without one
-    (``user:pw@host:6379``) has all before its last ``@`` hidden instead, and a query shows
-    only its first option's name (``?pasword=***``: a misspelt option may hold a password).
+
+def shown_url(value: str) -> str | None:
+    """``value`` (a URL, a libpq keyword string, or host[:port][/path]) fit to echo; None if not.
+
+    Shown: the scheme, host, port and path. Hidden (``***``): all before the last ``@`` (the
+    user and password, a password with an unencoded ``/`` or ``@`` included); every query
+    option's value and the fragment; a libpq keyword's value under a secret-looking name
+    (``password``, ``passfile``, ``sslkey``...) or not a plain word; a port that is no number;
+    and a path segment after a secret-looking one (``/token/...``) or opaque (:func:`_opaque`):
+    tokens in webhook paths, keys in S3 ones. A value none of these reads (``None``) is shown
+    only by its length. Cut to 200 characters.
     """
-    shown = hide_credentials(value, value)
-    if "//" not in shown and "@" in shown:
-        shown = "***@" + shown.rpartition("@")[2]
-    base, question, query = shown.partition("?")
-    if question and "=" in query:  # a misspelt password option's value is a password too
-        shown = f"{base}?{query.partition('=')[0]}=***"
-    if len(shown) > _MAX_SHOWN_URL_CHARS:
+    shown = _keywords(value)
+    if shown is None:
+        url = _SCHEME.fullmatch(value)
+        if url is not None:  # scheme://[userinfo@]host...: the userinfo goes
+            scheme, after = url.groups()
+            _, at, rest = after.rpartition("@")
+            shown = _url(f"{scheme}://{_HIDDEN + '@' if at else ''}", rest)
+        else:  # all before the last @ goes, then a URL or host[:port][/path][?query]
+            _, at, rest = value.rpartition("@")
+            url = _SCHEME.fullmatch(rest)
+            head = f"{_HIDDEN}@" if at else ""
+            shown = _url(f"{head}{url.group(1)}://", url.group(2)) if url else _url(head, rest)
+    if shown is not None and len(shown) > _MAX_SHOWN_URL_CHARS:
         shown = shown[: _MAX_SHOWN_URL_CHARS - 3] + "..."
     return shown
+
+
+def _keywords(value: str) -> str | None:
+    """A libpq keyword string (``host=db password=...``) with secret values hidden; None if not."""
+    pairs = []
+    end = 0
+    for found in _KEYWORD.finditer(value):
+        if found.start() != end:
+            return None
+        end = found.end()
+        name, given = found.groups()
+        plain = _PLAIN_VALUE.fullmatch(given) and not _opaque(given)
+        hidden = _SECRET_NAME.search(name) or not plain
+        pairs.append(f"{name}={_HIDDEN if hidden else given}")
+    return " ".join(pairs) if pairs and end == len(value) else None
+
+
+def _url(head: str, rest: str) -> str | None:
+    """``head`` and ``rest`` (host, port, path, query, fragment) shown safely; None if no host."""
+    cut = len(rest)
+    for mark in "/?#":
+        at = rest.find(mark)
+        if at != -1:
+            cut = min(cut, at)
+    authority = _address(rest[:cut])
+    if authority is None:
+        return None
+    parts = _PARTS.fullmatch(rest[cut:])
+    if parts is None:  # pragma: no cover - the pattern matches any text
+        return None
+    path, query, fragment = parts.groups()
+    shown = f"{head}{authority}{_path(path)}"
+    if query is not None:
+        items = (item.partition("=") for item in re.split(r"[&;]", query[1:]))
+        shown += "?" + "&".join(
+            f"{name if _NAME.fullmatch(name) else _HIDDEN}={_HIDDEN}" if eq else _HIDDEN
+            for name, eq, _ in items
+        )
+    if fragment:
+        shown += f"#{_HIDDEN}" if len(fragment) > 1 else "#"
+    return shown
+
+
+def _address(authority: str) -> str | None:
+    """``host[:port]`` with a port that is no number hidden; None if no host name could be."""
+    host, colon, port = (
+        authority.rpartition(":") if not authority.endswith("]") else (authority, "", "")
+    )
+    if not colon:
+        host = authority
+    if not _HOST.fullmatch(host) or any(_mixed(label) for label in host.split(".")):
+        return None
+    shown_port = f":{port if _PORT.fullmatch(port) else _HIDDEN}" if colon else ""
+    return f"{host}{shown_port}"
+
+
+def _path(path: str) -> str:
+    """``path`` with each segment after a secret-looking one, and each opaque one, hidden."""
+    segments = path.split("/")
+    shown = [
+        _HIDDEN
+        if segment and (_opaque(segment) or (i and _SECRET_NAME.search(segments[i - 1])))
+        else segment
+        for i, segment in enumerate(segments)
+    ]
+    return "/".join(shown)
+
+
+def _mixed(text: str) -> bool:
+    """Letters of both cases and a digit: how generated passwords and tokens look, names not."""
+    return (
+        any(c.isdigit() for c in text)
+        and any(c.isupper() for c in text)
+        and any(c.islower() for c in text)
+    )
+
+
+def _opaque(segment: str) -> bool:
+    """A path segment or value that reads as a token or a key rather than a name.
+
+    Names of databases, buckets, sockets and API paths are lowercase words, numbers and
+    separators; a generated secret mixes cases and digits (:func:`_mixed`), or is long and
+    holds a digit (hex, a UUID, an access key id), or is longer than words run. An encoded
+    character (``%``) may hide anything. Such a segment is hidden, whatever it is.
+    """
+    digits = any(c.isdigit() for c in segment)
+    return (
+        _mixed(segment)
+        or (digits and len(segment) >= _LONG_TOKEN_CHARS)
+        or len(segment) >= _LONGEST_WORD_CHARS
+        or "%" in segment
+    )

@@ -31,17 +31,17 @@ def test_a_redis_url_without_its_scheme_is_echoed_with_the_url_to_write(
     ("variable", "value", "shown", "secret"),
     [
         ("PIPELINE_REDIS__URL", "user:pw-77x@localhost:6379", "***@localhost:6379", "pw-77x"),
-        ("PIPELINE_REDIS__URL", "redis://:pw-88/y@h:6379/0", "redis://:***@h:6379/0", "pw-88"),
+        ("PIPELINE_REDIS__URL", "redis://:pw-88/y@h:6379/0", "redis://***@h:6379/0", "pw-88"),
         (
             "PIPELINE_REDIS__URL",
             "rediss://h:6379/0?pasword=pw-99z&x=1",
-            "rediss://h:6379/0?pasword=***",
+            "rediss://h:6379/0?pasword=***&x=***",
             "pw-99z",
         ),
         (
             "PIPELINE_POSTGRES__URL",
             "postgress://app:pw-66q@db:5432/x",
-            "postgress://app:***@db:5432/x",
+            "postgress://***@db:5432/x",
             "pw-66q",
         ),
     ],
