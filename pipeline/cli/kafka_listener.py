@@ -5,19 +5,19 @@ librdkafka ("Failed while waiting for controller: Local: Timed out"), which read
 that is down. :func:`listener_kind` asks the address itself, with Kafka's ``ApiVersions``
 request (v0, which every Kafka listener answers before any login): a broker's client listener
 offers the Metadata API, a KRaft controller's listener (``controller.listener.names``, 9093 in
-``make services``) does not, and anything else answers no Kafka response at all.
+``make services``) does not, and anything else answers no Kafka response at all. A listener
+that accepts and says nothing is ``unknown``: a broker that hangs does that too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 from typing import Literal
 
 __all__ = ["ListenerKind", "listener_kind", "split_address"]
 
-ListenerKind = Literal["broker", "controller", "other"]
+ListenerKind = Literal["broker", "controller", "other", "unknown"]
 
 _API_VERSIONS = 18
 _METADATA = 3
@@ -41,8 +41,12 @@ def split_address(entry: str) -> tuple[str, int] | None:
 async def listener_kind(host: str, port: int, timeout_s: float) -> ListenerKind | None:
     """What answers a plaintext ``ApiVersions`` request at ``host:port``; None: no connection.
 
-    ``other`` is an answer that is no Kafka response (or none within ``timeout_s``, or the
-    connection closed): another service, or a listener that expects TLS first.
+    ``other`` is an answer that is no Kafka response, or the connection closed at once (no
+    Kafka listener closes on ``ApiVersions`` v0): another service, or a listener that expects
+    TLS first. ``unknown`` is no answer within ``timeout_s`` after the connection was
+    accepted: a hung, paused or overloaded broker does that as well as another service, so it
+    tells nothing. Each step waits at most ``timeout_s``; the connection is dropped, not
+    closed politely (a peer that reads nothing would hold a graceful close).
     """
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
@@ -56,12 +60,12 @@ async def listener_kind(host: str, port: int, timeout_s: float) -> ListenerKind 
         if not _HEADER.size <= size <= _MAX_RESPONSE_BYTES:
             return "other"
         data = await asyncio.wait_for(reader.readexactly(size), timeout_s)
-    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+    except TimeoutError:
+        return "unknown"  # silence (or a reply cut short by it) is no verdict
+    except (OSError, asyncio.IncompleteReadError):
         return "other"
     finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+        writer.transport.abort()
     return _kind(data)
 
 

@@ -85,7 +85,8 @@ async def _not_a_broker(settings: Settings, reason: str) -> str | None:
     After the metadata request failed: each address is asked what listens there
     (:func:`~pipeline.cli.kafka_listener.listener_kind`, in plain text, so not when
     ``security.protocol`` is TLS). When one answered and none is a broker (a KRaft controller's
-    listener, or another service), starting Kafka is the wrong advice: the address is.
+    listener, or another service), starting Kafka is the wrong advice: the address is. One
+    that accepted and said nothing may be a hung broker: then the not-answering line stands.
     """
     from pipeline.cli.kafka_listener import listener_kind, split_address  # noqa: PLC0415
 
@@ -99,7 +100,7 @@ async def _not_a_broker(settings: Settings, reason: str) -> str | None:
     ]
     kinds = await asyncio.gather(*(listener_kind(h, p, LISTENER_WAIT_S) for h, p in addresses))
     answered = {kind for kind in kinds if kind is not None}
-    if not answered or "broker" in answered:
+    if not answered or answered & {"broker", "unknown"}:  # a silent one may be a hung broker
         return None
     what = (
         "a KRaft controller's, which serves no metadata"
