@@ -72,8 +72,9 @@ _HEADER = """\
 
 All settings come from environment variables with the `PIPELINE_` prefix; nested sections use
 `__` (`PIPELINE_REDIS__URL`). They are read once at start (`pipeline.config.load_settings`); an
-invalid value stops the program with the variable's name, the problem and the value given.
-Unknown variables under a section are rejected too. Lists and mappings are written as JSON
+invalid value stops the program with the variable's name, the problem and the value given (its
+user and password, query values and token-like path segments shown as `***`; a value read as no
+URL or host only by its length). Unknown variables under a section are rejected too. Lists and mappings are written as JSON
 (`PIPELINE_KAFKA__CLIENT='{"security.protocol": "SASL_SSL"}'`).
 
 Read apart from the settings: `PIPELINE_LOG_LEVEL` (`DEBUG`, `INFO`, `WARNING`, `ERROR` or
