@@ -5,8 +5,11 @@ While a service is down the same warning comes from a retry loop several times a
 lets the first through, then one after 1 s, 2 s, 4 s ... up to :data:`MAX_GAP_S`, each saying
 how many like it were held back; a message quiet for :data:`MAX_GAP_S` starts over. Records are
 alike when they share logger, level and text with every number blanked out (``after 0ms`` and
-``after 1ms`` are alike; ``lane messages`` and ``lane engagement`` are not). Only WARNING and
-above are touched.
+``after 1ms`` are alike; ``lane messages`` and ``lane engagement`` are not), or, for a record
+carrying an exact repeat key (:data:`REPEAT_KEY`), logger, level and that key, nothing blanked
+(lanes ``orders1`` and ``orders2`` are not alike). Only WARNING and above are touched, and a
+record marked :data:`JUDGED` (its caller backed it off already, with a filter of its own) passes
+untouched and unstored.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "FIRST_GAP_S",
+    "JUDGED",
     "MAX_GAP_S",
+    "REPEAT_KEY",
     "RepeatFilter",
     "configure_logging",
+    "error_text",
     "logging_from_environment",
 ]
 
@@ -41,6 +47,14 @@ MAX_KEPT = 4096
 (a producer's bytes, a key) must not grow the table for the process's life. Past it, those
 quiet for :data:`MAX_GAP_S` (which would start over anyway) are forgotten, then the least
 recently seen, a quarter of the table at least each time."""
+JUDGED = "repeat_judged"
+"""A record attribute (``extra={JUDGED: True}``): its caller already backed it off, so a
+:class:`RepeatFilter` lets it through without storing it. A failure line, traceback included,
+would otherwise be kept as its own key (up to ~16 kB each), and could be held back by the root
+filter after its caller chose to show it, its ``[N more ...]`` count lost."""
+REPEAT_KEY = "repeat_key"
+"""A record attribute (``extra={REPEAT_KEY: "..."}``): what makes it alike to others, exactly,
+numbers not blanked (lane ``orders1`` is not ``orders2``)."""
 
 
 @dataclass
@@ -58,20 +72,24 @@ class RepeatFilter(logging.Filter):
         """Measure gaps with ``clock`` (seconds)."""
         super().__init__()
         self._clock = clock
-        self._seen: dict[tuple[str, int, str], _Seen] = {}
+        self._seen: dict[tuple[str, int, bool, str], _Seen] = {}
         # A handler runs its filters before it takes its own lock, and warnings come from more
         # than one thread (librdkafka's from the threads polling its clients).
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True to log ``record`` (with a held-back count appended), False to hold it back."""
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING or getattr(record, JUDGED, False) is True:
             return True
-        key = (record.name, record.levelno, _NUMBER.sub("#", record.getMessage()))
+        exact = getattr(record, REPEAT_KEY, None)
+        if isinstance(exact, str):
+            key = (record.name, record.levelno, True, exact)
+        else:
+            key = (record.name, record.levelno, False, _NUMBER.sub("#", record.getMessage()))
         with self._lock:
             return self._passes(record, key)
 
-    def _passes(self, record: logging.LogRecord, key: tuple[str, int, str]) -> bool:
+    def _passes(self, record: logging.LogRecord, key: tuple[str, int, bool, str]) -> bool:
         """:meth:`filter` for a warning alike to those of ``key``, under the lock."""
         now = self._clock()
         seen = self._seen.get(key)
@@ -106,6 +124,18 @@ class RepeatFilter(logging.Filter):
             oldest = heapq.nsmallest(short, self._seen.items(), key=lambda item: item[1].last_s)
             for key, _ in oldest:
                 del self._seen[key]
+
+
+def error_text(error: BaseException) -> str:
+    """``str(error)`` for a log line or a header, or a placeholder when its ``__str__`` raises.
+
+    An exception is the app's: its ``__str__`` may raise, and the line (or the retry copy)
+    that names it must still be written, or the message it failed on is never routed.
+    """
+    try:
+        return str(error)
+    except Exception:  # a broken __str__ of the app's must not break the line or the routing
+        return f"<{type(error).__name__}.__str__ raised>"
 
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

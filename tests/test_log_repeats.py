@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.log_repeats import FIRST_GAP_S, MAX_GAP_S, MAX_KEPT, RepeatFilter, configure_logging
+from pipeline.log_repeats import (
+    FIRST_GAP_S,
+    JUDGED,
+    MAX_GAP_S,
+    MAX_KEPT,
+    REPEAT_KEY,
+    RepeatFilter,
+    configure_logging,
+    error_text,
+)
 
 
 class Clock:
@@ -146,3 +155,45 @@ def test_a_flood_of_distinct_warnings_makes_room_a_quarter_at_a_time() -> None:
             assert not repeats.filter(stalled) or "more like this" in stalled.msg
         assert len(repeats._seen) <= MAX_KEPT
     assert passes <= warnings // (MAX_KEPT // 4) + 1
+
+
+def test_a_record_judged_by_its_caller_passes_and_is_not_stored() -> None:
+    """A failure line its caller backed off passes every time, and leaves no key behind.
+
+    Before, each one shown was stored by its whole text (a traceback of up to 16,000
+    characters: ~64 MB at 4,096 keys), and one alike but for numbers was held back.
+    """
+    repeats = RepeatFilter(Clock())
+    for n in range(10):
+        judged = record("lane orders: handler failed on orders[0]@%s\nTraceback ...", arg=n)
+        setattr(judged, JUDGED, True)
+        assert repeats.filter(judged)
+        assert "more like this" not in judged.getMessage()
+    assert not repeats._seen
+
+
+def test_an_exact_repeat_key_keeps_its_numbers() -> None:
+    """Lanes ``orders1`` and ``orders2`` are not alike by an exact key; a repeat of one is."""
+    repeats = RepeatFilter(Clock())
+
+    def keyed(key: str) -> logging.LogRecord:
+        rec = record("dead letter: %s")
+        setattr(rec, REPEAT_KEY, key)
+        return rec
+
+    assert repeats.filter(keyed("lane orders1: exhausted"))
+    assert repeats.filter(keyed("lane orders2: exhausted"))
+    assert not repeats.filter(keyed("lane orders1: exhausted"))
+    assert repeats.filter(record("lane %s", arg="orders1"))  # by text: numbers still blanked
+    assert not repeats.filter(record("lane %s", arg="orders2"))
+
+
+def test_an_exceptions_text_is_a_placeholder_when_its_str_raises() -> None:
+    """``error_text`` never raises for an app's exception."""
+
+    class Broken(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    assert error_text(ValueError("bad 7")) == "bad 7"
+    assert error_text(Broken()) == "<Broken.__str__ raised>"
