@@ -35,6 +35,7 @@ from pipeline import headers as h
 from pipeline import tracing
 from pipeline.envelope import Delivered, Message
 from pipeline.errors import DeadLetter, MessageTooLarge
+from pipeline.log_repeats import error_text
 from pipeline.retry.policy import Backoff
 from pipeline.tracing import TRACEPARENT
 from pipeline.transport.limits import COPY_HEADROOM_BYTES, CopyHeaders
@@ -145,7 +146,7 @@ def _failure_headers(message: Message, error: BaseException | None, now_ms: int)
     if error is not None:
         kind = f"{type(error).__module__}.{type(error).__qualname__}"
         out[h.ERROR_CLASS] = _cut(kind, MAX_ERROR_CLASS_BYTES)
-        out[h.ERROR_MESSAGE] = _cut(str(error), MAX_ERROR_BYTES)
+        out[h.ERROR_MESSAGE] = _cut(error_text(error), MAX_ERROR_BYTES)  # a broken __str__ too
         out[h.ERROR_DIGEST] = error_digest(error).encode()
     return out
 

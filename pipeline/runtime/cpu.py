@@ -48,7 +48,9 @@ from typing import Any
 
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.errors import PipelineError
+from pipeline.log_repeats import error_text
 from pipeline.runtime import liveness
+from pipeline.runtime.failure_log import worker_note
 
 log = logging.getLogger(__name__)
 _IMPORT_LIMIT_S = 120.0
@@ -198,9 +200,21 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
             beats.send((True, None))
         except Exception as exc:
             try:
-                beats.send((False, _portable(exc)))
+                beats.send((False, _with_traceback(_portable(exc), exc)))
             except Exception:
                 beats.send((False, RuntimeError(traceback.format_exc(limit=5))))
+
+
+def _with_traceback(sent: Exception, raised: Exception) -> Exception:  # pragma: no cover
+    """``sent`` with ``raised``'s traceback as a note (bounded), which pickle carries.
+
+    Pickle drops an exception's traceback, so the member's failure line showed only its own
+    frames (handling.py, cpu.py) and every failure of a CPU lane was raised in ``run``; the
+    note gives the handler's frames and where it raised (:func:`~.failure_log.worker_note`).
+    """
+    with contextlib.suppress(Exception):  # no note rather than no failure
+        sent.add_note(worker_note(raised))
+    return sent
 
 
 def _portable(exc: Exception) -> Exception:  # pragma: no cover - runs in the worker process
@@ -215,7 +229,7 @@ def _portable(exc: Exception) -> Exception:  # pragma: no cover - runs in the wo
     with contextlib.suppress(Exception):
         pickle.loads(pickle.dumps(exc))  # noqa: S301 - our own bytes, just made
         return exc
-    message = f"{type(exc).__qualname__}: {exc}"
+    message = f"{type(exc).__qualname__}: {error_text(exc)}"
     for base in type(exc).__mro__[1:]:
         with contextlib.suppress(Exception):
             stand_in = base(message)

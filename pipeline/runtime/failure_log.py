@@ -26,31 +26,57 @@ each saying how many like it were held back; another exception, or the same one 
 elsewhere, is shown at once. A traceback is formatted only for a line shown, and cut:
 :data:`HEAD_FRAMES` outermost and :data:`TAIL_FRAMES` innermost frames of each exception, its
 text at :data:`MESSAGE_CHARS`, :data:`CHAINED` exceptions of a chain (``raise ... from``), and
-the whole at :data:`MAX_TRACEBACK_CHARS`.
+the whole at :data:`MAX_TRACEBACK_CHARS`. An exception's notes (``add_note``) are printed, the
+first :data:`NOTES`, each cut at :data:`NOTE_CHARS`; an exception group's (a ``TaskGroup`` in a
+handler) first :data:`GROUP_SHOWN` sub-exceptions too, each with its own traceback, and its
+place is its first sub-exception's (recursively), so two groups of one ``TaskGroup`` are alike
+only when their first failures are. A CPU lane's exception comes back from its worker without
+its traceback: the worker adds it as a note (:func:`worker_note`), which is printed and gives
+the failure its place.
+
+A dead letter this log warns of (its line says ``next: dead letter (<reason>)`` with the
+redrive hint) is routed within :meth:`FailureLog.telling`, so that the member's dead-letter warning
+(:class:`~pipeline.runtime.progress.DeadLetterWarnings`) does not say it again (:func:`told`).
+A line shown is marked :data:`~pipeline.log_repeats.JUDGED`, so the root handler's repeat filter
+neither stores it nor holds it back; alike ones are told apart by an exact key
+(:data:`~pipeline.log_repeats.REPEAT_KEY`, numbers not blanked: lane ``orders1`` is not
+``orders2``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from pipeline.envelope import Message, printable
 from pipeline.errors import HandlerOutcome, PoisonMessage
-from pipeline.log_repeats import RepeatFilter
-from pipeline.runtime.app import Lane
-from pipeline.runtime.redirect import Routed
+from pipeline.log_repeats import JUDGED, REPEAT_KEY, RepeatFilter, error_text
+
+if TYPE_CHECKING:  # annotations only: the CPU pool's worker imports this module, app imports it
+    from pipeline.runtime.app import Lane
+    from pipeline.runtime.redirect import Routed
 
 __all__ = [
     "CHAINED",
+    "GROUP_SHOWN",
     "HEAD_FRAMES",
     "MAX_TRACEBACK_CHARS",
     "MESSAGE_CHARS",
+    "NOTES",
+    "NOTE_CHARS",
     "TAIL_FRAMES",
     "FailureLog",
     "shown_now",
+    "told",
     "traceback_text",
+    "worker_note",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,6 +95,23 @@ CHAINED = 3
 """Exceptions of a chain shown (the failure, its cause, the cause's cause)."""
 MAX_TRACEBACK_CHARS = 16_000
 """The longest traceback text (its end kept: the exception raised and where)."""
+NOTES = 5
+"""Notes of an exception printed (``add_note``), the first ones; a CPU worker's always."""
+NOTE_CHARS = 500
+"""Characters of each note printed."""
+GROUP_SHOWN = 3
+"""Sub-exceptions of an exception group printed, the first ones, each with its traceback."""
+GROUP_DEPTH = 3
+"""Exception groups nested in each other printed (and looked into for a failure's place)."""
+_SUB_CHARS = MAX_TRACEBACK_CHARS // (GROUP_SHOWN + 1)
+"""The longest text of one sub-exception (its end kept)."""
+WORKER_TRACEBACK_CHARS = MAX_TRACEBACK_CHARS // 2
+"""The longest traceback a CPU worker sends back as a note (its end kept)."""
+
+_WORKER_HEAD = re.compile(r"CPU worker \d+: raised in (.+)")
+"""The first line of a CPU worker's note: where its handler raised (see :func:`worker_note`)."""
+_TELLING: ContextVar[BaseException | None] = ContextVar("pipeline_failure_telling", default=None)
+"""The error whose routing is going on, when this log's line will tell where it went."""
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
@@ -80,6 +123,30 @@ class FailureLog:
     def __init__(self, repeats: RepeatFilter | None = None) -> None:
         """Back off repeats with ``repeats`` (a filter of its own by default)."""
         self._repeats = repeats or RepeatFilter()
+
+    def tells(self, error: BaseException) -> bool:
+        """Whether this log warns of a failure with ``error`` (shown, or held back as alike).
+
+        Not of an outcome the handler chose: its line is INFO, and the dead-letter warning
+        stays the one line a member at WARNING gives of a ``DeadLetter`` raised on purpose.
+        """
+        return not _chosen(error) and log.isEnabledFor(logging.WARNING)
+
+    @contextlib.contextmanager
+    def telling(self, error: BaseException | None) -> Iterator[None]:
+        """Route ``error``'s failure within this: its dead letters are told by this log's line.
+
+        The member's dead-letter warning then leaves them out (:func:`told`); nothing changes
+        when this log does not warn of it (:meth:`tells`), or without an error.
+        """
+        if error is None or not self.tells(error):
+            yield
+            return
+        token = _TELLING.set(error)
+        try:
+            yield
+        finally:
+            _TELLING.reset(token)
 
     def failed(
         self, lane: Lane, message: Message, attempt: int, error: Exception, routed: Routed
@@ -125,38 +192,56 @@ class FailureLog:
         self, lane: Lane, error: Exception, where: str, about: str, attempt: int, then: str
     ) -> None:
         """The line of a failure on ``where`` (``about`` it, before the attempt), unless held."""
-        # PoisonMessage is the runtime's verdict on a turn whose runs never finished.
-        chosen = isinstance(error, HandlerOutcome) and not isinstance(error, PoisonMessage)
+        chosen = _chosen(error)
         level = logging.INFO if chosen else logging.WARNING
         if not log.isEnabledFor(level):
             return
-        kind = f"lane {lane.name}: handler {'chose' if chosen else 'failed'}: {_type_name(error)}"
+        kind = f"lane {lane.name}: handler {'chose' if chosen else 'failed'}: {_alike(error)}"
         # Judged as a warning whatever the level: an INFO line of a storm (a dependency's 429s)
         # must back off too, and the filter lets anything below WARNING through.
-        held = shown_now(self._repeats, log, f"{kind} in {_place(error)}")
+        held = shown_now(self._repeats, log, kind)
         if held is None:
             return
         what = f"chose {type(error).__name__} for" if chosen else "failed on"
-        said = _one_line(error) if chosen else f"{_type_name(error)}: {_one_line(error)}"
+        said = _one_line(error) if chosen else _said(error)
+        if then.startswith("dead letter") and not chosen:  # the one line its dead letter has
+            then += f" (inspect: pipeline redrive {lane.routes.dead_letter_topic} --dry-run)"
         head = (
             f"lane {lane.name}: handler {what} {where} ({about}attempt {attempt} of"
             f" {lane.routes.max_attempts}): {said}; next: {then}{held}"
         )
+        judged = {JUDGED: True}  # backed off here: the root handler's filter lets it be
         if chosen:
-            log.info("%s", head)
+            log.info("%s", head, extra=judged)
         else:
-            log.warning("%s\n%s", head, traceback_text(error))
+            log.warning("%s\n%s", head, traceback_text(error), extra=judged)
+
+
+def told(error: BaseException | None) -> bool:
+    """Whether a dead letter of ``error`` is told by the failure log's line: leave it out.
+
+    True while its routing goes on within :meth:`FailureLog.telling`.
+    """
+    return error is not None and _TELLING.get() is error
+
+
+def _chosen(error: BaseException) -> bool:
+    """Whether ``error`` is an outcome the handler chose (INFO, no traceback)."""
+    # PoisonMessage is the runtime's verdict on a turn whose runs never finished.
+    return isinstance(error, HandlerOutcome) and not isinstance(error, PoisonMessage)
 
 
 def shown_now(repeats: RepeatFilter, logger: logging.Logger, alike: str) -> str | None:
     """Whether a warning of ``logger`` alike to those named ``alike`` is shown, by ``repeats``.
 
     None: it is held back. Otherwise what its line ends with: ``" [N more like this in the last
-    Gs]"`` when some alike were held back, else nothing. Only ``alike`` is judged (its numbers
-    blanked), so lines whose own text differs each time (a key, an error's text) are backed off
-    by what they are about, and nothing of one held back is formatted.
+    Gs]"`` when some alike were held back, else nothing. Only ``alike`` is judged, exactly (its
+    numbers kept: lane ``orders1`` is not ``orders2``), so lines whose own text differs each
+    time (a key, an error's text) are backed off by what they are about, and nothing of one
+    held back is formatted.
     """
     gate = logging.LogRecord(logger.name, logging.WARNING, __file__, 0, alike, None, None)
+    setattr(gate, REPEAT_KEY, alike)
     if not repeats.filter(gate):
         return None
     return str(gate.msg)[len(alike) :]
@@ -171,8 +256,32 @@ def _type_name(error: BaseException) -> str:
     return f"{module}.{kind.__qualname__}"
 
 
+def _first_leaf(error: BaseException) -> BaseException:
+    """An exception group's first sub-exception, looked into :data:`GROUP_DEPTH` deep; else it."""
+    for _ in range(GROUP_DEPTH):
+        if not isinstance(error, BaseExceptionGroup) or not error.exceptions:
+            break
+        error = error.exceptions[0]
+    return error
+
+
+def _alike(error: BaseException) -> str:
+    """What makes failures alike: the exception's type (a group's, its first's) and place."""
+    leaf = _first_leaf(error)
+    kind = _type_name(error) if leaf is error else f"{_type_name(error)} of {_type_name(leaf)}"
+    return f"{kind} in {_place(error)}"
+
+
 def _place(error: BaseException) -> str:
-    """Where ``error`` was raised: the innermost frame's function and file (no line number)."""
+    """Where ``error`` was raised: the innermost frame's function and file (no line number).
+
+    An exception group's is its first sub-exception's; a CPU worker's, its note's.
+    """
+    error = _first_leaf(error)
+    for note in _notes_of(error):
+        head = _WORKER_HEAD.match(note.partition("\n")[0])
+        if head is not None:
+            return head.group(1)
     tb = error.__traceback__
     if tb is None:
         return "?"
@@ -183,11 +292,17 @@ def _place(error: BaseException) -> str:
 
 
 def _text(error: BaseException) -> str:
-    """``str(error)``, or a note when its ``__str__`` raises."""
-    try:
-        return str(error)
-    except Exception:  # a broken __str__ of the app's must not break the log line
-        return f"<{type(error).__name__}.__str__ raised>"
+    """``str(error)``, or a placeholder when its ``__str__`` raises."""
+    return error_text(error)
+
+
+def _said(error: BaseException) -> str:
+    """A failure's exception on the first line: its type and text (a group's first failure's)."""
+    said = f"{_type_name(error)}: {_one_line(error)}"
+    leaf = _first_leaf(error)
+    if leaf is not error:
+        said += f" (first: {_type_name(leaf)}: {_one_line(leaf)})"
+    return said
 
 
 def _one_line(error: BaseException) -> str:
@@ -205,8 +320,34 @@ def _key(message: Message) -> str:
     return key if len(key) <= KEY_CHARS else key[: KEY_CHARS - 3] + "..."
 
 
-def traceback_text(error: BaseException) -> str:
-    """``error``'s traceback as Python prints it, bounded (see the module's description)."""
+def worker_note(error: BaseException) -> str:
+    """The note a CPU worker adds to ``error`` before sending it back: where, and its traceback.
+
+    The traceback is cut at :data:`WORKER_TRACEBACK_CHARS`; ``error``'s own notes are left out
+    of it (they travel as themselves).
+    """
+    text = _cut(traceback_text(error, notes=False), WORKER_TRACEBACK_CHARS)
+    return f"CPU worker {os.getpid()}: raised in {_place(error)}\n{text}"
+
+
+def traceback_text(error: BaseException, *, notes: bool = True) -> str:
+    """``error``'s traceback as Python prints it, bounded (see the module's description).
+
+    ``notes``: print ``error``'s own notes (those of its chain and sub-exceptions always).
+    """
+    return _cut(_chain_text(error, 0, notes=notes), MAX_TRACEBACK_CHARS)
+
+
+def _cut(text: str, most: int) -> str:
+    """``text``, or its end when longer than ``most`` characters, saying how many were left."""
+    if len(text) <= most:
+        return text
+    cut = len(text) - most
+    return f"({cut} characters left out)\n{text[cut:]}"
+
+
+def _chain_text(error: BaseException, depth: int, *, notes: bool = True) -> str:
+    """``error`` and up to :data:`CHAINED` - 1 exceptions of its chain, oldest first."""
     chain: list[tuple[BaseException, str]] = [(error, "")]  # newest first, each with its link
     seen = {id(error)}
     current: BaseException = error
@@ -228,18 +369,14 @@ def traceback_text(error: BaseException) -> str:
         current = older
     parts = ["(older exceptions of the chain left out)\n"] if left_out else []
     for index in range(len(chain) - 1, -1, -1):
-        parts.append(_one_exception(chain[index][0]))
+        parts.append(_one_exception(chain[index][0], depth, notes=notes or index > 0))
         if index:
             parts.append(chain[index - 1][1])
-    text = "".join(parts).rstrip("\n")
-    if len(text) > MAX_TRACEBACK_CHARS:
-        cut = len(text) - MAX_TRACEBACK_CHARS
-        text = f"({cut} characters left out)\n{text[cut:]}"
-    return text
+    return "".join(parts).rstrip("\n")
 
 
-def _one_exception(error: BaseException) -> str:
-    """One exception's frames (the outermost and innermost kept) and its cut text."""
+def _one_exception(error: BaseException, depth: int, *, notes: bool) -> str:
+    """One exception's frames (outermost and innermost kept), cut text, notes, sub-exceptions."""
     frames: list[tuple[FrameType, int]] = []
     tb = error.__traceback__
     while tb is not None:
@@ -256,4 +393,49 @@ def _one_exception(error: BaseException) -> str:
     if len(text) > MESSAGE_CHARS:
         text = f"{text[:MESSAGE_CHARS]}... ({len(text) - MESSAGE_CHARS} characters left out)"
     lines.append(f"{_type_name(error)}: {text}\n" if text else f"{_type_name(error)}\n")
+    if notes:
+        lines += _printed_notes(error)
+    if isinstance(error, BaseExceptionGroup):
+        lines += _members(error, depth)
     return "".join(lines)
+
+
+def _notes_of(error: BaseException) -> list[str]:
+    """``error``'s notes that are text (``__notes__`` is a list anyone may fill)."""
+    try:
+        notes = getattr(error, "__notes__", None)
+    except Exception:  # an exception class of the app's with a __getattr__ that raises
+        return []
+    if not isinstance(notes, list | tuple):
+        return []
+    return [note for note in notes if isinstance(note, str)]
+
+
+def _printed_notes(error: BaseException) -> list[str]:
+    """The first :data:`NOTES` notes, each cut, then a CPU worker's (already bounded)."""
+    notes = _notes_of(error)
+    worker = [n for n in notes if _WORKER_HEAD.match(n.partition("\n")[0])]
+    own = [n for n in notes if not _WORKER_HEAD.match(n.partition("\n")[0])]
+    lines = []
+    for note in own[:NOTES]:
+        cut = note if len(note) <= NOTE_CHARS else f"{note[:NOTE_CHARS]}... (cut)"
+        lines.append(f"{cut}\n")
+    if len(own) > NOTES:
+        lines.append(f"({len(own) - NOTES} more notes left out)\n")
+    lines += [f"{_cut(note, WORKER_TRACEBACK_CHARS + 200)}\n" for note in worker]
+    return lines
+
+
+def _members(group: BaseExceptionGroup[BaseException], depth: int) -> list[str]:
+    """A group's first :data:`GROUP_SHOWN` sub-exceptions, each its traceback, set off by ``|``."""
+    count = len(group.exceptions)
+    if depth + 1 >= GROUP_DEPTH:
+        return [f"  ({count} sub-exceptions of groups nested deeper left out)\n"]
+    lines = []
+    for number, sub in enumerate(group.exceptions[:GROUP_SHOWN], 1):
+        lines.append(f"  +---------------- {number} of {count} ----------------\n")
+        text = _cut(_chain_text(sub, depth + 1), _SUB_CHARS)
+        lines += [f"  | {line}\n" for line in text.splitlines()]
+    if count > GROUP_SHOWN:
+        lines.append(f"  +---------------- {count - GROUP_SHOWN} more left out ----------------\n")
+    return lines

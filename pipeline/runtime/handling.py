@@ -136,7 +136,8 @@ class HandlerStage:
             tracing.handler_ran(lane.name, called, exc)
             if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
                 self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
-            routed = await self._routing.routed(lane, message, attempt, exc)
+            with self._failures.telling(exc):  # its dead letter is said by the failure's line
+                routed = await self._routing.routed(lane, message, attempt, exc)
             self._failures.failed(lane, message, attempt, exc, routed)
             return routed.outcome
         tracing.handler_ran(lane.name, called, None)
@@ -224,7 +225,8 @@ class HandlerStage:
                 self._stats.skipped += len(turn.messages)
             self._rows_finished(turn.messages)
             return turn.outcome
-        routed = await self._route_turn(lane, turn)
+        with self._failures.telling(turn.error):  # its dead letters are said by the turn's line
+            routed = await self._route_turn(lane, turn)
         if turn.error is not None:
             self._failures.turn_failed(lane, turn.messages, turn.attempts, turn.error, routed)
         return routed.outcome

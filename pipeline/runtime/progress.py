@@ -8,7 +8,11 @@
 - one WARNING per dead letter with its lane, reason and error (:class:`DeadLetterWarnings`, a
   :class:`~pipeline.observability.facades.RuntimeMetrics` that also logs); alike ones (lane,
   reason, exception type, whatever its text) are backed off like any repeated warning, the
-  next line shown counting those held back.
+  next line shown counting those held back. A dead letter of a handler's or turn's failure is
+  told by the failure log's line instead (:mod:`~pipeline.runtime.failure_log`: the failure,
+  its traceback, ``next: dead letter (<reason>)`` and the same redrive hint); those of no
+  failure line (poison, sequenced, expired, shed, a run whose heartbeat stopped, a
+  ``DeadLetter`` the handler raised on purpose: an INFO line there) keep theirs.
 
 :func:`pipeline.runtime.run.serve` wires all three; nothing here changes what the member does.
 """
@@ -23,10 +27,10 @@ from typing import Protocol
 
 from pipeline.envelope import TopicPartition
 from pipeline.errors import PipelineError
-from pipeline.log_repeats import RepeatFilter
+from pipeline.log_repeats import JUDGED, RepeatFilter, error_text
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.failure_log import shown_now
+from pipeline.runtime.failure_log import shown_now, told
 from pipeline.runtime.stats import Stats
 from pipeline.transport.protocol import Admin
 
@@ -61,9 +65,10 @@ class DeadLetterWarnings(RuntimeMetrics):
 
         Alike ones (lane, reason, the error's type) are held back by the repeat filter before
         anything is formatted: the error's text (a key, an id) is not what makes them alike.
+        One the failure log tells (a handler's or turn's failure) is only counted.
         """
         super().dead_lettered(lane, reason, error)
-        if not log.isEnabledFor(logging.WARNING):
+        if told(error) or not log.isEnabledFor(logging.WARNING):
             return
         kind = "" if error is None else f": {type(error).__module__}.{type(error).__qualname__}"
         held = shown_now(self._repeats, log, f"dead letter on lane {lane}: {reason}{kind}")
@@ -77,6 +82,7 @@ class DeadLetterWarnings(RuntimeMetrics):
             _said(error),
             dlq,
             held,
+            extra={JUDGED: True},  # backed off here: the root handler's filter lets it be
         )
 
 
@@ -93,7 +99,7 @@ def _said(error: BaseException | None) -> str:
     """
     if error is None:
         return ""
-    lines = [line.strip() for line in str(error).splitlines()]
+    lines = [line.strip() for line in error_text(error).splitlines()]
     said = "; ".join(
         line for line in lines if line and not line.startswith("For further information visit")
     )

@@ -19,6 +19,7 @@ from pipeline import headers as h
 from pipeline import tracing
 from pipeline.envelope import Delivered, Message
 from pipeline.errors import TransportError
+from pipeline.log_repeats import error_text
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.offload.errors import OffloadError
 from pipeline.retry.budget import RetryBudget
@@ -129,9 +130,9 @@ class Redirector:
                 lane.name,
                 where,
                 type(exc).__name__,
-                exc,
+                error_text(exc),  # the app's exceptions: a __str__ that raises too
                 type(error).__name__,
-                error,
+                error_text(error),
             )
             return default_retryable(error)
 

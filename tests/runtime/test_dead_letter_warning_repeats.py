@@ -4,7 +4,9 @@ A member on Redis Streams reports through :class:`~pipeline.runtime.progress.Dea
 as ``pipeline consume`` does, and its records go through a
 :class:`~pipeline.log_repeats.RepeatFilter`, as every handler of ``configure_logging`` has one.
 Before, the line's text held the error's, so 300 dead letters whose errors named their keys were
-300 lines: the filter never found two alike.
+300 lines: the filter never found two alike. The storm here is of ``DeadLetter`` raised by the
+handler on purpose: the dead letters of failures are told by the failure log's line instead
+(``test_failure_line_tells_dead_letter.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from runtime.helpers import FAST, declare, eventually, lane_spec, produce, runni
 
 from pipeline.config import Settings
 from pipeline.envelope import Record
+from pipeline.errors import DeadLetter
 from pipeline.log_repeats import RepeatFilter
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
@@ -38,10 +41,14 @@ async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Trans
     await transport.close()
 
 
+class NoCustomer(DeadLetter):
+    """Another kind of dead letter the handler chooses."""
+
+
 async def test_a_dead_letter_storm_over_varied_errors_is_a_few_counted_lines(
     streams: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """300 ValueErrors naming their keys are a few lines; a KeyError among them is shown."""
+    """300 DeadLetters naming their keys are a few lines; another kind among them is shown."""
     caplog.set_level(logging.WARNING, logger=LOGGER)
     caplog.handler.addFilter(RepeatFilter())  # as configure_logging puts on every handler
     spec = lane_spec(f"dlw_{unique}", 1, ordered=False)  # no tiers: each failure dead-letters
@@ -51,8 +58,8 @@ async def test_a_dead_letter_storm_over_varied_errors_is_a_few_counted_lines(
     @app.handler(spec.lane)
     async def handle(event: bytes, ctx: Context) -> None:
         if event == b"other":
-            raise KeyError("customer")
-        raise ValueError(f"no order for {ctx.message.key!r}")
+            raise NoCustomer("customer")
+        raise DeadLetter(f"no order for {ctx.message.key!r}")
 
     storm = [Record(b"v", f"key-{n:x}-{'ab'[n % 2]}".encode()) for n in range(300)]
     await produce(streams, spec.name, [*storm[:150], Record(b"other", b"odd"), *storm[150:]])
@@ -64,15 +71,15 @@ async def test_a_dead_letter_storm_over_varied_errors_is_a_few_counted_lines(
         await eventually(lambda: member.stats.dead_lettered == 301)
     said = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     hint = f"(inspect: pipeline redrive {spec.dead_letter} --dry-run)"
-    storm_lines = [line for line in said if ": ValueError: no order for" in line]
+    storm_lines = [line for line in said if ": DeadLetter: no order for" in line]
     assert 1 <= len(storm_lines) <= 12, len(storm_lines)  # the first, then after 1 s, 2 s, ...
     assert storm_lines[0].startswith(
-        f"dead letter on lane {spec.lane}: exhausted: ValueError: no order for b'key-"
+        f"dead letter on lane {spec.lane}: fatal: DeadLetter: no order for b'key-"
     )
     assert storm_lines[0].endswith(f"' {hint}")
     assert all(f"{hint} [" in line and "more like this" in line for line in storm_lines[1:])
-    (other,) = [line for line in said if "KeyError" in line]
-    assert other == f"dead letter on lane {spec.lane}: exhausted: KeyError: 'customer' {hint}"
+    (other,) = [line for line in said if "NoCustomer" in line]
+    assert other == f"dead letter on lane {spec.lane}: fatal: NoCustomer: customer {hint}"
     assert len(said) == len(storm_lines) + 1
 
 

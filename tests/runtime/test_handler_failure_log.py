@@ -198,7 +198,8 @@ async def test_a_fatal_error_on_the_last_attempt_says_the_dead_letters_own_reaso
     assert "(key k, attempt 1 of 2): ConnectionError: the bank is down;" in first
     assert first.endswith(f"next: retry tier {spec.name}.retry.100ms")
     assert "(key k, attempt 2 of 2): pydantic_core._pydantic_core.ValidationError:" in last
-    assert last.endswith("; next: dead letter (fatal)"), last
+    hint = f"(inspect: pipeline redrive {spec.dead_letter} --dry-run)"
+    assert last.endswith(f"; next: dead letter (fatal) {hint}"), last
 
 
 def test_the_next_line_of_a_kind_counts_those_held_back(caplog: pytest.LogCaptureFixture) -> None:

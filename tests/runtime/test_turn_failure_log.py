@@ -90,6 +90,7 @@ async def test_a_failed_turn_warns_with_its_traceback_then_its_dead_letter_says_
     assert last.getMessage().splitlines()[0] == (
         f"lane {spec.lane}: handler failed on a turn of 2 messages up to {spec.name}[0]@1"
         " (attempt 2 of 2): LookupError: no such conversation; next: dead letter (exhausted)"
+        f" (inspect: pipeline redrive {spec.dead_letter} --dry-run)"
     )
     assert caplog.handler.format(last).rstrip().endswith("LookupError: no such conversation")
     (chosen,) = _lines(caplog, logging.INFO)
