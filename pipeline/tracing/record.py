@@ -26,6 +26,7 @@ from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, NamedTuple, Self, TypeGuard
 
 from pipeline.headers import ATTEMPT, TENANT, retry_tier
+from pipeline.log_repeats import error_text
 
 if TYPE_CHECKING:
     from pipeline.envelope import Message
@@ -249,7 +250,7 @@ def exception_event(error: BaseException, at_ns: int) -> tuple[str, int, dict[st
         at_ns,
         {
             "exception.type": type(error).__qualname__,
-            "exception.message": str(error),
+            "exception.message": error_text(error),  # the app's __str__ may raise
             "exception.stacktrace": "".join(traceback.format_exception(error)),
         },
     )

@@ -10,7 +10,7 @@ from tracing.otlp_receiver import OtlpReceiver
 
 from pipeline import tracing
 from pipeline.envelope import Message, Record
-from pipeline.tracing.record import Buffer, parse, spliceable, traceparent
+from pipeline.tracing.record import Buffer, exception_event, parse, spliceable, traceparent
 from pipeline.tracing.wire_delivery import wire_context
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -366,3 +366,20 @@ def test_a_webhook_continues_a_traceparent_sent_with_spaces_around_it(
     tracing.shutdown()
     servers = [s for s in traced.spans if s.name == "POST /hooks/whatsapp"]
     assert [(s.trace_id, s.parent_id) for s in servers] == [(VALID[3:35], VALID[36:52])] * 3
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("a broken __str__ of the app's")
+
+
+def test_an_exception_whose_str_raises_is_recorded_by_a_placeholder() -> None:
+    """A traced handler's failure is recorded before it is routed: its event must not raise.
+
+    ``str(error)`` raised out of the recording, so the failure was never routed and its
+    message was redelivered for ever, while tracing sampled it.
+    """
+    name, _, attributes = exception_event(_Unprintable(), 1)
+    assert name == "exception"
+    assert attributes["exception.message"] == "<_Unprintable.__str__ raised>"
+    assert attributes["exception.type"] == "_Unprintable"
