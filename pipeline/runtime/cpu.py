@@ -50,7 +50,7 @@ from pipeline.cancel_tasks import cancel_until_done
 from pipeline.errors import PipelineError
 from pipeline.log_repeats import error_text
 from pipeline.runtime import liveness
-from pipeline.runtime.failure_log import worker_note
+from pipeline.runtime.failure_log import drop_worker_notes, worker_note
 
 log = logging.getLogger(__name__)
 _IMPORT_LIMIT_S = 120.0
@@ -199,10 +199,14 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
                     os._exit(0)  # cancelled: nobody waits for the result
             beats.send((True, None))
         except Exception as exc:
+            sent = _portable(exc)
             try:
-                beats.send((False, _with_traceback(_portable(exc), exc)))
+                beats.send((False, _with_traceback(sent, exc)))
             except Exception:
                 beats.send((False, RuntimeError(traceback.format_exc(limit=5))))
+            finally:
+                with contextlib.suppress(Exception):  # the app's object left as it was raised
+                    drop_worker_notes(sent)
 
 
 def _with_traceback(sent: Exception, raised: Exception) -> Exception:  # pragma: no cover
@@ -211,9 +215,13 @@ def _with_traceback(sent: Exception, raised: Exception) -> Exception:  # pragma:
     Pickle drops an exception's traceback, so the member's failure line showed only its own
     frames (handling.py, cpu.py) and every failure of a CPU lane was raised in ``run``; the
     note gives the handler's frames and where it raised (:func:`~.failure_log.worker_note`).
+    ``sent`` may be the app's own object, raised again and again (a module-level instance): a
+    worker note already on it is replaced, and :func:`_serve` takes this one off once sent.
     """
     with contextlib.suppress(Exception):  # no note rather than no failure
-        sent.add_note(worker_note(raised))
+        note = worker_note(raised)
+        drop_worker_notes(sent)
+        sent.add_note(note)
     return sent
 
 

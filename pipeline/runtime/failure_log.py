@@ -19,8 +19,9 @@ messages the turn held and where its last one was read; next, it runs again afte
 its messages are dead letters.
 
 Repeats are backed off by a :class:`~pipeline.log_repeats.RepeatFilter` of the member's own,
-before anything is formatted: failures are alike when they share lane, exception type and the
-frame that raised it (its function and file), whatever the key, offset or exception text, so a
+before anything is formatted: failures are alike when they share lane, exception type, the
+frame that raised it (its function and file) and what happens next (retry, or dead letter and
+its reason), whatever the key, offset or exception text, so a
 failure storm over many keys is the first line, then one after 1 s, 2 s, 4 s ... up to 60 s,
 each saying how many like it were held back; another exception, or the same one raised
 elsewhere, is shown at once. A traceback is formatted only for a line shown, and cut:
@@ -34,9 +35,18 @@ only when their first failures are. A CPU lane's exception comes back from its w
 its traceback: the worker adds it as a note (:func:`worker_note`), which is printed and gives
 the failure its place.
 
-A dead letter this log warns of (its line says ``next: dead letter (<reason>)`` with the
-redrive hint) is routed within :meth:`FailureLog.telling`, so that the member's dead-letter warning
-(:class:`~pipeline.runtime.progress.DeadLetterWarnings`) does not say it again (:func:`told`).
+What happens next is part of what makes failures alike (``retry`` or ``dead letter
+(<reason>)``): a dead letter's line is held back only behind an alike dead letter's, never
+behind a retried failure's. A dead letter this log warns of (its line says ``next: dead letter
+(<reason>)`` with the redrive hint) is routed within :meth:`FailureLog.telling`, so that the
+member's dead-letter warning (:class:`~pipeline.runtime.progress.DeadLetterWarnings`) does not
+say it again (:func:`told`); when that routing ends without its line (cancelled by a shutdown
+or a revocation halfway through a turn's dead letters), the warnings left out are given after
+all. Nothing of the failure stays in the context once its routing ends: tasks started during
+it (a Kafka producer's delivery reports, started by its first send) copy the context, and
+would keep the exception, its traceback and the handler's locals for the producer's life.
+A failure the runtime made with no frame of the app's (a turn's ``PoisonMessage``, never
+raised) has no failure line: its dead letter keeps its own warning.
 A line shown is marked :data:`~pipeline.log_repeats.JUDGED`, so the root handler's repeat filter
 neither stores it nor holds it back; alike ones are told apart by an exact key
 (:data:`~pipeline.log_repeats.REPEAT_KEY`, numbers not blanked: lane ``orders1`` is not
@@ -50,13 +60,13 @@ import logging
 import os
 import re
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from pipeline.envelope import Message, printable
-from pipeline.errors import HandlerOutcome, PoisonMessage
+from pipeline.errors import HandlerOutcome, PipelineError, PoisonMessage
 from pipeline.log_repeats import JUDGED, REPEAT_KEY, RepeatFilter, error_text
 
 if TYPE_CHECKING:  # annotations only: the CPU pool's worker imports this module, app imports it
@@ -73,6 +83,7 @@ __all__ = [
     "NOTE_CHARS",
     "TAIL_FRAMES",
     "FailureLog",
+    "drop_worker_notes",
     "shown_now",
     "told",
     "traceback_text",
@@ -110,8 +121,24 @@ WORKER_TRACEBACK_CHARS = MAX_TRACEBACK_CHARS // 2
 
 _WORKER_HEAD = re.compile(r"CPU worker \d+: raised in (.+)")
 """The first line of a CPU worker's note: where its handler raised (see :func:`worker_note`)."""
-_TELLING: ContextVar[BaseException | None] = ContextVar("pipeline_failure_telling", default=None)
-"""The error whose routing is going on, when this log's line will tell where it went."""
+
+
+class _Telling:
+    """The failure whose routing goes on, and the dead-letter warnings left out meanwhile.
+
+    Emptied when the routing ends: tasks started during it keep the context (this object),
+    never the exception.
+    """
+
+    __slots__ = ("error", "left_out")
+
+    def __init__(self, error: BaseException) -> None:
+        self.error: BaseException | None = error
+        self.left_out: list[Callable[[], None]] = []
+
+
+_TELLING: ContextVar[_Telling | None] = ContextVar("pipeline_failure_telling", default=None)
+"""The failure whose routing is going on, when this log's line will tell where it went."""
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
@@ -128,24 +155,35 @@ class FailureLog:
         """Whether this log warns of a failure with ``error`` (shown, or held back as alike).
 
         Not of an outcome the handler chose: its line is INFO, and the dead-letter warning
-        stays the one line a member at WARNING gives of a ``DeadLetter`` raised on purpose.
+        stays the one line a member at WARNING gives of a ``DeadLetter`` raised on purpose;
+        nor of a failure the runtime made (:func:`_runtime_made`), which has no line.
         """
-        return not _chosen(error) and log.isEnabledFor(logging.WARNING)
+        return not _chosen(error) and not _runtime_made(error) and log.isEnabledFor(logging.WARNING)
 
     @contextlib.contextmanager
     def telling(self, error: BaseException | None) -> Iterator[None]:
         """Route ``error``'s failure within this: its dead letters are told by this log's line.
 
         The member's dead-letter warning then leaves them out (:func:`told`); nothing changes
-        when this log does not warn of it (:meth:`tells`), or without an error.
+        when this log does not warn of it (:meth:`tells`), or without an error. When the
+        routing ends by an exception (cancelled: a shutdown, a revocation, halfway through a
+        turn's dead letters), no line tells the dead letters already produced: their warnings
+        are given.
         """
         if error is None or not self.tells(error):
             yield
             return
-        token = _TELLING.set(error)
+        telling = _Telling(error)
+        token = _TELLING.set(telling)
         try:
             yield
+        except BaseException:
+            for warn in telling.left_out:  # no failure line follows: each says its own
+                warn()
+            raise
         finally:
+            telling.error = None  # a task started meanwhile copied the context, not the error
+            telling.left_out.clear()
             _TELLING.reset(token)
 
     def failed(
@@ -162,7 +200,7 @@ class FailureLog:
         else:
             then = "not routed, left for redelivery"
         where = f"{message.topic}[{message.partition}]@{message.offset}"
-        self._say(lane, error, where, f"key {_key(message)}, ", attempt, then)
+        self._say(lane, error, where, f"key {_key(message)}, ", attempt, then, _next(routed))
 
     def turn_failed(
         self,
@@ -186,17 +224,30 @@ class FailureLog:
         last = messages[-1]
         count = f"{len(messages)} message{'' if len(messages) == 1 else 's'}"
         where = f"a turn of {count} up to {last.topic}[{last.partition}]@{last.offset}"
-        self._say(lane, error, where, "", attempt, then)
+        self._say(lane, error, where, "", attempt, then, _next(routed))
 
     def _say(
-        self, lane: Lane, error: Exception, where: str, about: str, attempt: int, then: str
+        self,
+        lane: Lane,
+        error: Exception,
+        where: str,
+        about: str,
+        attempt: int,
+        then: str,
+        outcome: str,
     ) -> None:
-        """The line of a failure on ``where`` (``about`` it, before the attempt), unless held."""
+        """The line of a failure on ``where`` (``about`` it, before the attempt), unless held.
+
+        ``outcome`` (:func:`_next`) is part of what makes lines alike.
+        """
+        if _runtime_made(error):  # no frame of the app's: its dead letter says it
+            return
         chosen = _chosen(error)
         level = logging.INFO if chosen else logging.WARNING
         if not log.isEnabledFor(level):
             return
-        kind = f"lane {lane.name}: handler {'chose' if chosen else 'failed'}: {_alike(error)}"
+        verb = "chose" if chosen else "failed"
+        kind = f"lane {lane.name}: handler {verb}: {_alike(error)}; next: {outcome}"
         # Judged as a warning whatever the level: an INFO line of a storm (a dependency's 429s)
         # must back off too, and the filter lets anything below WARNING through.
         held = shown_now(self._repeats, log, kind)
@@ -217,18 +268,47 @@ class FailureLog:
             log.warning("%s\n%s", head, traceback_text(error), extra=judged)
 
 
-def told(error: BaseException | None) -> bool:
+def told(error: BaseException | None, warning: Callable[[], None]) -> bool:
     """Whether a dead letter of ``error`` is told by the failure log's line: leave it out.
 
-    True while its routing goes on within :meth:`FailureLog.telling`.
+    True while its routing goes on within :meth:`FailureLog.telling`; ``warning`` (the dead
+    letter's own) is then kept, and given if that routing ends without the failure's line.
     """
-    return error is not None and _TELLING.get() is error
+    telling = _TELLING.get()
+    if error is None or telling is None or telling.error is not error:
+        return False
+    telling.left_out.append(warning)
+    return True
+
+
+def _next(routed: Routed) -> str:
+    """What happened next, as alike lines share it: ``retry``, ``dead letter (<reason>)``."""
+    if routed.outcome == "retried":
+        return "retry"
+    if routed.outcome == "dead_lettered":
+        return f"dead letter ({routed.detail})"
+    return "not routed"
 
 
 def _chosen(error: BaseException) -> bool:
     """Whether ``error`` is an outcome the handler chose (INFO, no traceback)."""
     # PoisonMessage is the runtime's verdict on a turn whose runs never finished.
     return isinstance(error, HandlerOutcome) and not isinstance(error, PoisonMessage)
+
+
+def _runtime_made(error: BaseException) -> bool:
+    """Whether ``error`` is the runtime's own, with no frame of the app's: it has no line.
+
+    A turn's ``PoisonMessage`` (made, never raised), or an error of the pipeline's with no
+    traceback and no CPU worker's note (one a CPU worker sent back has its note).
+    """
+    if isinstance(error, PoisonMessage):
+        return True
+    return (
+        isinstance(error, PipelineError)
+        and error.__traceback__ is None
+        and _worker_place(error) is None
+    )
 
 
 def shown_now(repeats: RepeatFilter, logger: logging.Logger, alike: str) -> str | None:
@@ -275,13 +355,17 @@ def _alike(error: BaseException) -> str:
 def _place(error: BaseException) -> str:
     """Where ``error`` was raised: the innermost frame's function and file (no line number).
 
-    An exception group's is its first sub-exception's; a CPU worker's, its note's.
+    A CPU worker's is its note's, read at each level of a group first (the worker notes the
+    group it sends back; its sub-exceptions come without tracebacks); an exception group's is
+    its first sub-exception's.
     """
-    error = _first_leaf(error)
-    for note in _notes_of(error):
-        head = _WORKER_HEAD.match(note.partition("\n")[0])
-        if head is not None:
-            return head.group(1)
+    for _ in range(GROUP_DEPTH + 1):
+        worker = _worker_place(error)
+        if worker is not None:
+            return worker
+        if not isinstance(error, BaseExceptionGroup) or not error.exceptions:
+            break
+        error = error.exceptions[0]
     tb = error.__traceback__
     if tb is None:
         return "?"
@@ -289,6 +373,20 @@ def _place(error: BaseException) -> str:
         tb = tb.tb_next
     code = tb.tb_frame.f_code
     return f"{code.co_name} ({code.co_filename})"
+
+
+def _is_worker_note(note: str) -> bool:
+    """Whether ``note`` is a CPU worker's (:func:`worker_note`)."""
+    return _WORKER_HEAD.match(note.partition("\n")[0]) is not None
+
+
+def _worker_place(error: BaseException) -> str | None:
+    """Where a CPU worker's note says ``error`` was raised; None without such a note."""
+    for note in _notes_of(error):
+        head = _WORKER_HEAD.match(note.partition("\n")[0])
+        if head is not None:
+            return head.group(1)
+    return None
 
 
 def _text(error: BaseException) -> str:
@@ -328,6 +426,25 @@ def worker_note(error: BaseException) -> str:
     """
     text = _cut(traceback_text(error, notes=False), WORKER_TRACEBACK_CHARS)
     return f"CPU worker {os.getpid()}: raised in {_place(error)}\n{text}"
+
+
+def drop_worker_notes(error: BaseException) -> None:
+    """Take CPU workers' notes (:func:`worker_note`) off ``error``, its other notes kept.
+
+    A worker notes the exception it sends back, which may be the app's own object (one
+    instance raised each time): the note is taken off once sent, or it would grow by a note
+    per failure for the worker's life.
+    """
+    notes = getattr(error, "__notes__", None)
+    if not isinstance(notes, list):
+        return
+    kept = [n for n in notes if not (isinstance(n, str) and _is_worker_note(n))]
+    if len(kept) == len(notes):
+        return
+    if kept:
+        notes[:] = kept
+    else:
+        del error.__notes__
 
 
 def traceback_text(error: BaseException, *, notes: bool = True) -> str:

@@ -10,9 +10,11 @@
   reason, exception type, whatever its text) are backed off like any repeated warning, the
   next line shown counting those held back. A dead letter of a handler's or turn's failure is
   told by the failure log's line instead (:mod:`~pipeline.runtime.failure_log`: the failure,
-  its traceback, ``next: dead letter (<reason>)`` and the same redrive hint); those of no
-  failure line (poison, sequenced, expired, shed, a run whose heartbeat stopped, a
-  ``DeadLetter`` the handler raised on purpose: an INFO line there) keep theirs.
+  its traceback, ``next: dead letter (<reason>)`` and the same redrive hint), or held back
+  behind an alike dead letter's line of it; those of no failure line (poison, sequenced,
+  expired, shed, a run whose heartbeat stopped, a ``DeadLetter`` the handler raised on
+  purpose: an INFO line there) keep theirs, and so do those produced before a cancelled
+  routing (a turn's, at shutdown or revocation), whose failure line never comes.
 
 :func:`pipeline.runtime.run.serve` wires all three; nothing here changes what the member does.
 """
@@ -65,11 +67,17 @@ class DeadLetterWarnings(RuntimeMetrics):
 
         Alike ones (lane, reason, the error's type) are held back by the repeat filter before
         anything is formatted: the error's text (a key, an id) is not what makes them alike.
-        One the failure log tells (a handler's or turn's failure) is only counted.
+        One the failure log tells (a handler's or turn's failure) is only counted, unless its
+        routing ends without that line (cancelled halfway through a turn's dead letters).
         """
         super().dead_lettered(lane, reason, error)
-        if told(error) or not log.isEnabledFor(logging.WARNING):
+        if not log.isEnabledFor(logging.WARNING):
             return
+        if not told(error, lambda: self._warn(lane, reason, error)):
+            self._warn(lane, reason, error)
+
+    def _warn(self, lane: str, reason: str, error: BaseException | None) -> None:
+        """The dead letter's WARNING, unless alike ones hold it back."""
         kind = "" if error is None else f": {type(error).__module__}.{type(error).__qualname__}"
         held = shown_now(self._repeats, log, f"dead letter on lane {lane}: {reason}{kind}")
         if held is None:

@@ -49,7 +49,11 @@ def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogReco
 async def test_a_failure_warns_with_the_handlers_frame_then_its_repeats_are_held_back(
     streams: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The first attempt's WARNING names the message and its retry, with the handler's frame."""
+    """The first attempt's WARNING names the message and its retry, with the handler's frame.
+
+    The second attempt's failure is alike but ends in a dead letter: its own line (before, it
+    was held back as a repeat of the retried one, and its dead letter told by no WARNING).
+    """
     caplog.set_level(logging.DEBUG)
     spec = lane_spec(f"fh_{unique}", 1, retry={"tiers": ["100ms"], "max_attempts": 2})
     await declare(streams, spec)
@@ -62,7 +66,10 @@ async def test_a_failure_warns_with_the_handlers_frame_then_its_repeats_are_held
     await produce(streams, spec.name, [Record(b"v", b"k-17")])
     member = await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 1)
     assert member.stats.retried == 1
-    (first,) = _lines(caplog, logging.WARNING)  # the second attempt is a repeat: held back
+    first, final = _lines(caplog, logging.WARNING)  # what happens next makes them not alike
+    assert "(key k-17, attempt 2 of 2): RuntimeError: boom 2; next: dead letter (exhausted)" in (
+        final.getMessage()
+    )
     head, *_ = first.getMessage().splitlines()
     text = caplog.handler.format(first)
     assert head.startswith(f"lane {spec.lane}: handler failed on {spec.name}[0]@0")
