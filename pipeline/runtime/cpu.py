@@ -207,6 +207,10 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
             finally:
                 with contextlib.suppress(Exception):  # the app's object left as it was raised
                     drop_worker_notes(sent)
+                # An instance raised again and again (a module-level one) would otherwise keep
+                # every frame it passed through, and show them all in its next note.
+                exc.__traceback__ = None
+                del exc, sent
 
 
 def _with_traceback(sent: Exception, raised: Exception) -> Exception:  # pragma: no cover
