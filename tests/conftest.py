@@ -30,6 +30,7 @@ from support import (
 )
 
 from pipeline.config import Settings
+from pipeline.log_repeats import RepeatFilter
 from pipeline.transport import create_transport
 from pipeline.transport.kafka.transport import KafkaTransport
 from pipeline.transport.protocol import Transport
@@ -48,6 +49,28 @@ def redis_service(settings: Settings) -> str:
     url = urlparse(settings.redis.url)
     require_service("redis", url.hostname or "127.0.0.1", url.port or 6379)
     return settings.redis.url
+
+
+@pytest.fixture
+async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
+    """The real Redis Streams transport, closed after the test."""
+    del redis_service  # Redis answers (or the test is skipped; under CI=true, failed)
+    transport = create_transport(settings, "redis")
+    yield transport
+    await transport.close()
+
+
+@pytest.fixture
+def caplog_repeats(caplog: pytest.LogCaptureFixture) -> Iterator[RepeatFilter]:
+    """A :class:`RepeatFilter` on pytest's capture handler, removed after the test.
+
+    ``configure_logging`` puts one on every handler. The capture handler is the session's: a
+    filter left on it held back a later test's lines.
+    """
+    repeats = RepeatFilter()
+    caplog.handler.addFilter(repeats)
+    yield repeats
+    caplog.handler.removeFilter(repeats)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from demo.held import held_rows
 from demo.stats import Collector
 from demo.summary import Snapshot, lost_line, summary
 from pipeline import headers as h
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.logstore import NewRow, RowState
 from pipeline.logstore.sqlite import SqliteLogStore
@@ -31,19 +29,9 @@ from pipeline.retry.guard_store import lane_guards
 from pipeline.retry.keys import encode_key
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, the demo's default."""
-    del redis_service  # started (or the test skipped) by its fixture
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 def _row(row_id: str, event_id: str, topic: str, received_at_ms: int) -> NewRow:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -21,7 +20,6 @@ from runtime.helpers import FAST, declare, eventually, lane_spec, produce, runni
 from pipeline import headers as h
 from pipeline.admission.keys import key_text, limit_stats
 from pipeline.admission.throttle import Throttle
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.errors import Retry
 from pipeline.redis_keys import HEAD_CHARS, NAME_PART_MAX_BYTES, bounded, digest
@@ -29,7 +27,6 @@ from pipeline.retry.keys import encode_key
 from pipeline.runtime import App, Context
 from pipeline.runtime.keys import once_key
 from pipeline.runtime.member import Member
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 MIB = 1 << 20
@@ -45,14 +42,6 @@ LONGEST_LOG_LINE = 16 * 1024
 def huge(mark: str, size: int = ALONE) -> str:
     """A value of ``size`` bytes, told apart from the others by ``mark`` at its end."""
     return "v" * (size - len(mark)) + mark
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport (Kafka's default message limit is below two 1 MiB parts)."""
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 async def names_of(redis: Redis, unique: str) -> dict[bytes, int]:

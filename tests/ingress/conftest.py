@@ -14,8 +14,6 @@ from logstore.helpers import FakeClock, real_log_store
 from pipeline.config import Settings
 from pipeline.logstore import LogStore
 from pipeline.logstore.sqlite import SqliteLogStore
-from pipeline.transport import create_transport
-from pipeline.transport.protocol import Transport
 
 
 @pytest.fixture
@@ -49,14 +47,6 @@ async def store(
         request.getfixturevalue("postgres_service")
     async with real_log_store(request.param, tmp_path, settings.postgres.url, clock) as log:
         yield log
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The real Redis Streams transport."""
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 @pytest.fixture

@@ -14,30 +14,18 @@ The worker adds the handler's traceback to the exception it sends back as a note
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from runtime import cpu_noted_app
 from runtime.helpers import declare, lane_spec, produce, ran_until
 
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.runtime import App
 from pipeline.runtime.cpu import ProcessPool, function_ref
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 LOGGER = "pipeline.runtime.failure_log"
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 def _worker_notes(error: BaseException) -> list[str]:

@@ -25,7 +25,6 @@ import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
-from pipeline.config import Settings
 from pipeline.envelope import Delivered, Message, Record
 from pipeline.errors import PoisonMessage
 from pipeline.log_repeats import RepeatFilter
@@ -39,20 +38,10 @@ from pipeline.runtime.progress import DeadLetterWarnings
 from pipeline.runtime.redirect import Redirector
 from pipeline.runtime.stats import Stats
 from pipeline.runtime.turns import TurnOutcome
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Producer, Transport
 
 FAILURES = "pipeline.runtime.failure_log"
 DEAD_LETTERS = "pipeline.runtime.progress"
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 def _warnings(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
@@ -65,11 +54,14 @@ def _warnings(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
 
 
 async def test_a_dead_letter_alike_to_a_retried_failure_has_its_own_line(
-    streams: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
+    streams: Transport,
+    redis: Redis,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    caplog_repeats: RepeatFilter,
 ) -> None:
     """One ValueError of one place retried, then dead-lettered as fatal: two failure lines."""
     caplog.set_level(logging.INFO)
-    caplog.handler.addFilter(RepeatFilter())
     spec = lane_spec(f"dt_{unique}", 1, ordered=False, retry={"tiers": ["30s"], "max_attempts": 3})
     await declare(streams, spec)
     app = App([spec], retryable=lambda e: "fatal" not in str(e))
@@ -193,11 +185,14 @@ async def test_a_turn_cancelled_while_routing_warns_of_the_dead_letters_it_produ
 
 
 async def test_a_poison_turn_keeps_its_dead_letter_line_and_has_no_failure_line(
-    streams: Transport, stalling: _Stalling, unique: str, caplog: pytest.LogCaptureFixture
+    streams: Transport,
+    stalling: _Stalling,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    caplog_repeats: RepeatFilter,
 ) -> None:
     """A turn dead-lettered as poison (the runtime's verdict, never raised) is one line."""
     caplog.set_level(logging.WARNING)
-    caplog.handler.addFilter(RepeatFilter())
     spec = lane_spec(f"dp_{unique}", 1, ordered=False, retry={"tiers": ["1s"], "max_attempts": 3})
     await declare(streams, spec)
     app = App([spec])

@@ -12,13 +12,11 @@ handler on purpose: the dead letters of failures are told by the failure log's l
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.errors import DeadLetter
 from pipeline.log_repeats import RepeatFilter
@@ -26,19 +24,9 @@ from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 LOGGER = "pipeline.runtime.progress"
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 class NoCustomer(DeadLetter):
@@ -46,11 +34,14 @@ class NoCustomer(DeadLetter):
 
 
 async def test_a_dead_letter_storm_over_varied_errors_is_a_few_counted_lines(
-    streams: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
+    streams: Transport,
+    redis: Redis,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    caplog_repeats: RepeatFilter,
 ) -> None:
     """300 DeadLetters naming their keys are a few lines; another kind among them is shown."""
     caplog.set_level(logging.WARNING, logger=LOGGER)
-    caplog.handler.addFilter(RepeatFilter())  # as configure_logging puts on every handler
     spec = lane_spec(f"dlw_{unique}", 1, ordered=False)  # no tiers: each failure dead-letters
     await declare(streams, spec)
     app = App([spec])

@@ -15,30 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from runtime import cpu_failing_app
 from runtime.helpers import declare, lane_spec, produce, ran_until
 
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.runtime import App, Context
 from pipeline.runtime.failure_log import GROUP_SHOWN, MAX_TRACEBACK_CHARS, traceback_text
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 LOGGER = "pipeline.runtime.failure_log"
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 def _shown(caplog: pytest.LogCaptureFixture) -> dict[str, str]:

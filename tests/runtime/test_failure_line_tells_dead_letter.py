@@ -19,13 +19,11 @@ A dead letter with no failure line (the handler's own ``DeadLetter``) keeps its 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.errors import DeadLetter
 from pipeline.log_repeats import RepeatFilter
@@ -33,29 +31,22 @@ from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 FAILURES = "pipeline.runtime.failure_log"
 DEAD_LETTERS = "pipeline.runtime.progress"
 
 
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
-
-
 async def test_a_failed_message_is_one_warning_with_its_redrive_hint_on_each_lane(
-    streams: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
+    streams: Transport,
+    redis: Redis,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    caplog_repeats: RepeatFilter,
 ) -> None:
     """Each lane's failure is its own line, ending with the hint; no dead-letter line repeats it."""
     caplog.set_level(logging.WARNING)
-    root = RepeatFilter()  # as configure_logging puts on every handler of the root
-    caplog.handler.addFilter(root)
+    root = caplog_repeats  # as configure_logging puts on every handler of the root
     first = lane_spec(f"fl1_{unique}", 1, ordered=False)  # no tiers: each failure dead-letters
     second = lane_spec(f"fl2_{unique}", 1, ordered=False)
     await declare(streams, first, second)
@@ -100,12 +91,11 @@ async def test_a_failed_message_is_one_warning_with_its_redrive_hint_on_each_lan
 
 
 def test_a_line_the_failure_log_shows_is_not_held_back_by_the_roots_filter(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, caplog_repeats: RepeatFilter
 ) -> None:
     """Two alike dead-letter lines of lanes ``d1`` and ``d2`` both pass the root's filter."""
     caplog.set_level(logging.WARNING, logger=DEAD_LETTERS)
-    root = RepeatFilter()
-    caplog.handler.addFilter(root)
+    root = caplog_repeats
     warnings = DeadLetterWarnings(Metrics(), {})
     warnings.dead_lettered("d1", "poison", ValueError("stuck 1"))
     warnings.dead_lettered("d2", "poison", ValueError("stuck 2"))

@@ -11,7 +11,6 @@ handler chose (``DeadLetter``) is one INFO line, without a traceback.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from pydantic import BaseModel
@@ -19,26 +18,15 @@ from redis.asyncio import Redis
 from runtime.helpers import declare, idle_lane, lane_spec, produce, ran_until, the_dead_letter
 
 from pipeline import headers as h
-from pipeline.config import Settings
 from pipeline.envelope import Message, Record
 from pipeline.errors import DeadLetter
 from pipeline.log_repeats import RepeatFilter
 from pipeline.runtime import App, Context
 from pipeline.runtime.failure_log import MAX_TRACEBACK_CHARS, FailureLog
 from pipeline.runtime.redirect import Routed
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 LOGGER = "pipeline.runtime.failure_log"
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:

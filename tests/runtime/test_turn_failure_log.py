@@ -10,18 +10,15 @@ letter and why), then its traceback through the handler's frame; an outcome the 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec, produce, ran_until
 
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.errors import DeadLetter
 from pipeline.runtime import App, Context
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 LOGGER = "pipeline.runtime.failure_log"
@@ -40,15 +37,6 @@ def said(conversation: str, n: int) -> Record:
     """A message of ``conversation`` numbered ``n``, keyed by its conversation."""
     body = Said(conversation_id=conversation, n=n).model_dump_json().encode()
     return Record(body, conversation.encode())
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:

@@ -8,20 +8,17 @@ redelivered for ever, a poison pill; the dead-letter warning's line raised the s
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running, the_dead_letter
 
 from pipeline import headers as h
-from pipeline.config import Settings
 from pipeline.envelope import Record
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings
-from pipeline.transport import create_transport
 from pipeline.transport.protocol import Transport
 
 PLACEHOLDER = "<Unprintable.__str__ raised>"
@@ -37,15 +34,6 @@ class Unprintable(Exception):
     def __repr__(self) -> str:
         """Fail too."""
         raise RuntimeError("no repr")
-
-
-@pytest.fixture
-async def streams(settings: Settings, redis_service: str) -> AsyncIterator[Transport]:
-    """The Redis Streams transport, closed after the test."""
-    del redis_service  # Redis answers (or the test is skipped)
-    transport = create_transport(settings, "redis")
-    yield transport
-    await transport.close()
 
 
 async def test_an_unprintable_failure_goes_to_its_retry_tier_then_the_dead_letter_topic(
