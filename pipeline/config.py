@@ -17,6 +17,8 @@ variable and the expected form.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import json
 import logging
 import os
@@ -36,7 +38,10 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.asyncio.connection import Connection as RedisConnection
+from redis.asyncio.connection import SSLConnection as RedisSSLConnection
+from redis.asyncio.connection import UnixDomainSocketConnection as RedisUnixConnection
 from redis.asyncio.connection import parse_url as parse_redis_url
 from redis.exceptions import RedisError
 
@@ -841,8 +846,10 @@ def setting_reason(err: Any) -> str:
     if not isinstance(value, str):
         return reason
     reason = hide_credentials(reason, value)
-    if _echoed_as_url(err):
-        shown = set(_PIECES.split(shown_url(value) or ""))
+    echoed = _shown(err)
+    if echoed is not None or _named_secret(err):
+        shown = set(_PIECES.split(echoed if isinstance(echoed, str) else ""))
+        shown.add(value.partition("://")[0] if _SCHEME.fullmatch(value) else "")  # redis://
         hidden = {piece for piece in _PIECES.split(value) if piece not in shown}
         for piece in sorted(hidden, key=len, reverse=True):
             if len(piece) >= _MIN_HIDDEN_CHARS:
@@ -875,26 +882,66 @@ _MAX_SHOWN_URL_CHARS = 200
 def _got(err: Any) -> str:
     """`` (got ...)`` for a value safe to echo; nothing for secrets or whole mappings.
 
-    A misspelt key under a secret (``pasword``) carries the secret as its value, so anything
-    under a sensitive-looking name and any mapping or list is left out. A URL setting's value
-    (``PIPELINE_REDIS__URL=localhost:6379``), and any other holding an ``@``
-    (``PIPELINE_KAFKA__BOOTSTRAP_SERVERS=user:pw@kafka:9092``), is shown as :func:`shown_url`
-    shows it, as the value given is what shows the mistake; a value it cannot read only by
-    its length.
+    A setting named like a secret (``PIPELINE_REGISTRY__CLIENT_PASSWORD``, ``..._KEY_PREFIX``,
+    a ``sasl.password`` entry of ``PIPELINE_KAFKA__CLIENT``) never shows its value, whatever it
+    is; nor does one under another sensitive-looking name, nor a mapping or list. A misspelt
+    key under a secret (``pasword``) carries the secret as its value. Any other string is
+    shown as :func:`shown_url` shows it, as the value given is what shows the mistake: a URL
+    setting's (``PIPELINE_REDIS__URL=localhost:6379``), one holding an ``@``
+    (``PIPELINE_KAFKA__BOOTSTRAP_SERVERS=user:pw@kafka:9092``) or keywords
+    (``host=h password=...``), and a plain word as given; a value it cannot read only by its
+    length.
     """
     value = err.get("input")
-    if isinstance(value, str) and _echoed_as_url(err):
-        shown = shown_url(value)
-        return (
-            f" (got {len(value)} characters, not shown)" if shown is None else f" (got {shown!r})"
-        )
-    if any(_SENSITIVE.search(str(part)) for part in err["loc"]):
-        return ""
     if isinstance(value, bool | int | float):
+        parts = [str(part) for part in err["loc"]]
+        if _named_secret(err) or any(_SENSITIVE.search(part) for part in parts):
+            return ""
         return f" (got {value!r})"
-    if isinstance(value, str) and len(value) <= _MAX_SHOWN_CHARS and "://" not in value:
-        return f" (got {value!r})"
-    return ""
+    shown = _shown(err)
+    if shown is None:
+        return ""
+    if isinstance(shown, int):
+        return f" (got {shown} characters, not shown)"
+    return f" (got {shown!r})"
+
+
+def _shown(err: Any) -> str | int | None:
+    """What a line shows of ``err``'s string value: the text, only its length, or None."""
+    value = err.get("input")
+    if not isinstance(value, str) or _named_secret(err):
+        return None
+    if _echoed_as_url(err):
+        shown = shown_url(value)
+    elif len(value) > _MAX_SHOWN_CHARS or any(_SENSITIVE.search(str(p)) for p in err["loc"]):
+        return None
+    else:
+        shown = _shown_value(value)
+    return len(value) if shown is None else shown
+
+
+_SECRET_SETTING = re.compile(r"pas|pw|word|secret|token|key|auth|cred|cert|priv", re.IGNORECASE)
+
+
+def _named_secret(err: Any) -> bool:
+    """Whether ``err``'s setting, or a section or mapping key above it, is named like a secret."""
+    return any(_SECRET_SETTING.search(str(part)) for part in err["loc"])
+
+
+_HOST_LIST = re.compile(r"[A-Za-z0-9_.\-\[\]]*(:\d*)?(,[A-Za-z0-9_.\-\[\]]*(:\d*)?)+")
+
+
+def _shown_value(value: str) -> str | None:
+    """A string that is no URL setting's, fit to echo; None if only its length may show.
+
+    A list of hosts with numeric ports (``kafka1:9092,kafka2``) shows each as given; anything
+    else as :func:`shown_url` shows it: a plain word as given, keywords with secret-looking
+    names' values hidden, ``user:password`` as ``user:***`` (a port that is no number).
+    """
+    if _HOST_LIST.fullmatch(value):
+        items = [shown_url(item) for item in value.split(",")]
+        return None if None in items else ",".join(item or "" for item in items)
+    return shown_url(value)
 
 
 _HIDDEN = "***"
@@ -907,6 +954,18 @@ _PORT = re.compile(r"\d{1,5}")
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.:-]{1,63}")
 _KEYWORD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']*)\s*")
 _PARTS = re.compile(r"([^?#]*)(\?[^#]*)?(#.*)?", re.DOTALL)
+_NAMED_VALUE = re.compile(
+    r"(pass|passwd|word|phrase|pwd|pw|secret|token|key|auth|creds?|credentials)"
+    r"\s*(?:=|:(?!\d{1,5}(?:$|[/?#,])))\s*(?!\*\*\*)",
+    re.IGNORECASE,
+)
+"""A secret-looking name followed by a value that is not hidden (a port is no value: a host
+``redis-auth:6379`` is shown): no echo may hold one."""
+_SECRET_OPTION = re.compile(
+    r"(pass|passwd|word|phrase|pwd|pw|secret|token|key|auth|creds?|credentials|sig|signature)$",
+    re.IGNORECASE,
+)
+"""An option whose value is a secret (``sslpassword``, ``apikey``; not ``ssl_keyfile``)."""
 _LONG_TOKEN_CHARS = 16
 _LONGEST_WORD_CHARS = 24
 
@@ -914,33 +973,97 @@ _LONGEST_WORD_CHARS = 24
 def shown_url(value: str) -> str | None:
     """``value`` (a URL, a libpq keyword string, or host[:port][/path]) fit to echo; None if not.
 
-    Shown: the scheme, host, port and path. Hidden (``***``): all before the last ``@`` (the
-    user and password, a password with an unencoded ``/`` or ``@`` included); every query
-    option's value and the fragment; a libpq keyword's value under a secret-looking name
-    (``password``, ``passfile``, ``sslkey``...) or not a plain word; a port that is no number;
-    and a path segment after a secret-looking one (``/token/...``) or opaque (:func:`_opaque`):
-    tokens in webhook paths, keys in S3 ones. A value none of these reads (``None``) is shown
-    only by its length. Cut to 200 characters.
+    Shown: the scheme, host, port and the path's first segment (a database, a bucket: what
+    tells one service's value from another's), a ``unix://`` socket's whole path. Hidden
+    (``***``): all before the last ``@`` (the user and password, a password with an unencoded
+    ``/`` or ``@`` included); every query option's value and the fragment; a libpq keyword's
+    value under a secret-looking name (``password``, ``passfile``, ``sslkey``...) or not a
+    plain word; a port that is no number and all after it (``user:password`` read as
+    host:port); each path segment after the first (API paths, webhook tokens, S3 keys), and a
+    first one that is opaque (:func:`_opaque`). A value none of these reads, or whose shown
+    form still has a secret-looking name followed by ``=`` or ``:`` and a value
+    (``password:1234``), is ``None``: shown only by its length. Cut to 200 characters.
     """
     shown = _keywords(value)
     if shown is None:
         url = _SCHEME.fullmatch(value)
         if url is not None:  # scheme://[userinfo@]host...: the userinfo goes
             scheme, after = url.groups()
+            if _unclear_userinfo(after):
+                return None
             _, at, rest = after.rpartition("@")
-            shown = _url(f"{scheme}://{_HIDDEN + '@' if at else ''}", rest)
+            shown = _url(f"{scheme}://{_HIDDEN + '@' if at else ''}", rest, scheme)
+        elif _unclear_userinfo(value):
+            return None
         else:  # all before the last @ goes, then a URL or host[:port][/path][?query]
             _, at, rest = value.rpartition("@")
             url = _SCHEME.fullmatch(rest)
             head = f"{_HIDDEN}@" if at else ""
-            shown = _url(f"{head}{url.group(1)}://", url.group(2)) if url else _url(head, rest)
+            shown = (
+                _url(f"{head}{url.group(1)}://", url.group(2), url.group(1))
+                if url
+                else _url(head, rest, "")
+            )
+    if shown is not None and _NAMED_VALUE.search(shown):
+        return None
     if shown is not None and len(shown) > _MAX_SHOWN_URL_CHARS:
         shown = shown[: _MAX_SHOWN_URL_CHARS - 3] + "..."
     return shown
 
 
+_CLOSE_NAME_RATIO = 0.8
+
+
+@functools.cache
+def _option_names() -> tuple[str, ...]:
+    """Every option name a URL's query or a keyword string may give: libpq's and redis-py's."""
+    from psycopg import pq  # noqa: PLC0415 - only where a value is echoed
+
+    names = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    names |= set(URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (RedisConnection, RedisSSLConnection, RedisUnixConnection):
+        names |= set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    return tuple(sorted(names))
+
+
+def _known_name(name: str) -> bool:
+    """Whether ``name`` is an option libpq or redis-py knows, or close to one (a typo).
+
+    Any other name may be a piece of a secret (a password holding an ``=`` or ``&``).
+    """
+    return bool(difflib.get_close_matches(name.lower(), _option_names(), 1, _CLOSE_NAME_RATIO))
+
+
+def _unclear_userinfo(after: str) -> bool:
+    """Whether what follows the last ``@`` in ``after`` may be no host (so not to be shown).
+
+    ``after`` is what follows ``scheme://``, or a value without one. All before the last
+    ``@`` is hidden, as a password may hold an unencoded ``/``, ``?`` or ``#``
+    (``redis://:ab/cd@host``). But an ``@`` in a query, path or fragment
+    (``redis://host/0?password=ab@cd``) would show the rest of that password as the host. So
+    an ``@`` after the first ``/``, ``?`` or ``#`` cannot be told, unless what comes before
+    that is no host but ``:`` and a password's start (``redis://:ab/cd@host``); nor can one
+    after a space, quote or brace (``password ab@cd``: no user and password hold them) or
+    after a secret-looking name and ``:`` or ``=``. Such a value is shown by its length.
+    """
+    head, at, _ = after.rpartition("@")
+    if not at:
+        return False
+    if any(c.isspace() or c in "\"'{}" for c in head) or _NAMED_VALUE.search(head):
+        return True
+    end = min((i for i in (after.find(mark) for mark in "/?#") if i != -1), default=len(after))
+    if len(head) < end:  # the last @ is in the authority: it ends the user and password
+        return False
+    host = _address(after[:end].rpartition("@")[2])
+    return host != f":{_HIDDEN}"  # ':' and no number: a password's start, not a host
+
+
 def _keywords(value: str) -> str | None:
-    """A libpq keyword string (``host=db password=...``) with secret values hidden; None if not."""
+    """A libpq keyword string (``host=db password=...``) with secret values hidden; None if not.
+
+    A name libpq does not know, nor one close to it (a typo), is hidden with its value: a
+    password holding an ``=`` (``pw=...@host``) reads as a keyword, its first piece as the name.
+    """
     pairs = []
     end = 0
     for found in _KEYWORD.finditer(value):
@@ -948,13 +1071,14 @@ def _keywords(value: str) -> str | None:
             return None
         end = found.end()
         name, given = found.groups()
+        known = _known_name(name)
         plain = _PLAIN_VALUE.fullmatch(given) and not _opaque(given)
-        hidden = _SECRET_NAME.search(name) or not plain
-        pairs.append(f"{name}={_HIDDEN if hidden else given}")
+        hidden = _SECRET_NAME.search(name) or not plain or not known
+        pairs.append(f"{name if known else _HIDDEN}={_HIDDEN if hidden else given}")
     return " ".join(pairs) if pairs and end == len(value) else None
 
 
-def _url(head: str, rest: str) -> str | None:
+def _url(head: str, rest: str, scheme: str) -> str | None:
     """``head`` and ``rest`` (host, port, path, query, fragment) shown safely; None if no host."""
     cut = len(rest)
     for mark in "/?#":
@@ -964,20 +1088,38 @@ def _url(head: str, rest: str) -> str | None:
     authority = _address(rest[:cut])
     if authority is None:
         return None
+    if authority.endswith(f":{_HIDDEN}"):  # no port but user:password: all after it is its
+        return f"{head}{authority}"
     parts = _PARTS.fullmatch(rest[cut:])
     if parts is None:  # pragma: no cover - the pattern matches any text
         return None
     path, query, fragment = parts.groups()
-    shown = f"{head}{authority}{_path(path)}"
+    shown = f"{head}{authority}{_path(path, scheme.lower())}"
     if query is not None:
-        items = (item.partition("=") for item in re.split(r"[&;]", query[1:]))
-        shown += "?" + "&".join(
-            f"{name if _NAME.fullmatch(name) else _HIDDEN}={_HIDDEN}" if eq else _HIDDEN
-            for name, eq, _ in items
-        )
+        shown += "?" + _query(query[1:])
     if fragment:
         shown += f"#{_HIDDEN}" if len(fragment) > 1 else "#"
     return shown
+
+
+def _query(query: str) -> str:
+    """``query``'s option names, each value ``***``; names no client knows hidden too.
+
+    A name libpq or redis-py knows, or a typo of one (:func:`_known_name`), is shown; any other
+    may be a piece of a secret (``?<token>`` with an ``=`` in it). An item with no ``=``, a
+    name that is not plain, or a password's (whose value may hold an unencoded ``&``:
+    ``password=abc&def=...``) may be where a secret goes on: the names after it are hidden
+    as well.
+    """
+    shown = []
+    doubt = False
+    for item in re.split(r"[&;]", query):
+        name, eq, _ = item.partition("=")
+        plain = bool(eq) and bool(_NAME.fullmatch(name))
+        named = plain and not doubt and _known_name(name)
+        shown.append(f"{name if named else _HIDDEN}={_HIDDEN}" if eq else _HIDDEN)
+        doubt = doubt or not plain or bool(_SECRET_OPTION.search(name))
+    return "&".join(shown)
 
 
 def _address(authority: str) -> str | None:
@@ -993,12 +1135,26 @@ def _address(authority: str) -> str | None:
     return f"{host}{shown_port}"
 
 
-def _path(path: str) -> str:
-    """``path`` with each segment after a secret-looking one, and each opaque one, hidden."""
+def _path(path: str, scheme: str) -> str:
+    """``path`` with its segments after the first, and each opaque one, hidden.
+
+    No operator needs more than a URL's first segment (the database, the bucket) to tell
+    which value it is, and a deeper one is where tokens live (``/hooks/<token>``,
+    ``/v1/<key>``); a Redis URL's first is a database number, shown only as one. A socket's
+    path is all a ``unix://`` URL has: each of its segments is shown unless opaque or after
+    a secret-looking one.
+    """
     segments = path.split("/")
+    whole = scheme == "unix"
     shown = [
         _HIDDEN
-        if segment and (_opaque(segment) or (i and _SECRET_NAME.search(segments[i - 1])))
+        if segment
+        and (
+            _opaque(segment)
+            or (i > 1 and not whole)
+            or (i == 1 and scheme in {"redis", "rediss"} and not segment.isdigit())
+            or (i and _SECRET_NAME.search(segments[i - 1]))
+        )
         else segment
         for i, segment in enumerate(segments)
     ]
@@ -1020,7 +1176,8 @@ def _opaque(segment: str) -> bool:
     Names of databases, buckets, sockets and API paths are lowercase words, numbers and
     separators; a generated secret mixes cases and digits (:func:`_mixed`), or is long and
     holds a digit (hex, a UUID, an access key id), or is longer than words run. An encoded
-    character (``%``) may hide anything. Such a segment is hidden, whatever it is.
+    character (``%``) may hide anything, and no name holds a space or a character outside
+    ASCII. Such a segment is hidden, whatever it is.
     """
     digits = any(c.isdigit() for c in segment)
     return (
@@ -1028,4 +1185,6 @@ def _opaque(segment: str) -> bool:
         or (digits and len(segment) >= _LONG_TOKEN_CHARS)
         or len(segment) >= _LONGEST_WORD_CHARS
         or "%" in segment
+        or not segment.isascii()
+        or any(c.isspace() for c in segment)
     )

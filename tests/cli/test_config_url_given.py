@@ -35,7 +35,7 @@ def test_a_redis_url_without_its_scheme_is_echoed_with_the_url_to_write(
         (
             "PIPELINE_REDIS__URL",
             "rediss://h:6379/0?pasword=pw-99z&x=1",
-            "rediss://h:6379/0?pasword=***&x=***",
+            "rediss://h:6379/0?pasword=***&***=***",
             "pw-99z",
         ),
         (

@@ -63,17 +63,17 @@ def _safe(text: str) -> str:
         (
             "PIPELINE_POSTGRES__URL",
             f"postgresql://app:{_SECRET}@db:5432/x?sslpassword={_SECRET}&bogus=1",
-            "postgresql://***@db:5432/x?sslpassword=***&bogus=***",
+            "postgresql://***@db:5432/x?sslpassword=***&***=***",
         ),
         (
             "PIPELINE_REGISTRY__URL",
             f"https://ci:{_SECRET}@registry.example.com:0/apis/{_SECRET}?token={_SECRET}#{_SECRET}",
-            "https://***@registry.example.com:0/apis/***?token=***#***",
+            "https://***@registry.example.com:0/apis/***?***=***#***",
         ),
         (
             "PIPELINE_REGISTRY__URL",
             f"http://registry.example.com:80a/token/{_SECRET}",
-            "http://registry.example.com:***/token/***",
+            "http://registry.example.com:***",
         ),
     ],
     ids=[
@@ -107,11 +107,11 @@ def test_a_bad_url_setting_never_echoes_its_secret(
         ),
         (
             f"https://s3.eu-west-1.amazonaws.com/bucket/AKIAIOSFODNN7EXAMPLE?X-Amz-Signature={_SECRET}",
-            "https://s3.eu-west-1.amazonaws.com/bucket/***?X-Amz-Signature=***",
+            "https://s3.eu-west-1.amazonaws.com/bucket/***?***=***",
         ),
         (
             f"https://hooks.example.com/services/T0A1/{_SECRET}",
-            "https://hooks.example.com/services/T0A1/***",
+            "https://hooks.example.com/services/***/***",
         ),
         ("redis://localhost:6379/0", "redis://localhost:6379/0"),
         (f"localhost:6379/0?password={_SECRET}", "localhost:6379/0?password=***"),
