@@ -73,8 +73,10 @@ _HEADER = """\
 All settings come from environment variables with the `PIPELINE_` prefix; nested sections use
 `__` (`PIPELINE_REDIS__URL`). They are read once at start (`pipeline.config.load_settings`); an
 invalid value stops the program with the variable's name, the problem and the value given (its
-user and password, query values and token-like path segments shown as `***`; a value read as no
-URL or host only by its length). Unknown variables under a section are rejected too. Lists and mappings are written as JSON
+user and password, query values, a port that is no number, and path segments after the first
+shown as `***`; the value of a setting named like a secret (`*PASSWORD*`, `*TOKEN*`, `*KEY*`, a
+`sasl.password` entry) never shown; a value that may still hold a secret only by its length).
+Unknown variables under a section are rejected too. Lists and mappings are written as JSON
 (`PIPELINE_KAFKA__CLIENT='{"security.protocol": "SASL_SSL"}'`).
 
 Read apart from the settings: `PIPELINE_LOG_LEVEL` (`DEBUG`, `INFO`, `WARNING`, `ERROR` or
