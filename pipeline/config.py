@@ -839,11 +839,13 @@ def setting_reason(err: Any) -> str:
     A URL's password never shows: a parser that split it elsewhere (a ``/`` or ``%`` left
     unencoded) names a piece of it as the port, path or token at fault
     (:func:`hide_credentials`), and no piece of a URL setting's value that its echo hides
-    (:func:`shown_url`: a token in its path, a query value) shows in the reason either.
+    (:func:`shown_url`: a token in its path, a query value) shows in the reason either. Only
+    a reason that may quote the value is looked at (:func:`_may_quote_input`): pydantic's own
+    ("Input should be 'kafka' or 'redis'") keep every allowed value whole.
     """
     reason = str(err["msg"]).removeprefix("Value error, ")
     value = err.get("input")
-    if not isinstance(value, str):
+    if not isinstance(value, str) or not _may_quote_input(err):
         return reason
     reason = hide_credentials(reason, value)
     echoed = _shown(err)
@@ -855,6 +857,28 @@ def setting_reason(err: Any) -> str:
             if len(piece) >= _MIN_HIDDEN_CHARS:
                 reason = reason.replace(piece, _HIDDEN)
     return reason
+
+
+def _may_quote_input(err: Any) -> bool:
+    """Whether ``err``'s reason may hold a piece of its value.
+
+    Our validators' may (``value_error``), as may any reason built from another error
+    (``{error}`` in pydantic's template: a parser's message); pydantic's literal, type,
+    pattern and bound messages name what is expected, never the value.
+    """
+    return err["type"] in {"value_error", "assertion_error"} or "error" in err.get("ctx", {})
+
+
+_NOT_SECRET_SETTINGS = frozenset(
+    {"PIPELINE_REDIS__KEY_PREFIX", "PIPELINE_REGISTRY__REQUIRE_AUTH", "PIPELINE_INGRESS__LOG_STORE"}
+)
+"""Settings whose names look like a secret's (*KEY*, *AUTH*, *STORE*) but whose values are not."""
+
+
+def _loc_judged(err: Any) -> list[str]:
+    """``err``'s location as names judged for secrets: a setting known to hold none left out."""
+    loc = [str(part) for part in err["loc"]]
+    return loc[:-1] if _env_name(tuple(err["loc"])) in _NOT_SECRET_SETTINGS else loc
 
 
 def _echoed_as_url(err: Any) -> bool:
@@ -882,7 +906,7 @@ _MAX_SHOWN_URL_CHARS = 200
 def _got(err: Any) -> str:
     """`` (got ...)`` for a value safe to echo; nothing for secrets or whole mappings.
 
-    A setting named like a secret (``PIPELINE_REGISTRY__CLIENT_PASSWORD``, ``..._KEY_PREFIX``,
+    A setting named like a secret (``PIPELINE_REGISTRY__CLIENT_PASSWORD``, a token's ``role``,
     a ``sasl.password`` entry of ``PIPELINE_KAFKA__CLIENT``) never shows its value, whatever it
     is; nor does one under another sensitive-looking name, nor a mapping or list. A misspelt
     key under a secret (``pasword``) carries the secret as its value. Any other string is
@@ -894,8 +918,7 @@ def _got(err: Any) -> str:
     """
     value = err.get("input")
     if isinstance(value, bool | int | float):
-        parts = [str(part) for part in err["loc"]]
-        if _named_secret(err) or any(_SENSITIVE.search(part) for part in parts):
+        if _named_secret(err) or any(_SENSITIVE.search(part) for part in _loc_judged(err)):
             return ""
         return f" (got {value!r})"
     shown = _shown(err)
@@ -907,45 +930,71 @@ def _got(err: Any) -> str:
 
 
 def _shown(err: Any) -> str | int | None:
-    """What a line shows of ``err``'s string value: the text, only its length, or None."""
+    """What a line shows of ``err``'s string value: the text, only its length, or None.
+
+    Whitespace around the value (an env file's stray space or newline) is no secret and often
+    the mistake: the value is judged without it and shown with it (``'redis '``).
+    """
     value = err.get("input")
     if not isinstance(value, str) or _named_secret(err):
         return None
+    core = value.strip()
+    longest = _MAX_SHOWN_URL_CHARS if _HOST_LIST.fullmatch(core) else _MAX_SHOWN_CHARS
     if _echoed_as_url(err):
-        shown = shown_url(value)
-    elif len(value) > _MAX_SHOWN_CHARS or any(_SENSITIVE.search(str(p)) for p in err["loc"]):
+        shown = shown_url(core)
+    elif len(core) > longest or any(_SENSITIVE.search(part) for part in _loc_judged(err)):
         return None
     else:
-        shown = _shown_value(value)
-    return len(value) if shown is None else shown
+        shown = _shown_value(core)
+    if shown is None:
+        return len(value)
+    start = value.find(core) if core else len(value)
+    return value[:start] + shown + value[start + len(core) :]
 
 
 _SECRET_SETTING = re.compile(r"pas|pw|word|secret|token|key|auth|cred|cert|priv", re.IGNORECASE)
 
 
 def _named_secret(err: Any) -> bool:
-    """Whether ``err``'s setting, or a section or mapping key above it, is named like a secret."""
-    return any(_SECRET_SETTING.search(str(part)) for part in err["loc"])
+    """Whether ``err``'s setting, or a section or mapping key above it, is named like a secret.
+
+    A setting in :data:`_NOT_SECRET_SETTINGS` is not (``PIPELINE_REDIS__KEY_PREFIX``).
+    """
+    return any(_SECRET_SETTING.search(part) for part in _loc_judged(err))
 
 
-_HOST_LIST = re.compile(r"[A-Za-z0-9_.\-\[\]]*(:\d*)?(,[A-Za-z0-9_.\-\[\]]*(:\d*)?)+")
+_HOST_ITEM = r"(?:[A-Za-z][A-Za-z0-9+.-]*://)?[A-Za-z0-9_.\-\[\]]*(?::\d*)?"
+_LIST_SEPARATOR = re.compile(r"(\s*[,;]\s*)")
+_HOST_LIST = re.compile(rf"{_HOST_ITEM}(?:\s*[,;]\s*{_HOST_ITEM})+")
+_WORDS = re.compile(r"[A-Za-z0-9_.-]+(?:\s+[A-Za-z0-9_.-]+)+")
 
 
 def _shown_value(value: str) -> str | None:
     """A string that is no URL setting's, fit to echo; None if only its length may show.
 
-    A list of hosts with numeric ports (``kafka1:9092,kafka2``) shows each as given; anything
-    else as :func:`shown_url` shows it: a plain word as given, keywords with secret-looking
-    names' values hidden, ``user:password`` as ``user:***`` (a port that is no number).
+    A list of hosts with numeric ports, each maybe with a scheme (``PLAINTEXT://kafka:9092,
+    kafka2``, ``kafka1:9092; kafka2:9092``), shows each as :func:`shown_url` does and its
+    separators as given; plain words apart (``10 s``, ``backward transitive``) as given, unless
+    one is opaque (:func:`_opaque`) or named like a secret (``password hunter``); anything else
+    as :func:`shown_url` shows it: a plain word as given, keywords with secret-looking names'
+    values hidden, ``user:password`` as ``user:***`` (a port that is no number).
     """
     if _HOST_LIST.fullmatch(value):
-        items = [shown_url(item) for item in value.split(",")]
-        return None if None in items else ",".join(item or "" for item in items)
+        parts = _LIST_SEPARATOR.split(value)
+        items = [shown_url(item) for item in parts[::2]]
+        if None in items:
+            return None
+        parts[::2] = [item or "" for item in items]
+        return "".join(parts)
+    if _WORDS.fullmatch(value):
+        words = value.split()
+        plain = not any(_opaque(word) or _SECRET_NAME.search(word) for word in words)
+        return value if plain else None
     return shown_url(value)
 
 
 _HIDDEN = "***"
-_PIECES = re.compile(r"[\s/:@?&;=#'\"]+")
+_PIECES = re.compile(r"[\s/:@?&;=#'\"\[\]]+")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
 _SECRET_NAME = re.compile(r"pas|pw|secret|token|key|auth|cred|sig|session|cert|priv", re.IGNORECASE)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,39}")
@@ -1140,7 +1189,8 @@ def _path(path: str, scheme: str) -> str:
 
     No operator needs more than a URL's first segment (the database, the bucket) to tell
     which value it is, and a deeper one is where tokens live (``/hooks/<token>``,
-    ``/v1/<key>``); a Redis URL's first is a database number, shown only as one. A socket's
+    ``/v1/<key>``); a Redis URL's first is a database number, shown only as one or as a short
+    lowercase word (``/db0``: the mistake a line must show). A socket's
     path is all a ``unix://`` URL has: each of its segments is shown unless opaque or after
     a secret-looking one.
     """
@@ -1152,13 +1202,17 @@ def _path(path: str, scheme: str) -> str:
         and (
             _opaque(segment)
             or (i > 1 and not whole)
-            or (i == 1 and scheme in {"redis", "rediss"} and not segment.isdigit())
+            or (i == 1 and scheme in {"redis", "rediss"} and not _SHORT_WORD.fullmatch(segment))
             or (i and _SECRET_NAME.search(segments[i - 1]))
         )
         else segment
         for i, segment in enumerate(segments)
     ]
     return "/".join(shown)
+
+
+_SHORT_WORD = re.compile(r"[a-z0-9_.-]{1,12}")
+"""A Redis URL's path shown when it is no number (``/db0``): a short lowercase word."""
 
 
 def _mixed(text: str) -> bool:

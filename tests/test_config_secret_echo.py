@@ -83,9 +83,12 @@ def test_a_non_url_setting_never_echoes_a_password_in_its_value(
 def test_a_setting_named_like_a_secret_never_echoes_its_value(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    """PIPELINE_REDIS__KEY_PREFIX (a *KEY* name): no '(got ...)' at all, not even with an '@'."""
-    line = _line(monkeypatch, "PIPELINE_REDIS__KEY_PREFIX", value)
-    assert line.startswith("invalid configuration: PIPELINE_REDIS__KEY_PREFIX: "), line
+    """A bad role of a registry token (under *TOKEN*): no '(got ...)' at all, not even with '@'."""
+    tokens = json.dumps([{"name": "ci", "token": "x", "role": value}])
+    line = _line(monkeypatch, "PIPELINE_REGISTRY__AUTH__TOKENS", tokens)
+    assert line.startswith("invalid configuration: PIPELINE_REGISTRY__AUTH__TOKENS__0__ROLE: "), (
+        _safe(line, _SECRET, _LOWER_SECRET)
+    )
     assert "(got" not in line, _safe(line, _SECRET, _LOWER_SECRET)
 
 
@@ -120,7 +123,8 @@ def test_a_bad_kafka_client_mapping_never_echoes_its_password(
         ("PIPELINE_REGISTRY__URL", f"ftp://h:21/v1/a/{_LOWER_SECRET}/", "ftp://h:21/v1/***/***/"),
         ("PIPELINE_POSTGRES__URL", f"db:5432/x/{_LOWER_SECRET}", "db:5432/x/***"),
         ("PIPELINE_REGISTRY__URL", "ftp://h/orders", "ftp://h/orders"),
-        ("PIPELINE_REDIS__URL", "redis://h:6379/abc", "redis://h:6379/***"),
+        ("PIPELINE_REDIS__URL", "redis://h:6379/abc", "redis://h:6379/abc"),
+        ("PIPELINE_REDIS__URL", "redis://h:6379/x1y2z3w4v5u6t7s8", "redis://h:6379/***"),
         (
             "PIPELINE_REDIS__URL",
             "redis://h:6379/0?socket_timout=5",
@@ -137,7 +141,8 @@ def test_a_bad_kafka_client_mapping_never_echoes_its_password(
         "registry-deep-path",
         "no-scheme",
         "first-segment-kept",
-        "redis-database-not-a-number",
+        "redis-database-a-short-word",
+        "redis-database-a-token",
         "typo-option-named",
         "unix-socket-kept",
     ],
@@ -191,6 +196,7 @@ _OTHER_VARIABLES = [
     "PIPELINE_TRANSPORT",
     "PIPELINE_RUNTIME__MAX_CONCURRENCY",
 ]
+# A key prefix is echoed as any plain setting now, but a pasted secret may land there too.
 _SECRET_VARIABLES = ["PIPELINE_REDIS__KEY_PREFIX"]
 
 
@@ -216,9 +222,9 @@ def _secret(rng: random.Random) -> tuple[str, list[str]]:
 def _forms(rng: random.Random, secret: str) -> list[str]:
     """``secret`` placed where a value may hold one: every form is one a user might write.
 
-    Left out are the places shown by design: a host, the first path segment of a URL other
-    than a Redis one (the database, the bucket), a keyword's value under a name that is no
-    secret's (``user=...``) when it is a plain word.
+    Left out are the places shown by design: a host, the first path segment of a URL (the
+    database, the bucket; a Redis one's when a short word), a keyword's value under a name that
+    is no secret's (``user=...``) when it is a plain word.
     """
     name = rng.choice(_SECRET_NAMES)
     sep = rng.choice(_FIELD_SEPARATORS)
@@ -251,6 +257,8 @@ def _forms(rng: random.Random, secret: str) -> list[str]:
         f"{name}{sep}{quoted}",
         f"{at},{name}{sep}{secret}",
         f"{name} {secret}",
+        f" {name}{sep}{secret}\n",
+        f"{at}, {name} {secret} ",
         f"host={host} pass word={secret}",
         f'{{"{name}": "{secret}"}}',
     ] + (

@@ -12,7 +12,8 @@ from pipeline.errors import ConfigError
     ("url", "says"),
     [
         ("http://localhost:6379", "expected redis://host:port/db, rediss://... or unix:///path"),
-        ("redis://127.0.0.1:6379/abc", "with a database number, got '/***'"),
+        ("redis://127.0.0.1:6379/abc", "with a database number, got '/abc'"),
+        ("redis://127.0.0.1:6379/x1y2z3w4v5u6t7s8", "with a database number, got '/***'"),
     ],
 )
 def test_a_bad_redis_url_reads_cleanly(
