@@ -75,7 +75,9 @@ All settings come from environment variables with the `PIPELINE_` prefix; nested
 invalid value stops the program with the variable's name, the problem and the value given (its
 user and password, query values, a port that is no number, and path segments after the first
 shown as `***`; the value of a setting named like a secret (`*PASSWORD*`, `*TOKEN*`, `*KEY*`, a
-`sasl.password` entry) never shown; a value that may still hold a secret only by its length).
+`sasl.password` entry; not `PIPELINE_REDIS__KEY_PREFIX`, `PIPELINE_REGISTRY__REQUIRE_AUTH` or
+`PIPELINE_INGRESS__LOG_STORE`) never shown; spaces and newlines around a value shown as given
+(`'redis '`); a value that may still hold a secret only by its length).
 Unknown variables under a section are rejected too. Lists and mappings are written as JSON
 (`PIPELINE_KAFKA__CLIENT='{"security.protocol": "SASL_SSL"}'`).
 
