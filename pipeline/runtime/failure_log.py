@@ -40,11 +40,13 @@ What happens next is part of what makes failures alike (``retry`` or ``dead lett
 behind a retried failure's. A dead letter this log warns of (its line says ``next: dead letter
 (<reason>)`` with the redrive hint) is routed within :meth:`FailureLog.telling`, so that the
 member's dead-letter warning (:class:`~pipeline.runtime.progress.DeadLetterWarnings`) does not
-say it again (:func:`told`); when that routing ends without its line (cancelled by a shutdown
-or a revocation halfway through a turn's dead letters), the warnings left out are given after
-all. Nothing of the failure stays in the context once its routing ends: tasks started during
-it (a Kafka producer's delivery reports, started by its first send) copy the context, and
-would keep the exception, its traceback and the handler's locals for the producer's life.
+say it again (:func:`told`); when that routing ends without a line saying ``dead letter``
+(cancelled by a shutdown or a revocation halfway through a turn's dead letters, or a turn's
+later dead letter not produced: its line says ``not routed``), the warnings left out are given
+after all, each on its own (one that fails skips none of the others). Nothing of the
+failure stays in the context once its routing ends: tasks started during it (a Kafka
+producer's delivery reports, started by its first send) copy the context, and would keep the
+exception, its traceback and the handler's locals for the producer's life.
 A failure the runtime made with no frame of the app's (a turn's ``PoisonMessage``, never
 raised) has no failure line: its dead letter keeps its own warning.
 A line shown is marked :data:`~pipeline.log_repeats.JUDGED`, so the root handler's repeat filter
@@ -130,11 +132,13 @@ class _Telling:
     never the exception.
     """
 
-    __slots__ = ("error", "left_out")
+    __slots__ = ("error", "left_out", "said")
 
     def __init__(self, error: BaseException) -> None:
         self.error: BaseException | None = error
         self.left_out: list[Callable[[], None]] = []
+        self.said = False
+        """Whether the failure's line said ``dead letter``: the warnings left out stay out."""
 
 
 _TELLING: ContextVar[_Telling | None] = ContextVar("pipeline_failure_telling", default=None)
@@ -164,11 +168,14 @@ class FailureLog:
     def telling(self, error: BaseException | None) -> Iterator[None]:
         """Route ``error``'s failure within this: its dead letters are told by this log's line.
 
-        The member's dead-letter warning then leaves them out (:func:`told`); nothing changes
-        when this log does not warn of it (:meth:`tells`), or without an error. When the
-        routing ends by an exception (cancelled: a shutdown, a revocation, halfway through a
-        turn's dead letters), no line tells the dead letters already produced: their warnings
-        are given.
+        The failure's line (:meth:`failed`, :meth:`turn_failed`) is given within this too. The
+        member's dead-letter warning then leaves them out (:func:`told`); nothing changes
+        when this log does not warn of it (:meth:`tells`), or without an error. Unless that
+        line said ``dead letter`` (the routing cancelled halfway through a turn's dead letters
+        by a shutdown or a revocation; a turn's later dead letter not produced, its line
+        saying ``not routed``), no line tells the dead letters already produced: their
+        warnings are given, each on its own, and an exception ending the routing (a
+        ``CancelledError``) still goes on.
         """
         if error is None or not self.tells(error):
             yield
@@ -177,14 +184,14 @@ class FailureLog:
         token = _TELLING.set(telling)
         try:
             yield
-        except BaseException:
-            for warn in telling.left_out:  # no failure line follows: each says its own
-                warn()
-            raise
         finally:
+            untold = [] if telling.said else list(telling.left_out)
             telling.error = None  # a task started meanwhile copied the context, not the error
             telling.left_out.clear()
             _TELLING.reset(token)
+            for warn in untold:  # no line said dead letter: each says its own
+                with contextlib.suppress(Exception):  # nor skips the rest, nor replaces a cancel
+                    warn()
 
     def failed(
         self, lane: Lane, message: Message, attempt: int, error: Exception, routed: Routed
@@ -201,6 +208,7 @@ class FailureLog:
             then = "not routed, left for redelivery"
         where = f"{message.topic}[{message.partition}]@{message.offset}"
         self._say(lane, error, where, f"key {_key(message)}, ", attempt, then, _next(routed))
+        _said_dead_letter(error, routed)
 
     def turn_failed(
         self,
@@ -225,6 +233,7 @@ class FailureLog:
         count = f"{len(messages)} message{'' if len(messages) == 1 else 's'}"
         where = f"a turn of {count} up to {last.topic}[{last.partition}]@{last.offset}"
         self._say(lane, error, where, "", attempt, then, _next(routed))
+        _said_dead_letter(error, routed)
 
     def _say(
         self,
@@ -272,13 +281,25 @@ def told(error: BaseException | None, warning: Callable[[], None]) -> bool:
     """Whether a dead letter of ``error`` is told by the failure log's line: leave it out.
 
     True while its routing goes on within :meth:`FailureLog.telling`; ``warning`` (the dead
-    letter's own) is then kept, and given if that routing ends without the failure's line.
+    letter's own) is then kept, and given if that routing ends without a failure line saying
+    ``dead letter``.
     """
     telling = _TELLING.get()
     if error is None or telling is None or telling.error is not error:
         return False
     telling.left_out.append(warning)
     return True
+
+
+def _said_dead_letter(error: BaseException, routed: Routed) -> None:
+    """Mark ``error``'s routing (:meth:`FailureLog.telling`) told when its line said dead letter.
+
+    Shown, or held back behind an alike dead letter's line: either way the warnings left out
+    (:func:`told`) stay out. Any other line (``not routed``) leaves them to be given.
+    """
+    telling = _TELLING.get()
+    if routed.outcome == "dead_lettered" and telling is not None and telling.error is error:
+        telling.said = True
 
 
 def _next(routed: Routed) -> str:

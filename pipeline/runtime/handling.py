@@ -138,7 +138,7 @@ class HandlerStage:
                 self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
             with self._failures.telling(exc):  # its dead letter is said by the failure's line
                 routed = await self._routing.routed(lane, message, attempt, exc)
-            self._failures.failed(lane, message, attempt, exc, routed)
+                self._failures.failed(lane, message, attempt, exc, routed)
             return routed.outcome
         tracing.handler_ran(lane.name, called, None)
         if self._adaptive(lane):
@@ -225,10 +225,12 @@ class HandlerStage:
                 self._stats.skipped += len(turn.messages)
             self._rows_finished(turn.messages)
             return turn.outcome
-        with self._failures.telling(turn.error):  # its dead letters are said by the turn's line
+        # Its dead letters are said by the turn's line, when that says dead letter; produced
+        # ones of a turn not routed in full (a later one failed) keep their own warnings.
+        with self._failures.telling(turn.error):
             routed = await self._route_turn(lane, turn)
-        if turn.error is not None:
-            self._failures.turn_failed(lane, turn.messages, turn.attempts, turn.error, routed)
+            if turn.error is not None:
+                self._failures.turn_failed(lane, turn.messages, turn.attempts, turn.error, routed)
         return routed.outcome
 
     async def _route_turn(self, lane: Lane, turn: TurnOutcome) -> Routed:
