@@ -207,10 +207,43 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
             finally:
                 with contextlib.suppress(Exception):  # the app's object left as it was raised
                     drop_worker_notes(sent)
-                # An instance raised again and again (a module-level one) would otherwise keep
-                # every frame it passed through, and show them all in its next note.
-                exc.__traceback__ = None
+                with contextlib.suppress(Exception):  # a worker serving on, whatever it kept
+                    _forget(exc)
                 del exc, sent
+
+
+_CHAIN_CLEARED = 1000
+"""The most exceptions of a failure's chain and groups whose tracebacks a worker drops."""
+
+
+def _forget(error: BaseException) -> None:  # pragma: no cover - runs in the worker process
+    """Drop what ``error`` keeps of the failure just sent back, as the next raise would not.
+
+    An instance raised again and again (a module-level one of the app's or of a library, as
+    the failure itself, its cause or context, or in an exception group) gains frames at each
+    raise, and keeps them and their locals for the worker's life, to show them all in its
+    next note: every traceback of the chain and groups is dropped (at most
+    :data:`_CHAIN_CLEARED` exceptions, each once). A raise outside an ``except`` leaves
+    ``__context__`` as it was: ``error``'s own chain is dropped too, or its next note would
+    print an earlier failure's exception and event.
+    """
+    seen: set[int] = set()
+    waiting = [error]
+    while waiting and len(seen) < _CHAIN_CLEARED:
+        current = waiting.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        with contextlib.suppress(Exception):  # an app's exception may refuse the attribute
+            current.__traceback__ = None
+        linked: list[BaseException | None] = [current.__cause__, current.__context__]
+        if isinstance(current, BaseExceptionGroup):
+            linked += current.exceptions
+        waiting += [e for e in linked if e is not None and id(e) not in seen]
+    with contextlib.suppress(Exception):
+        error.__cause__ = None
+        error.__context__ = None
+        error.__suppress_context__ = False
 
 
 def _with_traceback(sent: Exception, raised: Exception) -> Exception:  # pragma: no cover
