@@ -68,7 +68,8 @@ class DeadLetterWarnings(RuntimeMetrics):
         Alike ones (lane, reason, the error's type) are held back by the repeat filter before
         anything is formatted: the error's text (a key, an id) is not what makes them alike.
         One the failure log tells (a handler's or turn's failure) is only counted, unless its
-        routing ends without that line (cancelled halfway through a turn's dead letters).
+        routing ends without a line saying dead letter (cancelled halfway through a turn's dead
+        letters, or a turn's later dead letter not produced).
         """
         super().dead_lettered(lane, reason, error)
         if not log.isEnabledFor(logging.WARNING):
