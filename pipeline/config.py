@@ -1151,8 +1151,39 @@ def _url(head: str, rest: str, scheme: str) -> str | None:
     return shown
 
 
+_PLAIN_OPTIONS = frozenset(
+    {
+        # redis-py's
+        "db",
+        "protocol",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "retry_on_timeout",
+        "health_check_interval",
+        "max_connections",
+        "decode_responses",
+        "ssl_cert_reqs",
+        "ssl_check_hostname",
+        "ssl_min_version",
+        # libpq's
+        "sslmode",
+        "connect_timeout",
+        "target_session_attrs",
+        "gssencmode",
+        "sslnegotiation",
+        "load_balance_hosts",
+    }
+)
+"""Options whose value is a setting, never a secret: a plain word given to one is shown, so a
+bad one (``ssl_cert_reqs=bogus``) can be seen in its line."""
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.-]{1,16}")
+
+
 def _query(query: str) -> str:
     """``query``'s option names, each value ``***``; names no client knows hidden too.
+
+    A plain word given to an option of :data:`_PLAIN_OPTIONS` is shown.
 
     A name libpq or redis-py knows, or a typo of one (:func:`_known_name`), is shown; any other
     may be a piece of a secret (``?<token>`` with an ``=`` in it). An item with no ``=``, a
@@ -1166,7 +1197,16 @@ def _query(query: str) -> str:
         name, eq, _ = item.partition("=")
         plain = bool(eq) and bool(_NAME.fullmatch(name))
         named = plain and not doubt and _known_name(name)
-        shown.append(f"{name if named else _HIDDEN}={_HIDDEN}" if eq else _HIDDEN)
+        value = item[len(name) + 1 :]
+        open_value = (
+            named
+            and name.lower() in _PLAIN_OPTIONS
+            and _PLAIN_VALUE.fullmatch(value)
+            and not _mixed(value)  # a generated token's look, a setting's never
+        )
+        shown.append(
+            f"{name if named else _HIDDEN}={value if open_value else _HIDDEN}" if eq else _HIDDEN
+        )
         doubt = doubt or not plain or bool(_SECRET_OPTION.search(name))
     return "&".join(shown)
 

@@ -13,7 +13,7 @@ import string
 
 import pytest
 
-from pipeline.config import load_settings
+from pipeline.config import load_settings, shown_url
 from pipeline.errors import ConfigError
 
 _SECRET = "Hx7" + "qZp"
@@ -133,7 +133,7 @@ def test_a_bad_kafka_client_mapping_never_echoes_its_password(
         (
             "PIPELINE_REDIS__URL",
             "unix:///run/redis/redis.sock?db=x",
-            "unix:///run/redis/redis.sock?db=***",
+            "unix:///run/redis/redis.sock?db=x",  # a setting, not a secret: shown
         ),
     ],
     ids=[
@@ -321,3 +321,23 @@ def test_the_fuzz_reaches_every_kind_of_line(monkeypatch: pytest.MonkeyPatch) ->
     assert sum(line.startswith("invalid configuration") for line in lines) > len(lines) // 2
     assert any("***" in line for line in lines)
     assert any(re.search(r"\(got \d+ characters, not shown\)$", line) for line in lines)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://127.0.0.1:6379/0?ssl_cert_reqs=Hunter2secretXYZ9",
+        "rediss://127.0.0.1:6379/0?password=bogus",
+        "redis://127.0.0.1:6379/0?client_name=bogus&socket_timeout=x",
+    ],
+)
+def test_only_a_plain_word_given_to_a_setting_option_is_shown(url: str) -> None:
+    """``ssl_cert_reqs=bogus`` is shown (the mistake); a token there, or a password, is not."""
+    shown = shown_url(url)
+    assert shown is not None
+    assert "Hunter2secretXYZ9" not in shown
+    assert "password=bogus" not in shown
+    assert "client_name=bogus" not in shown
+    assert shown_url("rediss://h:6379/0?ssl_cert_reqs=bogus") == (
+        "rediss://h:6379/0?ssl_cert_reqs=bogus"
+    )
