@@ -74,7 +74,8 @@ All settings come from environment variables with the `PIPELINE_` prefix; nested
 `__` (`PIPELINE_REDIS__URL`). They are read once at start (`pipeline.config.load_settings`); an
 invalid value stops the program with the variable's name, the problem and the value given (its
 user and password, query values (but a plain word given to an option that is a setting, such
-as `ssl_cert_reqs`), a port that is no number, and path segments after the first shown as `***`; the value of a setting named like a secret (`*PASSWORD*`, `*TOKEN*`, `*KEY*`, a
+as `ssl_cert_reqs`), a port that is no number, and path segments after the first shown as
+`***`; the value of a setting named like a secret (`*PASSWORD*`, `*TOKEN*`, `*KEY*`, a
 `sasl.password` entry; not `PIPELINE_REDIS__KEY_PREFIX`, `PIPELINE_REGISTRY__REQUIRE_AUTH` or
 `PIPELINE_INGRESS__LOG_STORE`) never shown; spaces and newlines around a value shown as given
 (`'redis '`); a value that may still hold a secret only by its length).
