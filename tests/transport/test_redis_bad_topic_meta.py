@@ -26,9 +26,15 @@ pytestmark = pytest.mark.usefixtures("redis_service")
 
 
 @pytest.fixture
-async def transport(settings: Settings) -> AsyncIterator[RedisStreamsTransport]:
-    """A Redis Streams transport whose members renew often, so the test waits little."""
-    redis = settings.redis.model_copy(update={"heartbeat_ms": 20, "lease_ms": 60_000})
+async def transport(settings: Settings, unique: str) -> AsyncIterator[RedisStreamsTransport]:
+    """A Redis Streams transport whose members renew often, so the test waits little.
+
+    Under a key prefix of its own (deleted by ``unique``): a broken entry in the shared topics
+    hash made every concurrent test's ``pipeline topics apply`` (its ``list_topics``) fail.
+    """
+    redis = settings.redis.model_copy(
+        update={"heartbeat_ms": 20, "lease_ms": 60_000, "key_prefix": f"bm{unique}"}
+    )
     t = RedisStreamsTransport(settings.model_copy(update={"redis": redis}))
     yield t
     await t.close()
