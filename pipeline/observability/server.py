@@ -95,7 +95,11 @@ class MetricsServer:
 
     async def _refresh(self, source: SnapshotSource) -> bool:
         try:
-            await asyncio.wait_for(source.refresh(), self._timeout_s)
+            # In this task, not one of wait_for's own: a refresh cancelled with the refresher
+            # (the server closing) whose client raised on the way out left its error unread,
+            # and asyncio logged "Task exception was never retrieved" with its traceback.
+            async with asyncio.timeout(self._timeout_s):
+                await source.refresh()
         except TimeoutError:
             log.warning("metrics source %s timed out after %.1fs", source.name, self._timeout_s)
         except PipelineError as exc:  # a service down or refusing: its message says which, where
