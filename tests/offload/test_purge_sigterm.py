@@ -70,7 +70,10 @@ async def test_a_purge_stopped_by_sigterm_prints_its_lines_and_exits_143(
     line = json.loads(stdout)
     assert line["store"] == store_url
     assert line["interrupted"] is True
-    assert 0 < line["deleted"] <= COUNT - left <= line["deleted"] + 1  # one may be under way
+    # The first object is gone; its delete may have been under way (done by the store, its
+    # answer not yet counted) when the signal came, so the count may be one short.
+    assert COUNT - left >= 1
+    assert line["deleted"] <= COUNT - left <= line["deleted"] + 1
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert "stopped by SIGTERM" in stderr
     assert "run it again" in stderr
