@@ -16,6 +16,12 @@ from pipeline.runtime.idempotency import IdempotencyGuard
 T = TypeVar("T")
 
 
+def event_name(message: Message) -> str:
+    """What ``ctx.once`` knows ``message``'s event by: its event id, else its first delivery."""
+    raw = message.headers.get(h.EVENT_ID)
+    return raw.decode(errors="replace") if raw else message_id(message)
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """The second argument of every handler.
@@ -30,6 +36,12 @@ class Context:
     lane: str
     attempt: int
     guard: IdempotencyGuard | None = field(default=None, repr=False)
+    once_event: str | None = field(default=None, repr=False)
+    """The name ``ctx.once`` records effects under; None: the message's (:func:`event_name`).
+
+    A debounced turn's names all its messages (:func:`pipeline.runtime.turns.turn_event`)."""
+    once_also: str | None = field(default=None, repr=False)
+    """A name an earlier release recorded the same effects under, whose done record counts."""
 
     @property
     def key(self) -> str | None:
@@ -79,6 +91,9 @@ class Context:
         identified by its event-id header, else by where it was first delivered.
         Returns the effect's result, or None if an earlier delivery already ran it.
 
+        In a debounced turn the event is the turn: its messages, in order (a retry of the same
+        messages skips an effect that ran; a turn holding a message more runs it again).
+
         Raises:
             ConfigError: at the call, in a ``cpu=True`` handler (its worker process has no
                 Redis; a plain ``def`` could not await it anyway), or in a member run without
@@ -92,5 +107,5 @@ class Context:
             )
         if self.guard is None:
             raise ConfigError("ctx.once needs Redis: run the member with a Redis client")
-        event = self.event_id or message_id(self.message)
-        return self.guard.once(self.lane, event, name, effect)
+        event = self.once_event or event_name(self.message)
+        return self.guard.once(self.lane, event, name, effect, also_done=self.once_also)

@@ -20,6 +20,11 @@ event (same event id, or same origin message) already ran it to success. What it
   takes it over. If it dies after ``send()`` finished but before the record (one Redis round
   trip), the next delivery runs it again. Side effects that must
   never repeat even then need the receiving end's own idempotency key: pass ``ctx.event_id``.
+
+An event may also be known by an earlier name (``also_done``: a debounced turn's last message,
+which named the turn before turns were named by all their messages): a done record under it
+counts as this event's, and is copied to the event's own record; a run under it makes this one
+wait, as a run under the event's own name does.
 """
 
 from __future__ import annotations
@@ -91,17 +96,26 @@ class IdempotencyGuard:
         return self._lane_ttl_ms.get(lane, self._ttl_ms)
 
     async def once(
-        self, lane: str, event: str, name: str, effect: Callable[[], Awaitable[T]]
+        self,
+        lane: str,
+        event: str,
+        name: str,
+        effect: Callable[[], Awaitable[T]],
+        *,
+        also_done: str | None = None,
     ) -> T | None:
         """Run ``effect`` unless it already succeeded for this event; returns its result or None.
+
+        ``also_done``: an earlier name of the event, whose done record counts as its own.
 
         Raises:
             Retry: another delivery of the same event is running the effect right now.
         """
         key = once_key(self._prefix, lane, event, name)
+        earlier = None if also_done is None else once_key(self._prefix, lane, also_done, name)
         token = uuid.uuid4().hex
         ttl_ms = self.ttl_ms(lane)
-        state = await self._claim(key, token, ttl_ms)
+        state = await self._claim(key, token, ttl_ms, earlier)
         if state == "done":
             return None
         if state == "busy":
@@ -117,20 +131,40 @@ class IdempotencyGuard:
         await self._functions.settle(key, token, done=True, ttl_ms=ttl_ms)
         return result
 
-    async def _claim(self, key: str, token: str, ttl_ms: int) -> Claim:
+    async def _claim(self, key: str, token: str, ttl_ms: int, earlier: str | None) -> Claim:
         """Claim the record, waiting out a claim held by another delivery for about a lease.
 
-        A record found done is kept ``ttl_ms`` again.
+        A record found done is kept ``ttl_ms`` again. ``earlier``: the record under the event's
+        earlier name, read once the claim is ours (:meth:`_earlier`).
         """
         pause_s = 0.05
         deadline = time.monotonic() + self._lease_ms / 1000 + 1.0
         while True:
             state = await self._functions.claim(key, token, self._lease_ms, ttl_ms=ttl_ms)
+            if state == "claimed" and earlier is not None:
+                state = await self._earlier(key, token, ttl_ms, earlier)
             if state != "busy" or time.monotonic() + pause_s > deadline:
                 return state
             # Another delivery runs it (or died running it: its claim lapses within a lease).
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, 1.0)
+
+    async def _earlier(self, key: str, token: str, ttl_ms: int, earlier: str) -> Claim:
+        """Our claim of ``key``, given what the record under the earlier name holds.
+
+        Done there (a member of an earlier release ran the effect): ``key`` is recorded done as
+        well. Running there: our claim is given up, and we wait as for a claim of ``key``. A
+        holder that claims it there between this read and our run is not seen: both run (only
+        a member of an earlier release running the same event at the same time claims there).
+        """
+        found = await self._functions.read(earlier)
+        if found is None:
+            return "claimed"
+        if found == "done":
+            await self._functions.settle(key, token, done=True, ttl_ms=ttl_ms)
+            return "done"
+        await self._functions.settle(key, token, done=False, ttl_ms=0)
+        return "busy"
 
     async def _renew(self, key: str, token: str) -> None:
         while True:

@@ -13,11 +13,13 @@ from redis.asyncio import Redis
 
 from pipeline.redis_functions import FunctionLibrary
 
-__all__ = ["Claim", "OnceFunctions"]
+__all__ = ["Claim", "OnceFunctions", "Record"]
 
 LIBRARY = resources.files("pipeline.runtime").joinpath("lua/once.lua").read_text()
 Claim = Literal["claimed", "done", "busy"]
 """What a claim found: it is ours now, the effect already ran, or another holder runs it."""
+Record = Literal["done", "running"]
+"""What a record holds: the effect ran, or a holder runs it now (no record: neither)."""
 
 
 class OnceFunctions:
@@ -25,7 +27,15 @@ class OnceFunctions:
 
     def __init__(self, client: Redis) -> None:
         """Call the functions through ``client`` (the library loads on first use)."""
+        self._client = client
         self._functions = FunctionLibrary(client, LIBRARY)
+
+    async def read(self, key: str) -> Record | None:
+        """What the record at ``key`` holds, without claiming it (one ``GET``)."""
+        raw = await self._client.get(key)
+        if raw is None:
+            return None
+        return "done" if raw in (b"done", "done") else "running"  # a client may decode it
 
     async def claim(
         self, key: str, token: str, lease_ms: int, *, ttl_ms: int | None = None

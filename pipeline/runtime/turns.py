@@ -16,6 +16,7 @@ a duplicate turn, never a lost message.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import time
@@ -35,7 +36,7 @@ from pipeline.envelope import Message
 from pipeline.errors import PoisonMessage, Skip
 from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import Lane
-from pipeline.runtime.context import Context
+from pipeline.runtime.context import Context, event_name
 from pipeline.runtime.idempotency import IdempotencyGuard
 from pipeline.runtime.payloads import Payloads
 
@@ -74,6 +75,22 @@ def to_message(buffered: BufferedMessage) -> Message:
         dict(buffered.headers),
         buffered.timestamp_ms,
     )
+
+
+def turn_event(messages: Sequence[Message]) -> str:
+    """The name ``ctx.once`` knows a turn by: every message of it, in record order.
+
+    Each message counts by its :func:`~pipeline.runtime.context.event_name` (its event id, else
+    its first delivery), so a retry of the same messages, or their redriven copies, is the same
+    turn, and a turn holding one message more (recorded during a retry's backoff, or ahead of
+    redriven dead letters) is another. A turn of one message is that message's event, the name
+    a one-message turn had before, and a message handled alone when Redis could not record it.
+    """
+    names = [event_name(m) for m in messages]
+    if len(names) == 1:
+        return names[0]
+    digest = hashlib.sha256(json.dumps(names).encode()).hexdigest()[:32]
+    return f"turn:{digest}"
 
 
 @dataclass
@@ -120,11 +137,14 @@ class DebouncedLanes:
         ``settle`` returns False when the turn must run again (its failure could not be routed
         or is to be retried). ``superseded(lane)`` is told of each message that replaced its
         conversation's scheduled turn (the member's Prometheus counter). ``idempotency`` backs
-        a turn's ``ctx.once`` (the turn's last message names its event), as it does a
-        message's. ``cancelled(lane, message)`` says (and counts) whether a buffered message
-        is cancelled work (``pipeline cancel``): it is left out of its turn when the turn comes
-        up, and a turn of cancelled messages only is not run. ``group``: the consumer group,
-        named on each turn's span.
+        a turn's ``ctx.once``, as it does a message's: the turn's event is named by all its
+        messages in record order (:func:`turn_event`), so a retry of the same turn skips an
+        effect that ran, and a turn that a message joined (during its backoff, or ahead of its
+        redriven dead letters) runs it again; a done record under the turn's last message, the
+        name an earlier release gave it, counts too. ``cancelled(lane, message)`` says (and
+        counts) whether a buffered message is cancelled work (``pipeline cancel``): it is left
+        out of its turn when the turn comes up, and a turn of cancelled messages only is not run.
+        ``group``: the consumer group, named on each turn's span.
         """
         self._group = group
         self._lanes = {lane.name: lane for lane in lanes}
@@ -165,6 +185,7 @@ class DebouncedLanes:
 
     async def _run(self, lane: Lane, turn: Turn) -> bool:
         messages = [to_message(m) for m in turn.messages]
+        event = turn_event(messages)  # cancelled messages count: it stays the turn that ran
         late_s = max(0, turn.fired_ms - turn.due_ms) / 1000
         first_ms = min(turn.arrivals_ms, default=0)
         if self._cancelled is not None:
@@ -186,14 +207,23 @@ class DebouncedLanes:
             return await self._settle(lane, outcome)
         self._running[id(turn)] = messages
         try:
-            return await self._run_handler(lane, turn, messages, late_s, first_ms)
+            return await self._run_handler(lane, turn, messages, event, late_s, first_ms)
         finally:
             del self._running[id(turn)]
 
     async def _run_handler(
-        self, lane: Lane, turn: Turn, messages: list[Message], late_s: float, first_ms: int
+        self,
+        lane: Lane,
+        turn: Turn,
+        messages: list[Message],
+        event: str,
+        late_s: float,
+        first_ms: int,
     ) -> bool:
-        """Call the lane's handler with the turn's events and settle how it ended."""
+        """Call the lane's handler with the turn's events and settle how it ended.
+
+        ``event`` names the turn for ``ctx.once`` (:func:`turn_event`).
+        """
         called = time.perf_counter()
         error: Exception | None = None
         try:
@@ -202,7 +232,15 @@ class DebouncedLanes:
                     await self._payloads.event(lane, m) if OFFLOAD in m.headers else lane.decode(m)
                     for m in messages
                 ]
-                context = Context(messages[-1], lane.name, turn.attempt, self._idempotency)
+                last = event_name(messages[-1])  # what an earlier release named the turn by
+                context = Context(
+                    messages[-1],
+                    lane.name,
+                    turn.attempt,
+                    self._idempotency,
+                    once_event=event,
+                    once_also=None if last == event else last,
+                )
                 await lane.handler(events, context)
         except Skip:
             ended = "skipped"
