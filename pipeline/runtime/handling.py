@@ -34,6 +34,7 @@ from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.due import due_ms
 from pipeline.runtime.failure_log import FailureLog
 from pipeline.runtime.idempotency import IdempotencyGuard
+from pipeline.runtime.longwork import stopped_from
 from pipeline.runtime.payloads import Payloads
 from pipeline.runtime.redirect import Redirector, Routed
 from pipeline.runtime.shared_clock import local_ms
@@ -133,6 +134,7 @@ class HandlerStage:
             self._stats.skipped += 1
             return "skipped"
         except Exception as exc:  # every handler failure is routed, none escapes
+            stopped_from(exc)  # unless its run was stopped: the stop's, not a failure
             tracing.handler_ran(lane.name, called, exc)
             if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
                 self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)

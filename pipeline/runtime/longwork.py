@@ -18,7 +18,11 @@ standing cancellations when their version moved, stops the runs they cover or th
 stop, runs the reconciler (:mod:`pipeline.cancel.reconcile`) and publishes its scale-in protection
 (:mod:`pipeline.runtime.protection`). A stopped run's task is cancelled and the cancellation taken
 back once the run ended (a ``cpu=True`` run's worker gets SIGTERM, then SIGKILL); a hung one is
-routed like a failure (retry tier or dead-letter topic), any other ends ``cancelled``.
+routed like a failure (retry tier or dead-letter topic), any other ends ``cancelled``. A stop is
+never the handler's failure: a handler that raises on its way out (a ``finally`` that fails) is
+not routed by the handler stage (:func:`stopped_from`), its run ends as stopped, and the stop's
+line names that error. A handler's own failure, running or not as long work, is told by the
+failure log (:mod:`pipeline.runtime.failure_log`).
 
 Without Redis nothing is cancelled and no heartbeats are kept; Redis errors are logged and the
 member carries on (fail open).
@@ -52,6 +56,7 @@ from pipeline.cancel.reconcile import Reconciler
 from pipeline.cancel.target import ABANDONED, HUNG, Facts, Selectors, facts_of
 from pipeline.envelope import Message
 from pipeline.errors import PipelineError
+from pipeline.log_repeats import error_text
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.retry.guard_store import message_id
 from pipeline.runtime.app import Lane
@@ -66,6 +71,23 @@ log = logging.getLogger(__name__)
 
 Call = Callable[[Lane, Message], Coroutine[Any, Any, str | None]]
 """The next stage: the handler stage."""
+
+
+class RunStopped(asyncio.CancelledError):
+    """A stopped run's handler raised on its way out: the stop goes on, its error as the cause."""
+
+
+def stopped_from(error: Exception) -> None:
+    """Raise :class:`RunStopped` from ``error`` if the run it ended was stopped (cancelled, hung).
+
+    For the handler stage, before it routes a handler's failure: the stop's cancellation reached
+    the handler, which raised something else on its way out. That is not the handler's failure
+    (no retry-tier copy of cancelled work, no hung run told as an ordinary failure): the gate
+    takes the stop back and ends the run as stopped (:meth:`LongWork._stopped`).
+    """
+    liveness = CURRENT.get()
+    if liveness is not None and liveness.reason is not None:
+        raise RunStopped from error
 
 
 @dataclass(slots=True, eq=False)
@@ -181,12 +203,13 @@ class LongWork:
         taken_back = False
         try:
             return await self._call(lane, message)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if liveness.reason is None or task.cancelling() > 1:
                 raise  # not (only) ours: the member itself is being stopped
             task.uncancel()
             taken_back = True
-            return await self._stopped(run, liveness.reason)
+            raised = exc.__cause__ if isinstance(exc, RunStopped) else None
+            return await self._stopped(run, liveness.reason, raised)
         finally:
             CURRENT.reset(token)
             if beats is not None:
@@ -212,11 +235,17 @@ class LongWork:
         self._cancelled(lane, message, reason, "skipped")
         return True
 
-    async def _stopped(self, run: _Run, reason: str) -> str | None:
-        """The outcome of a run stopped for ``reason``: hung ones are routed like failures."""
+    async def _stopped(
+        self, run: _Run, reason: str, raised: BaseException | None = None
+    ) -> str | None:
+        """The outcome of a run stopped for ``reason``: hung ones are routed like failures.
+
+        ``raised``: what its handler raised on its way out of the stop, named on the line.
+        """
         lane, message = run.lane, run.message
+        after = _raised(raised)
         if reason != HUNG:
-            self._cancelled(lane, message, reason, "stopped")
+            self._cancelled(lane, message, reason, "stopped", after)
             return "cancelled"
         self._stats.hung += 1
         self._count(f"{lane.name}:hung")
@@ -224,29 +253,29 @@ class LongWork:
             self._metrics.hung(lane.name)
         timeout_ms = lane.spec.heartbeat_timeout_ms or 0
         log.warning(
-            "hung %s@%d on lane %s: silent past its heartbeat timeout (%d ms); stopped",
-            message.tp,
-            message.offset,
+            "hung %s on lane %s: silent past its heartbeat timeout (%d ms); stopped%s",
+            _where(message),
             lane.name,
             timeout_ms,
+            after,
         )
         error = HandlerHung(f"silent for more than {timeout_ms} ms (heartbeat_timeout)")
         attempt = h.attempt(message.topic, message.headers)
         return await self._routing.failure(lane, message, attempt, error)
 
-    def _cancelled(self, lane: Lane, message: Message, reason: str, how: str) -> None:
-        """Count and log a message of cancelled work (``how``: skipped or stopped)."""
+    def _cancelled(
+        self, lane: Lane, message: Message, reason: str, how: str, after: str = ""
+    ) -> None:
+        """Count and log a message of cancelled work (``how``: skipped or stopped).
+
+        ``after``: what its handler raised on its way out of the stop (:func:`_raised`).
+        """
         self._stats.cancelled += 1
         self._count(f"{lane.name}:cancelled")
         if self._metrics is not None:
             self._metrics.cancelled(lane.name, ABANDONED if reason == ABANDONED else "requested")
         log.info(
-            "cancelled %s@%d on lane %s (%s): %s",
-            message.tp,
-            message.offset,
-            lane.name,
-            how,
-            reason,
+            "cancelled %s on lane %s (%s): %s%s", _where(message), lane.name, how, reason, after
         )
 
     def _count(self, name: str) -> None:
@@ -329,6 +358,23 @@ class LongWork:
                 await self._sync(self._functions)
         if self._protection is not None:
             await self._protection.close()
+
+
+def _where(message: Message) -> str:
+    """Where ``message`` was read, as the failure log says it: ``topic[partition]@offset``."""
+    return f"{message.topic}[{message.partition}]@{message.offset}"
+
+
+def _raised(error: BaseException | None) -> str:
+    """The end of a stop's line naming what its handler raised on the way out; empty if none."""
+    if error is None:
+        return ""
+    text = " ".join(error_text(error)[:_RAISED_CHARS].split())
+    return f"; its handler raised {type(error).__name__}: {text} as it stopped"
+
+
+_RAISED_CHARS = 300
+"""Characters of that error's text on the stop's line."""
 
 
 def _facts(run: _Run) -> Facts:
