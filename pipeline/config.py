@@ -37,6 +37,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.asyncio.connection import Connection as RedisConnection
@@ -160,9 +161,11 @@ def _redis_query_problem(url: str) -> str | None:
 class KafkaSettings(_Section):
     """Kafka connection; ``client`` passes further librdkafka properties through."""
 
-    bootstrap_servers: str = Field(
-        default="127.0.0.1:9092", pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$"
-    )
+    bootstrap_servers: str = "127.0.0.1:9092"
+    """``host:port[,host:port...]``, commas only; an entry may start with a protocol librdkafka
+    takes (``SASL_SSL://kafka:9093``), an IPv6 address is in brackets (``[::1]:9092``). No user
+    or password: a SASL login goes in ``PIPELINE_KAFKA__CLIENT`` (``sasl.username``,
+    ``sasl.password``), checked at start."""
     client_id: str = "pipeline"
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=3_600_000)
     request_timeout_ms: int = Field(default=10_000, ge=100, le=300_000)
@@ -190,6 +193,77 @@ class KafkaSettings(_Section):
     such as ``max.poll.interval.ms``) goes to group members only, a producer property (``P``,
     such as ``linger.ms`` or ``acks``) to producers only, neither to admin clients, and any other
     to every client, so a misspelt one still stops every command."""
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap_list(cls, value: str) -> str:
+        problem = bootstrap_problem(value)
+        if problem is not None:
+            raise problem
+        return value
+
+
+_BOOTSTRAP_PROTOCOLS = frozenset({"plaintext", "ssl", "sasl_plaintext", "sasl_ssl"})
+"""The protocols librdkafka takes before a bootstrap entry (``SSL://kafka:9093``), any case."""
+_BOOTSTRAP_ENTRY = re.compile(
+    r"(?:(?P<scheme>[^/:]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s,/:@\[\]]+):(?P<port>\d+)"
+)
+_BOOTSTRAP_FORM = "host:port[,host:port...]"
+
+
+def bootstrap_problem(servers: str) -> PydanticCustomError | None:
+    """Why librdkafka cannot use ``servers`` as its bootstrap list, or None.
+
+    librdkafka reads ``user:password@kafka:9092`` as a host named ``user:password@kafka`` and
+    logs it, password and all, at each failure to resolve it; the command then ends seconds
+    later in "cannot reach Kafka". The reasons quote no piece of the value (the line echoes it,
+    a login hidden): a user named like a word of the advice must not hide that word.
+    """
+    if "@" in servers:
+        return PydanticCustomError(
+            "bootstrap_login",
+            "a user or password in the bootstrap list (librdkafka takes it for part of a host"
+            " name); list host:port only and give the login in PIPELINE_KAFKA__CLIENT:"
+            " security.protocol (SASL_SSL or SASL_PLAINTEXT), sasl.mechanism, sasl.username"
+            " and sasl.password",
+        )
+    if any(char.isspace() for char in servers):
+        return PydanticCustomError(
+            "bootstrap_space",
+            "whitespace in the bootstrap list; separate host:port entries with commas only",
+        )
+    entries = servers.split(",")
+    if servers and "" in entries:
+        return PydanticCustomError(
+            "bootstrap_empty",
+            "an empty entry in the bootstrap list (two commas together, or one at an end);"
+            f" remove it: {_BOOTSTRAP_FORM}",
+        )
+    return next(filter(None, map(_bootstrap_entry_problem, entries)), None)
+
+
+def _bootstrap_entry_problem(entry: str) -> PydanticCustomError | None:
+    """Why librdkafka cannot use ``entry`` of a bootstrap list (no ``@``, no space), or None."""
+    scheme = entry.partition("://")[0] if "://" in entry else None
+    if scheme is not None and scheme.lower() not in _BOOTSTRAP_PROTOCOLS:
+        return PydanticCustomError(
+            "bootstrap_protocol",
+            "'{scheme}' is not a protocol librdkafka takes in the bootstrap list: write"
+            " host:port, or PLAINTEXT://, SSL://, SASL_PLAINTEXT:// or SASL_SSL:// before it",
+            {"scheme": scheme},
+        )
+    found = _BOOTSTRAP_ENTRY.fullmatch(entry)
+    if found is None:
+        return PydanticCustomError(
+            "bootstrap_form",
+            f"expected {_BOOTSTRAP_FORM}, each entry with its port (kafka:9092), IPv6"
+            " addresses in brackets ([::1]:9092), maybe after a protocol (SASL_SSL://)",
+        )
+    if not 1 <= int(found["port"]) <= _MAX_PORT:
+        return PydanticCustomError(
+            "bootstrap_port", "port {port} is out of range (1-65535)", {"port": found["port"]}
+        )
+    return None
 
 
 class MembershipSettings(_Section):
