@@ -24,6 +24,7 @@ itself stays in the topic it was read from until that topic's retention.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -96,8 +97,27 @@ class LaneRoutes:
     backoff: Backoff
 
 
+_CARRIED_DIGEST = "_pipeline_error_digest"
+"""The attribute :func:`carry_digest` sets: the digest of frames the error object lacks."""
+
+
 def error_digest(error: BaseException) -> str:
     """A short stable hash of where ``error`` was raised (file, function of each frame).
+
+    That of :func:`frames_digest`, unless ``error`` carries a digest (:func:`carry_digest`):
+    a CPU lane's exception is raised in the member again, with the member's frames only, so its
+    worker hashes its own and the pool puts that digest on the copy it raises. Read from the
+    exception object alone, never from a message's headers (any producer writes those).
+    """
+    try:
+        carried = error.__dict__.get(_CARRIED_DIGEST)
+    except Exception:  # an app's exception may refuse the look-up: the digest of its frames
+        carried = None
+    return carried if isinstance(carried, str) else frames_digest(error)
+
+
+def frames_digest(error: BaseException) -> str:
+    """The hash of ``error``'s class and the file and function of each frame of its traceback.
 
     The frames are read from the traceback's code objects: ``traceback.extract_tb`` would also
     look up every frame's source line and column positions, which the digest does not use and
@@ -111,6 +131,17 @@ def error_digest(error: BaseException) -> str:
         tb = tb.tb_next
     shape = "|".join(names)
     return hashlib.sha256(f"{type(error).__name__}|{shape}".encode()).hexdigest()[:12]
+
+
+def carry_digest(error: BaseException, digest: str) -> None:
+    """Have :func:`error_digest` give ``digest`` for ``error``: that of where it was raised.
+
+    For a copy of an exception raised elsewhere (a CPU worker's, which pickle brings back
+    without its traceback), ``digest`` being :func:`frames_digest` of the original there. An
+    object refusing the attribute keeps the digest of its own frames.
+    """
+    with contextlib.suppress(Exception):
+        error.__dict__[_CARRIED_DIGEST] = digest
 
 
 def _with_origin(message: Message) -> CopyHeaders:

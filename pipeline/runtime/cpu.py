@@ -49,6 +49,7 @@ from typing import Any
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.errors import PipelineError
 from pipeline.log_repeats import error_text
+from pipeline.retry.router import carry_digest, frames_digest
 from pipeline.runtime import liveness
 from pipeline.runtime.failure_log import drop_worker_notes, worker_note
 
@@ -167,11 +168,14 @@ def _die_with_member(conn: Connection) -> None:  # pragma: no cover - runs in th
 
 
 def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
-    """Worker loop: receive (function ref, args, beat every s), send back (ok, result or exception).
+    """Worker loop: receive (function ref, args, beat every s), send back the outcome.
 
-    Between the start mark ``(None, None)`` and the result it sends ``("beat", None)``
-    heartbeats (:class:`_Beats`). Once the member's end of ``conn`` closes, the worker and its
-    process group are killed, busy or not (:func:`_die_with_member`).
+    The outcome is ``(True, None)``, or ``(False, (exception, digest))``: the digest
+    (:func:`~pipeline.retry.router.frames_digest`) of the frames the exception was raised
+    through here, which pickle does not carry. Between the start mark ``(None, None)`` and the
+    outcome it sends ``("beat", None)`` heartbeats (:class:`_Beats`). Once the member's end of
+    ``conn`` closes, the worker and its process group are killed, busy or not
+    (:func:`_die_with_member`).
     """
     with contextlib.suppress(OSError):
         os.setsid()  # its own process group: a cancellation stops the handler's children too
@@ -199,11 +203,12 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
                     os._exit(0)  # cancelled: nobody waits for the result
             beats.send((True, None))
         except Exception as exc:
+            digest = frames_digest(exc)  # here, where its frames are: its copy comes without
             sent = _portable(exc)
             try:
-                beats.send((False, _with_traceback(sent, exc)))
+                beats.send((False, (_with_traceback(sent, exc), digest)))
             except Exception:
-                beats.send((False, RuntimeError(traceback.format_exc(limit=5))))
+                beats.send((False, (RuntimeError(traceback.format_exc(limit=5)), digest)))
             finally:
                 with contextlib.suppress(Exception):  # the app's object left as it was raised
                     drop_worker_notes(sent)
@@ -283,6 +288,19 @@ def _portable(exc: Exception) -> Exception:  # pragma: no cover - runs in the wo
     return RuntimeError(message)
 
 
+def _sent_back(failure: tuple[Exception, str]) -> Exception:
+    """A worker's failure, (exception, digest), as the exception to raise in the member.
+
+    Its ``pl-error-digest`` is the worker's: the frames it is raised through here are the
+    member's only (this module's, the runtime's), the same for every failure of the lane, so
+    the digest the worker took of its own frames goes on the exception
+    (:func:`~pipeline.retry.router.carry_digest`).
+    """
+    error, digest = failure
+    carry_digest(error, digest)
+    return error
+
+
 class _Worker:
     def __init__(self, ctx: Any) -> None:
         parent, child = multiprocessing.Pipe()
@@ -356,7 +374,7 @@ async def _call(
 async def _outcome(
     conn: Connection, ref: str, time_limit_s: float, every_s: float
 ) -> tuple[bool, Any]:
-    """Wait for a worker's (ok, result or exception), counting its heartbeats on the way.
+    """Wait for a worker's outcome (see :func:`_serve`), counting its heartbeats on the way.
 
     Until the worker's start mark the run beats every ``every_s`` on the worker's behalf.
     """
@@ -443,7 +461,8 @@ class ProcessPool:
 
         What it returns is dropped in the worker (a handler's result is not used); what it
         raises is raised here, as itself or, when pickle cannot carry it, as a stand-in of its
-        nearest base class that pickle can (its message names the original class).
+        nearest base class that pickle can (its message names the original class), with the
+        ``pl-error-digest`` of where it was raised in the worker (:func:`_sent_back`).
         Cancelling the call stops its worker (SIGTERM, SIGKILL after the grace period) and
         puts a fresh one in its place.
         """
@@ -479,7 +498,7 @@ class ProcessPool:
             if worker is not None:
                 self._give_back(worker)
         if not ok:
-            raise value
+            raise _sent_back(value)
 
     async def _idle_worker(self, every_s: float) -> _Worker:
         """An idle worker once there is one; meanwhile the current run beats every ``every_s``.
