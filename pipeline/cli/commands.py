@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -158,6 +158,7 @@ def topics_apply(
     from pipeline.cli.status_checks import reach_broker  # noqa: PLC0415 - see the module doc
     from pipeline.topics.admin import apply  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
+    from pipeline.topics.stale_guard import created_topics  # noqa: PLC0415
 
     async def main() -> None:
         settings = _settings(transport)
@@ -175,7 +176,7 @@ def topics_apply(
             )
         finally:
             await t.close()
-        await _warn_stranded(settings, specs)
+        await _warn_redis_state(settings, specs, () if dry_run else created_topics(actions))
         verb = "would apply" if dry_run else "applied"
         for action in actions:
             typer.echo(f"{'(dry run) ' if dry_run else ''}{action}")
@@ -193,12 +194,20 @@ def _warn_line(line: str) -> None:
     typer.echo(f"warning: {line}", err=True)
 
 
-async def _warn_stranded(settings: Settings, specs: Sequence[TopicSpec]) -> None:
-    """Warn of work the members' Redis holds for lanes ``specs`` no longer release."""
+async def _warn_redis_state(
+    settings: Settings, specs: Sequence[TopicSpec], created: Collection[str]
+) -> None:
+    """Warn of what the members' Redis holds that the declarations just applied go against.
+
+    Work held for lanes ``specs`` no longer release, and the guard keys of a lane whose main
+    topic is among ``created``: its positions are given out again (a new message's retry copy
+    at one of them would be dropped as a late duplicate). Nothing is deleted.
+    """
     from redis.asyncio import Redis  # noqa: PLC0415 - see the module doc
     from redis.exceptions import RedisError  # noqa: PLC0415
 
     from pipeline.reachability import safe_url  # noqa: PLC0415
+    from pipeline.topics.stale_guard import stale_guard_lines  # noqa: PLC0415
     from pipeline.topics.stranded import stranded_in_redis  # noqa: PLC0415
 
     redis = Redis.from_url(
@@ -208,11 +217,13 @@ async def _warn_stranded(settings: Settings, specs: Sequence[TopicSpec]) -> None
     )
     try:
         lines = await stranded_in_redis(redis, settings.redis.key_prefix, specs)
+        lines += await stale_guard_lines(redis, settings.redis.key_prefix, specs, created)
     except (RedisError, OSError) as exc:
+        also = ", or guard keys left for the lanes whose topics were created" if created else ""
         _warn_line(
             f"cannot check the members' Redis ({safe_url(settings.redis.url)},"
             " PIPELINE_REDIS__URL) for held followers or debounce buffers these declarations"
-            f" strand: {exc}"
+            f" strand{also}: {exc}"
         )
         return
     finally:
