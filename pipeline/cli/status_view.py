@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.cli_support import TransportOpt, run_command
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.transport import create_transport
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pipeline.config import Settings
     from pipeline.logstore import LogStore
     from pipeline.observability.lanes import LaneWatch
+    from pipeline.topics.spec import TopicSpec
 
 __all__ = ["gather", "render", "status_command"]
 
@@ -184,12 +185,10 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
     from pipeline.cancel.status import read_counts  # noqa: PLC0415
     from pipeline.cli.status import collect_status  # noqa: PLC0415
     from pipeline.cli.status_checks import reach_broker, reach_redis  # noqa: PLC0415
-    from pipeline.observability.lanes import lane_watches  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
     specs = load_specs(settings.topics_dir)
-    lane_groups = {lane: [g] for lane, g in settings.ingress.sweeper.lane_groups.items()}
-    watches = lane_watches(specs, lane_groups, only_groups=groups)
+    watches = _watches(settings, specs, groups)
     await reach_broker(settings)
     transport = create_transport(settings)
     store = _log_store(settings) if with_log else None
@@ -241,6 +240,48 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
         await transport.close()
         await redis.aclose()
     return replace(status, log_error=log_error or status.log_error, throttle_error=throttle_error)
+
+
+def _watches(
+    settings: Settings, specs: Sequence[TopicSpec], groups: Sequence[str]
+) -> list[LaneWatch]:
+    """The (lane, group) pairs to read: ``--group``'s for every lane, else each lane's own.
+
+    Raises:
+        ConfigError: a blank group (:func:`_named_groups`).
+    """
+    from pipeline.observability.lanes import lane_watches  # noqa: PLC0415 - see the module doc
+
+    lane_groups = settings.ingress.sweeper.lane_groups
+    only = _named_groups(groups, lane_groups)
+    return lane_watches(specs, {lane: [g] for lane, g in lane_groups.items()}, only_groups=only)
+
+
+def _named_groups(groups: Sequence[str], lane_groups: Mapping[str, str]) -> list[str]:
+    """``--group``'s groups, each once, in order; every group given checked to have a name.
+
+    A blank group (``-g "$GROUP"`` with the variable unset) would be read as a group of that
+    name: on Kafka librdkafka aborts the process on an empty ``group.id``.
+
+    Raises:
+        ConfigError: a blank ``--group``, or a lane given a blank group by
+            ``PIPELINE_INGRESS__SWEEPER__LANE_GROUPS``.
+    """
+    for group in groups:
+        if not group.strip():
+            raise ConfigError(
+                f"--group {group!r}: a consumer group needs a name (is the variable that gives it"
+                " unset?); give the lane's group, e.g. --group replies"
+            )
+    if not groups:
+        for lane, group in lane_groups.items():
+            if not group.strip():
+                raise ConfigError(
+                    f"PIPELINE_INGRESS__SWEEPER__LANE_GROUPS gives lane {lane!r} the group"
+                    f" {group!r}: name the group that consumes it, or leave the lane out"
+                    " (its group is then named after it)"
+                )
+    return list(dict.fromkeys(groups))
 
 
 def _marked(
