@@ -45,7 +45,6 @@ NOTES = {
     "call waits for a free connection of its client's pool (100 connections; on `rediss://` "
     "and `unix://`, which have no function channel, every call takes one) before the call "
     "fails as Redis unreachable",
-    "KAFKA__BOOTSTRAP_SERVERS": "`host:port[,host:port...]`",
     "KAFKA__CLIENT_ID": "librdkafka `client.id` prefix",
     "KAFKA__SESSION_TIMEOUT_MS": "group session timeout: a dead member's partitions move after it",
     "KAFKA__REQUEST_TIMEOUT_MS": "admin and metadata request timeout; produce gives up after "
