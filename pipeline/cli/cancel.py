@@ -30,6 +30,25 @@ def _as_read(value: str) -> str:
     return os.fsencode(value).decode(errors="replace")
 
 
+def _refuse_blank(values: dict[str, str | None]) -> None:
+    """Refuse an option given blank, as ``--tenant "$TENANT"`` gives it when the variable is unset.
+
+    A blank target beside another would be dropped and the other cancelled wider than meant
+    (``--key K --tenant ""``: the key for every tenant); a blank reason logs nothing of why.
+
+    Raises:
+        ConfigError: the first option given as an empty or all-blank value.
+    """
+    for option, value in values.items():
+        if value is not None and not value.strip():
+            what = (
+                "say why, as the members log it" if option == "--reason" else "name what to cancel"
+            )
+            raise ConfigError(
+                f"{option} {value!r}: blank (is the variable that gives it unset?); {what}"
+            )
+
+
 def cancel_command(
     event: Annotated[str | None, typer.Option("--event", help="An event id (pl-event-id).")] = None,
     key: Annotated[str | None, typer.Option("--key", help="A message key.")] = None,
@@ -60,6 +79,7 @@ def cancel_command(
     event, key, tenant = (v if v is None else _as_read(v) for v in (event, key, tenant))
     reason = _as_read(reason)
     try:
+        _refuse_blank({"--event": event, "--key": key, "--tenant": tenant, "--reason": reason})
         target = Target.of(event=event, key=key, tenant=tenant, lane=lane)
     except ConfigError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
