@@ -30,6 +30,7 @@ wait, as a run under the event's own name does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -142,7 +143,11 @@ class IdempotencyGuard:
         while True:
             state = await self._functions.claim(key, token, self._lease_ms, ttl_ms=ttl_ms)
             if state == "claimed" and earlier is not None:
-                state = await self._earlier(key, token, ttl_ms, earlier)
+                try:
+                    state = await self._earlier(key, token, ttl_ms, earlier)
+                except BaseException:  # Redis failed, or we were cancelled: give the claim up
+                    await self._release(key, token)
+                    raise
             if state != "busy" or time.monotonic() + pause_s > deadline:
                 return state
             # Another delivery runs it (or died running it: its claim lapses within a lease).
@@ -156,6 +161,7 @@ class IdempotencyGuard:
         well. Running there: our claim is given up, and we wait as for a claim of ``key``. A
         holder that claims it there between this read and our run is not seen: both run (only
         a member of an earlier release running the same event at the same time claims there).
+        If this raises, the caller gives our claim up (:meth:`_release`).
         """
         found = await self._functions.read(earlier)
         if found is None:
@@ -165,6 +171,11 @@ class IdempotencyGuard:
             return "done"
         await self._functions.settle(key, token, done=False, ttl_ms=0)
         return "busy"
+
+    async def _release(self, key: str, token: str) -> None:
+        """Give up our claim of ``key`` before its effect ran (else it lapses in a lease)."""
+        with contextlib.suppress(RedisError, OSError):
+            await self._functions.settle(key, token, done=False, ttl_ms=0)
 
     async def _renew(self, key: str, token: str) -> None:
         while True:
