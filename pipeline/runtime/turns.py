@@ -83,12 +83,13 @@ def turn_event(messages: Sequence[Message]) -> str:
     Each message counts by its :func:`~pipeline.runtime.context.event_name` (its event id, else
     its first delivery), so a retry of the same messages, or their redriven copies, is the same
     turn, and a turn holding one message more (recorded during a retry's backoff, or ahead of
-    redriven dead letters) is another. A turn of one message is that message's event, the name
-    a one-message turn had before, and a message handled alone when Redis could not record it.
+    redriven dead letters) is another. A turn of one message is named so too, not by its
+    message's event: a release before this one named every turn by its last message, and that
+    name is read as such a release's record of the turn (``Context.once_also``); a one-message
+    turn's record there would be taken for one of the turn [new, message], whose effect never
+    ran for the new message.
     """
     names = [event_name(m) for m in messages]
-    if len(names) == 1:
-        return names[0]
     digest = hashlib.sha256(json.dumps(names).encode()).hexdigest()[:32]
     return f"turn:{digest}"
 
@@ -232,14 +233,13 @@ class DebouncedLanes:
                     await self._payloads.event(lane, m) if OFFLOAD in m.headers else lane.decode(m)
                     for m in messages
                 ]
-                last = event_name(messages[-1])  # what an earlier release named the turn by
                 context = Context(
                     messages[-1],
                     lane.name,
                     turn.attempt,
                     self._idempotency,
                     once_event=event,
-                    once_also=None if last == event else last,
+                    once_also=event_name(messages[-1]),  # an earlier release's name of the turn
                 )
                 await lane.handler(events, context)
         except Skip:
