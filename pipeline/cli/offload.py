@@ -93,14 +93,18 @@ async def _purge(
     from pipeline.topics.durations import format_duration_up_ms  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
+    # The flags first: a mistyped one is the error to fix, whatever the stores.
+    log_ms = _duration_ms(log_retention, "--log-retention") or LOG_RETENTION_MS
+    given_ms = _duration_ms(older_than, "--older-than")
     settings = load_settings(**({"transport": transport_name} if transport_name else {}))
     specs = load_specs(settings.topics_dir)
     # As a lane's offload.store is read: without a trailing slash, or no lane's floor would count.
     urls = [store_url.rstrip("/")] if store_url else stores(specs)
     if not urls:
-        raise ConfigError("no lane in the topics directory declares offload: (give --store)")
-    log_ms = _duration_ms(log_retention, "--log-retention") or LOG_RETENTION_MS
-    given_ms = _duration_ms(older_than, "--older-than")
+        raise ConfigError(
+            f"no lane in {settings.topics_dir} declares offload: (PIPELINE_TOPICS_DIR);"
+            " name the store with --store s3://bucket/prefix or file:///dir"
+        )
     floors = {}
     transport = create_transport(settings)
     try:
