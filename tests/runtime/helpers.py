@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.helpers import consume_until as polled_until
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from support import IDLE_APP, delete_after_test, delete_group_after
 
@@ -40,6 +41,23 @@ from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Admin, PartitionLag, Transport
 
 FAST = RuntimeSettings(commit_interval_ms=100, shutdown_grace_s=5.0)
+QUIET = {"key": "conversation_id", "quiet_s": 3, "max_wait_s": 20, "max_batch": 50}
+"""A debounce of conversations quiet long enough that a burst read together is one turn on a
+loaded host: at 0.3 s, a stall of the member between two of its records let the first ones' turn
+fall due alone."""
+
+
+class Said(BaseModel):
+    """One message of a conversation."""
+
+    conversation_id: str
+    n: int
+
+
+def said(conversation: str, n: int) -> Record:
+    """A message of ``conversation`` numbered ``n``, keyed by its conversation."""
+    body = Said(conversation_id=conversation, n=n).model_dump_json().encode()
+    return Record(body, conversation.encode())
 
 
 def lane_spec(name: str, partitions: int = 3, **fields: Any) -> TopicSpec:

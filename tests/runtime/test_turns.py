@@ -7,38 +7,29 @@ from collections import defaultdict
 
 import pytest
 from contract.helpers import consume_until
-from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry as ClientRetry
 from redis.backoff import NoBackoff
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.helpers import (
+    FAST,
+    QUIET,
+    Said,
+    declare,
+    eventually,
+    lane_spec,
+    produce,
+    running,
+    said,
+)
 
 from pipeline import headers as h
 from pipeline.admission.debounce import Debouncer
-from pipeline.envelope import Record
 from pipeline.errors import ConfigError, DeadLetter, Retry
 from pipeline.observability.facades import DebounceMetrics, RuntimeMetrics
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
 from pipeline.runtime.member import Member
 from pipeline.transport.protocol import Transport
-
-QUIET = {"key": "conversation_id", "quiet_s": 3, "max_wait_s": 20, "max_batch": 50}
-"""Quiet long enough that a burst read together is one turn on a loaded host: at 0.3 s, a stall
-of the member between two of its records let the first ones' turn fall due alone."""
-
-
-class Said(BaseModel):
-    """One message of a conversation."""
-
-    conversation_id: str
-    n: int
-
-
-def said(conversation: str, n: int) -> Record:
-    """A message of ``conversation`` numbered ``n``, keyed by its conversation."""
-    body = Said(conversation_id=conversation, n=n).model_dump_json().encode()
-    return Record(body, conversation.encode())
 
 
 def test_a_debounced_lane_needs_a_turn_handler() -> None:
