@@ -18,14 +18,13 @@ import logging
 import pytest
 from redis.asyncio import Redis
 from runtime import cpu_noted_app
-from runtime.helpers import declare, lane_spec, produce, ran_until
+from runtime.failure_helpers import FAILURES, cpu_lane_dead_lettered, logged, past_position
 
 from pipeline.envelope import Record
-from pipeline.runtime import App
 from pipeline.runtime.cpu import ProcessPool, function_ref
 from pipeline.transport.protocol import Transport
 
-LOGGER = "pipeline.runtime.failure_log"
+LOGGER = FAILURES
 
 
 def _worker_notes(error: BaseException) -> list[str]:
@@ -53,17 +52,11 @@ async def test_groups_of_a_cpu_lane_are_placed_by_the_workers_note(
 ) -> None:
     """Groups of a ValueError raised in two functions are two lines, neither held back."""
     caplog.set_level(logging.WARNING, logger=LOGGER)
-    spec = lane_spec(f"cn_{unique}", 1, ordered=False)  # no tiers: each failure dead-letters
-    await declare(streams, spec)
-    app = App([spec])
-    app.handler(spec.lane, cpu=True, time_limit_s=60)(cpu_noted_app.crunch)
-    await produce(streams, spec.name, [Record(b"ga", b"k-1"), Record(b"gb", b"k-2")])
-    await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 2, 120)
-    heads = [
-        r.getMessage().splitlines()[0].split("): ", 1)[1]
-        for r in caplog.records
-        if r.name == LOGGER and r.levelno == logging.WARNING
-    ]
+    records = [Record(b"ga", b"k-1"), Record(b"gb", b"k-2")]  # each failure dead-letters
+    spec = await cpu_lane_dead_lettered(
+        streams, redis, unique, f"cn_{unique}", cpu_noted_app.crunch, records, 120
+    )
+    heads = [past_position(r) for r in logged(caplog, LOGGER)]
     # Two keys of an unordered lane run side by side: their lines come in either order.
     assert sorted(heads) == [
         (

@@ -15,14 +15,13 @@ import logging
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.failure_helpers import storm_with_one_other, warning_member
+from runtime.helpers import declare, eventually, lane_spec, produce, running
 
-from pipeline.envelope import Record
 from pipeline.errors import DeadLetter
 from pipeline.log_repeats import RepeatFilter
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
-from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings
 from pipeline.transport.protocol import Transport
 
@@ -52,12 +51,8 @@ async def test_a_dead_letter_storm_over_varied_errors_is_a_few_counted_lines(
             raise NoCustomer("customer")
         raise DeadLetter(f"no order for {ctx.message.key!r}")
 
-    storm = [Record(b"v", f"key-{n:x}-{'ab'[n % 2]}".encode()) for n in range(300)]
-    await produce(streams, spec.name, [*storm[:150], Record(b"other", b"odd"), *storm[150:]])
-    warnings = DeadLetterWarnings(Metrics(), {spec.lane: spec.dead_letter})
-    member = Member(
-        app, streams, f"g-{unique}", FAST, redis=redis, redis_prefix=unique, metrics=warnings
-    )
+    await produce(streams, spec.name, storm_with_one_other(300))
+    member = warning_member(app, streams, redis, unique, spec)
     async with running(member):
         await eventually(lambda: member.stats.dead_lettered == 301)
     said = [r.getMessage() for r in caplog.records if r.name == LOGGER]

@@ -19,6 +19,7 @@ import logging
 import pytest
 from redis.asyncio import Redis
 from runtime import cpu_failing_app
+from runtime.failure_helpers import FAILURES, cpu_lane_dead_lettered, logged, past_position
 from runtime.helpers import declare, lane_spec, produce, ran_until
 
 from pipeline.envelope import Record
@@ -26,15 +27,12 @@ from pipeline.runtime import App, Context
 from pipeline.runtime.failure_log import GROUP_SHOWN, MAX_TRACEBACK_CHARS, traceback_text
 from pipeline.transport.protocol import Transport
 
-LOGGER = "pipeline.runtime.failure_log"
+LOGGER = FAILURES
 
 
 def _shown(caplog: pytest.LogCaptureFixture) -> dict[str, str]:
     """The failure log's WARNINGs, formatted, by the text of their first line's exception."""
-    records = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-    return {
-        r.getMessage().splitlines()[0].split("): ", 1)[1]: caplog.handler.format(r) for r in records
-    }
+    return {past_position(r): caplog.handler.format(r) for r in logged(caplog, LOGGER)}
 
 
 async def test_a_cpu_lanes_failures_show_the_workers_frames_and_are_placed_there(
@@ -42,12 +40,10 @@ async def test_a_cpu_lanes_failures_show_the_workers_frames_and_are_placed_there
 ) -> None:
     """Two ValueErrors raised in two functions of a CPU handler are two lines, each its frames."""
     caplog.set_level(logging.WARNING, logger=LOGGER)
-    spec = lane_spec(f"flcpu_{unique}", 1, ordered=False)  # no tiers: each failure dead-letters
-    await declare(streams, spec)
-    app = App([spec])
-    app.handler(spec.lane, cpu=True, time_limit_s=60)(cpu_failing_app.crunch)
-    await produce(streams, spec.name, [Record(b"a1", b"k1"), Record(b"b1", b"k2")])
-    await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 2, 90)
+    records = [Record(b"a1", b"k1"), Record(b"b1", b"k2")]  # each failure dead-letters
+    await cpu_lane_dead_lettered(
+        streams, redis, unique, f"flcpu_{unique}", cpu_failing_app.crunch, records, 90
+    )
     shown = _shown(caplog)
     assert len(shown) == 2, list(shown)  # not alike: raised in two places
     a_text = next(text for head, text in shown.items() if head.startswith("ValueError: bad a"))

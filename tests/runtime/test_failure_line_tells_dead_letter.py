@@ -22,19 +22,16 @@ import logging
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
+from runtime.failure_helpers import DEAD_LETTERS, FAILURES, logged, warning_member
+from runtime.helpers import declare, eventually, lane_spec, produce, running
 
 from pipeline.envelope import Record
 from pipeline.errors import DeadLetter
 from pipeline.log_repeats import RepeatFilter
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
-from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings
 from pipeline.transport.protocol import Transport
-
-FAILURES = "pipeline.runtime.failure_log"
-DEAD_LETTERS = "pipeline.runtime.progress"
 
 
 async def test_a_failed_message_is_one_warning_with_its_redrive_hint_on_each_lane(
@@ -61,17 +58,11 @@ async def test_a_failed_message_is_one_warning_with_its_redrive_hint_on_each_lan
     app.handler(second.lane)(handle)
     await produce(streams, first.name, [Record(b"v", b"k-1"), Record(b"chosen", b"k-2")])
     await produce(streams, second.name, [Record(b"v", b"k-1")])
-    warnings = DeadLetterWarnings(
-        Metrics(), {first.lane: first.dead_letter, second.lane: second.dead_letter}
-    )
-    member = Member(
-        app, streams, f"g-{unique}", FAST, redis=redis, redis_prefix=unique, metrics=warnings
-    )
+    member = warning_member(app, streams, redis, unique, first, second)
     async with running(member):
         await eventually(lambda: member.stats.dead_lettered == 3)
 
-    failures = [r for r in caplog.records if r.name == FAILURES and r.levelno == logging.WARNING]
-    heads = sorted(r.getMessage().splitlines()[0] for r in failures)
+    heads = sorted(r.getMessage().splitlines()[0] for r in logged(caplog, FAILURES))
     assert heads == [
         (
             f"lane {spec.lane}: handler failed on {spec.name}[0]@0 (key k-1, attempt 1 of 1):"

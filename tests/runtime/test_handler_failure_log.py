@@ -15,6 +15,7 @@ import logging
 import pytest
 from pydantic import BaseModel
 from redis.asyncio import Redis
+from runtime.failure_helpers import FAILURES, logged, storm_with_one_other
 from runtime.helpers import declare, idle_lane, lane_spec, produce, ran_until, the_dead_letter
 
 from pipeline import headers as h
@@ -26,12 +27,7 @@ from pipeline.runtime.failure_log import MAX_TRACEBACK_CHARS, FailureLog
 from pipeline.runtime.redirect import Routed
 from pipeline.transport.protocol import Transport
 
-LOGGER = "pipeline.runtime.failure_log"
-
-
-def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
-    """The records of the failure log at ``level``."""
-    return [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
+LOGGER = FAILURES
 
 
 async def test_a_failure_warns_with_the_handlers_frame_then_its_repeats_are_held_back(
@@ -54,7 +50,7 @@ async def test_a_failure_warns_with_the_handlers_frame_then_its_repeats_are_held
     await produce(streams, spec.name, [Record(b"v", b"k-17")])
     member = await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 1)
     assert member.stats.retried == 1
-    first, final = _lines(caplog, logging.WARNING)  # what happens next makes them not alike
+    first, final = logged(caplog, LOGGER, logging.WARNING)  # what happens next makes them not alike
     assert "(key k-17, attempt 2 of 2): RuntimeError: boom 2; next: dead letter (exhausted)" in (
         final.getMessage()
     )
@@ -85,10 +81,9 @@ async def test_a_thousand_alike_failures_give_a_few_lines_and_a_new_one_is_shown
             raise KeyError("customer")
         raise RuntimeError(f"boom {ctx.message.offset} for {ctx.message.key!r}")
 
-    storm = [Record(b"v", f"key-{n:x}-{'ab'[n % 2]}".encode()) for n in range(1000)]
-    await produce(streams, spec.name, [*storm[:500], Record(b"other", b"odd"), *storm[500:]])
+    await produce(streams, spec.name, storm_with_one_other(1000))
     await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 1001)
-    lines = _lines(caplog, logging.WARNING)
+    lines = logged(caplog, LOGGER, logging.WARNING)
     storm_lines = [r for r in lines if "RuntimeError: boom" in r.getMessage()]
     assert 1 <= len(storm_lines) <= 12  # the first, then one after 1 s, 2 s, 4 s ...
     assert all("more like this" in r.getMessage() for r in storm_lines[1:])
@@ -119,7 +114,7 @@ async def test_a_huge_message_and_a_deep_recursion_are_cut(
 
     await produce(streams, spec.name, [Record(b"huge", b"h"), Record(b"deep", b"d")])
     await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 2)
-    lines = _lines(caplog, logging.WARNING)
+    lines = logged(caplog, LOGGER, logging.WARNING)
     assert len(lines) == 2
     for record in lines:
         text = caplog.handler.format(record)
@@ -150,8 +145,8 @@ async def test_a_dead_letter_the_handler_chose_is_one_info_line(
 
     await produce(streams, spec.name, [Record(b"v", b"k")])
     await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 1)
-    assert not _lines(caplog, logging.WARNING)
-    (line,) = _lines(caplog, logging.INFO)
+    assert not logged(caplog, LOGGER, logging.WARNING)
+    (line,) = logged(caplog, LOGGER, logging.INFO)
     text = caplog.handler.format(line)
     assert "\n" not in text
     assert (
@@ -189,7 +184,7 @@ async def test_a_fatal_error_on_the_last_attempt_says_the_dead_letters_own_reaso
     await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 1)
     dead = await the_dead_letter(streams, spec, unique)
     assert dead.headers[h.DEAD_REASON] == b"fatal"
-    first, last = (r.getMessage().splitlines()[0] for r in _lines(caplog, logging.WARNING))
+    first, last = (r.getMessage().splitlines()[0] for r in logged(caplog, LOGGER, logging.WARNING))
     assert "(key k, attempt 1 of 2): ConnectionError: the bank is down;" in first
     assert first.endswith(f"next: retry tier {spec.name}.retry.100ms")
     assert "(key k, attempt 2 of 2): pydantic_core._pydantic_core.ValidationError:" in last
@@ -219,7 +214,7 @@ def test_the_next_line_of_a_kind_counts_those_held_back(caplog: pytest.LogCaptur
         fail(offset)
     now[0] = 1.0
     fail(100)
-    first, second = (r.getMessage() for r in _lines(caplog, logging.WARNING))
+    first, second = (r.getMessage() for r in logged(caplog, LOGGER, logging.WARNING))
     assert "@0 (key key-0," in first
     assert "more like this" not in first
     head = second.splitlines()[0]

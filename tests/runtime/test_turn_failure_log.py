@@ -12,36 +12,15 @@ from __future__ import annotations
 import logging
 
 import pytest
-from pydantic import BaseModel
 from redis.asyncio import Redis
-from runtime.helpers import declare, lane_spec, produce, ran_until
+from runtime.failure_helpers import FAILURES, logged
+from runtime.helpers import QUIET, Said, declare, lane_spec, produce, ran_until, said
 
-from pipeline.envelope import Record
 from pipeline.errors import DeadLetter
 from pipeline.runtime import App, Context
 from pipeline.transport.protocol import Transport
 
-LOGGER = "pipeline.runtime.failure_log"
-QUIET = {"key": "conversation_id", "quiet_s": 3, "max_wait_s": 20, "max_batch": 50}
-"""Quiet long enough that the messages produced together are one turn on a loaded host."""
-
-
-class Said(BaseModel):
-    """One message of a conversation."""
-
-    conversation_id: str
-    n: int
-
-
-def said(conversation: str, n: int) -> Record:
-    """A message of ``conversation`` numbered ``n``, keyed by its conversation."""
-    body = Said(conversation_id=conversation, n=n).model_dump_json().encode()
-    return Record(body, conversation.encode())
-
-
-def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
-    """The records of the failure log at ``level``."""
-    return [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
+LOGGER = FAILURES
 
 
 async def test_a_failed_turn_warns_with_its_traceback_then_its_dead_letter_says_why(
@@ -64,7 +43,7 @@ async def test_a_failed_turn_warns_with_its_traceback_then_its_dead_letter_says_
     records = [said("c1", 0), said("c1", 1), said("chosen", 0)]
     await produce(streams, spec.name, records)
     await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 3)
-    first, last = _lines(caplog, logging.WARNING)
+    first, last = logged(caplog, LOGGER, logging.WARNING)
     head = first.getMessage().splitlines()[0]
     assert head == (
         f"lane {spec.lane}: handler failed on a turn of 2 messages up to {spec.name}[0]@1"
@@ -81,7 +60,7 @@ async def test_a_failed_turn_warns_with_its_traceback_then_its_dead_letter_says_
         f" (inspect: pipeline redrive {spec.dead_letter} --dry-run)"
     )
     assert caplog.handler.format(last).rstrip().endswith("LookupError: no such conversation")
-    (chosen,) = _lines(caplog, logging.INFO)
+    (chosen,) = logged(caplog, LOGGER, logging.INFO)
     assert "Traceback" not in caplog.handler.format(chosen)
     assert chosen.getMessage() == (
         f"lane {spec.lane}: handler chose DeadLetter for a turn of 1 message up to"
@@ -104,7 +83,7 @@ async def test_alike_failed_turns_are_held_back_and_counted(
 
     await produce(streams, spec.name, [said(f"conv-{n:x}", 0) for n in range(40)])
     await ran_until(app, streams, redis, unique, lambda m: m.stats.dead_lettered == 40)
-    lines = [r.getMessage().splitlines()[0] for r in _lines(caplog, logging.WARNING)]
+    lines = [r.getMessage().splitlines()[0] for r in logged(caplog, LOGGER, logging.WARNING)]
     assert 1 <= len(lines) < 10, lines
     assert all("next: dead letter (exhausted)" in line for line in lines)
     assert all("more like this" in line for line in lines[1:])

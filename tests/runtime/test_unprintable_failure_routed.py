@@ -11,13 +11,13 @@ import logging
 
 import pytest
 from redis.asyncio import Redis
-from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running, the_dead_letter
+from runtime.failure_helpers import FAILURES, warning_member
+from runtime.helpers import declare, eventually, lane_spec, produce, running, the_dead_letter
 
 from pipeline import headers as h
 from pipeline.envelope import Record
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime import App, Context
-from pipeline.runtime.member import Member
 from pipeline.runtime.progress import DeadLetterWarnings
 from pipeline.transport.protocol import Transport
 
@@ -50,10 +50,7 @@ async def test_an_unprintable_failure_goes_to_its_retry_tier_then_the_dead_lette
         raise Unprintable
 
     await produce(streams, spec.name, [Record(b"v", b"k")])
-    warnings = DeadLetterWarnings(Metrics(), {spec.lane: spec.dead_letter})
-    member = Member(
-        app, streams, f"g-{unique}", FAST, redis=redis, redis_prefix=unique, metrics=warnings
-    )
+    member = warning_member(app, streams, redis, unique, spec)
     async with running(member):
         await eventually(lambda: member.stats.dead_lettered == 1)
     assert member.stats.retried == 1
@@ -63,7 +60,7 @@ async def test_an_unprintable_failure_goes_to_its_retry_tier_then_the_dead_lette
     assert dead.headers[h.ATTEMPT] == b"2"
     said = [r.getMessage() for r in caplog.records]
     assert not [line for line in said if "before it was routed" in line]
-    failures = [r.getMessage() for r in caplog.records if r.name == "pipeline.runtime.failure_log"]
+    failures = [r.getMessage() for r in caplog.records if r.name == FAILURES]
     assert failures, said
     assert f"Unprintable: {PLACEHOLDER}; next: retry tier {spec.name}.retry.100ms" in failures[0]
 
