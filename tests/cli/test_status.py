@@ -31,18 +31,30 @@ def write_spec(directory: Path, spec: TopicSpec) -> Path:
     return directory
 
 
-async def test_status_shows_lag_age_tiers_and_dead_letters(transport, unique, tmp_path):
-    """The status of a half-consumed lane has its lag, an age, a retry tier and a dead letter."""
-    spec = lane_spec(f"obs-status-{unique}")
-    group = f"g-{unique}"
+async def partly_consumed_status(
+    transport, spec: TopicSpec, group: str, groups: list[str], tmp_path: Path
+) -> Status:
+    """The status of ``spec``'s lane, 5 messages produced and 2 committed by ``group``.
+
+    ``spec`` is the only declaration of a topics directory under ``tmp_path``; the status is
+    read for ``groups`` (none: the group named after the lane), without the ingress log. The
+    lane's topics are dropped after.
+    """
     settings = settings_for(
         topics_dir=write_spec(tmp_path / "topics", spec), transport=transport.name
     )
     try:
         async with partly_consumed(transport, spec, group, produced=5, committed=2):
-            status = await gather(settings, [group], with_log=False)
+            return await gather(settings, groups, with_log=False)
     finally:
         await drop(transport, spec)
+
+
+async def test_status_shows_lag_age_tiers_and_dead_letters(transport, unique, tmp_path):
+    """The status of a half-consumed lane has its lag, an age, a retry tier and a dead letter."""
+    spec = lane_spec(f"obs-status-{unique}")
+    group = f"g-{unique}"
+    status = await partly_consumed_status(transport, spec, group, [group], tmp_path)
     (lane,) = status.lanes
     assert (lane.report.lane, lane.report.group, lane.report.lag) == (spec.lane, group, 3)
     assert lane.report.oldest_age_s >= 0

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 
-from lane_support import drop, lane_spec, partly_consumed
+from lane_support import lane_spec
 from rich.console import Console
-from support import test_settings as settings_for
-from test_status import write_spec
+from test_status import partly_consumed_status
 
-from pipeline.cli.status_view import gather, render
+from pipeline.cli.status_view import render
 
 
 async def test_a_lane_read_for_no_group_shows_no_figures_and_names_its_readers(
@@ -23,14 +22,8 @@ async def test_a_lane_read_for_no_group_shows_no_figures_and_names_its_readers(
     """5 messages, 2 committed by group g-<unique>; status without --group: no lag of 5."""
     spec = lane_spec(f"obs-nogroup-{unique}")
     group = f"g-{unique}"
-    settings = settings_for(
-        topics_dir=write_spec(tmp_path / "topics", spec), transport=transport.name
-    )
-    try:
-        async with partly_consumed(transport, spec, group, produced=5, committed=2):
-            status = await gather(settings, [], with_log=False)  # the group named after the lane
-    finally:
-        await drop(transport, spec)
+    # no --group: the group named after the lane
+    status = await partly_consumed_status(transport, spec, group, [], tmp_path)
     (lane,) = status.lanes
     assert (lane.report.lane, lane.report.group) == (spec.lane, spec.lane)
     assert lane.no_group, lane
@@ -50,14 +43,7 @@ async def test_an_existing_group_keeps_its_figures(transport, unique, tmp_path):
     """``--group`` naming the group that read the lane: its lag as before, nothing said."""
     spec = lane_spec(f"obs-hasgroup-{unique}")
     group = f"g-{unique}"
-    settings = settings_for(
-        topics_dir=write_spec(tmp_path / "topics", spec), transport=transport.name
-    )
-    try:
-        async with partly_consumed(transport, spec, group, produced=5, committed=2):
-            status = await gather(settings, [group], with_log=False)
-    finally:
-        await drop(transport, spec)
+    status = await partly_consumed_status(transport, spec, group, [group], tmp_path)
     (lane,) = status.lanes
     assert (lane.no_group, lane.report.lag) == (False, 3)
     assert status.to_json()["lanes"][0]["group_exists"] is True
