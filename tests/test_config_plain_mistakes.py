@@ -8,22 +8,9 @@ looks like a secret's (``KEY_PREFIX``, ``REQUIRE_AUTH``).
 from __future__ import annotations
 
 import pytest
-
-from pipeline.config import load_settings
-from pipeline.errors import ConfigError
+from config_helpers import config_line
 
 _SECRET = "Hq7" + "zXw" + "Lp2"
-
-
-def _line(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> str:
-    monkeypatch.setenv(variable, value)
-    try:
-        load_settings()
-    except ConfigError as exc:
-        return str(exc)
-    finally:
-        monkeypatch.delenv(variable)
-    return "(accepted)"
 
 
 @pytest.mark.parametrize(
@@ -57,7 +44,7 @@ def test_a_plain_value_keeps_its_allowed_values_and_shows_its_whitespace(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str, reason: str
 ) -> None:
     """PIPELINE_TRANSPORT='redis ': every allowed value named, the value shown with its space."""
-    line = _line(monkeypatch, variable, value)
+    line = config_line(monkeypatch, variable, value)
     assert line == f"invalid configuration: {variable}: {reason} (got {value!r})"
 
 
@@ -78,7 +65,7 @@ def test_a_plain_value_keeps_its_allowed_values_and_shows_its_whitespace(
 )
 def test_a_list_of_brokers_is_shown_as_given(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     """PIPELINE_KAFKA__BOOTSTRAP_SERVERS='kafka:9092 ' is shown whole, not as 'kafka:***'."""
-    line = _line(monkeypatch, "PIPELINE_KAFKA__BOOTSTRAP_SERVERS", value)
+    line = config_line(monkeypatch, "PIPELINE_KAFKA__BOOTSTRAP_SERVERS", value)
     assert line.startswith("invalid configuration: PIPELINE_KAFKA__BOOTSTRAP_SERVERS: "), line
     assert line.endswith(f" (got {value!r})"), line
 
@@ -91,7 +78,7 @@ def test_a_redis_database_written_as_a_word_is_shown(
     monkeypatch: pytest.MonkeyPatch, value: str, path: str
 ) -> None:
     """PIPELINE_REDIS__URL=redis://localhost:6379/db0: the word that is no number is the mistake."""
-    line = _line(monkeypatch, "PIPELINE_REDIS__URL", value)
+    line = config_line(monkeypatch, "PIPELINE_REDIS__URL", value)
     assert line == (
         "invalid configuration: PIPELINE_REDIS__URL: expected redis://host:port/db with a"
         f" database number, got {path!r} (got {value!r})"
@@ -111,7 +98,7 @@ def test_a_setting_only_named_like_a_secret_shows_its_value(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str
 ) -> None:
     """A key prefix, a switch, a store's kind hold no secret: their value is what went wrong."""
-    line = _line(monkeypatch, variable, value)
+    line = config_line(monkeypatch, variable, value)
     assert line.startswith(f"invalid configuration: {variable}: "), line
     assert line.endswith(f" (got {value!r})"), line
 
@@ -125,7 +112,7 @@ def test_a_secret_in_a_key_prefix_still_does_not_show(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
     """PIPELINE_REDIS__KEY_PREFIX is echoed as any plain setting is: a secret in it is not."""
-    line = _line(monkeypatch, "PIPELINE_REDIS__KEY_PREFIX", value)
+    line = config_line(monkeypatch, "PIPELINE_REDIS__KEY_PREFIX", value)
     assert line.startswith("invalid configuration: PIPELINE_REDIS__KEY_PREFIX: "), line
     assert _SECRET.lower() not in line.lower(), line.replace(_SECRET, "<SECRET>")
 
@@ -133,7 +120,7 @@ def test_a_secret_in_a_key_prefix_still_does_not_show(
 def test_a_setting_under_a_secret_shows_no_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """A token's role that is no role: under ``tokens`` its value may be the token itself."""
     value = f'[{{"name": "ci", "token": "x", "role": "{_SECRET}"}}]'
-    line = _line(monkeypatch, "PIPELINE_REGISTRY__AUTH__TOKENS", value)
+    line = config_line(monkeypatch, "PIPELINE_REGISTRY__AUTH__TOKENS", value)
     assert line.startswith("invalid configuration: PIPELINE_REGISTRY__AUTH__TOKENS__0__ROLE: "), (
         line.replace(_SECRET, "<SECRET>")
     )
@@ -145,6 +132,6 @@ def test_a_bracketed_host_does_not_show_through_the_reason(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """REGISTRY__URL='https://[<secret>]:8081/': the IP parser's reason quotes it; not shown."""
-    line = _line(monkeypatch, "PIPELINE_REGISTRY__URL", f"https://[{_SECRET}]:8081/")
+    line = config_line(monkeypatch, "PIPELINE_REGISTRY__URL", f"https://[{_SECRET}]:8081/")
     assert line.startswith("invalid configuration: PIPELINE_REGISTRY__URL: "), line
     assert _SECRET not in line, line.replace(_SECRET, "<SECRET>")

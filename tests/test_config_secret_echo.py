@@ -12,23 +12,12 @@ import re
 import string
 
 import pytest
+from config_helpers import config_line
 
-from pipeline.config import load_settings, shown_url
-from pipeline.errors import ConfigError
+from pipeline.config import shown_url
 
 _SECRET = "Hx7" + "qZp"
 _LOWER_SECRET = "hunter" + "xyz"
-
-
-def _line(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> str:
-    monkeypatch.setenv(variable, value)
-    try:
-        load_settings()
-    except ConfigError as exc:
-        return str(exc)
-    finally:
-        monkeypatch.delenv(variable)
-    return "(accepted)"
 
 
 def _safe(text: str, *secrets: str) -> str:
@@ -67,7 +56,7 @@ def test_a_non_url_setting_never_echoes_a_password_in_its_value(
     monkeypatch: pytest.MonkeyPatch, value: str, shown: str | None
 ) -> None:
     """PIPELINE_KAFKA__BOOTSTRAP_SERVERS='host=h password=...': its password is ``***``."""
-    line = _line(monkeypatch, "PIPELINE_KAFKA__BOOTSTRAP_SERVERS", value)
+    line = config_line(monkeypatch, "PIPELINE_KAFKA__BOOTSTRAP_SERVERS", value)
     safe = _safe(line, _SECRET, _LOWER_SECRET)
     assert _SECRET not in line, safe
     assert _LOWER_SECRET not in line, safe
@@ -85,7 +74,7 @@ def test_a_setting_named_like_a_secret_never_echoes_its_value(
 ) -> None:
     """A bad role of a registry token (under *TOKEN*): no '(got ...)' at all, not even with '@'."""
     tokens = json.dumps([{"name": "ci", "token": "x", "role": value}])
-    line = _line(monkeypatch, "PIPELINE_REGISTRY__AUTH__TOKENS", tokens)
+    line = config_line(monkeypatch, "PIPELINE_REGISTRY__AUTH__TOKENS", tokens)
     assert line.startswith("invalid configuration: PIPELINE_REGISTRY__AUTH__TOKENS__0__ROLE: "), (
         _safe(line, _SECRET, _LOWER_SECRET)
     )
@@ -110,7 +99,7 @@ def test_a_bad_kafka_client_mapping_never_echoes_its_password(
 ) -> None:
     """PIPELINE_KAFKA__CLIENT='{"sasl.password": ...}': a bad JSON value or entry, no password."""
     value = value.replace("SECRET", _SECRET)
-    line = _line(monkeypatch, "PIPELINE_KAFKA__CLIENT", value)
+    line = config_line(monkeypatch, "PIPELINE_KAFKA__CLIENT", value)
     assert "PIPELINE_KAFKA__CLIENT" in line, _safe(line, _SECRET)
     assert _SECRET not in line, _safe(line, _SECRET)
     assert "7391" not in line, line
@@ -151,7 +140,7 @@ def test_a_url_settings_path_shows_only_its_first_segment(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str, shown: str
 ) -> None:
     """The database (or first path segment) is shown; a token deeper in the path is not."""
-    line = _line(monkeypatch, variable, value)
+    line = config_line(monkeypatch, variable, value)
     assert _LOWER_SECRET not in line, _safe(line, _LOWER_SECRET)
     assert line.endswith(f" (got {shown!r})"), _safe(line, _LOWER_SECRET)
 
@@ -165,7 +154,7 @@ def test_plain_mistakes_are_still_echoed(monkeypatch: pytest.MonkeyPatch) -> Non
         "PIPELINE_MEMBERSHIP__INSTANCE": "pod/1",
     }
     for variable, value in cases.items():
-        line = _line(monkeypatch, variable, value)
+        line = config_line(monkeypatch, variable, value)
         assert line.endswith(f" (got {value!r})"), line
 
 
@@ -304,7 +293,7 @@ def test_fuzz_no_secret_ever_shows_in_a_config_error(monkeypatch: pytest.MonkeyP
         cases += [(rng.choice(_SECRET_VARIABLES), form) for form in _forms(rng, secret)[::4]]
         cases += [("PIPELINE_KAFKA__CLIENT", form) for form in _json_forms(rng, secret)]
         for variable, value in cases:
-            line = _line(monkeypatch, variable, value)
+            line = config_line(monkeypatch, variable, value)
             shown = [piece for piece in pieces if piece.lower() in line.lower()]
             if shown:
                 safe = _safe(_safe(line, secret, *pieces), *(p.lower() for p in pieces))
@@ -317,7 +306,7 @@ def test_the_fuzz_reaches_every_kind_of_line(monkeypatch: pytest.MonkeyPatch) ->
     """The fuzz means something: its values are refused, some echoed (***) and some by length."""
     rng = random.Random(_FUZZ_SEED)
     secret, _ = _secret(rng)
-    lines = [_line(monkeypatch, "PIPELINE_REDIS__URL", form) for form in _forms(rng, secret)]
+    lines = [config_line(monkeypatch, "PIPELINE_REDIS__URL", form) for form in _forms(rng, secret)]
     assert sum(line.startswith("invalid configuration") for line in lines) > len(lines) // 2
     assert any("***" in line for line in lines)
     assert any(re.search(r"\(got \d+ characters, not shown\)$", line) for line in lines)
