@@ -7,6 +7,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -480,3 +481,18 @@ async def started_and_stopped(
         return {source.name for source in built.observer.sources}
     finally:
         await built.stop()
+
+
+def evicted(sock: socket.socket) -> bool:
+    """Whether the server answered ``sock`` (a 503 when evicted) or closed it.
+
+    ``sock`` is left non-blocking; nothing it holds is read.
+    """
+    sock.setblocking(False)  # noqa: FBT003 - the socket API
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+    return True

@@ -40,6 +40,7 @@ import httpx
 import pytest
 from contract.helpers import make_topic
 from ingress.helpers import (
+    evicted,
     ingress_env,
     listening_url,
     meta_body,
@@ -282,18 +283,6 @@ def _reset_mid_head(port: int) -> None:
     sock.close()  # RST
 
 
-def _evicted(sock: socket.socket) -> bool:
-    """Whether the server answered ``sock`` (a 503 when evicted) or closed it."""
-    sock.setblocking(False)  # noqa: FBT003 - the socket API
-    try:
-        sock.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return False
-    except ConnectionError:
-        return True
-    return True
-
-
 def test_every_ending_gives_the_place_back_once(tmp_path: Path, redis_service: str) -> None:
     """After 280 connections ended every way, the bound holds BOUND and evicts the oldest."""
     with (
@@ -312,15 +301,15 @@ def test_every_ending_gives_the_place_back_once(tmp_path: Path, redis_service: s
             _reset_mid_head(port)
             stalled = [_stall(port) for _ in range(BOUND)]
             stalled.append(_answered_once(port))  # one past the bound: the oldest is evicted
-            assert [_evicted(sock) for sock in stalled] == [True] + [False] * BOUND
+            assert [evicted(sock) for sock in stalled] == [True] + [False] * BOUND
             for sock in stalled:
                 sock.close()
         _keep_alive_then_client_close(port)  # round trips: the closes above are read
         held += [_stall(port) for _ in range(BOUND - 1)]
         held.append(_answered_once(port))
-        assert not any(_evicted(sock) for sock in held)  # a lost connection still counted
+        assert not any(evicted(sock) for sock in held)  # a lost connection still counted
         held.append(_answered_once(port))
-        assert [_evicted(sock) for sock in held] == [True] + [False] * BOUND  # one let go twice
+        assert [evicted(sock) for sock in held] == [True] + [False] * BOUND  # one let go twice
         assert proc.poll() is None
 
 

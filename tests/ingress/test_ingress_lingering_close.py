@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from ingress.helpers import (
+    evicted,
     ingress_env,
     listening_url,
     start_ingress,
@@ -199,18 +200,6 @@ def _answered_once(port: int) -> socket.socket:
     return sock
 
 
-def _evicted(sock: socket.socket) -> bool:
-    """Whether the ingress answered ``sock`` (a 503 when evicted) or closed it."""
-    sock.setblocking(False)  # noqa: FBT003 - the socket API
-    try:
-        sock.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return False
-    except ConnectionError:
-        return True
-    return True
-
-
 def test_a_client_sending_for_ever_is_cut_off_and_its_place_given_back(
     ingress: tuple[int, int],
 ) -> None:
@@ -228,9 +217,9 @@ def test_a_client_sending_for_ever_is_cut_off_and_its_place_given_back(
     try:
         held += [_stall(port) for _ in range(BOUND - 1)]
         held.append(_answered_once(port))
-        assert not any(_evicted(sock) for sock in held)
+        assert not any(evicted(sock) for sock in held)
         held.append(_answered_once(port))
-        assert [_evicted(sock) for sock in held] == [True] + [False] * BOUND
+        assert [evicted(sock) for sock in held] == [True] + [False] * BOUND
     finally:
         for sock in held:
             sock.close()
