@@ -70,18 +70,33 @@ async def handle(event: bytes, ctx: Context) -> None:
 
 
 def run_pipeline(
-    *args: str, env: dict[str, str], cwd: str | os.PathLike[str] | None = None
+    *args: str,
+    env: dict[str, str],
+    cwd: str | os.PathLike[str] | None = None,
+    timeout_s: float = 90,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``pipeline ARGS`` as a user would, with exactly ``env``, in ``cwd``; never raises."""
+    """Run ``pipeline ARGS`` as a user would, with exactly ``env``, in ``cwd``; never raises.
+
+    ``timeout_s`` bounds the run (as ``subprocess.run``'s timeout).
+    """
     return subprocess.run(
         [sys.executable, "-m", "pipeline", *args],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=timeout_s,
         env=env,
         cwd=cwd,
         check=False,
     )
+
+
+def kafka_topics_list(bootstrap: str) -> subprocess.CompletedProcess[str]:
+    """``pipeline topics list -t kafka`` with ``PIPELINE_KAFKA__BOOTSTRAP_SERVERS=bootstrap``.
+
+    This process's environment otherwise; within 120 s (a bound, not a wait).
+    """
+    env = {**os.environ, "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": bootstrap}
+    return run_pipeline("topics", "list", "-t", "kafka", env=env, timeout_s=120)
 
 
 def cli_environment(tmp_path: Path, **extra: str) -> dict[str, str]:

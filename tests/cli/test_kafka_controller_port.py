@@ -8,26 +8,13 @@ services``) answered "cannot reach Kafka ... Failed while waiting for controller
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 
 import pytest
+from support import kafka_topics_list
 
 from pipeline.cli.kafka_listener import listener_kind, split_address
 
 CONTROLLER = "127.0.0.1:9093"
-
-
-def _topics_list(bootstrap: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", "topics", "list", "-t", "kafka"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": bootstrap},
-        check=False,
-    )
 
 
 async def test_the_controller_listener_is_named_not_a_kafka_to_start(kafka_service: str) -> None:
@@ -35,7 +22,7 @@ async def test_the_controller_listener_is_named_not_a_kafka_to_start(kafka_servi
     host, port = split_address(CONTROLLER) or ("", 0)
     if await listener_kind(host, port, 2.0) != "controller":
         pytest.skip(f"no KRaft controller listens at {CONTROLLER} beside {kafka_service}")
-    result = await asyncio.to_thread(_topics_list, CONTROLLER)
+    result = await asyncio.to_thread(kafka_topics_list, CONTROLLER)
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.splitlines()
     assert line.startswith(

@@ -10,11 +10,10 @@ are no Kafka response and for a connection closed right after it was accepted.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+
+from support import kafka_topics_list
 
 from pipeline.cli.kafka_listener import listener_kind
 
@@ -70,21 +69,10 @@ async def test_a_listener_that_closes_at_once_is_other() -> None:
         assert await listener_kind("127.0.0.1", port, 5.0) == "other"
 
 
-def _topics_list(bootstrap: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", "topics", "list", "-t", "kafka"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": bootstrap},
-        check=False,
-    )
-
-
 async def test_a_silent_bootstrap_address_keeps_the_not_answering_line() -> None:
     """``pipeline topics list`` at a silent port: cannot reach Kafka, not 'check the listener'."""
     async with _serving(_silent) as port:
-        result = await asyncio.to_thread(_topics_list, f"127.0.0.1:{port}")
+        result = await asyncio.to_thread(kafka_topics_list, f"127.0.0.1:{port}")
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"error: cannot reach Kafka at 127.0.0.1:{port}"), line
