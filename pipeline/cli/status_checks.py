@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -47,9 +48,10 @@ async def reach_broker(settings: Settings) -> None:
     the caller that wants to know.
     """
     kafka = settings.kafka
-    if settings.transport == "kafka" and await _every_address_refuses(kafka.bootstrap_servers):
-        reason = "connection refused at every bootstrap address"
-        raise BrokerUnavailable(no_answer(settings, "kafka", reason))
+    if settings.transport == "kafka":
+        reason = await _no_address_answers(kafka.bootstrap_servers)
+        if reason is not None:
+            raise BrokerUnavailable(no_answer(settings, "kafka", reason))
     capped = kafka.model_copy(
         update={"request_timeout_ms": min(kafka.request_timeout_ms, PROBE_TIMEOUT_MS)}
     )
@@ -119,23 +121,37 @@ REFUSAL_WAIT_S = 0.5
 """How long a bootstrap address may take to accept or refuse a TCP connection in that check."""
 
 
-async def _every_address_refuses(servers: str) -> bool:
-    """Whether every bootstrap server in ``servers`` refused a TCP connection outright.
+async def _no_address_answers(servers: str) -> str | None:
+    """Why no bootstrap server in ``servers`` can answer, when each refused or did not resolve.
 
-    librdkafka retries a refused connection until the metadata request's timeout (3 s in the
-    probe) and then says only that it timed out; a port where nothing listens answers at once.
-    Any address that accepts, is slow, or cannot be resolved (DNS may recover) leaves the
-    answer to the metadata request: only a refusal from every address settles it here.
+    librdkafka retries a refused connection, or a name that does not resolve, until the
+    metadata request's timeout (3 s in the probe) and then says only that it timed out: a Kafka
+    that is down, when the name may be a typo. A port where nothing listens answers at once, and
+    so does the resolver for a name it does not know. Any address that accepts, is slow, or
+    whose lookup fails for another reason (DNS may recover) leaves the answer to the metadata
+    request: only a refusal or an unknown name from every address settles it here.
     """
     entries = [e.strip() for e in servers.split(",") if e.strip()]
     if not entries:
-        return False
-    refusals = await asyncio.gather(*(_refuses(entry) for entry in entries))
-    return all(refusals)
+        return None
+    answers = await asyncio.gather(*(_refusal(entry) for entry in entries))
+    reasons = [answer for answer in answers if answer is not None]
+    if len(reasons) < len(answers):
+        return None
+    if all(reason == _REFUSED for reason in reasons):
+        return "connection refused at every bootstrap address"
+    return "; ".join(dict.fromkeys(reasons))
 
 
-async def _refuses(entry: str) -> bool:
-    """Whether the bootstrap server ``entry`` (``[proto://]host[:port]``) refused a connection."""
+_REFUSED = "connection refused"
+
+
+async def _refusal(entry: str) -> str | None:
+    """How the bootstrap server ``entry`` (``[proto://]host[:port]``) turned a connection down.
+
+    ``connection refused``, ``host 'H' does not resolve (...)``, or None: it accepted, was
+    slow, or failed in a way that may not last.
+    """
     address = entry.split("://", 1)[-1]
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():  # no port: librdkafka's default
@@ -144,13 +160,21 @@ async def _refuses(entry: str) -> bool:
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), REFUSAL_WAIT_S)
     except ConnectionRefusedError:
-        return True
+        return _REFUSED
+    except socket.gaierror as exc:
+        if exc.errno in _UNKNOWN_NAME:
+            return f"host {host!r} does not resolve ({exc.strerror})"
+        return None  # a resolver that failed (EAI_AGAIN) may answer next time
     except (OSError, TimeoutError, ValueError):
-        return False  # unresolved, unreachable or slow: not a refusal
+        return None  # unreachable or slow: not a refusal
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
-    return False
+    return None
+
+
+_UNKNOWN_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+"""The resolver's answers that the name has no address (not that it could not ask)."""
 
 
 async def reach_redis(settings: Settings, client: Redis) -> None:
