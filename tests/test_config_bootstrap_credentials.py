@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from config_helpers import config_line
 from support import cli_environment, run_pipeline
 
-from pipeline.config import KafkaSettings, load_settings
-from pipeline.errors import ConfigError
+from pipeline.config import KafkaSettings
 
 _SECRET = "Qv8" + "rTn" + "Wd3"
 _VARIABLE = "PIPELINE_KAFKA__BOOTSTRAP_SERVERS"
@@ -28,14 +28,7 @@ _LOGIN = (
 
 
 def _line(monkeypatch: pytest.MonkeyPatch, value: str) -> str:
-    monkeypatch.setenv(_VARIABLE, value)
-    try:
-        load_settings()
-    except ConfigError as exc:
-        return str(exc)
-    finally:
-        monkeypatch.delenv(_VARIABLE)
-    return "(accepted)"
+    return config_line(monkeypatch, _VARIABLE, value)
 
 
 @pytest.mark.parametrize(
