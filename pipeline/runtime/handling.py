@@ -16,6 +16,7 @@ member with Redis is Redis's (:class:`~pipeline.runtime.shared_clock.SharedClock
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,8 @@ from pipeline import headers as h
 from pipeline import tracing
 from pipeline.admission.adaptive import Feedback, feedback_for
 from pipeline.envelope import Message, TopicPartition
-from pipeline.errors import DebounceUnavailable, Expired, Skip, Throttled
+from pipeline.errors import DebounceUnavailable, Expired, PipelineError, Skip, Throttled
+from pipeline.log_repeats import error_text
 from pipeline.observability.facades import DebounceMetrics, RuntimeMetrics
 from pipeline.offload.reference import OFFLOAD
 from pipeline.runtime.app import App, Lane
@@ -34,7 +36,7 @@ from pipeline.runtime.cpu import ProcessPool
 from pipeline.runtime.due import due_ms
 from pipeline.runtime.failure_log import FailureLog
 from pipeline.runtime.idempotency import IdempotencyGuard
-from pipeline.runtime.longwork import stopped_from
+from pipeline.runtime.longwork import handler_raised
 from pipeline.runtime.payloads import Payloads
 from pipeline.runtime.redirect import Redirector, Routed
 from pipeline.runtime.shared_clock import local_ms
@@ -43,6 +45,28 @@ from pipeline.runtime.stats import Stats
 from pipeline.runtime.turns import DebouncedLanes, TurnOutcome
 
 log = logging.getLogger(__name__)
+
+
+class HandlerCancelled(PipelineError):
+    """A handler raised ``CancelledError`` though no one stopped its run: its failure (retried).
+
+    A future it awaited was cancelled by someone else, say. Let through, it would end the key
+    lane's worker, the message neither routed nor told.
+    """
+
+    @classmethod
+    def of(cls, error: asyncio.CancelledError) -> HandlerCancelled:
+        """The failure for ``error``, with its traceback (the handler's frames) and as cause."""
+        said = error_text(error)
+        failure = cls(f"CancelledError{f' ({said})' if said else ''} raised by the handler itself")
+        failure.__cause__ = error
+        return failure.with_traceback(error.__traceback__)
+
+
+def _asked_to_stop() -> bool:
+    """Whether this task was cancelled (and that not taken back): a stop, not the handler's."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 class HandlerStage:
@@ -118,35 +142,52 @@ class HandlerStage:
             self._metrics.retry_started(lane.name, (self._clock_ms() - due_ms(message)) / 1000)
         called = time.perf_counter()
         try:
-            if OFFLOAD in message.headers:  # a reference: resolved off the loop, or lazily
-                event = await self._payloads.event(lane, message)
-            else:
-                event = lane.decode(message)
-            if lane.turns:
-                return await self._buffer(lane, event, message, attempt)
-            if lane.cpu_ref is None:
-                await lane.handler(event, Context(message, lane.name, attempt, self._idempotency))
-            else:
-                context = Context(message, lane.name, attempt)  # no Redis in the worker
-                await self._cpu_pool().run(lane.cpu_ref, (event, context), lane.time_limit_s)
+            buffered = await self._call(lane, message, attempt)
+            if buffered is not None:
+                return buffered
         except Skip:
             tracing.handler_ran(lane.name, called, None)
             self._stats.skipped += 1
             return "skipped"
+        except asyncio.CancelledError as exc:
+            if _asked_to_stop():
+                raise  # a run's stop (the cancel gate's) or the member's, not a failure
+            return await self._failed(lane, message, attempt, called, HandlerCancelled.of(exc))
         except Exception as exc:  # every handler failure is routed, none escapes
-            stopped_from(exc)  # unless its run was stopped: the stop's, not a failure
-            tracing.handler_ran(lane.name, called, exc)
-            if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
-                self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
-            with self._failures.telling(exc):  # its dead letter is said by the failure's line
-                routed = await self._routing.routed(lane, message, attempt, exc)
-                self._failures.failed(lane, message, attempt, exc, routed)
-            return routed.outcome
+            return await self._failed(lane, message, attempt, called, exc)
         tracing.handler_ran(lane.name, called, None)
         if self._adaptive(lane):
             self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
         self._stats.handled += 1
         return "handled"
+
+    async def _call(self, lane: Lane, message: Message, attempt: int) -> str | None:
+        """Decode ``message`` and call its handler; a debounced lane's outcome, else None."""
+        if OFFLOAD in message.headers:  # a reference: resolved off the loop, or lazily
+            event = await self._payloads.event(lane, message)
+        else:
+            event = lane.decode(message)
+        if lane.turns:
+            return await self._buffer(lane, event, message, attempt)
+        if lane.cpu_ref is None:
+            await lane.handler(event, Context(message, lane.name, attempt, self._idempotency))
+        else:
+            context = Context(message, lane.name, attempt)  # no Redis in the worker
+            await self._cpu_pool().run(lane.cpu_ref, (event, context), lane.time_limit_s)
+        return None
+
+    async def _failed(
+        self, lane: Lane, message: Message, attempt: int, called: float, exc: Exception
+    ) -> str | None:
+        """Route and tell the failure ``exc`` of ``message``'s handler (called at ``called``)."""
+        handler_raised(exc)  # a stopped run's is the stop's; else no stop from now on
+        tracing.handler_ran(lane.name, called, exc)
+        if isinstance(exc, Throttled) and self._adaptive(lane):  # other failures: no signal
+            self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, exc)
+        with self._failures.telling(exc):  # its dead letter is said by the failure's line
+            routed = await self._routing.routed(lane, message, attempt, exc)
+            self._failures.failed(lane, message, attempt, exc, routed)
+        return routed.outcome
 
     def _expired(self, lane: Lane, message: Message) -> str | None:
         """Why ``message`` must not run now (``expired`` or ``shed``), or None to run it."""

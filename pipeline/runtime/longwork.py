@@ -20,8 +20,11 @@ stop, runs the reconciler (:mod:`pipeline.cancel.reconcile`) and publishes its s
 back once the run ended (a ``cpu=True`` run's worker gets SIGTERM, then SIGKILL); a hung one is
 routed like a failure (retry tier or dead-letter topic), any other ends ``cancelled``. A stop is
 never the handler's failure: a handler that raises on its way out (a ``finally`` that fails) is
-not routed by the handler stage (:func:`stopped_from`), its run ends as stopped, and the stop's
-line names that error. A handler's own failure, running or not as long work, is told by the
+not routed by the handler stage (:func:`handler_raised`), its run ends as stopped, and the stop's
+line names that error. Nor is a failure the stop's: once its handler has raised on its own, a
+run is finishing (its failure routed to a retry tier or the dead-letter topic) and can no longer
+be stopped; a cancellation or hung verdict that comes then is one line (already finishing) and
+the routing goes on. A handler's own failure, running or not as long work, is told by the
 failure log (:mod:`pipeline.runtime.failure_log`).
 
 Without Redis nothing is cancelled and no heartbeats are kept; Redis errors are logged and the
@@ -45,6 +48,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,17 +81,25 @@ class RunStopped(asyncio.CancelledError):
     """A stopped run's handler raised on its way out: the stop goes on, its error as the cause."""
 
 
-def stopped_from(error: Exception) -> None:
-    """Raise :class:`RunStopped` from ``error`` if the run it ended was stopped (cancelled, hung).
+def handler_raised(error: Exception) -> None:
+    """The current run's handler raised ``error``: the stop's, or its own failure.
 
-    For the handler stage, before it routes a handler's failure: the stop's cancellation reached
-    the handler, which raised something else on its way out. That is not the handler's failure
-    (no retry-tier copy of cancelled work, no hung run told as an ordinary failure): the gate
-    takes the stop back and ends the run as stopped (:meth:`LongWork._stopped`).
+    For the handler stage, before it routes a handler's failure. If the run was stopped
+    (cancelled, hung), the stop's cancellation reached the handler, which raised something else
+    on its way out: that is not the handler's failure (no retry-tier copy of cancelled work, no
+    hung run told as an ordinary failure). :class:`RunStopped` is raised from ``error``, and the
+    gate takes the stop back and ends the run as stopped (:meth:`LongWork._stopped`).
+
+    Else it is the handler's own failure, and from now on the run is finishing: it can no longer
+    be stopped (:meth:`LongWork.stop`), so a stop cannot cancel the failure's routing half-way
+    (its line lost, a hung run's copy made twice).
     """
-    liveness = CURRENT.get()
-    if liveness is not None and liveness.reason is not None:
+    run = _RUNNING.get()
+    if run is None:
+        return
+    if run.liveness.reason is not None:
         raise RunStopped from error
+    run.finishing = True
 
 
 @dataclass(slots=True, eq=False)
@@ -106,6 +118,14 @@ class _Run:
     long: bool
     synced_beat_s: float = -1.0
     """The monotonic time of the last heartbeat that reached Redis (-1: none yet)."""
+    finishing: bool = False
+    """Its handler raised on its own (:func:`handler_raised`): it can no longer be stopped."""
+    refused: bool = False
+    """A stop came while it was finishing (said once)."""
+
+
+_RUNNING: ContextVar[_Run | None] = ContextVar("pipeline_longwork_run", default=None)
+"""The run the current task is in, as :data:`~pipeline.runtime.liveness.CURRENT` (set with it)."""
 
 
 class LongWork:
@@ -196,6 +216,7 @@ class LongWork:
         # The handler runs in this task (no task of its own: none to create per message); a
         # stop cancels this task and the cancellation is taken back here (uncancel).
         token = CURRENT.set(liveness)
+        running = _RUNNING.set(run)
         timeout_ms = lane.spec.heartbeat_timeout_ms
         beats = None
         if timeout_ms is not None and lane.cpu_ref is not None:  # its worker beats this often
@@ -212,6 +233,7 @@ class LongWork:
             return await self._stopped(run, liveness.reason, raised)
         finally:
             CURRENT.reset(token)
+            _RUNNING.reset(running)
             if beats is not None:
                 RUN_BEAT_EVERY_S.reset(beats)
             del self._runs[run.ident]
@@ -283,9 +305,24 @@ class LongWork:
             self._batch.counts[name] = self._batch.counts.get(name, 0) + 1
 
     def stop(self, ident: str | int, reason: str) -> bool:
-        """Stop run ``ident`` for ``reason`` (once); False if it is not running here."""
+        """Stop run ``ident`` for ``reason`` (once); False if it is not running here.
+
+        Nor if it is finishing (its handler raised on its own, :func:`handler_raised`): its
+        failure's routing goes on, and the stop is said once, at INFO.
+        """
         run = self._runs.get(ident)
         if run is None or run.liveness.reason is not None:
+            return False
+        if run.finishing:
+            if not run.refused:
+                run.refused = True
+                log.info(
+                    "not stopping %s on lane %s (%s): already finishing, its handler ended on"
+                    " its own",
+                    _where(run.message),
+                    run.lane.name,
+                    reason,
+                )
             return False
         run.liveness.reason = reason
         run.task.cancel()

@@ -224,3 +224,48 @@ async def test_a_hung_run_whose_handler_raises_as_it_stops_is_hung(
     (line,) = (r.getMessage() for r in lines)
     assert line.startswith(f"hung {spec.name}[0]@0 on lane {spec.lane}: silent past its heartbeat")
     assert line.endswith("; its handler raised RuntimeError: cleanup failed as it stopped")
+
+
+@pytest.mark.parametrize("long", [True, False], ids=["long", "plain"])
+async def test_a_handler_that_raises_cancelled_error_of_its_own_is_a_failure(
+    transport: Transport,
+    redis: Redis,
+    prefix: str,
+    unique: str,
+    lanes: Declare,
+    caplog: pytest.LogCaptureFixture,
+    caplog_repeats: RepeatFilter,
+    long: bool,
+) -> None:
+    """``CancelledError`` out of a handler whose run no one stopped is its failure: retried.
+
+    A future it awaited was cancelled by someone else, say. Before, the error went up past the
+    handler stage and ended the key lane's worker: the message neither routed nor told, left
+    unfinished, and the member one worker short for good.
+    """
+    del caplog_repeats
+    caplog.set_level(logging.INFO)
+    spec = _long_lane(unique)
+    if not long:
+        spec = lane_spec(f"lw_{unique}", 1, retry={"tiers": ["100ms"], "max_attempts": 2})
+    await lanes(spec)
+    app = App([spec])
+
+    @app.handler(spec.lane)
+    async def transcribe(event: bytes, ctx: Context) -> None:
+        if ctx.attempt == 1:
+            raise asyncio.CancelledError("its own")
+
+    await _send(transport, spec)
+    member = Member(app, transport, f"g-{unique}", QUICK, redis=redis, redis_prefix=prefix)
+    async with running(member):
+        await eventually(lambda: member.stats.handled == 1)
+    assert (member.stats.retried, member.stats.hung, member.stats.cancelled) == (1, 0, 0)
+    lines = _records(caplog, spec.lane)
+    assert [(r.name, r.levelno) for r in lines] == [(FAILURES, logging.WARNING)], [
+        r.getMessage() for r in lines
+    ]
+    head = lines[0].getMessage().splitlines()[0]
+    assert f"handler failed on {spec.name}[0]@0 (key k-1, attempt 1 of 2): " in head
+    assert "HandlerCancelled: CancelledError (its own) raised by the handler itself;" in head
+    assert f"next: retry tier {spec.name}.retry.100ms" in head
