@@ -54,6 +54,8 @@ callers never need to import a client library to handle a failure::
     ├── HandlerTimeout              a CPU-bound handler ran past its limit (pipeline/runtime/cpu.py)
     ├── WorkerCrashed               a CPU-bound handler's worker process died (retryable)
     ├── HandlerHung                 a handler fell silent past its heartbeat timeout (retryable)
+    ├── HandlerCancelled            a handler raised CancelledError though nothing stopped it
+    │                               (retryable; pipeline/runtime/handling.py)
     ├── CancelFailed                Redis could not record a cancellation (pipeline/cancel)
     ├── OffloadError                the payload store failed or refused (pipeline/offload)
     ├── LaneTaken                   another group took a lane this member consumes (lane lease)
