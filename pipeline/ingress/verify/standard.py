@@ -73,7 +73,12 @@ class StandardWebhooksVerifier:
                 continue
         if not candidates:
             raise Rejected("malformed signature header")
-        signed = f"{msg_id}.{timestamp}.".encode() + body
+        # Header values arrive decoded as Latin-1, one character per byte: encoding them back
+        # so signs the id's bytes as sent (UTF-8 would change any byte above 0x7F).
+        try:
+            signed = f"{msg_id}.{timestamp}.".encode("latin-1") + body
+        except UnicodeEncodeError:  # no header off the wire has such a character
+            raise Rejected("malformed signature header") from None
         for key in self._keys:
             expected = hmac.digest(key, signed, "sha256")
             if any(hmac.compare_digest(expected, candidate) for candidate in candidates):
