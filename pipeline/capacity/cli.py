@@ -2,8 +2,10 @@
 
 Prints the lane's arrival rate (last five minutes) and forecast peak, its service time and
 where it came from, the slots of ``--members`` members (default: the desired count), their
-utilisation and the M/M/c expected wait at that utilisation, and the members needed for the
-target utilisation and for the target wait (``PIPELINE_CAPACITY__*``). Redis unreachable, a
+utilisation and the M/M/c expected wait at that utilisation, the lane's partitions (the most
+members that consume it, the ScaledObject's ``maxReplicaCount``), and the members needed for
+the target utilisation and for the target wait (``PIPELINE_CAPACITY__*``), saying so when they
+are more than the partitions, which must then be added first. Redis unreachable, a
 capacity key of another type (Redis answering ``WRONGTYPE``) or an unknown lane: one line on
 stderr, exit 1, 1 or 2.
 
@@ -30,8 +32,11 @@ if TYPE_CHECKING:
 __all__ = ["as_dict", "capacity_command", "render"]
 
 
-def as_dict(plan: LanePlan) -> dict[str, Any]:
-    """The plan as plain JSON values (an unbounded wait or utilisation is ``null``)."""
+def as_dict(plan: LanePlan, partitions: int | None = None) -> dict[str, Any]:
+    """The plan as plain JSON values (an unbounded wait or utilisation is ``null``).
+
+    ``partitions``: the lane's partitions, when known (``null`` otherwise).
+    """
     wait = plan.expected_wait_s
     busy = plan.utilisation
     return {
@@ -51,17 +56,28 @@ def as_dict(plan: LanePlan) -> dict[str, Any]:
         "target_utilisation": plan.target_utilisation,
         "members_for_target_wait": plan.target_wait_members,
         "target_wait_s": plan.target_wait_s,
+        "partitions": partitions,
     }
 
 
-def render(plan: LanePlan) -> str:
-    """The plan as the lines ``pipeline capacity`` prints."""
+def render(plan: LanePlan, partitions: int | None = None) -> str:
+    """The plan as the lines ``pipeline capacity`` prints (``partitions``: the lane's, if known).
+
+    Members beyond the partitions sit idle, so a plan asking for more says to add partitions.
+    """
     wait = plan.expected_wait_s
     shown_wait = "unbounded (arrivals exceed the slots)" if math.isinf(wait) else f"{wait:.3f} s"
     busy = plan.utilisation
     shown_busy = "unbounded (arrivals on no slots)" if math.isinf(busy) else f"{busy:.1%}"
     seasons = f"{plan.forecast.seasons} past {plan.season}s" if plan.forecast.seasons else "none"
-    return "\n".join(
+    needed = max(plan.desired_members, plan.target_wait_members)
+    short = ""
+    if partitions is not None and needed > partitions:
+        short = (
+            f": more than the lane's {partitions} partitions, add partitions "
+            "(topics/*.yaml, pipeline topics apply) first"
+        )
+    lines = (
         [
             f"lane {plan.lane}",
             (
@@ -73,12 +89,21 @@ def render(plan: LanePlan) -> str:
             f"  slots           {plan.slots} ({plan.members} x {plan.slots_per_member} per member)",
             f"  utilisation     {shown_busy}",
             f"  expected wait   {shown_wait} (M/M/c)",
+        ]
+        + (
+            []
+            if partitions is None
+            else [f"  partitions      {partitions} (at most {partitions} members consume)"]
+        )
+        + [
             (
                 f"  members needed  {plan.desired_members} at {plan.target_utilisation:.0%} "
-                f"utilisation, {plan.target_wait_members} for a {plan.target_wait_s:g} s mean wait"
+                f"utilisation, {plan.target_wait_members} for a {plan.target_wait_s:g} s mean "
+                f"wait{short}"
             ),
         ]
     )
+    return "\n".join(lines)
 
 
 def capacity_command(
@@ -99,10 +124,11 @@ def capacity_command(
     from pipeline.reachability import unreachable  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
-    async def main() -> LanePlan:
+    async def main() -> tuple[LanePlan, int]:
         # In the runner: a missing or invalid declaration is exit 2, as for every command.
         settings = load_settings()
-        lanes = {spec.lane for spec in load_specs(settings.topics_dir)}
+        specs = load_specs(settings.topics_dir)
+        lanes = {spec.lane for spec in specs}
         if lane not in lanes:
             raise ConfigError(
                 f"unknown lane {lane!r} in {settings.topics_dir} "
@@ -114,8 +140,10 @@ def capacity_command(
         history = ArrivalHistory(
             client, settings.redis.key_prefix, retention_days=settings.capacity.retention_days
         )
+        # The most members that consume the lane: scripts/manifests.py's maxReplicaCount.
+        partitions = max(spec.partitions for spec in specs if spec.lane == lane)
         try:
-            return await plan_lane(
+            plan = await plan_lane(
                 history,
                 lane,
                 settings.capacity,
@@ -138,6 +166,7 @@ def capacity_command(
             raise typer.Exit(1) from None
         finally:
             await client.aclose()
+        return plan, partitions
 
-    plan = run_command(main())
-    typer.echo(json.dumps(as_dict(plan)) if as_json else render(plan))
+    plan, partitions = run_command(main())
+    typer.echo(json.dumps(as_dict(plan, partitions)) if as_json else render(plan, partitions))
