@@ -16,10 +16,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from pipeline.config import RegistrySettings, setting_reason
 from pipeline.errors import ConfigError
@@ -44,7 +46,59 @@ def startup_problem(settings: RegistrySettings) -> str | None:
             "PIPELINE_REGISTRY__REQUIRE_AUTH is set but no credentials are configured: set "
             "PIPELINE_REGISTRY__AUTH__USERS or PIPELINE_REGISTRY__AUTH__TOKENS"
         )
+    return _credentials_problem(settings)
+
+
+def _credentials_problem(settings: RegistrySettings) -> str | None:
+    """Why the configured users or tokens cannot be used as written, in one line, or None.
+
+    A user named twice (the later entry replaced the earlier, whose password was then refused),
+    a user name with ``:`` (basic auth splits ``user:password`` at the first one: that user could
+    never sign in), an empty password or token (an unset variable in a manifest: ``ci:`` would
+    be let in). The line never holds a secret.
+    """
+    users = f"{ENV_PREFIX}AUTH__USERS"
+    seen: set[str] = set()
+    for i, user in enumerate(settings.auth.users):
+        if user.username in seen:
+            return f"{users} names user {user.username!r} twice: give each user one entry"
+        seen.add(user.username)
+        if ":" in user.username:
+            return (
+                f"{users}[{i}]: user name {user.username!r} holds ':', which basic auth reads as"
+                " the end of the user name: no client could sign in as it; rename it"
+            )
+        if not user.password.get_secret_value():
+            return f"{users}[{i}]: user {user.username!r} has an empty password; give it one"
+    tokens = f"{ENV_PREFIX}AUTH__TOKENS"
+    for i, token in enumerate(settings.auth.tokens):
+        if not token.token.get_secret_value():
+            return f"{tokens}[{i}]: token {token.name!r} is an empty token; give it a secret"
     return None
+
+
+_JSON_VARIABLES = ("AUTH", "AUTH__USERS", "AUTH__TOKENS")
+"""The ``PIPELINE_REGISTRY__*`` variables read as JSON (pydantic-settings parses them)."""
+
+
+def _not_json() -> str:
+    """Which JSON variable does not parse, and where, for a :class:`SettingsError`.
+
+    Never its value: a users or tokens list holds secrets.
+    """
+    for name in _JSON_VARIABLES:
+        variable = f"{ENV_PREFIX}{name}"
+        value = os.environ.get(variable)
+        if value is None:
+            continue
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            return (
+                f"{variable} is not valid JSON ({exc.msg} at line {exc.lineno} column"
+                f" {exc.colno}); write it as a JSON list, as docs/registry.md#authentication shows"
+            )
+    return f"a {ENV_PREFIX}* variable that holds JSON is not valid JSON"
 
 
 class _RegistryEnv(BaseSettings):
@@ -65,6 +119,8 @@ def load_registry_settings(**overrides: Any) -> RegistrySettings:
     """
     try:
         return _RegistryEnv(registry=overrides).registry
+    except SettingsError:  # a JSON variable that does not parse; its text may hold secrets
+        raise ConfigError(f"invalid registry configuration: {_not_json()}") from None
     except ValidationError as exc:
         problems = [
             f"PIPELINE_{'__'.join(str(p).upper() for p in err['loc'])}: {setting_reason(err)}"
