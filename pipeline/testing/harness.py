@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel
 from redis.asyncio import Redis
@@ -54,6 +54,8 @@ from pipeline.testing.redis import fake_redis
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Producer
 
+State = Literal["new", "running", "stopped"]
+"""Where a :class:`TestApp` is: before, inside or after its ``async with`` block."""
 _STEP_S = 1.0
 """How often :meth:`TestApp.drain` looks whether everything settled (virtual seconds)."""
 COMMIT_INTERVAL_MS = 5_000
@@ -140,9 +142,10 @@ class TestApp:
         self.redis: Redis = fake_redis()
         self.app = self._recording_copy(app, payloads)
         self._lane_names = list(lanes or sorted(self.app.lanes))
-        self.app.topics(self._lane_names)  # a lane without a handler: one clear error, now
+        self._check_lanes(throttle_limits or {})
         self._group = group
         self._throttle_limits = dict(throttle_limits or {})
+        self._state: State = "new"
         self._throttle: Throttle | None = None
         self._member: Member | None = None
         self._stop = asyncio.Event()
@@ -151,6 +154,23 @@ class TestApp:
         policies = topic_policies([lane.spec for lane in self.app.lanes.values()])
         if policies:  # large payloads of offloading lanes go to their stores, as in production
             self._producer = OffloadingProducer(self._producer, Offloader(policies))
+
+    def _check_lanes(self, throttle_limits: Mapping[str, int]) -> None:
+        """Refuse, now and in one line, lanes the App has no handler for and unused limits."""
+        known = ", ".join(sorted(self.app.lanes)) or "none"
+        unknown = [name for name in self._lane_names if name not in self.app.lanes]
+        if unknown:
+            raise ConfigError(
+                f"no handler registered for lane(s) {', '.join(unknown)} (the App's lanes: {known})"
+            )
+        self.app.topics(self._lane_names)  # an App with no handler: its own clear error
+        chosen = [self.app.lanes[name] for name in self._lane_names]
+        if throttle_limits and not any(lane.spec.throttle for lane in chosen):
+            raise ConfigError(
+                f"throttle_limits given, but no lane of this TestApp declares `throttle:` (lanes:"
+                f" {', '.join(self._lane_names)}): declare it in the lane's file in topics/, or"
+                " leave throttle_limits out"
+            )
 
     def _recording_copy(self, app: App, payloads: Path | None) -> App:
         """A new App with the same declarations whose handlers record their calls."""
@@ -167,6 +187,12 @@ class TestApp:
 
     async def __aenter__(self) -> Self:
         """Start the clock, create the topics, start the member and wait for its partitions."""
+        if self._state != "new":
+            raise ConfigError(
+                "a TestApp runs once: make a new TestApp(app) for each `async with` (its topics,"
+                " fake Redis and records belong to that run)"
+            )
+        self._state = "running"
         self.clock.start()
         try:
             await self._start()
@@ -213,6 +239,7 @@ class TestApp:
         await self._close()
 
     async def _close(self) -> None:
+        self._state = "stopped"
         self._stop.set()
         try:
             if self._task is not None:
@@ -231,6 +258,16 @@ class TestApp:
             raise ConfigError("the TestApp is not running: use `async with TestApp(app) as t`")
         return self._member
 
+    def _check_running(self) -> None:
+        """Refuse to drive a TestApp outside its ``async with`` block, saying which side."""
+        if self._state == "new":
+            raise ConfigError("the TestApp is not running: use `async with TestApp(app) as t`")
+        if self._state == "stopped":
+            raise ConfigError(
+                "the TestApp has stopped (its `async with` block ended): send, advance and"
+                " drain inside the block; what ran (runs, dead_letters, stats) stays readable"
+            )
+
     # -- driving --------------------------------------------------------------------------------
 
     async def send(
@@ -243,18 +280,27 @@ class TestApp:
         event_id: str | None = None,
         headers: Mapping[str, bytes] | None = None,
     ) -> Delivered:
-        """Produce ``event`` to ``lane``'s topic as the ingress would (key, tenant, event id)."""
+        """Produce ``event`` to ``lane``'s topic as the ingress would (key, tenant, event id).
+
+        ``lane`` may also name a topic of the App (a retry tier, a dead-letter topic) or one
+        the test created; anything else is a :class:`ConfigError` naming the lanes.
+        """
+        self._check_running()
+        topic = self.app.lanes[lane].spec.name if lane in self.app.lanes else lane
+        if topic not in self.transport.broker.topics:
+            known = ", ".join(sorted(self.app.lanes)) or "none"
+            raise ConfigError(f"no lane or topic {lane!r} in this TestApp (lanes: {known})")
         out = dict(headers or {})
         if tenant is not None:
             out[h.TENANT] = tenant.encode()
         if event_id is not None:
             out[h.EVENT_ID] = event_id.encode()
         raw_key = key.encode() if isinstance(key, str) else key
-        topic = self.app.lanes[lane].spec.name if lane in self.app.lanes else lane
         return await self._producer.send(topic, encode_value(event), key=raw_key, headers=out)
 
     async def advance(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass, running everything that falls due."""
+        self._check_running()
         await asyncio.sleep(seconds)
         self._raise_if_failed()
 
@@ -265,6 +311,7 @@ class TestApp:
         no handler call running, and no debounced turn pending in Redis. Fails after ``max_s``
         virtual seconds.
         """
+        self._check_running()
         await self._until_async(self._settled, max_s, "settle")
 
     async def _settled(self) -> bool:
@@ -330,10 +377,15 @@ class TestApp:
         return [DeadLettered.of(m) for m in self.messages(self._spec(lane).dead_letter)]
 
     def _spec(self, lane: str) -> TopicSpec:
-        """The declaration of ``lane``, which must have a handler in the App."""
+        """The declaration of ``lane``, which must have a handler in the App and be run."""
         if lane not in self.app.lanes:
             known = ", ".join(sorted(self.app.lanes)) or "none"
             raise ConfigError(f"no lane {lane!r} in this TestApp (lanes: {known})")
+        if lane not in self._lane_names:
+            raise ConfigError(
+                f"lane {lane!r} is not run by this TestApp (lanes={self._lane_names!r}): nothing"
+                " of it runs, retries or is dead-lettered; add it to lanes= to test it"
+            )
         return self.app.lanes[lane].spec
 
     def peak_concurrency(self, lane: str, *, tenant: str | None = None) -> int:
