@@ -186,7 +186,8 @@ def _redis_server(redis_url: str) -> dict[str, Any]:
 
 def _describe(spec: TopicSpec) -> str:
     parts = [
-        f"Lane `{spec.lane}`: {spec.partitions} partitions, keyed with Java-compatible murmur2; "
+        f"Lane `{spec.lane}`: {spec.partitions} partition{'' if spec.partitions == 1 else 's'}, "
+        "keyed with Java-compatible murmur2; "
         + (
             "messages of one key are handled one at a time, in order."
             if spec.ordered
@@ -422,7 +423,7 @@ def document(
     components: dict[str, Any] = {"schemas": builder.schemas, "messages": builder.messages}
     if mechanism is not None:
         components["securitySchemes"] = {KAFKA_SCHEME: _kafka_scheme(mechanism)}
-    return {
+    doc: dict[str, Any] = {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {
             "title": title,
@@ -441,3 +442,22 @@ def document(
         "operations": builder.operations,
         "components": components,
     }
+    tree: dict[str, Any] = _tree(doc)  # PyYAML writes no anchors; no part is another's
+    return tree
+
+
+def _tree(value: Any) -> Any:
+    """``value`` copied so that no dict or list appears in it twice.
+
+    The builder puts one payload object in each of a lane's messages, and the header schemas
+    (module constants, :mod:`pipeline.topics.asyncapi_headers`) share their properties. Dumped
+    as they were, PyYAML wrote an anchor for each (``&id026`` ... ``*id026``), numbered in
+    document order: a lane added ahead renumbered those of every lane after it, so a diff of two
+    documents showed lanes that had not changed. And editing one part of a document edited the
+    others, and the constants every later document of the process is built from.
+    """
+    if isinstance(value, dict):
+        return {key: _tree(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_tree(item) for item in value]
+    return value
