@@ -23,7 +23,7 @@ from confluent_kafka.admin import (
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import TopicPartition
-from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
+from pipeline.errors import ConfigError, GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.kafka.detached import detached
 from pipeline.transport.kafka.errors import client_config_error, translate
 from pipeline.transport.kafka.group import admin_client, client_properties
@@ -77,6 +77,19 @@ def _code(error: TransportError) -> int | None:
 def _gone(error: TransportError) -> bool:
     """The error says the topic does not exist (any more)."""
     return isinstance(error, UnknownTopic) or _code(error) == KafkaError._NOENT  # noqa: SLF001 - librdkafka's local error codes are spelled with an underscore
+
+
+def _require_group(group: str) -> None:
+    """Refuse a blank ``group``: librdkafka aborts the process on a consumer of that ``group.id``.
+
+    Raises:
+        ConfigError: the group is empty or whitespace (a variable that was unset, say).
+    """
+    if not group.strip():
+        raise ConfigError(
+            f"group {group!r}: a consumer group needs a name (is the variable or option that"
+            " gives it unset?); give the lane's group, e.g. replies"
+        )
 
 
 def _no_leader(error: TransportError) -> bool:
@@ -317,7 +330,12 @@ class KafkaAdmin:
         raise TransportError(f"topic {name!r} deleted but still listed after {self._timeout_s}s")
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
-        """Committed position, end offset and oldest unconsumed timestamp per partition."""
+        """Committed position, end offset and oldest unconsumed timestamp per partition.
+
+        Raises:
+            ConfigError: ``group`` is blank (:func:`_require_group`).
+        """
+        _require_group(group)
         meta = await self._metadata(topic)
         info = meta.topics.get(topic)
         if info is None or info.error is not None:
@@ -343,8 +361,10 @@ class KafkaAdmin:
         The group must have no members. A member that has just closed can still be counted for
         a moment (its leave is being processed), so NON_EMPTY_GROUP is asked again a few times,
         ``_SETTLING_PAUSES_S`` apart, before it is raised. A static member that held its slot
-        on close stays a member until its session expires.
+        on close stays a member until its session expires. A blank ``group`` is a ConfigError
+        (:func:`_require_group`), not a group that is gone already.
         """
+        _require_group(group)
         for pause in (*_SETTLING_PAUSES_S, None):
             futures = self._raw.delete_consumer_groups([group], request_timeout=self._timeout_s)
             try:
@@ -392,6 +412,7 @@ class KafkaAdmin:
             raise problem or translate(exc, f"probe of group {group!r}") from None
 
     def _open_probe(self, group: str) -> _RawConsumer:
+        _require_group(group)  # a blank group.id would abort the process, not raise
         return _RawConsumer(
             {
                 "bootstrap.servers": self._settings.bootstrap_servers,
