@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from typing import TYPE_CHECKING
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -22,6 +23,9 @@ from pipeline.config import Settings
 from pipeline.errors import BrokerUnavailable, ConfigError, PipelineError
 from pipeline.reachability import Service, no_answer, refusal, unreachable
 from pipeline.transport import create_transport
+
+if TYPE_CHECKING:
+    from pipeline.cli.kafka_listener import ListenerKind
 
 __all__ = ["PROBE_TIMEOUT_MS", "BrokerRefused", "reach_broker", "reach_redis"]
 
@@ -45,7 +49,9 @@ async def reach_broker(settings: Settings) -> None:
     the metadata request (librdkafka would retry it for the whole probe). A Redis that refused
     the URL's credentials or its TLS handshake raises :class:`BrokerRefused`. A Kafka broker's
     refused login is not in its error: the error's ``diagnose`` asks the broker (up to 3 s), for
-    the caller that wants to know.
+    the caller that wants to know; not when every address took no connection or said nothing to
+    the listener probe (a port that speaks no Kafka, a hung broker), which no login could have
+    refused: that second wait would end in the same line.
     """
     kafka = settings.kafka
     if settings.transport == "kafka":
@@ -66,11 +72,13 @@ async def reach_broker(settings: Settings) -> None:
         refused = refusal(settings, service, reason)
         if refused is not None:
             raise BrokerRefused(refused) from exc
-        other = await _not_a_broker(settings, reason) if service == "kafka" else None
+        kinds = await _listeners(settings) if service == "kafka" else None
+        other = _not_a_broker(settings, reason, kinds)
         if other is not None:  # no service to start: the address is another listener's
             raise BrokerUnavailable(other) from exc
         unavailable = BrokerUnavailable(no_answer(settings, service, reason))
-        unavailable.diagnose = getattr(exc, "diagnose", None)  # a refused login, asked for
+        if kinds is None or kinds & {"broker", "other"}:  # one that said nothing refuses none
+            unavailable.diagnose = getattr(exc, "diagnose", None)  # a refused login, asked for
         raise unavailable from exc
     finally:
         await transport.close()
@@ -81,14 +89,12 @@ LISTENER_WAIT_S = 1.0
 _ENCRYPTED = ("SSL", "SASL_SSL")
 
 
-async def _not_a_broker(settings: Settings, reason: str) -> str | None:
-    """The line for bootstrap addresses that answer but are no broker's listener, else None.
+async def _listeners(settings: Settings) -> set[ListenerKind] | None:
+    """What answered each bootstrap address's listener probe; None when it cannot be asked.
 
     After the metadata request failed: each address is asked what listens there
     (:func:`~pipeline.cli.kafka_listener.listener_kind`, in plain text, so not when
-    ``security.protocol`` is TLS). When one answered and none is a broker (a KRaft controller's
-    listener, or another service), starting Kafka is the wrong advice: the address is. One
-    that accepted and said nothing may be a hung broker: then the not-answering line stands.
+    ``security.protocol`` is TLS: then None). An address that took no connection adds nothing.
     """
     from pipeline.cli.kafka_listener import listener_kind, split_address  # noqa: PLC0415
 
@@ -101,9 +107,22 @@ async def _not_a_broker(settings: Settings, reason: str) -> str | None:
         if (found := split_address(entry)) is not None
     ]
     kinds = await asyncio.gather(*(listener_kind(h, p, LISTENER_WAIT_S) for h, p in addresses))
-    answered = {kind for kind in kinds if kind is not None}
+    return {kind for kind in kinds if kind is not None}
+
+
+def _not_a_broker(
+    settings: Settings, reason: str, answered: set[ListenerKind] | None
+) -> str | None:
+    """The line for bootstrap addresses that answer but are no broker's listener, else None.
+
+    ``answered`` is what :func:`_listeners` found (None: not asked, or not Kafka). When one
+    answered and none is a broker (a KRaft controller's listener, or another service),
+    starting Kafka is the wrong advice: the address is. One that accepted and said nothing may
+    be a hung broker: then the not-answering line stands.
+    """
     if not answered or answered & {"broker", "unknown"}:  # a silent one may be a hung broker
         return None
+    kafka = settings.kafka
     what = (
         "a KRaft controller's, which serves no metadata"
         if answered == {"controller"}
