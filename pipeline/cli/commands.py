@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import sys
+import time
 import uuid
 from collections.abc import Collection, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -45,7 +46,7 @@ from pipeline.cli_support import (
     utc_time,
 )
 from pipeline.envelope import Message, printable
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, PipelineError, UnknownTopic
 from pipeline.ingress.cli import app as ingress_app
 from pipeline.ingress.cli import ops_app as ingress_ops_app
 from pipeline.registry.cli import app as registry_app
@@ -502,7 +503,15 @@ def tail(
             while wanted is None or seen < wanted:
                 # A batch of at most 500: a broker refuses a count past its own bound.
                 batch = min(wanted - seen, _TAIL_BATCH) if wanted else _TAIL_BATCH
-                for msg in await reader.poll(batch, 0.5):
+                try:
+                    polled = await reader.poll(batch, 0.5)
+                except UnknownTopic:  # each transport words it its own way: one line for both
+                    raise UnknownTopic(
+                        f"topic {_as_typed(topic)!r} does not exist on {t.name}: `pipeline topics"
+                        " list` shows the topics there (declare it in topics/ and run `pipeline"
+                        " topics apply`)"
+                    ) from None
+                for msg in polled:
                     typer.echo(_render(msg, as_json=as_json))
                     seen += 1
                 sys.stdout.flush()
@@ -708,9 +717,11 @@ def redrive(
     try:
         for option, when in (("--since", since), ("--until", until)):
             _check_time(option, when)
+        now_s = time.time()  # both ages count back from the same instant
         selection = Selection.typed_as(
-            since=since, until=until, tenant=tenant, error_class=error_class, key=key
+            since=since, until=until, tenant=tenant, error_class=error_class, key=key, now_s=now_s
         )
+        _require_window(since, until, selection.since_ms, selection.until_ms, int(now_s * 1000))
         rate_per_s = _per_s(rate)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
@@ -787,6 +798,36 @@ def _check_time(option: str, value: str | None) -> None:
         ) from None
 
 
+_AGE = re.compile(r"^\s*\d+\s*[a-z]+\s*$")
+"""An age as typed (``2h``, ``90m``), not an ISO time: the window hint says ages count back."""
+
+
+def _require_window(
+    since: str | None, until: str | None, since_ms: int | None, until_ms: int | None, now_ms: int
+) -> None:
+    """Raise ValueError naming the options unless ``--since``/``--until`` can select anything.
+
+    A ``--since`` after now, or a start not before the end (``--since 1h --until 2h``: an
+    hour ago to two hours ago), selects nothing, which a dry run would report as nothing failed.
+    """
+    if since_ms is not None and since_ms > now_ms:
+        raise ValueError(
+            f"--since {since} is after now ({utc_time(now_ms)}): the window selects nothing yet;"
+            " give a time in the past, or an age (--since 2h)"
+        )
+    if since_ms is None or until_ms is None or since_ms < until_ms:
+        return
+    ages = "ages count back from now: " if any(_AGE.match(t or "") for t in (since, until)) else ""
+    hint = (
+        f"{ages or 'the earlier time goes to --since: '}--since {until} --until {since}"
+        if since_ms > until_ms
+        else "both give the same time; give --since the earlier time"
+    )
+    raise ValueError(
+        f"--since {since} is not before --until {until}: the window selects nothing ({hint})"
+    )
+
+
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
 
 
@@ -801,10 +842,12 @@ def _per_s(value: str | None) -> float | None:
 
 
 def _print_redrive(report: Report, *, dry_run: bool) -> None:
-    table = Table("reason", "messages", title="selected dead letters by reason")
-    for why, count in report.reasons.most_common():
-        table.add_row(Text(why), str(count))  # from the dead letter's headers: rich reads [..]
-    out_console().print(table)
+    """The selected dead letters by reason (when any was selected), then the summary lines."""
+    if report.reasons:  # an empty table would read as a broken listing: the summary says 0
+        table = Table("reason", "messages", title="selected dead letters by reason")
+        for why, count in report.reasons.most_common():
+            table.add_row(Text(why), str(count))  # from the dead letter's headers: rich reads [..]
+        out_console().print(table)
     verb = "would move" if dry_run else "moved"
     moved = report.selected - report.refused_loops - report.no_origin if dry_run else report.moved
     typer.echo(
