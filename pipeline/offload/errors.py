@@ -35,6 +35,9 @@ REFUSED_CREDENTIALS = (
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
 """Where an S3-compatible service other than AWS's is found."""
 
+NO_SUCH_BUCKET = "NoSuchBucket"
+"""S3's error code of a request in a bucket that does not exist (in its XML answer)."""
+
 _FORBIDDEN = "403 Forbidden"
 _UNSENT = "error sending request"  # obstore's first line of a request that got no answer
 _REQUEST_URL = re.compile(r"Error performing [A-Z]+ (\S+)")
@@ -100,6 +103,20 @@ def client_error_text(exc: BaseException) -> str:
             " where the instance metadata service serves them)"
         )
     return text
+
+
+def bucket_missing(url: str) -> str:
+    """What a ``NoSuchBucket`` answer means for the store ``url`` and what to do, as one line."""
+    bucket = urlsplit(url).netloc
+    return (
+        f"bucket {bucket} does not exist ({NO_SUCH_BUCKET}); create it, or correct the bucket in"
+        f" the lanes' offload.store (and {ENDPOINT_VARIABLE}, if it names another service)"
+    )
+
+
+def no_such_bucket(exc: BaseException) -> bool:
+    """Whether the client's error ``exc`` is S3's answer that the bucket does not exist."""
+    return f"<Code>{NO_SUCH_BUCKET}</Code>" in str(exc)
 
 
 def refused_credentials(text: str) -> bool:

@@ -18,7 +18,13 @@ from typing import Any
 
 import obstore
 
-from pipeline.offload.errors import OffloadError, PayloadMissing, client_error_text
+from pipeline.offload.errors import (
+    OffloadError,
+    PayloadMissing,
+    bucket_missing,
+    client_error_text,
+    no_such_bucket,
+)
 from pipeline.offload.store import StoredObject
 
 CHECK_TO_DELETE_S = 1.0
@@ -47,6 +53,8 @@ class ObjectPayloadStore:
 
     def _error_text(self, exc: BaseException) -> str:
         """The client's error ``exc`` as one line."""
+        if no_such_bucket(exc):
+            return bucket_missing(self.url)
         return client_error_text(exc)
 
     async def head(self, key: str) -> StoredObject | None:
@@ -76,7 +84,11 @@ class ObjectPayloadStore:
             stream = iter(result.stream(min_chunk_size=chunk_bytes))
             while (chunk := await asyncio.to_thread(_next_bytes, stream)) is not None:
                 yield chunk
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if no_such_bucket(exc):  # not the object: the store is misconfigured (a retry)
+                raise OffloadError(
+                    f"offload store {self.url}: cannot read {key}: {bucket_missing(self.url)}"
+                ) from None
             raise PayloadMissing(f"offloaded payload {self.url}/{key} does not exist") from None
         except PayloadMissing:
             raise

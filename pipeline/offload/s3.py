@@ -47,15 +47,20 @@ from obstore.store import S3Store
 
 from pipeline.errors import ConfigError
 from pipeline.offload.errors import (
+    NO_SUCH_BUCKET,
     REFUSED_CREDENTIALS,
     OffloadError,
+    bucket_missing,
     client_error_text,
+    no_such_bucket,
     unanswered,
 )
 from pipeline.offload.objects import ObjectPayloadStore
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
+
+    from pipeline.offload.store import StoredObject
 
 
 _SIGNED_FOR = timedelta(minutes=5)
@@ -80,6 +85,8 @@ KEPT_ALIVE_CONNECTIONS = 32
 KEPT_ALIVE_S = 5.0
 """Seconds an idle connection is kept: below the services' own idle timeouts (S3: about 20)."""
 _DELETE_TIMEOUT_S = 30.0
+BUCKET_SEEN_S = 60.0
+"""Seconds a bucket seen to exist is not asked about again when a HEAD finds no object."""
 
 
 def _refused(status: int) -> str:
@@ -139,6 +146,11 @@ def _unsigned_payload() -> bool:
     if text in {"false", "0", "no", "off"}:
         return False
     raise ConfigError(f"AWS_UNSIGNED_PAYLOAD={text!r}: expected true (the default) or false")
+
+
+def _first_listed(store: S3Store, prefix: str) -> None:
+    """List one page of at most one key under ``prefix``: S3's answer tells the bucket exists."""
+    next(iter(obstore.list(store, prefix, chunk_size=1)), None)
 
 
 async def _slices(data: bytes | memoryview) -> AsyncIterator[bytes]:
@@ -214,6 +226,31 @@ class S3PayloadStore(ObjectPayloadStore):
             asyncio.AbstractEventLoop,
             tuple[httpx.AsyncClient, AsyncGenerator[httpx.AsyncClient]],
         ] = {}
+        self._bucket_seen_until = 0.0
+
+    async def head(self, key: str) -> StoredObject | None:
+        """The object at ``key``, or None; an error when the bucket itself does not exist.
+
+        S3 answers a HEAD in a missing bucket as it answers one of a missing object (404, no
+        body), so on a 404 the bucket is asked about with a one-key listing, at most once every
+        :data:`BUCKET_SEEN_S` while it exists: a typo in ``offload.store`` is a store failure
+        (a 503, a retry) naming the bucket, not an object that was never written or is gone.
+
+        Raises:
+            OffloadError: the store failed, or the bucket does not exist.
+        """
+        found = await super().head(key)
+        if found is None and time.monotonic() >= self._bucket_seen_until:
+            try:
+                await asyncio.to_thread(_first_listed, self._store, key)
+            except Exception as exc:
+                if no_such_bucket(exc):
+                    raise OffloadError(
+                        f"offload store {self.url}: cannot read {key}: {bucket_missing(self.url)}"
+                    ) from None
+                # Anything else (a key without s3:ListBucket, a blip): the HEAD's 404 stands.
+            self._bucket_seen_until = time.monotonic() + BUCKET_SEEN_S
+        return found
 
     async def _client(self) -> httpx.AsyncClient:
         """The kept-alive connections of the running event loop (opened on first use)."""
@@ -277,16 +314,26 @@ class S3PayloadStore(ObjectPayloadStore):
             if not transient or attempt + 1 == _PUT_ATTEMPTS or waited_s >= self.timeout_s:
                 break
             await asyncio.sleep(0.1 * 2**attempt)
-        if isinstance(failure, httpx.Response):
-            code = _S3_CODE.search(failure.text)
-            raise OffloadError(
-                f"offload store {self.url}: cannot write {key}: HTTP {failure.status_code}"
-                f"{' ' + code[1] if code else ''} from {failure.url.host}:{failure.url.port}"
-                f"{_refused(failure.status_code)}"
+        raise self._write_failed(key, failure) from (
+            None if isinstance(failure, httpx.Response) else failure
+        )
+
+    def _write_failed(self, key: str, failure: BaseException | httpx.Response) -> OffloadError:
+        """The error of a write of ``key`` that ended with ``failure`` (an answer or an error)."""
+        if not isinstance(failure, httpx.Response):
+            return OffloadError(
+                f"offload store {self.url}: cannot write {key}: {self._error_text(failure)}"
             )
-        raise OffloadError(
-            f"offload store {self.url}: cannot write {key}: {self._error_text(failure)}"
-        ) from failure
+        code = _S3_CODE.search(failure.text)
+        if code is not None and code[1] == NO_SUCH_BUCKET:
+            return OffloadError(
+                f"offload store {self.url}: cannot write {key}: {bucket_missing(self.url)}"
+            )
+        return OffloadError(
+            f"offload store {self.url}: cannot write {key}: HTTP {failure.status_code}"
+            f"{' ' + code[1] if code else ''} from {failure.url.host}:{failure.url.port}"
+            f"{_refused(failure.status_code)}"
+        )
 
     async def _put_once(self, url: str, data: bytes | memoryview) -> httpx.Response:
         client = await self._client()
@@ -297,6 +344,8 @@ class S3PayloadStore(ObjectPayloadStore):
     def _error_text(self, exc: BaseException) -> str:
         """The client's error ``exc`` as one line; a timeout says so and names the variable."""
         waited = f"no answer within {self.timeout_s:g} s ({TIMEOUT_VARIABLE})"
+        if no_such_bucket(exc):
+            return bucket_missing(self.url)
         if isinstance(exc, httpx.RequestError):
             where = f"{exc.request.url.host}:{exc.request.url.port}"
             if isinstance(exc, httpx.TimeoutException):

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from pipeline.errors import ConfigError
 from pipeline.offload.errors import (
     METADATA_HOST,
+    NO_SUCH_BUCKET,
     OffloadError,
     PayloadMissing,
     client_error_text,
@@ -110,9 +111,10 @@ async def check_stores(urls: Iterable[str]) -> None:
 
     For ``pipeline ingress serve`` and ``pipeline consume`` with offloading lanes. No credentials,
     or a key the store refuses (a wrong secret, an unknown key id), stop the process (they cannot
-    change while it runs); a store that fails otherwise (down, refusing, timed out) is one
-    warning line and the process goes on: it may come back, and each write or read that fails
-    meanwhile is answered as the docs say (a 503, a retry). A HEAD's 403 has no body to say
+    change while it runs); a store that fails otherwise (down, refusing, timed out, a bucket that
+    does not exist: it may be created) is one warning line and the process goes on: it may come
+    back, and each write or read that fails meanwhile is answered as the docs say (a 503, a
+    retry). A HEAD's 403 has no body to say
     which; :func:`_key_refused` asks with a GET.
 
     Raises:
@@ -134,9 +136,9 @@ async def check_stores(urls: Iterable[str]) -> None:
             if refused_credentials(reason) and await _key_refused(store):
                 raise ConfigError(f"offload store {url}: {reason}") from None  # read at start
             log.warning(
-                "offload store %s does not answer at start (%s); going on: its payloads fail"
-                " until it does",
+                "offload store %s %s at start (%s); going on: its payloads fail until it does",
                 url,
+                "cannot be used" if NO_SUCH_BUCKET in reason else "does not answer",
                 reason,
             )
 
