@@ -41,6 +41,25 @@ class Registered:
     schema: str
 
 
+_CLIENT = "PIPELINE_REGISTRY__CLIENT_"
+_SET_CREDENTIALS = (
+    f"; set {_CLIENT}USERNAME and {_CLIENT}PASSWORD, or {_CLIENT}TOKEN, to a user or token"
+    " of the registry's PIPELINE_REGISTRY__AUTH__USERS or __TOKENS"
+)
+_WRITE_ROLE = "; changing the registry needs a user or token of the write role"
+
+
+def _presented(username: str | None, password: str | None, token: str | None) -> str:
+    """Which credentials the client presents, for a refusal's line (never a secret)."""
+    if token:
+        return f"it was sent the bearer token of {_CLIENT}TOKEN"
+    if username and not password:
+        return f"it was sent user {username!r} and {_CLIENT}PASSWORD is not set"
+    if username:
+        return f"it was sent user {username!r} ({_CLIENT}USERNAME, {_CLIENT}PASSWORD)"
+    return f"it was sent no credentials ({_CLIENT}USERNAME, {_CLIENT}TOKEN are not set)"
+
+
 def _q(subject: str) -> str:
     return quote(subject, safe="")
 
@@ -72,6 +91,7 @@ class RegistryClient:
         )
         self._where = safe_url(url.rstrip("/"))
         self._named_by = named_by
+        self._presented = _presented(username, password, token)
         self._schemas: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -117,7 +137,11 @@ class RegistryClient:
         except (ValueError, KeyError, TypeError):
             code, message = 50001, response.text[:200]
         cls = _BY_CODE.get(code, errors.RegistryError)
-        raise cls(f"{message} (HTTP {response.status_code}, code {code})")
+        said = f"{message} (HTTP {response.status_code}, code {code})"
+        if issubclass(cls, errors.Unauthorized | errors.Forbidden):
+            said += f" from the schema registry at {self._where}: {self._presented}"
+            said += _WRITE_ROLE if issubclass(cls, errors.Forbidden) else _SET_CREDENTIALS
+        raise cls(said)
 
     def register(self, subject: str, schema: str) -> int:
         """Register ``schema`` under ``subject`` (idempotent); its global id."""
