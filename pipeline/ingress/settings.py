@@ -38,6 +38,8 @@ from pipeline.topics.spec import read_yaml
 from pipeline.validation import field_path
 
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_DOT_SEGMENTS = (".", "..")
+"""Names the pattern allows that no client can reach: it removes them from the path (RFC 3986)."""
 _MIB = 1_048_576
 
 
@@ -264,6 +266,11 @@ def _check_names_and_topics(path: Path, sources: dict[str, SourceConfig], topics
     for name, source in sources.items():
         if not _SOURCE_NAME.fullmatch(name):
             problems.append(f"{path}: sources.{name}: expected letters, digits, '.', '_', '-'")
+        elif name in _DOT_SEGMENTS:
+            problems.append(
+                f"{path}: sources.{name}: '.' and '..' are path steps HTTP clients remove"
+                f" from /hooks/{name}; choose another name"
+            )
         targets = [("topic", source.topic)]
         targets += [(f"routes[{i}].topic", rule.topic) for i, rule in enumerate(source.routes)]
         problems.extend(
