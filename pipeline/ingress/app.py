@@ -1,5 +1,8 @@
 """The ingress ASGI application: ``POST /hooks/{source}`` and Meta's ``GET`` handshake.
 
+``HEAD`` is answered as ``GET`` (the server drops the body); another method is **405**
+``Allow: GET, HEAD, POST``.
+
 A plain ASGI callable (no framework routing: two routes do not need one, and the hot path stays
 a few function calls deep). Per POST, in this order:
 
@@ -21,6 +24,9 @@ a few function calls deep). Per POST, in this order:
    store, unique on (source, event id), group-committed and durable;
    a redelivery inserts nothing and is answered **200** ``duplicate``;
 6. **200** ``accepted`` with the row id, then the event is produced in the background.
+
+Each refusal (400, 401, 408, 413) logs one INFO line naming the source and the reason; alike
+ones are backed off (:class:`Refusals`), so a flood of bad requests is a few lines.
 
 A log store failure is answered 503: the row is not durable, so the provider must retry (and the
 ingress tells :attr:`IngressApp.log_failed`, which turns ``/readyz`` 503 until the log writes).
@@ -48,6 +54,7 @@ from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
 from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
+from pipeline.log_repeats import REPEAT_KEY, RepeatFilter
 from pipeline.logstore import IngressLog, LogStoreError, NewRow
 from pipeline.observability.server import PATHS as OBSERVER_PATHS
 from pipeline.offload.errors import OffloadError
@@ -67,6 +74,8 @@ _PREFIX = "/hooks/"
 _JSON = [(b"content-type", b"application/json")]
 _CLOSE = (b"connection", b"close")
 _RETRY_5 = (b"retry-after", b"5")
+_GET = ("GET", "HEAD")  # Meta's handshake, answered on any source (403 without a verify token)
+_ALLOW = b"GET, HEAD, POST"
 # The answers every webhook may get, encoded once (as json.dumps would write them).
 _ACCEPTED = b'{"status": "accepted", "id": "%s"}'  # a row id is hex: nothing to escape
 _DUPLICATE = b'{"status": "duplicate"}'
@@ -76,6 +85,40 @@ _OVERLOADED = b'{"error": "overloaded"}'
 
 class Disconnected(Exception):
     """The client went away before the whole body was in."""
+
+
+class Refusals:
+    """The INFO line of each refused request, alike ones backed off: a flood is a few lines.
+
+    A :class:`~pipeline.log_repeats.RepeatFilter` lets anything below WARNING through, so each
+    line is judged here first, as a warning alike to the others of its ``alike`` key (a source
+    and its reason, or one kind of the door's refusals; numbers kept): the first is logged, then
+    one after 1 s, 2 s, 4 s ... up to 60 s, saying how many like it were held back. Nothing is
+    judged or formatted while the logger is not enabled for INFO (the default level is WARNING).
+    """
+
+    def __init__(self, repeats: RepeatFilter | None = None) -> None:
+        """Back off alike lines with ``repeats`` (a filter of its own by default)."""
+        self._repeats = repeats or RepeatFilter()
+
+    def log(
+        self,
+        logger: logging.Logger,
+        alike: str,
+        msg: str,
+        *args: object,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        """``logger.info(msg, *args)``, unless lines alike to ``alike`` hold it back."""
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        gate = logging.LogRecord(logger.name, logging.WARNING, __file__, 0, alike, None, None)
+        setattr(gate, REPEAT_KEY, alike)
+        if not self._repeats.filter(gate):
+            return
+        held = str(gate.msg)[len(alike) :]  # " [N more like this in the last Gs]", or nothing
+        held_too = msg + "%s"  # the caller's format, then the held-back count
+        logger.info(held_too, *args, held, extra=extra, stacklevel=2)
 
 
 class IngressApp:
@@ -116,6 +159,8 @@ class IngressApp:
         the body's SHA-256 when it was computed already: a large body is hashed once)."""
         self.log_failed: Callable[[LogStoreError], None] | None = None
         """Told of each insert the log store failed (the ingress turns unready), when set."""
+        self.refusals = Refusals()
+        """Logs the refusals of this app and of its HTTP layer, alike ones backed off."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -133,10 +178,10 @@ class IngressApp:
             await _answer(send, 404, {"error": "unknown source"})
         elif scope["method"] == "POST":
             await self._post(source, scope, receive, send)
-        elif scope["method"] == "GET":
+        elif scope["method"] in _GET:  # the server sends no body for HEAD (RFC 9110 9.3.2)
             await self._handshake(source, scope, send)
         else:
-            await _answer(send, 405, {"error": "method not allowed"}, [(b"allow", b"GET, POST")])
+            await _answer(send, 405, {"error": "method not allowed"}, [(b"allow", _ALLOW)])
 
     def webhook_source(self, path: str) -> Source | None:
         """The source a ``POST`` to ``path`` delivers to, or None (404)."""
@@ -147,21 +192,47 @@ class IngressApp:
         """How long a request's body may take to arrive after its head (else 408)."""
         return self._body_timeout_s
 
+    def refused(self, source: Source, reason: str, detail: str = "") -> None:
+        """Log ``source``'s refusal for ``reason`` (``detail`` follows it), alike ones backed off.
+
+        The HTTP layer (:mod:`pipeline.ingress.http`) logs its 413 and 408 through this too.
+        """
+        self.refusals.log(
+            log,
+            f"refused {source.name}: {reason}",
+            "webhook refused from source %s: %s%s",
+            source.name,
+            reason,
+            detail,
+            extra={"source": source.name, "reason": reason},
+        )
+
+    def refused_too_large(self, source: Source) -> None:
+        """Count and log a body over ``source``'s cap (the 413 of :func:`too_large`)."""
+        self.counters[source.name, "too_large"] += 1
+        setting = f"sources.{source.name}.max_body_bytes"
+        self.refused(source, "body too large", f" (over {source.max_body_bytes} bytes, {setting})")
+
+    def refused_late(self, source: Source) -> None:
+        """Count and log a body not received within :attr:`body_timeout_s` (a 408)."""
+        self.counters[source.name, "body_timeout"] += 1
+        self.refused(source, "body not received in time")
+
     async def _post(self, source: Source, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
         if declared_over(headers.get("content-length", ""), source.max_body_bytes):
-            self.counters[source.name, "too_large"] += 1
+            self.refused_too_large(source)
             await _send(send, 413, too_large(source), _JSON)
             return
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await _read_body(receive, source.max_body_bytes)
         except TooLarge:
-            self.counters[source.name, "too_large"] += 1
+            self.refused_too_large(source)
             await _send(send, 413, too_large(source), _JSON)
             return
         except TimeoutError:
-            self.counters[source.name, "body_timeout"] += 1
+            self.refused_late(source)
             await _answer(send, 408, {"error": "body not received in time"}, [_CLOSE])
             return
         except Disconnected:
@@ -201,7 +272,9 @@ class IngressApp:
                 source.verifier.verify(headers, body, now_s)
         except Rejected as exc:
             self.counters[source.name, f"rejected:{exc.reason}"] += 1
-            log.info(
+            self.refusals.log(
+                log,
+                f"rejected {source.name}: {exc.reason}",
                 "webhook rejected from source %s: %s",
                 source.name,
                 exc.reason,
@@ -224,6 +297,7 @@ class IngressApp:
                 self.schemas.check(row.lane, body)
         except Malformed as exc:
             self.counters[source.name, f"malformed:{exc.reason}"] += 1
+            self.refused(source, exc.reason)
             return 400, _encode(_malformed(exc)), []
         if self.offload is not None:  # a large body goes to its store first (durable before 2xx)
             try:

@@ -42,6 +42,12 @@ At the door, before the app sees a byte:
   through (the cap raised past 64 KiB) is **414**; bytes that are not HTTP/1.1, or a target
   that is not a URL, are **400**.
 
+Each refusal logs one INFO line, alike ones backed off
+(:class:`~pipeline.ingress.app.Refusals`): a source's 413 and 408 as the app's own refusals
+(``webhook refused from source S: REASON``), the others naming the cap or what was wrong.
+A ``HEAD`` is answered as its ``GET`` (the status and headers, Content-Length included), without
+the body.
+
 Each of these answers closes the connection, lingering: the ingress ends its side after the
 answer, then reads and drops what the client still sends (the rest of a refused body) until the
 client closes, or for at most :data:`LINGER_BYTES`, :data:`LINGER_S` in all and
@@ -255,7 +261,7 @@ class IngressProtocol(BoundedProtocol):
             else:
                 self._stop()
         except httptools.HttpParserError as exc:
-            log.info("invalid HTTP request refused (400): %s", exc)
+            self._said("400 request", "invalid HTTP request refused (400): %s", exc)
             self._refuse(_refusal(400, "invalid HTTP request"))
         if self._stopped:
             return
@@ -453,18 +459,19 @@ class IngressProtocol(BoundedProtocol):
         """413: the body passed its source's cap (the answer names it, :func:`too_large`)."""
         source = self._source
         assert source is not None  # noqa: S101 - only a source's body has a limit
-        self.app.counters[source.name, "too_large"] += 1
+        self.app.refused_too_large(source)
         self._refuse(_refused(413, too_large(source)))
 
     def _over_budget(self) -> None:
         if self._source is not None:
             self.app.counters[self._source.name, "body_budget"] += 1
-        log.info("unfinished requests over %d bytes: one refused (503)", self.unfinished.limit)
+        limit = self.unfinished.limit
+        self._said("503 unfinished", "unfinished requests over %d bytes: one refused (503)", limit)
         self._refuse(_refusal(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded"))
 
     def _refuse_head(self) -> None:
         cap = self.max_head_bytes
-        log.info("request head over %d bytes refused (431)", cap)
+        self._said("431", "request head over %d bytes refused (431)", cap)
         answer = {
             "error": "request head too large",
             "max_head_bytes": cap,
@@ -475,11 +482,11 @@ class IngressProtocol(BoundedProtocol):
     def _refuse_target(self) -> None:
         """A request target httptools cannot read: 414 past its length, else 400."""
         if len(self._url) > MAX_TARGET_BYTES:
-            log.info("request target over %d bytes refused (414)", MAX_TARGET_BYTES)
+            self._said("414", "request target over %d bytes refused (414)", MAX_TARGET_BYTES)
             answer = {"error": "request target too long", "max_target_bytes": MAX_TARGET_BYTES}
             self._refuse(_refused(HTTPStatus.REQUEST_URI_TOO_LONG, json.dumps(answer).encode()))
         else:
-            log.info("invalid request target refused (400)")
+            self._said("400 target", "invalid request target refused (400)")
             self._refuse(_refusal(400, "invalid HTTP request"))
 
     def _body_late(self) -> None:
@@ -488,11 +495,15 @@ class IngressProtocol(BoundedProtocol):
             return
         if self._in_body:
             if self._source is not None:
-                self.app.counters[self._source.name, "body_timeout"] += 1
+                self.app.refused_late(self._source)
             self._refuse(_refusal(408, "body not received in time"))
         elif self._head_bytes is not None:
-            log.info("request head not received in time refused (408)")
+            self._said("408 head", "request head not received in time refused (408)")
             self._refuse(_refusal(408, "request head not received in time"))
+
+    def _said(self, alike: str, msg: str, *args: object) -> None:
+        """The door's INFO line of a refusal, alike ones (of one ``alike`` kind) backed off."""
+        self.app.refusals.log(log, f"door {alike}", msg, *args)
 
     def _refuse(self, refusal: _Request) -> None:
         """Answer ``refusal`` after the requests before it, read nothing more, then close."""
