@@ -83,6 +83,59 @@ def _event_kind(handler: Handler) -> tuple[Any, bool]:
     return kind, False
 
 
+def _origins(specs: Sequence[TopicSpec], directory: Path | None) -> dict[str, str]:
+    """Where each lane was declared: its file in ``directory``, else its topic among the specs.
+
+    ``load_specs`` read one spec a file, sorted by file name: listed again in that order, the
+    files pair with the specs.
+    """
+    origins = {spec.lane: f"the specs given to App() (topic {spec.name!r})" for spec in specs}
+    if directory is not None:
+        paths = sorted(
+            (path for path in directory.iterdir() if path.suffix in {".yaml", ".yml"}),
+            key=lambda path: path.name,
+        )
+        if len(paths) == len(specs):
+            origins = {spec.lane: str(path) for spec, path in zip(specs, paths, strict=True)}
+        else:  # the directory changed since: name it, and the topic
+            origins = {spec.lane: f"{directory}/ (topic {spec.name!r})" for spec in specs}
+    return origins
+
+
+def _readable_fields(model: type[BaseModel]) -> list[str]:
+    """The names an event of ``model`` answers with a value: its fields and computed fields."""
+    return [*model.model_fields, *model.model_computed_fields]
+
+
+def _reads_key(model: type[BaseModel], key: str) -> bool:
+    """Whether an event of ``model`` can have a value for ``key`` (an attribute read)."""
+    if key in _readable_fields(model):
+        return True
+    attribute = inspect.getattr_static(model, key, None)
+    if isinstance(attribute, property):
+        return True
+    # A model that keeps extra fields may hold any key not shadowed by one of its attributes.
+    return attribute is None and model.model_config.get("extra") == "allow"
+
+
+def _key_problem(model: type[BaseModel], key: str) -> str | None:
+    """Why ``debounce.key`` cannot name a conversation of ``model``'s events; None: it can."""
+    if _reads_key(model, key):
+        return None
+    fields = ", ".join(_readable_fields(model)) or "none"
+    aliases = [
+        name
+        for name, info in model.model_fields.items()
+        if key in (info.alias, info.validation_alias)
+    ]
+    hint = ""
+    if aliases:
+        hint = f" ({key!r} is the alias of its field {aliases[0]!r}: give the field's name)"
+    elif "." in key or "/" in key:
+        hint = " (it names a top-level field of the event, not a path into it)"
+    return f"{key!r} is no field of {model.__qualname__}{hint} (its fields: {fields})"
+
+
 class ModelDecoder(Protocol):
     """Turns a framed Avro value into a model (``registry.client.serde.AvroDeserializer``)."""
 
@@ -131,6 +184,8 @@ class App:
         specs = load_specs(Path(topics)) if isinstance(topics, (str, Path)) else list(topics)
         check_lanes(specs)
         self._specs = {spec.lane: spec for spec in specs}
+        self._origins = _origins(specs, Path(topics) if isinstance(topics, (str, Path)) else None)
+        """Where each lane was declared (its file), for a line about its declaration."""
         self.retryable = retryable
         self.avro: ModelDecoder | None = None
         """Decodes Avro values (Confluent wire format); ``pipeline consume`` sets it from the
@@ -146,6 +201,11 @@ class App:
         With ``cpu=True`` the handler is a plain module-level ``def handle(event, ctx)`` that
         runs in a kill-able worker process (:mod:`pipeline.runtime.cpu`), killed and retried
         when it runs longer than ``time_limit_s``.
+
+        On a debounced lane whose handler takes models, ``debounce.key`` must name a field of
+        the model (or a computed field, a property, any key of a model that keeps extra
+        fields): a misspelt key would leave every event without a conversation, and is a
+        :class:`ConfigError` naming the lane's file, the key and the model's fields.
         """
         spec = self._specs.get(lane)
         if spec is None:
@@ -172,6 +232,15 @@ class App:
                 max_attempts=spec.retry.max_attempts,
                 backoff=Backoff(spec.retry.tiers_ms),
             )
+            if spec.debounce is not None and isinstance(kind, type) and issubclass(kind, BaseModel):
+                problem = _key_problem(kind, spec.debounce.key)
+                if problem is not None:
+                    raise ConfigError(
+                        f"{self._origins[lane]}: debounce.key: lane {lane!r}, handler"
+                        f" {fn.__qualname__}: {problem}, so no event would name its"
+                        " conversation (each would go by its message key, or alone); set"
+                        " debounce.key to the field that names the conversation"
+                    )
             decode = _decoder(self, kind)
             entry = Lane(lane, spec, fn, decode, routes, cpu_ref, time_limit_s, turns)
             self.lanes[lane] = entry

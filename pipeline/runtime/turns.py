@@ -1,7 +1,8 @@
 """Debounced lanes in a member: buffer each message, then run one turn per conversation burst.
 
 A message of a debounced lane is decoded (a malformed one is dead-lettered at once), its
-conversation key read from the event field the lane's ``debounce.key`` names, and it is recorded
+conversation key read from the event field the lane's ``debounce.key`` names (a message without
+one: its message key, else a conversation of its own, logged once per lane), and it is recorded
 in the lane's :class:`~pipeline.admission.debounce.Debouncer`. Once recorded it is durable in
 Redis, so its offset may be committed. A :class:`~pipeline.admission.debounce.runner.TurnRunner`
 per lane claims due turns and calls the handler with the turn's events in order.
@@ -43,11 +44,11 @@ from pipeline.runtime.payloads import Payloads
 log = logging.getLogger(__name__)
 
 
-def conversation_key(event: Any, message: Message, field: str) -> str:
-    """The value of ``field`` in the event (a model attribute or a JSON member), else the key.
+def key_value(event: Any, message: Message, field: str) -> str | None:
+    """The value of ``field`` in the event (a model attribute or a JSON member), if it has one.
 
-    A body that is no JSON object (not JSON, or nested too deep for ``json`` to read) has no
-    such member: its message key names its conversation.
+    None when the event has no such field, or it is null or empty: a body that is no JSON
+    object (not JSON, or nested too deep for ``json`` to read) has no such member.
     """
     value: Any = None
     if isinstance(event, BaseModel):
@@ -59,9 +60,21 @@ def conversation_key(event: Any, message: Message, field: str) -> str:
             document = None
         if isinstance(document, dict):
             value = document.get(field)
-    if value is None:
-        return message.key.decode(errors="replace") if message.key else ""
+    if value is None or value == "":
+        return None
     return str(value)
+
+
+def own_conversation(message: Message) -> str:
+    """The conversation of a message whose event names none: its message key, else its event.
+
+    Messages without either must not share one conversation (a "" key would merge every
+    user's messages into one turn): such a message is a conversation of its own, named by its
+    event id (so a replayed copy still finds its first), else by where it was first delivered.
+    """
+    if message.key:
+        return message.key.decode(errors="replace")
+    return event_name(message)
 
 
 def to_message(buffered: BufferedMessage) -> Message:
@@ -154,6 +167,7 @@ class DebouncedLanes:
         self._payloads = Payloads(lanes)  # buffered references are resolved when the turn runs
         self._settle = settle
         self._running: dict[int, list[Message]] = {}  # per running turn, by its Turn's id
+        self._keyless: set[str] = set()  # lanes that logged a message naming no conversation
         self.debouncers: dict[str, Debouncer] = {}
         self.runners: dict[str, TurnRunner] = {}
         for lane in lanes:
@@ -177,8 +191,34 @@ class DebouncedLanes:
     async def record(self, lane: Lane, event: Any, message: Message) -> None:
         """Buffer ``message`` for its conversation's next turn (raises DebounceUnavailable)."""
         assert lane.spec.debounce is not None  # noqa: S101
-        key = conversation_key(event, message, lane.spec.debounce.key)
+        field = lane.spec.debounce.key
+        key = key_value(event, message, field)
+        if key is None:
+            key = own_conversation(message)
+            self._warn_keyless(lane, message, field)
         await self.debouncers[lane.name].record(key, message)
+
+    def _warn_keyless(self, lane: Lane, message: Message, field: str) -> None:
+        """Log, once per lane, that a message named no conversation in its ``debounce.key``."""
+        if lane.name in self._keyless:
+            return
+        self._keyless.add(lane.name)
+        instead = (
+            "it coalesces by its message key instead"
+            if message.key
+            else "it has no message key either: it is a turn of its own (by its event id)"
+        )
+        log.warning(
+            "lane %s: message %s@%d has no value in %r, the lane's debounce.key; %s. Have its"
+            " producer set %r, or correct debounce.key in the lane's topics file (logged once"
+            " per lane)",
+            lane.name,
+            message.tp,
+            message.offset,
+            field,
+            instead,
+            field,
+        )
 
     def running_messages(self) -> list[Message]:
         """The messages of the turns whose handler runs here now (their settling included)."""
