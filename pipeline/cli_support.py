@@ -11,6 +11,7 @@ takes: the settings (pydantic, redis-py) are imported when a command runs.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
@@ -49,6 +50,39 @@ TransportOpt = Annotated[
     Literal["kafka", "redis"] | None,
     typer.Option("--transport", "-t", help="kafka or redis (default: PIPELINE_TRANSPORT)."),
 ]
+
+
+AGE = re.compile(r"^\s*\d+\s*[a-z]+\s*$")
+"""An age as typed (``2h``, ``90m``), not an ISO time: the window hint says ages count back."""
+
+
+def require_window(
+    since: str | None, until: str | None, since_ms: int | None, until_ms: int | None, now_ms: int
+) -> None:
+    """Raise ValueError naming the options unless ``--since``/``--until`` can select anything.
+
+    A ``--since`` after now, or a start not before the end (``--since 1h --until 2h``: an
+    hour ago to two hours ago), selects nothing, which a dry run would report as nothing to do
+    (``pipeline redrive``: no dead letter failed then; ``pipeline replay``: no row came in).
+    ``since_ms``/``until_ms`` are the options read as ms since the epoch, ages counted back from
+    ``now_ms``.
+    """
+    if since_ms is not None and since_ms > now_ms:
+        raise ValueError(
+            f"--since {since} is after now ({utc_time(now_ms)}): the window selects nothing yet;"
+            " give a time in the past, or an age (--since 2h)"
+        )
+    if since_ms is None or until_ms is None or since_ms < until_ms:
+        return
+    ages = "ages count back from now: " if any(AGE.match(t or "") for t in (since, until)) else ""
+    hint = (
+        f"{ages or 'the earlier time goes to --since: '}--since {until} --until {since}"
+        if since_ms > until_ms
+        else "both give the same time; give --since the earlier time"
+    )
+    raise ValueError(
+        f"--since {since} is not before --until {until}: the window selects nothing ({hint})"
+    )
 
 
 def require_listenable(host: str, port: int, *, variable: str, host_variable: str) -> None:

@@ -41,6 +41,7 @@ from pipeline.cli_support import (
     TransportOpt,
     err,
     out_console,
+    require_window,
     run_command,
     until_stopped,
     utc_time,
@@ -721,7 +722,7 @@ def redrive(
         selection = Selection.typed_as(
             since=since, until=until, tenant=tenant, error_class=error_class, key=key, now_s=now_s
         )
-        _require_window(since, until, selection.since_ms, selection.until_ms, int(now_s * 1000))
+        require_window(since, until, selection.since_ms, selection.until_ms, int(now_s * 1000))
         rate_per_s = _per_s(rate)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
@@ -796,36 +797,6 @@ def _check_time(option: str, value: str | None) -> None:
             f"{option}: an age longer ago than any time a clock holds (got {value!r}); give a"
             " shorter age or an ISO time (without --since, every dead letter from the oldest)"
         ) from None
-
-
-_AGE = re.compile(r"^\s*\d+\s*[a-z]+\s*$")
-"""An age as typed (``2h``, ``90m``), not an ISO time: the window hint says ages count back."""
-
-
-def _require_window(
-    since: str | None, until: str | None, since_ms: int | None, until_ms: int | None, now_ms: int
-) -> None:
-    """Raise ValueError naming the options unless ``--since``/``--until`` can select anything.
-
-    A ``--since`` after now, or a start not before the end (``--since 1h --until 2h``: an
-    hour ago to two hours ago), selects nothing, which a dry run would report as nothing failed.
-    """
-    if since_ms is not None and since_ms > now_ms:
-        raise ValueError(
-            f"--since {since} is after now ({utc_time(now_ms)}): the window selects nothing yet;"
-            " give a time in the past, or an age (--since 2h)"
-        )
-    if since_ms is None or until_ms is None or since_ms < until_ms:
-        return
-    ages = "ages count back from now: " if any(_AGE.match(t or "") for t in (since, until)) else ""
-    hint = (
-        f"{ages or 'the earlier time goes to --since: '}--since {until} --until {since}"
-        if since_ms > until_ms
-        else "both give the same time; give --since the earlier time"
-    )
-    raise ValueError(
-        f"--since {since} is not before --until {until}: the window selects nothing ({hint})"
-    )
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*s)?\s*$")
@@ -927,17 +898,27 @@ def asyncapi_command(
 
     try:
         settings = load_settings()
-        specs = load_specs(directory or settings.topics_dir)
-        lane_groups = _lane_groups(groups or [], {spec.lane for spec in specs})
+        declarations = directory or settings.topics_dir
+        specs = load_specs(declarations)
+        declared = {spec.lane for spec in specs}
+        lane_groups = _lane_groups(groups or [], declared)
         if schemas is not None and not schemas.is_dir():
             raise ConfigError(f"--schemas {schemas}: no such directory")
         avro = asyncapi.avro_schemas(schemas or Path("schemas"))
-        models = {
-            name: model
-            for target in apps or []
-            for name, lane in load_app(target).lanes.items()
-            if (model := asyncapi.model_of(lane.handler)) is not None
-        }
+        models: dict[str, type[BaseModel]] = {}
+        undeclared: list[str] = []  # the warning lines, printed with the document
+        for target in apps or []:
+            found = {
+                name: model
+                for name, lane in load_app(target).lanes.items()
+                if (model := asyncapi.model_of(lane.handler)) is not None
+            }
+            if left_out := sorted(found.keys() - declared):
+                undeclared.append(
+                    f"--app {target}: lane(s) {', '.join(left_out)} not declared in"
+                    f" {declarations}; their payloads are left out"
+                )
+            models.update(found)
         protocol, mechanism = asyncapi.kafka_security(settings.kafka.client)
         doc = asyncapi.document(
             specs,
@@ -952,6 +933,8 @@ def asyncapi_command(
     except PipelineError as exc:  # a bad declaration, schema, --app or --group: exit 2
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
+    for line in undeclared:  # the document of DIR is right: exit 0, but say what it lacks
+        _warn_line(line)
     if fmt == "json":
         typer.echo(json.dumps(doc, indent=2))
     else:

@@ -32,6 +32,7 @@ from pipeline.cli_support import (
     HELP_MARKUP,
     TransportOpt,
     err,
+    require_window,
     run_command,
     until_stopped,
     utc_time,
@@ -371,18 +372,19 @@ async def _sweep_forever(sweeper: Sweeper, ingress: IngressSettings) -> None:
             await serving
 
 
-def _when(value: str | None, option: str) -> int | None:
+def _when(value: str | None, option: str, *, now_ms: int | None = None) -> int | None:
     """Milliseconds since the epoch from ISO 8601 or a duration ago (``2h``, ``7d``).
 
-    An ISO time must say its zone (``Z``, ``+02:00``): one without is refused, as
-    ``pipeline redrive`` refuses it, rather than read as UTC or as this machine's local time.
+    A duration counts back from ``now_ms`` (default: now). An ISO time must say its zone
+    (``Z``, ``+02:00``): one without is refused, as ``pipeline redrive`` refuses it, rather than
+    read as UTC or as this machine's local time.
     """
     if value is None:
         return None
     from pipeline.topics.spec import parse_duration_ms  # noqa: PLC0415 - see the module doc
 
     try:
-        return _ago_ms(parse_duration_ms(value))
+        return _ago_ms(parse_duration_ms(value), now_ms=now_ms)
     except ValueError:
         pass
     try:
@@ -399,12 +401,47 @@ def _when(value: str | None, option: str) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
-def _ago_ms(duration_ms: int) -> int:
-    """The time ``duration_ms`` ago in ms since the epoch; an age reaching past 1970 is 1970.
+def _states(state: list[RowState] | None, *, include_processed: bool) -> tuple[RowState, ...]:
+    """The ``--state`` options; without any, every state but processed (unless included)."""
+    if state:
+        return tuple(state)
+    if include_processed:
+        return ()
+    return tuple(s for s in RowState if s is not RowState.PROCESSED)
 
-    No row is older than that, and a store's integer column cannot take what lies far before it.
+
+def _window(since: str | None, until: str | None) -> tuple[int | None, int | None]:
+    """``--since`` and ``--until`` in ms since the epoch, ages counted back from one instant.
+
+    Raises:
+        ConfigError: either is no time, or the window selects nothing (``--since 1h --until
+            2h``, a ``--since`` after now): the line of :func:`require_window`, exit 2 before
+            any row is read.
     """
-    return max(0, int(datetime.now(UTC).timestamp() * 1000) - duration_ms)
+    now_ms = _now_ms()
+    since_ms = _when(since, "--since", now_ms=now_ms)
+    until_ms = _when(until, "--until", now_ms=now_ms)
+    try:
+        require_window(since, until, since_ms, until_ms, now_ms)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return since_ms, until_ms
+
+
+def _ago_ms(duration_ms: int, *, now_ms: int | None = None) -> int:
+    """The time ``duration_ms`` before ``now_ms`` (default: now) in ms since the epoch.
+
+    An age reaching past 1970 is 1970: no row is older than that, and a store's integer column
+    cannot take what lies far before it.
+    """
+    if now_ms is None:
+        now_ms = _now_ms()
+    return max(0, now_ms - duration_ms)
+
+
+def _now_ms() -> int:
+    """Now in ms since the epoch."""
+    return int(datetime.now(UTC).timestamp() * 1000)
 
 
 def _rate(value: str | None) -> float | None:
@@ -490,15 +527,13 @@ def replay_command(
     async def main() -> ReplaySummary:
         nonlocal again
         settings, ingress = _settings(transport)
-        states = tuple(state or ())
-        if not states and not include_processed:
-            states = tuple(s for s in RowState if s is not RowState.PROCESSED)
+        since_ms, until_ms = _window(since, until)
         selection = Selection(
             source=None if source is None else _stored_text(source, "--source"),
             tenant=None if tenant is None else _stored_text(tenant, "--tenant"),
-            since_ms=_when(since, "--since"),
-            until_ms=_when(until, "--until"),
-            states=states,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            states=_states(state, include_processed=include_processed),
             ids=tuple(_stored_text(each, "--id") for each in row_id or ()),
         )
         per_s = _rate(rate)
