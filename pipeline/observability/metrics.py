@@ -162,14 +162,17 @@ PARKED_KEYS = Family(
 SLOTS_BUSY = Family(
     "pipeline_worker_slots_busy",
     "gauge",
-    "Handler slots in use in this member by interactive work (batch lanes are left out).",
+    "Handler slots in use in this member by interactive work: messages running (batch lanes "
+    "are left out) and debounced turns running.",
     (),
     "slots",
 )
 SLOTS_TOTAL = Family(
     "pipeline_worker_slots",
     "gauge",
-    "Handler slots of this member (max_concurrency, lowered under memory or CPU pressure).",
+    "Handler slots of this member: its message slots (max_concurrency, lowered under memory "
+    "or CPU pressure; none when all its lanes are debounced) and max_concurrency turn slots "
+    "per debounced lane.",
     (),
     "slots",
 )

@@ -262,6 +262,11 @@ class Member:
             self._handler.turns = self._turns
         elif debounced:
             log.warning("no Redis: debounced lanes run every message as a turn of its own")
+        turn_lanes = debounced if self._turns is not None else []
+        self._turn_topics = {t for lane in turn_lanes for t in lane.topics}
+        """Topics whose messages pass the message slots only to be buffered for a turn."""
+        self._message_slots = len(turn_lanes) < len(chosen)
+        """Whether a lane of this member runs its handler in the message slots."""
         if fleet is not None:
             lanes_ = self._chain.lanes
             fleet.bind(lambda: (lanes_.running, lanes_.limit))
@@ -668,15 +673,36 @@ class Member:
 
     def _report_lanes(self, metrics: RuntimeMetrics) -> None:
         """Busy slots, batch lanes, lanes of long work and finished messages still in the lag."""
-        batch = [tp for tp in self._offsets if tp.topic in self._batch_topics]
-        busy = self._chain.lanes.running - (self._chain.lanes.running_on(batch) if batch else 0)
-        metrics.slots(busy, self._chain.lanes.limit)  # batch work never asks to scale up
+        metrics.slots(*self._slots())
         for name, sla_s in self._batch_slas.items():
             metrics.batch_lane(name, sla_s, self._chain.batch.waiting_in(name))
         for name, timeout_s in self._heartbeat_timeouts.items():  # its age is a run's
             metrics.long_work_lane(name, timeout_s)
         for name, count in self._finished_ahead().items():  # in the lag, yet done
             metrics.finished_uncommitted(name, self.group, count)
+
+    def _slots(self) -> tuple[int, int]:
+        """Handler slots in use by interactive work, and all handler slots of this member.
+
+        The message slots (``max_concurrency``, lowered under pressure), without those running
+        batch work (it never asks to scale up), and each debounced lane's turn runner's
+        (``max_concurrency`` turns of the lane). A debounced message takes a message slot only
+        to be buffered, and its offset is committed then: the lane's load is its turns, which
+        no lag or age shows. The message slots of a member of debounced lanes only run no
+        handler and are left out.
+        """
+        lanes = self._chain.lanes
+        left_out = [
+            tp
+            for tp in self._offsets
+            if tp.topic in self._batch_topics or tp.topic in self._turn_topics
+        ]
+        busy = lanes.running - (lanes.running_on(left_out) if left_out else 0)
+        total = lanes.limit if self._message_slots else 0
+        if self._turns is not None:
+            busy += sum(runner.running for runner in self._turns.runners.values())
+            total += len(self._turns.runners) * self._settings.max_concurrency
+        return busy, total
 
     def _finished_ahead(self) -> dict[str, int]:
         """Per lane, messages of its main topics done above their partition's lowest not done."""
