@@ -7,7 +7,8 @@ a PodDisruptionBudget and a KEDA ScaledObject, plus the ``kustomization.yaml`` l
 consumer group fails the build instead of stranding its messages).
 
 Scaling follows the age of the oldest waiting message (not on a lane of long work, whose oldest
-is usually running), the members' slot utilisation (plus the
+is usually running; on a debounced lane, also how long its earliest due turn has waited for a
+turn slot, ``pipeline_debounce_overdue_seconds``), the members' slot utilisation (plus the
 members a backlog needs, :mod:`pipeline.capacity.triggers`) and the lane's forecast member
 count (``pipeline_desired_members``, docs/capacity.md), and on a lane of long work the members
 running it (``pipeline_long_work_running``), all read from
@@ -203,7 +204,13 @@ def lane_manifests(
     # (a batch lane keeps its age trigger: hours past its runs, it is how it meets its SLA).
     long_work = any(spec.heartbeat_timeout_ms is not None for spec in specs)
     if batch is not None or not long_work:
-        age = f'max(pipeline_oldest_message_age_seconds{{lane="{lane}",group="{lane}"}})'
+        oldest = f'pipeline_oldest_message_age_seconds{{lane="{lane}",group="{lane}"}}'
+        if any(spec.debounce is not None for spec in specs):
+            # A debounced message is committed once buffered: lag and age stay 0 while its
+            # turn, due, waits for a turn slot. That wait is the lane's age: how long its
+            # earliest due turn has gone unclaimed (every member and the ingress export it).
+            oldest += f' or pipeline_debounce_overdue_seconds{{lane="{lane}"}}'
+        age = f"max({oldest})"
         scaled["spec"]["triggers"].insert(0, _prometheus(age, age_target_s))
     if long_work:
         # Busy slots ask for ceil(runs / threshold) members: with fewer idle members than the
