@@ -29,9 +29,9 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.config import ENV_PREFIX
+from pipeline.config import ENV_PREFIX, Settings
 from pipeline.errors import TopicSpecError
-from pipeline.offload.policy import OffloadPolicy
+from pipeline.offload.policy import OffloadPolicy, format_size_bytes
 from pipeline.topics.durations import Duration, format_duration_ms, parse_duration_ms
 from pipeline.topics.policies import (
     AdaptivePolicy,
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DLQ_MIN_RETENTION_MS",
+    "INLINE_HEADROOM_BYTES",
     "AdaptivePolicy",
     "BatchPolicy",
     "DebouncePolicy",
@@ -81,6 +82,12 @@ MAX_DOCUMENT_VALUES = 10_000
 a few hundred bytes of nested aliases expand to billions, which validation and its error
 messages would walk and print."""
 MAX_PARTITIONS = 10_000
+DEFAULT_MAX_MESSAGE_BYTES: int = Settings.model_fields["max_message_bytes"].default
+"""``PIPELINE_MAX_MESSAGE_BYTES`` when it is not set: the limit a declaration is checked against
+when neither it (``configs: {max.message.bytes: ...}``) nor its loader gives one."""
+INLINE_HEADROOM_BYTES = 16_384
+"""What an inline payload leaves under the message limit for the event's key and headers (the
+ingress's ``HEADROOM_BYTES``): an offloading lane's ``above`` is at most the limit less this."""
 
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _LANE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -287,8 +294,13 @@ class TopicSpec(SpecModel):
         ]
 
 
-def load_specs(directory: Path) -> list[TopicSpec]:
+def load_specs(directory: Path, max_message_bytes: int | None = None) -> list[TopicSpec]:
     """Load every ``*.yaml`` and ``*.yml`` declaration in ``directory``, sorted by file name.
+
+    Args:
+        directory: the declarations' directory.
+        max_message_bytes: the process's ``PIPELINE_MAX_MESSAGE_BYTES``, when the caller has
+            it: an offloading lane's ``above`` is checked against it (see :func:`load_spec`).
 
     Raises:
         TopicSpecError: the directory is missing or has no declarations, a file is invalid
@@ -307,29 +319,70 @@ def load_specs(directory: Path) -> list[TopicSpec]:
     )
     if not paths:
         raise TopicSpecError(f"{directory}: no topic declarations (*.yaml, *.yml) found")
-    specs = [load_spec(path) for path in paths]
+    specs = [load_spec(path, max_message_bytes) for path in paths]
     _check_unique(paths, specs)
     return specs
 
 
-def load_spec(path: Path) -> TopicSpec:
+def load_spec(path: Path, max_message_bytes: int | None = None) -> TopicSpec:
     """Load one declaration file.
+
+    An offloading lane keeps payloads up to its ``above`` inline, so ``above`` plus
+    :data:`INLINE_HEADROOM_BYTES` must fit the topic's message limit: the least of its own
+    ``configs: {max.message.bytes: ...}`` and ``max_message_bytes``, or
+    :data:`DEFAULT_MAX_MESSAGE_BYTES` when neither is given. Otherwise every payload between
+    the limit and ``above`` could never be produced.
 
     Raises:
         TopicSpecError: the file cannot be read, is not YAML (the message gives the line), is
-            not a mapping, or fails validation; every line names the file and the field.
+            not a mapping, fails validation, or offloads above what the topic takes inline;
+            every line names the file and the field.
     """
     document = read_yaml(path, TopicSpecError)
     if not isinstance(document, dict):
         found = "an empty document" if document is None else f"a {type(document).__name__}"
         raise TopicSpecError(f"{path}: expected a mapping such as 'name: ...', got {found}")
     try:
-        return TopicSpec.model_validate(document)
+        spec = TopicSpec.model_validate(document)
     except ValidationError as exc:
         # A default computed from other fields (lane, dead_letter, max_attempts) is skipped when
         # any field failed; pydantic reports that as an error of its own, which is only noise.
         problems = [e for e in exc.errors() if e["type"] != "default_factory_not_called"]
         raise TopicSpecError("\n".join(f"{path}: {_describe(e)}" for e in problems)) from None
+    _check_offload_fits(path, spec, max_message_bytes)
+    return spec
+
+
+def _check_offload_fits(path: Path, spec: TopicSpec, max_message_bytes: int | None) -> None:
+    """Refuse an ``offload.above`` whose inline payloads the topic's message limit cannot take."""
+    if spec.offload is None:
+        return
+    declared = spec.configs.get("max.message.bytes")
+    limits = {"PIPELINE_MAX_MESSAGE_BYTES's default": DEFAULT_MAX_MESSAGE_BYTES}
+    if declared is not None or max_message_bytes is not None:
+        limits = {}
+        if declared is not None:
+            limits["its configs max.message.bytes"] = int(declared)
+        if max_message_bytes is not None:
+            limits["PIPELINE_MAX_MESSAGE_BYTES"] = max_message_bytes
+    source, limit = min(limits.items(), key=lambda item: item[1])
+    above = spec.offload.above_bytes
+    largest = limit - INLINE_HEADROOM_BYTES
+    if above <= largest:
+        return
+    advice = (
+        f"lower above to at most {largest} bytes ({format_size_bytes(largest)}), leaving"
+        f" {INLINE_HEADROOM_BYTES} bytes for the event's key and headers"
+        if largest > 0
+        else f"raise max.message.bytes above the {INLINE_HEADROOM_BYTES} bytes kept for the"
+        " event's key and headers"
+    )
+    raise TopicSpecError(
+        f"{path}: offload.above: lane {spec.lane!r} offloads only payloads above"
+        f" {format_size_bytes(above)} ({above} bytes), but the topic's max message bytes is"
+        f" {limit} ({source}): a payload between the two could never be produced; {advice}"
+        " (docs/offload.md)"
+    )
 
 
 def read_yaml(path: Path, error: Callable[[str], Exception], where: str = "") -> Any:
