@@ -10,6 +10,11 @@ carrying an exact repeat key (:data:`REPEAT_KEY`), logger, level and that key, n
 (lanes ``orders1`` and ``orders2`` are not alike). Only WARNING and above are touched, and a
 record marked :data:`JUDGED` (its caller backed it off already, with a filter of its own) passes
 untouched and unstored.
+
+A line that is not a warning (the ingress's INFO refusals), or whose own text differs each time
+(a failure's key and exception text), is judged by what it is about instead: :func:`shown_now`
+asks a filter whether a line of a given repeat key is shown now, and with what count appended;
+the runtime's failure lines and the ingress's refusal lines share it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
     "configure_logging",
     "error_text",
     "logging_from_environment",
+    "shown_now",
 ]
 
 _NUMBER = re.compile(r"\d+")
@@ -76,6 +82,12 @@ class RepeatFilter(logging.Filter):
         # A handler runs its filters before it takes its own lock, and warnings come from more
         # than one thread (librdkafka's from the threads polling its clients).
         self._lock = threading.Lock()
+
+    @property
+    def kept(self) -> int:
+        """How many kinds of warning are remembered now (at most :data:`MAX_KEPT`)."""
+        with self._lock:
+            return len(self._seen)
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True to log ``record`` (with a held-back count appended), False to hold it back."""
@@ -124,6 +136,24 @@ class RepeatFilter(logging.Filter):
             oldest = heapq.nsmallest(short, self._seen.items(), key=lambda item: item[1].last_s)
             for key, _ in oldest:
                 del self._seen[key]
+
+
+def shown_now(repeats: RepeatFilter, logger: logging.Logger, alike: str) -> str | None:
+    """Whether a line of ``logger`` alike to those named ``alike`` is shown now, by ``repeats``.
+
+    None: it is held back. Otherwise what its line ends with: ``" [N more like this in the last
+    Gs]"`` when some alike were held back, else nothing. It is judged as a warning whatever the
+    line's own level (the filter passes anything below WARNING untouched), and only ``alike`` is
+    judged, exactly (its numbers kept: lane ``orders1`` is not ``orders2``), so lines whose own
+    text differs each time (a key, an error's text, a path) are backed off by what they are
+    about, and nothing of one held back is formatted. ``alike`` should be one of a bounded set:
+    each distinct one is remembered (up to :data:`MAX_KEPT`).
+    """
+    gate = logging.LogRecord(logger.name, logging.WARNING, __file__, 0, alike, None, None)
+    setattr(gate, REPEAT_KEY, alike)
+    if not repeats.filter(gate):
+        return None
+    return str(gate.msg)[len(alike) :]
 
 
 def error_text(error: BaseException) -> str:

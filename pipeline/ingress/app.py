@@ -26,7 +26,8 @@ a few function calls deep). Per POST, in this order:
 6. **200** ``accepted`` with the row id, then the event is produced in the background.
 
 Each refusal (400, 401, 408, 413) logs one INFO line naming the source and the reason; alike
-ones are backed off (:class:`Refusals`), so a flood of bad requests is a few lines.
+ones are backed off (:class:`~pipeline.ingress.refusals.Refusals`), so a flood of bad requests
+is a few lines.
 
 A log store failure is answered 503: the row is not durable, so the provider must retry (and the
 ingress tells :attr:`IngressApp.log_failed`, which turns ``/readyz`` 503 until the log writes).
@@ -51,10 +52,10 @@ from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch, TooLarge
 from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
+from pipeline.ingress.refusals import Refusals
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
 from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
-from pipeline.log_repeats import REPEAT_KEY, RepeatFilter
 from pipeline.logstore import IngressLog, LogStoreError, NewRow
 from pipeline.observability.server import PATHS as OBSERVER_PATHS
 from pipeline.offload.errors import OffloadError
@@ -85,40 +86,6 @@ _OVERLOADED = b'{"error": "overloaded"}'
 
 class Disconnected(Exception):
     """The client went away before the whole body was in."""
-
-
-class Refusals:
-    """The INFO line of each refused request, alike ones backed off: a flood is a few lines.
-
-    A :class:`~pipeline.log_repeats.RepeatFilter` lets anything below WARNING through, so each
-    line is judged here first, as a warning alike to the others of its ``alike`` key (a source
-    and its reason, or one kind of the door's refusals; numbers kept): the first is logged, then
-    one after 1 s, 2 s, 4 s ... up to 60 s, saying how many like it were held back. Nothing is
-    judged or formatted while the logger is not enabled for INFO (the default level is WARNING).
-    """
-
-    def __init__(self, repeats: RepeatFilter | None = None) -> None:
-        """Back off alike lines with ``repeats`` (a filter of its own by default)."""
-        self._repeats = repeats or RepeatFilter()
-
-    def log(
-        self,
-        logger: logging.Logger,
-        alike: str,
-        msg: str,
-        *args: object,
-        extra: Mapping[str, object] | None = None,
-    ) -> None:
-        """``logger.info(msg, *args)``, unless lines alike to ``alike`` hold it back."""
-        if not logger.isEnabledFor(logging.INFO):
-            return
-        gate = logging.LogRecord(logger.name, logging.WARNING, __file__, 0, alike, None, None)
-        setattr(gate, REPEAT_KEY, alike)
-        if not self._repeats.filter(gate):
-            return
-        held = str(gate.msg)[len(alike) :]  # " [N more like this in the last Gs]", or nothing
-        held_too = msg + "%s"  # the caller's format, then the held-back count
-        logger.info(held_too, *args, held, extra=extra, stacklevel=2)
 
 
 class IngressApp:

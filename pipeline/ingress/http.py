@@ -43,7 +43,7 @@ At the door, before the app sees a byte:
   that is not a URL, are **400**.
 
 Each refusal logs one INFO line, alike ones backed off
-(:class:`~pipeline.ingress.app.Refusals`): a source's 413 and 408 as the app's own refusals
+(:class:`~pipeline.ingress.refusals.Refusals`): a source's 413 and 408 as the app's own refusals
 (``webhook refused from source S: REASON``), the others naming the cap or what was wrong.
 A ``HEAD`` is answered as its ``GET`` (the status and headers, Content-Length included), without
 the body.

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.envelope import Message, printable
 from pipeline.errors import HandlerOutcome, PipelineError, PoisonMessage
-from pipeline.log_repeats import JUDGED, REPEAT_KEY, RepeatFilter, error_text
+from pipeline.log_repeats import JUDGED, RepeatFilter, error_text, shown_now
 
 if TYPE_CHECKING:  # annotations only: the CPU pool's worker imports this module, app imports it
     from pipeline.runtime.app import Lane
@@ -330,22 +330,6 @@ def _runtime_made(error: BaseException) -> bool:
         and error.__traceback__ is None
         and _worker_place(error) is None
     )
-
-
-def shown_now(repeats: RepeatFilter, logger: logging.Logger, alike: str) -> str | None:
-    """Whether a warning of ``logger`` alike to those named ``alike`` is shown, by ``repeats``.
-
-    None: it is held back. Otherwise what its line ends with: ``" [N more like this in the last
-    Gs]"`` when some alike were held back, else nothing. Only ``alike`` is judged, exactly (its
-    numbers kept: lane ``orders1`` is not ``orders2``), so lines whose own text differs each
-    time (a key, an error's text) are backed off by what they are about, and nothing of one
-    held back is formatted.
-    """
-    gate = logging.LogRecord(logger.name, logging.WARNING, __file__, 0, alike, None, None)
-    setattr(gate, REPEAT_KEY, alike)
-    if not repeats.filter(gate):
-        return None
-    return str(gate.msg)[len(alike) :]
 
 
 def _type_name(error: BaseException) -> str:
