@@ -110,9 +110,11 @@ def serve(
         sys.stdout.flush()
 
     try:
-        serve_app(application, settings.host, settings.port, ready)
+        stopped_by = serve_app(application, settings.host, settings.port, ready)
     finally:
         backing.close()
+    if stopped_by is not None:  # a clean stop: exit 0, not killed by the signal again
+        typer.echo(f"registry stopped on {stopped_by.name}")
 
 
 def _client(url: str | None) -> tuple[RegistryClient, RegistrySettings]:

@@ -1,15 +1,19 @@
 """Running the registry under uvicorn: in the foreground (CLI) or on a background thread.
 
+:func:`serve` runs it in the foreground until SIGTERM or SIGINT, then returns which signal
+stopped it: the command exits 0 after a clean stop, as ``pipeline ingress serve`` does.
 :class:`BackgroundServer` serves an app on an ephemeral loopback port in a thread and returns
 once the socket is bound and ``GET /`` answers, so tests and benchmarks never sleep to wait.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 import time
-from collections.abc import Callable
-from types import TracebackType
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
 from typing import Self
 
 import httpx
@@ -42,9 +46,48 @@ def bound_port(server: uvicorn.Server) -> int:
     return int(sockets[0].getsockname()[1])
 
 
-def serve(app: Starlette, host: str, port: int, on_ready: Callable[[int], None]) -> None:
-    """Serve ``app`` in the foreground until interrupted; ``on_ready(port)`` once listening."""
-    server = uvicorn.Server(uvicorn_config(app, host, port))
+class _Server(uvicorn.Server):
+    """uvicorn's server, which does not raise the stop signal again once it has served.
+
+    uvicorn raises a SIGTERM or SIGINT it caught once more when it has shut down, so that the
+    process dies of it: after a clean stop the registry ended killed by SIGTERM (-15 to its
+    parent, a container in "Error" on every rollout). It notes the signal and returns instead.
+    """
+
+    stopped_by: signal.Signals | None = None
+    """The first stop signal that came; None before."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Note the first stop signal, then shut down as uvicorn does (a second SIGINT forces)."""
+        if self.stopped_by is None:
+            self.stopped_by = signal.Signals(sig)
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Turn SIGTERM and SIGINT into uvicorn's graceful shutdown while serving."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        stops = (signal.SIGTERM, signal.SIGINT)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def serve(
+    app: Starlette, host: str, port: int, on_ready: Callable[[int], None]
+) -> signal.Signals | None:
+    """Serve ``app`` in the foreground until interrupted; ``on_ready(port)`` once listening.
+
+    Returns:
+        The signal (SIGTERM or SIGINT) the server stopped on, once it has shut down; None when
+        it ended otherwise. The signal is not raised again: the caller exits as it sees fit.
+    """
+    server = _Server(uvicorn_config(app, host, port))
 
     def announce() -> None:
         while not server.started and not server.should_exit:
@@ -54,6 +97,7 @@ def serve(app: Starlette, host: str, port: int, on_ready: Callable[[int], None])
 
     threading.Thread(target=announce, daemon=True).start()
     server.run()
+    return server.stopped_by
 
 
 class BackgroundServer:
