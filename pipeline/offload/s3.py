@@ -73,6 +73,8 @@ _WHOLE_REQUEST = timedelta(days=1)
 _PUT_ATTEMPTS = 4
 """A write's tries, as the S3 client's ``max_retries`` of 3 (within the timeout)."""
 _S3_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
+_ANSWERED = re.compile(r"non-2xx status code: 4\d\d")
+"""The S3 client's text of a request the service refused (a 4xx): an answer, not a blip."""
 _UNSENT_CAP = (
     [(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, _SLICE_BYTES)]
     if hasattr(socket, "TCP_NOTSENT_LOWAT")
@@ -227,6 +229,7 @@ class S3PayloadStore(ObjectPayloadStore):
             tuple[httpx.AsyncClient, AsyncGenerator[httpx.AsyncClient]],
         ] = {}
         self._bucket_seen_until = 0.0
+        self._bucket_asked: dict[asyncio.AbstractEventLoop, asyncio.Task[bool]] = {}
 
     async def head(self, key: str) -> StoredObject | None:
         """The object at ``key``, or None; an error when the bucket itself does not exist.
@@ -235,22 +238,48 @@ class S3PayloadStore(ObjectPayloadStore):
         body), so on a 404 the bucket is asked about with a one-key listing, at most once every
         :data:`BUCKET_SEEN_S` while it exists: a typo in ``offload.store`` is a store failure
         (a 503, a retry) naming the bucket, not an object that was never written or is gone.
+        The 404s that come while a listing is under way wait for its answer (one listing, not
+        one per read).
 
         Raises:
             OffloadError: the store failed, or the bucket does not exist.
         """
         found = await super().head(key)
-        if found is None and time.monotonic() >= self._bucket_seen_until:
-            try:
-                await asyncio.to_thread(_first_listed, self._store, key)
-            except Exception as exc:
-                if no_such_bucket(exc):
-                    raise OffloadError(
-                        f"offload store {self.url}: cannot read {key}: {bucket_missing(self.url)}"
-                    ) from None
-                # Anything else (a key without s3:ListBucket, a blip): the HEAD's 404 stands.
-            self._bucket_seen_until = time.monotonic() + BUCKET_SEEN_S
+        if (
+            found is None
+            and time.monotonic() >= self._bucket_seen_until
+            and not await self._bucket_exists(key)
+        ):
+            raise OffloadError(
+                f"offload store {self.url}: cannot read {key}: {bucket_missing(self.url)}"
+            )
         return found
+
+    async def _bucket_exists(self, key: str) -> bool:
+        """Whether the bucket exists, as the listing under way in this event loop answers."""
+        loop = asyncio.get_running_loop()
+        asking = self._bucket_asked.get(loop)
+        if asking is None:
+            asking = self._bucket_asked[loop] = loop.create_task(self._ask_bucket(key))
+            asking.add_done_callback(lambda _: self._bucket_asked.pop(loop, None))
+        return await asyncio.shield(asking)  # a caller cancelled leaves the others their answer
+
+    async def _ask_bucket(self, key: str) -> bool:
+        """List one key: False when S3 says the bucket does not exist, else True.
+
+        An answer, or a refusal (a 4xx: a key without ``s3:ListBucket`` cannot tell, and never
+        will), holds for :data:`BUCKET_SEEN_S`; a failure otherwise (a 5xx, a timeout, no
+        answer) lets the HEAD's 404 stand and the next 404 asks again.
+        """
+        try:
+            await asyncio.to_thread(_first_listed, self._store, key)
+        except Exception as exc:
+            if no_such_bucket(exc):
+                return False
+            if not _ANSWERED.search(str(exc)):
+                return True
+        self._bucket_seen_until = time.monotonic() + BUCKET_SEEN_S
+        return True
 
     async def _client(self) -> httpx.AsyncClient:
         """The kept-alive connections of the running event loop (opened on first use)."""
