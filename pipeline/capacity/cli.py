@@ -127,7 +127,7 @@ def capacity_command(
     async def main() -> tuple[LanePlan, int]:
         # In the runner: a missing or invalid declaration is exit 2, as for every command.
         settings = load_settings()
-        specs = load_specs(settings.topics_dir)
+        specs = load_specs(settings.topics_dir, settings.max_message_bytes)
         lanes = {spec.lane for spec in specs}
         if lane not in lanes:
             raise ConfigError(

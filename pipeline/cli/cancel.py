@@ -88,14 +88,14 @@ def cancel_command(
     async def main() -> int:
         settings = load_settings()
         if lane is not None:
-            specs = load_specs(settings.topics_dir)
+            specs = load_specs(settings.topics_dir, settings.max_message_bytes)
             lanes = {spec.lane for spec in specs}
             if lane not in lanes:
                 known = ", ".join(sorted(lanes)) or "none"
                 raise ConfigError(f"--lane: no lane {lane!r} in {settings.topics_dir} ({known})")
         else:
             try:
-                specs = load_specs(settings.topics_dir)
+                specs = load_specs(settings.topics_dir, settings.max_message_bytes)
             except TopicSpecError as exc:
                 specs = []  # a cancellation is urgent: it stands the least bound, and says so
                 err.print(

@@ -164,7 +164,7 @@ def topics_apply(
 
     async def main() -> None:
         settings = _settings(transport)
-        specs = load_specs(directory or settings.topics_dir)
+        specs = load_specs(directory or settings.topics_dir, settings.max_message_bytes)
         await reach_broker(settings)
         t = create_transport(settings)
         try:
@@ -392,7 +392,9 @@ def produce(
         settings = _settings(transport)
         await reach_broker(settings)  # in seconds, one line, if it is down
         t = create_transport(settings)
-        producer = with_offload(t.producer(), settings.topics_dir)  # a large value by reference
+        producer = with_offload(
+            t.producer(), settings.topics_dir, settings.max_message_bytes
+        )  # a large value by reference
         try:
             delivered = await producer.send(
                 topic, payload, key=_typed_bytes(key) if key is not None else None, headers=headers
@@ -735,7 +737,7 @@ def redrive(
 
     async def main() -> int:
         settings = _settings(transport)
-        specs = load_specs(settings.topics_dir)
+        specs = load_specs(settings.topics_dir, settings.max_message_bytes)
         require_dead_letter_topic(dlq, specs)
         await reach_broker(settings)
         t = create_transport(settings)
@@ -899,7 +901,7 @@ def asyncapi_command(
     try:
         settings = load_settings()
         declarations = directory or settings.topics_dir
-        specs = load_specs(declarations)
+        specs = load_specs(declarations, settings.max_message_bytes)
         declared = {spec.lane for spec in specs}
         lane_groups = _lane_groups(groups or [], declared)
         if schemas is not None and not schemas.is_dir():

@@ -97,7 +97,7 @@ async def _purge(
     log_ms = _duration_ms(log_retention, "--log-retention") or LOG_RETENTION_MS
     given_ms = _duration_ms(older_than, "--older-than")
     settings = load_settings(**({"transport": transport_name} if transport_name else {}))
-    specs = load_specs(settings.topics_dir)
+    specs = load_specs(settings.topics_dir, settings.max_message_bytes)
     # As a lane's offload.store is read: without a trailing slash, or no lane's floor would count.
     urls = [store_url.rstrip("/")] if store_url else stores(specs)
     if not urls:

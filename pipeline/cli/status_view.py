@@ -187,7 +187,7 @@ async def gather(settings: Settings, groups: list[str], *, with_log: bool = True
     from pipeline.cli.status_checks import reach_broker, reach_redis  # noqa: PLC0415
     from pipeline.topics.spec import load_specs  # noqa: PLC0415
 
-    specs = load_specs(settings.topics_dir)
+    specs = load_specs(settings.topics_dir, settings.max_message_bytes)
     watches = _watches(settings, specs, groups)
     await reach_broker(settings)
     transport = create_transport(settings)

@@ -242,14 +242,16 @@ def sweep_command(
 
     async def main() -> None:
         settings, ingress = _settings(transport)
-        specs = load_specs(settings.topics_dir)
+        specs = load_specs(settings.topics_dir, settings.max_message_bytes)
         if not loop:
             _require_log_database(ingress)
             await _reach_broker(settings)  # in seconds, one line, before any row is claimed
         store = create_log_store(settings, ingress)
         broker = create_transport(settings)
         await store.open()
-        producer = with_offload(broker.producer(), settings.topics_dir)  # refs kept young
+        producer = with_offload(
+            broker.producer(), settings.topics_dir, settings.max_message_bytes
+        )  # refs kept young
         sweeper = build_sweeper(  # asks the debouncer which rows' events wait their turn
             store, producer, broker.admin(), specs, ingress, redis=settings.redis
         )
@@ -553,7 +555,9 @@ def replay_command(
             raise
         broker = None if dry_run else create_transport(settings)
         producer = (  # a row's reference is kept young enough for the payload purge
-            with_offload(broker.producer(), settings.topics_dir) if broker is not None else None
+            with_offload(broker.producer(), settings.topics_dir, settings.max_message_bytes)
+            if broker is not None
+            else None
         )
         handled = total = 0
         try:

@@ -109,7 +109,7 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
     settings = load_settings()
     ingress = settings.ingress
     target = checked_http_url(url, "--url") if url else _default_target(ingress)
-    specs = load_specs(settings.topics_dir)
+    specs = load_specs(settings.topics_dir, settings.max_message_bytes)
     # Only this source's secrets: the other sources' need not be exported to sign for this one.
     config = load_source(ingress.sources_file, {spec.name for spec in specs}, source)
     built = build_sources(

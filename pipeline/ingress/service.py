@@ -471,7 +471,7 @@ class Ingress:
 
 def build_ingress(settings: Settings, ingress: IngressSettings) -> Ingress:
     """Read topics and sources and build the ingress (ConfigError on any problem)."""
-    specs = load_specs(settings.topics_dir)
+    specs = load_specs(settings.topics_dir, settings.max_message_bytes)
     configs = load_sources(ingress.sources_file, {spec.name for spec in specs})
     sources = build_sources(
         configs,

@@ -371,16 +371,20 @@ class OffloadingProducer:
         await self._inner.close()
 
 
-def with_offload(producer: Producer, topics_dir: Path) -> Producer:
+def with_offload(
+    producer: Producer, topics_dir: Path, max_message_bytes: int | None = None
+) -> Producer:
     """``producer``, offloading for the lanes of ``topics_dir`` that declare ``offload:``.
 
     Without a topics directory, or without an offloading lane, ``producer`` itself.
+    ``max_message_bytes``: the process's ``PIPELINE_MAX_MESSAGE_BYTES``, against which each
+    lane's ``offload.above`` is checked (:func:`~pipeline.topics.spec.load_spec`).
     """
     if not topics_dir.is_dir():
         return producer
     from pipeline.topics.spec import load_specs  # noqa: PLC0415 - the topics layer sits above
 
-    return offloading(producer, load_specs(topics_dir))
+    return offloading(producer, load_specs(topics_dir, max_message_bytes))
 
 
 def offloading(

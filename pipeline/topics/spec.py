@@ -329,9 +329,11 @@ def load_spec(path: Path, max_message_bytes: int | None = None) -> TopicSpec:
 
     An offloading lane keeps payloads up to its ``above`` inline, so ``above`` plus
     :data:`INLINE_HEADROOM_BYTES` must fit the topic's message limit: the least of its own
-    ``configs: {max.message.bytes: ...}`` and ``max_message_bytes``, or
-    :data:`DEFAULT_MAX_MESSAGE_BYTES` when neither is given. Otherwise every payload between
-    the limit and ``above`` could never be produced.
+    ``configs: {max.message.bytes: ...}`` and ``max_message_bytes`` (the process's
+    ``PIPELINE_MAX_MESSAGE_BYTES``, which every command passes). Otherwise every payload between
+    the limit and ``above`` could never be produced. With neither given (an :class:`App` loading
+    a directory, which has no settings) it is not checked: the default limit would refuse a
+    lane a deployment with a raised ``PIPELINE_MAX_MESSAGE_BYTES`` runs.
 
     Raises:
         TopicSpecError: the file cannot be read, is not YAML (the message gives the line), is
@@ -358,13 +360,13 @@ def _check_offload_fits(path: Path, spec: TopicSpec, max_message_bytes: int | No
     if spec.offload is None:
         return
     declared = spec.configs.get("max.message.bytes")
-    limits = {"PIPELINE_MAX_MESSAGE_BYTES's default": DEFAULT_MAX_MESSAGE_BYTES}
-    if declared is not None or max_message_bytes is not None:
-        limits = {}
-        if declared is not None:
-            limits["its configs max.message.bytes"] = int(declared)
-        if max_message_bytes is not None:
-            limits["PIPELINE_MAX_MESSAGE_BYTES"] = max_message_bytes
+    limits: dict[str, int] = {}
+    if declared is not None:
+        limits["its configs max.message.bytes"] = int(declared)
+    if max_message_bytes is not None:
+        limits["PIPELINE_MAX_MESSAGE_BYTES"] = max_message_bytes
+    if not limits:  # the process's limit unknown here (an App given a directory): not judged
+        return
     source, limit = min(limits.items(), key=lambda item: item[1])
     above = spec.offload.above_bytes
     largest = limit - INLINE_HEADROOM_BYTES

@@ -37,7 +37,7 @@ def test_above_beyond_the_default_limit_is_refused_in_one_line(tmp_path):
     """``above: 10GiB`` under the default limit: one line with file, lane, above, limit, advice."""
     path = declare(tmp_path, "10GiB")
     with pytest.raises(TopicSpecError) as raised:
-        load_specs(tmp_path)
+        load_specs(tmp_path, DEFAULT_LIMIT)
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(f"{path}: offload.above: ")
@@ -52,10 +52,23 @@ def test_above_beyond_the_default_limit_is_refused_in_one_line(tmp_path):
 def test_above_at_the_limit_less_the_headroom_loads(tmp_path):
     """The largest ``above`` whose inline payloads fit with their headers is accepted."""
     declare(tmp_path, LARGEST_ABOVE)
-    assert load_spec(tmp_path / "uploads.yaml").offload is not None
+    assert load_spec(tmp_path / "uploads.yaml", DEFAULT_LIMIT).offload is not None
     declare(tmp_path, LARGEST_ABOVE + 1)
     with pytest.raises(TopicSpecError, match=r"offload\.above: "):
-        load_spec(tmp_path / "uploads.yaml")
+        load_spec(tmp_path / "uploads.yaml", DEFAULT_LIMIT)
+
+
+def test_without_a_known_limit_above_is_not_judged(tmp_path):
+    """An App loading a directory has no settings: a raised limit is not second-guessed.
+
+    ``PIPELINE_MAX_MESSAGE_BYTES`` raised to 16 MiB lets a lane offload above 8 MiB; judged by
+    the default limit it would be refused. Every command passes its setting instead.
+    """
+    declare(tmp_path, "8MiB")
+    assert load_specs(tmp_path)[0].offload is not None
+    assert load_specs(tmp_path, 16 * 1_048_576)[0].offload is not None
+    with pytest.raises(TopicSpecError, match=r"max message bytes is 1114112"):
+        load_specs(tmp_path, DEFAULT_LIMIT)
 
 
 def test_the_declared_max_message_bytes_is_the_limit(tmp_path):
@@ -105,3 +118,15 @@ def test_produce_to_such_a_lane_names_the_lane_not_the_message_size(tmp_path):
     assert "offload.above" in done.stderr
     assert "lane 'files'" in done.stderr
     assert "exceeds max_message_bytes" not in done.stderr
+    raised = {**env, "PIPELINE_MAX_MESSAGE_BYTES": str(16 * 1_048_576)}
+    declare(tmp_path, "8MiB")
+    value.write_bytes(b"{}")
+    listed = subprocess.run(
+        [sys.executable, "-m", "pipeline", "asyncapi", str(tmp_path)],
+        env=raised,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr  # the raised limit is the one judged
