@@ -25,9 +25,16 @@ a few function calls deep). Per POST, in this order:
    a redelivery inserts nothing and is answered **200** ``duplicate``;
 6. **200** ``accepted`` with the row id, then the event is produced in the background.
 
-Each refusal (400, 401, 408, 413) logs one INFO line naming the source and the reason; alike
-ones are backed off (:class:`~pipeline.ingress.refusals.Refusals`), so a flood of bad requests
-is a few lines.
+Each refusal (400, 401, 403, 405, 408, 413) logs one INFO line naming the source and the reason
+(``webhook refused from source S: REASON``; a 403 says why the handshake was refused, never the
+token; a 405 names the method, cut and escaped). A 404 logs ``webhook refused: no source named
+'NAME' (sources: ...)`` (a provider configured with a wrong URL), or for a path outside
+``/hooks/`` ``request refused: no such path 'PATH' (...)``, what the request sent cut at 64
+characters and escaped, the sources listed cut. Alike lines are backed off
+(:class:`~pipeline.ingress.refusals.Refusals`), so a flood of bad requests is a few lines;
+they are alike by a repeat key from a bounded set (a configured source and a reason, or one
+key for all 404s of unknown sources and one for other paths), so a flood of random paths keeps
+nothing per path.
 
 A log store failure is answered 503: the row is not durable, so the provider must retry (and the
 ingress tells :attr:`IngressApp.log_failed`, which turns ``/readyz`` 503 until the log writes).
@@ -52,7 +59,7 @@ from pipeline.errors import ConfigError
 from pipeline.ingress.dispatch import Dispatcher
 from pipeline.ingress.errors import Malformed, Rejected, SchemaMismatch, TooLarge
 from pipeline.ingress.headers import JOINED_REQUEST_HEADERS
-from pipeline.ingress.refusals import Refusals
+from pipeline.ingress.refusals import Refusals, listed, quoted
 from pipeline.ingress.schemas import LaneSchemas
 from pipeline.ingress.source import Source
 from pipeline.ingress.verify.protocol import MAX_SIGNATURE_HEADER_CHARS
@@ -109,6 +116,7 @@ class IngressApp:
         """
         self._body_timeout_s = body_timeout_s
         self._sources = dict(sources)
+        self._names = listed(self._sources)  # for the 404's line, cut (forty sources are many)
         self._log = log_store
         self.dispatcher = dispatcher
         """Where accepted rows go to be produced; None produces nothing (the sweeper will)."""
@@ -141,13 +149,17 @@ class IngressApp:
             await self.observer(scope, receive, send)
             return
         source = self.webhook_source(path)
+        method: str = scope["method"]
         if source is None:
+            self.refused_path(path)
             await _answer(send, 404, {"error": "unknown source"})
-        elif scope["method"] == "POST":
+        elif method == "POST":
             await self._post(source, scope, receive, send)
-        elif scope["method"] in _GET:  # the server sends no body for HEAD (RFC 9110 9.3.2)
+        elif method in _GET:  # the server sends no body for HEAD (RFC 9110 9.3.2)
             await self._handshake(source, scope, send)
         else:
+            allowed = f"{quoted(method)}; allowed: {_ALLOW.decode()}"
+            self.refused(source, "method not allowed", f" ({allowed})")
             await _answer(send, 405, {"error": "method not allowed"}, [(b"allow", _ALLOW)])
 
     def webhook_source(self, path: str) -> Source | None:
@@ -173,6 +185,31 @@ class IngressApp:
             detail,
             extra={"source": source.name, "reason": reason},
         )
+
+    def refused_path(self, path: str) -> None:
+        """Log a 404: the unknown source (or path) named, cut and escaped, and the sources.
+
+        A provider configured with a wrong URL (``/hooks/githb``) is told only by this line.
+        Judged by one fixed repeat key for unknown sources and one for other paths, never by
+        the path: a flood of random paths is a few lines, and keeps nothing of each.
+        """
+        if path.startswith(_PREFIX):
+            self.refusals.log(
+                log,
+                "door 404 source",
+                "webhook refused: no source named %s (sources: %s)",
+                quoted(path[len(_PREFIX) :]),
+                self._names,
+            )
+        else:
+            self.refusals.log(
+                log,
+                "door 404 path",
+                "request refused: no such path %s (webhooks are POST %s<source>; sources: %s)",
+                quoted(path),
+                _PREFIX,
+                self._names,
+            )
 
     def refused_too_large(self, source: Source) -> None:
         """Count and log a body over ``source``'s cap (the 413 of :func:`too_large`)."""
@@ -314,6 +351,7 @@ class IngressApp:
             await _send(send, 200, challenge.encode(), [(b"content-type", b"text/plain")])
             return
         self.counters[source.name, "handshake_refused"] += 1
+        self.refused(source, "handshake refused", f" ({_why_refused(source, mode, challenge)})")
         await _answer(send, 403, {"error": "forbidden"})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -367,6 +405,17 @@ def too_large(source: Source) -> bytes:
         "setting": f"sources.{source.name}.max_body_bytes",
     }
     return json.dumps(answer).encode()
+
+
+def _why_refused(source: Source, mode: str, challenge: str) -> str:
+    """Why a handshake whose query has ``mode`` and ``challenge`` was refused (no token shown)."""
+    if source.verify_token is None:
+        return f"no verify_token is set: sources.{source.name}.verify_token"
+    if mode != "subscribe":
+        return "hub.mode is not 'subscribe'"
+    if not challenge:
+        return "no hub.challenge"
+    return "hub.verify_token is not the source's verify_token"
 
 
 def _same(given: str, expected: str) -> bool:

@@ -44,7 +44,9 @@ At the door, before the app sees a byte:
 
 Each refusal logs one INFO line, alike ones backed off
 (:class:`~pipeline.ingress.refusals.Refusals`): a source's 413 and 408 as the app's own refusals
-(``webhook refused from source S: REASON``), the others naming the cap or what was wrong.
+(``webhook refused from source S: REASON``), the others naming the cap or what was wrong; an
+unknown source's or path's 404, a refused handshake's 403 and a method's 405 are the app's lines
+(:mod:`pipeline.ingress.app`), judged by fixed keys, never by the path.
 A ``HEAD`` is answered as its ``GET`` (the status and headers, Content-Length included), without
 the body.
 
