@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services jaeger promtool jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable bench-scaling bench-membership bench-peers bench-redis-calls bench-hostile bench-offload soak demo generate clean
+.PHONY: asyncapi-parser setup lock wheel services jaeger promtool jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable faults-debounce bench-scaling bench-membership bench-peers bench-redis-calls bench-hostile bench-offload soak demo generate clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -116,6 +116,10 @@ bench-offload: setup services
 ## bench-metastable: a retry storm after a spike, FIFO lane vs deadlines + shedding (docs/faults.md)
 bench-metastable: setup
 	$(BIN)/python bench/metastable.py
+
+## faults-debounce: kill -9 every 3-5 s under debounced conversation bursts, both transports (docs/faults.md)
+faults-debounce: setup
+	FAULTS_DEBOUNCE_LOOP=1 $(BIN)/pytest -q -s tests/faults/test_debounce_crashloop.py
 
 ## bench-scaling: a simulated week under lag, utilisation and predictive scaling (docs/capacity.md)
 bench-scaling: setup
