@@ -86,7 +86,6 @@ __all__ = [
     "TAIL_FRAMES",
     "FailureLog",
     "drop_worker_notes",
-    "shown_now",
     "told",
     "traceback_text",
     "worker_note",

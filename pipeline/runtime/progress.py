@@ -29,10 +29,10 @@ from typing import Protocol
 
 from pipeline.envelope import TopicPartition
 from pipeline.errors import PipelineError
-from pipeline.log_repeats import JUDGED, RepeatFilter, error_text
+from pipeline.log_repeats import JUDGED, RepeatFilter, error_text, shown_now
 from pipeline.observability.facades import RuntimeMetrics
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.failure_log import shown_now, told
+from pipeline.runtime.failure_log import told
 from pipeline.runtime.stats import Stats
 from pipeline.transport.protocol import Admin
 
