@@ -10,8 +10,11 @@
 
 The first parameter's annotation decides decoding: a pydantic model is validated from the
 value, Avro in the Confluent wire format (through the schema registry) or JSON (a validation
-error is not retried: the message goes to the dead-letter topic); ``bytes`` gets the raw value,
-:class:`~pipeline.envelope.Message` the whole message.
+error is not retried: the message goes to the dead-letter topic); ``bytes`` gets the raw value
+(so do ``Any``, ``object`` and no annotation; a ``LazyPayload`` handler an offloaded one
+unread), :class:`~pipeline.envelope.Message` the whole message. Any other type (a dataclass, a
+TypedDict, ``str``, ``dict``, ``Model | None``) is a :class:`ConfigError` when the handler is
+registered: it would be handed the raw bytes, and fail on every message.
 
 A lane declared with ``debounce:`` hands its handler a *turn*: ``list[Model]`` (or
 ``list[bytes]``, ``list[Message]``), every message of one conversation since its last turn, in
@@ -24,7 +27,9 @@ order (:mod:`pipeline.runtime.turns`)::
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import types
 import typing
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ from pipeline.cancel import Target, cancel
 from pipeline.config import topics_dir
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, DeadLetter
+from pipeline.offload.lazy import LazyPayload
 from pipeline.registry.errors import SerdeError
 from pipeline.retry.policy import Backoff, Retryable, default_retryable
 from pipeline.retry.router import LaneRoutes
@@ -144,6 +150,71 @@ class ModelDecoder(Protocol):
         ...
 
 
+_RAW: tuple[Any, ...] = (bytes, LazyPayload, Any, object)
+"""Annotations of an event handed the raw value (an offloaded one as a ``LazyPayload``)."""
+
+
+def _decodes_into(kind: Any) -> bool:
+    """Whether an event annotated ``kind`` gets what it says: a model, the message, the value.
+
+    Anything else (a dataclass, a TypedDict, ``str``, ``dict``, ``Model | None``) would be
+    handed the raw bytes, and its handler fail on every message.
+    """
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return True
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return all(option in (bytes, LazyPayload) for option in typing.get_args(kind))
+    return kind is Message or any(kind is raw for raw in _RAW)
+
+
+def _shown(kind: Any) -> str:
+    """``kind`` as written in a handler's annotation."""
+    if isinstance(kind, type) and not typing.get_args(kind):
+        return kind.__qualname__
+    return repr(kind).replace("typing.", "")
+
+
+def _refusal(lane: str, handler: Handler, kind: Any, turns: bool) -> str:
+    """The line refusing ``handler`` of ``lane``, whose event (or turn's) is ``kind``."""
+    name = _shown(kind)
+    shown = f"list[{name}]" if turns else name
+    what = "a turn annotated" if turns else "an event annotated"
+    of = f"{name} is " if turns else ""
+    if dataclasses.is_dataclass(kind):
+        shown, hint = f"{shown} ({of}a dataclass)", "; for a dataclass, a BaseModel of its fields"
+    elif typing.is_typeddict(kind):
+        shown, hint = f"{shown} ({of}a TypedDict)", "; for a TypedDict, a BaseModel of its keys"
+    else:
+        hint = ""
+    items = " its items" if turns else " it"
+    return (
+        f"handler {handler.__qualname__} of lane {lane!r} takes {what} {shown}, which the"
+        " runtime does not decode into: it would be handed each message's raw bytes and fail"
+        f" on every one, to the dead-letter topic; annotate{items} with a pydantic model"
+        " (validated from JSON or Avro), bytes (the raw value), pipeline.envelope.Message or"
+        f" Any{hint}"
+    )
+
+
+def _check_event(
+    lane: str, spec: TopicSpec, fn: Handler, *, cpu: bool, kind: Any, turns: bool
+) -> None:
+    """Refuse a handler whose event (``kind``, a turn's items if ``turns``) ``lane`` cannot give.
+
+    Raises:
+        ConfigError: a CPU-bound handler of a debounced lane, a turn on a lane that is not
+            debounced (or one event on a lane that is), or a type the runtime does not decode
+            into.
+    """
+    if cpu and spec.debounce is not None:
+        raise ConfigError(f"lane {lane!r} is debounced: its handler cannot be cpu=True")
+    if turns != (spec.debounce is not None) and not cpu:
+        wants = "a list of events (it is debounced)" if spec.debounce else "one event"
+        raise ConfigError(f"handler {fn.__qualname__} of lane {lane!r} must take {wants}")
+    if not _decodes_into(kind):
+        raise ConfigError(_refusal(lane, fn, kind, turns))
+
+
 def _decoder(app: App, kind: Any) -> Callable[[Message], Any]:
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         model = kind
@@ -206,6 +277,10 @@ class App:
         the model (or a computed field, a property, any key of a model that keeps extra
         fields): a misspelt key would leave every event without a conversation, and is a
         :class:`ConfigError` naming the lane's file, the key and the model's fields.
+
+        An event (or a turn's items) annotated with a type the runtime does not decode into (a
+        dataclass, a TypedDict, ``str``, ``dict`` ...) is a :class:`ConfigError` naming the
+        lane, the handler, the annotation and what is decoded.
         """
         spec = self._specs.get(lane)
         if spec is None:
@@ -220,11 +295,7 @@ class App:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             kind, turns = _event_kind(fn)
-            if cpu and spec.debounce is not None:
-                raise ConfigError(f"lane {lane!r} is debounced: its handler cannot be cpu=True")
-            if turns != (spec.debounce is not None) and not cpu:
-                wants = "a list of events (it is debounced)" if spec.debounce else "one event"
-                raise ConfigError(f"handler {fn.__qualname__} of lane {lane!r} must take {wants}")
+            _check_event(lane, spec, fn, cpu=cpu, kind=kind, turns=turns)
             routes = LaneRoutes(
                 topic=spec.name,
                 retry_topics=tuple(spec.retry_topic_names()),
