@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import obstore
+from obstore.exceptions import PermissionDeniedError
 
 from pipeline.offload.errors import (
     OffloadError,
@@ -27,10 +28,33 @@ from pipeline.offload.errors import (
 )
 from pipeline.offload.store import StoredObject
 
+ACCESS_DENIED = "AccessDenied"
+"""S3's error code of a request a working key may not make (in a GET's answer)."""
 CHECK_TO_DELETE_S = 1.0
 """The purge sends an object's delete within this many seconds of asking for its last write
 time, or keeps it for its next run: a writer that rewrote the object meanwhile looks again
 later than that (:data:`~pipeline.offload.writer.RECHECK_AFTER_S`) and writes it once more."""
+
+
+def refused(error: OffloadError) -> bool:
+    """Whether the store answered the request that failed with ``error`` 403 (refused it).
+
+    A HEAD's 403 has no body to say why: a key refused whatever it asks (a wrong secret, an
+    unknown key id), a key without access to the object, or, on AWS, a key without
+    ``s3:ListBucket`` asking for an object that does not exist (a least-privilege policy that
+    reads and writes every payload).
+    """
+    return isinstance(error.__cause__, PermissionDeniedError)
+
+
+def denied(error: OffloadError) -> bool:
+    """Whether a read (a GET, whose 403 names its S3 error code) was answered AccessDenied.
+
+    The key works (a wrong secret or key id has codes of its own), but may not read the object:
+    to a key without ``s3:ListBucket`` that is also what AWS answers for an object that does not
+    exist, so the two cannot be told apart.
+    """
+    return refused(error) and f"403 Forbidden {ACCESS_DENIED}" in str(error)
 
 
 def _stored(meta: Any) -> StoredObject:

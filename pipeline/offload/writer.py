@@ -2,10 +2,11 @@
 
 :class:`Offloader` is used by the ingress (before the row is inserted, so the object is durable
 before the 2xx) and by :class:`OffloadingProducer` (before the message is produced). Keys are
-content-addressed: a retry or a duplicate finds the object and writes nothing new. An object
-older than ``refresh_after_s`` is written again instead of reused, so the purge
-(:mod:`pipeline.offload.purge`), which goes by the last write time, never deletes an object a
-new message still points to.
+content-addressed: a retry or a duplicate finds the object and writes nothing new (a look the
+store refuses, as AWS refuses a key without ``s3:ListBucket`` any object not yet written, is a
+write: its answer says whether the key works). An object older than ``refresh_after_s`` is
+written again instead of reused, so the purge (:mod:`pipeline.offload.purge`), which goes by
+the last write time, never deletes an object a new message still points to.
 
 A reference produced again without its body (a retry tier, a dead letter, a redrive, a replay,
 a swept log row) gets the same guarantee from :meth:`Offloader.keep`: an object last written
@@ -35,6 +36,7 @@ from pipeline.offload.errors import (
     ReferenceRefused,
 )
 from pipeline.offload.lazy import LazyPayload
+from pipeline.offload.objects import denied, refused
 from pipeline.offload.observer import OffloadObserver
 from pipeline.offload.policy import OffloadPolicy
 from pipeline.offload.store import PayloadStore, StoredObject, check_stores, open_store
@@ -134,7 +136,7 @@ class Offloader:
         store = self.store(policy.store)
         digest = sha256 or await sha256_hex(body)
         reference = ref.reference_for(store.url, body, content_type, digest)
-        existing = await store.head(reference.key)
+        existing = await _looked_at(store, reference.key)
         fresh = existing is not None and (
             time.time() - existing.last_modified.timestamp() < self.refresh_after_s
         )
@@ -179,25 +181,41 @@ class Offloader:
         try:
             existing = await store.head(reference.key)
         except OffloadError as exc:
-            if not self._written_lately(reference, now):
+            if self._written_lately(reference, now):
+                # Written less than a day ago by the reference's own word: the copy is as safe
+                # from the purge as its writer's message was, so a store outage does not hold
+                # it back.
+                log.warning(
+                    "%s; the reference produced to %s goes out unchecked: its object was"
+                    " written less than %g s ago",
+                    exc,
+                    topic,
+                    self.refresh_after_s,
+                )
+                return
+            if not refused(exc):
                 raise
-            # Written less than a day ago by the reference's own word: the copy is as safe from
-            # the purge as its writer's message was, so a store outage does not hold it back.
-            log.warning(
-                "%s; the reference produced to %s goes out unchecked: its object was written"
-                " less than %g s ago",
-                exc,
-                topic,
-                self.refresh_after_s,
-            )
-            return
+            existing = None  # a HEAD's 403 says nothing: the read's answer names why
         if existing is not None and now - existing.last_modified.timestamp() < self.refresh_after_s:
             self._remember(reference, existing.last_modified.timestamp())
             return
-        try:  # gone (None) or old: read back whole, then written again
+        try:  # gone (None), old, or refused the look: read back whole, then written again
             body = await LazyPayload(reference, store).read()
         except (PayloadMissing, PayloadCorrupt) as exc:
             log.warning("%s; the reference produced to %s will be a dead letter", exc, topic)
+            return
+        except OffloadError as exc:
+            if not denied(exc):
+                raise
+            # A key without s3:ListBucket: the object is gone, or this key may not read it.
+            # Either way nothing here can keep it, and holding the message back would retry its
+            # route for ever: it goes on, to fail at its member like any unreadable payload.
+            log.warning(
+                "%s; the reference produced to %s goes out unchecked: to a key without"
+                " s3:ListBucket a missing object is AccessDenied too, so it may be gone",
+                exc,
+                topic,
+            )
             return
         await self._write(store, reference, body, existing)
         self.counters.refreshed += 1
@@ -252,9 +270,10 @@ class Offloader:
         """Once a purge's delete must have gone out, write a rewritten old object again if gone."""
         try:
             await self.pause(RECHECK_AFTER_S)
-            if await store.head(reference.key) is None:
+            if await _looked_at(store, reference.key) is None:
                 log.warning(
-                    "offloaded payload %s/%s was purged as it was written again; written once more",
+                    "offloaded payload %s/%s was purged as it was written again (or the store"
+                    " refused the look); written once more",
                     store.url,
                     reference.key,
                 )
@@ -285,6 +304,26 @@ class Offloader:
         self._fresh_until[_memo(reference)] = written_s + self.refresh_after_s
         if began_s is not None:
             self._written_s[_memo(reference)] = began_s
+
+
+async def _looked_at(store: PayloadStore, key: str) -> StoredObject | None:
+    """Before a write of ``key``: its object, or None when there is none or the look was refused.
+
+    AWS answers a key without ``s3:ListBucket`` 403, not 404, for an object that does not exist,
+    so with such a key (a least-privilege policy) the look at every new payload is refused. The
+    write goes ahead: content-addressed, it changes nothing if the object was there, and its own
+    answer tells a key that works from one refused whatever it asks (a wrong secret, an unknown
+    key id), whose write fails as before.
+
+    Raises:
+        OffloadError: the store failed otherwise.
+    """
+    try:
+        return await store.head(key)
+    except OffloadError as exc:
+        if not refused(exc):
+            raise
+        return None
 
 
 def _memo(reference: ref.Reference) -> str:
