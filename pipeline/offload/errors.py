@@ -28,7 +28,8 @@ METADATA_HOST = "169.254.169.254"
 
 REFUSED_CREDENTIALS = (
     "the store refused the credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-    " (and AWS_SESSION_TOKEN for temporary ones), and that the key may use the bucket"
+    " (and AWS_SESSION_TOKEN for temporary ones), and that the key may use the bucket; to a"
+    " key without s3:ListBucket a read's 403 also means the object does not exist"
 )
 """What a 403 from the store means and what to check (never the key itself)."""
 
