@@ -11,10 +11,10 @@
 The first parameter's annotation decides decoding: a pydantic model is validated from the
 value, Avro in the Confluent wire format (through the schema registry) or JSON (a validation
 error is not retried: the message goes to the dead-letter topic); ``bytes`` gets the raw value
-(so do ``Any``, ``object`` and no annotation; a ``LazyPayload`` handler an offloaded one
-unread), :class:`~pipeline.envelope.Message` the whole message. Any other type (a dataclass, a
-TypedDict, ``str``, ``dict``, ``Model | None``) is a :class:`ConfigError` when the handler is
-registered: it would be handed the raw bytes, and fail on every message.
+(so do ``bytes | None``, ``Any``, ``object`` and no annotation; a ``LazyPayload`` handler an
+offloaded one unread), :class:`~pipeline.envelope.Message` the whole message. Any other type
+(a dataclass, a TypedDict, ``str``, ``dict``, ``Model | None``) is a :class:`ConfigError` when
+the handler is registered: it would be handed the raw bytes, and fail on every message.
 
 A lane declared with ``debounce:`` hands its handler a *turn*: ``list[Model]`` (or
 ``list[bytes]``, ``list[Message]``), every message of one conversation since its last turn, in
@@ -28,7 +28,9 @@ order (:mod:`pipeline.runtime.turns`)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import sys
 import types
 import typing
 from collections.abc import Awaitable, Callable, Sequence
@@ -70,6 +72,8 @@ class Lane:
     time_limit_s: float = 30.0
     turns: bool = False
     """The handler takes a turn (a list of events) of a debounced lane."""
+    event: Any = bytes
+    """The handler's event annotation, resolved (a turn's items if ``turns``)."""
 
     @property
     def topics(self) -> list[str]:
@@ -77,12 +81,84 @@ class Lane:
         return [self.spec.name, *self.spec.retry_topic_names()]
 
 
-def _event_kind(handler: Handler) -> tuple[Any, bool]:
-    """The annotation of the handler's event parameter, and whether it takes a list (a turn)."""
+def _underlying(handler: Any) -> Any:
+    """The function a handler runs: through partials, bound methods, decorators, ``__call__``."""
+    target = handler
+    for _ in range(32):  # a chain of wrappers, not a cycle
+        if isinstance(target, functools.partial):
+            target = target.func
+        elif inspect.ismethod(target):
+            target = target.__func__
+        elif hasattr(target, "__wrapped__"):
+            target = target.__wrapped__
+        elif not inspect.isfunction(target) and not isinstance(target, type) and callable(target):
+            target = type(target).__call__
+        else:
+            break
+    return target
+
+
+def _name(handler: Any) -> str:
+    """The handler's name for a line about it (a partial or an object by its function's)."""
+    name = getattr(handler, "__qualname__", None)
+    return (
+        name
+        if isinstance(name, str)
+        else getattr(_underlying(handler), "__qualname__", repr(handler))
+    )
+
+
+def _is_async(handler: Any) -> bool:
+    """Whether awaiting ``handler(event, ctx)`` works: an ``async def``, or an object's one."""
+    if inspect.iscoroutinefunction(handler):  # a partial or a bound method of one as well
+        return True
+    if inspect.isroutine(handler) or isinstance(handler, functools.partial):
+        return False
+    return callable(handler) and inspect.iscoroutinefunction(type(handler).__call__)
+
+
+def _resolved(annotation: Any, handler: Any, lane: str, scope: dict[str, Any]) -> Any:
+    """``annotation`` (a string under ``from __future__ import annotations``) as a type.
+
+    Names resolve in the handler's module, else in ``scope`` (the locals where it was
+    registered: a model defined in the same function).
+
+    Raises:
+        ConfigError: a name defined in neither (imported only under ``TYPE_CHECKING``, or
+            defined after the handler): the runtime would not know what to decode into.
+    """
+    holder = types.SimpleNamespace(__annotations__={"event": annotation})
+    module: dict[str, Any] = getattr(_underlying(handler), "__globals__", {})
+    try:
+        return typing.get_type_hints(holder, module)["event"]
+    except NameError:
+        pass
+    try:
+        return typing.get_type_hints(holder, module, scope)["event"]
+    except NameError as exc:
+        raise ConfigError(
+            f"handler {_name(handler)} of lane {lane!r}: its event annotation {annotation!r}"
+            f" names {exc.name!r}, which is not defined in its module at runtime (imported only"
+            " under TYPE_CHECKING, or defined after the handler): the runtime decodes each"
+            f" event by that type, so import or define {exc.name} before the handler"
+        ) from None
+
+
+def _event_kind(handler: Handler, lane: str, scope: dict[str, Any]) -> tuple[Any, bool]:
+    """The annotation of the handler's event parameter, and whether it takes a list (a turn).
+
+    Only the event's annotation is resolved: the runtime reads no other (``ctx: Context``
+    may be imported only for type checking).
+    """
     params = list(inspect.signature(handler).parameters.values())
     if len(params) != 2:  # noqa: PLR2004 - (event, ctx)
-        raise ConfigError(f"handler {handler.__qualname__} must take (event, ctx)")
-    kind = typing.get_type_hints(handler).get(params[0].name, bytes)
+        raise ConfigError(f"handler {_name(handler)} must take (event, ctx)")
+    annotation = params[0].annotation
+    kind = (
+        bytes
+        if annotation is inspect.Parameter.empty
+        else _resolved(annotation, handler, lane, scope)
+    )
     if typing.get_origin(kind) is list:
         (item,) = typing.get_args(kind) or (bytes,)
         return item, True
@@ -118,7 +194,7 @@ def _reads_key(model: type[BaseModel], key: str) -> bool:
     if key in _readable_fields(model):
         return True
     attribute = inspect.getattr_static(model, key, None)
-    if isinstance(attribute, property):
+    if isinstance(attribute, (property, functools.cached_property)):
         return True
     # A model that keeps extra fields may hold any key not shadowed by one of its attributes.
     return attribute is None and model.model_config.get("extra") == "allow"
@@ -163,7 +239,10 @@ def _decodes_into(kind: Any) -> bool:
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         return True
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        return all(option in (bytes, LazyPayload) for option in typing.get_args(kind))
+        # ``bytes | None`` (``Optional[bytes]``) is handed bytes as ``bytes`` is; a model or the
+        # message among the options would not be.
+        options = [option for option in typing.get_args(kind) if option is not type(None)]
+        return all(any(option is raw for raw in _RAW) for option in options)
     return kind is Message or any(kind is raw for raw in _RAW)
 
 
@@ -188,7 +267,7 @@ def _refusal(lane: str, handler: Handler, kind: Any, turns: bool) -> str:
         hint = ""
     items = " its items" if turns else " it"
     return (
-        f"handler {handler.__qualname__} of lane {lane!r} takes {what} {shown}, which the"
+        f"handler {_name(handler)} of lane {lane!r} takes {what} {shown}, which the"
         " runtime does not decode into: it would be handed each message's raw bytes and fail"
         f" on every one, to the dead-letter topic; annotate{items} with a pydantic model"
         " (validated from JSON or Avro), bytes (the raw value), pipeline.envelope.Message or"
@@ -210,7 +289,7 @@ def _check_event(
         raise ConfigError(f"lane {lane!r} is debounced: its handler cannot be cpu=True")
     if turns != (spec.debounce is not None) and not cpu:
         wants = "a list of events (it is debounced)" if spec.debounce else "one event"
-        raise ConfigError(f"handler {fn.__qualname__} of lane {lane!r} must take {wants}")
+        raise ConfigError(f"handler {_name(fn)} of lane {lane!r} must take {wants}")
     if not _decodes_into(kind):
         raise ConfigError(_refusal(lane, fn, kind, turns))
 
@@ -287,14 +366,21 @@ class App:
             raise ConfigError(self._undeclared(lane))
 
         def register(fn: Handler) -> Handler:
-            if cpu == inspect.iscoroutinefunction(fn):
+            # Where the handler is registered: a model defined in the same function resolves.
+            scope = dict(sys._getframe(1).f_locals)  # noqa: SLF001 - the caller's namespace
+            if cpu == _is_async(fn):
                 form = "a plain `def` (cpu=True)" if cpu else "`async def`"
-                raise ConfigError(f"handler {fn.__qualname__} must be {form}")
+                raise ConfigError(f"handler {_name(fn)} must be {form}")
+            if cpu and not inspect.isfunction(fn):
+                raise ConfigError(
+                    f"CPU-bound handler {_name(fn)} must be a module-level function of an"
+                    " importable module (not a partial, a method or an object)"
+                )
             try:
                 cpu_ref = function_ref(fn) if cpu else None
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-            kind, turns = _event_kind(fn)
+            kind, turns = _event_kind(fn, lane, scope)
             _check_event(lane, spec, fn, cpu=cpu, kind=kind, turns=turns)
             routes = LaneRoutes(
                 topic=spec.name,
@@ -308,12 +394,12 @@ class App:
                 if problem is not None:
                     raise ConfigError(
                         f"{self._origins[lane]}: debounce.key: lane {lane!r}, handler"
-                        f" {fn.__qualname__}: {problem}, so no event would name its"
+                        f" {_name(fn)}: {problem}, so no event would name its"
                         " conversation (each would go by its message key, or alone); set"
                         " debounce.key to the field that names the conversation"
                     )
             decode = _decoder(self, kind)
-            entry = Lane(lane, spec, fn, decode, routes, cpu_ref, time_limit_s, turns)
+            entry = Lane(lane, spec, fn, decode, routes, cpu_ref, time_limit_s, turns, kind)
             self.lanes[lane] = entry
             for topic in entry.topics:
                 self._by_topic[topic] = entry
