@@ -289,6 +289,13 @@ def choose_protocol(settings: KafkaSettings, *, static: bool = False) -> Protoco
     return "classic"
 
 
+TOPIC_REFRESH_MS = 5000
+"""How often a member's client reads its topics' metadata again. A classic group gives out
+partitions ``pipeline topics apply`` added only once a member's client sees the new count, and
+librdkafka's default (300 s) left them unread that long while producers already sent there;
+Redis Streams members and producers re-read a topic's partitions every 5 s as well."""
+
+
 def consumer_config(
     settings: KafkaSettings,
     group: str,
@@ -318,6 +325,7 @@ def consumer_config(
         "fetch.wait.max.ms": settings.fetch_wait_max_ms,
         "fetch.queue.backoff.ms": settings.fetch_queue_backoff_ms,
         "enable.partition.eof": False,
+        "topic.metadata.refresh.interval.ms": TOPIC_REFRESH_MS,
         "logger": logging.getLogger("pipeline.librdkafka"),
     }
     if protocol == "classic":
