@@ -913,7 +913,7 @@ def asyncapi_command(
             found = {
                 name: model
                 for name, lane in load_app(target).lanes.items()
-                if (model := asyncapi.model_of(lane.handler)) is not None
+                if (model := asyncapi.model_of(lane.event)) is not None
             }
             if left_out := sorted(found.keys() - declared):
                 undeclared.append(

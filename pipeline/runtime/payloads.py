@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import types
 import typing
 from collections.abc import Sequence
@@ -47,8 +46,7 @@ def _takes_lazy(lane: Lane) -> bool:
     """Whether ``lane``'s handler takes the raw payload one event at a time, in this process."""
     if lane.turns or lane.cpu_ref is not None:
         return False
-    params = list(inspect.signature(lane.handler).parameters.values())
-    kind = typing.get_type_hints(lane.handler).get(params[0].name, bytes) if params else bytes
+    kind = lane.event  # resolved at registration (the event's annotation alone)
     union = typing.get_origin(kind) in (typing.Union, types.UnionType)
     options = typing.get_args(kind) if union else (kind,)
     return any(option in (bytes, LazyPayload) for option in options)

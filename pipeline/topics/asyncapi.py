@@ -15,11 +15,10 @@ The document is checked with the official ``@asyncapi/parser`` in ``tests/topics
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -90,13 +89,16 @@ def _schema_file(path: Path) -> Schema:
     return schema
 
 
-def model_of(handler: Callable[..., Any]) -> type[BaseModel] | None:
-    """The pydantic model a handler's event parameter (or a turn's items) is annotated with."""
-    params = list(inspect.signature(handler).parameters)
-    kind = typing.get_type_hints(handler).get(params[0]) if params else None
-    if typing.get_origin(kind) is list:
-        kind = (typing.get_args(kind) or (None,))[0]
-    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+def model_of(event: Any) -> type[BaseModel] | None:
+    """The pydantic model of a lane's event annotation (``Lane.event``: a turn's items), if any.
+
+    The annotation as the App resolved it when the handler was registered: a handler whose
+    other annotations are imported only for type checking, a ``functools.partial`` or an object
+    with ``__call__`` is read as the runtime reads it.
+    """
+    if typing.get_origin(event) is list:  # an annotation given as is
+        event = (typing.get_args(event) or (None,))[0]
+    return event if isinstance(event, type) and issubclass(event, BaseModel) else None
 
 
 def _ident(name: str) -> str:
