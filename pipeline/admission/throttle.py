@@ -150,6 +150,8 @@ class Throttle:
         Redis runs at least ``lease_ms`` from then."""
         self._suspect: set[str] = set()
         """Waiting permits found lapsed and queued again: a wake for one may predate that."""
+        self._requeueing: set[str] = set()
+        """Lapsed waiting permits not queued again yet: the heartbeat leaves them out."""
         self._pool_calls = _pool_share(client)
         """Bounds this throttle's calls that go through redis-py's pool (no function channel)."""
         self._renewer: asyncio.Task[None] | None = None
@@ -554,7 +556,8 @@ class Throttle:
             await self._renew_once([holder])
 
     async def _renew_once(self, only: Sequence[str] | None = None) -> None:
-        holders = list(self._live) if only is None else [h for h in only if h in self._live]
+        wanted = list(self._live) if only is None else [h for h in only if h in self._live]
+        holders = [h for h in wanted if h not in self._requeueing]
         if not holders:
             return
         loop = asyncio.get_running_loop()
@@ -562,6 +565,7 @@ class Throttle:
         renewed = await self._call(self._functions.renew(holders))
         self._woken(renewed.woken)
         states = renewed.letters
+        lapsed: list[Permit] = []
         for holder, state in zip(holders, states, strict=True):
             permit = self._live.get(holder)
             if permit is None:
@@ -570,18 +574,59 @@ class Throttle:
                 self._confirmed_at[holder] = sent_at
             if state == "g":
                 self._grant(holder, verified=True)  # a wake that was lost (or not read yet)
-            elif state == "x" and holder in self._waiting:
+            elif state == "x" and holder in self._waiting and holder not in self._requeueing:
                 self.lost += 1
-                log.warning("throttle lost waiting permit %s; queueing it again", holder)
                 self._suspect.add(holder)  # a wake read from now on may be the lapsed one's
-                self._confirmed_at[holder] = loop.time()
-                if await self._call_acquire(permit, try_only=False) == "granted":
-                    self._grant(holder, verified=True)
+                lapsed.append(permit)
+            elif state == "x" and holder in self._waiting:
+                continue  # being queued again
             elif state == "x":
                 self.lost += 1
                 self._live.pop(holder, None)
                 self._confirmed_at.pop(holder, None)
                 log.warning("throttle lost held permit %s (lease lapsed or state lost)", holder)
+        if lapsed:
+            self._requeue_lapsed(lapsed)
+
+    def _requeue_lapsed(self, lapsed: list[Permit]) -> None:
+        """Queue waiting permits Redis expired (or lost) again, in their order, in one line.
+
+        They are queued again in the background, one call each in order, so the heartbeat goes
+        on renewing this member's other permits meanwhile: queued again inside the heartbeat,
+        a thousand lapsed waiters held it for a thousand round trips, and the permits it did not
+        renew meanwhile lapsed in turn.
+        """
+        log.warning(
+            "throttle %s: %d waiting permit(s) of member %s lapsed in Redis before their renewal "
+            "(lease %d ms; this process, its event loop or Redis stalled for longer, or Redis "
+            "lost its state): queued again, in their order, behind the waiters already there; "
+            "a lane's longer throttle.lease (PIPELINE_THROTTLE__LEASE_MS for others) keeps "
+            "their places through such stalls",
+            self.namespace,
+            len(lapsed),
+            self.member,
+            min(p.lease_ms for p in lapsed),
+        )
+        self._requeueing.update(p.holder for p in lapsed)
+        self._spawn(self._requeue(lapsed))
+
+    async def _requeue(self, lapsed: list[Permit]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            for permit in lapsed:
+                holder = permit.holder
+                if holder not in self._waiting or self._closed.is_set():
+                    self._requeueing.discard(holder)
+                    continue  # cancelled or failed open meanwhile
+                self._confirmed_at[holder] = loop.time()
+                state = await self._call_acquire(permit, try_only=False)
+                self._requeueing.discard(holder)
+                if state == "granted":
+                    self._grant(holder, verified=True)
+        except FAILED:
+            pass  # the heartbeat finds those left lapsed again and queues them then
+        finally:
+            self._requeueing.difference_update(p.holder for p in lapsed)
 
     def _fail_open_waiters(self, exc: BaseException) -> None:
         for holder, future in list(self._waiting.items()):
