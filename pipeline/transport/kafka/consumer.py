@@ -23,7 +23,7 @@ from confluent_kafka import TopicPartition as _RawTP
 
 from pipeline.config import KafkaSettings
 from pipeline.envelope import Message, Position, TopicPartition
-from pipeline.errors import ConfigError, TransportError
+from pipeline.errors import ConfigError, TransportError, UnknownTopic
 from pipeline.transport.kafka.client_log import SessionLog
 from pipeline.transport.kafka.consumer_thread import ConsumerThread
 from pipeline.transport.kafka.errors import translate
@@ -80,6 +80,19 @@ def first_then_fetched(
     return [first, *raw.consume(max_messages - 1, 0)] if max_messages > 1 else [first]
 
 
+def _gone(topic: str | None, err: Any, topics: object) -> TransportError:
+    """The error of a topic that does not exist (deleted while read): Redis Streams' line.
+
+    librdkafka's own words (``Subscribed topic not available: T: Broker: Unknown topic or
+    partition``) name the topic twice; an error that names none keeps them.
+    """
+    if not topic:
+        return translate(err, f"consume {topics}")
+    return UnknownTopic(
+        f"topic {topic!r} does not exist (declare it in topics/ and run `pipeline topics apply`)"
+    )
+
+
 def messages_of(raw: Sequence[Any], role: str, topics: object) -> list[Message]:
     """The messages among librdkafka's results for the ``role`` (consumer, reader) of ``topics``.
 
@@ -92,7 +105,7 @@ def messages_of(raw: Sequence[Any], role: str, topics: object) -> list[Message]:
         if err is None:
             out.append(_to_message(item))
         elif err.code() in _FATAL_TOPIC:
-            raise translate(err, f"consume {topics}")
+            raise _gone(item.topic(), err, topics)
         elif err.fatal():
             raise TransportError(f"{role} of {topics}: {err.str()}")
         elif err.code() not in _IGNORED:
@@ -192,6 +205,8 @@ class KafkaConsumer:
         self._watch: StrandWatch | None = None
         """Classic groups: partitions a rebalance left to no member are found and given out."""
         self._watching: asyncio.Task[object] | None = None
+        self._recheck_topics = False
+        """KIP-848: partitions were revoked; the next poll checks that the topics still exist."""
 
     @property
     def revoke_budget_s(self) -> float:
@@ -321,6 +336,8 @@ class KafkaConsumer:
                 except TransportError as exc:
                     log.warning("commit on revocation of %s failed: %s", tps, exc)
         self._assigned.difference_update(tps)
+        # KIP-848 takes a deleted topic's partitions away without an error: look at the next poll.
+        self._recheck_topics = self._recheck_topics or self.protocol == "consumer"
 
     def _on_lost(self, raw: Any, partitions: list[Any]) -> None:
         self._on_revoke(raw, partitions, lost=True)
@@ -345,6 +362,14 @@ class KafkaConsumer:
             self._subscribe()
         if self._unannounced:
             self._announce()
+        if self._recheck_topics:
+            self._recheck_topics = False
+            try:
+                self._require_topics()
+            except UnknownTopic:
+                raise
+            except TransportError as exc:  # the broker's trouble: the poll says so if it lasts
+                log.debug("checking %s after a revocation failed: %s", self._topics, exc)
 
     def _require_topics(self) -> None:
         """Fail on an undeclared topic (the consumer protocol waits for it without a word)."""
@@ -356,6 +381,8 @@ class KafkaConsumer:
                 raise translate(exc, f"consume {self._topics}") from exc
             if meta is None or meta.error is not None:
                 error = meta.error if meta is not None else KafkaError(KafkaError._UNKNOWN_TOPIC)  # noqa: SLF001
+                if error.code() in _FATAL_TOPIC:
+                    raise _gone(topic, error, self._topics)
                 raise translate(error, f"consume {self._topics}")
 
     def _consume(self, max_messages: int, timeout_s: float) -> list[Any]:
