@@ -152,6 +152,9 @@ class Throttle:
         """Waiting permits found lapsed and queued again: a wake for one may predate that."""
         self._requeueing: set[str] = set()
         """Lapsed waiting permits not queued again yet: the heartbeat leaves them out."""
+        self._beat_lease_ms = lease_ms
+        """The lease whose third the heartbeat sleeps now (the shortest live one's)."""
+        self._shorter_lease = asyncio.Event()
         self._pool_calls = _pool_share(client)
         """Bounds this throttle's calls that go through redis-py's pool (no function channel)."""
         self._renewer: asyncio.Task[None] | None = None
@@ -230,7 +233,7 @@ class Throttle:
         permit = self._new_permit(keys, priority, lease_ms)
         future: asyncio.Future[Permit] = asyncio.get_running_loop().create_future()
         self._waiting[permit.holder] = future  # before the call: a wake may overtake its reply
-        self._live[permit.holder] = permit
+        self._track(permit)
         self._confirmed_at[permit.holder] = asyncio.get_running_loop().time()
         try:
             state = await self._call_acquire(permit, try_only=False)
@@ -269,7 +272,7 @@ class Throttle:
             return self._fail_open(permit, exc)
         if state != "granted":
             return None
-        self._live[permit.holder] = permit
+        self._track(permit)
         self.acquired += 1
         return permit
 
@@ -527,14 +530,34 @@ class Throttle:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _track(self, permit: Permit) -> None:
+        """Add ``permit`` to the live ones; wake the heartbeat if it sleeps past its renewal."""
+        self._live[permit.holder] = permit
+        if permit.lease_ms < self._beat_lease_ms:
+            self._shorter_lease.set()
+
     async def _renew_loop(self) -> None:
         loop = asyncio.get_running_loop()
         down_since: float | None = None
         while not self._closed.is_set():
             leases = [p.lease_ms for p in self._live.values()] or [self.lease_ms]
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), min(leases) / 3000)
-            if self._closed.is_set() or not self._live:
+            # A permit of a shorter lease taken while this sleeps (a lane's throttle.lease under
+            # the default, while idle) wakes it to sleep its own third from then instead: it
+            # slept the default's third, and such permits lapsed before their first renewal.
+            self._beat_lease_ms = min(leases)
+            self._shorter_lease.clear()
+            closed = asyncio.ensure_future(self._closed.wait())
+            shorter = asyncio.ensure_future(self._shorter_lease.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    (closed, shorter),
+                    timeout=self._beat_lease_ms / 3000,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                closed.cancel()
+                shorter.cancel()
+            if shorter in done or self._closed.is_set() or not self._live:
                 continue
             try:
                 await self._renew_once()
