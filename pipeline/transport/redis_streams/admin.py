@@ -18,7 +18,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from pipeline.envelope import TopicPartition
-from pipeline.errors import TransportError, UnknownTopic
+from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
 from pipeline.transport.redis_streams.errors import translate
 from pipeline.transport.redis_streams.keys import Keys, entry_id, offset_of, partition_id
@@ -360,8 +360,22 @@ class RedisStreamsAdmin:
         """Destroy the group on every partition stream of ``topics`` and drop its state keys.
 
         A topic that no longer exists took its streams, and the group on them, with it.
+
+        Raises:
+            GroupNotEmpty: a member's lease has not run out (it runs, or held its partitions
+                when it stopped), as Kafka refuses a group with members: deleted under a
+                running member, the group's positions went with it, and the member read every
+                partition again from offset 0.
         """
         try:
+            seconds, micros = await self._client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            if await self._client.zcount(self._keys.members(group), f"({now_ms}", "+inf"):
+                raise GroupNotEmpty(
+                    f"delete group {group!r}: it still has members (stop them first; a member "
+                    "that held its partitions leaves when its leases run out, "
+                    "PIPELINE_REDIS__LEASE_MS after it stopped)"
+                )
             for topic in topics:
                 try:
                     meta = await read_meta(self._client, self._keys, topic, self._default_max_len)
