@@ -23,7 +23,7 @@ from pipeline.errors import BrokerUnavailable, DeliveryFailed
 from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.redis_streams.admin import TopicMeta, read_meta
-from pipeline.transport.redis_streams.errors import translate
+from pipeline.transport.redis_streams.errors import translate, wrong_type_of_partition
 from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import Keys
 
@@ -160,7 +160,7 @@ class RedisStreamsProducer:
                     if run.future.done():
                         continue
                     if isinstance(result, Exception):
-                        error = DeliveryFailed(f"produce to {run.topic!r}: {result}")
+                        error = self._refused(run, result)
                         run.future.set_exception(error)
                     else:
                         run.future.set_result(int(result[0]))
@@ -170,6 +170,16 @@ class RedisStreamsProducer:
                 _fail(batch, BrokerUnavailable(f"produce: redis unreachable: {exc}"))
             except Exception as exc:  # a bug: the batch's sends raise it rather than wait forever
                 _fail(batch, exc)
+
+    def _refused(self, run: _Run, reply: Exception) -> DeliveryFailed:
+        """The error of a send ``pl_produce`` refused with ``reply``."""
+        why = str(reply)
+        if "WRONGTYPE" in why:  # another program wrote one of the partition's two keys
+            why = wrong_type_of_partition(
+                self._keys.stream(run.topic, run.partition),
+                self._keys.sequence(run.topic, run.partition),
+            )
+        return DeliveryFailed(f"produce to {run.topic!r}: {why}")
 
     async def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every queued message is acknowledged."""

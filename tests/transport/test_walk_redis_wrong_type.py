@@ -1,0 +1,59 @@
+"""A topic's stream key holding another type is named in one line that says what to do.
+
+Another program that wrote a string where a partition's stream lives (``SET {pl:T:1}:s ...``)
+made ``pipeline produce`` say ``produce to 'T': WRONGTYPE Operation against a key holding the
+wrong kind of value`` and ``pipeline topics list`` and ``tail`` say ``list topics: Command # 2
+(XLEN {pl:T:1}:s) of pipeline caused error: ('WRONGTYPE ...',)``: Redis's words, redis-py's
+pipeline wording, and nothing about the cause or the fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+from contract.helpers import make_topic
+from redis.asyncio import Redis
+
+from pipeline.config import Settings
+from pipeline.errors import TransportError
+from pipeline.transport.redis_streams.keys import Keys
+from pipeline.transport.redis_streams.transport import RedisStreamsTransport
+
+pytestmark = pytest.mark.usefixtures("redis_service")
+
+
+async def test_a_stream_key_of_another_type_is_named_with_the_fix(
+    settings: Settings, unique: str
+) -> None:
+    """Producing says the partition's key holds no stream; listing names the key and the fix."""
+    transport = RedisStreamsTransport(settings)
+    topic = f"walk_wt_{unique}"
+    await make_topic(transport, topic, 2)
+    key = Keys(settings.redis.key_prefix).stream(topic, 1)
+    client = Redis.from_url(settings.redis.url)
+    admin = transport.admin()
+    producer = transport.producer()
+    try:
+        await client.delete(key)
+        await client.set(key, b"not a stream")
+        with pytest.raises(TransportError) as listed:
+            await admin.list_topics([topic])
+        assert str(listed.value) == (
+            f"list topics: Redis key {key!r} holds no stream (WRONGTYPE): something other than "
+            f"pipeline wrote it; look at it (`redis-cli TYPE {key}`) and delete it "
+            f"(`redis-cli DEL {key}`): the partition's stream is made again at its next message"
+        )
+        with pytest.raises(TransportError) as sent:
+            await producer.send(topic, b"x", partition=1)
+        sequence = Keys(settings.redis.key_prefix).sequence(topic, 1)
+        assert str(sent.value) == (
+            f"produce to {topic!r}: Redis key {key!r} (the partition's stream) or {sequence!r} "
+            "(its offset counter) holds another type (WRONGTYPE): something other than pipeline "
+            "wrote it; look at them (`redis-cli TYPE KEY`) and delete the one that is no stream, "
+            "no integer: a deleted stream is made again at the next message"
+        )
+    finally:
+        await producer.close()
+        await client.delete(key)
+        await admin.delete_topic(topic)
+        await client.aclose()
+        await transport.close()
