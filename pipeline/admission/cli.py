@@ -94,17 +94,19 @@ def status(
     if key is not None:
         _named(key)
 
-    async def main() -> list[ThrottleStatus]:
+    async def main() -> tuple[list[ThrottleStatus], int]:
         settings = _settings(namespace)
         client = _client(settings)
         prefix, ns = settings.redis.key_prefix, settings.throttle.namespace
         try:
             # As set-limit stores it: bytes typed that are not UTF-8 are U+FFFD, as members read.
             wanted = [key_text(key)] if key else await read_active_keys(client, prefix, ns)
-            return [
+            statuses = [
                 await read_status(client, prefix, ns, k, settings.throttle.default_limit)
                 for k in wanted
             ]
+            seconds, micros = await client.time()  # leases run on Redis's clock
+            return statuses, seconds * 1000 + micros // 1000
         except (rexc.RedisError, OSError) as exc:
             err.print(
                 f"[red]error:[/red] {escape(str(unreachable(settings, 'redis', str(exc))))}",
@@ -114,7 +116,7 @@ def status(
         finally:
             await client.aclose()
 
-    statuses = run_command(main())
+    statuses, redis_now_ms = run_command(main())
     if as_json:
         for s in statuses:
             typer.echo(json.dumps(s.as_dict()))
@@ -128,8 +130,19 @@ def status(
         waiting = " ".join(f"p{p}:{n}" for p, n in s.waiters_by_priority().items()) or "-"
         last = f"{(now_ms - s.recent_grants[0][1]) / 1000:.1f}s ago" if s.recent_grants else "-"
         shown = Text(s.key)  # as a producer sent it: rich would read [..] and :..: in it
-        table.add_row(shown, str(s.limit), str(len(s.holders)), waiting, last, _reserve_cell(s))
+        held = _holders_cell(s, redis_now_ms)
+        table.add_row(shown, str(s.limit), held, waiting, last, _reserve_cell(s))
     out_console().print(table)
+
+
+def _holders_cell(s: ThrottleStatus, now_ms: int) -> str:
+    """How many hold the key, and how many of them have a lapsed lease, e.g. ``10 (10 lapsed)``.
+
+    Expiry is lazy: a dead member's permits stay listed until the next throttle call in the
+    namespace (any member's) expires them and hands their slots on.
+    """
+    lapsed = sum(1 for _, expires_ms in s.holders if expires_ms <= now_ms)
+    return f"{len(s.holders)} ({lapsed} lapsed)" if lapsed else str(len(s.holders))
 
 
 def _reserve_cell(s: ThrottleStatus) -> str:
