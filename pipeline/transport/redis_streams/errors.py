@@ -12,10 +12,26 @@ _PIPELINED_KEY = re.compile(r"^Command # \d+ \(\S+ ([^\s)]+)")
 """The key of the command a redis-py pipeline names in its error: ``Command # 2 (XLEN k)``."""
 
 
+FULL = (
+    "Redis is full (used memory above its maxmemory, noeviction): it refuses writes, so "
+    "producers cannot send and members cannot join, renew or commit; give it memory (`CONFIG "
+    "SET maxmemory`, a larger instance) or free some: lower the topics' max_len (`pipeline "
+    "topics apply`) and `XTRIM` their streams"
+)
+"""What an OOM reply means for the transport: reading members do not free a stream's memory."""
+
+
+def is_full(text: str) -> bool:
+    """Whether Redis's reply ``text`` refused a write because it reached ``maxmemory``."""
+    return text.startswith("OOM ") or "used memory > 'maxmemory'" in text
+
+
 def translate(error: rexc.RedisError, context: str) -> TransportError:
     """Map a redis-py error to the matching :class:`~pipeline.errors.TransportError`."""
     if isinstance(error, (rexc.ConnectionError, rexc.TimeoutError)):
         return BrokerUnavailable(f"{context}: redis unreachable: {error}")
+    if is_full(str(error)):
+        return TransportError(f"{context}: {FULL}")
     if "WRONGTYPE" in str(error):
         return TransportError(f"{context}: {_wrong_type(str(error))}")
     return TransportError(f"{context}: {error}")

@@ -23,7 +23,12 @@ from pipeline.errors import BrokerUnavailable, DeliveryFailed
 from pipeline.transport.limits import check_partitions, check_sizes, missing_partition
 from pipeline.transport.partitioner import partition_for
 from pipeline.transport.redis_streams.admin import TopicMeta, read_meta
-from pipeline.transport.redis_streams.errors import translate, wrong_type_of_partition
+from pipeline.transport.redis_streams.errors import (
+    FULL,
+    is_full,
+    translate,
+    wrong_type_of_partition,
+)
 from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import Keys
 
@@ -174,7 +179,9 @@ class RedisStreamsProducer:
     def _refused(self, run: _Run, reply: Exception) -> DeliveryFailed:
         """The error of a send ``pl_produce`` refused with ``reply``."""
         why = str(reply)
-        if "WRONGTYPE" in why:  # another program wrote one of the partition's two keys
+        if is_full(why):
+            why = FULL
+        elif "WRONGTYPE" in why:  # another program wrote one of the partition's two keys
             why = wrong_type_of_partition(
                 self._keys.stream(run.topic, run.partition),
                 self._keys.sequence(run.topic, run.partition),
