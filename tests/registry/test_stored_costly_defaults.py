@@ -121,6 +121,9 @@ def test_schemas_check_of_a_stored_costly_schema_says_unchanged(
     folder = tmp_path / "schemas"
     folder.mkdir()
     (folder / "top.avsc").write_text(heavy_schema())
+    # The costly lookup takes seconds of the server's CPU: on a loaded machine the client's
+    # default 10 s would decide the test, not the answer.
+    monkeypatch.setenv("PIPELINE_REGISTRY__TIMEOUT_S", "120")
     result = CliRunner().invoke(
         standalone(), ["schemas", "check", str(folder), "--url", registry_url]
     )
