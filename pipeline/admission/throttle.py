@@ -589,6 +589,7 @@ class Throttle:
         self._woken(renewed.woken)
         states = renewed.letters
         lapsed: list[Permit] = []
+        lost_held: list[Permit] = []
         for holder, state in zip(holders, states, strict=True):
             permit = self._live.get(holder)
             if permit is None:
@@ -607,9 +608,25 @@ class Throttle:
                 self.lost += 1
                 self._live.pop(holder, None)
                 self._confirmed_at.pop(holder, None)
-                log.warning("throttle lost held permit %s (lease lapsed or state lost)", holder)
-        if lapsed:
-            self._requeue_lapsed(lapsed)
+                lost_held.append(permit)
+        self._report_lost_held(lost_held)
+        self._requeue_lapsed(lapsed)
+
+    def _report_lost_held(self, lost_held: list[Permit]) -> None:
+        """One line for the held permits a heartbeat found lapsed (their jobs still run)."""
+        if not lost_held:
+            return
+        log.warning(
+            "throttle %s: %d held permit(s) of member %s lapsed in Redis while their jobs ran "
+            "(lease %d ms; this process, its event loop or Redis stalled for longer, or Redis "
+            "lost its state): their slots may have gone to other jobs, so those keys run over "
+            "their limits until these jobs end; a lane's longer throttle.lease "
+            "(PIPELINE_THROTTLE__LEASE_MS for others) keeps them through such stalls",
+            self.namespace,
+            len(lost_held),
+            self.member,
+            min(p.lease_ms for p in lost_held),
+        )
 
     def _requeue_lapsed(self, lapsed: list[Permit]) -> None:
         """Queue waiting permits Redis expired (or lost) again, in their order, in one line.
@@ -619,6 +636,8 @@ class Throttle:
         a thousand lapsed waiters held it for a thousand round trips, and the permits it did not
         renew meanwhile lapsed in turn.
         """
+        if not lapsed:
+            return
         log.warning(
             "throttle %s: %d waiting permit(s) of member %s lapsed in Redis before their renewal "
             "(lease %d ms; this process, its event loop or Redis stalled for longer, or Redis "
