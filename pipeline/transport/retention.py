@@ -37,7 +37,7 @@ def report_lost(group: str, tp: TopicPartition, first: int, end: int, *, transpo
         "group %r lost %d messages of %s[%d] to retention: offsets %d..%d were removed by %s "
         "before the group read them; webhooks among them are replayed from the ingress's log "
         "by its sweeper (rows never marked processed, while the log keeps them); raise the "
-        "topic's retention or add members",
+        "topic's %s or add members",
         group,
         count,
         tp.topic,
@@ -45,6 +45,7 @@ def report_lost(group: str, tp: TopicPartition, first: int, end: int, *, transpo
         first,
         end - 1,
         "Redis (MAXLEN ~ max_len)" if transport == "redis" else "Kafka (retention.ms/bytes)",
+        "max_len (a length: Redis trims by it)" if transport == "redis" else "retention",
     )
 
 
