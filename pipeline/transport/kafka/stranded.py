@@ -18,6 +18,14 @@ out in those rebalances. The nudging member reads nothing: it never commits, and
 fetched meanwhile is dropped. :meth:`StrandWatch.stop` ends a check still waiting for the
 coordinator (an unreachable broker answers only after the request timeout) and a nudge still
 waiting for its assignment, so a consumer that closes is not held up by either.
+
+librdkafka must never time the coordinator's description out itself: an admin request to a group
+coordinator whose admin timeout fires while the coordinator's answer is still outstanding, and
+which is answered afterwards, aborts the process (``rd_kafka_enq_once_del_source_return``'s
+assertion, seen with the broker paused past the session timeout). The description is asked with
+a timeout of ``_DESCRIBE_TIMEOUT_S``, longer than any outage a member waits through, and waited
+for only the request timeout, as before, without being cancelled; until it is answered no check
+asks again: each finds nothing stranded, at once.
 """
 
 from __future__ import annotations
@@ -54,6 +62,11 @@ member slow to join) are confirmed once. confluent-kafka 2.16 leaks the ``Uuid``
 it describes: described at every check, a member kept one more per topic every session timeout,
 for as long as it ran."""
 
+_DESCRIBE_TIMEOUT_S = 600.0
+"""librdkafka's own timeout of the coordinator's description: far past any outage a member waits
+through, so the answer (or the broker's error) always comes before it; the watch itself waits
+only the request timeout."""
+
 Partitions = frozenset[tuple[str, int]]
 T = TypeVar("T")
 
@@ -77,6 +90,10 @@ class StrandWatch:
         self._described_s = float("-inf")
         self._confirmed: Partitions = frozenset()
         """The partitions left unowned when the topics were last described."""
+        self._pending: Future[Any] | None = None
+        """A description of the group not answered in the request timeout, still awaited."""
+        self._skipped = False
+        """Whether a check skipped for ``_pending`` has said so already."""
 
     def due(self) -> bool:
         """Whether the next check is due (never, once stopped)."""
@@ -123,8 +140,14 @@ class StrandWatch:
             self._admin = admin_client(self._settings)
         admin = self._admin
         timeout_s = self._settings.request_timeout_ms / 1000
-        future = admin.describe_consumer_groups([self._group], request_timeout=timeout_s)
-        group = self._answer(future[self._group], timeout_s)
+        if self._waiting():
+            return frozenset()
+        futures = admin.describe_consumer_groups([self._group], request_timeout=_DESCRIBE_TIMEOUT_S)
+        try:
+            group = self._answer(futures[self._group], timeout_s)
+        except TimeoutError:  # left to librdkafka to answer; not asked again meanwhile
+            self._pending, self._skipped = futures[self._group], False
+            raise
         if group.state != ConsumerGroupState.STABLE or not group.members:
             return frozenset()
         watched = set(self._topics)  # other members may consume topics this one does not
@@ -146,6 +169,19 @@ class StrandWatch:
             # One that left a topic out is asked again at the next check, not kept 5 min.
             self._described_s = time.monotonic() if whole else float("-inf")
         return frozenset(self._partitions - owned)
+
+    def _waiting(self) -> bool:
+        """Whether an earlier description of the group is still unanswered (said once, DEBUG)."""
+        pending = self._pending
+        if pending is None:
+            return False
+        if pending.done():  # its answer is stale now: the check asks afresh
+            self._pending = None
+            return False
+        if not self._skipped:
+            self._skipped = True
+            log.debug("group %s's description is still unanswered: check skipped", self._group)
+        return True
 
     def _described(self, admin: Any, timeout_s: float) -> tuple[Partitions, bool]:
         """Every partition of the topics, as the cluster describes them now; whether all were."""
