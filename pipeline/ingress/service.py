@@ -12,12 +12,10 @@ import contextlib
 import functools
 import logging
 import resource
-import signal
 import socket
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -57,6 +55,7 @@ from pipeline.observability.wiring import (
 )
 from pipeline.offload.rows import offload_row
 from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
+from pipeline.quiet_stop import QuietStop
 from pipeline.reachability import require_listenable
 from pipeline.registry.client.http import RegistryClient
 from pipeline.topics.spec import TopicSpec, load_specs
@@ -585,7 +584,7 @@ def require_free_port(
     require_listenable(host, port, variable=variable, host_variable=host_variable)
 
 
-class _Server(uvicorn.Server):
+class _Server(QuietStop):
     """uvicorn's server, which does not raise the stop signal again once it has served.
 
     uvicorn raises a SIGTERM or SIGINT it caught once more when :meth:`serve` ends, so that
@@ -606,20 +605,6 @@ class _Server(uvicorn.Server):
             if self.on_signal is not None:
                 self.on_signal()
         super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """Turn SIGTERM and SIGINT into uvicorn's graceful shutdown while serving."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        stops = (signal.SIGTERM, signal.SIGINT)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def http_server(built: Ingress, host: str, port: int, *, lifespan: bool = True) -> uvicorn.Server:

@@ -8,11 +8,10 @@ once the socket is bound and ``GET /`` answers, so tests and benchmarks never sl
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Self
 
@@ -20,6 +19,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from pipeline.quiet_stop import QuietStop
 from pipeline.registry.errors import RegistryError
 
 _POLL_S = 0.01
@@ -46,7 +46,7 @@ def bound_port(server: uvicorn.Server) -> int:
     return int(sockets[0].getsockname()[1])
 
 
-class _Server(uvicorn.Server):
+class _Server(QuietStop):
     """uvicorn's server, which does not raise the stop signal again once it has served.
 
     uvicorn raises a SIGTERM or SIGINT it caught once more when it has shut down, so that the
@@ -62,20 +62,6 @@ class _Server(uvicorn.Server):
         if self.stopped_by is None:
             self.stopped_by = signal.Signals(sig)
         super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """Turn SIGTERM and SIGINT into uvicorn's graceful shutdown while serving."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        stops = (signal.SIGTERM, signal.SIGINT)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def serve(
