@@ -40,6 +40,7 @@ __all__ = [
     "logstore",
     "observability",
     "offload",
+    "quiet_stop",
     "reachability",
     "redis_channel",
     "redis_functions",

@@ -16,6 +16,7 @@ import time
 
 import pytest
 from contract.helpers import make_topic
+from support import delete_group_after
 
 from pipeline.config import Settings
 from pipeline.envelope import TopicPartition
@@ -52,6 +53,9 @@ async def test_a_settled_classic_group_takes_up_partitions_added_to_its_topic(
     topic, group = f"walk_grow_{unique}", f"walk-grow-{unique}"
     await make_topic(transport, topic, 2)
     members = [KafkaConsumer(kafka, group, [topic], member_id=f"m{i}") for i in range(2)]
+    # Static members keep their slots after close until their sessions end: the group is
+    # deleted once it has none (at the test's end, or at the session's).
+    delete_group_after(transport, group, [topic])
     try:
         await _poll_until(members, 2, timeout_s=60)
         settled = time.monotonic() + SETTLED_S
@@ -65,6 +69,3 @@ async def test_a_settled_classic_group_takes_up_partitions_added_to_its_topic(
         assert owned == {TopicPartition(topic, p) for p in range(4)}
     finally:
         await asyncio.gather(*(m.close() for m in members))
-        admin = transport.admin()
-        await admin.delete_group(group, [topic])
-        await admin.delete_topic(topic)
