@@ -51,7 +51,7 @@ from pipeline.retry.policy import Backoff, Retryable, default_retryable
 from pipeline.retry.router import LaneRoutes
 from pipeline.runtime.context import Context
 from pipeline.runtime.cpu import function_ref
-from pipeline.topics.spec import TopicSpec, check_lanes, load_specs
+from pipeline.topics.spec import TopicSpec, check_lanes, load_declared
 
 Handler = Callable[[Any, Context], Awaitable[None]]
 M = TypeVar("M", bound=BaseModel)
@@ -163,25 +163,6 @@ def _event_kind(handler: Handler, lane: str, scope: dict[str, Any]) -> tuple[Any
         (item,) = typing.get_args(kind) or (bytes,)
         return item, True
     return kind, False
-
-
-def _origins(specs: Sequence[TopicSpec], directory: Path | None) -> dict[str, str]:
-    """Where each lane was declared: its file in ``directory``, else its topic among the specs.
-
-    ``load_specs`` read one spec a file, sorted by file name: listed again in that order, the
-    files pair with the specs.
-    """
-    origins = {spec.lane: f"the specs given to App() (topic {spec.name!r})" for spec in specs}
-    if directory is not None:
-        paths = sorted(
-            (path for path in directory.iterdir() if path.suffix in {".yaml", ".yml"}),
-            key=lambda path: path.name,
-        )
-        if len(paths) == len(specs):
-            origins = {spec.lane: str(path) for spec, path in zip(specs, paths, strict=True)}
-        else:  # the directory changed since: name it, and the topic
-            origins = {spec.lane: f"{directory}/ (topic {spec.name!r})" for spec in specs}
-    return origins
 
 
 def _readable_fields(model: type[BaseModel]) -> list[str]:
@@ -331,10 +312,18 @@ class App:
             self._to_declare = "declare it in a yaml file there"
         if isinstance(topics, (str, Path)):
             self._declared_in = f"{Path(topics)}/"
-        specs = load_specs(Path(topics)) if isinstance(topics, (str, Path)) else list(topics)
+        if isinstance(topics, (str, Path)):
+            declared = load_declared(Path(topics))
+            specs = list(declared.values())
+            origins = {spec.lane: str(path) for path, spec in declared.items()}
+        else:
+            specs = list(topics)
+            origins = {
+                spec.lane: f"the specs given to App() (topic {spec.name!r})" for spec in specs
+            }
         check_lanes(specs)
         self._specs = {spec.lane: spec for spec in specs}
-        self._origins = _origins(specs, Path(topics) if isinstance(topics, (str, Path)) else None)
+        self._origins = origins
         """Where each lane was declared (its file), for a line about its declaration."""
         self.retryable = retryable
         self.avro: ModelDecoder | None = None

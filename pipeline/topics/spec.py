@@ -66,6 +66,7 @@ __all__ = [
     "UniqueKeyLoader",
     "describe_yaml_error",
     "format_duration_ms",
+    "load_declared",
     "load_spec",
     "load_specs",
     "parse_duration_ms",
@@ -303,6 +304,17 @@ def load_specs(directory: Path, max_message_bytes: int | None = None) -> list[To
             it: an offloading lane's ``above`` is checked against it (see :func:`load_spec`).
 
     Raises:
+        TopicSpecError: as :func:`load_declared`.
+    """
+    return list(load_declared(directory, max_message_bytes).values())
+
+
+def load_declared(directory: Path, max_message_bytes: int | None = None) -> dict[Path, TopicSpec]:
+    """Every declaration in ``directory`` by the file it came from, sorted by file name.
+
+    ``max_message_bytes`` as in :func:`load_specs`.
+
+    Raises:
         TopicSpecError: the directory is missing or has no declarations, a file is invalid
             (the message names the file and the field), or two files declare the same topic
             (including derived retry and dead-letter topics) or the same lane (the message
@@ -321,7 +333,7 @@ def load_specs(directory: Path, max_message_bytes: int | None = None) -> list[To
         raise TopicSpecError(f"{directory}: no topic declarations (*.yaml, *.yml) found")
     specs = [load_spec(path, max_message_bytes) for path in paths]
     _check_unique(paths, specs)
-    return specs
+    return dict(zip(paths, specs, strict=True))
 
 
 def load_spec(path: Path, max_message_bytes: int | None = None) -> TopicSpec:
