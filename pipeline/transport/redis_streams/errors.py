@@ -26,13 +26,18 @@ def is_full(text: str) -> bool:
     return text.startswith("OOM ") or "used memory > 'maxmemory'" in text
 
 
+def is_wrong_type(text: str) -> bool:
+    """Whether Redis's reply ``text`` says a key holds another type than the command's."""
+    return "WRONGTYPE" in text
+
+
 def translate(error: rexc.RedisError, context: str) -> TransportError:
     """Map a redis-py error to the matching :class:`~pipeline.errors.TransportError`."""
     if isinstance(error, (rexc.ConnectionError, rexc.TimeoutError)):
         return BrokerUnavailable(f"{context}: redis unreachable: {error}")
     if is_full(str(error)):
         return TransportError(f"{context}: {FULL}")
-    if "WRONGTYPE" in str(error):
+    if is_wrong_type(str(error)):
         return TransportError(f"{context}: {_wrong_type(str(error))}")
     return TransportError(f"{context}: {error}")
 

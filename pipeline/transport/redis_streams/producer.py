@@ -26,6 +26,7 @@ from pipeline.transport.redis_streams.admin import TopicMeta, read_meta
 from pipeline.transport.redis_streams.errors import (
     FULL,
     is_full,
+    is_wrong_type,
     translate,
     wrong_type_of_partition,
 )
@@ -181,7 +182,7 @@ class RedisStreamsProducer:
         why = str(reply)
         if is_full(why):
             why = FULL
-        elif "WRONGTYPE" in why:  # another program wrote one of the partition's two keys
+        elif is_wrong_type(why):  # another program wrote one of the partition's two keys
             why = wrong_type_of_partition(
                 self._keys.stream(run.topic, run.partition),
                 self._keys.sequence(run.topic, run.partition),
