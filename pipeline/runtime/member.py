@@ -700,8 +700,9 @@ class Member:
         busy = lanes.running - (lanes.running_on(left_out) if left_out else 0)
         total = lanes.limit if self._message_slots else 0
         if self._turns is not None:
-            busy += sum(runner.running for runner in self._turns.runners.values())
-            total += len(self._turns.runners) * self._settings.max_concurrency
+            runners = self._turns.runners.values()
+            busy += sum(runner.running for runner in runners)
+            total += sum(runner.limit for runner in runners)
         return busy, total
 
     def _finished_ahead(self) -> dict[str, int]:

@@ -139,6 +139,11 @@ class TurnRunner:
         """Turns running now (a turn runs until its finish has reached Redis)."""
         return len(self._running)
 
+    @property
+    def limit(self) -> int:
+        """Turns it runs at once at most."""
+        return self._max_concurrency
+
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run turns until ``stop`` is set, then wait for the running turns to end.
 
