@@ -90,6 +90,7 @@ class OtlpReceiver:
         """Each export request's headers (names in lower case)."""
         self.peers: list[tuple[str, int]] = []
         """Each export request's client address: requests on one kept connection share one."""
+        self._keeping = True
         self._lock = threading.Lock()
         receiver = self
 
@@ -132,10 +133,25 @@ class OtlpReceiver:
         """Keep one export request: its raw body, headers, client address and decoded spans."""
         spans = decode(body)
         with self._lock:
+            if not self._keeping:
+                return
             self.bodies.append(body)
             self.headers.append(headers or {})
             self.peers.append(peer)
             self.spans.extend(spans)
+
+    def let_go(self) -> None:
+        """Drop what was received and keep nothing received from now on (still answering).
+
+        A test that looks for what holds a value once its spans were received: a late export
+        request (another batch of the same spans' process) is answered and not kept.
+        """
+        with self._lock:
+            self._keeping = False
+            self.spans.clear()
+            self.bodies.clear()
+            self.headers.clear()
+            self.peers.clear()
 
     def traces(self) -> dict[str, list[Span]]:
         """Received spans by trace id, each trace in start order."""
