@@ -80,15 +80,26 @@ def _client(settings: Settings) -> Redis:
 
 @app.command("status")
 def status(
-    key: Annotated[str | None, typer.Argument(help="One key (default: all active).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per key.")] = False,
+    key: Annotated[
+        str | None, typer.Argument(help="One key (default: all active or closed).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per key (none: no line, exit 0).")
+    ] = False,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """Show limit, holders, waiters per priority and recent grants of throttle keys."""
+    """Show limit, holders, waiters per priority and recent grants of throttle keys.
+
+    Without KEY: the keys with holders or waiters and the adaptive keys a Retry-After closed.
+    """
     from redis import exceptions as rexc  # noqa: PLC0415 - see the module doc
 
     from pipeline.admission.keys import key_text  # noqa: PLC0415
-    from pipeline.admission.status import read_active_keys, read_status  # noqa: PLC0415
+    from pipeline.admission.status import (  # noqa: PLC0415
+        read_active_keys,
+        read_closed_keys,
+        read_status,
+    )
     from pipeline.reachability import unreachable  # noqa: PLC0415
 
     if key is not None:
@@ -100,7 +111,16 @@ def status(
         prefix, ns = settings.redis.key_prefix, settings.throttle.namespace
         try:
             # As set-limit stores it: bytes typed that are not UTF-8 are U+FFFD, as members read.
-            wanted = [key_text(key)] if key else await read_active_keys(client, prefix, ns)
+            wanted = (
+                [key_text(key)]
+                if key
+                else sorted(
+                    {
+                        *await read_active_keys(client, prefix, ns),
+                        *await read_closed_keys(client, prefix, ns),
+                    }
+                )
+            )
             statuses = [
                 await read_status(client, prefix, ns, k, settings.throttle.default_limit)
                 for k in wanted
@@ -131,8 +151,29 @@ def status(
         last = f"{(now_ms - s.recent_grants[0][1]) / 1000:.1f}s ago" if s.recent_grants else "-"
         shown = Text(s.key)  # as a producer sent it: rich would read [..] and :..: in it
         held = _holders_cell(s, redis_now_ms)
-        table.add_row(shown, str(s.limit), held, waiting, last, _reserve_cell(s))
+        limit = _limit_cell(s, redis_now_ms)
+        table.add_row(shown, limit, held, waiting, last, _reserve_cell(s))
     out_console().print(table)
+
+
+def _limit_cell(s: ThrottleStatus, now_ms: int) -> str:
+    """The limit admission applies; for a key a Retry-After closed, until when and what then.
+
+    E.g. ``0, closed until 16:45:02 UTC (in 10m), then 2``. Reopening is lazy, as expiry is: a
+    time past means the next throttle call in the namespace reopens it.
+    """
+    if s.closed_until_ms is None:
+        return str(s.limit)
+    from pipeline.topics.durations import format_duration_up_ms  # noqa: PLC0415 - module doc
+
+    until = time.strftime("%H:%M:%S", time.gmtime(s.closed_until_ms / 1000))
+    left_ms = s.closed_until_ms - now_ms
+    when = (
+        f"in {format_duration_up_ms(left_ms)}"
+        if left_ms > 0
+        else "passed: the next call reopens it"
+    )
+    return f"{s.limit}, closed until {until} UTC ({when}), then {s.reopen_limit}"
 
 
 def _holders_cell(s: ThrottleStatus, now_ms: int) -> str:

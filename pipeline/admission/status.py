@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,13 @@ class ThrottleStatus:
     reserved_queued: int = 0
     """Those of them that found no room and queued: ``reserved_queued / reserved_asked`` is the
     measured probability that such a permit waits, which the reserve is sized to bound."""
+    closed_until_ms: int | None = None
+    """Until when (Unix ms, Redis's clock) a Retry-After closed this adaptive key, if it did.
+
+    Its limit is 0 meanwhile; the first throttle call after that time reopens it (lazily: a time
+    already past means no call came since)."""
+    reopen_limit: int | None = None
+    """The limit a closed key reopens with: its adaptive window, at least 1 slot."""
 
     def waiters_by_priority(self) -> dict[int, int]:
         """Number of waiters per priority, highest priority first."""
@@ -59,6 +67,8 @@ class ThrottleStatus:
                 "asked": self.reserved_asked,
                 "queued": self.reserved_queued,
             }
+        if self.closed_until_ms is not None:
+            out["closed"] = {"until_ms": self.closed_until_ms, "reopen_limit": self.reopen_limit}
         return out
 
 
@@ -68,7 +78,8 @@ async def read_status(
     """Read ``key``'s state in one ``MULTI`` transaction (one round trip).
 
     Its limit is the one admission applies: a fleet share at the fleet's factor now, else the
-    limit set.
+    limit set; an adaptive key a Retry-After closed has 0, and says until when and what it
+    reopens with.
     """
     async with client.pipeline(transaction=True) as pipe:
         pipe.hget(k.limits(prefix, namespace), key)
@@ -80,8 +91,11 @@ async def read_status(
         pipe.hget(k.reserved_queued(prefix, namespace), key)
         pipe.hget(k.shares(prefix, namespace), key)
         pipe.get(k.fleet_factor(prefix, namespace))
+        pipe.zscore(_closed(prefix, namespace), key)
+        pipe.hget(_adaptive(prefix, namespace, key), "limit")
         replies = await pipe.execute()
-    limit, holders, waiters, grants, reserve, asked, queued, share, factor = replies
+    limit, holders, waiters, grants, reserve, asked, queued, share, factor, until, window = replies
+    closed = until is not None
     return ThrottleStatus(
         key=key,
         limit=applied(limit, share, factor, default_limit),
@@ -91,7 +105,27 @@ async def read_status(
         reserve=_reserve(reserve),
         reserved_asked=int(asked or 0),
         reserved_queued=int(queued or 0),
+        closed_until_ms=int(until) if closed else None,
+        reopen_limit=_reopen_limit(window) if closed else None,
     )
+
+
+def _closed(prefix: str, namespace: str) -> str:
+    """Zset: adaptive key -> when its Retry-After ends (ms): ``T:closed`` of ``lua/throttle.lua``.
+
+    Named here, beside the script, as :mod:`pipeline.admission.keys` names none of its AIMD keys.
+    """
+    return f"{k.tag(prefix, namespace)}:closed"
+
+
+def _adaptive(prefix: str, namespace: str, key: str) -> str:
+    """Hash: an adaptive key's AIMD state (``limit``: the window); ``T:aimd:KEY`` of the script."""
+    return f"{k.tag(prefix, namespace)}:aimd:{key}"
+
+
+def _reopen_limit(window: Any) -> int:
+    """The limit the script gives a closed key when it reopens: its window, floored, at least 1."""
+    return max(1, math.floor(float(_text(window)))) if window is not None else 1
 
 
 def _reserve(value: Any) -> tuple[int, int] | None:
@@ -105,6 +139,12 @@ def _reserve(value: Any) -> tuple[int, int] | None:
 async def read_active_keys(client: Redis, prefix: str, namespace: str) -> list[str]:
     """Throttle keys of the namespace that have holders or waiters now, sorted."""
     members = await client.smembers(k.active(prefix, namespace))
+    return sorted(_text(m) for m in members)
+
+
+async def read_closed_keys(client: Redis, prefix: str, namespace: str) -> list[str]:
+    """Adaptive keys of the namespace a Retry-After closed (not reopened yet), sorted."""
+    members = await client.zrange(_closed(prefix, namespace), 0, -1)
     return sorted(_text(m) for m in members)
 
 
