@@ -153,8 +153,8 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
                 {
                     "topic": row.topic,
                     "partition": partition,
-                    "key": row.key or None,
-                    "tenant": row.tenant or None,
+                    "key": row.key or None,  # null beside a null partition: no key
+                    "tenant": row.tenant,  # as the log row holds it: "" for none
                 }
             )
         )
