@@ -6,7 +6,9 @@ the row processed (:meth:`pipeline.logstore.ProcessedMarker.mark_processed`) and
 replay sends the sweeper's replays since the first production or the last replay by hand, a
 replay by hand the count before it plus one. ``traceparent`` is the W3C trace context the row
 was stored with (:mod:`pipeline.tracing`), when it has one, and ``tracestate`` the provider's
-vendor state that came with it, when it sent a valid one.
+vendor state that came with it, when it sent a valid one. ``pl-content-encoding`` is the
+request's ``Content-Encoding``, when it had one: the ingress verifies, stores and produces the
+body as the bytes sent, so a gzip body reaches the consumer compressed, and this says so.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ TENANT = names.TENANT
 EVENT_ID = names.EVENT_ID
 RECEIVED_AT_MS = names.RECEIVED_AT_MS
 REPLAY_COUNT = names.REPLAY_COUNT
+CONTENT_ENCODING = "pl-content-encoding"
+"""The event's body is encoded so (``gzip``, ...): the request's ``Content-Encoding``, undecoded."""
+_REQUEST_ENCODING = "content-encoding"
+"""The request header it is read from, which every source keeps in its rows."""
 
 JOINED_REQUEST_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 """Request headers whose repeats are joined with ``,`` (HTTP's rule for a repeated field).
@@ -42,6 +48,9 @@ def event_headers(row: NewRow | LogRow, replay_count: int = 0) -> dict[str, byte
         REPLAY_COUNT: str(replay_count).encode(),
         **reference_headers(row.headers),  # an offloaded body: the event is its reference
     }
+    encoding = row.headers.get(_REQUEST_ENCODING)
+    if encoding:
+        out[CONTENT_ENCODING] = encoding.encode()
     context = row.headers.get(TRACEPARENT)
     if context:
         out[TRACEPARENT] = context.encode()

@@ -249,6 +249,7 @@ def _build(
                 *_KEEP_BY_SCHEME.get(config.scheme, ()),
                 *(h.lower() for h in config.keep_headers),
                 "content-type",
+                "content-encoding",  # the body stays as sent: its event says how it is encoded
             ]
         ),
         max_body_bytes=config.max_body_bytes,
