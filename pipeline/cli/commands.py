@@ -511,8 +511,8 @@ def tail(
                 except UnknownTopic:  # each transport words it its own way: one line for both
                     raise UnknownTopic(
                         f"topic {_as_typed(topic)!r} does not exist on {t.name}: `pipeline topics"
-                        " list` shows the topics there (declare it in topics/ and run `pipeline"
-                        " topics apply`)"
+                        f" list` shows the topics there (declare it in {settings.topics_dir}/ and"
+                        " run `pipeline topics apply`)"
                     ) from None
                 for msg in polled:
                     typer.echo(_render(msg, as_json=as_json))
