@@ -11,7 +11,9 @@ the former owners' consumers, now holding nothing, from the stream's group
 (``pl_forget_consumers``: members that come and go leave nothing behind), before reading new
 ones. Heartbeats
 are jittered, and the lease spans many heartbeats, so one slow tick never moves a partition away
-from a live member.
+from a live member. A partition whose stream key is in a bad state (another type, its group or
+the stream gone) is set aside, one line naming its key, and taken up again on its own, while
+the member's other partitions read on (:mod:`pipeline.transport.redis_streams.broken`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pipeline.transport.redis_streams.admin import (
     read_meta,
     timestamp_of,
 )
+from pipeline.transport.redis_streams.broken import Broken, line, per_key, probe, repeat_key
 from pipeline.transport.redis_streams.errors import translate
 from pipeline.transport.redis_streams.functions import Functions
 from pipeline.transport.redis_streams.keys import (
@@ -126,6 +129,9 @@ class RedisStreamsConsumer:
         # entry read above it, with the stream now starting above it too, means MAXLEN trimmed
         # the entries in between before the group read them.
         self._next_new: dict[TopicPartition, int] = {}
+        # Leased partitions whose stream key is in a bad state: left out of reads, each taken
+        # up again on its own when due (pipeline/transport/redis_streams/broken.py).
+        self._broken: dict[TopicPartition, Broken] = {}
         self._target_owned: set[TopicPartition] = set()
         self._to_release: set[TopicPartition] = set()
         self._changed = asyncio.Event()
@@ -228,11 +234,7 @@ class RedisStreamsConsumer:
                     )
             self._owned -= gone
             for tp in gone:
-                self._unacked.pop(tp, None)
-                self._delivered.pop(tp, None)
-                self._next_new.pop(tp, None)
-                self._reclaim.pop(tp, None)
-                self._paused.discard(tp)
+                self._forget(tp)
         # A heartbeat may claim a dead member's partition for us and, before we took it up, a
         # joining member becomes its target: we never owned it here, but its lease is ours.
         # Give it up with the rest, or we would renew it forever and strand it.
@@ -245,16 +247,50 @@ class RedisStreamsConsumer:
                 [partition_id(tp.topic, tp.partition) for tp in sorted(releasing | unclaimed)],
                 leave=False,
             )
-        new = self._target_owned - self._to_release - self._owned
-        if new:
-            for tp in sorted(new):
-                await self._ensure_group(tp)
-                self._reclaim[tp] = "0-0"
-                self._unacked[tp] = deque()
-                self._paused.discard(tp)  # a new assignment starts flowing
-            self._owned |= new
-            if self._listener:
-                await self._listener.on_assigned(sorted(new), await self.committed(sorted(new)))
+        await self._take_up(self._target_owned - self._to_release)
+
+    async def _take_up(self, mine: set[TopicPartition]) -> None:
+        """Assign the partitions of ``mine`` not owned yet, but set-aside ones not yet due."""
+        now = time.monotonic()
+        self._broken = {tp: b for tp, b in self._broken.items() if tp in mine}
+        waiting = {tp for tp, broken in self._broken.items() if not broken.due(now)}
+        new = {tp for tp in sorted(mine - self._owned - waiting) if await self._group_ready(tp)}
+        if not new:
+            return
+        for tp in new:
+            self._reclaim[tp] = "0-0"
+            self._unacked[tp] = deque()
+            self._paused.discard(tp)  # a new assignment starts flowing
+        self._owned |= new
+        if self._listener:
+            await self._listener.on_assigned(sorted(new), await self.committed(sorted(new)))
+
+    async def _group_ready(self, tp: TopicPartition) -> bool:
+        """:meth:`_ensure_group`; False, with the partition set aside, where its key is bad.
+
+        A stream key of another type cannot hold the group: the partition waits, tried again
+        with backoff, its line's repeats backed off, while the member's others are taken up.
+        """
+        try:
+            await self._ensure_group(tp)
+        except rexc.ResponseError as exc:
+            if not per_key(exc):
+                raise
+            broken = self._broken.get(tp)
+            if broken is None:
+                broken = self._broken[tp] = Broken.found("wrong_type")
+            broken.failed_again("wrong_type")
+            self._say_broken(tp, broken)
+            return False
+        if self._broken.pop(tp, None) is not None:
+            log.info(
+                "%s of %s: partition %s[%d] is read again",
+                self.member_id,
+                self._group,
+                tp.topic,
+                tp.partition,
+            )
+        return True
 
     async def _ensure_group(self, tp: TopicPartition) -> None:
         """Create the group on the partition's stream, or note where the existing one reads."""
@@ -265,8 +301,10 @@ class RedisStreamsConsumer:
                 id=self._start_id,
                 mkstream=True,
             )
-        except rexc.ResponseError:  # BUSYGROUP: it exists already
-            await self._read_last_delivered(tp)
+        except rexc.ResponseError as exc:
+            if not str(exc).startswith("BUSYGROUP"):
+                raise  # WRONGTYPE: the key holds something else
+            await self._read_last_delivered(tp)  # the group exists already
 
     async def _read_last_delivered(self, tp: TopicPartition) -> None:
         """Note where the group's next new entry of ``tp`` should be (``XINFO GROUPS``)."""
@@ -298,6 +336,11 @@ class RedisStreamsConsumer:
         try:
             out = await self._fetch(max_messages, timeout_s)
         except rexc.ResponseError as exc:
+            try:
+                if per_key(exc) and await self._set_aside_broken(exc):
+                    return []  # the next poll reads the others
+            except rexc.RedisError as again:
+                raise translate(again, f"consume {self._topics}") from exc
             if not vanished(exc):
                 raise translate(exc, f"consume {self._topics}") from exc
             await self._take_up_again(exc)
@@ -317,6 +360,8 @@ class RedisStreamsConsumer:
             # new entries of a taken partition would go to this member's pending list,
             # where the new owner, past its take-over, never looks.
             await self._heartbeat()
+        if self._broken and any(b.due(time.monotonic()) for b in self._broken.values()):
+            self._changed.set()  # a set-aside partition is due to be taken up again
         if self._changed.is_set():
             try:
                 await self._apply_changes()
@@ -333,16 +378,51 @@ class RedisStreamsConsumer:
             raise
         return out
 
-    async def _take_up_again(self, error: rexc.ResponseError) -> None:
-        """A stream or its group is gone (the topic deleted and created again, the group deleted).
+    async def _set_aside_broken(self, error: rexc.ResponseError) -> bool:
+        """After a read failed on a key (``error``): set aside the partitions whose key is bad.
 
-        Every partition is revoked as lost and taken up again at the next poll, its group made
-        anew on the stream and read from the positions committed since (none for a topic
-        created again: offset 0), as a Kafka member takes a recreated topic up. A topic deleted
-        and not created again raises :class:`UnknownTopic`, as on Kafka; one gone with every
-        other topic, in a Redis that lost its data, raises it with a line saying so
-        (:mod:`pipeline.transport.redis_streams.lost`).
+        Each is revoked as lost (its entries may be gone, its pending list with them) and left
+        out of reads, one line each; it is taken up again on its own (:meth:`_apply_changes`):
+        at once where the member makes the stream or its group again itself, with backoff while
+        its key holds another type. False when no owned partition's key is bad (a whole topic
+        deleted, a key repaired meanwhile): the caller handles the error as before. A missing
+        stream or group of a topic deleted raises :class:`UnknownTopic` as before.
         """
+        found = await probe(self._client, self._keys, self._group, self._owned)
+        if not found:
+            return False
+        if any(state != "wrong_type" for state in found.values()):
+            await self._topics_still_there(error)
+        gone = sorted(found)
+        if self._listener:
+            await self._listener.on_revoked(gone, lost=True)
+        for tp in gone:
+            self._forget(tp)
+            self._owned.discard(tp)
+            broken = self._broken[tp] = Broken.found(found[tp])
+            self._say_broken(tp, broken)
+        self._changed.set()
+        return True
+
+    def _say_broken(self, tp: TopicPartition, broken: Broken) -> None:
+        """The partition's line; its repeats in the same state backed off by the log filter."""
+        stream = self._keys.stream(tp.topic, tp.partition)
+        log.warning(
+            "%s",
+            line(self.member_id, self._group, tp, stream, broken),
+            extra=repeat_key(self._group, tp, broken),
+        )
+
+    def _forget(self, tp: TopicPartition) -> None:
+        """Drop what this member noted about ``tp`` (revoked, or set aside)."""
+        self._unacked.pop(tp, None)
+        self._delivered.pop(tp, None)
+        self._next_new.pop(tp, None)
+        self._reclaim.pop(tp, None)
+        self._paused.discard(tp)
+
+    async def _topics_still_there(self, error: rexc.ResponseError) -> None:
+        """Raise :class:`UnknownTopic` where a topic read is gone (deleted, or Redis lost it)."""
         for topic in self._topics:
             try:
                 await read_meta(self._client, self._keys, topic, self._settings.max_len)
@@ -355,6 +435,18 @@ class RedisStreamsConsumer:
                     self._topics,
                     missing,
                 ) from error
+
+    async def _take_up_again(self, error: rexc.ResponseError) -> None:
+        """A stream or its group is gone (the topic deleted and created again, the group deleted).
+
+        Every partition is revoked as lost and taken up again at the next poll, its group made
+        anew on the stream and read from the positions committed since (none for a topic
+        created again: offset 0), as a Kafka member takes a recreated topic up. A topic deleted
+        and not created again raises :class:`UnknownTopic`, as on Kafka; one gone with every
+        other topic, in a Redis that lost its data, raises it with a line saying so
+        (:mod:`pipeline.transport.redis_streams.lost`).
+        """
+        await self._topics_still_there(error)
         log.warning(
             "%s of %s: %s; taking its partitions up again", self.member_id, self._group, error
         )
@@ -590,6 +682,7 @@ class RedisStreamsConsumer:
                     exc,
                 )
         self._owned.clear()
+        owned += sorted(self._broken)  # set aside, still leased to this member
         if self._hold_on_close:
             return  # the leases run out on their own unless a member of the same name renews them
         with contextlib.suppress(rexc.RedisError, OSError):
