@@ -10,7 +10,7 @@ SOAK_MINUTES ?= 30
 DIST ?= dist
 REQS ?= requirements
 
-.PHONY: asyncapi-parser setup lock wheel services jaeger promtool jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-metastable faults-debounce bench-scaling bench-membership bench-peers bench-redis-calls bench-hostile bench-offload soak demo generate clean
+.PHONY: asyncapi-parser setup lock wheel services jaeger promtool jaeger-ui jaeger-screenshot services-down services-status test test-only lint bench bench-transport bench-serde bench-ingress bench-runtime bench-debounce bench-fairness bench-tenant-flood bench-metastable faults-debounce bench-scaling bench-membership bench-peers bench-redis-calls bench-hostile bench-offload soak demo generate clean
 
 # requirements/*.txt pin every package with its hashes (see `make lock`); the project itself is
 # installed editable on top, built by the locked hatchling without fetching anything else.
@@ -108,6 +108,11 @@ bench-runtime: setup services
 
 bench-fairness: setup services
 	$(BIN)/python bench/fairness.py
+
+## bench-tenant-flood: a small tenant's wait beside another's flood, through `pipeline consume`, both transports
+bench-tenant-flood: setup services
+	$(BIN)/python bench/tenant_flood.py --transport kafka
+	$(BIN)/python bench/tenant_flood.py --transport redis
 
 ## bench-offload: 5 MiB payloads by reference (S3Proxy) vs the largest inline payload (docs/benchmarks.md)
 bench-offload: setup services
