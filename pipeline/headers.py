@@ -53,6 +53,9 @@ REDRIVE_COUNT = "pl-redrive-count"
 REDRIVEN_FROM = "pl-redriven-from"
 """The dead letter a redriven message came from: ``<topic>:<partition>:<offset>``."""
 REPLAY_COUNT = "pl-replay-count"
+CONTENT_ENCODING = "pl-content-encoding"
+"""The event's body is encoded so (``gzip``, ...): the request's ``Content-Encoding``, which the
+ingress does not decode (it verifies, stores and produces the bytes sent)."""
 
 _RETRY_INFIX = ".retry."
 """What separates a lane's main topic name from its tier's (``messages.retry.5s``)."""

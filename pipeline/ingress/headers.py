@@ -24,8 +24,7 @@ TENANT = names.TENANT
 EVENT_ID = names.EVENT_ID
 RECEIVED_AT_MS = names.RECEIVED_AT_MS
 REPLAY_COUNT = names.REPLAY_COUNT
-CONTENT_ENCODING = "pl-content-encoding"
-"""The event's body is encoded so (``gzip``, ...): the request's ``Content-Encoding``, undecoded."""
+CONTENT_ENCODING = names.CONTENT_ENCODING
 _REQUEST_ENCODING = "content-encoding"
 """The request header it is read from, which every source keeps in its rows."""
 

@@ -37,6 +37,9 @@ _EVENT = {
         " since the first production or the last replay by hand; by hand, the count before it"
         " plus one)"
     ),
+    h.CONTENT_ENCODING: _text(
+        "The request's Content-Encoding (gzip, ...): the body is as sent; decode it."
+    ),
     h.REDRIVEN_FROM: _text("The dead letter it was redriven from: `<topic>:<partition>:<offset>`."),
     h.ABANDON_AFTER_MS: _ms(
         "After this no one waits for the result: the event is cancelled wherever it is"
