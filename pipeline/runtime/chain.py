@@ -170,18 +170,30 @@ class Chain:
             work.lane.name,
             ordered=spec.ordered,
             busy=spec.ordered and self.lanes.busy(work),
-            can_defer=bool(work.lane.routes.retry_topics),
+            can_defer=bool(work.lane.routes.retry_topics) and not work.due,
         )
 
-    def _defer(self, work: Work) -> None:
-        """Too many wait for admission: it goes through the first tier, its key parked."""
-        self._handler.deferred[id(work.message)] = work.message
-        self._key_lanes(work)
+    def spill(self, tp: TopicPartition, count: int) -> None:
+        """``tp`` paused full: send about ``count`` of its messages waiting for admission away.
 
-    def _key_lanes(self, work: Work) -> None:
+        They are the waiting messages of the tenant holding most of the partition in the
+        throttle gate (:meth:`ThrottleGate.spill`), so the partition reads on for the others.
+        """
+        if self.gate is not None:
+            self.gate.spill(tp, count)
+
+    def _defer(self, work: Work) -> None:
+        """Too many wait for admission: it goes through the first tier, its key parked.
+
+        It takes a worker only when no other key has work to run (``leaving``).
+        """
+        self._handler.deferred[id(work.message)] = work.message
+        self._key_lanes(work, leaving=True)
+
+    def _key_lanes(self, work: Work, *, leaving: bool = False) -> None:
         if work.trace is not None and self.gate is not None and work.lane.spec.throttle:
             tracing.admitted(work.trace)  # the end of its throttle wait
-        self.lanes.submit(work, ordered=work.lane.spec.ordered, first=work.due)
+        self.lanes.submit(work, ordered=work.lane.spec.ordered, first=work.due, leaving=leaving)
 
     async def _run(self, work: Work) -> None:
         """Guard and handler (the guard calls the handler stage), then release and settle.

@@ -9,6 +9,7 @@ message not yet due); it resumes only when the last reason is gone.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Literal
 
 from pipeline.envelope import TopicPartition
@@ -49,13 +50,24 @@ class PauseBook:
 class FlowControl:
     """Counts buffered messages per partition and pauses between the water marks."""
 
-    def __init__(self, pauses: PauseBook, high_water: int, low_water: int) -> None:
-        """Pause a partition above ``high_water`` buffered messages, resume at ``low_water``."""
+    def __init__(
+        self,
+        pauses: PauseBook,
+        high_water: int,
+        low_water: int,
+        full: Callable[[TopicPartition, int], None] | None = None,
+    ) -> None:
+        """Pause a partition above ``high_water`` buffered messages, resume at ``low_water``.
+
+        ``full(tp, count)`` is told when ``tp`` pauses full, with how many of its messages
+        must go for it to resume (the chain sends a flood's waiting messages away).
+        """
         if not 0 <= low_water < high_water:
             raise ValueError(f"need 0 <= low_water < high_water, got {low_water}, {high_water}")
         self._pauses = pauses
         self._high = high_water
         self._low = low_water
+        self._full = full
         self._buffered: Counter[TopicPartition] = Counter()
 
     def added(self, tp: TopicPartition) -> None:
@@ -63,6 +75,8 @@ class FlowControl:
         self._buffered[tp] += 1
         if self._buffered[tp] == self._high:
             self._pauses.pause(tp, "full")
+            if self._full is not None:
+                self._full(tp, self._high - self._low)
 
     def removed(self, tp: TopicPartition) -> None:
         """One message of ``tp`` is no longer buffered."""

@@ -6,6 +6,11 @@ once (queued or running), so no key can overtake itself, and a worker that finis
 puts its key back at the end of the ready queue, so a busy key cannot starve the others.
 Unordered lanes give every message its own key. The cost does not grow with idle keys: a key
 exists only while it has messages.
+
+A message that only leaves the member (a throttled lane's deferral, sent through a retry tier
+unrun) is *leaving* work: its key waits for a worker after every key with work to run. A flood's
+deferrals (a produce and a Redis call each) would otherwise take the workers, in the order they
+came, from other tenants' messages read after them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class KeyLanes(Generic[T]):
         self._max_concurrency = max_concurrency
         self._queues: dict[LaneKey, deque[T]] = {}
         self._ready: deque[LaneKey] = deque()  # keys with a message to run, in turn
+        self._leaving: deque[LaneKey] = deque()  # keys whose head only leaves, after _ready's
         self._idle: deque[asyncio.Future[None]] = deque()  # workers waiting for a ready key
         self._running: dict[LaneKey, T] = {}
         self._workers: list[asyncio.Task[None]] = []
@@ -63,17 +69,21 @@ class KeyLanes(Generic[T]):
             self._limit_raised.set()
         self._limit = value
 
-    def submit(self, message: T, *, ordered: bool, first: bool = False) -> None:
+    def submit(
+        self, message: T, *, ordered: bool, first: bool = False, leaving: bool = False
+    ) -> None:
         """Queue ``message`` behind earlier messages of its key (or alone if not ordered).
 
         ``first``: a key that has nothing queued goes to the front of the keys waiting for a
         worker rather than the back (a retry copy whose delay is over: see :mod:`.chain`).
+        ``leaving``: ``message`` only leaves the member (a deferral); a key that has nothing
+        queued waits for a worker after every key with work to run.
         """
         key: LaneKey = (message.tp, message.key if ordered else ("offset", message.offset))
         queue = self._queues.get(key)
         if queue is None:
             self._queues[key] = deque([message])
-            self._make_ready(key, first=first)
+            self._make_ready(key, first=first, leaving=leaving)
         else:
             queue.append(message)
 
@@ -116,11 +126,11 @@ class KeyLanes(Generic[T]):
                 del self._queues[key]
         # A key waiting for a worker leaves the ready queue with its messages: were they read
         # again (the partition assigned back), it would be queued twice and run by two workers.
-        # In place: idle workers hold this deque.
-        waiting = [key for key in self._ready if key in self._queues]
-        if len(waiting) < len(self._ready):
-            self._ready.clear()
-            self._ready.extend(waiting)
+        for ready in (self._ready, self._leaving):  # in place
+            waiting = [key for key in ready if key in self._queues]
+            if len(waiting) < len(ready):
+                ready.clear()
+                ready.extend(waiting)
         return dropped
 
     async def wait_idle(self, partitions: Iterable[TopicPartition] | None = None) -> None:
@@ -140,11 +150,10 @@ class KeyLanes(Generic[T]):
         while True:
             if index >= self._limit:
                 await self._rest(index)
-            ready = self._ready
-            if not ready:
+            if not self._ready and not self._leaving:
                 await self._wait_ready()
                 continue  # the limit may have been lowered while this worker waited
-            key = ready.popleft()
+            key = self._ready.popleft() if self._ready else self._leaving.popleft()
             queue = self._queues.get(key)
             if not queue:  # dropped while waiting
                 continue
@@ -176,15 +185,20 @@ class KeyLanes(Generic[T]):
 
     async def _rest(self, index: int) -> None:
         """Wait while the limit is below this worker; a wake-up it had goes to another."""
-        if self._ready:  # woken for work over the limit: one under it takes the work instead
+        if self._ready or self._leaving:  # woken over the limit: one under it takes the work
             self._wake_one()
         while index >= self._limit:
             self._limit_raised.clear()
             await self._limit_raised.wait()
 
-    def _make_ready(self, key: LaneKey, *, first: bool = False) -> None:
-        """Queue ``key`` for a worker (at the front if ``first``) and wake one waiting worker."""
-        if first:
+    def _make_ready(self, key: LaneKey, *, first: bool = False, leaving: bool = False) -> None:
+        """Queue ``key`` for a worker and wake one waiting worker.
+
+        At the front if ``first``; after every key with work to run if ``leaving``.
+        """
+        if leaving:
+            self._leaving.append(key)
+        elif first:
             self._ready.appendleft(key)
         else:
             self._ready.append(key)
@@ -197,7 +211,7 @@ class KeyLanes(Generic[T]):
         try:
             await waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and self._ready:
+            if waiter.done() and not waiter.cancelled() and (self._ready or self._leaving):
                 # Woken, then cancelled before running: the wake-up goes to the next worker.
                 self._wake_one()
             raise

@@ -333,7 +333,10 @@ class Member:
         self._consumer = consumer
         self._pauses = PauseBook(consumer)
         self._flow = FlowControl(
-            self._pauses, self._settings.partition_high_water, self._settings.partition_low_water
+            self._pauses,
+            self._settings.partition_high_water,
+            self._settings.partition_low_water,
+            full=self._chain.spill,
         )
         self._chain.start(self._pauses)
         # Without any of these the member must not run on: the first to fail stops it.

@@ -7,6 +7,13 @@ key (per-key order holds) and waits as a pending future, not in a worker. Once g
 goes to the key lanes with its permit; when it finishes, the permit is released and the key's
 next message asks.
 
+Redis sees a flood as a bounded trickle: a member keeps at most :data:`ASKING_AT_ONCE` heads
+asking for one set of throttle keys at a time (per lane). A flood of one tenant over thousands of
+keys would otherwise put thousands of acquisitions in one write to Redis, and another tenant's
+acquisition made in the same instant would wait behind all of them there (Redis runs one
+connection's calls in order). The others wait in the member, in arrival order, and ask as the
+earlier ones are granted: Redis would grant them in that order anyway (FIFO within a priority).
+
 Memory stays bounded: beyond a lane's ``max_waiting`` messages waiting in the gate, an
 over-limit message of that lane whose tenant waits at least its share of the lane's waiting
 messages, and whose key has nothing else in this member, is *deferred* (the member sends it
@@ -37,6 +44,15 @@ from pipeline.topics.spec import ThrottlePolicy
 log = logging.getLogger(__name__)
 
 GateKey = tuple[TopicPartition, Hashable]
+AskGroup = tuple[str, tuple[str, ...]]
+"""A lane and the throttle keys of a message: heads of one group ask at most so many at once."""
+
+SPILL_MIN_WAITING = 2
+"""Messages a key has waiting for it to be sent away from a partition paused full."""
+
+ASKING_AT_ONCE = 32
+"""Acquisitions of one lane's set of throttle keys a member has in Redis at once (waiting or
+on their way); more heads of that set wait in the member, in order, until one is granted."""
 
 
 class Admitter(Protocol):
@@ -131,6 +147,11 @@ class _Waiting(NamedTuple, Generic[T]):
     keys: list[str]
     policy: ThrottlePolicy
     lane: str
+    can_defer: bool
+
+
+def _group(waiting: _Waiting[Any]) -> AskGroup:
+    return waiting.lane, tuple(waiting.keys)
 
 
 def tenant_of(message: Item) -> str:
@@ -154,6 +175,10 @@ class ThrottleGate(Generic[T]):
         self._deferred = deferred
         self._queues: dict[GateKey, deque[_Waiting[T]]] = {}
         self._acquiring: dict[GateKey, asyncio.Task[None]] = {}
+        self._asking: Counter[AskGroup] = Counter()  # acquisitions under way per group
+        self._held_back: dict[AskGroup, deque[GateKey]] = {}  # heads waiting to ask, in order
+        self._held_keys: set[GateKey] = set()  # the keys of _held_back (an entry not here is gone)
+        self._closing = False
         self._active: set[GateKey] = set()  # keys asking for or holding slots
         self._permits: dict[tuple[TopicPartition, int], tuple[GateKey, Any]] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -198,12 +223,72 @@ class ThrottleGate(Generic[T]):
                 self._deferred(message)
                 return
             queue = self._queues[key] = deque()
-        queue.append(_Waiting(message, keys, policy, lane))
+        queue.append(_Waiting(message, keys, policy, lane, can_defer))
         self.waiting += 1
         self.waiting_by[lane, tenant_of(message)] += 1
         self._waiting_lane[lane] += 1
         if key not in self._active:
             self._ask(key)
+
+    def spill(self, tp: TopicPartition, count: int) -> int:
+        """Send about ``count`` of ``tp``'s waiting messages away: the partition paused full.
+
+        Held here, a flood on a few keys keeps its partition paused, and every other tenant's
+        messages behind it there unread, until those keys have run through their backlog one
+        message at a time (seconds to minutes). So the keys of the tenant with the most
+        messages waiting in ``tp`` go, the longest first, each key whole, and only a key with
+        :data:`SPILL_MIN_WAITING` messages waiting or more (one alone is the over-share
+        deferral's, see :meth:`offer`) every one of which may be deferred (its lane has a retry
+        tier; none is a copy back from one, which would go round again). They go to the key
+        lanes as deferrals, in order, behind whatever of their key runs there: the first parks
+        its key through the first retry tier, the others are held behind it in Redis by the
+        run guard (their offsets done) and released in order once it ran. Returns how many
+        went.
+        """
+        mine: Counter[str] = Counter()
+        for key, queue in self._queues.items():
+            if key[0] == tp:
+                for waiting in queue:
+                    mine[tenant_of(waiting.message)] += 1
+        if not mine:
+            return 0
+        tenant = mine.most_common(1)[0][0]
+        candidates = sorted(
+            (
+                key
+                for key, queue in self._queues.items()
+                if key[0] == tp
+                and len(queue) >= SPILL_MIN_WAITING
+                and tenant_of(queue[0].message) == tenant
+                and all(waiting.can_defer for waiting in queue)
+            ),
+            key=lambda key: len(self._queues[key]),
+            reverse=True,
+        )
+        spilled = 0
+        for key in candidates:
+            if spilled >= count:
+                break
+            spilled += self._spill_key(key)
+        if spilled:
+            self.deferrals += spilled
+            log.debug("%s full: %d waiting message(s) of tenant %r deferred", tp, spilled, tenant)
+        return spilled
+
+    def _spill_key(self, key: GateKey) -> int:
+        """Defer every message ``key`` has waiting, in order; its acquisition is withdrawn."""
+        queue = self._queues.pop(key)
+        self._held_keys.discard(key)
+        task = self._acquiring.pop(key, None)
+        if task is not None:  # its head was asking: nothing of the key holds a permit
+            task.cancel()
+            self._active.discard(key)
+        elif not any(held[0] == key for held in self._permits.values()):
+            self._active.discard(key)  # held back from asking
+        for waiting in queue:
+            self._forget_waiting(waiting)
+            self._deferred(waiting.message)
+        return len(queue)
 
     def _over_share(self, message: T, lane: str, policy: ThrottlePolicy) -> bool:
         """``lane`` has its ``max_waiting`` waiting, and this message's tenant its share of them.
@@ -221,11 +306,41 @@ class ThrottleGate(Generic[T]):
         return mine * max(tenants, 1) >= waiting
 
     def _ask(self, key: GateKey) -> None:
+        """Let ``key``'s head ask for its slots, now or once its group has room."""
         self._active.add(key)
-        waiting = self._queues[key][0]
-        self._acquiring[key] = asyncio.create_task(self._acquire(key, waiting))
+        group = _group(self._queues[key][0])
+        if self._asking[group] >= ASKING_AT_ONCE:
+            self._held_back.setdefault(group, deque()).append(key)
+            self._held_keys.add(key)
+            return
+        self._start(key, group)
 
-    async def _acquire(self, key: GateKey, waiting: _Waiting[T]) -> None:
+    def _start(self, key: GateKey, group: AskGroup) -> None:
+        self._asking[group] += 1
+        waiting = self._queues[key][0]
+        self._acquiring[key] = asyncio.create_task(self._acquire(key, waiting, group))
+
+    def _asked(self, group: AskGroup) -> None:
+        """An acquisition of ``group`` ended: the next head held back in it asks."""
+        self._asking[group] -= 1
+        if self._asking[group] <= 0:
+            del self._asking[group]
+        held = self._held_back.get(group)
+        while held and not self._closing and self._asking[group] < ASKING_AT_ONCE:
+            key = held.popleft()
+            if key in self._held_keys:  # else dropped with its partition meanwhile
+                self._held_keys.discard(key)
+                self._start(key, group)
+        if held is not None and not held:
+            del self._held_back[group]
+
+    async def _acquire(self, key: GateKey, waiting: _Waiting[T], group: AskGroup) -> None:
+        try:
+            await self._acquire_head(key, waiting)
+        finally:
+            self._asked(group)
+
+    async def _acquire_head(self, key: GateKey, waiting: _Waiting[T]) -> None:
         message, keys, policy = waiting.message, waiting.keys, waiting.policy
         try:
             permit = await self._admitter.acquire(
@@ -313,6 +428,7 @@ class ThrottleGate(Generic[T]):
         keep = set(running)
         holding = {self._permits[i][0] for i in keep if i in self._permits}
         for key in [k for k in self._queues if k[0] in wanted]:
+            self._held_keys.discard(key)
             for entry in self._queues.pop(key):
                 self._forget_waiting(entry)
             if key not in holding:
@@ -327,6 +443,9 @@ class ThrottleGate(Generic[T]):
 
     async def close(self) -> None:
         """Withdraw every waiting acquisition and wait for pending releases."""
+        self._closing = True  # a withdrawn acquisition lets no held-back head ask
+        self._held_back.clear()
+        self._held_keys.clear()
         await cancel_until_done(*self._acquiring.values())
         self._acquiring.clear()
         if self._background:
