@@ -128,6 +128,23 @@ def wake(prefix: str, namespace: str, member: str) -> str:
     return f"{tag(prefix, namespace)}:wake:{member}"
 
 
+def aimd(prefix: str, namespace: str, key: str) -> str:
+    """Hash: an adaptive key's AIMD state; ``set_limit`` deletes it (the window starts anew).
+
+    ``limit`` is the window (a float), ``cut_ms`` its last decrease and ``until`` the time a
+    Retry-After closed the key up to (ms).
+    """
+    return f"{tag(prefix, namespace)}:aimd:{key}"
+
+
+def closed(prefix: str, namespace: str) -> str:
+    """Zset: adaptive key -> when its Retry-After ends (ms); its limit is 0 until then.
+
+    Every throttle call reopens those due, each with its window (:func:`aimd`) as its limit.
+    """
+    return f"{tag(prefix, namespace)}:closed"
+
+
 def limit_stats(prefix: str, org: str) -> str:
     """Hash: an org's per-minute submission counts and duration sums (see ``limits.py``).
 

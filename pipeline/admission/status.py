@@ -91,8 +91,8 @@ async def read_status(
         pipe.hget(k.reserved_queued(prefix, namespace), key)
         pipe.hget(k.shares(prefix, namespace), key)
         pipe.get(k.fleet_factor(prefix, namespace))
-        pipe.zscore(_closed(prefix, namespace), key)
-        pipe.hget(_adaptive(prefix, namespace, key), "limit")
+        pipe.zscore(k.closed(prefix, namespace), key)
+        pipe.hget(k.aimd(prefix, namespace, key), "limit")
         replies = await pipe.execute()
     limit, holders, waiters, grants, reserve, asked, queued, share, factor, until, window = replies
     closed = until is not None
@@ -108,19 +108,6 @@ async def read_status(
         closed_until_ms=int(until) if closed else None,
         reopen_limit=_reopen_limit(window) if closed else None,
     )
-
-
-def _closed(prefix: str, namespace: str) -> str:
-    """Zset: adaptive key -> when its Retry-After ends (ms): ``T:closed`` of ``lua/throttle.lua``.
-
-    Named here, beside the script, as :mod:`pipeline.admission.keys` names none of its AIMD keys.
-    """
-    return f"{k.tag(prefix, namespace)}:closed"
-
-
-def _adaptive(prefix: str, namespace: str, key: str) -> str:
-    """Hash: an adaptive key's AIMD state (``limit``: the window); ``T:aimd:KEY`` of the script."""
-    return f"{k.tag(prefix, namespace)}:aimd:{key}"
 
 
 def _reopen_limit(window: Any) -> int:
@@ -144,7 +131,7 @@ async def read_active_keys(client: Redis, prefix: str, namespace: str) -> list[s
 
 async def read_closed_keys(client: Redis, prefix: str, namespace: str) -> list[str]:
     """Adaptive keys of the namespace a Retry-After closed (not reopened yet), sorted."""
-    members = await client.zrange(_closed(prefix, namespace), 0, -1)
+    members = await client.zrange(k.closed(prefix, namespace), 0, -1)
     return sorted(_text(m) for m in members)
 
 

@@ -10,8 +10,10 @@ import sys
 import time
 
 import pytest
+from redis.asyncio import Redis
 from support import own_throttle
 
+from pipeline.admission import keys
 from pipeline.admission.adaptive import feedback_for
 from pipeline.admission.cli import _limit_cell
 from pipeline.admission.status import ThrottleStatus
@@ -96,6 +98,25 @@ async def test_set_limit_opens_a_closed_key_and_status_shows_it_open(
         "waiters": {},
         "recent_grants": [],
     }
+
+
+async def test_the_closed_and_aimd_names_are_those_the_script_writes(
+    throttle: Throttle, redis_service: str, unique: str
+) -> None:
+    """``keys.closed`` and ``keys.aimd`` name the zset and hash ``lua/throttle.lua`` writes."""
+    await throttle.set_limit(KEY, 4)
+    permit = await throttle.acquire([KEY])
+    feedback = feedback_for([KEY], {KEY: POLICY}, duration_s=0.1, throttled=True, retry_after_s=600)
+    await throttle.release(permit, feedback)
+    client = Redis.from_url(redis_service)
+    try:
+        until = await client.zscore(keys.closed(f"t{unique}", unique), KEY)
+        window = await client.hget(keys.aimd(f"t{unique}", unique, KEY), "limit")
+    finally:
+        await client.aclose()
+    assert until is not None
+    assert window is not None
+    assert float(window) == 2
 
 
 def test_no_active_key_is_no_json_line_and_exit_0(redis_service: str, unique: str) -> None:
