@@ -879,6 +879,16 @@ def topics_dir() -> Path:
     return _TopicsDirOnly().topics_dir
 
 
+def declare_hint() -> str:
+    """What to do about a topic missing on the broker, naming the directory commands read.
+
+    ``PIPELINE_TOPICS_DIR`` (default ``topics``): ``pipeline topics apply`` and ``App()`` read
+    their declarations there, so "topics/" would send an operator whose declarations live
+    elsewhere to a directory nothing reads.
+    """
+    return f"declare it in {topics_dir()}/ and run `pipeline topics apply`"
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build :class:`Settings` from the environment plus ``overrides``.
 

@@ -1,8 +1,8 @@
-"""A topic missing on Redis is to be declared in the directory read, not always in topics/.
+"""A topic missing on the broker is to be declared in the directory read, not always in topics/.
 
 ``pipeline tail``, ``produce`` and ``consume`` of a topic the broker lacks said "declare it in
 topics/ and run `pipeline topics apply`" whatever ``PIPELINE_TOPICS_DIR`` named: an operator
-whose declarations live elsewhere was sent to a directory that is not read.
+whose declarations live elsewhere was sent to a directory that is not read. Both transports.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("redis_service")
+TRANSPORTS = ["redis", "kafka"]
 
 
 def _declare(directory: Path, name: str) -> Path:
@@ -25,7 +25,7 @@ def _declare(directory: Path, name: str) -> Path:
 
 
 def _pipeline(*args: str, topics: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``pipeline ARGS`` on Redis with ``PIPELINE_TOPICS_DIR`` naming ``topics``."""
+    """Run ``pipeline ARGS`` with ``PIPELINE_TOPICS_DIR`` naming ``topics``."""
     env = {**os.environ, "PIPELINE_TOPICS_DIR": str(topics), "PYTHONPATH": str(cwd)}
     return subprocess.run(
         [sys.executable, "-m", "pipeline", *args],
@@ -48,22 +48,28 @@ def _hint_of(result: subprocess.CompletedProcess[str], topics: Path) -> str:
     return line
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("command", ["tail", "produce"])
 def test_tail_and_produce_name_pipeline_topics_dir(
-    command: str, tmp_path: Path, unique: str
+    command: str, transport: str, tmp_path: Path, unique: str, request: pytest.FixtureRequest
 ) -> None:
-    """The topic is missing on Redis: the line sends the operator to PIPELINE_TOPICS_DIR."""
+    """The topic is missing on the broker: the line sends the operator to PIPELINE_TOPICS_DIR."""
+    request.getfixturevalue(f"{transport}_service")
     name = f"hint_{unique}"
     topics = _declare(tmp_path / "declared" / "lanes", name)
     extra = ["--limit", "1"] if command == "tail" else ["--value", "{}"]
     line = _hint_of(
-        _pipeline(command, name, "-t", "redis", *extra, topics=topics, cwd=tmp_path), topics
+        _pipeline(command, name, "-t", transport, *extra, topics=topics, cwd=tmp_path), topics
     )
     assert name in line
 
 
-def test_consume_names_pipeline_topics_dir(tmp_path: Path, unique: str) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_consume_names_pipeline_topics_dir(
+    transport: str, tmp_path: Path, unique: str, request: pytest.FixtureRequest
+) -> None:
     """A member of a lane declared there but never applied: the line names that directory."""
+    request.getfixturevalue(f"{transport}_service")
     name = f"hint_{unique}"
     topics = _declare(tmp_path / "declared" / "lanes", name)
     (tmp_path / f"hintapp_{unique}.py").write_text(
@@ -80,7 +86,7 @@ def test_consume_names_pipeline_topics_dir(tmp_path: Path, unique: str) -> None:
         "-g",
         f"g-{unique}",
         "-t",
-        "redis",
+        transport,
         topics=topics,
         cwd=tmp_path,
     )

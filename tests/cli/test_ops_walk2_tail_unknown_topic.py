@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import cli_environment, run_pipeline
+from support import ROOT, cli_environment, run_pipeline
 
 
 @pytest.mark.parametrize("transport", ["kafka", "redis"])
@@ -33,7 +33,7 @@ def test_tail_of_a_topic_that_does_not_exist(
     (line,) = result.stderr.splitlines()
     assert line == (
         f"error: topic '{topic}' does not exist on {transport}: `pipeline topics list` shows"
-        " the topics there (declare it in topics/ and run `pipeline topics apply`)"
+        f" the topics there (declare it in {ROOT / 'topics'}/ and run `pipeline topics apply`)"
     ), line
     listed = run_pipeline("topics", "list", "-t", transport, env=cli_environment(tmp_path))
     assert topic not in listed.stdout, listed.stdout

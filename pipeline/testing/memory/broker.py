@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from pipeline.config import declare_hint
 from pipeline.envelope import Position, TopicPartition
 from pipeline.errors import BrokerUnavailable, UnknownTopic
 
@@ -127,8 +128,8 @@ class MemoryBroker:
         topic = self.topics.get(name)
         if topic is None:
             raise UnknownTopic(
-                f"topic {name!r} does not exist (declare it in topics/ and run "
-                "`pipeline topics apply`, or TestApp creates the App's topics)"
+                f"topic {name!r} does not exist ({declare_hint()}, or TestApp creates the App's"
+                " topics)"
             )
         return topic
 

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer as _RawConsumer
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as _RawTP
 
-from pipeline.config import KafkaSettings
+from pipeline.config import KafkaSettings, declare_hint
 from pipeline.envelope import Message, Position, TopicPartition
 from pipeline.errors import ConfigError, TransportError, UnknownTopic
 from pipeline.transport.kafka.client_log import SessionLog
@@ -88,9 +88,7 @@ def _gone(topic: str | None, err: Any, topics: object) -> TransportError:
     """
     if not topic:
         return translate(err, f"consume {topics}")
-    return UnknownTopic(
-        f"topic {topic!r} does not exist (declare it in topics/ and run `pipeline topics apply`)"
-    )
+    return UnknownTopic(f"topic {topic!r} does not exist ({declare_hint()})")
 
 
 def messages_of(raw: Sequence[Any], role: str, topics: object) -> list[Message]:

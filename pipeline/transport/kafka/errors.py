@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from pipeline.config import declare_hint
 from pipeline.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -53,7 +54,7 @@ def translate(error: KafkaError | KafkaException, context: str) -> TransportErro
         unavailable.diagnose = login_line
         return unavailable
     if code in _UNKNOWN_TOPIC:
-        return UnknownTopic(f"{text} (declare it in topics/ and run `pipeline topics apply`)")
+        return UnknownTopic(f"{text} ({declare_hint()})")
     if code in _TOO_LARGE:
         return MessageTooLarge(text)
     return DeliveryFailed(text) if context.startswith("produce") else TransportError(text)

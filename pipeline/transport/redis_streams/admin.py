@@ -17,7 +17,7 @@ from typing import Any
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from pipeline.config import topics_dir
+from pipeline.config import declare_hint
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
@@ -72,16 +72,6 @@ async def read_meta(client: Redis, keys: Keys, topic: str, default_max_len: int)
     if raw is None:
         raise UnknownTopic(f"topic {topic!r} does not exist ({declare_hint()})")
     return decode_meta(raw, default_max_len, topic, keys)
-
-
-def declare_hint() -> str:
-    """What to do about a topic missing on the broker, naming the directory commands read.
-
-    ``PIPELINE_TOPICS_DIR`` (default ``topics``): ``pipeline topics apply`` and ``App()`` read
-    their declarations there, so "topics/" would send an operator whose declarations live
-    elsewhere to a directory nothing reads.
-    """
-    return f"declare it in {topics_dir()}/ and run `pipeline topics apply`"
 
 
 def timestamp_of(raw: bytes | None) -> int:
