@@ -14,7 +14,7 @@ import pytest
 from contract.helpers import make_topic
 from support import delete_group_after
 
-from pipeline.config import Settings
+from pipeline.config import Settings, declare_hint
 from pipeline.errors import UnknownTopic
 from pipeline.transport.kafka.consumer import KafkaConsumer
 from pipeline.transport.kafka.transport import KafkaTransport
@@ -55,10 +55,7 @@ async def test_a_member_whose_topic_is_deleted_names_it_in_one_line(
         await admin.delete_topic(topic)
         with pytest.raises(UnknownTopic) as raised:
             await _poll_for(member, 60)
-        assert str(raised.value) == (
-            f"topic {topic!r} does not exist (declare it in topics/ and run "
-            "`pipeline topics apply`)"
-        )
+        assert str(raised.value) == f"topic {topic!r} does not exist ({declare_hint()})"
     finally:
         await member.close()
         await admin.close()

@@ -89,7 +89,9 @@ class Broken:
     def found(cls, state: State) -> Broken:
         """Just found: a missing stream or group is made again at once, a wrong type later."""
         now = time.monotonic()
-        return cls(state, now if state != "wrong_type" else now + FIRST_RETRY_S)
+        if state != "wrong_type":
+            return cls(state, now)
+        return cls(state, now + FIRST_RETRY_S, gap_s=2 * FIRST_RETRY_S)
 
     def due(self, now_s: float) -> bool:
         """Whether it is time to try the partition again."""
