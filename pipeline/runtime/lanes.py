@@ -8,9 +8,11 @@ Unordered lanes give every message its own key. The cost does not grow with idle
 exists only while it has messages.
 
 A message that only leaves the member (a throttled lane's deferral, sent through a retry tier
-unrun) is *leaving* work: its key waits for a worker after every key with work to run. A flood's
-deferrals (a produce and a Redis call each) would otherwise take the workers, in the order they
-came, from other tenants' messages read after them.
+unrun) is *leaving* work: its key waits for a worker after the keys with work to run, though
+one pick in :data:`LEAVING_EVERY` takes a leaving key while both wait. A flood's deferrals (a
+produce and a Redis call each) would otherwise take the workers, in the order they came, from
+other tenants' messages read after them; behind the runs alone, they would wait (buffered, their
+partition paused full) for as long as the runs never ran out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ log = logging.getLogger(__name__)
 
 LaneKey = tuple[TopicPartition, Hashable]
 
+LEAVING_EVERY = 4
+"""While keys with work to run and leaving keys both wait, every so many picks of a worker
+take a leaving key: deferrals give way to the runs, but never wait for them for ever."""
+
 
 class KeyLanes(Generic[T]):
     """Runs submitted messages through ``process`` with per-key order and bounded concurrency."""
@@ -41,6 +47,7 @@ class KeyLanes(Generic[T]):
         self._queues: dict[LaneKey, deque[T]] = {}
         self._ready: deque[LaneKey] = deque()  # keys with a message to run, in turn
         self._leaving: deque[LaneKey] = deque()  # keys whose head only leaves, after _ready's
+        self._passed = 0  # ready keys picked since the last leaving key (see _next_key)
         self._idle: deque[asyncio.Future[None]] = deque()  # workers waiting for a ready key
         self._running: dict[LaneKey, T] = {}
         self._workers: list[asyncio.Task[None]] = []
@@ -77,7 +84,7 @@ class KeyLanes(Generic[T]):
         ``first``: a key that has nothing queued goes to the front of the keys waiting for a
         worker rather than the back (a retry copy whose delay is over: see :mod:`.chain`).
         ``leaving``: ``message`` only leaves the member (a deferral); a key that has nothing
-        queued waits for a worker after every key with work to run.
+        queued waits for a worker after the keys with work to run (see :meth:`_next_key`).
         """
         key: LaneKey = (message.tp, message.key if ordered else ("offset", message.offset))
         queue = self._queues.get(key)
@@ -153,7 +160,7 @@ class KeyLanes(Generic[T]):
             if not self._ready and not self._leaving:
                 await self._wait_ready()
                 continue  # the limit may have been lowered while this worker waited
-            key = self._ready.popleft() if self._ready else self._leaving.popleft()
+            key = self._next_key()
             queue = self._queues.get(key)
             if not queue:  # dropped while waiting
                 continue
@@ -182,6 +189,18 @@ class KeyLanes(Generic[T]):
                 # absorbed below it (asyncio.wait_for on Python 3.11, as redis-py writes: CPython
                 # issue 86296); a stop a run takes back (LongWork) leaves no request behind.
                 raise asyncio.CancelledError
+
+    def _next_key(self) -> LaneKey:
+        """The next key for a worker: a ready one, but a leaving one every LEAVING_EVERY picks.
+
+        Behind the ready keys only, a deferral would wait as long as they never run out (steady
+        load): its message buffered, its partition paused full for that long.
+        """
+        if self._leaving and (not self._ready or self._passed >= LEAVING_EVERY - 1):
+            self._passed = 0
+            return self._leaving.popleft()
+        self._passed += 1
+        return self._ready.popleft()
 
     async def _rest(self, index: int) -> None:
         """Wait while the limit is below this worker; a wake-up it had goes to another."""
