@@ -44,11 +44,11 @@ from pipeline import headers as h
 from pipeline import tracing
 from pipeline.admission.fleet import FleetLimits
 from pipeline.envelope import Message, TopicPartition
-from pipeline.runtime.app import App
+from pipeline.runtime.app import App, Lane
 from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.due import DueGate
 from pipeline.runtime.flow import PauseBook
-from pipeline.runtime.guard import RunGuard
+from pipeline.runtime.guard import RunGuard, ordered_retries
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
@@ -78,8 +78,13 @@ class Chain:
         fleet: FleetLimits | None = None,
         group: str = "",
         clock_ms: Callable[[], int] = local_ms,
+        parks: Callable[[str], bool] | None = None,
     ) -> None:
         """Build the stages; :meth:`start` binds the due stage to the consumer's pauses.
+
+        ``parks(lane)``: whether the run guard parks ``lane``'s keys in Redis (None: every
+        ordered lane with retry tiers, as in a member with Redis). Only there may a partition
+        paused full send a flood's keys away (:meth:`spill`).
 
         ``group``: the consumer group, named on each delivery's ``process`` span.
         ``clock_ms``: now in ms since the epoch, by which due times and batch promotion are
@@ -92,6 +97,7 @@ class Chain:
         self._handler = handler
         self._settle = settle
         self._fleet = fleet
+        self._parks = parks
         self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
         self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load, clock_ms)
         self.gate: ThrottleGate[Work] | None = None
@@ -164,14 +170,22 @@ class Chain:
             return
         if self._fleet is not None:
             self._fleet.submitted(tenant_of(work))
+        can_defer = bool(work.lane.routes.retry_topics) and not work.due
         self.gate.offer(
             work,
             spec.throttle,
             work.lane.name,
             ordered=spec.ordered,
             busy=spec.ordered and self.lanes.busy(work),
-            can_defer=bool(work.lane.routes.retry_topics) and not work.due,
+            can_defer=can_defer,
+            can_spill=can_defer and self._parks_keys(work.lane),
         )
+
+    def _parks_keys(self, lane: Lane) -> bool:
+        """Whether ``lane``'s keys are parked in Redis when one of its messages is deferred."""
+        if not ordered_retries(lane):
+            return False
+        return self._parks is None or self._parks(lane.name)
 
     def spill(self, tp: TopicPartition, count: int) -> None:
         """``tp`` paused full: send about ``count`` of its messages waiting for admission away.

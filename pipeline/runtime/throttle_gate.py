@@ -147,7 +147,7 @@ class _Waiting(NamedTuple, Generic[T]):
     keys: list[str]
     policy: ThrottlePolicy
     lane: str
-    can_defer: bool
+    can_spill: bool
 
 
 def _group(waiting: _Waiting[Any]) -> AskGroup:
@@ -200,6 +200,7 @@ class ThrottleGate(Generic[T]):
         ordered: bool,
         busy: bool,
         can_defer: bool,
+        can_spill: bool = False,
     ) -> None:
         """Queue ``message`` for admission.
 
@@ -210,6 +211,9 @@ class ThrottleGate(Generic[T]):
             ordered: whether the lane keeps per-key order.
             busy: its key has work in the key lanes (it must not be deferred past it).
             can_defer: the lane has a retry tier to defer through.
+            can_spill: it may be sent away with its key when its partition pauses full
+                (:meth:`spill`): it may be deferred, and its key is parked behind the first
+                (the lane keeps per-key order across retries, in Redis).
         """
         keys = throttle_keys(policy, lane, message)
         if not keys:
@@ -223,7 +227,7 @@ class ThrottleGate(Generic[T]):
                 self._deferred(message)
                 return
             queue = self._queues[key] = deque()
-        queue.append(_Waiting(message, keys, policy, lane, can_defer))
+        queue.append(_Waiting(message, keys, policy, lane, can_spill))
         self.waiting += 1
         self.waiting_by[lane, tenant_of(message)] += 1
         self._waiting_lane[lane] += 1
@@ -238,8 +242,10 @@ class ThrottleGate(Generic[T]):
         message at a time (seconds to minutes). So the keys of the tenant with the most
         messages waiting in ``tp`` go, the longest first, each key whole, and only a key with
         :data:`SPILL_MIN_WAITING` messages waiting or more (one alone is the over-share
-        deferral's, see :meth:`offer`) every one of which may be deferred (its lane has a retry
-        tier; none is a copy back from one, which would go round again). They go to the key
+        deferral's, see :meth:`offer`) every one of which may be spilled (``can_spill``: its
+        lane has a retry tier and parks its keys in Redis; none is a copy back from a tier,
+        which would go round again). Where nothing parks, the key's messages would each go
+        through the tier on their own, its later messages running before them. They go to the key
         lanes as deferrals, in order, behind whatever of their key runs there: the first parks
         its key through the first retry tier, the others are held behind it in Redis by the
         run guard (their offsets done) and released in order once it ran. Returns how many
@@ -260,7 +266,7 @@ class ThrottleGate(Generic[T]):
                 if key[0] == tp
                 and len(queue) >= SPILL_MIN_WAITING
                 and tenant_of(queue[0].message) == tenant
-                and all(waiting.can_defer for waiting in queue)
+                and all(waiting.can_spill for waiting in queue)
             ),
             key=lambda key: len(self._queues[key]),
             reverse=True,
@@ -316,9 +322,16 @@ class ThrottleGate(Generic[T]):
         self._start(key, group)
 
     def _start(self, key: GateKey, group: AskGroup) -> None:
+        """``key``'s head asks; its group's room comes back however the acquisition ends.
+
+        Given back when the task is done, not in the task: one withdrawn before it ran a step
+        (a revocation or a spill in the turn it started) never runs its own code.
+        """
         self._asking[group] += 1
         waiting = self._queues[key][0]
-        self._acquiring[key] = asyncio.create_task(self._acquire(key, waiting, group))
+        task = asyncio.create_task(self._acquire(key, waiting))
+        task.add_done_callback(lambda _: self._asked(group))
+        self._acquiring[key] = task
 
     def _asked(self, group: AskGroup) -> None:
         """An acquisition of ``group`` ended: the next head held back in it asks."""
@@ -334,13 +347,7 @@ class ThrottleGate(Generic[T]):
         if held is not None and not held:
             del self._held_back[group]
 
-    async def _acquire(self, key: GateKey, waiting: _Waiting[T], group: AskGroup) -> None:
-        try:
-            await self._acquire_head(key, waiting)
-        finally:
-            self._asked(group)
-
-    async def _acquire_head(self, key: GateKey, waiting: _Waiting[T]) -> None:
+    async def _acquire(self, key: GateKey, waiting: _Waiting[T]) -> None:
         message, keys, policy = waiting.message, waiting.keys, waiting.policy
         try:
             permit = await self._admitter.acquire(

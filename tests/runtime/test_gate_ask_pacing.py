@@ -1,0 +1,76 @@
+"""The throttle gate's ask pacing (``ASKING_AT_ONCE``) must not lose room for good.
+
+An acquisition withdrawn before its task had run a step (a revocation or a spill in the same
+turn of the event loop as the offer) never ran the code that gives its room back: each such
+withdrawal took one of the group's ``ASKING_AT_ONCE`` places for the process's life, and after
+that many every head of the group waited in the member for ever (its key stranded).
+"""
+
+from __future__ import annotations
+
+import pytest
+from runtime.helpers import eventually
+from support import own_throttle
+
+from pipeline import headers as h
+from pipeline.admission.throttle import Throttle
+from pipeline.envelope import Message, TopicPartition
+from pipeline.runtime.throttle_gate import ASKING_AT_ONCE, ThrottleGate
+from pipeline.topics.spec import ThrottlePolicy
+
+throttle = own_throttle(default_limit=100)
+"""A started throttle in a namespace of the test's own: room for every head here."""
+
+POLICY = ThrottlePolicy.model_validate({"keys": ["org:{tenant}"]})
+
+
+def _message(offset: int, partition: int = 0, key: bytes | None = None) -> Message:
+    key = b"k%d" % offset if key is None else key
+    return Message("pace", partition, offset, key, b"{}", {h.TENANT: b"acme"})
+
+
+@pytest.mark.redis
+async def test_acquisitions_dropped_before_they_ran_give_their_room_back(
+    throttle: Throttle,
+) -> None:
+    """ASKING_AT_ONCE heads of partition 1 revoked in the turn they came: partition 0 asks."""
+    admitted: list[Message] = []
+    gate: ThrottleGate[Message] = ThrottleGate(throttle, admitted.append, admitted.append)
+    try:
+        for n in range(ASKING_AT_ONCE):
+            gate.offer(_message(n, 1), POLICY, "pace", ordered=False, busy=False, can_defer=False)
+        gate.drop([TopicPartition("pace", 1)])  # before any acquisition ran a step
+        gate.offer(_message(99, 0), POLICY, "pace", ordered=False, busy=False, can_defer=False)
+        await eventually(lambda: len(admitted) == 1, 10)
+        assert admitted[0].offset == 99
+    finally:
+        for message in admitted:
+            gate.finished(message)
+        await gate.close()
+
+
+@pytest.mark.redis
+async def test_acquisitions_spilled_before_they_ran_give_their_room_back(
+    throttle: Throttle,
+) -> None:
+    """ASKING_AT_ONCE keys (2 messages each) spilled in the turn they came: the next one asks."""
+    admitted: list[Message] = []
+    deferred: list[Message] = []
+    gate: ThrottleGate[Message] = ThrottleGate(throttle, admitted.append, deferred.append)
+    tp = TopicPartition("pace", 0)
+    try:
+        for n in range(2 * ASKING_AT_ONCE):
+            message = _message(n, key=b"k%d" % (n // 2))
+            gate.offer(
+                message, POLICY, "pace", ordered=True, busy=False, can_defer=True, can_spill=True
+            )
+        assert gate.spill(tp, 2 * ASKING_AT_ONCE) == 2 * ASKING_AT_ONCE
+        gate.offer(
+            _message(99, key=b"other"), POLICY, "pace", ordered=True, busy=False, can_defer=True
+        )
+        await eventually(lambda: len(admitted) == 1, 10)
+        assert admitted[0].offset == 99
+    finally:
+        for message in admitted:
+            gate.finished(message)
+        await gate.close()
