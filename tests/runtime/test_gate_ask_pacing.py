@@ -74,3 +74,44 @@ async def test_acquisitions_spilled_before_they_ran_give_their_room_back(
         for message in admitted:
             gate.finished(message)
         await gate.close()
+
+
+@pytest.mark.redis
+async def test_a_spilled_key_leaves_no_waiter_in_redis_and_asks_again_when_offered(
+    throttle: Throttle,
+) -> None:
+    """One slot held by ``busy``; ``k``'s head asking behind it is spilled: Redis forgets it.
+
+    A message of ``k`` read after the spill asks as any other, once ``busy`` is done.
+    """
+    await throttle.set_limit("org:acme", 1)
+    admitted: list[Message] = []
+    deferred: list[Message] = []
+    gate: ThrottleGate[Message] = ThrottleGate(throttle, admitted.append, deferred.append)
+    tp = TopicPartition("pace", 0)
+
+    def offer(message: Message) -> None:
+        gate.offer(
+            message, POLICY, "pace", ordered=True, busy=False, can_defer=True, can_spill=True
+        )
+
+    try:
+        offer(_message(0, key=b"busy"))
+        await eventually(lambda: len(admitted) == 1, 10)
+        for n in (1, 2, 3):
+            offer(_message(n, key=b"k"))
+        await eventually(lambda: len(gate._acquiring) == 1, 10)
+        assert gate.spill(tp, 10) == 3
+        assert [m.offset for m in deferred] == [1, 2, 3]
+        await eventually(lambda: not gate._asking, 10)
+        offer(_message(4, key=b"k"))
+        gate.finished(admitted[0])
+        await eventually(lambda: len(admitted) == 2, 10)
+        assert admitted[1].offset == 4
+        gate.finished(admitted[1])
+        await gate.released()
+        status = await throttle.status("org:acme")
+        assert not status.waiters
+        assert not status.holders
+    finally:
+        await gate.close()
