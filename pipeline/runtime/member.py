@@ -244,6 +244,7 @@ class Member:
             fleet=fleet,
             group=group,
             clock_ms=self._clock.now_ms,
+            parks=self._parking.__contains__,
         )
         debounced = [lane for lane in chosen if lane.turns]
         self._turns: DebouncedLanes | None = None

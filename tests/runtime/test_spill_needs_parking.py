@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-import pytest
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 from support import own_throttle
 
@@ -28,11 +27,6 @@ throttle = own_throttle(default_limit=1)
 """A started throttle in a namespace of the test's own: one slot per tenant."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the member does not yet tell its chain which lanes park: Chain(parks=...) in"
-    " pipeline/runtime/member.py; then drop this mark",
-)
 async def test_a_member_that_parks_nothing_keeps_each_key_in_order(
     transport: Transport, throttle: Throttle, unique: str
 ) -> None:
