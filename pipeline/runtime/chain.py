@@ -98,6 +98,7 @@ class Chain:
         self._settle = settle
         self._fleet = fleet
         self._parks = parks
+        self._spilling = False  # within spill(): what the gate defers is sent away
         self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
         self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load, clock_ms)
         self.gate: ThrottleGate[Work] | None = None
@@ -187,14 +188,20 @@ class Chain:
             return False
         return self._parks is None or self._parks(lane.name)
 
-    def spill(self, tp: TopicPartition, count: int) -> None:
+    def spill(self, tp: TopicPartition, count: int) -> int:
         """``tp`` paused full: send about ``count`` of its messages waiting for admission away.
 
         They are the waiting messages of the tenant holding most of the partition in the
         throttle gate (:meth:`ThrottleGate.spill`), so the partition reads on for the others.
+        Each is marked ``sent_away``; returns how many went.
         """
-        if self.gate is not None:
-            self.gate.spill(tp, count)
+        if self.gate is None:
+            return 0
+        self._spilling = True
+        try:
+            return self.gate.spill(tp, count)
+        finally:
+            self._spilling = False
 
     def _defer(self, work: Work) -> None:
         """Too many wait for admission: it goes through the first tier, its key parked.
@@ -202,6 +209,7 @@ class Chain:
         It takes a worker only when no other key has work to run (``leaving``).
         """
         self._handler.deferred[id(work.message)] = work.message
+        work.sent_away = self._spilling
         self._key_lanes(work, leaving=True)
 
     def _key_lanes(self, work: Work, *, leaving: bool = False) -> None:

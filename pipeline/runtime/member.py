@@ -588,7 +588,7 @@ class Member:
             if offsets is not None:
                 offsets.finished(message.offset)
         if self._flow is not None:
-            self._flow.removed(message.tp)
+            self._flow.removed(message.tp, sent_away=work.sent_away)
         self._delivered(lane, message, outcome, duration_s)
         if log.isEnabledFor(logging.DEBUG):
             tenant = message.headers.get(h.TENANT)

@@ -71,6 +71,9 @@ class Work:
     due: bool = False
     """It came from a retry tier and its delay is over: on an ordered lane, where its key's later
     messages wait behind it, the key lanes run it before the keys waiting for a worker."""
+    sent_away: bool = False
+    """Spilled from its partition, paused full (:meth:`~pipeline.runtime.chain.Chain.spill`): it
+    no longer counts in the partition's buffer, only among those sent away."""
 
     @property
     def tp(self) -> TopicPartition:
