@@ -47,7 +47,7 @@ from pipeline.envelope import Message, TopicPartition
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.due import DueGate
-from pipeline.runtime.flow import PauseBook
+from pipeline.runtime.flow import PauseBook, SentAway
 from pipeline.runtime.guard import RunGuard, ordered_retries
 from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.lanes import KeyLanes
@@ -98,7 +98,7 @@ class Chain:
         self._settle = settle
         self._fleet = fleet
         self._parks = parks
-        self._spilling = False  # within spill(): what the gate defers is sent away
+        self._spilling: SentAway | None = None  # within spill(): the batch the gate defers
         self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
         self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load, clock_ms)
         self.gate: ThrottleGate[Work] | None = None
@@ -188,20 +188,22 @@ class Chain:
             return False
         return self._parks is None or self._parks(lane.name)
 
-    def spill(self, tp: TopicPartition, count: int) -> int:
-        """``tp`` paused full: send about ``count`` of its messages waiting for admission away.
+    def spill(self, tp: TopicPartition, count: int, batch: SentAway) -> int:
+        """``tp`` is full: send about ``count`` of its messages waiting for admission away.
 
         They are the waiting messages of the tenant holding most of the partition in the
         throttle gate (:meth:`ThrottleGate.spill`), so the partition reads on for the others.
-        Each is marked ``sent_away``; returns how many went.
+        Each is marked ``sent_away`` with ``batch``; returns how many went. Only they are: the
+        gate defers nothing else within this call (an over-share deferral comes from
+        :meth:`ThrottleGate.offer`, never from here).
         """
         if self.gate is None:
             return 0
-        self._spilling = True
+        self._spilling = batch
         try:
             return self.gate.spill(tp, count)
         finally:
-            self._spilling = False
+            self._spilling = None
 
     def _defer(self, work: Work) -> None:
         """Too many wait for admission: it goes through the first tier, its key parked.
@@ -209,7 +211,7 @@ class Chain:
         It takes a worker only when no other key has work to run (``leaving``).
         """
         self._handler.deferred[id(work.message)] = work.message
-        work.sent_away = self._spilling
+        work.sent_away = self._spilling  # None: an over-share deferral, still buffered
         self._key_lanes(work, leaving=True)
 
     def _key_lanes(self, work: Work, *, leaving: bool = False) -> None:

@@ -15,6 +15,7 @@ from pipeline.envelope import Message, TopicPartition
 
 if TYPE_CHECKING:
     from pipeline.runtime.app import Lane
+    from pipeline.runtime.flow import SentAway
     from pipeline.runtime.offsets import PartitionOffsets
     from pipeline.tracing import Delivery
 
@@ -71,9 +72,10 @@ class Work:
     due: bool = False
     """It came from a retry tier and its delay is over: on an ordered lane, where its key's later
     messages wait behind it, the key lanes run it before the keys waiting for a worker."""
-    sent_away: bool = False
-    """Spilled from its partition, paused full (:meth:`~pipeline.runtime.chain.Chain.spill`): it
-    no longer counts in the partition's buffer, only among those sent away."""
+    sent_away: SentAway | None = None
+    """Spilled from its full partition (:meth:`~pipeline.runtime.chain.Chain.spill`), the batch
+    it went in: it no longer counts in the partition's buffer, only in that batch, until it is
+    settled (:meth:`~pipeline.runtime.flow.FlowControl.removed`)."""
 
     @property
     def tp(self) -> TopicPartition:
