@@ -53,7 +53,7 @@ from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.shared_clock import local_ms
-from pipeline.runtime.throttle_gate import Admitter, ThrottleGate, tenant_of
+from pipeline.runtime.throttle_gate import SPILL_MIN_WAITING, Admitter, ThrottleGate, tenant_of
 from pipeline.runtime.work import Work
 
 log = logging.getLogger(__name__)
@@ -189,21 +189,52 @@ class Chain:
         return self._parks is None or self._parks(lane.name)
 
     def spill(self, tp: TopicPartition, count: int, batch: SentAway) -> int:
-        """``tp`` is full: send about ``count`` of its messages waiting for admission away.
+        """``tp`` is full: send about ``count`` of its waiting messages away.
 
-        They are the waiting messages of the tenant holding most of the partition in the
-        throttle gate (:meth:`ThrottleGate.spill`), so the partition reads on for the others.
-        Each is marked ``sent_away`` with ``batch``; returns how many went. Only they are: the
-        gate defers nothing else within this call (an over-share deferral comes from
+        First the waiting messages of the tenant holding most of the partition in the throttle
+        gate (:meth:`ThrottleGate.spill`), then, if that is not enough, the messages queued in
+        the key lanes behind the heads of the partition's hot keys (each holding half of what
+        must still go or more: a hot conversation of a lane without a throttle), left in place
+        and marked to be deferred when their turn comes: the first parks its key, the others
+        are held behind it in Redis. Either way the partition reads on for the other keys. Each
+        is marked ``sent_away`` with ``batch``; returns how many went. Only they are: the gate
+        defers nothing else within this call (an over-share deferral comes from
         :meth:`ThrottleGate.offer`, never from here).
         """
-        if self.gate is None:
-            return 0
-        self._spilling = batch
-        try:
-            return self.gate.spill(tp, count)
-        finally:
-            self._spilling = None
+        sent = 0
+        if self.gate is not None:
+            self._spilling = batch
+            try:
+                sent = self.gate.spill(tp, count)
+            finally:
+                self._spilling = None
+        if sent < count:
+            # Only a hot key's: one holding half of what must go. A backlog drained fast
+            # has a few messages queued behind each head, which would only go round for
+            # nothing.
+            least = max(SPILL_MIN_WAITING, (count - sent) // 2)
+            for work in self.lanes.queued_of(tp, count - sent, self._may_leave, least=least):
+                self._handler.deferred[id(work.message)] = work.message
+                work.sent_away = batch
+                sent += 1
+        return sent
+
+    def _may_leave(self, work: Work) -> bool:
+        """Whether ``work``, queued in the key lanes, may be sent away from a full partition.
+
+        Not a copy back from a retry tier (it would go round again), not one already on its
+        way out, and only on a lane whose keys park in Redis, that neither coalesces turns nor
+        waits for idle capacity.
+        """
+        lane = work.lane
+        return (
+            not work.due
+            and work.sent_away is None
+            and id(work.message) not in self._handler.deferred
+            and not lane.turns
+            and lane.spec.batch is None
+            and self._parks_keys(lane)
+        )
 
     def _defer(self, work: Work) -> None:
         """Too many wait for admission: it goes through the first tier, its key parked.

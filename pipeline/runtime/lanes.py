@@ -103,6 +103,31 @@ class KeyLanes(Generic[T]):
         """Whether ``message``'s key has messages queued or running (ordered lanes)."""
         return (message.tp, message.key) in self._queues
 
+    def queued_of(
+        self, tp: TopicPartition, count: int, eligible: Callable[[T], bool], *, least: int
+    ) -> list[T]:
+        """About ``count`` messages of ``tp``'s longest keys that wait behind their key's head.
+
+        Keys with ``least`` messages queued or more, the longest first, each whole: every message
+        of the key that is queued (not running) and not ``eligible``-refused; a key with one
+        refused is left out. The messages stay where they are, in order (the chain marks them
+        to leave the member when their turn comes: :meth:`Chain.spill`).
+        """
+        keys = sorted(
+            (key for key, queue in self._queues.items() if key[0] == tp and len(queue) >= least),
+            key=lambda key: len(self._queues[key]),
+            reverse=True,
+        )
+        out: list[T] = []
+        for key in keys:
+            if len(out) >= count:
+                break
+            queue = self._queues[key]
+            waiting = list(queue)[1:] if key in self._running else list(queue)
+            if waiting and all(eligible(message) for message in waiting):
+                out += waiting
+        return out
+
     @property
     def buffered(self) -> int:
         """Messages queued or running."""

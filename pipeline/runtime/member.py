@@ -587,7 +587,9 @@ class Member:
             offsets = work.offsets  # its assignment's: the partition may have come back since
             if offsets is not None:
                 offsets.finished(message.offset)
-        if self._flow is not None:
+        if self._flow is not None and work.offsets in (None, self._offsets.get(message.tp)):
+            # A run of a revoked assignment, ending once the partition came back, was never
+            # counted in the new assignment's buffer.
             self._flow.removed(message.tp, sent_away=work.sent_away)
         self._delivered(lane, message, outcome, duration_s)
         if log.isEnabledFor(logging.DEBUG):
