@@ -53,6 +53,7 @@ from pipeline.runtime.handling import HandlerStage
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.offsets import PartitionOffsets
 from pipeline.runtime.shared_clock import local_ms
+from pipeline.runtime.sojourn import deadline_ms
 from pipeline.runtime.throttle_gate import SPILL_MIN_WAITING, Admitter, ThrottleGate, tenant_of
 from pipeline.runtime.work import Work
 
@@ -261,6 +262,9 @@ class Chain:
         message its handler had finished would never be committed.
         """
         started = time.perf_counter()
+        deferred = self._handler.deferred
+        if deferred and id(work.message) in deferred and self._expired(work):
+            del deferred[id(work.message)]  # the handler stage expires it rather than send it
         if self.gate is not None and work.trace is not None and work.lane.spec.throttle:
             policy = work.lane.spec.throttle
             tracing.throttle_waited(work.trace, self.gate.held_keys(work), policy.priority)
@@ -287,6 +291,17 @@ class Chain:
                 tracing.finish(work.trace, outcome)
         except Exception as exc:
             _failed(work, exc, f"could not be settled after it ended {outcome or 'unrouted'}")
+
+    def _expired(self, work: Work) -> bool:
+        """Whether ``work``'s message is past its deadline (``max_age``, ``pl-deadline-ms``).
+
+        A message deferred when its turn came (a spill, an over-share deferral) would go through
+        the first tier unexpired, and its copy, whose ``max_age`` counts from its due time,
+        would run: an expired message would run for having been sent away. Unmarked, it
+        expires in the handler stage (or, held behind its parked key, when it is released).
+        """
+        deadline = deadline_ms(work.message, work.lane.spec)
+        return deadline is not None and self._clock_ms() > deadline
 
     def _release(self, work: Work, started: float) -> None:
         """A message is done: its throttle slots (with their feedback) and its batch lane."""
