@@ -43,12 +43,13 @@ def per_key(error: rexc.ResponseError) -> bool:
 
 
 async def probe(
-    client: Redis, keys: Keys, group: str, partitions: Collection[TopicPartition]
+    client: Redis, keys: Keys, group: str | None, partitions: Collection[TopicPartition]
 ) -> dict[TopicPartition, State]:
     """The partitions of ``partitions`` whose stream key is in a bad state, and which state.
 
     One pipelined ``XINFO GROUPS`` per stream: a reply naming no group ``group`` is
-    ``no_group``, ``no such key`` is ``no_stream``, ``WRONGTYPE`` is ``wrong_type``.
+    ``no_group`` (never with ``group`` None: a reader in no group), ``no such key`` is
+    ``no_stream``, ``WRONGTYPE`` is ``wrong_type``.
     """
     ordered = sorted(partitions)
     if not ordered:
@@ -68,7 +69,7 @@ async def probe(
                 raise reply
         elif isinstance(reply, BaseException):
             raise reply
-        elif not any(_name(g["name"]) == group for g in reply):
+        elif group is not None and not any(_name(g["name"]) == group for g in reply):
             found[tp] = "no_group"
     return found
 
