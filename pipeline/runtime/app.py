@@ -10,15 +10,18 @@
 
 The first parameter's annotation decides decoding: a pydantic model is validated from the
 value, Avro in the Confluent wire format (through the schema registry) or JSON (a validation
-error is not retried: the message goes to the dead-letter topic); ``bytes`` gets the raw value
-(so do ``bytes | None``, ``Any``, ``object`` and no annotation; a ``LazyPayload`` handler an
-offloaded one unread), :class:`~pipeline.envelope.Message` the whole message. Any other type
-(a dataclass, a TypedDict, ``str``, ``dict``, ``Model | None``) is a :class:`ConfigError` when
+error is not retried: the message goes to the dead-letter topic); ``dict`` (``dict[str, Any]``,
+``Mapping[str, Any]``) gets the value parsed as a JSON object and ``str`` the value as UTF-8
+text (a value that is neither is a validation error, dead-lettered alike); ``bytes`` gets the
+raw value (so do ``bytes | None``, ``Any``, ``object`` and no annotation; a ``LazyPayload``
+handler an offloaded one unread), :class:`~pipeline.envelope.Message` the whole message. Any
+other type (a dataclass, a TypedDict, ``int``, ``Model | None``) is a :class:`ConfigError` when
 the handler is registered: it would be handed the raw bytes, and fail on every message.
 
 A lane declared with ``debounce:`` hands its handler a *turn*: ``list[Model]`` (or
-``list[bytes]``, ``list[Message]``), every message of one conversation since its last turn, in
-order (:mod:`pipeline.runtime.turns`)::
+``list[dict]``, ``list[str]``, ``list[bytes]``, ``list[Message]``), every message of one
+conversation since its last turn, in order, each decoded as one event is
+(:mod:`pipeline.runtime.turns`)::
 
     @app.handler("ai_turns")
     async def reply(events: list[MessageReceived], ctx: Context) -> None:
@@ -33,12 +36,12 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 from redis.asyncio import Redis
 
 from pipeline.cancel import Target, cancel
@@ -210,14 +213,41 @@ class ModelDecoder(Protocol):
 _RAW: tuple[Any, ...] = (bytes, LazyPayload, Any, object)
 """Annotations of an event handed the raw value (an offloaded one as a ``LazyPayload``)."""
 
+JSON_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(
+    dict[str, Any], config=ConfigDict(title="the event's value as a JSON object")
+)
+"""Decodes an event annotated ``dict``: the value parsed as a JSON object, else a
+``ValidationError`` saying what it is (not JSON, an array, nested too deep ...)."""
+TEXT: TypeAdapter[str] = TypeAdapter(
+    str, config=ConfigDict(title="the event's value as UTF-8 text")
+)
+"""Decodes an event annotated ``str``: the value as UTF-8 text, else a ``ValidationError``."""
+
+
+def body_adapter(kind: Any) -> TypeAdapter[Any] | None:
+    """How an event annotated ``kind`` is decoded from the value, if it is ``dict`` or ``str``.
+
+    :data:`JSON_OBJECT` for ``dict``, ``dict[str, Any]``, ``Mapping[str, Any]`` (bare or with
+    ``object`` for ``Any``), :data:`TEXT` for ``str``; None for anything else (``dict[str, int]``
+    and ``dict | None`` too: the runtime does not decode into them).
+    """
+    if kind is str:
+        return TEXT
+    shape = typing.get_origin(kind) or kind
+    if shape in (dict, Mapping) and typing.get_args(kind) in ((), (str, Any), (str, object)):
+        return JSON_OBJECT
+    return None
+
 
 def _decodes_into(kind: Any) -> bool:
-    """Whether an event annotated ``kind`` gets what it says: a model, the message, the value.
+    """Whether an event annotated ``kind`` gets what it says: a model, a JSON object, text ...
 
-    Anything else (a dataclass, a TypedDict, ``str``, ``dict``, ``Model | None``) would be
-    handed the raw bytes, and its handler fail on every message.
+    Anything else (a dataclass, a TypedDict, ``int``, ``Model | None``) would be handed the
+    raw bytes, and its handler fail on every message.
     """
     if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return True
+    if body_adapter(kind) is not None:
         return True
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         # ``bytes | None`` (``Optional[bytes]``) is handed bytes as ``bytes`` is; a model or the
@@ -251,8 +281,8 @@ def _refusal(lane: str, handler: Handler, kind: Any, turns: bool) -> str:
         f"handler {_name(handler)} of lane {lane!r} takes {what} {shown}, which the"
         " runtime does not decode into: it would be handed each message's raw bytes and fail"
         f" on every one, to the dead-letter topic; annotate{items} with a pydantic model"
-        " (validated from JSON or Avro), bytes (the raw value), pipeline.envelope.Message or"
-        f" Any{hint}"
+        " (validated from JSON or Avro), dict[str, Any] (a JSON object), str (UTF-8 text),"
+        f" bytes (the raw value), pipeline.envelope.Message or Any{hint}"
     )
 
 
@@ -276,9 +306,19 @@ def _check_event(
 
 
 def _decoder(app: App, kind: Any) -> Callable[[Message], Any]:
+    """What ``Lane.decode`` does to a message for an event annotated ``kind`` (checked first).
+
+    A value that does not decode raises (a ``pydantic.ValidationError``, a ``DeadLetter``): the
+    message is dead-lettered, not retried.
+    """
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         model = kind
         return lambda m: app.decode_model(m.value, model)
+    body = body_adapter(kind)
+    if body is JSON_OBJECT:
+        return lambda m: JSON_OBJECT.validate_json(m.value)
+    if body is TEXT:
+        return lambda m: TEXT.validate_python(m.value)
     if kind is Message:
         return lambda m: m
     return lambda m: m.value
@@ -346,9 +386,12 @@ class App:
         fields): a misspelt key would leave every event without a conversation, and is a
         :class:`ConfigError` naming the lane's file, the key and the model's fields.
 
-        An event (or a turn's items) annotated with a type the runtime does not decode into (a
-        dataclass, a TypedDict, ``str``, ``dict`` ...) is a :class:`ConfigError` naming the
-        lane, the handler, the annotation and what is decoded.
+        An event (or a turn's items) annotated ``dict`` (``dict[str, Any]``, ``Mapping[str,
+        Any]``) gets the value parsed as a JSON object, ``str`` the value as UTF-8 text; a value
+        that is neither is a ``pydantic.ValidationError``, dead-lettered (``fatal``) as a
+        model's. One annotated with a type the runtime does not decode into (a dataclass, a
+        TypedDict, ``int`` ...) is a :class:`ConfigError` naming the lane, the handler, the
+        annotation and what is decoded.
         """
         spec = self._specs.get(lane)
         if spec is None:

@@ -6,8 +6,9 @@ A message without ``pl-offload`` is decoded as always. For a reference, on a lan
 - a ``bytes`` (or :class:`~pipeline.offload.lazy.LazyPayload`) handler gets a
   :class:`~pipeline.offload.lazy.LazyPayload`: nothing is read until it reads (a HEAD first,
   so a missing object is a ``payload_missing`` dead letter before the handler runs);
-- a typed handler (a pydantic model), a ``Message`` handler, a debounced or a CPU-bound lane
-  gets the event decoded from the body, fetched (digest checked) just before decoding. A
+- a typed handler (a pydantic model, ``dict``: a JSON object, ``str``: UTF-8 text), a
+  ``Message`` handler, a debounced or a CPU-bound lane gets the event decoded from the body as
+  a small one is (``Lane.decode``), fetched (digest checked) just before decoding. A
   debounced lane buffers the reference in Redis; its turn fetches the bodies again when it runs
   (``runtime/turns.py``).
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from pipeline import headers as h
 from pipeline.errors import ConfigError
@@ -89,16 +89,37 @@ def _schema_file(path: Path) -> Schema:
     return schema
 
 
+class JsonObject(RootModel[dict[str, Any]]):
+    """Any JSON object: the lane's handler takes a dict, the value parsed as JSON."""
+
+
+class Text(RootModel[str]):
+    """UTF-8 text, the whole value as is (text/plain, not a quoted JSON string).
+
+    The lane's handler takes a str.
+    """
+
+
 def model_of(event: Any) -> type[BaseModel] | None:
     """The pydantic model of a lane's event annotation (``Lane.event``: a turn's items), if any.
 
     The annotation as the App resolved it when the handler was registered: a handler whose
     other annotations are imported only for type checking, a ``functools.partial`` or an object
-    with ``__call__`` is read as the runtime reads it.
+    with ``__call__`` is read as the runtime reads it. A handler of ``dict`` (``dict[str, Any]``,
+    ``Mapping[str, Any]``) is described by :class:`JsonObject`, one of ``str`` by :class:`Text`
+    (the annotations :func:`pipeline.runtime.app.body_adapter` decodes); bytes, a message or
+    ``Any`` by none.
     """
     if typing.get_origin(event) is list:  # an annotation given as is
         event = (typing.get_args(event) or (None,))[0]
-    return event if isinstance(event, type) and issubclass(event, BaseModel) else None
+    if isinstance(event, type) and issubclass(event, BaseModel):
+        return event
+    if event is str:
+        return Text
+    shape = typing.get_origin(event) or event
+    if shape in (dict, Mapping) and typing.get_args(event) in ((), (str, Any), (str, object)):
+        return JsonObject
+    return None
 
 
 def _ident(name: str) -> str:
