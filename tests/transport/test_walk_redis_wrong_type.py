@@ -4,10 +4,14 @@ Another program that wrote a string where a partition's stream lives (``SET {pl:
 made ``pipeline produce`` say ``produce to 'T': WRONGTYPE Operation against a key holding the
 wrong kind of value`` and ``pipeline topics list`` and ``tail`` say ``list topics: Command # 2
 (XLEN {pl:T:1}:s) of pipeline caused error: ('WRONGTYPE ...',)``: Redis's words, redis-py's
-pipeline wording, and nothing about the cause or the fix.
+pipeline wording, and nothing about the cause or the fix. Listing now counts that partition as
+empty, with one warning naming the key and the fix: a listing that failed stopped `pipeline
+topics apply` of every topic (tests/transport/test_redis_list_wrong_type_key.py).
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 from contract.helpers import make_topic
@@ -22,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("redis_service")
 
 
 async def test_a_stream_key_of_another_type_is_named_with_the_fix(
-    settings: Settings, unique: str
+    settings: Settings, unique: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Producing says the partition's key holds no stream; listing names the key and the fix."""
     transport = RedisStreamsTransport(settings)
@@ -35,13 +39,15 @@ async def test_a_stream_key_of_another_type_is_named_with_the_fix(
     try:
         await client.delete(key)
         await client.set(key, b"not a stream")
-        with pytest.raises(TransportError) as listed:
-            await admin.list_topics([topic])
-        assert str(listed.value) == (
-            f"list topics: Redis key {key!r} holds no stream (WRONGTYPE): something other than "
-            f"pipeline wrote it; look at it (`redis-cli TYPE {key}`) and delete it "
-            f"(`redis-cli DEL {key}`): the partition's stream is made again at its next message"
+        with caplog.at_level(logging.WARNING, "pipeline.transport.redis_streams.admin"):
+            listed = await admin.list_topics([topic])
+        assert listed[topic].message_counts == (0, 0)
+        warned = (
+            f"topic {topic!r} partition 1: its Redis key {key!r} holds no stream (WRONGTYPE),"
+            " counted as empty; another program wrote there: look at it (redis-cli TYPE KEY) and"
+            " delete it (redis-cli DEL KEY), its stream is made again at its next message"
         )
+        assert [r.getMessage() for r in caplog.records] == [warned]
         with pytest.raises(TransportError) as sent:
             await producer.send(topic, b"x", partition=1)
         sequence = Keys(settings.redis.key_prefix).sequence(topic, 1)

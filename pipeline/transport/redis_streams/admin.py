@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,10 @@ from pipeline.config import declare_hint
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
-from pipeline.transport.redis_streams.errors import translate
+from pipeline.transport.redis_streams.errors import is_wrong_type, translate
 from pipeline.transport.redis_streams.keys import Keys, entry_id, offset_of, partition_id
+
+log = logging.getLogger(__name__)
 
 _TIMESTAMP_DIGITS = 19
 """The most digits a ``t`` field is read with (a signed 64-bit number's)."""
@@ -187,10 +190,7 @@ class RedisStreamsAdmin:
                 except UnreadableTopicMeta as exc:
                     unreadable.extend(exc.lines)
                     continue
-                pipe = self._client.pipeline(transaction=False)
-                for p in range(meta.partitions):
-                    pipe.xlen(self._keys.stream(name, p))
-                counts = tuple(int(c) for c in await pipe.execute())
+                counts = await self._counts(name, meta.partitions)
                 out[name] = TopicInfo(
                     name, meta.partitions, meta.retention_ms, counts, max_len=meta.max_len
                 )
@@ -199,6 +199,35 @@ class RedisStreamsAdmin:
         if unreadable:
             raise UnreadableTopicMeta(unreadable, out)
         return out
+
+    async def _counts(self, name: str, partitions: int) -> tuple[int, ...]:
+        """The messages each partition's stream holds; a key of another type holds none.
+
+        Such a key (another program wrote there) fails one partition, not the listing: every
+        other topic is still listed and applied (``pipeline topics apply`` reads them all), and
+        one warning names the key.
+        """
+        pipe = self._client.pipeline(transaction=False)
+        for p in range(partitions):
+            pipe.xlen(self._keys.stream(name, p))
+        counts = []
+        for p, reply in enumerate(await pipe.execute(raise_on_error=False)):
+            if isinstance(reply, rexc.ResponseError) and is_wrong_type(str(reply)):
+                key = self._keys.stream(name, p)
+                log.warning(
+                    "topic %r partition %d: its Redis key %r holds no stream (WRONGTYPE), counted"
+                    " as empty; another program wrote there: look at it (redis-cli TYPE KEY) and"
+                    " delete it (redis-cli DEL KEY), its stream is made again at its next message",
+                    name,
+                    p,
+                    key,
+                )
+                counts.append(0)
+            elif isinstance(reply, rexc.RedisError):
+                raise reply
+            else:
+                counts.append(int(reply))
+        return tuple(counts)
 
     async def create_topic(self, config: TopicConfig) -> None:
         """Declare the topic; its streams appear with the first message or group.
