@@ -293,7 +293,8 @@ class _Builder:
             # under its own, ``<lane>.<Model>`` (no Python class name has a dot).
             named = _model_schemas(model, f"{_ident(spec.lane)}.")
         self.schemas.update(named)
-        return "application/json", {"$ref": f"#/components/schemas/{named[-1][0]}"}
+        content_type = "text/plain" if model is Text else "application/json"  # UTF-8 as sent
+        return content_type, {"$ref": f"#/components/schemas/{named[-1][0]}"}
 
     def lane(self, spec: TopicSpec, group: str) -> None:
         """Channels, messages and operations of one declaration."""

@@ -1,6 +1,6 @@
 """A handler whose event is annotated with a type the runtime does not decode into is refused.
 
-A dataclass or a TypedDict (or ``str``, ``dict``, ``Model | None`` ...) was accepted, and the
+A dataclass or a TypedDict (or ``int``, ``Model | None`` ...) was accepted, and the
 handler was handed each message's raw bytes: it failed on every one (attribute access on
 bytes), so every message went through the retry tiers to the dead-letter topic. Registering
 such a handler is now one :class:`ConfigError` naming the lane, the handler, the annotation and
@@ -120,8 +120,8 @@ def test_a_turn_of_dataclasses_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "kind",
-    [str, dict, dict[str, Any], Order | None, Order | bytes, int],
-    ids=["str", "dict", "dict[str, Any]", "Order | None", "Order | bytes", "int"],
+    [Order | None, Order | bytes, int],
+    ids=["Order | None", "Order | bytes", "int"],
 )
 def test_other_types_not_decoded_into_are_refused(kind: Any) -> None:
     """Anything but a model, the raw value or the message would also get bytes: refused."""

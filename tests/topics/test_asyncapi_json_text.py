@@ -86,6 +86,8 @@ def test_the_payloads_are_a_json_object_and_a_string() -> None:
     messages, schemas = doc["components"]["messages"], doc["components"]["schemas"]
     assert messages["orders_event"]["payload"] == {"$ref": "#/components/schemas/JsonObject"}
     assert messages["notes_event"]["payload"] == {"$ref": "#/components/schemas/Text"}
+    assert messages["orders_event"]["contentType"] == "application/json"
+    assert messages["notes_event"]["contentType"] == "text/plain"  # the body as sent, not JSON
     assert schemas["JsonObject"]["type"] == "object"
     assert schemas["JsonObject"]["additionalProperties"] is True
     assert schemas["Text"]["type"] == "string"
@@ -118,6 +120,8 @@ def test_the_cli_describes_an_apps_dict_and_str_lanes(tmp_path: Path) -> None:
     messages = doc["components"]["messages"]
     assert messages["orders_event"]["payload"] == {"$ref": "#/components/schemas/JsonObject"}
     assert messages["notes_event"]["payload"] == {"$ref": "#/components/schemas/Text"}
+    assert messages["orders_event"]["contentType"] == "application/json"
+    assert messages["notes_event"]["contentType"] == "text/plain"  # the body as sent, not JSON
     node = shutil.which("node")
     if node is None or not (PARSER_DIR / "node_modules" / "@asyncapi" / "parser").is_dir():
         message = "the AsyncAPI parser is not installed: run `make asyncapi-parser` (needs node 20)"
