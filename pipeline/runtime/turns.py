@@ -47,15 +47,23 @@ log = logging.getLogger(__name__)
 def key_value(event: Any, message: Message, field: str) -> str | None:
     """The value of ``field`` in the event (a model attribute or a JSON member), if it has one.
 
+    A model's attribute, a dict event's member, or a member of the JSON the event's bytes or
+    text hold (the message's value for any other event).
+
     None when the event has no such field, or it is null or empty: a body that is no JSON
     object (not JSON, or nested too deep for ``json`` to read) has no such member.
     """
     value: Any = None
     if isinstance(event, BaseModel):
         value = getattr(event, field, None)
+    elif isinstance(event, dict):  # a dict lane's event: the body already read as JSON
+        value = event.get(field)
     else:
+        # The event's own bytes or text where it has them: an offloaded message's value is
+        # its reference, the event the payload fetched for it.
+        body = event if isinstance(event, bytes | str) else message.value
         try:
-            document = json.loads(message.value)
+            document = json.loads(body)
         except (ValueError, RecursionError):  # RecursionError: nested too deep
             document = None
         if isinstance(document, dict):
