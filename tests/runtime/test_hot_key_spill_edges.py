@@ -402,3 +402,39 @@ async def test_a_spilled_hot_key_of_a_cpu_lane_with_heartbeats(
         await redis.aclose()
     assert _numbers(ran) == list(range(60))
     assert member.stats.deferred >= 1
+
+
+async def test_a_hot_key_parked_by_a_failure_before_the_spill(
+    transport: Transport, redis_service: str, unique: str
+) -> None:
+    """The hot key's first message fails at once: the key is parked when its backlog spills.
+
+    Its followers, marked or not, are held behind it; its copy, due in the same key, runs
+    first and releases them in order, each once.
+    """
+    spec = lane_spec(f"hotpark_{unique}", 1, retry={"tiers": ["200ms"]})
+    await declare(transport, spec)
+    app = App([spec])
+    done: list[int] = []
+    attempts: list[int] = []
+
+    @app.handler(spec.lane)
+    async def handle(event: Message, ctx: Context) -> None:
+        n = int(event.value.split(b":")[1])
+        if n == 0:
+            attempts.append(ctx.attempt)
+            if ctx.attempt == 1:
+                raise RuntimeError("flaky dependency")
+        await asyncio.sleep(0.01)
+        done.append(n)
+
+    await produce(transport, spec.name, [Record(b"hot:%d" % n, b"hot") for n in range(80)])
+    redis = Redis.from_url(redis_service)
+    member = Member(app, transport, f"g-{unique}", SMALL, redis=redis, redis_prefix=f"t{unique}")
+    try:
+        async with running(member):
+            await eventually(lambda: len(done) >= 80)
+    finally:
+        await redis.aclose()
+    assert done == list(range(80))
+    assert attempts == [1, 2]
