@@ -33,6 +33,7 @@ __all__ = [
     "descriptors",
     "envelope",
     "errors",
+    "event_bodies",
     "headers",
     "heap",
     "ingress",

@@ -36,7 +36,7 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -48,6 +48,7 @@ from pipeline.cancel import Target, cancel
 from pipeline.config import topics_dir
 from pipeline.envelope import Message
 from pipeline.errors import ConfigError, DeadLetter
+from pipeline.event_bodies import body_kind
 from pipeline.offload.lazy import LazyPayload
 from pipeline.registry.errors import SerdeError
 from pipeline.retry.policy import Backoff, Retryable, default_retryable
@@ -231,10 +232,10 @@ def body_adapter(kind: Any) -> TypeAdapter[Any] | None:
     ``object`` for ``Any``), :data:`TEXT` for ``str``; None for anything else (``dict[str, int]``
     and ``dict | None`` too: the runtime does not decode into them).
     """
-    if kind is str:
+    body = body_kind(kind)
+    if body == "text":
         return TEXT
-    shape = typing.get_origin(kind) or kind
-    if shape in (dict, Mapping) and typing.get_args(kind) in ((), (str, Any), (str, object)):
+    if body == "object":
         return JSON_OBJECT
     return None
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, RootModel
 
 from pipeline import headers as h
 from pipeline.errors import ConfigError
+from pipeline.event_bodies import body_kind
 from pipeline.offload import reference
 from pipeline.offload.policy import format_size_bytes
 from pipeline.topics.asyncapi_headers import DEAD_LETTER_HEADERS, EVENT_HEADERS, RETRY_HEADERS
@@ -114,10 +115,10 @@ def model_of(event: Any) -> type[BaseModel] | None:
         event = (typing.get_args(event) or (None,))[0]
     if isinstance(event, type) and issubclass(event, BaseModel):
         return event
-    if event is str:
+    body = body_kind(event)
+    if body == "text":
         return Text
-    shape = typing.get_origin(event) or event
-    if shape in (dict, Mapping) and typing.get_args(event) in ((), (str, Any), (str, object)):
+    if body == "object":
         return JsonObject
     return None
 
