@@ -240,7 +240,8 @@ class Chain:
     def _defer(self, work: Work) -> None:
         """Too many wait for admission: it goes through the first tier, its key parked.
 
-        It takes a worker only when no other key has work to run (``leaving``).
+        It waits for a worker behind the keys with work to run (``leaving``), though one pick
+        in :data:`~pipeline.runtime.lanes.LEAVING_EVERY` takes such a key while both wait.
         """
         self._handler.deferred[id(work.message)] = work.message
         work.sent_away = self._spilling  # None: an over-share deferral, still buffered
