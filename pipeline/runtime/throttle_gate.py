@@ -240,22 +240,23 @@ class ThrottleGate(Generic[T]):
         Held here, a flood on a few keys keeps its partition paused, and every other tenant's
         messages behind it there unread, until those keys have run through their backlog one
         message at a time (seconds to minutes). So the keys of the tenant with the most
-        messages waiting in ``tp`` go, the longest first, each key whole, and only a key with
-        :data:`SPILL_MIN_WAITING` messages waiting or more (one alone is the over-share
-        deferral's, see :meth:`offer`) every one of which may be spilled (``can_spill``: its
-        lane has a retry tier and parks its keys in Redis; none is a copy back from a tier,
-        which would go round again). Where nothing parks, the key's messages would each go
-        through the tier on their own, its later messages running before them. They go to the key
-        lanes as deferrals, in order, behind whatever of their key runs there: the first parks
-        its key through the first retry tier, the others are held behind it in Redis by the
-        run guard (their offsets done) and released in order once it ran. Returns how many
-        went.
+        messages waiting in ``tp`` that may go (copies back from a tier do not count) go, the
+        longest first, each key whole, and only a key with :data:`SPILL_MIN_WAITING` messages
+        waiting or more (one alone is the over-share deferral's, see :meth:`offer`) every one
+        of which may be spilled (``can_spill``: its lane has a retry tier and parks its keys in
+        Redis; none is a copy back from a tier, which would go round again). Where nothing
+        parks, the key's messages would each go through the tier on their own, its later
+        messages running before them. They go to the key lanes as deferrals, in order, behind
+        whatever of their key runs there: the first parks its key through the first retry
+        tier, the others are held behind it in Redis by the run guard (their offsets done) and
+        released in order once it ran. Returns how many went.
         """
-        mine: Counter[str] = Counter()
+        mine: Counter[str] = Counter()  # what each tenant has waiting that may go
         for key, queue in self._queues.items():
             if key[0] == tp:
                 for waiting in queue:
-                    mine[tenant_of(waiting.message)] += 1
+                    if waiting.can_spill:
+                        mine[tenant_of(waiting.message)] += 1
         if not mine:
             return 0
         tenant = mine.most_common(1)[0][0]

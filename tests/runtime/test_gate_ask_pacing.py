@@ -115,3 +115,31 @@ async def test_a_spilled_key_leaves_no_waiter_in_redis_and_asks_again_when_offer
         assert not status.holders
     finally:
         await gate.close()
+
+
+@pytest.mark.redis
+async def test_a_spill_picks_the_tenant_with_most_that_may_go(throttle: Throttle) -> None:
+    """Beta's 5 copies back from a tier may not go; acme's 3 on one key do, and go.
+
+    Counted with the copies, beta held most of the partition: the spill picked beta, found
+    nothing of it to send away, and the partition stayed paused behind acme's key.
+    """
+    await throttle.set_limit("org:acme", 0)
+    await throttle.set_limit("org:beta", 0)
+    admitted: list[Message] = []
+    deferred: list[Message] = []
+    gate: ThrottleGate[Message] = ThrottleGate(throttle, admitted.append, deferred.append)
+    tp = TopicPartition("pace", 0)
+    try:
+        for n in range(5):  # copies back from a tier: each its own key, never spilled
+            copy = Message("pace", 0, n, b"b%d" % n, b"{}", {h.TENANT: b"beta"})
+            gate.offer(copy, POLICY, "pace", ordered=True, busy=False, can_defer=False)
+        for n in range(5, 8):
+            message = Message("pace", 0, n, b"k", b"{}", {h.TENANT: b"acme"})
+            gate.offer(
+                message, POLICY, "pace", ordered=True, busy=False, can_defer=True, can_spill=True
+            )
+        assert gate.spill(tp, 10) == 3
+        assert [m.offset for m in deferred] == [5, 6, 7]
+    finally:
+        await gate.close()
