@@ -44,6 +44,7 @@ from pipeline import headers as h
 from pipeline import tracing
 from pipeline.admission.fleet import FleetLimits
 from pipeline.envelope import Message, TopicPartition
+from pipeline.log_repeats import JUDGED, RepeatFilter, shown_now
 from pipeline.runtime.app import App, Lane
 from pipeline.runtime.batch import BatchGate
 from pipeline.runtime.due import DueGate
@@ -100,6 +101,7 @@ class Chain:
         self._fleet = fleet
         self._parks = parks
         self._spilling: SentAway | None = None  # within spill(): the batch the gate defers
+        self._repeats = RepeatFilter()  # a flood's spill lines, backed off per lane
         self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
         self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load, clock_ms)
         self.gate: ThrottleGate[Work] | None = None
@@ -209,6 +211,7 @@ class Chain:
                 sent = self.gate.spill(tp, count)
             finally:
                 self._spilling = None
+        queued = 0
         if sent < count:
             # Only a hot key's: one holding half of what must go. A backlog drained fast
             # has a few messages queued behind each head, which would only go round for
@@ -217,8 +220,30 @@ class Chain:
             for work in self.lanes.queued_of(tp, count - sent, self._may_leave, least=least):
                 self._handler.deferred[id(work.message)] = work.message
                 work.sent_away = batch
-                sent += 1
-        return sent
+                queued += 1
+        if sent or queued:
+            self._tell_spill(tp, sent, queued)
+        return sent + queued
+
+    def _tell_spill(self, tp: TopicPartition, waiting: int, queued: int) -> None:
+        """One INFO line a lane for a spill, repeats backed off (a flood spills again and again)."""
+        lane = self._app.lane_of(tp.topic).name
+        held = shown_now(self._repeats, log, f"lane {lane}: partition full, messages sent away")
+        if held is None:
+            return
+        log.info(
+            "lane %s: %s[%d] is full (partition_high_water): %d message(s) waiting for a throttle"
+            " slot and %d queued behind a hot key sent away, the first of each key through the"
+            " first retry tier and the rest held behind it in Redis, so the partition's other"
+            " keys are read%s",
+            lane,
+            tp.topic,
+            tp.partition,
+            waiting,
+            queued,
+            held,
+            extra={JUDGED: True},  # backed off here
+        )
 
     def _may_leave(self, work: Work) -> bool:
         """Whether ``work``, queued in the key lanes, may be sent away from a full partition.

@@ -10,8 +10,10 @@ Redis behind a deferred head, released in order), so the others are read and run
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 
+import pytest
 from redis.asyncio import Redis
 from runtime.helpers import FAST, declare, eventually, lane_spec, produce, running
 
@@ -23,7 +25,7 @@ from pipeline.transport.protocol import Transport
 
 
 async def test_a_hot_key_does_not_keep_its_partitions_other_keys_unread(
-    transport: Transport, redis_service: str, unique: str
+    transport: Transport, redis_service: str, unique: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """80 messages of key ``hot`` (20 ms each) fill a 20-message buffer; 4 others go by early.
 
@@ -55,10 +57,15 @@ async def test_a_hot_key_does_not_keep_its_partitions_other_keys_unread(
     redis = Redis.from_url(redis_service)
     member = Member(app, transport, f"g-{unique}", settings, redis=redis, redis_prefix=f"t{unique}")
     try:
-        async with running(member):
-            await eventually(lambda: len(handled) == 84)
+        with caplog.at_level(logging.INFO, "pipeline.runtime.chain"):
+            async with running(member):
+                await eventually(lambda: len(handled) == 84)
     finally:
         await redis.aclose()
+    told = [r.getMessage() for r in caplog.records if r.name == "pipeline.runtime.chain"]
+    assert told, "a spill is told"
+    assert told[0].startswith(f"lane {spec.lane}: {spec.name}[0] is full"), told
+    assert "queued behind a hot key sent away" in told[0]
     cold_done = max(handled.index(b"cold:%d" % n) for n in range(4))
     hot_before = sum(1 for value in handled[:cold_done] if value.startswith(b"hot"))
     assert hot_before < 40, handled
