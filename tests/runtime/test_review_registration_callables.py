@@ -111,9 +111,9 @@ def test_a_bound_method_and_a_wrapped_handler_register() -> None:
 def test_a_refused_partial_is_named() -> None:
     """A refusal of a partial names it (no AttributeError on ``__qualname__``)."""
 
-    async def takes_str(tag: str, event: str, ctx: Context) -> None:
-        """Would get bytes."""
+    async def takes_int(tag: str, event: int, ctx: Context) -> None:
+        """Would get bytes (an int is no body the runtime decodes)."""
 
     app = orders_app()
-    with pytest.raises(ConfigError, match=r"takes_str.*lane 'orders'.*str"):
-        app.handler(LANE)(functools.partial(takes_str, "t"))
+    with pytest.raises(ConfigError, match=r"takes_int.*lane 'orders'.*int"):
+        app.handler(LANE)(functools.partial(takes_int, "t"))
