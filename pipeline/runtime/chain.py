@@ -100,7 +100,6 @@ class Chain:
         self._settle = settle
         self._fleet = fleet
         self._parks = parks
-        self._spilling: SentAway | None = None  # within spill(): the batch the gate defers
         self._repeats = RepeatFilter()  # a flood's spill lines, backed off per lane
         self.lanes: KeyLanes[Work] = KeyLanes(self._run, max_concurrency)
         self.batch: BatchGate[Work] = BatchGate(self._throttle, self._load, clock_ms)
@@ -200,17 +199,13 @@ class Chain:
         must still go or more: a hot conversation of a lane without a throttle), left in place
         and marked to be deferred when their turn comes: the first parks its key, the others
         are held behind it in Redis. Either way the partition reads on for the other keys. Each
-        is marked ``sent_away`` with ``batch``; returns how many went. Only they are: the gate
-        defers nothing else within this call (an over-share deferral comes from
-        :meth:`ThrottleGate.offer`, never from here).
+        is marked ``sent_away`` with ``batch``; returns how many went.
         """
         sent = 0
         if self.gate is not None:
-            self._spilling = batch
-            try:
-                sent = self.gate.spill(tp, count)
-            finally:
-                self._spilling = None
+            for work in self.gate.spill(tp, count):
+                work.sent_away = batch
+                sent += 1
         queued = 0
         if sent < count:
             # Only a hot key's: one holding half of what must go. A backlog drained fast
@@ -269,7 +264,6 @@ class Chain:
         in :data:`~pipeline.runtime.lanes.LEAVING_EVERY` takes such a key while both wait.
         """
         self._handler.deferred[id(work.message)] = work.message
-        work.sent_away = self._spilling  # None: an over-share deferral, still buffered
         self._key_lanes(work, leaving=True)
 
     def _key_lanes(self, work: Work, *, leaving: bool = False) -> None:

@@ -234,7 +234,7 @@ class ThrottleGate(Generic[T]):
         if key not in self._active:
             self._ask(key)
 
-    def spill(self, tp: TopicPartition, count: int) -> int:
+    def spill(self, tp: TopicPartition, count: int) -> list[T]:
         """Send about ``count`` of ``tp``'s waiting messages away: the partition paused full.
 
         Held here, a flood on a few keys keeps its partition paused, and every other tenant's
@@ -249,7 +249,7 @@ class ThrottleGate(Generic[T]):
         messages running before them. They go to the key lanes as deferrals, in order, behind
         whatever of their key runs there: the first parks its key through the first retry
         tier, the others are held behind it in Redis by the run guard (their offsets done) and
-        released in order once it ran. Returns how many went.
+        released in order once it ran. Returns those that went.
         """
         mine: Counter[str] = Counter()  # what each tenant has waiting that may go
         for key, queue in self._queues.items():
@@ -258,7 +258,7 @@ class ThrottleGate(Generic[T]):
                     if waiting.can_spill:
                         mine[tenant_of(waiting.message)] += 1
         if not mine:
-            return 0
+            return []
         tenant = mine.most_common(1)[0][0]
         candidates = sorted(
             (
@@ -272,17 +272,19 @@ class ThrottleGate(Generic[T]):
             key=lambda key: len(self._queues[key]),
             reverse=True,
         )
-        spilled = 0
+        spilled: list[T] = []
         for key in candidates:
-            if spilled >= count:
+            if len(spilled) >= count:
                 break
             spilled += self._spill_key(key)
         if spilled:
-            self.deferrals += spilled
-            log.debug("%s full: %d waiting message(s) of tenant %r deferred", tp, spilled, tenant)
+            self.deferrals += len(spilled)
+            log.debug(
+                "%s full: %d waiting message(s) of tenant %r deferred", tp, len(spilled), tenant
+            )
         return spilled
 
-    def _spill_key(self, key: GateKey) -> int:
+    def _spill_key(self, key: GateKey) -> list[T]:
         """Defer every message ``key`` has waiting, in order; its acquisition is withdrawn."""
         queue = self._queues.pop(key)
         self._held_keys.discard(key)
@@ -295,7 +297,7 @@ class ThrottleGate(Generic[T]):
         for waiting in queue:
             self._forget_waiting(waiting)
             self._deferred(waiting.message)
-        return len(queue)
+        return [waiting.message for waiting in queue]
 
     def _over_share(self, message: T, lane: str, policy: ThrottlePolicy) -> bool:
         """``lane`` has its ``max_waiting`` waiting, and this message's tenant its share of them.

@@ -64,7 +64,7 @@ async def test_acquisitions_spilled_before_they_ran_give_their_room_back(
             gate.offer(
                 message, POLICY, "pace", ordered=True, busy=False, can_defer=True, can_spill=True
             )
-        assert gate.spill(tp, 2 * ASKING_AT_ONCE) == 2 * ASKING_AT_ONCE
+        assert len(gate.spill(tp, 2 * ASKING_AT_ONCE)) == 2 * ASKING_AT_ONCE
         gate.offer(
             _message(99, key=b"other"), POLICY, "pace", ordered=True, busy=False, can_defer=True
         )
@@ -101,7 +101,7 @@ async def test_a_spilled_key_leaves_no_waiter_in_redis_and_asks_again_when_offer
         for n in (1, 2, 3):
             offer(_message(n, key=b"k"))
         await eventually(lambda: len(gate._acquiring) == 1, 10)
-        assert gate.spill(tp, 10) == 3
+        assert len(gate.spill(tp, 10)) == 3
         assert [m.offset for m in deferred] == [1, 2, 3]
         await eventually(lambda: not gate._asking, 10)
         offer(_message(4, key=b"k"))
@@ -139,7 +139,7 @@ async def test_a_spill_picks_the_tenant_with_most_that_may_go(throttle: Throttle
             gate.offer(
                 message, POLICY, "pace", ordered=True, busy=False, can_defer=True, can_spill=True
             )
-        assert gate.spill(tp, 10) == 3
+        assert len(gate.spill(tp, 10)) == 3
         assert [m.offset for m in deferred] == [5, 6, 7]
     finally:
         await gate.close()
