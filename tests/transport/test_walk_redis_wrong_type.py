@@ -43,9 +43,10 @@ async def test_a_stream_key_of_another_type_is_named_with_the_fix(
             listed = await admin.list_topics([topic])
         assert listed[topic].message_counts == (0, 0)
         warned = (
-            f"topic {topic!r} partition 1: its Redis key {key!r} holds no stream (WRONGTYPE),"
-            " counted as empty; another program wrote there: look at it (redis-cli TYPE KEY) and"
-            " delete it (redis-cli DEL KEY), its stream is made again at its next message"
+            f"topic {topic!r} partition 1, counted as empty: its Redis key {key!r} holds no stream"
+            " (WRONGTYPE): something other than pipeline wrote it; look at it (`redis-cli TYPE"
+            f" {key}`) and delete it (`redis-cli DEL {key}`): its stream is made again at its"
+            " next message"
         )
         assert [r.getMessage() for r in caplog.records] == [warned]
         with pytest.raises(TransportError) as sent:

@@ -22,7 +22,7 @@ from pipeline.config import declare_hint
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
-from pipeline.transport.redis_streams.errors import is_wrong_type, translate
+from pipeline.transport.redis_streams.errors import is_wrong_type, no_stream, translate
 from pipeline.transport.redis_streams.keys import Keys, entry_id, offset_of, partition_id
 
 log = logging.getLogger(__name__)
@@ -213,14 +213,12 @@ class RedisStreamsAdmin:
         counts = []
         for p, reply in enumerate(await pipe.execute(raise_on_error=False)):
             if isinstance(reply, rexc.ResponseError) and is_wrong_type(str(reply)):
-                key = self._keys.stream(name, p)
                 log.warning(
-                    "topic %r partition %d: its Redis key %r holds no stream (WRONGTYPE), counted"
-                    " as empty; another program wrote there: look at it (redis-cli TYPE KEY) and"
-                    " delete it (redis-cli DEL KEY), its stream is made again at its next message",
+                    "topic %r partition %d, counted as empty: its %s: its stream is made again"
+                    " at its next message",
                     name,
                     p,
-                    key,
+                    no_stream(self._keys.stream(name, p)),
                 )
                 counts.append(0)
             elif isinstance(reply, rexc.RedisError):

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from pipeline.envelope import TopicPartition
 from pipeline.log_repeats import REPEAT_KEY
-from pipeline.transport.redis_streams.errors import is_wrong_type
+from pipeline.transport.redis_streams.errors import is_wrong_type, no_stream
 from pipeline.transport.redis_streams.keys import Keys
 from pipeline.transport.redis_streams.lost import vanished
 
@@ -116,9 +116,7 @@ def line(member: str, group: str, tp: TopicPartition, stream: str, broken: Broke
     others = "its other partitions read on"
     if broken.state == "wrong_type":
         return (
-            f"{where} is not read: its Redis key {stream!r} holds no stream (WRONGTYPE): "
-            f"something other than pipeline wrote it; look at it (`redis-cli TYPE {stream}`) "
-            f"and delete it (`redis-cli DEL {stream}`): the member then makes the stream again "
+            f"{where} is not read: its {no_stream(stream)}: the member then makes the stream again "
             f"and reads on from the group's committed position; {others}; this one is tried "
             f"again every {MAX_RETRY_S:g} s at most"
         )

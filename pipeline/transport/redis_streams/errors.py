@@ -51,11 +51,14 @@ def _wrong_type(text: str) -> str:
             "one under PIPELINE_REDIS__KEY_PREFIX; find it (`pipeline topics list` names it) "
             "and delete it"
         )
-    key = found.group(1)
+    return f"{no_stream(found.group(1))}: the partition's stream is made again at its next message"
+
+
+def no_stream(key: str) -> str:
+    """A stream key of another type named, with what to do: every line saying so words it so."""
     return (
         f"Redis key {key!r} holds no stream (WRONGTYPE): something other than pipeline wrote "
-        f"it; look at it (`redis-cli TYPE {key}`) and delete it (`redis-cli DEL {key}`): the "
-        "partition's stream is made again at its next message"
+        f"it; look at it (`redis-cli TYPE {key}`) and delete it (`redis-cli DEL {key}`)"
     )
 
 

@@ -33,7 +33,7 @@ from pipeline.transport.protocol import StartAt
 from pipeline.transport.redis_streams.admin import read_meta
 from pipeline.transport.redis_streams.broken import Broken, probe
 from pipeline.transport.redis_streams.consumer import decode_entry
-from pipeline.transport.redis_streams.errors import is_wrong_type, translate
+from pipeline.transport.redis_streams.errors import is_wrong_type, no_stream, translate
 from pipeline.transport.redis_streams.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -118,15 +118,11 @@ class RedisStreamsReader:
         self._aside[tp] = Broken.found("wrong_type")
         stream = self._keys.stream(tp.topic, tp.partition)
         log.warning(
-            "partition %s[%d] is not read: its Redis key %r holds no stream (WRONGTYPE): "
-            "something other than pipeline wrote it; look at it (`redis-cli TYPE %s`) and "
-            "delete it (`redis-cli DEL %s`): the partition's stream is made again at its next "
-            "message and read from then on; the other partitions are read",
+            "partition %s[%d] is not read: its %s: the partition's stream is made again at its"
+            " next message and read from then on; the other partitions are read",
             tp.topic,
             tp.partition,
-            stream,
-            stream,
-            stream,
+            no_stream(stream),
         )
 
     async def _try_aside(self) -> None:
