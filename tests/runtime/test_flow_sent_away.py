@@ -117,3 +117,35 @@ def test_a_partition_paused_for_its_due_copies_stays_paused_through_a_spill() ->
     assert consumer.calls == ["pause"]
     pauses.resume(TP, "due")
     assert consumer.calls == ["pause", "resume"]
+
+
+def test_messages_sent_away_leave_the_buffer_one_batch_at_a_time() -> None:
+    """A full partition's spilled messages stop counting at once; the next batch waits for them.
+
+    Counted as buffered until each was written to Redis or its tier (one at a time per key),
+    they kept a partition that had spilled paused for up to half a second more. Below its
+    low-water mark once they went, the partition is not paused at all.
+    """
+    consumer = _Consumer()
+    asked: list[int] = []
+    batches: list[SentAway] = []
+
+    def full(_tp: TopicPartition, count: int, batch: SentAway) -> int:
+        asked.append(count)
+        batches.append(batch)
+        return 6
+
+    tp = TopicPartition("t", 0)
+    flow = FlowControl(PauseBook(consumer), 10, 5, full=full)  # type: ignore[arg-type]
+    for _ in range(10):
+        flow.added(tp)
+    assert asked == [5]
+    assert consumer.calls == []  # 4 left: below the low-water mark
+    for _ in range(6):
+        flow.added(tp)
+    assert asked == [5]  # full again, but 6 are still on their way: no second batch yet
+    assert consumer.calls == ["pause"]
+    for _ in range(6):
+        flow.removed(tp, sent_away=batches[0])
+    assert asked == [5, 5]  # the batch written, still full: the next one goes
+    assert consumer.calls == ["pause", "resume"]

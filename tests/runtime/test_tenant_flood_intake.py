@@ -30,7 +30,6 @@ from pipeline.admission.throttle import Throttle
 from pipeline.config import RuntimeSettings
 from pipeline.envelope import Message, Record, TopicPartition
 from pipeline.runtime import App, Context
-from pipeline.runtime.flow import FlowControl, PauseBook, SentAway
 from pipeline.runtime.lanes import KeyLanes
 from pipeline.runtime.member import Member
 from pipeline.runtime.throttle_gate import ASKING_AT_ONCE, ThrottleGate
@@ -230,48 +229,3 @@ async def test_a_flood_on_few_keys_does_not_keep_another_tenant_unread_behind_it
         assert by_key[key] == sorted(by_key[key]), key
         assert len(by_key[key]) == 40
     assert member.stats.deferred >= 1
-
-
-class _Consumer:
-    """Records pauses and resumes (the unit's other collaborator)."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pause(self, partitions: list[TopicPartition]) -> None:
-        self.calls += ["pause"] * len(partitions)
-
-    def resume(self, partitions: list[TopicPartition]) -> None:
-        self.calls += ["resume"] * len(partitions)
-
-
-def test_messages_sent_away_leave_the_buffer_one_batch_at_a_time() -> None:
-    """A full partition's spilled messages stop counting at once; the next batch waits for them.
-
-    Counted as buffered until each was written to Redis or its tier (one at a time per key),
-    they kept a partition that had spilled paused for up to half a second more. Below its
-    low-water mark once they went, the partition is not paused at all.
-    """
-    consumer = _Consumer()
-    asked: list[int] = []
-    batches: list[SentAway] = []
-
-    def full(_tp: TopicPartition, count: int, batch: SentAway) -> int:
-        asked.append(count)
-        batches.append(batch)
-        return 6
-
-    tp = TopicPartition("t", 0)
-    flow = FlowControl(PauseBook(consumer), 10, 5, full=full)  # type: ignore[arg-type]
-    for _ in range(10):
-        flow.added(tp)
-    assert asked == [5]
-    assert consumer.calls == []  # 4 left: below the low-water mark
-    for _ in range(6):
-        flow.added(tp)
-    assert asked == [5]  # full again, but 6 are still on their way: no second batch yet
-    assert consumer.calls == ["pause"]
-    for _ in range(6):
-        flow.removed(tp, sent_away=batches[0])
-    assert asked == [5, 5]  # the batch written, still full: the next one goes
-    assert consumer.calls == ["pause", "resume"]
