@@ -2,20 +2,55 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+import obstore
+import pytest
 from ingress.helpers import ingress_env
+from obstore.store import S3Store
 from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec
-from support import IDLE_APP, run_pipeline
+from support import IDLE_APP, require_service, run_pipeline
 
+from pipeline.offload.store import open_store
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
+
+# What deploy/local/s3proxy.sh configures; the environment wins when it names another service.
+S3PROXY = {
+    "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+    "AWS_ACCESS_KEY_ID": "pipeline",
+    "AWS_SECRET_ACCESS_KEY": "pipeline-local-secret",
+}
+
+
+@asynccontextmanager
+async def s3_prefix(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    """A fresh store URL, a uuid prefix in S3Proxy's bucket, emptied when the block ends."""
+    for name, value in S3PROXY.items():
+        if not os.environ.get(name):
+            monkeypatch.setenv(name, value)
+    endpoint = urlparse(os.environ["AWS_ENDPOINT_URL"])
+    require_service("s3proxy", endpoint.hostname or "127.0.0.1", endpoint.port or 9000)
+    url = f"s3://pipeline/test-{uuid.uuid4().hex[:10]}"
+    yield url
+    store = open_store(url)
+    for key in [obj.key async for obj in store.list()]:
+        await store.delete(key)
+    # S3Proxy's filesystem backend keeps the emptied directories; they list as ETag-less objects.
+    raw = S3Store.from_url(url, client_options={"allow_http": True}, region="us-east-1")
+    markers = [m["path"] for page in obstore.list(raw) for m in page]
+    for key in sorted(markers, key=len, reverse=True):
+        await store.delete(key)
+    await store.delete("")  # the prefix itself
 
 
 def offload_lane(name: str, store_url: str | None, **fields: Any) -> TopicSpec:

@@ -30,7 +30,7 @@ import httpx
 import pytest
 import yaml
 from ingress.signing import hub_signature
-from offload.conftest import S3PROXY
+from offload.helpers import S3PROXY
 from support import require_service
 
 from pipeline.config import IngressSlotSettings

@@ -19,7 +19,7 @@ import httpx
 import obstore
 import pytest
 from obstore.store import S3Store
-from offload.conftest import S3PROXY
+from offload.helpers import S3PROXY
 from support import require_service
 
 from pipeline.offload import s3

@@ -20,8 +20,7 @@ from urllib.parse import urlparse
 import obstore
 import pytest
 from obstore.store import S3Store
-from offload.conftest import S3PROXY
-from offload.helpers import closed_port, declared
+from offload.helpers import S3PROXY, closed_port, declared
 from redis.asyncio import Redis
 from runtime.helpers import FAST, eventually, lane_spec, running
 from support import require_service

@@ -16,7 +16,7 @@ import uuid
 from urllib.parse import urlparse
 
 import pytest
-from offload.conftest import S3PROXY
+from offload.helpers import S3PROXY
 from support import require_service
 
 from pipeline.offload import reference as ref

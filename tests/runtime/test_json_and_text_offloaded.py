@@ -8,34 +8,23 @@ body that is neither is a ``fatal`` dead letter, on both brokers.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlparse
 
-import obstore
 import pytest
 from contract.helpers import consume_until
-from obstore.store import S3Store
-from offload.helpers import declared, offload_lane
+from offload.helpers import declared, offload_lane, s3_prefix
 from redis.asyncio import Redis
 from runtime.helpers import ran_until
-from support import delete_group_after, require_service
+from support import delete_group_after
 
 from pipeline import headers as h
 from pipeline.offload import reference as ref
-from pipeline.offload.store import open_store
 from pipeline.offload.writer import Offloader, OffloadingProducer, topic_policies
 from pipeline.runtime import App, Context
 from pipeline.topics.spec import TopicSpec
 from pipeline.transport.protocol import Transport
 
-S3PROXY = {
-    "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
-    "AWS_ACCESS_KEY_ID": "pipeline",
-    "AWS_SECRET_ACCESS_KEY": "pipeline-local-secret",
-}
 """What deploy/local/s3proxy.sh configures; the environment wins when it names another service."""
 BIG = 300_000
 """Above the lane's 256KiB threshold: offloaded."""
@@ -44,22 +33,8 @@ BIG = 300_000
 @pytest.fixture
 async def s3_url(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
     """A fresh prefix in S3Proxy's bucket, emptied after."""
-    for name, value in S3PROXY.items():
-        if not os.environ.get(name):
-            monkeypatch.setenv(name, value)
-    endpoint = urlparse(os.environ["AWS_ENDPOINT_URL"])
-    require_service("s3proxy", endpoint.hostname or "127.0.0.1", endpoint.port or 9000)
-    url = f"s3://pipeline/test-{uuid.uuid4().hex[:10]}"
-    yield url
-    store = open_store(url)
-    for key in [obj.key async for obj in store.list()]:
-        await store.delete(key)
-    # S3Proxy's filesystem backend keeps the emptied directories; they list as ETag-less objects.
-    raw = S3Store.from_url(url, client_options={"allow_http": True}, region="us-east-1")
-    markers = [m["path"] for page in obstore.list(raw) for m in page]
-    for key in sorted(markers, key=len, reverse=True):
-        await store.delete(key)
-    await store.delete("")
+    async with s3_prefix(monkeypatch) as url:
+        yield url
 
 
 async def _send_offloaded(transport: Transport, spec: TopicSpec, values: list[bytes]) -> None:
