@@ -153,7 +153,7 @@ async def _send(source: str, body: bytes, url: str | None, headers: list[str]) -
                 {
                     "topic": row.topic,
                     "partition": partition,
-                    "key": row.key or None,  # null beside a null partition: no key
+                    "key": row.key,  # as the log row holds it: "" for none (no partition)
                     "tenant": row.tenant,  # as the log row holds it: "" for none
                 }
             )
