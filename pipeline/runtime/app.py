@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from redis.asyncio import Redis
 
 from pipeline.cancel import Target, cancel
@@ -50,6 +51,7 @@ from pipeline.envelope import Message
 from pipeline.errors import ConfigError, DeadLetter
 from pipeline.event_bodies import body_kind
 from pipeline.offload.lazy import LazyPayload
+from pipeline.registry.client.wire import HEADER_BYTES, MAGIC_BYTE, schema_id_of
 from pipeline.registry.errors import SerdeError
 from pipeline.retry.policy import Backoff, Retryable, default_retryable
 from pipeline.retry.router import LaneRoutes
@@ -306,6 +308,36 @@ def _check_event(
         raise ConfigError(_refusal(lane, fn, kind, turns))
 
 
+def _body(body: TypeAdapter[Any], kind: Any, message: Message) -> Any:
+    """``message``'s value as ``body`` (:data:`JSON_OBJECT` or :data:`TEXT`) decodes it.
+
+    Raises:
+        pydantic.ValidationError: it is not one; an Avro-framed value (Confluent wire format)
+            says so, with its schema id and what to do, not only that it is no JSON.
+    """
+    value = message.value
+    try:
+        return body.validate_json(value) if body is JSON_OBJECT else body.validate_python(value)
+    except ValidationError as exc:
+        if len(value) < HEADER_BYTES or value[0] != MAGIC_BYTE:
+            raise
+        framed = _avro_framed(value, kind, "text" if body is TEXT else "JSON")
+        detail = InitErrorDetails(
+            type=PydanticCustomError("avro_framed", framed), loc=(), input=value
+        )
+        raise ValidationError.from_exception_data(exc.title, [detail]) from exc
+
+
+def _avro_framed(value: bytes, kind: Any, plain: str) -> str:
+    """Why an Avro-framed ``value`` is not an event annotated ``kind``, and what to do."""
+    return (
+        f"the value is Avro in the Confluent wire format (schema id {schema_id_of(value)}),"
+        f" which an event annotated {_shown(kind)} is not decoded from: annotate the handler's"
+        " event with a pydantic model of the record, decoded through the schema registry at"
+        f" PIPELINE_REGISTRY__URL (docs/registry.md), or have the producer send {plain}"
+    )
+
+
 def _decoder(app: App, kind: Any) -> Callable[[Message], Any]:
     """What ``Lane.decode`` does to a message for an event annotated ``kind`` (checked first).
 
@@ -316,10 +348,8 @@ def _decoder(app: App, kind: Any) -> Callable[[Message], Any]:
         model = kind
         return lambda m: app.decode_model(m.value, model)
     body = body_adapter(kind)
-    if body is JSON_OBJECT:
-        return lambda m: JSON_OBJECT.validate_json(m.value)
-    if body is TEXT:
-        return lambda m: TEXT.validate_python(m.value)
+    if body is not None:
+        return functools.partial(_body, body, kind)
     if kind is Message:
         return lambda m: m
     return lambda m: m.value
