@@ -33,6 +33,17 @@ into the dead-letter topic by those parked behind it (``after_dead_letter: follo
 runs; a member that dies mid-release leaves the lease to expire and another member's reaper
 takes the release over.
 
+**Where a key is parked from.** A first delivery that parks its key (its failure or deferral
+routed to a tier) records where from: its main topic partition and the lowest offset of the key
+its member has not finished there (:attr:`Start.below`; its own, unless an earlier one was left
+unrouted). The key lanes run a key's messages one at a time, in order, so every earlier message
+of the key the member read from that partition has finished. A first delivery of it ran
+unmarked, its end implied by the commit; the member killed before that commit, it is read
+again, and held behind the head it would run again after it, out of order. Read from that
+partition below where the key is parked from, and not in the key's parked set, it is ``stale``
+instead; a delivery from another partition, at or above that offset, or in the parked set is
+decided as before. The record goes with the key's state.
+
 **A lane that stops parking.** Declared unordered, or left without retry tiers, while keys are
 parked, a lane no longer parks, but its members still drain what it parked (``gd_reap``'s
 drain): a retry copy that is its parked key's head runs as that head, and its end releases the
@@ -175,6 +186,12 @@ class Start:
     body: bytes | None = None
     """The encoded message (``retry/held.py``), sent when its key may be parked: ``gd_begin``
     then holds it behind the key's head at once (``held``) instead of answering ``slow``."""
+    below: str | None = None
+    """Where its key is parked from if its route parks it (``gd_route``): read from a main
+    topic, ``topic:partition:offset`` of the lowest offset of the key the member has not
+    finished on that partition (every earlier message of the key it read there finished).
+    A delivery of the key read again from that partition below it, and not parked behind the
+    key's head, is a copy of a finished message: stale. None: every one is held as before."""
 
     @property
     def line(self) -> str:
@@ -319,7 +336,9 @@ class GuardStore:
         """``start`` is about to be produced to a retry tier as ``attempt`` (``FCALL gd_route``).
 
         Parks its key first (``park``: an ordered lane), so the copy never finds it unparked,
-        and lets that copy take the start mark over. False if Redis failed (logged).
+        and lets that copy take the start mark over. A key this parks keeps ``start.below``:
+        a delivery read again from below it is stale rather than held behind the head. False
+        if Redis failed (logged).
         """
         k = self.keys
         z, state, _ = k.of_key(start.key)
@@ -334,6 +353,7 @@ class GuardStore:
                     start.position,
                     attempt,
                     "1" if park else "0",
+                    start.below or "",
                 ],
             )
         except (rexc.RedisError, OSError) as exc:

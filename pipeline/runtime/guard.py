@@ -14,6 +14,16 @@ dead-lettered on an ordered lane) in a ``gd_end_many`` shared with the other suc
 turn (:mod:`pipeline.runtime.ends`). When a head finishes, the guard
 runs the followers released to it, in order. See :mod:`pipeline.retry.guard_store` for the
 state and its guarantees.
+
+A first delivery that parks its key (its failure or deferral routed through a tier) tells Redis
+where it was read: a delivery of the key read again from that partition below it, after a crash
+before the commit, is a copy of a message that finished here, and is dropped as stale rather
+than run again behind the head. That holds because the key lanes run a key's messages one at a
+time, in order, and every stage before them keeps a key's order (a deferral or a spill included):
+when a message parks its key, every earlier message of the key this member read from the
+partition has been through the guard. Those left unfinished (unrouted, or raised) are
+remembered (:class:`_Unfinished`), and the lowest of them is where the key is parked from
+instead, so that none of them is ever dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import NamedTuple
 
 from redis import exceptions as rexc
 
+from pipeline import headers as h
 from pipeline import tracing
 from pipeline.cancel_tasks import cancel_until_done
 from pipeline.envelope import Message, Position, TopicPartition
@@ -40,6 +51,7 @@ from pipeline.retry.guard_store import (
     Release,
     Start,
     message_id,
+    position,
     start_of,
 )
 from pipeline.retry.held import encode_held
@@ -74,6 +86,59 @@ class _Run(NamedTuple):
     decision: Decision
     starts: int
     parked: bool
+
+
+class _Unfinished:
+    """Main-topic messages of ordered lanes whose run here left them unfinished, per key.
+
+    Run unrouted (outcome None) or raised, their offsets are not done: they are read again
+    after a crash or rebalance, and must run then. A later message of their key that parks it
+    names the lowest of them as where the key is parked from, so that they are not taken for
+    copies of finished messages (:meth:`RunGuard._routed`). An entry goes once a delivery of
+    that offset finishes here, or once the partition comes back committed past it; a partition
+    that never comes back keeps its entries (one a message left unrouted, rare: a broker or
+    payload store out of reach past the router's retries).
+    """
+
+    __slots__ = ("_offsets",)
+
+    def __init__(self) -> None:
+        """None yet."""
+        self._offsets: dict[tuple[TopicPartition, bytes | None], set[int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._offsets)
+
+    def left(self, message: Message) -> None:
+        """``message``'s run here ended without finishing it."""
+        self._offsets.setdefault((message.tp, message.key), set()).add(message.offset)
+
+    def finished(self, message: Message) -> None:
+        """A delivery of ``message``'s offset finished here."""
+        key = (message.tp, message.key)
+        offsets = self._offsets.get(key)
+        if offsets is not None:
+            offsets.discard(message.offset)
+            if not offsets:
+                del self._offsets[key]
+
+    def committed(self, positions: Mapping[TopicPartition, Position]) -> None:
+        """The partitions came here committed at ``positions``: what is below them finished."""
+        for key in [key for key in self._offsets if key[0] in positions]:
+            floor = positions[key[0]].offset
+            offsets = {offset for offset in self._offsets[key] if offset >= floor}
+            if offsets:
+                self._offsets[key] = offsets
+            else:
+                del self._offsets[key]
+
+    def lowest(self, message: Message) -> int:
+        """The lowest offset of ``message``'s key on its partition not finished here.
+
+        Its own, or that of an earlier message of the key left unfinished.
+        """
+        left = self._offsets.get((message.tp, message.key), set())
+        return min(left | {message.offset})
 
 
 Call = Callable[[Lane, Message], Awaitable[str | None]]
@@ -137,6 +202,8 @@ class RunGuard:
         """Whether each decision is logged (read once: the hot path pays one attribute)."""
         self._stale_told: set[str] = set()
         """Lanes that logged a copy dropped as stale (:meth:`_dropped_stale`)."""
+        self._unfinished = _Unfinished()
+        """Main-topic messages of ordered lanes left unfinished here (:meth:`_routed`)."""
 
     @property
     def calls(self) -> int:
@@ -150,6 +217,28 @@ class RunGuard:
 
     async def run(self, lane: Lane, message: Message) -> str | None:
         """Decide, run the next stage if it may, record the end; returns the outcome.
+
+        A run that leaves its message unfinished (unrouted, or raising) is remembered on an
+        ordered lane (:class:`_Unfinished`).
+        """
+        try:
+            outcome = await self._run(lane, message)
+        except BaseException:
+            self._left(lane, message)
+            raise
+        if outcome is None:
+            self._left(lane, message)
+        elif self._unfinished:
+            self._unfinished.finished(message)
+        return outcome
+
+    def _left(self, lane: Lane, message: Message) -> None:
+        """``message``'s run ended unfinished: remembered if its key parks on this lane."""
+        if lane.name in self._stores and ordered_retries(lane) and not h.retry_tier(message.topic):
+            self._unfinished.left(message)
+
+    async def _run(self, lane: Lane, message: Message) -> str | None:
+        """:meth:`run` but for what it remembers.
 
         Most messages are first deliveries under this member's claim, with no suspect due: they
         run on :meth:`_run_unmarked`, in this call's own step, with nothing else to decide.
@@ -510,21 +599,23 @@ class RunGuard:
     def _dropped_stale(self, lane: Lane, store: GuardStore, start: Start) -> None:
         """``start`` is dropped as stale, its id finished: say so once per lane (WARNING).
 
-        Its id is where its message was first delivered (``topic:partition:offset``). A late
-        duplicate after a crash is dropped so, as it must be; so is a new message at a position
-        given out again (its topic deleted and created anew, or the lane run on the other
-        transport, under the same key prefix, while the lane's guard state stayed in Redis).
+        Its id is where its message was first delivered (``topic:partition:offset``); it
+        finished, or it was read below where its parked key was parked from. A late duplicate
+        after a crash is dropped so, as it must be; so is a new message at a position given out
+        again (its topic deleted and created anew, or the lane run on the other transport, under
+        the same key prefix, while the lane's guard state stayed in Redis).
         """
         if lane.name in self._stale_told:
             return
         self._stale_told.add(lane.name)
         log.warning(
             "lane %s: dropped %s read at %s without running it: that id finished before (%s),"
-            " so it is taken for a late duplicate, as after a crash; if it is a new message (its"
-            " topic deleted and created again, or the lane moved to the other transport, under"
-            " the same PIPELINE_REDIS__KEY_PREFIX) it was not run: delete the lane's guard keys"
-            " (%s*) while no member of the lane runs, then produce it again (logged once per lane"
-            " and process)",
+            " or its key is parked from a later offset of that partition, whose earlier messages"
+            " had finished, so it is taken for a late duplicate, as after a crash; if it is a"
+            " new message (its topic deleted and created again, or the lane moved to the other"
+            " transport, under the same PIPELINE_REDIS__KEY_PREFIX) it was not run: delete the"
+            " lane's guard keys (%s*) while no member of the lane runs, then produce it again"
+            " (logged once per lane and process)",
             lane.name,
             start.ident,
             start.position,
@@ -687,12 +778,26 @@ class RunGuard:
             return
         ordered = ordered_retries(lane)
         start = running if isinstance(running, Start) else start_of(running, ordered=ordered)
+        if ordered:
+            start.below = self._parked_from(start, message)
         with self._parking(lane, start.key, parks=ordered):
             recorded = await store.route(start, attempt, park=ordered)
         if recorded:
             self._route_recorded.add(start.ident)
         elif ordered:
             self._unsure(lane, start.key)
+
+    def _parked_from(self, start: Start, message: Message) -> str | None:
+        """Where ``start``, about to park its key, parks it from (:attr:`Start.below`).
+
+        Only a delivery read from a main topic (not a tier's copy, not a released follower):
+        the lowest offset of its key on its partition that this member has not finished. The
+        key lanes run a key's messages in order, one at a time, so every earlier one has been
+        through the guard; those it left unfinished are remembered (:class:`_Unfinished`).
+        """
+        if start.position != position(message) or h.retry_tier(message.topic):
+            return None
+        return f"{message.topic}:{message.partition}:{self._unfinished.lowest(message)}"
 
     # -- claims -------------------------------------------------------------------------------
 
@@ -702,6 +807,8 @@ class RunGuard:
         """Partitions came to this member: read and make the claims on them."""
         for tp in tps:
             self._assignments[tp] = next(self._assigned)
+        if self._unfinished:
+            self._unfinished.committed({tp: committed[tp] for tp in tps if tp in committed})
         for claims in self._claims.values():
             await claims.assigned(tps, committed)
 

@@ -2,7 +2,9 @@
 -- The run guard of the consumer runtime (pipeline/retry/guard_store.py): start marks for poison
 -- detection, and per-key parking that keeps order across retry tiers, with parked followers held
 -- here until their head finishes. Every key of one lane shares the hash tag {P:guard:LANE}, so
--- every call stays in one Redis Cluster slot; gd_reap builds the per-key names from ARGV tag.
+-- every call stays in one Redis Cluster slot; the calls that reach a parked key's own keys
+-- (T:z:K, T:h:K, T:f:K) beyond their KEYS build those names from the lane's tag (ARGV tag, or
+-- the tag of KEYS[1]), never another's.
 --
 -- Lane-wide keys (T = {P:guard:LANE}):
 --   T:run     hash  message id -> start mark "starts|position[|attempt]": a start that has not
@@ -34,7 +36,12 @@
 --   T:h:K     hash  seq (last sequence given), dead_until (followers up to this sequence follow a
 --                   dead-lettered head), rel (the first follower of the release in
 --                   progress), by (the member process that holds that release: ends of its
---                   followers from any other one release nothing more)
+--                   followers from any other one release nothing more), below (where the key
+--                   was parked from a main topic, "topic:partition:offset": the lowest offset
+--                   of the key that member had not finished on that partition; every earlier
+--                   message of the key it read there had finished, so a delivery from that
+--                   partition below it, not in T:z:K, is a copy read again after a crash
+--                   before its offset was committed: stale, not held behind the head)
 --   T:f:K     hash  message id -> the held follower (encoded message): it waits here, written
 --                   once, until the messages ahead of it finished
 -- Every key expires, so state of vanished messages frees itself: ARGV hold_ms after its last
@@ -64,7 +71,9 @@
 --   copy       another copy of this message started and has not ended, or this copy ended and its
 --              retry copy is due: drop this one (the other copy either finishes or, not
 --              committed, is delivered again)
---   stale      this message already left its key's parked set: a late duplicate, drop it
+--   stale      this message already left its key's parked set, or it was read from the partition
+--              its key was parked from, below where it was (T:h:K below), and is not in the
+--              parked set: a late duplicate, drop it
 --   slow       (gd_begin only) the key is parked: ask gd_key_begin
 --   held       the key is parked: the message is stored here behind its head; its offset is done
 --   sequenced  it follows a dead-lettered head: dead-letter it without running
@@ -231,6 +240,25 @@ local function live_head(gone, z, f)
   return head[1], tonumber(head[2])
 end
 
+-- Whether offset text `a` is below `b` (both decimal, no leading zeros; compared as text, so
+-- that offsets past 2^53 compare exactly).
+local function below_offset(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+
+-- Whether the start of `id` read at `pos` is a copy read again from below where its parked key
+-- was parked (T:h:K below, on the same topic and partition), not one of the key's parked
+-- messages: that member had finished every message of the key there below it. k: z, h.
+local function below_parking(k, id, pos)
+  local at = redis.call('HGET', k.h, 'below')
+  if not at then return false end
+  local where, offset = string.match(at, '^(.*):(%d+)$')
+  local here, mine = string.match(pos, '^(.*):(%d+)$')
+  if not where or where ~= here or not below_offset(mine, offset) then return false end
+  return not redis.call('ZSCORE', k.z, id)
+end
+
 -- Hold `id` (its encoded message `blob`) behind the live head of its parked key: written once
 -- into T:f:K, in its turn in T:z:K. k: gone, parked, rel, z, h, f. Returns 'copy' if it is held
 -- already (its release runs it), 'held', or nil when the key has no live head or `id` is the
@@ -350,8 +378,12 @@ local function begin_many(keys, args)
         local key = names[i]
         local k = of_key({run = keys[1], gone = keys[2], parked = keys[3], live = keys[5],
                           rel = tag .. ':rel'}, tag, key)
-        if bodies[i] and ordered[i] then held = hold(k, hold_ms, id, key, bodies[i]) end
-        if not held then
+        if ordered[i] and below_parking(k, id, positions[i]) then
+          gone[i] = true  -- read again from below where its key was parked: stale
+        elseif bodies[i] and ordered[i] then
+          held = hold(k, hold_ms, id, key, bodies[i])
+        end
+        if not held and not gone[i] then
           held, held_starts = as_head(k, id, positions[i], attempts[i], me, now)
         end
       end
@@ -406,6 +438,7 @@ local function begin_parked(keys, args)
   if redis.call('ZSCORE', keys[2], id) then return {'stale', 0} end
   local k = {gone = keys[2], parked = keys[3], z = keys[4], h = keys[5], f = keys[6],
              rel = tag_of(keys[1]) .. ':rel'}
+  if below_parking(k, id, pos) then return {'stale', 0} end
   local held = hold(k, hold_ms, id, key, blob)
   if held then return {held, 0} end
   local head, head_seq = live_head(keys[2], keys[4], keys[6])
@@ -427,6 +460,10 @@ end
 -- KEYS[1] T:run   KEYS[2] T:gone   KEYS[3] T:parked   KEYS[4] T:z:K   KEYS[5] T:h:K
 -- ARGV[1] hold_ms (T:run, the key's state, T:parked and T:rel)   ARGV[2] id   ARGV[3] key
 -- ARGV[4] position   ARGV[5] the copy's attempt   ARGV[6] "1" to park the key (an ordered lane)
+-- ARGV[7] (may be absent or empty) where the key is parked from: "topic:partition:offset" of a
+-- main topic, the lowest offset of the key the calling member has not finished there (the
+-- start itself, read there, unless an earlier one was left unfinished); kept in T:h:K (below)
+-- if this call parks the key, which had nothing parked
 -- Parks the key first, so the copy can never find its key unparked, and lets that copy (by its
 -- attempt) take the start mark over even if this start has not ended yet.
 local function route(keys, args)
@@ -441,6 +478,13 @@ local function route(keys, args)
   end
   if args[6] == '1' and not redis.call('ZSCORE', keys[2], id) then
     if not redis.call('ZSCORE', keys[4], id) then
+      if redis.call('EXISTS', keys[4]) == 0 then  -- the key is parked from here
+        if args[7] and args[7] ~= '' then
+          redis.call('HSET', keys[5], 'below', args[7])
+        else
+          redis.call('HDEL', keys[5], 'below')
+        end
+      end
       redis.call('ZADD', keys[4], redis.call('HINCRBY', keys[5], 'seq', 1), id)
     end
     redis.call('HSET', keys[3], key, 1)
