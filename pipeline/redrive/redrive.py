@@ -24,6 +24,13 @@ for nor counted. A dry run counts from the position of the redrive it previews, 
 reader in no consumer group (:meth:`~pipeline.transport.protocol.Transport.reader`, so dry runs
 at the same time each read every partition): it commits nothing, moves no group's position and,
 even killed, leaves nothing on the broker.
+
+A partition of the DLQ the broker cannot read (a Redis stream key another program overwrote
+with another type: :attr:`~pipeline.transport.protocol.PartitionLag.unreadable`), found at the
+start or while the run waits for it, is set aside with one warning line (which partition, why,
+what to do) and the others are redriven; a run that set one aside then fails
+(:class:`~pipeline.errors.TransportError`, exit 1) after committing what it moved, a dry run
+counts the others and returns (:attr:`Report.unreadable`).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from pipeline import headers as h
 from pipeline import tracing
 from pipeline.envelope import Delivered, Message, Position, Record, TopicPartition
-from pipeline.errors import ConfigError, MessageTooLarge
+from pipeline.errors import ConfigError, MessageTooLarge, TransportError
 from pipeline.offload.writer import Offloader, OffloadingProducer
 from pipeline.redrive.select import Selection, reason
 from pipeline.times import utc_time
@@ -107,6 +114,9 @@ class Report:
     """Moved (or, dry, to move) without an event id, their dead letters having neither one nor a
     first delivery to name them by (:func:`first_delivery`; produced by hand): a handler's
     ``ctx.once`` takes each for a new event and runs its effects again."""
+    unreadable: dict[int, str] = field(default_factory=dict)
+    """Partitions of the DLQ not read, each with why (the broker's words: which key, what to do);
+    the others were redriven (or, dry, counted)."""
 
     @property
     def left(self) -> int:
@@ -304,23 +314,57 @@ class Redrive:
         real run's group is, so that it counts only what that run has still ahead.
         """
         base = group_name(self._dlq, self._to, self._selection)
-        return {
-            p.tp: (min(max(p.committed or 0, p.start or 0), p.end), p.end)
-            for p in await admin.group_lag(base, self._dlq)
-        }
+        starts = {}
+        for p in await admin.group_lag(base, self._dlq):
+            if p.unreadable is not None:
+                self._set_aside(p.tp, p.unreadable)
+            else:
+                starts[p.tp] = (min(max(p.committed or 0, p.start or 0), p.end), p.end)
+        return starts
+
+    def _set_aside(self, tp: TopicPartition, why: str) -> None:
+        """Leave partition ``tp`` of the DLQ unread, saying so once: which, why, what to do."""
+        if tp.partition in self.report.unreadable:
+            return
+        self.report.unreadable[tp.partition] = why
+        log.warning(
+            "%s[%d] is not read by this %s: %s; the other partitions are; once the key is"
+            " deleted, the same command reads this one again",
+            self._dlq,
+            tp.partition,
+            "dry run" if self._dry_run else "redrive",
+            why,
+        )
 
     async def run(self, progress: Callable[[int], None] | None = None) -> Report:
         """Scan the DLQ up to its current end and move (or, dry, count) what is selected.
 
         A stop (cancellation, Ctrl-C) in the middle of a batch commits the positions of what was
         already produced before it propagates, so the next run does not send that again.
+
+        Raises:
+            TransportError: (not dry) a partition of the DLQ could not be read (each named in
+                a warning, :attr:`Report.unreadable`); the others were redriven and committed.
         """
         admin = self._transport.admin()
         try:
             await self._run(admin, progress)
         finally:
             await admin.close()
+        if self.report.unreadable and not self._dry_run:
+            raise TransportError(self._not_read())
         return self.report
+
+    def _not_read(self) -> str:
+        """The line a run that left partitions unread fails with: what it did, what to do."""
+        report = self.report
+        partitions = ", ".join(f"{self._dlq}[{p}]" for p in sorted(report.unreadable))
+        whys = "; ".join(report.unreadable[p] for p in sorted(report.unreadable))
+        return (
+            f"redrive of {self._dlq} moved {report.moved} of {report.selected} selected dead"
+            f" letters (committed) but could not read {partitions}: {whys}; then run the same"
+            " command again"
+        )
 
     async def _run(self, admin: Admin, progress: Callable[[int], None] | None) -> None:
         if self._to is not None and not await self._takes(admin, self._to):
@@ -423,11 +467,15 @@ class Redrive:
         Asked only when a poll brought nothing (at most every ``_RECHECK_S``): a partition whose
         messages from its next offset on were trimmed or expired in the meantime delivers
         nothing more below its end, so it is read from its first message still held, or, with
-        none left below its end, no longer waited for.
+        none left below its end, no longer waited for; nor is one the broker can no longer read
+        (set aside, :meth:`_set_aside`).
         """
-        for tp, (first, _) in (await self._starts(admin)).items():
-            if tp in ends and nexts[tp] < first:
-                nexts[tp] = min(first, ends[tp])
+        starts = await self._starts(admin)
+        for tp, end in ends.items():
+            if tp.partition in self.report.unreadable:  # set aside: not waited for
+                nexts[tp] = max(nexts[tp], end)
+            elif tp in starts and nexts[tp] < starts[tp][0]:
+                nexts[tp] = min(starts[tp][0], end)
 
     async def _poll(
         self,

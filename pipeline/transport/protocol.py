@@ -70,6 +70,9 @@ class PartitionLag:
             or None when the group is caught up.
         start: the first offset the partition still holds (those below it expired or were
             trimmed; ``end`` when it holds none), or None when the transport did not say.
+        unreadable: why the partition cannot be read, in one line naming the key and what to
+            do (Redis: its stream key holds another type), or None; then it holds nothing
+            to read (``start`` is ``end``) and the other partitions are reported as usual.
     """
 
     tp: TopicPartition
@@ -77,6 +80,7 @@ class PartitionLag:
     end: int
     oldest_unconsumed_ms: int | None
     start: int | None = None
+    unreadable: str | None = None
 
     @property
     def lag(self) -> int:

@@ -1,13 +1,11 @@
-"""``pipeline tail`` and ``pipeline redrive`` on Redis with one partition's stream key overwritten.
+"""``pipeline tail`` on Redis with one partition's stream key overwritten.
 
 A 4-partition topic whose partition 1 key another program overwrote with a string: the tail
 failed at once (exit 1, a line naming no key) and printed nothing of partitions 0, 2 and 3. It
 now prints them, with one line on stderr naming the partition, its key and `redis-cli DEL`; it
 exits as any tail does (SIGTERM: 143, after its line of how many it printed).
 
-A redrive of such a DLQ, dry or not, refuses before it reads (exit 1, one line naming the key
-and `redis-cli DEL`): it moves nothing. Once the key is deleted the same command moves every
-dead letter of the healthy partitions, each once, and run again moves none.
+A redrive of such a DLQ: tests/redrive/test_redrive_bad_dlq_key.py.
 """
 
 from __future__ import annotations
@@ -19,14 +17,9 @@ import time
 from pathlib import Path
 
 from redis.asyncio import Redis
-from runtime.helpers import declare, lane_spec
-from support import cli_environment, delete_group_after, run_pipeline
+from support import cli_environment
 
-from pipeline import headers as h
 from pipeline.config import Settings
-from pipeline.envelope import Message, Record
-from pipeline.redrive.redrive import group_name
-from pipeline.redrive.select import Selection
 from pipeline.transport.protocol import TopicConfig, Transport
 
 PARTITIONS = 4
@@ -91,69 +84,3 @@ async def test_tail_prints_the_healthy_partitions_and_names_the_bad_key(
         assert len(lines) == 2, lines
     finally:
         await admin.delete_topic(topic)
-
-
-async def test_redrive_of_a_dlq_with_a_bad_key_moves_the_healthy_partitions_once(
-    tmp_path: Path, streams: Transport, settings: Settings, redis: Redis, unique: str
-) -> None:
-    """Refused while the key is bad (nothing moved); repaired, each healthy dead letter once."""
-    spec = lane_spec(f"rdbad_{unique}", PARTITIONS)
-    await declare(streams, spec)
-    dlq = spec.dead_letter
-    producer = streams.producer()
-    try:
-        for p in range(PARTITIONS):
-            records = [
-                Record(
-                    b"d-%d-%d" % (p, i),
-                    b"k",
-                    {h.ORIGIN_TOPIC: spec.name.encode(), h.EVENT_ID: b"e-%d-%d" % (p, i)},
-                    partition=p,
-                )
-                for i in range(PER_PARTITION)
-            ]
-            await producer.send_many(dlq, records)
-    finally:
-        await producer.close()
-    stream = _stream(settings, dlq, BAD)
-    await redis.set(stream, b"not a stream")
-    topics = tmp_path / "topics"
-    topics.mkdir()
-    (topics / "lane.yaml").write_text(
-        f"name: {spec.name}\npartitions: {PARTITIONS}\n", encoding="utf-8"
-    )
-    env = cli_environment(tmp_path, PIPELINE_TOPICS_DIR=str(topics), PIPELINE_TRANSPORT="redis")
-    delete_group_after(streams, group_name(dlq, None, Selection.typed_as()), [dlq])
-
-    for dry in (("--dry-run",), ()):
-        refused = run_pipeline("redrive", dlq, *dry, env=env)
-        assert refused.returncode == 1, f"{dry}: {refused.stdout}{refused.stderr}"
-        (line,) = refused.stderr.splitlines()
-        assert stream in line, line
-        assert f"`redis-cli DEL {stream}`" in line, line
-    assert await _held(streams, spec.name) == []  # nothing moved
-
-    await redis.delete(stream)  # as the line says
-    moved = run_pipeline("redrive", dlq, env=env)
-    assert moved.returncode == 0, moved.stdout + moved.stderr
-    assert "moved 9," in moved.stdout, moved.stdout
-    again = run_pipeline("redrive", dlq, env=env)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "moved 0" in again.stdout, again.stdout
-    healthy = [b"e-%d-%d" % (p, i) for p in range(PARTITIONS) if p != BAD for i in range(3)]
-    assert sorted(m.headers[h.EVENT_ID] for m in await _held(streams, spec.name)) == healthy
-
-
-async def _held(transport: Transport, topic: str) -> list[Message]:
-    """Every message ``topic`` holds, read by a reader in no group."""
-    counts = (await transport.admin().list_topics([topic]))[topic].message_counts
-    reader = transport.reader([topic], start_at="earliest")
-    got: list[Message] = []
-    try:
-        deadline = time.monotonic() + BOUND_S
-        while len(got) < sum(counts):
-            assert time.monotonic() < deadline, got
-            got += await reader.poll(100, 0.2)
-    finally:
-        await reader.close()
-    return got

@@ -22,7 +22,12 @@ from pipeline.config import declare_hint
 from pipeline.envelope import TopicPartition
 from pipeline.errors import GroupNotEmpty, TransportError, UnknownTopic
 from pipeline.transport.protocol import PartitionLag, TopicConfig, TopicInfo
-from pipeline.transport.redis_streams.errors import is_wrong_type, no_stream, translate
+from pipeline.transport.redis_streams.errors import (
+    is_wrong_type,
+    no_stream,
+    translate,
+    wrong_type_of_partition,
+)
 from pipeline.transport.redis_streams.keys import Keys, entry_id, offset_of, partition_id
 
 log = logging.getLogger(__name__)
@@ -139,6 +144,20 @@ def _whole(data: dict[str, Any], field: str, *, least: int) -> int:
             f"its field {field!r} is {value!r}, not a whole number of at least {least}"
         )
     return number
+
+
+def _wrong_type(replies: list[Any]) -> rexc.ResponseError | None:
+    """The first of a pipeline's ``replies`` saying a key holds another type, if any.
+
+    Any other error is raised.
+    """
+    for reply in replies:
+        if isinstance(reply, rexc.ResponseError) and is_wrong_type(str(reply)):
+            return reply
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+    return None
 
 
 def _encode(config: TopicConfig, default_max_len: int) -> str:
@@ -359,7 +378,12 @@ class RedisStreamsAdmin:
                 pipe.hget(self._keys.positions(group), partition_id(topic, p))
                 pipe.xrange(stream, count=1)
                 pipe.xrevrange(stream, count=1)
-                end_raw, committed_raw, held, top = await pipe.execute()
+                replies = await pipe.execute(raise_on_error=False)
+                wrong = _wrong_type(replies)
+                if wrong is not None:  # one partition's key, not the lag of the others
+                    out.append(self._unreadable(topic, p, wrong, replies))
+                    continue
+                end_raw, committed_raw, held, top = replies
                 # An entry another client XADDed above the counter (an auto id) is the next
                 # produce's to go past (pl_produce), so the end is past it already.
                 end = max(int(end_raw or 0), offset_of(top[0][0]) + 1 if top else 0)
@@ -380,6 +404,21 @@ class RedisStreamsAdmin:
         except rexc.RedisError as exc:
             raise translate(exc, f"lag of {topic!r}") from exc
         return out
+
+    def _unreadable(
+        self, topic: str, p: int, wrong: rexc.ResponseError, replies: list[Any]
+    ) -> PartitionLag:
+        """The lag of a partition one of whose keys holds another type: nothing to read."""
+        stream, sequence = self._keys.stream(topic, p), self._keys.sequence(topic, p)
+        end_raw, committed_raw = replies[0], replies[1]
+        committed = None if committed_raw is None else int(committed_raw)
+        end = committed or 0
+        if not isinstance(end_raw, BaseException):
+            end = max(end, int(end_raw or 0))
+        why = (
+            wrong_type_of_partition(stream, sequence) if wrong is replies[0] else no_stream(stream)
+        )
+        return PartitionLag(TopicPartition(topic, p), committed, end, None, end, unreadable=why)
 
     async def delete_group(self, group: str, topics: Sequence[str]) -> None:
         """Destroy the group on every partition stream of ``topics`` and drop its state keys.
