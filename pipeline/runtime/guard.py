@@ -23,7 +23,8 @@ time, in order, and every stage before them keeps a key's order (a deferral or a
 when a message parks its key, every earlier message of the key this member read from the
 partition has been through the guard. Those left unfinished (unrouted, or raised) are
 remembered (:class:`_Unfinished`), and the lowest of them is where the key is parked from
-instead, so that none of them is ever dropped.
+instead, so that none of them is ever dropped. A message without a key or with the empty key
+parks it from nowhere: the guard takes both for one key, which the key lanes run apart.
 """
 
 from __future__ import annotations
@@ -794,8 +795,13 @@ class RunGuard:
         the lowest offset of its key on its partition that this member has not finished. The
         key lanes run a key's messages in order, one at a time, so every earlier one has been
         through the guard; those it left unfinished are remembered (:class:`_Unfinished`).
+
+        Not for the empty key: the guard parks a message without a key and one with the empty
+        key as one key (``encode_key``), which the key lanes and the throttle gate run apart,
+        side by side. An earlier message of the other kind may still wait there, unrun, and
+        would be dropped as stale when it comes: such a key is held behind its head as before.
         """
-        if start.position != position(message) or h.retry_tier(message.topic):
+        if not message.key or start.position != position(message) or h.retry_tier(message.topic):
             return None
         return f"{message.topic}:{message.partition}:{self._unfinished.lowest(message)}"
 
