@@ -14,6 +14,7 @@ one formatted line naming themselves, and short commands say nothing.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -26,7 +27,7 @@ import httpx
 import pytest
 from cli.limits_sandbox import limited, open_file_limits, require_seccomp
 from runtime.helpers import eventually
-from support import IDLE_APP, cli_environment
+from support import IDLE_APP, cli_environment, run_pipeline
 
 from pipeline.testing.ports import free_port
 
@@ -136,6 +137,10 @@ async def test_a_consumer(tmp_path: Path, redis_service: str, unique: str) -> No
         PIPELINE_TOPICS_DIR=str(tmp_path / "topics"),
         PIPELINE_RUNTIME__METRICS_PORT=str(port),
     )
+    # Applied first: a member whose topic is missing exits at its start, sometimes before the
+    # wait below sees it serve (its Redis keys hold `unique`: deleted after the test).
+    applied = await asyncio.to_thread(run_pipeline, "topics", "apply", env=env, cwd=tmp_path)
+    assert applied.returncode == 0, applied.stderr
     argv = [str(PIPELINE), "consume", f"nofile_{unique}:app", "-g", f"g-{unique}"]
     with _started(argv, env, tmp_path) as proc:
         await _serving(proc, port)
