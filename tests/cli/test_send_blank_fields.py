@@ -1,4 +1,8 @@
-"""`pipeline send` of a webhook without a tenant prints the tenant its log row holds: ``""``."""
+"""`pipeline send` of a webhook without a tenant or a key prints what its log row holds: ``""``.
+
+It printed ``"key": null`` while the row holds ``""`` (the event then goes without a key, its
+partition the broker's choice, printed null); the tenant was already printed as the row holds it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ingress.helpers import (
@@ -30,6 +35,10 @@ NO_TENANT = {  # a WhatsApp change without the business account id its tenant is
     "object": "whatsapp_business_account",
     "entry": [{"changes": [{"field": "messages", "value": {"contacts": [{"wa_id": "15550001"}]}}]}],
 }
+NO_KEY = {  # a WhatsApp change without the contact's wa_id its key is read from
+    "object": "whatsapp_business_account",
+    "entry": [{"id": "waba-1", "changes": [{"field": "messages", "value": {"contacts": []}}]}],
+}
 
 
 @pytest.fixture
@@ -47,14 +56,23 @@ async def log(tmp_path: Path) -> AsyncIterator[SqliteLogStore]:
     await store.close()
 
 
-async def test_no_tenant_is_printed_as_the_row_holds_it(
+@pytest.mark.parametrize(
+    ("body", "tenant", "key", "partition_known"),
+    [(NO_TENANT, "", "15550001", True), (NO_KEY, "waba-1", "", False)],
+    ids=["no tenant", "no key"],
+)
+async def test_a_blank_field_is_printed_as_the_row_holds_it(
     tmp_path: Path,
     redis_service: str,
     unique: str,
     started: list[subprocess.Popen[str]],
     log: SqliteLogStore,
+    body: dict[str, Any],
+    tenant: str,
+    key: str,
+    partition_known: bool,
 ) -> None:
-    """The row's tenant is ``""`` and so is send's; the key, read, is printed as read."""
+    """The row's blank field is ``""`` and so is send's; without a key the partition is null."""
     write_example_sources(tmp_path)
     env = (
         ingress_env(
@@ -64,7 +82,7 @@ async def test_no_tenant_is_printed_as_the_row_holds_it(
     )
     _, url = serve_until_listening(env, started)
     sent = run_pipeline(
-        "send", "whatsapp", "--json", json.dumps(NO_TENANT), "--url", url, env=env, cwd=tmp_path
+        "send", "whatsapp", "--json", json.dumps(body), "--url", url, env=env, cwd=tmp_path
     )
     assert sent.returncode == 0, sent.stdout + sent.stderr
     answer, where = sent.stdout.strip().splitlines()
@@ -72,6 +90,7 @@ async def test_no_tenant_is_printed_as_the_row_holds_it(
     await log.open()
     row = await log.get(row_id)
     assert row is not None
-    assert (row.tenant, row.key) == ("", "15550001")
+    assert (row.tenant, row.key) == (tenant, key)
     printed = json.loads(where)
-    assert (printed["tenant"], printed["key"], printed["topic"]) == ("", "15550001", "messages")
+    assert (printed["tenant"], printed["key"], printed["topic"]) == (tenant, key, "messages")
+    assert (printed["partition"] is not None) == partition_known
