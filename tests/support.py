@@ -35,6 +35,7 @@ from pipeline.observability.server import MetricsServer, serve_metrics
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
+    from pipeline.envelope import Message
     from pipeline.transport.protocol import Admin, Transport
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -656,3 +657,18 @@ def own_throttle(default_limit: int) -> object:
             yield limiter
 
     return throttle
+
+
+async def held_messages(transport: Transport, topic: str, bound_s: float = 60.0) -> list[Message]:
+    """Every message ``topic`` holds, read by a reader in no group (within ``bound_s``)."""
+    counts = (await transport.admin().list_topics([topic]))[topic].message_counts
+    reader = transport.reader([topic], start_at="earliest")
+    got: list[Message] = []
+    try:
+        deadline = time.monotonic() + bound_s
+        while len(got) < sum(counts):
+            assert time.monotonic() < deadline, got
+            got += await reader.poll(100, 0.2)
+    finally:
+        await reader.close()
+    return got

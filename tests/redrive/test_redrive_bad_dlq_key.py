@@ -11,16 +11,15 @@ deleted, the same command moves nothing twice.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from redis.asyncio import Redis
 from runtime.helpers import declare, lane_spec
-from support import cli_environment, delete_group_after, run_pipeline
+from support import cli_environment, delete_group_after, held_messages, run_pipeline
 
 from pipeline import headers as h
 from pipeline.config import Settings
-from pipeline.envelope import Message, Record
+from pipeline.envelope import Record
 from pipeline.redrive.redrive import group_name
 from pipeline.redrive.select import Selection
 from pipeline.transport.protocol import Transport
@@ -28,8 +27,6 @@ from pipeline.transport.protocol import Transport
 PARTITIONS = 4
 BAD = 1
 PER_PARTITION = 3
-BOUND_S = 60.0
-"""A bound on what must come, never a measure."""
 
 
 async def test_the_healthy_partitions_are_redriven_and_the_bad_key_named(
@@ -74,13 +71,13 @@ async def test_the_healthy_partitions_are_redriven_and_the_bad_key_named(
     _names_the_key(real.stderr, dlq, stream)
     assert "moved 9" in real.stderr.splitlines()[-1], real.stderr
     healthy = [b"e-%d-%d" % (p, i) for p in range(PARTITIONS) if p != BAD for i in range(3)]
-    assert sorted(m.headers[h.EVENT_ID] for m in await _held(streams, spec.name)) == healthy
+    assert sorted(m.headers[h.EVENT_ID] for m in await held_messages(streams, spec.name)) == healthy
 
     await redis.delete(stream)  # as the line says
     again = run_pipeline("redrive", dlq, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "moved 0" in again.stdout, again.stdout
-    assert sorted(m.headers[h.EVENT_ID] for m in await _held(streams, spec.name)) == healthy
+    assert sorted(m.headers[h.EVENT_ID] for m in await held_messages(streams, spec.name)) == healthy
 
 
 def _names_the_key(stderr: str, dlq: str, stream: str) -> None:
@@ -90,18 +87,3 @@ def _names_the_key(stderr: str, dlq: str, stream: str) -> None:
     ours = [line for line in lines if f"{dlq}[{BAD}]" in line and stream in line]
     assert ours, lines
     assert all(f"`redis-cli DEL {stream}`" in line for line in ours), ours
-
-
-async def _held(transport: Transport, topic: str) -> list[Message]:
-    """Every message ``topic`` holds, read by a reader in no group."""
-    counts = (await transport.admin().list_topics([topic]))[topic].message_counts
-    reader = transport.reader([topic], start_at="earliest")
-    got: list[Message] = []
-    try:
-        deadline = time.monotonic() + BOUND_S
-        while len(got) < sum(counts):
-            assert time.monotonic() < deadline, got
-            got += await reader.poll(100, 0.2)
-    finally:
-        await reader.close()
-    return got

@@ -7,15 +7,14 @@ is deleted, the same redrive moves the healthy partitions' remaining dead letter
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from redis import Redis as SyncRedis
 from runtime.helpers import declare, lane_spec
+from support import held_messages
 
 from pipeline import headers as h
 from pipeline.config import Settings
-from pipeline.envelope import Message, Record
+from pipeline.envelope import Record
 from pipeline.errors import TransportError
 from pipeline.redrive.redrive import Redrive
 from pipeline.redrive.select import Selection
@@ -24,7 +23,6 @@ from pipeline.transport.protocol import Transport
 PARTITIONS = 4
 BAD = 1
 PER_PARTITION = 4
-BOUND_S = 60.0
 
 
 async def test_a_key_overwritten_midway(
@@ -71,22 +69,8 @@ async def test_a_key_overwritten_midway(
     member_lines = [r.getMessage() for r in caplog.records if stream in r.getMessage()]
     assert member_lines, "the member named the key it set aside"
     second = await Redrive(streams, dlq, Selection.typed_as()).run()
-    ids = [m.headers[h.EVENT_ID] for m in await _held(streams, spec.name)]
+    ids = [m.headers[h.EVENT_ID] for m in await held_messages(streams, spec.name)]
     assert len(ids) == len(set(ids)), sorted(ids)  # none twice
     assert first.report.moved + second.moved == len(ids)
     healthy = {b"e-%d-%d" % (p, i) for p in range(PARTITIONS) if p != BAD for i in range(4)}
     assert healthy <= set(ids), sorted(ids)  # none of the healthy partitions lost
-
-
-async def _held(transport: Transport, topic: str) -> list[Message]:
-    counts = (await transport.admin().list_topics([topic]))[topic].message_counts
-    reader = transport.reader([topic], start_at="earliest")
-    got: list[Message] = []
-    try:
-        deadline = time.monotonic() + BOUND_S
-        while len(got) < sum(counts):
-            assert time.monotonic() < deadline, got
-            got += await reader.poll(100, 0.2)
-    finally:
-        await reader.close()
-    return got
