@@ -142,6 +142,56 @@ class _Unfinished:
         return min(left | {message.offset})
 
 
+_UNRECORDED_KEPT = 10_000
+"""Ends on parked keys kept to be sent again while Redis cannot be reached (P4: bounded)."""
+_UNRECORDED_SENT = 256
+"""Ends on parked keys sent again in one call at most (the rest at the next ticks)."""
+
+
+class _Unrecorded:
+    """Ends that leave a parked key (``done``, ``dead``) which Redis did not answer, per lane.
+
+    Such an end is what releases the key's held followers, whose offsets are committed: lost,
+    they would wait until their key's state expires and then be gone without a word, since
+    the message that ended (its offset committed too) never comes back to end again. Each is
+    sent again at the member's next tick (:meth:`RunGuard.tick`) until Redis answers. One that
+    did reach Redis (its reply lost) is found gone there and changes nothing.
+    """
+
+    __slots__ = ("_ends",)
+
+    def __init__(self) -> None:
+        """None yet."""
+        self._ends: dict[str, list[KeyEnds]] = {}
+
+    def keep(self, lane: str, ends: KeyEnds) -> None:
+        """``ends`` got no answer: send them again later (the oldest dropped past the bound)."""
+        kept = self._ends.setdefault(lane, [])
+        kept.append(ends)
+        if len(kept) > _UNRECORDED_KEPT:
+            dropped = kept.pop(0)
+            log.error(
+                "lane %s: the end of %s on its parked key could not be recorded and is dropped"
+                " (more than %d wait for Redis): its key's held followers wait until a new"
+                " copy of it ends or their state expires; redrive them from Redis once it"
+                " answers",
+                lane,
+                dropped.ends[0][0].ident,
+                _UNRECORDED_KEPT,
+            )
+
+    def take(self, lane: str) -> list[KeyEnds]:
+        """The oldest ends of ``lane`` waiting to be sent again (one call's), now the caller's."""
+        kept = self._ends.pop(lane, [])
+        if len(kept) > _UNRECORDED_SENT:
+            self._ends[lane] = kept[_UNRECORDED_SENT:]
+        return kept[:_UNRECORDED_SENT]
+
+    def put_back(self, lane: str, ends: list[KeyEnds]) -> None:
+        """``ends`` (from :meth:`take`) got no answer again: before those kept since, bounded."""
+        self._ends[lane] = (ends + self._ends.get(lane, []))[:_UNRECORDED_KEPT]
+
+
 Call = Callable[[Lane, Message], Awaitable[str | None]]
 """The next stage: run the handler on a message and route its failure; its outcome."""
 Settled = Callable[[Lane, Message, str | None], None]
@@ -205,6 +255,8 @@ class RunGuard:
         """Lanes that logged a copy dropped as stale (:meth:`_dropped_stale`)."""
         self._unfinished = _Unfinished()
         """Main-topic messages of ordered lanes left unfinished here (:meth:`_routed`)."""
+        self._unrecorded = _Unrecorded()
+        """Ends on parked keys that Redis did not answer, sent again at each tick."""
 
     @property
     def calls(self) -> int:
@@ -400,7 +452,7 @@ class RunGuard:
             return outcome, []
         if outcome is None or ending is None:  # not routed (delivered again), or not ours
             return outcome, []
-        return outcome, await self._recorded(lane, start, ending)
+        return outcome, await self._recorded(lane, start, ending, routed=routed)
 
     async def _run_claimed(self, lane: Lane, message: Message, ident: str) -> str | None:
         """Run a first delivery under this member's claim: no start mark, no Redis call.
@@ -552,11 +604,25 @@ class RunGuard:
             await self._release(lane, store, released)
         return outcome
 
-    async def _recorded(self, lane: Lane, start: Start, ending: Ending) -> list[Release]:
-        """Record an end that parks or leaves a parked key; the followers it releases."""
+    async def _recorded(
+        self, lane: Lane, start: Start, ending: Ending, *, routed: bool = False
+    ) -> list[Release]:
+        """Record an end that parks or leaves a parked key; the followers it releases.
+
+        ``routed``: its route was recorded (``gd_route``) and its retry copy produced. An end
+        Redis did not answer still ends the start's mark, as an ordinary end kept for the lane's
+        next batched call (:meth:`StartWindow.ended`): left standing, a mark that names this
+        run and no retry copy (its route refused too) would have that copy, once Redis answers
+        again, dropped as a duplicate of a run still going, its offset committed. Sent again
+        after the end did reach Redis, it finds the mark ended or taken over and changes nothing.
+        """
         parks = ending == "parked"
         with self._parking(lane, start.key, parks=parks):
             released = await self._ends[lane.name].end(KeyEnds([(start, ending)], _follow(lane)))
+        if released is None:
+            self._windows[lane.name].ended(start, routed=routed)
+            if ending in ("done", "dead"):  # it alone releases the key's held followers
+                self._unrecorded.keep(lane.name, KeyEnds([(start, ending)], _follow(lane)))
         return self._released(lane, start, ending, released)
 
     def _released(
@@ -867,6 +933,7 @@ class RunGuard:
             lane = lanes.get(name)
             if lane is None:
                 continue
+            await self._record_again(lane, store)
             drain_ms = None if ordered_retries(lane) else _drain_grace_ms(lane, store)
             released = await store.reap(drain_ms=drain_ms)
             self._drain_known.add(name)
@@ -884,9 +951,41 @@ class RunGuard:
                         release.ident,
                         name,
                     )
-                task = asyncio.create_task(self._release(lane, store, [release]))
-                self._reaped.add(task)
-                task.add_done_callback(self._reaped.discard)
+                self._release_apart(lane, store, [release])
+
+    def _release_apart(self, lane: Lane, store: GuardStore, released: list[Release]) -> None:
+        """Run ``released`` (a key's followers) in a task of its own, stopped by :meth:`close`."""
+        task = asyncio.create_task(self._release(lane, store, released))
+        self._reaped.add(task)
+        task.add_done_callback(self._reaped.discard)
+
+    async def _record_again(self, lane: Lane, store: GuardStore) -> None:
+        """Send again the ends on ``lane``'s parked keys that Redis did not answer.
+
+        The followers each releases run here, as those of a release taken over.
+        """
+        kept = self._unrecorded.take(lane.name)
+        if not kept:
+            return
+        try:
+            answers = await store.end_many(kept)
+        except (rexc.RedisError, OSError) as exc:
+            log.warning(
+                "parking unavailable, could not record %d ends on parked keys again: %s",
+                len(kept),
+                exc,
+            )
+            self._unrecorded.put_back(lane.name, kept)
+            return
+        log.warning(
+            "lane %s: recorded %d ends on parked keys that Redis had not answered; their keys'"
+            " held followers are released",
+            lane.name,
+            len(kept),
+        )
+        for released in answers:
+            if released:
+                self._release_apart(lane, store, released)
 
     async def close(self) -> None:
         """Stop releases taken over from other members (their leases lapse and return)."""

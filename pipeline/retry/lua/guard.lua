@@ -617,7 +617,8 @@ local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos,
     end
     return {}
   end
-  if redis.call('ZREM', k.z, id) == 1 then
+  local left = redis.call('ZREM', k.z, id) == 1
+  if left then
     redis.call('ZADD', k.gone, lane_now(k.gone, now), id)
     redis.call('PEXPIRE', k.gone, hold_ms)
   end
@@ -626,6 +627,11 @@ local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos,
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
   end
   if n == 0 or taken then return {} end
+  if not left and pos ~= 'rel' and redis.call('HEXISTS', k.h, 'rel') == 1 then
+    -- Not one of the key's parked messages (an end sent again once Redis answered, after the
+    -- key was parked anew): the release in progress stays with the member that holds it.
+    return {}
+  end
   return release_next(k, now, hold_ms, key, lease, n, me)
 end
 
