@@ -10,7 +10,12 @@ counts:
 * ``lost``: events neither applied nor in the DLQ (the side effect is keyed by the event id at
   the receiving end, so applied means applied once);
 * ``order_violations``: per key, a first success that comes after a later event's;
-* ``overlaps``: handler runs that entered while another run of the same key had not left.
+* ``overlaps``: handler runs that entered while another run of the same key had not left;
+* ``last_run_order_violations`` (reported, not failed): per key, events whose last run that
+  reached the side effect came after the last run of a later event: what an effect that does
+  not deduplicate (last writer wins) would be left holding out of order. A replay after a kill
+  runs the uncommitted range again in order and adds none; a finished message run again
+  behind a later one (m1, m2, m1) adds one.
 
 With ``freezes`` instead of kills, members are stopped (SIGSTOP) for ``freeze_s``, longer
 than their sessions, leases and liveness, and then resumed: alive, but taken for dead while
@@ -206,6 +211,23 @@ def order_violations(order: dict[str, list[tuple[int, int, int]]]) -> int:
     return count
 
 
+def last_run_order_violations(reached: dict[str, list[int]]) -> int:
+    """Per key, events ordered by their last run that reached the effect: each one out of order.
+
+    ``m1, m2, m1'`` leaves m1 last although m2 is later: one. ``m1, m2, m1', m2'`` (a replay in
+    order) leaves none.
+    """
+    count = 0
+    for seqs in reached.values():
+        last = {seq: i for i, seq in enumerate(seqs)}
+        highest = -1
+        for seq in sorted(last, key=last.__getitem__):
+            if seq < highest:
+                count += 1
+            highest = max(highest, seq)
+    return count
+
+
 def order_examples(
     order: dict[str, list[tuple[int, int, int]]], spans: list[Span], ends: Ends, limit: int = 3
 ) -> list[str]:
@@ -392,6 +414,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
         ends = Ends(left, killed, set(cluster.member_pids()), await _frozen(observer))
         order = await observer.order()
         runs = await observer.runs()
+        reached = await observer.reached()
         failed = int(await observer.redis.hlen(f"{cluster.prefix}:failed"))
         tiers = await _tier_entries(cluster)
     finally:
@@ -419,6 +442,7 @@ async def run_crashloop(cluster: Cluster, loop: CrashLoop) -> dict[str, object]:
         "retry_tier_entries": tiers,
         "handler_runs": len(spans),
         "repeated_effects": sum(n - 1 for n in runs.values() if n > 1),
+        "last_run_order_violations": last_run_order_violations(reached),
         "kills": len(victims) if not loop.freezes else 0,
         "freezes": len(victims) if loop.freezes else 0,
         "member_restarts": cluster.restarts,

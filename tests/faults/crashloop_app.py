@@ -9,7 +9,8 @@ member's process id, and its exit. An event of mode ``"flaky"`` fails (``Retry``
 it runs, whichever copy and attempt that is (``<prefix>:failed`` records it). The side effect is
 ``apply.lua``, keyed by the event id at the receiving end: ``<prefix>:applied`` marks it applied,
 ``<prefix>:order:<key>`` lists the first successes in order, ``<prefix>:runs`` counts every run
-that reached it.
+that reached it, and ``<prefix>:reached:<key>`` the event of every run that reached it, repeats
+included, in order.
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ async def handle(event: bytes, ctx: Context) -> None:
         await asyncio.sleep(WORK_S)  # the workload: a downstream call
         if body["mode"] == "flaky" and await _redis.hsetnx(f"{PREFIX}:failed", body["id"], 1):
             raise Retry("injected: the first run of a flaky event fails")
-        keys = [f"{PREFIX}:applied", f"{PREFIX}:order:{body['key']}", f"{PREFIX}:runs"]
+        keys = [
+            f"{PREFIX}:applied",
+            f"{PREFIX}:order:{body['key']}",
+            f"{PREFIX}:runs",
+            f"{PREFIX}:reached:{body['key']}",
+        ]
         await _apply(keys=keys, args=[body["id"], f"{body['seq']}:{partition}:{offset}"])
     finally:
         # Shielded: a cancelled run still records its exit, or it would look like running on.

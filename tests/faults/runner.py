@@ -158,6 +158,17 @@ class Observer:
         raw = await self.redis.hgetall(f"{self.cluster.prefix}:runs")
         return {k.decode(): int(v) for k, v in raw.items()}
 
+    async def reached(self) -> dict[str, list[int]]:
+        """Per key, the seq of every run that reached the side effect, repeats included, in order.
+
+        Recorded only by the crash-loop app (``crashloop_app.py``).
+        """
+        out: dict[str, list[int]] = {}
+        async for name in self.redis.scan_iter(f"{self.cluster.prefix}:reached:*"):
+            key = name.decode().rsplit(":", 1)[1]
+            out[key] = [int(seq) for seq in await self.redis.lrange(name, 0, -1)]
+        return out
+
     async def order(self) -> dict[str, list[tuple[int, int, int]]]:
         """Per key, ``(seq, partition, origin offset)`` in the order the side effects ran."""
         out: dict[str, list[tuple[int, int, int]]] = {}
