@@ -158,27 +158,24 @@ class _Unrecorded:
     did reach Redis (its reply lost) is found gone there and changes nothing.
     """
 
-    __slots__ = ("_ends",)
+    __slots__ = ("_ends", "dropped", "failing", "recorded")
 
     def __init__(self) -> None:
         """None yet."""
         self._ends: dict[str, list[KeyEnds]] = {}
+        self.dropped: dict[str, int] = {}
+        """Ends dropped past the bound since Redis last recorded the lane's kept ends."""
+        self.failing: set[str] = set()
+        """Lanes whose kept ends Redis refused since it last recorded them (logged once)."""
+        self.recorded: dict[str, int] = {}
+        """Ends recorded again since the lane last had none kept (logged once all are)."""
 
     def keep(self, lane: str, ends: KeyEnds) -> None:
         """``ends`` got no answer: send them again later (the oldest dropped past the bound)."""
         kept = self._ends.setdefault(lane, [])
         kept.append(ends)
         if len(kept) > _UNRECORDED_KEPT:
-            dropped = kept.pop(0)
-            log.error(
-                "lane %s: the end of %s on its parked key could not be recorded and is dropped"
-                " (more than %d wait for Redis): its key's held followers wait until a new"
-                " copy of it ends or their state expires; redrive them from Redis once it"
-                " answers",
-                lane,
-                dropped.ends[0][0].ident,
-                _UNRECORDED_KEPT,
-            )
+            self._drop(lane, kept.pop(0))
 
     def take(self, lane: str) -> list[KeyEnds]:
         """The oldest ends of ``lane`` waiting to be sent again (one call's), now the caller's."""
@@ -189,7 +186,34 @@ class _Unrecorded:
 
     def put_back(self, lane: str, ends: list[KeyEnds]) -> None:
         """``ends`` (from :meth:`take`) got no answer again: before those kept since, bounded."""
-        self._ends[lane] = (ends + self._ends.get(lane, []))[:_UNRECORDED_KEPT]
+        kept = ends + self._ends.get(lane, [])
+        self._ends[lane] = kept[:_UNRECORDED_KEPT]
+        for dropped in kept[_UNRECORDED_KEPT:]:
+            self._drop(lane, dropped)
+
+    def _drop(self, lane: str, dropped: KeyEnds) -> None:
+        """``dropped`` is not kept (past the bound): said once until Redis records again."""
+        count = self.dropped.get(lane, 0)
+        self.dropped[lane] = count + 1
+        if count:
+            return
+        log.error(
+            "lane %s: more than %d ends on parked keys wait for Redis; the oldest are dropped"
+            " from now on (first %s; the count is logged once Redis answers): the followers"
+            " held behind those messages are not released, and wait in Redis until their"
+            " key's state expires",
+            lane,
+            _UNRECORDED_KEPT,
+            dropped.ends[0][0].ident,
+        )
+
+    def lanes(self) -> list[str]:
+        """The lanes with ends kept."""
+        return list(self._ends)
+
+    def count(self, lane: str) -> int:
+        """How many ends of ``lane`` are kept."""
+        return len(self._ends.get(lane, ()))
 
 
 Call = Callable[[Lane, Message], Awaitable[str | None]]
@@ -333,8 +357,7 @@ class RunGuard:
         if claims is not None and await self._held_back(claims, message, start):
             return None  # not routed either: the partition's owner runs it
         decision, starts = await window.begin(start)
-        if claims is not None:
-            claims.decided(start.key, decision)
+        decision = _answered(claims, start, decision, starts, ordered=ordered)
         if decision == "process":  # the common case, without the general path's layers
             return await self._process(lane, store, window, message, start, ordered)
         return await self._general(lane, store, message, start, decision, starts)
@@ -964,34 +987,92 @@ class RunGuard:
 
         The followers each releases run here, as those of a release taken over.
         """
-        kept = self._unrecorded.take(lane.name)
+        unrecorded = self._unrecorded
+        kept = unrecorded.take(lane.name)
         if not kept:
             return
         try:
             answers = await store.end_many(kept)
         except (rexc.RedisError, OSError) as exc:
-            log.warning(
-                "parking unavailable, could not record %d ends on parked keys again: %s",
-                len(kept),
-                exc,
-            )
-            self._unrecorded.put_back(lane.name, kept)
+            unrecorded.put_back(lane.name, kept)
+            if lane.name not in unrecorded.failing:  # once until Redis records them
+                unrecorded.failing.add(lane.name)
+                log.warning(
+                    "lane %s: parking unavailable, could not record %d ends on parked keys"
+                    " again (sent again at every tick until Redis answers; said once): %s",
+                    lane.name,
+                    len(kept) + unrecorded.count(lane.name),
+                    exc,
+                )
             return
-        log.warning(
-            "lane %s: recorded %d ends on parked keys that Redis had not answered; their keys'"
-            " held followers are released",
-            lane.name,
-            len(kept),
-        )
+        unrecorded.failing.discard(lane.name)
+        recorded = unrecorded.recorded.pop(lane.name, 0) + len(kept)
+        if unrecorded.count(lane.name):  # the rest at the next ticks: one line for them all
+            unrecorded.recorded[lane.name] = recorded
+        else:
+            log.warning(
+                "lane %s: recorded %d ends on parked keys that Redis had not answered (%d"
+                " dropped past the bound meanwhile); their keys' held followers are released",
+                lane.name,
+                recorded,
+                unrecorded.dropped.pop(lane.name, 0),
+            )
         for released in answers:
             if released:
                 self._release_apart(lane, store, released)
 
+    async def _record_at_close(self, lane: str, store: GuardStore) -> None:
+        """Send ``lane``'s kept ends before this member stops; one line if Redis refuses them."""
+        failure: Exception | None = None
+        while not failure and (kept := self._unrecorded.take(lane)):
+            try:
+                await store.end_many(kept)
+            except (rexc.RedisError, OSError) as exc:
+                self._unrecorded.put_back(lane, kept)
+                failure = exc
+        if failure is None:
+            return
+        lost = self._unrecorded.take(lane)
+        log.error(
+            "lane %s: this member stops with %d ends on parked keys that Redis did not record"
+            " (%s, ...): %s; the followers held behind those messages are not released, and"
+            " wait in Redis until their key's state expires",
+            lane,
+            len(lost) + self._unrecorded.count(lane),
+            ", ".join(ends.ends[0][0].ident for ends in lost[:3]),
+            failure,
+        )
+
     async def close(self) -> None:
-        """Stop releases taken over from other members (their leases lapse and return)."""
+        """Stop releases taken over from other members (their leases lapse and return).
+
+        Ends on parked keys still kept (:class:`_Unrecorded`) are sent once more: they alone
+        release their keys' held followers. Those followers are not run here: their release's
+        lease lapses and another member takes it over.
+        """
         await cancel_until_done(*self._reaped)  # their handlers may lose a first cancellation
+        for name in self._unrecorded.lanes():
+            await self._record_at_close(name, self._stores[name])
         for claims in self._claims.values():
             await claims.close()
+
+
+def _answered(
+    claims: LaneClaims | None, start: Start, decision: Decision, starts: int, *, ordered: bool
+) -> Decision:
+    """The decision to carry out for ``start``; ``claims`` told what it says of the key.
+
+    A ``process`` of no starts is the window failing open (Redis did not answer): it says
+    nothing of the key, which may be parked, so ``claims`` is not told. A retry copy of an
+    ordered lane let through so may be its parked key's head, whose end alone releases the
+    followers held behind it: it runs as one (``head``), its end recorded in ``gd_end_many``
+    (kept and sent again if Redis does not answer).
+    """
+    if decision == "process" and not starts:
+        return "head" if ordered and start.ident != start.position else decision
+    if claims is not None:
+        claims.decided(start.key, decision)
+    return decision
 
 
 def _tell(lane: Lane, start: Start, what: str) -> None:

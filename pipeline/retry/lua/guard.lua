@@ -309,14 +309,25 @@ local CODES = {process = 'p', suspect = 's', copy = 'c', busy = 'b', held = 'h',
 -- its starts; 'busy' if another live member process runs this very copy (a head's start waits
 -- long behind a suspect run alone: its copy, delivered again elsewhere meanwhile, must not run
 -- beside or after it); else nil, and nothing written (gd_key_begin decides it).
+-- Also 'busy' for a copy read elsewhere while the mark names a start that another live member
+-- process made, and whose route to a retry tier was not recorded (gd_route got no answer):
+-- that start may still run, or it ended and its end (ending the mark) has not reached Redis
+-- yet. Either way its end comes: taken for a duplicate, this copy (perhaps the one that start
+-- produced) would be dropped, its offset committed, and the key's followers never released.
 -- k: run, gone, z, h, f, live.
 local function as_head(k, id, pos, attempt, me, now)
   local head, seq = live_head(k.gone, k.z, k.f)
   if head ~= id then return nil end
   if seq <= tonumber(redis.call('HGET', k.h, 'dead_until') or '0') then return nil end
-  local decision, starts, mark = decide(redis.call('HGET', k.run, id), pos, attempt, false, me,
-                                        k.live, now)
+  local was = redis.call('HGET', k.run, id)
+  local decision, starts, mark = decide(was, pos, attempt, false, me, k.live, now)
   if decision == 'busy' then return 'busy', starts end
+  if decision == 'copy' and was then
+    local ran, at, _, inst = parse(was)
+    if ran > 0 and at ~= pos and inst ~= '' and inst ~= me and live(k.live, inst, now) then
+      return 'busy', ran
+    end
+  end
   if decision ~= 'process' then return nil end
   redis.call('HSET', k.run, id, mark)
   return 'head', starts
@@ -622,14 +633,18 @@ local function finish_one(k, now, hold_ms, lease, id, key, outcome, follow, pos,
     redis.call('ZADD', k.gone, lane_now(k.gone, now), id)
     redis.call('PEXPIRE', k.gone, hold_ms)
   end
-  if outcome == 'dead' and follow == 'follow' then
+  if left and outcome == 'dead' and follow == 'follow' then
+    -- Only a parked message takes those behind it along: a dead end of one that never was
+    -- (sent again once Redis answered, after the key was parked anew) sequences nobody.
     local last = redis.call('ZRANGE', k.z, -1, -1, 'WITHSCORES')
     if last[2] then redis.call('HSET', k.h, 'dead_until', last[2]) end
   end
   if n == 0 or taken then return {} end
-  if not left and pos ~= 'rel' and redis.call('HEXISTS', k.h, 'rel') == 1 then
-    -- Not one of the key's parked messages (an end sent again once Redis answered, after the
-    -- key was parked anew): the release in progress stays with the member that holds it.
+  if pos ~= 'rel' and redis.call('HEXISTS', k.h, 'rel') == 1 then
+    -- Not the end of the key's head (a head's copy runs only while no release is in
+    -- progress): an end sent again once Redis answered, after the key was parked anew, or
+    -- the end of a message parked behind the followers, run while Redis did not answer. The
+    -- release in progress stays with the member that holds it.
     return {}
   end
   return release_next(k, now, hold_ms, key, lease, n, me)
