@@ -286,7 +286,12 @@ class KafkaAdmin:
         raise TransportError(f"topic {name!r} created but not visible after {self._timeout_s}s")
 
     async def update_topic(self, config: TopicConfig) -> None:
-        """Grow partitions to ``config.partitions`` and set retention and configs."""
+        """Grow partitions to ``config.partitions`` and set retention and configs.
+
+        Returns once the broker's answers show the new partitions and retention: it
+        acknowledges a change before every broker has applied it, so a listing right after it
+        (``pipeline topics apply`` then ``topics list``) could show the old ones.
+        """
         meta = await self._metadata()
         current = meta.topics.get(config.name)
         if current is None or current.error is not None:
@@ -312,6 +317,26 @@ class KafkaAdmin:
             )
             altered = self._raw.incremental_alter_configs([resource])
             await self._wait(altered[resource], f"alter configs of {config.name!r}")
+        await self._until_shown(config)
+
+    async def _until_shown(self, config: TopicConfig) -> None:
+        """Wait until a listing shows ``config``'s partitions and retention (see update_topic)."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            info = (await self.list_topics([config.name])).get(config.name)
+            if (
+                info is not None
+                and info.partitions >= config.partitions
+                and config.retention_ms in (None, info.retention_ms)
+            ):
+                return
+            if time.monotonic() >= deadline:
+                raise TransportError(
+                    f"topic {config.name!r} updated but not yet shown with {config.partitions}"
+                    f" partitions and retention {config.retention_ms} ms after"
+                    f" {self._timeout_s}s; list it again shortly"
+                )
+            await asyncio.sleep(0.05)  # the brokers apply the change: re-check shortly
 
     async def delete_topic(self, name: str) -> None:
         """Delete the topic; return once the broker's metadata no longer lists it.
