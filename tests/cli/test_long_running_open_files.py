@@ -134,11 +134,12 @@ async def test_a_consumer(tmp_path: Path, redis_service: str, unique: str) -> No
     env = _environment(
         PIPELINE_TRANSPORT="redis",
         PIPELINE_REDIS__URL=redis_service,
+        PIPELINE_REDIS__KEY_PREFIX=f"t{unique}",  # its topics and keys: deleted after the test
         PIPELINE_TOPICS_DIR=str(tmp_path / "topics"),
         PIPELINE_RUNTIME__METRICS_PORT=str(port),
     )
     # Applied first: a member whose topic is missing exits at its start, sometimes before the
-    # wait below sees it serve (its Redis keys hold `unique`: deleted after the test).
+    # wait below sees it serve.
     applied = await asyncio.to_thread(run_pipeline, "topics", "apply", env=env, cwd=tmp_path)
     assert applied.returncode == 0, applied.stderr
     argv = [str(PIPELINE), "consume", f"nofile_{unique}:app", "-g", f"g-{unique}"]
