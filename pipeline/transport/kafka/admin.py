@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -271,19 +271,32 @@ class KafkaAdmin:
         A created topic takes a moment to propagate; returning before that makes the next
         produce or offset lookup fail with "unknown topic".
         """
-        deadline = time.monotonic() + self._timeout_s
-        while time.monotonic() < deadline:
-            meta = await self._metadata()
-            found = meta.topics.get(name)
-            if (
+
+        async def visible() -> bool:
+            found = (await self._metadata()).topics.get(name)
+            return (
                 found is not None
                 and found.error is None
                 and len(found.partitions) >= partitions
                 and all(p.leader >= 0 for p in found.partitions.values())
-            ):
-                return
-            await asyncio.sleep(0.05)  # metadata propagation: re-check shortly
-        raise TransportError(f"topic {name!r} created but not visible after {self._timeout_s}s")
+            )
+
+        await self._until(visible, f"topic {name!r} created but not visible")
+
+    async def _until(
+        self, shown: Callable[[], Awaitable[bool]], failure: str, then: str = ""
+    ) -> None:
+        """Re-check ``shown`` until it holds, within the admin timeout.
+
+        The broker acknowledges a change before every answer shows it. Past the timeout,
+        ``failure`` (what is not shown), the time waited and ``then`` (what to do) are raised
+        as a :class:`TransportError`.
+        """
+        deadline = time.monotonic() + self._timeout_s
+        while not await shown():
+            if time.monotonic() >= deadline:
+                raise TransportError(f"{failure} after {self._timeout_s}s{then}")
+            await asyncio.sleep(0.05)  # the brokers apply the change: re-check shortly
 
     async def update_topic(self, config: TopicConfig) -> None:
         """Grow partitions to ``config.partitions`` and set retention and configs.
@@ -321,22 +334,21 @@ class KafkaAdmin:
 
     async def _until_shown(self, config: TopicConfig) -> None:
         """Wait until a listing shows ``config``'s partitions and retention (see update_topic)."""
-        deadline = time.monotonic() + self._timeout_s
-        while True:
+
+        async def shown() -> bool:
             info = (await self.list_topics([config.name])).get(config.name)
-            if (
+            return (
                 info is not None
                 and info.partitions >= config.partitions
                 and config.retention_ms in (None, info.retention_ms)
-            ):
-                return
-            if time.monotonic() >= deadline:
-                raise TransportError(
-                    f"topic {config.name!r} updated but not yet shown with {config.partitions}"
-                    f" partitions and retention {config.retention_ms} ms after"
-                    f" {self._timeout_s}s; list it again shortly"
-                )
-            await asyncio.sleep(0.05)  # the brokers apply the change: re-check shortly
+            )
+
+        await self._until(
+            shown,
+            f"topic {config.name!r} updated but not yet shown with {config.partitions}"
+            f" partitions and retention {config.retention_ms} ms",
+            "; list it again shortly",
+        )
 
     async def delete_topic(self, name: str) -> None:
         """Delete the topic; return once the broker's metadata no longer lists it.
@@ -346,13 +358,12 @@ class KafkaAdmin:
         """
         futures = self._raw.delete_topics([name], request_timeout=self._timeout_s)
         await self._wait(futures[name], f"delete topic {name!r}")
-        deadline = time.monotonic() + self._timeout_s
-        while time.monotonic() < deadline:
+
+        async def gone() -> bool:
             found = (await self._metadata()).topics.get(name)
-            if found is None or found.error is not None:
-                return
-            await asyncio.sleep(0.05)  # metadata propagation: re-check shortly
-        raise TransportError(f"topic {name!r} deleted but still listed after {self._timeout_s}s")
+            return found is None or found.error is not None
+
+        await self._until(gone, f"topic {name!r} deleted but still listed")
 
     async def group_lag(self, group: str, topic: str) -> list[PartitionLag]:
         """Committed position, end offset and oldest unconsumed timestamp per partition.

@@ -13,7 +13,7 @@ import logging
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -146,13 +146,18 @@ def _whole(data: dict[str, Any], field: str, *, least: int) -> int:
     return number
 
 
+def _holds_another_type(reply: Any) -> TypeGuard[rexc.ResponseError]:
+    """Whether a pipeline's ``reply`` is Redis saying its key holds another type (WRONGTYPE)."""
+    return isinstance(reply, rexc.ResponseError) and is_wrong_type(str(reply))
+
+
 def _wrong_type(replies: list[Any]) -> rexc.ResponseError | None:
     """The first of a pipeline's ``replies`` saying a key holds another type, if any.
 
     Any other error is raised.
     """
     for reply in replies:
-        if isinstance(reply, rexc.ResponseError) and is_wrong_type(str(reply)):
+        if _holds_another_type(reply):
             return reply
     for reply in replies:
         if isinstance(reply, BaseException):
@@ -231,7 +236,7 @@ class RedisStreamsAdmin:
             pipe.xlen(self._keys.stream(name, p))
         counts = []
         for p, reply in enumerate(await pipe.execute(raise_on_error=False)):
-            if isinstance(reply, rexc.ResponseError) and is_wrong_type(str(reply)):
+            if _holds_another_type(reply):
                 log.warning(
                     "topic %r partition %d, counted as empty: its %s: its stream is made again"
                     " at its next message",
