@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from pipeline.config import Settings
 from pipeline.envelope import Message
-from pipeline.transport.protocol import Reader, TopicConfig, Transport
+from pipeline.transport.protocol import Producer, Reader, TopicConfig, Transport
 
 PARTITIONS = 4
 BAD = 1
@@ -56,6 +56,16 @@ async def _read_until(reader: Reader, wanted: set[bytes]) -> list[Message]:
         assert time.monotonic() < deadline, sorted(m.value for m in got)
         got += await reader.poll(100, 0.2)
     return got
+
+
+async def _healthy_read_on(producer: Producer, reader: Reader, topic: str) -> None:
+    """One message sent to each healthy partition is read, the bad one set aside."""
+    healthy = {b"after-%d" % p for p in range(PARTITIONS) if p != BAD}
+    for p in range(PARTITIONS):
+        if p != BAD:
+            await producer.send(topic, b"after-%d" % p, partition=p)
+    got = await _read_until(reader, healthy)
+    assert sorted(m.value for m in got) == sorted(healthy)
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -99,12 +109,7 @@ async def test_a_key_of_another_type_before_the_first_read(
             assert sorted(m.value for m in got) == sorted(before)
         else:
             assert await reader.poll(100, 0.2) == []  # at the end of each healthy partition
-        healthy = {b"after-%d" % p for p in range(PARTITIONS) if p != BAD}
-        for p in range(PARTITIONS):
-            if p != BAD:
-                await producer.send(topic, b"after-%d" % p, partition=p)
-        got = await _read_until(reader, healthy)
-        assert sorted(m.value for m in got) == sorted(healthy)
+        await _healthy_read_on(producer, reader, topic)
         assert _lines(caplog) == [_expected_line(topic, stream)]
 
         await redis.delete(stream)  # as the line says
@@ -133,12 +138,7 @@ async def test_a_key_overwritten_while_the_reader_reads(
         got = await _read_until(reader, before)
         assert sorted(m.value for m in got) == sorted(before)
         await redis.set(stream, b"not a stream")
-        healthy = {b"after-%d" % p for p in range(PARTITIONS) if p != BAD}
-        for p in range(PARTITIONS):
-            if p != BAD:
-                await producer.send(topic, b"after-%d" % p, partition=p)
-        got = await _read_until(reader, healthy)
-        assert sorted(m.value for m in got) == sorted(healthy)
+        await _healthy_read_on(producer, reader, topic)
         assert _lines(caplog) == [_expected_line(topic, stream)]
 
         await redis.delete(stream)
