@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlparse
@@ -165,6 +166,49 @@ def _delete_declared_topics() -> Iterator[None]:
     yield
     if has_declared():
         asyncio.run(delete_declared())
+
+
+# --- Scheduling: under ``-n --dist loadfile`` the longest files start first ---
+
+SLOW_FILES = (
+    "tests/faults/test_faults.py",
+    "tests/faults/test_crashloop.py",
+    "tests/demo/test_demo.py",
+    "tests/topics/test_asyncapi.py",
+    "tests/topics/test_lane_drained.py",
+)
+"""The files of 40 s or more (``--durations``): handed out late, one alone held the run's end."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Have xdist hand out files in collection order (``pytest_collection_modifyitems`` below).
+
+    Its own order ("loadscope reorder", on by default) sorts files by their number of tests, so
+    a file of two 2-minute tests started after hundreds of quick ones and ended the run alone.
+    """
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the files: :data:`SLOW_FILES` first, then by number of tests, most first.
+
+    The second key is xdist's own order, which the hook above turns off; the sort is stable,
+    so each file keeps the order of its own tests.
+    """
+    counts = Counter(_file_of(item) for item in items)
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = _file_of(item)
+        slow = SLOW_FILES.index(path) if path in SLOW_FILES else len(SLOW_FILES)
+        return slow, -counts[path]
+
+    items.sort(key=rank)
+
+
+def _file_of(item: pytest.Item) -> str:
+    """The test file of ``item``, as xdist's loadfile scheduler names its unit of work."""
+    return item.nodeid.split("::", 1)[0]
 
 
 # --- Leftovers: the suite deletes what it creates (asserted once, at the end of the run) ---
