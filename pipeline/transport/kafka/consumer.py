@@ -113,14 +113,16 @@ def messages_of(raw: Sequence[Any], role: str, topics: object) -> list[Message]:
 
 def _to_message(raw: Any) -> Message:
     headers = raw.headers()
+    # Positional, in Message's field order (topic, partition, offset, key, value, headers,
+    # timestamp_ms): once per message, seven keywords cost a third of the call.
     return Message(
-        topic=raw.topic(),
-        partition=raw.partition(),
-        offset=raw.offset(),
-        key=raw.key(),
-        value=raw.value() or b"",
-        headers={k: v or b"" for k, v in headers} if headers else {},
-        timestamp_ms=raw.timestamp()[1],
+        raw.topic(),
+        raw.partition(),
+        raw.offset(),
+        raw.key(),
+        raw.value() or b"",
+        {k: v or b"" for k, v in headers} if headers else {},
+        raw.timestamp()[1],
     )
 
 
