@@ -119,12 +119,13 @@ class Chain:
 
     def enter(self, message: Message, offsets: PartitionOffsets | None = None) -> None:
         """A polled message enters the chain with its lane (and its partition's ``offsets``)."""
-        work = Work(message, self._app.lane_of(message.topic), offsets=offsets)
-        work.trace = tracing.process(message, work.lane.name, self._group)
+        lane = self._app.lane_of(message.topic)
+        work = Work(message, lane, offsets=offsets)
+        work.trace = tracing.process(message, lane.name, self._group)
         if h.DUE_MS in message.headers:
             if h.retry_tier(message.topic):
                 assert self.due is not None  # noqa: S101 - start() ran before the first poll
-                self.due.offer(work, max(work.lane.routes.backoff.tiers_ms, default=0))
+                self.due.offer(work, max(lane.routes.backoff.tiers_ms, default=0))
                 return
             self._not_due(work)
         self._batch(work)
@@ -169,7 +170,8 @@ class Chain:
     def _throttle(self, work: Work) -> None:
         spec = work.lane.spec
         if spec.throttle is None or self.gate is None:
-            self._key_lanes(work)
+            # Straight to the key lanes (no throttle wait to trace: see _key_lanes).
+            self.lanes.submit(work, ordered=spec.ordered, first=work.due)
             return
         if self._fleet is not None:
             self._fleet.submitted(tenant_of(work))
