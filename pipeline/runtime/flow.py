@@ -102,8 +102,9 @@ class FlowControl:
 
     def added(self, tp: TopicPartition) -> None:
         """One more message of ``tp`` is buffered."""
-        self._buffered[tp] += 1
-        if self._buffered[tp] == self._high:
+        buffered = self._buffered[tp] + 1  # one lookup and one store a message
+        self._buffered[tp] = buffered
+        if buffered == self._high:
             self._send_away(tp)
             if self._buffered[tp] > self._low:
                 self._pauses.pause(tp, "full")
@@ -122,10 +123,11 @@ class FlowControl:
                 if tp in self._paused_full:  # still full: the next batch may go
                     self._send_away(tp)
             return
-        self._buffered[tp] -= 1
-        if self._buffered[tp] == self._low:
+        buffered = self._buffered[tp] - 1  # one lookup and one store a message
+        self._buffered[tp] = buffered
+        if buffered == self._low:
             self._resume(tp)
-        if self._buffered[tp] <= 0:
+        if buffered <= 0:
             del self._buffered[tp]
 
     def _send_away(self, tp: TopicPartition) -> None:
