@@ -82,7 +82,8 @@ class PartitionOffsets:
     def started(self, offset: int) -> None:
         """A message was delivered and will be processed."""
         self._pending[offset] = None
-        self._next = max(self._next, offset + 1)
+        if offset >= self._next:  # max() without the builtin's call, once a message
+            self._next = offset + 1
 
     def skipped(self, offset: int) -> None:
         """A message was delivered but needs no processing (already done)."""
