@@ -138,7 +138,8 @@ class HandlerStage:
             return await self._not_now(lane, message, reason)
         attempt = h.attempt(message.topic, message.headers)
         self._routing.processed(lane)
-        if self._metrics is not None and due_ms(message) > 0:  # a retry-tier copy
+        if self._metrics is not None and h.DUE_MS in message.headers and due_ms(message) > 0:
+            # a retry-tier copy (due_ms is 0 without the header: not asked for every message)
             self._metrics.retry_started(lane.name, (self._clock_ms() - due_ms(message)) / 1000)
         called = time.perf_counter()
         try:
@@ -156,7 +157,7 @@ class HandlerStage:
         except Exception as exc:  # every handler failure is routed, none escapes
             return await self._failed(lane, message, attempt, called, exc)
         tracing.handler_ran(lane.name, called, None)
-        if self._adaptive(lane):
+        if self._throttled and self._adaptive(lane):
             self._calls[(message.tp, message.offset)] = (time.perf_counter() - called, None)
         self._stats.handled += 1
         return "handled"
@@ -191,8 +192,11 @@ class HandlerStage:
 
     def _expired(self, lane: Lane, message: Message) -> str | None:
         """Why ``message`` must not run now (``expired`` or ``shed``), or None to run it."""
-        now_ms = self._clock_ms()
         deadline = deadline_ms(message, lane.spec)
+        standing = self._standing.get(lane.name)
+        if deadline is None and standing is None:
+            return None  # nothing to judge: the clock is not read
+        now_ms = self._clock_ms()
         if deadline is not None and now_ms > deadline:
             self._stats.expired += 1
             log.info(
@@ -203,7 +207,6 @@ class HandlerStage:
                 now_ms - deadline,
             )
             return "expired"
-        standing = self._standing.get(lane.name)
         if standing is not None and not standing.admit(now_ms - due_since_ms(message), now_ms):
             self._stats.shed += 1
             log.info(
