@@ -21,10 +21,11 @@ async def test_a_slow_redrive_commits_before_the_poll_interval_runs_out(
 
     With 200 messages a poll, ``--rate`` below 0.67/s (200 in more than the default 300 s)
     dropped the run from its group before it committed: the commit failed ('Unknown member'),
-    and each run again sent the same 200 again. Here the interval is shrunk to 12 s and the
-    rate raised to 4/s, so that 60 messages take 15 s.
+    and each run again sent the same 200 again. Here the interval is shrunk to 6 s (twice the
+    suite's 3 s session timeout, which it may not be below) and the rate raised to 6/s, so that
+    60 messages take 10 s.
     """
-    kafka = settings.kafka.model_copy(update={"client": {"max.poll.interval.ms": "12000"}})
+    kafka = settings.kafka.model_copy(update={"client": {"max.poll.interval.ms": "6000"}})
     transport = create_transport(settings.model_copy(update={"kafka": kafka}), "kafka")
     try:
         spec = lane_spec(f"rd_{unique}", 1)
@@ -32,10 +33,10 @@ async def test_a_slow_redrive_commits_before_the_poll_interval_runs_out(
         dlq = spec.dead_letter
         headers = {h.ORIGIN_TOPIC: spec.name.encode(), h.DEAD_REASON: b"fatal"}
         await produce(transport, dlq, [Record(b"v%d" % i, b"k", headers) for i in range(60)])
-        job = Redrive(transport, dlq, Selection(), rate_per_s=4)
+        job = Redrive(transport, dlq, Selection(), rate_per_s=6)
         report = await asyncio.wait_for(job.run(), 60)
         assert report.moved == 60
-        assert (await Redrive(transport, dlq, Selection(), rate_per_s=4).run()).scanned == 0
+        assert (await Redrive(transport, dlq, Selection(), rate_per_s=6).run()).scanned == 0
         counts = await transport.admin().list_topics([spec.name])
         assert counts[spec.name].message_count == 60
     finally:

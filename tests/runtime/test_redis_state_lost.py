@@ -87,7 +87,11 @@ async def test_a_member_reports_its_redis_flushed_then_restarted_empty(
     write_idle_app(tmp_path, name)
     metrics_port = free_port()
     with bare_redis() as server:
-        env = private_member_env(tmp_path, kafka_service, server.url, prefix, metrics_port)
+        env = {
+            **private_member_env(tmp_path, kafka_service, server.url, prefix, metrics_port),
+            # /metrics is a snapshot: at the default 15 s, each count below waited out a refresh
+            "PIPELINE_RUNTIME__METRICS_INTERVAL_S": "0.5",
+        }
         lines: list[str] = []
         client = Redis.from_url(server.url)
         try:
