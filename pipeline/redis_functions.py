@@ -87,12 +87,18 @@ class FunctionLibrary:
             return
         if self._loading is None:
             self._loading = asyncio.ensure_future(self.load())
-        loading = self._loading
-        try:
-            await asyncio.shield(loading)
-        finally:
-            if loading.done() and (loading.cancelled() or loading.exception() is not None):
-                self._loading = None  # a failed load is tried again by the next call
+            self._loading.add_done_callback(self._loaded_or_not)
+        await asyncio.shield(self._loading)
+
+    def _loaded_or_not(self, loading: asyncio.Future[None]) -> None:
+        """A failed load is tried again by the next call, and its error is read here.
+
+        Its callers may all have been cancelled meanwhile (a member stopping while Redis did not
+        answer yet): unread, the error would be logged as a task's exception never retrieved.
+        """
+        failed = loading.cancelled() or loading.exception() is not None
+        if failed and self._loading is loading:
+            self._loading = None
 
     async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """``FCALL name`` with ``keys`` and ``args``, reloading the library once if needed.
