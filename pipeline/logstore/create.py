@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 
 from pipeline.config import IngressSettings, Settings
-from pipeline.logstore.postgres import PostgresLogStore
 from pipeline.logstore.protocol import LogStore
 from pipeline.logstore.sqlite import SqliteLogStore
 
@@ -20,6 +19,10 @@ def create_log_store(
 ) -> LogStore:
     """The log store the settings choose (not yet opened)."""
     if ingress.log_store == "postgres":
+        # Imported here: psycopg takes about 0.1 s to import, which every process that only
+        # may open a log (a member without a PostgreSQL log, the CLI) would pay at start.
+        from pipeline.logstore.postgres import PostgresLogStore  # noqa: PLC0415
+
         return PostgresLogStore(
             settings.postgres.url,
             schema=ingress.postgres_schema,
