@@ -24,10 +24,10 @@ Ran = defaultdict[bytes, list[bytes]]
 
 
 async def _parked(
-    transport: Transport, redis: Redis, unique: str, ran: Ran, tier: str = "3s"
+    transport: Transport, redis: Redis, unique: str, ran: Ran
 ) -> tuple[TopicSpec, str]:
-    """Key ``a`` parked on an ordered lane with one ``tier``: a1 in it, a2 held; its prefix."""
-    spec = lane_spec(f"drain_{unique}", 1, retry={"tiers": [tier]})
+    """Key ``a`` parked on an ordered lane with a 3 s tier: a1 in the tier, a2 held; its prefix."""
+    spec = lane_spec(f"drain_{unique}", 1, retry={"tiers": ["3s"]})
     await declare(transport, spec)
     prefix = f"t{unique}"
     await produce(transport, spec.name, [Record(b"a1", b"a"), Record(b"a2", b"a")])
@@ -108,13 +108,9 @@ async def test_a_heads_copy_that_fails_again_keeps_its_follower_held_behind_it(
 async def test_a_lane_left_without_tiers_releases_the_follower_whose_head_never_comes_back(
     transport: Transport, redis: Redis, unique: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """retry.tiers removed: a1's copy waits in a tier no member reads; a2 runs all the same.
-
-    At once, not once the time the earlier declaration's longer retry path (a 1 h tier: 4 h)
-    kept the key's state for has run out: a2 used to wait those 4 hours.
-    """
+    """retry.tiers removed: a1's copy waits in a tier no member reads; a2 runs all the same."""
     ran: Ran = defaultdict(list)
-    before, prefix = await _parked(transport, redis, unique, ran, tier="1h")
+    before, prefix = await _parked(transport, redis, unique, ran)
     untiered = lane_spec(before.name, 1)
     assert untiered.ordered
     assert not untiered.retry.tiers_ms

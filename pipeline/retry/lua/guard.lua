@@ -710,8 +710,7 @@ end
 -- release in progress (at most `limit`) to the caller. A held follower at the head is released as
 -- usual (release_next). A head waiting in a retry tier is let go (as if it had ended: the key's
 -- followers no longer wait for it, and its copy, if one comes back, runs on its own) once no
--- copy of it can be expected: `grace_ms` after the key's state last changed, or after the
--- first drain of a state kept for a longer retry path than this declaration's (0 on a lane left
+-- copy of it can be expected: `grace_ms` after the key's state last changed (0 on a lane left
 -- without tiers, whose copies no member reads), and not while a copy of it runs. A head's copy
 -- that comes back within the grace runs as the head (gd_begin's ordered 2) and its end releases
 -- the followers, in order.
@@ -731,15 +730,10 @@ local function drain(tag, parked, rel, now, hold_ms, lease, grace_ms, limit, me)
         -- Not while a copy of it runs as the head (its end releases the key), and not before
         -- the grace: a copy of it may still come back and run first.
         local mark = redis.call('HGET', k.run, head)
+        -- Its state was kept for the hold of the declaration that wrote it: under a new one
+        -- with a shorter retry path, hold_ms - ttl also waits out the difference, for as long
+        -- as members of the old declaration may still run the head's copy from its old tier.
         local ttl = redis.call('PTTL', k.z)
-        if ttl > tonumber(hold_ms) then
-          -- Kept for the longer retry path of the lane's earlier declaration (its tiers
-          -- removed or shortened): how long ago it last changed is unknown, so it counts from
-          -- now, kept as this declaration keeps it. Else the grace would wait the difference
-          -- (hours with real tiers; a lane left without tiers has none to wait).
-          keep_key(hold_ms, k)
-          ttl = tonumber(hold_ms)
-        end
         due = not (mark and parse(mark) > 0) and (ttl < 0 or tonumber(hold_ms) - ttl >= grace_ms)
         if due then redis.call('ZREM', k.z, head) end
       end
