@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Self
 
@@ -139,11 +139,14 @@ async def run_all(
     return member
 
 
-async def test_a_head_failing_again_while_redis_refuses_its_route_still_runs(
-    kafka: Transport, unique: str
-) -> None:
-    """k:0 fails, k:1 and k:2 are held; its copy fails while Redis refuses; all three run."""
-    spec = lane_spec(f"headout_{unique}", 1, retry={"tiers": ["200ms"], "max_attempts": 6})
+async def _head_and_two_followers(
+    kafka: Transport, unique: str, name: str, copy_runs: Callable[[Context, Refusals], None]
+) -> tuple[Member, Refusals, list[bytes]]:
+    """k:0 fails, parking its key (k:1 and k:2 held); each copy of it calls ``copy_runs`` first.
+
+    Returns the member, the refusals and what ran, once all three ran.
+    """
+    spec = lane_spec(f"{name}_{unique}", 1, retry={"tiers": ["200ms"], "max_attempts": 6})
     await declare(kafka, spec)
     app = App([spec])
     done: list[bytes] = []
@@ -151,15 +154,30 @@ async def test_a_head_failing_again_while_redis_refuses_its_route_still_runs(
 
         @app.handler(spec.lane)
         async def handle(event: Message, ctx: Context) -> None:
-            if event.value == b"k:0" and ctx.attempt == 1:
-                raise RuntimeError("fails, parks its key")
-            if event.value == b"k:0" and ctx.attempt == 2:
-                refusals.refuse()  # Redis goes away: the route and the end are refused
-                raise RuntimeError("fails again")
+            if event.value == b"k:0":
+                if ctx.attempt == 1:
+                    raise RuntimeError("fails, parks its key")
+                copy_runs(ctx, refusals)
             done.append(event.value)
 
         records = [Record(b"k:%d" % n, b"k") for n in range(3)]
         member = await run_all(kafka, unique, url, app, spec.name, records, done)
+    return member, refusals, done
+
+
+async def test_a_head_failing_again_while_redis_refuses_its_route_still_runs(
+    kafka: Transport, unique: str
+) -> None:
+    """k:0 fails, k:1 and k:2 are held; its copy fails while Redis refuses; all three run."""
+
+    def fails_again_as_redis_goes(ctx: Context, refusals: Refusals) -> None:
+        if ctx.attempt == 2:
+            refusals.refuse()  # Redis goes away: the route and the end are refused
+            raise RuntimeError("fails again")
+
+    member, refusals, done = await _head_and_two_followers(
+        kafka, unique, "headout", fails_again_as_redis_goes
+    )
     assert refusals.refused == 1
     assert done == [b"k:0", b"k:1", b"k:2"], "order lost while Redis answered"
     assert member.stats.duplicates == 0
@@ -173,22 +191,11 @@ async def test_followers_of_a_head_whose_end_redis_refuses_still_run(
     The end of the head's copy is what releases its followers, and that copy's offset is
     committed either way.
     """
-    spec = lane_spec(f"endout_{unique}", 1, retry={"tiers": ["200ms"], "max_attempts": 6})
-    await declare(kafka, spec)
-    app = App([spec])
-    done: list[bytes] = []
-    with refusing_redis() as (url, refusals):
 
-        @app.handler(spec.lane)
-        async def handle(event: Message, ctx: Context) -> None:
-            if event.value == b"k:0" and ctx.attempt == 1:
-                raise RuntimeError("fails, parks its key")
-            if event.value == b"k:0":
-                refusals.refuse()  # Redis goes away as the head's copy ends
-            done.append(event.value)
+    def redis_goes(_ctx: Context, refusals: Refusals) -> None:
+        refusals.refuse()  # Redis goes away as the head's copy ends
 
-        records = [Record(b"k:%d" % n, b"k") for n in range(3)]
-        await run_all(kafka, unique, url, app, spec.name, records, done)
+    _, refusals, done = await _head_and_two_followers(kafka, unique, "endout", redis_goes)
     assert refusals.refused == 1
     assert done == [b"k:0", b"k:1", b"k:2"]
 
