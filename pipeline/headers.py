@@ -100,7 +100,7 @@ def attempt(topic: str, headers: dict[str, bytes]) -> int:
     main topic (any producer can write it there, and a redrive removes it) it means nothing:
     trusted, a forged high count dead-letters the message at its first failure.
     """
-    return attempt_header(headers) if _RETRY_INFIX in topic else 1  # retry_tier, inlined
+    return attempt_header(headers) if retry_tier(topic) else 1
 
 
 def retry_tier(topic: str) -> bool:

@@ -170,8 +170,7 @@ class Chain:
     def _throttle(self, work: Work) -> None:
         spec = work.lane.spec
         if spec.throttle is None or self.gate is None:
-            # Straight to the key lanes (no throttle wait to trace: see _key_lanes).
-            self.lanes.submit(work, ordered=spec.ordered, first=work.due)
+            self._key_lanes(work)
             return
         if self._fleet is not None:
             self._fleet.submitted(tenant_of(work))

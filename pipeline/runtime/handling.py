@@ -138,9 +138,10 @@ class HandlerStage:
             return await self._not_now(lane, message, reason)
         attempt = h.attempt(message.topic, message.headers)
         self._routing.processed(lane)
-        if self._metrics is not None and h.DUE_MS in message.headers and due_ms(message) > 0:
-            # a retry-tier copy (due_ms is 0 without the header: not asked for every message)
-            self._metrics.retry_started(lane.name, (self._clock_ms() - due_ms(message)) / 1000)
+        if self._metrics is not None and h.DUE_MS in message.headers:  # (0 without it)
+            due = due_ms(message)
+            if due > 0:  # a retry-tier copy
+                self._metrics.retry_started(lane.name, (self._clock_ms() - due) / 1000)
         called = time.perf_counter()
         try:
             buffered = await self._call(lane, message, attempt)
